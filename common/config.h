@@ -1,0 +1,62 @@
+// INI-style configuration files shared by every daemon:
+//
+//   # comment
+//   key = value            (top-level section, name "")
+//   [card]                 (a section; the same name may repeat: one per card, per VM)
+//   kind = gpu
+//
+// Parsing is pure; errors name the file's line. Not thread-safe; build once at start-up.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace raccel {
+
+class ConfigSection {
+ public:
+  ConfigSection(std::string name, int line) : name_(std::move(name)), line_(line) {}
+
+  const std::string& name() const { return name_; }
+  int line() const { return line_; }
+  bool has(const std::string& key) const { return values_.count(key) != 0; }
+  void set(const std::string& key, std::string value) { values_[key] = std::move(value); }
+  const std::map<std::string, std::string>& values() const { return values_; }
+
+  Result<std::string> getString(const std::string& key) const;
+  std::string getString(const std::string& key, const std::string& fallback) const;
+  Result<long long> getInt(const std::string& key, long long fallback) const;
+  Result<double> getDouble(const std::string& key, double fallback) const;
+  Result<unsigned long long> getBytes(const std::string& key, unsigned long long fallback) const;
+  // Comma-separated list; empty when absent.
+  std::vector<std::string> getList(const std::string& key) const;
+  // Keys not in `known`: callers refuse them, so a typo never passes silently.
+  std::vector<std::string> unknownKeys(const std::vector<std::string>& known) const;
+
+ private:
+  std::string where(const std::string& key) const;
+  std::string name_;
+  int line_;
+  std::map<std::string, std::string> values_;
+};
+
+class Config {
+ public:
+  static Result<Config> parse(const std::string& text, const std::string& origin);
+  static Result<Config> load(const std::string& path);
+
+  ConfigSection& top() { return sections_.front(); }
+  const ConfigSection& top() const { return sections_.front(); }
+  std::vector<const ConfigSection*> sections(const std::string& name) const;
+  ConfigSection& addSection(const std::string& name) { return sections_.emplace_back(name, 0); }
+  const std::string& origin() const { return origin_; }
+
+ private:
+  std::string origin_;
+  std::vector<ConfigSection> sections_;
+};
+
+}  // namespace raccel

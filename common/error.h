@@ -1,0 +1,45 @@
+// Expected failures as values: Error carries the wire error code and a message that
+// tells the user what to do. Used by every folder; hal converts vendor codes into it
+// in exactly one place per backend, daemons convert it to the wire enum in one place.
+#pragma once
+
+#include <expected>
+#include <string>
+#include <utility>
+
+namespace raccel {
+
+// The same codes, in the same order, as schema/frame.capnp's ErrorCode.
+enum class Code {
+  ok = 0,
+  invalidArgument,
+  notFound,
+  resourceExhausted,
+  unavailable,
+  unimplemented,
+  permissionDenied,
+  internal,
+};
+
+const char* codeName(Code code);
+
+struct Error {
+  Code code = Code::internal;
+  std::string message;
+
+  std::string toString() const { return std::string(codeName(code)) + ": " + message; }
+};
+
+template <class T>
+using Result = std::expected<T, Error>;
+using Status = std::expected<void, Error>;
+
+inline std::unexpected<Error> fail(Code code, std::string message) {
+  return std::unexpected<Error>(Error{code, std::move(message)});
+}
+inline std::unexpected<Error> fail(Error error) { return std::unexpected<Error>(std::move(error)); }
+
+// Parses "4096", "64KiB", "4MiB", "2GiB", "1.5GiB" into bytes.
+Result<unsigned long long> parseBytes(const std::string& text);
+
+}  // namespace raccel

@@ -1,0 +1,97 @@
+#include "common/flags.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace raccel {
+
+void Flags::value(const std::string& name, const std::string& metavar, const std::string& help, bool repeatable) {
+  order_.push_back(name);
+  specs_[name] = Spec{metavar, help, true, repeatable};
+}
+
+void Flags::boolean(const std::string& name, const std::string& help) {
+  order_.push_back(name);
+  specs_[name] = Spec{"", help, false, false};
+}
+
+Status Flags::parse(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      help_ = true;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0 || arg == "--") {
+      positionals_.push_back(arg);
+      continue;
+    }
+    std::string name = arg.substr(2), value;
+    bool inlineValue = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inlineValue = true;
+    }
+    auto spec = specs_.find(name);
+    if (spec == specs_.end()) return fail(Code::invalidArgument, "unknown flag --" + name + " (see --help)");
+    if (spec->second.takesValue) {
+      if (!inlineValue) {
+        if (i + 1 >= argc) return fail(Code::invalidArgument, "flag --" + name + " needs a value");
+        value = argv[++i];
+      }
+      if (!spec->second.repeatable && values_.count(name))
+        return fail(Code::invalidArgument, "flag --" + name + " given twice");
+    } else if (inlineValue) {
+      return fail(Code::invalidArgument, "flag --" + name + " takes no value");
+    } else {
+      value = "true";
+    }
+    values_[name].push_back(value);
+  }
+  return {};
+}
+
+std::string Flags::helpText() const {
+  std::ostringstream out;
+  out << "usage: " << program_ << " [flags]" << (positionalUsage_.empty() ? "" : " " + positionalUsage_) << "\n\n"
+      << summary_ << "\n\nflags:\n";
+  for (auto& name : order_) {
+    auto& spec = specs_.at(name);
+    std::string left = "  --" + name + (spec.takesValue ? " " + spec.metavar : "");
+    out << left;
+    if (left.size() < 30) out << std::string(30 - left.size(), ' ');
+    else out << "\n" << std::string(30, ' ');
+    out << spec.help << (spec.repeatable ? " (repeatable)" : "") << "\n";
+  }
+  out << "  --help                      show this help\n";
+  if (!epilog_.empty()) out << "\n" << epilog_ << "\n";
+  return out.str();
+}
+
+std::string Flags::get(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second.back();
+}
+
+std::vector<std::string> Flags::getAll(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? std::vector<std::string>{} : it->second;
+}
+
+bool parseFlagsOrExit(Flags& flags, int argc, char** argv, int* exitCode) {
+  auto status = flags.parse(argc, argv);
+  if (!status) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], status.error().message.c_str());
+    *exitCode = 2;
+    return false;
+  }
+  if (flags.helpRequested()) {
+    std::fputs(flags.helpText().c_str(), stdout);
+    *exitCode = 0;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace raccel

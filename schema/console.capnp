@@ -1,0 +1,84 @@
+@0x897387405d8db752;
+# The operator API: raccelctl <-> scheduler, on the scheduler's console unix socket.
+# One ConsoleRequest frame, one ConsoleReply frame back (same sequence number).
+
+$import "/capnp/c++.capnp".namespace("raccel::wire");
+using Guest = import "guest.capnp";
+using Frame = import "frame.capnp";
+
+struct ConsoleRequest {
+  union {
+    nodes @0 :Void;
+    cards @1 :Void;
+    pool @2 :Void;
+    vaccels @3 :Void;
+  }
+}
+
+struct ConsoleReply {
+  union {
+    error @0 :Frame.Error;
+    nodes @1 :List(NodeEntry);
+    cards @2 :List(CardEntry);
+    pool @3 :PoolMap;
+    vaccels @4 :List(VaccelEntry);
+  }
+}
+
+struct NodeEntry {
+  name @0 :Text;
+  address @1 :Text;
+  online @2 :Bool;
+  cards @3 :UInt32;
+  firstBlock @4 :UInt32;
+  blocks @5 :UInt32;
+  msSinceHeartbeat @6 :UInt64;
+  contexts @7 :UInt32;
+}
+
+struct CardEntry {
+  node @0 :Text;
+  index @1 :UInt32;
+  kind @2 :Guest.CardKind;
+  model @3 :Text;
+  tflops @4 :Float64;
+  memoryBytes @5 :UInt64;
+  backend @6 :Text;
+  firstBlock @7 :UInt32;
+  blocks @8 :UInt32;
+  online @9 :Bool;
+}
+
+struct PoolRange {
+  first @0 :UInt32;
+  count @1 :UInt32;
+  state @2 :State;
+  owner @3 :Text;        # "vm/program#id" for used ranges
+  node @4 :Text;
+  kind @5 :Guest.CardKind;
+  enum State {
+    free @0;
+    used @1;
+    offline @2;
+  }
+}
+
+struct PoolMap {
+  blockTflops @0 :Float64;
+  total @1 :UInt32;
+  free @2 :UInt32;
+  ranges @3 :List(PoolRange);
+}
+
+struct VaccelEntry {
+  id @0 :UInt64;
+  vm @1 :Text;
+  program @2 :Text;
+  priority @3 :Int32;
+  blocks @4 :List(Guest.BlockRange);
+  cards @5 :List(Guest.CardRef);
+  memoryUsed @6 :UInt64;
+  memoryQuota @7 :UInt64;
+  instructions @8 :UInt64;
+  state @9 :Text;        # running | unavailable
+}

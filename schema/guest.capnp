@@ -1,0 +1,209 @@
+@0xd211b213ba5826eb;
+# The guest <-> scheduler instruction set, version 1.
+#
+# A session is one guest program's ordered stream of Instructions on one channel.
+# Instructions are asynchronous: the client assigns its own handles (buffers,
+# programs), scoped to its session, and sends alloc -> write -> launch -> read back to
+# back. Only read, fence and hello produce a reply; a failed instruction produces an
+# `error` reply naming its sequence number, and instructions that use a handle a failed
+# instruction produced or wrote fail with "dependency failed" naming that sequence.
+# The scheduler forwards instructions to the netaccel verbatim (only the frame header
+# changes), so this file is also what netaccel executes.
+
+$import "/capnp/c++.capnp".namespace("raccel::wire");
+using Frame = import "frame.capnp";
+
+enum CardKind {
+  gpu @0;
+  npu @1;
+  fpga @2;
+  cpu @3;
+}
+
+enum ProgramKind {
+  builtin @0;   # a library built into every backend, by name ("raccel.builtins")
+  ptx @1;
+  cubin @2;
+  xclbin @3;
+  openclC @4;
+  spirv @5;
+}
+
+struct Instruction {
+  union {
+    hello @0 :Hello;
+    alloc @1 :Alloc;
+    free @2 :Free;
+    write @3 :Write;
+    read @4 :Read;
+    copy @5 :Copy;
+    fill @6 :Fill;
+    loadProgram @7 :LoadProgram;
+    launch @8 :Launch;
+    op @9 :Op;
+    fence @10 :Void;
+  }
+}
+
+struct Hello {
+  versionMajor @0 :UInt16;
+  versionMinor @1 :UInt16;
+  program @2 :Text;           # for the operator's console
+  tflops @3 :Float64;         # requested size of the virtual accelerator; 0 = one block
+  kinds @4 :List(CardKind);   # accepted card kinds; empty = the VM's policy
+  priority @5 :Int32;         # hint; capped by the VM's policy
+  maxFrameBytes @6 :UInt32;   # 0 = Frame.defaultMaxFrameBytes
+}
+
+struct Welcome {
+  versionMajor @0 :UInt16;
+  versionMinor @1 :UInt16;
+  maxFrameBytes @2 :UInt32;
+  vaccel @3 :VaccelInfo;
+}
+
+struct BlockRange {
+  first @0 :UInt32;   # global block number, 1-based
+  count @1 :UInt32;
+}
+
+struct CardRef {
+  node @0 :Text;
+  index @1 :UInt32;   # card index on its node
+  kind @2 :CardKind;
+  model @3 :Text;
+  blocks @4 :UInt32;  # blocks of this card held by the vaccel
+}
+
+struct VaccelInfo {
+  id @0 :UInt64;
+  blocks @1 :List(BlockRange);
+  cards @2 :List(CardRef);
+  blockTflops @3 :Float64;
+}
+
+struct Alloc {
+  handle @0 :UInt64;  # client-chosen, nonzero, unused in this session
+  size @1 :UInt64;
+}
+
+struct Free {
+  handle @0 :UInt64;
+}
+
+struct Write {
+  buffer @0 :UInt64;
+  offset @1 :UInt64;
+  data @2 :Data;      # at most Frame.chunkBytes; larger writes are several Writes
+}
+
+struct Read {
+  buffer @0 :UInt64;
+  offset @1 :UInt64;
+  length @2 :UInt64;  # answered by `data` replies in order, the last one with last=true
+}
+
+struct Copy {
+  dst @0 :UInt64;
+  dstOffset @1 :UInt64;
+  src @2 :UInt64;
+  srcOffset @3 :UInt64;
+  length @4 :UInt64;
+}
+
+struct Fill {
+  buffer @0 :UInt64;
+  offset @1 :UInt64;
+  length @2 :UInt64;
+  value @3 :UInt8;
+}
+
+struct LoadProgram {
+  handle @0 :UInt64;
+  kind @1 :ProgramKind;
+  name @2 :Text;      # builtin library name, or a label for source/binary programs
+  code @3 :Data;      # source or binary, for non-builtin kinds
+}
+
+struct Launch {
+  program @0 :UInt64;
+  kernel @1 :Text;
+  grid @2 :List(UInt32);
+  block @3 :List(UInt32);
+  sharedBytes @4 :UInt32;
+  args @5 :List(Arg);
+}
+
+struct Arg {
+  union {
+    buffer @0 :UInt64;
+    u32 @1 :UInt32;
+    i32 @2 :Int32;
+    u64 @3 :UInt64;
+    i64 @4 :Int64;
+    f32 @5 :Float32;
+    f64 @6 :Float64;
+  }
+}
+
+# Built-in ops, f32 data, row-major.
+struct Op {
+  union {
+    gemm @0 :Gemm;
+    axpy @1 :Axpy;
+    vadd @2 :Vadd;
+    reduceSum @3 :ReduceSum;
+  }
+}
+
+struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c
+  m @0 :UInt32;
+  n @1 :UInt32;
+  k @2 :UInt32;
+  alpha @3 :Float32;
+  beta @4 :Float32;
+  a @5 :UInt64;
+  b @6 :UInt64;
+  c @7 :UInt64;
+}
+
+struct Axpy {        # y = alpha * x + y over n elements
+  n @0 :UInt64;
+  alpha @1 :Float32;
+  x @2 :UInt64;
+  y @3 :UInt64;
+}
+
+struct Vadd {        # out = a + b over n elements
+  n @0 :UInt64;
+  a @1 :UInt64;
+  b @2 :UInt64;
+  out @3 :UInt64;
+}
+
+struct ReduceSum {   # out[0] = sum of input[0 .. n)
+  n @0 :UInt64;
+  input @1 :UInt64;
+  out @2 :UInt64;
+}
+
+struct Reply {
+  union {
+    welcome @0 :Welcome;
+    data @1 :DataChunk;
+    fenced @2 :Void;
+    error @3 :ErrorReply;
+  }
+}
+
+struct DataChunk {
+  offset @0 :UInt64;  # from the start of the read
+  data @1 :Data;
+  last @2 :Bool;
+}
+
+struct ErrorReply {
+  sequence @0 :UInt64;      # the failed instruction
+  error @1 :Frame.Error;
+  dependency @2 :UInt64;    # nonzero: failed because instruction #dependency failed
+}

@@ -1,0 +1,62 @@
+@0x989ba7d3fbae863a;
+# scheduler <-> netaccel, over TCP.
+#
+# Channel 0 carries these control messages. Channel c > 0 is execution context c: the
+# scheduler forwards a guest session's Instructions (guest.capnp) verbatim on it and the
+# netaccel answers with guest.capnp Replies on the same channel.
+
+$import "/capnp/c++.capnp".namespace("raccel::wire");
+using Guest = import "guest.capnp";
+using Frame = import "frame.capnp";
+
+struct CardInfo {
+  index @0 :UInt32;
+  kind @1 :Guest.CardKind;
+  model @2 :Text;
+  tflops @3 :Float64;
+  memoryBytes @4 :UInt64;
+  backend @5 :Text;
+  programKinds @6 :List(Guest.ProgramKind);
+}
+
+# netaccel -> scheduler
+struct NodeMessage {
+  union {
+    register @0 :Register;
+    heartbeat @1 :Heartbeat;
+  }
+}
+
+struct Register {
+  versionMajor @0 :UInt16;
+  versionMinor @1 :UInt16;
+  name @2 :Text;          # unique per netaccel; a re-registering node keeps its blocks
+  cards @3 :List(CardInfo);
+}
+
+struct Heartbeat {
+  contexts @0 :UInt32;
+  queuedInstructions @1 :UInt64;
+}
+
+# scheduler -> netaccel
+struct SchedulerMessage {
+  union {
+    registered @0 :Registered;
+    openContext @1 :OpenContext;
+    closeContext @2 :UInt32;
+  }
+}
+
+struct Registered {
+  accepted @0 :Bool;
+  error @1 :Frame.Error;     # why not, when refused
+  heartbeatMs @2 :UInt32;
+}
+
+struct OpenContext {
+  context @0 :UInt32;        # the channel its instructions arrive on
+  card @1 :UInt32;
+  memoryQuota @2 :UInt64;    # bytes; 0 = the card's memory
+  label @3 :Text;            # "vm/program" for logs
+}

@@ -1,0 +1,59 @@
+// A blocking framed link over a unix socket, for client code without an event loop
+// (libraccel, raccelctl, tests). Writes never deadlock against a peer that is writing
+// to us: while a send waits for room, incoming frames are read into a queue.
+// Not thread-safe: one thread at a time.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "transport/frame.h"
+
+namespace raccel::transport {
+
+struct ReceivedFrame {
+  FrameHeader header;
+  Body body;
+};
+
+class BlockingLink {
+ public:
+  BlockingLink() : reader_(1u << 30) {}
+  ~BlockingLink();
+  BlockingLink(const BlockingLink&) = delete;
+  BlockingLink& operator=(const BlockingLink&) = delete;
+
+  // Connects to a unix socket path ("unix:" prefix optional).
+  Status connectUnix(const std::string& path);
+  bool connected() const { return fd_ >= 0; }
+  void close();
+
+  // Queues a frame; it is written when the queue is large or on flush().
+  void queue(uint32_t channel, uint64_t sequence, capnp::MessageBuilder& message);
+  // Writes one frame at once, data segments included, without copying large ones.
+  Status sendNow(uint32_t channel, uint64_t sequence, capnp::MessageBuilder& message);
+  // Writes raw bytes as they are (tests use this to send malformed input).
+  Status sendRaw(const void* data, size_t size);
+  Status flush();
+
+  // Waits up to timeoutMs (-1: forever) for the next frame.
+  Result<ReceivedFrame> receive(int timeoutMs);
+  // Returns a frame already received, if any, without blocking.
+  bool tryPop(ReceivedFrame* out);
+  // Reads whatever is available now without blocking.
+  Status pump();
+
+ private:
+  Status writeAll(const ::iovec* iov, int count);
+  Status readSome(bool block, int timeoutMs);
+  int fd_ = -1;
+  std::vector<std::byte> out_;
+  FrameReader reader_;
+  std::deque<ReceivedFrame> inbox_;
+};
+
+}  // namespace raccel::transport

@@ -1,0 +1,337 @@
+#include "transport/connection.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/log.h"
+
+namespace raccel::transport {
+
+struct Connection::Sink : FrameReader::Sink {
+  Connection& c;
+  explicit Sink(Connection& connection) : c(connection) {}
+  void onFrame(const FrameHeader& header, Body body) override {
+    if (!c.closing_ && c.callbacks_.onFrame) c.callbacks_.onFrame(c, header, std::move(body));
+  }
+  void onOversized(const FrameHeader& header) override {
+    if (!c.closing_ && c.callbacks_.onOversized) c.callbacks_.onOversized(c, header);
+  }
+};
+
+std::shared_ptr<Connection> Connection::create(uv_loop_t* loop, Kind kind, uint32_t maxFrameBytes) {
+  auto c = std::shared_ptr<Connection>(new Connection(loop, kind, maxFrameBytes));
+  c->self_ = c;
+  return c;
+}
+
+Connection::Connection(uv_loop_t* loop, Kind kind, uint32_t maxFrameBytes) : kind_(kind), reader_(maxFrameBytes) {
+  if (kind == Kind::pipe) uv_pipe_init(loop, &handle_.pipe, 0);
+  else uv_tcp_init(loop, &handle_.tcp);
+  handle_.handle.data = this;
+}
+
+Connection::~Connection() = default;
+
+void Connection::start() {
+  if (started_ || closing_) return;
+  started_ = true;
+  if (kind_ == Kind::tcp) uv_tcp_nodelay(&handle_.tcp, 1);
+  resumeReading();
+}
+
+void Connection::pauseReading() {
+  paused_ = true;
+  if (reading_) {
+    uv_read_stop(&handle_.stream);
+    reading_ = false;
+  }
+}
+
+void Connection::resumeReading() {
+  paused_ = false;
+  if (!reading_ && !closing_ && started_) {
+    if (uv_read_start(&handle_.stream, onAlloc, onRead) == 0) reading_ = true;
+  }
+}
+
+void Connection::onAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
+  auto* c = static_cast<Connection*>(handle->data);
+  auto space = c->reader_.writable();
+  buf->base = reinterpret_cast<char*>(space.data());
+  buf->len = space.size();
+}
+
+void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t*) {
+  auto* c = static_cast<Connection*>(stream->data);
+  auto keep = c->shared_from_this();
+  if (nread > 0) {
+    Sink sink(*c);
+    c->reader_.commit(static_cast<size_t>(nread), sink);
+    if (!c->closing_ && c->callbacks_.onBatchEnd) c->callbacks_.onBatchEnd(*c);
+    return;
+  }
+  if (nread == 0) return;  // EAGAIN
+  c->truncated_ = c->reader_.midFrame();
+  if (nread != UV_EOF) RLOG_DEBUG("transport") << "read from " << c->peer_ << " failed: " << uv_strerror(nread);
+  c->close();
+}
+
+void Connection::send(uint32_t channel, uint64_t sequence, capnp::MessageBuilder& message) {
+  if (closing_) return;
+  if (queue_.empty() || !std::holds_alternative<std::vector<std::byte>>(queue_.back()) ||
+      std::get<std::vector<std::byte>>(queue_.back()).size() > 256 * 1024)
+    queue_.emplace_back(std::vector<std::byte>{});
+  auto& out = std::get<std::vector<std::byte>>(queue_.back());
+  size_t before = out.size();
+  appendFrame(out, channel, sequence, message);
+  queuedBytes_ += out.size() - before;
+  flush();
+}
+
+void Connection::sendBody(uint32_t channel, uint64_t sequence, Body body) {
+  if (closing_) return;
+  if (body.size() < FrameReader::kDirectBytes) {
+    // Small: coalesce with neighbours instead of a write of its own.
+    if (queue_.empty() || !std::holds_alternative<std::vector<std::byte>>(queue_.back()))
+      queue_.emplace_back(std::vector<std::byte>{});
+    auto& out = std::get<std::vector<std::byte>>(queue_.back());
+    size_t at = out.size();
+    out.resize(at + kHeaderBytes + body.size());
+    encodeHeader(FrameHeader{channel, static_cast<uint32_t>(body.size()), sequence}, out.data() + at);
+    std::memcpy(out.data() + at + kHeaderBytes, body.data(), body.size());
+    queuedBytes_ += kHeaderBytes + body.size();
+  } else {
+    BigChunk chunk;
+    encodeHeader(FrameHeader{channel, static_cast<uint32_t>(body.size()), sequence}, chunk.header.data());
+    queuedBytes_ += kHeaderBytes + body.size();
+    chunk.body = std::move(body);
+    queue_.emplace_back(std::move(chunk));
+  }
+  flush();
+}
+
+void Connection::flush() {
+  if (writing_ || closing_ || queue_.empty()) return;
+  inflight_.swap(queue_);
+  inflightBytes_ = queuedBytes_;
+  queuedBytes_ = 0;
+  std::vector<uv_buf_t> bufs;
+  bufs.reserve(inflight_.size() * 2);
+  for (auto& chunk : inflight_) {
+    if (auto* small = std::get_if<std::vector<std::byte>>(&chunk)) {
+      bufs.push_back(uv_buf_init(reinterpret_cast<char*>(small->data()), small->size()));
+    } else {
+      auto& big = std::get<BigChunk>(chunk);
+      bufs.push_back(uv_buf_init(reinterpret_cast<char*>(big.header.data()), kHeaderBytes));
+      bufs.push_back(uv_buf_init(reinterpret_cast<char*>(big.body.data()), big.body.size()));
+    }
+  }
+  writeReq_.data = this;
+  writing_ = true;
+  int rc = uv_write(&writeReq_, &handle_.stream, bufs.data(), bufs.size(), onWrite);
+  if (rc != 0) {
+    writing_ = false;
+    RLOG_DEBUG("transport") << "write to " << peer_ << " failed: " << uv_strerror(rc);
+    close();
+  }
+}
+
+void Connection::onWrite(uv_write_t* req, int status) {
+  auto* c = static_cast<Connection*>(req->data);
+  auto keep = c->shared_from_this();
+  c->writing_ = false;
+  c->inflight_.clear();
+  c->inflightBytes_ = 0;
+  if (status != 0) {
+    if (status != UV_ECANCELED) RLOG_DEBUG("transport") << "write to " << c->peer_ << " failed: " << uv_strerror(status);
+    c->close();
+    return;
+  }
+  c->flush();
+  if (!c->drainWaiters_.empty() && c->backlogBytes() < kHighWater / 2) {
+    auto waiters = std::move(c->drainWaiters_);
+    c->drainWaiters_.clear();
+    for (auto& fn : waiters) fn();
+  }
+}
+
+void Connection::whenDrained(std::function<void()> fn) {
+  if (backlogBytes() < kHighWater / 2 || closing_) fn();
+  else drainWaiters_.push_back(std::move(fn));
+}
+
+void Connection::close() {
+  if (closing_) return;
+  closing_ = true;
+  reading_ = false;
+  uv_close(&handle_.handle, [](uv_handle_t* handle) { static_cast<Connection*>(handle->data)->finishClose(); });
+}
+
+void Connection::finishClose() {
+  auto keep = std::move(self_);
+  queue_.clear();
+  inflight_.clear();
+  queuedBytes_ = inflightBytes_ = 0;
+  // Sources paused behind this connection must not stay paused forever.
+  auto waiters = std::move(drainWaiters_);
+  drainWaiters_.clear();
+  for (auto& fn : waiters) fn();
+  if (callbacks_.onClose) callbacks_.onClose(*this, truncated_);
+  callbacks_ = {};
+}
+
+Result<Address> parseAddress(const std::string& text) {
+  Address a;
+  if (text.rfind("unix:", 0) == 0 || (!text.empty() && (text[0] == '/' || text[0] == '.'))) {
+    a.isUnix = true;
+    a.path = text.rfind("unix:", 0) == 0 ? text.substr(5) : text;
+    if (a.path.empty()) return fail(Code::invalidArgument, "empty unix socket path in '" + text + "'");
+    if (a.path.size() >= sizeof(sockaddr_un::sun_path))
+      return fail(Code::invalidArgument, "unix socket path too long (max 107 bytes): " + a.path);
+    return a;
+  }
+  size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return fail(Code::invalidArgument, "'" + text + "' is not an address (use host:port or unix:/path)");
+  a.host = text.substr(0, colon);
+  char* end = nullptr;
+  long port = std::strtol(text.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port < 0 || port > 65535)
+    return fail(Code::invalidArgument, "'" + text + "': bad port");
+  a.port = static_cast<int>(port);
+  return a;
+}
+
+Result<std::unique_ptr<Listener>> Listener::listen(uv_loop_t* loop, const Address& address, uint32_t maxFrameBytes,
+                                                   AcceptFn onAccept, int mode) {
+  std::unique_ptr<Listener> l(new Listener());
+  l->address_ = address;
+  l->maxFrameBytes_ = maxFrameBytes;
+  l->onAccept_ = std::move(onAccept);
+  l->handle_ = new std::remove_pointer_t<decltype(l->handle_)>;
+  int rc;
+  if (address.isUnix) {
+    uv_pipe_init(loop, &l->handle_->pipe, 0);
+    struct stat st;
+    if (::stat(address.path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(address.path.c_str());
+    rc = uv_pipe_bind(&l->handle_->pipe, address.path.c_str());
+    if (rc == 0) ::chmod(address.path.c_str(), mode);
+  } else {
+    uv_tcp_init(loop, &l->handle_->tcp);
+    sockaddr_storage addr;
+    rc = uv_ip4_addr(address.host.c_str(), address.port, reinterpret_cast<sockaddr_in*>(&addr));
+    if (rc != 0) rc = uv_ip6_addr(address.host.c_str(), address.port, reinterpret_cast<sockaddr_in6*>(&addr));
+    if (rc == 0) rc = uv_tcp_bind(&l->handle_->tcp, reinterpret_cast<sockaddr*>(&addr), 0);
+  }
+  l->handle_->handle.data = l.get();
+  if (rc == 0) rc = uv_listen(&l->handle_->stream, 128, onConnection);
+  if (rc != 0) {
+    std::string what = "cannot listen on " + address.toString() + ": " + uv_strerror(rc);
+    l->close();
+    return fail(Code::unavailable, what);
+  }
+  return l;
+}
+
+Listener::~Listener() { close(); }
+
+void Listener::close() {
+  if (!handle_) return;
+  uv_close(&handle_->handle, [](uv_handle_t* h) { delete reinterpret_cast<decltype(handle_)>(h); });
+  handle_ = nullptr;
+}
+
+int Listener::port() const {
+  if (!handle_ || address_.isUnix) return 0;
+  sockaddr_storage addr;
+  int len = sizeof addr;
+  if (uv_tcp_getsockname(&handle_->tcp, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return 0;
+  return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+void Listener::onConnection(uv_stream_t* server, int status) {
+  auto* l = static_cast<Listener*>(server->data);
+  if (status != 0) return;
+  auto c = Connection::create(server->loop, l->address_.isUnix ? Connection::Kind::pipe : Connection::Kind::tcp,
+                              l->maxFrameBytes_);
+  if (uv_accept(server, c->stream()) != 0) {
+    c->close();
+    return;
+  }
+  c->setPeer(l->address_.isUnix ? l->address_.path : "tcp");
+  if (!l->address_.isUnix) {
+    sockaddr_storage addr;
+    int len = sizeof addr;
+    char host[64] = "?";
+    if (uv_tcp_getpeername(reinterpret_cast<uv_tcp_t*>(c->stream()), reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      uv_ip4_name(reinterpret_cast<sockaddr_in*>(&addr), host, sizeof host);
+      c->setPeer(std::string(host) + ":" + std::to_string(ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)));
+    }
+  }
+  l->onAccept_(std::move(c));
+}
+
+namespace {
+struct ConnectReq {
+  uv_connect_t req;
+  ConnectionPtr connection;
+  std::function<void(Result<ConnectionPtr>)> done;
+  std::string what;
+};
+void onConnected(uv_connect_t* req, int status) {
+  std::unique_ptr<ConnectReq> r(static_cast<ConnectReq*>(req->data));
+  if (status != 0) {
+    r->connection->close();
+    r->done(fail(Code::unavailable, "cannot connect to " + r->what + ": " + uv_strerror(status)));
+    return;
+  }
+  r->done(std::move(r->connection));
+}
+}  // namespace
+
+void connect(uv_loop_t* loop, const Address& address, uint32_t maxFrameBytes,
+             std::function<void(Result<ConnectionPtr>)> done) {
+  auto* r = new ConnectReq;
+  r->req.data = r;
+  r->done = std::move(done);
+  r->what = address.toString();
+  r->connection = Connection::create(loop, address.isUnix ? Connection::Kind::pipe : Connection::Kind::tcp, maxFrameBytes);
+  r->connection->setPeer(r->what);
+  if (address.isUnix) {
+    uv_pipe_connect(&r->req, reinterpret_cast<uv_pipe_t*>(r->connection->stream()), address.path.c_str(), onConnected);
+    return;
+  }
+  sockaddr_in addr;
+  int rc = uv_ip4_addr(address.host == "localhost" ? "127.0.0.1" : address.host.c_str(), address.port, &addr);
+  if (rc == 0)
+    rc = uv_tcp_connect(&r->req, reinterpret_cast<uv_tcp_t*>(r->connection->stream()),
+                        reinterpret_cast<sockaddr*>(&addr), onConnected);
+  if (rc != 0) {
+    // Report on the next turn of the loop, like a failed connect would.
+    r->connection->close();
+    auto fn = std::move(r->done);
+    std::string what = "cannot connect to " + r->what + ": " + uv_strerror(rc);
+    delete r;
+    fn(fail(Code::unavailable, what));
+  }
+}
+
+Result<ConnectionPtr> openDevice(uv_loop_t* loop, const std::string& path, uint32_t maxFrameBytes) {
+  int fd = ::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return fail(Code::unavailable, "cannot open " + path + ": " + std::strerror(errno));
+  auto c = Connection::create(loop, Connection::Kind::pipe, maxFrameBytes);
+  int rc = uv_pipe_open(reinterpret_cast<uv_pipe_t*>(c->stream()), fd);
+  if (rc != 0) {
+    ::close(fd);
+    c->close();
+    return fail(Code::unavailable, "cannot use " + path + " as a stream: " + uv_strerror(rc));
+  }
+  c->setPeer(path);
+  return c;
+}
+
+}  // namespace raccel::transport

@@ -1,0 +1,151 @@
+// A framed libuv stream (unix socket, TCP with TCP_NODELAY, or a character device such
+// as a virtio-serial port), listeners and connectors. Everything here belongs to the
+// loop thread that created it.
+//
+// Sends are queued and coalesced: the first frame goes out at once, frames sent while
+// a write is in flight are gathered into the next write. backlogBytes() and
+// whenDrained() let a relay stop reading a fast source until a slow peer catches up.
+#pragma once
+
+#include <uv.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/error.h"
+#include "transport/frame.h"
+
+namespace raccel::transport {
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  struct Callbacks {
+    std::function<void(Connection&, const FrameHeader&, Body)> onFrame;
+    // A frame over the maximum was skipped; the connection stays open.
+    std::function<void(Connection&, const FrameHeader&)> onOversized;
+    // Called once after the frames of one read were delivered (a batch boundary).
+    std::function<void(Connection&)> onBatchEnd;
+    // Called once when the connection is closed, by either side. `truncated` is true
+    // when the peer vanished in the middle of a frame.
+    std::function<void(Connection&, bool truncated)> onClose;
+  };
+
+  static constexpr size_t kHighWater = 16 * 1024 * 1024;
+
+  // Creates an unopened connection of the given kind on `loop`.
+  enum class Kind { pipe, tcp };
+  static std::shared_ptr<Connection> create(uv_loop_t* loop, Kind kind, uint32_t maxFrameBytes);
+
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  void setCallbacks(Callbacks callbacks) { callbacks_ = std::move(callbacks); }
+  // Begins reading. Call once, after the stream is connected.
+  void start();
+  // Sends one frame; the message is copied into the send queue.
+  void send(uint32_t channel, uint64_t sequence, capnp::MessageBuilder& message);
+  // Sends one frame whose body is already encoded, without copying it.
+  void sendBody(uint32_t channel, uint64_t sequence, Body body);
+  // Closes the stream after nothing more is read; queued sends are dropped.
+  void close();
+  bool closed() const { return closing_; }
+
+  size_t backlogBytes() const { return queuedBytes_ + inflightBytes_; }
+  // Runs `fn` once the backlog is below half the high-water mark (at once if it is).
+  void whenDrained(std::function<void()> fn);
+  void pauseReading();
+  void resumeReading();
+
+  void setMaxFrameBytes(uint32_t bytes) { reader_.setMaxFrameBytes(bytes); }
+  uint32_t maxFrameBytes() const { return reader_.maxFrameBytes(); }
+  const std::string& peer() const { return peer_; }
+  void setPeer(std::string peer) { peer_ = std::move(peer); }
+
+  uv_stream_t* stream() { return &handle_.stream; }
+  // Opaque per-connection slot for the owner (e.g. which VM this socket belongs to).
+  std::shared_ptr<void> tag;
+
+ private:
+  Connection(uv_loop_t* loop, Kind kind, uint32_t maxFrameBytes);
+  struct Sink;
+  struct BigChunk {
+    std::array<std::byte, kHeaderBytes> header;
+    Body body;
+  };
+  using Chunk = std::variant<std::vector<std::byte>, BigChunk>;
+  void flush();
+  void finishClose();
+  static void onAlloc(uv_handle_t* handle, size_t suggested, uv_buf_t* buf);
+  static void onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
+  static void onWrite(uv_write_t* req, int status);
+
+  union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_pipe_t pipe;
+    uv_tcp_t tcp;
+  } handle_;
+  Kind kind_;
+  Callbacks callbacks_;
+  FrameReader reader_;
+  std::shared_ptr<Connection> self_;  // alive until uv_close completes
+  std::vector<Chunk> queue_, inflight_;
+  size_t queuedBytes_ = 0, inflightBytes_ = 0;
+  uv_write_t writeReq_;
+  bool writing_ = false, reading_ = false, paused_ = false, closing_ = false, started_ = false;
+  bool truncated_ = false;
+  std::vector<std::function<void()>> drainWaiters_;
+  std::string peer_;
+};
+
+using ConnectionPtr = std::shared_ptr<Connection>;
+
+// An address: "unix:/path", "/path" (unix), or "host:port" (TCP).
+struct Address {
+  bool isUnix = false;
+  std::string path;  // unix
+  std::string host;  // tcp
+  int port = 0;
+  std::string toString() const { return isUnix ? "unix:" + path : host + ":" + std::to_string(port); }
+};
+Result<Address> parseAddress(const std::string& text);
+
+// Accepts connections on a unix socket or TCP address. Owned by the loop thread.
+class Listener {
+ public:
+  using AcceptFn = std::function<void(ConnectionPtr)>;
+  // A unix socket file is replaced if stale and given `mode` permissions.
+  static Result<std::unique_ptr<Listener>> listen(uv_loop_t* loop, const Address& address, uint32_t maxFrameBytes,
+                                                  AcceptFn onAccept, int mode = 0660);
+  ~Listener();
+  // The bound TCP port (useful with port 0).
+  int port() const;
+  void close();
+
+ private:
+  Listener() = default;
+  static void onConnection(uv_stream_t* server, int status);
+  union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_pipe_t pipe;
+    uv_tcp_t tcp;
+  }* handle_ = nullptr;
+  Address address_;
+  uint32_t maxFrameBytes_ = 0;
+  AcceptFn onAccept_;
+};
+
+// Connects to `address`; `done` gets the started-but-callbackless connection or an
+// error. The caller sets callbacks and calls start().
+void connect(uv_loop_t* loop, const Address& address, uint32_t maxFrameBytes,
+             std::function<void(Result<ConnectionPtr>)> done);
+
+// Opens a character device (a virtio-serial port) as a framed stream.
+Result<ConnectionPtr> openDevice(uv_loop_t* loop, const std::string& path, uint32_t maxFrameBytes);
+
+}  // namespace raccel::transport

@@ -1,0 +1,144 @@
+#include "transport/frame.h"
+
+#include <algorithm>
+
+namespace raccel::transport {
+namespace {
+template <class T>
+void putLe(std::byte* out, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<std::byte>((value >> (8 * i)) & 0xff);
+}
+template <class T>
+T getLe(const std::byte* in) {
+  T value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(std::to_integer<uint8_t>(in[i])) << (8 * i);
+  return value;
+}
+size_t segmentTableBytes(size_t segments) { return ((segments + 1) * 4 + 7) & ~size_t{7}; }
+}  // namespace
+
+void encodeHeader(const FrameHeader& header, std::byte* out) {
+  putLe<uint32_t>(out, header.channel);
+  putLe<uint32_t>(out + 4, header.length);
+  putLe<uint64_t>(out + 8, header.sequence);
+}
+
+FrameHeader decodeHeader(const std::byte* in) {
+  return FrameHeader{getLe<uint32_t>(in), getLe<uint32_t>(in + 4), getLe<uint64_t>(in + 8)};
+}
+
+Body::Body(size_t bytes) : words_(new capnp::word[(bytes + 7) / 8]), bytes_(bytes) {}
+
+size_t encodedSize(capnp::MessageBuilder& message) {
+  auto segments = message.getSegmentsForOutput();
+  size_t bytes = segmentTableBytes(segments.size());
+  for (auto& s : segments) bytes += s.size() * sizeof(capnp::word);
+  return bytes;
+}
+
+static void encodeInto(capnp::MessageBuilder& message, std::byte* out) {
+  auto segments = message.getSegmentsForOutput();
+  size_t table = segmentTableBytes(segments.size());
+  std::memset(out, 0, table);
+  putLe<uint32_t>(out, static_cast<uint32_t>(segments.size() - 1));
+  for (size_t i = 0; i < segments.size(); ++i) putLe<uint32_t>(out + 4 + 4 * i, static_cast<uint32_t>(segments[i].size()));
+  std::byte* p = out + table;
+  for (auto& s : segments) {
+    size_t n = s.size() * sizeof(capnp::word);
+    std::memcpy(p, s.begin(), n);
+    p += n;
+  }
+}
+
+void appendFrame(std::vector<std::byte>& out, uint32_t channel, uint64_t sequence, capnp::MessageBuilder& message) {
+  size_t size = encodedSize(message);
+  size_t at = out.size();
+  out.resize(at + kHeaderBytes + size);
+  encodeHeader(FrameHeader{channel, static_cast<uint32_t>(size), sequence}, out.data() + at);
+  encodeInto(message, out.data() + at + kHeaderBytes);
+}
+
+Body encodeBody(capnp::MessageBuilder& message) {
+  Body body(encodedSize(message));
+  encodeInto(message, body.data());
+  return body;
+}
+
+MessageIn::MessageIn(Body body) : body_(std::move(body)) {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = std::max<uint64_t>(body_.size() / 8 * 8, 1 << 20);
+  options.nestingLimit = 32;
+  reader_.emplace(body_.words(), options);
+}
+
+FrameReader::FrameReader(uint32_t maxFrameBytes) : maxFrameBytes_(maxFrameBytes), stage_(256 * 1024) {}
+
+std::span<std::byte> FrameReader::writable() {
+  if (directHeader_) return {direct_.data() + directFilled_, direct_.size() - directFilled_};
+  if (stage_.size() - end_ < kDirectBytes) {
+    std::memmove(stage_.data(), stage_.data() + begin_, end_ - begin_);
+    end_ -= begin_;
+    begin_ = 0;
+  }
+  return {stage_.data() + end_, stage_.size() - end_};
+}
+
+bool FrameReader::midFrame() const { return directHeader_.has_value() || end_ > begin_ || skipRemaining_ > 0; }
+
+void FrameReader::commit(size_t n, Sink& sink) {
+  if (directHeader_) {
+    directFilled_ += n;
+    if (directFilled_ == direct_.size()) {
+      FrameHeader header = *directHeader_;
+      directHeader_.reset();
+      directFilled_ = 0;
+      sink.onFrame(header, std::move(direct_));
+    }
+    return;
+  }
+  end_ += n;
+  parseStaged(sink);
+}
+
+void FrameReader::parseStaged(Sink& sink) {
+  for (;;) {
+    if (skipRemaining_ > 0) {
+      size_t drop = static_cast<size_t>(std::min<uint64_t>(skipRemaining_, end_ - begin_));
+      begin_ += drop;
+      skipRemaining_ -= drop;
+      if (skipRemaining_ > 0) break;
+    }
+    if (end_ - begin_ < kHeaderBytes) break;
+    FrameHeader header = decodeHeader(stage_.data() + begin_);
+    if (header.length > maxFrameBytes_) {
+      begin_ += kHeaderBytes;
+      skipRemaining_ = header.length;
+      sink.onOversized(header);
+      continue;
+    }
+    size_t available = end_ - begin_ - kHeaderBytes;
+    if (header.length >= kDirectBytes) {
+      begin_ += kHeaderBytes;
+      direct_ = Body(header.length);
+      size_t have = std::min<size_t>(available, header.length);
+      std::memcpy(direct_.data(), stage_.data() + begin_, have);
+      begin_ += have;
+      directFilled_ = have;
+      if (have == header.length) {
+        sink.onFrame(header, std::move(direct_));
+        directFilled_ = 0;
+        continue;
+      }
+      directHeader_ = header;
+      break;
+    }
+    if (available < header.length) break;
+    Body body(header.length);
+    std::memcpy(body.data(), stage_.data() + begin_ + kHeaderBytes, header.length);
+    begin_ += kHeaderBytes + header.length;
+    sink.onFrame(header, std::move(body));
+  }
+  if (begin_ == end_) begin_ = end_ = 0;
+}
+
+}  // namespace raccel::transport

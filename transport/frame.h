@@ -1,0 +1,121 @@
+// Framing for every raccel link: a 16-byte header (schema/frame.capnp documents it)
+// followed by a Cap'n Proto message in stream encoding. Pure functions and value
+// types; usable from any thread.
+#pragma once
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "common/error.h"
+
+namespace raccel::transport {
+
+constexpr size_t kHeaderBytes = 16;
+constexpr uint32_t kControlChannel = 0;
+
+struct FrameHeader {
+  uint32_t channel = 0;
+  uint32_t length = 0;  // body bytes
+  uint64_t sequence = 0;
+};
+
+void encodeHeader(const FrameHeader& header, std::byte* out);
+FrameHeader decodeHeader(const std::byte* in);
+
+// An owned, 8-byte-aligned frame body (Cap'n Proto needs word alignment).
+class Body {
+ public:
+  Body() = default;
+  explicit Body(size_t bytes);
+  Body(Body&&) noexcept = default;
+  Body& operator=(Body&&) noexcept = default;
+
+  std::byte* data() { return reinterpret_cast<std::byte*>(words_.get()); }
+  const std::byte* data() const { return reinterpret_cast<const std::byte*>(words_.get()); }
+  size_t size() const { return bytes_; }
+  kj::ArrayPtr<const capnp::word> words() const { return {words_.get(), bytes_ / sizeof(capnp::word)}; }
+
+ private:
+  std::unique_ptr<capnp::word[]> words_;
+  size_t bytes_ = 0;
+};
+
+// Bytes of the stream encoding of `message` (segment table + segments).
+size_t encodedSize(capnp::MessageBuilder& message);
+// Appends header + encoded message to `out`.
+void appendFrame(std::vector<std::byte>& out, uint32_t channel, uint64_t sequence, capnp::MessageBuilder& message);
+// Encodes a message into an owned body (for zero-copy sends of large messages).
+Body encodeBody(capnp::MessageBuilder& message);
+
+// A decoded message over a body it owns. Decoding problems surface as kj::Exception
+// when fields are read; callers catch them at their frame boundary (see decodeGuard).
+class MessageIn {
+ public:
+  explicit MessageIn(Body body);
+  template <class Root>
+  typename Root::Reader root() { return reader_->getRoot<Root>(); }
+  const Body& body() const { return body_; }
+
+ private:
+  Body body_;
+  std::optional<capnp::FlatArrayMessageReader> reader_;
+};
+
+// Runs `fn`, turning Cap'n Proto decoding exceptions (malformed input from a peer)
+// into an invalidArgument error. The only place such exceptions are caught.
+template <class Fn>
+Status decodeGuard(Fn&& fn) {
+  try {
+    fn();
+    return {};
+  } catch (const kj::Exception& e) {
+    return fail(Code::invalidArgument, std::string("malformed message: ") + e.getDescription().cStr());
+  }
+}
+
+// Incremental frame parser over a byte stream. Small frames are staged and copied
+// into their own Body; a frame of kDirectBytes or more is read straight into its Body.
+// A frame longer than the maximum is skipped without buffering and reported.
+class FrameReader {
+ public:
+  static constexpr size_t kDirectBytes = 64 * 1024;
+
+  struct Sink {
+    virtual ~Sink() = default;
+    virtual void onFrame(const FrameHeader& header, Body body) = 0;
+    virtual void onOversized(const FrameHeader& header) = 0;
+  };
+
+  explicit FrameReader(uint32_t maxFrameBytes);
+
+  void setMaxFrameBytes(uint32_t bytes) { maxFrameBytes_ = bytes; }
+  uint32_t maxFrameBytes() const { return maxFrameBytes_; }
+  // Where the next bytes from the stream must be put (never empty).
+  std::span<std::byte> writable();
+  // `n` bytes were placed at writable(); emits the frames they complete. Returns false
+  // when the sink asked to stop (stop() called from a callback).
+  void commit(size_t n, Sink& sink);
+  // True when a frame is partly received (EOF now means a truncated frame).
+  bool midFrame() const;
+
+ private:
+  void parseStaged(Sink& sink);
+  uint32_t maxFrameBytes_;
+  std::vector<std::byte> stage_;
+  size_t begin_ = 0, end_ = 0;
+  // Direct mode: the current large frame's body being filled.
+  std::optional<FrameHeader> directHeader_;
+  Body direct_;
+  size_t directFilled_ = 0;
+  uint64_t skipRemaining_ = 0;
+};
+
+}  // namespace raccel::transport
