@@ -1,0 +1,215 @@
+#include "hal/cpu/cpu_device.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+namespace raccel::hal {
+namespace {
+
+class HostBuffer final : public Buffer {
+ public:
+  explicit HostBuffer(uint64_t size, std::unique_ptr<std::byte[]> bytes) : Buffer(size), bytes_(std::move(bytes)) {}
+  std::byte* bytes() { return bytes_.get(); }
+  const std::byte* bytes() const { return bytes_.get(); }
+  float* floats() { return reinterpret_cast<float*>(bytes_.get()); }
+  const float* floats() const { return reinterpret_cast<const float*>(bytes_.get()); }
+
+ private:
+  std::unique_ptr<std::byte[]> bytes_;
+};
+
+HostBuffer& host(Buffer& b) { return static_cast<HostBuffer&>(b); }
+const HostBuffer& host(const Buffer& b) { return static_cast<const HostBuffer&>(b); }
+
+// A fixed pool that runs parallelFor bodies; the calling thread takes a share too.
+class ThreadPool {
+ public:
+  explicit ThreadPool(unsigned threads) {
+    for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { run(); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  size_t size() const { return workers_.size() + 1; }
+
+  // Calls fn(begin, end) over [0, n) in contiguous pieces, in parallel; returns when done.
+  void parallelFor(uint64_t n, uint64_t minPiece, const std::function<void(uint64_t, uint64_t)>& fn) {
+    uint64_t pieces = std::min<uint64_t>(size(), std::max<uint64_t>(1, n / std::max<uint64_t>(minPiece, 1)));
+    if (pieces <= 1) {
+      if (n) fn(0, n);
+      return;
+    }
+    uint64_t step = (n + pieces - 1) / pieces;
+    {
+      std::lock_guard lock(mu_);
+      job_ = &fn;
+      jobN_ = n;
+      step_ = step;
+      next_ = 1;  // piece 0 is ours
+      pieces_ = pieces;
+      pending_ = pieces - 1;
+      ++generation_;
+    }
+    cv_.notify_all();
+    fn(0, std::min(step, n));
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void run() {
+    uint64_t seen = 0;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || (generation_ != seen && job_ && next_ < pieces_); });
+      if (stop_) return;
+      while (job_ && next_ < pieces_) {
+        uint64_t piece = next_++;
+        auto* fn = job_;
+        uint64_t begin = piece * step_, end = std::min(jobN_, begin + step_);
+        lock.unlock();
+        if (begin < end) (*fn)(begin, end);
+        lock.lock();
+        if (--pending_ == 0) done_.notify_all();
+      }
+      seen = generation_;
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  std::vector<std::thread> workers_;
+  const std::function<void(uint64_t, uint64_t)>* job_ = nullptr;
+  uint64_t jobN_ = 0, step_ = 0, next_ = 0, pieces_ = 0, pending_ = 0, generation_ = 0;
+  bool stop_ = false;
+};
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(Capabilities caps, unsigned threads) : Device(std::move(caps)), pool_(threads) {}
+
+  Status finish() override { return {}; }  // every call completes before it returns
+
+ protected:
+  Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) override {
+    std::unique_ptr<std::byte[]> mem(new (std::nothrow) std::byte[bytes]);
+    if (!mem) return fail(Code::resourceExhausted, "host memory exhausted allocating " + std::to_string(bytes) + " bytes");
+    return std::unique_ptr<Buffer>(new HostBuffer(bytes, std::move(mem)));
+  }
+  Status doWrite(Buffer& b, uint64_t offset, std::span<const std::byte> data) override {
+    std::memcpy(host(b).bytes() + offset, data.data(), data.size());
+    return {};
+  }
+  Status doRead(const Buffer& b, uint64_t offset, std::span<std::byte> out) override {
+    std::memcpy(out.data(), host(b).bytes() + offset, out.size());
+    return {};
+  }
+  Status doCopy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length) override {
+    std::memmove(host(dst).bytes() + dstOffset, host(src).bytes() + srcOffset, length);
+    return {};
+  }
+  Status doFill(Buffer& b, uint64_t offset, uint64_t length, uint8_t value) override {
+    std::memset(host(b).bytes() + offset, value, length);
+    return {};
+  }
+
+  Status doGemm(const GemmArgs& g) override {
+    const float* a = host(*g.a).floats();
+    const float* b = host(*g.b).floats();
+    float* c = host(*g.c).floats();
+    const uint64_t n = g.n, k = g.k;
+    const float alpha = g.alpha, beta = g.beta;
+    // Rows of c in parallel; within a row, i-k-j order streams b and c contiguously.
+    uint64_t flopsPerRow = 2 * n * k;
+    pool_.parallelFor(g.m, std::max<uint64_t>(1, (1 << 16) / std::max<uint64_t>(flopsPerRow, 1)),
+                      [&](uint64_t r0, uint64_t r1) {
+                        constexpr uint64_t kBlockK = 256;
+                        for (uint64_t i = r0; i < r1; ++i) {
+                          float* crow = c + i * n;
+                          if (beta == 0) std::fill(crow, crow + n, 0.0f);
+                          else if (beta != 1)
+                            for (uint64_t j = 0; j < n; ++j) crow[j] *= beta;
+                        }
+                        for (uint64_t p0 = 0; p0 < k; p0 += kBlockK) {
+                          uint64_t p1 = std::min(k, p0 + kBlockK);
+                          for (uint64_t i = r0; i < r1; ++i) {
+                            float* __restrict crow = c + i * n;
+                            const float* arow = a + i * k;
+                            for (uint64_t p = p0; p < p1; ++p) {
+                              const float s = alpha * arow[p];
+                              const float* __restrict brow = b + p * n;
+                              for (uint64_t j = 0; j < n; ++j) crow[j] += s * brow[j];
+                            }
+                          }
+                        }
+                      });
+    return {};
+  }
+
+  Status doAxpy(uint64_t n, float alpha, const Buffer& xb, Buffer& yb) override {
+    const float* x = host(xb).floats();
+    float* y = host(yb).floats();
+    pool_.parallelFor(n, 1 << 16, [&](uint64_t i0, uint64_t i1) {
+      for (uint64_t i = i0; i < i1; ++i) y[i] += alpha * x[i];
+    });
+    return {};
+  }
+
+  Status doVadd(uint64_t n, const Buffer& ab, const Buffer& bb, Buffer& outb) override {
+    const float* a = host(ab).floats();
+    const float* b = host(bb).floats();
+    float* out = host(outb).floats();
+    pool_.parallelFor(n, 1 << 16, [&](uint64_t i0, uint64_t i1) {
+      for (uint64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+    });
+    return {};
+  }
+
+  Status doReduceSum(uint64_t n, const Buffer& inb, Buffer& outb) override {
+    const float* in = host(inb).floats();
+    std::vector<double> partial(pool_.size(), 0.0);
+    uint64_t step = (n + pool_.size() - 1) / std::max<uint64_t>(pool_.size(), 1);
+    // Pieces are fixed by index so the sum is the same whatever the timing.
+    pool_.parallelFor(pool_.size(), 1, [&](uint64_t t0, uint64_t t1) {
+      for (uint64_t t = t0; t < t1; ++t) {
+        double sum = 0;
+        for (uint64_t i = t * step; i < std::min(n, (t + 1) * step); ++i) sum += in[i];
+        partial[t] = sum;
+      }
+    });
+    double total = 0;
+    for (double p : partial) total += p;
+    host(outb).floats()[0] = static_cast<float>(total);
+    return {};
+  }
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> makeCpuDevice(const CpuDeviceOptions& options) {
+  Capabilities caps;
+  caps.kind = options.kind;
+  caps.model = options.model;
+  caps.backend = "cpu";
+  caps.tflops = options.tflops;
+  caps.memoryBytes = options.memoryBytes;
+  caps.programKinds = {ProgramKind::builtin};
+  unsigned threads = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  return std::make_unique<CpuDevice>(std::move(caps), threads);
+}
+
+}  // namespace raccel::hal

@@ -1,0 +1,23 @@
+// The CPU backend: buffers in host memory and the built-in ops on a pool of threads.
+// Always built. With a declared kind other than cpu it is a simulated card: a real
+// device that computes real results, standing in for hardware this machine lacks.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "hal/device.h"
+
+namespace raccel::hal {
+
+struct CpuDeviceOptions {
+  CardKind kind = CardKind::cpu;
+  std::string model = "host-cpu";
+  double tflops = 1;
+  uint64_t memoryBytes = 1ull << 30;
+  unsigned threads = 0;  // 0 = one per core
+};
+
+std::unique_ptr<Device> makeCpuDevice(const CpuDeviceOptions& options);
+
+}  // namespace raccel::hal

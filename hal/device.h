@@ -1,0 +1,159 @@
+// The hardware abstraction: a vendor-neutral Device with Buffers and Programs.
+//
+// Called from one worker thread per device (netaccel owns that thread); a Device and
+// its objects are not thread-safe. The public methods validate their arguments (range
+// checks, sizes, kinds) once, here, then call the protected do* hooks that a backend
+// implements, so every backend answers bad input the same way. Optional features have
+// a default body that reports `unimplemented`. Vendor headers appear only in
+// hal/<backend>/*.cc; hal never includes Cap'n Proto.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace raccel::hal {
+
+enum class CardKind { gpu, npu, fpga, cpu };
+enum class ProgramKind { builtin, ptx, cubin, xclbin, openclC, spirv };
+
+const char* kindName(CardKind kind);
+Result<CardKind> parseKind(const std::string& text);
+const char* programKindName(ProgramKind kind);
+
+// The built-in library every backend provides, loadable by this name.
+inline constexpr const char* kBuiltinLibrary = "raccel.builtins";
+
+struct Capabilities {
+  CardKind kind = CardKind::cpu;
+  std::string model;
+  std::string backend;
+  double tflops = 0;
+  uint64_t memoryBytes = 0;
+  std::vector<ProgramKind> programKinds;
+};
+
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  uint64_t size() const { return size_; }
+
+ protected:
+  explicit Buffer(uint64_t size) : size_(size) {}
+
+ private:
+  uint64_t size_;
+};
+
+class Program {
+ public:
+  virtual ~Program() = default;
+  const std::string& name() const { return name_; }
+  ProgramKind kind() const { return kind_; }
+  virtual std::vector<std::string> kernels() const = 0;
+
+ protected:
+  Program(std::string name, ProgramKind kind) : name_(std::move(name)), kind_(kind) {}
+
+ private:
+  std::string name_;
+  ProgramKind kind_;
+};
+
+// A kernel argument: a buffer (borrowed) or a scalar.
+struct KernelArg {
+  enum class Type { buffer, u32, i32, u64, i64, f32, f64 } type = Type::u64;
+  Buffer* buffer = nullptr;
+  union {
+    uint32_t u32;
+    int32_t i32;
+    uint64_t u64;
+    int64_t i64;
+    float f32;
+    double f64;
+  } scalar{};
+};
+
+struct LaunchDims {
+  std::array<uint32_t, 3> grid{1, 1, 1};
+  std::array<uint32_t, 3> block{1, 1, 1};
+  uint32_t sharedBytes = 0;
+};
+
+// c[m x n] = alpha * a[m x k] * b[k x n] + beta * c; f32, row-major.
+struct GemmArgs {
+  uint32_t m = 0, n = 0, k = 0;
+  float alpha = 1, beta = 0;
+  const Buffer* a = nullptr;
+  const Buffer* b = nullptr;
+  Buffer* c = nullptr;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  const Capabilities& capabilities() const { return caps_; }
+  uint64_t memoryUsed() const { return memoryUsed_; }
+
+  // Owned buffer, or resourceExhausted when the card's memory would be exceeded.
+  Result<std::unique_ptr<Buffer>> allocate(uint64_t bytes);
+  // Every buffer handed to a Device must have been allocated by it and not released.
+  void release(std::unique_ptr<Buffer> buffer);
+
+  Status write(Buffer& buffer, uint64_t offset, std::span<const std::byte> data);
+  Status read(const Buffer& buffer, uint64_t offset, std::span<std::byte> out);
+  Status copy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length);
+  Status fill(Buffer& buffer, uint64_t offset, uint64_t length, uint8_t value);
+
+  Result<std::unique_ptr<Program>> loadProgram(ProgramKind kind, const std::string& name,
+                                               std::span<const std::byte> code);
+  Status launch(Program& program, const std::string& kernel, const LaunchDims& dims,
+                std::span<const KernelArg> args);
+
+  Status gemm(const GemmArgs& args);
+  Status axpy(uint64_t n, float alpha, const Buffer& x, Buffer& y);
+  Status vadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out);
+  Status reduceSum(uint64_t n, const Buffer& input, Buffer& out);
+
+  // Returns when all work issued so far has completed.
+  virtual Status finish() = 0;
+
+ protected:
+  explicit Device(Capabilities caps) : caps_(std::move(caps)) {}
+
+  virtual Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) = 0;
+  virtual Status doWrite(Buffer& buffer, uint64_t offset, std::span<const std::byte> data) = 0;
+  virtual Status doRead(const Buffer& buffer, uint64_t offset, std::span<std::byte> out) = 0;
+  virtual Status doCopy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length) = 0;
+  virtual Status doFill(Buffer& buffer, uint64_t offset, uint64_t length, uint8_t value) = 0;
+  virtual Result<std::unique_ptr<Program>> doLoadProgram(ProgramKind kind, const std::string& name,
+                                                         std::span<const std::byte> code);
+  virtual Status doLaunch(Program& program, const std::string& kernel, const LaunchDims& dims,
+                          std::span<const KernelArg> args);
+  virtual Status doGemm(const GemmArgs& args) = 0;
+  virtual Status doAxpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) = 0;
+  virtual Status doVadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out) = 0;
+  virtual Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) = 0;
+
+  Capabilities caps_;
+
+ private:
+  Status launchBuiltin(const std::string& kernel, std::span<const KernelArg> args);
+  uint64_t memoryUsed_ = 0;
+};
+
+// The program object a backend returns for the built-in library.
+class BuiltinProgram final : public Program {
+ public:
+  BuiltinProgram() : Program(kBuiltinLibrary, ProgramKind::builtin) {}
+  std::vector<std::string> kernels() const override { return {"gemm", "axpy", "vadd", "reduceSum"}; }
+};
+
+}  // namespace raccel::hal

@@ -1,0 +1,150 @@
+// Behaviour every backend must show. Parameterized over the backends built here
+// (today: cpu, as a plain card and as a simulated gpu).
+#include "hal/device.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "hal/cpu/cpu_device.h"
+
+namespace raccel::hal {
+namespace {
+
+struct Backend {
+  const char* name;
+  std::unique_ptr<Device> (*make)();
+};
+
+std::unique_ptr<Device> cpu() { return makeCpuDevice({CardKind::cpu, "host", 1, 64 << 20, 2}); }
+std::unique_ptr<Device> simulatedGpu() { return makeCpuDevice({CardKind::gpu, "sim-gpu", 8, 64 << 20, 1}); }
+
+class Conformance : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override { device = GetParam().make(); }
+  std::unique_ptr<Buffer> floats(const std::vector<float>& v) {
+    auto b = device->allocate(v.size() * 4);
+    EXPECT_TRUE(b);
+    EXPECT_TRUE(device->write(**b, 0, std::as_bytes(std::span(v))));
+    return std::move(*b);
+  }
+  std::vector<float> readFloats(const Buffer& b, size_t n) {
+    std::vector<float> out(n);
+    EXPECT_TRUE(device->read(b, 0, std::as_writable_bytes(std::span(out))));
+    return out;
+  }
+  std::unique_ptr<Device> device;
+};
+
+TEST_P(Conformance, BuffersRoundTripAndRefuseOutOfRange) {
+  auto b = device->allocate(100);
+  ASSERT_TRUE(b);
+  std::vector<std::byte> data(100);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = std::byte(i);
+  ASSERT_TRUE(device->write(**b, 0, data));
+  ASSERT_TRUE(device->fill(**b, 10, 5, 0xAB));
+  std::vector<std::byte> out(100);
+  ASSERT_TRUE(device->read(**b, 0, out));
+  EXPECT_EQ(out[9], std::byte(9));
+  EXPECT_EQ(out[10], std::byte(0xAB));
+  EXPECT_EQ(out[15], std::byte(15));
+  auto past = device->read(**b, 90, std::span(out).first(20));
+  ASSERT_FALSE(past);
+  EXPECT_EQ(past.error().code, Code::invalidArgument);
+  EXPECT_NE(past.error().message.find("past the end"), std::string::npos);
+  EXPECT_FALSE(device->copy(**b, 0, **b, 95, 10));
+}
+
+TEST_P(Conformance, AllocationRespectsCardMemory) {
+  EXPECT_EQ(device->allocate(0).error().code, Code::invalidArgument);
+  auto huge = device->allocate(device->capabilities().memoryBytes + 1);
+  ASSERT_FALSE(huge);
+  EXPECT_EQ(huge.error().code, Code::resourceExhausted);
+  auto a = device->allocate(device->capabilities().memoryBytes);
+  ASSERT_TRUE(a);
+  EXPECT_FALSE(device->allocate(1));
+  device->release(std::move(*a));
+  EXPECT_TRUE(device->allocate(1));
+}
+
+TEST_P(Conformance, GemmMatchesReference) {
+  const uint32_t m = 37, n = 29, k = 53;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> a(m * k), b(k * n), c(m * n);
+  for (auto& x : a) x = dist(rng);
+  for (auto& x : b) x = dist(rng);
+  for (auto& x : c) x = dist(rng);
+  auto ba = floats(a), bb = floats(b), bc = floats(c);
+  ASSERT_TRUE(device->gemm({m, n, k, 1.5f, 0.5f, ba.get(), bb.get(), bc.get()}));
+  auto got = readFloats(*bc, m * n);
+  for (uint32_t i = 0; i < m; ++i)
+    for (uint32_t j = 0; j < n; ++j) {
+      double ref = 0.5 * c[i * n + j];
+      for (uint32_t p = 0; p < k; ++p) ref += 1.5 * a[i * k + p] * b[p * n + j];
+      ASSERT_NEAR(got[i * n + j], ref, 1e-4) << i << "," << j;
+    }
+}
+
+TEST_P(Conformance, VectorOpsMatchReference) {
+  const size_t n = 200001;
+  std::vector<float> x(n), y(n);
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(i % 100) * 0.25f;
+    y[i] = 1.0f;
+  }
+  auto bx = floats(x), by = floats(y);
+  auto out = device->allocate(n * 4);
+  ASSERT_TRUE(out);
+  ASSERT_TRUE(device->vadd(n, *bx, *by, **out));
+  ASSERT_TRUE(device->axpy(n, 2.0f, *bx, *by));
+  auto sum = device->allocate(4);
+  ASSERT_TRUE(device->reduceSum(n, *bx, **sum));
+  auto v = readFloats(**out, n);
+  auto w = readFloats(*by, n);
+  double ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(v[i], x[i] + 1.0f);
+    ASSERT_EQ(w[i], 2.0f * x[i] + 1.0f);
+    ref += x[i];
+  }
+  EXPECT_NEAR(readFloats(**sum, 1)[0], ref, ref * 1e-6);
+  EXPECT_FALSE(device->vadd(n + 1, *bx, *by, **out));
+}
+
+TEST_P(Conformance, BuiltinLibraryLaunchesByNameAndRefusesUnknownKernels) {
+  auto program = device->loadProgram(ProgramKind::builtin, kBuiltinLibrary, {});
+  ASSERT_TRUE(program) << program.error().message;
+  auto x = floats({1, 2, 3}), y = floats({10, 20, 30});
+  KernelArg args[4];
+  args[0].type = KernelArg::Type::u64;
+  args[0].scalar.u64 = 3;
+  args[1].type = KernelArg::Type::f32;
+  args[1].scalar.f32 = 2;
+  args[2] = {KernelArg::Type::buffer, x.get(), {}};
+  args[3] = {KernelArg::Type::buffer, y.get(), {}};
+  ASSERT_TRUE(device->launch(**program, "axpy", {}, args));
+  EXPECT_EQ(readFloats(*y, 3), (std::vector<float>{12, 24, 36}));
+  auto unknown = device->launch(**program, "fft", {}, args);
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().code, Code::notFound);
+  EXPECT_NE(unknown.error().message.find("fft"), std::string::npos);
+  EXPECT_FALSE(device->launch(**program, "axpy", {}, std::span(args).first(2)));
+}
+
+TEST_P(Conformance, ProgramKindsTheCardCannotRunAreRefused) {
+  auto p = device->loadProgram(ProgramKind::ptx, "k", {});
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code, Code::unimplemented);
+  auto lib = device->loadProgram(ProgramKind::builtin, "nope", {});
+  ASSERT_FALSE(lib);
+  EXPECT_EQ(lib.error().code, Code::notFound);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
+                         ::testing::Values(Backend{"cpu", cpu}, Backend{"simulatedGpu", simulatedGpu}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace raccel::hal
