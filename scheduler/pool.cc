@@ -1,0 +1,305 @@
+#include "scheduler/pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+namespace raccel::scheduler {
+
+uint32_t Pool::blocksFor(double tflops) const {
+  if (tflops <= 0) return 1;
+  return static_cast<uint32_t>(std::ceil(tflops / blockTflops_ - 1e-9));
+}
+
+Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec>& specs) {
+  std::vector<CardSpec> ordered(specs);
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const CardSpec& a, const CardSpec& b) { return a.kind < b.kind; });  // GPU, NPU, FPGA, CPU
+  std::vector<uint32_t> counts;
+  uint32_t nodeBlocks = 0;
+  for (auto& c : ordered) {
+    counts.push_back(static_cast<uint32_t>(std::floor(c.tflops / blockTflops_ + 1e-9)));
+    nodeBlocks += counts.back();
+  }
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    if (nodes_[n].name != name) continue;
+    if (nodes_[n].online) return fail(Code::permissionDenied, "node '" + name + "' is already registered");
+    bool same = nodes_[n].cards.size() == ordered.size();
+    for (size_t i = 0; same && i < ordered.size(); ++i) {
+      const Card& c = cards_[nodes_[n].cards[i]];
+      same = c.spec.kind == ordered[i].kind && c.blocks.count == counts[i] && c.spec.index == ordered[i].index;
+    }
+    if (!same) {
+      nodes_[n].name += "~retired";  // its old numbers stay unused; the new layout gets new ones
+      break;
+    }
+    nodes_[n].online = true;
+    for (size_t i = 0; i < ordered.size(); ++i) cards_[nodes_[n].cards[i]].spec = ordered[i];
+    // Blocks nobody holds become free again.
+    BlockRange r = nodes_[n].blocks;
+    for (uint32_t b = r.first; b < r.end();) {
+      uint32_t e = b;
+      while (e < r.end() && owner_[e] == kNoOwner) ++e;
+      if (e > b) addFree({b, e - b});
+      b = e + 1;
+    }
+    return n;
+  }
+  Node node;
+  node.name = name;
+  node.online = true;
+  node.blocks = {next_, nodeBlocks};
+  owner_.resize(next_ + nodeBlocks, kNoOwner);
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    node.cards.push_back(cards_.size());
+    cardFirst_.push_back(next_);
+    cards_.push_back(Card{nodes_.size(), ordered[i], {next_, counts[i]}});
+    next_ += counts[i];
+  }
+  if (nodeBlocks) addFree(node.blocks);
+  nodes_.push_back(std::move(node));
+  return nodes_.size() - 1;
+}
+
+std::vector<VaccelId> Pool::removeNode(size_t n) {
+  std::vector<VaccelId> affected;
+  if (n >= nodes_.size() || !nodes_[n].online) return affected;
+  nodes_[n].online = false;
+  BlockRange r = nodes_[n].blocks;
+  for (uint32_t b = r.first; b < r.end(); ++b) {
+    if (owner_[b] != kNoOwner) {
+      if (std::find(affected.begin(), affected.end(), owner_[b]) == affected.end()) affected.push_back(owner_[b]);
+    }
+  }
+  // Remove the node's free blocks from the free structures.
+  auto it = free_.lower_bound(r.first);
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second > r.first) it = prev;
+  }
+  std::vector<BlockRange> toTake;
+  for (; it != free_.end() && it->first < r.end(); ++it) {
+    uint32_t s = std::max(it->first, r.first), e = std::min(it->first + it->second, r.end());
+    if (e > s) toTake.push_back({s, e - s});
+  }
+  for (auto& t : toTake) takeFree(t);
+  return affected;
+}
+
+void Pool::addFree(BlockRange range) {
+  if (range.count == 0) return;
+  uint32_t first = range.first, end = range.end();
+  auto next = free_.lower_bound(first);
+  if (next != free_.end() && next->first == end) {
+    end += next->second;
+    freeBySize_.erase({next->second, next->first});
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == first) {
+      first = prev->first;
+      freeBySize_.erase({prev->second, prev->first});
+      free_.erase(prev);
+    }
+  }
+  free_[first] = end - first;
+  freeBySize_.insert({end - first, first});
+  freeCount_ += range.count;
+}
+
+void Pool::takeFree(BlockRange range) {
+  auto it = std::prev(free_.upper_bound(range.first));
+  uint32_t runFirst = it->first, runEnd = it->first + it->second;
+  freeBySize_.erase({it->second, it->first});
+  free_.erase(it);
+  if (range.first > runFirst) {
+    free_[runFirst] = range.first - runFirst;
+    freeBySize_.insert({range.first - runFirst, runFirst});
+  }
+  if (runEnd > range.end()) {
+    free_[range.end()] = runEnd - range.end();
+    freeBySize_.insert({runEnd - range.end(), range.end()});
+  }
+  freeCount_ -= range.count;
+}
+
+long Pool::cardOf(uint32_t block) const {
+  auto it = std::upper_bound(cardFirst_.begin(), cardFirst_.end(), block);
+  if (it == cardFirst_.begin()) return -1;
+  size_t i = static_cast<size_t>(it - cardFirst_.begin()) - 1;
+  // Skip zero-block cards that share a first number with the next card.
+  while (i > 0 && cards_[i].blocks.count == 0) --i;
+  if (block >= cards_[i].blocks.end()) return -1;
+  return static_cast<long>(i);
+}
+
+bool Pool::isFree(uint32_t block) const {
+  auto it = free_.upper_bound(block);
+  if (it == free_.begin()) return false;
+  --it;
+  return block < it->first + it->second;
+}
+
+void Pool::clip(BlockRange run, KindMask kinds, std::vector<BlockRange>& out) const {
+  if (kinds == kAllKinds) {
+    out.push_back(run);
+    return;
+  }
+  long c = cardOf(run.first);
+  uint32_t openFirst = 0;
+  bool open = false;
+  for (size_t i = static_cast<size_t>(std::max(c, 0L)); i < cards_.size() && cards_[i].blocks.first < run.end(); ++i) {
+    const Card& card = cards_[i];
+    if (card.blocks.count == 0) continue;
+    uint32_t s = std::max(card.blocks.first, run.first), e = std::min(card.blocks.end(), run.end());
+    if (e <= s) continue;
+    if (kinds & maskOf(card.spec.kind)) {
+      if (!open) {
+        open = true;
+        openFirst = s;
+      }
+    } else if (open) {
+      out.push_back({openFirst, s - openFirst});
+      open = false;
+    }
+  }
+  if (open) out.push_back({openFirst, run.end() - openFirst});
+}
+
+uint32_t Pool::nodesSpanned(BlockRange r) const {
+  long first = cardOf(r.first), last = cardOf(r.end() - 1);
+  if (first < 0 || last < 0) return 0;
+  return static_cast<uint32_t>(cards_[last].node - cards_[first].node + 1);
+}
+
+uint32_t Pool::cardsSpanned(BlockRange r) const {
+  long first = cardOf(r.first), last = cardOf(r.end() - 1);
+  if (first < 0 || last < 0) return 0;
+  return static_cast<uint32_t>(last - first + 1);
+}
+
+Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& request) {
+  const uint32_t want = request.blocks;
+  if (owner == kNoOwner) return fail(Code::internal, "allocate: owner id 0 is reserved");
+  if (want == 0) return fail(Code::invalidArgument, "a virtual accelerator needs at least one block");
+  if (held_.count(owner)) return fail(Code::internal, "allocate: vaccel " + std::to_string(owner) + " already holds blocks");
+  uint32_t total = this->total(request.kinds);
+  if (want > total)
+    return fail(Code::resourceExhausted, "can never run here: " + std::to_string(want) + " blocks requested, the pool has " +
+                                             std::to_string(total) + " of the accepted kinds in total");
+  uint32_t free = freeBlocks(request.kinds);
+  if (want > free)
+    return fail(Code::resourceExhausted, "not enough free compute: " + std::to_string(want) + " blocks requested, " +
+                                             std::to_string(free) + " free of " + std::to_string(total));
+
+  // Candidate runs: all kinds from the size index (smallest fitting first), else clipped.
+  std::vector<BlockRange> runs;
+  if (request.kinds == kAllKinds) {
+    for (auto it = freeBySize_.lower_bound({want, 0}); it != freeBySize_.end() && runs.size() < 64; ++it)
+      runs.push_back({it->second, it->first});
+  } else {
+    for (auto& [first, count] : free_) clip({first, count}, request.kinds, runs);
+  }
+  // One contiguous range: at either end of a run, so free space is never cut in two.
+  using Score = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // nodes, cards, leftover, first
+  bool found = false;
+  Score best{};
+  BlockRange chosen;
+  for (auto& run : runs) {
+    if (run.count < want) continue;
+    for (BlockRange place : {BlockRange{run.first, want}, BlockRange{run.end() - want, want}}) {
+      Score s{nodesSpanned(place), cardsSpanned(place), run.count - want, place.first};
+      if (!found || s < best) {
+        found = true;
+        best = s;
+        chosen = place;
+      }
+    }
+  }
+  std::vector<BlockRange> pieces;
+  if (found) {
+    pieces.push_back(chosen);
+  } else {
+    // Fragmented: the largest runs first (fewest pieces); the last piece best-fits the rest.
+    if (request.kinds == kAllKinds) {
+      runs.clear();
+      for (auto& [first, count] : free_) runs.push_back({first, count});
+    }
+    std::sort(runs.begin(), runs.end(), [](auto& a, auto& b) { return a.count != b.count ? a.count > b.count : a.first < b.first; });
+    uint32_t left = want;
+    for (size_t i = 0; i < runs.size() && left > 0; ++i) {
+      if (runs[i].count >= left) {
+        size_t bestFit = i;
+        for (size_t j = i; j < runs.size() && runs[j].count >= left; ++j) bestFit = j;
+        pieces.push_back({runs[bestFit].first, left});
+        left = 0;
+      } else {
+        pieces.push_back(runs[i]);
+        left -= runs[i].count;
+      }
+    }
+    std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  }
+  for (auto& p : pieces) {
+    takeFree(p);
+    std::fill(owner_.begin() + p.first, owner_.begin() + p.end(), owner);
+  }
+  held_[owner] = pieces;
+  return pieces;
+}
+
+void Pool::release(VaccelId owner) {
+  auto it = held_.find(owner);
+  if (it == held_.end()) return;
+  for (auto& p : it->second) {
+    std::fill(owner_.begin() + p.first, owner_.begin() + p.end(), kNoOwner);
+    // Blocks of offline nodes are not returned to the free pool.
+    for (uint32_t b = p.first; b < p.end();) {
+      const Node& node = nodes_[cards_[static_cast<size_t>(cardOf(b))].node];
+      uint32_t e = std::min(p.end(), node.blocks.end());
+      if (node.online) addFree({b, e - b});
+      b = e;
+    }
+  }
+  held_.erase(it);
+}
+
+const std::vector<BlockRange>& Pool::held(VaccelId owner) const {
+  static const std::vector<BlockRange> kNone;
+  auto it = held_.find(owner);
+  return it == held_.end() ? kNone : it->second;
+}
+
+std::vector<CardShare> Pool::cardsOf(const std::vector<BlockRange>& ranges) const {
+  std::vector<CardShare> out;
+  for (auto& r : ranges) {
+    for (uint32_t b = r.first; b < r.end();) {
+      long c = cardOf(b);
+      if (c < 0) break;
+      uint32_t e = std::min(r.end(), cards_[c].blocks.end());
+      if (!out.empty() && out.back().card == static_cast<size_t>(c)) out.back().blocks += e - b;
+      else out.push_back({static_cast<size_t>(c), e - b});
+      b = e;
+    }
+  }
+  return out;
+}
+
+uint32_t Pool::total(KindMask kinds) const {
+  uint32_t n = 0;
+  for (auto& card : cards_)
+    if (nodes_[card.node].online && (kinds & maskOf(card.spec.kind))) n += card.blocks.count;
+  return n;
+}
+
+uint32_t Pool::freeBlocks(KindMask kinds) const {
+  if (kinds == kAllKinds) return freeCount_;
+  std::vector<BlockRange> runs;
+  for (auto& [first, count] : free_) clip({first, count}, kinds, runs);
+  uint32_t n = 0;
+  for (auto& r : runs) n += r.count;
+  return n;
+}
+
+}  // namespace raccel::scheduler

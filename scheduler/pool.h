@@ -1,0 +1,130 @@
+// The block pool: every card of every registered node cut into numbered compute blocks
+// (ARCHITECTURE.md, "The pool"). Pure logic: no I/O, no clock. Owned by the scheduler's
+// loop thread (and by the trace simulator); not thread-safe.
+//
+// Numbering: nodes get consecutive ranges in registration order, starting at block 1.
+// Inside a node, blocks are grouped by card kind in the order GPU, NPU, FPGA, CPU,
+// cards of one kind in the order given. A card of X TFLOPS holds floor(X / blockTflops)
+// blocks. A node that leaves keeps its range (offline) and gets it back when it
+// re-registers with the same layout.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/error.h"
+#include "hal/device.h"
+
+namespace raccel::scheduler {
+
+using hal::CardKind;
+using VaccelId = uint64_t;
+constexpr VaccelId kNoOwner = 0;
+
+struct BlockRange {
+  uint32_t first = 0;  // 1-based block number
+  uint32_t count = 0;
+  uint32_t end() const { return first + count; }  // one past the last
+  bool operator==(const BlockRange&) const = default;
+};
+
+// Bit set of accepted card kinds (bit i = CardKind i).
+using KindMask = uint8_t;
+constexpr KindMask kAllKinds = 0x0f;
+constexpr KindMask maskOf(CardKind kind) { return static_cast<KindMask>(1u << static_cast<unsigned>(kind)); }
+
+struct CardSpec {
+  uint32_t index = 0;  // the netaccel's own card index
+  CardKind kind = CardKind::cpu;
+  std::string model;
+  std::string backend;
+  double tflops = 0;
+  uint64_t memoryBytes = 0;
+};
+
+struct Card {
+  size_t node = 0;  // index into nodes()
+  CardSpec spec;
+  BlockRange blocks;
+};
+
+struct Node {
+  std::string name;
+  BlockRange blocks;
+  bool online = false;
+  std::vector<size_t> cards;  // indices into cards(), in block order
+};
+
+// Blocks of one card held by a vaccel.
+struct CardShare {
+  size_t card = 0;  // index into cards()
+  uint32_t blocks = 0;
+};
+
+class Pool {
+ public:
+  explicit Pool(double blockTflops = 1.0) : blockTflops_(blockTflops) {}
+
+  double blockTflops() const { return blockTflops_; }
+  uint32_t blocksFor(double tflops) const;
+
+  // Registers a node's cards, or brings a known node (same name and layout) back
+  // online. Returns the node's index.
+  Result<size_t> addNode(const std::string& name, const std::vector<CardSpec>& cards);
+  // Takes a node offline: its free blocks leave the pool; blocks held by vaccels stay
+  // assigned to them until released. Returns the vaccels holding blocks there.
+  std::vector<VaccelId> removeNode(size_t node);
+
+  struct Request {
+    uint32_t blocks = 0;
+    KindMask kinds = kAllKinds;
+  };
+  // Places a request (ARCHITECTURE.md "Placement"): one contiguous free range if any
+  // (fewest nodes, fewest cards, best fit), else the fewest pieces. Refuses with
+  // resourceExhausted, naming both numbers, when the pool can never or cannot now hold it.
+  Result<std::vector<BlockRange>> allocate(VaccelId owner, const Request& request);
+  // Returns all blocks held by `owner` to the pool.
+  void release(VaccelId owner);
+
+  const std::vector<BlockRange>& held(VaccelId owner) const;
+  std::vector<CardShare> cardsOf(const std::vector<BlockRange>& ranges) const;
+
+  // Blocks of online nodes (with accepted kinds).
+  uint32_t total(KindMask kinds = kAllKinds) const;
+  uint32_t freeBlocks(KindMask kinds = kAllKinds) const;
+  // Index of the card holding `block`, or -1 when the number is not a block.
+  long cardOf(uint32_t block) const;
+  VaccelId ownerOf(uint32_t block) const { return block < owner_.size() ? owner_[block] : kNoOwner; }
+  bool isFree(uint32_t block) const;
+  uint32_t highestBlock() const { return next_ - 1; }
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Card>& cards() const { return cards_; }
+  // Free runs as (first, count), coalesced, in block order.
+  const std::map<uint32_t, uint32_t>& freeRuns() const { return free_; }
+
+ private:
+  void addFree(BlockRange range);
+  void takeFree(BlockRange range);
+  // Sub-ranges of `run` whose cards have an accepted kind.
+  void clip(BlockRange run, KindMask kinds, std::vector<BlockRange>& out) const;
+  uint32_t nodesSpanned(BlockRange range) const;
+  uint32_t cardsSpanned(BlockRange range) const;
+
+  double blockTflops_;
+  uint32_t next_ = 1;
+  std::vector<Node> nodes_;
+  std::vector<Card> cards_;          // in block order
+  std::vector<uint32_t> cardFirst_;  // cards_[i].blocks.first, for binary search
+  std::vector<VaccelId> owner_;      // by block number
+  std::map<uint32_t, uint32_t> free_;
+  std::set<std::pair<uint32_t, uint32_t>> freeBySize_;  // (count, first)
+  std::unordered_map<VaccelId, std::vector<BlockRange>> held_;
+  uint32_t freeCount_ = 0;
+};
+
+}  // namespace raccel::scheduler
