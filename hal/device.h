@@ -17,15 +17,12 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/kinds.h"
 
 namespace raccel::hal {
 
-enum class CardKind { gpu, npu, fpga, cpu };
-enum class ProgramKind { builtin, ptx, cubin, xclbin, openclC, spirv };
-
-const char* kindName(CardKind kind);
-Result<CardKind> parseKind(const std::string& text);
-const char* programKindName(ProgramKind kind);
+using raccel::CardKind;
+using raccel::ProgramKind;
 
 // The built-in library every backend provides, loadable by this name.
 inline constexpr const char* kBuiltinLibrary = "raccel.builtins";

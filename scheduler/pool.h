@@ -17,11 +17,10 @@
 #include <vector>
 
 #include "common/error.h"
-#include "hal/device.h"
+#include "common/kinds.h"
 
 namespace raccel::scheduler {
 
-using hal::CardKind;
 using VaccelId = uint64_t;
 constexpr VaccelId kNoOwner = 0;
 

@@ -5,8 +5,10 @@
 # Instructions are asynchronous: the client assigns its own handles (buffers,
 # programs), scoped to its session, and sends alloc -> write -> launch -> read back to
 # back. Only read, fence and hello produce a reply; a failed instruction produces an
-# `error` reply naming its sequence number, and instructions that use a handle a failed
-# instruction produced or wrote fail with "dependency failed" naming that sequence.
+# `error` reply naming its sequence number. A handle that a failed instruction should
+# have created (alloc, loadProgram, or an op's missing output) is poisoned: every later
+# instruction using it fails with "dependency failed" naming the root failure. Existing
+# buffers are never changed by a failed instruction (arguments are checked first).
 # The scheduler forwards instructions to the netaccel verbatim (only the frame header
 # changes), so this file is also what netaccel executes.
 

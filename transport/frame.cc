@@ -64,6 +64,25 @@ Body encodeBody(capnp::MessageBuilder& message) {
   return body;
 }
 
+InPlaceMessage::InPlaceMessage(size_t reserveWords) : body_(8 + reserveWords * 8) {
+  std::memset(body_.data(), 0, body_.size());
+  builder_.emplace(kj::arrayPtr(reinterpret_cast<capnp::word*>(body_.data() + 8), reserveWords));
+}
+
+Body InPlaceMessage::finish() {
+  auto segments = builder_->getSegmentsForOutput();
+  if (segments.size() != 1 || segments[0].begin() != reinterpret_cast<capnp::word*>(body_.data() + 8)) {
+    Body copy = encodeBody(*builder_);
+    builder_.reset();
+    return copy;
+  }
+  putLe<uint32_t>(body_.data(), 0);
+  putLe<uint32_t>(body_.data() + 4, static_cast<uint32_t>(segments[0].size()));
+  body_.shrink(8 + segments[0].size() * sizeof(capnp::word));
+  builder_.reset();
+  return std::move(body_);
+}
+
 MessageIn::MessageIn(Body body) : body_(std::move(body)) {
   capnp::ReaderOptions options;
   options.traversalLimitInWords = std::max<uint64_t>(body_.size() / 8 * 8, 1 << 20);

@@ -41,6 +41,8 @@ class Body {
   std::byte* data() { return reinterpret_cast<std::byte*>(words_.get()); }
   const std::byte* data() const { return reinterpret_cast<const std::byte*>(words_.get()); }
   size_t size() const { return bytes_; }
+  // Drops trailing bytes (a body built in place that came out smaller than reserved).
+  void shrink(size_t bytes) { bytes_ = bytes < bytes_ ? bytes : bytes_; }
   kj::ArrayPtr<const capnp::word> words() const { return {words_.get(), bytes_ / sizeof(capnp::word)}; }
 
  private:
@@ -54,6 +56,20 @@ size_t encodedSize(capnp::MessageBuilder& message);
 void appendFrame(std::vector<std::byte>& out, uint32_t channel, uint64_t sequence, capnp::MessageBuilder& message);
 // Encodes a message into an owned body (for zero-copy sends of large messages).
 Body encodeBody(capnp::MessageBuilder& message);
+
+// Builds a message in place inside a Body: no copy between building and sending when it
+// fits the reservation (zeroed first, so no stale memory can leak into a reply);
+// finish() trims the rest, or encodes a copy when the message outgrew it.
+class InPlaceMessage {
+ public:
+  explicit InPlaceMessage(size_t reserveWords);
+  capnp::MessageBuilder& builder() { return *builder_; }
+  Body finish();
+
+ private:
+  Body body_;
+  std::optional<capnp::MallocMessageBuilder> builder_;
+};
 
 // A decoded message over a body it owns. Decoding problems surface as kj::Exception
 // when fields are read; callers catch them at their frame boundary (see decodeGuard).

@@ -1,0 +1,19 @@
+// Card kinds and program kinds: the vocabulary shared by hal, the pool and the wire
+// conversions (transport/wire_types.h). Plain values; any thread.
+#pragma once
+
+#include <string>
+
+#include "common/error.h"
+
+namespace raccel {
+
+// Order matters: blocks of a node are numbered in this order (ARCHITECTURE.md).
+enum class CardKind { gpu, npu, fpga, cpu };
+enum class ProgramKind { builtin, ptx, cubin, xclbin, openclC, spirv };
+
+const char* kindName(CardKind kind);
+Result<CardKind> parseKind(const std::string& text);
+const char* programKindName(ProgramKind kind);
+
+}  // namespace raccel

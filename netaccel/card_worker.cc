@@ -1,0 +1,442 @@
+#include "netaccel/card_worker.h"
+
+#include <unordered_map>
+
+#include "common/log.h"
+#include "schema/guest.capnp.h"
+#include "transport/wire_types.h"
+
+namespace raccel::netaccel {
+namespace {
+
+using transport::Body;
+using transport::InPlaceMessage;
+
+// A failed instruction: the error, and the instruction whose failure caused it.
+struct Failure {
+  Error error;
+  uint64_t dependency = 0;
+};
+using Outcome = std::expected<void, Failure>;
+
+std::unexpected<Failure> failure(Code code, std::string message) {
+  return std::unexpected<Failure>(Failure{Error{code, std::move(message)}, 0});
+}
+std::unexpected<Failure> failure(const Error& e) { return std::unexpected<Failure>(Failure{e, 0}); }
+
+}  // namespace
+
+struct CardWorker::Work {
+  enum class Type { instruction, open, close } type = Type::instruction;
+  uint32_t context = 0;
+  uint64_t sequence = 0;
+  Body body;
+  uint64_t quota = 0;
+  std::string label;
+};
+
+struct CardWorker::Context {
+  struct Poison {
+    uint64_t sequence;
+    Code code;
+  };
+  std::unordered_map<uint64_t, std::unique_ptr<hal::Buffer>> buffers;
+  std::unordered_map<uint64_t, std::unique_ptr<hal::Program>> programs;
+  std::unordered_map<uint64_t, Poison> poisoned;  // handles a failed instruction should have created
+  uint64_t quota = 0, used = 0;
+  std::string label;
+};
+
+CardWorker::CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify)
+    : caps_(device->capabilities()),
+      device_(std::move(device)),
+      notify_(std::move(notify)),
+      contexts_(std::make_unique<std::unordered_map<uint32_t, Context>>()) {
+  thread_ = std::thread([this] { run(); });
+}
+
+CardWorker::~CardWorker() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (auto& [id, ctx] : *contexts_)
+    for (auto& [h, b] : ctx.buffers) device_->release(std::move(b));
+}
+
+void CardWorker::openContext(uint32_t context, uint64_t memoryQuota, const std::string& label) {
+  Work w;
+  w.type = Work::Type::open;
+  w.context = context;
+  w.quota = memoryQuota;
+  w.label = label;
+  staged_.push_back(std::move(w));
+}
+
+void CardWorker::closeContext(uint32_t context) {
+  Work w;
+  w.type = Work::Type::close;
+  w.context = context;
+  staged_.push_back(std::move(w));
+}
+
+void CardWorker::enqueue(uint32_t context, uint64_t sequence, Body body) {
+  Work w;
+  w.context = context;
+  w.sequence = sequence;
+  w.body = std::move(body);
+  staged_.push_back(std::move(w));
+}
+
+void CardWorker::submit() {
+  if (staged_.empty()) return;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& w : staged_) {
+      queuedBytes_ += w.body.size();
+      ++queuedCount_;
+      queue_.push_back(std::move(w));
+    }
+  }
+  staged_.clear();
+  cv_.notify_one();
+}
+
+void CardWorker::drain(std::vector<Output>& out) {
+  std::lock_guard lock(mu_);
+  for (auto& o : outbox_) out.push_back(std::move(o));
+  outbox_.clear();
+}
+
+size_t CardWorker::queuedBytes() const {
+  std::lock_guard lock(mu_);
+  return queuedBytes_;
+}
+
+size_t CardWorker::queuedInstructions() const {
+  std::lock_guard lock(mu_);
+  return queuedCount_;
+}
+
+void CardWorker::run() {
+  std::vector<Work> batch;
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      batch.swap(queue_);
+    }
+    for (auto& w : batch) {
+      execute(w);
+      std::lock_guard lock(mu_);
+      queuedBytes_ -= w.body.size();
+      --queuedCount_;
+    }
+    batch.clear();
+    flushOutputs(true);
+  }
+}
+
+void CardWorker::emit(uint32_t context, uint64_t sequence, Body body) {
+  pendingOutBytes_ += body.size();
+  pendingOut_.push_back(Output{context, sequence, std::move(body)});
+  if (pendingOutBytes_ >= 4 * 1024 * 1024) flushOutputs(false);
+}
+
+void CardWorker::flushOutputs(bool force) {
+  bool had;
+  {
+    std::lock_guard lock(mu_);
+    had = !pendingOut_.empty();
+    for (auto& o : pendingOut_) outbox_.push_back(std::move(o));
+  }
+  pendingOut_.clear();
+  pendingOutBytes_ = 0;
+  // Also notify after a batch without output: the loop may be waiting for the queue to drain.
+  if (had || force) notify_();
+}
+
+namespace {
+
+Body errorReply(uint64_t sequence, const Failure& f) {
+  capnp::MallocMessageBuilder m;
+  auto e = m.initRoot<wire::Reply>().initError();
+  e.setSequence(sequence);
+  e.setDependency(f.dependency);
+  transport::setError(e.initError(), f.error);
+  return transport::encodeBody(m);
+}
+
+// The handles an instruction creates or writes; those that do not exist after it failed are poisoned.
+std::vector<uint64_t> outputsOf(wire::Instruction::Reader in) {
+  switch (in.which()) {
+    case wire::Instruction::ALLOC: return {in.getAlloc().getHandle()};
+    case wire::Instruction::WRITE: return {in.getWrite().getBuffer()};
+    case wire::Instruction::COPY: return {in.getCopy().getDst()};
+    case wire::Instruction::FILL: return {in.getFill().getBuffer()};
+    case wire::Instruction::LOAD_PROGRAM: return {in.getLoadProgram().getHandle()};
+    case wire::Instruction::LAUNCH: {
+      std::vector<uint64_t> out;
+      for (auto a : in.getLaunch().getArgs())
+        if (a.which() == wire::Arg::BUFFER) out.push_back(a.getBuffer());
+      return out;
+    }
+    case wire::Instruction::OP: {
+      auto op = in.getOp();
+      switch (op.which()) {
+        case wire::Op::GEMM: return {op.getGemm().getC()};
+        case wire::Op::AXPY: return {op.getAxpy().getY()};
+        case wire::Op::VADD: return {op.getVadd().getOut()};
+        case wire::Op::REDUCE_SUM: return {op.getReduceSum().getOut()};
+      }
+      return {};
+    }
+    default: return {};
+  }
+}
+
+}  // namespace
+
+void CardWorker::execute(Work& work) {
+  if (work.type == Work::Type::open) {
+    Context& c = (*contexts_)[work.context];
+    c.quota = work.quota ? work.quota : caps_.memoryBytes;
+    c.label = work.label;
+    return;
+  }
+  auto it = contexts_->find(work.context);
+  if (work.type == Work::Type::close) {
+    if (it == contexts_->end()) return;
+    for (auto& [h, b] : it->second.buffers) device_->release(std::move(b));
+    contexts_->erase(it);
+    return;
+  }
+  if (it == contexts_->end()) return;  // closed meanwhile: the session is gone
+  Context& c = it->second;
+  const uint64_t seq = work.sequence;
+
+  auto bufferOf = [&](uint64_t h) -> std::expected<hal::Buffer*, Failure> {
+    if (auto b = c.buffers.find(h); b != c.buffers.end()) return b->second.get();
+    if (auto p = c.poisoned.find(h); p != c.poisoned.end())
+      return std::unexpected(Failure{Error{p->second.code, "dependency failed: buffer " + std::to_string(h) +
+                                                                 " was never created: instruction #" +
+                                                                 std::to_string(p->second.sequence) + " failed"},
+                                     p->second.sequence});
+    return failure(Code::notFound, "buffer handle " + std::to_string(h) + " does not exist in this session");
+  };
+
+  std::vector<uint64_t> outputs;
+  Outcome outcome;
+  auto decoded = transport::decodeGuard([&] {
+    transport::MessageIn message(std::move(work.body));
+    auto in = message.root<wire::Instruction>();
+    outputs = outputsOf(in);
+    outcome = [&]() -> Outcome {
+      auto status = [](Status s) -> Outcome {
+        if (!s) return failure(s.error());
+        return {};
+      };
+      switch (in.which()) {
+        case wire::Instruction::ALLOC: {
+          auto a = in.getAlloc();
+          uint64_t h = a.getHandle();
+          if (h == 0) return failure(Code::invalidArgument, "handle 0 is reserved");
+          if (c.buffers.count(h) || c.programs.count(h))
+            return failure(Code::invalidArgument, "handle " + std::to_string(h) + " is already in use in this session");
+          if (a.getSize() == 0) return failure(Code::invalidArgument, "cannot allocate a zero-size buffer");
+          if (a.getSize() > c.quota - std::min(c.used, c.quota))
+            return failure(Code::resourceExhausted, "allocating " + std::to_string(a.getSize()) +
+                                                        " bytes would exceed this session's quota on the card (" +
+                                                        std::to_string(c.used) + " of " + std::to_string(c.quota) + " used)");
+          auto b = device_->allocate(a.getSize());
+          if (!b) return failure(b.error());
+          c.used += a.getSize();
+          c.poisoned.erase(h);
+          c.buffers.emplace(h, std::move(*b));
+          return {};
+        }
+        case wire::Instruction::FREE: {
+          uint64_t h = in.getFree().getHandle();
+          if (auto b = c.buffers.find(h); b != c.buffers.end()) {
+            c.used -= std::min(c.used, b->second->size());
+            device_->release(std::move(b->second));
+            c.buffers.erase(b);
+            return {};
+          }
+          if (c.programs.erase(h) || c.poisoned.erase(h)) return {};
+          return failure(Code::notFound, "handle " + std::to_string(h) + " does not exist in this session");
+        }
+        case wire::Instruction::WRITE: {
+          auto w = in.getWrite();
+          auto b = bufferOf(w.getBuffer());
+          if (!b) return std::unexpected(b.error());
+          auto data = w.getData();
+          return status(device_->write(**b, w.getOffset(), std::as_bytes(std::span(data.begin(), data.size()))));
+        }
+        case wire::Instruction::READ: {
+          auto r = in.getRead();
+          auto b = bufferOf(r.getBuffer());
+          if (!b) return std::unexpected(b.error());
+          uint64_t offset = r.getOffset(), length = r.getLength();
+          if (offset > (*b)->size() || length > (*b)->size() - offset)
+            return failure(Code::invalidArgument, "read of " + std::to_string(length) + " bytes at offset " +
+                                                      std::to_string(offset) + " is past the end of a " +
+                                                      std::to_string((*b)->size()) + "-byte buffer");
+          uint64_t done = 0;
+          do {
+            uint64_t n = std::min<uint64_t>(wire::CHUNK_BYTES, length - done);
+            InPlaceMessage out(n / 8 + 16);
+            auto chunk = out.builder().initRoot<wire::Reply>().initData();
+            chunk.setOffset(done);
+            chunk.setLast(done + n == length);
+            auto data = chunk.initData(n);
+            if (auto s = device_->read(**b, offset + done, std::as_writable_bytes(std::span(data.begin(), n))); !s)
+              return failure(s.error());
+            emit(work.context, seq, out.finish());
+            done += n;
+          } while (done < length);
+          return {};
+        }
+        case wire::Instruction::COPY: {
+          auto cp = in.getCopy();
+          auto dst = bufferOf(cp.getDst());
+          if (!dst) return std::unexpected(dst.error());
+          auto src = bufferOf(cp.getSrc());
+          if (!src) return std::unexpected(src.error());
+          return status(device_->copy(**dst, cp.getDstOffset(), **src, cp.getSrcOffset(), cp.getLength()));
+        }
+        case wire::Instruction::FILL: {
+          auto f = in.getFill();
+          auto b = bufferOf(f.getBuffer());
+          if (!b) return std::unexpected(b.error());
+          return status(device_->fill(**b, f.getOffset(), f.getLength(), f.getValue()));
+        }
+        case wire::Instruction::LOAD_PROGRAM: {
+          auto lp = in.getLoadProgram();
+          uint64_t h = lp.getHandle();
+          if (h == 0) return failure(Code::invalidArgument, "handle 0 is reserved");
+          if (c.buffers.count(h) || c.programs.count(h))
+            return failure(Code::invalidArgument, "handle " + std::to_string(h) + " is already in use in this session");
+          if (!transport::validProgramKind(lp.getKind()))
+            return failure(Code::invalidArgument, "unknown program kind " + std::to_string(static_cast<int>(lp.getKind())));
+          auto code = lp.getCode();
+          auto p = device_->loadProgram(transport::fromWire(lp.getKind()), lp.getName(),
+                                        std::as_bytes(std::span(code.begin(), code.size())));
+          if (!p) return failure(p.error());
+          c.poisoned.erase(h);
+          c.programs.emplace(h, std::move(*p));
+          return {};
+        }
+        case wire::Instruction::LAUNCH: {
+          auto l = in.getLaunch();
+          auto p = c.programs.find(l.getProgram());
+          if (p == c.programs.end()) {
+            if (auto poison = c.poisoned.find(l.getProgram()); poison != c.poisoned.end())
+              return std::unexpected(Failure{Error{poison->second.code, "dependency failed: program " +
+                                                                            std::to_string(l.getProgram()) +
+                                                                            " was not loaded (instruction #" +
+                                                                            std::to_string(poison->second.sequence) + " failed)"},
+                                             poison->second.sequence});
+            return failure(Code::notFound, "program handle " + std::to_string(l.getProgram()) + " does not exist in this session");
+          }
+          hal::LaunchDims dims;
+          auto grid = l.getGrid(), block = l.getBlock();
+          if (grid.size() > 3 || block.size() > 3) return failure(Code::invalidArgument, "grid and block have at most 3 dimensions");
+          for (unsigned i = 0; i < grid.size(); ++i) dims.grid[i] = grid[i];
+          for (unsigned i = 0; i < block.size(); ++i) dims.block[i] = block[i];
+          dims.sharedBytes = l.getSharedBytes();
+          std::vector<hal::KernelArg> args;
+          for (auto a : l.getArgs()) {
+            hal::KernelArg k;
+            switch (a.which()) {
+              case wire::Arg::BUFFER: {
+                auto b = bufferOf(a.getBuffer());
+                if (!b) return std::unexpected(b.error());
+                k.type = hal::KernelArg::Type::buffer;
+                k.buffer = *b;
+                break;
+              }
+              case wire::Arg::U32: k.type = hal::KernelArg::Type::u32; k.scalar.u32 = a.getU32(); break;
+              case wire::Arg::I32: k.type = hal::KernelArg::Type::i32; k.scalar.i32 = a.getI32(); break;
+              case wire::Arg::U64: k.type = hal::KernelArg::Type::u64; k.scalar.u64 = a.getU64(); break;
+              case wire::Arg::I64: k.type = hal::KernelArg::Type::i64; k.scalar.i64 = a.getI64(); break;
+              case wire::Arg::F32: k.type = hal::KernelArg::Type::f32; k.scalar.f32 = a.getF32(); break;
+              case wire::Arg::F64: k.type = hal::KernelArg::Type::f64; k.scalar.f64 = a.getF64(); break;
+              default: return failure(Code::invalidArgument, "unknown kernel argument type");
+            }
+            args.push_back(k);
+          }
+          return status(device_->launch(*p->second, l.getKernel(), dims, args));
+        }
+        case wire::Instruction::OP: {
+          auto op = in.getOp();
+          switch (op.which()) {
+            case wire::Op::GEMM: {
+              auto g = op.getGemm();
+              auto a = bufferOf(g.getA());
+              if (!a) return std::unexpected(a.error());
+              auto b = bufferOf(g.getB());
+              if (!b) return std::unexpected(b.error());
+              auto cc = bufferOf(g.getC());
+              if (!cc) return std::unexpected(cc.error());
+              return status(device_->gemm({g.getM(), g.getN(), g.getK(), g.getAlpha(), g.getBeta(), *a, *b, *cc}));
+            }
+            case wire::Op::AXPY: {
+              auto o = op.getAxpy();
+              auto x = bufferOf(o.getX());
+              if (!x) return std::unexpected(x.error());
+              auto y = bufferOf(o.getY());
+              if (!y) return std::unexpected(y.error());
+              return status(device_->axpy(o.getN(), o.getAlpha(), **x, **y));
+            }
+            case wire::Op::VADD: {
+              auto o = op.getVadd();
+              auto a = bufferOf(o.getA());
+              if (!a) return std::unexpected(a.error());
+              auto b = bufferOf(o.getB());
+              if (!b) return std::unexpected(b.error());
+              auto out = bufferOf(o.getOut());
+              if (!out) return std::unexpected(out.error());
+              return status(device_->vadd(o.getN(), **a, **b, **out));
+            }
+            case wire::Op::REDUCE_SUM: {
+              auto o = op.getReduceSum();
+              auto input = bufferOf(o.getInput());
+              if (!input) return std::unexpected(input.error());
+              auto out = bufferOf(o.getOut());
+              if (!out) return std::unexpected(out.error());
+              return status(device_->reduceSum(o.getN(), **input, **out));
+            }
+          }
+          return failure(Code::unimplemented, "unknown built-in op (tag " + std::to_string(static_cast<int>(op.which())) +
+                                                  "); this netaccel speaks instruction set 1.0");
+        }
+        case wire::Instruction::FENCE: {
+          if (auto s = device_->finish(); !s) return failure(s.error());
+          capnp::MallocMessageBuilder m;
+          m.initRoot<wire::Reply>().setFenced();
+          emit(work.context, seq, transport::encodeBody(m));
+          return {};
+        }
+        case wire::Instruction::HELLO:
+          return failure(Code::invalidArgument, "hello is for the scheduler, not a card");
+      }
+      return failure(Code::unimplemented, "unknown instruction (tag " + std::to_string(static_cast<int>(in.which())) +
+                                              "); this netaccel speaks instruction set 1.0");
+    }();
+  });
+  if (!decoded) outcome = failure(decoded.error());
+  if (outcome) return;
+  const Failure& f = outcome.error();
+  uint64_t root = f.dependency ? f.dependency : seq;
+  // Handles the failed instruction should have created name their cause from now on.
+  // Existing buffers are never touched: validation precedes every mutation.
+  for (uint64_t h : outputs)
+    if (!c.buffers.count(h) && !c.programs.count(h)) c.poisoned[h] = Context::Poison{root, f.error.code};
+  emit(work.context, seq, errorReply(seq, f));
+}
+
+}  // namespace raccel::netaccel

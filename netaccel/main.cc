@@ -1,0 +1,92 @@
+// raccel-netaccel: serves this server's cards to a raccel scheduler.
+#include <cstdio>
+#include <unistd.h>
+
+#include "common/flags.h"
+#include "common/log.h"
+#include "netaccel/netaccel.h"
+#include "transport/signals.h"
+
+using namespace raccel;
+
+int main(int argc, char** argv) {
+  Flags flags("raccel-netaccel", "Joins a raccel scheduler and runs the instructions it forwards on this server's cards.");
+  flags.value("config", "FILE", "configuration file (see netaccel/config.h for the format)");
+  flags.value("name", "NAME", "node name, unique in the pool (default: the host name)");
+  flags.value("scheduler", "HOST:PORT", "the scheduler's netaccel address (default 127.0.0.1:7700)");
+  flags.value("card", "SPEC", "add a card: backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=M,threads=N", true);
+  flags.boolean("list-devices", "print the cards this netaccel would serve, then exit");
+  flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
+  flags.epilog("Without --config or --card, serves one cpu card of 4 TFLOPS and 1 GiB.");
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  log::Level level;
+  if (flags.has("log-level")) {
+    if (!log::parseLevel(flags.get("log-level"), &level)) {
+      std::fprintf(stderr, "raccel-netaccel: bad --log-level '%s'\n", flags.get("log-level").c_str());
+      return 2;
+    }
+    log::setLevel(level);
+  }
+
+  netaccel::NetaccelConfig config;
+  if (flags.has("config")) {
+    auto file = Config::load(flags.get("config"));
+    if (!file) {
+      std::fprintf(stderr, "raccel-netaccel: %s\n", file.error().message.c_str());
+      return 2;
+    }
+    auto parsed = netaccel::parseConfig(*file);
+    if (!parsed) {
+      std::fprintf(stderr, "raccel-netaccel: %s\n", parsed.error().message.c_str());
+      return 2;
+    }
+    config = *parsed;
+  }
+  if (flags.has("name")) config.name = flags.get("name");
+  if (flags.has("scheduler")) config.scheduler = flags.get("scheduler");
+  for (auto& spec : flags.getAll("card")) {
+    auto card = netaccel::parseCardSpec(spec);
+    if (!card) {
+      std::fprintf(stderr, "raccel-netaccel: %s\n", card.error().message.c_str());
+      return 2;
+    }
+    config.cards.push_back(*card);
+  }
+  if (config.cards.empty()) {
+    netaccel::CardConfig c;
+    c.tflops = 4;
+    config.cards.push_back(c);
+  }
+  if (config.name.empty()) {
+    char host[256] = "netaccel";
+    gethostname(host, sizeof host - 1);
+    config.name = host;
+  }
+  if (auto a = transport::parseAddress(config.scheduler); !a || a->isUnix) {
+    std::fprintf(stderr, "raccel-netaccel: scheduler address '%s' must be host:port\n", config.scheduler.c_str());
+    return 2;
+  }
+
+  auto devices = netaccel::makeDevices(config.cards);
+  if (!devices) {
+    std::fprintf(stderr, "raccel-netaccel: %s\n", devices.error().message.c_str());
+    return 2;
+  }
+  if (flags.has("list-devices")) {
+    std::printf("%-5s %-8s %-5s %-20s %10s %12s\n", "CARD", "BACKEND", "KIND", "MODEL", "TFLOPS", "MEMORY");
+    for (size_t i = 0; i < devices->size(); ++i) {
+      auto& c = (*devices)[i]->capabilities();
+      std::printf("%-5zu %-8s %-5s %-20s %10.2f %9llu MiB\n", i, c.backend.c_str(), kindName(c.kind), c.model.c_str(),
+                  c.tflops, static_cast<unsigned long long>(c.memoryBytes >> 20));
+    }
+    std::printf("backends built: cpu (opencl, cuda and xrt are not built into this netaccel yet)\n");
+    return 0;
+  }
+
+  uv_loop_t* loop = uv_default_loop();
+  netaccel::Netaccel daemon(loop, config, std::move(*devices));
+  daemon.start();
+  transport::runUntilSignalled(loop, [&] { daemon.stop(); });
+  return 0;
+}

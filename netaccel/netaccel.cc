@@ -1,0 +1,238 @@
+#include "netaccel/netaccel.h"
+
+#include "common/log.h"
+#include "hal/cpu/cpu_device.h"
+#include "schema/frame.capnp.h"
+#include "schema/node.capnp.h"
+#include "transport/wire_types.h"
+
+namespace raccel::netaccel {
+namespace {
+constexpr size_t kInputHighWater = 64 * 1024 * 1024;
+constexpr unsigned kMaxBackoffMs = 5000;
+}  // namespace
+
+Result<std::vector<std::unique_ptr<hal::Device>>> makeDevices(const std::vector<CardConfig>& cards) {
+  std::vector<std::unique_ptr<hal::Device>> out;
+  for (auto& c : cards) {
+    if (c.backend != "cpu") return fail(Code::unimplemented, "card backend '" + c.backend + "' is not built in");
+    out.push_back(hal::makeCpuDevice({c.kind, c.model, c.tflops, c.memoryBytes, c.threads}));
+  }
+  return out;
+}
+
+Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::unique_ptr<hal::Device>> devices)
+    : loop_(loop), config_(std::move(config)) {
+  schedulerAddress_ = transport::parseAddress(config_.scheduler).value_or(transport::Address{});
+  async_ = new uv_async_t;
+  uv_async_init(loop_, async_, [](uv_async_t* a) { static_cast<Netaccel*>(a->data)->drainOutputs(); });
+  async_->data = this;
+  heartbeat_ = new uv_timer_t;
+  uv_timer_init(loop_, heartbeat_);
+  heartbeat_->data = this;
+  reconnect_ = new uv_timer_t;
+  uv_timer_init(loop_, reconnect_);
+  reconnect_->data = this;
+  for (auto& d : devices)
+    workers_.push_back(std::make_unique<CardWorker>(std::move(d), [a = async_] { uv_async_send(a); }));
+}
+
+Netaccel::~Netaccel() { workers_.clear(); }
+
+void Netaccel::start() {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    auto& caps = workers_[i]->capabilities();
+    RLOG_INFO("netaccel") << "card " << i << ": " << kindName(caps.kind) << " " << caps.model << " (" << caps.backend
+                          << ") " << caps.tflops << " TFLOPS, " << (caps.memoryBytes >> 20) << " MiB";
+  }
+  connect();
+}
+
+void Netaccel::stop() {
+  stopping_ = true;
+  if (link_) link_->close();
+  auto closeHandle = [](auto* h) {
+    uv_close(reinterpret_cast<uv_handle_t*>(h), [](uv_handle_t* x) { delete reinterpret_cast<decltype(h)>(x); });
+  };
+  closeHandle(heartbeat_);
+  closeHandle(reconnect_);
+  closeHandle(async_);
+}
+
+void Netaccel::connect() {
+  if (stopping_) return;
+  transport::connect(loop_, schedulerAddress_, wire::DEFAULT_MAX_FRAME_BYTES, [this](Result<transport::ConnectionPtr> r) {
+    if (stopping_) {
+      if (r) (*r)->close();
+      return;
+    }
+    if (!r) {
+      RLOG_WARN("netaccel") << r.error().message << "; retrying in " << backoffMs_ << " ms";
+      scheduleReconnect();
+      return;
+    }
+    onConnected(*r);
+  });
+}
+
+void Netaccel::scheduleReconnect() {
+  if (stopping_) return;
+  uv_timer_start(reconnect_, [](uv_timer_t* t) { static_cast<Netaccel*>(t->data)->connect(); }, backoffMs_, 0);
+  backoffMs_ = std::min(backoffMs_ * 2, kMaxBackoffMs);
+}
+
+void Netaccel::onConnected(transport::ConnectionPtr link) {
+  link_ = std::move(link);
+  transport::Connection::Callbacks cb;
+  cb.onFrame = [this](transport::Connection&, const transport::FrameHeader& h, transport::Body body) {
+    onFrame(h, std::move(body));
+  };
+  cb.onOversized = [](transport::Connection&, const transport::FrameHeader& h) {
+    RLOG_ERROR("netaccel") << "scheduler sent a frame of " << h.length << " bytes on channel " << h.channel
+                           << ", over the limit; skipped";
+  };
+  cb.onBatchEnd = [this](transport::Connection& c) {
+    size_t queued = 0;
+    for (auto& w : workers_) {
+      w->submit();
+      queued += w->queuedBytes();
+    }
+    if (queued > kInputHighWater && !inputPaused_) {
+      inputPaused_ = true;
+      c.pauseReading();
+    }
+  };
+  cb.onClose = [this](transport::Connection&, bool) { onLinkClosed(); };
+  link_->setCallbacks(cb);
+  link_->start();
+
+  capnp::MallocMessageBuilder m;
+  auto reg = m.initRoot<wire::NodeMessage>().initRegister();
+  reg.setVersionMajor(wire::PROTOCOL_MAJOR);
+  reg.setVersionMinor(wire::PROTOCOL_MINOR);
+  reg.setName(config_.name);
+  auto cards = reg.initCards(workers_.size());
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    auto& caps = workers_[i]->capabilities();
+    auto c = cards[i];
+    c.setIndex(static_cast<uint32_t>(i));
+    c.setKind(transport::toWire(caps.kind));
+    c.setModel(caps.model);
+    c.setTflops(caps.tflops);
+    c.setMemoryBytes(caps.memoryBytes);
+    c.setBackend(caps.backend);
+    auto kinds = c.initProgramKinds(caps.programKinds.size());
+    for (size_t k = 0; k < caps.programKinds.size(); ++k) kinds.set(k, transport::toWire(caps.programKinds[k]));
+  }
+  link_->send(transport::kControlChannel, 0, m);
+  RLOG_INFO("netaccel") << "connected to scheduler at " << schedulerAddress_.toString() << "; registering as '"
+                        << config_.name << "' with " << workers_.size() << " card(s)";
+}
+
+void Netaccel::onLinkClosed() {
+  link_.reset();
+  uv_timer_stop(heartbeat_);
+  closeAllContexts();
+  inputPaused_ = false;
+  if (stopping_) return;
+  if (registered_) {
+    RLOG_WARN("netaccel") << "lost the scheduler; reconnecting";
+    backoffMs_ = 100;
+  }
+  registered_ = false;
+  scheduleReconnect();
+}
+
+void Netaccel::closeAllContexts() {
+  for (auto& [ctx, card] : contextCard_) workers_[card]->closeContext(ctx);
+  for (auto& w : workers_) w->submit();
+  contextCard_.clear();
+}
+
+void Netaccel::onFrame(const transport::FrameHeader& header, transport::Body body) {
+  if (header.channel == transport::kControlChannel) {
+    onControl(std::move(body));
+    return;
+  }
+  auto it = contextCard_.find(header.channel);
+  if (it == contextCard_.end()) {
+    RLOG_DEBUG("netaccel") << "instruction for unknown context " << header.channel << " dropped";
+    return;
+  }
+  workers_[it->second]->enqueue(header.channel, header.sequence, std::move(body));
+}
+
+void Netaccel::onControl(transport::Body body) {
+  auto status = transport::decodeGuard([&] {
+    transport::MessageIn in(std::move(body));
+    auto msg = in.root<wire::SchedulerMessage>();
+    switch (msg.which()) {
+      case wire::SchedulerMessage::REGISTERED: {
+        auto r = msg.getRegistered();
+        if (!r.getAccepted()) {
+          RLOG_ERROR("netaccel") << "scheduler refused registration: " << r.getError().getMessage().cStr()
+                                 << "; retrying in " << backoffMs_ << " ms";
+          link_->close();
+          return;
+        }
+        registered_ = true;
+        backoffMs_ = 100;
+        unsigned hb = r.getHeartbeatMs() ? r.getHeartbeatMs() : config_.heartbeatMs;
+        uv_timer_start(heartbeat_, [](uv_timer_t* t) { static_cast<Netaccel*>(t->data)->sendHeartbeat(); }, hb, hb);
+        RLOG_INFO("netaccel") << "registered with the scheduler; heartbeat every " << hb << " ms";
+        return;
+      }
+      case wire::SchedulerMessage::OPEN_CONTEXT: {
+        auto o = msg.getOpenContext();
+        if (o.getCard() >= workers_.size()) {
+          RLOG_ERROR("netaccel") << "scheduler opened context " << o.getContext() << " on card " << o.getCard()
+                                 << ", which does not exist";
+          return;
+        }
+        contextCard_[o.getContext()] = o.getCard();
+        workers_[o.getCard()]->openContext(o.getContext(), o.getMemoryQuota(), o.getLabel());
+        RLOG_DEBUG("netaccel") << "context " << o.getContext() << " (" << o.getLabel().cStr() << ") on card " << o.getCard();
+        return;
+      }
+      case wire::SchedulerMessage::CLOSE_CONTEXT: {
+        auto it = contextCard_.find(msg.getCloseContext());
+        if (it == contextCard_.end()) return;
+        workers_[it->second]->closeContext(it->first);
+        contextCard_.erase(it);
+        return;
+      }
+    }
+    RLOG_WARN("netaccel") << "unknown control message from the scheduler ignored";
+  });
+  if (!status) RLOG_ERROR("netaccel") << "bad control message from the scheduler: " << status.error().message;
+}
+
+void Netaccel::sendHeartbeat() {
+  if (!link_) return;
+  capnp::MallocMessageBuilder m;
+  auto hb = m.initRoot<wire::NodeMessage>().initHeartbeat();
+  hb.setContexts(static_cast<uint32_t>(contextCard_.size()));
+  uint64_t queued = 0;
+  for (auto& w : workers_) queued += w->queuedInstructions();
+  hb.setQueuedInstructions(queued);
+  link_->send(transport::kControlChannel, 0, m);
+}
+
+void Netaccel::drainOutputs() {
+  outputs_.clear();
+  for (auto& w : workers_) w->drain(outputs_);
+  if (link_) {
+    for (auto& o : outputs_) link_->sendBody(o.context, o.sequence, std::move(o.body));
+  }
+  outputs_.clear();
+  if (inputPaused_ && link_) {
+    size_t queued = 0;
+    for (auto& w : workers_) queued += w->queuedBytes();
+    if (queued < kInputHighWater / 2) {
+      inputPaused_ = false;
+      link_->resumeReading();
+    }
+  }
+}
+
+}  // namespace raccel::netaccel
