@@ -27,12 +27,13 @@ std::unexpected<Failure> failure(const Error& e) { return std::unexpected<Failur
 }  // namespace
 
 struct CardWorker::Work {
-  enum class Type { instruction, open, close } type = Type::instruction;
+  enum class Type { instruction, open, close, poison } type = Type::instruction;
   uint32_t context = 0;
   uint64_t sequence = 0;
   Body body;
-  uint64_t quota = 0;
+  uint64_t quota = 0;  // open: memory quota; poison: the handle
   std::string label;
+  Code code = Code::internal;
 };
 
 struct CardWorker::Context {
@@ -79,6 +80,16 @@ void CardWorker::closeContext(uint32_t context) {
   Work w;
   w.type = Work::Type::close;
   w.context = context;
+  staged_.push_back(std::move(w));
+}
+
+void CardWorker::poison(uint32_t context, uint64_t handle, uint64_t sequence, Code code) {
+  Work w;
+  w.type = Work::Type::poison;
+  w.context = context;
+  w.quota = handle;
+  w.sequence = sequence;
+  w.code = code;
   staged_.push_back(std::move(w));
 }
 
@@ -216,6 +227,11 @@ void CardWorker::execute(Work& work) {
   }
   if (it == contexts_->end()) return;  // closed meanwhile: the session is gone
   Context& c = it->second;
+  if (work.type == Work::Type::poison) {
+    if (!c.buffers.count(work.quota) && !c.programs.count(work.quota))
+      c.poisoned[work.quota] = Context::Poison{work.sequence, work.code};
+    return;
+  }
   const uint64_t seq = work.sequence;
 
   auto bufferOf = [&](uint64_t h) -> std::expected<hal::Buffer*, Failure> {

@@ -41,6 +41,7 @@ class CardWorker {
   // Loop thread.
   void openContext(uint32_t context, uint64_t memoryQuota, const std::string& label);
   void closeContext(uint32_t context);
+  void poison(uint32_t context, uint64_t handle, uint64_t sequence, Code code);
   void enqueue(uint32_t context, uint64_t sequence, transport::Body body);
   void submit();
   void drain(std::vector<Output>& out);

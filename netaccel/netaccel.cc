@@ -194,6 +194,13 @@ void Netaccel::onControl(transport::Body body) {
         RLOG_DEBUG("netaccel") << "context " << o.getContext() << " (" << o.getLabel().cStr() << ") on card " << o.getCard();
         return;
       }
+      case wire::SchedulerMessage::POISON: {
+        auto p = msg.getPoison();
+        auto it = contextCard_.find(p.getContext());
+        if (it != contextCard_.end())
+          workers_[it->second]->poison(p.getContext(), p.getHandle(), p.getSequence(), transport::fromWire(p.getError().getCode()));
+        return;
+      }
       case wire::SchedulerMessage::CLOSE_CONTEXT: {
         auto it = contextCard_.find(msg.getCloseContext());
         if (it == contextCard_.end()) return;

@@ -45,7 +45,17 @@ struct SchedulerMessage {
     registered @0 :Registered;
     openContext @1 :OpenContext;
     closeContext @2 :UInt32;
+    # The scheduler refused an instruction that would have created `handle` (e.g. an
+    # alloc over the VM's quota); later uses fail with "dependency failed".
+    poison @3 :Poison;
   }
+}
+
+struct Poison {
+  context @0 :UInt32;
+  handle @1 :UInt64;
+  sequence @2 :UInt64;
+  error @3 :Frame.Error;
 }
 
 struct Registered {

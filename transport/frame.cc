@@ -83,12 +83,16 @@ Body InPlaceMessage::finish() {
   return std::move(body_);
 }
 
-MessageIn::MessageIn(Body body) : body_(std::move(body)) {
+static capnp::ReaderOptions readerOptions(const Body& body) {
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = std::max<uint64_t>(body_.size() / 8 * 8, 1 << 20);
+  options.traversalLimitInWords = std::max<uint64_t>(body.size() / 8 * 8, 1 << 20);
   options.nestingLimit = 32;
-  reader_.emplace(body_.words(), options);
+  return options;
 }
+
+MessageIn::MessageIn(Body body) : body_(std::move(body)) { reader_.emplace(body_.words(), readerOptions(body_)); }
+
+MessageView::MessageView(const Body& body) : reader_(body.words(), readerOptions(body)) {}
 
 FrameReader::FrameReader(uint32_t maxFrameBytes) : maxFrameBytes_(maxFrameBytes), stage_(256 * 1024) {}
 

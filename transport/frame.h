@@ -85,6 +85,17 @@ class MessageIn {
   std::optional<capnp::FlatArrayMessageReader> reader_;
 };
 
+// A decoded view of a body owned by someone else (relays peek, then forward the bytes).
+class MessageView {
+ public:
+  explicit MessageView(const Body& body);
+  template <class Root>
+  typename Root::Reader root() { return reader_.getRoot<Root>(); }
+
+ private:
+  capnp::FlatArrayMessageReader reader_;
+};
+
 // Runs `fn`, turning Cap'n Proto decoding exceptions (malformed input from a peer)
 // into an invalidArgument error. The only place such exceptions are caught.
 template <class Fn>

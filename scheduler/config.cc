@@ -1,0 +1,94 @@
+#include "scheduler/config.h"
+
+#include <set>
+#include <sstream>
+
+namespace raccel::scheduler {
+namespace {
+Result<VmPolicy> vmFrom(const ConfigSection& s, const char* listSeparator) {
+  auto unknown = s.unknownKeys({"name", "socket", "tflops", "priority", "kinds", "memory_quota"});
+  if (!unknown.empty()) return fail(Code::invalidArgument, "unknown vm setting '" + unknown[0] + "'");
+  VmPolicy vm;
+  auto name = s.getString("name");
+  if (!name || name->empty()) return fail(Code::invalidArgument, "a vm needs a name");
+  vm.name = *name;
+  auto socket = s.getString("socket");
+  if (!socket || socket->empty()) return fail(Code::invalidArgument, "vm '" + vm.name + "' needs a socket path");
+  vm.socket = *socket;
+  auto tflops = s.getDouble("tflops", vm.tflops);
+  if (!tflops) return fail(tflops.error());
+  if (*tflops <= 0) return fail(Code::invalidArgument, "vm '" + vm.name + "': tflops must be positive");
+  vm.tflops = *tflops;
+  auto priority = s.getInt("priority", 0);
+  if (!priority) return fail(priority.error());
+  vm.priority = static_cast<int>(*priority);
+  auto quota = s.getBytes("memory_quota", vm.memoryQuota);
+  if (!quota) return fail(quota.error());
+  vm.memoryQuota = *quota;
+  if (s.has("kinds")) {
+    vm.kinds = 0;
+    std::stringstream in(s.getString("kinds", ""));
+    std::string k;
+    while (std::getline(in, k, *listSeparator)) {
+      if (k.empty()) continue;
+      auto kind = parseKind(k);
+      if (!kind) return fail(Code::invalidArgument, "vm '" + vm.name + "': " + kind.error().message);
+      vm.kinds |= maskOf(*kind);
+    }
+    if (vm.kinds == 0) return fail(Code::invalidArgument, "vm '" + vm.name + "': kinds is empty");
+  }
+  return vm;
+}
+}  // namespace
+
+std::string kindsToString(KindMask kinds) {
+  std::string out;
+  for (auto k : {CardKind::gpu, CardKind::npu, CardKind::fpga, CardKind::cpu})
+    if (kinds & maskOf(k)) out += std::string(out.empty() ? "" : ",") + kindName(k);
+  return out;
+}
+
+Result<VmPolicy> parseVmSpec(const std::string& spec) {
+  ConfigSection s("vm", 0);
+  std::stringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos) return fail(Code::invalidArgument, "--vm " + spec + ": '" + item + "' is not key=value");
+    s.set(item.substr(0, eq), item.substr(eq + 1));
+  }
+  auto vm = vmFrom(s, "|");
+  if (!vm) return fail(vm.error().code, "--vm " + spec + ": " + vm.error().message);
+  return vm;
+}
+
+Result<SchedulerConfig> parseConfig(const Config& config) {
+  SchedulerConfig out;
+  auto& top = config.top();
+  auto unknown = top.unknownKeys({"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms"});
+  if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
+  out.nodeListen = top.getString("node_listen", out.nodeListen);
+  out.console = top.getString("console", out.console);
+  auto bt = top.getDouble("block_tflops", 1);
+  if (!bt) return fail(bt.error());
+  if (*bt <= 0) return fail(Code::invalidArgument, "block_tflops must be positive");
+  out.blockTflops = *bt;
+  auto hb = top.getInt("heartbeat_timeout_ms", out.heartbeatTimeoutMs);
+  if (!hb) return fail(hb.error());
+  out.heartbeatTimeoutMs = static_cast<unsigned>(*hb);
+  auto rt = top.getInt("request_timeout_ms", out.requestTimeoutMs);
+  if (!rt) return fail(rt.error());
+  out.requestTimeoutMs = static_cast<unsigned>(*rt);
+  std::set<std::string> names, sockets;
+  for (auto* s : config.sections("vm")) {
+    auto vm = vmFrom(*s, ",");
+    if (!vm) return fail(vm.error().code, config.origin() + ":" + std::to_string(s->line()) + ": " + vm.error().message);
+    if (!names.insert(vm->name).second || !sockets.insert(vm->socket).second)
+      return fail(Code::invalidArgument, config.origin() + ":" + std::to_string(s->line()) + ": vm '" + vm->name +
+                                             "' repeats another vm's name or socket");
+    out.vms.push_back(*vm);
+  }
+  return out;
+}
+
+}  // namespace raccel::scheduler

@@ -1,0 +1,70 @@
+// raccel-scheduler: the host daemon that pools accelerator cards into blocks and
+// serves virtual accelerators to VMs.
+#include <cstdio>
+
+#include "common/flags.h"
+#include "common/log.h"
+#include "scheduler/scheduler.h"
+#include "transport/signals.h"
+
+using namespace raccel;
+
+int main(int argc, char** argv) {
+  Flags flags("raccel-scheduler",
+              "Pools the cards of registered netaccels into numbered compute blocks and serves each VM's programs a "
+              "virtual accelerator over the VM's socket.");
+  flags.value("config", "FILE", "configuration file (see scheduler/config.h for the format)");
+  flags.value("node-listen", "HOST:PORT", "where netaccels connect (default 127.0.0.1:7700)");
+  flags.value("console", "PATH", "raccelctl's unix socket (default /run/raccel/console.sock)");
+  flags.value("vm", "SPEC", "serve a VM: name=vm1,socket=/path,tflops=8,priority=0,kinds=gpu|cpu,memory_quota=1GiB",
+              true);
+  flags.value("block-tflops", "T", "TFLOPS per block (default 1)");
+  flags.value("heartbeat-timeout-ms", "MS", "declare a silent netaccel lost after this (default 5000)");
+  flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  auto die = [](const std::string& message) {
+    std::fprintf(stderr, "raccel-scheduler: %s\n", message.c_str());
+    return 2;
+  };
+  if (flags.has("log-level")) {
+    log::Level level;
+    if (!log::parseLevel(flags.get("log-level"), &level)) return die("bad --log-level '" + flags.get("log-level") + "'");
+    log::setLevel(level);
+  }
+  scheduler::SchedulerConfig config;
+  if (flags.has("config")) {
+    auto file = Config::load(flags.get("config"));
+    if (!file) return die(file.error().message);
+    auto parsed = scheduler::parseConfig(*file);
+    if (!parsed) return die(parsed.error().message);
+    config = *parsed;
+  }
+  if (flags.has("node-listen")) config.nodeListen = flags.get("node-listen");
+  if (flags.has("console")) config.console = flags.get("console");
+  if (flags.has("block-tflops")) {
+    config.blockTflops = std::atof(flags.get("block-tflops").c_str());
+    if (config.blockTflops <= 0) return die("--block-tflops must be a positive number");
+  }
+  if (flags.has("heartbeat-timeout-ms")) {
+    int ms = std::atoi(flags.get("heartbeat-timeout-ms").c_str());
+    if (ms < 50) return die("--heartbeat-timeout-ms must be at least 50");
+    config.heartbeatTimeoutMs = static_cast<unsigned>(ms);
+  }
+  for (auto& spec : flags.getAll("vm")) {
+    auto vm = scheduler::parseVmSpec(spec);
+    if (!vm) return die(vm.error().message);
+    config.vms.push_back(*vm);
+  }
+  if (config.vms.empty()) return die("no VM to serve: give --vm or [vm] sections in --config");
+
+  uv_loop_t* loop = uv_default_loop();
+  scheduler::Scheduler daemon(loop, config);
+  if (auto s = daemon.start(); !s) {
+    daemon.stop();
+    uv_run(loop, UV_RUN_DEFAULT);
+    return die(s.error().message);
+  }
+  transport::runUntilSignalled(loop, [&] { daemon.stop(); });
+  return 0;
+}

@@ -1,0 +1,753 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <map>
+
+#include "common/log.h"
+#include "schema/console.capnp.h"
+#include "schema/frame.capnp.h"
+#include "schema/guest.capnp.h"
+#include "schema/node.capnp.h"
+#include "transport/request_table.h"
+#include "transport/wire_types.h"
+
+namespace raccel::scheduler {
+
+using transport::Body;
+using transport::Connection;
+using transport::ConnectionPtr;
+using transport::FrameHeader;
+using transport::MessageIn;
+
+struct Scheduler::Vm {
+  VmPolicy policy;
+  std::unique_ptr<transport::Listener> listener;
+  uint32_t blocksHeld = 0;
+  uint64_t memoryUsed = 0;
+};
+
+struct Scheduler::NodeLink {
+  ConnectionPtr connection;
+  std::string name;  // empty until registered
+  long poolIndex = -1;
+  uint64_t lastHeardMs = 0;
+  uint32_t contexts = 0;
+};
+
+struct Scheduler::Session {
+  explicit Session(std::function<void(const uint64_t&, const Status&)> onPendingFailed) : pending(std::move(onPendingFailed)) {}
+  VaccelId id = 0;
+  Vm* vm = nullptr;
+  VmLink* link = nullptr;  // owns this session
+  uint32_t channel = 0;
+  std::string program;
+  int priority = 0;
+  std::vector<BlockRange> blocks;
+  NodeLink* node = nullptr;  // holds the primary card; null once lost
+  size_t card = 0;           // pool card index of the primary card
+  uint32_t context = 0;
+  std::unordered_map<uint64_t, uint64_t> buffers;  // handle -> bytes charged to the VM
+  std::map<uint64_t, uint64_t> unconfirmedAllocs;  // sequence -> handle, until a fence passes
+  uint64_t memoryUsed = 0;
+  uint64_t instructions = 0;
+  std::string unavailable;  // why, once the session's card is gone
+  transport::RequestTable<uint64_t> pending;  // reads and fences awaiting their reply
+};
+
+struct Scheduler::VmLink {
+  Vm* vm = nullptr;
+  ConnectionPtr connection;
+  std::unordered_map<uint32_t, std::unique_ptr<Session>> sessions;
+};
+
+namespace {
+constexpr uint64_t kTickMs = 200;
+
+std::string label(const VmPolicy& vm, const std::string& program, VaccelId id) {
+  return vm.name + "/" + (program.empty() ? "?" : program) + "#" + std::to_string(id);
+}
+}  // namespace
+
+Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config)
+    : loop_(loop), config_(std::move(config)), pool_(config_.blockTflops) {}
+
+Scheduler::~Scheduler() = default;
+
+Status Scheduler::start() {
+  auto nodeAddress = transport::parseAddress(config_.nodeListen);
+  if (!nodeAddress) return fail(nodeAddress.error());
+  auto nodes = transport::Listener::listen(loop_, *nodeAddress, wire::DEFAULT_MAX_FRAME_BYTES,
+                                           [this](ConnectionPtr c) { acceptNode(std::move(c)); });
+  if (!nodes) return fail(nodes.error());
+  nodeListener_ = std::move(*nodes);
+
+  auto consoleAddress = transport::parseAddress(config_.console);
+  if (!consoleAddress) return fail(consoleAddress.error());
+  auto console = transport::Listener::listen(loop_, *consoleAddress, 1 << 20,
+                                             [this](ConnectionPtr c) { acceptConsole(std::move(c)); }, 0600);
+  if (!console) return fail(console.error());
+  consoleListener_ = std::move(*console);
+
+  for (auto& policy : config_.vms) {
+    auto vm = std::make_unique<Vm>();
+    vm->policy = policy;
+    auto address = transport::parseAddress("unix:" + policy.socket);
+    if (!address) return fail(address.error());
+    Vm* raw = vm.get();
+    auto listener = transport::Listener::listen(loop_, *address, wire::DEFAULT_MAX_FRAME_BYTES,
+                                                [this, raw](ConnectionPtr c) { acceptVm(*raw, std::move(c)); });
+    if (!listener) return fail(listener.error().code, "vm '" + policy.name + "': " + listener.error().message);
+    vm->listener = std::move(*listener);
+    RLOG_INFO("scheduler") << "vm '" << policy.name << "' on " << policy.socket << " (up to " << policy.tflops
+                           << " TFLOPS, priority " << policy.priority << ", kinds " << kindsToString(policy.kinds) << ")";
+    vms_.push_back(std::move(vm));
+  }
+
+  ticker_ = new uv_timer_t;
+  uv_timer_init(loop_, ticker_);
+  ticker_->data = this;
+  uv_timer_start(ticker_, [](uv_timer_t* t) { static_cast<Scheduler*>(t->data)->tick(); }, kTickMs, kTickMs);
+  RLOG_INFO("scheduler") << "netaccels connect to " << nodeAddress->host << ":" << nodePort() << "; console on "
+                         << config_.console << "; " << config_.blockTflops << " TFLOPS per block";
+  return {};
+}
+
+int Scheduler::nodePort() const { return nodeListener_ ? nodeListener_->port() : 0; }
+
+void Scheduler::stop() {
+  stopping_ = true;
+  if (ticker_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(ticker_), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+    ticker_ = nullptr;
+  }
+  nodeListener_.reset();
+  consoleListener_.reset();
+  for (auto& vm : vms_) vm->listener.reset();
+  std::vector<ConnectionPtr> all;
+  for (auto& [c, link] : vmLinks_) all.push_back(link->connection);
+  for (auto& [c, node] : nodeLinks_) all.push_back(node->connection);
+  for (auto& c : consoles_) all.push_back(c);
+  for (auto& c : all) c->close();
+}
+
+// ---------------------------------------------------------------------------------
+// Guest side
+
+void Scheduler::acceptVm(Vm& vm, ConnectionPtr connection) {
+  auto link = std::make_unique<VmLink>();
+  link->vm = &vm;
+  link->connection = connection;
+  VmLink* raw = link.get();
+  Connection::Callbacks cb;
+  cb.onFrame = [this, raw](Connection&, const FrameHeader& h, Body body) { onGuestFrame(*raw, h, std::move(body)); };
+  cb.onOversized = [this, raw](Connection&, const FrameHeader& h) { onGuestOversized(*raw, h); };
+  cb.onClose = [this, raw](Connection&, bool truncated) {
+    if (truncated) RLOG_WARN("scheduler") << "vm '" << raw->vm->policy.name << "' link closed in the middle of a frame";
+    vmLinkClosed(*raw);
+  };
+  connection->setCallbacks(cb);
+  vmLinks_[connection.get()] = std::move(link);
+  connection->start();
+  RLOG_INFO("scheduler") << "vm '" << vm.policy.name << "' connected";
+}
+
+void Scheduler::vmLinkClosed(VmLink& link) {
+  std::vector<uint32_t> channels;
+  for (auto& [ch, s] : link.sessions) channels.push_back(ch);
+  for (uint32_t ch : channels) endSession(link, ch);
+  RLOG_INFO("scheduler") << "vm '" << link.vm->policy.name << "' disconnected; " << channels.size()
+                         << " session(s) ended";
+  vmLinks_.erase(link.connection.get());
+}
+
+void Scheduler::replyError(VmLink& link, uint32_t channel, uint64_t sequence, const Error& error, uint64_t dependency) {
+  capnp::MallocMessageBuilder m;
+  auto e = m.initRoot<wire::Reply>().initError();
+  e.setSequence(sequence);
+  e.setDependency(dependency);
+  transport::setError(e.initError(), error);
+  link.connection->send(channel, sequence, m);
+}
+
+void Scheduler::closeChannel(VmLink& link, uint32_t channel, const Error& reason) {
+  capnp::MallocMessageBuilder m;
+  auto closed = m.initRoot<wire::LinkControl>().initChannelClosed();
+  closed.setChannel(channel);
+  transport::setError(closed.initReason(), reason);
+  link.connection->send(transport::kControlChannel, 0, m);
+  endSession(link, channel);
+}
+
+void Scheduler::onGuestOversized(VmLink& link, const FrameHeader& h) {
+  Error e{Code::invalidArgument, "frame of " + std::to_string(h.length) + " bytes exceeds the maximum of " +
+                                     std::to_string(link.connection->maxFrameBytes()) +
+                                     " bytes; write large data in chunks. This session is closed"};
+  RLOG_WARN("scheduler") << "vm '" << link.vm->policy.name << "' channel " << h.channel << ": " << e.message;
+  if (h.channel == transport::kControlChannel) return;
+  replyError(link, h.channel, h.sequence, e);
+  closeChannel(link, h.channel, e);
+}
+
+void Scheduler::onGuestFrame(VmLink& link, const FrameHeader& h, Body body) {
+  if (h.channel == transport::kControlChannel) {
+    auto status = transport::decodeGuard([&] {
+      MessageIn in(std::move(body));
+      auto control = in.root<wire::LinkControl>();
+      if (control.which() == wire::LinkControl::CHANNEL_CLOSED) endSession(link, control.getChannelClosed().getChannel());
+      else if (control.which() == wire::LinkControl::PING) {
+        capnp::MallocMessageBuilder m;
+        m.initRoot<wire::LinkControl>().setPong();
+        link.connection->send(transport::kControlChannel, h.sequence, m);
+      }
+    });
+    if (!status) RLOG_WARN("scheduler") << "vm '" << link.vm->policy.name << "': bad link control: " << status.error().message;
+    return;
+  }
+  auto it = link.sessions.find(h.channel);
+  if (it == link.sessions.end()) {
+    admit(link, h.channel, h.sequence, std::move(body));
+    return;
+  }
+  forward(link, *it->second, h, std::move(body));
+}
+
+void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body body) {
+  Vm& vm = *link.vm;
+  Error refusal;
+  auto refuse = [&](Code code, std::string message) {
+    refusal = Error{code, std::move(message)};
+    return false;
+  };
+  std::string program;
+  uint32_t blocks = 0;
+  KindMask kinds = vm.policy.kinds;
+  int priority = vm.policy.priority;
+  uint32_t maxFrame = wire::DEFAULT_MAX_FRAME_BYTES;
+  bool ok = false;
+  auto decoded = transport::decodeGuard([&] {
+    MessageIn in(std::move(body));
+    auto instruction = in.root<wire::Instruction>();
+    ok = [&] {
+      if (instruction.which() != wire::Instruction::HELLO)
+        return refuse(Code::invalidArgument, "no session on this channel: the first instruction must be hello");
+      auto hello = instruction.getHello();
+      if (hello.getVersionMajor() != wire::PROTOCOL_MAJOR)
+        return refuse(Code::invalidArgument, "protocol version " + std::to_string(hello.getVersionMajor()) + "." +
+                                                 std::to_string(hello.getVersionMinor()) +
+                                                 " is not supported; this scheduler speaks " +
+                                                 std::to_string(wire::PROTOCOL_MAJOR) + "." + std::to_string(wire::PROTOCOL_MINOR));
+      program = hello.getProgram();
+      if (hello.getTflops() < 0) return refuse(Code::invalidArgument, "requested TFLOPS must not be negative");
+      blocks = pool_.blocksFor(hello.getTflops());
+      if (hello.getKinds().size() > 0) {
+        KindMask asked = 0;
+        for (auto k : hello.getKinds()) {
+          if (!transport::validKind(k)) return refuse(Code::invalidArgument, "unknown card kind in hello");
+          asked |= maskOf(transport::fromWire(k));
+        }
+        kinds &= asked;
+        if (kinds == 0)
+          return refuse(Code::permissionDenied, "none of the card kinds asked for (" + kindsToString(asked) +
+                                                    ") is allowed for vm '" + vm.policy.name +
+                                                    "' (allowed: " + kindsToString(vm.policy.kinds) + ")");
+      }
+      priority = std::min(hello.getPriority(), vm.policy.priority);
+      if (hello.getMaxFrameBytes()) maxFrame = std::min(maxFrame, hello.getMaxFrameBytes());
+      return true;
+    }();
+  });
+  if (!decoded) refusal = decoded.error(), ok = false;
+  if (ok) {
+    uint32_t vmMax = pool_.blocksFor(vm.policy.tflops);
+    if (vm.blocksHeld + blocks > vmMax)
+      ok = refuse(Code::resourceExhausted, "vm '" + vm.policy.name + "' may hold " + std::to_string(vmMax) +
+                                               " blocks in all; its programs hold " + std::to_string(vm.blocksHeld) +
+                                               " and this one asked for " + std::to_string(blocks));
+  }
+  VaccelId id = nextVaccel_;
+  std::vector<BlockRange> ranges;
+  if (ok) {
+    auto placed = pool_.allocate(id, {blocks, kinds});
+    if (!placed) ok = refuse(placed.error().code, placed.error().message);
+    else ranges = *placed;
+  }
+  if (!ok) {
+    RLOG_INFO("scheduler") << "vm '" << vm.policy.name << "' program '" << program << "' refused: " << refusal.message;
+    replyError(link, channel, sequence, refusal);
+    return;
+  }
+  ++nextVaccel_;
+  auto shares = pool_.cardsOf(ranges);
+  auto primary = std::max_element(shares.begin(), shares.end(), [](auto& a, auto& b) { return a.blocks < b.blocks; });
+  const Card& card = pool_.cards()[primary->card];
+  NodeLink* node = nodeByPoolIndex_.at(card.node);
+
+  VmLink* linkPtr = &link;
+  auto session = std::make_unique<Session>([this, linkPtr, channel](const uint64_t& seq, const Status& s) {
+    replyError(*linkPtr, channel, seq, s.error());
+  });
+  Session& s = *session;
+  s.id = id;
+  s.vm = &vm;
+  s.link = &link;
+  s.channel = channel;
+  s.program = program;
+  s.priority = priority;
+  s.blocks = ranges;
+  s.node = node;
+  s.card = primary->card;
+  s.context = nextContext_++;
+  vm.blocksHeld += blocks;
+  sessionByContext_[s.context] = &s;
+  link.sessions[channel] = std::move(session);
+
+  capnp::MallocMessageBuilder open;
+  auto o = open.initRoot<wire::SchedulerMessage>().initOpenContext();
+  o.setContext(s.context);
+  o.setCard(card.spec.index);
+  o.setMemoryQuota(vm.policy.memoryQuota);
+  o.setLabel(label(vm.policy, program, id));
+  node->connection->send(transport::kControlChannel, 0, open);
+  ++node->contexts;
+
+  capnp::MallocMessageBuilder m;
+  auto welcome = m.initRoot<wire::Reply>().initWelcome();
+  welcome.setVersionMajor(wire::PROTOCOL_MAJOR);
+  welcome.setVersionMinor(wire::PROTOCOL_MINOR);
+  welcome.setMaxFrameBytes(maxFrame);
+  auto info = welcome.initVaccel();
+  info.setId(id);
+  info.setBlockTflops(pool_.blockTflops());
+  auto wireBlocks = info.initBlocks(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    wireBlocks[i].setFirst(ranges[i].first);
+    wireBlocks[i].setCount(ranges[i].count);
+  }
+  auto wireCards = info.initCards(shares.size());
+  for (size_t i = 0; i < shares.size(); ++i) {
+    const Card& c = pool_.cards()[shares[i].card];
+    wireCards[i].setNode(pool_.nodes()[c.node].name);
+    wireCards[i].setIndex(c.spec.index);
+    wireCards[i].setKind(transport::toWire(c.spec.kind));
+    wireCards[i].setModel(c.spec.model);
+    wireCards[i].setBlocks(shares[i].blocks);
+  }
+  link.connection->send(channel, sequence, m);
+  RLOG_INFO("scheduler") << "admitted " << label(vm.policy, program, id) << ": " << blocks << " block(s) from "
+                         << ranges.front().first << ", primary card " << node->name << "/" << card.spec.index << " ("
+                         << kindName(card.spec.kind) << ")";
+}
+
+void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const Error& error) {
+  if (!s.node) return;
+  capnp::MallocMessageBuilder m;
+  auto p = m.initRoot<wire::SchedulerMessage>().initPoison();
+  p.setContext(s.context);
+  p.setHandle(handle);
+  p.setSequence(sequence);
+  transport::setError(p.initError(), error);
+  s.node->connection->send(transport::kControlChannel, 0, m);
+}
+
+void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body body) {
+  ++s.instructions;
+  bool drop = false;
+  auto decoded = transport::decodeGuard([&] {
+    transport::MessageView in(body);
+    auto instruction = in.root<wire::Instruction>();
+    auto which = instruction.which();
+    if (!s.unavailable.empty()) {
+      replyError(link, s.channel, h.sequence, Error{Code::unavailable, s.unavailable});
+      drop = true;
+      return;
+    }
+    switch (which) {
+      case wire::Instruction::HELLO:
+        replyError(link, s.channel, h.sequence, Error{Code::invalidArgument, "this session has already said hello"});
+        drop = true;
+        return;
+      case wire::Instruction::ALLOC: {
+        auto a = instruction.getAlloc();
+        Vm& vm = *s.vm;
+        if (a.getSize() > 0 && a.getHandle() != 0 && !s.buffers.count(a.getHandle())) {
+          if (a.getSize() > vm.policy.memoryQuota - std::min<uint64_t>(vm.memoryUsed, vm.policy.memoryQuota)) {
+            Error e{Code::resourceExhausted, "allocating " + std::to_string(a.getSize()) + " bytes would exceed vm '" +
+                                                 vm.policy.name + "''s memory quota (" + std::to_string(vm.memoryUsed) +
+                                                 " of " + std::to_string(vm.policy.memoryQuota) + " bytes in use)"};
+            replyError(link, s.channel, h.sequence, e);
+            sendPoison(s, a.getHandle(), h.sequence, e);
+            drop = true;
+            return;
+          }
+          s.buffers[a.getHandle()] = a.getSize();
+          s.unconfirmedAllocs[h.sequence] = a.getHandle();
+          s.memoryUsed += a.getSize();
+          vm.memoryUsed += a.getSize();
+        }
+        return;
+      }
+      case wire::Instruction::FREE: {
+        auto it = s.buffers.find(instruction.getFree().getHandle());
+        if (it != s.buffers.end()) {
+          s.memoryUsed -= it->second;
+          s.vm->memoryUsed -= it->second;
+          s.buffers.erase(it);
+        }
+        return;
+      }
+      case wire::Instruction::READ:
+      case wire::Instruction::FENCE:
+        s.pending.add(h.sequence, h.sequence, nowMs() + config_.requestTimeoutMs);
+        return;
+      default:
+        return;  // everything else (and unknown instructions) is the card's to judge
+    }
+  });
+  if (!decoded) {
+    Error e{Code::invalidArgument, decoded.error().message + "; this session is closed"};
+    replyError(link, s.channel, h.sequence, e);
+    closeChannel(link, s.channel, e);
+    return;
+  }
+  if (drop) return;
+  // Forward the bytes unchanged under the context's channel.
+  NodeLink& node = *s.node;
+  node.connection->sendBody(s.context, h.sequence, std::move(body));
+  if (node.connection->backlogBytes() > Connection::kHighWater) {
+    link.connection->pauseReading();
+    std::weak_ptr<Connection> weak = link.connection;
+    node.connection->whenDrained([weak] {
+      if (auto c = weak.lock()) c->resumeReading();
+    });
+  }
+}
+
+void Scheduler::endSession(VmLink& link, uint32_t channel) {
+  auto it = link.sessions.find(channel);
+  if (it == link.sessions.end()) return;
+  Session& s = *it->second;
+  if (s.node) {
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::SchedulerMessage>().setCloseContext(s.context);
+    s.node->connection->send(transport::kControlChannel, 0, m);
+    --s.node->contexts;
+  }
+  sessionByContext_.erase(s.context);
+  uint32_t blocks = 0;
+  for (auto& r : s.blocks) blocks += r.count;
+  pool_.release(s.id);
+  s.vm->blocksHeld -= blocks;
+  s.vm->memoryUsed -= s.memoryUsed;
+  RLOG_INFO("scheduler") << "session " << label(s.vm->policy, s.program, s.id) << " ended; " << blocks
+                         << " block(s) released after " << s.instructions << " instruction(s)";
+  link.sessions.erase(it);
+}
+
+// ---------------------------------------------------------------------------------
+// Netaccel side
+
+void Scheduler::acceptNode(ConnectionPtr connection) {
+  auto node = std::make_unique<NodeLink>();
+  node->connection = connection;
+  node->lastHeardMs = nowMs();
+  NodeLink* raw = node.get();
+  Connection::Callbacks cb;
+  cb.onFrame = [this, raw](Connection&, const FrameHeader& h, Body body) { onNodeFrame(*raw, h, std::move(body)); };
+  cb.onOversized = [raw](Connection&, const FrameHeader& h) {
+    RLOG_ERROR("scheduler") << "netaccel '" << raw->name << "' sent a frame of " << h.length << " bytes; skipped";
+  };
+  cb.onClose = [this, raw](Connection&, bool) { nodeLost(*raw, "its connection closed"); };
+  connection->setCallbacks(cb);
+  nodeLinks_[connection.get()] = std::move(node);
+  connection->start();
+}
+
+void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
+  node.lastHeardMs = nowMs();
+  if (h.channel == transport::kControlChannel) {
+    onNodeControl(node, std::move(body));
+    return;
+  }
+  auto it = sessionByContext_.find(h.channel);
+  if (it == sessionByContext_.end()) return;  // the session ended; its late replies go nowhere
+  Session& s = *it->second;
+  auto decoded = transport::decodeGuard([&] {
+    transport::MessageView in(body);
+    auto reply = in.root<wire::Reply>();
+    switch (reply.which()) {
+      case wire::Reply::DATA:
+        if (reply.getData().getLast()) s.pending.complete(h.sequence);
+        break;
+      case wire::Reply::FENCED:
+        s.pending.complete(h.sequence);
+        s.unconfirmedAllocs.erase(s.unconfirmedAllocs.begin(), s.unconfirmedAllocs.lower_bound(h.sequence));
+        break;
+      case wire::Reply::ERROR: {
+        s.pending.complete(h.sequence);
+        auto alloc = s.unconfirmedAllocs.find(h.sequence);
+        if (alloc != s.unconfirmedAllocs.end()) {
+          // The card refused the buffer: stop charging the VM for it.
+          auto b = s.buffers.find(alloc->second);
+          if (b != s.buffers.end()) {
+            s.memoryUsed -= b->second;
+            s.vm->memoryUsed -= b->second;
+            s.buffers.erase(b);
+          }
+          s.unconfirmedAllocs.erase(alloc);
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  });
+  if (!decoded) {
+    RLOG_ERROR("scheduler") << "netaccel '" << node.name << "' sent a malformed reply: " << decoded.error().message;
+    return;
+  }
+  VmLink* link = s.link;
+  link->connection->sendBody(s.channel, h.sequence, std::move(body));
+  if (link->connection->backlogBytes() > Connection::kHighWater) {
+    node.connection->pauseReading();
+    std::weak_ptr<Connection> weak = node.connection;
+    link->connection->whenDrained([weak] {
+      if (auto c = weak.lock()) c->resumeReading();
+    });
+  }
+}
+
+void Scheduler::onNodeControl(NodeLink& node, Body body) {
+  auto refuse = [&](const std::string& why) {
+    capnp::MallocMessageBuilder m;
+    auto r = m.initRoot<wire::SchedulerMessage>().initRegistered();
+    r.setAccepted(false);
+    transport::setError(r.initError(), Error{Code::permissionDenied, why});
+    node.connection->send(transport::kControlChannel, 0, m);
+    RLOG_WARN("scheduler") << "netaccel registration refused: " << why;
+  };
+  auto decoded = transport::decodeGuard([&] {
+    MessageIn in(std::move(body));
+    auto msg = in.root<wire::NodeMessage>();
+    switch (msg.which()) {
+      case wire::NodeMessage::REGISTER: {
+        auto reg = msg.getRegister();
+        if (!node.name.empty()) return refuse("this connection is already registered as '" + node.name + "'");
+        if (reg.getVersionMajor() != wire::PROTOCOL_MAJOR)
+          return refuse("protocol version " + std::to_string(reg.getVersionMajor()) + " is not supported; this scheduler speaks " +
+                        std::to_string(wire::PROTOCOL_MAJOR));
+        std::string name = reg.getName();
+        if (name.empty()) return refuse("a netaccel must register with a name");
+        std::vector<CardSpec> cards;
+        for (auto c : reg.getCards()) {
+          if (!transport::validKind(c.getKind())) return refuse("card " + std::to_string(c.getIndex()) + " has an unknown kind");
+          if (!(c.getTflops() >= 0)) return refuse("card " + std::to_string(c.getIndex()) + " has a negative TFLOPS");
+          cards.push_back(CardSpec{c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBackend(),
+                                   c.getTflops(), c.getMemoryBytes()});
+        }
+        auto index = pool_.addNode(name, cards);
+        if (!index) return refuse(index.error().message);
+        node.name = name;
+        node.poolIndex = static_cast<long>(*index);
+        nodeByPoolIndex_[*index] = &node;
+        capnp::MallocMessageBuilder m;
+        auto r = m.initRoot<wire::SchedulerMessage>().initRegistered();
+        r.setAccepted(true);
+        r.setHeartbeatMs(std::max(10u, config_.heartbeatTimeoutMs / 5));
+        node.connection->send(transport::kControlChannel, 0, m);
+        const Node& n = pool_.nodes()[*index];
+        RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": "
+                               << cards.size() << " card(s), blocks " << n.blocks.first << "-"
+                               << (n.blocks.end() - 1) << "; pool now " << pool_.total() << " blocks";
+        return;
+      }
+      case wire::NodeMessage::HEARTBEAT:
+        return;
+    }
+  });
+  if (!decoded) RLOG_ERROR("scheduler") << "malformed control message from a netaccel: " << decoded.error().message;
+}
+
+void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
+  if (!node.name.empty()) {
+    RLOG_WARN("scheduler") << "netaccel '" << node.name << "' lost: " << reason;
+    if (node.poolIndex >= 0) {
+      pool_.removeNode(static_cast<size_t>(node.poolIndex));
+      nodeByPoolIndex_.erase(static_cast<size_t>(node.poolIndex));
+    }
+    Error gone{Code::unavailable, "netaccel '" + node.name + "' holding this virtual accelerator's card was lost (" + reason +
+                                      "); its buffers are gone"};
+    for (auto& [conn, link] : vmLinks_) {
+      for (auto& [ch, s] : link->sessions) {
+        if (s->node != &node) continue;
+        s->node = nullptr;
+        s->unavailable = gone.message;
+        sessionByContext_.erase(s->context);
+        s->pending.failAll(gone);
+      }
+    }
+  }
+  if (!node.connection->closed()) node.connection->close();
+  nodeLinks_.erase(node.connection.get());
+}
+
+// ---------------------------------------------------------------------------------
+// Console
+
+void Scheduler::acceptConsole(ConnectionPtr connection) {
+  Connection::Callbacks cb;
+  cb.onFrame = [this](Connection& c, const FrameHeader& h, Body body) { onConsoleFrame(c, h, std::move(body)); };
+  cb.onClose = [this](Connection& c, bool) {
+    consoles_.erase(std::remove_if(consoles_.begin(), consoles_.end(), [&](auto& p) { return p.get() == &c; }), consoles_.end());
+  };
+  connection->setCallbacks(cb);
+  consoles_.push_back(connection);
+  connection->start();
+}
+
+void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Body body) {
+  capnp::MallocMessageBuilder m;
+  auto reply = m.initRoot<wire::ConsoleReply>();
+  auto decoded = transport::decodeGuard([&] {
+    MessageIn in(std::move(body));
+    auto request = in.root<wire::ConsoleRequest>();
+    switch (request.which()) {
+      case wire::ConsoleRequest::NODES: {
+        std::vector<const NodeLink*> links;
+        for (auto& [c, n] : nodeLinks_)
+          if (!n->name.empty()) links.push_back(n.get());
+        auto out = reply.initNodes(pool_.nodes().size());
+        for (size_t i = 0; i < pool_.nodes().size(); ++i) {
+          const Node& n = pool_.nodes()[i];
+          out[i].setName(n.name);
+          out[i].setOnline(n.online);
+          out[i].setCards(static_cast<uint32_t>(n.cards.size()));
+          out[i].setFirstBlock(n.blocks.first);
+          out[i].setBlocks(n.blocks.count);
+          auto link = nodeByPoolIndex_.find(i);
+          if (link != nodeByPoolIndex_.end()) {
+            out[i].setAddress(link->second->connection->peer());
+            out[i].setMsSinceHeartbeat(nowMs() - link->second->lastHeardMs);
+            out[i].setContexts(link->second->contexts);
+          }
+        }
+        return;
+      }
+      case wire::ConsoleRequest::CARDS: {
+        auto out = reply.initCards(pool_.cards().size());
+        for (size_t i = 0; i < pool_.cards().size(); ++i) {
+          const Card& c = pool_.cards()[i];
+          out[i].setNode(pool_.nodes()[c.node].name);
+          out[i].setIndex(c.spec.index);
+          out[i].setKind(transport::toWire(c.spec.kind));
+          out[i].setModel(c.spec.model);
+          out[i].setTflops(c.spec.tflops);
+          out[i].setMemoryBytes(c.spec.memoryBytes);
+          out[i].setBackend(c.spec.backend);
+          out[i].setFirstBlock(c.blocks.first);
+          out[i].setBlocks(c.blocks.count);
+          out[i].setOnline(pool_.nodes()[c.node].online);
+        }
+        return;
+      }
+      case wire::ConsoleRequest::POOL: {
+        std::map<VaccelId, std::string> owners;
+        for (auto& [conn, link] : vmLinks_)
+          for (auto& [ch, s] : link->sessions) owners[s->id] = label(s->vm->policy, s->program, s->id);
+        struct Run {
+          uint32_t first, count;
+          wire::PoolRange::State state;
+          VaccelId owner;
+          size_t card;
+        };
+        std::vector<Run> runs;
+        for (size_t ci = 0; ci < pool_.cards().size(); ++ci) {
+          const Card& c = pool_.cards()[ci];
+          bool online = pool_.nodes()[c.node].online;
+          for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b) {
+            auto state = pool_.ownerOf(b) != kNoOwner ? wire::PoolRange::State::USED
+                         : online                     ? wire::PoolRange::State::FREE
+                                                      : wire::PoolRange::State::OFFLINE;
+            VaccelId owner = pool_.ownerOf(b);
+            if (!runs.empty() && runs.back().state == state && runs.back().owner == owner &&
+                runs.back().first + runs.back().count == b && pool_.cards()[runs.back().card].node == c.node &&
+                pool_.cards()[runs.back().card].spec.kind == c.spec.kind)
+              ++runs.back().count;
+            else
+              runs.push_back({b, 1, state, owner, ci});
+          }
+        }
+        auto map = reply.initPool();
+        map.setBlockTflops(pool_.blockTflops());
+        map.setTotal(pool_.total());
+        map.setFree(pool_.freeBlocks());
+        auto out = map.initRanges(runs.size());
+        for (size_t i = 0; i < runs.size(); ++i) {
+          const Card& c = pool_.cards()[runs[i].card];
+          out[i].setFirst(runs[i].first);
+          out[i].setCount(runs[i].count);
+          out[i].setState(runs[i].state);
+          out[i].setNode(pool_.nodes()[c.node].name);
+          out[i].setKind(transport::toWire(c.spec.kind));
+          if (runs[i].owner != kNoOwner) {
+            auto o = owners.find(runs[i].owner);
+            out[i].setOwner(o != owners.end() ? o->second : "vaccel#" + std::to_string(runs[i].owner));
+          }
+        }
+        return;
+      }
+      case wire::ConsoleRequest::VACCELS: {
+        std::vector<const Session*> sessions;
+        for (auto& [conn, link] : vmLinks_)
+          for (auto& [ch, s] : link->sessions) sessions.push_back(s.get());
+        std::sort(sessions.begin(), sessions.end(), [](auto* a, auto* b) { return a->id < b->id; });
+        auto out = reply.initVaccels(sessions.size());
+        for (size_t i = 0; i < sessions.size(); ++i) {
+          const Session& s = *sessions[i];
+          out[i].setId(s.id);
+          out[i].setVm(s.vm->policy.name);
+          out[i].setProgram(s.program);
+          out[i].setPriority(s.priority);
+          auto blocks = out[i].initBlocks(s.blocks.size());
+          for (size_t b = 0; b < s.blocks.size(); ++b) {
+            blocks[b].setFirst(s.blocks[b].first);
+            blocks[b].setCount(s.blocks[b].count);
+          }
+          auto shares = pool_.cardsOf(s.blocks);
+          auto cards = out[i].initCards(shares.size());
+          for (size_t c = 0; c < shares.size(); ++c) {
+            const Card& card = pool_.cards()[shares[c].card];
+            cards[c].setNode(pool_.nodes()[card.node].name);
+            cards[c].setIndex(card.spec.index);
+            cards[c].setKind(transport::toWire(card.spec.kind));
+            cards[c].setModel(card.spec.model);
+            cards[c].setBlocks(shares[c].blocks);
+          }
+          out[i].setMemoryUsed(s.memoryUsed);
+          out[i].setMemoryQuota(s.vm->policy.memoryQuota);
+          out[i].setInstructions(s.instructions);
+          out[i].setState(s.unavailable.empty() ? "running" : "unavailable");
+        }
+        return;
+      }
+    }
+    transport::setError(reply.initError(), Error{Code::unimplemented, "unknown console request"});
+  });
+  if (!decoded) transport::setError(reply.initError(), decoded.error());
+  connection.send(h.channel, h.sequence, m);
+}
+
+// ---------------------------------------------------------------------------------
+
+void Scheduler::tick() {
+  uint64_t now = nowMs();
+  std::vector<NodeLink*> silent;
+  for (auto& [c, n] : nodeLinks_)
+    if (!n->name.empty() && now - n->lastHeardMs > config_.heartbeatTimeoutMs) silent.push_back(n.get());
+  for (auto* n : silent)
+    nodeLost(*n, "no heartbeat for " + std::to_string(now - n->lastHeardMs) + " ms");
+  for (auto& [conn, link] : vmLinks_)
+    for (auto& [ch, s] : link->sessions)
+      s->pending.expire(now, "no reply from the card within " + std::to_string(config_.requestTimeoutMs) + " ms");
+}
+
+}  // namespace raccel::scheduler

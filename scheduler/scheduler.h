@@ -1,0 +1,76 @@
+// The host scheduler daemon: the pool of blocks, admission of guest sessions, routing
+// of their instructions to netaccels and of the replies back, and the console API.
+// All state is owned by the loop thread (no locks).
+//
+// Identity comes from the channel: a guest session belongs to the VM whose socket it
+// arrived on; a netaccel is known by the name it registered over its own connection.
+#pragma once
+
+#include <uv.h>
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "scheduler/config.h"
+#include "scheduler/pool.h"
+#include "transport/connection.h"
+
+namespace raccel::scheduler {
+
+class Scheduler {
+ public:
+  Scheduler(uv_loop_t* loop, SchedulerConfig config);
+  ~Scheduler();
+
+  // Opens the netaccel, console and VM listeners; an error names the address.
+  Status start();
+  void stop();
+  // The bound netaccel TCP port (for tests that ask for port 0).
+  int nodePort() const;
+
+ private:
+  struct Vm;
+  struct VmLink;
+  struct NodeLink;
+  struct Session;
+
+  void acceptVm(Vm& vm, transport::ConnectionPtr connection);
+  void onGuestFrame(VmLink& link, const transport::FrameHeader& header, transport::Body body);
+  void onGuestOversized(VmLink& link, const transport::FrameHeader& header);
+  void admit(VmLink& link, uint32_t channel, uint64_t sequence, transport::Body body);
+  void forward(VmLink& link, Session& session, const transport::FrameHeader& header, transport::Body body);
+  void replyError(VmLink& link, uint32_t channel, uint64_t sequence, const Error& error, uint64_t dependency = 0);
+  void closeChannel(VmLink& link, uint32_t channel, const Error& reason);
+  void endSession(VmLink& link, uint32_t channel);
+  void vmLinkClosed(VmLink& link);
+
+  void acceptNode(transport::ConnectionPtr connection);
+  void onNodeFrame(NodeLink& node, const transport::FrameHeader& header, transport::Body body);
+  void onNodeControl(NodeLink& node, transport::Body body);
+  void nodeLost(NodeLink& node, const std::string& reason);
+  void sendPoison(Session& session, uint64_t handle, uint64_t sequence, const Error& error);
+
+  void acceptConsole(transport::ConnectionPtr connection);
+  void onConsoleFrame(transport::Connection& connection, const transport::FrameHeader& header, transport::Body body);
+
+  void tick();
+  uint64_t nowMs() const { return uv_now(loop_); }
+
+  uv_loop_t* loop_;
+  SchedulerConfig config_;
+  Pool pool_;
+  std::vector<std::unique_ptr<Vm>> vms_;
+  std::unordered_map<transport::Connection*, std::unique_ptr<VmLink>> vmLinks_;
+  std::unordered_map<transport::Connection*, std::unique_ptr<NodeLink>> nodeLinks_;
+  std::unordered_map<size_t, NodeLink*> nodeByPoolIndex_;
+  std::unordered_map<uint32_t, Session*> sessionByContext_;
+  std::vector<transport::ConnectionPtr> consoles_;
+  std::unique_ptr<transport::Listener> nodeListener_, consoleListener_;
+  uv_timer_t* ticker_ = nullptr;
+  VaccelId nextVaccel_ = 1;
+  uint32_t nextContext_ = 1;
+  bool stopping_ = false;
+};
+
+}  // namespace raccel::scheduler
