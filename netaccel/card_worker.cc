@@ -141,9 +141,10 @@ void CardWorker::run() {
       batch.swap(queue_);
     }
     for (auto& w : batch) {
+      size_t bytes = w.body.size();  // execute() consumes the body
       execute(w);
       std::lock_guard lock(mu_);
-      queuedBytes_ -= w.body.size();
+      queuedBytes_ -= bytes;
       --queuedCount_;
     }
     batch.clear();

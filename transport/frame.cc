@@ -71,11 +71,6 @@ InPlaceMessage::InPlaceMessage(size_t reserveWords) : body_(8 + reserveWords * 8
 
 Body InPlaceMessage::finish() {
   auto segments = builder_->getSegmentsForOutput();
-  if (segments.size() != 1 || segments[0].begin() != reinterpret_cast<capnp::word*>(body_.data() + 8)) {
-    Body copy = encodeBody(*builder_);
-    builder_.reset();
-    return copy;
-  }
   putLe<uint32_t>(body_.data(), 0);
   putLe<uint32_t>(body_.data() + 4, static_cast<uint32_t>(segments[0].size()));
   body_.shrink(8 + segments[0].size() * sizeof(capnp::word));

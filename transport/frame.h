@@ -35,8 +35,13 @@ class Body {
  public:
   Body() = default;
   explicit Body(size_t bytes);
-  Body(Body&&) noexcept = default;
-  Body& operator=(Body&&) noexcept = default;
+  Body(Body&& other) noexcept : words_(std::move(other.words_)), bytes_(other.bytes_) { other.bytes_ = 0; }
+  Body& operator=(Body&& other) noexcept {
+    words_ = std::move(other.words_);
+    bytes_ = other.bytes_;
+    other.bytes_ = 0;
+    return *this;
+  }
 
   std::byte* data() { return reinterpret_cast<std::byte*>(words_.get()); }
   const std::byte* data() const { return reinterpret_cast<const std::byte*>(words_.get()); }
@@ -57,9 +62,9 @@ void appendFrame(std::vector<std::byte>& out, uint32_t channel, uint64_t sequenc
 // Encodes a message into an owned body (for zero-copy sends of large messages).
 Body encodeBody(capnp::MessageBuilder& message);
 
-// Builds a message in place inside a Body: no copy between building and sending when it
-// fits the reservation (zeroed first, so no stale memory can leak into a reply);
-// finish() trims the rest, or encodes a copy when the message outgrew it.
+// Builds a single-segment message in place inside a Body: no copy between building and
+// sending. The reservation is zeroed first (no stale memory can leak into a reply) and
+// must hold the whole message (building past it throws); finish() trims the rest.
 class InPlaceMessage {
  public:
   explicit InPlaceMessage(size_t reserveWords);
@@ -68,7 +73,7 @@ class InPlaceMessage {
 
  private:
   Body body_;
-  std::optional<capnp::MallocMessageBuilder> builder_;
+  std::optional<capnp::FlatMessageBuilder> builder_;
 };
 
 // A decoded message over a body it owns. Decoding problems surface as kj::Exception

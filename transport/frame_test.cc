@@ -124,3 +124,28 @@ TEST(RequestTable, ExpiresByDeadlineAndFailsAllInOrder) {
 
 }  // namespace
 }  // namespace raccel::transport
+
+namespace raccel::transport {
+namespace {
+TEST(Frame, InPlaceMessageSurvivesItsBuilderAndDecodes) {
+  Body body;
+  {
+    InPlaceMessage out(1000 / 8 + 16);
+    auto chunk = out.builder().initRoot<wire::Reply>().initData();
+    chunk.setOffset(7);
+    chunk.setLast(true);
+    auto data = chunk.initData(1000);
+    for (size_t i = 0; i < 1000; ++i) data[i] = static_cast<uint8_t>(i);
+    body = out.finish();
+  }
+  MessageIn in(std::move(body));
+  auto reply = in.root<wire::Reply>();
+  ASSERT_EQ(reply.which(), wire::Reply::DATA);
+  EXPECT_EQ(reply.getData().getOffset(), 7u);
+  EXPECT_TRUE(reply.getData().getLast());
+  auto data = reply.getData().getData();
+  ASSERT_EQ(data.size(), 1000u);
+  EXPECT_EQ(data[999], static_cast<uint8_t>(999));
+}
+}  // namespace
+}  // namespace raccel::transport

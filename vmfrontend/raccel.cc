@@ -1,0 +1,360 @@
+#include "vmfrontend/raccel.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "schema/frame.capnp.h"
+#include "schema/guest.capnp.h"
+#include "transport/blocking_link.h"
+#include "transport/wire_types.h"
+
+namespace raccel::client {
+
+namespace {
+// The channel this program uses on its own connection; raccel-guestd renumbers it.
+constexpr uint32_t kChannel = 1;
+// Writes below this size are copied into the send queue; larger ones go out at once,
+// their data referenced in place.
+constexpr size_t kInlineWrite = 64 * 1024;
+
+// A message builder whose first segment is zeroed scratch on the stack: no heap work
+// for the small instructions that make up most streams.
+class SmallMessage {
+ public:
+  SmallMessage() : builder_(kj::arrayPtr(zeroed(scratch_), kWords)) {}
+  capnp::MallocMessageBuilder& operator*() { return builder_; }
+  wire::Instruction::Builder instruction() { return builder_.initRoot<wire::Instruction>(); }
+
+ private:
+  static constexpr size_t kWords = 128;
+  static capnp::word* zeroed(capnp::word* w) {
+    std::memset(w, 0, kWords * sizeof(capnp::word));
+    return w;
+  }
+  capnp::word scratch_[kWords];
+  capnp::MallocMessageBuilder builder_;
+};
+
+std::string prefixed(uint64_t sequence, const Error& e) {
+  return "instruction #" + std::to_string(sequence) + " failed: " + e.message;
+}
+}  // namespace
+
+Arg Arg::f32(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return {Type::f32, bits};
+}
+
+Arg Arg::f64(double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, 8);
+  return {Type::f64, bits};
+}
+
+std::string VaccelInfo::describe() const {
+  std::ostringstream out;
+  out << "vaccel #" << id << ", blocks";
+  for (auto& [first, count] : blocks) out << " " << first << "-" << (first + count - 1);
+  out << " on";
+  for (auto& c : cards) out << " " << c.node << "/" << c.index << "(" << kindName(c.kind) << " " << c.model << " x" << c.blocks << ")";
+  return out.str();
+}
+
+struct Session::Impl {
+  transport::BlockingLink link;
+  int timeoutMs = 0;
+};
+
+Session::Session() : impl_(std::make_unique<Impl>()) {}
+Session::~Session() = default;
+
+Result<std::unique_ptr<Session>> Session::open(const Options& options) {
+  std::unique_ptr<Session> s(new Session());
+  s->impl_->timeoutMs = options.timeoutMs;
+  if (auto c = s->impl_->link.connectUnix(options.socket); !c)
+    return fail(Code::unavailable, c.error().message + " (is raccel-guestd running?)");
+  SmallMessage m;
+  auto hello = m.instruction().initHello();
+  hello.setVersionMajor(wire::PROTOCOL_MAJOR);
+  hello.setVersionMinor(wire::PROTOCOL_MINOR);
+  hello.setProgram(options.program);
+  hello.setTflops(options.tflops);
+  hello.setPriority(options.priority);
+  auto kinds = hello.initKinds(options.kinds.size());
+  for (size_t i = 0; i < options.kinds.size(); ++i) kinds.set(i, transport::toWire(options.kinds[i]));
+  uint64_t seq = s->nextSequence_++;
+  if (auto sent = s->impl_->link.sendNow(kChannel, seq, *m); !sent) return fail(sent.error());
+  auto frame = s->impl_->link.receive(options.timeoutMs);
+  if (!frame) return fail(Code::unavailable, "no welcome from the scheduler: " + frame.error().message);
+  Status result;
+  auto decoded = transport::decodeGuard([&] {
+    transport::MessageIn in(std::move(frame->body));
+    auto reply = in.root<wire::Reply>();
+    if (reply.which() == wire::Reply::ERROR) {
+      result = fail(transport::errorFrom(reply.getError().getError()));
+      return;
+    }
+    if (reply.which() != wire::Reply::WELCOME) {
+      result = fail(Code::internal, "the scheduler answered hello with something other than welcome");
+      return;
+    }
+    auto v = reply.getWelcome().getVaccel();
+    s->vaccel_.id = v.getId();
+    s->vaccel_.blockTflops = v.getBlockTflops();
+    for (auto b : v.getBlocks()) s->vaccel_.blocks.emplace_back(b.getFirst(), b.getCount());
+    for (auto c : v.getCards())
+      s->vaccel_.cards.push_back(CardInfo{c.getNode(), c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBlocks()});
+  });
+  if (!decoded) return fail(decoded.error());
+  if (!result) return fail(result.error());
+  return s;
+}
+
+Handle Session::newHandle() {
+  if (forcedHandle_) {
+    Handle h = forcedHandle_;
+    forcedHandle_ = 0;
+    return h;
+  }
+  return nextHandle_++;
+}
+
+void Session::noteError(const Error& error) {
+  if (!firstError_) firstError_ = error;
+}
+
+Handle Session::alloc(uint64_t bytes) {
+  Handle h = newHandle();
+  SmallMessage m;
+  auto a = m.instruction().initAlloc();
+  a.setHandle(h);
+  a.setSize(bytes);
+  impl_->link.queue(kChannel, nextSequence_++, *m);
+  return h;
+}
+
+void Session::free(Handle handle) {
+  SmallMessage m;
+  m.instruction().initFree().setHandle(handle);
+  impl_->link.queue(kChannel, nextSequence_++, *m);
+}
+
+void Session::write(Handle buffer, uint64_t offset, std::span<const std::byte> data) {
+  size_t done = 0;
+  do {
+    size_t n = std::min<size_t>(wire::CHUNK_BYTES, data.size() - done);
+    capnp::MallocMessageBuilder m(64);
+    auto w = m.initRoot<wire::Instruction>().initWrite();
+    w.setBuffer(buffer);
+    w.setOffset(offset + done);
+    capnp::Data::Reader piece(reinterpret_cast<const kj::byte*>(data.data() + done), n);
+    if (n < kInlineWrite) {
+      w.setData(piece);
+      impl_->link.queue(kChannel, nextSequence_++, m);
+    } else {
+      w.adoptData(m.getOrphanage().referenceExternalData(piece));
+      if (auto s = impl_->link.sendNow(kChannel, nextSequence_++, m); !s) noteError(s.error());
+    }
+    done += n;
+  } while (done < data.size());
+}
+
+Status Session::read(Handle buffer, uint64_t offset, std::span<std::byte> out) {
+  SmallMessage m;
+  auto r = m.instruction().initRead();
+  r.setBuffer(buffer);
+  r.setOffset(offset);
+  r.setLength(out.size());
+  uint64_t seq = nextSequence_++;
+  impl_->link.queue(kChannel, seq, *m);
+  for (;;) {
+    auto frame = impl_->link.receive(impl_->timeoutMs);
+    if (!frame) {
+      noteError(frame.error());
+      return fail(frame.error());
+    }
+    std::optional<Status> done;
+    auto decoded = transport::decodeGuard([&] {
+      transport::MessageView in(frame->body);
+      auto reply = in.root<wire::Reply>();
+      uint64_t at = frame->header.sequence;
+      if (reply.which() == wire::Reply::ERROR) {
+        auto e = reply.getError();
+        Error error{transport::fromWire(e.getError().getCode()), prefixed(e.getSequence(), transport::errorFrom(e.getError()))};
+        if (e.getSequence() == seq) done = fail(error);
+        else noteError(error);
+        return;
+      }
+      if (at != seq || reply.which() != wire::Reply::DATA) return;  // not ours (a fence's answer cannot be pending here)
+      auto chunk = reply.getData();
+      auto data = chunk.getData();
+      if (chunk.getOffset() > out.size() || data.size() > out.size() - chunk.getOffset()) {
+        done = fail(Code::internal, "read reply out of bounds");
+        return;
+      }
+      std::memcpy(out.data() + chunk.getOffset(), data.begin(), data.size());
+      if (chunk.getLast()) done = Status{};
+    });
+    if (!decoded) return fail(decoded.error());
+    if (done) return *done;
+  }
+}
+
+Result<std::vector<float>> Session::readFloats(Handle buffer, size_t count) {
+  std::vector<float> out(count);
+  if (auto s = read(buffer, 0, std::as_writable_bytes(std::span(out))); !s) return fail(s.error());
+  return out;
+}
+
+void Session::copy(Handle dst, uint64_t dstOffset, Handle src, uint64_t srcOffset, uint64_t length) {
+  SmallMessage m;
+  auto c = m.instruction().initCopy();
+  c.setDst(dst);
+  c.setDstOffset(dstOffset);
+  c.setSrc(src);
+  c.setSrcOffset(srcOffset);
+  c.setLength(length);
+  impl_->link.queue(kChannel, nextSequence_++, *m);
+}
+
+void Session::fill(Handle buffer, uint64_t offset, uint64_t length, uint8_t value) {
+  SmallMessage m;
+  auto f = m.instruction().initFill();
+  f.setBuffer(buffer);
+  f.setOffset(offset);
+  f.setLength(length);
+  f.setValue(value);
+  impl_->link.queue(kChannel, nextSequence_++, *m);
+}
+
+Handle Session::loadProgram(ProgramKind kind, const std::string& name, std::span<const std::byte> code) {
+  Handle h = newHandle();
+  capnp::MallocMessageBuilder m;
+  auto p = m.initRoot<wire::Instruction>().initLoadProgram();
+  p.setHandle(h);
+  p.setKind(transport::toWire(kind));
+  p.setName(name);
+  p.setCode(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(code.data()), code.size()));
+  impl_->link.queue(kChannel, nextSequence_++, m);
+  return h;
+}
+
+void Session::launch(Handle program, const std::string& kernel, std::vector<uint32_t> grid, std::vector<uint32_t> block,
+                     const std::vector<Arg>& args, uint32_t sharedBytes) {
+  SmallMessage m;
+  auto l = m.instruction().initLaunch();
+  l.setProgram(program);
+  l.setKernel(kernel);
+  auto g = l.initGrid(grid.size());
+  for (size_t i = 0; i < grid.size(); ++i) g.set(i, grid[i]);
+  auto b = l.initBlock(block.size());
+  for (size_t i = 0; i < block.size(); ++i) b.set(i, block[i]);
+  l.setSharedBytes(sharedBytes);
+  auto out = l.initArgs(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    uint64_t v = args[i].bits;
+    switch (args[i].type) {
+      case Arg::Type::buffer: out[i].setBuffer(v); break;
+      case Arg::Type::u32: out[i].setU32(static_cast<uint32_t>(v)); break;
+      case Arg::Type::i32: out[i].setI32(static_cast<int32_t>(static_cast<uint32_t>(v))); break;
+      case Arg::Type::u64: out[i].setU64(v); break;
+      case Arg::Type::i64: out[i].setI64(static_cast<int64_t>(v)); break;
+      case Arg::Type::f32: {
+        float f;
+        uint32_t bits = static_cast<uint32_t>(v);
+        std::memcpy(&f, &bits, 4);
+        out[i].setF32(f);
+        break;
+      }
+      case Arg::Type::f64: {
+        double d;
+        std::memcpy(&d, &v, 8);
+        out[i].setF64(d);
+        break;
+      }
+    }
+  }
+  impl_->link.queue(kChannel, nextSequence_++, *m);
+}
+
+void Session::gemm(uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Handle b, float beta, Handle c) {
+  SmallMessage msg;
+  auto g = msg.instruction().initOp().initGemm();
+  g.setM(m);
+  g.setN(n);
+  g.setK(k);
+  g.setAlpha(alpha);
+  g.setBeta(beta);
+  g.setA(a);
+  g.setB(b);
+  g.setC(c);
+  impl_->link.queue(kChannel, nextSequence_++, *msg);
+}
+
+void Session::axpy(uint64_t n, float alpha, Handle x, Handle y) {
+  SmallMessage m;
+  auto o = m.instruction().initOp().initAxpy();
+  o.setN(n);
+  o.setAlpha(alpha);
+  o.setX(x);
+  o.setY(y);
+  impl_->link.queue(kChannel, nextSequence_++, *m);
+}
+
+void Session::vadd(uint64_t n, Handle a, Handle b, Handle out) {
+  SmallMessage m;
+  auto o = m.instruction().initOp().initVadd();
+  o.setN(n);
+  o.setA(a);
+  o.setB(b);
+  o.setOut(out);
+  impl_->link.queue(kChannel, nextSequence_++, *m);
+}
+
+void Session::reduceSum(uint64_t n, Handle input, Handle out) {
+  SmallMessage m;
+  auto o = m.instruction().initOp().initReduceSum();
+  o.setN(n);
+  o.setInput(input);
+  o.setOut(out);
+  impl_->link.queue(kChannel, nextSequence_++, *m);
+}
+
+Status Session::flush() { return impl_->link.flush(); }
+
+Status Session::fence() {
+  SmallMessage m;
+  m.instruction().setFence();
+  uint64_t seq = nextSequence_++;
+  impl_->link.queue(kChannel, seq, *m);
+  for (;;) {
+    auto frame = impl_->link.receive(impl_->timeoutMs);
+    if (!frame) {
+      noteError(frame.error());
+      break;
+    }
+    bool fenced = false;
+    auto decoded = transport::decodeGuard([&] {
+      transport::MessageView in(frame->body);
+      auto reply = in.root<wire::Reply>();
+      if (reply.which() == wire::Reply::ERROR) {
+        auto e = reply.getError();
+        noteError(Error{transport::fromWire(e.getError().getCode()), prefixed(e.getSequence(), transport::errorFrom(e.getError()))});
+        if (e.getSequence() == seq) fenced = true;
+      } else if (reply.which() == wire::Reply::FENCED && frame->header.sequence == seq) {
+        fenced = true;
+      }
+    });
+    if (!decoded) noteError(decoded.error());
+    if (fenced) break;
+  }
+  if (firstError_) {
+    Error e = *firstError_;
+    firstError_.reset();
+    return fail(e);
+  }
+  return {};
+}
+
+}  // namespace raccel::client

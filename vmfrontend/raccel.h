@@ -1,0 +1,119 @@
+// libraccel, the C++ API a guest program uses to drive its virtual accelerator.
+//
+// A Session is one program's ordered instruction stream to the scheduler, through
+// raccel-guestd's socket (or, on the host, straight to a VM's socket). Instructions are
+// asynchronous: alloc/write/copy/fill/launch/ops return at once, and a failure is
+// reported later by fence()/sync() (the first unreported error, naming the failed
+// instruction). read() and fence() wait for their answer.
+//
+// A Session is not thread-safe: use it from one thread at a time (one per thread is
+// fine). The C ABI over this API is in raccel_c.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/kinds.h"
+
+namespace raccel::client {
+
+using Handle = uint64_t;
+
+struct Options {
+  std::string socket = "/run/raccel/guestd.sock";
+  std::string program = "raccel-client";
+  double tflops = 1;              // size of the virtual accelerator asked for
+  std::vector<CardKind> kinds;    // accepted card kinds; empty = whatever the VM allows
+  int priority = 0;
+  int timeoutMs = 120000;         // for hello, read and fence
+};
+
+struct CardInfo {
+  std::string node;
+  uint32_t index = 0;
+  CardKind kind = CardKind::cpu;
+  std::string model;
+  uint32_t blocks = 0;
+};
+
+struct VaccelInfo {
+  uint64_t id = 0;
+  double blockTflops = 1;
+  std::vector<std::pair<uint32_t, uint32_t>> blocks;  // (first, count)
+  std::vector<CardInfo> cards;
+  std::string describe() const;
+};
+
+// A kernel argument for launch().
+struct Arg {
+  enum class Type { buffer, u32, i32, u64, i64, f32, f64 } type;
+  uint64_t bits;  // buffer handle or the scalar's bits
+  static Arg buffer(Handle h) { return {Type::buffer, h}; }
+  static Arg u32(uint32_t v) { return {Type::u32, v}; }
+  static Arg u64(uint64_t v) { return {Type::u64, v}; }
+  static Arg i32(int32_t v) { return {Type::i32, static_cast<uint64_t>(static_cast<uint32_t>(v))}; }
+  static Arg i64(int64_t v) { return {Type::i64, static_cast<uint64_t>(v)}; }
+  static Arg f32(float v);
+  static Arg f64(double v);
+};
+
+class Session {
+ public:
+  // Connects and says hello; fails with the scheduler's refusal (e.g. resourceExhausted
+  // with the numbers) or unavailable when nothing answers.
+  static Result<std::unique_ptr<Session>> open(const Options& options);
+  ~Session();
+
+  const VaccelInfo& vaccel() const { return vaccel_; }
+
+  Handle alloc(uint64_t bytes);
+  void free(Handle handle);
+  void write(Handle buffer, uint64_t offset, std::span<const std::byte> data);
+  Status read(Handle buffer, uint64_t offset, std::span<std::byte> out);
+  void copy(Handle dst, uint64_t dstOffset, Handle src, uint64_t srcOffset, uint64_t length);
+  void fill(Handle buffer, uint64_t offset, uint64_t length, uint8_t value);
+  Handle loadProgram(ProgramKind kind, const std::string& name, std::span<const std::byte> code = {});
+  void launch(Handle program, const std::string& kernel, std::vector<uint32_t> grid, std::vector<uint32_t> block,
+              const std::vector<Arg>& args, uint32_t sharedBytes = 0);
+
+  // c[m x n] = alpha * a[m x k] * b[k x n] + beta * c (f32, row-major).
+  void gemm(uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Handle b, float beta, Handle c);
+  void axpy(uint64_t n, float alpha, Handle x, Handle y);
+  void vadd(uint64_t n, Handle a, Handle b, Handle out);
+  void reduceSum(uint64_t n, Handle input, Handle out);
+
+  // Waits until everything sent so far has completed; returns the first error not yet
+  // reported (or the connection's loss).
+  Status fence();
+  Status sync() { return fence(); }
+  // Sends whatever is queued without waiting.
+  Status flush();
+
+  // Typed conveniences.
+  void writeFloats(Handle buffer, const std::vector<float>& values) { write(buffer, 0, std::as_bytes(std::span(values))); }
+  Result<std::vector<float>> readFloats(Handle buffer, size_t count);
+
+  // Testing seam: the next instruction's handle is chosen by the caller (to probe
+  // isolation with guessed handles). 0 restores client-chosen handles.
+  void forceNextHandle(Handle handle) { forcedHandle_ = handle; }
+  uint64_t lastSequence() const { return nextSequence_ - 1; }
+
+ private:
+  Session();
+  struct Impl;
+  Handle newHandle();
+  void noteError(const Error& error);
+  std::unique_ptr<Impl> impl_;
+  VaccelInfo vaccel_;
+  uint64_t nextSequence_ = 1;
+  Handle nextHandle_ = 1;
+  Handle forcedHandle_ = 0;
+  std::optional<Error> firstError_;
+};
+
+}  // namespace raccel::client

@@ -1,0 +1,100 @@
+// raccel-run: the sample guest program. Asks for a virtual accelerator, runs a gemm
+// (and, with --ops, the other built-ins) on it, checks every result against a
+// reference computed here, and prints one verdict line.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "common/flags.h"
+#include "vmfrontend/raccel.h"
+
+using namespace raccel;
+
+int main(int argc, char** argv) {
+  Flags flags("raccel-run", "Runs a gemm on a raccel virtual accelerator and checks the result.");
+  flags.value("socket", "PATH", "raccel-guestd's socket, or a VM socket on the host (default /run/raccel/guestd.sock)");
+  flags.value("size", "N", "gemm of N x N x N (default 256)");
+  flags.value("tflops", "T", "virtual accelerator size to ask for (default 1)");
+  flags.value("iterations", "K", "gemms to run and check (default 3)");
+  flags.value("seed", "S", "random seed for the inputs (default 1)");
+  flags.value("name", "NAME", "program name shown in the console (default raccel-run)");
+  flags.boolean("ops", "also run and check axpy, vadd and reduceSum");
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  client::Options options;
+  options.socket = flags.get("socket", options.socket);
+  options.program = flags.get("name", "raccel-run");
+  options.tflops = std::atof(flags.get("tflops", "1").c_str());
+  const uint32_t n = static_cast<uint32_t>(std::atoi(flags.get("size", "256").c_str()));
+  const int iterations = std::atoi(flags.get("iterations", "3").c_str());
+  if (n == 0 || n > 8192 || iterations <= 0) {
+    std::fprintf(stderr, "raccel-run: --size must be 1..8192 and --iterations positive\n");
+    return 2;
+  }
+  auto start = std::chrono::steady_clock::now();
+  auto session = client::Session::open(options);
+  if (!session) {
+    std::printf("raccel-run: FAIL cannot get a virtual accelerator: %s: %s\n", codeName(session.error().code),
+                session.error().message.c_str());
+    return 1;
+  }
+  auto& s = **session;
+  std::mt19937 rng(static_cast<unsigned>(std::atoi(flags.get("seed", "1").c_str())));
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> a(size_t{n} * n), b(size_t{n} * n);
+  for (auto& x : a) x = dist(rng);
+  for (auto& x : b) x = dist(rng);
+  // Reference on the host, once.
+  std::vector<double> ref(size_t{n} * n, 0.0);
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t p = 0; p < n; ++p) {
+      double aip = a[size_t{i} * n + p];
+      for (uint32_t j = 0; j < n; ++j) ref[size_t{i} * n + j] += aip * b[size_t{p} * n + j];
+    }
+  auto ha = s.alloc(a.size() * 4), hb = s.alloc(b.size() * 4), hc = s.alloc(a.size() * 4);
+  s.writeFloats(ha, a);
+  s.writeFloats(hb, b);
+  double maxErr = 0;
+  for (int it = 0; it < iterations; ++it) {
+    s.fill(hc, 0, a.size() * 4, 0);
+    s.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
+    auto c = s.readFloats(hc, a.size());
+    if (!c) {
+      std::printf("raccel-run: FAIL gemm %u: %s: %s\n", n, codeName(c.error().code), c.error().message.c_str());
+      return 1;
+    }
+    for (size_t i = 0; i < c->size(); ++i) maxErr = std::max(maxErr, std::abs((*c)[i] - ref[i]));
+  }
+  bool ok = maxErr <= 1e-3 * n;
+  if (ok && flags.has("ops")) {
+    const uint64_t len = 100000;
+    std::vector<float> x(len), y(len);
+    for (uint64_t i = 0; i < len; ++i) {
+      x[i] = static_cast<float>(i % 17);
+      y[i] = 0.5f;
+    }
+    auto hx = s.alloc(len * 4), hy = s.alloc(len * 4), hout = s.alloc(len * 4), hsum = s.alloc(4);
+    s.writeFloats(hx, x);
+    s.writeFloats(hy, y);
+    s.vadd(len, hx, hy, hout);
+    s.axpy(len, 3.0f, hx, hy);
+    s.reduceSum(len, hx, hsum);
+    auto out = s.readFloats(hout, len), yy = s.readFloats(hy, len), sum = s.readFloats(hsum, 1);
+    double refSum = 0;
+    for (uint64_t i = 0; i < len && out && yy; ++i) {
+      ok = ok && (*out)[i] == x[i] + 0.5f && (*yy)[i] == 3.0f * x[i] + 0.5f;
+      refSum += x[i];
+    }
+    ok = ok && out && yy && sum && std::abs((*sum)[0] - refSum) <= 1e-6 * refSum;
+  }
+  auto fence = s.fence();
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!fence) {
+    std::printf("raccel-run: FAIL %s: %s\n", codeName(fence.error().code), fence.error().message.c_str());
+    return 1;
+  }
+  std::printf("raccel-run: %s gemm %ux%ux%u x%d%s on %s, max error %.2g, %.1f ms\n", ok ? "OK" : "FAIL", n, n, n,
+              iterations, flags.has("ops") ? " + axpy/vadd/reduceSum" : "", s.vaccel().describe().c_str(), maxErr, ms);
+  return ok ? 0 : 1;
+}
