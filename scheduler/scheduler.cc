@@ -257,6 +257,10 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
     }();
   });
   if (!decoded) refusal = decoded.error(), ok = false;
+  if (ok && blocks > pool_.total(kinds))
+    ok = refuse(Code::resourceExhausted, "can never run here: " + std::to_string(blocks) +
+                                             " blocks requested, the pool has " + std::to_string(pool_.total(kinds)) +
+                                             " of the accepted kinds (" + kindsToString(kinds) + ") in total");
   if (ok) {
     uint32_t vmMax = pool_.blocksFor(vm.policy.tflops);
     if (vm.blocksHeld + blocks > vmMax)

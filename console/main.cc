@@ -1,0 +1,36 @@
+// raccelctl: the operator's console for a raccel scheduler.
+#include <cstdio>
+
+#include "common/flags.h"
+#include "console/console_client.h"
+
+using namespace raccel;
+
+int main(int argc, char** argv) {
+  Flags flags("raccelctl", "Shows a raccel scheduler's state.\n\ncommands:\n"
+                           "  nodes     netaccels: state, address, block range, last heartbeat\n"
+                           "  cards     every card: kind, model, TFLOPS, memory, blocks\n"
+                           "  pool      the block map: ranges, kind, node, free/used/offline, owner\n"
+                           "  vaccels   virtual accelerators: VM, program, priority, blocks, cards, memory");
+  flags.positional("COMMAND");
+  flags.value("socket", "PATH", "the scheduler's console socket (default /run/raccel/console.sock)");
+  flags.boolean("json", "print one JSON document instead of a table");
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  if (flags.positionals().size() != 1) {
+    std::fprintf(stderr, "raccelctl: give one command: nodes, cards, pool or vaccels (see --help)\n");
+    return 2;
+  }
+  auto query = console::parseQuery(flags.positionals()[0]);
+  if (!query) {
+    std::fprintf(stderr, "raccelctl: %s\n", query.error().message.c_str());
+    return 2;
+  }
+  auto text = console::run(flags.get("socket", "/run/raccel/console.sock"), *query, flags.has("json"));
+  if (!text) {
+    std::fprintf(stderr, "raccelctl: %s\n", text.error().message.c_str());
+    return 1;
+  }
+  std::fputs(text->c_str(), stdout);
+  return 0;
+}
