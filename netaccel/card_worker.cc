@@ -1,5 +1,6 @@
 #include "netaccel/card_worker.h"
 
+#include <optional>
 #include <unordered_map>
 
 #include "common/log.h"
@@ -182,31 +183,12 @@ Body errorReply(uint64_t sequence, const Failure& f) {
   return transport::encodeBody(m);
 }
 
-// The handles an instruction creates or writes; those that do not exist after it failed are poisoned.
-std::vector<uint64_t> outputsOf(wire::Instruction::Reader in) {
+// The handle an instruction creates, if any: poisoned when the instruction fails.
+std::optional<uint64_t> createdBy(wire::Instruction::Reader in) {
   switch (in.which()) {
-    case wire::Instruction::ALLOC: return {in.getAlloc().getHandle()};
-    case wire::Instruction::WRITE: return {in.getWrite().getBuffer()};
-    case wire::Instruction::COPY: return {in.getCopy().getDst()};
-    case wire::Instruction::FILL: return {in.getFill().getBuffer()};
-    case wire::Instruction::LOAD_PROGRAM: return {in.getLoadProgram().getHandle()};
-    case wire::Instruction::LAUNCH: {
-      std::vector<uint64_t> out;
-      for (auto a : in.getLaunch().getArgs())
-        if (a.which() == wire::Arg::BUFFER) out.push_back(a.getBuffer());
-      return out;
-    }
-    case wire::Instruction::OP: {
-      auto op = in.getOp();
-      switch (op.which()) {
-        case wire::Op::GEMM: return {op.getGemm().getC()};
-        case wire::Op::AXPY: return {op.getAxpy().getY()};
-        case wire::Op::VADD: return {op.getVadd().getOut()};
-        case wire::Op::REDUCE_SUM: return {op.getReduceSum().getOut()};
-      }
-      return {};
-    }
-    default: return {};
+    case wire::Instruction::ALLOC: return in.getAlloc().getHandle();
+    case wire::Instruction::LOAD_PROGRAM: return in.getLoadProgram().getHandle();
+    default: return std::nullopt;
   }
 }
 
@@ -245,12 +227,12 @@ void CardWorker::execute(Work& work) {
     return failure(Code::notFound, "buffer handle " + std::to_string(h) + " does not exist in this session");
   };
 
-  std::vector<uint64_t> outputs;
+  std::optional<uint64_t> created;
   Outcome outcome;
   auto decoded = transport::decodeGuard([&] {
     transport::MessageIn message(std::move(work.body));
     auto in = message.root<wire::Instruction>();
-    outputs = outputsOf(in);
+    created = createdBy(in);
     outcome = [&]() -> Outcome {
       auto status = [](Status s) -> Outcome {
         if (!s) return failure(s.error());
@@ -449,10 +431,10 @@ void CardWorker::execute(Work& work) {
   if (outcome) return;
   const Failure& f = outcome.error();
   uint64_t root = f.dependency ? f.dependency : seq;
-  // Handles the failed instruction should have created name their cause from now on.
+  // A handle the failed instruction should have created names its cause from now on.
   // Existing buffers are never touched: validation precedes every mutation.
-  for (uint64_t h : outputs)
-    if (!c.buffers.count(h) && !c.programs.count(h)) c.poisoned[h] = Context::Poison{root, f.error.code};
+  if (created && *created != 0 && !c.buffers.count(*created) && !c.programs.count(*created))
+    c.poisoned[*created] = Context::Poison{root, f.error.code};
   emit(work.context, seq, errorReply(seq, f));
 }
 

@@ -6,7 +6,7 @@
 # programs), scoped to its session, and sends alloc -> write -> launch -> read back to
 # back. Only read, fence and hello produce a reply; a failed instruction produces an
 # `error` reply naming its sequence number. A handle that a failed instruction should
-# have created (alloc, loadProgram, or an op's missing output) is poisoned: every later
+# have created (alloc, loadProgram) is poisoned: every later
 # instruction using it fails with "dependency failed" naming the root failure. Existing
 # buffers are never changed by a failed instruction (arguments are checked first).
 # The scheduler forwards instructions to the netaccel verbatim (only the frame header

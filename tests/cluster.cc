@@ -1,0 +1,174 @@
+#include "tests/cluster.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "console/console_client.h"
+
+extern char** environ;
+
+namespace raccel::testing {
+namespace {
+int freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool waitFor(const std::function<bool()>& ready, int timeoutMs) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+  while (std::chrono::steady_clock::now() < end) {
+    if (ready()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return ready();
+}
+}  // namespace
+
+std::string binary(const std::string& name) { return std::string(RACCEL_BIN_DIR) + "/" + name; }
+
+Process::Process(const std::string& name, std::vector<std::string> args, const std::string& logPath) : log_(logPath) {
+  std::string path = binary(name);
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(path.c_str()));
+  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, logPath.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), environ) != 0)
+    throw std::runtime_error("cannot start " + path);
+  posix_spawn_file_actions_destroy(&actions);
+}
+
+Process::Process(Process&& other) noexcept : pid_(other.pid_), log_(std::move(other.log_)) { other.pid_ = -1; }
+
+Process::~Process() {
+  if (pid_ > 0 && running()) {
+    kill(SIGTERM);
+    if (wait(3000) == -1) {
+      kill(SIGKILL);
+      wait(3000);
+    }
+  }
+}
+
+void Process::kill(int signal) {
+  if (pid_ > 0) ::kill(pid_, signal);
+}
+
+bool Process::running() {
+  if (pid_ <= 0) return false;
+  int status;
+  pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    pid_ = -1;
+    return false;
+  }
+  return true;
+}
+
+int Process::wait(int timeoutMs) {
+  if (pid_ <= 0) return -1;
+  int status = 0;
+  bool done = waitFor([&] { return ::waitpid(pid_, &status, WNOHANG) == pid_; }, timeoutMs);
+  if (!done) return -1;
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+Cluster::Cluster(std::vector<VmSpec> vms) {
+  char tmpl[] = "/tmp/raccel-it-XXXXXX";
+  dir_ = ::mkdtemp(tmpl);
+  port_ = freePort();
+  std::vector<std::string> args = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
+                                   "--heartbeat-timeout-ms", "2000"};
+  for (auto& vm : vms) {
+    std::string spec = "name=" + vm.name + ",socket=" + vmSocket(vm.name) + ",tflops=" + std::to_string(vm.tflops) +
+                       ",priority=" + std::to_string(vm.priority) + ",memory_quota=" + vm.memoryQuota;
+    if (!vm.kinds.empty()) spec += ",kinds=" + vm.kinds;
+    args.push_back("--vm");
+    args.push_back(spec);
+  }
+  processes_.emplace_back("raccel-scheduler", args, dir_ + "/scheduler.log");
+  if (!waitFor([&] { return std::filesystem::exists(consoleSocket()); }, 10000))
+    throw std::runtime_error("scheduler did not start:\n" + logs());
+}
+
+Cluster::~Cluster() {
+  // Netaccels and guestd first, the scheduler last.
+  while (processes_.size() > 1) processes_.pop_back();
+  processes_.clear();
+  std::error_code ec;
+  if (!std::getenv("RACCEL_KEEP_TEST_DIRS")) std::filesystem::remove_all(dir_, ec);
+}
+
+Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks) {
+  std::vector<std::string> args = {"--name", name, "--scheduler", "127.0.0.1:" + std::to_string(port_)};
+  for (auto& c : cards) {
+    args.push_back("--card");
+    args.push_back(c);
+  }
+  processes_.emplace_back("raccel-netaccel", args, dir_ + "/netaccel-" + name + ".log");
+  expectedTotal_ += expectBlocks;
+  if (!waitFor([&] { return poolTotal() == expectedTotal_; }, 10000))
+    throw std::runtime_error("netaccel " + name + " did not join:\n" + logs());
+  return processes_.back();
+}
+
+std::string Cluster::startGuestd(const std::string& vm) {
+  std::string socket = dir_ + "/guestd-" + vm + ".sock";
+  processes_.emplace_back("raccel-guestd", std::vector<std::string>{"--port", vmSocket(vm), "--listen", socket},
+                          dir_ + "/guestd-" + vm + ".log");
+  if (!waitFor([&] { return std::filesystem::exists(socket); }, 10000))
+    throw std::runtime_error("guestd did not start:\n" + logs());
+  return socket;
+}
+
+std::string Cluster::console(const std::string& query) const {
+  auto q = console::parseQuery(query);
+  auto text = console::run(consoleSocket(), *q, true, 5000);
+  return text ? *text : "";
+}
+
+unsigned Cluster::poolTotal() const {
+  std::smatch m;
+  std::string json = console("pool");
+  static const std::regex total("\"total\":([0-9]+)");
+  if (!std::regex_search(json, m, total)) return 0;
+  return static_cast<unsigned>(std::stoul(m[1]));
+}
+
+std::string Cluster::logs() const {
+  std::ostringstream out;
+  for (auto& entry : std::filesystem::directory_iterator(dir_)) {
+    if (entry.path().extension() != ".log") continue;
+    std::ifstream in(entry.path());
+    out << "---- " << entry.path().filename().string() << "\n" << in.rdbuf();
+  }
+  return out.str();
+}
+
+}  // namespace raccel::testing

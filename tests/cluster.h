@@ -1,0 +1,70 @@
+// A real raccel deployment for cross-process tests: a scheduler, netaccels and
+// optionally raccel-guestd, each a child process with its log in a temporary folder.
+// Used from the test's main thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace raccel::testing {
+
+std::string binary(const std::string& name);
+
+class Process {
+ public:
+  Process(const std::string& name, std::vector<std::string> args, const std::string& logPath);
+  ~Process();
+  Process(Process&& other) noexcept;
+  Process& operator=(Process&&) = delete;
+  void kill(int signal);
+  bool running();
+  // Waits for exit (up to timeoutMs); returns the exit status or -1.
+  int wait(int timeoutMs);
+  pid_t pid() const { return pid_; }
+  const std::string& log() const { return log_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_;
+};
+
+struct VmSpec {
+  std::string name = "vm1";
+  double tflops = 16;
+  int priority = 0;
+  std::string kinds;  // "gpu|cpu"; empty = all
+  std::string memoryQuota = "1GiB";
+};
+
+class Cluster {
+ public:
+  explicit Cluster(std::vector<VmSpec> vms = {VmSpec{}});
+  ~Cluster();
+
+  // Starts a netaccel with `cards` (each a --card spec) and waits until the pool has
+  // grown by `expectBlocks`.
+  Process& addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks);
+  // Starts raccel-guestd for `vm` and returns its program socket.
+  std::string startGuestd(const std::string& vm = "vm1");
+
+  std::string vmSocket(const std::string& vm = "vm1") const { return dir_ + "/" + vm + ".sock"; }
+  std::string consoleSocket() const { return dir_ + "/console.sock"; }
+  std::string dir() const { return dir_; }
+  int nodePort() const { return port_; }
+  // raccelctl's JSON for a query (nodes, cards, pool, vaccels).
+  std::string console(const std::string& query) const;
+  unsigned poolTotal() const;
+  Process& scheduler() { return processes_.front(); }
+  // Everything the daemons logged, for a failing test's message.
+  std::string logs() const;
+
+ private:
+  std::string dir_;
+  int port_ = 0;
+  unsigned expectedTotal_ = 0;
+  std::vector<Process> processes_;
+};
+
+}  // namespace raccel::testing

@@ -1,0 +1,394 @@
+// End to end on loopback with real processes: raccel-scheduler, raccel-netaccel(s) and
+// raccel-guestd as children; guest programs through libraccel (in test threads) and as
+// raccel-run processes. Every result is checked against a reference computed here.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "schema/guest.capnp.h"
+#include "tests/cluster.h"
+#include "transport/blocking_link.h"
+#include "transport/wire_types.h"
+#include "vmfrontend/raccel.h"
+#include "vmfrontend/raccel_c.h"
+
+namespace raccel::testing {
+namespace {
+
+using client::Session;
+
+std::unique_ptr<Session> open(const std::string& socket, double tflops = 1, std::vector<CardKind> kinds = {},
+                              const std::string& name = "test") {
+  client::Options o;
+  o.socket = socket;
+  o.tflops = tflops;
+  o.kinds = std::move(kinds);
+  o.program = name;
+  o.timeoutMs = 30000;
+  auto s = Session::open(o);
+  EXPECT_TRUE(s) << s.error().message;
+  return s ? std::move(*s) : nullptr;
+}
+
+std::vector<float> randomFloats(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Runs a gemm (m x k) * (k x n) through `s` and compares with a reference; returns the
+// max error, or a negative number with the failure in `why`.
+double checkedGemm(Session& s, uint32_t m, uint32_t n, uint32_t k, unsigned seed, std::string* why) {
+  auto a = randomFloats(size_t{m} * k, seed), b = randomFloats(size_t{k} * n, seed + 1000);
+  auto ha = s.alloc(a.size() * 4), hb = s.alloc(b.size() * 4), hc = s.alloc(size_t{m} * n * 4);
+  s.writeFloats(ha, a);
+  s.writeFloats(hb, b);
+  s.fill(hc, 0, size_t{m} * n * 4, 0);
+  s.gemm(m, n, k, 2.0f, ha, hb, 0.0f, hc);
+  auto c = s.readFloats(hc, size_t{m} * n);
+  if (!c) {
+    *why = c.error().toString();
+    return -1;
+  }
+  double maxErr = 0;
+  for (uint32_t i = 0; i < m; ++i)
+    for (uint32_t j = 0; j < n; ++j) {
+      double ref = 0;
+      for (uint32_t p = 0; p < k; ++p) ref += double(a[size_t{i} * k + p]) * b[size_t{p} * n + j];
+      maxErr = std::max(maxErr, std::abs(2 * ref - (*c)[size_t{i} * n + j]));
+    }
+  s.free(ha);
+  s.free(hb);
+  s.free(hc);
+  if (auto f = s.fence(); !f) {
+    *why = f.error().toString();
+    return -1;
+  }
+  return maxErr;
+}
+
+// Builds a raw frame: header + body bytes.
+std::vector<std::byte> rawFrame(uint32_t channel, uint64_t seq, capnp::MessageBuilder& m) {
+  std::vector<std::byte> out;
+  transport::appendFrame(out, channel, seq, m);
+  return out;
+}
+
+Error expectErrorReply(transport::BlockingLink& link, uint64_t seq) {
+  for (int i = 0; i < 10; ++i) {
+    auto f = link.receive(10000);
+    if (!f) return Error{Code::ok, "no reply: " + f.error().message};
+    if (f->header.channel == 0) continue;
+    transport::MessageIn in(std::move(f->body));
+    auto r = in.root<wire::Reply>();
+    if (r.which() == wire::Reply::ERROR && r.getError().getSequence() == seq) return transport::errorFrom(r.getError().getError());
+  }
+  return Error{Code::ok, "no error reply"};
+}
+
+class Integration : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    VmSpec vm;
+    vm.memoryQuota = "256MiB";
+    vm.tflops = 16;
+    cluster = std::make_unique<Cluster>(std::vector<VmSpec>{vm});
+    node0 = cluster->addNetaccel("node0", {"kind=gpu,tflops=6,memory=512MiB,threads=1"}, 6).pid();
+    cluster->addNetaccel("node1", {"kind=cpu,tflops=6,memory=512MiB,threads=1"}, 6);
+  }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << cluster->logs();
+  }
+  std::unique_ptr<Cluster> cluster;
+  pid_t node0 = -1;
+};
+
+TEST_F(Integration, ConcurrentProgramsThroughGuestdGetCorrectResults) {
+  std::string guestd = cluster->startGuestd();
+  std::atomic<int> good{0};
+  std::vector<std::string> failures(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      client::Options o;
+      o.socket = guestd;
+      o.tflops = 1 + t % 2;
+      o.program = "thread" + std::to_string(t);
+      auto s = Session::open(o);
+      if (!s) {
+        failures[t] = s.error().toString();
+        return;
+      }
+      for (int round = 0; round < 3; ++round) {
+        double err = checkedGemm(**s, 48 + t, 40, 33 + round, 100 * t + round, &failures[t]);
+        if (err < 0 || err > 1e-3) {
+          if (failures[t].empty()) failures[t] = "error " + std::to_string(err);
+          return;
+        }
+      }
+      ++good;
+    });
+  }
+  // Two more programs as separate processes.
+  std::vector<Process> runs;
+  for (int p = 0; p < 2; ++p)
+    runs.emplace_back("raccel-run",
+                      std::vector<std::string>{"--socket", guestd, "--size", "96", "--ops", "--seed", std::to_string(p + 7),
+                                               "--name", "run" + std::to_string(p)},
+                      cluster->dir() + "/run" + std::to_string(p) + ".log");
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+  EXPECT_EQ(good, 4);
+  for (auto& r : runs) EXPECT_EQ(r.wait(60000), 0) << "raccel-run failed; see " << r.log();
+  // Every program has left: all blocks are free again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_NE(cluster->console("pool").find("\"free\":12"), std::string::npos) << cluster->console("pool");
+}
+
+TEST_F(Integration, CApiRunsOpsAndReportsErrors) {
+  raccel_session* s = nullptr;
+  char why[256] = "";
+  ASSERT_EQ(raccel_open(cluster->vmSocket().c_str(), "c-program", 1, &s, why, sizeof why), RACCEL_OK) << why;
+  float a[4] = {1, 2, 3, 4}, b[4] = {10, 20, 30, 40}, out[4] = {};
+  raccel_handle ha = raccel_alloc(s, 16), hb = raccel_alloc(s, 16), ho = raccel_alloc(s, 16), hs = raccel_alloc(s, 4);
+  raccel_write(s, ha, 0, a, 16);
+  raccel_write(s, hb, 0, b, 16);
+  raccel_vadd(s, 4, ha, hb, ho);
+  raccel_reduce_sum(s, 4, ho, hs);
+  ASSERT_EQ(raccel_read(s, ho, 0, out, 16), RACCEL_OK) << raccel_last_error(s);
+  EXPECT_EQ(out[3], 44.0f);
+  float sum = 0;
+  ASSERT_EQ(raccel_read(s, hs, 0, &sum, 4), RACCEL_OK);
+  EXPECT_EQ(sum, 110.0f);
+  EXPECT_EQ(raccel_read(s, ha, 8, out, 16), RACCEL_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(raccel_last_error(s)).find("past the end"), std::string::npos);
+  EXPECT_EQ(raccel_fence(s), RACCEL_OK);
+  raccel_close(s);
+  raccel_session* none = nullptr;
+  EXPECT_EQ(raccel_open(cluster->vmSocket().c_str(), "greedy", 500, &none, why, sizeof why), RACCEL_E_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(why).find("500"), std::string::npos) << why;
+  EXPECT_NE(std::string(why).find("12"), std::string::npos) << why;
+  EXPECT_EQ(none, nullptr);
+}
+
+TEST_F(Integration, ProgramCannotTouchAnotherProgramsBuffersByGuessingHandles) {
+  auto owner = open(cluster->vmSocket(), 1, {}, "owner");
+  auto thief = open(cluster->vmSocket(), 1, {}, "thief");
+  ASSERT_TRUE(owner && thief);
+  std::vector<float> secret = {3.25f, 1.5f, 2.75f, 9.0f};
+  std::vector<client::Handle> handles;
+  for (int i = 0; i < 4; ++i) {
+    handles.push_back(owner->alloc(16));
+    owner->writeFloats(handles.back(), secret);
+  }
+  ASSERT_TRUE(owner->fence());
+  for (client::Handle h : handles) {
+    std::vector<std::byte> out(16);
+    auto r = thief->read(h, 0, out);
+    ASSERT_FALSE(r) << "read of handle " << h << " succeeded";
+    EXPECT_EQ(r.error().code, Code::notFound) << r.error().message;
+    thief->forceNextHandle(0);
+    thief->writeFloats(h, {0, 0, 0, 0});
+    auto w = thief->fence();
+    ASSERT_FALSE(w);
+    EXPECT_EQ(w.error().code, Code::notFound);
+    thief->free(h);
+    auto f = thief->fence();
+    ASSERT_FALSE(f);
+    EXPECT_EQ(f.error().code, Code::notFound);
+  }
+  // The thief's own handle with the same number is its own buffer, not the owner's.
+  thief->forceNextHandle(handles[0]);
+  auto mine = thief->alloc(16);
+  EXPECT_EQ(mine, handles[0]);
+  auto zeros = thief->readFloats(mine, 4);
+  ASSERT_TRUE(zeros);
+  EXPECT_NE(*zeros, secret);
+  for (client::Handle h : handles) {
+    auto v = owner->readFloats(h, 4);
+    ASSERT_TRUE(v) << v.error().message;
+    EXPECT_EQ(*v, secret);
+  }
+}
+
+TEST_F(Integration, BadInstructionsGetClearErrorsAndTheSessionCarriesOn) {
+  auto s = open(cluster->vmSocket(), 1);
+  auto bystander = open(cluster->vmSocket(), 1, {}, "bystander");
+  ASSERT_TRUE(s && bystander);
+  auto keep = bystander->alloc(64);
+  bystander->fill(keep, 0, 64, 0x5a);
+
+  // Zero-size alloc, then a write that depends on it.
+  auto zero = s->alloc(0);
+  s->writeFloats(zero, {1});
+  auto e = s->fence();
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().code, Code::invalidArgument);
+  EXPECT_NE(e.error().message.find("zero-size"), std::string::npos) << e.error().message;
+  // The dependent write's failure names the alloc it depended on.
+  std::vector<std::byte> out(4);
+  auto dep = s->read(zero, 0, out);
+  ASSERT_FALSE(dep);
+  EXPECT_NE(dep.error().message.find("dependency failed"), std::string::npos) << dep.error().message;
+
+  // Over the VM's quota (256 MiB), refused by the scheduler; dependents fail the same way.
+  auto big = s->alloc(300ull << 20);
+  s->fill(big, 0, 16, 1);
+  auto q = s->fence();
+  ASSERT_FALSE(q);
+  EXPECT_EQ(q.error().code, Code::resourceExhausted);
+  EXPECT_NE(q.error().message.find("quota"), std::string::npos) << q.error().message;
+  auto qdep = s->read(big, 0, out);
+  ASSERT_FALSE(qdep);
+  EXPECT_NE(qdep.error().message.find("dependency failed"), std::string::npos) << qdep.error().message;
+
+  // Read past a buffer's end.
+  auto small = s->alloc(8);
+  std::vector<std::byte> tooMuch(16);
+  auto past = s->read(small, 0, tooMuch);
+  ASSERT_FALSE(past);
+  EXPECT_EQ(past.error().code, Code::invalidArgument);
+  EXPECT_NE(past.error().message.find("past the end"), std::string::npos);
+
+  // Launch of an unknown kernel.
+  auto lib = s->loadProgram(ProgramKind::builtin, "raccel.builtins");
+  s->launch(lib, "no_such_kernel", {1}, {1}, {client::Arg::buffer(small)});
+  auto k = s->fence();
+  ASSERT_FALSE(k);
+  EXPECT_EQ(k.error().code, Code::notFound);
+  EXPECT_NE(k.error().message.find("no_such_kernel"), std::string::npos);
+
+  // A kind no card of the vaccel accepts.
+  s->loadProgram(ProgramKind::ptx, "k", std::as_bytes(std::span("// ptx", 6)));
+  auto ptx = s->fence();
+  ASSERT_FALSE(ptx);
+  EXPECT_EQ(ptx.error().code, Code::unimplemented);
+
+  // The session still works, and so does everyone else.
+  std::string why;
+  EXPECT_GE(checkedGemm(*s, 8, 8, 8, 5, &why), 0) << why;
+  auto v = bystander->read(keep, 0, out);
+  ASSERT_TRUE(v);
+  EXPECT_EQ(out[0], std::byte{0x5a});
+}
+
+TEST_F(Integration, MalformedFramesCloseOnlyTheirChannel) {
+  auto bystander = open(cluster->vmSocket(), 1, {}, "bystander");
+  ASSERT_TRUE(bystander);
+  transport::BlockingLink raw;
+  ASSERT_TRUE(raw.connectUnix(cluster->vmSocket()));
+
+  // A hello on channel 5, then an unknown instruction (union tag 99) on it.
+  capnp::MallocMessageBuilder hello;
+  auto h = hello.initRoot<wire::Instruction>().initHello();
+  h.setVersionMajor(wire::PROTOCOL_MAJOR);
+  h.setProgram("raw");
+  ASSERT_TRUE(raw.sendNow(5, 1, hello));
+  auto welcome = raw.receive(10000);
+  ASSERT_TRUE(welcome);
+  capnp::MallocMessageBuilder fence;
+  fence.initRoot<wire::Instruction>().setFence();
+  auto bytes = rawFrame(5, 2, fence);
+  bytes[transport::kHeaderBytes + 16] = std::byte{99};  // the union discriminant
+  ASSERT_TRUE(raw.sendRaw(bytes.data(), bytes.size()));
+  Error unknown = expectErrorReply(raw, 2);
+  EXPECT_EQ(unknown.code, Code::unimplemented) << unknown.message;
+  EXPECT_NE(unknown.message.find("unknown instruction"), std::string::npos) << unknown.message;
+
+  // Garbage where a message should be: error, then the channel is closed.
+  std::vector<std::byte> garbage(transport::kHeaderBytes + 64, std::byte{0xff});
+  transport::encodeHeader({5, 64, 3}, garbage.data());
+  ASSERT_TRUE(raw.sendRaw(garbage.data(), garbage.size()));
+  Error malformed = expectErrorReply(raw, 3);
+  EXPECT_EQ(malformed.code, Code::invalidArgument) << malformed.message;
+  EXPECT_NE(malformed.message.find("malformed"), std::string::npos) << malformed.message;
+
+  // A frame over the limit on channel 6: error naming both sizes; its bytes are skipped
+  // and the link goes on: a hello on channel 7 right behind it is welcomed.
+  std::vector<std::byte> header(transport::kHeaderBytes);
+  uint32_t huge = 5u << 20;
+  transport::encodeHeader({6, huge, 9}, header.data());
+  ASSERT_TRUE(raw.sendRaw(header.data(), header.size()));
+  Error over = expectErrorReply(raw, 9);
+  EXPECT_EQ(over.code, Code::invalidArgument);
+  EXPECT_NE(over.message.find(std::to_string(huge)), std::string::npos) << over.message;
+  EXPECT_NE(over.message.find("4194304"), std::string::npos) << over.message;
+  std::vector<std::byte> junk(huge, std::byte{0});
+  ASSERT_TRUE(raw.sendRaw(junk.data(), junk.size()));
+  ASSERT_TRUE(raw.sendNow(7, 1, hello));
+  bool welcomed = false;
+  for (int i = 0; i < 10 && !welcomed; ++i) {
+    auto f = raw.receive(10000);
+    ASSERT_TRUE(f) << f.error().message;
+    if (f->header.channel != 7) continue;
+    transport::MessageIn in(std::move(f->body));
+    welcomed = in.root<wire::Reply>().which() == wire::Reply::WELCOME;
+  }
+  EXPECT_TRUE(welcomed);
+
+  // A truncated frame and a vanished peer: the scheduler keeps serving.
+  {
+    transport::BlockingLink cut;
+    ASSERT_TRUE(cut.connectUnix(cluster->vmSocket()));
+    auto frame = rawFrame(1, 1, hello);
+    ASSERT_TRUE(cut.sendRaw(frame.data(), frame.size() / 2));
+  }
+  std::string why;
+  EXPECT_GE(checkedGemm(*bystander, 16, 16, 16, 3, &why), 0) << why;
+  EXPECT_TRUE(cluster->scheduler().running());
+}
+
+TEST_F(Integration, ProgramsOfALostNetaccelGetUnavailableOthersFinish) {
+  // node0 has the only gpu card, node1 the only cpu card.
+  auto doomed = open(cluster->vmSocket(), 2, {CardKind::gpu}, "doomed");
+  auto survivor = open(cluster->vmSocket(), 2, {CardKind::cpu}, "survivor");
+  ASSERT_TRUE(doomed && survivor);
+  ASSERT_EQ(doomed->vaccel().cards.at(0).node, "node0");
+  ASSERT_EQ(survivor->vaccel().cards.at(0).node, "node1");
+  std::atomic<bool> stop{false};
+  std::string survivorWhy;
+  std::atomic<int> survivorRounds{0};
+  std::thread other([&] {
+    while (!stop && survivorRounds < 1000) {
+      double err = checkedGemm(*survivor, 32, 32, 32, survivorRounds, &survivorWhy);
+      if (err < 0 || err > 1e-3) return;
+      ++survivorRounds;
+    }
+  });
+  // The doomed program streams work; the netaccel under it is killed mid-stream.
+  auto x = doomed->alloc(1 << 20);
+  doomed->fill(x, 0, 1 << 20, 1);
+  ASSERT_TRUE(doomed->fence());
+  Status last;
+  bool killed = false;
+  for (int i = 0; i < 2000 && last; ++i) {
+    doomed->axpy(1 << 18, 1.0f, x, x);
+    if (i == 20) {
+      // kill -9: the process vanishes mid-work.
+      killed = true;
+      ::kill(node0, SIGKILL);
+    }
+    if (i % 10 == 9) last = doomed->fence();
+  }
+  ASSERT_TRUE(killed);
+  ASSERT_FALSE(last) << "the doomed program never saw its card go";
+  EXPECT_EQ(last.error().code, Code::unavailable) << last.error().message;
+  EXPECT_NE(last.error().message.find("node0"), std::string::npos) << last.error().message;
+  stop = true;
+  other.join();
+  EXPECT_EQ(survivorWhy, "");
+  EXPECT_GT(survivorRounds, 0);
+  std::string why;
+  EXPECT_GE(checkedGemm(*survivor, 24, 24, 24, 77, &why), 0) << why;
+  EXPECT_NE(cluster->console("nodes").find("\"online\":false"), std::string::npos);
+  EXPECT_TRUE(cluster->scheduler().running());
+}
+
+}  // namespace
+}  // namespace raccel::testing
