@@ -99,7 +99,8 @@ class Device {
   const Capabilities& capabilities() const { return caps_; }
   uint64_t memoryUsed() const { return memoryUsed_; }
 
-  // Owned buffer, or resourceExhausted when the card's memory would be exceeded.
+  // Owned, zero-filled buffer (never another tenant's leftovers), or resourceExhausted
+  // when the card's memory would be exceeded.
   Result<std::unique_ptr<Buffer>> allocate(uint64_t bytes);
   // Every buffer handed to a Device must have been allocated by it and not released.
   void release(std::unique_ptr<Buffer> buffer);

@@ -56,6 +56,18 @@ TEST_P(Conformance, BuffersRoundTripAndRefuseOutOfRange) {
   EXPECT_FALSE(device->copy(**b, 0, **b, 95, 10));
 }
 
+TEST_P(Conformance, NewBuffersAreZeroNotAnEarlierTenantsData) {
+  for (int round = 0; round < 3; ++round) {
+    auto b = device->allocate(1 << 20);
+    ASSERT_TRUE(b);
+    std::vector<std::byte> out(1 << 20, std::byte{1});
+    ASSERT_TRUE(device->read(**b, 0, out));
+    for (size_t i = 0; i < out.size(); i += 4093) ASSERT_EQ(out[i], std::byte{0}) << "round " << round << " byte " << i;
+    ASSERT_TRUE(device->fill(**b, 0, 1 << 20, 0xEE));  // what the next allocation must not see
+    device->release(std::move(*b));
+  }
+}
+
 TEST_P(Conformance, AllocationRespectsCardMemory) {
   EXPECT_EQ(device->allocate(0).error().code, Code::invalidArgument);
   auto huge = device->allocate(device->capabilities().memoryBytes + 1);

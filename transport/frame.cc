@@ -1,6 +1,8 @@
 #include "transport/frame.h"
 
 #include <algorithm>
+#include <mutex>
+#include <unordered_map>
 
 namespace raccel::transport {
 namespace {
@@ -27,7 +29,81 @@ FrameHeader decodeHeader(const std::byte* in) {
   return FrameHeader{getLe<uint32_t>(in), getLe<uint32_t>(in + 4), getLe<uint64_t>(in + 8)};
 }
 
-Body::Body(size_t bytes) : words_(new capnp::word[(bytes + 7) / 8]), bytes_(bytes) {}
+namespace {
+// Recycles the storage of large bodies. Size classes are multiples of 64 KiB; at most
+// kCachedBytes are kept.
+class BodyPool {
+ public:
+  static constexpr size_t kPooledBytes = 64 * 1024;
+  static constexpr size_t kCachedBytes = 64 * 1024 * 1024;
+  static size_t classWords(size_t bytes) {
+    size_t rounded = (bytes + kPooledBytes - 1) / kPooledBytes * kPooledBytes;
+    return rounded / sizeof(capnp::word);
+  }
+  capnp::word* take(size_t words) {
+    {
+      std::lock_guard lock(mu_);
+      auto it = free_.find(words);
+      if (it != free_.end() && !it->second.empty()) {
+        capnp::word* p = it->second.back();
+        it->second.pop_back();
+        cached_ -= words * sizeof(capnp::word);
+        return p;
+      }
+    }
+    return new capnp::word[words];
+  }
+  void give(capnp::word* p, size_t words) {
+    {
+      std::lock_guard lock(mu_);
+      if (cached_ + words * sizeof(capnp::word) <= kCachedBytes) {
+        free_[words].push_back(p);
+        cached_ += words * sizeof(capnp::word);
+        return;
+      }
+    }
+    delete[] p;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<capnp::word*>> free_;
+  size_t cached_ = 0;
+};
+
+BodyPool& bodyPool() {
+  static BodyPool* pool = new BodyPool();  // never destroyed: bodies may outlive statics
+  return *pool;
+}
+}  // namespace
+
+Body::Body(size_t bytes) : bytes_(bytes) {
+  if (bytes >= BodyPool::kPooledBytes) {
+    capacityWords_ = BodyPool::classWords(bytes);
+    words_ = bodyPool().take(capacityWords_);
+  } else {
+    capacityWords_ = (bytes + 7) / 8;
+    words_ = new capnp::word[capacityWords_ ? capacityWords_ : 1];
+  }
+}
+
+Body::~Body() {
+  if (!words_) return;
+  if (capacityWords_ * sizeof(capnp::word) >= BodyPool::kPooledBytes) bodyPool().give(words_, capacityWords_);
+  else delete[] words_;
+}
+
+Body& Body::operator=(Body&& other) noexcept {
+  if (this != &other) {
+    this->~Body();
+    words_ = other.words_;
+    capacityWords_ = other.capacityWords_;
+    bytes_ = other.bytes_;
+    other.words_ = nullptr;
+    other.capacityWords_ = other.bytes_ = 0;
+  }
+  return *this;
+}
 
 size_t encodedSize(capnp::MessageBuilder& message) {
   auto segments = message.getSegmentsForOutput();

@@ -30,28 +30,32 @@ struct FrameHeader {
 void encodeHeader(const FrameHeader& header, std::byte* out);
 FrameHeader decodeHeader(const std::byte* in);
 
-// An owned, 8-byte-aligned frame body (Cap'n Proto needs word alignment).
+// An owned, 8-byte-aligned frame body (Cap'n Proto needs word alignment). Storage of
+// large bodies is recycled through a process-wide pool (any thread), so streaming
+// megabyte frames does not pay fresh pages (mmap, faults, zeroing) for every frame.
 class Body {
  public:
   Body() = default;
   explicit Body(size_t bytes);
-  Body(Body&& other) noexcept : words_(std::move(other.words_)), bytes_(other.bytes_) { other.bytes_ = 0; }
-  Body& operator=(Body&& other) noexcept {
-    words_ = std::move(other.words_);
-    bytes_ = other.bytes_;
-    other.bytes_ = 0;
-    return *this;
+  ~Body();
+  Body(Body&& other) noexcept : words_(other.words_), capacityWords_(other.capacityWords_), bytes_(other.bytes_) {
+    other.words_ = nullptr;
+    other.capacityWords_ = other.bytes_ = 0;
   }
+  Body& operator=(Body&& other) noexcept;
+  Body(const Body&) = delete;
+  Body& operator=(const Body&) = delete;
 
-  std::byte* data() { return reinterpret_cast<std::byte*>(words_.get()); }
-  const std::byte* data() const { return reinterpret_cast<const std::byte*>(words_.get()); }
+  std::byte* data() { return reinterpret_cast<std::byte*>(words_); }
+  const std::byte* data() const { return reinterpret_cast<const std::byte*>(words_); }
   size_t size() const { return bytes_; }
   // Drops trailing bytes (a body built in place that came out smaller than reserved).
   void shrink(size_t bytes) { bytes_ = bytes < bytes_ ? bytes : bytes_; }
-  kj::ArrayPtr<const capnp::word> words() const { return {words_.get(), bytes_ / sizeof(capnp::word)}; }
+  kj::ArrayPtr<const capnp::word> words() const { return {words_, bytes_ / sizeof(capnp::word)}; }
 
  private:
-  std::unique_ptr<capnp::word[]> words_;
+  capnp::word* words_ = nullptr;
+  size_t capacityWords_ = 0;
   size_t bytes_ = 0;
 };
 

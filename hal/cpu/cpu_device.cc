@@ -105,6 +105,10 @@ class CpuDevice final : public Device {
   Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) override {
     std::unique_ptr<std::byte[]> mem(new (std::nothrow) std::byte[bytes]);
     if (!mem) return fail(Code::resourceExhausted, "host memory exhausted allocating " + std::to_string(bytes) + " bytes");
+    // A new buffer never shows what an earlier tenant left in that memory. Zeroing in
+    // parallel here also takes the first-touch page faults out of the first write.
+    std::byte* p = mem.get();
+    pool_.parallelFor(bytes, 1 << 20, [p](uint64_t b, uint64_t e) { std::memset(p + b, 0, e - b); });
     return std::unique_ptr<Buffer>(new HostBuffer(bytes, std::move(mem)));
   }
   Status doWrite(Buffer& b, uint64_t offset, std::span<const std::byte> data) override {

@@ -1,0 +1,310 @@
+// raccel-bench: raccel's speed on loopback, each figure beside its baseline measured in
+// the same run (ARCHITECTURE.md "Performance budget").
+//
+//   sync_rtt_us_p50         one tiny instruction + fence: program -> scheduler -> netaccel -> back
+//   raw_two_hop_rtt_us_p50  the same path built from plain sockets relaying bytes (the floor)
+//   async_instr_per_s       a stream of small asynchronous instructions, end to end
+//   bulk_write_read_gbps    256 MiB written and read back through both hops (Gbit/s)
+//   raw_socket_gbps         one raw loopback TCP socket, same run (Gbit/s)
+//
+// The daemons run as real processes, as deployed. --raw-echo and --raw-relay are the
+// baseline's own processes (started by the bench itself).
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "common/flags.h"
+#include "tests/cluster.h"
+#include "vmfrontend/raccel.h"
+
+using namespace raccel;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+bool readAll(int fd, void* buf, size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n) {
+    ssize_t r = ::read(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool writeAll(int fd, const void* buf, size_t n) {
+  auto* p = static_cast<const char*>(buf);
+  while (n) {
+    ssize_t r = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+int tcpListen(int* port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(*port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0) return -1;
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+int tcpConnect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  for (int i = 0; i < 200; ++i) {
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      return fd;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+int unixConnect(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  for (int i = 0; i < 200; ++i) {
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+// Baseline hop 2: echoes every byte it gets back on the same TCP connection.
+int rawEcho(int port) {
+  int l = tcpListen(&port);
+  if (l < 0) return 1;
+  int c = ::accept(l, nullptr, nullptr);
+  int one = 1;
+  ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(c, buf, sizeof buf);
+    if (n <= 0 || !writeAll(c, buf, static_cast<size_t>(n))) return 0;
+  }
+}
+
+// Baseline hop 1: relays bytes between a unix-socket client and the TCP echo.
+int rawRelay(const std::string& path, int port) {
+  int l = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  ::unlink(path.c_str());
+  if (::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(l, 4) != 0) return 1;
+  int up = tcpConnect(port);
+  int down = ::accept(l, nullptr, nullptr);
+  char buf[65536];
+  pollfd fds[2] = {{down, POLLIN, 0}, {up, POLLIN, 0}};
+  for (;;) {
+    if (::poll(fds, 2, -1) <= 0) return 0;
+    for (int i = 0; i < 2; ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0 || !writeAll(fds[1 - i].fd, buf, static_cast<size_t>(n))) return 0;
+    }
+  }
+}
+
+struct Figures {
+  double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0, bulkGbps = 0, rawGbps = 0, writeSecs = 0, readSecs = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags("raccel-bench", "Measures raccel on loopback against plain-socket baselines from the same run.");
+  flags.boolean("json", "print one JSON object with every figure");
+  flags.boolean("quick", "small runs (for a smoke test; figures are noisy)");
+  flags.value("raw-echo", "PORT", "(internal) run the baseline's echo process");
+  flags.value("raw-relay", "PATH:PORT", "(internal) run the baseline's relay process");
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  if (flags.has("raw-echo")) return rawEcho(std::atoi(flags.get("raw-echo").c_str()));
+  if (flags.has("raw-relay")) {
+    std::string spec = flags.get("raw-relay");
+    auto colon = spec.rfind(':');
+    return rawRelay(spec.substr(0, colon), std::atoi(spec.c_str() + colon + 1));
+  }
+  const bool quick = flags.has("quick");
+  const int syncIters = quick ? 300 : 5000;
+  const int asyncCount = quick ? 20000 : 400000;
+  const size_t bulkBytes = quick ? (32u << 20) : (256u << 20);
+  auto progress = [&](const char* what) {
+    if (!flags.has("json")) std::fprintf(stderr, "raccel-bench: %s...\n", what);
+  };
+
+  Figures f;
+  testing::VmSpec vm;
+  vm.memoryQuota = "1GiB";
+  testing::Cluster cluster({vm});
+  cluster.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4);
+  client::Options options;
+  options.socket = cluster.vmSocket();
+  options.program = "raccel-bench";
+  auto opened = client::Session::open(options);
+  if (!opened) {
+    std::fprintf(stderr, "raccel-bench: %s\n", opened.error().message.c_str());
+    return 1;
+  }
+  auto& s = **opened;
+
+  progress("synchronous round trips");
+  auto tiny = s.alloc(4096);
+  (void)s.fence();
+  std::vector<double> rtts;
+  for (int i = 0; i < syncIters + 100; ++i) {
+    auto t = Clock::now();
+    s.fill(tiny, 0, 4, static_cast<uint8_t>(i));
+    if (auto r = s.fence(); !r) {
+      std::fprintf(stderr, "raccel-bench: %s\n", r.error().message.c_str());
+      return 1;
+    }
+    if (i >= 100) rtts.push_back(since(t) * 1e6);
+  }
+  f.syncP50 = percentile(rtts, 0.5);
+  f.syncP99 = percentile(rtts, 0.99);
+
+  progress("raw two-hop baseline");
+  {
+    int port = 0;
+    int probe = tcpListen(&port);
+    ::close(probe);
+    std::string relayPath = cluster.dir() + "/raw-relay.sock";
+    testing::Process echo("raccel-bench", {"--raw-echo", std::to_string(port)}, cluster.dir() + "/raw-echo.log");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    testing::Process relay("raccel-bench", {"--raw-relay", relayPath + ":" + std::to_string(port)},
+                           cluster.dir() + "/raw-relay.log");
+    int fd = unixConnect(relayPath);
+    if (fd < 0) {
+      std::fprintf(stderr, "raccel-bench: raw baseline did not start\n");
+      return 1;
+    }
+    // The same sizes as the measured path: two small frames out, one small frame back.
+    char out[96] = {}, back[96];
+    std::vector<double> raw;
+    for (int i = 0; i < syncIters + 100; ++i) {
+      auto t = Clock::now();
+      if (!writeAll(fd, out, sizeof out) || !readAll(fd, back, sizeof back)) break;
+      if (i >= 100) raw.push_back(since(t) * 1e6);
+    }
+    ::close(fd);
+    f.rawP50 = percentile(raw, 0.5);
+  }
+
+  progress("asynchronous instruction stream");
+  {
+    auto t = Clock::now();
+    for (int i = 0; i < asyncCount; ++i) s.fill(tiny, static_cast<uint64_t>(i % 1024) * 4, 4, static_cast<uint8_t>(i));
+    if (auto r = s.fence(); !r) {
+      std::fprintf(stderr, "raccel-bench: %s\n", r.error().message.c_str());
+      return 1;
+    }
+    f.asyncRate = asyncCount / since(t);
+  }
+
+  progress("bulk write and read back");
+  {
+    std::vector<std::byte> data(bulkBytes), back(bulkBytes);
+    for (size_t i = 0; i < data.size(); i += 4096) data[i] = static_cast<std::byte>(i / 4096);
+    auto big = s.alloc(bulkBytes);
+    (void)s.fence();
+    auto t = Clock::now();
+    s.write(big, 0, data);
+    auto w = s.fence();
+    f.writeSecs = since(t);
+    auto tr = Clock::now();
+    auto r = w ? s.read(big, 0, back) : w;
+    f.readSecs = since(tr);
+    double secs = since(t);
+    if (!r || std::memcmp(data.data(), back.data(), bulkBytes) != 0) {
+      std::fprintf(stderr, "raccel-bench: bulk data did not come back intact%s%s\n", r ? "" : ": ",
+                   r ? "" : r.error().message.c_str());
+      return 1;
+    }
+    f.bulkGbps = 2.0 * bulkBytes * 8 / secs / 1e9;
+    s.free(big);
+    (void)s.fence();
+  }
+
+  progress("raw loopback socket baseline");
+  {
+    int port = 0;
+    int l = tcpListen(&port);
+    std::thread receiver([&] {
+      int c = ::accept(l, nullptr, nullptr);
+      std::vector<char> buf(1 << 20);
+      size_t got = 0;
+      while (got < bulkBytes) {
+        ssize_t n = ::read(c, buf.data(), buf.size());
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      ::close(c);
+    });
+    int fd = tcpConnect(port);
+    std::vector<char> chunk(1 << 20, 1);
+    auto t = Clock::now();
+    for (size_t sent = 0; sent < bulkBytes; sent += chunk.size()) writeAll(fd, chunk.data(), chunk.size());
+    ::shutdown(fd, SHUT_WR);
+    receiver.join();
+    f.rawGbps = bulkBytes * 8.0 / since(t) / 1e9;
+    ::close(fd);
+    ::close(l);
+  }
+
+  bool syncOk = f.syncP50 <= 3 * f.rawP50, asyncOk = f.asyncRate >= 200000, bulkOk = f.bulkGbps >= 0.5 * f.rawGbps;
+  if (flags.has("json")) {
+    std::printf("{\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
+                "\"async_instr_per_s\":%.0f,\"bulk_write_read_gbps\":%.2f,\"raw_socket_gbps\":%.2f,"
+                "\"bulk_bytes\":%zu,\"quick\":%s,\"targets_met\":{\"sync_rtt\":%s,\"async_instr\":%s,\"bulk\":%s}}\n",
+                f.syncP50, f.syncP99, f.rawP50, f.asyncRate, f.bulkGbps, f.rawGbps, bulkBytes, quick ? "true" : "false",
+                syncOk ? "true" : "false", asyncOk ? "true" : "false", bulkOk ? "true" : "false");
+  } else {
+    std::printf("%-26s %12s   %-34s %s\n", "figure", "value", "baseline / target", "");
+    std::printf("%-26s %9.1f us   raw two-hop p50 %.1f us, target <= %.1f us  %s\n", "sync_rtt_us_p50", f.syncP50,
+                f.rawP50, 3 * f.rawP50, syncOk ? "met" : "MISSED");
+    std::printf("%-26s %9.1f us\n", "sync_rtt_us_p99", f.syncP99);
+    std::printf("%-26s %12.0f   target >= 200000  %s\n", "async_instr_per_s", f.asyncRate, asyncOk ? "met" : "MISSED");
+    std::printf("%-26s %7.2f Gbit/s write, %.2f Gbit/s read\n", "  bulk by direction", bulkBytes * 8 / f.writeSecs / 1e9,
+                bulkBytes * 8 / f.readSecs / 1e9);
+    std::printf("%-26s %7.2f Gbit/s   raw socket %.2f Gbit/s, target >= %.2f  %s\n", "bulk_write_read_gbps", f.bulkGbps,
+                f.rawGbps, 0.5 * f.rawGbps, bulkOk ? "met" : "MISSED");
+  }
+  return 0;
+}
