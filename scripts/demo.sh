@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The main job, on one machine: a scheduler, two netaccels (a simulated GPU and CPU
+# cards), raccel-guestd standing in for a VM's guest side, and raccel-run programs that
+# run gemms through it and check them. Shows the console's view, then stops everything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bin=build/bin
+run=$(mktemp -d /tmp/raccel-demo-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$run"
+}
+trap cleanup EXIT
+port=$((20000 + RANDOM % 20000))
+
+echo "== starting raccel-scheduler (logs in $run)"
+$bin/raccel-scheduler --node-listen 127.0.0.1:$port --console "$run/console.sock" \
+  --vm "name=demo-vm,socket=$run/demo-vm.sock,tflops=16,priority=1,memory_quota=2GiB" >"$run/scheduler.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do [ -S "$run/console.sock" ] && break; sleep 0.1; done
+
+echo "== starting two raccel-netaccels"
+$bin/raccel-netaccel --name node0 --scheduler 127.0.0.1:$port \
+  --card kind=gpu,model=sim-gpu,tflops=8,memory=1GiB --card kind=cpu,tflops=4,memory=1GiB >"$run/node0.log" 2>&1 &
+pids+=($!)
+$bin/raccel-netaccel --name node1 --scheduler 127.0.0.1:$port --card kind=cpu,tflops=8,memory=1GiB >"$run/node1.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do
+  $bin/raccelctl --socket "$run/console.sock" pool --json 2>/dev/null | grep -q '"total":20' && break
+  sleep 0.1
+done
+
+echo "== starting raccel-guestd (the guest side of demo-vm)"
+$bin/raccel-guestd --port "$run/demo-vm.sock" --listen "$run/guestd.sock" >"$run/guestd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do [ -S "$run/guestd.sock" ] && break; sleep 0.1; done
+
+$bin/raccelctl --socket "$run/console.sock" nodes
+$bin/raccelctl --socket "$run/console.sock" cards
+
+echo "== running guest programs"
+$bin/raccel-run --socket "$run/guestd.sock" --size 512 --iterations 20 --tflops 6 --name long-gemm &
+long=$!
+sleep 0.3
+$bin/raccelctl --socket "$run/console.sock" vaccels
+$bin/raccelctl --socket "$run/console.sock" pool
+status=0
+$bin/raccel-run --socket "$run/guestd.sock" --size 256 --ops --tflops 2 --name ops || status=1
+wait $long || status=1
+if [ $status -eq 0 ]; then echo "== demo OK"; else echo "== demo FAILED; logs:"; tail -n 20 "$run"/*.log; fi
+exit $status

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what raccel needs on Debian 12 (apt-get, as root or through sudo) and builds
+# it into ./build. Safe to run again: it only installs what is missing and rebuilds
+# what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake ninja-build g++ pkg-config capnproto libcapnp-dev libuv1-dev libgtest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo > build-configure.log 2>&1 || {
+  cat build-configure.log
+  exit 1
+}
+rm -f build-configure.log
+cmake --build build -j "$(nproc)"
