@@ -42,9 +42,9 @@ $bin/raccelctl --socket "$run/console.sock" nodes
 $bin/raccelctl --socket "$run/console.sock" cards
 
 echo "== running guest programs"
-$bin/raccel-run --socket "$run/guestd.sock" --size 512 --iterations 20 --tflops 6 --name long-gemm &
+$bin/raccel-run --socket "$run/guestd.sock" --size 640 --iterations 40 --tflops 6 --name long-gemm &
 long=$!
-sleep 0.3
+sleep 0.5
 $bin/raccelctl --socket "$run/console.sock" vaccels
 $bin/raccelctl --socket "$run/console.sock" pool
 status=0
