@@ -15,6 +15,19 @@ std::string trim(const std::string& s) {
 }
 }  // namespace
 
+Result<ConfigSection> ConfigSection::fromSpec(const std::string& name, const std::string& spec) {
+  ConfigSection s(name, 0);
+  std::stringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) return fail(Code::invalidArgument, "'" + item + "' is not key=value");
+    if (s.has(item.substr(0, eq))) return fail(Code::invalidArgument, "'" + item.substr(0, eq) + "' given twice");
+    s.set(item.substr(0, eq), item.substr(eq + 1));
+  }
+  return s;
+}
+
 std::string ConfigSection::where(const std::string& key) const {
   std::string section = name_.empty() ? "top level" : "[" + name_ + "]";
   return "'" + key + "' in " + section + (line_ ? " at line " + std::to_string(line_) : "");

@@ -19,6 +19,8 @@ namespace raccel {
 class ConfigSection {
  public:
   ConfigSection(std::string name, int line) : name_(std::move(name)), line_(line) {}
+  // A section from a one-line flag value: "key=value,key=value".
+  static Result<ConfigSection> fromSpec(const std::string& name, const std::string& spec);
 
   const std::string& name() const { return name_; }
   int line() const { return line_; }

@@ -1,5 +1,7 @@
 #include "common/flags.h"
 
+#include "common/log.h"
+
 #include <cstdio>
 #include <sstream>
 
@@ -90,6 +92,15 @@ bool parseFlagsOrExit(Flags& flags, int argc, char** argv, int* exitCode) {
     std::fputs(flags.helpText().c_str(), stdout);
     *exitCode = 0;
     return false;
+  }
+  if (flags.has("log-level")) {
+    log::Level level;
+    if (!log::parseLevel(flags.get("log-level"), &level)) {
+      std::fprintf(stderr, "%s: bad --log-level '%s' (use debug, info, warn or error)\n", argv[0], flags.get("log-level").c_str());
+      *exitCode = 2;
+      return false;
+    }
+    log::setLevel(level);
   }
   return true;
 }

@@ -46,7 +46,8 @@ class Flags {
 };
 
 // Standard handling at the top of main(): prints help (exit 0) or a one-line error
-// (exit 2). Returns true when main should continue.
+// (exit 2), and applies --log-level when the program declared it. Returns true when
+// main should continue.
 bool parseFlagsOrExit(Flags& flags, int argc, char** argv, int* exitCode);
 
 }  // namespace raccel

@@ -1,6 +1,5 @@
 #include "netaccel/config.h"
 
-#include <sstream>
 
 namespace raccel::netaccel {
 namespace {
@@ -32,15 +31,9 @@ Result<CardConfig> cardFrom(const ConfigSection& s) {
 }  // namespace
 
 Result<CardConfig> parseCardSpec(const std::string& spec) {
-  ConfigSection s("card", 0);
-  std::stringstream in(spec);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    auto eq = item.find('=');
-    if (eq == std::string::npos) return fail(Code::invalidArgument, "card spec item '" + item + "' is not key=value");
-    s.set(item.substr(0, eq), item.substr(eq + 1));
-  }
-  auto c = cardFrom(s);
+  auto s = ConfigSection::fromSpec("card", spec);
+  if (!s) return fail(Code::invalidArgument, "--card " + spec + ": " + s.error().message);
+  auto c = cardFrom(*s);
   if (!c) return fail(c.error().code, "--card " + spec + ": " + c.error().message);
   return c;
 }

@@ -20,14 +20,6 @@ int main(int argc, char** argv) {
   flags.epilog("Without --config or --card, serves one cpu card of 4 TFLOPS and 1 GiB.");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
-  log::Level level;
-  if (flags.has("log-level")) {
-    if (!log::parseLevel(flags.get("log-level"), &level)) {
-      std::fprintf(stderr, "raccel-netaccel: bad --log-level '%s'\n", flags.get("log-level").c_str());
-      return 2;
-    }
-    log::setLevel(level);
-  }
 
   netaccel::NetaccelConfig config;
   if (flags.has("config")) {

@@ -49,15 +49,9 @@ std::string kindsToString(KindMask kinds) {
 }
 
 Result<VmPolicy> parseVmSpec(const std::string& spec) {
-  ConfigSection s("vm", 0);
-  std::stringstream in(spec);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    auto eq = item.find('=');
-    if (eq == std::string::npos) return fail(Code::invalidArgument, "--vm " + spec + ": '" + item + "' is not key=value");
-    s.set(item.substr(0, eq), item.substr(eq + 1));
-  }
-  auto vm = vmFrom(s, "|");
+  auto s = ConfigSection::fromSpec("vm", spec);
+  if (!s) return fail(Code::invalidArgument, "--vm " + spec + ": " + s.error().message);
+  auto vm = vmFrom(*s, "|");
   if (!vm) return fail(vm.error().code, "--vm " + spec + ": " + vm.error().message);
   return vm;
 }

@@ -27,11 +27,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "raccel-scheduler: %s\n", message.c_str());
     return 2;
   };
-  if (flags.has("log-level")) {
-    log::Level level;
-    if (!log::parseLevel(flags.get("log-level"), &level)) return die("bad --log-level '" + flags.get("log-level") + "'");
-    log::setLevel(level);
-  }
   scheduler::SchedulerConfig config;
   if (flags.has("config")) {
     auto file = Config::load(flags.get("config"));

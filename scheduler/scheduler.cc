@@ -32,6 +32,7 @@ struct Scheduler::NodeLink {
   long poolIndex = -1;
   uint64_t lastHeardMs = 0;
   uint32_t contexts = 0;
+  std::string lostReason;  // set when the scheduler itself drops the link
 };
 
 struct Scheduler::Session {
@@ -460,7 +461,10 @@ void Scheduler::acceptNode(ConnectionPtr connection) {
   cb.onOversized = [raw](Connection&, const FrameHeader& h) {
     RLOG_ERROR("scheduler") << "netaccel '" << raw->name << "' sent a frame of " << h.length << " bytes; skipped";
   };
-  cb.onClose = [this, raw](Connection&, bool) { nodeLost(*raw, "its connection closed"); };
+  // The one place a node link ends: whoever closed it, cleanup happens here, once.
+  cb.onClose = [this, raw](Connection&, bool) {
+    nodeLost(*raw, raw->lostReason.empty() ? "its connection closed" : raw->lostReason);
+  };
   connection->setCallbacks(cb);
   nodeLinks_[connection.get()] = std::move(node);
   connection->start();
@@ -590,7 +594,6 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
       }
     }
   }
-  if (!node.connection->closed()) node.connection->close();
   nodeLinks_.erase(node.connection.get());
 }
 
@@ -747,8 +750,10 @@ void Scheduler::tick() {
   std::vector<NodeLink*> silent;
   for (auto& [c, n] : nodeLinks_)
     if (!n->name.empty() && now - n->lastHeardMs > config_.heartbeatTimeoutMs) silent.push_back(n.get());
-  for (auto* n : silent)
-    nodeLost(*n, "no heartbeat for " + std::to_string(now - n->lastHeardMs) + " ms");
+  for (auto* n : silent) {
+    n->lostReason = "no heartbeat for " + std::to_string(now - n->lastHeardMs) + " ms";
+    n->connection->close();  // onClose does the rest
+  }
   for (auto& [conn, link] : vmLinks_)
     for (auto& [ch, s] : link->sessions)
       s->pending.expire(now, "no reply from the card within " + std::to_string(config_.requestTimeoutMs) + " ms");

@@ -48,6 +48,7 @@ class Scheduler {
   void acceptNode(transport::ConnectionPtr connection);
   void onNodeFrame(NodeLink& node, const transport::FrameHeader& header, transport::Body body);
   void onNodeControl(NodeLink& node, transport::Body body);
+  // Called only from the node connection's close callback; frees the NodeLink.
   void nodeLost(NodeLink& node, const std::string& reason);
   void sendPoison(Session& session, uint64_t handle, uint64_t sequence, const Error& error);
 

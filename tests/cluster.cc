@@ -99,9 +99,12 @@ int Process::wait(int timeoutMs) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-Cluster::Cluster(std::vector<VmSpec> vms) {
+std::string makeTempDir() {
   char tmpl[] = "/tmp/raccel-it-XXXXXX";
-  dir_ = ::mkdtemp(tmpl);
+  return ::mkdtemp(tmpl);
+}
+
+Cluster::Cluster(std::vector<VmSpec> vms, std::string dir) : dir_(dir.empty() ? makeTempDir() : std::move(dir)) {
   port_ = freePort();
   std::vector<std::string> args = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
                                    "--heartbeat-timeout-ms", "2000"};

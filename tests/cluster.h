@@ -11,6 +11,8 @@
 namespace raccel::testing {
 
 std::string binary(const std::string& name);
+// A fresh temporary folder for a test's sockets and logs.
+std::string makeTempDir();
 
 class Process {
  public:
@@ -40,7 +42,7 @@ struct VmSpec {
 
 class Cluster {
  public:
-  explicit Cluster(std::vector<VmSpec> vms = {VmSpec{}});
+  explicit Cluster(std::vector<VmSpec> vms = {VmSpec{}}, std::string dir = "");
   ~Cluster();
 
   // Starts a netaccel with `cards` (each a --card spec) and waits until the pool has

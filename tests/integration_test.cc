@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -388,6 +389,63 @@ TEST_F(Integration, ProgramsOfALostNetaccelGetUnavailableOthersFinish) {
   EXPECT_GE(checkedGemm(*survivor, 24, 24, 24, 77, &why), 0) << why;
   EXPECT_NE(cluster->console("nodes").find("\"online\":false"), std::string::npos);
   EXPECT_TRUE(cluster->scheduler().running());
+}
+
+TEST_F(Integration, AFrozenNetaccelIsDeclaredLostByHeartbeatAndRejoinsWhenItWakes) {
+  auto s = open(cluster->vmSocket(), 2, {CardKind::gpu}, "frozen");
+  ASSERT_TRUE(s);
+  auto b = s->alloc(64);
+  ASSERT_TRUE(s->fence());
+  // Stopped, not dead: its TCP connection stays open, only the heartbeats stop.
+  ::kill(node0, SIGSTOP);
+  auto t = std::chrono::steady_clock::now();
+  std::vector<std::byte> out(64);
+  auto r = s->read(b, 0, out);
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  ::kill(node0, SIGCONT);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::unavailable) << r.error().message;
+  EXPECT_NE(r.error().message.find("no heartbeat"), std::string::npos) << r.error().message;
+  EXPECT_LT(waited, 10.0);
+  // Awake again, it finds its link closed, reconnects and gets its blocks back.
+  bool back = false;
+  for (int i = 0; i < 100 && !back; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    back = cluster->poolTotal() == 12;
+  }
+  EXPECT_TRUE(back) << cluster->console("nodes");
+  auto again = open(cluster->vmSocket(), 2, {CardKind::gpu}, "after");
+  ASSERT_TRUE(again);
+  std::string why;
+  EXPECT_GE(checkedGemm(*again, 16, 16, 16, 9, &why), 0) << why;
+}
+
+TEST(GuestdWithoutHost, ProgramStartedBeforeTheSchedulerWaitsThenSucceeds) {
+  std::string dir = makeTempDir();
+  std::string guestdSocket = dir + "/guestd.sock";
+  Process guestd("raccel-guestd", {"--port", dir + "/vm1.sock", "--listen", guestdSocket}, dir + "/guestd.log");
+  for (int i = 0; i < 100 && !std::filesystem::exists(guestdSocket); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::string why = "did not finish";
+  std::thread program([&] {
+    client::Options o;
+    o.socket = guestdSocket;
+    o.program = "early";
+    o.timeoutMs = 30000;
+    auto s = Session::open(o);
+    if (!s) {
+      why = s.error().toString();
+      return;
+    }
+    double err = checkedGemm(**s, 20, 20, 20, 4, &why);
+    if (err >= 0 && err < 1e-3) why = "";
+  });
+  // The host side appears a second later.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  Cluster cluster({VmSpec{}}, dir);
+  cluster.addNetaccel("late", {"kind=cpu,tflops=2,threads=1"}, 2);
+  program.join();
+  EXPECT_EQ(why, "") << cluster.logs();
 }
 
 }  // namespace

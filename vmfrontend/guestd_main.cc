@@ -41,14 +41,6 @@ int main(int argc, char** argv) {
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
-  if (flags.has("log-level")) {
-    log::Level level;
-    if (!log::parseLevel(flags.get("log-level"), &level)) {
-      std::fprintf(stderr, "raccel-guestd: bad --log-level\n");
-      return 2;
-    }
-    log::setLevel(level);
-  }
   guestd::GuestdConfig config;
   config.listen = flags.get("listen", config.listen);
   config.port = flags.get("port", "");

@@ -120,6 +120,12 @@ Handle Session::newHandle() {
   return nextHandle_++;
 }
 
+uint64_t Session::queue(capnp::MessageBuilder& message) {
+  uint64_t seq = nextSequence_++;
+  impl_->link.queue(kChannel, seq, message);
+  return seq;
+}
+
 void Session::noteError(const Error& error) {
   if (!firstError_) firstError_ = error;
 }
@@ -130,14 +136,14 @@ Handle Session::alloc(uint64_t bytes) {
   auto a = m.instruction().initAlloc();
   a.setHandle(h);
   a.setSize(bytes);
-  impl_->link.queue(kChannel, nextSequence_++, *m);
+  queue(*m);
   return h;
 }
 
 void Session::free(Handle handle) {
   SmallMessage m;
   m.instruction().initFree().setHandle(handle);
-  impl_->link.queue(kChannel, nextSequence_++, *m);
+  queue(*m);
 }
 
 void Session::write(Handle buffer, uint64_t offset, std::span<const std::byte> data) {
@@ -151,7 +157,7 @@ void Session::write(Handle buffer, uint64_t offset, std::span<const std::byte> d
     capnp::Data::Reader piece(reinterpret_cast<const kj::byte*>(data.data() + done), n);
     if (n < kInlineWrite) {
       w.setData(piece);
-      impl_->link.queue(kChannel, nextSequence_++, m);
+      queue(m);
     } else {
       w.adoptData(m.getOrphanage().referenceExternalData(piece));
       if (auto s = impl_->link.sendNow(kChannel, nextSequence_++, m); !s) noteError(s.error());
@@ -166,8 +172,7 @@ Status Session::read(Handle buffer, uint64_t offset, std::span<std::byte> out) {
   r.setBuffer(buffer);
   r.setOffset(offset);
   r.setLength(out.size());
-  uint64_t seq = nextSequence_++;
-  impl_->link.queue(kChannel, seq, *m);
+  uint64_t seq = queue(*m);
   for (;;) {
     auto frame = impl_->link.receive(impl_->timeoutMs);
     if (!frame) {
@@ -215,7 +220,7 @@ void Session::copy(Handle dst, uint64_t dstOffset, Handle src, uint64_t srcOffse
   c.setSrc(src);
   c.setSrcOffset(srcOffset);
   c.setLength(length);
-  impl_->link.queue(kChannel, nextSequence_++, *m);
+  queue(*m);
 }
 
 void Session::fill(Handle buffer, uint64_t offset, uint64_t length, uint8_t value) {
@@ -225,7 +230,7 @@ void Session::fill(Handle buffer, uint64_t offset, uint64_t length, uint8_t valu
   f.setOffset(offset);
   f.setLength(length);
   f.setValue(value);
-  impl_->link.queue(kChannel, nextSequence_++, *m);
+  queue(*m);
 }
 
 Handle Session::loadProgram(ProgramKind kind, const std::string& name, std::span<const std::byte> code) {
@@ -236,7 +241,7 @@ Handle Session::loadProgram(ProgramKind kind, const std::string& name, std::span
   p.setKind(transport::toWire(kind));
   p.setName(name);
   p.setCode(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(code.data()), code.size()));
-  impl_->link.queue(kChannel, nextSequence_++, m);
+  queue(m);
   return h;
 }
 
@@ -275,7 +280,7 @@ void Session::launch(Handle program, const std::string& kernel, std::vector<uint
       }
     }
   }
-  impl_->link.queue(kChannel, nextSequence_++, *m);
+  queue(*m);
 }
 
 void Session::gemm(uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Handle b, float beta, Handle c) {
@@ -289,7 +294,7 @@ void Session::gemm(uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Ha
   g.setA(a);
   g.setB(b);
   g.setC(c);
-  impl_->link.queue(kChannel, nextSequence_++, *msg);
+  queue(*msg);
 }
 
 void Session::axpy(uint64_t n, float alpha, Handle x, Handle y) {
@@ -299,7 +304,7 @@ void Session::axpy(uint64_t n, float alpha, Handle x, Handle y) {
   o.setAlpha(alpha);
   o.setX(x);
   o.setY(y);
-  impl_->link.queue(kChannel, nextSequence_++, *m);
+  queue(*m);
 }
 
 void Session::vadd(uint64_t n, Handle a, Handle b, Handle out) {
@@ -309,7 +314,7 @@ void Session::vadd(uint64_t n, Handle a, Handle b, Handle out) {
   o.setA(a);
   o.setB(b);
   o.setOut(out);
-  impl_->link.queue(kChannel, nextSequence_++, *m);
+  queue(*m);
 }
 
 void Session::reduceSum(uint64_t n, Handle input, Handle out) {
@@ -318,7 +323,7 @@ void Session::reduceSum(uint64_t n, Handle input, Handle out) {
   o.setN(n);
   o.setInput(input);
   o.setOut(out);
-  impl_->link.queue(kChannel, nextSequence_++, *m);
+  queue(*m);
 }
 
 Status Session::flush() { return impl_->link.flush(); }
@@ -326,8 +331,7 @@ Status Session::flush() { return impl_->link.flush(); }
 Status Session::fence() {
   SmallMessage m;
   m.instruction().setFence();
-  uint64_t seq = nextSequence_++;
-  impl_->link.queue(kChannel, seq, *m);
+  uint64_t seq = queue(*m);
   for (;;) {
     auto frame = impl_->link.receive(impl_->timeoutMs);
     if (!frame) {

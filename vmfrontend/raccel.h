@@ -20,6 +20,10 @@
 #include "common/error.h"
 #include "common/kinds.h"
 
+namespace capnp {
+class MessageBuilder;
+}
+
 namespace raccel::client {
 
 using Handle = uint64_t;
@@ -107,6 +111,8 @@ class Session {
   Session();
   struct Impl;
   Handle newHandle();
+  // Queues one instruction; returns its sequence number.
+  uint64_t queue(capnp::MessageBuilder& message);
   void noteError(const Error& error);
   std::unique_ptr<Impl> impl_;
   VaccelInfo vaccel_;
