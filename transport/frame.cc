@@ -174,6 +174,8 @@ std::span<std::byte> FrameReader::writable() {
     end_ -= begin_;
     begin_ = 0;
   }
+  if (headerAlone_ && skipRemaining_ == 0 && end_ - begin_ < kHeaderBytes)
+    return {stage_.data() + end_, kHeaderBytes - (end_ - begin_)};
   return {stage_.data() + end_, stage_.size() - end_};
 }
 
@@ -186,6 +188,7 @@ void FrameReader::commit(size_t n, Sink& sink) {
       FrameHeader header = *directHeader_;
       directHeader_.reset();
       directFilled_ = 0;
+      headerAlone_ = true;
       sink.onFrame(header, std::move(direct_));
     }
     return;
@@ -204,6 +207,7 @@ void FrameReader::parseStaged(Sink& sink) {
     }
     if (end_ - begin_ < kHeaderBytes) break;
     FrameHeader header = decodeHeader(stage_.data() + begin_);
+    headerAlone_ = header.length >= kDirectBytes;
     if (header.length > maxFrameBytes_) {
       begin_ += kHeaderBytes;
       skipRemaining_ = header.length;

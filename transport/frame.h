@@ -152,6 +152,9 @@ class FrameReader {
   Body direct_;
   size_t directFilled_ = 0;
   uint64_t skipRemaining_ = 0;
+  // After a large frame, the next header is read alone: if it starts another large
+  // frame, its body then goes straight into its own Body instead of through the stage.
+  bool headerAlone_ = false;
 };
 
 }  // namespace raccel::transport
