@@ -479,6 +479,13 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
   auto it = sessionByContext_.find(h.channel);
   if (it == sessionByContext_.end()) return;  // the session ended; its late replies go nowhere
   Session& s = *it->second;
+  if (s.node != &node) {
+    // Only the netaccel holding a context may answer for it (an unregistered or other
+    // peer on the node port cannot inject replies into a tenant's session).
+    RLOG_WARN("scheduler") << "reply for context " << h.channel << " from " << node.connection->peer()
+                           << ", which does not hold it; dropped";
+    return;
+  }
   auto decoded = transport::decodeGuard([&] {
     transport::MessageView in(body);
     auto reply = in.root<wire::Reply>();

@@ -2,11 +2,15 @@
 // raccel-guestd as children; guest programs through libraccel (in test threads) and as
 // raccel-run processes. Every result is checked against a reference computed here.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -388,6 +392,38 @@ TEST_F(Integration, ProgramsOfALostNetaccelGetUnavailableOthersFinish) {
   std::string why;
   EXPECT_GE(checkedGemm(*survivor, 24, 24, 24, 77, &why), 0) << why;
   EXPECT_NE(cluster->console("nodes").find("\"online\":false"), std::string::npos);
+  EXPECT_TRUE(cluster->scheduler().running());
+}
+
+TEST_F(Integration, AStrangerOnTheNodePortCannotAnswerForASession) {
+  auto s = open(cluster->vmSocket(), 1, {}, "victim");
+  ASSERT_TRUE(s);
+  auto b = s->alloc(16);
+  s->writeFloats(b, {1, 2, 3, 4});
+  ASSERT_TRUE(s->fence());
+  // An unregistered peer sends forged replies for every plausible context and sequence.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(cluster->nodePort()));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  std::vector<std::byte> forged;
+  for (uint32_t ctx = 1; ctx <= 4; ++ctx)
+    for (uint64_t seq = s->lastSequence() + 1; seq <= s->lastSequence() + 4; ++seq) {
+      capnp::MallocMessageBuilder m;
+      auto chunk = m.initRoot<wire::Reply>().initData();
+      chunk.setLast(true);
+      auto data = chunk.initData(16);
+      std::memset(data.begin(), 0x66, 16);
+      transport::appendFrame(forged, ctx, seq, m);
+    }
+  ASSERT_EQ(::write(fd, forged.data(), forged.size()), static_cast<ssize_t>(forged.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto v = s->readFloats(b, 4);
+  ::close(fd);
+  ASSERT_TRUE(v) << v.error().message;
+  EXPECT_EQ(*v, (std::vector<float>{1, 2, 3, 4}));
   EXPECT_TRUE(cluster->scheduler().running());
 }
 
