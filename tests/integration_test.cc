@@ -337,6 +337,17 @@ TEST_F(Integration, MalformedFramesCloseOnlyTheirChannel) {
   }
   EXPECT_TRUE(welcomed);
 
+  // An unknown major protocol version is refused with both versions named.
+  capnp::MallocMessageBuilder future;
+  auto fh = future.initRoot<wire::Instruction>().initHello();
+  fh.setVersionMajor(9);
+  fh.setVersionMinor(4);
+  ASSERT_TRUE(raw.sendNow(8, 1, future));
+  Error version = expectErrorReply(raw, 1);
+  EXPECT_EQ(version.code, Code::invalidArgument) << version.message;
+  EXPECT_NE(version.message.find("9.4 is not supported"), std::string::npos) << version.message;
+  EXPECT_NE(version.message.find("speaks 1.0"), std::string::npos) << version.message;
+
   // A truncated frame and a vanished peer: the scheduler keeps serving.
   {
     transport::BlockingLink cut;
