@@ -67,6 +67,27 @@ constexpr uint64_t kTickMs = 200;
 std::string label(const VmPolicy& vm, const std::string& program, VaccelId id) {
   return vm.name + "/" + (program.empty() ? "?" : program) + "#" + std::to_string(id);
 }
+
+// Writes a vaccel's block ranges and its cards (with the blocks held on each) into a
+// wire struct that has `blocks` and `cards` (Welcome's VaccelInfo, the console's VaccelEntry).
+template <class Builder>
+void writePlacement(const Pool& pool, const std::vector<BlockRange>& ranges, Builder out) {
+  auto blocks = out.initBlocks(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    blocks[i].setFirst(ranges[i].first);
+    blocks[i].setCount(ranges[i].count);
+  }
+  auto shares = pool.cardsOf(ranges);
+  auto cards = out.initCards(shares.size());
+  for (size_t i = 0; i < shares.size(); ++i) {
+    const Card& c = pool.cards()[shares[i].card];
+    cards[i].setNode(pool.nodes()[c.node].name);
+    cards[i].setIndex(c.spec.index);
+    cards[i].setKind(transport::toWire(c.spec.kind));
+    cards[i].setModel(c.spec.model);
+    cards[i].setBlocks(shares[i].blocks);
+  }
+}
 }  // namespace
 
 Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config)
@@ -323,20 +344,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   auto info = welcome.initVaccel();
   info.setId(id);
   info.setBlockTflops(pool_.blockTflops());
-  auto wireBlocks = info.initBlocks(ranges.size());
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    wireBlocks[i].setFirst(ranges[i].first);
-    wireBlocks[i].setCount(ranges[i].count);
-  }
-  auto wireCards = info.initCards(shares.size());
-  for (size_t i = 0; i < shares.size(); ++i) {
-    const Card& c = pool_.cards()[shares[i].card];
-    wireCards[i].setNode(pool_.nodes()[c.node].name);
-    wireCards[i].setIndex(c.spec.index);
-    wireCards[i].setKind(transport::toWire(c.spec.kind));
-    wireCards[i].setModel(c.spec.model);
-    wireCards[i].setBlocks(shares[i].blocks);
-  }
+  writePlacement(pool_, ranges, info);
   link.connection->send(channel, sequence, m);
   RLOG_INFO("scheduler") << "admitted " << label(vm.policy, program, id) << ": " << blocks << " block(s) from "
                          << ranges.front().first << ", primary card " << node->name << "/" << card.spec.index << " ("
@@ -418,13 +426,7 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
   // Forward the bytes unchanged under the context's channel.
   NodeLink& node = *s.node;
   node.connection->sendBody(s.context, h.sequence, std::move(body));
-  if (node.connection->backlogBytes() > Connection::kHighWater) {
-    link.connection->pauseReading();
-    std::weak_ptr<Connection> weak = link.connection;
-    node.connection->whenDrained([weak] {
-      if (auto c = weak.lock()) c->resumeReading();
-    });
-  }
+  node.connection->throttle(*link.connection);
 }
 
 void Scheduler::endSession(VmLink& link, uint32_t channel) {
@@ -522,13 +524,7 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
   }
   VmLink* link = s.link;
   link->connection->sendBody(s.channel, h.sequence, std::move(body));
-  if (link->connection->backlogBytes() > Connection::kHighWater) {
-    node.connection->pauseReading();
-    std::weak_ptr<Connection> weak = node.connection;
-    link->connection->whenDrained([weak] {
-      if (auto c = weak.lock()) c->resumeReading();
-    });
-  }
+  link->connection->throttle(*node.connection);
 }
 
 void Scheduler::onNodeControl(NodeLink& node, Body body) {
@@ -721,21 +717,7 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
           out[i].setVm(s.vm->policy.name);
           out[i].setProgram(s.program);
           out[i].setPriority(s.priority);
-          auto blocks = out[i].initBlocks(s.blocks.size());
-          for (size_t b = 0; b < s.blocks.size(); ++b) {
-            blocks[b].setFirst(s.blocks[b].first);
-            blocks[b].setCount(s.blocks[b].count);
-          }
-          auto shares = pool_.cardsOf(s.blocks);
-          auto cards = out[i].initCards(shares.size());
-          for (size_t c = 0; c < shares.size(); ++c) {
-            const Card& card = pool_.cards()[shares[c].card];
-            cards[c].setNode(pool_.nodes()[card.node].name);
-            cards[c].setIndex(card.spec.index);
-            cards[c].setKind(transport::toWire(card.spec.kind));
-            cards[c].setModel(card.spec.model);
-            cards[c].setBlocks(shares[c].blocks);
-          }
+          writePlacement(pool_, s.blocks, out[i]);
           out[i].setMemoryUsed(s.memoryUsed);
           out[i].setMemoryQuota(s.vm->policy.memoryQuota);
           out[i].setInstructions(s.instructions);

@@ -164,6 +164,15 @@ void Connection::whenDrained(std::function<void()> fn) {
   else drainWaiters_.push_back(std::move(fn));
 }
 
+void Connection::throttle(Connection& source) {
+  if (backlogBytes() <= kHighWater) return;
+  source.pauseReading();
+  std::weak_ptr<Connection> weak = source.shared_from_this();
+  whenDrained([weak] {
+    if (auto c = weak.lock()) c->resumeReading();
+  });
+}
+
 void Connection::close() {
   if (closing_) return;
   closing_ = true;
@@ -311,7 +320,7 @@ void connect(uv_loop_t* loop, const Address& address, uint32_t maxFrameBytes,
     rc = uv_tcp_connect(&r->req, reinterpret_cast<uv_tcp_t*>(r->connection->stream()),
                         reinterpret_cast<sockaddr*>(&addr), onConnected);
   if (rc != 0) {
-    // Report on the next turn of the loop, like a failed connect would.
+    // Reported at once (before connect() returns), unlike a failed connection attempt.
     r->connection->close();
     auto fn = std::move(r->done);
     std::string what = "cannot connect to " + r->what + ": " + uv_strerror(rc);

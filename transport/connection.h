@@ -59,6 +59,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void whenDrained(std::function<void()> fn);
   void pauseReading();
   void resumeReading();
+  // Relay backpressure: call after queueing frames read from `source` onto this
+  // connection. Over the high-water mark, `source` stops reading until this drains.
+  void throttle(Connection& source);
 
   void setMaxFrameBytes(uint32_t bytes) { reader_.setMaxFrameBytes(bytes); }
   uint32_t maxFrameBytes() const { return reader_.maxFrameBytes(); }

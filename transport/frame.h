@@ -136,8 +136,7 @@ class FrameReader {
   uint32_t maxFrameBytes() const { return maxFrameBytes_; }
   // Where the next bytes from the stream must be put (never empty).
   std::span<std::byte> writable();
-  // `n` bytes were placed at writable(); emits the frames they complete. Returns false
-  // when the sink asked to stop (stop() called from a callback).
+  // `n` bytes were placed at writable(); emits the frames they complete.
   void commit(size_t n, Sink& sink);
   // True when a frame is partly received (EOF now means a truncated frame).
   bool midFrame() const;

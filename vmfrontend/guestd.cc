@@ -155,13 +155,7 @@ void Guestd::onClientFrame(Client& client, const FrameHeader& h, Body body) {
   client.localChannel = h.channel;
   client.sentAnything = true;
   port_->sendBody(client.channel, h.sequence, std::move(body));
-  if (port_->backlogBytes() > Connection::kHighWater) {
-    client.connection->pauseReading();
-    std::weak_ptr<Connection> weak = client.connection;
-    port_->whenDrained([weak] {
-      if (auto c = weak.lock()) c->resumeReading();
-    });
-  }
+  port_->throttle(*client.connection);
 }
 
 void Guestd::onPortFrame(const FrameHeader& h, Body body) {
@@ -183,13 +177,7 @@ void Guestd::onPortFrame(const FrameHeader& h, Body body) {
   if (it == clients_.end()) return;  // the program left; its late replies go nowhere
   Client& client = *it->second;
   client.connection->sendBody(client.localChannel, h.sequence, std::move(body));
-  if (client.connection->backlogBytes() > Connection::kHighWater) {
-    port_->pauseReading();
-    std::weak_ptr<Connection> weak = port_;
-    client.connection->whenDrained([weak] {
-      if (auto c = weak.lock()) c->resumeReading();
-    });
-  }
+  client.connection->throttle(*port_);
 }
 
 void Guestd::clientGone(Client& client) {
