@@ -28,6 +28,7 @@ const char* programKindName(ProgramKind kind) {
     case ProgramKind::xclbin: return "xclbin";
     case ProgramKind::openclC: return "openclC";
     case ProgramKind::spirv: return "spirv";
+    case ProgramKind::cudaC: return "cudaC";
   }
   return "?";
 }

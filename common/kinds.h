@@ -10,7 +10,7 @@ namespace raccel {
 
 // Order matters: blocks of a node are numbered in this order (ARCHITECTURE.md).
 enum class CardKind { gpu, npu, fpga, cpu };
-enum class ProgramKind { builtin, ptx, cubin, xclbin, openclC, spirv };
+enum class ProgramKind { builtin, ptx, cubin, xclbin, openclC, spirv, cudaC };
 
 const char* kindName(CardKind kind);
 Result<CardKind> parseKind(const std::string& text);

@@ -97,6 +97,8 @@ class Device {
   virtual ~Device() = default;
 
   const Capabilities& capabilities() const { return caps_; }
+  // Discovery sets a measured throughput once, before the device is handed to a worker.
+  void setTflops(double tflops) { caps_.tflops = tflops; }
   uint64_t memoryUsed() const { return memoryUsed_; }
 
   // Owned, zero-filled buffer (never another tenant's leftovers), or resourceExhausted

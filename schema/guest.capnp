@@ -29,6 +29,7 @@ enum ProgramKind {
   xclbin @3;
   openclC @4;
   spirv @5;
+  cudaC @6;     # CUDA C++ source, compiled with NVRTC on the netaccel
 }
 
 struct Instruction {

@@ -5,7 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake ninja-build g++ pkg-config capnproto libcapnp-dev libuv1-dev libgtest-dev)
+# Backends: OpenCL (ICD loader, headers, PoCL as a real CPU device), XRT for FPGA cards.
+# CUDA is used when its toolkit is at /usr/local/cuda (not a Debian package).
+packages=(cmake ninja-build g++ pkg-config capnproto libcapnp-dev libuv1-dev libgtest-dev
+  ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -20,7 +20,7 @@ inline Code fromWire(wire::ErrorCode c) {
 }
 inline bool validKind(wire::CardKind k) { return static_cast<uint16_t>(k) <= static_cast<uint16_t>(wire::CardKind::CPU); }
 inline bool validProgramKind(wire::ProgramKind k) {
-  return static_cast<uint16_t>(k) <= static_cast<uint16_t>(wire::ProgramKind::SPIRV);
+  return static_cast<uint16_t>(k) <= static_cast<uint16_t>(wire::ProgramKind::CUDA_C);
 }
 
 inline void setError(wire::Error::Builder out, const Error& e) {

@@ -1,6 +1,7 @@
 #include "hal/cpu/cpu_device.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -97,7 +98,7 @@ class ThreadPool {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice(Capabilities caps, unsigned threads) : Device(std::move(caps)), pool_(threads) {}
+  CpuDevice(Capabilities caps, unsigned threads, bool paced) : Device(std::move(caps)), pool_(threads), paced_(paced) {}
 
   Status finish() override { return {}; }  // every call completes before it returns
 
@@ -129,6 +130,30 @@ class CpuDevice final : public Device {
   }
 
   Status doGemm(const GemmArgs& g) override {
+    return pace(2.0 * g.m * g.n * g.k, [&] { gemm(g); });
+  }
+  Status doAxpy(uint64_t n, float alpha, const Buffer& xb, Buffer& yb) override {
+    return pace(2.0 * n, [&] { axpy(n, alpha, xb, yb); });
+  }
+  Status doVadd(uint64_t n, const Buffer& ab, const Buffer& bb, Buffer& outb) override {
+    return pace(double(n), [&] { vadd(n, ab, bb, outb); });
+  }
+  Status doReduceSum(uint64_t n, const Buffer& inb, Buffer& outb) override {
+    return pace(double(n), [&] { reduceSum(n, inb, outb); });
+  }
+
+ private:
+  // A paced (simulated) card takes at least flops / its declared TFLOPS per op.
+  template <class F>
+  Status pace(double flops, F&& work) {
+    auto start = std::chrono::steady_clock::now();
+    work();
+    if (paced_)
+      std::this_thread::sleep_until(start + std::chrono::duration<double>(flops / (capabilities().tflops * 1e12)));
+    return {};
+  }
+
+  void gemm(const GemmArgs& g) {
     const float* a = host(*g.a).floats();
     const float* b = host(*g.b).floats();
     float* c = host(*g.c).floats();
@@ -158,29 +183,26 @@ class CpuDevice final : public Device {
                           }
                         }
                       });
-    return {};
   }
 
-  Status doAxpy(uint64_t n, float alpha, const Buffer& xb, Buffer& yb) override {
+  void axpy(uint64_t n, float alpha, const Buffer& xb, Buffer& yb) {
     const float* x = host(xb).floats();
     float* y = host(yb).floats();
     pool_.parallelFor(n, 1 << 16, [&](uint64_t i0, uint64_t i1) {
       for (uint64_t i = i0; i < i1; ++i) y[i] += alpha * x[i];
     });
-    return {};
   }
 
-  Status doVadd(uint64_t n, const Buffer& ab, const Buffer& bb, Buffer& outb) override {
+  void vadd(uint64_t n, const Buffer& ab, const Buffer& bb, Buffer& outb) {
     const float* a = host(ab).floats();
     const float* b = host(bb).floats();
     float* out = host(outb).floats();
     pool_.parallelFor(n, 1 << 16, [&](uint64_t i0, uint64_t i1) {
       for (uint64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
     });
-    return {};
   }
 
-  Status doReduceSum(uint64_t n, const Buffer& inb, Buffer& outb) override {
+  void reduceSum(uint64_t n, const Buffer& inb, Buffer& outb) {
     const float* in = host(inb).floats();
     std::vector<double> partial(pool_.size(), 0.0);
     uint64_t step = (n + pool_.size() - 1) / std::max<uint64_t>(pool_.size(), 1);
@@ -195,11 +217,10 @@ class CpuDevice final : public Device {
     double total = 0;
     for (double p : partial) total += p;
     host(outb).floats()[0] = static_cast<float>(total);
-    return {};
   }
 
- private:
   ThreadPool pool_;
+  bool paced_;
 };
 
 }  // namespace
@@ -213,7 +234,7 @@ std::unique_ptr<Device> makeCpuDevice(const CpuDeviceOptions& options) {
   caps.memoryBytes = options.memoryBytes;
   caps.programKinds = {ProgramKind::builtin};
   unsigned threads = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
-  return std::make_unique<CpuDevice>(std::move(caps), threads);
+  return std::make_unique<CpuDevice>(std::move(caps), threads, options.paced);
 }
 
 }  // namespace raccel::hal

@@ -16,6 +16,9 @@ struct CpuDeviceOptions {
   double tflops = 1;
   uint64_t memoryBytes = 1ull << 30;
   unsigned threads = 0;  // 0 = one per core
+  // Paced: the built-in ops take at least as long as a card of `tflops` would need, so
+  // a simulated card's throughput is the configured one (results are computed for real).
+  bool paced = false;
 };
 
 std::unique_ptr<Device> makeCpuDevice(const CpuDeviceOptions& options);

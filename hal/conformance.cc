@@ -1,0 +1,27 @@
+#include "hal/conformance.h"
+
+namespace raccel::hal {
+
+SampleProgram openclSample() {
+  return {ProgramKind::openclC,
+          "__kernel void scale(float s, __global float* x, uint n) {\n"
+          "  uint i = get_global_id(0);\n"
+          "  if (i < n) x[i] *= s;\n"
+          "}\n",
+          "__kernel void scale(float s, __global float* x, uint n) {\n"
+          "  x[get_global_id(0)] = undeclared_thing * s\n"
+          "}\n"};
+}
+
+SampleProgram cudaSample() {
+  return {ProgramKind::cudaC,
+          "extern \"C\" __global__ void scale(float s, float* x, unsigned n) {\n"
+          "  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+          "  if (i < n) x[i] *= s;\n"
+          "}\n",
+          "extern \"C\" __global__ void scale(float s, float* x, unsigned n) {\n"
+          "  x[threadIdx.x] = undeclared_thing * s\n"
+          "}\n"};
+}
+
+}  // namespace raccel::hal

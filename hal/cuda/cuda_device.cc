@@ -1,0 +1,463 @@
+#include "hal/cuda/cuda_device.h"
+
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <dlfcn.h>
+#include <nvrtc.h>
+
+#include <map>
+#include <mutex>
+
+namespace raccel::hal {
+namespace {
+
+#define RACCEL_STR2(x) #x
+#define RACCEL_STR(x) RACCEL_STR2(x)  // expands cuda.h's versioned names (cuMemAlloc -> cuMemAlloc_v2)
+
+// The driver API, loaded once. Every entry point is the versioned symbol cuda.h names.
+struct Driver {
+  void* lib = nullptr;
+  std::string note;
+#define RACCEL_CU(fn) decltype(&::fn) fn = nullptr;
+#define RACCEL_CU_FUNCTIONS(X)                                                                                   \
+  X(cuInit) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem) X(cuDeviceGetAttribute)   \
+  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuMemAlloc) X(cuMemFree)        \
+  X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuModuleLoadDataEx)       \
+  X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuStreamCreate) X(cuStreamDestroy)              \
+  X(cuStreamSynchronize) X(cuGetErrorString)
+  RACCEL_CU_FUNCTIONS(RACCEL_CU)
+#undef RACCEL_CU
+  // Optional (CUDA 12.4+): lets a launch check its argument count and sizes.
+  CUresult (*cuFuncGetParamInfo)(CUfunction, size_t, size_t*, size_t*) = nullptr;
+
+  bool load() {
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      note = "no CUDA driver (libcuda.so.1 not found)";
+      return false;
+    }
+    bool ok = true;
+#define RACCEL_CU(fn)                                                        \
+  fn = reinterpret_cast<decltype(fn)>(dlsym(lib, RACCEL_STR(fn)));          \
+  if (!fn) {                                                                 \
+    ok = false;                                                              \
+    note = std::string("the CUDA driver lacks ") + RACCEL_STR(fn);          \
+  }
+    RACCEL_CU_FUNCTIONS(RACCEL_CU)
+#undef RACCEL_CU
+    cuFuncGetParamInfo = reinterpret_cast<decltype(cuFuncGetParamInfo)>(dlsym(lib, "cuFuncGetParamInfo"));
+    if (!ok) return false;
+    CUresult rc = cuInit(0);
+    if (rc != CUDA_SUCCESS) {
+      note = "cuInit failed: " + error(rc);
+      return false;
+    }
+    return true;
+  }
+  std::string error(CUresult rc) const {
+    const char* s = nullptr;
+    if (cuGetErrorString && cuGetErrorString(rc, &s) == CUDA_SUCCESS && s) return s;
+    return "CUDA error " + std::to_string(static_cast<int>(rc));
+  }
+};
+
+Driver* driver() {
+  static Driver* d = [] {
+    auto* x = new Driver;
+    if (!x->load()) x->lib = nullptr;
+    return x;
+  }();
+  return d;
+}
+
+// A library from the toolkit, by soname or from the toolkit's lib directory.
+void* openToolkitLibrary(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (void* h = dlopen(n, RTLD_NOW | RTLD_LOCAL)) return h;
+#ifdef RACCEL_CUDA_LIBDIR
+    if (void* h = dlopen((std::string(RACCEL_CUDA_LIBDIR) + "/" + n).c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+#endif
+  }
+  return nullptr;
+}
+
+struct Nvrtc {
+#define RACCEL_NV(fn) decltype(&::fn) fn = nullptr;
+#define RACCEL_NV_FUNCTIONS(X)                                                                                  \
+  X(nvrtcCreateProgram) X(nvrtcCompileProgram) X(nvrtcGetPTXSize) X(nvrtcGetPTX) X(nvrtcGetProgramLogSize)     \
+  X(nvrtcGetProgramLog) X(nvrtcDestroyProgram) X(nvrtcGetErrorString)
+  RACCEL_NV_FUNCTIONS(RACCEL_NV)
+#undef RACCEL_NV
+  bool ok = false;
+};
+
+Nvrtc* nvrtc() {
+  static Nvrtc* n = [] {
+    auto* x = new Nvrtc;
+    void* h = openToolkitLibrary({"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"});
+    if (!h) return x;
+    x->ok = true;
+#define RACCEL_NV(fn) \
+  x->fn = reinterpret_cast<decltype(x->fn)>(dlsym(h, #fn)); \
+  if (!x->fn) x->ok = false;
+    RACCEL_NV_FUNCTIONS(RACCEL_NV)
+#undef RACCEL_NV
+    return x;
+  }();
+  return n;
+}
+
+struct Cublas {
+  decltype(&::cublasCreate) create = nullptr;
+  decltype(&::cublasDestroy) destroy = nullptr;
+  decltype(&::cublasSetStream) setStream = nullptr;
+  decltype(&::cublasSgemm) sgemm = nullptr;
+  bool ok = false;
+};
+
+Cublas* cublas() {
+  static Cublas* c = [] {
+    auto* x = new Cublas;
+    void* h = openToolkitLibrary({"libcublas.so", "libcublas.so.13", "libcublas.so.12"});
+    if (!h) return x;
+    x->create = reinterpret_cast<decltype(x->create)>(dlsym(h, RACCEL_STR(cublasCreate)));
+    x->destroy = reinterpret_cast<decltype(x->destroy)>(dlsym(h, RACCEL_STR(cublasDestroy)));
+    x->setStream = reinterpret_cast<decltype(x->setStream)>(dlsym(h, RACCEL_STR(cublasSetStream)));
+    x->sgemm = reinterpret_cast<decltype(x->sgemm)>(dlsym(h, RACCEL_STR(cublasSgemm)));
+    x->ok = x->create && x->destroy && x->setStream && x->sgemm;
+    return x;
+  }();
+  return c;
+}
+
+const char* kBuiltinSource = R"CU(
+extern "C" __global__ void raccel_axpy(unsigned long long n, float alpha, const float* x, float* y) {
+  unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  for (; i < n; i += (unsigned long long)gridDim.x * blockDim.x) y[i] = alpha * x[i] + y[i];
+}
+extern "C" __global__ void raccel_vadd(unsigned long long n, const float* a, const float* b, float* out) {
+  unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  for (; i < n; i += (unsigned long long)gridDim.x * blockDim.x) out[i] = a[i] + b[i];
+}
+// One block of 1024 threads: per-thread double partial sums, then a shared-memory tree.
+extern "C" __global__ void raccel_reduce_sum(unsigned long long n, const float* in, float* out) {
+  __shared__ double partial[1024];
+  double sum = 0;
+  for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) sum += in[i];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = (float)partial[0];
+}
+)CU";
+
+int fp32LanesPerSm(int major, int minor) {
+  switch (major) {
+    case 3: return 192;
+    case 5: return 128;
+    case 6: return minor == 0 ? 64 : 128;
+    case 7: return 64;
+    case 8: return minor == 0 ? 64 : 128;
+    default: return 128;
+  }
+}
+
+class CuBuffer final : public Buffer {
+ public:
+  CuBuffer(uint64_t size, CUdeviceptr ptr) : Buffer(size), ptr(ptr) {}
+  ~CuBuffer() override { driver()->cuMemFree(ptr); }
+  CUdeviceptr ptr;
+};
+CUdeviceptr ptrOf(const Buffer& b) { return static_cast<const CuBuffer&>(b).ptr; }
+
+class CuProgram final : public Program {
+ public:
+  CuProgram(std::string name, ProgramKind kind, CUmodule module, std::vector<std::string> names)
+      : Program(std::move(name), kind), module(module), names(std::move(names)) {}
+  ~CuProgram() override { driver()->cuModuleUnload(module); }
+  std::vector<std::string> kernels() const override { return names; }
+  CUmodule module;
+  std::vector<std::string> names;  // known only for cudaC sources (extern "C" names are not listed by the driver)
+};
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(Capabilities caps, CUdevice device, int major, int minor)
+      : Device(std::move(caps)), device_(device), major_(major), minor_(minor) {}
+  ~CudaDevice() override {
+    auto* d = driver();
+    d->cuCtxSetCurrent(context_);
+    if (stream_) d->cuStreamSynchronize(stream_);
+    builtins_.reset();
+    if (blas_) cublas()->destroy(blas_);
+    if (stream_) d->cuStreamDestroy(stream_);
+    if (context_) d->cuDevicePrimaryCtxRelease(device_);
+  }
+
+  Status init() {
+    auto* d = driver();
+    if (auto s = cu(d->cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain"); !s) return s;
+    if (auto s = cu(d->cuCtxSetCurrent(context_), "cuCtxSetCurrent"); !s) return s;
+    if (auto s = cu(d->cuStreamCreate(&stream_, 0), "cuStreamCreate"); !s) return s;
+    auto program = compile(kBuiltinLibrary, kBuiltinSource);
+    if (!program) return fail(program.error().code, "building the built-in kernels: " + program.error().message);
+    builtins_ = std::move(*program);
+    if (!cublas()->ok) return fail(Code::unavailable, "cuBLAS (libcublas.so) could not be loaded for the built-in gemm");
+    if (cublas()->create(&blas_) != CUBLAS_STATUS_SUCCESS) return fail(Code::internal, "cublasCreate failed");
+    cublas()->setStream(blas_, reinterpret_cast<cudaStream_t>(stream_));
+    return {};
+  }
+
+  Status finish() override { return cu(driver()->cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
+
+ protected:
+  Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) override {
+    bind();
+    CUdeviceptr p = 0;
+    if (auto s = cu(driver()->cuMemAlloc(&p, bytes), "cuMemAlloc"); !s) return fail(s.error());
+    auto buffer = std::make_unique<CuBuffer>(bytes, p);
+    if (auto s = doFill(*buffer, 0, bytes, 0); !s) return fail(s.error());
+    return std::unique_ptr<Buffer>(std::move(buffer));
+  }
+  Status doWrite(Buffer& b, uint64_t offset, std::span<const std::byte> data) override {
+    bind();
+    // The caller's bytes are pageable and short-lived: wait until the copy has them.
+    if (auto s = cu(driver()->cuMemcpyHtoDAsync(ptrOf(b) + offset, data.data(), data.size(), stream_), "cuMemcpyHtoD"); !s)
+      return s;
+    return finish();
+  }
+  Status doRead(const Buffer& b, uint64_t offset, std::span<std::byte> out) override {
+    bind();
+    if (auto s = cu(driver()->cuMemcpyDtoHAsync(out.data(), ptrOf(b) + offset, out.size(), stream_), "cuMemcpyDtoH"); !s)
+      return s;
+    return finish();
+  }
+  Status doCopy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length) override {
+    bind();
+    if (length == 0) return {};
+    return cu(driver()->cuMemcpyDtoDAsync(ptrOf(dst) + dstOffset, ptrOf(src) + srcOffset, length, stream_), "cuMemcpyDtoD");
+  }
+  Status doFill(Buffer& b, uint64_t offset, uint64_t length, uint8_t value) override {
+    bind();
+    if (length == 0) return {};
+    return cu(driver()->cuMemsetD8Async(ptrOf(b) + offset, value, length, stream_), "cuMemsetD8");
+  }
+
+  Result<std::unique_ptr<Program>> doLoadProgram(ProgramKind kind, const std::string& name,
+                                                 std::span<const std::byte> code) override {
+    bind();
+    if (code.empty()) return fail(Code::invalidArgument, "program '" + name + "' has no code");
+    if (kind == ProgramKind::cudaC) {
+      auto p = compile(name, std::string(reinterpret_cast<const char*>(code.data()), code.size()));
+      if (!p) return fail(p.error());
+      return std::unique_ptr<Program>(std::move(*p));
+    }
+    std::string image(reinterpret_cast<const char*>(code.data()), code.size());  // ptx must end in NUL
+    auto module = loadModule(name, image);
+    if (!module) return fail(module.error());
+    return std::unique_ptr<Program>(new CuProgram(name, kind, *module, {}));
+  }
+
+  Status doLaunch(Program& program, const std::string& kernel, const LaunchDims& dims,
+                  std::span<const KernelArg> args) override {
+    bind();
+    auto& p = static_cast<CuProgram&>(program);
+    CUfunction f = nullptr;
+    if (driver()->cuModuleGetFunction(&f, p.module, kernel.c_str()) != CUDA_SUCCESS)
+      return fail(Code::notFound, "no kernel '" + kernel + "' in program '" + p.name() + "' (kernels need extern \"C\" names)");
+    std::vector<uint64_t> storage(args.size());
+    std::vector<void*> params(args.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      const KernelArg& a = args[i];
+      size_t size = 8;
+      switch (a.type) {
+        case KernelArg::Type::buffer: storage[i] = ptrOf(*a.buffer); break;
+        case KernelArg::Type::u32: case KernelArg::Type::i32: case KernelArg::Type::f32:
+          std::memcpy(&storage[i], &a.scalar, 4);
+          size = 4;
+          break;
+        default: std::memcpy(&storage[i], &a.scalar, 8); break;
+      }
+      params[i] = &storage[i];
+      size_t offset = 0, declared = 0;
+      if (driver()->cuFuncGetParamInfo) {
+        if (driver()->cuFuncGetParamInfo(f, i, &offset, &declared) != CUDA_SUCCESS)
+          return fail(Code::invalidArgument, "kernel " + kernel + " takes fewer than " + std::to_string(args.size()) + " arguments");
+        if (declared != size)
+          return fail(Code::invalidArgument, "kernel " + kernel + " argument " + std::to_string(i) + " is " +
+                                                 std::to_string(declared) + " bytes, " + std::to_string(size) + " given");
+      }
+    }
+    if (driver()->cuFuncGetParamInfo) {
+      size_t offset = 0, declared = 0;
+      if (driver()->cuFuncGetParamInfo(f, args.size(), &offset, &declared) == CUDA_SUCCESS)
+        return fail(Code::invalidArgument, "kernel " + kernel + " takes more than " + std::to_string(args.size()) + " arguments");
+    }
+    CUresult rc = driver()->cuLaunchKernel(f, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
+                                           dims.block[2], dims.sharedBytes, stream_, params.data(), nullptr);
+    if (rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+      return fail(Code::invalidArgument, "launch of " + kernel + " refused: " + driver()->error(rc));
+    return cu(rc, "cuLaunchKernel");
+  }
+
+  Status doGemm(const GemmArgs& g) override {
+    bind();
+    // Row-major C = A B is column-major C^T = B^T A^T.
+    auto rc = cublas()->sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, g.n, g.m, g.k, &g.alpha,
+                              reinterpret_cast<const float*>(ptrOf(*g.b)), g.n, reinterpret_cast<const float*>(ptrOf(*g.a)),
+                              g.k, &g.beta, reinterpret_cast<float*>(ptrOf(*g.c)), g.n);
+    if (rc != CUBLAS_STATUS_SUCCESS) return fail(Code::internal, "cublasSgemm failed (status " + std::to_string(rc) + ")");
+    return {};
+  }
+  Status doAxpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) override {
+    return builtin("raccel_axpy", blocksFor(n), 256, n, alpha, ptrOf(x), ptrOf(y));
+  }
+  Status doVadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out) override {
+    return builtin("raccel_vadd", blocksFor(n), 256, n, ptrOf(a), ptrOf(b), ptrOf(out));
+  }
+  Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) override {
+    return builtin("raccel_reduce_sum", 1, 1024, n, ptrOf(input), ptrOf(out));
+  }
+
+ private:
+  void bind() { driver()->cuCtxSetCurrent(context_); }
+  static unsigned blocksFor(uint64_t n) { return static_cast<unsigned>(std::min<uint64_t>((n + 255) / 256, 65535)); }
+  Status cu(CUresult rc, const char* what) {
+    if (rc == CUDA_SUCCESS) return {};
+    Code code = rc == CUDA_ERROR_OUT_OF_MEMORY ? Code::resourceExhausted : Code::internal;
+    return fail(code, std::string(what) + ": " + driver()->error(rc));
+  }
+
+  template <class... A>
+  Status builtin(const char* name, unsigned grid, unsigned block, A... args) {
+    bind();
+    CUfunction f = nullptr;
+    if (auto s = cu(driver()->cuModuleGetFunction(&f, builtins_->module, name), name); !s) return s;
+    void* params[] = {&args...};
+    return cu(driver()->cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, stream_, params, nullptr), name);
+  }
+
+  Result<CUmodule> loadModule(const std::string& name, std::string image) {
+    image.push_back('\0');
+    char log[8192] = {0};
+    CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void* values[] = {log, reinterpret_cast<void*>(sizeof log)};
+    CUmodule module = nullptr;
+    CUresult rc = driver()->cuModuleLoadDataEx(&module, image.data(), 2, options, values);
+    if (rc != CUDA_SUCCESS)
+      return fail(Code::invalidArgument, "program '" + name + "' could not be loaded (" + driver()->error(rc) + "). Log:\n" + log);
+    return module;
+  }
+
+  Result<std::unique_ptr<CuProgram>> compile(const std::string& name, const std::string& source) {
+    auto* nv = nvrtc();
+    if (!nv->ok) return fail(Code::unavailable, "NVRTC (libnvrtc.so) could not be loaded: cudaC programs need it");
+    nvrtcProgram prog = nullptr;
+    if (nv->nvrtcCreateProgram(&prog, source.c_str(), name.c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
+      return fail(Code::internal, "nvrtcCreateProgram failed");
+    std::string arch = "--gpu-architecture=compute_" + std::to_string(major_) + std::to_string(minor_);
+    const char* opts[] = {arch.c_str(), "--std=c++17"};
+    nvrtcResult rc = nv->nvrtcCompileProgram(prog, 2, opts);
+    size_t logSize = 0;
+    nv->nvrtcGetProgramLogSize(prog, &logSize);
+    std::string log(logSize, '\0');
+    if (logSize) nv->nvrtcGetProgramLog(prog, log.data());
+    while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+    if (rc != NVRTC_SUCCESS) {
+      nv->nvrtcDestroyProgram(&prog);
+      return fail(Code::invalidArgument, "program '" + name + "' failed to compile (" + nv->nvrtcGetErrorString(rc) +
+                                             "). Compiler log:\n" + log);
+    }
+    size_t ptxSize = 0;
+    nv->nvrtcGetPTXSize(prog, &ptxSize);
+    std::string ptx(ptxSize, '\0');
+    nv->nvrtcGetPTX(prog, ptx.data());
+    nv->nvrtcDestroyProgram(&prog);
+    while (!ptx.empty() && ptx.back() == '\0') ptx.pop_back();
+    auto module = loadModule(name, ptx);
+    if (!module) return fail(module.error());
+    // The entry points, from the PTX (".entry NAME(").
+    std::vector<std::string> names;
+    for (size_t at = ptx.find(".entry "); at != std::string::npos; at = ptx.find(".entry ", at + 1)) {
+      size_t start = at + 7, end = ptx.find_first_of("( \n", start);
+      names.push_back(ptx.substr(start, end - start));
+    }
+    return std::make_unique<CuProgram>(name, ProgramKind::cudaC, *module, names);
+  }
+
+  CUdevice device_;
+  int major_, minor_;
+  CUcontext context_ = nullptr;
+  CUstream stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::unique_ptr<CuProgram> builtins_;
+};
+
+}  // namespace
+
+std::vector<DeviceInfo> enumerateCudaDevices(std::string* note) {
+  auto* d = driver();
+  std::vector<DeviceInfo> out;
+  if (!d->lib) {
+    if (note) *note = d->note;
+    return out;
+  }
+  int count = 0;
+  if (d->cuDeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+    if (note) *note = "the CUDA driver reports no devices";
+    return out;
+  }
+  for (int i = 0; i < count; ++i) {
+    CUdevice dev = 0;
+    if (d->cuDeviceGet(&dev, i) != CUDA_SUCCESS) continue;
+    DeviceInfo info;
+    info.backend = "cuda";
+    info.index = static_cast<unsigned>(i);
+    info.kind = CardKind::gpu;
+    char name[256] = {0};
+    d->cuDeviceGetName(name, sizeof name - 1, dev);
+    info.model = name;
+    size_t mem = 0;
+    d->cuDeviceTotalMem(&mem, dev);
+    info.memoryBytes = mem;
+    int sms = 0, clockKhz = 0, major = 0, minor = 0;
+    d->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    d->cuDeviceGetAttribute(&clockKhz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev);
+    d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    // Peak FP32: SMs x FP32 lanes per SM x 2 (fused multiply-add) x clock.
+    info.tflops = 2.0 * sms * fp32LanesPerSm(major, minor) * (clockKhz * 1e3) / 1e12;
+    out.push_back(info);
+  }
+  return out;
+}
+
+Result<std::unique_ptr<Device>> openCudaDevice(unsigned index, const DeviceOverrides& overrides) {
+  std::string note;
+  auto devices = enumerateCudaDevices(&note);
+  if (index >= devices.size())
+    return fail(Code::notFound, "no CUDA device " + std::to_string(index) + " (" +
+                                    (devices.empty() ? note : std::to_string(devices.size()) + " found") + ")");
+  auto* d = driver();
+  CUdevice dev = 0;
+  d->cuDeviceGet(&dev, static_cast<int>(index));
+  int major = 0, minor = 0;
+  d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  Capabilities caps;
+  caps.kind = CardKind::gpu;
+  caps.model = devices[index].model;
+  caps.backend = "cuda";
+  caps.tflops = devices[index].tflops;
+  caps.memoryBytes = devices[index].memoryBytes;
+  caps.programKinds = {ProgramKind::builtin, ProgramKind::ptx, ProgramKind::cubin, ProgramKind::cudaC};
+  applyOverrides(caps, overrides);
+  auto device = std::make_unique<CudaDevice>(caps, dev, major, minor);
+  if (auto s = device->init(); !s) return fail(s.error());
+  return std::unique_ptr<Device>(std::move(device));
+}
+
+}  // namespace raccel::hal

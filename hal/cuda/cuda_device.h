@@ -1,0 +1,19 @@
+// The CUDA backend, built when the CUDA toolkit's headers are found. Everything is
+// loaded at run time: the driver API with dlopen("libcuda.so.1") (absent = zero
+// devices, not an error), NVRTC for cudaC programs and the built-in kernels, cuBLAS
+// for the built-in gemm. Programs of kind ptx, cubin and cudaC; one in-order stream
+// per device carries every copy and launch, and finish() synchronizes it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hal/backends.h"
+
+namespace raccel::hal {
+
+std::vector<DeviceInfo> enumerateCudaDevices(std::string* note);
+Result<std::unique_ptr<Device>> openCudaDevice(unsigned index, const DeviceOverrides& overrides);
+
+}  // namespace raccel::hal
