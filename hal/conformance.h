@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct Backend {
 };
 
 std::vector<Backend> conformanceBackends();
+inline void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
 
 // The OpenCL C and CUDA C versions of the sample.
 SampleProgram openclSample();

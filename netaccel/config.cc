@@ -1,34 +1,89 @@
 #include "netaccel/config.h"
 
+#include <algorithm>
+
+#include "hal/backends.h"
 
 namespace raccel::netaccel {
 namespace {
+std::string builtList() {
+  std::string out;
+  for (auto& b : hal::builtBackends()) out += (out.empty() ? "" : ", ") + b;
+  return out;
+}
+
 Result<CardConfig> cardFrom(const ConfigSection& s) {
-  auto unknown = s.unknownKeys({"backend", "kind", "model", "tflops", "memory", "threads"});
+  auto unknown = s.unknownKeys({"backend", "device", "kind", "model", "tflops", "memory", "threads", "paced"});
   if (!unknown.empty()) return fail(Code::invalidArgument, "unknown card setting '" + unknown[0] + "'");
   CardConfig c;
   c.backend = s.getString("backend", "cpu");
-  if (c.backend != "cpu")
-    return fail(Code::unimplemented, "card backend '" + c.backend + "' is not built into this netaccel (available: cpu)");
-  auto kind = parseKind(s.getString("kind", "cpu"));
-  if (!kind) return fail(kind.error());
-  c.kind = *kind;
-  c.model = s.getString("model", c.kind == CardKind::cpu ? "host-cpu" : std::string("sim-") + kindName(c.kind));
-  auto tflops = s.getDouble("tflops", 1);
-  if (!tflops) return fail(tflops.error());
-  if (*tflops <= 0) return fail(Code::invalidArgument, "card tflops must be positive");
-  c.tflops = *tflops;
-  auto memory = s.getBytes("memory", 1ull << 30);
-  if (!memory) return fail(memory.error());
-  if (*memory == 0) return fail(Code::invalidArgument, "card memory must be positive");
-  c.memoryBytes = *memory;
+  auto built = hal::builtBackends();
+  if (std::find(built.begin(), built.end(), c.backend) == built.end())
+    return fail(Code::unimplemented, "card backend '" + c.backend + "' is not built into this netaccel (built: " + builtList() + ")");
+  bool cpu = c.backend == "cpu";
+  if (s.has("device")) {
+    if (cpu) return fail(Code::invalidArgument, "device= names a discovered device; cpu cards are declared");
+    auto d = s.getInt("device", 0);
+    if (!d) return fail(d.error());
+    if (*d < 0 || *d > 1024) return fail(Code::invalidArgument, "device must be 0..1024");
+    c.device = static_cast<unsigned>(*d);
+  } else if (!cpu) {
+    c.device = 0;
+  }
+  if (s.has("kind")) {
+    auto kind = parseKind(s.getString("kind", ""));
+    if (!kind) return fail(kind.error());
+    c.kind = *kind;
+  }
+  if (s.has("model")) c.model = s.getString("model", "");
+  if (s.has("tflops")) {
+    auto tflops = s.getDouble("tflops", 1);
+    if (!tflops) return fail(tflops.error());
+    if (!(*tflops > 0)) return fail(Code::invalidArgument, "card tflops must be positive");
+    c.tflops = *tflops;
+  }
+  if (s.has("memory")) {
+    auto memory = s.getBytes("memory", 0);
+    if (!memory) return fail(memory.error());
+    if (*memory == 0) return fail(Code::invalidArgument, "card memory must be positive");
+    c.memoryBytes = *memory;
+  }
   auto threads = s.getInt("threads", 0);
   if (!threads) return fail(threads.error());
   if (*threads < 0 || *threads > 1024) return fail(Code::invalidArgument, "card threads must be 0..1024");
+  if (*threads && !cpu) return fail(Code::invalidArgument, "threads= applies to cpu cards only");
   c.threads = static_cast<unsigned>(*threads);
+  std::string paced = s.getString("paced", "false");
+  if (paced != "true" && paced != "false" && paced != "1" && paced != "0")
+    return fail(Code::invalidArgument, "paced must be true or false");
+  c.paced = paced == "true" || paced == "1";
+  if (c.paced && !cpu) return fail(Code::invalidArgument, "paced= applies to simulated (cpu backend) cards only");
   return c;
 }
 }  // namespace
+
+Result<std::vector<std::string>> parseDiscover(const std::string& text) {
+  auto built = hal::builtBackends();
+  std::vector<std::string> out;
+  if (text == "none") return out;
+  if (text == "all") {
+    for (auto& b : built)
+      if (b != "cpu") out.push_back(b);
+    return out;
+  }
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string name = text.substr(start, end - start);
+    if (name == "cpu" || std::find(built.begin(), built.end(), name) == built.end())
+      return fail(Code::invalidArgument, "discover: '" + name + "' is not a discoverable backend of this netaccel (use all, none, or of: " +
+                                             builtList() + " but cpu)");
+    out.push_back(name);
+    start = end + 1;
+  }
+  return out;
+}
 
 Result<CardConfig> parseCardSpec(const std::string& spec) {
   auto s = ConfigSection::fromSpec("card", spec);
@@ -41,7 +96,7 @@ Result<CardConfig> parseCardSpec(const std::string& spec) {
 Result<NetaccelConfig> parseConfig(const Config& config) {
   NetaccelConfig out;
   auto& top = config.top();
-  auto unknown = top.unknownKeys({"name", "scheduler", "heartbeat_ms"});
+  auto unknown = top.unknownKeys({"name", "scheduler", "heartbeat_ms", "discover"});
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
   out.name = top.getString("name", "");
   out.scheduler = top.getString("scheduler", out.scheduler);
@@ -49,6 +104,9 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   if (!hb) return fail(hb.error());
   if (*hb < 10) return fail(Code::invalidArgument, "heartbeat_ms must be at least 10");
   out.heartbeatMs = static_cast<unsigned>(*hb);
+  auto discover = parseDiscover(top.getString("discover", "all"));
+  if (!discover) return fail(discover.error().code, config.origin() + ": " + discover.error().message);
+  out.discover = *discover;
   for (auto* s : config.sections("card")) {
     auto c = cardFrom(*s);
     if (!c) return fail(c.error().code, config.origin() + ":" + std::to_string(s->line()) + ": " + c.error().message);

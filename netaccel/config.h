@@ -3,15 +3,29 @@
 //
 //   name = node0                 # unique in the pool
 //   scheduler = 127.0.0.1:7700
-//   [card]
-//   backend = cpu                # cpu today; opencl, cuda, xrt come with their backends
-//   kind = gpu                   # declared kind: a simulated card of a kind this host lacks
+//   discover = all               # all, none, or a list: opencl,cuda,xrt
+//
+//   [card]                       # override a discovered device
+//   backend = opencl             # opencl, cuda or xrt
+//   device = 0                   # its index within the backend
+//   kind = fpga                  # e.g. an FPGA that presents itself to OpenCL
+//   tflops = 12                  # instead of the device's properties or calibration
+//   memory = 8GiB                # at most what the device has
+//
+//   [card]                       # a cpu card, or a simulated card of a kind this host lacks
+//   backend = cpu
+//   kind = gpu
 //   model = sim-gpu
 //   tflops = 18
 //   memory = 4GiB
 //   threads = 2
+//   paced = true                 # ops take as long as a card of `tflops` would need
+//
+// Served cards: the [card] sections in order, then every discovered device that no
+// section names. With nothing configured and nothing discovered, one cpu card.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,22 +36,27 @@ namespace raccel::netaccel {
 
 struct CardConfig {
   std::string backend = "cpu";
-  CardKind kind = CardKind::cpu;
-  std::string model = "host-cpu";
-  double tflops = 1;
-  unsigned long long memoryBytes = 1ull << 30;
+  std::optional<unsigned> device;  // real backends: which device (default 0)
+  std::optional<CardKind> kind;
+  std::optional<std::string> model;
+  std::optional<double> tflops;
+  std::optional<unsigned long long> memoryBytes;
   unsigned threads = 0;
+  bool paced = false;
 };
 
 struct NetaccelConfig {
   std::string name;
   std::string scheduler = "127.0.0.1:7700";
   unsigned heartbeatMs = 1000;
+  std::vector<std::string> discover;  // backends to enumerate at start
   std::vector<CardConfig> cards;
 };
 
 Result<NetaccelConfig> parseConfig(const Config& config);
 // A card from a one-line spec "backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=x,threads=1".
 Result<CardConfig> parseCardSpec(const std::string& spec);
+// "all", "none" or a comma-separated list of backend names built into this binary.
+Result<std::vector<std::string>> parseDiscover(const std::string& text);
 
 }  // namespace raccel::netaccel

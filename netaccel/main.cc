@@ -4,6 +4,7 @@
 
 #include "common/flags.h"
 #include "common/log.h"
+#include "hal/backends.h"
 #include "netaccel/netaccel.h"
 #include "transport/signals.h"
 
@@ -14,10 +15,15 @@ int main(int argc, char** argv) {
   flags.value("config", "FILE", "configuration file (see netaccel/config.h for the format)");
   flags.value("name", "NAME", "node name, unique in the pool (default: the host name)");
   flags.value("scheduler", "HOST:PORT", "the scheduler's netaccel address (default 127.0.0.1:7700)");
-  flags.value("card", "SPEC", "add a card: backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=M,threads=N", true);
+  flags.value("card", "SPEC",
+              "add a card: backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=M,threads=N,paced=true (a cpu or "
+              "simulated card) or backend=opencl,device=0[,kind=..,tflops=..,memory=..] (a discovered device, overridden)",
+              true);
+  flags.value("discover", "LIST", "backends to enumerate at start: all (default), none, or e.g. opencl,cuda");
   flags.boolean("list-devices", "print the cards this netaccel would serve, then exit");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
-  flags.epilog("Without --config or --card, serves one cpu card of 4 TFLOPS and 1 GiB.");
+  flags.epilog("Serves the configured cards, then every device the discovered backends see (TFLOPS from the device's "
+               "properties or a short calibration run). With neither, one cpu card of 4 TFLOPS and 1 GiB.");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
 
@@ -45,10 +51,15 @@ int main(int argc, char** argv) {
     }
     config.cards.push_back(*card);
   }
-  if (config.cards.empty()) {
-    netaccel::CardConfig c;
-    c.tflops = 4;
-    config.cards.push_back(c);
+  if (flags.has("discover")) {
+    auto d = netaccel::parseDiscover(flags.get("discover"));
+    if (!d) {
+      std::fprintf(stderr, "raccel-netaccel: --discover: %s\n", d.error().message.c_str());
+      return 2;
+    }
+    config.discover = *d;
+  } else if (!flags.has("config")) {
+    config.discover = *netaccel::parseDiscover("all");
   }
   if (config.name.empty()) {
     char host[256] = "netaccel";
@@ -60,21 +71,29 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  auto devices = netaccel::makeDevices(config.cards);
+  std::vector<std::string> notes;
+  auto devices = netaccel::openCards(config, &notes);
   if (!devices) {
     std::fprintf(stderr, "raccel-netaccel: %s\n", devices.error().message.c_str());
     return 2;
   }
   if (flags.has("list-devices")) {
-    std::printf("%-5s %-8s %-5s %-20s %10s %12s\n", "CARD", "BACKEND", "KIND", "MODEL", "TFLOPS", "MEMORY");
+    std::printf("%-5s %-8s %-5s %-28s %10s %12s  %s\n", "CARD", "BACKEND", "KIND", "MODEL", "TFLOPS", "MEMORY", "PROGRAMS");
     for (size_t i = 0; i < devices->size(); ++i) {
       auto& c = (*devices)[i]->capabilities();
-      std::printf("%-5zu %-8s %-5s %-20s %10.2f %9llu MiB\n", i, c.backend.c_str(), kindName(c.kind), c.model.c_str(),
-                  c.tflops, static_cast<unsigned long long>(c.memoryBytes >> 20));
+      std::string programs;
+      for (auto k : c.programKinds) programs += (programs.empty() ? "" : ",") + std::string(programKindName(k));
+      std::printf("%-5zu %-8s %-5s %-28s %10.4f %8llu MiB  %s\n", i, c.backend.c_str(), kindName(c.kind), c.model.c_str(),
+                  c.tflops, static_cast<unsigned long long>(c.memoryBytes >> 20), programs.c_str());
     }
-    std::printf("backends built: cpu (opencl, cuda and xrt are not built into this netaccel yet)\n");
+    std::string built;
+    for (auto& b : hal::builtBackends()) built += (built.empty() ? "" : ", ") + b;
+    std::printf("backends built: %s\n", built.c_str());
+    for (auto& n : notes) std::printf("discovery: %s\n", n.c_str());
+    if (config.discover.empty()) std::printf("discovery: off\n");
     return 0;
   }
+  for (auto& n : notes) RLOG_INFO("netaccel") << "discovery: " << n;
 
   uv_loop_t* loop = uv_default_loop();
   netaccel::Netaccel daemon(loop, config, std::move(*devices));

@@ -1,6 +1,9 @@
 #include "netaccel/netaccel.h"
 
 #include "common/log.h"
+#include <algorithm>
+
+#include "hal/backends.h"
 #include "hal/cpu/cpu_device.h"
 #include "schema/frame.capnp.h"
 #include "schema/node.capnp.h"
@@ -12,12 +15,41 @@ constexpr size_t kInputHighWater = 64 * 1024 * 1024;
 constexpr unsigned kMaxBackoffMs = 5000;
 }  // namespace
 
-Result<std::vector<std::unique_ptr<hal::Device>>> makeDevices(const std::vector<CardConfig>& cards) {
+Result<std::vector<std::unique_ptr<hal::Device>>> openCards(const NetaccelConfig& config, std::vector<std::string>* notes) {
   std::vector<std::unique_ptr<hal::Device>> out;
-  for (auto& c : cards) {
-    if (c.backend != "cpu") return fail(Code::unimplemented, "card backend '" + c.backend + "' is not built in");
-    out.push_back(hal::makeCpuDevice({c.kind, c.model, c.tflops, c.memoryBytes, c.threads}));
+  auto overridesOf = [](const CardConfig& c) {
+    return hal::DeviceOverrides{c.kind, c.model, c.tflops, c.memoryBytes};
+  };
+  for (size_t i = 0; i < config.cards.size(); ++i) {
+    const CardConfig& c = config.cards[i];
+    if (c.backend == "cpu") {
+      CardKind kind = c.kind.value_or(CardKind::cpu);
+      out.push_back(hal::makeCpuDevice({kind, c.model.value_or(kind == CardKind::cpu ? "host-cpu" : std::string("sim-") + kindName(kind)),
+                                        c.tflops.value_or(1), c.memoryBytes.value_or(1ull << 30), c.threads, c.paced}));
+      continue;
+    }
+    auto device = hal::openDevice(c.backend, c.device.value_or(0), overridesOf(c));
+    if (!device)
+      return fail(device.error().code, "card " + std::to_string(i) + " (" + c.backend + " device " +
+                                           std::to_string(c.device.value_or(0)) + "): " + device.error().message);
+    out.push_back(std::move(*device));
   }
+  for (auto& backend : config.discover) {
+    auto report = hal::discover(backend);
+    if (notes) notes->push_back(backend + ": " + report.note);
+    for (auto& d : report.devices) {
+      bool named = std::any_of(config.cards.begin(), config.cards.end(),
+                               [&](const CardConfig& c) { return c.backend == backend && c.device == d.index; });
+      if (named) continue;
+      auto device = hal::openDevice(backend, d.index, {});
+      if (!device) {
+        if (notes) notes->push_back(backend + " device " + std::to_string(d.index) + " skipped: " + device.error().message);
+        continue;
+      }
+      out.push_back(std::move(*device));
+    }
+  }
+  if (out.empty()) out.push_back(hal::makeCpuDevice({CardKind::cpu, "host-cpu", 4, 1ull << 30, 0, false}));
   return out;
 }
 

@@ -18,8 +18,12 @@
 
 namespace raccel::netaccel {
 
-// Builds the devices a config names. Errors name the card.
-Result<std::vector<std::unique_ptr<hal::Device>>> makeDevices(const std::vector<CardConfig>& cards);
+// Opens the cards a config serves: its [card] sections in order, then every device the
+// discovered backends see that no section names; one cpu card when that is nothing.
+// A configured card that cannot be opened is an error naming it; a discovered one is
+// skipped with a note. `notes` gets a line per backend (what discovery found, and why
+// not) for logs and --list-devices.
+Result<std::vector<std::unique_ptr<hal::Device>>> openCards(const NetaccelConfig& config, std::vector<std::string>* notes);
 
 class Netaccel {
  public:

@@ -129,7 +129,8 @@ Cluster::~Cluster() {
 }
 
 Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks) {
-  std::vector<std::string> args = {"--name", name, "--scheduler", "127.0.0.1:" + std::to_string(port_)};
+  // Only the cards a test names: no discovery of this machine's devices.
+  std::vector<std::string> args = {"--name", name, "--scheduler", "127.0.0.1:" + std::to_string(port_), "--discover", "none"};
   for (auto& c : cards) {
     args.push_back("--card");
     args.push_back(c);
