@@ -6,6 +6,10 @@
 
 namespace raccel::scheduler {
 
+bool CardSpec::runs(ProgramKind kind) const {
+  return std::find(programKinds.begin(), programKinds.end(), kind) != programKinds.end();
+}
+
 uint32_t Pool::blocksFor(double tflops) const {
   if (tflops <= 0) return 1;
   return static_cast<uint32_t>(std::ceil(tflops / blockTflops_ - 1e-9));

@@ -43,6 +43,8 @@ struct CardSpec {
   std::string backend;
   double tflops = 0;
   uint64_t memoryBytes = 0;
+  std::vector<ProgramKind> programKinds;  // what the card can load (builtin = runs the built-in ops)
+  bool runs(ProgramKind kind) const;
 };
 
 struct Card {

@@ -7,7 +7,7 @@
 namespace raccel::scheduler {
 namespace {
 
-CardSpec card(CardKind kind, double tflops, uint32_t index) { return CardSpec{index, kind, "m", "cpu", tflops, 1 << 30}; }
+CardSpec card(CardKind kind, double tflops, uint32_t index) { return CardSpec{index, kind, "m", "cpu", tflops, 1 << 30, {ProgramKind::builtin}}; }
 
 // ARCHITECTURE.md's reference pool: 4 nodes, 200 T. Cards are listed out of kind order
 // on purpose: numbering must group them GPU, NPU, FPGA, CPU.

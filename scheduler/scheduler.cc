@@ -1,5 +1,7 @@
 #include "scheduler/scheduler.h"
 
+#include "scheduler/state.h"
+
 #include <algorithm>
 #include <map>
 
@@ -18,48 +20,6 @@ using transport::Connection;
 using transport::ConnectionPtr;
 using transport::FrameHeader;
 using transport::MessageIn;
-
-struct Scheduler::Vm {
-  VmPolicy policy;
-  std::unique_ptr<transport::Listener> listener;
-  uint32_t blocksHeld = 0;
-  uint64_t memoryUsed = 0;
-};
-
-struct Scheduler::NodeLink {
-  ConnectionPtr connection;
-  std::string name;  // empty until registered
-  long poolIndex = -1;
-  uint64_t lastHeardMs = 0;
-  uint32_t contexts = 0;
-  std::string lostReason;  // set when the scheduler itself drops the link
-};
-
-struct Scheduler::Session {
-  explicit Session(std::function<void(const uint64_t&, const Status&)> onPendingFailed) : pending(std::move(onPendingFailed)) {}
-  VaccelId id = 0;
-  Vm* vm = nullptr;
-  VmLink* link = nullptr;  // owns this session
-  uint32_t channel = 0;
-  std::string program;
-  int priority = 0;
-  std::vector<BlockRange> blocks;
-  NodeLink* node = nullptr;  // holds the primary card; null once lost
-  size_t card = 0;           // pool card index of the primary card
-  uint32_t context = 0;
-  std::unordered_map<uint64_t, uint64_t> buffers;  // handle -> bytes charged to the VM
-  std::map<uint64_t, uint64_t> unconfirmedAllocs;  // sequence -> handle, until a fence passes
-  uint64_t memoryUsed = 0;
-  uint64_t instructions = 0;
-  std::string unavailable;  // why, once the session's card is gone
-  transport::RequestTable<uint64_t> pending;  // reads and fences awaiting their reply
-};
-
-struct Scheduler::VmLink {
-  Vm* vm = nullptr;
-  ConnectionPtr connection;
-  std::unordered_map<uint32_t, std::unique_ptr<Session>> sessions;
-};
 
 namespace {
 constexpr uint64_t kTickMs = 200;
@@ -303,10 +263,9 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
     return;
   }
   ++nextVaccel_;
+  // Members, the primary (most blocks) first; the rest in block order.
   auto shares = pool_.cardsOf(ranges);
-  auto primary = std::max_element(shares.begin(), shares.end(), [](auto& a, auto& b) { return a.blocks < b.blocks; });
-  const Card& card = pool_.cards()[primary->card];
-  NodeLink* node = nodeByPoolIndex_.at(card.node);
+  std::stable_sort(shares.begin(), shares.end(), [](auto& a, auto& b) { return a.blocks > b.blocks; });
 
   VmLink* linkPtr = &link;
   auto session = std::make_unique<Session>([this, linkPtr, channel](const uint64_t& seq, const Status& s) {
@@ -320,21 +279,24 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.program = program;
   s.priority = priority;
   s.blocks = ranges;
-  s.node = node;
-  s.card = primary->card;
-  s.context = nextContext_++;
   vm.blocksHeld += blocks;
-  sessionByContext_[s.context] = &s;
+  for (auto& share : shares) {
+    const Card& card = pool_.cards()[share.card];
+    Member member{nodeByPoolIndex_.at(card.node), share.card, nextContext_++, share.blocks};
+    capnp::MallocMessageBuilder open;
+    auto o = open.initRoot<wire::SchedulerMessage>().initOpenContext();
+    o.setContext(member.context);
+    o.setCard(card.spec.index);
+    o.setMemoryQuota(vm.policy.memoryQuota);
+    o.setLabel(label(vm.policy, program, id));
+    member.node->connection->send(transport::kControlChannel, 0, open);
+    ++member.node->contexts;
+    sessionByContext_[member.context] = &s;
+    s.members.push_back(member);
+  }
   link.sessions[channel] = std::move(session);
-
-  capnp::MallocMessageBuilder open;
-  auto o = open.initRoot<wire::SchedulerMessage>().initOpenContext();
-  o.setContext(s.context);
-  o.setCard(card.spec.index);
-  o.setMemoryQuota(vm.policy.memoryQuota);
-  o.setLabel(label(vm.policy, program, id));
-  node->connection->send(transport::kControlChannel, 0, open);
-  ++node->contexts;
+  const Card& card = pool_.cards()[s.primary().card];
+  NodeLink* node = s.primary().node;
 
   capnp::MallocMessageBuilder m;
   auto welcome = m.initRoot<wire::Reply>().initWelcome();
@@ -347,22 +309,26 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   writePlacement(pool_, ranges, info);
   link.connection->send(channel, sequence, m);
   RLOG_INFO("scheduler") << "admitted " << label(vm.policy, program, id) << ": " << blocks << " block(s) from "
-                         << ranges.front().first << ", primary card " << node->name << "/" << card.spec.index << " ("
-                         << kindName(card.spec.kind) << ")";
+                         << ranges.front().first << " on " << s.members.size() << " card(s), primary "
+                         << node->name << "/" << card.spec.index << " (" << kindName(card.spec.kind) << ")";
 }
 
 void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const Error& error) {
-  if (!s.node) return;
+  if (!s.primary().node) return;
   capnp::MallocMessageBuilder m;
   auto p = m.initRoot<wire::SchedulerMessage>().initPoison();
-  p.setContext(s.context);
+  p.setContext(s.primary().context);
   p.setHandle(handle);
   p.setSequence(sequence);
   transport::setError(p.initError(), error);
-  s.node->connection->send(transport::kControlChannel, 0, m);
+  s.primary().node->connection->send(transport::kControlChannel, 0, m);
 }
 
 void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body body) {
+  if (s.job) {
+    hold(s, h, std::move(body));
+    return;
+  }
   ++s.instructions;
   bool drop = false;
   auto decoded = transport::decodeGuard([&] {
@@ -374,6 +340,18 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
       drop = true;
       return;
     }
+    if (h.sequence >= kSchedulerSequences) {
+      replyError(link, s.channel, h.sequence,
+                 Error{Code::invalidArgument, "sequence numbers from 2^63 up are reserved for the scheduler"});
+      drop = true;
+      return;
+    }
+    // Instructions that another card of the vaccel runs, or that change buffers with
+    // copies on other cards.
+    if (routeElsewhere(s, h.sequence, instruction)) {
+      drop = true;
+      return;
+    }
     switch (which) {
       case wire::Instruction::HELLO:
         replyError(link, s.channel, h.sequence, Error{Code::invalidArgument, "this session has already said hello"});
@@ -382,6 +360,15 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
       case wire::Instruction::ALLOC: {
         auto a = instruction.getAlloc();
         Vm& vm = *s.vm;
+        if (a.getHandle() >= kSchedulerHandles || s.programHome.count(a.getHandle())) {
+          Error e{Code::invalidArgument, a.getHandle() >= kSchedulerHandles
+                                             ? "handles from 2^63 up are reserved for the scheduler"
+                                             : "handle " + std::to_string(a.getHandle()) + " is already in use in this session"};
+          replyError(link, s.channel, h.sequence, e);
+          sendPoison(s, a.getHandle(), h.sequence, e);
+          drop = true;
+          return;
+        }
         if (a.getSize() > 0 && a.getHandle() != 0 && !s.buffers.count(a.getHandle())) {
           if (a.getSize() > vm.policy.memoryQuota - std::min<uint64_t>(vm.memoryUsed, vm.policy.memoryQuota)) {
             Error e{Code::resourceExhausted, "allocating " + std::to_string(a.getSize()) + " bytes would exceed vm '" +
@@ -423,9 +410,9 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
     return;
   }
   if (drop) return;
-  // Forward the bytes unchanged under the context's channel.
-  NodeLink& node = *s.node;
-  node.connection->sendBody(s.context, h.sequence, std::move(body));
+  // Forward the bytes unchanged under the primary context's channel.
+  NodeLink& node = *s.primary().node;
+  node.connection->sendBody(s.primary().context, h.sequence, std::move(body));
   node.connection->throttle(*link.connection);
 }
 
@@ -433,13 +420,16 @@ void Scheduler::endSession(VmLink& link, uint32_t channel) {
   auto it = link.sessions.find(channel);
   if (it == link.sessions.end()) return;
   Session& s = *it->second;
-  if (s.node) {
-    capnp::MallocMessageBuilder m;
-    m.initRoot<wire::SchedulerMessage>().setCloseContext(s.context);
-    s.node->connection->send(transport::kControlChannel, 0, m);
-    --s.node->contexts;
+  for (auto& member : s.members) {
+    if (member.node) {
+      capnp::MallocMessageBuilder m;
+      m.initRoot<wire::SchedulerMessage>().setCloseContext(member.context);
+      member.node->connection->send(transport::kControlChannel, 0, m);
+      --member.node->contexts;
+    }
+    sessionByContext_.erase(member.context);
   }
-  sessionByContext_.erase(s.context);
+  if (s.heldBytes) link.connection->resumeReading();
   uint32_t blocks = 0;
   for (auto& r : s.blocks) blocks += r.count;
   pool_.release(s.id);
@@ -481,13 +471,19 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
   auto it = sessionByContext_.find(h.channel);
   if (it == sessionByContext_.end()) return;  // the session ended; its late replies go nowhere
   Session& s = *it->second;
-  if (s.node != &node) {
+  auto member = std::find_if(s.members.begin(), s.members.end(), [&](const Member& m) { return m.context == h.channel; });
+  if (member == s.members.end() || member->node != &node) {
     // Only the netaccel holding a context may answer for it (an unregistered or other
     // peer on the node port cannot inject replies into a tenant's session).
     RLOG_WARN("scheduler") << "reply for context " << h.channel << " from " << node.connection->peer()
                            << ", which does not hold it; dropped";
     return;
   }
+  if (h.sequence >= kSchedulerSequences) {
+    onRemoteReply(s, h.sequence, body);
+    return;
+  }
+  if (member != s.members.begin()) return;  // guests' instructions go to the primary only
   auto decoded = transport::decodeGuard([&] {
     transport::MessageView in(body);
     auto reply = in.root<wire::Reply>();
@@ -552,8 +548,11 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         for (auto c : reg.getCards()) {
           if (!transport::validKind(c.getKind())) return refuse("card " + std::to_string(c.getIndex()) + " has an unknown kind");
           if (!(c.getTflops() >= 0)) return refuse("card " + std::to_string(c.getIndex()) + " has a negative TFLOPS");
+          std::vector<ProgramKind> programs;
+          for (auto k : c.getProgramKinds())
+            if (transport::validProgramKind(k)) programs.push_back(transport::fromWire(k));
           cards.push_back(CardSpec{c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBackend(),
-                                   c.getTflops(), c.getMemoryBytes()});
+                                   c.getTflops(), c.getMemoryBytes(), programs});
         }
         auto index = pool_.addNode(name, cards);
         if (!index) return refuse(index.error().message);
@@ -589,11 +588,17 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
                                       "); its buffers are gone"};
     for (auto& [conn, link] : vmLinks_) {
       for (auto& [ch, s] : link->sessions) {
-        if (s->node != &node) continue;
-        s->node = nullptr;
+        bool hit = false;
+        for (auto& m : s->members)
+          if (m.node == &node) {
+            m.node = nullptr;
+            sessionByContext_.erase(m.context);
+            hit = true;
+          }
+        if (!hit) continue;
         s->unavailable = gone.message;
-        sessionByContext_.erase(s->context);
         s->pending.failAll(gone);
+        abandonJob(*s);
       }
     }
   }
@@ -721,6 +726,7 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
           out[i].setMemoryUsed(s.memoryUsed);
           out[i].setMemoryQuota(s.vm->policy.memoryQuota);
           out[i].setInstructions(s.instructions);
+          out[i].setBytesMoved(s.bytesMoved);
           out[i].setState(s.unavailable.empty() ? "running" : "unavailable");
         }
         return;

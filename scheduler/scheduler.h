@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "schema/guest.capnp.h"
 #include "scheduler/config.h"
 #include "scheduler/pool.h"
 #include "transport/connection.h"
@@ -34,6 +35,7 @@ class Scheduler {
   struct VmLink;
   struct NodeLink;
   struct Session;
+  friend struct Member;
 
   void acceptVm(Vm& vm, transport::ConnectionPtr connection);
   void onGuestFrame(VmLink& link, const transport::FrameHeader& header, transport::Body body);
@@ -51,6 +53,32 @@ class Scheduler {
   // Called only from the node connection's close callback; frees the NodeLink.
   void nodeLost(NodeLink& node, const std::string& reason);
   void sendPoison(Session& session, uint64_t handle, uint64_t sequence, const Error& error);
+
+  // Multi-card vaccels (remote.cc): instructions another card runs (a program whose
+  // kind only that card takes, a built-in op split across the cards in proportion to
+  // their blocks), the copies between cards that they need, and holding the guest's
+  // later instructions until they finish. Returns true when the instruction was taken.
+  bool routeElsewhere(Session& s, uint64_t sequence, wire::Instruction::Reader instruction);
+  bool startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op);
+  void startRemoteLoad(Session& s, uint64_t sequence, size_t member, wire::LoadProgram::Reader load);
+  void startRemoteLaunch(Session& s, uint64_t sequence, size_t member, wire::Launch::Reader launch);
+  uint64_t sendRemote(Session& s, size_t member, capnp::MessageBuilder& message,
+                      std::function<bool(wire::Reply::Reader)> onReply = {});
+  uint64_t scratch(Session& s, size_t member, uint64_t bytes, bool keep = false);
+  // A copy of guest buffer bytes on `member` (cached while the buffer is unchanged);
+  // `ready` runs once the copy's writes have all been sent there.
+  uint64_t replica(Session& s, size_t member, uint64_t handle, uint64_t offset, uint64_t length, bool cache,
+                   std::function<void()> ready);
+  // Reads `length` bytes of `handle` on `member` and writes them to `toHandle` at
+  // `toOffset` on `toMember`; `done` runs when the last write has been sent.
+  void copyBetween(Session& s, size_t member, uint64_t handle, uint64_t offset, uint64_t length, size_t toMember,
+                   uint64_t toHandle, uint64_t toOffset, std::function<void()> done);
+  void dropReplicas(Session& s, uint64_t handle);
+  void onRemoteReply(Session& s, uint64_t sequence, transport::Body& body);
+  void settle(Session& s);  // a read or fence of the job answered
+  void finishJob(Session& s);
+  void abandonJob(Session& s);
+  void hold(Session& s, const transport::FrameHeader& header, transport::Body body);
 
   void acceptConsole(transport::ConnectionPtr connection);
   void onConsoleFrame(transport::Connection& connection, const transport::FrameHeader& header, transport::Body body);
@@ -71,6 +99,7 @@ class Scheduler {
   uv_timer_t* ticker_ = nullptr;
   VaccelId nextVaccel_ = 1;
   uint32_t nextContext_ = 1;
+  uint64_t bytesMoved_ = 0;  // between cards, by the scheduler (all vaccels)
   bool stopping_ = false;
 };
 

@@ -81,4 +81,5 @@ struct VaccelEntry {
   memoryQuota @7 :UInt64;
   instructions @8 :UInt64;
   state @9 :Text;        # running | unavailable
+  bytesMoved @10 :UInt64;  # copied between its cards by the scheduler (split ops, routed programs)
 }

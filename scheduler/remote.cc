@@ -1,0 +1,634 @@
+// Multi-card virtual accelerators: running a guest instruction on cards other than the
+// primary. The guest's buffers live on the primary; another card gets copies of the
+// byte ranges it needs (read from the primary, written there, cached until the guest
+// changes the buffer), runs its part, and its results are copied back. While this runs
+// the session's later instructions wait (Scheduler::hold), so every card sees the
+// guest's order. Each job ends with a fence on every card it touched, so its errors
+// are all in before the guest hears of it: one error reply under the guest's sequence.
+#include <capnp/message.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/split.h"
+#include "scheduler/state.h"
+#include "transport/wire_types.h"
+
+namespace raccel::scheduler {
+
+using transport::Body;
+using transport::FrameHeader;
+
+namespace {
+constexpr size_t kHeldHighWater = 64 << 20;
+constexpr uint64_t kF32 = 4;
+
+std::string kindsOf(const Pool& pool, const std::vector<Member>& members) {
+  std::string out;
+  for (auto& m : members) {
+    const CardSpec& c = pool.cards()[m.card].spec;
+    out += (out.empty() ? "" : ", ") + std::string(kindName(c.kind)) + " (" + c.backend + ", " +
+           std::to_string(m.blocks) + " block" + (m.blocks == 1 ? "" : "s") + ")";
+  }
+  return out;
+}
+}  // namespace
+
+uint64_t Scheduler::sendRemote(Session& s, size_t member, capnp::MessageBuilder& message,
+                               std::function<bool(wire::Reply::Reader)> onReply) {
+  uint64_t sequence = s.nextSequence++;
+  // The handler returns true once its instruction is answered; then the entry goes and
+  // the job settles (which may finish it and end this session: nothing runs after).
+  if (onReply) s.remoteReplies[sequence] = [onReply = std::move(onReply), &s, sequence, this](Body& body) {
+    bool done = true;
+    auto decoded = transport::decodeGuard([&] {
+      transport::MessageView in(body);
+      done = onReply(in.root<wire::Reply>());
+    });
+    if (!decoded && s.job && !s.job->error) s.job->error = decoded.error();
+    if (!done) return;
+    s.remoteReplies.erase(sequence);
+    settle(s);
+  };
+  Member& m = s.members[member];
+  if (m.node) m.node->connection->send(m.context, sequence, message);
+  if (s.job && std::find(s.job->touched.begin(), s.job->touched.end(), member) == s.job->touched.end())
+    s.job->touched.push_back(member);
+  return sequence;
+}
+
+uint64_t Scheduler::scratch(Session& s, size_t member, uint64_t bytes, bool keep) {
+  uint64_t handle = s.nextScratch++;
+  capnp::MallocMessageBuilder m;
+  auto a = m.initRoot<wire::Instruction>().initAlloc();
+  a.setHandle(handle);
+  a.setSize(bytes);
+  sendRemote(s, member, m);
+  if (!keep) s.job->scratch.emplace_back(member, handle);
+  return handle;
+}
+
+void Scheduler::copyBetween(Session& s, size_t member, uint64_t handle, uint64_t offset, uint64_t length, size_t toMember,
+                            uint64_t toHandle, uint64_t toOffset, std::function<void()> done) {
+  capnp::MallocMessageBuilder m;
+  auto r = m.initRoot<wire::Instruction>().initRead();
+  r.setBuffer(handle);
+  r.setOffset(offset);
+  r.setLength(length);
+  ++s.job->awaiting;
+  sendRemote(s, member, m, [this, &s, toMember, toHandle, toOffset, done = std::move(done)](wire::Reply::Reader reply) {
+    if (reply.which() == wire::Reply::DATA) {
+      auto chunk = reply.getData();
+      capnp::MallocMessageBuilder w;
+      auto write = w.initRoot<wire::Instruction>().initWrite();
+      write.setBuffer(toHandle);
+      write.setOffset(toOffset + chunk.getOffset());
+      write.setData(chunk.getData());
+      sendRemote(s, toMember, w);
+      s.bytesMoved += chunk.getData().size();
+      bytesMoved_ += chunk.getData().size();
+      if (!chunk.getLast()) return false;
+      done();
+    } else if (reply.which() == wire::Reply::ERROR && !s.job->error) {
+      s.job->error = transport::errorFrom(reply.getError().getError());
+    }
+    return true;
+  });
+}
+
+uint64_t Scheduler::replica(Session& s, size_t member, uint64_t handle, uint64_t offset, uint64_t length, bool cache,
+                            std::function<void()> ready) {
+  auto key = std::make_tuple(member, handle, offset, length);
+  if (cache) {
+    if (auto it = s.replicas.find(key); it != s.replicas.end()) {
+      ready();
+      return it->second;
+    }
+  }
+  uint64_t copy = scratch(s, member, length, cache);
+  if (cache) s.replicas[key] = copy;
+  copyBetween(s, 0, handle, offset, length, member, copy, 0, std::move(ready));
+  return copy;
+}
+
+void Scheduler::dropReplicas(Session& s, uint64_t handle) {
+  for (auto it = s.replicas.begin(); it != s.replicas.end();) {
+    if (std::get<1>(it->first) != handle) {
+      ++it;
+      continue;
+    }
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Instruction>().initFree().setHandle(it->second);
+    sendRemote(s, std::get<0>(it->first), m);
+    it = s.replicas.erase(it);
+  }
+}
+
+bool Scheduler::routeElsewhere(Session& s, uint64_t sequence, wire::Instruction::Reader in) {
+  switch (in.which()) {
+    case wire::Instruction::LOAD_PROGRAM: {
+      auto load = in.getLoadProgram();
+      if (!transport::validProgramKind(load.getKind())) return false;  // the card says so
+      ProgramKind kind = transport::fromWire(load.getKind());
+      if (pool_.cards()[s.primary().card].spec.runs(kind)) return false;
+      for (size_t i = 1; i < s.members.size(); ++i)
+        if (pool_.cards()[s.members[i].card].spec.runs(kind)) {
+          startRemoteLoad(s, sequence, i, load);
+          return true;
+        }
+      Error e{Code::unimplemented, std::string("no card of this virtual accelerator runs ") + programKindName(kind) +
+                                       " programs; it has " + kindsOf(pool_, s.members) +
+                                       ". Ask for a card kind that runs them in hello (kinds)"};
+      replyError(*s.link, s.channel, sequence, e);
+      sendPoison(s, load.getHandle(), sequence, e);
+      return true;
+    }
+    case wire::Instruction::LAUNCH: {
+      auto launch = in.getLaunch();
+      auto home = s.programHome.find(launch.getProgram());
+      if (home != s.programHome.end()) {
+        startRemoteLaunch(s, sequence, home->second, launch);
+        return true;
+      }
+      if (!s.replicas.empty())
+        for (auto arg : launch.getArgs())
+          if (arg.which() == wire::Arg::BUFFER) dropReplicas(s, arg.getBuffer());
+      return false;
+    }
+    case wire::Instruction::OP: {
+      auto op = in.getOp();
+      if (s.members.size() > 1 && startSplitOp(s, sequence, op)) return true;
+      if (!s.replicas.empty()) {
+        switch (op.which()) {
+          case wire::Op::GEMM: dropReplicas(s, op.getGemm().getC()); break;
+          case wire::Op::AXPY: dropReplicas(s, op.getAxpy().getY()); break;
+          case wire::Op::VADD: dropReplicas(s, op.getVadd().getOut()); break;
+          case wire::Op::REDUCE_SUM: dropReplicas(s, op.getReduceSum().getOut()); break;
+        }
+      }
+      return false;
+    }
+    case wire::Instruction::FREE: {
+      uint64_t handle = in.getFree().getHandle();
+      auto home = s.programHome.find(handle);
+      if (home != s.programHome.end()) {
+        capnp::MallocMessageBuilder m;
+        m.initRoot<wire::Instruction>().initFree().setHandle(handle);
+        sendRemote(s, home->second, m);
+        s.programHome.erase(home);
+        return true;
+      }
+      if (!s.replicas.empty()) dropReplicas(s, handle);
+      return false;
+    }
+    case wire::Instruction::WRITE:
+      if (!s.replicas.empty()) dropReplicas(s, in.getWrite().getBuffer());
+      return false;
+    case wire::Instruction::COPY:
+      if (!s.replicas.empty()) dropReplicas(s, in.getCopy().getDst());
+      return false;
+    case wire::Instruction::FILL:
+      if (!s.replicas.empty()) dropReplicas(s, in.getFill().getBuffer());
+      return false;
+    default:
+      return false;
+  }
+}
+
+void Scheduler::startRemoteLoad(Session& s, uint64_t sequence, size_t member, wire::LoadProgram::Reader load) {
+  s.job = std::make_unique<RemoteJob>();
+  s.job->guestSequence = sequence;
+  capnp::MallocMessageBuilder m;
+  m.initRoot<wire::Instruction>().setLoadProgram(load);
+  sendRemote(s, member, m);
+  s.programHome[load.getHandle()] = member;
+  const CardSpec& card = pool_.cards()[s.members[member].card].spec;
+  RLOG_DEBUG("scheduler") << "vaccel #" << s.id << ": " << programKindName(transport::fromWire(load.getKind()))
+                          << " program '" << std::string(load.getName()) << "' loads on its " << kindName(card.kind)
+                          << " card (" << card.backend << ")";
+  settle(s);  // nothing to read back: fence and finish
+}
+
+void Scheduler::startRemoteLaunch(Session& s, uint64_t sequence, size_t member, wire::Launch::Reader launch) {
+  s.job = std::make_unique<RemoteJob>();
+  s.job->guestSequence = sequence;
+  auto args = launch.getArgs();
+  // Every buffer argument goes there whole and comes back whole (a kernel's writes are
+  // not declared); copies on other cards are stale afterwards.
+  std::vector<uint64_t> mapped(args.size(), 0);
+  std::vector<std::pair<uint64_t, uint64_t>> buffers;  // (guest handle, bytes)
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].which() != wire::Arg::BUFFER) continue;
+    uint64_t h = args[i].getBuffer();
+    auto b = s.buffers.find(h);
+    if (b == s.buffers.end()) {
+      s.job->error = Error{Code::notFound, "launch argument " + std::to_string(i) + ": no buffer " + std::to_string(h) +
+                                               " in this session"};
+      settle(s);
+      return;
+    }
+    buffers.emplace_back(h, b->second);
+  }
+  for (auto& [h, bytes] : buffers)
+    for (auto it = s.replicas.begin(); it != s.replicas.end();)
+      if (std::get<1>(it->first) == h && std::get<0>(it->first) != member) {
+        capnp::MallocMessageBuilder m;
+        m.initRoot<wire::Instruction>().initFree().setHandle(it->second);
+        sendRemote(s, std::get<0>(it->first), m);
+        it = s.replicas.erase(it);
+      } else {
+        ++it;
+      }
+
+  struct State {
+    size_t waiting = 0;
+    std::function<void()> run;
+  };
+  auto state = std::make_shared<State>();
+  state->waiting = buffers.size() + 1;
+  auto copy = std::make_shared<capnp::MallocMessageBuilder>();
+  copy->setRoot(launch);
+  auto ready = [state] {
+    if (--state->waiting == 0) state->run();
+  };
+  size_t bi = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].which() != wire::Arg::BUFFER) continue;
+    auto [h, bytes] = buffers[bi++];
+    mapped[i] = replica(s, member, h, 0, bytes, true, ready);
+  }
+  state->run = [this, &s, member, mapped, buffers, copy] {
+    capnp::MallocMessageBuilder m;
+    auto l = m.initRoot<wire::Instruction>().initLaunch();
+    auto from = copy->getRoot<wire::Launch>().asReader();
+    l.setProgram(from.getProgram());
+    l.setKernel(from.getKernel());
+    l.setGrid(from.getGrid());
+    l.setBlock(from.getBlock());
+    l.setSharedBytes(from.getSharedBytes());
+    auto args = l.initArgs(from.getArgs().size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      auto a = from.getArgs()[i];
+      if (a.which() == wire::Arg::BUFFER) args[i].setBuffer(mapped[i]);
+      else args.setWithCaveats(i, a);
+    }
+    sendRemote(s, member, m);
+    size_t bi = 0;
+    for (size_t i = 0; i < mapped.size(); ++i) {
+      if (!mapped[i]) continue;
+      auto [h, bytes] = buffers[bi++];
+      copyBetween(s, member, mapped[i], 0, bytes, 0, h, 0, [] {});
+    }
+  };
+  ready();  // the last of waiting: runs now if every copy was cached
+  settle(s);
+}
+
+// ---------------------------------------------------------------------------------
+// Built-in ops split across the cards that run them, in proportion to their blocks.
+
+bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op) {
+  std::vector<size_t> parts;
+  std::vector<uint32_t> weights;
+  for (size_t i = 0; i < s.members.size(); ++i)
+    if (s.members[i].node && pool_.cards()[s.members[i].card].spec.runs(ProgramKind::builtin)) {
+      parts.push_back(i);
+      weights.push_back(s.members[i].blocks);
+    }
+  if (parts.size() < 2) return false;
+  auto size = [&](uint64_t h) -> uint64_t {
+    auto b = s.buffers.find(h);
+    return b == s.buffers.end() ? 0 : b->second;
+  };
+  // Anything the scheduler cannot vouch for goes to the primary whole, which answers
+  // with the card's own error.
+  uint64_t units = 0;
+  switch (op.which()) {
+    case wire::Op::GEMM: {
+      auto g = op.getGemm();
+      uint64_t m = g.getM(), n = g.getN(), k = g.getK();
+      if (!m || !n || !k || g.getC() == g.getA() || g.getC() == g.getB()) return false;
+      if (size(g.getA()) < m * k * kF32 || size(g.getB()) < k * n * kF32 || size(g.getC()) < m * n * kF32) return false;
+      units = m;
+      break;
+    }
+    case wire::Op::AXPY: {
+      auto a = op.getAxpy();
+      units = a.getN();
+      if (size(a.getX()) < units * kF32 || size(a.getY()) < units * kF32) return false;
+      break;
+    }
+    case wire::Op::VADD: {
+      auto v = op.getVadd();
+      units = v.getN();
+      if (size(v.getA()) < units * kF32 || size(v.getB()) < units * kF32 || size(v.getOut()) < units * kF32) return false;
+      break;
+    }
+    case wire::Op::REDUCE_SUM: {
+      auto r = op.getReduceSum();
+      units = r.getN();
+      if (size(r.getInput()) < units * kF32 || size(r.getOut()) < kF32) return false;
+      break;
+    }
+  }
+  if (units < 2) return false;
+  auto slices = splitByWeight(units, weights);
+
+  // The output's copies elsewhere are stale once this runs.
+  switch (op.which()) {
+    case wire::Op::GEMM: dropReplicas(s, op.getGemm().getC()); break;
+    case wire::Op::AXPY: dropReplicas(s, op.getAxpy().getY()); break;
+    case wire::Op::VADD: dropReplicas(s, op.getVadd().getOut()); break;
+    case wire::Op::REDUCE_SUM: break;
+  }
+  s.job = std::make_unique<RemoteJob>();
+  s.job->guestSequence = sequence;
+  auto partials = std::make_shared<std::vector<double>>(parts.size(), 0.0);
+
+  // The primary's own slice starts at 0, so it runs on the guest's buffers in place;
+  // it is sent after the reads for the other cards, which it never overlaps.
+  std::function<void()> primaryPart;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    size_t member = parts[p];
+    Slice slice = slices[p];
+    if (slice.size() == 0) continue;
+    capnp::MallocMessageBuilder msg;
+    auto out = msg.initRoot<wire::Instruction>().initOp();
+    // For each op: the ranges this card needs, the rewritten op, and what comes back.
+    struct Input {
+      uint64_t handle, offset, length;
+      bool cache;
+    };
+    std::vector<Input> inputs;
+    uint64_t outHandle = 0, outOffset = 0, outLength = 0;  // gathered back to the primary
+    bool fresh = false;                                    // output scratch starts empty
+    switch (op.which()) {
+      case wire::Op::GEMM: {
+        auto g = op.getGemm();
+        uint64_t n = g.getN(), k = g.getK();
+        inputs.push_back({g.getA(), slice.begin * k * kF32, slice.size() * k * kF32, true});
+        inputs.push_back({g.getB(), 0, k * n * kF32, true});
+        outHandle = g.getC();
+        outOffset = slice.begin * n * kF32;
+        outLength = slice.size() * n * kF32;
+        fresh = g.getBeta() == 0;
+        if (!fresh) inputs.push_back({g.getC(), outOffset, outLength, false});
+        break;
+      }
+      case wire::Op::AXPY: {
+        auto a = op.getAxpy();
+        inputs.push_back({a.getX(), slice.begin * kF32, slice.size() * kF32, true});
+        inputs.push_back({a.getY(), slice.begin * kF32, slice.size() * kF32, false});
+        outHandle = a.getY();
+        outOffset = slice.begin * kF32;
+        outLength = slice.size() * kF32;
+        break;
+      }
+      case wire::Op::VADD: {
+        auto v = op.getVadd();
+        bool aliased = v.getOut() == v.getA() || v.getOut() == v.getB();
+        inputs.push_back({v.getA(), slice.begin * kF32, slice.size() * kF32, !aliased});
+        inputs.push_back({v.getB(), slice.begin * kF32, slice.size() * kF32, !aliased});
+        outHandle = v.getOut();
+        outOffset = slice.begin * kF32;
+        outLength = slice.size() * kF32;
+        fresh = true;
+        break;
+      }
+      case wire::Op::REDUCE_SUM: {
+        auto r = op.getReduceSum();
+        inputs.push_back({r.getInput(), slice.begin * kF32, slice.size() * kF32, r.getOut() != r.getInput()});
+        fresh = true;
+        outLength = kF32;
+        break;
+      }
+    }
+    bool reduce = op.which() == wire::Op::REDUCE_SUM;
+
+    if (member == 0) {
+      // In place, except a reduction's partial, which goes to a scratch float.
+      uint64_t partial = reduce ? scratch(s, 0, kF32) : 0;
+      auto copy = std::make_shared<capnp::MallocMessageBuilder>();
+      copy->setRoot(op);
+      primaryPart = [this, &s, copy, slice, partial, partials, p] {
+        capnp::MallocMessageBuilder m;
+        auto o = m.initRoot<wire::Instruction>().initOp();
+        auto from = copy->getRoot<wire::Op>().asReader();
+        switch (from.which()) {
+          case wire::Op::GEMM: o.setGemm(from.getGemm()); o.getGemm().setM(static_cast<uint32_t>(slice.end)); break;
+          case wire::Op::AXPY: o.setAxpy(from.getAxpy()); o.getAxpy().setN(slice.end); break;
+          case wire::Op::VADD: o.setVadd(from.getVadd()); o.getVadd().setN(slice.end); break;
+          case wire::Op::REDUCE_SUM:
+            o.setReduceSum(from.getReduceSum());
+            o.getReduceSum().setN(slice.end);
+            o.getReduceSum().setOut(partial);
+            break;
+        }
+        sendRemote(s, 0, m);
+        if (partial) {
+          capnp::MallocMessageBuilder r;
+          auto read = r.initRoot<wire::Instruction>().initRead();
+          read.setBuffer(partial);
+          read.setLength(kF32);
+          ++s.job->awaiting;
+          sendRemote(s, 0, r, [this, &s, partials, p](wire::Reply::Reader reply) {
+            if (reply.which() == wire::Reply::DATA && reply.getData().getData().size() == kF32) {
+              float v;
+              std::memcpy(&v, reply.getData().getData().begin(), kF32);
+              (*partials)[p] = v;
+            } else if (reply.which() == wire::Reply::ERROR && !s.job->error) {
+              s.job->error = transport::errorFrom(reply.getError().getError());
+            }
+            return true;
+          });
+        }
+      };
+      continue;
+    }
+
+    // Another card: copies of its inputs, then its part, then its output comes back.
+    struct State {
+      size_t waiting = 0;
+      std::function<void()> run;
+    };
+    auto state = std::make_shared<State>();
+    state->waiting = inputs.size() + 1;
+    auto ready = [state] {
+      if (--state->waiting == 0) state->run();
+    };
+    std::vector<uint64_t> local;
+    for (auto& in : inputs) local.push_back(replica(s, member, in.handle, in.offset, in.length, in.cache, ready));
+    uint64_t result = fresh ? scratch(s, member, outLength) : local.back();
+    switch (op.which()) {
+      case wire::Op::GEMM: {
+        auto g = op.getGemm();
+        auto o = out.initGemm();
+        o.setM(static_cast<uint32_t>(slice.size()));
+        o.setN(g.getN());
+        o.setK(g.getK());
+        o.setAlpha(g.getAlpha());
+        o.setBeta(g.getBeta());
+        o.setA(local[0]);
+        o.setB(local[1]);
+        o.setC(result);
+        break;
+      }
+      case wire::Op::AXPY: {
+        auto o = out.initAxpy();
+        o.setN(slice.size());
+        o.setAlpha(op.getAxpy().getAlpha());
+        o.setX(local[0]);
+        o.setY(result);
+        break;
+      }
+      case wire::Op::VADD: {
+        auto o = out.initVadd();
+        o.setN(slice.size());
+        o.setA(local[0]);
+        o.setB(local[1]);
+        o.setOut(result);
+        break;
+      }
+      case wire::Op::REDUCE_SUM: {
+        auto o = out.initReduceSum();
+        o.setN(slice.size());
+        o.setInput(local[0]);
+        o.setOut(result);
+        break;
+      }
+    }
+    auto rewritten = std::make_shared<capnp::MallocMessageBuilder>();
+    rewritten->setRoot(msg.getRoot<wire::Instruction>().asReader());
+    state->run = [this, &s, member, rewritten, result, outHandle, outOffset, outLength, reduce, partials, p] {
+      sendRemote(s, member, *rewritten);
+      if (!reduce) {
+        copyBetween(s, member, result, 0, outLength, 0, outHandle, outOffset, [] {});
+        return;
+      }
+      capnp::MallocMessageBuilder r;
+      auto read = r.initRoot<wire::Instruction>().initRead();
+      read.setBuffer(result);
+      read.setLength(kF32);
+      ++s.job->awaiting;
+      sendRemote(s, member, r, [this, &s, partials, p](wire::Reply::Reader reply) {
+        if (reply.which() == wire::Reply::DATA && reply.getData().getData().size() == kF32) {
+          float v;
+          std::memcpy(&v, reply.getData().getData().begin(), kF32);
+          (*partials)[p] = v;
+        } else if (reply.which() == wire::Reply::ERROR && !s.job->error) {
+          s.job->error = transport::errorFrom(reply.getError().getError());
+        }
+        return true;
+      });
+    };
+    ready();
+  }
+  if (primaryPart) primaryPart();
+  if (op.which() == wire::Op::REDUCE_SUM) {
+    uint64_t outHandle = op.getReduceSum().getOut();
+    s.job->whenGathered = [this, &s, partials, outHandle] {
+      double total = 0;
+      for (double v : *partials) total += v;
+      float value = static_cast<float>(total);
+      capnp::MallocMessageBuilder m;
+      auto w = m.initRoot<wire::Instruction>().initWrite();
+      w.setBuffer(outHandle);
+      w.setData(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(&value), kF32));
+      sendRemote(s, 0, m);
+    };
+  }
+  RLOG_DEBUG("scheduler") << "vaccel #" << s.id << ": op split over " << parts.size() << " cards";
+  settle(s);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------
+// Job bookkeeping
+
+void Scheduler::settle(Session& s) {
+  RemoteJob* job = s.job.get();
+  if (!job) return;
+  if (job->awaiting > 0 && --job->awaiting > 0) return;
+  if (!job->fencing) {
+    if (job->whenGathered) {
+      auto gathered = std::move(job->whenGathered);
+      job->whenGathered = nullptr;
+      if (!job->error) gathered();
+    }
+    job->fencing = true;
+    std::vector<size_t> members = job->touched;
+    if (members.empty()) members.push_back(0);
+    job->awaiting = static_cast<unsigned>(members.size()) + 1;  // +1: released below
+    for (size_t m : members) {
+      capnp::MallocMessageBuilder f;
+      f.initRoot<wire::Instruction>().setFence();
+      sendRemote(s, m, f, [this, &s](wire::Reply::Reader reply) {
+        if (reply.which() == wire::Reply::ERROR && !s.job->error) s.job->error = transport::errorFrom(reply.getError().getError());
+        return true;
+      });
+    }
+    settle(s);
+    return;
+  }
+  finishJob(s);
+}
+
+void Scheduler::onRemoteReply(Session& s, uint64_t sequence, Body& body) {
+  auto it = s.remoteReplies.find(sequence);
+  if (it != s.remoteReplies.end()) {
+    auto handler = it->second;  // may erase itself
+    handler(body);
+    return;
+  }
+  // An instruction with no reply of its own failed (an alloc, a write, a split op).
+  auto decoded = transport::decodeGuard([&] {
+    transport::MessageView in(body);
+    auto reply = in.root<wire::Reply>();
+    if (reply.which() != wire::Reply::ERROR) return;
+    Error e = transport::errorFrom(reply.getError().getError());
+    if (s.job && !s.job->error) s.job->error = e;
+    else if (!s.job) RLOG_WARN("scheduler") << "vaccel #" << s.id << ": a scheduler instruction failed: " << e.message;
+  });
+  if (!decoded) RLOG_ERROR("scheduler") << "malformed reply to a scheduler instruction: " << decoded.error().message;
+}
+
+void Scheduler::finishJob(Session& s) {
+  auto job = std::move(s.job);
+  for (auto& [member, handle] : job->scratch) {
+    if (!s.members[member].node) continue;
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Instruction>().initFree().setHandle(handle);
+    s.members[member].node->connection->send(s.members[member].context, s.nextSequence++, m);
+  }
+  if (job->error) replyError(*s.link, s.channel, job->guestSequence, *job->error);
+  // The guest's next instructions, in order, until one starts another job.
+  VmLink& link = *s.link;
+  while (!s.job && !s.held.empty()) {
+    auto [h, body] = std::move(s.held.front());
+    s.held.pop_front();
+    s.heldBytes -= std::min(s.heldBytes, body.size());
+    forward(link, s, h, std::move(body));
+  }
+  if (s.heldBytes < kHeldHighWater) link.connection->resumeReading();
+}
+
+void Scheduler::abandonJob(Session& s) {
+  s.remoteReplies.clear();
+  if (!s.job) return;
+  if (!s.job->error) s.job->error = Error{Code::unavailable, s.unavailable};
+  s.job->awaiting = 0;
+  s.job->fencing = true;
+  finishJob(s);  // replies to what waits: the session is unavailable now
+}
+
+void Scheduler::hold(Session& s, const FrameHeader& h, Body body) {
+  s.heldBytes += body.size();
+  s.held.emplace_back(h, std::move(body));
+  // A guest that keeps streaming behind a long job waits at its link (all of its VM's
+  // programs share it) rather than in the scheduler's memory.
+  if (s.heldBytes >= kHeldHighWater) s.link->connection->pauseReading();
+}
+
+}  // namespace raccel::scheduler

@@ -1,0 +1,32 @@
+// Splitting a data-parallel op across the cards of a virtual accelerator in proportion
+// to the blocks it holds on each (ARCHITECTURE.md, compute aggregation). Pure logic.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace raccel::scheduler {
+
+struct Slice {
+  uint64_t begin = 0, end = 0;  // [begin, end) of the op's rows or elements
+  uint64_t size() const { return end - begin; }
+};
+
+// Cuts [0, units) into consecutive slices, slice i proportional to weights[i]; the
+// slices cover every unit exactly once (some may be empty when units are few).
+inline std::vector<Slice> splitByWeight(uint64_t units, const std::vector<uint32_t>& weights) {
+  uint64_t total = 0;
+  for (auto w : weights) total += w;
+  std::vector<Slice> out(weights.size());
+  uint64_t cumulative = 0, at = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    cumulative += weights[i];
+    uint64_t end = total ? static_cast<uint64_t>((static_cast<unsigned __int128>(units) * cumulative) / total) : units;
+    if (i + 1 == weights.size()) end = units;
+    out[i] = {at, end};
+    at = end;
+  }
+  return out;
+}
+
+}  // namespace raccel::scheduler
