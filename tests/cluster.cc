@@ -104,7 +104,8 @@ std::string makeTempDir() {
   return ::mkdtemp(tmpl);
 }
 
-Cluster::Cluster(std::vector<VmSpec> vms, std::string dir) : dir_(dir.empty() ? makeTempDir() : std::move(dir)) {
+Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::string> schedulerArgs)
+    : dir_(dir.empty() ? makeTempDir() : std::move(dir)) {
   port_ = freePort();
   std::vector<std::string> args = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
                                    "--heartbeat-timeout-ms", "2000"};
@@ -115,6 +116,7 @@ Cluster::Cluster(std::vector<VmSpec> vms, std::string dir) : dir_(dir.empty() ? 
     args.push_back("--vm");
     args.push_back(spec);
   }
+  args.insert(args.end(), schedulerArgs.begin(), schedulerArgs.end());
   processes_.emplace_back("raccel-scheduler", args, dir_ + "/scheduler.log");
   if (!waitFor([&] { return std::filesystem::exists(consoleSocket()); }, 10000))
     throw std::runtime_error("scheduler did not start:\n" + logs());

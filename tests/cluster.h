@@ -42,7 +42,8 @@ struct VmSpec {
 
 class Cluster {
  public:
-  explicit Cluster(std::vector<VmSpec> vms = {VmSpec{}}, std::string dir = "");
+  // `schedulerArgs` are added to raccel-scheduler's command line (e.g. --block-tflops).
+  explicit Cluster(std::vector<VmSpec> vms = {VmSpec{}}, std::string dir = "", std::vector<std::string> schedulerArgs = {});
   ~Cluster();
 
   // Starts a netaccel with `cards` (each a --card spec) and waits until the pool has
