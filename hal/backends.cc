@@ -108,6 +108,11 @@ Result<double> calibrateTflops(Device& device) {
   return best;
 }
 
+Error noSuchDevice(const std::string& backend, unsigned index, size_t found, const std::string& note) {
+  return Error{Code::notFound, "no " + backend + " device " + std::to_string(index) + " (" +
+                                   (found == 0 ? note : std::to_string(found) + " found") + ")"};
+}
+
 void applyOverrides(Capabilities& caps, const DeviceOverrides& o) {
   if (o.kind) caps.kind = *o.kind;
   if (o.model) caps.model = *o.model;

@@ -48,6 +48,9 @@ Result<std::unique_ptr<Device>> openDevice(const std::string& backend, unsigned 
 // Measures a device's f32 gemm throughput in TFLOPS with a short run (about 0.1-0.5 s).
 Result<double> calibrateTflops(Device& device);
 
+// The error for a device index a backend does not have (for backends' open functions).
+Error noSuchDevice(const std::string& backend, unsigned index, size_t found, const std::string& note);
+
 // Applies overrides to capabilities a backend derived (memory only ever shrinks).
 void applyOverrides(Capabilities& caps, const DeviceOverrides& overrides);
 

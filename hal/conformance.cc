@@ -2,6 +2,16 @@
 
 namespace raccel::hal {
 
+std::vector<Backend> discoveredBackends(const std::string& backend, const DeviceOverrides& overrides,
+                                        std::optional<SampleProgram> sample) {
+  std::vector<Backend> out;
+  for (auto& d : discover(backend).devices) {
+    unsigned index = d.index;
+    out.push_back({backend + std::to_string(index), [=] { return openDevice(backend, index, overrides); }, sample});
+  }
+  return out;
+}
+
 SampleProgram openclSample() {
   return {ProgramKind::openclC,
           "__kernel void scale(float s, __global float* x, uint n) {\n"

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "hal/backends.h"
 #include "hal/device.h"
 
 namespace raccel::hal {
@@ -30,6 +31,10 @@ struct Backend {
 
 std::vector<Backend> conformanceBackends();
 inline void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
+
+// One entry per device `backend` discovers, opened with `overrides`.
+std::vector<Backend> discoveredBackends(const std::string& backend, const DeviceOverrides& overrides,
+                                        std::optional<SampleProgram> sample);
 
 // The OpenCL C and CUDA C versions of the sample.
 SampleProgram openclSample();

@@ -13,12 +13,8 @@ std::vector<Backend> conformanceBackends() {
   out.push_back({"simulatedGpu",
                  [] { return Result<std::unique_ptr<Device>>(makeCpuDevice({CardKind::gpu, "sim-gpu", 8, 64 << 20, 1})); },
                  std::nullopt});
-  for (auto& d : discover("opencl").devices) {
-    unsigned index = d.index;
-    out.push_back({"opencl" + std::to_string(index),
-                   [index] { return openDevice("opencl", index, {.tflops = 1, .memoryBytes = 64 << 20}); },
-                   openclSample()});
-  }
+  auto opencl = discoveredBackends("opencl", {.tflops = 1, .memoryBytes = 64 << 20}, openclSample());
+  out.insert(out.end(), opencl.begin(), opencl.end());
   return out;
 }
 

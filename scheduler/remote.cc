@@ -286,6 +286,24 @@ void Scheduler::startRemoteLaunch(Session& s, uint64_t sequence, size_t member, 
   settle(s);
 }
 
+void Scheduler::readPartial(Session& s, size_t member, uint64_t handle, double* into) {
+  capnp::MallocMessageBuilder r;
+  auto read = r.initRoot<wire::Instruction>().initRead();
+  read.setBuffer(handle);
+  read.setLength(kF32);
+  ++s.job->awaiting;
+  sendRemote(s, member, r, [&s, into](wire::Reply::Reader reply) {
+    if (reply.which() == wire::Reply::DATA && reply.getData().getData().size() == kF32) {
+      float v;
+      std::memcpy(&v, reply.getData().getData().begin(), kF32);
+      *into = v;
+    } else if (reply.which() == wire::Reply::ERROR && !s.job->error) {
+      s.job->error = transport::errorFrom(reply.getError().getError());
+    }
+    return true;
+  });
+}
+
 // ---------------------------------------------------------------------------------
 // Built-in ops split across the cards that run them, in proportion to their blocks.
 
@@ -427,23 +445,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
             break;
         }
         sendRemote(s, 0, m);
-        if (partial) {
-          capnp::MallocMessageBuilder r;
-          auto read = r.initRoot<wire::Instruction>().initRead();
-          read.setBuffer(partial);
-          read.setLength(kF32);
-          ++s.job->awaiting;
-          sendRemote(s, 0, r, [this, &s, partials, p](wire::Reply::Reader reply) {
-            if (reply.which() == wire::Reply::DATA && reply.getData().getData().size() == kF32) {
-              float v;
-              std::memcpy(&v, reply.getData().getData().begin(), kF32);
-              (*partials)[p] = v;
-            } else if (reply.which() == wire::Reply::ERROR && !s.job->error) {
-              s.job->error = transport::errorFrom(reply.getError().getError());
-            }
-            return true;
-          });
-        }
+        if (partial) readPartial(s, 0, partial, &(*partials)[p]);
       };
       continue;
     }
@@ -462,42 +464,33 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
     for (auto& in : inputs) local.push_back(replica(s, member, in.handle, in.offset, in.length, in.cache, ready));
     uint64_t result = fresh ? scratch(s, member, outLength) : local.back();
     switch (op.which()) {
-      case wire::Op::GEMM: {
-        auto g = op.getGemm();
-        auto o = out.initGemm();
-        o.setM(static_cast<uint32_t>(slice.size()));
-        o.setN(g.getN());
-        o.setK(g.getK());
-        o.setAlpha(g.getAlpha());
-        o.setBeta(g.getBeta());
-        o.setA(local[0]);
-        o.setB(local[1]);
-        o.setC(result);
+      // The guest's op on this card's copies: its slice's size, the copies' handles.
+      case wire::Op::GEMM:
+        out.setGemm(op.getGemm());
+        out.getGemm().setM(static_cast<uint32_t>(slice.size()));
+        out.getGemm().setA(local[0]);
+        out.getGemm().setB(local[1]);
+        out.getGemm().setC(result);
         break;
-      }
-      case wire::Op::AXPY: {
-        auto o = out.initAxpy();
-        o.setN(slice.size());
-        o.setAlpha(op.getAxpy().getAlpha());
-        o.setX(local[0]);
-        o.setY(result);
+      case wire::Op::AXPY:
+        out.setAxpy(op.getAxpy());
+        out.getAxpy().setN(slice.size());
+        out.getAxpy().setX(local[0]);
+        out.getAxpy().setY(result);
         break;
-      }
-      case wire::Op::VADD: {
-        auto o = out.initVadd();
-        o.setN(slice.size());
-        o.setA(local[0]);
-        o.setB(local[1]);
-        o.setOut(result);
+      case wire::Op::VADD:
+        out.setVadd(op.getVadd());
+        out.getVadd().setN(slice.size());
+        out.getVadd().setA(local[0]);
+        out.getVadd().setB(local[1]);
+        out.getVadd().setOut(result);
         break;
-      }
-      case wire::Op::REDUCE_SUM: {
-        auto o = out.initReduceSum();
-        o.setN(slice.size());
-        o.setInput(local[0]);
-        o.setOut(result);
+      case wire::Op::REDUCE_SUM:
+        out.setReduceSum(op.getReduceSum());
+        out.getReduceSum().setN(slice.size());
+        out.getReduceSum().setInput(local[0]);
+        out.getReduceSum().setOut(result);
         break;
-      }
     }
     auto rewritten = std::make_shared<capnp::MallocMessageBuilder>();
     rewritten->setRoot(msg.getRoot<wire::Instruction>().asReader());
@@ -507,21 +500,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
         copyBetween(s, member, result, 0, outLength, 0, outHandle, outOffset, [] {});
         return;
       }
-      capnp::MallocMessageBuilder r;
-      auto read = r.initRoot<wire::Instruction>().initRead();
-      read.setBuffer(result);
-      read.setLength(kF32);
-      ++s.job->awaiting;
-      sendRemote(s, member, r, [this, &s, partials, p](wire::Reply::Reader reply) {
-        if (reply.which() == wire::Reply::DATA && reply.getData().getData().size() == kF32) {
-          float v;
-          std::memcpy(&v, reply.getData().getData().begin(), kF32);
-          (*partials)[p] = v;
-        } else if (reply.which() == wire::Reply::ERROR && !s.job->error) {
-          s.job->error = transport::errorFrom(reply.getError().getError());
-        }
-        return true;
-      });
+      readPartial(s, member, result, &(*partials)[p]);
     };
     ready();
   }

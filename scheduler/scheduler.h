@@ -74,6 +74,8 @@ class Scheduler {
   void copyBetween(Session& s, size_t member, uint64_t handle, uint64_t offset, uint64_t length, size_t toMember,
                    uint64_t toHandle, uint64_t toOffset, std::function<void()> done);
   void dropReplicas(Session& s, uint64_t handle);
+  // Reads the one float a card's part of a reduction left in `handle` into *into.
+  void readPartial(Session& s, size_t member, uint64_t handle, double* into);
   void onRemoteReply(Session& s, uint64_t sequence, transport::Body& body);
   void settle(Session& s);  // a read or fence of the job answered
   void finishJob(Session& s);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <sys/wait.h>
 
 #include "hal/backends.h"
 #include "tests/cluster.h"
@@ -22,14 +23,6 @@ const char* kScale =
     "  uint i = get_global_id(0);\n"
     "  if (i < n) x[i] = x[i] * s + (float)i;\n"
     "}\n";
-
-std::vector<float> randomFloats(size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1, 1);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 std::unique_ptr<Session> open(Cluster& c, double tflops, const std::string& name) {
   client::Options o;
@@ -256,6 +249,30 @@ TEST_F(Cards, ASplitOpOnABadBufferFailsLikeOnOneCard) {
   ASSERT_FALSE(status);
   EXPECT_EQ(status.error().code, Code::invalidArgument) << status.error().message;
   EXPECT_TRUE(s->fence());
+}
+
+// Every built backend is listed, and one with no device says why instead of failing.
+TEST(ListDevices, ReportsEachBackendAndWhyItHasNoDevices) {
+  std::string command = std::string(RACCEL_BIN_DIR) + "/raccel-netaccel --list-devices --card kind=fpga,tflops=2 2>&1";
+  FILE* p = popen(command.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int status = pclose(p);
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_NE(out.find("cpu      fpga"), std::string::npos) << out;  // the declared simulated card
+  for (auto& backend : hal::builtBackends()) {
+    EXPECT_NE(out.find(backend), std::string::npos) << out;
+    if (backend == "cpu") continue;
+    auto report = hal::discover(backend);
+    EXPECT_NE(out.find("discovery: " + backend + ": " + report.note), std::string::npos) << out;
+    if (report.devices.empty()) {
+      EXPECT_EQ(out.find("\n0     " + backend), std::string::npos) << out;  // no card of it listed
+    } else {
+      EXPECT_NE(out.find(backend + "   "), std::string::npos) << out;
+    }
+  }
 }
 
 }  // namespace

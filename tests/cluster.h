@@ -3,6 +3,8 @@
 // Used from the test's main thread.
 #pragma once
 
+#include <random>
+
 #include <sys/types.h>
 
 #include <string>
@@ -31,6 +33,15 @@ class Process {
   pid_t pid_ = -1;
   std::string log_;
 };
+
+// n floats uniform in [-1, 1), the same for the same seed.
+inline std::vector<float> randomFloats(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
 
 struct VmSpec {
   std::string name = "vm1";

@@ -39,14 +39,6 @@ std::unique_ptr<Session> open(const std::string& socket, double tflops = 1, std:
   return s ? std::move(*s) : nullptr;
 }
 
-std::vector<float> randomFloats(size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1, 1);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
 // Runs a gemm (m x k) * (k x n) through `s` and compares with a reference; returns the
 // max error, or a negative number with the failure in `why`.
 double checkedGemm(Session& s, uint32_t m, uint32_t n, uint32_t k, unsigned seed, std::string* why) {

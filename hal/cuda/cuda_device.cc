@@ -438,9 +438,7 @@ std::vector<DeviceInfo> enumerateCudaDevices(std::string* note) {
 Result<std::unique_ptr<Device>> openCudaDevice(unsigned index, const DeviceOverrides& overrides) {
   std::string note;
   auto devices = enumerateCudaDevices(&note);
-  if (index >= devices.size())
-    return fail(Code::notFound, "no CUDA device " + std::to_string(index) + " (" +
-                                    (devices.empty() ? note : std::to_string(devices.size()) + " found") + ")");
+  if (index >= devices.size()) return fail(noSuchDevice("CUDA", index, devices.size(), note));
   auto* d = driver();
   CUdevice dev = 0;
   d->cuDeviceGet(&dev, static_cast<int>(index));

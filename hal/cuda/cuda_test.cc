@@ -7,15 +7,7 @@
 
 namespace raccel::hal {
 
-std::vector<Backend> conformanceBackends() {
-  std::vector<Backend> out;
-  for (auto& d : discover("cuda").devices) {
-    unsigned index = d.index;
-    out.push_back({"cuda" + std::to_string(index),
-                   [index] { return openDevice("cuda", index, {.memoryBytes = 64 << 20}); }, cudaSample()});
-  }
-  return out;
-}
+std::vector<Backend> conformanceBackends() { return discoveredBackends("cuda", {.memoryBytes = 64 << 20}, cudaSample()); }
 
 namespace {
 TEST(CudaDevices, Present) {

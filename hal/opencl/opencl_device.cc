@@ -351,9 +351,7 @@ std::vector<DeviceInfo> enumerateOpenclDevices(std::string* note) {
 Result<std::unique_ptr<Device>> openOpenclDevice(unsigned index, const DeviceOverrides& overrides) {
   std::string note;
   auto devices = allDevices(&note);
-  if (index >= devices.size())
-    return fail(Code::notFound, "no OpenCL device " + std::to_string(index) + " (" +
-                                    (devices.empty() ? note : std::to_string(devices.size()) + " found") + ")");
+  if (index >= devices.size()) return fail(noSuchDevice("OpenCL", index, devices.size(), note));
   cl_device_id d = devices[index];
   Capabilities caps;
   caps.kind = kindOf(d);

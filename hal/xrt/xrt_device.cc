@@ -183,9 +183,7 @@ std::vector<DeviceInfo> enumerateXrtDevices(std::string* note) {
 Result<std::unique_ptr<Device>> openXrtDevice(unsigned index, const DeviceOverrides& overrides) {
   std::string note;
   auto devices = enumerateXrtDevices(&note);
-  if (index >= devices.size())
-    return fail(Code::notFound, "no XRT device " + std::to_string(index) + " (" +
-                                    (devices.empty() ? note : std::to_string(devices.size()) + " found") + ")");
+  if (index >= devices.size()) return fail(noSuchDevice("XRT", index, devices.size(), note));
   Capabilities caps;
   caps.kind = CardKind::fpga;
   caps.model = devices[index].model;

@@ -9,13 +9,7 @@
 namespace raccel::hal {
 
 std::vector<Backend> conformanceBackends() {
-  std::vector<Backend> out;
-  for (auto& d : discover("xrt").devices) {
-    unsigned index = d.index;
-    out.push_back({"xrt" + std::to_string(index),
-                   [index] { return openDevice("xrt", index, {.tflops = 1, .memoryBytes = 64 << 20}); }, std::nullopt});
-  }
-  return out;
+  return discoveredBackends("xrt", {.tflops = 1, .memoryBytes = 64 << 20}, std::nullopt);
 }
 
 namespace {
