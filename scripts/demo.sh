@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The main job, on one machine: a scheduler, two netaccels (a simulated GPU and CPU
-# cards), raccel-guestd standing in for a VM's guest side, and raccel-run programs that
-# run gemms through it and check them. Shows the console's view, then stops everything.
+# The main job, on one machine: a scheduler, two netaccels (node0: this machine's
+# OpenCL device, found by discovery (PoCL's CPU device here), and a simulated GPU;
+# node1: a CPU card), raccel-guestd standing in for a VM's guest side, and raccel-run
+# programs that run gemms, the other built-ins and an OpenCL C kernel through it and
+# check them; one spans all three cards, so its ops are split across them. Shows the
+# console's view, then stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,15 +21,21 @@ port=$((20000 + RANDOM % 20000))
 
 echo "== starting raccel-scheduler (logs in $run)"
 $bin/raccel-scheduler --node-listen 127.0.0.1:$port --console "$run/console.sock" \
-  --vm "name=demo-vm,socket=$run/demo-vm.sock,tflops=16,priority=1,memory_quota=2GiB" >"$run/scheduler.log" 2>&1 &
+  --vm "name=demo-vm,socket=$run/demo-vm.sock,tflops=20,priority=1,memory_quota=2GiB" >"$run/scheduler.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do [ -S "$run/console.sock" ] && break; sleep 0.1; done
 
+export POCL_CACHE_DIR="$PWD/build/pocl-cache"
+echo "== this machine's cards, as discovery sees them"
+$bin/raccel-netaccel --list-devices
 echo "== starting two raccel-netaccels"
+# node0 serves the discovered OpenCL device, rated 4 TFLOPS (PoCL's measured rate is a
+# fraction of one block) and a simulated GPU; node1 (same host) a CPU card and no discovery.
 $bin/raccel-netaccel --name node0 --scheduler 127.0.0.1:$port \
-  --card kind=gpu,model=sim-gpu,tflops=8,memory=1GiB --card kind=cpu,tflops=4,memory=1GiB >"$run/node0.log" 2>&1 &
+  --card kind=gpu,model=sim-gpu,tflops=8,memory=1GiB --card backend=opencl,tflops=4,memory=1GiB >"$run/node0.log" 2>&1 &
 pids+=($!)
-$bin/raccel-netaccel --name node1 --scheduler 127.0.0.1:$port --card kind=cpu,tflops=8,memory=1GiB >"$run/node1.log" 2>&1 &
+$bin/raccel-netaccel --name node1 --scheduler 127.0.0.1:$port --discover none --card kind=cpu,tflops=8,memory=1GiB \
+  >"$run/node1.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do
   $bin/raccelctl --socket "$run/console.sock" pool --json 2>/dev/null | grep -q '"total":20' && break
@@ -50,5 +59,7 @@ $bin/raccelctl --socket "$run/console.sock" pool
 status=0
 $bin/raccel-run --socket "$run/guestd.sock" --size 256 --ops --tflops 2 --name ops || status=1
 wait $long || status=1
+echo "== one program over all three cards: split built-ins and an OpenCL C kernel routed to the OpenCL card"
+$bin/raccel-run --socket "$run/guestd.sock" --size 384 --ops --opencl --tflops 20 --name wide || status=1
 if [ $status -eq 0 ]; then echo "== demo OK"; else echo "== demo FAILED; logs:"; tail -n 20 "$run"/*.log; fi
 exit $status

@@ -1,15 +1,49 @@
 // raccel-run: the sample guest program. Asks for a virtual accelerator, runs a gemm
-// (and, with --ops, the other built-ins) on it, checks every result against a
-// reference computed here, and prints one verdict line.
+// (with --ops the other built-ins, with --opencl an OpenCL C kernel it sends as source)
+// on it, checks every result against a reference computed here, and prints one
+// verdict line.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "common/flags.h"
 #include "vmfrontend/raccel.h"
 
 using namespace raccel;
+
+namespace {
+// y[i] = a * x[i] + y[i] * y[i], a kernel no built-in does.
+const char* kOpenclKernel =
+    "__kernel void saxpy_sq(float a, __global const float* x, __global float* y, uint n) {\n"
+    "  uint i = get_global_id(0);\n"
+    "  if (i < n) y[i] = a * x[i] + y[i] * y[i];\n"
+    "}\n";
+
+// Runs kOpenclKernel and checks it; returns "" or what went wrong.
+std::string runOpencl(client::Session& s) {
+  const uint32_t n = 10000;
+  std::vector<float> x(n), y(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    x[i] = float(i % 13);
+    y[i] = float(i % 7) * 0.5f;
+  }
+  auto hx = s.alloc(n * 4), hy = s.alloc(n * 4);
+  s.writeFloats(hx, x);
+  s.writeFloats(hy, y);
+  auto program = s.loadProgram(ProgramKind::openclC, "saxpy_sq", std::as_bytes(std::span(kOpenclKernel, std::strlen(kOpenclKernel))));
+  s.launch(program, "saxpy_sq", {(n + 63) / 64, 1, 1}, {64, 1, 1},
+           {client::Arg::f32(2.0f), client::Arg::buffer(hx), client::Arg::buffer(hy), client::Arg::u32(n)});
+  auto got = s.readFloats(hy, n);
+  if (!got) return std::string(codeName(got.error().code)) + ": " + got.error().message;
+  for (uint32_t i = 0; i < n; ++i)
+    if ((*got)[i] != 2.0f * x[i] + y[i] * y[i])
+      return "element " + std::to_string(i) + " is " + std::to_string((*got)[i]) + ", want " +
+             std::to_string(2.0f * x[i] + y[i] * y[i]);
+  return "";
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   Flags flags("raccel-run", "Runs a gemm on a raccel virtual accelerator and checks the result.");
@@ -20,6 +54,7 @@ int main(int argc, char** argv) {
   flags.value("seed", "S", "random seed for the inputs (default 1)");
   flags.value("name", "NAME", "program name shown in the console (default raccel-run)");
   flags.boolean("ops", "also run and check axpy, vadd and reduceSum");
+  flags.boolean("opencl", "also send an OpenCL C kernel as source, run it and check it (needs an OpenCL card)");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
   client::Options options;
@@ -88,13 +123,20 @@ int main(int argc, char** argv) {
     }
     ok = ok && out && yy && sum && std::abs((*sum)[0] - refSum) <= 1e-6 * refSum;
   }
+  std::string openclProblem;
+  if (ok && flags.has("opencl")) {
+    openclProblem = runOpencl(s);
+    ok = openclProblem.empty();
+  }
   auto fence = s.fence();
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (!fence) {
     std::printf("raccel-run: FAIL %s: %s\n", codeName(fence.error().code), fence.error().message.c_str());
     return 1;
   }
-  std::printf("raccel-run: %s gemm %ux%ux%u x%d%s on %s, max error %.2g, %.1f ms\n", ok ? "OK" : "FAIL", n, n, n,
-              iterations, flags.has("ops") ? " + axpy/vadd/reduceSum" : "", s.vaccel().describe().c_str(), maxErr, ms);
+  if (!openclProblem.empty()) std::printf("raccel-run: FAIL OpenCL C kernel: %s\n", openclProblem.c_str());
+  std::printf("raccel-run: %s gemm %ux%ux%u x%d%s%s on %s, max error %.2g, %.1f ms\n", ok ? "OK" : "FAIL", n, n, n,
+              iterations, flags.has("ops") ? " + axpy/vadd/reduceSum" : "", flags.has("opencl") ? " + OpenCL C" : "",
+              s.vaccel().describe().c_str(), maxErr, ms);
   return ok ? 0 : 1;
 }
