@@ -6,7 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <signal.h>
 #include <sys/wait.h>
+
+#include <chrono>
+#include <thread>
 
 #include "hal/backends.h"
 #include "tests/cluster.h"
@@ -249,6 +253,40 @@ TEST_F(Cards, ASplitOpOnABadBufferFailsLikeOnOneCard) {
   ASSERT_FALSE(status);
   EXPECT_EQ(status.error().code, Code::invalidArgument) << status.error().message;
   EXPECT_TRUE(s->fence());
+}
+
+// A netaccel holding one of a vaccel's cards dies while a split op runs there: the
+// guest hears `unavailable` naming it (no hang), and the scheduler serves others.
+TEST(SplitOps, ACardLostMidOpFailsTheSessionNotTheScheduler) {
+  Cluster cluster({VmSpec{}}, "", {"--block-tflops", "0.001"});
+  cluster.addNetaccel("node0", {"kind=gpu,tflops=0.003,memory=256MiB,threads=1,paced=true"}, 3);
+  auto& doomed = cluster.addNetaccel("node1", {"kind=cpu,tflops=0.002,memory=256MiB,threads=1,paced=true"}, 2);
+  auto s = open(cluster, 0.005, "doomed");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->vaccel().cards.size(), 2u);
+  const uint32_t n = 1024;  // node1's 40% of the rows takes about 0.4 s at its pace
+  std::vector<float> ones(size_t{n} * n, 1.0f);
+  auto ha = s->alloc(ones.size() * 4), hb = s->alloc(ones.size() * 4), hc = s->alloc(ones.size() * 4);
+  s->writeFloats(ha, ones);
+  s->writeFloats(hb, ones);
+  ASSERT_TRUE(s->fence());
+  s->gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
+  ASSERT_TRUE(s->flush());
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  doomed.kill(SIGKILL);
+  auto c = s->readFloats(hc, 4);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code, Code::unavailable) << c.error().message;
+  EXPECT_NE(c.error().message.find("node1"), std::string::npos) << c.error().message;
+
+  s.reset();  // an unavailable session keeps its blocks until its program lets go
+  auto other = open(cluster, 0.003, "survivor");
+  ASSERT_TRUE(other);
+  auto h = other->alloc(16);
+  other->writeFloats(h, {1, 2, 3, 4});
+  auto back = other->readFloats(h, 4);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ((*back)[3], 4.0f);
 }
 
 // Every built backend is listed, and one with no device says why instead of failing.
