@@ -59,7 +59,8 @@ Result<VmPolicy> parseVmSpec(const std::string& spec) {
 Result<SchedulerConfig> parseConfig(const Config& config) {
   SchedulerConfig out;
   auto& top = config.top();
-  auto unknown = top.unknownKeys({"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms"});
+  auto unknown = top.unknownKeys(
+      {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms", "split_min_mflop"});
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
   out.nodeListen = top.getString("node_listen", out.nodeListen);
   out.console = top.getString("console", out.console);
@@ -67,6 +68,10 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   if (!bt) return fail(bt.error());
   if (*bt <= 0) return fail(Code::invalidArgument, "block_tflops must be positive");
   out.blockTflops = *bt;
+  auto split = top.getDouble("split_min_mflop", out.splitMinMflop);
+  if (!split) return fail(split.error());
+  if (*split < 0) return fail(Code::invalidArgument, "split_min_mflop must not be negative");
+  out.splitMinMflop = *split;
   auto hb = top.getInt("heartbeat_timeout_ms", out.heartbeatTimeoutMs);
   if (!hb) return fail(hb.error());
   out.heartbeatTimeoutMs = static_cast<unsigned>(*hb);

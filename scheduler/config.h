@@ -5,6 +5,7 @@
 //   block_tflops = 1
 //   heartbeat_timeout_ms = 5000           # a silent netaccel is declared lost after this
 //   request_timeout_ms = 600000           # a read/fence unanswered this long fails
+//   split_min_mflop = 8                   # built-in ops smaller than this run on one card
 //   [vm]                                  # one per VM; identity = its socket
 //   name = vm1
 //   socket = /run/raccel/vm/vm1.sock      # QEMU's virtio-serial chardev connects here
@@ -37,6 +38,10 @@ struct SchedulerConfig {
   double blockTflops = 1;
   unsigned heartbeatTimeoutMs = 5000;
   unsigned requestTimeoutMs = 600000;
+  // A built-in op on a multi-card vaccel is split across its cards only from this much
+  // work up (gemm 2mnk, axpy 2n, vadd and reduceSum n); below it the copies and fences
+  // cost more than the cards save, and the op runs whole on the primary.
+  double splitMinMflop = 8;
   std::vector<VmPolicy> vms;
 };
 

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   flags.value("vm", "SPEC", "serve a VM: name=vm1,socket=/path,tflops=8,priority=0,kinds=gpu|cpu,memory_quota=1GiB",
               true);
   flags.value("block-tflops", "T", "TFLOPS per block (default 1)");
+  flags.value("split-min-mflop", "M", "split built-in ops across a vaccel's cards from M MFLOP of work up (default 8; 0 = always)");
   flags.value("heartbeat-timeout-ms", "MS", "declare a silent netaccel lost after this (default 5000)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   int code = 0;
@@ -40,6 +41,11 @@ int main(int argc, char** argv) {
   if (flags.has("block-tflops")) {
     config.blockTflops = std::atof(flags.get("block-tflops").c_str());
     if (config.blockTflops <= 0) return die("--block-tflops must be a positive number");
+  }
+  if (flags.has("split-min-mflop")) {
+    char* end = nullptr;
+    config.splitMinMflop = std::strtod(flags.get("split-min-mflop").c_str(), &end);
+    if (!end || *end || config.splitMinMflop < 0) return die("--split-min-mflop must be a number >= 0");
   }
   if (flags.has("heartbeat-timeout-ms")) {
     int ms = std::atoi(flags.get("heartbeat-timeout-ms").c_str());

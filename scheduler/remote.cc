@@ -352,6 +352,10 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
     }
   }
   if (units < 2) return false;
+  double flops = op.which() == wire::Op::GEMM ? 2.0 * op.getGemm().getM() * op.getGemm().getN() * op.getGemm().getK()
+                 : op.which() == wire::Op::AXPY ? 2.0 * units
+                                                : double(units);
+  if (flops < config_.splitMinMflop * 1e6) return false;
   auto slices = splitByWeight(units, weights);
 
   // The output's copies elsewhere are stale once this runs.

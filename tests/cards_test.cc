@@ -47,7 +47,8 @@ class Cards : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device: " << hal::discover("opencl").note;
-    cluster = std::make_unique<Cluster>();
+    // Split every op, however small, so small inputs exercise the splitting.
+    cluster = std::make_unique<Cluster>(std::vector<VmSpec>{VmSpec{}}, "", std::vector<std::string>{"--split-min-mflop", "0"});
     cluster->addNetaccel("node0", {"kind=gpu,tflops=3,memory=256MiB,threads=1", "backend=opencl,kind=npu,tflops=2,memory=256MiB"}, 5);
     cluster->addNetaccel("node1", {"kind=cpu,tflops=2,memory=256MiB,threads=1"}, 2);
   }
@@ -242,6 +243,29 @@ TEST_F(Cards, SplitOpsStayRightAsTheirInputsChange) {
   EXPECT_NEAR((*sum)[0], ref, 1e-2);
   // Everything the vaccel did was fine: no error pending.
   EXPECT_TRUE(s->fence());
+}
+
+TEST(SplitOps, SmallOpsRunWholeOnThePrimaryByDefault) {
+  Cluster cluster;  // default --split-min-mflop 8
+  cluster.addNetaccel("node0", {"kind=gpu,tflops=3,memory=64MiB,threads=1"}, 3);
+  cluster.addNetaccel("node1", {"kind=cpu,tflops=2,memory=64MiB,threads=1"}, 2);
+  auto s = open(cluster, 5, "small");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->vaccel().cards.size(), 2u);
+  auto a = randomFloats(64 * 64, 1);
+  auto ha = s->alloc(a.size() * 4), hc = s->alloc(a.size() * 4);
+  s->writeFloats(ha, a);
+  s->gemm(64, 64, 64, 1.0f, ha, ha, 0.0f, hc);  // 0.5 MFLOP
+  auto small = s->readFloats(hc, 1);
+  ASSERT_TRUE(small) << small.error().message;
+  EXPECT_EQ(bytesMoved(cluster), 0u) << cluster.console("vaccels");
+  auto b = randomFloats(256 * 256, 2);
+  auto hb = s->alloc(b.size() * 4), hd = s->alloc(b.size() * 4);
+  s->writeFloats(hb, b);
+  s->gemm(256, 256, 256, 1.0f, hb, hb, 0.0f, hd);  // 33.6 MFLOP: split
+  auto big = s->readFloats(hd, 1);
+  ASSERT_TRUE(big) << big.error().message;
+  EXPECT_GT(bytesMoved(cluster), 0u) << cluster.console("vaccels");
 }
 
 TEST_F(Cards, ASplitOpOnABadBufferFailsLikeOnOneCard) {
