@@ -1,0 +1,91 @@
+// The netaccel's card and discovery settings: what is accepted, and what is refused
+// with a message that names the setting.
+#include "netaccel/config.h"
+
+#include <gtest/gtest.h>
+
+#include "hal/backends.h"
+
+namespace raccel::netaccel {
+namespace {
+
+TEST(CardSpec, CpuAndSimulatedCards) {
+  auto c = parseCardSpec("kind=gpu,tflops=8,memory=1GiB,threads=2,paced=true");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->backend, "cpu");
+  EXPECT_EQ(c->kind, CardKind::gpu);
+  EXPECT_EQ(c->tflops, 8);
+  EXPECT_EQ(c->memoryBytes, 1ull << 30);
+  EXPECT_EQ(c->threads, 2u);
+  EXPECT_TRUE(c->paced);
+  EXPECT_FALSE(c->device);
+}
+
+TEST(CardSpec, RefusalsNameTheProblem) {
+  auto expectRefused = [](const std::string& spec, const std::string& words) {
+    auto c = parseCardSpec(spec);
+    ASSERT_FALSE(c) << spec;
+    EXPECT_NE(c.error().message.find(words), std::string::npos) << spec << ": " << c.error().message;
+  };
+  expectRefused("backend=tpu", "not built into this netaccel");
+  expectRefused("kind=gpu,colour=red", "colour");
+  expectRefused("tflops=-1", "positive");
+  expectRefused("device=0", "cpu cards are declared");
+  expectRefused("paced=maybe", "true or false");
+  expectRefused("kind=quantum", "quantum");
+  for (auto& b : hal::builtBackends()) {
+    if (b == "cpu") continue;
+    expectRefused("backend=" + b + ",threads=2", "cpu cards only");
+    expectRefused("backend=" + b + ",paced=true", "simulated");
+  }
+}
+
+TEST(CardSpec, RealBackendsNameADeviceAndOverrideIt) {
+  for (auto& b : hal::builtBackends()) {
+    if (b == "cpu") continue;
+    auto c = parseCardSpec("backend=" + b + ",device=2,kind=fpga,tflops=12,memory=2GiB");
+    ASSERT_TRUE(c) << c.error().message;
+    EXPECT_EQ(c->device, 2u);
+    EXPECT_EQ(c->kind, CardKind::fpga);
+    EXPECT_EQ(c->tflops, 12);
+    auto plain = parseCardSpec("backend=" + b);
+    ASSERT_TRUE(plain);
+    EXPECT_EQ(plain->device, 0u);     // the first device
+    EXPECT_FALSE(plain->tflops);      // from the device or calibration
+    EXPECT_FALSE(plain->kind);
+  }
+}
+
+TEST(Discover, AllNoneAndLists) {
+  auto all = parseDiscover("all");
+  ASSERT_TRUE(all);
+  EXPECT_EQ(all->size(), hal::builtBackends().size() - 1);  // every backend but cpu
+  EXPECT_TRUE(parseDiscover("none")->empty());
+  EXPECT_FALSE(parseDiscover("cpu"));
+  EXPECT_FALSE(parseDiscover("opencl,tpu"));
+  EXPECT_FALSE(parseDiscover(""));
+  if (all->size() >= 2) {
+    auto two = parseDiscover((*all)[0] + "," + (*all)[1]);
+    ASSERT_TRUE(two);
+    EXPECT_EQ(two->size(), 2u);
+  }
+}
+
+TEST(NetaccelConfig, FileWithDiscoveryAndCards) {
+  auto file = Config::parse("name = n3\ndiscover = none\n[card]\nkind = npu\ntflops = 3\n", "test.conf");
+  ASSERT_TRUE(file);
+  auto c = parseConfig(*file);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->name, "n3");
+  EXPECT_TRUE(c->discover.empty());
+  ASSERT_EQ(c->cards.size(), 1u);
+  EXPECT_EQ(c->cards[0].kind, CardKind::npu);
+  auto bad = Config::parse("discover = tpu\n", "bad.conf");
+  ASSERT_TRUE(bad);
+  auto refused = parseConfig(*bad);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("bad.conf"), std::string::npos) << refused.error().message;
+}
+
+}  // namespace
+}  // namespace raccel::netaccel
