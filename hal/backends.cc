@@ -64,8 +64,7 @@ Result<std::unique_ptr<Device>> openDevice(const std::string& backend, unsigned 
 #ifdef RACCEL_HAVE_XRT
   if (backend == "xrt") device = openXrtDevice(index, overrides);
 #endif
-  if (!device) return device;
-  if (overrides.tflops) (*device)->setTflops(*overrides.tflops);
+  if (!device) return device;  // each backend has applied the overrides
   if ((*device)->capabilities().tflops <= 0) {
     auto measured = calibrateTflops(**device);
     if (!measured)

@@ -25,6 +25,29 @@ namespace {
 constexpr size_t kHeldHighWater = 64 << 20;
 constexpr uint64_t kF32 = 4;
 
+// The buffer a built-in op writes.
+uint64_t outputOf(wire::Op::Reader op) {
+  switch (op.which()) {
+    case wire::Op::GEMM: return op.getGemm().getC();
+    case wire::Op::AXPY: return op.getAxpy().getY();
+    case wire::Op::VADD: return op.getVadd().getOut();
+    case wire::Op::REDUCE_SUM: return op.getReduceSum().getOut();
+  }
+  return 0;
+}
+
+// Calls `then` once `left` ticks have come: one per input copy, and a last one from
+// the code that set `then` (so inputs that were all cached run at once).
+struct Gate {
+  size_t left = 0;
+  std::function<void()> then;
+  static std::function<void()> ticker(const std::shared_ptr<Gate>& gate) {
+    return [gate] {
+      if (--gate->left == 0) gate->then();
+    };
+  }
+};
+
 std::string kindsOf(const Pool& pool, const std::vector<Member>& members) {
   std::string out;
   for (auto& m : members) {
@@ -41,11 +64,15 @@ uint64_t Scheduler::sendRemote(Session& s, size_t member, capnp::MessageBuilder&
   uint64_t sequence = s.nextSequence++;
   // The handler returns true once its instruction is answered; then the entry goes and
   // the job settles (which may finish it and end this session: nothing runs after).
+  // An error reply becomes the job's error here, for every handler.
   if (onReply) s.remoteReplies[sequence] = [onReply = std::move(onReply), &s, sequence, this](Body& body) {
     bool done = true;
     auto decoded = transport::decodeGuard([&] {
       transport::MessageView in(body);
-      done = onReply(in.root<wire::Reply>());
+      auto reply = in.root<wire::Reply>();
+      if (reply.which() == wire::Reply::ERROR && s.job && !s.job->error)
+        s.job->error = transport::errorFrom(reply.getError().getError());
+      done = onReply(reply);
     });
     if (!decoded && s.job && !s.job->error) s.job->error = decoded.error();
     if (!done) return;
@@ -88,11 +115,8 @@ void Scheduler::copyBetween(Session& s, size_t member, uint64_t handle, uint64_t
       write.setData(chunk.getData());
       sendRemote(s, toMember, w);
       s.bytesMoved += chunk.getData().size();
-      bytesMoved_ += chunk.getData().size();
       if (!chunk.getLast()) return false;
       done();
-    } else if (reply.which() == wire::Reply::ERROR && !s.job->error) {
-      s.job->error = transport::errorFrom(reply.getError().getError());
     }
     return true;
   });
@@ -113,15 +137,19 @@ uint64_t Scheduler::replica(Session& s, size_t member, uint64_t handle, uint64_t
   return copy;
 }
 
-void Scheduler::dropReplicas(Session& s, uint64_t handle) {
+void Scheduler::sendFree(Session& s, size_t member, uint64_t handle) {
+  capnp::MallocMessageBuilder m;
+  m.initRoot<wire::Instruction>().initFree().setHandle(handle);
+  sendRemote(s, member, m);
+}
+
+void Scheduler::dropReplicas(Session& s, uint64_t handle, size_t except) {
   for (auto it = s.replicas.begin(); it != s.replicas.end();) {
-    if (std::get<1>(it->first) != handle) {
+    if (std::get<1>(it->first) != handle || std::get<0>(it->first) == except) {
       ++it;
       continue;
     }
-    capnp::MallocMessageBuilder m;
-    m.initRoot<wire::Instruction>().initFree().setHandle(it->second);
-    sendRemote(s, std::get<0>(it->first), m);
+    sendFree(s, std::get<0>(it->first), it->second);
     it = s.replicas.erase(it);
   }
 }
@@ -160,23 +188,14 @@ bool Scheduler::routeElsewhere(Session& s, uint64_t sequence, wire::Instruction:
     case wire::Instruction::OP: {
       auto op = in.getOp();
       if (s.members.size() > 1 && startSplitOp(s, sequence, op)) return true;
-      if (!s.replicas.empty()) {
-        switch (op.which()) {
-          case wire::Op::GEMM: dropReplicas(s, op.getGemm().getC()); break;
-          case wire::Op::AXPY: dropReplicas(s, op.getAxpy().getY()); break;
-          case wire::Op::VADD: dropReplicas(s, op.getVadd().getOut()); break;
-          case wire::Op::REDUCE_SUM: dropReplicas(s, op.getReduceSum().getOut()); break;
-        }
-      }
+      if (!s.replicas.empty()) dropReplicas(s, outputOf(op));
       return false;
     }
     case wire::Instruction::FREE: {
       uint64_t handle = in.getFree().getHandle();
       auto home = s.programHome.find(handle);
       if (home != s.programHome.end()) {
-        capnp::MallocMessageBuilder m;
-        m.initRoot<wire::Instruction>().initFree().setHandle(handle);
-        sendRemote(s, home->second, m);
+        sendFree(s, home->second, handle);
         s.programHome.erase(home);
         return true;
       }
@@ -231,35 +250,19 @@ void Scheduler::startRemoteLaunch(Session& s, uint64_t sequence, size_t member, 
     }
     buffers.emplace_back(h, b->second);
   }
-  for (auto& [h, bytes] : buffers)
-    for (auto it = s.replicas.begin(); it != s.replicas.end();)
-      if (std::get<1>(it->first) == h && std::get<0>(it->first) != member) {
-        capnp::MallocMessageBuilder m;
-        m.initRoot<wire::Instruction>().initFree().setHandle(it->second);
-        sendRemote(s, std::get<0>(it->first), m);
-        it = s.replicas.erase(it);
-      } else {
-        ++it;
-      }
+  for (auto& [h, bytes] : buffers) dropReplicas(s, h, member);
 
-  struct State {
-    size_t waiting = 0;
-    std::function<void()> run;
-  };
-  auto state = std::make_shared<State>();
-  state->waiting = buffers.size() + 1;
+  auto gate = std::make_shared<Gate>(Gate{buffers.size() + 1, {}});
+  auto ready = Gate::ticker(gate);
   auto copy = std::make_shared<capnp::MallocMessageBuilder>();
   copy->setRoot(launch);
-  auto ready = [state] {
-    if (--state->waiting == 0) state->run();
-  };
   size_t bi = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].which() != wire::Arg::BUFFER) continue;
     auto [h, bytes] = buffers[bi++];
     mapped[i] = replica(s, member, h, 0, bytes, true, ready);
   }
-  state->run = [this, &s, member, mapped, buffers, copy] {
+  gate->then = [this, &s, member, mapped, buffers, copy] {
     capnp::MallocMessageBuilder m;
     auto l = m.initRoot<wire::Instruction>().initLaunch();
     auto from = copy->getRoot<wire::Launch>().asReader();
@@ -292,13 +295,11 @@ void Scheduler::readPartial(Session& s, size_t member, uint64_t handle, double* 
   read.setBuffer(handle);
   read.setLength(kF32);
   ++s.job->awaiting;
-  sendRemote(s, member, r, [&s, into](wire::Reply::Reader reply) {
+  sendRemote(s, member, r, [into](wire::Reply::Reader reply) {
     if (reply.which() == wire::Reply::DATA && reply.getData().getData().size() == kF32) {
       float v;
       std::memcpy(&v, reply.getData().getData().begin(), kF32);
       *into = v;
-    } else if (reply.which() == wire::Reply::ERROR && !s.job->error) {
-      s.job->error = transport::errorFrom(reply.getError().getError());
     }
     return true;
   });
@@ -359,12 +360,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
   auto slices = splitByWeight(units, weights);
 
   // The output's copies elsewhere are stale once this runs.
-  switch (op.which()) {
-    case wire::Op::GEMM: dropReplicas(s, op.getGemm().getC()); break;
-    case wire::Op::AXPY: dropReplicas(s, op.getAxpy().getY()); break;
-    case wire::Op::VADD: dropReplicas(s, op.getVadd().getOut()); break;
-    case wire::Op::REDUCE_SUM: break;
-  }
+  dropReplicas(s, outputOf(op));
   s.job = std::make_unique<RemoteJob>();
   s.job->guestSequence = sequence;
   auto partials = std::make_shared<std::vector<double>>(parts.size(), 0.0);
@@ -455,15 +451,8 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
     }
 
     // Another card: copies of its inputs, then its part, then its output comes back.
-    struct State {
-      size_t waiting = 0;
-      std::function<void()> run;
-    };
-    auto state = std::make_shared<State>();
-    state->waiting = inputs.size() + 1;
-    auto ready = [state] {
-      if (--state->waiting == 0) state->run();
-    };
+    auto gate = std::make_shared<Gate>(Gate{inputs.size() + 1, {}});
+    auto ready = Gate::ticker(gate);
     std::vector<uint64_t> local;
     for (auto& in : inputs) local.push_back(replica(s, member, in.handle, in.offset, in.length, in.cache, ready));
     uint64_t result = fresh ? scratch(s, member, outLength) : local.back();
@@ -498,7 +487,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
     }
     auto rewritten = std::make_shared<capnp::MallocMessageBuilder>();
     rewritten->setRoot(msg.getRoot<wire::Instruction>().asReader());
-    state->run = [this, &s, member, rewritten, result, outHandle, outOffset, outLength, reduce, partials, p] {
+    gate->then = [this, &s, member, rewritten, result, outHandle, outOffset, outLength, reduce, partials, p] {
       sendRemote(s, member, *rewritten);
       if (!reduce) {
         copyBetween(s, member, result, 0, outLength, 0, outHandle, outOffset, [] {});
@@ -547,10 +536,7 @@ void Scheduler::settle(Session& s) {
     for (size_t m : members) {
       capnp::MallocMessageBuilder f;
       f.initRoot<wire::Instruction>().setFence();
-      sendRemote(s, m, f, [this, &s](wire::Reply::Reader reply) {
-        if (reply.which() == wire::Reply::ERROR && !s.job->error) s.job->error = transport::errorFrom(reply.getError().getError());
-        return true;
-      });
+      sendRemote(s, m, f, [](wire::Reply::Reader) { return true; });
     }
     settle(s);
     return;
@@ -579,12 +565,7 @@ void Scheduler::onRemoteReply(Session& s, uint64_t sequence, Body& body) {
 
 void Scheduler::finishJob(Session& s) {
   auto job = std::move(s.job);
-  for (auto& [member, handle] : job->scratch) {
-    if (!s.members[member].node) continue;
-    capnp::MallocMessageBuilder m;
-    m.initRoot<wire::Instruction>().initFree().setHandle(handle);
-    s.members[member].node->connection->send(s.members[member].context, s.nextSequence++, m);
-  }
+  for (auto& [member, handle] : job->scratch) sendFree(s, member, handle);
   if (job->error) replyError(*s.link, s.channel, job->guestSequence, *job->error);
   // The guest's next instructions, in order, until one starts another job.
   VmLink& link = *s.link;

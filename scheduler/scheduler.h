@@ -73,7 +73,9 @@ class Scheduler {
   // `toOffset` on `toMember`; `done` runs when the last write has been sent.
   void copyBetween(Session& s, size_t member, uint64_t handle, uint64_t offset, uint64_t length, size_t toMember,
                    uint64_t toHandle, uint64_t toOffset, std::function<void()> done);
-  void dropReplicas(Session& s, uint64_t handle);
+  // Forgets the copies of `handle` on every member but `except`, freeing them there.
+  void dropReplicas(Session& s, uint64_t handle, size_t except = SIZE_MAX);
+  void sendFree(Session& s, size_t member, uint64_t handle);
   // Reads the one float a card's part of a reduction left in `handle` into *into.
   void readPartial(Session& s, size_t member, uint64_t handle, double* into);
   void onRemoteReply(Session& s, uint64_t sequence, transport::Body& body);
@@ -101,7 +103,6 @@ class Scheduler {
   uv_timer_t* ticker_ = nullptr;
   VaccelId nextVaccel_ = 1;
   uint32_t nextContext_ = 1;
-  uint64_t bytesMoved_ = 0;  // between cards, by the scheduler (all vaccels)
   bool stopping_ = false;
 };
 

@@ -173,6 +173,7 @@ class OpenclDevice final : public Device {
     auto program = build(ProgramKind::openclC, kBuiltinLibrary, std::as_bytes(std::span(kBuiltinSource, std::strlen(kBuiltinSource))));
     if (!program) return fail(program.error().code, "building the built-in kernels: " + program.error().message);
     builtins_.reset(static_cast<ClProgram*>(program->release()));
+    gemmTiles_ = deviceValue<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE) >= 256;
     cl_int rc = CL_SUCCESS;
     partials_ = clCreateBuffer(context_, CL_MEM_READ_WRITE, kPartials * sizeof(float), nullptr, &rc);
     return check(rc, "allocating reduction scratch");
@@ -263,7 +264,7 @@ class OpenclDevice final : public Device {
   Status doGemm(const GemmArgs& g) override {
     size_t global[2] = {roundUp(g.n, 16), roundUp(g.m, 16)};
     size_t local[2] = {16, 16};
-    return run("raccel_gemm", 2, global, fitsLocal(256) ? local : nullptr, g.m, g.n, g.k, g.alpha, g.beta, memOf(*g.a),
+    return run("raccel_gemm", 2, global, gemmTiles_ ? local : nullptr, g.m, g.n, g.k, g.alpha, g.beta, memOf(*g.a),
                memOf(*g.b), memOf(*g.c));
   }
   Status doAxpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) override {
@@ -283,7 +284,6 @@ class OpenclDevice final : public Device {
 
  private:
   static size_t roundUp(uint64_t v, size_t to) { return static_cast<size_t>((v + to - 1) / to * to); }
-  bool fitsLocal(size_t items) const { return deviceValue<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE) >= items; }
 
   template <class... A>
   Status run(const char* name, cl_uint dims, const size_t* global, const size_t* local, const A&... args) {
@@ -329,6 +329,7 @@ class OpenclDevice final : public Device {
   cl_command_queue queue_;
   std::unique_ptr<ClProgram> builtins_;
   cl_mem partials_ = nullptr;
+  bool gemmTiles_ = false;  // the device takes 16 x 16 work-groups
 };
 
 }  // namespace

@@ -192,6 +192,8 @@ Result<std::unique_ptr<Device>> openXrtDevice(unsigned index, const DeviceOverri
   caps.memoryBytes = kDefaultMemory;
   caps.programKinds = {ProgramKind::xclbin};
   applyOverrides(caps, overrides);
+  // XRT 2.13 does not report the card's memory, so the config's figure replaces the
+  // default rather than only shrinking it.
   if (overrides.memoryBytes) caps.memoryBytes = *overrides.memoryBytes;
   try {
     return std::unique_ptr<Device>(new XrtDevice(caps, xrt::device(index)));
