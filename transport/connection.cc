@@ -1,6 +1,7 @@
 #include "transport/connection.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -332,6 +333,14 @@ void connect(uv_loop_t* loop, const Address& address, uint32_t maxFrameBytes,
 Result<ConnectionPtr> openDevice(uv_loop_t* loop, const std::string& path, uint32_t maxFrameBytes) {
   int fd = ::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) return fail(Code::unavailable, "cannot open " + path + ": " + std::strerror(errno));
+  // A virtio-serial port opens fine while its host side is absent, then reports HUP
+  // (and reads return EOF) until the host connects. Writing then would lose the bytes,
+  // so a port in that state counts as not there yet.
+  pollfd p{fd, POLLIN | POLLOUT, 0};
+  if (::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP)) {
+    ::close(fd);
+    return fail(Code::unavailable, "the host side of " + path + " is not connected");
+  }
   auto c = Connection::create(loop, Connection::Kind::pipe, maxFrameBytes);
   int rc = uv_pipe_open(reinterpret_cast<uv_pipe_t*>(c->stream()), fd);
   if (rc != 0) {

@@ -1,0 +1,68 @@
+#!/bin/bash
+# Builds the raccel test guest: the Debian kernel installed on this host and a busybox
+# initramfs that carries the virtio modules, a static raccel-guestd and the sample
+# programs (raccel-run). Boots in a few seconds under QEMU TCG (vm-images/boot.sh).
+#
+#   vm-images/build.sh [--build DIR] [--out DIR] [--kernel VERSION]
+#
+# Needs (Debian packages): linux-image-amd64, busybox-static, cpio, gzip; and the static
+# programs from the CMake build (targets raccel-guestd-static, raccel-run-static).
+# Writes OUT/initramfs.cpio.gz and OUT/kernel (a copy of /boot/vmlinuz-VERSION).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+build="$here/../build"
+out=""
+kver=""
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --kernel) kver="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+build=$(cd "$build" && pwd)
+out=${out:-$build/vm}
+die() { echo "build.sh: $*" >&2; exit 1; }
+
+if [ -z "$kver" ]; then
+  kver=$(ls /boot/vmlinuz-* 2>/dev/null | sed 's|/boot/vmlinuz-||' | sort -V | tail -1)
+  [ -n "$kver" ] || die "no kernel in /boot: apt-get install linux-image-amd64"
+fi
+[ -r "/boot/vmlinuz-$kver" ] || die "/boot/vmlinuz-$kver is missing or unreadable"
+moddir="/lib/modules/$kver"
+[ -d "$moddir" ] || die "$moddir is missing (the kernel's modules)"
+busybox=$(command -v busybox || true)
+[ -n "$busybox" ] && file -L "$busybox" | grep -q "statically linked" ||
+  die "need a statically linked busybox: apt-get install busybox-static"
+for p in raccel-guestd-static raccel-run-static; do
+  [ -x "$build/bin/$p" ] || die "$build/bin/$p is missing: cmake --build $build --target $p"
+done
+
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+mkdir -p "$root"/{bin,dev,proc,sys,run/raccel,tmp,lib/modules}
+cp "$busybox" "$root/bin/busybox"
+ln -s busybox "$root/bin/sh"
+for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console; do
+  f=$(find "$moddir" -name "$m.ko*" | head -1)
+  [ -n "$f" ] || die "module $m not found under $moddir"
+  case "$f" in
+    *.ko.xz) xz -dc "$f" > "$root/lib/modules/$m.ko" ;;
+    *.ko.zst) zstd -dqc "$f" > "$root/lib/modules/$m.ko" ;;
+    *.ko.gz) gzip -dc "$f" > "$root/lib/modules/$m.ko" ;;
+    *) cp "$f" "$root/lib/modules/$m.ko" ;;
+  esac
+done
+strip -o "$root/bin/raccel-guestd" "$build/bin/raccel-guestd-static"
+strip -o "$root/bin/raccel-run" "$build/bin/raccel-run-static"
+install -m 0755 "$here/guest-init.sh" "$root/init"
+
+mkdir -p "$out"
+(cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) | gzip -1 > "$out/initramfs.cpio.gz.tmp"
+mv "$out/initramfs.cpio.gz.tmp" "$out/initramfs.cpio.gz"
+cp "/boot/vmlinuz-$kver" "$out/kernel"
+echo "build.sh: guest for kernel $kver in $out ($(du -h "$out/initramfs.cpio.gz" | cut -f1) initramfs)"

@@ -1,0 +1,57 @@
+#!/bin/sh
+# /init of the raccel test guest (vm-images/build.sh puts it in the initramfs).
+#
+# Mounts the kernel's file systems, loads the virtio modules, starts raccel-guestd on
+# the port named org.raccel.vaccel.0, then runs the job given on the kernel command line
+# after "--" (the kernel hands those words to init as arguments), e.g.
+#   -append "console=ttyS0 -- raccel-run --size 128 --opencl"
+# Words are joined and run by sh, so "a && b" works. The job's output and a final line
+#   raccel-guest: exit CODE
+# go to the serial console; then the guest powers off.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /run
+mkdir -p /run/raccel /tmp
+echo 1 > /proc/sys/kernel/printk 2>/dev/null
+
+for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console; do
+  insmod /lib/modules/$m.ko || echo "raccel-guest: insmod $m failed"
+done
+
+# The port appears once virtio_console has probed the device.
+port=""
+for i in $(seq 1 50); do
+  for d in /sys/class/virtio-ports/*; do
+    [ -r "$d/name" ] && [ "$(cat "$d/name")" = org.raccel.vaccel.0 ] && port=/dev/$(basename "$d")
+  done
+  [ -n "$port" ] && [ -e "$port" ] && break
+  sleep 0.1
+done
+if [ -z "$port" ]; then
+  echo "raccel-guest: no virtio port named org.raccel.vaccel.0 (ports: $(ls /sys/class/virtio-ports 2>/dev/null))"
+  echo "raccel-guest: exit 3"
+  poweroff -f
+fi
+echo "raccel-guest: port org.raccel.vaccel.0 is $port"
+
+raccel-guestd --log-level "${RACCEL_GUESTD_LOG:-warn}" &
+for i in $(seq 1 50); do
+  [ -S /run/raccel/guestd.sock ] && break
+  sleep 0.1
+done
+
+if [ $# -eq 0 ]; then
+  echo "raccel-guest: no job on the kernel command line (after --); starting a shell"
+  setsid cttyhack sh
+  code=0
+else
+  echo "raccel-guest: running: $*"
+  sh -c "$*"
+  code=$?
+fi
+echo "raccel-guest: exit $code"
+sync
+poweroff -f
