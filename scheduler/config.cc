@@ -4,9 +4,8 @@
 #include <sstream>
 
 namespace raccel::scheduler {
-namespace {
-Result<VmPolicy> vmFrom(const ConfigSection& s, const char* listSeparator) {
-  auto unknown = s.unknownKeys({"name", "socket", "tflops", "priority", "kinds", "memory_quota"});
+Result<VmPolicy> parseVmSection(const ConfigSection& s, char listSeparator) {
+  auto unknown = s.unknownKeys({"name", "socket", "attach", "tflops", "priority", "kinds", "memory_quota"});
   if (!unknown.empty()) return fail(Code::invalidArgument, "unknown vm setting '" + unknown[0] + "'");
   VmPolicy vm;
   auto name = s.getString("name");
@@ -15,6 +14,10 @@ Result<VmPolicy> vmFrom(const ConfigSection& s, const char* listSeparator) {
   auto socket = s.getString("socket");
   if (!socket || socket->empty()) return fail(Code::invalidArgument, "vm '" + vm.name + "' needs a socket path");
   vm.socket = *socket;
+  auto attach = s.getString("attach", "listen");
+  if (attach == "connect") vm.attach = VmPolicy::Attach::connect;
+  else if (attach != "listen")
+    return fail(Code::invalidArgument, "vm '" + vm.name + "': attach must be listen or connect, not '" + attach + "'");
   auto tflops = s.getDouble("tflops", vm.tflops);
   if (!tflops) return fail(tflops.error());
   if (*tflops <= 0) return fail(Code::invalidArgument, "vm '" + vm.name + "': tflops must be positive");
@@ -29,7 +32,7 @@ Result<VmPolicy> vmFrom(const ConfigSection& s, const char* listSeparator) {
     vm.kinds = 0;
     std::stringstream in(s.getString("kinds", ""));
     std::string k;
-    while (std::getline(in, k, *listSeparator)) {
+    while (std::getline(in, k, listSeparator)) {
       if (k.empty()) continue;
       auto kind = parseKind(k);
       if (!kind) return fail(Code::invalidArgument, "vm '" + vm.name + "': " + kind.error().message);
@@ -39,7 +42,6 @@ Result<VmPolicy> vmFrom(const ConfigSection& s, const char* listSeparator) {
   }
   return vm;
 }
-}  // namespace
 
 std::string kindsToString(KindMask kinds) {
   std::string out;
@@ -51,8 +53,9 @@ std::string kindsToString(KindMask kinds) {
 Result<VmPolicy> parseVmSpec(const std::string& spec) {
   auto s = ConfigSection::fromSpec("vm", spec);
   if (!s) return fail(Code::invalidArgument, "--vm " + spec + ": " + s.error().message);
-  auto vm = vmFrom(*s, "|");
+  auto vm = parseVmSection(*s, '|');
   if (!vm) return fail(vm.error().code, "--vm " + spec + ": " + vm.error().message);
+  vm->source = "--vm";
   return vm;
 }
 
@@ -60,10 +63,11 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   SchedulerConfig out;
   auto& top = config.top();
   auto unknown = top.unknownKeys(
-      {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms", "split_min_mflop"});
+      {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms", "split_min_mflop", "libvirt"});
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
   out.nodeListen = top.getString("node_listen", out.nodeListen);
   out.console = top.getString("console", out.console);
+  out.libvirtUri = top.getString("libvirt", "");
   auto bt = top.getDouble("block_tflops", 1);
   if (!bt) return fail(bt.error());
   if (*bt <= 0) return fail(Code::invalidArgument, "block_tflops must be positive");
@@ -80,8 +84,10 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   out.requestTimeoutMs = static_cast<unsigned>(*rt);
   std::set<std::string> names, sockets;
   for (auto* s : config.sections("vm")) {
-    auto vm = vmFrom(*s, ",");
-    if (!vm) return fail(vm.error().code, config.origin() + ":" + std::to_string(s->line()) + ": " + vm.error().message);
+    auto vm = parseVmSection(*s, ',');
+    std::string where = config.origin() + ":" + std::to_string(s->line());
+    if (!vm) return fail(vm.error().code, where + ": " + vm.error().message);
+    vm->source = where;
     if (!names.insert(vm->name).second || !sockets.insert(vm->socket).second)
       return fail(Code::invalidArgument, config.origin() + ":" + std::to_string(s->line()) + ": vm '" + vm->name +
                                              "' repeats another vm's name or socket");

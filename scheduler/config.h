@@ -6,9 +6,15 @@
 //   heartbeat_timeout_ms = 5000           # a silent netaccel is declared lost after this
 //   request_timeout_ms = 600000           # a read/fence unanswered this long fails
 //   split_min_mflop = 8                   # built-in ops smaller than this run on one card
+//   libvirt = qemu:///system              # follow this libvirt's domains: each one with
+//                                         #   raccel metadata is a VM (vm-images/README.md)
 //   [vm]                                  # one per VM; identity = its socket
 //   name = vm1
-//   socket = /run/raccel/vm/vm1.sock      # QEMU's virtio-serial chardev connects here
+//   socket = /run/raccel/vm/vm1.sock      # the VM's virtio-serial chardev socket
+//   attach = listen                       # listen: the scheduler binds the socket and QEMU
+//                                         #   connects (libvirt <source mode='connect'>);
+//                                         # connect: QEMU binds it and the scheduler connects,
+//                                         #   retrying while it is absent (mode='bind')
 //   tflops = 16                           # most the VM's programs may hold together
 //   priority = 0                          # highest priority its programs may ask for
 //   kinds = gpu,npu,fpga,cpu              # card kinds it may use
@@ -24,12 +30,16 @@
 namespace raccel::scheduler {
 
 struct VmPolicy {
+  enum class Attach { listen, connect };
   std::string name;
   std::string socket;
+  Attach attach = Attach::listen;
+  std::string source;  // where the policy came from: "--vm", "FILE:LINE", "libvirt URI"
   double tflops = 16;
   int priority = 0;
   KindMask kinds = kAllKinds;
   unsigned long long memoryQuota = 2ull << 30;
+  bool operator==(const VmPolicy&) const = default;
 };
 
 struct SchedulerConfig {
@@ -42,10 +52,14 @@ struct SchedulerConfig {
   // work up (gemm 2mnk, axpy 2n, vadd and reduceSum n); below it the copies and fences
   // cost more than the cards save, and the op runs whole on the primary.
   double splitMinMflop = 8;
+  std::string libvirtUri;  // empty: no libvirt watcher
   std::vector<VmPolicy> vms;
 };
 
 Result<SchedulerConfig> parseConfig(const Config& config);
+// A VM from a section's keys (name, socket, attach, tflops, priority, kinds,
+// memory_quota); `listSeparator` separates kinds. Errors name the VM and the key.
+Result<VmPolicy> parseVmSection(const ConfigSection& section, char listSeparator);
 // A VM from a one-line spec "name=vm1,socket=/path,tflops=8,priority=1,kinds=gpu|cpu,memory_quota=1GiB".
 Result<VmPolicy> parseVmSpec(const std::string& spec);
 std::string kindsToString(KindMask kinds);

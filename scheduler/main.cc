@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     if (!vm) return die(vm.error().message);
     config.vms.push_back(*vm);
   }
-  if (config.vms.empty()) return die("no VM to serve: give --vm or [vm] sections in --config");
+  if (config.vms.empty() && config.libvirtUri.empty())
+    return die("no VM to serve: give --vm, [vm] sections in --config, or --libvirt URI");
 
   uv_loop_t* loop = uv_default_loop();
   scheduler::Scheduler daemon(loop, config);

@@ -70,20 +70,8 @@ Status Scheduler::start() {
   if (!console) return fail(console.error());
   consoleListener_ = std::move(*console);
 
-  for (auto& policy : config_.vms) {
-    auto vm = std::make_unique<Vm>();
-    vm->policy = policy;
-    auto address = transport::parseAddress("unix:" + policy.socket);
-    if (!address) return fail(address.error());
-    Vm* raw = vm.get();
-    auto listener = transport::Listener::listen(loop_, *address, wire::DEFAULT_MAX_FRAME_BYTES,
-                                                [this, raw](ConnectionPtr c) { acceptVm(*raw, std::move(c)); });
-    if (!listener) return fail(listener.error().code, "vm '" + policy.name + "': " + listener.error().message);
-    vm->listener = std::move(*listener);
-    RLOG_INFO("scheduler") << "vm '" << policy.name << "' on " << policy.socket << " (up to " << policy.tflops
-                           << " TFLOPS, priority " << policy.priority << ", kinds " << kindsToString(policy.kinds) << ")";
-    vms_.push_back(std::move(vm));
-  }
+  for (auto& policy : config_.vms)
+    if (auto attached = addVm(policy); !attached) return attached;
 
   ticker_ = new uv_timer_t;
   uv_timer_init(loop_, ticker_);
@@ -104,12 +92,139 @@ void Scheduler::stop() {
   }
   nodeListener_.reset();
   consoleListener_.reset();
-  for (auto& vm : vms_) vm->listener.reset();
+  for (auto& vm : vms_) {
+    vm->listener.reset();
+    if (vm->retry) {
+      uv_close(reinterpret_cast<uv_handle_t*>(vm->retry), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+      vm->retry = nullptr;
+    }
+  }
   std::vector<ConnectionPtr> all;
   for (auto& [c, link] : vmLinks_) all.push_back(link->connection);
   for (auto& [c, node] : nodeLinks_) all.push_back(node->connection);
   for (auto& c : consoles_) all.push_back(c);
   for (auto& c : all) c->close();
+}
+
+// ---------------------------------------------------------------------------------
+// VMs
+
+Scheduler::Vm* Scheduler::findVm(const std::string& name) {
+  for (auto& vm : vms_)
+    if (vm->policy.name == name) return vm.get();
+  return nullptr;
+}
+
+Status Scheduler::addVm(VmPolicy policy) {
+  Vm* vm = findVm(policy.name);
+  for (auto& other : vms_)
+    if (other.get() != vm && other->active && other->policy.socket == policy.socket)
+      return fail(Code::invalidArgument, "vm '" + policy.name + "': socket " + policy.socket + " is vm '" +
+                                           other->policy.name + "''s");
+  if (vm && vm->active && vm->policy == policy) return {};  // told twice (a start event and a scan)
+  if (!vm) {
+    vms_.push_back(std::make_unique<Vm>());
+    vm = vms_.back().get();
+    vm->scheduler = this;
+  } else {
+    detachVm(*vm);
+  }
+  vm->policy = std::move(policy);
+  vm->problem.clear();
+  return attachVm(*vm);
+}
+
+void Scheduler::removeVm(const std::string& name, const std::string& why) {
+  Vm* vm = findVm(name);
+  if (!vm || !vm->active) return;
+  RLOG_INFO("scheduler") << "vm '" << name << "' detached: " << why;
+  detachVm(*vm);
+}
+
+void Scheduler::rejectVm(const std::string& name, const std::string& source, const std::string& why) {
+  Vm* vm = findVm(name);
+  if (!vm) {
+    vms_.push_back(std::make_unique<Vm>());
+    vm = vms_.back().get();
+    vm->scheduler = this;
+    vm->policy.name = name;
+  }
+  detachVm(*vm);
+  vm->policy.source = source;
+  vm->problem = why;
+  RLOG_ERROR("scheduler") << "vm '" << name << "' gets no virtual accelerator: " << why;
+}
+
+Status Scheduler::attachVm(Vm& vm) {
+  const VmPolicy& p = vm.policy;
+  vm.active = true;
+  vm.backoffMs = 50;
+  RLOG_INFO("scheduler") << "vm '" << p.name << "' (" << p.source << ") on " << p.socket
+                         << (p.attach == VmPolicy::Attach::connect ? " (connecting)" : " (listening)") << ": up to "
+                         << p.tflops << " TFLOPS, priority " << p.priority << ", kinds " << kindsToString(p.kinds);
+  if (p.attach == VmPolicy::Attach::connect) {
+    connectVm(vm);
+    return {};
+  }
+  auto address = transport::parseAddress("unix:" + p.socket);
+  if (!address) return fail(address.error());
+  Vm* raw = &vm;
+  auto listener = transport::Listener::listen(loop_, *address, wire::DEFAULT_MAX_FRAME_BYTES,
+                                              [this, raw](ConnectionPtr c) { acceptVm(*raw, std::move(c)); });
+  if (!listener) {
+    vm.active = false;
+    vm.problem = listener.error().message;
+    return fail(listener.error().code, "vm '" + p.name + "': " + listener.error().message);
+  }
+  vm.listener = std::move(*listener);
+  return {};
+}
+
+void Scheduler::detachVm(Vm& vm) {
+  vm.active = false;
+  ++vm.generation;
+  vm.listener.reset();
+  if (vm.retry) uv_timer_stop(vm.retry);
+  std::vector<ConnectionPtr> links;
+  for (auto& [c, link] : vmLinks_)
+    if (link->vm == &vm) links.push_back(link->connection);
+  for (auto& c : links) c->close();  // ends its sessions: their blocks go back to the pool
+}
+
+void Scheduler::connectVm(Vm& vm) {
+  if (stopping_ || !vm.active || vm.links > 0) return;
+  auto address = transport::parseAddress("unix:" + vm.policy.socket);
+  if (!address) {
+    vm.problem = address.error().message;
+    return;
+  }
+  Vm* raw = &vm;
+  uint64_t generation = vm.generation;
+  transport::connect(loop_, *address, wire::DEFAULT_MAX_FRAME_BYTES, [this, raw, generation](Result<ConnectionPtr> r) {
+    if (stopping_ || raw->generation != generation || !raw->active) {
+      if (r) (*r)->close();
+      return;
+    }
+    if (r) {
+      raw->problem.clear();
+      raw->backoffMs = 50;
+      acceptVm(*raw, *r);
+      return;
+    }
+    if (raw->problem != r.error().message)
+      RLOG_INFO("scheduler") << "vm '" << raw->policy.name << "': " << r.error().message << "; retrying";
+    raw->problem = r.error().message;
+    if (!raw->retry) {
+      raw->retry = new uv_timer_t;
+      uv_timer_init(loop_, raw->retry);
+      raw->retry->data = raw;
+    }
+    uv_timer_start(raw->retry, [](uv_timer_t* t) {
+      auto* vm = static_cast<Vm*>(t->data);
+      vm->scheduler->connectVm(*vm);
+    }, raw->backoffMs, 0);
+    raw->backoffMs = std::min(raw->backoffMs * 2, 1000u);
+  });
 }
 
 // ---------------------------------------------------------------------------------
@@ -129,6 +244,7 @@ void Scheduler::acceptVm(Vm& vm, ConnectionPtr connection) {
   };
   connection->setCallbacks(cb);
   vmLinks_[connection.get()] = std::move(link);
+  ++vm.links;
   connection->start();
   RLOG_INFO("scheduler") << "vm '" << vm.policy.name << "' connected";
 }
@@ -139,7 +255,11 @@ void Scheduler::vmLinkClosed(VmLink& link) {
   for (uint32_t ch : channels) endSession(link, ch);
   RLOG_INFO("scheduler") << "vm '" << link.vm->policy.name << "' disconnected; " << channels.size()
                          << " session(s) ended";
+  Vm& vm = *link.vm;
+  --vm.links;
   vmLinks_.erase(link.connection.get());
+  // The VM's side may come back (QEMU restarted, or its guest reopened the port).
+  if (vm.active && vm.policy.attach == VmPolicy::Attach::connect) connectVm(vm);
 }
 
 void Scheduler::replyError(VmLink& link, uint32_t channel, uint64_t sequence, const Error& error, uint64_t dependency) {

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -30,6 +31,15 @@ class Scheduler {
   // The bound netaccel TCP port (for tests that ask for port 0).
   int nodePort() const;
 
+  // VMs that come and go while the scheduler runs (the libvirt watcher). `addVm`
+  // attaches a new VM, or gives a known one (same name) its new policy and attaches it
+  // again; `removeVm` detaches it: its sessions end and their blocks return to the
+  // pool. `rejectVm` detaches it too and keeps why it gets no accelerator (invalid
+  // metadata) for the console.
+  Status addVm(VmPolicy policy);
+  void removeVm(const std::string& name, const std::string& why);
+  void rejectVm(const std::string& name, const std::string& source, const std::string& why);
+
  private:
   struct Vm;
   struct VmLink;
@@ -37,6 +47,11 @@ class Scheduler {
   struct Session;
   friend struct Member;
 
+  Vm* findVm(const std::string& name);
+  Status attachVm(Vm& vm);
+  void detachVm(Vm& vm);
+  // attach = connect: one attempt now; a failure or a later disconnect retries with backoff.
+  void connectVm(Vm& vm);
   void acceptVm(Vm& vm, transport::ConnectionPtr connection);
   void onGuestFrame(VmLink& link, const transport::FrameHeader& header, transport::Body body);
   void onGuestOversized(VmLink& link, const transport::FrameHeader& header);

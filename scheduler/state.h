@@ -16,9 +16,18 @@
 
 namespace raccel::scheduler {
 
+// A VM the scheduler serves (or served: a VM is never forgotten, links and sessions
+// point at it). Attached = listening on its socket, or connected/connecting to it.
 struct Scheduler::Vm {
+  Scheduler* scheduler = nullptr;
   VmPolicy policy;
-  std::unique_ptr<transport::Listener> listener;
+  bool active = false;     // attached; false once stopped or rejected
+  std::string problem;     // why it was rejected, or why the last connect failed
+  std::unique_ptr<transport::Listener> listener;  // attach = listen
+  uv_timer_t* retry = nullptr;                    // attach = connect: the next attempt
+  unsigned backoffMs = 50;
+  uint64_t generation = 0;  // bumped on detach, so a late connect result is dropped
+  uint32_t links = 0;
   uint32_t blocksHeld = 0;
   uint64_t memoryUsed = 0;
 };
