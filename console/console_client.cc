@@ -163,6 +163,35 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
       }
       break;
     }
+    case Query::vms: {
+      auto vms = reply.getVms();
+      if (json) {
+        out << "{\"vms\":[";
+        for (size_t i = 0; i < vms.size(); ++i) {
+          auto v = vms[i];
+          out << (i ? "," : "") << "{\"name\":" << jsonString(v.getName()) << ",\"source\":" << jsonString(v.getSource())
+              << ",\"socket\":" << jsonString(v.getSocket()) << ",\"attach\":" << jsonString(v.getAttach())
+              << ",\"tflops\":" << v.getTflops() << ",\"priority\":" << v.getPriority()
+              << ",\"kinds\":" << jsonString(v.getKinds()) << ",\"memoryQuota\":" << v.getMemoryQuota()
+              << ",\"state\":" << jsonString(v.getState()) << ",\"problem\":" << jsonString(v.getProblem())
+              << ",\"blocksHeld\":" << v.getBlocksHeld() << ",\"memoryUsed\":" << v.getMemoryUsed() << "}";
+        }
+        out << "]}\n";
+        break;
+      }
+      out << pad("VM", 14) << pad("STATE", 11) << pad("TFLOPS", 8) << pad("PRIO", 5) << pad("KINDS", 18)
+          << pad("QUOTA", 10) << pad("BLOCKS", 7) << pad("SOURCE", 26) << "SOCKET\n";
+      for (auto v : vms) {
+        std::ostringstream tflops;
+        tflops << v.getTflops();
+        out << pad(v.getName(), 14) << pad(v.getState(), 11) << pad(tflops.str(), 8)
+            << pad(std::to_string(v.getPriority()), 5) << pad(v.getKinds(), 18)
+            << pad(std::to_string(v.getMemoryQuota() >> 20) + " MiB", 10) << pad(std::to_string(v.getBlocksHeld()), 7)
+            << pad(v.getSource(), 26) << v.getSocket().cStr() << " (" << v.getAttach().cStr() << ")\n";
+        if (v.getProblem().size() > 0) out << "  " << v.getName().cStr() << ": " << v.getProblem().cStr() << "\n";
+      }
+      break;
+    }
   }
   return out.str();
 }
@@ -174,7 +203,8 @@ Result<Query> parseQuery(const std::string& word) {
   if (word == "cards") return Query::cards;
   if (word == "pool") return Query::pool;
   if (word == "vaccels") return Query::vaccels;
-  return fail(Code::invalidArgument, "unknown command '" + word + "' (use nodes, cards, pool or vaccels)");
+  if (word == "vms") return Query::vms;
+  return fail(Code::invalidArgument, "unknown command '" + word + "' (use nodes, cards, pool, vaccels or vms)");
 }
 
 Result<std::string> run(const std::string& socket, Query query, bool json, int timeoutMs) {
@@ -188,6 +218,7 @@ Result<std::string> run(const std::string& socket, Query query, bool json, int t
     case Query::cards: request.setCards(); break;
     case Query::pool: request.setPool(); break;
     case Query::vaccels: request.setVaccels(); break;
+    case Query::vms: request.setVms(); break;
   }
   if (auto s = link.sendNow(0, 1, m); !s) return fail(s.error());
   auto frame = link.receive(timeoutMs);

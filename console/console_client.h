@@ -9,7 +9,7 @@
 
 namespace raccel::console {
 
-enum class Query { nodes, cards, pool, vaccels };
+enum class Query { nodes, cards, pool, vaccels, vms };
 
 Result<Query> parseQuery(const std::string& word);
 // Asks the scheduler and renders its answer as a table, or as one JSON document.

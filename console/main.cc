@@ -11,14 +11,15 @@ int main(int argc, char** argv) {
                            "  nodes     netaccels: state, address, block range, last heartbeat\n"
                            "  cards     every card: kind, model, TFLOPS, memory, blocks\n"
                            "  pool      the block map: ranges, kind, node, free/used/offline, owner\n"
-                           "  vaccels   virtual accelerators: VM, program, priority, blocks, cards, memory");
+                           "  vaccels   virtual accelerators: VM, program, priority, blocks, cards, memory\n"
+                           "  vms       VMs: policy (TFLOPS, priority, kinds, quota), where it came from, state");
   flags.positional("COMMAND");
   flags.value("socket", "PATH", "the scheduler's console socket (default /run/raccel/console.sock)");
   flags.boolean("json", "print one JSON document instead of a table");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
   if (flags.positionals().size() != 1) {
-    std::fprintf(stderr, "raccelctl: give one command: nodes, cards, pool or vaccels (see --help)\n");
+    std::fprintf(stderr, "raccelctl: give one command: nodes, cards, pool, vaccels or vms (see --help)\n");
     return 2;
   }
   auto query = console::parseQuery(flags.positionals()[0]);

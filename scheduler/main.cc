@@ -1,10 +1,14 @@
 // raccel-scheduler: the host daemon that pools accelerator cards into blocks and
 // serves virtual accelerators to VMs.
 #include <cstdio>
+#include <memory>
 
 #include "common/flags.h"
 #include "common/log.h"
 #include "scheduler/scheduler.h"
+#ifdef RACCEL_HAVE_LIBVIRT
+#include "scheduler/libvirt_watcher.h"
+#endif
 #include "transport/signals.h"
 
 using namespace raccel;
@@ -16,8 +20,11 @@ int main(int argc, char** argv) {
   flags.value("config", "FILE", "configuration file (see scheduler/config.h for the format)");
   flags.value("node-listen", "HOST:PORT", "where netaccels connect (default 127.0.0.1:7700)");
   flags.value("console", "PATH", "raccelctl's unix socket (default /run/raccel/console.sock)");
-  flags.value("vm", "SPEC", "serve a VM: name=vm1,socket=/path,tflops=8,priority=0,kinds=gpu|cpu,memory_quota=1GiB",
+  flags.value("vm", "SPEC", "serve a VM: name=vm1,socket=/path,attach=listen|connect,tflops=8,priority=0,kinds=gpu|cpu,"
+                            "memory_quota=1GiB",
               true);
+  flags.value("libvirt", "URI", "follow this libvirt's domains (e.g. qemu:///system): a domain with raccel metadata "
+                                "is a VM, attached while it runs (vm-images/README.md)");
   flags.value("block-tflops", "T", "TFLOPS per block (default 1)");
   flags.value("split-min-mflop", "M", "split built-in ops across a vaccel's cards from M MFLOP of work up (default 8; 0 = always)");
   flags.value("heartbeat-timeout-ms", "MS", "declare a silent netaccel lost after this (default 5000)");
@@ -36,6 +43,7 @@ int main(int argc, char** argv) {
     if (!parsed) return die(parsed.error().message);
     config = *parsed;
   }
+  if (flags.has("libvirt")) config.libvirtUri = flags.get("libvirt");
   if (flags.has("node-listen")) config.nodeListen = flags.get("node-listen");
   if (flags.has("console")) config.console = flags.get("console");
   if (flags.has("block-tflops")) {
@@ -67,6 +75,28 @@ int main(int argc, char** argv) {
     uv_run(loop, UV_RUN_DEFAULT);
     return die(s.error().message);
   }
-  transport::runUntilSignalled(loop, [&] { daemon.stop(); });
+#ifdef RACCEL_HAVE_LIBVIRT
+  std::unique_ptr<scheduler::LibvirtWatcher> watcher;
+  if (!config.libvirtUri.empty()) {
+    watcher = std::make_unique<scheduler::LibvirtWatcher>(loop, daemon, config.libvirtUri);
+    if (auto s = watcher->start(); !s) {
+      daemon.stop();
+      uv_run(loop, UV_RUN_DEFAULT);
+      return die(s.error().message);
+    }
+  }
+#else
+  if (!config.libvirtUri.empty()) {
+    daemon.stop();
+    uv_run(loop, UV_RUN_DEFAULT);
+    return die("this raccel-scheduler was built without libvirt (apt-get install libvirt-dev, then rebuild)");
+  }
+#endif
+  transport::runUntilSignalled(loop, [&] {
+#ifdef RACCEL_HAVE_LIBVIRT
+    if (watcher) watcher->stop();
+#endif
+    daemon.stop();
+  });
   return 0;
 }

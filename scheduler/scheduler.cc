@@ -830,6 +830,32 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
         }
         return;
       }
+      case wire::ConsoleRequest::VMS: {
+        auto out = reply.initVms(vms_.size());
+        for (size_t i = 0; i < vms_.size(); ++i) {
+          const Vm& vm = *vms_[i];
+          const VmPolicy& p = vm.policy;
+          auto e = out[i];
+          e.setName(p.name);
+          e.setSource(p.source);
+          e.setSocket(p.socket);
+          e.setAttach(p.attach == VmPolicy::Attach::connect ? "connect" : "listen");
+          e.setTflops(p.tflops);
+          e.setPriority(p.priority);
+          e.setKinds(kindsToString(p.kinds));
+          e.setMemoryQuota(p.memoryQuota);
+          const char* state = vm.links > 0                              ? "connected"
+                              : !vm.active && !vm.problem.empty()       ? "rejected"
+                              : !vm.active                              ? "stopped"
+                              : p.attach == VmPolicy::Attach::listen    ? "listening"
+                                                                        : "waiting";
+          e.setState(state);
+          e.setProblem(vm.problem);
+          e.setBlocksHeld(vm.blocksHeld);
+          e.setMemoryUsed(vm.memoryUsed);
+        }
+        break;
+      }
       case wire::ConsoleRequest::VACCELS: {
         std::vector<const Session*> sessions;
         for (auto& [conn, link] : vmLinks_)

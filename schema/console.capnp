@@ -12,6 +12,7 @@ struct ConsoleRequest {
     cards @1 :Void;
     pool @2 :Void;
     vaccels @3 :Void;
+    vms @4 :Void;
   }
 }
 
@@ -22,6 +23,7 @@ struct ConsoleReply {
     cards @2 :List(CardEntry);
     pool @3 :PoolMap;
     vaccels @4 :List(VaccelEntry);
+    vms @5 :List(VmEntry);
   }
 }
 
@@ -82,4 +84,20 @@ struct VaccelEntry {
   instructions @8 :UInt64;
   state @9 :Text;        # running | unavailable
   bytesMoved @10 :UInt64;  # copied between its cards by the scheduler (split ops, routed programs)
+}
+
+# A VM the scheduler serves or served, with its policy and where that came from.
+struct VmEntry {
+  name @0 :Text;
+  source @1 :Text;       # "--vm", "FILE:LINE", "libvirt URI"
+  socket @2 :Text;
+  attach @3 :Text;       # listen | connect
+  tflops @4 :Float64;
+  priority @5 :Int32;
+  kinds @6 :Text;        # "gpu,cpu"
+  memoryQuota @7 :UInt64;
+  state @8 :Text;        # connected | listening | waiting | stopped | rejected
+  problem @9 :Text;      # why rejected, or the last failed attach
+  blocksHeld @10 :UInt32;
+  memoryUsed @11 :UInt64;
 }
