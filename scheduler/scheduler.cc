@@ -854,7 +854,7 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
           e.setBlocksHeld(vm.blocksHeld);
           e.setMemoryUsed(vm.memoryUsed);
         }
-        break;
+        return;
       }
       case wire::ConsoleRequest::VACCELS: {
         std::vector<const Session*> sessions;
