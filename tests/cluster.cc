@@ -49,7 +49,7 @@ bool waitFor(const std::function<bool()>& ready, int timeoutMs) {
 std::string binary(const std::string& name) { return std::string(RACCEL_BIN_DIR) + "/" + name; }
 
 Process::Process(const std::string& name, std::vector<std::string> args, const std::string& logPath) : log_(logPath) {
-  std::string path = binary(name);
+  std::string path = name.find('/') == std::string::npos ? binary(name) : name;
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(path.c_str()));
   for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -107,25 +107,40 @@ std::string makeTempDir() {
 Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::string> schedulerArgs)
     : dir_(dir.empty() ? makeTempDir() : std::move(dir)) {
   port_ = freePort();
-  std::vector<std::string> args = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
-                                   "--heartbeat-timeout-ms", "2000"};
+  schedulerArgs_ = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
+                    "--heartbeat-timeout-ms", "2000"};
   for (auto& vm : vms) {
-    std::string spec = "name=" + vm.name + ",socket=" + vmSocket(vm.name) + ",tflops=" + std::to_string(vm.tflops) +
-                       ",priority=" + std::to_string(vm.priority) + ",memory_quota=" + vm.memoryQuota;
+    std::string spec = "name=" + vm.name + ",socket=" + (vm.socket.empty() ? vmSocket(vm.name) : vm.socket) +
+                       ",tflops=" + std::to_string(vm.tflops) + ",priority=" + std::to_string(vm.priority) +
+                       ",memory_quota=" + vm.memoryQuota;
     if (!vm.kinds.empty()) spec += ",kinds=" + vm.kinds;
-    args.push_back("--vm");
-    args.push_back(spec);
+    if (!vm.attach.empty()) spec += ",attach=" + vm.attach;
+    schedulerArgs_.push_back("--vm");
+    schedulerArgs_.push_back(spec);
   }
-  args.insert(args.end(), schedulerArgs.begin(), schedulerArgs.end());
-  processes_.emplace_back("raccel-scheduler", args, dir_ + "/scheduler.log");
+  schedulerArgs_.insert(schedulerArgs_.end(), schedulerArgs.begin(), schedulerArgs.end());
+  startScheduler();
+}
+
+void Cluster::startScheduler() {
+  std::filesystem::remove(consoleSocket());
+  scheduler_ = std::make_unique<Process>("raccel-scheduler", schedulerArgs_, dir_ + "/scheduler.log");
   if (!waitFor([&] { return std::filesystem::exists(consoleSocket()); }, 10000))
     throw std::runtime_error("scheduler did not start:\n" + logs());
 }
 
+void Cluster::restartScheduler() {
+  scheduler_->kill(SIGKILL);
+  scheduler_->wait(5000);
+  startScheduler();
+  if (!waitFor([&] { return poolTotal() == expectedTotal_; }, 15000))
+    throw std::runtime_error("netaccels did not rejoin the restarted scheduler:\n" + logs());
+}
+
 Cluster::~Cluster() {
   // Netaccels and guestd first, the scheduler last.
-  while (processes_.size() > 1) processes_.pop_back();
-  processes_.clear();
+  while (!processes_.empty()) processes_.pop_back();
+  scheduler_.reset();
   std::error_code ec;
   if (!std::getenv("RACCEL_KEEP_TEST_DIRS")) std::filesystem::remove_all(dir_, ec);
 }

@@ -3,6 +3,7 @@
 // Used from the test's main thread.
 #pragma once
 
+#include <memory>
 #include <random>
 
 #include <sys/types.h>
@@ -18,6 +19,7 @@ std::string makeTempDir();
 
 class Process {
  public:
+  // `name` is a program of the build (bin/NAME), or a path when it has a '/'.
   Process(const std::string& name, std::vector<std::string> args, const std::string& logPath);
   ~Process();
   Process(Process&& other) noexcept;
@@ -49,6 +51,8 @@ struct VmSpec {
   int priority = 0;
   std::string kinds;  // "gpu|cpu"; empty = all
   std::string memoryQuota = "1GiB";
+  std::string attach;  // "connect": the scheduler connects to the socket (QEMU binds it)
+  std::string socket;  // default: DIR/NAME.sock
 };
 
 class Cluster {
@@ -70,7 +74,10 @@ class Cluster {
   // raccelctl's JSON for a query (nodes, cards, pool, vaccels).
   std::string console(const std::string& query) const;
   unsigned poolTotal() const;
-  Process& scheduler() { return processes_.front(); }
+  Process& scheduler() { return *scheduler_; }
+  // kill -9 the scheduler, start it again with the same arguments, and wait until the
+  // netaccels have rejoined.
+  void restartScheduler();
   // Everything the daemons logged, for a failing test's message.
   std::string logs() const;
 
@@ -78,7 +85,10 @@ class Cluster {
   std::string dir_;
   int port_ = 0;
   unsigned expectedTotal_ = 0;
-  std::vector<Process> processes_;
+  std::vector<std::string> schedulerArgs_;
+  std::unique_ptr<Process> scheduler_;
+  std::vector<Process> processes_;  // netaccels, guestd
+  void startScheduler();
 };
 
 }  // namespace raccel::testing

@@ -52,7 +52,6 @@ qemu=$(command -v qemu-system-x86_64 || true)
 [ -n "$qemu" ] || { echo "boot.sh: qemu-system-x86_64 not found: apt-get install qemu-system-x86" >&2; exit 2; }
 
 console=$(mktemp)
-trap 'rm -f "$console"' EXIT
 append="console=ttyS0 quiet panic=-1"
 [ $# -gt 0 ] && append="$append -- $*"
 set +e
@@ -62,6 +61,8 @@ timeout --foreground -k 5 "$timeout" "$qemu" -accel "${RACCEL_QEMU_ACCEL:-tcg}" 
   -device virtio-serial-pci,id=vser -chardev "$chardev" \
   -device virtserialport,bus=vser.0,chardev=raccel,name=org.raccel.vaccel.0 &
 qpid=$!
+trap 'kill $qpid ${tpid:-} 2>/dev/null; rm -f "$console"' EXIT
+trap 'exit 143' TERM INT
 if [ -n "$log" ]; then : > "$log"; tail -q -F "$console" 2>/dev/null >> "$log" & tpid=$!
 else tail -q -F "$console" 2>/dev/null & tpid=$!; fi
 wait $qpid

@@ -3,7 +3,10 @@
 # initramfs that carries the virtio modules, a static raccel-guestd and the sample
 # programs (raccel-run). Boots in a few seconds under QEMU TCG (vm-images/boot.sh).
 #
-#   vm-images/build.sh [--build DIR] [--out DIR] [--kernel VERSION]
+#   vm-images/build.sh [--build DIR] [--out DIR] [--kernel VERSION] [--if-possible]
+#
+# --if-possible: when the kernel or busybox-static is missing, write the reason to
+# OUT/MISSING and succeed (the build then has no guest, and the VM tests skip saying why).
 #
 # Needs (Debian packages): linux-image-amd64, busybox-static, cpio, gzip; and the static
 # programs from the CMake build (targets raccel-guestd-static, raccel-run-static).
@@ -14,30 +17,43 @@ here=$(cd "$(dirname "$0")" && pwd)
 build="$here/../build"
 out=""
 kver=""
+if_possible=0
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --kernel) kver="$2"; shift 2 ;;
+    --if-possible) if_possible=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 build=$(cd "$build" && pwd)
 out=${out:-$build/vm}
+mkdir -p "$out"
+rm -f "$out/MISSING"
 die() { echo "build.sh: $*" >&2; exit 1; }
+# A missing prerequisite of the host (not a fault of the build).
+missing() {
+  if [ "$if_possible" = 1 ]; then
+    echo "$*" > "$out/MISSING"
+    echo "build.sh: no guest image: $*" >&2
+    exit 0
+  fi
+  die "$*"
+}
 
 if [ -z "$kver" ]; then
   kver=$(ls /boot/vmlinuz-* 2>/dev/null | sed 's|/boot/vmlinuz-||' | sort -V | tail -1)
-  [ -n "$kver" ] || die "no kernel in /boot: apt-get install linux-image-amd64"
+  [ -n "$kver" ] || missing "no kernel in /boot: apt-get install linux-image-amd64"
 fi
 [ -r "/boot/vmlinuz-$kver" ] || die "/boot/vmlinuz-$kver is missing or unreadable"
 moddir="/lib/modules/$kver"
-[ -d "$moddir" ] || die "$moddir is missing (the kernel's modules)"
-busybox=$(command -v busybox || true)
+[ -d "$moddir" ] || missing "$moddir is missing (the kernel's modules)"
+busybox=$(command -v busybox || ls /bin/busybox 2>/dev/null || true)
 [ -n "$busybox" ] && file -L "$busybox" | grep -q "statically linked" ||
-  die "need a statically linked busybox: apt-get install busybox-static"
+  missing "need a statically linked busybox: apt-get install busybox-static"
 for p in raccel-guestd-static raccel-run-static; do
   [ -x "$build/bin/$p" ] || die "$build/bin/$p is missing: cmake --build $build --target $p"
 done
@@ -61,7 +77,6 @@ strip -o "$root/bin/raccel-guestd" "$build/bin/raccel-guestd-static"
 strip -o "$root/bin/raccel-run" "$build/bin/raccel-run-static"
 install -m 0755 "$here/guest-init.sh" "$root/init"
 
-mkdir -p "$out"
 (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) | gzip -1 > "$out/initramfs.cpio.gz.tmp"
 mv "$out/initramfs.cpio.gz.tmp" "$out/initramfs.cpio.gz"
 cp "/boot/vmlinuz-$kver" "$out/kernel"

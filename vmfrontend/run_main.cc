@@ -1,9 +1,12 @@
 // raccel-run: the sample guest program. Asks for a virtual accelerator, runs a gemm
 // (with --ops the other built-ins, with --opencl an OpenCL C kernel it sends as source)
 // on it, checks every result against a reference computed here, and prints one
-// verdict line.
+// verdict line. With --rtt N it instead times N synchronous tiny round trips (a 4-byte
+// fill and a fence, as raccel-bench's sync_rtt) and prints their percentiles.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -43,6 +46,30 @@ std::string runOpencl(client::Session& s) {
              std::to_string(2.0f * x[i] + y[i] * y[i]);
   return "";
 }
+
+// --rtt: the synchronous round trip of one tiny instruction, as seen by this program.
+int runRtt(client::Session& s, int count) {
+  auto tiny = s.alloc(4096);
+  if (auto r = s.fence(); !r) {
+    std::printf("raccel-run: FAIL %s: %s\n", codeName(r.error().code), r.error().message.c_str());
+    return 1;
+  }
+  const int warmup = std::min(100, count / 10);
+  std::vector<double> us;
+  for (int i = 0; i < count + warmup; ++i) {
+    auto t = std::chrono::steady_clock::now();
+    s.fill(tiny, 0, 4, static_cast<uint8_t>(i));
+    if (auto r = s.fence(); !r) {
+      std::printf("raccel-run: FAIL round trip %d: %s: %s\n", i, codeName(r.error().code), r.error().message.c_str());
+      return 1;
+    }
+    if (i >= warmup) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count());
+  }
+  std::sort(us.begin(), us.end());
+  auto at = [&](double p) { return us[std::min(us.size() - 1, static_cast<size_t>(p * us.size()))]; };
+  std::printf("raccel-run: OK rtt_us p50 %.1f p99 %.1f over %d round trips\n", at(0.5), at(0.99), count);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,12 +82,22 @@ int main(int argc, char** argv) {
   flags.value("name", "NAME", "program name shown in the console (default raccel-run)");
   flags.boolean("ops", "also run and check axpy, vadd and reduceSum");
   flags.boolean("opencl", "also send an OpenCL C kernel as source, run it and check it (needs an OpenCL card)");
+  flags.value("priority", "P", "priority to ask for (default 0; the VM's policy caps it)");
+  flags.value("hold-ms", "MS", "keep the virtual accelerator this long, inputs written, before computing (default 0)");
+  flags.value("rtt", "N", "only time N synchronous tiny round trips and print their p50/p99 (microseconds)");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
   client::Options options;
   options.socket = flags.get("socket", options.socket);
   options.program = flags.get("name", "raccel-run");
   options.tflops = std::atof(flags.get("tflops", "1").c_str());
+  options.priority = std::atoi(flags.get("priority", "0").c_str());
+  const int holdMs = std::atoi(flags.get("hold-ms", "0").c_str());
+  const int rtt = std::atoi(flags.get("rtt", "0").c_str());
+  if (holdMs < 0 || (flags.has("rtt") && rtt <= 0)) {
+    std::fprintf(stderr, "raccel-run: --hold-ms must be >= 0 and --rtt positive\n");
+    return 2;
+  }
   const uint32_t n = static_cast<uint32_t>(std::atoi(flags.get("size", "256").c_str()));
   const int iterations = std::atoi(flags.get("iterations", "3").c_str());
   if (n == 0 || n > 8192 || iterations <= 0) {
@@ -75,6 +112,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto& s = **session;
+  if (rtt > 0) return runRtt(s, rtt);
   std::mt19937 rng(static_cast<unsigned>(std::atoi(flags.get("seed", "1").c_str())));
   std::uniform_real_distribution<float> dist(-1, 1);
   std::vector<float> a(size_t{n} * n), b(size_t{n} * n);
@@ -90,6 +128,10 @@ int main(int argc, char** argv) {
   auto ha = s.alloc(a.size() * 4), hb = s.alloc(b.size() * 4), hc = s.alloc(a.size() * 4);
   s.writeFloats(ha, a);
   s.writeFloats(hb, b);
+  if (holdMs > 0) {
+    (void)s.fence();
+    std::this_thread::sleep_for(std::chrono::milliseconds(holdMs));
+  }
   double maxErr = 0;
   for (int it = 0; it < iterations; ++it) {
     s.fill(hc, 0, a.size() * 4, 0);

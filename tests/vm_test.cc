@@ -1,0 +1,166 @@
+// Real VMs: the test guest (vm-images/build.sh) booted under QEMU TCG, its raccel-guestd
+// on a real virtio-serial port, against a real scheduler and netaccels on this host.
+// The guest's verdict is read from its serial console. Skips, saying why, where the
+// host has no guest image (no kernel or busybox-static) or no QEMU.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "tests/cluster.h"
+
+namespace raccel {
+namespace {
+
+using testing::Cluster;
+using testing::Process;
+using testing::VmSpec;
+
+const std::string kImage = std::string(RACCEL_BIN_DIR) + "/../vm";
+const std::string kBoot = std::string(RACCEL_SOURCE_DIR) + "/vm-images/boot.sh";
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Why VMs cannot run here, or "".
+std::string vmUnavailable() {
+  if (std::filesystem::exists(kImage + "/MISSING")) return "no guest image: " + readFile(kImage + "/MISSING");
+  if (!std::filesystem::exists(kImage + "/initramfs.cpio.gz")) return "no guest image in " + kImage;
+  if (std::system("command -v qemu-system-x86_64 >/dev/null 2>&1") != 0)
+    return "qemu-system-x86_64 not found (apt-get install qemu-system-x86)";
+  return "";
+}
+
+// One QEMU guest running `job`; its serial console goes to `console`.
+class Guest {
+ public:
+  Guest(const std::string& socket, const std::string& console, const std::string& job, const std::string& mode = "bind")
+      : console_(console),
+        process_(kBoot, {"--socket", socket, "--mode", mode, "--image", kImage, "--log", console, "--timeout", "240",
+                         "--", job},
+                 console + ".boot") {}
+  // Waits for the guest to power off; returns the job's exit status (see boot.sh).
+  int wait(int timeoutMs = 250000) { return process_.wait(timeoutMs); }
+  std::string console() const { return readFile(console_) + readFile(console_ + ".boot"); }
+  // Waits until the console shows `text` (or the guest ends).
+  bool waitForText(const std::string& text, int timeoutMs) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+    while (std::chrono::steady_clock::now() < end) {
+      if (readFile(console_).find(text) != std::string::npos) return true;
+      if (!process_.running()) return readFile(console_).find(text) != std::string::npos;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+ private:
+  std::string console_;
+  Process process_;
+};
+
+class VmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (auto why = vmUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(VmTest, GuestRunsGemmOpsAndAnOpenclKernelOverVirtioSerial) {
+  // QEMU binds the VM's socket (libvirt's default) and the scheduler connects to it.
+  VmSpec vm;
+  vm.attach = "connect";
+  Cluster cluster({vm});
+  // Two netaccels: PoCL's OpenCL device (4 TFLOPS) and a cpu card standing in for a gpu.
+  cluster.addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+  cluster.addNetaccel("cpu", {"backend=cpu,kind=gpu,tflops=4,memory=1GiB"}, 4);
+  // 8 TFLOPS spans both netaccels: the gemm is split over the two cards, the OpenCL C
+  // kernel is routed to the OpenCL one.
+  Guest guest(cluster.vmSocket(), cluster.dir() + "/guest.console",
+              "raccel-run --tflops 8 --size 192 --iterations 2 --ops --opencl");
+  int code = guest.wait();
+  std::string console = guest.console();
+  EXPECT_EQ(code, 0) << console << cluster.logs();
+  EXPECT_NE(console.find("raccel-guest: port org.raccel.vaccel.0 is /dev/vport"), std::string::npos) << console;
+  EXPECT_NE(console.find("raccel-run: OK gemm 192x192x192 x2 + axpy/vadd/reduceSum + OpenCL C on vaccel"),
+            std::string::npos)
+      << console << cluster.logs();
+  EXPECT_NE(console.find("on ocl/0"), std::string::npos) << console;
+  EXPECT_NE(console.find("cpu/0"), std::string::npos) << console;
+  EXPECT_NE(console.find("raccel-guest: exit 0"), std::string::npos) << console;
+}
+
+TEST_F(VmTest, TwoVmsWithDifferentPrioritiesEachSeeOnlyTheirOwnBuffers) {
+  VmSpec low, high;
+  low.name = "low";
+  low.attach = "connect";
+  low.priority = 0;
+  high.name = "high";
+  high.attach = "connect";
+  high.priority = 5;
+  Cluster cluster({low, high});
+  cluster.addNetaccel("n1", {"backend=cpu,kind=gpu,tflops=8,memory=1GiB"}, 8);
+  // Same program, same buffer handles, different inputs (seeds): each checks its results
+  // against its own reference, while both hold their accelerators at once.
+  Guest a(cluster.vmSocket("low"), cluster.dir() + "/low.console",
+          "raccel-run --name low-run --tflops 3 --size 96 --seed 11 --hold-ms 4000 --priority 9");
+  Guest b(cluster.vmSocket("high"), cluster.dir() + "/high.console",
+          "raccel-run --name high-run --tflops 3 --size 96 --seed 22 --hold-ms 4000 --priority 9");
+  // Both are admitted at the same time, each at its own VM's priority cap.
+  std::string vaccels;
+  bool both = false;
+  for (int i = 0; i < 1200 && !both; ++i) {
+    vaccels = cluster.console("vaccels");
+    both = vaccels.find("\"vm\":\"low\",\"program\":\"low-run\",\"priority\":0") != std::string::npos &&
+           vaccels.find("\"vm\":\"high\",\"program\":\"high-run\",\"priority\":5") != std::string::npos;
+    if (!both) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(both) << vaccels << a.console() << b.console() << cluster.logs();
+  int ca = a.wait(), cb = b.wait();
+  EXPECT_EQ(ca, 0) << a.console() << cluster.logs();
+  EXPECT_EQ(cb, 0) << b.console() << cluster.logs();
+  EXPECT_NE(a.console().find("raccel-run: OK gemm 96x96x96"), std::string::npos) << a.console();
+  EXPECT_NE(b.console().find("raccel-run: OK gemm 96x96x96"), std::string::npos) << b.console();
+}
+
+TEST_F(VmTest, GuestStartedBeforeTheSchedulerWaitsAndSurvivesItsRestart) {
+  std::string dir = testing::makeTempDir();
+  std::string socket = dir + "/vm1.sock";
+  // The guest boots first: its port reports HUP (no host), raccel-guestd waits, and the
+  // first program's hello waits with it. Then the scheduler comes, runs it, is killed
+  // with -9 and started again; the guest's second program runs on the new one.
+  Guest guest(socket, dir + "/guest.console",
+              "raccel-run --name first --size 64 && sleep 12 && raccel-run --name second --size 64 --seed 7");
+  ASSERT_TRUE(guest.waitForText("raccel-guest: running", 60000)) << guest.console();
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // the program is now waiting for the host
+  EXPECT_EQ(count(guest.console(), "raccel-run: OK"), 0u) << guest.console();
+
+  VmSpec vm;
+  vm.attach = "connect";
+  vm.socket = socket;
+  Cluster cluster({vm}, dir);
+  cluster.addNetaccel("n1", {"backend=cpu,kind=gpu,tflops=4,memory=1GiB"}, 4);
+  ASSERT_TRUE(guest.waitForText("raccel-run: OK gemm 64x64x64", 60000)) << guest.console() << cluster.logs();
+
+  cluster.restartScheduler();
+  int code = guest.wait();
+  std::string console = guest.console();
+  EXPECT_EQ(code, 0) << console << cluster.logs();
+  EXPECT_EQ(count(console, "raccel-run: OK gemm 64x64x64"), 2u) << console << cluster.logs();
+}
+
+}  // namespace
+}  // namespace raccel
