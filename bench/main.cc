@@ -6,6 +6,10 @@
 //   async_instr_per_s       a stream of small asynchronous instructions, end to end
 //   bulk_write_read_gbps    256 MiB written and read back through both hops (Gbit/s)
 //   raw_socket_gbps         one raw loopback TCP socket, same run (Gbit/s)
+//   vm_sync_rtt_us_p50      the sync round trip timed by raccel-run inside a QEMU guest
+//                           (TCG here) over virtio-serial and raccel-guestd, beside
+//   host_guestd_sync_rtt_us_p50  the same program as a host process through a host
+//                           raccel-guestd (the same hops without the VM)
 //   aggregate_efficiency    a gemm split over three paced simulated cards on two netaccels:
 //                           its throughput over the sum of the cards' own, each measured
 //                           alone in the same run (target >= 0.85)
@@ -24,6 +28,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 #include "common/flags.h"
@@ -144,7 +151,33 @@ int rawRelay(const std::string& path, int port) {
   }
 }
 
+// raccel-run --rtt's p50 from its output, or -1.
+double rttFromOutput(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::smatch m;
+  std::string s = text.str();
+  static const std::regex line("raccel-run: OK rtt_us p50 ([0-9.]+)");
+  return std::regex_search(s, m, line) ? std::stod(m[1]) : -1;
+}
+
+// Why no guest can be booted here, or "".
+std::string vmUnavailable(const std::string& image) {
+  if (std::filesystem::exists(image + "/MISSING")) {
+    std::ifstream in(image + "/MISSING");
+    std::string why;
+    std::getline(in, why);
+    return why;
+  }
+  if (!std::filesystem::exists(image + "/initramfs.cpio.gz")) return "no guest image in " + image;
+  if (std::system("command -v qemu-system-x86_64 >/dev/null 2>&1") != 0) return "qemu-system-x86_64 not found";
+  return "";
+}
+
 struct Figures {
+  double vmRttP50 = -1, hostGuestdRttP50 = -1;
+  std::string vmSkipped;
   double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0, bulkGbps = 0, rawGbps = 0, writeSecs = 0, readSecs = 0;
   double aggEfficiency = 0, aggGflops = 0, aggSingles = 0;
 };
@@ -229,6 +262,27 @@ int main(int argc, char** argv) {
     }
     ::close(fd);
     f.rawP50 = percentile(raw, 0.5);
+  }
+
+  progress("synchronous round trips from a QEMU guest and through a host raccel-guestd");
+  {
+    const std::string rtts = std::to_string(quick ? 300 : 3000);
+    const std::string image = std::string(RACCEL_BIN_DIR) + "/../vm";
+    f.vmSkipped = vmUnavailable(image);
+    if (f.vmSkipped.empty()) {
+      testing::Process guest(std::string(RACCEL_SOURCE_DIR) + "/vm-images/boot.sh",
+                             {"--socket", cluster.vmSocket(), "--mode", "connect", "--image", image, "--timeout", "300",
+                              "--", "raccel-run", "--name", "vm-rtt", "--rtt", rtts},
+                             cluster.dir() + "/vm-rtt.log");
+      guest.wait(320000);
+      f.vmRttP50 = rttFromOutput(cluster.dir() + "/vm-rtt.log");
+      if (f.vmRttP50 < 0) f.vmSkipped = "the guest printed no figure (see " + cluster.dir() + "/vm-rtt.log)";
+    }
+    std::string guestd = cluster.startGuestd();
+    testing::Process host("raccel-run", {"--socket", guestd, "--name", "host-rtt", "--rtt", rtts},
+                          cluster.dir() + "/host-rtt.log");
+    host.wait(120000);
+    f.hostGuestdRttP50 = rttFromOutput(cluster.dir() + "/host-rtt.log");
   }
 
   progress("asynchronous instruction stream");
@@ -339,13 +393,19 @@ int main(int argc, char** argv) {
 
   bool syncOk = f.syncP50 <= 3 * f.rawP50, asyncOk = f.asyncRate >= 200000, bulkOk = f.bulkGbps >= 0.5 * f.rawGbps;
   bool aggOk = f.aggEfficiency >= 0.85;
+  char vmRttText[32] = "null";
+  if (f.vmRttP50 >= 0) std::snprintf(vmRttText, sizeof vmRttText, "%.1f", f.vmRttP50);
+  std::string vmRtt = vmRttText;
+  std::replace(f.vmSkipped.begin(), f.vmSkipped.end(), '"', '\'');
   if (flags.has("json")) {
     std::printf("{\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
                 "\"async_instr_per_s\":%.0f,\"bulk_write_read_gbps\":%.2f,\"raw_socket_gbps\":%.2f,"
+                "\"vm_sync_rtt_us_p50\":%s,\"host_guestd_sync_rtt_us_p50\":%.1f,\"vm_skipped\":\"%s\","
                 "\"aggregate_efficiency\":%.3f,\"aggregate_gflops\":%.2f,\"aggregate_cards_alone_gflops\":%.2f,"
                 "\"bulk_bytes\":%zu,\"quick\":%s,\"targets_met\":{\"sync_rtt\":%s,\"async_instr\":%s,\"bulk\":%s,"
                 "\"aggregate\":%s}}\n",
-                f.syncP50, f.syncP99, f.rawP50, f.asyncRate, f.bulkGbps, f.rawGbps, f.aggEfficiency, f.aggGflops,
+                f.syncP50, f.syncP99, f.rawP50, f.asyncRate, f.bulkGbps, f.rawGbps, vmRtt.c_str(), f.hostGuestdRttP50,
+                f.vmSkipped.c_str(), f.aggEfficiency, f.aggGflops,
                 f.aggSingles, bulkBytes, quick ? "true" : "false", syncOk ? "true" : "false", asyncOk ? "true" : "false",
                 bulkOk ? "true" : "false", aggOk ? "true" : "false");
   } else {
@@ -353,6 +413,13 @@ int main(int argc, char** argv) {
     std::printf("%-26s %9.1f us   raw two-hop p50 %.1f us, target <= %.1f us  %s\n", "sync_rtt_us_p50", f.syncP50,
                 f.rawP50, 3 * f.rawP50, syncOk ? "met" : "MISSED");
     std::printf("%-26s %9.1f us\n", "sync_rtt_us_p99", f.syncP99);
+    if (f.vmRttP50 >= 0)
+      std::printf("%-26s %9.1f us   same program on the host through raccel-guestd: %.1f us (QEMU %s)\n",
+                  "vm_sync_rtt_us_p50", f.vmRttP50, f.hostGuestdRttP50,
+                  std::getenv("RACCEL_QEMU_ACCEL") ? std::getenv("RACCEL_QEMU_ACCEL") : "tcg");
+    else
+      std::printf("%-26s %12s   skipped: %s; host through raccel-guestd: %.1f us\n", "vm_sync_rtt_us_p50", "-",
+                  f.vmSkipped.c_str(), f.hostGuestdRttP50);
     std::printf("%-26s %12.0f   target >= 200000  %s\n", "async_instr_per_s", f.asyncRate, asyncOk ? "met" : "MISSED");
     std::printf("%-26s %7.2f Gbit/s write, %.2f Gbit/s read\n", "  bulk by direction", bulkBytes * 8 / f.writeSecs / 1e9,
                 bulkBytes * 8 / f.readSecs / 1e9);
