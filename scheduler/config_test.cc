@@ -24,5 +24,31 @@ TEST(SchedulerConfig, SplitThresholdDefaultsAndRefusesNegatives) {
   EXPECT_NE(unknown.error().message.find("split_min"), std::string::npos);
 }
 
+TEST(SchedulerConfig, VmsSayHowTheyAttachAndWhereTheirPolicyCameFrom) {
+  auto file = Config::parse("libvirt = test:///default\n[vm]\nname = a\nsocket = /a.sock\n"
+                            "[vm]\nname = b\nsocket = /b.sock\nattach = connect\nkinds = gpu,cpu\n",
+                            "s.conf");
+  ASSERT_TRUE(file);
+  auto c = parseConfig(*file);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->libvirtUri, "test:///default");
+  ASSERT_EQ(c->vms.size(), 2u);
+  EXPECT_EQ(c->vms[0].attach, VmPolicy::Attach::listen);
+  EXPECT_EQ(c->vms[0].source, "s.conf:2");
+  EXPECT_EQ(c->vms[1].attach, VmPolicy::Attach::connect);
+  EXPECT_EQ(c->vms[1].kinds, maskOf(CardKind::gpu) | maskOf(CardKind::cpu));
+
+  auto spec = parseVmSpec("name=c,socket=/c.sock,attach=connect,kinds=npu|fpga");
+  ASSERT_TRUE(spec) << spec.error().message;
+  EXPECT_EQ(spec->attach, VmPolicy::Attach::connect);
+  EXPECT_EQ(spec->source, "--vm");
+  EXPECT_EQ(spec->kinds, maskOf(CardKind::npu) | maskOf(CardKind::fpga));
+
+  auto bad = parseVmSpec("name=d,socket=/d.sock,attach=dial");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("attach must be listen or connect, not 'dial'"), std::string::npos)
+      << bad.error().message;
+}
+
 }  // namespace
 }  // namespace raccel::scheduler

@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <regex>
+#include <sstream>
+
 namespace raccel::scheduler {
 namespace {
 
@@ -84,6 +88,26 @@ TEST(DomainXml, TheChannelMustBeThere) {
   expectRefused(domain(vaccel(""), "<channel type='unix'><source mode='bind'/>"
                                    "<target type='virtio' name='org.raccel.vaccel.0'/></channel>"),
                 "no path");
+}
+
+TEST(DomainXml, TheShippedTemplateDeclaresWhatItsCommentsSay) {
+  std::ifstream in(std::string(RACCEL_SOURCE_DIR) + "/vm-images/raccel-domain.xml");
+  ASSERT_TRUE(in) << "vm-images/raccel-domain.xml is missing";
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string xml = std::regex_replace(text.str(), std::regex("@NAME@"), "guest1");
+  xml = std::regex_replace(xml, std::regex("@IMAGE@"), "/srv/raccel/vm");
+  xml = std::regex_replace(xml, std::regex("@SOCKET@"), "/run/raccel/vm/guest1.sock");
+  auto vm = vmFromDomainXml(xml, "libvirt qemu:///system");
+  ASSERT_TRUE(vm) << vm.error().message;
+  ASSERT_TRUE(vm->has_value());
+  EXPECT_EQ((*vm)->name, "guest1");
+  EXPECT_EQ((*vm)->socket, "/run/raccel/vm/guest1.sock");
+  EXPECT_EQ((*vm)->attach, VmPolicy::Attach::connect);
+  EXPECT_EQ((*vm)->tflops, 8);
+  EXPECT_EQ((*vm)->priority, 1);
+  EXPECT_EQ((*vm)->kinds, maskOf(CardKind::gpu) | maskOf(CardKind::cpu));
+  EXPECT_EQ((*vm)->memoryQuota, 2ull << 30);
 }
 
 TEST(DomainXml, BrokenXmlIsAnError) {

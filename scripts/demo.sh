@@ -3,8 +3,9 @@
 # OpenCL device, found by discovery (PoCL's CPU device here), and a simulated GPU;
 # node1: a CPU card), raccel-guestd standing in for a VM's guest side, and raccel-run
 # programs that run gemms, the other built-ins and an OpenCL C kernel through it and
-# check them; one spans all three cards, so its ops are split across them. Shows the
-# console's view, then stops everything.
+# check them; one spans all three cards, so its ops are split across them. Then the same
+# program from inside a real VM: the test guest (vm-images/) booted under QEMU, its
+# raccel-guestd on a virtio-serial port. Shows the console's view, then stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -61,5 +62,13 @@ $bin/raccel-run --socket "$run/guestd.sock" --size 256 --ops --tflops 2 --name o
 wait $long || status=1
 echo "== one program over all three cards: split built-ins and an OpenCL C kernel routed to the OpenCL card"
 $bin/raccel-run --socket "$run/guestd.sock" --size 384 --ops --opencl --tflops 20 --name wide || status=1
+echo "== the same program inside a QEMU guest (virtio-serial port org.raccel.vaccel.0 -> demo-vm's socket)"
+if [ -r build/vm/initramfs.cpio.gz ]; then
+  bash vm-images/boot.sh --socket "$run/demo-vm.sock" --mode connect --timeout 180 \
+    -- raccel-run --size 128 --ops --opencl --tflops 12 --name in-vm | grep -E "raccel-(run|guest):" || status=1
+  $bin/raccelctl --socket "$run/console.sock" vms
+else
+  echo "(no guest image: $(cat build/vm/MISSING 2>/dev/null || echo 'build/vm is empty'); skipped)"
+fi
 if [ $status -eq 0 ]; then echo "== demo OK"; else echo "== demo FAILED; logs:"; tail -n 20 "$run"/*.log; fi
 exit $status

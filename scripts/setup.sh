@@ -7,8 +7,11 @@ cd "$(dirname "$0")/.."
 
 # Backends: OpenCL (ICD loader, headers, PoCL as a real CPU device), XRT for FPGA cards.
 # CUDA is used when its toolkit is at /usr/local/cuda (not a Debian package).
+# VMs: QEMU, the Debian kernel and busybox-static for the test guest (vm-images/), and
+# libvirt for the scheduler's libvirt watcher (its tests use test:///default, no daemon).
 packages=(cmake ninja-build g++ pkg-config capnproto libcapnp-dev libuv1-dev libgtest-dev
-  ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev)
+  ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev
+  qemu-system-x86 linux-image-amd64 busybox-static cpio libvirt-dev libvirt-clients)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

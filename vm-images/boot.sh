@@ -61,7 +61,7 @@ timeout --foreground -k 5 "$timeout" "$qemu" -accel "${RACCEL_QEMU_ACCEL:-tcg}" 
   -device virtio-serial-pci,id=vser -chardev "$chardev" \
   -device virtserialport,bus=vser.0,chardev=raccel,name=org.raccel.vaccel.0 &
 qpid=$!
-trap 'kill $qpid ${tpid:-} 2>/dev/null; rm -f "$console"' EXIT
+trap 'kill $qpid ${tpid:-} 2>/dev/null || true; rm -f "$console"' EXIT
 trap 'exit 143' TERM INT
 if [ -n "$log" ]; then : > "$log"; tail -q -F "$console" 2>/dev/null >> "$log" & tpid=$!
 else tail -q -F "$console" 2>/dev/null & tpid=$!; fi

@@ -8,7 +8,7 @@
 # --if-possible: when the kernel or busybox-static is missing, write the reason to
 # OUT/MISSING and succeed (the build then has no guest, and the VM tests skip saying why).
 #
-# Needs (Debian packages): linux-image-amd64, busybox-static, cpio, gzip; and the static
+# Needs (Debian packages): linux-image-amd64, busybox-static, cpio, binutils; and the static
 # programs from the CMake build (targets raccel-guestd-static, raccel-run-static).
 # Writes OUT/initramfs.cpio.gz and OUT/kernel (a copy of /boot/vmlinuz-VERSION).
 set -euo pipefail
@@ -52,7 +52,7 @@ fi
 moddir="/lib/modules/$kver"
 [ -d "$moddir" ] || missing "$moddir is missing (the kernel's modules)"
 busybox=$(command -v busybox || ls /bin/busybox 2>/dev/null || true)
-[ -n "$busybox" ] && file -L "$busybox" | grep -q "statically linked" ||
+[ -n "$busybox" ] && ! readelf -l "$busybox" 2>/dev/null | grep -q "program interpreter" ||
   missing "need a statically linked busybox: apt-get install busybox-static"
 for p in raccel-guestd-static raccel-run-static; do
   [ -x "$build/bin/$p" ] || die "$build/bin/$p is missing: cmake --build $build --target $p"
