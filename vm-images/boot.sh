@@ -53,7 +53,9 @@ qemu=$(command -v qemu-system-x86_64 || true)
 
 console=$(mktemp)
 append="console=ttyS0 quiet panic=-1"
-[ $# -gt 0 ] && append="$append -- $*"
+# The job travels base64-encoded in one kernel parameter: the kernel hands init at most
+# 32 words, and would read '=' and quotes itself.
+[ $# -gt 0 ] && append="$append raccel.job=$(printf '%s' "$*" | base64 -w0)"
 set +e
 timeout --foreground -k 5 "$timeout" "$qemu" -accel "${RACCEL_QEMU_ACCEL:-tcg}" -m "$memory" -smp 1 \
   -kernel "$image/kernel" -initrd "$image/initramfs.cpio.gz" -append "$append" \

@@ -2,10 +2,11 @@
 # /init of the raccel test guest (vm-images/build.sh puts it in the initramfs).
 #
 # Mounts the kernel's file systems, loads the virtio modules, starts raccel-guestd on
-# the port named org.raccel.vaccel.0, then runs the job given on the kernel command line
-# after "--" (the kernel hands those words to init as arguments), e.g.
+# the port named org.raccel.vaccel.0, then runs the job given on the kernel command line:
+# raccel.job=BASE64 (what boot.sh passes: any shell text), or else the words after "--"
+# (the kernel hands those to init as arguments, at most 32), e.g.
 #   -append "console=ttyS0 -- raccel-run --size 128 --opencl"
-# Words are joined and run by sh, so "a && b" works. The job's output and a final line
+# The job is run by sh, so "a && b" works. The job's output and a final line
 #   raccel-guest: exit CODE
 # go to the serial console; then the guest powers off.
 /bin/busybox --install -s /bin
@@ -43,13 +44,20 @@ for i in $(seq 1 50); do
   sleep 0.1
 done
 
-if [ $# -eq 0 ]; then
+job="$*"
+for word in $(cat /proc/cmdline); do
+  case "$word" in
+    raccel.job=*) job=$(echo "${word#raccel.job=}" | base64 -d) ;;
+  esac
+done
+
+if [ -z "$job" ]; then
   echo "raccel-guest: no job on the kernel command line (after --); starting a shell"
   setsid cttyhack sh
   code=0
 else
-  echo "raccel-guest: running: $*"
-  sh -c "$*"
+  echo "raccel-guest: running: $job"
+  sh -c "$job"
   code=$?
 fi
 echo "raccel-guest: exit $code"
