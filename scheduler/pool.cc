@@ -39,6 +39,7 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
     }
     nodes_[n].online = true;
     for (size_t i = 0; i < ordered.size(); ++i) cards_[nodes_[n].cards[i]].spec = ordered[i];
+    recountTotals();
     // Blocks nobody holds become free again.
     BlockRange r = nodes_[n].blocks;
     for (uint32_t b = r.first; b < r.end();) {
@@ -62,6 +63,7 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
   }
   if (nodeBlocks) addFree(node.blocks);
   nodes_.push_back(std::move(node));
+  recountTotals();
   return nodes_.size() - 1;
 }
 
@@ -69,6 +71,7 @@ std::vector<VaccelId> Pool::removeNode(size_t n) {
   std::vector<VaccelId> affected;
   if (n >= nodes_.size() || !nodes_[n].online) return affected;
   nodes_[n].online = false;
+  recountTotals();
   BlockRange r = nodes_[n].blocks;
   for (uint32_t b = r.first; b < r.end(); ++b) {
     if (owner_[b] != kNoOwner) {
@@ -220,6 +223,9 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
         chosen = place;
       }
     }
+    // Runs come smallest first: once a place on one node and one card is found, a
+    // later run can only leave more over.
+    if (found && std::get<0>(best) == 1 && std::get<1>(best) == 1) break;
   }
   std::vector<BlockRange> pieces;
   if (found) {
@@ -249,14 +255,20 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     takeFree(p);
     std::fill(owner_.begin() + p.first, owner_.begin() + p.end(), owner);
   }
-  held_[owner] = pieces;
+  Holding& h = held_[owner];
+  h.ranges = pieces;
+  h.priority = request.priority;
+  h.admitted = ++admissions_;
+  h.blocks = want;
+  victims_.insert(victimKey(owner, h));
   return pieces;
 }
 
 void Pool::release(VaccelId owner) {
   auto it = held_.find(owner);
   if (it == held_.end()) return;
-  for (auto& p : it->second) {
+  victims_.erase(victimKey(owner, it->second));
+  for (auto& p : it->second.ranges) {
     std::fill(owner_.begin() + p.first, owner_.begin() + p.end(), kNoOwner);
     // Blocks of offline nodes are not returned to the free pool.
     for (uint32_t b = p.first; b < p.end();) {
@@ -272,7 +284,121 @@ void Pool::release(VaccelId owner) {
 const std::vector<BlockRange>& Pool::held(VaccelId owner) const {
   static const std::vector<BlockRange> kNone;
   auto it = held_.find(owner);
-  return it == held_.end() ? kNone : it->second;
+  return it == held_.end() ? kNone : it->second.ranges;
+}
+
+int Pool::priorityOf(VaccelId owner) const {
+  auto it = held_.find(owner);
+  return it == held_.end() ? 0 : it->second.priority;
+}
+
+uint32_t Pool::countKinds(const std::vector<BlockRange>& ranges, KindMask kinds) const {
+  uint32_t n = 0;
+  if (kinds == kAllKinds) {
+    for (auto& r : ranges) n += r.count;
+    return n;
+  }
+  for (auto& share : cardsOf(ranges))
+    if (kinds & maskOf(cards_[share.card].spec.kind)) n += share.blocks;
+  return n;
+}
+
+Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const {
+  uint32_t total = this->total(request.kinds);
+  if (request.blocks > total)
+    return fail(Code::resourceExhausted, "can never run here: " + std::to_string(request.blocks) +
+                                             " blocks requested, the pool has " + std::to_string(total) +
+                                             " of the accepted kinds in total");
+  uint32_t have = freeBlocks(request.kinds);
+  std::vector<VaccelId> chosen;
+  for (auto it = victims_.begin(); it != victims_.end() && have < request.blocks; ++it) {
+    auto [priority, notAdmitted, owner] = *it;
+    if (priority >= request.priority) break;
+    const Holding& h = held_.at(owner);
+    uint32_t gain = countKinds(h.ranges, request.kinds);
+    if (gain == 0) continue;
+    // Blocks on offline nodes do not come back to the pool when released.
+    chosen.push_back(owner);
+    for (auto& share : cardsOf(h.ranges)) {
+      const Card& c = cards_[share.card];
+      if ((request.kinds & maskOf(c.spec.kind)) && nodes_[c.node].online) have += share.blocks;
+    }
+  }
+  if (have < request.blocks)
+    return fail(Code::resourceExhausted, "not enough compute even by preemption: " + std::to_string(request.blocks) +
+                                             " blocks requested, " + std::to_string(have) +
+                                             " free or held by lower priorities than " + std::to_string(request.priority));
+  return chosen;
+}
+
+std::vector<Pool::Move> Pool::planCompaction(size_t maxMoves, uint32_t maxBlocksPerMove) const {
+  std::vector<Move> moves;
+  // Regions: maximal runs of cards of one kind inside one online node.
+  for (const Node& node : nodes_) {
+    if (!node.online) continue;
+    for (size_t i = 0; i < node.cards.size();) {
+      CardKind kind = cards_[node.cards[i]].spec.kind;
+      size_t j = i;
+      while (j < node.cards.size() && cards_[node.cards[j]].spec.kind == kind) ++j;
+      BlockRange region{cards_[node.cards[i]].blocks.first, 0};
+      region.count = cards_[node.cards[j - 1]].blocks.end() - region.first;
+      i = j;
+      // Walk the region in block order: whole holders slide down to the cursor; a
+      // holder with blocks outside the region is a wall the cursor jumps over.
+      uint32_t cursor = region.first;
+      std::set<VaccelId> seen;
+      for (uint32_t b = region.first; b < region.end(); ++b) {
+        VaccelId owner = owner_[b];
+        if (owner == kNoOwner || seen.count(owner)) continue;
+        seen.insert(owner);
+        const Holding& h = held_.at(owner);
+        bool inside = true;
+        for (auto& r : h.ranges) inside = inside && r.first >= region.first && r.end() <= region.end();
+        if (!inside) {
+          uint32_t wallEnd = b;
+          while (wallEnd < region.end() && owner_[wallEnd] == owner) ++wallEnd;
+          cursor = std::max(cursor, wallEnd);
+          continue;
+        }
+        // The target must not run into a wall (a holder that is not moving).
+        BlockRange to{cursor, h.blocks};
+        bool clear = true;
+        for (uint32_t t = to.first; t < to.end() && clear; ++t) {
+          VaccelId o = owner_[t];
+          if (o == kNoOwner || o == owner || seen.count(o)) continue;  // free, itself, or already moved on
+          clear = false;
+        }
+        bool alreadyThere = h.ranges.size() == 1 && h.ranges[0].first == cursor;
+        if (clear && !alreadyThere && (maxBlocksPerMove == 0 || h.blocks <= maxBlocksPerMove)) {
+          moves.push_back(Move{owner, h.ranges, to});
+          if (maxMoves && moves.size() >= maxMoves) return moves;
+          cursor = to.end();
+        } else {
+          // Stays: the cursor continues after its last block.
+          for (auto& r : h.ranges) cursor = std::max(cursor, r.end());
+        }
+      }
+    }
+  }
+  return moves;
+}
+
+Status Pool::applyMove(const Move& move) {
+  auto it = held_.find(move.owner);
+  if (it == held_.end() || it->second.ranges != move.from || move.to.count != it->second.blocks)
+    return fail(Code::internal, "move of vaccel " + std::to_string(move.owner) + " no longer matches the pool");
+  for (uint32_t b = move.to.first; b < move.to.end(); ++b)
+    if (owner_[b] != kNoOwner && owner_[b] != move.owner)
+      return fail(Code::internal, "move of vaccel " + std::to_string(move.owner) + " onto block " + std::to_string(b) +
+                                      " held by vaccel " + std::to_string(owner_[b]));
+  for (auto& r : move.from) {
+    std::fill(owner_.begin() + r.first, owner_.begin() + r.end(), kNoOwner);
+    addFree(r);
+  }
+  takeFree(move.to);
+  std::fill(owner_.begin() + move.to.first, owner_.begin() + move.to.end(), move.owner);
+  it->second.ranges = {move.to};
+  return {};
 }
 
 std::vector<CardShare> Pool::cardsOf(const std::vector<BlockRange>& ranges) const {
@@ -290,10 +416,16 @@ std::vector<CardShare> Pool::cardsOf(const std::vector<BlockRange>& ranges) cons
   return out;
 }
 
+void Pool::recountTotals() {
+  std::fill(std::begin(totalByKind_), std::end(totalByKind_), 0);
+  for (auto& card : cards_)
+    if (nodes_[card.node].online) totalByKind_[static_cast<unsigned>(card.spec.kind)] += card.blocks.count;
+}
+
 uint32_t Pool::total(KindMask kinds) const {
   uint32_t n = 0;
-  for (auto& card : cards_)
-    if (nodes_[card.node].online && (kinds & maskOf(card.spec.kind))) n += card.blocks.count;
+  for (unsigned k = 0; k < 4; ++k)
+    if (kinds & (1u << k)) n += totalByKind_[k];
   return n;
 }
 

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -83,6 +84,7 @@ class Pool {
   struct Request {
     uint32_t blocks = 0;
     KindMask kinds = kAllKinds;
+    int priority = 0;  // recorded with the allocation; preemption takes only from lower ones
   };
   // Places a request (ARCHITECTURE.md "Placement"): one contiguous free range if any
   // (fewest nodes, fewest cards, best fit), else the fewest pieces. Refuses with
@@ -91,7 +93,29 @@ class Pool {
   // Returns all blocks held by `owner` to the pool.
   void release(VaccelId owner);
 
+  // Preemption (ARCHITECTURE.md "Admission"): the holders to suspend so that `request`
+  // fits, taken from strictly lower priorities, the lowest first and among equals the
+  // most recently admitted first. Empty when it fits in free blocks already.
+  // resourceExhausted, with the numbers, when even all of them would not be enough.
+  Result<std::vector<VaccelId>> planPreemption(const Request& request) const;
+
+  // Compaction (ARCHITECTURE.md "Migration / compaction"): moves that slide every
+  // holder down inside its node's region of one card kind, in block order, so that
+  // each holder's blocks are one range and the region's free blocks one range at its
+  // end. A holder spanning regions or nodes stays where it is (the others flow around
+  // it). `maxMoves` and `maxBlocksPerMove` limit the plan (0 = no limit).
+  struct Move {
+    VaccelId owner = kNoOwner;
+    std::vector<BlockRange> from;
+    BlockRange to;
+  };
+  std::vector<Move> planCompaction(size_t maxMoves = 0, uint32_t maxBlocksPerMove = 0) const;
+  // Reassigns a planned move's blocks (the caller has moved the holder's data).
+  // Refuses a move that no longer matches the pool.
+  Status applyMove(const Move& move);
+
   const std::vector<BlockRange>& held(VaccelId owner) const;
+  int priorityOf(VaccelId owner) const;
   std::vector<CardShare> cardsOf(const std::vector<BlockRange>& ranges) const;
 
   // Blocks of online nodes (with accepted kinds).
@@ -115,6 +139,19 @@ class Pool {
   void clip(BlockRange run, KindMask kinds, std::vector<BlockRange>& out) const;
   uint32_t nodesSpanned(BlockRange range) const;
   uint32_t cardsSpanned(BlockRange range) const;
+  // Blocks of `ranges` on cards of accepted kinds.
+  uint32_t countKinds(const std::vector<BlockRange>& ranges, KindMask kinds) const;
+  void recountTotals();
+
+  struct Holding {
+    std::vector<BlockRange> ranges;
+    int priority = 0;
+    uint64_t admitted = 0;  // admission order
+    uint32_t blocks = 0;
+  };
+  // Preemption order: lowest priority first, then the most recently admitted.
+  using VictimKey = std::tuple<int, uint64_t, VaccelId>;  // (priority, ~admitted, owner)
+  static VictimKey victimKey(VaccelId owner, const Holding& h) { return {h.priority, ~h.admitted, owner}; }
 
   double blockTflops_;
   uint32_t next_ = 1;
@@ -124,8 +161,11 @@ class Pool {
   std::vector<VaccelId> owner_;      // by block number
   std::map<uint32_t, uint32_t> free_;
   std::set<std::pair<uint32_t, uint32_t>> freeBySize_;  // (count, first)
-  std::unordered_map<VaccelId, std::vector<BlockRange>> held_;
+  std::unordered_map<VaccelId, Holding> held_;
+  std::set<VictimKey> victims_;
+  uint64_t admissions_ = 0;
   uint32_t freeCount_ = 0;
+  uint32_t totalByKind_[4] = {};  // online blocks per card kind
 };
 
 }  // namespace raccel::scheduler

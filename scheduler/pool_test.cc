@@ -155,6 +155,14 @@ TEST(Pool, RandomAllocateReleaseNeverDoubleAllocates) {
       if (r) live.push_back(next);
       ++next;
     }
+    if (step % 7 == 0) {
+      // Compaction never overlaps holders, never loses a block, and leaves each moved
+      // holder on one range.
+      for (auto& move : pool.planCompaction(static_cast<size_t>(rng() % 4))) {
+        ASSERT_TRUE(pool.applyMove(move)) << "step " << step;
+        ASSERT_EQ(pool.held(move.owner).size(), 1u);
+      }
+    }
     uint32_t owned = 0;
     for (uint32_t b = 1; b <= pool.highestBlock(); ++b) {
       bool free = pool.isFree(b);
@@ -163,6 +171,108 @@ TEST(Pool, RandomAllocateReleaseNeverDoubleAllocates) {
     }
     ASSERT_EQ(owned + pool.freeBlocks(), 200u);
   }
+}
+
+// ARCHITECTURE.md's migration fixture: a 10-block pool; app1 holds 1-3, app2 4-6, app3
+// 7-8, 9-10 free; app1 exits; app4 asks for 4. After migration app2 holds 1-3, app3 4-5,
+// app4 6-9, and block 10 is free.
+TEST(Pool, MigrationFixtureTenBlocks) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("node0", {card(CardKind::gpu, 10, 0)}));
+  const VaccelId app1 = 1, app2 = 2, app3 = 3, app4 = 4;
+  ASSERT_EQ(*pool.allocate(app1, {3}), (std::vector<BlockRange>{{1, 3}}));
+  ASSERT_EQ(*pool.allocate(app2, {3}), (std::vector<BlockRange>{{4, 3}}));
+  ASSERT_EQ(*pool.allocate(app3, {2}), (std::vector<BlockRange>{{7, 2}}));
+  pool.release(app1);
+  EXPECT_EQ(pool.freeRuns(), (std::map<uint32_t, uint32_t>{{1, 3}, {9, 2}}));
+
+  auto moves = pool.planCompaction();
+  ASSERT_EQ(moves.size(), 2u);
+  EXPECT_EQ(moves[0].owner, app2);
+  EXPECT_EQ(moves[0].to, (BlockRange{1, 3}));
+  EXPECT_EQ(moves[1].owner, app3);
+  EXPECT_EQ(moves[1].to, (BlockRange{4, 2}));
+  for (auto& m : moves) ASSERT_TRUE(pool.applyMove(m));
+  auto app4Blocks = pool.allocate(app4, {4});
+  ASSERT_TRUE(app4Blocks);
+  EXPECT_EQ(pool.held(app2), (std::vector<BlockRange>{{1, 3}}));
+  EXPECT_EQ(pool.held(app3), (std::vector<BlockRange>{{4, 2}}));
+  EXPECT_EQ(*app4Blocks, (std::vector<BlockRange>{{6, 4}}));
+  EXPECT_EQ(pool.freeRuns(), (std::map<uint32_t, uint32_t>{{10, 1}}));
+  EXPECT_TRUE(pool.planCompaction().empty()) << "a compact pool plans no moves";
+}
+
+TEST(Pool, CompactionRespectsItsLimitsAndStaleMovesAreRefused) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("node0", {card(CardKind::gpu, 10, 0)}));
+  ASSERT_TRUE(pool.allocate(1, {3}));
+  ASSERT_TRUE(pool.allocate(2, {3}));
+  ASSERT_TRUE(pool.allocate(3, {2}));
+  pool.release(1);
+  auto one = pool.planCompaction(1);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].owner, 2u);
+  // Holders larger than the per-move limit stay; the others flow after them.
+  auto small = pool.planCompaction(0, 2);
+  ASSERT_EQ(small.size(), 0u) << "app3 cannot pass app2, which may not move";
+  ASSERT_TRUE(pool.applyMove(one[0]));
+  EXPECT_FALSE(pool.applyMove(one[0])) << "a move planned before another applied is stale";
+}
+
+TEST(Pool, CompactionStaysInsideANodesRegionOfOneKind) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("node0", {card(CardKind::gpu, 4, 0), card(CardKind::npu, 4, 1)}));
+  ASSERT_TRUE(pool.allocate(1, {2, maskOf(CardKind::gpu)}));  // 1-2
+  ASSERT_TRUE(pool.allocate(2, {2, maskOf(CardKind::gpu)}));  // 3-4
+  ASSERT_TRUE(pool.allocate(3, {2, maskOf(CardKind::npu)}));  // 5-6
+  pool.release(1);
+  auto moves = pool.planCompaction();
+  ASSERT_EQ(moves.size(), 1u);
+  EXPECT_EQ(moves[0].owner, 2u);
+  EXPECT_EQ(moves[0].to, (BlockRange{1, 2}));  // not into the npu region
+}
+
+TEST(Pool, PreemptionTakesLowestPriorityThenMostRecent) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("node0", {card(CardKind::gpu, 10, 0)}));
+  ASSERT_TRUE(pool.allocate(1, {3, kAllKinds, 1}));  // priority 1, first
+  ASSERT_TRUE(pool.allocate(2, {3, kAllKinds, 0}));  // priority 0, second
+  ASSERT_TRUE(pool.allocate(3, {3, kAllKinds, 0}));  // priority 0, third (most recent)
+  ASSERT_TRUE(pool.allocate(4, {1, kAllKinds, 5}));  // priority 5
+  EXPECT_EQ(pool.freeBlocks(), 0u);
+
+  auto fits = pool.planPreemption({0, kAllKinds, 9});
+  ASSERT_TRUE(fits);
+  EXPECT_TRUE(fits->empty());
+  auto a = pool.planPreemption({3, kAllKinds, 2});
+  ASSERT_TRUE(a);
+  EXPECT_EQ(*a, (std::vector<VaccelId>{3}));
+  auto b = pool.planPreemption({5, kAllKinds, 2});
+  ASSERT_TRUE(b);
+  EXPECT_EQ(*b, (std::vector<VaccelId>{3, 2}));
+  auto c = pool.planPreemption({9, kAllKinds, 2});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(*c, (std::vector<VaccelId>{3, 2, 1}));
+  // Equal priority is never preempted; the refusal gives the numbers.
+  auto d = pool.planPreemption({10, kAllKinds, 2});
+  ASSERT_FALSE(d);
+  EXPECT_NE(d.error().message.find("10 blocks requested, 9 free or held by lower priorities than 2"), std::string::npos)
+      << d.error().message;
+  auto e = pool.planPreemption({1, kAllKinds, 0});
+  ASSERT_FALSE(e);
+  auto never = pool.planPreemption({11, kAllKinds, 9});
+  ASSERT_FALSE(never);
+  EXPECT_NE(never.error().message.find("can never run here"), std::string::npos);
+}
+
+TEST(Pool, PreemptionCountsOnlyAcceptedKinds) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("node0", {card(CardKind::gpu, 4, 0), card(CardKind::npu, 4, 1)}));
+  ASSERT_TRUE(pool.allocate(1, {4, maskOf(CardKind::npu), 0}));  // the npu card, admitted first
+  ASSERT_TRUE(pool.allocate(2, {4, maskOf(CardKind::gpu), 0}));  // the gpu card, most recent
+  auto gpu = pool.planPreemption({2, maskOf(CardKind::npu), 1});
+  ASSERT_TRUE(gpu);
+  EXPECT_EQ(*gpu, (std::vector<VaccelId>{1})) << "the gpu holder frees nothing an npu request can use";
 }
 
 }  // namespace
