@@ -10,6 +10,10 @@
 //                           (TCG here) over virtio-serial and raccel-guestd, beside
 //   host_guestd_sync_rtt_us_p50  the same program as a host process through a host
 //                           raccel-guestd (the same hops without the VM)
+//   alloc_ops_per_s         allocate + release pairs per second on a 10^6-block pool kept
+//                           half full (the scheduler's own Pool, in process; target >= 2e6)
+//   admission_p99_us        one admission on a full 10^5-block pool: preemption planning,
+//                           releasing the victims, placing the request (target <= 50)
 //   aggregate_efficiency    a gemm split over three paced simulated cards on two netaccels:
 //                           its throughput over the sum of the cards' own, each measured
 //                           alone in the same run (target >= 0.85)
@@ -31,9 +35,12 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <random>
 #include <thread>
+#include <unordered_map>
 
 #include "common/flags.h"
+#include "scheduler/pool.h"
 #include "tests/cluster.h"
 #include "vmfrontend/raccel.h"
 
@@ -175,7 +182,78 @@ std::string vmUnavailable(const std::string& image) {
   return "";
 }
 
+// A pool of `nodes` nodes of 8 gpu cards of 125 blocks.
+scheduler::Pool bigPool(int nodes) {
+  scheduler::Pool pool(1.0);
+  std::vector<scheduler::CardSpec> cards;
+  for (uint32_t c = 0; c < 8; ++c) cards.push_back({c, CardKind::gpu, "bench", "cpu", 125, 1ull << 30, {}});
+  for (int n = 0; n < nodes; ++n) (void)pool.addNode("n" + std::to_string(n), cards);
+  return pool;
+}
+
+double allocOpsPerSecond(bool quick) {
+  scheduler::Pool pool = bigPool(1000);  // 10^6 blocks
+  std::mt19937 rng(1);
+  scheduler::VaccelId next = 1;
+  std::vector<scheduler::VaccelId> live;
+  while (pool.freeBlocks() > pool.total() / 2)  // half full, fragmented by random sizes
+    if (pool.allocate(next, {1 + static_cast<uint32_t>(rng() % 64)})) live.push_back(next++);
+  for (size_t i = 0; i < live.size(); i += 3) pool.release(live[i]);  // holes
+  const int pairs = quick ? 200000 : 2000000;
+  std::vector<uint32_t> sizes(4096);
+  for (auto& x : sizes) x = 1 + static_cast<uint32_t>(rng() % 32);
+  auto t = Clock::now();
+  for (int i = 0; i < pairs; ++i) {
+    scheduler::VaccelId id = next++;
+    if (pool.allocate(id, {sizes[static_cast<size_t>(i) & 4095]})) pool.release(id);
+  }
+  return pairs / since(t);
+}
+
+// Returns the p99 in microseconds; *victimsMean gets the holders suspended per admission.
+double admissionP99Us(bool quick, double* victimsMean) {
+  scheduler::Pool pool = bigPool(100);  // 10^5 blocks
+  std::mt19937 rng(2);
+  scheduler::VaccelId next = 1;
+  struct Held { uint32_t blocks; int priority; };
+  std::unordered_map<scheduler::VaccelId, Held> held;
+  // Full, with holders of priorities 0..7 and sizes 1..64.
+  for (;;) {
+    Held h{1 + static_cast<uint32_t>(rng() % 64), static_cast<int>(rng() % 8)};
+    if (h.blocks > pool.freeBlocks()) break;
+    if (pool.allocate(next, {h.blocks, scheduler::kAllKinds, h.priority})) held[next] = h;
+    ++next;
+  }
+  const int admissions = quick ? 2000 : 20000;
+  std::vector<double> us;
+  size_t suspended = 0;
+  for (int i = 0; i < admissions; ++i) {
+    scheduler::Pool::Request request{1 + static_cast<uint32_t>(rng() % 64), scheduler::kAllKinds, 8};
+    scheduler::VaccelId id = next++;
+    auto t = Clock::now();
+    auto victims = pool.planPreemption(request);
+    if (victims) {
+      for (auto v : *victims) pool.release(v);
+      (void)pool.allocate(id, request);
+    }
+    us.push_back(since(t) * 1e6);
+    if (victims) suspended += victims->size();
+    // Not timed: the newcomer leaves and the suspended ones resume, so the pool stays full.
+    pool.release(id);
+    if (victims)
+      for (auto v : *victims) {
+        Held h = held[v];
+        held.erase(v);
+        scheduler::VaccelId back = next++;
+        if (pool.allocate(back, {h.blocks, scheduler::kAllKinds, h.priority})) held[back] = h;
+      }
+  }
+  *victimsMean = static_cast<double>(suspended) / admissions;
+  return percentile(us, 0.99);
+}
+
 struct Figures {
+  double allocOps = 0, admissionP99 = 0, admissionVictims = 0;
   double vmRttP50 = -1, hostGuestdRttP50 = -1;
   std::string vmSkipped;
   double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0, bulkGbps = 0, rawGbps = 0, writeSecs = 0, readSecs = 0;
@@ -207,6 +285,10 @@ int main(int argc, char** argv) {
   };
 
   Figures f;
+  progress("pool: allocate/release on 10^6 blocks, admission with preemption on 10^5");
+  f.allocOps = allocOpsPerSecond(quick);
+  f.admissionP99 = admissionP99Us(quick, &f.admissionVictims);
+
   testing::VmSpec vm;
   vm.memoryQuota = "1GiB";
   testing::Cluster cluster({vm});
@@ -393,6 +475,7 @@ int main(int argc, char** argv) {
 
   bool syncOk = f.syncP50 <= 3 * f.rawP50, asyncOk = f.asyncRate >= 200000, bulkOk = f.bulkGbps >= 0.5 * f.rawGbps;
   bool aggOk = f.aggEfficiency >= 0.85;
+  bool allocOk = f.allocOps >= 2e6, admissionOk = f.admissionP99 <= 50;
   char vmRttText[32] = "null";
   if (f.vmRttP50 >= 0) std::snprintf(vmRttText, sizeof vmRttText, "%.1f", f.vmRttP50);
   std::string vmRtt = vmRttText;
@@ -401,13 +484,15 @@ int main(int argc, char** argv) {
     std::printf("{\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
                 "\"async_instr_per_s\":%.0f,\"bulk_write_read_gbps\":%.2f,\"raw_socket_gbps\":%.2f,"
                 "\"vm_sync_rtt_us_p50\":%s,\"host_guestd_sync_rtt_us_p50\":%.1f,\"vm_skipped\":\"%s\","
+                "\"alloc_ops_per_s\":%.0f,\"admission_p99_us\":%.2f,\"admission_victims_mean\":%.2f,"
                 "\"aggregate_efficiency\":%.3f,\"aggregate_gflops\":%.2f,\"aggregate_cards_alone_gflops\":%.2f,"
                 "\"bulk_bytes\":%zu,\"quick\":%s,\"targets_met\":{\"sync_rtt\":%s,\"async_instr\":%s,\"bulk\":%s,"
-                "\"aggregate\":%s}}\n",
+                "\"aggregate\":%s,\"alloc_ops\":%s,\"admission\":%s}}\n",
                 f.syncP50, f.syncP99, f.rawP50, f.asyncRate, f.bulkGbps, f.rawGbps, vmRtt.c_str(), f.hostGuestdRttP50,
-                f.vmSkipped.c_str(), f.aggEfficiency, f.aggGflops,
+                f.vmSkipped.c_str(), f.allocOps, f.admissionP99, f.admissionVictims, f.aggEfficiency, f.aggGflops,
                 f.aggSingles, bulkBytes, quick ? "true" : "false", syncOk ? "true" : "false", asyncOk ? "true" : "false",
-                bulkOk ? "true" : "false", aggOk ? "true" : "false");
+                bulkOk ? "true" : "false", aggOk ? "true" : "false", allocOk ? "true" : "false",
+                admissionOk ? "true" : "false");
   } else {
     std::printf("%-26s %12s   %-34s %s\n", "figure", "value", "baseline / target", "");
     std::printf("%-26s %9.1f us   raw two-hop p50 %.1f us, target <= %.1f us  %s\n", "sync_rtt_us_p50", f.syncP50,
@@ -425,6 +510,9 @@ int main(int argc, char** argv) {
                 bulkBytes * 8 / f.readSecs / 1e9);
     std::printf("%-26s %7.2f Gbit/s   raw socket %.2f Gbit/s, target >= %.2f  %s\n", "bulk_write_read_gbps", f.bulkGbps,
                 f.rawGbps, 0.5 * f.rawGbps, bulkOk ? "met" : "MISSED");
+    std::printf("%-26s %12.0f   target >= 2000000  %s\n", "alloc_ops_per_s", f.allocOps, allocOk ? "met" : "MISSED");
+    std::printf("%-26s %9.2f us   target <= 50 us  %s (%.2f holders suspended per admission)\n",
+                "admission_p99_us", f.admissionP99, admissionOk ? "met" : "MISSED", f.admissionVictims);
     std::printf("%-26s %12.3f   split gemm %.2f GFLOPS vs the cards alone %.2f GFLOPS, target >= 0.85  %s\n",
                 "aggregate_efficiency", f.aggEfficiency, f.aggGflops, f.aggSingles, aggOk ? "met" : "MISSED");
   }

@@ -200,21 +200,14 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     return fail(Code::resourceExhausted, "not enough free compute: " + std::to_string(want) + " blocks requested, " +
                                              std::to_string(free) + " free of " + std::to_string(total));
 
-  // Candidate runs: all kinds from the size index (smallest fitting first), else clipped.
-  std::vector<BlockRange> runs;
-  if (request.kinds == kAllKinds) {
-    for (auto it = freeBySize_.lower_bound({want, 0}); it != freeBySize_.end() && runs.size() < 64; ++it)
-      runs.push_back({it->second, it->first});
-  } else {
-    for (auto& [first, count] : free_) clip({first, count}, request.kinds, runs);
-  }
   // One contiguous range: at either end of a run, so free space is never cut in two.
   using Score = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // nodes, cards, leftover, first
   bool found = false;
   Score best{};
   BlockRange chosen;
-  for (auto& run : runs) {
-    if (run.count < want) continue;
+  // Returns true when no later run can do better.
+  auto consider = [&](BlockRange run) {
+    if (run.count < want) return false;
     for (BlockRange place : {BlockRange{run.first, want}, BlockRange{run.end() - want, want}}) {
       Score s{nodesSpanned(place), cardsSpanned(place), run.count - want, place.first};
       if (!found || s < best) {
@@ -223,9 +216,20 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
         chosen = place;
       }
     }
-    // Runs come smallest first: once a place on one node and one card is found, a
-    // later run can only leave more over.
-    if (found && std::get<0>(best) == 1 && std::get<1>(best) == 1) break;
+    return std::get<0>(best) == 1 && std::get<1>(best) == 1;
+  };
+  // Candidates: all kinds from the size index, smallest fitting first (once a place on
+  // one node and one card is found, a later run can only leave more over), at most 64;
+  // with kinds, every free run clipped to them.
+  std::vector<BlockRange> runs;
+  if (request.kinds == kAllKinds) {
+    int seen = 0;
+    for (auto it = freeBySize_.lower_bound({want, 0}); it != freeBySize_.end() && seen < 64; ++it, ++seen)
+      if (consider({it->second, it->first})) break;
+  } else {
+    for (auto& [first, count] : free_) clip({first, count}, request.kinds, runs);
+    for (auto& run : runs)
+      consider(run);  // clipped runs come in block order, not size order: see them all
   }
   std::vector<BlockRange> pieces;
   if (found) {
