@@ -1,5 +1,7 @@
 #include "console/console_client.h"
 
+#include <ctime>
+
 #include <cstdio>
 #include <sstream>
 
@@ -237,6 +239,48 @@ Result<std::string> run(const std::string& socket, Query query, bool json, int t
   if (!decoded) return fail(decoded.error());
   if (!status) return fail(status.error());
   return text;
+}
+
+Status follow(const std::string& socket, bool json, unsigned count, const std::function<void(const std::string&)>& print) {
+  transport::BlockingLink link;
+  if (auto c = link.connectUnix(socket); !c)
+    return fail(Code::unavailable, c.error().message + " (is raccel-scheduler running, and may you read its console socket?)");
+  capnp::MallocMessageBuilder m;
+  m.initRoot<wire::ConsoleRequest>().setEvents();
+  if (auto s = link.sendNow(0, 1, m); !s) return s;
+  for (unsigned printed = 0; count == 0 || printed < count; ++printed) {
+    auto frame = link.receive(-1);
+    if (!frame) return fail(frame.error());
+    Status status;
+    std::string line;
+    auto decoded = transport::decodeGuard([&] {
+      transport::MessageIn in(std::move(frame->body));
+      auto reply = in.root<wire::ConsoleReply>();
+      if (reply.which() == wire::ConsoleReply::ERROR) {
+        status = fail(transport::errorFrom(reply.getError()));
+        return;
+      }
+      if (reply.which() != wire::ConsoleReply::EVENT) {
+        status = fail(Code::internal, "the scheduler answered events with something else");
+        return;
+      }
+      auto e = reply.getEvent();
+      if (json) {
+        line = "{\"unixMs\":" + std::to_string(e.getUnixMs()) + ",\"kind\":" + jsonString(e.getKind()) +
+               ",\"subject\":" + jsonString(e.getSubject()) + ",\"detail\":" + jsonString(e.getDetail()) + "}";
+      } else {
+        std::time_t secs = static_cast<std::time_t>(e.getUnixMs() / 1000);
+        char when[32];
+        std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::localtime(&secs));
+        line = std::string(when) + "." + std::to_string(1000 + e.getUnixMs() % 1000).substr(1) + "  " +
+               pad(e.getKind(), 13) + pad(e.getSubject(), 24) + e.getDetail().cStr();
+      }
+    });
+    if (!decoded) return fail(decoded.error());
+    if (!status) return status;
+    print(line);
+  }
+  return {};
 }
 
 }  // namespace raccel::console

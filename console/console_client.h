@@ -3,6 +3,7 @@
 // Used from one thread.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "common/error.h"
@@ -14,5 +15,9 @@ enum class Query { nodes, cards, pool, vaccels, vms };
 Result<Query> parseQuery(const std::string& word);
 // Asks the scheduler and renders its answer as a table, or as one JSON document.
 Result<std::string> run(const std::string& socket, Query query, bool json, int timeoutMs = 10000);
+// raccelctl events: subscribes, then hands `print` each event as one line (text, or one
+// JSON object), the recent ones first, until `count` lines (0 = until the scheduler
+// goes away, which is then the error).
+Status follow(const std::string& socket, bool json, unsigned count, const std::function<void(const std::string&)>& print);
 
 }  // namespace raccel::console

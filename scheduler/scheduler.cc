@@ -1,8 +1,11 @@
 #include "scheduler/scheduler.h"
 
+#include <chrono>
+
 #include "scheduler/state.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "common/log.h"
@@ -138,6 +141,7 @@ void Scheduler::removeVm(const std::string& name, const std::string& why) {
   Vm* vm = findVm(name);
   if (!vm || !vm->active) return;
   RLOG_INFO("scheduler") << "vm '" << name << "' detached: " << why;
+  event("vm-detached", name, why);
   detachVm(*vm);
 }
 
@@ -153,6 +157,7 @@ void Scheduler::rejectVm(const std::string& name, const std::string& source, con
   vm->policy.source = source;
   vm->problem = why;
   RLOG_ERROR("scheduler") << "vm '" << name << "' gets no virtual accelerator: " << why;
+  event("vm-rejected", name, why);
 }
 
 Status Scheduler::attachVm(Vm& vm) {
@@ -247,6 +252,7 @@ void Scheduler::acceptVm(Vm& vm, ConnectionPtr connection) {
   ++vm.links;
   connection->start();
   RLOG_INFO("scheduler") << "vm '" << vm.policy.name << "' connected";
+  if (vm.links == 1) event("vm-attached", vm.policy.name, vm.policy.socket + " (" + vm.policy.source + ")");
 }
 
 void Scheduler::vmLinkClosed(VmLink& link) {
@@ -379,6 +385,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   }
   if (!ok) {
     RLOG_INFO("scheduler") << "vm '" << vm.policy.name << "' program '" << program << "' refused: " << refusal.message;
+    event("refused", vm.policy.name + "/" + (program.empty() ? "?" : program), refusal.message);
     replyError(link, channel, sequence, refusal);
     return;
   }
@@ -431,6 +438,9 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   RLOG_INFO("scheduler") << "admitted " << label(vm.policy, program, id) << ": " << blocks << " block(s) from "
                          << ranges.front().first << " on " << s.members.size() << " card(s), primary "
                          << node->name << "/" << card.spec.index << " (" << kindName(card.spec.kind) << ")";
+  event("admitted", label(vm.policy, program, id),
+        std::to_string(blocks) + " block(s) from " + std::to_string(ranges.front().first) + ", priority " +
+            std::to_string(priority) + ", " + std::to_string(s.members.size()) + " card(s)");
 }
 
 void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const Error& error) {
@@ -557,6 +567,8 @@ void Scheduler::endSession(VmLink& link, uint32_t channel) {
   s.vm->memoryUsed -= s.memoryUsed;
   RLOG_INFO("scheduler") << "session " << label(s.vm->policy, s.program, s.id) << " ended; " << blocks
                          << " block(s) released after " << s.instructions << " instruction(s)";
+  event("released", label(s.vm->policy, s.program, s.id),
+        std::to_string(blocks) + " block(s) after " + std::to_string(s.instructions) + " instruction(s)");
   link.sessions.erase(it);
 }
 
@@ -688,6 +700,9 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": "
                                << cards.size() << " card(s), blocks " << n.blocks.first << "-"
                                << (n.blocks.end() - 1) << "; pool now " << pool_.total() << " blocks";
+        event("node-joined", name,
+              std::to_string(cards.size()) + " card(s), blocks " + std::to_string(n.blocks.first) + "-" +
+                  std::to_string(n.blocks.end() - 1) + "; pool now " + std::to_string(pool_.total()) + " blocks");
         return;
       }
       case wire::NodeMessage::HEARTBEAT:
@@ -700,6 +715,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
 void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
   if (!node.name.empty()) {
     RLOG_WARN("scheduler") << "netaccel '" << node.name << "' lost: " << reason;
+    event("node-lost", node.name, reason);
     if (node.poolIndex >= 0) {
       pool_.removeNode(static_cast<size_t>(node.poolIndex));
       nodeByPoolIndex_.erase(static_cast<size_t>(node.poolIndex));
@@ -728,10 +744,34 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
 // ---------------------------------------------------------------------------------
 // Console
 
+namespace {
+void fillEvent(wire::Event::Builder out, uint64_t unixMs, const std::string& kind, const std::string& subject,
+               const std::string& detail) {
+  out.setUnixMs(unixMs);
+  out.setKind(kind);
+  out.setSubject(subject);
+  out.setDetail(detail);
+}
+}  // namespace
+
+void Scheduler::event(const std::string& kind, const std::string& subject, const std::string& detail) {
+  constexpr size_t kKept = 256;
+  uint64_t unixMs = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  events_.push_back({unixMs, kind, subject, detail});
+  if (events_.size() > kKept) events_.pop_front();
+  for (auto& [connection, sequence] : subscribers_) {
+    capnp::MallocMessageBuilder m;
+    fillEvent(m.initRoot<wire::ConsoleReply>().initEvent(), unixMs, kind, subject, detail);
+    connection->send(0, sequence, m);
+  }
+}
+
 void Scheduler::acceptConsole(ConnectionPtr connection) {
   Connection::Callbacks cb;
   cb.onFrame = [this](Connection& c, const FrameHeader& h, Body body) { onConsoleFrame(c, h, std::move(body)); };
   cb.onClose = [this](Connection& c, bool) {
+    std::erase_if(subscribers_, [&](auto& sub) { return sub.first == &c; });
     consoles_.erase(std::remove_if(consoles_.begin(), consoles_.end(), [&](auto& p) { return p.get() == &c; }), consoles_.end());
   };
   connection->setCallbacks(cb);
@@ -742,6 +782,7 @@ void Scheduler::acceptConsole(ConnectionPtr connection) {
 void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Body body) {
   capnp::MallocMessageBuilder m;
   auto reply = m.initRoot<wire::ConsoleReply>();
+  bool subscribed = false;  // events: the replies are the events themselves
   auto decoded = transport::decodeGuard([&] {
     MessageIn in(std::move(body));
     auto request = in.root<wire::ConsoleRequest>();
@@ -830,6 +871,16 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
         }
         return;
       }
+      case wire::ConsoleRequest::EVENTS: {
+        for (auto& e : events_) {
+          capnp::MallocMessageBuilder one;
+          fillEvent(one.initRoot<wire::ConsoleReply>().initEvent(), e.unixMs, e.kind, e.subject, e.detail);
+          connection.send(0, h.sequence, one);
+        }
+        subscribers_.emplace_back(&connection, h.sequence);
+        subscribed = true;
+        return;
+      }
       case wire::ConsoleRequest::VMS: {
         auto out = reply.initVms(vms_.size());
         for (size_t i = 0; i < vms_.size(); ++i) {
@@ -881,6 +932,7 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
     transport::setError(reply.initError(), Error{Code::unimplemented, "unknown console request"});
   });
   if (!decoded) transport::setError(reply.initError(), decoded.error());
+  else if (subscribed) return;
   connection.send(h.channel, h.sequence, m);
 }
 

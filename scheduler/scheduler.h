@@ -8,6 +8,7 @@
 
 #include <uv.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -99,6 +100,8 @@ class Scheduler {
   void abandonJob(Session& s);
   void hold(Session& s, const transport::FrameHeader& header, transport::Body body);
 
+  // The event stream (raccelctl events): kept for late subscribers, sent to live ones.
+  void event(const std::string& kind, const std::string& subject, const std::string& detail);
   void acceptConsole(transport::ConnectionPtr connection);
   void onConsoleFrame(transport::Connection& connection, const transport::FrameHeader& header, transport::Body body);
 
@@ -114,6 +117,12 @@ class Scheduler {
   std::unordered_map<size_t, NodeLink*> nodeByPoolIndex_;
   std::unordered_map<uint32_t, Session*> sessionByContext_;
   std::vector<transport::ConnectionPtr> consoles_;
+  struct EventRecord {
+    uint64_t unixMs;
+    std::string kind, subject, detail;
+  };
+  std::deque<EventRecord> events_;                             // the most recent, oldest first
+  std::vector<std::pair<transport::Connection*, uint64_t>> subscribers_;  // and their sequence
   std::unique_ptr<transport::Listener> nodeListener_, consoleListener_;
   uv_timer_t* ticker_ = nullptr;
   VaccelId nextVaccel_ = 1;

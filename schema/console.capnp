@@ -13,6 +13,7 @@ struct ConsoleRequest {
     pool @2 :Void;
     vaccels @3 :Void;
     vms @4 :Void;
+    events @5 :Void;   # subscribe: the recent events, then every new one, each its own reply
   }
 }
 
@@ -24,7 +25,17 @@ struct ConsoleReply {
     pool @3 :PoolMap;
     vaccels @4 :List(VaccelEntry);
     vms @5 :List(VmEntry);
+    event @6 :Event;
   }
+}
+
+# Something that happened in the scheduler, for `raccelctl events`.
+struct Event {
+  unixMs @0 :UInt64;
+  kind @1 :Text;      # admitted | refused | released | node-joined | node-lost |
+                      # vm-attached | vm-detached | vm-rejected
+  subject @2 :Text;   # "vm/program#id", a node or a VM name
+  detail @3 :Text;
 }
 
 struct NodeEntry {

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <sstream>
+#include <fstream>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -457,6 +459,54 @@ TEST_F(Integration, AFrozenNetaccelIsDeclaredLostByHeartbeatAndRejoinsWhenItWake
   ASSERT_TRUE(again);
   std::string why;
   EXPECT_GE(checkedGemm(*again, 16, 16, 16, 9, &why), 0) << why;
+}
+
+TEST(ConsoleEvents, AdmissionsRefusalsReleasesAndNodesStreamInOrderAndLateSubscribersGetTheRecentOnes) {
+  VmSpec vm;
+  vm.tflops = 4;
+  Cluster cluster({vm});
+  auto readLog = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  std::string live = cluster.dir() + "/events-live.log";
+  Process follower("raccelctl", {"--socket", cluster.consoleSocket(), "events", "--json", "--count", "5"}, live);
+  // Programs go through raccel-guestd, so the VM is one link, as a real VM's port is.
+  std::string guestd = cluster.startGuestd();
+  cluster.addNetaccel("n1", {"kind=gpu,tflops=8,memory=1GiB"}, 8);
+  {
+    auto s = open(guestd, 2, {}, "evented");
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->fence());
+  }
+  client::Options o;
+  o.socket = guestd;
+  o.tflops = 6;
+  o.program = "greedy";
+  EXPECT_FALSE(Session::open(o));
+  EXPECT_EQ(follower.wait(15000), 0) << readLog(live) << cluster.logs();
+  std::string events = readLog(live);
+  size_t attached = events.find("\"kind\":\"vm-attached\",\"subject\":\"vm1\"");
+  size_t joined = events.find("\"kind\":\"node-joined\",\"subject\":\"n1\"");
+  size_t admitted = events.find("\"kind\":\"admitted\",\"subject\":\"vm1/evented#");
+  size_t released = events.find("\"kind\":\"released\",\"subject\":\"vm1/evented#");
+  size_t refused = events.find("\"kind\":\"refused\",\"subject\":\"vm1/greedy\"");
+  ASSERT_NE(attached, std::string::npos) << events;
+  ASSERT_NE(joined, std::string::npos) << events;
+  ASSERT_NE(admitted, std::string::npos) << events;
+  ASSERT_NE(released, std::string::npos) << events;
+  ASSERT_NE(refused, std::string::npos) << events;
+  EXPECT_LT(joined, admitted);
+  EXPECT_LT(admitted, released);
+  EXPECT_LT(released, refused);
+  EXPECT_NE(events.find("vm 'vm1' may hold 4 blocks"), std::string::npos) << events;
+  // A subscriber arriving now first gets what already happened.
+  std::string late = cluster.dir() + "/events-late.log";
+  Process latecomer("raccelctl", {"--socket", cluster.consoleSocket(), "events", "--count", "3"}, late);
+  EXPECT_EQ(latecomer.wait(15000), 0) << readLog(late);
+  EXPECT_NE(readLog(late).find("node-joined"), std::string::npos) << readLog(late);
 }
 
 TEST(GuestdWithoutHost, ProgramStartedBeforeTheSchedulerWaitsThenSucceeds) {
