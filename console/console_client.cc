@@ -209,10 +209,33 @@ Result<Query> parseQuery(const std::string& word) {
   return fail(Code::invalidArgument, "unknown command '" + word + "' (use nodes, cards, pool, vaccels or vms)");
 }
 
-Result<std::string> run(const std::string& socket, Query query, bool json, int timeoutMs) {
-  transport::BlockingLink link;
+namespace {
+Status connectConsole(transport::BlockingLink& link, const std::string& socket) {
   if (auto c = link.connectUnix(socket); !c)
     return fail(Code::unavailable, c.error().message + " (is raccel-scheduler running, and may you read its console socket?)");
+  return {};
+}
+
+// Decodes one reply: an error reply is the returned error; otherwise `use` reads it.
+Status readReply(transport::Body body, const std::function<void(wire::ConsoleReply::Reader)>& use) {
+  Status status;
+  auto decoded = transport::decodeGuard([&] {
+    transport::MessageIn in(std::move(body));
+    auto reply = in.root<wire::ConsoleReply>();
+    if (reply.which() == wire::ConsoleReply::ERROR) {
+      status = fail(transport::errorFrom(reply.getError()));
+      return;
+    }
+    use(reply);
+  });
+  if (!decoded) return fail(decoded.error());
+  return status;
+}
+}  // namespace
+
+Result<std::string> run(const std::string& socket, Query query, bool json, int timeoutMs) {
+  transport::BlockingLink link;
+  if (auto c = connectConsole(link, socket); !c) return fail(c.error());
   capnp::MallocMessageBuilder m;
   auto request = m.initRoot<wire::ConsoleRequest>();
   switch (query) {
@@ -226,44 +249,25 @@ Result<std::string> run(const std::string& socket, Query query, bool json, int t
   auto frame = link.receive(timeoutMs);
   if (!frame) return fail(frame.error());
   std::string text;
-  Status status;
-  auto decoded = transport::decodeGuard([&] {
-    transport::MessageIn in(std::move(frame->body));
-    auto reply = in.root<wire::ConsoleReply>();
-    if (reply.which() == wire::ConsoleReply::ERROR) {
-      status = fail(transport::errorFrom(reply.getError()));
-      return;
-    }
-    text = render(query, reply, json);
-  });
-  if (!decoded) return fail(decoded.error());
-  if (!status) return fail(status.error());
+  if (auto r = readReply(std::move(frame->body), [&](wire::ConsoleReply::Reader reply) { text = render(query, reply, json); }); !r)
+    return fail(r.error());
   return text;
 }
 
 Status follow(const std::string& socket, bool json, unsigned count, const std::function<void(const std::string&)>& print) {
   transport::BlockingLink link;
-  if (auto c = link.connectUnix(socket); !c)
-    return fail(Code::unavailable, c.error().message + " (is raccel-scheduler running, and may you read its console socket?)");
+  if (auto c = connectConsole(link, socket); !c) return c;
   capnp::MallocMessageBuilder m;
   m.initRoot<wire::ConsoleRequest>().setEvents();
   if (auto s = link.sendNow(0, 1, m); !s) return s;
   for (unsigned printed = 0; count == 0 || printed < count; ++printed) {
     auto frame = link.receive(-1);
     if (!frame) return fail(frame.error());
-    Status status;
     std::string line;
-    auto decoded = transport::decodeGuard([&] {
-      transport::MessageIn in(std::move(frame->body));
-      auto reply = in.root<wire::ConsoleReply>();
-      if (reply.which() == wire::ConsoleReply::ERROR) {
-        status = fail(transport::errorFrom(reply.getError()));
-        return;
-      }
-      if (reply.which() != wire::ConsoleReply::EVENT) {
-        status = fail(Code::internal, "the scheduler answered events with something else");
-        return;
-      }
+    bool isEvent = false;
+    auto r = readReply(std::move(frame->body), [&](wire::ConsoleReply::Reader reply) {
+      if (reply.which() != wire::ConsoleReply::EVENT) return;
+      isEvent = true;
       auto e = reply.getEvent();
       if (json) {
         line = "{\"unixMs\":" + std::to_string(e.getUnixMs()) + ",\"kind\":" + jsonString(e.getKind()) +
@@ -276,8 +280,8 @@ Status follow(const std::string& socket, bool json, unsigned count, const std::f
                pad(e.getKind(), 13) + pad(e.getSubject(), 24) + e.getDetail().cStr();
       }
     });
-    if (!decoded) return fail(decoded.error());
-    if (!status) return status;
+    if (!r) return r;
+    if (!isEvent) return fail(Code::internal, "the scheduler answered events with something else");
     print(line);
   }
   return {};
