@@ -32,9 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <regex>
-#include <sstream>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -160,26 +158,10 @@ int rawRelay(const std::string& path, int port) {
 
 // raccel-run --rtt's p50 from its output, or -1.
 double rttFromOutput(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
   std::smatch m;
-  std::string s = text.str();
+  std::string s = testing::readFile(path);
   static const std::regex line("raccel-run: OK rtt_us p50 ([0-9.]+)");
   return std::regex_search(s, m, line) ? std::stod(m[1]) : -1;
-}
-
-// Why no guest can be booted here, or "".
-std::string vmUnavailable(const std::string& image) {
-  if (std::filesystem::exists(image + "/MISSING")) {
-    std::ifstream in(image + "/MISSING");
-    std::string why;
-    std::getline(in, why);
-    return why;
-  }
-  if (!std::filesystem::exists(image + "/initramfs.cpio.gz")) return "no guest image in " + image;
-  if (std::system("command -v qemu-system-x86_64 >/dev/null 2>&1") != 0) return "qemu-system-x86_64 not found";
-  return "";
 }
 
 // A pool of `nodes` nodes of 8 gpu cards of 125 blocks.
@@ -349,11 +331,11 @@ int main(int argc, char** argv) {
   progress("synchronous round trips from a QEMU guest and through a host raccel-guestd");
   {
     const std::string rtts = std::to_string(quick ? 300 : 3000);
-    const std::string image = std::string(RACCEL_BIN_DIR) + "/../vm";
-    f.vmSkipped = vmUnavailable(image);
+    f.vmSkipped = testing::vmUnavailable();
     if (f.vmSkipped.empty()) {
-      testing::Process guest(std::string(RACCEL_SOURCE_DIR) + "/vm-images/boot.sh",
-                             {"--socket", cluster.vmSocket(), "--mode", "connect", "--image", image, "--timeout", "300",
+      testing::Process guest(testing::guestBootScript(),
+                             {"--socket", cluster.vmSocket(), "--mode", "connect", "--image", testing::guestImage(),
+                              "--timeout", "300",
                               "--", "raccel-run", "--name", "vm-rtt", "--rtt", rtts},
                              cluster.dir() + "/vm-rtt.log");
       guest.wait(320000);

@@ -296,17 +296,6 @@ int Pool::priorityOf(VaccelId owner) const {
   return it == held_.end() ? 0 : it->second.priority;
 }
 
-uint32_t Pool::countKinds(const std::vector<BlockRange>& ranges, KindMask kinds) const {
-  uint32_t n = 0;
-  if (kinds == kAllKinds) {
-    for (auto& r : ranges) n += r.count;
-    return n;
-  }
-  for (auto& share : cardsOf(ranges))
-    if (kinds & maskOf(cards_[share.card].spec.kind)) n += share.blocks;
-  return n;
-}
-
 Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const {
   uint32_t total = this->total(request.kinds);
   if (request.blocks > total)
@@ -318,15 +307,16 @@ Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const
   for (auto it = victims_.begin(); it != victims_.end() && have < request.blocks; ++it) {
     auto [priority, notAdmitted, owner] = *it;
     if (priority >= request.priority) break;
-    const Holding& h = held_.at(owner);
-    uint32_t gain = countKinds(h.ranges, request.kinds);
-    if (gain == 0) continue;
-    // Blocks on offline nodes do not come back to the pool when released.
-    chosen.push_back(owner);
-    for (auto& share : cardsOf(h.ranges)) {
+    // What suspending it would free for this request: blocks of accepted kinds on
+    // online nodes (blocks on offline nodes do not come back to the pool).
+    uint32_t gain = 0;
+    for (auto& share : cardsOf(held_.at(owner).ranges)) {
       const Card& c = cards_[share.card];
-      if ((request.kinds & maskOf(c.spec.kind)) && nodes_[c.node].online) have += share.blocks;
+      if ((request.kinds & maskOf(c.spec.kind)) && nodes_[c.node].online) gain += share.blocks;
     }
+    if (gain == 0) continue;
+    chosen.push_back(owner);
+    have += gain;
   }
   if (have < request.blocks)
     return fail(Code::resourceExhausted, "not enough compute even by preemption: " + std::to_string(request.blocks) +

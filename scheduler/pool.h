@@ -139,8 +139,6 @@ class Pool {
   void clip(BlockRange run, KindMask kinds, std::vector<BlockRange>& out) const;
   uint32_t nodesSpanned(BlockRange range) const;
   uint32_t cardsSpanned(BlockRange range) const;
-  // Blocks of `ranges` on cards of accepted kinds.
-  uint32_t countKinds(const std::vector<BlockRange>& ranges, KindMask kinds) const;
   void recountTotals();
 
   struct Holding {

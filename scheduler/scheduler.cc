@@ -1,7 +1,5 @@
 #include "scheduler/scheduler.h"
 
-#include <chrono>
-
 #include "scheduler/state.h"
 
 #include <algorithm>
@@ -118,6 +116,15 @@ Scheduler::Vm* Scheduler::findVm(const std::string& name) {
   return nullptr;
 }
 
+Scheduler::Vm& Scheduler::vmNamed(const std::string& name) {
+  if (Vm* known = findVm(name)) return *known;
+  vms_.push_back(std::make_unique<Vm>());
+  Vm& vm = *vms_.back();
+  vm.scheduler = this;
+  vm.policy.name = name;
+  return vm;
+}
+
 Status Scheduler::addVm(VmPolicy policy) {
   Vm* vm = findVm(policy.name);
   for (auto& other : vms_)
@@ -125,16 +132,11 @@ Status Scheduler::addVm(VmPolicy policy) {
       return fail(Code::invalidArgument, "vm '" + policy.name + "': socket " + policy.socket + " is vm '" +
                                            other->policy.name + "''s");
   if (vm && vm->active && vm->policy == policy) return {};  // told twice (a start event and a scan)
-  if (!vm) {
-    vms_.push_back(std::make_unique<Vm>());
-    vm = vms_.back().get();
-    vm->scheduler = this;
-  } else {
-    detachVm(*vm);
-  }
-  vm->policy = std::move(policy);
-  vm->problem.clear();
-  return attachVm(*vm);
+  Vm& target = vm ? *vm : vmNamed(policy.name);
+  detachVm(target);
+  target.policy = std::move(policy);
+  target.problem.clear();
+  return attachVm(target);
 }
 
 void Scheduler::removeVm(const std::string& name, const std::string& why) {
@@ -146,16 +148,10 @@ void Scheduler::removeVm(const std::string& name, const std::string& why) {
 }
 
 void Scheduler::rejectVm(const std::string& name, const std::string& source, const std::string& why) {
-  Vm* vm = findVm(name);
-  if (!vm) {
-    vms_.push_back(std::make_unique<Vm>());
-    vm = vms_.back().get();
-    vm->scheduler = this;
-    vm->policy.name = name;
-  }
-  detachVm(*vm);
-  vm->policy.source = source;
-  vm->problem = why;
+  Vm& vm = vmNamed(name);
+  detachVm(vm);
+  vm.policy.source = source;
+  vm.problem = why;
   RLOG_ERROR("scheduler") << "vm '" << name << "' gets no virtual accelerator: " << why;
   event("vm-rejected", name, why);
 }
@@ -565,10 +561,10 @@ void Scheduler::endSession(VmLink& link, uint32_t channel) {
   pool_.release(s.id);
   s.vm->blocksHeld -= blocks;
   s.vm->memoryUsed -= s.memoryUsed;
-  RLOG_INFO("scheduler") << "session " << label(s.vm->policy, s.program, s.id) << " ended; " << blocks
-                         << " block(s) released after " << s.instructions << " instruction(s)";
-  event("released", label(s.vm->policy, s.program, s.id),
-        std::to_string(blocks) + " block(s) after " + std::to_string(s.instructions) + " instruction(s)");
+  std::string released = std::to_string(blocks) + " block(s) released after " + std::to_string(s.instructions) +
+                         " instruction(s)";
+  RLOG_INFO("scheduler") << "session " << label(s.vm->policy, s.program, s.id) << " ended; " << released;
+  event("released", label(s.vm->policy, s.program, s.id), released);
   link.sessions.erase(it);
 }
 
@@ -697,12 +693,11 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         r.setHeartbeatMs(std::max(10u, config_.heartbeatTimeoutMs / 5));
         node.connection->send(transport::kControlChannel, 0, m);
         const Node& n = pool_.nodes()[*index];
-        RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": "
-                               << cards.size() << " card(s), blocks " << n.blocks.first << "-"
-                               << (n.blocks.end() - 1) << "; pool now " << pool_.total() << " blocks";
-        event("node-joined", name,
-              std::to_string(cards.size()) + " card(s), blocks " + std::to_string(n.blocks.first) + "-" +
-                  std::to_string(n.blocks.end() - 1) + "; pool now " + std::to_string(pool_.total()) + " blocks");
+        std::string joined = std::to_string(cards.size()) + " card(s), blocks " + std::to_string(n.blocks.first) + "-" +
+                             std::to_string(n.blocks.end() - 1) + "; pool now " + std::to_string(pool_.total()) +
+                             " blocks";
+        RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": " << joined;
+        event("node-joined", name, joined);
         return;
       }
       case wire::NodeMessage::HEARTBEAT:

@@ -49,6 +49,7 @@ class Scheduler {
   friend struct Member;
 
   Vm* findVm(const std::string& name);
+  Vm& vmNamed(const std::string& name);  // found, or a new detached one
   Status attachVm(Vm& vm);
   void detachVm(Vm& vm);
   // attach = connect: one attempt now; a failure or a later disconnect retries with backoff.

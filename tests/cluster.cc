@@ -99,6 +99,29 @@ int Process::wait(int timeoutMs) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string guestImage() { return std::string(RACCEL_BIN_DIR) + "/../vm"; }
+std::string guestBootScript() { return std::string(RACCEL_SOURCE_DIR) + "/vm-images/boot.sh"; }
+
+std::string vmUnavailable() {
+  const std::string image = guestImage();
+  if (std::filesystem::exists(image + "/MISSING")) {
+    std::string why = readFile(image + "/MISSING");
+    while (!why.empty() && why.back() == '\n') why.pop_back();
+    return "no guest image: " + why;
+  }
+  if (!std::filesystem::exists(image + "/initramfs.cpio.gz")) return "no guest image in " + image;
+  if (std::system("command -v qemu-system-x86_64 >/dev/null 2>&1") != 0)
+    return "qemu-system-x86_64 not found (apt-get install qemu-system-x86)";
+  return "";
+}
+
 std::string makeTempDir() {
   char tmpl[] = "/tmp/raccel-it-XXXXXX";
   return ::mkdtemp(tmpl);

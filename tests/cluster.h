@@ -16,6 +16,14 @@ namespace raccel::testing {
 std::string binary(const std::string& name);
 // A fresh temporary folder for a test's sockets and logs.
 std::string makeTempDir();
+// A whole file ("" when it cannot be read).
+std::string readFile(const std::string& path);
+
+// The test guest (vm-images/): the folder build.sh wrote, and the script that boots it.
+std::string guestImage();
+std::string guestBootScript();
+// Why a guest cannot be booted here (no image, or no QEMU), or "".
+std::string vmUnavailable();
 
 class Process {
  public:

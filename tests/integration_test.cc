@@ -465,12 +465,6 @@ TEST(ConsoleEvents, AdmissionsRefusalsReleasesAndNodesStreamInOrderAndLateSubscr
   VmSpec vm;
   vm.tflops = 4;
   Cluster cluster({vm});
-  auto readLog = [](const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  };
   std::string live = cluster.dir() + "/events-live.log";
   Process follower("raccelctl", {"--socket", cluster.consoleSocket(), "events", "--json", "--count", "5"}, live);
   // Programs go through raccel-guestd, so the VM is one link, as a real VM's port is.
@@ -486,8 +480,8 @@ TEST(ConsoleEvents, AdmissionsRefusalsReleasesAndNodesStreamInOrderAndLateSubscr
   o.tflops = 6;
   o.program = "greedy";
   EXPECT_FALSE(Session::open(o));
-  EXPECT_EQ(follower.wait(15000), 0) << readLog(live) << cluster.logs();
-  std::string events = readLog(live);
+  EXPECT_EQ(follower.wait(15000), 0) << readFile(live) << cluster.logs();
+  std::string events = readFile(live);
   size_t attached = events.find("\"kind\":\"vm-attached\",\"subject\":\"vm1\"");
   size_t joined = events.find("\"kind\":\"node-joined\",\"subject\":\"n1\"");
   size_t admitted = events.find("\"kind\":\"admitted\",\"subject\":\"vm1/evented#");
@@ -505,8 +499,8 @@ TEST(ConsoleEvents, AdmissionsRefusalsReleasesAndNodesStreamInOrderAndLateSubscr
   // A subscriber arriving now first gets what already happened.
   std::string late = cluster.dir() + "/events-late.log";
   Process latecomer("raccelctl", {"--socket", cluster.consoleSocket(), "events", "--count", "3"}, late);
-  EXPECT_EQ(latecomer.wait(15000), 0) << readLog(late);
-  EXPECT_NE(readLog(late).find("node-joined"), std::string::npos) << readLog(late);
+  EXPECT_EQ(latecomer.wait(15000), 0) << readFile(late);
+  EXPECT_NE(readFile(late).find("node-joined"), std::string::npos) << readFile(late);
 }
 
 TEST(GuestdWithoutHost, ProgramStartedBeforeTheSchedulerWaitsThenSucceeds) {

@@ -5,10 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <regex>
-#include <sstream>
 #include <thread>
 
 #include "tests/cluster.h"
@@ -17,35 +13,17 @@ namespace raccel {
 namespace {
 
 using testing::Cluster;
+using testing::readFile;
 using testing::Process;
 using testing::VmSpec;
-
-const std::string kImage = std::string(RACCEL_BIN_DIR) + "/../vm";
-const std::string kBoot = std::string(RACCEL_SOURCE_DIR) + "/vm-images/boot.sh";
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Why VMs cannot run here, or "".
-std::string vmUnavailable() {
-  if (std::filesystem::exists(kImage + "/MISSING")) return "no guest image: " + readFile(kImage + "/MISSING");
-  if (!std::filesystem::exists(kImage + "/initramfs.cpio.gz")) return "no guest image in " + kImage;
-  if (std::system("command -v qemu-system-x86_64 >/dev/null 2>&1") != 0)
-    return "qemu-system-x86_64 not found (apt-get install qemu-system-x86)";
-  return "";
-}
 
 // One QEMU guest running `job`; its serial console goes to `console`.
 class Guest {
  public:
   Guest(const std::string& socket, const std::string& console, const std::string& job, const std::string& mode = "bind")
       : console_(console),
-        process_(kBoot, {"--socket", socket, "--mode", mode, "--image", kImage, "--log", console, "--timeout", "240",
-                         "--", job},
+        process_(testing::guestBootScript(), {"--socket", socket, "--mode", mode, "--image", testing::guestImage(),
+                                              "--log", console, "--timeout", "240", "--", job},
                  console + ".boot") {}
   // Waits for the guest to power off; returns the job's exit status (see boot.sh).
   int wait(int timeoutMs = 250000) { return process_.wait(timeoutMs); }
@@ -69,7 +47,7 @@ class Guest {
 class VmTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (auto why = vmUnavailable(); !why.empty()) GTEST_SKIP() << why;
+    if (auto why = testing::vmUnavailable(); !why.empty()) GTEST_SKIP() << why;
   }
 };
 
