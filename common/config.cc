@@ -64,6 +64,15 @@ Result<double> ConfigSection::getDouble(const std::string& key, double fallback)
   return v;
 }
 
+Result<bool> ConfigSection::getBool(const std::string& key, bool fallback) const {
+  auto it = values_.find(key);
+  if (it == values_.end()) return fallback;
+  const std::string& v = it->second;
+  if (v == "true" || v == "yes" || v == "on" || v == "1") return true;
+  if (v == "false" || v == "no" || v == "off" || v == "0") return false;
+  return fail(Code::invalidArgument, where(key) + ": '" + v + "' is not true or false");
+}
+
 Result<unsigned long long> ConfigSection::getBytes(const std::string& key, unsigned long long fallback) const {
   auto it = values_.find(key);
   if (it == values_.end()) return fallback;

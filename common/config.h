@@ -32,6 +32,7 @@ class ConfigSection {
   std::string getString(const std::string& key, const std::string& fallback) const;
   Result<long long> getInt(const std::string& key, long long fallback) const;
   Result<double> getDouble(const std::string& key, double fallback) const;
+  Result<bool> getBool(const std::string& key, bool fallback) const;  // true/false, yes/no, on/off, 1/0
   Result<unsigned long long> getBytes(const std::string& key, unsigned long long fallback) const;
   // Comma-separated list; empty when absent.
   std::vector<std::string> getList(const std::string& key) const;

@@ -63,7 +63,8 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   SchedulerConfig out;
   auto& top = config.top();
   auto unknown = top.unknownKeys(
-      {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms", "split_min_mflop", "libvirt"});
+      {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms", "split_min_mflop", "libvirt", "defrag_on_release",
+       "defrag_on_demand", "defrag_moves_per_minute", "defrag_max_move_bytes"});
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
   out.nodeListen = top.getString("node_listen", out.nodeListen);
   out.console = top.getString("console", out.console);
@@ -76,6 +77,18 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   if (!split) return fail(split.error());
   if (*split < 0) return fail(Code::invalidArgument, "split_min_mflop must not be negative");
   out.splitMinMflop = *split;
+  for (auto [key, flag] : {std::pair{"defrag_on_release", &out.defragOnRelease}, std::pair{"defrag_on_demand", &out.defragOnDemand}}) {
+    auto v = top.getBool(key, *flag);
+    if (!v) return fail(v.error());
+    *flag = *v;
+  }
+  auto moves = top.getInt("defrag_moves_per_minute", out.defragMovesPerMinute);
+  if (!moves) return fail(moves.error());
+  if (*moves < 0) return fail(Code::invalidArgument, "defrag_moves_per_minute must not be negative");
+  out.defragMovesPerMinute = static_cast<unsigned>(*moves);
+  auto moveBytes = top.getBytes("defrag_max_move_bytes", out.defragMaxMoveBytes);
+  if (!moveBytes) return fail(moveBytes.error());
+  out.defragMaxMoveBytes = *moveBytes;
   auto hb = top.getInt("heartbeat_timeout_ms", out.heartbeatTimeoutMs);
   if (!hb) return fail(hb.error());
   out.heartbeatTimeoutMs = static_cast<unsigned>(*hb);

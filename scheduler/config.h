@@ -6,6 +6,10 @@
 //   heartbeat_timeout_ms = 5000           # a silent netaccel is declared lost after this
 //   request_timeout_ms = 600000           # a read/fence unanswered this long fails
 //   split_min_mflop = 8                   # built-in ops smaller than this run on one card
+//   defrag_on_release = true              # compact (live-migrate vaccels) after a release
+//   defrag_on_demand = true               # ... and when a request would be fragmented
+//   defrag_moves_per_minute = 60          # rate limit for both and for raccelctl defrag
+//   defrag_max_move_bytes = 1GiB          # vaccels with more buffer bytes are not moved
 //   libvirt = qemu:///system              # follow this libvirt's domains: each one with
 //                                         #   raccel metadata is a VM (vm-images/README.md)
 //   [vm]                                  # one per VM; identity = its socket
@@ -53,6 +57,13 @@ struct SchedulerConfig {
   // cost more than the cards save, and the op runs whole on the primary.
   double splitMinMflop = 8;
   std::string libvirtUri;  // empty: no libvirt watcher
+  // Compaction (live migration): after a release, and when a request would only be
+  // served fragmented; at most this many moves a minute, of vaccels with at most this
+  // many bytes of buffers.
+  bool defragOnRelease = true;
+  bool defragOnDemand = true;
+  unsigned defragMovesPerMinute = 60;
+  unsigned long long defragMaxMoveBytes = 1ull << 30;
   std::vector<VmPolicy> vms;
 };
 

@@ -40,14 +40,7 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
     nodes_[n].online = true;
     for (size_t i = 0; i < ordered.size(); ++i) cards_[nodes_[n].cards[i]].spec = ordered[i];
     recountTotals();
-    // Blocks nobody holds become free again.
-    BlockRange r = nodes_[n].blocks;
-    for (uint32_t b = r.first; b < r.end();) {
-      uint32_t e = b;
-      while (e < r.end() && owner_[e] == kNoOwner) ++e;
-      if (e > b) addFree({b, e - b});
-      b = e + 1;
-    }
+    if (nodes_[n].placeable()) freeUnowned(n);
     return n;
   }
   Node node;
@@ -70,6 +63,7 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
 std::vector<VaccelId> Pool::removeNode(size_t n) {
   std::vector<VaccelId> affected;
   if (n >= nodes_.size() || !nodes_[n].online) return affected;
+  bool wasPlaceable = nodes_[n].placeable();
   nodes_[n].online = false;
   recountTotals();
   BlockRange r = nodes_[n].blocks;
@@ -78,7 +72,31 @@ std::vector<VaccelId> Pool::removeNode(size_t n) {
       if (std::find(affected.begin(), affected.end(), owner_[b]) == affected.end()) affected.push_back(owner_[b]);
     }
   }
-  // Remove the node's free blocks from the free structures.
+  if (wasPlaceable) takeNodeFree(n);
+  return affected;
+}
+
+void Pool::setDraining(size_t n, bool draining) {
+  if (n >= nodes_.size() || nodes_[n].draining == draining) return;
+  bool wasPlaceable = nodes_[n].placeable();
+  nodes_[n].draining = draining;
+  recountTotals();
+  if (wasPlaceable && !nodes_[n].placeable()) takeNodeFree(n);
+  if (!wasPlaceable && nodes_[n].placeable()) freeUnowned(n);
+}
+
+void Pool::freeUnowned(size_t n) {
+  BlockRange r = nodes_[n].blocks;
+  for (uint32_t b = r.first; b < r.end();) {
+    uint32_t e = b;
+    while (e < r.end() && owner_[e] == kNoOwner) ++e;
+    if (e > b) addFree({b, e - b});
+    b = e + 1;
+  }
+}
+
+void Pool::takeNodeFree(size_t n) {
+  BlockRange r = nodes_[n].blocks;
   auto it = free_.lower_bound(r.first);
   if (it != free_.begin()) {
     auto prev = std::prev(it);
@@ -90,7 +108,6 @@ std::vector<VaccelId> Pool::removeNode(size_t n) {
     if (e > s) toTake.push_back({s, e - s});
   }
   for (auto& t : toTake) takeFree(t);
-  return affected;
 }
 
 void Pool::addFree(BlockRange range) {
@@ -268,6 +285,14 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
   return pieces;
 }
 
+void Pool::setPriority(VaccelId owner, int priority) {
+  auto it = held_.find(owner);
+  if (it == held_.end() || it->second.priority == priority) return;
+  victims_.erase(victimKey(owner, it->second));
+  it->second.priority = priority;
+  victims_.insert(victimKey(owner, it->second));
+}
+
 void Pool::release(VaccelId owner) {
   auto it = held_.find(owner);
   if (it == held_.end()) return;
@@ -278,7 +303,7 @@ void Pool::release(VaccelId owner) {
     for (uint32_t b = p.first; b < p.end();) {
       const Node& node = nodes_[cards_[static_cast<size_t>(cardOf(b))].node];
       uint32_t e = std::min(p.end(), node.blocks.end());
-      if (node.online) addFree({b, e - b});
+      if (node.placeable()) addFree({b, e - b});
       b = e;
     }
   }
@@ -312,7 +337,7 @@ Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const
     uint32_t gain = 0;
     for (auto& share : cardsOf(held_.at(owner).ranges)) {
       const Card& c = cards_[share.card];
-      if ((request.kinds & maskOf(c.spec.kind)) && nodes_[c.node].online) gain += share.blocks;
+      if ((request.kinds & maskOf(c.spec.kind)) && nodes_[c.node].placeable()) gain += share.blocks;
     }
     if (gain == 0) continue;
     chosen.push_back(owner);
@@ -329,7 +354,7 @@ std::vector<Pool::Move> Pool::planCompaction(size_t maxMoves, uint32_t maxBlocks
   std::vector<Move> moves;
   // Regions: maximal runs of cards of one kind inside one online node.
   for (const Node& node : nodes_) {
-    if (!node.online) continue;
+    if (!node.placeable()) continue;
     for (size_t i = 0; i < node.cards.size();) {
       CardKind kind = cards_[node.cards[i]].spec.kind;
       size_t j = i;
@@ -413,7 +438,7 @@ std::vector<CardShare> Pool::cardsOf(const std::vector<BlockRange>& ranges) cons
 void Pool::recountTotals() {
   std::fill(std::begin(totalByKind_), std::end(totalByKind_), 0);
   for (auto& card : cards_)
-    if (nodes_[card.node].online) totalByKind_[static_cast<unsigned>(card.spec.kind)] += card.blocks.count;
+    if (nodes_[card.node].placeable()) totalByKind_[static_cast<unsigned>(card.spec.kind)] += card.blocks.count;
 }
 
 uint32_t Pool::total(KindMask kinds) const {

@@ -58,7 +58,9 @@ struct Node {
   std::string name;
   BlockRange blocks;
   bool online = false;
+  bool draining = false;  // online, but nothing new is placed here (raccelctl drain)
   std::vector<size_t> cards;  // indices into cards(), in block order
+  bool placeable() const { return online && !draining; }
 };
 
 // Blocks of one card held by a vaccel.
@@ -80,6 +82,12 @@ class Pool {
   // Takes a node offline: its free blocks leave the pool; blocks held by vaccels stay
   // assigned to them until released. Returns the vaccels holding blocks there.
   std::vector<VaccelId> removeNode(size_t node);
+  // Draining: the node stays online and its holders keep their blocks, but its free
+  // blocks leave the pool (nothing new is placed there, released blocks stay out)
+  // until draining ends. Totals count placeable (online, not draining) blocks only.
+  void setDraining(size_t node, bool draining);
+  // Changes a holder's priority (raccelctl set-policy lowers a VM's cap).
+  void setPriority(VaccelId owner, int priority);
 
   struct Request {
     uint32_t blocks = 0;
@@ -140,6 +148,8 @@ class Pool {
   uint32_t nodesSpanned(BlockRange range) const;
   uint32_t cardsSpanned(BlockRange range) const;
   void recountTotals();
+  void freeUnowned(size_t node);   // the node's blocks nobody holds become free
+  void takeNodeFree(size_t node);  // the node's free blocks leave the free index
 
   struct Holding {
     std::vector<BlockRange> ranges;

@@ -139,6 +139,44 @@ TEST(Pool, NodeLossTakesItsBlocksOutAndRejoinBringsThemBack) {
   EXPECT_FALSE(pool.addNode("node0", {}));  // already online
 }
 
+TEST(Pool, DrainingNodeGetsNothingNewAndKeepsItsHolders) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::cpu, 4, 0)}));
+  ASSERT_TRUE(pool.addNode("b", {card(CardKind::cpu, 4, 0)}));
+  auto held = pool.allocate(1, {2});
+  ASSERT_TRUE(held);
+  EXPECT_EQ((*held)[0].first, 1u);  // node a
+  pool.setDraining(0, true);
+  EXPECT_EQ(pool.total(), 4u);
+  EXPECT_EQ(pool.freeBlocks(), 4u);
+  EXPECT_EQ(pool.held(1), *held);  // its holder keeps its blocks until moved
+  auto moved = pool.allocate(2, {3});
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(nodeOf(pool, (*moved)[0].first), 1u);
+  pool.release(1);
+  EXPECT_EQ(pool.freeBlocks(), 1u) << "released blocks of a draining node stay out of the pool";
+  EXPECT_FALSE(pool.allocate(3, {2}));
+  pool.setDraining(0, false);
+  EXPECT_EQ(pool.freeBlocks(), 5u);
+  EXPECT_EQ(pool.total(), 8u);
+  EXPECT_TRUE(pool.allocate(3, {4}));
+}
+
+TEST(Pool, SetPriorityChangesWhoIsPreempted) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::cpu, 4, 0)}));
+  ASSERT_TRUE(pool.allocate(1, {2, kAllKinds, 3}));
+  ASSERT_TRUE(pool.allocate(2, {2, kAllKinds, 1}));
+  auto plan = pool.planPreemption({2, kAllKinds, 5});
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(*plan, std::vector<VaccelId>{2});
+  pool.setPriority(1, 0);
+  plan = pool.planPreemption({2, kAllKinds, 5});
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(*plan, std::vector<VaccelId>{1});
+  EXPECT_EQ(pool.priorityOf(1), 0);
+}
+
 TEST(Pool, RandomAllocateReleaseNeverDoubleAllocates) {
   Pool pool = referencePool();
   std::mt19937 rng(42);

@@ -22,7 +22,6 @@ using transport::Body;
 using transport::FrameHeader;
 
 namespace {
-constexpr size_t kHeldHighWater = 64 << 20;
 constexpr uint64_t kF32 = 4;
 
 // The buffer a built-in op writes.
@@ -70,7 +69,7 @@ uint64_t Scheduler::sendRemote(Session& s, size_t member, capnp::MessageBuilder&
     auto decoded = transport::decodeGuard([&] {
       transport::MessageView in(body);
       auto reply = in.root<wire::Reply>();
-      if (reply.which() == wire::Reply::ERROR && s.job && !s.job->error)
+      if (reply.which() == wire::Reply::ERROR && s.job && !s.job->error && !s.job->finished)
         s.job->error = transport::errorFrom(reply.getError().getError());
       done = onReply(reply);
     });
@@ -566,16 +565,18 @@ void Scheduler::onRemoteReply(Session& s, uint64_t sequence, Body& body) {
 void Scheduler::finishJob(Session& s) {
   auto job = std::move(s.job);
   for (auto& [member, handle] : job->scratch) sendFree(s, member, handle);
-  if (job->error) replyError(*s.link, s.channel, job->guestSequence, *job->error);
-  // The guest's next instructions, in order, until one starts another job.
-  VmLink& link = *s.link;
-  while (!s.job && !s.held.empty()) {
-    auto [h, body] = std::move(s.held.front());
-    s.held.pop_front();
-    s.heldBytes -= std::min(s.heldBytes, body.size());
-    forward(link, s, h, std::move(body));
+  if (job->finished) {  // the scheduler's own (saving, restoring)
+    job->finished(job->error);
+    return;
   }
-  if (s.heldBytes < kHeldHighWater) link.connection->resumeReading();
+  if (job->error) replyError(*s.link, s.channel, job->guestSequence, *job->error);
+  if (s.idle) {  // a suspension or a move waited for this job
+    auto idle = std::move(s.idle);
+    s.idle = nullptr;
+    idle();
+    return;
+  }
+  runHeld(s);  // the guest's next instructions, in order, until one starts another job
 }
 
 void Scheduler::abandonJob(Session& s) {

@@ -24,31 +24,6 @@ using transport::MessageIn;
 
 namespace {
 constexpr uint64_t kTickMs = 200;
-
-std::string label(const VmPolicy& vm, const std::string& program, VaccelId id) {
-  return vm.name + "/" + (program.empty() ? "?" : program) + "#" + std::to_string(id);
-}
-
-// Writes a vaccel's block ranges and its cards (with the blocks held on each) into a
-// wire struct that has `blocks` and `cards` (Welcome's VaccelInfo, the console's VaccelEntry).
-template <class Builder>
-void writePlacement(const Pool& pool, const std::vector<BlockRange>& ranges, Builder out) {
-  auto blocks = out.initBlocks(ranges.size());
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    blocks[i].setFirst(ranges[i].first);
-    blocks[i].setCount(ranges[i].count);
-  }
-  auto shares = pool.cardsOf(ranges);
-  auto cards = out.initCards(shares.size());
-  for (size_t i = 0; i < shares.size(); ++i) {
-    const Card& c = pool.cards()[shares[i].card];
-    cards[i].setNode(pool.nodes()[c.node].name);
-    cards[i].setIndex(c.spec.index);
-    cards[i].setKind(transport::toWire(c.spec.kind));
-    cards[i].setModel(c.spec.model);
-    cards[i].setBlocks(shares[i].blocks);
-  }
-}
 }  // namespace
 
 Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config)
@@ -74,6 +49,9 @@ Status Scheduler::start() {
   for (auto& policy : config_.vms)
     if (auto attached = addVm(policy); !attached) return attached;
 
+  placer_ = new uv_timer_t;
+  uv_timer_init(loop_, placer_);
+  placer_->data = this;
   ticker_ = new uv_timer_t;
   uv_timer_init(loop_, ticker_);
   ticker_->data = this;
@@ -87,9 +65,10 @@ int Scheduler::nodePort() const { return nodeListener_ ? nodeListener_->port() :
 
 void Scheduler::stop() {
   stopping_ = true;
-  if (ticker_) {
-    uv_close(reinterpret_cast<uv_handle_t*>(ticker_), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
-    ticker_ = nullptr;
+  for (uv_timer_t** timer : {&ticker_, &placer_}) {
+    if (!*timer) continue;
+    uv_close(reinterpret_cast<uv_handle_t*>(*timer), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+    *timer = nullptr;
   }
   nodeListener_.reset();
   consoleListener_.reset();
@@ -327,6 +306,9 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   KindMask kinds = vm.policy.kinds;
   int priority = vm.policy.priority;
   uint32_t maxFrame = wire::DEFAULT_MAX_FRAME_BYTES;
+  uint32_t waitMs = 0;
+  bool noWait = false;
+  int asked = 0;
   bool ok = false;
   auto decoded = transport::decodeGuard([&] {
     MessageIn in(std::move(body));
@@ -355,7 +337,10 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
                                                     ") is allowed for vm '" + vm.policy.name +
                                                     "' (allowed: " + kindsToString(vm.policy.kinds) + ")");
       }
-      priority = std::min(hello.getPriority(), vm.policy.priority);
+      asked = hello.getPriority();
+      priority = std::min(asked, vm.policy.priority);
+      waitMs = hello.getAdmitWaitMs();
+      noWait = hello.getNoWait();
       if (hello.getMaxFrameBytes()) maxFrame = std::min(maxFrame, hello.getMaxFrameBytes());
       return true;
     }();
@@ -367,17 +352,10 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
                                              " of the accepted kinds (" + kindsToString(kinds) + ") in total");
   if (ok) {
     uint32_t vmMax = pool_.blocksFor(vm.policy.tflops);
-    if (vm.blocksHeld + blocks > vmMax)
+    if (vm.blocksClaimed + blocks > vmMax)
       ok = refuse(Code::resourceExhausted, "vm '" + vm.policy.name + "' may hold " + std::to_string(vmMax) +
-                                               " blocks in all; its programs hold " + std::to_string(vm.blocksHeld) +
+                                               " blocks in all; its programs hold " + std::to_string(vm.blocksClaimed) +
                                                " and this one asked for " + std::to_string(blocks));
-  }
-  VaccelId id = nextVaccel_;
-  std::vector<BlockRange> ranges;
-  if (ok) {
-    auto placed = pool_.allocate(id, {blocks, kinds});
-    if (!placed) ok = refuse(placed.error().code, placed.error().message);
-    else ranges = *placed;
   }
   if (!ok) {
     RLOG_INFO("scheduler") << "vm '" << vm.policy.name << "' program '" << program << "' refused: " << refusal.message;
@@ -385,62 +363,35 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
     replyError(link, channel, sequence, refusal);
     return;
   }
-  ++nextVaccel_;
-  // Members, the primary (most blocks) first; the rest in block order.
-  auto shares = pool_.cardsOf(ranges);
-  std::stable_sort(shares.begin(), shares.end(), [](auto& a, auto& b) { return a.blocks > b.blocks; });
-
+  // Placed by the next placement pass (at once when it fits; after preempting lower
+  // priorities; or after waiting up to waitMs); the welcome answers the hello then.
   VmLink* linkPtr = &link;
   auto session = std::make_unique<Session>([this, linkPtr, channel](const uint64_t& seq, const Status& s) {
     replyError(*linkPtr, channel, seq, s.error());
   });
   Session& s = *session;
-  s.id = id;
+  s.id = nextVaccel_++;
   s.vm = &vm;
   s.link = &link;
   s.channel = channel;
   s.program = program;
   s.priority = priority;
-  s.blocks = ranges;
-  vm.blocksHeld += blocks;
-  for (auto& share : shares) {
-    const Card& card = pool_.cards()[share.card];
-    Member member{nodeByPoolIndex_.at(card.node), share.card, nextContext_++, share.blocks};
-    capnp::MallocMessageBuilder open;
-    auto o = open.initRoot<wire::SchedulerMessage>().initOpenContext();
-    o.setContext(member.context);
-    o.setCard(card.spec.index);
-    o.setMemoryQuota(vm.policy.memoryQuota);
-    o.setLabel(label(vm.policy, program, id));
-    member.node->connection->send(transport::kControlChannel, 0, open);
-    ++member.node->contexts;
-    sessionByContext_[member.context] = &s;
-    s.members.push_back(member);
-  }
+  s.askedPriority = asked;
+  s.want = blocks;
+  s.kinds = kinds;
+  s.noWait = noWait;
+  s.phase = Phase::waiting;
+  s.helloSequence = sequence;
+  s.maxFrame = maxFrame;
+  s.waitDeadlineMs = waitMs ? nowMs() + waitMs : 0;
+  vm.blocksClaimed += blocks;
   link.sessions[channel] = std::move(session);
-  const Card& card = pool_.cards()[s.primary().card];
-  NodeLink* node = s.primary().node;
-
-  capnp::MallocMessageBuilder m;
-  auto welcome = m.initRoot<wire::Reply>().initWelcome();
-  welcome.setVersionMajor(wire::PROTOCOL_MAJOR);
-  welcome.setVersionMinor(wire::PROTOCOL_MINOR);
-  welcome.setMaxFrameBytes(maxFrame);
-  auto info = welcome.initVaccel();
-  info.setId(id);
-  info.setBlockTflops(pool_.blockTflops());
-  writePlacement(pool_, ranges, info);
-  link.connection->send(channel, sequence, m);
-  RLOG_INFO("scheduler") << "admitted " << label(vm.policy, program, id) << ": " << blocks << " block(s) from "
-                         << ranges.front().first << " on " << s.members.size() << " card(s), primary "
-                         << node->name << "/" << card.spec.index << " (" << kindName(card.spec.kind) << ")";
-  event("admitted", label(vm.policy, program, id),
-        std::to_string(blocks) + " block(s) from " + std::to_string(ranges.front().first) + ", priority " +
-            std::to_string(priority) + ", " + std::to_string(s.members.size()) + " card(s)");
+  requestPlacement();
 }
 
-void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const Error& error) {
-  if (!s.primary().node) return;
+void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const Error& error, bool remember) {
+  if (remember) s.failed[handle] = {sequence, error};
+  if (s.members.empty() || !s.primary().node) return;
   capnp::MallocMessageBuilder m;
   auto p = m.initRoot<wire::SchedulerMessage>().initPoison();
   p.setContext(s.primary().context);
@@ -451,7 +402,12 @@ void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const
 }
 
 void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body body) {
-  if (s.job) {
+  bool off = s.phase == Phase::suspending || s.phase == Phase::suspended;
+  if (off && s.noWait && s.unavailable.empty()) {
+    refuseWhileSuspended(s, h, body);
+    return;
+  }
+  if (s.job || s.phase != Phase::running) {
     hold(s, h, std::move(body));
     return;
   }
@@ -471,6 +427,17 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
                  Error{Code::invalidArgument, "sequence numbers from 2^63 up are reserved for the scheduler"});
       drop = true;
       return;
+    }
+    // Programs are kept, to be reloaded wherever the vaccel is restored.
+    if (which == wire::Instruction::LOAD_PROGRAM) {
+      auto load = instruction.getLoadProgram();
+      auto kept = std::make_shared<capnp::MallocMessageBuilder>();
+      kept->setRoot(instruction);
+      s.programs[load.getHandle()] = std::move(kept);
+      s.failed.erase(load.getHandle());
+      s.unconfirmedAllocs[h.sequence] = load.getHandle();
+    } else if (which == wire::Instruction::FREE) {
+      s.programs.erase(instruction.getFree().getHandle());
     }
     // Instructions that another card of the vaccel runs, or that change buffers with
     // copies on other cards.
@@ -506,6 +473,7 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
             return;
           }
           s.buffers[a.getHandle()] = a.getSize();
+          s.failed.erase(a.getHandle());
           s.unconfirmedAllocs[h.sequence] = a.getHandle();
           s.memoryUsed += a.getSize();
           vm.memoryUsed += a.getSize();
@@ -546,26 +514,25 @@ void Scheduler::endSession(VmLink& link, uint32_t channel) {
   auto it = link.sessions.find(channel);
   if (it == link.sessions.end()) return;
   Session& s = *it->second;
-  for (auto& member : s.members) {
-    if (member.node) {
-      capnp::MallocMessageBuilder m;
-      m.initRoot<wire::SchedulerMessage>().setCloseContext(member.context);
-      member.node->connection->send(transport::kControlChannel, 0, m);
-      --member.node->contexts;
-    }
-    sessionByContext_.erase(member.context);
-  }
+  closeMembers(s);
   if (s.heldBytes) link.connection->resumeReading();
-  uint32_t blocks = 0;
-  for (auto& r : s.blocks) blocks += r.count;
-  pool_.release(s.id);
-  s.vm->blocksHeld -= blocks;
+  if (s.phase == Phase::suspending) --suspending_;
+  bool placed = !s.blocks.empty();
+  if (placed) {
+    pool_.release(s.id);
+    s.vm->blocksHeld -= s.want;
+  }
+  s.vm->blocksClaimed -= s.want;
   s.vm->memoryUsed -= s.memoryUsed;
-  std::string released = std::to_string(blocks) + " block(s) released after " + std::to_string(s.instructions) +
-                         " instruction(s)";
-  RLOG_INFO("scheduler") << "session " << label(s.vm->policy, s.program, s.id) << " ended; " << released;
-  event("released", label(s.vm->policy, s.program, s.id), released);
+  if (!s.refused) {
+    std::string released = (placed ? std::to_string(s.want) + " block(s) released" : std::string("ended while ") + phaseName(s.phase)) +
+                           " after " + std::to_string(s.instructions) + " instruction(s)";
+    RLOG_INFO("scheduler") << "session " << labelOf(s) << " ended; " << released;
+    event("released", labelOf(s), released);
+  }
   link.sessions.erase(it);
+  if (placed && config_.defragOnRelease && !stopping_) compact(0, 0, "after a release");
+  requestPlacement();
 }
 
 // ---------------------------------------------------------------------------------
@@ -627,7 +594,10 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
         s.pending.complete(h.sequence);
         auto alloc = s.unconfirmedAllocs.find(h.sequence);
         if (alloc != s.unconfirmedAllocs.end()) {
-          // The card refused the buffer: stop charging the VM for it.
+          // The card refused the buffer or program: stop charging the VM for it, and
+          // remember the failure for restores elsewhere.
+          s.failed[alloc->second] = {h.sequence, transport::errorFrom(reply.getError().getError())};
+          s.programs.erase(alloc->second);
           auto b = s.buffers.find(alloc->second);
           if (b != s.buffers.end()) {
             s.memoryUsed -= b->second;
@@ -823,7 +793,7 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
       case wire::ConsoleRequest::POOL: {
         std::map<VaccelId, std::string> owners;
         for (auto& [conn, link] : vmLinks_)
-          for (auto& [ch, s] : link->sessions) owners[s->id] = label(s->vm->policy, s->program, s->id);
+          for (auto& [ch, s] : link->sessions) owners[s->id] = labelOf(*s);
         struct Run {
           uint32_t first, count;
           wire::PoolRange::State state;
@@ -914,13 +884,51 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
           out[i].setVm(s.vm->policy.name);
           out[i].setProgram(s.program);
           out[i].setPriority(s.priority);
-          writePlacement(pool_, s.blocks, out[i]);
+          writePlacement(out[i], s.blocks);
           out[i].setMemoryUsed(s.memoryUsed);
           out[i].setMemoryQuota(s.vm->policy.memoryQuota);
           out[i].setInstructions(s.instructions);
           out[i].setBytesMoved(s.bytesMoved);
-          out[i].setState(s.unavailable.empty() ? "running" : "unavailable");
+          out[i].setState(!s.unavailable.empty() ? "unavailable" : phaseName(s.phase));
         }
+        return;
+      }
+      case wire::ConsoleRequest::PREEMPT: {
+        Session* s = sessionById(request.getPreempt());
+        if (!s) return transport::setError(reply.initError(), Error{Code::notFound, "no vaccel #" + std::to_string(request.getPreempt())});
+        bool wasRunning = s->phase == Phase::running;
+        suspend(*s, "suspended by the operator", true);
+        reply.setDone(labelOf(*s) + (wasRunning ? " is being suspended (its buffers saved to host memory); `raccelctl resume " +
+                                                      std::to_string(s->id) + "` lets it run again"
+                                                : std::string(" is ") + phaseName(s->phase) + "; it stays off its cards until resumed"));
+        return;
+      }
+      case wire::ConsoleRequest::RESUME: {
+        auto resumed = resumeByOperator(request.getResume());
+        if (!resumed) return transport::setError(reply.initError(), resumed.error());
+        reply.setDone("vaccel #" + std::to_string(request.getResume()) + " resumes as soon as its blocks are free");
+        return;
+      }
+      case wire::ConsoleRequest::DEFRAG: {
+        auto d = request.getDefrag();
+        size_t planned = pool_.planCompaction().size();
+        size_t moves = compact(d.getMaxMoves(), d.getMaxMoveBytes(), "raccelctl defrag");
+        reply.setDone(std::to_string(moves) + " move(s) started of " + std::to_string(planned) + " planned" +
+                      (moves < planned ? " (the rest wait for the rate limit, the byte limit, or vaccels busy off their cards)" : ""));
+        return;
+      }
+      case wire::ConsoleRequest::DRAIN: {
+        auto drained = drainNode(request.getDrain().getNode(), request.getDrain().getUndo());
+        if (!drained) return transport::setError(reply.initError(), drained.error());
+        reply.setDone(*drained);
+        return;
+      }
+      case wire::ConsoleRequest::SET_POLICY: {
+        std::vector<std::pair<std::string, std::string>> settings;
+        for (auto kv : request.getSetPolicy().getSettings()) settings.emplace_back(kv.getKey(), kv.getValue());
+        auto set = setPolicy(request.getSetPolicy().getVm(), settings);
+        if (!set) return transport::setError(reply.initError(), set.error());
+        reply.setDone(*set);
         return;
       }
     }
@@ -942,9 +950,67 @@ void Scheduler::tick() {
     n->lostReason = "no heartbeat for " + std::to_string(now - n->lastHeardMs) + " ms";
     n->connection->close();  // onClose does the rest
   }
-  for (auto& [conn, link] : vmLinks_)
-    for (auto& [ch, s] : link->sessions)
+  std::vector<Session*> late;
+  for (Session* s : allSessions()) {
+    if (s->phase == Phase::running)
       s->pending.expire(now, "no reply from the card within " + std::to_string(config_.requestTimeoutMs) + " ms");
+    if (s->phase == Phase::waiting && s->waitDeadlineMs && now >= s->waitDeadlineMs) late.push_back(s);
+  }
+  for (Session* s : late) refuseWaiting(*s, Error{Code::resourceExhausted, "waited for blocks until its deadline: " + s->why});
+}
+
+void Scheduler::refuseWhileSuspended(Session& s, const FrameHeader& h, const Body& body) {
+  Error e{Code::unavailable, "vaccel #" + std::to_string(s.id) + " is suspended (" + s.why +
+                                 "); it resumes when blocks free, and this session asked not to wait"};
+  transport::decodeGuard([&] {
+    transport::MessageView in(body);
+    auto instruction = in.root<wire::Instruction>();
+    if (instruction.which() == wire::Instruction::ALLOC) s.failed[instruction.getAlloc().getHandle()] = {h.sequence, e};
+    if (instruction.which() == wire::Instruction::LOAD_PROGRAM)
+      s.failed[instruction.getLoadProgram().getHandle()] = {h.sequence, e};
+  });
+  replyError(*s.link, s.channel, h.sequence, e);
+}
+
+Result<std::string> Scheduler::setPolicy(const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings) {
+  Vm* vm = findVm(name);
+  if (!vm) return fail(Code::notFound, "no vm named '" + name + "'");
+  if (settings.empty()) return fail(Code::invalidArgument, "set-policy needs at least one KEY=VALUE (tflops, priority, kinds, memory_quota)");
+  // The current policy as a section, the changes on top, parsed as any config is.
+  ConfigSection section("vm", 0);
+  const VmPolicy& p = vm->policy;
+  section.set("name", p.name);
+  section.set("socket", p.socket);
+  section.set("attach", p.attach == VmPolicy::Attach::connect ? "connect" : "listen");
+  section.set("tflops", std::to_string(p.tflops));
+  section.set("priority", std::to_string(p.priority));
+  section.set("memory_quota", std::to_string(p.memoryQuota));
+  std::string kinds = kindsToString(p.kinds);
+  std::replace(kinds.begin(), kinds.end(), ',', '|');
+  section.set("kinds", kinds);
+  for (auto& [key, value] : settings) {
+    if (key != "tflops" && key != "priority" && key != "kinds" && key != "memory_quota")
+      return fail(Code::invalidArgument, "set-policy: '" + key + "' is not a policy setting (tflops, priority, kinds, memory_quota)");
+    std::string v = value;
+    if (key == "kinds") std::replace(v.begin(), v.end(), ',', '|');
+    section.set(key, v);
+  }
+  auto parsed = parseVmSection(section, '|');
+  if (!parsed) return fail(parsed.error().code, "set-policy " + name + ": " + parsed.error().message);
+  parsed->source = p.source + ", set by raccelctl";
+  vm->policy = *parsed;
+  // Its programs' priorities are capped anew (as asked at hello, under the new cap).
+  for (Session* s : allSessions()) {
+    if (s->vm != vm) continue;
+    s->priority = std::min(s->askedPriority, vm->policy.priority);
+    pool_.setPriority(s->id, s->priority);
+  }
+  std::string detail = "tflops " + std::to_string(vm->policy.tflops) + ", priority " + std::to_string(vm->policy.priority) +
+                       ", kinds " + kindsToString(vm->policy.kinds) + ", memory_quota " + std::to_string(vm->policy.memoryQuota);
+  RLOG_INFO("scheduler") << "vm '" << name << "' policy set: " << detail;
+  event("policy", name, detail);
+  requestPlacement();
+  return "vm '" + name + "': " + detail + " (running programs keep their blocks; new ones get the new policy)";
 }
 
 }  // namespace raccel::scheduler

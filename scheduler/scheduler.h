@@ -9,6 +9,8 @@
 #include <uv.h>
 
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -69,7 +71,9 @@ class Scheduler {
   void onNodeControl(NodeLink& node, transport::Body body);
   // Called only from the node connection's close callback; frees the NodeLink.
   void nodeLost(NodeLink& node, const std::string& reason);
-  void sendPoison(Session& session, uint64_t handle, uint64_t sequence, const Error& error);
+  // Marks `handle` as failed by instruction `sequence` on the primary's card (remembered
+  // for restores when `remember`).
+  void sendPoison(Session& session, uint64_t handle, uint64_t sequence, const Error& error, bool remember = true);
 
   // Multi-card vaccels (remote.cc): instructions another card runs (a program whose
   // kind only that card takes, a built-in op split across the cards in proportion to
@@ -103,9 +107,44 @@ class Scheduler {
 
   // The event stream (raccelctl events): kept for late subscribers, sent to live ones.
   void event(const std::string& kind, const std::string& subject, const std::string& detail);
+
+  // A vaccel's life on the cards (relocate.cc): placement (at once, after waiting, or
+  // after preempting lower priorities), suspension to host memory, resumption, moves.
+  std::string labelOf(const Session& s) const;
+  std::vector<Session*> allSessions();  // by id
+  Session* sessionById(VaccelId id);
+  template <class Builder>
+  void writePlacement(Builder out, const std::vector<BlockRange>& ranges) const;
+  void openMembers(Session& s);   // contexts on the cards of s.blocks
+  void closeMembers(Session& s);  // closes them; their buffers there are freed
+  void runHeld(Session& s);       // forwards what waited, while it runs and no job is under way
+  // A placement pass soon (after the current callback): waiting vaccels placed,
+  // suspended ones resumed, highest priority first, preempting for new ones.
+  void requestPlacement();
+  void placeWaiting();
+  Result<std::vector<BlockRange>> allocateFor(Session& s);  // compacts first when it would be fragmented
+  void refuseWaiting(Session& s, const Error& error);
+  void sendWelcome(Session& s);
+  void whenIdle(Session& s, std::function<void()> then);
+  // Reads every buffer into s.saved after what the guest sent before, then closes its
+  // contexts and runs `then` (also on failure: then s.unavailable says why).
+  void save(Session& s, std::function<void()> then);
+  // On the contexts of s.members: reloads its programs, re-creates its buffers from
+  // s.saved, then runs what waited. `what` names the event (resumed, migrated).
+  void restore(Session& s, const std::string& what);
+  void suspend(Session& s, const std::string& why, bool byOperator);
+  Status resumeByOperator(VaccelId id);
+  // Gives a running vaccel the blocks `to` (already its own in the pool); its buffers
+  // follow when the cards change.
+  void move(Session& s, std::vector<BlockRange> to, const std::string& why);
+  // Plans and starts compaction moves within the rate limit; returns how many.
+  size_t compact(size_t maxMoves, uint64_t maxMoveBytes, const std::string& why);
+  Result<std::string> drainNode(const std::string& name, bool undo);
+  Result<std::string> setPolicy(const std::string& vm, const std::vector<std::pair<std::string, std::string>>& settings);
   void acceptConsole(transport::ConnectionPtr connection);
   void onConsoleFrame(transport::Connection& connection, const transport::FrameHeader& header, transport::Body body);
 
+  void refuseWhileSuspended(Session& s, const transport::FrameHeader& h, const transport::Body& body);
   void tick();
   uint64_t nowMs() const { return uv_now(loop_); }
 
@@ -126,6 +165,11 @@ class Scheduler {
   std::vector<std::pair<transport::Connection*, uint64_t>> subscribers_;  // and their sequence
   std::unique_ptr<transport::Listener> nodeListener_, consoleListener_;
   uv_timer_t* ticker_ = nullptr;
+  uv_timer_t* placer_ = nullptr;
+  unsigned suspending_ = 0;  // suspensions under way
+  uint64_t moveWindowStartMs_ = 0;
+  size_t movesInWindow_ = 0;
+  std::map<std::string, bool> draining_;  // netaccel -> reported drained
   VaccelId nextVaccel_ = 1;
   uint32_t nextContext_ = 1;
   bool stopping_ = false;

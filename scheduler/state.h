@@ -13,6 +13,9 @@
 
 #include "scheduler/scheduler.h"
 #include "transport/request_table.h"
+#include "transport/wire_types.h"
+
+#include <capnp/message.h>
 
 namespace raccel::scheduler {
 
@@ -28,7 +31,8 @@ struct Scheduler::Vm {
   unsigned backoffMs = 50;
   uint64_t generation = 0;  // bumped on detach, so a late connect result is dropped
   uint32_t links = 0;
-  uint32_t blocksHeld = 0;
+  uint32_t blocksHeld = 0;     // placed now
+  uint32_t blocksClaimed = 0;  // by all its sessions, placed, waiting or suspended (the cap applies to this)
   uint64_t memoryUsed = 0;
 };
 
@@ -50,6 +54,18 @@ struct Member {
   uint32_t blocks = 0;
 };
 
+// A guest that keeps streaming behind a long job or a suspended vaccel waits at its link
+// (all of its VM's programs share it) once this much waits in the scheduler.
+constexpr size_t kHeldHighWater = 64 << 20;
+
+// "1-3,7" for the console and the event stream.
+inline std::string blocksText(const std::vector<BlockRange>& ranges) {
+  std::string out;
+  for (auto& r : ranges)
+    out += (out.empty() ? "" : ",") + std::to_string(r.first) + (r.count > 1 ? "-" + std::to_string(r.end() - 1) : "");
+  return out.empty() ? "none" : out;
+}
+
 // Sequence numbers from 2^63 up belong to the scheduler's own instructions on a
 // vaccel's contexts (copies between its cards, split ops); guests use the ones below.
 constexpr uint64_t kSchedulerSequences = 1ull << 63;
@@ -67,7 +83,21 @@ struct RemoteJob {
   std::vector<std::pair<size_t, uint64_t>> scratch;  // (member, handle) to free at the end
   std::function<void()> whenGathered;  // after every read has answered, before the fences
   bool fencing = false;
+  // The scheduler's own jobs (saving or restoring a vaccel) answer here, not to the guest.
+  std::function<void(std::optional<Error>)> finished;
 };
+
+// Where a session is in its life (relocate.cc). Only `running` forwards the guest's
+// instructions; in every other phase they wait in `held` (or fail, with noWait).
+enum class Phase {
+  waiting,     // admitted but not placed yet: waits for blocks (queued, or for its victims)
+  running,
+  suspending,  // its buffers are being saved to host memory; then `suspended`
+  suspended,   // no cards; buffers in `saved`
+  moving,      // saving, then restoring on other cards (migration)
+  resuming,    // restoring `saved` on its new cards
+};
+const char* phaseName(Phase phase);
 
 struct Scheduler::Session {
   explicit Session(std::function<void(const uint64_t&, const Status&)> onPendingFailed) : pending(std::move(onPendingFailed)) {}
@@ -101,6 +131,26 @@ struct Scheduler::Session {
   uint64_t nextScratch = kSchedulerHandles;
   uint64_t bytesMoved = 0;  // between its cards, by the scheduler
 
+  // Placement and its life (relocate.cc).
+  Phase phase = Phase::running;
+  uint32_t want = 0;  // blocks
+  KindMask kinds = kAllKinds;
+  int askedPriority = 0;
+  bool noWait = false;
+  bool operatorHold = false;     // suspended by raccelctl preempt: waits for raccelctl resume
+  uint64_t helloSequence = 0;    // waiting: the welcome answers it
+  uint32_t maxFrame = 0;
+  uint64_t waitDeadlineMs = 0;   // waiting: refused after this (0 = only victims are awaited)
+  std::string why;               // why it waits or is suspended, for the console and noWait errors
+  std::unordered_map<uint64_t, std::string> saved;  // buffer handle -> its bytes, while off its cards
+  // Every program it loaded, as sent (reloaded wherever it is restored).
+  std::map<uint64_t, std::shared_ptr<capnp::MallocMessageBuilder>> programs;
+  // Handles whose creating instruction failed: (sequence, error), poisoned again on restore.
+  std::map<uint64_t, std::pair<uint64_t, Error>> failed;
+  std::function<void()> idle;  // runs once the job under way has finished (whenIdle)
+  bool queuedEventSent = false;
+  bool refused = false;        // ended before it was placed: no "released" event
+
   Member& primary() { return members.front(); }
 };
 
@@ -109,5 +159,26 @@ struct Scheduler::VmLink {
   transport::ConnectionPtr connection;
   std::unordered_map<uint32_t, std::unique_ptr<Session>> sessions;
 };
+
+// Writes a vaccel's block ranges and its cards (with the blocks held on each) into a
+// wire struct that has `blocks` and `cards` (Welcome's VaccelInfo, the console's VaccelEntry).
+template <class Builder>
+void Scheduler::writePlacement(Builder out, const std::vector<BlockRange>& ranges) const {
+  auto blocks = out.initBlocks(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    blocks[i].setFirst(ranges[i].first);
+    blocks[i].setCount(ranges[i].count);
+  }
+  auto shares = pool_.cardsOf(ranges);
+  auto cards = out.initCards(shares.size());
+  for (size_t i = 0; i < shares.size(); ++i) {
+    const Card& c = pool_.cards()[shares[i].card];
+    cards[i].setNode(pool_.nodes()[c.node].name);
+    cards[i].setIndex(c.spec.index);
+    cards[i].setKind(transport::toWire(c.spec.kind));
+    cards[i].setModel(c.spec.model);
+    cards[i].setBlocks(shares[i].blocks);
+  }
+}
 
 }  // namespace raccel::scheduler

@@ -14,6 +14,33 @@ struct ConsoleRequest {
     vaccels @3 :Void;
     vms @4 :Void;
     events @5 :Void;   # subscribe: the recent events, then every new one, each its own reply
+    # Operator actions; each answers `done` (what happened) or `error`.
+    preempt @6 :UInt64;       # suspend vaccel #id now; it waits for `resume`
+    resume @7 :UInt64;        # let a suspended vaccel resume when blocks allow
+    defrag @8 :Defrag;        # compact now
+    drain @9 :Drain;
+    setPolicy @10 :SetPolicy;
+  }
+}
+
+struct Defrag {
+  maxMoves @0 :UInt32;        # 0 = the scheduler's defrag_moves_per_minute budget
+  maxMoveBytes @1 :UInt64;    # 0 = the scheduler's defrag_max_move_bytes
+}
+
+struct Drain {
+  node @0 :Text;
+  undo @1 :Bool;              # place on it again
+}
+
+# Changes a VM's policy; settings as in a config [vm] section (tflops, priority, kinds,
+# memory_quota), the others keep their values.
+struct SetPolicy {
+  vm @0 :Text;
+  settings @1 :List(Setting);
+  struct Setting {
+    key @0 :Text;
+    value @1 :Text;
   }
 }
 
@@ -26,14 +53,16 @@ struct ConsoleReply {
     vaccels @4 :List(VaccelEntry);
     vms @5 :List(VmEntry);
     event @6 :Event;
+    done @7 :Text;
   }
 }
 
 # Something that happened in the scheduler, for `raccelctl events`.
 struct Event {
   unixMs @0 :UInt64;
-  kind @1 :Text;      # admitted | refused | released | node-joined | node-lost |
-                      # vm-attached | vm-detached | vm-rejected
+  kind @1 :Text;      # admitted | queued | refused | released | preempted | resumed |
+                      # migrated | node-joined | node-lost | node-draining | node-drained |
+                      # vm-attached | vm-detached | vm-rejected | policy
   subject @2 :Text;   # "vm/program#id", a node or a VM name
   detail @3 :Text;
 }
@@ -93,7 +122,8 @@ struct VaccelEntry {
   memoryUsed @6 :UInt64;
   memoryQuota @7 :UInt64;
   instructions @8 :UInt64;
-  state @9 :Text;        # running | unavailable
+  state @9 :Text;        # running | waiting (for blocks) | suspending | suspended | moving |
+                         # resuming | unavailable
   bytesMoved @10 :UInt64;  # copied between its cards by the scheduler (split ops, routed programs)
 }
 

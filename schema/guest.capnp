@@ -56,6 +56,13 @@ struct Hello {
   kinds @4 :List(CardKind);   # accepted card kinds; empty = the VM's policy
   priority @5 :Int32;         # hint; capped by the VM's policy
   maxFrameBytes @6 :UInt32;   # 0 = Frame.defaultMaxFrameBytes
+  # When the request does not fit even by preempting lower priorities: wait up to this
+  # long for blocks to free (the welcome comes when it is placed); 0 = refuse at once.
+  admitWaitMs @7 :UInt32;
+  # While this vaccel is suspended (preempted by a higher priority, or by the operator),
+  # its instructions fail with `unavailable` and the reason instead of waiting for it
+  # to resume. Buffers are kept either way.
+  noWait @8 :Bool;
 }
 
 struct Welcome {

@@ -1,0 +1,443 @@
+// A vaccel's life on the pool's cards: placing it (at once, after waiting for blocks, or
+// after preempting lower priorities), suspending it (its buffers saved to host memory,
+// its cards released), resuming it, and moving it to other cards (compaction, drain).
+//
+// Saving and restoring are scheduler jobs (RemoteJob with `finished`) on the session's
+// own contexts, so they are ordered after everything the guest sent before: saving
+// reads every buffer after the guest's in-flight instructions have run; restoring
+// reloads its programs, re-creates its buffers and writes the saved bytes before any
+// instruction that waited meanwhile. While a vaccel is off its cards its instructions
+// wait in `held` (ARCHITECTURE.md "Admission"); the guest sees latency, not an error,
+// unless it said noWait.
+#include <capnp/message.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "schema/frame.capnp.h"
+#include "schema/node.capnp.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/state.h"
+#include "transport/wire_types.h"
+
+namespace raccel::scheduler {
+
+const char* phaseName(Phase phase) {
+  switch (phase) {
+    case Phase::waiting: return "waiting";
+    case Phase::running: return "running";
+    case Phase::suspending: return "suspending";
+    case Phase::suspended: return "suspended";
+    case Phase::moving: return "moving";
+    case Phase::resuming: return "resuming";
+  }
+  return "?";
+}
+
+std::string Scheduler::labelOf(const Session& s) const {
+  return s.vm->policy.name + "/" + (s.program.empty() ? "?" : s.program) + "#" + std::to_string(s.id);
+}
+
+std::vector<Scheduler::Session*> Scheduler::allSessions() {
+  std::vector<Session*> out;
+  for (auto& [conn, link] : vmLinks_)
+    for (auto& [ch, s] : link->sessions) out.push_back(s.get());
+  std::sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->id < b->id; });
+  return out;
+}
+
+Scheduler::Session* Scheduler::sessionById(VaccelId id) {
+  for (auto& [conn, link] : vmLinks_)
+    for (auto& [ch, s] : link->sessions)
+      if (s->id == id) return s.get();
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------
+// Contexts
+
+void Scheduler::openMembers(Session& s) {
+  // Members, the primary (most blocks) first; the rest in block order.
+  auto shares = pool_.cardsOf(s.blocks);
+  std::stable_sort(shares.begin(), shares.end(), [](auto& a, auto& b) { return a.blocks > b.blocks; });
+  for (auto& share : shares) {
+    const Card& card = pool_.cards()[share.card];
+    Member member{nodeByPoolIndex_.at(card.node), share.card, nextContext_++, share.blocks};
+    capnp::MallocMessageBuilder open;
+    auto o = open.initRoot<wire::SchedulerMessage>().initOpenContext();
+    o.setContext(member.context);
+    o.setCard(card.spec.index);
+    o.setMemoryQuota(s.vm->policy.memoryQuota);
+    o.setLabel(labelOf(s));
+    member.node->connection->send(transport::kControlChannel, 0, open);
+    ++member.node->contexts;
+    sessionByContext_[member.context] = &s;
+    s.members.push_back(member);
+  }
+}
+
+void Scheduler::closeMembers(Session& s) {
+  for (auto& member : s.members) {
+    if (member.node) {
+      capnp::MallocMessageBuilder m;
+      m.initRoot<wire::SchedulerMessage>().setCloseContext(member.context);
+      member.node->connection->send(transport::kControlChannel, 0, m);
+      --member.node->contexts;
+    }
+    sessionByContext_.erase(member.context);
+  }
+  s.members.clear();
+  s.programHome.clear();
+  s.replicas.clear();  // scratch copies die with their contexts
+  s.remoteReplies.clear();
+}
+
+void Scheduler::runHeld(Session& s) {
+  VmLink& link = *s.link;
+  while (!s.job && !s.held.empty() && s.phase == Phase::running) {
+    auto [h, body] = std::move(s.held.front());
+    s.held.pop_front();
+    s.heldBytes -= std::min(s.heldBytes, body.size());
+    forward(link, s, h, std::move(body));
+  }
+  if (s.heldBytes < kHeldHighWater) link.connection->resumeReading();
+}
+
+// ---------------------------------------------------------------------------------
+// Placement
+
+void Scheduler::requestPlacement() {
+  if (stopping_ || !placer_ || uv_is_active(reinterpret_cast<uv_handle_t*>(placer_))) return;
+  uv_timer_start(placer_, [](uv_timer_t* t) { static_cast<Scheduler*>(t->data)->placeWaiting(); }, 0, 0);
+}
+
+Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
+  Pool::Request request{s.want, s.kinds, s.priority};
+  auto placed = pool_.allocate(s.id, request);
+  if (!placed || placed->size() == 1 || !config_.defragOnDemand) return placed;
+  // Only fragmented: compact, then place again (ARCHITECTURE.md's 10-block fixture).
+  pool_.release(s.id);
+  compact(0, 0, "to place " + labelOf(s) + " in one range");
+  return pool_.allocate(s.id, request);
+}
+
+void Scheduler::placeWaiting() {
+  std::vector<Session*> queue;
+  for (Session* s : allSessions())
+    if (s->phase == Phase::waiting || (s->phase == Phase::suspended && !s->operatorHold && s->unavailable.empty()))
+      queue.push_back(s);
+  // Highest priority first, then arrival order (ids are given in arrival order).
+  std::stable_sort(queue.begin(), queue.end(), [](auto* a, auto* b) { return a->priority > b->priority; });
+  std::vector<std::pair<Session*, Error>> refused;
+  for (Session* s : queue) {
+    auto placed = allocateFor(*s);
+    if (placed) {
+      s->blocks = *placed;
+      s->vm->blocksHeld += s->want;
+      s->why.clear();
+      openMembers(*s);
+      if (s->phase == Phase::waiting) {
+        s->phase = Phase::running;
+        sendWelcome(*s);
+        runHeld(*s);
+      } else {
+        s->phase = Phase::resuming;
+        restore(*s, "resumed");
+      }
+      continue;
+    }
+    // It does not fit. While suspensions are under way their blocks are promised to
+    // the one they were started for: nobody behind it takes them.
+    if (suspending_ > 0) break;
+    if (s->phase != Phase::waiting) continue;  // a suspended vaccel resumes into free blocks only
+    auto victims = pool_.planPreemption({s->want, s->kinds, s->priority});
+    if (victims && !victims->empty()) {
+      s->why = "waiting for " + std::to_string(victims->size()) + " lower-priority vaccel(s) to be suspended";
+      for (VaccelId v : *victims)
+        if (Session* victim = sessionById(v)) suspend(*victim, "preempted by " + labelOf(*s) + " (priority " +
+                                                                    std::to_string(s->priority) + ")", false);
+      break;
+    }
+    s->why = victims ? placed.error().message : victims.error().message;
+    if (s->waitDeadlineMs == 0) refused.emplace_back(s, Error{Code::resourceExhausted, s->why});
+    else if (!s->queuedEventSent) {
+      s->queuedEventSent = true;
+      event("queued", labelOf(*s), s->why);
+    }
+  }
+  for (auto& [s, error] : refused) refuseWaiting(*s, error);
+  // Draining netaccels with nothing left on them.
+  for (auto& [name, reported] : draining_) {
+    if (reported) continue;
+    bool busy = false;
+    for (Session* s : allSessions())
+      for (auto& m : s->members) busy = busy || (m.node && m.node->name == name);
+    if (busy) continue;
+    reported = true;
+    event("node-drained", name, "nothing runs there now; nothing new is placed there until `raccelctl drain " + name + " --undo`");
+  }
+}
+
+void Scheduler::refuseWaiting(Session& s, const Error& error) {
+  RLOG_INFO("scheduler") << "vm '" << s.vm->policy.name << "' program '" << s.program << "' refused: " << error.message;
+  event("refused", labelOf(s), error.message);
+  replyError(*s.link, s.channel, s.helloSequence, error);
+  s.refused = true;
+  endSession(*s.link, s.channel);
+}
+
+void Scheduler::sendWelcome(Session& s) {
+  capnp::MallocMessageBuilder m;
+  auto welcome = m.initRoot<wire::Reply>().initWelcome();
+  welcome.setVersionMajor(wire::PROTOCOL_MAJOR);
+  welcome.setVersionMinor(wire::PROTOCOL_MINOR);
+  welcome.setMaxFrameBytes(s.maxFrame);
+  auto info = welcome.initVaccel();
+  info.setId(s.id);
+  info.setBlockTflops(pool_.blockTflops());
+  writePlacement(info, s.blocks);
+  s.link->connection->send(s.channel, s.helloSequence, m);
+  const Card& card = pool_.cards()[s.primary().card];
+  std::string placed = std::to_string(s.want) + " block(s) from " + std::to_string(s.blocks.front().first) +
+                       ", priority " + std::to_string(s.priority) + ", " + std::to_string(s.members.size()) + " card(s)";
+  RLOG_INFO("scheduler") << "admitted " << labelOf(s) << ": " << placed << ", primary " << s.primary().node->name << "/"
+                         << card.spec.index << " (" << kindName(card.spec.kind) << ")";
+  event("admitted", labelOf(s), placed);
+}
+
+// ---------------------------------------------------------------------------------
+// Saving and restoring
+
+void Scheduler::whenIdle(Session& s, std::function<void()> then) {
+  if (!s.job) {
+    then();
+    return;
+  }
+  s.idle = std::move(then);  // finishJob runs it
+}
+
+void Scheduler::save(Session& s, std::function<void()> then) {
+  whenIdle(s, [this, &s, then = std::move(then)] {
+    bool cardsThere = !s.members.empty() && std::all_of(s.members.begin(), s.members.end(), [](auto& m) { return m.node; });
+    if (!cardsThere || !s.unavailable.empty()) {
+      closeMembers(s);
+      then();
+      return;
+    }
+    s.job = std::make_unique<RemoteJob>();
+    s.job->finished = [this, &s, then](std::optional<Error> error) {
+      if (error) {
+        s.unavailable = "its buffers could not be saved: " + error->message;
+        s.saved.clear();
+        RLOG_ERROR("scheduler") << labelOf(s) << ": " << s.unavailable;
+      }
+      closeMembers(s);
+      then();
+    };
+    for (auto& [handle, bytes] : s.buffers) {
+      s.saved[handle].assign(bytes, '\0');
+      capnp::MallocMessageBuilder m;
+      auto r = m.initRoot<wire::Instruction>().initRead();
+      r.setBuffer(handle);
+      r.setLength(bytes);
+      ++s.job->awaiting;
+      sendRemote(s, 0, m, [this, &s, h = handle](wire::Reply::Reader reply) {
+        if (reply.which() == wire::Reply::ERROR) {
+          // A buffer whose alloc failed meanwhile is not the guest's; anything else is.
+          if (s.buffers.count(h) && !s.job->error) s.job->error = transport::errorFrom(reply.getError().getError());
+          s.saved.erase(h);
+          return true;
+        }
+        if (reply.which() != wire::Reply::DATA) return true;
+        auto chunk = reply.getData();
+        auto it = s.saved.find(h);
+        if (it != s.saved.end() && chunk.getOffset() + chunk.getData().size() <= it->second.size())
+          std::memcpy(it->second.data() + chunk.getOffset(), chunk.getData().begin(), chunk.getData().size());
+        return chunk.getLast();
+      });
+    }
+    settle(s);
+  });
+}
+
+void Scheduler::restore(Session& s, const std::string& what) {
+  s.job = std::make_unique<RemoteJob>();
+  s.job->finished = [this, &s, what](std::optional<Error> error) {
+    uint64_t bytes = 0;
+    for (auto& [h, data] : s.saved) bytes += data.size();
+    s.saved.clear();
+    s.saved.rehash(0);
+    if (error) {
+      s.unavailable = "it could not be restored on its new cards: " + error->message;
+      RLOG_ERROR("scheduler") << labelOf(s) << ": " << s.unavailable;
+    }
+    s.phase = Phase::running;
+    std::string detail = std::to_string(bytes) + " bytes of buffers restored on blocks " + blocksText(s.blocks) +
+                         (error ? "; FAILED: " + error->message : "");
+    RLOG_INFO("scheduler") << labelOf(s) << " " << what << ": " << detail;
+    event(what, labelOf(s), detail);
+    runHeld(s);
+    requestPlacement();
+  };
+  // Programs first (the guest's kernels take buffers loaded after them too), on the
+  // card that runs their kind.
+  for (auto& [handle, message] : s.programs) {
+    auto kind = transport::fromWire(message->getRoot<wire::Instruction>().asReader().getLoadProgram().getKind());
+    size_t home = 0;
+    if (!pool_.cards()[s.primary().card].spec.runs(kind))
+      for (size_t i = 1; i < s.members.size(); ++i)
+        if (pool_.cards()[s.members[i].card].spec.runs(kind)) {
+          home = i;
+          break;
+        }
+    if (home) s.programHome[handle] = home;
+    sendRemote(s, home, *message);
+  }
+  for (auto& [handle, failure] : s.failed) sendPoison(s, handle, failure.first, failure.second, false);
+  for (auto& [handle, data] : s.saved) {
+    capnp::MallocMessageBuilder a;
+    auto alloc = a.initRoot<wire::Instruction>().initAlloc();
+    alloc.setHandle(handle);
+    alloc.setSize(data.size());
+    sendRemote(s, 0, a);
+    for (size_t off = 0; off < data.size(); off += wire::CHUNK_BYTES) {
+      size_t n = std::min<size_t>(wire::CHUNK_BYTES, data.size() - off);
+      capnp::MallocMessageBuilder w;
+      auto write = w.initRoot<wire::Instruction>().initWrite();
+      write.setBuffer(handle);
+      write.setOffset(off);
+      write.setData(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(data.data() + off), n));
+      sendRemote(s, 0, w);
+    }
+  }
+  settle(s);
+}
+
+// ---------------------------------------------------------------------------------
+// Suspending, resuming, moving
+
+void Scheduler::suspend(Session& s, const std::string& why, bool byOperator) {
+  if (byOperator) s.operatorHold = true;
+  if (s.phase != Phase::running) return;  // waiting, moving or already off its cards
+  s.phase = Phase::suspending;
+  s.why = why;
+  ++suspending_;
+  RLOG_INFO("scheduler") << labelOf(s) << " suspended: " << why;
+  event("preempted", labelOf(s), why + "; saving " + std::to_string(s.memoryUsed) + " bytes of buffers");
+  save(s, [this, &s] {
+    pool_.release(s.id);
+    s.vm->blocksHeld -= s.want;
+    s.blocks.clear();
+    s.phase = Phase::suspended;
+    --suspending_;
+    requestPlacement();
+  });
+}
+
+Status Scheduler::resumeByOperator(VaccelId id) {
+  Session* s = sessionById(id);
+  if (!s) return fail(Code::notFound, "no vaccel #" + std::to_string(id));
+  if (!s->operatorHold)
+    return fail(Code::invalidArgument, "vaccel #" + std::to_string(id) + " was not suspended by the operator (it is " +
+                                              phaseName(s->phase) + ")");
+  s->operatorHold = false;
+  requestPlacement();
+  return {};
+}
+
+void Scheduler::move(Session& s, std::vector<BlockRange> to, const std::string& why) {
+  std::vector<size_t> before, after;
+  for (auto& share : pool_.cardsOf(s.blocks)) before.push_back(share.card);
+  auto shares = pool_.cardsOf(to);
+  for (auto& share : shares) after.push_back(share.card);
+  std::sort(before.begin(), before.end());
+  std::sort(after.begin(), after.end());
+  s.blocks = std::move(to);
+  if (before == after) {
+    // Same cards: only the numbers change; the buffers stay where they are.
+    for (auto& m : s.members)
+      for (auto& share : shares)
+        if (share.card == m.card) m.blocks = share.blocks;
+    event("migrated", labelOf(s), "to blocks " + blocksText(s.blocks) + " (" + why + "; same cards, nothing copied)");
+    return;
+  }
+  s.phase = Phase::moving;
+  s.why = why;
+  RLOG_INFO("scheduler") << labelOf(s) << " moving to blocks " << blocksText(s.blocks) << ": " << why;
+  save(s, [this, &s] {
+    if (!s.unavailable.empty()) {
+      s.phase = Phase::running;
+      runHeld(s);
+      return;
+    }
+    openMembers(s);
+    s.phase = Phase::resuming;
+    restore(s, "migrated");
+  });
+}
+
+size_t Scheduler::compact(size_t maxMoves, uint64_t maxMoveBytes, const std::string& why) {
+  // The rate limit: moves per minute, in a window that restarts every minute.
+  if (nowMs() - moveWindowStartMs_ >= 60000) {
+    moveWindowStartMs_ = nowMs();
+    movesInWindow_ = 0;
+  }
+  size_t budget = config_.defragMovesPerMinute > movesInWindow_ ? config_.defragMovesPerMinute - movesInWindow_ : 0;
+  if (maxMoves) budget = std::min<size_t>(budget, maxMoves);
+  if (!maxMoveBytes) maxMoveBytes = config_.defragMaxMoveBytes;
+  if (budget == 0) return 0;
+  size_t done = 0;
+  for (auto& mv : pool_.planCompaction()) {
+    if (done == budget) break;
+    Session* s = sessionById(mv.owner);
+    // A vaccel busy elsewhere (off its cards, or moving) or too big to move ends the
+    // plan: later moves count on this one having happened.
+    if (!s || s->phase != Phase::running || s->memoryUsed > maxMoveBytes) break;
+    if (!pool_.applyMove(mv)) break;
+    ++done;
+    ++movesInWindow_;
+    move(*s, {mv.to}, why);
+  }
+  return done;
+}
+
+Result<std::string> Scheduler::drainNode(const std::string& name, bool undo) {
+  size_t index = pool_.nodes().size();
+  for (size_t i = 0; i < pool_.nodes().size(); ++i)
+    if (pool_.nodes()[i].name == name) index = i;
+  if (index == pool_.nodes().size()) return fail(Code::notFound, "no netaccel named '" + name + "'");
+  if (undo) {
+    pool_.setDraining(index, false);
+    draining_.erase(name);
+    event("node-draining", name, "ended: blocks are placed here again");
+    requestPlacement();
+    return "netaccel '" + name + "' takes new work again";
+  }
+  pool_.setDraining(index, true);
+  draining_[name] = false;
+  size_t moved = 0, suspended = 0;
+  const BlockRange range = pool_.nodes()[index].blocks;
+  for (Session* s : allSessions()) {
+    bool there = std::any_of(s->blocks.begin(), s->blocks.end(),
+                             [&](const BlockRange& r) { return r.first < range.end() && range.first < r.end(); });
+    if (!there || s->phase != Phase::running) continue;
+    pool_.release(s->id);  // its blocks here stay out of the pool: the node is draining
+    auto to = pool_.allocate(s->id, {s->want, s->kinds, s->priority});
+    if (to) {
+      ++moved;
+      move(*s, *to, "netaccel '" + name + "' is draining");
+      continue;
+    }
+    // No room elsewhere: saved to host memory; it resumes when blocks free.
+    ++suspended;
+    suspend(*s, "netaccel '" + name + "' is draining and no other cards are free", false);
+  }
+  std::string detail = std::to_string(moved) + " vaccel(s) moving elsewhere, " + std::to_string(suspended) +
+                       " suspended for want of room";
+  event("node-draining", name, detail);
+  requestPlacement();  // reports it drained once nothing is left there
+  return "draining netaccel '" + name + "': " + detail;
+}
+
+}  // namespace raccel::scheduler
