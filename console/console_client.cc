@@ -254,7 +254,70 @@ Result<std::string> run(const std::string& socket, Query query, bool json, int t
   return text;
 }
 
-Status follow(const std::string& socket, bool json, unsigned count, const std::function<void(const std::string&)>& print) {
+bool isAction(const std::string& word) {
+  return word == "preempt" || word == "resume" || word == "defrag" || word == "drain" || word == "set-policy";
+}
+
+Result<std::string> act(const std::string& socket, const std::vector<std::string>& words, const ActionOptions& options,
+                        int timeoutMs) {
+  capnp::MallocMessageBuilder m;
+  auto request = m.initRoot<wire::ConsoleRequest>();
+  const std::string& command = words.at(0);
+  auto id = [&]() -> Result<uint64_t> {
+    if (words.size() != 2) return fail(Code::invalidArgument, command + " takes one vaccel id (see raccelctl vaccels)");
+    char* end = nullptr;
+    std::string w = words[1][0] == '#' ? words[1].substr(1) : words[1];
+    unsigned long long v = std::strtoull(w.c_str(), &end, 10);
+    if (w.empty() || *end || v == 0) return fail(Code::invalidArgument, "'" + words[1] + "' is not a vaccel id");
+    return v;
+  };
+  if (command == "preempt" || command == "resume") {
+    auto v = id();
+    if (!v) return fail(v.error());
+    if (command == "preempt") request.setPreempt(*v);
+    else request.setResume(*v);
+  } else if (command == "defrag") {
+    if (words.size() != 1) return fail(Code::invalidArgument, "defrag takes no arguments (limits: --max-moves, --max-bytes)");
+    auto d = request.initDefrag();
+    d.setMaxMoves(options.maxMoves);
+    d.setMaxMoveBytes(options.maxMoveBytes);
+  } else if (command == "drain") {
+    if (words.size() != 2) return fail(Code::invalidArgument, "drain takes one netaccel name (see raccelctl nodes)");
+    auto d = request.initDrain();
+    d.setNode(words[1]);
+    d.setUndo(options.undo);
+  } else if (command == "set-policy") {
+    if (words.size() < 3)
+      return fail(Code::invalidArgument, "set-policy takes a VM name and KEY=VALUE settings (tflops, priority, kinds, memory_quota)");
+    auto p = request.initSetPolicy();
+    p.setVm(words[1]);
+    auto settings = p.initSettings(words.size() - 2);
+    for (size_t i = 2; i < words.size(); ++i) {
+      auto eq = words[i].find('=');
+      if (eq == std::string::npos || eq == 0)
+        return fail(Code::invalidArgument, "'" + words[i] + "' is not KEY=VALUE");
+      settings[i - 2].setKey(words[i].substr(0, eq));
+      settings[i - 2].setValue(words[i].substr(eq + 1));
+    }
+  } else {
+    return fail(Code::invalidArgument, "unknown action '" + command + "'");
+  }
+  transport::BlockingLink link;
+  if (auto c = connectConsole(link, socket); !c) return fail(c.error());
+  if (auto s = link.sendNow(0, 1, m); !s) return fail(s.error());
+  auto frame = link.receive(timeoutMs);
+  if (!frame) return fail(frame.error());
+  std::string text;
+  if (auto r = readReply(std::move(frame->body), [&](wire::ConsoleReply::Reader reply) {
+        if (reply.which() == wire::ConsoleReply::DONE) text = reply.getDone();
+      });
+      !r)
+    return fail(r.error());
+  return text + "\n";
+}
+
+Status follow(const std::string& socket, bool json, unsigned count, const std::function<void(const std::string&)>& print,
+              bool recentOnly) {
   transport::BlockingLink link;
   if (auto c = connectConsole(link, socket); !c) return c;
   capnp::MallocMessageBuilder m;
@@ -264,8 +327,9 @@ Status follow(const std::string& socket, bool json, unsigned count, const std::f
     auto frame = link.receive(-1);
     if (!frame) return fail(frame.error());
     std::string line;
-    bool isEvent = false;
+    bool isEvent = false, recentEnd = false;
     auto r = readReply(std::move(frame->body), [&](wire::ConsoleReply::Reader reply) {
+      recentEnd = reply.which() == wire::ConsoleReply::DONE;
       if (reply.which() != wire::ConsoleReply::EVENT) return;
       isEvent = true;
       auto e = reply.getEvent();
@@ -281,6 +345,11 @@ Status follow(const std::string& socket, bool json, unsigned count, const std::f
       }
     });
     if (!r) return r;
+    if (recentEnd) {
+      if (recentOnly) return {};
+      --printed;
+      continue;
+    }
     if (!isEvent) return fail(Code::internal, "the scheduler answered events with something else");
     print(line);
   }

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 
@@ -18,6 +19,19 @@ Result<std::string> run(const std::string& socket, Query query, bool json, int t
 // raccelctl events: subscribes, then hands `print` each event as one line (text, or one
 // JSON object), the recent ones first, until `count` lines (0 = until the scheduler
 // goes away, which is then the error).
-Status follow(const std::string& socket, bool json, unsigned count, const std::function<void(const std::string&)>& print);
+// With `recentOnly`, stops after the recent ones instead.
+Status follow(const std::string& socket, bool json, unsigned count, const std::function<void(const std::string&)>& print,
+              bool recentOnly = false);
+
+// Operator actions: preempt ID | resume ID | defrag | drain NODE | set-policy VM KEY=VALUE...
+// `words` starts with the command. Returns what the scheduler did, in a sentence.
+struct ActionOptions {
+  unsigned maxMoves = 0;              // defrag: 0 = the scheduler's rate limit
+  unsigned long long maxMoveBytes = 0;  // defrag: 0 = the scheduler's limit
+  bool undo = false;                  // drain: place on the node again
+};
+bool isAction(const std::string& word);
+Result<std::string> act(const std::string& socket, const std::vector<std::string>& words, const ActionOptions& options,
+                        int timeoutMs = 10000);
 
 }  // namespace raccel::console

@@ -15,18 +15,56 @@ int main(int argc, char** argv) {
                            "  vaccels   virtual accelerators: VM, program, priority, blocks, cards, memory\n"
                            "  vms       VMs: policy (TFLOPS, priority, kinds, quota), where it came from, state\n"
                            "  events    a live stream: admissions, refusals, releases, node joins and losses,\n"
-                           "            VMs attached, detached or rejected (the recent ones first)");
-  flags.positional("COMMAND");
+                           "            preemptions, resumptions, migrations, drains, policy changes, VMs\n"
+                           "            attached, detached or rejected (the recent ones first)\n"
+                           "actions:\n"
+                           "  preempt ID            suspend vaccel ID now (buffers saved to host memory, cards\n"
+                           "                        released); it stays suspended until `resume ID`\n"
+                           "  resume ID             let vaccel ID resume when its blocks are free\n"
+                           "  defrag                compact the pool now: move vaccels (their buffers too) so each\n"
+                           "                        holds one range; limited by --max-moves and --max-bytes\n"
+                           "  drain NODE            move everything off netaccel NODE (suspending what finds no room)\n"
+                           "                        and place nothing new there; --undo ends it\n"
+                           "  set-policy VM K=V...  change a VM's tflops, priority, kinds (gpu,cpu) or memory_quota");
+  flags.positional("COMMAND [ARGS]");
   flags.value("socket", "PATH", "the scheduler's console socket (default /run/raccel/console.sock)");
   flags.boolean("json", "print one JSON document instead of a table (events: one JSON object per line)");
   flags.value("count", "N", "events: stop after N events (default: follow until interrupted)");
+  flags.boolean("recent", "events: print the recent events (up to 256) and stop");
+  flags.value("max-moves", "N", "defrag: at most N moves (default: the scheduler's per-minute budget)");
+  flags.value("max-bytes", "BYTES", "defrag: move only vaccels with at most this much in buffers (e.g. 256MiB)");
+  flags.boolean("undo", "drain: end draining; the node takes new work again");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
-  if (flags.positionals().size() != 1) {
-    std::fprintf(stderr, "raccelctl: give one command: nodes, cards, pool, vaccels, vms or events (see --help)\n");
+  if (flags.positionals().empty()) {
+    std::fprintf(stderr, "raccelctl: give a command: nodes, cards, pool, vaccels, vms, events, preempt, resume, defrag, "
+                         "drain or set-policy (see --help)\n");
     return 2;
   }
   const std::string socket = flags.get("socket", "/run/raccel/console.sock");
+  if (console::isAction(flags.positionals()[0])) {
+    console::ActionOptions options;
+    long moves = std::atol(flags.get("max-moves", "0").c_str());
+    auto bytes = parseBytes(flags.get("max-bytes", "0"));
+    if (moves < 0 || !bytes) {
+      std::fprintf(stderr, "raccelctl: --max-moves must be >= 0 and --max-bytes a size (like 256MiB)\n");
+      return 2;
+    }
+    options.maxMoves = static_cast<unsigned>(moves);
+    options.maxMoveBytes = *bytes;
+    options.undo = flags.has("undo");
+    auto done = console::act(socket, flags.positionals(), options);
+    if (!done) {
+      std::fprintf(stderr, "raccelctl: %s\n", done.error().message.c_str());
+      return 1;
+    }
+    std::fputs(done->c_str(), stdout);
+    return 0;
+  }
+  if (flags.positionals().size() != 1) {
+    std::fprintf(stderr, "raccelctl: %s takes no arguments\n", flags.positionals()[0].c_str());
+    return 2;
+  }
   if (flags.positionals()[0] == "events") {
     long count = std::atol(flags.get("count", "0").c_str());
     if (count < 0) {
@@ -36,7 +74,7 @@ int main(int argc, char** argv) {
     auto followed = console::follow(socket, flags.has("json"), static_cast<unsigned>(count), [](const std::string& line) {
       std::printf("%s\n", line.c_str());
       std::fflush(stdout);
-    });
+    }, flags.has("recent"));
     if (!followed) {
       std::fprintf(stderr, "raccelctl: %s\n", followed.error().message.c_str());
       return 1;

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
               true);
   flags.value("libvirt", "URI", "follow this libvirt's domains (e.g. qemu:///system): a domain with raccel metadata "
                                 "is a VM, attached while it runs (vm-images/README.md)");
+  flags.value("set", "KEY=VALUE", "a top-level configuration setting, over the file's (e.g. defrag_on_release=false)", true);
   flags.value("block-tflops", "T", "TFLOPS per block (default 1)");
   flags.value("split-min-mflop", "M", "split built-in ops across a vaccel's cards from M MFLOP of work up (default 8; 0 = always)");
   flags.value("heartbeat-timeout-ms", "MS", "declare a silent netaccel lost after this (default 5000)");
@@ -35,14 +36,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "raccel-scheduler: %s\n", message.c_str());
     return 2;
   };
-  scheduler::SchedulerConfig config;
-  if (flags.has("config")) {
-    auto file = Config::load(flags.get("config"));
-    if (!file) return die(file.error().message);
-    auto parsed = scheduler::parseConfig(*file);
-    if (!parsed) return die(parsed.error().message);
-    config = *parsed;
+  auto file = flags.has("config") ? Config::load(flags.get("config")) : Config::parse("", "--set");
+  if (!file) return die(file.error().message);
+  for (auto& setting : flags.getAll("set")) {
+    auto eq = setting.find('=');
+    if (eq == std::string::npos || eq == 0) return die("--set " + setting + ": give KEY=VALUE");
+    file->top().set(setting.substr(0, eq), setting.substr(eq + 1));
   }
+  auto parsed = scheduler::parseConfig(*file);
+  if (!parsed) return die(parsed.error().message);
+  scheduler::SchedulerConfig config = *parsed;
   if (flags.has("libvirt")) config.libvirtUri = flags.get("libvirt");
   if (flags.has("node-listen")) config.nodeListen = flags.get("node-listen");
   if (flags.has("console")) config.console = flags.get("console");

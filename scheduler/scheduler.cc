@@ -842,6 +842,9 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
           fillEvent(one.initRoot<wire::ConsoleReply>().initEvent(), e.unixMs, e.kind, e.subject, e.detail);
           connection.send(0, h.sequence, one);
         }
+        capnp::MallocMessageBuilder mark;  // the recent ones end here; live ones follow
+        mark.initRoot<wire::ConsoleReply>().setDone("recent events sent");
+        connection.send(0, h.sequence, mark);
         subscribers_.emplace_back(&connection, h.sequence);
         subscribed = true;
         return;

@@ -13,7 +13,7 @@ struct ConsoleRequest {
     pool @2 :Void;
     vaccels @3 :Void;
     vms @4 :Void;
-    events @5 :Void;   # subscribe: the recent events, then every new one, each its own reply
+    events @5 :Void;   # subscribe: the recent events, `done`, then every new one, each its own reply
     # Operator actions; each answers `done` (what happened) or `error`.
     preempt @6 :UInt64;       # suspend vaccel #id now; it waits for `resume`
     resume @7 :UInt64;        # let a suspended vaccel resume when blocks allow

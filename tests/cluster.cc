@@ -197,6 +197,32 @@ std::string Cluster::console(const std::string& query) const {
   return text ? *text : "";
 }
 
+std::string Cluster::ctl(const std::vector<std::string>& args, int* status) const {
+  std::string command = binary("raccelctl") + " --socket '" + consoleSocket() + "'";
+  for (auto& a : args) command += " '" + a + "'";
+  command += " 2>&1";
+  std::string out;
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) return "popen failed";
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int rc = pclose(p);
+  if (status) *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return out;
+}
+
+std::string Cluster::waitConsole(const std::string& query, const std::function<bool(const std::string&)>& ok,
+                                 int timeoutMs) const {
+  std::string last;
+  for (int waited = 0; waited <= timeoutMs; waited += 20) {
+    last = console(query);
+    if (ok(last)) return last;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return last;
+}
+
 unsigned Cluster::poolTotal() const {
   std::smatch m;
   std::string json = console("pool");

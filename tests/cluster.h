@@ -3,6 +3,7 @@
 // Used from the test's main thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <random>
 
@@ -82,6 +83,12 @@ class Cluster {
   // raccelctl's JSON for a query (nodes, cards, pool, vaccels).
   std::string console(const std::string& query) const;
   unsigned poolTotal() const;
+  // Runs the real raccelctl with `args` (and --socket); its output, stdout and stderr
+  // together, and its exit status in *status.
+  std::string ctl(const std::vector<std::string>& args, int* status = nullptr) const;
+  // Polls raccelctl `query` (JSON) until `ok` holds (up to timeoutMs); the last answer.
+  std::string waitConsole(const std::string& query, const std::function<bool(const std::string&)>& ok,
+                          int timeoutMs = 20000) const;
   Process& scheduler() { return *scheduler_; }
   // kill -9 the scheduler, start it again with the same arguments, and wait until the
   // netaccels have rejoined.

@@ -1,5 +1,6 @@
 #include "vmfrontend/raccel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -81,11 +82,13 @@ Result<std::unique_ptr<Session>> Session::open(const Options& options) {
   hello.setProgram(options.program);
   hello.setTflops(options.tflops);
   hello.setPriority(options.priority);
+  hello.setAdmitWaitMs(options.admitWaitMs);
+  hello.setNoWait(options.noWait);
   auto kinds = hello.initKinds(options.kinds.size());
   for (size_t i = 0; i < options.kinds.size(); ++i) kinds.set(i, transport::toWire(options.kinds[i]));
   uint64_t seq = s->nextSequence_++;
   if (auto sent = s->impl_->link.sendNow(kChannel, seq, *m); !sent) return fail(sent.error());
-  auto frame = s->impl_->link.receive(options.timeoutMs);
+  auto frame = s->impl_->link.receive(std::max<int>(options.timeoutMs, static_cast<int>(options.admitWaitMs) + 10000));
   if (!frame) return fail(Code::unavailable, "no welcome from the scheduler: " + frame.error().message);
   Status result;
   auto decoded = transport::decodeGuard([&] {

@@ -35,6 +35,12 @@ struct Options {
   std::vector<CardKind> kinds;    // accepted card kinds; empty = whatever the VM allows
   int priority = 0;
   int timeoutMs = 120000;         // for hello, read and fence
+  // When the pool cannot hold it even by preempting lower priorities: wait this long
+  // for blocks (hello then waits too), 0 = fail at once with resourceExhausted.
+  unsigned admitWaitMs = 0;
+  // While suspended by a higher priority or the operator, fail instructions with
+  // `unavailable` instead of waiting (the default waits: latency, no error).
+  bool noWait = false;
 };
 
 struct CardInfo {

@@ -84,6 +84,9 @@ int main(int argc, char** argv) {
   flags.boolean("opencl", "also send an OpenCL C kernel as source, run it and check it (needs an OpenCL card)");
   flags.value("priority", "P", "priority to ask for (default 0; the VM's policy caps it)");
   flags.value("hold-ms", "MS", "keep the virtual accelerator this long, inputs written, before computing (default 0)");
+  flags.value("interval-ms", "MS", "sleep this long between gemm iterations, buffers on the card (default 0)");
+  flags.value("wait-ms", "MS", "when the pool is full even by preemption, wait this long for blocks (default 0: fail)");
+  flags.boolean("no-wait", "while suspended by a higher priority, fail instead of waiting");
   flags.value("rtt", "N", "only time N synchronous tiny round trips and print their p50/p99 (microseconds)");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
@@ -93,9 +96,13 @@ int main(int argc, char** argv) {
   options.tflops = std::atof(flags.get("tflops", "1").c_str());
   options.priority = std::atoi(flags.get("priority", "0").c_str());
   const int holdMs = std::atoi(flags.get("hold-ms", "0").c_str());
+  const int intervalMs = std::atoi(flags.get("interval-ms", "0").c_str());
+  const int waitMs = std::atoi(flags.get("wait-ms", "0").c_str());
+  options.admitWaitMs = static_cast<unsigned>(std::max(0, waitMs));
+  options.noWait = flags.has("no-wait");
   const int rtt = std::atoi(flags.get("rtt", "0").c_str());
-  if (holdMs < 0 || (flags.has("rtt") && rtt <= 0)) {
-    std::fprintf(stderr, "raccel-run: --hold-ms must be >= 0 and --rtt positive\n");
+  if (holdMs < 0 || intervalMs < 0 || waitMs < 0 || (flags.has("rtt") && rtt <= 0)) {
+    std::fprintf(stderr, "raccel-run: --hold-ms, --interval-ms and --wait-ms must be >= 0 and --rtt positive\n");
     return 2;
   }
   const uint32_t n = static_cast<uint32_t>(std::atoi(flags.get("size", "256").c_str()));
@@ -134,14 +141,19 @@ int main(int argc, char** argv) {
   }
   double maxErr = 0;
   for (int it = 0; it < iterations; ++it) {
+    if (it > 0 && intervalMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(intervalMs));
     s.fill(hc, 0, a.size() * 4, 0);
     s.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
     auto c = s.readFloats(hc, a.size());
     if (!c) {
-      std::printf("raccel-run: FAIL gemm %u: %s: %s\n", n, codeName(c.error().code), c.error().message.c_str());
+      std::printf("raccel-run: FAIL gemm %u (iteration %d): %s: %s\n", n, it, codeName(c.error().code), c.error().message.c_str());
       return 1;
     }
     for (size_t i = 0; i < c->size(); ++i) maxErr = std::max(maxErr, std::abs((*c)[i] - ref[i]));
+    if (intervalMs > 0) {
+      std::printf("raccel-run: iteration %d max error %.2g\n", it, maxErr);
+      std::fflush(stdout);
+    }
   }
   bool ok = maxErr <= 1e-3 * n;
   if (ok && flags.has("ops")) {

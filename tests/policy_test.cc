@@ -1,0 +1,285 @@
+// Scheduler policy end to end, with real raccel-scheduler, raccel-netaccel and raccelctl
+// processes and guest programs through libraccel: preemption with suspend/resume,
+// waiting admission, the operator's preempt/resume, live migration off a draining
+// netaccel, and compaction (ARCHITECTURE.md's 10-block fixture, live). Every result is
+// checked against data kept here.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <future>
+#include <regex>
+#include <thread>
+
+#include "tests/cluster.h"
+#include "vmfrontend/raccel.h"
+
+namespace raccel::testing {
+namespace {
+
+using client::Session;
+
+std::unique_ptr<Session> open(const std::string& socket, double tflops, const std::string& name, int priority = 0,
+                              unsigned waitMs = 0, bool noWait = false, std::string* why = nullptr) {
+  client::Options o;
+  o.socket = socket;
+  o.tflops = tflops;
+  o.program = name;
+  o.priority = priority;
+  o.admitWaitMs = waitMs;
+  o.noWait = noWait;
+  o.timeoutMs = 60000;
+  auto s = Session::open(o);
+  if (!s) {
+    if (why) *why = s.error().toString();
+    return nullptr;
+  }
+  return std::move(*s);
+}
+
+// The console's JSON object for the vaccel of program `name` ("" when absent).
+std::string vaccelOf(const std::string& json, const std::string& name) {
+  auto at = json.find("\"program\":\"" + name + "\"");
+  if (at == std::string::npos) return "";
+  auto begin = json.rfind("{\"id\"", at);
+  auto end = json.find("\"state\"", at);
+  end = json.find('}', end);
+  return json.substr(begin, end - begin + 1);
+}
+std::string stateOf(const std::string& json, const std::string& name) {
+  std::smatch m;
+  std::string v = vaccelOf(json, name);
+  static const std::regex state("\"state\":\"([a-z]+)\"");
+  return std::regex_search(v, m, state) ? m[1].str() : "";
+}
+std::string blocksOf(const std::string& json, const std::string& name) {
+  std::string v = vaccelOf(json, name);
+  auto b = v.find("\"blocks\":[");
+  return b == std::string::npos ? "" : v.substr(b + 10, v.find(']', b) - b - 10);
+}
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A buffer of `n` floats written with known values; check() reads it back.
+struct Kept {
+  client::Handle handle = 0;
+  std::vector<float> values;
+  Kept(Session& s, size_t n, unsigned seed) : values(randomFloats(n, seed)) {
+    handle = s.alloc(n * 4);
+    s.writeFloats(handle, values);
+  }
+  std::string check(Session& s) const {
+    auto got = s.readFloats(handle, values.size());
+    if (!got) return got.error().toString();
+    for (size_t i = 0; i < values.size(); ++i)
+      if ((*got)[i] != values[i]) return "element " + std::to_string(i) + " changed";
+    return "";
+  }
+};
+
+// y = alpha * x + y on the card, and the same here.
+std::string axpyChecked(Session& s, Kept& x, Kept& y, float alpha) {
+  s.axpy(x.values.size(), alpha, x.handle, y.handle);
+  for (size_t i = 0; i < y.values.size(); ++i) y.values[i] = alpha * x.values[i] + y.values[i];
+  return y.check(s);
+}
+
+TEST(Preemption, ALowPriorityProgramIsSuspendedForAHighOneAndResumesWithItsBuffersIntact) {
+  Cluster cluster({VmSpec{"low", 16, 0}, VmSpec{"high", 16, 5}});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=6,memory=512MiB,threads=1"}, 6);
+  auto low = open(cluster.vmSocket("low"), 5, "low");
+  ASSERT_TRUE(low);
+  // 1.5 MB: more than one chunk each way when saved and restored.
+  Kept x(*low, 400000, 1), y(*low, 400000, 2);
+  ASSERT_TRUE(low->fence());
+
+  std::promise<void> placed, go;
+  std::string highWhy;
+  std::thread high([&] {
+    auto h = open(cluster.vmSocket("high"), 4, "high", 5, 0, false, &highWhy);
+    placed.set_value();
+    if (!h) return;
+    go.get_future().wait();
+    Kept a(*h, 1000, 7), b(*h, 1000, 8);
+    highWhy = axpyChecked(*h, a, b, 3.0f);
+  });
+  placed.get_future().wait();
+  ASSERT_EQ(highWhy, "");
+  std::string vaccels = cluster.console("vaccels");
+  EXPECT_EQ(stateOf(vaccels, "low"), "suspended") << vaccels;
+  EXPECT_EQ(stateOf(vaccels, "high"), "running") << vaccels;
+
+  // The suspended program keeps going: its instructions wait at the scheduler.
+  auto lowWork = std::async(std::launch::async, [&] { return axpyChecked(*low, x, y, 2.0f); });
+  EXPECT_EQ(lowWork.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "a suspended vaccel ran an instruction";
+  go.set_value();
+  high.join();
+  EXPECT_EQ(highWhy, "");
+  EXPECT_EQ(lowWork.get(), "") << "the low program's buffers did not survive suspension";
+  EXPECT_EQ(x.check(*low), "");
+  vaccels = cluster.console("vaccels");
+  EXPECT_EQ(stateOf(vaccels, "low"), "running") << vaccels;
+  int status = 0;
+  std::string events = cluster.ctl({"events", "--recent"}, &status);
+  EXPECT_TRUE(has(events, "preempted") && has(events, "preempted by high/high")) << events;
+  EXPECT_TRUE(has(events, "resumed") && has(events, "bytes of buffers restored")) << events;
+}
+
+TEST(Preemption, WithoutLowerPrioritiesARequestIsRefusedOrWaitsWhenItAsks) {
+  Cluster cluster({VmSpec{"a", 16, 2}, VmSpec{"b", 16, 2}});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=6,memory=512MiB,threads=1"}, 6);
+  auto first = open(cluster.vmSocket("a"), 5, "first", 2);
+  ASSERT_TRUE(first);
+  Kept k(*first, 1000, 3);
+  std::string why;
+  auto refused = open(cluster.vmSocket("b"), 4, "refused", 2, 0, false, &why);
+  EXPECT_FALSE(refused);
+  EXPECT_TRUE(has(why, "not enough compute even by preemption: 4 blocks requested, 1 free or held by lower priorities than 2"))
+      << why;
+  auto waiter = std::async(std::launch::async, [&] {
+    std::string w;
+    auto s = open(cluster.vmSocket("b"), 4, "waiter", 2, 30000, false, &w);
+    if (!s) return w;
+    Kept a(*s, 1000, 4), b(*s, 1000, 5);
+    return axpyChecked(*s, a, b, 1.5f);
+  });
+  std::string vaccels = cluster.waitConsole("vaccels", [](auto& j) { return stateOf(j, "waiter") == "waiting"; });
+  EXPECT_EQ(stateOf(vaccels, "waiter"), "waiting") << vaccels;
+  EXPECT_EQ(k.check(*first), "");
+  first.reset();  // its blocks free: the waiter is placed
+  EXPECT_EQ(waiter.get(), "");
+  // A deadline that passes is a refusal naming the wait.
+  auto holder = open(cluster.vmSocket("a"), 5, "holder", 2);
+  auto late = open(cluster.vmSocket("b"), 4, "late", 2, 300, false, &why);
+  EXPECT_FALSE(late);
+  EXPECT_TRUE(has(why, "waited for blocks until its deadline")) << why;
+}
+
+TEST(Preemption, TheOperatorSuspendsAndResumesAndANoWaitProgramIsToldWhy) {
+  Cluster cluster({VmSpec{"vm1", 16, 0}});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  auto s = open(cluster.vmSocket("vm1"), 2, "patient", 0, 0, true);
+  ASSERT_TRUE(s);
+  Kept x(*s, 300000, 11), y(*s, 300000, 12);
+  ASSERT_TRUE(s->fence());
+  int status = -1;
+  std::string out = cluster.ctl({"preempt", std::to_string(s->vaccel().id)}, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(has(out, "is being suspended")) << out;
+  cluster.waitConsole("vaccels", [](auto& j) { return stateOf(j, "patient") == "suspended"; });
+  s->fill(x.handle, 0, 4, 0);
+  auto refused = s->fence();
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, Code::unavailable);
+  EXPECT_TRUE(has(refused.error().message, "suspended by the operator")) << refused.error().message;
+  EXPECT_EQ(cluster.console("pool").find("\"free\":4") != std::string::npos, true) << cluster.console("pool");
+
+  out = cluster.ctl({"resume", "42"}, &status);
+  EXPECT_EQ(status, 1);
+  EXPECT_TRUE(has(out, "no vaccel #42")) << out;
+  out = cluster.ctl({"resume", std::to_string(s->vaccel().id)}, &status);
+  EXPECT_EQ(status, 0) << out;
+  cluster.waitConsole("vaccels", [](auto& j) { return stateOf(j, "patient") == "running"; });
+  EXPECT_EQ(x.check(*s), "");
+  EXPECT_EQ(axpyChecked(*s, x, y, -0.5f), "");
+}
+
+TEST(Migration, AProgramsBuffersMoveToAnotherNetaccelMidStreamWithEveryResultCorrect) {
+  Cluster cluster({VmSpec{"vm1", 16, 0}});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  cluster.addNetaccel("node1", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  auto s = open(cluster.vmSocket("vm1"), 3, "mover");
+  ASSERT_TRUE(s);
+  std::string home = s->vaccel().cards.at(0).node, away = home == "node0" ? "node1" : "node0";
+  Kept keep(*s, 300000, 21), x(*s, 50000, 22), y(*s, 50000, 23);
+  std::atomic<int> rounds{0};
+  std::atomic<bool> stop{false};
+  std::string why;
+  std::thread stream([&] {
+    while (!stop && why.empty()) {
+      why = axpyChecked(*s, x, y, 0.25f);
+      ++rounds;
+    }
+  });
+  while (rounds < 5 && why.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  int status = -1;
+  std::string out = cluster.ctl({"drain", home}, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(has(out, "1 vaccel(s) moving elsewhere")) << out;
+  std::string vaccels = cluster.waitConsole("vaccels", [&](auto& j) {
+    return stateOf(j, "mover") == "running" && has(vaccelOf(j, "mover"), "\"node\":\"" + away + "\"");
+  });
+  EXPECT_TRUE(has(vaccelOf(vaccels, "mover"), "\"node\":\"" + away + "\"")) << vaccels;
+  int after = rounds;
+  while (rounds < after + 5 && why.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  stop = true;
+  stream.join();
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(keep.check(*s), "");
+  std::string events = cluster.ctl({"events", "--recent"});
+  EXPECT_TRUE(has(events, "migrated") && has(events, "node-drained")) << events;
+  // Nothing new lands on the draining node until it is undone.
+  auto other = open(cluster.vmSocket("vm1"), 1, "other");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->vaccel().cards.at(0).node, away);
+  out = cluster.ctl({"drain", home, "--undo"}, &status);
+  EXPECT_EQ(status, 0) << out;
+  auto third = open(cluster.vmSocket("vm1"), 4, "third");
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->vaccel().cards.at(0).node, home);
+  out = cluster.ctl({"drain", "nowhere"}, &status);
+  EXPECT_EQ(status, 1);
+  EXPECT_TRUE(has(out, "no netaccel named 'nowhere'")) << out;
+}
+
+// ARCHITECTURE.md: a 10-block pool; app1 holds 1-3, app2 4-6, app3 7-8; app1 exits;
+// app4 asks for 4 -> app2 1-3, app3 4-5, app4 6-9, block 10 free.
+void tenBlockFixture(Cluster& cluster, bool byHand) {
+  auto app1 = open(cluster.vmSocket("vm1"), 3, "app1");
+  auto app2 = open(cluster.vmSocket("vm1"), 3, "app2");
+  auto app3 = open(cluster.vmSocket("vm1"), 2, "app3");
+  ASSERT_TRUE(app1 && app2 && app3);
+  std::string v = cluster.console("vaccels");
+  ASSERT_EQ(blocksOf(v, "app1"), "{\"first\":1,\"count\":3}") << v;
+  ASSERT_EQ(blocksOf(v, "app2"), "{\"first\":4,\"count\":3}") << v;
+  ASSERT_EQ(blocksOf(v, "app3"), "{\"first\":7,\"count\":2}") << v;
+  Kept k2(*app2, 100000, 31), k3(*app3, 100000, 32);
+  ASSERT_TRUE(app2->fence() && app3->fence());
+  app1.reset();
+  v = cluster.waitConsole("vaccels", [](auto& j) { return vaccelOf(j, "app1").empty(); });
+  if (byHand) {
+    EXPECT_EQ(blocksOf(v, "app2"), "{\"first\":4,\"count\":3}") << "moved without being asked: " << v;
+    int status = -1;
+    std::string out = cluster.ctl({"defrag", "--max-moves", "1"}, &status);
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_TRUE(has(out, "1 move(s) started of 2 planned")) << out;
+    v = cluster.console("vaccels");
+    EXPECT_EQ(blocksOf(v, "app2"), "{\"first\":1,\"count\":3}") << v;
+    EXPECT_EQ(blocksOf(v, "app3"), "{\"first\":7,\"count\":2}") << v;
+    out = cluster.ctl({"defrag"}, &status);
+    EXPECT_TRUE(has(out, "1 move(s) started of 1 planned")) << out;
+  }
+  auto app4 = open(cluster.vmSocket("vm1"), 4, "app4");
+  ASSERT_TRUE(app4);
+  v = cluster.console("vaccels");
+  EXPECT_EQ(blocksOf(v, "app2"), "{\"first\":1,\"count\":3}") << v;
+  EXPECT_EQ(blocksOf(v, "app3"), "{\"first\":4,\"count\":2}") << v;
+  EXPECT_EQ(blocksOf(v, "app4"), "{\"first\":6,\"count\":4}") << v;
+  EXPECT_EQ(k2.check(*app2), "");
+  EXPECT_EQ(k3.check(*app3), "");
+}
+
+TEST(Compaction, TheTenBlockFixtureHoldsLiveAfterARelease) {
+  Cluster cluster({VmSpec{"vm1", 16, 0}});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=10,memory=512MiB,threads=1"}, 10);
+  tenBlockFixture(cluster, false);
+}
+
+TEST(Compaction, RaccelctlDefragHonoursItsMoveLimit) {
+  Cluster cluster({VmSpec{"vm1", 16, 0}}, "", {"--set", "defrag_on_release=false", "--set", "defrag_on_demand=false"});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=10,memory=512MiB,threads=1"}, 10);
+  tenBlockFixture(cluster, true);
+}
+
+}  // namespace
+}  // namespace raccel::testing
