@@ -40,6 +40,7 @@
 #include "common/flags.h"
 #include "scheduler/pool.h"
 #include "tests/cluster.h"
+#include "tests/fairness.h"
 #include "vmfrontend/raccel.h"
 
 using namespace raccel;
@@ -240,6 +241,7 @@ struct Figures {
   std::string vmSkipped;
   double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0, bulkGbps = 0, rawGbps = 0, writeSecs = 0, readSecs = 0;
   double aggEfficiency = 0, aggGflops = 0, aggSingles = 0;
+  testing::FairShare fair;
 };
 
 }  // namespace
@@ -455,9 +457,14 @@ int main(int argc, char** argv) {
     f.aggEfficiency = (g > 0 && p > 0 && q > 0 && all > 0) ? all / f.aggSingles : 0;
   }
 
+  progress("sharing a card: two tenants with 3:1 blocks, both keeping it busy");
+  f.fair = testing::measureFairShare(quick ? 1.5 : 5);
+  if (!f.fair.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share: %s\n", f.fair.problem.c_str());
+
   bool syncOk = f.syncP50 <= 3 * f.rawP50, asyncOk = f.asyncRate >= 200000, bulkOk = f.bulkGbps >= 0.5 * f.rawGbps;
   bool aggOk = f.aggEfficiency >= 0.85;
   bool allocOk = f.allocOps >= 2e6, admissionOk = f.admissionP99 <= 50;
+  bool fairOk = f.fair.problem.empty() && f.fair.error <= 0.05;
   char vmRttText[32] = "null";
   if (f.vmRttP50 >= 0) std::snprintf(vmRttText, sizeof vmRttText, "%.1f", f.vmRttP50);
   std::string vmRtt = vmRttText;
@@ -469,12 +476,13 @@ int main(int argc, char** argv) {
                 "\"alloc_ops_per_s\":%.0f,\"admission_p99_us\":%.2f,\"admission_victims_mean\":%.2f,"
                 "\"aggregate_efficiency\":%.3f,\"aggregate_gflops\":%.2f,\"aggregate_cards_alone_gflops\":%.2f,"
                 "\"bulk_bytes\":%zu,\"quick\":%s,\"targets_met\":{\"sync_rtt\":%s,\"async_instr\":%s,\"bulk\":%s,"
-                "\"aggregate\":%s,\"alloc_ops\":%s,\"admission\":%s}}\n",
+                "\"aggregate\":%s,\"alloc_ops\":%s,\"admission\":%s,\"fair_share\":%s},"
+                "\"fair_share_error\":%.4f,\"fair_share_ratio\":%.3f}\n",
                 f.syncP50, f.syncP99, f.rawP50, f.asyncRate, f.bulkGbps, f.rawGbps, vmRtt.c_str(), f.hostGuestdRttP50,
                 f.vmSkipped.c_str(), f.allocOps, f.admissionP99, f.admissionVictims, f.aggEfficiency, f.aggGflops,
                 f.aggSingles, bulkBytes, quick ? "true" : "false", syncOk ? "true" : "false", asyncOk ? "true" : "false",
                 bulkOk ? "true" : "false", aggOk ? "true" : "false", allocOk ? "true" : "false",
-                admissionOk ? "true" : "false");
+                admissionOk ? "true" : "false", fairOk ? "true" : "false", f.fair.error, f.fair.ratio);
   } else {
     std::printf("%-26s %12s   %-34s %s\n", "figure", "value", "baseline / target", "");
     std::printf("%-26s %9.1f us   raw two-hop p50 %.1f us, target <= %.1f us  %s\n", "sync_rtt_us_p50", f.syncP50,
@@ -497,6 +505,8 @@ int main(int argc, char** argv) {
                 "admission_p99_us", f.admissionP99, admissionOk ? "met" : "MISSED", f.admissionVictims);
     std::printf("%-26s %12.3f   split gemm %.2f GFLOPS vs the cards alone %.2f GFLOPS, target >= 0.85  %s\n",
                 "aggregate_efficiency", f.aggEfficiency, f.aggGflops, f.aggSingles, aggOk ? "met" : "MISSED");
+    std::printf("%-26s %12.4f   kernel time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
+                "fair_share_error", f.fair.error, f.fair.big, f.fair.small, f.fair.ratio, fairOk ? "met" : "MISSED");
   }
   return 0;
 }

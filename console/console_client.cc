@@ -146,13 +146,14 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
           }
           out << "],\"memoryUsed\":" << v.getMemoryUsed() << ",\"memoryQuota\":" << v.getMemoryQuota()
               << ",\"instructions\":" << v.getInstructions() << ",\"bytesMoved\":" << v.getBytesMoved()
+              << ",\"kernelMs\":" << v.getKernelMs()
               << ",\"state\":" << jsonString(v.getState()) << "}";
         }
         out << "]}\n";
         break;
       }
       out << pad("ID", 5) << pad("VM", 12) << pad("PROGRAM", 16) << pad("PRIO", 5) << pad("BLOCKS", 14) << pad("CARDS", 30)
-          << pad("MEMORY", 12) << pad("INSTR", 9) << pad("MOVED", 10) << "STATE\n";
+          << pad("MEMORY", 12) << pad("INSTR", 9) << pad("MOVED", 10) << pad("KERNEL", 11) << "STATE\n";
       for (auto v : vaccels) {
         std::string cards;
         for (auto c : v.getCards())
@@ -161,7 +162,8 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
         out << pad(std::to_string(v.getId()), 5) << pad(v.getVm(), 12) << pad(v.getProgram(), 16)
             << pad(std::to_string(v.getPriority()), 5) << pad(blocksText(v.getBlocks()), 14) << pad(cards, 30)
             << pad(std::to_string(v.getMemoryUsed() >> 20) + " MiB", 12) << pad(std::to_string(v.getInstructions()), 9)
-            << pad(std::to_string(v.getBytesMoved() >> 10) + " KiB", 10) << v.getState().cStr() << "\n";
+            << pad(std::to_string(v.getBytesMoved() >> 10) + " KiB", 10)
+            << pad(std::to_string(static_cast<uint64_t>(v.getKernelMs())) + " ms", 11) << v.getState().cStr() << "\n";
       }
       break;
     }

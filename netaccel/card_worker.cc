@@ -1,5 +1,8 @@
 #include "netaccel/card_worker.h"
 
+#include <chrono>
+#include <cmath>
+#include <deque>
 #include <optional>
 #include <unordered_map>
 
@@ -35,6 +38,30 @@ struct CardWorker::Work {
   uint64_t quota = 0;  // open: memory quota; poison: the handle
   std::string label;
   Code code = Code::internal;
+  uint32_t blocks = 1;  // open
+  std::string tenant;
+  int priority = 0;
+};
+
+namespace {
+double nowNs() {
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+// Kernel time used, decayed exponentially (half-life halfLifeNs_) to `at`.
+struct Usage {
+  double value = 0, at = 0;
+  double decayed(double now, double halfLifeNs) const { return value * std::exp2(-(now - at) / halfLifeNs); }
+  void add(double now, double halfLifeNs, double ns) {
+    value = decayed(now, halfLifeNs) + ns;
+    at = now;
+  }
+};
+
+struct CardWorker::Tenant {
+  Usage usage;
+  uint32_t blocks = 0;  // of its open contexts here
 };
 
 struct CardWorker::Context {
@@ -47,13 +74,21 @@ struct CardWorker::Context {
   std::unordered_map<uint64_t, Poison> poisoned;  // handles a failed instruction should have created
   uint64_t quota = 0, used = 0;
   std::string label;
+  // Scheduling on the card.
+  std::deque<Work> ready;
+  Usage usage;
+  uint32_t blocks = 1;
+  std::string tenant;
+  int priority = 0;
 };
 
-CardWorker::CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify)
+CardWorker::CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify, double halfLifeMs)
     : caps_(device->capabilities()),
       device_(std::move(device)),
       notify_(std::move(notify)),
-      contexts_(std::make_unique<std::unordered_map<uint32_t, Context>>()) {
+      contexts_(std::make_unique<std::unordered_map<uint32_t, Context>>()),
+      tenants_(std::make_unique<std::unordered_map<std::string, Tenant>>()),
+      halfLifeNs_(std::max(1.0, halfLifeMs) * 1e6) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -68,12 +103,16 @@ CardWorker::~CardWorker() {
     for (auto& [h, b] : ctx.buffers) device_->release(std::move(b));
 }
 
-void CardWorker::openContext(uint32_t context, uint64_t memoryQuota, const std::string& label) {
+void CardWorker::openContext(uint32_t context, uint64_t memoryQuota, const std::string& label, uint32_t blocks,
+                             const std::string& tenant, int priority) {
   Work w;
   w.type = Work::Type::open;
   w.context = context;
   w.quota = memoryQuota;
   w.label = label;
+  w.blocks = std::max(1u, blocks);
+  w.tenant = tenant.empty() ? label : tenant;
+  w.priority = priority;
   staged_.push_back(std::move(w));
 }
 
@@ -127,30 +166,108 @@ size_t CardWorker::queuedBytes() const {
   return queuedBytes_;
 }
 
+std::vector<std::pair<uint32_t, uint64_t>> CardWorker::kernelTimes() const {
+  std::lock_guard lock(mu_);
+  return {kernelNs_.begin(), kernelNs_.end()};
+}
+
 size_t CardWorker::queuedInstructions() const {
   std::lock_guard lock(mu_);
   return queuedCount_;
 }
 
 void CardWorker::run() {
-  std::vector<Work> batch;
+  std::vector<Work> arrived;
   for (;;) {
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
-      batch.swap(queue_);
+      arrived.swap(queue_);
     }
-    for (auto& w : batch) {
+    intake(arrived);
+    // One instruction at a time, the fairest next; newly arrived work joins the choice.
+    while (Context* c = pick()) {
+      Work w = std::move(c->ready.front());
+      c->ready.pop_front();
+      if (c->ready.empty()) --readyContexts_;
       size_t bytes = w.body.size();  // execute() consumes the body
-      execute(w);
-      std::lock_guard lock(mu_);
-      queuedBytes_ -= bytes;
-      --queuedCount_;
+      uint32_t id = w.context;
+      bool instruction = w.type == Work::Type::instruction;
+      double start = instruction ? nowNs() : 0;
+      execute(w);  // may close (erase) the context
+      double used = 0;
+      if (instruction) {
+        auto it = contexts_->find(id);
+        if (it != contexts_->end()) charge(it->second, used = nowNs() - start);
+      }
+      {
+        std::lock_guard lock(mu_);
+        if (used > 0) kernelNs_[id] += static_cast<uint64_t>(used);
+        queuedBytes_ -= bytes;
+        --queuedCount_;
+        if (!queue_.empty()) arrived.swap(queue_);
+      }
+      if (!arrived.empty()) intake(arrived);
+      // Replies leave now: a context waiting on a fence must not wait for the others' work.
+      if (!pendingOut_.empty()) flushOutputs(false);
     }
-    batch.clear();
     flushOutputs(true);
   }
+}
+
+void CardWorker::intake(std::vector<Work>& arrived) {
+  for (auto& w : arrived) {
+    if (w.type == Work::Type::open) {
+      execute(w);
+      std::lock_guard lock(mu_);
+      --queuedCount_;
+      continue;
+    }
+    auto it = contexts_->find(w.context);
+    if (it == contexts_->end()) {  // never opened, or closed: nothing to run it on
+      std::lock_guard lock(mu_);
+      queuedBytes_ -= w.body.size();
+      --queuedCount_;
+      continue;
+    }
+    if (it->second.ready.empty()) ++readyContexts_;
+    it->second.ready.push_back(std::move(w));
+  }
+  arrived.clear();
+}
+
+CardWorker::Context* CardWorker::pick() {
+  if (readyContexts_ == 0) return nullptr;
+  if (readyContexts_ == 1) {
+    for (auto& [id, c] : *contexts_)
+      if (!c.ready.empty()) return &c;
+  }
+  double now = nowNs();
+  // The tenant with work ready and the lowest decayed usage over share...
+  const std::string* tenant = nullptr;
+  double tenantScore = 0;
+  for (auto& [id, c] : *contexts_) {
+    if (c.ready.empty() || (tenant && *tenant == c.tenant)) continue;
+    const Tenant& t = (*tenants_)[c.tenant];
+    double score = t.usage.decayed(now, halfLifeNs_) / std::max(1u, t.blocks);
+    if (!tenant || score < tenantScore) tenant = &c.tenant, tenantScore = score;
+  }
+  // ...then its highest-priority context, the least used for its share among equals.
+  Context* best = nullptr;
+  double bestOwn = 0;
+  for (auto& [id, c] : *contexts_) {
+    if (c.ready.empty() || c.tenant != *tenant) continue;
+    double own = c.usage.decayed(now, halfLifeNs_) / c.blocks;
+    if (!best || c.priority > best->priority || (c.priority == best->priority && own < bestOwn)) best = &c, bestOwn = own;
+  }
+  return best;
+}
+
+void CardWorker::charge(Context& c, double ns) {
+  double now = nowNs();
+  c.usage.add(now, halfLifeNs_, ns);
+  (*tenants_)[c.tenant].usage.add(now, halfLifeNs_, ns);
 }
 
 void CardWorker::emit(uint32_t context, uint64_t sequence, Body body) {
@@ -199,12 +316,27 @@ void CardWorker::execute(Work& work) {
     Context& c = (*contexts_)[work.context];
     c.quota = work.quota ? work.quota : caps_.memoryBytes;
     c.label = work.label;
+    c.blocks = work.blocks;
+    c.tenant = work.tenant;
+    c.priority = work.priority;
+    (*tenants_)[c.tenant].blocks += c.blocks;
     return;
   }
   auto it = contexts_->find(work.context);
   if (work.type == Work::Type::close) {
     if (it == contexts_->end()) return;
     for (auto& [h, b] : it->second.buffers) device_->release(std::move(b));
+    Tenant& t = (*tenants_)[it->second.tenant];  // kept: its past usage still counts if it comes back
+    t.blocks -= std::min(t.blocks, it->second.blocks);
+    {
+      std::lock_guard lock(mu_);
+      kernelNs_.erase(work.context);
+      if (!it->second.ready.empty()) {  // work after its close: dropped with it
+        --readyContexts_;
+        for (auto& w : it->second.ready) queuedBytes_ -= w.body.size();
+        queuedCount_ -= it->second.ready.size();
+      }
+    }
     contexts_->erase(it);
     return;
   }

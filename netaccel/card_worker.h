@@ -1,5 +1,14 @@
 // Runs guest instructions on one card, on a worker thread of its own.
 //
+// Sharing the card (ARCHITECTURE.md "Sharing one card"): each context has its own queue,
+// in order. The worker picks the next instruction across contexts: first the tenant
+// (VM) with the lowest usage score, its kernel time decayed with a half-life, divided by
+// its share (the blocks of this card its contexts hold); then, among that tenant's
+// contexts with work ready, the highest priority, then the lowest own usage over share.
+// While several tenants keep the card busy, each gets kernel time in proportion to its
+// blocks. Usage is the worker's wall time executing the instruction (synchronous
+// backends: the kernel's time).
+//
 // The loop thread queues work (enqueue/openContext/closeContext) and publishes it with
 // submit(), once per batch of frames; the worker executes it in order and hands
 // encoded replies back through drain(), calling `notify` (uv_async_send) when there are
@@ -15,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "hal/device.h"
@@ -30,7 +40,7 @@ class CardWorker {
     transport::Body body;
   };
 
-  CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify);
+  CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify, double halfLifeMs = 2000);
   ~CardWorker();
   CardWorker(const CardWorker&) = delete;
   CardWorker& operator=(const CardWorker&) = delete;
@@ -39,7 +49,10 @@ class CardWorker {
   const hal::Capabilities& capabilities() const { return caps_; }
 
   // Loop thread.
-  void openContext(uint32_t context, uint64_t memoryQuota, const std::string& label);
+  // `blocks`: the context's share of the card (0 counts as 1); `tenant`: whose usage it
+  // adds to (contexts of one tenant share its score); `priority`: order inside the tenant.
+  void openContext(uint32_t context, uint64_t memoryQuota, const std::string& label, uint32_t blocks = 1,
+                   const std::string& tenant = "", int priority = 0);
   void closeContext(uint32_t context);
   void poison(uint32_t context, uint64_t handle, uint64_t sequence, Code code);
   void enqueue(uint32_t context, uint64_t sequence, transport::Body body);
@@ -48,11 +61,17 @@ class CardWorker {
   // Bytes of instructions queued or running (for input backpressure).
   size_t queuedBytes() const;
   size_t queuedInstructions() const;
+  // Kernel time each open context has used so far (for the heartbeat).
+  std::vector<std::pair<uint32_t, uint64_t>> kernelTimes() const;
 
  private:
   struct Work;
   struct Context;
+  struct Tenant;
   void run();
+  void intake(std::vector<Work>& arrived);  // into the contexts' queues
+  Context* pick();                          // the context to run next, or null
+  void charge(Context& c, double ns);
   void execute(Work& work);
   void emit(uint32_t context, uint64_t sequence, transport::Body body);
   void flushOutputs(bool force);
@@ -67,12 +86,16 @@ class CardWorker {
   std::vector<Work> queue_;
   std::vector<Output> outbox_;
   size_t queuedBytes_ = 0, queuedCount_ = 0;
+  std::unordered_map<uint32_t, uint64_t> kernelNs_;  // by context
   bool stop_ = false;
 
   // Worker thread only.
   std::vector<Output> pendingOut_;
   size_t pendingOutBytes_ = 0;
   std::unique_ptr<std::unordered_map<uint32_t, Context>> contexts_;
+  std::unique_ptr<std::unordered_map<std::string, Tenant>> tenants_;
+  double halfLifeNs_;
+  size_t readyContexts_ = 0;
   std::thread thread_;
 };
 

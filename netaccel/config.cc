@@ -96,7 +96,7 @@ Result<CardConfig> parseCardSpec(const std::string& spec) {
 Result<NetaccelConfig> parseConfig(const Config& config) {
   NetaccelConfig out;
   auto& top = config.top();
-  auto unknown = top.unknownKeys({"name", "scheduler", "heartbeat_ms", "discover"});
+  auto unknown = top.unknownKeys({"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms"});
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
   out.name = top.getString("name", "");
   out.scheduler = top.getString("scheduler", out.scheduler);
@@ -104,6 +104,10 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   if (!hb) return fail(hb.error());
   if (*hb < 10) return fail(Code::invalidArgument, "heartbeat_ms must be at least 10");
   out.heartbeatMs = static_cast<unsigned>(*hb);
+  auto halfLife = top.getDouble("fair_half_life_ms", out.fairHalfLifeMs);
+  if (!halfLife) return fail(halfLife.error());
+  if (!(*halfLife > 0)) return fail(Code::invalidArgument, "fair_half_life_ms must be positive");
+  out.fairHalfLifeMs = *halfLife;
   auto discover = parseDiscover(top.getString("discover", "all"));
   if (!discover) return fail(discover.error().code, config.origin() + ": " + discover.error().message);
   out.discover = *discover;

@@ -4,6 +4,7 @@
 //   name = node0                 # unique in the pool
 //   scheduler = 127.0.0.1:7700
 //   discover = all               # all, none, or a list: opencl,cuda,xrt
+//   fair_half_life_ms = 2000     # sharing a card: past kernel time counts half after this
 //
 //   [card]                       # override a discovered device
 //   backend = opencl             # opencl, cuda or xrt
@@ -49,6 +50,8 @@ struct NetaccelConfig {
   std::string name;
   std::string scheduler = "127.0.0.1:7700";
   unsigned heartbeatMs = 1000;
+  // Sharing a card: past kernel time counts half as much after this long.
+  double fairHalfLifeMs = 2000;
   std::vector<std::string> discover;  // backends to enumerate at start
   std::vector<CardConfig> cards;
 };

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
               true);
   flags.value("discover", "LIST", "backends to enumerate at start: all (default), none, or e.g. opencl,cuda");
   flags.boolean("list-devices", "print the cards this netaccel would serve, then exit");
+  flags.value("fair-half-life-ms", "MS", "sharing a card: past kernel time counts half after MS (default 2000)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   flags.epilog("Serves the configured cards, then every device the discovered backends see (TFLOPS from the device's "
                "properties or a short calibration run). With neither, one cpu card of 4 TFLOPS and 1 GiB.");
@@ -43,6 +44,13 @@ int main(int argc, char** argv) {
   }
   if (flags.has("name")) config.name = flags.get("name");
   if (flags.has("scheduler")) config.scheduler = flags.get("scheduler");
+  if (flags.has("fair-half-life-ms")) {
+    config.fairHalfLifeMs = std::atof(flags.get("fair-half-life-ms").c_str());
+    if (!(config.fairHalfLifeMs > 0)) {
+      std::fprintf(stderr, "raccel-netaccel: --fair-half-life-ms must be a positive number\n");
+      return 2;
+    }
+  }
   for (auto& spec : flags.getAll("card")) {
     auto card = netaccel::parseCardSpec(spec);
     if (!card) {

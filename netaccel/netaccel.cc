@@ -66,7 +66,7 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
   uv_timer_init(loop_, reconnect_);
   reconnect_->data = this;
   for (auto& d : devices)
-    workers_.push_back(std::make_unique<CardWorker>(std::move(d), [a = async_] { uv_async_send(a); }));
+    workers_.push_back(std::make_unique<CardWorker>(std::move(d), [a = async_] { uv_async_send(a); }, config_.fairHalfLifeMs));
 }
 
 Netaccel::~Netaccel() { workers_.clear(); }
@@ -222,7 +222,8 @@ void Netaccel::onControl(transport::Body body) {
           return;
         }
         contextCard_[o.getContext()] = o.getCard();
-        workers_[o.getCard()]->openContext(o.getContext(), o.getMemoryQuota(), o.getLabel());
+        workers_[o.getCard()]->openContext(o.getContext(), o.getMemoryQuota(), o.getLabel(), o.getBlocks(), o.getTenant(),
+                                           o.getPriority());
         RLOG_DEBUG("netaccel") << "context " << o.getContext() << " (" << o.getLabel().cStr() << ") on card " << o.getCard();
         return;
       }
@@ -254,6 +255,14 @@ void Netaccel::sendHeartbeat() {
   uint64_t queued = 0;
   for (auto& w : workers_) queued += w->queuedInstructions();
   hb.setQueuedInstructions(queued);
+  std::vector<std::pair<uint32_t, uint64_t>> usage;
+  for (auto& w : workers_)
+    for (auto& u : w->kernelTimes()) usage.push_back(u);
+  auto list = hb.initUsage(usage.size());
+  for (size_t i = 0; i < usage.size(); ++i) {
+    list[i].setContext(usage[i].first);
+    list[i].setKernelNs(usage[i].second);
+  }
   link_->send(transport::kControlChannel, 0, m);
 }
 

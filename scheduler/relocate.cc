@@ -70,6 +70,9 @@ void Scheduler::openMembers(Session& s) {
     o.setCard(card.spec.index);
     o.setMemoryQuota(s.vm->policy.memoryQuota);
     o.setLabel(labelOf(s));
+    o.setBlocks(share.blocks);
+    o.setTenant(s.vm->policy.name);
+    o.setPriority(s.priority);
     member.node->connection->send(transport::kControlChannel, 0, open);
     ++member.node->contexts;
     sessionByContext_[member.context] = &s;
@@ -78,6 +81,7 @@ void Scheduler::openMembers(Session& s) {
 }
 
 void Scheduler::closeMembers(Session& s) {
+  s.kernelNsBefore = s.kernelNs();
   for (auto& member : s.members) {
     if (member.node) {
       capnp::MallocMessageBuilder m;

@@ -671,6 +671,12 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         return;
       }
       case wire::NodeMessage::HEARTBEAT:
+        for (auto u : msg.getHeartbeat().getUsage()) {
+          auto it = sessionByContext_.find(u.getContext());
+          if (it == sessionByContext_.end()) continue;
+          for (auto& m : it->second->members)
+            if (m.context == u.getContext() && m.node == &node) m.kernelNs = u.getKernelNs();
+        }
         return;
     }
   });
@@ -892,6 +898,7 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
           out[i].setMemoryQuota(s.vm->policy.memoryQuota);
           out[i].setInstructions(s.instructions);
           out[i].setBytesMoved(s.bytesMoved);
+          out[i].setKernelMs(s.kernelNs() / 1e6);
           out[i].setState(!s.unavailable.empty() ? "unavailable" : phaseName(s.phase));
         }
         return;

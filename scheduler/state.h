@@ -52,6 +52,7 @@ struct Member {
   size_t card = 0;                      // pool card index
   uint32_t context = 0;
   uint32_t blocks = 0;
+  uint64_t kernelNs = 0;  // the card's kernel time for this context, as last heard
 };
 
 // A guest that keeps streaming behind a long job or a suspended vaccel waits at its link
@@ -130,6 +131,12 @@ struct Scheduler::Session {
   uint64_t nextSequence = kSchedulerSequences;
   uint64_t nextScratch = kSchedulerHandles;
   uint64_t bytesMoved = 0;  // between its cards, by the scheduler
+  uint64_t kernelNsBefore = 0;  // of contexts it had before (suspended or moved since)
+  uint64_t kernelNs() const {
+    uint64_t n = kernelNsBefore;
+    for (auto& m : members) n += m.kernelNs;
+    return n;
+  }
 
   // Placement and its life (relocate.cc).
   Phase phase = Phase::running;

@@ -125,6 +125,7 @@ struct VaccelEntry {
   state @9 :Text;        # running | waiting (for blocks) | suspending | suspended | moving |
                          # resuming | unavailable
   bytesMoved @10 :UInt64;  # copied between its cards by the scheduler (split ops, routed programs)
+  kernelMs @11 :Float64;   # time its cards spent running its instructions (as of their last heartbeats)
 }
 
 # A VM the scheduler serves or served, with its policy and where that came from.

@@ -37,6 +37,12 @@ struct Register {
 struct Heartbeat {
   contexts @0 :UInt32;
   queuedInstructions @1 :UInt64;
+  usage @2 :List(ContextUsage);   # kernel time of every open context so far
+}
+
+struct ContextUsage {
+  context @0 :UInt32;
+  kernelNs @1 :UInt64;
 }
 
 # scheduler -> netaccel
@@ -69,4 +75,9 @@ struct OpenContext {
   card @1 :UInt32;
   memoryQuota @2 :UInt64;    # bytes; 0 = the card's memory
   label @3 :Text;            # "vm/program" for logs
+  # Sharing the card: the context's blocks on it (its share), the tenant whose usage it
+  # adds to (the VM), and its priority among that tenant's contexts.
+  blocks @4 :UInt32;
+  tenant @5 :Text;
+  priority @6 :Int32;
 }

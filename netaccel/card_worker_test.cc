@@ -1,0 +1,87 @@
+// CardWorker on a real cpu device: how it shares the card between contexts.
+#include "netaccel/card_worker.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "hal/cpu/cpu_device.h"
+#include "schema/guest.capnp.h"
+#include "transport/wire_types.h"
+
+namespace raccel::netaccel {
+namespace {
+
+transport::Body instruction(const std::function<void(wire::Instruction::Builder)>& fill) {
+  capnp::MallocMessageBuilder m;
+  fill(m.initRoot<wire::Instruction>());
+  return transport::encodeBody(m);
+}
+
+struct Harness {
+  std::atomic<int> notified{0};
+  CardWorker worker{hal::makeCpuDevice({CardKind::gpu, "sim", 4, 1ull << 30, 1, false}), [this] { ++notified; }, 2000};
+  std::vector<CardWorker::Output> outputs;
+  // Waits until `count` outputs have come.
+  void collect(size_t count) {
+    for (int i = 0; i < 3000 && outputs.size() < count; ++i) {
+      worker.drain(outputs);
+      if (outputs.size() < count) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+};
+
+// Each context: two 128x128 buffers, then `rounds` of (gemm, fence). The order of the
+// fences' replies is the order the card served them.
+void queueGemms(CardWorker& w, uint32_t context, int rounds, uint64_t* seq) {
+  const uint32_t n = 128;
+  for (uint64_t h = 1; h <= 3; ++h)
+    w.enqueue(context, (*seq)++, instruction([&](auto in) {
+      auto a = in.initAlloc();
+      a.setHandle(h);
+      a.setSize(n * n * 4);
+    }));
+  for (int i = 0; i < rounds; ++i) {
+    w.enqueue(context, (*seq)++, instruction([&](auto in) {
+      auto g = in.initOp().initGemm();
+      g.setM(n), g.setN(n), g.setK(n), g.setAlpha(1), g.setA(1), g.setB(2), g.setC(3);
+    }));
+    w.enqueue(context, (*seq)++, instruction([](auto in) { in.setFence(); }));
+  }
+}
+
+TEST(CardWorker, ContextsShareTheCardInProportionToTheirBlocks) {
+  Harness h;
+  h.worker.openContext(1, 0, "big", 3, "big");
+  h.worker.openContext(2, 0, "small", 1, "small");
+  uint64_t seq = 1;
+  queueGemms(h.worker, 1, 200, &seq);
+  queueGemms(h.worker, 2, 200, &seq);
+  h.worker.submit();  // all at once: both contexts are backlogged from the start
+  h.collect(400);
+  ASSERT_EQ(h.outputs.size(), 400u);
+  std::map<uint32_t, int> firstHundred;
+  for (size_t i = 0; i < 100; ++i) ++firstHundred[h.outputs[i].context];
+  EXPECT_NEAR(firstHundred[1], 75, 8) << "big " << firstHundred[1] << " small " << firstHundred[2];
+  auto times = h.worker.kernelTimes();
+  EXPECT_EQ(times.size(), 2u);
+}
+
+TEST(CardWorker, InsideATenantTheHigherPriorityContextGoesFirst) {
+  Harness h;
+  h.worker.openContext(1, 0, "low", 1, "vm", 0);
+  h.worker.openContext(2, 0, "high", 1, "vm", 5);
+  uint64_t seq = 1;
+  queueGemms(h.worker, 1, 20, &seq);
+  queueGemms(h.worker, 2, 20, &seq);
+  h.worker.submit();
+  h.collect(40);
+  ASSERT_EQ(h.outputs.size(), 40u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(h.outputs[i].context, 2u) << "reply " << i;
+}
+
+}  // namespace
+}  // namespace raccel::netaccel

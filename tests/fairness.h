@@ -1,0 +1,24 @@
+// The fair-share measurement shared by policy_test (checked loosely) and raccel-bench
+// (fair_share_error): two tenants hold 3 and 1 blocks of one 4-block card and both
+// keep it busy with identical gemms; the kernel time each got in the window is the
+// card's own account (netaccel heartbeats, raccelctl vaccels kernelMs). Real scheduler
+// and netaccel processes; real computation on the card.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace raccel::testing {
+
+struct FairShare {
+  double big = 0, small = 0;    // kernel milliseconds in the window (3 blocks, 1 block)
+  uint64_t bigGemms = 0, smallGemms = 0;  // completed over the whole run, for the record
+  double ratio = 0;             // big / small; the target is 3
+  double error = 0;             // |ratio / 3 - 1|
+  std::string problem;          // set when the measurement itself failed
+  std::string detail;           // the console's vaccels at both ends
+};
+
+FairShare measureFairShare(double seconds);
+
+}  // namespace raccel::testing
