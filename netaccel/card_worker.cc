@@ -554,6 +554,8 @@ void CardWorker::execute(Work& work) {
         }
         case wire::Instruction::HELLO:
           return failure(Code::invalidArgument, "hello is for the scheduler, not a card");
+        case wire::Instruction::GRAPH:
+          return failure(Code::invalidArgument, "a graph is for the scheduler, not a card");
       }
       return failure(Code::unimplemented, "unknown instruction (tag " + std::to_string(static_cast<int>(in.which())) +
                                               "); this netaccel speaks instruction set 1.0");

@@ -35,18 +35,6 @@ uint64_t outputOf(wire::Op::Reader op) {
   return 0;
 }
 
-// Calls `then` once `left` ticks have come: one per input copy, and a last one from
-// the code that set `then` (so inputs that were all cached run at once).
-struct Gate {
-  size_t left = 0;
-  std::function<void()> then;
-  static std::function<void()> ticker(const std::shared_ptr<Gate>& gate) {
-    return [gate] {
-      if (--gate->left == 0) gate->then();
-    };
-  }
-};
-
 std::string kindsOf(const Pool& pool, const std::vector<Member>& members) {
   std::string out;
   for (auto& m : members) {
@@ -105,6 +93,10 @@ void Scheduler::copyBetween(Session& s, size_t member, uint64_t handle, uint64_t
   r.setLength(length);
   ++s.job->awaiting;
   sendRemote(s, member, m, [this, &s, toMember, toHandle, toOffset, done = std::move(done)](wire::Reply::Reader reply) {
+    if (reply.which() == wire::Reply::ERROR) {
+      done();  // the job has the error; whatever waited on this copy goes on, so the job ends
+      return true;
+    }
     if (reply.which() == wire::Reply::DATA) {
       auto chunk = reply.getData();
       capnp::MallocMessageBuilder w;
@@ -190,6 +182,8 @@ bool Scheduler::routeElsewhere(Session& s, uint64_t sequence, wire::Instruction:
       if (!s.replicas.empty()) dropReplicas(s, outputOf(op));
       return false;
     }
+    case wire::Instruction::GRAPH:
+      return startGraph(s, sequence, in.getGraph());
     case wire::Instruction::FREE: {
       uint64_t handle = in.getFree().getHandle();
       auto home = s.programHome.find(handle);

@@ -23,6 +23,8 @@
 
 namespace raccel::scheduler {
 
+struct GraphRun;
+
 class Scheduler {
  public:
   Scheduler(uv_loop_t* loop, SchedulerConfig config);
@@ -81,6 +83,9 @@ class Scheduler {
   // later instructions until they finish. Returns true when the instruction was taken.
   bool routeElsewhere(Session& s, uint64_t sequence, wire::Instruction::Reader instruction);
   bool startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op);
+  // Task graphs (graph.cc).
+  bool startGraph(Session& s, uint64_t sequence, wire::Graph::Reader graph);
+  void pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run);
   void startRemoteLoad(Session& s, uint64_t sequence, size_t member, wire::LoadProgram::Reader load);
   void startRemoteLaunch(Session& s, uint64_t sequence, size_t member, wire::Launch::Reader launch);
   uint64_t sendRemote(Session& s, size_t member, capnp::MessageBuilder& message,

@@ -88,6 +88,18 @@ struct RemoteJob {
   std::function<void(std::optional<Error>)> finished;
 };
 
+// Calls `then` once `left` ticks have come: one per input copy, and a last one from
+// the code that set `then` (so inputs that were all cached run at once).
+struct Gate {
+  size_t left = 0;
+  std::function<void()> then;
+  static std::function<void()> ticker(const std::shared_ptr<Gate>& gate) {
+    return [gate] {
+      if (--gate->left == 0) gate->then();
+    };
+  }
+};
+
 // Where a session is in its life (relocate.cc). Only `running` forwards the guest's
 // instructions; in every other phase they wait in `held` (or fail, with noWait).
 enum class Phase {

@@ -45,7 +45,29 @@ struct Instruction {
     launch @8 :Launch;
     op @9 :Op;
     fence @10 :Void;
+    graph @11 :Graph;
   }
+}
+
+# A task graph (datablocks): built-in ops over the session's buffers, run as one
+# instruction. The scheduler orders them by their data (an op that reads a buffer follows
+# the last op that wrote it; an op that writes one follows the ops that read or wrote it
+# before) and by `after`; it places each op on one of the vaccel's cards, moving as few
+# buffer bytes between cards as it can, running independent branches on different cards
+# at once, and leaves every buffer's latest contents on the primary at the end. Like an
+# op, it answers only when it fails (an error under its sequence naming the node).
+struct Graph {
+  nodes @0 :List(GraphNode);
+  placement @1 :Placement;
+  enum Placement {
+    fewestBytes @0;   # raccel's placement
+    roundRobin @1;    # node i on the i-th card in turn (a baseline for comparison)
+  }
+}
+
+struct GraphNode {
+  op @0 :Op;
+  after @1 :List(UInt32);   # earlier nodes (indices) it must also follow
 }
 
 struct Hello {

@@ -282,6 +282,62 @@ TEST(Compaction, RaccelctlDefragHonoursItsMoveLimit) {
   tenBlockFixture(cluster, true);
 }
 
+uint64_t bytesMovedOf(const std::string& json, const std::string& name) {
+  std::string v = vaccelOf(json, name);
+  auto at = v.find("\"bytesMoved\":");
+  return at == std::string::npos ? 0 : std::stoull(v.substr(at + 13));
+}
+
+TEST(Graph, ADiamondMovesFewerBytesThanRoundRobinAndBothAreRight) {
+  Cluster cluster({VmSpec{"vm1", 16, 0}});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  cluster.addNetaccel("node1", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  auto s = open(cluster.vmSocket("vm1"), 8, "diamond");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->vaccel().cards.size(), 2u) << s->vaccel().describe();
+  const size_t n = 200000;
+  auto x = randomFloats(n, 41), y = randomFloats(n, 42), b0 = randomFloats(n, 43);
+  auto hx = s->alloc(n * 4), hy = s->alloc(n * 4), ha = s->alloc(n * 4), hb = s->alloc(n * 4), hc = s->alloc(n * 4),
+       hd = s->alloc(n * 4);
+  s->writeFloats(hx, x);
+  s->writeFloats(hy, y);
+  // a = x + y; b = 2a + b; c = a + x; d = b + c: b and c are independent branches.
+  client::Graph g;
+  uint32_t top = g.vadd(n, hx, hy, ha);
+  uint32_t left = g.axpy(n, 2.0f, ha, hb, {top});
+  uint32_t right = g.vadd(n, ha, hx, hc);
+  g.vadd(n, hb, hc, hd, {left, right});
+  auto runAndCheck = [&](client::Graph::Placement placement, uint64_t* moved) {
+    s->writeFloats(hb, b0);
+    ASSERT_TRUE(s->fence());
+    uint64_t before = bytesMovedOf(cluster.console("vaccels"), "diamond");
+    s->submitGraph(g, placement);
+    auto d = s->readFloats(hd, n), b = s->readFloats(hb, n), c = s->readFloats(hc, n);
+    ASSERT_TRUE(d && b && c) << (d ? "" : d.error().message);
+    for (size_t i = 0; i < n; ++i) {
+      float a = x[i] + y[i], bb = 2.0f * a + b0[i], cc = a + x[i];
+      ASSERT_EQ((*b)[i], bb) << i;
+      ASSERT_EQ((*c)[i], cc) << i;
+      ASSERT_EQ((*d)[i], bb + cc) << i;
+    }
+    *moved = bytesMovedOf(cluster.console("vaccels"), "diamond") - before;
+  };
+  uint64_t fewest = 0, roundRobin = 0;
+  runAndCheck(client::Graph::Placement::fewestBytes, &fewest);
+  runAndCheck(client::Graph::Placement::roundRobin, &roundRobin);
+  EXPECT_LT(fewest, roundRobin);
+  EXPECT_GT(roundRobin, 0u);
+  std::cout << "diamond graph: " << fewest << " bytes moved placed by raccel, " << roundRobin << " round robin\n";
+  // A graph naming a buffer it does not have is refused whole, naming the node.
+  client::Graph bad;
+  bad.vadd(n, hx, hy, ha);
+  bad.vadd(n, hx, 999, ha);
+  s->submitGraph(bad);
+  auto refused = s->fence();
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(has(refused.error().message, "graph: node 1: b is buffer 999, which does not exist")) << refused.error().message;
+}
+
 TEST(Fairness, TwoTenantsWithThreeToOneBlocksOfACardGetKernelTimeRoughlyThreeToOne) {
   // Loosely: the benchmark (raccel-bench fair_share_error) holds it to 5% over a longer run.
   FairShare f = measureFairShare(1.5);

@@ -320,6 +320,63 @@ void Session::vadd(uint64_t n, Handle a, Handle b, Handle out) {
   queue(*m);
 }
 
+uint32_t Graph::add(Node node) {
+  nodes_.push_back(std::move(node));
+  return static_cast<uint32_t>(nodes_.size() - 1);
+}
+uint32_t Graph::gemm(uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Handle b, float beta, Handle c,
+                     std::vector<uint32_t> after) {
+  return add({Node::Op::gemm, m, n, k, alpha, beta, a, b, c, std::move(after)});
+}
+uint32_t Graph::axpy(uint64_t n, float alpha, Handle x, Handle y, std::vector<uint32_t> after) {
+  return add({Node::Op::axpy, n, 0, 0, alpha, 0, x, 0, y, std::move(after)});
+}
+uint32_t Graph::vadd(uint64_t n, Handle a, Handle b, Handle out, std::vector<uint32_t> after) {
+  return add({Node::Op::vadd, n, 0, 0, 0, 0, a, b, out, std::move(after)});
+}
+uint32_t Graph::reduceSum(uint64_t n, Handle input, Handle out, std::vector<uint32_t> after) {
+  return add({Node::Op::reduceSum, n, 0, 0, 0, 0, input, 0, out, std::move(after)});
+}
+
+void Session::submitGraph(const Graph& graph, Graph::Placement placement) {
+  capnp::MallocMessageBuilder m;
+  auto g = m.initRoot<wire::Instruction>().initGraph();
+  g.setPlacement(placement == Graph::Placement::roundRobin ? wire::Graph::Placement::ROUND_ROBIN
+                                                           : wire::Graph::Placement::FEWEST_BYTES);
+  auto nodes = g.initNodes(graph.nodes().size());
+  for (size_t i = 0; i < graph.nodes().size(); ++i) {
+    const Graph::Node& from = graph.nodes()[i];
+    auto to = nodes[i];
+    auto after = to.initAfter(from.after.size());
+    for (size_t j = 0; j < from.after.size(); ++j) after.set(j, from.after[j]);
+    auto op = to.initOp();
+    switch (from.op) {
+      case Graph::Node::Op::gemm: {
+        auto o = op.initGemm();
+        o.setM(static_cast<uint32_t>(from.n)), o.setN(from.gemmN), o.setK(from.gemmK);
+        o.setAlpha(from.alpha), o.setBeta(from.beta), o.setA(from.a), o.setB(from.b), o.setC(from.c);
+        break;
+      }
+      case Graph::Node::Op::axpy: {
+        auto o = op.initAxpy();
+        o.setN(from.n), o.setAlpha(from.alpha), o.setX(from.a), o.setY(from.c);
+        break;
+      }
+      case Graph::Node::Op::vadd: {
+        auto o = op.initVadd();
+        o.setN(from.n), o.setA(from.a), o.setB(from.b), o.setOut(from.c);
+        break;
+      }
+      case Graph::Node::Op::reduceSum: {
+        auto o = op.initReduceSum();
+        o.setN(from.n), o.setInput(from.a), o.setOut(from.c);
+        break;
+      }
+    }
+  }
+  queue(m);
+}
+
 void Session::reduceSum(uint64_t n, Handle input, Handle out) {
   SmallMessage m;
   auto o = m.instruction().initOp().initReduceSum();

@@ -72,6 +72,34 @@ struct Arg {
   static Arg f64(double v);
 };
 
+// A task graph of built-in ops (Session::submitGraph). Each call adds a node and
+// returns its index; `after` names earlier nodes it must follow besides its data (an op
+// reading a buffer already follows the op that last wrote it).
+class Graph {
+ public:
+  enum class Placement { fewestBytes, roundRobin };
+  uint32_t gemm(uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Handle b, float beta, Handle c,
+                std::vector<uint32_t> after = {});
+  uint32_t axpy(uint64_t n, float alpha, Handle x, Handle y, std::vector<uint32_t> after = {});
+  uint32_t vadd(uint64_t n, Handle a, Handle b, Handle out, std::vector<uint32_t> after = {});
+  uint32_t reduceSum(uint64_t n, Handle input, Handle out, std::vector<uint32_t> after = {});
+  size_t size() const { return nodes_.size(); }
+
+  struct Node {
+    enum class Op { gemm, axpy, vadd, reduceSum } op;
+    uint64_t n = 0;            // gemm: m
+    uint32_t gemmN = 0, gemmK = 0;
+    float alpha = 0, beta = 0;
+    Handle a = 0, b = 0, c = 0;  // inputs, then the output
+    std::vector<uint32_t> after;
+  };
+  const std::vector<Node>& nodes() const { return nodes_; }
+
+ private:
+  uint32_t add(Node node);
+  std::vector<Node> nodes_;
+};
+
 class Session {
  public:
   // Connects and says hello; fails with the scheduler's refusal (e.g. resourceExhausted
@@ -96,6 +124,9 @@ class Session {
   void axpy(uint64_t n, float alpha, Handle x, Handle y);
   void vadd(uint64_t n, Handle a, Handle b, Handle out);
   void reduceSum(uint64_t n, Handle input, Handle out);
+  // Runs a graph as one instruction across the vaccel's cards (the scheduler places
+  // each op, moving as few bytes between cards as it can); asynchronous like an op.
+  void submitGraph(const Graph& graph, Graph::Placement placement = Graph::Placement::fewestBytes);
 
   // Waits until everything sent so far has completed; returns the first error not yet
   // reported (or the connection's loss).
