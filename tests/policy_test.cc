@@ -60,6 +60,11 @@ std::string blocksOf(const std::string& json, const std::string& name) {
 }
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// node0 and node1, one 4-block cpu card each.
+void addTwoNetaccels(Cluster& cluster) {
+  for (const char* name : {"node0", "node1"}) cluster.addNetaccel(name, {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+}
+
 // A buffer of `n` floats written with known values; check() reads it back.
 struct Kept {
   client::Handle handle = 0;
@@ -187,8 +192,7 @@ TEST(Preemption, TheOperatorSuspendsAndResumesAndANoWaitProgramIsToldWhy) {
 
 TEST(Migration, AProgramsBuffersMoveToAnotherNetaccelMidStreamWithEveryResultCorrect) {
   Cluster cluster({VmSpec{"vm1", 16, 0}});
-  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
-  cluster.addNetaccel("node1", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  addTwoNetaccels(cluster);
   auto s = open(cluster.vmSocket("vm1"), 3, "mover");
   ASSERT_TRUE(s);
   std::string home = s->vaccel().cards.at(0).node, away = home == "node0" ? "node1" : "node0";
@@ -290,8 +294,7 @@ uint64_t bytesMovedOf(const std::string& json, const std::string& name) {
 
 TEST(Graph, ADiamondMovesFewerBytesThanRoundRobinAndBothAreRight) {
   Cluster cluster({VmSpec{"vm1", 16, 0}});
-  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
-  cluster.addNetaccel("node1", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  addTwoNetaccels(cluster);
   auto s = open(cluster.vmSocket("vm1"), 8, "diamond");
   ASSERT_TRUE(s);
   ASSERT_EQ(s->vaccel().cards.size(), 2u) << s->vaccel().describe();
