@@ -129,7 +129,7 @@ Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
 void Scheduler::placeWaiting() {
   std::vector<Session*> queue;
   for (Session* s : allSessions())
-    if (s->phase == Phase::waiting || (s->phase == Phase::suspended && !s->operatorHold && s->unavailable.empty()))
+    if (!s->operatorHold && (s->phase == Phase::waiting || (s->phase == Phase::suspended && s->unavailable.empty())))
       queue.push_back(s);
   // Highest priority first, then arrival order (ids are given in arrival order).
   std::stable_sort(queue.begin(), queue.end(), [](auto* a, auto* b) { return a->priority > b->priority; });
