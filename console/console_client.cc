@@ -325,7 +325,7 @@ Status follow(const std::string& socket, bool json, unsigned count, const std::f
   capnp::MallocMessageBuilder m;
   m.initRoot<wire::ConsoleRequest>().setEvents();
   if (auto s = link.sendNow(0, 1, m); !s) return s;
-  for (unsigned printed = 0; count == 0 || printed < count; ++printed) {
+  for (unsigned printed = 0; count == 0 || printed < count;) {
     auto frame = link.receive(-1);
     if (!frame) return fail(frame.error());
     std::string line;
@@ -349,11 +349,11 @@ Status follow(const std::string& socket, bool json, unsigned count, const std::f
     if (!r) return r;
     if (recentEnd) {
       if (recentOnly) return {};
-      --printed;
       continue;
     }
     if (!isEvent) return fail(Code::internal, "the scheduler answered events with something else");
     print(line);
+    ++printed;
   }
   return {};
 }

@@ -300,15 +300,6 @@ Body errorReply(uint64_t sequence, const Failure& f) {
   return transport::encodeBody(m);
 }
 
-// The handle an instruction creates, if any: poisoned when the instruction fails.
-std::optional<uint64_t> createdBy(wire::Instruction::Reader in) {
-  switch (in.which()) {
-    case wire::Instruction::ALLOC: return in.getAlloc().getHandle();
-    case wire::Instruction::LOAD_PROGRAM: return in.getLoadProgram().getHandle();
-    default: return std::nullopt;
-  }
-}
-
 }  // namespace
 
 void CardWorker::execute(Work& work) {
@@ -364,7 +355,7 @@ void CardWorker::execute(Work& work) {
   auto decoded = transport::decodeGuard([&] {
     transport::MessageIn message(std::move(work.body));
     auto in = message.root<wire::Instruction>();
-    created = createdBy(in);
+    created = transport::handleCreatedBy(in);
     outcome = [&]() -> Outcome {
       auto status = [](Status s) -> Outcome {
         if (!s) return failure(s.error());

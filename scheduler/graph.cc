@@ -124,6 +124,7 @@ struct GraphRun {
   std::vector<size_t> ready;          // all predecessors sent, not placed yet
   size_t sent = 0;
   bool pumping = false;
+  bool gathered = false;              // results sent back to the primary
   bool roundRobin = false;
   std::vector<size_t> candidates;     // members that run built-in ops
   std::vector<double> memberFree;     // estimated time each member frees
@@ -202,13 +203,13 @@ void Scheduler::pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run) {
     run->ready.erase(run->ready.begin());
     const OpBuffers& b = run->ops[i];
     // Where: the earliest estimated finish (fewest bytes, then the lowest member, on ties).
+    double depsDone = 0;
+    for (size_t p : run->preds[i]) depsDone = std::max(depsDone, run->finish[p]);
     size_t member = run->candidates[i % run->candidates.size()];
     if (!run->roundRobin) {
       double bestFinish = 0;
       uint64_t bestBytes = 0;
       bool first = true;
-      double depsDone = 0;
-      for (size_t p : run->preds[i]) depsDone = std::max(depsDone, run->finish[p]);
       for (size_t c : run->candidates) {
         uint64_t bytes = 0;
         for (uint64_t h : b.reads)
@@ -224,8 +225,6 @@ void Scheduler::pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run) {
     }
     {
       const Member& m = s.members[member];
-      double depsDone = 0;
-      for (size_t p : run->preds[i]) depsDone = std::max(depsDone, run->finish[p]);
       run->finish[i] = std::max(run->memberFree[member], depsDone) + b.flops / std::max(1.0, m.blocks * pool_.blockTflops() * 1e12);
       run->memberFree[member] = run->finish[i];
     }
@@ -259,14 +258,12 @@ void Scheduler::pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run) {
     copied();  // the gate's own tick: fires now when nothing had to be copied
   }
   run->pumping = false;
-  if (run->sent < nodes.size()) return;  // copies under way; their gates pump again
-  if (run->sent == nodes.size()) {
-    ++run->sent;  // once
-    // Every buffer's latest contents back on the primary.
-    for (auto& [h, where] : run->valid)
-      if (!where.count(0)) copyBetween(s, *where.begin(), run->local.at({*where.begin(), h}), 0, s.buffers.at(h), 0, h, 0, [] {});
-    settle(s);
-  }
+  if (run->sent < nodes.size() || run->gathered) return;  // copies under way: their gates pump again
+  run->gathered = true;
+  // Every buffer's latest contents back on the primary.
+  for (auto& [h, where] : run->valid)
+    if (!where.count(0)) copyBetween(s, *where.begin(), run->local.at({*where.begin(), h}), 0, s.buffers.at(h), 0, h, 0, [] {});
+  settle(s);
 }
 
 }  // namespace raccel::scheduler

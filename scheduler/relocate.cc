@@ -184,9 +184,7 @@ void Scheduler::placeWaiting() {
 }
 
 void Scheduler::refuseWaiting(Session& s, const Error& error) {
-  RLOG_INFO("scheduler") << "vm '" << s.vm->policy.name << "' program '" << s.program << "' refused: " << error.message;
-  event("refused", labelOf(s), error.message);
-  replyError(*s.link, s.channel, s.helloSequence, error);
+  refuseHello(*s.link, s.channel, s.helloSequence, labelOf(s), error);
   s.refused = true;
   endSession(*s.link, s.channel);
 }

@@ -358,9 +358,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
                                                " and this one asked for " + std::to_string(blocks));
   }
   if (!ok) {
-    RLOG_INFO("scheduler") << "vm '" << vm.policy.name << "' program '" << program << "' refused: " << refusal.message;
-    event("refused", vm.policy.name + "/" + (program.empty() ? "?" : program), refusal.message);
-    replyError(link, channel, sequence, refusal);
+    refuseHello(link, channel, sequence, vm.policy.name + "/" + (program.empty() ? "?" : program), refusal);
     return;
   }
   // Placed by the next placement pass (at once when it fits; after preempting lower
@@ -387,6 +385,13 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   vm.blocksClaimed += blocks;
   link.sessions[channel] = std::move(session);
   requestPlacement();
+}
+
+void Scheduler::refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, const std::string& subject,
+                            const Error& error) {
+  RLOG_INFO("scheduler") << subject << " refused: " << error.message;
+  event("refused", subject, error.message);
+  replyError(link, channel, sequence, error);
 }
 
 void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const Error& error, bool remember) {
@@ -974,10 +979,7 @@ void Scheduler::refuseWhileSuspended(Session& s, const FrameHeader& h, const Bod
                                  "); it resumes when blocks free, and this session asked not to wait"};
   transport::decodeGuard([&] {
     transport::MessageView in(body);
-    auto instruction = in.root<wire::Instruction>();
-    if (instruction.which() == wire::Instruction::ALLOC) s.failed[instruction.getAlloc().getHandle()] = {h.sequence, e};
-    if (instruction.which() == wire::Instruction::LOAD_PROGRAM)
-      s.failed[instruction.getLoadProgram().getHandle()] = {h.sequence, e};
+    if (auto created = transport::handleCreatedBy(in.root<wire::Instruction>())) s.failed[*created] = {h.sequence, e};
   });
   replyError(*s.link, s.channel, h.sequence, e);
 }

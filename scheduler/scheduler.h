@@ -63,6 +63,8 @@ class Scheduler {
   void onGuestOversized(VmLink& link, const transport::FrameHeader& header);
   void admit(VmLink& link, uint32_t channel, uint64_t sequence, transport::Body body);
   void forward(VmLink& link, Session& session, const transport::FrameHeader& header, transport::Body body);
+  // A hello answered with `error` (logged and in the event stream as `subject`).
+  void refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, const std::string& subject, const Error& error);
   void replyError(VmLink& link, uint32_t channel, uint64_t sequence, const Error& error, uint64_t dependency = 0);
   void closeChannel(VmLink& link, uint32_t channel, const Error& reason);
   void endSession(VmLink& link, uint32_t channel);

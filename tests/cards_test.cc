@@ -315,14 +315,9 @@ TEST(SplitOps, ACardLostMidOpFailsTheSessionNotTheScheduler) {
 
 // Every built backend is listed, and one with no device says why instead of failing.
 TEST(ListDevices, ReportsEachBackendAndWhyItHasNoDevices) {
-  std::string command = std::string(RACCEL_BIN_DIR) + "/raccel-netaccel --list-devices --card kind=fpga,tflops=2 2>&1";
-  FILE* p = popen(command.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int status = pclose(p);
-  ASSERT_EQ(WEXITSTATUS(status), 0) << out;
+  int status = -1;
+  std::string out = runCommand(binary("raccel-netaccel") + " --list-devices --card kind=fpga,tflops=2", &status);
+  ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("cpu      fpga"), std::string::npos) << out;  // the declared simulated card
   for (auto& backend : hal::builtBackends()) {
     EXPECT_NE(out.find(backend), std::string::npos) << out;

@@ -200,10 +200,16 @@ std::string Cluster::console(const std::string& query) const {
 std::string Cluster::ctl(const std::vector<std::string>& args, int* status) const {
   std::string command = binary("raccelctl") + " --socket '" + consoleSocket() + "'";
   for (auto& a : args) command += " '" + a + "'";
-  command += " 2>&1";
+  return runCommand(command, status);
+}
+
+std::string runCommand(const std::string& command, int* status) {
   std::string out;
-  FILE* p = popen(command.c_str(), "r");
-  if (!p) return "popen failed";
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) {
+    if (status) *status = -1;
+    return "popen failed";
+  }
   char buf[4096];
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);

@@ -20,6 +20,10 @@ std::string makeTempDir();
 // A whole file ("" when it cannot be read).
 std::string readFile(const std::string& path);
 
+// Runs a shell command; its output, stdout and stderr together, and its exit status in
+// *status (-1 when it did not exit normally).
+std::string runCommand(const std::string& command, int* status = nullptr);
+
 // The test guest (vm-images/): the folder build.sh wrote, and the script that boots it.
 std::string guestImage();
 std::string guestBootScript();

@@ -2,6 +2,8 @@
 // (common/). The one place these mappings live; any thread.
 #pragma once
 
+#include <optional>
+
 #include "common/error.h"
 #include "common/kinds.h"
 #include "schema/frame.capnp.h"
@@ -28,5 +30,15 @@ inline void setError(wire::Error::Builder out, const Error& e) {
   out.setMessage(e.message);
 }
 inline Error errorFrom(wire::Error::Reader in) { return Error{fromWire(in.getCode()), in.getMessage()}; }
+
+// The handle an instruction creates (alloc, loadProgram), if any: the one poisoned when
+// the instruction fails.
+inline std::optional<uint64_t> handleCreatedBy(wire::Instruction::Reader in) {
+  switch (in.which()) {
+    case wire::Instruction::ALLOC: return in.getAlloc().getHandle();
+    case wire::Instruction::LOAD_PROGRAM: return in.getLoadProgram().getHandle();
+    default: return std::nullopt;
+  }
+}
 
 }  // namespace raccel::transport
