@@ -190,6 +190,30 @@ TEST(Preemption, TheOperatorSuspendsAndResumesAndANoWaitProgramIsToldWhy) {
   EXPECT_EQ(axpyChecked(*s, x, y, -0.5f), "");
 }
 
+TEST(Policy, SetPolicyChangesAVmsCapsForItsNextPrograms) {
+  Cluster cluster({VmSpec{"vm1", 16, 0}});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  int status = -1;
+  std::string out = cluster.ctl({"set-policy", "vm1", "tflops=2", "priority=3", "kinds=cpu,gpu"}, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(has(out, "vm 'vm1': tflops 2")) << out;
+  std::string vms = cluster.console("vms");
+  EXPECT_TRUE(has(vms, "\"tflops\":2,") && has(vms, "\"priority\":3,") && has(vms, "\"kinds\":\"gpu,cpu\"")) << vms;
+  std::string why;
+  EXPECT_FALSE(open(cluster.vmSocket("vm1"), 3, "toobig", 0, 0, false, &why));
+  EXPECT_TRUE(has(why, "vm 'vm1' may hold 2 blocks")) << why;
+  auto fits = open(cluster.vmSocket("vm1"), 2, "fits", 9);
+  ASSERT_TRUE(fits);
+  EXPECT_TRUE(has(vaccelOf(cluster.console("vaccels"), "fits"), "\"priority\":3,")) << "not capped by the new policy";
+  out = cluster.ctl({"set-policy", "vm1", "socket=/elsewhere"}, &status);
+  EXPECT_EQ(status, 1);
+  EXPECT_TRUE(has(out, "'socket' is not a policy setting")) << out;
+  out = cluster.ctl({"set-policy", "vm1", "tflops=-1"}, &status);
+  EXPECT_EQ(status, 1);
+  EXPECT_TRUE(has(out, "tflops must be positive")) << out;
+  EXPECT_TRUE(has(cluster.ctl({"events", "--recent"}), "policy")) << "no policy event";
+}
+
 TEST(Migration, AProgramsBuffersMoveToAnotherNetaccelMidStreamWithEveryResultCorrect) {
   Cluster cluster({VmSpec{"vm1", 16, 0}});
   addTwoNetaccels(cluster);
