@@ -64,11 +64,16 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   auto unknown = top.unknownKeys(
       {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms", "split_min_mflop", "libvirt", "defrag_on_release",
-       "defrag_on_demand", "defrag_moves_per_minute", "defrag_max_move_bytes"});
+       "defrag_on_demand", "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms"});
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
   out.nodeListen = top.getString("node_listen", out.nodeListen);
   out.console = top.getString("console", out.console);
   out.libvirtUri = top.getString("libvirt", "");
+  out.stateDir = top.getString("state_dir", "");
+  auto grace = top.getInt("resume_grace_ms", out.resumeGraceMs);
+  if (!grace) return fail(grace.error());
+  if (*grace < 0) return fail(Code::invalidArgument, "resume_grace_ms must not be negative");
+  out.resumeGraceMs = static_cast<unsigned>(*grace);
   auto bt = top.getDouble("block_tflops", 1);
   if (!bt) return fail(bt.error());
   if (*bt <= 0) return fail(Code::invalidArgument, "block_tflops must be positive");

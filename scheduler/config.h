@@ -10,6 +10,11 @@
 //   defrag_on_demand = true               # ... and when a request would be fragmented
 //   defrag_moves_per_minute = 60          # rate limit for both and for raccelctl defrag
 //   defrag_max_move_bytes = 1GiB          # vaccels with more buffer bytes are not moved
+//   state_dir = /var/lib/raccel           # the state database (raccel.db, SQLite WAL): VM
+//                                         #   policies, allocations, suspended vaccels, usage;
+//                                         #   empty (the default) = nothing survives a restart
+//   resume_grace_ms = 60000               # after a restart, how long a vaccel waits for its
+//                                         #   netaccels and its guest to come back
 //   libvirt = qemu:///system              # follow this libvirt's domains: each one with
 //                                         #   raccel metadata is a VM (vm-images/README.md)
 //   [vm]                                  # one per VM; identity = its socket
@@ -64,6 +69,9 @@ struct SchedulerConfig {
   bool defragOnDemand = true;
   unsigned defragMovesPerMinute = 60;
   unsigned long long defragMaxMoveBytes = 1ull << 30;
+  // Durable state: empty = none (a restart ends every session).
+  std::string stateDir;
+  unsigned resumeGraceMs = 60000;
   std::vector<VmPolicy> vms;
 };
 

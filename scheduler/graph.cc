@@ -137,7 +137,7 @@ bool Scheduler::startGraph(Session& s, uint64_t sequence, wire::Graph::Reader gr
   run->copy.setRoot(graph);
   auto nodes = run->copy.getRoot<wire::Graph>().asReader().getNodes();
   auto refuse = [&](const std::string& why) {
-    replyError(*s.link, s.channel, sequence, Error{Code::invalidArgument, "graph: " + why});
+    replyError(s, sequence, Error{Code::invalidArgument, "graph: " + why});
     return true;
   };
   if (nodes.size() == 0) return refuse("it has no nodes");

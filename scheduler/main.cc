@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
               true);
   flags.value("libvirt", "URI", "follow this libvirt's domains (e.g. qemu:///system): a domain with raccel metadata "
                                 "is a VM, attached while it runs (vm-images/README.md)");
+  flags.value("state-dir", "DIR", "keep the state database here (VM policies, allocations, suspended vaccels), so a "
+                                 "restart loses no allocation; default: none");
   flags.value("set", "KEY=VALUE", "a top-level configuration setting, over the file's (e.g. defrag_on_release=false)", true);
   flags.value("block-tflops", "T", "TFLOPS per block (default 1)");
   flags.value("split-min-mflop", "M", "split built-in ops across a vaccel's cards from M MFLOP of work up (default 8; 0 = always)");
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
   if (flags.has("libvirt")) config.libvirtUri = flags.get("libvirt");
   if (flags.has("node-listen")) config.nodeListen = flags.get("node-listen");
   if (flags.has("console")) config.console = flags.get("console");
+  if (flags.has("state-dir")) config.stateDir = flags.get("state-dir");
   if (flags.has("block-tflops")) {
     config.blockTflops = std::atof(flags.get("block-tflops").c_str());
     if (config.blockTflops <= 0) return die("--block-tflops must be a positive number");

@@ -285,6 +285,36 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
   return pieces;
 }
 
+Status Pool::assign(VaccelId owner, const std::vector<BlockRange>& ranges, int priority) {
+  if (owner == kNoOwner) return fail(Code::internal, "assign: owner id 0 is reserved");
+  if (held_.count(owner)) return fail(Code::internal, "assign: vaccel " + std::to_string(owner) + " already holds blocks");
+  uint32_t blocks = 0;
+  for (auto& r : ranges) {
+    if (r.count == 0 || r.first == 0 || r.end() - 1 > highestBlock())
+      return fail(Code::invalidArgument, "blocks " + std::to_string(r.first) + "+" + std::to_string(r.count) +
+                                             " are not in the pool (it has blocks 1-" + std::to_string(highestBlock()) + ")");
+    for (uint32_t b = r.first; b < r.end(); ++b)
+      if (owner_[b] != kNoOwner)
+        return fail(Code::invalidArgument, "block " + std::to_string(b) + " is held by vaccel " + std::to_string(owner_[b]));
+    blocks += r.count;
+  }
+  if (blocks == 0) return fail(Code::invalidArgument, "assign: no blocks");
+  for (auto& r : ranges) {
+    for (uint32_t b = r.first; b < r.end(); ++b) {
+      if (isFree(b)) takeFree({b, 1});
+      owner_[b] = owner;
+    }
+  }
+  Holding& h = held_[owner];
+  h.ranges = ranges;
+  std::sort(h.ranges.begin(), h.ranges.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  h.priority = priority;
+  h.admitted = ++admissions_;
+  h.blocks = blocks;
+  victims_.insert(victimKey(owner, h));
+  return {};
+}
+
 void Pool::setPriority(VaccelId owner, int priority) {
   auto it = held_.find(owner);
   if (it == held_.end() || it->second.priority == priority) return;

@@ -100,6 +100,10 @@ class Pool {
   Result<std::vector<BlockRange>> allocate(VaccelId owner, const Request& request);
   // Returns all blocks held by `owner` to the pool.
   void release(VaccelId owner);
+  // Gives `owner` exactly `ranges` (the scheduler restoring its allocations after a
+  // restart; blocks of offline nodes may be among them). Refuses, changing nothing, a
+  // block that is not a block or that someone holds, or an owner that holds some.
+  Status assign(VaccelId owner, const std::vector<BlockRange>& ranges, int priority);
 
   // Preemption (ARCHITECTURE.md "Admission"): the holders to suspend so that `request`
   // fits, taken from strictly lower priorities, the lowest first and among equals the

@@ -31,6 +31,7 @@ const char* phaseName(Phase phase) {
     case Phase::suspended: return "suspended";
     case Phase::moving: return "moving";
     case Phase::resuming: return "resuming";
+    case Phase::recovering: return "recovering";
   }
   return "?";
 }
@@ -41,17 +42,14 @@ std::string Scheduler::labelOf(const Session& s) const {
 
 std::vector<Scheduler::Session*> Scheduler::allSessions() {
   std::vector<Session*> out;
-  for (auto& [conn, link] : vmLinks_)
-    for (auto& [ch, s] : link->sessions) out.push_back(s.get());
-  std::sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->id < b->id; });
+  out.reserve(sessions_.size());
+  for (auto& [id, s] : sessions_) out.push_back(s.get());  // by id
   return out;
 }
 
 Scheduler::Session* Scheduler::sessionById(VaccelId id) {
-  for (auto& [conn, link] : vmLinks_)
-    for (auto& [ch, s] : link->sessions)
-      if (s->id == id) return s.get();
-  return nullptr;
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.get();
 }
 
 // ---------------------------------------------------------------------------------
@@ -98,6 +96,7 @@ void Scheduler::closeMembers(Session& s) {
 }
 
 void Scheduler::runHeld(Session& s) {
+  if (!s.link) return;  // detached: nothing can wait from its guest
   VmLink& link = *s.link;
   while (!s.job && !s.held.empty() && s.phase == Phase::running) {
     auto [h, body] = std::move(s.held.front());
@@ -186,7 +185,7 @@ void Scheduler::placeWaiting() {
 void Scheduler::refuseWaiting(Session& s, const Error& error) {
   refuseHello(*s.link, s.channel, s.helloSequence, labelOf(s), error);
   s.refused = true;
-  endSession(*s.link, s.channel);
+  endSession(s);
 }
 
 void Scheduler::sendWelcome(Session& s) {
@@ -195,6 +194,7 @@ void Scheduler::sendWelcome(Session& s) {
   welcome.setVersionMajor(wire::PROTOCOL_MAJOR);
   welcome.setVersionMinor(wire::PROTOCOL_MINOR);
   welcome.setMaxFrameBytes(s.maxFrame);
+  welcome.setToken(s.token);
   auto info = welcome.initVaccel();
   info.setId(s.id);
   info.setBlockTflops(pool_.blockTflops());
@@ -206,6 +206,7 @@ void Scheduler::sendWelcome(Session& s) {
   RLOG_INFO("scheduler") << "admitted " << labelOf(s) << ": " << placed << ", primary " << s.primary().node->name << "/"
                          << card.spec.index << " (" << kindName(card.spec.kind) << ")";
   event("admitted", labelOf(s), placed);
+  persist(s);
 }
 
 // ---------------------------------------------------------------------------------
@@ -233,6 +234,10 @@ void Scheduler::save(Session& s, std::function<void()> then) {
         s.unavailable = "its buffers could not be saved: " + error->message;
         s.saved.clear();
         RLOG_ERROR("scheduler") << labelOf(s) << ": " << s.unavailable;
+      } else {
+        // Durable before its contexts close: a restart from here on finds it suspended.
+        s.appliedThrough = s.lastForwarded;
+        persist(s, true);
       }
       closeMembers(s);
       then();
@@ -275,6 +280,7 @@ void Scheduler::restore(Session& s, const std::string& what) {
       RLOG_ERROR("scheduler") << labelOf(s) << ": " << s.unavailable;
     }
     s.phase = Phase::running;
+    persist(s);
     std::string detail = std::to_string(bytes) + " bytes of buffers restored on blocks " + blocksText(s.blocks) +
                          (error ? "; FAILED: " + error->message : "");
     RLOG_INFO("scheduler") << labelOf(s) << " " << what << ": " << detail;
@@ -332,6 +338,7 @@ void Scheduler::suspend(Session& s, const std::string& why, bool byOperator) {
     s.vm->blocksHeld -= s.want;
     s.blocks.clear();
     s.phase = Phase::suspended;
+    persist(s);
     --suspending_;
     requestPlacement();
   });
@@ -344,6 +351,7 @@ Status Scheduler::resumeByOperator(VaccelId id) {
     return fail(Code::invalidArgument, "vaccel #" + std::to_string(id) + " was not suspended by the operator (it is " +
                                               phaseName(s->phase) + ")");
   s->operatorHold = false;
+  persist(*s);
   requestPlacement();
   return {};
 }
@@ -361,6 +369,7 @@ void Scheduler::move(Session& s, std::vector<BlockRange> to, const std::string& 
     for (auto& m : s.members)
       for (auto& share : shares)
         if (share.card == m.card) m.blocks = share.blocks;
+    persist(s);
     event("migrated", labelOf(s), "to blocks " + blocksText(s.blocks) + " (" + why + "; same cards, nothing copied)");
     return;
   }

@@ -160,7 +160,7 @@ bool Scheduler::routeElsewhere(Session& s, uint64_t sequence, wire::Instruction:
       Error e{Code::unimplemented, std::string("no card of this virtual accelerator runs ") + programKindName(kind) +
                                        " programs; it has " + kindsOf(pool_, s.members) +
                                        ". Ask for a card kind that runs them in hello (kinds)"};
-      replyError(*s.link, s.channel, sequence, e);
+      replyError(s, sequence, e);
       sendPoison(s, load.getHandle(), sequence, e);
       return true;
     }
@@ -563,7 +563,7 @@ void Scheduler::finishJob(Session& s) {
     job->finished(job->error);
     return;
   }
-  if (job->error) replyError(*s.link, s.channel, job->guestSequence, *job->error);
+  if (job->error) replyError(s, job->guestSequence, *job->error);
   if (s.idle) {  // a suspension or a move waited for this job
     auto idle = std::move(s.idle);
     s.idle = nullptr;
@@ -587,7 +587,7 @@ void Scheduler::hold(Session& s, const FrameHeader& h, Body body) {
   s.held.emplace_back(h, std::move(body));
   // A guest that keeps streaming behind a long job waits at its link (all of its VM's
   // programs share it) rather than in the scheduler's memory.
-  if (s.heldBytes >= kHeldHighWater) s.link->connection->pauseReading();
+  if (s.heldBytes >= kHeldHighWater && s.link) s.link->connection->pauseReading();
 }
 
 }  // namespace raccel::scheduler

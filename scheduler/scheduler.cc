@@ -1,10 +1,12 @@
 #include "scheduler/scheduler.h"
 
 #include "scheduler/state.h"
+#include "scheduler/store.h"
 
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <random>
 
 #include "common/log.h"
 #include "schema/console.capnp.h"
@@ -46,6 +48,7 @@ Status Scheduler::start() {
   if (!console) return fail(console.error());
   consoleListener_ = std::move(*console);
 
+  if (auto opened = openStore(); !opened) return opened;
   for (auto& policy : config_.vms)
     if (auto attached = addVm(policy); !attached) return attached;
 
@@ -105,6 +108,13 @@ Scheduler::Vm& Scheduler::vmNamed(const std::string& name) {
 }
 
 Status Scheduler::addVm(VmPolicy policy) {
+  // What the operator set with raccelctl set-policy stays over the configured policy.
+  if (auto o = policyOverrides_.find(policy.name); o != policyOverrides_.end()) {
+    auto changed = withSettings(policy, o->second);
+    if (changed) policy = *changed;
+    else RLOG_ERROR("scheduler") << "vm '" << policy.name << "': the policy set by raccelctl no longer applies ("
+                                 << changed.error().message << "); using the configured one";
+  }
   Vm* vm = findVm(policy.name);
   for (auto& other : vms_)
     if (other.get() != vm && other->active && other->policy.socket == policy.socket)
@@ -252,6 +262,20 @@ void Scheduler::replyError(VmLink& link, uint32_t channel, uint64_t sequence, co
   link.connection->send(channel, sequence, m);
 }
 
+void Scheduler::replyError(Session& s, uint64_t sequence, const Error& error, uint64_t dependency) {
+  capnp::MallocMessageBuilder m;
+  auto e = m.initRoot<wire::Reply>().initError();
+  e.setSequence(sequence);
+  e.setDependency(dependency);
+  transport::setError(e.initError(), error);
+  toGuest(s, sequence, transport::encodeBody(m));
+}
+
+void Scheduler::toGuest(Session& s, uint64_t sequence, Body body) {
+  if (s.link) s.link->connection->sendBody(s.channel, sequence, std::move(body));
+  else s.undelivered.emplace_back(sequence, std::move(body));
+}
+
 void Scheduler::closeChannel(VmLink& link, uint32_t channel, const Error& reason) {
   capnp::MallocMessageBuilder m;
   auto closed = m.initRoot<wire::LinkControl>().initChannelClosed();
@@ -309,7 +333,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   uint32_t waitMs = 0;
   bool noWait = false;
   int asked = 0;
-  bool ok = false;
+  bool ok = false, resumed = false;
   auto decoded = transport::decodeGuard([&] {
     MessageIn in(std::move(body));
     auto instruction = in.root<wire::Instruction>();
@@ -317,6 +341,10 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
       if (instruction.which() != wire::Instruction::HELLO)
         return refuse(Code::invalidArgument, "no session on this channel: the first instruction must be hello");
       auto hello = instruction.getHello();
+      if (hello.hasResume() && hello.getResume().getVaccel() != 0) {
+        resumeSession(link, channel, sequence, hello.getResume());
+        return resumed = true;
+      }
       if (hello.getVersionMajor() != wire::PROTOCOL_MAJOR)
         return refuse(Code::invalidArgument, "protocol version " + std::to_string(hello.getVersionMajor()) + "." +
                                                  std::to_string(hello.getVersionMinor()) +
@@ -346,6 +374,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
     }();
   });
   if (!decoded) refusal = decoded.error(), ok = false;
+  if (resumed) return;
   if (ok && blocks > pool_.total(kinds))
     ok = refuse(Code::resourceExhausted, "can never run here: " + std::to_string(blocks) +
                                              " blocks requested, the pool has " + std::to_string(pool_.total(kinds)) +
@@ -363,12 +392,13 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   }
   // Placed by the next placement pass (at once when it fits; after preempting lower
   // priorities; or after waiting up to waitMs); the welcome answers the hello then.
-  VmLink* linkPtr = &link;
-  auto session = std::make_unique<Session>([this, linkPtr, channel](const uint64_t& seq, const Status& s) {
-    replyError(*linkPtr, channel, seq, s.error());
+  VaccelId id = nextVaccel_++;
+  auto session = std::make_unique<Session>([this, id](const uint64_t& seq, const Status& st) {
+    if (Session* s = sessionById(id)) replyError(*s, seq, st.error());
   });
   Session& s = *session;
-  s.id = nextVaccel_++;
+  s.id = id;
+  s.token = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^ (id * 0x9e3779b97f4a7c15ull);
   s.vm = &vm;
   s.link = &link;
   s.channel = channel;
@@ -383,7 +413,8 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.maxFrame = maxFrame;
   s.waitDeadlineMs = waitMs ? nowMs() + waitMs : 0;
   vm.blocksClaimed += blocks;
-  link.sessions[channel] = std::move(session);
+  link.sessions[channel] = &s;
+  sessions_[id] = std::move(session);
   requestPlacement();
 }
 
@@ -395,7 +426,10 @@ void Scheduler::refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, c
 }
 
 void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const Error& error, bool remember) {
-  if (remember) s.failed[handle] = {sequence, error};
+  if (remember) {
+    s.failed[handle] = {sequence, error};
+    persist(s);
+  }
   if (s.members.empty() || !s.primary().node) return;
   capnp::MallocMessageBuilder m;
   auto p = m.initRoot<wire::SchedulerMessage>().initPoison();
@@ -441,8 +475,9 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
       s.programs[load.getHandle()] = std::move(kept);
       s.failed.erase(load.getHandle());
       s.unconfirmedAllocs[h.sequence] = load.getHandle();
-    } else if (which == wire::Instruction::FREE) {
-      s.programs.erase(instruction.getFree().getHandle());
+      persist(s);
+    } else if (which == wire::Instruction::FREE && s.programs.erase(instruction.getFree().getHandle())) {
+      persist(s);
     }
     // Instructions that another card of the vaccel runs, or that change buffers with
     // copies on other cards.
@@ -511,16 +546,19 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
   if (drop) return;
   // Forward the bytes unchanged under the primary context's channel.
   NodeLink& node = *s.primary().node;
+  s.lastForwarded = h.sequence;
   node.connection->sendBody(s.primary().context, h.sequence, std::move(body));
   node.connection->throttle(*link.connection);
 }
 
 void Scheduler::endSession(VmLink& link, uint32_t channel) {
   auto it = link.sessions.find(channel);
-  if (it == link.sessions.end()) return;
-  Session& s = *it->second;
+  if (it != link.sessions.end()) endSession(*it->second);
+}
+
+void Scheduler::endSession(Session& s) {
   closeMembers(s);
-  if (s.heldBytes) link.connection->resumeReading();
+  if (s.link && s.heldBytes) s.link->connection->resumeReading();
   if (s.phase == Phase::suspending) --suspending_;
   bool placed = !s.blocks.empty();
   if (placed) {
@@ -529,13 +567,21 @@ void Scheduler::endSession(VmLink& link, uint32_t channel) {
   }
   s.vm->blocksClaimed -= s.want;
   s.vm->memoryUsed -= s.memoryUsed;
+  s.vm->kernelNsEnded += s.kernelNs();
   if (!s.refused) {
     std::string released = (placed ? std::to_string(s.want) + " block(s) released" : std::string("ended while ") + phaseName(s.phase)) +
                            " after " + std::to_string(s.instructions) + " instruction(s)";
     RLOG_INFO("scheduler") << "session " << labelOf(s) << " ended; " << released;
     event("released", labelOf(s), released);
   }
-  link.sessions.erase(it);
+  // A scheduler that is stopping keeps its vaccels in the state database: they are
+  // restored when it starts again.
+  if (!stopping_) {
+    forget(s);
+    persistUsage(*s.vm);
+  }
+  if (s.link) s.link->sessions.erase(s.channel);
+  sessions_.erase(s.id);  // s is gone from here on
   if (placed && config_.defragOnRelease && !stopping_) compact(0, 0, "after a release");
   requestPlacement();
 }
@@ -603,6 +649,7 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
           // remember the failure for restores elsewhere.
           s.failed[alloc->second] = {h.sequence, transport::errorFrom(reply.getError().getError())};
           s.programs.erase(alloc->second);
+          persist(s);
           auto b = s.buffers.find(alloc->second);
           if (b != s.buffers.end()) {
             s.memoryUsed -= b->second;
@@ -622,8 +669,8 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
     return;
   }
   VmLink* link = s.link;
-  link->connection->sendBody(s.channel, h.sequence, std::move(body));
-  link->connection->throttle(*node.connection);
+  toGuest(s, h.sequence, std::move(body));
+  if (link) link->connection->throttle(*node.connection);
 }
 
 void Scheduler::onNodeControl(NodeLink& node, Body body) {
@@ -647,18 +694,12 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
                         std::to_string(wire::PROTOCOL_MAJOR));
         std::string name = reg.getName();
         if (name.empty()) return refuse("a netaccel must register with a name");
-        std::vector<CardSpec> cards;
-        for (auto c : reg.getCards()) {
-          if (!transport::validKind(c.getKind())) return refuse("card " + std::to_string(c.getIndex()) + " has an unknown kind");
-          if (!(c.getTflops() >= 0)) return refuse("card " + std::to_string(c.getIndex()) + " has a negative TFLOPS");
-          std::vector<ProgramKind> programs;
-          for (auto k : c.getProgramKinds())
-            if (transport::validProgramKind(k)) programs.push_back(transport::fromWire(k));
-          cards.push_back(CardSpec{c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBackend(),
-                                   c.getTflops(), c.getMemoryBytes(), programs});
-        }
+        auto specs = cardSpecsOf(reg.getCards());
+        if (!specs) return refuse(specs.error().message);
+        std::vector<CardSpec>& cards = *specs;
         auto index = pool_.addNode(name, cards);
         if (!index) return refuse(index.error().message);
+        persistNode(*index, reg);
         node.name = name;
         node.poolIndex = static_cast<long>(*index);
         nodeByPoolIndex_[*index] = &node;
@@ -673,6 +714,8 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
                              " blocks";
         RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": " << joined;
         event("node-joined", name, joined);
+        adoptContexts(node, reg.getContexts());
+        requestPlacement();
         return;
       }
       case wire::NodeMessage::HEARTBEAT:
@@ -698,8 +741,8 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
     }
     Error gone{Code::unavailable, "netaccel '" + node.name + "' holding this virtual accelerator's card was lost (" + reason +
                                       "); its buffers are gone"};
-    for (auto& [conn, link] : vmLinks_) {
-      for (auto& [ch, s] : link->sessions) {
+    for (auto& [id, s] : sessions_) {
+      {
         bool hit = false;
         for (auto& m : s->members)
           if (m.node == &node) {
@@ -803,8 +846,7 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
       }
       case wire::ConsoleRequest::POOL: {
         std::map<VaccelId, std::string> owners;
-        for (auto& [conn, link] : vmLinks_)
-          for (auto& [ch, s] : link->sessions) owners[s->id] = labelOf(*s);
+        for (auto& [id, s] : sessions_) owners[id] = labelOf(*s);
         struct Run {
           uint32_t first, count;
           wire::PoolRange::State state;
@@ -883,14 +925,16 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
           e.setProblem(vm.problem);
           e.setBlocksHeld(vm.blocksHeld);
           e.setMemoryUsed(vm.memoryUsed);
+          uint64_t ns = vm.kernelNsEnded;
+          for (auto& [id, s] : sessions_)
+            if (s->vm == &vm) ns += s->kernelNs();
+          e.setKernelMs(ns / 1000000);
         }
         return;
       }
       case wire::ConsoleRequest::VACCELS: {
         std::vector<const Session*> sessions;
-        for (auto& [conn, link] : vmLinks_)
-          for (auto& [ch, s] : link->sessions) sessions.push_back(s.get());
-        std::sort(sessions.begin(), sessions.end(), [](auto* a, auto* b) { return a->id < b->id; });
+        for (auto& [id, s] : sessions_) sessions.push_back(s.get());
         auto out = reply.initVaccels(sessions.size());
         for (size_t i = 0; i < sessions.size(); ++i) {
           const Session& s = *sessions[i];
@@ -972,6 +1016,7 @@ void Scheduler::tick() {
     if (s->phase == Phase::waiting && s->waitDeadlineMs && now >= s->waitDeadlineMs) late.push_back(s);
   }
   for (Session* s : late) refuseWaiting(*s, Error{Code::resourceExhausted, "waited for blocks until its deadline: " + s->why});
+  expireDetached();
 }
 
 void Scheduler::refuseWhileSuspended(Session& s, const FrameHeader& h, const Body& body) {
@@ -981,16 +1026,12 @@ void Scheduler::refuseWhileSuspended(Session& s, const FrameHeader& h, const Bod
     transport::MessageView in(body);
     if (auto created = transport::handleCreatedBy(in.root<wire::Instruction>())) s.failed[*created] = {h.sequence, e};
   });
-  replyError(*s.link, s.channel, h.sequence, e);
+  replyError(s, h.sequence, e);
 }
 
-Result<std::string> Scheduler::setPolicy(const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings) {
-  Vm* vm = findVm(name);
-  if (!vm) return fail(Code::notFound, "no vm named '" + name + "'");
-  if (settings.empty()) return fail(Code::invalidArgument, "set-policy needs at least one KEY=VALUE (tflops, priority, kinds, memory_quota)");
+Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings) {
   // The current policy as a section, the changes on top, parsed as any config is.
   ConfigSection section("vm", 0);
-  const VmPolicy& p = vm->policy;
   section.set("name", p.name);
   section.set("socket", p.socket);
   section.set("attach", p.attach == VmPolicy::Attach::connect ? "connect" : "listen");
@@ -1002,20 +1043,34 @@ Result<std::string> Scheduler::setPolicy(const std::string& name, const std::vec
   section.set("kinds", kinds);
   for (auto& [key, value] : settings) {
     if (key != "tflops" && key != "priority" && key != "kinds" && key != "memory_quota")
-      return fail(Code::invalidArgument, "set-policy: '" + key + "' is not a policy setting (tflops, priority, kinds, memory_quota)");
+      return fail(Code::invalidArgument, "'" + key + "' is not a policy setting (tflops, priority, kinds, memory_quota)");
     std::string v = value;
     if (key == "kinds") std::replace(v.begin(), v.end(), ',', '|');
     section.set(key, v);
   }
   auto parsed = parseVmSection(section, '|');
-  if (!parsed) return fail(parsed.error().code, "set-policy " + name + ": " + parsed.error().message);
+  if (!parsed) return parsed;
   parsed->source = p.source + ", set by raccelctl";
+  return parsed;
+}
+
+Result<std::string> Scheduler::setPolicy(const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings) {
+  Vm* vm = findVm(name);
+  if (!vm) return fail(Code::notFound, "no vm named '" + name + "'");
+  if (settings.empty()) return fail(Code::invalidArgument, "set-policy needs at least one KEY=VALUE (tflops, priority, kinds, memory_quota)");
+  std::map<std::string, std::string> changes(settings.begin(), settings.end());
+  auto parsed = withSettings(vm->policy, changes);
+  if (!parsed) return fail(parsed.error().code, "set-policy " + name + ": " + parsed.error().message);
   vm->policy = *parsed;
+  // Kept (and persisted) over the VM's configured policy, across restarts and libvirt rescans.
+  for (auto& [key, value] : changes) policyOverrides_[name][key] = value;
+  persistPolicy(name);
   // Its programs' priorities are capped anew (as asked at hello, under the new cap).
   for (Session* s : allSessions()) {
     if (s->vm != vm) continue;
     s->priority = std::min(s->askedPriority, vm->policy.priority);
     pool_.setPriority(s->id, s->priority);
+    persist(*s);
   }
   std::string detail = "tflops " + std::to_string(vm->policy.tflops) + ", priority " + std::to_string(vm->policy.priority) +
                        ", kinds " + kindsToString(vm->policy.kinds) + ", memory_quota " + std::to_string(vm->policy.memoryQuota);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "schema/guest.capnp.h"
+#include "schema/node.capnp.h"
 #include "scheduler/config.h"
 #include "scheduler/pool.h"
 #include "transport/connection.h"
@@ -24,6 +25,7 @@
 namespace raccel::scheduler {
 
 struct GraphRun;
+class Store;
 
 class Scheduler {
  public:
@@ -66,8 +68,12 @@ class Scheduler {
   // A hello answered with `error` (logged and in the event stream as `subject`).
   void refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, const std::string& subject, const Error& error);
   void replyError(VmLink& link, uint32_t channel, uint64_t sequence, const Error& error, uint64_t dependency = 0);
+  // To the session's guest; kept in s.undelivered while it is detached.
+  void replyError(Session& s, uint64_t sequence, const Error& error, uint64_t dependency = 0);
+  void toGuest(Session& s, uint64_t sequence, transport::Body body);
   void closeChannel(VmLink& link, uint32_t channel, const Error& reason);
   void endSession(VmLink& link, uint32_t channel);
+  void endSession(Session& s);
   void vmLinkClosed(VmLink& link);
 
   void acceptNode(transport::ConnectionPtr connection);
@@ -152,6 +158,27 @@ class Scheduler {
   void onConsoleFrame(transport::Connection& connection, const transport::FrameHeader& header, transport::Body body);
 
   void refuseWhileSuspended(Session& s, const transport::FrameHeader& h, const transport::Body& body);
+
+  // Durable state (persist.cc, store.h). Each does nothing without a state directory.
+  Status openStore();        // at start: the database, then what it holds
+  void restoreState();       // nodes (offline, at their numbers), policies, vaccels (detached)
+  // A placed or suspended vaccel as it is now; `withSaved`: also s.saved (its buffers
+  // read back from its cards), as a suspended vaccel.
+  void persist(Session& s, bool withSaved = false);
+  void forget(Session& s);   // it ended
+  void persistNode(size_t poolIndex, wire::Register::Reader reg);
+  void persistPolicy(const std::string& vm);
+  void persistUsage(const Vm& vm);
+  // A netaccel registered with the contexts it kept: adopts those of restored vaccels,
+  // closes the rest.
+  void adoptContexts(NodeLink& node, capnp::List<wire::HeldContext>::Reader held);
+  // A restored vaccel whose netaccels are back (or given up on): runs again, and answers
+  // the guest's resume when it has re-attached.
+  void recovered(Session& s);
+  // raccel-guestd re-attaching a session (hello with resume): refused, or attached.
+  void resumeSession(VmLink& link, uint32_t channel, uint64_t sequence, wire::Resume::Reader resume);
+  void sendResumed(Session& s);
+  void expireDetached();     // tick: the restart's grace has passed
   void tick();
   uint64_t nowMs() const { return uv_now(loop_); }
 
@@ -163,6 +190,10 @@ class Scheduler {
   std::unordered_map<transport::Connection*, std::unique_ptr<NodeLink>> nodeLinks_;
   std::unordered_map<size_t, NodeLink*> nodeByPoolIndex_;
   std::unordered_map<uint32_t, Session*> sessionByContext_;
+  std::map<VaccelId, std::unique_ptr<Session>> sessions_;  // every session, attached or not
+  std::unique_ptr<Store> store_;
+  std::map<std::string, std::map<std::string, std::string>> policyOverrides_;  // raccelctl set-policy, by VM
+  uint64_t restoredAtMs_ = 0;
   std::vector<transport::ConnectionPtr> consoles_;
   struct EventRecord {
     uint64_t unixMs;

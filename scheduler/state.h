@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "scheduler/scheduler.h"
+#include "schema/node.capnp.h"
 #include "transport/request_table.h"
 #include "transport/wire_types.h"
 
@@ -34,6 +35,7 @@ struct Scheduler::Vm {
   uint32_t blocksHeld = 0;     // placed now
   uint32_t blocksClaimed = 0;  // by all its sessions, placed, waiting or suspended (the cap applies to this)
   uint64_t memoryUsed = 0;
+  uint64_t kernelNsEnded = 0;  // of its programs that ended (tenant usage, kept across restarts)
 };
 
 struct Scheduler::NodeLink {
@@ -58,6 +60,11 @@ struct Member {
 // A guest that keeps streaming behind a long job or a suspended vaccel waits at its link
 // (all of its VM's programs share it) once this much waits in the scheduler.
 constexpr size_t kHeldHighWater = 64 << 20;
+
+// `p` with raccelctl set-policy's KEY=VALUE settings (tflops, priority, kinds, memory_quota) on top.
+Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings);
+// A netaccel's cards as it registered them (or as the state database kept them).
+Result<std::vector<CardSpec>> cardSpecsOf(capnp::List<wire::CardInfo>::Reader cards);
 
 // "1-3,7" for the console and the event stream.
 inline std::string blocksText(const std::vector<BlockRange>& ranges) {
@@ -109,6 +116,7 @@ enum class Phase {
   suspended,   // no cards; buffers in `saved`
   moving,      // saving, then restoring on other cards (migration)
   resuming,    // restoring `saved` on its new cards
+  recovering,  // restored from the state database: waits for its netaccels to re-register
 };
 const char* phaseName(Phase phase);
 
@@ -116,8 +124,18 @@ struct Scheduler::Session {
   explicit Session(std::function<void(const uint64_t&, const Status&)> onPendingFailed) : pending(std::move(onPendingFailed)) {}
   VaccelId id = 0;
   Vm* vm = nullptr;
-  VmLink* link = nullptr;  // owns this session
+  // The guest's link and channel; null while detached (restored after a restart, until
+  // raccel-guestd re-attaches it with `token`). Replies for a detached session wait in
+  // `undelivered`.
+  VmLink* link = nullptr;
   uint32_t channel = 0;
+  uint64_t token = 0;
+  std::deque<std::pair<uint64_t, transport::Body>> undelivered;
+  uint64_t resumeHello = 0;     // re-attached while recovering: the welcome answers this hello
+  bool resumePending = false;
+  uint64_t detachedSinceMs = 0;  // restored: ended if nobody re-attaches it within the grace
+  uint64_t appliedThrough = 0;
+  uint64_t lastForwarded = 0;    // the last guest instruction sent to its primary context   // the last guest instruction its primary context received (or its saved state holds)
   std::string program;
   int priority = 0;
   std::vector<BlockRange> blocks;
@@ -176,7 +194,7 @@ struct Scheduler::Session {
 struct Scheduler::VmLink {
   Vm* vm = nullptr;
   transport::ConnectionPtr connection;
-  std::unordered_map<uint32_t, std::unique_ptr<Session>> sessions;
+  std::unordered_map<uint32_t, Session*> sessions;  // by channel (Scheduler::sessions_ owns them)
 };
 
 // Writes a vaccel's block ranges and its cards (with the blocks held on each) into a

@@ -142,4 +142,5 @@ struct VmEntry {
   problem @9 :Text;      # why rejected, or the last failed attach
   blocksHeld @10 :UInt32;
   memoryUsed @11 :UInt64;
+  kernelMs @12 :UInt64;   # kernel time of all its programs so far (tenant usage; survives restarts)
 }

@@ -85,6 +85,15 @@ struct Hello {
   # its instructions fail with `unavailable` and the reason instead of waiting for it
   # to resume. Buffers are kept either way.
   noWait @8 :Bool;
+  # raccel-guestd re-attaching a session after the scheduler restarted (or its port came
+  # back): the vaccel and the token its welcome gave. The welcome then says after which
+  # instruction to resend (`resumedAfter`); the other fields above are ignored.
+  resume @9 :Resume;
+}
+
+struct Resume {
+  vaccel @0 :UInt64;   # 0 = a new session
+  token @1 :UInt64;
 }
 
 struct Welcome {
@@ -92,6 +101,11 @@ struct Welcome {
   versionMinor @1 :UInt16;
   maxFrameBytes @2 :UInt32;
   vaccel @3 :VaccelInfo;
+  # Proves the session is this program's when it re-attaches (Hello.resume).
+  token @4 :UInt64;
+  # Answering a resume: the sequence number of the last instruction the vaccel took
+  # (0 = none). The guest resends, in order, everything it sent after that instruction.
+  resumedAfter @5 :UInt64;
 }
 
 struct BlockRange {

@@ -32,6 +32,21 @@ struct Register {
   versionMinor @1 :UInt16;
   name @2 :Text;          # unique per netaccel; a re-registering node keeps its blocks
   cards @3 :List(CardInfo);
+  # Contexts it kept while the scheduler was away (ARCHITECTURE.md "state"): the
+  # scheduler adopts those it knows (adoptContext) and closes the others.
+  contexts @4 :List(HeldContext);
+}
+
+struct HeldContext {
+  context @0 :UInt32;
+  card @1 :UInt32;
+  lastSequence @2 :UInt64;          # the last guest instruction (sequence < 2^63) it received
+  buffers @3 :List(HeldBuffer);     # after its queue ran dry
+}
+
+struct HeldBuffer {
+  handle @0 :UInt64;
+  bytes @1 :UInt64;
 }
 
 struct Heartbeat {
@@ -54,6 +69,9 @@ struct SchedulerMessage {
     # The scheduler refused an instruction that would have created `handle` (e.g. an
     # alloc over the VM's quota); later uses fail with "dependency failed".
     poison @3 :Poison;
+    # A context the netaccel kept (Register.contexts) is the scheduler's again: the
+    # replies it made meanwhile follow, then it runs what arrives as before.
+    adoptContext @4 :UInt32;
   }
 }
 

@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 # CUDA is used when its toolkit is at /usr/local/cuda (not a Debian package).
 # VMs: QEMU, the Debian kernel and busybox-static for the test guest (vm-images/), and
 # libvirt for the scheduler's libvirt watcher (its tests use test:///default, no daemon).
+# SQLite: the scheduler's state database.
 packages=(cmake ninja-build g++ pkg-config capnproto libcapnp-dev libuv1-dev libgtest-dev
-  ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev
+  libsqlite3-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev
   qemu-system-x86 linux-image-amd64 busybox-static cpio libvirt-dev libvirt-clients)
 missing=()
 for p in "${packages[@]}"; do
