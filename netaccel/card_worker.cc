@@ -171,6 +171,13 @@ std::vector<std::pair<uint32_t, uint64_t>> CardWorker::kernelTimes() const {
   return {kernelNs_.begin(), kernelNs_.end()};
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> CardWorker::buffersOf(uint32_t context) const {
+  std::lock_guard lock(mu_);
+  auto it = bufferBytes_.find(context);
+  if (it == bufferBytes_.end()) return {};
+  return {it->second.begin(), it->second.end()};
+}
+
 size_t CardWorker::queuedInstructions() const {
   std::lock_guard lock(mu_);
   return queuedCount_;
@@ -322,6 +329,7 @@ void CardWorker::execute(Work& work) {
     {
       std::lock_guard lock(mu_);
       kernelNs_.erase(work.context);
+      bufferBytes_.erase(work.context);
       if (!it->second.ready.empty()) {  // work after its close: dropped with it
         --readyContexts_;
         for (auto& w : it->second.ready) queuedBytes_ -= w.body.size();
@@ -378,6 +386,10 @@ void CardWorker::execute(Work& work) {
           c.used += a.getSize();
           c.poisoned.erase(h);
           c.buffers.emplace(h, std::move(*b));
+          {
+            std::lock_guard lock(mu_);
+            bufferBytes_[work.context][h] = a.getSize();
+          }
           return {};
         }
         case wire::Instruction::FREE: {
@@ -386,6 +398,10 @@ void CardWorker::execute(Work& work) {
             c.used -= std::min(c.used, b->second->size());
             device_->release(std::move(b->second));
             c.buffers.erase(b);
+            {
+              std::lock_guard lock(mu_);
+              bufferBytes_[work.context].erase(h);
+            }
             return {};
           }
           if (c.programs.erase(h) || c.poisoned.erase(h)) return {};

@@ -63,6 +63,8 @@ class CardWorker {
   size_t queuedInstructions() const;
   // Kernel time each open context has used so far (for the heartbeat).
   std::vector<std::pair<uint32_t, uint64_t>> kernelTimes() const;
+  // A context's buffers (handle, bytes) as created so far (for re-registering).
+  std::vector<std::pair<uint64_t, uint64_t>> buffersOf(uint32_t context) const;
 
  private:
   struct Work;
@@ -87,6 +89,7 @@ class CardWorker {
   std::vector<Output> outbox_;
   size_t queuedBytes_ = 0, queuedCount_ = 0;
   std::unordered_map<uint32_t, uint64_t> kernelNs_;  // by context
+  std::unordered_map<uint32_t, std::unordered_map<uint64_t, uint64_t>> bufferBytes_;  // context -> handle -> bytes
   bool stop_ = false;
 
   // Worker thread only.

@@ -96,7 +96,7 @@ Result<CardConfig> parseCardSpec(const std::string& spec) {
 Result<NetaccelConfig> parseConfig(const Config& config) {
   NetaccelConfig out;
   auto& top = config.top();
-  auto unknown = top.unknownKeys({"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms"});
+  auto unknown = top.unknownKeys({"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms"});
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
   out.name = top.getString("name", "");
   out.scheduler = top.getString("scheduler", out.scheduler);
@@ -108,6 +108,10 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   if (!halfLife) return fail(halfLife.error());
   if (!(*halfLife > 0)) return fail(Code::invalidArgument, "fair_half_life_ms must be positive");
   out.fairHalfLifeMs = *halfLife;
+  auto grace = top.getInt("context_grace_ms", out.contextGraceMs);
+  if (!grace) return fail(grace.error());
+  if (*grace < 0) return fail(Code::invalidArgument, "context_grace_ms must not be negative");
+  out.contextGraceMs = static_cast<unsigned>(*grace);
   auto discover = parseDiscover(top.getString("discover", "all"));
   if (!discover) return fail(discover.error().code, config.origin() + ": " + discover.error().message);
   out.discover = *discover;

@@ -5,6 +5,8 @@
 //   scheduler = 127.0.0.1:7700
 //   discover = all               # all, none, or a list: opencl,cuda,xrt
 //   fair_half_life_ms = 2000     # sharing a card: past kernel time counts half after this
+//   context_grace_ms = 60000     # scheduler gone: keep its contexts (and their buffers and
+//                                #   replies) this long for it to come back; 0 = drop at once
 //
 //   [card]                       # override a discovered device
 //   backend = opencl             # opencl, cuda or xrt
@@ -52,6 +54,7 @@ struct NetaccelConfig {
   unsigned heartbeatMs = 1000;
   // Sharing a card: past kernel time counts half as much after this long.
   double fairHalfLifeMs = 2000;
+  unsigned contextGraceMs = 60000;
   std::vector<std::string> discover;  // backends to enumerate at start
   std::vector<CardConfig> cards;
 };

@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
               true);
   flags.value("discover", "LIST", "backends to enumerate at start: all (default), none, or e.g. opencl,cuda");
   flags.boolean("list-devices", "print the cards this netaccel would serve, then exit");
+  flags.value("context-grace-ms", "MS", "when the scheduler goes away, keep its contexts MS for it to come back "
+                                         "(default 60000; 0 = drop them at once)");
   flags.value("fair-half-life-ms", "MS", "sharing a card: past kernel time counts half after MS (default 2000)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   flags.epilog("Serves the configured cards, then every device the discovered backends see (TFLOPS from the device's "
@@ -44,6 +46,15 @@ int main(int argc, char** argv) {
   }
   if (flags.has("name")) config.name = flags.get("name");
   if (flags.has("scheduler")) config.scheduler = flags.get("scheduler");
+  if (flags.has("context-grace-ms")) {
+    char* end = nullptr;
+    long ms = std::strtol(flags.get("context-grace-ms").c_str(), &end, 10);
+    if (!end || *end || ms < 0) {
+      std::fprintf(stderr, "raccel-netaccel: --context-grace-ms must be a number of milliseconds >= 0\n");
+      return 2;
+    }
+    config.contextGraceMs = static_cast<unsigned>(ms);
+  }
   if (flags.has("fair-half-life-ms")) {
     config.fairHalfLifeMs = std::atof(flags.get("fair-half-life-ms").c_str());
     if (!(config.fairHalfLifeMs > 0)) {

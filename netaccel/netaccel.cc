@@ -65,6 +65,12 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
   reconnect_ = new uv_timer_t;
   uv_timer_init(loop_, reconnect_);
   reconnect_->data = this;
+  grace_ = new uv_timer_t;
+  uv_timer_init(loop_, grace_);
+  grace_->data = this;
+  settle_ = new uv_timer_t;
+  uv_timer_init(loop_, settle_);
+  settle_->data = this;
   for (auto& d : devices)
     workers_.push_back(std::make_unique<CardWorker>(std::move(d), [a = async_] { uv_async_send(a); }, config_.fairHalfLifeMs));
 }
@@ -88,6 +94,8 @@ void Netaccel::stop() {
   };
   closeHandle(heartbeat_);
   closeHandle(reconnect_);
+  closeHandle(grace_);
+  closeHandle(settle_);
   closeHandle(async_);
 }
 
@@ -137,7 +145,23 @@ void Netaccel::onConnected(transport::ConnectionPtr link) {
   cb.onClose = [this](transport::Connection&, bool) { onLinkClosed(); };
   link_->setCallbacks(cb);
   link_->start();
+  settleWaitedMs_ = 0;
+  sendRegister();
+}
 
+void Netaccel::sendRegister() {
+  if (!link_) return;
+  // Kept contexts are reported with their buffers once their queued work has run (so
+  // the list is complete); that takes as long as the longest queued kernel, up to 10 s.
+  if (!kept_.empty() && settleWaitedMs_ < 10000) {
+    size_t queued = 0;
+    for (auto& w : workers_) queued += w->queuedInstructions();
+    if (queued > 0) {
+      settleWaitedMs_ += 10;
+      uv_timer_start(settle_, [](uv_timer_t* t) { static_cast<Netaccel*>(t->data)->sendRegister(); }, 10, 0);
+      return;
+    }
+  }
   capnp::MallocMessageBuilder m;
   auto reg = m.initRoot<wire::NodeMessage>().initRegister();
   reg.setVersionMajor(wire::PROTOCOL_MAJOR);
@@ -156,17 +180,47 @@ void Netaccel::onConnected(transport::ConnectionPtr link) {
     auto kinds = c.initProgramKinds(caps.programKinds.size());
     for (size_t k = 0; k < caps.programKinds.size(); ++k) kinds.set(k, transport::toWire(caps.programKinds[k]));
   }
+  auto held = reg.initContexts(kept_.size());
+  size_t i = 0;
+  for (auto& [ctx, waiting] : kept_) {
+    auto h = held[i++];
+    size_t card = contextCard_.at(ctx);
+    h.setContext(ctx);
+    h.setCard(static_cast<uint32_t>(card));
+    h.setLastSequence(lastGuestSequence_[ctx]);
+    auto buffers = workers_[card]->buffersOf(ctx);
+    auto list = h.initBuffers(buffers.size());
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      list[b].setHandle(buffers[b].first);
+      list[b].setBytes(buffers[b].second);
+    }
+  }
   link_->send(transport::kControlChannel, 0, m);
   RLOG_INFO("netaccel") << "connected to scheduler at " << schedulerAddress_.toString() << "; registering as '"
-                        << config_.name << "' with " << workers_.size() << " card(s)";
+                        << config_.name << "' with " << workers_.size() << " card(s)"
+                        << (kept_.empty() ? "" : " and " + std::to_string(kept_.size()) + " kept context(s)");
 }
 
 void Netaccel::onLinkClosed() {
   link_.reset();
   uv_timer_stop(heartbeat_);
-  closeAllContexts();
+  uv_timer_stop(settle_);
   inputPaused_ = false;
-  if (stopping_) return;
+  if (stopping_) {
+    closeAllContexts();
+    return;
+  }
+  // Every open context is kept (not adopted) until the scheduler comes back for it.
+  if (config_.contextGraceMs == 0) {
+    closeAllContexts();
+  } else if (!contextCard_.empty()) {
+    for (auto& [ctx, card] : contextCard_) kept_[ctx];
+    if (!uv_is_active(reinterpret_cast<uv_handle_t*>(grace_))) {
+      uv_timer_start(grace_, [](uv_timer_t* t) { static_cast<Netaccel*>(t->data)->graceOver(); }, config_.contextGraceMs, 0);
+      RLOG_INFO("netaccel") << "keeping " << contextCard_.size() << " context(s) for " << config_.contextGraceMs
+                            << " ms for the scheduler to come back";
+    }
+  }
   if (registered_) {
     RLOG_WARN("netaccel") << "lost the scheduler; reconnecting";
     backoffMs_ = 100;
@@ -175,10 +229,28 @@ void Netaccel::onLinkClosed() {
   scheduleReconnect();
 }
 
+void Netaccel::graceOver() {
+  if (kept_.empty()) return;
+  RLOG_WARN("netaccel") << "the scheduler did not come back for " << kept_.size() << " context(s) within "
+                        << config_.contextGraceMs << " ms; dropping them and their buffers";
+  for (auto& [ctx, waiting] : kept_) {
+    auto it = contextCard_.find(ctx);
+    if (it == contextCard_.end()) continue;
+    workers_[it->second]->closeContext(ctx);
+    contextCard_.erase(it);
+    lastGuestSequence_.erase(ctx);
+  }
+  for (auto& w : workers_) w->submit();
+  kept_.clear();
+}
+
 void Netaccel::closeAllContexts() {
   for (auto& [ctx, card] : contextCard_) workers_[card]->closeContext(ctx);
   for (auto& w : workers_) w->submit();
   contextCard_.clear();
+  lastGuestSequence_.clear();
+  kept_.clear();
+  uv_timer_stop(grace_);
 }
 
 void Netaccel::onFrame(const transport::FrameHeader& header, transport::Body body) {
@@ -191,6 +263,7 @@ void Netaccel::onFrame(const transport::FrameHeader& header, transport::Body bod
     RLOG_DEBUG("netaccel") << "instruction for unknown context " << header.channel << " dropped";
     return;
   }
+  if (header.sequence < (1ull << 63)) lastGuestSequence_[header.channel] = header.sequence;  // a guest's, not the scheduler's own
   workers_[it->second]->enqueue(header.channel, header.sequence, std::move(body));
 }
 
@@ -209,6 +282,8 @@ void Netaccel::onControl(transport::Body body) {
         }
         registered_ = true;
         backoffMs_ = 100;
+        // Kept contexts: the scheduler adopts or closes each right after this.
+        uv_timer_stop(grace_);
         unsigned hb = r.getHeartbeatMs() ? r.getHeartbeatMs() : config_.heartbeatMs;
         uv_timer_start(heartbeat_, [](uv_timer_t* t) { static_cast<Netaccel*>(t->data)->sendHeartbeat(); }, hb, hb);
         RLOG_INFO("netaccel") << "registered with the scheduler; heartbeat every " << hb << " ms";
@@ -238,7 +313,20 @@ void Netaccel::onControl(transport::Body body) {
         auto it = contextCard_.find(msg.getCloseContext());
         if (it == contextCard_.end()) return;
         workers_[it->second]->closeContext(it->first);
+        workers_[it->second]->submit();
+        kept_.erase(it->first);
+        lastGuestSequence_.erase(it->first);
         contextCard_.erase(it);
+        return;
+      }
+      case wire::SchedulerMessage::ADOPT_CONTEXT: {
+        auto it = kept_.find(msg.getAdoptContext());
+        if (it == kept_.end()) return;
+        size_t waiting = it->second.size();
+        for (auto& o : it->second) link_->sendBody(o.context, o.sequence, std::move(o.body));
+        RLOG_INFO("netaccel") << "context " << it->first << " adopted by the scheduler; " << waiting << " waiting repl"
+                              << (waiting == 1 ? "y" : "ies") << " sent";
+        kept_.erase(it);
         return;
       }
     }
@@ -269,8 +357,9 @@ void Netaccel::sendHeartbeat() {
 void Netaccel::drainOutputs() {
   outputs_.clear();
   for (auto& w : workers_) w->drain(outputs_);
-  if (link_) {
-    for (auto& o : outputs_) link_->sendBody(o.context, o.sequence, std::move(o.body));
+  for (auto& o : outputs_) {
+    if (!kept_.empty() && kept_.count(o.context)) kept_[o.context].push_back(std::move(o));  // until adopted
+    else if (link_) link_->sendBody(o.context, o.sequence, std::move(o.body));
   }
   outputs_.clear();
   if (inputPaused_ && link_) {

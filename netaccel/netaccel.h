@@ -1,8 +1,11 @@
 // The network-accelerator daemon: joins a scheduler over TCP, registers its cards,
 // heartbeats, and runs forwarded instructions on one CardWorker per card. Everything
 // here runs on the loop thread; the workers hand results back through a uv_async.
-// If the scheduler goes away, every context is dropped and the daemon reconnects with
-// backoff.
+// If the scheduler goes away, the daemon reconnects with backoff and keeps its contexts
+// for context_grace_ms: their queued work runs, their replies wait. It registers again
+// with the contexts it kept (once their queues have run dry); the scheduler adopts those
+// it knows (their waiting replies are sent) and closes the rest. When the grace ends
+// first, they are dropped.
 #pragma once
 
 #include <uv.h>
@@ -44,12 +47,19 @@ class Netaccel {
   void sendHeartbeat();
   void drainOutputs();
   void closeAllContexts();
+  void sendRegister();
+  void graceOver();
 
   uv_loop_t* loop_;
   NetaccelConfig config_;
   transport::Address schedulerAddress_;
   std::vector<std::unique_ptr<CardWorker>> workers_;
   std::unordered_map<uint32_t, size_t> contextCard_;
+  std::unordered_map<uint32_t, uint64_t> lastGuestSequence_;  // by context
+  std::unordered_map<uint32_t, std::vector<CardWorker::Output>> kept_;  // contexts kept, not adopted: their replies
+  uv_timer_t* grace_;
+  uv_timer_t* settle_;      // waits for kept contexts' queues to run dry before registering
+  unsigned settleWaitedMs_ = 0;
   transport::ConnectionPtr link_;
   bool registered_ = false, stopping_ = false, inputPaused_ = false;
   unsigned backoffMs_ = 100;

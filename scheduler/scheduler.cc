@@ -639,7 +639,9 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
         break;
       case wire::Reply::FENCED:
         s.pending.complete(h.sequence);
-        s.unconfirmedAllocs.erase(s.unconfirmedAllocs.begin(), s.unconfirmedAllocs.lower_bound(h.sequence));
+        // (raccel-guestd's own fences number from 2^62: they say nothing about order here.)
+        if (h.sequence < kGuestdSequences)
+          s.unconfirmedAllocs.erase(s.unconfirmedAllocs.begin(), s.unconfirmedAllocs.lower_bound(h.sequence));
         break;
       case wire::Reply::ERROR: {
         s.pending.complete(h.sequence);

@@ -77,6 +77,8 @@ inline std::string blocksText(const std::vector<BlockRange>& ranges) {
 // Sequence numbers from 2^63 up belong to the scheduler's own instructions on a
 // vaccel's contexts (copies between its cards, split ops); guests use the ones below.
 constexpr uint64_t kSchedulerSequences = 1ull << 63;
+// From 2^62 to 2^63: raccel-guestd's own fences (see vmfrontend/guestd.h).
+constexpr uint64_t kGuestdSequences = 1ull << 62;
 // Handles from 2^63 up are the scheduler's scratch buffers on a vaccel's cards.
 constexpr uint64_t kSchedulerHandles = 1ull << 63;
 

@@ -10,7 +10,9 @@
 #   offset 4  u32 length     body bytes (a multiple of 8); > the negotiated maximum
 #                            is a protocol error that closes that channel only
 #   offset 8  u64 sequence   the sender's instruction sequence number; replies carry
-#                            the sequence number of the instruction they answer
+#                            the sequence number of the instruction they answer.
+#                            Guest programs number below 2^62; raccel-guestd's own
+#                            fences use 2^62..2^63; the scheduler's own work 2^63 up
 #
 # Channels: on a VM link (virtio-serial port or its unix socket) each guest program is
 # one channel, assigned by raccel-guestd. On a netaccel link each channel is one

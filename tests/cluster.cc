@@ -131,7 +131,7 @@ Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::stri
     : dir_(dir.empty() ? makeTempDir() : std::move(dir)) {
   port_ = freePort();
   schedulerArgs_ = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
-                    "--heartbeat-timeout-ms", "2000"};
+                    "--heartbeat-timeout-ms", "2000", "--state-dir", dir_ + "/state"};
   for (auto& vm : vms) {
     std::string spec = "name=" + vm.name + ",socket=" + (vm.socket.empty() ? vmSocket(vm.name) : vm.socket) +
                        ",tflops=" + std::to_string(vm.tflops) + ",priority=" + std::to_string(vm.priority) +

@@ -94,8 +94,8 @@ class Cluster {
   std::string waitConsole(const std::string& query, const std::function<bool(const std::string&)>& ok,
                           int timeoutMs = 20000) const;
   Process& scheduler() { return *scheduler_; }
-  // kill -9 the scheduler, start it again with the same arguments, and wait until the
-  // netaccels have rejoined.
+  // kill -9 the scheduler, start it again with the same arguments (its state database in
+  // DIR/state), and wait until the netaccels have rejoined.
   void restartScheduler();
   // Everything the daemons logged, for a failing test's message.
   std::string logs() const;

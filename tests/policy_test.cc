@@ -373,5 +373,98 @@ TEST(Fairness, TwoTenantsWithThreeToOneBlocksOfACardGetKernelTimeRoughlyThreeToO
   EXPECT_LT(f.ratio, 3.6) << f.big << " vs " << f.small;
 }
 
+
+// Durable state: kill -9 the scheduler in the middle of a program's stream of
+// instructions and start it again. The netaccel keeps the contexts, the scheduler finds
+// its allocations and policies in its state database, raccel-guestd re-attaches the
+// programs and resends what the vaccel had not taken. Every axpy below adds 1 to each
+// element exactly once: a lost or repeated instruction shows in the result.
+TEST(Restart, KillNineMidWorkloadLosesNoAllocationAndProgramsFinishExactly) {
+  Cluster cluster({VmSpec{"vm1", 8, 5}});
+  cluster.addNetaccel("node0", {"kind=gpu,tflops=8,memory=512MiB,threads=1"}, 8);
+  int status = 0;
+  std::string out = cluster.ctl({"set-policy", "vm1", "priority=3", "tflops=7"}, &status);
+  ASSERT_EQ(status, 0) << out;
+  std::string guestd = cluster.startGuestd("vm1");
+
+  // A program that waits: its buffer must be there after the restart.
+  auto idle = open(guestd, 2, "idle", 9);
+  ASSERT_TRUE(idle) << cluster.logs();
+  Kept kept(*idle, 300000, 7);
+  ASSERT_TRUE(idle->fence());
+
+  // A program streaming axpys back to back, checking y every 50.
+  constexpr int kIterations = 4000;
+  constexpr size_t kN = 100000;
+  std::atomic<int> done{0};
+  std::promise<std::string> result;
+  std::thread streamer([&] {
+    auto s = open(guestd, 4, "stream", 9);
+    if (!s) return result.set_value("no session");
+    auto x = s->alloc(kN * 4), y = s->alloc(kN * 4);
+    s->writeFloats(x, std::vector<float>(kN, 1.0f));
+    s->fill(y, 0, kN * 4, 0);
+    for (int i = 1; i <= kIterations; ++i) {
+      s->axpy(kN, 1.0f, x, y);
+      if (i % 50 == 0 || i == kIterations) {
+        auto got = s->readFloats(y, kN);
+        if (!got) return result.set_value("iteration " + std::to_string(i) + ": " + got.error().toString());
+        for (size_t e = 0; e < kN; ++e)
+          if ((*got)[e] != static_cast<float>(i))
+            return result.set_value("iteration " + std::to_string(i) + ": y[" + std::to_string(e) + "] = " +
+                                    std::to_string((*got)[e]));
+      }
+      done = i;
+    }
+    result.set_value("");
+  });
+  auto finished = result.get_future();
+  for (int i = 0; i < 2000 && done < 300; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::string before = cluster.console("vaccels");
+  ASSERT_GE(done.load(), 300) << cluster.logs();
+  ASSERT_LT(done.load(), kIterations) << "the stream ended before the restart";
+
+  cluster.restartScheduler();
+  // Allocations are back, on the same blocks, and the policy set by raccelctl with them.
+  std::string after = cluster.waitConsole("vaccels", [](auto& j) { return stateOf(j, "idle") == "running"; });
+  EXPECT_EQ(blocksOf(after, "idle"), blocksOf(before, "idle")) << before << after;
+  EXPECT_FALSE(blocksOf(before, "stream").empty()) << before;
+  std::string vms = cluster.console("vms");
+  EXPECT_TRUE(has(vms, "\"priority\":3") && has(vms, "\"tflops\":7")) << vms;
+  EXPECT_TRUE(has(after, "\"program\":\"idle\",\"priority\":3")) << after;
+
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(90)), std::future_status::ready) << cluster.logs();
+  streamer.join();
+  EXPECT_EQ(finished.get(), "") << cluster.logs();
+  EXPECT_EQ(kept.check(*idle), "") << cluster.logs();
+  std::string events = cluster.ctl({"events", "--recent"});
+  EXPECT_TRUE(has(events, "restored") && has(events, "reattached")) << events;
+}
+
+TEST(Restart, ASuspendedVaccelKeepsItsBuffersAcrossARestart) {
+  Cluster cluster({VmSpec{"vm1", 8, 0}});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  std::string guestd = cluster.startGuestd("vm1");
+  auto s = open(guestd, 2, "patient");
+  ASSERT_TRUE(s) << cluster.logs();
+  Kept x(*s, 300000, 3), y(*s, 300000, 4);
+  ASSERT_TRUE(s->fence());
+  int status = 0;
+  std::string out = cluster.ctl({"preempt", std::to_string(s->vaccel().id)}, &status);
+  ASSERT_EQ(status, 0) << out;
+  cluster.waitConsole("vaccels", [](auto& j) { return stateOf(j, "patient") == "suspended"; });
+
+  cluster.restartScheduler();
+  std::string after = cluster.waitConsole("vaccels", [](auto& j) { return stateOf(j, "patient") == "suspended"; });
+  EXPECT_EQ(stateOf(after, "patient"), "suspended") << after << cluster.logs();
+  // Its instruction waits for the operator's resume, then runs on the restored buffers.
+  auto pending = std::async(std::launch::async, [&] { return axpyChecked(*s, x, y, 2.0f); });
+  EXPECT_EQ(pending.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout);
+  out = cluster.ctl({"resume", std::to_string(s->vaccel().id)}, &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(pending.get(), "") << cluster.logs();
+  EXPECT_EQ(x.check(*s), "");
+}
+
 }  // namespace
 }  // namespace raccel::testing

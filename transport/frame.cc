@@ -134,6 +134,12 @@ void appendFrame(std::vector<std::byte>& out, uint32_t channel, uint64_t sequenc
   encodeInto(message, out.data() + at + kHeaderBytes);
 }
 
+Body copyBody(const Body& body) {
+  Body out(body.size());
+  if (body.size()) std::memcpy(out.data(), body.data(), body.size());
+  return out;
+}
+
 Body encodeBody(capnp::MessageBuilder& message) {
   Body body(encodedSize(message));
   encodeInto(message, body.data());

@@ -65,6 +65,8 @@ size_t encodedSize(capnp::MessageBuilder& message);
 void appendFrame(std::vector<std::byte>& out, uint32_t channel, uint64_t sequence, capnp::MessageBuilder& message);
 // Encodes a message into an owned body (for zero-copy sends of large messages).
 Body encodeBody(capnp::MessageBuilder& message);
+// A copy of a body (a relay that must be able to send it again).
+Body copyBody(const Body& body);
 
 // Builds a single-segment message in place inside a Body: no copy between building and
 // sending. The reservation is zeroed first (no stale memory can leak into a reply) and

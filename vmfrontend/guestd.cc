@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+
 #include "common/log.h"
 #include "schema/frame.capnp.h"
 #include "schema/guest.capnp.h"
@@ -93,22 +95,163 @@ void Guestd::portUp(ConnectionPtr port) {
   backoffMs_ = 50;
   warnedAbsent_ = false;
   RLOG_INFO("guestd") << "port " << config_.port << " is up";
-  for (auto& [ch, c] : clients_) c->connection->resumeReading();
+  for (auto& [ch, c] : clients_) {
+    if (c->welcomed) {
+      reattach(*c);
+      continue;
+    }
+    // Not admitted yet: its hello (and what followed) goes again, as new.
+    for (auto& [seq, body] : c->unacked) port_->sendBody(c->channel, seq, transport::copyBody(body));
+    if (!c->heldBack) c->connection->resumeReading();
+  }
+}
+
+void Guestd::reattach(Client& c) {
+  capnp::MallocMessageBuilder m;
+  auto hello = m.initRoot<wire::Instruction>().initHello();
+  hello.setVersionMajor(wire::PROTOCOL_MAJOR);
+  hello.setVersionMinor(wire::PROTOCOL_MINOR);
+  auto resume = hello.initResume();
+  resume.setVaccel(c.vaccel);
+  resume.setToken(c.token);
+  c.resuming = true;
+  port_->send(c.channel, c.helloSequence, m);
+  RLOG_INFO("guestd") << "re-attaching vaccel #" << c.vaccel << " (channel " << c.channel << ", " << c.unacked.size()
+                      << " unacknowledged frame(s))";
 }
 
 void Guestd::portDown() {
   port_.reset();
   if (stopping_) return;
   // A character device reports EOF/HUP while the host side is absent: that is "not
-  // connected yet", not an error. Sessions that were running are gone with the link.
-  std::vector<ConnectionPtr> drop;
+  // connected yet", not an error. Programs wait (reading paused) and carry on when the
+  // scheduler is back: their sessions re-attach then.
+  size_t waiting = 0;
   for (auto& [ch, c] : clients_) {
-    if (c->sentAnything) drop.push_back(c->connection);
-    else c->connection->pauseReading();
+    c->connection->pauseReading();
+    c->resuming = false;
+    c->fenceOut = 0;  // its reply is lost with the link; the resend fences again if needed
+    waiting += c->sentAnything;
   }
-  if (!drop.empty()) RLOG_WARN("guestd") << "port went down; disconnecting " << drop.size() << " program(s)";
-  for (auto& c : drop) c->close();
+  if (waiting) RLOG_WARN("guestd") << "port went down; " << waiting << " program(s) wait for the scheduler";
   retryLater();
+}
+
+// A read or a fence: instructions that change nothing and answer.
+bool Guestd::answers(const Body& frame) {
+  bool yes = false;
+  transport::decodeGuard([&] {
+    transport::MessageView in(frame);
+    auto which = in.root<wire::Instruction>().which();
+    yes = which == wire::Instruction::READ || which == wire::Instruction::FENCE;
+  });
+  return yes;
+}
+
+void Guestd::keep(Client& c, uint64_t sequence, const Body& body) {
+  c.unacked.emplace_back(sequence, transport::copyBody(body));
+  c.unackedBytes += body.size();
+  if (c.unackedBytes > config_.replayBytes && !c.fenceOut && port_) {
+    // Nothing acknowledged for a while (a stream without reads or fences): a fence of
+    // guestd's own lets it drop what the vaccel has taken.
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Instruction>().setFence();
+    c.fenceOut = nextFence_++;
+    Body fence = transport::encodeBody(m);
+    c.unacked.emplace_back(c.fenceOut, transport::copyBody(fence));
+    port_->sendBody(c.channel, c.fenceOut, std::move(fence));
+  }
+  if (c.unackedBytes > 4 * config_.replayBytes && !c.heldBack) {
+    c.heldBack = true;
+    c.connection->pauseReading();
+  }
+}
+
+void Guestd::acknowledge(Client& c, uint64_t sequence) {
+  auto it = std::find_if(c.unacked.begin(), c.unacked.end(), [&](auto& e) { return e.first == sequence; });
+  if (it == c.unacked.end()) return;
+  for (auto e = c.unacked.begin(); e != std::next(it); ++e) c.unackedBytes -= e->second.size();
+  c.unacked.erase(c.unacked.begin(), std::next(it));
+  if (c.heldBack && c.unackedBytes <= 2 * config_.replayBytes && !c.resuming && port_) {
+    c.heldBack = false;
+    c.connection->resumeReading();
+  }
+}
+
+bool Guestd::ownReply(Client& c, const FrameHeader& h, const Body& body) {
+  bool own = false;
+  auto status = transport::decodeGuard([&] {
+    transport::MessageView in(body);
+    auto reply = in.root<wire::Reply>();
+    switch (reply.which()) {
+      case wire::Reply::WELCOME: {
+        auto welcome = reply.getWelcome();
+        if (c.resuming && h.sequence == c.helloSequence) {
+          own = true;
+          c.resuming = false;
+          // Resend what came after the last instruction the vaccel took, in order. Reads
+          // and fences it took last may have answered into the old scheduler: they go
+          // again too (nothing after them changed a buffer, so they answer the same;
+          // a reply that does arrive twice is dropped below).
+          uint64_t after = welcome.getResumedAfter();
+          auto it = std::find_if(c.unacked.begin(), c.unacked.end(), [&](auto& e) { return e.first == after; });
+          auto from = c.unacked.begin();
+          if (it != c.unacked.end()) {
+            from = std::next(it);
+            while (from != c.unacked.begin() && answers(std::prev(from)->second)) --from;
+          }
+          size_t resent = 0;
+          for (auto e = from; e != c.unacked.end(); ++e, ++resent) port_->sendBody(c.channel, e->first, transport::copyBody(e->second));
+          c.resumed = true;
+          RLOG_INFO("guestd") << "vaccel #" << c.vaccel << " re-attached after instruction " << after << "; resent " << resent
+                              << " frame(s)";
+          if (!c.heldBack) c.connection->resumeReading();
+          return;
+        }
+        if (!c.welcomed) {
+          c.welcomed = true;
+          c.vaccel = welcome.getVaccel().getId();
+          c.token = welcome.getToken();
+          c.helloSequence = h.sequence;
+          acknowledge(c, h.sequence);
+        }
+        return;
+      }
+      case wire::Reply::DATA:
+      case wire::Reply::FENCED: {
+        bool known = std::any_of(c.unacked.begin(), c.unacked.end(), [&](auto& e) { return e.first == h.sequence; });
+        if (c.resumed && !known) {
+          own = true;  // a second answer to a read or fence resent after a restart
+          return;
+        }
+        // The vaccel took everything up to this read (its last chunk) or fence, in order.
+        if (reply.which() == wire::Reply::FENCED || reply.getData().getLast()) acknowledge(c, h.sequence);
+        if (c.fenceOut && h.sequence == c.fenceOut) {
+          c.fenceOut = 0;
+          own = true;
+        }
+        return;
+      }
+      case wire::Reply::ERROR:
+        if (c.resuming && h.sequence == c.helloSequence) {
+          own = true;
+          RLOG_WARN("guestd") << "vaccel #" << c.vaccel << " cannot be re-attached ("
+                              << reply.getError().getError().getMessage().cStr() << "); disconnecting its program";
+          c.connection->close();
+        } else if (!c.welcomed && !c.unacked.empty() && h.sequence == c.unacked.front().first) {
+          c.unacked.clear();  // its hello was refused: nothing to resend
+          c.unackedBytes = 0;
+        } else if (c.fenceOut && h.sequence == c.fenceOut) {
+          c.fenceOut = 0;
+          own = true;
+        }
+        return;
+      default:
+        return;
+    }
+  });
+  if (!status) RLOG_WARN("guestd") << "bad reply from the host on channel " << h.channel << ": " << status.error().message;
+  return own;
 }
 
 void Guestd::acceptClient(ConnectionPtr connection) {
@@ -154,6 +297,18 @@ void Guestd::onClientFrame(Client& client, const FrameHeader& h, Body body) {
   if (!port_) return;  // cannot happen: reading is paused while the port is down
   client.localChannel = h.channel;
   client.sentAnything = true;
+  if (h.sequence >= kGuestdSequences) {
+    // Reserved for guestd's own fences: refused here, as the scheduler refuses its own range.
+    capnp::MallocMessageBuilder m;
+    auto e = m.initRoot<wire::Reply>().initError();
+    e.setSequence(h.sequence);
+    auto error = e.initError();
+    error.setCode(wire::ErrorCode::INVALID_ARGUMENT);
+    error.setMessage("sequence numbers from 2^62 up are reserved for raccel-guestd and the scheduler");
+    client.connection->send(client.localChannel, h.sequence, m);
+    return;
+  }
+  keep(client, h.sequence, body);
   port_->sendBody(client.channel, h.sequence, std::move(body));
   port_->throttle(*client.connection);
 }
@@ -176,6 +331,7 @@ void Guestd::onPortFrame(const FrameHeader& h, Body body) {
   auto it = clients_.find(h.channel);
   if (it == clients_.end()) return;  // the program left; its late replies go nowhere
   Client& client = *it->second;
+  if (ownReply(client, h, body)) return;
   client.connection->sendBody(client.localChannel, h.sequence, std::move(body));
   client.connection->throttle(*port_);
 }
