@@ -62,7 +62,8 @@ struct Event {
   unixMs @0 :UInt64;
   kind @1 :Text;      # admitted | queued | refused | released | preempted | resumed |
                       # migrated | node-joined | node-lost | node-draining | node-drained |
-                      # vm-attached | vm-detached | vm-rejected | policy
+                      # vm-attached | vm-detached | vm-rejected | policy |
+                      # restored | recovered | reattached (after a scheduler restart)
   subject @2 :Text;   # "vm/program#id", a node or a VM name
   detail @3 :Text;
 }
@@ -123,7 +124,7 @@ struct VaccelEntry {
   memoryQuota @7 :UInt64;
   instructions @8 :UInt64;
   state @9 :Text;        # running | waiting (for blocks) | suspending | suspended | moving |
-                         # resuming | unavailable
+                         # resuming | recovering (after a restart) | unavailable
   bytesMoved @10 :UInt64;  # copied between its cards by the scheduler (split ops, routed programs)
   kernelMs @11 :Float64;   # time its cards spent running its instructions (as of their last heartbeats)
 }

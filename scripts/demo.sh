@@ -21,7 +21,7 @@ trap cleanup EXIT
 port=$((20000 + RANDOM % 20000))
 
 echo "== starting raccel-scheduler (logs in $run)"
-$bin/raccel-scheduler --node-listen 127.0.0.1:$port --console "$run/console.sock" \
+$bin/raccel-scheduler --node-listen 127.0.0.1:$port --console "$run/console.sock" --state-dir "$run/state" \
   --vm "name=demo-vm,socket=$run/demo-vm.sock,tflops=20,priority=1,memory_quota=2GiB" >"$run/scheduler.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do [ -S "$run/console.sock" ] && break; sleep 0.1; done

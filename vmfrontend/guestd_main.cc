@@ -38,12 +38,22 @@ int main(int argc, char** argv) {
   flags.value("port", "PATH", "the port: a character device, or a unix socket standing for it "
                               "(default: the virtio port named org.raccel.vaccel.0)");
   flags.value("listen", "PATH", "where programs connect (default /run/raccel/guestd.sock)");
+  flags.value("replay-bytes", "BYTES", "per program, unacknowledged bytes kept to resend after a scheduler restart "
+                                      "before guestd fences for it (default 64MiB)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
   guestd::GuestdConfig config;
   config.listen = flags.get("listen", config.listen);
   config.port = flags.get("port", "");
+  if (flags.has("replay-bytes")) {
+    auto bytes = parseBytes(flags.get("replay-bytes"));
+    if (!bytes || *bytes == 0) {
+      std::fprintf(stderr, "raccel-guestd: --replay-bytes wants a positive size such as 64MiB\n");
+      return 2;
+    }
+    config.replayBytes = static_cast<size_t>(*bytes);
+  }
   if (config.port.empty()) config.port = findPort("org.raccel.vaccel.0");
   if (config.port.empty()) {
     std::fprintf(stderr, "raccel-guestd: no --port given and no virtio port named org.raccel.vaccel.0 in "
