@@ -241,11 +241,8 @@ void Scheduler::restoreState() {
       BlobReader in(blob);
       auto r = in.reader->getRoot<wire::VaccelRecord>();
       VaccelId id = r.getId();
-      session = std::make_unique<Session>([this, id](const uint64_t& seq, const Status& st) {
-        if (Session* s = sessionById(id)) replyError(*s, seq, st.error());
-      });
+      session = makeSession(id);
       Session& s = *session;
-      s.id = id;
       s.vm = &vmNamed(r.getVm());
       s.program = r.getProgram();
       s.priority = r.getPriority();
@@ -418,18 +415,7 @@ void Scheduler::resumeSession(VmLink& link, uint32_t channel, uint64_t sequence,
 
 void Scheduler::sendResumed(Session& s) {
   s.resumePending = false;
-  capnp::MallocMessageBuilder m;
-  auto welcome = m.initRoot<wire::Reply>().initWelcome();
-  welcome.setVersionMajor(wire::PROTOCOL_MAJOR);
-  welcome.setVersionMinor(wire::PROTOCOL_MINOR);
-  welcome.setMaxFrameBytes(s.maxFrame);
-  welcome.setToken(s.token);
-  welcome.setResumedAfter(s.appliedThrough);
-  auto info = welcome.initVaccel();
-  info.setId(s.id);
-  info.setBlockTflops(pool_.blockTflops());
-  writePlacement(info, s.blocks);
-  s.link->connection->send(s.channel, s.resumeHello, m);
+  writeWelcome(s, s.resumeHello, s.appliedThrough);
   size_t waited = s.undelivered.size();
   for (auto& [seq, body] : s.undelivered) s.link->connection->sendBody(s.channel, seq, std::move(body));
   s.undelivered.clear();

@@ -188,18 +188,23 @@ void Scheduler::refuseWaiting(Session& s, const Error& error) {
   endSession(s);
 }
 
-void Scheduler::sendWelcome(Session& s) {
+void Scheduler::writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfter) {
   capnp::MallocMessageBuilder m;
   auto welcome = m.initRoot<wire::Reply>().initWelcome();
   welcome.setVersionMajor(wire::PROTOCOL_MAJOR);
   welcome.setVersionMinor(wire::PROTOCOL_MINOR);
   welcome.setMaxFrameBytes(s.maxFrame);
   welcome.setToken(s.token);
+  welcome.setResumedAfter(resumedAfter);
   auto info = welcome.initVaccel();
   info.setId(s.id);
   info.setBlockTflops(pool_.blockTflops());
   writePlacement(info, s.blocks);
-  s.link->connection->send(s.channel, s.helloSequence, m);
+  s.link->connection->send(s.channel, sequence, m);
+}
+
+void Scheduler::sendWelcome(Session& s) {
+  writeWelcome(s, s.helloSequence, 0);
   const Card& card = pool_.cards()[s.primary().card];
   std::string placed = std::to_string(s.want) + " block(s) from " + std::to_string(s.blocks.front().first) +
                        ", priority " + std::to_string(s.priority) + ", " + std::to_string(s.members.size()) + " card(s)";

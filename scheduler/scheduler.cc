@@ -393,11 +393,8 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   // Placed by the next placement pass (at once when it fits; after preempting lower
   // priorities; or after waiting up to waitMs); the welcome answers the hello then.
   VaccelId id = nextVaccel_++;
-  auto session = std::make_unique<Session>([this, id](const uint64_t& seq, const Status& st) {
-    if (Session* s = sessionById(id)) replyError(*s, seq, st.error());
-  });
+  auto session = makeSession(id);
   Session& s = *session;
-  s.id = id;
   s.token = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^ (id * 0x9e3779b97f4a7c15ull);
   s.vm = &vm;
   s.link = &link;
@@ -416,6 +413,15 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   link.sessions[channel] = &s;
   sessions_[id] = std::move(session);
   requestPlacement();
+}
+
+std::unique_ptr<Scheduler::Session> Scheduler::makeSession(VaccelId id) {
+  // Its reads and fences that time out answer its guest (whichever link it has then).
+  auto s = std::make_unique<Session>([this, id](const uint64_t& seq, const Status& st) {
+    if (Session* s = sessionById(id)) replyError(*s, seq, st.error());
+  });
+  s->id = id;
+  return s;
 }
 
 void Scheduler::refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, const std::string& subject,

@@ -64,6 +64,7 @@ class Scheduler {
   void onGuestFrame(VmLink& link, const transport::FrameHeader& header, transport::Body body);
   void onGuestOversized(VmLink& link, const transport::FrameHeader& header);
   void admit(VmLink& link, uint32_t channel, uint64_t sequence, transport::Body body);
+  std::unique_ptr<Session> makeSession(VaccelId id);
   void forward(VmLink& link, Session& session, const transport::FrameHeader& header, transport::Body body);
   // A hello answered with `error` (logged and in the event stream as `subject`).
   void refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, const std::string& subject, const Error& error);
@@ -138,6 +139,8 @@ class Scheduler {
   Result<std::vector<BlockRange>> allocateFor(Session& s);  // compacts first when it would be fragmented
   void refuseWaiting(Session& s, const Error& error);
   void sendWelcome(Session& s);
+  // The welcome answering hello `sequence` (resumedAfter: a resume's, else 0).
+  void writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfter);
   void whenIdle(Session& s, std::function<void()> then);
   // Reads every buffer into s.saved after what the guest sent before, then closes its
   // contexts and runs `then` (also on failure: then s.unavailable says why).

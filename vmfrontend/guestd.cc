@@ -219,8 +219,9 @@ bool Guestd::ownReply(Client& c, const FrameHeader& h, const Body& body) {
       }
       case wire::Reply::DATA:
       case wire::Reply::FENCED: {
-        bool known = std::any_of(c.unacked.begin(), c.unacked.end(), [&](auto& e) { return e.first == h.sequence; });
-        if (c.resumed && !known) {
+        // (Scanned only after a resume: every reply passes here.)
+        if (c.resumed &&
+            std::none_of(c.unacked.begin(), c.unacked.end(), [&](auto& e) { return e.first == h.sequence; })) {
           own = true;  // a second answer to a read or fence resent after a restart
           return;
         }
