@@ -51,6 +51,7 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
   for (size_t i = 0; i < ordered.size(); ++i) {
     node.cards.push_back(cards_.size());
     cardFirst_.push_back(next_);
+    cardFree_.push_back(0);
     cards_.push_back(Card{nodes_.size(), ordered[i], {next_, counts[i]}});
     next_ += counts[i];
   }
@@ -130,6 +131,18 @@ void Pool::addFree(BlockRange range) {
   free_[first] = end - first;
   freeBySize_.insert({end - first, first});
   freeCount_ += range.count;
+  adjustCardFree(range, true);
+}
+
+void Pool::adjustCardFree(BlockRange range, bool freed) {
+  for (uint32_t b = range.first; b < range.end();) {
+    long c = cardOf(b);
+    if (c < 0) return;
+    uint32_t e = std::min(range.end(), cards_[c].blocks.end());
+    if (freed) cardFree_[c] += e - b;
+    else cardFree_[c] -= e - b;
+    b = e;
+  }
 }
 
 void Pool::takeFree(BlockRange range) {
@@ -146,6 +159,7 @@ void Pool::takeFree(BlockRange range) {
     freeBySize_.insert({runEnd - range.end(), range.end()});
   }
   freeCount_ -= range.count;
+  adjustCardFree(range, false);
 }
 
 long Pool::cardOf(uint32_t block) const {
@@ -206,8 +220,9 @@ uint32_t Pool::cardsSpanned(BlockRange r) const {
 Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& request) {
   const uint32_t want = request.blocks;
   if (owner == kNoOwner) return fail(Code::internal, "allocate: owner id 0 is reserved");
-  if (want == 0) return fail(Code::invalidArgument, "a virtual accelerator needs at least one block");
   if (held_.count(owner)) return fail(Code::internal, "allocate: vaccel " + std::to_string(owner) + " already holds blocks");
+  if (request.shape != Shape::spread) return allocateShaped(owner, request);
+  if (want == 0) return fail(Code::invalidArgument, "a virtual accelerator needs at least one block");
   uint32_t total = this->total(request.kinds);
   if (want > total)
     return fail(Code::resourceExhausted, "can never run here: " + std::to_string(want) + " blocks requested, the pool has " +
@@ -272,17 +287,22 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     }
     std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });
   }
+  record(owner, pieces, request.priority);
+  return pieces;
+}
+
+void Pool::record(VaccelId owner, std::vector<BlockRange> pieces, int priority) {
+  Holding& h = held_[owner];
+  h.blocks = 0;
   for (auto& p : pieces) {
     takeFree(p);
     std::fill(owner_.begin() + p.first, owner_.begin() + p.end(), owner);
+    h.blocks += p.count;
   }
-  Holding& h = held_[owner];
-  h.ranges = pieces;
-  h.priority = request.priority;
+  h.ranges = std::move(pieces);
+  h.priority = priority;
   h.admitted = ++admissions_;
-  h.blocks = want;
   victims_.insert(victimKey(owner, h));
-  return pieces;
 }
 
 Status Pool::assign(VaccelId owner, const std::vector<BlockRange>& ranges, int priority) {

@@ -10,7 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <tuple>
@@ -89,15 +91,44 @@ class Pool {
   // Changes a holder's priority (raccelctl set-policy lowers a VM's cap).
   void setPriority(VaccelId owner, int priority);
 
+  // A request's shape. `spread`: `blocks` anywhere (a raccel vaccel, which may span
+  // cards, kinds and nodes). The shaped ones keep a device plugin's constraints (the
+  // trace simulator's pods): `oneCard`: `cardMilli` thousandths of one card, that is
+  // ceil(cardMilli x card blocks / 1000) blocks of one card; `wholeCards`: that many
+  // whole cards of one node.
+  enum class Shape : uint8_t { spread, oneCard, wholeCards };
   struct Request {
-    uint32_t blocks = 0;
+    uint32_t blocks = 0;  // spread
     KindMask kinds = kAllKinds;
     int priority = 0;  // recorded with the allocation; preemption takes only from lower ones
+    Shape shape = Shape::spread;
+    uint32_t cardMilli = 0;   // oneCard
+    uint32_t wholeCards = 0;  // wholeCards
+    // Shaped requests: the cards it may use (a model list, the node's other resources);
+    // null accepts every card of an accepted kind.
+    std::function<bool(const Card&)> accepts;
   };
   // Places a request (ARCHITECTURE.md "Placement"): one contiguous free range if any
-  // (fewest nodes, fewest cards, best fit), else the fewest pieces. Refuses with
-  // resourceExhausted, naming both numbers, when the pool can never or cannot now hold it.
+  // (fewest nodes, fewest cards, best fit), else the fewest pieces. Shaped requests are
+  // placed by the pool's Fit. Refuses with resourceExhausted, naming both numbers, when
+  // the pool can never or cannot now hold it.
   Result<std::vector<BlockRange>> allocate(VaccelId owner, const Request& request);
+
+  // How a shaped request chooses among the cards (oneCard) or nodes (wholeCards) where
+  // it fits. `raccel`: the least growth of fragmentation, measured against the demand
+  // the pool has seen (the shapes of the requests so far, by count): free blocks of a
+  // card that a typical request could not use are fragmented (as FGD, USENIX ATC '23,
+  // measures it); ties go to the tightest card, then the fullest node, then the lowest
+  // number. The baselines: `firstFit` (lowest block number: how a device plugin fills a
+  // cluster), `bestFit` (least free blocks left on the node, then on the card),
+  // `random` (any place that fits, seeded).
+  enum class Fit : uint8_t { raccel, firstFit, bestFit, random };
+  void setFit(Fit fit, uint64_t seed = 1);
+  Fit fit() const { return fit_; }
+  // Blocks a oneCard request of `cardMilli` takes on a card of `cardBlocks`.
+  static uint32_t blocksOfCard(uint32_t cardMilli, uint32_t cardBlocks);
+  // Free blocks of one card (of a placeable node).
+  uint32_t cardFree(size_t card) const { return cardFree_[card]; }
   // Returns all blocks held by `owner` to the pool.
   void release(VaccelId owner);
   // Gives `owner` exactly `ranges` (the scheduler restoring its allocations after a
@@ -152,6 +183,13 @@ class Pool {
   uint32_t nodesSpanned(BlockRange range) const;
   uint32_t cardsSpanned(BlockRange range) const;
   void recountTotals();
+  void adjustCardFree(BlockRange range, bool freed);
+  Result<std::vector<BlockRange>> allocateShaped(VaccelId owner, const Request& request);
+  void record(VaccelId owner, std::vector<BlockRange> pieces, int priority);
+  // The fragmentation model of Fit::raccel (shaped.cc).
+  void learnDemand(const Request& request);
+  double fragDelta(const Node& node, const std::vector<std::pair<size_t, uint32_t>>& take);
+  void rebuildFragTables();
   void freeUnowned(size_t node);   // the node's blocks nobody holds become free
   void takeNodeFree(size_t node);  // the node's free blocks leave the free index
 
@@ -178,6 +216,16 @@ class Pool {
   uint64_t admissions_ = 0;
   uint32_t freeCount_ = 0;
   uint32_t totalByKind_[4] = {};  // online blocks per card kind
+  std::vector<uint32_t> cardFree_;  // free (placeable) blocks per card
+
+  Fit fit_ = Fit::raccel;
+  std::mt19937_64 rng_{1};
+  // Demand seen by shaped requests: oneCard milli -> count, wholeCards n -> count.
+  std::map<uint32_t, uint64_t> seenMilli_, seenWhole_;
+  uint64_t seen_ = 0, seenAtBuild_ = 0;
+  // fragOfCard_[cardBlocks][free]: expected fragmented blocks of a card (oneCard demand).
+  std::map<uint32_t, std::vector<double>> fragOfCard_;
+  std::vector<std::pair<uint32_t, double>> wholeShare_;  // (n cards, share of demand)
 };
 
 }  // namespace raccel::scheduler

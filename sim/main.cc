@@ -1,0 +1,89 @@
+// raccel-sim: drives the scheduler's real pool and placement code through cluster
+// traces with a virtual clock. See sim/README.md.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "common/flags.h"
+#include "sim/cluster.h"
+#include "sim/packing.h"
+
+using namespace raccel;
+using namespace raccel::sim;
+
+namespace {
+
+int die(const std::string& message) {
+  std::fprintf(stderr, "raccel-sim: %s\n", message.c_str());
+  return 2;
+}
+
+Result<std::vector<uint64_t>> parseSeeds(const std::string& text) {
+  std::vector<uint64_t> seeds;
+  auto dash = text.find('-');
+  auto first = std::stoull(text.substr(0, dash));
+  auto last = dash == std::string::npos ? first : std::stoull(text.substr(dash + 1));
+  if (last < first || last - first > 1000) return fail(Code::invalidArgument, "--seeds: give N or FIRST-LAST");
+  for (auto s = first; s <= last; ++s) seeds.push_back(s);
+  return seeds;
+}
+
+int openb(const Flags& flags) {
+  auto models = defaultModelTflops();
+  if (auto st = overrideModelTflops(models, flags.get("model-tflops")); !st) return die(st.error().message);
+  auto cluster = loadOpenbNodes(flags.get("nodes", "../shared/traces/openb/openb_node_list_gpu_node.csv"), models);
+  if (!cluster) return die(cluster.error().message);
+  auto pods = loadOpenbPods(flags.get("pods", "../shared/traces/openb/openb_pod_list_default.csv"));
+  if (!pods) return die(pods.error().message);
+  std::vector<uint64_t> seeds;
+  try {
+    auto s = parseSeeds(flags.get("seeds", "42-51"));
+    if (!s) return die(s.error().message);
+    seeds = *s;
+  } catch (...) {
+    return die("--seeds: give N or FIRST-LAST");
+  }
+  auto policy = parsePolicy(flags.get("policy", "raccel"));
+  if (!policy) return die(policy.error().message);
+  PackingOptions options;
+  options.policy = *policy;
+  options.migrate = flags.has("migrate");
+  double a100 = 0, a130 = 0, f100 = 0, f130 = 0, p130 = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (uint64_t seed : seeds) {
+    options.seed = seed;
+    auto run = runPacking(*cluster, *pods, options);
+    if (!run) return die(run.error().message);
+    a100 += run->alloc[100], a130 += run->alloc[130], f100 += run->frag[100], f130 += run->frag[130], p130 += run->placed[130];
+    std::fprintf(stderr, "seed %llu: alloc %.2f%% at 100%%, %.2f%% at 130%%; frag %.2f%% at 100%%; migrations %llu\n",
+                 (unsigned long long)seed, run->alloc[100], run->alloc[130], run->frag[100], (unsigned long long)run->migrations);
+  }
+  double n = seeds.size();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("{\"policy\":\"%s\",\"migrate\":%s,\"seeds\":%zu,\"blocks\":%u,\"gpus\":%u,\"alloc_ratio_100\":%.2f,\"alloc_ratio_130\":%.2f,"
+              "\"frag_ratio_100\":%.2f,\"frag_ratio_130\":%.2f,\"placed_gpu_ratio_130\":%.2f,\"seconds\":%.1f}\n",
+              policyName(*policy), options.migrate ? "true" : "false", seeds.size(), cluster->blocks, cluster->cards, a100 / n,
+              a130 / n, f100 / n, f130 / n, p130 / n, secs);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags("raccel-sim", "Trace-driven evaluation of the raccel scheduler's pool and placement.\n\ncommands:\n"
+                            "  openb    experiment A (packing): sample openb pods to 130% of the GPUs, seeds 42-51\n");
+  flags.positional("COMMAND");
+  flags.value("pods", "CSV", "openb: the pod list");
+  flags.value("nodes", "CSV", "openb: the node list");
+  flags.value("seeds", "N|FIRST-LAST", "openb: seeds (default 42-51)");
+  flags.value("policy", "NAME", "raccel, whole-card-first-fit, random, best-fit (default raccel)");
+  flags.value("model-tflops", "M=T,...", "GPU model TFLOPS over the defaults (G2=15.7, G3=19.5 assumed)");
+  flags.boolean("migrate", "openb: also move one-card pods between a node's cards to make room");
+  flags.boolean("json", "print one JSON object");
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  if (flags.positionals().empty()) return die("give a command (openb); --help lists them");
+  std::string command = flags.positionals()[0];
+  if (command == "openb") return openb(flags);
+  return die("unknown command '" + command + "'; --help lists them");
+}

@@ -1,0 +1,326 @@
+#include "sim/packing.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <random>
+#include <tuple>
+
+#include "sim/audit.h"
+#include "sim/csv.h"
+
+namespace raccel::sim {
+
+using scheduler::Card;
+using scheduler::Pool;
+using scheduler::VaccelId;
+
+Result<std::vector<Pod>> loadOpenbPods(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return fail(Code::notFound, "cannot read the pod list " + path);
+  std::string line;
+  std::getline(in, line);
+  auto header = splitFields(line, ',');
+  std::map<std::string, size_t> column;
+  for (size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
+  for (const char* need : {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec"})
+    if (!column.count(need)) return fail(Code::invalidArgument, path + ": not an openb pod list (no column '" + std::string(need) + "')");
+  std::vector<Pod> pods;
+  int row = 1;
+  while (std::getline(in, line)) {
+    ++row;
+    if (line.empty()) continue;
+    std::string where = path + ":" + std::to_string(row);
+    auto f = splitFields(line, ',');
+    if (f.size() < header.size()) return fail(Code::invalidArgument, where + ": expected " + std::to_string(header.size()) + " fields");
+    Pod pod;
+    pod.name = f[column["name"]];
+    auto cpu = parseCount(f[column["cpu_milli"]], where + " cpu_milli");
+    auto mem = parseCount(f[column["memory_mib"]], where + " memory_mib");
+    auto num = parseCount(f[column["num_gpu"]], where + " num_gpu");
+    auto milli = parseCount(f[column["gpu_milli"]], where + " gpu_milli");
+    for (auto* r : {&cpu, &mem, &num, &milli})
+      if (!*r) return fail(r->error());
+    pod.cpuMilli = *cpu;
+    pod.memoryMib = *mem;
+    pod.numGpu = static_cast<uint32_t>(*num);
+    pod.gpuMilli = static_cast<uint32_t>(*milli);
+    if (pod.numGpu > 0 && (pod.gpuMilli == 0 || pod.gpuMilli > 1000))
+      return fail(Code::invalidArgument, where + ": gpu_milli must be 1..1000 for a GPU pod");
+    if (pod.numGpu > 1 && pod.gpuMilli != 1000)
+      return fail(Code::invalidArgument, where + ": a pod of several GPUs must take whole GPUs (gpu_milli 1000)");
+    if (pod.numGpu == 0) pod.gpuMilli = 0;
+    for (auto& m : splitFields(f[column["gpu_spec"]], '|'))
+      if (!m.empty()) pod.models.push_back(m);
+    pods.push_back(std::move(pod));
+  }
+  if (pods.empty()) return fail(Code::invalidArgument, path + ": no pods");
+  return pods;
+}
+
+namespace {
+
+bool modelAccepted(const Pod& pod, const Card& card) {
+  return pod.models.empty() || std::find(pod.models.begin(), pod.models.end(), card.spec.model) != pod.models.end();
+}
+
+// FGD's fragmentation measure, in blocks, against the pod list's specs by count.
+class FragMeter {
+ public:
+  explicit FragMeter(const std::vector<Pod>& pods) {
+    std::map<std::tuple<uint64_t, uint64_t, uint32_t, uint32_t, std::vector<std::string>>, double> count;
+    for (auto& p : pods) count[{p.cpuMilli, p.memoryMib, p.numGpu, p.gpuMilli, p.models}] += 1;
+    for (auto& [key, n] : count) {
+      Pod p;
+      std::tie(p.cpuMilli, p.memoryMib, p.numGpu, p.gpuMilli, p.models) = key;
+      specs_.push_back({std::move(p), n / pods.size()});
+    }
+  }
+
+  double nodeFrag(const Cluster& c, size_t n) const {
+    const auto& node = c.pool.nodes()[n];
+    const NodeResources& res = c.nodes[n];
+    uint32_t freeAll = 0;
+    for (size_t card : node.cards) freeAll += c.pool.cardFree(card);
+    if (freeAll == 0) return 0;
+    double frag = 0;
+    for (auto& [pod, weight] : specs_) {
+      uint32_t f = freeAll;
+      bool resources = (res.cpuMilli == 0 || res.cpuLeft >= pod.cpuMilli) && (res.memoryMib == 0 || res.memoryLeft >= pod.memoryMib);
+      if (resources && pod.numGpu == 1 && pod.gpuMilli < 1000) {
+        f = 0;
+        for (size_t card : node.cards) {
+          const Card& k = c.pool.cards()[card];
+          uint32_t free = c.pool.cardFree(card);
+          if (!modelAccepted(pod, k) || free < Pool::blocksOfCard(pod.gpuMilli, k.blocks.count)) f += free;
+        }
+      } else if (resources && pod.numGpu > 0) {
+        uint32_t whole = 0, unusable = 0;
+        for (size_t card : node.cards) {
+          const Card& k = c.pool.cards()[card];
+          uint32_t free = c.pool.cardFree(card);
+          if (modelAccepted(pod, k) && free == k.blocks.count) ++whole;
+          else unusable += free;
+        }
+        if (whole >= pod.numGpu) f = unusable;
+      }
+      frag += weight * f;
+    }
+    return frag;
+  }
+
+ private:
+  std::vector<std::pair<Pod, double>> specs_;
+};
+
+bool resourcesFit(const NodeResources& r, const Pod& pod) {
+  return (r.cpuMilli == 0 || r.cpuLeft >= pod.cpuMilli) && (r.memoryMib == 0 || r.memoryLeft >= pod.memoryMib);
+}
+
+void take(NodeResources& r, const Pod& pod) {
+  if (r.cpuMilli) r.cpuLeft -= pod.cpuMilli;
+  if (r.memoryMib) r.memoryLeft -= pod.memoryMib;
+}
+
+// A CPU-only pod: the pool does not place these (they hold no blocks), so the
+// simulator picks the node. raccel: prefer nodes with no free blocks (the pod then
+// strands nothing), then the least CPU left; the baselines as their names say.
+long placeCpuPod(Cluster& c, const Pod& pod, Policy policy, std::mt19937_64& rng) {
+  long chosen = -1;
+  std::tuple<uint32_t, uint64_t> best{};
+  uint64_t seen = 0;
+  for (size_t n = 0; n < c.nodes.size(); ++n) {
+    if (!resourcesFit(c.nodes[n], pod)) continue;
+    uint32_t free = 0;
+    for (size_t card : c.pool.nodes()[n].cards) free += c.pool.cardFree(card);
+    std::tuple<uint32_t, uint64_t> score{0, 0};
+    if (policy == Policy::raccel) score = {free, c.nodes[n].cpuLeft};
+    else if (policy == Policy::bestFit) score = {0, c.nodes[n].cpuLeft};
+    ++seen;
+    bool better = chosen < 0 || score < best;
+    if (policy == Policy::random) better = std::uniform_int_distribution<uint64_t>(1, seen)(rng) == 1;
+    if (policy == Policy::wholeCardFirstFit && chosen >= 0) better = false;
+    if (better) chosen = static_cast<long>(n), best = score;
+  }
+  if (chosen >= 0) take(c.nodes[chosen], pod);
+  return chosen;
+}
+
+// Migration for a GPU pod that fits nowhere: on a node whose CPU/memory fit and whose
+// accepted cards have enough free blocks in all, repack the node's one-card holders
+// (largest first, each onto the card it leaves least free on) around the new pod: a
+// one-card pod joins the repack; a whole-card pod keeps the accepted cards with the
+// fewest movable blocks (and no whole-card holder) empty for itself. When that fits,
+// the holders move (Pool::release, then Pool::assign of their new blocks).
+bool migrateFor(Cluster& c, VaccelId owner, const Pod& pod, const std::map<VaccelId, Pod>& oneCardHolders,
+                uint64_t& migrations) {
+  const Pool& pool = c.pool;
+  const bool share = pod.gpuMilli < 1000;
+  for (size_t n = 0; n < c.nodes.size(); ++n) {
+    if (!resourcesFit(c.nodes[n], pod)) continue;
+    const auto& node = pool.nodes()[n];
+    const size_t cards = node.cards.size();
+    auto cardAt = [&](size_t i) -> const Card& { return pool.cards()[node.cards[i]]; };
+    uint32_t free = 0, smallest = UINT32_MAX;
+    for (size_t i = 0; i < cards; ++i) {
+      if (!modelAccepted(pod, cardAt(i))) continue;
+      free += pool.cardFree(node.cards[i]);
+      smallest = std::min(smallest, share ? Pool::blocksOfCard(pod.gpuMilli, cardAt(i).blocks.count) : cardAt(i).blocks.count * pod.numGpu);
+    }
+    if (smallest == UINT32_MAX || free < smallest) continue;
+    struct Item {
+      VaccelId owner;
+      const Pod* pod;
+      long from;
+    };
+    std::vector<Item> items;
+    std::vector<uint32_t> room(cards), movable(cards, 0);
+    std::vector<bool> pinned(cards, false);  // holds a whole-card holder
+    for (size_t i = 0; i < cards; ++i) {
+      room[i] = cardAt(i).blocks.count;
+      std::vector<VaccelId> here;
+      for (uint32_t b = cardAt(i).blocks.first; b < cardAt(i).blocks.end(); ++b) {
+        VaccelId o = pool.ownerOf(b);
+        if (o == scheduler::kNoOwner) continue;
+        auto it = oneCardHolders.find(o);
+        if (it == oneCardHolders.end()) pinned[i] = true, room[i] = 0;
+        else ++movable[i];
+        if (it == oneCardHolders.end() || std::find(here.begin(), here.end(), o) != here.end()) continue;
+        here.push_back(o);
+        items.push_back({o, &it->second, static_cast<long>(i)});
+      }
+    }
+    std::vector<bool> reserved(cards, false);
+    if (share) {
+      items.push_back({owner, &pod, -1});
+    } else {
+      std::vector<size_t> order;
+      for (size_t i = 0; i < cards; ++i)
+        if (modelAccepted(pod, cardAt(i)) && !pinned[i]) order.push_back(i);
+      if (order.size() < pod.numGpu) continue;
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return movable[a] < movable[b]; });
+      for (uint32_t k = 0; k < pod.numGpu; ++k) reserved[order[k]] = true, room[order[k]] = 0;
+    }
+    auto need = [&](const Item& it, size_t i) { return Pool::blocksOfCard(it.pod->gpuMilli, cardAt(i).blocks.count); };
+    std::sort(items.begin(), items.end(), [&](auto& a, auto& b) { return a.pod->gpuMilli > b.pod->gpuMilli; });
+    std::vector<long> to(items.size(), -1);
+    bool fits = true;
+    for (size_t k = 0; k < items.size() && fits; ++k) {
+      long bestCard = -1;
+      for (size_t i = 0; i < cards; ++i) {
+        if (reserved[i] || !modelAccepted(*items[k].pod, cardAt(i)) || room[i] < need(items[k], i)) continue;
+        bool better = bestCard < 0 || room[i] - need(items[k], i) < room[bestCard] - need(items[k], bestCard) ||
+                      (room[i] - need(items[k], i) == room[bestCard] - need(items[k], bestCard) && static_cast<long>(i) == items[k].from);
+        if (better) bestCard = static_cast<long>(i);
+      }
+      if (bestCard < 0) fits = false;
+      else room[bestCard] -= need(items[k], bestCard), to[k] = bestCard;
+    }
+    if (!fits) continue;
+    for (auto& it : items)
+      if (it.owner != owner) c.pool.release(it.owner);
+    auto freeBlocksOf = [&](size_t i, uint32_t want) {
+      std::vector<scheduler::BlockRange> ranges;
+      for (uint32_t b = cardAt(i).blocks.first; b < cardAt(i).blocks.end() && want > 0; ++b) {
+        if (pool.ownerOf(b) != scheduler::kNoOwner) continue;
+        if (!ranges.empty() && ranges.back().end() == b) ++ranges.back().count;
+        else ranges.push_back({b, 1});
+        --want;
+      }
+      return ranges;
+    };
+    for (size_t k = 0; k < items.size(); ++k) {
+      size_t i = static_cast<size_t>(to[k]);
+      if (auto st = c.pool.assign(items[k].owner, freeBlocksOf(i, need(items[k], i)), 0); !st) return false;  // the repack fit
+      if (items[k].owner != owner && items[k].from != to[k]) ++migrations;
+    }
+    if (!share) {
+      std::vector<scheduler::BlockRange> ranges;
+      for (size_t i = 0; i < cards; ++i)
+        if (reserved[i]) ranges.push_back(cardAt(i).blocks);
+      if (auto st = c.pool.assign(owner, ranges, 0); !st) return false;
+    }
+    take(c.nodes[n], pod);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<PackingRun> runPacking(const Cluster& base, const std::vector<Pod>& pods, const PackingOptions& options) {
+  if (pods.empty()) return fail(Code::invalidArgument, "no pods to sample");
+  Cluster c = base;
+  c.pool.setFit(fitOf(options.policy), options.seed);
+  std::mt19937_64 rng(options.seed);
+  std::uniform_int_distribution<size_t> pick(0, pods.size() - 1);
+  FragMeter meter(pods);
+  std::vector<double> nodeFrag(c.nodes.size());
+  double fragTotal = 0;
+  for (size_t n = 0; n < c.nodes.size(); ++n) fragTotal += nodeFrag[n] = meter.nodeFrag(c, n);
+  auto refresh = [&](size_t n) {
+    double f = meter.nodeFrag(c, n);
+    fragTotal += f - nodeFrag[n];
+    nodeFrag[n] = f;
+  };
+
+  PackingRun run;
+  const double capacity = c.cards, blocks = c.pool.total();
+  double arrived = 0, placedGpus = 0;
+  std::vector<VaccelId> holders;
+  std::map<VaccelId, Pod> oneCardHolders;
+  VaccelId next = 1;
+  auto sample = [&] {
+    run.alloc.push_back(100.0 * (blocks - c.pool.freeBlocks()) / blocks);
+    run.frag.push_back(100.0 * fragTotal / blocks);
+    run.placed.push_back(100.0 * placedGpus / capacity);
+  };
+  sample();  // 0%
+  while (run.alloc.size() <= options.maxLoadPercent) {
+    const Pod& pod = pods[pick(rng)];
+    ++run.arrived;
+    arrived += pod.gpus();
+    bool placed = false;
+    if (pod.numGpu == 0) {
+      long n = placeCpuPod(c, pod, options.policy, rng);
+      if (n >= 0) placed = true, refresh(static_cast<size_t>(n));
+    } else {
+      Pool::Request request;
+      bool share = pod.gpuMilli < 1000;
+      if (share && options.policy != Policy::wholeCardFirstFit) {
+        request.shape = Pool::Shape::oneCard;
+        request.cardMilli = pod.gpuMilli;
+      } else {
+        request.shape = Pool::Shape::wholeCards;
+        request.wholeCards = pod.numGpu;
+      }
+      request.kinds = scheduler::maskOf(CardKind::gpu);
+      request.accepts = [&](const Card& card) { return modelAccepted(pod, card) && resourcesFit(c.nodes[card.node], pod); };
+      VaccelId owner = next++;
+      auto got = c.pool.allocate(owner, request);
+      if (got) {
+        size_t n = c.pool.cards()[static_cast<size_t>(c.pool.cardOf(got->front().first))].node;
+        take(c.nodes[n], pod);
+        refresh(n);
+        placed = true;
+      } else if (options.migrate && options.policy == Policy::raccel &&
+                 migrateFor(c, owner, pod, oneCardHolders, run.migrations)) {
+        size_t n = c.pool.cards()[static_cast<size_t>(c.pool.cardOf(c.pool.held(owner).front().first))].node;
+        refresh(n);
+        placed = true;
+      }
+      if (placed) {
+        holders.push_back(owner);
+        if (request.shape == Pool::Shape::oneCard) oneCardHolders[owner] = pod;
+      }
+    }
+    if (placed) ++run.placedPods, placedGpus += pod.gpus();
+    else ++run.failedPods;
+    if (options.audit)
+      if (auto st = auditPool(c.pool, holders); !st) return fail(Code::internal, "after pod " + std::to_string(run.arrived) + ": " + st.error().message);
+    while (run.alloc.size() <= options.maxLoadPercent && 100.0 * arrived / capacity >= run.alloc.size()) sample();
+  }
+  return run;
+}
+
+}  // namespace raccel::sim
