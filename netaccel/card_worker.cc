@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "common/log.h"
+#include "common/usage.h"
 #include "schema/guest.capnp.h"
 #include "transport/wire_types.h"
 
@@ -49,15 +50,8 @@ double nowNs() {
 }
 }  // namespace
 
-// Kernel time used, decayed exponentially (half-life halfLifeNs_) to `at`.
-struct Usage {
-  double value = 0, at = 0;
-  double decayed(double now, double halfLifeNs) const { return value * std::exp2(-(now - at) / halfLifeNs); }
-  void add(double now, double halfLifeNs, double ns) {
-    value = decayed(now, halfLifeNs) + ns;
-    at = now;
-  }
-};
+// Kernel time used (ns), decayed with the half-life halfLifeNs_.
+using Usage = DecayedUsage;
 
 struct CardWorker::Tenant {
   Usage usage;

@@ -299,7 +299,7 @@ void Scheduler::restoreState() {
     s.vm->blocksClaimed += s.want;
     s.vm->memoryUsed += s.memoryUsed;
     if (s.phase == Phase::recovering) {
-      s.vm->blocksHeld += s.want;
+      holdBlocks(*s.vm, s.want);
       for (auto& m : s.members) sessionByContext_[m.context] = &s;
       ++running;
     } else {

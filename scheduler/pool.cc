@@ -267,22 +267,69 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
   if (found) {
     pieces.push_back(chosen);
   } else {
-    // Fragmented: the largest runs first (fewest pieces); the last piece best-fits the rest.
+    // Fragmented: on one node when one has enough (the node needing the fewest pieces,
+    // then the one left fullest; there the largest runs first, the last piece best-fits
+    // the rest), else across the fewest nodes (the freest first).
     if (request.kinds == kAllKinds) {
       runs.clear();
       for (auto& [first, count] : free_) runs.push_back({first, count});
     }
-    std::sort(runs.begin(), runs.end(), [](auto& a, auto& b) { return a.count != b.count ? a.count > b.count : a.first < b.first; });
-    uint32_t left = want;
-    for (size_t i = 0; i < runs.size() && left > 0; ++i) {
-      if (runs[i].count >= left) {
-        size_t bestFit = i;
-        for (size_t j = i; j < runs.size() && runs[j].count >= left; ++j) bestFit = j;
-        pieces.push_back({runs[bestFit].first, left});
-        left = 0;
-      } else {
-        pieces.push_back(runs[i]);
-        left -= runs[i].count;
+    auto takeLargest = [want](std::vector<BlockRange> from) {
+      std::sort(from.begin(), from.end(), [](auto& a, auto& b) { return a.count != b.count ? a.count > b.count : a.first < b.first; });
+      std::vector<BlockRange> out;
+      uint32_t left = want;
+      for (size_t i = 0; i < from.size() && left > 0; ++i) {
+        if (from[i].count >= left) {
+          size_t bestFit = i;
+          for (size_t j = i; j < from.size() && from[j].count >= left; ++j) bestFit = j;
+          out.push_back({from[bestFit].first, left});
+          left = 0;
+        } else {
+          out.push_back(from[i]);
+          left -= from[i].count;
+        }
+      }
+      return out;
+    };
+    // Free runs cut at node boundaries (a run may cross from one node into the next).
+    std::map<size_t, std::vector<BlockRange>> byNode;
+    for (BlockRange run : runs) {
+      for (uint32_t b = run.first; b < run.end();) {
+        const Node& node = nodes_[cards_[static_cast<size_t>(cardOf(b))].node];
+        uint32_t e = std::min(run.end(), node.blocks.end());
+        byNode[cards_[static_cast<size_t>(cardOf(b))].node].push_back({b, e - b});
+        b = e;
+      }
+    }
+    std::tuple<size_t, uint32_t> bestNode{SIZE_MAX, 0};
+    for (auto& [node, nodeRuns] : byNode) {
+      uint32_t have = 0;
+      for (auto& r : nodeRuns) have += r.count;
+      if (have < want) continue;
+      auto candidate = takeLargest(nodeRuns);
+      std::tuple<size_t, uint32_t> score{candidate.size(), have - want};
+      if (score < bestNode) bestNode = score, pieces = std::move(candidate);
+    }
+    if (pieces.empty()) {
+      // Across nodes: the fewest nodes, so the nodes with the most free blocks first.
+      std::vector<std::pair<uint32_t, size_t>> nodesByFree;
+      for (auto& [node, nodeRuns] : byNode) {
+        uint32_t have = 0;
+        for (auto& r : nodeRuns) have += r.count;
+        nodesByFree.push_back({have, node});
+      }
+      std::stable_sort(nodesByFree.begin(), nodesByFree.end(), [](auto& a, auto& b) { return a.first > b.first; });
+      uint32_t left = want;
+      for (auto& [have, node] : nodesByFree) {
+        auto& nodeRuns = byNode[node];
+        std::sort(nodeRuns.begin(), nodeRuns.end(), [](auto& a, auto& b) { return a.count > b.count; });
+        for (auto& r : nodeRuns) {
+          if (left == 0) break;
+          uint32_t n = std::min(left, r.count);
+          pieces.push_back({r.first, n});
+          left -= n;
+        }
+        if (left == 0) break;
       }
     }
     std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });

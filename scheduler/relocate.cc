@@ -125,19 +125,28 @@ Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
   return pool_.allocate(s.id, request);
 }
 
+void Scheduler::holdBlocks(Vm& vm, int64_t delta) {
+  vm.usage.hold(nowMs() / 1000.0, delta);
+  vm.blocksHeld = static_cast<uint32_t>(static_cast<int64_t>(vm.blocksHeld) + delta);
+}
+
 void Scheduler::placeWaiting() {
-  std::vector<Session*> queue;
+  // Highest priority first, then the VM with the least block usage over its TFLOPS cap,
+  // then arrival order (ids are given in arrival order).
+  std::vector<Waiting> order;
+  const double now = nowMs() / 1000.0;
   for (Session* s : allSessions())
     if (!s->operatorHold && (s->phase == Phase::waiting || (s->phase == Phase::suspended && s->unavailable.empty())))
-      queue.push_back(s);
-  // Highest priority first, then arrival order (ids are given in arrival order).
-  std::stable_sort(queue.begin(), queue.end(), [](auto* a, auto* b) { return a->priority > b->priority; });
+      order.push_back({s->id, s->priority, s->vm->usage.score(now, s->vm->policy.tflops), s->id});
+  orderForAdmission(order);
+  std::vector<Session*> queue;
+  for (auto& w : order) queue.push_back(sessionById(w.id));
   std::vector<std::pair<Session*, Error>> refused;
   for (Session* s : queue) {
     auto placed = allocateFor(*s);
     if (placed) {
       s->blocks = *placed;
-      s->vm->blocksHeld += s->want;
+      holdBlocks(*s->vm, s->want);
       s->why.clear();
       openMembers(*s);
       if (s->phase == Phase::waiting) {
@@ -340,7 +349,7 @@ void Scheduler::suspend(Session& s, const std::string& why, bool byOperator) {
   event("preempted", labelOf(s), why + "; saving " + std::to_string(s.memoryUsed) + " bytes of buffers");
   save(s, [this, &s] {
     pool_.release(s.id);
-    s.vm->blocksHeld -= s.want;
+    holdBlocks(*s.vm, -static_cast<int64_t>(s.want));
     s.blocks.clear();
     s.phase = Phase::suspended;
     persist(s);

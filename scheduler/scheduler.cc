@@ -569,7 +569,7 @@ void Scheduler::endSession(Session& s) {
   bool placed = !s.blocks.empty();
   if (placed) {
     pool_.release(s.id);
-    s.vm->blocksHeld -= s.want;
+    holdBlocks(*s.vm, -static_cast<int64_t>(s.want));
   }
   s.vm->blocksClaimed -= s.want;
   s.vm->memoryUsed -= s.memoryUsed;

@@ -184,6 +184,8 @@ class Scheduler {
   void expireDetached();     // tick: the restart's grace has passed
   void tick();
   uint64_t nowMs() const { return uv_now(loop_); }
+  // A VM's blocks held change (placement, release): charged to its usage first.
+  void holdBlocks(Vm& vm, int64_t delta);
 
   uv_loop_t* loop_;
   SchedulerConfig config_;

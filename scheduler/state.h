@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "scheduler/admission.h"
 #include "scheduler/scheduler.h"
 #include "schema/node.capnp.h"
 #include "transport/request_table.h"
@@ -36,6 +37,7 @@ struct Scheduler::Vm {
   uint32_t blocksClaimed = 0;  // by all its sessions, placed, waiting or suspended (the cap applies to this)
   uint64_t memoryUsed = 0;
   uint64_t kernelNsEnded = 0;  // of its programs that ended (tenant usage, kept across restarts)
+  TenantUsage usage;           // blocks held over time: orders equal priorities at admission
 };
 
 struct Scheduler::NodeLink {

@@ -6,6 +6,7 @@
 
 #include "common/flags.h"
 #include "sim/cluster.h"
+#include "sim/dynamic.h"
 #include "sim/packing.h"
 
 using namespace raccel;
@@ -67,6 +68,39 @@ int openb(const Flags& flags) {
   return 0;
 }
 
+int philly(const Flags& flags) {
+  auto workload = loadPhilly(flags.get("traces", "../shared/traces/philly-vc"), defaultStepSeconds(),
+                             std::stoul(flags.get("max-jobs", "0")));
+  if (!workload) return die(workload.error().message);
+  Cluster cluster = phillyCluster();
+  std::vector<Policy> policies;
+  if (flags.get("policy", "all") == "all") policies = allPolicies();
+  else {
+    auto p = parsePolicy(flags.get("policy"));
+    if (!p) return die(p.error().message);
+    policies = {*p};
+  }
+  DynamicOptions options;
+  options.rate = std::stod(flags.get("rate", "1"));
+  options.highFraction = std::stod(flags.get("high-fraction", "0"));
+  for (Policy p : policies) {
+    options.policy = p;
+    auto start = std::chrono::steady_clock::now();
+    auto run = runDynamic(cluster, *workload, options);
+    if (!run) return die(run.error().message);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("{\"policy\":\"%s\",\"rate\":%.2f,\"jobs\":%llu,\"finished\":%llu,\"avg_jct_h\":%.2f,\"p99_jct_h\":%.1f,"
+                "\"avg_queue_h\":%.2f,\"p99_queue_h\":%.1f,\"utilization\":%.1f,\"preemptions\":%llu,\"migrations\":%llu,"
+                "\"high_avg_queue_h\":%.2f,\"rest_avg_jct_h\":%.2f,\"seconds\":%.1f}\n",
+                policyName(p), options.rate, (unsigned long long)run->jobs, (unsigned long long)run->finished, run->avgJct / 3600,
+                run->p99Jct / 3600, run->avgQueue / 3600, run->p99Queue / 3600, run->utilization,
+                (unsigned long long)run->preemptions, (unsigned long long)run->migrations, run->highAvgQueue / 3600,
+                run->restAvgJct / 3600, secs);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,10 +114,15 @@ int main(int argc, char** argv) {
   flags.value("model-tflops", "M=T,...", "GPU model TFLOPS over the defaults (G2=15.7, G3=19.5 assumed)");
   flags.boolean("migrate", "openb: also move one-card pods between a node's cards to make room");
   flags.boolean("json", "print one JSON object");
+  flags.value("traces", "DIR", "philly: the folder of *.trace files (one tenant each)");
+  flags.value("rate", "X", "philly: arrival-rate multiplier (default 1)");
+  flags.value("high-fraction", "F", "philly: share of jobs tagged high priority (default 0)");
+  flags.value("max-jobs", "N", "philly: at most N jobs per tenant (default all)");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
   if (flags.positionals().empty()) return die("give a command (openb); --help lists them");
   std::string command = flags.positionals()[0];
   if (command == "openb") return openb(flags);
+  if (command == "philly") return philly(flags);
   return die("unknown command '" + command + "'; --help lists them");
 }

@@ -1,0 +1,357 @@
+#include "sim/dynamic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "scheduler/admission.h"
+#include "sim/audit.h"
+#include "sim/csv.h"
+
+namespace raccel::sim {
+
+using scheduler::Pool;
+using scheduler::TenantUsage;
+using scheduler::VaccelId;
+
+std::map<std::string, double> defaultStepSeconds() {
+  return {{"ResNet-18", 0.01}, {"ResNet-50", 0.02}, {"Transformer", 0.01}, {"LM", 0.01},
+          {"Recommendation", 0.005}, {"CycleGAN", 0.03}, {"A3C", 0.005}};
+}
+
+Result<Workload> loadPhilly(const std::string& dir, const std::map<std::string, double>& stepSeconds, size_t maxJobsPerTenant) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".trace") files.push_back(entry.path());
+  if (ec) return fail(Code::notFound, "cannot read the Philly trace folder " + dir + ": " + ec.message());
+  if (files.empty()) return fail(Code::notFound, dir + ": no *.trace files");
+  std::sort(files.begin(), files.end());
+  Workload w;
+  for (auto& file : files) {
+    std::ifstream in(file);
+    if (!in) return fail(Code::notFound, "cannot read " + file.string());
+    uint32_t tenant = static_cast<uint32_t>(w.tenants.size());
+    w.tenants.push_back(file.stem().string());
+    std::string line;
+    size_t row = 0, taken = 0;
+    while (std::getline(in, line)) {
+      ++row;
+      if (line.empty()) continue;
+      if (maxJobsPerTenant && taken >= maxJobsPerTenant) break;
+      std::string where = file.string() + ":" + std::to_string(row);
+      auto f = splitFields(line, '\t');
+      if (f.size() != 7) return fail(Code::invalidArgument, where + ": expected 7 tab-separated fields, found " + std::to_string(f.size()));
+      std::string family = f[0].substr(0, f[0].find(" ("));
+      auto step = stepSeconds.find(family);
+      if (step == stepSeconds.end()) return fail(Code::invalidArgument, where + ": no step time for model '" + family + "'");
+      auto steps = parseCount(f[4], where + " total_steps");
+      auto arrival = parseReal(f[5], where + " arrival_time_s");
+      auto gpus = parseCount(f[6], where + " num_gpus");
+      if (!steps) return fail(steps.error());
+      if (!arrival) return fail(arrival.error());
+      if (!gpus) return fail(gpus.error());
+      if (*gpus == 0 || *arrival < 0) return fail(Code::invalidArgument, where + ": num_gpus >= 1 and arrival_time_s >= 0");
+      Job job;
+      job.tenant = tenant;
+      job.model = f[0];
+      job.arrival = *arrival;
+      job.seconds = std::max(1.0, static_cast<double>(*steps) * step->second);
+      job.gpus = static_cast<uint32_t>(*gpus);
+      w.jobs.push_back(std::move(job));
+      ++taken;
+    }
+  }
+  std::stable_sort(w.jobs.begin(), w.jobs.end(), [](const Job& a, const Job& b) { return a.arrival < b.arrival; });
+  for (size_t i = 0; i < w.jobs.size(); ++i) w.jobs[i].id = static_cast<uint32_t>(i);
+  if (w.jobs.empty()) return fail(Code::invalidArgument, dir + ": no jobs");
+  return w;
+}
+
+Cluster phillyCluster() {
+  auto c = parseClusterConfig("[node]\nname = v100\ncount = 40\ncards = gpu:V100:15.7x8\n", "philly-cluster");
+  return std::move(*c);
+}
+
+namespace {
+
+enum class Phase { pending, waiting, running, suspended, done, refused };
+
+struct JobState {
+  Phase phase = Phase::pending;
+  double remaining = 0;  // work seconds left (at rate 1)
+  double rate = 1;
+  double start = -1, finish = -1;
+  int priority = 0;
+  uint32_t blocks = 0;
+  std::vector<VaccelId> owners;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(std::ceil(p * v.size())) - 1;
+  return v[std::min(i, v.size() - 1)];
+}
+
+// Max-min fair shares of `capacity` among demands (equal weights).
+std::vector<double> waterFill(const std::vector<double>& demand, double capacity) {
+  std::vector<double> out(demand.size(), 0);
+  std::vector<size_t> order;
+  for (size_t i = 0; i < demand.size(); ++i)
+    if (demand[i] > 0) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return demand[a] < demand[b]; });
+  double left = capacity;
+  for (size_t k = 0; k < order.size(); ++k) {
+    double even = left / (order.size() - k);
+    out[order[k]] = std::min(demand[order[k]], even);
+    left -= out[order[k]];
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const DynamicOptions& o) {
+  if (o.rate <= 0) return fail(Code::invalidArgument, "the arrival-rate multiplier must be positive");
+  Cluster c = base;
+  Pool& pool = c.pool;
+  pool.setFit(fitOf(o.policy), o.seed);
+  const bool raccel = o.policy == Policy::raccel;
+  // A GPU's worth of blocks, and the most cards a node has (a gang part's size).
+  uint32_t blocksPerGpu = 0, cardsPerNode = 0;
+  {
+    std::map<uint32_t, uint32_t> sizes;
+    for (auto& card : pool.cards()) ++sizes[card.blocks.count];
+    for (auto& [size, n] : sizes)
+      if (!blocksPerGpu || n > sizes[blocksPerGpu]) blocksPerGpu = size;
+    for (auto& node : pool.nodes()) cardsPerNode = std::max<uint32_t>(cardsPerNode, static_cast<uint32_t>(node.cards.size()));
+  }
+  const double totalBlocks = pool.total();
+  const size_t n = w.jobs.size();
+  std::vector<JobState> js(n);
+  std::mt19937_64 rng(o.seed);
+  std::bernoulli_distribution tag(std::clamp(o.highFraction, 0.0, 1.0));
+  DynamicRun run;
+  run.jobs = n;
+  run.high.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    js[i].remaining = w.jobs[i].seconds;
+    js[i].blocks = w.jobs[i].gpus * blocksPerGpu;
+    js[i].priority = (o.highFraction > 0 && tag(rng)) ? 1 : 0;
+    run.high[i] = js[i].priority > 0;
+  }
+  std::vector<TenantUsage> usage(w.tenants.size());
+  std::vector<VaccelId> holders;
+  auto arrivalOf = [&](size_t i) { return w.jobs[i].arrival / o.rate; };
+
+  double t = 0, busy = 0, moveBudget = 0, lastBudget = 0;
+  size_t nextArrival = 0;
+  uint64_t settled = 0;  // finished or refused
+  std::vector<size_t> running;
+  std::set<size_t> queued;  // waiting or suspended
+  double nextSample = 0;
+  std::vector<double> shareSum(w.tenants.size(), 0), entSum(w.tenants.size(), 0), samples(w.tenants.size(), 0);
+  run.shareSeries.resize(w.tenants.size());
+
+  auto nodesSpanned = [&](const JobState& s) {
+    std::set<size_t> nodes;
+    for (VaccelId owner : s.owners)
+      for (auto& share : pool.cardsOf(pool.held(owner))) nodes.insert(pool.cards()[share.card].node);
+    return std::max<size_t>(1, nodes.size());
+  };
+  auto start = [&](size_t i) {
+    JobState& s = js[i];
+    if (s.start < 0) s.start = t;
+    s.phase = Phase::running;
+    s.rate = 1.0 / (1.0 + o.spanPenalty * (nodesSpanned(s) - 1));
+    usage[w.jobs[i].tenant].hold(t, s.blocks);
+    running.push_back(i);
+    queued.erase(i);
+    for (VaccelId v : s.owners) holders.push_back(v);
+  };
+  auto stop = [&](size_t i, Phase to) {
+    JobState& s = js[i];
+    for (VaccelId v : s.owners) {
+      pool.release(v);
+      holders.erase(std::find(holders.begin(), holders.end(), v));
+    }
+    s.owners.clear();
+    usage[w.jobs[i].tenant].hold(t, -static_cast<int64_t>(s.blocks));
+    running.erase(std::find(running.begin(), running.end(), i));
+    s.phase = to;
+  };
+  // Places job i now, or returns false (nothing held).
+  auto place = [&](size_t i) -> bool {
+    JobState& s = js[i];
+    if (raccel) {
+      auto got = pool.allocate(i + 1, {s.blocks, scheduler::kAllKinds, s.priority});
+      if (!got) return false;
+      s.owners = {i + 1};
+      return true;
+    }
+    uint32_t left = w.jobs[i].gpus;
+    for (uint32_t part = 0; left > 0; ++part) {
+      Pool::Request r;
+      r.shape = Pool::Shape::wholeCards;
+      r.wholeCards = std::min(left, cardsPerNode);
+      r.priority = s.priority;
+      VaccelId owner = ((i + 1) << 8) | part;
+      if (!pool.allocate(owner, r)) {
+        for (VaccelId v : s.owners) pool.release(v);
+        s.owners.clear();
+        return false;
+      }
+      s.owners.push_back(owner);
+      left -= r.wholeCards;
+    }
+    return true;
+  };
+  auto pass = [&] {
+    std::vector<scheduler::Waiting> order;
+    for (size_t i : queued) {
+      double score = raccel ? usage[w.jobs[i].tenant].score(t, 1.0) : 0;  // baselines: priority, then arrival
+      order.push_back({i + 1, js[i].priority, score, i});
+    }
+    scheduler::orderForAdmission(order);
+    uint32_t smallestFailed = std::numeric_limits<uint32_t>::max();  // baselines: a gang this size did not fit
+    for (auto& q : order) {
+      size_t i = q.arrival;
+      JobState& s = js[i];
+      if (s.blocks <= pool.freeBlocks() && w.jobs[i].gpus < smallestFailed) {
+        if (place(i)) {
+          start(i);
+          continue;
+        }
+        if (!raccel) smallestFailed = w.jobs[i].gpus;
+      }
+      if (!raccel || s.phase != Phase::waiting) continue;  // a suspended job resumes into free blocks only
+      auto victims = pool.planPreemption({s.blocks, scheduler::kAllKinds, s.priority});
+      if (!victims || victims->empty()) continue;
+      for (VaccelId v : *victims) {
+        size_t vi = v - 1;
+        stop(vi, Phase::suspended);
+        js[vi].remaining += o.suspendSeconds;
+        queued.insert(vi);
+        ++run.preemptions;
+      }
+      if (place(i)) start(i);
+    }
+  };
+  auto compact = [&] {
+    // The scheduler's budget: at most 8 moves a minute (of virtual time).
+    moveBudget = std::min(8.0, moveBudget + (t - lastBudget) / 60.0 * 8.0);
+    lastBudget = t;
+    if (moveBudget < 1) return;
+    for (auto& move : pool.planCompaction(static_cast<size_t>(moveBudget))) {
+      if (!pool.applyMove(move)) continue;
+      JobState& s = js[move.owner - 1];
+      s.remaining += o.moveSeconds * s.rate;
+      s.rate = 1.0 / (1.0 + o.spanPenalty * (nodesSpanned(s) - 1));
+      ++run.migrations;
+      moveBudget -= 1;
+    }
+  };
+
+  while (settled < n) {
+    double tArrival = nextArrival < n ? arrivalOf(nextArrival) : std::numeric_limits<double>::infinity();
+    double tDone = std::numeric_limits<double>::infinity();
+    for (size_t i : running) tDone = std::min(tDone, t + js[i].remaining / js[i].rate);
+    double tNext = std::min({tArrival, tDone, nextSample});
+    if (!std::isfinite(tNext)) return fail(Code::internal, "jobs wait that nothing can ever run");
+    double held = 0;
+    for (size_t i : running) {
+      js[i].remaining -= (tNext - t) * js[i].rate;
+      held += js[i].blocks;
+    }
+    busy += held * (tNext - t);
+    t = tNext;
+    if (t == nextSample) {
+      std::vector<double> demand(w.tenants.size(), 0), have(w.tenants.size(), 0);
+      for (size_t i : running) demand[w.jobs[i].tenant] += js[i].blocks, have[w.jobs[i].tenant] += js[i].blocks;
+      for (size_t i : queued) demand[w.jobs[i].tenant] += js[i].blocks;
+      auto fair = waterFill(demand, totalBlocks);
+      run.sampleTimes.push_back(t / 3600);
+      for (size_t k = 0; k < w.tenants.size(); ++k) {
+        run.shareSeries[k].push_back(100 * have[k] / totalBlocks);
+        if (demand[k] <= 0) continue;
+        shareSum[k] += 100 * have[k] / totalBlocks;
+        entSum[k] += 100 * fair[k] / totalBlocks;
+        ++samples[k];
+      }
+      nextSample += o.sampleSeconds;
+    }
+    bool changed = false, released = false;
+    for (size_t k = 0; k < running.size();) {
+      size_t i = running[k];
+      if (js[i].remaining <= 1e-6 * std::max(1.0, w.jobs[i].seconds)) {
+        stop(i, Phase::done);
+        js[i].finish = t;
+        ++settled;
+        changed = released = true;
+      } else {
+        ++k;
+      }
+    }
+    while (nextArrival < n && arrivalOf(nextArrival) <= t) {
+      size_t i = nextArrival++;
+      if (w.jobs[i].gpus * blocksPerGpu > pool.total()) {
+        js[i].phase = Phase::refused;  // can never run here
+        ++settled;
+        continue;
+      }
+      js[i].phase = Phase::waiting;
+      queued.insert(i);
+      changed = true;
+    }
+    if (raccel && released) compact();
+    if (changed) pass();
+    if (running.empty() && nextArrival == n && !queued.empty()) {
+      for (size_t i : queued) js[i].phase = Phase::refused, ++settled;  // fits nowhere, even in an empty cluster
+      queued.clear();
+    }
+    if (o.audit)
+      if (auto st = auditPool(pool, holders); !st) return fail(Code::internal, "t=" + std::to_string(t) + "s: " + st.error().message);
+  }
+
+  // Figures.
+  std::vector<double> jcts, queues;
+  double highQ = 0, highJ = 0, restJ = 0;
+  size_t highN = 0, restN = 0;
+  double first = n ? arrivalOf(0) : 0;
+  run.jct.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (js[i].phase != Phase::done) continue;
+    ++run.finished;
+    double jct = js[i].finish - arrivalOf(i), queue = js[i].start - arrivalOf(i);
+    run.jct[i] = jct;
+    jcts.push_back(jct);
+    queues.push_back(queue);
+    run.makespan = std::max(run.makespan, js[i].finish - first);
+    if (run.high[i]) highQ += queue, highJ += jct, ++highN;
+    else restJ += jct, ++restN;
+  }
+  for (double v : jcts) run.avgJct += v / jcts.size();
+  for (double v : queues) run.avgQueue += v / queues.size();
+  run.p99Jct = percentile(jcts, 0.99);
+  run.p99Queue = percentile(queues, 0.99);
+  run.utilization = run.makespan > 0 ? 100 * busy / (totalBlocks * (run.makespan + first)) : 0;
+  run.highAvgQueue = highN ? highQ / highN : 0;
+  run.highAvgJct = highN ? highJ / highN : 0;
+  run.restAvgJct = restN ? restJ / restN : 0;
+  for (size_t k = 0; k < w.tenants.size(); ++k) {
+    TenantShare ts;
+    ts.name = w.tenants[k];
+    ts.share = samples[k] ? shareSum[k] / samples[k] : 0;
+    ts.entitlement = samples[k] ? entSum[k] / samples[k] : 0;
+    for (auto& job : w.jobs) ts.jobs += job.tenant == k;
+    run.tenants.push_back(ts);
+  }
+  return run;
+}
+
+}  // namespace raccel::sim
