@@ -2,12 +2,14 @@
 // traces with a virtual clock. See sim/README.md.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "common/flags.h"
 #include "sim/cluster.h"
 #include "sim/dynamic.h"
 #include "sim/packing.h"
+#include "sim/report.h"
 
 using namespace raccel;
 using namespace raccel::sim;
@@ -17,6 +19,15 @@ namespace {
 int die(const std::string& message) {
   std::fprintf(stderr, "raccel-sim: %s\n", message.c_str());
   return 2;
+}
+
+Result<double> number(const Flags& flags, const std::string& name, double fallback) {
+  if (!flags.has(name)) return fallback;
+  char* end = nullptr;
+  std::string text = flags.get(name);
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end) return fail(Code::invalidArgument, "--" + name + ": '" + text + "' is not a number");
+  return v;
 }
 
 Result<std::vector<uint64_t>> parseSeeds(const std::string& text) {
@@ -61,6 +72,15 @@ int openb(const Flags& flags) {
   }
   double n = seeds.size();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!flags.has("json")) {
+    std::printf("policy %s%s, %zu seeds, %u GPUs, %u blocks (means over seeds)\n"
+                "  allocated at 100%% / 130%% arrived: %.2f%% / %.2f%% of blocks\n"
+                "  fragmented at 100%% / 130%%: %.2f%% / %.2f%%\n"
+                "  GPU requests placed at 130%%: %.2f%% of GPUs (before rounding to blocks)\n",
+                policyName(*policy), options.migrate ? " + migration" : "", seeds.size(), cluster->cards, cluster->blocks, a100 / n,
+                a130 / n, f100 / n, f130 / n, p130 / n);
+    return 0;
+  }
   std::printf("{\"policy\":\"%s\",\"migrate\":%s,\"seeds\":%zu,\"blocks\":%u,\"gpus\":%u,\"alloc_ratio_100\":%.2f,\"alloc_ratio_130\":%.2f,"
               "\"frag_ratio_100\":%.2f,\"frag_ratio_130\":%.2f,\"placed_gpu_ratio_130\":%.2f,\"seconds\":%.1f}\n",
               policyName(*policy), options.migrate ? "true" : "false", seeds.size(), cluster->blocks, cluster->cards, a100 / n,
@@ -69,8 +89,15 @@ int openb(const Flags& flags) {
 }
 
 int philly(const Flags& flags) {
-  auto workload = loadPhilly(flags.get("traces", "../shared/traces/philly-vc"), defaultStepSeconds(),
-                             std::stoul(flags.get("max-jobs", "0")));
+  auto maxJobs = number(flags, "max-jobs", 0);
+  auto rate = number(flags, "rate", 1);
+  auto high = number(flags, "high-fraction", 0);
+  auto penalty = number(flags, "span-penalty", 0.1);
+  for (auto* r : {&maxJobs, &rate, &high, &penalty})
+    if (!*r) return die(r->error().message);
+  if (*rate <= 0 || *high < 0 || *high > 1 || *penalty < 0 || *maxJobs < 0)
+    return die("--rate > 0, --high-fraction 0..1, --span-penalty >= 0, --max-jobs >= 0");
+  auto workload = loadPhilly(flags.get("traces", "../shared/traces/philly-vc"), defaultStepSeconds(), static_cast<size_t>(*maxJobs));
   if (!workload) return die(workload.error().message);
   Cluster cluster = phillyCluster();
   std::vector<Policy> policies;
@@ -81,8 +108,9 @@ int philly(const Flags& flags) {
     policies = {*p};
   }
   DynamicOptions options;
-  options.rate = std::stod(flags.get("rate", "1"));
-  options.highFraction = std::stod(flags.get("high-fraction", "0"));
+  options.rate = *rate;
+  options.highFraction = *high;
+  options.spanPenalty = *penalty;
   for (Policy p : policies) {
     options.policy = p;
     auto start = std::chrono::steady_clock::now();
@@ -101,11 +129,42 @@ int philly(const Flags& flags) {
   return 0;
 }
 
+int report(const Flags& flags) {
+  ReportOptions options;
+  options.out = flags.get("out", options.out);
+  options.openbDir = flags.get("openb", options.openbDir);
+  options.phillyDir = flags.get("traces", options.phillyDir);
+  if (flags.has("seeds")) {
+    try {
+      auto s = parseSeeds(flags.get("seeds"));
+      if (!s) return die(s.error().message);
+      options.seeds = *s;
+    } catch (...) {
+      return die("--seeds: give N or FIRST-LAST");
+    }
+  }
+  auto maxJobs = number(flags, "max-jobs", 0);
+  if (!maxJobs || *maxJobs < 0) return die("--max-jobs: a whole number >= 0");
+  options.maxJobsPerTenant = static_cast<size_t>(*maxJobs);
+  if (auto st = overrideModelTflops(options.modelTflops, flags.get("model-tflops")); !st) return die(st.error().message);
+  auto start = std::chrono::steady_clock::now();
+  if (auto st = writeReport(options); !st) return die(st.error().message);
+  std::fprintf(stderr, "report written to %s/ in %.0f s (report.md, *.csv, *.svg)\n", options.out.c_str(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Flags flags("raccel-sim", "Trace-driven evaluation of the raccel scheduler's pool and placement.\n\ncommands:\n"
-                            "  openb    experiment A (packing): sample openb pods to 130% of the GPUs, seeds 42-51\n");
+                            "  openb    experiment A (packing): sample openb pods to 130% of the GPUs, seeds 42-51;\n"
+                            "           prints the means (one JSON object with --json)\n"
+                            "  philly   experiment B (dynamic): the Philly VCs as tenants on 40x8 V100-class GPUs;\n"
+                            "           one JSON line per policy\n"
+                            "  report   everything: both experiments, every policy, the rate sweep, high priority,\n"
+                            "           span penalty; CSV + SVG + report.md into --out (a few minutes)\n\n"
+                            "Trace paths default to ../shared/traces/... relative to the current folder.");
   flags.positional("COMMAND");
   flags.value("pods", "CSV", "openb: the pod list");
   flags.value("nodes", "CSV", "openb: the node list");
@@ -114,15 +173,19 @@ int main(int argc, char** argv) {
   flags.value("model-tflops", "M=T,...", "GPU model TFLOPS over the defaults (G2=15.7, G3=19.5 assumed)");
   flags.boolean("migrate", "openb: also move one-card pods between a node's cards to make room");
   flags.boolean("json", "print one JSON object");
-  flags.value("traces", "DIR", "philly: the folder of *.trace files (one tenant each)");
+  flags.value("traces", "DIR", "philly, report: the folder of *.trace files (one tenant each)");
+  flags.value("openb", "DIR", "report: the openb folder (node list, pod lists, fgd-expected/)");
+  flags.value("out", "DIR", "report: where the CSV, SVG and report.md go (default sim-report)");
+  flags.value("span-penalty", "P", "philly: a job spanning k nodes runs at 1/(1+P(k-1)) (default 0.1)");
   flags.value("rate", "X", "philly: arrival-rate multiplier (default 1)");
   flags.value("high-fraction", "F", "philly: share of jobs tagged high priority (default 0)");
   flags.value("max-jobs", "N", "philly: at most N jobs per tenant (default all)");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
-  if (flags.positionals().empty()) return die("give a command (openb); --help lists them");
+  if (flags.positionals().empty()) return die("give a command (openb, philly, report); --help lists them");
   std::string command = flags.positionals()[0];
   if (command == "openb") return openb(flags);
   if (command == "philly") return philly(flags);
+  if (command == "report") return report(flags);
   return die("unknown command '" + command + "'; --help lists them");
 }

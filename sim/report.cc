@@ -1,0 +1,275 @@
+#include "sim/report.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "sim/csv.h"
+#include "sim/dynamic.h"
+#include "sim/packing.h"
+#include "sim/plot.h"
+
+namespace raccel::sim {
+
+namespace {
+
+std::string fmt(double v, int digits = 2) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+Status writeFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) return fail(Code::unavailable, "cannot write " + path);
+  std::fprintf(stderr, "  wrote %s\n", path.c_str());
+  return {};
+}
+
+// The published per-seed curves (fgd-expected/*.csv): mean over seeds per policy, by load %.
+std::map<std::string, std::vector<double>> publishedCurves(const std::string& path, const std::string& workload) {
+  std::map<std::string, std::vector<double>> sum;
+  std::map<std::string, int> count;
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return {};
+  auto header = splitFields(line, ',');
+  size_t zero = 0;
+  while (zero < header.size() && header[zero] != "0") ++zero;
+  while (std::getline(in, line)) {
+    auto f = splitFields(line, ',');
+    if (f.size() < zero + 131 || f[0] != workload) continue;
+    auto& s = sum[f[1]];
+    s.resize(131, 0);
+    for (size_t p = 0; p <= 130; ++p) s[p] += std::strtod(f[zero + p].c_str(), nullptr);
+    ++count[f[1]];
+  }
+  for (auto& [policy, s] : sum)
+    for (double& v : s) v /= count[policy];
+  return sum;
+}
+
+}  // namespace
+
+Status writeReport(const ReportOptions& o) {
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec) return fail(Code::unavailable, "cannot create " + o.out + ": " + ec.message());
+  std::ostringstream md;
+  md << "# raccel-sim report\n\nWritten by `raccel-sim report --out " << o.out << "`. Every figure below is in a CSV beside this file.\n\n";
+
+  // ---- Experiment A ----
+  auto models = defaultModelTflops();
+  for (auto& [m, t] : o.modelTflops) models[m] = t;
+  auto cluster = loadOpenbNodes(o.openbDir + "/openb_node_list_gpu_node.csv", models);
+  if (!cluster) return fail(cluster.error());
+  std::ostringstream summary, curves;
+  summary << "workload,policy,migration,seeds,alloc_100,alloc_130,frag_100,frag_130,placed_gpu_100,placed_gpu_130,pods_arrived,pods_placed,"
+             "pods_failed,migrations,published_policy,published_alloc_100,published_alloc_130,published_frag_100\n";
+  curves << "workload,policy,load_percent,alloc,frag,placed_gpu\n";
+  md << "## Experiment A: packing (openb)\n\nCluster: " << cluster->pool.nodes().size() << " nodes, " << cluster->cards << " GPUs, "
+     << cluster->blocks << " blocks (T4 8.1, P100 9.3, V100 15.7, A10 31.2 TFLOPS; assumed G2 " << fmt(models["G2"], 1) << ", G3 "
+     << fmt(models["G3"], 1) << "). Pods sampled with replacement until their GPU requests reach 130% of the GPUs, no departures, seeds "
+     << o.seeds.front() << "-" << o.seeds.back() << ". `alloc`: blocks held, % of all (a share of a card is rounded up to whole blocks); "
+     << "`placed GPU`: the GPU requests of placed pods before rounding, % of the GPUs (the published figure's unit); `frag`: FGD's fragmentation "
+     << "measure in blocks against the pod list's specs by count.\n\n"
+     << "| pod list | policy | alloc 100% | alloc 130% | frag 100% | frag 130% | placed GPU 130% | published (policy: alloc 100/130, frag 100) |\n|---|---|---|---|---|---|---|---|\n";
+  struct Variant {
+    Policy policy;
+    bool migrate;
+  };
+  std::vector<Variant> variants;
+  for (Policy p : allPolicies()) variants.push_back({p, false});
+  variants.push_back({Policy::raccel, true});
+  for (std::string workload : {"default", "gpushare100"}) {
+    auto pods = loadOpenbPods(o.openbDir + "/openb_pod_list_" + workload + ".csv");
+    if (!pods) return fail(pods.error());
+    auto published = publishedCurves(o.openbDir + "/fgd-expected/analysis_allo_discrete.csv", "openb_pod_list_" + workload);
+    auto publishedFrag = publishedCurves(o.openbDir + "/fgd-expected/analysis_frag_ratio_discrete.csv", "openb_pod_list_" + workload);
+    Chart alloc{"openb " + workload + ": allocation", "arrived GPU requests (% of GPUs)", "allocated (% of capacity)", {}, false, true, 0, 100};
+    Chart frag{"openb " + workload + ": fragmentation", "arrived GPU requests (% of GPUs)", "fragmented (% of capacity)", {}, false, false};
+    for (auto& v : variants) {
+      std::string name = std::string(policyName(v.policy)) + (v.migrate ? " + migration" : "");
+      std::fprintf(stderr, "A %s %s:", workload.c_str(), name.c_str());
+      std::vector<double> a(o.seeds.empty() ? 0 : 131, 0), f(a.size(), 0), pl(a.size(), 0);
+      double arrived = 0, placedPods = 0, failedPods = 0, migrations = 0;
+      for (uint64_t seed : o.seeds) {
+        PackingOptions po;
+        po.policy = v.policy;
+        po.seed = seed;
+        po.migrate = v.migrate;
+        auto run = runPacking(*cluster, *pods, po);
+        if (!run) return fail(run.error());
+        for (size_t p = 0; p < a.size(); ++p) a[p] += run->alloc[p], f[p] += run->frag[p], pl[p] += run->placed[p];
+        arrived += run->arrived, placedPods += run->placedPods, failedPods += run->failedPods, migrations += run->migrations;
+        std::fprintf(stderr, " %llu", (unsigned long long)seed);
+      }
+      std::fprintf(stderr, "\n");
+      double n = o.seeds.size();
+      for (size_t p = 0; p < a.size(); ++p) a[p] /= n, f[p] /= n, pl[p] /= n;
+      std::string pub = v.policy == Policy::random ? "01-Random" : v.policy == Policy::bestFit ? "05-BestFit" : v.policy == Policy::raccel ? "06-FGD" : "";
+      std::string pubName = pub.empty() ? "" : pub.substr(3);
+      bool havePub = !pub.empty() && published.count(pub);
+      summary << workload << "," << policyName(v.policy) << "," << (v.migrate ? "yes" : "no") << "," << o.seeds.size() << "," << fmt(a[100]) << ","
+              << fmt(a[130]) << "," << fmt(f[100]) << "," << fmt(f[130]) << "," << fmt(pl[100]) << "," << fmt(pl[130]) << "," << fmt(arrived / n, 1)
+              << "," << fmt(placedPods / n, 1) << "," << fmt(failedPods / n, 1) << "," << fmt(migrations / n, 1) << "," << pubName << ","
+              << (havePub ? fmt(published[pub][100]) : "") << "," << (havePub ? fmt(published[pub][130]) : "") << ","
+              << (havePub && publishedFrag.count(pub) ? fmt(publishedFrag[pub][100]) : "") << "\n";
+      md << "| " << workload << " | " << name << " | " << fmt(a[100]) << " | " << fmt(a[130]) << " | " << fmt(f[100]) << " | " << fmt(f[130])
+         << " | " << fmt(pl[130]) << " | "
+         << (havePub ? pubName + ": " + fmt(published[pub][100]) + " / " + fmt(published[pub][130]) + ", " +
+                           (publishedFrag.count(pub) ? fmt(publishedFrag[pub][100]) : "?")
+                     : "")
+         << " |\n";
+      Series sa{name, {}, a}, sf{name, {}, f};
+      for (size_t p = 0; p < a.size(); ++p) {
+        sa.x.push_back(p), sf.x.push_back(p);
+        curves << workload << "," << name << "," << p << "," << fmt(a[p], 3) << "," << fmt(f[p], 3) << "," << fmt(pl[p], 3) << "\n";
+      }
+      alloc.series.push_back(sa);
+      frag.series.push_back(sf);
+    }
+    for (const char* pub : {"06-FGD", "05-BestFit", "01-Random"}) {
+      if (!published.count(pub)) continue;
+      Series s{std::string(pub + 3) + " (published)", {}, published[pub]};
+      for (size_t p = 0; p < s.y.size(); ++p) s.x.push_back(p);
+      alloc.series.push_back(s);
+      if (publishedFrag.count(pub)) frag.series.push_back({s.label, s.x, publishedFrag[pub]});
+    }
+    if (auto st = writeFile(o.out + "/openb_alloc_" + workload + ".svg", renderSvg(alloc)); !st) return st;
+    if (auto st = writeFile(o.out + "/openb_frag_" + workload + ".svg", renderSvg(frag)); !st) return st;
+  }
+  if (auto st = writeFile(o.out + "/openb_summary.csv", summary.str()); !st) return st;
+  if (auto st = writeFile(o.out + "/openb_curves.csv", curves.str()); !st) return st;
+
+  // ---- Experiment B ----
+  auto workload = loadPhilly(o.phillyDir, defaultStepSeconds(), o.maxJobsPerTenant);
+  if (!workload) return fail(workload.error());
+  Cluster philly = phillyCluster();
+  md << "\n## Experiment B: dynamic (Philly VCs)\n\n" << workload->tenants.size() << " tenants (one per VC file), " << workload->jobs.size()
+     << " jobs; cluster: 40 nodes x 8 V100-class GPUs (15 blocks each, " << philly.blocks << " blocks). A job of g GPUs asks for 15g blocks; "
+     << "its run time is total_steps x a step time per model (ResNet-18 0.01 s, ResNet-50 0.02, Transformer 0.01, LM 0.01, Recommendation "
+     << "0.005, CycleGAN 0.03, A3C 0.005). A job spanning k nodes runs at 1/(1 + 0.1(k-1)) of its speed; a preempted job pays 30 s, a moved one "
+     << "10 s. raccel: spread vaccels (Pool::allocate), priority preemption, compaction (8 moves a minute), fair admission order; "
+     << "baselines: whole cards per node (gangs of per-node parts), priority then arrival order, no preemption or migration. Times in hours.\n\n"
+     << "| policy | rate | avg JCT | p99 JCT | avg queue | p99 queue | utilization % | preemptions | migrations |\n|---|---|---|---|---|---|---|---|---|\n";
+  std::ostringstream bsum, cdf, tenants, series, prio, span;
+  bsum << "policy,rate,jobs,finished,avg_jct_h,p99_jct_h,avg_queue_h,p99_queue_h,utilization,preemptions,migrations\n";
+  cdf << "policy,jct_h,fraction\n";
+  tenants << "policy,tenant,jobs,share_percent,entitlement_percent\n";
+  series << "policy,hour,tenant,share_percent\n";
+  Chart cdfChart{"Philly VCs, rate 1x: job completion time CDF", "JCT (hours, log scale)", "fraction of jobs", {}, true, true, 0, 1};
+  Chart rateChart{"Philly VCs: average JCT by arrival rate", "arrival-rate multiplier", "average JCT (hours)", {}, false, false};
+  std::map<Policy, double> jctAt1;
+  for (Policy p : allPolicies()) {
+    Series rs{policyName(p), {}, {}};
+    for (double rate : o.rates) {
+      DynamicOptions d;
+      d.policy = p;
+      d.rate = rate;
+      std::fprintf(stderr, "B %s rate %.2f\n", policyName(p), rate);
+      auto run = runDynamic(philly, *workload, d);
+      if (!run) return fail(run.error());
+      bsum << policyName(p) << "," << rate << "," << run->jobs << "," << run->finished << "," << fmt(run->avgJct / 3600, 3) << ","
+           << fmt(run->p99Jct / 3600, 3) << "," << fmt(run->avgQueue / 3600, 3) << "," << fmt(run->p99Queue / 3600, 3) << ","
+           << fmt(run->utilization) << "," << run->preemptions << "," << run->migrations << "\n";
+      md << "| " << policyName(p) << " | " << rate << "x | " << fmt(run->avgJct / 3600) << " | " << fmt(run->p99Jct / 3600, 1) << " | "
+         << fmt(run->avgQueue / 3600) << " | " << fmt(run->p99Queue / 3600, 1) << " | " << fmt(run->utilization, 1) << " | " << run->preemptions
+         << " | " << run->migrations << " |\n";
+      rs.x.push_back(rate), rs.y.push_back(run->avgJct / 3600);
+      if (rate != 1.0) continue;
+      jctAt1[p] = run->avgJct;
+      std::vector<double> sorted;
+      for (size_t i = 0; i < run->jct.size(); ++i) sorted.push_back(run->jct[i] / 3600);
+      std::sort(sorted.begin(), sorted.end());
+      Series cs{policyName(p), {}, {}};
+      for (int q = 1; q <= 200; ++q) {
+        size_t i = std::min(sorted.size() - 1, static_cast<size_t>(q / 200.0 * sorted.size()));
+        cdf << policyName(p) << "," << fmt(sorted[i], 4) << "," << fmt(q / 200.0, 3) << "\n";
+        cs.x.push_back(std::max(sorted[i], 1e-3)), cs.y.push_back(q / 200.0);
+      }
+      cdfChart.series.push_back(cs);
+      Chart shares{std::string("Philly VCs, rate 1x, ") + policyName(p) + ": each tenant's share of the blocks", "time (hours)", "share of blocks (%)", {}, false, false};
+      for (size_t k = 0; k < run->tenants.size(); ++k) {
+        auto& ts = run->tenants[k];
+        tenants << policyName(p) << "," << ts.name << "," << ts.jobs << "," << fmt(ts.share, 3) << "," << fmt(ts.entitlement, 3) << "\n";
+        Series s{ts.name, run->sampleTimes, run->shareSeries[k]};
+        for (size_t i = 0; i < run->sampleTimes.size(); ++i)
+          series << policyName(p) << "," << fmt(run->sampleTimes[i], 1) << "," << ts.name << "," << fmt(run->shareSeries[k][i], 3) << "\n";
+        shares.series.push_back(s);
+      }
+      if (auto st = writeFile(o.out + "/philly_share_over_time_" + policyName(p) + ".svg", renderSvg(shares)); !st) return st;
+      if (p == Policy::raccel || p == Policy::wholeCardFirstFit) {
+        md << "\nTenant shares at 1x, " << policyName(p) << " (mean % of blocks held while it had demand, against its max-min fair share "
+           << "with equal weights, capped at its demand):\n\n| tenant | jobs | share % | entitlement % |\n|---|---|---|---|\n";
+        for (auto& ts : run->tenants) md << "| " << ts.name << " | " << ts.jobs << " | " << fmt(ts.share) << " | " << fmt(ts.entitlement) << " |\n";
+        md << "\n";
+      }
+    }
+    rateChart.series.push_back(rs);
+  }
+  if (auto st = writeFile(o.out + "/philly_jct_cdf.svg", renderSvg(cdfChart)); !st) return st;
+  if (auto st = writeFile(o.out + "/philly_avg_jct_by_rate.svg", renderSvg(rateChart)); !st) return st;
+
+  // High priority: a fraction of jobs tagged; their queueing delay, and the rest's JCT
+  // against the same jobs' JCT in the untagged run.
+  prio << "policy,high_fraction,high_jobs,high_avg_queue_h,high_avg_jct_h,rest_avg_jct_h,rest_avg_jct_untagged_h,rest_slowdown,preemptions\n";
+  md << "\nHigh priority (rate 1x, " << fmt(o.highFraction * 100, 0) << "% of jobs tagged, seed 1):\n\n"
+     << "| policy | high jobs' avg queue | their avg queue untagged | rest avg JCT | same jobs untagged | slowdown of the rest | preemptions |\n|---|---|---|---|---|---|---|\n";
+  for (Policy p : allPolicies()) {
+    DynamicOptions d;
+    d.policy = p;
+    auto plain = runDynamic(philly, *workload, d);
+    d.highFraction = o.highFraction;
+    std::fprintf(stderr, "B %s high fraction %.2f\n", policyName(p), o.highFraction);
+    auto tagged = runDynamic(philly, *workload, d);
+    if (!plain) return fail(plain.error());
+    if (!tagged) return fail(tagged.error());
+    double restBefore = 0, highQueueBefore = 0;
+    size_t rest = 0, high = 0;
+    for (size_t i = 0; i < tagged->jct.size(); ++i) {
+      if (tagged->high[i]) ++high;
+      else restBefore += plain->jct[i], ++rest;
+    }
+    (void)highQueueBefore;
+    restBefore = rest ? restBefore / rest : 0;
+    double slowdown = restBefore > 0 ? tagged->restAvgJct / restBefore : 0;
+    prio << policyName(p) << "," << o.highFraction << "," << high << "," << fmt(tagged->highAvgQueue / 3600, 3) << ","
+         << fmt(tagged->highAvgJct / 3600, 3) << "," << fmt(tagged->restAvgJct / 3600, 3) << "," << fmt(restBefore / 3600, 3) << ","
+         << fmt(slowdown, 3) << "," << tagged->preemptions << "\n";
+    md << "| " << policyName(p) << " | " << fmt(tagged->highAvgQueue / 3600) << " | " << fmt(plain->avgQueue / 3600) << " (all jobs) | "
+       << fmt(tagged->restAvgJct / 3600) << " | " << fmt(restBefore / 3600) << " | " << fmt(slowdown, 3) << "x | " << tagged->preemptions << " |\n";
+  }
+  // Span penalty: how much of the comparison rests on the cost of spanning nodes.
+  span << "span_penalty,raccel_avg_jct_h,whole_card_first_fit_avg_jct_h,raccel_over_first_fit\n";
+  md << "\nSpan penalty (rate 1x): raccel spreads a vaccel over nodes when no node has room; the baselines wait for whole cards. "
+     << "How the average JCT compares as the cost of spanning nodes changes:\n\n| penalty per extra node | raccel avg JCT | whole-card first-fit | raccel / first-fit |\n|---|---|---|---|\n";
+  for (double penalty : o.spanPenalties) {
+    double jct[2];
+    for (int k = 0; k < 2; ++k) {
+      DynamicOptions d;
+      d.policy = k == 0 ? Policy::raccel : Policy::wholeCardFirstFit;
+      d.spanPenalty = penalty;
+      std::fprintf(stderr, "B %s span penalty %.2f\n", policyName(d.policy), penalty);
+      auto run = runDynamic(philly, *workload, d);
+      if (!run) return fail(run.error());
+      jct[k] = run->avgJct / 3600;
+    }
+    span << penalty << "," << fmt(jct[0], 3) << "," << fmt(jct[1], 3) << "," << fmt(jct[0] / jct[1], 3) << "\n";
+    md << "| " << penalty << " | " << fmt(jct[0]) << " | " << fmt(jct[1]) << " | " << fmt(jct[0] / jct[1], 3) << " |\n";
+  }
+  for (auto& [name, text] : std::vector<std::pair<std::string, std::string>>{{"philly_summary.csv", bsum.str()},
+                                                                             {"philly_jct_cdf.csv", cdf.str()},
+                                                                             {"philly_tenants.csv", tenants.str()},
+                                                                             {"philly_share_over_time.csv", series.str()},
+                                                                             {"philly_priority.csv", prio.str()},
+                                                                             {"philly_span_penalty.csv", span.str()},
+                                                                             {"report.md", md.str()}})
+    if (auto st = writeFile(o.out + "/" + name, text); !st) return st;
+  return {};
+}
+
+}  // namespace raccel::sim
