@@ -64,7 +64,8 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   auto unknown = top.unknownKeys(
       {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms", "split_min_mflop", "libvirt", "defrag_on_release",
-       "defrag_on_demand", "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms"});
+       "defrag_on_demand", "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms",
+       "span_slack_nodes"});
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
   out.nodeListen = top.getString("node_listen", out.nodeListen);
   out.console = top.getString("console", out.console);
@@ -94,6 +95,10 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   auto moveBytes = top.getBytes("defrag_max_move_bytes", out.defragMaxMoveBytes);
   if (!moveBytes) return fail(moveBytes.error());
   out.defragMaxMoveBytes = *moveBytes;
+  auto slack = top.getInt("span_slack_nodes", out.spanSlackNodes);
+  if (!slack) return fail(slack.error());
+  if (*slack < -1 || *slack > 1000) return fail(Code::invalidArgument, "span_slack_nodes must be -1 (any) or 0..1000");
+  out.spanSlackNodes = static_cast<int>(*slack);
   auto hb = top.getInt("heartbeat_timeout_ms", out.heartbeatTimeoutMs);
   if (!hb) return fail(hb.error());
   out.heartbeatTimeoutMs = static_cast<unsigned>(*hb);

@@ -10,6 +10,8 @@
 //   defrag_on_demand = true               # ... and when a request would be fragmented
 //   defrag_moves_per_minute = 60          # rate limit for both and for raccelctl defrag
 //   defrag_max_move_bytes = 1GiB          # vaccels with more buffer bytes are not moved
+//   span_slack_nodes = -1                 # a vaccel waits rather than span more nodes than
+//                                         #   the fewest that could hold it plus this; -1 = any
 //   state_dir = /var/lib/raccel           # the state database (raccel.db, SQLite WAL): VM
 //                                         #   policies, allocations, suspended vaccels, usage;
 //                                         #   empty (the default) = nothing survives a restart
@@ -67,6 +69,7 @@ struct SchedulerConfig {
   // many bytes of buffers.
   bool defragOnRelease = true;
   bool defragOnDemand = true;
+  int spanSlackNodes = -1;
   unsigned defragMovesPerMinute = 60;
   unsigned long long defragMaxMoveBytes = 1ull << 30;
   // Durable state: empty = none (a restart ends every session).

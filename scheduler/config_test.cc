@@ -52,3 +52,12 @@ TEST(SchedulerConfig, VmsSayHowTheyAttachAndWhereTheirPolicyCameFrom) {
 
 }  // namespace
 }  // namespace raccel::scheduler
+
+namespace raccel::scheduler {
+TEST(SchedulerConfig, SpanSlackDefaultsToAnyAndRefusesBadValues) {
+  EXPECT_EQ(parseConfig(*Config::parse("", "e.conf"))->spanSlackNodes, -1);
+  EXPECT_EQ(parseConfig(*Config::parse("span_slack_nodes = 1\n", "s.conf"))->spanSlackNodes, 1);
+  EXPECT_FALSE(parseConfig(*Config::parse("span_slack_nodes = -2\n", "s.conf")));
+  EXPECT_FALSE(parseConfig(*Config::parse("span_slack_nodes = x\n", "s.conf")));
+}
+}  // namespace raccel::scheduler

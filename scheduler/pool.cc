@@ -334,6 +334,13 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     }
     std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });
   }
+  if (request.maxNodes) {
+    std::set<size_t> nodes;
+    for (auto& share : cardsOf(pieces)) nodes.insert(cards_[share.card].node);
+    if (nodes.size() > request.maxNodes)
+      return fail(Code::resourceExhausted, "no placement on " + std::to_string(request.maxNodes) + " node(s) now: " + std::to_string(want) +
+                                               " blocks would span " + std::to_string(nodes.size()));
+  }
   record(owner, pieces, request.priority);
   return pieces;
 }
@@ -530,6 +537,22 @@ std::vector<CardShare> Pool::cardsOf(const std::vector<BlockRange>& ranges) cons
     }
   }
   return out;
+}
+
+uint32_t Pool::fewestNodesFor(uint32_t blocks, KindMask kinds) const {
+  std::vector<uint32_t> sizes;
+  for (const Node& node : nodes_) {
+    if (!node.placeable()) continue;
+    uint32_t n = 0;
+    for (size_t c : node.cards)
+      if (kinds & maskOf(cards_[c].spec.kind)) n += cards_[c].blocks.count;
+    sizes.push_back(n);
+  }
+  std::sort(sizes.begin(), sizes.end(), std::greater<>());
+  uint64_t sum = 0;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if ((sum += sizes[i]) >= blocks) return static_cast<uint32_t>(i + 1);
+  return 0;
 }
 
 void Pool::recountTotals() {

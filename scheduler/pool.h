@@ -104,6 +104,9 @@ class Pool {
     Shape shape = Shape::spread;
     uint32_t cardMilli = 0;   // oneCard
     uint32_t wholeCards = 0;  // wholeCards
+    // spread: refuse (resourceExhausted) rather than span more nodes than this (0 = any):
+    // the caller waits for a placement that does not pay for crossing many nodes.
+    uint32_t maxNodes = 0;
     // Shaped requests: the cards it may use (a model list, the node's other resources);
     // null accepts every card of an accepted kind.
     std::function<bool(const Card&)> accepts;
@@ -160,6 +163,10 @@ class Pool {
   const std::vector<BlockRange>& held(VaccelId owner) const;
   int priorityOf(VaccelId owner) const;
   std::vector<CardShare> cardsOf(const std::vector<BlockRange>& ranges) const;
+
+  // The fewest placeable nodes whose blocks (of accepted kinds) could hold `blocks`,
+  // free or not (0 when all of them together could not): the base of Request::maxNodes.
+  uint32_t fewestNodesFor(uint32_t blocks, KindMask kinds = kAllKinds) const;
 
   // Blocks of online nodes (with accepted kinds).
   uint32_t total(KindMask kinds = kAllKinds) const;

@@ -314,4 +314,99 @@ TEST(Pool, PreemptionCountsOnlyAcceptedKinds) {
 }
 
 }  // namespace
+TEST(Pool, OneCardRequestTakesItsShareOfOneCardRoundedUpToBlocks) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 8, 0), card(CardKind::gpu, 15, 1)}));
+  Pool::Request r;
+  r.shape = Pool::Shape::oneCard;
+  r.cardMilli = 460;  // 0.46 of an 8-block card: 4 blocks; of a 15-block card: 7
+  auto got = pool.allocate(1, r);
+  ASSERT_TRUE(got) << got.error().message;
+  auto cards = pool.cardsOf(*got);
+  ASSERT_EQ(cards.size(), 1u);
+  EXPECT_EQ(cards[0].blocks, Pool::blocksOfCard(460, pool.cards()[cards[0].card].blocks.count));
+  EXPECT_EQ(Pool::blocksOfCard(460, 8), 4u);
+  EXPECT_EQ(Pool::blocksOfCard(460, 15), 7u);
+  EXPECT_EQ(Pool::blocksOfCard(1000, 15), 15u);
+  r.cardMilli = 0;
+  EXPECT_EQ(pool.allocate(2, r).error().code, Code::invalidArgument);
+  r.cardMilli = 1001;
+  EXPECT_EQ(pool.allocate(2, r).error().code, Code::invalidArgument);
+}
+
+TEST(Pool, WholeCardsComeFromOneNodeAndTheFilterIsObeyed) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1)}));
+  ASSERT_TRUE(pool.addNode("b", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1), card(CardKind::gpu, 10, 2)}));
+  Pool::Request r;
+  r.shape = Pool::Shape::wholeCards;
+  r.wholeCards = 3;
+  auto got = pool.allocate(1, r);
+  ASSERT_TRUE(got) << got.error().message;
+  EXPECT_EQ(*got, (std::vector<BlockRange>{{21, 30}}));  // all of node b
+  r.wholeCards = 3;
+  auto never = pool.allocate(2, r);  // node a has only 2 cards and b is full
+  ASSERT_FALSE(never);
+  EXPECT_EQ(never.error().code, Code::resourceExhausted);
+  r.wholeCards = 1;
+  r.accepts = [](const Card& c) { return c.spec.index == 1; };
+  got = pool.allocate(3, r);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(*got, (std::vector<BlockRange>{{11, 10}}));  // node a's card 1, not card 0
+  r.accepts = [](const Card&) { return false; };
+  auto refused = pool.allocate(4, r);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("can never run here"), std::string::npos) << refused.error().message;
+}
+
+TEST(Pool, RaccelFitKeepsWholeCardsFreeForWholeCardDemand) {
+  // Demand seen: whole cards. A share then goes to the card already in use, not to a
+  // whole free one; first-fit takes the lowest card.
+  for (auto fit : {Pool::Fit::raccel, Pool::Fit::firstFit}) {
+    Pool pool(1.0);
+    pool.setFit(fit);
+    ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1)}));
+    Pool::Request whole;
+    whole.shape = Pool::Shape::wholeCards;
+    whole.wholeCards = 1;
+    for (VaccelId v = 100; v < 120; ++v) (void)pool.allocate(v, whole);  // refused (still learned as demand) after two
+    pool.release(100);
+    pool.release(101);
+    Pool::Request share;
+    share.shape = Pool::Shape::oneCard;
+    share.cardMilli = 300;
+    share.accepts = [](const Card& c) { return c.spec.index == 1; };
+    ASSERT_TRUE(pool.allocate(1, share));  // 3 blocks of card 1
+    share.accepts = nullptr;
+    share.cardMilli = 500;
+    auto second = pool.allocate(2, share);
+    ASSERT_TRUE(second);
+    bool sameCard = pool.cardOf(second->front().first) == pool.cardOf(pool.held(1).front().first);
+    if (fit == Pool::Fit::raccel) EXPECT_TRUE(sameCard) << "raccel keeps the other card whole";
+    else EXPECT_FALSE(sameCard) << "first fit takes the lowest card, breaking the whole one";
+  }
+}
+
+TEST(Pool, MaxNodesRefusesAPlacementThatWouldSpanMoreNodes) {
+  Pool pool(1.0);
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(pool.addNode(name, {card(CardKind::gpu, 10, 0)}));
+  EXPECT_EQ(pool.fewestNodesFor(10), 1u);
+  EXPECT_EQ(pool.fewestNodesFor(11), 2u);
+  EXPECT_EQ(pool.fewestNodesFor(31), 0u);
+  ASSERT_TRUE(pool.allocate(1, {6, kAllKinds}));   // a: 1-6
+  ASSERT_TRUE(pool.allocate(2, {10, kAllKinds}));  // all of c (one node beats straddling a and b)
+  ASSERT_TRUE(pool.allocate(3, {6, kAllKinds}));   // b: 15-20
+  Pool::Request spread{8, kAllKinds};               // free: 4 on a, 4 on b: two nodes
+  spread.maxNodes = 1;
+  auto refused = pool.allocate(4, spread);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, Code::resourceExhausted);
+  EXPECT_NE(refused.error().message.find("span 2"), std::string::npos) << refused.error().message;
+  EXPECT_EQ(pool.freeBlocks(), 8u) << "a refusal takes nothing";
+  spread.maxNodes = 2;
+  auto placed = pool.allocate(4, spread);
+  ASSERT_TRUE(placed) << placed.error().message;
+  EXPECT_EQ(pool.cardsOf(*placed).size(), 2u);
+}
+
 }  // namespace raccel::scheduler

@@ -117,6 +117,8 @@ void Scheduler::requestPlacement() {
 
 Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
   Pool::Request request{s.want, s.kinds, s.priority};
+  if (config_.spanSlackNodes >= 0)
+    request.maxNodes = pool_.fewestNodesFor(s.want, s.kinds) + static_cast<uint32_t>(config_.spanSlackNodes);
   auto placed = pool_.allocate(s.id, request);
   if (!placed || placed->size() == 1 || !config_.defragOnDemand) return placed;
   // Only fragmented: compact, then place again (ARCHITECTURE.md's 10-block fixture).

@@ -189,7 +189,9 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
   auto place = [&](size_t i) -> bool {
     JobState& s = js[i];
     if (raccel) {
-      auto got = pool.allocate(i + 1, {s.blocks, scheduler::kAllKinds, s.priority});
+      Pool::Request r{s.blocks, scheduler::kAllKinds, s.priority};
+      if (o.spanSlack >= 0) r.maxNodes = pool.fewestNodesFor(s.blocks) + static_cast<uint32_t>(o.spanSlack);
+      auto got = pool.allocate(i + 1, r);
       if (!got) return false;
       s.owners = {i + 1};
       return true;
@@ -324,11 +326,13 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
   size_t highN = 0, restN = 0;
   double first = n ? arrivalOf(0) : 0;
   run.jct.assign(n, 0);
+  run.queue.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
     if (js[i].phase != Phase::done) continue;
     ++run.finished;
     double jct = js[i].finish - arrivalOf(i), queue = js[i].start - arrivalOf(i);
     run.jct[i] = jct;
+    run.queue[i] = queue;
     jcts.push_back(jct);
     queues.push_back(queue);
     run.makespan = std::max(run.makespan, js[i].finish - first);

@@ -47,7 +47,10 @@ struct DynamicOptions {
   double rate = 1.0;           // arrival-rate multiplier: trace times are divided by it
   double highFraction = 0;     // share of jobs tagged high priority (chosen by `seed`)
   uint64_t seed = 1;
-  double spanPenalty = 0.1;   // a job spanning k nodes runs at 1 / (1 + penalty x (k - 1))
+  double spanPenalty = 0.1;
+  // raccel: a job waits rather than span more than (the fewest nodes it could use) +
+  // spanSlack nodes; -1 = spread over any number (the scheduler's span_slack_nodes).
+  int spanSlack = 1;   // a job spanning k nodes runs at 1 / (1 + penalty x (k - 1))
   double suspendSeconds = 30;  // a preempted job's save + restore
   double moveSeconds = 10;     // a migrated job's pause
   double sampleSeconds = 3600; // tenant shares sampled this often
@@ -65,7 +68,7 @@ struct DynamicRun {
   uint64_t jobs = 0, finished = 0, preemptions = 0, migrations = 0;
   double avgJct = 0, p99Jct = 0, avgQueue = 0, p99Queue = 0, utilization = 0, makespan = 0;
   double highAvgQueue = 0, highAvgJct = 0, restAvgJct = 0;  // tagged high / the rest (highFraction > 0)
-  std::vector<double> jct;                    // per job, seconds (by job index)
+  std::vector<double> jct, queue;             // per job, seconds (by job index)
   std::vector<bool> high;                     // per job
   std::vector<TenantShare> tenants;
   std::vector<double> sampleTimes;            // hours

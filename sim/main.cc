@@ -93,7 +93,8 @@ int philly(const Flags& flags) {
   auto rate = number(flags, "rate", 1);
   auto high = number(flags, "high-fraction", 0);
   auto penalty = number(flags, "span-penalty", 0.1);
-  for (auto* r : {&maxJobs, &rate, &high, &penalty})
+  auto slack = number(flags, "span-slack", 1);
+  for (auto* r : {&maxJobs, &rate, &high, &penalty, &slack})
     if (!*r) return die(r->error().message);
   if (*rate <= 0 || *high < 0 || *high > 1 || *penalty < 0 || *maxJobs < 0)
     return die("--rate > 0, --high-fraction 0..1, --span-penalty >= 0, --max-jobs >= 0");
@@ -111,6 +112,7 @@ int philly(const Flags& flags) {
   options.rate = *rate;
   options.highFraction = *high;
   options.spanPenalty = *penalty;
+  options.spanSlack = static_cast<int>(*slack);
   for (Policy p : policies) {
     options.policy = p;
     auto start = std::chrono::steady_clock::now();
@@ -177,6 +179,7 @@ int main(int argc, char** argv) {
   flags.value("openb", "DIR", "report: the openb folder (node list, pod lists, fgd-expected/)");
   flags.value("out", "DIR", "report: where the CSV, SVG and report.md go (default sim-report)");
   flags.value("span-penalty", "P", "philly: a job spanning k nodes runs at 1/(1+P(k-1)) (default 0.1)");
+  flags.value("span-slack", "N", "philly: raccel waits rather than span more than the fewest nodes + N (default 1; -1: any)");
   flags.value("rate", "X", "philly: arrival-rate multiplier (default 1)");
   flags.value("high-fraction", "F", "philly: share of jobs tagged high priority (default 0)");
   flags.value("max-jobs", "N", "philly: at most N jobs per tenant (default all)");

@@ -1,5 +1,6 @@
 #include "sim/report.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -88,7 +89,12 @@ Status writeReport(const ReportOptions& o) {
     auto pods = loadOpenbPods(o.openbDir + "/openb_pod_list_" + workload + ".csv");
     if (!pods) return fail(pods.error());
     auto published = publishedCurves(o.openbDir + "/fgd-expected/analysis_allo_discrete.csv", "openb_pod_list_" + workload);
+    // The published fragmentation ratio is of the idle GPUs; as a share of capacity it is
+    // ratio x idle (the traces README's 13.5 / 7.05 / 4.73 at 100%).
     auto publishedFrag = publishedCurves(o.openbDir + "/fgd-expected/analysis_frag_ratio_discrete.csv", "openb_pod_list_" + workload);
+    for (auto& [policy, curve] : publishedFrag)
+      if (published.count(policy))
+        for (size_t p = 0; p < curve.size() && p < published[policy].size(); ++p) curve[p] *= (100 - published[policy][p]) / 100;
     Chart alloc{"openb " + workload + ": allocation", "arrived GPU requests (% of GPUs)", "allocated (% of capacity)", {}, false, true, 0, 100};
     Chart frag{"openb " + workload + ": fragmentation", "arrived GPU requests (% of GPUs)", "fragmented (% of capacity)", {}, false, false};
     for (auto& v : variants) {
@@ -156,7 +162,7 @@ Status writeReport(const ReportOptions& o) {
      << "10 s. raccel: spread vaccels (Pool::allocate), priority preemption, compaction (8 moves a minute), fair admission order; "
      << "baselines: whole cards per node (gangs of per-node parts), priority then arrival order, no preemption or migration. Times in hours.\n\n"
      << "| policy | rate | avg JCT | p99 JCT | avg queue | p99 queue | utilization % | preemptions | migrations |\n|---|---|---|---|---|---|---|---|---|\n";
-  std::ostringstream bsum, cdf, tenants, series, prio, span;
+  std::ostringstream bsum, cdf, tenants, series, prio, span, shareMd;
   bsum << "policy,rate,jobs,finished,avg_jct_h,p99_jct_h,avg_queue_h,p99_queue_h,utilization,preemptions,migrations\n";
   cdf << "policy,jct_h,fraction\n";
   tenants << "policy,tenant,jobs,share_percent,entitlement_percent\n";
@@ -164,6 +170,9 @@ Status writeReport(const ReportOptions& o) {
   Chart cdfChart{"Philly VCs, rate 1x: job completion time CDF", "JCT (hours, log scale)", "fraction of jobs", {}, true, true, 0, 1};
   Chart rateChart{"Philly VCs: average JCT by arrival rate", "arrival-rate multiplier", "average JCT (hours)", {}, false, false};
   std::map<Policy, double> jctAt1;
+  std::ostringstream fairness;
+  fairness << "\nFairness at 1x: mean over tenants of |share - entitlement| (percentage points of the blocks; lower is fairer):\n\n"
+           << "| policy | mean deviation |\n|---|---|\n";
   for (Policy p : allPolicies()) {
     Series rs{policyName(p), {}, {}};
     for (double rate : o.rates) {
@@ -192,6 +201,11 @@ Status writeReport(const ReportOptions& o) {
         cs.x.push_back(std::max(sorted[i], 1e-3)), cs.y.push_back(q / 200.0);
       }
       cdfChart.series.push_back(cs);
+      double deviation = 0;
+      size_t active = 0;
+      for (auto& ts : run->tenants)
+        if (ts.entitlement > 0) deviation += std::fabs(ts.share - ts.entitlement), ++active;
+      fairness << "| " << policyName(p) << " | " << fmt(active ? deviation / active : 0) << " |\n";
       Chart shares{std::string("Philly VCs, rate 1x, ") + policyName(p) + ": each tenant's share of the blocks", "time (hours)", "share of blocks (%)", {}, false, false};
       for (size_t k = 0; k < run->tenants.size(); ++k) {
         auto& ts = run->tenants[k];
@@ -203,20 +217,20 @@ Status writeReport(const ReportOptions& o) {
       }
       if (auto st = writeFile(o.out + "/philly_share_over_time_" + policyName(p) + ".svg", renderSvg(shares)); !st) return st;
       if (p == Policy::raccel || p == Policy::wholeCardFirstFit) {
-        md << "\nTenant shares at 1x, " << policyName(p) << " (mean % of blocks held while it had demand, against its max-min fair share "
+        shareMd << "\nTenant shares at 1x, " << policyName(p) << " (mean % of blocks held while it had demand, against its max-min fair share "
            << "with equal weights, capped at its demand):\n\n| tenant | jobs | share % | entitlement % |\n|---|---|---|---|\n";
-        for (auto& ts : run->tenants) md << "| " << ts.name << " | " << ts.jobs << " | " << fmt(ts.share) << " | " << fmt(ts.entitlement) << " |\n";
-        md << "\n";
+        for (auto& ts : run->tenants) shareMd << "| " << ts.name << " | " << ts.jobs << " | " << fmt(ts.share) << " | " << fmt(ts.entitlement) << " |\n";
       }
     }
     rateChart.series.push_back(rs);
   }
+  md << fairness.str() << shareMd.str();
   if (auto st = writeFile(o.out + "/philly_jct_cdf.svg", renderSvg(cdfChart)); !st) return st;
   if (auto st = writeFile(o.out + "/philly_avg_jct_by_rate.svg", renderSvg(rateChart)); !st) return st;
 
   // High priority: a fraction of jobs tagged; their queueing delay, and the rest's JCT
   // against the same jobs' JCT in the untagged run.
-  prio << "policy,high_fraction,high_jobs,high_avg_queue_h,high_avg_jct_h,rest_avg_jct_h,rest_avg_jct_untagged_h,rest_slowdown,preemptions\n";
+  prio << "policy,high_fraction,high_jobs,high_avg_queue_h,high_avg_queue_untagged_h,high_avg_jct_h,rest_avg_jct_h,rest_avg_jct_untagged_h,rest_slowdown,preemptions\n";
   md << "\nHigh priority (rate 1x, " << fmt(o.highFraction * 100, 0) << "% of jobs tagged, seed 1):\n\n"
      << "| policy | high jobs' avg queue | their avg queue untagged | rest avg JCT | same jobs untagged | slowdown of the rest | preemptions |\n|---|---|---|---|---|---|---|\n";
   for (Policy p : allPolicies()) {
@@ -231,16 +245,17 @@ Status writeReport(const ReportOptions& o) {
     double restBefore = 0, highQueueBefore = 0;
     size_t rest = 0, high = 0;
     for (size_t i = 0; i < tagged->jct.size(); ++i) {
-      if (tagged->high[i]) ++high;
+      if (tagged->high[i]) highQueueBefore += plain->queue[i], ++high;
       else restBefore += plain->jct[i], ++rest;
     }
-    (void)highQueueBefore;
     restBefore = rest ? restBefore / rest : 0;
+    highQueueBefore = high ? highQueueBefore / high : 0;
     double slowdown = restBefore > 0 ? tagged->restAvgJct / restBefore : 0;
     prio << policyName(p) << "," << o.highFraction << "," << high << "," << fmt(tagged->highAvgQueue / 3600, 3) << ","
+         << fmt(highQueueBefore / 3600, 3) << ","
          << fmt(tagged->highAvgJct / 3600, 3) << "," << fmt(tagged->restAvgJct / 3600, 3) << "," << fmt(restBefore / 3600, 3) << ","
          << fmt(slowdown, 3) << "," << tagged->preemptions << "\n";
-    md << "| " << policyName(p) << " | " << fmt(tagged->highAvgQueue / 3600) << " | " << fmt(plain->avgQueue / 3600) << " (all jobs) | "
+    md << "| " << policyName(p) << " | " << fmt(tagged->highAvgQueue / 3600) << " | " << fmt(highQueueBefore / 3600) << " | "
        << fmt(tagged->restAvgJct / 3600) << " | " << fmt(restBefore / 3600) << " | " << fmt(slowdown, 3) << "x | " << tagged->preemptions << " |\n";
   }
   // Span penalty: how much of the comparison rests on the cost of spanning nodes.

@@ -1,0 +1,165 @@
+// raccel-sim: small slices of both experiments with the bookkeeping audit on after every
+// pod / event (no block held twice, the pool matches the simulator, every job and pod
+// accounted for), on the real traces when ../shared/traces is there and on synthetic
+// workloads always.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "sim/audit.h"
+#include "sim/cluster.h"
+#include "sim/dynamic.h"
+#include "sim/packing.h"
+
+using namespace raccel;
+using namespace raccel::sim;
+
+namespace {
+
+const std::string kTraces = std::string(RACCEL_SOURCE_DIR) + "/../shared/traces";
+
+bool haveTraces() { return std::filesystem::exists(kTraces + "/openb/openb_node_list_gpu_node.csv"); }
+
+std::vector<Pod> syntheticPods() {
+  std::vector<Pod> pods;
+  for (uint32_t milli : {100u, 250u, 300u, 500u, 700u}) pods.push_back({"share", 0, 0, 1, milli, {}});
+  for (uint32_t n : {1u, 2u}) pods.push_back({"whole", 0, 0, n, 1000, {}});
+  pods.push_back({"cpu", 1000, 1024, 0, 0, {}});
+  return pods;
+}
+
+void expectSane(const PackingRun& run) {
+  EXPECT_EQ(run.arrived, run.placedPods + run.failedPods);
+  ASSERT_EQ(run.alloc.size(), 131u);
+  for (size_t p = 1; p < run.alloc.size(); ++p) {
+    EXPECT_GE(run.alloc[p] + 1e-9, run.alloc[p - 1]) << "no departures: allocation never falls (at " << p << "%)";
+    EXPECT_LE(run.alloc[p], 100.0 + 1e-9);
+    EXPECT_GE(run.frag[p], 0.0);
+    EXPECT_LE(run.alloc[p] + run.frag[p], 100.0 + 1e-6) << "fragmented blocks are free blocks";
+  }
+}
+
+}  // namespace
+
+TEST(Audit, CatchesBlocksTheSimulatorDoesNotKnowOrListsTwice) {
+  Cluster c = fixtureCluster();
+  ASSERT_TRUE(c.pool.allocate(1, {10, scheduler::kAllKinds}));
+  EXPECT_TRUE(auditPool(c.pool, {1}));
+  EXPECT_FALSE(auditPool(c.pool, {}));      // block held by an unknown holder
+  EXPECT_FALSE(auditPool(c.pool, {1, 1}));  // listed twice: held twice
+  EXPECT_FALSE(auditPool(c.pool, {1, 2}));  // 2 holds nothing
+}
+
+TEST(Packing, SyntheticPodsOnTheFixtureKeepTheBooksForEveryPolicy) {
+  Cluster c = fixtureCluster();
+  for (Policy policy : allPolicies())
+    for (bool migrate : {false, true}) {
+      PackingOptions o;
+      o.policy = policy;
+      o.migrate = migrate;
+      o.audit = true;
+      auto run = runPacking(c, syntheticPods(), o);
+      ASSERT_TRUE(run) << policyName(policy) << ": " << run.error().message;
+      expectSane(*run);
+      EXPECT_GT(run->placedPods, 0u);
+    }
+}
+
+TEST(Packing, OpenbSliceKeepsTheBooksForEveryPolicy) {
+  if (!haveTraces()) GTEST_SKIP() << "no " << kTraces << " (the shared traces)";
+  // The first 80 nodes of the openb list, all pods.
+  std::string nodes = testing::TempDir() + "/openb_nodes_slice.csv";
+  {
+    std::ifstream in(kTraces + "/openb/openb_node_list_gpu_node.csv");
+    std::ofstream out(nodes);
+    std::string line;
+    for (int i = 0; i < 81 && std::getline(in, line); ++i) out << line << "\n";
+  }
+  auto cluster = loadOpenbNodes(nodes, defaultModelTflops());
+  ASSERT_TRUE(cluster) << cluster.error().message;
+  auto pods = loadOpenbPods(kTraces + "/openb/openb_pod_list_default.csv");
+  ASSERT_TRUE(pods) << pods.error().message;
+  EXPECT_EQ(pods->size(), 8152u);
+  for (Policy policy : allPolicies()) {
+    PackingOptions o;
+    o.policy = policy;
+    o.audit = true;
+    o.migrate = policy == Policy::raccel;
+    auto run = runPacking(*cluster, *pods, o);
+    ASSERT_TRUE(run) << policyName(policy) << ": " << run.error().message;
+    expectSane(*run);
+    EXPECT_GT(run->alloc[130], 50.0) << policyName(policy);
+  }
+}
+
+TEST(Dynamic, PhillySliceAccountsForEveryJobUnderEveryPolicy) {
+  if (!haveTraces()) GTEST_SKIP() << "no " << kTraces << " (the shared traces)";
+  auto workload = loadPhilly(kTraces + "/philly-vc", defaultStepSeconds(), 40);
+  ASSERT_TRUE(workload) << workload.error().message;
+  EXPECT_EQ(workload->tenants.size(), 15u);
+  // A small cluster, so jobs queue, preempt and move.
+  auto cluster = parseClusterConfig("[node]\nname = n\ncount = 4\ncards = gpu:V100:15.7x8\n", "test");
+  ASSERT_TRUE(cluster) << cluster.error().message;
+  for (Policy policy : allPolicies()) {
+    DynamicOptions o;
+    o.policy = policy;
+    o.audit = true;
+    o.highFraction = 0.2;
+    o.rate = 4;
+    auto run = runDynamic(*cluster, *workload, o);
+    ASSERT_TRUE(run) << policyName(policy) << ": " << run.error().message;
+    // Every job that fits the cluster (<= 32 GPUs) finishes; none is lost.
+    uint64_t fits = 0;
+    for (auto& job : workload->jobs) fits += job.gpus <= 32;
+    EXPECT_EQ(run->finished, fits) << policyName(policy);
+    for (size_t i = 0; i < workload->jobs.size(); ++i)
+      if (workload->jobs[i].gpus <= 32) EXPECT_GE(run->jct[i] + 1e-6, workload->jobs[i].seconds) << "job " << i << " ran faster than it can";
+    EXPECT_GT(run->utilization, 0.0);
+    if (policy == Policy::raccel) EXPECT_GT(run->preemptions, 0u) << "high-priority jobs preempt on a full cluster";
+    else EXPECT_EQ(run->preemptions + run->migrations, 0u);
+  }
+}
+
+TEST(Dynamic, SyntheticJobsFinishWithTheirOwnRunTimeWhenAlone) {
+  // One job at a time on an empty fixture cluster: JCT is exactly its run time.
+  Workload w;
+  w.tenants = {"a", "b"};
+  for (uint32_t i = 0; i < 6; ++i) w.jobs.push_back({i, i % 2, "m", i * 1000.0, 100.0 + i, 1});
+  Cluster c = fixtureCluster();
+  for (Policy policy : allPolicies()) {
+    DynamicOptions o;
+    o.policy = policy;
+    o.audit = true;
+    auto run = runDynamic(c, w, o);
+    ASSERT_TRUE(run) << run.error().message;
+    ASSERT_EQ(run->finished, 6u);
+    for (uint32_t i = 0; i < 6; ++i) EXPECT_NEAR(run->jct[i], 100.0 + i, 1e-6) << policyName(policy);
+    EXPECT_EQ(run->avgQueue, 0.0);
+  }
+}
+
+TEST(Cluster, ConfigErrorsNameTheLine) {
+  auto bad = parseClusterConfig("[node]\nname = x\ncards = gpu:V100\n", "c.ini");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("c.ini:1"), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("KIND:MODEL:TFLOPS"), std::string::npos) << bad.error().message;
+  EXPECT_FALSE(parseClusterConfig("[node]\nname = x\ncards = tpu:X:3\n", "c.ini"));
+  EXPECT_FALSE(parseClusterConfig("[node]\nname = x\n", "c.ini"));
+  auto good = parseClusterConfig("block_tflops = 2\n[node]\nname = a\ncount = 3\ncpu_milli = 1000\ncards = gpu:T4:8.1x2, npu:N:20\n", "c.ini");
+  ASSERT_TRUE(good) << good.error().message;
+  EXPECT_EQ(good->cards, 9u);
+  EXPECT_EQ(good->blocks, 3u * (4 + 4 + 10));
+  EXPECT_EQ(Cluster(fixtureCluster()).blocks, 200u);
+}
+
+TEST(Cluster, OpenbNodeListErrors) {
+  std::string path = testing::TempDir() + "/nodes_bad.csv";
+  std::ofstream(path) << "sn,cpu_milli,memory_mib,gpu,model\nn0,1000,1000,2,H999\n";
+  auto c = loadOpenbNodes(path, defaultModelTflops());
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("H999"), std::string::npos) << c.error().message;
+  EXPECT_NE(c.error().message.find(":2"), std::string::npos) << c.error().message;
+  EXPECT_FALSE(loadOpenbNodes(testing::TempDir() + "/missing.csv", defaultModelTflops()));
+}
