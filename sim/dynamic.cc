@@ -213,7 +213,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     }
     return true;
   };
-  auto pass = [&] {
+  auto pass = [&]() -> Status {
     std::vector<scheduler::Waiting> order;
     for (size_t i : queued) {
       double score = raccel ? usage[w.jobs[i].tenant].score(t, 1.0) : 0;  // baselines: priority, then arrival
@@ -234,15 +234,29 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       if (!raccel || s.phase != Phase::waiting) continue;  // a suspended job resumes into free blocks only
       auto victims = pool.planPreemption({s.blocks, scheduler::kAllKinds, s.priority});
       if (!victims || victims->empty()) continue;
+      // Suspend the victims; when the job still finds no placement (its node limit), put
+      // them back on exactly their blocks (Pool::assign): nobody is suspended for nothing.
+      std::vector<std::pair<size_t, std::vector<scheduler::BlockRange>>> before;
       for (VaccelId v : *victims) {
-        size_t vi = v - 1;
-        stop(vi, Phase::suspended);
-        js[vi].remaining += o.suspendSeconds;
-        queued.insert(vi);
-        ++run.preemptions;
+        before.push_back({v - 1, pool.held(v)});
+        stop(v - 1, Phase::suspended);
       }
-      if (place(i)) start(i);
+      if (place(i)) {
+        start(i);
+        for (auto& [vi, ranges] : before) {
+          js[vi].remaining += o.suspendSeconds;
+          queued.insert(vi);
+          ++run.preemptions;
+        }
+      } else {
+        for (auto& [vi, ranges] : before) {
+          if (auto st = pool.assign(vi + 1, ranges, js[vi].priority); !st) return st;
+          js[vi].owners = {vi + 1};
+          start(vi);
+        }
+      }
     }
+    return {};
   };
   auto compact = [&] {
     // The scheduler's budget: at most 8 moves a minute (of virtual time).
@@ -311,7 +325,8 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       changed = true;
     }
     if (raccel && released) compact();
-    if (changed) pass();
+    if (changed)
+      if (auto st = pass(); !st) return fail(st.error());
     if (running.empty() && nextArrival == n && !queued.empty()) {
       for (size_t i : queued) js[i].phase = Phase::refused, ++settled;  // fits nowhere, even in an empty cluster
       queued.clear();
