@@ -142,7 +142,8 @@ class Pool {
   // Preemption (ARCHITECTURE.md "Admission"): the holders to suspend so that `request`
   // fits, taken from strictly lower priorities, the lowest first and among equals the
   // most recently admitted first. Empty when it fits in free blocks already.
-  // resourceExhausted, with the numbers, when even all of them would not be enough.
+  // resourceExhausted, with the numbers, when even all of them would not be enough (or,
+  // with maxNodes, when the request would still find no placement within its nodes).
   Result<std::vector<VaccelId>> planPreemption(const Request& request) const;
 
   // Compaction (ARCHITECTURE.md "Migration / compaction"): moves that slide every

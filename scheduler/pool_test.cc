@@ -409,4 +409,20 @@ TEST(Pool, MaxNodesRefusesAPlacementThatWouldSpanMoreNodes) {
   EXPECT_EQ(pool.cardsOf(*placed).size(), 2u);
 }
 
+TEST(Pool, PreemptionPlanRespectsTheRequestsNodeLimit) {
+  Pool pool(1.0);
+  for (const char* name : {"a", "b"}) ASSERT_TRUE(pool.addNode(name, {card(CardKind::gpu, 10, 0)}));
+  ASSERT_TRUE(pool.allocate(1, {5, kAllKinds, 0}));  // low priority: a 1-5
+  ASSERT_TRUE(pool.assign(2, {{16, 5}}, 5));         // high priority: b 16-20
+  Pool::Request big{15, kAllKinds, 3};
+  auto plan = pool.planPreemption(big);  // suspending 1 frees 10 + 5 = 15 over two nodes
+  ASSERT_TRUE(plan) << plan.error().message;
+  EXPECT_EQ(*plan, std::vector<VaccelId>{1});
+  big.maxNodes = 1;  // but not on one node: nobody is suspended for nothing
+  auto limited = pool.planPreemption(big);
+  ASSERT_FALSE(limited);
+  EXPECT_EQ(limited.error().code, Code::resourceExhausted);
+  EXPECT_EQ(pool.held(1).size(), 1u) << "planning changes nothing";
+}
+
 }  // namespace raccel::scheduler

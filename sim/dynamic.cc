@@ -185,13 +185,17 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     running.erase(std::find(running.begin(), running.end(), i));
     s.phase = to;
   };
+  // raccel: job i's vaccel request (the scheduler's span_slack_nodes as spanSlack).
+  auto spreadRequest = [&](size_t i) {
+    Pool::Request r{js[i].blocks, scheduler::kAllKinds, js[i].priority};
+    if (o.spanSlack >= 0) r.maxNodes = pool.fewestNodesFor(js[i].blocks) + static_cast<uint32_t>(o.spanSlack);
+    return r;
+  };
   // Places job i now, or returns false (nothing held).
   auto place = [&](size_t i) -> bool {
     JobState& s = js[i];
     if (raccel) {
-      Pool::Request r{s.blocks, scheduler::kAllKinds, s.priority};
-      if (o.spanSlack >= 0) r.maxNodes = pool.fewestNodesFor(s.blocks) + static_cast<uint32_t>(o.spanSlack);
-      auto got = pool.allocate(i + 1, r);
+      auto got = pool.allocate(i + 1, spreadRequest(i));
       if (!got) return false;
       s.owners = {i + 1};
       return true;
@@ -232,29 +236,17 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
         if (!raccel) smallestFailed = w.jobs[i].gpus;
       }
       if (!raccel || s.phase != Phase::waiting) continue;  // a suspended job resumes into free blocks only
-      auto victims = pool.planPreemption({s.blocks, scheduler::kAllKinds, s.priority});
+      auto victims = pool.planPreemption(spreadRequest(i));
       if (!victims || victims->empty()) continue;
-      // Suspend the victims; when the job still finds no placement (its node limit), put
-      // them back on exactly their blocks (Pool::assign): nobody is suspended for nothing.
-      std::vector<std::pair<size_t, std::vector<scheduler::BlockRange>>> before;
+      // planPreemption has checked that the job fits once they are gone (its node limit too).
       for (VaccelId v : *victims) {
-        before.push_back({v - 1, pool.held(v)});
         stop(v - 1, Phase::suspended);
+        js[v - 1].remaining += o.suspendSeconds;
+        queued.insert(v - 1);
+        ++run.preemptions;
       }
-      if (place(i)) {
-        start(i);
-        for (auto& [vi, ranges] : before) {
-          js[vi].remaining += o.suspendSeconds;
-          queued.insert(vi);
-          ++run.preemptions;
-        }
-      } else {
-        for (auto& [vi, ranges] : before) {
-          if (auto st = pool.assign(vi + 1, ranges, js[vi].priority); !st) return st;
-          js[vi].owners = {vi + 1};
-          start(vi);
-        }
-      }
+      if (!place(i)) return fail(Code::internal, "job " + std::to_string(i) + " found no placement after its preemptions");
+      start(i);
     }
     return {};
   };
