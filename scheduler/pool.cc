@@ -291,20 +291,22 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
       }
       return out;
     };
-    // Free runs cut at node boundaries (a run may cross from one node into the next).
+    // Free runs cut at node boundaries (a run may cross from one node into the next),
+    // and each node's free blocks.
     std::map<size_t, std::vector<BlockRange>> byNode;
+    std::map<size_t, uint32_t> nodeFree;
     for (BlockRange run : runs) {
       for (uint32_t b = run.first; b < run.end();) {
-        const Node& node = nodes_[cards_[static_cast<size_t>(cardOf(b))].node];
-        uint32_t e = std::min(run.end(), node.blocks.end());
-        byNode[cards_[static_cast<size_t>(cardOf(b))].node].push_back({b, e - b});
+        size_t node = cards_[static_cast<size_t>(cardOf(b))].node;
+        uint32_t e = std::min(run.end(), nodes_[node].blocks.end());
+        byNode[node].push_back({b, e - b});
+        nodeFree[node] += e - b;
         b = e;
       }
     }
     std::tuple<size_t, uint32_t> bestNode{SIZE_MAX, 0};
     for (auto& [node, nodeRuns] : byNode) {
-      uint32_t have = 0;
-      for (auto& r : nodeRuns) have += r.count;
+      uint32_t have = nodeFree[node];
       if (have < want) continue;
       auto candidate = takeLargest(nodeRuns);
       std::tuple<size_t, uint32_t> score{candidate.size(), have - want};
@@ -313,11 +315,7 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     if (pieces.empty()) {
       // Across nodes: the fewest nodes, so the nodes with the most free blocks first.
       std::vector<std::pair<uint32_t, size_t>> nodesByFree;
-      for (auto& [node, nodeRuns] : byNode) {
-        uint32_t have = 0;
-        for (auto& r : nodeRuns) have += r.count;
-        nodesByFree.push_back({have, node});
-      }
+      for (auto& [node, have] : nodeFree) nodesByFree.push_back({have, node});
       std::stable_sort(nodesByFree.begin(), nodesByFree.end(), [](auto& a, auto& b) { return a.first > b.first; });
       uint32_t left = want;
       for (auto& [have, node] : nodesByFree) {
@@ -456,8 +454,7 @@ Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const
     // so nobody is suspended for a request that would still wait.
     Pool trial = *this;
     for (VaccelId v : chosen) trial.release(v);
-    Request probe = request;
-    if (auto placed = trial.allocate(~VaccelId{0}, probe); !placed)
+    if (auto placed = trial.allocate(~VaccelId{0}, request); !placed)
       return fail(Code::resourceExhausted, "not even by preemption: " + placed.error().message);
   }
   return chosen;

@@ -51,20 +51,14 @@ CardSpec gpu(const std::string& model, double tflops, uint32_t index, CardKind k
 }  // namespace
 
 Result<Cluster> loadOpenbNodes(const std::string& path, const std::map<std::string, double>& modelTflops, double blockTflops) {
-  std::ifstream in(path);
-  if (!in) return fail(Code::notFound, "cannot read the node list " + path);
+  auto rows = RowReader::open(path, "the node list", ',');
+  if (!rows) return fail(rows.error());
   Cluster cluster{Pool(blockTflops), {}, 0, 0};
-  std::string line;
-  std::getline(in, line);
-  auto header = splitFields(line, ',');
-  if (header.size() < 5 || header[0] != "sn" || header[3] != "gpu" || header[4] != "model")
+  std::vector<std::string> f;
+  if (!rows->next(f) || f.size() < 5 || f[0] != "sn" || f[3] != "gpu" || f[4] != "model")
     return fail(Code::invalidArgument, path + ": not an openb node list (expected sn,cpu_milli,memory_mib,gpu,model)");
-  int row = 1;
-  while (std::getline(in, line)) {
-    ++row;
-    if (line.empty()) continue;
-    std::string where = path + ":" + std::to_string(row);
-    auto f = splitFields(line, ',');
+  while (rows->next(f)) {
+    std::string where = rows->where();
     if (f.size() < 5) return fail(Code::invalidArgument, where + ": expected 5 fields");
     auto cpu = parseCount(f[1], where + " cpu_milli");
     auto mem = parseCount(f[2], where + " memory_mib");

@@ -15,6 +15,23 @@ std::vector<std::string> splitFields(const std::string& line, char separator) {
   return out;
 }
 
+Result<RowReader> RowReader::open(const std::string& path, const std::string& what, char separator) {
+  std::ifstream in(path);
+  if (!in) return fail(Code::notFound, "cannot read " + what + " " + path);
+  return RowReader(std::move(in), path, separator);
+}
+
+bool RowReader::next(std::vector<std::string>& fields) {
+  std::string text;
+  while (std::getline(in_, text)) {
+    ++line_;
+    if (text.empty()) continue;
+    fields = splitFields(text, separator_);
+    return true;
+  }
+  return false;
+}
+
 Result<uint64_t> parseCount(const std::string& text, const std::string& where) {
   if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
     return fail(Code::invalidArgument, where + ": '" + text + "' is not a whole number");

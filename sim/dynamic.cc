@@ -33,18 +33,15 @@ Result<Workload> loadPhilly(const std::string& dir, const std::map<std::string, 
   std::sort(files.begin(), files.end());
   Workload w;
   for (auto& file : files) {
-    std::ifstream in(file);
-    if (!in) return fail(Code::notFound, "cannot read " + file.string());
+    auto rows = RowReader::open(file.string(), "the trace", '\t');
+    if (!rows) return fail(rows.error());
     uint32_t tenant = static_cast<uint32_t>(w.tenants.size());
     w.tenants.push_back(file.stem().string());
-    std::string line;
-    size_t row = 0, taken = 0;
-    while (std::getline(in, line)) {
-      ++row;
-      if (line.empty()) continue;
+    std::vector<std::string> f;
+    size_t taken = 0;
+    while (rows->next(f)) {
       if (maxJobsPerTenant && taken >= maxJobsPerTenant) break;
-      std::string where = file.string() + ":" + std::to_string(row);
-      auto f = splitFields(line, '\t');
+      std::string where = rows->where();
       if (f.size() != 7) return fail(Code::invalidArgument, where + ": expected 7 tab-separated fields, found " + std::to_string(f.size()));
       std::string family = f[0].substr(0, f[0].find(" ("));
       auto step = stepSeconds.find(family);
@@ -164,11 +161,13 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       for (auto& share : pool.cardsOf(pool.held(owner))) nodes.insert(pool.cards()[share.card].node);
     return std::max<size_t>(1, nodes.size());
   };
+  // A job's speed where it is placed now (the span penalty).
+  auto rateOf = [&](const JobState& s) { return 1.0 / (1.0 + o.spanPenalty * (nodesSpanned(s) - 1)); };
   auto start = [&](size_t i) {
     JobState& s = js[i];
     if (s.start < 0) s.start = t;
     s.phase = Phase::running;
-    s.rate = 1.0 / (1.0 + o.spanPenalty * (nodesSpanned(s) - 1));
+    s.rate = rateOf(s);
     usage[w.jobs[i].tenant].hold(t, s.blocks);
     running.push_back(i);
     queued.erase(i);
@@ -259,7 +258,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       if (!pool.applyMove(move)) continue;
       JobState& s = js[move.owner - 1];
       s.remaining += o.moveSeconds * s.rate;
-      s.rate = 1.0 / (1.0 + o.spanPenalty * (nodesSpanned(s) - 1));
+      s.rate = rateOf(s);
       ++run.migrations;
       moveBudget -= 1;
     }

@@ -2,11 +2,11 @@
 // traces with a virtual clock. See sim/README.md.
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "common/flags.h"
 #include "sim/cluster.h"
+#include "sim/csv.h"
 #include "sim/dynamic.h"
 #include "sim/packing.h"
 #include "sim/report.h"
@@ -23,20 +23,16 @@ int die(const std::string& message) {
 
 Result<double> number(const Flags& flags, const std::string& name, double fallback) {
   if (!flags.has(name)) return fallback;
-  char* end = nullptr;
-  std::string text = flags.get(name);
-  double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end) return fail(Code::invalidArgument, "--" + name + ": '" + text + "' is not a number");
-  return v;
+  return parseReal(flags.get(name), "--" + name);
 }
 
 Result<std::vector<uint64_t>> parseSeeds(const std::string& text) {
-  std::vector<uint64_t> seeds;
   auto dash = text.find('-');
-  auto first = std::stoull(text.substr(0, dash));
-  auto last = dash == std::string::npos ? first : std::stoull(text.substr(dash + 1));
-  if (last < first || last - first > 1000) return fail(Code::invalidArgument, "--seeds: give N or FIRST-LAST");
-  for (auto s = first; s <= last; ++s) seeds.push_back(s);
+  auto first = parseCount(text.substr(0, dash), "--seeds");
+  auto last = dash == std::string::npos ? first : parseCount(text.substr(dash + 1), "--seeds");
+  if (!first || !last || *last < *first || *last - *first > 1000) return fail(Code::invalidArgument, "--seeds: give N or FIRST-LAST");
+  std::vector<uint64_t> seeds;
+  for (auto s = *first; s <= *last; ++s) seeds.push_back(s);
   return seeds;
 }
 
@@ -47,14 +43,9 @@ int openb(const Flags& flags) {
   if (!cluster) return die(cluster.error().message);
   auto pods = loadOpenbPods(flags.get("pods", "../shared/traces/openb/openb_pod_list_default.csv"));
   if (!pods) return die(pods.error().message);
-  std::vector<uint64_t> seeds;
-  try {
-    auto s = parseSeeds(flags.get("seeds", "42-51"));
-    if (!s) return die(s.error().message);
-    seeds = *s;
-  } catch (...) {
-    return die("--seeds: give N or FIRST-LAST");
-  }
+  auto parsedSeeds = parseSeeds(flags.get("seeds", "42-51"));
+  if (!parsedSeeds) return die(parsedSeeds.error().message);
+  const std::vector<uint64_t>& seeds = *parsedSeeds;
   auto policy = parsePolicy(flags.get("policy", "raccel"));
   if (!policy) return die(policy.error().message);
   PackingOptions options;
@@ -96,8 +87,8 @@ int philly(const Flags& flags) {
   auto slack = number(flags, "span-slack", 1);
   for (auto* r : {&maxJobs, &rate, &high, &penalty, &slack})
     if (!*r) return die(r->error().message);
-  if (*rate <= 0 || *high < 0 || *high > 1 || *penalty < 0 || *maxJobs < 0)
-    return die("--rate > 0, --high-fraction 0..1, --span-penalty >= 0, --max-jobs >= 0");
+  if (*rate <= 0 || *high < 0 || *high > 1 || *penalty < 0 || *maxJobs < 0 || *slack < -1)
+    return die("--rate > 0, --high-fraction 0..1, --span-penalty >= 0, --span-slack >= -1, --max-jobs >= 0");
   auto workload = loadPhilly(flags.get("traces", "../shared/traces/philly-vc"), defaultStepSeconds(), static_cast<size_t>(*maxJobs));
   if (!workload) return die(workload.error().message);
   Cluster cluster = phillyCluster();
@@ -137,13 +128,9 @@ int report(const Flags& flags) {
   options.openbDir = flags.get("openb", options.openbDir);
   options.phillyDir = flags.get("traces", options.phillyDir);
   if (flags.has("seeds")) {
-    try {
-      auto s = parseSeeds(flags.get("seeds"));
-      if (!s) return die(s.error().message);
-      options.seeds = *s;
-    } catch (...) {
-      return die("--seeds: give N or FIRST-LAST");
-    }
+    auto seeds = parseSeeds(flags.get("seeds"));
+    if (!seeds) return die(seeds.error().message);
+    options.seeds = *seeds;
   }
   auto maxJobs = number(flags, "max-jobs", 0);
   if (!maxJobs || *maxJobs < 0) return die("--max-jobs: a whole number >= 0");

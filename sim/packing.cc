@@ -16,22 +16,17 @@ using scheduler::Pool;
 using scheduler::VaccelId;
 
 Result<std::vector<Pod>> loadOpenbPods(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return fail(Code::notFound, "cannot read the pod list " + path);
-  std::string line;
-  std::getline(in, line);
-  auto header = splitFields(line, ',');
+  auto rows = RowReader::open(path, "the pod list", ',');
+  if (!rows) return fail(rows.error());
+  std::vector<std::string> header, f;
+  rows->next(header);
   std::map<std::string, size_t> column;
   for (size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
   for (const char* need : {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec"})
     if (!column.count(need)) return fail(Code::invalidArgument, path + ": not an openb pod list (no column '" + std::string(need) + "')");
   std::vector<Pod> pods;
-  int row = 1;
-  while (std::getline(in, line)) {
-    ++row;
-    if (line.empty()) continue;
-    std::string where = path + ":" + std::to_string(row);
-    auto f = splitFields(line, ',');
+  while (rows->next(f)) {
+    std::string where = rows->where();
     if (f.size() < header.size()) return fail(Code::invalidArgument, where + ": expected " + std::to_string(header.size()) + " fields");
     Pod pod;
     pod.name = f[column["name"]];

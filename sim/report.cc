@@ -34,14 +34,12 @@ Status writeFile(const std::string& path, const std::string& text) {
 std::map<std::string, std::vector<double>> publishedCurves(const std::string& path, const std::string& workload) {
   std::map<std::string, std::vector<double>> sum;
   std::map<std::string, int> count;
-  std::ifstream in(path);
-  std::string line;
-  if (!std::getline(in, line)) return {};
-  auto header = splitFields(line, ',');
+  auto rows = RowReader::open(path, "the published curves", ',');
+  std::vector<std::string> header, f;
+  if (!rows || !rows->next(header)) return {};  // no published figures to show
   size_t zero = 0;
   while (zero < header.size() && header[zero] != "0") ++zero;
-  while (std::getline(in, line)) {
-    auto f = splitFields(line, ',');
+  while (rows->next(f)) {
     if (f.size() < zero + 131 || f[0] != workload) continue;
     auto& s = sum[f[1]];
     s.resize(131, 0);
@@ -169,7 +167,6 @@ Status writeReport(const ReportOptions& o) {
   series << "policy,hour,tenant,share_percent\n";
   Chart cdfChart{"Philly VCs, rate 1x: job completion time CDF", "JCT (hours, log scale)", "fraction of jobs", {}, true, true, 0, 1};
   Chart rateChart{"Philly VCs: average JCT by arrival rate", "arrival-rate multiplier", "average JCT (hours)", {}, false, false};
-  std::map<Policy, double> jctAt1;
   std::ostringstream fairness;
   fairness << "\nFairness at 1x: mean over tenants of |share - entitlement| (percentage points of the blocks; lower is fairer):\n\n"
            << "| policy | mean deviation |\n|---|---|\n";
@@ -190,7 +187,6 @@ Status writeReport(const ReportOptions& o) {
          << " | " << run->migrations << " |\n";
       rs.x.push_back(rate), rs.y.push_back(run->avgJct / 3600);
       if (rate != 1.0) continue;
-      jctAt1[p] = run->avgJct;
       std::vector<double> sorted;
       for (size_t i = 0; i < run->jct.size(); ++i) sorted.push_back(run->jct[i] / 3600);
       std::sort(sorted.begin(), sorted.end());
