@@ -132,6 +132,8 @@ class Pool {
   static uint32_t blocksOfCard(uint32_t cardMilli, uint32_t cardBlocks);
   // Free blocks of one card (of a placeable node).
   uint32_t cardFree(size_t card) const { return cardFree_[card]; }
+  // The lowest `blocks` free blocks of one card, as ranges (fewer when it has fewer).
+  std::vector<BlockRange> lowestFree(size_t card, uint32_t blocks) const;
   // Returns all blocks held by `owner` to the pool.
   void release(VaccelId owner);
   // Gives `owner` exactly `ranges` (the scheduler restoring its allocations after a

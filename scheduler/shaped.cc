@@ -81,6 +81,21 @@ double Pool::fragDelta(const Node& node, const std::vector<std::pair<size_t, uin
   return delta;
 }
 
+std::vector<BlockRange> Pool::lowestFree(size_t card, uint32_t blocks) const {
+  const BlockRange range = cards_[card].blocks;
+  std::vector<BlockRange> out;
+  auto it = free_.upper_bound(range.first);
+  if (it != free_.begin()) --it;
+  for (; it != free_.end() && it->first < range.end() && blocks > 0; ++it) {
+    uint32_t s = std::max(it->first, range.first), e = std::min(it->first + it->second, range.end());
+    if (e <= s) continue;
+    uint32_t n = std::min(blocks, e - s);
+    out.push_back({s, n});
+    blocks -= n;
+  }
+  return out;
+}
+
 Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Request& request) {
   const bool oneCard = request.shape == Shape::oneCard;
   if (oneCard && (request.cardMilli == 0 || request.cardMilli > 1000))
@@ -151,20 +166,11 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
 
   // The blocks: each card's lowest free blocks; adjacent pieces joined.
   std::vector<BlockRange> pieces;
-  for (auto& [c, blocks] : best) {
-    const Card& card = cards_[c];
-    uint32_t left = blocks;
-    auto it = free_.upper_bound(card.blocks.first);
-    if (it != free_.begin()) --it;
-    for (; it != free_.end() && it->first < card.blocks.end() && left > 0; ++it) {
-      uint32_t s = std::max(it->first, card.blocks.first), e = std::min(it->first + it->second, card.blocks.end());
-      if (e <= s) continue;
-      uint32_t n = std::min(left, e - s);
-      if (!pieces.empty() && pieces.back().end() == s) pieces.back().count += n;
-      else pieces.push_back({s, n});
-      left -= n;
+  for (auto& [c, blocks] : best)
+    for (BlockRange r : lowestFree(c, blocks)) {
+      if (!pieces.empty() && pieces.back().end() == r.first) pieces.back().count += r.count;
+      else pieces.push_back(r);
     }
-  }
   std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });
   record(owner, pieces, request.priority);
   return pieces;

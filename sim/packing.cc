@@ -59,6 +59,10 @@ bool modelAccepted(const Pod& pod, const Card& card) {
   return pod.models.empty() || std::find(pod.models.begin(), pod.models.end(), card.spec.model) != pod.models.end();
 }
 
+bool resourcesFit(const NodeResources& r, const Pod& pod) {
+  return (r.cpuMilli == 0 || r.cpuLeft >= pod.cpuMilli) && (r.memoryMib == 0 || r.memoryLeft >= pod.memoryMib);
+}
+
 // FGD's fragmentation measure, in blocks, against the pod list's specs by count.
 class FragMeter {
  public:
@@ -81,7 +85,7 @@ class FragMeter {
     double frag = 0;
     for (auto& [pod, weight] : specs_) {
       uint32_t f = freeAll;
-      bool resources = (res.cpuMilli == 0 || res.cpuLeft >= pod.cpuMilli) && (res.memoryMib == 0 || res.memoryLeft >= pod.memoryMib);
+      bool resources = resourcesFit(res, pod);
       if (resources && pod.numGpu == 1 && pod.gpuMilli < 1000) {
         f = 0;
         for (size_t card : node.cards) {
@@ -107,10 +111,6 @@ class FragMeter {
  private:
   std::vector<std::pair<Pod, double>> specs_;
 };
-
-bool resourcesFit(const NodeResources& r, const Pod& pod) {
-  return (r.cpuMilli == 0 || r.cpuLeft >= pod.cpuMilli) && (r.memoryMib == 0 || r.memoryLeft >= pod.memoryMib);
-}
 
 void take(NodeResources& r, const Pod& pod) {
   if (r.cpuMilli) r.cpuLeft -= pod.cpuMilli;
@@ -214,19 +214,9 @@ bool migrateFor(Cluster& c, VaccelId owner, const Pod& pod, const std::map<Vacce
     if (!fits) continue;
     for (auto& it : items)
       if (it.owner != owner) c.pool.release(it.owner);
-    auto freeBlocksOf = [&](size_t i, uint32_t want) {
-      std::vector<scheduler::BlockRange> ranges;
-      for (uint32_t b = cardAt(i).blocks.first; b < cardAt(i).blocks.end() && want > 0; ++b) {
-        if (pool.ownerOf(b) != scheduler::kNoOwner) continue;
-        if (!ranges.empty() && ranges.back().end() == b) ++ranges.back().count;
-        else ranges.push_back({b, 1});
-        --want;
-      }
-      return ranges;
-    };
     for (size_t k = 0; k < items.size(); ++k) {
       size_t i = static_cast<size_t>(to[k]);
-      if (auto st = c.pool.assign(items[k].owner, freeBlocksOf(i, need(items[k], i)), 0); !st) return false;  // the repack fit
+      if (auto st = c.pool.assign(items[k].owner, pool.lowestFree(node.cards[i], need(items[k], i)), 0); !st) return false;  // the repack fit
       if (items[k].owner != owner && items[k].from != to[k]) ++migrations;
     }
     if (!share) {

@@ -114,8 +114,11 @@ TEST(Dynamic, PhillySliceAccountsForEveryJobUnderEveryPolicy) {
     uint64_t fits = 0;
     for (auto& job : workload->jobs) fits += job.gpus <= 32;
     EXPECT_EQ(run->finished, fits) << policyName(policy);
-    for (size_t i = 0; i < workload->jobs.size(); ++i)
-      if (workload->jobs[i].gpus <= 32) EXPECT_GE(run->jct[i] + 1e-6, workload->jobs[i].seconds) << "job " << i << " ran faster than it can";
+    for (size_t i = 0; i < workload->jobs.size(); ++i) {
+      if (workload->jobs[i].gpus <= 32) {
+        EXPECT_GE(run->jct[i] + 1e-6, workload->jobs[i].seconds) << "job " << i << " ran faster than it can";
+      }
+    }
     EXPECT_GT(run->utilization, 0.0);
     if (policy == Policy::raccel) EXPECT_GT(run->preemptions, 0u) << "high-priority jobs preempt on a full cluster";
     else EXPECT_EQ(run->preemptions + run->migrations, 0u);
