@@ -1,6 +1,8 @@
 #include "common/config.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -44,23 +46,32 @@ std::string ConfigSection::getString(const std::string& key, const std::string& 
   return it == values_.end() ? fallback : it->second;
 }
 
-Result<long long> ConfigSection::getInt(const std::string& key, long long fallback) const {
+Result<long long> ConfigSection::getInt(const std::string& key, long long fallback, long long lo, long long hi) const {
   auto it = values_.find(key);
   if (it == values_.end()) return fallback;
   char* end = nullptr;
+  errno = 0;
   long long v = std::strtoll(it->second.c_str(), &end, 10);
   if (it->second.empty() || *end != '\0')
     return fail(Code::invalidArgument, where(key) + ": '" + it->second + "' is not an integer");
+  if (errno == ERANGE || v < lo || v > hi)
+    return fail(Code::invalidArgument, where(key) + ": " + it->second + " is out of range (" + std::to_string(lo) + " to " +
+                                           std::to_string(hi) + ")");
   return v;
 }
 
-Result<double> ConfigSection::getDouble(const std::string& key, double fallback) const {
+Result<double> ConfigSection::getDouble(const std::string& key, double fallback, double lo, double hi) const {
   auto it = values_.find(key);
   if (it == values_.end()) return fallback;
   char* end = nullptr;
   double v = std::strtod(it->second.c_str(), &end);
   if (it->second.empty() || *end != '\0')
     return fail(Code::invalidArgument, where(key) + ": '" + it->second + "' is not a number");
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    std::ostringstream range;
+    range << lo << " to " << hi;
+    return fail(Code::invalidArgument, where(key) + ": " + it->second + " must be a finite number from " + range.str());
+  }
   return v;
 }
 

@@ -8,6 +8,8 @@
 // Parsing is pure; errors name the file's line. Not thread-safe; build once at start-up.
 #pragma once
 
+#include <cfloat>
+#include <climits>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,8 +32,11 @@ class ConfigSection {
 
   Result<std::string> getString(const std::string& key) const;
   std::string getString(const std::string& key, const std::string& fallback) const;
-  Result<long long> getInt(const std::string& key, long long fallback) const;
-  Result<double> getDouble(const std::string& key, double fallback) const;
+  // Numbers: an error names the key, its section and line, and the limits [lo, hi].
+  // Doubles are always finite (nan and inf are refused).
+  Result<long long> getInt(const std::string& key, long long fallback, long long lo = LLONG_MIN,
+                           long long hi = LLONG_MAX) const;
+  Result<double> getDouble(const std::string& key, double fallback, double lo = -DBL_MAX, double hi = DBL_MAX) const;
   Result<bool> getBool(const std::string& key, bool fallback) const;  // true/false, yes/no, on/off, 1/0
   Result<unsigned long long> getBytes(const std::string& key, unsigned long long fallback) const;
   // Comma-separated list; empty when absent.

@@ -1,5 +1,8 @@
 #include "common/error.h"
 
+#include <cerrno>
+#include <limits>
+
 #include <cmath>
 #include <cstdlib>
 
@@ -20,19 +23,38 @@ const char* codeName(Code code) {
 }
 
 Result<unsigned long long> parseBytes(const std::string& text) {
-  char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || value < 0 || !std::isfinite(value))
-    return fail(Code::invalidArgument, "'" + text + "' is not a size (examples: 4096, 64KiB, 4MiB, 2GiB)");
-  std::string unit(end);
-  double scale = 1;
+  auto bad = [&] { return fail(Code::invalidArgument, "'" + text + "' is not a size (examples: 4096, 64KiB, 4MiB, 2GiB)"); };
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  size_t numberEnd = digits;
+  if (numberEnd < text.size() && text[numberEnd] == '.') {
+    ++numberEnd;
+    while (numberEnd < text.size() && text[numberEnd] >= '0' && text[numberEnd] <= '9') ++numberEnd;
+  }
+  if (digits == 0) return bad();
+  std::string unit = text.substr(numberEnd);
+  unsigned long long scale = 1;
   if (unit.empty() || unit == "B") scale = 1;
-  else if (unit == "KiB" || unit == "K" || unit == "k") scale = 1024.0;
-  else if (unit == "MiB" || unit == "M") scale = 1024.0 * 1024;
-  else if (unit == "GiB" || unit == "G") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB" || unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KiB" || unit == "K" || unit == "k") scale = 1ull << 10;
+  else if (unit == "MiB" || unit == "M") scale = 1ull << 20;
+  else if (unit == "GiB" || unit == "G") scale = 1ull << 30;
+  else if (unit == "TiB" || unit == "T") scale = 1ull << 40;
   else return fail(Code::invalidArgument, "'" + text + "': unknown size unit '" + unit + "' (use B, KiB, MiB, GiB, TiB)");
-  return static_cast<unsigned long long>(value * scale);
+  auto tooBig = [&] {
+    return fail(Code::invalidArgument, "'" + text + "' is larger than the largest size (" +
+                                           std::to_string(std::numeric_limits<unsigned long long>::max()) + " bytes)");
+  };
+  if (numberEnd == digits) {  // an integer: exact, every 64-bit size included
+    errno = 0;
+    unsigned long long whole = std::strtoull(text.substr(0, digits).c_str(), nullptr, 10);
+    unsigned long long out;
+    if (errno == ERANGE || __builtin_mul_overflow(whole, scale, &out)) return tooBig();
+    return out;
+  }
+  double value = std::strtod(text.substr(0, numberEnd).c_str(), nullptr) * double(scale);
+  if (!std::isfinite(value)) return bad();
+  if (value >= 18446744073709551616.0) return tooBig();
+  return static_cast<unsigned long long>(value);
 }
 
 }  // namespace raccel

@@ -1,5 +1,7 @@
 #include "scheduler/config.h"
 
+#include "common/limits.h"
+
 #include <set>
 #include <sstream>
 
@@ -18,11 +20,12 @@ Result<VmPolicy> parseVmSection(const ConfigSection& s, char listSeparator) {
   if (attach == "connect") vm.attach = VmPolicy::Attach::connect;
   else if (attach != "listen")
     return fail(Code::invalidArgument, "vm '" + vm.name + "': attach must be listen or connect, not '" + attach + "'");
-  auto tflops = s.getDouble("tflops", vm.tflops);
+  if (auto ok = limits::checkName("vm name", vm.name); !ok) return fail(ok.error());
+  auto tflops = s.getDouble("tflops", vm.tflops, 0, kMaxVmTflops);
   if (!tflops) return fail(tflops.error());
   if (*tflops <= 0) return fail(Code::invalidArgument, "vm '" + vm.name + "': tflops must be positive");
   vm.tflops = *tflops;
-  auto priority = s.getInt("priority", 0);
+  auto priority = s.getInt("priority", 0, limits::kMinPriority, limits::kMaxPriority);
   if (!priority) return fail(priority.error());
   vm.priority = static_cast<int>(*priority);
   auto quota = s.getBytes("memory_quota", vm.memoryQuota);

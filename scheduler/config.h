@@ -40,6 +40,9 @@
 
 namespace raccel::scheduler {
 
+// A VM's TFLOPS may be set up to this (a pool holds at most limits::kMaxPoolBlocks).
+constexpr double kMaxVmTflops = 1e9;
+
 struct VmPolicy {
   enum class Attach { listen, connect };
   std::string name;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <set>
 
+#include "common/limits.h"
 #include "common/log.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/state.h"
@@ -41,11 +42,12 @@ OpBuffers buffersOf(wire::Op::Reader op, const std::unordered_map<uint64_t, uint
       b.problem = std::string(role) + " (buffer " + std::to_string(h) + ") holds " + std::to_string(it->second) +
                   " bytes; the op needs " + std::to_string(bytes);
   };
+  using limits::satMul;
   switch (op.which()) {
     case wire::Op::GEMM: {
       auto g = op.getGemm();
       uint64_t m = g.getM(), n = g.getN(), k = g.getK();
-      need(g.getA(), m * k * kF32, "a"), need(g.getB(), k * n * kF32, "b"), need(g.getC(), m * n * kF32, "c");
+      need(g.getA(), satMul(m, k, kF32), "a"), need(g.getB(), satMul(k, n, kF32), "b"), need(g.getC(), satMul(m, n, kF32), "c");
       b.reads = {g.getA(), g.getB()};
       if (g.getBeta() != 0) b.reads.push_back(g.getC());
       b.writes = g.getC();
@@ -55,7 +57,7 @@ OpBuffers buffersOf(wire::Op::Reader op, const std::unordered_map<uint64_t, uint
     }
     case wire::Op::AXPY: {
       auto a = op.getAxpy();
-      need(a.getX(), a.getN() * kF32, "x"), need(a.getY(), a.getN() * kF32, "y");
+      need(a.getX(), satMul(a.getN(), kF32), "x"), need(a.getY(), satMul(a.getN(), kF32), "y");
       b.reads = {a.getX(), a.getY()};
       b.writes = a.getY();
       b.flops = 2.0 * a.getN();
@@ -63,7 +65,8 @@ OpBuffers buffersOf(wire::Op::Reader op, const std::unordered_map<uint64_t, uint
     }
     case wire::Op::VADD: {
       auto v = op.getVadd();
-      need(v.getA(), v.getN() * kF32, "a"), need(v.getB(), v.getN() * kF32, "b"), need(v.getOut(), v.getN() * kF32, "out");
+      need(v.getA(), satMul(v.getN(), kF32), "a"), need(v.getB(), satMul(v.getN(), kF32), "b"),
+          need(v.getOut(), satMul(v.getN(), kF32), "out");
       b.reads = {v.getA(), v.getB()};
       b.writes = v.getOut();
       b.writeIsFresh = v.getOut() != v.getA() && v.getOut() != v.getB();
@@ -72,13 +75,17 @@ OpBuffers buffersOf(wire::Op::Reader op, const std::unordered_map<uint64_t, uint
     }
     case wire::Op::REDUCE_SUM: {
       auto r = op.getReduceSum();
-      need(r.getInput(), r.getN() * kF32, "input"), need(r.getOut(), kF32, "out");
+      need(r.getInput(), satMul(r.getN(), kF32), "input"), need(r.getOut(), kF32, "out");
       b.reads = {r.getInput()};
       b.writes = r.getOut();
       b.writeIsFresh = r.getOut() != r.getInput();
       b.flops = double(r.getN());
       break;
     }
+    default:
+      b.problem = "unknown built-in op (tag " + std::to_string(static_cast<unsigned>(op.which())) +
+                  "); this scheduler knows gemm, axpy, vadd and reduceSum";
+      break;
   }
   return b;
 }
@@ -110,6 +117,8 @@ void remap(wire::Op::Reader from, wire::Op::Builder to, const std::function<uint
       r.setInput(local(r.getInput())), r.setOut(local(r.getOut()));
       break;
     }
+    default:
+      break;  // refused before it runs (buffersOf)
   }
 }
 }  // namespace

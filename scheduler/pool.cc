@@ -1,5 +1,7 @@
 #include "scheduler/pool.h"
 
+#include "common/limits.h"
+
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -11,16 +13,49 @@ bool CardSpec::runs(ProgramKind kind) const {
 }
 
 uint32_t Pool::blocksFor(double tflops) const {
-  if (tflops <= 0) return 1;
-  return static_cast<uint32_t>(std::ceil(tflops / blockTflops_ - 1e-9));
+  if (!(tflops > 0)) return 1;  // 0 (and anything not above it) means one block
+  double blocks = std::ceil(tflops / blockTflops_ - 1e-9);
+  // Saturates above any pool, so callers refuse it ("can never run here"), never wrap.
+  if (!(blocks < double(limits::kMaxPoolBlocks))) return static_cast<uint32_t>(limits::kMaxPoolBlocks + 1);
+  return std::max<uint32_t>(1, static_cast<uint32_t>(blocks));
+}
+
+Status Pool::checkNode(const std::string& name, const std::vector<CardSpec>& specs) const {
+  using namespace limits;
+  if (auto ok = checkName("node name", name); !ok) return ok;
+  if (specs.size() > kMaxCardsPerNode)
+    return fail(Code::invalidArgument, "a node may have at most " + std::to_string(kMaxCardsPerNode) + " cards (got " +
+                                           std::to_string(specs.size()) + ")");
+  uint64_t nodeBlocks = 0;
+  for (auto& c : specs) {
+    std::string card = "card " + std::to_string(c.index);
+    if (auto ok = checkRange(card + " tflops", c.tflops, 0.0, double(kMaxBlocksPerCard) * blockTflops_); !ok) return ok;
+    if (c.memoryBytes > kMaxCardMemoryBytes)
+      return fail(Code::invalidArgument, card + " memory must be at most " + std::to_string(kMaxCardMemoryBytes) +
+                                             " bytes (got " + std::to_string(c.memoryBytes) + ")");
+    if (c.model.size() > kMaxTextBytes || c.backend.size() > kMaxTextBytes)
+      return fail(Code::invalidArgument, card + ": model and backend names are at most " + std::to_string(kMaxTextBytes) + " bytes");
+    for (auto& other : specs)
+      if (&other != &c && other.index == c.index)
+        return fail(Code::invalidArgument, "two cards have index " + std::to_string(c.index));
+    nodeBlocks += static_cast<uint64_t>(std::floor(c.tflops / blockTflops_ + 1e-9));
+  }
+  if (nodeBlocks > kMaxBlocksPerNode)
+    return fail(Code::invalidArgument, "node '" + name + "' would have " + std::to_string(nodeBlocks) + " blocks; at most " +
+                                           std::to_string(kMaxBlocksPerNode) + " per node");
+  if (uint64_t(next_) + nodeBlocks > kMaxPoolBlocks)
+    return fail(Code::resourceExhausted, "the pool would exceed " + std::to_string(kMaxPoolBlocks) + " blocks with node '" +
+                                             name + "' (" + std::to_string(nodeBlocks) + " blocks)");
+  return {};
 }
 
 Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec>& specs) {
+  if (auto ok = checkNode(name, specs); !ok) return fail(ok.error());
   std::vector<CardSpec> ordered(specs);
   std::stable_sort(ordered.begin(), ordered.end(),
                    [](const CardSpec& a, const CardSpec& b) { return a.kind < b.kind; });  // GPU, NPU, FPGA, CPU
   std::vector<uint32_t> counts;
-  uint32_t nodeBlocks = 0;
+  uint32_t nodeBlocks = 0;  // checked above: within kMaxBlocksPerNode
   for (auto& c : ordered) {
     counts.push_back(static_cast<uint32_t>(std::floor(c.tflops / blockTflops_ + 1e-9)));
     nodeBlocks += counts.back();

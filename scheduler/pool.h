@@ -76,7 +76,11 @@ class Pool {
   explicit Pool(double blockTflops = 1.0) : blockTflops_(blockTflops) {}
 
   double blockTflops() const { return blockTflops_; }
+  // At least 1; above any pool (kMaxPoolBlocks + 1) for sizes no pool can hold.
   uint32_t blocksFor(double tflops) const;
+  // Why a node of these cards cannot join (a name, a count or a size out of
+  // common/limits.h's bounds, or a pool that would grow past them), or ok.
+  Status checkNode(const std::string& name, const std::vector<CardSpec>& specs) const;
 
   // Registers a node's cards, or brings a known node (same name and layout) back
   // online. Returns the node's index.

@@ -96,15 +96,17 @@ void Scheduler::closeMembers(Session& s) {
 }
 
 void Scheduler::runHeld(Session& s) {
-  if (!s.link) return;  // detached: nothing can wait from its guest
-  VmLink& link = *s.link;
-  while (!s.job && !s.held.empty() && s.phase == Phase::running) {
+  // An instruction that waited may end its own session (one that fails to decode closes
+  // it): the session is looked up again after each, never used once it is gone.
+  const VaccelId id = s.id;
+  while (s.link && !s.job && !s.held.empty() && s.phase == Phase::running) {
     auto [h, body] = std::move(s.held.front());
     s.held.pop_front();
     s.heldBytes -= std::min(s.heldBytes, body.size());
-    forward(link, s, h, std::move(body));
+    forward(*s.link, s, h, std::move(body));
+    if (!sessionById(id)) return;  // ended; endSession resumed its link's reading
   }
-  if (s.heldBytes < kHeldHighWater) link.connection->resumeReading();
+  if (s.link && !s.heldOverLimit()) s.link->connection->resumeReading();
 }
 
 // ---------------------------------------------------------------------------------
@@ -141,10 +143,11 @@ void Scheduler::placeWaiting() {
     if (!s->operatorHold && (s->phase == Phase::waiting || (s->phase == Phase::suspended && s->unavailable.empty())))
       order.push_back({s->id, s->priority, s->vm->usage.score(now, s->vm->policy.tflops), s->id});
   orderForAdmission(order);
-  std::vector<Session*> queue;
-  for (auto& w : order) queue.push_back(sessionById(w.id));
-  std::vector<std::pair<Session*, Error>> refused;
-  for (Session* s : queue) {
+  // By id: placing one may end another (a held instruction that closes its session).
+  std::vector<std::pair<VaccelId, Error>> refused;
+  for (auto& w : order) {
+    Session* s = sessionById(w.id);
+    if (!s) continue;
     auto placed = allocateFor(*s);
     if (placed) {
       s->blocks = *placed;
@@ -174,13 +177,14 @@ void Scheduler::placeWaiting() {
       break;
     }
     s->why = victims ? placed.error().message : victims.error().message;
-    if (s->waitDeadlineMs == 0) refused.emplace_back(s, Error{Code::resourceExhausted, s->why});
+    if (s->waitDeadlineMs == 0) refused.emplace_back(s->id, Error{Code::resourceExhausted, s->why});
     else if (!s->queuedEventSent) {
       s->queuedEventSent = true;
       event("queued", labelOf(*s), s->why);
     }
   }
-  for (auto& [s, error] : refused) refuseWaiting(*s, error);
+  for (auto& [id, error] : refused)
+    if (Session* s = sessionById(id)) refuseWaiting(*s, error);
   // Draining netaccels with nothing left on them.
   for (auto& [name, reported] : draining_) {
     if (reported) continue;

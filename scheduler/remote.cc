@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/limits.h"
 #include "common/log.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/split.h"
@@ -31,8 +32,8 @@ uint64_t outputOf(wire::Op::Reader op) {
     case wire::Op::AXPY: return op.getAxpy().getY();
     case wire::Op::VADD: return op.getVadd().getOut();
     case wire::Op::REDUCE_SUM: return op.getReduceSum().getOut();
+    default: return 0;
   }
-  return 0;
 }
 
 std::string kindsOf(const Pool& pool, const std::vector<Member>& members) {
@@ -316,34 +317,38 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
   };
   // Anything the scheduler cannot vouch for goes to the primary whole, which answers
   // with the card's own error.
+  using limits::satMul;
   uint64_t units = 0;
   switch (op.which()) {
     case wire::Op::GEMM: {
       auto g = op.getGemm();
       uint64_t m = g.getM(), n = g.getN(), k = g.getK();
       if (!m || !n || !k || g.getC() == g.getA() || g.getC() == g.getB()) return false;
-      if (size(g.getA()) < m * k * kF32 || size(g.getB()) < k * n * kF32 || size(g.getC()) < m * n * kF32) return false;
+      if (size(g.getA()) < satMul(m, k, kF32) || size(g.getB()) < satMul(k, n, kF32) || size(g.getC()) < satMul(m, n, kF32)) return false;
       units = m;
       break;
     }
     case wire::Op::AXPY: {
       auto a = op.getAxpy();
       units = a.getN();
-      if (size(a.getX()) < units * kF32 || size(a.getY()) < units * kF32) return false;
+      if (size(a.getX()) < satMul(units, kF32) || size(a.getY()) < satMul(units, kF32)) return false;
       break;
     }
     case wire::Op::VADD: {
       auto v = op.getVadd();
       units = v.getN();
-      if (size(v.getA()) < units * kF32 || size(v.getB()) < units * kF32 || size(v.getOut()) < units * kF32) return false;
+      if (size(v.getA()) < satMul(units, kF32) || size(v.getB()) < satMul(units, kF32) || size(v.getOut()) < satMul(units, kF32))
+        return false;
       break;
     }
     case wire::Op::REDUCE_SUM: {
       auto r = op.getReduceSum();
       units = r.getN();
-      if (size(r.getInput()) < units * kF32 || size(r.getOut()) < kF32) return false;
+      if (size(r.getInput()) < satMul(units, kF32) || size(r.getOut()) < kF32) return false;
       break;
     }
+    default:
+      return false;  // an op this scheduler does not know: the card answers for it
   }
   if (units < 2) return false;
   double flops = op.which() == wire::Op::GEMM ? 2.0 * op.getGemm().getM() * op.getGemm().getN() * op.getGemm().getK()
@@ -587,7 +592,7 @@ void Scheduler::hold(Session& s, const FrameHeader& h, Body body) {
   s.held.emplace_back(h, std::move(body));
   // A guest that keeps streaming behind a long job waits at its link (all of its VM's
   // programs share it) rather than in the scheduler's memory.
-  if (s.heldBytes >= kHeldHighWater && s.link) s.link->connection->pauseReading();
+  if (s.heldOverLimit() && s.link) s.link->connection->pauseReading();
 }
 
 }  // namespace raccel::scheduler

@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 
+#include "common/limits.h"
 #include "common/log.h"
 #include "schema/console.capnp.h"
 #include "schema/frame.capnp.h"
@@ -350,8 +351,13 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
                                                  std::to_string(hello.getVersionMinor()) +
                                                  " is not supported; this scheduler speaks " +
                                                  std::to_string(wire::PROTOCOL_MAJOR) + "." + std::to_string(wire::PROTOCOL_MINOR));
+      if (hello.getProgram().size() > limits::kMaxNameBytes)
+        return refuse(Code::invalidArgument, "hello program name is " + std::to_string(hello.getProgram().size()) +
+                                                 " bytes; at most " + std::to_string(limits::kMaxNameBytes));
       program = hello.getProgram();
-      if (hello.getTflops() < 0) return refuse(Code::invalidArgument, "requested TFLOPS must not be negative");
+      double most = double(limits::kMaxPoolBlocks) * pool_.blockTflops();
+      if (auto ok = limits::checkRange("hello tflops", hello.getTflops(), 0.0, most); !ok)
+        return refuse(Code::invalidArgument, ok.error().message + "; 0 asks for one block");
       blocks = pool_.blocksFor(hello.getTflops());
       if (hello.getKinds().size() > 0) {
         KindMask asked = 0;
@@ -365,6 +371,8 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
                                                     ") is allowed for vm '" + vm.policy.name +
                                                     "' (allowed: " + kindsToString(vm.policy.kinds) + ")");
       }
+      if (auto ok = limits::checkRange("hello priority", (long long)hello.getPriority(), (long long)limits::kMinPriority, (long long)limits::kMaxPriority); !ok)
+        return refuse(Code::invalidArgument, ok.error().message);
       asked = hello.getPriority();
       priority = std::min(asked, vm.policy.priority);
       waitMs = hello.getAdmitWaitMs();
@@ -781,8 +789,11 @@ void fillEvent(wire::Event::Builder out, uint64_t unixMs, const std::string& kin
 }
 }  // namespace
 
-void Scheduler::event(const std::string& kind, const std::string& subject, const std::string& detail) {
+void Scheduler::event(const std::string& kind, const std::string& subjectText, const std::string& detailText) {
   constexpr size_t kKept = 256;
+  // Subjects and details carry peers' text (program names, errors): kept clipped, so
+  // the ring holds at most kKept * 2 * kMaxLoggedBytes of it.
+  std::string subject = limits::clip(subjectText), detail = limits::clip(detailText);
   uint64_t unixMs = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   events_.push_back({unixMs, kind, subject, detail});
@@ -1058,7 +1069,8 @@ Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std
   }
   auto parsed = parseVmSection(section, '|');
   if (!parsed) return parsed;
-  parsed->source = p.source + ", set by raccelctl";
+  static const std::string kSetBy = ", set by raccelctl";
+  parsed->source = p.source.ends_with(kSetBy) ? p.source : p.source + kSetBy;
   return parsed;
 }
 

@@ -62,6 +62,8 @@ struct Member {
 // A guest that keeps streaming behind a long job or a suspended vaccel waits at its link
 // (all of its VM's programs share it) once this much waits in the scheduler.
 constexpr size_t kHeldHighWater = 64 << 20;
+// The same once this many instructions wait (tiny instructions cost more than their bytes).
+constexpr size_t kHeldMaxInstructions = 16384;
 
 // `p` with raccelctl set-policy's KEY=VALUE settings (tflops, priority, kinds, memory_quota) on top.
 Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings);
@@ -193,6 +195,7 @@ struct Scheduler::Session {
   bool refused = false;        // ended before it was placed: no "released" event
 
   Member& primary() { return members.front(); }
+  bool heldOverLimit() const { return heldBytes >= kHeldHighWater || held.size() >= kHeldMaxInstructions; }
 };
 
 struct Scheduler::VmLink {

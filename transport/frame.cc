@@ -171,18 +171,33 @@ MessageIn::MessageIn(Body body) : body_(std::move(body)) { reader_.emplace(body_
 
 MessageView::MessageView(const Body& body) : reader_(body.words(), readerOptions(body)) {}
 
-FrameReader::FrameReader(uint32_t maxFrameBytes) : maxFrameBytes_(maxFrameBytes), stage_(256 * 1024) {}
+FrameReader::FrameReader(uint32_t maxFrameBytes) : maxFrameBytes_(maxFrameBytes) {}
 
 std::span<std::byte> FrameReader::writable() {
   if (directHeader_) return {direct_.data() + directFilled_, direct_.size() - directFilled_};
-  if (stage_.size() - end_ < kDirectBytes) {
-    std::memmove(stage_.data(), stage_.data() + begin_, end_ - begin_);
-    end_ -= begin_;
-    begin_ = 0;
+  // Room for the next read: the stage starts empty (an idle peer costs no buffer), and
+  // grows while reads fill it or a staged frame needs more, up to kMaxStageBytes.
+  size_t pending = end_ - begin_;
+  size_t want = kMinStageBytes;
+  if (pending >= kHeaderBytes) {
+    FrameHeader header = decodeHeader(stage_.data() + begin_);
+    if (header.length < kDirectBytes && header.length <= maxFrameBytes_) want = std::max(want, kHeaderBytes + header.length);
   }
-  if (headerAlone_ && skipRemaining_ == 0 && end_ - begin_ < kHeaderBytes)
-    return {stage_.data() + end_, kHeaderBytes - (end_ - begin_)};
-  return {stage_.data() + end_, stage_.size() - end_};
+  if (lastReadFilled_) want = std::max(want, std::min(kMaxStageBytes, 2 * stage_.size()));
+  if (stage_.size() - end_ < want / 2 || stage_.size() < want) {
+    if (begin_ > 0) {
+      std::memmove(stage_.data(), stage_.data() + begin_, pending);
+      end_ = pending;
+      begin_ = 0;
+    }
+    if (stage_.size() < want) stage_.resize(want);
+  }
+  if (headerAlone_ && skipRemaining_ == 0 && pending < kHeaderBytes) {
+    offered_ = kHeaderBytes - pending;
+    return {stage_.data() + end_, offered_};
+  }
+  offered_ = stage_.size() - end_;
+  return {stage_.data() + end_, offered_};
 }
 
 bool FrameReader::midFrame() const { return directHeader_.has_value() || end_ > begin_ || skipRemaining_ > 0; }
@@ -199,8 +214,11 @@ void FrameReader::commit(size_t n, Sink& sink) {
     }
     return;
   }
+  lastReadFilled_ = n == offered_ && !headerAlone_;
   end_ += n;
   parseStaged(sink);
+  // Drained and not streaming: the stage goes back (it is allocated again on the next read).
+  if (begin_ == end_ && !lastReadFilled_ && !stage_.empty()) std::vector<std::byte>().swap(stage_);
 }
 
 void FrameReader::parseStaged(Sink& sink) {

@@ -125,6 +125,10 @@ Status decodeGuard(Fn&& fn) {
 class FrameReader {
  public:
   static constexpr size_t kDirectBytes = 64 * 1024;
+  // The staging buffer for small frames: none while idle, from kMinStageBytes up to
+  // kMaxStageBytes while reads keep filling it, released once drained between bursts.
+  static constexpr size_t kMinStageBytes = 4 * 1024;
+  static constexpr size_t kMaxStageBytes = 256 * 1024;
 
   struct Sink {
     virtual ~Sink() = default;
@@ -142,6 +146,8 @@ class FrameReader {
   void commit(size_t n, Sink& sink);
   // True when a frame is partly received (EOF now means a truncated frame).
   bool midFrame() const;
+  // Bytes of staging buffer held now (what an idle peer costs).
+  size_t stagedCapacity() const { return stage_.capacity(); }
 
  private:
   void parseStaged(Sink& sink);
@@ -156,6 +162,8 @@ class FrameReader {
   // After a large frame, the next header is read alone: if it starts another large
   // frame, its body then goes straight into its own Body instead of through the stage.
   bool headerAlone_ = false;
+  size_t offered_ = 0;          // bytes writable() last offered
+  bool lastReadFilled_ = false;  // the last read filled them: more is probably waiting
 };
 
 }  // namespace raccel::transport

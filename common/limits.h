@@ -1,0 +1,53 @@
+// The bounds raccel puts on what crosses a trust boundary (a guest, a netaccel, a
+// console client, a file), and the arithmetic that keeps numbers from wrapping on the
+// way in. Pure functions and constants; usable from any thread.
+//
+// Every number a peer sends is checked where it enters against one of these, and the
+// error names the field and its limits (checkRange). Sizes computed from peer numbers
+// use saturating arithmetic, so an absurd size compares as "too big", never wraps small.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "common/error.h"
+
+namespace raccel::limits {
+
+// The pool (scheduler/pool.h): block counts stay far below 2^32 in 64-bit arithmetic.
+constexpr uint64_t kMaxBlocksPerCard = 1u << 16;  // 65 PFLOPS at 1 TFLOPS a block
+constexpr uint64_t kMaxCardsPerNode = 1024;
+constexpr uint64_t kMaxBlocksPerNode = 1u << 20;
+constexpr uint64_t kMaxPoolBlocks = 1u << 28;
+constexpr uint64_t kMaxCardMemoryBytes = 1ull << 50;  // 1 PiB
+// Priorities (hello, VM policy): admission orders by them, so they stay small.
+constexpr int kMinPriority = -1000;
+constexpr int kMaxPriority = 1000;
+// Names and free text from peers.
+constexpr size_t kMaxNameBytes = 128;      // node, VM, program names
+constexpr size_t kMaxTextBytes = 256;      // card models, backends
+constexpr size_t kMaxLoggedBytes = 512;    // any peer text in a log line or an event
+
+inline uint64_t satMul(uint64_t a, uint64_t b) {
+  uint64_t out;
+  return __builtin_mul_overflow(a, b, &out) ? std::numeric_limits<uint64_t>::max() : out;
+}
+inline uint64_t satMul(uint64_t a, uint64_t b, uint64_t c) { return satMul(satMul(a, b), c); }
+inline uint64_t satAdd(uint64_t a, uint64_t b) {
+  uint64_t out;
+  return __builtin_add_overflow(a, b, &out) ? std::numeric_limits<uint64_t>::max() : out;
+}
+
+// `text` cut to `max` bytes (at a UTF-8 character boundary), with a marker saying how
+// much was left out. Peer strings go through this before a log line or an event.
+std::string clip(const std::string& text, size_t max = kMaxLoggedBytes);
+
+// A finite number in [lo, hi], or an error naming `field` and the limits.
+Status checkRange(const std::string& field, double value, double lo, double hi);
+Status checkRange(const std::string& field, long long value, long long lo, long long hi);
+// A name from a peer: 1..kMaxNameBytes printable ASCII bytes without spaces.
+Status checkName(const std::string& field, const std::string& name, size_t max = kMaxNameBytes);
+
+}  // namespace raccel::limits
