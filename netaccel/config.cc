@@ -96,8 +96,13 @@ Result<CardConfig> parseCardSpec(const std::string& spec) {
 Result<NetaccelConfig> parseConfig(const Config& config) {
   NetaccelConfig out;
   auto& top = config.top();
-  auto unknown = top.unknownKeys({"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms"});
+  std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms"};
+  known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
+  auto unknown = top.unknownKeys(known);
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
+  auto security = transport::linkSecurityFrom(top);
+  if (!security) return fail(security.error());
+  out.security = *security;
   out.name = top.getString("name", "");
   out.scheduler = top.getString("scheduler", out.scheduler);
   auto hb = top.getInt("heartbeat_ms", 1000);

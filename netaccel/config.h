@@ -7,6 +7,10 @@
 //   fair_half_life_ms = 2000     # sharing a card: past kernel time counts half after this
 //   context_grace_ms = 60000     # scheduler gone: keep its contexts (and their buffers and
 //                                #   replies) this long for it to come back; 0 = drop at once
+//   tls_ca = /etc/raccel/ca.pem  # mutual TLS to the scheduler: the pool CA, this node's
+//   tls_cert = /etc/raccel/node0.pem  # certificate (its common name is the node's name)
+//   tls_key = /etc/raccel/node0.key   # and key (scripts/raccel-certs.sh node DIR NAME)
+//   insecure = false             # true: plain TCP (loopback development only)
 //
 //   [card]                       # override a discovered device
 //   backend = opencl             # opencl, cuda or xrt
@@ -34,6 +38,7 @@
 
 #include "common/config.h"
 #include "common/kinds.h"
+#include "transport/tls.h"
 
 namespace raccel::netaccel {
 
@@ -56,6 +61,7 @@ struct NetaccelConfig {
   double fairHalfLifeMs = 2000;
   unsigned contextGraceMs = 60000;
   std::vector<std::string> discover;  // backends to enumerate at start
+  transport::LinkSecurity security;
   std::vector<CardConfig> cards;
 };
 

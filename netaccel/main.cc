@@ -24,6 +24,11 @@ int main(int argc, char** argv) {
   flags.value("context-grace-ms", "MS", "when the scheduler goes away, keep its contexts MS for it to come back "
                                          "(default 60000; 0 = drop them at once)");
   flags.value("fair-half-life-ms", "MS", "sharing a card: past kernel time counts half after MS (default 2000)");
+  flags.value("tls-ca", "FILE", "the pool CA (PEM): the scheduler must present a certificate it issued");
+  flags.value("tls-cert", "FILE", "this node's certificate (PEM; its common name is the node's name; "
+                                  "scripts/raccel-certs.sh node DIR NAME)");
+  flags.value("tls-key", "FILE", "its private key (PEM)");
+  flags.boolean("insecure", "plain TCP to the scheduler, no authentication (loopback development only)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   flags.epilog("Serves the configured cards, then every device the discovered backends see (TFLOPS from the device's "
                "properties or a short calibration run). With neither, one cpu card of 4 TFLOPS and 1 GiB.");
@@ -31,12 +36,17 @@ int main(int argc, char** argv) {
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
 
   netaccel::NetaccelConfig config;
-  if (flags.has("config")) {
-    auto file = Config::load(flags.get("config"));
+  {
+    auto file = flags.has("config") ? Config::load(flags.get("config")) : Config::parse("", "flags");
     if (!file) {
       std::fprintf(stderr, "raccel-netaccel: %s\n", file.error().message.c_str());
       return 2;
     }
+    for (auto [flag, key] : {std::pair{"tls-ca", "tls_ca"}, std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"}})
+      if (flags.has(flag)) file->top().set(key, flags.get(flag));
+    if (flags.has("insecure")) file->top().set("insecure", "true");
+    // --list-devices needs no link to the scheduler.
+    if (flags.has("list-devices") && !file->top().has("tls_ca")) file->top().set("insecure", "true");
     auto parsed = netaccel::parseConfig(*file);
     if (!parsed) {
       std::fprintf(stderr, "raccel-netaccel: %s\n", parsed.error().message.c_str());
@@ -80,6 +90,23 @@ int main(int argc, char** argv) {
   } else if (!flags.has("config")) {
     config.discover = *netaccel::parseDiscover("all");
   }
+  std::shared_ptr<transport::TlsContext> tls;
+  if (!flags.has("list-devices")) {
+    auto made = transport::tlsFor(transport::TlsContext::Role::client, config.security, "the link to the scheduler");
+    if (!made) {
+      std::fprintf(stderr, "raccel-netaccel: %s\n", made.error().message.c_str());
+      return 2;
+    }
+    tls = *made;
+  }
+  if (tls) {  // the node's name is its certificate's
+    if (!config.name.empty() && config.name != tls->ownName()) {
+      std::fprintf(stderr, "raccel-netaccel: --name %s, but the certificate %s is for node '%s'\n", config.name.c_str(),
+                   config.security.files.cert.c_str(), tls->ownName().c_str());
+      return 2;
+    }
+    config.name = tls->ownName();
+  }
   if (config.name.empty()) {
     char host[256] = "netaccel";
     gethostname(host, sizeof host - 1);
@@ -116,6 +143,7 @@ int main(int argc, char** argv) {
 
   uv_loop_t* loop = uv_default_loop();
   netaccel::Netaccel daemon(loop, config, std::move(*devices));
+  daemon.useTls(tls);
   daemon.start();
   transport::runUntilSignalled(loop, [&] { daemon.stop(); });
   return 0;

@@ -144,6 +144,7 @@ void Netaccel::onConnected(transport::ConnectionPtr link) {
   };
   cb.onClose = [this](transport::Connection&, bool) { onLinkClosed(); };
   link_->setCallbacks(cb);
+  if (tls_) link_->useTls(tls_);
   link_->start();
   settleWaitedMs_ = 0;
   sendRegister();

@@ -33,6 +33,8 @@ class Netaccel {
   Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::unique_ptr<hal::Device>> devices);
   ~Netaccel();
 
+  // The link to the scheduler is mutual TLS with this context (null: plain TCP).
+  void useTls(std::shared_ptr<transport::TlsContext> tls) { tls_ = std::move(tls); }
   void start();
   // Closes the link and every handle so the loop can end.
   void stop();
@@ -53,6 +55,7 @@ class Netaccel {
   uv_loop_t* loop_;
   NetaccelConfig config_;
   transport::Address schedulerAddress_;
+  std::shared_ptr<transport::TlsContext> tls_;
   std::vector<std::unique_ptr<CardWorker>> workers_;
   std::unordered_map<uint32_t, size_t> contextCard_;
   std::unordered_map<uint32_t, uint64_t> lastGuestSequence_;  // by context

@@ -3,6 +3,7 @@
 #include "common/limits.h"
 
 #include <set>
+#include <tuple>
 #include <sstream>
 
 namespace raccel::scheduler {
@@ -65,36 +66,47 @@ Result<VmPolicy> parseVmSpec(const std::string& spec) {
 Result<SchedulerConfig> parseConfig(const Config& config) {
   SchedulerConfig out;
   auto& top = config.top();
-  auto unknown = top.unknownKeys(
-      {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms", "split_min_mflop", "libvirt", "defrag_on_release",
-       "defrag_on_demand", "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms",
-       "span_slack_nodes"});
+  std::vector<std::string> known = {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms",
+                                    "split_min_mflop", "libvirt", "defrag_on_release", "defrag_on_demand",
+                                    "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms",
+                                    "span_slack_nodes", "max_node_links", "register_timeout_ms", "max_vm_links",
+                                    "forget_offline_ms"};
+  known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
+  auto unknown = top.unknownKeys(known);
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
+  auto security = transport::linkSecurityFrom(top);
+  if (!security) return fail(security.error());
+  out.security = *security;
+  // Counts and times: [key, target, lo, hi].
+  for (auto [key, target, lo, hi] : {std::tuple{"max_node_links", &out.maxNodeLinks, 1ll, 100000ll},
+                                     std::tuple{"register_timeout_ms", &out.registerTimeoutMs, 100ll, 3600000ll},
+                                     std::tuple{"max_vm_links", &out.maxVmLinks, 1ll, 1024ll},
+                                     std::tuple{"resume_grace_ms", &out.resumeGraceMs, 0ll, 86400000ll},
+                                     std::tuple{"heartbeat_timeout_ms", &out.heartbeatTimeoutMs, 50ll, 3600000ll},
+                                     std::tuple{"request_timeout_ms", &out.requestTimeoutMs, 10ll, 86400000ll},
+                                     std::tuple{"defrag_moves_per_minute", &out.defragMovesPerMinute, 0ll, 100000ll}}) {
+    auto v = top.getInt(key, *target, lo, hi);
+    if (!v) return fail(v.error());
+    *target = static_cast<unsigned>(*v);
+  }
+  auto forget = top.getInt("forget_offline_ms", static_cast<long long>(out.forgetOfflineMs), 0, 1ll << 50);
+  if (!forget) return fail(forget.error());
+  out.forgetOfflineMs = static_cast<uint64_t>(*forget);
   out.nodeListen = top.getString("node_listen", out.nodeListen);
   out.console = top.getString("console", out.console);
   out.libvirtUri = top.getString("libvirt", "");
   out.stateDir = top.getString("state_dir", "");
-  auto grace = top.getInt("resume_grace_ms", out.resumeGraceMs);
-  if (!grace) return fail(grace.error());
-  if (*grace < 0) return fail(Code::invalidArgument, "resume_grace_ms must not be negative");
-  out.resumeGraceMs = static_cast<unsigned>(*grace);
-  auto bt = top.getDouble("block_tflops", 1);
+  auto bt = top.getDouble("block_tflops", 1, 0.001, 1e6);
   if (!bt) return fail(bt.error());
-  if (*bt <= 0) return fail(Code::invalidArgument, "block_tflops must be positive");
   out.blockTflops = *bt;
-  auto split = top.getDouble("split_min_mflop", out.splitMinMflop);
+  auto split = top.getDouble("split_min_mflop", out.splitMinMflop, 0, 1e15);
   if (!split) return fail(split.error());
-  if (*split < 0) return fail(Code::invalidArgument, "split_min_mflop must not be negative");
   out.splitMinMflop = *split;
   for (auto [key, flag] : {std::pair{"defrag_on_release", &out.defragOnRelease}, std::pair{"defrag_on_demand", &out.defragOnDemand}}) {
     auto v = top.getBool(key, *flag);
     if (!v) return fail(v.error());
     *flag = *v;
   }
-  auto moves = top.getInt("defrag_moves_per_minute", out.defragMovesPerMinute);
-  if (!moves) return fail(moves.error());
-  if (*moves < 0) return fail(Code::invalidArgument, "defrag_moves_per_minute must not be negative");
-  out.defragMovesPerMinute = static_cast<unsigned>(*moves);
   auto moveBytes = top.getBytes("defrag_max_move_bytes", out.defragMaxMoveBytes);
   if (!moveBytes) return fail(moveBytes.error());
   out.defragMaxMoveBytes = *moveBytes;
@@ -102,12 +114,6 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   if (!slack) return fail(slack.error());
   if (*slack < -1 || *slack > 1000) return fail(Code::invalidArgument, "span_slack_nodes must be -1 (any) or 0..1000");
   out.spanSlackNodes = static_cast<int>(*slack);
-  auto hb = top.getInt("heartbeat_timeout_ms", out.heartbeatTimeoutMs);
-  if (!hb) return fail(hb.error());
-  out.heartbeatTimeoutMs = static_cast<unsigned>(*hb);
-  auto rt = top.getInt("request_timeout_ms", out.requestTimeoutMs);
-  if (!rt) return fail(rt.error());
-  out.requestTimeoutMs = static_cast<unsigned>(*rt);
   std::set<std::string> names, sockets;
   for (auto* s : config.sections("vm")) {
     auto vm = parseVmSection(*s, ',');

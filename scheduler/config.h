@@ -17,6 +17,15 @@
 //                                         #   empty (the default) = nothing survives a restart
 //   resume_grace_ms = 60000               # after a restart, how long a vaccel waits for its
 //                                         #   netaccels and its guest to come back
+//   tls_ca = /etc/raccel/ca.pem           # netaccel links: mutual TLS 1.3; a netaccel is admitted
+//   tls_cert = /etc/raccel/scheduler.pem  #   only with a certificate of this CA, and its node name
+//   tls_key = /etc/raccel/scheduler.key   #   is the certificate's (scripts/raccel-certs.sh)
+//   insecure = false                      # true: plain TCP instead (loopback development only)
+//   max_node_links = 256                  # connections on the node port at once
+//   register_timeout_ms = 10000           # one that has not registered by then is closed
+//   max_vm_links = 8                      # connections on one VM's socket at once
+//   forget_offline_ms = 86400000          # an offline netaccel with nothing suspended or
+//                                         #   recoverable on it is forgotten after this
 //   libvirt = qemu:///system              # follow this libvirt's domains: each one with
 //                                         #   raccel metadata is a VM (vm-images/README.md)
 //   [vm]                                  # one per VM; identity = its socket
@@ -37,6 +46,7 @@
 
 #include "common/config.h"
 #include "scheduler/pool.h"
+#include "transport/tls.h"
 
 namespace raccel::scheduler {
 
@@ -78,6 +88,12 @@ struct SchedulerConfig {
   // Durable state: empty = none (a restart ends every session).
   std::string stateDir;
   unsigned resumeGraceMs = 60000;
+  // Bounds on what peers can make the scheduler hold (connections, silence, offline nodes).
+  transport::LinkSecurity security;
+  unsigned maxNodeLinks = 256;
+  unsigned registerTimeoutMs = 10000;
+  unsigned maxVmLinks = 8;
+  uint64_t forgetOfflineMs = 86400000;
   std::vector<VmPolicy> vms;
 };
 

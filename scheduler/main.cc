@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
   flags.value("block-tflops", "T", "TFLOPS per block (default 1)");
   flags.value("split-min-mflop", "M", "split built-in ops across a vaccel's cards from M MFLOP of work up (default 8; 0 = always)");
   flags.value("heartbeat-timeout-ms", "MS", "declare a silent netaccel lost after this (default 5000)");
+  flags.value("tls-ca", "FILE", "the pool CA (PEM): netaccels must present a certificate it issued");
+  flags.value("tls-cert", "FILE", "the scheduler's certificate (PEM; scripts/raccel-certs.sh scheduler DIR)");
+  flags.value("tls-key", "FILE", "its private key (PEM)");
+  flags.boolean("insecure", "netaccel links in plain TCP with no authentication (loopback development only)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
@@ -45,6 +49,12 @@ int main(int argc, char** argv) {
     if (eq == std::string::npos || eq == 0) return die("--set " + setting + ": give KEY=VALUE");
     file->top().set(setting.substr(0, eq), setting.substr(eq + 1));
   }
+  // Flags that name a setting go through the same parser (and its checks) as the file.
+  for (auto [flag, key] : {std::pair{"block-tflops", "block_tflops"}, std::pair{"split-min-mflop", "split_min_mflop"},
+                           std::pair{"heartbeat-timeout-ms", "heartbeat_timeout_ms"}, std::pair{"tls-ca", "tls_ca"},
+                           std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"}})
+    if (flags.has(flag)) file->top().set(key, flags.get(flag));
+  if (flags.has("insecure")) file->top().set("insecure", "true");
   auto parsed = scheduler::parseConfig(*file);
   if (!parsed) return die(parsed.error().message);
   scheduler::SchedulerConfig config = *parsed;
@@ -52,20 +62,6 @@ int main(int argc, char** argv) {
   if (flags.has("node-listen")) config.nodeListen = flags.get("node-listen");
   if (flags.has("console")) config.console = flags.get("console");
   if (flags.has("state-dir")) config.stateDir = flags.get("state-dir");
-  if (flags.has("block-tflops")) {
-    config.blockTflops = std::atof(flags.get("block-tflops").c_str());
-    if (config.blockTflops <= 0) return die("--block-tflops must be a positive number");
-  }
-  if (flags.has("split-min-mflop")) {
-    char* end = nullptr;
-    config.splitMinMflop = std::strtod(flags.get("split-min-mflop").c_str(), &end);
-    if (!end || *end || config.splitMinMflop < 0) return die("--split-min-mflop must be a number >= 0");
-  }
-  if (flags.has("heartbeat-timeout-ms")) {
-    int ms = std::atoi(flags.get("heartbeat-timeout-ms").c_str());
-    if (ms < 50) return die("--heartbeat-timeout-ms must be at least 50");
-    config.heartbeatTimeoutMs = static_cast<unsigned>(ms);
-  }
   for (auto& spec : flags.getAll("vm")) {
     auto vm = scheduler::parseVmSpec(spec);
     if (!vm) return die(vm.error().message);

@@ -152,7 +152,6 @@ void Scheduler::persist(Session& s, bool withSaved) {
     store_->dropSaved(s.id);
   }
   store_->setCounter("next_vaccel", nextVaccel_);
-  store_->setCounter("next_context", nextContext_);
   store_->commit();
 }
 
@@ -191,7 +190,6 @@ void Scheduler::persistUsage(const Vm& vm) {
 
 void Scheduler::restoreState() {
   nextVaccel_ = std::max<VaccelId>(nextVaccel_, store_->counter("next_vaccel", 1));
-  nextContext_ = std::max<uint32_t>(nextContext_, static_cast<uint32_t>(store_->counter("next_context", 1)));
   restoredAtMs_ = nowMs();
 
   // Nodes, in block order, so each gets its old numbers; offline until it registers.
@@ -300,7 +298,7 @@ void Scheduler::restoreState() {
     s.vm->memoryUsed += s.memoryUsed;
     if (s.phase == Phase::recovering) {
       holdBlocks(*s.vm, s.want);
-      for (auto& m : s.members) sessionByContext_[m.context] = &s;
+      for (auto& m : s.members) sessionByContext_[contextKey(m.card, m.context)] = &s;
       ++running;
     } else {
       ++suspended;
@@ -324,9 +322,11 @@ void Scheduler::adoptContexts(NodeLink& node, capnp::List<wire::HeldContext>::Re
   };
   size_t adopted = 0, closed = 0;
   for (auto hc : held) {
+    // Adopted only if this scheduler persisted that very context on this very node and
+    // card (sessionByContext_ holds restored ones under their node); the netaccel's word
+    // alone moves nothing, not even the node's id counter.
     uint32_t ctx = hc.getContext();
-    nextContext_ = std::max(nextContext_, ctx + 1);
-    auto it = sessionByContext_.find(ctx);
+    auto it = sessionByContext_.find((static_cast<uint64_t>(node.poolIndex) << 32) | ctx);
     Session* s = it == sessionByContext_.end() ? nullptr : it->second;
     size_t index = SIZE_MAX;
     if (s && s->phase == Phase::recovering)
@@ -343,6 +343,7 @@ void Scheduler::adoptContexts(NodeLink& node, capnp::List<wire::HeldContext>::Re
     }
     Member& m = s->members[index];
     m.node = &node;
+    node.nextContext = std::max<uint64_t>(node.nextContext, uint64_t{ctx} + 1);
     ++node.contexts;
     send([&](wire::SchedulerMessage::Builder b) { b.setAdoptContext(ctx); });
     ++adopted;
@@ -380,7 +381,7 @@ void Scheduler::recovered(Session& s) {
   s.phase = Phase::running;
   s.why.clear();
   for (auto& m : s.members)
-    if (!m.node) sessionByContext_.erase(m.context);
+    if (!m.node) sessionByContext_.erase(contextKey(m.card, m.context));
   persist(s);
   RLOG_INFO("scheduler") << labelOf(s) << " recovered on blocks " << blocksText(s.blocks)
                          << (s.unavailable.empty() ? "" : "; unavailable: " + s.unavailable);

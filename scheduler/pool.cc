@@ -96,6 +96,15 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
   return nodes_.size() - 1;
 }
 
+bool Pool::forgetNode(size_t n) {
+  if (n >= nodes_.size() || nodes_[n].online || nodes_[n].forgotten) return false;
+  for (uint32_t b = nodes_[n].blocks.first; b < nodes_[n].blocks.end(); ++b)
+    if (owner_[b] != kNoOwner) return false;
+  nodes_[n].forgotten = true;
+  nodes_[n].name += "~forgotten";
+  return true;
+}
+
 std::vector<VaccelId> Pool::removeNode(size_t n) {
   std::vector<VaccelId> affected;
   if (n >= nodes_.size() || !nodes_[n].online) return affected;

@@ -61,6 +61,7 @@ struct Node {
   BlockRange blocks;
   bool online = false;
   bool draining = false;  // online, but nothing new is placed here (raccelctl drain)
+  bool forgotten = false; // offline for good: its name is free, its numbers stay unused
   std::vector<size_t> cards;  // indices into cards(), in block order
   bool placeable() const { return online && !draining; }
 };
@@ -88,6 +89,9 @@ class Pool {
   // Takes a node offline: its free blocks leave the pool; blocks held by vaccels stay
   // assigned to them until released. Returns the vaccels holding blocks there.
   std::vector<VaccelId> removeNode(size_t node);
+  // An offline node no one holds blocks of is forgotten: it leaves the listings and its
+  // name is free (a node of that name joins anew, with new numbers). False if not offline.
+  bool forgetNode(size_t node);
   // Draining: the node stays online and its holders keep their blocks, but its free
   // blocks leave the pool (nothing new is placed there, released blocks stay out)
   // until draining ends. Totals count placeable (online, not draining) blocks only.

@@ -61,7 +61,14 @@ void Scheduler::openMembers(Session& s) {
   std::stable_sort(shares.begin(), shares.end(), [](auto& a, auto& b) { return a.blocks > b.blocks; });
   for (auto& share : shares) {
     const Card& card = pool_.cards()[share.card];
-    Member member{nodeByPoolIndex_.at(card.node), share.card, nextContext_++, share.blocks};
+    NodeLink* node = nodeByPoolIndex_.at(card.node);
+    // Ids are the node link's own and never repeat on it: a link that has used all 2^32
+    // is closed (its netaccel reconnects with a fresh count) rather than wrap.
+    Member member{node, share.card, static_cast<uint32_t>(node->nextContext++), share.blocks};
+    if (node->nextContext > UINT32_MAX && node->lostReason.empty()) {
+      node->lostReason = "it used every context id of its link; it must reconnect";
+      node->connection->close();
+    }
     capnp::MallocMessageBuilder open;
     auto o = open.initRoot<wire::SchedulerMessage>().initOpenContext();
     o.setContext(member.context);
@@ -73,7 +80,7 @@ void Scheduler::openMembers(Session& s) {
     o.setPriority(s.priority);
     member.node->connection->send(transport::kControlChannel, 0, open);
     ++member.node->contexts;
-    sessionByContext_[member.context] = &s;
+    sessionByContext_[contextKey(member.card, member.context)] = &s;
     s.members.push_back(member);
   }
 }
@@ -87,7 +94,7 @@ void Scheduler::closeMembers(Session& s) {
       member.node->connection->send(transport::kControlChannel, 0, m);
       --member.node->contexts;
     }
-    sessionByContext_.erase(member.context);
+    sessionByContext_.erase(contextKey(member.card, member.context));
   }
   s.members.clear();
   s.programHome.clear();

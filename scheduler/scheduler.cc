@@ -37,6 +37,9 @@ Scheduler::~Scheduler() = default;
 Status Scheduler::start() {
   auto nodeAddress = transport::parseAddress(config_.nodeListen);
   if (!nodeAddress) return fail(nodeAddress.error());
+  auto tls = transport::tlsFor(transport::TlsContext::Role::server, config_.security, "the node port " + config_.nodeListen);
+  if (!tls) return fail(tls.error());
+  tls_ = *tls;
   auto nodes = transport::Listener::listen(loop_, *nodeAddress, wire::DEFAULT_MAX_FRAME_BYTES,
                                            [this](ConnectionPtr c) { acceptNode(std::move(c)); });
   if (!nodes) return fail(nodes.error());
@@ -222,9 +225,26 @@ void Scheduler::connectVm(Vm& vm) {
 // Guest side
 
 void Scheduler::acceptVm(Vm& vm, ConnectionPtr connection) {
+  if (vm.links >= config_.maxVmLinks) {
+    // Full: the oldest link that never sent a frame makes room; with none, this one goes.
+    VmLink* silent = nullptr;
+    for (auto& [c, l] : vmLinks_)
+      if (l->vm == &vm && !l->spoke && !l->connection->closed() && (!silent || l->acceptedMs < silent->acceptedMs))
+        silent = l.get();
+    if (++refusedLinks_ % 1000 == 1)
+      RLOG_WARN("scheduler") << "vm '" << vm.policy.name << "' has " << vm.links << " links (max_vm_links); "
+                             << (silent ? "closing its oldest silent one" : "refusing a new one") << " ("
+                             << refusedLinks_ << " so far)";
+    if (!silent) {
+      connection->close();
+      return;
+    }
+    silent->connection->close();
+  }
   auto link = std::make_unique<VmLink>();
   link->vm = &vm;
   link->connection = connection;
+  link->acceptedMs = nowMs();
   VmLink* raw = link.get();
   Connection::Callbacks cb;
   cb.onFrame = [this, raw](Connection&, const FrameHeader& h, Body body) { onGuestFrame(*raw, h, std::move(body)); };
@@ -237,7 +257,7 @@ void Scheduler::acceptVm(Vm& vm, ConnectionPtr connection) {
   vmLinks_[connection.get()] = std::move(link);
   ++vm.links;
   connection->start();
-  RLOG_INFO("scheduler") << "vm '" << vm.policy.name << "' connected";
+  RLOG_DEBUG("scheduler") << "vm '" << vm.policy.name << "' connected";
   if (vm.links == 1) event("vm-attached", vm.policy.name, vm.policy.socket + " (" + vm.policy.source + ")");
 }
 
@@ -245,8 +265,8 @@ void Scheduler::vmLinkClosed(VmLink& link) {
   std::vector<uint32_t> channels;
   for (auto& [ch, s] : link.sessions) channels.push_back(ch);
   for (uint32_t ch : channels) endSession(link, ch);
-  RLOG_INFO("scheduler") << "vm '" << link.vm->policy.name << "' disconnected; " << channels.size()
-                         << " session(s) ended";
+  if (link.spoke || !channels.empty())
+    RLOG_INFO("scheduler") << "vm '" << link.vm->policy.name << "' disconnected; " << channels.size() << " session(s) ended";
   Vm& vm = *link.vm;
   --vm.links;
   vmLinks_.erase(link.connection.get());
@@ -297,6 +317,7 @@ void Scheduler::onGuestOversized(VmLink& link, const FrameHeader& h) {
 }
 
 void Scheduler::onGuestFrame(VmLink& link, const FrameHeader& h, Body body) {
+  link.spoke = true;
   if (h.channel == transport::kControlChannel) {
     auto status = transport::decodeGuard([&] {
       MessageIn in(std::move(body));
@@ -604,14 +625,32 @@ void Scheduler::endSession(Session& s) {
 // Netaccel side
 
 void Scheduler::acceptNode(ConnectionPtr connection) {
+  if (nodeLinks_.size() >= config_.maxNodeLinks) {
+    // Full: the oldest link that has not registered makes room; with none, this one goes.
+    NodeLink* oldest = nullptr;
+    for (auto& [c, n] : nodeLinks_)
+      if (n->name.empty() && !n->connection->closed() && (!oldest || n->acceptedMs < oldest->acceptedMs)) oldest = n.get();
+    if (++refusedLinks_ % 1000 == 1)
+      RLOG_WARN("scheduler") << "the node port has " << nodeLinks_.size() << " connections (max_node_links); "
+                             << (oldest ? "closing the oldest unregistered one" : "refusing a new one") << " ("
+                             << refusedLinks_ << " so far)";
+    if (!oldest) {
+      connection->close();
+      return;
+    }
+    oldest->lostReason = "closed to make room: it had not registered";
+    oldest->connection->close();
+  }
   auto node = std::make_unique<NodeLink>();
   node->connection = connection;
-  node->lastHeardMs = nowMs();
+  node->lastHeardMs = node->acceptedMs = nowMs();
+  if (tls_) connection->useTls(tls_);
   NodeLink* raw = node.get();
   Connection::Callbacks cb;
   cb.onFrame = [this, raw](Connection&, const FrameHeader& h, Body body) { onNodeFrame(*raw, h, std::move(body)); };
   cb.onOversized = [raw](Connection&, const FrameHeader& h) {
-    RLOG_ERROR("scheduler") << "netaccel '" << raw->name << "' sent a frame of " << h.length << " bytes; skipped";
+    RLOG_ERROR("scheduler") << "netaccel '" << raw->name << "' (" << raw->connection->peer() << ") sent a frame of "
+                            << h.length << " bytes; skipped";
   };
   // The one place a node link ends: whoever closed it, cleanup happens here, once.
   cb.onClose = [this, raw](Connection&, bool) {
@@ -628,7 +667,8 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
     onNodeControl(node, std::move(body));
     return;
   }
-  auto it = sessionByContext_.find(h.channel);
+  if (node.poolIndex < 0) return;  // not registered: it holds no context
+  auto it = sessionByContext_.find((static_cast<uint64_t>(node.poolIndex) << 32) | h.channel);
   if (it == sessionByContext_.end()) return;  // the session ended; its late replies go nowhere
   Session& s = *it->second;
   auto member = std::find_if(s.members.begin(), s.members.end(), [&](const Member& m) { return m.context == h.channel; });
@@ -696,7 +736,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
     r.setAccepted(false);
     transport::setError(r.initError(), Error{Code::permissionDenied, why});
     node.connection->send(transport::kControlChannel, 0, m);
-    RLOG_WARN("scheduler") << "netaccel registration refused: " << why;
+    RLOG_WARN("scheduler") << "netaccel registration from " << node.connection->peer() << " refused: " << limits::clip(why);
   };
   auto decoded = transport::decodeGuard([&] {
     MessageIn in(std::move(body));
@@ -708,8 +748,12 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         if (reg.getVersionMajor() != wire::PROTOCOL_MAJOR)
           return refuse("protocol version " + std::to_string(reg.getVersionMajor()) + " is not supported; this scheduler speaks " +
                         std::to_string(wire::PROTOCOL_MAJOR));
-        std::string name = reg.getName();
-        if (name.empty()) return refuse("a netaccel must register with a name");
+        // With TLS the node's name is its certificate's, never the message's.
+        std::string name = tls_ ? node.connection->peerName() : std::string(reg.getName());
+        if (tls_ && reg.getName().size() > 0 && reg.getName() != name)
+          return refuse("this netaccel's certificate is for node '" + limits::clip(name, 64) + "', but it registered as '" +
+                        limits::clip(reg.getName(), 64) + "'");
+        if (auto ok = limits::checkName("node name", name); !ok) return refuse(ok.error().message);
         auto specs = cardSpecsOf(reg.getCards());
         if (!specs) return refuse(specs.error().message);
         std::vector<CardSpec>& cards = *specs;
@@ -718,6 +762,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         persistNode(*index, reg);
         node.name = name;
         node.poolIndex = static_cast<long>(*index);
+        offlineSinceMs_.erase(*index);
         nodeByPoolIndex_[*index] = &node;
         capnp::MallocMessageBuilder m;
         auto r = m.initRoot<wire::SchedulerMessage>().initRegistered();
@@ -735,8 +780,9 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         return;
       }
       case wire::NodeMessage::HEARTBEAT:
+        if (node.poolIndex < 0) return;  // not registered: nothing to account
         for (auto u : msg.getHeartbeat().getUsage()) {
-          auto it = sessionByContext_.find(u.getContext());
+          auto it = sessionByContext_.find((static_cast<uint64_t>(node.poolIndex) << 32) | u.getContext());
           if (it == sessionByContext_.end()) continue;
           for (auto& m : it->second->members)
             if (m.context == u.getContext() && m.node == &node) m.kernelNs = u.getKernelNs();
@@ -754,6 +800,7 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
     if (node.poolIndex >= 0) {
       pool_.removeNode(static_cast<size_t>(node.poolIndex));
       nodeByPoolIndex_.erase(static_cast<size_t>(node.poolIndex));
+      offlineSinceMs_[static_cast<size_t>(node.poolIndex)] = nowMs();
     }
     Error gone{Code::unavailable, "netaccel '" + node.name + "' holding this virtual accelerator's card was lost (" + reason +
                                       "); its buffers are gone"};
@@ -763,7 +810,7 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
         for (auto& m : s->members)
           if (m.node == &node) {
             m.node = nullptr;
-            sessionByContext_.erase(m.context);
+            sessionByContext_.erase(contextKey(m.card, m.context));
             hit = true;
           }
         if (!hit) continue;
@@ -829,19 +876,23 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
         std::vector<const NodeLink*> links;
         for (auto& [c, n] : nodeLinks_)
           if (!n->name.empty()) links.push_back(n.get());
-        auto out = reply.initNodes(pool_.nodes().size());
-        for (size_t i = 0; i < pool_.nodes().size(); ++i) {
+        std::vector<size_t> listed;
+        for (size_t i = 0; i < pool_.nodes().size(); ++i)
+          if (!pool_.nodes()[i].forgotten) listed.push_back(i);
+        auto out = reply.initNodes(listed.size());
+        for (size_t j = 0; j < listed.size(); ++j) {
+          size_t i = listed[j];
           const Node& n = pool_.nodes()[i];
-          out[i].setName(n.name);
-          out[i].setOnline(n.online);
-          out[i].setCards(static_cast<uint32_t>(n.cards.size()));
-          out[i].setFirstBlock(n.blocks.first);
-          out[i].setBlocks(n.blocks.count);
+          out[j].setName(n.name);
+          out[j].setOnline(n.online);
+          out[j].setCards(static_cast<uint32_t>(n.cards.size()));
+          out[j].setFirstBlock(n.blocks.first);
+          out[j].setBlocks(n.blocks.count);
           auto link = nodeByPoolIndex_.find(i);
           if (link != nodeByPoolIndex_.end()) {
-            out[i].setAddress(link->second->connection->peer());
-            out[i].setMsSinceHeartbeat(nowMs() - link->second->lastHeardMs);
-            out[i].setContexts(link->second->contexts);
+            out[j].setAddress(link->second->connection->peer());
+            out[j].setMsSinceHeartbeat(nowMs() - link->second->lastHeardMs);
+            out[j].setContexts(link->second->contexts);
           }
         }
         return;
@@ -1021,13 +1072,21 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
 
 void Scheduler::tick() {
   uint64_t now = nowMs();
-  std::vector<NodeLink*> silent;
-  for (auto& [c, n] : nodeLinks_)
+  std::vector<NodeLink*> silent, unregistered;
+  for (auto& [c, n] : nodeLinks_) {
+    if (n->connection->closed()) continue;
     if (!n->name.empty() && now - n->lastHeardMs > config_.heartbeatTimeoutMs) silent.push_back(n.get());
+    if (n->name.empty() && now - n->acceptedMs > config_.registerTimeoutMs) unregistered.push_back(n.get());
+  }
   for (auto* n : silent) {
     n->lostReason = "no heartbeat for " + std::to_string(now - n->lastHeardMs) + " ms";
     n->connection->close();  // onClose does the rest
   }
+  for (auto* n : unregistered) {
+    RLOG_DEBUG("scheduler") << n->connection->peer() << " did not register within " << config_.registerTimeoutMs << " ms; closed";
+    n->connection->close();
+  }
+  forgetOfflineNodes(now);
   std::vector<Session*> late;
   for (Session* s : allSessions()) {
     if (s->phase == Phase::running)
@@ -1036,6 +1095,26 @@ void Scheduler::tick() {
   }
   for (Session* s : late) refuseWaiting(*s, Error{Code::resourceExhausted, "waited for blocks until its deadline: " + s->why});
   expireDetached();
+}
+
+void Scheduler::forgetOfflineNodes(uint64_t now) {
+  if (config_.forgetOfflineMs == 0) return;
+  for (auto it = offlineSinceMs_.begin(); it != offlineSinceMs_.end();) {
+    size_t index = it->first;
+    bool held = false;  // a suspended or recovering vaccel still counts on it
+    for (auto& [id, s] : sessions_)
+      for (auto& m : s->members) held = held || pool_.cards()[m.card].node == index;
+    if (now - it->second < config_.forgetOfflineMs || held) {
+      ++it;
+      continue;
+    }
+    std::string name = pool_.nodes()[index].name;
+    it = offlineSinceMs_.erase(it);
+    if (!pool_.forgetNode(index)) continue;
+    if (store_) store_->drop("node", name);
+    RLOG_INFO("scheduler") << "netaccel '" << name << "' forgotten after " << config_.forgetOfflineMs << " ms offline";
+    event("node-forgotten", name, "offline for " + std::to_string(config_.forgetOfflineMs) + " ms with nothing on it");
+  }
 }
 
 void Scheduler::refuseWhileSuspended(Session& s, const FrameHeader& h, const Body& body) {

@@ -182,6 +182,7 @@ class Scheduler {
   void resumeSession(VmLink& link, uint32_t channel, uint64_t sequence, wire::Resume::Reader resume);
   void sendResumed(Session& s);
   void expireDetached();     // tick: the restart's grace has passed
+  void forgetOfflineNodes(uint64_t now);  // tick: offline past forget_offline_ms with nothing on them
   void tick();
   uint64_t nowMs() const { return uv_now(loop_); }
   // A VM's blocks held change (placement, release): charged to its usage first.
@@ -194,7 +195,12 @@ class Scheduler {
   std::unordered_map<transport::Connection*, std::unique_ptr<VmLink>> vmLinks_;
   std::unordered_map<transport::Connection*, std::unique_ptr<NodeLink>> nodeLinks_;
   std::unordered_map<size_t, NodeLink*> nodeByPoolIndex_;
-  std::unordered_map<uint32_t, Session*> sessionByContext_;
+  std::map<size_t, uint64_t> offlineSinceMs_;  // pool node -> when it went offline
+  // By (pool node, context id): a context id is unique on its node's link only.
+  std::unordered_map<uint64_t, Session*> sessionByContext_;
+  uint64_t contextKey(size_t card, uint32_t context) const {
+    return (static_cast<uint64_t>(pool_.cards()[card].node) << 32) | context;
+  }
   std::map<VaccelId, std::unique_ptr<Session>> sessions_;  // every session, attached or not
   std::unique_ptr<Store> store_;
   std::map<std::string, std::map<std::string, std::string>> policyOverrides_;  // raccelctl set-policy, by VM
@@ -214,7 +220,8 @@ class Scheduler {
   size_t movesInWindow_ = 0;
   std::map<std::string, bool> draining_;  // netaccel -> reported drained
   VaccelId nextVaccel_ = 1;
-  uint32_t nextContext_ = 1;
+  std::shared_ptr<transport::TlsContext> tls_;  // null with --insecure
+  uint64_t refusedLinks_ = 0;                    // connections over a limit, for the log
   bool stopping_ = false;
 };
 

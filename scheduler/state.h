@@ -46,6 +46,8 @@ struct Scheduler::NodeLink {
   long poolIndex = -1;
   uint64_t lastHeardMs = 0;
   uint32_t contexts = 0;
+  uint64_t nextContext = 1;  // the next context id on this link (never repeats on it)
+  uint64_t acceptedMs = 0;
   std::string lostReason;  // set when the scheduler itself drops the link
 };
 
@@ -201,6 +203,8 @@ struct Scheduler::Session {
 struct Scheduler::VmLink {
   Vm* vm = nullptr;
   transport::ConnectionPtr connection;
+  uint64_t acceptedMs = 0;
+  bool spoke = false;  // has sent a frame (a full VM closes its oldest silent link first)
   std::unordered_map<uint32_t, Session*> sessions;  // by channel (Scheduler::sessions_ owns them)
 };
 

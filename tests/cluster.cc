@@ -48,6 +48,32 @@ bool waitFor(const std::function<bool()>& ready, int timeoutMs) {
 
 std::string binary(const std::string& name) { return std::string(RACCEL_BIN_DIR) + "/" + name; }
 
+std::string certDir() {
+  static const std::string dir = [] {
+    std::string d = makeTempDir() + "/certs";
+    int status = 0;
+    std::string out = runCommand("bash " + std::string(RACCEL_SOURCE_DIR) + "/scripts/raccel-certs.sh all " + d, &status);
+    if (status != 0) throw std::runtime_error("cannot make test certificates: " + out);
+    return d;
+  }();
+  return dir;
+}
+
+std::vector<std::string> schedulerTlsArgs() {
+  std::string d = certDir();
+  return {"--tls-ca", d + "/ca.pem", "--tls-cert", d + "/scheduler.pem", "--tls-key", d + "/scheduler.key"};
+}
+
+std::vector<std::string> netaccelTlsArgs(const std::string& node) {
+  std::string d = certDir();
+  if (!std::filesystem::exists(d + "/" + node + ".pem")) {
+    int status = 0;
+    std::string out = runCommand("bash " + std::string(RACCEL_SOURCE_DIR) + "/scripts/raccel-certs.sh node " + d + " " + node, &status);
+    if (status != 0) throw std::runtime_error("cannot issue a certificate for " + node + ": " + out);
+  }
+  return {"--tls-ca", d + "/ca.pem", "--tls-cert", d + "/" + node + ".pem", "--tls-key", d + "/" + node + ".key"};
+}
+
 Process::Process(const std::string& name, std::vector<std::string> args, const std::string& logPath) : log_(logPath) {
   std::string path = name.find('/') == std::string::npos ? binary(name) : name;
   std::vector<char*> argv;
@@ -132,6 +158,7 @@ Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::stri
   port_ = freePort();
   schedulerArgs_ = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
                     "--heartbeat-timeout-ms", "2000", "--state-dir", dir_ + "/state"};
+  for (auto& a : schedulerTlsArgs()) schedulerArgs_.push_back(a);
   for (auto& vm : vms) {
     std::string spec = "name=" + vm.name + ",socket=" + (vm.socket.empty() ? vmSocket(vm.name) : vm.socket) +
                        ",tflops=" + std::to_string(vm.tflops) + ",priority=" + std::to_string(vm.priority) +
@@ -171,6 +198,7 @@ Cluster::~Cluster() {
 Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks) {
   // Only the cards a test names: no discovery of this machine's devices.
   std::vector<std::string> args = {"--name", name, "--scheduler", "127.0.0.1:" + std::to_string(port_), "--discover", "none"};
+  for (auto& a : netaccelTlsArgs(name)) args.push_back(a);
   for (auto& c : cards) {
     args.push_back("--card");
     args.push_back(c);

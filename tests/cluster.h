@@ -30,6 +30,13 @@ std::string guestBootScript();
 // Why a guest cannot be booted here (no image, or no QEMU), or "".
 std::string vmUnavailable();
 
+// The pool CA and the scheduler's certificate for this test process (made once with
+// scripts/raccel-certs.sh in a temporary folder); a node certificate is issued per name
+// on first use. Flags for each daemon, and the files themselves.
+std::string certDir();
+std::vector<std::string> schedulerTlsArgs();
+std::vector<std::string> netaccelTlsArgs(const std::string& node);
+
 class Process {
  public:
   // `name` is a program of the build (bin/NAME), or a path when it has a '/'.

@@ -40,6 +40,7 @@ class InProcessScheduler {
     config.nodeListen = "127.0.0.1:0";
     config.console = "unix:" + dir + "/console.sock";
     config.heartbeatTimeoutMs = 2000;
+    config.security.files = transport::TlsFiles{testing::certDir() + "/ca.pem", testing::certDir() + "/scheduler.pem", testing::certDir() + "/scheduler.key"};
     scheduler_ = std::make_unique<scheduler::Scheduler>(&loop_, config);
     started_ = scheduler_->start();
     watcher_ = std::make_unique<scheduler::LibvirtWatcher>(&loop_, *scheduler_, uri);
@@ -119,10 +120,10 @@ TEST_F(LibvirtWatcherTest, DomainMetadataIsTheVmPolicyAndStopReleasesItsBlocks) 
 
   InProcessScheduler scheduler(dir_, "test:///default");
   ASSERT_TRUE(scheduler.started()) << scheduler.started().error().message;
-  Process netaccel("raccel-netaccel",
-                   {"--name", "n1", "--scheduler", "127.0.0.1:" + std::to_string(scheduler.nodePort()), "--discover",
-                    "none", "--card", "backend=cpu,kind=gpu,tflops=8,memory=1GiB"},
-                   dir_ + "/n1.log");
+  std::vector<std::string> args = {"--scheduler", "127.0.0.1:" + std::to_string(scheduler.nodePort()), "--discover",
+                                   "none", "--card", "backend=cpu,kind=gpu,tflops=8,memory=1GiB"};
+  for (auto& a : testing::netaccelTlsArgs("n1")) args.push_back(a);
+  Process netaccel("raccel-netaccel", args, dir_ + "/n1.log");
   waitFor(console::Query::pool, [](const std::string& s) { return has(s, "\"total\":8"); });
 
   std::string vms = waitFor(console::Query::vms, [](const std::string& s) { return has(s, "\"name\":\"early\""); });

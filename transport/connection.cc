@@ -8,6 +8,10 @@
 
 #include <cstring>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
 #include "common/log.h"
 
 namespace raccel::transport {
@@ -35,13 +39,143 @@ Connection::Connection(uv_loop_t* loop, Kind kind, uint32_t maxFrameBytes) : kin
   handle_.handle.data = this;
 }
 
+struct Connection::Tls {
+  std::shared_ptr<TlsContext> context;
+  SSL* ssl = nullptr;
+  BIO* in = nullptr;   // ciphertext from the stream, for OpenSSL
+  BIO* out = nullptr;  // ciphertext from OpenSSL, for the stream
+  bool established = false;
+  std::string peerName;
+  std::vector<std::byte> sending;  // ciphertext of the write in flight
+  ~Tls() {
+    if (ssl) SSL_free(ssl);  // frees both BIOs
+  }
+};
+
 Connection::~Connection() = default;
+
+void Connection::useTls(std::shared_ptr<TlsContext> context) {
+  auto t = std::make_unique<Tls>();
+  t->ssl = SSL_new(context->native());
+  t->in = BIO_new(BIO_s_mem());
+  t->out = BIO_new(BIO_s_mem());
+  BIO_set_mem_eof_return(t->in, -1);  // an empty input means "wait for more", not EOF
+  SSL_set_bio(t->ssl, t->in, t->out);
+  if (context->role() == TlsContext::Role::server) {
+    SSL_set_accept_state(t->ssl);
+  } else {
+    SSL_set_connect_state(t->ssl);
+    SSL_set1_host(t->ssl, kSchedulerName);  // the scheduler's certificate must name it
+  }
+  t->context = std::move(context);
+  tls_ = std::move(t);
+}
+
+const std::string& Connection::peerName() const {
+  static const std::string none;
+  return tls_ && tls_->established ? tls_->peerName : none;
+}
+
+void Connection::receiveTls(const std::byte* data, size_t n) {
+  Tls& t = *tls_;
+  if (n > 0) BIO_write(t.in, data, static_cast<int>(n));
+  if (!t.established) {
+    int r = SSL_do_handshake(t.ssl);
+    if (r != 1) {
+      int e = SSL_get_error(t.ssl, r);
+      if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        flush();
+        return;
+      }
+      long verify = SSL_get_verify_result(t.ssl);
+      std::string why = verify != X509_V_OK ? X509_verify_cert_error_string(verify) : tlsErrors();
+      RLOG_WARN("transport") << "TLS handshake with " << peer_ << " failed: " << why;
+      flush();  // the alert, if any
+      close();
+      return;
+    }
+    t.established = true;
+    if (X509* cert = SSL_get0_peer_certificate(t.ssl)) {
+      char cn[256] = "";
+      int len = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof cn);
+      if (len > 0) t.peerName.assign(cn, static_cast<size_t>(len));
+    }
+    RLOG_DEBUG("transport") << "TLS with " << peer_ << " (" << t.peerName << "): " << SSL_get_version(t.ssl) << " "
+                            << SSL_get_cipher_name(t.ssl);
+  }
+  Sink sink(*this);
+  for (;;) {
+    auto room = reader_.writable();
+    size_t got = 0;
+    int r = SSL_read_ex(t.ssl, room.data(), room.size(), &got);
+    if (r == 1) {
+      reader_.commit(got, sink);
+      if (closing_) return;
+      continue;
+    }
+    int e = SSL_get_error(t.ssl, r);
+    if (e == SSL_ERROR_WANT_READ) break;
+    if (e != SSL_ERROR_ZERO_RETURN) RLOG_WARN("transport") << "TLS from " << peer_ << " failed: " << tlsErrors();
+    truncated_ = reader_.midFrame();
+    close();
+    return;
+  }
+  flush();  // queued frames (now that it is established) and any post-handshake message
+}
+
+void Connection::flushTls() {
+  Tls& t = *tls_;
+  if (t.established) {
+    auto put = [&](const void* data, size_t n) {
+      while (n > 0) {
+        size_t done = 0;
+        if (SSL_write_ex(t.ssl, data, n, &done) != 1) {
+          RLOG_WARN("transport") << "TLS to " << peer_ << " failed: " << tlsErrors();
+          return false;
+        }
+        data = static_cast<const std::byte*>(data) + done;
+        n -= done;
+      }
+      return true;
+    };
+    bool ok = true;
+    for (auto& chunk : queue_) {
+      if (auto* small = std::get_if<std::vector<std::byte>>(&chunk)) {
+        ok = ok && put(small->data(), small->size());
+      } else {
+        auto& big = std::get<BigChunk>(chunk);
+        ok = ok && put(big.header.data(), kHeaderBytes) && put(big.body.data(), big.body.size());
+      }
+    }
+    queue_.clear();
+    queuedBytes_ = 0;
+    if (!ok) {
+      close();
+      return;
+    }
+  }
+  size_t pending = BIO_ctrl_pending(t.out);
+  if (pending == 0) return;
+  t.sending.resize(pending);
+  BIO_read(t.out, t.sending.data(), static_cast<int>(pending));
+  inflightBytes_ = pending;
+  uv_buf_t buf = uv_buf_init(reinterpret_cast<char*>(t.sending.data()), pending);
+  writeReq_.data = this;
+  writing_ = true;
+  int rc = uv_write(&writeReq_, &handle_.stream, &buf, 1, onWrite);
+  if (rc != 0) {
+    writing_ = false;
+    RLOG_DEBUG("transport") << "write to " << peer_ << " failed: " << uv_strerror(rc);
+    close();
+  }
+}
 
 void Connection::start() {
   if (started_ || closing_) return;
   started_ = true;
   if (kind_ == Kind::tcp) uv_tcp_nodelay(&handle_.tcp, 1);
   resumeReading();
+  if (tls_) receiveTls(nullptr, 0);  // a client's hello leaves now
 }
 
 void Connection::pauseReading() {
@@ -61,14 +195,27 @@ void Connection::resumeReading() {
 
 void Connection::onAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
   auto* c = static_cast<Connection*>(handle->data);
+  if (c->tls_) {
+    // Ciphertext is handed to OpenSSL before the next read, so every TLS connection of
+    // this thread shares one buffer (an idle one holds none).
+    thread_local std::vector<std::byte> cipher(256 * 1024);
+    buf->base = reinterpret_cast<char*>(cipher.data());
+    buf->len = cipher.size();
+    return;
+  }
   auto space = c->reader_.writable();
   buf->base = reinterpret_cast<char*>(space.data());
   buf->len = space.size();
 }
 
-void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t*) {
+void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   auto* c = static_cast<Connection*>(stream->data);
   auto keep = c->shared_from_this();
+  if (nread > 0 && c->tls_) {
+    c->receiveTls(reinterpret_cast<const std::byte*>(buf->base), static_cast<size_t>(nread));
+    if (!c->closing_ && c->callbacks_.onBatchEnd) c->callbacks_.onBatchEnd(*c);
+    return;
+  }
   if (nread > 0) {
     Sink sink(*c);
     c->reader_.commit(static_cast<size_t>(nread), sink);
@@ -116,7 +263,12 @@ void Connection::sendBody(uint32_t channel, uint64_t sequence, Body body) {
 }
 
 void Connection::flush() {
-  if (writing_ || closing_ || queue_.empty()) return;
+  if (writing_ || closing_) return;
+  if (tls_) {
+    flushTls();
+    return;
+  }
+  if (queue_.empty()) return;
   inflight_.swap(queue_);
   inflightBytes_ = queuedBytes_;
   queuedBytes_ = 0;
@@ -147,6 +299,7 @@ void Connection::onWrite(uv_write_t* req, int status) {
   c->writing_ = false;
   c->inflight_.clear();
   c->inflightBytes_ = 0;
+  if (c->tls_) c->tls_->sending.clear();
   if (status != 0) {
     if (status != UV_ECANCELED) RLOG_DEBUG("transport") << "write to " << c->peer_ << " failed: " << uv_strerror(status);
     c->close();

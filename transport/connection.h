@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "transport/frame.h"
+#include "transport/tls.h"
 
 namespace raccel::transport {
 
@@ -63,6 +64,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection. Over the high-water mark, `source` stops reading until this drains.
   void throttle(Connection& source);
 
+  // Mutual TLS on this stream (call before start()): frames are delivered, and queued
+  // sends leave, only once the handshake has verified the peer's certificate against
+  // the context's pool CA. A failed handshake closes the connection (logged with why).
+  void useTls(std::shared_ptr<TlsContext> context);
+  bool secure() const { return tls_ != nullptr; }
+  // The verified peer certificate's common name ("" without TLS or before the handshake).
+  const std::string& peerName() const;
+  // Bytes the frame reader holds for this connection now (idle peers cost none).
+  size_t bufferedBytes() const { return reader_.stagedCapacity(); }
+
   void setMaxFrameBytes(uint32_t bytes) { reader_.setMaxFrameBytes(bytes); }
   uint32_t maxFrameBytes() const { return reader_.maxFrameBytes(); }
   const std::string& peer() const { return peer_; }
@@ -81,6 +92,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
   using Chunk = std::variant<std::vector<std::byte>, BigChunk>;
   void flush();
+  void flushTls();
+  void receiveTls(const std::byte* data, size_t n);
   void finishClose();
   static void onAlloc(uv_handle_t* handle, size_t suggested, uv_buf_t* buf);
   static void onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
@@ -103,6 +116,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool truncated_ = false;
   std::vector<std::function<void()>> drainWaiters_;
   std::string peer_;
+  struct Tls;
+  std::unique_ptr<Tls> tls_;
 };
 
 using ConnectionPtr = std::shared_ptr<Connection>;
