@@ -543,7 +543,7 @@ void CardWorker::execute(Work& work) {
               return status(device_->reduceSum(o.getN(), **input, **out));
             }
           }
-          return failure(Code::unimplemented, "unknown built-in op (tag " + std::to_string(static_cast<int>(op.which())) +
+          return failure(Code::invalidArgument, "unknown built-in op (tag " + std::to_string(static_cast<int>(op.which())) +
                                                   "); this netaccel speaks instruction set 1.0");
         }
         case wire::Instruction::FENCE: {
@@ -558,7 +558,7 @@ void CardWorker::execute(Work& work) {
         case wire::Instruction::GRAPH:
           return failure(Code::invalidArgument, "a graph is for the scheduler, not a card");
       }
-      return failure(Code::unimplemented, "unknown instruction (tag " + std::to_string(static_cast<int>(in.which())) +
+      return failure(Code::invalidArgument, "unknown instruction (tag " + std::to_string(static_cast<int>(in.which())) +
                                               "); this netaccel speaks instruction set 1.0");
     }();
   });

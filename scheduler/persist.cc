@@ -60,7 +60,7 @@ Result<std::vector<CardSpec>> cardSpecsOf(capnp::List<wire::CardInfo>::Reader li
   for (auto c : list) {
     if (!transport::validKind(c.getKind()))
       return fail(Code::invalidArgument, "card " + std::to_string(c.getIndex()) + " has an unknown kind");
-    if (!(c.getTflops() >= 0)) return fail(Code::invalidArgument, "card " + std::to_string(c.getIndex()) + " has a negative TFLOPS");
+    // Numbers and sizes are checked by Pool::checkNode (common/limits.h), for every source.
     std::vector<ProgramKind> programs;
     for (auto k : c.getProgramKinds())
       if (transport::validProgramKind(k)) programs.push_back(transport::fromWire(k));

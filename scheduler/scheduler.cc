@@ -671,8 +671,10 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
   auto it = sessionByContext_.find((static_cast<uint64_t>(node.poolIndex) << 32) | h.channel);
   if (it == sessionByContext_.end()) return;  // the session ended; its late replies go nowhere
   Session& s = *it->second;
-  auto member = std::find_if(s.members.begin(), s.members.end(), [&](const Member& m) { return m.context == h.channel; });
-  if (member == s.members.end() || member->node != &node) {
+  // Context ids are per node link: the member is the one with this id on this node.
+  auto member = std::find_if(s.members.begin(), s.members.end(),
+                             [&](const Member& m) { return m.context == h.channel && m.node == &node; });
+  if (member == s.members.end()) {
     // Only the netaccel holding a context may answer for it (an unregistered or other
     // peer on the node port cannot inject replies into a tenant's session).
     RLOG_WARN("scheduler") << "reply for context " << h.channel << " from " << node.connection->peer()

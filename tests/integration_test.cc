@@ -297,7 +297,7 @@ TEST_F(Integration, MalformedFramesCloseOnlyTheirChannel) {
   bytes[transport::kHeaderBytes + 16] = std::byte{99};  // the union discriminant
   ASSERT_TRUE(raw.sendRaw(bytes.data(), bytes.size()));
   Error unknown = expectErrorReply(raw, 2);
-  EXPECT_EQ(unknown.code, Code::unimplemented) << unknown.message;
+  EXPECT_EQ(unknown.code, Code::invalidArgument) << unknown.message;
   EXPECT_NE(unknown.message.find("unknown instruction"), std::string::npos) << unknown.message;
 
   // Garbage where a message should be: error, then the channel is closed.

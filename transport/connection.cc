@@ -55,20 +55,24 @@ struct Connection::Tls {
 Connection::~Connection() = default;
 
 void Connection::useTls(std::shared_ptr<TlsContext> context) {
-  auto t = std::make_unique<Tls>();
-  t->ssl = SSL_new(context->native());
-  t->in = BIO_new(BIO_s_mem());
-  t->out = BIO_new(BIO_s_mem());
-  BIO_set_mem_eof_return(t->in, -1);  // an empty input means "wait for more", not EOF
-  SSL_set_bio(t->ssl, t->in, t->out);
-  if (context->role() == TlsContext::Role::server) {
-    SSL_set_accept_state(t->ssl);
+  tls_ = std::make_unique<Tls>();
+  tls_->context = std::move(context);
+}
+
+// The OpenSSL state is made when the first bytes move (a client's hello, a server's
+// first read), so a peer that connects and says nothing costs no TLS memory.
+static void makeSsl(SSL*& ssl, BIO*& in, BIO*& out, const TlsContext& context) {
+  ssl = SSL_new(context.native());
+  in = BIO_new(BIO_s_mem());
+  out = BIO_new(BIO_s_mem());
+  BIO_set_mem_eof_return(in, -1);  // an empty input means "wait for more", not EOF
+  SSL_set_bio(ssl, in, out);
+  if (context.role() == TlsContext::Role::server) {
+    SSL_set_accept_state(ssl);
   } else {
-    SSL_set_connect_state(t->ssl);
-    SSL_set1_host(t->ssl, kSchedulerName);  // the scheduler's certificate must name it
+    SSL_set_connect_state(ssl);
+    SSL_set1_host(ssl, kSchedulerName);  // the scheduler's certificate must name it
   }
-  t->context = std::move(context);
-  tls_ = std::move(t);
 }
 
 const std::string& Connection::peerName() const {
@@ -78,6 +82,10 @@ const std::string& Connection::peerName() const {
 
 void Connection::receiveTls(const std::byte* data, size_t n) {
   Tls& t = *tls_;
+  if (!t.ssl) {
+    if (n == 0 && t.context->role() == TlsContext::Role::server) return;  // the client speaks first
+    makeSsl(t.ssl, t.in, t.out, *t.context);
+  }
   if (n > 0) BIO_write(t.in, data, static_cast<int>(n));
   if (!t.established) {
     int r = SSL_do_handshake(t.ssl);
@@ -125,6 +133,7 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
 
 void Connection::flushTls() {
   Tls& t = *tls_;
+  if (!t.ssl) return;  // nothing has moved yet; queued frames wait for the handshake
   if (t.established) {
     auto put = [&](const void* data, size_t n) {
       while (n > 0) {

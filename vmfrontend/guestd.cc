@@ -92,6 +92,12 @@ void Guestd::portUp(ConnectionPtr port) {
   cb.onClose = [this](Connection&, bool) { portDown(); };
   port_->setCallbacks(cb);
   port_->start();
+  {
+    // Speaks at once: the scheduler keeps a VM's links that have spoken over silent ones.
+    capnp::MallocMessageBuilder ping;
+    ping.initRoot<wire::LinkControl>().setPing();
+    port_->send(transport::kControlChannel, 0, ping);
+  }
   backoffMs_ = 50;
   warnedAbsent_ = false;
   RLOG_INFO("guestd") << "port " << config_.port << " is up";

@@ -201,7 +201,7 @@ Status Session::read(Handle buffer, uint64_t offset, std::span<std::byte> out) {
         done = fail(Code::internal, "read reply out of bounds");
         return;
       }
-      std::memcpy(out.data() + chunk.getOffset(), data.begin(), data.size());
+      if (data.size() > 0) std::memcpy(out.data() + chunk.getOffset(), data.begin(), data.size());  // empty: may be null
       if (chunk.getLast()) done = Status{};
     });
     if (!decoded) return fail(decoded.error());

@@ -113,11 +113,11 @@ class CpuDevice final : public Device {
     return std::unique_ptr<Buffer>(new HostBuffer(bytes, std::move(mem)));
   }
   Status doWrite(Buffer& b, uint64_t offset, std::span<const std::byte> data) override {
-    std::memcpy(host(b).bytes() + offset, data.data(), data.size());
+    if (!data.empty()) std::memcpy(host(b).bytes() + offset, data.data(), data.size());  // empty: data() may be null
     return {};
   }
   Status doRead(const Buffer& b, uint64_t offset, std::span<std::byte> out) override {
-    std::memcpy(out.data(), host(b).bytes() + offset, out.size());
+    if (!out.empty()) std::memcpy(out.data(), host(b).bytes() + offset, out.size());
     return {};
   }
   Status doCopy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length) override {

@@ -1,0 +1,366 @@
+// The trust boundaries, tried as an attacker would, with real processes: guests that
+// send what decodes badly or numbers out of range, strangers on the node port with no
+// certificate or another node's, registrations with absurd cards and forged contexts,
+// and floods of idle connections. In every case the daemon keeps running, the other
+// tenant's results are exact, and the error names what was wrong.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <climits>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "schema/guest.capnp.h"
+#include "schema/node.capnp.h"
+#include "tests/cluster.h"
+#include "transport/blocking_link.h"
+#include "transport/wire_types.h"
+#include "vmfrontend/raccel.h"
+
+namespace raccel::testing {
+namespace {
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::unique_ptr<client::Session> open(const std::string& socket, double tflops, const std::string& name,
+                                      unsigned admitWaitMs = 0) {
+  client::Options o;
+  o.socket = socket;
+  o.tflops = tflops;
+  o.program = name;
+  o.timeoutMs = 30000;
+  o.admitWaitMs = admitWaitMs;
+  auto s = client::Session::open(o);
+  EXPECT_TRUE(s) << s.error().message;
+  return s ? std::move(*s) : nullptr;
+}
+
+// Writes `values` to a new buffer of `s`, reads them back, and says whether they match.
+bool roundTrip(client::Session& s, unsigned seed) {
+  auto values = randomFloats(4096, seed);
+  auto h = s.alloc(values.size() * 4);
+  s.writeFloats(h, values);
+  auto back = s.readFloats(h, values.size());
+  s.free(h);
+  return back && *back == values;
+}
+
+Error errorReply(transport::BlockingLink& link, uint64_t seq) {
+  for (int i = 0; i < 20; ++i) {
+    auto f = link.receive(15000);
+    if (!f) return Error{Code::ok, "no reply: " + f.error().message};
+    if (f->header.channel == 0) continue;
+    transport::MessageIn in(std::move(f->body));
+    auto r = in.root<wire::Reply>();
+    if (r.which() == wire::Reply::ERROR && r.getError().getSequence() == seq) return transport::errorFrom(r.getError().getError());
+    if (r.which() == wire::Reply::WELCOME) return Error{Code::ok, "welcomed"};
+  }
+  return Error{Code::ok, "no error reply"};
+}
+
+// A hello on `channel` with the fields a test sets.
+void sendHello(transport::BlockingLink& link, uint32_t channel, double tflops, int priority, const std::string& program,
+               unsigned admitWaitMs = 0) {
+  capnp::MallocMessageBuilder m;
+  auto h = m.initRoot<wire::Instruction>().initHello();
+  h.setVersionMajor(wire::PROTOCOL_MAJOR);
+  h.setTflops(tflops);
+  h.setPriority(priority);
+  h.setProgram(program);
+  h.setAdmitWaitMs(admitWaitMs);
+  ASSERT_TRUE(link.sendNow(channel, 1, m));
+}
+
+// Speaks to the node port over mutual TLS with `node`'s certificate, sends `frame` and
+// waits `ms`: a stranger's client (Debian's openssl s_client), not our netaccel.
+std::string tlsSend(const Cluster& cluster, const std::string& node, const std::vector<std::byte>& frame, int ms = 1500) {
+  auto args = netaccelTlsArgs(node);
+  std::string file = cluster.dir() + "/frame-" + node + ".bin";
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(frame.data()), frame.size());
+  return runCommand("(cat '" + file + "'; sleep " + std::to_string(ms / 1000.0) + ") | timeout 10 openssl s_client -quiet -no_ign_eof -connect 127.0.0.1:" +
+                    std::to_string(cluster.nodePort()) + " -CAfile " + args[1] + " -cert " + args[3] + " -key " + args[5] +
+                    " >/dev/null");
+}
+
+std::vector<std::byte> registration(const std::string& name, double tflops, uint32_t keptContext = 0) {
+  capnp::MallocMessageBuilder m;
+  auto reg = m.initRoot<wire::NodeMessage>().initRegister();
+  reg.setVersionMajor(wire::PROTOCOL_MAJOR);
+  reg.setName(name);
+  auto card = reg.initCards(1)[0];
+  card.setKind(wire::CardKind::CPU);
+  card.setTflops(tflops);
+  card.setMemoryBytes(1 << 30);
+  card.setModel("forged");
+  card.setBackend("cpu");
+  if (keptContext) {
+    auto held = reg.initContexts(1)[0];
+    held.setContext(keptContext);
+    held.setCard(0);
+  }
+  std::vector<std::byte> out;
+  transport::appendFrame(out, transport::kControlChannel, 0, m);
+  return out;
+}
+
+long rssKiB(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+class Trust : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    VmSpec vm;
+    vm.tflops = 8;
+    cluster = std::make_unique<Cluster>(std::vector<VmSpec>{vm});
+    cluster->addNetaccel("node0", {"kind=gpu,model=sim,tflops=4,memory=512MiB"}, 4);
+    guestd = cluster->startGuestd();
+  }
+  void TearDown() override {
+    EXPECT_TRUE(cluster->scheduler().running()) << "the scheduler died:\n" << cluster->logs();
+    if (HasFailure()) std::cerr << cluster->logs();
+  }
+  std::unique_ptr<Cluster> cluster;
+  std::string guestd;
+};
+
+TEST_F(Trust, ANetaccelWithoutAPoolCertificateIsRefusedAtTheHandshakeAndGetsNoGuestData) {
+  // A certificate of another CA, and plain TCP: neither completes the handshake.
+  std::string rogue = cluster->dir() + "/rogue";
+  runCommand("bash " + std::string(RACCEL_SOURCE_DIR) + "/scripts/raccel-certs.sh all " + rogue + " node9");
+  std::string port = "127.0.0.1:" + std::to_string(cluster->nodePort());
+  Process other("raccel-netaccel",
+                {"--scheduler", port, "--discover", "none", "--card", "kind=gpu,tflops=64,memory=1GiB", "--tls-ca",
+                 rogue + "/ca.pem", "--tls-cert", rogue + "/node9.pem", "--tls-key", rogue + "/node9.key"},
+                cluster->dir() + "/rogue.log");
+  Process plain("raccel-netaccel",
+                {"--name", "plain", "--scheduler", port, "--discover", "none", "--card", "kind=gpu,tflops=64", "--insecure"},
+                cluster->dir() + "/plain.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(cluster->poolTotal(), 4u) << cluster->console("nodes");
+  std::string log = readFile(cluster->dir() + "/scheduler.log");
+  EXPECT_TRUE(contains(log, "TLS handshake with")) << log;
+  EXPECT_FALSE(contains(readFile(other.log()), "registered with the scheduler")) << readFile(other.log());
+  EXPECT_FALSE(contains(readFile(plain.log()), "registered with the scheduler")) << readFile(plain.log());
+  // A program too large for node0 alone is never placed on them: it is refused.
+  transport::BlockingLink raw;
+  ASSERT_TRUE(raw.connectUnix(guestd));
+  sendHello(raw, 1, 8, 0, "big");
+  Error e = errorReply(raw, 1);
+  EXPECT_EQ(e.code, Code::resourceExhausted) << e.message;
+  auto fine = open(guestd, 4, "fine");
+  ASSERT_TRUE(fine);
+  EXPECT_TRUE(roundTrip(*fine, 1));
+}
+
+TEST_F(Trust, ACertificateForOneNodeCannotRegisterAsAnotherOrWithAbsurdCards) {
+  auto victim = open(guestd, 4, "victim");
+  ASSERT_TRUE(victim);
+  auto values = randomFloats(1 << 16, 7);
+  auto h = victim->alloc(values.size() * 4);
+  victim->writeFloats(h, values);
+  ASSERT_TRUE(victim->fence());
+
+  tlsSend(*cluster, "intruder", registration("node0", 4));
+  tlsSend(*cluster, "big1", registration("", 1e30));
+  tlsSend(*cluster, "big2", registration("", std::nan("")));
+  tlsSend(*cluster, "big3", registration("", 4294967296.0 + 16));
+  std::string log;
+  for (int i = 0; i < 100 && !contains(log, "(got 4.29497e+09)"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    log = readFile(cluster->dir() + "/scheduler.log");
+  }
+  EXPECT_TRUE(contains(log, "certificate is for node 'intruder', but it registered as 'node0'")) << log;
+  EXPECT_TRUE(contains(log, "card 0 tflops must be a finite number from 0 to 65536 (got 1e+30)")) << log;
+  EXPECT_TRUE(contains(log, "nan)")) << log;
+  EXPECT_TRUE(contains(log, "(got 4.29497e+09)")) << log;
+  EXPECT_EQ(cluster->poolTotal(), 4u) << cluster->console("nodes");
+  std::string nodes = cluster->console("nodes");
+  EXPECT_TRUE(contains(nodes, "\"name\":\"node0\"") && contains(nodes, "\"online\":true")) << nodes;
+  EXPECT_EQ(nodes.find("\"name\"", nodes.find("\"name\"") + 1), std::string::npos) << "one node only: " << nodes;
+
+  // The victim's buffer is intact and still its own.
+  auto back = victim->readFloats(h, values.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, values);
+}
+
+TEST_F(Trust, KeptContextsANetaccelMakesUpAreClosedAndNeverMoveTheIdsOthersGet) {
+  auto victim = open(guestd, 2, "victim");
+  ASSERT_TRUE(victim);
+  auto values = randomFloats(1 << 14, 11);
+  auto h = victim->alloc(values.size() * 4);
+  victim->writeFloats(h, values);
+  ASSERT_TRUE(victim->fence());
+  // A genuine certificate, a made-up context at the top of the id space: it is not the
+  // scheduler's, so it is closed, and the next contexts on node0 do not wrap onto the
+  // victim's.
+  tlsSend(*cluster, "n2", registration("n2", 2, UINT32_MAX), 2000);
+  for (int i = 0; i < 3; ++i) {
+    auto other = open(guestd, 2, "other" + std::to_string(i));
+    ASSERT_TRUE(other);
+    other->forceNextHandle(h);  // the same handle number as the victim's buffer
+    auto mine = other->alloc(values.size() * 4);
+    EXPECT_EQ(mine, h);
+    auto zeros = other->readFloats(mine, values.size());
+    ASSERT_TRUE(zeros) << zeros.error().message;
+    EXPECT_EQ(*zeros, std::vector<float>(values.size(), 0.0f)) << "another tenant's bytes leaked";
+    other->fill(mine, 0, values.size() * 4, 0x7f);
+    ASSERT_TRUE(other->fence());
+  }
+  auto back = victim->readFloats(h, values.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, values);
+}
+
+TEST_F(Trust, HelloNumbersAreCheckedAndHugeProgramNamesPinNothing) {
+  transport::BlockingLink raw;  // straight to the VM's socket, as a hostile guest side would
+  ASSERT_TRUE(raw.connectUnix(cluster->vmSocket()));
+  sendHello(raw, 1, 4294967296.0 + 16, 0, "wrap");
+  Error wrap = errorReply(raw, 1);
+  EXPECT_EQ(wrap.code, Code::invalidArgument) << wrap.message;
+  EXPECT_TRUE(contains(wrap.message, "hello tflops must be a finite number from 0 to")) << wrap.message;
+  sendHello(raw, 2, std::nan(""), 0, "nan");
+  EXPECT_EQ(errorReply(raw, 1).code, Code::invalidArgument);
+  sendHello(raw, 3, 1, INT_MIN, "low");
+  Error low = errorReply(raw, 1);
+  EXPECT_TRUE(contains(low.message, "hello priority must be from -1000 to 1000")) << low.message;
+  sendHello(raw, 4, 1e-300, 0, "tiny");  // above 0: one block, as 0 is
+  EXPECT_EQ(errorReply(raw, 1).message, "welcomed");
+
+  std::string huge(3 << 20, 'x');
+  for (uint32_t ch = 10; ch < 30; ++ch) {
+    sendHello(raw, ch, 1, 0, huge);
+    Error e = errorReply(raw, 1);
+    ASSERT_EQ(e.code, Code::invalidArgument) << e.message;
+    ASSERT_TRUE(contains(e.message, "at most 128")) << e.message;
+  }
+  int status = 0;
+  std::string recent = cluster->ctl({"events", "--recent", "--json"}, &status);
+  EXPECT_EQ(status, 0) << recent;
+  EXPECT_LT(recent.size(), 64u * 1024) << "the event ring holds peers' text unclipped";
+  auto fine = open(guestd, 1, "fine");
+  ASSERT_TRUE(fine);
+  EXPECT_TRUE(roundTrip(*fine, 3));
+  // Zero-length transfers are legal and harmless.
+  auto h = fine->alloc(64);
+  fine->write(h, 0, {});
+  std::vector<std::byte> none;
+  EXPECT_TRUE(fine->read(h, 0, none));
+  EXPECT_TRUE(fine->fence());
+}
+
+TEST_F(Trust, SetPolicyRefusesNumbersThatAreNotFiniteOrInRangeAndKeepsExactQuotas) {
+  for (std::string bad : {"tflops=nan", "tflops=inf", "tflops=1e308", "priority=-2147483648", "memory_quota=18446744073709551616"}) {
+    int status = 0;
+    std::string out = cluster->ctl({"set-policy", "vm1", bad}, &status);
+    EXPECT_NE(status, 0) << bad << ": " << out;
+    EXPECT_TRUE(contains(out, bad.substr(0, bad.find('=')))) << "the error names the field: " << out;
+  }
+  for (int i = 0; i < 5; ++i) {
+    int status = 0;
+    std::string out = cluster->ctl({"set-policy", "vm1", "memory_quota=18446744073709551615"}, &status);
+    ASSERT_EQ(status, 0) << out;
+  }
+  std::string vms = cluster->console("vms");
+  EXPECT_TRUE(contains(vms, "\"memoryQuota\":18446744073709551615")) << vms;
+  size_t first = vms.find("set by raccelctl");
+  EXPECT_NE(first, std::string::npos) << vms;
+  EXPECT_EQ(vms.find("set by raccelctl", first + 1), std::string::npos) << "the policy source grew: " << vms;
+}
+
+TEST_F(Trust, AnInstructionHeldBehindHelloThatFailsToDecodeEndsOnlyItsOwnSession) {
+  auto holder = open(guestd, 4, "holder");  // every block: the next hello waits
+  ASSERT_TRUE(holder);
+  transport::BlockingLink raw;  // straight to the VM's socket: guestd would not pass the garbage on
+  ASSERT_TRUE(raw.connectUnix(cluster->vmSocket()));
+  sendHello(raw, 1, 1, 0, "pipelined", 20000);
+  std::vector<std::byte> garbage(transport::kHeaderBytes + 64, std::byte{0xff});
+  transport::encodeHeader({1, 64, 2}, garbage.data());
+  ASSERT_TRUE(raw.sendRaw(garbage.data(), garbage.size()));
+  capnp::MallocMessageBuilder fence;
+  fence.initRoot<wire::Instruction>().setFence();
+  ASSERT_TRUE(raw.sendNow(1, 3, fence));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  holder.reset();  // its blocks free: the waiting session is placed, its held garbage runs
+  EXPECT_EQ(errorReply(raw, 1).message, "welcomed");
+  Error malformed = errorReply(raw, 2);
+  EXPECT_EQ(malformed.code, Code::invalidArgument) << malformed.message;
+  EXPECT_TRUE(contains(malformed.message, "malformed")) << malformed.message;
+  auto after = open(guestd, 4, "after");
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(roundTrip(*after, 5));
+}
+
+TEST_F(Trust, TenThousandIdleConnectionsCostBoundedMemoryAndALegitimateProgramKeepsWorking) {
+  rlimit fds{};
+  getrlimit(RLIMIT_NOFILE, &fds);
+  if (fds.rlim_max < 11000) GTEST_SKIP() << "needs 11000 file descriptors (hard limit " << fds.rlim_max << ")";
+  fds.rlim_cur = fds.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &fds);
+  {
+    auto warm = open(guestd, 1, "warm");
+    ASSERT_TRUE(warm);
+    ASSERT_TRUE(roundTrip(*warm, 9));
+  }
+  pid_t pid = cluster->scheduler().pid();
+  long before = rssKiB(pid);
+  constexpr int kIdle = 10000;
+  auto flood = [&](bool unix, long* peak) {
+    std::vector<int> fds;
+    for (int i = 0; i < kIdle; ++i) {
+      int fd = ::socket(unix ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      int rc;
+      if (unix) {
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::strncpy(a.sun_path, cluster->vmSocket().c_str(), sizeof a.sun_path - 1);
+        rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      } else {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(cluster->nodePort()));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      }
+      if (rc != 0 && errno != EINPROGRESS && errno != EAGAIN) {
+        ::close(fd);
+        continue;  // a full backlog refuses some: the scheduler is closing others
+      }
+      fds.push_back(fd);
+      if (i % 1000 == 999) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    *peak = rssKiB(pid);
+    // A legitimate program works while they are open.
+    auto during = open(guestd, 2, unix ? "during-vm-flood" : "during-node-flood");
+    EXPECT_TRUE(during && roundTrip(*during, 13));
+    for (int fd : fds) ::close(fd);
+    return fds.size();
+  };
+  long vmPeak = 0, nodePeak = 0;
+  size_t vmOpened = flood(true, &vmPeak);
+  size_t nodeOpened = flood(false, &nodePeak);
+  long growthKiB = std::max(vmPeak, nodePeak) - before;
+  std::cout << "scheduler RSS " << before / 1024 << " MiB; with " << vmOpened << " idle VM-socket connections "
+            << vmPeak / 1024 << " MiB; with " << nodeOpened << " idle node-port connections " << nodePeak / 1024
+            << " MiB (growth " << growthKiB / 1024 << " MiB, bound 64 MiB)\n";
+  EXPECT_LT(growthKiB, 64 * 1024);
+  auto after = open(guestd, 4, "after");
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(roundTrip(*after, 17));
+}
+
+}  // namespace
+}  // namespace raccel::testing
