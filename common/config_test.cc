@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/limits.h"
+
 namespace raccel {
 
 TEST(Config, ParsesRepeatedSectionsAndTypedValues) {
@@ -39,4 +41,44 @@ TEST(Config, ParsesByteSizes) {
   EXPECT_FALSE(parseBytes("-1"));
 }
 
+}  // namespace raccel
+
+namespace raccel {
+namespace {
+
+TEST(Limits, NumbersAreFiniteAndInRangeAndSizesAreExact) {
+  auto c = Config::parse("a = nan\nb = inf\nc = 1e308\nd = 99999999999999999999\ne = 18446744073709551615\nf = 18446744073709551616\n", "t");
+  ASSERT_TRUE(c);
+  auto& top = c->top();
+  EXPECT_FALSE(top.getDouble("a", 0));
+  EXPECT_FALSE(top.getDouble("b", 0));
+  EXPECT_FALSE(top.getDouble("c", 0, 0, 1e9));
+  EXPECT_FALSE(top.getInt("d", 0));  // out of 64 bits: refused, not clamped
+  auto e = top.getBytes("e", 0);
+  ASSERT_TRUE(e) << e.error().message;
+  EXPECT_EQ(*e, 18446744073709551615ull);
+  auto f = top.getBytes("f", 0);
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.error().message.find("larger than the largest size"), std::string::npos) << f.error().message;
+  EXPECT_EQ(*parseBytes("1.5GiB"), 1610612736ull);
+  EXPECT_FALSE(parseBytes("16EiB"));
+  EXPECT_FALSE(parseBytes("20000000000TiB"));
+  auto bad = limits::checkRange("hello tflops", 1e30, 0.0, 100.0);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "hello tflops must be a finite number from 0 to 100 (got 1e+30)");
+}
+
+TEST(Limits, ClipKeepsPeerTextShortAndSaysSo) {
+  std::string huge(3 << 20, 'x');
+  std::string clipped = limits::clip(huge, 16);
+  EXPECT_EQ(clipped, "xxxxxxxxxxxxxxxx...[3145712 more bytes]");
+  EXPECT_EQ(limits::clip("short", 16), "short");
+  std::string utf8 = "ab\xc3\xa9\xc3\xa9";  // never cut inside a character
+  EXPECT_EQ(limits::clip(utf8, 3), "ab...[4 more bytes]");
+  EXPECT_TRUE(limits::checkName("node name", "node-0.rack_1"));
+  EXPECT_FALSE(limits::checkName("node name", "a b"));
+  EXPECT_FALSE(limits::checkName("node name", std::string(200, 'n')));
+}
+
+}  // namespace
 }  // namespace raccel

@@ -20,7 +20,7 @@ namespace raccel::limits {
 constexpr uint64_t kMaxBlocksPerCard = 1u << 16;  // 65 PFLOPS at 1 TFLOPS a block
 constexpr uint64_t kMaxCardsPerNode = 1024;
 constexpr uint64_t kMaxBlocksPerNode = 1u << 20;
-constexpr uint64_t kMaxPoolBlocks = 1u << 28;
+constexpr uint64_t kMaxPoolBlocks = 1u << 24;  // 16.7 EFLOPS; the owner table is then 128 MiB
 constexpr uint64_t kMaxCardMemoryBytes = 1ull << 50;  // 1 PiB
 // Priorities (hello, VM policy): admission orders by them, so they stay small.
 constexpr int kMinPriority = -1000;

@@ -102,6 +102,19 @@ bool Pool::forgetNode(size_t n) {
     if (owner_[b] != kNoOwner) return false;
   nodes_[n].forgotten = true;
   nodes_[n].name += "~forgotten";
+  // The last node in the numbering gives its numbers back (a node that comes and goes
+  // with new layouts cannot grow the numbering without bound); others keep theirs unused.
+  if (n + 1 == nodes_.size() && nodes_[n].blocks.end() == next_) {
+    for (size_t c = nodes_[n].cards.size(); c > 0; --c) {
+      cards_.pop_back();
+      cardFirst_.pop_back();
+      cardFree_.pop_back();
+    }
+    next_ = nodes_[n].blocks.first;
+    owner_.resize(next_);
+    nodes_.pop_back();
+    recountTotals();
+  }
   return true;
 }
 

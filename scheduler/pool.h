@@ -90,7 +90,9 @@ class Pool {
   // assigned to them until released. Returns the vaccels holding blocks there.
   std::vector<VaccelId> removeNode(size_t node);
   // An offline node no one holds blocks of is forgotten: it leaves the listings and its
-  // name is free (a node of that name joins anew, with new numbers). False if not offline.
+  // name is free (a node of that name joins anew, with new numbers). The last node in
+  // the numbering is removed, its numbers reused; node and card indices above it become
+  // invalid (there are none). False if not offline or still held.
   bool forgetNode(size_t node);
   // Draining: the node stays online and its holders keep their blocks, but its free
   // blocks leave the pool (nothing new is placed there, released blocks stay out)

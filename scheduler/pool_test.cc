@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
+
+#include "common/limits.h"
 
 namespace raccel::scheduler {
 namespace {
@@ -425,4 +428,57 @@ TEST(Pool, PreemptionPlanRespectsTheRequestsNodeLimit) {
   EXPECT_EQ(pool.held(1).size(), 1u) << "planning changes nothing";
 }
 
+}  // namespace raccel::scheduler
+
+namespace raccel::scheduler {
+namespace {
+
+TEST(PoolLimits, AbsurdCardsAreRefusedNamingTheFieldAndBlockCountsNeverWrap) {
+  Pool pool;
+  for (double tflops : {1e30, std::nan(""), -1.0, 65537.0, 4294967296.0 + 16}) {
+    auto added = pool.addNode("n", {card(CardKind::gpu, tflops, 0)});
+    ASSERT_FALSE(added) << tflops;
+    EXPECT_NE(added.error().message.find("card 0 tflops must be a finite number from 0 to 65536"), std::string::npos)
+        << added.error().message;
+  }
+  EXPECT_FALSE(pool.addNode("bad name", {card(CardKind::gpu, 4, 0)}));
+  EXPECT_FALSE(pool.addNode("twins", {card(CardKind::gpu, 4, 0), card(CardKind::gpu, 4, 0)}));
+  std::vector<CardSpec> many(17, card(CardKind::gpu, 65536, 0));
+  for (uint32_t i = 0; i < many.size(); ++i) many[i].index = i;
+  auto tooBig = pool.addNode("big", many);  // 17 * 2^16 blocks > 2^20 per node
+  ASSERT_FALSE(tooBig);
+  EXPECT_NE(tooBig.error().message.find("at most 1048576 per node"), std::string::npos) << tooBig.error().message;
+  EXPECT_EQ(pool.total(), 0u);
+  // Requests: never 0 blocks, never wrapped; above any pool for sizes no pool holds.
+  EXPECT_EQ(pool.blocksFor(1e-300), 1u);
+  EXPECT_EQ(pool.blocksFor(std::nan("")), 1u);
+  EXPECT_GT(pool.blocksFor(4294967296.0 + 16), limits::kMaxPoolBlocks);
+  EXPECT_GT(pool.blocksFor(1e308), limits::kMaxPoolBlocks);
+}
+
+TEST(PoolLimits, ForgettingTheLastOfflineNodeGivesItsNumbersBack) {
+  Pool pool;
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 4, 0)}));
+  ASSERT_TRUE(pool.addNode("b", {card(CardKind::gpu, 8, 0)}));
+  EXPECT_FALSE(pool.forgetNode(1));  // online
+  pool.removeNode(1);
+  EXPECT_TRUE(pool.forgetNode(1));
+  EXPECT_EQ(pool.nodes().size(), 1u);
+  EXPECT_EQ(pool.cards().size(), 1u);
+  // The next node takes the numbers b had; a node in the middle keeps its own unused.
+  auto c = pool.addNode("c", {card(CardKind::gpu, 2, 0)});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(pool.nodes()[*c].blocks.first, 5u);
+  ASSERT_TRUE(pool.addNode("d", {card(CardKind::gpu, 2, 0)}));
+  pool.removeNode(0);
+  EXPECT_TRUE(pool.forgetNode(0));
+  EXPECT_TRUE(pool.nodes()[0].forgotten);
+  EXPECT_EQ(pool.nodes().size(), 3u);
+  EXPECT_EQ(pool.total(), 4u);
+  auto a = pool.addNode("a", {card(CardKind::gpu, 4, 0)});  // the name is free again: new numbers
+  ASSERT_TRUE(a);
+  EXPECT_EQ(pool.nodes()[*a].blocks.first, 9u);
+}
+
+}  // namespace
 }  // namespace raccel::scheduler
