@@ -1,10 +1,14 @@
 // raccel-bench: raccel's speed on loopback, each figure beside its baseline measured in
 // the same run (ARCHITECTURE.md "Performance budget").
 //
-//   sync_rtt_us_p50         one tiny instruction + fence: program -> scheduler -> netaccel -> back
+//   sync_rtt_us_p50         one tiny instruction + fence: program -> scheduler -> netaccel -> back,
+//                           the node link in mutual TLS as deployed
+//   sync_rtt_us_p50_plain   the same with the node link in plain TCP (--insecure), same run
 //   raw_two_hop_rtt_us_p50  the same path built from plain sockets relaying bytes (the floor)
 //   async_instr_per_s       a stream of small asynchronous instructions, end to end
-//   bulk_write_read_gbps    256 MiB written and read back through both hops (Gbit/s)
+//   bulk_write_read_gbps    256 MiB written and read back through both hops (Gbit/s), the node
+//                           link in plain TCP (--insecure)
+//   bulk_write_read_gbps_tls  the same through the mutual-TLS node link (target >= 0.8x plain)
 //   raw_socket_gbps         one raw loopback TCP socket, same run (Gbit/s)
 //   vm_sync_rtt_us_p50      the sync round trip timed by raccel-run inside a QEMU guest
 //                           (TCG here) over virtio-serial and raccel-guestd, beside
@@ -240,6 +244,7 @@ struct Figures {
   double vmRttP50 = -1, hostGuestdRttP50 = -1;
   std::string vmSkipped;
   double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0, bulkGbps = 0, rawGbps = 0, writeSecs = 0, readSecs = 0;
+  double syncPlainP50 = 0, bulkTlsGbps = 0, tlsWriteSecs = 0, tlsReadSecs = 0;
   double aggEfficiency = 0, aggGflops = 0, aggSingles = 0;
   testing::FairShare fair;
 };
@@ -287,21 +292,53 @@ int main(int argc, char** argv) {
   }
   auto& s = **opened;
 
-  progress("synchronous round trips");
-  auto tiny = s.alloc(4096);
-  (void)s.fence();
-  std::vector<double> rtts;
-  for (int i = 0; i < syncIters + 100; ++i) {
-    auto t = Clock::now();
-    s.fill(tiny, 0, 4, static_cast<uint8_t>(i));
-    if (auto r = s.fence(); !r) {
-      std::fprintf(stderr, "raccel-bench: %s\n", r.error().message.c_str());
-      return 1;
+  // One tiny instruction + fence, timed; false (after saying why) when one failed.
+  auto syncRtts = [&](client::Session& on, std::vector<double>& rtts) {
+    auto tiny = on.alloc(4096);
+    (void)on.fence();
+    for (int i = 0; i < syncIters + 100; ++i) {
+      auto t = Clock::now();
+      on.fill(tiny, 0, 4, static_cast<uint8_t>(i));
+      if (auto r = on.fence(); !r) {
+        std::fprintf(stderr, "raccel-bench: %s\n", r.error().message.c_str());
+        return false;
+      }
+      if (i >= 100) rtts.push_back(since(t) * 1e6);
     }
-    if (i >= 100) rtts.push_back(since(t) * 1e6);
-  }
+    on.free(tiny);
+    return true;
+  };
+  // bulkBytes written and read back through both hops: Gbit/s both ways together.
+  auto bulkGbps = [&](client::Session& on, double* writeSecs, double* readSecs) {
+    std::vector<std::byte> data(bulkBytes), back(bulkBytes);
+    for (size_t i = 0; i < data.size(); i += 4096) data[i] = static_cast<std::byte>(i / 4096);
+    auto big = on.alloc(bulkBytes);
+    (void)on.fence();
+    auto t = Clock::now();
+    on.write(big, 0, data);
+    auto w = on.fence();
+    *writeSecs = since(t);
+    auto tr = Clock::now();
+    auto r = w ? on.read(big, 0, back) : w;
+    *readSecs = since(tr);
+    double secs = since(t);
+    if (!r || std::memcmp(data.data(), back.data(), bulkBytes) != 0) {
+      std::fprintf(stderr, "raccel-bench: bulk data did not come back intact%s%s\n", r ? "" : ": ",
+                   r ? "" : r.error().message.c_str());
+      return -1.0;
+    }
+    on.free(big);
+    (void)on.fence();
+    return 2.0 * bulkBytes * 8 / secs / 1e9;
+  };
+
+  progress("synchronous round trips (TLS node link)");
+  std::vector<double> rtts;
+  if (!syncRtts(s, rtts)) return 1;
   f.syncP50 = percentile(rtts, 0.5);
   f.syncP99 = percentile(rtts, 0.99);
+  auto tiny = s.alloc(4096);
+  (void)s.fence();
 
   progress("raw two-hop baseline");
   {
@@ -362,28 +399,25 @@ int main(int argc, char** argv) {
     f.asyncRate = asyncCount / since(t);
   }
 
-  progress("bulk write and read back");
+  progress("bulk write and read back (TLS node link)");
+  f.bulkTlsGbps = bulkGbps(s, &f.tlsWriteSecs, &f.tlsReadSecs);
+  if (f.bulkTlsGbps < 0) return 1;
+
+  progress("the same with the node link in plain TCP (--insecure)");
   {
-    std::vector<std::byte> data(bulkBytes), back(bulkBytes);
-    for (size_t i = 0; i < data.size(); i += 4096) data[i] = static_cast<std::byte>(i / 4096);
-    auto big = s.alloc(bulkBytes);
-    (void)s.fence();
-    auto t = Clock::now();
-    s.write(big, 0, data);
-    auto w = s.fence();
-    f.writeSecs = since(t);
-    auto tr = Clock::now();
-    auto r = w ? s.read(big, 0, back) : w;
-    f.readSecs = since(tr);
-    double secs = since(t);
-    if (!r || std::memcmp(data.data(), back.data(), bulkBytes) != 0) {
-      std::fprintf(stderr, "raccel-bench: bulk data did not come back intact%s%s\n", r ? "" : ": ",
-                   r ? "" : r.error().message.c_str());
+    testing::Cluster plain({vm}, "", {"--insecure"});
+    plain.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4);
+    options.socket = plain.vmSocket();
+    auto p = client::Session::open(options);
+    if (!p) {
+      std::fprintf(stderr, "raccel-bench: %s\n", p.error().message.c_str());
       return 1;
     }
-    f.bulkGbps = 2.0 * bulkBytes * 8 / secs / 1e9;
-    s.free(big);
-    (void)s.fence();
+    std::vector<double> plainRtts;
+    if (!syncRtts(**p, plainRtts)) return 1;
+    f.syncPlainP50 = percentile(plainRtts, 0.5);
+    f.bulkGbps = bulkGbps(**p, &f.writeSecs, &f.readSecs);
+    if (f.bulkGbps < 0) return 1;
   }
 
   progress("raw loopback socket baseline");
@@ -462,6 +496,7 @@ int main(int argc, char** argv) {
   if (!f.fair.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share: %s\n", f.fair.problem.c_str());
 
   bool syncOk = f.syncP50 <= 3 * f.rawP50, asyncOk = f.asyncRate >= 200000, bulkOk = f.bulkGbps >= 0.5 * f.rawGbps;
+  bool tlsOk = f.bulkTlsGbps >= 0.8 * f.bulkGbps;
   bool aggOk = f.aggEfficiency >= 0.85;
   bool allocOk = f.allocOps >= 2e6, admissionOk = f.admissionP99 <= 50;
   bool fairOk = f.fair.problem.empty() && f.fair.error <= 0.05;
@@ -470,7 +505,9 @@ int main(int argc, char** argv) {
   std::string vmRtt = vmRttText;
   std::replace(f.vmSkipped.begin(), f.vmSkipped.end(), '"', '\'');
   if (flags.has("json")) {
-    std::printf("{\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
+    std::printf("{\"sync_rtt_us_p50_plain\":%.1f,\"bulk_write_read_gbps_tls\":%.2f,\"tls_bulk_met\":%s,",
+                f.syncPlainP50, f.bulkTlsGbps, tlsOk ? "true" : "false");
+    std::printf("\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
                 "\"async_instr_per_s\":%.0f,\"bulk_write_read_gbps\":%.2f,\"raw_socket_gbps\":%.2f,"
                 "\"vm_sync_rtt_us_p50\":%s,\"host_guestd_sync_rtt_us_p50\":%.1f,\"vm_skipped\":\"%s\","
                 "\"alloc_ops_per_s\":%.0f,\"admission_p99_us\":%.2f,\"admission_victims_mean\":%.2f,"
@@ -488,6 +525,8 @@ int main(int argc, char** argv) {
     std::printf("%-26s %9.1f us   raw two-hop p50 %.1f us, target <= %.1f us  %s\n", "sync_rtt_us_p50", f.syncP50,
                 f.rawP50, 3 * f.rawP50, syncOk ? "met" : "MISSED");
     std::printf("%-26s %9.1f us\n", "sync_rtt_us_p99", f.syncP99);
+    std::printf("%-26s %9.1f us   the node link in plain TCP (--insecure), same run\n", "sync_rtt_us_p50_plain",
+                f.syncPlainP50);
     if (f.vmRttP50 >= 0)
       std::printf("%-26s %9.1f us   same program on the host through raccel-guestd: %.1f us (QEMU %s)\n",
                   "vm_sync_rtt_us_p50", f.vmRttP50, f.hostGuestdRttP50,
@@ -500,6 +539,9 @@ int main(int argc, char** argv) {
                 bulkBytes * 8 / f.readSecs / 1e9);
     std::printf("%-26s %7.2f Gbit/s   raw socket %.2f Gbit/s, target >= %.2f  %s\n", "bulk_write_read_gbps", f.bulkGbps,
                 f.rawGbps, 0.5 * f.rawGbps, bulkOk ? "met" : "MISSED");
+    std::printf("%-26s %7.2f Gbit/s   plain node link %.2f Gbit/s, target >= %.2f  %s (write %.2f, read %.2f)\n",
+                "bulk_write_read_gbps_tls", f.bulkTlsGbps, f.bulkGbps, 0.8 * f.bulkGbps, tlsOk ? "met" : "MISSED",
+                bulkBytes * 8 / f.tlsWriteSecs / 1e9, bulkBytes * 8 / f.tlsReadSecs / 1e9);
     std::printf("%-26s %12.0f   target >= 2000000  %s\n", "alloc_ops_per_s", f.allocOps, allocOk ? "met" : "MISSED");
     std::printf("%-26s %9.2f us   target <= 50 us  %s (%.2f holders suspended per admission)\n",
                 "admission_p99_us", f.admissionP99, admissionOk ? "met" : "MISSED", f.admissionVictims);

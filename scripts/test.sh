@@ -1,6 +1,22 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test (unit, cross-process integration, bench smoke).
+# Sets up, builds and runs every test (unit, cross-process integration, bench smoke),
+# then builds the whole suite again with AddressSanitizer and UndefinedBehaviorSanitizer
+# (build-asan/) and runs it there too, with the fuzz targets over their seed corpus.
+# RACCEL_SKIP_SANITIZERS=1 runs the first half only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300
+[ "${RACCEL_SKIP_SANITIZERS:-0}" = 1 ] && exit 0
+
+echo "== the same suite under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRACCEL_SANITIZE=ON > build-asan-configure.log 2>&1 || {
+  cat build-asan-configure.log
+  exit 1
+}
+rm -f build-asan-configure.log
+cmake --build build-asan -j "$(nproc)"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:suppressions=$PWD/tests/fuzz/asan.supp"
+export LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+ctest --test-dir build-asan --output-on-failure -j "$(nproc)" --timeout 600

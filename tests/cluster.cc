@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -158,7 +159,10 @@ Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::stri
   port_ = freePort();
   schedulerArgs_ = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
                     "--heartbeat-timeout-ms", "2000", "--state-dir", dir_ + "/state"};
-  for (auto& a : schedulerTlsArgs()) schedulerArgs_.push_back(a);
+  // Mutual TLS on the node links, as deployed; "--insecure" among schedulerArgs: plain TCP.
+  insecure_ = std::find(schedulerArgs.begin(), schedulerArgs.end(), "--insecure") != schedulerArgs.end();
+  if (!insecure_)
+    for (auto& a : schedulerTlsArgs()) schedulerArgs_.push_back(a);
   for (auto& vm : vms) {
     std::string spec = "name=" + vm.name + ",socket=" + (vm.socket.empty() ? vmSocket(vm.name) : vm.socket) +
                        ",tflops=" + std::to_string(vm.tflops) + ",priority=" + std::to_string(vm.priority) +
@@ -198,7 +202,9 @@ Cluster::~Cluster() {
 Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks) {
   // Only the cards a test names: no discovery of this machine's devices.
   std::vector<std::string> args = {"--name", name, "--scheduler", "127.0.0.1:" + std::to_string(port_), "--discover", "none"};
-  for (auto& a : netaccelTlsArgs(name)) args.push_back(a);
+  if (insecure_) args.push_back("--insecure");
+  else
+    for (auto& a : netaccelTlsArgs(name)) args.push_back(a);
   for (auto& c : cards) {
     args.push_back("--card");
     args.push_back(c);

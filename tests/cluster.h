@@ -78,6 +78,7 @@ struct VmSpec {
 class Cluster {
  public:
   // `schedulerArgs` are added to raccel-scheduler's command line (e.g. --block-tflops).
+  // Node links are mutual TLS (certDir()) unless they include --insecure.
   explicit Cluster(std::vector<VmSpec> vms = {VmSpec{}}, std::string dir = "", std::vector<std::string> schedulerArgs = {});
   ~Cluster();
 
@@ -111,6 +112,7 @@ class Cluster {
   std::string dir_;
   int port_ = 0;
   unsigned expectedTotal_ = 0;
+  bool insecure_ = false;
   std::vector<std::string> schedulerArgs_;
   std::unique_ptr<Process> scheduler_;
   std::vector<Process> processes_;  // netaccels, guestd

@@ -46,7 +46,8 @@ struct Connection::Tls {
   BIO* out = nullptr;  // ciphertext from OpenSSL, for the stream
   bool established = false;
   std::string peerName;
-  std::vector<std::byte> sending;  // ciphertext of the write in flight
+  std::unique_ptr<std::byte[]> sending;  // ciphertext of the write in flight (not zeroed: filled at once)
+  size_t sendingCapacity = 0;
   ~Tls() {
     if (ssl) SSL_free(ssl);  // frees both BIOs
   }
@@ -165,10 +166,13 @@ void Connection::flushTls() {
   }
   size_t pending = BIO_ctrl_pending(t.out);
   if (pending == 0) return;
-  t.sending.resize(pending);
-  BIO_read(t.out, t.sending.data(), static_cast<int>(pending));
+  if (t.sendingCapacity < pending || t.sendingCapacity > 4 * pending + (1 << 20)) {
+    t.sending.reset(new std::byte[pending]);
+    t.sendingCapacity = pending;
+  }
+  BIO_read(t.out, t.sending.get(), static_cast<int>(pending));
   inflightBytes_ = pending;
-  uv_buf_t buf = uv_buf_init(reinterpret_cast<char*>(t.sending.data()), pending);
+  uv_buf_t buf = uv_buf_init(reinterpret_cast<char*>(t.sending.get()), pending);
   writeReq_.data = this;
   writing_ = true;
   int rc = uv_write(&writeReq_, &handle_.stream, &buf, 1, onWrite);
@@ -308,7 +312,7 @@ void Connection::onWrite(uv_write_t* req, int status) {
   c->writing_ = false;
   c->inflight_.clear();
   c->inflightBytes_ = 0;
-  if (c->tls_) c->tls_->sending.clear();
+
   if (status != 0) {
     if (status != UV_ECANCELED) RLOG_DEBUG("transport") << "write to " << c->peer_ << " failed: " << uv_strerror(status);
     c->close();

@@ -36,7 +36,7 @@ Result<std::shared_ptr<TlsContext>> TlsContext::create(Role role, const TlsFiles
   t->ctx_ = SSL_CTX_new(role == Role::server ? TLS_server_method() : TLS_client_method());
   if (!t->ctx_) return fail(Code::internal, "cannot create a TLS context: " + tlsErrors());
   SSL_CTX_set_min_proto_version(t->ctx_, TLS1_3_VERSION);
-  SSL_CTX_set_mode(t->ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_RELEASE_BUFFERS);
+  SSL_CTX_set_mode(t->ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE);
   // No resumption tickets: every link proves its certificate afresh.
   SSL_CTX_set_num_tickets(t->ctx_, 0);
   SSL_CTX_set_session_cache_mode(t->ctx_, SSL_SESS_CACHE_OFF);
