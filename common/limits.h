@@ -23,8 +23,8 @@ constexpr uint64_t kMaxBlocksPerNode = 1u << 20;
 constexpr uint64_t kMaxPoolBlocks = 1u << 24;  // 16.7 EFLOPS; the owner table is then 128 MiB
 constexpr uint64_t kMaxCardMemoryBytes = 1ull << 50;  // 1 PiB
 // Priorities (hello, VM policy): admission orders by them, so they stay small.
-constexpr int kMinPriority = -1000;
-constexpr int kMaxPriority = 1000;
+constexpr long long kMinPriority = -1000;
+constexpr long long kMaxPriority = 1000;
 // Names and free text from peers.
 constexpr size_t kMaxNameBytes = 128;      // node, VM, program names
 constexpr size_t kMaxTextBytes = 256;      // card models, backends

@@ -37,7 +37,7 @@ Result<CardConfig> cardFrom(const ConfigSection& s) {
   }
   if (s.has("model")) c.model = s.getString("model", "");
   if (s.has("tflops")) {
-    auto tflops = s.getDouble("tflops", 1);
+    auto tflops = s.getDouble("tflops", 1, 0, 65536);  // the scheduler's per-card limit at 1 TFLOPS a block
     if (!tflops) return fail(tflops.error());
     if (!(*tflops > 0)) return fail(Code::invalidArgument, "card tflops must be positive");
     c.tflops = *tflops;

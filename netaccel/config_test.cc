@@ -29,7 +29,8 @@ TEST(CardSpec, RefusalsNameTheProblem) {
   };
   expectRefused("backend=tpu", "not built into this netaccel");
   expectRefused("kind=gpu,colour=red", "colour");
-  expectRefused("tflops=-1", "positive");
+  expectRefused("tflops=-1", "must be a finite number from 0 to 65536");
+  expectRefused("tflops=nan", "must be a finite number");
   expectRefused("device=0", "cpu cards are declared");
   expectRefused("paced=maybe", "true or false");
   expectRefused("kind=quantum", "quantum");

@@ -392,7 +392,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
                                                     ") is allowed for vm '" + vm.policy.name +
                                                     "' (allowed: " + kindsToString(vm.policy.kinds) + ")");
       }
-      if (auto ok = limits::checkRange("hello priority", (long long)hello.getPriority(), (long long)limits::kMinPriority, (long long)limits::kMaxPriority); !ok)
+      if (auto ok = limits::checkRange("hello priority", static_cast<long long>(hello.getPriority()), limits::kMinPriority, limits::kMaxPriority); !ok)
         return refuse(Code::invalidArgument, ok.error().message);
       asked = hello.getPriority();
       priority = std::min(asked, vm.policy.priority);
@@ -855,6 +855,12 @@ void Scheduler::event(const std::string& kind, const std::string& subjectText, c
 }
 
 void Scheduler::acceptConsole(ConnectionPtr connection) {
+  constexpr size_t kMaxConsoles = 64;  // raccelctl clients at once (the socket is 0600: root's)
+  if (consoles_.size() >= kMaxConsoles) {
+    if (++refusedLinks_ % 1000 == 1) RLOG_WARN("scheduler") << "console: " << consoles_.size() << " clients; refusing another";
+    connection->close();
+    return;
+  }
   Connection::Callbacks cb;
   cb.onFrame = [this](Connection& c, const FrameHeader& h, Body body) { onConsoleFrame(c, h, std::move(body)); };
   cb.onClose = [this](Connection& c, bool) {

@@ -20,6 +20,8 @@
 #include <thread>
 
 #include "console/console_client.h"
+#include "schema/guest.capnp.h"
+#include "transport/wire_types.h"
 
 extern char** environ;
 
@@ -48,6 +50,19 @@ bool waitFor(const std::function<bool()>& ready, int timeoutMs) {
 }  // namespace
 
 std::string binary(const std::string& name) { return std::string(RACCEL_BIN_DIR) + "/" + name; }
+
+Error expectErrorReply(transport::BlockingLink& link, uint64_t seq) {
+  for (int i = 0; i < 20; ++i) {
+    auto f = link.receive(15000);
+    if (!f) return Error{Code::ok, "no reply: " + f.error().message};
+    if (f->header.channel == 0) continue;
+    transport::MessageIn in(std::move(f->body));
+    auto r = in.root<wire::Reply>();
+    if (r.which() == wire::Reply::ERROR && r.getError().getSequence() == seq) return transport::errorFrom(r.getError().getError());
+    if (r.which() == wire::Reply::WELCOME) return Error{Code::ok, "welcomed"};
+  }
+  return Error{Code::ok, "no error reply"};
+}
 
 std::string certDir() {
   static const std::string dir = [] {

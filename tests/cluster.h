@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
+#include "transport/blocking_link.h"
+
 namespace raccel::testing {
 
 std::string binary(const std::string& name);
@@ -36,6 +39,10 @@ std::string vmUnavailable();
 std::string certDir();
 std::vector<std::string> schedulerTlsArgs();
 std::vector<std::string> netaccelTlsArgs(const std::string& node);
+
+// The next error reply to instruction `seq` on a raw link (other frames skipped); code
+// ok with "welcomed" when a welcome comes first, or "no reply: ..." when none comes.
+Error expectErrorReply(transport::BlockingLink& link, uint64_t seq);
 
 class Process {
  public:

@@ -79,18 +79,6 @@ std::vector<std::byte> rawFrame(uint32_t channel, uint64_t seq, capnp::MessageBu
   return out;
 }
 
-Error expectErrorReply(transport::BlockingLink& link, uint64_t seq) {
-  for (int i = 0; i < 10; ++i) {
-    auto f = link.receive(10000);
-    if (!f) return Error{Code::ok, "no reply: " + f.error().message};
-    if (f->header.channel == 0) continue;
-    transport::MessageIn in(std::move(f->body));
-    auto r = in.root<wire::Reply>();
-    if (r.which() == wire::Reply::ERROR && r.getError().getSequence() == seq) return transport::errorFrom(r.getError().getError());
-  }
-  return Error{Code::ok, "no error reply"};
-}
-
 class Integration : public ::testing::Test {
  protected:
   void SetUp() override {

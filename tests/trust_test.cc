@@ -41,6 +41,19 @@ std::unique_ptr<client::Session> open(const std::string& socket, double tflops, 
   return s ? std::move(*s) : nullptr;
 }
 
+// A buffer of `count` random floats written through `s` and fenced: what a victim keeps.
+struct Stored {
+  client::Handle handle = 0;
+  std::vector<float> values;
+};
+Stored store(client::Session& s, size_t count, unsigned seed) {
+  Stored out{0, randomFloats(count, seed)};
+  out.handle = s.alloc(out.values.size() * 4);
+  s.writeFloats(out.handle, out.values);
+  EXPECT_TRUE(s.fence());
+  return out;
+}
+
 // Writes `values` to a new buffer of `s`, reads them back, and says whether they match.
 bool roundTrip(client::Session& s, unsigned seed) {
   auto values = randomFloats(4096, seed);
@@ -49,19 +62,6 @@ bool roundTrip(client::Session& s, unsigned seed) {
   auto back = s.readFloats(h, values.size());
   s.free(h);
   return back && *back == values;
-}
-
-Error errorReply(transport::BlockingLink& link, uint64_t seq) {
-  for (int i = 0; i < 20; ++i) {
-    auto f = link.receive(15000);
-    if (!f) return Error{Code::ok, "no reply: " + f.error().message};
-    if (f->header.channel == 0) continue;
-    transport::MessageIn in(std::move(f->body));
-    auto r = in.root<wire::Reply>();
-    if (r.which() == wire::Reply::ERROR && r.getError().getSequence() == seq) return transport::errorFrom(r.getError().getError());
-    if (r.which() == wire::Reply::WELCOME) return Error{Code::ok, "welcomed"};
-  }
-  return Error{Code::ok, "no error reply"};
 }
 
 // A hello on `channel` with the fields a test sets.
@@ -156,7 +156,7 @@ TEST_F(Trust, ANetaccelWithoutAPoolCertificateIsRefusedAtTheHandshakeAndGetsNoGu
   transport::BlockingLink raw;
   ASSERT_TRUE(raw.connectUnix(guestd));
   sendHello(raw, 1, 8, 0, "big");
-  Error e = errorReply(raw, 1);
+  Error e = expectErrorReply(raw, 1);
   EXPECT_EQ(e.code, Code::resourceExhausted) << e.message;
   auto fine = open(guestd, 4, "fine");
   ASSERT_TRUE(fine);
@@ -166,10 +166,7 @@ TEST_F(Trust, ANetaccelWithoutAPoolCertificateIsRefusedAtTheHandshakeAndGetsNoGu
 TEST_F(Trust, ACertificateForOneNodeCannotRegisterAsAnotherOrWithAbsurdCards) {
   auto victim = open(guestd, 4, "victim");
   ASSERT_TRUE(victim);
-  auto values = randomFloats(1 << 16, 7);
-  auto h = victim->alloc(values.size() * 4);
-  victim->writeFloats(h, values);
-  ASSERT_TRUE(victim->fence());
+  auto [h, values] = store(*victim, 1 << 16, 7);
 
   tlsSend(*cluster, "intruder", registration("node0", 4));
   tlsSend(*cluster, "big1", registration("", 1e30));
@@ -198,10 +195,7 @@ TEST_F(Trust, ACertificateForOneNodeCannotRegisterAsAnotherOrWithAbsurdCards) {
 TEST_F(Trust, KeptContextsANetaccelMakesUpAreClosedAndNeverMoveTheIdsOthersGet) {
   auto victim = open(guestd, 2, "victim");
   ASSERT_TRUE(victim);
-  auto values = randomFloats(1 << 14, 11);
-  auto h = victim->alloc(values.size() * 4);
-  victim->writeFloats(h, values);
-  ASSERT_TRUE(victim->fence());
+  auto [h, values] = store(*victim, 1 << 14, 11);
   // A genuine certificate, a made-up context at the top of the id space: it is not the
   // scheduler's, so it is closed, and the next contexts on node0 do not wrap onto the
   // victim's.
@@ -227,21 +221,21 @@ TEST_F(Trust, HelloNumbersAreCheckedAndHugeProgramNamesPinNothing) {
   transport::BlockingLink raw;  // straight to the VM's socket, as a hostile guest side would
   ASSERT_TRUE(raw.connectUnix(cluster->vmSocket()));
   sendHello(raw, 1, 4294967296.0 + 16, 0, "wrap");
-  Error wrap = errorReply(raw, 1);
+  Error wrap = expectErrorReply(raw, 1);
   EXPECT_EQ(wrap.code, Code::invalidArgument) << wrap.message;
   EXPECT_TRUE(contains(wrap.message, "hello tflops must be a finite number from 0 to")) << wrap.message;
   sendHello(raw, 2, std::nan(""), 0, "nan");
-  EXPECT_EQ(errorReply(raw, 1).code, Code::invalidArgument);
+  EXPECT_EQ(expectErrorReply(raw, 1).code, Code::invalidArgument);
   sendHello(raw, 3, 1, INT_MIN, "low");
-  Error low = errorReply(raw, 1);
+  Error low = expectErrorReply(raw, 1);
   EXPECT_TRUE(contains(low.message, "hello priority must be from -1000 to 1000")) << low.message;
   sendHello(raw, 4, 1e-300, 0, "tiny");  // above 0: one block, as 0 is
-  EXPECT_EQ(errorReply(raw, 1).message, "welcomed");
+  EXPECT_EQ(expectErrorReply(raw, 1).message, "welcomed");
 
   std::string huge(3 << 20, 'x');
   for (uint32_t ch = 10; ch < 30; ++ch) {
     sendHello(raw, ch, 1, 0, huge);
-    Error e = errorReply(raw, 1);
+    Error e = expectErrorReply(raw, 1);
     ASSERT_EQ(e.code, Code::invalidArgument) << e.message;
     ASSERT_TRUE(contains(e.message, "at most 128")) << e.message;
   }
@@ -293,8 +287,8 @@ TEST_F(Trust, AnInstructionHeldBehindHelloThatFailsToDecodeEndsOnlyItsOwnSession
   ASSERT_TRUE(raw.sendNow(1, 3, fence));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   holder.reset();  // its blocks free: the waiting session is placed, its held garbage runs
-  EXPECT_EQ(errorReply(raw, 1).message, "welcomed");
-  Error malformed = errorReply(raw, 2);
+  EXPECT_EQ(expectErrorReply(raw, 1).message, "welcomed");
+  Error malformed = expectErrorReply(raw, 2);
   EXPECT_EQ(malformed.code, Code::invalidArgument) << malformed.message;
   EXPECT_TRUE(contains(malformed.message, "malformed")) << malformed.message;
   auto after = open(guestd, 4, "after");

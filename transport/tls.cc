@@ -68,10 +68,6 @@ Result<LinkSecurity> linkSecurityFrom(const ConfigSection& top) {
   out.insecure = *insecure;
   if (out.insecure && !out.files.empty())
     return fail(Code::invalidArgument, "give either TLS files (tls_ca, tls_cert, tls_key) or insecure, not both");
-  if (!out.insecure && (out.files.ca.empty() || out.files.cert.empty() || out.files.key.empty()))
-    return fail(Code::invalidArgument,
-                "the netaccel link needs mutual TLS: give tls_ca, tls_cert and tls_key (--tls-ca, --tls-cert, --tls-key; "
-                "scripts/raccel-certs.sh makes them), or --insecure for plain TCP on loopback during development");
   return out;
 }
 
@@ -83,6 +79,10 @@ Result<std::shared_ptr<TlsContext>> tlsFor(TlsContext::Role role, const LinkSecu
                            << "; for loopback development only";
     return std::shared_ptr<TlsContext>();
   }
+  if (security.files.ca.empty() || security.files.cert.empty() || security.files.key.empty())
+    return fail(Code::invalidArgument,
+                "the netaccel link needs mutual TLS: give tls_ca, tls_cert and tls_key (--tls-ca, --tls-cert, --tls-key; "
+                "scripts/raccel-certs.sh makes them), or --insecure for plain TCP on loopback during development");
   return TlsContext::create(role, security.files);
 }
 

@@ -57,7 +57,7 @@ class TlsContext {
 
 // How a daemon's netaccel link is secured, from its config's top level (the same keys
 // for the scheduler and the netaccel): tls_ca, tls_cert, tls_key (PEM files), or
-// insecure = true for plain TCP (loopback development only). One of the two is needed.
+// insecure = true for plain TCP (loopback development only). tlsFor() refuses neither.
 struct LinkSecurity {
   TlsFiles files;
   bool insecure = false;
