@@ -153,12 +153,18 @@ void Session::write(Handle buffer, uint64_t offset, std::span<const std::byte> d
   size_t done = 0;
   do {
     size_t n = std::min<size_t>(wire::CHUNK_BYTES, data.size() - done);
+    // Referenced in place, a segment is whole words of the caller's memory: only an
+    // aligned run of whole words may be (else Cap'n Proto would read past the caller's
+    // buffer); the odd tail goes in a copy of its own.
+    const std::byte* at = data.data() + done;
+    bool inPlace = n >= kInlineWrite && reinterpret_cast<uintptr_t>(at) % sizeof(capnp::word) == 0;
+    if (inPlace) n -= n % sizeof(capnp::word);
     capnp::MallocMessageBuilder m(64);
     auto w = m.initRoot<wire::Instruction>().initWrite();
     w.setBuffer(buffer);
     w.setOffset(offset + done);
-    capnp::Data::Reader piece(reinterpret_cast<const kj::byte*>(data.data() + done), n);
-    if (n < kInlineWrite) {
+    capnp::Data::Reader piece(reinterpret_cast<const kj::byte*>(at), n);
+    if (!inPlace) {
       w.setData(piece);
       queue(m);
     } else {
