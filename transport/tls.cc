@@ -37,6 +37,10 @@ Result<std::shared_ptr<TlsContext>> TlsContext::create(Role role, const TlsFiles
   if (!t->ctx_) return fail(Code::internal, "cannot create a TLS context: " + tlsErrors());
   SSL_CTX_set_min_proto_version(t->ctx_, TLS1_3_VERSION);
   SSL_CTX_set_mode(t->ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE);
+  // Bulk links: AES-128-GCM first (hardware AES, the fastest of TLS 1.3's suites here),
+  // and records read ahead from the memory BIO in one go.
+  SSL_CTX_set_ciphersuites(t->ctx_, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
+  SSL_CTX_set_read_ahead(t->ctx_, 1);
   // No resumption tickets: every link proves its certificate afresh.
   SSL_CTX_set_num_tickets(t->ctx_, 0);
   SSL_CTX_set_session_cache_mode(t->ctx_, SSL_SESS_CACHE_OFF);
