@@ -40,7 +40,7 @@ for t in "${targets[@]}"; do
   echo "== fuzz_$t for ${seconds}s (log: $log)"
   set +e
   build-fuzz/tests/fuzz/fuzz_$t "$work" "tests/fuzz/corpus/$t" -max_total_time="$seconds" -runs="$runs" \
-    -timeout=10 -rss_limit_mb=4096 -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts" >"$log" 2>&1
+    -timeout=60 -rss_limit_mb=4096 -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts" >"$log" 2>&1
   rc=$?
   set -e
   execs=$(grep -h "stat::number_of_executed_units" "$log" | awk '{s += $2} END {print s + 0}')

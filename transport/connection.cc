@@ -46,7 +46,8 @@ struct Connection::Tls {
   BIO* out = nullptr;  // ciphertext from OpenSSL, for the stream
   bool established = false;
   std::string peerName;
-  std::unique_ptr<std::byte[]> sending;  // ciphertext of the write in flight (not zeroed: filled at once)
+  std::unique_ptr<std::byte[]> sending;  // ciphertext of the write in flight (not zeroed: filled at once); as
+                                        // large as the largest burst (bounded by the sender's high-water mark)
   size_t sendingCapacity = 0;
   ~Tls() {
     if (ssl) SSL_free(ssl);  // frees both BIOs
@@ -166,9 +167,11 @@ void Connection::flushTls() {
   }
   size_t pending = BIO_ctrl_pending(t.out);
   if (pending == 0) return;
-  if (t.sendingCapacity < pending || t.sendingCapacity > 4 * pending + (1 << 20)) {
-    t.sending.reset(new std::byte[pending]);
-    t.sendingCapacity = pending;
+  if (t.sendingCapacity < pending) {
+    // Grows only (to the largest burst seen): a buffer made anew for each write costs
+    // its pages' faults every time, which dominated bulk transfers.
+    t.sendingCapacity = std::max(pending, 2 * t.sendingCapacity);
+    t.sending.reset(new std::byte[t.sendingCapacity]);
   }
   BIO_read(t.out, t.sending.get(), static_cast<int>(pending));
   inflightBytes_ = pending;
