@@ -22,6 +22,9 @@ constexpr uint64_t kMaxCardsPerNode = 1024;
 constexpr uint64_t kMaxBlocksPerNode = 1u << 20;
 constexpr uint64_t kMaxPoolBlocks = 1u << 24;  // 16.7 EFLOPS; the owner table is then 128 MiB
 constexpr uint64_t kMaxCardMemoryBytes = 1ull << 50;  // 1 PiB
+// A netaccel's registration: contexts it kept over a scheduler restart, buffers in each.
+constexpr uint64_t kMaxKeptContexts = 1u << 16;
+constexpr uint64_t kMaxKeptBuffers = 1u << 16;
 // Priorities (hello, VM policy): admission orders by them, so they stay small.
 constexpr long long kMinPriority = -1000;
 constexpr long long kMaxPriority = 1000;

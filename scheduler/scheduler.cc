@@ -756,6 +756,15 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
           return refuse("this netaccel's certificate is for node '" + limits::clip(name, 64) + "', but it registered as '" +
                         limits::clip(reg.getName(), 64) + "'");
         if (auto ok = limits::checkName("node name", name); !ok) return refuse(ok.error().message);
+        // Lists are counted before anything is made of them (a list of empty structs
+        // costs its sender nothing and its reader one step per element).
+        if (reg.getCards().size() > limits::kMaxCardsPerNode || reg.getContexts().size() > limits::kMaxKeptContexts)
+          return refuse("a registration may list at most " + std::to_string(limits::kMaxCardsPerNode) + " cards and " +
+                        std::to_string(limits::kMaxKeptContexts) + " kept contexts (got " +
+                        std::to_string(reg.getCards().size()) + " and " + std::to_string(reg.getContexts().size()) + ")");
+        for (auto hc : reg.getContexts())
+          if (hc.getBuffers().size() > limits::kMaxKeptBuffers)
+            return refuse("a kept context may list at most " + std::to_string(limits::kMaxKeptBuffers) + " buffers");
         auto specs = cardSpecsOf(reg.getCards());
         if (!specs) return refuse(specs.error().message);
         std::vector<CardSpec>& cards = *specs;
@@ -783,6 +792,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
       }
       case wire::NodeMessage::HEARTBEAT:
         if (node.poolIndex < 0) return;  // not registered: nothing to account
+        if (msg.getHeartbeat().getUsage().size() > node.nextContext) return;  // more than it ever held: made up
         for (auto u : msg.getHeartbeat().getUsage()) {
           auto it = sessionByContext_.find((static_cast<uint64_t>(node.poolIndex) << 32) | u.getContext());
           if (it == sessionByContext_.end()) continue;

@@ -88,7 +88,8 @@ std::string tlsSend(const Cluster& cluster, const std::string& node, const std::
                     " >/dev/null");
 }
 
-std::vector<std::byte> registration(const std::string& name, double tflops, uint32_t keptContext = 0) {
+std::vector<std::byte> registration(const std::string& name, double tflops, uint32_t keptContext = 0,
+                                    uint32_t keptCount = 1) {
   capnp::MallocMessageBuilder m;
   auto reg = m.initRoot<wire::NodeMessage>().initRegister();
   reg.setVersionMajor(wire::PROTOCOL_MAJOR);
@@ -100,9 +101,11 @@ std::vector<std::byte> registration(const std::string& name, double tflops, uint
   card.setModel("forged");
   card.setBackend("cpu");
   if (keptContext) {
-    auto held = reg.initContexts(1)[0];
-    held.setContext(keptContext);
-    held.setCard(0);
+    auto held = reg.initContexts(keptCount);
+    for (uint32_t i = 0; i < keptCount; ++i) {
+      held[i].setContext(keptContext - i);
+      held[i].setCard(0);
+    }
   }
   std::vector<std::byte> out;
   transport::appendFrame(out, transport::kControlChannel, 0, m);
@@ -199,7 +202,10 @@ TEST_F(Trust, KeptContextsANetaccelMakesUpAreClosedAndNeverMoveTheIdsOthersGet) 
   // A genuine certificate, a made-up context at the top of the id space: it is not the
   // scheduler's, so it is closed, and the next contexts on node0 do not wrap onto the
   // victim's.
+  tlsSend(*cluster, "n3", registration("n3", 2, UINT32_MAX, 70000));  // a tiny message, 70,000 made-up contexts
   tlsSend(*cluster, "n2", registration("n2", 2, UINT32_MAX), 2000);
+  std::string log = readFile(cluster->dir() + "/scheduler.log");
+  EXPECT_TRUE(contains(log, "at most 1024 cards and 65536 kept contexts (got 1 and 70000)")) << log;
   for (int i = 0; i < 3; ++i) {
     auto other = open(guestd, 2, "other" + std::to_string(i));
     ASSERT_TRUE(other);
