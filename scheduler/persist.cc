@@ -18,6 +18,7 @@
 
 #include <capnp/serialize.h>
 
+#include "common/limits.h"
 #include "common/log.h"
 #include "scheduler/state.h"
 #include "scheduler/store.h"
@@ -326,7 +327,7 @@ void Scheduler::adoptContexts(NodeLink& node, capnp::List<wire::HeldContext>::Re
     // card (sessionByContext_ holds restored ones under their node); the netaccel's word
     // alone moves nothing, not even the node's id counter.
     uint32_t ctx = hc.getContext();
-    auto it = sessionByContext_.find((static_cast<uint64_t>(node.poolIndex) << 32) | ctx);
+    auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), ctx));
     Session* s = it == sessionByContext_.end() ? nullptr : it->second;
     size_t index = SIZE_MAX;
     if (s && s->phase == Phase::recovering)
@@ -351,9 +352,11 @@ void Scheduler::adoptContexts(NodeLink& node, capnp::List<wire::HeldContext>::Re
       if (b.getHandle() >= kSchedulerHandles) {
         sendFree(*s, index, b.getHandle());  // a scratch copy of the old process's
       } else if (index == 0 && !s->buffers.count(b.getHandle())) {
+        // The netaccel's count: charged, but never past 2^64 (a VM over its quota after
+        // a restart only has its next allocations refused).
         s->buffers[b.getHandle()] = b.getBytes();
-        s->memoryUsed += b.getBytes();
-        s->vm->memoryUsed += b.getBytes();
+        s->memoryUsed = limits::satAdd(s->memoryUsed, b.getBytes());
+        s->vm->memoryUsed = limits::satAdd(s->vm->memoryUsed, b.getBytes());
       }
     }
     if (index == 0) s->appliedThrough = hc.getLastSequence();

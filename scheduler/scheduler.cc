@@ -668,7 +668,7 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
     return;
   }
   if (node.poolIndex < 0) return;  // not registered: it holds no context
-  auto it = sessionByContext_.find((static_cast<uint64_t>(node.poolIndex) << 32) | h.channel);
+  auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), h.channel));
   if (it == sessionByContext_.end()) return;  // the session ended; its late replies go nowhere
   Session& s = *it->second;
   // Context ids are per node link: the member is the one with this id on this node.
@@ -794,7 +794,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         if (node.poolIndex < 0) return;  // not registered: nothing to account
         if (msg.getHeartbeat().getUsage().size() > node.nextContext) return;  // more than it ever held: made up
         for (auto u : msg.getHeartbeat().getUsage()) {
-          auto it = sessionByContext_.find((static_cast<uint64_t>(node.poolIndex) << 32) | u.getContext());
+          auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), u.getContext()));
           if (it == sessionByContext_.end()) continue;
           for (auto& m : it->second->members)
             if (m.context == u.getContext() && m.node == &node) m.kernelNs = u.getKernelNs();

@@ -198,9 +198,8 @@ class Scheduler {
   std::map<size_t, uint64_t> offlineSinceMs_;  // pool node -> when it went offline
   // By (pool node, context id): a context id is unique on its node's link only.
   std::unordered_map<uint64_t, Session*> sessionByContext_;
-  uint64_t contextKey(size_t card, uint32_t context) const {
-    return (static_cast<uint64_t>(pool_.cards()[card].node) << 32) | context;
-  }
+  static uint64_t contextKeyOnNode(size_t node, uint32_t context) { return (static_cast<uint64_t>(node) << 32) | context; }
+  uint64_t contextKey(size_t card, uint32_t context) const { return contextKeyOnNode(pool_.cards()[card].node, context); }
   std::map<VaccelId, std::unique_ptr<Session>> sessions_;  // every session, attached or not
   std::unique_ptr<Store> store_;
   std::map<std::string, std::map<std::string, std::string>> policyOverrides_;  // raccelctl set-policy, by VM
