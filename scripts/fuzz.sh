@@ -39,7 +39,7 @@ for t in "${targets[@]}"; do
   log="build-fuzz/fuzz-$t.log"
   echo "== fuzz_$t for ${seconds}s (log: $log)"
   set +e
-  build-fuzz/tests/fuzz/fuzz_$t "$work" "tests/fuzz/corpus/$t" -max_total_time="$seconds" -runs="$runs" \
+  build-fuzz/bin/fuzz_$t "$work" "tests/fuzz/corpus/$t" -max_total_time="$seconds" -runs="$runs" \
     -timeout=60 -rss_limit_mb=4096 -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts" >"$log" 2>&1
   rc=$?
   set -e
