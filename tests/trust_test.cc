@@ -16,6 +16,8 @@
 #include <fstream>
 #include <thread>
 
+#include <capnp/any.h>
+
 #include "schema/guest.capnp.h"
 #include "schema/node.capnp.h"
 #include "tests/cluster.h"
@@ -300,6 +302,34 @@ TEST_F(Trust, AnInstructionHeldBehindHelloThatFailsToDecodeEndsOnlyItsOwnSession
   auto after = open(guestd, 4, "after");
   ASSERT_TRUE(after);
   EXPECT_TRUE(roundTrip(*after, 5));
+}
+
+TEST_F(Trust, AGraphOpWithAnUnknownTagIsRefusedAndTheSchedulerCarriesOn) {
+  transport::BlockingLink raw;
+  ASSERT_TRUE(raw.connectUnix(cluster->vmSocket()));
+  sendHello(raw, 1, 1, 0, "graph");
+  ASSERT_EQ(expectErrorReply(raw, 1).message, "welcomed");
+  capnp::MallocMessageBuilder alloc;
+  auto a = alloc.initRoot<wire::Instruction>().initAlloc();
+  a.setHandle(7);
+  a.setSize(4096);
+  ASSERT_TRUE(raw.sendNow(1, 2, alloc));
+  capnp::MallocMessageBuilder graph;
+  auto op = graph.initRoot<wire::Instruction>().initGraph().initNodes(1)[0].initOp();
+  auto axpy = op.initAxpy();
+  axpy.setN(16);
+  axpy.setX(7);
+  axpy.setY(7);
+  // The op's union discriminant (its data section's first 16 bits) set to a tag no
+  // schema version has: what an attacker's encoder, or a newer client, would send.
+  capnp::AnyStruct::Builder(kj::mv(op)).getDataSection()[0] = 99;
+  ASSERT_TRUE(raw.sendNow(1, 3, graph));
+  Error e = expectErrorReply(raw, 3);
+  EXPECT_EQ(e.code, Code::invalidArgument) << e.message;
+  EXPECT_TRUE(contains(e.message, "unknown built-in op (tag 99)")) << e.message;
+  auto fine = open(guestd, 1, "after-graph");
+  ASSERT_TRUE(fine);
+  EXPECT_TRUE(roundTrip(*fine, 21));
 }
 
 TEST_F(Trust, TenThousandIdleConnectionsCostBoundedMemoryAndALegitimateProgramKeepsWorking) {
