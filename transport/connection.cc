@@ -39,18 +39,60 @@ Connection::Connection(uv_loop_t* loop, Kind kind, uint32_t maxFrameBytes) : kin
   handle_.handle.data = this;
 }
 
+namespace {
+// What OpenSSL reads ciphertext from and writes it to, through linkBioMethod(): the
+// stream's read buffer in place, and a vector that goes out as it is. No memory-BIO
+// copies, no zero-filled growth.
+struct CipherIo {
+  const std::byte* in = nullptr;  // the current read's bytes not yet taken
+  size_t inLeft = 0;
+  std::vector<std::byte> out;     // ciphertext made since the last write began
+};
+
+// A BIO over a CipherIo (BIO_get_data): reads take from `in` until it is used up
+// ("retry": the stream has nothing more yet), writes append to `out`.
+BIO_METHOD* linkBioMethod() {
+  static BIO_METHOD* method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "raccel link");
+    BIO_meth_set_write_ex(m, [](BIO* b, const char* data, size_t n, size_t* written) -> int {
+      auto& io = *static_cast<CipherIo*>(BIO_get_data(b));
+      io.out.insert(io.out.end(), reinterpret_cast<const std::byte*>(data), reinterpret_cast<const std::byte*>(data) + n);
+      *written = n;
+      return 1;
+    });
+    BIO_meth_set_read_ex(m, [](BIO* b, char* data, size_t n, size_t* read) -> int {
+      auto& io = *static_cast<CipherIo*>(BIO_get_data(b));
+      BIO_clear_retry_flags(b);
+      *read = std::min(n, io.inLeft);
+      if (*read == 0) {
+        BIO_set_retry_read(b);
+        return 0;
+      }
+      std::memcpy(data, io.in, *read);
+      io.in += *read;
+      io.inLeft -= *read;
+      return 1;
+    });
+    BIO_meth_set_ctrl(m, [](BIO*, int cmd, long, void*) -> long { return cmd == BIO_CTRL_FLUSH ? 1 : 0; });
+    BIO_meth_set_create(m, [](BIO* b) -> int {
+      BIO_set_init(b, 1);
+      return 1;
+    });
+    return m;
+  }();
+  return method;
+}
+}  // namespace
+
 struct Connection::Tls {
   std::shared_ptr<TlsContext> context;
   SSL* ssl = nullptr;
-  BIO* in = nullptr;   // ciphertext from the stream, for OpenSSL
-  BIO* out = nullptr;  // ciphertext from OpenSSL, for the stream
   bool established = false;
   std::string peerName;
-  std::unique_ptr<std::byte[]> sending;  // ciphertext of the write in flight (not zeroed: filled at once); as
-                                        // large as the largest burst (bounded by the sender's high-water mark)
-  size_t sendingCapacity = 0;
+  CipherIo io;
+  std::vector<std::byte> sending;  // ciphertext of the write in flight (swapped with io.out)
   ~Tls() {
-    if (ssl) SSL_free(ssl);  // frees both BIOs
+    if (ssl) SSL_free(ssl);  // frees its BIO
   }
 };
 
@@ -61,22 +103,6 @@ void Connection::useTls(std::shared_ptr<TlsContext> context) {
   tls_->context = std::move(context);
 }
 
-// The OpenSSL state is made when the first bytes move (a client's hello, a server's
-// first read), so a peer that connects and says nothing costs no TLS memory.
-static void makeSsl(SSL*& ssl, BIO*& in, BIO*& out, const TlsContext& context) {
-  ssl = SSL_new(context.native());
-  in = BIO_new(BIO_s_mem());
-  out = BIO_new(BIO_s_mem());
-  BIO_set_mem_eof_return(in, -1);  // an empty input means "wait for more", not EOF
-  SSL_set_bio(ssl, in, out);
-  if (context.role() == TlsContext::Role::server) {
-    SSL_set_accept_state(ssl);
-  } else {
-    SSL_set_connect_state(ssl);
-    SSL_set1_host(ssl, kSchedulerName);  // the scheduler's certificate must name it
-  }
-}
-
 const std::string& Connection::peerName() const {
   static const std::string none;
   return tls_ && tls_->established ? tls_->peerName : none;
@@ -85,10 +111,28 @@ const std::string& Connection::peerName() const {
 void Connection::receiveTls(const std::byte* data, size_t n) {
   Tls& t = *tls_;
   if (!t.ssl) {
+    // Made when the first bytes move (a client's hello, a server's first read), so a
+    // peer that connects and says nothing costs no TLS memory.
     if (n == 0 && t.context->role() == TlsContext::Role::server) return;  // the client speaks first
-    makeSsl(t.ssl, t.in, t.out, *t.context);
+    t.ssl = SSL_new(t.context->native());
+    BIO* bio = BIO_new(linkBioMethod());
+    BIO_set_data(bio, &t.io);
+    SSL_set_bio(t.ssl, bio, bio);
+    if (t.context->role() == TlsContext::Role::server) {
+      SSL_set_accept_state(t.ssl);
+    } else {
+      SSL_set_connect_state(t.ssl);
+      SSL_set1_host(t.ssl, kSchedulerName);  // the scheduler's certificate must name it
+    }
   }
-  if (n > 0) BIO_write(t.in, data, static_cast<int>(n));
+  // OpenSSL reads this read's bytes in place; each loop below runs until it wants more.
+  // They are not kept past this call (an early return drops what is left: the link closes).
+  t.io.in = data;
+  t.io.inLeft = n;
+  struct Forget {
+    CipherIo& io;
+    ~Forget() { io.in = nullptr, io.inLeft = 0; }
+  } forget{t.io};
   if (!t.established) {
     int r = SSL_do_handshake(t.ssl);
     if (r != 1) {
@@ -165,17 +209,13 @@ void Connection::flushTls() {
       return;
     }
   }
-  size_t pending = BIO_ctrl_pending(t.out);
-  if (pending == 0) return;
-  if (t.sendingCapacity < pending) {
-    // Grows only (to the largest burst seen): a buffer made anew for each write costs
-    // its pages' faults every time, which dominated bulk transfers.
-    t.sendingCapacity = std::max(pending, 2 * t.sendingCapacity);
-    t.sending.reset(new std::byte[t.sendingCapacity]);
-  }
-  BIO_read(t.out, t.sending.get(), static_cast<int>(pending));
-  inflightBytes_ = pending;
-  uv_buf_t buf = uv_buf_init(reinterpret_cast<char*>(t.sending.get()), pending);
+  if (t.io.out.empty()) return;
+  // The ciphertext made so far goes out as it is; `out` takes the last write's buffer
+  // (no copy, and after the first bursts no allocation).
+  t.sending.swap(t.io.out);
+  t.io.out.clear();
+  inflightBytes_ = t.sending.size();
+  uv_buf_t buf = uv_buf_init(reinterpret_cast<char*>(t.sending.data()), t.sending.size());
   writeReq_.data = this;
   writing_ = true;
   int rc = uv_write(&writeReq_, &handle_.stream, &buf, 1, onWrite);
