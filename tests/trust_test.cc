@@ -135,6 +135,14 @@ class Trust : public ::testing::Test {
     EXPECT_TRUE(cluster->scheduler().running()) << "the scheduler died:\n" << cluster->logs();
     if (HasFailure()) std::cerr << cluster->logs();
   }
+  // `e` is invalidArgument naming `words`; then a new program of `tflops` runs exactly.
+  void expectRefusedAndOthersRun(const Error& e, const std::string& words, double tflops, unsigned seed) {
+    EXPECT_EQ(e.code, Code::invalidArgument) << e.message;
+    EXPECT_TRUE(contains(e.message, words)) << e.message;
+    auto after = open(guestd, tflops, "after");
+    ASSERT_TRUE(after);
+    EXPECT_TRUE(roundTrip(*after, seed));
+  }
   std::unique_ptr<Cluster> cluster;
   std::string guestd;
 };
@@ -296,12 +304,7 @@ TEST_F(Trust, AnInstructionHeldBehindHelloThatFailsToDecodeEndsOnlyItsOwnSession
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   holder.reset();  // its blocks free: the waiting session is placed, its held garbage runs
   EXPECT_EQ(expectErrorReply(raw, 1).message, "welcomed");
-  Error malformed = expectErrorReply(raw, 2);
-  EXPECT_EQ(malformed.code, Code::invalidArgument) << malformed.message;
-  EXPECT_TRUE(contains(malformed.message, "malformed")) << malformed.message;
-  auto after = open(guestd, 4, "after");
-  ASSERT_TRUE(after);
-  EXPECT_TRUE(roundTrip(*after, 5));
+  expectRefusedAndOthersRun(expectErrorReply(raw, 2), "malformed", 4, 5);
 }
 
 TEST_F(Trust, AGraphOpWithAnUnknownTagIsRefusedAndTheSchedulerCarriesOn) {
@@ -324,12 +327,7 @@ TEST_F(Trust, AGraphOpWithAnUnknownTagIsRefusedAndTheSchedulerCarriesOn) {
   // schema version has: what an attacker's encoder, or a newer client, would send.
   capnp::AnyStruct::Builder(kj::mv(op)).getDataSection()[0] = 99;
   ASSERT_TRUE(raw.sendNow(1, 3, graph));
-  Error e = expectErrorReply(raw, 3);
-  EXPECT_EQ(e.code, Code::invalidArgument) << e.message;
-  EXPECT_TRUE(contains(e.message, "unknown built-in op (tag 99)")) << e.message;
-  auto fine = open(guestd, 1, "after-graph");
-  ASSERT_TRUE(fine);
-  EXPECT_TRUE(roundTrip(*fine, 21));
+  expectRefusedAndOthersRun(expectErrorReply(raw, 3), "unknown built-in op (tag 99)", 1, 21);
 }
 
 TEST_F(Trust, TenThousandIdleConnectionsCostBoundedMemoryAndALegitimateProgramKeepsWorking) {
