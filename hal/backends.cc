@@ -65,6 +65,7 @@ Result<std::unique_ptr<Device>> openDevice(const std::string& backend, unsigned 
   if (backend == "xrt") device = openXrtDevice(index, overrides);
 #endif
   if (!device) return device;  // each backend has applied the overrides
+  (*device)->setDeviceIndex(index);
   if ((*device)->capabilities().tflops <= 0) {
     auto measured = calibrateTflops(**device);
     if (!measured)

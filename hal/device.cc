@@ -24,10 +24,13 @@ Status checkElements(const Buffer& buffer, uint64_t n, const char* op, const cha
 
 Result<std::unique_ptr<Buffer>> Device::allocate(uint64_t bytes) {
   if (bytes == 0) return fail(Code::invalidArgument, "cannot allocate a zero-size buffer");
-  if (bytes > caps_.memoryBytes - std::min(memoryUsed_, caps_.memoryBytes))
-    return fail(Code::resourceExhausted, "card memory exhausted: " + std::to_string(bytes) + " bytes asked, " +
-                                             std::to_string(caps_.memoryBytes - memoryUsed_) + " of " +
-                                             std::to_string(caps_.memoryBytes) + " free");
+  const uint64_t limit = memoryCap_ ? std::min(memoryCap_, caps_.memoryBytes) : caps_.memoryBytes;
+  if (bytes > limit - std::min(memoryUsed_, limit))
+    return fail(Code::resourceExhausted, std::string(limit < caps_.memoryBytes ? "this tenant's share of the card's memory"
+                                                                               : "card memory") +
+                                             " exhausted: " + std::to_string(bytes) + " bytes asked, " +
+                                             std::to_string(limit - std::min(memoryUsed_, limit)) + " of " +
+                                             std::to_string(limit) + " free");
   auto buffer = doAllocate(bytes);
   if (buffer) memoryUsed_ += bytes;
   return buffer;
@@ -35,6 +38,7 @@ Result<std::unique_ptr<Buffer>> Device::allocate(uint64_t bytes) {
 
 void Device::release(std::unique_ptr<Buffer> buffer) {
   if (!buffer) return;
+  if (timesKernels()) (void)finish();  // a queued kernel may still use it
   memoryUsed_ -= std::min(memoryUsed_, buffer->size());
 }
 

@@ -34,6 +34,13 @@ struct Capabilities {
   double tflops = 0;
   uint64_t memoryBytes = 0;
   std::vector<ProgramKind> programKinds;
+  unsigned deviceIndex = 0;  // within its backend: what a sandbox process opens again
+};
+
+// One kernel's time on the device's own clock, reported once, when it has completed.
+struct KernelTime {
+  uint64_t tag = 0;  // what tagKernels() said when it was issued
+  uint64_t ns = 0;
 };
 
 class Buffer {
@@ -99,6 +106,7 @@ class Device {
   const Capabilities& capabilities() const { return caps_; }
   // Discovery sets a measured throughput once, before the device is handed to a worker.
   void setTflops(double tflops) { caps_.tflops = tflops; }
+  void setDeviceIndex(unsigned index) { caps_.deviceIndex = index; }
   uint64_t memoryUsed() const { return memoryUsed_; }
 
   // Owned, zero-filled buffer (never another tenant's leftovers), or resourceExhausted
@@ -125,6 +133,29 @@ class Device {
   // Returns when all work issued so far has completed.
   virtual Status finish() = 0;
 
+  // Asynchronous devices (a GPU's stream, the asynchronous simulated card) queue kernels
+  // (launch and the built-in ops), return at once, and time each kernel on the device's
+  // own clock (CUDA events, OpenCL profiling, the simulated card's queue). Their callers
+  // charge that time, not the wall time of the call, which is only the enqueue.
+  virtual bool timesKernels() const { return false; }
+  // Kernels issued from now on carry this tag in their KernelTime.
+  void tagKernels(uint64_t tag) { tag_ = tag; }
+  // Appends the kernels completed since the last call; returns how many are in flight.
+  virtual size_t takeCompleted(std::vector<KernelTime>&) { return 0; }
+  // Blocks until a kernel in flight completes or `timeoutMs` passes.
+  virtual void waitCompleted(unsigned /*timeoutMs*/) {}
+
+  // Allocation refuses past this many bytes, below the card's memory (a sandbox that
+  // serves one tenant holds that tenant's share). 0 = the card's memory.
+  void setMemoryCap(uint64_t bytes) {
+    memoryCap_ = bytes;
+    doSetMemoryCap(bytes);
+  }
+
+  // Non-empty once the device context is gone for good (a CUDA context after a kernel
+  // fault, a sandbox that died): every later call fails, its buffers are lost. Says why.
+  virtual std::string lost() const { return {}; }
+
  protected:
   explicit Device(Capabilities caps) : caps_(std::move(caps)) {}
 
@@ -141,12 +172,17 @@ class Device {
   virtual Status doAxpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) = 0;
   virtual Status doVadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out) = 0;
   virtual Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) = 0;
+  virtual void doSetMemoryCap(uint64_t) {}
+
+  uint64_t kernelTag() const { return tag_; }
 
   Capabilities caps_;
 
  private:
   Status launchBuiltin(const std::string& kernel, std::span<const KernelArg> args);
   uint64_t memoryUsed_ = 0;
+  uint64_t memoryCap_ = 0;
+  uint64_t tag_ = 0;
 };
 
 // The program object a backend returns for the built-in library.

@@ -6,6 +6,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "common/limits.h"
 #include "common/log.h"
 #include "common/usage.h"
 #include "schema/guest.capnp.h"
@@ -56,17 +57,22 @@ using Usage = DecayedUsage;
 struct CardWorker::Tenant {
   Usage usage;
   uint32_t blocks = 0;  // of its open contexts here
+  uint32_t contexts = 0;
+  uint64_t quota = 0;  // its contexts' memory quotas: the sandbox's allocation cap
+  std::unique_ptr<hal::Device> sandbox;  // with sandboxes: while it has contexts here
 };
 
 struct CardWorker::Context {
   struct Poison {
     uint64_t sequence;
     Code code;
+    std::string message;  // set: says what became of the handle (a lost sandbox)
   };
   std::unordered_map<uint64_t, std::unique_ptr<hal::Buffer>> buffers;
   std::unordered_map<uint64_t, std::unique_ptr<hal::Program>> programs;
   std::unordered_map<uint64_t, Poison> poisoned;  // handles a failed instruction should have created
   uint64_t quota = 0, used = 0;
+  uint32_t id = 0;
   std::string label;
   // Scheduling on the card.
   std::deque<Work> ready;
@@ -77,12 +83,22 @@ struct CardWorker::Context {
 };
 
 CardWorker::CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify, double halfLifeMs)
+    : CardWorker(std::move(device), std::move(notify), Options{halfLifeMs}) {}
+
+CardWorker::CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify, Options options)
     : caps_(device->capabilities()),
+      options_(std::move(options)),
       device_(std::move(device)),
       notify_(std::move(notify)),
       contexts_(std::make_unique<std::unordered_map<uint32_t, Context>>()),
       tenants_(std::make_unique<std::unordered_map<std::string, Tenant>>()),
-      halfLifeNs_(std::max(1.0, halfLifeMs) * 1e6) {
+      halfLifeNs_(std::max(1.0, options_.halfLifeMs) * 1e6) {
+  options_.queueDepth = std::max(1u, options_.queueDepth);
+  if (options_.sandbox) {
+    device_.reset();  // its device context closes: each tenant's sandbox opens its own
+    sandboxes_ = std::make_unique<SandboxPool>(caps_, *options_.sandbox, options_.label);
+    sandboxesStarted_ = sandboxes_->started();
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -93,8 +109,15 @@ CardWorker::~CardWorker() {
   }
   cv_.notify_all();
   thread_.join();
-  for (auto& [id, ctx] : *contexts_)
-    for (auto& [h, b] : ctx.buffers) device_->release(std::move(b));
+  // Buffers and programs before the devices (a sandbox's) that hold them.
+  for (auto& [id, ctx] : *contexts_) {
+    Tenant& t = (*tenants_)[ctx.tenant];
+    hal::Device* d = sandboxes_ ? t.sandbox.get() : device_.get();
+    for (auto& [h, b] : ctx.buffers)
+      if (d) d->release(std::move(b));
+  }
+  contexts_->clear();
+  tenants_->clear();
 }
 
 void CardWorker::openContext(uint32_t context, uint64_t memoryQuota, const std::string& label, uint32_t blocks,
@@ -149,6 +172,17 @@ void CardWorker::submit() {
   cv_.notify_one();
 }
 
+void CardWorker::drainFaults(std::vector<Fault>& out) {
+  std::lock_guard lock(mu_);
+  for (auto& f : faults_) out.push_back(std::move(f));
+  faults_.clear();
+}
+
+uint64_t CardWorker::sandboxesStarted() const {
+  std::lock_guard lock(mu_);
+  return sandboxesStarted_;
+}
+
 void CardWorker::drain(std::vector<Output>& out) {
   std::lock_guard lock(mu_);
   for (auto& o : outbox_) out.push_back(std::move(o));
@@ -182,29 +216,41 @@ void CardWorker::run() {
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      auto woken = [&] { return stop_ || !queue_.empty(); };
+      // Kernels in flight: look at them now and then, to charge their time.
+      if (inFlightTotal_ > 0) cv_.wait_for(lock, std::chrono::milliseconds(5), woken);
+      else cv_.wait(lock, woken);
       if (stop_) return;
       arrived.swap(queue_);
     }
     intake(arrived);
+    if (inFlightTotal_ > 0) waitForDevice();  // (returns at once when one has completed)
     // One instruction at a time, the fairest next; newly arrived work joins the choice.
-    while (Context* c = pick()) {
-      Work w = std::move(c->ready.front());
-      c->ready.pop_front();
-      if (c->ready.empty()) --readyContexts_;
-      size_t bytes = w.body.size();  // execute() consumes the body
-      uint32_t id = w.context;
-      bool instruction = w.type == Work::Type::instruction;
-      double start = instruction ? nowNs() : 0;
-      execute(w);  // may close (erase) the context
-      double used = 0;
-      if (instruction) {
-        auto it = contexts_->find(id);
-        if (it != contexts_->end()) charge(it->second, used = nowNs() - start);
-      }
-      {
+    for (;;) {
+      Context* c = pick();
+      if (!c) {
+        if (readyContexts_ == 0) break;
+        waitForDevice();  // work is ready but the card has queueDepth kernels in flight
         std::lock_guard lock(mu_);
-        if (used > 0) kernelNs_[id] += static_cast<uint64_t>(used);
+        if (!queue_.empty()) arrived.swap(queue_);
+      } else {
+        Work w = std::move(c->ready.front());
+        c->ready.pop_front();
+        if (c->ready.empty()) --readyContexts_;
+        size_t bytes = w.body.size();  // execute() consumes the body
+        uint32_t id = w.context;
+        bool instruction = w.type == Work::Type::instruction;
+        hal::Device* device = instruction ? &deviceOf(*c) : nullptr;
+        bool timed = device && device->timesKernels();
+        if (device) device->tagKernels(id);
+        double start = instruction ? nowNs() : 0;
+        execute(w);  // may close (erase) the context, or replace a lost sandbox
+        auto it = contexts_->find(id);
+        if (instruction && it != contexts_->end()) {
+          if (!timed) charge(it->second, nowNs() - start);
+          else if (hal::Device* now = &deviceOf(it->second); now == device) collect(*now);
+        }
+        std::lock_guard lock(mu_);
         queuedBytes_ -= bytes;
         --queuedCount_;
         if (!queue_.empty()) arrived.swap(queue_);
@@ -240,6 +286,9 @@ void CardWorker::intake(std::vector<Work>& arrived) {
 
 CardWorker::Context* CardWorker::pick() {
   if (readyContexts_ == 0) return nullptr;
+  // The card has queueDepth kernels in flight: nothing is dispatched until one completes,
+  // so that the next is the fairest one then (only asynchronous devices count here).
+  if (inFlightTotal_ >= options_.queueDepth) return nullptr;
   if (readyContexts_ == 1) {
     for (auto& [id, c] : *contexts_)
       if (!c.ready.empty()) return &c;
@@ -269,6 +318,100 @@ void CardWorker::charge(Context& c, double ns) {
   double now = nowNs();
   c.usage.add(now, halfLifeNs_, ns);
   (*tenants_)[c.tenant].usage.add(now, halfLifeNs_, ns);
+  std::lock_guard lock(mu_);
+  kernelNs_[c.id] += static_cast<uint64_t>(ns);
+}
+
+hal::Device& CardWorker::deviceOf(Context& c) {
+  if (!sandboxes_) return *device_;
+  Tenant& t = (*tenants_)[c.tenant];
+  if (!t.sandbox) {
+    t.sandbox = sandboxes_->take();
+    t.sandbox->setMemoryCap(std::min(t.quota, caps_.memoryBytes));
+    RLOG_INFO("netaccel") << options_.label << ": tenant '" << limits::clip(c.tenant, 64) << "' is served by sandbox process "
+                          << SandboxPool::pidOf(*t.sandbox);
+    std::lock_guard lock(mu_);
+    sandboxesStarted_ = sandboxes_->started();
+  }
+  return *t.sandbox;
+}
+
+void CardWorker::collect(hal::Device& device) {
+  completed_.clear();
+  size_t n = device.takeCompleted(completed_);
+  for (auto& k : completed_) {
+    if (k.tag > UINT32_MAX) continue;
+    auto it = contexts_->find(static_cast<uint32_t>(k.tag));
+    // A sandbox's report is its own word: a kernel's time is taken up to an hour.
+    if (it != contexts_->end()) charge(it->second, std::min<double>(static_cast<double>(k.ns), 3.6e12));
+  }
+  // At most queueDepth: a sandbox claiming more would hold the whole card.
+  n = std::min<size_t>(n, options_.queueDepth);
+  auto it = inFlight_.find(&device);
+  size_t before = it == inFlight_.end() ? 0 : it->second;
+  inFlightTotal_ = inFlightTotal_ - before + n;
+  if (n == 0) {
+    if (it != inFlight_.end()) inFlight_.erase(it);
+    stalledSince_.erase(&device);
+  } else {
+    inFlight_[&device] = n;
+    if (!completed_.empty() || before == 0) stalledSince_[&device] = nowNs();
+  }
+}
+
+void CardWorker::waitForDevice() {
+  if (inFlight_.empty()) return;
+  hal::Device* device = inFlight_.begin()->first;
+  device->waitCompleted(2);
+  for (auto it = inFlight_.begin(); it != inFlight_.end();) {
+    hal::Device* d = (it++)->first;  // collect() may erase it
+    collect(*d);
+  }
+  // A sandbox whose kernels make no progress for the call timeout holds the card from
+  // everyone else: it is stopped (a kernel that never ends).
+  if (!sandboxes_) return;
+  double now = nowNs();
+  for (auto& [name, t] : *tenants_) {
+    if (!t.sandbox) continue;
+    auto s = stalledSince_.find(t.sandbox.get());
+    if (s == stalledSince_.end() || now - s->second < options_.sandbox->callTimeoutMs * 1e6) continue;
+    sandboxLost(name, "its kernels made no progress for " + std::to_string(options_.sandbox->callTimeoutMs) +
+                          " ms (a kernel that never ends?) and its sandbox was stopped", 0);
+    break;  // tenants_ is unchanged, but one at a time keeps this simple
+  }
+}
+
+std::string CardWorker::lossMessage(const std::string& why) const {
+  return why + "; this vaccel's buffers and programs on " + options_.label + " are lost";
+}
+
+void CardWorker::sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence) {
+  Tenant& t = (*tenants_)[tenant];
+  Fault fault{{}, lossMessage(why)};
+  for (auto& [id, c] : *contexts_) {
+    if (c.tenant != tenant) continue;
+    fault.contexts.push_back(id);
+    for (auto& [h, b] : c.buffers) {
+      c.poisoned[h] = Context::Poison{sequence, Code::internal, "buffer " + std::to_string(h) + " was lost: " + fault.message};
+      if (t.sandbox) t.sandbox->release(std::move(b));
+    }
+    for (auto& [h, p] : c.programs)
+      c.poisoned[h] = Context::Poison{sequence, Code::internal, "program " + std::to_string(h) + " was lost: " + fault.message};
+    c.buffers.clear();
+    c.programs.clear();
+    c.used = 0;
+    std::lock_guard lock(mu_);
+    bufferBytes_.erase(id);
+  }
+  if (auto it = inFlight_.find(t.sandbox.get()); it != inFlight_.end()) {
+    inFlightTotal_ -= it->second;
+    inFlight_.erase(it);
+  }
+  stalledSince_.erase(t.sandbox.get());
+  t.sandbox.reset();  // the process is stopped and its folder removed; a new one serves what follows
+  RLOG_WARN("netaccel") << options_.label << ": tenant '" << limits::clip(tenant, 64) << "': " << fault.message;
+  std::lock_guard lock(mu_);
+  faults_.push_back(std::move(fault));
 }
 
 void CardWorker::emit(uint32_t context, uint64_t sequence, Body body) {
@@ -305,21 +448,33 @@ Body errorReply(uint64_t sequence, const Failure& f) {
 
 void CardWorker::execute(Work& work) {
   if (work.type == Work::Type::open) {
+    if (contexts_->count(work.context)) return;  // the scheduler never reuses an open id
     Context& c = (*contexts_)[work.context];
+    c.id = work.context;
     c.quota = work.quota ? work.quota : caps_.memoryBytes;
     c.label = work.label;
     c.blocks = work.blocks;
     c.tenant = work.tenant;
     c.priority = work.priority;
-    (*tenants_)[c.tenant].blocks += c.blocks;
+    Tenant& t = (*tenants_)[c.tenant];
+    t.blocks += c.blocks;
+    ++t.contexts;
+    t.quota = limits::satAdd(t.quota, c.quota);
+    if (t.sandbox) t.sandbox->setMemoryCap(std::min(t.quota, caps_.memoryBytes));
     return;
   }
   auto it = contexts_->find(work.context);
   if (work.type == Work::Type::close) {
     if (it == contexts_->end()) return;
-    for (auto& [h, b] : it->second.buffers) device_->release(std::move(b));
     Tenant& t = (*tenants_)[it->second.tenant];  // kept: its past usage still counts if it comes back
+    hal::Device* d = sandboxes_ ? t.sandbox.get() : device_.get();
+    for (auto& [h, b] : it->second.buffers)
+      if (d) d->release(std::move(b));
+    it->second.buffers.clear();
+    it->second.programs.clear();
     t.blocks -= std::min(t.blocks, it->second.blocks);
+    t.contexts -= std::min(t.contexts, 1u);
+    t.quota -= std::min(t.quota, it->second.quota);
     {
       std::lock_guard lock(mu_);
       kernelNs_.erase(work.context);
@@ -331,19 +486,34 @@ void CardWorker::execute(Work& work) {
       }
     }
     contexts_->erase(it);
+    if (t.sandbox && t.contexts == 0) {  // its last context here: the sandbox ends
+      if (auto f = inFlight_.find(t.sandbox.get()); f != inFlight_.end()) {
+        inFlightTotal_ -= f->second;
+        inFlight_.erase(f);
+      }
+      stalledSince_.erase(t.sandbox.get());
+      t.sandbox.reset();
+    } else if (t.sandbox) {
+      t.sandbox->setMemoryCap(std::min(std::max<uint64_t>(t.quota, 1), caps_.memoryBytes));
+    }
     return;
   }
   if (it == contexts_->end()) return;  // closed meanwhile: the session is gone
   Context& c = it->second;
   if (work.type == Work::Type::poison) {
     if (!c.buffers.count(work.quota) && !c.programs.count(work.quota))
-      c.poisoned[work.quota] = Context::Poison{work.sequence, work.code};
+      c.poisoned[work.quota] = Context::Poison{work.sequence, work.code, {}};
     return;
   }
   const uint64_t seq = work.sequence;
+  hal::Device& device = deviceOf(c);
+  auto lostHandle = [](const Context::Poison& p) {
+    return std::unexpected(Failure{Error{p.code, p.message}, p.sequence});
+  };
 
   auto bufferOf = [&](uint64_t h) -> std::expected<hal::Buffer*, Failure> {
     if (auto b = c.buffers.find(h); b != c.buffers.end()) return b->second.get();
+    if (auto p = c.poisoned.find(h); p != c.poisoned.end() && !p->second.message.empty()) return lostHandle(p->second);
     if (auto p = c.poisoned.find(h); p != c.poisoned.end())
       return std::unexpected(Failure{Error{p->second.code, "dependency failed: buffer " + std::to_string(h) +
                                                                  " was never created: instruction #" +
@@ -375,7 +545,7 @@ void CardWorker::execute(Work& work) {
             return failure(Code::resourceExhausted, "allocating " + std::to_string(a.getSize()) +
                                                         " bytes would exceed this session's quota on the card (" +
                                                         std::to_string(c.used) + " of " + std::to_string(c.quota) + " used)");
-          auto b = device_->allocate(a.getSize());
+          auto b = device.allocate(a.getSize());
           if (!b) return failure(b.error());
           c.used += a.getSize();
           c.poisoned.erase(h);
@@ -390,7 +560,7 @@ void CardWorker::execute(Work& work) {
           uint64_t h = in.getFree().getHandle();
           if (auto b = c.buffers.find(h); b != c.buffers.end()) {
             c.used -= std::min(c.used, b->second->size());
-            device_->release(std::move(b->second));
+            device.release(std::move(b->second));
             c.buffers.erase(b);
             {
               std::lock_guard lock(mu_);
@@ -406,7 +576,7 @@ void CardWorker::execute(Work& work) {
           auto b = bufferOf(w.getBuffer());
           if (!b) return std::unexpected(b.error());
           auto data = w.getData();
-          return status(device_->write(**b, w.getOffset(), std::as_bytes(std::span(data.begin(), data.size()))));
+          return status(device.write(**b, w.getOffset(), std::as_bytes(std::span(data.begin(), data.size()))));
         }
         case wire::Instruction::READ: {
           auto r = in.getRead();
@@ -425,7 +595,7 @@ void CardWorker::execute(Work& work) {
             chunk.setOffset(done);
             chunk.setLast(done + n == length);
             auto data = chunk.initData(n);
-            if (auto s = device_->read(**b, offset + done, std::as_writable_bytes(std::span(data.begin(), n))); !s)
+            if (auto s = device.read(**b, offset + done, std::as_writable_bytes(std::span(data.begin(), n))); !s)
               return failure(s.error());
             emit(work.context, seq, out.finish());
             done += n;
@@ -438,13 +608,13 @@ void CardWorker::execute(Work& work) {
           if (!dst) return std::unexpected(dst.error());
           auto src = bufferOf(cp.getSrc());
           if (!src) return std::unexpected(src.error());
-          return status(device_->copy(**dst, cp.getDstOffset(), **src, cp.getSrcOffset(), cp.getLength()));
+          return status(device.copy(**dst, cp.getDstOffset(), **src, cp.getSrcOffset(), cp.getLength()));
         }
         case wire::Instruction::FILL: {
           auto f = in.getFill();
           auto b = bufferOf(f.getBuffer());
           if (!b) return std::unexpected(b.error());
-          return status(device_->fill(**b, f.getOffset(), f.getLength(), f.getValue()));
+          return status(device.fill(**b, f.getOffset(), f.getLength(), f.getValue()));
         }
         case wire::Instruction::LOAD_PROGRAM: {
           auto lp = in.getLoadProgram();
@@ -455,7 +625,7 @@ void CardWorker::execute(Work& work) {
           if (!transport::validProgramKind(lp.getKind()))
             return failure(Code::invalidArgument, "unknown program kind " + std::to_string(static_cast<int>(lp.getKind())));
           auto code = lp.getCode();
-          auto p = device_->loadProgram(transport::fromWire(lp.getKind()), lp.getName(),
+          auto p = device.loadProgram(transport::fromWire(lp.getKind()), lp.getName(),
                                         std::as_bytes(std::span(code.begin(), code.size())));
           if (!p) return failure(p.error());
           c.poisoned.erase(h);
@@ -466,6 +636,8 @@ void CardWorker::execute(Work& work) {
           auto l = in.getLaunch();
           auto p = c.programs.find(l.getProgram());
           if (p == c.programs.end()) {
+            if (auto poison = c.poisoned.find(l.getProgram()); poison != c.poisoned.end() && !poison->second.message.empty())
+              return lostHandle(poison->second);
             if (auto poison = c.poisoned.find(l.getProgram()); poison != c.poisoned.end())
               return std::unexpected(Failure{Error{poison->second.code, "dependency failed: program " +
                                                                             std::to_string(l.getProgram()) +
@@ -501,7 +673,7 @@ void CardWorker::execute(Work& work) {
             }
             args.push_back(k);
           }
-          return status(device_->launch(*p->second, l.getKernel(), dims, args));
+          return status(device.launch(*p->second, l.getKernel(), dims, args));
         }
         case wire::Instruction::OP: {
           auto op = in.getOp();
@@ -514,7 +686,7 @@ void CardWorker::execute(Work& work) {
               if (!b) return std::unexpected(b.error());
               auto cc = bufferOf(g.getC());
               if (!cc) return std::unexpected(cc.error());
-              return status(device_->gemm({g.getM(), g.getN(), g.getK(), g.getAlpha(), g.getBeta(), *a, *b, *cc}));
+              return status(device.gemm({g.getM(), g.getN(), g.getK(), g.getAlpha(), g.getBeta(), *a, *b, *cc}));
             }
             case wire::Op::AXPY: {
               auto o = op.getAxpy();
@@ -522,7 +694,7 @@ void CardWorker::execute(Work& work) {
               if (!x) return std::unexpected(x.error());
               auto y = bufferOf(o.getY());
               if (!y) return std::unexpected(y.error());
-              return status(device_->axpy(o.getN(), o.getAlpha(), **x, **y));
+              return status(device.axpy(o.getN(), o.getAlpha(), **x, **y));
             }
             case wire::Op::VADD: {
               auto o = op.getVadd();
@@ -532,7 +704,7 @@ void CardWorker::execute(Work& work) {
               if (!b) return std::unexpected(b.error());
               auto out = bufferOf(o.getOut());
               if (!out) return std::unexpected(out.error());
-              return status(device_->vadd(o.getN(), **a, **b, **out));
+              return status(device.vadd(o.getN(), **a, **b, **out));
             }
             case wire::Op::REDUCE_SUM: {
               auto o = op.getReduceSum();
@@ -540,14 +712,14 @@ void CardWorker::execute(Work& work) {
               if (!input) return std::unexpected(input.error());
               auto out = bufferOf(o.getOut());
               if (!out) return std::unexpected(out.error());
-              return status(device_->reduceSum(o.getN(), **input, **out));
+              return status(device.reduceSum(o.getN(), **input, **out));
             }
           }
           return failure(Code::invalidArgument, "unknown built-in op (tag " + std::to_string(static_cast<int>(op.which())) +
                                                   "); this netaccel speaks instruction set 1.0");
         }
         case wire::Instruction::FENCE: {
-          if (auto s = device_->finish(); !s) return failure(s.error());
+          if (auto s = device.finish(); !s) return failure(s.error());
           capnp::MallocMessageBuilder m;
           m.initRoot<wire::Reply>().setFenced();
           emit(work.context, seq, transport::encodeBody(m));
@@ -563,13 +735,21 @@ void CardWorker::execute(Work& work) {
     }();
   });
   if (!decoded) outcome = failure(decoded.error());
+  // The tenant's sandbox died or its device faulted: this instruction fails naming the
+  // fault, the tenant's buffers and programs here are gone, a fresh sandbox follows.
+  if (sandboxes_) {
+    if (std::string why = device.lost(); !why.empty()) {
+      outcome = failure(Code::internal, lossMessage(why));
+      sandboxLost(c.tenant, why, seq);
+    }
+  }
   if (outcome) return;
   const Failure& f = outcome.error();
   uint64_t root = f.dependency ? f.dependency : seq;
   // A handle the failed instruction should have created names its cause from now on.
   // Existing buffers are never touched: validation precedes every mutation.
   if (created && *created != 0 && !c.buffers.count(*created) && !c.programs.count(*created))
-    c.poisoned[*created] = Context::Poison{root, f.error.code};
+    c.poisoned[*created] = Context::Poison{root, f.error.code, {}};
   emit(work.context, seq, errorReply(seq, f));
 }
 

@@ -6,8 +6,22 @@
 // its share (the blocks of this card its contexts hold); then, among that tenant's
 // contexts with work ready, the highest priority, then the lowest own usage over share.
 // While several tenants keep the card busy, each gets kernel time in proportion to its
-// blocks. Usage is the worker's wall time executing the instruction (synchronous
-// backends: the kernel's time).
+// blocks. Usage on a synchronous device is the worker's wall time executing the
+// instruction (the kernel's time). On an asynchronous one (hal::Device::timesKernels: a
+// GPU stream, the asynchronous simulated card) it is each kernel's time on the device's
+// own clock, charged when the kernel completes; and at most `queueDepth` kernels are in
+// flight on the card at once, so the next dispatch always goes to the tenant that is
+// furthest behind its share. A kernel is never cut: the granularity of a share is one
+// kernel, and a tenant may be ahead by up to `queueDepth` kernels at any moment.
+// Transfers are not charged.
+//
+// Sandboxes (netaccel/sandbox.h): on a card built with a SandboxPool, each tenant's
+// contexts run in a sandbox process of that tenant's, taken when its first context
+// opens and ended when its last closes. When it dies or its device faults, the
+// instruction that met it fails naming the fault, every buffer and program of that
+// tenant's contexts on this card is gone (their handles fail naming the fault from then
+// on), a fresh sandbox serves what follows, and the fault is reported through
+// drainFaults(). Other tenants, in their own sandboxes, are untouched.
 //
 // The loop thread queues work (enqueue/openContext/closeContext) and publishes it with
 // submit(), once per batch of frames; the worker executes it in order and hands
@@ -22,12 +36,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "hal/device.h"
+#include "netaccel/sandbox.h"
 #include "transport/frame.h"
 
 namespace raccel::netaccel {
@@ -40,7 +56,21 @@ class CardWorker {
     transport::Body body;
   };
 
+  struct Fault {
+    std::vector<uint32_t> contexts;  // every context the lost sandbox served
+    std::string message;
+  };
+  struct Options {
+    double halfLifeMs = 2000;
+    unsigned queueDepth = 2;  // asynchronous devices: kernels in flight on the card
+    std::string label = "card";  // in messages: "card 0"
+    // Set: each tenant's work runs in a sandbox process of its own (for backends that
+    // run guest code; the in-process device only supplies the capabilities).
+    std::optional<SandboxSettings> sandbox;
+  };
+
   CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify, double halfLifeMs = 2000);
+  CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify, Options options);
   ~CardWorker();
   CardWorker(const CardWorker&) = delete;
   CardWorker& operator=(const CardWorker&) = delete;
@@ -58,6 +88,10 @@ class CardWorker {
   void enqueue(uint32_t context, uint64_t sequence, transport::Body body);
   void submit();
   void drain(std::vector<Output>& out);
+  void drainFaults(std::vector<Fault>& out);
+  bool sandboxed() const { return options_.sandbox.has_value(); }
+  // Sandbox processes started for this card so far (0 without sandboxes).
+  uint64_t sandboxesStarted() const;
   // Bytes of instructions queued or running (for input backpressure).
   size_t queuedBytes() const;
   size_t queuedInstructions() const;
@@ -74,12 +108,20 @@ class CardWorker {
   void intake(std::vector<Work>& arrived);  // into the contexts' queues
   Context* pick();                          // the context to run next, or null
   void charge(Context& c, double ns);
+  hal::Device& deviceOf(Context& c);
+  bool eligible(const Context& c) const;
+  void collect(hal::Device& device);  // completed kernels' device time, charged
+  void waitForDevice();               // some kernel in flight to complete
+  void sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence);
+  std::string lossMessage(const std::string& why) const;
   void execute(Work& work);
   void emit(uint32_t context, uint64_t sequence, transport::Body body);
   void flushOutputs(bool force);
 
   hal::Capabilities caps_;
-  std::unique_ptr<hal::Device> device_;  // worker thread only
+  Options options_;
+  std::unique_ptr<hal::Device> device_;  // worker thread only; null with sandboxes
+  std::unique_ptr<SandboxPool> sandboxes_;  // worker thread only, after construction
   std::function<void()> notify_;
   std::vector<Work> staged_;  // loop thread only
 
@@ -87,6 +129,8 @@ class CardWorker {
   std::condition_variable cv_;
   std::vector<Work> queue_;
   std::vector<Output> outbox_;
+  std::vector<Fault> faults_;
+  uint64_t sandboxesStarted_ = 0;
   size_t queuedBytes_ = 0, queuedCount_ = 0;
   std::unordered_map<uint32_t, uint64_t> kernelNs_;  // by context
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, uint64_t>> bufferBytes_;  // context -> handle -> bytes
@@ -99,6 +143,10 @@ class CardWorker {
   std::unique_ptr<std::unordered_map<std::string, Tenant>> tenants_;
   double halfLifeNs_;
   size_t readyContexts_ = 0;
+  std::unordered_map<hal::Device*, size_t> inFlight_;  // asynchronous devices: kernels in flight
+  size_t inFlightTotal_ = 0;
+  std::unordered_map<hal::Device*, double> stalledSince_;  // last progress of those in flight
+  std::vector<hal::KernelTime> completed_;
   std::thread thread_;
 };
 

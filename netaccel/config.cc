@@ -13,7 +13,7 @@ std::string builtList() {
 }
 
 Result<CardConfig> cardFrom(const ConfigSection& s) {
-  auto unknown = s.unknownKeys({"backend", "device", "kind", "model", "tflops", "memory", "threads", "paced"});
+  auto unknown = s.unknownKeys({"backend", "device", "kind", "model", "tflops", "memory", "threads", "paced", "async"});
   if (!unknown.empty()) return fail(Code::invalidArgument, "unknown card setting '" + unknown[0] + "'");
   CardConfig c;
   c.backend = s.getString("backend", "cpu");
@@ -58,6 +58,10 @@ Result<CardConfig> cardFrom(const ConfigSection& s) {
     return fail(Code::invalidArgument, "paced must be true or false");
   c.paced = paced == "true" || paced == "1";
   if (c.paced && !cpu) return fail(Code::invalidArgument, "paced= applies to simulated (cpu backend) cards only");
+  auto async = s.getBool("async", false);
+  if (!async) return fail(async.error());
+  c.async = *async;
+  if (c.async && !cpu) return fail(Code::invalidArgument, "async= applies to simulated (cpu backend) cards only");
   return c;
 }
 }  // namespace
@@ -96,7 +100,9 @@ Result<CardConfig> parseCardSpec(const std::string& spec) {
 Result<NetaccelConfig> parseConfig(const Config& config) {
   NetaccelConfig out;
   auto& top = config.top();
-  std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms"};
+  std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
+                                    "sandbox", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
+                                    "sandbox_call_timeout_ms", "device_queue_depth"};
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   auto unknown = top.unknownKeys(known);
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
@@ -117,6 +123,23 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   if (!grace) return fail(grace.error());
   if (*grace < 0) return fail(Code::invalidArgument, "context_grace_ms must not be negative");
   out.contextGraceMs = static_cast<unsigned>(*grace);
+  auto sandbox = top.getBool("sandbox", out.sandbox.enabled);
+  if (!sandbox) return fail(sandbox.error());
+  out.sandbox.enabled = *sandbox;
+  auto warm = top.getInt("sandbox_warm", out.sandbox.warm, 0, 64);
+  if (!warm) return fail(warm.error());
+  out.sandbox.warm = static_cast<unsigned>(*warm);
+  auto hostMemory = top.getBytes("sandbox_host_memory", out.sandbox.hostMemoryBytes);
+  if (!hostMemory) return fail(hostMemory.error());
+  if (*hostMemory < (64ull << 20)) return fail(Code::invalidArgument, "sandbox_host_memory must be at least 64MiB");
+  out.sandbox.hostMemoryBytes = *hostMemory;
+  out.sandbox.dir = top.getString("sandbox_dir", out.sandbox.dir);
+  auto callTimeout = top.getInt("sandbox_call_timeout_ms", out.sandbox.callTimeoutMs, 100, 24ll * 3600 * 1000);
+  if (!callTimeout) return fail(callTimeout.error());
+  out.sandbox.callTimeoutMs = static_cast<unsigned>(*callTimeout);
+  auto depth = top.getInt("device_queue_depth", out.queueDepth, 1, 1024);
+  if (!depth) return fail(depth.error());
+  out.queueDepth = static_cast<unsigned>(*depth);
   auto discover = parseDiscover(top.getString("discover", "all"));
   if (!discover) return fail(discover.error().code, config.origin() + ": " + discover.error().message);
   out.discover = *discover;

@@ -11,6 +11,13 @@
 //   tls_cert = /etc/raccel/node0.pem  # certificate (its common name is the node's name)
 //   tls_key = /etc/raccel/node0.key   # and key (scripts/raccel-certs.sh node DIR NAME)
 //   insecure = false             # true: plain TCP (loopback development only)
+//   sandbox = true               # run guest code (opencl, cuda, xrt cards) in sandbox
+//                                #   processes, one per tenant (VM) per card
+//   sandbox_warm = 1             # sandboxes started ahead per card (device context open)
+//   sandbox_host_memory = 16GiB  # a sandbox's data-segment rlimit (RLIMIT_DATA)
+//   sandbox_dir = /tmp/raccel-sandbox   # each sandbox works in its own folder below it
+//   sandbox_call_timeout_ms = 120000    # a sandbox that answers no call this long is killed
+//   device_queue_depth = 2       # asynchronous cards: kernels in flight on a card at once
 //
 //   [card]                       # override a discovered device
 //   backend = opencl             # opencl, cuda or xrt
@@ -27,6 +34,7 @@
 //   memory = 4GiB
 //   threads = 2
 //   paced = true                 # ops take as long as a card of `tflops` would need
+//   async = false                # true: ops queue on the card's own thread, timed there
 //
 // Served cards: the [card] sections in order, then every discovered device that no
 // section names. With nothing configured and nothing discovered, one cpu card.
@@ -51,6 +59,16 @@ struct CardConfig {
   std::optional<unsigned long long> memoryBytes;
   unsigned threads = 0;
   bool paced = false;
+  bool async = false;
+};
+
+// Sandbox processes for the cards that run guest code (netaccel/sandbox.h).
+struct SandboxConfig {
+  bool enabled = true;
+  unsigned warm = 1;
+  unsigned long long hostMemoryBytes = 16ull << 30;
+  std::string dir = "/tmp/raccel-sandbox";
+  unsigned callTimeoutMs = 120000;
 };
 
 struct NetaccelConfig {
@@ -60,6 +78,9 @@ struct NetaccelConfig {
   // Sharing a card: past kernel time counts half as much after this long.
   double fairHalfLifeMs = 2000;
   unsigned contextGraceMs = 60000;
+  SandboxConfig sandbox;
+  // Asynchronous cards: kernels in flight on one card at once (the granularity of shares).
+  unsigned queueDepth = 2;
   std::vector<std::string> discover;  // backends to enumerate at start
   transport::LinkSecurity security;
   std::vector<CardConfig> cards;

@@ -25,7 +25,7 @@ Result<std::vector<std::unique_ptr<hal::Device>>> openCards(const NetaccelConfig
     if (c.backend == "cpu") {
       CardKind kind = c.kind.value_or(CardKind::cpu);
       out.push_back(hal::makeCpuDevice({kind, c.model.value_or(kind == CardKind::cpu ? "host-cpu" : std::string("sim-") + kindName(kind)),
-                                        c.tflops.value_or(1), c.memoryBytes.value_or(1ull << 30), c.threads, c.paced}));
+                                        c.tflops.value_or(1), c.memoryBytes.value_or(1ull << 30), c.threads, c.paced, c.async}));
       continue;
     }
     auto device = hal::openDevice(c.backend, c.device.value_or(0), overridesOf(c));
@@ -71,8 +71,23 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
   settle_ = new uv_timer_t;
   uv_timer_init(loop_, settle_);
   settle_->data = this;
-  for (auto& d : devices)
-    workers_.push_back(std::make_unique<CardWorker>(std::move(d), [a = async_] { uv_async_send(a); }, config_.fairHalfLifeMs));
+  for (auto& d : devices) {
+    CardWorker::Options options;
+    options.halfLifeMs = config_.fairHalfLifeMs;
+    options.queueDepth = config_.queueDepth;
+    options.label = "card " + std::to_string(workers_.size());
+    // Backends that run guest code serve each tenant from a sandbox process.
+    const std::string& backend = d->capabilities().backend;
+    if (config_.sandbox.enabled && (backend == "opencl" || backend == "cuda" || backend == "xrt")) {
+      SandboxSettings s;
+      s.dir = config_.sandbox.dir;
+      s.hostMemoryBytes = config_.sandbox.hostMemoryBytes;
+      s.callTimeoutMs = config_.sandbox.callTimeoutMs;
+      s.warm = config_.sandbox.warm;
+      options.sandbox = s;
+    }
+    workers_.push_back(std::make_unique<CardWorker>(std::move(d), [a = async_] { uv_async_send(a); }, options));
+  }
 }
 
 Netaccel::~Netaccel() { workers_.clear(); }
@@ -81,7 +96,8 @@ void Netaccel::start() {
   for (size_t i = 0; i < workers_.size(); ++i) {
     auto& caps = workers_[i]->capabilities();
     RLOG_INFO("netaccel") << "card " << i << ": " << kindName(caps.kind) << " " << caps.model << " (" << caps.backend
-                          << ") " << caps.tflops << " TFLOPS, " << (caps.memoryBytes >> 20) << " MiB";
+                          << ") " << caps.tflops << " TFLOPS, " << (caps.memoryBytes >> 20) << " MiB"
+                          << (workers_[i]->sandboxed() ? "; each tenant in a sandbox process" : "");
   }
   connect();
 }
@@ -356,6 +372,22 @@ void Netaccel::sendHeartbeat() {
 }
 
 void Netaccel::drainOutputs() {
+  // Faults first: the scheduler hears of a lost sandbox before the errors it caused.
+  std::vector<CardWorker::Fault> faults;
+  for (size_t card = 0; card < workers_.size(); ++card) {
+    faults.clear();
+    workers_[card]->drainFaults(faults);
+    for (auto& f : faults) {
+      if (!link_) continue;
+      capnp::MallocMessageBuilder m;
+      auto fault = m.initRoot<wire::NodeMessage>().initFault();
+      fault.setCard(static_cast<uint32_t>(card));
+      fault.setMessage(f.message);
+      auto list = fault.initContexts(static_cast<unsigned>(f.contexts.size()));
+      for (size_t i = 0; i < f.contexts.size(); ++i) list.set(static_cast<unsigned>(i), f.contexts[i]);
+      link_->send(transport::kControlChannel, 0, m);
+    }
+  }
   outputs_.clear();
   for (auto& w : workers_) w->drain(outputs_);
   for (auto& o : outputs_) {

@@ -800,6 +800,25 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
             if (m.context == u.getContext() && m.node == &node) m.kernelNs = u.getKernelNs();
         }
         return;
+      case wire::NodeMessage::FAULT: {
+        // A tenant's sandbox on that card died or faulted: the operator hears which
+        // programs lost their buffers there (each also got the error on its instruction).
+        if (node.poolIndex < 0) return;
+        auto f = msg.getFault();
+        if (f.getContexts().size() > node.nextContext) return;  // more than it ever held: made up
+        std::string who;
+        for (auto ctx : f.getContexts()) {
+          auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), ctx));
+          if (it == sessionByContext_.end()) continue;
+          who += (who.empty() ? "" : ", ") + labelOf(*it->second);
+          if (who.size() > 256) break;
+        }
+        std::string subject = node.name + " card " + std::to_string(f.getCard());
+        std::string detail = (who.empty() ? std::string() : who + ": ") + std::string(f.getMessage().cStr());
+        RLOG_WARN("scheduler") << "fault on " << subject << ": " << limits::clip(detail);
+        event("card-fault", subject, detail);
+        return;
+      }
     }
   });
   if (!decoded) RLOG_ERROR("scheduler") << "malformed control message from a netaccel: " << decoded.error().message;

@@ -24,7 +24,17 @@ struct NodeMessage {
   union {
     register @0 :Register;
     heartbeat @1 :Heartbeat;
+    # A tenant's sandbox on a card died or its device context faulted: the contexts it
+    # served lost their buffers and programs (their instructions say so); a fresh sandbox
+    # serves them from now on.
+    fault @2 :CardFault;
   }
+}
+
+struct CardFault {
+  card @0 :UInt32;
+  contexts @1 :List(UInt32);
+  message @2 :Text;
 }
 
 struct Register {

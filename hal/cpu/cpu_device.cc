@@ -96,14 +96,92 @@ class ThreadPool {
   bool stop_ = false;
 };
 
+// The asynchronous card's queue: ops run in order on a thread of their own.
+class OpQueue {
+ public:
+  OpQueue() : thread_([this] { run(); }) {}
+  ~OpQueue() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(uint64_t tag, std::function<void()> op) {
+    {
+      std::lock_guard lock(mu_);
+      ops_.push_back({tag, std::move(op)});
+      ++inFlight_;
+    }
+    cv_.notify_all();
+  }
+  void finish() {
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [&] { return inFlight_ == 0; });
+  }
+  size_t takeCompleted(std::vector<KernelTime>& out) {
+    std::lock_guard lock(mu_);
+    out.insert(out.end(), completed_.begin(), completed_.end());
+    completed_.clear();
+    return inFlight_;
+  }
+  void waitCompleted(unsigned timeoutMs) {
+    std::unique_lock lock(mu_);
+    done_.wait_for(lock, std::chrono::milliseconds(timeoutMs), [&] { return !completed_.empty() || inFlight_ == 0; });
+  }
+
+ private:
+  struct Op {
+    uint64_t tag;
+    std::function<void()> run;
+  };
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
+      if (stop_ && ops_.empty()) return;
+      Op op = std::move(ops_.front());
+      ops_.erase(ops_.begin());
+      lock.unlock();
+      auto start = std::chrono::steady_clock::now();
+      op.run();
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      lock.lock();
+      completed_.push_back({op.tag, static_cast<uint64_t>(ns)});
+      --inFlight_;
+      done_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  std::vector<Op> ops_;
+  std::vector<KernelTime> completed_;
+  size_t inFlight_ = 0;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the rest is built
+};
+
 class CpuDevice final : public Device {
  public:
-  CpuDevice(Capabilities caps, unsigned threads, bool paced) : Device(std::move(caps)), pool_(threads), paced_(paced) {}
+  CpuDevice(Capabilities caps, unsigned threads, bool paced, bool async)
+      : Device(std::move(caps)), pool_(threads), paced_(paced || async) {
+    if (async) queue_ = std::make_unique<OpQueue>();
+  }
 
-  Status finish() override { return {}; }  // every call completes before it returns
+  Status finish() override {  // synchronous: every call has completed before it returned
+    if (queue_) queue_->finish();
+    return {};
+  }
+  bool timesKernels() const override { return queue_ != nullptr; }
+  size_t takeCompleted(std::vector<KernelTime>& out) override { return queue_ ? queue_->takeCompleted(out) : 0; }
+  void waitCompleted(unsigned timeoutMs) override {
+    if (queue_) queue_->waitCompleted(timeoutMs);
+  }
 
  protected:
   Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) override {
+    finish();  // the thread pool is the queue's while it runs
     std::unique_ptr<std::byte[]> mem(new (std::nothrow) std::byte[bytes]);
     if (!mem) return fail(Code::resourceExhausted, "host memory exhausted allocating " + std::to_string(bytes) + " bytes");
     // A new buffer never shows what an earlier tenant left in that memory. Zeroing in
@@ -113,43 +191,54 @@ class CpuDevice final : public Device {
     return std::unique_ptr<Buffer>(new HostBuffer(bytes, std::move(mem)));
   }
   Status doWrite(Buffer& b, uint64_t offset, std::span<const std::byte> data) override {
+    finish();  // in order with the queued ops, like a stream
     if (!data.empty()) std::memcpy(host(b).bytes() + offset, data.data(), data.size());  // empty: data() may be null
     return {};
   }
   Status doRead(const Buffer& b, uint64_t offset, std::span<std::byte> out) override {
+    finish();
     if (!out.empty()) std::memcpy(out.data(), host(b).bytes() + offset, out.size());
     return {};
   }
   Status doCopy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length) override {
+    finish();
     std::memmove(host(dst).bytes() + dstOffset, host(src).bytes() + srcOffset, length);
     return {};
   }
   Status doFill(Buffer& b, uint64_t offset, uint64_t length, uint8_t value) override {
+    finish();
     std::memset(host(b).bytes() + offset, value, length);
     return {};
   }
 
+  // The arguments are captured by value: an asynchronous op runs after the call returns
+  // (its buffers stay alive: release() waits for the queue).
   Status doGemm(const GemmArgs& g) override {
-    return pace(2.0 * g.m * g.n * g.k, [&] { gemm(g); });
+    return pace(2.0 * g.m * g.n * g.k, [this, g] { gemm(g); });
   }
   Status doAxpy(uint64_t n, float alpha, const Buffer& xb, Buffer& yb) override {
-    return pace(2.0 * n, [&] { axpy(n, alpha, xb, yb); });
+    return pace(2.0 * n, [this, n, alpha, x = &xb, y = &yb] { axpy(n, alpha, *x, *y); });
   }
   Status doVadd(uint64_t n, const Buffer& ab, const Buffer& bb, Buffer& outb) override {
-    return pace(double(n), [&] { vadd(n, ab, bb, outb); });
+    return pace(double(n), [this, n, a = &ab, b = &bb, out = &outb] { vadd(n, *a, *b, *out); });
   }
   Status doReduceSum(uint64_t n, const Buffer& inb, Buffer& outb) override {
-    return pace(double(n), [&] { reduceSum(n, inb, outb); });
+    return pace(double(n), [this, n, in = &inb, out = &outb] { reduceSum(n, *in, *out); });
   }
 
  private:
-  // A paced (simulated) card takes at least flops / its declared TFLOPS per op.
+  // A paced (simulated) card takes at least flops / its declared TFLOPS per op; an
+  // asynchronous one queues the op and returns.
   template <class F>
-  Status pace(double flops, F&& work) {
-    auto start = std::chrono::steady_clock::now();
-    work();
-    if (paced_)
-      std::this_thread::sleep_until(start + std::chrono::duration<double>(flops / (capabilities().tflops * 1e12)));
+  Status pace(double flops, F work) {
+    auto paced = [this, flops, work = std::move(work)] {
+      auto start = std::chrono::steady_clock::now();
+      work();
+      if (paced_)
+        std::this_thread::sleep_until(start + std::chrono::duration<double>(flops / (capabilities().tflops * 1e12)));
+    };
+    if (queue_) queue_->push(kernelTag(), std::move(paced));
+    else paced();
     return {};
   }
 
@@ -221,6 +310,7 @@ class CpuDevice final : public Device {
 
   ThreadPool pool_;
   bool paced_;
+  std::unique_ptr<OpQueue> queue_;  // asynchronous cards only; destroyed first
 };
 
 }  // namespace
@@ -234,7 +324,7 @@ std::unique_ptr<Device> makeCpuDevice(const CpuDeviceOptions& options) {
   caps.memoryBytes = options.memoryBytes;
   caps.programKinds = {ProgramKind::builtin};
   unsigned threads = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
-  return std::make_unique<CpuDevice>(std::move(caps), threads, options.paced);
+  return std::make_unique<CpuDevice>(std::move(caps), threads, options.paced, options.async);
 }
 
 }  // namespace raccel::hal

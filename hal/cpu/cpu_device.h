@@ -19,6 +19,11 @@ struct CpuDeviceOptions {
   // Paced: the built-in ops take at least as long as a card of `tflops` would need, so
   // a simulated card's throughput is the configured one (results are computed for real).
   bool paced = false;
+  // Asynchronous (implies paced): the built-in ops go to a queue that the card's own
+  // thread runs in order, like a GPU stream; the call returns at once and each op's
+  // device time (compute, then paced to `tflops`) is reported through takeCompleted().
+  // Transfers, allocation and finish() wait for the queue first.
+  bool async = false;
 };
 
 std::unique_ptr<Device> makeCpuDevice(const CpuDeviceOptions& options);

@@ -1,0 +1,740 @@
+#include "netaccel/sandbox.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <unordered_map>
+
+#include "common/log.h"
+
+extern char** environ;
+
+namespace raccel::netaccel {
+
+using sandbox::kWindowBytes;
+using sandbox::Op;
+using sandbox::Reply;
+using sandbox::Request;
+
+namespace {
+
+std::string describeExit(int status) {
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = strsignal(sig);
+    std::string out = "killed by signal " + std::to_string(sig) + " (" + (name ? name : "?") + ")";
+    if (sig == SIGSEGV || sig == SIGBUS) out += ": a kernel that accessed memory out of bounds?";
+    return out;
+  }
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  return "ended";
+}
+
+std::string clipped(const char* p, uint64_t n) {
+  n = std::min<uint64_t>(n, sandbox::kMaxMessage);
+  std::string s(p, n);
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 && c != '\n') c = ' ';
+  return s;
+}
+
+}  // namespace
+
+// One running raccel-sandbox: its pid, the socket, the mapped window, its folder.
+class SandboxProcess {
+ public:
+  SandboxProcess(pid_t pid, int fd, std::byte* window, std::string dir)
+      : pid_(pid), fd_(fd), window_(window), dir_(std::move(dir)) {}
+  ~SandboxProcess() {
+    ::close(fd_);
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    ::munmap(window_, kWindowBytes);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  SandboxProcess(const SandboxProcess&) = delete;
+  SandboxProcess& operator=(const SandboxProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  std::byte* window() { return window_; }
+
+  // Still running? (A warm sandbox may have died before anyone asked it anything.)
+  bool alive() {
+    if (reaped_) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      exit_ = describeExit(status);
+      return false;
+    }
+    return true;
+  }
+
+  // Sends a request and waits up to `timeoutMs` for its reply. An error here means the
+  // sandbox is gone (it was killed if it was not).
+  Result<Reply> call(const Request* request, unsigned timeoutMs) {
+    if (request && ::send(fd_, request, sizeof *request, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof *request))
+      return fail(Code::internal, gone());
+    pollfd p{fd_, POLLIN, 0};
+    int rc;
+    do rc = ::poll(&p, 1, static_cast<int>(timeoutMs));
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0) {
+      ::kill(pid_, SIGKILL);
+      return fail(Code::internal, "the sandbox answered nothing for " + std::to_string(timeoutMs) +
+                                      " ms (a kernel that runs too long?) and was stopped");
+    }
+    Reply reply;
+    ssize_t n = ::recv(fd_, &reply, sizeof reply, 0);
+    if (n != static_cast<ssize_t>(sizeof reply)) return fail(Code::internal, gone());
+    if (reply.payload > kWindowBytes) {
+      ::kill(pid_, SIGKILL);
+      return fail(Code::internal, "the sandbox broke its protocol (a reply larger than its window) and was stopped");
+    }
+    return reply;
+  }
+
+  // Why it is gone: its exit status once reaped.
+  std::string gone() {
+    if (!reaped_) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+      reaped_ = true;
+      exit_ = describeExit(status);
+    }
+    return "the sandbox process " + std::to_string(pid_) + " " + exit_;
+  }
+
+ private:
+  pid_t pid_;
+  int fd_;
+  std::byte* window_;
+  std::string dir_;
+  bool reaped_ = false;
+  std::string exit_;
+};
+
+namespace {
+
+class SandboxBuffer final : public hal::Buffer {
+ public:
+  SandboxBuffer(uint64_t size, uint64_t id, class SandboxDevice* device) : Buffer(size), id(id), device(device) {}
+  ~SandboxBuffer() override;
+  uint64_t id;
+  SandboxDevice* device;
+};
+
+class SandboxProgram final : public hal::Program {
+ public:
+  SandboxProgram(std::string name, ProgramKind kind, uint64_t id, std::vector<std::string> names, SandboxDevice* device)
+      : Program(std::move(name), kind), id(id), names(std::move(names)), device(device) {}
+  ~SandboxProgram() override;
+  std::vector<std::string> kernels() const override { return names; }
+  uint64_t id;
+  std::vector<std::string> names;
+  SandboxDevice* device;
+};
+
+uint64_t idOf(const hal::Buffer& b) { return static_cast<const SandboxBuffer&>(b).id; }
+
+Status statusOf(const Result<Reply>& r) {
+  if (!r) return fail(r.error());
+  return {};
+}
+
+class SandboxDevice final : public hal::Device {
+ public:
+  SandboxDevice(hal::Capabilities caps, std::unique_ptr<SandboxProcess> process, unsigned timeoutMs)
+      : Device(std::move(caps)), process_(std::move(process)), timeoutMs_(timeoutMs) {}
+
+  Status finish() override { return statusOf(call(request(Op::finish))); }
+  bool timesKernels() const override { return timesKernels_; }
+  size_t takeCompleted(std::vector<hal::KernelTime>& out) override {
+    if (pending_ == 0 || !lost_.empty()) return 0;
+    auto r = call(request(Op::completed));
+    if (!r) return 0;
+    unpackCompleted(*r, out);
+    return pending_;
+  }
+  void waitCompleted(unsigned timeoutMs) override {
+    if (pending_ == 0 || !lost_.empty()) return;
+    Request q = request(Op::wait);
+    q.length = timeoutMs;
+    (void)call(q);
+  }
+  std::string lost() const override { return lost_; }
+  pid_t pid() const { return process_->pid(); }
+
+  void releaseBuffer(uint64_t id) {
+    Request q = request(Op::release);
+    q.id = id;
+    (void)call(q);
+  }
+  void releaseProgram(uint64_t id) {
+    Request q = request(Op::releaseProgram);
+    q.id = id;
+    (void)call(q);
+  }
+
+ protected:
+  Result<std::unique_ptr<hal::Buffer>> doAllocate(uint64_t bytes) override {
+    Request q = request(Op::allocate);
+    q.id = ++nextId_;
+    q.length = bytes;
+    if (auto r = call(q); !r) return fail(r.error());
+    return std::unique_ptr<hal::Buffer>(new SandboxBuffer(bytes, q.id, this));
+  }
+  Status doWrite(hal::Buffer& b, uint64_t offset, std::span<const std::byte> data) override {
+    uint64_t done = 0;
+    do {
+      uint64_t n = std::min<uint64_t>(kWindowBytes, data.size() - done);
+      if (n) std::memcpy(process_->window(), data.data() + done, n);
+      Request q = request(Op::write);
+      q.id = idOf(b);
+      q.offset = offset + done;
+      q.payload = n;
+      if (auto r = call(q); !r) return fail(r.error());
+      done += n;
+    } while (done < data.size());
+    return {};
+  }
+  Status doRead(const hal::Buffer& b, uint64_t offset, std::span<std::byte> out) override {
+    uint64_t done = 0;
+    do {
+      uint64_t n = std::min<uint64_t>(kWindowBytes, out.size() - done);
+      Request q = request(Op::read);
+      q.id = idOf(b);
+      q.offset = offset + done;
+      q.length = n;
+      auto r = call(q);
+      if (!r) return fail(r.error());
+      if (r->payload != n) return fail(lose("the sandbox returned " + std::to_string(r->payload) + " bytes for a read of " +
+                                            std::to_string(n)));
+      if (n) std::memcpy(out.data() + done, process_->window(), n);
+      done += n;
+    } while (done < out.size());
+    return {};
+  }
+  Status doCopy(hal::Buffer& dst, uint64_t dstOffset, const hal::Buffer& src, uint64_t srcOffset, uint64_t length) override {
+    Request q = request(Op::copy);
+    q.id = idOf(dst);
+    q.offset = dstOffset;
+    q.id2 = idOf(src);
+    q.offset2 = srcOffset;
+    q.length = length;
+    return statusOf(call(q));
+  }
+  Status doFill(hal::Buffer& b, uint64_t offset, uint64_t length, uint8_t value) override {
+    Request q = request(Op::fill);
+    q.id = idOf(b);
+    q.offset = offset;
+    q.length = length;
+    q.offset2 = value;
+    return statusOf(call(q));
+  }
+
+  Result<std::unique_ptr<hal::Program>> doLoadProgram(ProgramKind kind, const std::string& name,
+                                                      std::span<const std::byte> code) override {
+    if (code.size() > sandbox::kMaxProgramBytes)
+      return fail(Code::invalidArgument, "program '" + name + "' is " + std::to_string(code.size()) + " bytes; at most " +
+                                             std::to_string(sandbox::kMaxProgramBytes) + " are accepted");
+    // The name, then the code, a window at a time (all but the last by `append`).
+    std::string head = name.substr(0, std::min<size_t>(name.size(), 1024));
+    std::vector<std::byte> all(4 + head.size() + code.size());
+    uint32_t nameBytes = static_cast<uint32_t>(head.size());
+    std::memcpy(all.data(), &nameBytes, 4);
+    std::memcpy(all.data() + 4, head.data(), head.size());
+    if (!code.empty()) std::memcpy(all.data() + 4 + head.size(), code.data(), code.size());
+    uint64_t done = 0;
+    while (all.size() - done > kWindowBytes) {
+      std::memcpy(process_->window(), all.data() + done, kWindowBytes);
+      Request q = request(Op::append);
+      q.payload = kWindowBytes;
+      if (auto r = call(q); !r) return fail(r.error());
+      done += kWindowBytes;
+    }
+    std::memcpy(process_->window(), all.data() + done, all.size() - done);
+    Request q = request(Op::loadProgram);
+    q.id = ++nextId_;
+    q.kind = static_cast<uint32_t>(kind);
+    q.payload = all.size() - done;
+    auto r = call(q);
+    if (!r) return fail(r.error());
+    // Its kernels' names, one a line.
+    std::vector<std::string> names;
+    std::string text(reinterpret_cast<const char*>(process_->window()), std::min<uint64_t>(r->payload, 1 << 16));
+    for (size_t start = 0; start < text.size() && names.size() < 4096;) {
+      size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      if (end > start) names.push_back(text.substr(start, std::min<size_t>(end - start, 256)));
+      start = end + 1;
+    }
+    return std::unique_ptr<hal::Program>(new SandboxProgram(name, kind, q.id, std::move(names), this));
+  }
+
+  Status doLaunch(hal::Program& program, const std::string& kernel, const hal::LaunchDims& dims,
+                  std::span<const hal::KernelArg> args) override {
+    // [u32 name bytes][name][u32 grid[3]][u32 block[3]][u32 shared][u32 count][{u32 type, u32 0, u64 value}...]
+    std::vector<std::byte> p;
+    auto put = [&](const void* v, size_t n) {
+      auto* b = static_cast<const std::byte*>(v);
+      p.insert(p.end(), b, b + n);
+    };
+    uint32_t nameBytes = static_cast<uint32_t>(std::min<size_t>(kernel.size(), 1024));
+    put(&nameBytes, 4);
+    put(kernel.data(), nameBytes);
+    put(dims.grid.data(), 12);
+    put(dims.block.data(), 12);
+    put(&dims.sharedBytes, 4);
+    uint32_t count = static_cast<uint32_t>(args.size());
+    put(&count, 4);
+    for (auto& a : args) {
+      uint32_t type[2] = {static_cast<uint32_t>(a.type), 0};
+      put(type, 8);
+      uint64_t value = 0;
+      if (a.type == hal::KernelArg::Type::buffer) value = idOf(*a.buffer);
+      else std::memcpy(&value, &a.scalar, sizeof value);
+      put(&value, 8);
+    }
+    if (p.size() > kWindowBytes) return fail(Code::invalidArgument, "launch of " + kernel + ": too many arguments");
+    std::memcpy(process_->window(), p.data(), p.size());
+    Request q = request(Op::launch);
+    q.id = static_cast<SandboxProgram&>(program).id;
+    q.payload = p.size();
+    q.tag = kernelTag();
+    return statusOf(call(q));
+  }
+
+  Status doGemm(const hal::GemmArgs& g) override {
+    Request q = request(Op::gemm);
+    q.id = idOf(*g.a);
+    q.id2 = idOf(*g.b);
+    q.id3 = idOf(*g.c);
+    q.m = g.m, q.n = g.n, q.k = g.k, q.alpha = g.alpha, q.beta = g.beta;
+    q.tag = kernelTag();
+    return statusOf(call(q));
+  }
+  Status doAxpy(uint64_t n, float alpha, const hal::Buffer& x, hal::Buffer& y) override {
+    Request q = request(Op::axpy);
+    q.id = idOf(x), q.id2 = idOf(y), q.length = n, q.alpha = alpha, q.tag = kernelTag();
+    return statusOf(call(q));
+  }
+  Status doVadd(uint64_t n, const hal::Buffer& a, const hal::Buffer& b, hal::Buffer& out) override {
+    Request q = request(Op::vadd);
+    q.id = idOf(a), q.id2 = idOf(b), q.id3 = idOf(out), q.length = n, q.tag = kernelTag();
+    return statusOf(call(q));
+  }
+  Status doReduceSum(uint64_t n, const hal::Buffer& in, hal::Buffer& out) override {
+    Request q = request(Op::reduceSum);
+    q.id = idOf(in), q.id2 = idOf(out), q.length = n, q.tag = kernelTag();
+    return statusOf(call(q));
+  }
+  void doSetMemoryCap(uint64_t bytes) override {
+    Request q = request(Op::memoryCap);
+    q.length = bytes;
+    (void)call(q);
+  }
+
+ private:
+  static Request request(Op op) {
+    Request q;
+    q.op = op;
+    return q;
+  }
+
+  Error lose(std::string why) {
+    if (lost_.empty()) lost_ = std::move(why);
+    return Error{Code::internal, lost_};
+  }
+
+  // One request, its reply; the sandbox's error as this call's; a lost device for good.
+  Result<Reply> call(const Request& q) {
+    if (!lost_.empty()) return fail(Code::internal, lost_);
+    if (!ready_) {
+      auto r = process_->call(nullptr, timeoutMs_);  // the ready message
+      if (!r) return fail(lose(r.error().message));
+      if (r->code != 0) return fail(lose("the sandbox could not open the card: " +
+                                         clipped(reinterpret_cast<const char*>(process_->window()), r->payload)));
+      ready_ = true;
+      timesKernels_ = r->timesKernels != 0;
+    }
+    auto r = process_->call(&q, timeoutMs_);
+    if (!r) return fail(lose(r.error().message));
+    pending_ = r->pending;
+    std::string message;
+    if (r->code != 0) message = clipped(reinterpret_cast<const char*>(process_->window()), r->payload);
+    if (r->lost) return fail(lose("the kernel faulted: " + message));
+    if (r->code != 0) {
+      Code code = r->code <= static_cast<uint32_t>(Code::internal) ? static_cast<Code>(r->code) : Code::internal;
+      return fail(code, message);
+    }
+    return *r;
+  }
+
+  void unpackCompleted(const Reply& r, std::vector<hal::KernelTime>& out) {
+    size_t n = std::min<uint64_t>(r.payload, kWindowBytes) / sizeof(hal::KernelTime);
+    auto* times = reinterpret_cast<const hal::KernelTime*>(process_->window());
+    for (size_t i = 0; i < n; ++i) out.push_back(times[i]);
+  }
+
+  std::unique_ptr<SandboxProcess> process_;
+  unsigned timeoutMs_;
+  bool ready_ = false, timesKernels_ = false;
+  uint64_t pending_ = 0;
+  uint64_t nextId_ = 0;
+  std::string lost_;
+};
+
+SandboxBuffer::~SandboxBuffer() { device->releaseBuffer(id); }
+SandboxProgram::~SandboxProgram() { device->releaseProgram(id); }
+
+std::atomic<uint64_t> sandboxSerial{0};
+
+}  // namespace
+
+pid_t SandboxPool::pidOf(const hal::Device& device) {
+  auto* d = dynamic_cast<const SandboxDevice*>(&device);
+  return d ? d->pid() : 0;
+}
+
+std::string defaultSandboxExecutable() {
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "raccel-sandbox";
+  return (self.parent_path() / "raccel-sandbox").string();
+}
+
+SandboxPool::SandboxPool(hal::Capabilities caps, SandboxSettings settings, std::string label)
+    : caps_(std::move(caps)), settings_(std::move(settings)), label_(std::move(label)) {
+  if (settings_.executable.empty()) settings_.executable = defaultSandboxExecutable();
+  refill();
+}
+
+SandboxPool::~SandboxPool() = default;
+
+void SandboxPool::refill() {
+  while (warm_.size() < settings_.warm) {
+    auto p = spawn();
+    if (!p) {
+      RLOG_ERROR("netaccel") << label_ << ": cannot start a sandbox: " << p.error().message;
+      return;
+    }
+    warm_.push_back(std::move(*p));
+  }
+}
+
+std::unique_ptr<hal::Device> SandboxPool::take() {
+  std::unique_ptr<SandboxProcess> process;
+  while (!warm_.empty() && !process) {
+    auto p = std::move(warm_.front());
+    warm_.erase(warm_.begin());
+    if (p->alive()) process = std::move(p);
+    else RLOG_WARN("netaccel") << label_ << ": a warm sandbox had ended (" << p->gone() << "); taking another";
+  }
+  if (!process) {
+    auto p = spawn();
+    if (!p) {
+      // A device that says why on every call, so the tenant's instructions fail clearly.
+      struct Unstarted final : hal::Device {
+        Unstarted(hal::Capabilities caps, std::string why) : Device(std::move(caps)), why_(std::move(why)) {}
+        Status finish() override { return fail(Code::unavailable, why_); }
+        std::string lost() const override { return why_; }
+        Result<std::unique_ptr<hal::Buffer>> doAllocate(uint64_t) override { return fail(Code::unavailable, why_); }
+        Status doWrite(hal::Buffer&, uint64_t, std::span<const std::byte>) override { return fail(Code::unavailable, why_); }
+        Status doRead(const hal::Buffer&, uint64_t, std::span<std::byte>) override { return fail(Code::unavailable, why_); }
+        Status doCopy(hal::Buffer&, uint64_t, const hal::Buffer&, uint64_t, uint64_t) override { return fail(Code::unavailable, why_); }
+        Status doFill(hal::Buffer&, uint64_t, uint64_t, uint8_t) override { return fail(Code::unavailable, why_); }
+        Status doGemm(const hal::GemmArgs&) override { return fail(Code::unavailable, why_); }
+        Status doAxpy(uint64_t, float, const hal::Buffer&, hal::Buffer&) override { return fail(Code::unavailable, why_); }
+        Status doVadd(uint64_t, const hal::Buffer&, const hal::Buffer&, hal::Buffer&) override { return fail(Code::unavailable, why_); }
+        Status doReduceSum(uint64_t, const hal::Buffer&, hal::Buffer&) override { return fail(Code::unavailable, why_); }
+        std::string why_;
+      };
+      return std::make_unique<Unstarted>(caps_, "cannot start a sandbox for this card: " + p.error().message);
+    }
+    process = std::move(*p);
+  }
+  auto device = std::make_unique<SandboxDevice>(caps_, std::move(process), settings_.callTimeoutMs);
+  refill();
+  return device;
+}
+
+Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
+  std::error_code ec;
+  std::filesystem::create_directories(settings_.dir, ec);
+  if (ec) return fail(Code::internal, "cannot create " + settings_.dir + ": " + ec.message());
+  std::string dir = settings_.dir + "/" + std::to_string(::getpid()) + "-" + std::to_string(++sandboxSerial);
+  if (::mkdir(dir.c_str(), 0700) != 0) return fail(Code::internal, "cannot create " + dir + ": " + std::strerror(errno));
+  int memfd = ::memfd_create("raccel-sandbox-window", MFD_CLOEXEC);
+  if (memfd < 0 || ::ftruncate(memfd, kWindowBytes) != 0) {
+    if (memfd >= 0) ::close(memfd);
+    std::filesystem::remove_all(dir, ec);
+    return fail(Code::resourceExhausted, std::string("memfd_create: ") + std::strerror(errno));
+  }
+  void* window = ::mmap(nullptr, kWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  int fds[2];
+  if (window == MAP_FAILED || ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) {
+    std::string why = std::strerror(errno);
+    if (window != MAP_FAILED) ::munmap(window, kWindowBytes);
+    ::close(memfd);
+    std::filesystem::remove_all(dir, ec);
+    return fail(Code::resourceExhausted, "sandbox window: " + why);
+  }
+  std::vector<std::string> args = {settings_.executable,
+                                   "--backend=" + caps_.backend,
+                                   "--device=" + std::to_string(caps_.deviceIndex),
+                                   "--kind=" + std::string(kindName(caps_.kind)),
+                                   "--model=" + caps_.model,
+                                   "--tflops=" + std::to_string(caps_.tflops),
+                                   "--memory=" + std::to_string(caps_.memoryBytes),
+                                   "--host-memory=" + std::to_string(settings_.hostMemoryBytes),
+                                   "--workdir=" + dir,
+                                   "--fd=3",
+                                   "--window-fd=4"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 3);
+  posix_spawn_file_actions_adddup2(&actions, memfd, 4);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, settings_.executable.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  ::close(memfd);
+  if (rc != 0) {
+    ::close(fds[0]);
+    ::munmap(window, kWindowBytes);
+    std::filesystem::remove_all(dir, ec);
+    return fail(Code::unavailable, "cannot start " + settings_.executable + ": " + std::strerror(rc));
+  }
+  ++started_;
+  RLOG_DEBUG("netaccel") << label_ << ": sandbox " << pid << " started in " << dir;
+  return std::make_unique<SandboxProcess>(pid, fds[0], static_cast<std::byte*>(window), dir);
+}
+
+// ---- The sandbox's side -------------------------------------------------------------
+
+int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
+  auto* window = static_cast<std::byte*>(windowPtr);
+  std::unordered_map<uint64_t, std::unique_ptr<hal::Buffer>> buffers;
+  std::unordered_map<uint64_t, std::unique_ptr<hal::Program>> programs;
+  std::vector<std::byte> staged;  // program code arriving by `append`
+  std::vector<hal::KernelTime> completed;
+  auto send = [&](Reply r) { return ::send(fd, &r, sizeof r, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r); };
+  auto message = [&](Reply& r, const Error& e) {
+    r.code = static_cast<uint32_t>(e.code == Code::ok ? Code::internal : e.code);
+    r.payload = std::min<size_t>(e.message.size(), sandbox::kMaxMessage);
+    std::memcpy(window, e.message.data(), r.payload);
+  };
+  {
+    Reply ready;
+    ready.timesKernels = device.timesKernels();
+    if (!send(ready)) return 1;
+  }
+  for (;;) {
+    Request q;
+    ssize_t n = ::recv(fd, &q, sizeof q, 0);
+    if (n == 0) return 0;  // the netaccel closed: done
+    if (n != static_cast<ssize_t>(sizeof q)) {
+      if (n < 0 && errno == EINTR) continue;
+      return 1;
+    }
+    Reply r;
+    auto buffer = [&](uint64_t id) -> Result<hal::Buffer*> {
+      auto it = buffers.find(id);
+      if (it == buffers.end()) return fail(Code::notFound, "no buffer " + std::to_string(id) + " in this sandbox");
+      return it->second.get();
+    };
+    Status s;
+    if (q.payload > kWindowBytes) {
+      s = fail(Code::invalidArgument, "payload larger than the window");
+    } else {
+      device.tagKernels(q.tag);
+      switch (q.op) {
+        case Op::allocate: {
+          auto b = device.allocate(q.length);
+          if (!b) s = fail(b.error());
+          else buffers[q.id] = std::move(*b);
+          break;
+        }
+        case Op::release:
+          if (auto it = buffers.find(q.id); it != buffers.end()) {
+            device.release(std::move(it->second));
+            buffers.erase(it);
+          }
+          break;
+        case Op::write:
+          if (auto b = buffer(q.id); !b) s = fail(b.error());
+          else s = device.write(**b, q.offset, std::span(window, q.payload));
+          break;
+        case Op::read:
+          if (q.length > kWindowBytes) s = fail(Code::invalidArgument, "read larger than the window");
+          else if (auto b = buffer(q.id); !b) s = fail(b.error());
+          else if (s = device.read(**b, q.offset, std::span(window, q.length)); s) r.payload = q.length;
+          break;
+        case Op::copy: {
+          auto d = buffer(q.id), src = buffer(q.id2);
+          if (!d) s = fail(d.error());
+          else if (!src) s = fail(src.error());
+          else s = device.copy(**d, q.offset, **src, q.offset2, q.length);
+          break;
+        }
+        case Op::fill:
+          if (auto b = buffer(q.id); !b) s = fail(b.error());
+          else s = device.fill(**b, q.offset, q.length, static_cast<uint8_t>(q.offset2));
+          break;
+        case Op::append:
+          if (staged.size() + q.payload > sandbox::kMaxProgramBytes + 4096) s = fail(Code::invalidArgument, "program too large");
+          else staged.insert(staged.end(), window, window + q.payload);
+          break;
+        case Op::loadProgram: {
+          staged.insert(staged.end(), window, window + q.payload);
+          uint32_t nameBytes = 0;
+          if (staged.size() >= 4) std::memcpy(&nameBytes, staged.data(), 4);
+          if (staged.size() < 4 || nameBytes > staged.size() - 4) {
+            s = fail(Code::invalidArgument, "malformed program");
+          } else {
+            std::string name(reinterpret_cast<const char*>(staged.data()) + 4, nameBytes);
+            auto p = device.loadProgram(static_cast<ProgramKind>(q.kind), name,
+                                        std::span(staged.data() + 4 + nameBytes, staged.size() - 4 - nameBytes));
+            if (!p) {
+              s = fail(p.error());
+            } else {
+              std::string names;
+              for (auto& k : (*p)->kernels()) names += k + "\n";
+              r.payload = std::min<size_t>(names.size(), 1 << 16);
+              std::memcpy(window, names.data(), r.payload);
+              programs[q.id] = std::move(*p);
+            }
+          }
+          staged.clear();
+          break;
+        }
+        case Op::releaseProgram:
+          programs.erase(q.id);
+          break;
+        case Op::launch: {
+          auto program = programs.find(q.id);
+          std::string name;
+          hal::LaunchDims dims;
+          std::vector<hal::KernelArg> args;
+          size_t at = 0;
+          auto take = [&](void* v, size_t bytes) {
+            if (q.payload - at < bytes) return false;
+            std::memcpy(v, window + at, bytes);
+            at += bytes;
+            return true;
+          };
+          uint32_t nameBytes = 0, count = 0;
+          bool ok = take(&nameBytes, 4) && nameBytes <= q.payload - at;
+          if (ok) {
+            name.assign(reinterpret_cast<const char*>(window) + at, nameBytes);
+            at += nameBytes;
+            ok = take(dims.grid.data(), 12) && take(dims.block.data(), 12) && take(&dims.sharedBytes, 4) && take(&count, 4);
+          }
+          for (uint32_t i = 0; ok && i < count; ++i) {
+            uint32_t type[2];
+            uint64_t value;
+            ok = take(type, 8) && take(&value, 8) && type[0] <= static_cast<uint32_t>(hal::KernelArg::Type::f64);
+            if (!ok) break;
+            hal::KernelArg a;
+            a.type = static_cast<hal::KernelArg::Type>(type[0]);
+            if (a.type == hal::KernelArg::Type::buffer) {
+              auto b = buffer(value);
+              if (!b) {
+                s = fail(b.error());
+                ok = false;
+                break;
+              }
+              a.buffer = *b;
+            } else {
+              std::memcpy(&a.scalar, &value, sizeof value);
+            }
+            args.push_back(a);
+          }
+          if (!s) break;
+          if (!ok) s = fail(Code::invalidArgument, "malformed launch");
+          else if (program == programs.end()) s = fail(Code::notFound, "no program " + std::to_string(q.id) + " in this sandbox");
+          else s = device.launch(*program->second, name, dims, args);
+          break;
+        }
+        case Op::gemm: {
+          auto a = buffer(q.id), b = buffer(q.id2), c = buffer(q.id3);
+          if (!a || !b || !c) s = fail(Code::notFound, "gemm: no such buffer in this sandbox");
+          else s = device.gemm({q.m, q.n, q.k, q.alpha, q.beta, *a, *b, *c});
+          break;
+        }
+        case Op::axpy: {
+          auto x = buffer(q.id), y = buffer(q.id2);
+          if (!x || !y) s = fail(Code::notFound, "axpy: no such buffer in this sandbox");
+          else s = device.axpy(q.length, q.alpha, **x, **y);
+          break;
+        }
+        case Op::vadd: {
+          auto a = buffer(q.id), b = buffer(q.id2), out = buffer(q.id3);
+          if (!a || !b || !out) s = fail(Code::notFound, "vadd: no such buffer in this sandbox");
+          else s = device.vadd(q.length, **a, **b, **out);
+          break;
+        }
+        case Op::reduceSum: {
+          auto in = buffer(q.id), out = buffer(q.id2);
+          if (!in || !out) s = fail(Code::notFound, "reduceSum: no such buffer in this sandbox");
+          else s = device.reduceSum(q.length, **in, **out);
+          break;
+        }
+        case Op::finish:
+          s = device.finish();
+          break;
+        case Op::wait:
+          device.waitCompleted(static_cast<unsigned>(std::min<uint64_t>(q.length, 60000)));
+          [[fallthrough]];
+        case Op::completed: {
+          device.takeCompleted(completed);
+          size_t count = std::min(completed.size(), kWindowBytes / sizeof(hal::KernelTime));
+          std::memcpy(window, completed.data(), count * sizeof(hal::KernelTime));
+          completed.erase(completed.begin(), completed.begin() + static_cast<long>(count));
+          r.payload = count * sizeof(hal::KernelTime);
+          break;
+        }
+        case Op::memoryCap:
+          device.setMemoryCap(q.length);
+          break;
+        default:
+          s = fail(Code::invalidArgument, "unknown sandbox request " + std::to_string(static_cast<uint32_t>(q.op)));
+      }
+    }
+    if (!s) message(r, s.error());
+    std::string lost = device.lost();
+    if (!lost.empty()) {
+      r.lost = 1;
+      message(r, Error{Code::internal, lost});
+    }
+    // Completions wait in `completed` for the next `completed` request; the count says so.
+    r.pending = device.takeCompleted(completed) + completed.size();
+    if (!send(r) || r.lost) return r.lost ? 3 : 1;
+  }
+}
+
+}  // namespace raccel::netaccel

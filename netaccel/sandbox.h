@@ -1,0 +1,128 @@
+// Sandbox processes: guest code runs outside the netaccel.
+//
+// A card whose backend runs guest code (OpenCL, CUDA, XRT) serves each tenant (VM)
+// from a process of its own, `raccel-sandbox`, which opens the device and keeps that
+// tenant's buffers and programs. One per tenant per card, not one per context: a CUDA
+// context costs ~520 MiB of device memory and 0.3-1.2 s to create, and a fault poisons
+// every context of its process but none of another process's; so a process per tenant
+// confines a fault to the tenant that caused it while a VM with many programs pays for
+// one context per card. Sandboxes are started ahead (a warm pool per card), so a new
+// tenant does not wait for the device to open.
+//
+// The netaccel talks to a sandbox through SandboxDevice, a hal::Device whose calls are
+// synchronous requests on a SOCK_SEQPACKET socket pair (fixed-size Request and Reply),
+// with bulk data (writes, reads, program code, launch arguments, completed kernel
+// times) in one shared-memory window (a memfd mapped by both). The sandbox may be
+// running hostile code, so every reply is checked like any peer's: sizes bounded by the
+// window, names and messages clipped, and a call unanswered within the call timeout
+// kills it. When the sandbox dies or its device context faults, the device is lost():
+// every later call fails naming the fault, and the card worker replaces it.
+//
+// A sandbox gets no more than it needs: PR_SET_NO_NEW_PRIVS, a data-segment rlimit
+// (host memory), no core dumps, death with its parent, its own working folder, and an
+// allocation cap of its tenant's share of the card's memory.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hal/device.h"
+
+namespace raccel::netaccel {
+
+namespace sandbox {
+
+inline constexpr uint64_t kWindowBytes = 4ull << 20;  // the shared-memory window
+inline constexpr uint32_t kMaxMessage = 4096;         // error messages, clipped
+inline constexpr uint32_t kMaxProgramBytes = 256u << 20;
+
+enum class Op : uint32_t {
+  ready = 1,  // the sandbox's first reply: the device is open (or why not)
+  allocate,
+  release,
+  write,
+  read,
+  copy,
+  fill,
+  append,  // program code longer than the window, a window at a time
+  loadProgram,
+  releaseProgram,
+  launch,
+  gemm,
+  axpy,
+  vadd,
+  reduceSum,
+  finish,
+  completed,  // the kernel times completed since last asked (in the window)
+  wait,       // waits up to `length` ms for a kernel to complete
+  memoryCap,
+};
+
+struct Request {
+  Op op{};
+  uint32_t kind = 0;             // loadProgram: the ProgramKind
+  uint64_t id = 0, id2 = 0, id3 = 0;  // buffers or a program, chosen by the netaccel
+  uint64_t offset = 0, offset2 = 0, length = 0;  // also n, a byte value, a timeout
+  uint64_t payload = 0;          // bytes of the request in the window
+  uint64_t tag = 0;              // kernels: what their KernelTime carries
+  uint32_t m = 0, n = 0, k = 0;
+  float alpha = 0, beta = 0;
+};
+
+struct Reply {
+  uint32_t code = 0;     // raccel::Code; not ok: the window holds the message
+  uint32_t lost = 0;     // the device context is lost: the sandbox exits after this reply
+  uint64_t payload = 0;  // bytes of the reply in the window
+  uint64_t pending = 0;  // kernels in flight
+  uint32_t timesKernels = 0;  // ready: the device is asynchronous
+  uint32_t padding = 0;
+};
+
+}  // namespace sandbox
+
+struct SandboxSettings {
+  std::string executable;   // raccel-sandbox (default: beside this program)
+  std::string dir = "/tmp/raccel-sandbox";
+  unsigned long long hostMemoryBytes = 16ull << 30;
+  unsigned callTimeoutMs = 120000;
+  unsigned warm = 1;
+};
+
+class SandboxProcess;
+
+// A card's sandboxes: the warm ones, and new ones on demand. Worker thread only.
+class SandboxPool {
+ public:
+  SandboxPool(hal::Capabilities caps, SandboxSettings settings, std::string label);
+  ~SandboxPool();
+  // A sandbox for one tenant: a warm one that is still alive, else a new one; the pool
+  // then starts another to stay warm.
+  std::unique_ptr<hal::Device> take();
+  const hal::Capabilities& capabilities() const { return caps_; }
+  // The process id of the sandbox a device from take() talks to (0 for another device).
+  static pid_t pidOf(const hal::Device& device);
+  // Sandboxes started so far (for tests and logs).
+  uint64_t started() const { return started_; }
+
+ private:
+  Result<std::unique_ptr<SandboxProcess>> spawn();
+  void refill();
+
+  hal::Capabilities caps_;
+  SandboxSettings settings_;
+  std::string label_;
+  std::vector<std::unique_ptr<SandboxProcess>> warm_;
+  uint64_t started_ = 0;
+};
+
+// The sandbox's own side: serves requests on `fd` until it closes (raccel-sandbox).
+int serveSandbox(int fd, void* window, hal::Device& device);
+
+// The path of raccel-sandbox beside the running executable.
+std::string defaultSandboxExecutable();
+
+}  // namespace raccel::netaccel

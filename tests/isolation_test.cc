@@ -1,0 +1,237 @@
+// One tenant cannot hurt another on a shared card: real processes, a real OpenCL card
+// (PoCL) whose tenants each run in a sandbox process of their own (netaccel/sandbox.h).
+// A victim program keeps computing while another VM's kernel writes far out of bounds,
+// or while another VM's sandbox is killed with SIGKILL; the attacker gets an error that
+// names the fault, the victim's results stay exact, a third program runs on the card
+// afterwards, and `raccelctl events` reports the fault.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <regex>
+#include <thread>
+
+#include "hal/backends.h"
+#include "tests/cluster.h"
+#include "vmfrontend/raccel.h"
+
+namespace raccel::testing {
+namespace {
+
+using client::Arg;
+using client::Session;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+const char* kScale =
+    "__kernel void scale(float s, __global float* x, uint n) {\n"
+    "  uint i = get_global_id(0);\n"
+    "  if (i < n) x[i] = x[i] * s + (float)i;\n"
+    "}\n";
+
+// Writes 2^40 floats and more past the buffer's start: far outside anything mapped.
+const char* kOutOfBounds =
+    "__kernel void stomp(__global float* x) {\n"
+    "  x[(ulong)get_global_id(0) * 268435456UL + 1099511627776UL] = 42.0f;\n"
+    "}\n";
+
+std::unique_ptr<Session> open(Cluster& c, const std::string& vm, const std::string& name) {
+  client::Options o;
+  o.socket = c.vmSocket(vm);
+  o.tflops = 2;
+  o.program = name;
+  o.timeoutMs = 60000;
+  auto s = Session::open(o);
+  EXPECT_TRUE(s) << s.error().message << "\n" << c.logs();
+  return s ? std::move(*s) : nullptr;
+}
+
+client::Handle loadScale(Session& s) {
+  return s.loadProgram(ProgramKind::openclC, "scale", std::as_bytes(std::span(kScale, std::strlen(kScale))));
+}
+
+// A program that keeps its data on the card and checks every round of work on it exactly.
+struct Victim {
+  std::unique_ptr<Session> session;
+  client::Handle buffer = 0, program = 0;
+  std::vector<float> expected;
+
+  void start(Cluster& c, const std::string& vm, uint32_t n, unsigned seed) {
+    session = open(c, vm, "victim");
+    ASSERT_TRUE(session);
+    expected = randomFloats(n, seed);
+    buffer = session->alloc(n * 4);
+    session->writeFloats(buffer, expected);
+    program = loadScale(*session);
+    ASSERT_TRUE(session->fence());
+  }
+  // One round: x = x * 0.5 + i on the card, and the same here; then the whole buffer back.
+  bool round(std::string* why) {
+    uint32_t n = static_cast<uint32_t>(expected.size());
+    session->launch(program, "scale", {(n + 63) / 64, 1, 1}, {64, 1, 1}, {Arg::f32(0.5f), Arg::buffer(buffer), Arg::u32(n)});
+    for (uint32_t i = 0; i < n; ++i) expected[i] = expected[i] * 0.5f + float(i);
+    auto got = session->readFloats(buffer, n);
+    if (!got) return *why = got.error().message, false;
+    for (uint32_t i = 0; i < n; ++i)
+      if ((*got)[i] != expected[i])
+        return *why = "element " + std::to_string(i) + " is " + std::to_string((*got)[i]) + ", want " + std::to_string(expected[i]), false;
+    return true;
+  }
+};
+
+// The victim's rounds on a thread of its own while `attack` runs, then a few more.
+void victimSurvives(Victim& v, const std::function<void()>& attack, Cluster& c) {
+  std::atomic<bool> attacking{true};
+  std::atomic<int> rounds{0};
+  std::string why;
+  bool ok = true;
+  std::thread t([&] {
+    while (ok && (attacking || rounds < 3)) {
+      ok = v.round(&why);
+      ++rounds;
+    }
+  });
+  attack();
+  int before = rounds;
+  attacking = false;
+  t.join();
+  EXPECT_TRUE(ok) << "round " << rounds << ": " << why << "\n" << c.logs();
+  EXPECT_GE(rounds, before + 1);
+}
+
+void thirdProgramRuns(Cluster& c) {
+  auto s = open(c, "vm3", "third");
+  ASSERT_TRUE(s);
+  const uint32_t n = 4096;
+  auto x = randomFloats(n, 33);
+  auto h = s->alloc(n * 4);
+  s->writeFloats(h, x);
+  auto p = loadScale(*s);
+  s->launch(p, "scale", {n / 64, 1, 1}, {64, 1, 1}, {Arg::f32(2.0f), Arg::buffer(h), Arg::u32(n)});  // exact: no rounding for a fused multiply-add to change
+  auto got = s->readFloats(h, n);
+  ASSERT_TRUE(got) << got.error().message << "\n" << c.logs();
+  for (uint32_t i = 0; i < n; ++i) ASSERT_EQ((*got)[i], x[i] * 2.0f + float(i)) << "element " << i;
+}
+
+class Isolation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (hal::discover("opencl").devices.empty()) GTEST_SKIP() << "no OpenCL device: " << hal::discover("opencl").note;
+    std::vector<VmSpec> vms = {VmSpec{"vm1", 4}, VmSpec{"vm2", 4}, VmSpec{"vm3", 4}};
+    cluster = std::make_unique<Cluster>(vms);
+    // One OpenCL card of 8 blocks: the three VMs' programs share it.
+    netaccel = &cluster->addNetaccel("node0", {"backend=opencl,kind=gpu,tflops=8,memory=512MiB"}, 8);
+  }
+  // The pid of the sandbox serving `vm` on card 0, from the netaccel's log.
+  pid_t sandboxOf(const std::string& vm) {
+    std::regex line("card 0: tenant '" + vm + "' is served by sandbox process ([0-9]+)");
+    std::smatch m;
+    std::string log = readFile(netaccel->log());
+    pid_t pid = 0;
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it)
+      pid = static_cast<pid_t>(std::stol((*it)[1].str()));
+    return pid;
+  }
+  std::string events() { return cluster->ctl({"events", "--recent", "--json"}); }
+
+  std::unique_ptr<Cluster> cluster;
+  Process* netaccel = nullptr;
+};
+
+TEST_F(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
+  Victim v;
+  v.start(*cluster, "vm1", 1 << 16, 1);
+  auto attacker = open(*cluster, "vm2", "attacker");
+  ASSERT_TRUE(attacker);
+  auto kept = attacker->alloc(1024);
+  attacker->writeFloats(kept, std::vector<float>(256, 1.0f));
+  ASSERT_TRUE(attacker->fence());
+
+  victimSurvives(v, [&] {
+    auto target = attacker->alloc(4096);
+    auto evil = attacker->loadProgram(ProgramKind::openclC, "stomp", std::as_bytes(std::span(kOutOfBounds, std::strlen(kOutOfBounds))));
+    attacker->launch(evil, "stomp", {64, 1, 1}, {64, 1, 1}, {Arg::buffer(target)});
+    auto fault = attacker->fence();
+    ASSERT_FALSE(fault) << "the out-of-bounds kernel was not reported";
+    EXPECT_EQ(fault.error().code, Code::internal) << fault.error().message;
+    EXPECT_TRUE(contains(fault.error().message, "sandbox process")) << fault.error().message;
+    EXPECT_TRUE(contains(fault.error().message, "killed by signal")) << fault.error().message;
+    EXPECT_TRUE(contains(fault.error().message, "buffers and programs on card 0 are lost")) << fault.error().message;
+  }, *cluster);
+
+  // The attacker's earlier buffer is gone, saying why; new work runs on a fresh sandbox.
+  auto lost = attacker->readFloats(kept, 4);
+  ASSERT_FALSE(lost);
+  EXPECT_TRUE(contains(lost.error().message, "was lost")) << lost.error().message;
+  auto fresh = attacker->alloc(64);
+  attacker->writeFloats(fresh, {1, 2, 3, 4});
+  auto back = attacker->readFloats(fresh, 4);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, (std::vector<float>{1, 2, 3, 4}));
+
+  thirdProgramRuns(*cluster);
+  EXPECT_TRUE(netaccel->running()) << cluster->logs();
+  std::string e = events();
+  EXPECT_TRUE(contains(e, "\"kind\":\"card-fault\",\"subject\":\"node0 card 0\"")) << e;
+  EXPECT_TRUE(contains(e, "vm2/attacker")) << e;
+}
+
+TEST_F(Isolation, ASandboxKilledWithSigkillFailsItsOwnTenantOnly) {
+  Victim v;
+  v.start(*cluster, "vm1", 1 << 16, 2);
+  auto other = open(*cluster, "vm2", "other");
+  ASSERT_TRUE(other);
+  auto kept = other->alloc(1024);
+  other->writeFloats(kept, std::vector<float>(256, 2.0f));
+  ASSERT_TRUE(other->fence());
+  pid_t victimSandbox = sandboxOf("vm1"), otherSandbox = sandboxOf("vm2");
+  ASSERT_GT(otherSandbox, 0) << cluster->logs();
+  ASSERT_NE(victimSandbox, otherSandbox);
+
+  victimSurvives(v, [&] {
+    ASSERT_EQ(::kill(otherSandbox, SIGKILL), 0);
+    auto r = other->readFloats(kept, 4);
+    ASSERT_FALSE(r) << "a read from a killed sandbox succeeded";
+    EXPECT_TRUE(contains(r.error().message, "killed by signal 9")) << r.error().message;
+    EXPECT_TRUE(contains(r.error().message, "are lost")) << r.error().message;
+  }, *cluster);
+
+  // A fresh sandbox serves the same tenant from now on.
+  auto fresh = other->alloc(64);
+  other->writeFloats(fresh, {5, 6});
+  auto back = other->readFloats(fresh, 2);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, (std::vector<float>{5, 6}));
+  EXPECT_NE(sandboxOf("vm2"), otherSandbox);
+  EXPECT_EQ(sandboxOf("vm1"), victimSandbox);
+
+  thirdProgramRuns(*cluster);
+  std::string e = events();
+  EXPECT_TRUE(contains(e, "card-fault")) << e;
+}
+
+TEST_F(Isolation, ATenantsSandboxEndsWithItsLastProgramAndKeepsItsFolderToItself) {
+  auto s = open(*cluster, "vm1", "first");
+  ASSERT_TRUE(s);
+  auto h = s->alloc(64);
+  s->writeFloats(h, {1});
+  ASSERT_TRUE(s->fence());
+  pid_t pid = sandboxOf("vm1");
+  ASSERT_GT(pid, 0);
+  // Its working folder is its own (0700) and the process may not gain privileges.
+  std::string status = readFile("/proc/" + std::to_string(pid) + "/status");
+  EXPECT_TRUE(contains(status, "NoNewPrivs:\t1")) << status;
+  std::string limits = readFile("/proc/" + std::to_string(pid) + "/limits");
+  EXPECT_TRUE(std::regex_search(limits, std::regex("Max data size +[0-9]+ +[0-9]+ +bytes"))) << limits;
+  s.reset();  // the session ends: its context closes, and with it the tenant's sandbox
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    gone = ::kill(pid, 0) != 0;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(gone) << "sandbox " << pid << " outlived its tenant's last program";
+}
+
+}  // namespace
+}  // namespace raccel::testing
