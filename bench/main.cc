@@ -21,6 +21,18 @@
 //   aggregate_efficiency    a gemm split over three paced simulated cards on two netaccels:
 //                           its throughput over the sum of the cards' own, each measured
 //                           alone in the same run (target >= 0.85)
+//   fair_share_error        two tenants with 3:1 blocks of one card, both keeping it busy:
+//                           |kernel-time ratio / 3 - 1| (target <= 0.05)
+//   fair_share_error_async  the same on an asynchronous simulated card (kernels queued and
+//                           timed on the card's own thread, as on a GPU stream)
+//   sync_rtt_us_p50_sandbox the sync round trip on an OpenCL card (PoCL here) whose tenant
+//                           runs in a sandbox process, beside sync_rtt_us_p50_in_process
+//                           (the same card inside the netaccel, --no-sandbox), same run
+//                           (target <= 1.5x); bulk_gbps_sandbox/_in_process likewise
+//   cuda_gemm_ratio         with a CUDA GPU: raccel gemm TFLOPS (N=4096) over the hal's
+//                           cuBLAS gemm called directly in this process (target >= 0.95)
+//   cuda_bulk_gbps          1 GiB written and read back through both hops to the GPU, GB/s
+//                           (10^9 bytes), beside a direct page-locked copy each way
 //
 // The daemons run as real processes, as deployed. --raw-echo and --raw-relay are the
 // baseline's own processes (started by the bench itself).
@@ -42,6 +54,10 @@
 #include <unordered_map>
 
 #include "common/flags.h"
+#include "hal/backends.h"
+#ifdef RACCEL_HAVE_CUDA
+#include "hal/cuda/cuda_device.h"
+#endif
 #include "scheduler/pool.h"
 #include "tests/cluster.h"
 #include "tests/fairness.h"
@@ -246,7 +262,18 @@ struct Figures {
   double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0, bulkGbps = 0, rawGbps = 0, writeSecs = 0, readSecs = 0;
   double syncPlainP50 = 0, bulkTlsGbps = 0, tlsWriteSecs = 0, tlsReadSecs = 0;
   double aggEfficiency = 0, aggGflops = 0, aggSingles = 0;
-  testing::FairShare fair;
+  testing::FairShare fair, fairAsync;
+  double sandboxRttP50 = -1, inProcessRttP50 = -1, sandboxGbps = -1, inProcessGbps = -1;
+  std::string sandboxSkipped;
+  double cudaDirectTflops = -1, cudaRaccelTflops = -1, cudaBulkGBps = -1, cudaWriteGBps = -1, cudaReadGBps = -1;
+#ifdef RACCEL_HAVE_CUDA
+  hal::PinnedCopy pinned;
+#else
+  struct {
+    double writeGBps = 0, readGBps = 0;
+  } pinned;
+#endif
+  std::string cudaSkipped;
 };
 
 }  // namespace
@@ -309,7 +336,7 @@ int main(int argc, char** argv) {
     return true;
   };
   // bulkBytes written and read back through both hops: Gbit/s both ways together.
-  auto bulkGbps = [&](client::Session& on, double* writeSecs, double* readSecs) {
+  auto bulkGbps = [&](client::Session& on, double* writeSecs, double* readSecs, size_t bulkBytes) {
     std::vector<std::byte> data(bulkBytes), back(bulkBytes);
     for (size_t i = 0; i < data.size(); i += 4096) data[i] = static_cast<std::byte>(i / 4096);
     auto big = on.alloc(bulkBytes);
@@ -400,7 +427,7 @@ int main(int argc, char** argv) {
   }
 
   progress("bulk write and read back (TLS node link)");
-  f.bulkTlsGbps = bulkGbps(s, &f.tlsWriteSecs, &f.tlsReadSecs);
+  f.bulkTlsGbps = bulkGbps(s, &f.tlsWriteSecs, &f.tlsReadSecs, bulkBytes);
   if (f.bulkTlsGbps < 0) return 1;
 
   progress("the same with the node link in plain TCP (--insecure)");
@@ -416,8 +443,105 @@ int main(int argc, char** argv) {
     std::vector<double> plainRtts;
     if (!syncRtts(**p, plainRtts)) return 1;
     f.syncPlainP50 = percentile(plainRtts, 0.5);
-    f.bulkGbps = bulkGbps(**p, &f.writeSecs, &f.readSecs);
+    f.bulkGbps = bulkGbps(**p, &f.writeSecs, &f.readSecs, bulkBytes);
     if (f.bulkGbps < 0) return 1;
+  }
+
+  // An OpenCL card (PoCL here): each tenant in a sandbox process (the default), and the
+  // same card with guest code in the netaccel's own process (--no-sandbox), same run.
+  if (!hal::discover("opencl").devices.empty()) {
+    for (bool sandboxed : {true, false}) {
+      progress(sandboxed ? "an OpenCL card, each tenant in a sandbox process" : "the same card run inside the netaccel (--no-sandbox)");
+      testing::Cluster c({vm});
+      std::vector<std::string> extra;
+      if (!sandboxed) extra.push_back("--no-sandbox");
+      c.addNetaccel("bench0", {"backend=opencl,kind=gpu,tflops=4,memory=1GiB"}, 4, extra);
+      options.socket = c.vmSocket();
+      auto p = client::Session::open(options);
+      if (!p) {
+        std::fprintf(stderr, "raccel-bench: %s\n", p.error().message.c_str());
+        return 1;
+      }
+      std::vector<double> r;
+      if (!syncRtts(**p, r)) return 1;
+      double w = 0, rd = 0;
+      double gbps = bulkGbps(**p, &w, &rd, bulkBytes);
+      if (gbps < 0) return 1;
+      (sandboxed ? f.sandboxRttP50 : f.inProcessRttP50) = percentile(r, 0.5);
+      (sandboxed ? f.sandboxGbps : f.inProcessGbps) = gbps;
+    }
+  } else {
+    f.sandboxSkipped = "no OpenCL device: " + hal::discover("opencl").note;
+  }
+
+  // A CUDA GPU, when there is one: gemm through both hops against the same library
+  // (the hal's cuBLAS gemm) called directly, and 1 GiB written and read back against a
+  // direct page-locked copy, same run.
+  if (!hal::discover("cuda").devices.empty()) {
+    progress("CUDA: direct cuBLAS gemm (N=4096) through the hal, in this process");
+    const uint32_t n = 4096;
+    const int reps = quick ? 5 : 20;
+    {
+      auto dev = hal::openDevice("cuda", 0, {.tflops = 8});
+      if (!dev) {
+        std::fprintf(stderr, "raccel-bench: cuda: %s\n", dev.error().message.c_str());
+        return 1;
+      }
+      auto& d = **dev;
+      auto a = d.allocate(uint64_t{n} * n * 4), b = d.allocate(uint64_t{n} * n * 4), c = d.allocate(uint64_t{n} * n * 4);
+      if (!a || !b || !c) {
+        std::fprintf(stderr, "raccel-bench: cuda: no memory for the gemm\n");
+        return 1;
+      }
+      hal::GemmArgs g{n, n, n, 1, 0, a->get(), b->get(), c->get()};
+      (void)d.gemm(g);
+      (void)d.finish();
+      auto t = Clock::now();
+      for (int i = 0; i < reps; ++i) (void)d.gemm(g);
+      (void)d.finish();
+      f.cudaDirectTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
+      d.release(std::move(*a));
+      d.release(std::move(*b));
+      d.release(std::move(*c));
+    }
+#ifdef RACCEL_HAVE_CUDA
+    progress("CUDA: direct page-locked copy, 1 GiB each way");
+    if (auto p = hal::measurePinnedCopy(0, 1ull << 30); p) f.pinned = *p;
+#endif
+    progress("CUDA: the same gemm and 1 GiB through raccel (guest -> scheduler -> netaccel -> sandbox -> GPU)");
+    testing::Cluster c({vm});
+    c.addNetaccel("gpu0", {"backend=cuda,device=0,kind=gpu,tflops=8"}, 8);
+    options.socket = c.vmSocket();
+    auto p = client::Session::open(options);
+    if (!p) {
+      std::fprintf(stderr, "raccel-bench: %s\n", p.error().message.c_str());
+      return 1;
+    }
+    auto& g = **p;
+    auto ha = g.alloc(uint64_t{n} * n * 4), hb = g.alloc(uint64_t{n} * n * 4), hc = g.alloc(uint64_t{n} * n * 4);
+    g.writeFloats(ha, testing::randomFloats(size_t{n} * n, 1));
+    g.writeFloats(hb, testing::randomFloats(size_t{n} * n, 2));
+    g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
+    if (auto r = g.fence(); !r) {
+      std::fprintf(stderr, "raccel-bench: cuda gemm: %s\n", r.error().message.c_str());
+      return 1;
+    }
+    auto t = Clock::now();
+    for (int i = 0; i < reps; ++i) g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
+    if (auto r = g.fence(); !r) {
+      std::fprintf(stderr, "raccel-bench: cuda gemm: %s\n", r.error().message.c_str());
+      return 1;
+    }
+    f.cudaRaccelTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
+    g.free(ha), g.free(hb), g.free(hc);
+    double w = 0, r = 0;
+    const size_t gib = size_t{1} << 30;
+    if (bulkGbps(g, &w, &r, gib) < 0) return 1;
+    f.cudaWriteGBps = gib / w / 1e9;
+    f.cudaReadGBps = gib / r / 1e9;
+    f.cudaBulkGBps = 2.0 * gib / (w + r) / 1e9;
+  } else {
+    f.cudaSkipped = "no CUDA GPU: " + hal::discover("cuda").note;
   }
 
   progress("raw loopback socket baseline");
@@ -494,12 +618,17 @@ int main(int argc, char** argv) {
   progress("sharing a card: two tenants with 3:1 blocks, both keeping it busy");
   f.fair = testing::measureFairShare(quick ? 1.5 : 5);
   if (!f.fair.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share: %s\n", f.fair.problem.c_str());
+  progress("sharing an asynchronous card (kernels queued, timed on the card's own thread): 3:1 blocks");
+  f.fairAsync = testing::measureFairShare(quick ? 1.5 : 5, testing::kAsyncFairCard);
+  if (!f.fairAsync.problem.empty())
+    std::fprintf(stderr, "raccel-bench: fair share (async): %s\n", f.fairAsync.problem.c_str());
 
   bool syncOk = f.syncP50 <= 3 * f.rawP50, asyncOk = f.asyncRate >= 200000, bulkOk = f.bulkGbps >= 0.5 * f.rawGbps;
   bool tlsOk = f.bulkTlsGbps >= 0.8 * f.bulkGbps;
   bool aggOk = f.aggEfficiency >= 0.85;
   bool allocOk = f.allocOps >= 2e6, admissionOk = f.admissionP99 <= 50;
   bool fairOk = f.fair.problem.empty() && f.fair.error <= 0.05;
+  bool fairAsyncOk = f.fairAsync.problem.empty() && f.fairAsync.error <= 0.05;
   char vmRttText[32] = "null";
   if (f.vmRttP50 >= 0) std::snprintf(vmRttText, sizeof vmRttText, "%.1f", f.vmRttP50);
   std::string vmRtt = vmRttText;
@@ -507,6 +636,24 @@ int main(int argc, char** argv) {
   if (flags.has("json")) {
     std::printf("{\"sync_rtt_us_p50_plain\":%.1f,\"bulk_write_read_gbps_tls\":%.2f,\"tls_bulk_met\":%s,",
                 f.syncPlainP50, f.bulkTlsGbps, tlsOk ? "true" : "false");
+    auto num = [](double v, const char* fmt) {
+      if (v < 0) return std::string("null");
+      char b[32];
+      std::snprintf(b, sizeof b, fmt, v);
+      return std::string(b);
+    };
+    std::printf("\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,\"bulk_gbps_sandbox\":%s,"
+                "\"bulk_gbps_in_process\":%s,\"cuda_gemm_ratio\":%s,\"cuda_gemm_tflops\":%s,"
+                "\"cuda_direct_gemm_tflops\":%s,\"cuda_bulk_gbps\":%s,\"cuda_pinned_write_gbps\":%s,"
+                "\"cuda_pinned_read_gbps\":%s,\"cuda_skipped\":\"%s\",",
+                num(f.sandboxRttP50, "%.1f").c_str(), num(f.inProcessRttP50, "%.1f").c_str(), num(f.sandboxGbps, "%.2f").c_str(),
+                num(f.inProcessGbps, "%.2f").c_str(),
+                num(f.cudaRaccelTflops > 0 && f.cudaDirectTflops > 0 ? f.cudaRaccelTflops / f.cudaDirectTflops : -1, "%.3f").c_str(),
+                num(f.cudaRaccelTflops, "%.2f").c_str(), num(f.cudaDirectTflops, "%.2f").c_str(),
+                num(f.cudaBulkGBps, "%.2f").c_str(), num(f.cudaSkipped.empty() ? f.pinned.writeGBps : -1, "%.2f").c_str(),
+                num(f.cudaSkipped.empty() ? f.pinned.readGBps : -1, "%.2f").c_str(), f.cudaSkipped.c_str());
+    std::printf("\"fair_share_error_async\":%.4f,\"fair_share_ratio_async\":%.3f,\"fair_share_async_met\":%s,",
+                f.fairAsync.error, f.fairAsync.ratio, fairAsyncOk ? "true" : "false");
     std::printf("\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
                 "\"async_instr_per_s\":%.0f,\"bulk_write_read_gbps\":%.2f,\"raw_socket_gbps\":%.2f,"
                 "\"vm_sync_rtt_us_p50\":%s,\"host_guestd_sync_rtt_us_p50\":%.1f,\"vm_skipped\":\"%s\","
@@ -549,6 +696,27 @@ int main(int argc, char** argv) {
                 "aggregate_efficiency", f.aggEfficiency, f.aggGflops, f.aggSingles, aggOk ? "met" : "MISSED");
     std::printf("%-26s %12.4f   kernel time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
                 "fair_share_error", f.fair.error, f.fair.big, f.fair.small, f.fair.ratio, fairOk ? "met" : "MISSED");
+    if (f.sandboxRttP50 >= 0) {
+      std::printf("%-26s %9.1f us   same OpenCL card in the netaccel's process %.1f us, target <= %.1f us  %s\n",
+                  "sync_rtt_us_p50_sandbox", f.sandboxRttP50, f.inProcessRttP50, 1.5 * f.inProcessRttP50,
+                  f.sandboxRttP50 <= 1.5 * f.inProcessRttP50 ? "met" : "MISSED");
+      std::printf("%-26s %7.2f Gbit/s   same OpenCL card in the netaccel's process %.2f Gbit/s\n", "bulk_gbps_sandbox",
+                  f.sandboxGbps, f.inProcessGbps);
+    } else {
+      std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_sandbox", "-", f.sandboxSkipped.c_str());
+    }
+    if (f.cudaSkipped.empty()) {
+      double ratio = f.cudaRaccelTflops / f.cudaDirectTflops;
+      std::printf("%-26s %12.3f   raccel %.2f TFLOPS vs the hal's cuBLAS directly %.2f TFLOPS (N=4096), target >= 0.95  %s\n",
+                  "cuda_gemm_ratio", ratio, f.cudaRaccelTflops, f.cudaDirectTflops, ratio >= 0.95 ? "met" : "MISSED");
+      std::printf("%-26s %7.2f GB/s   1 GiB write %.2f GB/s, read %.2f GB/s; direct page-locked copy %.2f / %.2f GB/s\n",
+                  "cuda_bulk_gbps", f.cudaBulkGBps, f.cudaWriteGBps, f.cudaReadGBps, f.pinned.writeGBps, f.pinned.readGBps);
+    } else {
+      std::printf("%-26s %12s   skipped: %s\n", "cuda_gemm_ratio", "-", f.cudaSkipped.c_str());
+    }
+    std::printf("%-26s %12.4f   device time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
+                "fair_share_error_async", f.fairAsync.error, f.fairAsync.big, f.fairAsync.small, f.fairAsync.ratio,
+                fairAsyncOk ? "met" : "MISSED");
   }
   return 0;
 }

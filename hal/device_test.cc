@@ -148,10 +148,47 @@ TEST_P(Conformance, BuiltinLibraryLaunchesByNameAndRefusesUnknownKernels) {
   EXPECT_FALSE(device->launch(**program, "axpy", {}, std::span(args).first(2)));
 }
 
+TEST_P(Conformance, AsynchronousCardsReportEachKernelsDeviceTimeOnceWithItsTag) {
+  if (!device->timesKernels()) GTEST_SKIP() << "a synchronous card: its caller times its kernels";
+  if (!hasBuiltins()) GTEST_SKIP() << "no built-in library";
+  const uint32_t n = 128;
+  auto a = floats(std::vector<float>(n * n, 1.0f)), b = floats(std::vector<float>(n * n, 2.0f));
+  auto c = device->allocate(n * n * 4);
+  ASSERT_TRUE(c);
+  device->tagKernels(7);
+  ASSERT_TRUE(device->gemm({n, n, n, 1, 0, a.get(), b.get(), c->get()}));
+  device->tagKernels(9);
+  ASSERT_TRUE(device->axpy(n, 2.0f, *a, **c));
+  ASSERT_TRUE(device->finish());
+  std::vector<KernelTime> times;
+  EXPECT_EQ(device->takeCompleted(times), 0u);
+  ASSERT_EQ(times.size(), 2u);
+  EXPECT_EQ(times[0].tag, 7u);
+  EXPECT_EQ(times[1].tag, 9u);
+  EXPECT_GT(times[0].ns, 0u);
+  times.clear();
+  EXPECT_EQ(device->takeCompleted(times), 0u);
+  EXPECT_TRUE(times.empty()) << "reported twice";
+  // The results are the same as a synchronous card's.
+  auto out = readFloats(**c, 2);
+  EXPECT_EQ(out[0], 2.0f * n + 2.0f);
+  device->release(std::move(*c));
+}
+
 TEST_P(Conformance, ProgramKindsTheCardCannotRunAreRefused) {
-  auto p = device->loadProgram(ProgramKind::ptx, "k", {});
-  ASSERT_FALSE(p);
-  EXPECT_EQ(p.error().code, Code::unimplemented);
+  // Every kind this card does not list is refused as unimplemented, naming what it takes.
+  auto& have = device->capabilities().programKinds;
+  int refused = 0;
+  for (auto kind : {ProgramKind::builtin, ProgramKind::openclC, ProgramKind::spirv, ProgramKind::ptx, ProgramKind::cubin,
+                    ProgramKind::cudaC, ProgramKind::xclbin}) {
+    if (std::find(have.begin(), have.end(), kind) != have.end()) continue;
+    auto p = device->loadProgram(kind, "k", {});
+    ASSERT_FALSE(p) << programKindName(kind);
+    EXPECT_EQ(p.error().code, Code::unimplemented) << programKindName(kind) << ": " << p.error().message;
+    EXPECT_NE(p.error().message.find("it accepts"), std::string::npos) << p.error().message;
+    ++refused;
+  }
+  EXPECT_GT(refused, 0);
   auto lib = device->loadProgram(ProgramKind::builtin, "nope", {});
   ASSERT_FALSE(lib);
   EXPECT_EQ(lib.error().code, Code::notFound);

@@ -1,4 +1,4 @@
-// hal_test's backends: the cpu card, a simulated gpu, and every OpenCL device found
+// hal_test's backends: the cpu card, a simulated gpu (synchronous and asynchronous), and every OpenCL device found
 // (PoCL's CPU device in CI), each limited to 64 MiB so the memory tests stay small.
 #include "hal/backends.h"
 #include "hal/conformance.h"
@@ -12,6 +12,13 @@ std::vector<Backend> conformanceBackends() {
                  std::nullopt});
   out.push_back({"simulatedGpu",
                  [] { return Result<std::unique_ptr<Device>>(makeCpuDevice({CardKind::gpu, "sim-gpu", 8, 64 << 20, 1})); },
+                 std::nullopt});
+  // Asynchronous: ops queue on the card's own thread and are timed there.
+  out.push_back({"asyncSimulatedGpu",
+                 [] {
+                   return Result<std::unique_ptr<Device>>(
+                       makeCpuDevice({CardKind::gpu, "sim-gpu", 8, 64 << 20, 1, false, true}));
+                 },
                  std::nullopt});
   auto opencl = discoveredBackends("opencl", {.tflops = 1, .memoryBytes = 64 << 20}, openclSample());
   out.insert(out.end(), opencl.begin(), opencl.end());

@@ -70,6 +70,49 @@ TEST(CardWorker, ContextsShareTheCardInProportionToTheirBlocks) {
   EXPECT_EQ(times.size(), 2u);
 }
 
+// Each context: three buffers of n x n, then `rounds` of (gemm, fence).
+void queueSizedGemms(CardWorker& w, uint32_t context, uint32_t n, int rounds, uint64_t* seq) {
+  for (uint64_t h = 1; h <= 3; ++h)
+    w.enqueue(context, (*seq)++, instruction([&](auto in) {
+      auto a = in.initAlloc();
+      a.setHandle(h);
+      a.setSize(n * n * 4);
+    }));
+  for (int i = 0; i < rounds; ++i) {
+    w.enqueue(context, (*seq)++, instruction([&](auto in) {
+      auto g = in.initOp().initGemm();
+      g.setM(n), g.setN(n), g.setK(n), g.setAlpha(1), g.setA(1), g.setB(2), g.setC(3);
+    }));
+    w.enqueue(context, (*seq)++, instruction([](auto in) { in.setFence(); }));
+  }
+}
+
+TEST(CardWorker, OnAnAsynchronousCardTenantsShareDeviceTimeNotInstructions) {
+  // The card queues kernels and returns at once (so a call's wall time says nothing);
+  // the small tenant's gemms take 8 times the big one's. Shares are of device time: the
+  // big tenant (3 blocks) gets 3 times the small one's, however many kernels that is.
+  // Paced at 0.5 GFLOPS: a 64^3 gemm takes 1 ms on the card, a 128^3 one 8 ms.
+  std::atomic<int> notified{0};
+  CardWorker::Options options;
+  options.queueDepth = 2;
+  CardWorker worker(hal::makeCpuDevice({CardKind::gpu, "async", 0.0005, 1ull << 30, 1, false, true}), [&] { ++notified; },
+                    options);
+  worker.openContext(1, 0, "big", 3, "big");
+  worker.openContext(2, 0, "small", 1, "small");
+  uint64_t seq = 1;
+  queueSizedGemms(worker, 1, 64, 600, &seq);
+  queueSizedGemms(worker, 2, 128, 100, &seq);
+  worker.submit();
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // both backlogged throughout
+  std::map<uint32_t, double> ms;
+  for (auto& [context, ns] : worker.kernelTimes()) ms[context] = ns / 1e6;
+  ASSERT_GT(ms[2], 0);
+  double ratio = ms[1] / ms[2];
+  EXPECT_NEAR(ratio, 3.0, 0.45) << "big " << ms[1] << " ms, small " << ms[2] << " ms of device time";
+  // Device time, not the enqueue: together about the time that passed.
+  EXPECT_GT(ms[1] + ms[2], 300) << "big " << ms[1] << " small " << ms[2];
+}
+
 TEST(CardWorker, InsideATenantTheHigherPriorityContextGoesFirst) {
   Harness h;
   h.worker.openContext(1, 0, "low", 1, "vm", 0);

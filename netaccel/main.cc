@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
               true);
   flags.value("discover", "LIST", "backends to enumerate at start: all (default), none, or e.g. opencl,cuda");
   flags.boolean("list-devices", "print the cards this netaccel would serve, then exit");
+  flags.boolean("no-sandbox", "run guest code (OpenCL, CUDA, XRT cards) inside this process, not in a sandbox process "
+                              "per tenant: one tenant's faulting kernel then takes every tenant here down (for comparison)");
   flags.value("context-grace-ms", "MS", "when the scheduler goes away, keep its contexts MS for it to come back "
                                          "(default 60000; 0 = drop them at once)");
   flags.value("fair-half-life-ms", "MS", "sharing a card: past kernel time counts half after MS (default 2000)");
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
     for (auto [flag, key] : {std::pair{"tls-ca", "tls_ca"}, std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"}})
       if (flags.has(flag)) file->top().set(key, flags.get(flag));
     if (flags.has("insecure")) file->top().set("insecure", "true");
+    if (flags.has("no-sandbox")) file->top().set("sandbox", "false");
     // --list-devices needs no link to the scheduler.
     if (flags.has("list-devices") && !file->top().has("tls_ca")) file->top().set("insecure", "true");
     auto parsed = netaccel::parseConfig(*file);

@@ -52,6 +52,9 @@ std::string clipped(const char* p, uint64_t n) {
 
 }  // namespace
 
+// How long each side spins for the other's next message before it blocks.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
 // One running raccel-sandbox: its pid, the socket, the mapped window, its folder.
 class SandboxProcess {
  public:
@@ -92,6 +95,16 @@ class SandboxProcess {
   Result<Reply> call(const Request* request, unsigned timeoutMs) {
     if (request && ::send(fd_, request, sizeof *request, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof *request))
       return fail(Code::internal, gone());
+    Reply reply;
+    // Most replies come within microseconds: wait for them spinning a moment, which saves
+    // the two wake-ups a blocking wait costs; then block.
+    ssize_t n = -1;
+    for (auto spinUntil = std::chrono::steady_clock::now() + kSpin;;) {
+      n = ::recv(fd_, &reply, sizeof reply, MSG_DONTWAIT);
+      if (n >= 0 || (errno != EAGAIN && errno != EINTR) || std::chrono::steady_clock::now() > spinUntil) break;
+    }
+    if (n == static_cast<ssize_t>(sizeof reply)) return checked(reply);
+    if (n >= 0) return fail(Code::internal, gone());
     pollfd p{fd_, POLLIN, 0};
     int rc;
     do rc = ::poll(&p, 1, static_cast<int>(timeoutMs));
@@ -101,9 +114,12 @@ class SandboxProcess {
       return fail(Code::internal, "the sandbox answered nothing for " + std::to_string(timeoutMs) +
                                       " ms (a kernel that runs too long?) and was stopped");
     }
-    Reply reply;
-    ssize_t n = ::recv(fd_, &reply, sizeof reply, 0);
+    n = ::recv(fd_, &reply, sizeof reply, 0);
     if (n != static_cast<ssize_t>(sizeof reply)) return fail(Code::internal, gone());
+    return checked(reply);
+  }
+
+  Result<Reply> checked(const Reply& reply) {
     if (reply.payload > kWindowBytes) {
       ::kill(pid_, SIGKILL);
       return fail(Code::internal, "the sandbox broke its protocol (a reply larger than its window) and was stopped");
@@ -499,6 +515,15 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
     std::filesystem::remove_all(dir, ec);
     return fail(Code::resourceExhausted, "sandbox window: " + why);
   }
+  // The child's fds 3 and 4 are made from these by dup2: neither may already be 3 or 4.
+  auto high = [](int& fd) {
+    if (fd > 4) return;
+    int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 5);
+    ::close(fd);
+    fd = moved;
+  };
+  high(fds[1]);
+  high(memfd);
   std::vector<std::string> args = {settings_.executable,
                                    "--backend=" + caps_.backend,
                                    "--device=" + std::to_string(caps_.deviceIndex),
@@ -555,7 +580,12 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   }
   for (;;) {
     Request q;
-    ssize_t n = ::recv(fd, &q, sizeof q, 0);
+    ssize_t n = -1;
+    for (auto spinUntil = std::chrono::steady_clock::now() + kSpin;;) {
+      n = ::recv(fd, &q, sizeof q, MSG_DONTWAIT);
+      if (n >= 0 || (errno != EAGAIN && errno != EINTR) || std::chrono::steady_clock::now() > spinUntil) break;
+    }
+    if (n < 0 && errno == EAGAIN) n = ::recv(fd, &q, sizeof q, 0);
     if (n == 0) return 0;  // the netaccel closed: done
     if (n != static_cast<ssize_t>(sizeof q)) {
       if (n < 0 && errno == EINTR) continue;

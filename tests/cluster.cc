@@ -214,7 +214,8 @@ Cluster::~Cluster() {
   if (!std::getenv("RACCEL_KEEP_TEST_DIRS")) std::filesystem::remove_all(dir_, ec);
 }
 
-Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks) {
+Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks,
+                              const std::vector<std::string>& extraArgs) {
   // Only the cards a test names: no discovery of this machine's devices.
   std::vector<std::string> args = {"--name", name, "--scheduler", "127.0.0.1:" + std::to_string(port_), "--discover", "none"};
   if (insecure_) args.push_back("--insecure");
@@ -224,6 +225,7 @@ Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::st
     args.push_back("--card");
     args.push_back(c);
   }
+  args.insert(args.end(), extraArgs.begin(), extraArgs.end());
   processes_.emplace_back("raccel-netaccel", args, dir_ + "/netaccel-" + name + ".log");
   expectedTotal_ += expectBlocks;
   if (!waitFor([&] { return poolTotal() == expectedTotal_; }, 10000))

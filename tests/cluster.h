@@ -91,7 +91,9 @@ class Cluster {
 
   // Starts a netaccel with `cards` (each a --card spec) and waits until the pool has
   // grown by `expectBlocks`.
-  Process& addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks);
+  // `extraArgs` go on its command line too (e.g. --no-sandbox).
+  Process& addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks,
+                       const std::vector<std::string>& extraArgs = {});
   // Starts raccel-guestd for `vm` and returns its program socket.
   std::string startGuestd(const std::string& vm = "vm1");
 

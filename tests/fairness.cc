@@ -11,12 +11,12 @@
 
 namespace raccel::testing {
 
-FairShare measureFairShare(double seconds) {
+FairShare measureFairShare(double seconds, const std::string& card) {
   FairShare out;
   // The cluster's netaccels send heartbeats (which carry the cards' kernel time per
   // context) every 400 ms.
   Cluster cluster({VmSpec{"big", 16, 0}, VmSpec{"small", 16, 0}});
-  cluster.addNetaccel("shared", {"kind=gpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  cluster.addNetaccel("shared", {card}, 4);
   auto open = [&](const std::string& vm, double tflops) -> std::unique_ptr<client::Session> {
     client::Options o;
     o.socket = cluster.vmSocket(vm);

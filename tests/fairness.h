@@ -1,5 +1,5 @@
 // The fair-share measurement shared by policy_test (checked loosely) and raccel-bench
-// (fair_share_error): two tenants hold 3 and 1 blocks of one 4-block card and both
+// (fair_share_error, fair_share_error_async): two tenants hold 3 and 1 blocks of one 4-block card and both
 // keep it busy with identical gemms; the kernel time each got in the window is the
 // card's own account (netaccel heartbeats, raccelctl vaccels kernelMs). Real scheduler
 // and netaccel processes; real computation on the card.
@@ -19,6 +19,11 @@ struct FairShare {
   std::string detail;           // the console's vaccels at both ends
 };
 
-FairShare measureFairShare(double seconds);
+// `card`: the shared card's --card spec. The default is synchronous (its worker's wall
+// time is the kernel's); kAsyncFairCard queues kernels on the card's own thread, timed
+// there, as a GPU stream does (raccel-bench fair_share_error_async).
+inline constexpr const char* kSyncFairCard = "kind=gpu,tflops=4,memory=512MiB,threads=1";
+inline constexpr const char* kAsyncFairCard = "kind=gpu,tflops=4,memory=512MiB,threads=1,async=true";
+FairShare measureFairShare(double seconds, const std::string& card = kSyncFairCard);
 
 }  // namespace raccel::testing

@@ -373,6 +373,15 @@ TEST(Fairness, TwoTenantsWithThreeToOneBlocksOfACardGetKernelTimeRoughlyThreeToO
   EXPECT_LT(f.ratio, 3.6) << f.big << " vs " << f.small;
 }
 
+TEST(Fairness, OnAnAsynchronousCardTheDeviceTimeIsSharedThreeToOne) {
+  // Kernels queue on the card's own thread and are timed there; the netaccel keeps at
+  // most device_queue_depth in flight and charges each tenant its kernels' device time.
+  FairShare f = measureFairShare(1.5, kAsyncFairCard);
+  ASSERT_EQ(f.problem, "");
+  EXPECT_GT(f.ratio, 2.4) << f.big << " vs " << f.small << "\n" << f.detail;
+  EXPECT_LT(f.ratio, 3.6) << f.big << " vs " << f.small;
+}
+
 
 // Durable state: kill -9 the scheduler in the middle of a program's stream of
 // instructions and start it again. The netaccel keeps the contexts, the scheduler finds

@@ -5,6 +5,9 @@
 #include <dlfcn.h>
 #include <nvrtc.h>
 
+#include <chrono>
+#include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 
@@ -24,7 +27,8 @@ struct Driver {
   X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuMemAlloc) X(cuMemFree)        \
   X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuModuleLoadDataEx)       \
   X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuStreamCreate) X(cuStreamDestroy)              \
-  X(cuStreamSynchronize) X(cuGetErrorString)
+  X(cuStreamSynchronize) X(cuGetErrorString) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)     \
+  X(cuEventSynchronize) X(cuEventElapsedTime) X(cuMemAllocHost) X(cuMemFreeHost)
   RACCEL_CU_FUNCTIONS(RACCEL_CU)
 #undef RACCEL_CU
   // Optional (CUDA 12.4+): lets a launch check its argument count and sizes.
@@ -192,6 +196,12 @@ class CudaDevice final : public Device {
     d->cuCtxSetCurrent(context_);
     if (stream_) d->cuStreamSynchronize(stream_);
     builtins_.reset();
+    for (auto& t : timed_) spareEvents_.insert(spareEvents_.end(), {t.start, t.end});
+    for (auto e : spareEvents_) d->cuEventDestroy(e);
+    for (auto& st : stages_) {
+      if (st.event) d->cuEventDestroy(st.event);
+      if (st.host) d->cuMemFreeHost(st.host);
+    }
     if (blas_) cublas()->destroy(blas_);
     if (stream_) d->cuStreamDestroy(stream_);
     if (context_) d->cuDevicePrimaryCtxRelease(device_);
@@ -211,7 +221,37 @@ class CudaDevice final : public Device {
     return {};
   }
 
-  Status finish() override { return cu(driver()->cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
+  Status finish() override {
+    bind();
+    return cu(driver()->cuStreamSynchronize(stream_), "cuStreamSynchronize");
+  }
+
+  // Kernels are timed with a pair of events each on the stream (the device's clock).
+  bool timesKernels() const override { return true; }
+  size_t takeCompleted(std::vector<KernelTime>& out) override {
+    bind();
+    while (!timed_.empty()) {
+      CUresult rc = driver()->cuEventQuery(timed_.front().end);
+      if (rc == CUDA_ERROR_NOT_READY) break;
+      Timed t = timed_.front();
+      timed_.pop_front();
+      float ms = 0;
+      if (rc == CUDA_SUCCESS && driver()->cuEventElapsedTime(&ms, t.start, t.end) == CUDA_SUCCESS)
+        out.push_back({t.tag, static_cast<uint64_t>(ms * 1e6)});
+      else
+        (void)cu(rc, "cuEventQuery");  // a fault shows here first: the context is lost
+      spareEvents_.push_back(t.start);
+      spareEvents_.push_back(t.end);
+    }
+    return timed_.size();
+  }
+  void waitCompleted(unsigned) override {
+    // Blocks for one kernel (CUDA events cannot be waited on with a timeout).
+    if (timed_.empty()) return;
+    bind();
+    (void)cu(driver()->cuEventSynchronize(timed_.front().end), "cuEventSynchronize");
+  }
+  std::string lost() const override { return lost_; }
 
  protected:
   Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) override {
@@ -222,18 +262,62 @@ class CudaDevice final : public Device {
     if (auto s = doFill(*buffer, 0, bytes, 0); !s) return fail(s.error());
     return std::unique_ptr<Buffer>(std::move(buffer));
   }
+  // Writes go through a ring of page-locked staging buffers: the caller's bytes are
+  // copied into one and the DMA from it is queued on the stream; the call returns then,
+  // so the next write (the next chunk off the network) is copied while this one moves.
+  // A stage is reused once the event after its DMA has passed.
   Status doWrite(Buffer& b, uint64_t offset, std::span<const std::byte> data) override {
     bind();
-    // The caller's bytes are pageable and short-lived: wait until the copy has them.
-    if (auto s = cu(driver()->cuMemcpyHtoDAsync(ptrOf(b) + offset, data.data(), data.size(), stream_), "cuMemcpyHtoD"); !s)
-      return s;
-    return finish();
+    if (data.empty()) return {};
+    if (!stagesReady()) {  // no page-locked memory: the driver stages it, and we wait
+      if (auto s = cu(driver()->cuMemcpyHtoDAsync(ptrOf(b) + offset, data.data(), data.size(), stream_), "cuMemcpyHtoD"); !s)
+        return s;
+      return finish();
+    }
+    for (uint64_t done = 0; done < data.size();) {
+      Stage& st = stages_[nextStage_++ % stages_.size()];
+      if (auto s = cu(driver()->cuEventSynchronize(st.event), "cuEventSynchronize"); !s) return s;
+      uint64_t n = std::min<uint64_t>(kStageBytes, data.size() - done);
+      std::memcpy(st.host, data.data() + done, n);
+      if (auto s = cu(driver()->cuMemcpyHtoDAsync(ptrOf(b) + offset + done, st.host, n, stream_), "cuMemcpyHtoD"); !s) return s;
+      if (auto s = cu(driver()->cuEventRecord(st.event, stream_), "cuEventRecord"); !s) return s;
+      done += n;
+    }
+    return {};
   }
+  // Reads: up to the whole ring of DMAs in flight, each copied out as it lands.
   Status doRead(const Buffer& b, uint64_t offset, std::span<std::byte> out) override {
     bind();
-    if (auto s = cu(driver()->cuMemcpyDtoHAsync(out.data(), ptrOf(b) + offset, out.size(), stream_), "cuMemcpyDtoH"); !s)
-      return s;
-    return finish();
+    if (out.empty()) return {};
+    if (!stagesReady()) {
+      if (auto s = cu(driver()->cuMemcpyDtoHAsync(out.data(), ptrOf(b) + offset, out.size(), stream_), "cuMemcpyDtoH"); !s)
+        return s;
+      return finish();
+    }
+    struct Piece {
+      Stage* stage;
+      uint64_t at, bytes;
+    };
+    std::deque<Piece> landing;
+    uint64_t issued = 0, copied = 0;
+    while (copied < out.size()) {
+      while (issued < out.size() && landing.size() < stages_.size()) {
+        Stage& st = stages_[nextStage_++ % stages_.size()];
+        if (auto s = cu(driver()->cuEventSynchronize(st.event), "cuEventSynchronize"); !s) return s;
+        uint64_t n = std::min<uint64_t>(kStageBytes, out.size() - issued);
+        if (auto s = cu(driver()->cuMemcpyDtoHAsync(st.host, ptrOf(b) + offset + issued, n, stream_), "cuMemcpyDtoH"); !s)
+          return s;
+        if (auto s = cu(driver()->cuEventRecord(st.event, stream_), "cuEventRecord"); !s) return s;
+        landing.push_back({&st, issued, n});
+        issued += n;
+      }
+      Piece p = landing.front();
+      landing.pop_front();
+      if (auto s = cu(driver()->cuEventSynchronize(p.stage->event), "cuEventSynchronize"); !s) return s;
+      std::memcpy(out.data() + p.at, p.stage->host, p.bytes);
+      copied += p.bytes;
+    }
+    return {};
   }
   Status doCopy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length) override {
     bind();
@@ -296,21 +380,26 @@ class CudaDevice final : public Device {
       if (driver()->cuFuncGetParamInfo(f, args.size(), &offset, &declared) == CUDA_SUCCESS)
         return fail(Code::invalidArgument, "kernel " + kernel + " takes more than " + std::to_string(args.size()) + " arguments");
     }
-    CUresult rc = driver()->cuLaunchKernel(f, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
-                                           dims.block[2], dims.sharedBytes, stream_, params.data(), nullptr);
-    if (rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
-      return fail(Code::invalidArgument, "launch of " + kernel + " refused: " + driver()->error(rc));
-    return cu(rc, "cuLaunchKernel");
+    return timed([&]() -> Status {
+      CUresult rc = driver()->cuLaunchKernel(f, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
+                                             dims.block[2], dims.sharedBytes, stream_, params.data(), nullptr);
+      if (rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+        return fail(Code::invalidArgument, "launch of " + kernel + " refused: " + driver()->error(rc));
+      return cu(rc, "cuLaunchKernel");
+    });
   }
 
   Status doGemm(const GemmArgs& g) override {
     bind();
     // Row-major C = A B is column-major C^T = B^T A^T.
-    auto rc = cublas()->sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, g.n, g.m, g.k, &g.alpha,
-                              reinterpret_cast<const float*>(ptrOf(*g.b)), g.n, reinterpret_cast<const float*>(ptrOf(*g.a)),
-                              g.k, &g.beta, reinterpret_cast<float*>(ptrOf(*g.c)), g.n);
-    if (rc != CUBLAS_STATUS_SUCCESS) return fail(Code::internal, "cublasSgemm failed (status " + std::to_string(rc) + ")");
-    return {};
+    return timed([&]() -> Status {
+      auto rc = cublas()->sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, g.n, g.m, g.k, &g.alpha,
+                                reinterpret_cast<const float*>(ptrOf(*g.b)), g.n,
+                                reinterpret_cast<const float*>(ptrOf(*g.a)), g.k, &g.beta,
+                                reinterpret_cast<float*>(ptrOf(*g.c)), g.n);
+      if (rc != CUBLAS_STATUS_SUCCESS) return fail(Code::internal, "cublasSgemm failed (status " + std::to_string(rc) + ")");
+      return {};
+    });
   }
   Status doAxpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) override {
     return builtin("raccel_axpy", blocksFor(n), 256, n, alpha, ptrOf(x), ptrOf(y));
@@ -328,7 +417,68 @@ class CudaDevice final : public Device {
   Status cu(CUresult rc, const char* what) {
     if (rc == CUDA_SUCCESS) return {};
     Code code = rc == CUDA_ERROR_OUT_OF_MEMORY ? Code::resourceExhausted : Code::internal;
+    // These leave the context unusable: every later call fails the same way.
+    switch (rc) {
+      case CUDA_ERROR_ILLEGAL_ADDRESS: case CUDA_ERROR_LAUNCH_TIMEOUT: case CUDA_ERROR_HARDWARE_STACK_ERROR:
+      case CUDA_ERROR_ILLEGAL_INSTRUCTION: case CUDA_ERROR_MISALIGNED_ADDRESS: case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+      case CUDA_ERROR_INVALID_PC: case CUDA_ERROR_LAUNCH_FAILED: case CUDA_ERROR_ASSERT: case CUDA_ERROR_ECC_UNCORRECTABLE:
+      case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        if (lost_.empty()) lost_ = driver()->error(rc);
+        break;
+      default: break;
+    }
     return fail(code, std::string(what) + ": " + driver()->error(rc));
+  }
+
+  // A kernel between two events on the stream; its time is reported by takeCompleted.
+  template <class Launch>
+  Status timed(Launch launch) {
+    CUevent start = event(), end = event();
+    if (!start || !end) return launch();  // no events: untimed, still correct
+    if (auto s = cu(driver()->cuEventRecord(start, stream_), "cuEventRecord"); !s) return s;
+    auto s = launch();
+    if (!s) {
+      spareEvents_.insert(spareEvents_.end(), {start, end});
+      return s;
+    }
+    if (auto r = cu(driver()->cuEventRecord(end, stream_), "cuEventRecord"); !r) return r;
+    timed_.push_back({start, end, kernelTag()});
+    if (timed_.size() > 4096) {  // nobody asking (a caller that only finishes): the oldest go
+      std::vector<KernelTime> dropped;
+      takeCompleted(dropped);
+    }
+    return {};
+  }
+  CUevent event() {
+    if (!spareEvents_.empty()) {
+      CUevent e = spareEvents_.back();
+      spareEvents_.pop_back();
+      return e;
+    }
+    CUevent e = nullptr;
+    if (driver()->cuEventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
+    return e;
+  }
+
+  // The staging ring, made on first use; false when page-locked memory is refused.
+  bool stagesReady() {
+    if (!stages_.empty()) return true;
+    if (stagingFailed_) return false;
+    std::vector<Stage> made(kStages);
+    for (auto& st : made) {
+      if (driver()->cuMemAllocHost(&st.host, kStageBytes) != CUDA_SUCCESS ||
+          driver()->cuEventCreate(&st.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+        for (auto& m : made) {
+          if (m.event) driver()->cuEventDestroy(m.event);
+          if (m.host) driver()->cuMemFreeHost(m.host);
+        }
+        stagingFailed_ = true;
+        return false;
+      }
+      driver()->cuEventRecord(st.event, stream_);  // passed at once: the stage is free
+    }
+    stages_ = std::move(made);
+    return true;
   }
 
   template <class... A>
@@ -337,7 +487,7 @@ class CudaDevice final : public Device {
     CUfunction f = nullptr;
     if (auto s = cu(driver()->cuModuleGetFunction(&f, builtins_->module, name), name); !s) return s;
     void* params[] = {&args...};
-    return cu(driver()->cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, stream_, params, nullptr), name);
+    return timed([&] { return cu(driver()->cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, stream_, params, nullptr), name); });
   }
 
   Result<CUmodule> loadModule(const std::string& name, std::string image) {
@@ -394,6 +544,24 @@ class CudaDevice final : public Device {
   CUstream stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<CuProgram> builtins_;
+  std::string lost_;
+  // Kernel timing.
+  struct Timed {
+    CUevent start, end;
+    uint64_t tag;
+  };
+  std::deque<Timed> timed_;
+  std::vector<CUevent> spareEvents_;
+  // Transfers: kStages page-locked buffers of kStageBytes (16 MiB of host memory a device).
+  static constexpr uint64_t kStageBytes = 4ull << 20;
+  static constexpr size_t kStages = 4;
+  struct Stage {
+    void* host = nullptr;
+    CUevent event = nullptr;
+  };
+  std::vector<Stage> stages_;
+  size_t nextStage_ = 0;
+  bool stagingFailed_ = false;
 };
 
 }  // namespace
@@ -456,6 +624,42 @@ Result<std::unique_ptr<Device>> openCudaDevice(unsigned index, const DeviceOverr
   auto device = std::make_unique<CudaDevice>(caps, dev, major, minor);
   if (auto s = device->init(); !s) return fail(s.error());
   return std::unique_ptr<Device>(std::move(device));
+}
+
+Result<PinnedCopy> measurePinnedCopy(unsigned index, uint64_t bytes) {
+  std::string note;
+  auto devices = enumerateCudaDevices(&note);
+  if (index >= devices.size()) return fail(noSuchDevice("CUDA", index, devices.size(), note));
+  auto* d = driver();
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  d->cuDeviceGet(&dev, static_cast<int>(index));
+  if (d->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS) return fail(Code::unavailable, "cuDevicePrimaryCtxRetain failed");
+  d->cuCtxSetCurrent(ctx);
+  void* host = nullptr;
+  CUdeviceptr mem = 0;
+  Result<PinnedCopy> out = fail(Code::resourceExhausted, "no memory for the pinned copy baseline");
+  if (d->cuMemAllocHost(&host, bytes) == CUDA_SUCCESS && d->cuMemAlloc(&mem, bytes) == CUDA_SUCCESS) {
+    std::memset(host, 1, bytes);
+    using Clock = std::chrono::steady_clock;
+    d->cuMemcpyHtoDAsync(mem, host, bytes, nullptr);  // warm-up
+    d->cuStreamSynchronize(nullptr);
+    auto t0 = Clock::now();
+    d->cuMemcpyHtoDAsync(mem, host, bytes, nullptr);
+    d->cuStreamSynchronize(nullptr);
+    auto t1 = Clock::now();
+    d->cuMemcpyDtoHAsync(host, mem, bytes, nullptr);
+    d->cuStreamSynchronize(nullptr);
+    auto t2 = Clock::now();
+    PinnedCopy p;
+    p.writeGBps = bytes / std::chrono::duration<double>(t1 - t0).count() / 1e9;
+    p.readGBps = bytes / std::chrono::duration<double>(t2 - t1).count() / 1e9;
+    out = p;
+  }
+  if (mem) d->cuMemFree(mem);
+  if (host) d->cuMemFreeHost(host);
+  d->cuDevicePrimaryCtxRelease(dev);
+  return out;
 }
 
 }  // namespace raccel::hal

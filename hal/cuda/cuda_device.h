@@ -16,4 +16,11 @@ namespace raccel::hal {
 std::vector<DeviceInfo> enumerateCudaDevices(std::string* note);
 Result<std::unique_ptr<Device>> openCudaDevice(unsigned index, const DeviceOverrides& overrides);
 
+// A baseline for benchmarks: `bytes` copied host to device and back from page-locked
+// host memory with the driver alone (no raccel); GB/s (10^9 bytes) each way.
+struct PinnedCopy {
+  double writeGBps = 0, readGBps = 0;
+};
+Result<PinnedCopy> measurePinnedCopy(unsigned index, uint64_t bytes);
+
 }  // namespace raccel::hal

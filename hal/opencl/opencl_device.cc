@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 
 namespace raccel::hal {
@@ -163,6 +164,7 @@ class OpenclDevice final : public Device {
       : Device(std::move(caps)), device_(device), context_(context), queue_(queue) {}
   ~OpenclDevice() override {
     clFinish(queue_);
+    for (auto& t : timed_) clReleaseEvent(t.event);
     builtins_.reset();
     if (partials_) clReleaseMemObject(partials_);
     clReleaseCommandQueue(queue_);
@@ -180,6 +182,32 @@ class OpenclDevice final : public Device {
   }
 
   Status finish() override { return check(clFinish(queue_), "clFinish"); }
+
+  // Kernels are enqueued and return at once; each carries an event whose profiling
+  // times (the device's clock) are its device time.
+  bool timesKernels() const override { return true; }
+  size_t takeCompleted(std::vector<KernelTime>& out) override {
+    while (!timed_.empty()) {
+      cl_int status = CL_QUEUED;
+      clGetEventInfo(timed_.front().event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+      if (status > CL_COMPLETE) break;  // queued, submitted or running
+      Timed t = timed_.front();
+      timed_.pop_front();
+      cl_ulong start = 0, end = 0;
+      if (status == CL_COMPLETE &&
+          clGetEventProfilingInfo(t.event, CL_PROFILING_COMMAND_START, sizeof start, &start, nullptr) == CL_SUCCESS &&
+          clGetEventProfilingInfo(t.event, CL_PROFILING_COMMAND_END, sizeof end, &end, nullptr) == CL_SUCCESS)
+        out.push_back({t.tag, end > start ? end - start : 0});
+      else if (status < 0 && lost_.empty())
+        lost_ = "a kernel ended abnormally (" + clError(status) + ")";
+      clReleaseEvent(t.event);
+    }
+    return timed_.size();
+  }
+  void waitCompleted(unsigned) override {
+    if (!timed_.empty()) clWaitForEvents(1, &timed_.front().event);
+  }
+  std::string lost() const override { return lost_; }
 
  protected:
   Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) override {
@@ -255,7 +283,9 @@ class OpenclDevice final : public Device {
       if (dims.block[d] != 1) defaultLocal = false;
       if (global[d] == 0) return fail(Code::invalidArgument, "launch grid and block sizes must be nonzero");
     }
-    cl_int rc = clEnqueueNDRangeKernel(queue_, *kernel, 3, nullptr, global, defaultLocal ? nullptr : local, 0, nullptr, nullptr);
+    cl_event event = nullptr;
+    cl_int rc = clEnqueueNDRangeKernel(queue_, *kernel, 3, nullptr, global, defaultLocal ? nullptr : local, 0, nullptr, &event);
+    track(event);
     if (rc == CL_INVALID_WORK_GROUP_SIZE || rc == CL_INVALID_WORK_ITEM_SIZE)
       return fail(Code::invalidArgument, "launch of " + kernelName + ": block size not accepted by this device (" + clError(rc) + ")");
     return check(rc, "clEnqueueNDRangeKernel");
@@ -293,8 +323,28 @@ class OpenclDevice final : public Device {
     cl_int rc = CL_SUCCESS;
     ((rc = rc == CL_SUCCESS ? clSetKernelArg(*kernel, i++, sizeof(A), &args) : rc), ...);
     if (auto s = check(rc, name); !s) return s;
-    return check(clEnqueueNDRangeKernel(queue_, *kernel, dims, nullptr, global, local, 0, nullptr, nullptr), name);
+    cl_event event = nullptr;
+    rc = clEnqueueNDRangeKernel(queue_, *kernel, dims, nullptr, global, local, 0, nullptr, &event);
+    track(event);
+    return check(rc, name);
   }
+
+  // A kernel's event, for takeCompleted. Nobody asking (a caller that only finishes)
+  // must not grow the list without end: past 4096, the oldest completed ones go.
+  void track(cl_event event) {
+    if (!event) return;
+    timed_.push_back({event, kernelTag()});
+    if (timed_.size() > 4096) {
+      std::vector<KernelTime> dropped;
+      takeCompleted(dropped);
+    }
+  }
+  struct Timed {
+    cl_event event;
+    uint64_t tag;
+  };
+  std::deque<Timed> timed_;
+  std::string lost_;
 
   Result<std::unique_ptr<Program>> build(ProgramKind kind, const std::string& name, std::span<const std::byte> code) {
     if (code.empty()) return fail(Code::invalidArgument, "program '" + name + "' has no code");
@@ -365,7 +415,8 @@ Result<std::unique_ptr<Device>> openOpenclDevice(unsigned index, const DeviceOve
   cl_int rc = CL_SUCCESS;
   cl_context context = clCreateContext(nullptr, 1, &d, nullptr, nullptr, &rc);
   if (auto s = check(rc, "clCreateContext"); !s) return fail(s.error());
-  cl_command_queue queue = clCreateCommandQueueWithProperties(context, d, nullptr, &rc);
+  const cl_queue_properties profiling[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+  cl_command_queue queue = clCreateCommandQueueWithProperties(context, d, profiling, &rc);
   if (rc != CL_SUCCESS) {
     clReleaseContext(context);
     return fail(check(rc, "clCreateCommandQueue").error());

@@ -1,0 +1,119 @@
+// The hal conformance suite through a sandbox process (raccel-sandbox): every OpenCL
+// and CUDA device found here, served by a real sandbox over its socket and shared-memory
+// window, must behave exactly as the device does in process. Then what only a sandbox
+// can do: die, hang, or be refused, and say so.
+#include "netaccel/sandbox.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstring>
+
+#include "hal/backends.h"
+#include "hal/conformance.h"
+
+namespace raccel::hal {
+
+namespace {
+netaccel::SandboxSettings settings(unsigned timeoutMs = 60000) {
+  netaccel::SandboxSettings s;
+  s.executable = std::string(RACCEL_BIN_DIR) + "/raccel-sandbox";
+  s.dir = ::testing::TempDir() + "raccel-sandbox-test";
+  s.warm = 0;
+  s.callTimeoutMs = timeoutMs;
+  s.hostMemoryBytes = 8ull << 30;
+  return s;
+}
+
+// A device of `backend` as its sandbox serves it (capabilities as discovered, 64 MiB).
+Result<std::unique_ptr<Device>> sandboxed(const std::string& backend, unsigned index, unsigned timeoutMs = 60000) {
+  auto local = openDevice(backend, index, {.tflops = 1, .memoryBytes = 64 << 20});
+  if (!local) return fail(local.error());
+  Capabilities caps = (*local)->capabilities();
+  local->reset();  // the sandbox opens its own
+  netaccel::SandboxPool pool(caps, settings(timeoutMs), "test card");
+  return pool.take();
+}
+}  // namespace
+
+std::vector<Backend> conformanceBackends() {
+  std::vector<Backend> out;
+  for (auto [backend, sample] : {std::pair{"opencl", openclSample()}, std::pair{"cuda", cudaSample()}})
+    for (auto& d : discover(backend).devices) {
+      unsigned index = d.index;
+      std::string name = backend;
+      out.push_back({"sandboxed_" + name + std::to_string(index), [=] { return sandboxed(name, index); }, sample});
+    }
+  return out;
+}
+
+namespace {
+
+bool haveOpencl() { return !discover("opencl").devices.empty(); }
+
+TEST(Sandbox, ADeadSandboxIsLostAndEveryCallSaysHowItEnded) {
+  if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device";
+  auto d = sandboxed("opencl", 0);
+  ASSERT_TRUE(d) << d.error().message;
+  auto b = (*d)->allocate(4096);
+  ASSERT_TRUE(b) << b.error().message;
+  pid_t pid = netaccel::SandboxPool::pidOf(**d);
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  std::vector<std::byte> out(16);
+  auto r = (*d)->read(**b, 0, out);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("killed by signal 9"), std::string::npos) << r.error().message;
+  EXPECT_NE((*d)->lost().find("killed by signal 9"), std::string::npos) << (*d)->lost();
+  auto again = (*d)->allocate(16);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().message, (*d)->lost());
+  (*d)->release(std::move(*b));  // releasing into a lost sandbox is harmless
+}
+
+TEST(Sandbox, AKernelThatNeverEndsIsStoppedAtTheCallTimeout) {
+  if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device";
+  auto d = sandboxed("opencl", 0, 1500);
+  ASSERT_TRUE(d) << d.error().message;
+  std::string source = "__kernel void spin(volatile __global int* x) { while (x[0] == 0) { x[1] += 1; } }";
+  auto p = (*d)->loadProgram(ProgramKind::openclC, "spin", std::as_bytes(std::span(source)));
+  ASSERT_TRUE(p) << p.error().message;
+  auto b = (*d)->allocate(64);
+  ASSERT_TRUE(b);
+  KernelArg arg{KernelArg::Type::buffer, b->get(), {}};
+  auto launched = (*d)->launch(**p, "spin", {}, std::span(&arg, 1));
+  auto finished = launched ? (*d)->finish() : launched;  // one of them waits for the kernel
+  ASSERT_FALSE(finished);
+  EXPECT_NE(finished.error().message.find("answered nothing for 1500 ms"), std::string::npos) << finished.error().message;
+  EXPECT_FALSE((*d)->lost().empty());
+}
+
+TEST(Sandbox, ACardItCannotOpenIsReportedOnEveryCall) {
+  Capabilities caps;
+  caps.backend = "opencl";
+  caps.deviceIndex = 999;  // no such device
+  caps.memoryBytes = 1 << 20;
+  caps.tflops = 1;
+  netaccel::SandboxPool pool(caps, settings(), "test card");
+  auto d = pool.take();
+  auto b = d->allocate(16);
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.error().message.find("the sandbox could not open the card"), std::string::npos) << b.error().message;
+  EXPECT_NE(b.error().message.find("999"), std::string::npos) << b.error().message;
+}
+
+TEST(Sandbox, ItsAllocationCapIsItsTenantsShare) {
+  if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device";
+  auto d = sandboxed("opencl", 0);
+  ASSERT_TRUE(d) << d.error().message;
+  (*d)->setMemoryCap(1 << 20);
+  auto fits = (*d)->allocate(512 << 10);
+  ASSERT_TRUE(fits) << fits.error().message;
+  auto over = (*d)->allocate(768 << 10);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code, Code::resourceExhausted);
+  EXPECT_NE(over.error().message.find("share"), std::string::npos) << over.error().message;
+}
+
+}  // namespace
+}  // namespace raccel::hal
