@@ -33,6 +33,7 @@
 //                           cuBLAS gemm called directly in this process (target >= 0.95)
 //   cuda_bulk_gbps          1 GiB written and read back through both hops to the GPU, GB/s
 //                           (10^9 bytes), beside a direct page-locked copy each way
+//   fair_share_error_cuda   fair_share_error on the GPU with 4096^3 gemms (GPU time by CUDA events)
 //
 // The daemons run as real processes, as deployed. --raw-echo and --raw-relay are the
 // baseline's own processes (started by the bench itself).
@@ -262,7 +263,7 @@ struct Figures {
   double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0, bulkGbps = 0, rawGbps = 0, writeSecs = 0, readSecs = 0;
   double syncPlainP50 = 0, bulkTlsGbps = 0, tlsWriteSecs = 0, tlsReadSecs = 0;
   double aggEfficiency = 0, aggGflops = 0, aggSingles = 0;
-  testing::FairShare fair, fairAsync;
+  testing::FairShare fair, fairAsync, fairCuda;
   double sandboxRttP50 = -1, inProcessRttP50 = -1, sandboxGbps = -1, inProcessGbps = -1;
   std::string sandboxSkipped;
   double cudaDirectTflops = -1, cudaRaccelTflops = -1, cudaBulkGBps = -1, cudaWriteGBps = -1, cudaReadGBps = -1;
@@ -540,6 +541,9 @@ int main(int argc, char** argv) {
     f.cudaWriteGBps = gib / w / 1e9;
     f.cudaReadGBps = gib / r / 1e9;
     f.cudaBulkGBps = 2.0 * gib / (w + r) / 1e9;
+    progress("CUDA: two tenants with 3:1 blocks of the GPU, each streaming 4096^3 gemms");
+    f.fairCuda = testing::measureFairShare(quick ? 3 : 8, testing::kCudaFairCard, 4096, 8);
+    if (!f.fairCuda.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share (cuda): %s\n", f.fairCuda.problem.c_str());
   } else {
     f.cudaSkipped = "no CUDA GPU: " + hal::discover("cuda").note;
   }
@@ -645,13 +649,15 @@ int main(int argc, char** argv) {
     std::printf("\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,\"bulk_gbps_sandbox\":%s,"
                 "\"bulk_gbps_in_process\":%s,\"cuda_gemm_ratio\":%s,\"cuda_gemm_tflops\":%s,"
                 "\"cuda_direct_gemm_tflops\":%s,\"cuda_bulk_gbps\":%s,\"cuda_pinned_write_gbps\":%s,"
-                "\"cuda_pinned_read_gbps\":%s,\"cuda_skipped\":\"%s\",",
+                "\"cuda_pinned_read_gbps\":%s,\"fair_share_error_cuda\":%s,\"cuda_skipped\":\"%s\",",
                 num(f.sandboxRttP50, "%.1f").c_str(), num(f.inProcessRttP50, "%.1f").c_str(), num(f.sandboxGbps, "%.2f").c_str(),
                 num(f.inProcessGbps, "%.2f").c_str(),
                 num(f.cudaRaccelTflops > 0 && f.cudaDirectTflops > 0 ? f.cudaRaccelTflops / f.cudaDirectTflops : -1, "%.3f").c_str(),
                 num(f.cudaRaccelTflops, "%.2f").c_str(), num(f.cudaDirectTflops, "%.2f").c_str(),
                 num(f.cudaBulkGBps, "%.2f").c_str(), num(f.cudaSkipped.empty() ? f.pinned.writeGBps : -1, "%.2f").c_str(),
-                num(f.cudaSkipped.empty() ? f.pinned.readGBps : -1, "%.2f").c_str(), f.cudaSkipped.c_str());
+                num(f.cudaSkipped.empty() ? f.pinned.readGBps : -1, "%.2f").c_str(),
+                num(f.cudaSkipped.empty() && f.fairCuda.problem.empty() ? f.fairCuda.error : -1, "%.4f").c_str(),
+                f.cudaSkipped.c_str());
     std::printf("\"fair_share_error_async\":%.4f,\"fair_share_ratio_async\":%.3f,\"fair_share_async_met\":%s,",
                 f.fairAsync.error, f.fairAsync.ratio, fairAsyncOk ? "true" : "false");
     std::printf("\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
@@ -711,6 +717,9 @@ int main(int argc, char** argv) {
                   "cuda_gemm_ratio", ratio, f.cudaRaccelTflops, f.cudaDirectTflops, ratio >= 0.95 ? "met" : "MISSED");
       std::printf("%-26s %7.2f GB/s   1 GiB write %.2f GB/s, read %.2f GB/s; direct page-locked copy %.2f / %.2f GB/s\n",
                   "cuda_bulk_gbps", f.cudaBulkGBps, f.cudaWriteGBps, f.cudaReadGBps, f.pinned.writeGBps, f.pinned.readGBps);
+      std::printf("%-26s %12.4f   GPU time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks (4096^3 gemms), target <= 0.05  %s%s\n",
+                  "fair_share_error_cuda", f.fairCuda.error, f.fairCuda.big, f.fairCuda.small, f.fairCuda.ratio,
+                  f.fairCuda.problem.empty() && f.fairCuda.error <= 0.05 ? "met" : "MISSED", f.fairCuda.problem.c_str());
     } else {
       std::printf("%-26s %12s   skipped: %s\n", "cuda_gemm_ratio", "-", f.cudaSkipped.c_str());
     }

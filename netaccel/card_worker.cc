@@ -58,7 +58,7 @@ struct CardWorker::Tenant {
   Usage usage;
   uint32_t blocks = 0;  // of its open contexts here
   uint32_t contexts = 0;
-  uint64_t quota = 0;  // its contexts' memory quotas: the sandbox's allocation cap
+  uint64_t quota = 0;  // the largest memory quota of its contexts (the VM's): the sandbox's allocation cap
   std::unique_ptr<hal::Device> sandbox;  // with sandboxes: while it has contexts here
 };
 
@@ -459,7 +459,7 @@ void CardWorker::execute(Work& work) {
     Tenant& t = (*tenants_)[c.tenant];
     t.blocks += c.blocks;
     ++t.contexts;
-    t.quota = limits::satAdd(t.quota, c.quota);
+    t.quota = std::max(t.quota, c.quota);
     if (t.sandbox) t.sandbox->setMemoryCap(std::min(t.quota, caps_.memoryBytes));
     return;
   }
@@ -474,7 +474,7 @@ void CardWorker::execute(Work& work) {
     it->second.programs.clear();
     t.blocks -= std::min(t.blocks, it->second.blocks);
     t.contexts -= std::min(t.contexts, 1u);
-    t.quota -= std::min(t.quota, it->second.quota);
+    std::string tenantName = it->second.tenant;
     {
       std::lock_guard lock(mu_);
       kernelNs_.erase(work.context);
@@ -486,6 +486,9 @@ void CardWorker::execute(Work& work) {
       }
     }
     contexts_->erase(it);
+    t.quota = 0;
+    for (auto& [id, other] : *contexts_)
+      if (other.tenant == tenantName) t.quota = std::max(t.quota, other.quota);
     if (t.sandbox && t.contexts == 0) {  // its last context here: the sandbox ends
       if (auto f = inFlight_.find(t.sandbox.get()); f != inFlight_.end()) {
         inFlightTotal_ -= f->second;

@@ -16,7 +16,8 @@
 //   sandbox_warm = 1             # sandboxes started ahead per card (device context open)
 //   sandbox_host_memory = 16GiB  # a sandbox's data-segment rlimit (RLIMIT_DATA)
 //   sandbox_dir = /tmp/raccel-sandbox   # each sandbox works in its own folder below it
-//   sandbox_call_timeout_ms = 120000    # a sandbox that answers no call this long is killed
+//   sandbox_call_timeout_ms = 30000     # a sandbox that answers no call (or whose kernels
+//                                #   make no progress) this long is stopped
 //   device_queue_depth = 2       # asynchronous cards: kernels in flight on a card at once
 //
 //   [card]                       # override a discovered device
@@ -68,7 +69,7 @@ struct SandboxConfig {
   unsigned warm = 1;
   unsigned long long hostMemoryBytes = 16ull << 30;
   std::string dir = "/tmp/raccel-sandbox";
-  unsigned callTimeoutMs = 120000;
+  unsigned callTimeoutMs = 30000;
 };
 
 struct NetaccelConfig {

@@ -88,7 +88,7 @@ struct SandboxSettings {
   std::string executable;   // raccel-sandbox (default: beside this program)
   std::string dir = "/tmp/raccel-sandbox";
   unsigned long long hostMemoryBytes = 16ull << 30;
-  unsigned callTimeoutMs = 120000;
+  unsigned callTimeoutMs = 30000;
   unsigned warm = 1;
 };
 

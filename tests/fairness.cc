@@ -11,7 +11,7 @@
 
 namespace raccel::testing {
 
-FairShare measureFairShare(double seconds, const std::string& card) {
+FairShare measureFairShare(double seconds, const std::string& card, uint32_t n, int batch) {
   FairShare out;
   // The cluster's netaccels send heartbeats (which carry the cards' kernel time per
   // context) every 400 ms.
@@ -33,8 +33,6 @@ FairShare measureFairShare(double seconds, const std::string& card) {
   if (!big || !small) return out;
   // Batches long enough (about 0.3 s of card time) that the moment between a batch's
   // fence and the next batch, when only the other tenant has work, hardly counts.
-  constexpr uint32_t n = 160;
-  constexpr int batch = 96;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now() + std::chrono::milliseconds(100);
   const auto from = start + std::chrono::milliseconds(900);  // both queues full, a heartbeat since

@@ -24,6 +24,8 @@ struct FairShare {
 // there, as a GPU stream does (raccel-bench fair_share_error_async).
 inline constexpr const char* kSyncFairCard = "kind=gpu,tflops=4,memory=512MiB,threads=1";
 inline constexpr const char* kAsyncFairCard = "kind=gpu,tflops=4,memory=512MiB,threads=1,async=true";
-FairShare measureFairShare(double seconds, const std::string& card = kSyncFairCard);
+// `n`: each gemm is n x n x n; `batch`: gemms between fences (enough for ~0.3 s of card).
+inline constexpr const char* kCudaFairCard = "backend=cuda,device=0,kind=gpu,tflops=4,memory=8GiB";
+FairShare measureFairShare(double seconds, const std::string& card = kSyncFairCard, uint32_t n = 160, int batch = 96);
 
 }  // namespace raccel::testing

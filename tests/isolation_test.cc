@@ -1,5 +1,6 @@
 // One tenant cannot hurt another on a shared card: real processes, a real OpenCL card
-// (PoCL) whose tenants each run in a sandbox process of their own (netaccel/sandbox.h).
+// (PoCL) or CUDA GPU (where there is one) whose tenants each run in a sandbox process of
+// their own (netaccel/sandbox.h).
 // A victim program keeps computing while another VM's kernel writes far out of bounds,
 // or while another VM's sandbox is killed with SIGKILL; the attacker gets an error that
 // names the fault, the victim's results stay exact, a third program runs on the card
@@ -24,17 +25,38 @@ using client::Session;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-const char* kScale =
+// The card under test and its programs: `scale` (x = x * s + i for i < n) and `stomp`,
+// which writes 2^40 floats and more past its buffer's start, far outside anything mapped.
+struct CardUnderTest {
+  std::string backend;
+  std::string card;  // the --card spec
+  ProgramKind kind;
+  std::string scale, stomp;
+  std::string faultSays;  // what the attacker's error names
+};
+void PrintTo(const CardUnderTest& c, std::ostream* os) { *os << c.backend; }
+
+const CardUnderTest kOpencl{
+    "opencl", "backend=opencl,kind=gpu,tflops=8,memory=512MiB", ProgramKind::openclC,
     "__kernel void scale(float s, __global float* x, uint n) {\n"
     "  uint i = get_global_id(0);\n"
     "  if (i < n) x[i] = x[i] * s + (float)i;\n"
-    "}\n";
-
-// Writes 2^40 floats and more past the buffer's start: far outside anything mapped.
-const char* kOutOfBounds =
+    "}\n",
     "__kernel void stomp(__global float* x) {\n"
     "  x[(ulong)get_global_id(0) * 268435456UL + 1099511627776UL] = 42.0f;\n"
-    "}\n";
+    "}\n",
+    "killed by signal"};  // PoCL runs kernels on the sandbox's own threads: it dies
+
+const CardUnderTest kCuda{
+    "cuda", "backend=cuda,device=0,kind=gpu,tflops=8,memory=2GiB", ProgramKind::cudaC,
+    "extern \"C\" __global__ void scale(float s, float* x, unsigned n) {\n"
+    "  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n) x[i] = x[i] * s + (float)i;\n"
+    "}\n",
+    "extern \"C\" __global__ void stomp(float* x) {\n"
+    "  x[(unsigned long long)(blockIdx.x * blockDim.x + threadIdx.x) * 268435456ull + 1099511627776ull] = 42.0f;\n"
+    "}\n",
+    "the kernel faulted"};  // an illegal address: the sandbox's CUDA context is lost
 
 std::unique_ptr<Session> open(Cluster& c, const std::string& vm, const std::string& name) {
   client::Options o;
@@ -47,8 +69,8 @@ std::unique_ptr<Session> open(Cluster& c, const std::string& vm, const std::stri
   return s ? std::move(*s) : nullptr;
 }
 
-client::Handle loadScale(Session& s) {
-  return s.loadProgram(ProgramKind::openclC, "scale", std::as_bytes(std::span(kScale, std::strlen(kScale))));
+client::Handle loadScale(Session& s, const CardUnderTest& card) {
+  return s.loadProgram(card.kind, "scale", std::as_bytes(std::span(card.scale)));
 }
 
 // A program that keeps its data on the card and checks every round of work on it exactly.
@@ -57,13 +79,13 @@ struct Victim {
   client::Handle buffer = 0, program = 0;
   std::vector<float> expected;
 
-  void start(Cluster& c, const std::string& vm, uint32_t n, unsigned seed) {
+  void start(Cluster& c, const CardUnderTest& card, const std::string& vm, uint32_t n, unsigned seed) {
     session = open(c, vm, "victim");
     ASSERT_TRUE(session);
     expected = randomFloats(n, seed);
     buffer = session->alloc(n * 4);
     session->writeFloats(buffer, expected);
-    program = loadScale(*session);
+    program = loadScale(*session, card);
     ASSERT_TRUE(session->fence());
   }
   // One round: x = x * 0.5 + i on the card, and the same here; then the whole buffer back.
@@ -100,29 +122,31 @@ void victimSurvives(Victim& v, const std::function<void()>& attack, Cluster& c) 
   EXPECT_GE(rounds, before + 1);
 }
 
-void thirdProgramRuns(Cluster& c) {
+void thirdProgramRuns(Cluster& c, const CardUnderTest& card) {
   auto s = open(c, "vm3", "third");
   ASSERT_TRUE(s);
   const uint32_t n = 4096;
   auto x = randomFloats(n, 33);
   auto h = s->alloc(n * 4);
   s->writeFloats(h, x);
-  auto p = loadScale(*s);
+  auto p = loadScale(*s, card);
   s->launch(p, "scale", {n / 64, 1, 1}, {64, 1, 1}, {Arg::f32(2.0f), Arg::buffer(h), Arg::u32(n)});  // exact: no rounding for a fused multiply-add to change
   auto got = s->readFloats(h, n);
   ASSERT_TRUE(got) << got.error().message << "\n" << c.logs();
   for (uint32_t i = 0; i < n; ++i) ASSERT_EQ((*got)[i], x[i] * 2.0f + float(i)) << "element " << i;
 }
 
-class Isolation : public ::testing::Test {
+class Isolation : public ::testing::TestWithParam<CardUnderTest> {
  protected:
   void SetUp() override {
-    if (hal::discover("opencl").devices.empty()) GTEST_SKIP() << "no OpenCL device: " << hal::discover("opencl").note;
+    auto report = hal::discover(GetParam().backend);
+    if (report.devices.empty()) GTEST_SKIP() << "no " << GetParam().backend << " device: " << report.note;
     std::vector<VmSpec> vms = {VmSpec{"vm1", 4}, VmSpec{"vm2", 4}, VmSpec{"vm3", 4}};
     cluster = std::make_unique<Cluster>(vms);
-    // One OpenCL card of 8 blocks: the three VMs' programs share it.
-    netaccel = &cluster->addNetaccel("node0", {"backend=opencl,kind=gpu,tflops=8,memory=512MiB"}, 8);
+    // One card of 8 blocks: the three VMs' programs share it.
+    netaccel = &cluster->addNetaccel("node0", {GetParam().card}, 8);
   }
+  const CardUnderTest& card() const { return GetParam(); }
   // The pid of the sandbox serving `vm` on card 0, from the netaccel's log.
   pid_t sandboxOf(const std::string& vm) {
     std::regex line("card 0: tenant '" + vm + "' is served by sandbox process ([0-9]+)");
@@ -139,9 +163,9 @@ class Isolation : public ::testing::Test {
   Process* netaccel = nullptr;
 };
 
-TEST_F(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
+TEST_P(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
   Victim v;
-  v.start(*cluster, "vm1", 1 << 16, 1);
+  v.start(*cluster, card(), "vm1", 1 << 16, 1);
   auto attacker = open(*cluster, "vm2", "attacker");
   ASSERT_TRUE(attacker);
   auto kept = attacker->alloc(1024);
@@ -150,13 +174,12 @@ TEST_F(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
 
   victimSurvives(v, [&] {
     auto target = attacker->alloc(4096);
-    auto evil = attacker->loadProgram(ProgramKind::openclC, "stomp", std::as_bytes(std::span(kOutOfBounds, std::strlen(kOutOfBounds))));
+    auto evil = attacker->loadProgram(card().kind, "stomp", std::as_bytes(std::span(card().stomp)));
     attacker->launch(evil, "stomp", {64, 1, 1}, {64, 1, 1}, {Arg::buffer(target)});
     auto fault = attacker->fence();
     ASSERT_FALSE(fault) << "the out-of-bounds kernel was not reported";
     EXPECT_EQ(fault.error().code, Code::internal) << fault.error().message;
-    EXPECT_TRUE(contains(fault.error().message, "sandbox process")) << fault.error().message;
-    EXPECT_TRUE(contains(fault.error().message, "killed by signal")) << fault.error().message;
+    EXPECT_TRUE(contains(fault.error().message, card().faultSays)) << fault.error().message;
     EXPECT_TRUE(contains(fault.error().message, "buffers and programs on card 0 are lost")) << fault.error().message;
   }, *cluster);
 
@@ -170,16 +193,16 @@ TEST_F(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(*back, (std::vector<float>{1, 2, 3, 4}));
 
-  thirdProgramRuns(*cluster);
+  thirdProgramRuns(*cluster, card());
   EXPECT_TRUE(netaccel->running()) << cluster->logs();
   std::string e = events();
   EXPECT_TRUE(contains(e, "\"kind\":\"card-fault\",\"subject\":\"node0 card 0\"")) << e;
   EXPECT_TRUE(contains(e, "vm2/attacker")) << e;
 }
 
-TEST_F(Isolation, ASandboxKilledWithSigkillFailsItsOwnTenantOnly) {
+TEST_P(Isolation, ASandboxKilledWithSigkillFailsItsOwnTenantOnly) {
   Victim v;
-  v.start(*cluster, "vm1", 1 << 16, 2);
+  v.start(*cluster, card(), "vm1", 1 << 16, 2);
   auto other = open(*cluster, "vm2", "other");
   ASSERT_TRUE(other);
   auto kept = other->alloc(1024);
@@ -206,12 +229,12 @@ TEST_F(Isolation, ASandboxKilledWithSigkillFailsItsOwnTenantOnly) {
   EXPECT_NE(sandboxOf("vm2"), otherSandbox);
   EXPECT_EQ(sandboxOf("vm1"), victimSandbox);
 
-  thirdProgramRuns(*cluster);
+  thirdProgramRuns(*cluster, card());
   std::string e = events();
   EXPECT_TRUE(contains(e, "card-fault")) << e;
 }
 
-TEST_F(Isolation, ATenantsSandboxEndsWithItsLastProgramAndKeepsItsFolderToItself) {
+TEST_P(Isolation, ATenantsSandboxEndsWithItsLastProgramAndKeepsItsFolderToItself) {
   auto s = open(*cluster, "vm1", "first");
   ASSERT_TRUE(s);
   auto h = s->alloc(64);
@@ -232,6 +255,9 @@ TEST_F(Isolation, ATenantsSandboxEndsWithItsLastProgramAndKeepsItsFolderToItself
   }
   EXPECT_TRUE(gone) << "sandbox " << pid << " outlived its tenant's last program";
 }
+
+INSTANTIATE_TEST_SUITE_P(Cards, Isolation, ::testing::Values(kOpencl, kCuda),
+                         [](const auto& info) { return info.param.backend; });
 
 }  // namespace
 }  // namespace raccel::testing
