@@ -1,5 +1,6 @@
 // raccel-netaccel: serves this server's cards to a raccel scheduler.
 #include <cstdio>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "common/flags.h"
@@ -144,6 +145,9 @@ int main(int argc, char** argv) {
   }
   for (auto& n : notes) RLOG_INFO("netaccel") << "discovery: " << n;
 
+  // Its sandboxes run guest code as the same user: they may not read this process's
+  // memory, environment or open files through /proc (nor may anyone else but root).
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   uv_loop_t* loop = uv_default_loop();
   netaccel::Netaccel daemon(loop, config, std::move(*devices));
   daemon.useTls(tls);

@@ -500,8 +500,11 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
   if (ec) return fail(Code::internal, "cannot create " + settings_.dir + ": " + ec.message());
   std::string dir = settings_.dir + "/" + std::to_string(::getpid()) + "-" + std::to_string(++sandboxSerial);
   if (::mkdir(dir.c_str(), 0700) != 0) return fail(Code::internal, "cannot create " + dir + ": " + std::strerror(errno));
-  int memfd = ::memfd_create("raccel-sandbox-window", MFD_CLOEXEC);
-  if (memfd < 0 || ::ftruncate(memfd, kWindowBytes) != 0) {
+  // Sealed at its size: a sandbox that shrank it would make the netaccel's next access
+  // to the window fault (SIGBUS) and take every tenant down.
+  int memfd = ::memfd_create("raccel-sandbox-window", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (memfd < 0 || ::ftruncate(memfd, kWindowBytes) != 0 ||
+      ::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     if (memfd >= 0) ::close(memfd);
     std::filesystem::remove_all(dir, ec);
     return fail(Code::resourceExhausted, std::string("memfd_create: ") + std::strerror(errno));

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 # libvirt for the scheduler's libvirt watcher (its tests use test:///default, no daemon).
 # SQLite: the scheduler's state database.
 packages=(cmake ninja-build g++ pkg-config capnproto libcapnp-dev libuv1-dev libgtest-dev
-  libsqlite3-dev libssl-dev openssl ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev
+  libsqlite3-dev libssl-dev openssl libseccomp-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev
   qemu-system-x86 linux-image-amd64 busybox-static cpio libvirt-dev libvirt-clients libclang-rt-14-dev python3)
 missing=()
 for p in "${packages[@]}"; do
