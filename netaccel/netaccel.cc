@@ -2,6 +2,8 @@
 
 #include "common/log.h"
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 
 #include "hal/backends.h"
 #include "hal/cpu/cpu_device.h"
@@ -84,6 +86,10 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
       s.hostMemoryBytes = config_.sandbox.hostMemoryBytes;
       s.callTimeoutMs = config_.sandbox.callTimeoutMs;
       s.warm = config_.sandbox.warm;
+      // Its key, and the home of the user it runs as, are not for the sandboxes to read.
+      if (const std::string& key = config_.security.files.key; !key.empty())
+        s.hidden.push_back(std::filesystem::absolute(key).parent_path().string());
+      if (const char* home = std::getenv("HOME"); home && *home) s.hidden.push_back(home);
       options.sandbox = s;
     }
     workers_.push_back(std::make_unique<CardWorker>(std::move(d), [a = async_] { uv_async_send(a); }, options));

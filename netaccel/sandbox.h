@@ -19,8 +19,11 @@
 // every later call fails naming the fault, and the card worker replaces it.
 //
 // A sandbox gets no more than it needs: PR_SET_NO_NEW_PRIVS, a data-segment rlimit
-// (host memory), no core dumps, death with its parent, its own working folder, and an
-// allocation cap of its tenant's share of the card's memory.
+// (host memory), no core dumps, death with its parent, its own session, its own working
+// folder (and compiler caches in it), an allocation cap of its tenant's memory quota;
+// once the device is open, a seccomp filter (signals only to itself, no ptrace, no other
+// process's memory, no new sockets) and Landlock (read anywhere but the hidden paths,
+// write only its folder and /dev).
 #pragma once
 
 #include <sys/types.h>
@@ -90,6 +93,9 @@ struct SandboxSettings {
   unsigned long long hostMemoryBytes = 16ull << 30;
   unsigned callTimeoutMs = 30000;
   unsigned warm = 1;
+  // Paths its sandboxes may not read (besides `dir`, which holds the other sandboxes'
+  // folders): the node's key, the user's home.
+  std::vector<std::string> hidden;
 };
 
 class SandboxProcess;

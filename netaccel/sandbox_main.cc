@@ -1,6 +1,10 @@
 // raccel-sandbox: runs one tenant's work on one card, for raccel-netaccel (which starts
 // it; see netaccel/sandbox.h). Not meant to be started by hand.
+#include <fcntl.h>
+#include <linux/landlock.h>
 #include <seccomp.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -12,6 +16,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "common/flags.h"
 #include "hal/backends.h"
@@ -23,7 +30,7 @@ namespace {
 
 // A seccomp filter (allow by default; these denied with EPERM): signals to any process
 // but this one (kill(0) and kill(-1) would reach the netaccel's process group), ptrace,
-// other processes' memory, and sockets other than local ones.
+// other processes' memory, and new sockets.
 Status confine() {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
   if (!ctx) return fail(Code::internal, "seccomp_init failed");
@@ -44,13 +51,83 @@ Status confine() {
   add(SCMP_SYS(ptrace), 0, nullptr);
   add(SCMP_SYS(process_vm_readv), 0, nullptr);
   add(SCMP_SYS(process_vm_writev), 0, nullptr);
-  for (scmp_datum_t family : {AF_INET, AF_INET6, AF_PACKET, AF_NETLINK}) {
-    scmp_arg_cmp is = SCMP_A0(SCMP_CMP_EQ, family);
-    add(SCMP_SYS(socket), 1, &is);
-  }
+  // No new sockets at all: its link to the netaccel is made; a local one could reach the
+  // scheduler's console or a VM's socket as this user.
+  add(SCMP_SYS(socket), 0, nullptr);
+  add(SCMP_SYS(socketpair), 0, nullptr);
   if (rc == 0) rc = seccomp_load(ctx);
   seccomp_release(ctx);
   if (rc != 0) return fail(Code::internal, std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
+  return {};
+}
+
+// Landlock: the sandbox may read and execute files anywhere but under the hidden paths
+// (the node's key, the other sandboxes' folders, the user's home), write only in its own
+// folder and devices. Rules are added for every sibling along the way to a hidden path,
+// so all else stays readable. Kernels without Landlock: nothing (said in the log).
+std::string landlock(const std::string& workdir, const std::vector<std::string>& hiddenPaths) {
+  long abi = syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  if (abi < 1) return "Landlock is not available in this kernel; the sandbox's files are not confined";
+  const uint64_t fileRead = LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE;
+  const uint64_t fileWrite = LANDLOCK_ACCESS_FS_WRITE_FILE;
+  const uint64_t dirOnly = LANDLOCK_ACCESS_FS_READ_DIR | LANDLOCK_ACCESS_FS_REMOVE_DIR | LANDLOCK_ACCESS_FS_REMOVE_FILE |
+                           LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
+                           LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO | LANDLOCK_ACCESS_FS_MAKE_BLOCK |
+                           LANDLOCK_ACCESS_FS_MAKE_SYM | (abi >= 2 ? LANDLOCK_ACCESS_FS_REFER : 0);
+  const uint64_t all = fileRead | fileWrite | dirOnly;
+  landlock_ruleset_attr attr{};
+  attr.handled_access_fs = all;
+  int ruleset = static_cast<int>(syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0));
+  if (ruleset < 0) return std::string("landlock_create_ruleset: ") + std::strerror(errno);
+  std::string problem;
+  auto allow = [&](const std::filesystem::path& path, uint64_t access) {
+    int fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+    if (fd < 0) return;  // gone meanwhile, or unreadable anyway
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) access &= fileRead | fileWrite;  // a file takes file rights only
+    landlock_path_beneath_attr rule{access, fd};
+    if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0) != 0 && problem.empty())
+      problem = "landlock_add_rule " + path.string() + ": " + std::strerror(errno);
+    ::close(fd);
+  };
+  std::vector<std::filesystem::path> hidden;
+  for (auto& h : hiddenPaths) {
+    std::error_code ec;
+    auto canonical = std::filesystem::weakly_canonical(h, ec);
+    if (!ec && canonical.is_absolute() && canonical != "/") hidden.push_back(canonical);
+  }
+  auto isHidden = [&](const std::filesystem::path& p) { return std::find(hidden.begin(), hidden.end(), p) != hidden.end(); };
+  auto leadsToHidden = [&](const std::filesystem::path& p) {
+    std::string prefix = p.string() == "/" ? "/" : p.string() + "/";
+    return std::any_of(hidden.begin(), hidden.end(), [&](auto& h) { return h.string().rfind(prefix, 0) == 0; });
+  };
+  const uint64_t readOnly = fileRead | LANDLOCK_ACCESS_FS_READ_DIR;
+  // Read everywhere but the hidden branches: descend only into directories on the way to one.
+  std::vector<std::filesystem::path> todo{"/"};
+  while (!todo.empty()) {
+    auto dir = todo.back();
+    todo.pop_back();
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+         it.increment(ec)) {
+      auto p = it->path();
+      if (isHidden(p)) continue;
+      if (leadsToHidden(p) && it->is_directory(ec) && !it->is_symlink(ec)) todo.push_back(p);
+      else allow(p, readOnly);
+    }
+  }
+  allow("/dev", all);  // devices: the GPU's character devices are opened read-write
+  allow(workdir, all);
+  if (!problem.empty()) {
+    ::close(ruleset);
+    return problem;
+  }
+  if (syscall(SYS_landlock_restrict_self, ruleset, 0) != 0) {
+    std::string why = std::string("landlock_restrict_self: ") + std::strerror(errno);
+    ::close(ruleset);
+    return why;
+  }
+  ::close(ruleset);
   return {};
 }
 
@@ -75,6 +152,10 @@ int main(int argc, char** argv) {
   flags.value("workdir", "DIR", "the folder this sandbox works in");
   flags.value("fd", "N", "the socket to the netaccel (default 3)");
   flags.value("window-fd", "N", "the shared-memory window, a memfd (default 4)");
+  flags.value("probe-read", "PATH", "confine this process as for a tenant, try to read PATH, say what happened, exit "
+                                    "(3 when something was denied): a check of a deployment, no device opened", true);
+  flags.value("probe-write", "PATH", "the same for creating or writing PATH", true);
+  flags.value("hide", "PATH", "a path this sandbox may not read (the node's key, other sandboxes' folders)", true);
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
 
@@ -102,6 +183,37 @@ int main(int argc, char** argv) {
     std::perror("raccel-sandbox: workdir");
     return 2;
   }
+  // Caches and temporary files of the device's compiler stay in its own folder: a cache
+  // shared between tenants would let one plant the binary another runs.
+  std::string workdir = flags.has("workdir") ? flags.get("workdir") : std::filesystem::current_path().string();
+  setenv("POCL_CACHE_DIR", (workdir + "/pocl-cache").c_str(), 1);
+  setenv("CUDA_CACHE_PATH", (workdir + "/cuda-cache").c_str(), 1);
+  setenv("TMPDIR", workdir.c_str(), 1);
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // its /proc closed to other processes of this user
+  // From the moment it runs guest code: it may signal nothing but itself, trace nothing,
+  // read no other process's memory, open no socket, read no hidden path, write only its
+  // folder.
+  auto confineAll = [&]() -> Status {
+    if (std::string why = landlock(workdir, flags.getAll("hide")); !why.empty())
+      std::fprintf(stderr, "raccel-sandbox: %s\n", why.c_str());
+    return confine();
+  };
+  if (flags.has("probe-read") || flags.has("probe-write")) {
+    // A deployment check: confined as for a tenant, can it read (write) these paths?
+    if (auto s = confineAll(); !s) {
+      std::fprintf(stderr, "raccel-sandbox: %s\n", s.error().message.c_str());
+      return 2;
+    }
+    int denied = 0;
+    for (auto [flag, mode] : {std::pair{"probe-read", O_RDONLY}, std::pair{"probe-write", O_WRONLY | O_CREAT}})
+      for (auto& path : flags.getAll(flag)) {
+        int f = ::open(path.c_str(), mode | O_CLOEXEC, 0600);
+        std::printf("%s %s: %s\n", mode == O_RDONLY ? "read" : "write", path.c_str(), f >= 0 ? "allowed" : std::strerror(errno));
+        if (f >= 0) ::close(f);
+        else ++denied;
+      }
+    return denied ? 3 : 0;
+  }
   void* window = mmap(nullptr, netaccel::sandbox::kWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(windowFd), 0);
   if (window == MAP_FAILED) {
     std::perror("raccel-sandbox: window");
@@ -124,9 +236,7 @@ int main(int argc, char** argv) {
     (void)!write(static_cast<int>(fd), &r, sizeof r);
     return 1;
   }
-  // From here on it runs guest code: it may signal nothing but itself, trace nothing,
-  // read no other process's memory, and open no network socket.
-  if (auto s = confine(); !s) {
+  if (auto s = confineAll(); !s) {
     std::fprintf(stderr, "raccel-sandbox: %s\n", s.error().message.c_str());
     return 2;
   }

@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <sys/wait.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "hal/backends.h"
 #include "hal/conformance.h"
@@ -113,6 +117,43 @@ TEST(Sandbox, ItsAllocationCapIsItsTenantsShare) {
   ASSERT_FALSE(over);
   EXPECT_EQ(over.error().code, Code::resourceExhausted);
   EXPECT_NE(over.error().message.find("share"), std::string::npos) << over.error().message;
+}
+
+// Confined as for a tenant (raccel-sandbox --probe-read/--probe-write): the hidden
+// folder's key cannot be read, the system's files can, and nothing outside its own folder
+// can be written.
+TEST(Sandbox, ItCannotReadTheNodesKeyNorWriteOutsideItsFolder) {
+  namespace fs = std::filesystem;
+  fs::path base = fs::path(::testing::TempDir()) / ("raccel-probe-" + std::to_string(::getpid()));
+  fs::create_directories(base / "secrets");
+  fs::create_directories(base / "work");
+  { std::ofstream(base / "secrets" / "node.key") << "-----BEGIN PRIVATE KEY-----\n"; }
+  { std::ofstream(base / "readable.txt") << "public\n"; }
+  auto probe = [&](const std::string& args, int* status) {
+    std::string command = std::string(RACCEL_BIN_DIR) + "/raccel-sandbox --workdir " + (base / "work").string() +
+                          " --hide " + (base / "secrets").string() + " " + args + " 2>&1";
+    FILE* p = ::popen(command.c_str(), "r");
+    std::string out;
+    char buf[512];
+    while (p && std::fgets(buf, sizeof buf, p)) out += buf;
+    int rc = p ? ::pclose(p) : -1;
+    *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    return out;
+  };
+  int status = 0;
+  std::string out = probe("--probe-read " + (base / "secrets" / "node.key").string(), &status);
+  if (out.find("Landlock is not available") != std::string::npos) GTEST_SKIP() << out;
+  EXPECT_EQ(status, 3) << out;
+  EXPECT_NE(out.find("Permission denied"), std::string::npos) << out;
+  out = probe("--probe-read " + (base / "readable.txt").string() + " --probe-read /etc/os-release --probe-write " +
+                  (base / "work" / "scratch").string(),
+              &status);
+  EXPECT_EQ(status, 0) << out;
+  out = probe("--probe-write " + (base / "planted").string(), &status);
+  EXPECT_EQ(status, 3) << out;
+  EXPECT_FALSE(fs::exists(base / "planted"));
+  std::error_code ec;
+  fs::remove_all(base, ec);
 }
 
 }  // namespace
