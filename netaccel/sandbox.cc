@@ -183,7 +183,10 @@ class SandboxDevice final : public hal::Device {
       : Device(std::move(caps)), process_(std::move(process)), timeoutMs_(timeoutMs) {}
 
   Status finish() override { return statusOf(call(request(Op::finish))); }
-  bool timesKernels() const override { return timesKernels_; }
+  bool timesKernels() const override {
+    (void)ready();  // known from the sandbox's first message
+    return timesKernels_;
+  }
   size_t takeCompleted(std::vector<hal::KernelTime>& out) override {
     if (pending_ == 0 || !lost_.empty()) return 0;
     auto r = call(request(Op::completed));
@@ -377,22 +380,28 @@ class SandboxDevice final : public hal::Device {
     return q;
   }
 
-  Error lose(std::string why) {
+  Error lose(std::string why) const {
     if (lost_.empty()) lost_ = std::move(why);
     return Error{Code::internal, lost_};
   }
 
   // One request, its reply; the sandbox's error as this call's; a lost device for good.
-  Result<Reply> call(const Request& q) {
+  // Waits for the sandbox's first message (the device is open) once.
+  Status ready() const {
     if (!lost_.empty()) return fail(Code::internal, lost_);
-    if (!ready_) {
-      auto r = process_->call(nullptr, timeoutMs_);  // the ready message
-      if (!r) return fail(lose(r.error().message));
-      if (r->code != 0) return fail(lose("the sandbox could not open the card: " +
-                                         clipped(reinterpret_cast<const char*>(process_->window()), r->payload)));
-      ready_ = true;
-      timesKernels_ = r->timesKernels != 0;
-    }
+    if (ready_) return {};
+    auto r = process_->call(nullptr, timeoutMs_);
+    if (!r) return fail(lose(r.error().message));
+    if (r->code != 0)
+      return fail(lose("the sandbox could not open the card: " +
+                       clipped(reinterpret_cast<const char*>(process_->window()), r->payload)));
+    ready_ = true;
+    timesKernels_ = r->timesKernels != 0;
+    return {};
+  }
+
+  Result<Reply> call(const Request& q) {
+    if (auto s = ready(); !s) return fail(s.error());
     auto r = process_->call(&q, timeoutMs_);
     if (!r) return fail(lose(r.error().message));
     pending_ = r->pending;
@@ -414,10 +423,10 @@ class SandboxDevice final : public hal::Device {
 
   std::unique_ptr<SandboxProcess> process_;
   unsigned timeoutMs_;
-  bool ready_ = false, timesKernels_ = false;
+  mutable bool ready_ = false, timesKernels_ = false;
   uint64_t pending_ = 0;
   uint64_t nextId_ = 0;
-  std::string lost_;
+  mutable std::string lost_;
 };
 
 SandboxBuffer::~SandboxBuffer() { device->releaseBuffer(id); }
@@ -442,6 +451,19 @@ std::string defaultSandboxExecutable() {
 SandboxPool::SandboxPool(hal::Capabilities caps, SandboxSettings settings, std::string label)
     : caps_(std::move(caps)), settings_(std::move(settings)), label_(std::move(label)) {
   if (settings_.executable.empty()) settings_.executable = defaultSandboxExecutable();
+  // Folders left by the sandboxes of a netaccel that is gone (named PID-N) are removed.
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(settings_.dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    char* end = nullptr;
+    long pid = std::strtol(name.c_str(), &end, 10);
+    if (pid <= 0 || !end || *end != '-') continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      std::filesystem::remove_all(it->path(), rm);
+    }
+  }
   refill();
 }
 
@@ -748,7 +770,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
         case Op::completed: {
           device.takeCompleted(completed);
           size_t count = std::min(completed.size(), kWindowBytes / sizeof(hal::KernelTime));
-          std::memcpy(window, completed.data(), count * sizeof(hal::KernelTime));
+          if (count) std::memcpy(window, completed.data(), count * sizeof(hal::KernelTime));
           completed.erase(completed.begin(), completed.begin() + static_cast<long>(count));
           r.payload = count * sizeof(hal::KernelTime);
           break;

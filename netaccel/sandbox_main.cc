@@ -133,9 +133,10 @@ std::string landlock(const std::string& workdir, const std::vector<std::string>&
 
 bool number(const Flags& flags, const char* name, unsigned long long* out) {
   if (!flags.has(name)) return true;
+  const std::string text = flags.get(name);
   char* end = nullptr;
-  *out = std::strtoull(flags.get(name).c_str(), &end, 10);
-  return end && !*end;
+  *out = std::strtoull(text.c_str(), &end, 10);
+  return !text.empty() && end && !*end;
 }
 }  // namespace
 
@@ -212,7 +213,8 @@ int main(int argc, char** argv) {
         if (f >= 0) ::close(f);
         else ++denied;
       }
-    return denied ? 3 : 0;
+    std::fflush(stdout);
+    _exit(denied ? 3 : 0);
   }
   void* window = mmap(nullptr, netaccel::sandbox::kWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(windowFd), 0);
   if (window == MAP_FAILED) {
@@ -240,5 +242,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "raccel-sandbox: %s\n", s.error().message.c_str());
     return 2;
   }
-  return netaccel::serveSandbox(static_cast<int>(fd), window, **opened);
+  int status = netaccel::serveSandbox(static_cast<int>(fd), window, **opened);
+  // Straight out: the driver reclaims the device, the kernel the rest. (Exit handlers,
+  // such as a leak checker's, could not run confined: they need ptrace.)
+  _exit(status);
 }
