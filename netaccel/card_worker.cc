@@ -224,7 +224,7 @@ void CardWorker::run() {
       arrived.swap(queue_);
     }
     intake(arrived);
-    if (inFlightTotal_ > 0) waitForDevice();  // (returns at once when one has completed)
+    collectAll();  // kernels that completed meanwhile: their time is charged before the next pick
     // One instruction at a time, the fairest next; newly arrived work joins the choice.
     for (;;) {
       Context* c = pick();
@@ -359,14 +359,18 @@ void CardWorker::collect(hal::Device& device) {
   }
 }
 
-void CardWorker::waitForDevice() {
-  if (inFlight_.empty()) return;
-  hal::Device* device = inFlight_.begin()->first;
-  device->waitCompleted(2);
+void CardWorker::collectAll() {
   for (auto it = inFlight_.begin(); it != inFlight_.end();) {
     hal::Device* d = (it++)->first;  // collect() may erase it
     collect(*d);
   }
+}
+
+void CardWorker::waitForDevice() {
+  if (inFlight_.empty()) return;
+  hal::Device* device = inFlight_.begin()->first;
+  device->waitCompleted(2);
+  collectAll();
   // A sandbox whose kernels make no progress for the call timeout holds the card from
   // everyone else: it is stopped (a kernel that never ends).
   if (!sandboxes_) return;

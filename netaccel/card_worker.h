@@ -111,6 +111,7 @@ class CardWorker {
   hal::Device& deviceOf(Context& c);
   bool eligible(const Context& c) const;
   void collect(hal::Device& device);  // completed kernels' device time, charged
+  void collectAll();
   void waitForDevice();               // some kernel in flight to complete
   void sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence);
   std::string lossMessage(const std::string& why) const;
