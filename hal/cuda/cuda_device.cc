@@ -28,11 +28,13 @@ struct Driver {
   X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuModuleLoadDataEx)       \
   X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuStreamCreate) X(cuStreamDestroy)              \
   X(cuStreamSynchronize) X(cuGetErrorString) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)     \
-  X(cuEventSynchronize) X(cuEventElapsedTime) X(cuMemAllocHost) X(cuMemFreeHost)
+  X(cuEventSynchronize) X(cuMemAllocHost) X(cuMemFreeHost)
   RACCEL_CU_FUNCTIONS(RACCEL_CU)
 #undef RACCEL_CU
   // Optional (CUDA 12.4+): lets a launch check its argument count and sizes.
   CUresult (*cuFuncGetParamInfo)(CUfunction, size_t, size_t*, size_t*) = nullptr;
+  // cuEventElapsedTime_v2 from CUDA 12.8 on, the unversioned symbol before (same signature).
+  CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;
 
   bool load() {
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -50,6 +52,13 @@ struct Driver {
     RACCEL_CU_FUNCTIONS(RACCEL_CU)
 #undef RACCEL_CU
     cuFuncGetParamInfo = reinterpret_cast<decltype(cuFuncGetParamInfo)>(dlsym(lib, "cuFuncGetParamInfo"));
+    void* elapsed = dlsym(lib, "cuEventElapsedTime_v2");
+    if (!elapsed) elapsed = dlsym(lib, "cuEventElapsedTime");
+    cuEventElapsedTime = reinterpret_cast<decltype(cuEventElapsedTime)>(elapsed);
+    if (!elapsed) {
+      ok = false;
+      note = "the CUDA driver lacks cuEventElapsedTime";
+    }
     if (!ok) return false;
     CUresult rc = cuInit(0);
     if (rc != CUDA_SUCCESS) {
