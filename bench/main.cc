@@ -320,6 +320,16 @@ int main(int argc, char** argv) {
   }
   auto& s = **opened;
 
+  // A session of this program on another cluster's VM; null after saying why not.
+  auto openOn = [&](testing::Cluster& on) -> std::unique_ptr<client::Session> {
+    options.socket = on.vmSocket();
+    auto p = client::Session::open(options);
+    if (!p) {
+      std::fprintf(stderr, "raccel-bench: %s\n", p.error().message.c_str());
+      return nullptr;
+    }
+    return std::move(*p);
+  };
   // One tiny instruction + fence, timed; false (after saying why) when one failed.
   auto syncRtts = [&](client::Session& on, std::vector<double>& rtts) {
     auto tiny = on.alloc(4096);
@@ -435,16 +445,12 @@ int main(int argc, char** argv) {
   {
     testing::Cluster plain({vm}, "", {"--insecure"});
     plain.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4);
-    options.socket = plain.vmSocket();
-    auto p = client::Session::open(options);
-    if (!p) {
-      std::fprintf(stderr, "raccel-bench: %s\n", p.error().message.c_str());
-      return 1;
-    }
+    auto p = openOn(plain);
+    if (!p) return 1;
     std::vector<double> plainRtts;
-    if (!syncRtts(**p, plainRtts)) return 1;
+    if (!syncRtts(*p, plainRtts)) return 1;
     f.syncPlainP50 = percentile(plainRtts, 0.5);
-    f.bulkGbps = bulkGbps(**p, &f.writeSecs, &f.readSecs, bulkBytes);
+    f.bulkGbps = bulkGbps(*p, &f.writeSecs, &f.readSecs, bulkBytes);
     if (f.bulkGbps < 0) return 1;
   }
 
@@ -457,16 +463,12 @@ int main(int argc, char** argv) {
       std::vector<std::string> extra;
       if (!sandboxed) extra.push_back("--no-sandbox");
       c.addNetaccel("bench0", {"backend=opencl,kind=gpu,tflops=4,memory=1GiB"}, 4, extra);
-      options.socket = c.vmSocket();
-      auto p = client::Session::open(options);
-      if (!p) {
-        std::fprintf(stderr, "raccel-bench: %s\n", p.error().message.c_str());
-        return 1;
-      }
+      auto p = openOn(c);
+      if (!p) return 1;
       std::vector<double> r;
-      if (!syncRtts(**p, r)) return 1;
+      if (!syncRtts(*p, r)) return 1;
       double w = 0, rd = 0;
-      double gbps = bulkGbps(**p, &w, &rd, bulkBytes);
+      double gbps = bulkGbps(*p, &w, &rd, bulkBytes);
       if (gbps < 0) return 1;
       (sandboxed ? f.sandboxRttP50 : f.inProcessRttP50) = percentile(r, 0.5);
       (sandboxed ? f.sandboxGbps : f.inProcessGbps) = gbps;
@@ -512,13 +514,9 @@ int main(int argc, char** argv) {
     progress("CUDA: the same gemm and 1 GiB through raccel (guest -> scheduler -> netaccel -> sandbox -> GPU)");
     testing::Cluster c({vm});
     c.addNetaccel("gpu0", {"backend=cuda,device=0,kind=gpu,tflops=8"}, 8);
-    options.socket = c.vmSocket();
-    auto p = client::Session::open(options);
-    if (!p) {
-      std::fprintf(stderr, "raccel-bench: %s\n", p.error().message.c_str());
-      return 1;
-    }
-    auto& g = **p;
+    auto p = openOn(c);
+    if (!p) return 1;
+    auto& g = *p;
     auto ha = g.alloc(uint64_t{n} * n * 4), hb = g.alloc(uint64_t{n} * n * 4), hc = g.alloc(uint64_t{n} * n * 4);
     g.writeFloats(ha, testing::randomFloats(size_t{n} * n, 1));
     g.writeFloats(hb, testing::randomFloats(size_t{n} * n, 2));

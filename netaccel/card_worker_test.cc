@@ -34,10 +34,9 @@ struct Harness {
   }
 };
 
-// Each context: two 128x128 buffers, then `rounds` of (gemm, fence). The order of the
+// Each context: three buffers of n x n, then `rounds` of (gemm, fence). The order of the
 // fences' replies is the order the card served them.
-void queueGemms(CardWorker& w, uint32_t context, int rounds, uint64_t* seq) {
-  const uint32_t n = 128;
+void queueSizedGemms(CardWorker& w, uint32_t context, uint32_t n, int rounds, uint64_t* seq) {
   for (uint64_t h = 1; h <= 3; ++h)
     w.enqueue(context, (*seq)++, instruction([&](auto in) {
       auto a = in.initAlloc();
@@ -52,6 +51,7 @@ void queueGemms(CardWorker& w, uint32_t context, int rounds, uint64_t* seq) {
     w.enqueue(context, (*seq)++, instruction([](auto in) { in.setFence(); }));
   }
 }
+void queueGemms(CardWorker& w, uint32_t context, int rounds, uint64_t* seq) { queueSizedGemms(w, context, 128, rounds, seq); }
 
 TEST(CardWorker, ContextsShareTheCardInProportionToTheirBlocks) {
   Harness h;
@@ -68,23 +68,6 @@ TEST(CardWorker, ContextsShareTheCardInProportionToTheirBlocks) {
   EXPECT_NEAR(firstHundred[1], 75, 8) << "big " << firstHundred[1] << " small " << firstHundred[2];
   auto times = h.worker.kernelTimes();
   EXPECT_EQ(times.size(), 2u);
-}
-
-// Each context: three buffers of n x n, then `rounds` of (gemm, fence).
-void queueSizedGemms(CardWorker& w, uint32_t context, uint32_t n, int rounds, uint64_t* seq) {
-  for (uint64_t h = 1; h <= 3; ++h)
-    w.enqueue(context, (*seq)++, instruction([&](auto in) {
-      auto a = in.initAlloc();
-      a.setHandle(h);
-      a.setSize(n * n * 4);
-    }));
-  for (int i = 0; i < rounds; ++i) {
-    w.enqueue(context, (*seq)++, instruction([&](auto in) {
-      auto g = in.initOp().initGemm();
-      g.setM(n), g.setN(n), g.setK(n), g.setAlpha(1), g.setA(1), g.setB(2), g.setC(3);
-    }));
-    w.enqueue(context, (*seq)++, instruction([](auto in) { in.setFence(); }));
-  }
 }
 
 TEST(CardWorker, OnAnAsynchronousCardTenantsShareDeviceTimeNotInstructions) {

@@ -102,6 +102,14 @@ struct Victim {
   }
 };
 
+// A buffer of 256 floats of `value` on the card, fenced: what a tenant had before its sandbox went.
+client::Handle keep(Session& s, float value) {
+  auto h = s.alloc(1024);
+  s.writeFloats(h, std::vector<float>(256, value));
+  EXPECT_TRUE(s.fence());
+  return h;
+}
+
 // The victim's rounds on a thread of its own while `attack` runs, then a few more.
 void victimSurvives(Victim& v, const std::function<void()>& attack, Cluster& c) {
   std::atomic<bool> attacking{true};
@@ -168,9 +176,7 @@ TEST_P(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
   v.start(*cluster, card(), "vm1", 1 << 16, 1);
   auto attacker = open(*cluster, "vm2", "attacker");
   ASSERT_TRUE(attacker);
-  auto kept = attacker->alloc(1024);
-  attacker->writeFloats(kept, std::vector<float>(256, 1.0f));
-  ASSERT_TRUE(attacker->fence());
+  auto kept = keep(*attacker, 1.0f);
 
   victimSurvives(v, [&] {
     auto target = attacker->alloc(4096);
@@ -205,9 +211,7 @@ TEST_P(Isolation, ASandboxKilledWithSigkillFailsItsOwnTenantOnly) {
   v.start(*cluster, card(), "vm1", 1 << 16, 2);
   auto other = open(*cluster, "vm2", "other");
   ASSERT_TRUE(other);
-  auto kept = other->alloc(1024);
-  other->writeFloats(kept, std::vector<float>(256, 2.0f));
-  ASSERT_TRUE(other->fence());
+  auto kept = keep(*other, 2.0f);
   pid_t victimSandbox = sandboxOf("vm1"), otherSandbox = sandboxOf("vm2");
   ASSERT_GT(otherSandbox, 0) << cluster->logs();
   ASSERT_NE(victimSandbox, otherSandbox);
