@@ -225,6 +225,7 @@ void CardWorker::run() {
     }
     intake(arrived);
     collectAll();  // kernels that completed meanwhile: their time is charged before the next pick
+    stopStalled();
     // One instruction at a time, the fairest next; newly arrived work joins the choice.
     for (;;) {
       Context* c = pick();
@@ -232,6 +233,7 @@ void CardWorker::run() {
         if (readyContexts_ == 0) break;
         waitForDevice();  // work is ready but the card has queueDepth kernels in flight
         std::lock_guard lock(mu_);
+        if (stop_) return;
         if (!queue_.empty()) arrived.swap(queue_);
       } else {
         Work w = std::move(c->ready.front());
@@ -248,11 +250,15 @@ void CardWorker::run() {
         auto it = contexts_->find(id);
         if (instruction && it != contexts_->end()) {
           if (!timed) charge(it->second, nowNs() - start);
-          else if (hal::Device* now = &deviceOf(it->second); now == device) collect(*now);
+          else if (hal::Device* now = &deviceOf(it->second); now == device) {
+            ++outstanding_[now];  // at most one kernel per instruction can be in flight for it
+            collect(*now);
+          }
         }
         std::lock_guard lock(mu_);
         queuedBytes_ -= bytes;
         --queuedCount_;
+        if (stop_) return;  // the rest is dropped with the worker
         if (!queue_.empty()) arrived.swap(queue_);
       }
       if (!arrived.empty()) intake(arrived);
@@ -336,17 +342,27 @@ hal::Device& CardWorker::deviceOf(Context& c) {
   return *t.sandbox;
 }
 
-void CardWorker::collect(hal::Device& device) {
+size_t CardWorker::collect(hal::Device& device) {
   completed_.clear();
   size_t n = device.takeCompleted(completed_);
+  size_t valid = 0;
   for (auto& k : completed_) {
     if (k.tag > UINT32_MAX) continue;
     auto it = contexts_->find(static_cast<uint32_t>(k.tag));
-    // A sandbox's report is its own word: a kernel's time is taken up to an hour.
-    if (it != contexts_->end()) charge(it->second, std::min<double>(static_cast<double>(k.ns), 3.6e12));
+    if (it == contexts_->end()) continue;
+    // A sandbox's report is its own word: it counts only for its own tenant's contexts
+    // (never to make another look heavy), and a kernel's time is taken up to an hour.
+    if (sandboxes_ && (*tenants_)[it->second.tenant].sandbox.get() != &device) continue;
+    charge(it->second, std::min<double>(static_cast<double>(k.ns), 3.6e12));
+    ++valid;
   }
-  // At most queueDepth: a sandbox claiming more would hold the whole card.
-  n = std::min<size_t>(n, options_.queueDepth);
+  // No more than it was given and has not completed, and at most queueDepth: a sandbox
+  // claiming more would hold the whole card.
+  size_t& given = outstanding_[&device];
+  given -= std::min(given, valid);
+  if (n == 0) given = 0;
+  n = std::min<size_t>({n, given, options_.queueDepth});
+  if (given == 0) outstanding_.erase(&device);
   auto it = inFlight_.find(&device);
   size_t before = it == inFlight_.end() ? 0 : it->second;
   inFlightTotal_ = inFlightTotal_ - before + n;
@@ -355,24 +371,34 @@ void CardWorker::collect(hal::Device& device) {
     stalledSince_.erase(&device);
   } else {
     inFlight_[&device] = n;
-    if (!completed_.empty() || before == 0) stalledSince_[&device] = nowNs();
+    if (valid > 0 || before == 0) stalledSince_[&device] = nowNs();  // made-up completions are no progress
   }
+  return valid;
 }
 
-void CardWorker::collectAll() {
+size_t CardWorker::collectAll() {
+  size_t valid = 0;
   for (auto it = inFlight_.begin(); it != inFlight_.end();) {
     hal::Device* d = (it++)->first;  // collect() may erase it
-    collect(*d);
+    valid += collect(*d);
   }
+  return valid;
 }
 
 void CardWorker::waitForDevice() {
   if (inFlight_.empty()) return;
   hal::Device* device = inFlight_.begin()->first;
   device->waitCompleted(2);
-  collectAll();
-  // A sandbox whose kernels make no progress for the call timeout holds the card from
-  // everyone else: it is stopped (a kernel that never ends).
+  if (collectAll() == 0) {  // a device that returned at once without progress: do not spin
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop_ || !queue_.empty(); });
+  }
+  stopStalled();
+}
+
+void CardWorker::stopStalled() {
+  // A sandbox whose kernels make no progress for the call timeout holds a share of the
+  // card's queue from everyone else: it is stopped (a kernel that never ends).
   if (!sandboxes_) return;
   double now = nowNs();
   for (auto& [name, t] : *tenants_) {
@@ -412,6 +438,7 @@ void CardWorker::sandboxLost(const std::string& tenant, const std::string& why, 
     inFlight_.erase(it);
   }
   stalledSince_.erase(t.sandbox.get());
+  outstanding_.erase(t.sandbox.get());
   t.sandbox.reset();  // the process is stopped and its folder removed; a new one serves what follows
   RLOG_WARN("netaccel") << options_.label << ": tenant '" << limits::clip(tenant, 64) << "': " << fault.message;
   std::lock_guard lock(mu_);
@@ -499,6 +526,7 @@ void CardWorker::execute(Work& work) {
         inFlight_.erase(f);
       }
       stalledSince_.erase(t.sandbox.get());
+      outstanding_.erase(t.sandbox.get());
       t.sandbox.reset();
     } else if (t.sandbox) {
       t.sandbox->setMemoryCap(std::min(std::max<uint64_t>(t.quota, 1), caps_.memoryBytes));

@@ -110,9 +110,11 @@ class CardWorker {
   void charge(Context& c, double ns);
   hal::Device& deviceOf(Context& c);
   bool eligible(const Context& c) const;
-  void collect(hal::Device& device);  // completed kernels' device time, charged
-  void collectAll();
+  // Completed kernels' device time, charged; returns how many were real (this device's).
+  size_t collect(hal::Device& device);
+  size_t collectAll();
   void waitForDevice();               // some kernel in flight to complete
+  void stopStalled();                 // sandboxes whose kernels make no progress
   void sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence);
   std::string lossMessage(const std::string& why) const;
   void execute(Work& work);
@@ -147,6 +149,7 @@ class CardWorker {
   std::unordered_map<hal::Device*, size_t> inFlight_;  // asynchronous devices: kernels in flight
   size_t inFlightTotal_ = 0;
   std::unordered_map<hal::Device*, double> stalledSince_;  // last progress of those in flight
+  std::unordered_map<hal::Device*, size_t> outstanding_;   // instructions given, not seen complete
   std::vector<hal::KernelTime> completed_;
   std::thread thread_;
 };

@@ -3,12 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <chrono>
 #include <map>
 #include <thread>
 
 #include "hal/cpu/cpu_device.h"
+#include "netaccel/sandbox.h"
 #include "schema/guest.capnp.h"
 #include "transport/wire_types.h"
 
@@ -94,6 +97,77 @@ TEST(CardWorker, OnAnAsynchronousCardTenantsShareDeviceTimeNotInstructions) {
   EXPECT_NEAR(ratio, 3.0, 0.45) << "big " << ms[1] << " ms, small " << ms[2] << " ms of device time";
   // Device time, not the enqueue: together about the time that passed.
   EXPECT_GT(ms[1] + ms[2], 300) << "big " << ms[1] << " small " << ms[2];
+}
+
+// Two tenants on a card whose sandboxes are hostile-sandbox: the first one started
+// misbehaves as `mode` says, the other is an asynchronous device that completes at once.
+struct HostileCard {
+  explicit HostileCard(const std::string& mode) {
+    dir = ::testing::TempDir() + "raccel-card-worker-test-" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir);
+    ::setenv("RACCEL_HOSTILE", mode.c_str(), 1);
+    ::setenv("RACCEL_HOSTILE_MARK", (dir + "/first").c_str(), 1);
+    CardWorker::Options options;
+    options.label = "card 0";
+    netaccel::SandboxSettings s;
+    s.executable = std::string(RACCEL_BIN_DIR) + "/hostile-sandbox";
+    s.dir = dir + "/sandboxes";
+    s.warm = 0;
+    s.callTimeoutMs = 1000;
+    options.sandbox = s;
+    worker = std::make_unique<CardWorker>(hal::makeCpuDevice({CardKind::gpu, "sim", 4, 1ull << 30, 1, false}), [] {},
+                                          options);
+    worker->openContext(1, 0, "evil", 1, "evil");
+    uint64_t seq = 1;
+    queueSizedGemms(*worker, 1, 8, 20, &seq);
+    worker->submit();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the evil one's sandbox first
+    worker->openContext(2, 0, "good", 1, "good");
+    queueSizedGemms(*worker, 2, 8, 20, &seq);
+    worker->submit();
+  }
+  ~HostileCard() {
+    worker.reset();
+    ::unsetenv("RACCEL_HOSTILE");
+    ::unsetenv("RACCEL_HOSTILE_MARK");
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  // The good tenant's 20 fences, each a reply, within `ms`.
+  bool goodFinishes(int ms) {
+    for (int i = 0; i < ms / 10; ++i) {
+      worker->drain(outputs);
+      if (std::count_if(outputs.begin(), outputs.end(), [](auto& o) { return o.context == 2; }) >= 20) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  std::string dir;
+  std::unique_ptr<CardWorker> worker;
+  std::vector<CardWorker::Output> outputs;
+};
+
+TEST(CardWorker, ASandboxReportingMadeUpKernelsHoldsNoQueueSlotAndChargesNoOtherTenant) {
+  // It claims a billion kernels in flight and reports completions with absurd times for
+  // every context id there is: it is credited no more in flight than it was given, and
+  // only its own tenant's contexts are charged.
+  HostileCard card("flood");
+  EXPECT_TRUE(card.goodFinishes(10000)) << "the other tenant was starved";
+  for (auto& [context, ns] : card.worker->kernelTimes())
+    EXPECT_NE(context, 2u) << "another tenant was charged " << ns << " ns by the sandbox's report";
+}
+
+TEST(CardWorker, ASandboxWhoseKernelsNeverCompleteIsStoppedAtTheCallTimeout) {
+  HostileCard card("stuck");
+  EXPECT_TRUE(card.goodFinishes(10000)) << "the other tenant was starved";
+  std::vector<CardWorker::Fault> faults;
+  for (int i = 0; i < 500 && faults.empty(); ++i) {
+    card.worker->drainFaults(faults);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(faults.size(), 1u);
+  EXPECT_NE(faults[0].message.find("made no progress for 1000 ms"), std::string::npos) << faults[0].message;
+  EXPECT_EQ(faults[0].contexts, std::vector<uint32_t>{1});
 }
 
 TEST(CardWorker, InsideATenantTheHigherPriorityContextGoesFirst) {

@@ -119,6 +119,74 @@ TEST(Sandbox, ItsAllocationCapIsItsTenantsShare) {
   EXPECT_NE(over.error().message.find("share"), std::string::npos) << over.error().message;
 }
 
+// A sandbox taken over by its guest (hostile-sandbox) answers badly; each way ends
+// with that device lost or its calls failing, never with the netaccel's side trusting
+// what it said.
+std::unique_ptr<Device> hostile(const std::string& mode, unsigned timeoutMs = 3000) {
+  ::setenv("RACCEL_HOSTILE", mode.c_str(), 1);
+  Capabilities caps;
+  caps.backend = "opencl";
+  caps.memoryBytes = 64 << 20;
+  caps.tflops = 1;
+  caps.programKinds = {ProgramKind::builtin, ProgramKind::openclC};
+  auto s = settings(timeoutMs);
+  s.executable = std::string(RACCEL_BIN_DIR) + "/hostile-sandbox";
+  netaccel::SandboxPool pool(caps, s, "test card");
+  auto d = pool.take();
+  ::unsetenv("RACCEL_HOSTILE");
+  return d;
+}
+
+TEST(HostileSandbox, OneThatNeverSpeaksIsStoppedAtTheTimeout) {
+  auto d = hostile("silent", 800);
+  auto b = d->allocate(64);
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.error().message.find("answered nothing for 800 ms"), std::string::npos) << b.error().message;
+}
+
+TEST(HostileSandbox, OneThatAnswersPastItsWindowIsStopped) {
+  auto d = hostile("oversize");
+  auto b = d->allocate(64);
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.error().message.find("broke its protocol"), std::string::npos) << b.error().message;
+  EXPECT_FALSE(d->lost().empty());
+}
+
+TEST(HostileSandbox, AShortReadIsRefusedNotPaddedWithOldBytes) {
+  auto d = hostile("shortread");
+  auto b = d->allocate(1 << 20);
+  ASSERT_TRUE(b) << b.error().message;
+  std::vector<std::byte> out(1 << 20);
+  auto r = d->read(**b, 0, out);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("for a read of"), std::string::npos) << r.error().message;
+  d->release(std::move(*b));
+}
+
+TEST(HostileSandbox, ItCannotShrinkTheSharedWindowUnderTheNetaccel) {
+  auto d = hostile("shrink");
+  auto b = d->allocate(4 << 20);
+  ASSERT_TRUE(b) << b.error().message;
+  std::vector<std::byte> data(4 << 20, std::byte{7});
+  // Every byte of the window is touched here: a shrunk window would be SIGBUS.
+  EXPECT_TRUE(d->write(**b, 0, data));
+  EXPECT_TRUE(d->read(**b, 0, data));
+  d->release(std::move(*b));
+}
+
+TEST(HostileSandbox, ExtraRepliesNeverAnswerALaterRead) {
+  auto d = hostile("extra");
+  auto b = d->allocate(64);
+  ASSERT_TRUE(b) << b.error().message;
+  std::vector<std::byte> out(64);
+  // Replies are answered in order; the stale one can only make this tenant's own calls
+  // wrong, and a read whose reply does not fit is refused.
+  for (int i = 0; i < 4; ++i) (void)d->read(**b, 0, out);
+  auto r = d->read(**b, 0, std::span(out).first(16));
+  (void)r;
+  EXPECT_EQ(d->capabilities().backend, "opencl");  // still here, nothing else to ask of it
+}
+
 // Confined as for a tenant (raccel-sandbox --probe-read/--probe-write): the hidden
 // folder's key cannot be read, the system's files can, and nothing outside its own folder
 // can be written.

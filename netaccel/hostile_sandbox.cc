@@ -1,0 +1,72 @@
+// A sandbox that has been taken over (test only): it speaks netaccel/sandbox.h's
+// protocol badly, as guest code that owns its process could. RACCEL_HOSTILE picks how:
+//   silent      never says it is ready
+//   oversize    answers with a payload larger than the window
+//   shortread   answers reads with fewer bytes than asked
+//   shrink      tries to shrink and unseal the shared window, then behaves
+//   flood       claims a billion kernels in flight and reports made-up kernel times
+//   extra       sends two replies for each request
+//   stuck       an asynchronous device whose kernels never complete (one always pending)
+// With RACCEL_HOSTILE_MARK=PATH only the first sandbox to create PATH misbehaves; the
+// others are asynchronous devices that complete everything at once (and report nothing).
+// Every request it does answer, it answers as a working device with nothing in it would.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "hal/device.h"
+#include "netaccel/sandbox.h"
+
+using namespace raccel::netaccel::sandbox;
+
+int main() {
+  const char* env = std::getenv("RACCEL_HOSTILE");
+  std::string mode = env ? env : "";
+  if (const char* mark = std::getenv("RACCEL_HOSTILE_MARK"); mark && *mark) {
+    int f = ::open(mark, O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (f < 0) mode = "honest";
+    else ::close(f);
+  }
+  const int fd = 3;
+  auto* window = static_cast<std::byte*>(mmap(nullptr, kWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED, 4, 0));
+  if (window == MAP_FAILED) return 2;
+  auto send = [&](const Reply& r) { return ::send(fd, &r, sizeof r, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r); };
+  if (mode == "shrink") {
+    (void)!ftruncate(4, 0);  // refused: the window is sealed
+    (void)fcntl(4, F_ADD_SEALS, 0);
+  }
+  if (mode == "silent") {
+    pause();
+    return 0;
+  }
+  Reply ready;
+  ready.timesKernels = mode == "flood" || mode == "stuck" || mode == "honest";
+  send(ready);
+  for (;;) {
+    Request q;
+    ssize_t n = ::recv(fd, &q, sizeof q, 0);
+    if (n <= 0) return 0;
+    Reply r;
+    if (q.op == Op::read) r.payload = q.length;
+    if (mode == "oversize") r.payload = kWindowBytes + 1;
+    if (mode == "shortread" && q.op == Op::read) r.payload = q.length / 2;
+    if (mode == "flood") {
+      r.pending = 1000000000ull;
+      r.timesKernels = 1;
+      if (q.op == Op::completed || q.op == Op::wait) {
+        auto* times = reinterpret_cast<raccel::hal::KernelTime*>(window);
+        // Tags of every context there may be (others' too), and absurd times.
+        for (int i = 0; i < 1000; ++i) times[i] = {static_cast<uint64_t>(i % 8) | (static_cast<uint64_t>(i % 3) << 33), ~0ull};
+        r.payload = 1000 * sizeof(raccel::hal::KernelTime);
+      }
+    }
+    if (mode == "stuck") r.pending = 1;
+    send(r);
+    if (mode == "extra") send(r);
+  }
+}
