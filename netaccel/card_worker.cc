@@ -38,7 +38,7 @@ struct CardWorker::Work {
   uint64_t sequence = 0;
   Body body;
   uint64_t quota = 0;  // open: memory quota; poison: the handle
-  std::string label;
+  std::string label;  // open: the context's label; poison with sequence 0: what to say
   Code code = Code::internal;
   uint32_t blocks = 1;  // open
   std::string tenant;
@@ -140,8 +140,9 @@ void CardWorker::closeContext(uint32_t context) {
   staged_.push_back(std::move(w));
 }
 
-void CardWorker::poison(uint32_t context, uint64_t handle, uint64_t sequence, Code code) {
+void CardWorker::poison(uint32_t context, uint64_t handle, uint64_t sequence, Code code, const std::string& message) {
   Work w;
+  if (sequence == 0) w.label = limits::clip(message);
   w.type = Work::Type::poison;
   w.context = context;
   w.quota = handle;
@@ -537,7 +538,7 @@ void CardWorker::execute(Work& work) {
   Context& c = it->second;
   if (work.type == Work::Type::poison) {
     if (!c.buffers.count(work.quota) && !c.programs.count(work.quota))
-      c.poisoned[work.quota] = Context::Poison{work.sequence, work.code, {}};
+      c.poisoned[work.quota] = Context::Poison{work.sequence, work.code, work.label};
     return;
   }
   const uint64_t seq = work.sequence;

@@ -84,7 +84,8 @@ class CardWorker {
   void openContext(uint32_t context, uint64_t memoryQuota, const std::string& label, uint32_t blocks = 1,
                    const std::string& tenant = "", int priority = 0);
   void closeContext(uint32_t context);
-  void poison(uint32_t context, uint64_t handle, uint64_t sequence, Code code);
+  // `sequence` 0: no instruction failed (a handle lost with a sandbox); `message` says why.
+  void poison(uint32_t context, uint64_t handle, uint64_t sequence, Code code, const std::string& message = "");
   void enqueue(uint32_t context, uint64_t sequence, transport::Body body);
   void submit();
   void drain(std::vector<Output>& out);

@@ -329,7 +329,8 @@ void Netaccel::onControl(transport::Body body) {
         auto p = msg.getPoison();
         auto it = contextCard_.find(p.getContext());
         if (it != contextCard_.end())
-          workers_[it->second]->poison(p.getContext(), p.getHandle(), p.getSequence(), transport::fromWire(p.getError().getCode()));
+          workers_[it->second]->poison(p.getContext(), p.getHandle(), p.getSequence(), transport::fromWire(p.getError().getCode()),
+                                       p.getError().getMessage());
         return;
       }
       case wire::SchedulerMessage::CLOSE_CONTEXT: {

@@ -562,6 +562,7 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
           s.vm->memoryUsed -= it->second;
           s.buffers.erase(it);
         }
+        s.failed.erase(instruction.getFree().getHandle());  // the netaccel forgets it too
         return;
       }
       case wire::Instruction::READ:
@@ -806,15 +807,35 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         if (node.poolIndex < 0) return;
         auto f = msg.getFault();
         if (f.getContexts().size() > node.nextContext) return;  // more than it ever held: made up
+        std::string message = limits::clip(f.getMessage().cStr());
         std::string who;
         for (auto ctx : f.getContexts()) {
           auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), ctx));
           if (it == sessionByContext_.end()) continue;
-          who += (who.empty() ? "" : ", ") + labelOf(*it->second);
-          if (who.size() > 256) break;
+          Session& s = *it->second;
+          if (who.size() < 256) who += (who.empty() ? "" : ", ") + labelOf(s);
+          for (size_t i = 0; i < s.members.size(); ++i) {
+            if (s.members[i].node != &node || s.members[i].context != ctx) continue;
+            if (i == 0) {
+              // Its buffers were there: gone, and no longer the VM's memory. Their handles
+              // keep saying why (sequence 0: no instruction of the guest's failed), also
+              // wherever the vaccel is restored.
+              for (auto& [handle, bytes] : s.buffers) {
+                s.failed[handle] = {0, Error{Code::internal, "buffer " + std::to_string(handle) + " was lost: " + message}};
+                s.vm->memoryUsed -= std::min(s.vm->memoryUsed, bytes);
+              }
+              s.buffers.clear();
+              s.unconfirmedAllocs.clear();
+              s.memoryUsed = 0;
+              persist(s);
+            }
+            // The copies of its buffers that card held are gone too.
+            for (auto r = s.replicas.begin(); r != s.replicas.end();)
+              r = std::get<0>(r->first) == i ? s.replicas.erase(r) : std::next(r);
+          }
         }
         std::string subject = node.name + " card " + std::to_string(f.getCard());
-        std::string detail = (who.empty() ? std::string() : who + ": ") + std::string(f.getMessage().cStr());
+        std::string detail = (who.empty() ? std::string() : who + ": ") + message;
         RLOG_WARN("scheduler") << "fault on " << subject << ": " << limits::clip(detail);
         event("card-fault", subject, detail);
         return;

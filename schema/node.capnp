@@ -88,7 +88,8 @@ struct SchedulerMessage {
 struct Poison {
   context @0 :UInt32;
   handle @1 :UInt64;
-  sequence @2 :UInt64;
+  sequence @2 :UInt64;       # 0: no instruction failed (a buffer lost with a card's sandbox):
+                             #   later uses fail with error's message as it is
   error @3 :Frame.Error;
 }
 

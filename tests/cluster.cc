@@ -6,6 +6,7 @@
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -237,8 +238,17 @@ std::string Cluster::startGuestd(const std::string& vm) {
   std::string socket = dir_ + "/guestd-" + vm + ".sock";
   processes_.emplace_back("raccel-guestd", std::vector<std::string>{"--port", vmSocket(vm), "--listen", socket},
                           dir_ + "/guestd-" + vm + ".log");
-  if (!waitFor([&] { return std::filesystem::exists(socket); }, 10000))
-    throw std::runtime_error("guestd did not start:\n" + logs());
+  // Listening, not only bound: the file appears at bind(), connections are taken from listen().
+  auto accepting = [&] {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket.c_str());
+    bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (fd >= 0) ::close(fd);
+    return ok;
+  };
+  if (!waitFor(accepting, 10000)) throw std::runtime_error("guestd did not start:\n" + logs());
   return socket;
 }
 

@@ -359,6 +359,9 @@ TEST_F(Integration, ProgramsOfALostNetaccelGetUnavailableOthersFinish) {
       ++survivorRounds;
     }
   });
+  // The survivor is under way before anything happens to node0.
+  for (int i = 0; i < 1000 && survivorRounds == 0 && survivorWhy.empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // The doomed program streams work; the netaccel under it is killed mid-stream.
   auto x = doomed->alloc(1 << 20);
   doomed->fill(x, 0, 1 << 20, 1);

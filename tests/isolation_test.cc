@@ -199,6 +199,14 @@ TEST_P(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(*back, (std::vector<float>{1, 2, 3, 4}));
 
+  // The lost buffers are no longer the VM's memory: only the fresh one counts.
+  std::string vms = cluster->console("vms");
+  auto at = vms.find("\"name\":\"vm2\"");
+  ASSERT_NE(at, std::string::npos) << vms;
+  auto used = vms.find("\"memoryUsed\":", at);
+  ASSERT_NE(used, std::string::npos) << vms;
+  EXPECT_EQ(std::atoll(vms.c_str() + used + 13), 64) << vms;  // the fresh buffer alone
+
   thirdProgramRuns(*cluster, card());
   EXPECT_TRUE(netaccel->running()) << cluster->logs();
   std::string e = events();
@@ -232,6 +240,24 @@ TEST_P(Isolation, ASandboxKilledWithSigkillFailsItsOwnTenantOnly) {
   EXPECT_EQ(*back, (std::vector<float>{5, 6}));
   EXPECT_NE(sandboxOf("vm2"), otherSandbox);
   EXPECT_EQ(sandboxOf("vm1"), victimSandbox);
+
+  // Suspended and resumed (saved to the scheduler, restored in a new context): the fresh
+  // buffer comes back intact, the lost one still says it was lost.
+  int status = -1;
+  std::string out = cluster->ctl({"preempt", std::to_string(other->vaccel().id)}, &status);
+  ASSERT_EQ(status, 0) << out;
+  cluster->waitConsole("vaccels", [](auto& j) { return contains(j, "\"state\":\"suspended\""); });
+  out = cluster->ctl({"resume", std::to_string(other->vaccel().id)}, &status);
+  ASSERT_EQ(status, 0) << out;
+  cluster->waitConsole("vaccels", [](auto& j) {
+    return !contains(j, "\"state\":\"suspended\"") && !contains(j, "\"state\":\"resuming\"");
+  });
+  back = other->readFloats(fresh, 2);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, (std::vector<float>{5, 6}));
+  auto still = other->readFloats(kept, 2);
+  ASSERT_FALSE(still);
+  EXPECT_TRUE(contains(still.error().message, "was lost")) << still.error().message;
 
   thirdProgramRuns(*cluster, card());
   std::string e = events();
