@@ -102,7 +102,7 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
                                     "sandbox", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
-                                    "sandbox_call_timeout_ms", "device_queue_depth"};
+                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_hide"};
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   auto unknown = top.unknownKeys(known);
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
@@ -137,6 +137,15 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto callTimeout = top.getInt("sandbox_call_timeout_ms", out.sandbox.callTimeoutMs, 100, 24ll * 3600 * 1000);
   if (!callTimeout) return fail(callTimeout.error());
   out.sandbox.callTimeoutMs = static_cast<unsigned>(*callTimeout);
+  // More paths its sandboxes may not read, comma-separated (absolute).
+  for (std::string rest = top.getString("sandbox_hide", ""); !rest.empty();) {
+    size_t comma = rest.find(',');
+    std::string path = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    if (path.empty()) continue;
+    if (path[0] != '/') return fail(Code::invalidArgument, "sandbox_hide: '" + path + "' is not an absolute path");
+    out.sandbox.hidden.push_back(path);
+  }
   auto depth = top.getInt("device_queue_depth", out.queueDepth, 1, 1024);
   if (!depth) return fail(depth.error());
   out.queueDepth = static_cast<unsigned>(*depth);

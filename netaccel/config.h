@@ -16,6 +16,8 @@
 //   sandbox_warm = 1             # sandboxes started ahead per card (device context open)
 //   sandbox_host_memory = 16GiB  # a sandbox's data-segment rlimit (RLIMIT_DATA)
 //   sandbox_dir = /tmp/raccel-sandbox   # each sandbox works in its own folder below it
+//   sandbox_hide = /srv/secrets,/var/lib/raccel   # more paths sandboxes may not read (besides
+//                                #   the key's folder, sandbox_dir and $HOME)
 //   sandbox_call_timeout_ms = 30000     # a sandbox that answers no call (or whose kernels
 //                                #   make no progress) this long is stopped
 //   device_queue_depth = 2       # asynchronous cards: kernels in flight on a card at once
@@ -70,6 +72,7 @@ struct SandboxConfig {
   unsigned long long hostMemoryBytes = 16ull << 30;
   std::string dir = "/tmp/raccel-sandbox";
   unsigned callTimeoutMs = 30000;
+  std::vector<std::string> hidden;  // sandbox_hide
 };
 
 struct NetaccelConfig {

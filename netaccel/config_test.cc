@@ -88,5 +88,32 @@ TEST(NetaccelConfig, FileWithDiscoveryAndCards) {
   EXPECT_NE(refused.error().message.find("bad.conf"), std::string::npos) << refused.error().message;
 }
 
+TEST(NetaccelConfig, SandboxSettingsAreCheckedWhereTheyEnter) {
+  auto file = Config::parse("insecure = true\nsandbox_warm = 3\nsandbox_hide = /srv/a,/srv/b\ndevice_queue_depth = 4\n"
+                            "sandbox_call_timeout_ms = 500\n[card]\nkind = gpu\nasync = true\n",
+                            "test.conf");
+  ASSERT_TRUE(file);
+  auto c = parseConfig(*file);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_TRUE(c->sandbox.enabled);
+  EXPECT_EQ(c->sandbox.warm, 3u);
+  EXPECT_EQ(c->sandbox.hidden, (std::vector<std::string>{"/srv/a", "/srv/b"}));
+  EXPECT_EQ(c->sandbox.callTimeoutMs, 500u);
+  EXPECT_EQ(c->queueDepth, 4u);
+  EXPECT_TRUE(c->cards.at(0).async);
+  for (auto [text, words] : {std::pair{"sandbox_hide = relative/path\n", "not an absolute path"},
+                             std::pair{"device_queue_depth = 0\n", "device_queue_depth"},
+                             std::pair{"sandbox_warm = 1000\n", "sandbox_warm"},
+                             std::pair{"sandbox_host_memory = 1MiB\n", "at least 64MiB"},
+                             std::pair{"sandbox = perhaps\n", "sandbox"},
+                             std::pair{"[card]\nbackend = opencl\nasync = true\n", "simulated"}}) {
+    auto f = Config::parse(std::string("insecure = true\n") + text, "bad.conf");
+    ASSERT_TRUE(f) << text;
+    auto r = parseConfig(*f);
+    ASSERT_FALSE(r) << text;
+    EXPECT_NE(r.error().message.find(words), std::string::npos) << text << ": " << r.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace raccel::netaccel

@@ -86,6 +86,7 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
       s.hostMemoryBytes = config_.sandbox.hostMemoryBytes;
       s.callTimeoutMs = config_.sandbox.callTimeoutMs;
       s.warm = config_.sandbox.warm;
+      s.hidden = config_.sandbox.hidden;
       // Its key, and the home of the user it runs as, are not for the sandboxes to read.
       if (const std::string& key = config_.security.files.key; !key.empty())
         s.hidden.push_back(std::filesystem::absolute(key).parent_path().string());
