@@ -6,6 +6,7 @@
 //   shrink      tries to shrink and unseal the shared window, then behaves
 //   flood       claims a billion kernels in flight and reports made-up kernel times
 //   extra       sends two replies for each request
+//   failwrite   fails every write after taking it
 //   stuck       an asynchronous device whose kernels never complete (one always pending)
 // With RACCEL_HOSTILE_MARK=PATH only the first sandbox to create PATH misbehaves; the
 // others are asynchronous devices that complete everything at once (and report nothing).
@@ -66,6 +67,11 @@ int main() {
       }
     }
     if (mode == "stuck") r.pending = 1;
+    if (mode == "failwrite" && q.op == Op::write) {
+      r.code = static_cast<uint32_t>(raccel::Code::internal);
+      r.payload = 4;
+      std::memcpy(window, "nope", 4);
+    }
     send(r);
     if (mode == "extra") send(r);
   }

@@ -174,6 +174,19 @@ TEST(HostileSandbox, ItCannotShrinkTheSharedWindowUnderTheNetaccel) {
   d->release(std::move(*b));
 }
 
+TEST(HostileSandbox, APostedWriteThatFailsLosesTheDeviceAtTheNextCall) {
+  auto d = hostile("failwrite");
+  auto b = d->allocate(64);
+  ASSERT_TRUE(b) << b.error().message;
+  std::vector<std::byte> data(64);
+  EXPECT_TRUE(d->write(**b, 0, data));  // posted: its reply is read by the next call
+  auto r = d->read(**b, 0, data);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("a write the sandbox had taken failed: nope"), std::string::npos) << r.error().message;
+  EXPECT_FALSE(d->lost().empty());
+  d->release(std::move(*b));
+}
+
 TEST(HostileSandbox, ExtraRepliesNeverAnswerALaterRead) {
   auto d = hostile("extra");
   auto b = d->allocate(64);
