@@ -38,7 +38,7 @@ Result<std::unique_ptr<Buffer>> Device::allocate(uint64_t bytes) {
 
 void Device::release(std::unique_ptr<Buffer> buffer) {
   if (!buffer) return;
-  if (timesKernels()) (void)finish();  // a queued kernel may still use it
+  doRelease(*buffer);
   memoryUsed_ -= std::min(memoryUsed_, buffer->size());
 }
 

@@ -173,6 +173,9 @@ class Device {
   virtual Status doVadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out) = 0;
   virtual Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) = 0;
   virtual void doSetMemoryCap(uint64_t) {}
+  // Before a buffer is freed: a backend whose queued work may still use it waits here.
+  // (OpenCL objects are kept by the commands that use them; cuMemFree synchronizes.)
+  virtual void doRelease(Buffer&) {}
 
   uint64_t kernelTag() const { return tag_; }
 

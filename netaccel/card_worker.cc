@@ -97,7 +97,6 @@ CardWorker::CardWorker(std::unique_ptr<hal::Device> device, std::function<void()
   if (options_.sandbox) {
     device_.reset();  // its device context closes: each tenant's sandbox opens its own
     sandboxes_ = std::make_unique<SandboxPool>(caps_, *options_.sandbox, options_.label);
-    sandboxesStarted_ = sandboxes_->started();
   }
   thread_ = std::thread([this] { run(); });
 }
@@ -111,8 +110,7 @@ CardWorker::~CardWorker() {
   thread_.join();
   // Buffers and programs before the devices (a sandbox's) that hold them.
   for (auto& [id, ctx] : *contexts_) {
-    Tenant& t = (*tenants_)[ctx.tenant];
-    hal::Device* d = sandboxes_ ? t.sandbox.get() : device_.get();
+    hal::Device* d = existingDevice((*tenants_)[ctx.tenant]);
     for (auto& [h, b] : ctx.buffers)
       if (d) d->release(std::move(b));
   }
@@ -177,11 +175,6 @@ void CardWorker::drainFaults(std::vector<Fault>& out) {
   std::lock_guard lock(mu_);
   for (auto& f : faults_) out.push_back(std::move(f));
   faults_.clear();
-}
-
-uint64_t CardWorker::sandboxesStarted() const {
-  std::lock_guard lock(mu_);
-  return sandboxesStarted_;
 }
 
 void CardWorker::drain(std::vector<Output>& out) {
@@ -251,9 +244,9 @@ void CardWorker::run() {
         auto it = contexts_->find(id);
         if (instruction && it != contexts_->end()) {
           if (!timed) charge(it->second, nowNs() - start);
-          else if (hal::Device* now = &deviceOf(it->second); now == device) {
-            ++outstanding_[now];  // at most one kernel per instruction can be in flight for it
-            collect(*now);
+          else if (existingDevice((*tenants_)[it->second.tenant]) == device) {  // not lost meanwhile
+            ++outstanding_[device];  // at most one kernel per instruction can be in flight for it
+            collect(*device);
           }
         }
         std::lock_guard lock(mu_);
@@ -334,13 +327,26 @@ hal::Device& CardWorker::deviceOf(Context& c) {
   Tenant& t = (*tenants_)[c.tenant];
   if (!t.sandbox) {
     t.sandbox = sandboxes_->take();
-    t.sandbox->setMemoryCap(std::min(t.quota, caps_.memoryBytes));
+    capMemory(t);
     RLOG_INFO("netaccel") << options_.label << ": tenant '" << limits::clip(c.tenant, 64) << "' is served by sandbox process "
                           << SandboxPool::pidOf(*t.sandbox);
-    std::lock_guard lock(mu_);
-    sandboxesStarted_ = sandboxes_->started();
   }
   return *t.sandbox;
+}
+
+hal::Device* CardWorker::existingDevice(Tenant& t) { return sandboxes_ ? t.sandbox.get() : device_.get(); }
+
+void CardWorker::capMemory(Tenant& t) {
+  if (t.sandbox) t.sandbox->setMemoryCap(std::min(t.quota, caps_.memoryBytes));
+}
+
+void CardWorker::forgetDevice(hal::Device* device) {
+  if (auto it = inFlight_.find(device); it != inFlight_.end()) {
+    inFlightTotal_ -= it->second;
+    inFlight_.erase(it);
+  }
+  stalledSince_.erase(device);
+  outstanding_.erase(device);
 }
 
 size_t CardWorker::collect(hal::Device& device) {
@@ -363,17 +369,14 @@ size_t CardWorker::collect(hal::Device& device) {
   given -= std::min(given, valid);
   if (n == 0) given = 0;
   n = std::min<size_t>({n, given, options_.queueDepth});
-  if (given == 0) outstanding_.erase(&device);
-  auto it = inFlight_.find(&device);
-  size_t before = it == inFlight_.end() ? 0 : it->second;
-  inFlightTotal_ = inFlightTotal_ - before + n;
   if (n == 0) {
-    if (it != inFlight_.end()) inFlight_.erase(it);
-    stalledSince_.erase(&device);
-  } else {
-    inFlight_[&device] = n;
-    if (valid > 0 || before == 0) stalledSince_[&device] = nowNs();  // made-up completions are no progress
+    forgetDevice(&device);
+    return valid;
   }
+  size_t& inFlight = inFlight_[&device];
+  if (valid > 0 || inFlight == 0) stalledSince_[&device] = nowNs();  // made-up completions are no progress
+  inFlightTotal_ = inFlightTotal_ - inFlight + n;
+  inFlight = n;
   return valid;
 }
 
@@ -434,12 +437,7 @@ void CardWorker::sandboxLost(const std::string& tenant, const std::string& why, 
     std::lock_guard lock(mu_);
     bufferBytes_.erase(id);
   }
-  if (auto it = inFlight_.find(t.sandbox.get()); it != inFlight_.end()) {
-    inFlightTotal_ -= it->second;
-    inFlight_.erase(it);
-  }
-  stalledSince_.erase(t.sandbox.get());
-  outstanding_.erase(t.sandbox.get());
+  forgetDevice(t.sandbox.get());
   t.sandbox.reset();  // the process is stopped and its folder removed; a new one serves what follows
   RLOG_WARN("netaccel") << options_.label << ": tenant '" << limits::clip(tenant, 64) << "': " << fault.message;
   std::lock_guard lock(mu_);
@@ -492,14 +490,14 @@ void CardWorker::execute(Work& work) {
     t.blocks += c.blocks;
     ++t.contexts;
     t.quota = std::max(t.quota, c.quota);
-    if (t.sandbox) t.sandbox->setMemoryCap(std::min(t.quota, caps_.memoryBytes));
+    capMemory(t);
     return;
   }
   auto it = contexts_->find(work.context);
   if (work.type == Work::Type::close) {
     if (it == contexts_->end()) return;
     Tenant& t = (*tenants_)[it->second.tenant];  // kept: its past usage still counts if it comes back
-    hal::Device* d = sandboxes_ ? t.sandbox.get() : device_.get();
+    hal::Device* d = existingDevice(t);
     for (auto& [h, b] : it->second.buffers)
       if (d) d->release(std::move(b));
     it->second.buffers.clear();
@@ -522,15 +520,10 @@ void CardWorker::execute(Work& work) {
     for (auto& [id, other] : *contexts_)
       if (other.tenant == tenantName) t.quota = std::max(t.quota, other.quota);
     if (t.sandbox && t.contexts == 0) {  // its last context here: the sandbox ends
-      if (auto f = inFlight_.find(t.sandbox.get()); f != inFlight_.end()) {
-        inFlightTotal_ -= f->second;
-        inFlight_.erase(f);
-      }
-      stalledSince_.erase(t.sandbox.get());
-      outstanding_.erase(t.sandbox.get());
+      forgetDevice(t.sandbox.get());
       t.sandbox.reset();
-    } else if (t.sandbox) {
-      t.sandbox->setMemoryCap(std::min(std::max<uint64_t>(t.quota, 1), caps_.memoryBytes));
+    } else {
+      capMemory(t);
     }
     return;
   }
@@ -549,12 +542,13 @@ void CardWorker::execute(Work& work) {
 
   auto bufferOf = [&](uint64_t h) -> std::expected<hal::Buffer*, Failure> {
     if (auto b = c.buffers.find(h); b != c.buffers.end()) return b->second.get();
-    if (auto p = c.poisoned.find(h); p != c.poisoned.end() && !p->second.message.empty()) return lostHandle(p->second);
-    if (auto p = c.poisoned.find(h); p != c.poisoned.end())
+    if (auto p = c.poisoned.find(h); p != c.poisoned.end()) {
+      if (!p->second.message.empty()) return lostHandle(p->second);
       return std::unexpected(Failure{Error{p->second.code, "dependency failed: buffer " + std::to_string(h) +
                                                                  " was never created: instruction #" +
                                                                  std::to_string(p->second.sequence) + " failed"},
                                      p->second.sequence});
+    }
     return failure(Code::notFound, "buffer handle " + std::to_string(h) + " does not exist in this session");
   };
 
@@ -672,14 +666,14 @@ void CardWorker::execute(Work& work) {
           auto l = in.getLaunch();
           auto p = c.programs.find(l.getProgram());
           if (p == c.programs.end()) {
-            if (auto poison = c.poisoned.find(l.getProgram()); poison != c.poisoned.end() && !poison->second.message.empty())
-              return lostHandle(poison->second);
-            if (auto poison = c.poisoned.find(l.getProgram()); poison != c.poisoned.end())
+            if (auto poison = c.poisoned.find(l.getProgram()); poison != c.poisoned.end()) {
+              if (!poison->second.message.empty()) return lostHandle(poison->second);
               return std::unexpected(Failure{Error{poison->second.code, "dependency failed: program " +
                                                                             std::to_string(l.getProgram()) +
                                                                             " was not loaded (instruction #" +
                                                                             std::to_string(poison->second.sequence) + " failed)"},
                                              poison->second.sequence});
+            }
             return failure(Code::notFound, "program handle " + std::to_string(l.getProgram()) + " does not exist in this session");
           }
           hal::LaunchDims dims;

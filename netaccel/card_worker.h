@@ -91,8 +91,6 @@ class CardWorker {
   void drain(std::vector<Output>& out);
   void drainFaults(std::vector<Fault>& out);
   bool sandboxed() const { return options_.sandbox.has_value(); }
-  // Sandbox processes started for this card so far (0 without sandboxes).
-  uint64_t sandboxesStarted() const;
   // Bytes of instructions queued or running (for input backpressure).
   size_t queuedBytes() const;
   size_t queuedInstructions() const;
@@ -116,6 +114,9 @@ class CardWorker {
   size_t collectAll();
   void waitForDevice();               // some kernel in flight to complete
   void stopStalled();                 // sandboxes whose kernels make no progress
+  void forgetDevice(hal::Device* device);  // its kernels in flight are no longer counted
+  hal::Device* existingDevice(Tenant& t);  // where its buffers are, or null (no sandbox yet)
+  void capMemory(Tenant& t);               // its sandbox allocates up to its VM's quota
   void sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence);
   std::string lossMessage(const std::string& why) const;
   void execute(Work& work);
@@ -134,7 +135,6 @@ class CardWorker {
   std::vector<Work> queue_;
   std::vector<Output> outbox_;
   std::vector<Fault> faults_;
-  uint64_t sandboxesStarted_ = 0;
   size_t queuedBytes_ = 0, queuedCount_ = 0;
   std::unordered_map<uint32_t, uint64_t> kernelNs_;  // by context
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, uint64_t>> bufferBytes_;  // context -> handle -> bytes

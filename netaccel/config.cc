@@ -12,6 +12,18 @@ std::string builtList() {
   return out;
 }
 
+// "a,b,,c" -> a, b, "", c (every item, empty ones too: "" is one empty item).
+std::vector<std::string> commaItems(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t start = 0; start <= text.size();) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
 Result<CardConfig> cardFrom(const ConfigSection& s) {
   auto unknown = s.unknownKeys({"backend", "device", "kind", "model", "tflops", "memory", "threads", "paced", "async"});
   if (!unknown.empty()) return fail(Code::invalidArgument, "unknown card setting '" + unknown[0] + "'");
@@ -75,16 +87,11 @@ Result<std::vector<std::string>> parseDiscover(const std::string& text) {
       if (b != "cpu") out.push_back(b);
     return out;
   }
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    std::string name = text.substr(start, end - start);
+  for (auto& name : commaItems(text)) {
     if (name == "cpu" || std::find(built.begin(), built.end(), name) == built.end())
       return fail(Code::invalidArgument, "discover: '" + name + "' is not a discoverable backend of this netaccel (use all, none, or of: " +
                                              builtList() + " but cpu)");
     out.push_back(name);
-    start = end + 1;
   }
   return out;
 }
@@ -138,10 +145,7 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   if (!callTimeout) return fail(callTimeout.error());
   out.sandbox.callTimeoutMs = static_cast<unsigned>(*callTimeout);
   // More paths its sandboxes may not read, comma-separated (absolute).
-  for (std::string rest = top.getString("sandbox_hide", ""); !rest.empty();) {
-    size_t comma = rest.find(',');
-    std::string path = rest.substr(0, comma);
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  for (auto& path : commaItems(top.getString("sandbox_hide", ""))) {
     if (path.empty()) continue;
     if (path[0] != '/') return fail(Code::invalidArgument, "sandbox_hide: '" + path + "' is not an absolute path");
     out.sandbox.hidden.push_back(path);

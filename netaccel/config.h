@@ -49,6 +49,7 @@
 
 #include "common/config.h"
 #include "common/kinds.h"
+#include "netaccel/sandbox.h"
 #include "transport/tls.h"
 
 namespace raccel::netaccel {
@@ -66,13 +67,8 @@ struct CardConfig {
 };
 
 // Sandbox processes for the cards that run guest code (netaccel/sandbox.h).
-struct SandboxConfig {
+struct SandboxConfig : SandboxSettings {  // hidden: sandbox_hide
   bool enabled = true;
-  unsigned warm = 1;
-  unsigned long long hostMemoryBytes = 16ull << 30;
-  std::string dir = "/tmp/raccel-sandbox";
-  unsigned callTimeoutMs = 30000;
-  std::vector<std::string> hidden;  // sandbox_hide
 };
 
 struct NetaccelConfig {

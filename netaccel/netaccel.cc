@@ -81,12 +81,7 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
     // Backends that run guest code serve each tenant from a sandbox process.
     const std::string& backend = d->capabilities().backend;
     if (config_.sandbox.enabled && (backend == "opencl" || backend == "cuda" || backend == "xrt")) {
-      SandboxSettings s;
-      s.dir = config_.sandbox.dir;
-      s.hostMemoryBytes = config_.sandbox.hostMemoryBytes;
-      s.callTimeoutMs = config_.sandbox.callTimeoutMs;
-      s.warm = config_.sandbox.warm;
-      s.hidden = config_.sandbox.hidden;
+      SandboxSettings s = config_.sandbox;
       // Its key, and the home of the user it runs as, are not for the sandboxes to read.
       if (const std::string& key = config_.security.files.key; !key.empty())
         s.hidden.push_back(std::filesystem::absolute(key).parent_path().string());

@@ -66,12 +66,7 @@ class SandboxProcess {
       : pid_(pid), fd_(fd), window_(window), dir_(std::move(dir)) {}
   ~SandboxProcess() {
     ::close(fd_);
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
+    reap();
     ::munmap(window_, kWindowBytes);
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
@@ -104,8 +99,8 @@ class SandboxProcess {
   // Sends a request and waits up to `timeoutMs` for its reply. An error here means the
   // sandbox is gone (it was killed if it was not).
   Result<Reply> call(const Request* request, unsigned timeoutMs) {
-    if (request && ::send(fd_, request, sizeof *request, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof *request))
-      return fail(Code::internal, gone());
+    if (request)
+      if (auto s = send(*request); !s) return fail(s.error());
     Reply reply;
     // Most replies come within microseconds: wait for them spinning a moment, which saves
     // the two wake-ups a blocking wait costs; then block.
@@ -140,18 +135,22 @@ class SandboxProcess {
 
   // Why it is gone: its exit status once reaped.
   std::string gone() {
-    if (!reaped_) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-      reaped_ = true;
-      exit_ = describeExit(status);
-    }
+    reap();
     return "the sandbox process " + std::to_string(pid_) + " " + exit_;
   }
 
  private:
+  // Stopped (if it was not) and waited for, once.
+  void reap() {
+    if (reaped_) return;
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+    exit_ = describeExit(status);
+  }
+
   pid_t pid_;
   int fd_;
   std::byte* window_;
@@ -629,7 +628,6 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
     std::filesystem::remove_all(dir, ec);
     return fail(Code::unavailable, "cannot start " + settings_.executable + ": " + std::strerror(rc));
   }
-  ++started_;
   RLOG_DEBUG("netaccel") << label_ << ": sandbox " << pid << " started in " << dir;
   return std::make_unique<SandboxProcess>(pid, fds[0], static_cast<std::byte*>(window), dir);
 }

@@ -111,8 +111,6 @@ class SandboxPool {
   const hal::Capabilities& capabilities() const { return caps_; }
   // The process id of the sandbox a device from take() talks to (0 for another device).
   static pid_t pidOf(const hal::Device& device);
-  // Sandboxes started so far (for tests and logs).
-  uint64_t started() const { return started_; }
 
  private:
   Result<std::unique_ptr<SandboxProcess>> spawn();
@@ -122,7 +120,6 @@ class SandboxPool {
   SandboxSettings settings_;
   std::string label_;
   std::vector<std::unique_ptr<SandboxProcess>> warm_;
-  uint64_t started_ = 0;
 };
 
 // The sandbox's own side: serves requests on `fd` until it closes (raccel-sandbox).

@@ -180,6 +180,7 @@ class CpuDevice final : public Device {
   }
 
  protected:
+  void doRelease(Buffer&) override { finish(); }  // a queued op may still use it
   Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) override {
     finish();  // the thread pool is the queue's while it runs
     std::unique_ptr<std::byte[]> mem(new (std::nothrow) std::byte[bytes]);
