@@ -233,6 +233,42 @@ TEST_F(Trust, KeptContextsANetaccelMakesUpAreClosedAndNeverMoveTheIdsOthersGet) 
   EXPECT_EQ(*back, values);
 }
 
+// A card fault as a netaccel reports it (NodeMessage.fault).
+std::vector<std::byte> fault(uint32_t card, std::vector<uint32_t> contexts, const std::string& message) {
+  capnp::MallocMessageBuilder m;
+  auto f = m.initRoot<wire::NodeMessage>().initFault();
+  f.setCard(card);
+  auto list = f.initContexts(static_cast<unsigned>(contexts.size()));
+  for (size_t i = 0; i < contexts.size(); ++i) list.set(static_cast<unsigned>(i), contexts[i]);
+  f.setMessage(message);
+  std::vector<std::byte> out;
+  transport::appendFrame(out, transport::kControlChannel, 0, m);
+  return out;
+}
+
+TEST_F(Trust, CardFaultsANetaccelMakesUpTouchNoOneElsesBuffersAndAreClipped) {
+  auto victim = open(guestd, 2, "victim");
+  ASSERT_TRUE(victim);
+  auto [h, values] = store(*victim, 1 << 12, 21);
+  std::string vmsBefore = cluster->console("vms");
+  // Registered with a genuine certificate, n5 claims faults: before registering, for
+  // contexts it never held (the victim's id on node0 among them), and with a 1 MiB message.
+  auto frames = fault(0, {1}, "before registering");
+  for (auto part : {registration("n5", 2), fault(0, {1, 2, 3, 4, 5}, "made-up contexts"),
+                    fault(7, {}, std::string(1 << 20, 'x')), fault(0, {1}, "a context of another node's number")})
+    frames.insert(frames.end(), part.begin(), part.end());
+  tlsSend(*cluster, "n5", frames);
+  std::string events = cluster->ctl({"events", "--recent", "--json"});
+  EXPECT_FALSE(contains(events, "before registering")) << events;
+  EXPECT_FALSE(contains(events, "made-up contexts")) << events;
+  EXPECT_FALSE(contains(events, std::string(4096, 'x'))) << "an unclipped message was kept";
+  // The victim's buffer, its accounting and its VM's are untouched.
+  EXPECT_EQ(cluster->console("vms"), vmsBefore);
+  auto back = victim->readFloats(h, values.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, values);
+}
+
 TEST_F(Trust, HelloNumbersAreCheckedAndHugeProgramNamesPinNothing) {
   transport::BlockingLink raw;  // straight to the VM's socket, as a hostile guest side would
   ASSERT_TRUE(raw.connectUnix(cluster->vmSocket()));
