@@ -1,6 +1,7 @@
 #include "hal/device.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace raccel::hal {
 namespace {
@@ -64,7 +65,10 @@ Status Device::fill(Buffer& buffer, uint64_t offset, uint64_t length, uint8_t va
 }
 
 Result<std::unique_ptr<Program>> Device::loadProgram(ProgramKind kind, const std::string& name,
-                                                     std::span<const std::byte> code) {
+                                                     std::span<const std::byte> code, const std::string& options) {
+  if (options.size() > kMaxBuildOptions)
+    return fail(Code::invalidArgument, "build options of " + std::to_string(options.size()) + " bytes (at most " +
+                                           std::to_string(kMaxBuildOptions) + ")");
   if (std::find(caps_.programKinds.begin(), caps_.programKinds.end(), kind) == caps_.programKinds.end()) {
     std::string have;
     for (auto k : caps_.programKinds) have += std::string(have.empty() ? "" : ", ") + programKindName(k);
@@ -76,19 +80,39 @@ Result<std::unique_ptr<Program>> Device::loadProgram(ProgramKind kind, const std
       return fail(Code::notFound, "no built-in library named '" + name + "' (there is: " + kBuiltinLibrary + ")");
     return std::unique_ptr<Program>(new BuiltinProgram());
   }
-  return doLoadProgram(kind, name, code);
+  return doLoadProgram(kind, name, code, options);
 }
 
-Result<std::unique_ptr<Program>> Device::doLoadProgram(ProgramKind kind, const std::string&, std::span<const std::byte>) {
+Result<std::unique_ptr<Program>> Device::doLoadProgram(ProgramKind kind, const std::string&, std::span<const std::byte>,
+                                                       const std::string&) {
   return fail(Code::unimplemented, std::string(programKindName(kind)) + " programs are not supported by " + caps_.backend);
 }
 
 Status Device::launch(Program& program, const std::string& kernel, const LaunchDims& dims,
                       std::span<const KernelArg> args) {
-  for (auto& arg : args)
+  for (size_t i = 0; i < args.size(); ++i) {
+    const KernelArg& arg = args[i];
     if (arg.type == KernelArg::Type::buffer && arg.buffer == nullptr)
-      return fail(Code::invalidArgument, "kernel argument is a null buffer");
-  if (program.kind() == ProgramKind::builtin) return launchBuiltin(kernel, args);
+      return fail(Code::invalidArgument, "kernel argument " + std::to_string(i) + " is a null buffer");
+    if (arg.type == KernelArg::Type::buffer && arg.offset > arg.buffer->size())
+      return fail(Code::invalidArgument, "kernel argument " + std::to_string(i) + ": offset " + std::to_string(arg.offset) +
+                                             " is past the end of a " + std::to_string(arg.buffer->size()) + "-byte buffer");
+    if (arg.type == KernelArg::Type::bytes && (arg.bytes.empty() || arg.bytes.size() > kMaxArgBytes))
+      return fail(Code::invalidArgument, "kernel argument " + std::to_string(i) + ": " + std::to_string(arg.bytes.size()) +
+                                             " bytes by value (1 to " + std::to_string(kMaxArgBytes) + ")");
+    if (arg.type == KernelArg::Type::local && arg.scalar.u32 == 0)
+      return fail(Code::invalidArgument, "kernel argument " + std::to_string(i) + ": a local array of 0 bytes");
+  }
+  for (int d = 0; d < 3; ++d)
+    if (dims.offset[d] > UINT64_MAX - uint64_t{dims.grid[d]} * dims.block[d])
+      return fail(Code::invalidArgument, "launch of " + kernel + ": offset plus size overflows");
+  if (program.kind() == ProgramKind::builtin) {
+    for (auto& arg : args)
+      if (arg.type == KernelArg::Type::local || arg.type == KernelArg::Type::bytes ||
+          (arg.type == KernelArg::Type::buffer && arg.offset != 0))
+        return fail(Code::invalidArgument, "built-in kernel " + kernel + " takes whole buffers and scalars only");
+    return launchBuiltin(kernel, args);
+  }
   return doLaunch(program, kernel, dims, args);
 }
 
@@ -160,6 +184,119 @@ Status Device::reduceSum(uint64_t n, const Buffer& input, Buffer& out) {
   if (auto s = checkElements(input, n, "reduceSum", "input"); !s) return s;
   if (auto s = checkElements(out, 1, "reduceSum", "out"); !s) return s;
   return doReduceSum(n, input, out);
+}
+
+ProgramDescription Program::describe() const {
+  ProgramDescription d;
+  for (auto& k : kernels()) d.kernels.push_back(KernelDescription{.name = k});
+  return d;
+}
+
+// The encoding: little-endian u32 counts and lengths, u64 numbers, strings as
+// (u32 length, bytes). Kernel: name, attributes, 7 u64 numbers, u32 arg count; argument:
+// name, type name, u8 space, u8 access, u32 qualifiers, u32 size.
+namespace {
+class Writer {
+ public:
+  void u8(uint8_t v) { out.push_back(static_cast<char>(v)); }
+  void u32(uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
+  void u64(uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+  void str(std::string_view s) {
+    u32(static_cast<uint32_t>(s.size()));
+    out.append(s);
+  }
+  std::string out;
+};
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool ok = true;
+  template <class T>
+  T num() {
+    T v{};
+    if (in_.size() - at_ < sizeof v) {
+      ok = false;
+      return v;
+    }
+    std::memcpy(&v, in_.data() + at_, sizeof v);
+    at_ += sizeof v;
+    return v;
+  }
+  std::string str(size_t max) {
+    uint32_t n = num<uint32_t>();
+    if (!ok || n > in_.size() - at_) {
+      ok = false;
+      return {};
+    }
+    std::string s(in_.substr(at_, std::min<size_t>(n, max)));
+    at_ += n;
+    return s;
+  }
+
+ private:
+  std::string_view in_;
+  size_t at_ = 0;
+};
+}  // namespace
+
+std::string encodeDescription(const ProgramDescription& d) {
+  Writer w;
+  w.str(d.buildLog);
+  w.u32(static_cast<uint32_t>(d.kernels.size()));
+  for (auto& k : d.kernels) {
+    w.str(k.name);
+    w.str(k.attributes);
+    w.u64(k.workGroupSize);
+    for (auto v : k.compileWorkGroupSize) w.u64(v);
+    w.u64(k.localMemBytes);
+    w.u64(k.privateMemBytes);
+    w.u64(k.preferredMultiple);
+    w.u32(static_cast<uint32_t>(k.args.size()));
+    for (auto& a : k.args) {
+      w.str(a.name);
+      w.str(a.typeName);
+      w.u8(static_cast<uint8_t>(a.space));
+      w.u8(static_cast<uint8_t>(a.access));
+      w.u32(a.typeQualifiers);
+      w.u32(a.size);
+    }
+  }
+  return std::move(w.out);
+}
+
+Result<ProgramDescription> decodeDescription(std::string_view bytes) {
+  Reader r(bytes);
+  ProgramDescription d;
+  d.buildLog = r.str(kMaxBuildLog);
+  uint32_t kernels = r.num<uint32_t>();
+  for (uint32_t i = 0; r.ok && i < kernels && i < kMaxKernels; ++i) {
+    KernelDescription k;
+    k.name = r.str(kMaxNameBytes);
+    k.attributes = r.str(kMaxNameBytes);
+    k.workGroupSize = r.num<uint64_t>();
+    for (auto& v : k.compileWorkGroupSize) v = r.num<uint64_t>();
+    k.localMemBytes = r.num<uint64_t>();
+    k.privateMemBytes = r.num<uint64_t>();
+    k.preferredMultiple = r.num<uint64_t>();
+    uint32_t args = r.num<uint32_t>();
+    for (uint32_t j = 0; r.ok && j < args && j < kMaxKernelArgs; ++j) {
+      KernelArgDescription a;
+      a.name = r.str(kMaxNameBytes);
+      a.typeName = r.str(kMaxNameBytes);
+      uint8_t space = r.num<uint8_t>(), access = r.num<uint8_t>();
+      a.typeQualifiers = r.num<uint32_t>();
+      a.size = r.num<uint32_t>();
+      if (space > 3 || access > 3) r.ok = false;
+      a.space = static_cast<KernelArgDescription::Space>(space);
+      a.access = static_cast<KernelArgDescription::Access>(access);
+      k.args.push_back(std::move(a));
+    }
+    if (args > kMaxKernelArgs) r.ok = false;
+    d.kernels.push_back(std::move(k));
+  }
+  if (kernels > kMaxKernels) r.ok = false;
+  if (!r.ok) return fail(Code::internal, "a malformed program description");
+  return d;
 }
 
 }  // namespace raccel::hal

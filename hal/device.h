@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/error.h"
@@ -26,6 +27,13 @@ using raccel::ProgramKind;
 
 // The built-in library every backend provides, loadable by this name.
 inline constexpr const char* kBuiltinLibrary = "raccel.builtins";
+// Bounds on what a program and a launch may carry.
+inline constexpr size_t kMaxBuildOptions = 4096;
+inline constexpr size_t kMaxArgBytes = 4096;      // one by-value argument
+inline constexpr size_t kMaxKernelArgs = 256;
+inline constexpr size_t kMaxKernels = 4096;
+inline constexpr size_t kMaxNameBytes = 256;
+inline constexpr size_t kMaxBuildLog = 64 * 1024;
 
 struct Capabilities {
   CardKind kind = CardKind::cpu;
@@ -35,7 +43,46 @@ struct Capabilities {
   uint64_t memoryBytes = 0;
   std::vector<ProgramKind> programKinds;
   unsigned deviceIndex = 0;  // within its backend: what a sandbox process opens again
+  // What the card's runtime reports for its kernels (0 = not known): compute units, the
+  // largest work-group (threads per block), local (shared) memory per work-group.
+  uint32_t computeUnits = 0;
+  uint32_t maxWorkGroupSize = 0;
+  uint64_t localMemBytes = 0;
 };
+
+// What a card's compiler says of a loaded program: its build log and, per kernel, the
+// arguments and work-group limits (OpenCL's kernel, argument and work-group info).
+struct KernelArgDescription {
+  enum class Space : uint8_t { privateValue, global, constant, local };
+  enum class Access : uint8_t { none, readOnly, writeOnly, readWrite };
+  std::string name;
+  std::string typeName;
+  Space space = Space::privateValue;
+  Access access = Access::none;
+  uint32_t typeQualifiers = 0;  // OpenCL's CL_KERNEL_ARG_TYPE_* bits
+  uint32_t size = 0;            // bytes of a by-value argument; 0 for pointers and local arrays
+};
+
+struct KernelDescription {
+  std::string name;
+  std::string attributes;
+  std::vector<KernelArgDescription> args;
+  uint64_t workGroupSize = 0;
+  std::array<uint64_t, 3> compileWorkGroupSize{0, 0, 0};
+  uint64_t localMemBytes = 0;
+  uint64_t privateMemBytes = 0;
+  uint64_t preferredMultiple = 0;
+};
+
+struct ProgramDescription {
+  std::string buildLog;
+  std::vector<KernelDescription> kernels;
+};
+
+// A flat encoding of a ProgramDescription (a sandbox sends it through its window).
+// decode() refuses what does not parse, and clips names and counts.
+std::string encodeDescription(const ProgramDescription& d);
+Result<ProgramDescription> decodeDescription(std::string_view bytes);
 
 // One kernel's time on the device's own clock, reported once, when it has completed.
 struct KernelTime {
@@ -61,6 +108,8 @@ class Program {
   const std::string& name() const { return name_; }
   ProgramKind kind() const { return kind_; }
   virtual std::vector<std::string> kernels() const = 0;
+  // The compiler's account of the program; by default only the kernels' names.
+  virtual ProgramDescription describe() const;
 
  protected:
   Program(std::string name, ProgramKind kind) : name_(std::move(name)), kind_(kind) {}
@@ -70,10 +119,13 @@ class Program {
   ProgramKind kind_;
 };
 
-// A kernel argument: a buffer (borrowed) or a scalar.
+// A kernel argument: a buffer (borrowed, from `offset` on), a scalar, a local
+// (shared) array of scalar.u32 bytes, or bytes passed by value (borrowed: a struct).
 struct KernelArg {
-  enum class Type { buffer, u32, i32, u64, i64, f32, f64 } type = Type::u64;
+  enum class Type { buffer, u32, i32, u64, i64, f32, f64, local, bytes } type = Type::u64;
   Buffer* buffer = nullptr;
+  uint64_t offset = 0;
+  std::span<const std::byte> bytes;
   union {
     uint32_t u32;
     int32_t i32;
@@ -88,6 +140,8 @@ struct LaunchDims {
   std::array<uint32_t, 3> grid{1, 1, 1};
   std::array<uint32_t, 3> block{1, 1, 1};
   uint32_t sharedBytes = 0;
+  std::array<uint64_t, 3> offset{0, 0, 0};  // global id of the first work-item (OpenCL)
+  bool autoBlock = false;  // the device picks the work-group size; grid is the global size
 };
 
 // c[m x n] = alpha * a[m x k] * b[k x n] + beta * c; f32, row-major.
@@ -120,8 +174,9 @@ class Device {
   Status copy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length);
   Status fill(Buffer& buffer, uint64_t offset, uint64_t length, uint8_t value);
 
+  // `options` go to the device's compiler (OpenCL C build options, NVRTC flags).
   Result<std::unique_ptr<Program>> loadProgram(ProgramKind kind, const std::string& name,
-                                               std::span<const std::byte> code);
+                                               std::span<const std::byte> code, const std::string& options = {});
   Status launch(Program& program, const std::string& kernel, const LaunchDims& dims,
                 std::span<const KernelArg> args);
 
@@ -165,7 +220,7 @@ class Device {
   virtual Status doCopy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length) = 0;
   virtual Status doFill(Buffer& buffer, uint64_t offset, uint64_t length, uint8_t value) = 0;
   virtual Result<std::unique_ptr<Program>> doLoadProgram(ProgramKind kind, const std::string& name,
-                                                         std::span<const std::byte> code);
+                                                         std::span<const std::byte> code, const std::string& options);
   virtual Status doLaunch(Program& program, const std::string& kernel, const LaunchDims& dims,
                           std::span<const KernelArg> args);
   virtual Status doGemm(const GemmArgs& args) = 0;

@@ -15,6 +15,34 @@
 namespace raccel::netaccel {
 namespace {
 
+// A hal program description as the wire's ProgramInfo (describeProgram's answer).
+void writeDescription(wire::ProgramInfo::Builder out, const hal::ProgramDescription& d) {
+  out.setBuildLog(d.buildLog);
+  auto kernels = out.initKernels(d.kernels.size());
+  for (size_t i = 0; i < d.kernels.size(); ++i) {
+    const hal::KernelDescription& k = d.kernels[i];
+    auto o = kernels[i];
+    o.setName(k.name);
+    o.setAttributes(k.attributes);
+    o.setWorkGroupSize(k.workGroupSize);
+    auto compiled = o.initCompileWorkGroupSize(3);
+    for (unsigned j = 0; j < 3; ++j) compiled.set(j, k.compileWorkGroupSize[j]);
+    o.setLocalMemBytes(k.localMemBytes);
+    o.setPrivateMemBytes(k.privateMemBytes);
+    o.setPreferredMultiple(k.preferredMultiple);
+    auto args = o.initArgs(k.args.size());
+    for (size_t j = 0; j < k.args.size(); ++j) {
+      const hal::KernelArgDescription& a = k.args[j];
+      args[j].setName(a.name);
+      args[j].setTypeName(a.typeName);
+      args[j].setAddressSpace(static_cast<wire::KernelArgInfo::AddressSpace>(a.space));
+      args[j].setAccess(static_cast<wire::KernelArgInfo::Access>(a.access));
+      args[j].setTypeQualifiers(a.typeQualifiers);
+      args[j].setSize(a.size);
+    }
+  }
+}
+
 using transport::Body;
 using transport::InPlaceMessage;
 
@@ -551,6 +579,17 @@ void CardWorker::execute(Work& work) {
     }
     return failure(Code::notFound, "buffer handle " + std::to_string(h) + " does not exist in this session");
   };
+  auto programOf = [&](uint64_t h) -> std::expected<hal::Program*, Failure> {
+    if (auto p = c.programs.find(h); p != c.programs.end()) return p->second.get();
+    if (auto p = c.poisoned.find(h); p != c.poisoned.end()) {
+      if (!p->second.message.empty()) return lostHandle(p->second);
+      return std::unexpected(Failure{Error{p->second.code, "dependency failed: program " + std::to_string(h) +
+                                                               " was not loaded (instruction #" +
+                                                               std::to_string(p->second.sequence) + " failed)"},
+                                     p->second.sequence});
+    }
+    return failure(Code::notFound, "program handle " + std::to_string(h) + " does not exist in this session");
+  };
 
   std::optional<uint64_t> created;
   Outcome outcome;
@@ -656,7 +695,7 @@ void CardWorker::execute(Work& work) {
             return failure(Code::invalidArgument, "unknown program kind " + std::to_string(static_cast<int>(lp.getKind())));
           auto code = lp.getCode();
           auto p = device.loadProgram(transport::fromWire(lp.getKind()), lp.getName(),
-                                        std::as_bytes(std::span(code.begin(), code.size())));
+                                        std::as_bytes(std::span(code.begin(), code.size())), lp.getOptions());
           if (!p) return failure(p.error());
           c.poisoned.erase(h);
           c.programs.emplace(h, std::move(*p));
@@ -664,24 +703,20 @@ void CardWorker::execute(Work& work) {
         }
         case wire::Instruction::LAUNCH: {
           auto l = in.getLaunch();
-          auto p = c.programs.find(l.getProgram());
-          if (p == c.programs.end()) {
-            if (auto poison = c.poisoned.find(l.getProgram()); poison != c.poisoned.end()) {
-              if (!poison->second.message.empty()) return lostHandle(poison->second);
-              return std::unexpected(Failure{Error{poison->second.code, "dependency failed: program " +
-                                                                            std::to_string(l.getProgram()) +
-                                                                            " was not loaded (instruction #" +
-                                                                            std::to_string(poison->second.sequence) + " failed)"},
-                                             poison->second.sequence});
-            }
-            return failure(Code::notFound, "program handle " + std::to_string(l.getProgram()) + " does not exist in this session");
-          }
+          auto p = programOf(l.getProgram());
+          if (!p) return std::unexpected(p.error());
           hal::LaunchDims dims;
           auto grid = l.getGrid(), block = l.getBlock();
-          if (grid.size() > 3 || block.size() > 3) return failure(Code::invalidArgument, "grid and block have at most 3 dimensions");
+          auto offset = l.getOffset();
+          if (grid.size() > 3 || block.size() > 3 || offset.size() > 3)
+            return failure(Code::invalidArgument, "grid, block and offset have at most 3 dimensions");
           for (unsigned i = 0; i < grid.size(); ++i) dims.grid[i] = grid[i];
           for (unsigned i = 0; i < block.size(); ++i) dims.block[i] = block[i];
+          for (unsigned i = 0; i < offset.size(); ++i) dims.offset[i] = offset[i];
           dims.sharedBytes = l.getSharedBytes();
+          dims.autoBlock = l.getAutoBlock();
+          if (l.getArgs().size() > hal::kMaxKernelArgs)
+            return failure(Code::invalidArgument, "a launch takes at most " + std::to_string(hal::kMaxKernelArgs) + " arguments");
           std::vector<hal::KernelArg> args;
           for (auto a : l.getArgs()) {
             hal::KernelArg k;
@@ -691,6 +726,21 @@ void CardWorker::execute(Work& work) {
                 if (!b) return std::unexpected(b.error());
                 k.type = hal::KernelArg::Type::buffer;
                 k.buffer = *b;
+                break;
+              }
+              case wire::Arg::SUB_BUFFER: {
+                auto b = bufferOf(a.getSubBuffer().getBuffer());
+                if (!b) return std::unexpected(b.error());
+                k.type = hal::KernelArg::Type::buffer;
+                k.buffer = *b;
+                k.offset = a.getSubBuffer().getOffset();
+                break;
+              }
+              case wire::Arg::LOCAL: k.type = hal::KernelArg::Type::local; k.scalar.u32 = a.getLocal(); break;
+              case wire::Arg::BYTES: {
+                auto bytes = a.getBytes();
+                k.type = hal::KernelArg::Type::bytes;
+                k.bytes = std::as_bytes(std::span(bytes.begin(), bytes.size()));
                 break;
               }
               case wire::Arg::U32: k.type = hal::KernelArg::Type::u32; k.scalar.u32 = a.getU32(); break;
@@ -703,7 +753,7 @@ void CardWorker::execute(Work& work) {
             }
             args.push_back(k);
           }
-          return status(device.launch(*p->second, l.getKernel(), dims, args));
+          return status(device.launch(**p, l.getKernel(), dims, args));
         }
         case wire::Instruction::OP: {
           auto op = in.getOp();
@@ -747,6 +797,14 @@ void CardWorker::execute(Work& work) {
           }
           return failure(Code::invalidArgument, "unknown built-in op (tag " + std::to_string(static_cast<int>(op.which())) +
                                                   "); this netaccel speaks instruction set 1.0");
+        }
+        case wire::Instruction::DESCRIBE_PROGRAM: {
+          auto p = programOf(in.getDescribeProgram());
+          if (!p) return std::unexpected(p.error());
+          capnp::MallocMessageBuilder m;
+          writeDescription(m.initRoot<wire::Reply>().initProgram(), (*p)->describe());
+          emit(work.context, seq, transport::encodeBody(m));
+          return {};
         }
         case wire::Instruction::FENCE: {
           if (auto s = device.finish(); !s) return failure(s.error());

@@ -196,6 +196,9 @@ void Netaccel::sendRegister() {
     c.setTflops(caps.tflops);
     c.setMemoryBytes(caps.memoryBytes);
     c.setBackend(caps.backend);
+    c.setComputeUnits(caps.computeUnits);
+    c.setMaxWorkGroupSize(caps.maxWorkGroupSize);
+    c.setLocalMemBytes(caps.localMemBytes);
     auto kinds = c.initProgramKinds(caps.programKinds.size());
     for (size_t k = 0; k < caps.programKinds.size(); ++k) kinds.set(k, transport::toWire(caps.programKinds[k]));
   }

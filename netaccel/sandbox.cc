@@ -171,12 +171,17 @@ class SandboxBuffer final : public hal::Buffer {
 
 class SandboxProgram final : public hal::Program {
  public:
-  SandboxProgram(std::string name, ProgramKind kind, uint64_t id, std::vector<std::string> names, SandboxDevice* device)
-      : Program(std::move(name), kind), id(id), names(std::move(names)), device(device) {}
+  SandboxProgram(std::string name, ProgramKind kind, uint64_t id, hal::ProgramDescription description, SandboxDevice* device)
+      : Program(std::move(name), kind), id(id), description(std::move(description)), device(device) {}
   ~SandboxProgram() override;
-  std::vector<std::string> kernels() const override { return names; }
+  std::vector<std::string> kernels() const override {
+    std::vector<std::string> names;
+    for (auto& k : description.kernels) names.push_back(k.name);
+    return names;
+  }
+  hal::ProgramDescription describe() const override { return description; }
   uint64_t id;
-  std::vector<std::string> names;
+  hal::ProgramDescription description;
   SandboxDevice* device;
 };
 
@@ -294,18 +299,21 @@ class SandboxDevice final : public hal::Device {
   }
 
   Result<std::unique_ptr<hal::Program>> doLoadProgram(ProgramKind kind, const std::string& name,
-                                                      std::span<const std::byte> code) override {
+                                                      std::span<const std::byte> code, const std::string& options) override {
     if (auto s = drainPosted(); !s) return fail(s.error());  // the window is about to be filled
     if (code.size() > sandbox::kMaxProgramBytes)
       return fail(Code::invalidArgument, "program '" + name + "' is " + std::to_string(code.size()) + " bytes; at most " +
                                              std::to_string(sandbox::kMaxProgramBytes) + " are accepted");
-    // The name, then the code, a window at a time (all but the last by `append`).
+    // [u32 name bytes][name][u32 option bytes][options][code], a window at a time (all
+    // but the last by `append`).
     std::string head = name.substr(0, std::min<size_t>(name.size(), 1024));
-    std::vector<std::byte> all(4 + head.size() + code.size());
-    uint32_t nameBytes = static_cast<uint32_t>(head.size());
+    std::vector<std::byte> all(8 + head.size() + options.size() + code.size());
+    uint32_t nameBytes = static_cast<uint32_t>(head.size()), optionBytes = static_cast<uint32_t>(options.size());
     std::memcpy(all.data(), &nameBytes, 4);
     std::memcpy(all.data() + 4, head.data(), head.size());
-    if (!code.empty()) std::memcpy(all.data() + 4 + head.size(), code.data(), code.size());
+    std::memcpy(all.data() + 4 + head.size(), &optionBytes, 4);
+    std::memcpy(all.data() + 8 + head.size(), options.data(), options.size());
+    if (!code.empty()) std::memcpy(all.data() + 8 + head.size() + options.size(), code.data(), code.size());
     uint64_t done = 0;
     while (all.size() - done > kWindowBytes) {
       std::memcpy(process_->window(), all.data() + done, kWindowBytes);
@@ -321,22 +329,19 @@ class SandboxDevice final : public hal::Device {
     q.payload = all.size() - done;
     auto r = call(q);
     if (!r) return fail(r.error());
-    // Its kernels' names, one a line.
-    std::vector<std::string> names;
-    std::string text(reinterpret_cast<const char*>(process_->window()), std::min<uint64_t>(r->payload, 1 << 16));
-    for (size_t start = 0; start < text.size() && names.size() < 4096;) {
-      size_t end = text.find('\n', start);
-      if (end == std::string::npos) end = text.size();
-      if (end > start) names.push_back(text.substr(start, std::min<size_t>(end - start, 256)));
-      start = end + 1;
-    }
-    return std::unique_ptr<hal::Program>(new SandboxProgram(name, kind, q.id, std::move(names), this));
+    // What its compiler said of it (hal::encodeDescription), checked as it is decoded.
+    auto description = hal::decodeDescription(
+        std::string_view(reinterpret_cast<const char*>(process_->window()), std::min<uint64_t>(r->payload, kWindowBytes)));
+    if (!description) return fail(lose("the sandbox described program '" + name + "' unreadably"));
+    return std::unique_ptr<hal::Program>(new SandboxProgram(name, kind, q.id, std::move(*description), this));
   }
 
   Status doLaunch(hal::Program& program, const std::string& kernel, const hal::LaunchDims& dims,
                   std::span<const hal::KernelArg> args) override {
     if (auto s = drainPosted(); !s) return s;  // the window is about to be filled
-    // [u32 name bytes][name][u32 grid[3]][u32 block[3]][u32 shared][u32 count][{u32 type, u32 0, u64 value}...]
+    // [u32 name bytes][name][u32 grid[3]][u32 block[3]][u32 shared][u64 offset[3]][u32 autoBlock][u32 count]
+    // then per argument {u32 type, u32 bytes, u64 value, u64 buffer offset} and, for a
+    // by-value argument, its bytes.
     std::vector<std::byte> p;
     auto put = [&](const void* v, size_t n) {
       auto* b = static_cast<const std::byte*>(v);
@@ -348,15 +353,20 @@ class SandboxDevice final : public hal::Device {
     put(dims.grid.data(), 12);
     put(dims.block.data(), 12);
     put(&dims.sharedBytes, 4);
+    put(dims.offset.data(), 24);
+    uint32_t autoBlock = dims.autoBlock;
+    put(&autoBlock, 4);
     uint32_t count = static_cast<uint32_t>(args.size());
     put(&count, 4);
     for (auto& a : args) {
-      uint32_t type[2] = {static_cast<uint32_t>(a.type), 0};
+      uint32_t type[2] = {static_cast<uint32_t>(a.type), static_cast<uint32_t>(a.bytes.size())};
       put(type, 8);
       uint64_t value = 0;
       if (a.type == hal::KernelArg::Type::buffer) value = idOf(*a.buffer);
       else std::memcpy(&value, &a.scalar, sizeof value);
       put(&value, 8);
+      put(&a.offset, 8);
+      if (a.type == hal::KernelArg::Type::bytes) put(a.bytes.data(), a.bytes.size());
     }
     if (p.size() > kWindowBytes) return fail(Code::invalidArgument, "launch of " + kernel + ": too many arguments");
     std::memcpy(process_->window(), p.data(), p.size());
@@ -710,22 +720,28 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           break;
         case Op::loadProgram: {
           staged.insert(staged.end(), window, window + q.payload);
-          uint32_t nameBytes = 0;
+          uint32_t nameBytes = 0, optionBytes = 0;
           if (staged.size() >= 4) std::memcpy(&nameBytes, staged.data(), 4);
-          if (staged.size() < 4 || nameBytes > staged.size() - 4) {
+          if (staged.size() >= 8 && nameBytes <= staged.size() - 8) std::memcpy(&optionBytes, staged.data() + 4 + nameBytes, 4);
+          if (staged.size() < 8 || nameBytes > staged.size() - 8 || optionBytes > staged.size() - 8 - nameBytes) {
             s = fail(Code::invalidArgument, "malformed program");
           } else {
             std::string name(reinterpret_cast<const char*>(staged.data()) + 4, nameBytes);
-            auto p = device.loadProgram(static_cast<ProgramKind>(q.kind), name,
-                                        std::span(staged.data() + 4 + nameBytes, staged.size() - 4 - nameBytes));
+            std::string options(reinterpret_cast<const char*>(staged.data()) + 8 + nameBytes, optionBytes);
+            size_t head = 8 + nameBytes + optionBytes;
+            auto p = device.loadProgram(static_cast<ProgramKind>(q.kind), name, std::span(staged.data() + head, staged.size() - head),
+                                        options);
             if (!p) {
               s = fail(p.error());
             } else {
-              std::string names;
-              for (auto& k : (*p)->kernels()) names += k + "\n";
-              r.payload = std::min<size_t>(names.size(), 1 << 16);
-              std::memcpy(window, names.data(), r.payload);
-              programs[q.id] = std::move(*p);
+              std::string description = hal::encodeDescription((*p)->describe());
+              if (description.size() > kWindowBytes) {
+                s = fail(Code::invalidArgument, "program '" + name + "' has more kernels and arguments than can be described");
+              } else {
+                r.payload = description.size();
+                std::memcpy(window, description.data(), r.payload);
+                programs[q.id] = std::move(*p);
+              }
             }
           }
           staged.clear();
@@ -751,15 +767,25 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           if (ok) {
             name.assign(reinterpret_cast<const char*>(window) + at, nameBytes);
             at += nameBytes;
-            ok = take(dims.grid.data(), 12) && take(dims.block.data(), 12) && take(&dims.sharedBytes, 4) && take(&count, 4);
+            uint32_t autoBlock = 0;
+            ok = take(dims.grid.data(), 12) && take(dims.block.data(), 12) && take(&dims.sharedBytes, 4) &&
+                 take(dims.offset.data(), 24) && take(&autoBlock, 4) && take(&count, 4);
+            dims.autoBlock = autoBlock != 0;
           }
           for (uint32_t i = 0; ok && i < count; ++i) {
             uint32_t type[2];
             uint64_t value;
-            ok = take(type, 8) && take(&value, 8) && type[0] <= static_cast<uint32_t>(hal::KernelArg::Type::f64);
-            if (!ok) break;
             hal::KernelArg a;
+            ok = take(type, 8) && take(&value, 8) && take(&a.offset, 8) &&
+                 type[0] <= static_cast<uint32_t>(hal::KernelArg::Type::bytes);
+            if (!ok) break;
             a.type = static_cast<hal::KernelArg::Type>(type[0]);
+            if (a.type == hal::KernelArg::Type::bytes) {
+              ok = type[1] <= q.payload - at;
+              if (!ok) break;
+              a.bytes = std::span(window + at, type[1]);  // the window holds still until the reply
+              at += type[1];
+            }
             if (a.type == hal::KernelArg::Type::buffer) {
               auto b = buffer(value);
               if (!b) {

@@ -66,7 +66,8 @@ Result<std::vector<CardSpec>> cardSpecsOf(capnp::List<wire::CardInfo>::Reader li
     for (auto k : c.getProgramKinds())
       if (transport::validProgramKind(k)) programs.push_back(transport::fromWire(k));
     cards.push_back(CardSpec{c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBackend(), c.getTflops(),
-                             c.getMemoryBytes(), programs});
+                             c.getMemoryBytes(), programs, c.getComputeUnits(), c.getMaxWorkGroupSize(),
+                             c.getLocalMemBytes()});
   }
   return cards;
 }

@@ -47,6 +47,11 @@ struct CardSpec {
   double tflops = 0;
   uint64_t memoryBytes = 0;
   std::vector<ProgramKind> programKinds;  // what the card can load (builtin = runs the built-in ops)
+  // As its netaccel reports them (0 = not known), for the guest's APIs (OpenCL's
+  // device limits): compute units, largest work-group, local memory per work-group.
+  uint32_t computeUnits = 0;
+  uint32_t maxWorkGroupSize = 0;
+  uint64_t localMemBytes = 0;
   bool runs(ProgramKind kind) const;
 };
 

@@ -221,6 +221,7 @@ void Scheduler::writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfte
   auto info = welcome.initVaccel();
   info.setId(s.id);
   info.setBlockTflops(pool_.blockTflops());
+  info.setMemoryQuota(s.vm->policy.memoryQuota);
   writePlacement(info, s.blocks);
   s.link->connection->send(s.channel, sequence, m);
 }

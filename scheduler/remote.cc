@@ -25,6 +25,13 @@ using transport::FrameHeader;
 namespace {
 constexpr uint64_t kF32 = 4;
 
+// The buffer a kernel argument passes (whole or from an offset on), if it passes one.
+std::optional<uint64_t> bufferArg(wire::Arg::Reader arg) {
+  if (arg.which() == wire::Arg::BUFFER) return arg.getBuffer();
+  if (arg.which() == wire::Arg::SUB_BUFFER) return arg.getSubBuffer().getBuffer();
+  return std::nullopt;
+}
+
 // The buffer a built-in op writes.
 uint64_t outputOf(wire::Op::Reader op) {
   switch (op.which()) {
@@ -174,8 +181,28 @@ bool Scheduler::routeElsewhere(Session& s, uint64_t sequence, wire::Instruction:
       }
       if (!s.replicas.empty())
         for (auto arg : launch.getArgs())
-          if (arg.which() == wire::Arg::BUFFER) dropReplicas(s, arg.getBuffer());
+          if (auto h = bufferArg(arg)) dropReplicas(s, *h);
       return false;
+    }
+    case wire::Instruction::DESCRIBE_PROGRAM: {
+      // A program loaded on another card is described there; its answer goes to the guest.
+      auto home = s.programHome.find(in.getDescribeProgram());
+      if (home == s.programHome.end()) return false;
+      s.job = std::make_unique<RemoteJob>();
+      s.job->guestSequence = sequence;
+      capnp::MallocMessageBuilder m;
+      m.initRoot<wire::Instruction>().setDescribeProgram(in.getDescribeProgram());
+      ++s.job->awaiting;
+      sendRemote(s, home->second, m, [this, &s, sequence](wire::Reply::Reader reply) {
+        if (reply.which() == wire::Reply::PROGRAM && s.link) {
+          capnp::MallocMessageBuilder out;
+          out.setRoot(reply);
+          s.link->connection->send(s.channel, sequence, out);
+        }
+        return true;
+      });
+      settle(s);
+      return true;
     }
     case wire::Instruction::OP: {
       auto op = in.getOp();
@@ -233,16 +260,16 @@ void Scheduler::startRemoteLaunch(Session& s, uint64_t sequence, size_t member, 
   std::vector<uint64_t> mapped(args.size(), 0);
   std::vector<std::pair<uint64_t, uint64_t>> buffers;  // (guest handle, bytes)
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].which() != wire::Arg::BUFFER) continue;
-    uint64_t h = args[i].getBuffer();
-    auto b = s.buffers.find(h);
+    auto h = bufferArg(args[i]);
+    if (!h) continue;
+    auto b = s.buffers.find(*h);
     if (b == s.buffers.end()) {
-      s.job->error = Error{Code::notFound, "launch argument " + std::to_string(i) + ": no buffer " + std::to_string(h) +
+      s.job->error = Error{Code::notFound, "launch argument " + std::to_string(i) + ": no buffer " + std::to_string(*h) +
                                                " in this session"};
       settle(s);
       return;
     }
-    buffers.emplace_back(h, b->second);
+    buffers.emplace_back(*h, b->second);
   }
   for (auto& [h, bytes] : buffers) dropReplicas(s, h, member);
 
@@ -252,24 +279,19 @@ void Scheduler::startRemoteLaunch(Session& s, uint64_t sequence, size_t member, 
   copy->setRoot(launch);
   size_t bi = 0;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].which() != wire::Arg::BUFFER) continue;
+    if (!bufferArg(args[i])) continue;
     auto [h, bytes] = buffers[bi++];
     mapped[i] = replica(s, member, h, 0, bytes, true, ready);
   }
   gate->then = [this, &s, member, mapped, buffers, copy] {
+    // The launch as the guest sent it (every field), its buffers renamed to the copies.
     capnp::MallocMessageBuilder m;
-    auto l = m.initRoot<wire::Instruction>().initLaunch();
-    auto from = copy->getRoot<wire::Launch>().asReader();
-    l.setProgram(from.getProgram());
-    l.setKernel(from.getKernel());
-    l.setGrid(from.getGrid());
-    l.setBlock(from.getBlock());
-    l.setSharedBytes(from.getSharedBytes());
-    auto args = l.initArgs(from.getArgs().size());
+    m.initRoot<wire::Instruction>().setLaunch(copy->getRoot<wire::Launch>().asReader());
+    auto args = m.getRoot<wire::Instruction>().getLaunch().getArgs();
     for (size_t i = 0; i < args.size(); ++i) {
-      auto a = from.getArgs()[i];
-      if (a.which() == wire::Arg::BUFFER) args[i].setBuffer(mapped[i]);
-      else args.setWithCaveats(i, a);
+      if (!mapped[i]) continue;
+      if (args[i].which() == wire::Arg::SUB_BUFFER) args[i].getSubBuffer().setBuffer(mapped[i]);
+      else args[i].setBuffer(mapped[i]);
     }
     sendRemote(s, member, m);
     size_t bi = 0;

@@ -567,6 +567,7 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
       }
       case wire::Instruction::READ:
       case wire::Instruction::FENCE:
+      case wire::Instruction::DESCRIBE_PROGRAM:
         s.pending.add(h.sequence, h.sequence, nowMs() + config_.requestTimeoutMs);
         return;
       default:
@@ -693,6 +694,9 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
     switch (reply.which()) {
       case wire::Reply::DATA:
         if (reply.getData().getLast()) s.pending.complete(h.sequence);
+        break;
+      case wire::Reply::PROGRAM:
+        s.pending.complete(h.sequence);
         break;
       case wire::Reply::FENCED:
         s.pending.complete(h.sequence);

@@ -226,6 +226,12 @@ void Scheduler::writePlacement(Builder out, const std::vector<BlockRange>& range
     cards[i].setKind(transport::toWire(c.spec.kind));
     cards[i].setModel(c.spec.model);
     cards[i].setBlocks(shares[i].blocks);
+    cards[i].setMemoryBytes(c.spec.memoryBytes);
+    auto kinds = cards[i].initProgramKinds(c.spec.programKinds.size());
+    for (size_t k = 0; k < c.spec.programKinds.size(); ++k) kinds.set(k, transport::toWire(c.spec.programKinds[k]));
+    cards[i].setComputeUnits(c.spec.computeUnits);
+    cards[i].setMaxWorkGroupSize(c.spec.maxWorkGroupSize);
+    cards[i].setLocalMemBytes(c.spec.localMemBytes);
   }
 }
 

@@ -46,6 +46,9 @@ struct Instruction {
     op @9 :Op;
     fence @10 :Void;
     graph @11 :Graph;
+    # What a loaded program holds: its build log, kernels, their arguments and
+    # work-group limits, as the card's compiler reports them. Answered by `program`.
+    describeProgram @12 :UInt64;
   }
 }
 
@@ -119,6 +122,13 @@ struct CardRef {
   kind @2 :CardKind;
   model @3 :Text;
   blocks @4 :UInt32;  # blocks of this card held by the vaccel
+  memoryBytes @5 :UInt64;
+  programKinds @6 :List(ProgramKind);
+  # What the card's own runtime reports (0 = not known): compute units, the largest
+  # work-group (threads per block), local (shared) memory per work-group.
+  computeUnits @7 :UInt32;
+  maxWorkGroupSize @8 :UInt32;
+  localMemBytes @9 :UInt64;
 }
 
 struct VaccelInfo {
@@ -126,6 +136,7 @@ struct VaccelInfo {
   blocks @1 :List(BlockRange);
   cards @2 :List(CardRef);
   blockTflops @3 :Float64;
+  memoryQuota @4 :UInt64;   # bytes the VM may hold on its cards (0 = no limit)
 }
 
 struct Alloc {
@@ -169,6 +180,7 @@ struct LoadProgram {
   kind @1 :ProgramKind;
   name @2 :Text;      # builtin library name, or a label for source/binary programs
   code @3 :Data;      # source or binary, for non-builtin kinds
+  options @4 :Text;   # passed to the card's compiler (OpenCL C build options, NVRTC flags)
 }
 
 struct Launch {
@@ -178,6 +190,11 @@ struct Launch {
   block @3 :List(UInt32);
   sharedBytes @4 :UInt32;
   args @5 :List(Arg);
+  # OpenCL NDRange semantics: the global id of the first work-item in each dimension.
+  offset @6 :List(UInt64);
+  # The card chooses the work-group size (OpenCL's NULL local size); grid is then the
+  # global size and block is ignored.
+  autoBlock @7 :Bool;
 }
 
 struct Arg {
@@ -189,7 +206,15 @@ struct Arg {
     i64 @4 :Int64;
     f32 @5 :Float32;
     f64 @6 :Float64;
+    local @7 :UInt32;         # a __local (shared) array of this many bytes
+    bytes @8 :Data;           # by value, the argument's bytes as the kernel declares them (a struct, a vector)
+    subBuffer @9 :SubBuffer;  # a buffer from an offset on
   }
+}
+
+struct SubBuffer {
+  buffer @0 :UInt64;
+  offset @1 :UInt64;
 }
 
 # Built-in ops, f32 data, row-major.
@@ -239,6 +264,45 @@ struct Reply {
     data @1 :DataChunk;
     fenced @2 :Void;
     error @3 :ErrorReply;
+    program @4 :ProgramInfo;
+  }
+}
+
+# Answers describeProgram: what the card's compiler says of a program.
+struct ProgramInfo {
+  buildLog @0 :Text;
+  kernels @1 :List(KernelInfo);
+}
+
+struct KernelInfo {
+  name @0 :Text;
+  attributes @1 :Text;
+  args @2 :List(KernelArgInfo);
+  workGroupSize @3 :UInt64;              # the largest this kernel runs with on the card
+  compileWorkGroupSize @4 :List(UInt64); # reqd_work_group_size, or zeros
+  localMemBytes @5 :UInt64;
+  privateMemBytes @6 :UInt64;
+  preferredMultiple @7 :UInt64;          # preferred work-group size multiple
+}
+
+struct KernelArgInfo {
+  name @0 :Text;
+  typeName @1 :Text;
+  addressSpace @2 :AddressSpace;
+  access @3 :Access;
+  typeQualifiers @4 :UInt32;   # OpenCL's CL_KERNEL_ARG_TYPE_* bits (const 1, restrict 2, volatile 4)
+  size @5 :UInt32;             # bytes of a by-value argument; 0 for pointers and __local
+  enum AddressSpace {
+    private @0;     # by value
+    global @1;
+    constant @2;
+    local @3;
+  }
+  enum Access {
+    none @0;
+    readOnly @1;
+    writeOnly @2;
+    readWrite @3;
   }
 }
 

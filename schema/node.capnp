@@ -17,6 +17,9 @@ struct CardInfo {
   memoryBytes @4 :UInt64;
   backend @5 :Text;
   programKinds @6 :List(Guest.ProgramKind);
+  computeUnits @7 :UInt32;      # 0 = not known
+  maxWorkGroupSize @8 :UInt32;
+  localMemBytes @9 :UInt64;
 }
 
 # netaccel -> scheduler

@@ -340,11 +340,11 @@ class CudaDevice final : public Device {
   }
 
   Result<std::unique_ptr<Program>> doLoadProgram(ProgramKind kind, const std::string& name,
-                                                 std::span<const std::byte> code) override {
+                                                 std::span<const std::byte> code, const std::string& options) override {
     bind();
     if (code.empty()) return fail(Code::invalidArgument, "program '" + name + "' has no code");
     if (kind == ProgramKind::cudaC) {
-      auto p = compile(name, std::string(reinterpret_cast<const char*>(code.data()), code.size()));
+      auto p = compile(name, std::string(reinterpret_cast<const char*>(code.data()), code.size()), options);
       if (!p) return fail(p.error());
       return std::unique_ptr<Program>(std::move(*p));
     }
@@ -361,20 +361,31 @@ class CudaDevice final : public Device {
     CUfunction f = nullptr;
     if (driver()->cuModuleGetFunction(&f, p.module, kernel.c_str()) != CUDA_SUCCESS)
       return fail(Code::notFound, "no kernel '" + kernel + "' in program '" + p.name() + "' (kernels need extern \"C\" names)");
+    if (dims.autoBlock)
+      return fail(Code::invalidArgument, "launch of " + kernel + ": CUDA kernels need a block size (no automatic work-group size)");
+    if (dims.offset[0] || dims.offset[1] || dims.offset[2])
+      return fail(Code::unimplemented, "launch of " + kernel + ": CUDA kernels have no global work offset");
     std::vector<uint64_t> storage(args.size());
     std::vector<void*> params(args.size());
     for (size_t i = 0; i < args.size(); ++i) {
       const KernelArg& a = args[i];
       size_t size = 8;
+      params[i] = &storage[i];
       switch (a.type) {
-        case KernelArg::Type::buffer: storage[i] = ptrOf(*a.buffer); break;
+        case KernelArg::Type::buffer: storage[i] = ptrOf(*a.buffer) + a.offset; break;
         case KernelArg::Type::u32: case KernelArg::Type::i32: case KernelArg::Type::f32:
           std::memcpy(&storage[i], &a.scalar, 4);
           size = 4;
           break;
+        case KernelArg::Type::bytes:
+          params[i] = const_cast<std::byte*>(a.bytes.data());  // cuLaunchKernel copies the bytes
+          size = a.bytes.size();
+          break;
+        case KernelArg::Type::local:
+          return fail(Code::invalidArgument, "kernel " + kernel + " argument " + std::to_string(i) +
+                                                 ": CUDA kernels take no local-array arguments (use the launch's shared bytes)");
         default: std::memcpy(&storage[i], &a.scalar, 8); break;
       }
-      params[i] = &storage[i];
       size_t offset = 0, declared = 0;
       if (driver()->cuFuncGetParamInfo) {
         if (driver()->cuFuncGetParamInfo(f, i, &offset, &declared) != CUDA_SUCCESS)
@@ -511,15 +522,25 @@ class CudaDevice final : public Device {
     return module;
   }
 
-  Result<std::unique_ptr<CuProgram>> compile(const std::string& name, const std::string& source) {
+  Result<std::unique_ptr<CuProgram>> compile(const std::string& name, const std::string& source,
+                                             const std::string& options = {}) {
     auto* nv = nvrtc();
     if (!nv->ok) return fail(Code::unavailable, "NVRTC (libnvrtc.so) could not be loaded: cudaC programs need it");
     nvrtcProgram prog = nullptr;
     if (nv->nvrtcCreateProgram(&prog, source.c_str(), name.c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
       return fail(Code::internal, "nvrtcCreateProgram failed");
     std::string arch = "--gpu-architecture=compute_" + std::to_string(major_) + std::to_string(minor_);
-    const char* opts[] = {arch.c_str(), "--std=c++17"};
-    nvrtcResult rc = nv->nvrtcCompileProgram(prog, 2, opts);
+    // The caller's flags, split at spaces, after ours (a later --std wins).
+    std::vector<std::string> words{arch, "--std=c++17"};
+    for (size_t at = 0; at < options.size();) {
+      size_t end = options.find(' ', at);
+      if (end == std::string::npos) end = options.size();
+      if (end > at) words.push_back(options.substr(at, end - at));
+      at = end + 1;
+    }
+    std::vector<const char*> opts;
+    for (auto& w : words) opts.push_back(w.c_str());
+    nvrtcResult rc = nv->nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
     size_t logSize = 0;
     nv->nvrtcGetProgramLogSize(prog, &logSize);
     std::string log(logSize, '\0');

@@ -121,6 +121,8 @@ cl_mem memOf(const Buffer& b) { return static_cast<const ClBuffer&>(b).mem; }
 class ClProgram final : public Program {
  public:
   ClProgram(std::string name, ProgramKind kind, cl_program program) : Program(std::move(name), kind), program(program) {}
+  ProgramDescription describe() const override { return description; }
+  ProgramDescription description;
   ~ClProgram() override {
     for (auto& [n, k] : cache) clReleaseKernel(k);
     clReleaseProgram(program);
@@ -176,6 +178,7 @@ class OpenclDevice final : public Device {
     if (!program) return fail(program.error().code, "building the built-in kernels: " + program.error().message);
     builtins_.reset(static_cast<ClProgram*>(program->release()));
     gemmTiles_ = deviceValue<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE) >= 256;
+    baseAlign_ = std::max<uint64_t>(1, deviceValue<cl_uint>(device_, CL_DEVICE_MEM_BASE_ADDR_ALIGN) / 8);
     cl_int rc = CL_SUCCESS;
     partials_ = clCreateBuffer(context_, CL_MEM_READ_WRITE, kPartials * sizeof(float), nullptr, &rc);
     return check(rc, "allocating reduction scratch");
@@ -244,8 +247,8 @@ class OpenclDevice final : public Device {
   }
 
   Result<std::unique_ptr<Program>> doLoadProgram(ProgramKind kind, const std::string& name,
-                                                 std::span<const std::byte> code) override {
-    return build(kind, name, code);
+                                                 std::span<const std::byte> code, const std::string& options) override {
+    return build(kind, name, code, options);
   }
 
   Status doLaunch(Program& program, const std::string& kernelName, const LaunchDims& dims,
@@ -253,41 +256,84 @@ class OpenclDevice final : public Device {
     auto& p = static_cast<ClProgram&>(program);
     auto kernel = p.kernel(kernelName);
     if (!kernel) return fail(kernel.error());
+    // Buffers passed from an offset on are sub-buffers for this launch; the commands
+    // that use them keep them alive after they are released here.
+    std::vector<cl_mem> subs;
+    auto releaseSubs = [&] {
+      for (cl_mem m : subs) clReleaseMemObject(m);
+    };
     for (size_t i = 0; i < args.size(); ++i) {
       const KernelArg& a = args[i];
       cl_int rc = CL_SUCCESS;
       cl_mem mem = nullptr;
       switch (a.type) {
-        case KernelArg::Type::buffer: mem = memOf(*a.buffer); rc = clSetKernelArg(*kernel, i, sizeof mem, &mem); break;
+        case KernelArg::Type::buffer:
+          mem = memOf(*a.buffer);
+          if (a.offset != 0) {
+            if (a.offset % baseAlign_ != 0) {
+              releaseSubs();
+              return fail(Code::invalidArgument, "kernel " + kernelName + " argument " + std::to_string(i) +
+                                                     ": a buffer from offset " + std::to_string(a.offset) +
+                                                     " is not aligned to this device's " + std::to_string(baseAlign_) +
+                                                     " bytes (CL_DEVICE_MEM_BASE_ADDR_ALIGN)");
+            }
+            cl_buffer_region region{a.offset, a.buffer->size() - a.offset};
+            if (region.size == 0) {
+              releaseSubs();
+              return fail(Code::invalidArgument, "kernel " + kernelName + " argument " + std::to_string(i) +
+                                                     ": a buffer from its very end (nothing left to pass)");
+            }
+            mem = clCreateSubBuffer(mem, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &rc);
+            if (rc != CL_SUCCESS) break;
+            subs.push_back(mem);
+          }
+          rc = clSetKernelArg(*kernel, i, sizeof mem, &mem);
+          break;
         case KernelArg::Type::u32: rc = clSetKernelArg(*kernel, i, 4, &a.scalar.u32); break;
         case KernelArg::Type::i32: rc = clSetKernelArg(*kernel, i, 4, &a.scalar.i32); break;
         case KernelArg::Type::f32: rc = clSetKernelArg(*kernel, i, 4, &a.scalar.f32); break;
         case KernelArg::Type::u64: rc = clSetKernelArg(*kernel, i, 8, &a.scalar.u64); break;
         case KernelArg::Type::i64: rc = clSetKernelArg(*kernel, i, 8, &a.scalar.i64); break;
         case KernelArg::Type::f64: rc = clSetKernelArg(*kernel, i, 8, &a.scalar.f64); break;
+        case KernelArg::Type::local: rc = clSetKernelArg(*kernel, i, a.scalar.u32, nullptr); break;
+        case KernelArg::Type::bytes: rc = clSetKernelArg(*kernel, i, a.bytes.size(), a.bytes.data()); break;
       }
-      if (rc != CL_SUCCESS)
+      if (rc != CL_SUCCESS) {
+        releaseSubs();
         return fail(Code::invalidArgument, "kernel " + kernelName + " argument " + std::to_string(i) +
                                                " does not match its declaration (" + clError(rc) + ")");
+      }
     }
     cl_uint declared = 0;
     clGetKernelInfo(*kernel, CL_KERNEL_NUM_ARGS, sizeof declared, &declared, nullptr);
-    if (declared != args.size())
+    if (declared != args.size()) {
+      releaseSubs();
       return fail(Code::invalidArgument, "kernel " + kernelName + " takes " + std::to_string(declared) + " arguments, " +
                                              std::to_string(args.size()) + " given");
-    size_t global[3], local[3];
-    bool defaultLocal = true;
-    for (int d = 0; d < 3; ++d) {
-      global[d] = size_t{dims.grid[d]} * dims.block[d];
-      local[d] = dims.block[d];
-      if (dims.block[d] != 1) defaultLocal = false;
-      if (global[d] == 0) return fail(Code::invalidArgument, "launch grid and block sizes must be nonzero");
     }
+    size_t global[3], local[3], offset[3];
+    // Before work offsets and autoBlock existed, a block of 1 x 1 x 1 meant "the device
+    // chooses"; it still does.
+    bool defaultLocal = dims.autoBlock || (dims.block[0] == 1 && dims.block[1] == 1 && dims.block[2] == 1);
+    for (int d = 0; d < 3; ++d) {
+      global[d] = dims.autoBlock ? size_t{dims.grid[d]} : size_t{dims.grid[d]} * dims.block[d];
+      local[d] = dims.block[d];
+      offset[d] = dims.offset[d];
+      if (global[d] == 0) {
+        releaseSubs();
+        return fail(Code::invalidArgument, "launch grid and block sizes must be nonzero");
+      }
+    }
+    bool anyOffset = offset[0] || offset[1] || offset[2];
     cl_event event = nullptr;
-    cl_int rc = clEnqueueNDRangeKernel(queue_, *kernel, 3, nullptr, global, defaultLocal ? nullptr : local, 0, nullptr, &event);
+    cl_int rc = clEnqueueNDRangeKernel(queue_, *kernel, 3, anyOffset ? offset : nullptr, global,
+                                       defaultLocal ? nullptr : local, 0, nullptr, &event);
+    releaseSubs();
     track(event);
     if (rc == CL_INVALID_WORK_GROUP_SIZE || rc == CL_INVALID_WORK_ITEM_SIZE)
       return fail(Code::invalidArgument, "launch of " + kernelName + ": block size not accepted by this device (" + clError(rc) + ")");
+    if (rc == CL_INVALID_KERNEL_ARGS)
+      return fail(Code::invalidArgument, "launch of " + kernelName + ": not every argument is set");
     return check(rc, "clEnqueueNDRangeKernel");
   }
 
@@ -346,7 +392,8 @@ class OpenclDevice final : public Device {
   std::deque<Timed> timed_;
   std::string lost_;
 
-  Result<std::unique_ptr<Program>> build(ProgramKind kind, const std::string& name, std::span<const std::byte> code) {
+  Result<std::unique_ptr<Program>> build(ProgramKind kind, const std::string& name, std::span<const std::byte> code,
+                                         const std::string& options = {}) {
     if (code.empty()) return fail(Code::invalidArgument, "program '" + name + "' has no code");
     cl_int rc = CL_SUCCESS;
     cl_program program = nullptr;
@@ -360,23 +407,104 @@ class OpenclDevice final : public Device {
     if (rc != CL_SUCCESS)
       return fail(Code::invalidArgument, "program '" + name + "': the device refused the " + programKindName(kind) +
                                              " code (" + clError(rc) + ")");
-    rc = clBuildProgram(program, 1, &device_, "", nullptr, nullptr);
+    // Argument names and types are kept for describe() (OpenCL's kernel argument info).
+    std::string flags = options + (kind == ProgramKind::openclC ? " -cl-kernel-arg-info" : "");
+    rc = clBuildProgram(program, 1, &device_, flags.c_str(), nullptr, nullptr);
+    size_t size = 0;
+    clGetProgramBuildInfo(program, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size);
+    std::string log(size, '\0');
+    clGetProgramBuildInfo(program, device_, CL_PROGRAM_BUILD_LOG, size, log.data(), nullptr);
+    while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+    if (log.size() > 16000) log = log.substr(0, 16000) + "\n[build log truncated]";
     if (rc != CL_SUCCESS) {
-      size_t size = 0;
-      clGetProgramBuildInfo(program, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size);
-      std::string log(size, '\0');
-      clGetProgramBuildInfo(program, device_, CL_PROGRAM_BUILD_LOG, size, log.data(), nullptr);
-      while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
       clReleaseProgram(program);
-      if (log.size() > 16000) log = log.substr(0, 16000) + "\n[build log truncated]";
+      if (rc == CL_INVALID_BUILD_OPTIONS)
+        return fail(Code::invalidArgument, "program '" + name + "': the compiler refused the build options '" + options + "'");
       return fail(Code::invalidArgument, "program '" + name + "' failed to build (" + clError(rc) + "). Build log:\n" + log);
     }
-    return std::unique_ptr<Program>(new ClProgram(name, kind, program));
+    auto out = std::make_unique<ClProgram>(name, kind, program);
+    out->description.buildLog = log;
+    for (auto& k : out->kernels()) {
+      auto cl = out->kernel(k);
+      if (cl) out->description.kernels.push_back(describeKernel(k, *cl));
+    }
+    return std::unique_ptr<Program>(std::move(out));
+  }
+
+  KernelDescription describeKernel(const std::string& name, cl_kernel k) {
+    KernelDescription d;
+    d.name = name;
+    auto kernelString = [&](cl_kernel_info what) {
+      size_t n = 0;
+      if (clGetKernelInfo(k, what, 0, nullptr, &n) != CL_SUCCESS || n == 0) return std::string();
+      std::string v(n, '\0');
+      clGetKernelInfo(k, what, n, v.data(), nullptr);
+      while (!v.empty() && v.back() == '\0') v.pop_back();
+      return v;
+    };
+    d.attributes = kernelString(CL_KERNEL_ATTRIBUTES);
+    auto wg = [&](cl_kernel_work_group_info what, void* out, size_t bytes) {
+      clGetKernelWorkGroupInfo(k, device_, what, bytes, out, nullptr);
+    };
+    size_t wgSize = 0, multiple = 0, compiled[3] = {0, 0, 0};
+    cl_ulong localMem = 0, privateMem = 0;
+    wg(CL_KERNEL_WORK_GROUP_SIZE, &wgSize, sizeof wgSize);
+    wg(CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE, &multiple, sizeof multiple);
+    wg(CL_KERNEL_COMPILE_WORK_GROUP_SIZE, compiled, sizeof compiled);
+    wg(CL_KERNEL_LOCAL_MEM_SIZE, &localMem, sizeof localMem);
+    wg(CL_KERNEL_PRIVATE_MEM_SIZE, &privateMem, sizeof privateMem);
+    d.workGroupSize = wgSize, d.preferredMultiple = multiple, d.localMemBytes = localMem, d.privateMemBytes = privateMem;
+    for (int i = 0; i < 3; ++i) d.compileWorkGroupSize[i] = compiled[i];
+    cl_uint count = 0;
+    clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof count, &count, nullptr);
+    for (cl_uint i = 0; i < count && i < kMaxKernelArgs; ++i) {
+      KernelArgDescription a;
+      auto argString = [&](cl_kernel_arg_info what) {
+        size_t n = 0;
+        if (clGetKernelArgInfo(k, i, what, 0, nullptr, &n) != CL_SUCCESS || n == 0) return std::string();
+        std::string v(n, '\0');
+        clGetKernelArgInfo(k, i, what, n, v.data(), nullptr);
+        while (!v.empty() && v.back() == '\0') v.pop_back();
+        return v;
+      };
+      a.name = argString(CL_KERNEL_ARG_NAME);
+      a.typeName = argString(CL_KERNEL_ARG_TYPE_NAME);
+      cl_kernel_arg_address_qualifier space = CL_KERNEL_ARG_ADDRESS_PRIVATE;
+      cl_kernel_arg_access_qualifier access = CL_KERNEL_ARG_ACCESS_NONE;
+      cl_kernel_arg_type_qualifier quals = 0;
+      clGetKernelArgInfo(k, i, CL_KERNEL_ARG_ADDRESS_QUALIFIER, sizeof space, &space, nullptr);
+      clGetKernelArgInfo(k, i, CL_KERNEL_ARG_ACCESS_QUALIFIER, sizeof access, &access, nullptr);
+      clGetKernelArgInfo(k, i, CL_KERNEL_ARG_TYPE_QUALIFIER, sizeof quals, &quals, nullptr);
+      using S = KernelArgDescription::Space;
+      using A = KernelArgDescription::Access;
+      a.space = space == CL_KERNEL_ARG_ADDRESS_GLOBAL     ? S::global
+                : space == CL_KERNEL_ARG_ADDRESS_CONSTANT ? S::constant
+                : space == CL_KERNEL_ARG_ADDRESS_LOCAL    ? S::local
+                                                          : S::privateValue;
+      a.access = access == CL_KERNEL_ARG_ACCESS_READ_ONLY    ? A::readOnly
+                 : access == CL_KERNEL_ARG_ACCESS_WRITE_ONLY  ? A::writeOnly
+                 : access == CL_KERNEL_ARG_ACCESS_READ_WRITE  ? A::readWrite
+                                                              : A::none;
+      a.typeQualifiers = static_cast<uint32_t>(quals);
+      // A by-value argument's size is what the compiler accepts: the smallest size
+      // clSetKernelArg takes (sizes up to kMaxArgBytes are tried).
+      if (a.space == S::privateValue && a.typeName.find('*') == std::string::npos) {
+        std::vector<std::byte> zeros(kMaxArgBytes);
+        for (size_t n = 1; n <= kMaxArgBytes; ++n)
+          if (clSetKernelArg(k, i, n, zeros.data()) == CL_SUCCESS) {
+            a.size = static_cast<uint32_t>(n);
+            break;
+          }
+      }
+      d.args.push_back(std::move(a));
+    }
+    return d;
   }
 
   cl_device_id device_;
   cl_context context_;
   cl_command_queue queue_;
+  uint64_t baseAlign_ = 128;  // bytes; sub-buffer origins must be multiples
   std::unique_ptr<ClProgram> builtins_;
   cl_mem partials_ = nullptr;
   bool gemmTiles_ = false;  // the device takes 16 x 16 work-groups
@@ -411,6 +539,9 @@ Result<std::unique_ptr<Device>> openOpenclDevice(unsigned index, const DeviceOve
   caps.memoryBytes = deviceValue<cl_ulong>(d, CL_DEVICE_GLOBAL_MEM_SIZE);
   caps.programKinds = {ProgramKind::builtin, ProgramKind::openclC};
   if (!deviceString(d, CL_DEVICE_IL_VERSION).empty()) caps.programKinds.push_back(ProgramKind::spirv);
+  caps.computeUnits = deviceValue<cl_uint>(d, CL_DEVICE_MAX_COMPUTE_UNITS);
+  caps.maxWorkGroupSize = static_cast<uint32_t>(std::min<size_t>(deviceValue<size_t>(d, CL_DEVICE_MAX_WORK_GROUP_SIZE), UINT32_MAX));
+  caps.localMemBytes = deviceValue<cl_ulong>(d, CL_DEVICE_LOCAL_MEM_SIZE);
   applyOverrides(caps, overrides);
   cl_int rc = CL_SUCCESS;
   cl_context context = clCreateContext(nullptr, 1, &d, nullptr, nullptr, &rc);

@@ -93,7 +93,7 @@ class XrtDevice final : public Device {
     });
   }
   Result<std::unique_ptr<Program>> doLoadProgram(ProgramKind kind, const std::string& name,
-                                                 std::span<const std::byte> code) override {
+                                                 std::span<const std::byte> code, const std::string&) override {
     std::unique_ptr<Program> out;
     auto s = guarded("loading the xclbin", [&]() -> Status {
       std::vector<char> image(reinterpret_cast<const char*>(code.data()), reinterpret_cast<const char*>(code.data()) + code.size());
@@ -122,7 +122,14 @@ class XrtDevice final : public Device {
         const KernelArg& a = args[i];
         int index = static_cast<int>(i);
         switch (a.type) {
-          case KernelArg::Type::buffer: run.set_arg(index, boOf(*a.buffer)); break;
+          case KernelArg::Type::buffer:
+            if (a.offset == 0) run.set_arg(index, boOf(*a.buffer));
+            else run.set_arg(index, xrt::bo(boOf(*a.buffer), a.buffer->size() - a.offset, a.offset));
+            break;
+          case KernelArg::Type::bytes: run.set_arg(index, static_cast<const void*>(a.bytes.data()), a.bytes.size()); break;
+          case KernelArg::Type::local:
+            return fail(Code::invalidArgument, "kernel " + kernel + " argument " + std::to_string(i) +
+                                                   ": FPGA kernels take no local-array arguments");
           case KernelArg::Type::u32: run.set_arg(index, a.scalar.u32); break;
           case KernelArg::Type::i32: run.set_arg(index, a.scalar.i32); break;
           case KernelArg::Type::f32: run.set_arg(index, a.scalar.f32); break;
