@@ -53,6 +53,10 @@ Arg Arg::f64(double v) {
   return {Type::f64, bits};
 }
 
+bool CardInfo::runs(ProgramKind kind) const {
+  return std::find(programKinds.begin(), programKinds.end(), kind) != programKinds.end();
+}
+
 std::string VaccelInfo::describe() const {
   std::ostringstream out;
   out << "vaccel #" << id << ", blocks";
@@ -106,8 +110,17 @@ Result<std::unique_ptr<Session>> Session::open(const Options& options) {
     s->vaccel_.id = v.getId();
     s->vaccel_.blockTflops = v.getBlockTflops();
     for (auto b : v.getBlocks()) s->vaccel_.blocks.emplace_back(b.getFirst(), b.getCount());
-    for (auto c : v.getCards())
-      s->vaccel_.cards.push_back(CardInfo{c.getNode(), c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBlocks()});
+    s->vaccel_.memoryQuota = v.getMemoryQuota();
+    for (auto c : v.getCards()) {
+      CardInfo card{c.getNode(), c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBlocks()};
+      card.memoryBytes = c.getMemoryBytes();
+      for (auto k : c.getProgramKinds())
+        if (transport::validProgramKind(k)) card.programKinds.push_back(transport::fromWire(k));
+      card.computeUnits = c.getComputeUnits();
+      card.maxWorkGroupSize = c.getMaxWorkGroupSize();
+      card.localMemBytes = c.getLocalMemBytes();
+      s->vaccel_.cards.push_back(std::move(card));
+    }
   });
   if (!decoded) return fail(decoded.error());
   if (!result) return fail(result.error());
@@ -175,13 +188,7 @@ void Session::write(Handle buffer, uint64_t offset, std::span<const std::byte> d
   } while (done < data.size());
 }
 
-Status Session::read(Handle buffer, uint64_t offset, std::span<std::byte> out) {
-  SmallMessage m;
-  auto r = m.instruction().initRead();
-  r.setBuffer(buffer);
-  r.setOffset(offset);
-  r.setLength(out.size());
-  uint64_t seq = queue(*m);
+Status Session::await(uint64_t seq, const std::function<bool(uint64_t, const void*)>& handle) {
   for (;;) {
     auto frame = impl_->link.receive(impl_->timeoutMs);
     if (!frame) {
@@ -196,23 +203,80 @@ Status Session::read(Handle buffer, uint64_t offset, std::span<std::byte> out) {
       if (reply.which() == wire::Reply::ERROR) {
         auto e = reply.getError();
         Error error{transport::fromWire(e.getError().getCode()), prefixed(e.getSequence(), transport::errorFrom(e.getError()))};
+        if (errorListener_) errorListener_(e.getSequence(), error);
         if (e.getSequence() == seq) done = fail(error);
         else noteError(error);
         return;
       }
-      if (at != seq || reply.which() != wire::Reply::DATA) return;  // not ours (a fence's answer cannot be pending here)
-      auto chunk = reply.getData();
-      auto data = chunk.getData();
-      if (chunk.getOffset() > out.size() || data.size() > out.size() - chunk.getOffset()) {
-        done = fail(Code::internal, "read reply out of bounds");
-        return;
-      }
-      if (data.size() > 0) std::memcpy(out.data() + chunk.getOffset(), data.begin(), data.size());  // empty: may be null
-      if (chunk.getLast()) done = Status{};
+      if (reply.which() == wire::Reply::FENCED && at > completedThrough_ && at < (uint64_t{1} << 62))
+        completedThrough_ = at;
+      if (at == seq && handle(at, &reply)) done = Status{};
     });
     if (!decoded) return fail(decoded.error());
     if (done) return *done;
   }
+}
+
+Status Session::read(Handle buffer, uint64_t offset, std::span<std::byte> out) {
+  SmallMessage m;
+  auto r = m.instruction().initRead();
+  r.setBuffer(buffer);
+  r.setOffset(offset);
+  r.setLength(out.size());
+  uint64_t seq = queue(*m);
+  Status bounds;
+  auto s = await(seq, [&](uint64_t, const void* any) {
+    auto& reply = *static_cast<const wire::Reply::Reader*>(any);
+    if (reply.which() != wire::Reply::DATA) return false;
+    auto chunk = reply.getData();
+    auto data = chunk.getData();
+    if (chunk.getOffset() > out.size() || data.size() > out.size() - chunk.getOffset()) {
+      bounds = fail(Code::internal, "read reply out of bounds");
+      return true;
+    }
+    if (data.size() > 0) std::memcpy(out.data() + chunk.getOffset(), data.begin(), data.size());  // empty: may be null
+    return chunk.getLast();
+  });
+  if (!s) return s;
+  return bounds;
+}
+
+Result<ProgramInfo> Session::describeProgram(Handle program) {
+  SmallMessage m;
+  m.instruction().setDescribeProgram(program);
+  uint64_t seq = queue(*m);
+  ProgramInfo info;
+  auto s = await(seq, [&](uint64_t, const void* any) {
+    auto& reply = *static_cast<const wire::Reply::Reader*>(any);
+    if (reply.which() != wire::Reply::PROGRAM) return false;
+    auto p = reply.getProgram();
+    info.buildLog = p.getBuildLog();
+    for (auto k : p.getKernels()) {
+      KernelInfo ki;
+      ki.name = k.getName();
+      ki.attributes = k.getAttributes();
+      ki.workGroupSize = k.getWorkGroupSize();
+      auto compiled = k.getCompileWorkGroupSize();
+      for (unsigned d = 0; d < 3 && d < compiled.size(); ++d) ki.compileWorkGroupSize[d] = compiled[d];
+      ki.localMemBytes = k.getLocalMemBytes();
+      ki.privateMemBytes = k.getPrivateMemBytes();
+      ki.preferredMultiple = k.getPreferredMultiple();
+      for (auto a : k.getArgs()) {
+        KernelArgInfo ai;
+        ai.name = a.getName();
+        ai.typeName = a.getTypeName();
+        ai.space = static_cast<KernelArgInfo::Space>(std::min<unsigned>(static_cast<unsigned>(a.getAddressSpace()), 3));
+        ai.access = static_cast<KernelArgInfo::Access>(std::min<unsigned>(static_cast<unsigned>(a.getAccess()), 3));
+        ai.typeQualifiers = a.getTypeQualifiers();
+        ai.size = a.getSize();
+        ki.args.push_back(std::move(ai));
+      }
+      info.kernels.push_back(std::move(ki));
+    }
+    return true;
+  });
+  if (!s) return fail(s.error());
+  return info;
 }
 
 Result<std::vector<float>> Session::readFloats(Handle buffer, size_t count) {
@@ -243,6 +307,11 @@ void Session::fill(Handle buffer, uint64_t offset, uint64_t length, uint8_t valu
 }
 
 Handle Session::loadProgram(ProgramKind kind, const std::string& name, std::span<const std::byte> code) {
+  return loadProgram(kind, name, code, {});
+}
+
+Handle Session::loadProgram(ProgramKind kind, const std::string& name, std::span<const std::byte> code,
+                            const std::string& options) {
   Handle h = newHandle();
   capnp::MallocMessageBuilder m;
   auto p = m.initRoot<wire::Instruction>().initLoadProgram();
@@ -250,6 +319,7 @@ Handle Session::loadProgram(ProgramKind kind, const std::string& name, std::span
   p.setKind(transport::toWire(kind));
   p.setName(name);
   p.setCode(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(code.data()), code.size()));
+  if (!options.empty()) p.setOptions(options);
   queue(m);
   return h;
 }
@@ -265,11 +335,24 @@ void Session::launch(Handle program, const std::string& kernel, std::vector<uint
   auto b = l.initBlock(block.size());
   for (size_t i = 0; i < block.size(); ++i) b.set(i, block[i]);
   l.setSharedBytes(sharedBytes);
-  auto out = l.initArgs(args.size());
+  fillLaunchArgs(&l, args);
+  queue(*m);
+}
+
+void Session::fillLaunchArgs(void* launch, std::span<const Arg> args) {
+  auto out = static_cast<wire::Launch::Builder*>(launch)->initArgs(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     uint64_t v = args[i].bits;
     switch (args[i].type) {
-      case Arg::Type::buffer: out[i].setBuffer(v); break;
+      case Arg::Type::buffer:
+        if (args[i].offset == 0) {
+          out[i].setBuffer(v);
+        } else {
+          auto sub = out[i].initSubBuffer();
+          sub.setBuffer(v);
+          sub.setOffset(args[i].offset);
+        }
+        break;
       case Arg::Type::u32: out[i].setU32(static_cast<uint32_t>(v)); break;
       case Arg::Type::i32: out[i].setI32(static_cast<int32_t>(static_cast<uint32_t>(v))); break;
       case Arg::Type::u64: out[i].setU64(v); break;
@@ -287,8 +370,39 @@ void Session::launch(Handle program, const std::string& kernel, std::vector<uint
         out[i].setF64(d);
         break;
       }
+      case Arg::Type::local: out[i].setLocal(static_cast<uint32_t>(v)); break;
+      case Arg::Type::bytes:
+        out[i].setBytes(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(args[i].bytes.data()), args[i].bytes.size()));
+        break;
     }
   }
+}
+
+void Session::launchRange(Handle program, const std::string& kernel, std::span<const uint64_t> global,
+                          std::span<const uint64_t> local, std::span<const uint64_t> offset, std::span<const Arg> args) {
+  SmallMessage m;
+  auto l = m.instruction().initLaunch();
+  l.setProgram(program);
+  l.setKernel(kernel);
+  auto g = l.initGrid(global.size());
+  if (local.empty()) {
+    l.setAutoBlock(true);
+    for (size_t i = 0; i < global.size(); ++i) g.set(i, static_cast<uint32_t>(global[i]));
+  } else {
+    auto b = l.initBlock(local.size());
+    for (size_t i = 0; i < global.size(); ++i) {
+      uint64_t group = i < local.size() && local[i] ? local[i] : 1;
+      g.set(i, static_cast<uint32_t>(global[i] / group));
+      if (i < local.size()) b.set(i, static_cast<uint32_t>(local[i]));
+    }
+  }
+  bool anyOffset = false;
+  for (auto o : offset) anyOffset |= o != 0;
+  if (anyOffset) {
+    auto o = l.initOffset(offset.size());
+    for (size_t i = 0; i < offset.size(); ++i) o.set(i, offset[i]);
+  }
+  fillLaunchArgs(&l, args);
   queue(*m);
 }
 
@@ -398,27 +512,11 @@ Status Session::fence() {
   SmallMessage m;
   m.instruction().setFence();
   uint64_t seq = queue(*m);
-  for (;;) {
-    auto frame = impl_->link.receive(impl_->timeoutMs);
-    if (!frame) {
-      noteError(frame.error());
-      break;
-    }
-    bool fenced = false;
-    auto decoded = transport::decodeGuard([&] {
-      transport::MessageView in(frame->body);
-      auto reply = in.root<wire::Reply>();
-      if (reply.which() == wire::Reply::ERROR) {
-        auto e = reply.getError();
-        noteError(Error{transport::fromWire(e.getError().getCode()), prefixed(e.getSequence(), transport::errorFrom(e.getError()))});
-        if (e.getSequence() == seq) fenced = true;
-      } else if (reply.which() == wire::Reply::FENCED && frame->header.sequence == seq) {
-        fenced = true;
-      }
-    });
-    if (!decoded) noteError(decoded.error());
-    if (fenced) break;
-  }
+  auto s = await(seq, [&](uint64_t, const void* any) {
+    return static_cast<const wire::Reply::Reader*>(any)->which() == wire::Reply::FENCED;
+  });
+  if (!s) noteError(s.error());
+  else if (seq > completedThrough_) completedThrough_ = seq;
   if (firstError_) {
     Error e = *firstError_;
     firstError_.reset();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -49,6 +50,12 @@ struct CardInfo {
   CardKind kind = CardKind::cpu;
   std::string model;
   uint32_t blocks = 0;
+  uint64_t memoryBytes = 0;
+  std::vector<ProgramKind> programKinds;
+  uint32_t computeUnits = 0;      // 0 = not known
+  uint32_t maxWorkGroupSize = 0;
+  uint64_t localMemBytes = 0;
+  bool runs(ProgramKind kind) const;
 };
 
 struct VaccelInfo {
@@ -56,13 +63,41 @@ struct VaccelInfo {
   double blockTflops = 1;
   std::vector<std::pair<uint32_t, uint32_t>> blocks;  // (first, count)
   std::vector<CardInfo> cards;
+  uint64_t memoryQuota = 0;  // bytes the VM may hold (0 = no limit known)
   std::string describe() const;
+};
+
+// What a card's compiler says of a loaded program (Session::describeProgram).
+struct KernelArgInfo {
+  enum class Space { privateValue, global, constant, local };
+  enum class Access { none, readOnly, writeOnly, readWrite };
+  std::string name, typeName;
+  Space space = Space::privateValue;
+  Access access = Access::none;
+  uint32_t typeQualifiers = 0;
+  uint32_t size = 0;  // bytes of a by-value argument (0 = pointer, local, or not known)
+};
+struct KernelInfo {
+  std::string name, attributes;
+  std::vector<KernelArgInfo> args;
+  uint64_t workGroupSize = 0;
+  uint64_t compileWorkGroupSize[3] = {0, 0, 0};
+  uint64_t localMemBytes = 0, privateMemBytes = 0, preferredMultiple = 0;
+};
+struct ProgramInfo {
+  std::string buildLog;
+  std::vector<KernelInfo> kernels;
 };
 
 // A kernel argument for launch().
 struct Arg {
-  enum class Type { buffer, u32, i32, u64, i64, f32, f64 } type;
-  uint64_t bits;  // buffer handle or the scalar's bits
+  enum class Type { buffer, u32, i32, u64, i64, f32, f64, local, bytes } type;
+  uint64_t bits;  // buffer handle, the scalar's bits, or a local array's bytes
+  uint64_t offset = 0;               // a buffer from this offset on
+  std::span<const std::byte> bytes;  // by value (borrowed until launch() returns)
+  static Arg subBuffer(Handle h, uint64_t offset) { return {Type::buffer, h, offset}; }
+  static Arg local(uint32_t bytes) { return {Type::local, bytes}; }
+  static Arg value(std::span<const std::byte> bytes) { return {Type::bytes, 0, 0, bytes}; }
   static Arg buffer(Handle h) { return {Type::buffer, h}; }
   static Arg u32(uint32_t v) { return {Type::u32, v}; }
   static Arg u64(uint64_t v) { return {Type::u64, v}; }
@@ -118,6 +153,15 @@ class Session {
   Handle loadProgram(ProgramKind kind, const std::string& name, std::span<const std::byte> code = {});
   void launch(Handle program, const std::string& kernel, std::vector<uint32_t> grid, std::vector<uint32_t> block,
               const std::vector<Arg>& args, uint32_t sharedBytes = 0);
+  // An OpenCL NDRange: `global` work-items from `offset` (empty = 0) in work-groups of
+  // `local` (empty = the card chooses).
+  void launchRange(Handle program, const std::string& kernel, std::span<const uint64_t> global,
+                   std::span<const uint64_t> local, std::span<const uint64_t> offset, std::span<const Arg> args);
+  // Source or binary with compiler options (OpenCL C build options, NVRTC flags).
+  Handle loadProgram(ProgramKind kind, const std::string& name, std::span<const std::byte> code, const std::string& options);
+  // Waits for the card's account of a loaded program; a failed build is this call's
+  // error (its message holds the build log).
+  Result<ProgramInfo> describeProgram(Handle program);
 
   // c[m x n] = alpha * a[m x k] * b[k x n] + beta * c (f32, row-major).
   void gemm(uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Handle b, float beta, Handle c);
@@ -132,6 +176,11 @@ class Session {
   // reported (or the connection's loss).
   Status fence();
   Status sync() { return fence(); }
+  // Every instruction up to this sequence number has completed (the last fence answered).
+  uint64_t completedThrough() const { return completedThrough_; }
+  // Called with every error reply as it arrives (sequence, error), besides fence()'s
+  // first-error report: an API that tracks commands (OpenCL events) fails the right one.
+  void onError(std::function<void(uint64_t, const Error&)> listener) { errorListener_ = std::move(listener); }
   // Sends whatever is queued without waiting.
   Status flush();
 
@@ -151,6 +200,12 @@ class Session {
   // Queues one instruction; returns its sequence number.
   uint64_t queue(capnp::MessageBuilder& message);
   void noteError(const Error& error);
+  // Receives until `handle` says the awaited answer is complete (true); error replies are
+  // noted (and given to the listener) on the way; an error for `seq` itself ends the wait.
+  Status await(uint64_t seq, const std::function<bool(uint64_t, const void*)>& handle);
+  void fillLaunchArgs(void* list, std::span<const Arg> args);
+  uint64_t completedThrough_ = 0;
+  std::function<void(uint64_t, const Error&)> errorListener_;
   std::unique_ptr<Impl> impl_;
   VaccelInfo vaccel_;
   uint64_t nextSequence_ = 1;
