@@ -4,6 +4,7 @@
 #include <CL/cl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -110,6 +111,23 @@ CardKind kindOf(cl_device_id d) {
   return CardKind::cpu;
 }
 
+// Bytes of an OpenCL C scalar or vector type named `name` ("float", "uint4", "size_t"),
+// or 0 when the name is not one (a struct, a typedef).
+uint32_t scalarTypeBytes(const std::string& name, uint32_t addressBytes) {
+  static const std::map<std::string, uint32_t> scalars = {
+      {"char", 1},  {"uchar", 1}, {"short", 2}, {"ushort", 2}, {"half", 2},  {"int", 4},    {"uint", 4},
+      {"float", 4}, {"long", 8},  {"ulong", 8}, {"double", 8}, {"bool", 1}};
+  if (name == "size_t" || name == "ptrdiff_t" || name == "intptr_t" || name == "uintptr_t") return addressBytes;
+  size_t digits = name.find_first_of("0123456789");
+  auto it = scalars.find(name.substr(0, digits));
+  if (it == scalars.end()) return 0;
+  if (digits == std::string::npos) return it->second;
+  int lanes = std::atoi(name.c_str() + digits);
+  if (lanes == 3) lanes = 4;  // a 3-vector is stored as a 4-vector
+  if (lanes != 2 && lanes != 4 && lanes != 8 && lanes != 16) return 0;
+  return it->second * static_cast<uint32_t>(lanes);
+}
+
 class ClBuffer final : public Buffer {
  public:
   ClBuffer(uint64_t size, cl_mem mem) : Buffer(size), mem(mem) {}
@@ -179,6 +197,7 @@ class OpenclDevice final : public Device {
     builtins_.reset(static_cast<ClProgram*>(program->release()));
     gemmTiles_ = deviceValue<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE) >= 256;
     baseAlign_ = std::max<uint64_t>(1, deviceValue<cl_uint>(device_, CL_DEVICE_MEM_BASE_ADDR_ALIGN) / 8);
+    addressBytes_ = std::max<cl_uint>(4, deviceValue<cl_uint>(device_, CL_DEVICE_ADDRESS_BITS) / 8);
     cl_int rc = CL_SUCCESS;
     partials_ = clCreateBuffer(context_, CL_MEM_READ_WRITE, kPartials * sizeof(float), nullptr, &rc);
     return check(rc, "allocating reduction scratch");
@@ -486,16 +505,9 @@ class OpenclDevice final : public Device {
                  : access == CL_KERNEL_ARG_ACCESS_READ_WRITE  ? A::readWrite
                                                               : A::none;
       a.typeQualifiers = static_cast<uint32_t>(quals);
-      // A by-value argument's size is what the compiler accepts: the smallest size
-      // clSetKernelArg takes (sizes up to kMaxArgBytes are tried).
-      if (a.space == S::privateValue && a.typeName.find('*') == std::string::npos) {
-        std::vector<std::byte> zeros(kMaxArgBytes);
-        for (size_t n = 1; n <= kMaxArgBytes; ++n)
-          if (clSetKernelArg(k, i, n, zeros.data()) == CL_SUCCESS) {
-            a.size = static_cast<uint32_t>(n);
-            break;
-          }
-      }
+      // A by-value argument's size, from its type's name (scalars and vectors); 0 for a
+      // struct or anything else whose size the name does not tell (the compiler checks).
+      if (a.space == S::privateValue) a.size = scalarTypeBytes(a.typeName, addressBytes_);
       d.args.push_back(std::move(a));
     }
     return d;
@@ -505,6 +517,7 @@ class OpenclDevice final : public Device {
   cl_context context_;
   cl_command_queue queue_;
   uint64_t baseAlign_ = 128;  // bytes; sub-buffer origins must be multiples
+  uint32_t addressBytes_ = 8;
   std::unique_ptr<ClProgram> builtins_;
   cl_mem partials_ = nullptr;
   bool gemmTiles_ = false;  // the device takes 16 x 16 work-groups

@@ -785,7 +785,11 @@ cl_int CL_API_CALL buildProgram(cl_program p, cl_uint n, const cl_device_id* dev
   p->options = options ? options : "";
   p->status = CL_BUILD_IN_PROGRESS;
   p->handle = c->session->loadProgram(ProgramKind::openclC, "opencl", std::as_bytes(std::span(p->source)), p->options);
+  c->buildSeq = c->session->lastSequence();
+  c->buildError.reset();
   auto info = c->session->describeProgram(p->handle);
+  c->buildSeq = 0;
+  if (!info && c->buildError) info = std::unexpected(*c->buildError);  // the load's own failure, with the log
   cl_int rc = CL_SUCCESS;
   if (info) {
     p->status = CL_BUILD_SUCCESS;

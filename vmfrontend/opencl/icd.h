@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -80,8 +81,10 @@ struct _cl_context : RcObject {
   void(CL_CALLBACK* notify)(const char*, const void*, size_t, void*) = nullptr;
   void* notifyData = nullptr;
   // Events of commands sent and not yet known complete, by their last sequence number.
-  std::map<uint64_t, _cl_event*> inFlight;
+  std::multimap<uint64_t, _cl_event*> inFlight;
   std::condition_variable_any changed;  // an event completed, a user event was set
+  uint64_t buildSeq = 0;                // the loadProgram a clBuildProgram waits on
+  std::optional<raccel::Error> buildError;  // its failure, with the compiler's log
   bool lost = false;                    // the session failed for good
   std::string lostWhy;
   std::unique_ptr<std::thread> watcher;  // completes events that have callbacks

@@ -220,6 +220,10 @@ void settle(cl_context ctx) {
 }
 
 static void failInFlight(cl_context ctx, uint64_t seq, const Error& error) {
+  if (seq == ctx->buildSeq) {
+    ctx->buildError = error;
+    return;
+  }
   for (auto it = ctx->inFlight.lower_bound(seq); it != ctx->inFlight.end(); ++it) {
     cl_event e = it->second;
     if (e->firstSeq > seq) continue;
