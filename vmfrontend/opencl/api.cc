@@ -244,11 +244,10 @@ cl_command_queue makeQueue(cl_context c, cl_device_id d, cl_command_queue_proper
   if (d != theDevice()) return failWith<_cl_command_queue>(err, CL_INVALID_DEVICE);
   if (props & ~cl_command_queue_properties(CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE | CL_QUEUE_PROFILING_ENABLE))
     return failWith<_cl_command_queue>(err, CL_INVALID_QUEUE_PROPERTIES);
-  auto* q = new _cl_command_queue();
+  auto* q = make<_cl_command_queue>();
   q->context = c;
   q->properties = props;
   c->refs++;
-  live<_cl_command_queue>().insert(q);
   if (err) *err = CL_SUCCESS;
   return q;
 }
@@ -338,12 +337,11 @@ cl_int CL_API_CALL finish(cl_command_queue q) {
 // Buffers
 
 cl_mem newMem(cl_context c, cl_mem_flags flags, size_t size) {
-  auto* m = new _cl_mem();
+  auto* m = make<_cl_mem>();
   m->context = c;
   m->flags = flags;
   m->size = size;
   c->refs++;
-  live<_cl_mem>().insert(m);
   return m;
 }
 
@@ -404,14 +402,13 @@ cl_int CL_API_CALL retainMemObject(cl_mem m) {
 
 void releaseMem(cl_mem m) {
   if (--m->refs > 0) return;
-  live<_cl_mem>().erase(m);
   for (auto it = m->destructors.rbegin(); it != m->destructors.rend(); ++it) it->first(m, it->second);
   for (auto& [ptr, map] : m->maps)
     if (map.owned) std::free(ptr);
   cl_context c = m->context;
   if (m->parent) releaseMem(m->parent);
   else if (!c->lost) c->session->free(m->handle);
-  delete m;
+  bury(m);
   releaseContext(c);
 }
 
@@ -705,10 +702,9 @@ cl_int CL_API_CALL enqueueMigrateMemObjects(cl_command_queue q, cl_uint n, const
 // Programs
 
 cl_program newProgram(cl_context c) {
-  auto* p = new _cl_program();
+  auto* p = make<_cl_program>();
   p->context = c;
   c->refs++;
-  live<_cl_program>().insert(p);
   return p;
 }
 
@@ -758,10 +754,9 @@ cl_int CL_API_CALL retainProgram(cl_program p) {
 
 void releaseProgramObject(cl_program p) {
   if (--p->refs > 0) return;
-  live<_cl_program>().erase(p);
   cl_context c = p->context;
   if (p->handle && !c->lost) c->session->free(p->handle);
-  delete p;
+  bury(p);
   releaseContext(c);
 }
 
@@ -893,13 +888,12 @@ cl_int CL_API_CALL unloadPlatformCompiler(cl_platform_id p) { return p == thePla
 // Kernels
 
 cl_kernel makeKernel(cl_program p, const client::KernelInfo& info) {
-  auto* k = new _cl_kernel();
+  auto* k = make<_cl_kernel>();
   k->program = p;
   k->info = &info;
   k->args.resize(info.args.size());
   p->refs++;
   p->kernelsAttached++;
-  live<_cl_kernel>().insert(k);
   return k;
 }
 
@@ -943,11 +937,10 @@ cl_int CL_API_CALL releaseKernel(cl_kernel k) {
   Lock lock(apiLock());
   if (!valid(k)) return CL_INVALID_KERNEL;
   if (--k->refs > 0) return CL_SUCCESS;
-  live<_cl_kernel>().erase(k);
   for (auto& a : k->args) dropArg(a);
   cl_program p = k->program;
   p->kernelsAttached--;
-  delete k;
+  bury(k);
   releaseProgramObject(p);
   return CL_SUCCESS;
 }
@@ -1288,13 +1281,12 @@ cl_int CL_API_CALL enqueueWaitForEvents(cl_command_queue q, cl_uint n, const cl_
 
 cl_sampler makeSampler(cl_context c, cl_bool normalized, cl_addressing_mode addressing, cl_filter_mode filter, cl_int* err) {
   if (!valid(c)) return failWith<_cl_sampler>(err, CL_INVALID_CONTEXT);
-  auto* s = new _cl_sampler();
+  auto* s = make<_cl_sampler>();
   s->context = c;
   s->normalized = normalized;
   s->addressing = addressing;
   s->filter = filter;
   c->refs++;
-  live<_cl_sampler>().insert(s);
   logLine("a sampler was created, but the device has no image support (CL_DEVICE_IMAGE_SUPPORT is false)");
   if (err) *err = CL_SUCCESS;
   return s;
@@ -1331,9 +1323,8 @@ cl_int CL_API_CALL releaseSampler(cl_sampler s) {
   Lock lock(apiLock());
   if (!valid(s)) return CL_INVALID_SAMPLER;
   if (--s->refs > 0) return CL_SUCCESS;
-  live<_cl_sampler>().erase(s);
   cl_context c = s->context;
-  delete s;
+  bury(s);
   opencl::releaseContext(c);
   return CL_SUCCESS;
 }

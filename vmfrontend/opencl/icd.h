@@ -51,7 +51,8 @@ std::recursive_mutex& apiLock();
 void logLine(const std::string& line, bool always = false);
 
 // What a context asks of raccel: from the environment (RACCEL_TFLOPS, RACCEL_PRIORITY,
-// RACCEL_KINDS, RACCEL_SOCKET, RACCEL_PROGRAM, RACCEL_WAIT_MS) over a config file
+// RACCEL_KINDS, RACCEL_SOCKET, RACCEL_PROGRAM, RACCEL_WAIT_MS, RACCEL_TIMEOUT_MS for
+// hello, reads and waits, default 120000) over a config file
 // (RACCEL_OPENCL_CONFIG, default /etc/raccel/opencl.conf: key = value lines).
 client::Options sessionOptions(std::string* problem);
 

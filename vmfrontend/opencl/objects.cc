@@ -73,7 +73,8 @@ client::Options sessionOptions(std::string* problem) {
     settings[trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
   }
   for (auto [env, key] : {std::pair{"RACCEL_TFLOPS", "tflops"}, {"RACCEL_PRIORITY", "priority"}, {"RACCEL_KINDS", "kinds"},
-                          {"RACCEL_SOCKET", "socket"}, {"RACCEL_PROGRAM", "program"}, {"RACCEL_WAIT_MS", "wait_ms"}})
+                          {"RACCEL_SOCKET", "socket"}, {"RACCEL_PROGRAM", "program"}, {"RACCEL_WAIT_MS", "wait_ms"},
+                          {"RACCEL_TIMEOUT_MS", "timeout_ms"}})
     if (const char* v = std::getenv(env)) settings[key] = v;
   auto number = [&](const std::string& key, double lo, double hi, double& out) {
     auto it = settings.find(key);
@@ -86,10 +87,12 @@ client::Options sessionOptions(std::string* problem) {
     }
     out = v;
   };
-  double tflops = 0, priority = 0, waitMs = 0;
+  double tflops = 0, priority = 0, waitMs = 0, timeoutMs = o.timeoutMs;
   number("tflops", 0, 1 << 24, tflops);
   number("priority", -1000, 1000, priority);
   number("wait_ms", 0, 86400000, waitMs);
+  number("timeout_ms", 100, 86400000, timeoutMs);
+  o.timeoutMs = static_cast<int>(timeoutMs);
   o.tflops = tflops;
   o.priority = static_cast<int>(priority);
   o.admitWaitMs = static_cast<unsigned>(waitMs);
@@ -154,14 +157,13 @@ cl_int clCode(Code code) {
 // Events
 
 cl_event newEvent(cl_context ctx, cl_command_queue queue, cl_command_type type) {
-  auto* e = new _cl_event();
+  auto* e = make<_cl_event>();
   e->context = ctx;
   e->queue = queue;
   e->type = type;
   e->queued = nowNs();
   ctx->refs++;
   if (queue) queue->refs++;
-  live<_cl_event>().insert(e);
   return e;
 }
 
@@ -169,10 +171,9 @@ void retain(cl_event e) { e->refs++; }
 
 void release(cl_event e) {
   if (--e->refs > 0) return;
-  live<_cl_event>().erase(e);
   cl_context ctx = e->context;
   cl_command_queue q = e->queue;
-  delete e;
+  bury(e);
   if (q) releaseQueue(q);
   releaseContext(ctx);
 }
@@ -399,15 +400,13 @@ void releaseContext(cl_context ctx) {
     ctx->watcher->join();
     m.lock();
   }
-  live<_cl_context>().erase(ctx);
-  delete ctx;
+  bury(ctx);
 }
 
 void releaseQueue(cl_command_queue q) {
   if (--q->refs > 0) return;
-  live<_cl_command_queue>().erase(q);
   cl_context ctx = q->context;
-  delete q;
+  bury(q);
   releaseContext(ctx);
 }
 
@@ -435,13 +434,12 @@ cl_context createContext(const cl_context_properties* props, void(CL_CALLBACK* n
     if (notify) notify(session.error().message.c_str(), nullptr, 0, data);
     return set(session.error().code == Code::resourceExhausted ? CL_OUT_OF_RESOURCES : CL_DEVICE_NOT_AVAILABLE);
   }
-  auto* ctx = new _cl_context();
+  auto* ctx = make<_cl_context>();
   ctx->session = std::move(*session);
   ctx->properties = std::move(kept);
   ctx->notify = notify;
   ctx->notifyData = data;
   ctx->session->onError([ctx](uint64_t seq, const Error& e) { failInFlight(ctx, seq, e); });
-  live<_cl_context>().insert(ctx);
   if (err) *err = CL_SUCCESS;
   return ctx;
 }

@@ -20,6 +20,36 @@ bool valid(T* object) {
   return object && live<T>().count(object);
 }
 
+// Objects are made and buried here, never handed back to the heap: the loader reads an
+// object's dispatch pointer before we can check the handle, so a released object's
+// memory keeps that pointer (and our check then answers CL_INVALID_<TYPE>). A buried
+// object's memory is reused for the next object of its type.
+template <class T>
+std::vector<T*>& graveyard() {
+  static std::vector<T*> dead;
+  return dead;
+}
+template <class T>
+T* make() {
+  auto& dead = graveyard<T>();
+  T* o;
+  if (dead.empty()) {
+    o = new T();
+  } else {
+    o = new (dead.back()) T();
+    dead.pop_back();
+  }
+  live<T>().insert(o);
+  return o;
+}
+template <class T>
+void bury(T* o) {
+  live<T>().erase(o);
+  o->~T();
+  *reinterpret_cast<cl_icd_dispatch**>(o) = &kDispatch;
+  graveyard<T>().push_back(o);
+}
+
 cl_platform_id thePlatform();
 cl_device_id theDevice();
 // Opens the first session, which describes the device; false (with a logged reason)
