@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 # SQLite: the scheduler's state database.
 packages=(cmake ninja-build g++ pkg-config capnproto libcapnp-dev libuv1-dev libgtest-dev
   libsqlite3-dev libssl-dev openssl libseccomp-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev
-  qemu-system-x86 linux-image-amd64 busybox-static cpio libvirt-dev libvirt-clients libclang-rt-14-dev python3)
+  qemu-system-x86 linux-image-amd64 busybox-static cpio libvirt-dev libvirt-clients libclang-rt-14-dev python3
+  clinfo python3-pyopencl python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
