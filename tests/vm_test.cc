@@ -57,6 +57,25 @@ size_t count(const std::string& text, const std::string& part) {
   return n;
 }
 
+// An unmodified OpenCL program in the guest (linked with -lOpenCL only): Debian's ICD
+// loader in the guest finds raccel's ICD, whose device is the program's vaccel.
+TEST_F(VmTest, AnUnmodifiedOpenclProgramRunsThroughTheGuestsIcd) {
+  VmSpec vm;
+  vm.attach = "connect";
+  Cluster cluster({vm});
+  cluster.addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+  Guest guest(cluster.vmSocket(), cluster.dir() + "/guest.console",
+              "if [ ! -x /bin/ocl_smoke ]; then echo 'raccel-guest: no OpenCL programs in this image'; exit 77; fi; "
+              "RACCEL_TFLOPS=2 ocl_smoke && RACCEL_TFLOPS=1 clinfo -l");
+  int code = guest.wait();
+  std::string console = guest.console();
+  if (code == 77) GTEST_SKIP() << "the guest image was built without libraccel-opencl";
+  EXPECT_EQ(code, 0) << console << cluster.logs();
+  EXPECT_NE(console.find("ocl_smoke: OK saxpy over 65536 floats on raccel vaccel"), std::string::npos)
+      << console << cluster.logs();
+  EXPECT_NE(console.find("Platform #0: raccel"), std::string::npos) << console;
+}
+
 TEST_F(VmTest, GuestRunsGemmOpsAndAnOpenclKernelOverVirtioSerial) {
   // QEMU binds the VM's socket (libvirt's default) and the scheduler connects to it.
   VmSpec vm;

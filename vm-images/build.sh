@@ -77,6 +77,29 @@ strip -o "$root/bin/raccel-guestd" "$build/bin/raccel-guestd-static"
 strip -o "$root/bin/raccel-run" "$build/bin/raccel-run-static"
 install -m 0755 "$here/guest-init.sh" "$root/init"
 
+# Unmodified OpenCL programs: the raccel ICD, Debian's ICD loader (ocl-icd), clinfo and
+# ocl_smoke (a plain -lOpenCL program), with every shared library they load and the
+# dynamic linker. The loader finds the ICD through /etc/OpenCL/vendors/raccel.icd.
+icd="$build/lib/libraccel-opencl.so"
+if [ -f "$icd" ] && [ -x "$build/bin/ocl_smoke" ]; then
+  mkdir -p "$root/usr/lib/raccel" "$root/etc/OpenCL/vendors"
+  cp "$icd" "$root/usr/lib/raccel/"
+  echo /usr/lib/raccel/libraccel-opencl.so > "$root/etc/OpenCL/vendors/raccel.icd"
+  strip -o "$root/bin/ocl_smoke" "$build/bin/ocl_smoke"
+  programs=("$icd" "$build/bin/ocl_smoke")
+  if command -v clinfo > /dev/null; then
+    cp "$(command -v clinfo)" "$root/bin/clinfo"
+    programs+=("$(command -v clinfo)")
+  fi
+  for lib in $(ldd "${programs[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $1 !~ /:$/ {print $1}' | sort -u); do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+  # Not every dynamic linker path ldd prints is the one the programs ask for.
+  mkdir -p "$root/lib64"
+  cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/" 2>/dev/null || true
+fi
+
 (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) | gzip -1 > "$out/initramfs.cpio.gz.tmp"
 mv "$out/initramfs.cpio.gz.tmp" "$out/initramfs.cpio.gz"
 cp "/boot/vmlinuz-$kver" "$out/kernel"

@@ -11,6 +11,8 @@
 # go to the serial console; then the guest powers off.
 /bin/busybox --install -s /bin
 export PATH=/bin
+# Shared libraries of the OpenCL programs (build.sh copies them where the host has them).
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
