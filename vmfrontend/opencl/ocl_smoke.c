@@ -60,16 +60,25 @@ static int open_raccel(void) {
   return 1;
 }
 
+/* The saxpy program, built, and its kernel. */
+static int build_saxpy(cl_program* program, cl_kernel* k) {
+  cl_int rc;
+  *program = clCreateProgramWithSource(context, 1, &src, NULL, &rc);
+  CHECK(rc);
+  CHECK(clBuildProgram(*program, 1, &device, "", NULL, NULL));
+  *k = clCreateKernel(*program, "saxpy", &rc);
+  CHECK(rc);
+  return 0;
+}
+
 static int run_saxpy(void) {
   enum { N = 1 << 16 };
   static float x[N], y[N], out[N];
   for (int i = 0; i < N; ++i) x[i] = (float)i, y[i] = 1.0f / (float)(i + 1);
   cl_int rc;
-  cl_program program = clCreateProgramWithSource(context, 1, &src, NULL, &rc);
-  CHECK(rc);
-  CHECK(clBuildProgram(program, 1, &device, "", NULL, NULL));
-  cl_kernel k = clCreateKernel(program, "saxpy", &rc);
-  CHECK(rc);
+  cl_program program;
+  cl_kernel k;
+  if (build_saxpy(&program, &k)) return 1;
   cl_mem bx = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof x, x, &rc);
   CHECK(rc);
   cl_mem by = clCreateBuffer(context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof y, y, &rc);
@@ -116,11 +125,9 @@ static int abuse(void) {
     printf("ocl_smoke: the build log does not name the error: %s\n", log);
     return 1;
   }
-  cl_program program = clCreateProgramWithSource(context, 1, &src, NULL, &rc);
-  CHECK(rc);
-  CHECK(clBuildProgram(program, 1, &device, "", NULL, NULL));
-  cl_kernel k = clCreateKernel(program, "saxpy", &rc);
-  CHECK(rc);
+  cl_program program;
+  cl_kernel k;
+  if (build_saxpy(&program, &k)) return 1;
   float a = 1;
   double wide = 1;
   EXPECT(clSetKernelArg(k, 7, sizeof a, &a), CL_INVALID_ARG_INDEX);
@@ -146,11 +153,9 @@ static int abuse(void) {
 
 static int until_error(double seconds) {
   cl_int rc;
-  cl_program program = clCreateProgramWithSource(context, 1, &src, NULL, &rc);
-  CHECK(rc);
-  CHECK(clBuildProgram(program, 1, &device, "", NULL, NULL));
-  cl_kernel k = clCreateKernel(program, "saxpy", &rc);
-  CHECK(rc);
+  cl_program program;
+  cl_kernel k;
+  if (build_saxpy(&program, &k)) return 1;
   cl_mem b = clCreateBuffer(context, CL_MEM_READ_WRITE, 4096 * 4, NULL, &rc);
   CHECK(rc);
   float a = 1;
