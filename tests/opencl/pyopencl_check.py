@@ -98,6 +98,23 @@ def events():
     assert ev.profile.end >= ev.profile.start >= ev.profile.submit >= ev.profile.queued
     queue.finish()
     assert done == [cl.command_execution_status.COMPLETE], done
+    # Two commands held behind two user events: setting the first sends only the first.
+    first, second = cl.UserEvent(ctx), cl.UserEvent(ctx)
+    a = prg.inc(queue, (4096,), None, buf.data, wait_for=[first])
+    b = prg.inc(queue, (4096,), None, buf.data, wait_for=[second])
+    first.set_status(cl.command_execution_status.COMPLETE)
+    a.wait()
+    assert b.command_execution_status == cl.command_execution_status.QUEUED
+    second.set_status(cl.command_execution_status.COMPLETE)
+    b.wait()
+    assert (buf.get() == 4).all()
+    # A user event that fails fails what waits for it; the kernel never runs.
+    failing = cl.UserEvent(ctx)
+    c = prg.inc(queue, (4096,), None, buf.data, wait_for=[failing])
+    failing.set_status(-1)
+    assert c.command_execution_status < 0, c.command_execution_status
+    queue.finish()
+    assert (buf.get() == 4).all()
 
 
 def kernel_metadata():

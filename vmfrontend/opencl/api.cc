@@ -22,9 +22,19 @@ namespace raccel::opencl {
 namespace {
 
 using Lock = std::lock_guard<std::recursive_mutex>;
-constexpr size_t kBaseAlignBytes = 128;  // CL_DEVICE_MEM_BASE_ADDR_ALIGN / 8: PoCL's, and CUDA's 256 divides... see README
+// CL_DEVICE_MEM_BASE_ADDR_ALIGN / 8, as reported: PoCL's alignment. The card's own backend
+// refuses a sub-buffer offset its device cannot take, naming its alignment.
+constexpr size_t kBaseAlignBytes = 128;
 constexpr size_t kMaxParameterBytes = 4096;
 constexpr char kBinaryMagic[] = "RACCEL-OPENCL-C 1\n";  // a "binary" is this, the options line, then the source
+
+template <class T>
+cl_int retainObject(T* o, cl_int invalid) {
+  Lock lock(apiLock());
+  if (!valid(o)) return invalid;
+  o->refs++;
+  return CL_SUCCESS;
+}
 
 template <class T>
 T* failWith(cl_int* err, cl_int rc) {
@@ -208,12 +218,7 @@ cl_context CL_API_CALL createContextFromType(const cl_context_properties* props,
   return opencl::createContext(props, notify, data, err);
 }
 
-cl_int CL_API_CALL retainContext(cl_context c) {
-  Lock lock(apiLock());
-  if (!valid(c)) return CL_INVALID_CONTEXT;
-  c->refs++;
-  return CL_SUCCESS;
-}
+cl_int CL_API_CALL retainContext(cl_context c) { return retainObject(c, CL_INVALID_CONTEXT); }
 
 cl_int CL_API_CALL releaseContext(cl_context c) {
   Lock lock(apiLock());
@@ -269,20 +274,13 @@ cl_command_queue CL_API_CALL createCommandQueueWithProperties(cl_context c, cl_d
   return makeQueue(c, d, flags, err);
 }
 
-cl_int CL_API_CALL retainCommandQueue(cl_command_queue q) {
-  Lock lock(apiLock());
-  if (!valid(q)) return CL_INVALID_COMMAND_QUEUE;
-  q->refs++;
-  return CL_SUCCESS;
-}
+cl_int CL_API_CALL retainCommandQueue(cl_command_queue q) { return retainObject(q, CL_INVALID_COMMAND_QUEUE); }
 
 cl_int CL_API_CALL releaseCommandQueue(cl_command_queue q) {
   Lock lock(apiLock());
   if (!valid(q)) return CL_INVALID_COMMAND_QUEUE;
-  if (q->refs == 1) {
-    if (!q->held.empty()) return (q->refs++, logLine("a released queue keeps its held commands"), q->refs--, CL_SUCCESS);
-    if (q->context->session) (void)q->context->session->flush();  // an implicit flush
-  }
+  // An implicit flush. (Held commands keep their queue: their events hold it.)
+  if (q->refs == 1 && !q->context->lost) (void)q->context->session->flush();
   releaseQueue(q);
   return CL_SUCCESS;
 }
@@ -393,12 +391,7 @@ cl_mem CL_API_CALL createSubBuffer(cl_mem parent, cl_mem_flags flags, cl_buffer_
   return m;
 }
 
-cl_int CL_API_CALL retainMemObject(cl_mem m) {
-  Lock lock(apiLock());
-  if (!valid(m)) return CL_INVALID_MEM_OBJECT;
-  m->refs++;
-  return CL_SUCCESS;
-}
+cl_int CL_API_CALL retainMemObject(cl_mem m) { return retainObject(m, CL_INVALID_MEM_OBJECT); }
 
 void releaseMem(cl_mem m) {
   if (--m->refs > 0) return;
@@ -483,11 +476,8 @@ cl_int CL_API_CALL enqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool bloc
   cl_context c = q->context;
   // Sent (or copied into the send queue) before this returns, so the caller's memory is
   // free at once; a held command keeps a copy.
-  bool held = !q->held.empty();
-  for (cl_uint i = 0; i < nWait && wait; ++i) held = held || (valid(wait[i]) && wait[i]->status == CL_QUEUED) ||
-                                                    (valid(wait[i]) && !wait[i]->queue && wait[i]->status > CL_COMPLETE);
   std::shared_ptr<std::vector<std::byte>> copy;
-  if (held) copy = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(in), static_cast<const std::byte*>(in) + n);
+  if (wouldHold(q, nWait, wait)) copy = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(in), static_cast<const std::byte*>(in) + n);
   return enqueue(q, nWait, wait, event, CL_COMMAND_WRITE_BUFFER, blocking, [=] {
     const std::byte* from = copy ? copy->data() : static_cast<const std::byte*>(in);
     if (n) c->session->write(m->handle, m->origin + offset, std::span(from, n));
@@ -667,6 +657,25 @@ void* CL_API_CALL enqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
   return ptr;
 }
 
+void releaseProgramObject(cl_program p);
+
+// What a command that may be held (behind a user event) keeps until it is destroyed,
+// run or not: references on the buffers and program it uses, copies of by-value bytes,
+// host memory to free. Destroyed with the API lock held (see enqueue()).
+struct Kept {
+  std::vector<cl_mem> mems;
+  cl_program program = nullptr;
+  std::vector<std::vector<std::byte>> bytes;
+  void* hostMemory = nullptr;
+  Kept() = default;
+  Kept(const Kept&) = delete;
+  ~Kept() {
+    for (cl_mem m : mems) releaseMem(m);
+    if (program) releaseProgramObject(program);
+    std::free(hostMemory);
+  }
+};
+
 cl_int CL_API_CALL enqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr, cl_uint nWait, const cl_event* wait,
                                          cl_event* event) {
   Lock lock(apiLock());
@@ -678,11 +687,12 @@ cl_int CL_API_CALL enqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr
   if (--it->second.count == 0) m->maps.erase(it);
   else map.owned = false;  // mapped again: the memory stays
   cl_context c = q->context;
-  m->refs++;  // the command holds it
-  return enqueue(q, nWait, wait, event, CL_COMMAND_UNMAP_MEM_OBJECT, false, [=] {
+  auto kept = std::make_shared<Kept>();
+  m->refs++;
+  kept->mems.push_back(m);
+  if (map.owned) kept->hostMemory = ptr;
+  return enqueue(q, nWait, wait, event, CL_COMMAND_UNMAP_MEM_OBJECT, false, [=, kept = std::move(kept)] {
     if (map.write && !c->lost) c->session->write(m->handle, m->origin + map.offset, std::span(static_cast<std::byte*>(ptr), map.size));
-    if (map.owned) std::free(ptr);
-    releaseMem(m);
     return CL_SUCCESS;
   });
 }
@@ -745,12 +755,7 @@ cl_program CL_API_CALL createProgramWithBinary(cl_context c, cl_uint n, const cl
   return p;
 }
 
-cl_int CL_API_CALL retainProgram(cl_program p) {
-  Lock lock(apiLock());
-  if (!valid(p)) return CL_INVALID_PROGRAM;
-  p->refs++;
-  return CL_SUCCESS;
-}
+cl_int CL_API_CALL retainProgram(cl_program p) { return retainObject(p, CL_INVALID_PROGRAM); }
 
 void releaseProgramObject(cl_program p) {
   if (--p->refs > 0) return;
@@ -921,12 +926,7 @@ cl_int CL_API_CALL createKernelsInProgram(cl_program p, cl_uint n, cl_kernel* ou
   return CL_SUCCESS;
 }
 
-cl_int CL_API_CALL retainKernel(cl_kernel k) {
-  Lock lock(apiLock());
-  if (!valid(k)) return CL_INVALID_KERNEL;
-  k->refs++;
-  return CL_SUCCESS;
-}
+cl_int CL_API_CALL retainKernel(cl_kernel k) { return retainObject(k, CL_INVALID_KERNEL); }
 
 void dropArg(_cl_kernel::ArgValue& a) {
   if (a.mem) releaseMem(a.mem);
@@ -1083,47 +1083,34 @@ cl_int CL_API_CALL enqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint
       return CL_INVALID_WORK_GROUP_SIZE;
     if (k->info->workGroupSize && groupSize > k->info->workGroupSize) return CL_INVALID_WORK_GROUP_SIZE;
   }
+  // A held launch keeps its program, its buffers and copies of its by-value bytes (the
+  // kernel's arguments may change before it goes); one sent now borrows them.
+  std::shared_ptr<Kept> kept = wouldHold(q, nWait, wait) ? std::make_shared<Kept>() : nullptr;
+  if (kept) kept->bytes.reserve(k->args.size());  // the spans below point into it
   std::vector<client::Arg> args;
   args.reserve(k->args.size());
   for (auto& a : k->args) {
     if (!a.set) return CL_INVALID_KERNEL_ARGS;
     if (a.mem && !valid(a.mem)) return CL_INVALID_KERNEL_ARGS;
     client::Arg arg = a.arg;
-    if (arg.type == client::Arg::Type::bytes) arg.bytes = a.bytes;
+    if (arg.type == client::Arg::Type::bytes) arg.bytes = kept ? kept->bytes.emplace_back(a.bytes) : a.bytes;
+    if (kept && a.mem) {
+      a.mem->refs++;
+      kept->mems.push_back(a.mem);
+    }
     args.push_back(arg);
   }
   cl_context c = q->context;
   std::string name = k->info->name;
   cl_program p = k->program;
-  auto send = [=, args = std::move(args)] {
-    c->session->launchRange(p->handle, name, std::span(g, dims), local ? std::span<const uint64_t>(l, dims) : std::span<const uint64_t>(),
-                            offset ? std::span<const uint64_t>(o, dims) : std::span<const uint64_t>(), args);
-    return CL_SUCCESS;
-  };
-  // A held launch keeps its own copies of by-value bytes (the kernel's may change).
-  bool mayHold = !q->held.empty() || nWait > 0;
-  if (!mayHold) return enqueue(q, nWait, wait, event, CL_COMMAND_NDRANGE_KERNEL, false, send);
-  auto owned = std::make_shared<std::vector<std::vector<std::byte>>>();
-  std::vector<client::Arg> heldArgs;
-  for (auto& a : k->args) {
-    client::Arg arg = a.arg;
-    if (arg.type == client::Arg::Type::bytes) {
-      owned->push_back(a.bytes);
-      arg.bytes = owned->back();
-    }
-    heldArgs.push_back(arg);
+  if (kept) {
+    p->refs++;
+    kept->program = p;
   }
-  for (auto& a : k->args)
-    if (a.mem) a.mem->refs++;
-  std::vector<cl_mem> mems;
-  for (auto& a : k->args)
-    if (a.mem) mems.push_back(a.mem);
-  return enqueue(q, nWait, wait, event, CL_COMMAND_NDRANGE_KERNEL, false, [=] {
+  return enqueue(q, nWait, wait, event, CL_COMMAND_NDRANGE_KERNEL, false, [=, args = std::move(args), kept = std::move(kept)] {
     if (!p->handle || c->lost) return CL_INVALID_PROGRAM_EXECUTABLE;
     c->session->launchRange(p->handle, name, std::span(g, dims), local ? std::span<const uint64_t>(l, dims) : std::span<const uint64_t>(),
-                            offset ? std::span<const uint64_t>(o, dims) : std::span<const uint64_t>(), heldArgs);
-    (void)owned;
-    for (cl_mem m : mems) releaseMem(m);
+                            offset ? std::span<const uint64_t>(o, dims) : std::span<const uint64_t>(), args);
     return CL_SUCCESS;
   });
 }
@@ -1184,12 +1171,7 @@ cl_int CL_API_CALL getEventInfo(cl_event e, cl_event_info what, size_t size, voi
   }
 }
 
-cl_int CL_API_CALL retainEvent(cl_event e) {
-  Lock lock(apiLock());
-  if (!valid(e)) return CL_INVALID_EVENT;
-  retain(e);
-  return CL_SUCCESS;
-}
+cl_int CL_API_CALL retainEvent(cl_event e) { return retainObject(e, CL_INVALID_EVENT); }
 
 cl_int CL_API_CALL releaseEvent(cl_event e) {
   Lock lock(apiLock());
@@ -1312,12 +1294,7 @@ cl_sampler CL_API_CALL createSamplerWithProperties(cl_context c, const cl_sample
   return makeSampler(c, normalized, addressing, filter, err);
 }
 
-cl_int CL_API_CALL retainSampler(cl_sampler s) {
-  Lock lock(apiLock());
-  if (!valid(s)) return CL_INVALID_SAMPLER;
-  s->refs++;
-  return CL_SUCCESS;
-}
+cl_int CL_API_CALL retainSampler(cl_sampler s) { return retainObject(s, CL_INVALID_SAMPLER); }
 
 cl_int CL_API_CALL releaseSampler(cl_sampler s) {
   Lock lock(apiLock());

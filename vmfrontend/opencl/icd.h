@@ -87,7 +87,6 @@ struct _cl_context : RcObject {
   uint64_t buildSeq = 0;                // the loadProgram a clBuildProgram waits on
   std::optional<raccel::Error> buildError;  // its failure, with the compiler's log
   bool lost = false;                    // the session failed for good
-  std::string lostWhy;
   std::unique_ptr<std::thread> watcher;  // completes events that have callbacks
   bool watcherStop = false;
 };

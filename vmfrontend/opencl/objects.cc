@@ -124,7 +124,7 @@ Result<std::unique_ptr<client::Session>> openSession() {
 }
 
 bool probeDevice() {
-  if (deviceProbed) return !deviceProblem.empty() ? false : true;
+  if (deviceProbed) return deviceProblem.empty();
   deviceProbed = true;
   auto s = openSession();
   if (!s) {
@@ -136,7 +136,6 @@ bool probeDevice() {
   spare = std::move(*s);
   return true;
 }
-const std::string& deviceUnavailable() { return deviceProblem; }
 
 // The card that runs OpenCL C for this vaccel (the first that does), else the primary.
 const client::CardInfo* openclCard() {
@@ -242,7 +241,6 @@ static void failInFlight(cl_context ctx, uint64_t seq, const Error& error) {
 void loseSession(cl_context ctx, const std::string& why) {
   if (ctx->lost) return;
   ctx->lost = true;
-  ctx->lostWhy = why;
   logLine("the raccel session is gone: " + why, true);
   if (ctx->notify) ctx->notify(why.c_str(), nullptr, 0, ctx->notifyData);
   while (!ctx->inFlight.empty()) {
@@ -305,26 +303,32 @@ static void runCommand(cl_context ctx, cl_event e, const std::function<cl_int()>
   }
 }
 
-// Sends held commands whose wait lists are now satisfied, in order, on every queue.
+// Sends held commands whose wait lists are now satisfied, in order, on every queue of
+// the context, until none can go (a command on one queue may wait for one on another).
 void drainHeld(cl_context ctx) {
+  // The queues are kept while their commands run (a command's last release may end
+  // one, and with it its entry in the live set).
+  std::vector<cl_command_queue> queues;
+  for (cl_command_queue q : live<_cl_command_queue>())
+    if (q->context == ctx) queues.push_back(q), q->refs++;
   for (bool progress = true; progress;) {
-  progress = false;
-  for (cl_command_queue q : live<_cl_command_queue>()) {
-    if (q->context != ctx) continue;
-    while (!q->held.empty()) {
-      progress = true;
-      bool ready = true;
-      for (cl_event w : q->held.front()->waits) ready = ready && satisfied(w);
-      if (!ready) break;
-      auto keep = q->held.front();
-      q->held.pop_front();
-      if (anyFailed(keep->waits)) complete(keep->event, CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
-      else runCommand(ctx, keep->event, keep->run);
-      for (cl_event w : keep->waits) release(w);
-      release(keep->event);
+    progress = false;
+    for (cl_command_queue q : queues) {
+      while (!q->held.empty()) {
+        bool ready = true;
+        for (cl_event w : q->held.front()->waits) ready = ready && satisfied(w);
+        if (!ready) break;
+        progress = true;
+        auto keep = q->held.front();
+        q->held.pop_front();
+        if (anyFailed(keep->waits)) complete(keep->event, CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+        else runCommand(ctx, keep->event, keep->run);
+        for (cl_event w : keep->waits) release(w);
+        release(keep->event);
+      }
     }
   }
-  }
+  for (cl_command_queue q : queues) releaseQueue(q);
   ctx->changed.notify_all();
 }
 
@@ -343,6 +347,13 @@ cl_int waitEvent(cl_event e) {
   return e->status < 0 ? CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST : CL_SUCCESS;
 }
 
+bool wouldHold(cl_command_queue q, cl_uint nWait, const cl_event* waitList) {
+  if (!q->held.empty()) return true;
+  for (cl_uint i = 0; i < nWait; ++i)
+    if (valid(waitList[i]) && !satisfied(waitList[i])) return true;
+  return false;
+}
+
 cl_int checkWaitList(cl_context ctx, cl_uint n, const cl_event* list) {
   if ((n == 0) != (list == nullptr)) return CL_INVALID_EVENT_WAIT_LIST;
   for (cl_uint i = 0; i < n; ++i) {
@@ -359,8 +370,7 @@ cl_int enqueue(cl_command_queue q, cl_uint nWait, const cl_event* waitList, cl_e
   if (ctx->lost) return CL_OUT_OF_RESOURCES;
   cl_event e = newEvent(ctx, q, type);
   std::vector<cl_event> waits(waitList, waitList + nWait);
-  bool hold = !q->held.empty();
-  for (cl_event w : waits) hold = hold || !satisfied(w);
+  bool hold = wouldHold(q, nWait, waitList);
   cl_int rc = CL_SUCCESS;
   if (hold) {
     auto h = std::make_shared<Held>();

@@ -55,7 +55,6 @@ cl_device_id theDevice();
 // Opens the first session, which describes the device; false (with a logged reason)
 // when raccel cannot be reached.
 bool probeDevice();
-const std::string& deviceUnavailable();
 const client::CardInfo* openclCard();
 Result<std::unique_ptr<client::Session>> openSession();
 
@@ -78,11 +77,15 @@ void loseSession(cl_context ctx, const std::string& why);
 void drainHeld(cl_context ctx);
 cl_int waitEvent(cl_event e);
 cl_int checkWaitList(cl_context ctx, cl_uint n, const cl_event* list);
+// Whether enqueue() would hold a command with this wait list on `q` (behind an
+// incomplete user event) rather than send it now: such a command keeps its own copies.
+bool wouldHold(cl_command_queue q, cl_uint nWait, const cl_event* waitList);
 void watchCallbacks(cl_context ctx);
 
 // Runs (or, behind an incomplete user event, holds) one command: `run` sends its
 // instructions (or does a synchronous part, such as a read) and returns CL_SUCCESS or
-// the command's error. Blocking commands wait for it. The event, if asked for, is the
+// the command's error. A held command whose wait list fails never runs: what `run`
+// holds (references, host memory) is let go when it is destroyed, with the lock held. Blocking commands wait for it. The event, if asked for, is the
 // caller's.
 cl_int enqueue(cl_command_queue q, cl_uint nWait, const cl_event* waitList, cl_event* eventOut, cl_command_type type,
                bool blocking, std::function<cl_int()> run);
