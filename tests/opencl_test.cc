@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "tests/cluster.h"
+#include "vmfrontend/raccel.h"
 
 namespace raccel {
 namespace {
@@ -15,13 +16,23 @@ namespace {
 using testing::Cluster;
 using testing::runCommand;
 
-class OpenclIcd : public ::testing::Test {
+// A scheduler, a netaccel serving PoCL's device and raccel-guestd.
+class OpenclCard : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (std::string(RACCEL_ICD_DIR).empty()) GTEST_SKIP() << "libraccel-opencl is not built here (no CL/cl_icd.h)";
     cluster_ = std::make_unique<Cluster>();
     cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
     socket_ = cluster_->startGuestd();
+  }
+  std::unique_ptr<Cluster> cluster_;
+  std::string socket_;
+};
+
+class OpenclIcd : public OpenclCard {
+ protected:
+  void SetUp() override {
+    if (std::string(RACCEL_ICD_DIR).empty()) GTEST_SKIP() << "libraccel-opencl is not built here (no CL/cl_icd.h)";
+    OpenclCard::SetUp();
   }
   // `command` with the loader pointed at raccel's .icd only, and the session's socket.
   std::string run(const std::string& command, int* status, const std::string& extraEnv = "") {
@@ -29,8 +40,6 @@ class OpenclIcd : public ::testing::Test {
                           " RACCEL_TFLOPS=2 " + extraEnv + " " + command + " 2>&1",
                       status);
   }
-  std::unique_ptr<Cluster> cluster_;
-  std::string socket_;
 };
 
 TEST_F(OpenclIcd, ClinfoListsTheRaccelPlatformAndItsDevice) {
@@ -87,6 +96,68 @@ TEST_F(OpenclIcd, DebiansPyOpenclRunsArraysKernelsReductionsScansAndEvents) {
                         "PYOPENCL_CTX= PYOPENCL_NO_CACHE=1 HOME=" + cluster_->dir());
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("8 passed, 0 failed"), std::string::npos) << out;
+}
+
+// What the ICD never sends, a guest may: launches with oversized by-value bytes, empty
+// local arrays, sub-buffers past the end, overflowing offsets, too many arguments, huge
+// build options, descriptions of handles that are not programs. Each is refused with a
+// clear error where it enters the card, and the session and daemons carry on.
+TEST_F(OpenclCard, BadLaunchesAndDescriptionsFromAGuestAreRefusedAndTheSessionCarriesOn) {
+  client::Options o;
+  o.socket = socket_;
+  o.program = "hostile";
+  auto opened = client::Session::open(o);
+  ASSERT_TRUE(opened) << opened.error().message;
+  client::Session& s = **opened;
+  const std::string src = "__kernel void k(__global int* x, __local int* t, int v) { x[get_global_id(0)] = v; }";
+  auto program = s.loadProgram(ProgramKind::openclC, "k", std::as_bytes(std::span(src)));
+  auto buffer = s.alloc(256);
+  ASSERT_TRUE(s.fence());
+  int32_t v = 7;
+  auto value = std::as_bytes(std::span(&v, 1));
+  uint64_t global[1] = {64}, none[1] = {0};
+  auto launchWith = [&](std::vector<client::Arg> args, std::span<const uint64_t> offset = {}) {
+    s.launchRange(program, "k", global, {}, offset, args);
+    auto status = s.fence();
+    return status ? std::string("accepted") : status.error().message;
+  };
+  std::vector<std::byte> huge(5000);
+  EXPECT_NE(launchWith({client::Arg::buffer(buffer), client::Arg::local(64), client::Arg::value(huge)}).find(
+                "5000 bytes by value (1 to 4096)"),
+            std::string::npos);
+  EXPECT_NE(launchWith({client::Arg::buffer(buffer), client::Arg::local(0), client::Arg::value(value)}).find(
+                "a local array of 0 bytes"),
+            std::string::npos);
+  EXPECT_NE(launchWith({client::Arg::subBuffer(buffer, 1 << 20), client::Arg::local(64), client::Arg::value(value)})
+                .find("is past the end of a 256-byte buffer"),
+            std::string::npos);
+  uint64_t far[1] = {UINT64_MAX - 10};
+  EXPECT_NE(launchWith({client::Arg::buffer(buffer), client::Arg::local(64), client::Arg::value(value)}, far)
+                .find("offset plus size overflows"),
+            std::string::npos);
+  std::vector<client::Arg> many(300, client::Arg::value(value));
+  EXPECT_NE(launchWith(many).find("at most 256 arguments"), std::string::npos);
+  auto notProgram = s.describeProgram(buffer);
+  ASSERT_FALSE(notProgram);
+  EXPECT_EQ(notProgram.error().code, Code::notFound) << notProgram.error().message;
+  auto unknown = s.describeProgram(999999);
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().code, Code::notFound) << unknown.error().message;
+  auto bigOptions = s.loadProgram(ProgramKind::openclC, "k2", std::as_bytes(std::span(src)), std::string(5000, ' '));
+  auto refused = s.describeProgram(bigOptions);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("dependency failed"), std::string::npos) << refused.error().message;
+  EXPECT_NE(s.fence().error().message.find("build options of 5000 bytes (at most 4096)"), std::string::npos);
+  // The session, its program and its buffer still work.
+  auto info = s.describeProgram(program);
+  ASSERT_TRUE(info) << info.error().message;
+  ASSERT_EQ(info->kernels.size(), 1u);
+  EXPECT_EQ(info->kernels[0].args.size(), 3u);
+  EXPECT_EQ(info->kernels[0].args[2].size, 4u);
+  EXPECT_EQ(launchWith({client::Arg::buffer(buffer), client::Arg::local(64), client::Arg::value(value)}, none), "accepted");
+  std::vector<int32_t> out(64);
+  ASSERT_TRUE(s.read(buffer, 0, std::as_writable_bytes(std::span(out))));
+  for (int32_t x : out) EXPECT_EQ(x, 7);
 }
 
 }  // namespace
