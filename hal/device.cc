@@ -186,6 +186,17 @@ Status Device::reduceSum(uint64_t n, const Buffer& input, Buffer& out) {
   return doReduceSum(n, input, out);
 }
 
+Status Device::tensor(const TensorOp& op) {
+  auto lowered = lowerTensorOp(op);
+  if (!lowered) return std::unexpected(lowered.error());
+  if (lowered->empty) return {};
+  return doTensor(*lowered);
+}
+
+Status Device::doTensor(const LoweredTensorOp&) {
+  return fail(Code::unimplemented, "tensor ops are not supported by the " + caps_.backend + " backend");
+}
+
 ProgramDescription Program::describe() const {
   ProgramDescription d;
   for (auto& k : kernels()) d.kernels.push_back(KernelDescription{.name = k});

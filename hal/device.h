@@ -19,6 +19,7 @@
 
 #include "common/error.h"
 #include "common/kinds.h"
+#include "hal/tensor.h"
 
 namespace raccel::hal {
 
@@ -184,6 +185,8 @@ class Device {
   Status axpy(uint64_t n, float alpha, const Buffer& x, Buffer& y);
   Status vadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out);
   Status reduceSum(uint64_t n, const Buffer& input, Buffer& out);
+  // A tensor op (hal/tensor.h), checked and lowered here; a shape with a zero runs nothing.
+  Status tensor(const TensorOp& op);
 
   // Returns when all work issued so far has completed.
   virtual Status finish() = 0;
@@ -227,6 +230,7 @@ class Device {
   virtual Status doAxpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) = 0;
   virtual Status doVadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out) = 0;
   virtual Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) = 0;
+  virtual Status doTensor(const LoweredTensorOp& op);
   virtual void doSetMemoryCap(uint64_t) {}
   // Before a buffer is freed: a backend whose queued work may still use it waits here.
   // (OpenCL objects are kept by the commands that use them; cuMemFree synchronizes.)

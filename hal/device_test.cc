@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "hal/conformance.h"
@@ -125,6 +126,206 @@ TEST_P(Conformance, VectorOpsMatchReference) {
   }
   EXPECT_NEAR(readFloats(**sum, 1)[0], ref, ref * 1e-6);
   EXPECT_FALSE(device->vadd(n + 1, *bx, *by, **out));
+}
+
+// ---- Tensor ops (hal/tensor.h): every function against a plain C++ reference, over
+// strided, transposed and broadcast views, and the checks that keep a kernel inside its
+// buffers.
+namespace {
+TensorOperand view(Buffer* b, uint64_t offset, std::initializer_list<uint64_t> strides) {
+  TensorOperand o;
+  o.buffer = b;
+  o.offset = offset;
+  size_t d = 0;
+  for (auto s : strides) o.strides[d++] = s;
+  return o;
+}
+TensorOp tensorOp(TensorFn fn, std::initializer_list<uint64_t> shape, std::initializer_list<TensorOperand> operands) {
+  TensorOp op;
+  op.fn = fn;
+  op.dims = static_cast<unsigned>(shape.size());
+  size_t d = 0;
+  for (auto s : shape) op.shape[d++] = s;
+  d = 0;
+  for (auto& o : operands) op.operands[d++] = o;
+  return op;
+}
+std::vector<float> randomFloats(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+}  // namespace
+
+TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReference) {
+  const size_t rows = 5, cols = 7;
+  auto a = randomFloats(rows * cols, 3), b = randomFloats(cols, 4);
+  auto ba = floats(a), bb = floats(b);
+  auto out = device->allocate(rows * cols * 4);
+  ASSERT_TRUE(out);
+  // out[i, j] = f(a[j, i] (a read transposed), b[i] (broadcast over j)) for a 7 x 5 a.
+  struct Case {
+    TensorFn fn;
+    float alpha, beta;
+    std::function<float(float, float)> ref;
+  };
+  std::vector<Case> cases = {
+      {TensorFn::copy, 1, 0, [](float x, float) { return x; }},
+      {TensorFn::fill, 2.5f, 0, [](float, float) { return 2.5f; }},
+      {TensorFn::add, -0.5f, 0, [](float x, float y) { return x - 0.5f * y; }},
+      {TensorFn::mul, 3, 0, [](float x, float y) { return 3 * x * y; }},
+      {TensorFn::div, 1, 0, [](float x, float y) { return x / y; }},
+      {TensorFn::relu, 1, 0, [](float x, float) { return x < 0 ? 0.0f : x; }},
+      {TensorFn::thresholdBackward, 0.25f, 0, [](float x, float y) { return y <= 0.25f ? 0.0f : x; }},
+      {TensorFn::exp, 1, 0, [](float x, float) { return std::exp(x); }},
+      {TensorFn::log, 1, 0, [](float x, float) { return std::log(std::fabs(x)); }},
+      {TensorFn::affine, 2, 1, [](float x, float) { return 2 * x + 1; }},
+  };
+  for (auto& c : cases) {
+    std::vector<float> input = a;
+    if (c.fn == TensorFn::log)
+      for (auto& x : input) x = std::fabs(x);
+    ASSERT_TRUE(device->write(*ba, 0, std::as_bytes(std::span(input))));
+    // a is stored 7 x 5 ([j][i]): the view walks it with strides (1, 5).
+    auto op = tensorOp(c.fn, {rows, cols}, {view(out->get(), 0, {cols, 1}), view(ba.get(), 0, {1, rows}), view(bb.get(), 0, {0, 1})});
+    op.alpha = c.alpha, op.beta = c.beta;
+    auto s = device->tensor(op);
+    if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+    ASSERT_TRUE(s) << tensorFnName(c.fn) << ": " << s.error().message;
+    auto got = readFloats(**out, rows * cols);
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t j = 0; j < cols; ++j) {
+        float want = c.ref(input[j * rows + i], b[j]);
+        ASSERT_NEAR(got[i * cols + j], want, 1e-5 * std::max(1.0f, std::fabs(want))) << tensorFnName(c.fn) << " " << i << "," << j;
+      }
+  }
+}
+
+TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
+  const size_t m = 9, n = 6, k = 11;
+  auto a = randomFloats(m * k, 5), b = randomFloats(k * n, 6), c = randomFloats(m * n, 7);
+  auto ba = floats(a), bb = floats(b), bc = floats(c);
+  // matmul with b read transposed from a copy stored n x k, and out = 0.5 a b + 2 c.
+  std::vector<float> bt(n * k);
+  for (size_t p = 0; p < k; ++p)
+    for (size_t j = 0; j < n; ++j) bt[j * k + p] = b[p * n + j];
+  auto bbt = floats(bt);
+  auto mm = tensorOp(TensorFn::matmul, {m, n, k}, {view(bc.get(), 0, {n, 1, 0}), view(ba.get(), 0, {k, 0, 1}), view(bbt.get(), 0, {0, k, 1})});
+  mm.alpha = 0.5f, mm.beta = 2;
+  auto s = device->tensor(mm);
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  auto got = readFloats(*bc, m * n);
+  for (size_t i = 0; i < m; ++i)
+    for (size_t j = 0; j < n; ++j) {
+      double ref = 2.0 * c[i * n + j];
+      for (size_t p = 0; p < k; ++p) ref += 0.5 * a[i * k + p] * b[p * n + j];
+      ASSERT_NEAR(got[i * n + j], ref, 1e-4) << i << "," << j;
+    }
+
+  // sum over dimension 0 of a (m x k) into k outputs, and over everything into one.
+  auto cols = device->allocate(k * 4), all = device->allocate(4);
+  ASSERT_TRUE(cols && all);
+  auto sum0 = tensorOp(TensorFn::sum, {m, k}, {view(cols->get(), 0, {0, 1}), view(ba.get(), 0, {k, 1})});
+  sum0.reduceMask = 1;
+  ASSERT_TRUE(device->tensor(sum0));
+  auto sumAll = tensorOp(TensorFn::sum, {m, k}, {view(all->get(), 0, {0, 0}), view(ba.get(), 0, {k, 1})});
+  sumAll.reduceMask = 3, sumAll.alpha = 0.5f;
+  ASSERT_TRUE(device->tensor(sumAll));
+  auto colSums = readFloats(**cols, k);
+  double total = 0;
+  for (size_t p = 0; p < k; ++p) {
+    double ref = 0;
+    for (size_t i = 0; i < m; ++i) ref += a[i * k + p];
+    EXPECT_NEAR(colSums[p], ref, 1e-4);
+    total += ref;
+  }
+  EXPECT_NEAR(readFloats(**all, 1)[0], 0.5 * total, 1e-4);
+
+  // log_softmax over rows of a, its backward, nll loss (one target ignored) and its backward.
+  auto ls = device->allocate(m * k * 4), grad = device->allocate(m * k * 4);
+  ASSERT_TRUE(ls && grad);
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::logSoftmax, {m, k}, {view(ls->get(), 0, {k, 1}), view(ba.get(), 0, {k, 1})})));
+  auto y = readFloats(**ls, m * k);
+  std::vector<double> lse(m);
+  for (size_t i = 0; i < m; ++i) {
+    double top = -1e30, sum = 0;
+    for (size_t p = 0; p < k; ++p) top = std::max<double>(top, a[i * k + p]);
+    for (size_t p = 0; p < k; ++p) sum += std::exp(a[i * k + p] - top);
+    lse[i] = top + std::log(sum);
+    for (size_t p = 0; p < k; ++p) ASSERT_NEAR(y[i * k + p], a[i * k + p] - lse[i], 1e-5);
+  }
+  std::vector<int64_t> target(m);
+  for (size_t i = 0; i < m; ++i) target[i] = static_cast<int64_t>((i * 5) % k);
+  target[3] = -100;  // ignored
+  auto bt64 = device->allocate(m * 8);
+  ASSERT_TRUE(bt64);
+  ASSERT_TRUE(device->write(**bt64, 0, std::as_bytes(std::span(target))));
+  auto loss = device->allocate(4), weight = device->allocate(4);
+  ASSERT_TRUE(loss && weight);
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::nllLoss, {m, k}, {view(loss->get(), 0, {0, 0}), view(ls->get(), 0, {k, 1}),
+                                                                   view(bt64->get(), 0, {1, 0}), view(weight->get(), 0, {0, 0})})));
+  double refLoss = 0;
+  for (size_t i = 0; i < m; ++i)
+    if (target[i] != -100) refLoss -= y[i * k + target[i]];
+  EXPECT_NEAR(readFloats(**loss, 1)[0], refLoss / (m - 1), 1e-5);
+  EXPECT_EQ(readFloats(**weight, 1)[0], float(m - 1));
+  auto one = floats({2.0f});
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::nllLossBackward, {m, k}, {view(grad->get(), 0, {k, 1}), view(one.get(), 0, {0, 0}),
+                                                                           view(bt64->get(), 0, {1, 0}), view(weight->get(), 0, {0, 0})})));
+  auto g = readFloats(**grad, m * k);
+  for (size_t i = 0; i < m; ++i)
+    for (size_t p = 0; p < k; ++p)
+      ASSERT_FLOAT_EQ(g[i * k + p], target[i] == int64_t(p) ? -2.0f / (m - 1) : 0.0f) << i << "," << p;
+  // log_softmax backward: grad - exp(y) * rowsum(grad), in place over the gradient.
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::logSoftmaxBackward, {m, k},
+                                      {view(grad->get(), 0, {k, 1}), view(grad->get(), 0, {k, 1}), view(ls->get(), 0, {k, 1})})));
+  auto back = readFloats(**grad, m * k);
+  for (size_t i = 0; i < m; ++i) {
+    double rowsum = 0;
+    for (size_t p = 0; p < k; ++p) rowsum += g[i * k + p];
+    for (size_t p = 0; p < k; ++p) ASSERT_NEAR(back[i * k + p], g[i * k + p] - std::exp(y[i * k + p]) * rowsum, 1e-5);
+  }
+  // A target outside the classes makes the loss NaN, and nothing is read out of bounds.
+  target[0] = 1000;
+  ASSERT_TRUE(device->write(**bt64, 0, std::as_bytes(std::span(target))));
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::nllLoss, {m, k}, {view(loss->get(), 0, {0, 0}), view(ls->get(), 0, {k, 1}),
+                                                                   view(bt64->get(), 0, {1, 0}), view(weight->get(), 0, {0, 0})})));
+  EXPECT_TRUE(std::isnan(readFloats(**loss, 1)[0]));
+}
+
+TEST_P(Conformance, TensorOpsThatWouldLeaveTheirBuffersAreRefused) {
+  auto a = floats(randomFloats(16, 8));
+  auto out = device->allocate(16 * 4);
+  ASSERT_TRUE(out);
+  auto refused = [&](const TensorOp& op, const char* words) {
+    auto s = device->tensor(op);
+    ASSERT_FALSE(s);
+    EXPECT_EQ(s.error().code, Code::invalidArgument) << s.error().message;
+    EXPECT_NE(s.error().message.find(words), std::string::npos) << s.error().message;
+  };
+  refused(tensorOp(TensorFn::copy, {4, 5}, {view(out->get(), 0, {4, 1}), view(a.get(), 0, {4, 1})}), "reaches element");
+  refused(tensorOp(TensorFn::copy, {16}, {view(out->get(), 1, {1}), view(a.get(), 0, {1})}), "reaches element");
+  refused(tensorOp(TensorFn::copy, {2}, {view(out->get(), 0, {1}), view(a.get(), 0, {uint64_t{1} << 62})}), "reaches element");
+  refused(tensorOp(TensorFn::copy, {1ull << 40, 1ull << 40}, {view(out->get(), 0, {0, 0}), view(a.get(), 0, {0, 0})}), "2^48");
+  refused(tensorOp(TensorFn::add, {4}, {view(out->get(), 0, {1}), view(a.get(), 0, {1})}), "no buffer");
+  auto sum = tensorOp(TensorFn::sum, {4, 4}, {view(out->get(), 0, {1, 1}), view(a.get(), 0, {4, 1})});
+  sum.reduceMask = 1;
+  refused(sum, "strides must be 0");
+  sum.reduceMask = 4;
+  refused(sum, "past the shape");
+  refused(tensorOp(TensorFn::matmul, {4, 4}, {view(out->get(), 0, {4, 1}), view(a.get(), 0, {4, 1}), view(a.get(), 0, {4, 1})}),
+          "3 dimensions");
+  refused(tensorOp(TensorFn::matmul, {2, 2, 2}, {view(a.get(), 0, {2, 1, 0}), view(a.get(), 2, {2, 0, 1}), view(a.get(), 8, {0, 1, 2})}),
+          "overlaps");
+  TensorOp tooDeep = tensorOp(TensorFn::copy, {1}, {view(out->get(), 0, {1}), view(a.get(), 0, {1})});
+  tooDeep.dims = 7;
+  refused(tooDeep, "dimensions");
+  // Nothing was written by any of them; an empty shape runs nothing.
+  EXPECT_EQ(readFloats(**out, 16), std::vector<float>(16, 0.0f));
+  EXPECT_TRUE(device->tensor(tensorOp(TensorFn::copy, {0, 4}, {view(out->get(), 0, {4, 1}), view(a.get(), 0, {4, 1})})));
 }
 
 TEST_P(Conformance, BuiltinLibraryLaunchesByNameAndRefusesUnknownKernels) {

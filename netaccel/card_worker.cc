@@ -794,6 +794,41 @@ void CardWorker::execute(Work& work) {
               if (!out) return std::unexpected(out.error());
               return status(device.reduceSum(o.getN(), **input, **out));
             }
+            case wire::Op::TENSOR: {
+              auto t = op.getTensor();
+              hal::TensorOp h;
+              const auto fn = static_cast<unsigned>(t.getFn());
+              if (fn >= hal::kTensorFns)
+                return failure(Code::invalidArgument, "unknown tensor function " + std::to_string(fn) +
+                                                          "; this netaccel knows " + std::to_string(hal::kTensorFns));
+              h.fn = static_cast<hal::TensorFn>(fn);
+              auto shape = t.getShape();
+              auto operands = t.getOperands();
+              const std::string name = std::string("tensor op ") + hal::tensorFnName(h.fn);
+              if (shape.size() < 1 || shape.size() > hal::kMaxTensorDims)
+                return failure(Code::invalidArgument, name + ": a shape of " + std::to_string(shape.size()) +
+                                                          " dimensions (1 to " + std::to_string(hal::kMaxTensorDims) + ")");
+              if (operands.size() != hal::tensorFnOperands(h.fn))
+                return failure(Code::invalidArgument, name + " takes " + std::to_string(hal::tensorFnOperands(h.fn)) +
+                                                          " operands, " + std::to_string(operands.size()) + " given");
+              h.dims = shape.size();
+              for (unsigned d = 0; d < h.dims; ++d) h.shape[d] = shape[d];
+              for (unsigned i = 0; i < operands.size(); ++i) {
+                auto b = bufferOf(operands[i].getBuffer());
+                if (!b) return std::unexpected(b.error());
+                auto strides = operands[i].getStrides();
+                if (strides.size() != h.dims)
+                  return failure(Code::invalidArgument, name + ": operand " + std::to_string(i) + " has " +
+                                                            std::to_string(strides.size()) + " strides for a shape of " +
+                                                            std::to_string(h.dims) + " dimensions");
+                h.operands[i].buffer = *b;
+                h.operands[i].offset = operands[i].getOffset();
+                for (unsigned d = 0; d < h.dims; ++d) h.operands[i].strides[d] = strides[d];
+              }
+              h.alpha = t.getAlpha(), h.beta = t.getBeta(), h.reduceMask = t.getReduceMask();
+              h.ignoreIndex = t.getIgnoreIndex(), h.mean = t.getMean();
+              return status(device.tensor(h));
+            }
           }
           return failure(Code::invalidArgument, "unknown built-in op (tag " + std::to_string(static_cast<int>(op.which())) +
                                                   "); this netaccel speaks instruction set 1.0");

@@ -401,6 +401,23 @@ class SandboxDevice final : public hal::Device {
     q.id = idOf(in), q.id2 = idOf(out), q.length = n, q.tag = kernelTag();
     return statusOf(call(q));
   }
+  Status doTensor(const hal::LoweredTensorOp& lowered) override {
+    const hal::TensorOp& op = lowered.op;
+    sandbox::TensorWindow w;
+    w.fn = static_cast<uint32_t>(op.fn), w.dims = op.dims, w.reduceMask = op.reduceMask, w.mean = op.mean;
+    w.alpha = op.alpha, w.beta = op.beta, w.ignoreIndex = op.ignoreIndex;
+    for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) w.shape[d] = op.shape[d];
+    for (unsigned i = 0; i < hal::tensorFnOperands(op.fn); ++i) {
+      w.ids[i] = idOf(*op.operands[i].buffer);
+      w.offsets[i] = op.operands[i].offset;
+      for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) w.strides[i][d] = op.operands[i].strides[d];
+    }
+    std::memcpy(process_->window(), &w, sizeof w);
+    Request q = request(Op::tensor);
+    q.payload = sizeof w;
+    q.tag = kernelTag();
+    return statusOf(call(q));
+  }
   void doSetMemoryCap(uint64_t bytes) override {
     Request q = request(Op::memoryCap);
     q.length = bytes;
@@ -827,6 +844,31 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           auto in = buffer(q.id), out = buffer(q.id2);
           if (!in || !out) s = fail(Code::notFound, "reduceSum: no such buffer in this sandbox");
           else s = device.reduceSum(q.length, **in, **out);
+          break;
+        }
+        case Op::tensor: {
+          sandbox::TensorWindow w;
+          if (q.payload != sizeof w) {
+            s = fail(Code::invalidArgument, "malformed tensor op");
+            break;
+          }
+          std::memcpy(&w, window, sizeof w);
+          if (w.fn >= hal::kTensorFns || w.dims > hal::kMaxTensorDims) {
+            s = fail(Code::invalidArgument, "malformed tensor op");
+            break;
+          }
+          hal::TensorOp op;
+          op.fn = static_cast<hal::TensorFn>(w.fn);
+          op.dims = w.dims, op.reduceMask = w.reduceMask, op.mean = w.mean != 0;
+          op.alpha = w.alpha, op.beta = w.beta, op.ignoreIndex = w.ignoreIndex;
+          for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) op.shape[d] = w.shape[d];
+          for (unsigned i = 0; i < hal::tensorFnOperands(op.fn) && s; ++i) {
+            auto b = buffer(w.ids[i]);
+            if (!b) s = fail(Code::notFound, std::string("tensor op: operand ") + std::to_string(i) + ": " + b.error().message);
+            else op.operands[i] = {*b, w.offsets[i], {}};
+            for (unsigned d = 0; d < hal::kMaxTensorDims && s; ++d) op.operands[i].strides[d] = w.strides[i][d];
+          }
+          if (s) s = device.tensor(op);
           break;
         }
         case Op::finish:

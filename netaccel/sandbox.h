@@ -63,6 +63,7 @@ enum class Op : uint32_t {
   completed,  // the kernel times completed since last asked (in the window)
   wait,       // waits up to `length` ms for a kernel to complete
   memoryCap,
+  tensor,     // a TensorWindow in the window
 };
 
 struct Request {
@@ -74,6 +75,18 @@ struct Request {
   uint64_t tag = 0;              // kernels: what their KernelTime carries
   uint32_t m = 0, n = 0, k = 0;
   float alpha = 0, beta = 0;
+};
+
+// A tensor op as it crosses the window; the sandbox checks it again against its buffers.
+struct TensorWindow {
+  uint32_t fn = 0, dims = 0;
+  uint32_t reduceMask = 0, mean = 0;
+  float alpha = 0, beta = 0;
+  int64_t ignoreIndex = 0;
+  uint64_t shape[hal::kMaxTensorDims] = {};
+  uint64_t ids[hal::kMaxTensorOperands] = {};
+  uint64_t offsets[hal::kMaxTensorOperands] = {};
+  uint64_t strides[hal::kMaxTensorOperands][hal::kMaxTensorDims] = {};
 };
 
 struct Reply {

@@ -84,7 +84,7 @@ OpBuffers buffersOf(wire::Op::Reader op, const std::unordered_map<uint64_t, uint
     }
     default:
       b.problem = "unknown built-in op (tag " + std::to_string(static_cast<unsigned>(op.which())) +
-                  "); this scheduler knows gemm, axpy, vadd and reduceSum";
+                  "); a graph takes gemm, axpy, vadd and reduceSum (tensor ops are sent one by one)";
       break;
   }
   return b;

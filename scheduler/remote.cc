@@ -32,14 +32,21 @@ std::optional<uint64_t> bufferArg(wire::Arg::Reader arg) {
   return std::nullopt;
 }
 
-// The buffer a built-in op writes.
-uint64_t outputOf(wire::Op::Reader op) {
+// The buffers a built-in op writes (a tensor op its output; nllLoss its total weight too).
+std::vector<uint64_t> outputsOf(wire::Op::Reader op) {
   switch (op.which()) {
-    case wire::Op::GEMM: return op.getGemm().getC();
-    case wire::Op::AXPY: return op.getAxpy().getY();
-    case wire::Op::VADD: return op.getVadd().getOut();
-    case wire::Op::REDUCE_SUM: return op.getReduceSum().getOut();
-    default: return 0;
+    case wire::Op::GEMM: return {op.getGemm().getC()};
+    case wire::Op::AXPY: return {op.getAxpy().getY()};
+    case wire::Op::VADD: return {op.getVadd().getOut()};
+    case wire::Op::REDUCE_SUM: return {op.getReduceSum().getOut()};
+    case wire::Op::TENSOR: {
+      std::vector<uint64_t> out;
+      auto operands = op.getTensor().getOperands();
+      if (operands.size() > 0) out.push_back(operands[0].getBuffer());
+      if (op.getTensor().getFn() == wire::TensorFn::NLL_LOSS && operands.size() > 3) out.push_back(operands[3].getBuffer());
+      return out;
+    }
+    default: return {};
   }
 }
 
@@ -207,7 +214,8 @@ bool Scheduler::routeElsewhere(Session& s, uint64_t sequence, wire::Instruction:
     case wire::Instruction::OP: {
       auto op = in.getOp();
       if (s.members.size() > 1 && startSplitOp(s, sequence, op)) return true;
-      if (!s.replicas.empty()) dropReplicas(s, outputOf(op));
+      if (!s.replicas.empty())
+        for (uint64_t h : outputsOf(op)) dropReplicas(s, h);
       return false;
     }
     case wire::Instruction::GRAPH:
@@ -380,7 +388,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
   auto slices = splitByWeight(units, weights);
 
   // The output's copies elsewhere are stale once this runs.
-  dropReplicas(s, outputOf(op));
+  for (uint64_t h : outputsOf(op)) dropReplicas(s, h);
   s.job = std::make_unique<RemoteJob>();
   s.job->guestSequence = sequence;
   auto partials = std::make_shared<std::vector<double>>(parts.size(), 0.0);

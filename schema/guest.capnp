@@ -224,7 +224,64 @@ struct Op {
     axpy @1 :Axpy;
     vadd @2 :Vadd;
     reduceSum @3 :ReduceSum;
+    tensor @4 :TensorOp;
   }
+}
+
+# A tensor op over strided views of buffers (what a framework's device needs: PyTorch's
+# privateuseone backend). Data is f32, but for nllLoss's targets (i64). The op iterates
+# over `shape` (1 to 6 dimensions); every operand is an element offset into its buffer
+# and one stride per dimension of `shape`, in elements (0 broadcasts, or marks a
+# dimension the operand does not span). Operand 0 is the output. Per function:
+#   copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine: elementwise,
+#     out = a | alpha | a + alpha*b | alpha*a*b | a/b | max(a,0) | (b <= alpha ? 0 : a) |
+#     exp a | log a | alpha*a + beta
+#   sum: out = alpha * the sum of a over the dimensions in reduceMask (bit d = dim d),
+#     where out's strides are 0
+#   matmul: shape [m, n, k]; out[m,n] = alpha * sum_k a[m,k]*b[k,n] + beta*out (out not
+#     read when beta = 0); out's k stride, a's n stride and b's m stride are 0
+#   logSoftmax: shape [rows, cols], over each row; logSoftmaxBackward: out = a - exp(b) *
+#     rowsum(a) with a the gradient and b the forward's output
+#   nllLoss: shape [n, classes]; operands out (scalar), a (log-probabilities), target
+#     (i64, stride 0 over classes), totalWeight (scalar): out = -sum of a[i, target[i]]
+#     over targets other than ignoreIndex, divided by their count when `mean`;
+#     totalWeight = that count. A target outside [0, classes) makes the loss NaN.
+#   nllLossBackward: operands out (n x classes), a (the loss's gradient, a scalar),
+#     target, totalWeight: out = -a (/ totalWeight when `mean`) at each target, else 0.
+struct TensorOp {
+  fn @0 :TensorFn;
+  shape @1 :List(UInt64);
+  operands @2 :List(TensorOperand);
+  alpha @3 :Float32 = 1;
+  beta @4 :Float32;
+  reduceMask @5 :UInt32;
+  ignoreIndex @6 :Int64 = -100;
+  mean @7 :Bool = true;
+}
+
+struct TensorOperand {
+  buffer @0 :UInt64;
+  offset @1 :UInt64;          # elements
+  strides @2 :List(UInt64);   # elements, one per dimension of the op's shape
+}
+
+enum TensorFn {
+  copy @0;
+  fill @1;
+  add @2;
+  mul @3;
+  div @4;
+  relu @5;
+  thresholdBackward @6;
+  exp @7;
+  log @8;
+  affine @9;
+  sum @10;
+  matmul @11;
+  logSoftmax @12;
+  logSoftmaxBackward @13;
+  nllLoss @14;
+  nllLossBackward @15;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -420,6 +420,28 @@ void Session::gemm(uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Ha
   queue(*msg);
 }
 
+void Session::tensor(const TensorOp& op) {
+  SmallMessage m;
+  auto t = m.instruction().initOp().initTensor();
+  t.setFn(static_cast<wire::TensorFn>(op.fn));
+  auto shape = t.initShape(static_cast<unsigned>(op.shape.size()));
+  for (size_t i = 0; i < op.shape.size(); ++i) shape.set(i, op.shape[i]);
+  auto operands = t.initOperands(static_cast<unsigned>(op.operands.size()));
+  for (size_t i = 0; i < op.operands.size(); ++i) {
+    auto o = operands[i];
+    o.setBuffer(op.operands[i].buffer);
+    o.setOffset(op.operands[i].offset);
+    auto strides = o.initStrides(static_cast<unsigned>(op.operands[i].strides.size()));
+    for (size_t d = 0; d < op.operands[i].strides.size(); ++d) strides.set(d, op.operands[i].strides[d]);
+  }
+  t.setAlpha(op.alpha);
+  t.setBeta(op.beta);
+  t.setReduceMask(op.reduceMask);
+  t.setIgnoreIndex(op.ignoreIndex);
+  t.setMean(op.mean);
+  queue(*m);
+}
+
 void Session::axpy(uint64_t n, float alpha, Handle x, Handle y) {
   SmallMessage m;
   auto o = m.instruction().initOp().initAxpy();

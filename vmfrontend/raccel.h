@@ -107,6 +107,27 @@ struct Arg {
   static Arg f64(double v);
 };
 
+// A tensor op over strided views of buffers (schema/guest.capnp, TensorOp, says what
+// each function computes): what a framework's device is built on (vmfrontend/python).
+enum class TensorFn {
+  copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine,
+  sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
+};
+struct TensorOperand {
+  Handle buffer = 0;
+  uint64_t offset = 0;             // elements
+  std::vector<uint64_t> strides;   // elements, one per dimension of the shape
+};
+struct TensorOp {
+  TensorFn fn = TensorFn::copy;
+  std::vector<uint64_t> shape;
+  std::vector<TensorOperand> operands;  // the output first
+  float alpha = 1, beta = 0;
+  uint32_t reduceMask = 0;
+  int64_t ignoreIndex = -100;
+  bool mean = true;
+};
+
 // A task graph of built-in ops (Session::submitGraph). Each call adds a node and
 // returns its index; `after` names earlier nodes it must follow besides its data (an op
 // reading a buffer already follows the op that last wrote it).
@@ -168,6 +189,8 @@ class Session {
   void axpy(uint64_t n, float alpha, Handle x, Handle y);
   void vadd(uint64_t n, Handle a, Handle b, Handle out);
   void reduceSum(uint64_t n, Handle input, Handle out);
+  // Asynchronous like the other ops; a bad op is reported by fence() with the card's reason.
+  void tensor(const TensorOp& op);
   // Runs a graph as one instruction across the vaccel's cards (the scheduler places
   // each op, moving as few bytes between cards as it can); asynchronous like an op.
   void submitGraph(const Graph& graph, Graph::Placement placement = Graph::Placement::fewestBytes);

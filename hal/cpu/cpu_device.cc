@@ -226,6 +226,9 @@ class CpuDevice final : public Device {
   Status doReduceSum(uint64_t n, const Buffer& inb, Buffer& outb) override {
     return pace(double(n), [this, n, in = &inb, out = &outb] { reduceSum(n, *in, *out); });
   }
+  Status doTensor(const LoweredTensorOp& op) override {
+    return pace(op.flops, [this, op] { tensor(op); });
+  }
 
  private:
   // A paced (simulated) card takes at least flops / its declared TFLOPS per op; an
@@ -307,6 +310,32 @@ class CpuDevice final : public Device {
     double total = 0;
     for (double p : partial) total += p;
     host(outb).floats()[0] = static_cast<float>(total);
+  }
+
+  // The tensor kernels compiled as C++ (hal/tensor.h), each work-item a call.
+  void tensor(const LoweredTensorOp& op) {
+    using namespace kernels;
+    const RcGeom& g = op.geom;
+    float* p[kMaxTensorOperands];
+    for (unsigned i = 0; i < kMaxTensorOperands; ++i) p[i] = const_cast<float*>(host(*op.buffers[i]).floats());
+    auto* target = reinterpret_cast<const int64_t*>(p[2]);
+    auto each = [&](auto item) {
+      uint64_t grain = std::max<uint64_t>(1, (1 << 14) / static_cast<uint64_t>(std::max<int64_t>(g.inner, 1)));
+      pool_.parallelFor(static_cast<uint64_t>(g.n), grain, [&](uint64_t b, uint64_t e) {
+        for (uint64_t i = b; i < e; ++i) item(static_cast<int64_t>(i));
+      });
+    };
+    switch (TensorFn(g.fn)) {
+      case TensorFn::sum: return each([&](int64_t i) { rc_sum(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::matmul: return each([&](int64_t i) { rc_matmul(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::logSoftmax: return each([&](int64_t i) { rc_log_softmax(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::logSoftmaxBackward:
+        return each([&](int64_t i) { rc_log_softmax_backward(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::nllLoss: return rc_nll_loss(0, g, p[0], p[1], target, p[3]);
+      case TensorFn::nllLossBackward:
+        return each([&](int64_t i) { rc_nll_loss_backward(i, g, p[0], p[1], target, p[3]); });
+      default: return each([&](int64_t i) { rc_map(i, g, p[0], p[1], p[2], p[3]); });
+    }
   }
 
   ThreadPool pool_;

@@ -5,11 +5,15 @@
 #include <dlfcn.h>
 #include <nvrtc.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
+
+#include "hal/tensor_kernels_source.h"
 
 namespace raccel::hal {
 namespace {
@@ -167,6 +171,21 @@ extern "C" __global__ void raccel_reduce_sum(unsigned long long n, const float* 
 }
 )CU";
 
+// What the tensor kernels (hal/tensor_kernels.inc) need of CUDA C++.
+const char* kTensorPrelude = R"CU(
+#define RC_KERNEL extern "C" __global__ void
+#define RC_FUNC __device__ inline
+#define RC_GLOBAL
+#define RC_I64 long long
+#define RC_GEOM const RcGeom
+#define RC_CPU_GID
+#define RC_GID ((long long)blockIdx.x * blockDim.x + threadIdx.x)
+#define RC_EXP(x) expf(x)
+#define RC_LOG(x) logf(x)
+#define RC_FMAX(x, y) fmaxf(x, y)
+#define RC_NAN __int_as_float(0x7fffffff)
+)CU";
+
 int fp32LanesPerSm(int major, int minor) {
   switch (major) {
     case 3: return 192;
@@ -205,6 +224,7 @@ class CudaDevice final : public Device {
     d->cuCtxSetCurrent(context_);
     if (stream_) d->cuStreamSynchronize(stream_);
     builtins_.reset();
+    tensorKernels_.reset();
     for (auto& t : timed_) spareEvents_.insert(spareEvents_.end(), {t.start, t.end});
     for (auto e : spareEvents_) d->cuEventDestroy(e);
     for (auto& st : stages_) {
@@ -421,6 +441,28 @@ class CudaDevice final : public Device {
       return {};
     });
   }
+  Status doTensor(const LoweredTensorOp& op) override {
+    bind();
+    if (TensorFn(op.geom.fn) == TensorFn::matmul)
+      if (auto done = matmulWithBlas(op)) return *done;
+    if (!tensorKernels_) {  // compiled on first use: most tenants never run one
+      auto program = compile("raccel.tensor", std::string(kTensorPrelude) + kTensorKernelSource);
+      if (!program) return fail(program.error().code, "building the tensor kernels: " + program.error().message);
+      tensorKernels_ = std::move(*program);
+    }
+    const char* name = tensorKernelName(TensorFn(op.geom.fn));
+    const uint64_t blocks = (static_cast<uint64_t>(op.geom.n) + 255) / 256;
+    if (blocks > 0x7fffffffu) return fail(Code::invalidArgument, std::string(name) + ": too many work-items for one launch");
+    CUfunction f = nullptr;
+    if (auto s = cu(driver()->cuModuleGetFunction(&f, tensorKernels_->module, name), name); !s) return s;
+    kernels::RcGeom g = op.geom;
+    CUdeviceptr p[kMaxTensorOperands];
+    for (unsigned i = 0; i < kMaxTensorOperands; ++i) p[i] = ptrOf(*op.buffers[i]);
+    void* params[] = {&g, &p[0], &p[1], &p[2], &p[3]};
+    return timed([&] {
+      return cu(driver()->cuLaunchKernel(f, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0, stream_, params, nullptr), name);
+    });
+  }
   Status doAxpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) override {
     return builtin("raccel_axpy", blocksFor(n), 256, n, alpha, ptrOf(x), ptrOf(y));
   }
@@ -501,6 +543,42 @@ class CudaDevice final : public Device {
     return true;
   }
 
+  // A matmul whose operands each walk one axis contiguously is cuBLAS's sgemm: row-major
+  // out = a b is column-major out^T = b^T a^T, each operand transposed or not by which of
+  // its strides is 1. Anything else (nullopt) runs the tensor kernel.
+  std::optional<Status> matmulWithBlas(const LoweredTensorOp& op) {
+    const kernels::RcGeom& g = op.geom;
+    const int64_t m = g.shape[0], n = g.shape[1], k = g.shape[2];
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return std::nullopt;
+    auto unit = [&](int operand, int dim) { return g.stride[operand][dim] == 1 || g.shape[dim] == 1; };
+    // out: its n axis contiguous, rows ldc apart.
+    if (!unit(0, 1)) return std::nullopt;
+    const int64_t ldc = std::max<int64_t>({g.stride[0][0], n, 1});
+    if (m > 1 && g.stride[0][0] < n) return std::nullopt;
+    struct Side {
+      cublasOperation_t op;
+      int64_t ld;
+    };
+    // An operand [rows x cols] (a: m x k, b: k x n) as column-major cuBLAS sees it.
+    auto side = [&](int operand, int rowDim, int colDim, int64_t rows, int64_t cols) -> std::optional<Side> {
+      const int64_t rs = g.stride[operand][rowDim], cs = g.stride[operand][colDim];
+      if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) return Side{CUBLAS_OP_N, std::max<int64_t>({rs, cols, 1})};
+      if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) return Side{CUBLAS_OP_T, std::max<int64_t>({cs, rows, 1})};
+      return std::nullopt;
+    };
+    auto a = side(1, 0, 2, m, k), b = side(2, 2, 1, k, n);
+    if (!a || !b || a->ld > INT32_MAX || b->ld > INT32_MAX || ldc > INT32_MAX) return std::nullopt;
+    if (!unit(0, 1)) return std::nullopt;
+    const float alpha = g.alpha, beta = g.beta;
+    auto at = [&](int operand) { return reinterpret_cast<float*>(ptrOf(*op.buffers[operand]) + 4 * g.offset[operand]); };
+    return timed([&]() -> Status {
+      auto rc = cublas()->sgemm(blas_, b->op, a->op, int(n), int(m), int(k), &alpha, at(2), int(b->ld), at(1), int(a->ld),
+                                &beta, at(0), int(ldc));
+      if (rc != CUBLAS_STATUS_SUCCESS) return fail(Code::internal, "cublasSgemm failed (status " + std::to_string(rc) + ")");
+      return {};
+    });
+  }
+
   template <class... A>
   Status builtin(const char* name, unsigned grid, unsigned block, A... args) {
     bind();
@@ -574,6 +652,7 @@ class CudaDevice final : public Device {
   CUstream stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<CuProgram> builtins_;
+  std::unique_ptr<CuProgram> tensorKernels_;
   std::string lost_;
   // Kernel timing.
   struct Timed {

@@ -9,8 +9,25 @@
 #include <deque>
 #include <map>
 
+#include "hal/tensor_kernels_source.h"
+
 namespace raccel::hal {
 namespace {
+
+// What the tensor kernels (hal/tensor_kernels.inc) need of OpenCL C.
+const char* kTensorPrelude = R"CLC(
+#define RC_KERNEL __kernel void
+#define RC_FUNC
+#define RC_GLOBAL __global
+#define RC_I64 long
+#define RC_GEOM const RcGeom
+#define RC_CPU_GID
+#define RC_GID ((long)get_global_id(0))
+#define RC_EXP(x) exp(x)
+#define RC_LOG(x) log(x)
+#define RC_FMAX(x, y) fmax(x, y)
+#define RC_NAN NAN
+)CLC";
 
 // The built-in ops as OpenCL C. reduceSum is two passes: per-work-item Kahan partial
 // sums over a strided slice, then one work-item folds the partials.
@@ -186,6 +203,7 @@ class OpenclDevice final : public Device {
     clFinish(queue_);
     for (auto& t : timed_) clReleaseEvent(t.event);
     builtins_.reset();
+    tensorKernels_.reset();
     if (partials_) clReleaseMemObject(partials_);
     clReleaseCommandQueue(queue_);
     clReleaseContext(context_);
@@ -370,6 +388,18 @@ class OpenclDevice final : public Device {
     size_t global[1] = {roundUp(n, 256)};
     return run("raccel_vadd", 1, global, nullptr, cl_ulong{n}, memOf(a), memOf(b), memOf(out));
   }
+  Status doTensor(const LoweredTensorOp& op) override {
+    if (!tensorKernels_) {  // built on first use: most tenants never run one
+      const std::string source = std::string(kTensorPrelude) + kTensorKernelSource;
+      auto program = build(ProgramKind::openclC, "raccel.tensor", std::as_bytes(std::span(source)));
+      if (!program) return fail(program.error().code, "building the tensor kernels: " + program.error().message);
+      tensorKernels_.reset(static_cast<ClProgram*>(program->release()));
+    }
+    size_t global[1] = {roundUp(static_cast<uint64_t>(op.geom.n), 64)};
+    auto& b = op.buffers;
+    return runIn(*tensorKernels_, tensorKernelName(TensorFn(op.geom.fn)), 1, global, nullptr, op.geom, memOf(*b[0]),
+                 memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
+  }
   Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) override {
     size_t global[1] = {kPartials};
     if (auto s = run("raccel_partial_sums", 1, global, nullptr, cl_ulong{n}, memOf(input), partials_); !s) return s;
@@ -382,7 +412,12 @@ class OpenclDevice final : public Device {
 
   template <class... A>
   Status run(const char* name, cl_uint dims, const size_t* global, const size_t* local, const A&... args) {
-    auto kernel = builtins_->kernel(name);
+    return runIn(*builtins_, name, dims, global, local, args...);
+  }
+  template <class... A>
+  Status runIn(ClProgram& program, const char* name, cl_uint dims, const size_t* global, const size_t* local,
+               const A&... args) {
+    auto kernel = program.kernel(name);
     if (!kernel) return fail(kernel.error());
     cl_uint i = 0;
     cl_int rc = CL_SUCCESS;
@@ -519,6 +554,7 @@ class OpenclDevice final : public Device {
   uint64_t baseAlign_ = 128;  // bytes; sub-buffer origins must be multiples
   uint32_t addressBytes_ = 8;
   std::unique_ptr<ClProgram> builtins_;
+  std::unique_ptr<ClProgram> tensorKernels_;
   cl_mem partials_ = nullptr;
   bool gemmTiles_ = false;  // the device takes 16 x 16 work-groups
 };

@@ -1,0 +1,206 @@
+#include "hal/tensor.h"
+
+#include <algorithm>
+
+#include "common/limits.h"
+#include "hal/device.h"
+
+namespace raccel::hal {
+
+static_assert(RC_COPY == int(TensorFn::copy) && RC_FILL == int(TensorFn::fill) && RC_ADD == int(TensorFn::add) &&
+              RC_MUL == int(TensorFn::mul) && RC_DIV == int(TensorFn::div) && RC_RELU == int(TensorFn::relu) &&
+              RC_THRESHOLD_BACKWARD == int(TensorFn::thresholdBackward) && RC_EXPFN == int(TensorFn::exp) &&
+              RC_LOGFN == int(TensorFn::log) && RC_AFFINE == int(TensorFn::affine));
+
+namespace {
+struct FnInfo {
+  const char* name;
+  unsigned operands;
+  const char* kernel;
+};
+constexpr FnInfo kFns[kTensorFns] = {
+    {"copy", 2, "rc_map"},      {"fill", 1, "rc_map"},
+    {"add", 3, "rc_map"},       {"mul", 3, "rc_map"},
+    {"div", 3, "rc_map"},       {"relu", 2, "rc_map"},
+    {"thresholdBackward", 3, "rc_map"}, {"exp", 2, "rc_map"},
+    {"log", 2, "rc_map"},       {"affine", 2, "rc_map"},
+    {"sum", 2, "rc_sum"},       {"matmul", 3, "rc_matmul"},
+    {"logSoftmax", 2, "rc_log_softmax"}, {"logSoftmaxBackward", 3, "rc_log_softmax_backward"},
+    {"nllLoss", 4, "rc_nll_loss"},       {"nllLossBackward", 4, "rc_nll_loss_backward"},
+};
+constexpr uint64_t kMaxElements = 1ull << 48;
+
+bool elementwise(TensorFn fn) { return fn <= TensorFn::affine; }
+// nllLoss's and nllLossBackward's targets are i64; everything else is f32.
+uint64_t elementBytes(TensorFn fn, unsigned operand) {
+  return (fn == TensorFn::nllLoss || fn == TensorFn::nllLossBackward) && operand == 2 ? 8 : 4;
+}
+}  // namespace
+
+const char* tensorFnName(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].name : "unknown"; }
+unsigned tensorFnOperands(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].operands : 0; }
+const char* tensorKernelName(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].kernel : ""; }
+
+Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
+  if (unsigned(op.fn) >= kTensorFns) return fail(Code::invalidArgument, "tensor op: unknown function " + std::to_string(unsigned(op.fn)));
+  const std::string name = std::string("tensor op ") + tensorFnName(op.fn);
+  auto bad = [&](const std::string& why) { return fail(Code::invalidArgument, name + ": " + why); };
+  if (op.dims < 1 || op.dims > kMaxTensorDims)
+    return bad("a shape of " + std::to_string(op.dims) + " dimensions (1 to " + std::to_string(kMaxTensorDims) + ")");
+  const unsigned operands = tensorFnOperands(op.fn);
+  LoweredTensorOp out;
+  out.op = op;
+  uint64_t elements = 1;
+  for (unsigned d = 0; d < op.dims; ++d) {
+    if (op.shape[d] == 0) out.empty = true;
+    elements = limits::satMul(elements, op.shape[d]);
+  }
+  if (elements > kMaxElements) return bad("a shape of more than 2^48 elements");
+  if (op.reduceMask >> op.dims) return bad("reduceMask names a dimension past the shape");
+  auto needDims = [&](unsigned n) { return op.dims == n ? Status{} : bad("takes a shape of " + std::to_string(n) + " dimensions"); };
+  switch (op.fn) {
+    case TensorFn::matmul:
+      if (auto s = needDims(3); !s) return std::unexpected(s.error());
+      break;
+    case TensorFn::logSoftmax:
+    case TensorFn::logSoftmaxBackward:
+    case TensorFn::nllLoss:
+    case TensorFn::nllLossBackward:
+      if (auto s = needDims(2); !s) return std::unexpected(s.error());
+      break;
+    default:
+      break;
+  }
+  if (op.fn == TensorFn::sum && op.reduceMask == 0) return bad("reduceMask names no dimension");
+  if (op.fn != TensorFn::sum && op.reduceMask != 0) return bad("only sum takes a reduceMask");
+
+  // Every element an operand can reach lies inside its buffer.
+  std::array<uint64_t, kMaxTensorOperands> last{};  // the highest element reached
+  for (unsigned i = 0; i < operands; ++i) {
+    const TensorOperand& o = op.operands[i];
+    const std::string which = "operand " + std::to_string(i);
+    if (!o.buffer) return bad(which + " has no buffer");
+    uint64_t reach = o.offset;
+    for (unsigned d = 0; d < op.dims && !out.empty; ++d)
+      reach = limits::satAdd(reach, limits::satMul(op.shape[d] - 1, o.strides[d]));
+    const uint64_t have = o.buffer->size() / elementBytes(op.fn, i);
+    if (!out.empty && reach >= have)
+      return bad(which + " reaches element " + std::to_string(reach) + " of a buffer of " + std::to_string(have) +
+                 " elements");
+    last[i] = reach;
+    out.buffers[i] = o.buffer;
+  }
+  for (unsigned i = operands; i < kMaxTensorOperands; ++i) out.buffers[i] = op.operands[0].buffer;
+  auto zeroStride = [&](unsigned operand, unsigned dim, const char* what) -> Status {
+    if (op.operands[operand].strides[dim] != 0) return bad(what);
+    return {};
+  };
+  auto disjoint = [&](unsigned x, unsigned y) -> Status {
+    const TensorOperand &a = op.operands[x], &b = op.operands[y];
+    if (a.buffer == b.buffer && !(last[x] < b.offset || last[y] < a.offset))
+      return bad("operand " + std::to_string(x) + " overlaps operand " + std::to_string(y));
+    return {};
+  };
+  Status rule;
+  switch (op.fn) {
+    case TensorFn::sum:
+      for (unsigned d = 0; d < op.dims && rule; ++d)
+        if (op.reduceMask >> d & 1) rule = zeroStride(0, d, "the output's strides must be 0 on the summed dimensions");
+      break;
+    case TensorFn::matmul:
+      if (!(rule = zeroStride(0, 2, "out's k stride must be 0"))) break;
+      if (!(rule = zeroStride(1, 1, "a's n stride must be 0"))) break;
+      if (!(rule = zeroStride(2, 0, "b's m stride must be 0"))) break;
+      if (!(rule = disjoint(0, 1))) break;
+      rule = disjoint(0, 2);
+      break;
+    case TensorFn::nllLoss:
+    case TensorFn::nllLossBackward:
+      for (unsigned d = 0; d < 2 && rule; ++d) {
+        if (op.fn == TensorFn::nllLoss) rule = zeroStride(0, d, "the loss is a scalar: its strides must be 0");
+        if (rule) rule = zeroStride(op.fn == TensorFn::nllLoss ? 3 : 1, d,
+                                    op.fn == TensorFn::nllLoss ? "totalWeight is a scalar: its strides must be 0"
+                                                               : "the loss's gradient is a scalar: its strides must be 0");
+        if (rule && op.fn == TensorFn::nllLossBackward)
+          rule = zeroStride(3, d, "totalWeight is a scalar: its strides must be 0");
+      }
+      if (rule) rule = zeroStride(2, 1, "the targets' class stride must be 0");
+      if (rule && op.operands[2].buffer == op.operands[0].buffer) rule = disjoint(0, 2);
+      break;
+    default:
+      break;
+  }
+  if (!rule) return std::unexpected(rule.error());
+
+  kernels::RcGeom& g = out.geom;
+  g.fn = int(op.fn);
+  g.alpha = op.alpha;
+  g.beta = op.beta;
+  g.mean = op.mean ? 1 : 0;
+  g.ignoreIndex = op.ignoreIndex;
+  g.dims = op.dims;
+  for (unsigned d = 0; d < op.dims; ++d) {
+    g.shape[d] = static_cast<int64_t>(op.shape[d]);
+    for (unsigned i = 0; i < kMaxTensorOperands; ++i)
+      // A dimension of one element never moves: its stride (however large) is 0.
+      g.stride[i][d] = i < operands && op.shape[d] > 1 ? static_cast<int64_t>(op.operands[i].strides[d]) : 0;
+  }
+  for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.offset[i] = i < operands ? static_cast<int64_t>(op.operands[i].offset) : 0;
+
+  if (elementwise(op.fn)) {
+    // Merges neighbouring dimensions that every operand walks contiguously, so a
+    // contiguous op indexes in one dimension.
+    int64_t dims = 0;
+    for (unsigned d = 0; d < op.dims; ++d) {
+      bool merge = dims > 0;
+      for (unsigned i = 0; i < operands && merge; ++i) merge = g.stride[i][dims - 1] == g.stride[i][d] * g.shape[d];
+      if (merge) {
+        g.shape[dims - 1] *= g.shape[d];
+        for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.stride[i][dims - 1] = g.stride[i][d];
+      } else {
+        g.shape[dims] = g.shape[d];
+        for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.stride[i][dims] = g.stride[i][d];
+        ++dims;
+      }
+    }
+    g.dims = dims;
+    g.n = static_cast<int64_t>(elements);
+    g.inner = 1;
+    out.flops = double(elements);
+  } else if (op.fn == TensorFn::sum) {
+    // The kept dimensions first, then the summed ones.
+    kernels::RcGeom sorted = g;
+    int64_t at = 0, kept = 1, inner = 1;
+    for (int pass = 0; pass < 2; ++pass)
+      for (unsigned d = 0; d < op.dims; ++d) {
+        if ((op.reduceMask >> d & 1) != unsigned(pass)) continue;
+        sorted.shape[at] = g.shape[d];
+        for (unsigned i = 0; i < kMaxTensorOperands; ++i) sorted.stride[i][at] = g.stride[i][d];
+        (pass ? inner : kept) *= g.shape[d];
+        ++at;
+      }
+    g = sorted;
+    g.n = kept;
+    g.inner = inner;
+    out.flops = double(elements);
+  } else if (op.fn == TensorFn::matmul) {
+    g.n = g.shape[0] * g.shape[1];
+    g.inner = g.shape[2];
+    out.flops = 2.0 * double(elements);
+  } else if (op.fn == TensorFn::logSoftmax || op.fn == TensorFn::logSoftmaxBackward) {
+    g.n = g.shape[0];
+    g.inner = g.shape[1];
+    out.flops = 4.0 * double(elements);
+  } else if (op.fn == TensorFn::nllLoss) {
+    g.n = 1;
+    g.inner = 1;
+    out.flops = double(op.shape[0]);
+  } else {  // nllLossBackward
+    g.n = static_cast<int64_t>(elements);
+    g.inner = 1;
+    out.flops = double(elements);
+  }
+  return out;
+}
+
+}  // namespace raccel::hal

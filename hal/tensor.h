@@ -1,0 +1,91 @@
+// Tensor ops: what a framework's device needs (PyTorch's privateuseone backend,
+// vmfrontend/torch), as one built-in op over strided views of buffers. The semantics of
+// each function are in schema/guest.capnp (TensorOp). Device::tensor() checks an op once
+// here (operand counts, every element each operand can reach inside its buffer, the
+// stride rules of each function) and lowers it to the geometry the kernels take; the
+// kernels themselves are one source for every backend (hal/tensor_kernels.inc).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "common/error.h"
+
+namespace raccel::hal {
+
+class Buffer;
+
+// The CPU's compilation of the kernels; the geometry type is shared with the devices'.
+namespace kernels {
+#define RC_KERNEL inline void
+#define RC_FUNC inline
+#define RC_GLOBAL
+#define RC_I64 int64_t
+#define RC_GEOM const RcGeom&
+#define RC_CPU_GID RC_I64 rc_gid,
+#define RC_GID rc_gid
+#define RC_EXP(x) std::exp(x)
+#define RC_LOG(x) std::log(x)
+#define RC_FMAX(x, y) std::fmax(x, y)
+#define RC_NAN std::numeric_limits<float>::quiet_NaN()
+}  // namespace kernels
+}  // namespace raccel::hal
+
+#include <cmath>
+#include <limits>
+
+namespace raccel::hal::kernels {
+#include "hal/tensor_kernels.inc"
+}  // namespace raccel::hal::kernels
+
+namespace raccel::hal {
+
+inline constexpr unsigned kMaxTensorDims = RC_MAX_DIMS;
+inline constexpr unsigned kMaxTensorOperands = RC_MAX_OPERANDS;
+
+// In the order of the wire's TensorFn.
+enum class TensorFn : uint8_t {
+  copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine,
+  sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
+};
+inline constexpr unsigned kTensorFns = 16;
+
+const char* tensorFnName(TensorFn fn);
+// Operands the function takes, the output included.
+unsigned tensorFnOperands(TensorFn fn);
+// The kernel (in tensor_kernels.inc) that runs the function.
+const char* tensorKernelName(TensorFn fn);
+
+struct TensorOperand {
+  Buffer* buffer = nullptr;
+  uint64_t offset = 0;                        // elements
+  std::array<uint64_t, kMaxTensorDims> strides{};  // elements, per dimension of the shape
+};
+
+struct TensorOp {
+  TensorFn fn = TensorFn::copy;
+  unsigned dims = 1;
+  std::array<uint64_t, kMaxTensorDims> shape{1, 1, 1, 1, 1, 1};
+  std::array<TensorOperand, kMaxTensorOperands> operands{};  // [0] is the output
+  float alpha = 1, beta = 0;
+  uint32_t reduceMask = 0;
+  int64_t ignoreIndex = -100;
+  bool mean = true;
+};
+
+// A checked op, ready for a kernel: its geometry and its operands' buffers (the output
+// stands in for operands the function does not take).
+struct LoweredTensorOp {
+  TensorOp op;  // as asked (a sandbox's proxy sends it on, to be checked again there)
+  kernels::RcGeom geom{};
+  std::array<Buffer*, kMaxTensorOperands> buffers{};
+  double flops = 0;
+  bool empty = false;  // a shape with a zero: nothing to run
+};
+
+// Checks `op` against its buffers' sizes and lowers it (invalidArgument naming the
+// problem otherwise).
+Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op);
+
+}  // namespace raccel::hal

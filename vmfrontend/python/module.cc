@@ -1,0 +1,201 @@
+// raccel._raccel: libraccel's session API for Python (pybind11). `raccel.Session`
+// opens a virtual accelerator through raccel-guestd (or a VM's socket) and sends it
+// instructions; like libraccel, everything but read() and fence() is asynchronous, and
+// a failure is raised by the next fence() or read(). The GIL is released while a call
+// waits for the scheduler.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "vmfrontend/python/shared_session.h"
+
+namespace py = pybind11;
+using raccel::client::Handle;
+using raccel::python::SharedSession;
+
+namespace {
+
+struct PySession {
+  std::shared_ptr<SharedSession> shared = std::make_shared<SharedSession>();
+  raccel::client::Session& s() {
+    if (!shared->session) throw std::runtime_error("this raccel session is closed");
+    return *shared->session;
+  }
+};
+
+[[noreturn]] void raise(const raccel::Error& e) {
+  throw std::runtime_error(std::string(raccel::codeName(e.code)) + ": " + e.message);
+}
+void check(const raccel::Status& s) {
+  if (!s) raise(s.error());
+}
+
+raccel::client::TensorFn fnNamed(const std::string& name) {
+  static const char* names[] = {"copy", "fill", "add", "mul", "div", "relu", "threshold_backward", "exp", "log", "affine",
+                                "sum", "matmul", "log_softmax", "log_softmax_backward", "nll_loss", "nll_loss_backward"};
+  for (size_t i = 0; i < std::size(names); ++i)
+    if (name == names[i]) return static_cast<raccel::client::TensorFn>(i);
+  throw py::value_error("no tensor function '" + name + "'");
+}
+
+py::dict vaccelDict(const raccel::client::VaccelInfo& v) {
+  py::dict d;
+  d["id"] = v.id;
+  d["block_tflops"] = v.blockTflops;
+  d["blocks"] = v.blocks;
+  d["memory_quota"] = v.memoryQuota;
+  py::list cards;
+  for (auto& c : v.cards) {
+    py::dict card;
+    card["node"] = c.node;
+    card["index"] = c.index;
+    card["kind"] = raccel::kindName(c.kind);
+    card["model"] = c.model;
+    card["blocks"] = c.blocks;
+    card["memory_bytes"] = c.memoryBytes;
+    cards.append(card);
+  }
+  d["cards"] = cards;
+  d["description"] = v.describe();
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_raccel, m) {
+  m.doc() = "libraccel's session API: a virtual accelerator's buffers, built-in ops and tensor ops";
+  py::class_<PySession>(m, "Session")
+      .def(py::init([](double tflops, std::vector<std::string> kinds, std::string socket, std::string program, int priority,
+                       int timeoutMs, unsigned admitWaitMs) {
+             raccel::client::Options o;
+             if (socket.empty()) socket = std::getenv("RACCEL_SOCKET") ? std::getenv("RACCEL_SOCKET") : "";
+             if (!socket.empty()) o.socket = socket;
+             o.program = program;
+             o.tflops = tflops;
+             o.priority = priority;
+             o.timeoutMs = timeoutMs;
+             o.admitWaitMs = admitWaitMs;
+             for (auto& k : kinds) {
+               auto kind = raccel::parseKind(k);
+               if (!kind) throw py::value_error(kind.error().message);
+               o.kinds.push_back(*kind);
+             }
+             auto* self = new PySession;
+             raccel::Result<std::unique_ptr<raccel::client::Session>> opened;
+             {
+               py::gil_scoped_release unlocked;
+               opened = raccel::client::Session::open(o);
+             }
+             if (!opened) {
+               delete self;
+               raise(opened.error());
+             }
+             self->shared->session = std::move(*opened);
+             return self;
+           }),
+           py::arg("tflops") = 1.0, py::arg("kinds") = std::vector<std::string>{}, py::arg("socket") = "",
+           py::arg("program") = "python", py::arg("priority") = 0, py::arg("timeout_ms") = 120000,
+           py::arg("admit_wait_ms") = 0,
+           "Opens a virtual accelerator of `tflops` (socket: $RACCEL_SOCKET, else raccel-guestd's)")
+      .def_property_readonly("vaccel", [](PySession& p) { return vaccelDict(p.s().vaccel()); })
+      .def("alloc", [](PySession& p, uint64_t bytes) {
+             std::lock_guard lock(p.shared->mu);
+             return p.s().alloc(bytes);
+           }, py::arg("nbytes"))
+      .def("free", [](PySession& p, Handle h) {
+             std::lock_guard lock(p.shared->mu);
+             p.s().free(h);
+           })
+      .def("write", [](PySession& p, Handle h, uint64_t offset, py::object data) {
+             Py_buffer view;
+             if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+             auto bytes = std::span(static_cast<const std::byte*>(view.buf), static_cast<size_t>(view.len));
+             {
+               std::lock_guard lock(p.shared->mu);
+               p.s().write(h, offset, bytes);
+             }
+             PyBuffer_Release(&view);
+           }, py::arg("buffer"), py::arg("offset"), py::arg("data"), "Writes a contiguous bytes-like object")
+      .def("read", [](PySession& p, Handle h, uint64_t offset, size_t nbytes) {
+             std::string out(nbytes, '\0');
+             raccel::Status s;
+             {
+               py::gil_scoped_release unlocked;
+               std::lock_guard lock(p.shared->mu);
+               s = p.s().read(h, offset, std::as_writable_bytes(std::span(out)));
+             }
+             check(s);
+             return py::bytes(out);
+           }, py::arg("buffer"), py::arg("offset"), py::arg("nbytes"), "Waits for the bytes (and raises an earlier failure)")
+      .def("copy", [](PySession& p, Handle dst, uint64_t dstOffset, Handle src, uint64_t srcOffset, uint64_t n) {
+             std::lock_guard lock(p.shared->mu);
+             p.s().copy(dst, dstOffset, src, srcOffset, n);
+           })
+      .def("fill", [](PySession& p, Handle h, uint64_t offset, uint64_t n, uint8_t value) {
+             std::lock_guard lock(p.shared->mu);
+             p.s().fill(h, offset, n, value);
+           })
+      .def("gemm", [](PySession& p, uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Handle b, float beta, Handle c) {
+             std::lock_guard lock(p.shared->mu);
+             p.s().gemm(m, n, k, alpha, a, b, beta, c);
+           }, "c[m x n] = alpha * a[m x k] b[k x n] + beta * c (f32, row-major)")
+      .def("axpy", [](PySession& p, uint64_t n, float alpha, Handle x, Handle y) {
+             std::lock_guard lock(p.shared->mu);
+             p.s().axpy(n, alpha, x, y);
+           })
+      .def("vadd", [](PySession& p, uint64_t n, Handle a, Handle b, Handle out) {
+             std::lock_guard lock(p.shared->mu);
+             p.s().vadd(n, a, b, out);
+           })
+      .def("reduce_sum", [](PySession& p, uint64_t n, Handle in, Handle out) {
+             std::lock_guard lock(p.shared->mu);
+             p.s().reduceSum(n, in, out);
+           })
+      .def("tensor",
+           [](PySession& p, const std::string& fn, std::vector<uint64_t> shape,
+              std::vector<std::tuple<Handle, uint64_t, std::vector<uint64_t>>> operands, float alpha, float beta,
+              uint32_t reduceMask, int64_t ignoreIndex, bool mean) {
+             raccel::client::TensorOp op;
+             op.fn = fnNamed(fn);
+             op.shape = std::move(shape);
+             for (auto& [h, offset, strides] : operands) op.operands.push_back({h, offset, strides});
+             op.alpha = alpha, op.beta = beta, op.reduceMask = reduceMask, op.ignoreIndex = ignoreIndex, op.mean = mean;
+             std::lock_guard lock(p.shared->mu);
+             p.s().tensor(op);
+           },
+           py::arg("fn"), py::arg("shape"), py::arg("operands"), py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
+           py::arg("reduce_mask") = 0u, py::arg("ignore_index") = -100, py::arg("mean") = true,
+           "A tensor op (schema/guest.capnp TensorOp); operands are (buffer, element offset, strides), the output first")
+      .def("fence", [](PySession& p) {
+             raccel::Status s;
+             {
+               py::gil_scoped_release unlocked;
+               std::lock_guard lock(p.shared->mu);
+               s = p.s().fence();
+             }
+             check(s);
+           }, "Waits for everything sent; raises the first failure not yet reported")
+      .def("sync", [](PySession& p) {
+             raccel::Status s;
+             {
+               py::gil_scoped_release unlocked;
+               std::lock_guard lock(p.shared->mu);
+               s = p.s().fence();
+             }
+             check(s);
+           })
+      .def("close", [](PySession& p) {
+             py::gil_scoped_release unlocked;
+             std::lock_guard lock(p.shared->mu);
+             p.shared->session.reset();
+           })
+      .def("_capsule", [](PySession& p) {
+             // A new reference to the shared session for another module (raccel.torch).
+             auto* keep = new std::shared_ptr<SharedSession>(p.shared);
+             return py::capsule(keep, raccel::python::kSessionCapsule, [](PyObject* c) {
+               delete static_cast<std::shared_ptr<SharedSession>*>(PyCapsule_GetPointer(c, raccel::python::kSessionCapsule));
+             });
+           });
+}

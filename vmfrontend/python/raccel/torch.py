@@ -1,0 +1,56 @@
+"""PyTorch's out-of-tree device over a raccel virtual accelerator.
+
+    import torch, raccel.torch
+    dev = raccel.torch.device(tflops=2)     # torch.device("privateuseone", 0)
+    model = model.to(dev)                   # an unchanged training loop runs on raccel
+
+The training step's ops (matmul, addmm, add, mul, sum, relu, log-softmax, NLL and MSE
+losses, with their backward ops) are raccel tensor ops, sent without waiting; only
+.item(), .cpu() and printing wait. Every other op runs on the CPU through PyTorch's
+fallback, counted: fallbacks() says which and how often, and RACCEL_TORCH_FALLBACKS=1
+prints them when the program exits.
+"""
+import atexit
+import os
+
+import torch as _torch
+
+from . import _raccel
+from . import _torch as _device
+
+_session = None
+
+
+def device(tflops=1.0, kinds=(), socket="", priority=0, session=None, admit_wait_ms=0):
+    """Opens (once) the session the device's tensors live in; returns the torch device."""
+    global _session
+    if _session is None:
+        _session = session if session is not None else _raccel.Session(
+            tflops=tflops, kinds=list(kinds), socket=socket, program="torch", priority=priority,
+            admit_wait_ms=admit_wait_ms)
+        _device.attach(_session._capsule())
+    return _torch.device("privateuseone", 0)
+
+
+def session():
+    """The raccel.Session behind the device (None before device())."""
+    return _session
+
+
+def synchronize():
+    """Waits until every op sent so far has run; raises the first failure."""
+    if _session is not None:
+        _session.fence()
+
+
+def fallbacks():
+    """{op: calls} of the ops that ran on the CPU instead of raccel."""
+    return dict(_device.fallbacks())
+
+
+def reset_fallbacks():
+    _device.reset_fallbacks()
+
+
+if os.environ.get("RACCEL_TORCH_FALLBACKS", "") not in ("", "0"):
+    atexit.register(_device.print_fallbacks)

@@ -1,0 +1,825 @@
+// raccel._torch: PyTorch's out-of-tree device (torch 1.13 calls it `privateuseone`)
+// over a raccel session, so an unchanged training loop runs on the virtual accelerator.
+//
+// Memory: a tensor's storage is a range of a larger raccel buffer (64 MiB chunks; a
+// storage past 16 MiB gets a buffer of its own), so a tensor is no round trip. Its
+// data pointer is an address in a private space, (chunk + 1) << 40 | byte offset, that
+// is never dereferenced on the host: every kernel here turns it back into a buffer
+// handle and an element offset.
+//
+// Compute: the training step's ops are raccel tensor ops (schema/guest.capnp TensorOp),
+// sent asynchronously; only reading a value (.item(), .cpu(), printing) waits. Every
+// other op goes to PyTorch's CPU fallback, which copies its operands to the host and
+// back; each such op is counted (fallbacks(), and RACCEL_TORCH_FALLBACKS=1 prints them
+// at exit). Ops on dtypes other than f32 (and i64 targets) fall back the same way.
+//
+// Threads: PyTorch's autograd engine runs backward on a thread of its own; every call
+// on the session holds its lock (shared_session.h).
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/library.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <unordered_map>
+
+#include "vmfrontend/python/shared_session.h"
+
+namespace py = pybind11;
+
+namespace raccel::python {
+namespace {
+
+using client::Handle;
+using client::TensorFn;
+constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+
+// ---- The session ----------------------------------------------------------------------
+
+// Never destroyed: tensors may be freed after Python's shutdown has begun.
+struct State {
+  std::shared_ptr<SharedSession> shared;
+  std::mutex countsMu;
+  std::map<std::string, uint64_t> fallbacks;
+};
+State& state() {
+  static auto* s = new State;
+  return *s;
+}
+
+// Holds the session's lock for one op.
+class Locked {
+ public:
+  Locked() : shared_(state().shared) {
+    TORCH_CHECK(shared_ && shared_->session, "raccel: no session; call raccel.torch.device() before using the device");
+    lock_ = std::unique_lock(shared_->mu);
+  }
+  client::Session* operator->() { return shared_->session.get(); }
+  client::Session& operator*() { return *shared_->session; }
+
+ private:
+  std::shared_ptr<SharedSession> shared_;
+  std::unique_lock<std::recursive_mutex> lock_;
+};
+
+[[noreturn]] void raise(const Error& e) { TORCH_CHECK(false, "raccel: ", codeName(e.code), ": ", e.message); }
+
+// ---- Memory: storages as ranges of larger buffers -----------------------------------
+
+class Arena {
+ public:
+  static constexpr uint64_t kChunk = 64ull << 20, kOwnBuffer = 16ull << 20, kAlign = 256;
+  static constexpr int kShift = 40;
+  static constexpr uint64_t kOffsetMask = (1ull << kShift) - 1;
+
+  void* allocate(client::Session& s, uint64_t bytes) {
+    bytes = (std::max<uint64_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    TORCH_CHECK(bytes <= kOffsetMask, "raccel: a storage of ", bytes, " bytes is larger than this device addresses");
+    if (bytes <= kOwnBuffer)
+      for (size_t i = 0; i < chunks_.size(); ++i) {
+        Chunk& c = chunks_[i];
+        if (c.own || !c.handle) continue;
+        for (auto it = c.free.begin(); it != c.free.end(); ++it)
+          if (it->second >= bytes) {
+            uint64_t at = it->first, left = it->second - bytes;
+            c.free.erase(it);
+            if (left) c.free[at + bytes] = left;
+            return address(i, at, bytes);
+          }
+      }
+    Chunk c;
+    c.own = bytes > kOwnBuffer;
+    c.size = c.own ? bytes : kChunk;
+    c.handle = s.alloc(c.size);
+    if (!c.own && bytes < c.size) c.free[bytes] = c.size - bytes;
+    chunks_.push_back(std::move(c));
+    TORCH_CHECK(chunks_.size() < (1ull << (63 - kShift)), "raccel: too many device buffers");
+    return address(chunks_.size() - 1, 0, bytes);
+  }
+
+  void release(client::Session& s, void* p) {
+    auto it = live_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == live_.end()) return;
+    const uint64_t bytes = it->second;
+    live_.erase(it);
+    const size_t index = chunkOf(p);
+    Chunk& c = chunks_[index];
+    if (c.own) {  // its own buffer: gone with it
+      s.free(c.handle);
+      c.handle = 0;
+      return;
+    }
+    uint64_t at = reinterpret_cast<uintptr_t>(p) & kOffsetMask, size = bytes;
+    auto next = c.free.lower_bound(at);
+    if (next != c.free.end() && next->first == at + size) {
+      size += next->second;
+      next = c.free.erase(next);
+    }
+    if (next != c.free.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == at) {
+        prev->second += size;
+        return;
+      }
+    }
+    c.free[at] = size;
+  }
+
+  // The buffer and byte offset an address names.
+  std::pair<Handle, uint64_t> locate(const void* p) const {
+    const size_t index = chunkOf(p);
+    TORCH_CHECK(index < chunks_.size() && chunks_[index].handle, "raccel: a tensor whose storage is not on this device");
+    return {chunks_[index].handle, reinterpret_cast<uintptr_t>(p) & kOffsetMask};
+  }
+
+ private:
+  struct Chunk {
+    Handle handle = 0;
+    uint64_t size = 0;
+    bool own = false;
+    std::map<uint64_t, uint64_t> free;  // offset -> bytes
+  };
+  static size_t chunkOf(const void* p) { return (reinterpret_cast<uintptr_t>(p) >> kShift) - 1; }
+  void* address(size_t index, uint64_t offset, uint64_t bytes) {
+    auto* p = reinterpret_cast<void*>(((index + 1) << kShift) | offset);
+    live_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    return p;
+  }
+  std::vector<Chunk> chunks_;
+  std::unordered_map<uintptr_t, uint64_t> live_;
+};
+
+Arena& arena() {
+  static auto* a = new Arena;
+  return *a;
+}
+
+void releaseStorage(void* p) {
+  auto shared = state().shared;
+  if (!p || !shared) return;
+  std::lock_guard lock(shared->mu);
+  if (shared->session) arena().release(*shared->session, p);
+}
+
+struct Allocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t bytes) const override {
+    if (bytes == 0) return {nullptr, nullptr, &releaseStorage, c10::Device(kDevice, 0)};
+    Locked s;
+    void* p = arena().allocate(*s, bytes);
+    return {p, p, &releaseStorage, c10::Device(kDevice, 0)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &releaseStorage; }
+};
+Allocator g_allocator;
+REGISTER_ALLOCATOR(kDevice, &g_allocator);
+
+// ---- The device guard (one device, one in-order stream) -----------------------------
+
+struct Guard final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kDevice; }
+  c10::Device exchangeDevice(c10::Device) const override { return c10::Device(kDevice, 0); }
+  c10::Device getDevice() const override { return c10::Device(kDevice, 0); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.index() <= 0, "raccel: there is one raccel device (privateuseone:0); asked for ", d.index());
+  }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device d) const noexcept override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
+
+// ---- Operands -------------------------------------------------------------------------
+
+bool onDevice(const at::Tensor& t) { return t.defined() && t.device().type() == kDevice; }
+bool isF32(const at::Tensor& t) { return onDevice(t) && t.scalar_type() == at::kFloat; }
+// A number PyTorch wrapped as a CPU tensor (x + 2, x * 0.5).
+bool isHostScalar(const at::Tensor& t) { return t.defined() && t.device().is_cpu() && t.dim() == 0; }
+
+void countFallback(const std::string& op) {
+  std::lock_guard lock(state().countsMu);
+  ++state().fallbacks[op];
+}
+
+client::TensorOperand operand(const at::Tensor& t, c10::IntArrayRef strides) {
+  auto [handle, byteOffset] = arena().locate(t.data_ptr());
+  client::TensorOperand o;
+  o.buffer = handle;
+  o.offset = byteOffset / t.element_size();
+  for (auto s : strides) {
+    TORCH_CHECK(s >= 0, "raccel: negative strides are not supported");
+    o.strides.push_back(static_cast<uint64_t>(s));
+  }
+  if (o.strides.empty()) o.strides.push_back(0);
+  return o;
+}
+std::vector<uint64_t> shapeOf(c10::IntArrayRef sizes) {
+  std::vector<uint64_t> shape(sizes.begin(), sizes.end());
+  if (shape.empty()) shape.push_back(1);
+  return shape;
+}
+
+void send(client::Session& s, client::TensorOp op) {
+  for (auto d : op.shape)
+    if (d == 0) return;  // nothing to compute
+  s.tensor(op);
+}
+
+// out = fn(a, b) elementwise over out's shape, a and b broadcast to it.
+void elementwise(TensorFn fn, const at::Tensor& out, const at::Tensor* a, const at::Tensor* b, float alpha = 1,
+                 float beta = 0) {
+  Locked s;
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = shapeOf(out.sizes());
+  op.operands.push_back(operand(out, out.strides()));
+  for (const at::Tensor* x : {a, b})
+    if (x) op.operands.push_back(operand(*x, x->expand(out.sizes()).strides()));
+  op.alpha = alpha, op.beta = beta;
+  send(*s, op);
+}
+
+bool supported(std::initializer_list<const at::Tensor*> tensors) {
+  for (auto* t : tensors)
+    if (t && t->defined() && !(isF32(*t) && t->dim() <= 6)) return false;
+  return true;
+}
+
+at::Tensor emptyOn(c10::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
+  return at::detail::empty_generic(sizes, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype,
+                                   c10::nullopt);
+}
+
+// An op that runs on the host: its tensors copied there and its result copied back.
+template <class F>
+at::Tensor onHost(const char* name, F compute) {
+  countFallback(name);
+  return compute();
+}
+at::Tensor host(const at::Tensor& t) { return t.defined() && onDevice(t) ? t.cpu() : t; }
+
+// ---- Allocation, views, copies ----------------------------------------------------------
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype, c10::optional<at::Layout>,
+                               c10::optional<at::Device>, c10::optional<bool>, c10::optional<at::MemoryFormat> format) {
+  return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<at::ScalarType> dtype,
+                         c10::optional<at::Layout>, c10::optional<at::Device>, c10::optional<bool>) {
+  return at::detail::empty_strided_generic(size, stride, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+bool denseContiguous(const at::Tensor& t) { return t.is_contiguous(); }
+
+// Device bytes of a contiguous tensor into a contiguous host tensor of its dtype (waits).
+void readInto(const at::Tensor& src, const at::Tensor& hostDst) {
+  if (src.numel() == 0) return;
+  auto [handle, byteOffset] = arena().locate(src.data_ptr());
+  Status st;
+  {
+    Locked s;
+    st = s->read(handle, byteOffset, std::span(static_cast<std::byte*>(hostDst.data_ptr()), src.nbytes()));
+  }
+  if (!st) raise(st.error());
+}
+
+void writeFrom(const at::Tensor& hostSrc, const at::Tensor& dst) {
+  if (dst.numel() == 0) return;
+  auto [handle, byteOffset] = arena().locate(dst.data_ptr());
+  Locked s;
+  s->write(handle, byteOffset, std::span(static_cast<const std::byte*>(hostSrc.data_ptr()), hostSrc.nbytes()));
+}
+
+at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  TORCH_CHECK(self.sizes() == dst.sizes() || at::is_expandable_to(self.sizes(), dst.sizes()),
+              "raccel: copy from ", self.sizes(), " to ", dst.sizes());
+  if (dst.numel() == 0) return dst;
+  if (!onDevice(self)) {  // host -> device
+    auto src = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+    if (denseContiguous(dst)) {
+      writeFrom(src, dst);
+    } else {
+      TORCH_CHECK(dst.scalar_type() == at::kFloat, "raccel: copying into a non-contiguous ", dst.scalar_type(),
+                  " tensor is not supported");
+      auto staged = emptyOn(dst.sizes(), dst.scalar_type());
+      writeFrom(src, staged);
+      elementwise(TensorFn::copy, dst, &staged, nullptr);
+    }
+    return dst;
+  }
+  if (!onDevice(dst)) {  // device -> host
+    auto src = self.expand(dst.sizes());
+    if (!denseContiguous(src)) {
+      TORCH_CHECK(src.scalar_type() == at::kFloat, "raccel: reading a non-contiguous ", src.scalar_type(),
+                  " tensor is not supported");
+      auto staged = emptyOn(src.sizes());
+      elementwise(TensorFn::copy, staged, &src, nullptr);
+      src = staged;
+    }
+    auto hostCopy = at::empty(src.sizes(), src.options().device(at::kCPU));
+    readInto(src, hostCopy);
+    dst.copy_(hostCopy);
+    return dst;
+  }
+  // device -> device
+  if (self.scalar_type() == dst.scalar_type() && self.scalar_type() == at::kFloat) {
+    elementwise(TensorFn::copy, dst, &self, nullptr);
+  } else if (self.scalar_type() == dst.scalar_type() && denseContiguous(self) && denseContiguous(dst) &&
+             self.sizes() == dst.sizes()) {
+    auto [from, fromOffset] = arena().locate(self.data_ptr());
+    auto [to, toOffset] = arena().locate(dst.data_ptr());
+    Locked s;
+    s->copy(to, toOffset, from, fromOffset, self.nbytes());
+  } else {
+    countFallback("aten::_copy_from (dtype conversion)");
+    dst.copy_(self.cpu().to(dst.scalar_type()));
+  }
+  return dst;
+}
+
+at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return _copy_from(self, dst, false);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat>) {
+  auto* impl = self.unsafeGetTensorImpl();
+  int64_t numel = 1;
+  for (auto d : size) {
+    TORCH_CHECK(d >= 0, "raccel: resize to a negative size");
+    numel *= d;
+  }
+  const uint64_t needed = static_cast<uint64_t>(self.storage_offset() + numel) * self.element_size();
+  auto storage = impl->storage();
+  if (numel > 0 && needed > storage.nbytes()) {
+    at::DataPtr fresh = g_allocator.allocate(needed);
+    if (storage.nbytes() > 0 && storage.data()) {
+      auto [from, fromOffset] = arena().locate(storage.data());
+      auto [to, toOffset] = arena().locate(fresh.get());
+      Locked s;
+      s->copy(to, toOffset, from, fromOffset, storage.nbytes());
+    }
+    storage.set_data_ptr_noswap(std::move(fresh));
+    storage.set_nbytes(needed);
+  }
+  impl->set_sizes_contiguous(size);
+  return self;
+}
+
+at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
+  if (self.numel() == 0) return self;
+  if (isF32(self)) {
+    elementwise(TensorFn::fill, self, nullptr, nullptr, value.toFloat());
+  } else if (value.toDouble() == 0 && denseContiguous(self)) {
+    auto [handle, offset] = arena().locate(self.data_ptr());
+    Locked s;
+    s->fill(handle, offset, self.nbytes(), 0);
+  } else {
+    countFallback("aten::fill_.Scalar");
+    self.copy_(at::full(self.sizes(), value, self.options().device(at::kCPU)));
+  }
+  return self;
+}
+
+at::Tensor& zero_(at::Tensor& self) { return fill_(self, 0); }
+
+at::Scalar _local_scalar_dense(const at::Tensor& self) {
+  auto hostCopy = at::empty({}, self.options().device(at::kCPU));
+  readInto(self, hostCopy);
+  return hostCopy.item();
+}
+
+// ---- Compute ----------------------------------------------------------------------------
+
+std::vector<int64_t> broadcastShape(const at::Tensor& a, const at::Tensor& b) { return at::infer_size(a.sizes(), b.sizes()); }
+
+// out = a + alpha * b (either may be a host number).
+at::Tensor& add_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha, at::Tensor& out) {
+  if (isHostScalar(b) && supported({&a, &out})) {
+    at::native::resize_output(out, a.sizes());
+    elementwise(TensorFn::affine, out, &a, nullptr, 1, static_cast<float>(alpha.toDouble() * b.item<double>()));
+  } else if (isHostScalar(a) && supported({&b, &out})) {
+    at::native::resize_output(out, b.sizes());
+    elementwise(TensorFn::affine, out, &b, nullptr, alpha.toFloat(), a.item<float>());
+  } else if (supported({&a, &b, &out})) {
+    at::native::resize_output(out, broadcastShape(a, b));
+    elementwise(TensorFn::add, out, &a, &b, alpha.toFloat());
+  } else {
+    countFallback("aten::add.out");
+    out.copy_(at::add(host(a), host(b), alpha));
+  }
+  return out;
+}
+at::Tensor add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
+  auto out = emptyOn({0}, at::result_type(a, b));
+  return add_out(a, b, alpha, out);
+}
+at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return add_out(self, other, alpha, self); }
+
+// out = a * b (either may be a host number).
+at::Tensor& mul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (isHostScalar(b) && supported({&a, &out})) {
+    at::native::resize_output(out, a.sizes());
+    elementwise(TensorFn::affine, out, &a, nullptr, b.item<float>(), 0);
+  } else if (isHostScalar(a) && supported({&b, &out})) {
+    at::native::resize_output(out, b.sizes());
+    elementwise(TensorFn::affine, out, &b, nullptr, a.item<float>(), 0);
+  } else if (supported({&a, &b, &out})) {
+    at::native::resize_output(out, broadcastShape(a, b));
+    elementwise(TensorFn::mul, out, &a, &b);
+  } else {
+    countFallback("aten::mul.out");
+    out.copy_(at::mul(host(a), host(b)));
+  }
+  return out;
+}
+at::Tensor mul(const at::Tensor& a, const at::Tensor& b) {
+  auto out = emptyOn({0}, at::result_type(a, b));
+  return mul_out(a, b, out);
+}
+at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) { return mul_out(self, other, self); }
+
+at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
+                    at::Tensor& out) {
+  if (!supported({&self}) || (dtype && *dtype != at::kFloat) || (out.defined() && !isF32(out))) {
+    countFallback("aten::sum.IntList_out");
+    auto r = dims ? at::sum(host(self), *dims, keepdim, dtype) : at::sum(host(self), dtype);
+    at::native::resize_output(out, r.sizes());
+    out.copy_(r);
+    return out;
+  }
+  const int64_t rank = self.dim();
+  uint32_t mask = 0;
+  if (!dims || dims->empty()) mask = rank ? (1u << rank) - 1 : 1;
+  else
+    for (auto d : *dims) mask |= 1u << c10::maybe_wrap_dim(d, rank);
+  std::vector<int64_t> kept, keptDims;  // out's shape, with and without the summed dims
+  for (int64_t d = 0; d < rank; ++d) {
+    if (mask >> d & 1) {
+      if (keepdim) keptDims.push_back(1);
+    } else {
+      kept.push_back(self.size(d));
+      keptDims.push_back(self.size(d));
+    }
+  }
+  at::native::resize_output(out, keepdim ? keptDims : kept);
+  if (self.numel() == 0) return out.zero_();
+  // out's strides over self's shape: 0 on the summed dimensions.
+  std::vector<int64_t> outStrides;
+  for (int64_t d = 0, o = 0; d < rank; ++d) {
+    if (mask >> d & 1) {
+      outStrides.push_back(0);
+      if (keepdim) ++o;
+    } else {
+      outStrides.push_back(out.stride(o++));
+    }
+  }
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::sum;
+  op.shape = shapeOf(self.sizes());
+  op.operands = {operand(out, outStrides), operand(self, self.strides())};
+  op.reduceMask = mask;
+  send(*s, op);
+  return out;
+}
+at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype) {
+  auto out = emptyOn({0}, dtype.value_or(self.scalar_type()));
+  return sum_out(self, dims, keepdim, dtype, out);
+}
+at::Tensor sum_all(const at::Tensor& self, c10::optional<at::ScalarType> dtype) { return sum_dim(self, c10::nullopt, false, dtype); }
+
+// out = alpha * a b + beta * out (out not read when beta is 0); a: [m, k], b: [k, n].
+void matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, float alpha, float beta) {
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::matmul;
+  op.shape = {static_cast<uint64_t>(a.size(0)), static_cast<uint64_t>(b.size(1)), static_cast<uint64_t>(a.size(1))};
+  op.operands = {operand(out, {out.stride(0), out.stride(1), 0}), operand(a, {a.stride(0), 0, a.stride(1)}),
+                 operand(b, {0, b.stride(1), b.stride(0)})};
+  op.alpha = alpha, op.beta = beta;
+  send(*s, op);
+}
+bool sharesStorage(const at::Tensor& x, const at::Tensor& y) { return x.storage().is_alias_of(y.storage()); }
+
+at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "raccel: mm of ", a.sizes(), " and ", b.sizes());
+  if (!supported({&a, &b, &out})) {
+    countFallback("aten::mm.out");
+    auto r = at::mm(host(a), host(b));
+    at::native::resize_output(out, r.sizes());
+    return out.copy_(r);
+  }
+  at::native::resize_output(out, {a.size(0), b.size(1)});
+  if (out.numel() == 0) return out;
+  if (a.size(1) == 0) return out.zero_();
+  if (sharesStorage(out, a) || sharesStorage(out, b)) {
+    auto fresh = emptyOn(out.sizes());
+    matmul(fresh, a, b, 1, 0);
+    return out.copy_(fresh);
+  }
+  matmul(out, a, b, 1, 0);
+  return out;
+}
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  auto out = emptyOn({0});
+  return mm_out(a, b, out);
+}
+
+// out = beta * self + alpha * a b
+at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                      const at::Scalar& alpha, at::Tensor& out) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "raccel: addmm of ", a.sizes(), " and ", b.sizes());
+  if (!supported({&self, &a, &b, &out})) {
+    countFallback("aten::addmm.out");
+    auto r = at::addmm(host(self), host(a), host(b), beta, alpha);
+    at::native::resize_output(out, r.sizes());
+    return out.copy_(r);
+  }
+  at::native::resize_output(out, {a.size(0), b.size(1)});
+  if (out.numel() == 0) return out;
+  at::Tensor target = (sharesStorage(out, a) || sharesStorage(out, b)) ? emptyOn(out.sizes()) : out;
+  const float betaF = beta.toFloat();
+  if (betaF != 0) elementwise(TensorFn::affine, target, &self, nullptr, betaF, 0);
+  if (a.size(1) > 0) matmul(target, a, b, alpha.toFloat(), betaF != 0 ? 1.0f : 0.0f);
+  else if (betaF == 0) target.zero_();
+  if (!target.is_same(out)) out.copy_(target);
+  return out;
+}
+at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                 const at::Scalar& alpha) {
+  auto out = emptyOn({0});
+  return addmm_out(self, a, b, beta, alpha, out);
+}
+at::Tensor& addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha) {
+  return addmm_out(self, a, b, beta, alpha, self);
+}
+
+at::Tensor relu(const at::Tensor& self) {
+  if (!supported({&self})) return onHost("aten::relu", [&] { return at::relu(host(self)).to(self.device()); });
+  auto out = emptyOn(self.sizes());
+  elementwise(TensorFn::relu, out, &self, nullptr);
+  return out;
+}
+at::Tensor& relu_(at::Tensor& self) {
+  if (!supported({&self})) {
+    countFallback("aten::relu_");
+    return self.copy_(at::relu(host(self)));
+  }
+  elementwise(TensorFn::relu, self, &self, nullptr);
+  return self;
+}
+
+at::Tensor& threshold_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& threshold,
+                                   at::Tensor& gradInput) {
+  if (!supported({&grad, &self, &gradInput})) {
+    countFallback("aten::threshold_backward");
+    auto r = at::threshold_backward(host(grad), host(self), threshold);
+    at::native::resize_output(gradInput, r.sizes());
+    return gradInput.copy_(r);
+  }
+  at::native::resize_output(gradInput, broadcastShape(grad, self));
+  elementwise(TensorFn::thresholdBackward, gradInput, &grad, &self, threshold.toFloat());
+  return gradInput;
+}
+at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& threshold) {
+  auto out = emptyOn({0});
+  return threshold_backward_out(grad, self, threshold, out);
+}
+
+// PyTorch's loss reductions (at::Reduction).
+constexpr int64_t kNone = 0, kMean = 1, kSum = 2;
+
+at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64_t reduction, at::Tensor& out) {
+  if (!supported({&self, &target, &out})) {
+    countFallback("aten::mse_loss");
+    auto r = at::mse_loss(host(self), host(target), reduction);
+    at::native::resize_output(out, r.sizes());
+    return out.copy_(r);
+  }
+  auto shape = broadcastShape(self, target);
+  auto diff = emptyOn(shape);
+  elementwise(TensorFn::add, diff, &self, &target, -1);
+  elementwise(TensorFn::mul, diff, &diff, &diff);
+  if (reduction == kNone) {
+    at::native::resize_output(out, shape);
+    return out.copy_(diff);
+  }
+  at::native::resize_output(out, {});
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::sum;
+  op.shape = shapeOf(diff.sizes());
+  op.operands = {operand(out, std::vector<int64_t>(op.shape.size(), 0)), operand(diff, diff.strides())};
+  op.reduceMask = (1u << op.shape.size()) - 1;
+  op.alpha = reduction == kMean ? 1.0f / static_cast<float>(diff.numel()) : 1.0f;
+  if (diff.numel() == 0) return out.fill_(reduction == kMean ? NAN : 0.0);
+  send(*s, op);
+  return out;
+}
+at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  auto out = emptyOn({0});
+  return mse_loss_out(self, target, reduction, out);
+}
+
+// grad_input = 2 (self - target) grad (/ n for the mean)
+at::Tensor& mse_loss_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                  int64_t reduction, at::Tensor& gradInput) {
+  if (!supported({&grad, &self, &target, &gradInput})) {
+    countFallback("aten::mse_loss_backward");
+    auto r = at::mse_loss_backward(host(grad), host(self), host(target), reduction);
+    at::native::resize_output(gradInput, r.sizes());
+    return gradInput.copy_(r);
+  }
+  at::native::resize_output(gradInput, self.sizes());
+  auto diff = emptyOn(self.sizes());
+  elementwise(TensorFn::add, diff, &self, &target, -1);
+  const float scale = reduction == kMean ? 2.0f / static_cast<float>(std::max<int64_t>(self.numel(), 1)) : 2.0f;
+  elementwise(TensorFn::mul, gradInput, &diff, &grad, scale);
+  return gradInput;
+}
+at::Tensor mse_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  auto out = emptyOn({0});
+  return mse_loss_backward_out(grad, self, target, reduction, out);
+}
+
+// Runs a rows op (logSoftmax and its backward) over `dim`, moved last and flattened.
+at::Tensor rowsOp(TensorFn fn, const at::Tensor& x, const at::Tensor* y, int64_t dim) {
+  dim = c10::maybe_wrap_dim(dim, x.dim());
+  auto moved = [&](const at::Tensor& t) { return x.dim() == 0 ? t.reshape({1, 1}) : t.movedim(dim, -1).reshape({-1, t.size(dim)}); };
+  auto a = moved(x);
+  at::Tensor b = y ? moved(*y) : at::Tensor();
+  auto out = emptyOn(a.sizes());
+  if (out.numel() > 0) {
+    Locked s;
+    client::TensorOp op;
+    op.fn = fn;
+    op.shape = shapeOf(a.sizes());
+    op.operands = {operand(out, out.strides()), operand(a, a.strides())};
+    if (y) op.operands.push_back(operand(b, b.strides()));
+    send(*s, op);
+  }
+  if (x.dim() == 0) return out.reshape({});
+  auto movedShape = x.movedim(dim, -1).sizes().vec();
+  return out.view(movedShape).movedim(-1, dim);
+}
+
+at::Tensor _log_softmax(const at::Tensor& self, int64_t dim, bool halfToFloat) {
+  if (!supported({&self}) || halfToFloat)
+    return onHost("aten::_log_softmax", [&] { return at::_log_softmax(host(self), dim, halfToFloat).to(self.device()); });
+  return rowsOp(TensorFn::logSoftmax, self, nullptr, dim);
+}
+at::Tensor _log_softmax_backward_data(const at::Tensor& grad, const at::Tensor& output, int64_t dim, at::ScalarType inputDtype) {
+  if (!supported({&grad, &output}) || inputDtype != at::kFloat)
+    return onHost("aten::_log_softmax_backward_data", [&] {
+      return at::_log_softmax_backward_data(host(grad), host(output), dim, inputDtype).to(grad.device());
+    });
+  return rowsOp(TensorFn::logSoftmaxBackward, grad, &output, dim);
+}
+
+bool nllSupported(const at::Tensor& self, const at::Tensor& target, const c10::optional<at::Tensor>& weight,
+                  int64_t reduction) {
+  return supported({&self}) && onDevice(target) && target.scalar_type() == at::kLong && (!weight || !weight->defined()) &&
+         reduction != kNone && self.dim() >= 1 && self.dim() <= 2 && target.dim() == self.dim() - 1;
+}
+
+std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self, const at::Tensor& target,
+                                                    const c10::optional<at::Tensor>& weight, int64_t reduction,
+                                                    int64_t ignoreIndex) {
+  if (!nllSupported(self, target, weight, reduction)) {
+    countFallback("aten::nll_loss_forward");
+    auto [out, total] = at::nll_loss_forward(host(self), host(target), weight ? host(*weight) : at::Tensor(), reduction, ignoreIndex);
+    return {out.to(self.device()), total.to(self.device())};
+  }
+  auto x = self.dim() == 1 ? self.unsqueeze(0) : self;
+  auto t = target.dim() == 0 ? target.unsqueeze(0) : target;
+  auto out = emptyOn({}), total = emptyOn({});
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::nllLoss;
+  op.shape = shapeOf(x.sizes());
+  op.operands = {operand(out, {0, 0}), operand(x, x.strides()), operand(t, {t.stride(0), 0}), operand(total, {0, 0})};
+  op.ignoreIndex = ignoreIndex;
+  op.mean = reduction == kMean;
+  send(*s, op);
+  return {out, total};
+}
+
+at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                             const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignoreIndex,
+                             const at::Tensor& totalWeight) {
+  if (!nllSupported(self, target, weight, reduction) || !isF32(grad) || grad.numel() != 1 || !isF32(totalWeight)) {
+    return onHost("aten::nll_loss_backward", [&] {
+      return at::nll_loss_backward(host(grad), host(self), host(target), weight ? host(*weight) : at::Tensor(), reduction,
+                                   ignoreIndex, host(totalWeight))
+          .to(self.device());
+    });
+  }
+  auto gradInput = emptyOn(self.sizes());
+  auto gi = self.dim() == 1 ? gradInput.unsqueeze(0) : gradInput;
+  auto t = target.dim() == 0 ? target.unsqueeze(0) : target;
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::nllLossBackward;
+  op.shape = shapeOf(gi.sizes());
+  op.operands = {operand(gi, gi.strides()), operand(grad, {0, 0}), operand(t, {t.stride(0), 0}), operand(totalWeight, {0, 0})};
+  op.ignoreIndex = ignoreIndex;
+  op.mean = reduction == kMean;
+  send(*s, op);
+  return gradInput;
+}
+
+// ---- Everything else: PyTorch's CPU fallback, counted ----------------------------------
+
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& name = op.schema().operator_name();
+  countFallback(name.name + (name.overload_name.empty() ? "" : "." + name.overload_name));
+  at::native::cpu_fallback(op, stack);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>()); }
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("_copy_from", TORCH_FN(_copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(_copy_from_and_resize));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("fill_.Scalar", TORCH_FN(fill_));
+  m.impl("zero_", TORCH_FN(zero_));
+  m.impl("_local_scalar_dense", TORCH_FN(_local_scalar_dense));
+  m.impl("add.out", TORCH_FN(add_out));
+  m.impl("add.Tensor", TORCH_FN(add));
+  m.impl("add_.Tensor", TORCH_FN(add_));
+  m.impl("mul.out", TORCH_FN(mul_out));
+  m.impl("mul.Tensor", TORCH_FN(mul));
+  m.impl("mul_.Tensor", TORCH_FN(mul_));
+  m.impl("sum.IntList_out", TORCH_FN(sum_out));
+  m.impl("sum.dim_IntList", TORCH_FN(sum_dim));
+  m.impl("sum", TORCH_FN(sum_all));
+  m.impl("mm.out", TORCH_FN(mm_out));
+  m.impl("mm", TORCH_FN(mm));
+  m.impl("addmm.out", TORCH_FN(addmm_out));
+  m.impl("addmm", TORCH_FN(addmm));
+  m.impl("addmm_", TORCH_FN(addmm_));
+  m.impl("relu", TORCH_FN(relu));
+  m.impl("relu_", TORCH_FN(relu_));
+  m.impl("threshold_backward.grad_input", TORCH_FN(threshold_backward_out));
+  m.impl("threshold_backward", TORCH_FN(threshold_backward));
+  m.impl("mse_loss.out", TORCH_FN(mse_loss_out));
+  m.impl("mse_loss", TORCH_FN(mse_loss));
+  m.impl("mse_loss_backward.grad_input", TORCH_FN(mse_loss_backward_out));
+  m.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
+  m.impl("_log_softmax", TORCH_FN(_log_softmax));
+  m.impl("_log_softmax_backward_data", TORCH_FN(_log_softmax_backward_data));
+  m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));
+  m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward));
+}
+
+void printFallbacks() {
+  std::lock_guard lock(state().countsMu);
+  std::fprintf(stderr, "raccel.torch: %zu op%s fell back to the CPU%s\n", state().fallbacks.size(),
+               state().fallbacks.size() == 1 ? "" : "s", state().fallbacks.empty() ? "" : " (op: calls)");
+  for (auto& [op, n] : state().fallbacks) std::fprintf(stderr, "  %s: %llu\n", op.c_str(), static_cast<unsigned long long>(n));
+}
+
+}  // namespace
+}  // namespace raccel::python
+
+PYBIND11_MODULE(_torch, m) {
+  using namespace raccel::python;
+  m.doc() = "PyTorch's privateuseone device over a raccel session (use raccel.torch)";
+  m.def("attach", [](py::capsule capsule) {
+    auto* shared = static_cast<std::shared_ptr<SharedSession>*>(PyCapsule_GetPointer(capsule.ptr(), kSessionCapsule));
+    if (!shared) throw py::error_already_set();
+    auto previous = state().shared;
+    if (previous && previous != *shared) throw std::runtime_error("raccel.torch is already attached to another session");
+    state().shared = *shared;
+  }, "Makes the device's tensors live in this session (a raccel.Session's _capsule())");
+  m.def("attached", [] { return state().shared != nullptr; });
+  m.def("fallbacks", [] {
+    std::lock_guard lock(state().countsMu);
+    return state().fallbacks;
+  }, "The ops that ran on the CPU instead, with how often");
+  m.def("reset_fallbacks", [] {
+    std::lock_guard lock(state().countsMu);
+    state().fallbacks.clear();
+  });
+  m.def("print_fallbacks", &printFallbacks);
+}
