@@ -412,6 +412,7 @@ class SandboxDevice final : public hal::Device {
       w.offsets[i] = op.operands[i].offset;
       for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) w.strides[i][d] = op.operands[i].strides[d];
     }
+    if (auto s = drainPosted(); !s) return s;  // the window is about to be filled
     std::memcpy(process_->window(), &w, sizeof w);
     Request q = request(Op::tensor);
     q.payload = sizeof w;

@@ -352,7 +352,7 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
 
 at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   dst.resize_(self.sizes());
-  return _copy_from(self, dst, false);
+  return python::_copy_from(self, dst, false);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat>) {
@@ -394,7 +394,7 @@ at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
   return self;
 }
 
-at::Tensor& zero_(at::Tensor& self) { return fill_(self, 0); }
+at::Tensor& zero_(at::Tensor& self) { return python::fill_(self, 0); }
 
 at::Scalar _local_scalar_dense(const at::Tensor& self) {
   auto hostCopy = at::empty({}, self.options().device(at::kCPU));
@@ -419,15 +419,17 @@ at::Tensor& add_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& 
     elementwise(TensorFn::add, out, &a, &b, alpha.toFloat());
   } else {
     countFallback("aten::add.out");
-    out.copy_(at::add(host(a), host(b), alpha));
+    auto r = at::add(host(a), host(b), alpha);
+    at::native::resize_output(out, r.sizes());
+    out.copy_(r);
   }
   return out;
 }
 at::Tensor add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
   auto out = emptyOn({0}, at::result_type(a, b));
-  return add_out(a, b, alpha, out);
+  return python::add_out(a, b, alpha, out);
 }
-at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return add_out(self, other, alpha, self); }
+at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return python::add_out(self, other, alpha, self); }
 
 // out = a * b (either may be a host number).
 at::Tensor& mul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
@@ -442,15 +444,17 @@ at::Tensor& mul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
     elementwise(TensorFn::mul, out, &a, &b);
   } else {
     countFallback("aten::mul.out");
-    out.copy_(at::mul(host(a), host(b)));
+    auto r = at::mul(host(a), host(b));
+    at::native::resize_output(out, r.sizes());
+    out.copy_(r);
   }
   return out;
 }
 at::Tensor mul(const at::Tensor& a, const at::Tensor& b) {
   auto out = emptyOn({0}, at::result_type(a, b));
-  return mul_out(a, b, out);
+  return python::mul_out(a, b, out);
 }
-at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) { return mul_out(self, other, self); }
+at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) { return python::mul_out(self, other, self); }
 
 at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
                     at::Tensor& out) {
@@ -498,9 +502,9 @@ at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool k
 }
 at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype) {
   auto out = emptyOn({0}, dtype.value_or(self.scalar_type()));
-  return sum_out(self, dims, keepdim, dtype, out);
+  return python::sum_out(self, dims, keepdim, dtype, out);
 }
-at::Tensor sum_all(const at::Tensor& self, c10::optional<at::ScalarType> dtype) { return sum_dim(self, c10::nullopt, false, dtype); }
+at::Tensor sum_all(const at::Tensor& self, c10::optional<at::ScalarType> dtype) { return python::sum_dim(self, c10::nullopt, false, dtype); }
 
 // out = alpha * a b + beta * out (out not read when beta is 0); a: [m, k], b: [k, n].
 void matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, float alpha, float beta) {
@@ -536,7 +540,7 @@ at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 }
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   auto out = emptyOn({0});
-  return mm_out(a, b, out);
+  return python::mm_out(a, b, out);
 }
 
 // out = beta * self + alpha * a b
@@ -562,10 +566,10 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Ten
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                  const at::Scalar& alpha) {
   auto out = emptyOn({0});
-  return addmm_out(self, a, b, beta, alpha, out);
+  return python::addmm_out(self, a, b, beta, alpha, out);
 }
 at::Tensor& addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha) {
-  return addmm_out(self, a, b, beta, alpha, self);
+  return python::addmm_out(self, a, b, beta, alpha, self);
 }
 
 at::Tensor relu(const at::Tensor& self) {
@@ -597,7 +601,7 @@ at::Tensor& threshold_backward_out(const at::Tensor& grad, const at::Tensor& sel
 }
 at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& threshold) {
   auto out = emptyOn({0});
-  return threshold_backward_out(grad, self, threshold, out);
+  return python::threshold_backward_out(grad, self, threshold, out);
 }
 
 // PyTorch's loss reductions (at::Reduction).
@@ -632,7 +636,7 @@ at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64
 }
 at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   auto out = emptyOn({0});
-  return mse_loss_out(self, target, reduction, out);
+  return python::mse_loss_out(self, target, reduction, out);
 }
 
 // grad_input = 2 (self - target) grad (/ n for the mean)
@@ -653,7 +657,7 @@ at::Tensor& mse_loss_backward_out(const at::Tensor& grad, const at::Tensor& self
 }
 at::Tensor mse_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   auto out = emptyOn({0});
-  return mse_loss_backward_out(grad, self, target, reduction, out);
+  return python::mse_loss_backward_out(grad, self, target, reduction, out);
 }
 
 // Runs a rows op (logSoftmax and its backward) over `dim`, moved last and flattened.

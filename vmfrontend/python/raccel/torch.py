@@ -9,6 +9,9 @@ losses, with their backward ops) are raccel tensor ops, sent without waiting; on
 .item(), .cpu() and printing wait. Every other op runs on the CPU through PyTorch's
 fallback, counted: fallbacks() says which and how often, and RACCEL_TORCH_FALLBACKS=1
 prints them when the program exits.
+
+Import raccel.torch before the program's first backward(): PyTorch's autograd engine
+sizes its device threads once, on the first backward, from the devices registered then.
 """
 import atexit
 import os

@@ -1,0 +1,80 @@
+#!/usr/bin/python3
+"""Bad input through the Python binding and the torch device: each must be a clear
+Python error (or a counted CPU fallback), and the session must carry on."""
+import struct
+import sys
+
+import torch
+
+import raccel
+import raccel.torch
+
+failures = []
+
+
+def refused(what, words, call):
+    try:
+        call()
+    except (RuntimeError, ValueError, TypeError) as e:
+        if words not in str(e):
+            failures.append(f"{what}: error without '{words}': {e}")
+        else:
+            print(f"refused: {what}: {e}")
+        return
+    failures.append(f"{what}: not refused")
+
+
+s = raccel.Session(tflops=1, program="bad-input")
+small = s.alloc(64)   # 16 floats
+big = s.alloc(4096)
+
+
+def op_then_fence(*args, **kwargs):
+    s.tensor(*args, **kwargs)
+    s.fence()
+
+
+refused("an operand past its buffer", "reaches element",
+        lambda: op_then_fence("copy", [100], [(big, 0, [1]), (small, 0, [1])]))
+refused("an unknown function", "no tensor function", lambda: s.tensor("explode", [4], [(big, 0, [1])]))
+refused("too few operands", "takes 3 operands", lambda: op_then_fence("add", [4], [(big, 0, [1]), (small, 0, [1])]))
+refused("strides that do not match the shape", "strides for a shape",
+        lambda: op_then_fence("copy", [4, 4], [(big, 0, [4, 1]), (small, 0, [1])]))
+refused("a buffer the session does not have", "does not exist in this session",
+        lambda: op_then_fence("copy", [4], [(big, 0, [1]), (999999, 0, [1])]))
+refused("seven dimensions", "dimensions",
+        lambda: op_then_fence("copy", [1] * 7, [(big, 0, [0] * 7), (small, 0, [0] * 7)]))
+refused("a huge stride", "reaches element",
+        lambda: op_then_fence("copy", [2], [(big, 0, [1]), (small, 0, [1 << 62])]))
+refused("a matmul writing over its input", "overlaps",
+        lambda: op_then_fence("matmul", [2, 2, 2], [(big, 0, [2, 1, 0]), (big, 2, [2, 0, 1]), (big, 64, [0, 1, 2])]))
+refused("a read past the end", "", lambda: s.read(small, 60, 8))
+
+# The session carries on: a fill and a read.
+s.tensor("fill", [16], [(small, 0, [1])], alpha=1.5)
+values = struct.unpack("16f", s.read(small, 0, 64))
+if values != (1.5,) * 16:
+    failures.append(f"the session did not carry on: {values}")
+
+dev = raccel.torch.device()
+raccel.torch.reset_fallbacks()
+a = torch.arange(4).to(dev)          # int64: the kernels take f32, so this falls back
+total = (a + a).cpu().tolist()
+if total != [0, 2, 4, 6]:
+    failures.append(f"int64 add gave {total}")
+if "aten::add.out" not in raccel.torch.fallbacks():
+    failures.append(f"the int64 add was not counted as a fallback: {raccel.torch.fallbacks()}")
+logits = torch.randn(3, 4).to(dev)
+loss = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 9, 1]).to(dev)).item()
+if loss == loss:  # a target outside the classes makes the loss NaN on raccel (no read out of bounds)
+    failures.append(f"a target outside the classes gave loss {loss}")
+x = torch.ones(5, 3).to(dev)
+refused("a mismatched matmul", "mm of", lambda: torch.mm(x, x).cpu())
+print("after the errors:", (x * 2).sum().item())
+if (x * 2).sum().item() != 30:
+    failures.append("the device did not carry on")
+
+if failures:
+    print("\n".join(failures))
+    sys.exit(1)
+print("all refused cleanly")

@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""Trains a two-layer MLP classifier on synthetic data with plain SGD, unchanged code
+on the device asked for: `raccel` (raccel.torch's privateuseone device) or `cpu`.
+
+  --compare   trains on both from the same seed and checks, at every step, that the
+              losses agree to --rtol, that the final accuracy is the same, and that no
+              op of the training step fell back to the CPU; exits 1 otherwise.
+  --json      prints the losses, accuracy and fallbacks as JSON.
+  --time N    times N steps after a warm-up (the bench), on each device asked for.
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+try:  # before the first backward(): autograd sizes its device threads then
+    import raccel.torch
+except ImportError:
+    raccel = None
+
+
+def data(seed, samples, features, classes):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, features, generator=g)
+    teacher = torch.randn(features, classes, generator=g)
+    y = (x @ teacher + 0.1 * torch.randn(samples, classes, generator=g)).argmax(1)
+    return x, y
+
+
+def model(seed, features, hidden, classes):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def train(device, args, on_step=None):
+    """Returns (losses, accuracy, fallbacks during the training steps)."""
+    if device == "raccel":
+        dev = raccel.torch.device(tflops=args.tflops)
+    else:
+        dev = torch.device("cpu")
+    x, y = data(args.seed, args.samples, args.features, args.classes)
+    net = model(args.seed, args.features, args.hidden, args.classes).to(dev)
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    xd, yd = x.to(dev), y.to(dev)
+    if device == "raccel":
+        raccel.torch.reset_fallbacks()
+    losses = []
+    for step in range(args.steps):
+        lo = (step * args.batch) % args.samples
+        xb, yb = xd[lo:lo + args.batch], yd[lo:lo + args.batch]
+        opt.zero_grad()
+        loss = F.cross_entropy(net(xb), yb)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if on_step:
+            on_step(step, losses[-1])
+    fallbacks = raccel.torch.fallbacks() if device == "raccel" else {}
+    with torch.no_grad():
+        logits = net(xd).cpu()
+    accuracy = (logits.argmax(1) == y).float().mean().item()
+    return losses, accuracy, fallbacks
+
+
+def timed(device, args):
+    """Milliseconds per training step (median of args.time steps after 3 warm-up steps)."""
+    if device == "raccel":
+        dev = raccel.torch.device(tflops=args.tflops)
+        sync = raccel.torch.synchronize
+    else:
+        dev = torch.device("cpu")
+        sync = lambda: None
+    x, y = data(args.seed, args.batch, args.features, args.classes)
+    net = model(args.seed, args.features, args.hidden, args.classes).to(dev)
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    xb, yb = x.to(dev), y.to(dev)
+    times = []
+    for step in range(args.time + 3):
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = F.cross_entropy(net(xb), yb)
+        loss.backward()
+        opt.step()
+        sync()
+        if step >= 3:
+            times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["raccel", "cpu"], default="raccel")
+    p.add_argument("--compare", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--time", type=int, default=0, metavar="N")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--features", type=int, default=20)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--classes", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--tflops", type=float, default=1.0)
+    p.add_argument("--progress", action="store_true", help="print every 20th step's loss")
+    args = p.parse_args()
+    torch.set_num_threads(1)  # the CPU reference's sums in one order, run to run
+
+    if args.time:
+        for device in (["cpu", "raccel"] if args.compare else [args.device]):
+            print(f"{device}_step_ms {timed(device, args):.3f}", flush=True)
+        return 0
+
+    def progress(step, loss):
+        if args.progress and (step % 20 == 0 or step == args.steps - 1):
+            print(f"step {step} loss {loss:.6f}", flush=True)
+
+    if not args.compare:
+        losses, accuracy, fallbacks = train(args.device, args, progress)
+        if args.json:
+            print(json.dumps({"losses": losses, "accuracy": accuracy, "fallbacks": fallbacks}))
+        print(f"final loss {losses[-1]:.6f} accuracy {accuracy:.4f} on {args.device}", flush=True)
+        return 0
+
+    cpu, cpu_acc, _ = train("cpu", args)
+    dev, dev_acc, fallbacks = train("raccel", args, progress)
+    worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(cpu, dev))
+    bad = [i for i, (a, b) in enumerate(zip(cpu, dev)) if abs(a - b) > args.rtol * abs(a)]
+    print(f"steps {len(dev)} final loss cpu {cpu[-1]:.6f} raccel {dev[-1]:.6f} worst relative difference {worst:.2e}")
+    print(f"accuracy cpu {cpu_acc:.4f} raccel {dev_acc:.4f}")
+    print(f"fallbacks during training: {fallbacks if fallbacks else 'none'}")
+    ok = not bad and cpu_acc == dev_acc and not fallbacks and len(dev) == args.steps
+    if bad:
+        print(f"losses differ past {args.rtol} at {len(bad)} steps, first {bad[0]}: cpu {cpu[bad[0]]} raccel {dev[bad[0]]}")
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+// raccel.torch (vmfrontend/python): PyTorch's privateuseone device over a real
+// scheduler, netaccels and raccel-guestd, driven by Debian's torch 1.13. The training
+// script (tests/torch/mlp_train.py) is unchanged PyTorch: a two-layer MLP classifier,
+// 200 SGD steps, on the raccel device and on the CPU from the same seed.
+#include <gtest/gtest.h>
+
+#include "tests/cluster.h"
+
+namespace raccel {
+namespace {
+
+using testing::Cluster;
+using testing::runCommand;
+
+class TorchDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string(RACCEL_PYTHON_DIR).empty()) GTEST_SKIP() << "raccel.torch is not built here (no libtorch-dev or pybind11)";
+    int status = -1;
+    std::string probe = runCommand("/usr/bin/python3 -c 'import torch' 2>&1", &status);
+    if (status != 0) GTEST_SKIP() << "no Debian torch (apt-get install python3-torch): " << probe;
+  }
+  // `script` with the build's package first on the path and the session's socket.
+  std::string python(const std::string& args, int* status, const std::string& env = "") {
+    return runCommand("PYTHONPATH=" + std::string(RACCEL_PYTHON_DIR) + "/.. RACCEL_SOCKET=" + socket_ + " " + env +
+                          " /usr/bin/python3 " + args + " 2>&1",
+                      status);
+  }
+  std::unique_ptr<Cluster> cluster_;
+  std::string socket_;
+};
+
+// One PoCL card behind the sandbox, as deployed.
+TEST_F(TorchDevice, AnMlpTrainsOnRaccelWithTheCpusLossesAndNothingFallsBack) {
+  cluster_ = std::make_unique<Cluster>();
+  cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+  socket_ = cluster_->startGuestd();
+  int status = -1;
+  std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --compare", &status, "RACCEL_TORCH_FALLBACKS=1");
+  EXPECT_EQ(status, 0) << out << cluster_->logs();
+  EXPECT_NE(out.find("steps 200 "), std::string::npos) << out;
+  EXPECT_NE(out.find("fallbacks during training: none"), std::string::npos) << out;
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  // The scheduler saw the program's session (its vaccel ran the kernels).
+  EXPECT_NE(cluster_->logs().find("torch"), std::string::npos);
+}
+
+// A vaccel over two netaccels with cards of different kinds: a simulated GPU (the CPU
+// backend at a declared speed) and a PoCL card.
+TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) {
+  cluster_ = std::make_unique<Cluster>(std::vector<testing::VmSpec>{testing::VmSpec{.tflops = 16}});
+  cluster_->addNetaccel("gpu0", {"kind=gpu,tflops=2,memory=512MiB,threads=1"}, 2);
+  cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=2,memory=512MiB"}, 2);
+  socket_ = cluster_->startGuestd();
+  int status = -1;
+  std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --compare --tflops 4", &status);
+  EXPECT_EQ(status, 0) << out << cluster_->logs();
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  // Its vaccel held blocks of both cards (the scheduler's admission line says so).
+  std::string logs = cluster_->logs();
+  auto admitted = logs.find("admitted vm1/torch#");
+  ASSERT_NE(admitted, std::string::npos) << logs;
+  std::string line = logs.substr(admitted, logs.find('\n', admitted) - admitted);
+  EXPECT_NE(line.find("4 block(s)"), std::string::npos) << line;
+  EXPECT_NE(line.find("2 card(s)"), std::string::npos) << line;
+}
+
+// Bad input from Python: tensor ops that would leave their buffers, unknown functions,
+// dtypes the kernels do not take (they fall back, counted), a device used before its
+// session. Each is a clear Python error, and the session carries on.
+TEST_F(TorchDevice, BadTensorOpsRaiseClearErrorsAndTheSessionCarriesOn) {
+  cluster_ = std::make_unique<Cluster>();
+  cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+  socket_ = cluster_->startGuestd();
+  int status = -1;
+  std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/bad_input.py", &status);
+  EXPECT_EQ(status, 0) << out << cluster_->logs();
+  EXPECT_NE(out.find("all refused cleanly"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace raccel
