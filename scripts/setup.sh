@@ -33,3 +33,10 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo > build-configure
 }
 rm -f build-configure.log
 cmake --build build -j "$(nproc)"
+
+# The Python package (raccel, raccel.torch) where Debian's python3 finds it.
+if [ -d build/python/raccel ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo cmake --install build --component python > /dev/null
+fi

@@ -4,6 +4,8 @@
 // 200 SGD steps, on the raccel device and on the CPU from the same seed.
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include "tests/cluster.h"
 
 namespace raccel {
@@ -63,6 +65,22 @@ TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) 
   std::string line = logs.substr(admitted, logs.find('\n', admitted) - admitted);
   EXPECT_NE(line.find("4 block(s)"), std::string::npos) << line;
   EXPECT_NE(line.find("2 card(s)"), std::string::npos) << line;
+}
+
+// The bench figures (README): one training step of a larger MLP through raccel beside the
+// same step on PyTorch's CPU, same run. Printed, not asserted.
+TEST_F(TorchDevice, StepTimesOfALargerMlpPrintBesideTheCpus) {
+  cluster_ = std::make_unique<Cluster>();
+  cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+  socket_ = cluster_->startGuestd();
+  int status = -1;
+  std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --compare --time 10 --features 256 --hidden 512 "
+                                             "--classes 10 --batch 256",
+                           &status);
+  EXPECT_EQ(status, 0) << out << cluster_->logs();
+  EXPECT_NE(out.find("cpu_step_ms "), std::string::npos) << out;
+  EXPECT_NE(out.find("raccel_step_ms "), std::string::npos) << out;
+  std::cout << out;
 }
 
 // Bad input from Python: tensor ops that would leave their buffers, unknown functions,

@@ -110,12 +110,12 @@ def main():
     p.add_argument("--tflops", type=float, default=1.0)
     p.add_argument("--progress", action="store_true", help="print every 20th step's loss")
     args = p.parse_args()
-    torch.set_num_threads(1)  # the CPU reference's sums in one order, run to run
-
-    if args.time:
+    if args.time:  # PyTorch's CPU with all its threads, as a user would run it
         for device in (["cpu", "raccel"] if args.compare else [args.device]):
             print(f"{device}_step_ms {timed(device, args):.3f}", flush=True)
         return 0
+
+    torch.set_num_threads(1)  # the CPU reference's sums in one order, run to run
 
     def progress(step, loss):
         if args.progress and (step % 20 == 0 or step == args.steps - 1):
