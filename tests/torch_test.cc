@@ -28,15 +28,18 @@ class TorchDevice : public ::testing::Test {
                           " /usr/bin/python3 " + args + " 2>&1",
                       status);
   }
+  // A scheduler, one sandboxed PoCL card (as deployed) and raccel-guestd.
+  void startOneCard() {
+    cluster_ = std::make_unique<Cluster>();
+    cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+    socket_ = cluster_->startGuestd();
+  }
   std::unique_ptr<Cluster> cluster_;
   std::string socket_;
 };
 
-// One PoCL card behind the sandbox, as deployed.
 TEST_F(TorchDevice, AnMlpTrainsOnRaccelWithTheCpusLossesAndNothingFallsBack) {
-  cluster_ = std::make_unique<Cluster>();
-  cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
-  socket_ = cluster_->startGuestd();
+  startOneCard();
   int status = -1;
   std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --compare", &status, "RACCEL_TORCH_FALLBACKS=1");
   EXPECT_EQ(status, 0) << out << cluster_->logs();
@@ -70,9 +73,7 @@ TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) 
 // The bench figures (README): one training step of a larger MLP through raccel beside the
 // same step on PyTorch's CPU, same run. Printed, not asserted.
 TEST_F(TorchDevice, StepTimesOfALargerMlpPrintBesideTheCpus) {
-  cluster_ = std::make_unique<Cluster>();
-  cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
-  socket_ = cluster_->startGuestd();
+  startOneCard();
   int status = -1;
   std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --compare --time 10 --features 256 --hidden 512 "
                                              "--classes 10 --batch 256",
@@ -87,9 +88,7 @@ TEST_F(TorchDevice, StepTimesOfALargerMlpPrintBesideTheCpus) {
 // dtypes the kernels do not take (they fall back, counted), a device used before its
 // session. Each is a clear Python error, and the session carries on.
 TEST_F(TorchDevice, BadTensorOpsRaiseClearErrorsAndTheSessionCarriesOn) {
-  cluster_ = std::make_unique<Cluster>();
-  cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
-  socket_ = cluster_->startGuestd();
+  startOneCard();
   int status = -1;
   std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/bad_input.py", &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();

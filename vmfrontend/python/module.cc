@@ -62,6 +62,16 @@ py::dict vaccelDict(const raccel::client::VaccelInfo& v) {
   return d;
 }
 
+void fence(PySession& p) {
+  raccel::Status s;
+  {
+    py::gil_scoped_release unlocked;
+    std::lock_guard lock(p.shared->mu);
+    s = p.s().fence();
+  }
+  check(s);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_raccel, m) {
@@ -168,24 +178,8 @@ PYBIND11_MODULE(_raccel, m) {
            py::arg("fn"), py::arg("shape"), py::arg("operands"), py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
            py::arg("reduce_mask") = 0u, py::arg("ignore_index") = -100, py::arg("mean") = true,
            "A tensor op (schema/guest.capnp TensorOp); operands are (buffer, element offset, strides), the output first")
-      .def("fence", [](PySession& p) {
-             raccel::Status s;
-             {
-               py::gil_scoped_release unlocked;
-               std::lock_guard lock(p.shared->mu);
-               s = p.s().fence();
-             }
-             check(s);
-           }, "Waits for everything sent; raises the first failure not yet reported")
-      .def("sync", [](PySession& p) {
-             raccel::Status s;
-             {
-               py::gil_scoped_release unlocked;
-               std::lock_guard lock(p.shared->mu);
-               s = p.s().fence();
-             }
-             check(s);
-           })
+      .def("fence", &fence, "Waits for everything sent; raises the first failure not yet reported")
+      .def("sync", &fence, "The same as fence()")
       .def("close", [](PySession& p) {
              py::gil_scoped_release unlocked;
              std::lock_guard lock(p.shared->mu);
