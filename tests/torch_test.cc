@@ -46,6 +46,7 @@ TEST_F(TorchDevice, AnMlpTrainsOnRaccelWithTheCpusLossesAndNothingFallsBack) {
   EXPECT_NE(out.find("steps 200 "), std::string::npos) << out;
   EXPECT_NE(out.find("fallbacks during training: none"), std::string::npos) << out;
   EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
   // The scheduler saw the program's session (its vaccel ran the kernels).
   EXPECT_NE(cluster_->logs().find("torch"), std::string::npos);
 }
@@ -61,6 +62,7 @@ TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) 
   std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --compare --tflops 4", &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
   // Its vaccel held blocks of both cards (the scheduler's admission line says so).
   std::string logs = cluster_->logs();
   auto admitted = logs.find("admitted vm1/torch#");
