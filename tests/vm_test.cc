@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <iostream>
 #include <thread>
 
 #include "tests/cluster.h"
@@ -20,11 +21,10 @@ using testing::VmSpec;
 // One QEMU guest running `job`; its serial console goes to `console`.
 class Guest {
  public:
-  Guest(const std::string& socket, const std::string& console, const std::string& job, const std::string& mode = "bind")
-      : console_(console),
-        process_(testing::guestBootScript(), {"--socket", socket, "--mode", mode, "--image", testing::guestImage(),
-                                              "--log", console, "--timeout", "240", "--", job},
-                 console + ".boot") {}
+  // `extra`: more boot.sh options (--share, --memory).
+  Guest(const std::string& socket, const std::string& console, const std::string& job, const std::string& mode = "bind",
+        std::vector<std::string> extra = {})
+      : console_(console), process_(testing::guestBootScript(), bootArgs(socket, console, job, mode, extra), console + ".boot") {}
   // Waits for the guest to power off; returns the job's exit status (see boot.sh).
   int wait(int timeoutMs = 250000) { return process_.wait(timeoutMs); }
   std::string console() const { return readFile(console_) + readFile(console_ + ".boot"); }
@@ -40,6 +40,14 @@ class Guest {
   }
 
  private:
+  static std::vector<std::string> bootArgs(const std::string& socket, const std::string& console, const std::string& job,
+                                           const std::string& mode, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--socket", socket, "--mode", mode, "--image", testing::guestImage(),
+                                     "--log", console, "--timeout", "240"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--", job});
+    return args;
+  }
   std::string console_;
   Process process_;
 };
@@ -74,6 +82,34 @@ TEST_F(VmTest, AnUnmodifiedOpenclProgramRunsThroughTheGuestsIcd) {
   EXPECT_NE(console.find("ocl_smoke: OK saxpy over 65536 floats on raccel vaccel"), std::string::npos)
       << console << cluster.logs();
   EXPECT_NE(console.find("Platform #0: raccel"), std::string::npos) << console;
+}
+
+// PyTorch in the guest: the host's root shared read-only over virtio-9p (python3, torch,
+// and the build's raccel package), the training script run in a chroot of it as a guest
+// program, through the guest's raccel-guestd and virtio-serial port.
+TEST_F(VmTest, ATorchTrainingScriptInTheGuestRunsOnTheVaccel) {
+  if (std::string(RACCEL_PYTHON_DIR).empty()) GTEST_SKIP() << "raccel.torch is not built here";
+  int status = -1;
+  testing::runCommand("/usr/bin/python3 -c 'import torch' 2>&1", &status);
+  if (status != 0) GTEST_SKIP() << "no Debian torch on this host (apt-get install python3-torch)";
+  VmSpec vm;
+  vm.attach = "connect";
+  Cluster cluster({vm});
+  cluster.addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+  Guest guest(cluster.vmSocket(), cluster.dir() + "/guest.console",
+              "[ -x /host/usr/bin/python3 ] || { echo 'raccel-guest: no shared host root'; exit 77; }; "
+              "chroot /host /usr/bin/env PYTHONPATH=" RACCEL_PYTHON_DIR "/.. RACCEL_SOCKET=/tmp/raccel/guestd.sock "
+              "HOME=/tmp /usr/bin/python3 " RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --steps 20 --progress",
+              "bind", {"--share", "/", "--memory", "2048"});
+  int code = guest.wait();
+  std::string console = guest.console();
+  if (code == 77) GTEST_SKIP() << "the guest image cannot mount a shared folder (no 9p modules)";
+  EXPECT_EQ(code, 0) << console << cluster.logs();
+  EXPECT_NE(console.find("final loss "), std::string::npos) << console << cluster.logs();
+  EXPECT_NE(console.find("on raccel"), std::string::npos) << console;
+  if (auto at = console.find("final loss "); at != std::string::npos)
+    std::cout << "guest console: " << console.substr(at, console.find('\n', at) - at) << "\n";
+  EXPECT_NE(cluster.logs().find("admitted vm1/torch#"), std::string::npos) << cluster.logs();
 }
 
 TEST_F(VmTest, GuestRunsGemmOpsAndAnOpenclKernelOverVirtioSerial) {

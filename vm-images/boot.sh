@@ -13,6 +13,9 @@
 #   JOB             run in the guest after raccel-guestd is up, e.g. raccel-run --opencl
 #   --log FILE      the serial console (default: standard output)
 #   --timeout S     kill QEMU after S seconds (default 300)
+#   --share DIR     DIR (e.g. /) read-only over virtio-9p, mounted at /host in the guest
+#                   with raccel-guestd's socket at /host/tmp/raccel/guestd.sock, so a
+#                   job can `chroot /host` and run the host's programs
 #
 # Uses TCG: /dev/kvm may exist, but guests hang under it on the build machines. Set
 # RACCEL_QEMU_ACCEL=kvm where KVM really works. The exit status is the job's (from the
@@ -25,7 +28,8 @@ mode=bind
 log=""
 memory=256
 timeout=300
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+share=""
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --socket) socket="$2"; shift 2 ;;
@@ -34,6 +38,7 @@ while [ $# -gt 0 ]; do
     --image) image="$2"; shift 2 ;;
     --memory) memory="$2"; shift 2 ;;
     --timeout) timeout="$2"; shift 2 ;;
+    --share) share="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) echo "boot.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -56,12 +61,17 @@ append="console=ttyS0 quiet panic=-1"
 # The job travels base64-encoded in one kernel parameter: the kernel hands init at most
 # 32 words, and would read '=' and quotes itself.
 [ $# -gt 0 ] && append="$append raccel.job=$(printf '%s' "$*" | base64 -w0)"
+extra=()
+if [ -n "$share" ]; then
+  append="$append raccel.share=1"
+  extra=(-cpu max -virtfs "local,path=$share,mount_tag=hostroot,security_model=none,readonly=on")
+fi
 set +e
 timeout --foreground -k 5 "$timeout" "$qemu" -accel "${RACCEL_QEMU_ACCEL:-tcg}" -m "$memory" -smp 1 \
   -kernel "$image/kernel" -initrd "$image/initramfs.cpio.gz" -append "$append" \
   -display none -monitor none -no-reboot -serial "file:$console" \
   -device virtio-serial-pci,id=vser -chardev "$chardev" \
-  -device virtserialport,bus=vser.0,chardev=raccel,name=org.raccel.vaccel.0 &
+  -device virtserialport,bus=vser.0,chardev=raccel,name=org.raccel.vaccel.0 "${extra[@]}" &
 qpid=$!
 trap 'kill $qpid ${tpid:-} 2>/dev/null || true; rm -f "$console"' EXIT
 trap 'exit 143' TERM INT

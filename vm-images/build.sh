@@ -73,6 +73,18 @@ for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_p
     *) cp "$f" "$root/lib/modules/$m.ko" ;;
   esac
 done
+# 9p over virtio, for a guest that runs programs from the host's root (boot.sh --share):
+# optional, copied where the kernel has them.
+for m in netfs fscache 9pnet 9pnet_virtio 9p; do
+  f=$(find "$moddir" -name "$m.ko*" | head -1)
+  [ -n "$f" ] || { echo "build.sh: no $m module; the guest cannot mount a shared folder" >&2; continue; }
+  case "$f" in
+    *.ko.xz) xz -dc "$f" > "$root/lib/modules/$m.ko" ;;
+    *.ko.zst) zstd -dqc "$f" > "$root/lib/modules/$m.ko" ;;
+    *.ko.gz) gzip -dc "$f" > "$root/lib/modules/$m.ko" ;;
+    *) cp "$f" "$root/lib/modules/$m.ko" ;;
+  esac
+done
 strip -o "$root/bin/raccel-guestd" "$build/bin/raccel-guestd-static"
 strip -o "$root/bin/raccel-run" "$build/bin/raccel-run-static"
 install -m 0755 "$here/guest-init.sh" "$root/init"
