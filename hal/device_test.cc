@@ -13,6 +13,17 @@
 namespace raccel::hal {
 namespace {
 
+// got[m x n] is alpha * a[m x k] b[k x n] + beta * c, within 1e-4.
+void expectGemm(const std::vector<float>& got, const std::vector<float>& a, const std::vector<float>& b,
+                const std::vector<float>& c, size_t m, size_t n, size_t k, double alpha, double beta) {
+  for (size_t i = 0; i < m; ++i)
+    for (size_t j = 0; j < n; ++j) {
+      double ref = beta * c[i * n + j];
+      for (size_t p = 0; p < k; ++p) ref += alpha * a[i * k + p] * b[p * n + j];
+      ASSERT_NEAR(got[i * n + j], ref, 1e-4) << i << "," << j;
+    }
+}
+
 class Conformance : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
@@ -92,13 +103,7 @@ TEST_P(Conformance, GemmMatchesReference) {
   for (auto& x : c) x = dist(rng);
   auto ba = floats(a), bb = floats(b), bc = floats(c);
   ASSERT_TRUE(device->gemm({m, n, k, 1.5f, 0.5f, ba.get(), bb.get(), bc.get()}));
-  auto got = readFloats(*bc, m * n);
-  for (uint32_t i = 0; i < m; ++i)
-    for (uint32_t j = 0; j < n; ++j) {
-      double ref = 0.5 * c[i * n + j];
-      for (uint32_t p = 0; p < k; ++p) ref += 1.5 * a[i * k + p] * b[p * n + j];
-      ASSERT_NEAR(got[i * n + j], ref, 1e-4) << i << "," << j;
-    }
+  expectGemm(readFloats(*bc, m * n), a, b, c, m, n, k, 1.5, 0.5);
 }
 
 TEST_P(Conformance, VectorOpsMatchReference) {
@@ -217,13 +222,7 @@ TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
   auto s = device->tensor(mm);
   if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
   ASSERT_TRUE(s) << s.error().message;
-  auto got = readFloats(*bc, m * n);
-  for (size_t i = 0; i < m; ++i)
-    for (size_t j = 0; j < n; ++j) {
-      double ref = 2.0 * c[i * n + j];
-      for (size_t p = 0; p < k; ++p) ref += 0.5 * a[i * k + p] * b[p * n + j];
-      ASSERT_NEAR(got[i * n + j], ref, 1e-4) << i << "," << j;
-    }
+  expectGemm(readFloats(*bc, m * n), a, b, c, m, n, k, 0.5, 2.0);
 
   // sum over dimension 0 of a (m x k) into k outputs, and over everything into one.
   auto cols = device->allocate(k * 4), all = device->allocate(4);

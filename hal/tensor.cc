@@ -115,18 +115,18 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       rule = disjoint(0, 2);
       break;
     case TensorFn::nllLoss:
-    case TensorFn::nllLossBackward:
+    case TensorFn::nllLossBackward: {
+      // The scalars: the loss (the forward's output, the backward's input) and the total weight.
+      const bool forward = op.fn == TensorFn::nllLoss;
       for (unsigned d = 0; d < 2 && rule; ++d) {
-        if (op.fn == TensorFn::nllLoss) rule = zeroStride(0, d, "the loss is a scalar: its strides must be 0");
-        if (rule) rule = zeroStride(op.fn == TensorFn::nllLoss ? 3 : 1, d,
-                                    op.fn == TensorFn::nllLoss ? "totalWeight is a scalar: its strides must be 0"
-                                                               : "the loss's gradient is a scalar: its strides must be 0");
-        if (rule && op.fn == TensorFn::nllLossBackward)
-          rule = zeroStride(3, d, "totalWeight is a scalar: its strides must be 0");
+        rule = zeroStride(forward ? 0 : 1, d, forward ? "the loss is a scalar: its strides must be 0"
+                                                      : "the loss's gradient is a scalar: its strides must be 0");
+        if (rule) rule = zeroStride(3, d, "totalWeight is a scalar: its strides must be 0");
       }
       if (rule) rule = zeroStride(2, 1, "the targets' class stride must be 0");
       if (rule && op.operands[2].buffer == op.operands[0].buffer) rule = disjoint(0, 2);
       break;
+    }
     default:
       break;
   }

@@ -1,5 +1,5 @@
 // Tensor ops: what a framework's device needs (PyTorch's privateuseone backend,
-// vmfrontend/torch), as one built-in op over strided views of buffers. The semantics of
+// vmfrontend/python), as one built-in op over strided views of buffers. The semantics of
 // each function are in schema/guest.capnp (TensorOp). Device::tensor() checks an op once
 // here (operand counts, every element each operand can reach inside its buffer, the
 // stride rules of each function) and lowers it to the geometry the kernels take; the
@@ -7,17 +7,19 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "common/error.h"
 
 namespace raccel::hal {
-
 class Buffer;
+}  // namespace raccel::hal
 
-// The CPU's compilation of the kernels; the geometry type is shared with the devices'.
-namespace kernels {
+// The CPU's compilation of the kernels (the prelude tensor_kernels.inc asks for); the
+// geometry type RcGeom is shared with the devices' compilations.
 #define RC_KERNEL inline void
 #define RC_FUNC inline
 #define RC_GLOBAL
@@ -29,12 +31,6 @@ namespace kernels {
 #define RC_LOG(x) std::log(x)
 #define RC_FMAX(x, y) std::fmax(x, y)
 #define RC_NAN std::numeric_limits<float>::quiet_NaN()
-}  // namespace kernels
-}  // namespace raccel::hal
-
-#include <cmath>
-#include <limits>
-
 namespace raccel::hal::kernels {
 #include "hal/tensor_kernels.inc"
 }  // namespace raccel::hal::kernels

@@ -57,6 +57,14 @@ class VmTest : public ::testing::Test {
   void SetUp() override {
     if (auto why = testing::vmUnavailable(); !why.empty()) GTEST_SKIP() << why;
   }
+  // A scheduler listening on vm1's socket (QEMU connects) and one PoCL card.
+  static std::unique_ptr<Cluster> oneOpenclCard() {
+    VmSpec vm;
+    vm.attach = "connect";
+    auto cluster = std::make_unique<Cluster>(std::vector<VmSpec>{vm});
+    cluster->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+    return cluster;
+  }
 };
 
 size_t count(const std::string& text, const std::string& part) {
@@ -68,19 +76,16 @@ size_t count(const std::string& text, const std::string& part) {
 // An unmodified OpenCL program in the guest (linked with -lOpenCL only): Debian's ICD
 // loader in the guest finds raccel's ICD, whose device is the program's vaccel.
 TEST_F(VmTest, AnUnmodifiedOpenclProgramRunsThroughTheGuestsIcd) {
-  VmSpec vm;
-  vm.attach = "connect";
-  Cluster cluster({vm});
-  cluster.addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
-  Guest guest(cluster.vmSocket(), cluster.dir() + "/guest.console",
+  auto cluster = oneOpenclCard();
+  Guest guest(cluster->vmSocket(), cluster->dir() + "/guest.console",
               "if [ ! -x /bin/ocl_smoke ]; then echo 'raccel-guest: no OpenCL programs in this image'; exit 77; fi; "
               "RACCEL_TFLOPS=2 ocl_smoke && RACCEL_TFLOPS=1 clinfo -l");
   int code = guest.wait();
   std::string console = guest.console();
   if (code == 77) GTEST_SKIP() << "the guest image was built without libraccel-opencl";
-  EXPECT_EQ(code, 0) << console << cluster.logs();
+  EXPECT_EQ(code, 0) << console << cluster->logs();
   EXPECT_NE(console.find("ocl_smoke: OK saxpy over 65536 floats on raccel vaccel"), std::string::npos)
-      << console << cluster.logs();
+      << console << cluster->logs();
   EXPECT_NE(console.find("Platform #0: raccel"), std::string::npos) << console;
 }
 
@@ -92,11 +97,8 @@ TEST_F(VmTest, ATorchTrainingScriptInTheGuestRunsOnTheVaccel) {
   int status = -1;
   testing::runCommand("/usr/bin/python3 -c 'import torch' 2>&1", &status);
   if (status != 0) GTEST_SKIP() << "no Debian torch on this host (apt-get install python3-torch)";
-  VmSpec vm;
-  vm.attach = "connect";
-  Cluster cluster({vm});
-  cluster.addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
-  Guest guest(cluster.vmSocket(), cluster.dir() + "/guest.console",
+  auto cluster = oneOpenclCard();
+  Guest guest(cluster->vmSocket(), cluster->dir() + "/guest.console",
               "[ -x /host/usr/bin/python3 ] || { echo 'raccel-guest: no shared host root'; exit 77; }; "
               "chroot /host /usr/bin/env PYTHONPATH=" RACCEL_PYTHON_DIR "/.. RACCEL_SOCKET=/tmp/raccel/guestd.sock "
               "HOME=/tmp /usr/bin/python3 " RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --steps 20 --progress",
@@ -104,12 +106,12 @@ TEST_F(VmTest, ATorchTrainingScriptInTheGuestRunsOnTheVaccel) {
   int code = guest.wait();
   std::string console = guest.console();
   if (code == 77) GTEST_SKIP() << "the guest image cannot mount a shared folder (no 9p modules)";
-  EXPECT_EQ(code, 0) << console << cluster.logs();
-  EXPECT_NE(console.find("final loss "), std::string::npos) << console << cluster.logs();
+  EXPECT_EQ(code, 0) << console << cluster->logs();
+  EXPECT_NE(console.find("final loss "), std::string::npos) << console << cluster->logs();
   EXPECT_NE(console.find("on raccel"), std::string::npos) << console;
   if (auto at = console.find("final loss "); at != std::string::npos)
     std::cout << "guest console: " << console.substr(at, console.find('\n', at) - at) << "\n";
-  EXPECT_NE(cluster.logs().find("admitted vm1/torch#"), std::string::npos) << cluster.logs();
+  EXPECT_NE(cluster->logs().find("admitted vm1/torch#"), std::string::npos) << cluster->logs();
 }
 
 TEST_F(VmTest, GuestRunsGemmOpsAndAnOpenclKernelOverVirtioSerial) {

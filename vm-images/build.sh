@@ -63,27 +63,25 @@ trap 'rm -rf "$root"' EXIT
 mkdir -p "$root"/{bin,dev,proc,sys,run/raccel,tmp,lib/modules}
 cp "$busybox" "$root/bin/busybox"
 ln -s busybox "$root/bin/sh"
-for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console; do
-  f=$(find "$moddir" -name "$m.ko*" | head -1)
-  [ -n "$f" ] || die "module $m not found under $moddir"
+# Copies kernel module $1 into the image, uncompressed; returns 1 when the kernel has none.
+copy_module() {
+  local f
+  f=$(find "$moddir" -name "$1.ko*" | head -1)
+  [ -n "$f" ] || return 1
   case "$f" in
-    *.ko.xz) xz -dc "$f" > "$root/lib/modules/$m.ko" ;;
-    *.ko.zst) zstd -dqc "$f" > "$root/lib/modules/$m.ko" ;;
-    *.ko.gz) gzip -dc "$f" > "$root/lib/modules/$m.ko" ;;
-    *) cp "$f" "$root/lib/modules/$m.ko" ;;
+    *.ko.xz) xz -dc "$f" > "$root/lib/modules/$1.ko" ;;
+    *.ko.zst) zstd -dqc "$f" > "$root/lib/modules/$1.ko" ;;
+    *.ko.gz) gzip -dc "$f" > "$root/lib/modules/$1.ko" ;;
+    *) cp "$f" "$root/lib/modules/$1.ko" ;;
   esac
+}
+for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console; do
+  copy_module "$m" || die "module $m not found under $moddir"
 done
 # 9p over virtio, for a guest that runs programs from the host's root (boot.sh --share):
 # optional, copied where the kernel has them.
 for m in netfs fscache 9pnet 9pnet_virtio 9p; do
-  f=$(find "$moddir" -name "$m.ko*" | head -1)
-  [ -n "$f" ] || { echo "build.sh: no $m module; the guest cannot mount a shared folder" >&2; continue; }
-  case "$f" in
-    *.ko.xz) xz -dc "$f" > "$root/lib/modules/$m.ko" ;;
-    *.ko.zst) zstd -dqc "$f" > "$root/lib/modules/$m.ko" ;;
-    *.ko.gz) gzip -dc "$f" > "$root/lib/modules/$m.ko" ;;
-    *) cp "$f" "$root/lib/modules/$m.ko" ;;
-  esac
+  copy_module "$m" || echo "build.sh: no $m module; the guest cannot mount a shared folder" >&2
 done
 strip -o "$root/bin/raccel-guestd" "$build/bin/raccel-guestd-static"
 strip -o "$root/bin/raccel-run" "$build/bin/raccel-run-static"

@@ -7,7 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdlib>
-#include <cstring>
+#include <memory>
 
 #include "vmfrontend/python/shared_session.h"
 
@@ -121,12 +121,9 @@ PYBIND11_MODULE(_raccel, m) {
       .def("write", [](PySession& p, Handle h, uint64_t offset, py::object data) {
              Py_buffer view;
              if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
-             auto bytes = std::span(static_cast<const std::byte*>(view.buf), static_cast<size_t>(view.len));
-             {
-               std::lock_guard lock(p.shared->mu);
-               p.s().write(h, offset, bytes);
-             }
-             PyBuffer_Release(&view);
+             std::unique_ptr<Py_buffer, decltype(&PyBuffer_Release)> release(&view, &PyBuffer_Release);  // also on a throw
+             std::lock_guard lock(p.shared->mu);
+             p.s().write(h, offset, std::span(static_cast<const std::byte*>(view.buf), static_cast<size_t>(view.len)));
            }, py::arg("buffer"), py::arg("offset"), py::arg("data"), "Writes a contiguous bytes-like object")
       .def("read", [](PySession& p, Handle h, uint64_t offset, size_t nbytes) {
              std::string out(nbytes, '\0');

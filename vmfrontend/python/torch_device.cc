@@ -266,6 +266,12 @@ at::Tensor onHost(const char* name, F compute) {
   countFallback(name);
   return compute();
 }
+// The same for an out variant: the host's result copied into `out`, resized to it.
+at::Tensor& hostInto(const char* name, at::Tensor& out, const at::Tensor& result) {
+  countFallback(name);
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
 at::Tensor host(const at::Tensor& t) { return t.defined() && onDevice(t) ? t.cpu() : t; }
 
 // ---- Allocation, views, copies ----------------------------------------------------------
@@ -281,8 +287,6 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::op
   return at::detail::empty_strided_generic(size, stride, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));
 }
-
-bool denseContiguous(const at::Tensor& t) { return t.is_contiguous(); }
 
 // Device bytes of a contiguous tensor into a contiguous host tensor of its dtype (waits).
 void readInto(const at::Tensor& src, const at::Tensor& hostDst) {
@@ -309,7 +313,7 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
   if (dst.numel() == 0) return dst;
   if (!onDevice(self)) {  // host -> device
     auto src = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
-    if (denseContiguous(dst)) {
+    if (dst.is_contiguous()) {
       writeFrom(src, dst);
     } else {
       TORCH_CHECK(dst.scalar_type() == at::kFloat, "raccel: copying into a non-contiguous ", dst.scalar_type(),
@@ -322,7 +326,7 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
   }
   if (!onDevice(dst)) {  // device -> host
     auto src = self.expand(dst.sizes());
-    if (!denseContiguous(src)) {
+    if (!src.is_contiguous()) {
       TORCH_CHECK(src.scalar_type() == at::kFloat, "raccel: reading a non-contiguous ", src.scalar_type(),
                   " tensor is not supported");
       auto staged = emptyOn(src.sizes());
@@ -337,7 +341,7 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
   // device -> device
   if (self.scalar_type() == dst.scalar_type() && self.scalar_type() == at::kFloat) {
     elementwise(TensorFn::copy, dst, &self, nullptr);
-  } else if (self.scalar_type() == dst.scalar_type() && denseContiguous(self) && denseContiguous(dst) &&
+  } else if (self.scalar_type() == dst.scalar_type() && self.is_contiguous() && dst.is_contiguous() &&
              self.sizes() == dst.sizes()) {
     auto [from, fromOffset] = arena().locate(self.data_ptr());
     auto [to, toOffset] = arena().locate(dst.data_ptr());
@@ -383,7 +387,7 @@ at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
   if (isF32(self)) {
     elementwise(TensorFn::fill, self, nullptr, nullptr, value.toFloat());
-  } else if (value.toDouble() == 0 && denseContiguous(self)) {
+  } else if (value.toDouble() == 0 && self.is_contiguous()) {
     auto [handle, offset] = arena().locate(self.data_ptr());
     Locked s;
     s->fill(handle, offset, self.nbytes(), 0);
@@ -418,10 +422,7 @@ at::Tensor& add_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& 
     at::native::resize_output(out, broadcastShape(a, b));
     elementwise(TensorFn::add, out, &a, &b, alpha.toFloat());
   } else {
-    countFallback("aten::add.out");
-    auto r = at::add(host(a), host(b), alpha);
-    at::native::resize_output(out, r.sizes());
-    out.copy_(r);
+    return hostInto("aten::add.out", out, at::add(host(a), host(b), alpha));
   }
   return out;
 }
@@ -443,10 +444,7 @@ at::Tensor& mul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
     at::native::resize_output(out, broadcastShape(a, b));
     elementwise(TensorFn::mul, out, &a, &b);
   } else {
-    countFallback("aten::mul.out");
-    auto r = at::mul(host(a), host(b));
-    at::native::resize_output(out, r.sizes());
-    out.copy_(r);
+    return hostInto("aten::mul.out", out, at::mul(host(a), host(b)));
   }
   return out;
 }
@@ -456,34 +454,15 @@ at::Tensor mul(const at::Tensor& a, const at::Tensor& b) {
 }
 at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) { return python::mul_out(self, other, self); }
 
-at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
-                    at::Tensor& out) {
-  if (!supported({&self}) || (dtype && *dtype != at::kFloat) || (out.defined() && !isF32(out))) {
-    countFallback("aten::sum.IntList_out");
-    auto r = dims ? at::sum(host(self), *dims, keepdim, dtype) : at::sum(host(self), dtype);
-    at::native::resize_output(out, r.sizes());
-    out.copy_(r);
-    return out;
-  }
-  const int64_t rank = self.dim();
-  uint32_t mask = 0;
-  if (!dims || dims->empty()) mask = rank ? (1u << rank) - 1 : 1;
-  else
-    for (auto d : *dims) mask |= 1u << c10::maybe_wrap_dim(d, rank);
-  std::vector<int64_t> kept, keptDims;  // out's shape, with and without the summed dims
-  for (int64_t d = 0; d < rank; ++d) {
-    if (mask >> d & 1) {
-      if (keepdim) keptDims.push_back(1);
-    } else {
-      kept.push_back(self.size(d));
-      keptDims.push_back(self.size(d));
-    }
-  }
-  at::native::resize_output(out, keepdim ? keptDims : kept);
-  if (self.numel() == 0) return out.zero_();
+// The reduceMask of every dimension of a tensor of `rank` (a 0-dim one is shape [1]).
+uint32_t everyDim(int64_t rank) { return rank ? (1u << rank) - 1 : 1; }
+
+// out = alpha * the sum of self over the dimensions in `mask`; out is already shaped
+// (its summed dimensions kept as 1 when `keepdim`, else gone).
+void sumInto(const at::Tensor& out, const at::Tensor& self, uint32_t mask, bool keepdim, float alpha) {
   // out's strides over self's shape: 0 on the summed dimensions.
   std::vector<int64_t> outStrides;
-  for (int64_t d = 0, o = 0; d < rank; ++d) {
+  for (int64_t d = 0, o = 0; d < self.dim(); ++d) {
     if (mask >> d & 1) {
       outStrides.push_back(0);
       if (keepdim) ++o;
@@ -497,7 +476,33 @@ at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool k
   op.shape = shapeOf(self.sizes());
   op.operands = {operand(out, outStrides), operand(self, self.strides())};
   op.reduceMask = mask;
+  op.alpha = alpha;
   send(*s, op);
+}
+
+at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
+                    at::Tensor& out) {
+  if (!supported({&self}) || (dtype && *dtype != at::kFloat) || (out.defined() && !isF32(out))) {
+    return hostInto("aten::sum.IntList_out", out,
+                    dims ? at::sum(host(self), *dims, keepdim, dtype) : at::sum(host(self), dtype));
+  }
+  const int64_t rank = self.dim();
+  uint32_t mask = 0;
+  if (!dims || dims->empty()) mask = everyDim(rank);
+  else
+    for (auto d : *dims) mask |= 1u << c10::maybe_wrap_dim(d, rank);
+  std::vector<int64_t> kept, keptDims;  // out's shape, with and without the summed dims
+  for (int64_t d = 0; d < rank; ++d) {
+    if (mask >> d & 1) {
+      if (keepdim) keptDims.push_back(1);
+    } else {
+      kept.push_back(self.size(d));
+      keptDims.push_back(self.size(d));
+    }
+  }
+  at::native::resize_output(out, keepdim ? keptDims : kept);
+  if (self.numel() == 0) return out.zero_();
+  sumInto(out, self, mask, keepdim, 1);
   return out;
 }
 at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype) {
@@ -522,10 +527,7 @@ bool sharesStorage(const at::Tensor& x, const at::Tensor& y) { return x.storage(
 at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "raccel: mm of ", a.sizes(), " and ", b.sizes());
   if (!supported({&a, &b, &out})) {
-    countFallback("aten::mm.out");
-    auto r = at::mm(host(a), host(b));
-    at::native::resize_output(out, r.sizes());
-    return out.copy_(r);
+    return hostInto("aten::mm.out", out, at::mm(host(a), host(b)));
   }
   at::native::resize_output(out, {a.size(0), b.size(1)});
   if (out.numel() == 0) return out;
@@ -548,10 +550,7 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Ten
                       const at::Scalar& alpha, at::Tensor& out) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "raccel: addmm of ", a.sizes(), " and ", b.sizes());
   if (!supported({&self, &a, &b, &out})) {
-    countFallback("aten::addmm.out");
-    auto r = at::addmm(host(self), host(a), host(b), beta, alpha);
-    at::native::resize_output(out, r.sizes());
-    return out.copy_(r);
+    return hostInto("aten::addmm.out", out, at::addmm(host(self), host(a), host(b), beta, alpha));
   }
   at::native::resize_output(out, {a.size(0), b.size(1)});
   if (out.numel() == 0) return out;
@@ -580,8 +579,7 @@ at::Tensor relu(const at::Tensor& self) {
 }
 at::Tensor& relu_(at::Tensor& self) {
   if (!supported({&self})) {
-    countFallback("aten::relu_");
-    return self.copy_(at::relu(host(self)));
+    return hostInto("aten::relu_", self, at::relu(host(self)));
   }
   elementwise(TensorFn::relu, self, &self, nullptr);
   return self;
@@ -590,10 +588,7 @@ at::Tensor& relu_(at::Tensor& self) {
 at::Tensor& threshold_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& threshold,
                                    at::Tensor& gradInput) {
   if (!supported({&grad, &self, &gradInput})) {
-    countFallback("aten::threshold_backward");
-    auto r = at::threshold_backward(host(grad), host(self), threshold);
-    at::native::resize_output(gradInput, r.sizes());
-    return gradInput.copy_(r);
+    return hostInto("aten::threshold_backward", gradInput, at::threshold_backward(host(grad), host(self), threshold));
   }
   at::native::resize_output(gradInput, broadcastShape(grad, self));
   elementwise(TensorFn::thresholdBackward, gradInput, &grad, &self, threshold.toFloat());
@@ -609,10 +604,7 @@ constexpr int64_t kNone = 0, kMean = 1, kSum = 2;
 
 at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64_t reduction, at::Tensor& out) {
   if (!supported({&self, &target, &out})) {
-    countFallback("aten::mse_loss");
-    auto r = at::mse_loss(host(self), host(target), reduction);
-    at::native::resize_output(out, r.sizes());
-    return out.copy_(r);
+    return hostInto("aten::mse_loss", out, at::mse_loss(host(self), host(target), reduction));
   }
   auto shape = broadcastShape(self, target);
   auto diff = emptyOn(shape);
@@ -623,15 +615,8 @@ at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64
     return out.copy_(diff);
   }
   at::native::resize_output(out, {});
-  Locked s;
-  client::TensorOp op;
-  op.fn = TensorFn::sum;
-  op.shape = shapeOf(diff.sizes());
-  op.operands = {operand(out, std::vector<int64_t>(op.shape.size(), 0)), operand(diff, diff.strides())};
-  op.reduceMask = (1u << op.shape.size()) - 1;
-  op.alpha = reduction == kMean ? 1.0f / static_cast<float>(diff.numel()) : 1.0f;
   if (diff.numel() == 0) return out.fill_(reduction == kMean ? NAN : 0.0);
-  send(*s, op);
+  sumInto(out, diff, everyDim(diff.dim()), false, reduction == kMean ? 1.0f / static_cast<float>(diff.numel()) : 1.0f);
   return out;
 }
 at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
@@ -643,10 +628,8 @@ at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t re
 at::Tensor& mse_loss_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
                                   int64_t reduction, at::Tensor& gradInput) {
   if (!supported({&grad, &self, &target, &gradInput})) {
-    countFallback("aten::mse_loss_backward");
-    auto r = at::mse_loss_backward(host(grad), host(self), host(target), reduction);
-    at::native::resize_output(gradInput, r.sizes());
-    return gradInput.copy_(r);
+    return hostInto("aten::mse_loss_backward", gradInput,
+                    at::mse_loss_backward(host(grad), host(self), host(target), reduction));
   }
   at::native::resize_output(gradInput, self.sizes());
   auto diff = emptyOn(self.sizes());
@@ -700,6 +683,25 @@ bool nllSupported(const at::Tensor& self, const at::Tensor& target, const c10::o
          reduction != kNone && self.dim() >= 1 && self.dim() <= 2 && target.dim() == self.dim() - 1;
 }
 
+// nllLoss and its backward: `rows` is [n, classes] or [classes] (the log-probabilities,
+// or the gradient written), `loss` the loss (written, or its gradient read), `total`
+// the total weight (written, or read).
+void sendNll(TensorFn fn, const at::Tensor& rows, const at::Tensor& loss, const at::Tensor& target,
+             const at::Tensor& total, int64_t ignoreIndex, int64_t reduction) {
+  auto x = rows.dim() == 1 ? rows.unsqueeze(0) : rows;
+  auto t = target.dim() == 0 ? target.unsqueeze(0) : target;
+  Locked s;  // before operand(): the arena is the session's
+  auto scalar = operand(loss, {0, 0}), matrix = operand(x, x.strides());
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = shapeOf(x.sizes());
+  op.operands = {fn == TensorFn::nllLoss ? scalar : matrix, fn == TensorFn::nllLoss ? matrix : scalar,
+                 operand(t, {t.stride(0), 0}), operand(total, {0, 0})};
+  op.ignoreIndex = ignoreIndex;
+  op.mean = reduction == kMean;
+  send(*s, op);
+}
+
 std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self, const at::Tensor& target,
                                                     const c10::optional<at::Tensor>& weight, int64_t reduction,
                                                     int64_t ignoreIndex) {
@@ -708,17 +710,8 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self, cons
     auto [out, total] = at::nll_loss_forward(host(self), host(target), weight ? host(*weight) : at::Tensor(), reduction, ignoreIndex);
     return {out.to(self.device()), total.to(self.device())};
   }
-  auto x = self.dim() == 1 ? self.unsqueeze(0) : self;
-  auto t = target.dim() == 0 ? target.unsqueeze(0) : target;
   auto out = emptyOn({}), total = emptyOn({});
-  Locked s;
-  client::TensorOp op;
-  op.fn = TensorFn::nllLoss;
-  op.shape = shapeOf(x.sizes());
-  op.operands = {operand(out, {0, 0}), operand(x, x.strides()), operand(t, {t.stride(0), 0}), operand(total, {0, 0})};
-  op.ignoreIndex = ignoreIndex;
-  op.mean = reduction == kMean;
-  send(*s, op);
+  sendNll(TensorFn::nllLoss, self, out, target, total, ignoreIndex, reduction);
   return {out, total};
 }
 
@@ -733,16 +726,7 @@ at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self, con
     });
   }
   auto gradInput = emptyOn(self.sizes());
-  auto gi = self.dim() == 1 ? gradInput.unsqueeze(0) : gradInput;
-  auto t = target.dim() == 0 ? target.unsqueeze(0) : target;
-  Locked s;
-  client::TensorOp op;
-  op.fn = TensorFn::nllLossBackward;
-  op.shape = shapeOf(gi.sizes());
-  op.operands = {operand(gi, gi.strides()), operand(grad, {0, 0}), operand(t, {t.stride(0), 0}), operand(totalWeight, {0, 0})};
-  op.ignoreIndex = ignoreIndex;
-  op.mean = reduction == kMean;
-  send(*s, op);
+  sendNll(TensorFn::nllLossBackward, gradInput, grad, target, totalWeight, ignoreIndex, reduction);
   return gradInput;
 }
 
