@@ -68,6 +68,9 @@ logits = torch.randn(3, 4).to(dev)
 loss = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 9, 1]).to(dev)).item()
 if loss == loss:  # a target outside the classes makes the loss NaN on raccel (no read out of bounds)
     failures.append(f"a target outside the classes gave loss {loss}")
+empty = torch.empty(0, 3).to(dev)          # no storage on the device: nothing is sent
+if (empty + 1).cpu().shape != (0, 3) or (empty * empty).sum().item() != 0:
+    failures.append("ops on an empty tensor did not give empty results")
 x = torch.ones(5, 3).to(dev)
 refused("a mismatched matmul", "mm of", lambda: torch.mm(x, x).cpu())
 print("after the errors:", (x * 2).sum().item())

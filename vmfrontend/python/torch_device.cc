@@ -211,11 +211,15 @@ void countFallback(const std::string& op) {
   ++state().fallbacks[op];
 }
 
+// An empty tensor has no storage on the device: its operand names no buffer, and the op
+// it is in has a zero in its shape, so send() drops it.
 client::TensorOperand operand(const at::Tensor& t, c10::IntArrayRef strides) {
-  auto [handle, byteOffset] = arena().locate(t.data_ptr());
   client::TensorOperand o;
-  o.buffer = handle;
-  o.offset = byteOffset / t.element_size();
+  if (t.numel() > 0) {
+    auto [handle, byteOffset] = arena().locate(t.data_ptr());
+    o.buffer = handle;
+    o.offset = byteOffset / t.element_size();
+  }
   for (auto s : strides) {
     TORCH_CHECK(s >= 0, "raccel: negative strides are not supported");
     o.strides.push_back(static_cast<uint64_t>(s));
