@@ -12,27 +12,6 @@
 namespace raccel::console {
 namespace {
 
-std::string jsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
 const char* kind(wire::CardKind k) { return kindName(transport::fromWire(k)); }
 
 std::string pad(const std::string& s, size_t width) { return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' '); }
@@ -47,22 +26,11 @@ std::string blocksText(capnp::List<wire::BlockRange>::Reader blocks) {
 }
 
 std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
+  if (json) return dump(replyJson(reply)) + "\n";
   std::ostringstream out;
   switch (query) {
     case Query::nodes: {
       auto nodes = reply.getNodes();
-      if (json) {
-        out << "{\"nodes\":[";
-        for (size_t i = 0; i < nodes.size(); ++i) {
-          auto n = nodes[i];
-          out << (i ? "," : "") << "{\"name\":" << jsonString(n.getName()) << ",\"address\":" << jsonString(n.getAddress())
-              << ",\"online\":" << (n.getOnline() ? "true" : "false") << ",\"cards\":" << n.getCards()
-              << ",\"firstBlock\":" << n.getFirstBlock() << ",\"blocks\":" << n.getBlocks()
-              << ",\"msSinceHeartbeat\":" << n.getMsSinceHeartbeat() << ",\"contexts\":" << n.getContexts() << "}";
-        }
-        out << "]}\n";
-        break;
-      }
       out << pad("NODE", 16) << pad("STATE", 9) << pad("ADDRESS", 22) << pad("CARDS", 6) << pad("BLOCKS", 12)
           << pad("CONTEXTS", 9) << "HEARD\n";
       for (auto n : nodes) {
@@ -75,19 +43,6 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
     }
     case Query::cards: {
       auto cards = reply.getCards();
-      if (json) {
-        out << "{\"cards\":[";
-        for (size_t i = 0; i < cards.size(); ++i) {
-          auto c = cards[i];
-          out << (i ? "," : "") << "{\"node\":" << jsonString(c.getNode()) << ",\"index\":" << c.getIndex()
-              << ",\"kind\":\"" << kind(c.getKind()) << "\",\"model\":" << jsonString(c.getModel())
-              << ",\"backend\":" << jsonString(c.getBackend()) << ",\"tflops\":" << c.getTflops()
-              << ",\"memoryBytes\":" << c.getMemoryBytes() << ",\"firstBlock\":" << c.getFirstBlock()
-              << ",\"blocks\":" << c.getBlocks() << ",\"online\":" << (c.getOnline() ? "true" : "false") << "}";
-        }
-        out << "]}\n";
-        break;
-      }
       out << pad("NODE", 16) << pad("CARD", 5) << pad("KIND", 5) << pad("MODEL", 18) << pad("BACKEND", 8) << pad("TFLOPS", 8)
           << pad("MEMORY", 10) << pad("BLOCKS", 10) << "STATE\n";
       for (auto c : cards) {
@@ -106,19 +61,6 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
       auto state = [](wire::PoolRange::State s) {
         return s == wire::PoolRange::State::FREE ? "free" : s == wire::PoolRange::State::USED ? "used" : "offline";
       };
-      if (json) {
-        out << "{\"blockTflops\":" << pool.getBlockTflops() << ",\"total\":" << pool.getTotal() << ",\"free\":" << pool.getFree()
-            << ",\"ranges\":[";
-        auto ranges = pool.getRanges();
-        for (size_t i = 0; i < ranges.size(); ++i) {
-          auto r = ranges[i];
-          out << (i ? "," : "") << "{\"first\":" << r.getFirst() << ",\"last\":" << (r.getFirst() + r.getCount() - 1)
-              << ",\"count\":" << r.getCount() << ",\"state\":\"" << state(r.getState()) << "\",\"owner\":" << jsonString(r.getOwner())
-              << ",\"node\":" << jsonString(r.getNode()) << ",\"kind\":\"" << kind(r.getKind()) << "\"}";
-        }
-        out << "]}\n";
-        break;
-      }
       out << "pool: " << pool.getTotal() << " blocks of " << pool.getBlockTflops() << " TFLOPS, " << pool.getFree() << " free\n";
       out << pad("BLOCKS", 14) << pad("COUNT", 7) << pad("KIND", 5) << pad("NODE", 16) << pad("STATE", 8) << "OWNER\n";
       for (auto r : pool.getRanges()) {
@@ -130,28 +72,6 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
     }
     case Query::vaccels: {
       auto vaccels = reply.getVaccels();
-      if (json) {
-        out << "{\"vaccels\":[";
-        for (size_t i = 0; i < vaccels.size(); ++i) {
-          auto v = vaccels[i];
-          out << (i ? "," : "") << "{\"id\":" << v.getId() << ",\"vm\":" << jsonString(v.getVm())
-              << ",\"program\":" << jsonString(v.getProgram()) << ",\"priority\":" << v.getPriority() << ",\"blocks\":[";
-          for (size_t b = 0; b < v.getBlocks().size(); ++b)
-            out << (b ? "," : "") << "{\"first\":" << v.getBlocks()[b].getFirst() << ",\"count\":" << v.getBlocks()[b].getCount() << "}";
-          out << "],\"cards\":[";
-          for (size_t c = 0; c < v.getCards().size(); ++c) {
-            auto card = v.getCards()[c];
-            out << (c ? "," : "") << "{\"node\":" << jsonString(card.getNode()) << ",\"index\":" << card.getIndex()
-                << ",\"kind\":\"" << kind(card.getKind()) << "\",\"blocks\":" << card.getBlocks() << "}";
-          }
-          out << "],\"memoryUsed\":" << v.getMemoryUsed() << ",\"memoryQuota\":" << v.getMemoryQuota()
-              << ",\"instructions\":" << v.getInstructions() << ",\"bytesMoved\":" << v.getBytesMoved()
-              << ",\"kernelMs\":" << v.getKernelMs()
-              << ",\"state\":" << jsonString(v.getState()) << "}";
-        }
-        out << "]}\n";
-        break;
-      }
       out << pad("ID", 5) << pad("VM", 12) << pad("PROGRAM", 16) << pad("PRIO", 5) << pad("BLOCKS", 14) << pad("CARDS", 30)
           << pad("MEMORY", 12) << pad("INSTR", 9) << pad("MOVED", 10) << pad("KERNEL", 11) << "STATE\n";
       for (auto v : vaccels) {
@@ -169,20 +89,6 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
     }
     case Query::vms: {
       auto vms = reply.getVms();
-      if (json) {
-        out << "{\"vms\":[";
-        for (size_t i = 0; i < vms.size(); ++i) {
-          auto v = vms[i];
-          out << (i ? "," : "") << "{\"name\":" << jsonString(v.getName()) << ",\"source\":" << jsonString(v.getSource())
-              << ",\"socket\":" << jsonString(v.getSocket()) << ",\"attach\":" << jsonString(v.getAttach())
-              << ",\"tflops\":" << v.getTflops() << ",\"priority\":" << v.getPriority()
-              << ",\"kinds\":" << jsonString(v.getKinds()) << ",\"memoryQuota\":" << v.getMemoryQuota()
-              << ",\"state\":" << jsonString(v.getState()) << ",\"problem\":" << jsonString(v.getProblem())
-              << ",\"blocksHeld\":" << v.getBlocksHeld() << ",\"memoryUsed\":" << v.getMemoryUsed() << "}";
-        }
-        out << "]}\n";
-        break;
-      }
       out << pad("VM", 14) << pad("STATE", 11) << pad("TFLOPS", 8) << pad("PRIO", 5) << pad("KINDS", 18)
           << pad("QUOTA", 10) << pad("BLOCKS", 7) << pad("SOURCE", 26) << "SOCKET\n";
       for (auto v : vms) {
@@ -256,54 +162,10 @@ Result<std::string> run(const std::string& socket, Query query, bool json, int t
   return text;
 }
 
-bool isAction(const std::string& word) {
-  return word == "preempt" || word == "resume" || word == "defrag" || word == "drain" || word == "set-policy";
-}
-
 Result<std::string> act(const std::string& socket, const std::vector<std::string>& words, const ActionOptions& options,
                         int timeoutMs) {
   capnp::MallocMessageBuilder m;
-  auto request = m.initRoot<wire::ConsoleRequest>();
-  const std::string& command = words.at(0);
-  auto id = [&]() -> Result<uint64_t> {
-    if (words.size() != 2) return fail(Code::invalidArgument, command + " takes one vaccel id (see raccelctl vaccels)");
-    char* end = nullptr;
-    std::string w = words[1][0] == '#' ? words[1].substr(1) : words[1];
-    unsigned long long v = std::strtoull(w.c_str(), &end, 10);
-    if (w.empty() || *end || v == 0) return fail(Code::invalidArgument, "'" + words[1] + "' is not a vaccel id");
-    return v;
-  };
-  if (command == "preempt" || command == "resume") {
-    auto v = id();
-    if (!v) return fail(v.error());
-    if (command == "preempt") request.setPreempt(*v);
-    else request.setResume(*v);
-  } else if (command == "defrag") {
-    if (words.size() != 1) return fail(Code::invalidArgument, "defrag takes no arguments (limits: --max-moves, --max-bytes)");
-    auto d = request.initDefrag();
-    d.setMaxMoves(options.maxMoves);
-    d.setMaxMoveBytes(options.maxMoveBytes);
-  } else if (command == "drain") {
-    if (words.size() != 2) return fail(Code::invalidArgument, "drain takes one netaccel name (see raccelctl nodes)");
-    auto d = request.initDrain();
-    d.setNode(words[1]);
-    d.setUndo(options.undo);
-  } else if (command == "set-policy") {
-    if (words.size() < 3)
-      return fail(Code::invalidArgument, "set-policy takes a VM name and KEY=VALUE settings (tflops, priority, kinds, memory_quota)");
-    auto p = request.initSetPolicy();
-    p.setVm(words[1]);
-    auto settings = p.initSettings(words.size() - 2);
-    for (size_t i = 2; i < words.size(); ++i) {
-      auto eq = words[i].find('=');
-      if (eq == std::string::npos || eq == 0)
-        return fail(Code::invalidArgument, "'" + words[i] + "' is not KEY=VALUE");
-      settings[i - 2].setKey(words[i].substr(0, eq));
-      settings[i - 2].setValue(words[i].substr(eq + 1));
-    }
-  } else {
-    return fail(Code::invalidArgument, "unknown action '" + command + "'");
-  }
+  if (auto built = buildAction(words, options, m.initRoot<wire::ConsoleRequest>()); !built) return fail(built.error());
   transport::BlockingLink link;
   if (auto c = connectConsole(link, socket); !c) return fail(c.error());
   if (auto s = link.sendNow(0, 1, m); !s) return fail(s.error());
@@ -336,8 +198,7 @@ Status follow(const std::string& socket, bool json, unsigned count, const std::f
       isEvent = true;
       auto e = reply.getEvent();
       if (json) {
-        line = "{\"unixMs\":" + std::to_string(e.getUnixMs()) + ",\"kind\":" + jsonString(e.getKind()) +
-               ",\"subject\":" + jsonString(e.getSubject()) + ",\"detail\":" + jsonString(e.getDetail()) + "}";
+        line = dump(eventJson(e));
       } else {
         std::time_t secs = static_cast<std::time_t>(e.getUnixMs() / 1000);
         char when[32];

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "console/api.h"
 
 namespace raccel::console {
 
@@ -23,14 +24,8 @@ Result<std::string> run(const std::string& socket, Query query, bool json, int t
 Status follow(const std::string& socket, bool json, unsigned count, const std::function<void(const std::string&)>& print,
               bool recentOnly = false);
 
-// Operator actions: preempt ID | resume ID | defrag | drain NODE | set-policy VM KEY=VALUE...
-// `words` starts with the command. Returns what the scheduler did, in a sentence.
-struct ActionOptions {
-  unsigned maxMoves = 0;              // defrag: 0 = the scheduler's rate limit
-  unsigned long long maxMoveBytes = 0;  // defrag: 0 = the scheduler's limit
-  bool undo = false;                  // drain: place on the node again
-};
-bool isAction(const std::string& word);
+// Operator actions (console/api.h): `words` starts with the command. Returns what the
+// scheduler did, in a sentence.
 Result<std::string> act(const std::string& socket, const std::vector<std::string>& words, const ActionOptions& options,
                         int timeoutMs = 10000);
 
