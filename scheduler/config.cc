@@ -69,7 +69,7 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   std::vector<std::string> known = {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms",
                                     "split_min_mflop", "libvirt", "defrag_on_release", "defrag_on_demand",
                                     "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms",
-                                    "span_slack_nodes", "max_node_links", "register_timeout_ms", "max_vm_links",
+                                    "span_slack_nodes", "max_node_links", "register_timeout_ms", "max_vm_links", "http_listen", "http_token_file",
                                     "forget_offline_ms"};
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   auto unknown = top.unknownKeys(known);
@@ -94,6 +94,8 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   out.forgetOfflineMs = static_cast<uint64_t>(*forget);
   out.nodeListen = top.getString("node_listen", out.nodeListen);
   out.console = top.getString("console", out.console);
+  out.httpListen = top.getString("http_listen", out.httpListen);
+  out.httpTokenFile = top.getString("http_token_file", "");
   out.libvirtUri = top.getString("libvirt", "");
   out.stateDir = top.getString("state_dir", "");
   auto bt = top.getDouble("block_tflops", 1, 0.001, 1e6);

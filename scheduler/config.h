@@ -2,6 +2,9 @@
 //
 //   node_listen = 127.0.0.1:7700          # netaccels connect here (TCP)
 //   console = /run/raccel/console.sock    # raccelctl (unix socket, mode 0600)
+//   http_listen = 127.0.0.1:7780          # /metrics (Prometheus) and the web console; off = none
+//   http_token_file = /etc/raccel/console.token  # the bearer token the web console's actions
+//                                         #   need (16+ characters); none: read-only web console
 //   block_tflops = 1
 //   heartbeat_timeout_ms = 5000           # a silent netaccel is declared lost after this
 //   request_timeout_ms = 600000           # a read/fence unanswered this long fails
@@ -69,6 +72,8 @@ struct VmPolicy {
 struct SchedulerConfig {
   std::string nodeListen = "127.0.0.1:7700";
   std::string console = "/run/raccel/console.sock";
+  std::string httpListen = "127.0.0.1:7780";  // "off": no HTTP
+  std::string httpTokenFile;
   double blockTflops = 1;
   unsigned heartbeatTimeoutMs = 5000;
   unsigned requestTimeoutMs = 600000;

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
               true);
   flags.value("libvirt", "URI", "follow this libvirt's domains (e.g. qemu:///system): a domain with raccel metadata "
                                 "is a VM, attached while it runs (vm-images/README.md)");
+  flags.value("http-listen", "HOST:PORT", "serve /metrics (Prometheus) and the web console here (default "
+                                         "127.0.0.1:7780; off = no HTTP)");
+  flags.value("http-token-file", "FILE", "the bearer token (16+ characters) the web console's actions need; without "
+                                         "it the web console is read-only");
   flags.value("state-dir", "DIR", "keep the state database here (VM policies, allocations, suspended vaccels), so a "
                                  "restart loses no allocation; default: none");
   flags.value("set", "KEY=VALUE", "a top-level configuration setting, over the file's (e.g. defrag_on_release=false)", true);
@@ -52,7 +56,8 @@ int main(int argc, char** argv) {
   // Flags that name a setting go through the same parser (and its checks) as the file.
   for (auto [flag, key] : {std::pair{"block-tflops", "block_tflops"}, std::pair{"split-min-mflop", "split_min_mflop"},
                            std::pair{"heartbeat-timeout-ms", "heartbeat_timeout_ms"}, std::pair{"tls-ca", "tls_ca"},
-                           std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"}})
+                           std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"},
+                           std::pair{"http-listen", "http_listen"}, std::pair{"http-token-file", "http_token_file"}})
     if (flags.has(flag)) file->top().set(key, flags.get(flag));
   if (flags.has("insecure")) file->top().set("insecure", "true");
   auto parsed = scheduler::parseConfig(*file);

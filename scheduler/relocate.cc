@@ -228,6 +228,8 @@ void Scheduler::writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfte
 
 void Scheduler::sendWelcome(Session& s) {
   writeWelcome(s, s.helloSequence, 0);
+  if (s.helloNs) admissionSeconds_.observe(static_cast<double>(uv_hrtime() - s.helloNs) / 1e9);
+  s.helloNs = 0;
   const Card& card = pool_.cards()[s.primary().card];
   std::string placed = std::to_string(s.want) + " block(s) from " + std::to_string(s.blocks.front().first) +
                        ", priority " + std::to_string(s.priority) + ", " + std::to_string(s.members.size()) + " card(s)";

@@ -52,6 +52,7 @@ Status Scheduler::start() {
   if (!console) return fail(console.error());
   consoleListener_ = std::move(*console);
 
+  if (auto served = startHttp(); !served) return served;
   if (auto opened = openStore(); !opened) return opened;
   for (auto& policy : config_.vms)
     if (auto attached = addVm(policy); !attached) return attached;
@@ -79,6 +80,7 @@ void Scheduler::stop() {
   }
   nodeListener_.reset();
   consoleListener_.reset();
+  if (http_) http_->stop();
   for (auto& vm : vms_) {
     vm->listener.reset();
     if (vm->retry) {
@@ -436,6 +438,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.noWait = noWait;
   s.phase = Phase::waiting;
   s.helloSequence = sequence;
+  s.helloNs = uv_hrtime();
   s.maxFrame = maxFrame;
   s.waitDeadlineMs = waitMs ? nowMs() + waitMs : 0;
   vm.blocksClaimed += blocks;
@@ -605,6 +608,8 @@ void Scheduler::endSession(Session& s) {
   s.vm->blocksClaimed -= s.want;
   s.vm->memoryUsed -= s.memoryUsed;
   s.vm->kernelNsEnded += s.kernelNs();
+  s.vm->instructionsEnded += s.instructions;
+  s.vm->bytesMovedEnded += s.bytesMoved;
   if (!s.refused) {
     std::string released = (placed ? std::to_string(s.want) + " block(s) released" : std::string("ended while ") + phaseName(s.phase)) +
                            " after " + std::to_string(s.instructions) + " instruction(s)";
@@ -901,6 +906,8 @@ void Scheduler::event(const std::string& kind, const std::string& subjectText, c
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   events_.push_back({unixMs, kind, subject, detail});
   if (events_.size() > kKept) events_.pop_front();
+  ++eventCounts_[kind];
+  publishEvent(events_.back());
   for (auto& [connection, sequence] : subscribers_) {
     capnp::MallocMessageBuilder m;
     fillEvent(m.initRoot<wire::ConsoleReply>().initEvent(), unixMs, kind, subject, detail);
@@ -933,201 +940,203 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
   auto decoded = transport::decodeGuard([&] {
     MessageIn in(std::move(body));
     auto request = in.root<wire::ConsoleRequest>();
-    switch (request.which()) {
-      case wire::ConsoleRequest::NODES: {
-        std::vector<const NodeLink*> links;
-        for (auto& [c, n] : nodeLinks_)
-          if (!n->name.empty()) links.push_back(n.get());
-        std::vector<size_t> listed;
-        for (size_t i = 0; i < pool_.nodes().size(); ++i)
-          if (!pool_.nodes()[i].forgotten) listed.push_back(i);
-        auto out = reply.initNodes(listed.size());
-        for (size_t j = 0; j < listed.size(); ++j) {
-          size_t i = listed[j];
-          const Node& n = pool_.nodes()[i];
-          out[j].setName(n.name);
-          out[j].setOnline(n.online);
-          out[j].setCards(static_cast<uint32_t>(n.cards.size()));
-          out[j].setFirstBlock(n.blocks.first);
-          out[j].setBlocks(n.blocks.count);
-          auto link = nodeByPoolIndex_.find(i);
-          if (link != nodeByPoolIndex_.end()) {
-            out[j].setAddress(link->second->connection->peer());
-            out[j].setMsSinceHeartbeat(nowMs() - link->second->lastHeardMs);
-            out[j].setContexts(link->second->contexts);
-          }
-        }
-        return;
-      }
-      case wire::ConsoleRequest::CARDS: {
-        auto out = reply.initCards(pool_.cards().size());
-        for (size_t i = 0; i < pool_.cards().size(); ++i) {
-          const Card& c = pool_.cards()[i];
-          out[i].setNode(pool_.nodes()[c.node].name);
-          out[i].setIndex(c.spec.index);
-          out[i].setKind(transport::toWire(c.spec.kind));
-          out[i].setModel(c.spec.model);
-          out[i].setTflops(c.spec.tflops);
-          out[i].setMemoryBytes(c.spec.memoryBytes);
-          out[i].setBackend(c.spec.backend);
-          out[i].setFirstBlock(c.blocks.first);
-          out[i].setBlocks(c.blocks.count);
-          out[i].setOnline(pool_.nodes()[c.node].online);
-        }
-        return;
-      }
-      case wire::ConsoleRequest::POOL: {
-        std::map<VaccelId, std::string> owners;
-        for (auto& [id, s] : sessions_) owners[id] = labelOf(*s);
-        struct Run {
-          uint32_t first, count;
-          wire::PoolRange::State state;
-          VaccelId owner;
-          size_t card;
-        };
-        std::vector<Run> runs;
-        for (size_t ci = 0; ci < pool_.cards().size(); ++ci) {
-          const Card& c = pool_.cards()[ci];
-          bool online = pool_.nodes()[c.node].online;
-          for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b) {
-            auto state = pool_.ownerOf(b) != kNoOwner ? wire::PoolRange::State::USED
-                         : online                     ? wire::PoolRange::State::FREE
-                                                      : wire::PoolRange::State::OFFLINE;
-            VaccelId owner = pool_.ownerOf(b);
-            if (!runs.empty() && runs.back().state == state && runs.back().owner == owner &&
-                runs.back().first + runs.back().count == b && pool_.cards()[runs.back().card].node == c.node &&
-                pool_.cards()[runs.back().card].spec.kind == c.spec.kind)
-              ++runs.back().count;
-            else
-              runs.push_back({b, 1, state, owner, ci});
-          }
-        }
-        auto map = reply.initPool();
-        map.setBlockTflops(pool_.blockTflops());
-        map.setTotal(pool_.total());
-        map.setFree(pool_.freeBlocks());
-        auto out = map.initRanges(runs.size());
-        for (size_t i = 0; i < runs.size(); ++i) {
-          const Card& c = pool_.cards()[runs[i].card];
-          out[i].setFirst(runs[i].first);
-          out[i].setCount(runs[i].count);
-          out[i].setState(runs[i].state);
-          out[i].setNode(pool_.nodes()[c.node].name);
-          out[i].setKind(transport::toWire(c.spec.kind));
-          if (runs[i].owner != kNoOwner) {
-            auto o = owners.find(runs[i].owner);
-            out[i].setOwner(o != owners.end() ? o->second : "vaccel#" + std::to_string(runs[i].owner));
-          }
-        }
-        return;
-      }
-      case wire::ConsoleRequest::EVENTS: {
-        for (auto& e : events_) {
-          capnp::MallocMessageBuilder one;
-          fillEvent(one.initRoot<wire::ConsoleReply>().initEvent(), e.unixMs, e.kind, e.subject, e.detail);
-          connection.send(0, h.sequence, one);
-        }
-        capnp::MallocMessageBuilder mark;  // the recent ones end here; live ones follow
-        mark.initRoot<wire::ConsoleReply>().setDone("recent events sent");
-        connection.send(0, h.sequence, mark);
-        subscribers_.emplace_back(&connection, h.sequence);
-        subscribed = true;
-        return;
-      }
-      case wire::ConsoleRequest::VMS: {
-        auto out = reply.initVms(vms_.size());
-        for (size_t i = 0; i < vms_.size(); ++i) {
-          const Vm& vm = *vms_[i];
-          const VmPolicy& p = vm.policy;
-          auto e = out[i];
-          e.setName(p.name);
-          e.setSource(p.source);
-          e.setSocket(p.socket);
-          e.setAttach(p.attach == VmPolicy::Attach::connect ? "connect" : "listen");
-          e.setTflops(p.tflops);
-          e.setPriority(p.priority);
-          e.setKinds(kindsToString(p.kinds));
-          e.setMemoryQuota(p.memoryQuota);
-          const char* state = vm.links > 0                              ? "connected"
-                              : !vm.active && !vm.problem.empty()       ? "rejected"
-                              : !vm.active                              ? "stopped"
-                              : p.attach == VmPolicy::Attach::listen    ? "listening"
-                                                                        : "waiting";
-          e.setState(state);
-          e.setProblem(vm.problem);
-          e.setBlocksHeld(vm.blocksHeld);
-          e.setMemoryUsed(vm.memoryUsed);
-          uint64_t ns = vm.kernelNsEnded;
-          for (auto& [id, s] : sessions_)
-            if (s->vm == &vm) ns += s->kernelNs();
-          e.setKernelMs(ns / 1000000);
-        }
-        return;
-      }
-      case wire::ConsoleRequest::VACCELS: {
-        std::vector<const Session*> sessions;
-        for (auto& [id, s] : sessions_) sessions.push_back(s.get());
-        auto out = reply.initVaccels(sessions.size());
-        for (size_t i = 0; i < sessions.size(); ++i) {
-          const Session& s = *sessions[i];
-          out[i].setId(s.id);
-          out[i].setVm(s.vm->policy.name);
-          out[i].setProgram(s.program);
-          out[i].setPriority(s.priority);
-          writePlacement(out[i], s.blocks);
-          out[i].setMemoryUsed(s.memoryUsed);
-          out[i].setMemoryQuota(s.vm->policy.memoryQuota);
-          out[i].setInstructions(s.instructions);
-          out[i].setBytesMoved(s.bytesMoved);
-          out[i].setKernelMs(s.kernelNs() / 1e6);
-          out[i].setState(!s.unavailable.empty() ? "unavailable" : phaseName(s.phase));
-        }
-        return;
-      }
-      case wire::ConsoleRequest::PREEMPT: {
-        Session* s = sessionById(request.getPreempt());
-        if (!s) return transport::setError(reply.initError(), Error{Code::notFound, "no vaccel #" + std::to_string(request.getPreempt())});
-        bool wasRunning = s->phase == Phase::running;
-        suspend(*s, "suspended by the operator", true);
-        reply.setDone(labelOf(*s) + (wasRunning ? " is being suspended (its buffers saved to host memory); `raccelctl resume " +
-                                                      std::to_string(s->id) + "` lets it run again"
-                                                : std::string(" is ") + phaseName(s->phase) + "; it stays off its cards until resumed"));
-        return;
-      }
-      case wire::ConsoleRequest::RESUME: {
-        auto resumed = resumeByOperator(request.getResume());
-        if (!resumed) return transport::setError(reply.initError(), resumed.error());
-        reply.setDone("vaccel #" + std::to_string(request.getResume()) + " resumes as soon as its blocks are free");
-        return;
-      }
-      case wire::ConsoleRequest::DEFRAG: {
-        auto d = request.getDefrag();
-        size_t planned = pool_.planCompaction().size();
-        size_t moves = compact(d.getMaxMoves(), d.getMaxMoveBytes(), "raccelctl defrag");
-        reply.setDone(std::to_string(moves) + " move(s) started of " + std::to_string(planned) + " planned" +
-                      (moves < planned ? " (the rest wait for the rate limit, the byte limit, or vaccels busy off their cards)" : ""));
-        return;
-      }
-      case wire::ConsoleRequest::DRAIN: {
-        auto drained = drainNode(request.getDrain().getNode(), request.getDrain().getUndo());
-        if (!drained) return transport::setError(reply.initError(), drained.error());
-        reply.setDone(*drained);
-        return;
-      }
-      case wire::ConsoleRequest::SET_POLICY: {
-        std::vector<std::pair<std::string, std::string>> settings;
-        for (auto kv : request.getSetPolicy().getSettings()) settings.emplace_back(kv.getKey(), kv.getValue());
-        auto set = setPolicy(request.getSetPolicy().getVm(), settings);
-        if (!set) return transport::setError(reply.initError(), set.error());
-        reply.setDone(*set);
-        return;
-      }
+    if (request.which() != wire::ConsoleRequest::EVENTS) return answer(request, reply);
+    for (auto& e : events_) {
+      capnp::MallocMessageBuilder one;
+      fillEvent(one.initRoot<wire::ConsoleReply>().initEvent(), e.unixMs, e.kind, e.subject, e.detail);
+      connection.send(0, h.sequence, one);
     }
-    transport::setError(reply.initError(), Error{Code::unimplemented, "unknown console request"});
+    capnp::MallocMessageBuilder mark;  // the recent ones end here; live ones follow
+    mark.initRoot<wire::ConsoleReply>().setDone("recent events sent");
+    connection.send(0, h.sequence, mark);
+    subscribers_.emplace_back(&connection, h.sequence);
+    subscribed = true;
   });
   if (!decoded) transport::setError(reply.initError(), decoded.error());
   else if (subscribed) return;
   connection.send(h.channel, h.sequence, m);
+}
+
+void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply::Builder reply) {
+  switch (request.which()) {
+    case wire::ConsoleRequest::NODES: {
+      std::vector<const NodeLink*> links;
+      for (auto& [c, n] : nodeLinks_)
+        if (!n->name.empty()) links.push_back(n.get());
+      std::vector<size_t> listed;
+      for (size_t i = 0; i < pool_.nodes().size(); ++i)
+        if (!pool_.nodes()[i].forgotten) listed.push_back(i);
+      auto out = reply.initNodes(listed.size());
+      for (size_t j = 0; j < listed.size(); ++j) {
+        size_t i = listed[j];
+        const Node& n = pool_.nodes()[i];
+        out[j].setName(n.name);
+        out[j].setOnline(n.online);
+        out[j].setCards(static_cast<uint32_t>(n.cards.size()));
+        out[j].setFirstBlock(n.blocks.first);
+        out[j].setBlocks(n.blocks.count);
+        auto link = nodeByPoolIndex_.find(i);
+        if (link != nodeByPoolIndex_.end()) {
+          out[j].setAddress(link->second->connection->peer());
+          out[j].setMsSinceHeartbeat(nowMs() - link->second->lastHeardMs);
+          out[j].setContexts(link->second->contexts);
+        }
+      }
+      return;
+    }
+    case wire::ConsoleRequest::CARDS: {
+      auto out = reply.initCards(pool_.cards().size());
+      for (size_t i = 0; i < pool_.cards().size(); ++i) {
+        const Card& c = pool_.cards()[i];
+        out[i].setNode(pool_.nodes()[c.node].name);
+        out[i].setIndex(c.spec.index);
+        out[i].setKind(transport::toWire(c.spec.kind));
+        out[i].setModel(c.spec.model);
+        out[i].setTflops(c.spec.tflops);
+        out[i].setMemoryBytes(c.spec.memoryBytes);
+        out[i].setBackend(c.spec.backend);
+        out[i].setFirstBlock(c.blocks.first);
+        out[i].setBlocks(c.blocks.count);
+        out[i].setOnline(pool_.nodes()[c.node].online);
+      }
+      return;
+    }
+    case wire::ConsoleRequest::POOL: {
+      std::map<VaccelId, std::string> owners;
+      for (auto& [id, s] : sessions_) owners[id] = labelOf(*s);
+      struct Run {
+        uint32_t first, count;
+        wire::PoolRange::State state;
+        VaccelId owner;
+        size_t card;
+      };
+      std::vector<Run> runs;
+      for (size_t ci = 0; ci < pool_.cards().size(); ++ci) {
+        const Card& c = pool_.cards()[ci];
+        bool online = pool_.nodes()[c.node].online;
+        for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b) {
+          auto state = pool_.ownerOf(b) != kNoOwner ? wire::PoolRange::State::USED
+                       : online                     ? wire::PoolRange::State::FREE
+                                                    : wire::PoolRange::State::OFFLINE;
+          VaccelId owner = pool_.ownerOf(b);
+          if (!runs.empty() && runs.back().state == state && runs.back().owner == owner &&
+              runs.back().first + runs.back().count == b && pool_.cards()[runs.back().card].node == c.node &&
+              pool_.cards()[runs.back().card].spec.kind == c.spec.kind)
+            ++runs.back().count;
+          else
+            runs.push_back({b, 1, state, owner, ci});
+        }
+      }
+      auto map = reply.initPool();
+      map.setBlockTflops(pool_.blockTflops());
+      map.setTotal(pool_.total());
+      map.setFree(pool_.freeBlocks());
+      auto out = map.initRanges(runs.size());
+      for (size_t i = 0; i < runs.size(); ++i) {
+        const Card& c = pool_.cards()[runs[i].card];
+        out[i].setFirst(runs[i].first);
+        out[i].setCount(runs[i].count);
+        out[i].setState(runs[i].state);
+        out[i].setNode(pool_.nodes()[c.node].name);
+        out[i].setKind(transport::toWire(c.spec.kind));
+        if (runs[i].owner != kNoOwner) {
+          auto o = owners.find(runs[i].owner);
+          out[i].setOwner(o != owners.end() ? o->second : "vaccel#" + std::to_string(runs[i].owner));
+        }
+      }
+      return;
+    }
+    case wire::ConsoleRequest::EVENTS: break;  // a subscription: onConsoleFrame, web.cc
+    case wire::ConsoleRequest::VMS: {
+      auto out = reply.initVms(vms_.size());
+      for (size_t i = 0; i < vms_.size(); ++i) {
+        const Vm& vm = *vms_[i];
+        const VmPolicy& p = vm.policy;
+        auto e = out[i];
+        e.setName(p.name);
+        e.setSource(p.source);
+        e.setSocket(p.socket);
+        e.setAttach(p.attach == VmPolicy::Attach::connect ? "connect" : "listen");
+        e.setTflops(p.tflops);
+        e.setPriority(p.priority);
+        e.setKinds(kindsToString(p.kinds));
+        e.setMemoryQuota(p.memoryQuota);
+        const char* state = vm.links > 0                              ? "connected"
+                            : !vm.active && !vm.problem.empty()       ? "rejected"
+                            : !vm.active                              ? "stopped"
+                            : p.attach == VmPolicy::Attach::listen    ? "listening"
+                                                                      : "waiting";
+        e.setState(state);
+        e.setProblem(vm.problem);
+        e.setBlocksHeld(vm.blocksHeld);
+        e.setMemoryUsed(vm.memoryUsed);
+        uint64_t ns = vm.kernelNsEnded;
+        for (auto& [id, s] : sessions_)
+          if (s->vm == &vm) ns += s->kernelNs();
+        e.setKernelMs(ns / 1000000);
+      }
+      return;
+    }
+    case wire::ConsoleRequest::VACCELS: {
+      std::vector<const Session*> sessions;
+      for (auto& [id, s] : sessions_) sessions.push_back(s.get());
+      auto out = reply.initVaccels(sessions.size());
+      for (size_t i = 0; i < sessions.size(); ++i) {
+        const Session& s = *sessions[i];
+        out[i].setId(s.id);
+        out[i].setVm(s.vm->policy.name);
+        out[i].setProgram(s.program);
+        out[i].setPriority(s.priority);
+        writePlacement(out[i], s.blocks);
+        out[i].setMemoryUsed(s.memoryUsed);
+        out[i].setMemoryQuota(s.vm->policy.memoryQuota);
+        out[i].setInstructions(s.instructions);
+        out[i].setBytesMoved(s.bytesMoved);
+        out[i].setKernelMs(s.kernelNs() / 1e6);
+        out[i].setState(!s.unavailable.empty() ? "unavailable" : phaseName(s.phase));
+      }
+      return;
+    }
+    case wire::ConsoleRequest::PREEMPT: {
+      Session* s = sessionById(request.getPreempt());
+      if (!s) return transport::setError(reply.initError(), Error{Code::notFound, "no vaccel #" + std::to_string(request.getPreempt())});
+      bool wasRunning = s->phase == Phase::running;
+      suspend(*s, "suspended by the operator", true);
+      reply.setDone(labelOf(*s) + (wasRunning ? " is being suspended (its buffers saved to host memory); `raccelctl resume " +
+                                                    std::to_string(s->id) + "` lets it run again"
+                                              : std::string(" is ") + phaseName(s->phase) + "; it stays off its cards until resumed"));
+      return;
+    }
+    case wire::ConsoleRequest::RESUME: {
+      auto resumed = resumeByOperator(request.getResume());
+      if (!resumed) return transport::setError(reply.initError(), resumed.error());
+      reply.setDone("vaccel #" + std::to_string(request.getResume()) + " resumes as soon as its blocks are free");
+      return;
+    }
+    case wire::ConsoleRequest::DEFRAG: {
+      auto d = request.getDefrag();
+      size_t planned = pool_.planCompaction().size();
+      size_t moves = compact(d.getMaxMoves(), d.getMaxMoveBytes(), "raccelctl defrag");
+      reply.setDone(std::to_string(moves) + " move(s) started of " + std::to_string(planned) + " planned" +
+                    (moves < planned ? " (the rest wait for the rate limit, the byte limit, or vaccels busy off their cards)" : ""));
+      return;
+    }
+    case wire::ConsoleRequest::DRAIN: {
+      auto drained = drainNode(request.getDrain().getNode(), request.getDrain().getUndo());
+      if (!drained) return transport::setError(reply.initError(), drained.error());
+      reply.setDone(*drained);
+      return;
+    }
+    case wire::ConsoleRequest::SET_POLICY: {
+      std::vector<std::pair<std::string, std::string>> settings;
+      for (auto kv : request.getSetPolicy().getSettings()) settings.emplace_back(kv.getKey(), kv.getValue());
+      auto set = setPolicy(request.getSetPolicy().getVm(), settings);
+      if (!set) return transport::setError(reply.initError(), set.error());
+      reply.setDone(*set);
+      return;
+    }
+  }
+  transport::setError(reply.initError(), Error{Code::unimplemented, "unknown console request"});
 }
 
 // ---------------------------------------------------------------------------------

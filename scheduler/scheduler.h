@@ -16,11 +16,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "schema/console.capnp.h"
 #include "schema/guest.capnp.h"
 #include "schema/node.capnp.h"
 #include "scheduler/config.h"
 #include "scheduler/pool.h"
+#include "common/metrics.h"
 #include "transport/connection.h"
+#include "transport/http_server.h"
 
 namespace raccel::scheduler {
 
@@ -122,6 +125,15 @@ class Scheduler {
   // The event stream (raccelctl events): kept for late subscribers, sent to live ones.
   void event(const std::string& kind, const std::string& subject, const std::string& detail);
 
+  // HTTP (web.cc): /metrics, the web console's assets, its JSON API and event stream.
+  struct EventRecord;
+  Status startHttp();
+  transport::HttpResponse onHttp(const transport::HttpRequest& request);
+  transport::HttpResponse onAction(const transport::HttpRequest& request);
+  std::string metricsText();
+  void publishEvent(const EventRecord& e);
+  std::string sseData(const EventRecord& e) const;
+
   // A vaccel's life on the cards (relocate.cc): placement (at once, after waiting, or
   // after preempting lower priorities), suspension to host memory, resumption, moves.
   std::string labelOf(const Session& s) const;
@@ -159,6 +171,8 @@ class Scheduler {
   Result<std::string> setPolicy(const std::string& vm, const std::vector<std::pair<std::string, std::string>>& settings);
   void acceptConsole(transport::ConnectionPtr connection);
   void onConsoleFrame(transport::Connection& connection, const transport::FrameHeader& header, transport::Body body);
+  // A console request but `events` (which subscribes): raccelctl's and the web API's.
+  void answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply::Builder reply);
 
   void refuseWhileSuspended(Session& s, const transport::FrameHeader& h, const transport::Body& body);
 
@@ -222,6 +236,10 @@ class Scheduler {
   std::shared_ptr<transport::TlsContext> tls_;  // null with --insecure
   uint64_t refusedLinks_ = 0;                    // connections over a limit, for the log
   bool stopping_ = false;
+  std::unique_ptr<transport::HttpServer> http_;  // null with http_listen = off
+  std::string httpToken_;                        // empty: the web console is read-only
+  std::map<std::string, uint64_t> eventCounts_;  // by kind, since start
+  Histogram admissionSeconds_{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
 };
 
 }  // namespace raccel::scheduler

@@ -37,6 +37,7 @@ struct Scheduler::Vm {
   uint32_t blocksClaimed = 0;  // by all its sessions, placed, waiting or suspended (the cap applies to this)
   uint64_t memoryUsed = 0;
   uint64_t kernelNsEnded = 0;  // of its programs that ended (tenant usage, kept across restarts)
+  uint64_t instructionsEnded = 0, bytesMovedEnded = 0;  // of its programs that ended, since start
   TenantUsage usage;           // blocks held over time: orders equal priorities at admission
 };
 
@@ -184,6 +185,7 @@ struct Scheduler::Session {
   bool noWait = false;
   bool operatorHold = false;     // suspended by raccelctl preempt: waits for raccelctl resume
   uint64_t helloSequence = 0;    // waiting: the welcome answers it
+  uint64_t helloNs = 0;          // uv_hrtime() at its hello, until its first welcome (metrics)
   uint32_t maxFrame = 0;
   uint64_t waitDeadlineMs = 0;   // waiting: refused after this (0 = only victims are awaited)
   std::string why;               // why it waits or is suspended, for the console and noWait errors

@@ -1,0 +1,347 @@
+// The scheduler's HTTP side (http_listen): Prometheus metrics, the web console's assets,
+// its JSON API and its live event stream. The API answers with the same console
+// requests raccelctl sends (Scheduler::answer) and the same JSON encoder
+// (console/api.h); actions need the bearer token from http_token_file.
+//
+//   GET  /metrics            Prometheus text format
+//   GET  /  /app.js  /style.css   the web console (console/web/, built into this binary)
+//   GET  /api/nodes|cards|pool|vaccels|vms   as `raccelctl --json`
+//   GET  /api/events         text/event-stream: the recent events, then each new one
+//   GET  /api/auth           whether actions are enabled and the request's token is good
+//   POST /api/actions        {"action": "preempt", "args": ["3"]} (also maxMoves,
+//                            maxMoveBytes for defrag, undo for drain); Authorization: Bearer
+#include <openssl/crypto.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/limits.h"
+#include "common/log.h"
+#include "console/api.h"
+#include "console/web_assets.h"
+#include "scheduler/state.h"
+
+namespace raccel::scheduler {
+
+using transport::HttpRequest;
+using transport::HttpResponse;
+
+namespace {
+
+HttpResponse jsonResponse(int status, const console::Json& json) { return HttpResponse::json(status, console::dump(json) + "\n"); }
+
+HttpResponse errorResponse(int status, const std::string& code, const std::string& message) {
+  return jsonResponse(status, console::Json{{"error", {{"code", code}, {"message", message}}}});
+}
+
+int statusFor(Code code) {
+  switch (code) {
+    case Code::invalidArgument: return 400;
+    case Code::notFound: return 404;
+    case Code::permissionDenied: return 403;
+    case Code::resourceExhausted: return 429;
+    case Code::unimplemented: return 501;
+    default: return 409;
+  }
+}
+
+const char* kSecurityPolicy = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+                              "connect-src 'self'; frame-ancestors 'none'";
+
+HttpResponse asset(const char* type, const char* body) {
+  HttpResponse r;
+  r.contentType = type;
+  r.body = body;
+  r.headers = {{"Content-Security-Policy", kSecurityPolicy}, {"Cache-Control", "no-cache"}};
+  return r;
+}
+
+}  // namespace
+
+Status Scheduler::startHttp() {
+  if (config_.httpListen == "off" || config_.httpListen.empty()) return {};
+  if (!config_.httpTokenFile.empty()) {
+    std::ifstream in(config_.httpTokenFile);
+    if (!in) return fail(Code::invalidArgument, "http_token_file " + config_.httpTokenFile + ": cannot read it");
+    std::string token;
+    std::getline(in, token);
+    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+    if (token.size() < 16 || token.size() > 4096)
+      return fail(Code::invalidArgument, "http_token_file " + config_.httpTokenFile +
+                                             ": the token on its first line must be 16 to 4096 characters");
+    for (char c : token)
+      if (c < 0x21 || c > 0x7e)
+        return fail(Code::invalidArgument, "http_token_file " + config_.httpTokenFile + ": the token must be printable ASCII");
+    httpToken_ = token;
+  }
+  transport::HttpServer::Options options;
+  options.listen = config_.httpListen;
+  options.name = "scheduler-http";
+  http_ = std::make_unique<transport::HttpServer>(loop_, options, [this](const HttpRequest& r) { return onHttp(r); });
+  if (auto s = http_->start(); !s) return fail(s.error().code, "http_listen: " + s.error().message);
+  RLOG_INFO("scheduler") << "web console and /metrics on http://" << config_.httpListen.substr(0, config_.httpListen.rfind(':'))
+                         << ":" << http_->port() << "/ (actions " << (httpToken_.empty() ? "disabled: no http_token_file" : "need the token")
+                         << ")";
+  return {};
+}
+
+// One event as a Server-Sent Event: the console's JSON of it on one data line.
+std::string Scheduler::sseData(const EventRecord& e) const {
+  capnp::MallocMessageBuilder m;
+  auto out = m.initRoot<wire::Event>();
+  out.setUnixMs(e.unixMs);
+  out.setKind(e.kind);
+  out.setSubject(e.subject);
+  out.setDetail(e.detail);
+  return "data: " + console::dump(console::eventJson(out.asReader())) + "\n\n";
+}
+
+void Scheduler::publishEvent(const EventRecord& e) {
+  if (http_ && http_->streams() > 0) http_->publish(sseData(e));
+}
+
+HttpResponse Scheduler::onHttp(const HttpRequest& r) {
+  static const std::map<std::string, void (*)(wire::ConsoleRequest::Builder)> queries = {
+      {"/api/nodes", [](wire::ConsoleRequest::Builder b) { b.setNodes(); }},
+      {"/api/cards", [](wire::ConsoleRequest::Builder b) { b.setCards(); }},
+      {"/api/pool", [](wire::ConsoleRequest::Builder b) { b.setPool(); }},
+      {"/api/vaccels", [](wire::ConsoleRequest::Builder b) { b.setVaccels(); }},
+      {"/api/vms", [](wire::ConsoleRequest::Builder b) { b.setVms(); }},
+  };
+  bool get = r.method == "GET" || r.method == "HEAD";
+  auto onlyGet = [&] {
+    HttpResponse no = HttpResponse::text(405, r.method + " " + r.path + ": only GET");
+    no.headers.emplace_back("Allow", "GET, HEAD");
+    return no;
+  };
+  if (r.path == "/api/actions") {
+    if (r.method != "POST") {
+      HttpResponse no = HttpResponse::text(405, r.method + " /api/actions: only POST");
+      no.headers.emplace_back("Allow", "POST");
+      return no;
+    }
+    return onAction(r);
+  }
+  if (r.path == "/metrics") {
+    if (!get) return onlyGet();
+    HttpResponse m;
+    m.contentType = "text/plain; version=0.0.4; charset=utf-8";
+    m.body = metricsText();
+    return m;
+  }
+  if (r.path == "/" || r.path == "/index.html") return get ? asset("text/html; charset=utf-8", webassets::kIndexHtml) : onlyGet();
+  if (r.path == "/app.js") return get ? asset("text/javascript; charset=utf-8", webassets::kAppJs) : onlyGet();
+  if (r.path == "/style.css") return get ? asset("text/css; charset=utf-8", webassets::kStyleCss) : onlyGet();
+  if (auto q = queries.find(r.path); q != queries.end()) {
+    if (!get) return onlyGet();
+    capnp::MallocMessageBuilder in, out;
+    auto request = in.initRoot<wire::ConsoleRequest>();
+    q->second(request);
+    auto reply = out.initRoot<wire::ConsoleReply>();
+    answer(request.asReader(), reply);
+    return jsonResponse(200, console::replyJson(reply.asReader()));
+  }
+  if (r.path == "/api/events") {
+    if (!get) return onlyGet();
+    HttpResponse stream;
+    stream.stream = true;
+    stream.contentType = "text/event-stream";
+    stream.body = "retry: 2000\n\n";
+    for (auto& e : events_) stream.body += sseData(e);
+    return stream;
+  }
+  if (r.path == "/api/auth") {
+    if (!get) return onlyGet();
+    std::string given = r.header("authorization");
+    bool good = !httpToken_.empty() && given.size() == httpToken_.size() + 7 && given.rfind("Bearer ", 0) == 0 &&
+                CRYPTO_memcmp(given.data() + 7, httpToken_.data(), httpToken_.size()) == 0;
+    return jsonResponse(200, console::Json{{"actions", httpToken_.empty() ? "disabled" : "token"}, {"authorized", good}});
+  }
+  return errorResponse(404, "notFound", "no " + r.path + " here (the console is at /, metrics at /metrics, the API under /api/)");
+}
+
+HttpResponse Scheduler::onAction(const HttpRequest& r) {
+  if (httpToken_.empty())
+    return errorResponse(403, "permissionDenied",
+                         "actions are disabled: the scheduler was started without --http-token-file (read-only console)");
+  std::string given = r.header("authorization");
+  if (given.empty()) {
+    HttpResponse no = errorResponse(401, "unauthenticated", "an action needs the header Authorization: Bearer TOKEN");
+    no.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"raccel\"");
+    return no;
+  }
+  bool good = given.size() == httpToken_.size() + 7 && given.rfind("Bearer ", 0) == 0 &&
+              CRYPTO_memcmp(given.data() + 7, httpToken_.data(), httpToken_.size()) == 0;
+  if (!good) {
+    RLOG_WARN("scheduler") << "web console: an action from " << r.peer << " with a wrong token, refused";
+    HttpResponse no = errorResponse(401, "unauthenticated", "the bearer token is not the scheduler's");
+    no.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"raccel\", error=\"invalid_token\"");
+    return no;
+  }
+  auto body = console::Json::parse(r.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object())
+    return errorResponse(400, "invalidArgument", "the body must be a JSON object such as {\"action\":\"preempt\",\"args\":[\"3\"]}");
+  if (!body.contains("action") || !body["action"].is_string())
+    return errorResponse(400, "invalidArgument", "\"action\" must be a string: preempt, resume, defrag, drain or set-policy");
+  std::vector<std::string> words = {body["action"].get<std::string>()};
+  if (body.contains("args")) {
+    if (!body["args"].is_array() || body["args"].size() > 64)
+      return errorResponse(400, "invalidArgument", "\"args\" must be an array of at most 64 strings");
+    for (auto& a : body["args"]) {
+      if (!a.is_string()) return errorResponse(400, "invalidArgument", "\"args\" must hold strings only");
+      words.push_back(a.get<std::string>());
+    }
+  }
+  console::ActionOptions options;
+  auto unsignedField = [&](const char* name, uint64_t max, auto* into) -> bool {
+    if (!body.contains(name)) return true;
+    auto& v = body[name];
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > max) return false;
+    *into = static_cast<std::remove_pointer_t<decltype(into)>>(v.get<uint64_t>());
+    return true;
+  };
+  if (!unsignedField("maxMoves", UINT32_MAX, &options.maxMoves))
+    return errorResponse(400, "invalidArgument", "\"maxMoves\" must be a whole number from 0 to 4294967295");
+  if (!unsignedField("maxMoveBytes", UINT64_MAX, &options.maxMoveBytes))
+    return errorResponse(400, "invalidArgument", "\"maxMoveBytes\" must be a whole number of bytes");
+  if (body.contains("undo")) {
+    if (!body["undo"].is_boolean()) return errorResponse(400, "invalidArgument", "\"undo\" must be true or false");
+    options.undo = body["undo"].get<bool>();
+  }
+  capnp::MallocMessageBuilder in, out;
+  auto request = in.initRoot<wire::ConsoleRequest>();
+  if (!console::isAction(words[0]))
+    return errorResponse(400, "invalidArgument", "unknown action '" + limits::clip(words[0], 64) +
+                                                     "' (preempt, resume, defrag, drain or set-policy)");
+  if (auto built = console::buildAction(words, options, request); !built)
+    return errorResponse(400, codeName(built.error().code), built.error().message);
+  auto reply = out.initRoot<wire::ConsoleReply>();
+  answer(request.asReader(), reply);
+  auto json = console::replyJson(reply.asReader());
+  RLOG_INFO("scheduler") << "web console (" << r.peer << "): " << limits::clip(words[0], 32) << ": "
+                         << (json.contains("done") ? json["done"].get<std::string>() : json.dump());
+  if (reply.which() == wire::ConsoleReply::ERROR) return jsonResponse(statusFor(transport::errorFrom(reply.getError()).code), json);
+  return jsonResponse(200, json);
+}
+
+std::string Scheduler::metricsText() {
+  MetricsPage page;
+  // The pool, block by block: by node, kind and state.
+  std::map<std::tuple<std::string, std::string, std::string>, uint32_t> blocks;
+  for (auto& node : pool_.nodes())
+    if (!node.forgotten)
+      for (const char* state : {"free", "used", "offline"})
+        for (auto ci : node.cards) blocks[{node.name, kindName(pool_.cards()[ci].spec.kind), state}] += 0;
+  for (const Card& c : pool_.cards()) {
+    const Node& node = pool_.nodes()[c.node];
+    if (node.forgotten) continue;
+    for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b) {
+      const char* state = pool_.ownerOf(b) != kNoOwner ? "used" : node.online ? "free" : "offline";
+      ++blocks[{node.name, kindName(c.spec.kind), state}];
+    }
+  }
+  page.family("raccel_pool_blocks", "gauge", "Compute blocks of the pool by node, card kind and state (free, used, offline).");
+  for (auto& [key, n] : blocks)
+    page.sample("raccel_pool_blocks", {{"node", std::get<0>(key)}, {"kind", std::get<1>(key)}, {"state", std::get<2>(key)}}, n);
+  page.family("raccel_pool_block_tflops", "gauge", "TFLOPS of one block.");
+  page.sample("raccel_pool_block_tflops", pool_.blockTflops());
+
+  std::map<std::string, uint32_t> states;
+  for (const char* p : {"running", "waiting", "suspending", "suspended", "moving", "resuming", "recovering", "unavailable"}) states[p] = 0;
+  for (auto& [id, s] : sessions_) ++states[!s->unavailable.empty() ? "unavailable" : phaseName(s->phase)];
+  page.family("raccel_vaccels", "gauge", "Virtual accelerators by state.");
+  for (auto& [state, n] : states) page.sample("raccel_vaccels", {{"state", state}}, n);
+
+  // Per VM (the operator's configured set): usage since the scheduler started (kernel
+  // time also across restarts, as tenant usage).
+  struct PerVm {
+    uint64_t kernelNs = 0, instructions = 0, bytesMoved = 0;
+  };
+  std::map<const Vm*, PerVm> perVm;
+  for (auto& vm : vms_) perVm[vm.get()] = {vm->kernelNsEnded, vm->instructionsEnded, vm->bytesMovedEnded};
+  for (auto& [id, s] : sessions_) {
+    auto& v = perVm[s->vm];
+    v.kernelNs += s->kernelNs();
+    v.instructions += s->instructions;
+    v.bytesMoved += s->bytesMoved;
+  }
+  page.family("raccel_vm_kernel_seconds_total", "counter", "Time cards spent running each VM's instructions.");
+  for (auto& [vm, v] : perVm) page.sample("raccel_vm_kernel_seconds_total", {{"vm", vm->policy.name}}, v.kernelNs / 1e9);
+  page.family("raccel_vm_instructions_total", "counter", "Guest instructions the scheduler forwarded, by VM.");
+  for (auto& [vm, v] : perVm) page.sample("raccel_vm_instructions_total", {{"vm", vm->policy.name}}, static_cast<double>(v.instructions));
+  page.family("raccel_vm_moved_bytes_total", "counter", "Bytes the scheduler copied between a VM's cards (split ops, routed programs).");
+  for (auto& [vm, v] : perVm) page.sample("raccel_vm_moved_bytes_total", {{"vm", vm->policy.name}}, static_cast<double>(v.bytesMoved));
+  page.family("raccel_vm_blocks_held", "gauge", "Blocks each VM's vaccels hold now.");
+  for (auto& vm : vms_) page.sample("raccel_vm_blocks_held", {{"vm", vm->policy.name}}, vm->blocksHeld);
+  page.family("raccel_vm_memory_used_bytes", "gauge", "Device memory each VM's vaccels hold now.");
+  for (auto& vm : vms_) page.sample("raccel_vm_memory_used_bytes", {{"vm", vm->policy.name}}, static_cast<double>(vm->memoryUsed));
+
+  // Per live vaccel: its series end with it (ids are never reused). At most kSeries.
+  constexpr size_t kSeries = 1000;
+  page.family("raccel_vaccel_kernel_seconds_total", "counter", "Time cards spent running each live vaccel's instructions.");
+  size_t n = 0;
+  for (auto& [id, s] : sessions_) {
+    if (++n > kSeries) break;
+    page.sample("raccel_vaccel_kernel_seconds_total", {{"vm", s->vm->policy.name}, {"vaccel", std::to_string(id)}}, s->kernelNs() / 1e9);
+  }
+  page.family("raccel_vaccel_blocks", "gauge", "Blocks each live vaccel holds.");
+  n = 0;
+  for (auto& [id, s] : sessions_) {
+    if (++n > kSeries) break;
+    uint32_t held = 0;
+    for (auto& r : s->blocks) held += r.count;
+    page.sample("raccel_vaccel_blocks", {{"vm", s->vm->policy.name}, {"vaccel", std::to_string(id)}}, held);
+  }
+
+  uint64_t instructions = 0, moved = 0;
+  for (auto& [vm, v] : perVm) instructions += v.instructions, moved += v.bytesMoved;
+  page.family("raccel_instructions_forwarded_total", "counter", "Guest instructions the scheduler forwarded to cards.");
+  page.sample("raccel_instructions_forwarded_total", static_cast<double>(instructions));
+  page.family("raccel_moved_bytes_total", "counter", "Bytes the scheduler copied between cards.");
+  page.sample("raccel_moved_bytes_total", static_cast<double>(moved));
+
+  page.family("raccel_admission_latency_seconds", "histogram", "From a program's hello to its welcome (placement, waiting and preemption included).");
+  admissionSeconds_.write(page, "raccel_admission_latency_seconds");
+
+  auto count = [&](const char* kind) -> double {
+    auto it = eventCounts_.find(kind);
+    return it == eventCounts_.end() ? 0 : static_cast<double>(it->second);
+  };
+  for (auto [name, kind, help] : {std::tuple{"raccel_preemptions_total", "preempted", "Vaccels suspended to make room or by the operator."},
+                                  std::tuple{"raccel_migrations_total", "migrated", "Vaccels moved to other blocks (compaction)."},
+                                  std::tuple{"raccel_refusals_total", "refused", "Programs refused a vaccel."},
+                                  std::tuple{"raccel_node_losses_total", "node-lost", "Netaccels lost (link closed or silent)."},
+                                  std::tuple{"raccel_card_faults_total", "card-fault", "Cards or sandboxes that failed under a vaccel."}}) {
+    page.family(name, "counter", help);
+    page.sample(name, count(kind));
+  }
+  page.family("raccel_events_total", "counter", "Scheduler events (raccelctl events) by kind.");
+  for (auto& [kind, c] : eventCounts_) page.sample("raccel_events_total", {{"kind", kind}}, static_cast<double>(c));
+
+  // Nodes and their cards.
+  page.family("raccel_node_up", "gauge", "1 while the netaccel is registered and heard from.");
+  for (auto& node : pool_.nodes())
+    if (!node.forgotten) page.sample("raccel_node_up", {{"node", node.name}}, node.online ? 1 : 0);
+  page.family("raccel_node_heartbeat_age_seconds", "gauge", "Since the netaccel's last heartbeat.");
+  page.family("raccel_node_contexts", "gauge", "Vaccel contexts open on the netaccel.");
+  for (auto& [index, link] : nodeByPoolIndex_) {
+    page.sample("raccel_node_heartbeat_age_seconds", {{"node", link->name}}, (nowMs() - link->lastHeardMs) / 1e3);
+    page.sample("raccel_node_contexts", {{"node", link->name}}, link->contexts);
+  }
+  page.family("raccel_card_memory_bytes", "gauge", "Device memory of each card.");
+  page.family("raccel_card_blocks", "gauge", "Blocks of each card.");
+  for (const Card& c : pool_.cards()) {
+    const Node& node = pool_.nodes()[c.node];
+    if (node.forgotten) continue;
+    Labels l = {{"node", node.name}, {"card", std::to_string(c.spec.index)}, {"kind", kindName(c.spec.kind)}};
+    page.sample("raccel_card_memory_bytes", l, static_cast<double>(c.spec.memoryBytes));
+    page.sample("raccel_card_blocks", l, c.blocks.count);
+  }
+  page.family("raccel_http_requests_total", "counter", "HTTP requests answered (this page included).");
+  page.sample("raccel_http_requests_total", http_ ? static_cast<double>(http_->requestsServed()) : 0);
+  page.family("raccel_http_event_streams", "gauge", "Open web console event streams.");
+  page.sample("raccel_http_event_streams", http_ ? static_cast<double>(http_->streams()) : 0);
+  return page.text();
+}
+
+}  // namespace raccel::scheduler
