@@ -216,6 +216,19 @@ size_t CardWorker::queuedBytes() const {
   return queuedBytes_;
 }
 
+CardWorker::Stats CardWorker::stats() const {
+  std::lock_guard lock(mu_);
+  Stats s;
+  s.busyNs = busyNs_;
+  s.instructions = executed_;
+  for (auto& [context, buffers] : bufferBytes_)
+    for (auto& [handle, bytes] : buffers) s.memoryUsed += bytes;
+  s.sandboxesStarted = sandboxesStarted_;
+  s.sandboxesLost = sandboxesLost_;
+  s.queued = queuedCount_;
+  return s;
+}
+
 std::vector<std::pair<uint32_t, uint64_t>> CardWorker::kernelTimes() const {
   std::lock_guard lock(mu_);
   return {kernelNs_.begin(), kernelNs_.end()};
@@ -280,6 +293,7 @@ void CardWorker::run() {
         std::lock_guard lock(mu_);
         queuedBytes_ -= bytes;
         --queuedCount_;
+        executed_ += instruction;
         if (stop_) return;  // the rest is dropped with the worker
         if (!queue_.empty()) arrived.swap(queue_);
       }
@@ -348,6 +362,7 @@ void CardWorker::charge(Context& c, double ns) {
   (*tenants_)[c.tenant].usage.add(now, halfLifeNs_, ns);
   std::lock_guard lock(mu_);
   kernelNs_[c.id] += static_cast<uint64_t>(ns);
+  busyNs_ += static_cast<uint64_t>(ns);
 }
 
 hal::Device& CardWorker::deviceOf(Context& c) {
@@ -355,6 +370,10 @@ hal::Device& CardWorker::deviceOf(Context& c) {
   Tenant& t = (*tenants_)[c.tenant];
   if (!t.sandbox) {
     t.sandbox = sandboxes_->take();
+    {
+      std::lock_guard lock(mu_);
+      ++sandboxesStarted_;
+    }
     capMemory(t);
     RLOG_INFO("netaccel") << options_.label << ": tenant '" << limits::clip(c.tenant, 64) << "' is served by sandbox process "
                           << SandboxPool::pidOf(*t.sandbox);
@@ -466,6 +485,10 @@ void CardWorker::sandboxLost(const std::string& tenant, const std::string& why, 
     bufferBytes_.erase(id);
   }
   forgetDevice(t.sandbox.get());
+  {
+    std::lock_guard lock(mu_);
+    ++sandboxesLost_;
+  }
   t.sandbox.reset();  // the process is stopped and its folder removed; a new one serves what follows
   RLOG_WARN("netaccel") << options_.label << ": tenant '" << limits::clip(tenant, 64) << "': " << fault.message;
   std::lock_guard lock(mu_);

@@ -96,6 +96,15 @@ class CardWorker {
   size_t queuedInstructions() const;
   // Kernel time each open context has used so far (for the heartbeat).
   std::vector<std::pair<uint32_t, uint64_t>> kernelTimes() const;
+  // What the card has done so far, for the netaccel's /metrics. Any thread.
+  struct Stats {
+    uint64_t busyNs = 0;        // kernel time of every context, open or closed
+    uint64_t instructions = 0;  // run (failed ones too)
+    uint64_t memoryUsed = 0;    // bytes of the open contexts' buffers
+    uint64_t sandboxesStarted = 0, sandboxesLost = 0;  // tenants' sandboxes given out, and lost (fault, crash, stall)
+    size_t queued = 0;          // instructions waiting or running
+  };
+  Stats stats() const;
   // A context's buffers (handle, bytes) as created so far (for re-registering).
   std::vector<std::pair<uint64_t, uint64_t>> buffersOf(uint32_t context) const;
 
@@ -137,6 +146,7 @@ class CardWorker {
   std::vector<Fault> faults_;
   size_t queuedBytes_ = 0, queuedCount_ = 0;
   std::unordered_map<uint32_t, uint64_t> kernelNs_;  // by context
+  uint64_t busyNs_ = 0, executed_ = 0, sandboxesStarted_ = 0, sandboxesLost_ = 0;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, uint64_t>> bufferBytes_;  // context -> handle -> bytes
   bool stop_ = false;
 

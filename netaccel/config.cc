@@ -109,7 +109,7 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
                                     "sandbox", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
-                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_hide"};
+                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_hide", "http_listen"};
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   auto unknown = top.unknownKeys(known);
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
@@ -118,6 +118,7 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   out.security = *security;
   out.name = top.getString("name", "");
   out.scheduler = top.getString("scheduler", out.scheduler);
+  out.httpListen = top.getString("http_listen", out.httpListen);
   auto hb = top.getInt("heartbeat_ms", 1000);
   if (!hb) return fail(hb.error());
   if (*hb < 10) return fail(Code::invalidArgument, "heartbeat_ms must be at least 10");

@@ -21,6 +21,7 @@
 //   sandbox_call_timeout_ms = 30000     # a sandbox that answers no call (or whose kernels
 //                                #   make no progress) this long is stopped
 //   device_queue_depth = 2       # asynchronous cards: kernels in flight on a card at once
+//   http_listen = 127.0.0.1:7781 # /metrics (Prometheus); off = none
 //
 //   [card]                       # override a discovered device
 //   backend = opencl             # opencl, cuda or xrt
@@ -82,6 +83,7 @@ struct NetaccelConfig {
   // Asynchronous cards: kernels in flight on one card at once (the granularity of shares).
   unsigned queueDepth = 2;
   std::vector<std::string> discover;  // backends to enumerate at start
+  std::string httpListen = "127.0.0.1:7781";  // /metrics; "off": no HTTP
   transport::LinkSecurity security;
   std::vector<CardConfig> cards;
 };

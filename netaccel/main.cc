@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
                                   "scripts/raccel-certs.sh node DIR NAME)");
   flags.value("tls-key", "FILE", "its private key (PEM)");
   flags.boolean("insecure", "plain TCP to the scheduler, no authentication (loopback development only)");
+  flags.value("http-listen", "HOST:PORT", "serve /metrics (Prometheus) here (default 127.0.0.1:7781; off = none; "
+                                         "give each netaccel of a host its own)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   flags.epilog("Serves the configured cards, then every device the discovered backends see (TFLOPS from the device's "
                "properties or a short calibration run). With neither, one cpu card of 4 TFLOPS and 1 GiB.");
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
       if (flags.has(flag)) file->top().set(key, flags.get(flag));
     if (flags.has("insecure")) file->top().set("insecure", "true");
     if (flags.has("no-sandbox")) file->top().set("sandbox", "false");
+    if (flags.has("http-listen")) file->top().set("http_listen", flags.get("http-listen"));
     // --list-devices needs no link to the scheduler.
     if (flags.has("list-devices") && !file->top().has("tls_ca")) file->top().set("insecure", "true");
     auto parsed = netaccel::parseConfig(*file);
@@ -151,7 +154,12 @@ int main(int argc, char** argv) {
   uv_loop_t* loop = uv_default_loop();
   netaccel::Netaccel daemon(loop, config, std::move(*devices));
   daemon.useTls(tls);
-  daemon.start();
+  if (auto started = daemon.start(); !started) {
+    daemon.stop();
+    uv_run(loop, UV_RUN_DEFAULT);
+    std::fprintf(stderr, "raccel-netaccel: %s\n", started.error().message.c_str());
+    return 2;
+  }
   transport::runUntilSignalled(loop, [&] { daemon.stop(); });
   return 0;
 }

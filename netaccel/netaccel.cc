@@ -1,5 +1,7 @@
 #include "netaccel/netaccel.h"
 
+#include "common/metrics.h"
+
 #include "common/log.h"
 #include <algorithm>
 #include <cstdlib>
@@ -94,7 +96,29 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
 
 Netaccel::~Netaccel() { workers_.clear(); }
 
-void Netaccel::start() {
+Status Netaccel::start() {
+  if (config_.httpListen != "off" && !config_.httpListen.empty()) {
+    transport::HttpServer::Options options;
+    options.listen = config_.httpListen;
+    options.name = "netaccel-http";
+    options.maxStreams = 0;
+    http_ = std::make_unique<transport::HttpServer>(loop_, options, [this](const transport::HttpRequest& r) {
+      if (r.path != "/metrics")
+        return transport::HttpResponse::text(404, "no " + r.path + " here: raccel-netaccel serves /metrics only");
+      if (r.method != "GET" && r.method != "HEAD") {
+        auto no = transport::HttpResponse::text(405, r.method + " /metrics: only GET");
+        no.headers.emplace_back("Allow", "GET, HEAD");
+        return no;
+      }
+      transport::HttpResponse m;
+      m.contentType = "text/plain; version=0.0.4; charset=utf-8";
+      m.body = metricsText();
+      return m;
+    });
+    if (auto s = http_->start(); !s) return fail(s.error().code, "http_listen: " + s.error().message);
+    RLOG_INFO("netaccel") << "/metrics on http://" << config_.httpListen.substr(0, config_.httpListen.rfind(':')) << ":"
+                          << http_->port() << "/metrics";
+  }
   for (size_t i = 0; i < workers_.size(); ++i) {
     auto& caps = workers_[i]->capabilities();
     RLOG_INFO("netaccel") << "card " << i << ": " << kindName(caps.kind) << " " << caps.model << " (" << caps.backend
@@ -102,6 +126,45 @@ void Netaccel::start() {
                           << (workers_[i]->sandboxed() ? "; each tenant in a sandbox process" : "");
   }
   connect();
+  return {};
+}
+
+std::string Netaccel::metricsText() {
+  MetricsPage page;
+  page.family("raccel_netaccel_connected", "gauge", "1 while registered with the scheduler.");
+  page.sample("raccel_netaccel_connected", {{"node", config_.name}}, link_ && registered_ ? 1 : 0);
+  page.family("raccel_netaccel_links_lost_total", "counter", "Times the link to the scheduler was lost.");
+  page.sample("raccel_netaccel_links_lost_total", {{"node", config_.name}}, static_cast<double>(linksLost_));
+  page.family("raccel_netaccel_instructions_received_total", "counter", "Instructions received from the scheduler.");
+  page.sample("raccel_netaccel_instructions_received_total", {{"node", config_.name}}, static_cast<double>(instructionsReceived_));
+  std::vector<uint32_t> contexts(workers_.size(), 0);
+  for (auto& [context, card] : contextCard_) ++contexts[card];
+  std::vector<CardWorker::Stats> stats;
+  for (auto& w : workers_) stats.push_back(w->stats());
+  auto perCard = [&](const std::string& name, const char* type, const std::string& help, auto value) {
+    page.family(name, type, help);
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      auto& caps = workers_[i]->capabilities();
+      page.sample(name, {{"node", config_.name}, {"card", std::to_string(i)}, {"kind", kindName(caps.kind)}, {"model", caps.model}},
+                  static_cast<double>(value(i, caps)));
+    }
+  };
+  perCard("raccel_card_busy_seconds_total", "counter", "Kernel time the card ran (its utilization is the rate of this).",
+          [&](size_t i, auto&) { return stats[i].busyNs / 1e9; });
+  perCard("raccel_card_instructions_total", "counter", "Instructions the card ran.", [&](size_t i, auto&) { return stats[i].instructions; });
+  perCard("raccel_card_queued_instructions", "gauge", "Instructions waiting or running on the card.",
+          [&](size_t i, auto&) { return stats[i].queued; });
+  perCard("raccel_card_memory_bytes", "gauge", "Device memory the card offers.", [&](size_t, auto& caps) { return caps.memoryBytes; });
+  perCard("raccel_card_memory_used_bytes", "gauge", "Device memory the open contexts' buffers hold.",
+          [&](size_t i, auto&) { return stats[i].memoryUsed; });
+  perCard("raccel_card_contexts", "gauge", "Vaccel contexts open on the card.", [&](size_t i, auto&) { return contexts[i]; });
+  perCard("raccel_card_tflops", "gauge", "The card's TFLOPS as registered.", [&](size_t, auto& caps) { return caps.tflops; });
+  perCard("raccel_sandbox_starts_total", "counter", "Sandbox processes given to tenants on the card.",
+          [&](size_t i, auto&) { return stats[i].sandboxesStarted; });
+  perCard("raccel_sandbox_restarts_total", "counter",
+          "Tenant sandboxes lost (faulting kernel, crash, stall); the tenant's next instruction gets a new one.",
+          [&](size_t i, auto&) { return stats[i].sandboxesLost; });
+  return page.text();
 }
 
 void Netaccel::stop() {
@@ -110,6 +173,7 @@ void Netaccel::stop() {
   auto closeHandle = [](auto* h) {
     uv_close(reinterpret_cast<uv_handle_t*>(h), [](uv_handle_t* x) { delete reinterpret_cast<decltype(h)>(x); });
   };
+  if (http_) http_->stop();
   closeHandle(heartbeat_);
   closeHandle(reconnect_);
   closeHandle(grace_);
@@ -232,6 +296,7 @@ void Netaccel::onLinkClosed() {
     closeAllContexts();
     return;
   }
+  ++linksLost_;
   // Every open context is kept (not adopted) until the scheduler comes back for it.
   if (config_.contextGraceMs == 0) {
     closeAllContexts();
@@ -287,6 +352,7 @@ void Netaccel::onFrame(const transport::FrameHeader& header, transport::Body bod
   }
   if (header.sequence < (1ull << 63)) lastGuestSequence_[header.channel] = header.sequence;  // a guest's, not the scheduler's own
   workers_[it->second]->enqueue(header.channel, header.sequence, std::move(body));
+  ++instructionsReceived_;
 }
 
 void Netaccel::onControl(transport::Body body) {

@@ -18,6 +18,7 @@
 #include "netaccel/card_worker.h"
 #include "netaccel/config.h"
 #include "transport/connection.h"
+#include "transport/http_server.h"
 
 namespace raccel::netaccel {
 
@@ -35,7 +36,8 @@ class Netaccel {
 
   // The link to the scheduler is mutual TLS with this context (null: plain TCP).
   void useTls(std::shared_ptr<transport::TlsContext> tls) { tls_ = std::move(tls); }
-  void start();
+  // Serves /metrics (http_listen) and joins the scheduler; an error: the metrics address.
+  Status start();
   // Closes the link and every handle so the loop can end.
   void stop();
 
@@ -51,6 +53,7 @@ class Netaccel {
   void closeAllContexts();
   void sendRegister();
   void graceOver();
+  std::string metricsText();
 
   uv_loop_t* loop_;
   NetaccelConfig config_;
@@ -70,6 +73,8 @@ class Netaccel {
   uv_timer_t* heartbeat_;
   uv_timer_t* reconnect_;
   std::vector<CardWorker::Output> outputs_;
+  std::unique_ptr<transport::HttpServer> http_;
+  uint64_t instructionsReceived_ = 0, linksLost_ = 0;
 };
 
 }  // namespace raccel::netaccel

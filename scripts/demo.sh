@@ -19,6 +19,7 @@ cleanup() {
 }
 trap cleanup EXIT
 port=$((20000 + RANDOM % 20000))
+http=$((port + 1))  # the scheduler's web console and /metrics; the netaccels' /metrics on the next two
 
 echo "== the pool CA and certificates for the scheduler, node0 and node1 (mutual TLS on the node links)"
 bash scripts/raccel-certs.sh all "$run/certs" node0 node1
@@ -26,6 +27,7 @@ tls() { echo --tls-ca "$run/certs/ca.pem" --tls-cert "$run/certs/$1.pem" --tls-k
 
 echo "== starting raccel-scheduler (logs in $run)"
 $bin/raccel-scheduler --node-listen 127.0.0.1:$port --console "$run/console.sock" --state-dir "$run/state" $(tls scheduler) \
+  --http-listen 127.0.0.1:$http \
   --vm "name=demo-vm,socket=$run/demo-vm.sock,tflops=20,priority=1,memory_quota=2GiB" >"$run/scheduler.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do [ -S "$run/console.sock" ] && break; sleep 0.1; done
@@ -36,10 +38,10 @@ $bin/raccel-netaccel --list-devices
 echo "== starting two raccel-netaccels"
 # node0 serves the discovered OpenCL device, rated 4 TFLOPS (PoCL's measured rate is a
 # fraction of one block) and a simulated GPU; node1 (same host) a CPU card and no discovery.
-$bin/raccel-netaccel --name node0 --scheduler 127.0.0.1:$port $(tls node0) \
+$bin/raccel-netaccel --name node0 --scheduler 127.0.0.1:$port $(tls node0) --http-listen 127.0.0.1:$((http + 1)) \
   --card kind=gpu,model=sim-gpu,tflops=8,memory=1GiB --card backend=opencl,tflops=4,memory=1GiB >"$run/node0.log" 2>&1 &
 pids+=($!)
-$bin/raccel-netaccel --name node1 --scheduler 127.0.0.1:$port $(tls node1) --discover none --card kind=cpu,tflops=8,memory=1GiB \
+$bin/raccel-netaccel --name node1 --scheduler 127.0.0.1:$port $(tls node1) --http-listen 127.0.0.1:$((http + 2)) --discover none --card kind=cpu,tflops=8,memory=1GiB \
   >"$run/node1.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do

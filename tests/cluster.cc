@@ -173,7 +173,9 @@ std::string makeTempDir() {
 Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::string> schedulerArgs)
     : dir_(dir.empty() ? makeTempDir() : std::move(dir)) {
   port_ = freePort();
+  httpPort_ = freePort();
   schedulerArgs_ = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
+                    "--http-listen", "127.0.0.1:" + std::to_string(httpPort_),
                     "--heartbeat-timeout-ms", "2000", "--state-dir", dir_ + "/state"};
   // Mutual TLS on the node links, as deployed; "--insecure" among schedulerArgs: plain TCP.
   insecure_ = std::find(schedulerArgs.begin(), schedulerArgs.end(), "--insecure") != schedulerArgs.end();
@@ -225,6 +227,11 @@ Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::st
   for (auto& c : cards) {
     args.push_back("--card");
     args.push_back(c);
+  }
+  if (std::find(extraArgs.begin(), extraArgs.end(), "--http-listen") == extraArgs.end()) {
+    netaccelHttp_[name] = freePort();
+    args.push_back("--http-listen");
+    args.push_back("127.0.0.1:" + std::to_string(netaccelHttp_[name]));
   }
   args.insert(args.end(), extraArgs.begin(), extraArgs.end());
   processes_.emplace_back("raccel-netaccel", args, dir_ + "/netaccel-" + name + ".log");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 
@@ -101,6 +102,9 @@ class Cluster {
   std::string consoleSocket() const { return dir_ + "/console.sock"; }
   std::string dir() const { return dir_; }
   int nodePort() const { return port_; }
+  // The scheduler's HTTP port (web console, /metrics), and a netaccel's (/metrics).
+  int httpPort() const { return httpPort_; }
+  int netaccelHttpPort(const std::string& name) const { return netaccelHttp_.at(name); }
   // raccelctl's JSON for a query (nodes, cards, pool, vaccels).
   std::string console(const std::string& query) const;
   unsigned poolTotal() const;
@@ -120,6 +124,8 @@ class Cluster {
  private:
   std::string dir_;
   int port_ = 0;
+  int httpPort_ = 0;
+  std::map<std::string, int> netaccelHttp_;
   unsigned expectedTotal_ = 0;
   bool insecure_ = false;
   std::vector<std::string> schedulerArgs_;

@@ -38,6 +38,7 @@ class InProcessScheduler {
     uv_loop_init(&loop_);
     scheduler::SchedulerConfig config;
     config.nodeListen = "127.0.0.1:0";
+    config.httpListen = "off";
     config.console = "unix:" + dir + "/console.sock";
     config.heartbeatTimeoutMs = 2000;
     config.security.files = transport::TlsFiles{testing::certDir() + "/ca.pem", testing::certDir() + "/scheduler.pem", testing::certDir() + "/scheduler.key"};
@@ -121,7 +122,7 @@ TEST_F(LibvirtWatcherTest, DomainMetadataIsTheVmPolicyAndStopReleasesItsBlocks) 
   InProcessScheduler scheduler(dir_, "test:///default");
   ASSERT_TRUE(scheduler.started()) << scheduler.started().error().message;
   std::vector<std::string> args = {"--scheduler", "127.0.0.1:" + std::to_string(scheduler.nodePort()), "--discover",
-                                   "none", "--card", "backend=cpu,kind=gpu,tflops=8,memory=1GiB"};
+                                   "none", "--card", "backend=cpu,kind=gpu,tflops=8,memory=1GiB", "--http-listen", "off"};
   for (auto& a : testing::netaccelTlsArgs("n1")) args.push_back(a);
   Process netaccel("raccel-netaccel", args, dir_ + "/n1.log");
   waitFor(console::Query::pool, [](const std::string& s) { return has(s, "\"total\":8"); });

@@ -153,11 +153,12 @@ TEST_F(Trust, ANetaccelWithoutAPoolCertificateIsRefusedAtTheHandshakeAndGetsNoGu
   runCommand("bash " + std::string(RACCEL_SOURCE_DIR) + "/scripts/raccel-certs.sh all " + rogue + " node9");
   std::string port = "127.0.0.1:" + std::to_string(cluster->nodePort());
   Process other("raccel-netaccel",
-                {"--scheduler", port, "--discover", "none", "--card", "kind=gpu,tflops=64,memory=1GiB", "--tls-ca",
+                {"--scheduler", port, "--discover", "none", "--card", "kind=gpu,tflops=64,memory=1GiB", "--http-listen", "off", "--tls-ca",
                  rogue + "/ca.pem", "--tls-cert", rogue + "/node9.pem", "--tls-key", rogue + "/node9.key"},
                 cluster->dir() + "/rogue.log");
   Process plain("raccel-netaccel",
-                {"--name", "plain", "--scheduler", port, "--discover", "none", "--card", "kind=gpu,tflops=64", "--insecure"},
+                {"--name", "plain", "--scheduler", port, "--discover", "none", "--card", "kind=gpu,tflops=64", "--insecure",
+                 "--http-listen", "off"},
                 cluster->dir() + "/plain.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   EXPECT_EQ(cluster->poolTotal(), 4u) << cluster->console("nodes");

@@ -98,14 +98,14 @@ def main():
 
     try:
         start("raccel-scheduler", "--node-listen", "127.0.0.1:%d" % port, "--console", tmp + "/console-real.sock",
-              "--insecure", "--vm", "name=vm1,socket=%s/vm-real.sock,tflops=8,memory_quota=64MiB" % tmp)
+              "--insecure", "--http-listen", "off", "--vm", "name=vm1,socket=%s/vm-real.sock,tflops=8,memory_quota=64MiB" % tmp)
         assert wait_for(lambda: os.path.exists(tmp + "/console-real.sock")), "scheduler did not start"
         vm = Recorder(tmp + "/vm.sock", tmp + "/vm-real.sock")
         node = Recorder(("127.0.0.1", proxy_port), ("127.0.0.1", port))
         console = Recorder(tmp + "/console.sock", tmp + "/console-real.sock")
         for r in (vm, node, console):
             r.start()
-        env_card = ["--discover", "none", "--card", "kind=gpu,tflops=4,memory=256MiB", "--insecure"]
+        env_card = ["--discover", "none", "--card", "kind=gpu,tflops=4,memory=256MiB", "--insecure", "--http-listen", "off"]
         start("raccel-netaccel", "--name", "node0", "--scheduler", "127.0.0.1:%d" % proxy_port, *env_card)
         start("raccel-guestd", "--port", tmp + "/vm.sock", "--listen", tmp + "/guestd.sock")
         assert wait_for(lambda: os.path.exists(tmp + "/guestd.sock")), "guestd did not start"

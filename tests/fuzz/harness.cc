@@ -34,6 +34,7 @@ struct Daemons {
     scheduler::SchedulerConfig sc;
     sc.nodeListen = "127.0.0.1:0";
     sc.console = "unix:" + dir + "/console.sock";
+    sc.httpListen = "off";  // HTTP is libmicrohttpd's to parse; its bounds have their own tests
     sc.security.insecure = true;  // loopback, one process: the TLS layer has its own tests
     sc.heartbeatTimeoutMs = 600000;
     sc.requestTimeoutMs = 2000;
@@ -56,6 +57,7 @@ struct Daemons {
     nc.scheduler = "127.0.0.1:" + std::to_string(scheduler->nodePort());
     nc.security.insecure = true;
     nc.contextGraceMs = 0;
+    nc.httpListen = "off";
     netaccel::CardConfig card;
     card.kind = CardKind::gpu;
     card.tflops = 4;
@@ -66,7 +68,7 @@ struct Daemons {
     auto devices = netaccel::openCards(nc, &notes);
     if (!devices) std::abort();
     netaccel = std::make_unique<netaccel::Netaccel>(&loop, nc, std::move(*devices));
-    netaccel->start();
+    if (!netaccel->start()) std::abort();
     pump(Clock::now() + std::chrono::milliseconds(300), [] { return false; });
   }
 
