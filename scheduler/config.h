@@ -5,6 +5,7 @@
 //   http_listen = 127.0.0.1:7780          # /metrics (Prometheus) and the web console; off = none
 //   http_token_file = /etc/raccel/console.token  # the bearer token the web console's actions
 //                                         #   need (16+ characters); none: read-only web console
+//   http_client_timeout_s = 10            # an HTTP client must send its request within this
 //   block_tflops = 1
 //   heartbeat_timeout_ms = 5000           # a silent netaccel is declared lost after this
 //   request_timeout_ms = 600000           # a read/fence unanswered this long fails
@@ -74,6 +75,7 @@ struct SchedulerConfig {
   std::string console = "/run/raccel/console.sock";
   std::string httpListen = "127.0.0.1:7780";  // "off": no HTTP
   std::string httpTokenFile;
+  unsigned httpClientTimeoutS = 10;
   double blockTflops = 1;
   unsigned heartbeatTimeoutMs = 5000;
   unsigned requestTimeoutMs = 600000;

@@ -77,6 +77,7 @@ Status Scheduler::startHttp() {
   transport::HttpServer::Options options;
   options.listen = config_.httpListen;
   options.name = "scheduler-http";
+  options.timeoutS = config_.httpClientTimeoutS;
   http_ = std::make_unique<transport::HttpServer>(loop_, options, [this](const HttpRequest& r) { return onHttp(r); });
   if (auto s = http_->start(); !s) return fail(s.error().code, "http_listen: " + s.error().message);
   RLOG_INFO("scheduler") << "web console and /metrics on http://" << config_.httpListen.substr(0, config_.httpListen.rfind(':'))

@@ -11,10 +11,14 @@ cd "$(dirname "$0")/.."
 # libvirt for the scheduler's libvirt watcher (its tests use test:///default, no daemon).
 # SQLite: the scheduler's state database.
 # PyTorch (Debian's 1.13) and pybind11: the Python binding and the torch device (vmfrontend/python).
+# HTTP: libmicrohttpd (the daemons' /metrics and web console), nlohmann-json (the console's
+# JSON); for tests, cpp-httplib (client), Prometheus (a real scraper, promtool), Chromium
+# with chromedriver and Selenium (the web console in a real browser).
 packages=(cmake ninja-build g++ pkg-config capnproto libcapnp-dev libuv1-dev libgtest-dev
   libsqlite3-dev libssl-dev openssl libseccomp-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev
   qemu-system-x86 linux-image-amd64 busybox-static cpio libvirt-dev libvirt-clients libclang-rt-14-dev python3
-  clinfo python3-pyopencl python3-numpy python3-torch libtorch-dev pybind11-dev python3-pybind11)
+  clinfo python3-pyopencl python3-numpy python3-torch libtorch-dev pybind11-dev python3-pybind11
+  libmicrohttpd-dev nlohmann-json3-dev libcpp-httplib-dev prometheus chromium chromium-driver python3-selenium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
