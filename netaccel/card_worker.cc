@@ -229,9 +229,12 @@ CardWorker::Stats CardWorker::stats() const {
   return s;
 }
 
-std::vector<std::pair<uint32_t, uint64_t>> CardWorker::kernelTimes() const {
+std::vector<std::pair<uint32_t, uint64_t>> CardWorker::kernelTimes() {
   std::lock_guard lock(mu_);
-  return {kernelNs_.begin(), kernelNs_.end()};
+  std::vector<std::pair<uint32_t, uint64_t>> out(kernelNs_.begin(), kernelNs_.end());
+  out.insert(out.end(), closedKernelNs_.begin(), closedKernelNs_.end());
+  closedKernelNs_.clear();
+  return out;
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> CardWorker::buffersOf(uint32_t context) const {
@@ -558,7 +561,12 @@ void CardWorker::execute(Work& work) {
     std::string tenantName = it->second.tenant;
     {
       std::lock_guard lock(mu_);
-      kernelNs_.erase(work.context);
+      // Its final kernel time goes out once more, with the next heartbeat: what ran
+      // after the last one is the tenant's too.
+      if (auto k = kernelNs_.find(work.context); k != kernelNs_.end()) {
+        closedKernelNs_.emplace_back(k->first, k->second);
+        kernelNs_.erase(k);
+      }
       bufferBytes_.erase(work.context);
       if (!it->second.ready.empty()) {  // work after its close: dropped with it
         --readyContexts_;

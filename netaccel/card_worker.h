@@ -94,8 +94,9 @@ class CardWorker {
   // Bytes of instructions queued or running (for input backpressure).
   size_t queuedBytes() const;
   size_t queuedInstructions() const;
-  // Kernel time each open context has used so far (for the heartbeat).
-  std::vector<std::pair<uint32_t, uint64_t>> kernelTimes() const;
+  // Kernel time each open context has used so far, and the final time of those closed
+  // since the last call (for the heartbeat).
+  std::vector<std::pair<uint32_t, uint64_t>> kernelTimes();
   // What the card has done so far, for the netaccel's /metrics. Any thread.
   struct Stats {
     uint64_t busyNs = 0;        // kernel time of every context, open or closed
@@ -146,6 +147,7 @@ class CardWorker {
   std::vector<Fault> faults_;
   size_t queuedBytes_ = 0, queuedCount_ = 0;
   std::unordered_map<uint32_t, uint64_t> kernelNs_;  // by context
+  std::vector<std::pair<uint32_t, uint64_t>> closedKernelNs_;  // closed since the last kernelTimes()
   uint64_t busyNs_ = 0, executed_ = 0, sandboxesStarted_ = 0, sandboxesLost_ = 0;
   std::unordered_map<uint32_t, std::unordered_map<uint64_t, uint64_t>> bufferBytes_;  // context -> handle -> bytes
   bool stop_ = false;

@@ -89,6 +89,8 @@ void Scheduler::closeMembers(Session& s) {
   s.kernelNsBefore = s.kernelNs();
   for (auto& member : s.members) {
     if (member.node) {
+      // Its card reports the context's final kernel time with its next heartbeat.
+      closedContexts_[contextKey(member.card, member.context)] = {s.id, s.vm, member.kernelNs, nowMs()};
       capnp::MallocMessageBuilder m;
       m.initRoot<wire::SchedulerMessage>().setCloseContext(member.context);
       member.node->connection->send(transport::kControlChannel, 0, m);
@@ -479,6 +481,18 @@ Result<std::string> Scheduler::drainNode(const std::string& name, bool undo) {
   event("node-draining", name, detail);
   requestPlacement();  // reports it drained once nothing is left there
   return "draining netaccel '" + name + "': " + detail;
+}
+
+void Scheduler::creditClosed(uint64_t key, uint64_t kernelNs) {
+  auto it = closedContexts_.find(key);
+  if (it == closedContexts_.end()) return;  // not one of ours, or credited already
+  ClosedContext c = it->second;
+  closedContexts_.erase(it);
+  if (kernelNs <= c.kernelNsCredited) return;
+  uint64_t tail = std::min<uint64_t>(kernelNs - c.kernelNsCredited, 3600ull * 1000000000ull);  // a card's claim, bounded
+  if (Session* s = sessionById(c.vaccel)) s->kernelNsBefore += tail;
+  else c.vm->kernelNsEnded += tail;
+  if (store_) persistUsage(*c.vm);
 }
 
 }  // namespace raccel::scheduler

@@ -804,8 +804,12 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         if (node.poolIndex < 0) return;  // not registered: nothing to account
         if (msg.getHeartbeat().getUsage().size() > node.nextContext) return;  // more than it ever held: made up
         for (auto u : msg.getHeartbeat().getUsage()) {
-          auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), u.getContext()));
-          if (it == sessionByContext_.end()) continue;
+          uint64_t key = contextKeyOnNode(static_cast<size_t>(node.poolIndex), u.getContext());
+          auto it = sessionByContext_.find(key);
+          if (it == sessionByContext_.end()) {
+            creditClosed(key, u.getKernelNs());
+            continue;
+          }
           for (auto& m : it->second->members)
             if (m.context == u.getContext() && m.node == &node) m.kernelNs = u.getKernelNs();
         }
@@ -1158,6 +1162,8 @@ void Scheduler::tick() {
     n->connection->close();
   }
   forgetOfflineNodes(now);
+  // Closed contexts whose final report never came (the node went away): forgotten.
+  std::erase_if(closedContexts_, [&](auto& c) { return now - c.second.closedMs > 4ull * config_.heartbeatTimeoutMs; });
   std::vector<Session*> late;
   for (Session* s : allSessions()) {
     if (s->phase == Phase::running)

@@ -232,6 +232,16 @@ class Scheduler {
   uint64_t moveWindowStartMs_ = 0;
   size_t movesInWindow_ = 0;
   std::map<std::string, bool> draining_;  // netaccel -> reported drained
+  // Contexts closed since their card's last heartbeat, by contextKey: their final kernel
+  // time, in the next one, is credited to the vaccel (or its VM, once it has ended).
+  struct ClosedContext {
+    VaccelId vaccel;
+    Vm* vm;
+    uint64_t kernelNsCredited;
+    uint64_t closedMs;
+  };
+  std::unordered_map<uint64_t, ClosedContext> closedContexts_;
+  void creditClosed(uint64_t key, uint64_t kernelNs);
   VaccelId nextVaccel_ = 1;
   std::shared_ptr<transport::TlsContext> tls_;  // null with --insecure
   uint64_t refusedLinks_ = 0;                    // connections over a limit, for the log

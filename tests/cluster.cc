@@ -27,7 +27,6 @@
 extern char** environ;
 
 namespace raccel::testing {
-namespace {
 int freePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -39,6 +38,8 @@ int freePort() {
   ::close(fd);
   return ntohs(addr.sin_port);
 }
+
+namespace {
 
 bool waitFor(const std::function<bool()>& ready, int timeoutMs) {
   auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);

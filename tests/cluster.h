@@ -19,6 +19,8 @@
 namespace raccel::testing {
 
 std::string binary(const std::string& name);
+// A loopback TCP port that was free a moment ago.
+int freePort();
 // A fresh temporary folder for a test's sockets and logs.
 std::string makeTempDir();
 // A whole file ("" when it cannot be read).
