@@ -13,8 +13,12 @@
 #include <future>
 #include <thread>
 
+#include "tests/raw_http.h"
+
 namespace raccel::transport {
 namespace {
+
+using namespace raccel::testing::rawhttp;
 
 // The server on a libuv loop in a thread of its own; `onLoop` runs code there.
 class Served {
@@ -69,72 +73,6 @@ class Served {
   std::vector<std::function<void()>> calls_;
 };
 
-int connectTo(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-void sendAll(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    off += static_cast<size_t>(n);
-  }
-}
-
-// What the server sends until it closes, or `until` appears, or timeoutMs passes.
-std::string receive(int fd, int timeoutMs, const std::string& until = "") {
-  std::string out;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
-  while (std::chrono::steady_clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
-    if (::poll(&p, 1, std::max(left, 1)) <= 0) break;
-    char buf[65536];
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    if (!until.empty() && out.find(until) != std::string::npos) break;
-  }
-  return out;
-}
-
-// True when the server has closed `fd` within timeoutMs.
-bool closedByServer(int fd, int timeoutMs) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
-  while (std::chrono::steady_clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 50) > 0) {
-      char buf[4096];
-      if (::recv(fd, buf, sizeof buf, 0) <= 0) return true;
-    }
-  }
-  return false;
-}
-
-std::string exchange(int port, const std::string& request, int timeoutMs = 5000) {
-  int fd = connectTo(port);
-  if (fd < 0) return "connect failed";
-  sendAll(fd, request);
-  std::string out = receive(fd, timeoutMs);
-  ::close(fd);
-  return out;
-}
-
-int statusOf(const std::string& response) {
-  if (response.rfind("HTTP/1.", 0) != 0 || response.size() < 12) return -1;
-  return std::atoi(response.c_str() + 9);
-}
-
 HttpResponse echo(const HttpRequest& r) {
   if (r.path == "/throw") throw std::runtime_error("the handler failed");
   if (r.path == "/events") {
@@ -164,7 +102,7 @@ const std::string kGet = "GET /ok?x=1 HTTP/1.1\r\nHost: t\r\nConnection: close\r
 TEST(HttpServer, AnswersWithWhatTheHandlerSaw) {
   Served s(quick(), echo);
   ASSERT_TRUE(s.started()) << s.started().error().message;
-  std::string r = exchange(s.port(), "POST /a/b?x=y%20z HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\n"
+  std::string r = roundTrip(s.port(), "POST /a/b?x=y%20z HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\n"
                                      "Content-Length: 5\r\nConnection: close\r\n\r\nhello");
   EXPECT_EQ(statusOf(r), 200) << r;
   EXPECT_NE(r.find("POST /a/b q=y z auth=Bearer k body=hello"), std::string::npos) << r;
@@ -176,29 +114,29 @@ TEST(HttpServer, RefusesMalformedRequestsAndKeepsServing) {
   ASSERT_TRUE(s.started());
   for (const char* bad : {"NONSENSE\r\n\r\n", "GET\r\n\r\n", "GET / HTTP/9.9\r\n\r\n", "GET / HTTP/1.1\r\nNo colon here\r\n\r\n",
                           "\x01\x02\x03\xff\r\n\r\n"}) {
-    std::string r = exchange(s.port(), bad);
+    std::string r = roundTrip(s.port(), bad);
     int status = statusOf(r);
     EXPECT_TRUE(status == 400 || status == 505 || r.empty()) << "for " << bad << ": " << r;
   }
-  EXPECT_EQ(statusOf(exchange(s.port(), kGet)), 200);
+  EXPECT_EQ(statusOf(roundTrip(s.port(), kGet)), 200);
 }
 
 TEST(HttpServer, RefusesOversizedHeadersAndBodies) {
   Served s(quick(), echo);
   ASSERT_TRUE(s.started());
   std::string big = "GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(64 << 10, 'a') + "\r\n\r\n";
-  std::string r = exchange(s.port(), big);
+  std::string r = roundTrip(s.port(), big);
   EXPECT_EQ(statusOf(r), 431) << r.substr(0, 200);
   std::string url = "GET /" + std::string(64 << 10, 'u') + " HTTP/1.1\r\nHost: t\r\n\r\n";
-  int status = statusOf(exchange(s.port(), url));
+  int status = statusOf(roundTrip(s.port(), url));
   EXPECT_TRUE(status == 414 || status == 431) << status;
-  r = exchange(s.port(), "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n" + std::string(100, 'b'));
+  r = roundTrip(s.port(), "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n" + std::string(100, 'b'));
   EXPECT_EQ(statusOf(r), 413) << r;
   EXPECT_NE(r.find("request body over 64 bytes"), std::string::npos) << r;
   // A chunked body past the limit: no length to refuse early, so the connection ends.
-  r = exchange(s.port(), "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n100\r\n" + std::string(256, 'c') + "\r\n0\r\n\r\n");
+  r = roundTrip(s.port(), "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n100\r\n" + std::string(256, 'c') + "\r\n0\r\n\r\n");
   EXPECT_NE(statusOf(r), 200) << r;
-  EXPECT_EQ(statusOf(exchange(s.port(), kGet)), 200);
+  EXPECT_EQ(statusOf(roundTrip(s.port(), kGet)), 200);
 }
 
 TEST(HttpServer, ClosesClientsThatNeverFinishARequest) {
@@ -210,12 +148,12 @@ TEST(HttpServer, ClosesClientsThatNeverFinishARequest) {
   int silent = connectTo(s.port());  // connects and never speaks
   ASSERT_GE(silent, 0);
   // Others are served while they hang.
-  EXPECT_EQ(statusOf(exchange(s.port(), kGet)), 200);
+  EXPECT_EQ(statusOf(roundTrip(s.port(), kGet)), 200);
   EXPECT_TRUE(closedByServer(slow, 5000));
   EXPECT_TRUE(closedByServer(silent, 5000));
   ::close(slow);
   ::close(silent);
-  EXPECT_EQ(statusOf(exchange(s.port(), kGet)), 200);
+  EXPECT_EQ(statusOf(roundTrip(s.port(), kGet)), 200);
 }
 
 TEST(HttpServer, BoundsConnectionsPerAddress) {
@@ -229,13 +167,13 @@ TEST(HttpServer, BoundsConnectionsPerAddress) {
   ::close(extra);
   for (int fd : idle) ::close(fd);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(statusOf(exchange(s.port(), kGet)), 200);
+  EXPECT_EQ(statusOf(roundTrip(s.port(), kGet)), 200);
 }
 
 TEST(HttpServer, AHandlerThatThrowsAnswers500) {
   Served s(quick(), echo);
   ASSERT_TRUE(s.started());
-  std::string r = exchange(s.port(), "GET /throw HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+  std::string r = roundTrip(s.port(), "GET /throw HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(statusOf(r), 500);
   EXPECT_NE(r.find("the handler failed"), std::string::npos);
 }
@@ -282,7 +220,7 @@ TEST(HttpServer, EventStreamsGetWhatIsPublishedAndAreBounded) {
   s.onLoop([&] { s.server().publish("data: three\n\n"); });
   EXPECT_NE(receive(a, 3000, "data: three").find("data: three"), std::string::npos);
   ::close(a);
-  EXPECT_EQ(statusOf(exchange(s.port(), kGet)), 200);
+  EXPECT_EQ(statusOf(roundTrip(s.port(), kGet)), 200);
 }
 
 TEST(HttpServer, NamesTheAddressItCannotUse) {
