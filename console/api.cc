@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "common/limits.h"
 #include "transport/wire_types.h"
 
 namespace raccel::console {
@@ -139,7 +140,8 @@ Status buildAction(const std::vector<std::string>& words, const ActionOptions& o
       settings[i - 2].setValue(words[i].substr(eq + 1));
     }
   } else {
-    return fail(Code::invalidArgument, "unknown action '" + command + "' (preempt, resume, defrag, drain or set-policy)");
+    return fail(Code::invalidArgument,
+                "unknown action '" + limits::clip(command, 64) + "' (preempt, resume, defrag, drain or set-policy)");
   }
   return {};
 }

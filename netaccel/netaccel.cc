@@ -105,15 +105,8 @@ Status Netaccel::start() {
     http_ = std::make_unique<transport::HttpServer>(loop_, options, [this](const transport::HttpRequest& r) {
       if (r.path != "/metrics")
         return transport::HttpResponse::text(404, "no " + r.path + " here: raccel-netaccel serves /metrics only");
-      if (r.method != "GET" && r.method != "HEAD") {
-        auto no = transport::HttpResponse::text(405, r.method + " /metrics: only GET");
-        no.headers.emplace_back("Allow", "GET, HEAD");
-        return no;
-      }
-      transport::HttpResponse m;
-      m.contentType = "text/plain; version=0.0.4; charset=utf-8";
-      m.body = metricsText();
-      return m;
+      if (r.method != "GET" && r.method != "HEAD") return transport::HttpResponse::methodNotAllowed(r, "GET, HEAD");
+      return transport::HttpResponse::metrics(metricsText());
     });
     if (auto s = http_->start(); !s) return fail(s.error().code, "http_listen: " + s.error().message);
     RLOG_INFO("netaccel") << "/metrics on http://" << config_.httpListen.substr(0, config_.httpListen.rfind(':')) << ":"

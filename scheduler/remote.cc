@@ -450,6 +450,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
         outLength = kF32;
         break;
       }
+      case wire::Op::TENSOR: break;  // never split: startSplitOp sends it to the primary whole
     }
     bool reduce = op.which() == wire::Op::REDUCE_SUM;
 
@@ -471,6 +472,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
             o.getReduceSum().setN(slice.end);
             o.getReduceSum().setOut(partial);
             break;
+          case wire::Op::TENSOR: break;  // never split: startSplitOp sends it to the primary whole
         }
         sendRemote(s, 0, m);
         if (partial) readPartial(s, 0, partial, &(*partials)[p]);
@@ -512,6 +514,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
         out.getReduceSum().setInput(local[0]);
         out.getReduceSum().setOut(result);
         break;
+      case wire::Op::TENSOR: break;  // never split: startSplitOp sends it to the primary whole
     }
     auto rewritten = std::make_shared<capnp::MallocMessageBuilder>();
     rewritten->setRoot(msg.getRoot<wire::Instruction>().asReader());

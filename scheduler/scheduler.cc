@@ -891,15 +891,6 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
 // ---------------------------------------------------------------------------------
 // Console
 
-namespace {
-void fillEvent(wire::Event::Builder out, uint64_t unixMs, const std::string& kind, const std::string& subject,
-               const std::string& detail) {
-  out.setUnixMs(unixMs);
-  out.setKind(kind);
-  out.setSubject(subject);
-  out.setDetail(detail);
-}
-}  // namespace
 
 void Scheduler::event(const std::string& kind, const std::string& subjectText, const std::string& detailText) {
   constexpr size_t kKept = 256;
@@ -964,9 +955,6 @@ void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Bod
 void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply::Builder reply) {
   switch (request.which()) {
     case wire::ConsoleRequest::NODES: {
-      std::vector<const NodeLink*> links;
-      for (auto& [c, n] : nodeLinks_)
-        if (!n->name.empty()) links.push_back(n.get());
       std::vector<size_t> listed;
       for (size_t i = 0; i < pool_.nodes().size(); ++i)
         if (!pool_.nodes()[i].forgotten) listed.push_back(i);

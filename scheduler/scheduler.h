@@ -133,6 +133,7 @@ class Scheduler {
   std::string metricsText();
   void publishEvent(const EventRecord& e);
   std::string sseData(const EventRecord& e) const;
+  bool bearerMatches(const std::string& authorization) const;
 
   // A vaccel's life on the cards (relocate.cc): placement (at once, after waiting, or
   // after preempting lower priorities), suspension to host memory, resumption, moves.

@@ -73,6 +73,15 @@ Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std
 // A netaccel's cards as it registered them (or as the state database kept them).
 Result<std::vector<CardSpec>> cardSpecsOf(capnp::List<wire::CardInfo>::Reader cards);
 
+// One event of the stream, as raccelctl and the web console get it.
+inline void fillEvent(wire::Event::Builder out, uint64_t unixMs, const std::string& kind, const std::string& subject,
+                      const std::string& detail) {
+  out.setUnixMs(unixMs);
+  out.setKind(kind);
+  out.setSubject(subject);
+  out.setDetail(detail);
+}
+
 // "1-3,7" for the console and the event stream.
 inline std::string blocksText(const std::vector<BlockRange>& ranges) {
   std::string out;

@@ -90,11 +90,14 @@ Status Scheduler::startHttp() {
 std::string Scheduler::sseData(const EventRecord& e) const {
   capnp::MallocMessageBuilder m;
   auto out = m.initRoot<wire::Event>();
-  out.setUnixMs(e.unixMs);
-  out.setKind(e.kind);
-  out.setSubject(e.subject);
-  out.setDetail(e.detail);
+  fillEvent(out, e.unixMs, e.kind, e.subject, e.detail);
   return "data: " + console::dump(console::eventJson(out.asReader())) + "\n\n";
+}
+
+// `Authorization: Bearer TOKEN` with the scheduler's token (compared in constant time).
+bool Scheduler::bearerMatches(const std::string& authorization) const {
+  return !httpToken_.empty() && authorization.size() == httpToken_.size() + 7 && authorization.rfind("Bearer ", 0) == 0 &&
+         CRYPTO_memcmp(authorization.data() + 7, httpToken_.data(), httpToken_.size()) == 0;
 }
 
 void Scheduler::publishEvent(const EventRecord& e) {
@@ -110,26 +113,9 @@ HttpResponse Scheduler::onHttp(const HttpRequest& r) {
       {"/api/vms", [](wire::ConsoleRequest::Builder b) { b.setVms(); }},
   };
   bool get = r.method == "GET" || r.method == "HEAD";
-  auto onlyGet = [&] {
-    HttpResponse no = HttpResponse::text(405, r.method + " " + r.path + ": only GET");
-    no.headers.emplace_back("Allow", "GET, HEAD");
-    return no;
-  };
-  if (r.path == "/api/actions") {
-    if (r.method != "POST") {
-      HttpResponse no = HttpResponse::text(405, r.method + " /api/actions: only POST");
-      no.headers.emplace_back("Allow", "POST");
-      return no;
-    }
-    return onAction(r);
-  }
-  if (r.path == "/metrics") {
-    if (!get) return onlyGet();
-    HttpResponse m;
-    m.contentType = "text/plain; version=0.0.4; charset=utf-8";
-    m.body = metricsText();
-    return m;
-  }
+  auto onlyGet = [&] { return HttpResponse::methodNotAllowed(r, "GET, HEAD"); };
+  if (r.path == "/api/actions") return r.method == "POST" ? onAction(r) : HttpResponse::methodNotAllowed(r, "POST");
+  if (r.path == "/metrics") return get ? HttpResponse::metrics(metricsText()) : onlyGet();
   if (r.path == "/" || r.path == "/index.html") return get ? asset("text/html; charset=utf-8", webassets::kIndexHtml) : onlyGet();
   if (r.path == "/app.js") return get ? asset("text/javascript; charset=utf-8", webassets::kAppJs) : onlyGet();
   if (r.path == "/style.css") return get ? asset("text/css; charset=utf-8", webassets::kStyleCss) : onlyGet();
@@ -153,10 +139,8 @@ HttpResponse Scheduler::onHttp(const HttpRequest& r) {
   }
   if (r.path == "/api/auth") {
     if (!get) return onlyGet();
-    std::string given = r.header("authorization");
-    bool good = !httpToken_.empty() && given.size() == httpToken_.size() + 7 && given.rfind("Bearer ", 0) == 0 &&
-                CRYPTO_memcmp(given.data() + 7, httpToken_.data(), httpToken_.size()) == 0;
-    return jsonResponse(200, console::Json{{"actions", httpToken_.empty() ? "disabled" : "token"}, {"authorized", good}});
+    return jsonResponse(200, console::Json{{"actions", httpToken_.empty() ? "disabled" : "token"},
+                                           {"authorized", bearerMatches(r.header("authorization"))}});
   }
   return errorResponse(404, "notFound", "no " + r.path + " here (the console is at /, metrics at /metrics, the API under /api/)");
 }
@@ -165,15 +149,12 @@ HttpResponse Scheduler::onAction(const HttpRequest& r) {
   if (httpToken_.empty())
     return errorResponse(403, "permissionDenied",
                          "actions are disabled: the scheduler was started without --http-token-file (read-only console)");
-  std::string given = r.header("authorization");
-  if (given.empty()) {
+  if (r.header("authorization").empty()) {
     HttpResponse no = errorResponse(401, "unauthenticated", "an action needs the header Authorization: Bearer TOKEN");
     no.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"raccel\"");
     return no;
   }
-  bool good = given.size() == httpToken_.size() + 7 && given.rfind("Bearer ", 0) == 0 &&
-              CRYPTO_memcmp(given.data() + 7, httpToken_.data(), httpToken_.size()) == 0;
-  if (!good) {
+  if (!bearerMatches(r.header("authorization"))) {
     RLOG_WARN("scheduler") << "web console: an action from " << r.peer << " with a wrong token, refused";
     HttpResponse no = errorResponse(401, "unauthenticated", "the bearer token is not the scheduler's");
     no.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"raccel\", error=\"invalid_token\"");
@@ -211,9 +192,6 @@ HttpResponse Scheduler::onAction(const HttpRequest& r) {
   }
   capnp::MallocMessageBuilder in, out;
   auto request = in.initRoot<wire::ConsoleRequest>();
-  if (!console::isAction(words[0]))
-    return errorResponse(400, "invalidArgument", "unknown action '" + limits::clip(words[0], 64) +
-                                                     "' (preempt, resume, defrag, drain or set-policy)");
   if (auto built = console::buildAction(words, options, request); !built)
     return errorResponse(400, codeName(built.error().code), built.error().message);
   auto reply = out.initRoot<wire::ConsoleReply>();

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "transport/connection.h"
 
 namespace raccel::transport {
 
@@ -27,6 +28,19 @@ HttpResponse HttpResponse::json(int status, std::string body) {
   r.status = status;
   r.contentType = "application/json";
   r.body = std::move(body);
+  return r;
+}
+
+HttpResponse HttpResponse::metrics(std::string page) {
+  HttpResponse r;
+  r.contentType = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = std::move(page);
+  return r;
+}
+
+HttpResponse HttpResponse::methodNotAllowed(const HttpRequest& request, const std::string& allow) {
+  HttpResponse r = text(405, request.method + " " + request.path + ": only " + allow);
+  r.headers.emplace_back("Allow", allow);
   return r;
 }
 
@@ -194,19 +208,17 @@ HttpServer::HttpServer(uv_loop_t* loop, Options options, Handler handler)
 HttpServer::~HttpServer() { stop(); }
 
 Status HttpServer::start() {
-  size_t colon = options_.listen.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return fail(Code::invalidArgument, "'" + options_.listen + "' is not an address (host:port)");
-  std::string host = options_.listen.substr(0, colon);
+  auto address = parseAddress(options_.listen);
+  if (!address) return fail(address.error());
+  if (address->isUnix) return fail(Code::invalidArgument, "'" + options_.listen + "' is not an address (host:port)");
+  std::string host = address->host;
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (host == "localhost") host = "127.0.0.1";
-  char* end = nullptr;
-  long port = std::strtol(options_.listen.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || port < 0 || port > 65535) return fail(Code::invalidArgument, "'" + options_.listen + "': bad port");
+  int port = address->port;
   sockaddr_storage addr{};
   unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-  if (uv_ip4_addr(host.c_str(), static_cast<int>(port), reinterpret_cast<sockaddr_in*>(&addr)) != 0) {
-    if (uv_ip6_addr(host.c_str(), static_cast<int>(port), reinterpret_cast<sockaddr_in6*>(&addr)) != 0)
+  if (uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(&addr)) != 0) {
+    if (uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&addr)) != 0)
       return fail(Code::invalidArgument, "'" + options_.listen + "': the host must be an IP address or localhost");
     flags |= MHD_USE_IPv6;
   }
@@ -241,21 +253,27 @@ Status HttpServer::start() {
 void HttpServer::run() {
   if (!daemon_ || inRun_) return;
   inRun_ = true;
+  resumed_ = false;
   MHD_run(daemon_);
   inRun_ = false;
   MHD_UNSIGNED_LONG_LONG ms = 0;
-  if (MHD_get_timeout(daemon_, &ms) == MHD_YES)
-    uv_timer_start(timer_, [](uv_timer_t* h) { static_cast<HttpServer*>(h->data)->run(); }, ms, 0);
-  else
-    uv_timer_stop(timer_);
+  if (resumed_) runIn(0);  // a handler published to a parked stream during this run
+  else if (MHD_get_timeout(daemon_, &ms) == MHD_YES) runIn(ms);
+  else uv_timer_stop(timer_);
+}
+
+void HttpServer::runIn(uint64_t ms) {
+  uv_timer_start(timer_, [](uv_timer_t* h) { static_cast<HttpServer*>(h->data)->run(); }, ms, 0);
 }
 
 void HttpServer::wake(Stream& stream) {
   if (!stream.suspended) return;
   stream.suspended = false;
   MHD_resume_connection(stream.connection);
-  // libmicrohttpd takes the connection back on its next run: soon, from the loop.
-  if (timer_) uv_timer_start(timer_, [](uv_timer_t* h) { static_cast<HttpServer*>(h->data)->run(); }, 0, 0);
+  // libmicrohttpd takes the connection back on its next run: soon, from the loop (after
+  // the run under way, when a handler published).
+  resumed_ = true;
+  if (timer_ && !inRun_) runIn(0);
 }
 
 void HttpServer::publish(const std::string& chunk) {

@@ -54,6 +54,10 @@ struct HttpResponse {
   bool stream = false;  // an event stream: `body` first, then what is published
   static HttpResponse text(int status, std::string body);
   static HttpResponse json(int status, std::string body);
+  // A Prometheus text-format page (/metrics).
+  static HttpResponse metrics(std::string page);
+  // 405 for `request`, naming the methods `allow` ("GET, HEAD").
+  static HttpResponse methodNotAllowed(const HttpRequest& request, const std::string& allow);
 };
 
 class HttpServer {
@@ -92,6 +96,7 @@ class HttpServer {
   struct Pending;
   friend struct HttpCallbacks;  // libmicrohttpd's callbacks (http_server.cc)
   void run();  // lets libmicrohttpd do what is ready, then re-arms the timer
+  void runIn(uint64_t ms);
   void wake(Stream& stream);
 
   uv_loop_t* loop_;
@@ -105,6 +110,7 @@ class HttpServer {
   int port_ = 0;
   uint64_t served_ = 0;
   bool inRun_ = false;
+  bool resumed_ = false;  // a parked stream was resumed: run again at once
 };
 
 }  // namespace raccel::transport
