@@ -49,7 +49,7 @@ Status Pool::checkNode(const std::string& name, const std::vector<CardSpec>& spe
   return {};
 }
 
-Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec>& specs) {
+Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec>& specs, HostVector host) {
   if (auto ok = checkNode(name, specs); !ok) return fail(ok.error());
   std::vector<CardSpec> ordered(specs);
   std::stable_sort(ordered.begin(), ordered.end(),
@@ -73,6 +73,7 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
       break;
     }
     nodes_[n].online = true;
+    nodes_[n].host = host;  // what it reports now; what its holders still hold stays charged
     for (size_t i = 0; i < ordered.size(); ++i) cards_[nodes_[n].cards[i]].spec = ordered[i];
     recountTotals();
     if (nodes_[n].placeable()) freeUnowned(n);
@@ -82,11 +83,14 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
   node.name = name;
   node.online = true;
   node.blocks = {next_, nodeBlocks};
+  node.host = host;
   owner_.resize(next_ + nodeBlocks, kNoOwner);
   for (size_t i = 0; i < ordered.size(); ++i) {
     node.cards.push_back(cards_.size());
     cardFirst_.push_back(next_);
     cardFree_.push_back(0);
+    shareMilli_.push_back(0);
+    shareBlocks_.push_back(0);
     cards_.push_back(Card{nodes_.size(), ordered[i], {next_, counts[i]}});
     next_ += counts[i];
   }
@@ -109,6 +113,8 @@ bool Pool::forgetNode(size_t n) {
       cards_.pop_back();
       cardFirst_.pop_back();
       cardFree_.pop_back();
+      shareMilli_.pop_back();
+      shareBlocks_.pop_back();
     }
     next_ = nodes_[n].blocks.first;
     owner_.resize(next_);
@@ -310,8 +316,28 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
   // Candidates: all kinds from the size index, smallest fitting first (once a place on
   // one node and one card is found, a later run can only leave more over), at most 64;
   // with kinds, every free run clipped to them.
+  // Host needs bind the request to one node whose host has room: only its runs count.
+  const bool hostBound = !request.host.empty();
+  const uint32_t maxNodes = hostBound ? 1 : request.maxNodes;
   std::vector<BlockRange> runs;
-  if (request.kinds == kAllKinds) {
+  if (hostBound) {
+    bool any = false;
+    for (const Node& node : nodes_) any = any || (node.placeable() && node.hostFits(request.host));
+    if (!any)
+      return fail(Code::resourceExhausted, "not enough host resources: no online node's host has " +
+                                               std::to_string(request.host.cpuMilli) + " milli-CPU and " +
+                                               std::to_string(request.host.memoryMib) + " MiB left");
+    std::vector<BlockRange> clipped;
+    for (auto& [first, count] : free_) clip({first, count}, request.kinds, clipped);
+    for (BlockRange run : clipped)
+      for (uint32_t b = run.first; b < run.end();) {
+        const Node& node = nodes_[cards_[static_cast<size_t>(cardOf(b))].node];
+        uint32_t e = std::min(run.end(), node.blocks.end());
+        if (node.hostFits(request.host)) runs.push_back({b, e - b});
+        b = e;
+      }
+    for (auto& run : runs) consider(run);
+  } else if (request.kinds == kAllKinds) {
     int seen = 0;
     for (auto it = freeBySize_.lower_bound({want, 0}); it != freeBySize_.end() && seen < 64; ++it, ++seen)
       if (consider({it->second, it->first})) break;
@@ -327,7 +353,7 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     // Fragmented: on one node when one has enough (the node needing the fewest pieces,
     // then the one left fullest; there the largest runs first, the last piece best-fits
     // the rest), else across the fewest nodes (the freest first).
-    if (request.kinds == kAllKinds) {
+    if (request.kinds == kAllKinds && !hostBound) {
       runs.clear();
       for (auto& [first, count] : free_) runs.push_back({first, count});
     }
@@ -389,18 +415,25 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     }
     std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });
   }
-  if (request.maxNodes) {
+  uint32_t got = 0;
+  for (auto& p : pieces) got += p.count;
+  if (got < want)
+    return fail(Code::resourceExhausted, "not enough free compute on one node whose host has " + std::to_string(request.host.cpuMilli) +
+                                             " milli-CPU and " + std::to_string(request.host.memoryMib) + " MiB left: " +
+                                             std::to_string(want) + " blocks requested");
+  if (maxNodes) {
     std::set<size_t> nodes;
     for (auto& share : cardsOf(pieces)) nodes.insert(cards_[share.card].node);
-    if (nodes.size() > request.maxNodes)
-      return fail(Code::resourceExhausted, "no placement on " + std::to_string(request.maxNodes) + " node(s) now: " + std::to_string(want) +
+    if (nodes.size() > maxNodes)
+      return fail(Code::resourceExhausted, "no placement on " + std::to_string(maxNodes) + " node(s) now: " + std::to_string(want) +
                                                " blocks would span " + std::to_string(nodes.size()));
   }
-  record(owner, pieces, request.priority);
+  record(owner, pieces, request.priority, request.host);
   return pieces;
 }
 
-void Pool::record(VaccelId owner, std::vector<BlockRange> pieces, int priority) {
+void Pool::record(VaccelId owner, std::vector<BlockRange> pieces, int priority, HostVector host, size_t shareCard,
+                  uint32_t shareMilli) {
   Holding& h = held_[owner];
   h.blocks = 0;
   for (auto& p : pieces) {
@@ -412,9 +445,24 @@ void Pool::record(VaccelId owner, std::vector<BlockRange> pieces, int priority) 
   h.priority = priority;
   h.admitted = ++admissions_;
   victims_.insert(victimKey(owner, h));
+  holdExtras(h, host, shareCard, shareMilli);
 }
 
-Status Pool::assign(VaccelId owner, const std::vector<BlockRange>& ranges, int priority) {
+void Pool::holdExtras(Holding& h, HostVector host, size_t shareCard, uint32_t shareMilli) {
+  if (!host.empty() && !h.ranges.empty()) {
+    h.host = host;
+    h.hostNode = cards_[static_cast<size_t>(cardOf(h.ranges.front().first))].node;
+    chargeHost(h.hostNode, host, true);
+  }
+  if (shareMilli && shareCard < cards_.size()) {
+    h.shareCard = shareCard;
+    h.shareMilli = shareMilli;
+    shareMilli_[shareCard] += shareMilli;
+    shareBlocks_[shareCard] += h.blocks;
+  }
+}
+
+Status Pool::assign(VaccelId owner, const std::vector<BlockRange>& ranges, int priority, HostVector host, uint32_t cardMilli) {
   if (owner == kNoOwner) return fail(Code::internal, "assign: owner id 0 is reserved");
   if (held_.count(owner)) return fail(Code::internal, "assign: vaccel " + std::to_string(owner) + " already holds blocks");
   uint32_t blocks = 0;
@@ -428,6 +476,14 @@ Status Pool::assign(VaccelId owner, const std::vector<BlockRange>& ranges, int p
     blocks += r.count;
   }
   if (blocks == 0) return fail(Code::invalidArgument, "assign: no blocks");
+  long shareCard = cardMilli ? cardOf(ranges.front().first) : -1;
+  if (cardMilli) {
+    for (auto& r : ranges)
+      if (cardOf(r.first) != shareCard || cardOf(r.end() - 1) != shareCard)
+        return fail(Code::invalidArgument, "assign: a share of one card must hold blocks of one card");
+    if (cardMilli > 1000 || shareMilli_[shareCard] + cardMilli > 1000)
+      return fail(Code::invalidArgument, "assign: the card's shares would exceed the whole card");
+  }
   for (auto& r : ranges) {
     for (uint32_t b = r.first; b < r.end(); ++b) {
       if (isFree(b)) takeFree({b, 1});
@@ -441,6 +497,7 @@ Status Pool::assign(VaccelId owner, const std::vector<BlockRange>& ranges, int p
   h.admitted = ++admissions_;
   h.blocks = blocks;
   victims_.insert(victimKey(owner, h));
+  holdExtras(h, host, cardMilli ? static_cast<size_t>(shareCard) : SIZE_MAX, cardMilli);
   return {};
 }
 
@@ -456,6 +513,12 @@ void Pool::release(VaccelId owner) {
   auto it = held_.find(owner);
   if (it == held_.end()) return;
   victims_.erase(victimKey(owner, it->second));
+  const Holding& h = it->second;
+  if (h.hostNode < nodes_.size()) chargeHost(h.hostNode, h.host, false);
+  if (h.shareCard < cards_.size()) {
+    shareMilli_[h.shareCard] -= std::min(shareMilli_[h.shareCard], h.shareMilli);
+    shareBlocks_[h.shareCard] -= std::min(shareBlocks_[h.shareCard], h.blocks);
+  }
   for (auto& p : it->second.ranges) {
     std::fill(owner_.begin() + p.first, owner_.begin() + p.end(), kNoOwner);
     // Blocks of offline nodes are not returned to the free pool.
@@ -538,7 +601,8 @@ std::vector<Pool::Move> Pool::planCompaction(size_t maxMoves, uint32_t maxBlocks
         if (owner == kNoOwner || seen.count(owner)) continue;
         seen.insert(owner);
         const Holding& h = held_.at(owner);
-        bool inside = true;
+        // A share of one card stays on its card: it is a wall too.
+        bool inside = h.shareCard == SIZE_MAX;
         for (auto& r : h.ranges) inside = inside && r.first >= region.first && r.end() <= region.end();
         if (!inside) {
           uint32_t wallEnd = b;

@@ -61,6 +61,16 @@ struct Card {
   BlockRange blocks;
 };
 
+// What a node's host offers beside its cards, and what work needs of it there (the
+// dimensions FGD's placement counts): thousandths of a CPU core and MiB of memory. In a
+// node's capacity, 0 in a dimension means "not counted" (no limit).
+struct HostVector {
+  uint64_t cpuMilli = 0;
+  uint64_t memoryMib = 0;
+  bool empty() const { return cpuMilli == 0 && memoryMib == 0; }
+  bool operator==(const HostVector&) const = default;
+};
+
 struct Node {
   std::string name;
   BlockRange blocks;
@@ -68,7 +78,14 @@ struct Node {
   bool draining = false;  // online, but nothing new is placed here (raccelctl drain)
   bool forgotten = false; // offline for good: its name is free, its numbers stay unused
   std::vector<size_t> cards;  // indices into cards(), in block order
+  HostVector host;      // capacity (a 0 dimension is not counted)
+  HostVector hostUsed;  // held by placed work
   bool placeable() const { return online && !draining; }
+  // Whether `need` fits in what the host has left.
+  bool hostFits(const HostVector& need) const {
+    return (host.cpuMilli == 0 || hostUsed.cpuMilli + need.cpuMilli <= host.cpuMilli) &&
+           (host.memoryMib == 0 || hostUsed.memoryMib + need.memoryMib <= host.memoryMib);
+  }
 };
 
 // Blocks of one card held by a vaccel.
@@ -88,9 +105,9 @@ class Pool {
   // common/limits.h's bounds, or a pool that would grow past them), or ok.
   Status checkNode(const std::string& name, const std::vector<CardSpec>& specs) const;
 
-  // Registers a node's cards, or brings a known node (same name and layout) back
-  // online. Returns the node's index.
-  Result<size_t> addNode(const std::string& name, const std::vector<CardSpec>& cards);
+  // Registers a node's cards and host resources, or brings a known node (same name and
+  // card layout) back online (with the host it reports now). Returns the node's index.
+  Result<size_t> addNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host = {});
   // Takes a node offline: its free blocks leave the pool; blocks held by vaccels stay
   // assigned to them until released. Returns the vaccels holding blocks there.
   std::vector<VaccelId> removeNode(size_t node);
@@ -108,9 +125,19 @@ class Pool {
 
   // A request's shape. `spread`: `blocks` anywhere (a raccel vaccel, which may span
   // cards, kinds and nodes). The shaped ones keep a device plugin's constraints (the
-  // trace simulator's pods): `oneCard`: `cardMilli` thousandths of one card, that is
-  // ceil(cardMilli x card blocks / 1000) blocks of one card; `wholeCards`: that many
-  // whole cards of one node.
+  // trace simulator's pods): `oneCard`: `cardMilli` thousandths of one card; `wholeCards`:
+  // that many whole cards of one node.
+  //
+  // Shares of a card (oneCard) are accounted exactly, in thousandths: a card takes shares
+  // while their sum stays within the thousandths its blocks not held otherwise are worth,
+  // so it hosts as many as a device plugin counting fractions would. The blocks handed
+  // to a share keep the card's shares holding ceil(sum x card blocks / 1000) blocks
+  // between them (the last may get one block less than its own fraction rounded up;
+  // every share gets at least one block).
+  //
+  // `host`: what the work needs of its node's host. A request with host needs is placed
+  // on one node whose host has that much left (a spread request then spans no other
+  // node), and holds it until released.
   enum class Shape : uint8_t { spread, oneCard, wholeCards };
   struct Request {
     uint32_t blocks = 0;  // spread
@@ -125,6 +152,7 @@ class Pool {
     // Shaped requests: the cards it may use (a model list, the node's other resources);
     // null accepts every card of an accepted kind.
     std::function<bool(const Card&)> accepts;
+    HostVector host;
   };
   // Places a request (ARCHITECTURE.md "Placement"): one contiguous free range if any
   // (fewest nodes, fewest cards, best fit), else the fewest pieces. Shaped requests are
@@ -143,10 +171,26 @@ class Pool {
   enum class Fit : uint8_t { raccel, firstFit, bestFit, random };
   void setFit(Fit fit, uint64_t seed = 1);
   Fit fit() const { return fit_; }
-  // Blocks a oneCard request of `cardMilli` takes on a card of `cardBlocks`.
+  // Blocks a oneCard request of `cardMilli` is worth on a card of `cardBlocks`, rounded up.
   static uint32_t blocksOfCard(uint32_t cardMilli, uint32_t cardBlocks);
   // Free blocks of one card (of a placeable node).
   uint32_t cardFree(size_t card) const { return cardFree_[card]; }
+  // The thousandths of one card a oneCard request may still take there (0 when none).
+  uint32_t cardFreeMilli(size_t card) const;
+  // Blocks a oneCard request of `cardMilli` would get on `card` now, or 0 when it does
+  // not fit there.
+  uint32_t shareBlocksOn(size_t card, uint32_t cardMilli) const;
+
+  // Work that holds no blocks but host resources (the trace simulator's CPU-only pods):
+  // placed on a placeable node by the fit (raccel: where it grows fragmentation least),
+  // charged there until returnHost. resourceExhausted when no node has room.
+  Result<size_t> placeHost(const HostVector& need);
+  // Counts one request of this shape (oneCard thousandths, wholeCards cards, or host-only
+  // work with `spread`) in the demand the raccel fit measures fragmentation against.
+  // allocate and placeHost call it; a caller that knows its workload ahead (the trace
+  // simulator, as FGD is given the trace's typical pods) may prime it.
+  void learnDemand(Shape shape, uint32_t amount, const HostVector& host);
+  void returnHost(size_t node, const HostVector& need);
   // The lowest `blocks` free blocks of one card, as ranges (fewer when it has fewer).
   std::vector<BlockRange> lowestFree(size_t card, uint32_t blocks) const;
   // Returns all blocks held by `owner` to the pool.
@@ -154,7 +198,10 @@ class Pool {
   // Gives `owner` exactly `ranges` (the scheduler restoring its allocations after a
   // restart; blocks of offline nodes may be among them). Refuses, changing nothing, a
   // block that is not a block or that someone holds, or an owner that holds some.
-  Status assign(VaccelId owner, const std::vector<BlockRange>& ranges, int priority);
+  // `host` is charged to the node of the first block; `cardMilli` (a share of one
+  // card, all ranges on it) is counted against the card's thousandths.
+  Status assign(VaccelId owner, const std::vector<BlockRange>& ranges, int priority, HostVector host = {},
+                uint32_t cardMilli = 0);
 
   // Preemption (ARCHITECTURE.md "Admission"): the holders to suspend so that `request`
   // fits, taken from strictly lower priorities, the lowest first and among equals the
@@ -210,11 +257,23 @@ class Pool {
   void recountTotals();
   void adjustCardFree(BlockRange range, bool freed);
   Result<std::vector<BlockRange>> allocateShaped(VaccelId owner, const Request& request);
-  void record(VaccelId owner, std::vector<BlockRange> pieces, int priority);
+  void record(VaccelId owner, std::vector<BlockRange> pieces, int priority, HostVector host = {}, size_t shareCard = SIZE_MAX,
+              uint32_t shareMilli = 0);
+  void chargeHost(size_t node, const HostVector& need, bool take);
+  struct Holding;
+  void holdExtras(Holding& h, HostVector host, size_t shareCard, uint32_t shareMilli);
   // The fragmentation model of Fit::raccel (shaped.cc).
-  void learnDemand(const Request& request);
-  double fragDelta(const Node& node, const std::vector<std::pair<size_t, uint32_t>>& take);
+  // The growth of node's expected fragmentation (in blocks) when `take` (card, blocks,
+  // thousandths) is placed there and the host gives `host`.
+  struct Take {
+    size_t card;
+    uint32_t blocks;
+    uint32_t milli;  // of a share; 0 for whole cards
+  };
+  double fragDelta(size_t node, const std::vector<Take>& take, const HostVector& host);
+  double nodeFrag(size_t node, const std::vector<Take>& take, const HostVector& host);
   void rebuildFragTables();
+  size_t fitSetOf(const Node& node, const HostVector& used);
   void freeUnowned(size_t node);   // the node's blocks nobody holds become free
   void takeNodeFree(size_t node);  // the node's free blocks leave the free index
 
@@ -223,6 +282,10 @@ class Pool {
     int priority = 0;
     uint64_t admitted = 0;  // admission order
     uint32_t blocks = 0;
+    HostVector host;  // charged to hostNode
+    size_t hostNode = SIZE_MAX;
+    size_t shareCard = SIZE_MAX;  // a oneCard share: its card and thousandths
+    uint32_t shareMilli = 0;
   };
   // Preemption order: lowest priority first, then the most recently admitted.
   using VictimKey = std::tuple<int, uint64_t, VaccelId>;  // (priority, ~admitted, owner)
@@ -242,15 +305,36 @@ class Pool {
   uint32_t freeCount_ = 0;
   uint32_t totalByKind_[4] = {};  // online blocks per card kind
   std::vector<uint32_t> cardFree_;  // free (placeable) blocks per card
+  std::vector<uint32_t> shareMilli_, shareBlocks_;  // per card: thousandths and blocks held by oneCard shares
 
   Fit fit_ = Fit::raccel;
   std::mt19937_64 rng_{1};
-  // Demand seen by shaped requests: oneCard milli -> count, wholeCards n -> count.
-  std::map<uint32_t, uint64_t> seenMilli_, seenWhole_;
-  uint64_t seen_ = 0, seenAtBuild_ = 0;
-  // fragOfCard_[cardBlocks][free]: expected fragmented blocks of a card (oneCard demand).
-  std::map<uint32_t, std::vector<double>> fragOfCard_;
-  std::vector<std::pair<uint32_t, double>> wholeShare_;  // (n cards, share of demand)
+  // Demand seen by shaped requests and host-only work, by count, per host class (the
+  // host needs): its oneCard thousandths, its wholeCards counts, its host-only work.
+  struct HostClass {
+    HostVector need;
+    std::map<uint32_t, uint64_t> milli, whole;
+    uint64_t hostOnly = 0;
+  };
+  std::vector<HostClass> classes_;
+  std::map<std::pair<uint64_t, uint64_t>, size_t> classIndex_;
+  uint64_t seenCount_ = 0, seenAtBuild_ = 0;
+  struct HostPerCard {
+    double cpuMilli = 0, memoryMib = 0;
+  } hostPerCard_;  // host needs the card demand brings per card
+  // FGD counts all of a node's free compute as fragmented for work its host cannot take
+  // (and for host-only work). A fit set is the demand whose host needs fit one state of
+  // a node's host: `allFree`, the share of demand for which every free block counts;
+  // `cardFrag[t]`, the expected fragmented fraction of a card with t thousandths free
+  // for its oneCard demand; `whole`, its wholeCards demand as (n cards, share).
+  struct FitSet {
+    double allFree = 0;
+    std::vector<double> cardFrag;
+    std::vector<std::pair<uint32_t, double>> whole;
+  };
+  std::vector<FitSet> fitSets_;
+  std::map<std::vector<bool>, size_t> fitSetIndex_;
+  std::map<std::pair<uint64_t, uint64_t>, size_t> fitSetOfHost_;  // (CPU left, memory left) -> fit set
 };
 
 }  // namespace raccel::scheduler

@@ -481,4 +481,126 @@ TEST(PoolLimits, ForgettingTheLastOfflineNodeGivesItsNumbersBack) {
 }
 
 }  // namespace
+namespace {
+
+TEST(Pool, SharesOfACardAreCountedInThousandthsNotRoundedBlocks) {
+  // Two halves of a 15-block card: rounded up to blocks each would need 8 (16 > 15);
+  // counted in thousandths they fit, the second taking the remaining 7.
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 15.7, 0)}));
+  Pool::Request half;
+  half.shape = Pool::Shape::oneCard;
+  half.cardMilli = 500;
+  auto first = pool.allocate(1, half);
+  auto second = pool.allocate(2, half);
+  ASSERT_TRUE(first && second) << (first ? second.error().message : first.error().message);
+  EXPECT_EQ(pool.cardsOf(*first)[0].blocks, 8u);
+  EXPECT_EQ(pool.cardsOf(*second)[0].blocks, 7u);
+  EXPECT_EQ(pool.cardFreeMilli(0), 0u);
+  half.cardMilli = 1;
+  EXPECT_EQ(pool.allocate(3, half).error().code, Code::resourceExhausted) << "the card's thousandths are all taken";
+  // Ten tenths less a bit: blocks alternate so that the ten hold 15 between them.
+  pool.release(1);
+  pool.release(2);
+  EXPECT_EQ(pool.cardFreeMilli(0), 1000u);
+  half.cardMilli = 99;
+  uint32_t blocks = 0;
+  for (VaccelId v = 10; v < 20; ++v) {
+    auto got = pool.allocate(v, half);
+    ASSERT_TRUE(got) << "share " << v - 10 << ": " << got.error().message;
+    blocks += pool.cardsOf(*got)[0].blocks;
+  }
+  EXPECT_EQ(blocks, 15u);  // ceil(990 x 15 / 1000)
+  EXPECT_EQ(pool.cardFreeMilli(0), 0u) << "no block is left, so no share fits";
+  // A whole-card request needs the card free of shares.
+  Pool::Request whole;
+  whole.shape = Pool::Shape::wholeCards;
+  whole.wholeCards = 1;
+  EXPECT_FALSE(pool.allocate(30, whole));
+  for (VaccelId v = 10; v < 20; ++v) pool.release(v);
+  EXPECT_TRUE(pool.allocate(30, whole));
+}
+
+TEST(Pool, SharesCountOnlyTheBlocksOthersLeave) {
+  // A spread holder takes 10 of 15 blocks: the card's shares may have 5 blocks' worth.
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 15, 0)}));
+  ASSERT_TRUE(pool.allocate(1, {10, kAllKinds}));
+  EXPECT_EQ(pool.cardFreeMilli(0), 333u);
+  Pool::Request share;
+  share.shape = Pool::Shape::oneCard;
+  share.cardMilli = 334;
+  EXPECT_FALSE(pool.allocate(2, share));
+  share.cardMilli = 300;
+  auto got = pool.allocate(2, share);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(pool.cardsOf(*got)[0].blocks, 5u);  // ceil(4.5)
+}
+
+TEST(Pool, HostNeedsBindARequestToANodeWithRoomAndAreReturnedOnRelease) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("small", {card(CardKind::gpu, 10, 0)}, HostVector{4000, 8192}));
+  ASSERT_TRUE(pool.addNode("big", {card(CardKind::gpu, 10, 0)}, HostVector{16000, 65536}));
+  Pool::Request r{4, kAllKinds, 0};
+  r.host = {6000, 1024};  // more CPU than "small" has
+  auto got = pool.allocate(1, r);
+  ASSERT_TRUE(got) << got.error().message;
+  EXPECT_EQ(pool.cardsOf(*got)[0].card, 1u) << "placed on the node whose host has room";
+  EXPECT_EQ(pool.nodes()[1].hostUsed, (HostVector{6000, 1024}));
+  // 10 blocks would fit across the two nodes, but host needs keep it on one: "big" has 6.
+  r.blocks = 10;
+  r.host = {1000, 1024};
+  auto split = pool.allocate(2, r);
+  ASSERT_TRUE(split) << split.error().message;
+  EXPECT_EQ(pool.cardsOf(*split).size(), 1u);
+  EXPECT_EQ(pool.cardsOf(*split)[0].card, 0u) << "all of small's card, not spread over both";
+  // Nothing has the host left: refused with the numbers.
+  r.blocks = 1;
+  r.host = {20000, 0};
+  auto refused = pool.allocate(3, r);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, Code::resourceExhausted);
+  EXPECT_NE(refused.error().message.find("20000 milli-CPU"), std::string::npos) << refused.error().message;
+  pool.release(1);
+  EXPECT_EQ(pool.nodes()[1].hostUsed, (HostVector{0, 0}));
+  // Shaped requests too: a share that needs more memory than "small" has goes to "big".
+  pool.release(2);
+  Pool::Request share;
+  share.shape = Pool::Shape::oneCard;
+  share.cardMilli = 200;
+  share.host = {1000, 16384};
+  auto placed = pool.allocate(4, share);
+  ASSERT_TRUE(placed);
+  EXPECT_EQ(pool.cardsOf(*placed)[0].card, 1u);
+  // Host-only work is placed by the fit and returned.
+  auto node = pool.placeHost({3000, 4096});
+  ASSERT_TRUE(node);
+  EXPECT_EQ(pool.nodes()[*node].hostUsed.cpuMilli, *node == 1 ? 4000u : 3000u);
+  pool.returnHost(*node, {3000, 4096});
+  EXPECT_FALSE(pool.placeHost({17000, 0}));
+}
+
+TEST(Pool, RaccelFitKeepsHostForTheCardsItFeeds) {
+  // Two equal nodes; CPU-heavy whole-card demand seen. A CPU-hungry share goes where it
+  // leaves the host able to feed the remaining cards: the node with more CPU left.
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1)}, HostVector{16000, 0}));
+  ASSERT_TRUE(pool.addNode("b", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1)}, HostVector{16000, 0}));
+  Pool::Request whole;
+  whole.shape = Pool::Shape::wholeCards;
+  whole.wholeCards = 1;
+  whole.host = {8000, 0};
+  ASSERT_TRUE(pool.allocate(1, whole));  // one card and half the CPU of a node
+  size_t used = pool.cardsOf(pool.held(1))[0].card < 2 ? 0 : 1;
+  Pool::Request share;
+  share.shape = Pool::Shape::oneCard;
+  share.cardMilli = 500;
+  share.host = {6000, 0};
+  auto got = pool.allocate(2, share);
+  ASSERT_TRUE(got);
+  size_t node = pool.cards()[pool.cardsOf(*got)[0].card].node;
+  EXPECT_NE(node, used) << "on the busy node it would leave 2000 milli-CPU for a free card that needs 8000";
+}
+
+}  // namespace
 }  // namespace raccel::scheduler

@@ -1,12 +1,15 @@
-// Shaped requests (Pool::Shape) and the fits that choose their place (Pool::Fit).
+// Shaped requests (Pool::Shape), host resources, and the fits that choose a place
+// (Pool::Fit).
 //
-// The fragmentation model of Fit::raccel: for the demand seen so far (shapes by
-// count), a card's free blocks are fragmented for a oneCard shape when that shape needs
-// more than the card has free, and a node's partly used cards are fragmented for a
-// wholeCards shape (all its free blocks when it lacks enough whole cards). A place is
-// scored by how much it grows the expected fragmentation of its node. oneCard demand is
-// separable per card, so it is tabulated per card size and free count; wholeCards
-// demand needs only the node's count of whole free cards and its free sums.
+// The fragmentation model of Fit::raccel is FGD's (USENIX ATC '23) against the demand
+// seen so far (shapes and host needs, by count). For one kind of work a node's free
+// compute is fragmented: all of it when the node's host cannot take the work's host
+// needs, or the work needs no card; for a oneCard share, the free part of each card
+// that has fewer thousandths free than the share; for wholeCards, the free part of its
+// partly used cards (all of it when it lacks enough whole free cards). A place is scored
+// by how much it grows the expected fragmentation of its node. Demand is grouped by
+// host class; for each set of classes a host state fits, the oneCard demand is
+// tabulated by a card's free thousandths, so scoring a card is a table lookup.
 #include <algorithm>
 #include <tuple>
 
@@ -14,8 +17,34 @@
 
 namespace raccel::scheduler {
 
+namespace {
+
+// Thousandths of a card of `size` blocks that shares may still take, given its free
+// blocks and the blocks and thousandths its shares hold.
+uint32_t freeMilliOf(uint32_t size, uint32_t free, uint32_t shareBlocks, uint32_t shareMilli) {
+  if (size == 0 || free == 0 || free + shareBlocks > size) return 0;
+  uint32_t other = size - free - shareBlocks;  // held by whole-card or spread holders
+  uint64_t cap = uint64_t(size - other) * 1000 / size;
+  return cap > shareMilli ? static_cast<uint32_t>(cap - shareMilli) : 0;
+}
+
+uint64_t left(uint64_t capacity, uint64_t used) { return capacity == 0 ? UINT64_MAX : capacity > used ? capacity - used : 0; }
+
+}  // namespace
+
 uint32_t Pool::blocksOfCard(uint32_t cardMilli, uint32_t cardBlocks) {
   return static_cast<uint32_t>((static_cast<uint64_t>(cardMilli) * cardBlocks + 999) / 1000);
+}
+
+uint32_t Pool::cardFreeMilli(size_t c) const {
+  return freeMilliOf(cards_[c].blocks.count, cardFree_[c], shareBlocks_[c], shareMilli_[c]);
+}
+
+uint32_t Pool::shareBlocksOn(size_t c, uint32_t milli) const {
+  if (milli == 0 || milli > cardFreeMilli(c)) return 0;
+  uint32_t target = blocksOfCard(shareMilli_[c] + milli, cards_[c].blocks.count);
+  uint32_t need = target > shareBlocks_[c] ? target - shareBlocks_[c] : 1;
+  return need <= cardFree_[c] ? need : 0;
 }
 
 void Pool::setFit(Fit fit, uint64_t seed) {
@@ -23,62 +52,154 @@ void Pool::setFit(Fit fit, uint64_t seed) {
   rng_.seed(seed);
 }
 
-void Pool::learnDemand(const Request& request) {
-  if (request.shape == Shape::oneCard) ++seenMilli_[request.cardMilli];
-  else ++seenWhole_[request.wholeCards];
-  ++seen_;
+void Pool::chargeHost(size_t node, const HostVector& need, bool take) {
+  HostVector& used = nodes_[node].hostUsed;
+  if (take) {
+    used.cpuMilli += need.cpuMilli;
+    used.memoryMib += need.memoryMib;
+  } else {
+    used.cpuMilli -= std::min(used.cpuMilli, need.cpuMilli);
+    used.memoryMib -= std::min(used.memoryMib, need.memoryMib);
+  }
+}
+
+void Pool::learnDemand(Shape shape, uint32_t amount, const HostVector& host) {
+  auto [it, added] = classIndex_.try_emplace({host.cpuMilli, host.memoryMib}, classes_.size());
+  if (added) classes_.push_back(HostClass{host, {}, {}, 0});
+  HostClass& k = classes_[it->second];
+  if (shape == Shape::oneCard) ++k.milli[amount];
+  else if (shape == Shape::wholeCards) ++k.whole[amount];
+  else ++k.hostOnly;
+  ++seenCount_;
 }
 
 void Pool::rebuildFragTables() {
-  seenAtBuild_ = seen_;
-  fragOfCard_.clear();
-  wholeShare_.clear();
-  if (seen_ == 0) return;
-  const double total = static_cast<double>(seen_);
-  for (const Card& card : cards_) {
-    uint32_t size = card.blocks.count;
-    if (size == 0 || fragOfCard_.count(size)) continue;
-    std::vector<double> table(size + 1, 0.0);
-    for (auto& [milli, count] : seenMilli_) {
-      uint32_t need = blocksOfCard(milli, size);
-      for (uint32_t f = 0; f <= size && f < need; ++f) table[f] += count / total * f;
-    }
-    fragOfCard_[size] = std::move(table);
+  seenAtBuild_ = seenCount_;
+  double cpu = 0, memory = 0, cards = 0;
+  for (const HostClass& k : classes_) {
+    auto add = [&](double count, double perRequest) {
+      cpu += count * k.need.cpuMilli, memory += count * k.need.memoryMib, cards += count * perRequest;
+    };
+    for (auto& [m, count] : k.milli) add(double(count), m / 1000.0);
+    for (auto& [w, count] : k.whole) add(double(count), w);
   }
-  for (auto& [n, count] : seenWhole_) wholeShare_.push_back({n, count / total});
+  hostPerCard_ = cards > 0 ? HostPerCard{cpu / cards, memory / cards} : HostPerCard{};
+  fitSets_.clear();
+  fitSetIndex_.clear();
+  fitSetOfHost_.clear();
 }
 
-double Pool::fragDelta(const Node& node, const std::vector<std::pair<size_t, uint32_t>>& take) {
-  // Tables follow the demand: rebuilt when it has grown by an eighth (at least 16 requests).
-  if (fragOfCard_.empty() || seen_ >= seenAtBuild_ + std::max<uint64_t>(16, seenAtBuild_ / 8)) rebuildFragTables();
-  double delta = 0;
-  for (auto& [c, blocks] : take) {
-    const auto& table = fragOfCard_[cards_[c].blocks.count];
-    if (table.empty()) continue;
-    delta += table[cardFree_[c] - blocks] - table[cardFree_[c]];
+size_t Pool::fitSetOf(const Node& node, const HostVector& used) {
+  const uint64_t cpu = left(node.host.cpuMilli, used.cpuMilli), mem = left(node.host.memoryMib, used.memoryMib);
+  if (auto it = fitSetOfHost_.find({cpu, mem}); it != fitSetOfHost_.end()) return it->second;
+  std::vector<bool> fits(classes_.size());
+  for (size_t i = 0; i < classes_.size(); ++i) fits[i] = classes_[i].need.cpuMilli <= cpu && classes_[i].need.memoryMib <= mem;
+  auto [it, added] = fitSetIndex_.try_emplace(fits, fitSets_.size());
+  if (added) {
+    const double total = static_cast<double>(std::max<uint64_t>(seenCount_, 1));
+    FitSet set;
+    set.cardFrag.assign(1001, 0.0);
+    std::map<uint32_t, double> whole;
+    for (size_t i = 0; i < classes_.size(); ++i) {
+      const HostClass& k = classes_[i];
+      if (!fits[i]) {
+        uint64_t n = k.hostOnly;
+        for (auto& [m, count] : k.milli) n += count;
+        for (auto& [w, count] : k.whole) n += count;
+        set.allFree += n / total;
+        continue;
+      }
+      set.allFree += k.hostOnly / total;
+      for (auto& [m, count] : k.milli)
+        for (uint32_t t = 0; t < m && t <= 1000; ++t) set.cardFrag[t] += count / total * t / 1000.0;
+      for (auto& [w, count] : k.whole) whole[w] += count / total;
+    }
+    set.whole.assign(whole.begin(), whole.end());
+    fitSets_.push_back(std::move(set));
   }
-  if (wholeShare_.empty()) return delta;
-  // Whole free cards, blocks free on partly used cards, blocks free: before and after.
-  uint32_t whole[2] = {}, partial[2] = {}, free[2] = {};
+  fitSetOfHost_[{cpu, mem}] = it->second;
+  return it->second;
+}
+
+double Pool::nodeFrag(size_t n, const std::vector<Take>& take, const HostVector& host) {
+  const Node& node = nodes_[n];
+  HostVector used = node.hostUsed;
+  used.cpuMilli += host.cpuMilli;
+  used.memoryMib += host.memoryMib;
+  const FitSet& set = fitSets_[fitSetOf(node, used)];
+  // Free capacity (in blocks, by thousandths), that of whole free cards, and the
+  // oneCard fragmentation, after `take`.
+  double freeAll = 0, partial = 0, cardFrag = 0;
+  uint32_t whole = 0;
   for (size_t c : node.cards) {
     uint32_t size = cards_[c].blocks.count;
     if (size == 0) continue;
-    uint32_t before = cardFree_[c], after = before;
-    for (auto& [t, blocks] : take)
-      if (t == c) after -= blocks;
-    uint32_t state[2] = {before, after};
-    for (int i = 0; i < 2; ++i) {
-      free[i] += state[i];
-      if (state[i] == size) ++whole[i];
-      else partial[i] += state[i];
+    uint32_t free = cardFree_[c], shareBlocks = shareBlocks_[c], shareMilli = shareMilli_[c];
+    for (const Take& t : take)
+      if (t.card == c) {
+        free -= t.blocks;
+        if (t.milli) shareBlocks += t.blocks, shareMilli += t.milli;
+      }
+    uint32_t milli = freeMilliOf(size, free, shareBlocks, shareMilli);
+    double capacity = milli / 1000.0;
+    freeAll += capacity;
+    if (free == size) ++whole;
+    else partial += capacity;
+    cardFrag += set.cardFrag[milli];
+  }
+  double frag = set.allFree * freeAll + cardFrag;
+  // raccel's addition to FGD's measure: the free compute the host cannot feed. Card
+  // demand brings host needs in proportion (hostPerCard_); a node whose host has less
+  // left than its free cards would draw will strand the difference, even before any one
+  // typical request stops fitting (FGD counts it only then).
+  double starved = 0;
+  if (node.host.cpuMilli && hostPerCard_.cpuMilli > 0)
+    starved = std::max(starved, freeAll - double(left(node.host.cpuMilli, used.cpuMilli)) / hostPerCard_.cpuMilli);
+  if (node.host.memoryMib && hostPerCard_.memoryMib > 0)
+    starved = std::max(starved, freeAll - double(left(node.host.memoryMib, used.memoryMib)) / hostPerCard_.memoryMib);
+  frag += starved;
+  for (auto& [n2, share] : set.whole) frag += share * (whole >= n2 ? partial : freeAll);
+  return frag;
+}
+
+double Pool::fragDelta(size_t node, const std::vector<Take>& take, const HostVector& host) {
+  // Tables follow the demand: rebuilt when it has grown by an eighth (at least 16 requests).
+  if (seenCount_ >= seenAtBuild_ + std::max<uint64_t>(16, seenAtBuild_ / 8)) rebuildFragTables();
+  return nodeFrag(node, take, host) - nodeFrag(node, {}, {});
+}
+
+Result<size_t> Pool::placeHost(const HostVector& need) {
+  learnDemand(Shape::spread, 0, need);
+  long chosen = -1;
+  std::tuple<double, uint64_t, uint64_t, uint64_t> best{};
+  uint64_t seenPlaces = 0;
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    const Node& node = nodes_[n];
+    if (!node.placeable() || !node.hostFits(need)) continue;
+    uint64_t cpuLeft = left(node.host.cpuMilli, node.hostUsed.cpuMilli + need.cpuMilli);
+    uint64_t nodeFree = 0;
+    for (size_t c : node.cards) nodeFree += cardFree_[c];
+    std::tuple<double, uint64_t, uint64_t, uint64_t> score{0, 0, 0, n};
+    switch (fit_) {
+      case Fit::firstFit: break;
+      case Fit::bestFit: score = {0, 0, cpuLeft, n}; break;
+      case Fit::random: break;
+      case Fit::raccel: score = {fragDelta(n, {}, need), nodeFree, cpuLeft, n}; break;
     }
+    ++seenPlaces;
+    bool better = chosen < 0 || score < best;
+    if (fit_ == Fit::random) better = std::uniform_int_distribution<uint64_t>(1, seenPlaces)(rng_) == 1;
+    if (better) chosen = static_cast<long>(n), best = score;
   }
-  for (auto& [n, share] : wholeShare_) {
-    double before = whole[0] >= n ? partial[0] : free[0];
-    double after = whole[1] >= n ? partial[1] : free[1];
-    delta += share * (after - before);
-  }
-  return delta;
+  if (chosen < 0)
+    return fail(Code::resourceExhausted, "no online node's host has " + std::to_string(need.cpuMilli) + " milli-CPU and " +
+                                             std::to_string(need.memoryMib) + " MiB left");
+  chargeHost(static_cast<size_t>(chosen), need, true);
+  return static_cast<size_t>(chosen);
+}
+
+void Pool::returnHost(size_t node, const HostVector& need) {
+  if (node < nodes_.size()) chargeHost(node, need, false);
 }
 
 std::vector<BlockRange> Pool::lowestFree(size_t card, uint32_t blocks) const {
@@ -102,28 +223,28 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
     return fail(Code::invalidArgument, "a one-card request needs 1 to 1000 thousandths of a card, not " +
                                            std::to_string(request.cardMilli));
   if (!oneCard && request.wholeCards == 0) return fail(Code::invalidArgument, "a whole-card request needs at least one card");
-  learnDemand(request);
+  learnDemand(request.shape, oneCard ? request.cardMilli : request.wholeCards, request.host);
   auto accepted = [&](const Card& c) {
     return c.blocks.count > 0 && (request.kinds & maskOf(c.spec.kind)) && (!request.accepts || request.accepts(c));
   };
 
   // The chosen place: its cards and the blocks taken from each.
   using Score = std::tuple<double, uint32_t, uint32_t, uint32_t>;  // fit's figure, then tie-breaks
-  std::vector<std::pair<size_t, uint32_t>> best, take;
+  std::vector<Take> best, take;
   Score bestScore{};
   uint64_t seenPlaces = 0;
-  bool anyAccepted = false;
-  auto consider = [&](const Node& node, uint32_t nodeFree) {
+  bool anyAccepted = false, anyHost = false;
+  auto consider = [&](size_t n, uint32_t nodeFree) {
     uint32_t taken = 0;
-    for (auto& [c, blocks] : take) taken += blocks;
-    const Card& first = cards_[take.front().first];
-    uint32_t cardLeft = oneCard ? cardFree_[take.front().first] - taken : 0;
+    for (auto& t : take) taken += t.blocks;
+    const Card& first = cards_[take.front().card];
+    uint32_t cardLeft = oneCard ? cardFree_[take.front().card] - taken : 0;
     Score score;
     switch (fit_) {
       case Fit::firstFit: score = {0, 0, 0, first.blocks.first}; break;
       case Fit::bestFit: score = {nodeFree - taken, cardLeft, 0, first.blocks.first}; break;
       case Fit::random: score = {0, 0, 0, 0}; break;
-      case Fit::raccel: score = {fragDelta(node, take), cardLeft, nodeFree - taken, first.blocks.first}; break;
+      case Fit::raccel: score = {fragDelta(n, take, request.host), cardLeft, nodeFree - taken, first.blocks.first}; break;
     }
     ++seenPlaces;
     bool better = best.empty() || score < bestScore;
@@ -133,18 +254,21 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
       bestScore = score;
     }
   };
-  for (const Node& node : nodes_) {
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    const Node& node = nodes_[n];
     if (!node.placeable()) continue;
+    bool hostFits = node.hostFits(request.host);
+    anyHost = anyHost || hostFits;
     uint32_t nodeFree = 0;
     for (size_t c : node.cards) nodeFree += cardFree_[c];
     if (oneCard) {
       for (size_t c : node.cards) {
         if (!accepted(cards_[c])) continue;
         anyAccepted = true;
-        uint32_t need = blocksOfCard(request.cardMilli, cards_[c].blocks.count);
-        if (cardFree_[c] < need) continue;
-        take = {{c, need}};
-        consider(node, nodeFree);
+        uint32_t blocks = hostFits ? shareBlocksOn(c, request.cardMilli) : 0;
+        if (blocks == 0) continue;
+        take = {{c, blocks, request.cardMilli}};
+        consider(n, nodeFree);
       }
     } else {
       take.clear();
@@ -152,27 +276,29 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
       for (size_t c : node.cards) {
         if (!accepted(cards_[c])) continue;
         ++acceptedCards;
-        if (cardFree_[c] == cards_[c].blocks.count && take.size() < request.wholeCards) take.push_back({c, cardFree_[c]});
+        if (cardFree_[c] == cards_[c].blocks.count && take.size() < request.wholeCards) take.push_back({c, cardFree_[c], 0});
       }
       anyAccepted = anyAccepted || acceptedCards >= request.wholeCards;
-      if (take.size() == request.wholeCards) consider(node, nodeFree);
+      if (hostFits && take.size() == request.wholeCards) consider(n, nodeFree);
     }
   }
   std::string what = oneCard ? std::to_string(request.cardMilli) + "/1000 of one card"
                              : std::to_string(request.wholeCards) + " whole card(s) of one node";
+  if (!request.host.empty())
+    what += " with " + std::to_string(request.host.cpuMilli) + " milli-CPU and " + std::to_string(request.host.memoryMib) + " MiB of its host";
   if (best.empty())
-    return fail(Code::resourceExhausted, anyAccepted ? "not enough free compute: no place has " + what + " free"
-                                                     : "can never run here: no online card or node it accepts offers " + what);
+    return fail(Code::resourceExhausted, anyAccepted && anyHost ? "not enough free compute: no place has " + what + " free"
+                                                                : "can never run here now: no online card or node it accepts offers " + what);
 
   // The blocks: each card's lowest free blocks; adjacent pieces joined.
   std::vector<BlockRange> pieces;
-  for (auto& [c, blocks] : best)
-    for (BlockRange r : lowestFree(c, blocks)) {
+  for (const Take& t : best)
+    for (BlockRange r : lowestFree(t.card, t.blocks)) {
       if (!pieces.empty() && pieces.back().end() == r.first) pieces.back().count += r.count;
       else pieces.push_back(r);
     }
   std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });
-  record(owner, pieces, request.priority);
+  record(owner, pieces, request.priority, request.host, oneCard ? best.front().card : SIZE_MAX, oneCard ? request.cardMilli : 0);
   return pieces;
 }
 

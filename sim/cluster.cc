@@ -30,10 +30,8 @@ Status overrideModelTflops(std::map<std::string, double>& models, const std::str
 
 namespace {
 Status addNode(Cluster& cluster, const std::string& name, const std::vector<CardSpec>& cards, uint64_t cpu, uint64_t mem) {
-  auto index = cluster.pool.addNode(name, cards);
+  auto index = cluster.pool.addNode(name, cards, scheduler::HostVector{cpu, mem});
   if (!index) return fail(index.error());
-  cluster.nodes.resize(*index + 1);
-  cluster.nodes[*index] = {cpu, mem, cpu, mem};
   cluster.cards += static_cast<uint32_t>(cards.size());
   cluster.blocks = cluster.pool.total();
   return {};
@@ -53,7 +51,7 @@ CardSpec gpu(const std::string& model, double tflops, uint32_t index, CardKind k
 Result<Cluster> loadOpenbNodes(const std::string& path, const std::map<std::string, double>& modelTflops, double blockTflops) {
   auto rows = RowReader::open(path, "the node list", ',');
   if (!rows) return fail(rows.error());
-  Cluster cluster{Pool(blockTflops), {}, 0, 0};
+  Cluster cluster{Pool(blockTflops), 0, 0};
   std::vector<std::string> f;
   if (!rows->next(f) || f.size() < 5 || f[0] != "sn" || f[3] != "gpu" || f[4] != "model")
     return fail(Code::invalidArgument, path + ": not an openb node list (expected sn,cpu_milli,memory_mib,gpu,model)");
@@ -80,7 +78,7 @@ Result<Cluster> loadOpenbNodes(const std::string& path, const std::map<std::stri
 }
 
 Cluster fixtureCluster() {
-  Cluster cluster{Pool(1.0), {}, 0, 0};
+  Cluster cluster{Pool(1.0), 0, 0};
   auto card = [](CardKind kind, double tflops, uint32_t index) { return gpu(kindName(kind), tflops, index, kind); };
   (void)addNode(cluster, "node0", {card(CardKind::gpu, 9, 0), card(CardKind::gpu, 9, 1), card(CardKind::npu, 20, 2), card(CardKind::fpga, 25, 3)}, 0, 0);
   (void)addNode(cluster, "node1", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1), card(CardKind::npu, 18, 2), card(CardKind::npu, 18, 3)}, 0, 0);
@@ -97,7 +95,7 @@ Result<Cluster> parseClusterConfig(const std::string& text, const std::string& o
   auto blockTflops = config->top().getDouble("block_tflops", 1.0);
   if (!blockTflops) return fail(blockTflops.error());
   if (*blockTflops <= 0) return fail(Code::invalidArgument, origin + ": block_tflops must be positive");
-  Cluster cluster{Pool(*blockTflops), {}, 0, 0};
+  Cluster cluster{Pool(*blockTflops), 0, 0};
   for (const ConfigSection* s : config->sections("node")) {
     std::string where = origin + ":" + std::to_string(s->line());
     if (auto unknown = s->unknownKeys({"name", "cpu_milli", "memory_mib", "count", "cards"}); !unknown.empty())

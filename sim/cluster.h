@@ -1,5 +1,5 @@
-// The simulated cluster: a real scheduler::Pool (ARCHITECTURE.md block rules) plus each
-// node's CPU and memory, which the published packing evaluation also counts. Built from
+// The simulated cluster: a real scheduler::Pool (ARCHITECTURE.md block rules), whose
+// nodes carry the host CPU and memory the published packing evaluation also counts. Built from
 // the openb node CSV, the 4-node reference fixture, or a cluster config file. Pure data;
 // one simulation run owns one copy (copies are independent).
 #pragma once
@@ -15,14 +15,8 @@ namespace raccel::sim {
 
 using scheduler::Pool;
 
-struct NodeResources {
-  uint64_t cpuMilli = 0, memoryMib = 0;  // capacity (0 = not counted)
-  uint64_t cpuLeft = 0, memoryLeft = 0;
-};
-
 struct Cluster {
   Pool pool;
-  std::vector<NodeResources> nodes;  // by pool node index
   uint32_t cards = 0;                // accelerator cards (GPUs) in the cluster
   uint32_t blocks = 0;               // their blocks
 };

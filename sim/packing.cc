@@ -59,9 +59,7 @@ bool modelAccepted(const Pod& pod, const Card& card) {
   return pod.models.empty() || std::find(pod.models.begin(), pod.models.end(), card.spec.model) != pod.models.end();
 }
 
-bool resourcesFit(const NodeResources& r, const Pod& pod) {
-  return (r.cpuMilli == 0 || r.cpuLeft >= pod.cpuMilli) && (r.memoryMib == 0 || r.memoryLeft >= pod.memoryMib);
-}
+scheduler::HostVector hostOf(const Pod& pod) { return {pod.cpuMilli, pod.memoryMib}; }
 
 // FGD's fragmentation measure, in blocks, against the pod list's specs by count.
 class FragMeter {
@@ -78,28 +76,26 @@ class FragMeter {
 
   double nodeFrag(const Cluster& c, size_t n) const {
     const auto& node = c.pool.nodes()[n];
-    const NodeResources& res = c.nodes[n];
-    uint32_t freeAll = 0;
-    for (size_t card : node.cards) freeAll += c.pool.cardFree(card);
+    // A card's free capacity in blocks: the thousandths a share may still take there.
+    auto freeOf = [&](size_t card) { return c.pool.cardFreeMilli(card) * c.pool.cards()[card].blocks.count / 1000.0; };
+    double freeAll = 0;
+    for (size_t card : node.cards) freeAll += freeOf(card);
     if (freeAll == 0) return 0;
     double frag = 0;
     for (auto& [pod, weight] : specs_) {
-      uint32_t f = freeAll;
-      bool resources = resourcesFit(res, pod);
+      double f = freeAll;
+      bool resources = node.hostFits(hostOf(pod));
       if (resources && pod.numGpu == 1 && pod.gpuMilli < 1000) {
         f = 0;
-        for (size_t card : node.cards) {
-          const Card& k = c.pool.cards()[card];
-          uint32_t free = c.pool.cardFree(card);
-          if (!modelAccepted(pod, k) || free < Pool::blocksOfCard(pod.gpuMilli, k.blocks.count)) f += free;
-        }
+        for (size_t card : node.cards)
+          if (!modelAccepted(pod, c.pool.cards()[card]) || c.pool.cardFreeMilli(card) < pod.gpuMilli) f += freeOf(card);
       } else if (resources && pod.numGpu > 0) {
-        uint32_t whole = 0, unusable = 0;
+        uint32_t whole = 0;
+        double unusable = 0;
         for (size_t card : node.cards) {
           const Card& k = c.pool.cards()[card];
-          uint32_t free = c.pool.cardFree(card);
-          if (modelAccepted(pod, k) && free == k.blocks.count) ++whole;
-          else unusable += free;
+          if (modelAccepted(pod, k) && c.pool.cardFree(card) == k.blocks.count) ++whole;
+          else unusable += freeOf(card);
         }
         if (whole >= pod.numGpu) f = unusable;
       }
@@ -112,35 +108,6 @@ class FragMeter {
   std::vector<std::pair<Pod, double>> specs_;
 };
 
-void take(NodeResources& r, const Pod& pod) {
-  if (r.cpuMilli) r.cpuLeft -= pod.cpuMilli;
-  if (r.memoryMib) r.memoryLeft -= pod.memoryMib;
-}
-
-// A CPU-only pod: the pool does not place these (they hold no blocks), so the
-// simulator picks the node. raccel: prefer nodes with no free blocks (the pod then
-// strands nothing), then the least CPU left; the baselines as their names say.
-long placeCpuPod(Cluster& c, const Pod& pod, Policy policy, std::mt19937_64& rng) {
-  long chosen = -1;
-  std::tuple<uint32_t, uint64_t> best{};
-  uint64_t seen = 0;
-  for (size_t n = 0; n < c.nodes.size(); ++n) {
-    if (!resourcesFit(c.nodes[n], pod)) continue;
-    uint32_t free = 0;
-    for (size_t card : c.pool.nodes()[n].cards) free += c.pool.cardFree(card);
-    std::tuple<uint32_t, uint64_t> score{0, 0};
-    if (policy == Policy::raccel) score = {free, c.nodes[n].cpuLeft};
-    else if (policy == Policy::bestFit) score = {0, c.nodes[n].cpuLeft};
-    ++seen;
-    bool better = chosen < 0 || score < best;
-    if (policy == Policy::random) better = std::uniform_int_distribution<uint64_t>(1, seen)(rng) == 1;
-    if (policy == Policy::wholeCardFirstFit && chosen >= 0) better = false;
-    if (better) chosen = static_cast<long>(n), best = score;
-  }
-  if (chosen >= 0) take(c.nodes[chosen], pod);
-  return chosen;
-}
-
 // Migration for a GPU pod that fits nowhere: on a node whose CPU/memory fit and whose
 // accepted cards have enough free blocks in all, repack the node's one-card holders
 // (largest first, each onto the card it leaves least free on) around the new pod: a
@@ -151,18 +118,17 @@ bool migrateFor(Cluster& c, VaccelId owner, const Pod& pod, const std::map<Vacce
                 uint64_t& migrations) {
   const Pool& pool = c.pool;
   const bool share = pod.gpuMilli < 1000;
-  for (size_t n = 0; n < c.nodes.size(); ++n) {
-    if (!resourcesFit(c.nodes[n], pod)) continue;
+  for (size_t n = 0; n < pool.nodes().size(); ++n) {
     const auto& node = pool.nodes()[n];
+    if (!node.hostFits(hostOf(pod))) continue;
     const size_t cards = node.cards.size();
     auto cardAt = [&](size_t i) -> const Card& { return pool.cards()[node.cards[i]]; };
-    uint32_t free = 0, smallest = UINT32_MAX;
-    for (size_t i = 0; i < cards; ++i) {
-      if (!modelAccepted(pod, cardAt(i))) continue;
-      free += pool.cardFree(node.cards[i]);
-      smallest = std::min(smallest, share ? Pool::blocksOfCard(pod.gpuMilli, cardAt(i).blocks.count) : cardAt(i).blocks.count * pod.numGpu);
-    }
-    if (smallest == UINT32_MAX || free < smallest) continue;
+    // Thousandths of accepted cards free in all: a share needs its own, whole cards 1000 each.
+    uint32_t free = 0;
+    bool anyCard = false;
+    for (size_t i = 0; i < cards; ++i)
+      if (modelAccepted(pod, cardAt(i))) anyCard = true, free += pool.cardFreeMilli(node.cards[i]);
+    if (!anyCard || free < (share ? pod.gpuMilli : 1000 * pod.numGpu)) continue;
     struct Item {
       VaccelId owner;
       const Pod* pod;
@@ -172,7 +138,7 @@ bool migrateFor(Cluster& c, VaccelId owner, const Pod& pod, const std::map<Vacce
     std::vector<uint32_t> room(cards), movable(cards, 0);
     std::vector<bool> pinned(cards, false);  // holds a whole-card holder
     for (size_t i = 0; i < cards; ++i) {
-      room[i] = cardAt(i).blocks.count;
+      room[i] = 1000;
       std::vector<VaccelId> here;
       for (uint32_t b = cardAt(i).blocks.first; b < cardAt(i).blocks.end(); ++b) {
         VaccelId o = pool.ownerOf(b);
@@ -196,7 +162,7 @@ bool migrateFor(Cluster& c, VaccelId owner, const Pod& pod, const std::map<Vacce
       std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return movable[a] < movable[b]; });
       for (uint32_t k = 0; k < pod.numGpu; ++k) reserved[order[k]] = true, room[order[k]] = 0;
     }
-    auto need = [&](const Item& it, size_t i) { return Pool::blocksOfCard(it.pod->gpuMilli, cardAt(i).blocks.count); };
+    auto need = [&](const Item& it, size_t) { return it.pod->gpuMilli; };
     std::sort(items.begin(), items.end(), [&](auto& a, auto& b) { return a.pod->gpuMilli > b.pod->gpuMilli; });
     std::vector<long> to(items.size(), -1);
     bool fits = true;
@@ -215,17 +181,19 @@ bool migrateFor(Cluster& c, VaccelId owner, const Pod& pod, const std::map<Vacce
     for (auto& it : items)
       if (it.owner != owner) c.pool.release(it.owner);
     for (size_t k = 0; k < items.size(); ++k) {
-      size_t i = static_cast<size_t>(to[k]);
-      if (auto st = c.pool.assign(items[k].owner, pool.lowestFree(node.cards[i], need(items[k], i)), 0); !st) return false;  // the repack fit
+      size_t card = node.cards[static_cast<size_t>(to[k])];
+      uint32_t blocks = pool.shareBlocksOn(card, items[k].pod->gpuMilli);
+      if (blocks == 0) return false;  // the repack fit in thousandths, so it fits in blocks
+      if (auto st = c.pool.assign(items[k].owner, pool.lowestFree(card, blocks), 0, hostOf(*items[k].pod), items[k].pod->gpuMilli); !st)
+        return false;
       if (items[k].owner != owner && items[k].from != to[k]) ++migrations;
     }
     if (!share) {
       std::vector<scheduler::BlockRange> ranges;
       for (size_t i = 0; i < cards; ++i)
         if (reserved[i]) ranges.push_back(cardAt(i).blocks);
-      if (auto st = c.pool.assign(owner, ranges, 0); !st) return false;
+      if (auto st = c.pool.assign(owner, ranges, 0, hostOf(pod)); !st) return false;
     }
-    take(c.nodes[n], pod);
     return true;
   }
   return false;
@@ -240,9 +208,9 @@ Result<PackingRun> runPacking(const Cluster& base, const std::vector<Pod>& pods,
   std::mt19937_64 rng(options.seed);
   std::uniform_int_distribution<size_t> pick(0, pods.size() - 1);
   FragMeter meter(pods);
-  std::vector<double> nodeFrag(c.nodes.size());
+  std::vector<double> nodeFrag(c.pool.nodes().size());
   double fragTotal = 0;
-  for (size_t n = 0; n < c.nodes.size(); ++n) fragTotal += nodeFrag[n] = meter.nodeFrag(c, n);
+  for (size_t n = 0; n < nodeFrag.size(); ++n) fragTotal += nodeFrag[n] = meter.nodeFrag(c, n);
   auto refresh = [&](size_t n) {
     double f = meter.nodeFrag(c, n);
     fragTotal += f - nodeFrag[n];
@@ -267,8 +235,8 @@ Result<PackingRun> runPacking(const Cluster& base, const std::vector<Pod>& pods,
     arrived += pod.gpus();
     bool placed = false;
     if (pod.numGpu == 0) {
-      long n = placeCpuPod(c, pod, options.policy, rng);
-      if (n >= 0) placed = true, refresh(static_cast<size_t>(n));
+      // CPU-only pods hold no blocks: the pool places their host needs by its fit.
+      if (auto n = c.pool.placeHost(hostOf(pod))) placed = true, refresh(*n);
     } else {
       Pool::Request request;
       bool share = pod.gpuMilli < 1000;
@@ -280,12 +248,12 @@ Result<PackingRun> runPacking(const Cluster& base, const std::vector<Pod>& pods,
         request.wholeCards = pod.numGpu;
       }
       request.kinds = scheduler::maskOf(CardKind::gpu);
-      request.accepts = [&](const Card& card) { return modelAccepted(pod, card) && resourcesFit(c.nodes[card.node], pod); };
+      request.host = hostOf(pod);
+      request.accepts = [&](const Card& card) { return modelAccepted(pod, card); };
       VaccelId owner = next++;
       auto got = c.pool.allocate(owner, request);
       if (got) {
         size_t n = c.pool.cards()[static_cast<size_t>(c.pool.cardOf(got->front().first))].node;
-        take(c.nodes[n], pod);
         refresh(n);
         placed = true;
       } else if (options.migrate && options.policy == Policy::raccel &&
