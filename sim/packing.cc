@@ -22,31 +22,43 @@ Result<std::vector<Pod>> loadOpenbPods(const std::string& path) {
   rows->next(header);
   std::map<std::string, size_t> column;
   for (size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
-  for (const char* need : {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec"})
+  // Required columns; memory_mib and gpu_spec are optional (some public lists carry
+  // only name,cpu_milli,memory_mib,num_gpu,gpu_milli), and the rest (qos, phases,
+  // times) is not used: absent or unknown values are fine.
+  for (const char* need : {"cpu_milli", "num_gpu", "gpu_milli"})
     if (!column.count(need)) return fail(Code::invalidArgument, path + ": not an openb pod list (no column '" + std::string(need) + "')");
+  auto columnOf = [&](const char* name) { return column.count(name) ? static_cast<long>(column[name]) : -1L; };
+  const long nameAt = columnOf("name"), memAt = columnOf("memory_mib"), specAt = columnOf("gpu_spec");
+  long last = 0;
+  for (long c : {nameAt, memAt, specAt, columnOf("cpu_milli"), columnOf("num_gpu"), columnOf("gpu_milli")}) last = std::max(last, c);
   std::vector<Pod> pods;
   while (rows->next(f)) {
     std::string where = rows->where();
-    if (f.size() < header.size()) return fail(Code::invalidArgument, where + ": expected " + std::to_string(header.size()) + " fields");
+    if (static_cast<long>(f.size()) <= last) return fail(Code::invalidArgument, where + ": expected " + std::to_string(last + 1) + " fields");
     Pod pod;
-    pod.name = f[column["name"]];
+    pod.name = nameAt >= 0 ? f[nameAt] : "pod-" + std::to_string(pods.size());
     auto cpu = parseCount(f[column["cpu_milli"]], where + " cpu_milli");
-    auto mem = parseCount(f[column["memory_mib"]], where + " memory_mib");
+    auto mem = memAt >= 0 && !f[memAt].empty() ? parseCount(f[memAt], where + " memory_mib") : Result<uint64_t>(uint64_t{0});
     auto num = parseCount(f[column["num_gpu"]], where + " num_gpu");
     auto milli = parseCount(f[column["gpu_milli"]], where + " gpu_milli");
     for (auto* r : {&cpu, &mem, &num, &milli})
       if (!*r) return fail(r->error());
+    // Bounds, so that no later sum wraps: a node of the trace has at most a few hundred
+    // cores and TiB of memory, and 8 GPUs.
+    if (*cpu > 10'000'000 || *mem > 100'000'000 || *num > 1024)
+      return fail(Code::invalidArgument, where + ": cpu_milli <= 10000000, memory_mib <= 100000000, num_gpu <= 1024");
     pod.cpuMilli = *cpu;
     pod.memoryMib = *mem;
     pod.numGpu = static_cast<uint32_t>(*num);
-    pod.gpuMilli = static_cast<uint32_t>(*milli);
+    pod.gpuMilli = static_cast<uint32_t>(std::min<uint64_t>(*milli, 1001));
     if (pod.numGpu > 0 && (pod.gpuMilli == 0 || pod.gpuMilli > 1000))
       return fail(Code::invalidArgument, where + ": gpu_milli must be 1..1000 for a GPU pod");
     if (pod.numGpu > 1 && pod.gpuMilli != 1000)
       return fail(Code::invalidArgument, where + ": a pod of several GPUs must take whole GPUs (gpu_milli 1000)");
     if (pod.numGpu == 0) pod.gpuMilli = 0;
-    for (auto& m : splitFields(f[column["gpu_spec"]], '|'))
-      if (!m.empty()) pod.models.push_back(m);
+    if (specAt >= 0)
+      for (auto& m : splitFields(f[specAt], '|'))
+        if (!m.empty()) pod.models.push_back(m);
     pods.push_back(std::move(pod));
   }
   if (pods.empty()) return fail(Code::invalidArgument, path + ": no pods");
@@ -76,8 +88,11 @@ class FragMeter {
 
   double nodeFrag(const Cluster& c, size_t n) const {
     const auto& node = c.pool.nodes()[n];
-    // A card's free capacity in blocks: the thousandths a share may still take there.
-    auto freeOf = [&](size_t card) { return c.pool.cardFreeMilli(card) * c.pool.cards()[card].blocks.count / 1000.0; };
+    // A card's free capacity in blocks: the thousandths a share may still take there,
+    // at most its free blocks (shares rounded up hold a little more than their thousandths).
+    auto freeOf = [&](size_t card) {
+      return std::min<double>(c.pool.cardFree(card), c.pool.cardFreeMilli(card) * c.pool.cards()[card].blocks.count / 1000.0);
+    };
     double freeAll = 0;
     for (size_t card : node.cards) freeAll += freeOf(card);
     if (freeAll == 0) return 0;

@@ -1,5 +1,6 @@
 #include "sim/report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -84,9 +85,24 @@ Status writeReport(const ReportOptions& o) {
   std::vector<Variant> variants;
   for (Policy p : allPolicies()) variants.push_back({p, false});
   variants.push_back({Policy::raccel, true});
-  for (std::string workload : {"default", "gpushare100"}) {
+  // Every openb_pod_list_*.csv in the folder (the public trace has 24): `default` and
+  // `gpushare100` first with every policy and their plots, the others with raccel and
+  // best-fit in the table only.
+  std::vector<std::string> workloads;
+  for (auto& entry : std::filesystem::directory_iterator(o.openbDir, ec)) {
+    std::string file = entry.path().filename().string();
+    const std::string prefix = "openb_pod_list_", suffix = ".csv";
+    if (file.size() > prefix.size() + suffix.size() && file.rfind(prefix, 0) == 0 && file.ends_with(suffix))
+      workloads.push_back(file.substr(prefix.size(), file.size() - prefix.size() - suffix.size()));
+  }
+  auto rank = [](const std::string& w) { return w == "default" ? 0 : w == "gpushare100" ? 1 : 2; };
+  std::sort(workloads.begin(), workloads.end(), [&](auto& a, auto& b) { return std::make_pair(rank(a), a) < std::make_pair(rank(b), b); });
+  if (workloads.empty()) return fail(Code::notFound, o.openbDir + ": no openb_pod_list_*.csv");
+  std::fprintf(stderr, "A: %zu pod list(s) in %s\n", workloads.size(), o.openbDir.c_str());
+  for (const std::string& workload : workloads) {
     auto pods = loadOpenbPods(o.openbDir + "/openb_pod_list_" + workload + ".csv");
     if (!pods) return fail(pods.error());
+    const bool full = rank(workload) < 2;
     auto published = publishedCurves(o.openbDir + "/fgd-expected/analysis_allo_discrete.csv", "openb_pod_list_" + workload);
     // The published fragmentation ratio is of the idle GPUs; as a share of capacity it is
     // ratio x idle (the traces README's 13.5 / 7.05 / 4.73 at 100%).
@@ -97,6 +113,7 @@ Status writeReport(const ReportOptions& o) {
     Chart alloc{"openb " + workload + ": allocation", "arrived GPU requests (% of GPUs)", "allocated (% of capacity)", {}, false, true, 0, 100};
     Chart frag{"openb " + workload + ": fragmentation", "arrived GPU requests (% of GPUs)", "fragmented (% of capacity)", {}, false, false};
     for (auto& v : variants) {
+      if (!full && (v.migrate || (v.policy != Policy::raccel && v.policy != Policy::bestFit))) continue;
       std::string name = std::string(policyName(v.policy)) + (v.migrate ? " + migration" : "");
       std::fprintf(stderr, "A %s %s:", workload.c_str(), name.c_str());
       std::vector<double> a(o.seeds.empty() ? 0 : 131, 0), f(a.size(), 0), pl(a.size(), 0);
@@ -144,6 +161,7 @@ Status writeReport(const ReportOptions& o) {
       alloc.series.push_back(s);
       if (publishedFrag.count(pub)) frag.series.push_back({s.label, s.x, publishedFrag[pub]});
     }
+    if (!full) continue;
     if (auto st = writeFile(o.out + "/openb_alloc_" + workload + ".svg", renderSvg(alloc)); !st) return st;
     if (auto st = writeFile(o.out + "/openb_frag_" + workload + ".svg", renderSvg(frag)); !st) return st;
   }

@@ -166,3 +166,28 @@ TEST(Cluster, OpenbNodeListErrors) {
   EXPECT_NE(c.error().message.find(":2"), std::string::npos) << c.error().message;
   EXPECT_FALSE(loadOpenbNodes(testing::TempDir() + "/missing.csv", defaultModelTflops()));
 }
+
+TEST(Packing, PodListsWithOnlyTheCoreColumnsRead) {
+  // openb_pod_list_multigpu20..50 carry only these columns: no gpu_spec, no qos.
+  std::string path = testing::TempDir() + "/openb_pod_list_multigpu.csv";
+  std::ofstream(path) << "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,8000,16384,8,1000\np1,4000,8192,1,500\np2,2000,4096,0,0\n";
+  auto pods = loadOpenbPods(path);
+  ASSERT_TRUE(pods) << pods.error().message;
+  ASSERT_EQ(pods->size(), 3u);
+  EXPECT_EQ((*pods)[0].numGpu, 8u);
+  EXPECT_TRUE((*pods)[0].models.empty());
+  EXPECT_EQ((*pods)[1].gpuMilli, 500u);
+  EXPECT_EQ((*pods)[2].memoryMib, 4096u);
+  auto run = runPacking(fixtureCluster(), *pods, {});
+  ASSERT_TRUE(run) << run.error().message;
+  expectSane(*run);
+  // A list without a GPU column, or with numbers out of bounds, is refused with where.
+  std::ofstream(path) << "name,cpu_milli,memory_mib\np0,1,1\n";
+  auto missing = loadOpenbPods(path);
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.error().message.find("num_gpu"), std::string::npos) << missing.error().message;
+  std::ofstream(path) << "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,99999999999,1000\n";
+  auto huge = loadOpenbPods(path);
+  ASSERT_FALSE(huge);
+  EXPECT_NE(huge.error().message.find(":2"), std::string::npos) << huge.error().message;
+}
