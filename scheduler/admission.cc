@@ -16,9 +16,20 @@ double TenantUsage::score(double now, double entitlement) const {
   return used / std::max(entitlement, 1e-9);
 }
 
+int serviceClassOf(double attained) {
+  int k = 0;
+  while (k + 1 < kServiceClasses && attained >= kServiceThresholds[k]) ++k;
+  return k;
+}
+
+int poolPriority(int priority, int serviceClass) {
+  return priority * kServiceClasses + (kServiceClasses - 1 - std::clamp(serviceClass, 0, kServiceClasses - 1));
+}
+
 void orderForAdmission(std::vector<Waiting>& queue) {
   std::stable_sort(queue.begin(), queue.end(), [](const Waiting& a, const Waiting& b) {
-    return std::make_tuple(-a.priority, a.tenantScore, a.arrival) < std::make_tuple(-b.priority, b.tenantScore, b.arrival);
+    return std::make_tuple(-a.priority, a.overShare, a.serviceClass, a.tenantScore, a.arrival) <
+           std::make_tuple(-b.priority, b.overShare, b.serviceClass, b.tenantScore, b.arrival);
   });
 }
 

@@ -28,14 +28,29 @@ class TenantUsage {
   double since_ = 0;
 };
 
+// Attained service, discretized (as Tiresias, NSDI '19, does with its 2D-LAS queues): a
+// vaccel's class by the block-seconds it has held so far. Class 0 (under
+// kServiceThresholds[0]) is the freshest; work that has had much waits behind work that
+// has had little, so short work is not stuck behind long work. Thresholds grow tenfold.
+constexpr double kServiceThresholds[] = {15.0 * 3600, 150.0 * 3600};  // a V100's blocks for 1 h, 10 h
+constexpr int kServiceClasses = 3;
+int serviceClassOf(double attainedBlockSeconds);
+// The pool priority that carries a vaccel's priority and its service class, so that
+// Pool::planPreemption takes from lower priorities first and, within one priority, from
+// work that has had the most service: priority x kServiceClasses + (classes - 1 - class).
+int poolPriority(int priority, int serviceClass);
+
 struct Waiting {
   VaccelId id = kNoOwner;
   int priority = 0;
   double tenantScore = 0;  // TenantUsage::score
   uint64_t arrival = 0;    // admission requests in arrival order
+  int serviceClass = 0;    // serviceClassOf its attained service
+  bool overShare = false;  // its tenant holds more than its fair share now
 };
-// Highest priority first; among equals the tenant with the lowest usage over its
-// entitlement (usage-based fair share); then arrival order.
+// Highest priority first; then tenants within their fair share before those over it;
+// then the least attained service class; then the tenant with the lowest usage over
+// its entitlement (usage-based fair share); then arrival order.
 void orderForAdmission(std::vector<Waiting>& queue);
 
 }  // namespace raccel::scheduler

@@ -86,6 +86,11 @@ struct JobState {
   int priority = 0;
   uint32_t blocks = 0;
   std::vector<VaccelId> owners;
+  double attained = 0;    // block-seconds run so far (attained service)
+  int serviceClass = 0;   // serviceClassOf(attained), or 0 after a starvation promotion
+  double ranSince = -1;   // start of the current run
+  double lastRun = 0;     // length of the last run
+  double waitingSince = 0;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -146,6 +151,8 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
   std::vector<VaccelId> holders;
   auto arrivalOf = [&](size_t i) { return w.jobs[i].arrival / o.rate; };
 
+  const bool lasOrdered = raccel || o.policy == Policy::tiresias;
+  double nextRound = 0;
   double t = 0, busy = 0, moveBudget = 0, lastBudget = 0;
   size_t nextArrival = 0;
   uint64_t settled = 0;  // finished or refused
@@ -167,6 +174,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     JobState& s = js[i];
     if (s.start < 0) s.start = t;
     s.phase = Phase::running;
+    s.ranSince = t;
     s.rate = rateOf(s);
     usage[w.jobs[i].tenant].hold(t, s.blocks);
     running.push_back(i);
@@ -183,10 +191,12 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     usage[w.jobs[i].tenant].hold(t, -static_cast<int64_t>(s.blocks));
     running.erase(std::find(running.begin(), running.end(), i));
     s.phase = to;
+    s.lastRun = t - s.ranSince;
+    s.waitingSince = t;
   };
   // raccel: job i's vaccel request (the scheduler's span_slack_nodes as spanSlack).
   auto spreadRequest = [&](size_t i) {
-    Pool::Request r{js[i].blocks, scheduler::kAllKinds, js[i].priority};
+    Pool::Request r{js[i].blocks, scheduler::kAllKinds, scheduler::poolPriority(js[i].priority, js[i].serviceClass)};
     if (o.spanSlack >= 0) r.maxNodes = pool.fewestNodesFor(js[i].blocks) + static_cast<uint32_t>(o.spanSlack);
     return r;
   };
@@ -204,7 +214,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       Pool::Request r;
       r.shape = Pool::Shape::wholeCards;
       r.wholeCards = std::min(left, cardsPerNode);
-      r.priority = s.priority;
+      r.priority = scheduler::poolPriority(s.priority, s.serviceClass);
       VaccelId owner = ((i + 1) << 8) | part;
       if (!pool.allocate(owner, r)) {
         for (VaccelId v : s.owners) pool.release(v);
@@ -216,13 +226,110 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     }
     return true;
   };
+  // Each tenant's demand (held + waiting blocks) and holding now, and its max-min fair share.
+  auto tenantDemand = [&](std::vector<double>& demand, std::vector<double>& have) {
+    demand.assign(w.tenants.size(), 0);
+    have.assign(w.tenants.size(), 0);
+    for (size_t i : running) demand[w.jobs[i].tenant] += js[i].blocks, have[w.jobs[i].tenant] += js[i].blocks;
+    for (size_t i : queued) demand[w.jobs[i].tenant] += js[i].blocks;
+    return waterFill(demand, totalBlocks);
+  };
+  auto overShare = [&] {
+    std::vector<double> demand, have;
+    auto fair = tenantDemand(demand, have);
+    std::vector<bool> over(w.tenants.size());
+    for (size_t k = 0; k < over.size(); ++k) over[k] = have[k] > fair[k] + 1e-9;
+    return over;
+  };
+  auto suspend = [&](size_t i, double cost) {
+    stop(i, Phase::suspended);
+    js[i].remaining += cost;
+    queued.insert(i);
+    ++run.preemptions;
+  };
+  // Whether job i's whole-card gang would fit in `trial` (a copy of the pool).
+  auto gangFits = [&](Pool& trial, size_t i) {
+    uint32_t left = w.jobs[i].gpus;
+    for (uint32_t part = 0; left > 0; ++part) {
+      Pool::Request r;
+      r.shape = Pool::Shape::wholeCards;
+      r.wholeCards = std::min(left, cardsPerNode);
+      if (!trial.allocate(~VaccelId{0} - part, r)) return false;
+      left -= r.wholeCards;
+    }
+    return true;
+  };
+  // Tiresias and Gandiva: the jobs that should run now, in `order`, greedily by GPUs;
+  // running jobs outside that set are suspended, then waiting ones placed in order
+  // (one that does not fit is passed over: backfilling).
+  auto reschedule = [&](std::vector<size_t> order, double switchCost) {
+    double gpusLeft = totalBlocks / blocksPerGpu;
+    std::set<size_t> wanted;
+    for (size_t i : order)
+      if (w.jobs[i].gpus <= gpusLeft) wanted.insert(i), gpusLeft -= w.jobs[i].gpus;
+    // Running jobs outside the set, the last in order first: suspended only for a wanted
+    // job that then fits (tried on a copy of the pool), so nothing is suspended in vain.
+    std::vector<size_t> unwanted;
+    for (auto it = order.rbegin(); it != order.rend(); ++it)
+      if (js[*it].phase == Phase::running && !wanted.count(*it)) unwanted.push_back(*it);
+    for (size_t i : order) {
+      if (js[i].phase == Phase::running || !wanted.count(i)) continue;
+      if (place(i)) {
+        start(i);
+        continue;
+      }
+      Pool trial = pool;
+      size_t victims = 0;
+      bool fits = false;
+      while (!fits && victims < unwanted.size()) {
+        for (VaccelId v : js[unwanted[victims]].owners) trial.release(v);
+        ++victims;
+        fits = gangFits(trial, i);
+      }
+      if (!fits) continue;
+      for (size_t k = 0; k < victims; ++k) suspend(unwanted[k], switchCost);
+      unwanted.erase(unwanted.begin(), unwanted.begin() + static_cast<long>(victims));
+      if (place(i)) start(i);
+    }
+    for (size_t i : order)
+      if (js[i].phase != Phase::running && place(i)) start(i);
+  };
+  auto activeJobs = [&] {
+    std::vector<size_t> all(running.begin(), running.end());
+    all.insert(all.end(), queued.begin(), queued.end());
+    return all;
+  };
+  auto tiresiasPass = [&] {
+    auto order = activeJobs();
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return std::make_tuple(-js[a].priority, js[a].serviceClass, a) < std::make_tuple(-js[b].priority, js[b].serviceClass, b);
+    });
+    reschedule(order, o.suspendSeconds);
+  };
+  // Gandiva's round: the jobs that have waited longest since they last ran go first; the
+  // running ones that have run longest in this round make room (round robin).
+  auto gandivaRound = [&] {
+    auto order = activeJobs();
+    auto since = [&](size_t i) { return js[i].phase == Phase::running ? js[i].ranSince : js[i].waitingSince - 1e12; };
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return std::make_tuple(-js[a].priority, since(a), a) < std::make_tuple(-js[b].priority, since(b), b);
+    });
+    reschedule(order, o.switchSeconds);
+  };
   auto pass = [&]() -> Status {
+    if (o.policy == Policy::tiresias) {
+      tiresiasPass();
+      return {};
+    }
     std::vector<scheduler::Waiting> order;
+    std::vector<bool> over = overShare();
     for (size_t i : queued) {
       double score = raccel ? usage[w.jobs[i].tenant].score(t, 1.0) : 0;  // baselines: priority, then arrival
-      order.push_back({i + 1, js[i].priority, score, i});
+      order.push_back({i + 1, js[i].priority, score, i, raccel ? js[i].serviceClass : 0, raccel && over[w.jobs[i].tenant]});
     }
     scheduler::orderForAdmission(order);
+    constexpr int kPlansPerPass = 2;
+    int plans = 0;
     uint32_t smallestFailed = std::numeric_limits<uint32_t>::max();  // baselines: a gang this size did not fit
     for (auto& q : order) {
       size_t i = q.arrival;
@@ -235,15 +342,14 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
         if (!raccel) smallestFailed = w.jobs[i].gpus;
       }
       if (!raccel || s.phase != Phase::waiting) continue;  // a suspended job resumes into free blocks only
+      // Preemption is for work of a higher priority, or of less attained service whose
+      // tenant is within its fair share; planned for the head of the queue only (a plan
+      // tries the placement on a copy of the pool).
+      if (q.overShare || ++plans > kPlansPerPass) continue;
       auto victims = pool.planPreemption(spreadRequest(i));
       if (!victims || victims->empty()) continue;
       // planPreemption has checked that the job fits once they are gone (its node limit too).
-      for (VaccelId v : *victims) {
-        stop(v - 1, Phase::suspended);
-        js[v - 1].remaining += o.suspendSeconds;
-        queued.insert(v - 1);
-        ++run.preemptions;
-      }
+      for (VaccelId v : *victims) suspend(v - 1, o.suspendSeconds);
       if (!place(i)) return fail(Code::internal, "job " + std::to_string(i) + " found no placement after its preemptions");
       start(i);
     }
@@ -268,20 +374,26 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     double tArrival = nextArrival < n ? arrivalOf(nextArrival) : std::numeric_limits<double>::infinity();
     double tDone = std::numeric_limits<double>::infinity();
     for (size_t i : running) tDone = std::min(tDone, t + js[i].remaining / js[i].rate);
-    double tNext = std::min({tArrival, tDone, nextSample});
+    // Attained service crossing a class threshold (raccel and Tiresias order by it).
+    double tClass = std::numeric_limits<double>::infinity();
+    if (lasOrdered)
+      for (size_t i : running)
+        if (js[i].serviceClass + 1 < scheduler::kServiceClasses)
+          tClass = std::min(tClass, t + std::max(0.0, scheduler::kServiceThresholds[js[i].serviceClass] - js[i].attained) / js[i].blocks);
+    double tRound = o.policy == Policy::gandiva && !queued.empty() ? nextRound : std::numeric_limits<double>::infinity();
+    double tNext = std::min({tArrival, tDone, nextSample, tClass, tRound});
     if (!std::isfinite(tNext)) return fail(Code::internal, "jobs wait that nothing can ever run");
     double held = 0;
     for (size_t i : running) {
       js[i].remaining -= (tNext - t) * js[i].rate;
+      js[i].attained += (tNext - t) * js[i].blocks;
       held += js[i].blocks;
     }
     busy += held * (tNext - t);
     t = tNext;
     if (t == nextSample) {
-      std::vector<double> demand(w.tenants.size(), 0), have(w.tenants.size(), 0);
-      for (size_t i : running) demand[w.jobs[i].tenant] += js[i].blocks, have[w.jobs[i].tenant] += js[i].blocks;
-      for (size_t i : queued) demand[w.jobs[i].tenant] += js[i].blocks;
-      auto fair = waterFill(demand, totalBlocks);
+      std::vector<double> demand, have;
+      auto fair = tenantDemand(demand, have);
       run.sampleTimes.push_back(t / 3600);
       for (size_t k = 0; k < w.tenants.size(); ++k) {
         run.shareSeries[k].push_back(100 * have[k] / totalBlocks);
@@ -293,6 +405,27 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       nextSample += o.sampleSeconds;
     }
     bool changed = false, released = false;
+    if (lasOrdered) {
+      // Demotion as attained service grows; promotion of work starved for longer than
+      // promoteKnob x its last run (Tiresias' guard).
+      for (size_t i : running) {
+        int k = scheduler::serviceClassOf(js[i].attained + 1e-3);  // a crossing due now, to rounding
+        if (k == js[i].serviceClass) continue;
+        js[i].serviceClass = k;
+        for (VaccelId v : js[i].owners) pool.setPriority(v, scheduler::poolPriority(js[i].priority, k));
+        changed = true;
+      }
+      for (size_t i : queued)
+        if (js[i].serviceClass > 0 && js[i].lastRun > 0 && t - js[i].waitingSince > o.promoteKnob * js[i].lastRun) {
+          js[i].serviceClass = 0;
+          js[i].attained = 0;
+          changed = true;
+        }
+    }
+    if (o.policy == Policy::gandiva && t >= nextRound) {
+      nextRound = t + o.roundSeconds;
+      if (!queued.empty()) gandivaRound();
+    }
     for (size_t k = 0; k < running.size();) {
       size_t i = running[k];
       if (js[i].remaining <= 1e-6 * std::max(1.0, w.jobs[i].seconds)) {
@@ -312,6 +445,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
         continue;
       }
       js[i].phase = Phase::waiting;
+      js[i].waitingSince = t;
       queued.insert(i);
       changed = true;
     }

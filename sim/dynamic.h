@@ -3,9 +3,12 @@
 // x a per-model step time on their GPUs' worth of blocks, and leave. raccel's policy is
 // the scheduler's own: spread vaccels placed by Pool::allocate, priority preemption by
 // Pool::planPreemption, compaction by Pool::planCompaction/applyMove, and the admission
-// order and tenant usage of scheduler/admission.h. The baselines place whole cards per
-// node (a job larger than a node is a gang of per-node parts) in priority, then arrival,
-// order, without preemption or migration. Pure: the clock is virtual.
+// order and tenant usage of scheduler/admission.h, which orders by attained service
+// (discretized, as Tiresias) within fair share. The baselines place whole cards per
+// node (a job larger than a node is a gang of per-node parts): first-fit, best-fit and
+// random in priority, then arrival, order, without preemption or migration; Tiresias
+// preemptive by discretized least attained service; Gandiva by time-slicing rounds.
+// Pure: the clock is virtual.
 #pragma once
 
 #include <map>
@@ -53,6 +56,13 @@ struct DynamicOptions {
   int spanSlack = 1;   // a job spanning k nodes runs at 1 / (1 + penalty x (k - 1))
   double suspendSeconds = 30;  // a preempted job's save + restore
   double moveSeconds = 10;     // a migrated job's pause
+  // Tiresias (and raccel's attained-service order): a job waiting longer than this many
+  // times its last run goes back to the first queue.
+  double promoteKnob = 8;
+  // Gandiva: a time-slicing round, and the suspend/resume of a job at a round (the same
+  // cost as a preemption: a job resumed elsewhere restores its state like any other).
+  double roundSeconds = 1800;
+  double switchSeconds = 30;
   double sampleSeconds = 3600; // tenant shares sampled this often
   bool audit = false;          // check the pool against the simulator after every event
 };

@@ -48,6 +48,8 @@ int openb(const Flags& flags) {
   const std::vector<uint64_t>& seeds = *parsedSeeds;
   auto policy = parsePolicy(flags.get("policy", "raccel"));
   if (!policy) return die(policy.error().message);
+  if (*policy == Policy::tiresias || *policy == Policy::gandiva)
+    return die(std::string(policyName(*policy)) + " schedules jobs over time: use it with `raccel-sim philly`");
   PackingOptions options;
   options.policy = *policy;
   options.migrate = flags.has("migrate");
@@ -93,7 +95,7 @@ int philly(const Flags& flags) {
   if (!workload) return die(workload.error().message);
   Cluster cluster = phillyCluster();
   std::vector<Policy> policies;
-  if (flags.get("policy", "all") == "all") policies = allPolicies();
+  if (flags.get("policy", "all") == "all") policies = dynamicPolicies();
   else {
     auto p = parsePolicy(flags.get("policy"));
     if (!p) return die(p.error().message);

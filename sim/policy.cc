@@ -8,17 +8,22 @@ const char* policyName(Policy policy) {
     case Policy::wholeCardFirstFit: return "whole-card-first-fit";
     case Policy::random: return "random";
     case Policy::bestFit: return "best-fit";
+    case Policy::tiresias: return "tiresias";
+    case Policy::gandiva: return "gandiva";
   }
   return "?";
 }
 
 Result<Policy> parsePolicy(const std::string& name) {
-  for (Policy p : allPolicies())
+  for (Policy p : dynamicPolicies())
     if (name == policyName(p)) return p;
-  return fail(Code::invalidArgument, "unknown policy '" + name + "' (raccel, whole-card-first-fit, random, best-fit)");
+  return fail(Code::invalidArgument, "unknown policy '" + name + "' (raccel, whole-card-first-fit, random, best-fit, tiresias, gandiva)");
 }
 
 std::vector<Policy> allPolicies() { return {Policy::raccel, Policy::wholeCardFirstFit, Policy::random, Policy::bestFit}; }
+std::vector<Policy> dynamicPolicies() {
+  return {Policy::raccel, Policy::tiresias, Policy::gandiva, Policy::wholeCardFirstFit, Policy::random, Policy::bestFit};
+}
 
 scheduler::Pool::Fit fitOf(Policy policy) {
   switch (policy) {
@@ -26,6 +31,8 @@ scheduler::Pool::Fit fitOf(Policy policy) {
     case Policy::wholeCardFirstFit: return scheduler::Pool::Fit::firstFit;
     case Policy::random: return scheduler::Pool::Fit::random;
     case Policy::bestFit: return scheduler::Pool::Fit::bestFit;
+    case Policy::tiresias: return scheduler::Pool::Fit::firstFit;  // consolidated: lowest whole cards of one node
+    case Policy::gandiva: return scheduler::Pool::Fit::bestFit;    // packs onto the fullest node
   }
   return scheduler::Pool::Fit::raccel;
 }

@@ -15,11 +15,16 @@ enum class Policy {
   wholeCardFirstFit,  // a Kubernetes device plugin: whole cards only (a share takes a card), first fit
   random,             // any place that fits
   bestFit,            // the fullest node that fits
+  // Experiment B only (cluster schedulers of whole GPUs; sim/dynamic.h):
+  tiresias,  // Tiresias (NSDI '19): discretized 2D least-attained-service queues, preemptive, starvation guard; consolidated
+  gandiva,   // Gandiva (OSDI '18): greedy packing, time-slicing (suspend/resume in rounds) when oversubscribed
 };
 
 const char* policyName(Policy policy);
 Result<Policy> parsePolicy(const std::string& name);
+// The packing policies (experiment A), and every policy of experiment B.
 std::vector<Policy> allPolicies();
+std::vector<Policy> dynamicPolicies();
 scheduler::Pool::Fit fitOf(Policy policy);
 
 }  // namespace raccel::sim

@@ -200,7 +200,7 @@ Status writeReport(const ReportOptions& o) {
   std::ostringstream fairness;
   fairness << "\nFairness at 1x: mean over tenants of |share - entitlement| (percentage points of the blocks; lower is fairer):\n\n"
            << "| policy | mean deviation |\n|---|---|\n";
-  for (Policy p : allPolicies()) {
+  for (Policy p : dynamicPolicies()) {
     Series rs{policyName(p), {}, {}};
     for (double rate : o.rates) {
       DynamicOptions d;
