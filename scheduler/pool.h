@@ -161,10 +161,12 @@ class Pool {
   Result<std::vector<BlockRange>> allocate(VaccelId owner, const Request& request);
 
   // How a shaped request chooses among the cards (oneCard) or nodes (wholeCards) where
-  // it fits. `raccel`: the least growth of fragmentation, measured against the demand
-  // the pool has seen (the shapes of the requests so far, by count): free blocks of a
-  // card that a typical request could not use are fragmented (as FGD, USENIX ATC '23,
-  // measures it); ties go to the tightest card, then the fullest node, then the lowest
+  // it fits. `raccel`: the least growth of its node's fragmentation, measured in cards
+  // against the demand the pool has seen (shapes and host needs of the requests so far,
+  // by count): FGD's measure (USENIX ATC '23: free capacity a typical request could not
+  // use, all of a node's for work its host cannot take), plus the free capacity the
+  // node's host cannot feed at the host needs the demand brings per card (see
+  // shaped.cc); ties go to the tightest card, then the fullest node, then the lowest
   // number. The baselines: `firstFit` (lowest block number: how a device plugin fills a
   // cluster), `bestFit` (least free blocks left on the node, then on the card),
   // `random` (any place that fits, seeded).
