@@ -324,18 +324,13 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     bool any = false;
     for (const Node& node : nodes_) any = any || (node.placeable() && node.hostFits(request.host));
     if (!any)
-      return fail(Code::resourceExhausted, "not enough host resources: no online node's host has " +
-                                               std::to_string(request.host.cpuMilli) + " milli-CPU and " +
-                                               std::to_string(request.host.memoryMib) + " MiB left");
+      return fail(Code::resourceExhausted, "not enough host resources: no online node's host has " + describeHost(request.host) + " left");
     std::vector<BlockRange> clipped;
     for (auto& [first, count] : free_) clip({first, count}, request.kinds, clipped);
     for (BlockRange run : clipped)
-      for (uint32_t b = run.first; b < run.end();) {
-        const Node& node = nodes_[cards_[static_cast<size_t>(cardOf(b))].node];
-        uint32_t e = std::min(run.end(), node.blocks.end());
-        if (node.hostFits(request.host)) runs.push_back({b, e - b});
-        b = e;
-      }
+      forEachNodePiece(run, [&](size_t node, BlockRange piece) {
+        if (nodes_[node].hostFits(request.host)) runs.push_back(piece);
+      });
     for (auto& run : runs) consider(run);
   } else if (request.kinds == kAllKinds) {
     int seen = 0;
@@ -378,15 +373,11 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     // and each node's free blocks.
     std::map<size_t, std::vector<BlockRange>> byNode;
     std::map<size_t, uint32_t> nodeFree;
-    for (BlockRange run : runs) {
-      for (uint32_t b = run.first; b < run.end();) {
-        size_t node = cards_[static_cast<size_t>(cardOf(b))].node;
-        uint32_t e = std::min(run.end(), nodes_[node].blocks.end());
-        byNode[node].push_back({b, e - b});
-        nodeFree[node] += e - b;
-        b = e;
-      }
-    }
+    for (BlockRange run : runs)
+      forEachNodePiece(run, [&](size_t node, BlockRange piece) {
+        byNode[node].push_back(piece);
+        nodeFree[node] += piece.count;
+      });
     std::tuple<size_t, uint32_t> bestNode{SIZE_MAX, 0};
     for (auto& [node, nodeRuns] : byNode) {
       uint32_t have = nodeFree[node];
@@ -418,9 +409,8 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
   uint32_t got = 0;
   for (auto& p : pieces) got += p.count;
   if (got < want)
-    return fail(Code::resourceExhausted, "not enough free compute on one node whose host has " + std::to_string(request.host.cpuMilli) +
-                                             " milli-CPU and " + std::to_string(request.host.memoryMib) + " MiB left: " +
-                                             std::to_string(want) + " blocks requested");
+    return fail(Code::resourceExhausted, "not enough free compute on one node whose host has " + describeHost(request.host) +
+                                             " left: " + std::to_string(want) + " blocks requested");
   if (maxNodes) {
     std::set<size_t> nodes;
     for (auto& share : cardsOf(pieces)) nodes.insert(cards_[share.card].node);
@@ -522,12 +512,9 @@ void Pool::release(VaccelId owner) {
   for (auto& p : it->second.ranges) {
     std::fill(owner_.begin() + p.first, owner_.begin() + p.end(), kNoOwner);
     // Blocks of offline nodes are not returned to the free pool.
-    for (uint32_t b = p.first; b < p.end();) {
-      const Node& node = nodes_[cards_[static_cast<size_t>(cardOf(b))].node];
-      uint32_t e = std::min(p.end(), node.blocks.end());
-      if (node.placeable()) addFree({b, e - b});
-      b = e;
-    }
+    forEachNodePiece(p, [&](size_t node, BlockRange piece) {
+      if (nodes_[node].placeable()) addFree(piece);
+    });
   }
   held_.erase(it);
 }

@@ -9,6 +9,7 @@
 // re-registers with the same layout.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -187,11 +188,7 @@ class Pool {
   // placed on a placeable node by the fit (raccel: where it grows fragmentation least),
   // charged there until returnHost. resourceExhausted when no node has room.
   Result<size_t> placeHost(const HostVector& need);
-  // Counts one request of this shape (oneCard thousandths, wholeCards cards, or host-only
-  // work with `spread`) in the demand the raccel fit measures fragmentation against.
-  // allocate and placeHost call it; a caller that knows its workload ahead (the trace
-  // simulator, as FGD is given the trace's typical pods) may prime it.
-  void learnDemand(Shape shape, uint32_t amount, const HostVector& host);
+
   void returnHost(size_t node, const HostVector& need);
   // The lowest `blocks` free blocks of one card, as ranges (fewer when it has fewer).
   std::vector<BlockRange> lowestFree(size_t card, uint32_t blocks) const;
@@ -262,6 +259,22 @@ class Pool {
   void record(VaccelId owner, std::vector<BlockRange> pieces, int priority, HostVector host = {}, size_t shareCard = SIZE_MAX,
               uint32_t shareMilli = 0);
   void chargeHost(size_t node, const HostVector& need, bool take);
+  // "N milli-CPU and M MiB", for messages.
+  static std::string describeHost(const HostVector& host);
+  uint32_t nodeFree(const Node& node) const;  // its cards' free blocks
+  // Calls fn(node index, piece) for the pieces of `range` cut at node boundaries.
+  template <typename Fn>
+  void forEachNodePiece(BlockRange range, Fn&& fn) const {
+    for (uint32_t b = range.first; b < range.end();) {
+      size_t node = cards_[static_cast<size_t>(cardOf(b))].node;
+      uint32_t e = std::min(range.end(), nodes_[node].blocks.end());
+      fn(node, BlockRange{b, e - b});
+      b = e;
+    }
+  }
+  // Counts one request of this shape (oneCard thousandths, wholeCards cards, or host-only
+  // work with `spread`) in the demand the raccel fit measures fragmentation against.
+  void learnDemand(Shape shape, uint32_t amount, const HostVector& host);
   struct Holding;
   void holdExtras(Holding& h, HostVector host, size_t shareCard, uint32_t shareMilli);
   // The fragmentation model of Fit::raccel (shaped.cc).

@@ -12,6 +12,22 @@ namespace {
 
 CardSpec card(CardKind kind, double tflops, uint32_t index) { return CardSpec{index, kind, "m", "cpu", tflops, 1 << 30, {ProgramKind::builtin}}; }
 
+// Shaped requests: `milli` thousandths of one card; `cards` whole cards of one node.
+Pool::Request shareOf(uint32_t milli, HostVector host = {}) {
+  Pool::Request r;
+  r.shape = Pool::Shape::oneCard;
+  r.cardMilli = milli;
+  r.host = host;
+  return r;
+}
+Pool::Request wholeOf(uint32_t cards, HostVector host = {}) {
+  Pool::Request r;
+  r.shape = Pool::Shape::wholeCards;
+  r.wholeCards = cards;
+  r.host = host;
+  return r;
+}
+
 // ARCHITECTURE.md's reference pool: 4 nodes, 200 T. Cards are listed out of kind order
 // on purpose: numbering must group them GPU, NPU, FPGA, CPU.
 Pool referencePool() {
@@ -320,9 +336,7 @@ TEST(Pool, PreemptionCountsOnlyAcceptedKinds) {
 TEST(Pool, OneCardRequestTakesItsShareOfOneCardRoundedUpToBlocks) {
   Pool pool(1.0);
   ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 8, 0), card(CardKind::gpu, 15, 1)}));
-  Pool::Request r;
-  r.shape = Pool::Shape::oneCard;
-  r.cardMilli = 460;  // 0.46 of an 8-block card: 4 blocks; of a 15-block card: 7
+  Pool::Request r = shareOf(460);  // 0.46 of an 8-block card: 4 blocks; of a 15-block card: 7
   auto got = pool.allocate(1, r);
   ASSERT_TRUE(got) << got.error().message;
   auto cards = pool.cardsOf(*got);
@@ -341,9 +355,7 @@ TEST(Pool, WholeCardsComeFromOneNodeAndTheFilterIsObeyed) {
   Pool pool(1.0);
   ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1)}));
   ASSERT_TRUE(pool.addNode("b", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1), card(CardKind::gpu, 10, 2)}));
-  Pool::Request r;
-  r.shape = Pool::Shape::wholeCards;
-  r.wholeCards = 3;
+  Pool::Request r = wholeOf(3);
   auto got = pool.allocate(1, r);
   ASSERT_TRUE(got) << got.error().message;
   EXPECT_EQ(*got, (std::vector<BlockRange>{{21, 30}}));  // all of node b
@@ -369,15 +381,11 @@ TEST(Pool, RaccelFitKeepsWholeCardsFreeForWholeCardDemand) {
     Pool pool(1.0);
     pool.setFit(fit);
     ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1)}));
-    Pool::Request whole;
-    whole.shape = Pool::Shape::wholeCards;
-    whole.wholeCards = 1;
+    Pool::Request whole = wholeOf(1);
     for (VaccelId v = 100; v < 120; ++v) (void)pool.allocate(v, whole);  // refused (still learned as demand) after two
     pool.release(100);
     pool.release(101);
-    Pool::Request share;
-    share.shape = Pool::Shape::oneCard;
-    share.cardMilli = 300;
+    Pool::Request share = shareOf(300);
     share.accepts = [](const Card& c) { return c.spec.index == 1; };
     ASSERT_TRUE(pool.allocate(1, share));  // 3 blocks of card 1
     share.accepts = nullptr;
@@ -488,9 +496,7 @@ TEST(Pool, SharesOfACardAreCountedInThousandthsNotRoundedBlocks) {
   // counted in thousandths they fit, the second taking the remaining 7.
   Pool pool(1.0);
   ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 15.7, 0)}));
-  Pool::Request half;
-  half.shape = Pool::Shape::oneCard;
-  half.cardMilli = 500;
+  Pool::Request half = shareOf(500);
   auto first = pool.allocate(1, half);
   auto second = pool.allocate(2, half);
   ASSERT_TRUE(first && second) << (first ? second.error().message : first.error().message);
@@ -513,9 +519,7 @@ TEST(Pool, SharesOfACardAreCountedInThousandthsNotRoundedBlocks) {
   EXPECT_EQ(blocks, 15u);  // ceil(990 x 15 / 1000)
   EXPECT_EQ(pool.cardFreeMilli(0), 0u) << "no block is left, so no share fits";
   // A whole-card request needs the card free of shares.
-  Pool::Request whole;
-  whole.shape = Pool::Shape::wholeCards;
-  whole.wholeCards = 1;
+  Pool::Request whole = wholeOf(1);
   EXPECT_FALSE(pool.allocate(30, whole));
   for (VaccelId v = 10; v < 20; ++v) pool.release(v);
   EXPECT_TRUE(pool.allocate(30, whole));
@@ -527,9 +531,7 @@ TEST(Pool, SharesCountOnlyTheBlocksOthersLeave) {
   ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 15, 0)}));
   ASSERT_TRUE(pool.allocate(1, {10, kAllKinds}));
   EXPECT_EQ(pool.cardFreeMilli(0), 333u);
-  Pool::Request share;
-  share.shape = Pool::Shape::oneCard;
-  share.cardMilli = 334;
+  Pool::Request share = shareOf(334);
   EXPECT_FALSE(pool.allocate(2, share));
   share.cardMilli = 300;
   auto got = pool.allocate(2, share);
@@ -565,10 +567,7 @@ TEST(Pool, HostNeedsBindARequestToANodeWithRoomAndAreReturnedOnRelease) {
   EXPECT_EQ(pool.nodes()[1].hostUsed, (HostVector{0, 0}));
   // Shaped requests too: a share that needs more memory than "small" has goes to "big".
   pool.release(2);
-  Pool::Request share;
-  share.shape = Pool::Shape::oneCard;
-  share.cardMilli = 200;
-  share.host = {1000, 16384};
+  Pool::Request share = shareOf(200, {1000, 16384});
   auto placed = pool.allocate(4, share);
   ASSERT_TRUE(placed);
   EXPECT_EQ(pool.cardsOf(*placed)[0].card, 1u);
@@ -586,16 +585,10 @@ TEST(Pool, RaccelFitKeepsHostForTheCardsItFeeds) {
   Pool pool(1.0);
   ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1)}, HostVector{16000, 0}));
   ASSERT_TRUE(pool.addNode("b", {card(CardKind::gpu, 10, 0), card(CardKind::gpu, 10, 1)}, HostVector{16000, 0}));
-  Pool::Request whole;
-  whole.shape = Pool::Shape::wholeCards;
-  whole.wholeCards = 1;
-  whole.host = {8000, 0};
+  Pool::Request whole = wholeOf(1, {8000, 0});
   ASSERT_TRUE(pool.allocate(1, whole));  // one card and half the CPU of a node
   size_t used = pool.cardsOf(pool.held(1))[0].card < 2 ? 0 : 1;
-  Pool::Request share;
-  share.shape = Pool::Shape::oneCard;
-  share.cardMilli = 500;
-  share.host = {6000, 0};
+  Pool::Request share = shareOf(500, {6000, 0});
   auto got = pool.allocate(2, share);
   ASSERT_TRUE(got);
   size_t node = pool.cards()[pool.cardsOf(*got)[0].card].node;

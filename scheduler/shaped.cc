@@ -52,6 +52,16 @@ void Pool::setFit(Fit fit, uint64_t seed) {
   rng_.seed(seed);
 }
 
+std::string Pool::describeHost(const HostVector& host) {
+  return std::to_string(host.cpuMilli) + " milli-CPU and " + std::to_string(host.memoryMib) + " MiB";
+}
+
+uint32_t Pool::nodeFree(const Node& node) const {
+  uint32_t free = 0;
+  for (size_t c : node.cards) free += cardFree_[c];
+  return free;
+}
+
 void Pool::chargeHost(size_t node, const HostVector& need, bool take) {
   HostVector& used = nodes_[node].hostUsed;
   if (take) {
@@ -177,14 +187,12 @@ Result<size_t> Pool::placeHost(const HostVector& need) {
     const Node& node = nodes_[n];
     if (!node.placeable() || !node.hostFits(need)) continue;
     uint64_t cpuLeft = left(node.host.cpuMilli, node.hostUsed.cpuMilli + need.cpuMilli);
-    uint64_t nodeFree = 0;
-    for (size_t c : node.cards) nodeFree += cardFree_[c];
     std::tuple<double, uint64_t, uint64_t, uint64_t> score{0, 0, 0, n};
     switch (fit_) {
       case Fit::firstFit: break;
       case Fit::bestFit: score = {0, 0, cpuLeft, n}; break;
       case Fit::random: break;
-      case Fit::raccel: score = {fragDelta(n, {}, need), nodeFree, cpuLeft, n}; break;
+      case Fit::raccel: score = {fragDelta(n, {}, need), nodeFree(node), cpuLeft, n}; break;
     }
     ++seenPlaces;
     bool better = chosen < 0 || score < best;
@@ -192,8 +200,7 @@ Result<size_t> Pool::placeHost(const HostVector& need) {
     if (better) chosen = static_cast<long>(n), best = score;
   }
   if (chosen < 0)
-    return fail(Code::resourceExhausted, "no online node's host has " + std::to_string(need.cpuMilli) + " milli-CPU and " +
-                                             std::to_string(need.memoryMib) + " MiB left");
+    return fail(Code::resourceExhausted, "no online node's host has " + describeHost(need) + " left");
   chargeHost(static_cast<size_t>(chosen), need, true);
   return static_cast<size_t>(chosen);
 }
@@ -259,8 +266,7 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
     if (!node.placeable()) continue;
     bool hostFits = node.hostFits(request.host);
     anyHost = anyHost || hostFits;
-    uint32_t nodeFree = 0;
-    for (size_t c : node.cards) nodeFree += cardFree_[c];
+    const uint32_t free = nodeFree(node);
     if (oneCard) {
       for (size_t c : node.cards) {
         if (!accepted(cards_[c])) continue;
@@ -268,7 +274,7 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
         uint32_t blocks = hostFits ? shareBlocksOn(c, request.cardMilli) : 0;
         if (blocks == 0) continue;
         take = {{c, blocks, request.cardMilli}};
-        consider(n, nodeFree);
+        consider(n, free);
       }
     } else {
       take.clear();
@@ -279,13 +285,13 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
         if (cardFree_[c] == cards_[c].blocks.count && take.size() < request.wholeCards) take.push_back({c, cardFree_[c], 0});
       }
       anyAccepted = anyAccepted || acceptedCards >= request.wholeCards;
-      if (hostFits && take.size() == request.wholeCards) consider(n, nodeFree);
+      if (hostFits && take.size() == request.wholeCards) consider(n, free);
     }
   }
   std::string what = oneCard ? std::to_string(request.cardMilli) + "/1000 of one card"
                              : std::to_string(request.wholeCards) + " whole card(s) of one node";
   if (!request.host.empty())
-    what += " with " + std::to_string(request.host.cpuMilli) + " milli-CPU and " + std::to_string(request.host.memoryMib) + " MiB of its host";
+    what += " with " + describeHost(request.host) + " of its host";
   if (best.empty())
     return fail(Code::resourceExhausted, anyAccepted && anyHost ? "not enough free compute: no place has " + what + " free"
                                                                 : "can never run here now: no online card or node it accepts offers " + what);

@@ -70,7 +70,7 @@ int openb(const Flags& flags) {
     std::printf("policy %s%s, %zu seeds, %u GPUs, %u blocks (means over seeds)\n"
                 "  allocated at 100%% / 130%% arrived: %.2f%% / %.2f%% of blocks\n"
                 "  fragmented at 100%% / 130%%: %.2f%% / %.2f%%\n"
-                "  GPU requests placed at 130%%: %.2f%% of GPUs (before rounding to blocks)\n",
+                "  GPU requests placed at 130%%: %.2f%% of GPUs\n",
                 policyName(*policy), options.migrate ? " + migration" : "", seeds.size(), cluster->cards, cluster->blocks, a100 / n,
                 a130 / n, f100 / n, f130 / n, p130 / n);
     return 0;

@@ -39,7 +39,7 @@ struct PackingRun {
   // Index p = 0..maxLoadPercent: the figure once p% of the GPU capacity has arrived.
   std::vector<double> alloc;   // % of blocks held
   std::vector<double> frag;    // % of blocks free but fragmented (FGD's measure)
-  std::vector<double> placed;  // % of GPU capacity requested by placed pods (before rounding to blocks)
+  std::vector<double> placed;  // % of GPU capacity requested by placed pods
   uint64_t arrived = 0, placedPods = 0, failedPods = 0, migrations = 0;
 };
 

@@ -74,8 +74,8 @@ Status writeReport(const ReportOptions& o) {
   md << "## Experiment A: packing (openb)\n\nCluster: " << cluster->pool.nodes().size() << " nodes, " << cluster->cards << " GPUs, "
      << cluster->blocks << " blocks (T4 8.1, P100 9.3, V100 15.7, A10 31.2 TFLOPS; assumed G2 " << fmt(models["G2"], 1) << ", G3 "
      << fmt(models["G3"], 1) << "). Pods sampled with replacement until their GPU requests reach 130% of the GPUs, no departures, seeds "
-     << o.seeds.front() << "-" << o.seeds.back() << ". `alloc`: blocks held, % of all (a share of a card is rounded up to whole blocks); "
-     << "`placed GPU`: the GPU requests of placed pods before rounding, % of the GPUs (the published figure's unit); `frag`: FGD's fragmentation "
+     << o.seeds.front() << "-" << o.seeds.back() << ". `alloc`: blocks held, % of all (shares of a card are counted in thousandths; a share holds at least one block); "
+     << "`placed GPU`: the GPU requests of placed pods, % of the GPUs (the published figure's unit); `frag`: FGD's fragmentation "
      << "measure in blocks against the pod list's specs by count.\n\n"
      << "| pod list | policy | alloc 100% | alloc 130% | frag 100% | frag 130% | placed GPU 130% | published (policy: alloc 100/130, frag 100) |\n|---|---|---|---|---|---|---|---|\n";
   struct Variant {

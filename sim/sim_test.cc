@@ -120,9 +120,14 @@ TEST(Dynamic, PhillySliceAccountsForEveryJobUnderEveryPolicy) {
       }
     }
     EXPECT_GT(run->utilization, 0.0);
-    if (policy == Policy::raccel || policy == Policy::tiresias) EXPECT_GT(run->preemptions, 0u) << "high-priority or fresh jobs preempt on a full cluster";
-    else if (policy != Policy::gandiva) EXPECT_EQ(run->preemptions + run->migrations, 0u) << policyName(policy);
-    if (policy != Policy::raccel) EXPECT_EQ(run->migrations, 0u) << policyName(policy);
+    if (policy == Policy::raccel || policy == Policy::tiresias) {
+      EXPECT_GT(run->preemptions, 0u) << "high-priority or fresh jobs preempt on a full cluster";
+    } else if (policy != Policy::gandiva) {
+      EXPECT_EQ(run->preemptions + run->migrations, 0u) << policyName(policy);
+    }
+    if (policy != Policy::raccel) {
+      EXPECT_EQ(run->migrations, 0u) << policyName(policy);
+    }
   }
 }
 
