@@ -22,6 +22,10 @@ constexpr uint64_t kMaxCardsPerNode = 1024;
 constexpr uint64_t kMaxBlocksPerNode = 1u << 20;
 constexpr uint64_t kMaxPoolBlocks = 1u << 24;  // 16.7 EFLOPS; the owner table is then 128 MiB
 constexpr uint64_t kMaxCardMemoryBytes = 1ull << 50;  // 1 PiB
+// A node's host resources (CPU in thousandths of a core, memory in MiB), as a netaccel
+// reports them or a VM's vaccels need them: sums of them stay far below 2^64.
+constexpr uint64_t kMaxHostCpuMilli = 1'000'000'000;  // a million cores
+constexpr uint64_t kMaxHostMemoryMib = 1ull << 30;    // 1 EiB
 // A netaccel's registration: contexts it kept over a scheduler restart, buffers in each.
 constexpr uint64_t kMaxKeptContexts = 1u << 16;
 constexpr uint64_t kMaxKeptBuffers = 1u << 16;

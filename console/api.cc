@@ -43,7 +43,9 @@ Json replyJson(wire::ConsoleReply::Reader reply) {
       for (auto n : reply.getNodes())
         list.push_back({{"name", text(n.getName())}, {"address", text(n.getAddress())}, {"online", n.getOnline()},
                         {"cards", n.getCards()}, {"firstBlock", n.getFirstBlock()}, {"blocks", n.getBlocks()},
-                        {"msSinceHeartbeat", n.getMsSinceHeartbeat()}, {"contexts", n.getContexts()}});
+                        {"msSinceHeartbeat", n.getMsSinceHeartbeat()}, {"contexts", n.getContexts()},
+                        {"hostCpuMilli", n.getHostCpuMilli()}, {"hostMemoryMib", n.getHostMemoryMib()},
+                        {"hostCpuMilliUsed", n.getHostCpuMilliUsed()}, {"hostMemoryMibUsed", n.getHostMemoryMibUsed()}});
       return Json{{"nodes", list}};
     }
     case wire::ConsoleReply::CARDS: {
@@ -129,7 +131,7 @@ Status buildAction(const std::vector<std::string>& words, const ActionOptions& o
     d.setUndo(options.undo);
   } else if (command == "set-policy") {
     if (words.size() < 3)
-      return fail(Code::invalidArgument, "set-policy takes a VM name and KEY=VALUE settings (tflops, priority, kinds, memory_quota)");
+      return fail(Code::invalidArgument, "set-policy takes a VM name and KEY=VALUE settings (tflops, priority, kinds, memory_quota, host_cpu, host_memory)");
     auto p = request.initSetPolicy();
     p.setVm(words[1]);
     auto settings = p.initSettings(words.size() - 2);

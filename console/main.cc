@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
                            "                        holds one range; limited by --max-moves and --max-bytes\n"
                            "  drain NODE            move everything off netaccel NODE (suspending what finds no room)\n"
                            "                        and place nothing new there; --undo ends it\n"
-                           "  set-policy VM K=V...  change a VM's tflops, priority, kinds (gpu,cpu) or memory_quota");
+                           "  set-policy VM K=V...  change a VM's tflops, priority, kinds (gpu,cpu), memory_quota,\n"
+                           "                        host_cpu or host_memory");
   flags.positional("COMMAND [ARGS]");
   flags.value("socket", "PATH", "the scheduler's console socket (default /run/raccel/console.sock)");
   flags.boolean("json", "print one JSON document instead of a table (events: one JSON object per line)");

@@ -1,7 +1,11 @@
 #include "netaccel/config.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include <unistd.h>
+
+#include "common/limits.h"
 #include "hal/backends.h"
 
 namespace raccel::netaccel {
@@ -109,7 +113,7 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
                                     "sandbox", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
-                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_hide", "http_listen"};
+                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_hide", "http_listen", "host_cpu", "host_memory"};
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   auto unknown = top.unknownKeys(known);
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
@@ -154,6 +158,26 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto depth = top.getInt("device_queue_depth", out.queueDepth, 1, 1024);
   if (!depth) return fail(depth.error());
   out.queueDepth = static_cast<unsigned>(*depth);
+  if (top.getString("host_cpu", "auto") == "auto") {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    out.hostCpuMilli = cores > 0 ? static_cast<uint64_t>(cores) * 1000 : 0;
+  } else {
+    auto cpu = top.getDouble("host_cpu", 0, 0, limits::kMaxHostCpuMilli / 1000.0);
+    if (!cpu) return fail(Code::invalidArgument, cpu.error().message + " (or auto)");
+    out.hostCpuMilli = static_cast<uint64_t>(std::floor(*cpu * 1000 + 1e-9));
+  }
+  if (top.getString("host_memory", "auto") == "auto") {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    out.hostMemoryMib = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) >> 20 : 0;
+  } else {
+    auto memory = top.getBytes("host_memory", 0);
+    if (!memory) return fail(Code::invalidArgument, memory.error().message + " (or auto)");
+    if (*memory > (limits::kMaxHostMemoryMib << 20))
+      return fail(Code::invalidArgument, "host_memory is at most " + std::to_string(limits::kMaxHostMemoryMib >> 20) + " TiB");
+    out.hostMemoryMib = *memory >> 20;
+  }
+  out.hostCpuMilli = std::min<uint64_t>(out.hostCpuMilli, limits::kMaxHostCpuMilli);
+  out.hostMemoryMib = std::min<uint64_t>(out.hostMemoryMib, limits::kMaxHostMemoryMib);
   auto discover = parseDiscover(top.getString("discover", "all"));
   if (!discover) return fail(discover.error().code, config.origin() + ": " + discover.error().message);
   out.discover = *discover;

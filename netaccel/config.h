@@ -22,6 +22,9 @@
 //                                #   make no progress) this long is stopped
 //   device_queue_depth = 2       # asynchronous cards: kernels in flight on a card at once
 //   http_listen = 127.0.0.1:7781 # /metrics (Prometheus); off = none
+//   host_cpu = auto              # this host's CPU cores that vaccels may be given (a VM's
+//                                #   host_cpu); auto = the online cores, 0 = not counted
+//   host_memory = auto           # and its memory (bytes; auto = physical memory)
 //
 //   [card]                       # override a discovered device
 //   backend = opencl             # opencl, cuda or xrt
@@ -84,6 +87,9 @@ struct NetaccelConfig {
   unsigned queueDepth = 2;
   std::vector<std::string> discover;  // backends to enumerate at start
   std::string httpListen = "127.0.0.1:7781";  // /metrics; "off": no HTTP
+  // Host resources reported to the scheduler (0 = not counted).
+  uint64_t hostCpuMilli = 0;
+  uint64_t hostMemoryMib = 0;
   transport::LinkSecurity security;
   std::vector<CardConfig> cards;
 };

@@ -3,6 +3,7 @@
 #include "netaccel/config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "hal/backends.h"
 
@@ -112,6 +113,28 @@ TEST(NetaccelConfig, SandboxSettingsAreCheckedWhereTheyEnter) {
     auto r = parseConfig(*f);
     ASSERT_FALSE(r) << text;
     EXPECT_NE(r.error().message.find(words), std::string::npos) << text << ": " << r.error().message;
+  }
+}
+
+TEST(NetaccelConfig, HostResourcesAreTheMachinesOrSetAndChecked) {
+  auto file = Config::parse("insecure = true\n", "test.conf");
+  ASSERT_TRUE(file);
+  auto c = parseConfig(*file);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->hostCpuMilli, static_cast<uint64_t>(sysconf(_SC_NPROCESSORS_ONLN)) * 1000);
+  EXPECT_EQ(c->hostMemoryMib, static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) >> 20);
+  file = Config::parse("insecure = true\nhost_cpu = 2.5\nhost_memory = 0\n", "test.conf");
+  c = parseConfig(*file);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->hostCpuMilli, 2500u);
+  EXPECT_EQ(c->hostMemoryMib, 0u);  // not counted
+  for (auto text : {"host_cpu = -2\n", "host_cpu = 1e18\n", "host_cpu = lots\n", "host_memory = -1\n", "host_memory = 3 bananas\n",
+                    "host_memory = 2EiB\n"}) {
+    auto f = Config::parse(std::string("insecure = true\n") + text, "bad.conf");
+    ASSERT_TRUE(f) << text;
+    auto r = parseConfig(*f);
+    ASSERT_FALSE(r) << text;
+    EXPECT_NE(r.error().message.find("host_"), std::string::npos) << text << ": " << r.error().message;
   }
 }
 

@@ -34,6 +34,10 @@ int main(int argc, char** argv) {
   flags.boolean("insecure", "plain TCP to the scheduler, no authentication (loopback development only)");
   flags.value("http-listen", "HOST:PORT", "serve /metrics (Prometheus) here (default 127.0.0.1:7781; off = none; "
                                          "give each netaccel of a host its own)");
+  flags.value("host-cpu", "CORES", "this host's CPU cores vaccels may be given (a VM's host_cpu): auto (default: the "
+                                   "online cores), a number, or 0 = not counted");
+  flags.value("host-memory", "BYTES", "this host's memory vaccels may be given (a VM's host_memory): auto (default: "
+                                      "physical memory), e.g. 64GiB, or 0 = not counted");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   flags.epilog("Serves the configured cards, then every device the discovered backends see (TFLOPS from the device's "
                "properties or a short calibration run). With neither, one cpu card of 4 TFLOPS and 1 GiB.");
@@ -52,6 +56,8 @@ int main(int argc, char** argv) {
     if (flags.has("insecure")) file->top().set("insecure", "true");
     if (flags.has("no-sandbox")) file->top().set("sandbox", "false");
     if (flags.has("http-listen")) file->top().set("http_listen", flags.get("http-listen"));
+    if (flags.has("host-cpu")) file->top().set("host_cpu", flags.get("host-cpu"));
+    if (flags.has("host-memory")) file->top().set("host_memory", flags.get("host-memory"));
     // --list-devices needs no link to the scheduler.
     if (flags.has("list-devices") && !file->top().has("tls_ca")) file->top().set("insecure", "true");
     auto parsed = netaccel::parseConfig(*file);

@@ -243,6 +243,8 @@ void Netaccel::sendRegister() {
   reg.setVersionMajor(wire::PROTOCOL_MAJOR);
   reg.setVersionMinor(wire::PROTOCOL_MINOR);
   reg.setName(config_.name);
+  reg.setHostCpuMilli(config_.hostCpuMilli);
+  reg.setHostMemoryMib(config_.hostMemoryMib);
   auto cards = reg.initCards(workers_.size());
   for (size_t i = 0; i < workers_.size(); ++i) {
     auto& caps = workers_[i]->capabilities();

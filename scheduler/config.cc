@@ -2,13 +2,16 @@
 
 #include "common/limits.h"
 
+#include <cmath>
+#include <algorithm>
 #include <set>
 #include <tuple>
 #include <sstream>
 
 namespace raccel::scheduler {
 Result<VmPolicy> parseVmSection(const ConfigSection& s, char listSeparator) {
-  auto unknown = s.unknownKeys({"name", "socket", "attach", "tflops", "priority", "kinds", "memory_quota"});
+  auto unknown = s.unknownKeys({"name", "socket", "attach", "tflops", "priority", "kinds", "memory_quota", "host_cpu",
+                                 "host_memory"});
   if (!unknown.empty()) return fail(Code::invalidArgument, "unknown vm setting '" + unknown[0] + "'");
   VmPolicy vm;
   auto name = s.getString("name");
@@ -32,6 +35,15 @@ Result<VmPolicy> parseVmSection(const ConfigSection& s, char listSeparator) {
   auto quota = s.getBytes("memory_quota", vm.memoryQuota);
   if (!quota) return fail(quota.error());
   vm.memoryQuota = *quota;
+  auto cpu = s.getDouble("host_cpu", 0, 0, limits::kMaxHostCpuMilli / 1000.0);
+  if (!cpu) return fail(Code::invalidArgument, "vm '" + vm.name + "': " + cpu.error().message);
+  vm.hostCpuMilli = static_cast<uint64_t>(std::ceil(*cpu * 1000 - 1e-9));
+  auto memory = s.getBytes("host_memory", 0);
+  if (!memory) return fail(Code::invalidArgument, "vm '" + vm.name + "': " + memory.error().message);
+  if (*memory > (limits::kMaxHostMemoryMib << 20))
+    return fail(Code::invalidArgument, "vm '" + vm.name + "': host_memory is at most " +
+                                           std::to_string(limits::kMaxHostMemoryMib >> 20) + " TiB");
+  vm.hostMemoryMib = (*memory + (1ull << 20) - 1) >> 20;
   if (s.has("kinds")) {
     vm.kinds = 0;
     std::stringstream in(s.getString("kinds", ""));
@@ -52,6 +64,35 @@ std::string kindsToString(KindMask kinds) {
   for (auto k : {CardKind::gpu, CardKind::npu, CardKind::fpga, CardKind::cpu})
     if (kinds & maskOf(k)) out += std::string(out.empty() ? "" : ",") + kindName(k);
   return out;
+}
+
+Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings) {
+  // The current policy as a section, the changes on top, parsed as any config is.
+  ConfigSection section("vm", 0);
+  section.set("name", p.name);
+  section.set("socket", p.socket);
+  section.set("attach", p.attach == VmPolicy::Attach::connect ? "connect" : "listen");
+  section.set("tflops", std::to_string(p.tflops));
+  section.set("priority", std::to_string(p.priority));
+  section.set("memory_quota", std::to_string(p.memoryQuota));
+  section.set("host_cpu", std::to_string(p.hostCpuMilli / 1000) + "." + std::to_string(1000 + p.hostCpuMilli % 1000).substr(1));
+  section.set("host_memory", std::to_string(p.hostMemoryMib << 20));
+  std::string kinds = kindsToString(p.kinds);
+  std::replace(kinds.begin(), kinds.end(), ',', '|');
+  section.set("kinds", kinds);
+  for (auto& [key, value] : settings) {
+    static const std::set<std::string> settable = {"tflops", "priority", "kinds", "memory_quota", "host_cpu", "host_memory"};
+    if (!settable.contains(key))
+      return fail(Code::invalidArgument, "'" + key + "' is not a policy setting (" + kPolicySettingKeys + ")");
+    std::string v = value;
+    if (key == "kinds") std::replace(v.begin(), v.end(), ',', '|');
+    section.set(key, v);
+  }
+  auto parsed = parseVmSection(section, '|');
+  if (!parsed) return parsed;
+  static const std::string kSetBy = ", set by raccelctl";
+  parsed->source = p.source.ends_with(kSetBy) ? p.source : p.source + kSetBy;
+  return parsed;
 }
 
 Result<VmPolicy> parseVmSpec(const std::string& spec) {

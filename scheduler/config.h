@@ -43,8 +43,13 @@
 //   priority = 0                          # highest priority its programs may ask for
 //   kinds = gpu,npu,fpga,cpu              # card kinds it may use
 //   memory_quota = 2GiB                   # device memory its programs may hold together
+//   host_cpu = 0                          # CPU cores of a card's node each of its vaccels
+//                                         #   needs (e.g. 1.5; 0 = none): it goes only to a
+//                                         #   node whose host (netaccel host_cpu) has them left
+//   host_memory = 0                       # and host memory (bytes, e.g. 8GiB; 0 = none)
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -67,6 +72,10 @@ struct VmPolicy {
   int priority = 0;
   KindMask kinds = kAllKinds;
   unsigned long long memoryQuota = 2ull << 30;
+  // Host resources of a card's node that each of its vaccels needs (host_cpu in cores,
+  // host_memory in bytes; 0 = none): a vaccel then goes only to a node with that room.
+  uint64_t hostCpuMilli = 0;
+  uint64_t hostMemoryMib = 0;
   bool operator==(const VmPolicy&) const = default;
 };
 
@@ -110,6 +119,10 @@ Result<SchedulerConfig> parseConfig(const Config& config);
 Result<VmPolicy> parseVmSection(const ConfigSection& section, char listSeparator);
 // A VM from a one-line spec "name=vm1,socket=/path,tflops=8,priority=1,kinds=gpu|cpu,memory_quota=1GiB".
 Result<VmPolicy> parseVmSpec(const std::string& spec);
+// `p` with raccelctl set-policy's KEY=VALUE settings (kPolicySettingKeys) on top, parsed
+// as any configuration is.
+inline constexpr const char* kPolicySettingKeys = "tflops, priority, kinds, memory_quota, host_cpu, host_memory";
+Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings);
 std::string kindsToString(KindMask kinds);
 
 }  // namespace raccel::scheduler

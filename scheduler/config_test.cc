@@ -50,6 +50,33 @@ TEST(SchedulerConfig, VmsSayHowTheyAttachAndWhereTheirPolicyCameFrom) {
       << bad.error().message;
 }
 
+TEST(SchedulerConfig, VmHostNeedsAreCoresAndBytesRoundedUpAndBounded) {
+  auto none = parseVmSpec("name=a,socket=/a.sock");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->hostCpuMilli, 0u);
+  EXPECT_EQ(none->hostMemoryMib, 0u);
+  auto some = parseVmSpec("name=a,socket=/a.sock,host_cpu=1.5,host_memory=1500000");
+  ASSERT_TRUE(some) << some.error().message;
+  EXPECT_EQ(some->hostCpuMilli, 1500u);
+  EXPECT_EQ(some->hostMemoryMib, 2u);  // 1.43 MiB, rounded up
+  for (auto [spec, words] : {std::pair{"host_cpu=-1", "host_cpu"}, std::pair{"host_cpu=1e300", "host_cpu"},
+                             std::pair{"host_cpu=nan", "host_cpu"}, std::pair{"host_cpu=many", "host_cpu"},
+                             std::pair{"host_memory=-1", "host_memory"}, std::pair{"host_memory=16EiB", "host_memory"},
+                             std::pair{"host_memory=18446744073709551615", "host_memory"}}) {
+    auto bad = parseVmSpec(std::string("name=a,socket=/a.sock,") + spec);
+    ASSERT_FALSE(bad) << spec;
+    EXPECT_NE(bad.error().message.find(words), std::string::npos) << spec << ": " << bad.error().message;
+  }
+  // raccelctl set-policy speaks the same keys, and the policy round-trips through them.
+  auto changed = withSettings(*some, {{"host_cpu", "0.25"}});
+  ASSERT_TRUE(changed) << changed.error().message;
+  EXPECT_EQ(changed->hostCpuMilli, 250u);
+  EXPECT_EQ(changed->hostMemoryMib, 2u);
+  auto refused = withSettings(*some, {{"host_gpu", "1"}});
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("host_cpu, host_memory"), std::string::npos) << refused.error().message;
+}
+
 }  // namespace
 }  // namespace raccel::scheduler
 

@@ -24,7 +24,8 @@ std::string vaccel(const std::string& body) {
 
 TEST(DomainXml, MetadataBecomesThePolicy) {
   auto vm = vmFromDomainXml(domain(vaccel("<raccel:tflops>8</raccel:tflops><raccel:priority>2</raccel:priority>"
-                                          "<raccel:kinds>gpu,cpu</raccel:kinds><raccel:memory_quota>512MiB</raccel:memory_quota>")),
+                                          "<raccel:kinds>gpu,cpu</raccel:kinds><raccel:memory_quota>512MiB</raccel:memory_quota>"
+                                          "<raccel:host_cpu>2</raccel:host_cpu><raccel:host_memory>4GiB</raccel:host_memory>")),
                             "libvirt test:///default");
   ASSERT_TRUE(vm) << vm.error().message;
   ASSERT_TRUE(vm->has_value());
@@ -36,6 +37,8 @@ TEST(DomainXml, MetadataBecomesThePolicy) {
   EXPECT_EQ(p.priority, 2);
   EXPECT_EQ(p.kinds, maskOf(CardKind::gpu) | maskOf(CardKind::cpu));
   EXPECT_EQ(p.memoryQuota, 512ull << 20);
+  EXPECT_EQ(p.hostCpuMilli, 2000u);
+  EXPECT_EQ(p.hostMemoryMib, 4096u);
   EXPECT_EQ(p.source, "libvirt test:///default");
 }
 

@@ -102,6 +102,8 @@ void Scheduler::persist(Session& s, bool withSaved) {
   r.setAskedPriority(s.askedPriority);
   r.setWant(s.want);
   r.setKinds(s.kinds);
+  r.setHostCpuMilli(s.host.cpuMilli);
+  r.setHostMemoryMib(s.host.memoryMib);
   r.setNoWait(s.noWait);
   r.setToken(s.token);
   r.setMaxFrame(s.maxFrame);
@@ -172,6 +174,8 @@ void Scheduler::persistNode(size_t poolIndex, wire::Register::Reader reg) {
   r.setName(reg.getName());
   r.setFirstBlock(pool_.nodes()[poolIndex].blocks.first);
   r.setCards(reg.getCards());
+  r.setHostCpuMilli(reg.getHostCpuMilli());
+  r.setHostMemoryMib(reg.getHostMemoryMib());
   store_->put("node", reg.getName(), toBlob(m));
 }
 
@@ -199,6 +203,7 @@ void Scheduler::restoreState() {
     uint32_t first;
     std::string name;
     std::vector<CardSpec> cards;
+    HostVector host;
   };
   std::vector<Known> known;
   for (auto& [name, blob] : store_->all("node")) {
@@ -207,13 +212,15 @@ void Scheduler::restoreState() {
       auto r = in.reader->getRoot<wire::NodeRecord>();
       auto cards = cardSpecsOf(r.getCards());
       if (!cards) throw std::runtime_error(cards.error().message);
-      known.push_back({r.getFirstBlock(), r.getName(), *cards});
+      if (r.getHostCpuMilli() > limits::kMaxHostCpuMilli || r.getHostMemoryMib() > limits::kMaxHostMemoryMib)
+        throw std::runtime_error("host resources out of range");
+      known.push_back({r.getFirstBlock(), r.getName(), *cards, {r.getHostCpuMilli(), r.getHostMemoryMib()}});
     });
     if (!status) RLOG_ERROR("scheduler") << "state database: node '" << name << "' unreadable: " << status.error().message;
   }
   std::sort(known.begin(), known.end(), [](auto& a, auto& b) { return a.first < b.first; });
   for (auto& k : known) {
-    auto index = pool_.addNode(k.name, k.cards);
+    auto index = pool_.addNode(k.name, k.cards, k.host);
     if (!index) continue;
     if (pool_.nodes()[*index].blocks.first != k.first)
       RLOG_ERROR("scheduler") << "state database: node '" << k.name << "' was at block " << k.first << ", now at "
@@ -249,6 +256,10 @@ void Scheduler::restoreState() {
       s.askedPriority = r.getAskedPriority();
       s.want = r.getWant();
       s.kinds = r.getKinds();
+      // Its own database: still checked (a record is a file like any other).
+      if (r.getHostCpuMilli() > limits::kMaxHostCpuMilli || r.getHostMemoryMib() > limits::kMaxHostMemoryMib)
+        throw std::runtime_error("host needs out of range");
+      s.host = {r.getHostCpuMilli(), r.getHostMemoryMib()};
       s.noWait = r.getNoWait();
       s.token = r.getToken();
       s.maxFrame = r.getMaxFrame();
@@ -276,7 +287,7 @@ void Scheduler::restoreState() {
         return;
       }
       for (auto b : r.getBlocks()) s.blocks.push_back({b.getFirst(), b.getCount()});
-      if (auto assigned = pool_.assign(id, s.blocks, s.priority); !assigned)
+      if (auto assigned = pool_.assign(id, s.blocks, s.priority, s.host); !assigned)
         throw std::runtime_error("its blocks " + blocksText(s.blocks) + " cannot be given back: " + assigned.error().message);
       for (auto mr : r.getMembers()) {
         if (mr.getCard() >= pool_.cards().size() || pool_.nodes()[pool_.cards()[mr.getCard()].node].name != mr.getNode().cStr()) {

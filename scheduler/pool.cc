@@ -556,9 +556,10 @@ Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const
     return fail(Code::resourceExhausted, "not enough compute even by preemption: " + std::to_string(request.blocks) +
                                              " blocks requested, " + std::to_string(have) +
                                              " free or held by lower priorities than " + std::to_string(request.priority));
-  if (request.maxNodes && !chosen.empty()) {
-    // Enough blocks is not enough when the request limits its nodes: try it on a copy,
-    // so nobody is suspended for a request that would still wait.
+  if ((request.maxNodes || !request.host.empty()) && !chosen.empty()) {
+    // Enough blocks is not enough when the request limits its nodes or needs room on a
+    // node's host: try it on a copy, so nobody is suspended for a request that would
+    // still wait.
     Pool trial = *this;
     for (VaccelId v : chosen) trial.release(v);
     if (auto placed = trial.allocate(~VaccelId{0}, request); !placed)

@@ -190,6 +190,10 @@ class Pool {
   Result<size_t> placeHost(const HostVector& need);
 
   void returnHost(size_t node, const HostVector& need);
+  // Whether some node of the pool (online or not) has a host that could ever hold `need`.
+  bool hostCouldHold(const HostVector& need) const;
+  // "N milli-CPU and M MiB", for messages.
+  static std::string describeHost(const HostVector& host);
   // The lowest `blocks` free blocks of one card, as ranges (fewer when it has fewer).
   std::vector<BlockRange> lowestFree(size_t card, uint32_t blocks) const;
   // Returns all blocks held by `owner` to the pool.
@@ -259,8 +263,6 @@ class Pool {
   void record(VaccelId owner, std::vector<BlockRange> pieces, int priority, HostVector host = {}, size_t shareCard = SIZE_MAX,
               uint32_t shareMilli = 0);
   void chargeHost(size_t node, const HostVector& need, bool take);
-  // "N milli-CPU and M MiB", for messages.
-  static std::string describeHost(const HostVector& host);
   uint32_t nodeFree(const Node& node) const;  // its cards' free blocks
   // Calls fn(node index, piece) for the pieces of `range` cut at node boundaries.
   template <typename Fn>

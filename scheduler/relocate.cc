@@ -128,6 +128,7 @@ void Scheduler::requestPlacement() {
 
 Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
   Pool::Request request{s.want, s.kinds, s.priority};
+  request.host = s.host;
   if (config_.spanSlackNodes >= 0)
     request.maxNodes = pool_.fewestNodesFor(s.want, s.kinds) + static_cast<uint32_t>(config_.spanSlackNodes);
   auto placed = pool_.allocate(s.id, request);

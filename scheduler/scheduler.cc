@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <random>
+#include <set>
 
 #include "common/limits.h"
 #include "common/log.h"
@@ -410,6 +411,10 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
     ok = refuse(Code::resourceExhausted, "can never run here: " + std::to_string(blocks) +
                                              " blocks requested, the pool has " + std::to_string(pool_.total(kinds)) +
                                              " of the accepted kinds (" + kindsToString(kinds) + ") in total");
+  const HostVector host{vm.policy.hostCpuMilli, vm.policy.hostMemoryMib};
+  if (ok && !host.empty() && !pool_.hostCouldHold(host))
+    ok = refuse(Code::resourceExhausted, "can never run here: vm '" + vm.policy.name + "' needs " +
+                                             Pool::describeHost(host) + " of a node's host for each vaccel, and no node has that much");
   if (ok) {
     uint32_t vmMax = pool_.blocksFor(vm.policy.tflops);
     if (vm.blocksClaimed + blocks > vmMax)
@@ -435,6 +440,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.askedPriority = asked;
   s.want = blocks;
   s.kinds = kinds;
+  s.host = host;
   s.noWait = noWait;
   s.phase = Phase::waiting;
   s.helloSequence = sequence;
@@ -778,7 +784,12 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         auto specs = cardSpecsOf(reg.getCards());
         if (!specs) return refuse(specs.error().message);
         std::vector<CardSpec>& cards = *specs;
-        auto index = pool_.addNode(name, cards);
+        if (reg.getHostCpuMilli() > limits::kMaxHostCpuMilli || reg.getHostMemoryMib() > limits::kMaxHostMemoryMib)
+          return refuse("host resources out of range: " + std::to_string(reg.getHostCpuMilli()) + " milli-CPU and " +
+                        std::to_string(reg.getHostMemoryMib()) + " MiB (at most " + std::to_string(limits::kMaxHostCpuMilli) +
+                        " and " + std::to_string(limits::kMaxHostMemoryMib) + ")");
+        HostVector host{reg.getHostCpuMilli(), reg.getHostMemoryMib()};
+        auto index = pool_.addNode(name, cards, host);
         if (!index) return refuse(index.error().message);
         persistNode(*index, reg);
         node.name = name;
@@ -792,8 +803,9 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         node.connection->send(transport::kControlChannel, 0, m);
         const Node& n = pool_.nodes()[*index];
         std::string joined = std::to_string(cards.size()) + " card(s), blocks " + std::to_string(n.blocks.first) + "-" +
-                             std::to_string(n.blocks.end() - 1) + "; pool now " + std::to_string(pool_.total()) +
-                             " blocks";
+                             std::to_string(n.blocks.end() - 1) +
+                             (host.empty() ? std::string() : ", host " + Pool::describeHost(host)) + "; pool now " +
+                             std::to_string(pool_.total()) + " blocks";
         RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": " << joined;
         event("node-joined", name, joined);
         adoptContexts(node, reg.getContexts());
@@ -967,6 +979,10 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         out[j].setCards(static_cast<uint32_t>(n.cards.size()));
         out[j].setFirstBlock(n.blocks.first);
         out[j].setBlocks(n.blocks.count);
+        out[j].setHostCpuMilli(n.host.cpuMilli);
+        out[j].setHostMemoryMib(n.host.memoryMib);
+        out[j].setHostCpuMilliUsed(n.hostUsed.cpuMilli);
+        out[j].setHostMemoryMibUsed(n.hostUsed.memoryMib);
         auto link = nodeByPoolIndex_.find(i);
         if (link != nodeByPoolIndex_.end()) {
           out[j].setAddress(link->second->connection->peer());
@@ -1192,36 +1208,11 @@ void Scheduler::refuseWhileSuspended(Session& s, const FrameHeader& h, const Bod
   replyError(s, h.sequence, e);
 }
 
-Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings) {
-  // The current policy as a section, the changes on top, parsed as any config is.
-  ConfigSection section("vm", 0);
-  section.set("name", p.name);
-  section.set("socket", p.socket);
-  section.set("attach", p.attach == VmPolicy::Attach::connect ? "connect" : "listen");
-  section.set("tflops", std::to_string(p.tflops));
-  section.set("priority", std::to_string(p.priority));
-  section.set("memory_quota", std::to_string(p.memoryQuota));
-  std::string kinds = kindsToString(p.kinds);
-  std::replace(kinds.begin(), kinds.end(), ',', '|');
-  section.set("kinds", kinds);
-  for (auto& [key, value] : settings) {
-    if (key != "tflops" && key != "priority" && key != "kinds" && key != "memory_quota")
-      return fail(Code::invalidArgument, "'" + key + "' is not a policy setting (tflops, priority, kinds, memory_quota)");
-    std::string v = value;
-    if (key == "kinds") std::replace(v.begin(), v.end(), ',', '|');
-    section.set(key, v);
-  }
-  auto parsed = parseVmSection(section, '|');
-  if (!parsed) return parsed;
-  static const std::string kSetBy = ", set by raccelctl";
-  parsed->source = p.source.ends_with(kSetBy) ? p.source : p.source + kSetBy;
-  return parsed;
-}
-
 Result<std::string> Scheduler::setPolicy(const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings) {
   Vm* vm = findVm(name);
   if (!vm) return fail(Code::notFound, "no vm named '" + name + "'");
-  if (settings.empty()) return fail(Code::invalidArgument, "set-policy needs at least one KEY=VALUE (tflops, priority, kinds, memory_quota)");
+  if (settings.empty())
+    return fail(Code::invalidArgument, std::string("set-policy needs at least one KEY=VALUE (") + kPolicySettingKeys + ")");
   std::map<std::string, std::string> changes(settings.begin(), settings.end());
   auto parsed = withSettings(vm->policy, changes);
   if (!parsed) return fail(parsed.error().code, "set-policy " + name + ": " + parsed.error().message);
@@ -1238,6 +1229,8 @@ Result<std::string> Scheduler::setPolicy(const std::string& name, const std::vec
   }
   std::string detail = "tflops " + std::to_string(vm->policy.tflops) + ", priority " + std::to_string(vm->policy.priority) +
                        ", kinds " + kindsToString(vm->policy.kinds) + ", memory_quota " + std::to_string(vm->policy.memoryQuota);
+  if (vm->policy.hostCpuMilli || vm->policy.hostMemoryMib)
+    detail += ", host " + pool_.describeHost({vm->policy.hostCpuMilli, vm->policy.hostMemoryMib}) + " a vaccel";
   RLOG_INFO("scheduler") << "vm '" << name << "' policy set: " << detail;
   event("policy", name, detail);
   requestPlacement();

@@ -56,6 +56,14 @@ std::string Pool::describeHost(const HostVector& host) {
   return std::to_string(host.cpuMilli) + " milli-CPU and " + std::to_string(host.memoryMib) + " MiB";
 }
 
+bool Pool::hostCouldHold(const HostVector& need) const {
+  for (const Node& n : nodes_)
+    if (!n.forgotten && (n.host.cpuMilli == 0 || need.cpuMilli <= n.host.cpuMilli) &&
+        (n.host.memoryMib == 0 || need.memoryMib <= n.host.memoryMib))
+      return true;
+  return false;
+}
+
 uint32_t Pool::nodeFree(const Node& node) const {
   uint32_t free = 0;
   for (size_t c : node.cards) free += cardFree_[c];

@@ -68,8 +68,6 @@ constexpr size_t kHeldHighWater = 64 << 20;
 // The same once this many instructions wait (tiny instructions cost more than their bytes).
 constexpr size_t kHeldMaxInstructions = 16384;
 
-// `p` with raccelctl set-policy's KEY=VALUE settings (tflops, priority, kinds, memory_quota) on top.
-Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings);
 // A netaccel's cards as it registered them (or as the state database kept them).
 Result<std::vector<CardSpec>> cardSpecsOf(capnp::List<wire::CardInfo>::Reader cards);
 
@@ -190,6 +188,7 @@ struct Scheduler::Session {
   Phase phase = Phase::running;
   uint32_t want = 0;  // blocks
   KindMask kinds = kAllKinds;
+  HostVector host;    // of its node's host, while it holds blocks (its VM's policy at hello)
   int askedPriority = 0;
   bool noWait = false;
   bool operatorHold = false;     // suspended by raccelctl preempt: waits for raccelctl resume

@@ -77,6 +77,12 @@ struct NodeEntry {
   blocks @5 :UInt32;
   msSinceHeartbeat @6 :UInt64;
   contexts @7 :UInt32;
+  # Its host resources (CPU in thousandths of a core, memory in MiB; 0 = not counted)
+  # and what vaccels placed there hold of them.
+  hostCpuMilli @8 :UInt64;
+  hostMemoryMib @9 :UInt64;
+  hostCpuMilliUsed @10 :UInt64;
+  hostMemoryMibUsed @11 :UInt64;
 }
 
 struct CardEntry {

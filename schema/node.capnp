@@ -48,6 +48,10 @@ struct Register {
   # Contexts it kept while the scheduler was away (ARCHITECTURE.md "state"): the
   # scheduler adopts those it knows (adoptContext) and closes the others.
   contexts @4 :List(HeldContext);
+  # The node's host resources that vaccels may need (Pool's HostVector): CPU in
+  # thousandths of a core and memory in MiB; 0 = not counted.
+  hostCpuMilli @5 :UInt64;
+  hostMemoryMib @6 :UInt64;
 }
 
 struct HeldContext {

@@ -12,6 +12,8 @@ struct NodeRecord {
   name @0 :Text;
   firstBlock @1 :UInt32;
   cards @2 :List(Node.CardInfo);
+  hostCpuMilli @3 :UInt64;
+  hostMemoryMib @4 :UInt64;
 }
 
 # A placed vaccel (running, or suspended with its buffers in the saved-buffer table).
@@ -38,6 +40,8 @@ struct VaccelRecord {
   buffers @17 :List(Node.HeldBuffer);
   appliedThrough @18 :UInt64;
   kernelNs @19 :UInt64;                 # kernel time of contexts it no longer has
+  hostCpuMilli @20 :UInt64;             # the node host resources it holds (its VM's policy)
+  hostMemoryMib @21 :UInt64;
 }
 
 struct MemberRecord {

@@ -188,6 +188,7 @@ Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::stri
                        ",memory_quota=" + vm.memoryQuota;
     if (!vm.kinds.empty()) spec += ",kinds=" + vm.kinds;
     if (!vm.attach.empty()) spec += ",attach=" + vm.attach;
+    if (!vm.more.empty()) spec += "," + vm.more;
     schedulerArgs_.push_back("--vm");
     schedulerArgs_.push_back(spec);
   }

@@ -83,6 +83,7 @@ struct VmSpec {
   std::string memoryQuota = "1GiB";
   std::string attach;  // "connect": the scheduler connects to the socket (QEMU binds it)
   std::string socket;  // default: DIR/NAME.sock
+  std::string more;    // further KEY=VALUE settings, comma-separated (e.g. "host_cpu=2")
 };
 
 class Cluster {

@@ -161,6 +161,71 @@ TEST(Preemption, WithoutLowerPrioritiesARequestIsRefusedOrWaitsWhenItAsks) {
   EXPECT_TRUE(has(why, "waited for blocks until its deadline")) << why;
 }
 
+TEST(Placement, ANodesHostCpuAndMemoryDecideWhereAVaccelGoes) {
+  // Two nodes with the same card (blocks 1-4 and 5-8); node0's host has 1 core, node1's 4. VM "hungry" needs
+  // 1.5 cores and 1 GiB of a node's host per vaccel, "plain" none, "huge" more than any.
+  VmSpec plain{"plain"}, hungry{"hungry"}, huge{"huge"};
+  hungry.more = "host_cpu=1.5,host_memory=1GiB";
+  huge.more = "host_cpu=64";
+  Cluster cluster({plain, hungry, huge});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4, {"--host-cpu", "1", "--host-memory", "8GiB"});
+  cluster.addNetaccel("node1", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4, {"--host-cpu", "4", "--host-memory", "8GiB"});
+  auto p = open(cluster.vmSocket("plain"), 2, "p");
+  ASSERT_TRUE(p);
+  // By blocks alone node0's other 2 blocks fit best (that is where a plain program goes);
+  // its host cannot feed a hungry one.
+  auto probe = open(cluster.vmSocket("plain"), 2, "probe");
+  ASSERT_TRUE(probe);
+  EXPECT_EQ(blocksOf(cluster.console("vaccels"), "probe"), "{\"first\":3,\"count\":2}") << cluster.console("vaccels");
+  probe.reset();
+  cluster.waitConsole("vaccels", [](auto& j) { return vaccelOf(j, "probe").empty(); });
+  auto a = open(cluster.vmSocket("hungry"), 2, "a");
+  ASSERT_TRUE(a);
+  auto b = open(cluster.vmSocket("hungry"), 2, "b");
+  ASSERT_TRUE(b);
+  std::string vaccels = cluster.console("vaccels");
+  EXPECT_EQ(blocksOf(vaccels, "a"), "{\"first\":5,\"count\":2}") << vaccels;
+  EXPECT_EQ(blocksOf(vaccels, "b"), "{\"first\":7,\"count\":2}") << vaccels;
+  Kept x(*a, 4096, 1), y(*a, 4096, 2);
+  EXPECT_EQ(axpyChecked(*a, x, y, 0.5f), "");
+  std::string nodes = cluster.console("nodes");
+  EXPECT_TRUE(has(nodes, "\"hostCpuMilli\":4000,\"hostMemoryMib\":8192,\"hostCpuMilliUsed\":3000,\"hostMemoryMibUsed\":2048"))
+      << nodes;
+  EXPECT_TRUE(has(cluster.ctl({"nodes"}), "3.0/4.0")) << cluster.ctl({"nodes"});
+  // node0 has 2 free blocks but no host room: a third hungry program is not placed there.
+  p.reset();
+  std::string why;
+  auto c = open(cluster.vmSocket("hungry"), 2, "c", 0, 0, false, &why);
+  EXPECT_FALSE(c);
+  EXPECT_TRUE(has(why, "host has 1500 milli-CPU and 1024 MiB left")) << why;
+  // It waits, and goes to node1 when a ends there (b may slide down into a's blocks).
+  auto waiter = std::async(std::launch::async, [&] {
+    std::string w;
+    auto s = open(cluster.vmSocket("hungry"), 2, "waiter", 0, 30000, false, &w);
+    if (!s) return w;
+    Kept u(*s, 1000, 4), v(*s, 1000, 5);
+    std::string checked = axpyChecked(*s, u, v, 1.5f);
+    if (!checked.empty()) return checked;
+    return vaccelOf(cluster.console("vaccels"), "waiter");
+  });
+  vaccels = cluster.waitConsole("vaccels", [](auto& j) { return stateOf(j, "waiter") == "waiting"; });
+  EXPECT_EQ(stateOf(vaccels, "waiter"), "waiting") << vaccels;
+  a.reset();
+  std::string placed = waiter.get();
+  EXPECT_TRUE(has(placed, "\"cards\":[{\"node\":\"node1\"")) << placed;
+  // What vaccels hold of a host survives a scheduler restart (b's 1.5 cores and 1 GiB;
+  // b itself waits there for its guest to re-attach, which a direct link does not).
+  cluster.waitConsole("vaccels", [](auto& j) { return vaccelOf(j, "waiter").empty(); });
+  cluster.restartScheduler();
+  nodes = cluster.waitConsole("nodes", [](auto& j) { return has(j, "\"hostCpuMilliUsed\":1500,\"hostMemoryMibUsed\":1024"); });
+  EXPECT_TRUE(has(nodes, "\"hostCpuMilliUsed\":1500,\"hostMemoryMibUsed\":1024")) << nodes;
+  // More than any node's host has: refused at once, saying so.
+  auto never = open(cluster.vmSocket("huge"), 1, "never", 0, 30000, false, &why);
+  EXPECT_FALSE(never);
+  EXPECT_TRUE(has(why, "can never run here: vm 'huge' needs 64000 milli-CPU and 0 MiB of a node's host")) << why;
+  EXPECT_TRUE(cluster.scheduler().running());
+}
+
 TEST(Preemption, TheOperatorSuspendsAndResumesAndANoWaitProgramIsToldWhy) {
   Cluster cluster({VmSpec{"vm1", 16, 0}});
   cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);

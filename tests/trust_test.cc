@@ -91,11 +91,13 @@ std::string tlsSend(const Cluster& cluster, const std::string& node, const std::
 }
 
 std::vector<std::byte> registration(const std::string& name, double tflops, uint32_t keptContext = 0,
-                                    uint32_t keptCount = 1) {
+                                    uint32_t keptCount = 1, uint64_t hostCpuMilli = 0, uint64_t hostMemoryMib = 0) {
   capnp::MallocMessageBuilder m;
   auto reg = m.initRoot<wire::NodeMessage>().initRegister();
   reg.setVersionMajor(wire::PROTOCOL_MAJOR);
   reg.setName(name);
+  reg.setHostCpuMilli(hostCpuMilli);
+  reg.setHostMemoryMib(hostMemoryMib);
   auto card = reg.initCards(1)[0];
   card.setKind(wire::CardKind::CPU);
   card.setTflops(tflops);
@@ -186,8 +188,10 @@ TEST_F(Trust, ACertificateForOneNodeCannotRegisterAsAnotherOrWithAbsurdCards) {
   tlsSend(*cluster, "big1", registration("", 1e30));
   tlsSend(*cluster, "big2", registration("", std::nan("")));
   tlsSend(*cluster, "big3", registration("", 4294967296.0 + 16));
+  // A host that would overflow what vaccels hold of it.
+  tlsSend(*cluster, "big4", registration("", 4, 0, 1, ~uint64_t{0}, 8));
   std::string log;
-  for (int i = 0; i < 100 && !contains(log, "(got 4.29497e+09)"); ++i) {
+  for (int i = 0; i < 100 && !(contains(log, "(got 4.29497e+09)") && contains(log, "host resources out of range")); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     log = readFile(cluster->dir() + "/scheduler.log");
   }
@@ -195,6 +199,7 @@ TEST_F(Trust, ACertificateForOneNodeCannotRegisterAsAnotherOrWithAbsurdCards) {
   EXPECT_TRUE(contains(log, "card 0 tflops must be a finite number from 0 to 65536 (got 1e+30)")) << log;
   EXPECT_TRUE(contains(log, "nan)")) << log;
   EXPECT_TRUE(contains(log, "(got 4.29497e+09)")) << log;
+  EXPECT_TRUE(contains(log, "host resources out of range: 18446744073709551615 milli-CPU and 8 MiB")) << log;
   EXPECT_EQ(cluster->poolTotal(), 4u) << cluster->console("nodes");
   std::string nodes = cluster->console("nodes");
   EXPECT_TRUE(contains(nodes, "\"name\":\"node0\"") && contains(nodes, "\"online\":true")) << nodes;

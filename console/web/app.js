@@ -18,6 +18,12 @@ function el(tag, attrs, ...children) {
 }
 
 function mib(bytes) { return Math.round(bytes / 1048576) + " MiB"; }
+// A node's host: what vaccels hold of its CPU and memory, and what it has ("-": not counted).
+function hostUse(n) {
+  const cpu = n.hostCpuMilli ? (n.hostCpuMilliUsed / 1000).toFixed(1) + " / " + (n.hostCpuMilli / 1000).toFixed(1) + " CPU" : "";
+  const mem = n.hostMemoryMib ? (n.hostMemoryMibUsed / 1024).toFixed(1) + " / " + (n.hostMemoryMib / 1024).toFixed(1) + " GiB" : "";
+  return [cpu, mem].filter(s => s).join(", ") || "-";
+}
 
 function ranges(list) {
   return list.map(b => (b.count > 1 ? b.first + "-" + (b.first + b.count - 1) : String(b.first))).join(",");
@@ -108,7 +114,7 @@ function render(data) {
   fillTable("nodes", nodes.nodes.map(n => el("tr", {},
     el("td", {}, n.name), el("td", { class: n.online ? "state-running" : "state-offline" }, n.online ? "online" : "offline"),
     el("td", {}, n.address || "-"), el("td", {}, n.blocks ? n.firstBlock + "-" + (n.firstBlock + n.blocks - 1) : "-"),
-    el("td", {}, n.contexts), el("td", {}, n.online ? n.msSinceHeartbeat + " ms ago" : "-"),
+    el("td", {}, n.contexts), el("td", {}, hostUse(n)), el("td", {}, n.online ? n.msSinceHeartbeat + " ms ago" : "-"),
     el("td", {}, actionButton("Drain", "drain", [n.name]), " ", actionButton("Undrain", "drain", [n.name], true)))));
   fillTable("cards", cards.cards.map(c => el("tr", {},
     el("td", {}, c.node), el("td", {}, c.index), el("td", {}, c.kind), el("td", {}, c.model), el("td", {}, c.backend),
