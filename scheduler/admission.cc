@@ -27,6 +27,8 @@ int poolPriority(int priority, int serviceClass) {
 }
 
 void orderForAdmission(std::vector<Waiting>& queue) {
+  for (auto& w : queue)
+    if (w.waitedSeconds > kStarvedAfterSeconds) w.serviceClass = 0, w.overShare = false;
   std::stable_sort(queue.begin(), queue.end(), [](const Waiting& a, const Waiting& b) {
     return std::make_tuple(-a.priority, a.overShare, a.serviceClass, a.tenantScore, a.arrival) <
            std::make_tuple(-b.priority, b.overShare, b.serviceClass, b.tenantScore, b.arrival);

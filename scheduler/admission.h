@@ -40,6 +40,13 @@ int serviceClassOf(double attainedBlockSeconds);
 // work that has had the most service: priority x kServiceClasses + (classes - 1 - class).
 int poolPriority(int priority, int serviceClass);
 
+// Starvation guard: a request that has waited this long since it last ran (or arrived)
+// counts as fresh work (class 0) of a tenant within its share, whatever its tenant holds,
+// so a heavy tenant's large jobs are not passed over for ever by everyone's smaller
+// ones. Ten days, chosen on the Philly trace (sim/README.md): shorter guards made the
+// tail worse there (more preemption churn), longer ones did not help it.
+constexpr double kStarvedAfterSeconds = 240.0 * 3600;
+
 struct Waiting {
   VaccelId id = kNoOwner;
   int priority = 0;
@@ -47,10 +54,12 @@ struct Waiting {
   uint64_t arrival = 0;    // admission requests in arrival order
   int serviceClass = 0;    // serviceClassOf its attained service
   bool overShare = false;  // its tenant holds more than its fair share now
+  double waitedSeconds = 0;
 };
-// Highest priority first; then tenants within their fair share before those over it;
-// then the least attained service class; then the tenant with the lowest usage over
-// its entitlement (usage-based fair share); then arrival order.
+// Applies the starvation guard (serviceClass and overShare become what the order uses),
+// then orders: highest priority first; then tenants within their fair share before those
+// over it; then the least attained service class; then the tenant with the lowest usage
+// over its entitlement (usage-based fair share); then arrival order.
 void orderForAdmission(std::vector<Waiting>& queue);
 
 }  // namespace raccel::scheduler

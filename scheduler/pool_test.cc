@@ -1,4 +1,5 @@
 #include "scheduler/pool.h"
+#include "scheduler/admission.h"
 
 #include <gtest/gtest.h>
 
@@ -593,6 +594,30 @@ TEST(Pool, RaccelFitKeepsHostForTheCardsItFeeds) {
   ASSERT_TRUE(got);
   size_t node = pool.cards()[pool.cardsOf(*got)[0].card].node;
   EXPECT_NE(node, used) << "on the busy node it would leave 2000 milli-CPU for a free card that needs 8000";
+}
+
+}  // namespace
+}  // namespace raccel::scheduler
+
+namespace raccel::scheduler {
+namespace {
+
+TEST(Admission, OrderIsPriorityShareClassUsageArrivalAndTheStarvedCountAsFresh) {
+  std::vector<Waiting> queue = {
+      {1, 0, 0.5, 1, 2, false, 0},                           // most served, within share
+      {2, 0, 0.1, 2, 0, true, 0},                            // fresh, its tenant over share
+      {3, 0, 0.9, 3, 0, false, 0},                           // fresh, within share, heavier tenant
+      {4, 0, 0.2, 4, 0, false, 0},                           // fresh, within share, lighter tenant
+      {5, 1, 9.0, 5, 2, true, 0},                            // higher priority: first whatever else
+      {6, 0, 0.8, 6, 2, true, kStarvedAfterSeconds + 1},     // over share, served, but starved
+  };
+  orderForAdmission(queue);
+  std::vector<VaccelId> ids;
+  for (auto& w : queue) ids.push_back(w.id);
+  EXPECT_EQ(ids, (std::vector<VaccelId>{5, 4, 6, 3, 1, 2}));
+  // The starved one is now ordered (and may preempt) as fresh work within its share.
+  EXPECT_EQ(queue[2].serviceClass, 0);
+  EXPECT_FALSE(queue[2].overShare);
 }
 
 }  // namespace

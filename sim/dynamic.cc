@@ -325,7 +325,8 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     std::vector<bool> over = overShare();
     for (size_t i : queued) {
       double score = raccel ? usage[w.jobs[i].tenant].score(t, 1.0) : 0;  // baselines: priority, then arrival
-      order.push_back({i + 1, js[i].priority, score, i, raccel ? js[i].serviceClass : 0, raccel && over[w.jobs[i].tenant]});
+      order.push_back({i + 1, js[i].priority, score, i, raccel ? js[i].serviceClass : 0, raccel && over[w.jobs[i].tenant],
+                       raccel ? t - js[i].waitingSince : 0});
     }
     scheduler::orderForAdmission(order);
     constexpr int kPlansPerPass = 2;

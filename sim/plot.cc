@@ -28,25 +28,68 @@ std::string num(double v) {
   return buf;
 }
 
+// 16 distinguishable colours (Tableau 10, then darker and lighter relatives), enough for
+// the Philly trace's 15 tenants without repeats.
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                         "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173"};
+                         "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#a6cee3"};
 }  // namespace
+
+std::vector<double> niceTicks(double lo, double hi, int count) {
+  if (!(hi > lo) || !std::isfinite(lo) || !std::isfinite(hi)) return {lo};
+  double raw = (hi - lo) / std::max(1, count);
+  double power = std::pow(10, std::floor(std::log10(raw)));
+  double step = power;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * power >= raw) {
+      step = m * power;
+      break;
+    }
+  std::vector<double> ticks;
+  for (double v = std::floor(lo / step + 1e-9) * step; v < hi + step * 0.999; v += step)
+    ticks.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
+  return ticks;
+}
 
 std::string renderSvg(const Chart& chart) {
   const double W = 760, H = 460, left = 70, right = 200, top = 40, bottom = 60;
   double xMin = std::numeric_limits<double>::infinity(), xMax = -xMin, yMin = xMin, yMax = -xMin;
   auto fx = [&](double x) { return chart.logX ? std::log10(std::max(x, 1e-9)) : x; };
-  for (auto& s : chart.series)
-    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
-      if (chart.logX && s.x[i] <= 0) continue;
-      xMin = std::min(xMin, fx(s.x[i])), xMax = std::max(xMax, fx(s.x[i]));
-      yMin = std::min(yMin, s.y[i]), yMax = std::max(yMax, s.y[i]);
+  // Stacked: each series' band sits on the sum of those before it.
+  std::vector<std::vector<double>> base(chart.series.size()), topOf(chart.series.size());
+  if (chart.stacked && !chart.series.empty()) {
+    std::vector<double> sum(chart.series[0].x.size(), 0);
+    for (size_t k = 0; k < chart.series.size(); ++k) {
+      base[k] = sum;
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += i < chart.series[k].y.size() ? std::max(0.0, chart.series[k].y[i]) : 0;
+      topOf[k] = sum;
     }
+  }
+  for (size_t k = 0; k < chart.series.size(); ++k) {
+    const Series& s = chart.series[k];
+    const auto& xs = chart.stacked ? chart.series[0].x : s.x;
+    const auto& ys = chart.stacked ? topOf[k] : s.y;
+    for (size_t i = 0; i < xs.size() && i < ys.size(); ++i) {
+      if (chart.logX && xs[i] <= 0) continue;
+      xMin = std::min(xMin, fx(xs[i])), xMax = std::max(xMax, fx(xs[i]));
+      yMin = std::min(yMin, ys[i]), yMax = std::max(yMax, ys[i]);
+    }
+  }
+  if (chart.stacked) yMin = std::min(yMin, 0.0);
   if (chart.fixedY) yMin = chart.yMin, yMax = chart.yMax;
   if (!std::isfinite(xMin)) xMin = 0, xMax = 1;
   if (!std::isfinite(yMin)) yMin = 0, yMax = 1;
   if (xMax <= xMin) xMax = xMin + 1;
   if (yMax <= yMin) yMax = yMin + 1;
+  // Round ticks, the axes extended to them (a log axis: whole powers of ten).
+  std::vector<double> yTicks = niceTicks(yMin, yMax), xTicks;
+  if (!chart.fixedY) yMin = yTicks.front(), yMax = yTicks.back();
+  if (chart.logX) {
+    xMin = std::floor(xMin + 1e-9), xMax = std::max(xMin + 1, std::ceil(xMax - 1e-9));
+    for (double e = xMin; e <= xMax + 1e-9; ++e) xTicks.push_back(e);
+  } else {
+    xTicks = niceTicks(xMin, xMax, 6);
+    xMin = xTicks.front(), xMax = xTicks.back();
+  }
   const double pw = W - left - right, ph = H - top - bottom;
   auto px = [&](double x) { return left + (fx(x) - xMin) / (xMax - xMin) * pw; };
   auto py = [&](double y) { return top + ph - (std::clamp(y, yMin, yMax) - yMin) / (yMax - yMin) * ph; };
@@ -58,38 +101,61 @@ std::string renderSvg(const Chart& chart) {
                 W, H);
   out += buf;
   out += "<text x=\"" + num(W / 2 - right / 2) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + escape(chart.title) + "</text>\n";
-  // Axes, grid and ticks.
-  for (int i = 0; i <= 5; ++i) {
-    double yv = yMin + (yMax - yMin) * i / 5, y = py(yv);
+  // Grid and ticks.
+  for (double yv : yTicks) {
+    if (yv < yMin - 1e-9 || yv > yMax + 1e-9) continue;
+    double y = py(yv);
     std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", left, y, left + pw, y);
     out += buf;
     std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left - 6, y + 4, num(yv).c_str());
     out += buf;
-    double xv = xMin + (xMax - xMin) * i / 5, x = left + pw * i / 5;
+  }
+  for (double xv : xTicks) {
+    double x = left + (xv - xMin) / (xMax - xMin) * pw;
+    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", x, top, x, top + ph);
+    out += buf;
     std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x, top + ph + 18,
                   num(chart.logX ? std::pow(10, xv) : xv).c_str());
     out += buf;
   }
-  std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n", left, top, pw, ph);
-  out += buf;
   out += "<text x=\"" + num(left + pw / 2) + "\" y=\"" + num(H - 18) + "\" text-anchor=\"middle\">" + escape(chart.xLabel) + "</text>\n";
   out += "<text transform=\"translate(18," + num(top + ph / 2) + ") rotate(-90)\" text-anchor=\"middle\">" + escape(chart.yLabel) + "</text>\n";
+  // The legend lists stacked bands top down, as they are drawn.
+  const double legendStep = std::min(18.0, (ph - 10) / std::max<size_t>(1, chart.series.size()));
   for (size_t k = 0; k < chart.series.size(); ++k) {
     const Series& s = chart.series[k];
     const char* color = kColors[k % (sizeof kColors / sizeof *kColors)];
     std::string points;
-    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
-      if (chart.logX && s.x[i] <= 0) continue;
-      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(s.x[i]), py(s.y[i]));
-      points += buf;
+    if (chart.stacked) {
+      const auto& xs = chart.series[0].x;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(xs[i]), py(topOf[k][i]));
+        points += buf;
+      }
+      for (size_t i = xs.size(); i-- > 0;) {
+        std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(xs[i]), py(base[k][i]));
+        points += buf;
+      }
+      out += std::string("<polygon stroke=\"white\" stroke-width=\"0.3\" fill=\"") + color + "\" points=\"" + points + "\"/>\n";
+    } else {
+      for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+        if (chart.logX && s.x[i] <= 0) continue;
+        std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(s.x[i]), py(s.y[i]));
+        points += buf;
+      }
+      out += std::string("<polyline fill=\"none\" stroke-width=\"1.8\" stroke=\"") + color + "\" points=\"" + points + "\"/>\n";
     }
-    out += std::string("<polyline fill=\"none\" stroke-width=\"1.8\" stroke=\"") + color + "\" points=\"" + points + "\"/>\n";
-    double ly = top + 10 + 18 * k;
-    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n", left + pw + 12, ly,
-                  left + pw + 32, ly, color);
+    double ly = top + 10 + legendStep * (chart.stacked ? chart.series.size() - 1 - k : k);
+    if (chart.stacked)
+      std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"20\" height=\"10\" fill=\"%s\"/>\n", left + pw + 12, ly - 5, color);
+    else
+      std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n", left + pw + 12, ly,
+                    left + pw + 32, ly, color);
     out += buf;
     out += "<text x=\"" + num(left + pw + 38) + "\" y=\"" + num(ly + 4) + "\">" + escape(s.label) + "</text>\n";
   }
+  std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n", left, top, pw, ph);
+  out += buf;
   out += "</svg>\n";
   return out;
 }

@@ -232,7 +232,9 @@ Status writeReport(const ReportOptions& o) {
       for (auto& ts : run->tenants)
         if (ts.entitlement > 0) deviation += std::fabs(ts.share - ts.entitlement), ++active;
       fairness << "| " << policyName(p) << " | " << fmt(active ? deviation / active : 0) << " |\n";
-      Chart shares{std::string("Philly VCs, rate 1x, ") + policyName(p) + ": each tenant's share of the blocks", "time (hours)", "share of blocks (%)", {}, false, false};
+      // Stacked: the bands add up to what the cluster holds, each tenant's the part it has.
+      Chart shares{std::string("Philly, 1x, ") + policyName(p) + ": tenants' shares (stacked)", "time (hours)",
+                   "share of all blocks (%)", {}, false, true, 0, 100, true};
       for (size_t k = 0; k < run->tenants.size(); ++k) {
         auto& ts = run->tenants[k];
         tenants << policyName(p) << "," << ts.name << "," << ts.jobs << "," << fmt(ts.share, 3) << "," << fmt(ts.entitlement, 3) << "\n";

@@ -7,11 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "sim/audit.h"
 #include "sim/cluster.h"
 #include "sim/dynamic.h"
 #include "sim/packing.h"
+#include "sim/plot.h"
 
 using namespace raccel;
 using namespace raccel::sim;
@@ -147,6 +149,35 @@ TEST(Dynamic, SyntheticJobsFinishWithTheirOwnRunTimeWhenAlone) {
     for (uint32_t i = 0; i < 6; ++i) EXPECT_NEAR(run->jct[i], 100.0 + i, 1e-6) << policyName(policy);
     EXPECT_EQ(run->avgQueue, 0.0);
   }
+}
+
+TEST(Plot, TicksFallOnRoundNumbersAroundTheData) {
+  EXPECT_EQ(niceTicks(0, 93.7), (std::vector<double>{0, 20, 40, 60, 80, 100}));
+  EXPECT_EQ(niceTicks(0.3, 7.9), (std::vector<double>{0, 2, 4, 6, 8}));
+  EXPECT_EQ(niceTicks(1.0, 1.65, 6).size(), 5u);  // 1.0 to 1.8 by 0.2
+  for (double v : niceTicks(1.0, 1.65, 6)) EXPECT_NEAR(v * 5, std::round(v * 5), 1e-9) << v;
+  EXPECT_EQ(niceTicks(-130, 2700).front(), -1000);
+  EXPECT_EQ(niceTicks(-130, 2700).back(), 3000);
+}
+
+TEST(Plot, StackedBandsAddUpAndEachTenantIsAFilledBand) {
+  Chart chart{"shares", "t", "%", {{"a", {0, 1, 2}, {10, 20, 30}}, {"b", {0, 1, 2}, {50, 40, 30}}}, false, true, 0, 100, true};
+  std::string svg = renderSvg(chart);
+  size_t polygons = 0;
+  for (size_t at = svg.find("<polygon"); at != std::string::npos; at = svg.find("<polygon", at + 1)) ++polygons;
+  EXPECT_EQ(polygons, 2u);
+  // b's band runs from a's top (10, 20, 30) to the sum (60, 60, 60): its top edge is flat.
+  size_t b = svg.rfind("<polygon");
+  std::string points = svg.substr(svg.find("points=\"", b) + 8);
+  points = points.substr(0, points.find('"'));
+  std::vector<double> ys;
+  std::istringstream in(points);
+  for (std::string xy; in >> xy;) ys.push_back(std::stod(xy.substr(xy.find(',') + 1)));
+  ASSERT_EQ(ys.size(), 6u);
+  EXPECT_EQ(ys[0], ys[1]);
+  EXPECT_EQ(ys[1], ys[2]);
+  EXPECT_LT(ys[3], ys[4]);  // its base, back from x = 2 (30 %) to x = 1 (20 %): lower on the page
+  EXPECT_NE(svg.find(">100</text>"), std::string::npos);
 }
 
 TEST(Cluster, ConfigErrorsNameTheLine) {
