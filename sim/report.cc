@@ -233,14 +233,24 @@ Status writeReport(const ReportOptions& o) {
         if (ts.entitlement > 0) deviation += std::fabs(ts.share - ts.entitlement), ++active;
       fairness << "| " << policyName(p) << " | " << fmt(active ? deviation / active : 0) << " |\n";
       // Stacked: the bands add up to what the cluster holds, each tenant's the part it has.
-      Chart shares{std::string("Philly, 1x, ") + policyName(p) + ": tenants' shares (stacked)", "time (hours)",
+      Chart shares{std::string("Philly, 1x, ") + policyName(p) + ": tenants' shares (stacked, daily means)", "time (hours)",
                    "share of all blocks (%)", {}, false, true, 0, 100, true};
       for (size_t k = 0; k < run->tenants.size(); ++k) {
         auto& ts = run->tenants[k];
         tenants << policyName(p) << "," << ts.name << "," << ts.jobs << "," << fmt(ts.share, 3) << "," << fmt(ts.entitlement, 3) << "\n";
-        Series s{ts.name, run->sampleTimes, run->shareSeries[k]};
         for (size_t i = 0; i < run->sampleTimes.size(); ++i)
           series << policyName(p) << "," << fmt(run->sampleTimes[i], 1) << "," << ts.name << "," << fmt(run->shareSeries[k][i], 3) << "\n";
+        // Hourly samples are too dense to read over months: the chart shows daily means
+        // (the CSV keeps every sample).
+        Series s{ts.name, {}, {}};
+        constexpr size_t kPerBin = 24;
+        for (size_t i = 0; i < run->sampleTimes.size(); i += kPerBin) {
+          size_t end = std::min(run->sampleTimes.size(), i + kPerBin);
+          double sum = 0;
+          for (size_t j = i; j < end; ++j) sum += run->shareSeries[k][j];
+          s.x.push_back(run->sampleTimes[i]);
+          s.y.push_back(sum / static_cast<double>(end - i));
+        }
         shares.series.push_back(s);
       }
       if (auto st = writeFile(o.out + "/philly_share_over_time_" + policyName(p) + ".svg", renderSvg(shares)); !st) return st;
