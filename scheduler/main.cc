@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
   flags.value("node-listen", "HOST:PORT", "where netaccels connect (default 127.0.0.1:7700)");
   flags.value("console", "PATH", "raccelctl's unix socket (default /run/raccel/console.sock)");
   flags.value("vm", "SPEC", "serve a VM: name=vm1,socket=/path,attach=listen|connect,tflops=8,priority=0,kinds=gpu|cpu,"
-                            "memory_quota=1GiB",
+                            "memory_quota=1GiB,host_cpu=2,host_memory=8GiB (host_*: of a card's node, per vaccel; "
+                            "default none)",
               true);
   flags.value("libvirt", "URI", "follow this libvirt's domains (e.g. qemu:///system): a domain with raccel metadata "
                                 "is a VM, attached while it runs (vm-images/README.md)");
