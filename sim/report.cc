@@ -176,8 +176,10 @@ Status writeReport(const ReportOptions& o) {
      << " jobs; cluster: 40 nodes x 8 V100-class GPUs (15 blocks each, " << philly.blocks << " blocks). A job of g GPUs asks for 15g blocks; "
      << "its run time is total_steps x a step time per model (ResNet-18 0.01 s, ResNet-50 0.02, Transformer 0.01, LM 0.01, Recommendation "
      << "0.005, CycleGAN 0.03, A3C 0.005). A job spanning k nodes runs at 1/(1 + 0.1(k-1)) of its speed; a preempted job pays 30 s, a moved one "
-     << "10 s. raccel: spread vaccels (Pool::allocate), priority preemption, compaction (8 moves a minute), fair admission order; "
-     << "baselines: whole cards per node (gangs of per-node parts), priority then arrival order, no preemption or migration. Times in hours.\n\n"
+     << "10 s. raccel: spread vaccels (Pool::allocate), preemption by priority and attained service, compaction (8 moves a "
+     << "minute), fair admission order (scheduler/admission.h); baselines: whole cards per node (gangs of per-node parts); "
+     << "first-fit, best-fit and random in priority then arrival order, without preemption or migration; tiresias: "
+     << "discretized least-attained-service queues, preemptive; gandiva: best fit and 30-minute time-slicing rounds. Times in hours.\n\n"
      << "| policy | rate | avg JCT | p99 JCT | avg queue | p99 queue | utilization % | preemptions | migrations |\n|---|---|---|---|---|---|---|---|---|\n";
   std::ostringstream bsum, cdf, tenants, series, prio, span, shareMd;
   bsum << "policy,rate,jobs,finished,avg_jct_h,p99_jct_h,avg_queue_h,p99_queue_h,utilization,preemptions,migrations\n";
