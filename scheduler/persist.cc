@@ -212,9 +212,9 @@ void Scheduler::restoreState() {
       auto r = in.reader->getRoot<wire::NodeRecord>();
       auto cards = cardSpecsOf(r.getCards());
       if (!cards) throw std::runtime_error(cards.error().message);
-      if (r.getHostCpuMilli() > limits::kMaxHostCpuMilli || r.getHostMemoryMib() > limits::kMaxHostMemoryMib)
-        throw std::runtime_error("host resources out of range");
-      known.push_back({r.getFirstBlock(), r.getName(), *cards, {r.getHostCpuMilli(), r.getHostMemoryMib()}});
+      HostVector host{r.getHostCpuMilli(), r.getHostMemoryMib()};
+      if (!host.inBounds()) throw std::runtime_error("host resources out of range");
+      known.push_back({r.getFirstBlock(), r.getName(), *cards, host});
     });
     if (!status) RLOG_ERROR("scheduler") << "state database: node '" << name << "' unreadable: " << status.error().message;
   }
@@ -257,9 +257,8 @@ void Scheduler::restoreState() {
       s.want = r.getWant();
       s.kinds = r.getKinds();
       // Its own database: still checked (a record is a file like any other).
-      if (r.getHostCpuMilli() > limits::kMaxHostCpuMilli || r.getHostMemoryMib() > limits::kMaxHostMemoryMib)
-        throw std::runtime_error("host needs out of range");
       s.host = {r.getHostCpuMilli(), r.getHostMemoryMib()};
+      if (!s.host.inBounds()) throw std::runtime_error("host needs out of range");
       s.noWait = r.getNoWait();
       s.token = r.getToken();
       s.maxFrame = r.getMaxFrame();

@@ -22,6 +22,7 @@
 
 #include "common/error.h"
 #include "common/kinds.h"
+#include "common/limits.h"
 
 namespace raccel::scheduler {
 
@@ -70,6 +71,14 @@ struct HostVector {
   uint64_t memoryMib = 0;
   bool empty() const { return cpuMilli == 0 && memoryMib == 0; }
   bool operator==(const HostVector&) const = default;
+  // Whether this need fits in `capacity` with `used` of it taken (or none).
+  bool fitsIn(const HostVector& capacity, const HostVector& used) const {
+    return (capacity.cpuMilli == 0 || used.cpuMilli + cpuMilli <= capacity.cpuMilli) &&
+           (capacity.memoryMib == 0 || used.memoryMib + memoryMib <= capacity.memoryMib);
+  }
+  bool fitsIn(const HostVector& capacity) const { return fitsIn(capacity, HostVector()); }
+  // Within common/limits.h's bounds (what a peer or a file may claim), so no sum wraps.
+  bool inBounds() const { return cpuMilli <= limits::kMaxHostCpuMilli && memoryMib <= limits::kMaxHostMemoryMib; }
 };
 
 struct Node {
@@ -83,10 +92,7 @@ struct Node {
   HostVector hostUsed;  // held by placed work
   bool placeable() const { return online && !draining; }
   // Whether `need` fits in what the host has left.
-  bool hostFits(const HostVector& need) const {
-    return (host.cpuMilli == 0 || hostUsed.cpuMilli + need.cpuMilli <= host.cpuMilli) &&
-           (host.memoryMib == 0 || hostUsed.memoryMib + need.memoryMib <= host.memoryMib);
-  }
+  bool hostFits(const HostVector& need) const { return need.fitsIn(host, hostUsed); }
 };
 
 // Blocks of one card held by a vaccel.

@@ -784,11 +784,11 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         auto specs = cardSpecsOf(reg.getCards());
         if (!specs) return refuse(specs.error().message);
         std::vector<CardSpec>& cards = *specs;
-        if (reg.getHostCpuMilli() > limits::kMaxHostCpuMilli || reg.getHostMemoryMib() > limits::kMaxHostMemoryMib)
+        HostVector host{reg.getHostCpuMilli(), reg.getHostMemoryMib()};
+        if (!host.inBounds())
           return refuse("host resources out of range: " + std::to_string(reg.getHostCpuMilli()) + " milli-CPU and " +
                         std::to_string(reg.getHostMemoryMib()) + " MiB (at most " + std::to_string(limits::kMaxHostCpuMilli) +
                         " and " + std::to_string(limits::kMaxHostMemoryMib) + ")");
-        HostVector host{reg.getHostCpuMilli(), reg.getHostMemoryMib()};
         auto index = pool_.addNode(name, cards, host);
         if (!index) return refuse(index.error().message);
         persistNode(*index, reg);

@@ -58,9 +58,7 @@ std::string Pool::describeHost(const HostVector& host) {
 
 bool Pool::hostCouldHold(const HostVector& need) const {
   for (const Node& n : nodes_)
-    if (!n.forgotten && (n.host.cpuMilli == 0 || need.cpuMilli <= n.host.cpuMilli) &&
-        (n.host.memoryMib == 0 || need.memoryMib <= n.host.memoryMib))
-      return true;
+    if (!n.forgotten && need.fitsIn(n.host)) return true;
   return false;
 }
 
