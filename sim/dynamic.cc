@@ -499,4 +499,12 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
   return run;
 }
 
+double fairnessDeviation(const DynamicRun& run) {
+  double deviation = 0;
+  size_t active = 0;
+  for (auto& ts : run.tenants)
+    if (ts.entitlement > 0) deviation += std::fabs(ts.share - ts.entitlement), ++active;
+  return active ? deviation / active : 0;
+}
+
 }  // namespace raccel::sim

@@ -86,5 +86,7 @@ struct DynamicRun {
 };
 
 Result<DynamicRun> runDynamic(const Cluster& cluster, const Workload& workload, const DynamicOptions& options);
+// Tenant fairness: the mean over tenants with demand of |share - entitlement| (points).
+double fairnessDeviation(const DynamicRun& run);
 
 }  // namespace raccel::sim

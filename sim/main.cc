@@ -1,7 +1,6 @@
 // raccel-sim: drives the scheduler's real pool and placement code through cluster
 // traces with a virtual clock. See sim/README.md.
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -113,18 +112,13 @@ int philly(const Flags& flags) {
     auto run = runDynamic(cluster, *workload, options);
     if (!run) return die(run.error().message);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    // Fairness: mean over tenants with demand of |share - max-min fair share| (points).
-    double deviation = 0;
-    int active = 0;
-    for (auto& ts : run->tenants)
-      if (ts.entitlement > 0) deviation += std::fabs(ts.share - ts.entitlement), ++active;
     std::printf("{\"policy\":\"%s\",\"rate\":%.2f,\"jobs\":%llu,\"finished\":%llu,\"avg_jct_h\":%.2f,\"p99_jct_h\":%.1f,"
                 "\"avg_queue_h\":%.2f,\"p99_queue_h\":%.1f,\"utilization\":%.1f,\"preemptions\":%llu,\"migrations\":%llu,"
                 "\"high_avg_queue_h\":%.2f,\"rest_avg_jct_h\":%.2f,\"fairness_deviation\":%.2f,\"seconds\":%.1f}\n",
                 policyName(p), options.rate, (unsigned long long)run->jobs, (unsigned long long)run->finished, run->avgJct / 3600,
                 run->p99Jct / 3600, run->avgQueue / 3600, run->p99Queue / 3600, run->utilization,
                 (unsigned long long)run->preemptions, (unsigned long long)run->migrations, run->highAvgQueue / 3600,
-                run->restAvgJct / 3600, active ? deviation / active : 0, secs);
+                run->restAvgJct / 3600, fairnessDeviation(*run), secs);
     std::fflush(stdout);
   }
   return 0;

@@ -229,11 +229,7 @@ Status writeReport(const ReportOptions& o) {
         cs.x.push_back(std::max(sorted[i], 1e-3)), cs.y.push_back(q / 200.0);
       }
       cdfChart.series.push_back(cs);
-      double deviation = 0;
-      size_t active = 0;
-      for (auto& ts : run->tenants)
-        if (ts.entitlement > 0) deviation += std::fabs(ts.share - ts.entitlement), ++active;
-      fairness << "| " << policyName(p) << " | " << fmt(active ? deviation / active : 0) << " |\n";
+      fairness << "| " << policyName(p) << " | " << fmt(fairnessDeviation(*run)) << " |\n";
       // Stacked: the bands add up to what the cluster holds, each tenant's the part it has.
       Chart shares{std::string("Philly, 1x, ") + policyName(p) + ": tenants' shares (stacked, daily means)", "time (hours)",
                    "share of all blocks (%)", {}, false, true, 0, 100, true};
