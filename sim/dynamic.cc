@@ -200,30 +200,33 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     if (o.spanSlack >= 0) r.maxNodes = pool.fewestNodesFor(js[i].blocks) + static_cast<uint32_t>(o.spanSlack);
     return r;
   };
-  // Places job i now, or returns false (nothing held).
-  auto place = [&](size_t i) -> bool {
-    JobState& s = js[i];
-    if (raccel) {
-      auto got = pool.allocate(i + 1, spreadRequest(i));
-      if (!got) return false;
-      s.owners = {i + 1};
-      return true;
-    }
+  // The baselines: job i's whole-card gang (per-node parts) placed in `p`, its parts'
+  // owners in `owners`; or false with nothing held.
+  auto placeGang = [&](Pool& p, size_t i, std::vector<VaccelId>& owners) -> bool {
     uint32_t left = w.jobs[i].gpus;
     for (uint32_t part = 0; left > 0; ++part) {
       Pool::Request r;
       r.shape = Pool::Shape::wholeCards;
       r.wholeCards = std::min(left, cardsPerNode);
-      r.priority = scheduler::poolPriority(s.priority, s.serviceClass);
+      r.priority = scheduler::poolPriority(js[i].priority, js[i].serviceClass);
       VaccelId owner = ((i + 1) << 8) | part;
-      if (!pool.allocate(owner, r)) {
-        for (VaccelId v : s.owners) pool.release(v);
-        s.owners.clear();
+      if (!p.allocate(owner, r)) {
+        for (VaccelId v : owners) p.release(v);
+        owners.clear();
         return false;
       }
-      s.owners.push_back(owner);
+      owners.push_back(owner);
       left -= r.wholeCards;
     }
+    return true;
+  };
+  // Places job i now, or returns false (nothing held).
+  auto place = [&](size_t i) -> bool {
+    JobState& s = js[i];
+    if (!raccel) return placeGang(pool, i, s.owners);
+    auto got = pool.allocate(i + 1, spreadRequest(i));
+    if (!got) return false;
+    s.owners = {i + 1};
     return true;
   };
   // Each tenant's demand (held + waiting blocks) and holding now, and its max-min fair share.
@@ -246,18 +249,6 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     js[i].remaining += cost;
     queued.insert(i);
     ++run.preemptions;
-  };
-  // Whether job i's whole-card gang would fit in `trial` (a copy of the pool).
-  auto gangFits = [&](Pool& trial, size_t i) {
-    uint32_t left = w.jobs[i].gpus;
-    for (uint32_t part = 0; left > 0; ++part) {
-      Pool::Request r;
-      r.shape = Pool::Shape::wholeCards;
-      r.wholeCards = std::min(left, cardsPerNode);
-      if (!trial.allocate(~VaccelId{0} - part, r)) return false;
-      left -= r.wholeCards;
-    }
-    return true;
   };
   // Tiresias and Gandiva: the jobs that should run now, in `order`, greedily by GPUs;
   // running jobs outside that set are suspended, then waiting ones placed in order
@@ -284,7 +275,8 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       while (!fits && victims < unwanted.size()) {
         for (VaccelId v : js[unwanted[victims]].owners) trial.release(v);
         ++victims;
-        fits = gangFits(trial, i);
+        std::vector<VaccelId> owners;
+        fits = placeGang(trial, i, owners);
       }
       if (!fits) continue;
       for (size_t k = 0; k < victims; ++k) suspend(unwanted[k], switchCost);

@@ -151,6 +151,26 @@ TEST(Dynamic, SyntheticJobsFinishWithTheirOwnRunTimeWhenAlone) {
   }
 }
 
+TEST(Dynamic, AGangThatNeedsTwoVictimsPreemptsBothUnderTiresias) {
+  // Two nodes of one GPU. Jobs 0 and 1 run 1-GPU for long and are demoted after an hour's
+  // service; job 2 (2 GPUs: a gang of two one-node parts) arrives fresh at 2 h. Trying it
+  // on a copy of the pool, its first part fits once one victim is gone, its second only
+  // once both are: it must then run at once.
+  auto cluster = parseClusterConfig("block_tflops = 1\n[node]\nname = n\ncount = 2\ncards = gpu:V100:15.7\n", "test");
+  ASSERT_TRUE(cluster) << cluster.error().message;
+  Workload w;
+  w.tenants = {"a"};
+  w.jobs = {{0, 0, "m", 0, 100 * 3600.0, 1}, {1, 0, "m", 1, 100 * 3600.0, 1}, {2, 0, "m", 2 * 3600.0, 600, 2}};
+  DynamicOptions o;
+  o.policy = Policy::tiresias;
+  o.audit = true;
+  auto run = runDynamic(*cluster, w, o);
+  ASSERT_TRUE(run) << run.error().message;
+  ASSERT_EQ(run->finished, 3u);
+  EXPECT_LT(run->queue[2], 1.0);
+  EXPECT_EQ(run->preemptions, 2u);
+}
+
 TEST(Plot, TicksFallOnRoundNumbersAroundTheData) {
   EXPECT_EQ(niceTicks(0, 93.7), (std::vector<double>{0, 20, 40, 60, 80, 100}));
   EXPECT_EQ(niceTicks(0.3, 7.9), (std::vector<double>{0, 2, 4, 6, 8}));
