@@ -26,6 +26,8 @@ int poolPriority(int priority, int serviceClass) {
   return priority * kServiceClasses + (kServiceClasses - 1 - std::clamp(serviceClass, 0, kServiceClasses - 1));
 }
 
+bool mayPreempt(bool suspended, double waitedSeconds) { return !suspended || waitedSeconds > kStarvedAfterSeconds; }
+
 void orderForAdmission(std::vector<Waiting>& queue) {
   for (auto& w : queue)
     if (w.waitedSeconds > kStarvedAfterSeconds) w.serviceClass = 0, w.overShare = false;

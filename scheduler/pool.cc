@@ -3,6 +3,7 @@
 #include "common/limits.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <tuple>
 
@@ -556,16 +557,119 @@ Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const
     return fail(Code::resourceExhausted, "not enough compute even by preemption: " + std::to_string(request.blocks) +
                                              " blocks requested, " + std::to_string(have) +
                                              " free or held by lower priorities than " + std::to_string(request.priority));
-  if ((request.maxNodes || !request.host.empty()) && !chosen.empty()) {
-    // Enough blocks is not enough when the request limits its nodes or needs room on a
-    // node's host: try it on a copy, so nobody is suspended for a request that would
-    // still wait.
-    Pool trial = *this;
-    for (VaccelId v : chosen) trial.release(v);
-    if (auto placed = trial.allocate(~VaccelId{0}, request); !placed)
-      return fail(Code::resourceExhausted, "not even by preemption: " + placed.error().message);
+  if (!request.maxNodes && request.host.empty()) return chosen;
+  // Enough blocks is not enough when the request limits its nodes or needs room on a
+  // node's host (even free blocks enough in all may not be where it can go): the plan is
+  // tried on a copy, so nobody is suspended for a request that would still wait. The
+  // pool-wide plan (the lowest priorities wherever they are) is tried first; when it
+  // does not place the request, plans that take victims from a few nodes only, the
+  // cheapest first.
+  std::string why;
+  if (auto plan = tryPlan(request, chosen, why)) return std::move(*plan);
+  for (auto& local : localPlans(request)) {
+    if (auto plan = tryPlan(request, local, why)) return std::move(*plan);
   }
-  return chosen;
+  return fail(Code::resourceExhausted, "not even by preemption: " + why);
+}
+
+std::optional<std::vector<VaccelId>> Pool::tryPlan(const Request& request, const std::vector<VaccelId>& victims,
+                                                   std::string& why) const {
+  Pool trial = *this;
+  for (VaccelId v : victims) trial.release(v);
+  auto placed = trial.allocate(~VaccelId{0}, request);
+  if (!placed) {
+    why = placed.error().message;
+    return std::nullopt;
+  }
+  // Victims whose blocks the placement does not use, and whose host room it does not
+  // need, are spared (tried again without them, so the fit's choice still holds).
+  std::set<size_t> usedNodes;
+  for (auto& share : cardsOf(*placed)) usedNodes.insert(cards_[share.card].node);
+  std::vector<VaccelId> needed;
+  for (VaccelId v : victims) {
+    bool used = false;
+    for (auto& share : cardsOf(held_.at(v).ranges)) used |= usedNodes.count(cards_[share.card].node) > 0;
+    if (used) needed.push_back(v);
+  }
+  if (needed.size() < victims.size()) {
+    Pool spare = *this;
+    for (VaccelId v : needed) spare.release(v);
+    if (spare.allocate(~VaccelId{0}, request)) return needed;
+  }
+  return victims;
+}
+
+std::vector<std::vector<VaccelId>> Pool::localPlans(const Request& request) const {
+  // At most this many nodes: the request's limit, or one when it needs a host's room.
+  size_t span = request.host.empty() ? request.maxNodes : 1;
+  if (span == 0) return {};
+  // Free blocks per node, and what each victim (lower priority than the request, in
+  // preemption order) would free on each node.
+  std::vector<uint32_t> freeOn(nodes_.size(), 0), reclaim(nodes_.size(), 0);
+  for (size_t c = 0; c < cards_.size(); ++c)
+    if (request.kinds & maskOf(cards_[c].spec.kind)) freeOn[cards_[c].node] += cardFree_[c];
+  struct Victim {
+    VaccelId owner;
+    int priority;
+    uint32_t blocks;
+    std::map<size_t, uint32_t> gain;  // node -> blocks of accepted kinds
+  };
+  std::vector<Victim> victims;
+  for (auto& [priority, notAdmitted, owner] : victims_) {
+    if (priority >= request.priority) break;
+    Victim v{owner, priority, held_.at(owner).blocks, {}};
+    for (auto& share : cardsOf(held_.at(owner).ranges)) {
+      const Card& c = cards_[share.card];
+      if ((request.kinds & maskOf(c.spec.kind)) && nodes_[c.node].placeable()) v.gain[c.node] += share.blocks;
+    }
+    for (auto& [node, blocks] : v.gain) reclaim[node] += blocks;
+    if (!v.gain.empty()) victims.push_back(std::move(v));
+  }
+  std::vector<size_t> byReclaim;
+  for (size_t n = 0; n < nodes_.size(); ++n)
+    if (nodes_[n].placeable() && freeOn[n] + reclaim[n] > 0) byReclaim.push_back(n);
+  std::stable_sort(byReclaim.begin(), byReclaim.end(),
+                   [&](size_t a, size_t b) { return freeOn[a] + reclaim[a] > freeOn[b] + reclaim[b]; });
+  // One plan per anchor node: it and the span - 1 other nodes with the most to give;
+  // victims there in preemption order until the free blocks suffice. Cheapest first:
+  // the lowest highest priority taken, then the fewest blocks suspended, then the plan
+  // that goes least far down the preemption order.
+  using Cost = std::tuple<int, uint64_t, size_t>;
+  std::vector<std::pair<Cost, std::vector<VaccelId>>> plans;
+  for (size_t anchor : byReclaim) {
+    std::set<size_t> nodes{anchor};
+    for (size_t n : byReclaim)
+      if (nodes.size() < span) nodes.insert(n);
+    uint64_t have = 0;
+    for (size_t n : nodes) have += freeOn[n];
+    std::vector<VaccelId> taken;
+    int worst = INT_MIN;
+    uint64_t suspended = 0;
+    size_t last = 0;
+    for (size_t k = 0; k < victims.size(); ++k) {
+      const Victim& v = victims[k];
+      if (have >= request.blocks) break;
+      uint32_t gain = 0;
+      for (auto& [node, blocks] : v.gain)
+        if (nodes.count(node)) gain += blocks;
+      if (gain == 0) continue;
+      taken.push_back(v.owner);
+      have += gain;
+      worst = std::max(worst, v.priority);
+      suspended += v.blocks;
+      last = k;
+    }
+    if (have < request.blocks || taken.empty()) continue;
+    plans.push_back({Cost{worst, suspended, last}, std::move(taken)});
+  }
+  std::sort(plans.begin(), plans.end());
+  std::vector<std::vector<VaccelId>> out;
+  for (auto& plan : plans) {
+    if (std::find(out.begin(), out.end(), plan.second) != out.end()) continue;
+    out.push_back(std::move(plan.second));
+    if (out.size() == kLocalPlansTried) break;
+  }
+  return out;
 }
 
 std::vector<Pool::Move> Pool::planCompaction(size_t maxMoves, uint32_t maxBlocksPerMove) const {

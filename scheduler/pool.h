@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -217,6 +218,9 @@ class Pool {
   // most recently admitted first. Empty when it fits in free blocks already.
   // resourceExhausted, with the numbers, when even all of them would not be enough (or,
   // with maxNodes, when the request would still find no placement within its nodes).
+  // With a node limit or host needs, victims spread over the pool may not make room on
+  // few enough nodes: plans that take from a few nodes only are tried next, and victims
+  // whose blocks the trial placement does not use are spared.
   Result<std::vector<VaccelId>> planPreemption(const Request& request) const;
 
   // Compaction (ARCHITECTURE.md "Migration / compaction"): moves that slide every
@@ -284,6 +288,13 @@ class Pool {
   // work with `spread`) in the demand the raccel fit measures fragmentation against.
   void learnDemand(Shape shape, uint32_t amount, const HostVector& host);
   struct Holding;
+  // planPreemption's helpers: `victims` tried on a copy (the victims the placement
+  // needs, or nullopt and `why`); plans on at most maxNodes nodes (one with host needs),
+  // one per anchor node, the cheapest kLocalPlansTried.
+  static constexpr size_t kLocalPlansTried = 3;
+  std::optional<std::vector<VaccelId>> tryPlan(const Request& request, const std::vector<VaccelId>& victims,
+                                               std::string& why) const;
+  std::vector<std::vector<VaccelId>> localPlans(const Request& request) const;
   void holdExtras(Holding& h, HostVector host, size_t shareCard, uint32_t shareMilli);
   // The fragmentation model of Fit::raccel (shaped.cc).
   // The growth of node's expected fragmentation (in blocks) when `take` (card, blocks,

@@ -323,6 +323,68 @@ TEST(Pool, PreemptionTakesLowestPriorityThenMostRecent) {
   EXPECT_NE(never.error().message.find("can never run here"), std::string::npos);
 }
 
+TEST(Pool, PreemptionUnderANodeLimitTakesItsVictimsFromFewNodes) {
+  // a: [1: 2 blocks, admitted first | 2 free]; b: [2 | 3, the most recent].
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 4, 0)}));
+  ASSERT_TRUE(pool.addNode("b", {card(CardKind::gpu, 4, 0)}));
+  ASSERT_TRUE(pool.assign(1, {{1, 2}}, 0));
+  ASSERT_TRUE(pool.assign(2, {{5, 2}}, 0));
+  ASSERT_TRUE(pool.assign(3, {{7, 2}}, 0));
+  Pool::Request oneNode{4, kAllKinds, 1};
+  oneNode.maxNodes = 1;
+  // Pool-wide, suspending 3 frees enough blocks, but on no single node: the plan takes
+  // from one node instead, the one where the least is suspended.
+  auto plan = pool.planPreemption(oneNode);
+  ASSERT_TRUE(plan) << plan.error().message;
+  EXPECT_EQ(*plan, (std::vector<VaccelId>{1}));
+  pool.release(1);
+  auto placed = pool.allocate(4, oneNode);
+  ASSERT_TRUE(placed) << placed.error().message;
+  EXPECT_EQ(*placed, (std::vector<BlockRange>{{1, 4}}));
+}
+
+TEST(Pool, PreemptionUnderANodeLimitSeesFreeBlocksSplitAcrossNodes) {
+  // 6 blocks free in all, 3 on each node: a 4-block request for one node still needs a
+  // victim (the old plan said "it fits" and it then waited for ever).
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::gpu, 4, 0)}));
+  ASSERT_TRUE(pool.addNode("b", {card(CardKind::gpu, 4, 0)}));
+  ASSERT_TRUE(pool.assign(1, {{1, 1}}, 0));
+  ASSERT_TRUE(pool.assign(2, {{5, 1}}, 0));
+  Pool::Request oneNode{4, kAllKinds, 1};
+  oneNode.maxNodes = 1;
+  auto plan = pool.planPreemption(oneNode);
+  ASSERT_TRUE(plan) << plan.error().message;
+  EXPECT_EQ(*plan, (std::vector<VaccelId>{2})) << "the most recently admitted of two equal plans";
+  // Without the limit it fits in free blocks already.
+  auto anywhere = pool.planPreemption({4, kAllKinds, 1});
+  ASSERT_TRUE(anywhere);
+  EXPECT_TRUE(anywhere->empty());
+}
+
+TEST(Pool, PreemptionSparesVictimsThePlacementDoesNotUse) {
+  // a: [1: 4 blocks]; b: [2: 2 blocks | 2 free]; c: [3: 3 blocks, priority 1 | 4: 1 block,
+  // the most recent]. Pool-wide, 4 then 2 are taken; the request then lands on b, so 4
+  // is spared.
+  Pool pool(1.0);
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(pool.addNode(name, {card(CardKind::gpu, 4, 0)}));
+  ASSERT_TRUE(pool.assign(1, {{1, 4}}, 0));
+  ASSERT_TRUE(pool.assign(2, {{5, 2}}, 0));
+  ASSERT_TRUE(pool.assign(3, {{9, 3}}, 1));
+  ASSERT_TRUE(pool.assign(4, {{12, 1}}, 0));
+  Pool::Request oneNode{4, kAllKinds, 1};
+  oneNode.maxNodes = 1;
+  auto plan = pool.planPreemption(oneNode);
+  ASSERT_TRUE(plan) << plan.error().message;
+  EXPECT_EQ(*plan, (std::vector<VaccelId>{2}));
+  // With no victim on one node able to make room, it is refused with the reason.
+  Pool::Request tooHigh{4, kAllKinds, 0};
+  tooHigh.maxNodes = 1;
+  auto none = pool.planPreemption(tooHigh);
+  ASSERT_FALSE(none);
+}
+
 TEST(Pool, PreemptionCountsOnlyAcceptedKinds) {
   Pool pool(1.0);
   ASSERT_TRUE(pool.addNode("node0", {card(CardKind::gpu, 4, 0), card(CardKind::npu, 4, 1)}));
@@ -618,6 +680,13 @@ TEST(Admission, OrderIsPriorityShareClassUsageArrivalAndTheStarvedCountAsFresh) 
   // The starved one is now ordered (and may preempt) as fresh work within its share.
   EXPECT_EQ(queue[2].serviceClass, 0);
   EXPECT_FALSE(queue[2].overShare);
+}
+
+TEST(Admission, NewWorkMayPreemptSuspendedWorkOnlyOnceStarved) {
+  EXPECT_TRUE(mayPreempt(false, 0));
+  EXPECT_FALSE(mayPreempt(true, 0));
+  EXPECT_FALSE(mayPreempt(true, kStarvedAfterSeconds));
+  EXPECT_TRUE(mayPreempt(true, kStarvedAfterSeconds + 1));
 }
 
 }  // namespace

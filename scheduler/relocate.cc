@@ -126,11 +126,16 @@ void Scheduler::requestPlacement() {
   uv_timer_start(placer_, [](uv_timer_t* t) { static_cast<Scheduler*>(t->data)->placeWaiting(); }, 0, 0);
 }
 
-Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
+Pool::Request Scheduler::placementRequest(const Session& s) const {
   Pool::Request request{s.want, s.kinds, s.priority};
   request.host = s.host;
   if (config_.spanSlackNodes >= 0)
     request.maxNodes = pool_.fewestNodesFor(s.want, s.kinds) + static_cast<uint32_t>(config_.spanSlackNodes);
+  return request;
+}
+
+Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
+  Pool::Request request = placementRequest(s);
   auto placed = pool_.allocate(s.id, request);
   if (!placed || placed->size() == 1 || !config_.defragOnDemand) return placed;
   // Only fragmented: compact, then place again (ARCHITECTURE.md's 10-block fixture).
@@ -177,8 +182,10 @@ void Scheduler::placeWaiting() {
     // It does not fit. While suspensions are under way their blocks are promised to
     // the one they were started for: nobody behind it takes them.
     if (suspending_ > 0) break;
-    if (s->phase != Phase::waiting) continue;  // a suspended vaccel resumes into free blocks only
-    auto victims = pool_.planPreemption({s->want, s->kinds, s->priority});
+    // A suspended vaccel resumes into free blocks only (the daemon does not yet count
+    // how long it has waited: see sim/README.md "What the daemon does not do yet").
+    if (!mayPreempt(s->phase == Phase::suspended, 0)) continue;
+    auto victims = pool_.planPreemption(placementRequest(*s));
     if (victims && !victims->empty()) {
       s->why = "waiting for " + std::to_string(victims->size()) + " lower-priority vaccel(s) to be suspended";
       for (VaccelId v : *victims)

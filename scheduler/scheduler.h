@@ -149,6 +149,9 @@ class Scheduler {
   // suspended ones resumed, highest priority first, preempting for new ones.
   void requestPlacement();
   void placeWaiting();
+  // What a session asks of the pool: its blocks, kinds, priority, host needs and node
+  // limit (span_slack_nodes); for placing it and for planning preemption alike.
+  Pool::Request placementRequest(const Session& s) const;
   Result<std::vector<BlockRange>> allocateFor(Session& s);  // compacts first when it would be fragmented
   void refuseWaiting(Session& s, const Error& error);
   void sendWelcome(Session& s);

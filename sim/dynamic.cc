@@ -321,8 +321,6 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
                        raccel ? t - js[i].waitingSince : 0});
     }
     scheduler::orderForAdmission(order);
-    constexpr int kPlansPerPass = 2;
-    int plans = 0;
     uint32_t smallestFailed = std::numeric_limits<uint32_t>::max();  // baselines: a gang this size did not fit
     for (auto& q : order) {
       size_t i = q.arrival;
@@ -334,11 +332,11 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
         }
         if (!raccel) smallestFailed = w.jobs[i].gpus;
       }
-      if (!raccel || s.phase != Phase::waiting) continue;  // a suspended job resumes into free blocks only
-      // Preemption is for work of a higher priority, or of less attained service whose
-      // tenant is within its fair share; planned for the head of the queue only (a plan
-      // tries the placement on a copy of the pool).
-      if (q.overShare || ++plans > kPlansPerPass) continue;
+      // Preemption is for work of a higher priority or of less attained service (the
+      // pool priority carries both), whatever its tenant holds: the order has already
+      // put tenants within their share first. A suspended job resumes into free blocks
+      // unless it has starved.
+      if (!raccel || !scheduler::mayPreempt(s.phase == Phase::suspended, q.waitedSeconds)) continue;
       auto victims = pool.planPreemption(spreadRequest(i));
       if (!victims || victims->empty()) continue;
       // planPreemption has checked that the job fits once they are gone (its node limit too).
