@@ -22,7 +22,8 @@ std::string escape(const std::string& s) {
 std::string num(double v) {
   char buf[32];
   double a = std::fabs(v);
-  if (a != 0 && (a >= 1e5 || a < 1e-2)) std::snprintf(buf, sizeof buf, "%.0e", v);
+  // Plain decimals from 0.0001 up to a million (0.001, not 1e-03); powers beyond.
+  if (a != 0 && (a >= 1e7 || a < 1e-4)) std::snprintf(buf, sizeof buf, "%.0e", v);
   else if (a >= 100 || v == std::round(v)) std::snprintf(buf, sizeof buf, "%.0f", v);
   else std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;

@@ -180,6 +180,13 @@ TEST(Plot, TicksFallOnRoundNumbersAroundTheData) {
   EXPECT_EQ(niceTicks(-130, 2700).back(), 3000);
 }
 
+TEST(Plot, LogAxisTicksReadAsPlainDecimals) {
+  Chart chart{"cdf", "x", "y", {{"a", {0.001, 0.1, 1000}, {1, 2, 3}}}, true};
+  std::string svg = renderSvg(chart);
+  for (const char* label : {">0.001<", ">0.01<", ">0.1<", ">1<", ">1000<"}) EXPECT_NE(svg.find(label), std::string::npos) << label;
+  EXPECT_EQ(svg.find("e-0"), std::string::npos) << "no exponent notation";
+}
+
 TEST(Plot, StackedBandsAddUpAndEachTenantIsAFilledBand) {
   Chart chart{"shares", "t", "%", {{"a", {0, 1, 2}, {10, 20, 30}}, {"b", {0, 1, 2}, {50, 40, 30}}}, false, true, 0, 100, true};
   std::string svg = renderSvg(chart);
