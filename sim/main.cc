@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
                             "  philly   experiment B (dynamic): the Philly VCs as tenants on 40x8 V100-class GPUs;\n"
                             "           one JSON line per policy\n"
                             "  report   everything: both experiments, every policy, the rate sweep, high priority,\n"
-                            "           span penalty; CSV + SVG + report.md into --out (about 14 minutes)\n\n"
+                            "           span penalty; CSV + SVG + report.md into --out (about 40 minutes)\n\n"
                             "Trace paths default to ../shared/traces/... relative to the current folder.");
   flags.positional("COMMAND");
   flags.value("pods", "CSV", "openb: the pod list");
