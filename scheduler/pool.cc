@@ -542,13 +542,8 @@ Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const
   for (auto it = victims_.begin(); it != victims_.end() && have < request.blocks; ++it) {
     auto [priority, notAdmitted, owner] = *it;
     if (priority >= request.priority) break;
-    // What suspending it would free for this request: blocks of accepted kinds on
-    // online nodes (blocks on offline nodes do not come back to the pool).
     uint32_t gain = 0;
-    for (auto& share : cardsOf(held_.at(owner).ranges)) {
-      const Card& c = cards_[share.card];
-      if ((request.kinds & maskOf(c.spec.kind)) && nodes_[c.node].placeable()) gain += share.blocks;
-    }
+    for (auto& [node, blocks] : reclaimableFrom(owner, request.kinds)) gain += blocks;
     if (gain == 0) continue;
     chosen.push_back(owner);
     have += gain;
@@ -570,6 +565,15 @@ Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const
     if (auto plan = tryPlan(request, local, why)) return std::move(*plan);
   }
   return fail(Code::resourceExhausted, "not even by preemption: " + why);
+}
+
+std::map<size_t, uint32_t> Pool::reclaimableFrom(VaccelId owner, KindMask kinds) const {
+  std::map<size_t, uint32_t> gain;
+  for (auto& share : cardsOf(held_.at(owner).ranges)) {
+    const Card& c = cards_[share.card];
+    if ((kinds & maskOf(c.spec.kind)) && nodes_[c.node].placeable()) gain[c.node] += share.blocks;
+  }
+  return gain;
 }
 
 std::optional<std::vector<VaccelId>> Pool::tryPlan(const Request& request, const std::vector<VaccelId>& victims,
@@ -617,11 +621,7 @@ std::vector<std::vector<VaccelId>> Pool::localPlans(const Request& request) cons
   std::vector<Victim> victims;
   for (auto& [priority, notAdmitted, owner] : victims_) {
     if (priority >= request.priority) break;
-    Victim v{owner, priority, held_.at(owner).blocks, {}};
-    for (auto& share : cardsOf(held_.at(owner).ranges)) {
-      const Card& c = cards_[share.card];
-      if ((request.kinds & maskOf(c.spec.kind)) && nodes_[c.node].placeable()) v.gain[c.node] += share.blocks;
-    }
+    Victim v{owner, priority, held_.at(owner).blocks, reclaimableFrom(owner, request.kinds)};
     for (auto& [node, blocks] : v.gain) reclaim[node] += blocks;
     if (!v.gain.empty()) victims.push_back(std::move(v));
   }

@@ -292,6 +292,9 @@ class Pool {
   // needs, or nullopt and `why`); plans on at most maxNodes nodes (one with host needs),
   // one per anchor node, the cheapest kLocalPlansTried.
   static constexpr size_t kLocalPlansTried = 3;
+  // What suspending `owner` would free for a request of `kinds`, per node: blocks of
+  // accepted kinds on placeable nodes (blocks on offline nodes do not come back).
+  std::map<size_t, uint32_t> reclaimableFrom(VaccelId owner, KindMask kinds) const;
   std::optional<std::vector<VaccelId>> tryPlan(const Request& request, const std::vector<VaccelId>& victims,
                                                std::string& why) const;
   std::vector<std::vector<VaccelId>> localPlans(const Request& request) const;
