@@ -47,6 +47,9 @@ inline uint64_t satAdd(uint64_t a, uint64_t b) {
   return __builtin_add_overflow(a, b, &out) ? std::numeric_limits<uint64_t>::max() : out;
 }
 
+// `v` as a signed 64-bit number, or -1 when it does not fit (callers refuse negatives).
+inline int64_t toSigned(uint64_t v) { return v > uint64_t(std::numeric_limits<int64_t>::max()) ? -1 : int64_t(v); }
+
 // `text` cut to `max` bytes (at a UTF-8 character boundary), with a marker saying how
 // much was left out. Peer strings go through this before a log line or an event.
 std::string clip(const std::string& text, size_t max = kMaxLoggedBytes);

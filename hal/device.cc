@@ -1,13 +1,16 @@
 #include "hal/device.h"
 
+#include "common/limits.h"
+
 #include <algorithm>
 #include <cstring>
 
 namespace raccel::hal {
 namespace {
 constexpr uint64_t kF32 = sizeof(float);
+}  // namespace
 
-Status checkRange(const Buffer& buffer, uint64_t offset, uint64_t length, const char* what) {
+Status checkBytes(const Buffer& buffer, uint64_t offset, uint64_t length, const char* what) {
   if (offset > buffer.size() || length > buffer.size() - offset)
     return fail(Code::invalidArgument, std::string(what) + " of " + std::to_string(length) + " bytes at offset " +
                                            std::to_string(offset) + " is past the end of a " +
@@ -15,13 +18,22 @@ Status checkRange(const Buffer& buffer, uint64_t offset, uint64_t length, const 
   return {};
 }
 
-Status checkElements(const Buffer& buffer, uint64_t n, const char* op, const char* arg) {
+Status checkFloats(const Buffer& buffer, uint64_t n, const char* op, const char* arg) {
   if (n > buffer.size() / kF32)
     return fail(Code::invalidArgument, std::string(op) + ": " + arg + " holds " + std::to_string(buffer.size() / kF32) +
                                            " floats, " + std::to_string(n) + " needed");
   return {};
 }
-}  // namespace
+
+Status checkGemm(const GemmArgs& g) {
+  if (!g.a || !g.b || !g.c) return fail(Code::invalidArgument, "gemm: a, b and c must be buffers");
+  if (g.m == 0 || g.n == 0 || g.k == 0) return fail(Code::invalidArgument, "gemm: m, n and k must be nonzero");
+  if (auto s = checkFloats(*g.a, uint64_t{g.m} * g.k, "gemm", "a"); !s) return s;
+  if (auto s = checkFloats(*g.b, uint64_t{g.k} * g.n, "gemm", "b"); !s) return s;
+  if (auto s = checkFloats(*g.c, uint64_t{g.m} * g.n, "gemm", "c"); !s) return s;
+  if (g.c == g.a || g.c == g.b) return fail(Code::invalidArgument, "gemm: c must not alias a or b");
+  return {};
+}
 
 Result<std::unique_ptr<Buffer>> Device::allocate(uint64_t bytes) {
   if (bytes == 0) return fail(Code::invalidArgument, "cannot allocate a zero-size buffer");
@@ -44,23 +56,23 @@ void Device::release(std::unique_ptr<Buffer> buffer) {
 }
 
 Status Device::write(Buffer& buffer, uint64_t offset, std::span<const std::byte> data) {
-  if (auto s = checkRange(buffer, offset, data.size(), "write"); !s) return s;
+  if (auto s = checkBytes(buffer, offset, data.size(), "write"); !s) return s;
   return doWrite(buffer, offset, data);
 }
 
 Status Device::read(const Buffer& buffer, uint64_t offset, std::span<std::byte> out) {
-  if (auto s = checkRange(buffer, offset, out.size(), "read"); !s) return s;
+  if (auto s = checkBytes(buffer, offset, out.size(), "read"); !s) return s;
   return doRead(buffer, offset, out);
 }
 
 Status Device::copy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length) {
-  if (auto s = checkRange(src, srcOffset, length, "copy source"); !s) return s;
-  if (auto s = checkRange(dst, dstOffset, length, "copy destination"); !s) return s;
+  if (auto s = checkBytes(src, srcOffset, length, "copy source"); !s) return s;
+  if (auto s = checkBytes(dst, dstOffset, length, "copy destination"); !s) return s;
   return doCopy(dst, dstOffset, src, srcOffset, length);
 }
 
 Status Device::fill(Buffer& buffer, uint64_t offset, uint64_t length, uint8_t value) {
-  if (auto s = checkRange(buffer, offset, length, "fill"); !s) return s;
+  if (auto s = checkBytes(buffer, offset, length, "fill"); !s) return s;
   return doFill(buffer, offset, length, value);
 }
 
@@ -88,24 +100,58 @@ Result<std::unique_ptr<Program>> Device::doLoadProgram(ProgramKind kind, const s
   return fail(Code::unimplemented, std::string(programKindName(kind)) + " programs are not supported by " + caps_.backend);
 }
 
-Status Device::launch(Program& program, const std::string& kernel, const LaunchDims& dims,
-                      std::span<const KernelArg> args) {
+Status checkLaunch(const Capabilities& caps, const std::string& kernel, const LaunchDims& dims,
+                   std::span<const KernelArg> args) {
+  auto bad = [&](const std::string& why) { return fail(Code::invalidArgument, "launch of " + limits::clip(kernel, 64) + ": " + why); };
+  if (args.size() > kMaxKernelArgs)
+    return bad(std::to_string(args.size()) + " arguments (at most " + std::to_string(kMaxKernelArgs) + ")");
+  uint64_t localBytes = dims.sharedBytes, valueBytes = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const KernelArg& arg = args[i];
-    if (arg.type == KernelArg::Type::buffer && arg.buffer == nullptr)
-      return fail(Code::invalidArgument, "kernel argument " + std::to_string(i) + " is a null buffer");
-    if (arg.type == KernelArg::Type::buffer && arg.offset > arg.buffer->size())
-      return fail(Code::invalidArgument, "kernel argument " + std::to_string(i) + ": offset " + std::to_string(arg.offset) +
-                                             " is past the end of a " + std::to_string(arg.buffer->size()) + "-byte buffer");
-    if (arg.type == KernelArg::Type::bytes && (arg.bytes.empty() || arg.bytes.size() > kMaxArgBytes))
-      return fail(Code::invalidArgument, "kernel argument " + std::to_string(i) + ": " + std::to_string(arg.bytes.size()) +
-                                             " bytes by value (1 to " + std::to_string(kMaxArgBytes) + ")");
-    if (arg.type == KernelArg::Type::local && arg.scalar.u32 == 0)
-      return fail(Code::invalidArgument, "kernel argument " + std::to_string(i) + ": a local array of 0 bytes");
+    const std::string which = "argument " + std::to_string(i);
+    switch (arg.type) {
+      case KernelArg::Type::buffer:
+        if (arg.buffer == nullptr) return bad(which + " is a null buffer");
+        if (arg.offset >= arg.buffer->size())
+          return bad(which + ": offset " + std::to_string(arg.offset) + " is not inside its " +
+                     std::to_string(arg.buffer->size()) + "-byte buffer");
+        break;
+      case KernelArg::Type::bytes:
+        if (arg.bytes.empty() || arg.bytes.size() > kMaxArgBytes)
+          return bad(which + ": " + std::to_string(arg.bytes.size()) + " bytes by value (1 to " +
+                     std::to_string(kMaxArgBytes) + ")");
+        valueBytes = limits::satAdd(valueBytes, arg.bytes.size());
+        break;
+      case KernelArg::Type::local:
+        if (arg.scalar.u32 == 0) return bad(which + ": a local array of 0 bytes");
+        localBytes = limits::satAdd(localBytes, arg.scalar.u32);
+        break;
+      default:
+        valueBytes = limits::satAdd(valueBytes, 8);
+        break;
+    }
   }
-  for (int d = 0; d < 3; ++d)
-    if (dims.offset[d] > UINT64_MAX - uint64_t{dims.grid[d]} * dims.block[d])
-      return fail(Code::invalidArgument, "launch of " + kernel + ": offset plus size overflows");
+  if (valueBytes > kMaxArgBytes)
+    return bad(std::to_string(valueBytes) + " bytes of arguments by value (at most " + std::to_string(kMaxArgBytes) + ")");
+  if (caps.localMemBytes && localBytes > caps.localMemBytes)
+    return bad(std::to_string(localBytes) + " bytes of local (shared) memory asked; this card has " +
+               std::to_string(caps.localMemBytes) + " per work-group");
+  uint64_t groupSize = 1;
+  for (int d = 0; d < 3; ++d) {
+    if (!dims.autoBlock && dims.block[d] == 0) return bad("a work-group (block) size of 0 in dimension " + std::to_string(d));
+    groupSize = limits::satMul(groupSize, dims.autoBlock ? 1 : dims.block[d]);
+    const uint64_t items = limits::satMul(dims.grid[d], dims.autoBlock ? 1 : dims.block[d]);
+    if (dims.offset[d] > UINT64_MAX - items) return bad("offset plus size overflows in dimension " + std::to_string(d));
+  }
+  if (caps.maxWorkGroupSize && groupSize > caps.maxWorkGroupSize)
+    return bad("work-groups (blocks) of " + std::to_string(groupSize) + " items; this card runs at most " +
+               std::to_string(caps.maxWorkGroupSize));
+  return {};
+}
+
+Status Device::launch(Program& program, const std::string& kernel, const LaunchDims& dims,
+                      std::span<const KernelArg> args) {
+  if (auto s = checkLaunch(caps_, kernel, dims, args); !s) return s;
   if (program.kind() == ProgramKind::builtin) {
     for (auto& arg : args)
       if (arg.type == KernelArg::Type::local || arg.type == KernelArg::Type::bytes ||
@@ -121,8 +167,18 @@ Status Device::doLaunch(Program& program, const std::string&, const LaunchDims&,
                                        " kernels is not supported by " + caps_.backend);
 }
 
+const char* builtinName(BuiltinOp::Fn fn) {
+  switch (fn) {
+    case BuiltinOp::Fn::gemm: return "gemm";
+    case BuiltinOp::Fn::axpy: return "axpy";
+    case BuiltinOp::Fn::vadd: return "vadd";
+    case BuiltinOp::Fn::reduceSum: return "reduceSum";
+  }
+  return "unknown";
+}
+
 // Built-in kernels by name, with their arguments in the order of the op's fields.
-Status Device::launchBuiltin(const std::string& kernel, std::span<const KernelArg> args) {
+Result<BuiltinOp> parseBuiltin(const std::string& kernel, std::span<const KernelArg> args) {
   using T = KernelArg::Type;
   auto expect = [&](std::initializer_list<T> types, const char* signature) -> Status {
     bool ok = args.size() == types.size();
@@ -134,56 +190,101 @@ Status Device::launchBuiltin(const std::string& kernel, std::span<const KernelAr
     if (!ok) return fail(Code::invalidArgument, "kernel " + kernel + " takes (" + signature + ")");
     return {};
   };
+  BuiltinOp op;
   if (kernel == "gemm") {
     if (auto s = expect({T::u32, T::u32, T::u32, T::f32, T::f32, T::buffer, T::buffer, T::buffer},
                         "u32 m, u32 n, u32 k, f32 alpha, f32 beta, buffer a, buffer b, buffer c");
         !s)
-      return s;
-    return gemm(GemmArgs{args[0].scalar.u32, args[1].scalar.u32, args[2].scalar.u32, args[3].scalar.f32,
-                         args[4].scalar.f32, args[5].buffer, args[6].buffer, args[7].buffer});
+      return std::unexpected(s.error());
+    op.fn = BuiltinOp::Fn::gemm;
+    op.gemm = GemmArgs{args[0].scalar.u32, args[1].scalar.u32, args[2].scalar.u32, args[3].scalar.f32,
+                       args[4].scalar.f32, args[5].buffer, args[6].buffer, args[7].buffer};
+    return op;
   }
   if (kernel == "axpy") {
-    if (auto s = expect({T::u64, T::f32, T::buffer, T::buffer}, "u64 n, f32 alpha, buffer x, buffer y"); !s) return s;
-    return axpy(args[0].scalar.u64, args[1].scalar.f32, *args[2].buffer, *args[3].buffer);
+    if (auto s = expect({T::u64, T::f32, T::buffer, T::buffer}, "u64 n, f32 alpha, buffer x, buffer y"); !s)
+      return std::unexpected(s.error());
+    op.fn = BuiltinOp::Fn::axpy;
+    op.n = args[0].scalar.u64, op.alpha = args[1].scalar.f32, op.x = args[2].buffer, op.y = args[3].buffer;
+    return op;
   }
   if (kernel == "vadd") {
-    if (auto s = expect({T::u64, T::buffer, T::buffer, T::buffer}, "u64 n, buffer a, buffer b, buffer out"); !s) return s;
-    return vadd(args[0].scalar.u64, *args[1].buffer, *args[2].buffer, *args[3].buffer);
+    if (auto s = expect({T::u64, T::buffer, T::buffer, T::buffer}, "u64 n, buffer a, buffer b, buffer out"); !s)
+      return std::unexpected(s.error());
+    op.fn = BuiltinOp::Fn::vadd;
+    op.n = args[0].scalar.u64, op.x = args[1].buffer, op.y = args[2].buffer, op.out = args[3].buffer;
+    return op;
   }
   if (kernel == "reduceSum") {
-    if (auto s = expect({T::u64, T::buffer, T::buffer}, "u64 n, buffer input, buffer out"); !s) return s;
-    return reduceSum(args[0].scalar.u64, *args[1].buffer, *args[2].buffer);
+    if (auto s = expect({T::u64, T::buffer, T::buffer}, "u64 n, buffer input, buffer out"); !s)
+      return std::unexpected(s.error());
+    op.fn = BuiltinOp::Fn::reduceSum;
+    op.n = args[0].scalar.u64, op.x = args[1].buffer, op.out = args[2].buffer;
+    return op;
   }
   return fail(Code::notFound, "no kernel '" + kernel + "' in " + kBuiltinLibrary + " (it has gemm, axpy, vadd, reduceSum)");
 }
 
+Status checkBuiltin(const BuiltinOp& op) {
+  const char* name = builtinName(op.fn);
+  switch (op.fn) {
+    case BuiltinOp::Fn::gemm: return checkGemm(op.gemm);
+    case BuiltinOp::Fn::axpy:
+      if (!op.x || !op.y) return fail(Code::invalidArgument, "axpy: x and y must be buffers");
+      if (auto s = checkFloats(*op.x, op.n, name, "x"); !s) return s;
+      return checkFloats(*op.y, op.n, name, "y");
+    case BuiltinOp::Fn::vadd:
+      if (!op.x || !op.y || !op.out) return fail(Code::invalidArgument, "vadd: a, b and out must be buffers");
+      if (auto s = checkFloats(*op.x, op.n, name, "a"); !s) return s;
+      if (auto s = checkFloats(*op.y, op.n, name, "b"); !s) return s;
+      return checkFloats(*op.out, op.n, name, "out");
+    case BuiltinOp::Fn::reduceSum:
+      if (!op.x || !op.out) return fail(Code::invalidArgument, "reduceSum: input and out must be buffers");
+      if (auto s = checkFloats(*op.x, op.n, name, "input"); !s) return s;
+      return checkFloats(*op.out, 1, name, "out");
+  }
+  return fail(Code::invalidArgument, "unknown built-in op");
+}
+
+Status Device::launchBuiltin(const std::string& kernel, std::span<const KernelArg> args) {
+  auto op = parseBuiltin(kernel, args);
+  if (!op) return std::unexpected(op.error());
+  return run(*op);
+}
+
+Status Device::run(const BuiltinOp& op) {
+  if (auto s = checkBuiltin(op); !s) return s;
+  switch (op.fn) {
+    case BuiltinOp::Fn::gemm: return doGemm(op.gemm);
+    case BuiltinOp::Fn::axpy: return doAxpy(op.n, op.alpha, *op.x, *op.y);
+    case BuiltinOp::Fn::vadd: return doVadd(op.n, *op.x, *op.y, *op.out);
+    case BuiltinOp::Fn::reduceSum: return doReduceSum(op.n, *op.x, *op.out);
+  }
+  return fail(Code::invalidArgument, "unknown built-in op");
+}
+
 Status Device::gemm(const GemmArgs& g) {
-  if (!g.a || !g.b || !g.c) return fail(Code::invalidArgument, "gemm: a, b and c must be buffers");
-  if (g.m == 0 || g.n == 0 || g.k == 0) return fail(Code::invalidArgument, "gemm: m, n and k must be nonzero");
-  if (auto s = checkElements(*g.a, uint64_t{g.m} * g.k, "gemm", "a"); !s) return s;
-  if (auto s = checkElements(*g.b, uint64_t{g.k} * g.n, "gemm", "b"); !s) return s;
-  if (auto s = checkElements(*g.c, uint64_t{g.m} * g.n, "gemm", "c"); !s) return s;
-  if (g.c == g.a || g.c == g.b) return fail(Code::invalidArgument, "gemm: c must not alias a or b");
-  return doGemm(g);
+  BuiltinOp op;
+  op.fn = BuiltinOp::Fn::gemm, op.gemm = g;
+  return run(op);
 }
 
 Status Device::axpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) {
-  if (auto s = checkElements(x, n, "axpy", "x"); !s) return s;
-  if (auto s = checkElements(y, n, "axpy", "y"); !s) return s;
-  return doAxpy(n, alpha, x, y);
+  BuiltinOp op;
+  op.fn = BuiltinOp::Fn::axpy, op.n = n, op.alpha = alpha, op.x = const_cast<Buffer*>(&x), op.y = &y;
+  return run(op);
 }
 
 Status Device::vadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out) {
-  if (auto s = checkElements(a, n, "vadd", "a"); !s) return s;
-  if (auto s = checkElements(b, n, "vadd", "b"); !s) return s;
-  if (auto s = checkElements(out, n, "vadd", "out"); !s) return s;
-  return doVadd(n, a, b, out);
+  BuiltinOp op;
+  op.fn = BuiltinOp::Fn::vadd, op.n = n, op.x = const_cast<Buffer*>(&a), op.y = const_cast<Buffer*>(&b), op.out = &out;
+  return run(op);
 }
 
 Status Device::reduceSum(uint64_t n, const Buffer& input, Buffer& out) {
-  if (auto s = checkElements(input, n, "reduceSum", "input"); !s) return s;
-  if (auto s = checkElements(out, 1, "reduceSum", "out"); !s) return s;
-  return doReduceSum(n, input, out);
+  BuiltinOp op;
+  op.fn = BuiltinOp::Fn::reduceSum, op.n = n, op.x = const_cast<Buffer*>(&input), op.out = &out;
+  return run(op);
 }
 
 Status Device::tensor(const TensorOp& op) {

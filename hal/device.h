@@ -154,6 +154,8 @@ struct GemmArgs {
   Buffer* c = nullptr;
 };
 
+struct BuiltinOp;  // below
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -185,6 +187,8 @@ class Device {
   Status axpy(uint64_t n, float alpha, const Buffer& x, Buffer& y);
   Status vadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out);
   Status reduceSum(uint64_t n, const Buffer& input, Buffer& out);
+  // One of the four above, as a value.
+  Status run(const BuiltinOp& op);
   // A tensor op (hal/tensor.h), checked and lowered here; a shape with a zero runs nothing.
   Status tensor(const TensorOp& op);
 
@@ -246,6 +250,39 @@ class Device {
   uint64_t memoryCap_ = 0;
   uint64_t tag_ = 0;
 };
+
+// A built-in op as one value: an `op` instruction's gemm, axpy, vadd or reduceSum, or a
+// launch of the built-in library's kernel of that name (parseBuiltin).
+struct BuiltinOp {
+  enum class Fn { gemm, axpy, vadd, reduceSum } fn = Fn::gemm;
+  GemmArgs gemm;  // gemm
+  uint64_t n = 0;  // the others: elements
+  float alpha = 1;  // axpy
+  Buffer* x = nullptr;    // axpy: x; vadd: a; reduceSum: input
+  Buffer* y = nullptr;    // axpy: y (read and written); vadd: b
+  Buffer* out = nullptr;  // vadd, reduceSum
+};
+const char* builtinName(BuiltinOp::Fn fn);
+// A launch of kBuiltinLibrary's `kernel` with `args` as a BuiltinOp (invalidArgument or
+// notFound naming the kernel's signature otherwise).
+Result<BuiltinOp> parseBuiltin(const std::string& kernel, std::span<const KernelArg> args);
+// Its sizes against its buffers (and a gemm's aliasing), as Device::run checks them.
+Status checkBuiltin(const BuiltinOp& op);
+
+// The checks Device's methods make before a backend sees a call, for callers that plan
+// work before running it (hal/slicing.h): a byte range inside a buffer, n floats in a
+// buffer, a gemm's sizes and aliasing. invalidArgument naming the problem otherwise.
+Status checkBytes(const Buffer& buffer, uint64_t offset, uint64_t length, const char* what);
+Status checkFloats(const Buffer& buffer, uint64_t n, const char* op, const char* arg);
+Status checkGemm(const GemmArgs& g);
+
+// Every field of a launch against the card's limits, before any reaches a driver: buffer
+// arguments inside their buffers, by-value bytes (each and in all) and local memory (the
+// local arrays and sharedBytes together) within what the card reports, work-group sizes
+// nonzero and within the card's largest, offsets that do not overflow. invalidArgument
+// naming the field otherwise. Device::launch calls it; a fuzz target drives it alone.
+Status checkLaunch(const Capabilities& caps, const std::string& kernel, const LaunchDims& dims,
+                   std::span<const KernelArg> args);
 
 // The program object a backend returns for the built-in library.
 class BuiltinProgram final : public Program {

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "hal/conformance.h"
+#include "hal/slicing.h"
 
 namespace raccel::hal {
 namespace {
@@ -293,6 +294,123 @@ TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
   ASSERT_TRUE(device->tensor(tensorOp(TensorFn::nllLoss, {m, k}, {view(loss->get(), 0, {0, 0}), view(ls->get(), 0, {k, 1}),
                                                                    view(bt64->get(), 0, {1, 0}), view(weight->get(), 0, {0, 0})})));
   EXPECT_TRUE(std::isnan(readFloats(**loss, 1)[0]));
+}
+
+// Class 2 of issue 29: a zero in the shape used to skip the reach check, and the other
+// dimensions' strides then overflowed signed arithmetic while the dimensions merged.
+TEST_P(Conformance, ATensorOpWithAZeroDimensionRunsNothingWhateverItsOtherNumbers) {
+  auto a = floats(randomFloats(4, 3));
+  auto out = floats({1, 2, 3, 4});
+  const uint64_t huge = uint64_t{1} << 62;
+  for (auto fn : {TensorFn::add, TensorFn::copy, TensorFn::sum, TensorFn::matmul}) {
+    auto op = tensorOp(fn, {0, uint64_t{1} << 40, 3}, {view(out.get(), huge, {huge, huge, huge}),
+                                                        view(a.get(), ~uint64_t{0}, {huge, huge, 7}),
+                                                        view(a.get(), 5, {~uint64_t{0}, 3, huge})});
+    if (fn == TensorFn::sum) op.reduceMask = 2, op.operands[0].strides[1] = 0;
+    if (fn == TensorFn::matmul) op.operands[0].strides[2] = 0, op.operands[1].strides[1] = 0, op.operands[2].strides[0] = 0;
+    auto s = device->tensor(op);
+    if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+    EXPECT_TRUE(s) << tensorFnName(fn) << ": " << s.error().message;
+  }
+  EXPECT_EQ(readFloats(*out, 4), (std::vector<float>{1, 2, 3, 4}));
+  // Not empty: the same strides are refused by the reach check, naming it.
+  auto big = tensorOp(TensorFn::add, {2, 3}, {view(out.get(), 0, {huge, 1}), view(a.get(), 0, {huge, 1}), view(a.get(), 0, {1, huge})});
+  auto s = device->tensor(big);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("reaches element"), std::string::npos) << s.error().message;
+}
+
+// Bounded work (hal/slicing.h): an op cut into slices of a few elements gives the whole
+// op's result, cut reductions (sum's dimensions, matmul's k) included.
+TEST_P(Conformance, AnOpCutIntoSlicesGivesTheWholeOpsResult) {
+  const size_t m = 7, n = 5, k = 13;
+  auto a = randomFloats(m * k, 11), b = randomFloats(k * n, 12), c = randomFloats(m * n, 13);
+  auto ba = floats(a), bb = floats(b), whole = floats(c), sliced = floats(c);
+  auto run = [&](const TensorOp& op, double budget) -> Status {
+    auto slices = sliceTensor(op, budget);
+    uint64_t count = 0;
+    for (;;) {
+      auto r = slices->runNext(*device);
+      if (!r) return std::unexpected(r.error());
+      ++count;
+      if (*r) break;
+    }
+    EXPECT_EQ(count, slices->total());
+    EXPECT_GT(count, 1u);
+    return {};
+  };
+  auto expectSame = [&](const Buffer& x, const Buffer& y, size_t count, const char* what) {
+    auto vx = readFloats(x, count), vy = readFloats(y, count);
+    for (size_t i = 0; i < count; ++i) ASSERT_NEAR(vx[i], vy[i], 1e-4) << what << " at " << i;
+  };
+  // matmul, out = 0.5 a b + 2 c, cut within k (the budget is below one output's k).
+  for (double budget : {3.0, 40.0, 300.0}) {
+    ASSERT_TRUE(device->write(*whole, 0, std::as_bytes(std::span(c))));
+    ASSERT_TRUE(device->write(*sliced, 0, std::as_bytes(std::span(c))));
+    auto mm = [&](Buffer* out) {
+      auto op = tensorOp(TensorFn::matmul, {m, n, k}, {view(out, 0, {n, 1, 0}), view(ba.get(), 0, {k, 0, 1}), view(bb.get(), 0, {0, 1, n})});
+      op.alpha = 0.5f, op.beta = 2;
+      return op;
+    };
+    auto s = device->tensor(mm(whole.get()));
+    if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+    ASSERT_TRUE(s) << s.error().message;
+    ASSERT_TRUE(run(mm(sliced.get()), budget));
+    expectSame(*whole, *sliced, m * n, "matmul");
+  }
+  // sum over dimension 0 of a (m x k), beta 0, cut across the summed rows.
+  auto cw = device->allocate(k * 4), cs = device->allocate(k * 4);
+  ASSERT_TRUE(cw && cs);
+  auto sum = [&](Buffer* out) {
+    auto op = tensorOp(TensorFn::sum, {m, k}, {view(out, 0, {0, 1}), view(ba.get(), 0, {k, 1})});
+    op.reduceMask = 1;
+    return op;
+  };
+  ASSERT_TRUE(device->tensor(sum(cw->get())));
+  ASSERT_TRUE(run(sum(cs->get()), 5));
+  expectSame(**cw, **cs, k, "sum");
+  // elementwise over a transposed view, and log_softmax by rows.
+  auto add = [&](Buffer* out) {
+    auto op = tensorOp(TensorFn::add, {k, m}, {view(out, 0, {m, 1}), view(ba.get(), 0, {1, k}), view(ba.get(), 0, {1, k})});
+    op.alpha = -0.25f;
+    return op;
+  };
+  auto ew = device->allocate(m * k * 4), es = device->allocate(m * k * 4);
+  ASSERT_TRUE(ew && es);
+  ASSERT_TRUE(device->tensor(add(ew->get())));
+  ASSERT_TRUE(run(add(es->get()), 6));
+  expectSame(**ew, **es, m * k, "add");
+  auto ls = [&](Buffer* out) { return tensorOp(TensorFn::logSoftmax, {m, k}, {view(out, 0, {k, 1}), view(ba.get(), 0, {k, 1})}); };
+  ASSERT_TRUE(device->tensor(ls(ew->get())));
+  ASSERT_TRUE(run(ls(es->get()), 1));  // one row a slice: a row is never cut
+  expectSame(**ew, **es, m * k, "logSoftmax");
+  // A gemm, and a copy that moves a buffer's bytes up over themselves (memmove's meaning).
+  if (hasBuiltins()) {
+    ASSERT_TRUE(device->write(*whole, 0, std::as_bytes(std::span(c))));
+    ASSERT_TRUE(device->write(*sliced, 0, std::as_bytes(std::span(c))));
+    ASSERT_TRUE(device->gemm({uint32_t(m), uint32_t(n), uint32_t(k), 1.5f, -1, ba.get(), bb.get(), whole.get()}));
+    BuiltinOp gemm;
+    gemm.gemm = {uint32_t(m), uint32_t(n), uint32_t(k), 1.5f, -1, ba.get(), bb.get(), sliced.get()};
+    auto g = sliceBuiltin(gemm, 50);
+    ASSERT_TRUE(g);
+    for (bool done = false; !done;) {
+      auto r = g->runNext(*device);
+      ASSERT_TRUE(r) << r.error().message;
+      done = *r;
+    }
+    expectSame(*whole, *sliced, m * n, "gemm");
+  }
+  std::vector<std::byte> bytes(100);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i);
+  auto buf = device->allocate(100);
+  ASSERT_TRUE(buf);
+  ASSERT_TRUE(device->write(**buf, 0, bytes));
+  auto cp = sliceCopy(**buf, 10, **buf, 0, 80, 7);
+  ASSERT_TRUE(cp);
+  for (bool done = false; !done;) done = *cp->runNext(*device);
+  std::vector<std::byte> back(100);
+  ASSERT_TRUE(device->read(**buf, 0, back));
+  for (size_t i = 10; i < 90; ++i) ASSERT_EQ(back[i], std::byte(i - 10)) << i;
 }
 
 TEST_P(Conformance, TensorOpsThatWouldLeaveTheirBuffersAreRefused) {

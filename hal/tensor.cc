@@ -29,6 +29,9 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"nllLoss", 4, "rc_nll_loss"},       {"nllLossBackward", 4, "rc_nll_loss_backward"},
 };
 constexpr uint64_t kMaxElements = 1ull << 48;
+// One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
+// of one is never cut (hal/slicing.h), so it is bounded here.
+constexpr uint64_t kMaxRowElements = 1ull << 24;
 
 bool elementwise(TensorFn fn) { return fn <= TensorFn::affine; }
 // nllLoss's and nllLossBackward's targets are i64; everything else is f32.
@@ -71,6 +74,10 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     default:
       break;
   }
+  if ((op.fn == TensorFn::logSoftmax || op.fn == TensorFn::logSoftmaxBackward) && op.shape[1] > kMaxRowElements)
+    return bad("rows of " + std::to_string(op.shape[1]) + " columns (at most 2^24)");
+  if (op.fn == TensorFn::nllLoss && op.shape[0] > kMaxRowElements)
+    return bad("a batch of " + std::to_string(op.shape[0]) + " rows (at most 2^24; split it)");
   if (op.fn == TensorFn::sum && op.reduceMask == 0) return bad("reduceMask names no dimension");
   if (op.fn != TensorFn::sum && op.reduceMask != 0) return bad("only sum takes a reduceMask");
 
@@ -131,6 +138,9 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       break;
   }
   if (!rule) return std::unexpected(rule.error());
+  // A shape with a zero runs nothing: its strides and offsets were never bounded by a
+  // reach, so no geometry is computed from them.
+  if (out.empty) return out;
 
   kernels::RcGeom& g = out.geom;
   g.fn = int(op.fn);
@@ -139,13 +149,19 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   g.mean = op.mean ? 1 : 0;
   g.ignoreIndex = op.ignoreIndex;
   g.dims = op.dims;
+  // From here every shape, stride and offset is bounded by a buffer's elements (the
+  // reach above: (shape - 1) * stride + offset < elements <= 2^50), so the signed 64-bit
+  // geometry cannot overflow; the conversions are checked all the same.
   for (unsigned d = 0; d < op.dims; ++d) {
-    g.shape[d] = static_cast<int64_t>(op.shape[d]);
+    g.shape[d] = limits::toSigned(op.shape[d]);
     for (unsigned i = 0; i < kMaxTensorOperands; ++i)
       // A dimension of one element never moves: its stride (however large) is 0.
-      g.stride[i][d] = i < operands && op.shape[d] > 1 ? static_cast<int64_t>(op.operands[i].strides[d]) : 0;
+      g.stride[i][d] = i < operands && op.shape[d] > 1 ? limits::toSigned(op.operands[i].strides[d]) : 0;
   }
-  for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.offset[i] = i < operands ? static_cast<int64_t>(op.operands[i].offset) : 0;
+  for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.offset[i] = i < operands ? limits::toSigned(op.operands[i].offset) : 0;
+  for (unsigned d = 0; d < op.dims; ++d)
+    for (unsigned i = 0; i < kMaxTensorOperands; ++i)
+      if (g.shape[d] < 0 || g.stride[i][d] < 0 || g.offset[i] < 0) return bad("a shape, stride or offset past 2^63");
 
   if (elementwise(op.fn)) {
     // Merges neighbouring dimensions that every operand walks contiguously, so a
@@ -153,7 +169,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     int64_t dims = 0;
     for (unsigned d = 0; d < op.dims; ++d) {
       bool merge = dims > 0;
-      for (unsigned i = 0; i < operands && merge; ++i) merge = g.stride[i][dims - 1] == g.stride[i][d] * g.shape[d];
+      for (unsigned i = 0; i < operands && merge; ++i)
+        merge = uint64_t(g.stride[i][dims - 1]) == limits::satMul(uint64_t(g.stride[i][d]), uint64_t(g.shape[d]));
       if (merge) {
         g.shape[dims - 1] *= g.shape[d];
         for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.stride[i][dims - 1] = g.stride[i][d];

@@ -9,6 +9,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/usage.h"
+#include "hal/slicing.h"
 #include "schema/guest.capnp.h"
 #include "transport/wire_types.h"
 
@@ -46,6 +47,9 @@ void writeDescription(wire::ProgramInfo::Builder out, const hal::ProgramDescript
 using transport::Body;
 using transport::InPlaceMessage;
 
+// Fills and copies go in pieces of this many bytes (memory moves: no rated speed applies).
+constexpr uint64_t kSliceBytes = 64ull << 20;
+
 // A failed instruction: the error, and the instruction whose failure caused it.
 struct Failure {
   Error error;
@@ -57,6 +61,16 @@ std::unexpected<Failure> failure(Code code, std::string message) {
   return std::unexpected<Failure>(Failure{Error{code, std::move(message)}, 0});
 }
 std::unexpected<Failure> failure(const Error& e) { return std::unexpected<Failure>(Failure{e, 0}); }
+
+Body errorReply(uint64_t sequence, const Failure& f) {
+  capnp::MallocMessageBuilder m;
+  auto e = m.initRoot<wire::Reply>().initError();
+  e.setSequence(sequence);
+  e.setDependency(f.dependency);
+  transport::setError(e.initError(), f.error);
+  return transport::encodeBody(m);
+}
+
 
 }  // namespace
 
@@ -104,6 +118,12 @@ struct CardWorker::Context {
   std::string label;
   // Scheduling on the card.
   std::deque<Work> ready;
+  // An op cut into slices (hal/slicing.h), under way: it runs before `ready`, a slice at
+  // a time. Its buffers are this context's: nothing frees them while it runs (the
+  // context's instructions run in order), and it is dropped before they are released.
+  std::unique_ptr<hal::SlicedWork> running;
+  uint64_t runningSequence = 0;
+  bool hasWork() const { return running || !ready.empty(); }
   Usage usage;
   uint32_t blocks = 1;
   std::string tenant;
@@ -138,6 +158,7 @@ CardWorker::~CardWorker() {
   thread_.join();
   // Buffers and programs before the devices (a sandbox's) that hold them.
   for (auto& [id, ctx] : *contexts_) {
+    ctx.running.reset();
     hal::Device* d = existingDevice((*tenants_)[ctx.tenant]);
     for (auto& [h, b] : ctx.buffers)
       if (d) d->release(std::move(b));
@@ -268,35 +289,41 @@ void CardWorker::run() {
     for (;;) {
       Context* c = pick();
       if (!c) {
-        if (readyContexts_ == 0) break;
+        if (readyContexts() == 0) break;
         waitForDevice();  // work is ready but the card has queueDepth kernels in flight
         std::lock_guard lock(mu_);
         if (stop_) return;
         if (!queue_.empty()) arrived.swap(queue_);
       } else {
-        Work w = std::move(c->ready.front());
-        c->ready.pop_front();
-        if (c->ready.empty()) --readyContexts_;
+        const bool slice = c->running != nullptr;  // the next slice of its op, else its next instruction
+        Work w;
+        if (!slice) {
+          w = std::move(c->ready.front());
+          c->ready.pop_front();
+        }
         size_t bytes = w.body.size();  // execute() consumes the body
-        uint32_t id = w.context;
-        bool instruction = w.type == Work::Type::instruction;
+        uint32_t id = c->id;
+        bool instruction = slice || w.type == Work::Type::instruction;
         hal::Device* device = instruction ? &deviceOf(*c) : nullptr;
         bool timed = device && device->timesKernels();
         if (device) device->tagKernels(id);
         double start = instruction ? nowNs() : 0;
-        execute(w);  // may close (erase) the context, or replace a lost sandbox
+        if (slice) runSlice(*c, *device);
+        else execute(w);  // may replace a lost sandbox
         auto it = contexts_->find(id);
         if (instruction && it != contexts_->end()) {
           if (!timed) charge(it->second, nowNs() - start);
           else if (existingDevice((*tenants_)[it->second.tenant]) == device) {  // not lost meanwhile
-            ++outstanding_[device];  // at most one kernel per instruction can be in flight for it
+            ++outstanding_[device];  // at most one kernel per instruction (or slice) can be in flight for it
             collect(*device);
           }
         }
         std::lock_guard lock(mu_);
-        queuedBytes_ -= bytes;
-        --queuedCount_;
-        executed_ += instruction;
+        if (!slice) {
+          queuedBytes_ -= bytes;
+          --queuedCount_;
+          executed_ += instruction;
+        }
         if (stop_) return;  // the rest is dropped with the worker
         if (!queue_.empty()) arrived.swap(queue_);
       }
@@ -310,8 +337,10 @@ void CardWorker::run() {
 
 void CardWorker::intake(std::vector<Work>& arrived) {
   for (auto& w : arrived) {
-    if (w.type == Work::Type::open) {
-      execute(w);
+    if (w.type == Work::Type::open || w.type == Work::Type::close) {
+      // A close does not wait behind the work it cancels (its session is gone).
+      if (w.type == Work::Type::open) execute(w);
+      else close(w);
       std::lock_guard lock(mu_);
       --queuedCount_;
       continue;
@@ -323,27 +352,27 @@ void CardWorker::intake(std::vector<Work>& arrived) {
       --queuedCount_;
       continue;
     }
-    if (it->second.ready.empty()) ++readyContexts_;
     it->second.ready.push_back(std::move(w));
   }
   arrived.clear();
 }
 
 CardWorker::Context* CardWorker::pick() {
-  if (readyContexts_ == 0) return nullptr;
+  const size_t ready = readyContexts();
+  if (ready == 0) return nullptr;
   // The card has queueDepth kernels in flight: nothing is dispatched until one completes,
   // so that the next is the fairest one then (only asynchronous devices count here).
   if (inFlightTotal_ >= options_.queueDepth) return nullptr;
-  if (readyContexts_ == 1) {
+  if (ready == 1) {
     for (auto& [id, c] : *contexts_)
-      if (!c.ready.empty()) return &c;
+      if (c.hasWork()) return &c;
   }
   double now = nowNs();
   // The tenant with work ready and the lowest decayed usage over share...
   const std::string* tenant = nullptr;
   double tenantScore = 0;
   for (auto& [id, c] : *contexts_) {
-    if (c.ready.empty() || (tenant && *tenant == c.tenant)) continue;
+    if (!c.hasWork() || (tenant && *tenant == c.tenant)) continue;
     const Tenant& t = (*tenants_)[c.tenant];
     double score = t.usage.decayed(now, halfLifeNs_) / std::max(1u, t.blocks);
     if (!tenant || score < tenantScore) tenant = &c.tenant, tenantScore = score;
@@ -352,11 +381,51 @@ CardWorker::Context* CardWorker::pick() {
   Context* best = nullptr;
   double bestOwn = 0;
   for (auto& [id, c] : *contexts_) {
-    if (c.ready.empty() || c.tenant != *tenant) continue;
+    if (!c.hasWork() || c.tenant != *tenant) continue;
     double own = c.usage.decayed(now, halfLifeNs_) / c.blocks;
     if (!best || c.priority > best->priority || (c.priority == best->priority && own < bestOwn)) best = &c, bestOwn = own;
   }
   return best;
+}
+
+size_t CardWorker::readyContexts() const {
+  size_t n = 0;
+  for (auto& [id, c] : *contexts_)
+    if (c.hasWork() && ++n == 2) break;
+  return n;
+}
+
+double CardWorker::sliceFlops() const {
+  // A card that states no speed: slices of a billion operations.
+  return caps_.tflops > 0 ? caps_.tflops * 1e12 * options_.sliceMs / 1e3 : 1e9;
+}
+
+Status CardWorker::withinCeiling(double flops, const std::string& what) const {
+  if (!(caps_.tflops > 0)) return {};
+  const double seconds = flops / (caps_.tflops * 1e12);
+  if (seconds <= options_.maxOpSeconds) return {};
+  char text[160];
+  std::snprintf(text, sizeof text, "%s: %.3g operations is about %.0f s of this card (%.3g TFLOPS), over the %.0f s one op may take",
+                what.c_str(), flops, seconds, caps_.tflops, options_.maxOpSeconds);
+  return fail(Code::resourceExhausted, std::string(text) + " (max_op_seconds); split it into smaller ops");
+}
+
+void CardWorker::runSlice(Context& c, hal::Device& device) {
+  const uint64_t seq = c.runningSequence;
+  auto r = c.running->runNext(device);
+  bool finished = !r || *r;
+  std::optional<Failure> failed;
+  if (!r) failed = Failure{r.error(), 0};
+  if (sandboxes_) {
+    if (std::string why = device.lost(); !why.empty()) {
+      failed = Failure{Error{Code::internal, lossMessage(why)}, 0};
+      finished = true;
+      c.running.reset();
+      sandboxLost(c.tenant, why, seq);
+    }
+  }
+  if (finished) c.running.reset();
+  if (failed) emit(c.id, seq, errorReply(seq, *failed));
 }
 
 void CardWorker::charge(Context& c, double ns) {
@@ -481,6 +550,11 @@ void CardWorker::sandboxLost(const std::string& tenant, const std::string& why, 
     }
     for (auto& [h, p] : c.programs)
       c.poisoned[h] = Context::Poison{sequence, Code::internal, "program " + std::to_string(h) + " was lost: " + fault.message};
+    if (c.running) {  // its op's buffers are gone: it ends here, failing
+      if (c.runningSequence != sequence)
+        emit(id, c.runningSequence, errorReply(c.runningSequence, Failure{Error{Code::internal, fault.message}, 0}));
+      c.running.reset();
+    }
     c.buffers.clear();
     c.programs.clear();
     c.used = 0;
@@ -517,18 +591,51 @@ void CardWorker::flushOutputs(bool force) {
   if (had || force) notify_();
 }
 
-namespace {
 
-Body errorReply(uint64_t sequence, const Failure& f) {
-  capnp::MallocMessageBuilder m;
-  auto e = m.initRoot<wire::Reply>().initError();
-  e.setSequence(sequence);
-  e.setDependency(f.dependency);
-  transport::setError(e.initError(), f.error);
-  return transport::encodeBody(m);
+void CardWorker::close(Work& work) {
+  auto it = contexts_->find(work.context);
+  if (it == contexts_->end()) return;
+  Context& c = it->second;
+  Tenant& t = (*tenants_)[c.tenant];  // kept: its past usage still counts if it comes back
+  if (c.running || !c.ready.empty())
+    RLOG_INFO("netaccel") << options_.label << ": context " << work.context << " closed; cancelled "
+                          << c.ready.size() << " queued instruction(s)"
+                          << (c.running ? " and the op of instruction #" + std::to_string(c.runningSequence) +
+                                              " after slice " + std::to_string(c.running->done()) + " of " +
+                                              std::to_string(c.running->total())
+                                        : std::string());
+  c.running.reset();  // before the buffers it works on
+  hal::Device* d = existingDevice(t);
+  for (auto& [h, b] : c.buffers)
+    if (d) d->release(std::move(b));
+  c.buffers.clear();
+  c.programs.clear();
+  t.blocks -= std::min(t.blocks, c.blocks);
+  t.contexts -= std::min(t.contexts, 1u);
+  std::string tenantName = c.tenant;
+  {
+    std::lock_guard lock(mu_);
+    // Its final kernel time goes out once more, with the next heartbeat: what ran
+    // after the last one is the tenant's too.
+    if (auto k = kernelNs_.find(work.context); k != kernelNs_.end()) {
+      closedKernelNs_.emplace_back(k->first, k->second);
+      kernelNs_.erase(k);
+    }
+    bufferBytes_.erase(work.context);
+    for (auto& w : c.ready) queuedBytes_ -= w.body.size();  // work before or after its close: dropped with it
+    queuedCount_ -= c.ready.size();
+  }
+  contexts_->erase(it);
+  t.quota = 0;
+  for (auto& [id, other] : *contexts_)
+    if (other.tenant == tenantName) t.quota = std::max(t.quota, other.quota);
+  if (t.sandbox && t.contexts == 0) {  // its last context here: the sandbox ends
+    forgetDevice(t.sandbox.get());
+    t.sandbox.reset();
+  } else {
+    capMemory(t);
+  }
 }
-
-}  // namespace
 
 void CardWorker::execute(Work& work) {
   if (work.type == Work::Type::open) {
@@ -548,44 +655,6 @@ void CardWorker::execute(Work& work) {
     return;
   }
   auto it = contexts_->find(work.context);
-  if (work.type == Work::Type::close) {
-    if (it == contexts_->end()) return;
-    Tenant& t = (*tenants_)[it->second.tenant];  // kept: its past usage still counts if it comes back
-    hal::Device* d = existingDevice(t);
-    for (auto& [h, b] : it->second.buffers)
-      if (d) d->release(std::move(b));
-    it->second.buffers.clear();
-    it->second.programs.clear();
-    t.blocks -= std::min(t.blocks, it->second.blocks);
-    t.contexts -= std::min(t.contexts, 1u);
-    std::string tenantName = it->second.tenant;
-    {
-      std::lock_guard lock(mu_);
-      // Its final kernel time goes out once more, with the next heartbeat: what ran
-      // after the last one is the tenant's too.
-      if (auto k = kernelNs_.find(work.context); k != kernelNs_.end()) {
-        closedKernelNs_.emplace_back(k->first, k->second);
-        kernelNs_.erase(k);
-      }
-      bufferBytes_.erase(work.context);
-      if (!it->second.ready.empty()) {  // work after its close: dropped with it
-        --readyContexts_;
-        for (auto& w : it->second.ready) queuedBytes_ -= w.body.size();
-        queuedCount_ -= it->second.ready.size();
-      }
-    }
-    contexts_->erase(it);
-    t.quota = 0;
-    for (auto& [id, other] : *contexts_)
-      if (other.tenant == tenantName) t.quota = std::max(t.quota, other.quota);
-    if (t.sandbox && t.contexts == 0) {  // its last context here: the sandbox ends
-      forgetDevice(t.sandbox.get());
-      t.sandbox.reset();
-    } else {
-      capMemory(t);
-    }
-    return;
-  }
   if (it == contexts_->end()) return;  // closed meanwhile: the session is gone
   Context& c = it->second;
   if (work.type == Work::Type::poison) {
@@ -622,6 +691,27 @@ void CardWorker::execute(Work& work) {
     return failure(Code::notFound, "program handle " + std::to_string(h) + " does not exist in this session");
   };
 
+  auto status = [](Status s) -> Outcome {
+    if (!s) return failure(s.error());
+    return {};
+  };
+  // Bounded work (hal/slicing.h): refused past max_op_seconds of this card; run at once
+  // when it fits one slice, else left running for run() to go on with between others' work.
+  auto bounded = [&](double flops, const std::string& what, std::unique_ptr<hal::SlicedWork> slices,
+                     const std::function<Status()>& whole) -> Outcome {
+    if (auto s = withinCeiling(flops, what); !s) return failure(s.error());
+    if (!slices) return status(whole());
+    c.running = std::move(slices);
+    c.runningSequence = seq;
+    return {};
+  };
+  auto builtin = [&](const hal::BuiltinOp& op) -> Outcome {
+    if (auto s = hal::checkBuiltin(op); !s) return failure(s.error());
+    const double flops = hal::builtinWork(op);
+    return bounded(flops, hal::builtinName(op.fn), flops > sliceFlops() ? hal::sliceBuiltin(op, sliceFlops()) : nullptr,
+                   [&] { return device.run(op); });
+  };
+
   std::optional<uint64_t> created;
   Outcome outcome;
   auto decoded = transport::decodeGuard([&] {
@@ -629,10 +719,6 @@ void CardWorker::execute(Work& work) {
     auto in = message.root<wire::Instruction>();
     created = transport::handleCreatedBy(in);
     outcome = [&]() -> Outcome {
-      auto status = [](Status s) -> Outcome {
-        if (!s) return failure(s.error());
-        return {};
-      };
       switch (in.which()) {
         case wire::Instruction::ALLOC: {
           auto a = in.getAlloc();
@@ -708,13 +794,21 @@ void CardWorker::execute(Work& work) {
           if (!dst) return std::unexpected(dst.error());
           auto src = bufferOf(cp.getSrc());
           if (!src) return std::unexpected(src.error());
-          return status(device.copy(**dst, cp.getDstOffset(), **src, cp.getSrcOffset(), cp.getLength()));
+          const uint64_t dstOffset = cp.getDstOffset(), srcOffset = cp.getSrcOffset(), length = cp.getLength();
+          if (auto s = hal::checkBytes(**src, srcOffset, length, "copy source"); !s) return failure(s.error());
+          if (auto s = hal::checkBytes(**dst, dstOffset, length, "copy destination"); !s) return failure(s.error());
+          return bounded(0, "copy", hal::sliceCopy(**dst, dstOffset, **src, srcOffset, length, kSliceBytes),
+                         [&] { return device.copy(**dst, dstOffset, **src, srcOffset, length); });
         }
         case wire::Instruction::FILL: {
           auto f = in.getFill();
           auto b = bufferOf(f.getBuffer());
           if (!b) return std::unexpected(b.error());
-          return status(device.fill(**b, f.getOffset(), f.getLength(), f.getValue()));
+          const uint64_t offset = f.getOffset(), length = f.getLength();
+          const uint8_t value = f.getValue();
+          if (auto s = hal::checkBytes(**b, offset, length, "fill"); !s) return failure(s.error());
+          return bounded(0, "fill", hal::sliceFill(**b, offset, length, value, kSliceBytes),
+                         [&] { return device.fill(**b, offset, length, value); });
         }
         case wire::Instruction::LOAD_PROGRAM: {
           auto lp = in.getLoadProgram();
@@ -784,6 +878,12 @@ void CardWorker::execute(Work& work) {
             }
             args.push_back(k);
           }
+          if ((*p)->kind() == ProgramKind::builtin) {  // the built-in library's kernels are ops: bounded alike
+            if (auto s = hal::checkLaunch(caps_, l.getKernel(), dims, args); !s) return failure(s.error());
+            auto op = hal::parseBuiltin(l.getKernel(), args);
+            if (!op) return failure(op.error());
+            return builtin(*op);
+          }
           return status(device.launch(**p, l.getKernel(), dims, args));
         }
         case wire::Instruction::OP: {
@@ -797,33 +897,42 @@ void CardWorker::execute(Work& work) {
               if (!b) return std::unexpected(b.error());
               auto cc = bufferOf(g.getC());
               if (!cc) return std::unexpected(cc.error());
-              return status(device.gemm({g.getM(), g.getN(), g.getK(), g.getAlpha(), g.getBeta(), *a, *b, *cc}));
+              hal::BuiltinOp o;
+              o.fn = hal::BuiltinOp::Fn::gemm;
+              o.gemm = {g.getM(), g.getN(), g.getK(), g.getAlpha(), g.getBeta(), *a, *b, *cc};
+              return builtin(o);
             }
             case wire::Op::AXPY: {
-              auto o = op.getAxpy();
-              auto x = bufferOf(o.getX());
+              auto w = op.getAxpy();
+              auto x = bufferOf(w.getX());
               if (!x) return std::unexpected(x.error());
-              auto y = bufferOf(o.getY());
+              auto y = bufferOf(w.getY());
               if (!y) return std::unexpected(y.error());
-              return status(device.axpy(o.getN(), o.getAlpha(), **x, **y));
+              hal::BuiltinOp o;
+              o.fn = hal::BuiltinOp::Fn::axpy, o.n = w.getN(), o.alpha = w.getAlpha(), o.x = *x, o.y = *y;
+              return builtin(o);
             }
             case wire::Op::VADD: {
-              auto o = op.getVadd();
-              auto a = bufferOf(o.getA());
+              auto w = op.getVadd();
+              auto a = bufferOf(w.getA());
               if (!a) return std::unexpected(a.error());
-              auto b = bufferOf(o.getB());
+              auto b = bufferOf(w.getB());
               if (!b) return std::unexpected(b.error());
-              auto out = bufferOf(o.getOut());
+              auto out = bufferOf(w.getOut());
               if (!out) return std::unexpected(out.error());
-              return status(device.vadd(o.getN(), **a, **b, **out));
+              hal::BuiltinOp o;
+              o.fn = hal::BuiltinOp::Fn::vadd, o.n = w.getN(), o.x = *a, o.y = *b, o.out = *out;
+              return builtin(o);
             }
             case wire::Op::REDUCE_SUM: {
-              auto o = op.getReduceSum();
-              auto input = bufferOf(o.getInput());
+              auto w = op.getReduceSum();
+              auto input = bufferOf(w.getInput());
               if (!input) return std::unexpected(input.error());
-              auto out = bufferOf(o.getOut());
+              auto out = bufferOf(w.getOut());
               if (!out) return std::unexpected(out.error());
-              return status(device.reduceSum(o.getN(), **input, **out));
+              hal::BuiltinOp o;
+              o.fn = hal::BuiltinOp::Fn::reduceSum, o.n = w.getN(), o.x = *input, o.out = *out;
+              return builtin(o);
             }
             case wire::Op::TENSOR: {
               auto t = op.getTensor();
@@ -858,7 +967,11 @@ void CardWorker::execute(Work& work) {
               }
               h.alpha = t.getAlpha(), h.beta = t.getBeta(), h.reduceMask = t.getReduceMask();
               h.ignoreIndex = t.getIgnoreIndex(), h.mean = t.getMean();
-              return status(device.tensor(h));
+              auto lowered = hal::lowerTensorOp(h);  // checked once here; each slice again where it runs
+              if (!lowered) return failure(lowered.error());
+              if (lowered->empty) return {};
+              return bounded(lowered->flops, name, lowered->flops > sliceFlops() ? hal::sliceTensor(h, sliceFlops()) : nullptr,
+                             [&] { return device.tensor(h); });
             }
           }
           return failure(Code::invalidArgument, "unknown built-in op (tag " + std::to_string(static_cast<int>(op.which())) +

@@ -11,9 +11,15 @@
 // GPU stream, the asynchronous simulated card) it is each kernel's time on the device's
 // own clock, charged when the kernel completes; and at most `queueDepth` kernels are in
 // flight on the card at once, so the next dispatch always goes to the tenant that is
-// furthest behind its share. A kernel is never cut: the granularity of a share is one
-// kernel, and a tenant may be ahead by up to `queueDepth` kernels at any moment.
-// Transfers are not charged.
+// furthest behind its share. Transfers are not charged.
+//
+// Bounded work (hal/slicing.h): a built-in or tensor op worth more than `maxOpSeconds` of
+// this card at its rated speed is refused when it arrives; one worth more than `sliceMs`
+// is cut into slices of about that much, and the choice above is made again between
+// slices, so the granularity of a share is one slice (or one launched kernel, which is
+// never cut; a sandbox whose kernels make no progress for its call timeout is stopped).
+// A context that closes (its session ended) drops its queued work and its running op at
+// once, between two slices: a close never waits behind the work it cancels.
 //
 // Sandboxes (netaccel/sandbox.h): on a card built with a SandboxPool, each tenant's
 // contexts run in a sandbox process of that tenant's, taken when its first context
@@ -63,6 +69,8 @@ class CardWorker {
   struct Options {
     double halfLifeMs = 2000;
     unsigned queueDepth = 2;  // asynchronous devices: kernels in flight on the card
+    double sliceMs = 10;      // ops are cut into slices of about this much of the card's rated speed
+    double maxOpSeconds = 120;  // an op worth more of the card than this is refused
     std::string label = "card";  // in messages: "card 0"
     // Set: each tenant's work runs in a sandbox process of its own (for backends that
     // run guest code; the in-process device only supplies the capabilities).
@@ -116,6 +124,11 @@ class CardWorker {
   void run();
   void intake(std::vector<Work>& arrived);  // into the contexts' queues
   Context* pick();                          // the context to run next, or null
+  size_t readyContexts() const;             // contexts with work to run (0, 1 or 2: "more")
+  void runSlice(Context& c, hal::Device& device);  // the next slice of its running op
+  void close(Work& work);                   // drops the context, its queue and its running op
+  double sliceFlops() const;
+  Status withinCeiling(double flops, const std::string& what) const;
   void charge(Context& c, double ns);
   hal::Device& deviceOf(Context& c);
   bool eligible(const Context& c) const;
@@ -158,7 +171,6 @@ class CardWorker {
   std::unique_ptr<std::unordered_map<uint32_t, Context>> contexts_;
   std::unique_ptr<std::unordered_map<std::string, Tenant>> tenants_;
   double halfLifeNs_;
-  size_t readyContexts_ = 0;
   std::unordered_map<hal::Device*, size_t> inFlight_;  // asynchronous devices: kernels in flight
   size_t inFlightTotal_ = 0;
   std::unordered_map<hal::Device*, double> stalledSince_;  // last progress of those in flight

@@ -113,7 +113,7 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
                                     "sandbox", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
-                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_hide", "http_listen", "host_cpu", "host_memory"};
+                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory"};
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   auto unknown = top.unknownKeys(known);
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
@@ -149,12 +149,18 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto callTimeout = top.getInt("sandbox_call_timeout_ms", out.sandbox.callTimeoutMs, 100, 24ll * 3600 * 1000);
   if (!callTimeout) return fail(callTimeout.error());
   out.sandbox.callTimeoutMs = static_cast<unsigned>(*callTimeout);
-  // More paths its sandboxes may not read, comma-separated (absolute).
-  for (auto& path : commaItems(top.getString("sandbox_hide", ""))) {
+  // More paths its sandboxes may read, comma-separated (absolute).
+  for (auto& path : commaItems(top.getString("sandbox_read", ""))) {
     if (path.empty()) continue;
-    if (path[0] != '/') return fail(Code::invalidArgument, "sandbox_hide: '" + path + "' is not an absolute path");
-    out.sandbox.hidden.push_back(path);
+    if (path[0] != '/') return fail(Code::invalidArgument, "sandbox_read: '" + path + "' is not an absolute path");
+    out.sandbox.readable.push_back(path);
   }
+  auto slice = top.getDouble("slice_ms", out.sliceMs, 0.1, 10000);
+  if (!slice) return fail(slice.error());
+  out.sliceMs = *slice;
+  auto maxOp = top.getDouble("max_op_seconds", out.maxOpSeconds, 0.001, 365.0 * 24 * 3600);
+  if (!maxOp) return fail(maxOp.error());
+  out.maxOpSeconds = *maxOp;
   auto depth = top.getInt("device_queue_depth", out.queueDepth, 1, 1024);
   if (!depth) return fail(depth.error());
   out.queueDepth = static_cast<unsigned>(*depth);

@@ -16,11 +16,15 @@
 //   sandbox_warm = 1             # sandboxes started ahead per card (device context open)
 //   sandbox_host_memory = 16GiB  # a sandbox's data-segment rlimit (RLIMIT_DATA)
 //   sandbox_dir = /tmp/raccel-sandbox   # each sandbox works in its own folder below it
-//   sandbox_hide = /srv/secrets,/var/lib/raccel   # more paths sandboxes may not read (besides
-//                                #   the key's folder, sandbox_dir and $HOME)
+//   sandbox_read = /opt/mylib,/srv/models   # more paths sandboxes may read (and run): a
+//                                #   sandbox sees only its driver's and compiler's files, its
+//                                #   card's /dev nodes, its own folder and these (sandbox.h)
 //   sandbox_call_timeout_ms = 30000     # a sandbox that answers no call (or whose kernels
 //                                #   make no progress) this long is stopped
 //   device_queue_depth = 2       # asynchronous cards: kernels in flight on a card at once
+//   slice_ms = 10                # ops are cut into slices of about this much of a card's
+//                                #   rated speed; sharing and cancelling act between slices
+//   max_op_seconds = 120         # an op worth more of its card than this is refused
 //   http_listen = 127.0.0.1:7781 # /metrics (Prometheus); off = none
 //   host_cpu = auto              # this host's CPU cores that vaccels may be given (a VM's
 //                                #   host_cpu); auto = the online cores, 0 = not counted
@@ -71,7 +75,7 @@ struct CardConfig {
 };
 
 // Sandbox processes for the cards that run guest code (netaccel/sandbox.h).
-struct SandboxConfig : SandboxSettings {  // hidden: sandbox_hide
+struct SandboxConfig : SandboxSettings {  // readable: sandbox_read
   bool enabled = true;
 };
 
@@ -85,6 +89,10 @@ struct NetaccelConfig {
   SandboxConfig sandbox;
   // Asynchronous cards: kernels in flight on one card at once (the granularity of shares).
   unsigned queueDepth = 2;
+  // Bounded work (hal/slicing.h): slices of this much of a card's rated speed, and the
+  // most one op may be worth.
+  double sliceMs = 10;
+  double maxOpSeconds = 120;
   std::vector<std::string> discover;  // backends to enumerate at start
   std::string httpListen = "127.0.0.1:7781";  // /metrics; "off": no HTTP
   // Host resources reported to the scheduler (0 = not counted).

@@ -90,7 +90,7 @@ TEST(NetaccelConfig, FileWithDiscoveryAndCards) {
 }
 
 TEST(NetaccelConfig, SandboxSettingsAreCheckedWhereTheyEnter) {
-  auto file = Config::parse("insecure = true\nsandbox_warm = 3\nsandbox_hide = /srv/a,/srv/b\ndevice_queue_depth = 4\n"
+  auto file = Config::parse("insecure = true\nsandbox_warm = 3\nsandbox_read = /srv/a,/srv/b\ndevice_queue_depth = 4\n"
                             "sandbox_call_timeout_ms = 500\n[card]\nkind = gpu\nasync = true\n",
                             "test.conf");
   ASSERT_TRUE(file);
@@ -98,11 +98,11 @@ TEST(NetaccelConfig, SandboxSettingsAreCheckedWhereTheyEnter) {
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_TRUE(c->sandbox.enabled);
   EXPECT_EQ(c->sandbox.warm, 3u);
-  EXPECT_EQ(c->sandbox.hidden, (std::vector<std::string>{"/srv/a", "/srv/b"}));
+  EXPECT_EQ(c->sandbox.readable, (std::vector<std::string>{"/srv/a", "/srv/b"}));
   EXPECT_EQ(c->sandbox.callTimeoutMs, 500u);
   EXPECT_EQ(c->queueDepth, 4u);
   EXPECT_TRUE(c->cards.at(0).async);
-  for (auto [text, words] : {std::pair{"sandbox_hide = relative/path\n", "not an absolute path"},
+  for (auto [text, words] : {std::pair{"sandbox_read = relative/path\n", "not an absolute path"},
                              std::pair{"device_queue_depth = 0\n", "device_queue_depth"},
                              std::pair{"sandbox_warm = 1000\n", "sandbox_warm"},
                              std::pair{"sandbox_host_memory = 1MiB\n", "at least 64MiB"},

@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
   flags.value("context-grace-ms", "MS", "when the scheduler goes away, keep its contexts MS for it to come back "
                                          "(default 60000; 0 = drop them at once)");
   flags.value("fair-half-life-ms", "MS", "sharing a card: past kernel time counts half after MS (default 2000)");
+  flags.value("slice-ms", "MS", "ops are cut into slices of about MS of a card's rated speed; sharing, preemption and "
+                                "cancelling act between slices (default 10)");
+  flags.value("max-op-seconds", "S", "an op worth more than S seconds of its card is refused (default 120)");
   flags.value("tls-ca", "FILE", "the pool CA (PEM): the scheduler must present a certificate it issued");
   flags.value("tls-cert", "FILE", "this node's certificate (PEM; its common name is the node's name; "
                                   "scripts/raccel-certs.sh node DIR NAME)");
@@ -58,6 +61,8 @@ int main(int argc, char** argv) {
     if (flags.has("http-listen")) file->top().set("http_listen", flags.get("http-listen"));
     if (flags.has("host-cpu")) file->top().set("host_cpu", flags.get("host-cpu"));
     if (flags.has("host-memory")) file->top().set("host_memory", flags.get("host-memory"));
+    if (flags.has("slice-ms")) file->top().set("slice_ms", flags.get("slice-ms"));
+    if (flags.has("max-op-seconds")) file->top().set("max_op_seconds", flags.get("max-op-seconds"));
     // --list-devices needs no link to the scheduler.
     if (flags.has("list-devices") && !file->top().has("tls_ca")) file->top().set("insecure", "true");
     auto parsed = netaccel::parseConfig(*file);

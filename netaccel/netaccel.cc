@@ -79,16 +79,13 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
     CardWorker::Options options;
     options.halfLifeMs = config_.fairHalfLifeMs;
     options.queueDepth = config_.queueDepth;
+    options.sliceMs = config_.sliceMs;
+    options.maxOpSeconds = config_.maxOpSeconds;
     options.label = "card " + std::to_string(workers_.size());
     // Backends that run guest code serve each tenant from a sandbox process.
     const std::string& backend = d->capabilities().backend;
     if (config_.sandbox.enabled && (backend == "opencl" || backend == "cuda" || backend == "xrt")) {
-      SandboxSettings s = config_.sandbox;
-      // Its key, and the home of the user it runs as, are not for the sandboxes to read.
-      if (const std::string& key = config_.security.files.key; !key.empty())
-        s.hidden.push_back(std::filesystem::absolute(key).parent_path().string());
-      if (const char* home = std::getenv("HOME"); home && *home) s.hidden.push_back(home);
-      options.sandbox = s;
+      options.sandbox = config_.sandbox;  // an allow-list: the node's key, $HOME and the rest are not on it
     }
     workers_.push_back(std::make_unique<CardWorker>(std::move(d), [a = async_] { uv_async_send(a); }, options));
   }

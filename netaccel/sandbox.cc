@@ -634,9 +634,8 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
                                    "--host-memory=" + std::to_string(settings_.hostMemoryBytes),
                                    "--workdir=" + dir,
                                    "--fd=3",
-                                   "--window-fd=4",
-                                   "--hide=" + settings_.dir};
-  for (auto& h : settings_.hidden) args.push_back("--hide=" + h);
+                                   "--window-fd=4"};
+  for (auto& r : settings_.readable) args.push_back("--read=" + r);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -22,8 +22,9 @@
 // (host memory), no core dumps, death with its parent, its own session, its own working
 // folder (and compiler caches in it), an allocation cap of its tenant's memory quota;
 // once the device is open, a seccomp filter (signals only to itself, no ptrace, no other
-// process's memory, no new sockets) and Landlock (read anywhere but the hidden paths,
-// write only its folder and /dev).
+// process's memory, no new sockets) and Landlock as an allow-list (read only the
+// driver's and compiler's libraries, headers and tools, the card's /dev nodes, its own
+// folder and what the operator adds; write only its folder and the card's nodes).
 #pragma once
 
 #include <sys/types.h>
@@ -106,9 +107,9 @@ struct SandboxSettings {
   unsigned long long hostMemoryBytes = 16ull << 30;
   unsigned callTimeoutMs = 30000;
   unsigned warm = 1;
-  // Paths its sandboxes may not read (besides `dir`, which holds the other sandboxes'
-  // folders): the node's key, the user's home.
-  std::vector<std::string> hidden;
+  // Paths its sandboxes may read besides their driver's and compiler's files, their
+  // card's device nodes and their own folder (raccel-sandbox's allow-list).
+  std::vector<std::string> readable;
 };
 
 class SandboxProcess;

@@ -61,11 +61,24 @@ Status confine() {
   return {};
 }
 
-// Landlock: the sandbox may read and execute files anywhere but under the hidden paths
-// (the node's key, the other sandboxes' folders, the user's home), write only in its own
-// folder and devices. Rules are added for every sibling along the way to a hidden path,
-// so all else stays readable. Kernels without Landlock: nothing (said in the log).
-std::string landlock(const std::string& workdir, const std::vector<std::string>& hiddenPaths) {
+// What every sandbox may read and run: its driver's and compiler's libraries, headers and
+// tools (PoCL's clang links kernels with the system linker), the dynamic loader's cache,
+// the OpenCL vendor list, and what a runtime asks of its own process and the CPUs. None
+// of these hold anyone's data: /etc, /home, /root, /var, /tmp, /srv, /opt, other
+// processes' /proc and the node's keys are not on the list, so they cannot be opened.
+constexpr const char* kReadable[] = {
+    "/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/usr/libexec", "/usr/bin", "/bin", "/usr/include",
+    "/usr/share/pocl", "/usr/share/clc", "/usr/local/cuda", "/etc/ld.so.cache", "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d", "/etc/OpenCL/vendors", "/proc/self", "/proc/thread-self", "/proc/cpuinfo", "/proc/meminfo",
+    "/proc/stat", "/proc/driver/nvidia", "/sys/devices/system/cpu", "/sys/devices/system/node",
+    "/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random"};
+// Device nodes of cards (read and write): NVIDIA, DRM render nodes, AMD KFD, Xilinx.
+constexpr const char* kCardDevices[] = {"nvidia", "dri", "kfd", "renderD", "xclmgmt", "xfpga", "accel", "dxg"};
+
+// Landlock as an allow-list: the sandbox may open only kReadable, `moreReadable` (the
+// operator's sandbox_read), the card device nodes and its own executable, and write only
+// its own folder and the card devices. Kernels without Landlock: nothing (said in the log).
+std::string landlock(const std::string& workdir, const std::vector<std::string>& moreReadable) {
   long abi = syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
   if (abi < 1) return "Landlock is not available in this kernel; the sandbox's files are not confined";
   const uint64_t fileRead = LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE;
@@ -82,7 +95,7 @@ std::string landlock(const std::string& workdir, const std::vector<std::string>&
   std::string problem;
   auto allow = [&](const std::filesystem::path& path, uint64_t access) {
     int fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
-    if (fd < 0) return;  // gone meanwhile, or unreadable anyway
+    if (fd < 0) return;  // not on this host
     struct stat st {};
     if (::fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) access &= fileRead | fileWrite;  // a file takes file rights only
     landlock_path_beneath_attr rule{access, fd};
@@ -90,33 +103,18 @@ std::string landlock(const std::string& workdir, const std::vector<std::string>&
       problem = "landlock_add_rule " + path.string() + ": " + std::strerror(errno);
     ::close(fd);
   };
-  std::vector<std::filesystem::path> hidden;
-  for (auto& h : hiddenPaths) {
-    std::error_code ec;
-    auto canonical = std::filesystem::weakly_canonical(h, ec);
-    if (!ec && canonical.is_absolute() && canonical != "/") hidden.push_back(canonical);
-  }
-  auto isHidden = [&](const std::filesystem::path& p) { return std::find(hidden.begin(), hidden.end(), p) != hidden.end(); };
-  auto leadsToHidden = [&](const std::filesystem::path& p) {
-    std::string prefix = p.string() == "/" ? "/" : p.string() + "/";
-    return std::any_of(hidden.begin(), hidden.end(), [&](auto& h) { return h.string().rfind(prefix, 0) == 0; });
-  };
   const uint64_t readOnly = fileRead | LANDLOCK_ACCESS_FS_READ_DIR;
-  // Read everywhere but the hidden branches: descend only into directories on the way to one.
-  std::vector<std::filesystem::path> todo{"/"};
-  while (!todo.empty()) {
-    auto dir = todo.back();
-    todo.pop_back();
-    std::error_code ec;
-    for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
-         it.increment(ec)) {
-      auto p = it->path();
-      if (isHidden(p)) continue;
-      if (leadsToHidden(p) && it->is_directory(ec) && !it->is_symlink(ec)) todo.push_back(p);
-      else allow(p, readOnly);
-    }
+  for (const char* path : kReadable) allow(path, readOnly);
+  for (auto& path : moreReadable) allow(path, readOnly);
+  allow("/proc/self/exe", fileRead);  // its own binary (a sanitizer's symbolizer reads it)
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/dev", ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (std::any_of(std::begin(kCardDevices), std::end(kCardDevices), [&](const char* p) { return name.rfind(p, 0) == 0; }))
+      allow(it->path(), readOnly | fileWrite);
   }
-  allow("/dev", all);  // devices: the GPU's character devices are opened read-write
+  for (const char* dev : {"/dev/null", "/dev/zero", "/dev/full"}) allow(dev, fileRead | fileWrite);
   allow(workdir, all);
   if (!problem.empty()) {
     ::close(ruleset);
@@ -156,7 +154,8 @@ int main(int argc, char** argv) {
   flags.value("probe-read", "PATH", "confine this process as for a tenant, try to read PATH, say what happened, exit "
                                     "(3 when something was denied): a check of a deployment, no device opened", true);
   flags.value("probe-write", "PATH", "the same for creating or writing PATH", true);
-  flags.value("hide", "PATH", "a path this sandbox may not read (the node's key, other sandboxes' folders)", true);
+  flags.value("read", "PATH", "a path this sandbox may read besides its driver's and compiler's files (the "
+                             "operator's sandbox_read)", true);
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
 
@@ -192,10 +191,10 @@ int main(int argc, char** argv) {
   setenv("TMPDIR", workdir.c_str(), 1);
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // its /proc closed to other processes of this user
   // From the moment it runs guest code: it may signal nothing but itself, trace nothing,
-  // read no other process's memory, open no socket, read no hidden path, write only its
-  // folder.
+  // read no other process's memory, open no socket, read nothing but its driver's files,
+  // write only its folder.
   auto confineAll = [&]() -> Status {
-    if (std::string why = landlock(workdir, flags.getAll("hide")); !why.empty())
+    if (std::string why = landlock(workdir, flags.getAll("read")); !why.empty())
       std::fprintf(stderr, "raccel-sandbox: %s\n", why.c_str());
     return confine();
   };

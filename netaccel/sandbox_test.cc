@@ -202,19 +202,21 @@ TEST(HostileSandbox, ExtraRepliesNeverAnswerALaterRead) {
   EXPECT_EQ(d->capabilities().backend, "opencl");  // still here, nothing else to ask of it
 }
 
-// Confined as for a tenant (raccel-sandbox --probe-read/--probe-write): the hidden
-// folder's key cannot be read, the system's files can, and nothing outside its own folder
+// Confined as for a tenant (raccel-sandbox --probe-read/--probe-write): an allow-list.
+// The driver's and compiler's files can be read, what the operator adds (--read) too;
+// the node's key, /etc and everything else cannot, and nothing outside its own folder
 // can be written.
-TEST(Sandbox, ItCannotReadTheNodesKeyNorWriteOutsideItsFolder) {
+TEST(Sandbox, ItReadsOnlyItsDriversFilesAndWritesOnlyItsFolder) {
   namespace fs = std::filesystem;
   fs::path base = fs::path(::testing::TempDir()) / ("raccel-probe-" + std::to_string(::getpid()));
   fs::create_directories(base / "secrets");
   fs::create_directories(base / "work");
+  fs::create_directories(base / "models");
   { std::ofstream(base / "secrets" / "node.key") << "-----BEGIN PRIVATE KEY-----\n"; }
-  { std::ofstream(base / "readable.txt") << "public\n"; }
+  { std::ofstream(base / "models" / "weights.bin") << "public\n"; }
   auto probe = [&](const std::string& args, int* status) {
     std::string command = std::string(RACCEL_BIN_DIR) + "/raccel-sandbox --workdir " + (base / "work").string() +
-                          " --hide " + (base / "secrets").string() + " " + args + " 2>&1";
+                          " --read " + (base / "models").string() + " " + args + " 2>&1";
     FILE* p = ::popen(command.c_str(), "r");
     std::string out;
     char buf[512];
@@ -224,11 +226,17 @@ TEST(Sandbox, ItCannotReadTheNodesKeyNorWriteOutsideItsFolder) {
     return out;
   };
   int status = 0;
-  std::string out = probe("--probe-read " + (base / "secrets" / "node.key").string(), &status);
-  if (out.find("Landlock is not available") != std::string::npos) GTEST_SKIP() << out;
-  EXPECT_EQ(status, 3) << out;
-  EXPECT_NE(out.find("Permission denied"), std::string::npos) << out;
-  out = probe("--probe-read " + (base / "readable.txt").string() + " --probe-read /etc/os-release --probe-write " +
+  std::string out;
+  for (std::string denied : {(base / "secrets" / "node.key").string(), std::string("/etc/passwd"), std::string("/etc/hostname"),
+                             std::string("/proc/1/environ")}) {
+    out = probe("--probe-read " + denied, &status);
+    if (out.find("Landlock is not available") != std::string::npos) GTEST_SKIP() << out;
+    EXPECT_EQ(status, 3) << out;
+    EXPECT_NE(out.find("read " + denied + ": "), std::string::npos) << out;
+    EXPECT_EQ(out.find("allowed"), std::string::npos) << out;
+  }
+  out = probe("--probe-read " + (base / "models" / "weights.bin").string() +
+                  " --probe-read /usr/include/stdio.h --probe-read /etc/ld.so.cache --probe-write " +
                   (base / "work" / "scratch").string(),
               &status);
   EXPECT_EQ(status, 0) << out;

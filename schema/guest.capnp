@@ -236,16 +236,17 @@ struct Op {
 #   copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine: elementwise,
 #     out = a | alpha | a + alpha*b | alpha*a*b | a/b | max(a,0) | (b <= alpha ? 0 : a) |
 #     exp a | log a | alpha*a + beta
-#   sum: out = alpha * the sum of a over the dimensions in reduceMask (bit d = dim d),
-#     where out's strides are 0
+#   sum: out = alpha * the sum of a over the dimensions in reduceMask (bit d = dim d)
+#     + beta*out (out not read when beta = 0), where out's strides are 0
 #   matmul: shape [m, n, k]; out[m,n] = alpha * sum_k a[m,k]*b[k,n] + beta*out (out not
 #     read when beta = 0); out's k stride, a's n stride and b's m stride are 0
-#   logSoftmax: shape [rows, cols], over each row; logSoftmaxBackward: out = a - exp(b) *
+#   logSoftmax: shape [rows, cols] (at most 2^24 cols), over each row; logSoftmaxBackward: out = a - exp(b) *
 #     rowsum(a) with a the gradient and b the forward's output
 #   nllLoss: shape [n, classes]; operands out (scalar), a (log-probabilities), target
 #     (i64, stride 0 over classes), totalWeight (scalar): out = -sum of a[i, target[i]]
 #     over targets other than ignoreIndex, divided by their count when `mean`;
 #     totalWeight = that count. A target outside [0, classes) makes the loss NaN.
+#     At most 2^24 rows (one work-item walks them all).
 #   nllLossBackward: operands out (n x classes), a (the loss's gradient, a scalar),
 #     target, totalWeight: out = -a (/ totalWeight when `mean`) at each target, else 0.
 struct TensorOp {

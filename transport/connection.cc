@@ -110,6 +110,7 @@ const std::string& Connection::peerName() const {
 
 void Connection::receiveTls(const std::byte* data, size_t n) {
   Tls& t = *tls_;
+  TlsErrorScope errors;
   if (!t.ssl) {
     // Made when the first bytes move (a client's hello, a server's first read), so a
     // peer that connects and says nothing costs no TLS memory.
@@ -142,7 +143,8 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
         return;
       }
       long verify = SSL_get_verify_result(t.ssl);
-      std::string why = verify != X509_V_OK ? X509_verify_cert_error_string(verify) : tlsErrors();
+      std::string queued = tlsErrors();  // read (and so emptied) on every path
+      std::string why = verify != X509_V_OK ? X509_verify_cert_error_string(verify) : queued;
       RLOG_WARN("transport") << "TLS handshake with " << peer_ << " failed: " << why;
       flush();  // the alert, if any
       close();
@@ -179,6 +181,7 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
 
 void Connection::flushTls() {
   Tls& t = *tls_;
+  TlsErrorScope errors;
   if (!t.ssl) return;  // nothing has moved yet; queued frames wait for the handshake
   if (t.established) {
     auto put = [&](const void* data, size_t n) {

@@ -48,6 +48,7 @@ HttpResponse HttpResponse::methodNotAllowed(const HttpRequest& request, const st
 struct HttpServer::Stream {
   HttpServer* server;
   MHD_Connection* connection;
+  std::string address;  // the reader's host (limits per address)
   std::string backlog;
   bool suspended = false;
   bool ending = false;
@@ -106,10 +107,16 @@ struct HttpCallbacks {
     }
     ++server->served_;
     if (!response.stream) return queue(connection, response);
-    if (server->streams_.size() >= server->options_.maxStreams)
-      return queue(connection, HttpResponse::text(503, "too many event streams open (" +
-                                                           std::to_string(server->options_.maxStreams) + ")"));
-    auto* stream = new HttpServer::Stream{server, connection, std::move(response.body)};
+    const std::string address = hostOf(request.peer);
+    const unsigned total = std::min(server->options_.maxStreams, server->options_.maxConnections / 2);
+    const unsigned perAddress =
+        std::min(server->options_.maxStreamsPerAddress, server->options_.maxConnectionsPerAddress / 2);
+    if (server->streams_.size() >= total)
+      return queue(connection, HttpResponse::text(503, "too many event streams open (" + std::to_string(total) + ")"));
+    if (server->streamsFrom(address) >= perAddress)
+      return queue(connection, HttpResponse::text(429, "too many event streams open from " + address + " (" +
+                                                           std::to_string(perAddress) + "); close one first"));
+    auto* stream = new HttpServer::Stream{server, connection, address, std::move(response.body)};
     MHD_Response* r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, &HttpCallbacks::read, stream, &HttpCallbacks::release);
     if (!r) {
       delete stream;
@@ -176,6 +183,12 @@ struct HttpCallbacks {
   static MHD_Result argument(void* cls, MHD_ValueKind, const char* key, const char* value) {
     (*static_cast<std::map<std::string, std::string>*>(cls))[key] = value ? value : "";
     return MHD_YES;
+  }
+
+  // "127.0.0.1:41234" -> "127.0.0.1", "[::1]:5" -> "[::1]".
+  static std::string hostOf(const std::string& peer) {
+    auto colon = peer.rfind(':');
+    return colon == std::string::npos ? peer : peer.substr(0, colon);
   }
 
   static std::string peerText(const sockaddr* addr) {
@@ -264,6 +277,10 @@ void HttpServer::run() {
 
 void HttpServer::runIn(uint64_t ms) {
   uv_timer_start(timer_, [](uv_timer_t* h) { static_cast<HttpServer*>(h->data)->run(); }, ms, 0);
+}
+
+size_t HttpServer::streamsFrom(const std::string& address) const {
+  return static_cast<size_t>(std::count_if(streams_.begin(), streams_.end(), [&](const Stream* s) { return s->address == address; }));
 }
 
 void HttpServer::wake(Stream& stream) {

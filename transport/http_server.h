@@ -8,8 +8,10 @@
 // bytes of one request's line and headers (larger: 431), a body (larger: 413, or the
 // connection closed when it arrives without a length), the time a request may take to
 // arrive (a client that never finishes is closed), and the bytes waiting for a slow
-// event-stream reader (past them it is dropped). Malformed requests get 400 from
-// libmicrohttpd itself.
+// event-stream reader (past them it is dropped), and the event streams themselves (all,
+// and per address). Streams never take more than half of the connections, in total or
+// of one address, so however many a client holds open, /api/* and /metrics still have
+// room to answer. Malformed requests get 400 from libmicrohttpd itself.
 //
 // Event streams (text/event-stream, for Server-Sent Events): a handler answers with
 // `stream` set; that connection stays open, gets the response's body first and then
@@ -69,7 +71,8 @@ class HttpServer {
     unsigned maxConnectionsPerAddress = 16;
     size_t maxHeaderBytes = 16 << 10;  // the request line and headers
     size_t maxBodyBytes = 16 << 10;
-    unsigned maxStreams = 16;
+    unsigned maxStreams = 16;           // at most maxConnections / 2
+    unsigned maxStreamsPerAddress = 4;  // at most maxConnectionsPerAddress / 2
     size_t maxStreamBacklog = 1 << 20;  // bytes waiting for one stream reader
     unsigned keepaliveMs = 15000;       // a comment line to every stream (finds dead readers)
     std::string name = "http";          // for logs
@@ -89,6 +92,8 @@ class HttpServer {
   // Sends `chunk` to every open event stream.
   void publish(const std::string& chunk);
   size_t streams() const { return streams_.size(); }
+  // Event streams open from one address (a peer's host, without its port).
+  size_t streamsFrom(const std::string& address) const;
   uint64_t requestsServed() const { return served_; }
 
  private:

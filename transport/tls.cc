@@ -19,6 +19,9 @@ std::string tlsErrors() {
   return out.empty() ? "unknown TLS error" : out;
 }
 
+TlsErrorScope::TlsErrorScope() { ERR_clear_error(); }
+TlsErrorScope::~TlsErrorScope() { ERR_clear_error(); }
+
 namespace {
 std::string commonName(X509* cert) {
   char cn[256] = "";

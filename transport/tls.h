@@ -70,4 +70,17 @@ Result<std::shared_ptr<TlsContext>> tlsFor(TlsContext::Role role, const LinkSecu
 // OpenSSL's error queue as one line (and cleared).
 std::string tlsErrors();
 
+// OpenSSL keeps one error queue per thread, shared by every link of a loop: an error one
+// link leaves behind makes SSL_get_error() report SSL_ERROR_SSL on the next link's
+// healthy read. Every TLS step of a connection runs inside one of these: the queue is
+// empty when the step starts and when it ends, whatever path it takes, so one link's
+// failure can never be read as another's.
+class TlsErrorScope {
+ public:
+  TlsErrorScope();
+  ~TlsErrorScope();
+  TlsErrorScope(const TlsErrorScope&) = delete;
+  TlsErrorScope& operator=(const TlsErrorScope&) = delete;
+};
+
 }  // namespace raccel::transport
