@@ -113,7 +113,7 @@ Status checkLaunch(const Capabilities& caps, const std::string& kernel, const La
       case KernelArg::Type::buffer:
         if (arg.buffer == nullptr) return bad(which + " is a null buffer");
         if (arg.offset >= arg.buffer->size())
-          return bad(which + ": offset " + std::to_string(arg.offset) + " is not inside its " +
+          return bad(which + ": offset " + std::to_string(arg.offset) + " is past the end of a " +
                      std::to_string(arg.buffer->size()) + "-byte buffer");
         break;
       case KernelArg::Type::bytes:

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of fuzz_tensor and fuzz_launch (tests/fuzz/corpus/{tensor,launch})
+in the encoding tests/fuzz/input.h reads: a few valid ops and launches for the fuzzer to
+mutate from. Run again after changing either target's order of reads."""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def number(x):
+    return bytes([x & 0xFF, (x >> 8) & 0xFF])
+
+
+def wide(x):
+    return bytes([0, x]) if x < 256 else bytes([3]) + x.to_bytes(8, "big")
+
+
+def real(f):
+    return struct.pack(">f", f)
+
+
+def tensor(fn, shape, operands, alpha=1.0, beta=0.0, mask=0, sizes=(1024, 1024, 1024)):
+    out = b"".join(number(s - 1) for s in sizes) + number(fn) + number(len(shape))
+    out += b"".join(wide(d) for d in list(shape) + [1] * (6 - len(shape)))
+    for i in range(4):
+        if i < len(operands):
+            which, offset, strides = operands[i]
+            out += number(0) + number(which) + wide(offset)
+            out += b"".join(wide(s) for s in list(strides) + [0] * (6 - len(strides)))
+        else:
+            out += number(3) + wide(0) + b"".join(wide(0) for _ in range(6))  # no buffer: no index read
+    return out + real(alpha) + real(beta) + number(mask) + wide(100) + number(1) + number(3)
+
+
+def launch(kernel, args, grid=(1, 1, 1), block=(1, 1, 1), sizes=(1024, 1024, 1024)):
+    out = number(1) + number(1) + b"".join(wide(g) for g in grid) + b"".join(wide(b) for b in block)
+    out += b"".join(wide(0) for _ in range(3)) + wide(0) + number(0)
+    out += b"".join(number(s - 1) for s in sizes) + number(16) + number(len(args))
+    types = {"buffer": 0, "u32": 1, "u64": 3, "f32": 5, "local": 7, "bytes": 8}
+    for kind, value in args:
+        out += number(types[kind]) + number(0) + number(value if kind == "buffer" else 0) + wide(0) + number(8)
+        out += wide(value if kind != "buffer" else 0)
+    return out + number(["gemm", "axpy", "vadd", "reduceSum"].index(kernel))
+
+
+def write(folder, name, data):
+    os.makedirs(os.path.join(HERE, "corpus", folder), exist_ok=True)
+    with open(os.path.join(HERE, "corpus", folder, name), "wb") as f:
+        f.write(data)
+
+
+# add over [8, 8] (row-major), sum of rows, matmul [4, 4, 4], log_softmax, a transposed copy, fill.
+write("tensor", "add", tensor(2, [8, 8], [(0, 0, [8, 1]), (1, 0, [8, 1]), (2, 0, [8, 1])], alpha=0.5))
+write("tensor", "sum", tensor(10, [8, 8], [(0, 0, [0, 1]), (1, 0, [8, 1])], mask=1))
+write("tensor", "matmul", tensor(11, [4, 4, 4], [(0, 0, [4, 1, 0]), (1, 0, [4, 0, 1]), (2, 0, [0, 1, 4])], beta=1.0))
+write("tensor", "logsoftmax", tensor(12, [4, 16], [(0, 0, [16, 1]), (1, 0, [16, 1])]))
+write("tensor", "transpose", tensor(0, [8, 8], [(0, 0, [8, 1]), (1, 0, [1, 8])]))
+write("tensor", "fill-stride0", tensor(1, [1000], [(0, 3, [0])], alpha=2.0))
+write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),
+                                        ("buffer", 0), ("buffer", 1), ("buffer", 2)]))
+write("launch", "axpy", launch("axpy", [("u64", 64), ("f32", 0), ("buffer", 0), ("buffer", 1)]))
+write("launch", "vadd", launch("vadd", [("u64", 64), ("buffer", 0), ("buffer", 1), ("buffer", 2)]))
+write("launch", "reducesum", launch("reduceSum", [("u64", 200), ("buffer", 0), ("buffer", 1)], grid=(4, 1, 1), block=(64, 1, 1)))
