@@ -109,7 +109,7 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   std::vector<std::string> known = {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms",
                                     "split_min_mflop", "libvirt", "defrag_on_release", "defrag_on_demand",
-                                    "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms",
+                                    "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms", "startup_grace_ms",
                                     "span_slack_nodes", "max_node_links", "register_timeout_ms", "max_vm_links", "http_listen", "http_token_file", "http_client_timeout_s",
                                     "forget_offline_ms"};
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
@@ -124,6 +124,7 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
                                      std::tuple{"max_vm_links", &out.maxVmLinks, 1ll, 1024ll},
                                      std::tuple{"http_client_timeout_s", &out.httpClientTimeoutS, 1ll, 3600ll},
                                      std::tuple{"resume_grace_ms", &out.resumeGraceMs, 0ll, 86400000ll},
+                                     std::tuple{"startup_grace_ms", &out.startupGraceMs, 0ll, 3600000ll},
                                      std::tuple{"heartbeat_timeout_ms", &out.heartbeatTimeoutMs, 50ll, 3600000ll},
                                      std::tuple{"request_timeout_ms", &out.requestTimeoutMs, 10ll, 86400000ll},
                                      std::tuple{"defrag_moves_per_minute", &out.defragMovesPerMinute, 0ll, 100000ll}}) {

@@ -58,6 +58,7 @@ Status Scheduler::start() {
   for (auto& policy : config_.vms)
     if (auto attached = addVm(policy); !attached) return attached;
 
+  settledAtMs_ = nowMs() + config_.startupGraceMs;
   placer_ = new uv_timer_t;
   uv_timer_init(loop_, placer_);
   placer_->data = this;
@@ -407,12 +408,15 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   });
   if (!decoded) refusal = decoded.error(), ok = false;
   if (resumed) return;
-  if (ok && blocks > pool_.total(kinds))
+  // While the pool settles after start, "never" may only mean "not yet": such a request
+  // waits (below) and is refused, naming why, only if it still cannot be held then.
+  const bool settling = this->settling();
+  if (ok && blocks > pool_.total(kinds) && !settling)
     ok = refuse(Code::resourceExhausted, "can never run here: " + std::to_string(blocks) +
                                              " blocks requested, the pool has " + std::to_string(pool_.total(kinds)) +
                                              " of the accepted kinds (" + kindsToString(kinds) + ") in total");
   const HostVector host{vm.policy.hostCpuMilli, vm.policy.hostMemoryMib};
-  if (ok && !host.empty() && !pool_.hostCouldHold(host))
+  if (ok && !host.empty() && !pool_.hostCouldHold(host) && !settling)
     ok = refuse(Code::resourceExhausted, "can never run here: vm '" + vm.policy.name + "' needs " +
                                              Pool::describeHost(host) + " of a node's host for each vaccel, and no node has that much");
   if (ok) {
@@ -447,6 +451,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.helloNs = uv_hrtime();
   s.maxFrame = maxFrame;
   s.waitDeadlineMs = waitMs ? nowMs() + waitMs : 0;
+  if (settling && s.waitDeadlineMs < settledAtMs_) s.waitDeadlineMs = settledAtMs_, s.settlingWait = true;
   vm.blocksClaimed += blocks;
   link.sessions[channel] = &s;
   sessions_[id] = std::move(session);
@@ -808,6 +813,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
                              std::to_string(pool_.total()) + " blocks";
         RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": " << joined;
         event("node-joined", name, joined);
+        if (settling()) settledAtMs_ = std::min(settledAtMs_, nowMs() + 1000);  // the others follow soon, if any
         adoptContexts(node, reg.getContexts());
         requestPlacement();
         return;
@@ -1174,7 +1180,10 @@ void Scheduler::tick() {
       s->pending.expire(now, "no reply from the card within " + std::to_string(config_.requestTimeoutMs) + " ms");
     if (s->phase == Phase::waiting && s->waitDeadlineMs && now >= s->waitDeadlineMs) late.push_back(s);
   }
-  for (Session* s : late) refuseWaiting(*s, Error{Code::resourceExhausted, "waited for blocks until its deadline: " + s->why});
+  for (Session* s : late)
+    refuseWaiting(*s, Error{Code::resourceExhausted, s->settlingWait && !s->why.empty()
+                                                          ? s->why  // what admission would have said at once
+                                                          : "waited for blocks until its deadline: " + s->why});
   expireDetached();
 }
 

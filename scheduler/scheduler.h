@@ -214,6 +214,10 @@ class Scheduler {
   std::unordered_map<transport::Connection*, std::unique_ptr<NodeLink>> nodeLinks_;
   std::unordered_map<size_t, NodeLink*> nodeByPoolIndex_;
   std::map<size_t, uint64_t> offlineSinceMs_;  // pool node -> when it went offline
+  // Until then the pool may not have heard from its netaccels: a request it cannot hold
+  // waits (startup_grace_ms after start, cut to 1 s after a netaccel joins).
+  uint64_t settledAtMs_ = 0;
+  bool settling() const { return nowMs() < settledAtMs_; }
   // By (pool node, context id): a context id is unique on its node's link only.
   std::unordered_map<uint64_t, Session*> sessionByContext_;
   static uint64_t contextKeyOnNode(size_t node, uint32_t context) { return (static_cast<uint64_t>(node) << 32) | context; }

@@ -204,6 +204,7 @@ struct Scheduler::Session {
   std::map<uint64_t, std::pair<uint64_t, Error>> failed;
   std::function<void()> idle;  // runs once the job under way has finished (whenIdle)
   bool queuedEventSent = false;
+  bool settlingWait = false;  // admitted to wait while the pool settles after start (its deadline: then)
   bool refused = false;        // ended before it was placed: no "released" event
 
   Member& primary() { return members.front(); }

@@ -494,6 +494,42 @@ TEST(ConsoleEvents, AdmissionsRefusalsReleasesAndNodesStreamInOrderAndLateSubscr
   EXPECT_NE(readFile(late).find("node-joined"), std::string::npos) << readFile(late);
 }
 
+// A scheduler that has just started has not heard from its netaccels yet: a program
+// that arrives first waits for them (startup_grace_ms), it is not told "never". One that
+// the settled pool still cannot hold is refused then, naming both numbers.
+TEST(Admission, AProgramArrivingBeforeAnyNetaccelWaitsForThePoolToSettle) {
+  Cluster cluster;
+  for (int i = 0; i < 500 && !std::filesystem::exists(cluster.vmSocket()); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::string why = "did not finish";
+  std::thread program([&] {
+    client::Options o;
+    o.socket = cluster.vmSocket();
+    o.program = "early";
+    o.tflops = 2;
+    o.timeoutMs = 30000;
+    auto s = Session::open(o);
+    if (!s) {
+      why = s.error().toString();
+      return;
+    }
+    double err = checkedGemm(**s, 20, 20, 20, 5, &why);
+    if (err >= 0 && err < 1e-3) why = "";
+  });
+  cluster.waitConsole("vaccels", [](auto& j) { return j.find("\"program\":\"early\"") != std::string::npos; });
+  cluster.addNetaccel("late", {"kind=cpu,tflops=2,threads=1"}, 2);
+  program.join();
+  EXPECT_EQ(why, "") << cluster.logs();
+  client::Options o;
+  o.socket = cluster.vmSocket();
+  o.program = "huge";
+  o.tflops = 3;
+  auto refused = Session::open(o);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("can never run here: 3 blocks requested, the pool has 2"), std::string::npos)
+      << refused.error().message;
+}
+
 TEST(GuestdWithoutHost, ProgramStartedBeforeTheSchedulerWaitsThenSucceeds) {
   std::string dir = makeTempDir();
   std::string guestdSocket = dir + "/guestd.sock";

@@ -247,18 +247,20 @@ class CpuDevice final : public Device {
   }
 
   void gemm(const GemmArgs& g) {
-    const float* a = host(*g.a).floats();
-    const float* b = host(*g.b).floats();
-    float* c = host(*g.c).floats();
-    const uint64_t n = g.n, k = g.k;
-    const float alpha = g.alpha, beta = g.beta;
-    // Rows of c in parallel; within a row, i-k-j order streams b and c contiguously.
+    gemmRows(host(*g.a).floats(), g.k, host(*g.b).floats(), g.n, host(*g.c).floats(), g.n, g.m, g.n, g.k, g.alpha, g.beta);
+  }
+
+  // c[m x n] = alpha a[m x k] b[k x n] + beta c, rows `lda`, `ldb`, `ldc` floats apart
+  // (c does not alias a or b). Rows of c in parallel; within a row, i-k-j order streams b
+  // and c contiguously.
+  void gemmRows(const float* a, uint64_t lda, const float* b, uint64_t ldb, float* c, uint64_t ldc, uint64_t m,
+                uint64_t n, uint64_t k, float alpha, float beta) {
     uint64_t flopsPerRow = 2 * n * k;
-    pool_.parallelFor(g.m, std::max<uint64_t>(1, (1 << 16) / std::max<uint64_t>(flopsPerRow, 1)),
+    pool_.parallelFor(m, std::max<uint64_t>(1, (1 << 16) / std::max<uint64_t>(flopsPerRow, 1)),
                       [&](uint64_t r0, uint64_t r1) {
                         constexpr uint64_t kBlockK = 256;
                         for (uint64_t i = r0; i < r1; ++i) {
-                          float* crow = c + i * n;
+                          float* crow = c + i * ldc;
                           if (beta == 0) std::fill(crow, crow + n, 0.0f);
                           else if (beta != 1)
                             for (uint64_t j = 0; j < n; ++j) crow[j] *= beta;
@@ -266,16 +268,25 @@ class CpuDevice final : public Device {
                         for (uint64_t p0 = 0; p0 < k; p0 += kBlockK) {
                           uint64_t p1 = std::min(k, p0 + kBlockK);
                           for (uint64_t i = r0; i < r1; ++i) {
-                            float* __restrict crow = c + i * n;
-                            const float* arow = a + i * k;
+                            float* __restrict crow = c + i * ldc;
+                            const float* arow = a + i * lda;
                             for (uint64_t p = p0; p < p1; ++p) {
                               const float s = alpha * arow[p];
-                              const float* __restrict brow = b + p * n;
+                              const float* __restrict brow = b + p * ldb;
                               for (uint64_t j = 0; j < n; ++j) crow[j] += s * brow[j];
                             }
                           }
                         }
                       });
+  }
+
+  // A matmul over row-major views (a's k, b's n and out's n contiguous), as a built-in
+  // gemm or a slice of one: the blocked gemm above, not a work-item per output.
+  bool matmulAsGemm(const kernels::RcGeom& g, float* const* p) {
+    if (g.stride[1][2] != 1 || g.stride[2][1] != 1 || g.stride[0][1] != 1) return false;
+    gemmRows(p[1] + g.offset[1], uint64_t(g.stride[1][0]), p[2] + g.offset[2], uint64_t(g.stride[2][2]), p[0] + g.offset[0],
+             uint64_t(g.stride[0][0]), uint64_t(g.shape[0]), uint64_t(g.shape[1]), uint64_t(g.shape[2]), g.alpha, g.beta);
+    return true;
   }
 
   void axpy(uint64_t n, float alpha, const Buffer& xb, Buffer& yb) {
@@ -327,7 +338,9 @@ class CpuDevice final : public Device {
     };
     switch (TensorFn(g.fn)) {
       case TensorFn::sum: return each([&](int64_t i) { rc_sum(i, g, p[0], p[1], p[2], p[3]); });
-      case TensorFn::matmul: return each([&](int64_t i) { rc_matmul(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::matmul:
+        if (matmulAsGemm(g, p)) return;
+        return each([&](int64_t i) { rc_matmul(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::logSoftmax: return each([&](int64_t i) { rc_log_softmax(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::logSoftmaxBackward:
         return each([&](int64_t i) { rc_log_softmax_backward(i, g, p[0], p[1], p[2], p[3]); });
