@@ -68,7 +68,7 @@ Status confine() {
 // processes' /proc and the node's keys are not on the list, so they cannot be opened.
 constexpr const char* kReadable[] = {
     "/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/usr/libexec", "/usr/bin", "/bin", "/usr/include",
-    "/usr/share/pocl", "/usr/share/clc", "/usr/local/cuda", "/etc/ld.so.cache", "/etc/ld.so.conf",
+    "/usr/share/pocl", "/usr/share/clc", "/usr/local/cuda", "/opt/xilinx/xrt", "/etc/ld.so.cache", "/etc/ld.so.conf",
     "/etc/ld.so.conf.d", "/etc/OpenCL/vendors", "/proc/self", "/proc/thread-self", "/proc/cpuinfo", "/proc/meminfo",
     "/proc/stat", "/proc/driver/nvidia", "/sys/devices/system/cpu", "/sys/devices/system/node",
     "/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random"};

@@ -494,6 +494,20 @@ TEST(ConsoleEvents, AdmissionsRefusalsReleasesAndNodesStreamInOrderAndLateSubscr
   EXPECT_NE(readFile(late).find("node-joined"), std::string::npos) << readFile(late);
 }
 
+// A program "early" of `tflops` on `socket` that checks one gemm: "" when exact, else why not.
+std::string earlyProgram(const std::string& socket, double tflops) {
+  client::Options o;
+  o.socket = socket;
+  o.program = "early";
+  o.tflops = tflops;
+  o.timeoutMs = 30000;
+  auto s = Session::open(o);
+  if (!s) return s.error().toString();
+  std::string why = "did not finish";
+  double err = checkedGemm(**s, 20, 20, 20, 4, &why);
+  return err >= 0 && err < 1e-3 ? "" : why;
+}
+
 // A scheduler that has just started has not heard from its netaccels yet: a program
 // that arrives first waits for them (startup_grace_ms), it is not told "never". One that
 // the settled pool still cannot hold is refused then, naming both numbers.
@@ -501,21 +515,8 @@ TEST(Admission, AProgramArrivingBeforeAnyNetaccelWaitsForThePoolToSettle) {
   Cluster cluster;
   for (int i = 0; i < 500 && !std::filesystem::exists(cluster.vmSocket()); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::string why = "did not finish";
-  std::thread program([&] {
-    client::Options o;
-    o.socket = cluster.vmSocket();
-    o.program = "early";
-    o.tflops = 2;
-    o.timeoutMs = 30000;
-    auto s = Session::open(o);
-    if (!s) {
-      why = s.error().toString();
-      return;
-    }
-    double err = checkedGemm(**s, 20, 20, 20, 5, &why);
-    if (err >= 0 && err < 1e-3) why = "";
-  });
+  std::string why;
+  std::thread program([&] { why = earlyProgram(cluster.vmSocket(), 2); });
   cluster.waitConsole("vaccels", [](auto& j) { return j.find("\"program\":\"early\"") != std::string::npos; });
   cluster.addNetaccel("late", {"kind=cpu,tflops=2,threads=1"}, 2);
   program.join();
@@ -536,20 +537,8 @@ TEST(GuestdWithoutHost, ProgramStartedBeforeTheSchedulerWaitsThenSucceeds) {
   Process guestd("raccel-guestd", {"--port", dir + "/vm1.sock", "--listen", guestdSocket}, dir + "/guestd.log");
   for (int i = 0; i < 100 && !std::filesystem::exists(guestdSocket); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::string why = "did not finish";
-  std::thread program([&] {
-    client::Options o;
-    o.socket = guestdSocket;
-    o.program = "early";
-    o.timeoutMs = 30000;
-    auto s = Session::open(o);
-    if (!s) {
-      why = s.error().toString();
-      return;
-    }
-    double err = checkedGemm(**s, 20, 20, 20, 4, &why);
-    if (err >= 0 && err < 1e-3) why = "";
-  });
+  std::string why;
+  std::thread program([&] { why = earlyProgram(guestdSocket, 1); });
   // The host side appears a second later.
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   Cluster cluster({VmSpec{}}, dir);
