@@ -21,9 +21,9 @@
 //                                         #   empty (the default) = nothing survives a restart
 //   resume_grace_ms = 60000               # after a restart, how long a vaccel waits for its
 //                                         #   netaccels and its guest to come back
-//   startup_grace_ms = 5000               # after start, a request the pool cannot hold yet
-//                                         #   waits (up to this, or 1 s after a netaccel joins)
-//                                         #   for the netaccels to join, not refused as "never"
+//   startup_grace_ms = 5000               # after start, until a netaccel joins (or this
+//                                         #   passes), a request the empty pool cannot hold
+//                                         #   waits instead of being refused as "never"
 //   tls_ca = /etc/raccel/ca.pem           # netaccel links: mutual TLS 1.3; a netaccel is admitted
 //   tls_cert = /etc/raccel/scheduler.pem  #   only with a certificate of this CA, and its node name
 //   tls_key = /etc/raccel/scheduler.key   #   is the certificate's (scripts/raccel-certs.sh)

@@ -179,8 +179,20 @@ void Scheduler::placeWaiting() {
       }
       continue;
     }
-    // It does not fit. While suspensions are under way their blocks are promised to
-    // the one they were started for: nobody behind it takes them.
+    // It does not fit. Before any netaccel has joined, the pool may yet hold it: no
+    // preemption, no refusal. Once one has, it is any request: refused at once if no
+    // pool this size could ever hold it, else waiting as its hello asked.
+    if (s->settlingWait) {
+      if (settling()) continue;
+      s->settlingWait = false;
+      s->waitDeadlineMs = s->ownWaitDeadlineMs;
+      if (auto ever = couldEverHold(s->want, s->kinds, *s->vm); !ever) {
+        refused.emplace_back(s->id, ever.error());
+        continue;
+      }
+    }
+    // While suspensions are under way their blocks are promised to the one they were
+    // started for: nobody behind it takes them.
     if (suspending_ > 0) break;
     // A suspended vaccel resumes into free blocks only (the daemon does not yet count
     // how long it has waited: see sim/README.md "What the daemon does not do yet").

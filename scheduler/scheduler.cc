@@ -411,14 +411,9 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   // While the pool settles after start, "never" may only mean "not yet": such a request
   // waits (below) and is refused, naming why, only if it still cannot be held then.
   const bool settling = this->settling();
-  if (ok && blocks > pool_.total(kinds) && !settling)
-    ok = refuse(Code::resourceExhausted, "can never run here: " + std::to_string(blocks) +
-                                             " blocks requested, the pool has " + std::to_string(pool_.total(kinds)) +
-                                             " of the accepted kinds (" + kindsToString(kinds) + ") in total");
+  if (ok && !settling)
+    if (auto ever = couldEverHold(blocks, kinds, vm); !ever) ok = refuse(ever.error().code, ever.error().message);
   const HostVector host{vm.policy.hostCpuMilli, vm.policy.hostMemoryMib};
-  if (ok && !host.empty() && !pool_.hostCouldHold(host) && !settling)
-    ok = refuse(Code::resourceExhausted, "can never run here: vm '" + vm.policy.name + "' needs " +
-                                             Pool::describeHost(host) + " of a node's host for each vaccel, and no node has that much");
   if (ok) {
     uint32_t vmMax = pool_.blocksFor(vm.policy.tflops);
     if (vm.blocksClaimed + blocks > vmMax)
@@ -451,6 +446,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.helloNs = uv_hrtime();
   s.maxFrame = maxFrame;
   s.waitDeadlineMs = waitMs ? nowMs() + waitMs : 0;
+  s.ownWaitDeadlineMs = s.waitDeadlineMs;
   if (settling && s.waitDeadlineMs < settledAtMs_) s.waitDeadlineMs = settledAtMs_, s.settlingWait = true;
   vm.blocksClaimed += blocks;
   link.sessions[channel] = &s;
@@ -465,6 +461,18 @@ std::unique_ptr<Scheduler::Session> Scheduler::makeSession(VaccelId id) {
   });
   s->id = id;
   return s;
+}
+
+Status Scheduler::couldEverHold(uint32_t blocks, KindMask kinds, const Vm& vm) const {
+  if (blocks > pool_.total(kinds))
+    return fail(Code::resourceExhausted, "can never run here: " + std::to_string(blocks) + " blocks requested, the pool has " +
+                                             std::to_string(pool_.total(kinds)) + " of the accepted kinds (" +
+                                             kindsToString(kinds) + ") in total");
+  const HostVector host{vm.policy.hostCpuMilli, vm.policy.hostMemoryMib};
+  if (!host.empty() && !pool_.hostCouldHold(host))
+    return fail(Code::resourceExhausted, "can never run here: vm '" + vm.policy.name + "' needs " + Pool::describeHost(host) +
+                                             " of a node's host for each vaccel, and no node has that much");
+  return {};
 }
 
 void Scheduler::refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, const std::string& subject,
@@ -813,7 +821,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
                              std::to_string(pool_.total()) + " blocks";
         RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": " << joined;
         event("node-joined", name, joined);
-        if (settling()) settledAtMs_ = std::min(settledAtMs_, nowMs() + 1000);  // the others follow soon, if any
+        settledAtMs_ = std::min(settledAtMs_, nowMs());  // the pool has heard from a netaccel
         adoptContexts(node, reg.getContexts());
         requestPlacement();
         return;
@@ -1180,10 +1188,11 @@ void Scheduler::tick() {
       s->pending.expire(now, "no reply from the card within " + std::to_string(config_.requestTimeoutMs) + " ms");
     if (s->phase == Phase::waiting && s->waitDeadlineMs && now >= s->waitDeadlineMs) late.push_back(s);
   }
-  for (Session* s : late)
-    refuseWaiting(*s, Error{Code::resourceExhausted, s->settlingWait && !s->why.empty()
-                                                          ? s->why  // what admission would have said at once
-                                                          : "waited for blocks until its deadline: " + s->why});
+  for (Session* s : late) {
+    // No netaccel joined within startup_grace_ms: what admission would have said at once.
+    auto ever = s->settlingWait ? couldEverHold(s->want, s->kinds, *s->vm) : Status{};
+    refuseWaiting(*s, ever ? Error{Code::resourceExhausted, "waited for blocks until its deadline: " + s->why} : ever.error());
+  }
   expireDetached();
 }
 

@@ -154,6 +154,9 @@ class Scheduler {
   Pool::Request placementRequest(const Session& s) const;
   Result<std::vector<BlockRange>> allocateFor(Session& s);  // compacts first when it would be fragmented
   void refuseWaiting(Session& s, const Error& error);
+  // resourceExhausted "can never run here: ..." when no pool this size could ever hold a
+  // request of `blocks` of `kinds` for `vm` (its host needs included).
+  Status couldEverHold(uint32_t blocks, KindMask kinds, const Vm& vm) const;
   void sendWelcome(Session& s);
   // The welcome answering hello `sequence` (resumedAfter: a resume's, else 0).
   void writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfter);
@@ -214,8 +217,8 @@ class Scheduler {
   std::unordered_map<transport::Connection*, std::unique_ptr<NodeLink>> nodeLinks_;
   std::unordered_map<size_t, NodeLink*> nodeByPoolIndex_;
   std::map<size_t, uint64_t> offlineSinceMs_;  // pool node -> when it went offline
-  // Until then the pool may not have heard from its netaccels: a request it cannot hold
-  // waits (startup_grace_ms after start, cut to 1 s after a netaccel joins).
+  // Until then the pool has not heard from any netaccel: a request it cannot hold waits
+  // (startup_grace_ms after start, ended by the first netaccel that joins).
   uint64_t settledAtMs_ = 0;
   bool settling() const { return nowMs() < settledAtMs_; }
   // By (pool node, context id): a context id is unique on its node's link only.

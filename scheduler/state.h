@@ -205,6 +205,7 @@ struct Scheduler::Session {
   std::function<void()> idle;  // runs once the job under way has finished (whenIdle)
   bool queuedEventSent = false;
   bool settlingWait = false;  // admitted to wait while the pool settles after start (its deadline: then)
+  uint64_t ownWaitDeadlineMs = 0;  // what its hello asked for, restored once the pool has settled
   bool refused = false;        // ended before it was placed: no "released" event
 
   Member& primary() { return members.front(); }
