@@ -522,14 +522,18 @@ void CardWorker::waitForDevice() {
 void CardWorker::stopStalled() {
   // A sandbox whose kernels make no progress for the call timeout holds a share of the
   // card's queue from everyone else: it is stopped (a kernel that never ends).
+  // A kernel may run no longer than one op may take (max_op_seconds), nor past the call
+  // timeout: the lesser of the two.
   if (!sandboxes_) return;
+  const double limitMs = std::min<double>(options_.sandbox->callTimeoutMs, options_.maxOpSeconds * 1e3);
   double now = nowNs();
   for (auto& [name, t] : *tenants_) {
     if (!t.sandbox) continue;
     auto s = stalledSince_.find(t.sandbox.get());
-    if (s == stalledSince_.end() || now - s->second < options_.sandbox->callTimeoutMs * 1e6) continue;
-    sandboxLost(name, "its kernels made no progress for " + std::to_string(options_.sandbox->callTimeoutMs) +
-                          " ms (a kernel that never ends?) and its sandbox was stopped", 0);
+    if (s == stalledSince_.end() || now - s->second < limitMs * 1e6) continue;
+    sandboxLost(name, "its kernels made no progress for " + std::to_string(static_cast<uint64_t>(limitMs)) +
+                          " ms (a kernel running past max_op_seconds or sandbox_call_timeout_ms) and its sandbox was stopped",
+                0);
     break;  // tenants_ is unchanged, but one at a time keeps this simple
   }
 }

@@ -17,7 +17,8 @@
 // this card at its rated speed is refused when it arrives; one worth more than `sliceMs`
 // is cut into slices of about that much, and the choice above is made again between
 // slices, so the granularity of a share is one slice (or one launched kernel, which is
-// never cut; a sandbox whose kernels make no progress for its call timeout is stopped).
+// never cut; a sandbox whose kernels make no progress for maxOpSeconds or its call
+// timeout, whichever is less, is stopped).
 // A context that closes (its session ended) drops its queued work and its running op at
 // once, between two slices: a close never waits behind the work it cancels.
 //

@@ -102,7 +102,7 @@ TEST(CardWorker, OnAnAsynchronousCardTenantsShareDeviceTimeNotInstructions) {
 // Two tenants on a card whose sandboxes are hostile-sandbox: the first one started
 // misbehaves as `mode` says, the other is an asynchronous device that completes at once.
 struct HostileCard {
-  explicit HostileCard(const std::string& mode) {
+  explicit HostileCard(const std::string& mode, unsigned callTimeoutMs = 1000, double maxOpSeconds = 120) {
     dir = ::testing::TempDir() + "raccel-card-worker-test-" + std::to_string(::getpid());
     std::filesystem::create_directories(dir);
     ::setenv("RACCEL_HOSTILE", mode.c_str(), 1);
@@ -113,8 +113,9 @@ struct HostileCard {
     s.executable = std::string(RACCEL_BIN_DIR) + "/hostile-sandbox";
     s.dir = dir + "/sandboxes";
     s.warm = 0;
-    s.callTimeoutMs = 1000;
+    s.callTimeoutMs = callTimeoutMs;
     options.sandbox = s;
+    options.maxOpSeconds = maxOpSeconds;
     worker = std::make_unique<CardWorker>(hal::makeCpuDevice({CardKind::gpu, "sim", 4, 1ull << 30, 1, false}), [] {},
                                           options);
     worker->openContext(1, 0, "evil", 1, "evil");
@@ -167,6 +168,22 @@ TEST(CardWorker, ASandboxWhoseKernelsNeverCompleteIsStoppedAtTheCallTimeout) {
   }
   ASSERT_GE(faults.size(), 1u);
   EXPECT_NE(faults[0].message.find("made no progress for 1000 ms"), std::string::npos) << faults[0].message;
+  EXPECT_EQ(faults[0].contexts, std::vector<uint32_t>{1});
+}
+
+// A tenant's limit on one op bounds its kernels too: past max_op_seconds without a
+// completion its sandbox is stopped, however long the call timeout is.
+TEST(CardWorker, AKernelRunningPastMaxOpSecondsHasItsSandboxStopped) {
+  HostileCard card("stuck", 60000, 0.5);
+  EXPECT_TRUE(card.goodFinishes(20000)) << "the other tenant was starved";
+  std::vector<CardWorker::Fault> faults;
+  for (int i = 0; i < 500 && faults.empty(); ++i) {
+    card.worker->drainFaults(faults);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(faults.size(), 1u);
+  EXPECT_NE(faults[0].message.find("made no progress for 500 ms (a kernel running past max_op_seconds"), std::string::npos)
+      << faults[0].message;
   EXPECT_EQ(faults[0].contexts, std::vector<uint32_t>{1});
 }
 
