@@ -115,6 +115,10 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
                                     "sandbox", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
                                     "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory"};
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
+  if (top.has("sandbox_hide"))
+    return fail(Code::invalidArgument, config.origin() + ": sandbox_hide is gone: a sandbox now reads only its driver's "
+                                                         "and compiler's files and its own folder; add paths it needs with "
+                                                         "sandbox_read");
   auto unknown = top.unknownKeys(known);
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
   auto security = transport::linkSecurityFrom(top);
