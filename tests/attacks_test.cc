@@ -131,14 +131,17 @@ TEST(Attacks, ATensorOpWithAZeroDimensionAndOverflowingStridesCannotHarmTheNetac
 // ---- 3. Bounded work ----------------------------------------------------------------
 
 // A card of 0.004 TFLOPS (4 blocks of 0.001): an hour of it is 1.44e13 operations, a fill
-// of that many elements through a stride-0 view of one float. Slices of 2 ms.
+// of that many elements through a stride-0 view of one float. Slices of 0.25 ms of the
+// card's rating (a million elements: a few ms of real work, tens under the sanitizers),
+// so that the window holds hundreds of slices and the share is measured, not the
+// granularity.
 class BoundedWork : public ::testing::Test {
  protected:
   void SetUp() override {
     cluster = std::make_unique<Cluster>(std::vector<VmSpec>{VmSpec{"big", 0.004}, VmSpec{"hog", 0.004}}, "",
                                         std::vector<std::string>{"--block-tflops", "0.001"});
     node = &cluster->addNetaccel("node0", {"kind=gpu,tflops=0.004,memory=256MiB,threads=1"}, 4,
-                                 {"--max-op-seconds", "7200", "--slice-ms", "2"});
+                                 {"--max-op-seconds", "7200", "--slice-ms", "0.25"});
   }
   // Queues `count` fills, each worth `seconds` of the card, on a buffer of `s`.
   static void queueFills(Session& s, client::Handle buffer, int count, double seconds) {
@@ -205,7 +208,7 @@ TEST_F(BoundedWork, HourLongOpsShareTheirCardByBlocksAndStopWithTheirSession) {
   hog.reset();
   std::string log;
   const std::regex cancelled("card 0: context [0-9]+ closed; cancelled [0-9]+ queued instruction\\(s\\) and the op of "
-                             "instruction #[0-9]+ after slice [0-9]+ of 1800000");
+                             "instruction #[0-9]+ after slice [0-9]+ of 14400000");
   for (int i = 0; i < 400 && !std::regex_search(log, cancelled); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     log = readFile(node->log());
