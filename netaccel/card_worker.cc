@@ -413,18 +413,15 @@ Status CardWorker::withinCeiling(double flops, const std::string& what) const {
 void CardWorker::runSlice(Context& c, hal::Device& device) {
   const uint64_t seq = c.runningSequence;
   auto r = c.running->runNext(device);
-  bool finished = !r || *r;
   std::optional<Failure> failed;
   if (!r) failed = Failure{r.error(), 0};
+  if (!r || *r) c.running.reset();
   if (sandboxes_) {
     if (std::string why = device.lost(); !why.empty()) {
       failed = Failure{Error{Code::internal, lossMessage(why)}, 0};
-      finished = true;
-      c.running.reset();
-      sandboxLost(c.tenant, why, seq);
+      sandboxLost(c.tenant, why, seq);  // ends the running ops of every context of the tenant
     }
   }
-  if (finished) c.running.reset();
   if (failed) emit(c.id, seq, errorReply(seq, *failed));
 }
 
@@ -711,8 +708,7 @@ void CardWorker::execute(Work& work) {
   };
   auto builtin = [&](const hal::BuiltinOp& op) -> Outcome {
     if (auto s = hal::checkBuiltin(op); !s) return failure(s.error());
-    const double flops = hal::builtinWork(op);
-    return bounded(flops, hal::builtinName(op.fn), flops > sliceFlops() ? hal::sliceBuiltin(op, sliceFlops()) : nullptr,
+    return bounded(hal::builtinWork(op), hal::builtinName(op.fn), hal::sliceBuiltin(op, sliceFlops()),
                    [&] { return device.run(op); });
   };
 

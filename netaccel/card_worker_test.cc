@@ -134,6 +134,15 @@ struct HostileCard {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   }
+  // The faults the worker reports, waiting up to 5 s for the first.
+  std::vector<CardWorker::Fault> faults() {
+    std::vector<CardWorker::Fault> out;
+    for (int i = 0; i < 500 && out.empty(); ++i) {
+      worker->drainFaults(out);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return out;
+  }
   // The good tenant's 20 fences, each a reply, within `ms`.
   bool goodFinishes(int ms) {
     for (int i = 0; i < ms / 10; ++i) {
@@ -161,11 +170,7 @@ TEST(CardWorker, ASandboxReportingMadeUpKernelsHoldsNoQueueSlotAndChargesNoOther
 TEST(CardWorker, ASandboxWhoseKernelsNeverCompleteIsStoppedAtTheCallTimeout) {
   HostileCard card("stuck");
   EXPECT_TRUE(card.goodFinishes(10000)) << "the other tenant was starved";
-  std::vector<CardWorker::Fault> faults;
-  for (int i = 0; i < 500 && faults.empty(); ++i) {
-    card.worker->drainFaults(faults);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  auto faults = card.faults();
   ASSERT_GE(faults.size(), 1u);
   EXPECT_NE(faults[0].message.find("made no progress for 1000 ms"), std::string::npos) << faults[0].message;
   EXPECT_EQ(faults[0].contexts, std::vector<uint32_t>{1});
@@ -176,11 +181,7 @@ TEST(CardWorker, ASandboxWhoseKernelsNeverCompleteIsStoppedAtTheCallTimeout) {
 TEST(CardWorker, AKernelRunningPastMaxOpSecondsHasItsSandboxStopped) {
   HostileCard card("stuck", 60000, 0.5);
   EXPECT_TRUE(card.goodFinishes(20000)) << "the other tenant was starved";
-  std::vector<CardWorker::Fault> faults;
-  for (int i = 0; i < 500 && faults.empty(); ++i) {
-    card.worker->drainFaults(faults);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  auto faults = card.faults();
   ASSERT_GE(faults.size(), 1u);
   EXPECT_NE(faults[0].message.find("made no progress for 500 ms (a kernel running past max_op_seconds"), std::string::npos)
       << faults[0].message;
