@@ -197,10 +197,24 @@ Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::stri
 }
 
 void Cluster::startScheduler() {
-  std::filesystem::remove(consoleSocket());
-  scheduler_ = std::make_unique<Process>("raccel-scheduler", schedulerArgs_, dir_ + "/scheduler.log");
-  if (!waitFor([&] { return std::filesystem::exists(consoleSocket()); }, 10000))
-    throw std::runtime_error("scheduler did not start:\n" + logs());
+  // freePort() only says a port was free a moment ago: another test may take the HTTP
+  // port meanwhile (a restart frees it for a while). Then the scheduler gets another one
+  // (the node port stays: netaccels reconnect to it).
+  for (int attempt = 0;; ++attempt) {
+    std::filesystem::remove(consoleSocket());
+    scheduler_ = std::make_unique<Process>("raccel-scheduler", schedulerArgs_, dir_ + "/scheduler.log");
+    if (waitFor([&] { return std::filesystem::exists(consoleSocket()) || !scheduler_->running(); }, 10000) &&
+        std::filesystem::exists(consoleSocket()))
+      return;
+    const std::string log = readFile(dir_ + "/scheduler.log");
+    if (attempt >= 3 || log.find("cannot serve HTTP") == std::string::npos || log.find("in use") == std::string::npos)
+      throw std::runtime_error("scheduler did not start:\n" + logs());
+    httpPort_ = freePort();
+    auto flag = std::find(schedulerArgs_.begin(), schedulerArgs_.end(), "--http-listen");
+    if (flag == schedulerArgs_.end() || flag + 1 == schedulerArgs_.end())
+      throw std::runtime_error("scheduler did not start:\n" + logs());
+    *(flag + 1) = "127.0.0.1:" + std::to_string(httpPort_);
+  }
 }
 
 void Cluster::restartScheduler() {
