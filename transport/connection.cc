@@ -252,6 +252,13 @@ void Connection::resumeReading() {
   }
 }
 
+bool Connection::peerHungUp() const {
+  uv_os_fd_t fd;
+  if (closing_ || uv_fileno(&handle_.handle, &fd) != 0) return closing_;
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 void Connection::onAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
   auto* c = static_cast<Connection*>(handle->data);
   if (c->tls_) {

@@ -60,6 +60,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void whenDrained(std::function<void()> fn);
   void pauseReading();
   void resumeReading();
+  bool readingPaused() const { return paused_; }
+  // Whether the peer has hung up, asked without reading (a paused stream reads no EOF,
+  // so whoever pauses one asks this now and then: a peer gone meanwhile is noticed).
+  bool peerHungUp() const;
   // Relay backpressure: call after queueing frames read from `source` onto this
   // connection. Over the high-water mark, `source` stops reading until this drains.
   void throttle(Connection& source);

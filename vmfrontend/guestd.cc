@@ -27,6 +27,10 @@ Status Guestd::start() {
   retry_ = new uv_timer_t;
   uv_timer_init(loop_, retry_);
   retry_->data = this;
+  reaper_ = new uv_timer_t;
+  uv_timer_init(loop_, reaper_);
+  reaper_->data = this;
+  uv_timer_start(reaper_, [](uv_timer_t* t) { static_cast<Guestd*>(t->data)->reapHungUp(); }, 1000, 1000);
   RLOG_INFO("guestd") << "programs connect to " << config_.listen << "; port " << config_.port;
   openPort();
   return {};
@@ -35,9 +39,10 @@ Status Guestd::start() {
 void Guestd::stop() {
   stopping_ = true;
   listener_.reset();
-  if (retry_) {
-    uv_close(reinterpret_cast<uv_handle_t*>(retry_), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
-    retry_ = nullptr;
+  for (uv_timer_t** timer : {&retry_, &reaper_}) {
+    if (!*timer) continue;
+    uv_close(reinterpret_cast<uv_handle_t*>(*timer), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+    *timer = nullptr;
   }
   if (port_) port_->close();
   std::vector<ConnectionPtr> all;
@@ -165,6 +170,7 @@ void Guestd::keep(Client& c, uint64_t sequence, const Body& body) {
     c.fenceOut = nextFence_++;
     Body fence = transport::encodeBody(m);
     c.unacked.emplace_back(c.fenceOut, transport::copyBody(fence));
+    c.unackedBytes += fence.size();  // acknowledge() takes every entry's bytes off again
     port_->sendBody(c.channel, c.fenceOut, std::move(fence));
   }
   if (c.unackedBytes > 4 * config_.replayBytes && !c.heldBack) {
@@ -341,6 +347,16 @@ void Guestd::onPortFrame(const FrameHeader& h, Body body) {
   if (ownReply(client, h, body)) return;
   client.connection->sendBody(client.localChannel, h.sequence, std::move(body));
   client.connection->throttle(*port_);
+}
+
+void Guestd::reapHungUp() {
+  std::vector<ConnectionPtr> gone;
+  for (auto& [ch, c] : clients_)
+    if (c->connection->readingPaused() && c->connection->peerHungUp()) gone.push_back(c->connection);
+  for (auto& c : gone) {
+    RLOG_INFO("guestd") << "a program hung up while it waited; ending its session";
+    c->close();
+  }
 }
 
 void Guestd::clientGone(Client& client) {

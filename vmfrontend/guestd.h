@@ -70,6 +70,9 @@ class Guestd {
   void onClientFrame(Client& client, const transport::FrameHeader& header, transport::Body body);
   void onPortFrame(const transport::FrameHeader& header, transport::Body body);
   void clientGone(Client& client);
+  // Closes the programs that hung up while their reading was paused (no EOF is read
+  // then), so their sessions end and release what they hold.
+  void reapHungUp();
   void keep(Client& client, uint64_t sequence, const transport::Body& body);
   // Drops unacked frames up to and including the one with `sequence` (if there is one).
   void acknowledge(Client& client, uint64_t sequence);
@@ -87,6 +90,7 @@ class Guestd {
   uint64_t nextFence_ = kGuestdSequences;
   unsigned backoffMs_ = 50;
   uv_timer_t* retry_ = nullptr;
+  uv_timer_t* reaper_ = nullptr;  // reapHungUp() every second
   bool stopping_ = false;
   bool warnedAbsent_ = false;
 };

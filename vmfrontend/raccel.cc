@@ -192,6 +192,10 @@ Status Session::await(uint64_t seq, const std::function<bool(uint64_t, const voi
   for (;;) {
     auto frame = impl_->link.receive(impl_->timeoutMs);
     if (!frame) {
+      // Given up (timed out, or the link broke): the link closes, so guestd ends the
+      // session and the scheduler releases its blocks, buffers and sandbox at once; a
+      // late reply can then never be taken for the answer to a later request.
+      impl_->link.close();
       noteError(frame.error());
       return fail(frame.error());
     }
