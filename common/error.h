@@ -26,9 +26,16 @@ const char* codeName(Code code);
 struct Error {
   Code code = Code::internal;
   std::string message;
+  // The OpenCL error (CL_INVALID_WORK_GROUP_SIZE, ...) an OpenCL card's driver gave, for
+  // the guest's OpenCL to report as is; 0 when none (or another kind of card).
+  int32_t openclError = 0;
 
   std::string toString() const { return std::string(codeName(code)) + ": " + message; }
 };
+
+// OpenCL's error codes run from -1 to -72, and its extensions' from -1000 to -1200 or
+// so: anything else a peer claims is dropped (0).
+inline int32_t validOpenclError(int64_t code) { return code < 0 && code > -10000 ? static_cast<int32_t>(code) : 0; }
 
 template <class T>
 using Result = std::expected<T, Error>;

@@ -136,6 +136,11 @@ Status checkLaunch(const Capabilities& caps, const std::string& kernel, const La
   if (caps.localMemBytes && localBytes > caps.localMemBytes)
     return bad(std::to_string(localBytes) + " bytes of local (shared) memory asked; this card has " +
                std::to_string(caps.localMemBytes) + " per work-group");
+  if (dims.workDim > 3) return bad("work dimensions of " + std::to_string(dims.workDim) + " (1 to 3)");
+  for (int d = dims.workDim ? dims.workDim : 3; d < 3; ++d)
+    if (dims.grid[d] != 1 || (!dims.autoBlock && dims.block[d] != 1) || dims.offset[d] != 0)
+      return bad("dimension " + std::to_string(d) + " is past the launch's " + std::to_string(dims.workDim) +
+                 " work dimension(s) and must be 1 wide at offset 0");
   uint64_t groupSize = 1;
   for (int d = 0; d < 3; ++d) {
     if (!dims.autoBlock && dims.block[d] == 0) return bad("a work-group (block) size of 0 in dimension " + std::to_string(d));

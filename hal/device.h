@@ -143,6 +143,9 @@ struct LaunchDims {
   uint32_t sharedBytes = 0;
   std::array<uint64_t, 3> offset{0, 0, 0};  // global id of the first work-item (OpenCL)
   bool autoBlock = false;  // the device picks the work-group size; grid is the global size
+  // OpenCL's work_dim (1-3): that many dimensions, the block exactly as given. 0 (older
+  // guests): 3 dimensions, and a block of 1 x 1 x 1 lets the device choose.
+  uint8_t workDim = 0;
 };
 
 // c[m x n] = alpha * a[m x k] * b[k x n] + beta * c; f32, row-major.

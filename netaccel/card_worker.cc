@@ -840,6 +840,7 @@ void CardWorker::execute(Work& work) {
           for (unsigned i = 0; i < offset.size(); ++i) dims.offset[i] = offset[i];
           dims.sharedBytes = l.getSharedBytes();
           dims.autoBlock = l.getAutoBlock();
+          dims.workDim = l.getWorkDim();
           if (l.getArgs().size() > hal::kMaxKernelArgs)
             return failure(Code::invalidArgument, "a launch takes at most " + std::to_string(hal::kMaxKernelArgs) + " arguments");
           std::vector<hal::KernelArg> args;

@@ -339,7 +339,8 @@ class SandboxDevice final : public hal::Device {
   Status doLaunch(hal::Program& program, const std::string& kernel, const hal::LaunchDims& dims,
                   std::span<const hal::KernelArg> args) override {
     if (auto s = drainPosted(); !s) return s;  // the window is about to be filled
-    // [u32 name bytes][name][u32 grid[3]][u32 block[3]][u32 shared][u64 offset[3]][u32 autoBlock][u32 count]
+    // [u32 name bytes][name][u32 grid[3]][u32 block[3]][u32 shared][u64 offset[3]]
+    // [u32 flags: autoBlock in bit 0, workDim in bits 8-15][u32 count]
     // then per argument {u32 type, u32 bytes, u64 value, u64 buffer offset} and, for a
     // by-value argument, its bytes.
     std::vector<std::byte> p;
@@ -354,8 +355,8 @@ class SandboxDevice final : public hal::Device {
     put(dims.block.data(), 12);
     put(&dims.sharedBytes, 4);
     put(dims.offset.data(), 24);
-    uint32_t autoBlock = dims.autoBlock;
-    put(&autoBlock, 4);
+    uint32_t flags = uint32_t{dims.autoBlock} | uint32_t{dims.workDim} << 8;
+    put(&flags, 4);
     uint32_t count = static_cast<uint32_t>(args.size());
     put(&count, 4);
     for (auto& a : args) {
@@ -482,7 +483,7 @@ class SandboxDevice final : public hal::Device {
     if (r->lost) return fail(lose("the kernel faulted: " + message));
     if (r->code != 0) {
       Code code = r->code <= static_cast<uint32_t>(Code::internal) ? static_cast<Code>(r->code) : Code::internal;
-      return fail(code, message);
+      return std::unexpected(Error{code, message, validOpenclError(r->openclError)});
     }
     return *r;
   }
@@ -670,6 +671,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   auto send = [&](Reply r) { return ::send(fd, &r, sizeof r, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r); };
   auto message = [&](Reply& r, const Error& e) {
     r.code = static_cast<uint32_t>(e.code == Code::ok ? Code::internal : e.code);
+    r.openclError = e.openclError;
     r.payload = std::min<size_t>(e.message.size(), sandbox::kMaxMessage);
     std::memcpy(window, e.message.data(), r.payload);
   };
@@ -784,10 +786,11 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           if (ok) {
             name.assign(reinterpret_cast<const char*>(window) + at, nameBytes);
             at += nameBytes;
-            uint32_t autoBlock = 0;
+            uint32_t flags = 0;
             ok = take(dims.grid.data(), 12) && take(dims.block.data(), 12) && take(&dims.sharedBytes, 4) &&
-                 take(dims.offset.data(), 24) && take(&autoBlock, 4) && take(&count, 4);
-            dims.autoBlock = autoBlock != 0;
+                 take(dims.offset.data(), 24) && take(&flags, 4) && take(&count, 4);
+            dims.autoBlock = flags & 1;
+            dims.workDim = static_cast<uint8_t>(flags >> 8);
           }
           for (uint32_t i = 0; ok && i < count; ++i) {
             uint32_t type[2];

@@ -96,7 +96,7 @@ struct Reply {
   uint64_t payload = 0;  // bytes of the reply in the window
   uint64_t pending = 0;  // kernels in flight
   uint32_t timesKernels = 0;  // ready: the device is asynchronous
-  uint32_t padding = 0;
+  int32_t openclError = 0;    // not ok: the card driver's OpenCL error, if any
 };
 
 }  // namespace sandbox

@@ -43,6 +43,8 @@ enum ErrorCode {
 struct Error {
   code @0 :ErrorCode;
   message @1 :Text;
+  # The OpenCL error an OpenCL card's driver gave (negative), 0 when none.
+  openclError @2 :Int32;
 }
 
 # Frames on channel 0 of a multiplexed link.

@@ -195,6 +195,10 @@ struct Launch {
   # The card chooses the work-group size (OpenCL's NULL local size); grid is then the
   # global size and block is ignored.
   autoBlock @7 :Bool;
+  # OpenCL's work_dim, 1 to 3: the launch runs with exactly this many dimensions and
+  # its block exactly as given, 1 x 1 x 1 included. 0 (older guests): 3 dimensions, and
+  # a block of 1 x 1 x 1 lets the card choose.
+  workDim @8 :UInt8;
 }
 
 struct Arg {

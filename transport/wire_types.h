@@ -28,8 +28,11 @@ inline bool validProgramKind(wire::ProgramKind k) {
 inline void setError(wire::Error::Builder out, const Error& e) {
   out.setCode(toWire(e.code));
   out.setMessage(e.message);
+  out.setOpenclError(validOpenclError(e.openclError));
 }
-inline Error errorFrom(wire::Error::Reader in) { return Error{fromWire(in.getCode()), in.getMessage()}; }
+inline Error errorFrom(wire::Error::Reader in) {
+  return Error{fromWire(in.getCode()), in.getMessage(), validOpenclError(in.getOpenclError())};
+}
 
 // The handle an instruction creates (alloc, loadProgram), if any: the one poisoned when
 // the instruction fails.

@@ -388,6 +388,7 @@ void Session::launchRange(Handle program, const std::string& kernel, std::span<c
   auto l = m.instruction().initLaunch();
   l.setProgram(program);
   l.setKernel(kernel);
+  l.setWorkDim(static_cast<uint8_t>(global.size()));
   auto g = l.initGrid(global.size());
   if (local.empty()) {
     l.setAutoBlock(true);

@@ -76,12 +76,17 @@ constexpr size_t kPartials = 1024;
 
 std::string clError(cl_int code) { return "OpenCL error " + std::to_string(code); }
 
+// A failure that carries the driver's own OpenCL error, for a guest's OpenCL to report.
+std::unexpected<Error> clFail(Code c, std::string message, cl_int code) {
+  return std::unexpected(Error{c, std::move(message), validOpenclError(code)});
+}
+
 Status check(cl_int code, const char* what) {
   if (code == CL_SUCCESS) return {};
   Code c = code == CL_OUT_OF_RESOURCES || code == CL_OUT_OF_HOST_MEMORY || code == CL_MEM_OBJECT_ALLOCATION_FAILURE
                ? Code::resourceExhausted
                : Code::internal;
-  return fail(c, std::string(what) + ": " + clError(code));
+  return clFail(c, std::string(what) + ": " + clError(code), code);
 }
 
 std::string deviceString(cl_device_id d, cl_device_info what) {
@@ -337,8 +342,8 @@ class OpenclDevice final : public Device {
       }
       if (rc != CL_SUCCESS) {
         releaseSubs();
-        return fail(Code::invalidArgument, "kernel " + kernelName + " argument " + std::to_string(i) +
-                                               " does not match its declaration (" + clError(rc) + ")");
+        return clFail(Code::invalidArgument, "kernel " + kernelName + " argument " + std::to_string(i) +
+                                                 " does not match its declaration (" + clError(rc) + ")", rc);
       }
     }
     cl_uint declared = 0;
@@ -349,9 +354,12 @@ class OpenclDevice final : public Device {
                                              std::to_string(args.size()) + " given");
     }
     size_t global[3], local[3], offset[3];
-    // Before work offsets and autoBlock existed, a block of 1 x 1 x 1 meant "the device
-    // chooses"; it still does.
-    bool defaultLocal = dims.autoBlock || (dims.block[0] == 1 && dims.block[1] == 1 && dims.block[2] == 1);
+    // An explicit block is always passed (a kernel with reqd_work_group_size(1,1,1)
+    // needs its 1 x 1 x 1). Only guests older than workDim meant "the device chooses"
+    // by a block of 1 x 1 x 1.
+    bool defaultLocal = dims.autoBlock ||
+                        (dims.workDim == 0 && dims.block[0] == 1 && dims.block[1] == 1 && dims.block[2] == 1);
+    const cl_uint workDim = dims.workDim ? dims.workDim : 3;
     for (int d = 0; d < 3; ++d) {
       global[d] = dims.autoBlock ? size_t{dims.grid[d]} : size_t{dims.grid[d]} * dims.block[d];
       local[d] = dims.block[d];
@@ -363,14 +371,14 @@ class OpenclDevice final : public Device {
     }
     bool anyOffset = offset[0] || offset[1] || offset[2];
     cl_event event = nullptr;
-    cl_int rc = clEnqueueNDRangeKernel(queue_, *kernel, 3, anyOffset ? offset : nullptr, global,
+    cl_int rc = clEnqueueNDRangeKernel(queue_, *kernel, workDim, anyOffset ? offset : nullptr, global,
                                        defaultLocal ? nullptr : local, 0, nullptr, &event);
     releaseSubs();
     track(event);
     if (rc == CL_INVALID_WORK_GROUP_SIZE || rc == CL_INVALID_WORK_ITEM_SIZE)
-      return fail(Code::invalidArgument, "launch of " + kernelName + ": block size not accepted by this device (" + clError(rc) + ")");
+      return clFail(Code::invalidArgument, "launch of " + kernelName + ": block size not accepted by this device (" + clError(rc) + ")", rc);
     if (rc == CL_INVALID_KERNEL_ARGS)
-      return fail(Code::invalidArgument, "launch of " + kernelName + ": not every argument is set");
+      return clFail(Code::invalidArgument, "launch of " + kernelName + ": not every argument is set", rc);
     return check(rc, "clEnqueueNDRangeKernel");
   }
 

@@ -28,6 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (auto& o : dims.offset) o = in.wide();
   dims.sharedBytes = static_cast<uint32_t>(in.wide());
   dims.autoBlock = in.number(1);
+  dims.workDim = static_cast<uint8_t>(in.number(5));  // 4 and 5: refused
   std::unique_ptr<Buffer> buffers[3];
   for (auto& b : buffers) {
     auto made = device->allocate(1 + in.number(4095));

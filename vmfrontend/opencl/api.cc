@@ -327,6 +327,7 @@ cl_int CL_API_CALL finish(cl_command_queue q) {
     wait.release();
   }
   cl_int rc = fence(ctx);
+  if (rc == CL_SUCCESS) rc = takeUnreported(ctx);
   releaseQueue(q);
   return rc;
 }
@@ -1077,8 +1078,12 @@ cl_int CL_API_CALL enqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint
       groupSize *= local[i];
     }
   }
+  // A kernel declared with reqd_work_group_size runs with exactly that size, given.
+  const auto& compiled = k->info->compileWorkGroupSize;
+  if (compiled[0] && !local) return CL_INVALID_WORK_GROUP_SIZE;
   if (local) {
-    const auto& compiled = k->info->compileWorkGroupSize;
+    for (cl_uint i = dims; i < 3; ++i)
+      if (compiled[0] && compiled[i] != 1) return CL_INVALID_WORK_GROUP_SIZE;
     if (compiled[0] && (l[0] != compiled[0] || (dims > 1 && l[1] != compiled[1]) || (dims > 2 && l[2] != compiled[2])))
       return CL_INVALID_WORK_GROUP_SIZE;
     if (k->info->workGroupSize && groupSize > k->info->workGroupSize) return CL_INVALID_WORK_GROUP_SIZE;

@@ -87,6 +87,10 @@ struct _cl_context : RcObject {
   uint64_t buildSeq = 0;                // the loadProgram a clBuildProgram waits on
   std::optional<raccel::Error> buildError;  // its failure, with the compiler's log
   bool lost = false;                    // the session failed for good
+  // A command that failed on the card after its enqueue returned: its event says so, and
+  // the next blocking call (a finish, a blocking read or write, a wait) returns it too,
+  // so a program that never asks its events still learns of it.
+  cl_int unreported = CL_SUCCESS;
   std::unique_ptr<std::thread> watcher;  // completes events that have callbacks
   bool watcherStop = false;
 };

@@ -208,6 +208,10 @@ static void track(cl_event e, uint64_t first, uint64_t last) {
   e->context->inFlight.emplace(last, e);
 }
 
+cl_int takeUnreported(cl_context ctx) {
+  return std::exchange(ctx->unreported, CL_SUCCESS);
+}
+
 // Completes every tracked event the last fence covers.
 void settle(cl_context ctx) {
   uint64_t done = ctx->session ? ctx->session->completedThrough() : UINT64_MAX;
@@ -230,7 +234,9 @@ static void failInFlight(cl_context ctx, uint64_t seq, const Error& error) {
     logLine("command failed: " + error.message, true);
     if (ctx->notify) ctx->notify(error.message.c_str(), nullptr, 0, ctx->notifyData);
     ctx->inFlight.erase(it);
-    complete(e, clCode(error.code));
+    cl_int code = error.openclError ? error.openclError : clCode(error.code);
+    if (ctx->unreported == CL_SUCCESS) ctx->unreported = code;
+    complete(e, code);
     release(e);
     return;
   }
@@ -389,6 +395,7 @@ cl_int enqueue(cl_command_queue q, cl_uint nWait, const cl_event* waitList, cl_e
   if (blocking && rc == CL_SUCCESS) {
     rc = waitEvent(e);
     if (rc == CL_SUCCESS && e->status < 0) rc = e->status;
+    if (rc == CL_SUCCESS) rc = takeUnreported(ctx);
   } else if (rc == CL_SUCCESS && !hold && e->status < 0) {
     rc = e->status;  // failed at once (a read that could not be done)
   }

@@ -73,6 +73,8 @@ void release(cl_event e);
 void complete(cl_event e, cl_int status);
 void settle(cl_context ctx);
 cl_int fence(cl_context ctx);
+// The failure of a command that failed on the card since the last blocking call, once.
+cl_int takeUnreported(cl_context ctx);
 void loseSession(cl_context ctx, const std::string& why);
 void drainHeld(cl_context ctx);
 cl_int waitEvent(cl_event e);

@@ -1,0 +1,502 @@
+/* Points of the OpenCL standard that real programs rely on, checked one by one through
+ * whichever platform is named (raccel by default, or $RACCEL_TEST_PLATFORM, so the same
+ * checks run against the local PoCL device in the same test). Linked only with
+ * -lOpenCL. Prints "ok NAME" or "FAIL NAME: why" per check and "N passed, N failed".
+ *   ocl_conformance [--big-mib N] [--only NAME] [--list]
+ * --big-mib sets the size of the large transfers (default 1024: 1 GiB in one buffer,
+ * and in sixteen). */
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cl_platform_id platform;
+static cl_device_id device;
+static cl_context context;
+static cl_command_queue queue;
+static size_t big_mib = 1024;
+static char why[512];
+
+#define FAILED(...) (snprintf(why, sizeof why, __VA_ARGS__), 1)
+#define CHECK(call)                                                              \
+  do {                                                                           \
+    cl_int rc_ = (call);                                                         \
+    if (rc_ != CL_SUCCESS) return FAILED("%s gave %d (line %d)", #call, rc_, __LINE__); \
+  } while (0)
+#define EXPECT(call, code)                                                                    \
+  do {                                                                                        \
+    cl_int rc_ = (call);                                                                      \
+    if (rc_ != (code)) return FAILED("%s gave %d, expected %s (%d)", #call, rc_, #code, code); \
+  } while (0)
+
+static int open_platform(void) {
+  const char* want = getenv("RACCEL_TEST_PLATFORM") ? getenv("RACCEL_TEST_PLATFORM") : "raccel";
+  cl_platform_id platforms[16];
+  cl_uint n = 0;
+  if (clGetPlatformIDs(16, platforms, &n) != CL_SUCCESS) n = 0;
+  for (cl_uint i = 0; i < n && i < 16; ++i) {
+    char name[256] = "";
+    clGetPlatformInfo(platforms[i], CL_PLATFORM_NAME, sizeof name, name, NULL);
+    if (strcmp(name, want) != 0) continue;
+    platform = platforms[i];
+    cl_int rc = clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL);
+    if (rc == CL_SUCCESS) context = clCreateContext(NULL, 1, &device, NULL, NULL, &rc);
+    if (rc == CL_SUCCESS) queue = clCreateCommandQueue(context, device, CL_QUEUE_PROFILING_ENABLE, &rc);
+    if (rc != CL_SUCCESS) printf("ocl_conformance: cannot open %s: %d\n", want, rc);
+    return rc != CL_SUCCESS;
+  }
+  printf("ocl_conformance: no platform named %s among %u\n", want, n);
+  return 1;
+}
+
+/* Builds `source` and takes its kernel `name`; the build log goes into `why` on failure. */
+static int build(const char* source, const char* options, const char* name, cl_program* p, cl_kernel* k) {
+  cl_int rc;
+  *p = clCreateProgramWithSource(context, 1, &source, NULL, &rc);
+  CHECK(rc);
+  rc = clBuildProgram(*p, 1, &device, options, NULL, NULL);
+  if (rc != CL_SUCCESS) {
+    char log[400] = "";
+    clGetProgramBuildInfo(*p, device, CL_PROGRAM_BUILD_LOG, sizeof log, log, NULL);
+    return FAILED("build gave %d: %s", rc, log);
+  }
+  *k = clCreateKernel(*p, name, &rc);
+  CHECK(rc);
+  return 0;
+}
+
+static int has_extension(const char* name) {
+  char ext[8192] = "";
+  clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, sizeof ext, ext, NULL);
+  size_t n = strlen(name);
+  for (const char* at = strstr(ext, name); at; at = strstr(at + 1, name))
+    if ((at == ext || at[-1] == ' ') && (at[n] == ' ' || at[n] == 0)) return 1;
+  return 0;
+}
+
+/* ---- Large transfers: every reply comes, whatever the size. ---- */
+
+static unsigned char pattern(size_t i, unsigned seed) { return (unsigned char)((i * 2654435761u) >> 13) ^ (unsigned char)seed; }
+
+static int round_trip(size_t buffers) {
+  size_t total = big_mib << 20, each = total / buffers;
+  unsigned char* host = malloc(each);
+  unsigned char* back = malloc(each);
+  cl_mem* mems = calloc(buffers, sizeof *mems);
+  int failed = !host || !back || !mems;
+  if (failed) (void)FAILED("no host memory for %zu MiB", big_mib);
+  for (size_t b = 0; b < buffers && !failed; ++b) {
+    cl_int rc;
+    mems[b] = clCreateBuffer(context, CL_MEM_READ_WRITE, each, NULL, &rc);
+    for (size_t i = 0; i < each; ++i) host[i] = pattern(i, (unsigned)b);
+    if (rc == CL_SUCCESS) rc = clEnqueueWriteBuffer(queue, mems[b], CL_TRUE, 0, each, host, 0, NULL, NULL);
+    if (rc != CL_SUCCESS) failed = FAILED("buffer %zu of %zu MiB: create or write gave %d", b, each >> 20, rc);
+  }
+  for (size_t b = 0; b < buffers && !failed; ++b) {
+    cl_int rc = clEnqueueReadBuffer(queue, mems[b], CL_TRUE, 0, each, back, 0, NULL, NULL);
+    if (rc != CL_SUCCESS) failed = FAILED("read of buffer %zu gave %d", b, rc);
+    for (size_t i = 0; i < each && !failed; ++i)
+      if (back[i] != pattern(i, (unsigned)b)) failed = FAILED("buffer %zu byte %zu is %u, wrote %u", b, i, back[i], pattern(i, (unsigned)b));
+  }
+  for (size_t b = 0; mems && b < buffers; ++b)
+    if (mems[b]) clReleaseMemObject(mems[b]);
+  free(mems);
+  free(host);
+  free(back);
+  return failed;
+}
+static int big_one_buffer(void) { return round_trip(1); }
+static int big_many_buffers(void) { return round_trip(16); }
+
+/* ---- Launch geometry exactly as the program gave it. ---- */
+
+static int run_index_kernel(const char* source, const char* name, size_t global, const size_t* local, cl_int* out) {
+  cl_program p;
+  cl_kernel k;
+  if (build(source, "", name, &p, &k)) return 1;
+  cl_int rc;
+  cl_mem m = clCreateBuffer(context, CL_MEM_READ_WRITE, global * sizeof(cl_int), NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof m, &m));
+  CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, local, 0, NULL, NULL));
+  CHECK(clEnqueueReadBuffer(queue, m, CL_TRUE, 0, global * sizeof(cl_int), out, 0, NULL, NULL));
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return 0;
+}
+
+static int required_size_one(void) {
+  const char* src =
+      "__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void f(__global int* out) {\n"
+      "  size_t i = get_global_id(0); out[i] = (int)(i * 3 + get_local_size(0) * 1000);\n}\n";
+  cl_int out[64];
+  size_t one = 1;
+  if (run_index_kernel(src, "f", 64, &one, out)) return 1;
+  for (int i = 0; i < 64; ++i)
+    if (out[i] != i * 3 + 1000) return FAILED("out[%d] = %d, expected %d", i, out[i], i * 3 + 1000);
+  /* Another size, or none, is refused at enqueue with the standard error. */
+  cl_program p;
+  cl_kernel k;
+  if (build(src, "", "f", &p, &k)) return 1;
+  cl_int rc;
+  cl_mem m = clCreateBuffer(context, CL_MEM_READ_WRITE, 64 * sizeof(cl_int), NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof m, &m));
+  size_t global = 64, two = 2;
+  EXPECT(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, &two, 0, NULL, NULL), CL_INVALID_WORK_GROUP_SIZE);
+  EXPECT(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, NULL, 0, NULL, NULL), CL_INVALID_WORK_GROUP_SIZE);
+  CHECK(clFinish(queue));
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return 0;
+}
+
+static int work_dimensions(void) {
+  const char* src = "__kernel void f(__global int* out) { out[get_global_id(0)] = (int)get_work_dim(); }\n";
+  cl_int out[16];
+  size_t four = 4;
+  if (run_index_kernel(src, "f", 16, &four, out)) return 1;
+  for (int i = 0; i < 16; ++i)
+    if (out[i] != 1) return FAILED("get_work_dim() = %d in a 1-D launch", out[i]);
+  if (run_index_kernel(src, "f", 16, NULL, out)) return 1;
+  for (int i = 0; i < 16; ++i)
+    if (out[i] != 1) return FAILED("get_work_dim() = %d in a 1-D launch with no local size", out[i]);
+  return 0;
+}
+
+static int task(void) {
+  const char* src = "__kernel void f(__global int* out) { out[0] = (int)(get_global_size(0) * 100 + get_local_size(0)); }\n";
+  cl_program p;
+  cl_kernel k;
+  if (build(src, "", "f", &p, &k)) return 1;
+  cl_int rc, out = 0;
+  cl_mem m = clCreateBuffer(context, CL_MEM_READ_WRITE, sizeof out, NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof m, &m));
+  CHECK(clEnqueueTask(queue, k, 0, NULL, NULL));
+  CHECK(clEnqueueReadBuffer(queue, m, CL_TRUE, 0, sizeof out, &out, 0, NULL, NULL));
+  if (out != 101) return FAILED("a task saw global size * 100 + local size = %d, expected 101", out);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return 0;
+}
+
+/* ---- Arguments up to the reported limit. ---- */
+
+static int large_arguments(void) {
+  size_t limit = 0;
+  CHECK(clGetDeviceInfo(device, CL_DEVICE_MAX_PARAMETER_SIZE, sizeof limit, &limit, NULL));
+  if (limit < 1024) return FAILED("CL_DEVICE_MAX_PARAMETER_SIZE is %zu (at least 1024)", limit);
+  /* A struct of ints by value, plus one pointer, within the limit. */
+  size_t ints = (limit - 64) / sizeof(cl_int);
+  if (ints > 1000) ints = 1000;
+  char src[512];
+  snprintf(src, sizeof src,
+           "typedef struct { int v[%zu]; } Big;\n"
+           "__kernel void f(__global int* out, Big big) { out[get_global_id(0)] = big.v[get_global_id(0)]; }\n",
+           ints);
+  cl_program p;
+  cl_kernel k;
+  if (build(src, "", "f", &p, &k)) return 1;
+  cl_int* big = malloc(ints * sizeof(cl_int));
+  cl_int* out = malloc(ints * sizeof(cl_int));
+  for (size_t i = 0; i < ints; ++i) big[i] = (cl_int)(i * 7 + 1);
+  cl_int rc;
+  cl_mem m = clCreateBuffer(context, CL_MEM_READ_WRITE, ints * sizeof(cl_int), NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof m, &m));
+  CHECK(clSetKernelArg(k, 1, ints * sizeof(cl_int), big));
+  size_t global = ints;
+  CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, NULL, 0, NULL, NULL));
+  CHECK(clEnqueueReadBuffer(queue, m, CL_TRUE, 0, ints * sizeof(cl_int), out, 0, NULL, NULL));
+  for (size_t i = 0; i < ints; ++i)
+    if (out[i] != big[i]) return FAILED("a %zu-byte argument: element %zu came back %d", ints * sizeof(cl_int), i, out[i]);
+  free(big);
+  free(out);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return 0;
+}
+
+/* ---- Buffers: flags as given, destructor callbacks. ---- */
+
+static int mem_flags(void) {
+  int host[16] = {0};
+  cl_int rc;
+  cl_mem_flags given = CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, flags = 0;
+  cl_mem m = clCreateBuffer(context, given, sizeof host, host, &rc);
+  CHECK(rc);
+  CHECK(clGetMemObjectInfo(m, CL_MEM_FLAGS, sizeof flags, &flags, NULL));
+  if (flags != given) return FAILED("CL_MEM_FLAGS is 0x%llx, created with 0x%llx", (unsigned long long)flags, (unsigned long long)given);
+  clReleaseMemObject(m);
+  return 0;
+}
+
+static void CL_CALLBACK count_destruction(cl_mem m, void* data) {
+  (void)m;
+  ++*(int*)data;
+}
+
+static int destructor_callback(void) {
+  const char* src = "__kernel void f(__global int* out) { out[get_global_id(0)] = 5; }\n";
+  cl_program p;
+  cl_kernel k;
+  if (build(src, "", "f", &p, &k)) return 1;
+  cl_int rc;
+  cl_mem m = clCreateBuffer(context, CL_MEM_READ_WRITE, 64, NULL, &rc);
+  CHECK(rc);
+  int destroyed = 0;
+  CHECK(clSetMemObjectDestructorCallback(m, count_destruction, &destroyed));
+  CHECK(clSetKernelArg(k, 0, sizeof m, &m)); /* a kernel argument does not keep it alive */
+  size_t global = 16;
+  CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, NULL, 0, NULL, NULL));
+  CHECK(clReleaseMemObject(m));
+  CHECK(clFinish(queue));
+  if (destroyed != 1) return FAILED("the destructor callback ran %d times after the release and a finish", destroyed);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return 0;
+}
+
+/* ---- Standard error codes. ---- */
+
+static int error_codes(void) {
+  cl_int rc;
+  cl_command_queue q = clCreateCommandQueue(context, device, (cl_command_queue_properties)1 << 40, &rc);
+  if (q) clReleaseCommandQueue(q);
+  if (rc != CL_INVALID_VALUE) return FAILED("an unknown queue property gave %d, expected CL_INVALID_VALUE", rc);
+  cl_device_id d;
+  EXPECT(clGetDeviceIDs(platform, (cl_device_type)0, 1, &d, NULL), CL_INVALID_DEVICE_TYPE);
+  return 0;
+}
+
+/* ---- What the device says it has, it has. ---- */
+
+static int image_macro_matches(void) {
+  cl_bool images = CL_FALSE;
+  CHECK(clGetDeviceInfo(device, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL));
+  const char* src =
+      "__kernel void f(__global int* out) {\n"
+      "#ifdef __IMAGE_SUPPORT__\n out[0] = 1;\n#else\n out[0] = 0;\n#endif\n}\n";
+  cl_program p;
+  cl_kernel k;
+  if (build(src, "", "f", &p, &k)) return 1;
+  cl_int rc, out = -1;
+  cl_mem m = clCreateBuffer(context, CL_MEM_READ_WRITE, sizeof out, NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof m, &m));
+  CHECK(clEnqueueTask(queue, k, 0, NULL, NULL));
+  CHECK(clEnqueueReadBuffer(queue, m, CL_TRUE, 0, sizeof out, &out, 0, NULL, NULL));
+  if (out != (images ? 1 : 0)) return FAILED("__IMAGE_SUPPORT__ is %sdefined; CL_DEVICE_IMAGE_SUPPORT says %d", out ? "" : "not ", images);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return 0;
+}
+
+static int double_precision(void) {
+  cl_device_fp_config config = 0;
+  CHECK(clGetDeviceInfo(device, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof config, &config, NULL));
+  if (!has_extension("cl_khr_fp64") || !config) return FAILED("no cl_khr_fp64 (double config 0x%llx)", (unsigned long long)config);
+  const char* src =
+      "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+      "__kernel void f(__global const double* x, __global double* y, double a) {\n"
+      "  size_t i = get_global_id(0); y[i] = a * x[i] + sqrt(x[i]);\n}\n";
+  cl_program p;
+  cl_kernel k;
+  if (build(src, "", "f", &p, &k)) return 1;
+  enum { N = 4096 };
+  static double x[N], y[N];
+  for (int i = 0; i < N; ++i) x[i] = 1.0 + i / 3.0;
+  cl_int rc;
+  cl_mem bx = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof x, x, &rc);
+  CHECK(rc);
+  cl_mem by = clCreateBuffer(context, CL_MEM_WRITE_ONLY, sizeof y, NULL, &rc);
+  CHECK(rc);
+  double a = 1.0 / 3.0;
+  CHECK(clSetKernelArg(k, 0, sizeof bx, &bx));
+  CHECK(clSetKernelArg(k, 1, sizeof by, &by));
+  CHECK(clSetKernelArg(k, 2, sizeof a, &a));
+  size_t global = N;
+  CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, NULL, 0, NULL, NULL));
+  CHECK(clEnqueueReadBuffer(queue, by, CL_TRUE, 0, sizeof y, y, 0, NULL, NULL));
+  for (int i = 0; i < N; ++i) {
+    double want = a * x[i] + sqrt(x[i]);
+    if (fabs(y[i] - want) > 1e-14 * fabs(want)) return FAILED("y[%d] = %.17g, expected %.17g (not double precision)", i, y[i], want);
+  }
+  clReleaseMemObject(bx);
+  clReleaseMemObject(by);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return 0;
+}
+
+/* ---- Profiling from the card's clock: a kernel's START..END is its run, not the
+ * transport's. A kernel that spins for a while shows a span that grows with its work,
+ * and START is not before the command was submitted. ---- */
+
+static int card_timestamps(void) {
+  const char* src =
+      "__kernel void spin(__global float* out, int n) {\n"
+      "  float v = (float)get_global_id(0);\n"
+      "  for (int i = 0; i < n; ++i) v = v * 0.999f + 1.0f;\n"
+      "  out[get_global_id(0)] = v;\n}\n";
+  cl_program p;
+  cl_kernel k;
+  if (build(src, "", "spin", &p, &k)) return 1;
+  cl_int rc;
+  cl_mem m = clCreateBuffer(context, CL_MEM_READ_WRITE, 1024 * sizeof(float), NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof m, &m));
+  cl_ulong span[2] = {0, 0};
+  int loops[2] = {10, 200000};
+  for (int r = 0; r < 2; ++r) {
+    CHECK(clSetKernelArg(k, 1, sizeof loops[r], &loops[r]));
+    size_t global = 1024;
+    cl_event e;
+    CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, NULL, 0, NULL, &e));
+    CHECK(clWaitForEvents(1, &e));
+    cl_ulong queued = 0, submit = 0, start = 0, end = 0;
+    CHECK(clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_QUEUED, sizeof queued, &queued, NULL));
+    CHECK(clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_SUBMIT, sizeof submit, &submit, NULL));
+    CHECK(clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_START, sizeof start, &start, NULL));
+    CHECK(clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_END, sizeof end, &end, NULL));
+    if (!(queued <= submit && submit <= start && start <= end))
+      return FAILED("profiling times out of order: queued %llu submit %llu start %llu end %llu", (unsigned long long)queued,
+                    (unsigned long long)submit, (unsigned long long)start, (unsigned long long)end);
+    span[r] = end - start;
+    clReleaseEvent(e);
+  }
+  /* 20000x the work: the long kernel's span is many times the short one's. A span timed
+   * by the transport would be dominated by round trips, and nearly equal. */
+  if (span[1] < 20 * span[0] + 1)
+    return FAILED("kernel spans %llu ns for 10 loops and %llu ns for 200000: not the card's times",
+                  (unsigned long long)span[0], (unsigned long long)span[1]);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return 0;
+}
+
+/* ---- Separate compilation: compile two sources (one includes a header passed by
+ * name), link them, run the result. ---- */
+
+static int compile_and_link(void) {
+  cl_bool linker = CL_FALSE;
+  CHECK(clGetDeviceInfo(device, CL_DEVICE_LINKER_AVAILABLE, sizeof linker, &linker, NULL));
+  if (!linker) return FAILED("CL_DEVICE_LINKER_AVAILABLE is false");
+  const char* header = "#define SCALE 3\nint scaled(int x);\n";
+  const char* lib = "#include \"scale.h\"\nint scaled(int x) { return x * SCALE + 1; }\n";
+  const char* main_src =
+      "#include \"scale.h\"\n__kernel void f(__global int* out) { out[get_global_id(0)] = scaled((int)get_global_id(0)); }\n";
+  cl_int rc;
+  cl_program h = clCreateProgramWithSource(context, 1, &header, NULL, &rc);
+  CHECK(rc);
+  cl_program a = clCreateProgramWithSource(context, 1, &lib, NULL, &rc);
+  CHECK(rc);
+  cl_program b = clCreateProgramWithSource(context, 1, &main_src, NULL, &rc);
+  CHECK(rc);
+  const char* names[] = {"scale.h"};
+  CHECK(clCompileProgram(a, 1, &device, "", 1, &h, names, NULL, NULL));
+  CHECK(clCompileProgram(b, 1, &device, "", 1, &h, names, NULL, NULL));
+  cl_program_binary_type type = 0;
+  CHECK(clGetProgramBuildInfo(a, device, CL_PROGRAM_BINARY_TYPE, sizeof type, &type, NULL));
+  if (type != CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT) return FAILED("a compiled program's binary type is %u", (unsigned)type);
+  cl_program objects[] = {a, b};
+  cl_program linked = clLinkProgram(context, 1, &device, "", 2, objects, NULL, NULL, &rc);
+  CHECK(rc);
+  cl_kernel k = clCreateKernel(linked, "f", &rc);
+  CHECK(rc);
+  cl_mem m = clCreateBuffer(context, CL_MEM_READ_WRITE, 32 * sizeof(cl_int), NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof m, &m));
+  size_t global = 32;
+  CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, NULL, 0, NULL, NULL));
+  cl_int out[32];
+  CHECK(clEnqueueReadBuffer(queue, m, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
+  for (int i = 0; i < 32; ++i)
+    if (out[i] != i * 3 + 1) return FAILED("out[%d] = %d, expected %d", i, out[i], i * 3 + 1);
+  /* A link of objects that do not fit together (a missing function) fails cleanly. */
+  cl_program lonely[] = {b};
+  cl_program broken = clLinkProgram(context, 1, &device, "", 1, lonely, NULL, NULL, &rc);
+  if (rc != CL_LINK_PROGRAM_FAILURE) return FAILED("a link with an undefined function gave %d", rc);
+  if (broken) clReleaseProgram(broken);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(linked);
+  clReleaseProgram(a);
+  clReleaseProgram(b);
+  clReleaseProgram(h);
+  return 0;
+}
+
+struct check {
+  const char* name;
+  int (*run)(void);
+};
+static const struct check checks[] = {
+    {"big_one_buffer", big_one_buffer},
+    {"big_many_buffers", big_many_buffers},
+    {"required_size_one", required_size_one},
+    {"work_dimensions", work_dimensions},
+    {"task", task},
+    {"large_arguments", large_arguments},
+    {"mem_flags", mem_flags},
+    {"destructor_callback", destructor_callback},
+    {"error_codes", error_codes},
+    {"image_macro_matches", image_macro_matches},
+    {"double_precision", double_precision},
+    {"card_timestamps", card_timestamps},
+    {"compile_and_link", compile_and_link},
+};
+
+int main(int argc, char** argv) {
+  const char* only = NULL;
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "--help") == 0) {
+      printf("usage: ocl_conformance [--big-mib N] [--only NAME] [--list]\n"
+             "Checks points of the OpenCL standard through the platform named $RACCEL_TEST_PLATFORM\n"
+             "(default raccel); prints ok/FAIL per check and 'N passed, N failed'.\n");
+      return 0;
+    }
+    if (strcmp(argv[i], "--list") == 0) {
+      for (size_t c = 0; c < sizeof checks / sizeof *checks; ++c) printf("%s\n", checks[c].name);
+      return 0;
+    }
+    if (strcmp(argv[i], "--big-mib") == 0 && i + 1 < argc) {
+      big_mib = strtoul(argv[++i], NULL, 10);
+      if (big_mib < 16) big_mib = 16;
+    } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
+    } else {
+      printf("ocl_conformance: unknown argument %s (see --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (open_platform()) return 2;
+  int passed = 0, failed = 0;
+  for (size_t c = 0; c < sizeof checks / sizeof *checks; ++c) {
+    if (only && strcmp(only, checks[c].name) != 0) continue;
+    why[0] = 0;
+    if (checks[c].run()) {
+      printf("FAIL %s: %s\n", checks[c].name, why);
+      ++failed;
+      clFinish(queue); /* what a failed check left queued does not spill into the next */
+    } else {
+      printf("ok   %s\n", checks[c].name);
+      ++passed;
+    }
+    fflush(stdout);
+  }
+  printf("%d passed, %d failed\n", passed, failed);
+  clReleaseCommandQueue(queue);
+  clReleaseContext(context);
+  return failed ? 1 : 0;
+}
