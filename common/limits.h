@@ -35,6 +35,7 @@ constexpr long long kMaxPriority = 1000;
 // Names and free text from peers.
 constexpr size_t kMaxNameBytes = 128;      // node, VM, program names
 constexpr size_t kMaxTextBytes = 256;      // card models, backends
+constexpr size_t kMaxExtensionBytes = 4096;  // a card's OpenCL extension list
 constexpr size_t kMaxLoggedBytes = 512;    // any peer text in a log line or an event
 
 inline uint64_t satMul(uint64_t a, uint64_t b) {

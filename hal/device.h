@@ -49,6 +49,10 @@ struct Capabilities {
   uint32_t computeUnits = 0;
   uint32_t maxWorkGroupSize = 0;
   uint64_t localMemBytes = 0;
+  // OpenCL's extension list (space-separated) and CL_DEVICE_DOUBLE_FP_CONFIG (0: no
+  // double precision), for the guest's OpenCL.
+  std::string openclExtensions;
+  uint64_t doubleFpConfig = 0;
 };
 
 // What a card's compiler says of a loaded program: its build log and, per kernel, the

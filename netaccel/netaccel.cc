@@ -255,6 +255,8 @@ void Netaccel::sendRegister() {
     c.setComputeUnits(caps.computeUnits);
     c.setMaxWorkGroupSize(caps.maxWorkGroupSize);
     c.setLocalMemBytes(caps.localMemBytes);
+    c.setOpenclExtensions(caps.openclExtensions);
+    c.setDoubleFpConfig(caps.doubleFpConfig);
     auto kinds = c.initProgramKinds(caps.programKinds.size());
     for (size_t k = 0; k < caps.programKinds.size(); ++k) kinds.set(k, transport::toWire(caps.programKinds[k]));
   }

@@ -36,6 +36,10 @@ Status Pool::checkNode(const std::string& name, const std::vector<CardSpec>& spe
                                              " bytes (got " + std::to_string(c.memoryBytes) + ")");
     if (c.model.size() > kMaxTextBytes || c.backend.size() > kMaxTextBytes)
       return fail(Code::invalidArgument, card + ": model and backend names are at most " + std::to_string(kMaxTextBytes) + " bytes");
+    if (c.openclExtensions.size() > kMaxExtensionBytes ||
+        c.openclExtensions.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_ ") != std::string::npos)
+      return fail(Code::invalidArgument, card + ": OpenCL extensions are names of letters, digits and '_' separated by "
+                                                "spaces, at most " + std::to_string(kMaxExtensionBytes) + " bytes");
     for (auto& other : specs)
       if (&other != &c && other.index == c.index)
         return fail(Code::invalidArgument, "two cards have index " + std::to_string(c.index));

@@ -55,6 +55,8 @@ struct CardSpec {
   uint32_t computeUnits = 0;
   uint32_t maxWorkGroupSize = 0;
   uint64_t localMemBytes = 0;
+  std::string openclExtensions;  // OpenCL's extension list; checked by Pool::checkNode
+  uint64_t doubleFpConfig = 0;
   bool runs(ProgramKind kind) const;
 };
 

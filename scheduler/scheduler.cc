@@ -1168,6 +1168,9 @@ void Scheduler::tick() {
   std::vector<NodeLink*> silent, unregistered;
   for (auto& [c, n] : nodeLinks_) {
     if (n->connection->closed()) continue;
+    // Not reading it (a guest link behind it is backed up) is our silence, not its: its
+    // heartbeats wait in the socket. The clock starts again when reading resumes.
+    if (n->connection->readingPaused()) n->lastHeardMs = now;
     if (!n->name.empty() && now - n->lastHeardMs > config_.heartbeatTimeoutMs) silent.push_back(n.get());
     if (n->name.empty() && now - n->acceptedMs > config_.registerTimeoutMs) unregistered.push_back(n.get());
   }

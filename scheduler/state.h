@@ -244,6 +244,8 @@ void Scheduler::writePlacement(Builder out, const std::vector<BlockRange>& range
     cards[i].setComputeUnits(c.spec.computeUnits);
     cards[i].setMaxWorkGroupSize(c.spec.maxWorkGroupSize);
     cards[i].setLocalMemBytes(c.spec.localMemBytes);
+    cards[i].setOpenclExtensions(c.spec.openclExtensions);
+    cards[i].setDoubleFpConfig(c.spec.doubleFpConfig);
   }
 }
 

@@ -129,6 +129,10 @@ struct CardRef {
   computeUnits @7 :UInt32;
   maxWorkGroupSize @8 :UInt32;
   localMemBytes @9 :UInt64;
+  # An OpenCL card's extensions (space-separated) and CL_DEVICE_DOUBLE_FP_CONFIG (0: no
+  # double precision); the guest's OpenCL offers what every card of the vaccel has.
+  openclExtensions @10 :Text;
+  doubleFpConfig @11 :UInt64;
 }
 
 struct VaccelInfo {

@@ -20,6 +20,10 @@ struct CardInfo {
   computeUnits @7 :UInt32;      # 0 = not known
   maxWorkGroupSize @8 :UInt32;
   localMemBytes @9 :UInt64;
+  # An OpenCL card's extensions (space-separated, as its driver lists them) and its
+  # CL_DEVICE_DOUBLE_FP_CONFIG (0: no double precision).
+  openclExtensions @10 :Text;
+  doubleFpConfig @11 :UInt64;
 }
 
 # netaccel -> scheduler

@@ -179,12 +179,16 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
   flush();  // queued frames (now that it is established) and any post-handshake message
 }
 
+namespace {
+constexpr size_t kTlsBurstBytes = 4 << 20;
+}  // namespace
+
 void Connection::flushTls() {
   Tls& t = *tls_;
   TlsErrorScope errors;
   if (!t.ssl) return;  // nothing has moved yet; queued frames wait for the handshake
   if (t.established) {
-    auto put = [&](const void* data, size_t n) {
+    auto put = [&](const std::byte* data, size_t n) {
       while (n > 0) {
         size_t done = 0;
         if (SSL_write_ex(t.ssl, data, n, &done) != 1) {
@@ -196,17 +200,39 @@ void Connection::flushTls() {
       }
       return true;
     };
+    // At most kTlsBurstBytes of plaintext a flush (the next write's completion seals the
+    // next): sealing a queue of 1 GiB at once held the loop thread for seconds, and the
+    // other links' frames and heartbeats with it.
     bool ok = true;
-    for (auto& chunk : queue_) {
-      if (auto* small = std::get_if<std::vector<std::byte>>(&chunk)) {
-        ok = ok && put(small->data(), small->size());
+    size_t sealed = 0, consumed = 0;
+    while (ok && consumed < queue_.size() && sealed < kTlsBurstBytes) {
+      std::span<const std::byte> parts[2];
+      if (auto* small = std::get_if<std::vector<std::byte>>(&queue_[consumed])) {
+        parts[0] = *small;
       } else {
-        auto& big = std::get<BigChunk>(chunk);
-        ok = ok && put(big.header.data(), kHeaderBytes) && put(big.body.data(), big.body.size());
+        auto& big = std::get<BigChunk>(queue_[consumed]);
+        parts[0] = big.header;
+        parts[1] = std::span<const std::byte>(big.body.data(), big.body.size());
       }
+      size_t skip = sealedBytes_, budget = kTlsBurstBytes - sealed;
+      for (auto part : parts) {
+        if (skip >= part.size()) {
+          skip -= part.size();
+          continue;
+        }
+        size_t n = std::min(part.size() - skip, budget);
+        ok = ok && put(part.data() + skip, n);
+        skip = 0;
+        budget -= n;
+        sealed += n;
+        sealedBytes_ += n;
+      }
+      if (sealedBytes_ < parts[0].size() + parts[1].size()) break;  // the budget ran out inside it
+      sealedBytes_ = 0;
+      ++consumed;
     }
-    queue_.clear();
-    queuedBytes_ = 0;
+    queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(consumed));
+    queuedBytes_ -= std::min(queuedBytes_, sealed);
     if (!ok) {
       close();
       return;
@@ -403,6 +429,7 @@ void Connection::close() {
 void Connection::finishClose() {
   auto keep = std::move(self_);
   queue_.clear();
+  sealedBytes_ = 0;
   inflight_.clear();
   queuedBytes_ = inflightBytes_ = 0;
   // Sources paused behind this connection must not stay paused forever.

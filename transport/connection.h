@@ -115,6 +115,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<Connection> self_;  // alive until uv_close completes
   std::vector<Chunk> queue_, inflight_;
   size_t queuedBytes_ = 0, inflightBytes_ = 0;
+  size_t sealedBytes_ = 0;  // TLS: bytes of queue_'s first chunk already encrypted
   uv_write_t writeReq_;
   bool writing_ = false, reading_ = false, paused_ = false, closing_ = false, started_ = false;
   bool truncated_ = false;

@@ -119,6 +119,8 @@ Result<std::unique_ptr<Session>> Session::open(const Options& options) {
       card.computeUnits = c.getComputeUnits();
       card.maxWorkGroupSize = c.getMaxWorkGroupSize();
       card.localMemBytes = c.getLocalMemBytes();
+      card.openclExtensions = c.getOpenclExtensions();
+      card.doubleFpConfig = c.getDoubleFpConfig();
       s->vaccel_.cards.push_back(std::move(card));
     }
   });
@@ -206,7 +208,8 @@ Status Session::await(uint64_t seq, const std::function<bool(uint64_t, const voi
       uint64_t at = frame->header.sequence;
       if (reply.which() == wire::Reply::ERROR) {
         auto e = reply.getError();
-        Error error{transport::fromWire(e.getError().getCode()), prefixed(e.getSequence(), transport::errorFrom(e.getError()))};
+        Error error = transport::errorFrom(e.getError());
+        error.message = prefixed(e.getSequence(), error);
         if (errorListener_) errorListener_(e.getSequence(), error);
         if (e.getSequence() == seq) done = fail(error);
         else noteError(error);

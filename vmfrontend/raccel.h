@@ -55,6 +55,8 @@ struct CardInfo {
   uint32_t computeUnits = 0;      // 0 = not known
   uint32_t maxWorkGroupSize = 0;
   uint64_t localMemBytes = 0;
+  std::string openclExtensions;  // space-separated
+  uint64_t doubleFpConfig = 0;   // 0: no double precision
   bool runs(ProgramKind kind) const;
 };
 

@@ -729,6 +729,11 @@ Result<std::unique_ptr<Device>> openCudaDevice(unsigned index, const DeviceOverr
   caps.tflops = devices[index].tflops;
   caps.memoryBytes = devices[index].memoryBytes;
   caps.programKinds = {ProgramKind::builtin, ProgramKind::ptx, ProgramKind::cubin, ProgramKind::cudaC};
+  // Every CUDA device computes IEEE doubles with FMA and all roundings (NVRTC compiles
+  // `double`): what OpenCL calls a full CL_DEVICE_DOUBLE_FP_CONFIG (CL_FP_DENORM,
+  // INF_NAN, ROUND_TO_NEAREST, ROUND_TO_ZERO, ROUND_TO_INF, FMA).
+  caps.doubleFpConfig = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x20;
+  caps.openclExtensions = "cl_khr_fp64";
   applyOverrides(caps, overrides);
   auto device = std::make_unique<CudaDevice>(caps, dev, major, minor);
   if (auto s = device->init(); !s) return fail(s.error());

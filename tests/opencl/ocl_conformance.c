@@ -2,7 +2,7 @@
  * whichever platform is named (raccel by default, or $RACCEL_TEST_PLATFORM, so the same
  * checks run against the local PoCL device in the same test). Linked only with
  * -lOpenCL. Prints "ok NAME" or "FAIL NAME: why" per check and "N passed, N failed".
- *   ocl_conformance [--big-mib N] [--only NAME] [--list]
+ *   ocl_conformance [--big-mib N] [--only NAME] [--skip NAME]... [--list]
  * --big-mib sets the size of the large transfers (default 1024: 1 GiB in one buffer,
  * and in sixteen). */
 #define CL_TARGET_OPENCL_VERSION 120
@@ -459,9 +459,11 @@ static const struct check checks[] = {
 
 int main(int argc, char** argv) {
   const char* only = NULL;
+  const char* skip[16];
+  int skips = 0;
   for (int i = 1; i < argc; ++i) {
     if (strcmp(argv[i], "--help") == 0) {
-      printf("usage: ocl_conformance [--big-mib N] [--only NAME] [--list]\n"
+      printf("usage: ocl_conformance [--big-mib N] [--only NAME] [--skip NAME]... [--list]\n"
              "Checks points of the OpenCL standard through the platform named $RACCEL_TEST_PLATFORM\n"
              "(default raccel); prints ok/FAIL per check and 'N passed, N failed'.\n");
       return 0;
@@ -473,6 +475,8 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--big-mib") == 0 && i + 1 < argc) {
       big_mib = strtoul(argv[++i], NULL, 10);
       if (big_mib < 16) big_mib = 16;
+    } else if (strcmp(argv[i], "--skip") == 0 && i + 1 < argc && skips < 16) {
+      skip[skips++] = argv[++i];
     } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
     } else {
@@ -484,6 +488,12 @@ int main(int argc, char** argv) {
   int passed = 0, failed = 0;
   for (size_t c = 0; c < sizeof checks / sizeof *checks; ++c) {
     if (only && strcmp(only, checks[c].name) != 0) continue;
+    int skipped = 0;
+    for (int k = 0; k < skips; ++k) skipped |= strcmp(skip[k], checks[c].name) == 0;
+    if (skipped) {
+      printf("skip %s\n", checks[c].name);
+      continue;
+    }
     why[0] = 0;
     if (checks[c].run()) {
       printf("FAIL %s: %s\n", checks[c].name, why);

@@ -79,6 +79,9 @@ cl_int CL_API_CALL getDeviceIDs(cl_platform_id p, cl_device_type type, cl_uint n
   Lock lock(apiLock());
   if (p && p != thePlatform()) return CL_INVALID_PLATFORM;
   if ((n == 0 && out) || (!out && !count)) return CL_INVALID_VALUE;
+  const cl_device_type known = CL_DEVICE_TYPE_DEFAULT | CL_DEVICE_TYPE_CPU | CL_DEVICE_TYPE_GPU |
+                               CL_DEVICE_TYPE_ACCELERATOR | CL_DEVICE_TYPE_CUSTOM;
+  if (type != CL_DEVICE_TYPE_ALL && (type == 0 || (type & ~known))) return CL_INVALID_DEVICE_TYPE;
   if (!probeDevice()) return CL_DEVICE_NOT_FOUND;
   if (type != CL_DEVICE_TYPE_ALL && type != CL_DEVICE_TYPE_DEFAULT && !(type & deviceType())) return CL_DEVICE_NOT_FOUND;
   if (out) out[0] = theDevice();
@@ -121,11 +124,16 @@ cl_int CL_API_CALL getDeviceInfo(cl_device_id d, cl_device_info what, size_t siz
     case CL_DEVICE_PREFERRED_VECTOR_WIDTH_INT: case CL_DEVICE_NATIVE_VECTOR_WIDTH_INT: return u(4);
     case CL_DEVICE_PREFERRED_VECTOR_WIDTH_LONG: case CL_DEVICE_NATIVE_VECTOR_WIDTH_LONG: return u(2);
     case CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT: case CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT: return u(4);
-    case CL_DEVICE_PREFERRED_VECTOR_WIDTH_DOUBLE: case CL_DEVICE_NATIVE_VECTOR_WIDTH_DOUBLE: return u(0);
+    case CL_DEVICE_PREFERRED_VECTOR_WIDTH_DOUBLE: case CL_DEVICE_NATIVE_VECTOR_WIDTH_DOUBLE:
+      return u(openclFeatures().doubleFp ? 2 : 0);
     case CL_DEVICE_PREFERRED_VECTOR_WIDTH_HALF: case CL_DEVICE_NATIVE_VECTOR_WIDTH_HALF: return u(0);
     case CL_DEVICE_MAX_CLOCK_FREQUENCY: return u(1000);
     case CL_DEVICE_ADDRESS_BITS: return u(64);
-    case CL_DEVICE_MAX_MEM_ALLOC_SIZE: return ul(std::max<cl_ulong>(memory / 4, std::min<cl_ulong>(memory, 128ull << 20)));
+    // One buffer lives on one card: as much as the OpenCL card's share holds (never below
+    // the standard's minimum of a quarter of the memory, or 128 MiB).
+    case CL_DEVICE_MAX_MEM_ALLOC_SIZE:
+      return ul(std::max<cl_ulong>({memory / 4, std::min<cl_ulong>(memory, 128ull << 20),
+                                   std::min<cl_ulong>(memory, card ? card->memoryBytes : 0)}));
     case CL_DEVICE_GLOBAL_MEM_SIZE: return ul(memory);
     case CL_DEVICE_IMAGE_SUPPORT: return b(CL_FALSE);
     case CL_DEVICE_MAX_READ_IMAGE_ARGS: case CL_DEVICE_MAX_WRITE_IMAGE_ARGS: case CL_DEVICE_MAX_SAMPLERS: return u(0);
@@ -137,7 +145,8 @@ cl_int CL_API_CALL getDeviceInfo(cl_device_id d, cl_device_info what, size_t siz
     case CL_DEVICE_MIN_DATA_TYPE_ALIGN_SIZE: return u(128);
     case CL_DEVICE_SINGLE_FP_CONFIG:
       return setValue(cl_device_fp_config(CL_FP_DENORM | CL_FP_INF_NAN | CL_FP_ROUND_TO_NEAREST | CL_FP_FMA), size, out, ret);
-    case CL_DEVICE_DOUBLE_FP_CONFIG: case CL_DEVICE_HALF_FP_CONFIG: return setValue(cl_device_fp_config(0), size, out, ret);
+    case CL_DEVICE_DOUBLE_FP_CONFIG: return setValue(openclFeatures().doubleFp, size, out, ret);
+    case CL_DEVICE_HALF_FP_CONFIG: return setValue(cl_device_fp_config(0), size, out, ret);
     case CL_DEVICE_GLOBAL_MEM_CACHE_TYPE: return setValue(cl_device_mem_cache_type(CL_NONE), size, out, ret);
     case CL_DEVICE_GLOBAL_MEM_CACHELINE_SIZE: return u(64);
     case CL_DEVICE_GLOBAL_MEM_CACHE_SIZE: return ul(0);
@@ -163,10 +172,7 @@ cl_int CL_API_CALL getDeviceInfo(cl_device_id d, cl_device_info what, size_t siz
     case CL_DEVICE_PROFILE: return setString("FULL_PROFILE", size, out, ret);
     case CL_DEVICE_VERSION: return setString("OpenCL 1.2 raccel", size, out, ret);
     case CL_DEVICE_OPENCL_C_VERSION: return setString("OpenCL C 1.2 ", size, out, ret);
-    case CL_DEVICE_EXTENSIONS:
-      return setString("cl_khr_global_int32_base_atomics cl_khr_global_int32_extended_atomics "
-                       "cl_khr_local_int32_base_atomics cl_khr_local_int32_extended_atomics cl_khr_byte_addressable_store",
-                       size, out, ret);
+    case CL_DEVICE_EXTENSIONS: return setString(openclFeatures().extensions, size, out, ret);
     case CL_DEVICE_PRINTF_BUFFER_SIZE: return sz(0);
     case CL_DEVICE_PREFERRED_INTEROP_USER_SYNC: return b(CL_TRUE);
     case CL_DEVICE_PARENT_DEVICE: return setValue(cl_device_id(nullptr), size, out, ret);
@@ -247,8 +253,12 @@ cl_int CL_API_CALL getContextInfo(cl_context c, cl_context_info what, size_t siz
 cl_command_queue makeQueue(cl_context c, cl_device_id d, cl_command_queue_properties props, cl_int* err) {
   if (!valid(c)) return failWith<_cl_command_queue>(err, CL_INVALID_CONTEXT);
   if (d != theDevice()) return failWith<_cl_command_queue>(err, CL_INVALID_DEVICE);
-  if (props & ~cl_command_queue_properties(CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE | CL_QUEUE_PROFILING_ENABLE))
-    return failWith<_cl_command_queue>(err, CL_INVALID_QUEUE_PROPERTIES);
+  // Bits the standard does not define are invalid values; defined ones this device lacks
+  // (OpenCL 2's on-device queues) are unsupported properties.
+  const cl_command_queue_properties supported = CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE | CL_QUEUE_PROFILING_ENABLE;
+  const cl_command_queue_properties defined = supported | (1 << 2) | (1 << 3);  // CL_QUEUE_ON_DEVICE(_DEFAULT)
+  if (props & ~defined) return failWith<_cl_command_queue>(err, CL_INVALID_VALUE);
+  if (props & ~supported) return failWith<_cl_command_queue>(err, CL_INVALID_QUEUE_PROPERTIES);
   auto* q = make<_cl_command_queue>();
   q->context = c;
   q->properties = props;
@@ -336,7 +346,9 @@ cl_int CL_API_CALL finish(cl_command_queue q) {
 // Buffers
 
 cl_mem newMem(cl_context c, cl_mem_flags flags, size_t size) {
+  static uint64_t serials = 0;
   auto* m = make<_cl_mem>();
+  m->serial = ++serials;
   m->context = c;
   m->flags = flags;
   m->size = size;
@@ -785,7 +797,10 @@ cl_int CL_API_CALL buildProgram(cl_program p, cl_uint n, const cl_device_id* dev
   if (p->handle) c->session->free(p->handle);
   p->options = options ? options : "";
   p->status = CL_BUILD_IN_PROGRESS;
-  p->handle = c->session->loadProgram(ProgramKind::openclC, "opencl", std::as_bytes(std::span(p->source)), p->options);
+  // The card's compiler may define __IMAGE_SUPPORT__; this device offers no images, so
+  // the macro goes (#line keeps the build log's line numbers the program's own).
+  const std::string source = "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source;
+  p->handle = c->session->loadProgram(ProgramKind::openclC, "opencl", std::as_bytes(std::span(source)), p->options);
   c->buildSeq = c->session->lastSequence();
   c->buildError.reset();
   auto info = c->session->describeProgram(p->handle);
@@ -929,10 +944,7 @@ cl_int CL_API_CALL createKernelsInProgram(cl_program p, cl_uint n, cl_kernel* ou
 
 cl_int CL_API_CALL retainKernel(cl_kernel k) { return retainObject(k, CL_INVALID_KERNEL); }
 
-void dropArg(_cl_kernel::ArgValue& a) {
-  if (a.mem) releaseMem(a.mem);
-  a = {};
-}
+void dropArg(_cl_kernel::ArgValue& a) { a = {}; }
 
 cl_int CL_API_CALL releaseKernel(cl_kernel k) {
   Lock lock(apiLock());
@@ -966,8 +978,8 @@ cl_int CL_API_CALL setKernelArg(cl_kernel k, cl_uint index, size_t size, const v
       if (m) {
         if (!valid(m)) return CL_INVALID_MEM_OBJECT;
         if (m->context != k->program->context) return CL_INVALID_MEM_OBJECT;
-        m->refs++;
         a.mem = m;
+        a.memSerial = m->serial;
         a.arg = client::Arg::subBuffer(m->handle, m->origin);
       } else {
         a.arg = client::Arg{client::Arg::Type::u64, 0};  // a null pointer
@@ -1096,7 +1108,7 @@ cl_int CL_API_CALL enqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint
   args.reserve(k->args.size());
   for (auto& a : k->args) {
     if (!a.set) return CL_INVALID_KERNEL_ARGS;
-    if (a.mem && !valid(a.mem)) return CL_INVALID_KERNEL_ARGS;
+    if (a.mem && (!valid(a.mem) || a.mem->serial != a.memSerial)) return CL_INVALID_KERNEL_ARGS;  // released since
     client::Arg arg = a.arg;
     if (arg.type == client::Arg::Type::bytes) arg.bytes = kept ? kept->bytes.emplace_back(a.bytes) : a.bytes;
     if (kept && a.mem) {

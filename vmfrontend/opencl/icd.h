@@ -107,6 +107,7 @@ struct _cl_mem : RcObject {
   cl_mem_flags flags;
   size_t size;
   raccel::client::Handle handle;  // the parent's, for a sub-buffer
+  uint64_t serial = 0;            // this object's own, never reused (its memory is)
   cl_mem parent = nullptr;
   size_t origin = 0;
   void* hostPtr = nullptr;
@@ -139,7 +140,10 @@ struct _cl_kernel : RcObject {
     bool set = false;
     raccel::client::Arg arg{raccel::client::Arg::Type::u64, 0};
     std::vector<std::byte> bytes;  // a by-value argument's bytes
-    cl_mem mem = nullptr;          // retained while set
+    // Not retained (clSetKernelArg keeps no reference: a buffer released while set is
+    // destroyed, its callbacks run); a launch checks it still lives by its serial.
+    cl_mem mem = nullptr;
+    uint64_t memSerial = 0;
   };
   std::vector<ArgValue> args;
 };

@@ -144,6 +144,49 @@ const client::CardInfo* openclCard() {
   return device.vaccel.cards.empty() ? nullptr : &device.vaccel.cards.front();
 }
 
+// The extensions raccel carries (their kernels need nothing of the ICD but the card's
+// compiler): offered where every card that runs OpenCL C for this vaccel lists them.
+// Image and command-buffer extensions need objects raccel does not carry, and are not.
+const OpenclFeatures& openclFeatures() {
+  static const OpenclFeatures features = [] {
+    static const char* const carried[] = {
+        "cl_khr_byte_addressable_store",       "cl_khr_global_int32_base_atomics", "cl_khr_global_int32_extended_atomics",
+        "cl_khr_local_int32_base_atomics",     "cl_khr_local_int32_extended_atomics", "cl_khr_int64_base_atomics",
+        "cl_khr_int64_extended_atomics",       "cl_khr_fp64"};
+    OpenclFeatures f;
+    std::vector<const client::CardInfo*> cards;
+    for (auto& c : device.vaccel.cards)
+      if (c.runs(ProgramKind::openclC)) cards.push_back(&c);
+    auto lists = [](const client::CardInfo& c, const std::string& name) {
+      std::string padded = " " + c.openclExtensions + " ";
+      return padded.find(" " + name + " ") != std::string::npos;
+    };
+    f.doubleFp = cards.empty() ? 0 : ~cl_device_fp_config(0);
+    for (const char* name : carried) {
+      const client::CardInfo* lacking = nullptr;
+      for (auto* c : cards)
+        if (!lists(*c, name)) lacking = c;
+      bool fp64 = std::string(name) == "cl_khr_fp64";
+      if (fp64)
+        for (auto* c : cards)
+          if (!c->doubleFpConfig) lacking = c;
+      if (cards.empty() || lacking) {
+        if (fp64 && lacking)
+          logLine("no cl_khr_fp64 (double precision): card " + lacking->node + "/" + std::to_string(lacking->index) +
+                      " (" + lacking->model + ") of this vaccel has none", true);
+        continue;
+      }
+      if (!f.extensions.empty()) f.extensions += ' ';
+      f.extensions += name;
+      if (fp64)
+        for (auto* c : cards) f.doubleFp &= c->doubleFpConfig;
+    }
+    if (f.extensions.find("cl_khr_fp64") == std::string::npos) f.doubleFp = 0;
+    return f;
+  }();
+  return features;
+}
+
 cl_int clCode(Code code) {
   switch (code) {
     case Code::resourceExhausted: return CL_MEM_OBJECT_ALLOCATION_FAILURE;

@@ -58,6 +58,13 @@ bool probeDevice();
 const client::CardInfo* openclCard();
 Result<std::unique_ptr<client::Session>> openSession();
 
+struct OpenclFeatures {
+  std::string extensions;  // CL_DEVICE_EXTENSIONS
+  cl_device_fp_config doubleFp = 0;  // 0: no cl_khr_fp64
+};
+// What every card of the vaccel that runs OpenCL C has (after probeDevice()).
+const OpenclFeatures& openclFeatures();
+
 cl_ulong nowNs();
 cl_int setInfo(const void* value, size_t size, size_t capacity, void* out, size_t* sizeRet);
 cl_int setString(const std::string& s, size_t capacity, void* out, size_t* sizeRet);
