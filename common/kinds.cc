@@ -29,6 +29,7 @@ const char* programKindName(ProgramKind kind) {
     case ProgramKind::openclC: return "openclC";
     case ProgramKind::spirv: return "spirv";
     case ProgramKind::cudaC: return "cudaC";
+    case ProgramKind::openclUnits: return "openclUnits";
   }
   return "?";
 }

@@ -10,7 +10,9 @@ namespace raccel {
 
 // Order matters: blocks of a node are numbered in this order (ARCHITECTURE.md).
 enum class CardKind { gpu, npu, fpga, cpu };
-enum class ProgramKind { builtin, ptx, cubin, xclbin, openclC, spirv, cudaC };
+// openclUnits: OpenCL C compilation units with their headers (common/program_units.h),
+// compiled and linked on the card.
+enum class ProgramKind { builtin, ptx, cubin, xclbin, openclC, spirv, cudaC, openclUnits };
 
 const char* kindName(CardKind kind);
 Result<CardKind> parseKind(const std::string& text);

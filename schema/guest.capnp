@@ -30,6 +30,7 @@ enum ProgramKind {
   openclC @4;
   spirv @5;
   cudaC @6;     # CUDA C++ source, compiled with NVRTC on the netaccel
+  openclUnits @7;  # OpenCL C units and their headers, compiled and linked on the card
 }
 
 struct Instruction {

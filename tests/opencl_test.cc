@@ -234,8 +234,8 @@ class OpenclStandard : public OpenclIcd {
   }
 };
 
-// Not yet carried: the card's own kernel timestamps and separate compilation (issue 33).
-constexpr const char* kNotYet[] = {"card_timestamps", "compile_and_link"};
+// Not yet carried: the card's own kernel timestamps (issue 33).
+constexpr const char* kNotYet[] = {"card_timestamps"};
 
 TEST_F(OpenclStandard, TheStandardsPointsHoldThroughTheIcdAsOnLocalPocl) {
   std::string skip;

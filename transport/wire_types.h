@@ -22,7 +22,7 @@ inline Code fromWire(wire::ErrorCode c) {
 }
 inline bool validKind(wire::CardKind k) { return static_cast<uint16_t>(k) <= static_cast<uint16_t>(wire::CardKind::CPU); }
 inline bool validProgramKind(wire::ProgramKind k) {
-  return static_cast<uint16_t>(k) <= static_cast<uint16_t>(wire::ProgramKind::CUDA_C);
+  return static_cast<uint16_t>(k) <= static_cast<uint16_t>(wire::ProgramKind::OPENCL_UNITS);
 }
 
 inline void setError(wire::Error::Builder out, const Error& e) {

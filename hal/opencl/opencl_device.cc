@@ -1,5 +1,7 @@
 #include "hal/opencl/opencl_device.h"
 
+#include "common/program_units.h"
+
 #define CL_TARGET_OPENCL_VERSION 300
 #include <CL/cl.h>
 
@@ -457,6 +459,7 @@ class OpenclDevice final : public Device {
   Result<std::unique_ptr<Program>> build(ProgramKind kind, const std::string& name, std::span<const std::byte> code,
                                          const std::string& options = {}) {
     if (code.empty()) return fail(Code::invalidArgument, "program '" + name + "' has no code");
+    if (kind == ProgramKind::openclUnits) return buildUnits(name, code, options);
     cl_int rc = CL_SUCCESS;
     cl_program program = nullptr;
     if (kind == ProgramKind::openclC) {
@@ -470,27 +473,115 @@ class OpenclDevice final : public Device {
       return fail(Code::invalidArgument, "program '" + name + "': the device refused the " + programKindName(kind) +
                                              " code (" + clError(rc) + ")");
     // Argument names and types are kept for describe() (OpenCL's kernel argument info).
-    std::string flags = options + (kind == ProgramKind::openclC ? " -cl-kernel-arg-info" : "");
+    std::string flags = options + (kind == ProgramKind::openclC ? kArgInfo : "");
     rc = clBuildProgram(program, 1, &device_, flags.c_str(), nullptr, nullptr);
+    std::string log = buildLog(program);
+    if (rc != CL_SUCCESS) {
+      clReleaseProgram(program);
+      if (rc == CL_INVALID_BUILD_OPTIONS)
+        return clFail(Code::invalidArgument, "program '" + name + "': the compiler refused the build options '" + options + "'", rc);
+      return clFail(Code::invalidArgument, "program '" + name + "' failed to build (" + clError(rc) + "). Build log:\n" + log, rc);
+    }
+    return described(name, kind, program, log);
+  }
+
+  static constexpr const char* kArgInfo = " -cl-kernel-arg-info";
+
+  std::string buildLog(cl_program program) {
     size_t size = 0;
     clGetProgramBuildInfo(program, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size);
     std::string log(size, '\0');
     clGetProgramBuildInfo(program, device_, CL_PROGRAM_BUILD_LOG, size, log.data(), nullptr);
     while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
     if (log.size() > 16000) log = log.substr(0, 16000) + "\n[build log truncated]";
-    if (rc != CL_SUCCESS) {
-      clReleaseProgram(program);
-      if (rc == CL_INVALID_BUILD_OPTIONS)
-        return fail(Code::invalidArgument, "program '" + name + "': the compiler refused the build options '" + options + "'");
-      return fail(Code::invalidArgument, "program '" + name + "' failed to build (" + clError(rc) + "). Build log:\n" + log);
-    }
+    return log;
+  }
+
+  // The program, owned from here, with its kernels described (none for an object that
+  // was only compiled).
+  std::unique_ptr<Program> described(const std::string& name, ProgramKind kind, cl_program program, const std::string& log) {
     auto out = std::make_unique<ClProgram>(name, kind, program);
     out->description.buildLog = log;
-    for (auto& k : out->kernels()) {
-      auto cl = out->kernel(k);
-      if (cl) out->description.kernels.push_back(describeKernel(k, *cl));
-    }
+    cl_program_binary_type type = CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
+    clGetProgramBuildInfo(program, device_, CL_PROGRAM_BINARY_TYPE, sizeof type, &type, nullptr);
+    if (type == CL_PROGRAM_BINARY_TYPE_EXECUTABLE)
+      for (auto& k : out->kernels()) {
+        auto cl = out->kernel(k);
+        if (cl) out->description.kernels.push_back(describeKernel(k, *cl));
+      }
     return std::unique_ptr<Program>(std::move(out));
+  }
+
+  // OpenCL's separate compilation on this card: each unit compiled with its headers
+  // (clCompileProgram), then all linked (clLinkProgram) with `options` as link options.
+  Result<std::unique_ptr<Program>> buildUnits(const std::string& name, std::span<const std::byte> code,
+                                              const std::string& options) {
+    auto units = decodeUnits(code);
+    if (!units) return fail(units.error());
+    std::vector<cl_program> compiled;
+    auto releaseAll = [&] {
+      for (cl_program p : compiled) clReleaseProgram(p);
+    };
+    std::string logs;
+    for (size_t i = 0; i < units->units.size(); ++i) {
+      const ProgramUnit& u = units->units[i];
+      if (u.options.size() > kMaxBuildOptions) {
+        releaseAll();
+        return fail(Code::invalidArgument, "unit " + std::to_string(i) + ": compile options of " + std::to_string(u.options.size()) +
+                                               " bytes (at most " + std::to_string(kMaxBuildOptions) + ")");
+      }
+      cl_int rc = CL_SUCCESS;
+      auto source = [&](const std::string& text) {
+        const char* src = text.data();
+        size_t len = text.size();
+        return clCreateProgramWithSource(context_, 1, &src, &len, &rc);
+      };
+      std::vector<cl_program> headers;
+      std::vector<const char*> names;
+      for (auto& [headerName, text] : u.headers) {
+        cl_program h = text.empty() ? nullptr : source(text);
+        if (!h) break;
+        headers.push_back(h);
+        names.push_back(headerName.c_str());
+      }
+      cl_program unit = rc == CL_SUCCESS && headers.size() == u.headers.size() && !u.source.empty() ? source(u.source) : nullptr;
+      if (unit) {
+        std::string flags = u.options + kArgInfo;
+        rc = clCompileProgram(unit, 1, &device_, flags.c_str(), static_cast<cl_uint>(headers.size()),
+                              headers.empty() ? nullptr : headers.data(), headers.empty() ? nullptr : names.data(), nullptr,
+                              nullptr);
+        logs += buildLog(unit);
+        compiled.push_back(unit);
+      }
+      for (cl_program h : headers) clReleaseProgram(h);
+      if (!unit || rc != CL_SUCCESS) {
+        releaseAll();
+        if (!unit) return fail(Code::invalidArgument, "program '" + name + "': unit " + std::to_string(i) + " or a header of it is empty");
+        if (rc == CL_INVALID_COMPILER_OPTIONS)
+          return clFail(Code::invalidArgument, "program '" + name + "': the compiler refused the compile options '" + u.options + "'", rc);
+        return clFail(Code::invalidArgument, "program '" + name + "': unit " + std::to_string(i) + " failed to compile (" +
+                                                 clError(rc) + "). Build log:\n" + logs, rc);
+      }
+    }
+    if (units->compileOnly) {
+      cl_program first = compiled.front();
+      compiled.erase(compiled.begin());
+      releaseAll();
+      return described(name, ProgramKind::openclUnits, first, logs);
+    }
+    cl_int rc = CL_SUCCESS;
+    const std::string linkFlags = options + kArgInfo;  // (the driver keeps argument info only if the link asks too)
+    cl_program linked = clLinkProgram(context_, 1, &device_, linkFlags.c_str(), static_cast<cl_uint>(compiled.size()),
+                                      compiled.data(), nullptr, nullptr, &rc);
+    releaseAll();
+    std::string log = linked ? buildLog(linked) : "";
+    if (rc != CL_SUCCESS || !linked) {
+      if (linked) clReleaseProgram(linked);
+      if (rc == CL_INVALID_LINKER_OPTIONS)
+        return clFail(Code::invalidArgument, "program '" + name + "': the linker refused the link options '" + options + "'", rc);
+      return clFail(Code::invalidArgument, "program '" + name + "' failed to link (" + clError(rc) + "). Build log:\n" + logs + log, rc);
+    }
+    return described(name, ProgramKind::openclUnits, linked, logs + log);
   }
 
   KernelDescription describeKernel(const std::string& name, cl_kernel k) {
@@ -594,7 +685,7 @@ Result<std::unique_ptr<Device>> openOpenclDevice(unsigned index, const DeviceOve
   caps.model = deviceString(d, CL_DEVICE_NAME);
   caps.backend = "opencl";
   caps.memoryBytes = deviceValue<cl_ulong>(d, CL_DEVICE_GLOBAL_MEM_SIZE);
-  caps.programKinds = {ProgramKind::builtin, ProgramKind::openclC};
+  caps.programKinds = {ProgramKind::builtin, ProgramKind::openclC, ProgramKind::openclUnits};
   if (!deviceString(d, CL_DEVICE_IL_VERSION).empty()) caps.programKinds.push_back(ProgramKind::spirv);
   caps.computeUnits = deviceValue<cl_uint>(d, CL_DEVICE_MAX_COMPUTE_UNITS);
   caps.maxWorkGroupSize = static_cast<uint32_t>(std::min<size_t>(deviceValue<size_t>(d, CL_DEVICE_MAX_WORK_GROUP_SIZE), UINT32_MAX));

@@ -437,6 +437,29 @@ static int compile_and_link(void) {
   return 0;
 }
 
+/* Bad input to separate compilation: hostile options, a link of something that is not
+ * a compiled object. Each gives its standard error, and compiling carries on. */
+static int compile_bad_input(void) {
+  const char* src = "int twice(int x) { return 2 * x; }\n";
+  cl_int rc;
+  cl_program a = clCreateProgramWithSource(context, 1, &src, NULL, &rc);
+  CHECK(rc);
+  rc = clCompileProgram(a, 1, &device, "-cl-no-such-option --hostile=$(rm -rf /)", 0, NULL, NULL, NULL, NULL);
+  if (rc != CL_INVALID_COMPILER_OPTIONS && rc != CL_COMPILE_PROGRAM_FAILURE) return FAILED("hostile options gave %d", rc);
+  rc = clCompileProgram(a, 1, &device, "-include /etc/passwd", 0, NULL, NULL, NULL, NULL);
+  if (rc != CL_INVALID_COMPILER_OPTIONS && rc != CL_COMPILE_PROGRAM_FAILURE)
+    return FAILED("a compile that includes /etc/passwd gave %d", rc);
+  cl_program source_only = clCreateProgramWithSource(context, 1, &src, NULL, &rc);
+  CHECK(rc);
+  cl_program linked = clLinkProgram(context, 1, &device, "", 1, &source_only, NULL, NULL, &rc);
+  if (rc != CL_INVALID_OPERATION) return FAILED("linking a program that was never compiled gave %d", rc);
+  if (linked) clReleaseProgram(linked);
+  CHECK(clCompileProgram(a, 1, &device, "", 0, NULL, NULL, NULL, NULL));
+  clReleaseProgram(source_only);
+  clReleaseProgram(a);
+  return 0;
+}
+
 struct check {
   const char* name;
   int (*run)(void);
@@ -455,6 +478,7 @@ static const struct check checks[] = {
     {"double_precision", double_precision},
     {"card_timestamps", card_timestamps},
     {"compile_and_link", compile_and_link},
+    {"compile_bad_input", compile_bad_input},
 };
 
 int main(int argc, char** argv) {

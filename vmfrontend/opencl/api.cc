@@ -27,6 +27,18 @@ using Lock = std::lock_guard<std::recursive_mutex>;
 constexpr size_t kBaseAlignBytes = 128;
 constexpr size_t kMaxParameterBytes = 4096;
 constexpr char kBinaryMagic[] = "RACCEL-OPENCL-C 1\n";  // a "binary" is this, the options line, then the source
+// The binary of a compiled object, a library or an executable linked from units: this,
+// one of 'O', 'L', 'E', then the units (common/program_units.h).
+constexpr char kUnitsMagic[] = "RACCEL-OPENCL-UNITS 1\n";
+
+std::string binaryOf(cl_program p) {
+  if (p->units.units.empty()) return kBinaryMagic + p->source;
+  char type = p->binaryType == CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT ? 'O'
+              : p->binaryType == CL_PROGRAM_BINARY_TYPE_LIBRARY       ? 'L'
+                                                                      : 'E';
+  auto units = encodeUnits(p->units);
+  return kUnitsMagic + std::string(1, type) + std::string(reinterpret_cast<const char*>(units.data()), units.size());
+}
 
 template <class T>
 cl_int retainObject(T* o, cl_int invalid) {
@@ -160,7 +172,7 @@ cl_int CL_API_CALL getDeviceInfo(cl_device_id d, cl_device_info what, size_t siz
     case CL_DEVICE_ENDIAN_LITTLE: return b(CL_TRUE);
     case CL_DEVICE_AVAILABLE: return b(CL_TRUE);
     case CL_DEVICE_COMPILER_AVAILABLE: return b(compiler ? CL_TRUE : CL_FALSE);
-    case CL_DEVICE_LINKER_AVAILABLE: return b(CL_FALSE);
+    case CL_DEVICE_LINKER_AVAILABLE: return b(card && card->runs(ProgramKind::openclUnits) ? CL_TRUE : CL_FALSE);
     case CL_DEVICE_EXECUTION_CAPABILITIES: return setValue(cl_device_exec_capabilities(CL_EXEC_KERNEL), size, out, ret);
     case CL_DEVICE_QUEUE_PROPERTIES:
       return setValue(cl_command_queue_properties(CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE | CL_QUEUE_PROFILING_ENABLE), size,
@@ -756,6 +768,22 @@ cl_program CL_API_CALL createProgramWithBinary(cl_context c, cl_uint n, const cl
   if (!lengths || !binaries || !binaries[0] || lengths[0] == 0) return failWith<_cl_program>(err, CL_INVALID_VALUE);
   // A binary of this ICD is its source behind a magic line (what CL_PROGRAM_BINARIES gave).
   std::string bytes(reinterpret_cast<const char*>(binaries[0]), lengths[0]);
+  if (bytes.rfind(kUnitsMagic, 0) == 0 && bytes.size() > std::strlen(kUnitsMagic)) {
+    char type = bytes[std::strlen(kUnitsMagic)];
+    auto units = decodeUnits(std::as_bytes(std::span(bytes)).subspan(std::strlen(kUnitsMagic) + 1));
+    if (units && (type == 'O' || type == 'L' || type == 'E')) {
+      if (status)
+        for (cl_uint i = 0; i < n; ++i) status[i] = CL_SUCCESS;
+      cl_program p = newProgram(c);
+      p->units = std::move(*units);
+      p->binaryType = type == 'O' ? CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT
+                      : type == 'L' ? CL_PROGRAM_BINARY_TYPE_LIBRARY
+                                    : CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
+      if (type != 'E') p->status = CL_BUILD_SUCCESS;  // an executable is built (linked) by clBuildProgram
+      if (err) *err = CL_SUCCESS;
+      return p;
+    }
+  }
   if (bytes.rfind(kBinaryMagic, 0) != 0) {
     if (status) status[0] = CL_INVALID_BINARY;
     return failWith<_cl_program>(err, CL_INVALID_BINARY);
@@ -785,6 +813,55 @@ cl_int CL_API_CALL releaseProgram(cl_program p) {
   return CL_SUCCESS;
 }
 
+// Loads `code` on the card and describes it: the program's handle, kernels and log, or
+// (false) its failure with the compiler's log in p->log and the why in *why.
+bool loadOnCard(cl_program p, ProgramKind kind, std::span<const std::byte> code, const std::string& options, Error* why) {
+  cl_context c = p->context;
+  if (p->handle) c->session->free(p->handle);
+  p->status = CL_BUILD_IN_PROGRESS;
+  p->handle = c->session->loadProgram(kind, "opencl", code, options);
+  c->buildSeq = c->session->lastSequence();
+  c->buildError.reset();
+  auto info = c->session->describeProgram(p->handle);
+  c->buildSeq = 0;
+  if (!info && c->buildError) info = std::unexpected(*c->buildError);  // the load's own failure, with the log
+  if (info) {
+    p->status = CL_BUILD_SUCCESS;
+    p->info = std::move(*info);
+    p->log = p->info.buildLog;
+    return true;
+  }
+  // The load's failure, as the card's compiler put it (with its log).
+  *why = info.error();
+  const std::string logMark = "Build log:\n";
+  auto at = why->message.find(logMark);
+  p->log = at == std::string::npos ? why->message : why->message.substr(at + logMark.size());
+  p->status = CL_BUILD_ERROR;
+  p->info = {};
+  c->session->free(p->handle);
+  p->handle = 0;
+  if (why->code == Code::unavailable) loseSession(c, why->message);
+  return false;
+}
+
+// A failed load's standard code: `failure` for the compiler's (or linker's) refusal of
+// the program, `badOptions` for its refusal of the options.
+cl_int loadFailure(const Error& why, cl_int failure, cl_int badOptions) {
+  if (why.code == Code::invalidArgument && why.message.find(" options") != std::string::npos &&
+      why.message.find("refused the") != std::string::npos)
+    return badOptions;
+  if (why.code == Code::invalidArgument) return failure;
+  if (why.code == Code::unimplemented) return failure == CL_LINK_PROGRAM_FAILURE ? CL_LINKER_NOT_AVAILABLE : CL_COMPILER_NOT_AVAILABLE;
+  return CL_OUT_OF_RESOURCES;
+}
+
+bool validHeaders(cl_uint n, const cl_program* headers, const char** names) {
+  if ((n == 0) != (headers == nullptr) || (n == 0) != (names == nullptr)) return false;
+  for (cl_uint i = 0; i < n; ++i)
+    if (!valid(headers[i]) || !names[i] || !*names[i]) return false;
+  return true;
+}
+
 cl_int CL_API_CALL buildProgram(cl_program p, cl_uint n, const cl_device_id* devices, const char* options,
                                 void(CL_CALLBACK* notify)(cl_program, void*), void* data) {
   Lock lock(apiLock());
@@ -792,63 +869,112 @@ cl_int CL_API_CALL buildProgram(cl_program p, cl_uint n, const cl_device_id* dev
   if ((n == 0) != (devices == nullptr) || (!notify && data)) return CL_INVALID_VALUE;
   if (n && !ourDevices(n, devices)) return CL_INVALID_DEVICE;
   if (p->kernelsAttached) return CL_INVALID_OPERATION;
+  if (p->binaryType == CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT || p->binaryType == CL_PROGRAM_BINARY_TYPE_LIBRARY)
+    return CL_INVALID_BINARY;
   cl_context c = p->context;
   if (c->lost) return CL_OUT_OF_RESOURCES;
-  if (p->handle) c->session->free(p->handle);
   p->options = options ? options : "";
-  p->status = CL_BUILD_IN_PROGRESS;
-  // The card's compiler may define __IMAGE_SUPPORT__; this device offers no images, so
-  // the macro goes (#line keeps the build log's line numbers the program's own).
-  const std::string source = "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source;
-  p->handle = c->session->loadProgram(ProgramKind::openclC, "opencl", std::as_bytes(std::span(source)), p->options);
-  c->buildSeq = c->session->lastSequence();
-  c->buildError.reset();
-  auto info = c->session->describeProgram(p->handle);
-  c->buildSeq = 0;
-  if (!info && c->buildError) info = std::unexpected(*c->buildError);  // the load's own failure, with the log
-  cl_int rc = CL_SUCCESS;
-  if (info) {
-    p->status = CL_BUILD_SUCCESS;
-    p->info = std::move(*info);
-    p->log = p->info.buildLog;
+  Error why;
+  bool built;
+  if (!p->units.units.empty()) {  // an executable's binary from clLinkProgram: linked again
+    auto bytes = encodeUnits(p->units);
+    built = loadOnCard(p, ProgramKind::openclUnits, bytes, p->options, &why);
   } else {
-    // The load's failure, as the card's compiler put it (with its log).
-    std::string why = info.error().message;
-    const std::string logMark = "Build log:\n";
-    auto at = why.find(logMark);
-    p->log = at == std::string::npos ? why : why.substr(at + logMark.size());
-    p->status = CL_BUILD_ERROR;
-    p->info = {};
-    c->session->free(p->handle);
-    p->handle = 0;
-    if (info.error().code == Code::unavailable) loseSession(c, why);
-    rc = info.error().code == Code::invalidArgument && why.find("build options") != std::string::npos
-             ? CL_INVALID_BUILD_OPTIONS
-         : info.error().code == Code::invalidArgument ? CL_BUILD_PROGRAM_FAILURE
-         : info.error().code == Code::unimplemented   ? CL_COMPILER_NOT_AVAILABLE
-                                                      : CL_OUT_OF_RESOURCES;
-    logLine("clBuildProgram: " + why);
+    // The card's compiler may define __IMAGE_SUPPORT__; this device offers no images, so
+    // the macro goes (#line keeps the build log's line numbers the program's own).
+    const std::string source = "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source;
+    built = loadOnCard(p, ProgramKind::openclC, std::as_bytes(std::span(source)), p->options, &why);
+  }
+  cl_int rc = CL_SUCCESS;
+  if (built) {
+    p->binaryType = CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
+  } else {
+    rc = loadFailure(why, CL_BUILD_PROGRAM_FAILURE, CL_INVALID_BUILD_OPTIONS);
+    logLine("clBuildProgram: " + why.message);
   }
   if (notify) notify(p, data);
   return rc;
 }
 
-cl_int CL_API_CALL compileProgram(cl_program p, cl_uint, const cl_device_id*, const char*, cl_uint, const cl_program*,
-                                  const char**, void(CL_CALLBACK*)(cl_program, void*), void*) {
+cl_int CL_API_CALL compileProgram(cl_program p, cl_uint n, const cl_device_id* devices, const char* options, cl_uint nHeaders,
+                                  const cl_program* headers, const char** names, void(CL_CALLBACK* notify)(cl_program, void*),
+                                  void* data) {
   Lock lock(apiLock());
   if (!valid(p)) return CL_INVALID_PROGRAM;
-  logLine("clCompileProgram: separate compilation and linking are not supported (CL_DEVICE_LINKER_AVAILABLE is false); "
-          "use clBuildProgram",
-          true);
-  return CL_COMPILER_NOT_AVAILABLE;
+  if ((n == 0) != (devices == nullptr) || (!notify && data) || !validHeaders(nHeaders, headers, names)) return CL_INVALID_VALUE;
+  if (n && !ourDevices(n, devices)) return CL_INVALID_DEVICE;
+  if (p->kernelsAttached || p->source.empty()) return CL_INVALID_OPERATION;
+  cl_context c = p->context;
+  if (c->lost) return CL_OUT_OF_RESOURCES;
+  ProgramUnit unit;
+  unit.source = "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source;
+  unit.options = options ? options : "";
+  for (cl_uint i = 0; i < nHeaders; ++i) unit.headers.emplace_back(names[i], headers[i]->source);
+  ProgramUnits units{.compileOnly = true, .units = {unit}};
+  p->options = unit.options;
+  Error why;
+  // Compiled on the card for its errors and log; the object itself is compiled again
+  // when linked (the card keeps nothing meanwhile).
+  auto bytes = encodeUnits(units);
+  bool compiled = loadOnCard(p, ProgramKind::openclUnits, bytes, "", &why);
+  cl_int rc = CL_SUCCESS;
+  if (compiled) {
+    if (p->handle) c->session->free(p->handle);
+    p->handle = 0;
+    p->info = {};
+    p->binaryType = CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT;
+    units.compileOnly = false;
+    p->units = std::move(units);
+  } else {
+    p->binaryType = CL_PROGRAM_BINARY_TYPE_NONE;
+    rc = loadFailure(why, CL_COMPILE_PROGRAM_FAILURE, CL_INVALID_COMPILER_OPTIONS);
+    logLine("clCompileProgram: " + why.message);
+  }
+  if (notify) notify(p, data);
+  return rc;
 }
 
-cl_program CL_API_CALL linkProgram(cl_context c, cl_uint, const cl_device_id*, const char*, cl_uint, const cl_program*,
-                                   void(CL_CALLBACK*)(cl_program, void*), void*, cl_int* err) {
+cl_program CL_API_CALL linkProgram(cl_context c, cl_uint n, const cl_device_id* devices, const char* options, cl_uint nInputs,
+                                   const cl_program* inputs, void(CL_CALLBACK* notify)(cl_program, void*), void* data,
+                                   cl_int* err) {
   Lock lock(apiLock());
-  logLine("clLinkProgram: linking is not supported (CL_DEVICE_LINKER_AVAILABLE is false); use clBuildProgram", true);
-  return failWith<_cl_program>(err, valid(c) ? CL_LINKER_NOT_AVAILABLE : CL_INVALID_CONTEXT);
+  if (!valid(c)) return failWith<_cl_program>(err, CL_INVALID_CONTEXT);
+  if ((n == 0) != (devices == nullptr) || (!notify && data) || nInputs == 0 || !inputs)
+    return failWith<_cl_program>(err, CL_INVALID_VALUE);
+  if (n && !ourDevices(n, devices)) return failWith<_cl_program>(err, CL_INVALID_DEVICE);
+  ProgramUnits units;
+  for (cl_uint i = 0; i < nInputs; ++i) {
+    if (!valid(inputs[i]) || inputs[i]->context != c) return failWith<_cl_program>(err, CL_INVALID_PROGRAM);
+    if (inputs[i]->binaryType != CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT && inputs[i]->binaryType != CL_PROGRAM_BINARY_TYPE_LIBRARY)
+      return failWith<_cl_program>(err, CL_INVALID_OPERATION);
+    for (auto& u : inputs[i]->units.units) units.units.push_back(u);
+  }
+  if (units.units.size() > kMaxProgramUnits) return failWith<_cl_program>(err, CL_INVALID_VALUE);
+  if (c->lost) return failWith<_cl_program>(err, CL_OUT_OF_RESOURCES);
+  std::string linkOptions = options ? options : "";
+  cl_program p = newProgram(c);
+  p->options = linkOptions;
+  p->units = std::move(units);
+  cl_int rc = CL_SUCCESS;
+  if ((" " + linkOptions + " ").find(" -create-library ") != std::string::npos) {
+    p->binaryType = CL_PROGRAM_BINARY_TYPE_LIBRARY;  // linked when an executable is
+    p->status = CL_BUILD_SUCCESS;
+  } else {
+    Error why;
+    auto bytes = encodeUnits(p->units);
+    if (loadOnCard(p, ProgramKind::openclUnits, bytes, linkOptions, &why)) {
+      p->binaryType = CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
+    } else {
+      rc = loadFailure(why, CL_LINK_PROGRAM_FAILURE, CL_INVALID_LINKER_OPTIONS);
+      logLine("clLinkProgram: " + why.message);
+    }
+  }
+  if (notify) notify(p, data);
+  if (err) *err = rc;
+  return p;  // a failed link's program too: its log tells why
 }
+
+bool executable(cl_program p) { return p->status == CL_BUILD_SUCCESS && p->binaryType == CL_PROGRAM_BINARY_TYPE_EXECUTABLE; }
 
 std::string kernelNames(cl_program p) {
   std::string names;
@@ -859,7 +985,7 @@ std::string kernelNames(cl_program p) {
 cl_int CL_API_CALL getProgramInfo(cl_program p, cl_program_info what, size_t size, void* out, size_t* ret) {
   Lock lock(apiLock());
   if (!valid(p)) return CL_INVALID_PROGRAM;
-  std::string binary = kBinaryMagic + p->source;
+  std::string binary = binaryOf(p);
   switch (what) {
     case CL_PROGRAM_REFERENCE_COUNT: return setValue(cl_uint(p->refs), size, out, ret);
     case CL_PROGRAM_CONTEXT: return setValue(p->context, size, out, ret);
@@ -876,10 +1002,10 @@ cl_int CL_API_CALL getProgramInfo(cl_program p, cl_program_info what, size_t siz
       return CL_SUCCESS;
     }
     case CL_PROGRAM_NUM_KERNELS:
-      if (p->status != CL_BUILD_SUCCESS) return CL_INVALID_PROGRAM_EXECUTABLE;
+      if (!executable(p)) return CL_INVALID_PROGRAM_EXECUTABLE;
       return setValue(size_t(p->info.kernels.size()), size, out, ret);
     case CL_PROGRAM_KERNEL_NAMES:
-      if (p->status != CL_BUILD_SUCCESS) return CL_INVALID_PROGRAM_EXECUTABLE;
+      if (!executable(p)) return CL_INVALID_PROGRAM_EXECUTABLE;
       return setString(kernelNames(p), size, out, ret);
     default: return CL_INVALID_VALUE;
   }
@@ -895,9 +1021,8 @@ cl_int CL_API_CALL getProgramBuildInfo(cl_program p, cl_device_id d, cl_program_
     case CL_PROGRAM_BUILD_OPTIONS: return setString(p->options, size, out, ret);
     case CL_PROGRAM_BUILD_LOG: return setString(p->log, size, out, ret);
     case CL_PROGRAM_BINARY_TYPE:
-      return setValue(cl_program_binary_type(p->status == CL_BUILD_SUCCESS ? CL_PROGRAM_BINARY_TYPE_EXECUTABLE
-                                                                           : CL_PROGRAM_BINARY_TYPE_NONE),
-                      size, out, ret);
+      return setValue(p->status == CL_BUILD_SUCCESS ? p->binaryType : cl_program_binary_type(CL_PROGRAM_BINARY_TYPE_NONE), size,
+                      out, ret);
     default: return CL_INVALID_VALUE;
   }
 }
@@ -922,7 +1047,7 @@ cl_kernel CL_API_CALL createKernel(cl_program p, const char* name, cl_int* err) 
   Lock lock(apiLock());
   if (!valid(p)) return failWith<_cl_kernel>(err, CL_INVALID_PROGRAM);
   if (!name) return failWith<_cl_kernel>(err, CL_INVALID_VALUE);
-  if (p->status != CL_BUILD_SUCCESS) return failWith<_cl_kernel>(err, CL_INVALID_PROGRAM_EXECUTABLE);
+  if (!executable(p)) return failWith<_cl_kernel>(err, CL_INVALID_PROGRAM_EXECUTABLE);
   for (auto& k : p->info.kernels)
     if (k.name == name) {
       if (err) *err = CL_SUCCESS;
@@ -934,7 +1059,7 @@ cl_kernel CL_API_CALL createKernel(cl_program p, const char* name, cl_int* err) 
 cl_int CL_API_CALL createKernelsInProgram(cl_program p, cl_uint n, cl_kernel* out, cl_uint* count) {
   Lock lock(apiLock());
   if (!valid(p)) return CL_INVALID_PROGRAM;
-  if (p->status != CL_BUILD_SUCCESS) return CL_INVALID_PROGRAM_EXECUTABLE;
+  if (!executable(p)) return CL_INVALID_PROGRAM_EXECUTABLE;
   if (out && n < p->info.kernels.size()) return CL_INVALID_VALUE;
   if (out)
     for (size_t i = 0; i < p->info.kernels.size(); ++i) out[i] = makeKernel(p, p->info.kernels[i]);

@@ -37,6 +37,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/program_units.h"
 #include "vmfrontend/raccel.h"
 
 namespace raccel::opencl {
@@ -131,6 +132,11 @@ struct _cl_program : RcObject {
   std::string log;
   raccel::client::ProgramInfo info;
   cl_uint kernelsAttached = 0;
+  // Separate compilation: a compiled object or library keeps its units (compiled again
+  // and linked on the card by clLinkProgram); an executable linked from units keeps
+  // them too, for its binary.
+  cl_program_binary_type binaryType = CL_PROGRAM_BINARY_TYPE_NONE;
+  raccel::ProgramUnits units;
 };
 
 struct _cl_kernel : RcObject {
