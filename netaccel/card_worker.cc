@@ -128,7 +128,18 @@ struct CardWorker::Context {
   uint32_t blocks = 1;
   std::string tenant;
   int priority = 0;
+  // Its kernels' device times, as the card's clock measured them, by the low 32 bits of
+  // the instruction's sequence: given to the guest with its next fence (OpenCL's
+  // profiling). The newest kKeptKernelTimes only.
+  std::deque<std::pair<uint32_t, uint64_t>> kernelTimes;
 };
+
+namespace {
+constexpr size_t kKeptKernelTimes = 4096;
+// A kernel's tag: its context in the low 32 bits, its instruction's sequence's low 32
+// bits above them.
+uint64_t kernelTag(uint32_t context, uint64_t sequence) { return context | uint64_t{static_cast<uint32_t>(sequence)} << 32; }
+}  // namespace
 
 CardWorker::CardWorker(std::unique_ptr<hal::Device> device, std::function<void()> notify, double halfLifeMs)
     : CardWorker(std::move(device), std::move(notify), Options{halfLifeMs}) {}
@@ -306,7 +317,7 @@ void CardWorker::run() {
         bool instruction = slice || w.type == Work::Type::instruction;
         hal::Device* device = instruction ? &deviceOf(*c) : nullptr;
         bool timed = device && device->timesKernels();
-        if (device) device->tagKernels(id);
+        if (device) device->tagKernels(kernelTag(id, slice ? c->runningSequence : w.sequence));
         double start = instruction ? nowNs() : 0;
         if (slice) runSlice(*c, *device);
         else execute(w);  // may replace a lost sandbox
@@ -470,13 +481,16 @@ size_t CardWorker::collect(hal::Device& device) {
   size_t n = device.takeCompleted(completed_);
   size_t valid = 0;
   for (auto& k : completed_) {
-    if (k.tag > UINT32_MAX) continue;
     auto it = contexts_->find(static_cast<uint32_t>(k.tag));
     if (it == contexts_->end()) continue;
     // A sandbox's report is its own word: it counts only for its own tenant's contexts
     // (never to make another look heavy), and a kernel's time is taken up to an hour.
     if (sandboxes_ && (*tenants_)[it->second.tenant].sandbox.get() != &device) continue;
-    charge(it->second, std::min<double>(static_cast<double>(k.ns), 3.6e12));
+    const uint64_t ns = std::min<uint64_t>(k.ns, 3'600'000'000'000ull);
+    charge(it->second, static_cast<double>(ns));
+    auto& times = it->second.kernelTimes;
+    times.emplace_back(static_cast<uint32_t>(k.tag >> 32), ns);
+    if (times.size() > kKeptKernelTimes) times.pop_front();
     ++valid;
   }
   // No more than it was given and has not completed, and at most queueDepth: a sandbox
@@ -988,6 +1002,19 @@ void CardWorker::execute(Work& work) {
         }
         case wire::Instruction::FENCE: {
           if (auto s = device.finish(); !s) return failure(s.error());
+          collect(device);
+          if (auto it = contexts_->find(work.context); it != contexts_->end() && !it->second.kernelTimes.empty()) {
+            // The kernels' own times first, then the fence (OpenCL's profiling reads them).
+            auto& times = it->second.kernelTimes;
+            capnp::MallocMessageBuilder t;
+            auto list = t.initRoot<wire::Reply>().initKernelTimes(static_cast<unsigned>(times.size()));
+            for (unsigned i = 0; i < times.size(); ++i) {
+              list[i].setSequence(times[i].first);
+              list[i].setNs(times[i].second);
+            }
+            times.clear();
+            emit(work.context, seq, transport::encodeBody(t));
+          }
           capnp::MallocMessageBuilder m;
           m.initRoot<wire::Reply>().setFenced();
           emit(work.context, seq, transport::encodeBody(m));

@@ -332,7 +332,15 @@ struct Reply {
     fenced @2 :Void;
     error @3 :ErrorReply;
     program @4 :ProgramInfo;
+    # Before a fence's answer: the device time of each kernel the card completed since
+    # the last, by its own clock (OpenCL's CL_PROFILING_COMMAND_START to END).
+    kernelTimes @5 :List(KernelTime);
   }
+}
+
+struct KernelTime {
+  sequence @0 :UInt32;  # the low 32 bits of the instruction's sequence
+  ns @1 :UInt64;
 }
 
 # Answers describeProgram: what the card's compiler says of a program.

@@ -234,17 +234,12 @@ class OpenclStandard : public OpenclIcd {
   }
 };
 
-// Not yet carried: the card's own kernel timestamps (issue 33).
-constexpr const char* kNotYet[] = {"card_timestamps"};
-
 TEST_F(OpenclStandard, TheStandardsPointsHoldThroughTheIcdAsOnLocalPocl) {
-  std::string skip;
-  for (const char* name : kNotYet) skip += std::string(" --skip ") + name;
   int status = -1;
   std::string pocl = runCommand("POCL_CACHE_DIR=" + cluster_->dir() + "/pocl RACCEL_TEST_PLATFORM='Portable Computing Language' " +
-                                    RACCEL_OCL_CONFORMANCE + " --big-mib 1024" + skip + " 2>&1",
+                                    RACCEL_OCL_CONFORMANCE + " --big-mib 1024 2>&1",
                                 &status);
-  std::string out = run(std::string(RACCEL_OCL_CONFORMANCE) + " --big-mib 1024" + skip, &status, "RACCEL_TFLOPS=4");
+  std::string out = run(std::string(RACCEL_OCL_CONFORMANCE) + " --big-mib 1024", &status, "RACCEL_TFLOPS=4");
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find(" passed, 0 failed"), std::string::npos) << out;
   std::istringstream lines(pocl);

@@ -217,11 +217,24 @@ Status Session::await(uint64_t seq, const std::function<bool(uint64_t, const voi
       }
       if (reply.which() == wire::Reply::FENCED && at > completedThrough_ && at < (uint64_t{1} << 62))
         completedThrough_ = at;
+      if (reply.which() == wire::Reply::KERNEL_TIMES) {
+        if (kernelNs_.size() > 65536) kernelNs_.clear();  // never asked for: not kept without end
+        for (auto t : reply.getKernelTimes()) kernelNs_[t.getSequence()] += t.getNs();  // a split op: its parts
+        return;
+      }
       if (at == seq && handle(at, &reply)) done = Status{};
     });
     if (!decoded) return fail(decoded.error());
     if (done) return *done;
   }
+}
+
+std::optional<uint64_t> Session::takeKernelNs(uint64_t sequence) {
+  auto it = kernelNs_.find(static_cast<uint32_t>(sequence));
+  if (it == kernelNs_.end()) return std::nullopt;
+  uint64_t ns = it->second;
+  kernelNs_.erase(it);
+  return ns;
 }
 
 Status Session::read(Handle buffer, uint64_t offset, std::span<std::byte> out) {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <span>
 #include <string>
 #include <vector>
@@ -203,6 +204,10 @@ class Session {
   Status sync() { return fence(); }
   // Every instruction up to this sequence number has completed (the last fence answered).
   uint64_t completedThrough() const { return completedThrough_; }
+  // The device time of the kernels of the instruction `sequence`, by the card's own clock,
+  // once a fence after it has answered (taken: asked once). None where the card does not
+  // time its kernels.
+  std::optional<uint64_t> takeKernelNs(uint64_t sequence);
   // Called with every error reply as it arrives (sequence, error), besides fence()'s
   // first-error report: an API that tracks commands (OpenCL events) fails the right one.
   void onError(std::function<void(uint64_t, const Error&)> listener) { errorListener_ = std::move(listener); }
@@ -237,6 +242,7 @@ class Session {
   Handle nextHandle_ = 1;
   Handle forcedHandle_ = 0;
   std::optional<Error> firstError_;
+  std::unordered_map<uint32_t, uint64_t> kernelNs_;  // by sequence's low 32 bits; bounded
 };
 
 }  // namespace raccel::client

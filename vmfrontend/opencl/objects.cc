@@ -231,7 +231,7 @@ void complete(cl_event e, cl_int status) {
   cl_ulong t = nowNs();
   if (!e->submitted) e->submitted = t;
   if (!e->started) e->started = t;
-  e->ended = t;
+  if (!e->ended) e->ended = t;
   e->status = status;
   retain(e);  // callbacks may release it
   fire(e, 2, status < 0 ? status : CL_SUBMITTED);
@@ -255,12 +255,25 @@ cl_int takeUnreported(cl_context ctx) {
   return std::exchange(ctx->unreported, CL_SUCCESS);
 }
 
+// A kernel command's START and END: its device time by the card's own clock, ending
+// when its completion was seen here (or right after its submission, if that was
+// later): END - START is what the card measured, not the transport's round trips.
+static void stampKernelTime(cl_context ctx, cl_event e) {
+  if (!ctx->session || (e->type != CL_COMMAND_NDRANGE_KERNEL && e->type != CL_COMMAND_TASK)) return;
+  auto ns = ctx->session->takeKernelNs(e->lastSeq);
+  if (!ns) return;
+  cl_ulong now = nowNs();
+  e->started = std::max<cl_ulong>(e->submitted, now > *ns ? now - *ns : 0);
+  e->ended = e->started + *ns;
+}
+
 // Completes every tracked event the last fence covers.
 void settle(cl_context ctx) {
   uint64_t done = ctx->session ? ctx->session->completedThrough() : UINT64_MAX;
   while (!ctx->inFlight.empty() && ctx->inFlight.begin()->first <= done) {
     cl_event e = ctx->inFlight.begin()->second;
     ctx->inFlight.erase(ctx->inFlight.begin());
+    stampKernelTime(ctx, e);
     complete(e, CL_COMPLETE);
     release(e);
   }
