@@ -26,6 +26,16 @@ class OpenclCard : public ::testing::Test {
     cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
     socket_ = cluster_->startGuestd();
   }
+  // A libraccel session of program `name` on the guestd, with `timeoutMs` for replies.
+  std::unique_ptr<client::Session> open(const std::string& name, int timeoutMs = 120000) {
+    client::Options o;
+    o.socket = socket_;
+    o.program = name;
+    o.timeoutMs = timeoutMs;
+    auto opened = client::Session::open(o);
+    EXPECT_TRUE(opened) << opened.error().message;
+    return opened ? std::move(*opened) : nullptr;
+  }
   std::unique_ptr<Cluster> cluster_;
   std::string socket_;
 };
@@ -54,6 +64,17 @@ TEST_F(OpenclIcd, ClinfoListsTheRaccelPlatformAndItsDevice) {
   EXPECT_NE(out.find(" x2)"), std::string::npos) << out;  // RACCEL_TFLOPS=2: two blocks of the PoCL card
   EXPECT_NE(out.find("Compiler Available                              Yes"), std::string::npos) << out;
   EXPECT_NE(out.find("Global memory size                              1073741824"), std::string::npos) << out;
+  // What the PoCL card has and raccel carries: fp64 and the linker; no images, as the
+  // device says (the card's own clinfo lists images, which raccel does not carry).
+  EXPECT_NE(out.find("Double-precision Floating-point support         (cl_khr_fp64)"), std::string::npos) << out;
+  EXPECT_NE(out.find("Linker Available                                Yes"), std::string::npos) << out;
+  EXPECT_NE(out.find("Image support                                   No"), std::string::npos) << out;
+  auto extensions = out.find("Device Extensions");
+  ASSERT_NE(extensions, std::string::npos) << out;
+  std::string line = out.substr(extensions, out.find('\n', extensions) - extensions);
+  for (const char* e : {"cl_khr_fp64", "cl_khr_int64_base_atomics", "cl_khr_global_int32_base_atomics", "cl_khr_byte_addressable_store"})
+    EXPECT_NE(line.find(e), std::string::npos) << e << " missing: " << line;
+  EXPECT_EQ(line.find("image"), std::string::npos) << line;
 }
 
 TEST_F(OpenclIcd, APlainCProgramRunsAKernelAndChecksIt) {
@@ -108,12 +129,9 @@ TEST_F(OpenclIcd, DebiansPyOpenclRunsArraysKernelsReductionsScansAndEvents) {
 // build options, descriptions of handles that are not programs. Each is refused with a
 // clear error where it enters the card, and the session and daemons carry on.
 TEST_F(OpenclCard, BadLaunchesAndDescriptionsFromAGuestAreRefusedAndTheSessionCarriesOn) {
-  client::Options o;
-  o.socket = socket_;
-  o.program = "hostile";
-  auto opened = client::Session::open(o);
-  ASSERT_TRUE(opened) << opened.error().message;
-  client::Session& s = **opened;
+  auto opened = open("hostile");
+  ASSERT_TRUE(opened);
+  client::Session& s = *opened;
   const std::string src = "__kernel void k(__global int* x, __local int* t, int v) { x[get_global_id(0)] = v; }";
   auto program = s.loadProgram(ProgramKind::openclC, "k", std::as_bytes(std::span(src)));
   auto buffer = s.alloc(256);
@@ -169,12 +187,9 @@ TEST_F(OpenclCard, BadLaunchesAndDescriptionsFromAGuestAreRefusedAndTheSessionCa
 // 2 x 1 x 1, which the ICD would have refused first) fails with the driver's OpenCL code,
 // carried from the sandbox through the netaccel and the scheduler; the session carries on.
 TEST_F(OpenclCard, ALaunchTheCardRefusesFailsWithTheCardsOwnOpenclError) {
-  client::Options o;
-  o.socket = socket_;
-  o.program = "refused";
-  auto opened = client::Session::open(o);
-  ASSERT_TRUE(opened) << opened.error().message;
-  client::Session& s = **opened;
+  auto opened = open("refused");
+  ASSERT_TRUE(opened);
+  client::Session& s = *opened;
   const std::string src =
       "__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void k(__global int* x) { x[get_global_id(0)] = 3; }";
   auto program = s.loadProgram(ProgramKind::openclC, "k", std::as_bytes(std::span(src)));
@@ -195,13 +210,9 @@ TEST_F(OpenclCard, ALaunchTheCardRefusesFailsWithTheCardsOwnOpenclError) {
 // A program that gives up waiting for a reply (its own timeout) closes its link: its
 // vaccel ends, and its blocks, buffers and sandbox go back at once.
 TEST_F(OpenclCard, AProgramThatGivesUpOnAReplyReleasesItsVaccel) {
-  client::Options o;
-  o.socket = socket_;
-  o.program = "impatient";
-  o.timeoutMs = 1;
-  auto opened = client::Session::open(o);
-  ASSERT_TRUE(opened) << opened.error().message;
-  client::Session& s = **opened;
+  auto opened = open("impatient", 1);
+  ASSERT_TRUE(opened);
+  client::Session& s = *opened;
   cluster_->waitConsole("vaccels", [](auto& j) { return j.find("\"program\":\"impatient\"") != std::string::npos; });
   // A gemm of 1024^3 takes the PoCL card far longer than 1 ms.
   const uint32_t n = 1024;
