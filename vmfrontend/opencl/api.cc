@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <bit>
+#include <fstream>
+#include <sstream>
 #include <set>
 #include <tuple>
 
@@ -855,6 +857,73 @@ cl_int loadFailure(const Error& why, cl_int failure, cl_int badOptions) {
   return CL_OUT_OF_RESOURCES;
 }
 
+// The card cannot see the guest's files: a program's `#include`s that the guest's -I
+// folders hold are read here and sent as named headers (followed into the headers they
+// include), and the -I options stay here. At most 256 headers of 4 MiB in all.
+struct GuestIncludes {
+  std::string options;  // without -I
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+GuestIncludes guestIncludes(const std::string& source, const std::string& options) {
+  GuestIncludes out;
+  std::vector<std::string> folders;
+  std::istringstream words(options);
+  for (std::string w; words >> w;) {
+    if (w == "-I") {
+      if (words >> w) folders.push_back(w);
+    } else if (w.rfind("-I", 0) == 0) {
+      folders.push_back(w.substr(2));
+    } else {
+      out.options += (out.options.empty() ? "" : " ") + w;
+    }
+  }
+  if (folders.empty()) return {options, {}};
+  std::set<std::string> seen;
+  size_t bytes = 0;
+  // Texts to scan, each with the folder (relative to an -I folder) its quoted includes
+  // are looked for first, as the preprocessor does.
+  std::vector<std::pair<std::string, std::string>> pending{{source, ""}};
+  while (!pending.empty()) {
+    auto [text, base] = std::move(pending.back());
+    pending.pop_back();
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      auto hash = line.find_first_not_of(" \t");
+      if (hash == std::string::npos || line[hash] != '#') continue;
+      auto word = line.find("include", hash + 1);
+      if (word == std::string::npos || line.find_first_not_of(" \t", hash + 1) != word) continue;
+      auto open = line.find_first_of("\"<", word + 7);
+      if (open == std::string::npos) continue;
+      auto close = line.find(line[open] == '"' ? '"' : '>', open + 1);
+      if (close == std::string::npos || close == open + 1) continue;
+      std::string include = line.substr(open + 1, close - open - 1);
+      std::vector<std::string> names;
+      if (line[open] == '"' && !base.empty()) names.push_back(base + "/" + include);
+      names.push_back(include);
+      for (auto& name : names) {
+        if (seen.count(name)) break;
+        bool found = false;
+        for (auto& folder : folders) {
+          std::ifstream file(folder + "/" + name, std::ios::binary);
+          if (!file) continue;
+          std::string body((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+          if (bytes + body.size() > (4u << 20) || out.headers.size() >= 256) break;
+          bytes += body.size();
+          seen.insert(name);
+          auto slash = name.rfind('/');
+          pending.emplace_back(body, slash == std::string::npos ? "" : name.substr(0, slash));
+          out.headers.emplace_back(name, std::move(body));
+          found = true;
+          break;
+        }
+        if (found) break;
+      }
+    }
+  }
+  return out;
+}
+
 bool validHeaders(cl_uint n, const cl_program* headers, const char** names) {
   if ((n == 0) != (headers == nullptr) || (n == 0) != (names == nullptr)) return false;
   for (cl_uint i = 0; i < n; ++i)
@@ -883,7 +952,14 @@ cl_int CL_API_CALL buildProgram(cl_program p, cl_uint n, const cl_device_id* dev
     // The card's compiler may define __IMAGE_SUPPORT__; this device offers no images, so
     // the macro goes (#line keeps the build log's line numbers the program's own).
     const std::string source = "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source;
-    built = loadOnCard(p, ProgramKind::openclC, std::as_bytes(std::span(source)), p->options, &why);
+    GuestIncludes includes = guestIncludes(p->source, p->options);
+    if (includes.headers.empty()) {
+      built = loadOnCard(p, ProgramKind::openclC, std::as_bytes(std::span(source)), includes.options, &why);
+    } else {  // one unit, compiled with the guest's headers and linked on the card
+      ProgramUnits units{.compileOnly = false, .units = {{source, includes.options, std::move(includes.headers)}}};
+      auto bytes = encodeUnits(units);
+      built = loadOnCard(p, ProgramKind::openclUnits, bytes, "", &why);
+    }
   }
   cl_int rc = CL_SUCCESS;
   if (built) {
@@ -908,10 +984,14 @@ cl_int CL_API_CALL compileProgram(cl_program p, cl_uint n, const cl_device_id* d
   if (c->lost) return CL_OUT_OF_RESOURCES;
   ProgramUnit unit;
   unit.source = "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source;
-  unit.options = options ? options : "";
+  GuestIncludes includes = guestIncludes(p->source, options ? options : "");
+  unit.options = includes.options;
   for (cl_uint i = 0; i < nHeaders; ++i) unit.headers.emplace_back(names[i], headers[i]->source);
+  for (auto& h : includes.headers)  // the headers the program names come first
+    if (std::none_of(unit.headers.begin(), unit.headers.end(), [&](auto& given) { return given.first == h.first; }))
+      unit.headers.push_back(std::move(h));
   ProgramUnits units{.compileOnly = true, .units = {unit}};
-  p->options = unit.options;
+  p->options = options ? options : "";
   Error why;
   // Compiled on the card for its errors and log; the object itself is compiled again
   // when linked (the card keeps nothing meanwhile).
