@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes raccel's trust boundaries with libFuzzer (tests/fuzz/): the frame reader, a
 # real scheduler + netaccel fed raw bytes on a VM socket, the node port and the console,
-# and the hal's checks of a guest's tensor ops and launches (run on a CPU device).
+# and the hal's checks of a guest's tensor ops and launches (run on a CPU device), and
+# the byte form of OpenCL compilation units.
 # Builds build-fuzz/ (AddressSanitizer + UndefinedBehaviorSanitizer, coverage for
 # libFuzzer), then runs each target for a bounded time, starting from the seed corpus
 # in tests/fuzz/corpus (new inputs go to build-fuzz/corpus/, the repository is not
@@ -11,7 +12,7 @@
 #   scripts/fuzz.sh [--seconds N] [--runs N] [TARGET...]
 #     --seconds N   time per target (default 300)
 #     --runs N      stop a target after N executions (default: time only)
-#     TARGET        frames, guest, node, console, tensor, launch (default: all six)
+#     TARGET        frames, guest, node, console, tensor, launch, units (default: all seven)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=300 runs=-1 targets=()
@@ -20,11 +21,11 @@ while (($#)); do
     --seconds) seconds=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    frames|guest|node|console|tensor|launch) targets+=("$1"); shift ;;
+    frames|guest|node|console|tensor|launch|units) targets+=("$1"); shift ;;
     *) echo "fuzz.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-((${#targets[@]})) || targets=(frames guest node console tensor launch)
+((${#targets[@]})) || targets=(frames guest node console tensor launch units)
 
 bash scripts/setup.sh >/dev/null  # packages (libclang-rt-14-dev holds libFuzzer) and the normal build
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRACCEL_SANITIZE=ON -DRACCEL_FUZZ_COVERAGE=ON >/dev/null

@@ -1,7 +1,5 @@
 #include "hal/opencl/opencl_device.h"
 
-#include "common/program_units.h"
-
 #define CL_TARGET_OPENCL_VERSION 300
 #include <CL/cl.h>
 
@@ -11,6 +9,7 @@
 #include <deque>
 #include <map>
 
+#include "common/program_units.h"
 #include "hal/tensor_kernels_source.h"
 
 namespace raccel::hal {

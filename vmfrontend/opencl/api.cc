@@ -849,8 +849,11 @@ bool loadOnCard(cl_program p, ProgramKind kind, std::span<const std::byte> code,
 // A failed load's standard code: `failure` for the compiler's (or linker's) refusal of
 // the program, `badOptions` for its refusal of the options.
 cl_int loadFailure(const Error& why, cl_int failure, cl_int badOptions) {
-  if (why.code == Code::invalidArgument && why.message.find(" options") != std::string::npos &&
-      why.message.find("refused the") != std::string::npos)
+  // The card's driver says so with its own code; raccel's bound on the options' length
+  // ("build options of N bytes") is the same refusal.
+  if (why.openclError == CL_INVALID_BUILD_OPTIONS || why.openclError == CL_INVALID_COMPILER_OPTIONS ||
+      why.openclError == CL_INVALID_LINKER_OPTIONS ||
+      (why.code == Code::invalidArgument && why.message.find(" options of ") != std::string::npos))
     return badOptions;
   if (why.code == Code::invalidArgument) return failure;
   if (why.code == Code::unimplemented) return failure == CL_LINK_PROGRAM_FAILURE ? CL_LINKER_NOT_AVAILABLE : CL_COMPILER_NOT_AVAILABLE;
