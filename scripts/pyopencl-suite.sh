@@ -8,10 +8,14 @@
 # (2022.3.1: `git archive v2022.3.1 test` of github.com/inducer/pyopencl). Needs Debian's
 # python3-pyopencl and python3-pytest, and a running pool: RACCEL_SOCKET names the
 # raccel-guestd socket (default /run/raccel/guestd.sock), OCL_ICD_VENDORS a folder with
-# raccel.icd (default build/icd), RACCEL_TFLOPS the size of each test's vaccel.
+# raccel.icd (default build/icd), RACCEL_TFLOPS the size of each test's vaccel. Every
+# test's context is a vaccel: give the pool blocks for dozens at once (a card of 64
+# TFLOPS, RACCEL_TFLOPS=1), and its netaccel `sandbox_call_timeout_ms = 120000`:
+# test_array's 2 GiB float64 kernels take 25-31 s on a 2-core machine, past the default
+# 30 s after which a tenant's sandbox whose kernels make no progress is stopped.
 set -euo pipefail
 if [ $# -lt 1 ] || [ "$1" = "--help" ]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   exit $([ $# -lt 1 ] && echo 2 || echo 0)
 fi
 cd "$(dirname "$0")/.."
