@@ -350,6 +350,9 @@ void Guestd::onPortFrame(const FrameHeader& h, Body body) {
 }
 
 void Guestd::reapHungUp() {
+  // Only while the port is up: the scheduler is then told (a program that leaves while
+  // the port is down is noticed when reading resumes, and its session told then).
+  if (!port_) return;
   std::vector<ConnectionPtr> gone;
   for (auto& [ch, c] : clients_)
     if (c->connection->readingPaused() && c->connection->peerHungUp()) gone.push_back(c->connection);
