@@ -927,6 +927,11 @@ GuestIncludes guestIncludes(const std::string& source, const std::string& option
   return out;
 }
 
+// The program's source as the card compiles it. The card's compiler may define
+// __IMAGE_SUPPORT__; this device offers no images, so the macro goes (#line keeps the
+// build log's line numbers the program's own).
+std::string cardSource(cl_program p) { return "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source; }
+
 bool validHeaders(cl_uint n, const cl_program* headers, const char** names) {
   if ((n == 0) != (headers == nullptr) || (n == 0) != (names == nullptr)) return false;
   for (cl_uint i = 0; i < n; ++i)
@@ -952,9 +957,7 @@ cl_int CL_API_CALL buildProgram(cl_program p, cl_uint n, const cl_device_id* dev
     auto bytes = encodeUnits(p->units);
     built = loadOnCard(p, ProgramKind::openclUnits, bytes, p->options, &why);
   } else {
-    // The card's compiler may define __IMAGE_SUPPORT__; this device offers no images, so
-    // the macro goes (#line keeps the build log's line numbers the program's own).
-    const std::string source = "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source;
+    const std::string source = cardSource(p);
     GuestIncludes includes = guestIncludes(p->source, p->options);
     if (includes.headers.empty()) {
       built = loadOnCard(p, ProgramKind::openclC, std::as_bytes(std::span(source)), includes.options, &why);
@@ -986,7 +989,7 @@ cl_int CL_API_CALL compileProgram(cl_program p, cl_uint n, const cl_device_id* d
   cl_context c = p->context;
   if (c->lost) return CL_OUT_OF_RESOURCES;
   ProgramUnit unit;
-  unit.source = "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source;
+  unit.source = cardSource(p);
   GuestIncludes includes = guestIncludes(p->source, options ? options : "");
   unit.options = includes.options;
   for (cl_uint i = 0; i < nHeaders; ++i) unit.headers.emplace_back(names[i], headers[i]->source);

@@ -161,27 +161,24 @@ const OpenclFeatures& openclFeatures() {
       std::string padded = " " + c.openclExtensions + " ";
       return padded.find(" " + name + " ") != std::string::npos;
     };
-    f.doubleFp = cards.empty() ? 0 : ~cl_device_fp_config(0);
     for (const char* name : carried) {
-      const client::CardInfo* lacking = nullptr;
-      for (auto* c : cards)
-        if (!lists(*c, name)) lacking = c;
+      // fp64 also needs a double-precision config from the card.
       bool fp64 = std::string(name) == "cl_khr_fp64";
-      if (fp64)
-        for (auto* c : cards)
-          if (!c->doubleFpConfig) lacking = c;
-      if (cards.empty() || lacking) {
-        if (fp64 && lacking)
-          logLine("no cl_khr_fp64 (double precision): card " + lacking->node + "/" + std::to_string(lacking->index) +
-                      " (" + lacking->model + ") of this vaccel has none", true);
+      auto lacking = std::find_if(cards.begin(), cards.end(),
+                                  [&](const client::CardInfo* c) { return !lists(*c, name) || (fp64 && !c->doubleFpConfig); });
+      if (cards.empty() || lacking != cards.end()) {
+        if (fp64 && lacking != cards.end())
+          logLine("no cl_khr_fp64 (double precision): card " + (*lacking)->node + "/" + std::to_string((*lacking)->index) +
+                      " (" + (*lacking)->model + ") of this vaccel has none", true);
         continue;
       }
       if (!f.extensions.empty()) f.extensions += ' ';
       f.extensions += name;
-      if (fp64)
+      if (fp64) {  // what every card does
+        f.doubleFp = ~cl_device_fp_config(0);
         for (auto* c : cards) f.doubleFp &= c->doubleFpConfig;
+      }
     }
-    if (f.extensions.find("cl_khr_fp64") == std::string::npos) f.doubleFp = 0;
     return f;
   }();
   return features;
