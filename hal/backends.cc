@@ -118,6 +118,7 @@ void applyOverrides(Capabilities& caps, const DeviceOverrides& o) {
   if (o.model) caps.model = *o.model;
   if (o.tflops) caps.tflops = *o.tflops;
   if (o.memoryBytes) caps.memoryBytes = std::min(caps.memoryBytes, *o.memoryBytes);
+  if (o.noImages) caps.images = {};
 }
 
 }  // namespace raccel::hal

@@ -19,6 +19,7 @@ struct DeviceOverrides {
   std::optional<std::string> model;
   std::optional<double> tflops;       // skips the calibration run
   std::optional<uint64_t> memoryBytes;  // at most what the device has
+  bool noImages = false;              // offer no images even where the device has them
 };
 
 // A device a backend can see, before it is opened.

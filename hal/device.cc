@@ -126,6 +126,23 @@ Status checkLaunch(const Capabilities& caps, const std::string& kernel, const La
         if (arg.scalar.u32 == 0) return bad(which + ": a local array of 0 bytes");
         localBytes = limits::satAdd(localBytes, arg.scalar.u32);
         break;
+      case KernelArg::Type::image: {
+        if (arg.buffer == nullptr) return bad(which + " is an image of a null buffer");
+        if (auto s = checkImage(arg.image, caps.images); !s)
+          return fail(s.error().code, "launch of " + limits::clip(kernel, 64) + ": " + which + ": " + s.error().message);
+        const uint64_t bytes = imageBytes(arg.image);
+        if (arg.offset > arg.buffer->size() || bytes > arg.buffer->size() - arg.offset)
+          return bad(which + ": an image of " + std::to_string(bytes) + " bytes from offset " + std::to_string(arg.offset) +
+                     " does not fit its " + std::to_string(arg.buffer->size()) + "-byte buffer");
+        break;
+      }
+      case KernelArg::Type::sampler:
+        if (!caps.images.supported())
+          return fail(Code::unimplemented, "launch of " + limits::clip(kernel, 64) + ": " + which +
+                                               " is a sampler, and this card has no image support");
+        if (auto s = decodeSampler(arg.scalar.u32); !s) return bad(which + ": " + s.error().message);
+        valueBytes = limits::satAdd(valueBytes, 8);
+        break;
       default:
         valueBytes = limits::satAdd(valueBytes, 8);
         break;
@@ -159,8 +176,8 @@ Status Device::launch(Program& program, const std::string& kernel, const LaunchD
   if (auto s = checkLaunch(caps_, kernel, dims, args); !s) return s;
   if (program.kind() == ProgramKind::builtin) {
     for (auto& arg : args)
-      if (arg.type == KernelArg::Type::local || arg.type == KernelArg::Type::bytes ||
-          (arg.type == KernelArg::Type::buffer && arg.offset != 0))
+      if (arg.type == KernelArg::Type::local || arg.type == KernelArg::Type::bytes || arg.type == KernelArg::Type::image ||
+          arg.type == KernelArg::Type::sampler || (arg.type == KernelArg::Type::buffer && arg.offset != 0))
         return fail(Code::invalidArgument, "built-in kernel " + kernel + " takes whole buffers and scalars only");
     return launchBuiltin(kernel, args);
   }

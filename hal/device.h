@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/images.h"
 #include "common/kinds.h"
 #include "hal/tensor.h"
 
@@ -53,6 +54,8 @@ struct Capabilities {
   // double precision), for the guest's OpenCL.
   std::string openclExtensions;
   uint64_t doubleFpConfig = 0;
+  // What the card offers for images (common/images.h); none by default.
+  ImageLimits images;
 };
 
 // What a card's compiler says of a loaded program: its build log and, per kernel, the
@@ -125,12 +128,15 @@ class Program {
 };
 
 // A kernel argument: a buffer (borrowed, from `offset` on), a scalar, a local
-// (shared) array of scalar.u32 bytes, or bytes passed by value (borrowed: a struct).
+// (shared) array of scalar.u32 bytes, bytes passed by value (borrowed: a struct), an
+// image (the buffer's pixels from `offset` on, read as `image` says), or a sampler
+// (scalar.u32, common/images.h's sampler word).
 struct KernelArg {
-  enum class Type { buffer, u32, i32, u64, i64, f32, f64, local, bytes } type = Type::u64;
+  enum class Type { buffer, u32, i32, u64, i64, f32, f64, local, bytes, image, sampler } type = Type::u64;
   Buffer* buffer = nullptr;
   uint64_t offset = 0;
   std::span<const std::byte> bytes;
+  ImageDesc image;
   union {
     uint32_t u32;
     int32_t i32;
@@ -284,7 +290,8 @@ Status checkFloats(const Buffer& buffer, uint64_t n, const char* op, const char*
 Status checkGemm(const GemmArgs& g);
 
 // Every field of a launch against the card's limits, before any reaches a driver: buffer
-// arguments inside their buffers, by-value bytes (each and in all) and local memory (the
+// arguments inside their buffers, images the card can make and inside theirs, samplers
+// that decode, by-value bytes (each and in all) and local memory (the
 // local arrays and sharedBytes together) within what the card reports, work-group sizes
 // nonzero and within the card's largest, offsets that do not overflow. invalidArgument
 // naming the field otherwise. Device::launch calls it; a fuzz target drives it alone.

@@ -876,6 +876,16 @@ void CardWorker::execute(Work& work) {
                 k.offset = a.getSubBuffer().getOffset();
                 break;
               }
+              case wire::Arg::IMAGE: {
+                auto b = bufferOf(a.getImage().getBuffer());
+                if (!b) return std::unexpected(b.error());
+                k.type = hal::KernelArg::Type::image;
+                k.buffer = *b;
+                k.offset = a.getImage().getOffset();
+                k.image = transport::imageDescFrom(a.getImage());
+                break;
+              }
+              case wire::Arg::SAMPLER: k.type = hal::KernelArg::Type::sampler; k.scalar.u32 = a.getSampler(); break;
               case wire::Arg::LOCAL: k.type = hal::KernelArg::Type::local; k.scalar.u32 = a.getLocal(); break;
               case wire::Arg::BYTES: {
                 auto bytes = a.getBytes();

@@ -29,7 +29,7 @@ std::vector<std::string> commaItems(const std::string& text) {
 }
 
 Result<CardConfig> cardFrom(const ConfigSection& s) {
-  auto unknown = s.unknownKeys({"backend", "device", "kind", "model", "tflops", "memory", "threads", "paced", "async"});
+  auto unknown = s.unknownKeys({"backend", "device", "kind", "model", "tflops", "memory", "threads", "paced", "async", "images"});
   if (!unknown.empty()) return fail(Code::invalidArgument, "unknown card setting '" + unknown[0] + "'");
   CardConfig c;
   c.backend = s.getString("backend", "cpu");
@@ -78,6 +78,9 @@ Result<CardConfig> cardFrom(const ConfigSection& s) {
   if (!async) return fail(async.error());
   c.async = *async;
   if (c.async && !cpu) return fail(Code::invalidArgument, "async= applies to simulated (cpu backend) cards only");
+  auto images = s.getBool("images", true);
+  if (!images) return fail(images.error());
+  c.noImages = !*images;
   return c;
 }
 }  // namespace

@@ -36,6 +36,7 @@
 //   kind = fpga                  # e.g. an FPGA that presents itself to OpenCL
 //   tflops = 12                  # instead of the device's properties or calibration
 //   memory = 8GiB                # at most what the device has
+//   images = false               # offer no images and samplers (default: what it has)
 //
 //   [card]                       # a cpu card, or a simulated card of a kind this host lacks
 //   backend = cpu
@@ -72,6 +73,7 @@ struct CardConfig {
   unsigned threads = 0;
   bool paced = false;
   bool async = false;
+  bool noImages = false;  // images = false: offer no images (an OpenCL card)
 };
 
 // Sandbox processes for the cards that run guest code (netaccel/sandbox.h).

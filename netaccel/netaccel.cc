@@ -22,7 +22,7 @@ constexpr unsigned kMaxBackoffMs = 5000;
 Result<std::vector<std::unique_ptr<hal::Device>>> openCards(const NetaccelConfig& config, std::vector<std::string>* notes) {
   std::vector<std::unique_ptr<hal::Device>> out;
   auto overridesOf = [](const CardConfig& c) {
-    return hal::DeviceOverrides{c.kind, c.model, c.tflops, c.memoryBytes};
+    return hal::DeviceOverrides{c.kind, c.model, c.tflops, c.memoryBytes, c.noImages};
   };
   for (size_t i = 0; i < config.cards.size(); ++i) {
     const CardConfig& c = config.cards[i];
@@ -257,6 +257,7 @@ void Netaccel::sendRegister() {
     c.setLocalMemBytes(caps.localMemBytes);
     c.setOpenclExtensions(caps.openclExtensions);
     c.setDoubleFpConfig(caps.doubleFpConfig);
+    transport::setImageLimits(c.initImages(), caps.images);
     auto kinds = c.initProgramKinds(caps.programKinds.size());
     for (size_t k = 0; k < caps.programKinds.size(); ++k) kinds.set(k, transport::toWire(caps.programKinds[k]));
   }

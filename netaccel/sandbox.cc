@@ -342,7 +342,7 @@ class SandboxDevice final : public hal::Device {
     // [u32 name bytes][name][u32 grid[3]][u32 block[3]][u32 shared][u64 offset[3]]
     // [u32 flags: autoBlock in bit 0, workDim in bits 8-15][u32 count]
     // then per argument {u32 type, u32 bytes, u64 value, u64 buffer offset} and, for a
-    // by-value argument, its bytes.
+    // by-value argument, its bytes (for an image, its ImageDesc).
     std::vector<std::byte> p;
     auto put = [&](const void* v, size_t n) {
       auto* b = static_cast<const std::byte*>(v);
@@ -360,14 +360,16 @@ class SandboxDevice final : public hal::Device {
     uint32_t count = static_cast<uint32_t>(args.size());
     put(&count, 4);
     for (auto& a : args) {
-      uint32_t type[2] = {static_cast<uint32_t>(a.type), static_cast<uint32_t>(a.bytes.size())};
+      const bool image = a.type == hal::KernelArg::Type::image;
+      uint32_t type[2] = {static_cast<uint32_t>(a.type), static_cast<uint32_t>(image ? sizeof a.image : a.bytes.size())};
       put(type, 8);
       uint64_t value = 0;
-      if (a.type == hal::KernelArg::Type::buffer) value = idOf(*a.buffer);
+      if (a.type == hal::KernelArg::Type::buffer || image) value = idOf(*a.buffer);
       else std::memcpy(&value, &a.scalar, sizeof value);
       put(&value, 8);
       put(&a.offset, 8);
       if (a.type == hal::KernelArg::Type::bytes) put(a.bytes.data(), a.bytes.size());
+      if (image) put(&a.image, sizeof a.image);
     }
     if (p.size() > kWindowBytes) return fail(Code::invalidArgument, "launch of " + kernel + ": too many arguments");
     std::memcpy(process_->window(), p.data(), p.size());
@@ -636,6 +638,7 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
                                    "--workdir=" + dir,
                                    "--fd=3",
                                    "--window-fd=4"};
+  if (!caps_.images.supported()) args.push_back("--no-images");
   for (auto& r : settings_.readable) args.push_back("--read=" + r);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -797,7 +800,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
             uint64_t value;
             hal::KernelArg a;
             ok = take(type, 8) && take(&value, 8) && take(&a.offset, 8) &&
-                 type[0] <= static_cast<uint32_t>(hal::KernelArg::Type::bytes);
+                 type[0] <= static_cast<uint32_t>(hal::KernelArg::Type::sampler);
             if (!ok) break;
             a.type = static_cast<hal::KernelArg::Type>(type[0]);
             if (a.type == hal::KernelArg::Type::bytes) {
@@ -806,7 +809,11 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
               a.bytes = std::span(window + at, type[1]);  // the window holds still until the reply
               at += type[1];
             }
-            if (a.type == hal::KernelArg::Type::buffer) {
+            if (a.type == hal::KernelArg::Type::image) {
+              ok = type[1] == sizeof a.image && take(&a.image, sizeof a.image);  // checked by Device::launch
+              if (!ok) break;
+            }
+            if (a.type == hal::KernelArg::Type::buffer || a.type == hal::KernelArg::Type::image) {
               auto b = buffer(value);
               if (!b) {
                 s = fail(b.error());

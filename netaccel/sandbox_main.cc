@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
   flags.value("model", "NAME", "the card's model as the netaccel serves it");
   flags.value("tflops", "T", "the card's TFLOPS (skips calibration)");
   flags.value("memory", "BYTES", "the card's memory as the netaccel serves it");
+  flags.boolean("no-images", "offer no images even where the device has them (the card's images = false)");
   flags.value("host-memory", "BYTES", "data-segment limit (RLIMIT_DATA) for this process");
   flags.value("workdir", "DIR", "the folder this sandbox works in");
   flags.value("fd", "N", "the socket to the netaccel (default 3)");
@@ -227,6 +228,7 @@ int main(int argc, char** argv) {
   if (flags.has("model")) overrides.model = flags.get("model");
   if (flags.has("tflops")) overrides.tflops = std::atof(flags.get("tflops").c_str());
   if (memory) overrides.memoryBytes = memory;
+  overrides.noImages = flags.has("no-images");
   auto opened = hal::openDevice(flags.get("backend"), static_cast<unsigned>(device), overrides);
   if (!opened) {
     // The first reply says why; the netaccel fails the tenant's instructions with it.

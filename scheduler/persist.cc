@@ -67,7 +67,8 @@ Result<std::vector<CardSpec>> cardSpecsOf(capnp::List<wire::CardInfo>::Reader li
       if (transport::validProgramKind(k)) programs.push_back(transport::fromWire(k));
     cards.push_back(CardSpec{c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBackend(), c.getTflops(),
                              c.getMemoryBytes(), programs, c.getComputeUnits(), c.getMaxWorkGroupSize(),
-                             c.getLocalMemBytes(), c.getOpenclExtensions(), c.getDoubleFpConfig()});
+                             c.getLocalMemBytes(), c.getOpenclExtensions(), c.getDoubleFpConfig(),
+                             transport::imageLimitsFrom(c.getImages())});
   }
   return cards;
 }

@@ -40,6 +40,7 @@ Status Pool::checkNode(const std::string& name, const std::vector<CardSpec>& spe
         c.openclExtensions.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_ ") != std::string::npos)
       return fail(Code::invalidArgument, card + ": OpenCL extensions are names of letters, digits and '_' separated by "
                                                 "spaces, at most " + std::to_string(kMaxExtensionBytes) + " bytes");
+    if (auto ok = checkLimits(c.images); !ok) return fail(Code::invalidArgument, card + ": " + ok.error().message);
     for (auto& other : specs)
       if (&other != &c && other.index == c.index)
         return fail(Code::invalidArgument, "two cards have index " + std::to_string(c.index));

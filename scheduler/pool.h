@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/images.h"
 #include "common/kinds.h"
 #include "common/limits.h"
 
@@ -57,6 +58,7 @@ struct CardSpec {
   uint64_t localMemBytes = 0;
   std::string openclExtensions;  // OpenCL's extension list; checked by Pool::checkNode
   uint64_t doubleFpConfig = 0;
+  ImageLimits images;  // checked by Pool::checkNode
   bool runs(ProgramKind kind) const;
 };
 

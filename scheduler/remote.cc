@@ -29,6 +29,7 @@ constexpr uint64_t kF32 = 4;
 std::optional<uint64_t> bufferArg(wire::Arg::Reader arg) {
   if (arg.which() == wire::Arg::BUFFER) return arg.getBuffer();
   if (arg.which() == wire::Arg::SUB_BUFFER) return arg.getSubBuffer().getBuffer();
+  if (arg.which() == wire::Arg::IMAGE) return arg.getImage().getBuffer();
   return std::nullopt;
 }
 
@@ -299,6 +300,7 @@ void Scheduler::startRemoteLaunch(Session& s, uint64_t sequence, size_t member, 
     for (size_t i = 0; i < args.size(); ++i) {
       if (!mapped[i]) continue;
       if (args[i].which() == wire::Arg::SUB_BUFFER) args[i].getSubBuffer().setBuffer(mapped[i]);
+      else if (args[i].which() == wire::Arg::IMAGE) args[i].getImage().setBuffer(mapped[i]);
       else args[i].setBuffer(mapped[i]);
     }
     sendRemote(s, member, m);

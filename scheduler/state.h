@@ -246,6 +246,7 @@ void Scheduler::writePlacement(Builder out, const std::vector<BlockRange>& range
     cards[i].setLocalMemBytes(c.spec.localMemBytes);
     cards[i].setOpenclExtensions(c.spec.openclExtensions);
     cards[i].setDoubleFpConfig(c.spec.doubleFpConfig);
+    transport::setImageLimits(cards[i].initImages(), c.spec.images);
   }
 }
 

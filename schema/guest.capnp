@@ -134,6 +134,24 @@ struct CardRef {
   # double precision); the guest's OpenCL offers what every card of the vaccel has.
   openclExtensions @10 :Text;
   doubleFpConfig @11 :UInt64;
+  images @12 :ImageLimits;   # none: the card has no images
+}
+
+# What a card offers for OpenCL images (common/images.h): OpenCL's CL_DEVICE_IMAGE*
+# limits and the read-write formats it takes, each (channel order << 16 | channel type)
+# in OpenCL's numbers. No formats: no image support.
+struct ImageLimits {
+  max2dWidth @0 :UInt64;
+  max2dHeight @1 :UInt64;
+  max3dWidth @2 :UInt64;
+  max3dHeight @3 :UInt64;
+  max3dDepth @4 :UInt64;
+  maxArraySize @5 :UInt64;
+  maxBufferPixels @6 :UInt64;
+  maxReadArgs @7 :UInt32;
+  maxWriteArgs @8 :UInt32;
+  maxSamplers @9 :UInt32;
+  formats @10 :List(UInt32);
 }
 
 struct VaccelInfo {
@@ -218,7 +236,26 @@ struct Arg {
     local @7 :UInt32;         # a __local (shared) array of this many bytes
     bytes @8 :Data;           # by value, the argument's bytes as the kernel declares them (a struct, a vector)
     subBuffer @9 :SubBuffer;  # a buffer from an offset on
+    image @10 :ImageArg;      # a buffer's pixels, made an image on the card for this launch
+    sampler @11 :UInt32;      # normalized coordinates, addressing and filter (common/images.h)
   }
+}
+
+# An OpenCL image as a kernel argument: the buffer holds its pixels packed (rows of
+# width x pixel bytes, then rows of the next slice or array layer) from `offset` on. The
+# card makes the image with its own driver, fills it from the buffer, and copies back
+# what a kernel that may write it wrote. Numbers are OpenCL's (cl_mem_object_type,
+# cl_channel_order, cl_channel_type); sizes a type does not use are 0.
+struct ImageArg {
+  buffer @0 :UInt64;
+  offset @1 :UInt64;
+  type @2 :UInt32;
+  channelOrder @3 :UInt32;
+  channelType @4 :UInt32;
+  width @5 :UInt64;
+  height @6 :UInt64;
+  depth @7 :UInt64;
+  arraySize @8 :UInt64;
 }
 
 struct SubBuffer {

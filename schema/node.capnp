@@ -24,6 +24,7 @@ struct CardInfo {
   # CL_DEVICE_DOUBLE_FP_CONFIG (0: no double precision).
   openclExtensions @10 :Text;
   doubleFpConfig @11 :UInt64;
+  images @12 :Guest.ImageLimits;  # checked by the scheduler (common/images.h checkLimits)
 }
 
 # netaccel -> scheduler

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "common/images.h"
 #include "common/kinds.h"
 #include "schema/frame.capnp.h"
 #include "schema/guest.capnp.h"
@@ -32,6 +33,49 @@ inline void setError(wire::Error::Builder out, const Error& e) {
 }
 inline Error errorFrom(wire::Error::Reader in) {
   return Error{fromWire(in.getCode()), in.getMessage(), validOpenclError(in.getOpenclError())};
+}
+
+// Image limits and descriptors as they cross. Reading takes the numbers as they are (a
+// list of formats only up to one past the most allowed, so checkLimits refuses it);
+// checkLimits and checkImage judge them where they enter.
+inline void setImageLimits(wire::ImageLimits::Builder out, const ImageLimits& l) {
+  out.setMax2dWidth(l.max2dWidth);
+  out.setMax2dHeight(l.max2dHeight);
+  out.setMax3dWidth(l.max3dWidth);
+  out.setMax3dHeight(l.max3dHeight);
+  out.setMax3dDepth(l.max3dDepth);
+  out.setMaxArraySize(l.maxArraySize);
+  out.setMaxBufferPixels(l.maxBufferPixels);
+  out.setMaxReadArgs(l.maxReadArgs);
+  out.setMaxWriteArgs(l.maxWriteArgs);
+  out.setMaxSamplers(l.maxSamplers);
+  auto formats = out.initFormats(static_cast<unsigned>(l.formats.size()));
+  for (unsigned i = 0; i < l.formats.size(); ++i) formats.set(i, l.formats[i]);
+}
+inline ImageLimits imageLimitsFrom(wire::ImageLimits::Reader in) {
+  ImageLimits l{in.getMax2dWidth(), in.getMax2dHeight(), in.getMax3dWidth(), in.getMax3dHeight(), in.getMax3dDepth(),
+                in.getMaxArraySize(), in.getMaxBufferPixels(), in.getMaxReadArgs(), in.getMaxWriteArgs(),
+                in.getMaxSamplers(), {}};
+  for (auto key : in.getFormats()) {
+    if (l.formats.size() > image::kMaxFormats) break;
+    l.formats.push_back(key);
+  }
+  return l;
+}
+inline void setImageArg(wire::ImageArg::Builder out, uint64_t buffer, uint64_t offset, const ImageDesc& d) {
+  out.setBuffer(buffer);
+  out.setOffset(offset);
+  out.setType(d.type);
+  out.setChannelOrder(d.channelOrder);
+  out.setChannelType(d.channelType);
+  out.setWidth(d.width);
+  out.setHeight(d.height);
+  out.setDepth(d.depth);
+  out.setArraySize(d.arraySize);
+}
+inline ImageDesc imageDescFrom(wire::ImageArg::Reader in) {
+  return ImageDesc{in.getType(), in.getChannelOrder(), in.getChannelType(), 0,
+                   in.getWidth(), in.getHeight(), in.getDepth(), in.getArraySize()};
 }
 
 // The handle an instruction creates (alloc, loadProgram), if any: the one poisoned when

@@ -121,6 +121,8 @@ Result<std::unique_ptr<Session>> Session::open(const Options& options) {
       card.localMemBytes = c.getLocalMemBytes();
       card.openclExtensions = c.getOpenclExtensions();
       card.doubleFpConfig = c.getDoubleFpConfig();
+      card.images = transport::imageLimitsFrom(c.getImages());
+      if (!checkLimits(card.images)) card.images = {};  // what the scheduler says is judged too
       s->vaccel_.cards.push_back(std::move(card));
     }
   });
@@ -391,6 +393,8 @@ void Session::fillLaunchArgs(void* launch, std::span<const Arg> args) {
         break;
       }
       case Arg::Type::local: out[i].setLocal(static_cast<uint32_t>(v)); break;
+      case Arg::Type::image: transport::setImageArg(out[i].initImage(), v, args[i].offset, args[i].image); break;
+      case Arg::Type::sampler: out[i].setSampler(static_cast<uint32_t>(v)); break;
       case Arg::Type::bytes:
         out[i].setBytes(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(args[i].bytes.data()), args[i].bytes.size()));
         break;

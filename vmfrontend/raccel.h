@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/images.h"
 #include "common/kinds.h"
 
 namespace capnp {
@@ -58,6 +59,7 @@ struct CardInfo {
   uint64_t localMemBytes = 0;
   std::string openclExtensions;  // space-separated
   uint64_t doubleFpConfig = 0;   // 0: no double precision
+  ImageLimits images;            // none: no images
   bool runs(ProgramKind kind) const;
 };
 
@@ -94,10 +96,15 @@ struct ProgramInfo {
 
 // A kernel argument for launch().
 struct Arg {
-  enum class Type { buffer, u32, i32, u64, i64, f32, f64, local, bytes } type;
-  uint64_t bits;  // buffer handle, the scalar's bits, or a local array's bytes
-  uint64_t offset = 0;               // a buffer from this offset on
+  enum class Type { buffer, u32, i32, u64, i64, f32, f64, local, bytes, image, sampler } type;
+  uint64_t bits;  // buffer handle, the scalar's bits, a local array's bytes, a sampler word
+  uint64_t offset = 0;               // a buffer (or an image's pixels) from this offset on
   std::span<const std::byte> bytes;  // by value (borrowed until launch() returns)
+  ImageDesc image{};                 // an image: how the card reads the buffer's pixels
+  // An image: the buffer's packed pixels from `offset` on (common/images.h).
+  static Arg imageOf(Handle h, uint64_t offset, const ImageDesc& d) { return {Type::image, h, offset, {}, d}; }
+  // A sampler: common/images.h's encodeSampler word.
+  static Arg sampler(uint32_t word) { return {Type::sampler, word}; }
   static Arg subBuffer(Handle h, uint64_t offset) { return {Type::buffer, h, offset}; }
   static Arg local(uint32_t bytes) { return {Type::local, bytes}; }
   static Arg value(std::span<const std::byte> bytes) { return {Type::bytes, 0, 0, bytes}; }

@@ -404,6 +404,9 @@ class CudaDevice final : public Device {
         case KernelArg::Type::local:
           return fail(Code::invalidArgument, "kernel " + kernel + " argument " + std::to_string(i) +
                                                  ": CUDA kernels take no local-array arguments (use the launch's shared bytes)");
+        case KernelArg::Type::image: case KernelArg::Type::sampler:
+          return fail(Code::unimplemented, "kernel " + kernel + " argument " + std::to_string(i) +
+                                               ": raccel passes no images or samplers to CUDA kernels");
         default: std::memcpy(&storage[i], &a.scalar, 8); break;
       }
       size_t offset = 0, declared = 0;

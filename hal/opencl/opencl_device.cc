@@ -10,6 +10,7 @@
 #include <map>
 
 #include "common/program_units.h"
+#include "hal/opencl/opencl_images.h"
 #include "hal/tensor_kernels_source.h"
 
 namespace raccel::hal {
@@ -299,61 +300,15 @@ class OpenclDevice final : public Device {
     auto& p = static_cast<ClProgram&>(program);
     auto kernel = p.kernel(kernelName);
     if (!kernel) return fail(kernel.error());
-    // Buffers passed from an offset on are sub-buffers for this launch; the commands
-    // that use them keep them alive after they are released here.
-    std::vector<cl_mem> subs;
-    auto releaseSubs = [&] {
-      for (cl_mem m : subs) clReleaseMemObject(m);
-    };
-    for (size_t i = 0; i < args.size(); ++i) {
-      const KernelArg& a = args[i];
-      cl_int rc = CL_SUCCESS;
-      cl_mem mem = nullptr;
-      switch (a.type) {
-        case KernelArg::Type::buffer:
-          mem = memOf(*a.buffer);
-          if (a.offset != 0) {
-            if (a.offset % baseAlign_ != 0) {
-              releaseSubs();
-              return fail(Code::invalidArgument, "kernel " + kernelName + " argument " + std::to_string(i) +
-                                                     ": a buffer from offset " + std::to_string(a.offset) +
-                                                     " is not aligned to this device's " + std::to_string(baseAlign_) +
-                                                     " bytes (CL_DEVICE_MEM_BASE_ADDR_ALIGN)");
-            }
-            cl_buffer_region region{a.offset, a.buffer->size() - a.offset};
-            if (region.size == 0) {
-              releaseSubs();
-              return fail(Code::invalidArgument, "kernel " + kernelName + " argument " + std::to_string(i) +
-                                                     ": a buffer from its very end (nothing left to pass)");
-            }
-            mem = clCreateSubBuffer(mem, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &rc);
-            if (rc != CL_SUCCESS) break;
-            subs.push_back(mem);
-          }
-          rc = clSetKernelArg(*kernel, i, sizeof mem, &mem);
-          break;
-        case KernelArg::Type::u32: rc = clSetKernelArg(*kernel, i, 4, &a.scalar.u32); break;
-        case KernelArg::Type::i32: rc = clSetKernelArg(*kernel, i, 4, &a.scalar.i32); break;
-        case KernelArg::Type::f32: rc = clSetKernelArg(*kernel, i, 4, &a.scalar.f32); break;
-        case KernelArg::Type::u64: rc = clSetKernelArg(*kernel, i, 8, &a.scalar.u64); break;
-        case KernelArg::Type::i64: rc = clSetKernelArg(*kernel, i, 8, &a.scalar.i64); break;
-        case KernelArg::Type::f64: rc = clSetKernelArg(*kernel, i, 8, &a.scalar.f64); break;
-        case KernelArg::Type::local: rc = clSetKernelArg(*kernel, i, a.scalar.u32, nullptr); break;
-        case KernelArg::Type::bytes: rc = clSetKernelArg(*kernel, i, a.bytes.size(), a.bytes.data()); break;
-      }
-      if (rc != CL_SUCCESS) {
-        releaseSubs();
-        return clFail(Code::invalidArgument, "kernel " + kernelName + " argument " + std::to_string(i) +
-                                                 " does not match its declaration (" + clError(rc) + ")", rc);
-      }
-    }
+    // What the arguments need made on the card (sub-buffers, images, samplers) lives
+    // until this returns; the commands that use them keep them after that.
+    LaunchObjects made(context_, queue_);
+    if (auto s = setArgs(p, kernelName, *kernel, args, made); !s) return s;
     cl_uint declared = 0;
     clGetKernelInfo(*kernel, CL_KERNEL_NUM_ARGS, sizeof declared, &declared, nullptr);
-    if (declared != args.size()) {
-      releaseSubs();
+    if (declared != args.size())
       return fail(Code::invalidArgument, "kernel " + kernelName + " takes " + std::to_string(declared) + " arguments, " +
                                              std::to_string(args.size()) + " given");
-    }
     size_t global[3], local[3], offset[3];
     // An explicit block is always passed (a kernel with reqd_work_group_size(1,1,1)
     // needs its 1 x 1 x 1). Only guests older than workDim meant "the device chooses"
@@ -365,22 +320,77 @@ class OpenclDevice final : public Device {
       global[d] = dims.autoBlock ? size_t{dims.grid[d]} : size_t{dims.grid[d]} * dims.block[d];
       local[d] = dims.block[d];
       offset[d] = dims.offset[d];
-      if (global[d] == 0) {
-        releaseSubs();
-        return fail(Code::invalidArgument, "launch grid and block sizes must be nonzero");
-      }
+      if (global[d] == 0) return fail(Code::invalidArgument, "launch grid and block sizes must be nonzero");
     }
     bool anyOffset = offset[0] || offset[1] || offset[2];
     cl_event event = nullptr;
     cl_int rc = clEnqueueNDRangeKernel(queue_, *kernel, workDim, anyOffset ? offset : nullptr, global,
                                        defaultLocal ? nullptr : local, 0, nullptr, &event);
-    releaseSubs();
     track(event);
     if (rc == CL_INVALID_WORK_GROUP_SIZE || rc == CL_INVALID_WORK_ITEM_SIZE)
       return clFail(Code::invalidArgument, "launch of " + kernelName + ": block size not accepted by this device (" + clError(rc) + ")", rc);
     if (rc == CL_INVALID_KERNEL_ARGS)
       return clFail(Code::invalidArgument, "launch of " + kernelName + ": not every argument is set", rc);
-    return check(rc, "clEnqueueNDRangeKernel");
+    if (auto s = check(rc, "clEnqueueNDRangeKernel"); !s) return s;
+    return check(made.finish(), "copying the images the kernel wrote back into their buffers");
+  }
+
+  // Sets each argument of `kernel`, making on the card what one needs.
+  Status setArgs(ClProgram& p, const std::string& kernelName, cl_kernel kernel, std::span<const KernelArg> args,
+                 LaunchObjects& made) {
+    const KernelDescription* described = nullptr;
+    for (auto& k : p.description.kernels)
+      if (k.name == kernelName) described = &k;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const KernelArg& a = args[i];
+      const std::string which = "kernel " + kernelName + " argument " + std::to_string(i);
+      cl_int rc = CL_SUCCESS;
+      cl_mem mem = nullptr;
+      cl_sampler sampler = nullptr;
+      switch (a.type) {
+        case KernelArg::Type::buffer:
+          mem = memOf(*a.buffer);
+          if (a.offset != 0) {
+            if (a.offset % baseAlign_ != 0)
+              return fail(Code::invalidArgument, which + ": a buffer from offset " + std::to_string(a.offset) +
+                                                     " is not aligned to this device's " + std::to_string(baseAlign_) +
+                                                     " bytes (CL_DEVICE_MEM_BASE_ADDR_ALIGN)");
+            if (a.offset >= a.buffer->size())
+              return fail(Code::invalidArgument, which + ": a buffer from its very end (nothing left to pass)");
+            rc = made.subBuffer(mem, a.offset, a.buffer->size() - a.offset, &mem);
+            if (rc != CL_SUCCESS) break;
+          }
+          rc = clSetKernelArg(kernel, i, sizeof mem, &mem);
+          break;
+        case KernelArg::Type::image: {
+          // Copied back after the kernel unless the kernel declares it read_only (or
+          // the card did not say: then it is copied back).
+          bool readOnly = described && i < described->args.size() &&
+                          described->args[i].access == KernelArgDescription::Access::readOnly;
+          rc = made.image(memOf(*a.buffer), a.offset, a.image, !readOnly, &mem);
+          if (rc == CL_SUCCESS) rc = clSetKernelArg(kernel, i, sizeof mem, &mem);
+          break;
+        }
+        case KernelArg::Type::sampler:
+          rc = made.sampler(a.scalar.u32, &sampler);
+          if (rc == CL_SUCCESS) rc = clSetKernelArg(kernel, i, sizeof sampler, &sampler);
+          break;
+        case KernelArg::Type::u32: rc = clSetKernelArg(kernel, i, 4, &a.scalar.u32); break;
+        case KernelArg::Type::i32: rc = clSetKernelArg(kernel, i, 4, &a.scalar.i32); break;
+        case KernelArg::Type::f32: rc = clSetKernelArg(kernel, i, 4, &a.scalar.f32); break;
+        case KernelArg::Type::u64: rc = clSetKernelArg(kernel, i, 8, &a.scalar.u64); break;
+        case KernelArg::Type::i64: rc = clSetKernelArg(kernel, i, 8, &a.scalar.i64); break;
+        case KernelArg::Type::f64: rc = clSetKernelArg(kernel, i, 8, &a.scalar.f64); break;
+        case KernelArg::Type::local: rc = clSetKernelArg(kernel, i, a.scalar.u32, nullptr); break;
+        case KernelArg::Type::bytes: rc = clSetKernelArg(kernel, i, a.bytes.size(), a.bytes.data()); break;
+      }
+      if (rc == CL_IMAGE_FORMAT_NOT_SUPPORTED || rc == CL_INVALID_IMAGE_SIZE || rc == CL_INVALID_IMAGE_FORMAT_DESCRIPTOR ||
+          rc == CL_INVALID_IMAGE_DESCRIPTOR)
+        return clFail(Code::invalidArgument, which + ": the card refused the image (" + clError(rc) + ")", rc);
+      if (rc != CL_SUCCESS)
+        return clFail(Code::invalidArgument, which + " does not match its declaration (" + clError(rc) + ")", rc);
+    }
+    return {};
   }
 
   Status doGemm(const GemmArgs& g) override {
@@ -695,6 +705,8 @@ Result<std::unique_ptr<Device>> openOpenclDevice(unsigned index, const DeviceOve
   cl_int rc = CL_SUCCESS;
   cl_context context = clCreateContext(nullptr, 1, &d, nullptr, nullptr, &rc);
   if (auto s = check(rc, "clCreateContext"); !s) return fail(s.error());
+  caps.images = imageLimitsOf(d, context);
+  applyOverrides(caps, overrides);
   const cl_queue_properties profiling[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
   cl_command_queue queue = clCreateCommandQueueWithProperties(context, d, profiling, &rc);
   if (rc != CL_SUCCESS) {

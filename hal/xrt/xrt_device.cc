@@ -130,6 +130,9 @@ class XrtDevice final : public Device {
           case KernelArg::Type::local:
             return fail(Code::invalidArgument, "kernel " + kernel + " argument " + std::to_string(i) +
                                                    ": FPGA kernels take no local-array arguments");
+          case KernelArg::Type::image: case KernelArg::Type::sampler:
+            return fail(Code::unimplemented, "kernel " + kernel + " argument " + std::to_string(i) +
+                                                 ": FPGA kernels take no images or samplers");
           case KernelArg::Type::u32: run.set_arg(index, a.scalar.u32); break;
           case KernelArg::Type::i32: run.set_arg(index, a.scalar.i32); break;
           case KernelArg::Type::f32: run.set_arg(index, a.scalar.f32); break;
