@@ -1,6 +1,9 @@
 #include "common/images.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
 
 #include "common/limits.h"
 
@@ -26,7 +29,97 @@ bool isArray(uint32_t type) { return type == image::kImage1dArray || type == ima
 
 std::string dimension(const char* what, uint64_t v) { return std::string(what) + " " + std::to_string(v); }
 
+// The channels of an order, in memory order, as indices into (r, g, b, a).
+std::vector<int> channelsOf(uint32_t order) {
+  switch (order) {
+    case 0x10B1: return {3};                     // A
+    case 0x10B3: return {0, 3};                  // RA
+    case 0x10B2: return {0, 1};                  // RG
+    case kRGB: case kRGBx: case kSRGB: return {0, 1, 2};
+    case 0x10B6: case kSBGRA: return {2, 1, 0, 3};  // BGRA
+    case 0x10B7: return {3, 0, 1, 2};            // ARGB
+    case 0x10C3: return {3, 2, 1, 0};            // ABGR
+    case kRGBA: case kSRGBx: case kSRGBA: return {0, 1, 2, 3};
+    default: return {0};                         // R, intensity, luminance, depth
+  }
+}
+
+uint16_t toHalf(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  uint16_t sign = static_cast<uint16_t>(x >> 16 & 0x8000);
+  if (std::isnan(f)) return sign | 0x7e00;
+  float a = std::fabs(f);
+  if (a >= 65520.0f) return sign | 0x7c00;                     // rounds past the largest half
+  if (a < 6.103515625e-05f)                                    // subnormal (or zero)
+    return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));
+  int e;
+  float m = std::frexp(a, &e);                                 // a = m * 2^e, m in [0.5, 1)
+  uint32_t mant = static_cast<uint32_t>(std::nearbyint((m * 2 - 1) * 1024));
+  uint32_t exp = static_cast<uint32_t>(e - 1 + 15);
+  if (mant == 1024) mant = 0, ++exp;
+  return sign | static_cast<uint16_t>(exp << 10 | mant);
+}
+
+float srgb(float v) {
+  v = std::clamp(v, 0.0f, 1.0f);
+  return v <= 0.0031308f ? v * 12.92f : 1.055f * std::pow(v, 1.0f / 2.4f) - 0.055f;
+}
+
+template <class T>
+void put(std::byte*& out, T v) {
+  std::memcpy(out, &v, sizeof v);
+  out += sizeof v;
+}
+
+uint32_t norm(float v, float lo, float scale) { return static_cast<uint32_t>(std::nearbyint(std::clamp(v, lo, 1.0f) * scale)); }
+
 }  // namespace
+
+uint32_t encodePixel(uint32_t order, uint32_t type, const void* color, std::byte* out) {
+  const uint32_t bytes = pixelBytes(order, type);
+  if (bytes == 0) return 0;
+  float f[4];
+  int32_t i[4];
+  uint32_t u[4];
+  std::memcpy(f, color, 16);
+  std::memcpy(i, color, 16);
+  std::memcpy(u, color, 16);
+  const bool isSrgb = order == kSRGB || order == kSRGBx || order == kSRGBA || order == kSBGRA;
+  if (isSrgb)
+    for (int c = 0; c < 3; ++c) f[c] = srgb(f[c]);
+  if (type == kShort565 || type == kShort555) {
+    const bool six = type == kShort565;
+    uint16_t v = static_cast<uint16_t>(norm(f[0], 0, 31) << (six ? 11 : 10) | norm(f[1], 0, six ? 63 : 31) << 5 | norm(f[2], 0, 31));
+    put(out, v);
+    return bytes;
+  }
+  if (type == kInt101010) {
+    put(out, norm(f[0], 0, 1023) << 20 | norm(f[1], 0, 1023) << 10 | norm(f[2], 0, 1023));
+    return bytes;
+  }
+  if (type == kInt101010_2) {
+    put(out, norm(f[3], 0, 3) << 30 | norm(f[0], 0, 1023) << 20 | norm(f[1], 0, 1023) << 10 | norm(f[2], 0, 1023));
+    return bytes;
+  }
+  for (int c : channelsOf(order)) {
+    switch (type) {
+      case 0x10D0: put(out, static_cast<int8_t>(std::nearbyint(std::clamp(f[c], -1.0f, 1.0f) * 127))); break;
+      case 0x10D1: put(out, static_cast<int16_t>(std::nearbyint(std::clamp(f[c], -1.0f, 1.0f) * 32767))); break;
+      case 0x10D2: put(out, static_cast<uint8_t>(norm(f[c], 0, 255))); break;
+      case 0x10D3: put(out, static_cast<uint16_t>(norm(f[c], 0, 65535))); break;
+      case 0x10D7: put(out, static_cast<int8_t>(std::clamp(i[c], -128, 127))); break;
+      case 0x10D8: put(out, static_cast<int16_t>(std::clamp(i[c], -32768, 32767))); break;
+      case 0x10D9: put(out, i[c]); break;
+      case 0x10DA: put(out, static_cast<uint8_t>(std::min<uint32_t>(u[c], 255))); break;
+      case 0x10DB: put(out, static_cast<uint16_t>(std::min<uint32_t>(u[c], 65535))); break;
+      case 0x10DC: put(out, u[c]); break;
+      case 0x10DD: put(out, toHalf(f[c])); break;
+      case 0x10DE: put(out, f[c]); break;
+      default: return 0;
+    }
+  }
+  return bytes;
+}
 
 uint32_t channelCount(uint32_t order) {
   switch (order) {

@@ -87,6 +87,13 @@ Status checkLimits(const ImageLimits& limits);
 // What every card of a set offers: the smallest of each limit, the formats all list.
 ImageLimits commonLimits(const std::vector<const ImageLimits*>& cards);
 
+// One pixel of the format from a fill color as OpenCL's clEnqueueFillImage takes it:
+// four floats (r, g, b, a) for normalized, half and float channels, four int32 for
+// signed integer channels, four uint32 for unsigned. Values are clamped to the channel's
+// range; sRGB orders are encoded with the sRGB curve. Writes pixelBytes() bytes to `out`
+// and returns how many (0 for a format pixelBytes does not know).
+uint32_t encodePixel(uint32_t order, uint32_t type, const void* color, std::byte* out);
+
 // A sampler as a word: normalized coordinates in bit 0, the addressing mode's offset
 // from image::kAddressNone in bits 4-7, the filter's from image::kFilterNearest in bits
 // 8-11. decodeSampler refuses any other bit or value.

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 namespace raccel {
 namespace {
 
@@ -91,6 +93,40 @@ TEST(Images, CommonLimitsAreWhatEveryCardHas) {
   ImageLimits none;
   EXPECT_FALSE(commonLimits({&a, &none}).supported());
   EXPECT_FALSE(commonLimits({}).supported());
+}
+
+TEST(Images, FillColorsBecomeThePixelsBytes) {
+  std::byte out[16];
+  const float rgba[4] = {1.0f, 0.5f, 0.0f, 0.25f};
+  ASSERT_EQ(encodePixel(kRGBA, kUnorm8, rgba, out), 4u);
+  EXPECT_EQ(std::to_integer<int>(out[0]), 255);
+  EXPECT_EQ(std::to_integer<int>(out[1]), 128);
+  EXPECT_EQ(std::to_integer<int>(out[2]), 0);
+  EXPECT_EQ(std::to_integer<int>(out[3]), 64);
+  ASSERT_EQ(encodePixel(0x10B6 /* BGRA */, kUnorm8, rgba, out), 4u);
+  EXPECT_EQ(std::to_integer<int>(out[0]), 0);
+  EXPECT_EQ(std::to_integer<int>(out[2]), 255);
+  ASSERT_EQ(encodePixel(kR, kFloat, rgba, out), 4u);
+  float f;
+  std::memcpy(&f, out, 4);
+  EXPECT_EQ(f, 1.0f);
+  ASSERT_EQ(encodePixel(kR, 0x10DD /* half */, rgba, out), 2u);
+  uint16_t h;
+  std::memcpy(&h, out, 2);
+  EXPECT_EQ(h, 0x3c00) << "1.0 as a half";
+  const float half[4] = {0.5f, -2.0f, 65504.0f, 1e9f};
+  ASSERT_EQ(encodePixel(kRGBA, 0x10DD, half, out), 8u);
+  uint16_t hs[4];
+  std::memcpy(hs, out, 8);
+  EXPECT_EQ(hs[0], 0x3800);
+  EXPECT_EQ(hs[1], 0xc000);
+  EXPECT_EQ(hs[2], 0x7bff);
+  EXPECT_EQ(hs[3], 0x7c00) << "past the largest: infinity";
+  const uint32_t big[4] = {70000, 1, 2, 3};
+  ASSERT_EQ(encodePixel(kR, kUint16, big, out), 2u);
+  std::memcpy(&h, out, 2);
+  EXPECT_EQ(h, 65535) << "clamped";
+  EXPECT_EQ(encodePixel(kRGB, kFloat, rgba, out), 0u);
 }
 
 TEST(Images, SamplerWordsRoundTripAndRefuseStrayBits) {

@@ -23,11 +23,6 @@ void* CL_API_CALL clGetExtensionFunctionAddressForPlatform(cl_platform_id p, con
 namespace raccel::opencl {
 namespace {
 
-using Lock = std::lock_guard<std::recursive_mutex>;
-// CL_DEVICE_MEM_BASE_ADDR_ALIGN / 8, as reported: PoCL's alignment. The card's own backend
-// refuses a sub-buffer offset its device cannot take, naming its alignment.
-constexpr size_t kBaseAlignBytes = 128;
-constexpr size_t kMaxParameterBytes = 4096;
 constexpr char kBinaryMagic[] = "RACCEL-OPENCL-C 1\n";  // a "binary" is this, the options line, then the source
 // The binary of a compiled object, a library or an executable linked from units: this,
 // one of 'O', 'L', 'E', then the units (common/program_units.h).
@@ -42,19 +37,6 @@ std::string binaryOf(cl_program p) {
   return kUnitsMagic + std::string(1, type) + std::string(reinterpret_cast<const char*>(units.data()), units.size());
 }
 
-template <class T>
-cl_int retainObject(T* o, cl_int invalid) {
-  Lock lock(apiLock());
-  if (!valid(o)) return invalid;
-  o->refs++;
-  return CL_SUCCESS;
-}
-
-template <class T>
-T* failWith(cl_int* err, cl_int rc) {
-  if (err) *err = rc;
-  return nullptr;
-}
 
 // ---------------------------------------------------------------------------------
 // Platform and device
@@ -116,6 +98,7 @@ cl_int CL_API_CALL getDeviceInfo(cl_device_id d, cl_device_info what, size_t siz
   size_t wg = card && card->maxWorkGroupSize ? card->maxWorkGroupSize : 256;
   cl_ulong local = card && card->localMemBytes ? card->localMemBytes : 32768;
   bool compiler = card && card->runs(ProgramKind::openclC);
+  const ImageLimits& images = openclFeatures().images;
   std::string name = "raccel vaccel #" + std::to_string(v.id) + " (" + std::to_string(v.cards.size()) + " card(s):";
   for (auto& c : v.cards) name += std::string(" ") + kindName(c.kind) + " " + c.model + " x" + std::to_string(c.blocks);
   name += ")";
@@ -149,11 +132,19 @@ cl_int CL_API_CALL getDeviceInfo(cl_device_id d, cl_device_info what, size_t siz
       return ul(std::max<cl_ulong>({memory / 4, std::min<cl_ulong>(memory, 128ull << 20),
                                    std::min<cl_ulong>(memory, card ? card->memoryBytes : 0)}));
     case CL_DEVICE_GLOBAL_MEM_SIZE: return ul(memory);
-    case CL_DEVICE_IMAGE_SUPPORT: return b(CL_FALSE);
-    case CL_DEVICE_MAX_READ_IMAGE_ARGS: case CL_DEVICE_MAX_WRITE_IMAGE_ARGS: case CL_DEVICE_MAX_SAMPLERS: return u(0);
-    case CL_DEVICE_IMAGE2D_MAX_WIDTH: case CL_DEVICE_IMAGE2D_MAX_HEIGHT: case CL_DEVICE_IMAGE3D_MAX_WIDTH:
-    case CL_DEVICE_IMAGE3D_MAX_HEIGHT: case CL_DEVICE_IMAGE3D_MAX_DEPTH: case CL_DEVICE_IMAGE_MAX_BUFFER_SIZE:
-    case CL_DEVICE_IMAGE_MAX_ARRAY_SIZE: return sz(0);
+    // Images: what every card that runs OpenCL C for the vaccel takes (none: all 0).
+    case CL_DEVICE_IMAGE_SUPPORT: return b(images.supported());
+    case CL_DEVICE_MAX_READ_IMAGE_ARGS: return u(images.maxReadArgs);
+    case CL_DEVICE_MAX_WRITE_IMAGE_ARGS: case CL_DEVICE_MAX_READ_WRITE_IMAGE_ARGS: return u(images.maxWriteArgs);
+    case CL_DEVICE_MAX_SAMPLERS: return u(images.maxSamplers);
+    case CL_DEVICE_IMAGE2D_MAX_WIDTH: return sz(images.max2dWidth);
+    case CL_DEVICE_IMAGE2D_MAX_HEIGHT: return sz(images.max2dHeight);
+    case CL_DEVICE_IMAGE3D_MAX_WIDTH: return sz(images.max3dWidth);
+    case CL_DEVICE_IMAGE3D_MAX_HEIGHT: return sz(images.max3dHeight);
+    case CL_DEVICE_IMAGE3D_MAX_DEPTH: return sz(images.max3dDepth);
+    case CL_DEVICE_IMAGE_MAX_BUFFER_SIZE: return sz(images.maxBufferPixels);
+    case CL_DEVICE_IMAGE_MAX_ARRAY_SIZE: return sz(images.maxArraySize);
+    case CL_DEVICE_IMAGE_PITCH_ALIGNMENT: case CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT: return u(images.supported() ? 1 : 0);
     case CL_DEVICE_MAX_PARAMETER_SIZE: return sz(kMaxParameterBytes);
     case CL_DEVICE_MEM_BASE_ADDR_ALIGN: return u(kBaseAlignBytes * 8);
     case CL_DEVICE_MIN_DATA_TYPE_ALIGN_SIZE: return u(128);
@@ -199,6 +190,16 @@ cl_int CL_API_CALL getDeviceInfo(cl_device_id d, cl_device_info what, size_t siz
     default: return CL_INVALID_VALUE;
   }
 }
+
+}  // namespace
+
+cl_ulong maxAllocBytes() {
+  cl_ulong maxAlloc = 0;
+  getDeviceInfo(theDevice(), CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof maxAlloc, &maxAlloc, nullptr);
+  return maxAlloc;
+}
+
+namespace {
 
 cl_int CL_API_CALL retainDevice(cl_device_id d) { return d == theDevice() ? CL_SUCCESS : CL_INVALID_DEVICE; }
 cl_int CL_API_CALL releaseDevice(cl_device_id d) { return d == theDevice() ? CL_SUCCESS : CL_INVALID_DEVICE; }
@@ -356,8 +357,23 @@ cl_int CL_API_CALL finish(cl_command_queue q) {
   return rc;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------
-// Buffers
+// Buffers (external: images.cc builds on them)
+
+cl_int checkMemFlags(cl_mem_flags& flags, const void* host) {
+  if (flags == 0) flags = CL_MEM_READ_WRITE;
+  const cl_mem_flags access = CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY;
+  const cl_mem_flags hostAccess = CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+  if (flags & ~(access | hostAccess | CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR))
+    return CL_INVALID_VALUE;
+  if (std::popcount(flags & access) > 1 || std::popcount(flags & hostAccess) > 1 ||
+      ((flags & CL_MEM_USE_HOST_PTR) && (flags & (CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR))))
+    return CL_INVALID_VALUE;
+  bool needsHost = flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR);
+  return needsHost == (host != nullptr) ? CL_SUCCESS : CL_INVALID_HOST_PTR;
+}
 
 cl_mem newMem(cl_context c, cl_mem_flags flags, size_t size) {
   static uint64_t serials = 0;
@@ -373,19 +389,9 @@ cl_mem newMem(cl_context c, cl_mem_flags flags, size_t size) {
 cl_mem CL_API_CALL createBuffer(cl_context c, cl_mem_flags flags, size_t size, void* host, cl_int* err) {
   Lock lock(apiLock());
   if (!valid(c)) return failWith<_cl_mem>(err, CL_INVALID_CONTEXT);
-  if (flags == 0) flags = CL_MEM_READ_WRITE;
-  const cl_mem_flags access = CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY;
-  const cl_mem_flags hostAccess = CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
-  if (flags & ~(access | hostAccess | CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR))
-    return failWith<_cl_mem>(err, CL_INVALID_VALUE);
-  if (std::popcount(flags & access) > 1 || std::popcount(flags & hostAccess) > 1 ||
-      ((flags & CL_MEM_USE_HOST_PTR) && (flags & (CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR))))
-    return failWith<_cl_mem>(err, CL_INVALID_VALUE);
+  if (cl_int rc = checkMemFlags(flags, host); rc != CL_SUCCESS) return failWith<_cl_mem>(err, rc);
   bool needsHost = flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR);
-  if (needsHost != (host != nullptr)) return failWith<_cl_mem>(err, CL_INVALID_HOST_PTR);
-  cl_ulong maxAlloc = 0;
-  getDeviceInfo(theDevice(), CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof maxAlloc, &maxAlloc, nullptr);
-  if (size == 0 || size > maxAlloc) return failWith<_cl_mem>(err, CL_INVALID_BUFFER_SIZE);
+  if (size == 0 || size > maxAllocBytes()) return failWith<_cl_mem>(err, CL_INVALID_BUFFER_SIZE);
   if (c->lost) return failWith<_cl_mem>(err, CL_OUT_OF_RESOURCES);
   cl_mem m = newMem(c, flags, size);
   m->handle = c->session->alloc(size);
@@ -398,7 +404,7 @@ cl_mem CL_API_CALL createBuffer(cl_context c, cl_mem_flags flags, size_t size, v
 cl_mem CL_API_CALL createSubBuffer(cl_mem parent, cl_mem_flags flags, cl_buffer_create_type type, const void* info,
                                    cl_int* err) {
   Lock lock(apiLock());
-  if (!valid(parent) || parent->parent) return failWith<_cl_mem>(err, CL_INVALID_MEM_OBJECT);
+  if (!valid(parent) || parent->parent || parent->image) return failWith<_cl_mem>(err, CL_INVALID_MEM_OBJECT);
   if (type != CL_BUFFER_CREATE_TYPE_REGION || !info) return failWith<_cl_mem>(err, CL_INVALID_VALUE);
   auto* region = static_cast<const cl_buffer_region*>(info);
   if (region->size == 0) return failWith<_cl_mem>(err, CL_INVALID_BUFFER_SIZE);
@@ -429,7 +435,7 @@ void releaseMem(cl_mem m) {
   if (m->parent) releaseMem(m->parent);
   else if (!c->lost) c->session->free(m->handle);
   bury(m);
-  releaseContext(c);
+  opencl::releaseContext(c);
 }
 
 cl_int CL_API_CALL releaseMemObject(cl_mem m) {
@@ -451,7 +457,7 @@ cl_int CL_API_CALL getMemObjectInfo(cl_mem m, cl_mem_info what, size_t size, voi
   Lock lock(apiLock());
   if (!valid(m)) return CL_INVALID_MEM_OBJECT;
   switch (what) {
-    case CL_MEM_TYPE: return setValue(cl_mem_object_type(CL_MEM_OBJECT_BUFFER), size, out, ret);
+    case CL_MEM_TYPE: return setValue(cl_mem_object_type(m->image ? m->image->type : CL_MEM_OBJECT_BUFFER), size, out, ret);
     case CL_MEM_FLAGS: return setValue(m->flags, size, out, ret);
     case CL_MEM_SIZE: return setValue(m->size, size, out, ret);
     case CL_MEM_HOST_PTR: return setValue(m->hostPtr, size, out, ret);
@@ -459,15 +465,15 @@ cl_int CL_API_CALL getMemObjectInfo(cl_mem m, cl_mem_info what, size_t size, voi
     case CL_MEM_REFERENCE_COUNT: return setValue(cl_uint(m->refs), size, out, ret);
     case CL_MEM_CONTEXT: return setValue(m->context, size, out, ret);
     case CL_MEM_ASSOCIATED_MEMOBJECT: return setValue(m->parent, size, out, ret);
-    case CL_MEM_OFFSET: return setValue(m->origin, size, out, ret);
+    case CL_MEM_OFFSET: return setValue(m->image ? size_t{0} : m->origin, size, out, ret);
     case CL_MEM_USES_SVM_POINTER: return setValue(cl_bool(CL_FALSE), size, out, ret);
     default: return CL_INVALID_VALUE;
   }
 }
 
-cl_int checkQueueMem(cl_command_queue q, cl_mem m) {
+cl_int checkQueueMem(cl_command_queue q, cl_mem m, bool imagesToo) {
   if (!valid(q)) return CL_INVALID_COMMAND_QUEUE;
-  if (!valid(m)) return CL_INVALID_MEM_OBJECT;
+  if (!valid(m) || (m->image && !imagesToo)) return CL_INVALID_MEM_OBJECT;
   if (m->context != q->context) return CL_INVALID_CONTEXT;
   return CL_SUCCESS;
 }
@@ -539,40 +545,26 @@ cl_int CL_API_CALL enqueueFillBuffer(cl_command_queue q, cl_mem m, const void* p
   cl_context c = q->context;
   std::vector<std::byte> bytes(static_cast<const std::byte*>(pattern), static_cast<const std::byte*>(pattern) + patternSize);
   return enqueue(q, nWait, wait, event, CL_COMMAND_FILL_BUFFER, false, [=] {
-    if (n == 0) return CL_SUCCESS;
-    size_t at = m->origin + offset;
-    bool uniform = std::all_of(bytes.begin(), bytes.end(), [&](std::byte b) { return b == bytes[0]; });
-    if (uniform) {
-      c->session->fill(m->handle, at, n, static_cast<uint8_t>(bytes[0]));
-      return CL_SUCCESS;
-    }
-    // The pattern once, then doubling copies of what is filled so far (on the card).
-    c->session->write(m->handle, at, bytes);
-    for (size_t done = patternSize; done < n;) {
-      size_t k = std::min(done, n - done);
-      c->session->copy(m->handle, at + done, m->handle, at, k);
-      done += k;
-    }
+    fillRange(c, m, offset, n, bytes);
     return CL_SUCCESS;
   });
 }
 
-// Rectangles: rows of row[0] bytes, region[1] rows a slice, region[2] slices.
-struct Rect {
-  size_t origin[3], region[3], rowPitch, slicePitch;
-  size_t offsetOf(size_t y, size_t z) const {
-    return (origin[2] + z) * slicePitch + (origin[1] + y) * rowPitch + origin[0];
+void fillRange(cl_context c, cl_mem m, size_t offset, size_t n, const std::vector<std::byte>& bytes) {
+  if (n == 0) return;
+  size_t at = m->origin + offset;
+  bool uniform = std::all_of(bytes.begin(), bytes.end(), [&](std::byte b) { return b == bytes[0]; });
+  if (uniform) {
+    c->session->fill(m->handle, at, n, static_cast<uint8_t>(bytes[0]));
+    return;
   }
-  size_t end() const { return offsetOf(region[1] - 1, region[2] - 1) + region[0]; }
-};
-
-cl_int makeRect(const size_t* origin, const size_t* region, size_t rowPitch, size_t slicePitch, Rect& r) {
-  if (!origin || !region || !region[0] || !region[1] || !region[2]) return CL_INVALID_VALUE;
-  for (int i = 0; i < 3; ++i) r.origin[i] = origin[i], r.region[i] = region[i];
-  r.rowPitch = rowPitch ? rowPitch : region[0];
-  r.slicePitch = slicePitch ? slicePitch : r.rowPitch * region[1];
-  if (r.rowPitch < region[0] || r.slicePitch < r.rowPitch * region[1]) return CL_INVALID_VALUE;
-  return CL_SUCCESS;
+  // The pattern once, then doubling copies of what is filled so far (on the card).
+  c->session->write(m->handle, at, std::span(bytes.data(), std::min(bytes.size(), n)));
+  for (size_t done = bytes.size(); done < n;) {
+    size_t k = std::min(done, n - done);
+    c->session->copy(m->handle, at + done, m->handle, at, k);
+    done += k;
+  }
 }
 
 cl_int CL_API_CALL enqueueReadBufferRect(cl_command_queue q, cl_mem m, cl_bool blocking, const size_t* bufferOrigin,
@@ -584,9 +576,14 @@ cl_int CL_API_CALL enqueueReadBufferRect(cl_command_queue q, cl_mem m, cl_bool b
   Rect b, h;
   if (!out || makeRect(bufferOrigin, region, bufferRow, bufferSlice, b) || makeRect(hostOrigin, region, hostRow, hostSlice, h))
     return CL_INVALID_VALUE;
+  return enqueueReadRect(q, m, blocking, b, h, out, nWait, wait, event, CL_COMMAND_READ_BUFFER_RECT);
+}
+
+cl_int enqueueReadRect(cl_command_queue q, cl_mem m, cl_bool blocking, const Rect& b, const Rect& h, void* out,
+                       cl_uint nWait, const cl_event* wait, cl_event* event, cl_command_type type) {
   if (b.end() > m->size) return CL_INVALID_VALUE;
   cl_context c = q->context;
-  return enqueue(q, nWait, wait, event, CL_COMMAND_READ_BUFFER_RECT, blocking, [=] {
+  return enqueue(q, nWait, wait, event, type, blocking, [=] {
     // One read of the span the rectangle covers, then its rows put in place.
     size_t first = b.offsetOf(0, 0), span = b.end() - first;
     std::vector<std::byte> tmp(span);
@@ -607,6 +604,11 @@ cl_int CL_API_CALL enqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool 
   Rect b, h;
   if (!in || makeRect(bufferOrigin, region, bufferRow, bufferSlice, b) || makeRect(hostOrigin, region, hostRow, hostSlice, h))
     return CL_INVALID_VALUE;
+  return enqueueWriteRect(q, m, blocking, b, h, in, nWait, wait, event, CL_COMMAND_WRITE_BUFFER_RECT);
+}
+
+cl_int enqueueWriteRect(cl_command_queue q, cl_mem m, cl_bool blocking, const Rect& b, const Rect& h, const void* in,
+                        cl_uint nWait, const cl_event* wait, cl_event* event, cl_command_type type) {
   if (b.end() > m->size) return CL_INVALID_VALUE;
   cl_context c = q->context;
   // The rows, gathered now (the caller's memory is free once this returns).
@@ -615,7 +617,13 @@ cl_int CL_API_CALL enqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool 
   for (size_t z = 0; z < b.region[2]; ++z)
     for (size_t y = 0; y < b.region[1]; ++y, at += b.region[0])
       std::memcpy(rows->data() + at, static_cast<const char*>(in) + h.offsetOf(y, z), b.region[0]);
-  return enqueue(q, nWait, wait, event, CL_COMMAND_WRITE_BUFFER_RECT, blocking, [=] {
+  return enqueue(q, nWait, wait, event, type, blocking, [=] {
+    // Rows that follow each other in the buffer go as one write.
+    const bool packed = b.rowPitch == b.region[0] && (b.region[2] == 1 || b.slicePitch == b.region[0] * b.region[1]);
+    if (packed) {
+      c->session->write(m->handle, m->origin + b.offsetOf(0, 0), std::span(rows->data(), rows->size()));
+      return CL_SUCCESS;
+    }
     size_t at = 0;
     for (size_t z = 0; z < b.region[2]; ++z)
       for (size_t y = 0; y < b.region[1]; ++y, at += b.region[0])
@@ -634,13 +642,25 @@ cl_int CL_API_CALL enqueueCopyBufferRect(cl_command_queue q, cl_mem src, cl_mem 
   Rect s, d;
   if (makeRect(srcOrigin, region, srcRow, srcSlice, s) || makeRect(dstOrigin, region, dstRow, dstSlice, d))
     return CL_INVALID_VALUE;
+  return enqueueCopyRect(q, src, dst, s, d, nWait, wait, event, CL_COMMAND_COPY_BUFFER_RECT);
+}
+
+cl_int enqueueCopyRect(cl_command_queue q, cl_mem src, cl_mem dst, const Rect& s, const Rect& d, cl_uint nWait,
+                       const cl_event* wait, cl_event* event, cl_command_type type) {
   if (s.end() > src->size || d.end() > dst->size) return CL_INVALID_VALUE;
   if (src->handle == dst->handle) {
     size_t a = src->origin + s.offsetOf(0, 0), b = dst->origin + d.offsetOf(0, 0);
     if (a < dst->origin + d.end() && b < src->origin + s.end()) return CL_MEM_COPY_OVERLAP;
   }
   cl_context c = q->context;
-  return enqueue(q, nWait, wait, event, CL_COMMAND_COPY_BUFFER_RECT, false, [=] {
+  return enqueue(q, nWait, wait, event, type, false, [=] {
+    const bool packed = s.rowPitch == s.region[0] && d.rowPitch == d.region[0] &&
+                        (s.region[2] == 1 || (s.slicePitch == s.region[0] * s.region[1] && d.slicePitch == d.region[0] * d.region[1]));
+    if (packed) {
+      c->session->copy(dst->handle, dst->origin + d.offsetOf(0, 0), src->handle, src->origin + s.offsetOf(0, 0),
+                       s.region[0] * s.region[1] * s.region[2]);
+      return CL_SUCCESS;
+    }
     for (size_t z = 0; z < s.region[2]; ++z)
       for (size_t y = 0; y < s.region[1]; ++y)
         c->session->copy(dst->handle, dst->origin + d.offsetOf(y, z), src->handle, src->origin + s.offsetOf(y, z), s.region[0]);
@@ -652,6 +672,11 @@ void* CL_API_CALL enqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
                                    size_t n, cl_uint nWait, const cl_event* wait, cl_event* event, cl_int* err) {
   Lock lock(apiLock());
   if (cl_int rc = checkQueueMem(q, m); rc != CL_SUCCESS) return failWith<void>(err, rc);
+  return enqueueMapRange(q, m, blocking, flags, offset, n, nWait, wait, event, CL_COMMAND_MAP_BUFFER, err);
+}
+
+void* enqueueMapRange(cl_command_queue q, cl_mem m, cl_bool blocking, cl_map_flags flags, size_t offset, size_t n,
+                      cl_uint nWait, const cl_event* wait, cl_event* event, cl_command_type type, cl_int* err) {
   if (!inRange(m, offset, n) || n == 0 ||
       (flags & ~cl_map_flags(CL_MAP_READ | CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION)) ||
       ((flags & CL_MAP_WRITE_INVALIDATE_REGION) && (flags & (CL_MAP_READ | CL_MAP_WRITE))))
@@ -672,7 +697,7 @@ void* CL_API_CALL enqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
   ++m->mapCount;
   cl_context c = q->context;
   bool read = !(flags & CL_MAP_WRITE_INVALIDATE_REGION);
-  cl_int rc = enqueue(q, nWait, wait, event, CL_COMMAND_MAP_BUFFER, blocking,
+  cl_int rc = enqueue(q, nWait, wait, event, type, blocking,
                       [=] { return read ? readInto(c, m, offset, n, ptr) : CL_SUCCESS; });
   if (err) *err = rc;
   if (rc != CL_SUCCESS && rc != CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST) {
@@ -683,8 +708,6 @@ void* CL_API_CALL enqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
   }
   return ptr;
 }
-
-void releaseProgramObject(cl_program p);
 
 // What a command that may be held (behind a user event) keeps until it is destroyed,
 // run or not: references on the buffers and program it uses, copies of by-value bytes,
@@ -706,7 +729,7 @@ struct Kept {
 cl_int CL_API_CALL enqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr, cl_uint nWait, const cl_event* wait,
                                          cl_event* event) {
   Lock lock(apiLock());
-  if (cl_int rc = checkQueueMem(q, m); rc != CL_SUCCESS) return rc;
+  if (cl_int rc = checkQueueMem(q, m, true); rc != CL_SUCCESS) return rc;
   auto it = m->maps.find(ptr);
   if (it == m->maps.end()) return CL_INVALID_VALUE;
   _cl_mem::Mapping map = it->second;
@@ -730,10 +753,12 @@ cl_int CL_API_CALL enqueueMigrateMemObjects(cl_command_queue q, cl_uint n, const
   if (!valid(q)) return CL_INVALID_COMMAND_QUEUE;
   if (n == 0 || !mems) return CL_INVALID_VALUE;
   for (cl_uint i = 0; i < n; ++i)
-    if (cl_int rc = checkQueueMem(q, mems[i]); rc != CL_SUCCESS) return rc;
+    if (cl_int rc = checkQueueMem(q, mems[i], true); rc != CL_SUCCESS) return rc;
   // Buffers live where the scheduler keeps them (the vaccel's primary card).
   return enqueue(q, nWait, wait, event, CL_COMMAND_MIGRATE_MEM_OBJECTS, false, [] { return CL_SUCCESS; });
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------------
 // Programs
@@ -800,13 +825,17 @@ cl_program CL_API_CALL createProgramWithBinary(cl_context c, cl_uint n, const cl
 
 cl_int CL_API_CALL retainProgram(cl_program p) { return retainObject(p, CL_INVALID_PROGRAM); }
 
+}  // namespace
+
 void releaseProgramObject(cl_program p) {
   if (--p->refs > 0) return;
   cl_context c = p->context;
   if (p->handle && !c->lost) c->session->free(p->handle);
   bury(p);
-  releaseContext(c);
+  opencl::releaseContext(c);
 }
+
+namespace {
 
 cl_int CL_API_CALL releaseProgram(cl_program p) {
   Lock lock(apiLock());
@@ -928,9 +957,11 @@ GuestIncludes guestIncludes(const std::string& source, const std::string& option
 }
 
 // The program's source as the card compiles it. The card's compiler may define
-// __IMAGE_SUPPORT__; this device offers no images, so the macro goes (#line keeps the
-// build log's line numbers the program's own).
-std::string cardSource(cl_program p) { return "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source; }
+// __IMAGE_SUPPORT__; where this device offers no images (a card lacks them), the macro
+// goes (#line keeps the build log's line numbers the program's own).
+std::string cardSource(cl_program p) {
+  return imagesSupported() ? p->source : "#undef __IMAGE_SUPPORT__\n#line 1\n" + p->source;
+}
 
 bool validHeaders(cl_uint n, const cl_program* headers, const char** names) {
   if ((n == 0) != (headers == nullptr) || (n == 0) != (names == nullptr)) return false;
@@ -1184,10 +1215,14 @@ cl_int CL_API_CALL setKernelArg(cl_kernel k, cl_uint index, size_t size, const v
       break;
     case Space::global:
     case Space::constant: {
+      if (isImageType(info.typeName)) {
+        if (cl_int rc = imageArg(k->program->context, size, value, a); rc != CL_SUCCESS) return rc;
+        break;
+      }
       if (size != sizeof(cl_mem)) return CL_INVALID_ARG_SIZE;
       cl_mem m = value ? *static_cast<const cl_mem*>(value) : nullptr;
       if (m) {
-        if (!valid(m)) return CL_INVALID_MEM_OBJECT;
+        if (!valid(m) || m->image) return CL_INVALID_MEM_OBJECT;
         if (m->context != k->program->context) return CL_INVALID_MEM_OBJECT;
         a.mem = m;
         a.memSerial = m->serial;
@@ -1198,7 +1233,10 @@ cl_int CL_API_CALL setKernelArg(cl_kernel k, cl_uint index, size_t size, const v
       break;
     }
     case Space::privateValue:
-      if (info.typeName == "sampler_t") return CL_INVALID_SAMPLER;
+      if (info.typeName == "sampler_t") {
+        if (cl_int rc = samplerArg(k->program->context, size, value, a); rc != CL_SUCCESS) return rc;
+        break;
+      }
       if (!value) return CL_INVALID_ARG_VALUE;
       if (size == 0 || size > kMaxParameterBytes || (info.size && size != info.size)) return CL_INVALID_ARG_SIZE;
       a.bytes.assign(static_cast<const std::byte*>(value), static_cast<const std::byte*>(value) + size);
@@ -1486,75 +1524,6 @@ cl_int CL_API_CALL enqueueWaitForEvents(cl_command_queue q, cl_uint n, const cl_
   return marker(q, n, wait, nullptr, CL_COMMAND_BARRIER);
 }
 
-// ---------------------------------------------------------------------------------
-// Samplers (objects only: the device has no image support)
-
-cl_sampler makeSampler(cl_context c, cl_bool normalized, cl_addressing_mode addressing, cl_filter_mode filter, cl_int* err) {
-  if (!valid(c)) return failWith<_cl_sampler>(err, CL_INVALID_CONTEXT);
-  auto* s = make<_cl_sampler>();
-  s->context = c;
-  s->normalized = normalized;
-  s->addressing = addressing;
-  s->filter = filter;
-  c->refs++;
-  logLine("a sampler was created, but the device has no image support (CL_DEVICE_IMAGE_SUPPORT is false)");
-  if (err) *err = CL_SUCCESS;
-  return s;
-}
-
-cl_sampler CL_API_CALL createSampler(cl_context c, cl_bool normalized, cl_addressing_mode addressing, cl_filter_mode filter,
-                                     cl_int* err) {
-  Lock lock(apiLock());
-  return makeSampler(c, normalized, addressing, filter, err);
-}
-
-cl_sampler CL_API_CALL createSamplerWithProperties(cl_context c, const cl_sampler_properties* props, cl_int* err) {
-  Lock lock(apiLock());
-  cl_bool normalized = CL_TRUE;
-  cl_addressing_mode addressing = CL_ADDRESS_CLAMP;
-  cl_filter_mode filter = CL_FILTER_NEAREST;
-  for (const cl_sampler_properties* p = props; p && *p; p += 2) {
-    if (p[0] == CL_SAMPLER_NORMALIZED_COORDS) normalized = static_cast<cl_bool>(p[1]);
-    else if (p[0] == CL_SAMPLER_ADDRESSING_MODE) addressing = static_cast<cl_addressing_mode>(p[1]);
-    else if (p[0] == CL_SAMPLER_FILTER_MODE) filter = static_cast<cl_filter_mode>(p[1]);
-    else return failWith<_cl_sampler>(err, CL_INVALID_VALUE);
-  }
-  return makeSampler(c, normalized, addressing, filter, err);
-}
-
-cl_int CL_API_CALL retainSampler(cl_sampler s) { return retainObject(s, CL_INVALID_SAMPLER); }
-
-cl_int CL_API_CALL releaseSampler(cl_sampler s) {
-  Lock lock(apiLock());
-  if (!valid(s)) return CL_INVALID_SAMPLER;
-  if (--s->refs > 0) return CL_SUCCESS;
-  cl_context c = s->context;
-  bury(s);
-  opencl::releaseContext(c);
-  return CL_SUCCESS;
-}
-
-cl_int CL_API_CALL getSamplerInfo(cl_sampler s, cl_sampler_info what, size_t size, void* out, size_t* ret) {
-  Lock lock(apiLock());
-  if (!valid(s)) return CL_INVALID_SAMPLER;
-  switch (what) {
-    case CL_SAMPLER_REFERENCE_COUNT: return setValue(cl_uint(s->refs), size, out, ret);
-    case CL_SAMPLER_CONTEXT: return setValue(s->context, size, out, ret);
-    case CL_SAMPLER_NORMALIZED_COORDS: return setValue(s->normalized, size, out, ret);
-    case CL_SAMPLER_ADDRESSING_MODE: return setValue(s->addressing, size, out, ret);
-    case CL_SAMPLER_FILTER_MODE: return setValue(s->filter, size, out, ret);
-    default: return CL_INVALID_VALUE;
-  }
-}
-
-cl_int CL_API_CALL getSupportedImageFormats(cl_context c, cl_mem_flags, cl_mem_object_type, cl_uint, cl_image_format*,
-                                            cl_uint* count) {
-  Lock lock(apiLock());
-  if (!valid(c)) return CL_INVALID_CONTEXT;
-  if (count) *count = 0;
-  return CL_SUCCESS;
-}
-
 void* CL_API_CALL getExtensionFunctionAddress(const char* name) { return ::clGetExtensionFunctionAddress(name); }
 void* CL_API_CALL getExtensionFunctionAddressForPlatform(cl_platform_id p, const char* name) {
   return ::clGetExtensionFunctionAddressForPlatform(p, name);
@@ -1580,8 +1549,8 @@ template <class R, class... A, Name name>
 struct Unsupported<R(CL_API_CALL*)(A...), name> {
   static R CL_API_CALL call(A... args) {
     static bool said = false;
-    if (!said) logLine(std::string(name.text) + " is not supported by raccel's OpenCL 1.2 device (no images, GL, D3D, "
-                                                "EGL, SVM or pipes)", true);
+    if (!said) logLine(std::string(name.text) + " is not supported by raccel's OpenCL 1.2 device (no GL, D3D, EGL, SVM "
+                                                "or pipes)", true);
     said = true;
     if constexpr (std::is_pointer_v<R>) {
       if constexpr (sizeof...(A) > 0) {
@@ -1609,14 +1578,14 @@ cl_icd_dispatch kDispatch;
 void fillDispatch(cl_icd_dispatch& d) {
   std::memset(&d, 0, sizeof d);
   // Every slot first answers "unsupported"...
-  RACCEL_SLOT(clCreateImage2D) RACCEL_SLOT(clCreateImage3D) RACCEL_SLOT(clGetImageInfo) RACCEL_SLOT(clEnqueueReadImage)
-  RACCEL_SLOT(clEnqueueWriteImage) RACCEL_SLOT(clEnqueueCopyImage) RACCEL_SLOT(clEnqueueCopyImageToBuffer)
-  RACCEL_SLOT(clEnqueueCopyBufferToImage) RACCEL_SLOT(clEnqueueMapImage) RACCEL_SLOT(clCreateFromGLBuffer)
+  
+  
+  RACCEL_SLOT(clCreateFromGLBuffer)
   RACCEL_SLOT(clCreateFromGLTexture2D) RACCEL_SLOT(clCreateFromGLTexture3D) RACCEL_SLOT(clCreateFromGLRenderbuffer)
   RACCEL_SLOT(clGetGLObjectInfo) RACCEL_SLOT(clGetGLTextureInfo) RACCEL_SLOT(clEnqueueAcquireGLObjects)
   RACCEL_SLOT(clEnqueueReleaseGLObjects) RACCEL_SLOT(clGetGLContextInfoKHR) RACCEL_SLOT(clCreateSubDevicesEXT)
   RACCEL_SLOT(clRetainDeviceEXT) RACCEL_SLOT(clReleaseDeviceEXT) RACCEL_SLOT(clCreateEventFromGLsyncKHR)
-  RACCEL_SLOT(clCreateImage) RACCEL_SLOT(clCreateProgramWithBuiltInKernels) RACCEL_SLOT(clEnqueueFillImage)
+  RACCEL_SLOT(clCreateProgramWithBuiltInKernels) 
   RACCEL_SLOT(clCreateFromGLTexture) RACCEL_SLOT(clCreateFromEGLImageKHR) RACCEL_SLOT(clEnqueueAcquireEGLObjectsKHR)
   RACCEL_SLOT(clEnqueueReleaseEGLObjectsKHR) RACCEL_SLOT(clCreateEventFromEGLSyncKHR) RACCEL_SLOT(clCreatePipe)
   RACCEL_SLOT(clGetPipeInfo) RACCEL_SLOT(clSVMAlloc) RACCEL_SLOT(clSVMFree) RACCEL_SLOT(clEnqueueSVMFree)
@@ -1635,6 +1604,7 @@ void fillDispatch(cl_icd_dispatch& d) {
   RACCEL_WINDOWS_SLOT(clCreateFromDX9MediaSurfaceKHR) RACCEL_WINDOWS_SLOT(clEnqueueAcquireD3D11ObjectsKHR)
   RACCEL_WINDOWS_SLOT(clEnqueueReleaseD3D11ObjectsKHR)
   // ...then the OpenCL 1.2 API over raccel.
+  fillImageDispatch(d);
   d.clGetPlatformIDs = getPlatformIDs;
   d.clGetPlatformInfo = getPlatformInfo;
   d.clGetDeviceIDs = getDeviceIDs;
@@ -1657,14 +1627,8 @@ void fillDispatch(cl_icd_dispatch& d) {
   d.clCreateSubBuffer = createSubBuffer;
   d.clRetainMemObject = retainMemObject;
   d.clReleaseMemObject = releaseMemObject;
-  d.clGetSupportedImageFormats = getSupportedImageFormats;
   d.clGetMemObjectInfo = getMemObjectInfo;
   d.clSetMemObjectDestructorCallback = setMemObjectDestructorCallback;
-  d.clCreateSampler = createSampler;
-  d.clCreateSamplerWithProperties = createSamplerWithProperties;
-  d.clRetainSampler = retainSampler;
-  d.clReleaseSampler = releaseSampler;
-  d.clGetSamplerInfo = getSamplerInfo;
   d.clCreateProgramWithSource = createProgramWithSource;
   d.clCreateProgramWithBinary = createProgramWithBinary;
   d.clRetainProgram = retainProgram;

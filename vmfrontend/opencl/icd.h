@@ -121,6 +121,11 @@ struct _cl_mem : RcObject {
   };
   std::map<void*, Mapping> maps;
   std::vector<std::pair<void(CL_CALLBACK*)(cl_mem, void*), void*>> destructors;
+  // An image: its pixels lie packed in the buffer (common/images.h), read as this says.
+  // A 1D image of a buffer has that buffer as its parent.
+  std::optional<raccel::ImageDesc> image;
+  cl_image_format format{};
+  size_t pixelBytes = 0;
 };
 
 struct _cl_program : RcObject {

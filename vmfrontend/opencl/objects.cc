@@ -146,7 +146,8 @@ const client::CardInfo* openclCard() {
 
 // The extensions raccel carries (their kernels need nothing of the ICD but the card's
 // compiler): offered where every card that runs OpenCL C for this vaccel lists them.
-// Image and command-buffer extensions need objects raccel does not carry, and are not.
+// Command-buffer extensions need objects raccel does not carry, and are not. Images are
+// what every such card takes (common/images.h commonLimits).
 const OpenclFeatures& openclFeatures() {
   static const OpenclFeatures features = [] {
     static const char* const carried[] = {
@@ -179,6 +180,11 @@ const OpenclFeatures& openclFeatures() {
         for (auto* c : cards) f.doubleFp &= c->doubleFpConfig;
       }
     }
+    std::vector<const ImageLimits*> images;
+    for (auto* c : cards) images.push_back(&c->images);
+    f.images = commonLimits(images);
+    if (!cards.empty() && !f.images.supported())
+      logLine("no images (CL_DEVICE_IMAGE_SUPPORT is false): a card of this vaccel has none, or none in a format all share");
     return f;
   }();
   return features;

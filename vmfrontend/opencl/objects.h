@@ -50,6 +50,23 @@ void bury(T* o) {
   graveyard<T>().push_back(o);
 }
 
+using Lock = std::lock_guard<std::recursive_mutex>;
+
+template <class T>
+cl_int retainObject(T* o, cl_int invalid) {
+  Lock lock(apiLock());
+  if (!valid(o)) return invalid;
+  o->refs++;
+  return CL_SUCCESS;
+}
+
+// For a call that returns an object: sets *err (if asked for), returns null.
+template <class T>
+T* failWith(cl_int* err, cl_int rc) {
+  if (err) *err = rc;
+  return nullptr;
+}
+
 cl_platform_id thePlatform();
 cl_device_id theDevice();
 // Opens the first session, which describes the device; false (with a logged reason)
@@ -61,6 +78,7 @@ Result<std::unique_ptr<client::Session>> openSession();
 struct OpenclFeatures {
   std::string extensions;  // CL_DEVICE_EXTENSIONS
   cl_device_fp_config doubleFp = 0;  // 0: no cl_khr_fp64
+  ImageLimits images;                 // none: CL_DEVICE_IMAGE_SUPPORT is false
 };
 // What every card of the vaccel that runs OpenCL C has (after probeDevice()).
 const OpenclFeatures& openclFeatures();
@@ -98,6 +116,63 @@ void watchCallbacks(cl_context ctx);
 // caller's.
 cl_int enqueue(cl_command_queue q, cl_uint nWait, const cl_event* waitList, cl_event* eventOut, cl_command_type type,
                bool blocking, std::function<cl_int()> run);
+
+// ---------------------------------------------------------------------------------
+// Buffers (api.cc), as images (images.cc) build on them.
+
+// CL_DEVICE_MEM_BASE_ADDR_ALIGN / 8, as reported: PoCL's alignment. The card's own backend
+// refuses a sub-buffer offset its device cannot take, naming its alignment.
+inline constexpr size_t kBaseAlignBytes = 128;
+inline constexpr size_t kMaxParameterBytes = 4096;
+
+// Rectangles: rows of region[0] bytes, region[1] rows a slice, region[2] slices.
+struct Rect {
+  size_t origin[3], region[3], rowPitch, slicePitch;
+  size_t offsetOf(size_t y, size_t z) const {
+    return (origin[2] + z) * slicePitch + (origin[1] + y) * rowPitch + origin[0];
+  }
+  size_t end() const { return offsetOf(region[1] - 1, region[2] - 1) + region[0]; }
+};
+inline cl_int makeRect(const size_t* origin, const size_t* region, size_t rowPitch, size_t slicePitch, Rect& r) {
+  if (!origin || !region || !region[0] || !region[1] || !region[2]) return CL_INVALID_VALUE;
+  for (int i = 0; i < 3; ++i) r.origin[i] = origin[i], r.region[i] = region[i];
+  r.rowPitch = rowPitch ? rowPitch : region[0];
+  r.slicePitch = slicePitch ? slicePitch : r.rowPitch * region[1];
+  if (r.rowPitch < region[0] || r.slicePitch < r.rowPitch * region[1]) return CL_INVALID_VALUE;
+  return CL_SUCCESS;
+}
+
+// The flags of a new memory object (0 becomes CL_MEM_READ_WRITE) and whether `host` is
+// given exactly when they need it.
+cl_int checkMemFlags(cl_mem_flags& flags, const void* host);
+cl_mem newMem(cl_context c, cl_mem_flags flags, size_t size);
+void releaseMem(cl_mem m);
+void releaseProgramObject(cl_program p);
+// CL_DEVICE_MAX_MEM_ALLOC_SIZE: the largest buffer or image.
+cl_ulong maxAllocBytes();
+// A queue and a memory object of its context: a buffer, or also an image.
+cl_int checkQueueMem(cl_command_queue q, cl_mem m, bool imagesToo = false);
+// The commands behind clEnqueue{Read,Write,Copy}BufferRect and clEnqueueMapBuffer, as
+// `type`, on a queue and objects already checked.
+cl_int enqueueReadRect(cl_command_queue q, cl_mem m, cl_bool blocking, const Rect& b, const Rect& h, void* out,
+                       cl_uint nWait, const cl_event* wait, cl_event* event, cl_command_type type);
+cl_int enqueueWriteRect(cl_command_queue q, cl_mem m, cl_bool blocking, const Rect& b, const Rect& h, const void* in,
+                        cl_uint nWait, const cl_event* wait, cl_event* event, cl_command_type type);
+cl_int enqueueCopyRect(cl_command_queue q, cl_mem src, cl_mem dst, const Rect& s, const Rect& d, cl_uint nWait,
+                       const cl_event* wait, cl_event* event, cl_command_type type);
+void* enqueueMapRange(cl_command_queue q, cl_mem m, cl_bool blocking, cl_map_flags flags, size_t offset, size_t n,
+                      cl_uint nWait, const cl_event* wait, cl_event* event, cl_command_type type, cl_int* err);
+// `n` bytes from `offset` filled with `pattern` repeated (sent now: call inside a command).
+void fillRange(cl_context c, cl_mem m, size_t offset, size_t n, const std::vector<std::byte>& pattern);
+
+// Images and samplers (images.cc): their slots of the dispatch table, and a kernel
+// argument that is an image (a global argument whose type is image*_t) or a sampler.
+void fillImageDispatch(cl_icd_dispatch& d);
+bool isImageType(const std::string& typeName);
+cl_int imageArg(cl_context c, size_t size, const void* value, _cl_kernel::ArgValue& a);
+cl_int samplerArg(cl_context c, size_t size, const void* value, _cl_kernel::ArgValue& a);
+// Whether every card of the vaccel that runs OpenCL C takes images.
+bool imagesSupported();
 
 cl_context createContext(const cl_context_properties* props,
                          void(CL_CALLBACK* notify)(const char*, const void*, size_t, void*), void* data, cl_int* err);
