@@ -237,6 +237,10 @@ ImageLimits commonLimits(const std::vector<const ImageLimits*>& cards) {
   return out;
 }
 
+bool isImageTypeName(const std::string& t) {
+  return t.find("image") != std::string::npos && t.ends_with("_t") && t.find('*') == std::string::npos;
+}
+
 uint32_t encodeSampler(bool normalized, uint32_t addressing, uint32_t filter) {
   return uint32_t{normalized} | (addressing - image::kAddressNone) << 4 | (filter - image::kFilterNearest) << 8;
 }

@@ -94,6 +94,9 @@ ImageLimits commonLimits(const std::vector<const ImageLimits*>& cards);
 // and returns how many (0 for a format pixelBytes does not know).
 uint32_t encodePixel(uint32_t order, uint32_t type, const void* color, std::byte* out);
 
+// Whether an OpenCL C kernel argument of this type name is an image (image2d_t, ...).
+bool isImageTypeName(const std::string& typeName);
+
 // A sampler as a word: normalized coordinates in bit 0, the addressing mode's offset
 // from image::kAddressNone in bits 4-7, the filter's from image::kFilterNearest in bits
 // 8-11. decodeSampler refuses any other bit or value.

@@ -160,6 +160,27 @@ TEST_F(OpenclCard, BadLaunchesAndDescriptionsFromAGuestAreRefusedAndTheSessionCa
             std::string::npos);
   std::vector<client::Arg> many(300, client::Arg::value(value));
   EXPECT_NE(launchWith(many).find("at most 256 arguments"), std::string::npos);
+  // Images and samplers the ICD would never send: absurd sizes, more pixels than the
+  // buffer holds, an unknown format, a sampler word with stray bits.
+  const uint32_t rgbaFloat[2] = {0x10B5, 0x10DE};
+  ImageDesc absurd{image::kImage3d, rgbaFloat[0], rgbaFloat[1], 0, 1ull << 32, 1ull << 32, 1ull << 32, 0};
+  EXPECT_NE(launchWith({client::Arg::imageOf(buffer, 0, absurd), client::Arg::local(64), client::Arg::value(value)})
+                .find("past this card's limits"),
+            std::string::npos);
+  ImageDesc tooBig{image::kImage2d, rgbaFloat[0], rgbaFloat[1], 0, 16, 16, 0, 0};
+  EXPECT_NE(launchWith({client::Arg::imageOf(buffer, 0, tooBig), client::Arg::local(64), client::Arg::value(value)})
+                .find("does not fit its 256-byte buffer"),
+            std::string::npos);
+  ImageDesc unknownFormat{image::kImage2d, 0x1234, rgbaFloat[1], 0, 2, 2, 0, 0};
+  EXPECT_NE(launchWith({client::Arg::imageOf(buffer, 0, unknownFormat), client::Arg::local(64), client::Arg::value(value)})
+                .find("unknown image format"),
+            std::string::npos);
+  EXPECT_NE(launchWith({client::Arg::buffer(buffer), client::Arg::local(64), client::Arg::sampler(0xffff)}).find("sampler word"),
+            std::string::npos);
+  ImageDesc fits{image::kImage2d, rgbaFloat[0], rgbaFloat[1], 0, 4, 4, 0, 0};
+  EXPECT_NE(launchWith({client::Arg::imageOf(buffer, 0, fits), client::Arg::local(64), client::Arg::value(value)})
+                .find("argument 0"),
+            std::string::npos) << "an image where the kernel takes a buffer: the card's driver refuses it";
   auto notProgram = s.describeProgram(buffer);
   ASSERT_FALSE(notProgram);
   EXPECT_EQ(notProgram.error().code, Code::notFound) << notProgram.error().message;

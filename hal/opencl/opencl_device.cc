@@ -344,6 +344,12 @@ class OpenclDevice final : public Device {
     for (size_t i = 0; i < args.size(); ++i) {
       const KernelArg& a = args[i];
       const std::string which = "kernel " + kernelName + " argument " + std::to_string(i);
+      // An image only where the kernel takes one (a driver may take any cl_mem for any).
+      if (described && i < described->args.size() &&
+          (a.type == KernelArg::Type::image) != isImageTypeName(described->args[i].typeName) &&
+          (a.type == KernelArg::Type::image || a.type == KernelArg::Type::buffer))
+        return clFail(Code::invalidArgument, which + " is " + (a.type == KernelArg::Type::image ? "an image" : "a buffer") +
+                                                 "; the kernel takes " + described->args[i].typeName, CL_INVALID_MEM_OBJECT);
       cl_int rc = CL_SUCCESS;
       cl_mem mem = nullptr;
       cl_sampler sampler = nullptr;

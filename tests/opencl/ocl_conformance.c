@@ -460,6 +460,265 @@ static int compile_bad_input(void) {
   return 0;
 }
 
+/* ---- Images and samplers, made on the card by its own driver. ---- */
+
+static int image_support(void) {
+  cl_bool images = CL_FALSE;
+  clGetDeviceInfo(device, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL);
+  if (!images) return FAILED("CL_DEVICE_IMAGE_SUPPORT is false");
+  return 0;
+}
+
+/* A 2D float image read through a sampler argument and written to another image; read
+ * back whole and in part, with the host's own row pitch. */
+static int images_2d(void) {
+  if (image_support()) return 1;
+  enum { W = 8, H = 4 };
+  float in[H][W][4], out[H][W][4];
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x)
+      for (int c = 0; c < 4; ++c) in[y][x][c] = (float)(y * 100 + x * 10 + c);
+  cl_image_format f = {CL_RGBA, CL_FLOAT};
+  cl_image_desc d = {0};
+  d.image_type = CL_MEM_OBJECT_IMAGE2D;
+  d.image_width = W;
+  d.image_height = H;
+  cl_int rc;
+  cl_mem src = clCreateImage(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, &f, &d, in, &rc);
+  CHECK(rc);
+  cl_mem dst = clCreateImage(context, CL_MEM_WRITE_ONLY, &f, &d, NULL, &rc);
+  CHECK(rc);
+  cl_sampler s = clCreateSampler(context, CL_FALSE, CL_ADDRESS_CLAMP_TO_EDGE, CL_FILTER_NEAREST, &rc);
+  CHECK(rc);
+  const char* src_text =
+      "__kernel void twice(__read_only image2d_t in, sampler_t s, __write_only image2d_t out) {\n"
+      "  int2 p = (int2)(get_global_id(0), get_global_id(1));\n"
+      "  write_imagef(out, p, 2.0f * read_imagef(in, s, p) + (float4)(0, 0, 0, get_image_width(in)));\n"
+      "}\n";
+  cl_program p;
+  cl_kernel k;
+  if (build(src_text, "", "twice", &p, &k)) return 1;
+  CHECK(clSetKernelArg(k, 0, sizeof src, &src));
+  CHECK(clSetKernelArg(k, 1, sizeof s, &s));
+  CHECK(clSetKernelArg(k, 2, sizeof dst, &dst));
+  size_t global[2] = {W, H};
+  CHECK(clEnqueueNDRangeKernel(queue, k, 2, NULL, global, NULL, 0, NULL, NULL));
+  size_t origin[3] = {0, 0, 0}, region[3] = {W, H, 1};
+  CHECK(clEnqueueReadImage(queue, dst, CL_TRUE, origin, region, 0, 0, out, 0, NULL, NULL));
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x)
+      for (int c = 0; c < 4; ++c)
+        if (out[y][x][c] != 2 * in[y][x][c] + (c == 3 ? W : 0))
+          return FAILED("pixel (%d, %d) channel %d is %g, expected %g", x, y, c, out[y][x][c], 2 * in[y][x][c] + (c == 3 ? W : 0));
+  /* A 3 x 2 region from (4, 1), into rows of 5 pixels. */
+  float part[2][5][4];
+  memset(part, 0, sizeof part);
+  size_t at[3] = {4, 1, 0}, three[3] = {3, 2, 1};
+  CHECK(clEnqueueReadImage(queue, src, CL_TRUE, at, three, sizeof part[0], 0, part, 0, NULL, NULL));
+  for (int y = 0; y < 2; ++y)
+    for (int x = 0; x < 3; ++x)
+      if (part[y][x][1] != in[1 + y][4 + x][1]) return FAILED("the region read back wrong at (%d, %d)", x, y);
+  size_t pitch = 0, element = 0;
+  CHECK(clGetImageInfo(src, CL_IMAGE_ROW_PITCH, sizeof pitch, &pitch, NULL));
+  CHECK(clGetImageInfo(src, CL_IMAGE_ELEMENT_SIZE, sizeof element, &element, NULL));
+  if (element != 16 || pitch < W * 16) return FAILED("element size %zu, row pitch %zu", element, pitch);
+  cl_mem_object_type type = 0;
+  CHECK(clGetMemObjectInfo(src, CL_MEM_TYPE, sizeof type, &type, NULL));
+  if (type != CL_MEM_OBJECT_IMAGE2D) return FAILED("CL_MEM_TYPE is %#x", type);
+  clReleaseSampler(s);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  clReleaseMemObject(src);
+  clReleaseMemObject(dst);
+  return 0;
+}
+
+/* A 3D unsigned image written with a host pitch, filled in part, copied to a 2D array
+ * and to a buffer, mapped; read by a kernel through a sampler the kernel declares. */
+static int images_3d_and_arrays(void) {
+  if (image_support()) return 1;
+  enum { W = 5, H = 3, D = 2 };
+  cl_image_format f = {CL_RGBA, CL_UNSIGNED_INT8};
+  cl_image_desc d = {0};
+  d.image_type = CL_MEM_OBJECT_IMAGE3D;
+  d.image_width = W, d.image_height = H, d.image_depth = D;
+  cl_int rc;
+  cl_mem vol = clCreateImage(context, CL_MEM_READ_WRITE, &f, &d, NULL, &rc);
+  CHECK(rc);
+  unsigned char host[D][H][8][4]; /* rows of 8 pixels: a pitch past the width */
+  for (int z = 0; z < D; ++z)
+    for (int y = 0; y < H; ++y)
+      for (int x = 0; x < 8; ++x)
+        for (int c = 0; c < 4; ++c) host[z][y][x][c] = (unsigned char)(z * 60 + y * 15 + x * 3 + c);
+  size_t origin[3] = {0, 0, 0}, region[3] = {W, H, D};
+  CHECK(clEnqueueWriteImage(queue, vol, CL_FALSE, origin, region, sizeof host[0][0], sizeof host[0], host, 0, NULL, NULL));
+  cl_uint seven[4] = {7, 7, 7, 7};
+  size_t fillAt[3] = {1, 1, 1}, fillRegion[3] = {2, 1, 1};
+  CHECK(clEnqueueFillImage(queue, vol, seven, fillAt, fillRegion, 0, NULL, NULL));
+  cl_image_desc ad = {0};
+  ad.image_type = CL_MEM_OBJECT_IMAGE2D_ARRAY;
+  ad.image_width = W, ad.image_height = H, ad.image_array_size = D;
+  cl_mem layers = clCreateImage(context, CL_MEM_READ_WRITE, &f, &ad, NULL, &rc);
+  CHECK(rc);
+  CHECK(clEnqueueCopyImage(queue, vol, layers, origin, origin, region, 0, NULL, NULL));
+  const char* text =
+      "__constant sampler_t s = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_NONE | CLK_FILTER_NEAREST;\n"
+      "__kernel void sum(__read_only image2d_array_t in, __global uint* out) {\n"
+      "  int x = get_global_id(0), y = get_global_id(1), z = get_global_id(2);\n"
+      "  uint4 v = read_imageui(in, s, (int4)(x, y, z, 0));\n"
+      "  out[(z * get_image_height(in) + y) * get_image_width(in) + x] = v.x + v.y + v.z + v.w;\n"
+      "}\n";
+  cl_program p;
+  cl_kernel k;
+  if (build(text, "", "sum", &p, &k)) return 1;
+  cl_mem sums = clCreateBuffer(context, CL_MEM_READ_WRITE, sizeof(cl_uint) * W * H * D, NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof layers, &layers));
+  CHECK(clSetKernelArg(k, 1, sizeof sums, &sums));
+  CHECK(clEnqueueNDRangeKernel(queue, k, 3, NULL, region, NULL, 0, NULL, NULL));
+  cl_uint got[D][H][W];
+  CHECK(clEnqueueReadBuffer(queue, sums, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL));
+  for (int z = 0; z < D; ++z)
+    for (int y = 0; y < H; ++y)
+      for (int x = 0; x < W; ++x) {
+        int filled = z == 1 && y == 1 && (x == 1 || x == 2);
+        cl_uint want = filled ? 28 : 0;
+        for (int c = 0; !filled && c < 4; ++c) want += host[z][y][x][c];
+        if (got[z][y][x] != want) return FAILED("pixel (%d, %d, %d) sums to %u, expected %u", x, y, z, got[z][y][x], want);
+      }
+  /* The second slice's rows, packed into a buffer; then the image mapped. */
+  cl_mem packed = clCreateBuffer(context, CL_MEM_READ_WRITE, W * H * 4, NULL, &rc);
+  CHECK(rc);
+  size_t slice1[3] = {0, 0, 1}, oneSlice[3] = {W, H, 1};
+  CHECK(clEnqueueCopyImageToBuffer(queue, vol, packed, slice1, oneSlice, 0, 0, NULL, NULL));
+  unsigned char flat[H][W][4];
+  CHECK(clEnqueueReadBuffer(queue, packed, CL_TRUE, 0, sizeof flat, flat, 0, NULL, NULL));
+  if (flat[0][0][2] != host[1][0][0][2] || flat[1][1][0] != 7) return FAILED("copy to a buffer: wrong bytes");
+  size_t rowPitch = 0, slicePitch = 0;
+  unsigned char* mapped = clEnqueueMapImage(queue, vol, CL_TRUE, CL_MAP_READ, slice1, oneSlice, &rowPitch, &slicePitch, 0,
+                                            NULL, NULL, &rc);
+  CHECK(rc);
+  if (mapped[2 * rowPitch + 4 * 4 + 3] != host[1][2][4][3]) return FAILED("the mapped image holds the wrong bytes");
+  CHECK(clEnqueueUnmapMemObject(queue, vol, mapped, 0, NULL, NULL));
+  CHECK(clFinish(queue));
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  cl_mem all[] = {vol, layers, sums, packed};
+  for (int i = 0; i < 4; ++i) clReleaseMemObject(all[i]);
+  return 0;
+}
+
+/* A 1D image of a buffer: what a kernel writes through it is in the buffer. */
+static int image_of_a_buffer(void) {
+  if (image_support()) return 1;
+  enum { N = 64 };
+  cl_int rc;
+  cl_mem buf = clCreateBuffer(context, CL_MEM_READ_WRITE, N * 16, NULL, &rc);
+  CHECK(rc);
+  cl_image_format f = {CL_RGBA, CL_FLOAT};
+  cl_image_desc d = {0};
+  d.image_type = CL_MEM_OBJECT_IMAGE1D_BUFFER;
+  d.image_width = N;
+  d.buffer = buf;
+  cl_mem img = clCreateImage(context, CL_MEM_READ_WRITE, &f, &d, NULL, &rc);
+  CHECK(rc);
+  cl_mem of = NULL;
+  CHECK(clGetImageInfo(img, CL_IMAGE_BUFFER, sizeof of, &of, NULL));
+  if (of != buf) return FAILED("CL_IMAGE_BUFFER is not the buffer");
+  const char* text =
+      "__kernel void put(__write_only image1d_buffer_t out, __global float* marks) {\n"
+      "  int i = get_global_id(0);\n"
+      "  write_imagef(out, i, (float4)(i, -i, 0.5f, 1));\n"
+      "  marks[i] = i;\n"
+      "}\n";
+  cl_program p;
+  cl_kernel k;
+  if (build(text, "", "put", &p, &k)) return 1;
+  /* (A buffer argument too: PoCL 3.1 faults on a kernel with no buffer argument beside such an image.) */
+  cl_mem marks = clCreateBuffer(context, CL_MEM_READ_WRITE, N * sizeof(float), NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof img, &img));
+  CHECK(clSetKernelArg(k, 1, sizeof marks, &marks));
+  size_t global = N;
+  CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, NULL, 0, NULL, NULL));
+  float got[N][4];
+  CHECK(clEnqueueReadBuffer(queue, buf, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL));
+  for (int i = 0; i < N; ++i)
+    if (got[i][0] != i || got[i][1] != -i || got[i][2] != 0.5f) return FAILED("texel %d is (%g, %g, %g)", i, got[i][0], got[i][1], got[i][2]);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  clReleaseMemObject(img);
+  clReleaseMemObject(buf);
+  clReleaseMemObject(marks);
+  return 0;
+}
+
+/* Bad image input: absurd sizes, unknown formats, a format the device does not list, a
+ * missing size. Each gives its standard error, and images still work after. */
+static int image_bad_input(void) {
+  if (image_support()) return 1;
+  cl_int rc;
+  cl_image_format f = {CL_RGBA, CL_FLOAT};
+  cl_image_desc d = {0};
+  d.image_type = CL_MEM_OBJECT_IMAGE2D;
+  d.image_width = (size_t)1 << 40;
+  d.image_height = (size_t)1 << 40;
+  cl_mem m = clCreateImage(context, CL_MEM_READ_WRITE, &f, &d, NULL, &rc);
+  if (m || rc != CL_INVALID_IMAGE_SIZE) return FAILED("a 2^40 x 2^40 image gave %d", rc);
+  d.image_type = CL_MEM_OBJECT_IMAGE3D;
+  d.image_width = d.image_height = d.image_depth = (size_t)-1;
+  m = clCreateImage(context, CL_MEM_READ_WRITE, &f, &d, NULL, &rc);
+  if (m || rc != CL_INVALID_IMAGE_SIZE) return FAILED("a SIZE_MAX-sided 3D image gave %d", rc);
+  d.image_type = CL_MEM_OBJECT_IMAGE2D;
+  d.image_width = 0;
+  d.image_height = 4;
+  m = clCreateImage(context, CL_MEM_READ_WRITE, &f, &d, NULL, &rc);
+  if (m || rc != CL_INVALID_IMAGE_DESCRIPTOR) return FAILED("a 0-wide image gave %d", rc);
+  d.image_width = 4;
+  cl_image_format unknown = {0x1234, CL_FLOAT};
+  m = clCreateImage(context, CL_MEM_READ_WRITE, &unknown, &d, NULL, &rc);
+  if (m || rc != CL_INVALID_IMAGE_FORMAT_DESCRIPTOR) return FAILED("an unknown channel order gave %d", rc);
+  cl_image_desc odd = d;
+  odd.image_type = 0x10FF;
+  m = clCreateImage(context, CL_MEM_READ_WRITE, &f, &odd, NULL, &rc);
+  if (m || rc != CL_INVALID_IMAGE_DESCRIPTOR) return FAILED("an unknown image type gave %d", rc);
+  /* A format the device does not list, if it lacks one of these. */
+  cl_image_format listed[512];
+  cl_uint n = 0;
+  CHECK(clGetSupportedImageFormats(context, CL_MEM_READ_WRITE, CL_MEM_OBJECT_IMAGE2D, 512, listed, &n));
+  if (n == 0) return FAILED("no image formats listed");
+  const cl_image_format candidates[] = {{CL_RGB, CL_UNORM_SHORT_565}, {CL_RGB, CL_UNORM_INT_101010},
+                                        {CL_ARGB, CL_SIGNED_INT32}, {CL_RA, CL_HALF_FLOAT}};
+  for (size_t c = 0; c < sizeof candidates / sizeof *candidates; ++c) {
+    int found = 0;
+    for (cl_uint i = 0; i < n && i < 512; ++i)
+      found |= listed[i].image_channel_order == candidates[c].image_channel_order &&
+               listed[i].image_channel_data_type == candidates[c].image_channel_data_type;
+    if (found) continue;
+    m = clCreateImage(context, CL_MEM_READ_WRITE, &candidates[c], &d, NULL, &rc);
+    if (m || rc != CL_IMAGE_FORMAT_NOT_SUPPORTED) return FAILED("an unlisted format (%#x, %#x) gave %d",
+                                                                 candidates[c].image_channel_order,
+                                                                 candidates[c].image_channel_data_type, rc);
+    break;
+  }
+  float px[4] = {1, 2, 3, 4};
+  m = clCreateImage(context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, &f, &d, NULL, &rc);
+  if (m || rc != CL_INVALID_HOST_PTR) return FAILED("COPY_HOST_PTR without a pointer gave %d", rc);
+  m = clCreateImage(context, CL_MEM_READ_WRITE, &f, &d, NULL, &rc);
+  CHECK(rc);
+  size_t origin[3] = {3, 0, 0}, two[3] = {2, 1, 1};
+  EXPECT(clEnqueueWriteImage(queue, m, CL_TRUE, origin, two, 0, 0, px, 0, NULL, NULL), CL_INVALID_VALUE);
+  size_t one[3] = {1, 1, 1};
+  CHECK(clEnqueueWriteImage(queue, m, CL_TRUE, origin, one, 0, 0, px, 0, NULL, NULL));
+  float back[4] = {0};
+  CHECK(clEnqueueReadImage(queue, m, CL_TRUE, origin, one, 0, 0, back, 0, NULL, NULL));
+  if (back[2] != 3) return FAILED("the image after bad input read back %g", back[2]);
+  cl_sampler s = clCreateSampler(context, CL_TRUE, (cl_addressing_mode)0x1199, CL_FILTER_LINEAR, &rc);
+  if (s || rc != CL_INVALID_VALUE) return FAILED("an unknown addressing mode gave %d", rc);
+  clReleaseMemObject(m);
+  return 0;
+}
+
 struct check {
   const char* name;
   int (*run)(void);
@@ -479,6 +738,10 @@ static const struct check checks[] = {
     {"card_timestamps", card_timestamps},
     {"compile_and_link", compile_and_link},
     {"compile_bad_input", compile_bad_input},
+    {"images_2d", images_2d},
+    {"images_3d_and_arrays", images_3d_and_arrays},
+    {"image_of_a_buffer", image_of_a_buffer},
+    {"image_bad_input", image_bad_input},
 };
 
 int main(int argc, char** argv) {

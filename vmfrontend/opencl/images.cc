@@ -22,9 +22,7 @@ static_assert(sizeof(cl_image_format) == 8);
 
 bool imagesSupported() { return probeDevice() && openclFeatures().images.supported(); }
 
-bool isImageType(const std::string& typeName) {
-  return typeName.find("image") != std::string::npos && typeName.ends_with("_t") && typeName.find('*') == std::string::npos;
-}
+bool isImageType(const std::string& typeName) { return isImageTypeName(typeName); }
 
 cl_int imageArg(cl_context c, size_t size, const void* value, _cl_kernel::ArgValue& a) {
   if (size != sizeof(cl_mem)) return CL_INVALID_ARG_SIZE;
