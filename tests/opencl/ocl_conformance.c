@@ -719,6 +719,27 @@ static int image_bad_input(void) {
   return 0;
 }
 
+/* A device without images (CL_DEVICE_IMAGE_SUPPORT false) refuses them with the
+ * standard's CL_INVALID_OPERATION and lists no formats. Fails on a device with images. */
+static int images_refused(void) {
+  cl_bool images = CL_TRUE;
+  CHECK(clGetDeviceInfo(device, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL));
+  if (images) return FAILED("the device has images");
+  cl_int rc;
+  cl_image_format f = {CL_RGBA, CL_FLOAT};
+  cl_image_desc d = {0};
+  d.image_type = CL_MEM_OBJECT_IMAGE2D;
+  d.image_width = d.image_height = 4;
+  cl_mem m = clCreateImage(context, CL_MEM_READ_WRITE, &f, &d, NULL, &rc);
+  if (m || rc != CL_INVALID_OPERATION) return FAILED("clCreateImage gave %d", rc);
+  cl_sampler s = clCreateSampler(context, CL_FALSE, CL_ADDRESS_CLAMP, CL_FILTER_NEAREST, &rc);
+  if (s || rc != CL_INVALID_OPERATION) return FAILED("clCreateSampler gave %d", rc);
+  cl_uint n = 99;
+  CHECK(clGetSupportedImageFormats(context, CL_MEM_READ_WRITE, CL_MEM_OBJECT_IMAGE2D, 0, NULL, &n));
+  if (n != 0) return FAILED("%u formats listed", n);
+  return 0;
+}
+
 struct check {
   const char* name;
   int (*run)(void);
@@ -742,6 +763,7 @@ static const struct check checks[] = {
     {"images_3d_and_arrays", images_3d_and_arrays},
     {"image_of_a_buffer", image_of_a_buffer},
     {"image_bad_input", image_bad_input},
+    {"images_refused", images_refused}, /* for a device without images: skipped otherwise */
 };
 
 int main(int argc, char** argv) {

@@ -153,7 +153,7 @@ const OpenclFeatures& openclFeatures() {
     static const char* const carried[] = {
         "cl_khr_byte_addressable_store",       "cl_khr_global_int32_base_atomics", "cl_khr_global_int32_extended_atomics",
         "cl_khr_local_int32_base_atomics",     "cl_khr_local_int32_extended_atomics", "cl_khr_int64_base_atomics",
-        "cl_khr_int64_extended_atomics",       "cl_khr_fp64"};
+        "cl_khr_int64_extended_atomics",       "cl_khr_fp64",                      "cl_khr_3d_image_writes"};
     OpenclFeatures f;
     std::vector<const client::CardInfo*> cards;
     for (auto& c : device.vaccel.cards)
@@ -162,7 +162,13 @@ const OpenclFeatures& openclFeatures() {
       std::string padded = " " + c.openclExtensions + " ";
       return padded.find(" " + name + " ") != std::string::npos;
     };
+    std::vector<const ImageLimits*> images;
+    for (auto* c : cards) images.push_back(&c->images);
+    f.images = commonLimits(images);
+    if (!cards.empty() && !f.images.supported())
+      logLine("no images (CL_DEVICE_IMAGE_SUPPORT is false): a card of this vaccel has none, or none in a format all share");
     for (const char* name : carried) {
+      if (std::string(name) == "cl_khr_3d_image_writes" && !f.images.supported()) continue;
       // fp64 also needs a double-precision config from the card.
       bool fp64 = std::string(name) == "cl_khr_fp64";
       auto lacking = std::find_if(cards.begin(), cards.end(),
@@ -180,11 +186,6 @@ const OpenclFeatures& openclFeatures() {
         for (auto* c : cards) f.doubleFp &= c->doubleFpConfig;
       }
     }
-    std::vector<const ImageLimits*> images;
-    for (auto* c : cards) images.push_back(&c->images);
-    f.images = commonLimits(images);
-    if (!cards.empty() && !f.images.supported())
-      logLine("no images (CL_DEVICE_IMAGE_SUPPORT is false): a card of this vaccel has none, or none in a format all share");
     return f;
   }();
   return features;
