@@ -12,15 +12,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "common/images.h"
+#include "common/images_cl.h"
 
 namespace raccel::hal {
-
-static_assert(image::kImage2d == CL_MEM_OBJECT_IMAGE2D && image::kImage1dBuffer == CL_MEM_OBJECT_IMAGE1D_BUFFER);
-static_assert(image::kFirstOrder == CL_R && image::kLastOrder == CL_ABGR);
-static_assert(image::kFirstChannelType == CL_SNORM_INT8 && image::kLastChannelType == CL_UNORM_INT_101010_2);
-static_assert(image::kAddressNone == CL_ADDRESS_NONE && image::kAddressMirroredRepeat == CL_ADDRESS_MIRRORED_REPEAT);
-static_assert(image::kFilterNearest == CL_FILTER_NEAREST && image::kFilterLinear == CL_FILTER_LINEAR);
 
 // The device's image limits and its read-write formats that raccel knows (none when it
 // has no image support).

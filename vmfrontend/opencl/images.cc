@@ -9,16 +9,10 @@
 // (openclFeatures().images); otherwise image calls answer CL_INVALID_OPERATION.
 #include <cstring>
 
+#include "common/images_cl.h"
 #include "vmfrontend/opencl/objects.h"
 
 namespace raccel::opencl {
-
-static_assert(image::kImage2d == CL_MEM_OBJECT_IMAGE2D && image::kImage1dBuffer == CL_MEM_OBJECT_IMAGE1D_BUFFER);
-static_assert(image::kFirstOrder == CL_R && image::kLastOrder == CL_ABGR);
-static_assert(image::kFirstChannelType == CL_SNORM_INT8 && image::kLastChannelType == CL_UNORM_INT_101010_2);
-static_assert(image::kAddressNone == CL_ADDRESS_NONE && image::kAddressMirroredRepeat == CL_ADDRESS_MIRRORED_REPEAT);
-static_assert(image::kFilterNearest == CL_FILTER_NEAREST && image::kFilterLinear == CL_FILTER_LINEAR);
-static_assert(sizeof(cl_image_format) == 8);
 
 bool imagesSupported() { return probeDevice() && openclFeatures().images.supported(); }
 
@@ -263,13 +257,20 @@ cl_int checkQueueImage(cl_command_queue q, cl_mem m) {
   return m->image ? CL_SUCCESS : CL_INVALID_MEM_OBJECT;
 }
 
+// A read's or write's image (b) and host (h) rectangles, checked.
+cl_int transferRects(cl_command_queue q, cl_mem m, const void* host, const size_t* origin, const size_t* region,
+                     size_t rowPitch, size_t slicePitch, Rect& b, Rect& h) {
+  if (cl_int rc = checkQueueImage(q, m); rc != CL_SUCCESS) return rc;
+  if (!host || imageRect(m, origin, region, b) || hostRect(m, region, rowPitch, slicePitch, h)) return CL_INVALID_VALUE;
+  return CL_SUCCESS;
+}
+
 cl_int CL_API_CALL enqueueReadImage(cl_command_queue q, cl_mem m, cl_bool blocking, const size_t* origin,
                                     const size_t* region, size_t rowPitch, size_t slicePitch, void* out, cl_uint nWait,
                                     const cl_event* wait, cl_event* event) {
   Lock lock(apiLock());
-  if (cl_int rc = checkQueueImage(q, m); rc != CL_SUCCESS) return rc;
   Rect b, h;
-  if (!out || imageRect(m, origin, region, b) || hostRect(m, region, rowPitch, slicePitch, h)) return CL_INVALID_VALUE;
+  if (cl_int rc = transferRects(q, m, out, origin, region, rowPitch, slicePitch, b, h); rc != CL_SUCCESS) return rc;
   return enqueueReadRect(q, m, blocking, b, h, out, nWait, wait, event, CL_COMMAND_READ_IMAGE);
 }
 
@@ -277,9 +278,8 @@ cl_int CL_API_CALL enqueueWriteImage(cl_command_queue q, cl_mem m, cl_bool block
                                      const size_t* region, size_t rowPitch, size_t slicePitch, const void* in,
                                      cl_uint nWait, const cl_event* wait, cl_event* event) {
   Lock lock(apiLock());
-  if (cl_int rc = checkQueueImage(q, m); rc != CL_SUCCESS) return rc;
   Rect b, h;
-  if (!in || imageRect(m, origin, region, b) || hostRect(m, region, rowPitch, slicePitch, h)) return CL_INVALID_VALUE;
+  if (cl_int rc = transferRects(q, m, in, origin, region, rowPitch, slicePitch, b, h); rc != CL_SUCCESS) return rc;
   return enqueueWriteRect(q, m, blocking, b, h, in, nWait, wait, event, CL_COMMAND_WRITE_IMAGE);
 }
 
