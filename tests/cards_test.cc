@@ -195,6 +195,34 @@ TEST_F(Cards, GemmSplitOverThreeCardsOnTwoNetaccelsMatchesOneCard) {
   expectNear(*split, *single, 1e-3, "split vs one card");
 }
 
+// A kernel's time by the card's clock reaches the program even when a fence of the
+// scheduler's own collected it: here the fence that ends a gemm split over the OpenCL
+// card (the primary) and the cpu card, sent after the kernel and before the program's.
+TEST_F(Cards, AKernelsCardTimeReachesTheProgramWhenTheSchedulersFenceCollectsIt) {
+  client::Options o;
+  o.socket = cluster->vmSocket();
+  o.tflops = 4;
+  o.kinds = {CardKind::npu, CardKind::cpu};
+  o.program = "times";
+  auto opened = Session::open(o);
+  ASSERT_TRUE(opened) << opened.error().message;
+  Session& s = **opened;
+  ASSERT_EQ(s.vaccel().cards.size(), 2u) << s.vaccel().describe();
+  ASSERT_EQ(s.vaccel().cards[0].kind, CardKind::npu);
+  const uint32_t n = 1 << 16;
+  auto hx = s.alloc(n * 4);
+  auto program = s.loadProgram(ProgramKind::openclC, "scale", std::as_bytes(std::span(kScale, std::strlen(kScale))));
+  s.launch(program, "scale", {n / 128, 1, 1}, {128, 1, 1}, {Arg::f32(2.0f), Arg::buffer(hx), Arg::u32(n)});
+  const uint64_t launched = s.lastSequence();
+  auto a = s.alloc(64 * 64 * 4), c = s.alloc(64 * 64 * 4);
+  s.gemm(64, 64, 64, 1.0f, a, a, 0.0f, c);  // split over both cards (--split-min-mflop 0)
+  ASSERT_TRUE(s.fence()) << cluster->logs();
+  EXPECT_GT(bytesMoved(*cluster), 0u) << "the gemm was not split: " << cluster->console("vaccels");
+  auto ns = s.takeKernelNs(launched);
+  ASSERT_TRUE(ns) << "no card time for the kernel";
+  EXPECT_GT(*ns, 0u);
+}
+
 TEST_F(Cards, SplitOpsStayRightAsTheirInputsChange) {
   auto s = open(*cluster, 7, "ops");
   ASSERT_TRUE(s);
