@@ -257,10 +257,11 @@ Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::st
   return processes_.back();
 }
 
-std::string Cluster::startGuestd(const std::string& vm) {
+std::string Cluster::startGuestd(const std::string& vm, const std::vector<std::string>& extraArgs) {
   std::string socket = dir_ + "/guestd-" + vm + ".sock";
-  processes_.emplace_back("raccel-guestd", std::vector<std::string>{"--port", vmSocket(vm), "--listen", socket},
-                          dir_ + "/guestd-" + vm + ".log");
+  std::vector<std::string> args{"--port", vmSocket(vm), "--listen", socket};
+  args.insert(args.end(), extraArgs.begin(), extraArgs.end());
+  processes_.emplace_back("raccel-guestd", args, dir_ + "/guestd-" + vm + ".log");
   // Listening, not only bound: the file appears at bind(), connections are taken from listen().
   auto accepting = [&] {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

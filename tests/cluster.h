@@ -99,7 +99,7 @@ class Cluster {
   Process& addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks,
                        const std::vector<std::string>& extraArgs = {});
   // Starts raccel-guestd for `vm` and returns its program socket.
-  std::string startGuestd(const std::string& vm = "vm1");
+  std::string startGuestd(const std::string& vm = "vm1", const std::vector<std::string>& extraArgs = {});
 
   std::string vmSocket(const std::string& vm = "vm1") const { return dir_ + "/" + vm + ".sock"; }
   std::string consoleSocket() const { return dir_ + "/console.sock"; }

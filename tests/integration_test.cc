@@ -547,5 +547,33 @@ TEST(GuestdWithoutHost, ProgramStartedBeforeTheSchedulerWaitsThenSucceeds) {
   EXPECT_EQ(why, "") << cluster.logs();
 }
 
+// raccel-guestd stops reading a program that has sent four times --replay-bytes its
+// vaccel has not acknowledged (here its netaccel is stopped, so nothing is). A program
+// that hangs up then sends nothing guestd could read an end of stream from; guestd still
+// notices (its reaper, every second) and ends the session: the vaccel and its blocks are
+// released while the netaccel is still stopped.
+TEST(GuestdReaper, AProgramThatHangsUpWhileItsReadingWaitsIsReaped) {
+  Cluster cluster;
+  const pid_t node = cluster.addNetaccel("node0", {"kind=cpu,tflops=2,memory=512MiB,threads=1"}, 2).pid();
+  std::string guestd = cluster.startGuestd("vm1", {"--replay-bytes", "256KiB", "--log-level", "debug"});
+  ::kill(node, SIGSTOP);
+  Process program("raccel-run", {"--socket", guestd, "--size", "1024", "--iterations", "1", "--name", "paused"},
+                  cluster.dir() + "/paused.log");
+  const std::string guestdLog = cluster.dir() + "/guestd-vm1.log";
+  auto waitUntil = [](const std::function<bool()>& ready, int ms) {
+    for (int i = 0; i < ms / 20 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return ready();
+  };
+  bool paused = waitUntil([&] { return readFile(guestdLog).find("its program's reading waits") != std::string::npos; }, 60000);
+  ASSERT_TRUE(paused) << cluster.logs();
+  cluster.waitConsole("vaccels", [](auto& j) { return j.find("\"program\":\"paused\"") != std::string::npos; });
+  program.kill(SIGKILL);
+  program.wait(10000);
+  std::string after = cluster.waitConsole("vaccels", [](auto& j) { return j.find("\"program\":\"paused\"") == std::string::npos; });
+  EXPECT_EQ(after.find("\"program\":\"paused\""), std::string::npos) << after << cluster.logs();
+  EXPECT_NE(readFile(guestdLog).find("a program hung up while it waited"), std::string::npos) << cluster.logs();
+  ::kill(node, SIGCONT);
+}
+
 }  // namespace
 }  // namespace raccel::testing

@@ -174,6 +174,8 @@ void Guestd::keep(Client& c, uint64_t sequence, const Body& body) {
     port_->sendBody(c.channel, c.fenceOut, std::move(fence));
   }
   if (c.unackedBytes > 4 * config_.replayBytes && !c.heldBack) {
+    RLOG_DEBUG("guestd") << "channel " << c.channel << ": " << c.unackedBytes
+                         << " bytes not yet acknowledged by its vaccel; its program's reading waits";
     c.heldBack = true;
     c.connection->pauseReading();
   }
