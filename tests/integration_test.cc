@@ -96,6 +96,20 @@ class Integration : public ::testing::Test {
   pid_t node0 = -1;
 };
 
+// raccel-run asks for the card kinds it is given (hello's kinds), and refuses a kind it
+// does not know, naming the flag.
+TEST_F(Integration, RaccelRunAsksForTheKindsItIsGiven) {
+  int status = -1;
+  const std::string run = binary("raccel-run") + " --socket '" + cluster->vmSocket() + "' --size 64 --iterations 1";
+  std::string out = runCommand(run + " --kinds cpu 2>&1", &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("node1/0(cpu"), std::string::npos) << out;
+  EXPECT_EQ(out.find("(gpu"), std::string::npos) << out;
+  out = runCommand(run + " --kinds gpu,tpu 2>&1", &status);
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("raccel-run: --kinds gpu,tpu: unknown card kind 'tpu'"), std::string::npos) << out;
+}
+
 TEST_F(Integration, ConcurrentProgramsThroughGuestdGetCorrectResults) {
   std::string guestd = cluster->startGuestd();
   std::atomic<int> good{0};

@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
   flags.value("name", "NAME", "program name shown in the console (default raccel-run)");
   flags.boolean("ops", "also run and check axpy, vadd and reduceSum");
   flags.boolean("opencl", "also send an OpenCL C kernel as source, run it and check it (needs an OpenCL card)");
+  flags.value("kinds", "LIST", "card kinds to accept, comma-separated (gpu, npu, fpga, cpu; default: what the VM allows)");
   flags.value("priority", "P", "priority to ask for (default 0; the VM's policy caps it)");
   flags.value("hold-ms", "MS", "keep the virtual accelerator this long, inputs written, before computing (default 0)");
   flags.value("interval-ms", "MS", "sleep this long between gemm iterations, buffers on the card (default 0)");
@@ -100,6 +101,20 @@ int main(int argc, char** argv) {
   const int waitMs = std::atoi(flags.get("wait-ms", "0").c_str());
   options.admitWaitMs = static_cast<unsigned>(std::max(0, waitMs));
   options.noWait = flags.has("no-wait");
+  if (flags.has("kinds")) {
+    const std::string list = flags.get("kinds");
+    size_t start = 0;
+    while (start <= list.size()) {
+      size_t end = std::min(list.find(',', start), list.size());
+      auto kind = parseKind(list.substr(start, end - start));
+      if (!kind) {
+        std::fprintf(stderr, "raccel-run: --kinds %s: %s\n", list.c_str(), kind.error().message.c_str());
+        return 2;
+      }
+      options.kinds.push_back(*kind);
+      start = end + 1;
+    }
+  }
   const int rtt = std::atoi(flags.get("rtt", "0").c_str());
   if (holdMs < 0 || intervalMs < 0 || waitMs < 0 || (flags.has("rtt") && rtt <= 0)) {
     std::fprintf(stderr, "raccel-run: --hold-ms, --interval-ms and --wait-ms must be >= 0 and --rtt positive\n");
