@@ -25,8 +25,6 @@ uint32_t channelBytes(uint32_t type) {
   }
 }
 
-bool isArray(uint32_t type) { return type == image::kImage1dArray || type == image::kImage2dArray; }
-
 std::string dimension(const char* what, uint64_t v) { return std::string(what) + " " + std::to_string(v); }
 
 // The channels of an order, in memory order, as indices into (r, g, b, a).
@@ -121,6 +119,11 @@ uint32_t encodePixel(uint32_t order, uint32_t type, const void* color, std::byte
   return bytes;
 }
 
+bool imageHasHeight(uint32_t type) {
+  return type == image::kImage2d || type == image::kImage2dArray || type == image::kImage3d;
+}
+bool imageIsArray(uint32_t type) { return type == image::kImage1dArray || type == image::kImage2dArray; }
+
 uint32_t channelCount(uint32_t order) {
   switch (order) {
     case 0x10B0: case 0x10B1: case 0x10B8: case 0x10B9: case 0x10BD: return 1;  // R, A, intensity, luminance, depth
@@ -160,9 +163,9 @@ Status checkShape(const ImageDesc& d) {
     return fail(Code::invalidArgument, "unknown image format (channel order " + std::to_string(d.channelOrder) +
                                            ", channel type " + std::to_string(d.channelType) + ")");
   if (d.reserved != 0) return fail(Code::invalidArgument, "an image descriptor's reserved word must be 0");
-  const bool usesHeight = d.type == image::kImage2d || d.type == image::kImage2dArray || d.type == image::kImage3d;
+  const bool usesHeight = imageHasHeight(d.type);
   const bool usesDepth = d.type == image::kImage3d;
-  const bool usesArray = isArray(d.type);
+  const bool usesArray = imageIsArray(d.type);
   auto bad = [](uint64_t v, bool used) {
     return used ? (v == 0 || v > image::kMaxDimension) : v != 0;
   };

@@ -64,6 +64,11 @@ inline uint32_t formatKey(uint32_t order, uint32_t type) { return (order & 0xfff
 inline uint32_t orderOf(uint32_t key) { return key >> 16; }
 inline uint32_t channelTypeOf(uint32_t key) { return key & 0xffff; }
 
+// The sizes an image type uses beside its width: a height (2D, 2D arrays, 3D), layers
+// (1D and 2D arrays).
+bool imageHasHeight(uint32_t type);
+bool imageIsArray(uint32_t type);
+
 // Bytes of one pixel of this channel order and type; 0 for a format raccel does not know
 // (or a packed type with an order it does not fit).
 uint32_t pixelBytes(uint32_t order, uint32_t type);

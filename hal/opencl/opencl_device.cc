@@ -338,18 +338,19 @@ class OpenclDevice final : public Device {
   // Sets each argument of `kernel`, making on the card what one needs.
   Status setArgs(ClProgram& p, const std::string& kernelName, cl_kernel kernel, std::span<const KernelArg> args,
                  LaunchObjects& made) {
-    const KernelDescription* described = nullptr;
-    for (auto& k : p.description.kernels)
-      if (k.name == kernelName) described = &k;
+    auto described = std::find_if(p.description.kernels.begin(), p.description.kernels.end(),
+                                  [&](const KernelDescription& k) { return k.name == kernelName; });
     for (size_t i = 0; i < args.size(); ++i) {
       const KernelArg& a = args[i];
       const std::string which = "kernel " + kernelName + " argument " + std::to_string(i);
+      // What the card's compiler says of this argument, if it said.
+      const KernelArgDescription* declared =
+          described != p.description.kernels.end() && i < described->args.size() ? &described->args[i] : nullptr;
       // An image only where the kernel takes one (a driver may take any cl_mem for any).
-      if (described && i < described->args.size() &&
-          (a.type == KernelArg::Type::image) != isImageTypeName(described->args[i].typeName) &&
+      if (declared && (a.type == KernelArg::Type::image) != isImageTypeName(declared->typeName) &&
           (a.type == KernelArg::Type::image || a.type == KernelArg::Type::buffer))
         return clFail(Code::invalidArgument, which + " is " + (a.type == KernelArg::Type::image ? "an image" : "a buffer") +
-                                                 "; the kernel takes " + described->args[i].typeName, CL_INVALID_MEM_OBJECT);
+                                                 "; the kernel takes " + declared->typeName, CL_INVALID_MEM_OBJECT);
       cl_int rc = CL_SUCCESS;
       cl_mem mem = nullptr;
       cl_sampler sampler = nullptr;
@@ -371,8 +372,7 @@ class OpenclDevice final : public Device {
         case KernelArg::Type::image: {
           // Copied back after the kernel unless the kernel declares it read_only (or
           // the card did not say: then it is copied back).
-          bool readOnly = described && i < described->args.size() &&
-                          described->args[i].access == KernelArgDescription::Access::readOnly;
+          bool readOnly = declared && declared->access == KernelArgDescription::Access::readOnly;
           rc = made.image(memOf(*a.buffer), a.offset, a.image, !readOnly, &mem);
           if (rc == CL_SUCCESS) rc = clSetKernelArg(kernel, i, sizeof mem, &mem);
           break;
@@ -707,12 +707,11 @@ Result<std::unique_ptr<Device>> openOpenclDevice(unsigned index, const DeviceOve
   caps.localMemBytes = deviceValue<cl_ulong>(d, CL_DEVICE_LOCAL_MEM_SIZE);
   caps.openclExtensions = deviceString(d, CL_DEVICE_EXTENSIONS);
   caps.doubleFpConfig = deviceValue<cl_device_fp_config>(d, CL_DEVICE_DOUBLE_FP_CONFIG);
-  applyOverrides(caps, overrides);
   cl_int rc = CL_SUCCESS;
   cl_context context = clCreateContext(nullptr, 1, &d, nullptr, nullptr, &rc);
   if (auto s = check(rc, "clCreateContext"); !s) return fail(s.error());
   caps.images = imageLimitsOf(d, context);
-  applyOverrides(caps, overrides);
+  applyOverrides(caps, overrides);  // (after the images: an operator's images = false turns them off)
   const cl_queue_properties profiling[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
   cl_command_queue queue = clCreateCommandQueueWithProperties(context, d, profiling, &rc);
   if (rc != CL_SUCCESS) {

@@ -1215,7 +1215,7 @@ cl_int CL_API_CALL setKernelArg(cl_kernel k, cl_uint index, size_t size, const v
       break;
     case Space::global:
     case Space::constant: {
-      if (isImageType(info.typeName)) {
+      if (isImageTypeName(info.typeName)) {
         if (cl_int rc = imageArg(k->program->context, size, value, a); rc != CL_SUCCESS) return rc;
         break;
       }
@@ -1578,14 +1578,11 @@ cl_icd_dispatch kDispatch;
 void fillDispatch(cl_icd_dispatch& d) {
   std::memset(&d, 0, sizeof d);
   // Every slot first answers "unsupported"...
-  
-  
-  RACCEL_SLOT(clCreateFromGLBuffer)
-  RACCEL_SLOT(clCreateFromGLTexture2D) RACCEL_SLOT(clCreateFromGLTexture3D) RACCEL_SLOT(clCreateFromGLRenderbuffer)
+  RACCEL_SLOT(clCreateFromGLBuffer) RACCEL_SLOT(clCreateFromGLTexture2D) RACCEL_SLOT(clCreateFromGLTexture3D) RACCEL_SLOT(clCreateFromGLRenderbuffer)
   RACCEL_SLOT(clGetGLObjectInfo) RACCEL_SLOT(clGetGLTextureInfo) RACCEL_SLOT(clEnqueueAcquireGLObjects)
   RACCEL_SLOT(clEnqueueReleaseGLObjects) RACCEL_SLOT(clGetGLContextInfoKHR) RACCEL_SLOT(clCreateSubDevicesEXT)
   RACCEL_SLOT(clRetainDeviceEXT) RACCEL_SLOT(clReleaseDeviceEXT) RACCEL_SLOT(clCreateEventFromGLsyncKHR)
-  RACCEL_SLOT(clCreateProgramWithBuiltInKernels) 
+  RACCEL_SLOT(clCreateProgramWithBuiltInKernels)
   RACCEL_SLOT(clCreateFromGLTexture) RACCEL_SLOT(clCreateFromEGLImageKHR) RACCEL_SLOT(clEnqueueAcquireEGLObjectsKHR)
   RACCEL_SLOT(clEnqueueReleaseEGLObjectsKHR) RACCEL_SLOT(clCreateEventFromEGLSyncKHR) RACCEL_SLOT(clCreatePipe)
   RACCEL_SLOT(clGetPipeInfo) RACCEL_SLOT(clSVMAlloc) RACCEL_SLOT(clSVMFree) RACCEL_SLOT(clEnqueueSVMFree)

@@ -10,13 +10,12 @@
 #include <cstring>
 
 #include "common/images_cl.h"
+#include "common/limits.h"
 #include "vmfrontend/opencl/objects.h"
 
 namespace raccel::opencl {
 
 bool imagesSupported() { return probeDevice() && openclFeatures().images.supported(); }
-
-bool isImageType(const std::string& typeName) { return isImageTypeName(typeName); }
 
 cl_int imageArg(cl_context c, size_t size, const void* value, _cl_kernel::ArgValue& a) {
   if (size != sizeof(cl_mem)) return CL_INVALID_ARG_SIZE;
@@ -39,17 +38,12 @@ cl_int samplerArg(cl_context c, size_t size, const void* value, _cl_kernel::ArgV
 
 namespace {
 
-bool isArray(uint32_t type) { return type == CL_MEM_OBJECT_IMAGE1D_ARRAY || type == CL_MEM_OBJECT_IMAGE2D_ARRAY; }
-bool hasHeight(uint32_t type) {
-  return type == CL_MEM_OBJECT_IMAGE2D || type == CL_MEM_OBJECT_IMAGE2D_ARRAY || type == CL_MEM_OBJECT_IMAGE3D;
-}
-
 // The descriptor raccel carries: the sizes the type uses, the others 0.
 ImageDesc descOf(const cl_image_desc& d, const cl_image_format& f) {
   ImageDesc out{static_cast<uint32_t>(d.image_type), f.image_channel_order, f.image_channel_data_type, 0, d.image_width, 0, 0, 0};
-  if (hasHeight(out.type)) out.height = d.image_height;
+  if (imageHasHeight(out.type)) out.height = d.image_height;
   if (out.type == CL_MEM_OBJECT_IMAGE3D) out.depth = d.image_depth;
-  if (isArray(out.type)) out.arraySize = d.image_array_size;
+  if (imageIsArray(out.type)) out.arraySize = d.image_array_size;
   return out;
 }
 
@@ -71,9 +65,13 @@ cl_int hostPitches(const ImageDesc& d, size_t pixel, size_t& rowPitch, size_t& s
   const size_t packedRow = d.width * pixel;
   if (rowPitch == 0) rowPitch = packedRow;
   if (rowPitch < packedRow || rowPitch % pixel) return CL_INVALID_IMAGE_DESCRIPTOR;
-  const size_t rows = d.type == CL_MEM_OBJECT_IMAGE1D_ARRAY ? 1 : (hasHeight(d.type) ? d.height : 1);
-  if (slicePitch == 0) slicePitch = rowPitch * rows;
-  if (slicePitch < rowPitch * rows || slicePitch % rowPitch) return CL_INVALID_IMAGE_DESCRIPTOR;
+  // (A 1D array's slice pitch spaces its layers, each one row.)
+  const size_t slice = limits::satMul(rowPitch, imageHasHeight(d.type) ? d.height : 1);
+  if (slicePitch == 0) slicePitch = slice;
+  if (slicePitch < slice || slicePitch % rowPitch) return CL_INVALID_IMAGE_DESCRIPTOR;
+  // Pitches whose span does not fit the address space describe no host memory.
+  const uint64_t layers = d.type == image::kImage3d ? d.depth : (imageIsArray(d.type) ? d.arraySize : 1);
+  if (limits::satMul(slicePitch, layers) == UINT64_MAX) return CL_INVALID_IMAGE_DESCRIPTOR;
   return CL_SUCCESS;
 }
 
@@ -117,8 +115,8 @@ cl_int checkCreate(cl_context c, cl_mem_flags& flags, const cl_image_format* for
   pixel = pixelBytes(format->image_channel_order, format->image_channel_data_type);
   if (pixel == 0) return CL_INVALID_IMAGE_FORMAT_DESCRIPTOR;
   d = descOf(*desc, *format);
-  if (d.width == 0 || (hasHeight(d.type) && d.height == 0) || (d.type == CL_MEM_OBJECT_IMAGE3D && d.depth == 0) ||
-      (isArray(d.type) && d.arraySize == 0))
+  if (d.width == 0 || (imageHasHeight(d.type) && d.height == 0) || (d.type == CL_MEM_OBJECT_IMAGE3D && d.depth == 0) ||
+      (imageIsArray(d.type) && d.arraySize == 0))
     return CL_INVALID_IMAGE_DESCRIPTOR;
   if (!host && (desc->image_row_pitch || desc->image_slice_pitch)) return CL_INVALID_IMAGE_DESCRIPTOR;
   if (!imagesSupported()) return CL_INVALID_OPERATION;
@@ -156,10 +154,11 @@ cl_mem createImageLocked(cl_context c, cl_mem_flags flags, const cl_image_format
     m->handle = c->session->alloc(bytes);
   }
   if (host) {
-    size_t row = desc->image_row_pitch, slice = desc->image_slice_pitch;
+    size_t row = desc->image_row_pitch, slice = desc->image_slice_pitch, packedRow = 0, packedSlice = 0;
     hostPitches(d, pixel, row, slice);
+    hostPitches(d, pixel, packedRow, packedSlice);
     // Maps of a USE_HOST_PTR image use the host's memory where it is laid out as ours.
-    if ((flags & CL_MEM_USE_HOST_PTR) && row == rowBytes(m) && slice == sliceBytes(m)) m->hostPtr = host;
+    if ((flags & CL_MEM_USE_HOST_PTR) && row == packedRow && slice == packedSlice) m->hostPtr = host;
     writeHostImage(c, m, host, row, slice);
   }
   if (err) *err = CL_SUCCESS;
@@ -205,8 +204,7 @@ cl_int CL_API_CALL getImageInfo(cl_mem m, cl_image_info what, size_t size, void*
     case CL_IMAGE_FORMAT: return setValue(m->format, size, out, ret);
     case CL_IMAGE_ELEMENT_SIZE: return sz(m->pixelBytes);
     case CL_IMAGE_ROW_PITCH: return sz(rowBytes(m));
-    case CL_IMAGE_SLICE_PITCH:
-      return sz(layerPitch(m));
+    case CL_IMAGE_SLICE_PITCH: return sz(layerPitch(m));
     case CL_IMAGE_WIDTH: return sz(d.width);
     case CL_IMAGE_HEIGHT: return sz(d.height);
     case CL_IMAGE_DEPTH: return sz(d.depth);
@@ -360,7 +358,7 @@ void* CL_API_CALL enqueueMapImage(cl_command_queue q, cl_mem m, cl_bool blocking
   if (cl_int rc = checkQueueImage(q, m); rc != CL_SUCCESS) return failWith<void>(err, rc);
   Rect b;
   const uint32_t type = m->image->type;
-  if (!rowPitch || ((type == CL_MEM_OBJECT_IMAGE3D || isArray(type)) && !slicePitch) || imageRect(m, origin, region, b))
+  if (!rowPitch || ((type == CL_MEM_OBJECT_IMAGE3D || imageIsArray(type)) && !slicePitch) || imageRect(m, origin, region, b))
     return failWith<void>(err, CL_INVALID_VALUE);
   // The map is the run of bytes from the region's first pixel to its last, as laid out
   // in the image; the bytes between its rows come back unchanged, so they are read too.

@@ -5,6 +5,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "common/limits.h"
 #include "vmfrontend/opencl/icd.h"
 
 namespace raccel::opencl {
@@ -133,13 +134,21 @@ struct Rect {
   }
   size_t end() const { return offsetOf(region[1] - 1, region[2] - 1) + region[0]; }
 };
+// A rectangle whose far end does not fit in a size_t (absurd origins or pitches) is
+// CL_INVALID_VALUE: offsetOf() and end() never wrap.
 inline cl_int makeRect(const size_t* origin, const size_t* region, size_t rowPitch, size_t slicePitch, Rect& r) {
+  using limits::satAdd;
+  using limits::satMul;
   if (!origin || !region || !region[0] || !region[1] || !region[2]) return CL_INVALID_VALUE;
   for (int i = 0; i < 3; ++i) r.origin[i] = origin[i], r.region[i] = region[i];
   r.rowPitch = rowPitch ? rowPitch : region[0];
-  r.slicePitch = slicePitch ? slicePitch : r.rowPitch * region[1];
-  if (r.rowPitch < region[0] || r.slicePitch < r.rowPitch * region[1]) return CL_INVALID_VALUE;
-  return CL_SUCCESS;
+  const uint64_t slice = satMul(r.rowPitch, region[1]);
+  r.slicePitch = slicePitch ? slicePitch : slice;
+  if (r.rowPitch < region[0] || r.slicePitch < slice) return CL_INVALID_VALUE;
+  const uint64_t end = satAdd(satAdd(satMul(satAdd(origin[2], region[2] - 1), r.slicePitch),
+                                     satMul(satAdd(origin[1], region[1] - 1), r.rowPitch)),
+                              satAdd(origin[0], region[0]));
+  return end < UINT64_MAX ? CL_SUCCESS : CL_INVALID_VALUE;
 }
 
 // The flags of a new memory object (0 becomes CL_MEM_READ_WRITE) and whether `host` is
@@ -166,9 +175,8 @@ void* enqueueMapRange(cl_command_queue q, cl_mem m, cl_bool blocking, cl_map_fla
 void fillRange(cl_context c, cl_mem m, size_t offset, size_t n, const std::vector<std::byte>& pattern);
 
 // Images and samplers (images.cc): their slots of the dispatch table, and a kernel
-// argument that is an image (a global argument whose type is image*_t) or a sampler.
+// argument that is an image (a global argument whose type isImageTypeName) or a sampler.
 void fillImageDispatch(cl_icd_dispatch& d);
-bool isImageType(const std::string& typeName);
 cl_int imageArg(cl_context c, size_t size, const void* value, _cl_kernel::ArgValue& a);
 cl_int samplerArg(cl_context c, size_t size, const void* value, _cl_kernel::ArgValue& a);
 // Whether every card of the vaccel that runs OpenCL C takes images.
