@@ -1,0 +1,143 @@
+// raccel-pool-race: one scheduler's share of a race for a shared pool in etcd. It joins
+// the pool as a scheduler (scheduler/etcd/shared_pool.h), makes admissions and releases
+// with the same code a scheduler runs, and prints what it saw as one JSON line. The
+// concurrency tests and raccel-bench's multi_* figures run several at once; `--node`
+// registers a node first (a stand-in for a netaccel's registration, under this
+// program's lease), `--hold` keeps its blocks until killed.
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/flags.h"
+#include "scheduler/etcd/shared_pool.h"
+
+using namespace raccel;
+using namespace raccel::scheduler;
+
+namespace {
+
+Result<uint64_t> count(const Flags& flags, const std::string& name, uint64_t fallback, uint64_t max) {
+  if (!flags.has(name)) return fallback;
+  std::string text = flags.get(name);
+  if (text.empty() || text.size() > 12 || text.find_first_not_of("0123456789") != std::string::npos)
+    return fail(Code::invalidArgument, "--" + name + ": '" + text + "' is not a count");
+  uint64_t v = std::stoull(text);
+  if (v > max) return fail(Code::invalidArgument, "--" + name + " is at most " + std::to_string(max));
+  return v;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+int failWith(const Error& e) {
+  std::fprintf(stderr, "raccel-pool-race: %s\n", e.message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags("raccel-pool-race", "Races admissions and releases of one scheduler on a shared pool in etcd.");
+  flags.value("etcd", "ENDPOINTS", "etcd's endpoints, host:port separated by commas (required)");
+  flags.value("name", "NAME", "this scheduler's name in the pool (required)");
+  flags.value("prefix", "PREFIX", "the pool's keys in etcd (default /raccel/)");
+  flags.value("admissions", "N", "admissions to try (default 200)");
+  flags.value("window", "N", "vaccels held at once before the oldest is released (default 2)");
+  flags.value("max-blocks", "N", "each request asks for 1 to N blocks (default 4)");
+  flags.value("seed", "N", "random seed (default 1)");
+  flags.value("node", "NAME:BLOCKS", "register a CPU node of that many 1-TFLOPS blocks first", true);
+  flags.boolean("hold", "after the admissions, keep what is held until killed");
+  flags.value("lease-ttl", "SECONDS", "this scheduler's lease (default 5)");
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  if (!flags.has("etcd") || !flags.has("name")) return failWith({Code::invalidArgument, "--etcd and --name are required"});
+  auto endpoints = etcd::parseEndpoints(flags.get("etcd"));
+  if (!endpoints) return failWith(endpoints.error());
+  auto admissions = count(flags, "admissions", 200, 1'000'000);
+  auto window = count(flags, "window", 2, 10'000);
+  auto maxBlocks = count(flags, "max-blocks", 4, 1'000'000);
+  auto seed = count(flags, "seed", 1, UINT32_MAX);
+  auto ttl = count(flags, "lease-ttl", 5, 3600);
+  for (auto* r : {&admissions, &window, &maxBlocks, &seed, &ttl})
+    if (!*r) return failWith(r->error());
+  if (*maxBlocks == 0) return failWith({Code::invalidArgument, "--max-blocks must be at least 1"});
+
+  auto client = etcd::Client::open({*endpoints});
+  if (!client) return failWith(client.error());
+  SharedPoolOptions options;
+  options.scheduler = flags.get("name");
+  options.prefix = flags.get("prefix", "/raccel/");
+  options.leaseTtlSeconds = static_cast<int64_t>(*ttl);
+  auto pool = SharedPool::open(**client, options);
+  if (!pool) return failWith(pool.error());
+  for (auto& spec : flags.getAll("node")) {
+    size_t colon = spec.rfind(':');
+    auto blocks = colon == std::string::npos ? Result<unsigned long long>(fail(Code::invalidArgument, ""))
+                                             : parseBytes(spec.substr(colon + 1));
+    if (!blocks || *blocks == 0 || *blocks > 65536)
+      return failWith({Code::invalidArgument, "--node: '" + spec + "' is not NAME:BLOCKS (1 to 65536)"});
+    CardSpec card;
+    card.kind = CardKind::cpu;
+    card.tflops = static_cast<double>(*blocks);
+    card.programKinds = {ProgramKind::builtin};
+    auto range = (*pool)->registerNode(spec.substr(0, colon), {card}, {}, (*pool)->lease());
+    if (!range) return failWith(range.error());
+  }
+
+  std::mt19937_64 rng(*seed);
+  std::uniform_int_distribution<uint32_t> size(1, static_cast<uint32_t>(*maxBlocks));
+  std::deque<uint64_t> held;
+  std::vector<double> latencyMs;
+  uint64_t admitted = 0, refused = 0, errors = 0;
+  std::string lastError;
+  auto start = std::chrono::steady_clock::now();
+  for (uint64_t i = 1; i <= *admissions; ++i) {
+    Pool::Request request;
+    request.blocks = size(rng);
+    auto t0 = std::chrono::steady_clock::now();
+    auto placed = (*pool)->allocate(i, options.scheduler, request);
+    latencyMs.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (placed) {
+      ++admitted;
+      held.push_back(i);
+    } else if (placed.error().code == Code::resourceExhausted) {
+      ++refused;
+    } else {
+      ++errors;
+      lastError = placed.error().message;
+    }
+    while (held.size() > *window || (!placed && !held.empty())) {
+      if (auto ok = (*pool)->release(held.front()); !ok) {
+        ++errors;
+        lastError = ok.error().message;
+      }
+      held.pop_front();
+    }
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto stats = (*pool)->stats();
+  nlohmann::json out{{"name", options.scheduler},
+                     {"admitted", admitted},
+                     {"refused", refused},
+                     {"errors", errors},
+                     {"conflicts", stats.conflicts},
+                     {"commits", stats.commits},
+                     {"seconds", seconds},
+                     {"admission_p50_ms", percentile(latencyMs, 0.5)},
+                     {"admission_p99_ms", percentile(latencyMs, 0.99)},
+                     {"last_error", lastError}};
+  std::printf("%s\n", out.dump().c_str());
+  std::fflush(stdout);
+  if (flags.has("hold"))
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
+  for (uint64_t v : held) (void)(*pool)->release(v);
+  (void)(*pool)->leave();
+  return errors == 0 ? 0 : 2;
+}

@@ -1,0 +1,340 @@
+#include "scheduler/etcd/etcd_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <arpa/inet.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "common/log.h"
+
+namespace raccel::etcd {
+namespace {
+
+constexpr size_t kMaxEndpoints = 16;
+
+std::string stripScheme(const std::string& endpoint, bool* tls) {
+  *tls = endpoint.starts_with("https://");
+  if (endpoint.starts_with("http://")) return endpoint.substr(7);
+  if (*tls) return endpoint.substr(8);
+  return endpoint;
+}
+
+bool isIpv4HostPort(const std::string& hostPort) {
+  size_t colon = hostPort.rfind(':');
+  if (colon == std::string::npos) return false;
+  in_addr address;
+  return inet_pton(AF_INET, hostPort.substr(0, colon).c_str(), &address) == 1;
+}
+
+Result<std::string> readFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fail(Code::invalidArgument, std::string("cannot read etcd's ") + what + " " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> parseEndpoints(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    bool tls = false;
+    std::string hostPort = stripScheme(item, &tls);
+    size_t colon = hostPort.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == hostPort.size() ||
+        hostPort.find_first_not_of("0123456789", colon + 1) != std::string::npos)
+      return fail(Code::invalidArgument, "--etcd: '" + item + "' is not an endpoint (host:port, or http(s)://host:port)");
+    out.push_back(item);
+  }
+  if (out.empty()) return fail(Code::invalidArgument, "--etcd: no endpoint given (host:port, comma-separated)");
+  if (out.size() > kMaxEndpoints)
+    return fail(Code::invalidArgument, "--etcd: at most " + std::to_string(kMaxEndpoints) + " endpoints");
+  return out;
+}
+
+std::string prefixEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty()) {
+    unsigned char last = static_cast<unsigned char>(end.back());
+    if (last < 0xff) {
+      end.back() = static_cast<char>(last + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+Result<std::unique_ptr<Client>> Client::open(const Options& options) {
+  if (options.endpoints.empty()) return fail(Code::invalidArgument, "etcd: no endpoints");
+  bool tls = false;
+  std::vector<std::string> hostPorts;
+  for (const auto& e : options.endpoints) {
+    bool thisTls = false;
+    hostPorts.push_back(stripScheme(e, &thisTls));
+    if (&e != &options.endpoints.front() && thisTls != tls)
+      return fail(Code::invalidArgument, "etcd: endpoints mix http and https");
+    tls = thisTls;
+  }
+  std::string joined;
+  for (const auto& h : hostPorts) joined += (joined.empty() ? "" : ",") + h;
+  // Several endpoints are one channel over all of them: that takes IP literals (gRPC's
+  // ipv4: target); one endpoint may be a name.
+  std::string target;
+  if (hostPorts.size() == 1) {
+    target = "dns:///" + hostPorts[0];
+  } else {
+    for (const auto& h : hostPorts)
+      if (!isIpv4HostPort(h))
+        return fail(Code::invalidArgument, "etcd: several endpoints must be IPv4 addresses (" + h + " is not)");
+    target = "ipv4:" + joined;
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (tls || !options.caFile.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (options.caFile.empty()) return fail(Code::invalidArgument, "etcd: https endpoints need the CA (--etcd-ca)");
+    auto ca = readFile(options.caFile, "CA");
+    if (!ca) return fail(ca.error());
+    ssl.pem_root_certs = *ca;
+    if (!options.certFile.empty() || !options.keyFile.empty()) {
+      auto cert = readFile(options.certFile, "client certificate");
+      if (!cert) return fail(cert.error());
+      auto key = readFile(options.keyFile, "client key");
+      if (!key) return fail(key.error());
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  args.SetLoadBalancingPolicyName("round_robin");  // a dead member is skipped, the others serve
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(target, credentials, args);
+  return std::unique_ptr<Client>(new Client(options, std::move(channel), "etcd (" + joined + ")"));
+}
+
+Client::Client(Options options, std::shared_ptr<grpc::Channel> channel, std::string describe)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      kv_(pb::KV::NewStub(channel_)),
+      lease_(pb::Lease::NewStub(channel_)),
+      describe_(std::move(describe)) {}
+
+void Client::deadline(grpc::ClientContext& context) const {
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.callTimeoutMs));
+}
+
+Error Client::failure(const grpc::Status& status, const char* what) const {
+  // Unreachable, timed out or without a leader: retryable. Anything else etcd refused.
+  Code code = Code::internal;
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+      code = Code::unavailable;
+      break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      code = Code::resourceExhausted;
+      break;
+    case grpc::StatusCode::NOT_FOUND:
+      code = Code::notFound;
+      break;
+    default:
+      break;
+  }
+  return Error{code, describe_ + " " + what + ": " + status.error_message()};
+}
+
+Result<pb::RangeResponse> Client::range(const std::string& prefix, int64_t revision) {
+  pb::RangeRequest request;
+  request.set_key(prefix);
+  request.set_range_end(prefixEnd(prefix));
+  request.set_revision(revision);
+  pb::RangeResponse response;
+  grpc::ClientContext context;
+  deadline(context);
+  grpc::Status status = kv_->Range(&context, request, &response);
+  if (!status.ok()) return fail(failure(status, "range"));
+  return response;
+}
+
+Result<pb::TxnResponse> Client::txn(const pb::TxnRequest& request) {
+  pb::TxnResponse response;
+  grpc::ClientContext context;
+  deadline(context);
+  grpc::Status status = kv_->Txn(&context, request, &response);
+  if (!status.ok()) return fail(failure(status, "transaction"));
+  return response;
+}
+
+Result<pb::PutResponse> Client::put(const std::string& key, const std::string& value, int64_t lease) {
+  pb::PutRequest request;
+  request.set_key(key);
+  request.set_value(value);
+  request.set_lease(lease);
+  pb::PutResponse response;
+  grpc::ClientContext context;
+  deadline(context);
+  grpc::Status status = kv_->Put(&context, request, &response);
+  if (!status.ok()) return fail(failure(status, "put"));
+  return response;
+}
+
+Result<pb::DeleteRangeResponse> Client::removePrefix(const std::string& prefix) {
+  pb::DeleteRangeRequest request;
+  request.set_key(prefix);
+  request.set_range_end(prefixEnd(prefix));
+  pb::DeleteRangeResponse response;
+  grpc::ClientContext context;
+  deadline(context);
+  grpc::Status status = kv_->DeleteRange(&context, request, &response);
+  if (!status.ok()) return fail(failure(status, "delete"));
+  return response;
+}
+
+Result<int64_t> Client::grantLease(int64_t ttlSeconds) {
+  pb::LeaseGrantRequest request;
+  request.set_ttl(ttlSeconds);
+  pb::LeaseGrantResponse response;
+  grpc::ClientContext context;
+  deadline(context);
+  grpc::Status status = lease_->LeaseGrant(&context, request, &response);
+  if (!status.ok()) return fail(failure(status, "lease grant"));
+  if (!response.error().empty()) return fail(Code::unavailable, describe_ + " lease grant: " + response.error());
+  if (response.id() <= 0) return fail(Code::internal, describe_ + " granted an invalid lease id");
+  return response.id();
+}
+
+Status Client::revokeLease(int64_t lease) {
+  pb::LeaseRevokeRequest request;
+  request.set_id(lease);
+  pb::LeaseRevokeResponse response;
+  grpc::ClientContext context;
+  deadline(context);
+  grpc::Status status = lease_->LeaseRevoke(&context, request, &response);
+  if (!status.ok()) return fail(failure(status, "lease revoke"));
+  return {};
+}
+
+Result<int64_t> Client::keepAliveOnce(int64_t lease) {
+  grpc::ClientContext context;
+  deadline(context);
+  auto stream = lease_->LeaseKeepAlive(&context);
+  pb::LeaseKeepAliveRequest request;
+  request.set_id(lease);
+  pb::LeaseKeepAliveResponse response;
+  bool sent = stream->Write(request) && stream->WritesDone();
+  bool read = sent && stream->Read(&response);
+  grpc::Status status = stream->Finish();
+  if (!status.ok()) return fail(failure(status, "lease keep-alive"));
+  if (!read) return fail(Code::unavailable, describe_ + " lease keep-alive: no answer");
+  return response.ttl();
+}
+
+LeaseKeeper::LeaseKeeper(Client& client, int64_t lease, int64_t ttlSeconds, std::function<void()> expired)
+    : client_(client), lease_(lease), expired_(std::move(expired)), thread_([this, ttlSeconds] { run(ttlSeconds); }) {}
+
+LeaseKeeper::~LeaseKeeper() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void LeaseKeeper::run(int64_t ttlSeconds) {
+  auto period = std::chrono::milliseconds(std::max<int64_t>(100, ttlSeconds * 1000 / 3));
+  std::unique_lock lock(mutex_);
+  while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {
+    lock.unlock();
+    auto ttl = client_.keepAliveOnce(lease_);
+    lock.lock();
+    if (ttl && *ttl <= 0) {
+      alive_ = false;
+      RLOG_WARN("etcd") << "lease " << lease_ << " expired";
+      if (expired_) expired_();
+      return;
+    }
+    if (!ttl) RLOG_DEBUG("etcd") << "lease " << lease_ << ": " << ttl.error().message;
+  }
+}
+
+Watcher::Watcher(Client& client, std::string prefix, int64_t fromRevision, bool prevKv,
+                 std::function<void(Events, int64_t)> onEvents, std::function<void(Error)> onBroken)
+    : client_(client),
+      prefix_(std::move(prefix)),
+      onEvents_(std::move(onEvents)),
+      onBroken_(std::move(onBroken)),
+      thread_([this, fromRevision, prevKv] { run(fromRevision, prevKv); }) {}
+
+Watcher::~Watcher() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    if (context_) context_->TryCancel();
+  }
+  thread_.join();
+}
+
+void Watcher::run(int64_t fromRevision, bool prevKv) {
+  grpc::ClientContext context;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    context_ = &context;
+  }
+  auto stub = pb::Watch::NewStub(client_.channel());
+  auto stream = stub->Watch(&context);
+  pb::WatchRequest request;
+  auto* create = request.mutable_create_request();
+  create->set_key(prefix_);
+  create->set_range_end(prefixEnd(prefix_));
+  create->set_start_revision(fromRevision);
+  create->set_prev_kv(prevKv);
+  create->set_progress_notify(true);
+  Error broken{Code::unavailable, client_.describe() + " watch: the stream ended"};
+  if (stream->Write(request)) {
+    pb::WatchResponse response;
+    while (stream->Read(&response)) {
+      if (response.canceled()) {
+        broken = Error{Code::unavailable, client_.describe() + " watch canceled" +
+                                              (response.compact_revision() > 0 ? " (history compacted)" : "") + ": " +
+                                              response.cancel_reason()};
+        break;
+      }
+      if (response.events_size() == 0 && !response.created()) {
+        onEvents_({}, response.header().revision());  // progress
+        continue;
+      }
+      if (response.events_size() == 0) continue;
+      Events events(response.events().begin(), response.events().end());
+      onEvents_(std::move(events), response.header().revision());
+    }
+  }
+  context.TryCancel();
+  grpc::Status status = stream->Finish();
+  bool stopping;
+  {
+    std::lock_guard lock(mutex_);
+    context_ = nullptr;
+    stopping = stopping_;
+  }
+  if (stopping) return;
+  if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) broken = client_.failure(status, "watch");
+  onBroken_(broken);
+}
+
+}  // namespace raccel::etcd

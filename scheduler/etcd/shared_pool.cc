@@ -1,0 +1,630 @@
+#include "scheduler/etcd/shared_pool.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "common/limits.h"
+#include "common/log.h"
+
+namespace raccel::scheduler {
+namespace {
+
+using json = nlohmann::json;
+namespace pb = etcd::pb;
+
+constexpr size_t kMaxValueBytes = 1 << 20;   // a node of 1024 cards fits with room to spare
+constexpr size_t kMaxRangesPerHolding = 4096;
+
+// A name that becomes one segment of a key.
+Status checkKeyName(const std::string& field, const std::string& name) {
+  if (auto ok = limits::checkName(field, name); !ok) return ok;
+  if (name.find('/') != std::string::npos) return fail(Code::invalidArgument, field + " '" + name + "' must not contain '/'");
+  return {};
+}
+
+// An unsigned JSON number within [0, max], or an error naming `field`.
+Result<uint64_t> number(const json& j, const char* field, uint64_t max) {
+  auto it = j.find(field);
+  if (it == j.end() || !it->is_number_unsigned()) return fail(Code::invalidArgument, std::string(field) + " is not a count");
+  uint64_t v = it->get<uint64_t>();
+  if (v > max) return fail(Code::invalidArgument, std::string(field) + " " + std::to_string(v) + " is past " + std::to_string(max));
+  return v;
+}
+
+Result<json> parseJson(const std::string& value) {
+  if (value.size() > kMaxValueBytes) return fail(Code::invalidArgument, "a value of " + std::to_string(value.size()) + " bytes");
+  json j = json::parse(value, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return fail(Code::invalidArgument, "not a JSON object");
+  return j;
+}
+
+json hostJson(const HostVector& h) { return {{"cpuMilli", h.cpuMilli}, {"memoryMib", h.memoryMib}}; }
+
+Result<HostVector> parseHost(const json& j) {
+  auto it = j.find("host");
+  if (it == j.end()) return HostVector{};
+  if (!it->is_object()) return fail(Code::invalidArgument, "host is not an object");
+  auto cpu = number(*it, "cpuMilli", limits::kMaxHostCpuMilli);
+  if (!cpu) return fail(cpu.error());
+  auto mem = number(*it, "memoryMib", limits::kMaxHostMemoryMib);
+  if (!mem) return fail(mem.error());
+  return HostVector{*cpu, *mem};
+}
+
+json cardJson(const CardSpec& c) {
+  json programs = json::array();
+  for (auto p : c.programKinds) programs.push_back(programKindName(p));
+  return {{"index", c.index}, {"kind", kindName(c.kind)}, {"model", c.model}, {"backend", c.backend},
+          {"tflops", c.tflops}, {"memoryBytes", c.memoryBytes}, {"programs", programs}};
+}
+
+Result<ProgramKind> parseProgramKind(const std::string& name) {
+  for (int k = 0; k <= static_cast<int>(ProgramKind::openclUnits); ++k)
+    if (name == programKindName(static_cast<ProgramKind>(k))) return static_cast<ProgramKind>(k);
+  return fail(Code::invalidArgument, "unknown program kind '" + limits::clip(name, 64) + "'");
+}
+
+Result<CardSpec> parseCard(const json& j) {
+  if (!j.is_object()) return fail(Code::invalidArgument, "a card is not an object");
+  CardSpec c;
+  auto index = number(j, "index", UINT32_MAX);
+  if (!index) return fail(index.error());
+  c.index = static_cast<uint32_t>(*index);
+  auto memory = number(j, "memoryBytes", limits::kMaxCardMemoryBytes);
+  if (!memory) return fail(memory.error());
+  c.memoryBytes = *memory;
+  if (!j.contains("kind") || !j["kind"].is_string()) return fail(Code::invalidArgument, "a card has no kind");
+  auto kind = parseKind(j["kind"].get<std::string>());
+  if (!kind) return fail(kind.error());
+  c.kind = *kind;
+  if (!j.contains("tflops") || !j["tflops"].is_number()) return fail(Code::invalidArgument, "a card has no tflops");
+  c.tflops = j["tflops"].get<double>();  // range-checked by Pool::checkNode
+  for (const char* field : {"model", "backend"}) {
+    auto it = j.find(field);
+    if (it != j.end() && !it->is_string()) return fail(Code::invalidArgument, std::string(field) + " is not text");
+  }
+  c.model = j.value("model", "");
+  c.backend = j.value("backend", "");
+  auto programs = j.find("programs");
+  if (programs != j.end()) {
+    if (!programs->is_array() || programs->size() > 16) return fail(Code::invalidArgument, "programs is not a short list");
+    for (auto& p : *programs) {
+      if (!p.is_string()) return fail(Code::invalidArgument, "a program kind is not text");
+      auto kind = parseProgramKind(p.get<std::string>());
+      if (!kind) return fail(kind.error());
+      c.programKinds.push_back(*kind);
+    }
+  }
+  return c;
+}
+
+struct NodeRecord {
+  uint32_t first = 0, blocks = 0;
+  std::vector<CardSpec> cards;
+  HostVector host;
+};
+
+Result<NodeRecord> parseNode(const std::string& value) {
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  NodeRecord n;
+  auto first = number(*j, "first", limits::kMaxPoolBlocks);
+  if (!first) return fail(first.error());
+  auto blocks = number(*j, "blocks", limits::kMaxBlocksPerNode);
+  if (!blocks) return fail(blocks.error());
+  if (*first == 0) return fail(Code::invalidArgument, "first block 0 (blocks count from 1)");
+  n.first = static_cast<uint32_t>(*first);
+  n.blocks = static_cast<uint32_t>(*blocks);
+  auto host = parseHost(*j);
+  if (!host) return fail(host.error());
+  n.host = *host;
+  auto cards = j->find("cards");
+  if (cards == j->end() || !cards->is_array() || cards->size() > limits::kMaxCardsPerNode)
+    return fail(Code::invalidArgument, "cards is not a list of at most " + std::to_string(limits::kMaxCardsPerNode));
+  for (auto& c : *cards) {
+    auto card = parseCard(c);
+    if (!card) return fail(card.error());
+    n.cards.push_back(std::move(*card));
+  }
+  return n;
+}
+
+std::string nodeValue(const NodeRecord& n) {
+  json cards = json::array();
+  for (auto& c : n.cards) cards.push_back(cardJson(c));
+  return json{{"first", n.first}, {"blocks", n.blocks}, {"cards", cards}, {"host", hostJson(n.host)}}.dump();
+}
+
+// What a node of these cards holds, numbered by a pool of this block size.
+Result<uint32_t> blocksOf(const std::string& name, const std::vector<CardSpec>& cards, HostVector host, double blockTflops) {
+  Pool trial(blockTflops);
+  auto index = trial.addNode(name, cards, host);
+  if (!index) return fail(index.error());
+  return trial.nodes()[*index].blocks.count;
+}
+
+void compareMod(pb::TxnRequest& txn, const std::string& key, int64_t mod) {
+  auto* c = txn.add_compare();
+  c->set_key(key);
+  c->set_target(pb::Compare::MOD);
+  c->set_result(pb::Compare::EQUAL);
+  c->set_mod_revision(mod);
+}
+
+void put(pb::TxnRequest& txn, const std::string& key, const std::string& value, int64_t lease = 0) {
+  auto* p = txn.add_success()->mutable_request_put();
+  p->set_key(key);
+  p->set_value(value);
+  p->set_lease(lease);
+}
+
+// On failure, the whole prefix: the view is reloaded from it.
+void readAllOnFailure(pb::TxnRequest& txn, const std::string& prefix) {
+  auto* r = txn.add_failure()->mutable_request_range();
+  r->set_key(prefix);
+  r->set_range_end(etcd::prefixEnd(prefix));
+}
+
+const pb::RangeResponse* failureRange(const pb::TxnResponse& response) {
+  for (auto& r : response.responses())
+    if (r.has_response_range()) return &r.response_range();
+  return nullptr;
+}
+
+}  // namespace
+
+Result<SharedHolding> SharedPool::parseHolding(const std::string& key, const std::string& value, const std::string& prefix) {
+  // key: PREFIX holds/SCHEDULER/VACCEL
+  std::string rest = key.substr(std::min(key.size(), prefix.size() + 6));
+  size_t slash = rest.find('/');
+  if (!key.starts_with(prefix + "holds/") || slash == std::string::npos)
+    return fail(Code::invalidArgument, "not a holding's key");
+  SharedHolding h;
+  h.scheduler = rest.substr(0, slash);
+  if (auto ok = checkKeyName("scheduler", h.scheduler); !ok) return fail(ok.error());
+  std::string id = rest.substr(slash + 1);
+  if (id.empty() || id.size() > 19 || id.find_first_not_of("0123456789") != std::string::npos || id[0] == '0')
+    return fail(Code::invalidArgument, "vaccel '" + limits::clip(id, 32) + "' is not a number from 1");
+  h.vaccel = std::stoull(id);
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  if (!j->contains("vm") || !(*j)["vm"].is_string()) return fail(Code::invalidArgument, "vm is not text");
+  h.vm = (*j)["vm"].get<std::string>();
+  if (auto ok = limits::checkName("vm", h.vm); !ok) return fail(ok.error());
+  auto it = j->find("priority");
+  if (it == j->end() || !it->is_number_integer() || it->get<long long>() < -limits::kMaxPriority ||
+      it->get<long long>() > limits::kMaxPriority)
+    return fail(Code::invalidArgument, "priority is not a number within ±" + std::to_string(limits::kMaxPriority));
+  h.priority = static_cast<int>(it->get<long long>());
+  auto milli = number(*j, "cardMilli", 1000);
+  if (!milli) return fail(milli.error());
+  h.cardMilli = static_cast<uint32_t>(*milli);
+  auto host = parseHost(*j);
+  if (!host) return fail(host.error());
+  h.host = *host;
+  auto ranges = j->find("ranges");
+  if (ranges == j->end() || !ranges->is_array() || ranges->empty() || ranges->size() > kMaxRangesPerHolding)
+    return fail(Code::invalidArgument, "ranges is not a list of 1 to " + std::to_string(kMaxRangesPerHolding));
+  for (auto& r : *ranges) {
+    if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() || !r[1].is_number_unsigned())
+      return fail(Code::invalidArgument, "a range is not [first, count]");
+    uint64_t first = r[0].get<uint64_t>(), count = r[1].get<uint64_t>();
+    if (first == 0 || count == 0 || first > limits::kMaxPoolBlocks || count > limits::kMaxPoolBlocks ||
+        first + count > limits::kMaxPoolBlocks + 1)
+      return fail(Code::invalidArgument, "range [" + std::to_string(first) + ", " + std::to_string(count) +
+                                             "] is not within the pool's numbers");
+    h.ranges.push_back({static_cast<uint32_t>(first), static_cast<uint32_t>(count)});
+  }
+  return h;
+}
+
+std::string SharedPool::holdingValue(const SharedHolding& h) {
+  json ranges = json::array();
+  for (auto& r : h.ranges) ranges.push_back({r.first, r.count});
+  return json{{"vm", h.vm}, {"priority", h.priority}, {"ranges", ranges}, {"host", hostJson(h.host)},
+              {"cardMilli", h.cardMilli}}
+      .dump();
+}
+
+Result<std::unique_ptr<SharedPool>> SharedPool::open(etcd::Client& client, SharedPoolOptions options) {
+  if (auto ok = checkKeyName("scheduler name", options.scheduler); !ok) return fail(ok.error());
+  if (options.prefix.empty() || options.prefix.back() != '/' || options.prefix.size() > 256)
+    return fail(Code::invalidArgument, "the etcd prefix must end in '/' (got '" + limits::clip(options.prefix, 64) + "')");
+  if (options.leaseTtlSeconds < 1 || options.leaseTtlSeconds > 3600)
+    return fail(Code::invalidArgument, "the lease TTL must be 1 to 3600 seconds");
+  if (options.maxAttempts < 1) options.maxAttempts = 1;
+  // The block size: the first scheduler sets it, the others must match.
+  std::string configKey = options.prefix + "config";
+  std::string config = json{{"blockTflops", options.blockTflops}}.dump();
+  pb::TxnRequest set;
+  auto* absent = set.add_compare();
+  absent->set_key(configKey);
+  absent->set_target(pb::Compare::CREATE);
+  absent->set_result(pb::Compare::EQUAL);
+  absent->set_create_revision(0);
+  put(set, configKey, config);
+  auto* read = set.add_failure()->mutable_request_range();
+  read->set_key(configKey);
+  auto answer = client.txn(set);
+  if (!answer) return fail(answer.error());
+  if (!answer->succeeded()) {
+    auto* r = failureRange(*answer);
+    auto j = r && r->kvs_size() == 1 ? parseJson(r->kvs(0).value()) : fail(Code::invalidArgument, "missing");
+    if (!j || !j->contains("blockTflops") || !(*j)["blockTflops"].is_number())
+      return fail(Code::internal, client.describe() + ": " + configKey + " does not parse; fix or remove it");
+    double theirs = (*j)["blockTflops"].get<double>();
+    if (std::abs(theirs - options.blockTflops) > 1e-9)
+      return fail(Code::invalidArgument, "the shared pool's blocks are " + std::to_string(theirs) +
+                                             " TFLOPS; this scheduler's block_tflops must match");
+  }
+  auto lease = client.grantLease(options.leaseTtlSeconds);
+  if (!lease) return fail(lease.error());
+  // This scheduler's name, under its lease: refused while another live one has it.
+  std::string self = options.prefix + "schedulers/" + options.scheduler;
+  pb::TxnRequest join;
+  auto* free = join.add_compare();
+  free->set_key(self);
+  free->set_target(pb::Compare::CREATE);
+  free->set_result(pb::Compare::EQUAL);
+  free->set_create_revision(0);
+  put(join, self, json{{"lease", *lease}}.dump(), *lease);
+  auto joined = client.txn(join);
+  if (!joined) return fail(joined.error());
+  if (!joined->succeeded()) {
+    (void)client.revokeLease(*lease);
+    return fail(Code::invalidArgument, "a live scheduler named '" + options.scheduler + "' is already in the pool at " +
+                                           client.describe() + " (names are unique; wait for its lease to expire)");
+  }
+  std::unique_ptr<SharedPool> shared(new SharedPool(client, std::move(options), *lease));
+  if (auto ok = shared->load(); !ok) return fail(ok.error());
+  return shared;
+}
+
+SharedPool::SharedPool(etcd::Client& client, SharedPoolOptions options, int64_t lease)
+    : client_(client), options_(std::move(options)), lease_(lease), pool_(options_.blockTflops) {
+  if (options_.keepAlive)
+    keeper_ = std::make_unique<etcd::LeaseKeeper>(client_, lease_, options_.leaseTtlSeconds, [this] {
+      RLOG_ERROR("shared-pool") << "scheduler " << options_.scheduler << " lost its etcd lease: its holdings were freed";
+    });
+}
+
+SharedPool::~SharedPool() {
+  watcher_.reset();
+  keeper_.reset();
+}
+
+Status SharedPool::leave() {
+  keeper_.reset();
+  return client_.revokeLease(lease_);
+}
+
+Status SharedPool::load() {
+  auto all = client_.range(options_.prefix);
+  if (!all) return fail(all.error());
+  {
+    std::lock_guard lock(mutex_);
+    loadFrom(*all);
+  }
+  startWatch(all->header().revision() + 1);
+  return {};
+}
+
+void SharedPool::startWatch(int64_t fromRevision) {
+  watcher_.reset();  // joins its thread (ended, or stopped now)
+  {
+    std::lock_guard lock(mutex_);
+    watchBroken_ = false;
+  }
+  watcher_ = std::make_unique<etcd::Watcher>(
+      client_, options_.prefix, fromRevision, false,
+      [this](std::vector<mvccpb::Event> events, int64_t revision) { apply(events, revision); },
+      [this](Error error) {
+        RLOG_WARN("shared-pool") << error.message << " (the view is re-read at the next decision)";
+        std::lock_guard lock(mutex_);
+        watchBroken_ = true;
+      });
+}
+
+void SharedPool::loadFrom(const pb::RangeResponse& r) {
+  // A transaction's answer can be older than what the watch has brought since: the
+  // view is then newer than it, and stays (replacing it would lose those events).
+  if (r.header().revision() < revision_) return;
+  keys_.clear();
+  for (auto& kv : r.kvs())
+    if (kv.key().starts_with(options_.prefix))
+      keys_[kv.key().substr(options_.prefix.size())] = Key{kv.value(), kv.mod_revision(), kv.create_revision()};
+  revision_ = std::max(revision_, r.header().revision());
+  loadedAt_ = r.header().revision();
+  dirty_ = true;
+  advanced_.notify_all();
+}
+
+void SharedPool::apply(const std::vector<mvccpb::Event>& events, int64_t revision) {
+  std::lock_guard lock(mutex_);
+  for (auto& e : events) {
+    const auto& kv = e.kv();
+    // Older than the last full read: already in it (and a put from before it of a key
+    // since deleted must not come back).
+    if (!kv.key().starts_with(options_.prefix) || kv.mod_revision() <= loadedAt_) continue;
+    std::string key = kv.key().substr(options_.prefix.size());
+    auto it = keys_.find(key);
+    if (e.type() == mvccpb::Event::PUT) {
+      if (it != keys_.end() && it->second.modRevision >= kv.mod_revision()) continue;  // already seen
+      keys_[key] = Key{kv.value(), kv.mod_revision(), kv.create_revision()};
+    } else {
+      if (it == keys_.end() || it->second.modRevision >= kv.mod_revision()) continue;
+      keys_.erase(it);
+    }
+    dirty_ = true;
+    revision_ = std::max(revision_, kv.mod_revision());
+  }
+  if (events.empty()) revision_ = std::max(revision_, revision);  // a progress report
+  advanced_.notify_all();
+}
+
+void SharedPool::catchUp(std::unique_lock<std::mutex>& lock, int64_t revision) {
+  // The view stays a prefix of the pool's history: a decision shows in it when the
+  // watch brings it, in order with everyone else's.
+  if (!advanced_.wait_for(lock, std::chrono::milliseconds(client_.callTimeoutMs()),
+                          [&] { return revision_ >= revision || watchBroken_; }) ||
+      watchBroken_)
+    watchBroken_ = true;  // the next decision re-reads
+}
+
+bool SharedPool::waitForRevision(int64_t revision, uint32_t timeoutMs) {
+  std::unique_lock lock(mutex_);
+  return advanced_.wait_for(lock, std::chrono::milliseconds(timeoutMs), [&] { return revision_ >= revision; });
+}
+
+VaccelId SharedPool::localId(const std::string& scheduler, uint64_t vaccel) {
+  auto [it, added] = localIds_.try_emplace({scheduler, vaccel}, nextLocal_);
+  if (added) ++nextLocal_;
+  return it->second;
+}
+
+bool SharedPool::addNodeRecord(const std::string& name, const std::string& value) {
+  auto refuse = [&](const std::string& why) {
+    ++stats_.refusedValues;
+    RLOG_WARN("shared-pool") << "refused " << options_.prefix << "nodes/" << limits::clip(name, 64) << ": " << why;
+    return false;
+  };
+  if (auto ok = checkKeyName("node name", name); !ok) return refuse(ok.error().message);
+  auto record = parseNode(value);
+  if (!record) return refuse(record.error().message);
+  if (record->first != pool_.highestBlock() + 1)
+    return refuse("its numbers start at " + std::to_string(record->first) + ", not at the next free number " +
+                  std::to_string(pool_.highestBlock() + 1));
+  auto index = pool_.addNode(name, record->cards, record->host);
+  if (!index) return refuse(index.error().message);
+  if (pool_.nodes()[*index].blocks.count != record->blocks) {
+    // Numbers already given cannot be taken back: the rest of the numbering would move.
+    return refuse("its cards make " + std::to_string(pool_.nodes()[*index].blocks.count) + " blocks, not the " +
+                  std::to_string(record->blocks) + " it claims; the view stops at this node");
+  }
+  return true;
+}
+
+void SharedPool::rebuild() {
+  if (!dirty_) return;
+  pool_ = Pool(options_.blockTflops);
+  holdings_.clear();
+  // Nodes in their numbering order; each must start where the last ended.
+  std::vector<std::pair<uint32_t, std::string>> order;
+  for (auto it = keys_.lower_bound("nodes/"); it != keys_.end() && it->first.starts_with("nodes/"); ++it) {
+    auto j = parseJson(it->second.value);
+    uint64_t first = j && j->contains("first") && (*j)["first"].is_number_unsigned() ? (*j)["first"].get<uint64_t>() : 0;
+    order.push_back({static_cast<uint32_t>(std::min<uint64_t>(first, UINT32_MAX)), it->first.substr(6)});
+  }
+  std::sort(order.begin(), order.end());
+  // A refused node leaves a gap in the numbering: the nodes after it are refused too,
+  // since their numbers no longer line up (logged, each of them).
+  for (auto& [first, name] : order) addNodeRecord(name, keys_["nodes/" + name].value);
+  for (size_t i = 0; i < pool_.nodes().size(); ++i)
+    if (!keys_.count("online/" + pool_.nodes()[i].name)) pool_.removeNode(i);
+  // Holdings in the order they were first committed: an overlap loses to what came first.
+  std::vector<std::pair<int64_t, std::string>> holds;
+  for (auto it = keys_.lower_bound("holds/"); it != keys_.end() && it->first.starts_with("holds/"); ++it)
+    holds.push_back({it->second.createRevision, it->first});
+  std::sort(holds.begin(), holds.end());
+  for (auto& [created, key] : holds) {
+    auto h = parseHolding(options_.prefix + key, keys_[key].value, options_.prefix);
+    Status placed = h ? pool_.assign(localId(h->scheduler, h->vaccel), h->ranges, h->priority, h->host, h->cardMilli)
+                      : Status(fail(h.error()));
+    if (!placed) {
+      ++stats_.refusedValues;
+      RLOG_WARN("shared-pool") << "refused " << options_.prefix << limits::clip(key, 128) << ": " << placed.error().message;
+      if (h) quarantine(h->ranges, created);
+      continue;
+    }
+    h->createRevision = created;
+    holdings_.push_back(std::move(*h));
+  }
+  dirty_ = false;
+}
+
+void SharedPool::quarantine(const std::vector<BlockRange>& ranges, int64_t created) {
+  // A refused holding may still be someone's: its blocks that nobody else holds are
+  // kept from placement, so a bad value can never lead to a block held twice.
+  std::vector<BlockRange> free;
+  for (auto& r : ranges)
+    for (uint32_t b = r.first; b < r.end() && b <= pool_.highestBlock(); ++b)
+      if (pool_.ownerOf(b) == kNoOwner && pool_.cardOf(b) >= 0) {
+        if (!free.empty() && free.back().end() == b) ++free.back().count;
+        else free.push_back({b, 1});
+      }
+  if (!free.empty()) (void)pool_.assign(localId("#refused", static_cast<uint64_t>(created)), free, limits::kMaxPriority);
+}
+
+std::string SharedPool::cardKey(size_t card) const {
+  const Card& c = pool_.cards()[card];
+  return "cards/" + pool_.nodes()[c.node].name + "/" + std::to_string(c.spec.index);
+}
+
+int64_t SharedPool::modOf(const std::string& key) const {
+  auto it = keys_.find(key);
+  return it == keys_.end() ? 0 : it->second.modRevision;
+}
+
+Result<std::optional<std::vector<BlockRange>>> SharedPool::tryAllocate(uint64_t vaccel, const std::string& vm,
+                                                                       const Pool::Request& request) {
+  pb::TxnRequest txn;
+  SharedHolding h{options_.scheduler, vaccel, vm, request.priority, {}, request.host,
+                  request.shape == Pool::Shape::oneCard ? request.cardMilli : 0u};
+  std::string holdKey = "holds/" + options_.scheduler + "/" + std::to_string(vaccel);
+  VaccelId local;
+  {
+    std::lock_guard lock(mutex_);
+    rebuild();
+    if (keys_.count(holdKey)) return fail(Code::invalidArgument, "vaccel " + std::to_string(vaccel) + " already holds blocks");
+    local = localId(options_.scheduler, vaccel);
+    auto ranges = pool_.allocate(local, request);
+    if (!ranges) return fail(ranges.error());
+    h.ranges = *ranges;
+    // The cards it takes, and with host needs every card of its node: their versions.
+    std::set<size_t> cards;
+    for (auto& share : pool_.cardsOf(h.ranges)) cards.insert(share.card);
+    if (!request.host.empty() && !h.ranges.empty())
+      for (size_t c : pool_.nodes()[pool_.cards()[static_cast<size_t>(pool_.cardOf(h.ranges[0].first))].node].cards)
+        cards.insert(c);
+    for (size_t c : cards) {
+      std::string key = cardKey(c);
+      compareMod(txn, options_.prefix + key, modOf(key));
+      put(txn, options_.prefix + key, std::to_string(vaccel));
+    }
+    pool_.release(local);  // the view changes when etcd says so
+  }
+  put(txn, options_.prefix + holdKey, holdingValue(h), lease_);
+  readAllOnFailure(txn, options_.prefix);
+  auto answer = client_.txn(txn);
+  std::unique_lock lock(mutex_);
+  if (!answer) return fail(answer.error());
+  if (!answer->succeeded()) {
+    ++stats_.conflicts;
+    if (auto* r = failureRange(*answer)) loadFrom(*r);
+    return std::optional<std::vector<BlockRange>>();
+  }
+  ++stats_.commits;
+  catchUp(lock, answer->header().revision());
+  return std::optional<std::vector<BlockRange>>(h.ranges);
+}
+
+Status SharedPool::refresh() {
+  std::lock_guard once(refreshMutex_);  // one re-read at a time
+  {
+    std::lock_guard lock(mutex_);
+    if (!watchBroken_ && watcher_) return {};
+  }
+  return load();
+}
+
+Result<std::vector<BlockRange>> SharedPool::allocate(uint64_t vaccel, const std::string& vm, const Pool::Request& request) {
+  if (vaccel == 0) return fail(Code::invalidArgument, "vaccel ids start at 1");
+  if (auto ok = refresh(); !ok) return fail(ok.error());
+  for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
+    auto placed = tryAllocate(vaccel, vm, request);
+    if (!placed) return fail(placed.error());
+    if (*placed) return std::move(**placed);
+  }
+  return fail(Code::unavailable, "the shared pool changed under " + std::to_string(options_.maxAttempts) +
+                                     " placements in a row (other schedulers took the same cards); try again");
+}
+
+Status SharedPool::release(uint64_t vaccel) {
+  std::string key = options_.prefix + "holds/" + options_.scheduler + "/" + std::to_string(vaccel);
+  pb::TxnRequest txn;
+  auto* d = txn.add_success()->mutable_request_delete_range();
+  d->set_key(key);
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
+  ++stats_.commits;
+  catchUp(lock, answer->header().revision());
+  return {};
+}
+
+Result<std::optional<BlockRange>> SharedPool::tryRegister(const std::string& name, const std::vector<CardSpec>& cards,
+                                                          HostVector host, int64_t lease) {
+  auto blocks = blocksOf(name, cards, host, options_.blockTflops);
+  if (!blocks) return fail(blocks.error());
+  pb::TxnRequest txn;
+  std::string nodeKey = "nodes/" + name;
+  BlockRange range;
+  {
+    std::lock_guard lock(mutex_);
+    rebuild();
+    auto known = keys_.find(nodeKey);
+    if (known != keys_.end()) {
+      auto record = parseNode(known->second.value);
+      if (!record) return fail(Code::internal, options_.prefix + nodeKey + " does not parse: " + record.error().message);
+      if (record->blocks != *blocks || nodeValue(*record) != nodeValue({record->first, *blocks, cards, host}))
+        return fail(Code::invalidArgument, "node '" + name + "' is known to the pool with other cards; a new layout needs a new name");
+      range = {record->first, record->blocks};
+      compareMod(txn, options_.prefix + nodeKey, known->second.modRevision);
+    } else {
+      auto next = keys_.find("next");
+      uint64_t first = 1;
+      if (next != keys_.end()) {
+        const std::string& v = next->second.value;
+        if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
+          return fail(Code::internal, options_.prefix + "next is not a block number; fix it");
+        first = std::stoull(v);
+      }
+      if (first == 0 || first + *blocks > limits::kMaxPoolBlocks + 1)
+        return fail(Code::resourceExhausted, "the pool has no numbers left for node '" + name + "'");
+      range = {static_cast<uint32_t>(first), *blocks};
+      compareMod(txn, options_.prefix + "next", modOf("next"));
+      compareMod(txn, options_.prefix + nodeKey, 0);
+      put(txn, options_.prefix + nodeKey, nodeValue({range.first, range.count, cards, host}));
+      put(txn, options_.prefix + "next", std::to_string(range.end()));
+    }
+  }
+  put(txn, options_.prefix + "online/" + name, "{}", lease);
+  readAllOnFailure(txn, options_.prefix);
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
+  if (!answer->succeeded()) {
+    ++stats_.conflicts;
+    if (auto* r = failureRange(*answer)) loadFrom(*r);
+    return std::optional<BlockRange>();
+  }
+  catchUp(lock, answer->header().revision());
+  return std::optional<BlockRange>(range);
+}
+
+Result<BlockRange> SharedPool::registerNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host,
+                                            int64_t lease) {
+  if (auto ok = checkKeyName("node name", name); !ok) return fail(ok.error());
+  if (auto ok = refresh(); !ok) return fail(ok.error());
+  for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
+    auto done = tryRegister(name, cards, host, lease);
+    if (!done) return fail(done.error());
+    if (*done) return **done;
+  }
+  return fail(Code::unavailable, "node '" + name + "' could not register: the pool's numbering kept changing");
+}
+
+SharedPool::View SharedPool::view() {
+  if (auto ok = refresh(); !ok) RLOG_WARN("shared-pool") << ok.error().message << " (the view may be stale)";
+  std::lock_guard lock(mutex_);
+  rebuild();
+  View v;
+  v.revision = revision_;
+  v.total = pool_.total();
+  v.free = pool_.freeBlocks();
+  v.highest = pool_.highestBlock();
+  v.nodes = pool_.nodes();
+  v.holdings = holdings_;
+  return v;
+}
+
+SharedPool::Stats SharedPool::stats() {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+}  // namespace raccel::scheduler

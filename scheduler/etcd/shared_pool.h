@@ -1,0 +1,167 @@
+// The pool's state shared by many schedulers through etcd v3, in the style of Omega
+// (ARCHITECTURE.md "Many hosts, one pool"): every scheduler keeps a cache of the whole
+// pool fed by a watch, places with the same `Pool` code as a one-host scheduler, and
+// commits each decision as one transaction that compares the revisions of what it read.
+//
+// Keys, under the options' prefix (values are JSON, checked where they are read):
+//   config                 {"blockTflops": 1}: set by the first scheduler, matched by the rest
+//   next                   the next free block number ("1" before any node)
+//   nodes/NAME             a node's cards, host and numbers ({"first", "blocks", "cards", "host"});
+//                          kept for good, so a node that returns gets its numbers back
+//   online/NAME            under the node's own lease: it is online while that lives
+//   cards/NODE/INDEX       a card's version: rewritten by every allocation on the card
+//   schedulers/NAME        under the scheduler's lease: it is alive
+//   holds/SCHEDULER/VACCEL under the scheduler's lease: who holds which blocks
+//                          ({"vm", "priority", "ranges", "host", "cardMilli"})
+//
+// Why no block is ever held twice: an allocation's transaction compares the version of
+// every card it takes blocks of with the version its cache read, and rewrites them. Any
+// allocation on those cards committed since the cache's view changes a version, so the
+// transaction fails and the scheduler re-reads; releases only free blocks, so a cache
+// that has not seen one yet is merely cautious. Host needs are charged per node, so an
+// allocation with host needs compares and rewrites every card of its node.
+//
+// A scheduler's holdings live under its lease: when it dies they return to the pool as
+// the lease expires. Values that do not parse or break an invariant (blocks past the
+// numbering, a holding that overlaps an older one) are refused, logged and counted;
+// they never crash the cache, and what came first keeps its blocks.
+//
+// Thread-safe: the watch thread feeds the cache, any thread may place and commit.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "scheduler/etcd/etcd_client.h"
+#include "scheduler/pool.h"
+
+namespace raccel::scheduler {
+
+struct SharedPoolOptions {
+  std::string prefix = "/raccel/";
+  std::string scheduler;           // this scheduler's name: unique among the pool's schedulers
+  int64_t leaseTtlSeconds = 5;     // its holdings outlive it by at most this
+  uint32_t maxAttempts = 16;       // per decision, before the conflict is reported
+  double blockTflops = 1.0;        // must match the pool's
+  bool keepAlive = true;           // a thread keeps the lease alive (off: tests let it lapse)
+};
+
+// A holding as the pool records it.
+struct SharedHolding {
+  std::string scheduler;
+  uint64_t vaccel = 0;
+  std::string vm;
+  int priority = 0;
+  std::vector<BlockRange> ranges;
+  HostVector host;
+  uint32_t cardMilli = 0;
+  int64_t createRevision = 0;
+};
+
+class SharedPool {
+ public:
+  // Joins the pool: checks (or sets) its block size, takes a lease and registers this
+  // scheduler under it (refused when a live scheduler has the name), reads the whole
+  // pool and starts the watch.
+  static Result<std::unique_ptr<SharedPool>> open(etcd::Client& client, SharedPoolOptions options);
+  ~SharedPool();  // stops the watch and the keep-alive; the lease is left to expire
+  // Ends this scheduler's membership now: its lease is revoked, its holdings freed.
+  Status leave();
+
+  // A netaccel's node, online while `lease` lives. It gets the next numbers when it is
+  // new; a known node must bring the same cards (else refused: a new layout is a new
+  // node name). Returns the node's blocks.
+  Result<BlockRange> registerNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host,
+                                  int64_t lease);
+
+  // Places `request` for this scheduler's `vaccel` (of `vm`) on the current view and
+  // commits it; on a conflict, re-reads and places again, up to maxAttempts times, then
+  // refuses with `unavailable` naming the conflicts. resourceExhausted as Pool::allocate
+  // when the pool cannot hold it now or ever; an unreachable etcd is `unavailable`
+  // naming etcd.
+  Result<std::vector<BlockRange>> allocate(uint64_t vaccel, const std::string& vm, const Pool::Request& request);
+  // Returns this scheduler's `vaccel`'s blocks to the pool (nothing when it holds none).
+  Status release(uint64_t vaccel);
+
+  // Snapshot of the view: nodes, cards, free blocks, who holds what.
+  struct View {
+    int64_t revision = 0;
+    uint32_t total = 0, free = 0, highest = 0;
+    std::vector<Node> nodes;
+    std::vector<SharedHolding> holdings;
+  };
+  View view();
+  // Re-reads the pool and watches it again when the watch broke (etcd lost for a
+  // while); otherwise nothing. Decisions and views call it first.
+  Status refresh();
+  // Waits until the view has caught up with `revision` (false after `timeoutMs`).
+  bool waitForRevision(int64_t revision, uint32_t timeoutMs);
+
+  struct Stats {
+    uint64_t commits = 0;    // decisions committed
+    uint64_t conflicts = 0;  // transactions that failed on a changed version
+    uint64_t refusedValues = 0;  // values in etcd refused while reading
+  };
+  Stats stats();
+  int64_t lease() const { return lease_; }
+  const std::string& name() const { return options_.scheduler; }
+  const std::string& prefix() const { return options_.prefix; }
+
+  // Parsing, exposed for tests and the audit. Each refuses what breaks the format.
+  static Result<SharedHolding> parseHolding(const std::string& key, const std::string& value,
+                                            const std::string& prefix);
+  static std::string holdingValue(const SharedHolding& h);
+
+ private:
+  SharedPool(etcd::Client& client, SharedPoolOptions options, int64_t lease);
+  struct Key {
+    std::string value;
+    int64_t modRevision = 0, createRevision = 0;
+  };
+  Status load();                                    // the whole prefix, then the view rebuilt
+  void loadFrom(const etcd::pb::RangeResponse& r);  // under mutex_
+  void apply(const std::vector<mvccpb::Event>& events, int64_t revision);
+  void startWatch(int64_t fromRevision);
+  // Waits (mutex_ held through `lock`) until the watch has brought `revision`.
+  void catchUp(std::unique_lock<std::mutex>& lock, int64_t revision);
+  void rebuild();  // the view from keys_, under mutex_
+  void quarantine(const std::vector<BlockRange>& ranges, int64_t created);
+  bool addNodeRecord(const std::string& name, const std::string& value);
+  VaccelId localId(const std::string& scheduler, uint64_t vaccel);
+  std::string cardKey(size_t card) const;
+  int64_t modOf(const std::string& key) const;
+  // One attempt: the transaction of an allocation placed on the view; nullopt when it
+  // conflicted (the view is then reloaded from the failure's answer).
+  Result<std::optional<std::vector<BlockRange>>> tryAllocate(uint64_t vaccel, const std::string& vm,
+                                                              const Pool::Request& request);
+  Result<std::optional<BlockRange>> tryRegister(const std::string& name, const std::vector<CardSpec>& cards,
+                                                HostVector host, int64_t lease);
+
+  etcd::Client& client_;
+  SharedPoolOptions options_;
+  int64_t lease_;
+  std::unique_ptr<etcd::LeaseKeeper> keeper_;
+  std::unique_ptr<etcd::Watcher> watcher_;
+
+  std::mutex refreshMutex_;  // held while the pool is re-read and the watch restarted
+  std::mutex mutex_;          // the view below
+  std::condition_variable advanced_;
+  std::map<std::string, Key> keys_;  // the prefix as the view has it (key without prefix)
+  int64_t revision_ = 0;             // the view is current to this revision
+  int64_t loadedAt_ = 0;             // of the last full read
+  bool dirty_ = true;
+  Pool pool_;
+  std::map<std::pair<std::string, uint64_t>, VaccelId> localIds_;
+  VaccelId nextLocal_ = 1;
+  std::vector<SharedHolding> holdings_;  // as placed in pool_ (refused ones left out)
+  Stats stats_;
+  bool watchBroken_ = false;
+};
+
+}  // namespace raccel::scheduler

@@ -1,0 +1,98 @@
+#include "tests/etcd_cluster.h"
+
+#include <csignal>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "scheduler/etcd/etcd_client.h"
+
+namespace raccel::testing {
+
+std::string etcdUnavailable() {
+  if (std::system("command -v etcd >/dev/null 2>&1") != 0) return "etcd not found (apt-get install etcd-server)";
+  return "";
+}
+
+EtcdCluster::EtcdCluster(int members) : dir_(makeTempDir()) {
+  for (int i = 0; i < members; ++i) {
+    clientPorts_.push_back(freePort());
+    peerPorts_.push_back(freePort());
+    processes_.emplace_back();
+  }
+}
+
+EtcdCluster::~EtcdCluster() {
+  processes_.clear();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+std::vector<std::string> EtcdCluster::args(int m) const {
+  auto url = [](int port) { return "http://127.0.0.1:" + std::to_string(port); };
+  std::string initial;
+  for (int i = 0; i < members(); ++i)
+    initial += (i ? "," : "") + ("m" + std::to_string(i)) + "=" + url(peerPorts_[static_cast<size_t>(i)]);
+  size_t i = static_cast<size_t>(m);
+  return {"--name", "m" + std::to_string(m), "--data-dir", dir_ + "/m" + std::to_string(m),
+          "--listen-client-urls", url(clientPorts_[i]), "--advertise-client-urls", url(clientPorts_[i]),
+          "--listen-peer-urls", url(peerPorts_[i]), "--initial-advertise-peer-urls", url(peerPorts_[i]),
+          "--initial-cluster", initial, "--initial-cluster-state", "new", "--initial-cluster-token", "raccel-test",
+          "--heartbeat-interval", "100", "--election-timeout", "1000", "--logger", "zap", "--log-level", "warn"};
+}
+
+std::string EtcdCluster::endpoints() const {
+  std::string out;
+  for (auto& e : endpointList()) out += (out.empty() ? "" : ",") + e;
+  return out;
+}
+
+std::vector<std::string> EtcdCluster::endpointList() const {
+  std::vector<std::string> out;
+  for (int port : clientPorts_) out.push_back("127.0.0.1:" + std::to_string(port));
+  return out;
+}
+
+Status EtcdCluster::start() {
+  if (auto why = etcdUnavailable(); !why.empty()) return fail(Code::unavailable, why);
+  for (int m = 0; m < members(); ++m)
+    processes_[static_cast<size_t>(m)] =
+        std::make_unique<Process>("/usr/bin/etcd", args(m), dir_ + "/m" + std::to_string(m) + ".log");
+  for (int m = 0; m < members(); ++m)
+    if (auto ok = waitReady(m); !ok) return ok;
+  return {};
+}
+
+Status EtcdCluster::waitReady(int m) {
+  auto client = etcd::Client::open({{endpointList()[static_cast<size_t>(m)]}, "", "", "", 1000});
+  if (!client) return fail(client.error());
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  Error last{Code::unavailable, "not started"};
+  while (std::chrono::steady_clock::now() < end) {
+    if (!processes_[static_cast<size_t>(m)]->running())
+      return fail(Code::unavailable, "etcd member m" + std::to_string(m) + " exited: " +
+                                         readFile(processes_[static_cast<size_t>(m)]->log()));
+    auto r = (*client)->range("/raccel-health");
+    if (r) return {};
+    last = r.error();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return fail(Code::unavailable, "etcd member m" + std::to_string(m) + " did not answer in 60 s: " + last.message);
+}
+
+void EtcdCluster::kill(int m) {
+  auto& p = processes_[static_cast<size_t>(m)];
+  if (!p) return;
+  p->kill(SIGKILL);
+  p->wait(10000);
+  p.reset();
+}
+
+Status EtcdCluster::restart(int m) {
+  kill(m);
+  processes_[static_cast<size_t>(m)] =
+      std::make_unique<Process>("/usr/bin/etcd", args(m), dir_ + "/m" + std::to_string(m) + ".log");
+  return waitReady(m);
+}
+
+}  // namespace raccel::testing
