@@ -23,7 +23,7 @@ EtcdCluster::EtcdCluster(int members) : dir_(makeTempDir()) {
 }
 
 EtcdCluster::~EtcdCluster() {
-  processes_.clear();
+  for (int m = 0; m < members(); ++m) kill(m);  // its data goes with it: no graceful stop
   std::error_code ignored;
   std::filesystem::remove_all(dir_, ignored);
 }
@@ -64,14 +64,15 @@ Status EtcdCluster::start() {
 }
 
 Status EtcdCluster::waitReady(int m) {
-  auto client = etcd::Client::open({{endpointList()[static_cast<size_t>(m)]}, "", "", "", 1000});
-  if (!client) return fail(client.error());
   auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   Error last{Code::unavailable, "not started"};
   while (std::chrono::steady_clock::now() < end) {
     if (!processes_[static_cast<size_t>(m)]->running())
       return fail(Code::unavailable, "etcd member m" + std::to_string(m) + " exited: " +
                                          readFile(processes_[static_cast<size_t>(m)]->log()));
+    // A fresh channel each time: one made before the member listened waits out its backoff.
+    auto client = etcd::Client::open({{endpointList()[static_cast<size_t>(m)]}, "", "", "", 1000});
+    if (!client) return fail(client.error());
     auto r = (*client)->range("/raccel-health");
     if (r) return {};
     last = r.error();
@@ -93,6 +94,21 @@ Status EtcdCluster::restart(int m) {
   processes_[static_cast<size_t>(m)] =
       std::make_unique<Process>("/usr/bin/etcd", args(m), dir_ + "/m" + std::to_string(m) + ".log");
   return waitReady(m);
+}
+
+}  // namespace raccel::testing
+
+namespace raccel::testing {
+
+Status EtcdCluster::restartAll() {
+  for (int m = 0; m < members(); ++m) {
+    kill(m);
+    processes_[static_cast<size_t>(m)] =
+        std::make_unique<Process>("/usr/bin/etcd", args(m), dir_ + "/m" + std::to_string(m) + ".log");
+  }
+  for (int m = 0; m < members(); ++m)
+    if (auto ok = waitReady(m); !ok) return ok;
+  return {};
 }
 
 }  // namespace raccel::testing

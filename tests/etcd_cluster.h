@@ -26,7 +26,8 @@ class EtcdCluster {
   std::string endpoints() const;
   std::vector<std::string> endpointList() const;
   void kill(int member);  // SIGKILL
-  Status restart(int member);  // on its data; waits until it answers
+  Status restart(int member);  // on its data; waits until it answers (a quorum must be up)
+  Status restartAll();         // every member, on its data
   int members() const { return static_cast<int>(clientPorts_.size()); }
   const std::string& dir() const { return dir_; }
 

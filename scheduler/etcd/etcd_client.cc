@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -88,13 +89,13 @@ Result<std::unique_ptr<Client>> Client::open(const Options& options) {
   // Several endpoints are one channel over all of them: that takes IP literals (gRPC's
   // ipv4: target); one endpoint may be a name.
   std::string target;
-  if (hostPorts.size() == 1) {
+  bool literal = std::all_of(hostPorts.begin(), hostPorts.end(), isIpv4HostPort);
+  if (literal) {
+    target = "ipv4:" + joined;
+  } else if (hostPorts.size() == 1) {
     target = "dns:///" + hostPorts[0];
   } else {
-    for (const auto& h : hostPorts)
-      if (!isIpv4HostPort(h))
-        return fail(Code::invalidArgument, "etcd: several endpoints must be IPv4 addresses (" + h + " is not)");
-    target = "ipv4:" + joined;
+    return fail(Code::invalidArgument, "etcd: several endpoints must be IPv4 addresses (" + joined + ")");
   }
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (tls || !options.caFile.empty()) {
@@ -117,9 +118,13 @@ Result<std::unique_ptr<Client>> Client::open(const Options& options) {
   }
   grpc::ChannelArguments args;
   args.SetLoadBalancingPolicyName("round_robin");  // a dead member is skipped, the others serve
+  // A member that is starting accepts connections before it answers them: a connection
+  // attempt gives up after a second (gRPC's minimum backoff is also its connect timeout)
+  // so that a member that has come back is found within about a second.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(target, credentials, args);
   return std::unique_ptr<Client>(new Client(options, std::move(channel), "etcd (" + joined + ")"));

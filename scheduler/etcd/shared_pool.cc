@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <set>
+#include <thread>
 
 #include "common/limits.h"
 #include "common/log.h"
@@ -18,6 +19,9 @@ namespace pb = etcd::pb;
 
 constexpr size_t kMaxValueBytes = 1 << 20;   // a node of 1024 cards fits with room to spare
 constexpr size_t kMaxRangesPerHolding = 4096;
+// A call etcd lost (a member died, its leader changed) is tried again this many times,
+// 100 ms apart and more, before the loss is reported: about 1.5 s in all.
+constexpr uint32_t kLostCallRetries = 5;
 
 // A name that becomes one segment of a key.
 Status checkKeyName(const std::string& field, const std::string& name) {
@@ -200,9 +204,11 @@ Result<SharedHolding> SharedPool::parseHolding(const std::string& key, const std
       it->get<long long>() > limits::kMaxPriority)
     return fail(Code::invalidArgument, "priority is not a number within ±" + std::to_string(limits::kMaxPriority));
   h.priority = static_cast<int>(it->get<long long>());
-  auto milli = number(*j, "cardMilli", 1000);
-  if (!milli) return fail(milli.error());
-  h.cardMilli = static_cast<uint32_t>(*milli);
+  if (j->contains("cardMilli")) {
+    auto milli = number(*j, "cardMilli", 1000);
+    if (!milli) return fail(milli.error());
+    h.cardMilli = static_cast<uint32_t>(*milli);
+  }
   auto host = parseHost(*j);
   if (!host) return fail(host.error());
   h.host = *host;
@@ -304,6 +310,10 @@ Status SharedPool::leave() {
 
 Status SharedPool::load() {
   auto all = client_.range(options_.prefix);
+  for (uint32_t lost = 1; !all && all.error().code == Code::unavailable && lost <= kLostCallRetries; ++lost) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 * lost));
+    all = client_.range(options_.prefix);
+  }
   if (!all) return fail(all.error());
   {
     std::lock_guard lock(mutex_);
@@ -388,8 +398,7 @@ VaccelId SharedPool::localId(const std::string& scheduler, uint64_t vaccel) {
 
 bool SharedPool::addNodeRecord(const std::string& name, const std::string& value) {
   auto refuse = [&](const std::string& why) {
-    ++stats_.refusedValues;
-    RLOG_WARN("shared-pool") << "refused " << options_.prefix << "nodes/" << limits::clip(name, 64) << ": " << why;
+    noteRefused("nodes/" + name, why);
     return false;
   };
   if (auto ok = checkKeyName("node name", name); !ok) return refuse(ok.error().message);
@@ -435,8 +444,7 @@ void SharedPool::rebuild() {
     Status placed = h ? pool_.assign(localId(h->scheduler, h->vaccel), h->ranges, h->priority, h->host, h->cardMilli)
                       : Status(fail(h.error()));
     if (!placed) {
-      ++stats_.refusedValues;
-      RLOG_WARN("shared-pool") << "refused " << options_.prefix << limits::clip(key, 128) << ": " << placed.error().message;
+      noteRefused(key, placed.error().message);
       if (h) quarantine(h->ranges, created);
       continue;
     }
@@ -444,6 +452,15 @@ void SharedPool::rebuild() {
     holdings_.push_back(std::move(*h));
   }
   dirty_ = false;
+}
+
+void SharedPool::noteRefused(const std::string& key, const std::string& why) {
+  // Once per value: the view is rebuilt often, the log should not repeat itself.
+  auto it = keys_.find(key);
+  if (refusedSeen_.size() >= 4096) refusedSeen_.clear();  // bounded: a flood is logged again, never held
+  if (!refusedSeen_.insert({key, it == keys_.end() ? 0 : it->second.modRevision}).second) return;
+  ++stats_.refusedValues;
+  RLOG_WARN("shared-pool") << "refused " << options_.prefix << limits::clip(key, 128) << ": " << limits::clip(why);
 }
 
 void SharedPool::quarantine(const std::vector<BlockRange>& ranges, int64_t created) {
@@ -521,13 +538,34 @@ Status SharedPool::refresh() {
   return load();
 }
 
+Result<std::optional<std::vector<BlockRange>>> SharedPool::committedHolding(uint64_t vaccel) {
+  {
+    std::lock_guard once(refreshMutex_);
+    if (auto ok = load(); !ok) return fail(ok.error());
+  }
+  std::lock_guard lock(mutex_);
+  std::string key = "holds/" + options_.scheduler + "/" + std::to_string(vaccel);
+  auto it = keys_.find(key);
+  if (it == keys_.end()) return std::optional<std::vector<BlockRange>>();
+  auto h = parseHolding(options_.prefix + key, it->second.value, options_.prefix);
+  if (!h) return fail(Code::internal, options_.prefix + key + " does not parse: " + h.error().message);
+  return std::optional<std::vector<BlockRange>>(h->ranges);
+}
+
 Result<std::vector<BlockRange>> SharedPool::allocate(uint64_t vaccel, const std::string& vm, const Pool::Request& request) {
   if (vaccel == 0) return fail(Code::invalidArgument, "vaccel ids start at 1");
   if (auto ok = refresh(); !ok) return fail(ok.error());
+  uint32_t lostCalls = 0;
   for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
     auto placed = tryAllocate(vaccel, vm, request);
-    if (!placed) return fail(placed.error());
-    if (*placed) return std::move(**placed);
+    if (placed && *placed) return std::move(**placed);
+    if (placed) continue;  // a conflict: placed again on the view it re-read
+    if (placed.error().code != Code::unavailable || ++lostCalls > kLostCallRetries) return fail(placed.error());
+    // etcd lost the call (a member died, its leader changed) and may have committed it:
+    // the holding under this vaccel's key is then ours.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 * lostCalls));
+    auto mine = committedHolding(vaccel);
+    if (mine && *mine) return std::move(**mine);
   }
   return fail(Code::unavailable, "the shared pool changed under " + std::to_string(options_.maxAttempts) +
                                      " placements in a row (other schedulers took the same cards); try again");
@@ -539,6 +577,11 @@ Status SharedPool::release(uint64_t vaccel) {
   auto* d = txn.add_success()->mutable_request_delete_range();
   d->set_key(key);
   auto answer = client_.txn(txn);
+  // A delete may be repeated: a call etcd lost is simply made again.
+  for (uint32_t lost = 1; !answer && answer.error().code == Code::unavailable && lost <= kLostCallRetries; ++lost) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 * lost));
+    answer = client_.txn(txn);
+  }
   if (!answer) return fail(answer.error());
   std::unique_lock lock(mutex_);
   ++stats_.commits;

@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,7 @@ class SharedPool {
   // Waits (mutex_ held through `lock`) until the watch has brought `revision`.
   void catchUp(std::unique_lock<std::mutex>& lock, int64_t revision);
   void rebuild();  // the view from keys_, under mutex_
+  void noteRefused(const std::string& key, const std::string& why);  // logged and counted once
   void quarantine(const std::vector<BlockRange>& ranges, int64_t created);
   bool addNodeRecord(const std::string& name, const std::string& value);
   VaccelId localId(const std::string& scheduler, uint64_t vaccel);
@@ -140,6 +142,8 @@ class SharedPool {
   // conflicted (the view is then reloaded from the failure's answer).
   Result<std::optional<std::vector<BlockRange>>> tryAllocate(uint64_t vaccel, const std::string& vm,
                                                               const Pool::Request& request);
+  // Re-reads the pool: the ranges this scheduler's `vaccel` holds there, if any.
+  Result<std::optional<std::vector<BlockRange>>> committedHolding(uint64_t vaccel);
   Result<std::optional<BlockRange>> tryRegister(const std::string& name, const std::vector<CardSpec>& cards,
                                                 HostVector host, int64_t lease);
 
@@ -161,6 +165,7 @@ class SharedPool {
   VaccelId nextLocal_ = 1;
   std::vector<SharedHolding> holdings_;  // as placed in pool_ (refused ones left out)
   Stats stats_;
+  std::set<std::pair<std::string, int64_t>> refusedSeen_;  // (key, its revision) refused so far
   bool watchBroken_ = false;
 };
 
