@@ -126,22 +126,62 @@ Result<std::unique_ptr<Client>> Client::open(const Options& options) {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(target, credentials, args);
-  return std::unique_ptr<Client>(new Client(options, std::move(channel), "etcd (" + joined + ")"));
+  return std::unique_ptr<Client>(
+      new Client(options, std::move(target), std::move(credentials), std::move(args), "etcd (" + joined + ")"));
 }
 
-Client::Client(Options options, std::shared_ptr<grpc::Channel> channel, std::string describe)
+namespace {
+int64_t steadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+constexpr int64_t kRenewAfterMs = 3000;  // failing calls and no success for this long: a new channel
+}  // namespace
+
+Client::Client(Options options, std::string target, std::shared_ptr<grpc::ChannelCredentials> credentials,
+               grpc::ChannelArguments args, std::string describe)
     : options_(std::move(options)),
-      channel_(std::move(channel)),
-      kv_(pb::KV::NewStub(channel_)),
-      lease_(pb::Lease::NewStub(channel_)),
-      describe_(std::move(describe)) {}
+      target_(std::move(target)),
+      credentials_(std::move(credentials)),
+      args_(std::move(args)),
+      describe_(std::move(describe)),
+      link_(makeLink()),
+      lastOkMs_(steadyMs()),
+      renewedMs_(steadyMs()) {}
+
+std::shared_ptr<Client::Link> Client::makeLink() const {
+  auto l = std::make_shared<Link>();
+  l->channel = grpc::CreateCustomChannel(target_, credentials_, args_);
+  l->kv = pb::KV::NewStub(l->channel);
+  l->lease = pb::Lease::NewStub(l->channel);
+  return l;
+}
+
+std::shared_ptr<Client::Link> Client::link() {
+  std::lock_guard lock(mutex_);
+  return link_;
+}
+
+void Client::note(const grpc::Status& status) {
+  int64_t now = steadyMs();
+  std::lock_guard lock(mutex_);
+  if (status.ok()) {
+    lastOkMs_ = now;
+    return;
+  }
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE && status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
+    return;
+  if (now - lastOkMs_ < kRenewAfterMs || now - renewedMs_ < kRenewAfterMs) return;
+  RLOG_INFO("etcd") << describe_ << ": no answer for " << (now - lastOkMs_) << " ms; connecting anew";
+  link_ = makeLink();  // calls under way keep the old one until they end
+  renewedMs_ = now;
+}
 
 void Client::deadline(grpc::ClientContext& context) const {
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.callTimeoutMs));
 }
 
-Error Client::failure(const grpc::Status& status, const char* what) const {
+Error Client::failure(const grpc::Status& status, const char* what) {
   // Unreachable, timed out or without a leader: retryable. Anything else etcd refused.
   Code code = Code::internal;
   switch (status.error_code()) {
@@ -170,7 +210,8 @@ Result<pb::RangeResponse> Client::range(const std::string& prefix, int64_t revis
   pb::RangeResponse response;
   grpc::ClientContext context;
   deadline(context);
-  grpc::Status status = kv_->Range(&context, request, &response);
+  grpc::Status status = link()->kv->Range(&context, request, &response);
+  note(status);
   if (!status.ok()) return fail(failure(status, "range"));
   return response;
 }
@@ -179,7 +220,8 @@ Result<pb::TxnResponse> Client::txn(const pb::TxnRequest& request) {
   pb::TxnResponse response;
   grpc::ClientContext context;
   deadline(context);
-  grpc::Status status = kv_->Txn(&context, request, &response);
+  grpc::Status status = link()->kv->Txn(&context, request, &response);
+  note(status);
   if (!status.ok()) return fail(failure(status, "transaction"));
   return response;
 }
@@ -192,7 +234,8 @@ Result<pb::PutResponse> Client::put(const std::string& key, const std::string& v
   pb::PutResponse response;
   grpc::ClientContext context;
   deadline(context);
-  grpc::Status status = kv_->Put(&context, request, &response);
+  grpc::Status status = link()->kv->Put(&context, request, &response);
+  note(status);
   if (!status.ok()) return fail(failure(status, "put"));
   return response;
 }
@@ -204,7 +247,8 @@ Result<pb::DeleteRangeResponse> Client::removePrefix(const std::string& prefix) 
   pb::DeleteRangeResponse response;
   grpc::ClientContext context;
   deadline(context);
-  grpc::Status status = kv_->DeleteRange(&context, request, &response);
+  grpc::Status status = link()->kv->DeleteRange(&context, request, &response);
+  note(status);
   if (!status.ok()) return fail(failure(status, "delete"));
   return response;
 }
@@ -215,7 +259,8 @@ Result<int64_t> Client::grantLease(int64_t ttlSeconds) {
   pb::LeaseGrantResponse response;
   grpc::ClientContext context;
   deadline(context);
-  grpc::Status status = lease_->LeaseGrant(&context, request, &response);
+  grpc::Status status = link()->lease->LeaseGrant(&context, request, &response);
+  note(status);
   if (!status.ok()) return fail(failure(status, "lease grant"));
   if (!response.error().empty()) return fail(Code::unavailable, describe_ + " lease grant: " + response.error());
   if (response.id() <= 0) return fail(Code::internal, describe_ + " granted an invalid lease id");
@@ -228,7 +273,8 @@ Status Client::revokeLease(int64_t lease) {
   pb::LeaseRevokeResponse response;
   grpc::ClientContext context;
   deadline(context);
-  grpc::Status status = lease_->LeaseRevoke(&context, request, &response);
+  grpc::Status status = link()->lease->LeaseRevoke(&context, request, &response);
+  note(status);
   if (!status.ok()) return fail(failure(status, "lease revoke"));
   return {};
 }
@@ -236,13 +282,15 @@ Status Client::revokeLease(int64_t lease) {
 Result<int64_t> Client::keepAliveOnce(int64_t lease) {
   grpc::ClientContext context;
   deadline(context);
-  auto stream = lease_->LeaseKeepAlive(&context);
+  auto l = link();
+  auto stream = l->lease->LeaseKeepAlive(&context);
   pb::LeaseKeepAliveRequest request;
   request.set_id(lease);
   pb::LeaseKeepAliveResponse response;
   bool sent = stream->Write(request) && stream->WritesDone();
   bool read = sent && stream->Read(&response);
   grpc::Status status = stream->Finish();
+  note(status);
   if (!status.ok()) return fail(failure(status, "lease keep-alive"));
   if (!read) return fail(Code::unavailable, describe_ + " lease keep-alive: no answer");
   return response.ttl();
@@ -331,6 +379,7 @@ void Watcher::run(int64_t fromRevision, bool prevKv) {
   }
   context.TryCancel();
   grpc::Status status = stream->Finish();
+  client_.note(status);
   bool stopping;
   {
     std::lock_guard lock(mutex_);

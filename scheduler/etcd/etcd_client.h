@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "common/error.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
@@ -57,20 +59,36 @@ class Client {
 
   // "etcd (127.0.0.1:2379,...)", for messages.
   const std::string& describe() const { return describe_; }
-  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  std::shared_ptr<grpc::Channel> channel() { return link()->channel; }
   uint32_t callTimeoutMs() const { return options_.callTimeoutMs; }
-  // The error of a failed call, naming etcd (`what`: the call).
-  Error failure(const grpc::Status& status, const char* what) const;
+  // The error of a failed call, naming etcd (`what`: the call). Every call's status
+  // passes through it, so that a channel that stays broken is replaced (see note()).
+  Error failure(const grpc::Status& status, const char* what);
+  void note(const grpc::Status& status);
 
  private:
-  Client(Options options, std::shared_ptr<grpc::Channel> channel, std::string describe);
+  // A channel and its stubs. Replaced as a whole when calls have failed for a while with
+  // no success between: gRPC's own reconnection can stay stuck on members that came
+  // back, while a new channel finds them at once.
+  struct Link {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pb::KV::Stub> kv;
+    std::unique_ptr<pb::Lease::Stub> lease;
+  };
+  Client(Options options, std::string target, std::shared_ptr<grpc::ChannelCredentials> credentials,
+         grpc::ChannelArguments args, std::string describe);
+  std::shared_ptr<Link> link();
+  std::shared_ptr<Link> makeLink() const;
   void deadline(grpc::ClientContext& context) const;
 
   Options options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<pb::KV::Stub> kv_;
-  std::unique_ptr<pb::Lease::Stub> lease_;
+  std::string target_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  grpc::ChannelArguments args_;
   std::string describe_;
+  std::mutex mutex_;
+  std::shared_ptr<Link> link_;
+  int64_t lastOkMs_ = 0, renewedMs_ = 0;
 };
 
 // Keeps a lease alive from a thread of its own, one keep-alive every third of its TTL.
