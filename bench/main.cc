@@ -63,6 +63,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "bench/multi_host.h"
 #include "common/flags.h"
 #include "hal/backends.h"
 #ifdef RACCEL_HAVE_CUDA
@@ -79,6 +80,13 @@ using namespace raccel;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Text inside a JSON string: quotes and control characters become spaces.
+std::string jsonSafe(std::string text) {
+  for (char& c : text)
+    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return text;
+}
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -318,6 +326,10 @@ int main(int argc, char** argv) {
   progress("pool: allocate/release on 10^6 blocks, admission with preemption on 10^5");
   f.allocOps = allocOpsPerSecond(quick);
   f.admissionP99 = admissionP99Us(quick, &f.admissionVictims);
+
+  progress("many hosts: admissions through etcd, three schedulers racing on one pool beside one alone");
+  bench::MultiHostFigures multi = bench::measureMultiHost(quick);
+  if (!multi.skipped.empty()) std::fprintf(stderr, "raccel-bench: multi-host figures skipped: %s\n", multi.skipped.c_str());
 
   testing::VmSpec vm;
   vm.memoryQuota = "1GiB";
@@ -718,6 +730,11 @@ int main(int argc, char** argv) {
                 num(f.cudaSkipped.empty() ? f.pinned.readGBps : -1, "%.2f").c_str(),
                 num(f.cudaSkipped.empty() && f.fairCuda.problem.empty() ? f.fairCuda.error : -1, "%.4f").c_str(),
                 f.cudaSkipped.c_str());
+    std::printf("\"multi_admission_per_s\":%s,\"single_admission_per_s\":%s,\"multi_admission_p99_ms\":%s,"
+                "\"single_admission_p99_ms\":%s,\"multi_conflict_rate\":%s,\"multi_skipped\":\"%s\",",
+                num(multi.multiAdmissionsPerS, "%.0f").c_str(), num(multi.singleAdmissionsPerS, "%.0f").c_str(),
+                num(multi.multiP99Ms, "%.2f").c_str(), num(multi.singleP99Ms, "%.2f").c_str(),
+                num(multi.multiConflictRate, "%.4f").c_str(), jsonSafe(multi.skipped).c_str());
     std::printf("\"fair_share_error_async\":%.4f,\"fair_share_ratio_async\":%.3f,\"fair_share_async_met\":%s,",
                 f.fairAsync.error, f.fairAsync.ratio, fairAsyncOk ? "true" : "false");
     std::printf("\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
@@ -790,6 +807,16 @@ int main(int argc, char** argv) {
                   f.fairCuda.problem.empty() && f.fairCuda.error <= 0.05 ? "met" : "MISSED", f.fairCuda.problem.c_str());
     } else {
       std::printf("%-26s %12s   skipped: %s\n", "cuda_gemm_ratio", "-", f.cudaSkipped.c_str());
+    }
+    if (multi.skipped.empty()) {
+      std::printf("%-26s %12.0f   one scheduler alone on the same pool and etcd: %.0f/s\n", "multi_admission_per_s",
+                  multi.multiAdmissionsPerS, multi.singleAdmissionsPerS);
+      std::printf("%-26s %9.2f ms   one scheduler alone %.2f ms, target <= 20 ms  %s\n", "multi_admission_p99_ms",
+                  multi.multiP99Ms, multi.singleP99Ms, multi.multiP99Ms <= 20 ? "met" : "MISSED");
+      std::printf("%-26s %12.4f   transactions that met a change by another scheduler and were placed again\n",
+                  "multi_conflict_rate", multi.multiConflictRate);
+    } else {
+      std::printf("%-26s %12s   skipped: %s\n", "multi_admission_per_s", "-", multi.skipped.c_str());
     }
     std::printf("%-26s %12.4f   device time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
                 "fair_share_error_async", f.fairAsync.error, f.fairAsync.big, f.fairAsync.small, f.fairAsync.ratio,

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   flags.value("window", "N", "vaccels held at once before the oldest is released (default 2)");
   flags.value("max-blocks", "N", "each request asks for 1 to N blocks (default 4)");
   flags.value("seed", "N", "random seed (default 1)");
-  flags.value("node", "NAME:BLOCKS", "register a CPU node of that many 1-TFLOPS blocks first", true);
+  flags.value("node", "NAME:BLOCKS[xCARDS]", "register a node of CPU cards (1 by default) of that many 1-TFLOPS blocks first", true);
   flags.boolean("hold", "after the admissions, keep what is held until killed");
   flags.value("lease-ttl", "SECONDS", "this scheduler's lease (default 5)");
   int code = 0;
@@ -78,16 +78,25 @@ int main(int argc, char** argv) {
   auto pool = SharedPool::open(**client, options);
   if (!pool) return failWith(pool.error());
   for (auto& spec : flags.getAll("node")) {
+    // NAME:BLOCKS or NAME:BLOCKSxCARDS
     size_t colon = spec.rfind(':');
-    auto blocks = colon == std::string::npos ? Result<unsigned long long>(fail(Code::invalidArgument, ""))
-                                             : parseBytes(spec.substr(colon + 1));
-    if (!blocks || *blocks == 0 || *blocks > 65536)
-      return failWith({Code::invalidArgument, "--node: '" + spec + "' is not NAME:BLOCKS (1 to 65536)"});
-    CardSpec card;
-    card.kind = CardKind::cpu;
-    card.tflops = static_cast<double>(*blocks);
-    card.programKinds = {ProgramKind::builtin};
-    auto range = (*pool)->registerNode(spec.substr(0, colon), {card}, {}, (*pool)->lease());
+    std::string size = colon == std::string::npos ? "" : spec.substr(colon + 1);
+    size_t x = size.find('x');
+    auto blocks = parseBytes(size.substr(0, x));
+    auto cards = x == std::string::npos ? Result<unsigned long long>(1) : parseBytes(size.substr(x + 1));
+    if (!blocks || !cards || *blocks == 0 || *blocks > 65536 || *cards == 0 || *cards > 64)
+      return failWith({Code::invalidArgument, "--node: '" + spec + "' is not NAME:BLOCKS or NAME:BLOCKSxCARDS "
+                                              "(1 to 65536 blocks, 1 to 64 cards)"});
+    std::vector<CardSpec> specs;
+    for (unsigned long long c = 0; c < *cards; ++c) {
+      CardSpec card;
+      card.index = static_cast<uint32_t>(c);
+      card.kind = CardKind::cpu;
+      card.tflops = static_cast<double>(*blocks);
+      card.programKinds = {ProgramKind::builtin};
+      specs.push_back(card);
+    }
+    auto range = (*pool)->registerNode(spec.substr(0, colon), specs, {}, (*pool)->lease());
     if (!range) return failWith(range.error());
   }
 
