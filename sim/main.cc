@@ -8,6 +8,7 @@
 #include "sim/cluster.h"
 #include "sim/csv.h"
 #include "sim/dynamic.h"
+#include "sim/omega.h"
 #include "sim/packing.h"
 #include "sim/report.h"
 
@@ -124,6 +125,50 @@ int philly(const Flags& flags) {
   return 0;
 }
 
+// Experiment C: N schedulers sharing the openb cluster through etcd (sim/omega.h).
+int omega(const Flags& flags) {
+  auto models = defaultModelTflops();
+  auto cluster = loadOpenbNodes(flags.get("nodes", "../shared/traces/openb/openb_node_list_gpu_node.csv"), models);
+  if (!cluster) return die(cluster.error().message);
+  auto pods = loadOpenbPods(flags.get("pods", "../shared/traces/openb/openb_pod_list_default.csv"));
+  if (!pods) return die(pods.error().message);
+  OmegaOptions o;
+  auto commitMs = number(flags, "commit-ms", o.commitMs), rttMs = number(flags, "rtt-ms", o.rttMs),
+       decisionMs = number(flags, "decision-ms", o.decisionMs), rate = number(flags, "rate", o.ratePerScheduler),
+       capacity = number(flags, "etcd-txn-per-s", o.etcdTxnPerS), load = number(flags, "load", o.load),
+       arrivals = number(flags, "arrivals", o.pods);
+  for (auto* r : {&commitMs, &rttMs, &decisionMs, &rate, &capacity, &load, &arrivals})
+    if (!*r) return die(r->error().message);
+  if (*arrivals < 1 || *arrivals > 1e7) return die("--arrivals: 1 to 10000000");
+  o.commitMs = *commitMs, o.rttMs = *rttMs, o.decisionMs = *decisionMs, o.ratePerScheduler = *rate;
+  o.etcdTxnPerS = *capacity, o.load = *load, o.pods = static_cast<uint32_t>(*arrivals);
+  auto policy = parsePolicy(flags.get("policy", "raccel"));
+  if (!policy) return die(policy.error().message);
+  o.policy = *policy;
+  std::vector<uint32_t> counts;
+  for (auto& item : splitFields(flags.get("schedulers", "1,4,16,64"), ',')) {
+    auto n = parseCount(item, "--schedulers");
+    if (!n || *n < 1 || *n > 1024) return die("--schedulers: counts from 1 to 1024, separated by commas");
+    counts.push_back(static_cast<uint32_t>(*n));
+  }
+  for (uint32_t n : counts) {
+    o.schedulers = n;
+    auto start = std::chrono::steady_clock::now();
+    auto run = runOmega(*cluster, *pods, o);
+    if (!run) return die(run.error().message);
+    std::printf("{\"schedulers\":%u,\"arrival_per_s\":%.0f,\"commit_ms\":%.2f,\"rtt_ms\":%.2f,\"admitted\":%llu,"
+                "\"refused\":%llu,\"gave_up\":%llu,\"conflict_rate\":%.4f,\"admission_p50_ms\":%.2f,"
+                "\"admission_p99_ms\":%.2f,\"admitted_per_s\":%.0f,\"etcd_utilization\":%.3f,\"double_held\":%llu,"
+                "\"seconds\":%.1f}\n",
+                n, o.ratePerScheduler * n, o.commitMs, o.rttMs, (unsigned long long)run->admitted,
+                (unsigned long long)run->refused, (unsigned long long)run->gaveUp, run->conflictRate, run->latencyP50Ms,
+                run->latencyP99Ms, run->admittedPerS, run->etcdUtilization, (unsigned long long)run->doubleHeld,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int report(const Flags& flags) {
   ReportOptions options;
   options.out = flags.get("out", options.out);
@@ -153,6 +198,8 @@ int main(int argc, char** argv) {
                             "           prints the means (one JSON object with --json)\n"
                             "  philly   experiment B (dynamic): the Philly VCs as tenants on 40x8 V100-class GPUs;\n"
                             "           one JSON line per policy\n"
+                            "  omega    experiment C (many hosts): N schedulers share the openb cluster through etcd\n"
+                            "           (commit latency, round trip, decision time as flags); one JSON line per N\n"
                             "  report   everything: both experiments, every policy, the rate sweep, high priority,\n"
                             "           span penalty; CSV + SVG + report.md into --out (about 40 minutes)\n\n"
                             "Trace paths default to ../shared/traces/... relative to the current folder.");
@@ -169,15 +216,23 @@ int main(int argc, char** argv) {
   flags.value("out", "DIR", "report: where the CSV, SVG and report.md go (default sim-report)");
   flags.value("span-penalty", "P", "philly: a job spanning k nodes runs at 1/(1+P(k-1)) (default 0.1)");
   flags.value("span-slack", "N", "philly: raccel waits rather than span more than the fewest nodes + N (default 1; -1: any)");
-  flags.value("rate", "X", "philly: arrival-rate multiplier (default 1)");
+  flags.value("rate", "X", "philly: arrival-rate multiplier (default 1); omega: pods/s at each scheduler (default 20)");
   flags.value("high-fraction", "F", "philly: share of jobs tagged high priority (default 0)");
   flags.value("max-jobs", "N", "philly: at most N jobs per tenant (default all)");
+  flags.value("schedulers", "N,...", "omega: scheduler counts to run (default 1,4,16,64)");
+  flags.value("commit-ms", "MS", "omega: etcd's commit latency (default 2)");
+  flags.value("rtt-ms", "MS", "omega: scheduler-etcd round trip (default 0.5)");
+  flags.value("decision-ms", "MS", "omega: time to place one pod on a view (default 0.2)");
+  flags.value("etcd-txn-per-s", "N", "omega: etcd's transaction capacity (default 10000)");
+  flags.value("load", "F", "omega: GPU share the pods keep busy (default 0.9)");
+  flags.value("arrivals", "N", "omega: pods arriving in all (default 20000)");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
-  if (flags.positionals().empty()) return die("give a command (openb, philly, report); --help lists them");
+  if (flags.positionals().empty()) return die("give a command (openb, philly, omega, report); --help lists them");
   std::string command = flags.positionals()[0];
   if (command == "openb") return openb(flags);
   if (command == "philly") return philly(flags);
   if (command == "report") return report(flags);
+  if (command == "omega") return omega(flags);
   return die("unknown command '" + command + "'; --help lists them");
 }

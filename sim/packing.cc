@@ -73,6 +73,26 @@ bool modelAccepted(const Pod& pod, const Card& card) {
 
 scheduler::HostVector hostOf(const Pod& pod) { return {pod.cpuMilli, pod.memoryMib}; }
 
+}  // namespace
+
+Pool::Request requestFor(const Pod& pod, Policy policy) {
+  Pool::Request request;
+  bool share = pod.gpuMilli < 1000;
+  if (share && policy != Policy::wholeCardFirstFit) {
+    request.shape = Pool::Shape::oneCard;
+    request.cardMilli = pod.gpuMilli;
+  } else {
+    request.shape = Pool::Shape::wholeCards;
+    request.wholeCards = pod.numGpu;
+  }
+  request.kinds = scheduler::maskOf(CardKind::gpu);
+  request.host = hostOf(pod);
+  request.accepts = [&pod](const Card& card) { return modelAccepted(pod, card); };
+  return request;
+}
+
+namespace {
+
 // FGD's fragmentation measure, in blocks, against the pod list's specs by count.
 class FragMeter {
  public:
@@ -253,18 +273,7 @@ Result<PackingRun> runPacking(const Cluster& base, const std::vector<Pod>& pods,
       // CPU-only pods hold no blocks: the pool places their host needs by its fit.
       if (auto n = c.pool.placeHost(hostOf(pod))) placed = true, refresh(*n);
     } else {
-      Pool::Request request;
-      bool share = pod.gpuMilli < 1000;
-      if (share && options.policy != Policy::wholeCardFirstFit) {
-        request.shape = Pool::Shape::oneCard;
-        request.cardMilli = pod.gpuMilli;
-      } else {
-        request.shape = Pool::Shape::wholeCards;
-        request.wholeCards = pod.numGpu;
-      }
-      request.kinds = scheduler::maskOf(CardKind::gpu);
-      request.host = hostOf(pod);
-      request.accepts = [&](const Card& card) { return modelAccepted(pod, card); };
+      Pool::Request request = requestFor(pod, options.policy);
       VaccelId owner = next++;
       auto got = c.pool.allocate(owner, request);
       if (got) {

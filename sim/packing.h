@@ -24,6 +24,10 @@ struct Pod {
 // openb_pod_list_*.csv (name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...).
 Result<std::vector<Pod>> loadOpenbPods(const std::string& path);
 
+// What a GPU pod asks of the pool under `policy` (a share of one card, or whole cards of
+// one node, with its host needs and accepted models). `pod` must outlive the request.
+Pool::Request requestFor(const Pod& pod, Policy policy);
+
 struct PackingOptions {
   Policy policy = Policy::raccel;
   uint64_t seed = 42;

@@ -12,6 +12,7 @@
 #include "sim/audit.h"
 #include "sim/cluster.h"
 #include "sim/dynamic.h"
+#include "sim/omega.h"
 #include "sim/packing.h"
 #include "sim/plot.h"
 
@@ -254,4 +255,25 @@ TEST(Packing, PodListsWithOnlyTheCoreColumnsRead) {
   auto huge = loadOpenbPods(path);
   ASSERT_FALSE(huge);
   EXPECT_NE(huge.error().message.find(":2"), std::string::npos) << huge.error().message;
+}
+
+TEST(Omega, SchedulersSharingThePoolNeverHoldABlockTwiceAndAccountForEveryPod) {
+  Cluster c = fixtureCluster();
+  for (uint32_t n : {1u, 4u, 16u}) {
+    OmegaOptions o;
+    o.schedulers = n;
+    o.ratePerScheduler = 400.0 / n;  // the same arrivals, spread over more schedulers
+    o.pods = 3000;
+    auto run = runOmega(c, syntheticPods(), o);
+    ASSERT_TRUE(run) << run.error().message;
+    EXPECT_EQ(run->doubleHeld, 0u) << n << " schedulers";
+    EXPECT_EQ(run->admitted + run->refused + run->gaveUp, 3000u);
+    EXPECT_GT(run->admitted, 0u);
+    if (n == 1) EXPECT_EQ(run->conflicts, 0u) << "one scheduler's view is never stale against itself";
+    else EXPECT_GT(run->conflicts, 0u) << n << " schedulers racing for 6 cards";
+    EXPECT_GE(run->latencyP50Ms, o.commitMs + o.rttMs) << "a commit takes at least etcd's latency";
+  }
+  OmegaOptions bad;
+  bad.schedulers = 0;
+  EXPECT_FALSE(runOmega(c, syntheticPods(), bad));
 }
