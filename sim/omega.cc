@@ -23,7 +23,7 @@ struct Commit {
   std::vector<BlockRange> ranges;
   HostVector host;
   uint32_t cardMilli = 0;
-  std::vector<size_t> cards;  // whose versions it set (allocations)
+  std::vector<size_t> cards;  // whose versions it set (allocations): cards, then nodes' hosts
 };
 
 struct Pending {  // a transaction on its way
@@ -49,7 +49,7 @@ class Omega {
  public:
   Omega(const Cluster& cluster, const std::vector<Pod>& pods, const OmegaOptions& o)
       : o_(o), pods_(pods), truth_(cluster.pool), rng_(o.seed) {
-    trueVersion_.assign(truth_.cards().size(), 0);
+    trueVersion_.assign(truth_.cards().size() + truth_.nodes().size(), 0);  // cards, then hosts
     for (uint32_t s = 0; s < o.schedulers; ++s)
       schedulers_.push_back(std::make_unique<Scheduler>(Scheduler{{cluster.pool, trueVersion_, 0}, {}, false, 0}));
     for (size_t i = 0; i < pods.size(); ++i)
@@ -109,14 +109,14 @@ class Omega {
     if (!sc.busy) decide(s);
   }
 
-  // The cards a placement's transaction compares: those it takes, and with host needs
-  // every card of its node (SharedPool::tryAllocate).
+  // The versions a placement's transaction compares (SharedPool::tryAllocate): of the
+  // cards it takes, and with host needs of its node's host (numbered after the cards).
   std::vector<size_t> cardsOf(const Pool& pool, const std::vector<BlockRange>& ranges, const HostVector& host) {
-    std::set<size_t> cards;
-    for (auto& share : pool.cardsOf(ranges)) cards.insert(share.card);
+    std::set<size_t> versioned;
+    for (auto& share : pool.cardsOf(ranges)) versioned.insert(share.card);
     if (!host.empty() && !ranges.empty())
-      for (size_t c : pool.nodes()[pool.cards()[size_t(pool.cardOf(ranges[0].first))].node].cards) cards.insert(c);
-    return {cards.begin(), cards.end()};
+      versioned.insert(pool.cards().size() + pool.cards()[size_t(pool.cardOf(ranges[0].first))].node);
+    return {versioned.begin(), versioned.end()};
   }
 
   void decide(uint32_t s) {

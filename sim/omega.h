@@ -3,7 +3,7 @@
 // scheduler/etcd/shared_pool.h does, with a virtual clock and etcd's latencies as
 // parameters. Each scheduler has its own view (its own real Pool), updated when the
 // watch brings each commit; it places on that view and commits a transaction that
-// compares the versions of the cards it read (with host needs, every card of the node);
+// compares the versions of the cards it read (and with host needs, of the node's host);
 // a conflict brings it the whole pool as of the failed transaction and it places again.
 // Pods arrive at each scheduler as a Poisson stream and leave after an exponential
 // lifetime that keeps the cluster near `load`. Pure; one call is one run.

@@ -501,14 +501,12 @@ Result<std::optional<std::vector<BlockRange>>> SharedPool::tryAllocate(uint64_t 
     auto ranges = pool_.allocate(local, request);
     if (!ranges) return fail(ranges.error());
     h.ranges = *ranges;
-    // The cards it takes, and with host needs every card of its node: their versions.
-    std::set<size_t> cards;
-    for (auto& share : pool_.cardsOf(h.ranges)) cards.insert(share.card);
+    // The versions it read: of the cards it takes, and with host needs of its node's host.
+    std::set<std::string> versioned;
+    for (auto& share : pool_.cardsOf(h.ranges)) versioned.insert(cardKey(share.card));
     if (!request.host.empty() && !h.ranges.empty())
-      for (size_t c : pool_.nodes()[pool_.cards()[static_cast<size_t>(pool_.cardOf(h.ranges[0].first))].node].cards)
-        cards.insert(c);
-    for (size_t c : cards) {
-      std::string key = cardKey(c);
+      versioned.insert("hosts/" + pool_.nodes()[pool_.cards()[static_cast<size_t>(pool_.cardOf(h.ranges[0].first))].node].name);
+    for (const std::string& key : versioned) {
       compareMod(txn, options_.prefix + key, modOf(key));
       put(txn, options_.prefix + key, std::to_string(vaccel));
     }

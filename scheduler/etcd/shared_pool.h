@@ -10,6 +10,7 @@
 //                          kept for good, so a node that returns gets its numbers back
 //   online/NAME            under the node's own lease: it is online while that lives
 //   cards/NODE/INDEX       a card's version: rewritten by every allocation on the card
+//   hosts/NODE             its host's version: rewritten by every allocation with host needs there
 //   schedulers/NAME        under the scheduler's lease: it is alive
 //   holds/SCHEDULER/VACCEL under the scheduler's lease: who holds which blocks
 //                          ({"vm", "priority", "ranges", "host", "cardMilli"})
@@ -19,7 +20,7 @@
 // allocation on those cards committed since the cache's view changes a version, so the
 // transaction fails and the scheduler re-reads; releases only free blocks, so a cache
 // that has not seen one yet is merely cautious. Host needs are charged per node, so an
-// allocation with host needs compares and rewrites every card of its node.
+// allocation with host needs also compares and rewrites its node's host version.
 //
 // A scheduler's holdings live under its lease: when it dies they return to the pool as
 // the lease expires. Values that do not parse or break an invariant (blocks past the
