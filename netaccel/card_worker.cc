@@ -652,23 +652,388 @@ void CardWorker::close(Work& work) {
   }
 }
 
-void CardWorker::execute(Work& work) {
-  if (work.type == Work::Type::open) {
-    if (contexts_->count(work.context)) return;  // the scheduler never reuses an open id
-    Context& c = (*contexts_)[work.context];
-    c.id = work.context;
-    c.quota = work.quota ? work.quota : caps_.memoryBytes;
-    c.label = work.label;
-    c.blocks = work.blocks;
-    c.tenant = work.tenant;
-    c.priority = work.priority;
-    Tenant& t = (*tenants_)[c.tenant];
-    t.blocks += c.blocks;
-    ++t.contexts;
-    t.quota = std::max(t.quota, c.quota);
-    capMemory(t);
-    return;
+// One instruction of one context on its device, on the worker thread: one handler per
+// instruction, sharing the handle lookups and the bounded-work rule.
+class CardWorker::Step {
+ public:
+  Step(CardWorker& worker, Context& c, Work& work, hal::Device& device)
+      : w_(worker), c_(c), work_(work), device_(device), seq_(work.sequence) {}
+
+  Outcome run(wire::Instruction::Reader in) {
+    switch (in.which()) {
+      case wire::Instruction::ALLOC: return alloc(in.getAlloc());
+      case wire::Instruction::FREE: return free(in.getFree().getHandle());
+      case wire::Instruction::WRITE: return write(in.getWrite());
+      case wire::Instruction::READ: return read(in.getRead());
+      case wire::Instruction::COPY: return copy(in.getCopy());
+      case wire::Instruction::FILL: return fill(in.getFill());
+      case wire::Instruction::LOAD_PROGRAM: return loadProgram(in.getLoadProgram());
+      case wire::Instruction::LAUNCH: return launch(in.getLaunch());
+      case wire::Instruction::OP: return op(in.getOp());
+      case wire::Instruction::DESCRIBE_PROGRAM: return describeProgram(in.getDescribeProgram());
+      case wire::Instruction::FENCE: return fence();
+      case wire::Instruction::HELLO: return failure(Code::invalidArgument, "hello is for the scheduler, not a card");
+      case wire::Instruction::GRAPH: return failure(Code::invalidArgument, "a graph is for the scheduler, not a card");
+    }
+    return failure(Code::invalidArgument, "unknown instruction (tag " + std::to_string(static_cast<int>(in.which())) +
+                                            "); this netaccel speaks instruction set 1.0");
   }
+
+ private:
+  using Found = std::expected<hal::Buffer*, Failure>;
+
+  // A handle the instruction needs: the object, or why it is missing (a failed
+  // instruction that should have created it, or a handle never seen).
+  std::unexpected<Failure> missing(uint64_t h, const char* what, const char* cause, const char* end) const {
+    if (auto p = c_.poisoned.find(h); p != c_.poisoned.end()) {
+      const Context::Poison& poison = p->second;
+      if (!poison.message.empty()) return std::unexpected(Failure{Error{poison.code, poison.message}, poison.sequence});
+      return std::unexpected(Failure{Error{poison.code, "dependency failed: " + std::string(what) + " " + std::to_string(h) +
+                                                            cause + std::to_string(poison.sequence) + end},
+                                     poison.sequence});
+    }
+    return failure(Code::notFound, std::string(what) + " handle " + std::to_string(h) + " does not exist in this session");
+  }
+  Found bufferOf(uint64_t h) const {
+    if (auto b = c_.buffers.find(h); b != c_.buffers.end()) return b->second.get();
+    return missing(h, "buffer", " was never created: instruction #", " failed");
+  }
+  std::expected<hal::Program*, Failure> programOf(uint64_t h) const {
+    if (auto p = c_.programs.find(h); p != c_.programs.end()) return p->second.get();
+    return missing(h, "program", " was not loaded (instruction #", " failed)");
+  }
+  Status freshHandle(uint64_t h) const {
+    if (h == 0) return fail(Code::invalidArgument, "handle 0 is reserved");
+    if (c_.buffers.count(h) || c_.programs.count(h))
+      return fail(Code::invalidArgument, "handle " + std::to_string(h) + " is already in use in this session");
+    return {};
+  }
+  static Outcome status(Status s) {
+    if (!s) return failure(s.error());
+    return {};
+  }
+  // Bounded work (hal/slicing.h): refused past max_op_seconds of this card; run at once
+  // when it fits one slice, else left running for run() to go on with between others' work.
+  Outcome bounded(double flops, const std::string& what, std::unique_ptr<hal::SlicedWork> slices,
+                  const std::function<Status()>& whole) {
+    if (auto s = w_.withinCeiling(flops, what); !s) return failure(s.error());
+    if (!slices) return status(whole());
+    c_.running = std::move(slices);
+    c_.runningSequence = seq_;
+    return {};
+  }
+  Outcome builtin(const hal::BuiltinOp& op) {
+    if (auto s = hal::checkBuiltin(op); !s) return failure(s.error());
+    return bounded(hal::builtinWork(op), hal::builtinName(op.fn), hal::sliceBuiltin(op, w_.sliceFlops()),
+                   [&] { return device_.run(op); });
+  }
+
+  Outcome alloc(wire::Alloc::Reader a) {
+    uint64_t h = a.getHandle(), size = a.getSize();
+    if (auto s = freshHandle(h); !s) return failure(s.error());
+    if (size == 0) return failure(Code::invalidArgument, "cannot allocate a zero-size buffer");
+    if (size > c_.quota - std::min(c_.used, c_.quota))
+      return failure(Code::resourceExhausted, "allocating " + std::to_string(size) +
+                                                  " bytes would exceed this session's quota on the card (" +
+                                                  std::to_string(c_.used) + " of " + std::to_string(c_.quota) + " used)");
+    auto b = device_.allocate(size);
+    if (!b) return failure(b.error());
+    c_.used += size;
+    c_.poisoned.erase(h);
+    c_.buffers.emplace(h, std::move(*b));
+    std::lock_guard lock(w_.mu_);
+    w_.bufferBytes_[work_.context][h] = size;
+    return {};
+  }
+
+  Outcome free(uint64_t h) {
+    if (auto b = c_.buffers.find(h); b != c_.buffers.end()) {
+      c_.used -= std::min(c_.used, b->second->size());
+      device_.release(std::move(b->second));
+      c_.buffers.erase(b);
+      std::lock_guard lock(w_.mu_);
+      w_.bufferBytes_[work_.context].erase(h);
+      return {};
+    }
+    if (c_.programs.erase(h) || c_.poisoned.erase(h)) return {};
+    return failure(Code::notFound, "handle " + std::to_string(h) + " does not exist in this session");
+  }
+
+  Outcome write(wire::Write::Reader w) {
+    auto b = bufferOf(w.getBuffer());
+    if (!b) return std::unexpected(b.error());
+    auto data = w.getData();
+    return status(device_.write(**b, w.getOffset(), std::as_bytes(std::span(data.begin(), data.size()))));
+  }
+
+  // Answered in chunks of wire::CHUNK_BYTES, each its own reply.
+  Outcome read(wire::Read::Reader r) {
+    auto b = bufferOf(r.getBuffer());
+    if (!b) return std::unexpected(b.error());
+    uint64_t offset = r.getOffset(), length = r.getLength();
+    if (offset > (*b)->size() || length > (*b)->size() - offset)
+      return failure(Code::invalidArgument, "read of " + std::to_string(length) + " bytes at offset " +
+                                                std::to_string(offset) + " is past the end of a " +
+                                                std::to_string((*b)->size()) + "-byte buffer");
+    uint64_t done = 0;
+    do {
+      uint64_t n = std::min<uint64_t>(wire::CHUNK_BYTES, length - done);
+      InPlaceMessage out(n / 8 + 16);
+      auto chunk = out.builder().initRoot<wire::Reply>().initData();
+      chunk.setOffset(done);
+      chunk.setLast(done + n == length);
+      auto data = chunk.initData(n);
+      if (auto s = device_.read(**b, offset + done, std::as_writable_bytes(std::span(data.begin(), n))); !s)
+        return failure(s.error());
+      w_.emit(work_.context, seq_, out.finish());
+      done += n;
+    } while (done < length);
+    return {};
+  }
+
+  Outcome copy(wire::Copy::Reader cp) {
+    auto dst = bufferOf(cp.getDst());
+    if (!dst) return std::unexpected(dst.error());
+    auto src = bufferOf(cp.getSrc());
+    if (!src) return std::unexpected(src.error());
+    const uint64_t dstOffset = cp.getDstOffset(), srcOffset = cp.getSrcOffset(), length = cp.getLength();
+    if (auto s = hal::checkBytes(**src, srcOffset, length, "copy source"); !s) return failure(s.error());
+    if (auto s = hal::checkBytes(**dst, dstOffset, length, "copy destination"); !s) return failure(s.error());
+    return bounded(0, "copy", hal::sliceCopy(**dst, dstOffset, **src, srcOffset, length, kSliceBytes),
+                   [&] { return device_.copy(**dst, dstOffset, **src, srcOffset, length); });
+  }
+
+  Outcome fill(wire::Fill::Reader f) {
+    auto b = bufferOf(f.getBuffer());
+    if (!b) return std::unexpected(b.error());
+    const uint64_t offset = f.getOffset(), length = f.getLength();
+    const uint8_t value = f.getValue();
+    if (auto s = hal::checkBytes(**b, offset, length, "fill"); !s) return failure(s.error());
+    return bounded(0, "fill", hal::sliceFill(**b, offset, length, value, kSliceBytes),
+                   [&] { return device_.fill(**b, offset, length, value); });
+  }
+
+  Outcome loadProgram(wire::LoadProgram::Reader lp) {
+    uint64_t h = lp.getHandle();
+    if (auto s = freshHandle(h); !s) return failure(s.error());
+    if (!transport::validProgramKind(lp.getKind()))
+      return failure(Code::invalidArgument, "unknown program kind " + std::to_string(static_cast<int>(lp.getKind())));
+    auto code = lp.getCode();
+    auto p = device_.loadProgram(transport::fromWire(lp.getKind()), lp.getName(),
+                                 std::as_bytes(std::span(code.begin(), code.size())), lp.getOptions());
+    if (!p) return failure(p.error());
+    c_.poisoned.erase(h);
+    c_.programs.emplace(h, std::move(*p));
+    return {};
+  }
+
+  std::expected<hal::KernelArg, Failure> kernelArg(wire::Arg::Reader a) const {
+    hal::KernelArg k;
+    auto withBuffer = [&](uint64_t handle, hal::KernelArg::Type type, uint64_t offset) -> std::expected<hal::KernelArg, Failure> {
+      auto b = bufferOf(handle);
+      if (!b) return std::unexpected(b.error());
+      k.type = type;
+      k.buffer = *b;
+      k.offset = offset;
+      return k;
+    };
+    switch (a.which()) {
+      case wire::Arg::BUFFER: return withBuffer(a.getBuffer(), hal::KernelArg::Type::buffer, 0);
+      case wire::Arg::SUB_BUFFER:
+        return withBuffer(a.getSubBuffer().getBuffer(), hal::KernelArg::Type::buffer, a.getSubBuffer().getOffset());
+      case wire::Arg::IMAGE:
+        k.image = transport::imageDescFrom(a.getImage());
+        return withBuffer(a.getImage().getBuffer(), hal::KernelArg::Type::image, a.getImage().getOffset());
+      case wire::Arg::SAMPLER: k.type = hal::KernelArg::Type::sampler; k.scalar.u32 = a.getSampler(); return k;
+      case wire::Arg::LOCAL: k.type = hal::KernelArg::Type::local; k.scalar.u32 = a.getLocal(); return k;
+      case wire::Arg::BYTES: {
+        auto bytes = a.getBytes();
+        k.type = hal::KernelArg::Type::bytes;
+        k.bytes = std::as_bytes(std::span(bytes.begin(), bytes.size()));
+        return k;
+      }
+      case wire::Arg::U32: k.type = hal::KernelArg::Type::u32; k.scalar.u32 = a.getU32(); return k;
+      case wire::Arg::I32: k.type = hal::KernelArg::Type::i32; k.scalar.i32 = a.getI32(); return k;
+      case wire::Arg::U64: k.type = hal::KernelArg::Type::u64; k.scalar.u64 = a.getU64(); return k;
+      case wire::Arg::I64: k.type = hal::KernelArg::Type::i64; k.scalar.i64 = a.getI64(); return k;
+      case wire::Arg::F32: k.type = hal::KernelArg::Type::f32; k.scalar.f32 = a.getF32(); return k;
+      case wire::Arg::F64: k.type = hal::KernelArg::Type::f64; k.scalar.f64 = a.getF64(); return k;
+    }
+    return failure(Code::invalidArgument, "unknown kernel argument type");
+  }
+
+  Outcome launch(wire::Launch::Reader l) {
+    auto p = programOf(l.getProgram());
+    if (!p) return std::unexpected(p.error());
+    hal::LaunchDims dims;
+    auto grid = l.getGrid(), block = l.getBlock();
+    auto offset = l.getOffset();
+    if (grid.size() > 3 || block.size() > 3 || offset.size() > 3)
+      return failure(Code::invalidArgument, "grid, block and offset have at most 3 dimensions");
+    for (unsigned i = 0; i < grid.size(); ++i) dims.grid[i] = grid[i];
+    for (unsigned i = 0; i < block.size(); ++i) dims.block[i] = block[i];
+    for (unsigned i = 0; i < offset.size(); ++i) dims.offset[i] = offset[i];
+    dims.sharedBytes = l.getSharedBytes();
+    dims.autoBlock = l.getAutoBlock();
+    dims.workDim = l.getWorkDim();
+    if (l.getArgs().size() > hal::kMaxKernelArgs)
+      return failure(Code::invalidArgument, "a launch takes at most " + std::to_string(hal::kMaxKernelArgs) + " arguments");
+    std::vector<hal::KernelArg> args;
+    for (auto a : l.getArgs()) {
+      auto k = kernelArg(a);
+      if (!k) return std::unexpected(k.error());
+      args.push_back(*k);
+    }
+    if ((*p)->kind() == ProgramKind::builtin) {  // the built-in library's kernels are ops: bounded alike
+      if (auto s = hal::checkLaunch(w_.caps_, l.getKernel(), dims, args); !s) return failure(s.error());
+      auto op = hal::parseBuiltin(l.getKernel(), args);
+      if (!op) return failure(op.error());
+      return builtin(*op);
+    }
+    return status(device_.launch(**p, l.getKernel(), dims, args));
+  }
+
+  // The buffers of an op's handles, in order, or the first that is missing.
+  std::expected<std::vector<hal::Buffer*>, Failure> buffersOf(std::initializer_list<uint64_t> handles) const {
+    std::vector<hal::Buffer*> out;
+    for (uint64_t h : handles) {
+      auto b = bufferOf(h);
+      if (!b) return std::unexpected(b.error());
+      out.push_back(*b);
+    }
+    return out;
+  }
+
+  Outcome op(wire::Op::Reader op) {
+    hal::BuiltinOp o;
+    std::expected<std::vector<hal::Buffer*>, Failure> b;
+    switch (op.which()) {
+      case wire::Op::GEMM: {
+        auto g = op.getGemm();
+        if (!(b = buffersOf({g.getA(), g.getB(), g.getC()}))) return std::unexpected(b.error());
+        o.fn = hal::BuiltinOp::Fn::gemm;
+        o.gemm = {g.getM(), g.getN(), g.getK(), g.getAlpha(), g.getBeta(), (*b)[0], (*b)[1], (*b)[2]};
+        return builtin(o);
+      }
+      case wire::Op::AXPY: {
+        auto w = op.getAxpy();
+        if (!(b = buffersOf({w.getX(), w.getY()}))) return std::unexpected(b.error());
+        o.fn = hal::BuiltinOp::Fn::axpy, o.n = w.getN(), o.alpha = w.getAlpha(), o.x = (*b)[0], o.y = (*b)[1];
+        return builtin(o);
+      }
+      case wire::Op::VADD: {
+        auto w = op.getVadd();
+        if (!(b = buffersOf({w.getA(), w.getB(), w.getOut()}))) return std::unexpected(b.error());
+        o.fn = hal::BuiltinOp::Fn::vadd, o.n = w.getN(), o.x = (*b)[0], o.y = (*b)[1], o.out = (*b)[2];
+        return builtin(o);
+      }
+      case wire::Op::REDUCE_SUM: {
+        auto w = op.getReduceSum();
+        if (!(b = buffersOf({w.getInput(), w.getOut()}))) return std::unexpected(b.error());
+        o.fn = hal::BuiltinOp::Fn::reduceSum, o.n = w.getN(), o.x = (*b)[0], o.out = (*b)[1];
+        return builtin(o);
+      }
+      case wire::Op::TENSOR: return tensor(op.getTensor());
+    }
+    return failure(Code::invalidArgument, "unknown built-in op (tag " + std::to_string(static_cast<int>(op.which())) +
+                                            "); this netaccel speaks instruction set 1.0");
+  }
+
+  Outcome tensor(wire::TensorOp::Reader t) {
+    hal::TensorOp h;
+    const auto fn = static_cast<unsigned>(t.getFn());
+    if (fn >= hal::kTensorFns)
+      return failure(Code::invalidArgument, "unknown tensor function " + std::to_string(fn) + "; this netaccel knows " +
+                                                std::to_string(hal::kTensorFns));
+    h.fn = static_cast<hal::TensorFn>(fn);
+    auto shape = t.getShape();
+    auto operands = t.getOperands();
+    const std::string name = std::string("tensor op ") + hal::tensorFnName(h.fn);
+    if (shape.size() < 1 || shape.size() > hal::kMaxTensorDims)
+      return failure(Code::invalidArgument, name + ": a shape of " + std::to_string(shape.size()) + " dimensions (1 to " +
+                                                std::to_string(hal::kMaxTensorDims) + ")");
+    if (operands.size() != hal::tensorFnOperands(h.fn))
+      return failure(Code::invalidArgument, name + " takes " + std::to_string(hal::tensorFnOperands(h.fn)) +
+                                                " operands, " + std::to_string(operands.size()) + " given");
+    h.dims = shape.size();
+    for (unsigned d = 0; d < h.dims; ++d) h.shape[d] = shape[d];
+    for (unsigned i = 0; i < operands.size(); ++i) {
+      auto b = bufferOf(operands[i].getBuffer());
+      if (!b) return std::unexpected(b.error());
+      auto strides = operands[i].getStrides();
+      if (strides.size() != h.dims)
+        return failure(Code::invalidArgument, name + ": operand " + std::to_string(i) + " has " +
+                                                  std::to_string(strides.size()) + " strides for a shape of " +
+                                                  std::to_string(h.dims) + " dimensions");
+      h.operands[i].buffer = *b;
+      h.operands[i].offset = operands[i].getOffset();
+      for (unsigned d = 0; d < h.dims; ++d) h.operands[i].strides[d] = strides[d];
+    }
+    h.alpha = t.getAlpha(), h.beta = t.getBeta(), h.reduceMask = t.getReduceMask();
+    h.ignoreIndex = t.getIgnoreIndex(), h.mean = t.getMean();
+    auto lowered = hal::lowerTensorOp(h);  // checked once here; each slice again where it runs
+    if (!lowered) return failure(lowered.error());
+    if (lowered->empty) return {};
+    return bounded(lowered->flops, name, lowered->flops > w_.sliceFlops() ? hal::sliceTensor(h, w_.sliceFlops()) : nullptr,
+                   [&] { return device_.tensor(h); });
+  }
+
+  Outcome describeProgram(uint64_t handle) {
+    auto p = programOf(handle);
+    if (!p) return std::unexpected(p.error());
+    capnp::MallocMessageBuilder m;
+    writeDescription(m.initRoot<wire::Reply>().initProgram(), (*p)->describe());
+    w_.emit(work_.context, seq_, transport::encodeBody(m));
+    return {};
+  }
+
+  // Everything before it has completed: the kernels' own times first (OpenCL's
+  // profiling reads them), then the fence.
+  Outcome fence() {
+    if (auto s = device_.finish(); !s) return failure(s.error());
+    w_.collect(device_);
+    if (auto it = w_.contexts_->find(work_.context); it != w_.contexts_->end() && !it->second.kernelTimes.empty()) {
+      auto& times = it->second.kernelTimes;
+      capnp::MallocMessageBuilder t;
+      auto list = t.initRoot<wire::Reply>().initKernelTimes(static_cast<unsigned>(times.size()));
+      for (unsigned i = 0; i < times.size(); ++i) {
+        list[i].setSequence(times[i].first);
+        list[i].setNs(times[i].second);
+      }
+      times.clear();
+      w_.emit(work_.context, seq_, transport::encodeBody(t));
+    }
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Reply>().setFenced();
+    w_.emit(work_.context, seq_, transport::encodeBody(m));
+    return {};
+  }
+
+  CardWorker& w_;
+  Context& c_;
+  Work& work_;
+  hal::Device& device_;
+  const uint64_t seq_;
+};
+
+void CardWorker::open(Work& work) {
+  if (contexts_->count(work.context)) return;  // the scheduler never reuses an open id
+  Context& c = (*contexts_)[work.context];
+  c.id = work.context;
+  c.quota = work.quota ? work.quota : caps_.memoryBytes;
+  c.label = work.label;
+  c.blocks = work.blocks;
+  c.tenant = work.tenant;
+  c.priority = work.priority;
+  Tenant& t = (*tenants_)[c.tenant];
+  t.blocks += c.blocks;
+  ++t.contexts;
+  t.quota = std::max(t.quota, c.quota);
+  capMemory(t);
+}
+
+void CardWorker::execute(Work& work) {
+  if (work.type == Work::Type::open) return open(work);
   auto it = contexts_->find(work.context);
   if (it == contexts_->end()) return;  // closed meanwhile: the session is gone
   Context& c = it->second;
@@ -679,365 +1044,13 @@ void CardWorker::execute(Work& work) {
   }
   const uint64_t seq = work.sequence;
   hal::Device& device = deviceOf(c);
-  auto lostHandle = [](const Context::Poison& p) {
-    return std::unexpected(Failure{Error{p.code, p.message}, p.sequence});
-  };
-
-  auto bufferOf = [&](uint64_t h) -> std::expected<hal::Buffer*, Failure> {
-    if (auto b = c.buffers.find(h); b != c.buffers.end()) return b->second.get();
-    if (auto p = c.poisoned.find(h); p != c.poisoned.end()) {
-      if (!p->second.message.empty()) return lostHandle(p->second);
-      return std::unexpected(Failure{Error{p->second.code, "dependency failed: buffer " + std::to_string(h) +
-                                                                 " was never created: instruction #" +
-                                                                 std::to_string(p->second.sequence) + " failed"},
-                                     p->second.sequence});
-    }
-    return failure(Code::notFound, "buffer handle " + std::to_string(h) + " does not exist in this session");
-  };
-  auto programOf = [&](uint64_t h) -> std::expected<hal::Program*, Failure> {
-    if (auto p = c.programs.find(h); p != c.programs.end()) return p->second.get();
-    if (auto p = c.poisoned.find(h); p != c.poisoned.end()) {
-      if (!p->second.message.empty()) return lostHandle(p->second);
-      return std::unexpected(Failure{Error{p->second.code, "dependency failed: program " + std::to_string(h) +
-                                                               " was not loaded (instruction #" +
-                                                               std::to_string(p->second.sequence) + " failed)"},
-                                     p->second.sequence});
-    }
-    return failure(Code::notFound, "program handle " + std::to_string(h) + " does not exist in this session");
-  };
-
-  auto status = [](Status s) -> Outcome {
-    if (!s) return failure(s.error());
-    return {};
-  };
-  // Bounded work (hal/slicing.h): refused past max_op_seconds of this card; run at once
-  // when it fits one slice, else left running for run() to go on with between others' work.
-  auto bounded = [&](double flops, const std::string& what, std::unique_ptr<hal::SlicedWork> slices,
-                     const std::function<Status()>& whole) -> Outcome {
-    if (auto s = withinCeiling(flops, what); !s) return failure(s.error());
-    if (!slices) return status(whole());
-    c.running = std::move(slices);
-    c.runningSequence = seq;
-    return {};
-  };
-  auto builtin = [&](const hal::BuiltinOp& op) -> Outcome {
-    if (auto s = hal::checkBuiltin(op); !s) return failure(s.error());
-    return bounded(hal::builtinWork(op), hal::builtinName(op.fn), hal::sliceBuiltin(op, sliceFlops()),
-                   [&] { return device.run(op); });
-  };
-
   std::optional<uint64_t> created;
   Outcome outcome;
   auto decoded = transport::decodeGuard([&] {
     transport::MessageIn message(std::move(work.body));
     auto in = message.root<wire::Instruction>();
     created = transport::handleCreatedBy(in);
-    outcome = [&]() -> Outcome {
-      switch (in.which()) {
-        case wire::Instruction::ALLOC: {
-          auto a = in.getAlloc();
-          uint64_t h = a.getHandle();
-          if (h == 0) return failure(Code::invalidArgument, "handle 0 is reserved");
-          if (c.buffers.count(h) || c.programs.count(h))
-            return failure(Code::invalidArgument, "handle " + std::to_string(h) + " is already in use in this session");
-          if (a.getSize() == 0) return failure(Code::invalidArgument, "cannot allocate a zero-size buffer");
-          if (a.getSize() > c.quota - std::min(c.used, c.quota))
-            return failure(Code::resourceExhausted, "allocating " + std::to_string(a.getSize()) +
-                                                        " bytes would exceed this session's quota on the card (" +
-                                                        std::to_string(c.used) + " of " + std::to_string(c.quota) + " used)");
-          auto b = device.allocate(a.getSize());
-          if (!b) return failure(b.error());
-          c.used += a.getSize();
-          c.poisoned.erase(h);
-          c.buffers.emplace(h, std::move(*b));
-          {
-            std::lock_guard lock(mu_);
-            bufferBytes_[work.context][h] = a.getSize();
-          }
-          return {};
-        }
-        case wire::Instruction::FREE: {
-          uint64_t h = in.getFree().getHandle();
-          if (auto b = c.buffers.find(h); b != c.buffers.end()) {
-            c.used -= std::min(c.used, b->second->size());
-            device.release(std::move(b->second));
-            c.buffers.erase(b);
-            {
-              std::lock_guard lock(mu_);
-              bufferBytes_[work.context].erase(h);
-            }
-            return {};
-          }
-          if (c.programs.erase(h) || c.poisoned.erase(h)) return {};
-          return failure(Code::notFound, "handle " + std::to_string(h) + " does not exist in this session");
-        }
-        case wire::Instruction::WRITE: {
-          auto w = in.getWrite();
-          auto b = bufferOf(w.getBuffer());
-          if (!b) return std::unexpected(b.error());
-          auto data = w.getData();
-          return status(device.write(**b, w.getOffset(), std::as_bytes(std::span(data.begin(), data.size()))));
-        }
-        case wire::Instruction::READ: {
-          auto r = in.getRead();
-          auto b = bufferOf(r.getBuffer());
-          if (!b) return std::unexpected(b.error());
-          uint64_t offset = r.getOffset(), length = r.getLength();
-          if (offset > (*b)->size() || length > (*b)->size() - offset)
-            return failure(Code::invalidArgument, "read of " + std::to_string(length) + " bytes at offset " +
-                                                      std::to_string(offset) + " is past the end of a " +
-                                                      std::to_string((*b)->size()) + "-byte buffer");
-          uint64_t done = 0;
-          do {
-            uint64_t n = std::min<uint64_t>(wire::CHUNK_BYTES, length - done);
-            InPlaceMessage out(n / 8 + 16);
-            auto chunk = out.builder().initRoot<wire::Reply>().initData();
-            chunk.setOffset(done);
-            chunk.setLast(done + n == length);
-            auto data = chunk.initData(n);
-            if (auto s = device.read(**b, offset + done, std::as_writable_bytes(std::span(data.begin(), n))); !s)
-              return failure(s.error());
-            emit(work.context, seq, out.finish());
-            done += n;
-          } while (done < length);
-          return {};
-        }
-        case wire::Instruction::COPY: {
-          auto cp = in.getCopy();
-          auto dst = bufferOf(cp.getDst());
-          if (!dst) return std::unexpected(dst.error());
-          auto src = bufferOf(cp.getSrc());
-          if (!src) return std::unexpected(src.error());
-          const uint64_t dstOffset = cp.getDstOffset(), srcOffset = cp.getSrcOffset(), length = cp.getLength();
-          if (auto s = hal::checkBytes(**src, srcOffset, length, "copy source"); !s) return failure(s.error());
-          if (auto s = hal::checkBytes(**dst, dstOffset, length, "copy destination"); !s) return failure(s.error());
-          return bounded(0, "copy", hal::sliceCopy(**dst, dstOffset, **src, srcOffset, length, kSliceBytes),
-                         [&] { return device.copy(**dst, dstOffset, **src, srcOffset, length); });
-        }
-        case wire::Instruction::FILL: {
-          auto f = in.getFill();
-          auto b = bufferOf(f.getBuffer());
-          if (!b) return std::unexpected(b.error());
-          const uint64_t offset = f.getOffset(), length = f.getLength();
-          const uint8_t value = f.getValue();
-          if (auto s = hal::checkBytes(**b, offset, length, "fill"); !s) return failure(s.error());
-          return bounded(0, "fill", hal::sliceFill(**b, offset, length, value, kSliceBytes),
-                         [&] { return device.fill(**b, offset, length, value); });
-        }
-        case wire::Instruction::LOAD_PROGRAM: {
-          auto lp = in.getLoadProgram();
-          uint64_t h = lp.getHandle();
-          if (h == 0) return failure(Code::invalidArgument, "handle 0 is reserved");
-          if (c.buffers.count(h) || c.programs.count(h))
-            return failure(Code::invalidArgument, "handle " + std::to_string(h) + " is already in use in this session");
-          if (!transport::validProgramKind(lp.getKind()))
-            return failure(Code::invalidArgument, "unknown program kind " + std::to_string(static_cast<int>(lp.getKind())));
-          auto code = lp.getCode();
-          auto p = device.loadProgram(transport::fromWire(lp.getKind()), lp.getName(),
-                                        std::as_bytes(std::span(code.begin(), code.size())), lp.getOptions());
-          if (!p) return failure(p.error());
-          c.poisoned.erase(h);
-          c.programs.emplace(h, std::move(*p));
-          return {};
-        }
-        case wire::Instruction::LAUNCH: {
-          auto l = in.getLaunch();
-          auto p = programOf(l.getProgram());
-          if (!p) return std::unexpected(p.error());
-          hal::LaunchDims dims;
-          auto grid = l.getGrid(), block = l.getBlock();
-          auto offset = l.getOffset();
-          if (grid.size() > 3 || block.size() > 3 || offset.size() > 3)
-            return failure(Code::invalidArgument, "grid, block and offset have at most 3 dimensions");
-          for (unsigned i = 0; i < grid.size(); ++i) dims.grid[i] = grid[i];
-          for (unsigned i = 0; i < block.size(); ++i) dims.block[i] = block[i];
-          for (unsigned i = 0; i < offset.size(); ++i) dims.offset[i] = offset[i];
-          dims.sharedBytes = l.getSharedBytes();
-          dims.autoBlock = l.getAutoBlock();
-          dims.workDim = l.getWorkDim();
-          if (l.getArgs().size() > hal::kMaxKernelArgs)
-            return failure(Code::invalidArgument, "a launch takes at most " + std::to_string(hal::kMaxKernelArgs) + " arguments");
-          std::vector<hal::KernelArg> args;
-          for (auto a : l.getArgs()) {
-            hal::KernelArg k;
-            switch (a.which()) {
-              case wire::Arg::BUFFER: {
-                auto b = bufferOf(a.getBuffer());
-                if (!b) return std::unexpected(b.error());
-                k.type = hal::KernelArg::Type::buffer;
-                k.buffer = *b;
-                break;
-              }
-              case wire::Arg::SUB_BUFFER: {
-                auto b = bufferOf(a.getSubBuffer().getBuffer());
-                if (!b) return std::unexpected(b.error());
-                k.type = hal::KernelArg::Type::buffer;
-                k.buffer = *b;
-                k.offset = a.getSubBuffer().getOffset();
-                break;
-              }
-              case wire::Arg::IMAGE: {
-                auto b = bufferOf(a.getImage().getBuffer());
-                if (!b) return std::unexpected(b.error());
-                k.type = hal::KernelArg::Type::image;
-                k.buffer = *b;
-                k.offset = a.getImage().getOffset();
-                k.image = transport::imageDescFrom(a.getImage());
-                break;
-              }
-              case wire::Arg::SAMPLER: k.type = hal::KernelArg::Type::sampler; k.scalar.u32 = a.getSampler(); break;
-              case wire::Arg::LOCAL: k.type = hal::KernelArg::Type::local; k.scalar.u32 = a.getLocal(); break;
-              case wire::Arg::BYTES: {
-                auto bytes = a.getBytes();
-                k.type = hal::KernelArg::Type::bytes;
-                k.bytes = std::as_bytes(std::span(bytes.begin(), bytes.size()));
-                break;
-              }
-              case wire::Arg::U32: k.type = hal::KernelArg::Type::u32; k.scalar.u32 = a.getU32(); break;
-              case wire::Arg::I32: k.type = hal::KernelArg::Type::i32; k.scalar.i32 = a.getI32(); break;
-              case wire::Arg::U64: k.type = hal::KernelArg::Type::u64; k.scalar.u64 = a.getU64(); break;
-              case wire::Arg::I64: k.type = hal::KernelArg::Type::i64; k.scalar.i64 = a.getI64(); break;
-              case wire::Arg::F32: k.type = hal::KernelArg::Type::f32; k.scalar.f32 = a.getF32(); break;
-              case wire::Arg::F64: k.type = hal::KernelArg::Type::f64; k.scalar.f64 = a.getF64(); break;
-              default: return failure(Code::invalidArgument, "unknown kernel argument type");
-            }
-            args.push_back(k);
-          }
-          if ((*p)->kind() == ProgramKind::builtin) {  // the built-in library's kernels are ops: bounded alike
-            if (auto s = hal::checkLaunch(caps_, l.getKernel(), dims, args); !s) return failure(s.error());
-            auto op = hal::parseBuiltin(l.getKernel(), args);
-            if (!op) return failure(op.error());
-            return builtin(*op);
-          }
-          return status(device.launch(**p, l.getKernel(), dims, args));
-        }
-        case wire::Instruction::OP: {
-          auto op = in.getOp();
-          switch (op.which()) {
-            case wire::Op::GEMM: {
-              auto g = op.getGemm();
-              auto a = bufferOf(g.getA());
-              if (!a) return std::unexpected(a.error());
-              auto b = bufferOf(g.getB());
-              if (!b) return std::unexpected(b.error());
-              auto cc = bufferOf(g.getC());
-              if (!cc) return std::unexpected(cc.error());
-              hal::BuiltinOp o;
-              o.fn = hal::BuiltinOp::Fn::gemm;
-              o.gemm = {g.getM(), g.getN(), g.getK(), g.getAlpha(), g.getBeta(), *a, *b, *cc};
-              return builtin(o);
-            }
-            case wire::Op::AXPY: {
-              auto w = op.getAxpy();
-              auto x = bufferOf(w.getX());
-              if (!x) return std::unexpected(x.error());
-              auto y = bufferOf(w.getY());
-              if (!y) return std::unexpected(y.error());
-              hal::BuiltinOp o;
-              o.fn = hal::BuiltinOp::Fn::axpy, o.n = w.getN(), o.alpha = w.getAlpha(), o.x = *x, o.y = *y;
-              return builtin(o);
-            }
-            case wire::Op::VADD: {
-              auto w = op.getVadd();
-              auto a = bufferOf(w.getA());
-              if (!a) return std::unexpected(a.error());
-              auto b = bufferOf(w.getB());
-              if (!b) return std::unexpected(b.error());
-              auto out = bufferOf(w.getOut());
-              if (!out) return std::unexpected(out.error());
-              hal::BuiltinOp o;
-              o.fn = hal::BuiltinOp::Fn::vadd, o.n = w.getN(), o.x = *a, o.y = *b, o.out = *out;
-              return builtin(o);
-            }
-            case wire::Op::REDUCE_SUM: {
-              auto w = op.getReduceSum();
-              auto input = bufferOf(w.getInput());
-              if (!input) return std::unexpected(input.error());
-              auto out = bufferOf(w.getOut());
-              if (!out) return std::unexpected(out.error());
-              hal::BuiltinOp o;
-              o.fn = hal::BuiltinOp::Fn::reduceSum, o.n = w.getN(), o.x = *input, o.out = *out;
-              return builtin(o);
-            }
-            case wire::Op::TENSOR: {
-              auto t = op.getTensor();
-              hal::TensorOp h;
-              const auto fn = static_cast<unsigned>(t.getFn());
-              if (fn >= hal::kTensorFns)
-                return failure(Code::invalidArgument, "unknown tensor function " + std::to_string(fn) +
-                                                          "; this netaccel knows " + std::to_string(hal::kTensorFns));
-              h.fn = static_cast<hal::TensorFn>(fn);
-              auto shape = t.getShape();
-              auto operands = t.getOperands();
-              const std::string name = std::string("tensor op ") + hal::tensorFnName(h.fn);
-              if (shape.size() < 1 || shape.size() > hal::kMaxTensorDims)
-                return failure(Code::invalidArgument, name + ": a shape of " + std::to_string(shape.size()) +
-                                                          " dimensions (1 to " + std::to_string(hal::kMaxTensorDims) + ")");
-              if (operands.size() != hal::tensorFnOperands(h.fn))
-                return failure(Code::invalidArgument, name + " takes " + std::to_string(hal::tensorFnOperands(h.fn)) +
-                                                          " operands, " + std::to_string(operands.size()) + " given");
-              h.dims = shape.size();
-              for (unsigned d = 0; d < h.dims; ++d) h.shape[d] = shape[d];
-              for (unsigned i = 0; i < operands.size(); ++i) {
-                auto b = bufferOf(operands[i].getBuffer());
-                if (!b) return std::unexpected(b.error());
-                auto strides = operands[i].getStrides();
-                if (strides.size() != h.dims)
-                  return failure(Code::invalidArgument, name + ": operand " + std::to_string(i) + " has " +
-                                                            std::to_string(strides.size()) + " strides for a shape of " +
-                                                            std::to_string(h.dims) + " dimensions");
-                h.operands[i].buffer = *b;
-                h.operands[i].offset = operands[i].getOffset();
-                for (unsigned d = 0; d < h.dims; ++d) h.operands[i].strides[d] = strides[d];
-              }
-              h.alpha = t.getAlpha(), h.beta = t.getBeta(), h.reduceMask = t.getReduceMask();
-              h.ignoreIndex = t.getIgnoreIndex(), h.mean = t.getMean();
-              auto lowered = hal::lowerTensorOp(h);  // checked once here; each slice again where it runs
-              if (!lowered) return failure(lowered.error());
-              if (lowered->empty) return {};
-              return bounded(lowered->flops, name, lowered->flops > sliceFlops() ? hal::sliceTensor(h, sliceFlops()) : nullptr,
-                             [&] { return device.tensor(h); });
-            }
-          }
-          return failure(Code::invalidArgument, "unknown built-in op (tag " + std::to_string(static_cast<int>(op.which())) +
-                                                  "); this netaccel speaks instruction set 1.0");
-        }
-        case wire::Instruction::DESCRIBE_PROGRAM: {
-          auto p = programOf(in.getDescribeProgram());
-          if (!p) return std::unexpected(p.error());
-          capnp::MallocMessageBuilder m;
-          writeDescription(m.initRoot<wire::Reply>().initProgram(), (*p)->describe());
-          emit(work.context, seq, transport::encodeBody(m));
-          return {};
-        }
-        case wire::Instruction::FENCE: {
-          if (auto s = device.finish(); !s) return failure(s.error());
-          collect(device);
-          if (auto it = contexts_->find(work.context); it != contexts_->end() && !it->second.kernelTimes.empty()) {
-            // The kernels' own times first, then the fence (OpenCL's profiling reads them).
-            auto& times = it->second.kernelTimes;
-            capnp::MallocMessageBuilder t;
-            auto list = t.initRoot<wire::Reply>().initKernelTimes(static_cast<unsigned>(times.size()));
-            for (unsigned i = 0; i < times.size(); ++i) {
-              list[i].setSequence(times[i].first);
-              list[i].setNs(times[i].second);
-            }
-            times.clear();
-            emit(work.context, seq, transport::encodeBody(t));
-          }
-          capnp::MallocMessageBuilder m;
-          m.initRoot<wire::Reply>().setFenced();
-          emit(work.context, seq, transport::encodeBody(m));
-          return {};
-        }
-        case wire::Instruction::HELLO:
-          return failure(Code::invalidArgument, "hello is for the scheduler, not a card");
-        case wire::Instruction::GRAPH:
-          return failure(Code::invalidArgument, "a graph is for the scheduler, not a card");
-      }
-      return failure(Code::invalidArgument, "unknown instruction (tag " + std::to_string(static_cast<int>(in.which())) +
-                                              "); this netaccel speaks instruction set 1.0");
-    }();
+    outcome = Step(*this, c, work, device).run(in);
   });
   if (!decoded) outcome = failure(decoded.error());
   // The tenant's sandbox died or its device faulted: this instruction fails naming the

@@ -143,6 +143,8 @@ class CardWorker {
   void capMemory(Tenant& t);               // its sandbox allocates up to its VM's quota
   void sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence);
   std::string lossMessage(const std::string& why) const;
+  class Step;  // one instruction's handlers (card_worker.cc)
+  void open(Work& work);     // a context opened: its quota, its tenant's share
   void execute(Work& work);
   void emit(uint32_t context, uint64_t sequence, transport::Body body);
   void flushOutputs(bool force);
