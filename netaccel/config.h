@@ -29,6 +29,11 @@
 //   host_cpu = auto              # this host's CPU cores that vaccels may be given (a VM's
 //                                #   host_cpu); auto = the online cores, 0 = not counted
 //   host_memory = auto           # and its memory (bytes; auto = physical memory)
+//   etcd = 10.0.0.1:2379,10.0.0.2:2379  # also register in the pool shared through etcd
+//                                #   (many VM hosts, one pool), online under its own lease
+//   etcd_prefix = /raccel/       # the shared pool's keys
+//   etcd_lease_ttl = 5           # seconds: the node goes offline this long after it dies
+//   etcd_ca = ..., etcd_cert = ..., etcd_key = ...   # etcd's TLS (https endpoints)
 //
 //   [card]                       # override a discovered device
 //   backend = opencl             # opencl, cuda or xrt
@@ -102,6 +107,11 @@ struct NetaccelConfig {
   uint64_t hostMemoryMib = 0;
   transport::LinkSecurity security;
   std::vector<CardConfig> cards;
+  // The pool shared through etcd (empty endpoints: none).
+  struct Etcd {
+    std::string endpoints, prefix = "/raccel/", ca, cert, key;
+    int64_t leaseTtlSeconds = 5;
+  } etcd;
 };
 
 Result<NetaccelConfig> parseConfig(const Config& config);

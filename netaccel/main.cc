@@ -6,10 +6,33 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "hal/backends.h"
+#include "netaccel/etcd_presence.h"
 #include "netaccel/netaccel.h"
 #include "transport/signals.h"
 
 using namespace raccel;
+
+namespace {
+
+// The cards as the shared pool records them.
+std::vector<scheduler::CardSpec> cardSpecs(const std::vector<std::unique_ptr<hal::Device>>& devices) {
+  std::vector<scheduler::CardSpec> out;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto& caps = devices[i]->capabilities();
+    scheduler::CardSpec c;
+    c.index = static_cast<uint32_t>(i);
+    c.kind = caps.kind;
+    c.model = caps.model;
+    c.backend = caps.backend;
+    c.tflops = caps.tflops;
+    c.memoryBytes = caps.memoryBytes;
+    c.programKinds = caps.programKinds;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   Flags flags("raccel-netaccel", "Joins a raccel scheduler and runs the instructions it forwards on this server's cards.");
@@ -20,6 +43,7 @@ int main(int argc, char** argv) {
               "add a card: backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=M,threads=N,paced=true (a cpu or "
               "simulated card) or backend=opencl,device=0[,kind=..,tflops=..,memory=..] (a discovered device, overridden)",
               true);
+  flags.value("etcd", "ENDPOINTS", "also register in the pool shared through etcd (host:port, comma-separated)");
   flags.value("discover", "LIST", "backends to enumerate at start: all (default), none, or e.g. opencl,cuda");
   flags.boolean("list-devices", "print the cards this netaccel would serve, then exit");
   flags.boolean("no-sandbox", "run guest code (OpenCL, CUDA, XRT cards) inside this process, not in a sandbox process "
@@ -59,6 +83,7 @@ int main(int argc, char** argv) {
     if (flags.has("insecure")) file->top().set("insecure", "true");
     if (flags.has("no-sandbox")) file->top().set("sandbox", "false");
     if (flags.has("http-listen")) file->top().set("http_listen", flags.get("http-listen"));
+    if (flags.has("etcd")) file->top().set("etcd", flags.get("etcd"));
     if (flags.has("host-cpu")) file->top().set("host_cpu", flags.get("host-cpu"));
     if (flags.has("host-memory")) file->top().set("host_memory", flags.get("host-memory"));
     if (flags.has("slice-ms")) file->top().set("slice_ms", flags.get("slice-ms"));
@@ -162,6 +187,20 @@ int main(int argc, char** argv) {
   // Its sandboxes run guest code as the same user: they may not read this process's
   // memory, environment or open files through /proc (nor may anyone else but root).
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  std::unique_ptr<netaccel::EtcdPresence> presence;
+  if (!config.etcd.endpoints.empty()) {
+    auto endpoints = etcd::parseEndpoints(config.etcd.endpoints);
+    if (!endpoints) {
+      std::fprintf(stderr, "raccel-netaccel: %s\n", endpoints.error().message.c_str());
+      return 2;
+    }
+    netaccel::EtcdPresence::Settings settings;
+    settings.etcd = {*endpoints, config.etcd.ca, config.etcd.cert, config.etcd.key};
+    settings.prefix = config.etcd.prefix;
+    settings.leaseTtlSeconds = config.etcd.leaseTtlSeconds;
+    presence = std::make_unique<netaccel::EtcdPresence>(settings, config.name, cardSpecs(*devices),
+                                                        scheduler::HostVector{config.hostCpuMilli, config.hostMemoryMib});
+  }
   uv_loop_t* loop = uv_default_loop();
   netaccel::Netaccel daemon(loop, config, std::move(*devices));
   daemon.useTls(tls);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <fstream>
 #include <map>
 #include <set>
 #include <thread>
@@ -326,6 +327,52 @@ TEST_F(SharedPoolTest, AKilledSchedulersBlocksReturnWhenItsLeaseExpires) {
   auto v = b->view();
   ASSERT_EQ(v.holdings.size(), 1u);
   EXPECT_EQ(v.holdings[0].scheduler, "host-b");  // another host's tenant kept its blocks
+}
+
+TEST_F(SharedPoolTest, ANetaccelIsOnlineUnderItsOwnLeaseAndKeepsItsNumbers) {
+  auto a = join("host-a");  // sets the pool's block size
+  ASSERT_TRUE(a);
+  std::string dir = etcd_->dir();
+  {
+    std::ofstream config(dir + "/netaccel.conf");
+    config << "etcd_lease_ttl = 2\n";
+  }
+  // No scheduler listens at its address: the netaccel keeps trying that link, and is in
+  // the shared pool all the same.
+  std::vector<std::string> args{"--config", dir + "/netaccel.conf", "--name", "na1", "--insecure", "--scheduler",
+                                "127.0.0.1:" + std::to_string(testing::freePort()), "--discover", "none",
+                                "--card", "kind=cpu,tflops=4,memory=1GiB", "--card", "kind=gpu,tflops=6,memory=1GiB",
+                                "--http-listen", "off", "--etcd", etcd_->endpoints()};
+  auto online = [&] {
+    auto v = a->view();
+    return v.nodes.size() == 1 && v.nodes[0].online ? v.nodes[0].blocks : BlockRange{};
+  };
+  {
+    testing::Process netaccel("raccel-netaccel", args, dir + "/na1.log");
+    ASSERT_TRUE(waitFor([&] { return online().count == 10; }, 60000)) << testing::readFile(dir + "/na1.log");
+    EXPECT_EQ(online(), (BlockRange{1, 10}));
+    EXPECT_EQ(a->view().total, 10u);
+    auto got = a->allocate(1, "vm-a", blocks(10));
+    ASSERT_TRUE(got) << got.error().message;
+    ASSERT_TRUE(a->release(1));
+    // Killed: its lease (2 s) ends and it goes offline for every scheduler.
+    netaccel.kill(SIGKILL);
+    netaccel.wait(10000);
+    ASSERT_TRUE(waitFor([&] { return online().count == 0; }, 30000));
+    EXPECT_EQ(a->view().total, 0u);
+    EXPECT_FALSE(a->allocate(2, "vm-a", blocks(1)));
+  }
+  {
+    // Back with the same cards: the same numbers. With a lease of 10 minutes, going
+    // offline soon after a clean stop shows the lease was revoked, not left to end.
+    std::ofstream(dir + "/netaccel.conf") << "etcd_lease_ttl = 600\n";
+    testing::Process netaccel("raccel-netaccel", args, dir + "/na1-again.log");
+    ASSERT_TRUE(waitFor([&] { return online().count == 10; }, 60000)) << testing::readFile(dir + "/na1-again.log");
+    EXPECT_EQ(online(), (BlockRange{1, 10}));
+    netaccel.kill(SIGTERM);
+    EXPECT_EQ(netaccel.wait(30000), 0);
+    EXPECT_TRUE(waitFor([&] { return online().count == 0; }, 60000)) << "a clean stop revokes the lease";
+  }
 }
 
 TEST_F(SharedPoolTest, ValuesThatBreakTheFormatAreRefusedAndNeverLeadToADoubleHold) {

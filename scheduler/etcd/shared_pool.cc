@@ -46,6 +46,14 @@ Result<json> parseJson(const std::string& value) {
   return j;
 }
 
+// The pool's block size from its config value.
+Result<double> parseBlockTflops(const std::string& value) {
+  auto j = parseJson(value);
+  if (!j || !j->contains("blockTflops") || !(*j)["blockTflops"].is_number() || !((*j)["blockTflops"].get<double>() > 0))
+    return fail(Code::invalidArgument, "not a block size");
+  return (*j)["blockTflops"].get<double>();
+}
+
 json hostJson(const HostVector& h) { return {{"cpuMilli", h.cpuMilli}, {"memoryMib", h.memoryMib}}; }
 
 Result<HostVector> parseHost(const json& j) {
@@ -587,66 +595,83 @@ Status SharedPool::release(uint64_t vaccel) {
   return {};
 }
 
-Result<std::optional<BlockRange>> SharedPool::tryRegister(const std::string& name, const std::vector<CardSpec>& cards,
-                                                          HostVector host, int64_t lease) {
-  auto blocks = blocksOf(name, cards, host, options_.blockTflops);
+namespace {
+
+// One attempt at a node's registration, on a consistent read of the keys it needs.
+// nullopt when `next` or the node's record changed in between (read again).
+Result<std::optional<SharedNode>> tryRegister(etcd::Client& client, const std::string& prefix, const std::string& name,
+                                              const std::vector<CardSpec>& cards, HostVector host, int64_t lease) {
+  const std::string nodeKey = prefix + "nodes/" + name, nextKey = prefix + "next", configKey = prefix + "config";
+  pb::TxnRequest read;  // no compares: the ranges run on one revision
+  for (const std::string* key : {&nodeKey, &nextKey, &configKey})
+    read.add_success()->mutable_request_range()->set_key(*key);
+  auto snapshot = client.txn(read);
+  if (!snapshot) return fail(snapshot.error());
+  auto valueOf = [&](int i) -> const mvccpb::KeyValue* {
+    const auto& r = snapshot->responses(i).response_range();
+    return r.kvs_size() == 1 ? &r.kvs(0) : nullptr;
+  };
+  auto blockTflops = parseBlockTflops(valueOf(2) ? valueOf(2)->value() : "");
+  if (!blockTflops)
+    return fail(Code::unavailable, "the shared pool at " + client.describe() + " " + prefix +
+                                       " has no block size yet: a scheduler sets it when it joins");
+  auto blocks = blocksOf(name, cards, host, *blockTflops);
   if (!blocks) return fail(blocks.error());
   pb::TxnRequest txn;
-  std::string nodeKey = "nodes/" + name;
-  BlockRange range;
-  {
-    std::lock_guard lock(mutex_);
-    rebuild();
-    auto known = keys_.find(nodeKey);
-    if (known != keys_.end()) {
-      auto record = parseNode(known->second.value);
-      if (!record) return fail(Code::internal, options_.prefix + nodeKey + " does not parse: " + record.error().message);
-      if (record->blocks != *blocks || nodeValue(*record) != nodeValue({record->first, *blocks, cards, host}))
-        return fail(Code::invalidArgument, "node '" + name + "' is known to the pool with other cards; a new layout needs a new name");
-      range = {record->first, record->blocks};
-      compareMod(txn, options_.prefix + nodeKey, known->second.modRevision);
-    } else {
-      auto next = keys_.find("next");
-      uint64_t first = 1;
-      if (next != keys_.end()) {
-        const std::string& v = next->second.value;
-        if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
-          return fail(Code::internal, options_.prefix + "next is not a block number; fix it");
-        first = std::stoull(v);
-      }
-      if (first == 0 || first + *blocks > limits::kMaxPoolBlocks + 1)
-        return fail(Code::resourceExhausted, "the pool has no numbers left for node '" + name + "'");
-      range = {static_cast<uint32_t>(first), *blocks};
-      compareMod(txn, options_.prefix + "next", modOf("next"));
-      compareMod(txn, options_.prefix + nodeKey, 0);
-      put(txn, options_.prefix + nodeKey, nodeValue({range.first, range.count, cards, host}));
-      put(txn, options_.prefix + "next", std::to_string(range.end()));
+  SharedNode node;
+  if (const auto* known = valueOf(0)) {
+    auto record = parseNode(known->value());
+    if (!record) return fail(Code::internal, nodeKey + " does not parse: " + record.error().message);
+    if (record->blocks != *blocks || nodeValue(*record) != nodeValue({record->first, *blocks, cards, host}))
+      return fail(Code::invalidArgument, "node '" + name + "' is known to the pool with other cards; a new layout needs a new name");
+    node.blocks = {record->first, record->blocks};
+    compareMod(txn, nodeKey, known->mod_revision());
+  } else {
+    uint64_t first = 1;
+    if (const auto* next = valueOf(1)) {
+      const std::string& v = next->value();
+      if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
+        return fail(Code::internal, nextKey + " is not a block number; fix it");
+      first = std::stoull(v);
     }
+    if (first == 0 || first + *blocks > limits::kMaxPoolBlocks + 1)
+      return fail(Code::resourceExhausted, "the pool has no numbers left for node '" + name + "'");
+    node.blocks = {static_cast<uint32_t>(first), *blocks};
+    compareMod(txn, nextKey, valueOf(1) ? valueOf(1)->mod_revision() : 0);
+    compareMod(txn, nodeKey, 0);
+    put(txn, nodeKey, nodeValue({node.blocks.first, node.blocks.count, cards, host}));
+    put(txn, nextKey, std::to_string(node.blocks.end()));
   }
-  put(txn, options_.prefix + "online/" + name, "{}", lease);
-  readAllOnFailure(txn, options_.prefix);
-  auto answer = client_.txn(txn);
+  put(txn, prefix + "online/" + name, "{}", lease);
+  auto answer = client.txn(txn);
   if (!answer) return fail(answer.error());
-  std::unique_lock lock(mutex_);
-  if (!answer->succeeded()) {
-    ++stats_.conflicts;
-    if (auto* r = failureRange(*answer)) loadFrom(*r);
-    return std::optional<BlockRange>();
-  }
-  catchUp(lock, answer->header().revision());
-  return std::optional<BlockRange>(range);
+  if (!answer->succeeded()) return std::optional<SharedNode>();
+  node.revision = answer->header().revision();
+  return std::optional<SharedNode>(node);
 }
 
-Result<BlockRange> SharedPool::registerNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host,
-                                            int64_t lease) {
+}  // namespace
+
+Result<SharedNode> registerSharedNode(etcd::Client& client, const std::string& prefix, const std::string& name,
+                                      const std::vector<CardSpec>& cards, HostVector host, int64_t lease) {
   if (auto ok = checkKeyName("node name", name); !ok) return fail(ok.error());
-  if (auto ok = refresh(); !ok) return fail(ok.error());
-  for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
-    auto done = tryRegister(name, cards, host, lease);
+  constexpr int kAttempts = 16;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    auto done = tryRegister(client, prefix, name, cards, host, lease);
     if (!done) return fail(done.error());
     if (*done) return **done;
   }
   return fail(Code::unavailable, "node '" + name + "' could not register: the pool's numbering kept changing");
+}
+
+Result<BlockRange> SharedPool::registerNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host,
+                                            int64_t lease) {
+  if (auto ok = refresh(); !ok) return fail(ok.error());
+  auto node = registerSharedNode(client_, options_.prefix, name, cards, host, lease);
+  if (!node) return fail(node.error());
+  std::unique_lock lock(mutex_);
+  catchUp(lock, node->revision);
+  return node->blocks;
 }
 
 SharedPool::View SharedPool::view() {

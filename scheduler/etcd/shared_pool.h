@@ -66,6 +66,18 @@ struct SharedHolding {
   int64_t createRevision = 0;
 };
 
+// A node's registration: its blocks, and the revision that committed it.
+struct SharedNode {
+  BlockRange blocks;
+  int64_t revision = 0;
+};
+// Registers a netaccel's node in the shared pool under `prefix`, online while `lease`
+// lives. A new node gets the next numbers; a known one must bring the same cards (a new
+// layout needs a new name). Needs no view: a netaccel calls it with its own lease.
+// `unavailable` until a scheduler has set the pool's block size.
+Result<SharedNode> registerSharedNode(etcd::Client& client, const std::string& prefix, const std::string& name,
+                                      const std::vector<CardSpec>& cards, HostVector host, int64_t lease);
+
 class SharedPool {
  public:
   // Joins the pool: checks (or sets) its block size, takes a lease and registers this
@@ -145,8 +157,6 @@ class SharedPool {
                                                               const Pool::Request& request);
   // Re-reads the pool: the ranges this scheduler's `vaccel` holds there, if any.
   Result<std::optional<std::vector<BlockRange>>> committedHolding(uint64_t vaccel);
-  Result<std::optional<BlockRange>> tryRegister(const std::string& name, const std::vector<CardSpec>& cards,
-                                                HostVector host, int64_t lease);
 
   etcd::Client& client_;
   SharedPoolOptions options_;
