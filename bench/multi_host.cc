@@ -2,8 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -70,8 +68,7 @@ MultiHostFigures measureMultiHost(bool quick) {
                                 "--lease-ttl", "60"};
   for (int n = 0; n < 4; ++n) args.insert(args.end(), {"--node", "n" + std::to_string(n) + ":4x4"});
   testing::Process nodes("raccel-pool-race", args, etcd.dir() + "/nodes.log");
-  for (int i = 0; i < 3000 && testing::readFile(etcd.dir() + "/nodes.log").find("admitted") == std::string::npos; ++i)
-    usleep(10000);
+  testing::waitFor([&] { return testing::readFile(etcd.dir() + "/nodes.log").find("admitted") != std::string::npos; }, 30000);
   const unsigned admissions = quick ? 60 : 500;
   Race one = race(etcd, "single", 1, admissions);
   Race three = race(etcd, "multi", f.schedulers, admissions);

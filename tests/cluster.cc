@@ -39,8 +39,6 @@ int freePort() {
   return ntohs(addr.sin_port);
 }
 
-namespace {
-
 bool waitFor(const std::function<bool()>& ready, int timeoutMs) {
   auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
   while (std::chrono::steady_clock::now() < end) {
@@ -49,7 +47,6 @@ bool waitFor(const std::function<bool()>& ready, int timeoutMs) {
   }
   return ready();
 }
-}  // namespace
 
 std::string binary(const std::string& name) { return std::string(RACCEL_BIN_DIR) + "/" + name; }
 

@@ -21,6 +21,8 @@ namespace raccel::testing {
 std::string binary(const std::string& name);
 // A loopback TCP port that was free a moment ago.
 int freePort();
+// Polls `ready` every 20 ms until it holds (true) or `timeoutMs` has passed (false).
+bool waitFor(const std::function<bool()>& ready, int timeoutMs);
 // A fresh temporary folder for a test's sockets and logs.
 std::string makeTempDir();
 // A whole file ("" when it cannot be read).

@@ -27,15 +27,7 @@ using scheduler::Pool;
 using scheduler::SharedPool;
 using scheduler::SharedPoolOptions;
 using testing::EtcdCluster;
-
-bool waitFor(const std::function<bool()>& ready, int timeoutMs) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
-  while (std::chrono::steady_clock::now() < end) {
-    if (ready()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return ready();
-}
+using testing::waitFor;
 
 std::vector<CardSpec> cpuCards(std::vector<uint32_t> blocks) {
   std::vector<CardSpec> cards;

@@ -267,12 +267,10 @@ Result<std::unique_ptr<SharedPool>> SharedPool::open(etcd::Client& client, Share
   if (!answer) return fail(answer.error());
   if (!answer->succeeded()) {
     auto* r = failureRange(*answer);
-    auto j = r && r->kvs_size() == 1 ? parseJson(r->kvs(0).value()) : fail(Code::invalidArgument, "missing");
-    if (!j || !j->contains("blockTflops") || !(*j)["blockTflops"].is_number())
-      return fail(Code::internal, client.describe() + ": " + configKey + " does not parse; fix or remove it");
-    double theirs = (*j)["blockTflops"].get<double>();
-    if (std::abs(theirs - options.blockTflops) > 1e-9)
-      return fail(Code::invalidArgument, "the shared pool's blocks are " + std::to_string(theirs) +
+    auto theirs = parseBlockTflops(r && r->kvs_size() == 1 ? r->kvs(0).value() : "");
+    if (!theirs) return fail(Code::internal, client.describe() + ": " + configKey + " does not parse; fix or remove it");
+    if (std::abs(*theirs - options.blockTflops) > 1e-9)
+      return fail(Code::invalidArgument, "the shared pool's blocks are " + std::to_string(*theirs) +
                                              " TFLOPS; this scheduler's block_tflops must match");
   }
   auto lease = client.grantLease(options.leaseTtlSeconds);
