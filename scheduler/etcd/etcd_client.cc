@@ -207,23 +207,15 @@ Result<pb::RangeResponse> Client::range(const std::string& prefix, int64_t revis
   request.set_key(prefix);
   request.set_range_end(prefixEnd(prefix));
   request.set_revision(revision);
-  pb::RangeResponse response;
-  grpc::ClientContext context;
-  deadline(context);
-  grpc::Status status = link()->kv->Range(&context, request, &response);
-  note(status);
-  if (!status.ok()) return fail(failure(status, "range"));
-  return response;
+  return unary<pb::RangeResponse>("range", [&](grpc::ClientContext* context, pb::RangeResponse* out) {
+    return link()->kv->Range(context, request, out);
+  });
 }
 
 Result<pb::TxnResponse> Client::txn(const pb::TxnRequest& request) {
-  pb::TxnResponse response;
-  grpc::ClientContext context;
-  deadline(context);
-  grpc::Status status = link()->kv->Txn(&context, request, &response);
-  note(status);
-  if (!status.ok()) return fail(failure(status, "transaction"));
-  return response;
+  return unary<pb::TxnResponse>("transaction", [&](grpc::ClientContext* context, pb::TxnResponse* out) {
+    return link()->kv->Txn(context, request, out);
+  });
 }
 
 Result<pb::PutResponse> Client::put(const std::string& key, const std::string& value, int64_t lease) {
@@ -231,51 +223,39 @@ Result<pb::PutResponse> Client::put(const std::string& key, const std::string& v
   request.set_key(key);
   request.set_value(value);
   request.set_lease(lease);
-  pb::PutResponse response;
-  grpc::ClientContext context;
-  deadline(context);
-  grpc::Status status = link()->kv->Put(&context, request, &response);
-  note(status);
-  if (!status.ok()) return fail(failure(status, "put"));
-  return response;
+  return unary<pb::PutResponse>("put", [&](grpc::ClientContext* context, pb::PutResponse* out) {
+    return link()->kv->Put(context, request, out);
+  });
 }
 
 Result<pb::DeleteRangeResponse> Client::removePrefix(const std::string& prefix) {
   pb::DeleteRangeRequest request;
   request.set_key(prefix);
   request.set_range_end(prefixEnd(prefix));
-  pb::DeleteRangeResponse response;
-  grpc::ClientContext context;
-  deadline(context);
-  grpc::Status status = link()->kv->DeleteRange(&context, request, &response);
-  note(status);
-  if (!status.ok()) return fail(failure(status, "delete"));
-  return response;
+  return unary<pb::DeleteRangeResponse>("delete", [&](grpc::ClientContext* context, pb::DeleteRangeResponse* out) {
+    return link()->kv->DeleteRange(context, request, out);
+  });
 }
 
 Result<int64_t> Client::grantLease(int64_t ttlSeconds) {
   pb::LeaseGrantRequest request;
   request.set_ttl(ttlSeconds);
-  pb::LeaseGrantResponse response;
-  grpc::ClientContext context;
-  deadline(context);
-  grpc::Status status = link()->lease->LeaseGrant(&context, request, &response);
-  note(status);
-  if (!status.ok()) return fail(failure(status, "lease grant"));
-  if (!response.error().empty()) return fail(Code::unavailable, describe_ + " lease grant: " + response.error());
-  if (response.id() <= 0) return fail(Code::internal, describe_ + " granted an invalid lease id");
-  return response.id();
+  auto response = unary<pb::LeaseGrantResponse>("lease grant", [&](grpc::ClientContext* context, pb::LeaseGrantResponse* out) {
+    return link()->lease->LeaseGrant(context, request, out);
+  });
+  if (!response) return fail(response.error());
+  if (!response->error().empty()) return fail(Code::unavailable, describe_ + " lease grant: " + response->error());
+  if (response->id() <= 0) return fail(Code::internal, describe_ + " granted an invalid lease id");
+  return response->id();
 }
 
 Status Client::revokeLease(int64_t lease) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
-  pb::LeaseRevokeResponse response;
-  grpc::ClientContext context;
-  deadline(context);
-  grpc::Status status = link()->lease->LeaseRevoke(&context, request, &response);
-  note(status);
-  if (!status.ok()) return fail(failure(status, "lease revoke"));
+  auto response = unary<pb::LeaseRevokeResponse>("lease revoke", [&](grpc::ClientContext* context, pb::LeaseRevokeResponse* out) {
+    return link()->lease->LeaseRevoke(context, request, out);
+  });
+  if (!response) return fail(response.error());
   return {};
 }
 

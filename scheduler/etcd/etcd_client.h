@@ -80,6 +80,17 @@ class Client {
   std::shared_ptr<Link> link();
   std::shared_ptr<Link> makeLink() const;
   void deadline(grpc::ClientContext& context) const;
+  // One unary call under the deadline: its answer, or the failure naming etcd and `what`.
+  template <class Response, class Call>
+  Result<Response> unary(const char* what, Call call) {
+    Response response;
+    grpc::ClientContext context;
+    deadline(context);
+    grpc::Status status = call(&context, &response);
+    note(status);
+    if (!status.ok()) return fail(failure(status, what));
+    return response;
+  }
 
   Options options_;
   std::string target_;
