@@ -141,5 +141,33 @@ TEST(NetaccelConfig, HostResourcesAreTheMachinesOrSetAndChecked) {
   }
 }
 
+TEST(NetaccelConfig, EtcdSettingsAreCheckedWhereTheyEnter) {
+  auto file = Config::parse("insecure = true\netcd = 127.0.0.1:2379,127.0.0.1:2479\netcd_prefix = /pool-a/\n"
+                            "etcd_lease_ttl = 7\netcd_ca = /etc/etcd/ca.pem\n",
+                            "test.conf");
+  ASSERT_TRUE(file);
+  auto c = parseConfig(*file);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->etcd.endpoints, "127.0.0.1:2379,127.0.0.1:2479");
+  EXPECT_EQ(c->etcd.prefix, "/pool-a/");
+  EXPECT_EQ(c->etcd.leaseTtlSeconds, 7);
+  EXPECT_EQ(c->etcd.ca, "/etc/etcd/ca.pem");
+  auto plain = Config::parse("insecure = true\n", "test.conf");
+  ASSERT_TRUE(plain);
+  EXPECT_TRUE(parseConfig(*plain)->etcd.endpoints.empty());  // no etcd: the one-host pool
+  for (auto [text, words] : {std::pair{"etcd_prefix = /no-slash\n", "etcd_prefix"},
+                             std::pair{"etcd_prefix = \n", "etcd_prefix"},
+                             std::pair{"etcd_lease_ttl = 0\n", "etcd_lease_ttl"},
+                             std::pair{"etcd_lease_ttl = 99999\n", "etcd_lease_ttl"},
+                             std::pair{"etcd_lease_ttl = soon\n", "etcd_lease_ttl"},
+                             std::pair{"etcd_endpoints = x\n", "etcd_endpoints"}}) {
+    auto f = Config::parse(std::string("insecure = true\n") + text, "bad.conf");
+    ASSERT_TRUE(f) << text;
+    auto r = parseConfig(*f);
+    ASSERT_FALSE(r) << text;
+    EXPECT_NE(r.error().message.find(words), std::string::npos) << text << ": " << r.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace raccel::netaccel

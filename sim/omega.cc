@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <queue>
 #include <random>
 #include <set>

@@ -255,11 +255,7 @@ Result<std::unique_ptr<SharedPool>> SharedPool::open(etcd::Client& client, Share
   std::string configKey = options.prefix + "config";
   std::string config = json{{"blockTflops", options.blockTflops}}.dump();
   pb::TxnRequest set;
-  auto* absent = set.add_compare();
-  absent->set_key(configKey);
-  absent->set_target(pb::Compare::CREATE);
-  absent->set_result(pb::Compare::EQUAL);
-  absent->set_create_revision(0);
+  compareMod(set, configKey, 0);  // absent
   put(set, configKey, config);
   auto* read = set.add_failure()->mutable_request_range();
   read->set_key(configKey);
@@ -278,11 +274,7 @@ Result<std::unique_ptr<SharedPool>> SharedPool::open(etcd::Client& client, Share
   // This scheduler's name, under its lease: refused while another live one has it.
   std::string self = options.prefix + "schedulers/" + options.scheduler;
   pb::TxnRequest join;
-  auto* free = join.add_compare();
-  free->set_key(self);
-  free->set_target(pb::Compare::CREATE);
-  free->set_result(pb::Compare::EQUAL);
-  free->set_create_revision(0);
+  compareMod(join, self, 0);  // absent
   put(join, self, json{{"lease", *lease}}.dump(), *lease);
   auto joined = client.txn(join);
   if (!joined) return fail(joined.error());
