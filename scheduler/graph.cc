@@ -154,7 +154,7 @@ bool Scheduler::startGraph(Session& s, uint64_t sequence, wire::Graph::Reader gr
                                               std::to_string(kMaxNodes) + " in one graph");
   run->roundRobin = graph.getPlacement() == wire::Graph::Placement::ROUND_ROBIN;
   for (size_t i = 0; i < s.members.size(); ++i)
-    if (s.members[i].node && pool_.cards()[s.members[i].card].spec.runs(ProgramKind::builtin)) run->candidates.push_back(i);
+    if (s.members[i].node && pool().cards()[s.members[i].card].spec.runs(ProgramKind::builtin)) run->candidates.push_back(i);
   if (run->candidates.empty()) return refuse("no card of this virtual accelerator runs built-in ops");
   run->memberFree.assign(s.members.size(), 0);
 
@@ -224,7 +224,7 @@ void Scheduler::pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run) {
         for (uint64_t h : b.reads)
           if (!run->valid[h].count(c)) bytes += s.buffers.at(h);
         const Member& m = s.members[c];
-        double speed = std::max(1.0, m.blocks * pool_.blockTflops() * 1e12);
+        double speed = std::max(1.0, m.blocks * pool().blockTflops() * 1e12);
         double start = std::max(run->memberFree[c], depsDone) + bytes / kLinkBytesPerSecond;
         double finish = start + b.flops / speed;
         if (first || finish < bestFinish - 1e-12 || (std::abs(finish - bestFinish) <= 1e-12 && bytes < bestBytes)) {
@@ -234,7 +234,7 @@ void Scheduler::pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run) {
     }
     {
       const Member& m = s.members[member];
-      run->finish[i] = std::max(run->memberFree[member], depsDone) + b.flops / std::max(1.0, m.blocks * pool_.blockTflops() * 1e12);
+      run->finish[i] = std::max(run->memberFree[member], depsDone) + b.flops / std::max(1.0, m.blocks * pool().blockTflops() * 1e12);
       run->memberFree[member] = run->finish[i];
     }
     // Its inputs' latest contents on that card, then the op.

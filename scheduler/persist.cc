@@ -121,7 +121,7 @@ void Scheduler::persist(Session& s, bool withSaved) {
     auto members = r.initMembers(s.members.size());
     for (size_t i = 0; i < s.members.size(); ++i) {
       const Member& mb = s.members[i];
-      members[i].setNode(pool_.nodes()[pool_.cards()[mb.card].node].name);
+      members[i].setNode(pool().nodes()[pool().cards()[mb.card].node].name);
       members[i].setCard(static_cast<uint32_t>(mb.card));
       members[i].setContext(mb.context);
       members[i].setBlocks(mb.blocks);
@@ -173,7 +173,7 @@ void Scheduler::persistNode(size_t poolIndex, wire::Register::Reader reg) {
   capnp::MallocMessageBuilder m;
   auto r = m.initRoot<wire::NodeRecord>();
   r.setName(reg.getName());
-  r.setFirstBlock(pool_.nodes()[poolIndex].blocks.first);
+  r.setFirstBlock(pool().nodes()[poolIndex].blocks.first);
   r.setCards(reg.getCards());
   r.setHostCpuMilli(reg.getHostCpuMilli());
   r.setHostMemoryMib(reg.getHostMemoryMib());
@@ -221,12 +221,12 @@ void Scheduler::restoreState() {
   }
   std::sort(known.begin(), known.end(), [](auto& a, auto& b) { return a.first < b.first; });
   for (auto& k : known) {
-    auto index = pool_.addNode(k.name, k.cards, k.host);
+    auto index = state_->addNode(k.name, k.cards, k.host);
     if (!index) continue;
-    if (pool_.nodes()[*index].blocks.first != k.first)
+    if (pool().nodes()[*index].blocks.first != k.first)
       RLOG_ERROR("scheduler") << "state database: node '" << k.name << "' was at block " << k.first << ", now at "
-                              << pool_.nodes()[*index].blocks.first << " (the block size changed?)";
-    pool_.removeNode(*index);
+                              << pool().nodes()[*index].blocks.first << " (the block size changed?)";
+    state_->removeNode(*index);
   }
 
   for (auto& [vm, text] : store_->all("vm_policy")) {
@@ -287,11 +287,11 @@ void Scheduler::restoreState() {
         return;
       }
       for (auto b : r.getBlocks()) s.blocks.push_back({b.getFirst(), b.getCount()});
-      if (auto assigned = pool_.assign(id, s.blocks, s.priority, s.host); !assigned)
+      if (auto assigned = state_->assign(id, s.vm->policy.name, s.blocks, s.priority, s.host); !assigned)
         throw std::runtime_error("its blocks " + blocksText(s.blocks) + " cannot be given back: " + assigned.error().message);
       for (auto mr : r.getMembers()) {
-        if (mr.getCard() >= pool_.cards().size() || pool_.nodes()[pool_.cards()[mr.getCard()].node].name != mr.getNode().cStr()) {
-          pool_.release(id);
+        if (mr.getCard() >= pool().cards().size() || pool().nodes()[pool().cards()[mr.getCard()].node].name != mr.getNode().cStr()) {
+          state_->release(id);
           throw std::runtime_error("card " + std::to_string(mr.getCard()) + " of netaccel '" + std::string(mr.getNode().cStr()) +
                                    "' is not in the pool");
         }
@@ -345,7 +345,7 @@ void Scheduler::adoptContexts(NodeLink& node, capnp::List<wire::HeldContext>::Re
     if (s && s->phase == Phase::recovering)
       for (size_t i = 0; i < s->members.size(); ++i) {
         const Member& m = s->members[i];
-        const Card& card = pool_.cards()[m.card];
+        const Card& card = pool().cards()[m.card];
         if (m.context == ctx && !m.node && static_cast<long>(card.node) == node.poolIndex && card.spec.index == hc.getCard())
           index = i;
       }
@@ -383,7 +383,7 @@ void Scheduler::adoptContexts(NodeLink& node, capnp::List<wire::HeldContext>::Re
     bool complete = true;
     for (auto& m : s->members) {
       if (m.node) continue;
-      if (static_cast<long>(pool_.cards()[m.card].node) == node.poolIndex && s->unavailable.empty())
+      if (static_cast<long>(pool().cards()[m.card].node) == node.poolIndex && s->unavailable.empty())
         s->unavailable = "its context on netaccel '" + node.name + "' did not survive the scheduler's restart; its buffers are gone";
       complete = complete && !s->unavailable.empty();
     }
@@ -452,7 +452,7 @@ void Scheduler::expireDetached() {
   for (Session* s : late) {
     for (auto& m : s->members)
       if (!m.node && s->unavailable.empty())
-        s->unavailable = "netaccel '" + pool_.nodes()[pool_.cards()[m.card].node].name + "' did not come back within " +
+        s->unavailable = "netaccel '" + pool().nodes()[pool().cards()[m.card].node].name + "' did not come back within " +
                          std::to_string(config_.resumeGraceMs) + " ms of the scheduler's restart; its buffers are gone";
     recovered(*s);
   }

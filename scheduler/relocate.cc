@@ -57,10 +57,10 @@ Scheduler::Session* Scheduler::sessionById(VaccelId id) {
 
 void Scheduler::openMembers(Session& s) {
   // Members, the primary (most blocks) first; the rest in block order.
-  auto shares = pool_.cardsOf(s.blocks);
+  auto shares = pool().cardsOf(s.blocks);
   std::stable_sort(shares.begin(), shares.end(), [](auto& a, auto& b) { return a.blocks > b.blocks; });
   for (auto& share : shares) {
-    const Card& card = pool_.cards()[share.card];
+    const Card& card = pool().cards()[share.card];
     NodeLink* node = nodeByPoolIndex_.at(card.node);
     // Ids are the node link's own and never repeat on it: a link that has used all 2^32
     // is closed (its netaccel reconnects with a fresh count) rather than wrap.
@@ -130,18 +130,18 @@ Pool::Request Scheduler::placementRequest(const Session& s) const {
   Pool::Request request{s.want, s.kinds, s.priority};
   request.host = s.host;
   if (config_.spanSlackNodes >= 0)
-    request.maxNodes = pool_.fewestNodesFor(s.want, s.kinds) + static_cast<uint32_t>(config_.spanSlackNodes);
+    request.maxNodes = pool().fewestNodesFor(s.want, s.kinds) + static_cast<uint32_t>(config_.spanSlackNodes);
   return request;
 }
 
 Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
   Pool::Request request = placementRequest(s);
-  auto placed = pool_.allocate(s.id, request);
-  if (!placed || placed->size() == 1 || !config_.defragOnDemand) return placed;
+  auto placed = state_->allocate(s.id, s.vm->policy.name, request);
+  if (!placed || placed->size() == 1 || !config_.defragOnDemand || !state_->movesAllowed()) return placed;
   // Only fragmented: compact, then place again (ARCHITECTURE.md's 10-block fixture).
-  pool_.release(s.id);
+  state_->release(s.id);
   compact(0, 0, "to place " + labelOf(s) + " in one range");
-  return pool_.allocate(s.id, request);
+  return state_->allocate(s.id, s.vm->policy.name, request);
 }
 
 void Scheduler::holdBlocks(Vm& vm, int64_t delta) {
@@ -197,7 +197,7 @@ void Scheduler::placeWaiting() {
     // A suspended vaccel resumes into free blocks only (the daemon does not yet count
     // how long it has waited: see sim/README.md "What the daemon does not do yet").
     if (!mayPreempt(s->phase == Phase::suspended, 0)) continue;
-    auto victims = pool_.planPreemption(placementRequest(*s));
+    auto victims = pool().planPreemption(placementRequest(*s));
     if (victims && !victims->empty()) {
       s->why = "waiting for " + std::to_string(victims->size()) + " lower-priority vaccel(s) to be suspended";
       for (VaccelId v : *victims)
@@ -242,7 +242,7 @@ void Scheduler::writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfte
   welcome.setResumedAfter(resumedAfter);
   auto info = welcome.initVaccel();
   info.setId(s.id);
-  info.setBlockTflops(pool_.blockTflops());
+  info.setBlockTflops(pool().blockTflops());
   info.setMemoryQuota(s.vm->policy.memoryQuota);
   writePlacement(info, s.blocks);
   s.link->connection->send(s.channel, sequence, m);
@@ -252,7 +252,7 @@ void Scheduler::sendWelcome(Session& s) {
   writeWelcome(s, s.helloSequence, 0);
   if (s.helloNs) admissionSeconds_.observe(static_cast<double>(uv_hrtime() - s.helloNs) / 1e9);
   s.helloNs = 0;
-  const Card& card = pool_.cards()[s.primary().card];
+  const Card& card = pool().cards()[s.primary().card];
   std::string placed = std::to_string(s.want) + " block(s) from " + std::to_string(s.blocks.front().first) +
                        ", priority " + std::to_string(s.priority) + ", " + std::to_string(s.members.size()) + " card(s)";
   RLOG_INFO("scheduler") << "admitted " << labelOf(s) << ": " << placed << ", primary " << s.primary().node->name << "/"
@@ -345,9 +345,9 @@ void Scheduler::restore(Session& s, const std::string& what) {
   for (auto& [handle, message] : s.programs) {
     auto kind = transport::fromWire(message->getRoot<wire::Instruction>().asReader().getLoadProgram().getKind());
     size_t home = 0;
-    if (!pool_.cards()[s.primary().card].spec.runs(kind))
+    if (!pool().cards()[s.primary().card].spec.runs(kind))
       for (size_t i = 1; i < s.members.size(); ++i)
-        if (pool_.cards()[s.members[i].card].spec.runs(kind)) {
+        if (pool().cards()[s.members[i].card].spec.runs(kind)) {
           home = i;
           break;
         }
@@ -386,7 +386,7 @@ void Scheduler::suspend(Session& s, const std::string& why, bool byOperator) {
   RLOG_INFO("scheduler") << labelOf(s) << " suspended: " << why;
   event("preempted", labelOf(s), why + "; saving " + std::to_string(s.memoryUsed) + " bytes of buffers");
   save(s, [this, &s] {
-    pool_.release(s.id);
+    state_->release(s.id);
     holdBlocks(*s.vm, -static_cast<int64_t>(s.want));
     s.blocks.clear();
     s.phase = Phase::suspended;
@@ -410,8 +410,8 @@ Status Scheduler::resumeByOperator(VaccelId id) {
 
 void Scheduler::move(Session& s, std::vector<BlockRange> to, const std::string& why) {
   std::vector<size_t> before, after;
-  for (auto& share : pool_.cardsOf(s.blocks)) before.push_back(share.card);
-  auto shares = pool_.cardsOf(to);
+  for (auto& share : pool().cardsOf(s.blocks)) before.push_back(share.card);
+  auto shares = pool().cardsOf(to);
   for (auto& share : shares) after.push_back(share.card);
   std::sort(before.begin(), before.end());
   std::sort(after.begin(), after.end());
@@ -451,13 +451,13 @@ size_t Scheduler::compact(size_t maxMoves, uint64_t maxMoveBytes, const std::str
   if (!maxMoveBytes) maxMoveBytes = config_.defragMaxMoveBytes;
   if (budget == 0) return 0;
   size_t done = 0;
-  for (auto& mv : pool_.planCompaction()) {
+  for (auto& mv : pool().planCompaction()) {
     if (done == budget) break;
     Session* s = sessionById(mv.owner);
     // A vaccel busy elsewhere (off its cards, or moving) or too big to move ends the
     // plan: later moves count on this one having happened.
     if (!s || s->phase != Phase::running || s->memoryUsed > maxMoveBytes) break;
-    if (!pool_.applyMove(mv)) break;
+    if (!state_->applyMove(mv)) break;
     ++done;
     ++movesInWindow_;
     move(*s, {mv.to}, why);
@@ -466,27 +466,27 @@ size_t Scheduler::compact(size_t maxMoves, uint64_t maxMoveBytes, const std::str
 }
 
 Result<std::string> Scheduler::drainNode(const std::string& name, bool undo) {
-  size_t index = pool_.nodes().size();
-  for (size_t i = 0; i < pool_.nodes().size(); ++i)
-    if (pool_.nodes()[i].name == name) index = i;
-  if (index == pool_.nodes().size()) return fail(Code::notFound, "no netaccel named '" + name + "'");
+  size_t index = pool().nodes().size();
+  for (size_t i = 0; i < pool().nodes().size(); ++i)
+    if (pool().nodes()[i].name == name) index = i;
+  if (index == pool().nodes().size()) return fail(Code::notFound, "no netaccel named '" + name + "'");
   if (undo) {
-    pool_.setDraining(index, false);
+    state_->setDraining(index, false);
     draining_.erase(name);
     event("node-draining", name, "ended: blocks are placed here again");
     requestPlacement();
     return "netaccel '" + name + "' takes new work again";
   }
-  pool_.setDraining(index, true);
+  state_->setDraining(index, true);
   draining_[name] = false;
   size_t moved = 0, suspended = 0;
-  const BlockRange range = pool_.nodes()[index].blocks;
+  const BlockRange range = pool().nodes()[index].blocks;
   for (Session* s : allSessions()) {
     bool there = std::any_of(s->blocks.begin(), s->blocks.end(),
                              [&](const BlockRange& r) { return r.first < range.end() && range.first < r.end(); });
     if (!there || s->phase != Phase::running) continue;
-    pool_.release(s->id);  // its blocks here stay out of the pool: the node is draining
-    auto to = pool_.allocate(s->id, {s->want, s->kinds, s->priority});
+    state_->release(s->id);  // its blocks here stay out of the pool: the node is draining
+    auto to = state_->allocate(s->id, s->vm->policy.name, {s->want, s->kinds, s->priority});
     if (to) {
       ++moved;
       move(*s, *to, "netaccel '" + name + "' is draining");

@@ -167,14 +167,14 @@ bool Scheduler::routeElsewhere(Session& s, uint64_t sequence, wire::Instruction:
       auto load = in.getLoadProgram();
       if (!transport::validProgramKind(load.getKind())) return false;  // the card says so
       ProgramKind kind = transport::fromWire(load.getKind());
-      if (pool_.cards()[s.primary().card].spec.runs(kind)) return false;
+      if (pool().cards()[s.primary().card].spec.runs(kind)) return false;
       for (size_t i = 1; i < s.members.size(); ++i)
-        if (pool_.cards()[s.members[i].card].spec.runs(kind)) {
+        if (pool().cards()[s.members[i].card].spec.runs(kind)) {
           startRemoteLoad(s, sequence, i, load);
           return true;
         }
       Error e{Code::unimplemented, std::string("no card of this virtual accelerator runs ") + programKindName(kind) +
-                                       " programs; it has " + kindsOf(pool_, s.members) +
+                                       " programs; it has " + kindsOf(pool(), s.members) +
                                        ". Ask for a card kind that runs them in hello (kinds)"};
       replyError(s, sequence, e);
       sendPoison(s, load.getHandle(), sequence, e);
@@ -253,7 +253,7 @@ void Scheduler::startRemoteLoad(Session& s, uint64_t sequence, size_t member, wi
   m.initRoot<wire::Instruction>().setLoadProgram(load);
   sendRemote(s, member, m);
   s.programHome[load.getHandle()] = member;
-  const CardSpec& card = pool_.cards()[s.members[member].card].spec;
+  const CardSpec& card = pool().cards()[s.members[member].card].spec;
   RLOG_DEBUG("scheduler") << "vaccel #" << s.id << ": " << programKindName(transport::fromWire(load.getKind()))
                           << " program '" << std::string(load.getName()) << "' loads on its " << kindName(card.kind)
                           << " card (" << card.backend << ")";
@@ -338,7 +338,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
   std::vector<size_t> parts;
   std::vector<uint32_t> weights;
   for (size_t i = 0; i < s.members.size(); ++i)
-    if (s.members[i].node && pool_.cards()[s.members[i].card].spec.runs(ProgramKind::builtin)) {
+    if (s.members[i].node && pool().cards()[s.members[i].card].spec.runs(ProgramKind::builtin)) {
       parts.push_back(i);
       weights.push_back(s.members[i].blocks);
     }

@@ -40,7 +40,7 @@ bool isKernelTimes(const Body& body) {
 }  // namespace
 
 Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config)
-    : loop_(loop), config_(std::move(config)), pool_(config_.blockTflops) {}
+    : loop_(loop), config_(std::move(config)), state_(std::make_unique<LocalPoolState>(config_.blockTflops)) {}
 
 Scheduler::~Scheduler() = default;
 
@@ -389,10 +389,10 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
         return refuse(Code::invalidArgument, "hello program name is " + std::to_string(hello.getProgram().size()) +
                                                  " bytes; at most " + std::to_string(limits::kMaxNameBytes));
       program = hello.getProgram();
-      double most = double(limits::kMaxPoolBlocks) * pool_.blockTflops();
+      double most = double(limits::kMaxPoolBlocks) * pool().blockTflops();
       if (auto ok = limits::checkRange("hello tflops", hello.getTflops(), 0.0, most); !ok)
         return refuse(Code::invalidArgument, ok.error().message + "; 0 asks for one block");
-      blocks = pool_.blocksFor(hello.getTflops());
+      blocks = pool().blocksFor(hello.getTflops());
       if (hello.getKinds().size() > 0) {
         KindMask asked = 0;
         for (auto k : hello.getKinds()) {
@@ -424,7 +424,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
     if (auto ever = couldEverHold(blocks, kinds, vm); !ever) ok = refuse(ever.error().code, ever.error().message);
   const HostVector host{vm.policy.hostCpuMilli, vm.policy.hostMemoryMib};
   if (ok) {
-    uint32_t vmMax = pool_.blocksFor(vm.policy.tflops);
+    uint32_t vmMax = pool().blocksFor(vm.policy.tflops);
     if (vm.blocksClaimed + blocks > vmMax)
       ok = refuse(Code::resourceExhausted, "vm '" + vm.policy.name + "' may hold " + std::to_string(vmMax) +
                                                " blocks in all; its programs hold " + std::to_string(vm.blocksClaimed) +
@@ -473,12 +473,12 @@ std::unique_ptr<Scheduler::Session> Scheduler::makeSession(VaccelId id) {
 }
 
 Status Scheduler::couldEverHold(uint32_t blocks, KindMask kinds, const Vm& vm) const {
-  if (blocks > pool_.total(kinds))
+  if (blocks > pool().total(kinds))
     return fail(Code::resourceExhausted, "can never run here: " + std::to_string(blocks) + " blocks requested, the pool has " +
-                                             std::to_string(pool_.total(kinds)) + " of the accepted kinds (" +
+                                             std::to_string(pool().total(kinds)) + " of the accepted kinds (" +
                                              kindsToString(kinds) + ") in total");
   const HostVector host{vm.policy.hostCpuMilli, vm.policy.hostMemoryMib};
-  if (!host.empty() && !pool_.hostCouldHold(host))
+  if (!host.empty() && !pool().hostCouldHold(host))
     return fail(Code::resourceExhausted, "can never run here: vm '" + vm.policy.name + "' needs " + Pool::describeHost(host) +
                                              " of a node's host for each vaccel, and no node has that much");
   return {};
@@ -630,7 +630,7 @@ void Scheduler::endSession(Session& s) {
   if (s.phase == Phase::suspending) --suspending_;
   bool placed = !s.blocks.empty();
   if (placed) {
-    pool_.release(s.id);
+    state_->release(s.id);
     holdBlocks(*s.vm, -static_cast<int64_t>(s.want));
   }
   s.vm->blocksClaimed -= s.want;
@@ -818,7 +818,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
           return refuse("host resources out of range: " + std::to_string(reg.getHostCpuMilli()) + " milli-CPU and " +
                         std::to_string(reg.getHostMemoryMib()) + " MiB (at most " + std::to_string(limits::kMaxHostCpuMilli) +
                         " and " + std::to_string(limits::kMaxHostMemoryMib) + ")");
-        auto index = pool_.addNode(name, cards, host);
+        auto index = state_->addNode(name, cards, host);
         if (!index) return refuse(index.error().message);
         persistNode(*index, reg);
         node.name = name;
@@ -830,11 +830,11 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         r.setAccepted(true);
         r.setHeartbeatMs(std::max(10u, config_.heartbeatTimeoutMs / 5));
         node.connection->send(transport::kControlChannel, 0, m);
-        const Node& n = pool_.nodes()[*index];
+        const Node& n = pool().nodes()[*index];
         std::string joined = std::to_string(cards.size()) + " card(s), blocks " + std::to_string(n.blocks.first) + "-" +
                              std::to_string(n.blocks.end() - 1) +
                              (host.empty() ? std::string() : ", host " + Pool::describeHost(host)) + "; pool now " +
-                             std::to_string(pool_.total()) + " blocks";
+                             std::to_string(pool().total()) + " blocks";
         RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": " << joined;
         event("node-joined", name, joined);
         settledAtMs_ = std::min(settledAtMs_, nowMs());  // the pool has heard from a netaccel
@@ -905,7 +905,7 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
     RLOG_WARN("scheduler") << "netaccel '" << node.name << "' lost: " << reason;
     event("node-lost", node.name, reason);
     if (node.poolIndex >= 0) {
-      pool_.removeNode(static_cast<size_t>(node.poolIndex));
+      state_->removeNode(static_cast<size_t>(node.poolIndex));
       nodeByPoolIndex_.erase(static_cast<size_t>(node.poolIndex));
       offlineSinceMs_[static_cast<size_t>(node.poolIndex)] = nowMs();
     }
@@ -998,12 +998,12 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
   switch (request.which()) {
     case wire::ConsoleRequest::NODES: {
       std::vector<size_t> listed;
-      for (size_t i = 0; i < pool_.nodes().size(); ++i)
-        if (!pool_.nodes()[i].forgotten) listed.push_back(i);
+      for (size_t i = 0; i < pool().nodes().size(); ++i)
+        if (!pool().nodes()[i].forgotten) listed.push_back(i);
       auto out = reply.initNodes(listed.size());
       for (size_t j = 0; j < listed.size(); ++j) {
         size_t i = listed[j];
-        const Node& n = pool_.nodes()[i];
+        const Node& n = pool().nodes()[i];
         out[j].setName(n.name);
         out[j].setOnline(n.online);
         out[j].setCards(static_cast<uint32_t>(n.cards.size()));
@@ -1023,10 +1023,10 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
       return;
     }
     case wire::ConsoleRequest::CARDS: {
-      auto out = reply.initCards(pool_.cards().size());
-      for (size_t i = 0; i < pool_.cards().size(); ++i) {
-        const Card& c = pool_.cards()[i];
-        out[i].setNode(pool_.nodes()[c.node].name);
+      auto out = reply.initCards(pool().cards().size());
+      for (size_t i = 0; i < pool().cards().size(); ++i) {
+        const Card& c = pool().cards()[i];
+        out[i].setNode(pool().nodes()[c.node].name);
         out[i].setIndex(c.spec.index);
         out[i].setKind(transport::toWire(c.spec.kind));
         out[i].setModel(c.spec.model);
@@ -1035,7 +1035,7 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         out[i].setBackend(c.spec.backend);
         out[i].setFirstBlock(c.blocks.first);
         out[i].setBlocks(c.blocks.count);
-        out[i].setOnline(pool_.nodes()[c.node].online);
+        out[i].setOnline(pool().nodes()[c.node].online);
       }
       return;
     }
@@ -1049,33 +1049,33 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         size_t card;
       };
       std::vector<Run> runs;
-      for (size_t ci = 0; ci < pool_.cards().size(); ++ci) {
-        const Card& c = pool_.cards()[ci];
-        bool online = pool_.nodes()[c.node].online;
+      for (size_t ci = 0; ci < pool().cards().size(); ++ci) {
+        const Card& c = pool().cards()[ci];
+        bool online = pool().nodes()[c.node].online;
         for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b) {
-          auto state = pool_.ownerOf(b) != kNoOwner ? wire::PoolRange::State::USED
+          auto state = pool().ownerOf(b) != kNoOwner ? wire::PoolRange::State::USED
                        : online                     ? wire::PoolRange::State::FREE
                                                     : wire::PoolRange::State::OFFLINE;
-          VaccelId owner = pool_.ownerOf(b);
+          VaccelId owner = pool().ownerOf(b);
           if (!runs.empty() && runs.back().state == state && runs.back().owner == owner &&
-              runs.back().first + runs.back().count == b && pool_.cards()[runs.back().card].node == c.node &&
-              pool_.cards()[runs.back().card].spec.kind == c.spec.kind)
+              runs.back().first + runs.back().count == b && pool().cards()[runs.back().card].node == c.node &&
+              pool().cards()[runs.back().card].spec.kind == c.spec.kind)
             ++runs.back().count;
           else
             runs.push_back({b, 1, state, owner, ci});
         }
       }
       auto map = reply.initPool();
-      map.setBlockTflops(pool_.blockTflops());
-      map.setTotal(pool_.total());
-      map.setFree(pool_.freeBlocks());
+      map.setBlockTflops(pool().blockTflops());
+      map.setTotal(pool().total());
+      map.setFree(pool().freeBlocks());
       auto out = map.initRanges(runs.size());
       for (size_t i = 0; i < runs.size(); ++i) {
-        const Card& c = pool_.cards()[runs[i].card];
+        const Card& c = pool().cards()[runs[i].card];
         out[i].setFirst(runs[i].first);
         out[i].setCount(runs[i].count);
         out[i].setState(runs[i].state);
-        out[i].setNode(pool_.nodes()[c.node].name);
+        out[i].setNode(pool().nodes()[c.node].name);
         out[i].setKind(transport::toWire(c.spec.kind));
         if (runs[i].owner != kNoOwner) {
           auto o = owners.find(runs[i].owner);
@@ -1153,7 +1153,7 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
     }
     case wire::ConsoleRequest::DEFRAG: {
       auto d = request.getDefrag();
-      size_t planned = pool_.planCompaction().size();
+      size_t planned = pool().planCompaction().size();
       size_t moves = compact(d.getMaxMoves(), d.getMaxMoveBytes(), "raccelctl defrag");
       reply.setDone(std::to_string(moves) + " move(s) started of " + std::to_string(planned) + " planned" +
                     (moves < planned ? " (the rest wait for the rate limit, the byte limit, or vaccels busy off their cards)" : ""));
@@ -1221,14 +1221,14 @@ void Scheduler::forgetOfflineNodes(uint64_t now) {
     size_t index = it->first;
     bool held = false;  // a suspended or recovering vaccel still counts on it
     for (auto& [id, s] : sessions_)
-      for (auto& m : s->members) held = held || pool_.cards()[m.card].node == index;
+      for (auto& m : s->members) held = held || pool().cards()[m.card].node == index;
     if (now - it->second < config_.forgetOfflineMs || held) {
       ++it;
       continue;
     }
-    std::string name = pool_.nodes()[index].name;
+    std::string name = pool().nodes()[index].name;
     it = offlineSinceMs_.erase(it);
-    if (!pool_.forgetNode(index)) continue;
+    if (!state_->forgetNode(index)) continue;
     if (store_) store_->drop("node", name);
     RLOG_INFO("scheduler") << "netaccel '" << name << "' forgotten after " << config_.forgetOfflineMs << " ms offline";
     event("node-forgotten", name, "offline for " + std::to_string(config_.forgetOfflineMs) + " ms with nothing on it");
@@ -1261,13 +1261,13 @@ Result<std::string> Scheduler::setPolicy(const std::string& name, const std::vec
   for (Session* s : allSessions()) {
     if (s->vm != vm) continue;
     s->priority = std::min(s->askedPriority, vm->policy.priority);
-    pool_.setPriority(s->id, s->priority);
+    state_->setPriority(s->id, s->priority);
     persist(*s);
   }
   std::string detail = "tflops " + std::to_string(vm->policy.tflops) + ", priority " + std::to_string(vm->policy.priority) +
                        ", kinds " + kindsToString(vm->policy.kinds) + ", memory_quota " + std::to_string(vm->policy.memoryQuota);
   if (vm->policy.hostCpuMilli || vm->policy.hostMemoryMib)
-    detail += ", host " + pool_.describeHost({vm->policy.hostCpuMilli, vm->policy.hostMemoryMib}) + " a vaccel";
+    detail += ", host " + pool().describeHost({vm->policy.hostCpuMilli, vm->policy.hostMemoryMib}) + " a vaccel";
   RLOG_INFO("scheduler") << "vm '" << name << "' policy set: " << detail;
   event("policy", name, detail);
   requestPlacement();

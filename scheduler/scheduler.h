@@ -21,6 +21,7 @@
 #include "schema/node.capnp.h"
 #include "scheduler/config.h"
 #include "scheduler/pool.h"
+#include "scheduler/pool_state.h"
 #include "common/metrics.h"
 #include "transport/connection.h"
 #include "transport/http_server.h"
@@ -211,7 +212,8 @@ class Scheduler {
 
   uv_loop_t* loop_;
   SchedulerConfig config_;
-  Pool pool_;
+  std::unique_ptr<PoolState> state_;  // the pool: this host's, or the shared one (--etcd)
+  const Pool& pool() const { return state_->view(); }
   std::vector<std::unique_ptr<Vm>> vms_;
   std::unordered_map<transport::Connection*, std::unique_ptr<VmLink>> vmLinks_;
   std::unordered_map<transport::Connection*, std::unique_ptr<NodeLink>> nodeLinks_;
@@ -224,7 +226,7 @@ class Scheduler {
   // By (pool node, context id): a context id is unique on its node's link only.
   std::unordered_map<uint64_t, Session*> sessionByContext_;
   static uint64_t contextKeyOnNode(size_t node, uint32_t context) { return (static_cast<uint64_t>(node) << 32) | context; }
-  uint64_t contextKey(size_t card, uint32_t context) const { return contextKeyOnNode(pool_.cards()[card].node, context); }
+  uint64_t contextKey(size_t card, uint32_t context) const { return contextKeyOnNode(pool().cards()[card].node, context); }
   std::map<VaccelId, std::unique_ptr<Session>> sessions_;  // every session, attached or not
   std::unique_ptr<Store> store_;
   std::map<std::string, std::map<std::string, std::string>> policyOverrides_;  // raccelctl set-policy, by VM

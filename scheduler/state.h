@@ -229,11 +229,11 @@ void Scheduler::writePlacement(Builder out, const std::vector<BlockRange>& range
     blocks[i].setFirst(ranges[i].first);
     blocks[i].setCount(ranges[i].count);
   }
-  auto shares = pool_.cardsOf(ranges);
+  auto shares = pool().cardsOf(ranges);
   auto cards = out.initCards(shares.size());
   for (size_t i = 0; i < shares.size(); ++i) {
-    const Card& c = pool_.cards()[shares[i].card];
-    cards[i].setNode(pool_.nodes()[c.node].name);
+    const Card& c = pool().cards()[shares[i].card];
+    cards[i].setNode(pool().nodes()[c.node].name);
     cards[i].setIndex(c.spec.index);
     cards[i].setKind(transport::toWire(c.spec.kind));
     cards[i].setModel(c.spec.model);

@@ -207,15 +207,15 @@ std::string Scheduler::metricsText() {
   MetricsPage page;
   // The pool, block by block: by node, kind and state.
   std::map<std::tuple<std::string, std::string, std::string>, uint32_t> blocks;
-  for (auto& node : pool_.nodes())
+  for (auto& node : pool().nodes())
     if (!node.forgotten)
       for (const char* state : {"free", "used", "offline"})
-        for (auto ci : node.cards) blocks[{node.name, kindName(pool_.cards()[ci].spec.kind), state}] += 0;
-  for (const Card& c : pool_.cards()) {
-    const Node& node = pool_.nodes()[c.node];
+        for (auto ci : node.cards) blocks[{node.name, kindName(pool().cards()[ci].spec.kind), state}] += 0;
+  for (const Card& c : pool().cards()) {
+    const Node& node = pool().nodes()[c.node];
     if (node.forgotten) continue;
     for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b) {
-      const char* state = pool_.ownerOf(b) != kNoOwner ? "used" : node.online ? "free" : "offline";
+      const char* state = pool().ownerOf(b) != kNoOwner ? "used" : node.online ? "free" : "offline";
       ++blocks[{node.name, kindName(c.spec.kind), state}];
     }
   }
@@ -223,7 +223,7 @@ std::string Scheduler::metricsText() {
   for (auto& [key, n] : blocks)
     page.sample("raccel_pool_blocks", {{"node", std::get<0>(key)}, {"kind", std::get<1>(key)}, {"state", std::get<2>(key)}}, n);
   page.family("raccel_pool_block_tflops", "gauge", "TFLOPS of one block.");
-  page.sample("raccel_pool_block_tflops", pool_.blockTflops());
+  page.sample("raccel_pool_block_tflops", pool().blockTflops());
 
   std::map<std::string, uint32_t> states;
   for (const char* p : {"running", "waiting", "suspending", "suspended", "moving", "resuming", "recovering", "unavailable"}) states[p] = 0;
@@ -299,7 +299,7 @@ std::string Scheduler::metricsText() {
 
   // Nodes and their cards.
   page.family("raccel_node_up", "gauge", "1 while the netaccel is registered and heard from.");
-  for (auto& node : pool_.nodes())
+  for (auto& node : pool().nodes())
     if (!node.forgotten) page.sample("raccel_node_up", {{"node", node.name}}, node.online ? 1 : 0);
   page.family("raccel_node_heartbeat_age_seconds", "gauge", "Since the netaccel's last heartbeat.");
   page.family("raccel_node_contexts", "gauge", "Vaccel contexts open on the netaccel.");
@@ -309,8 +309,8 @@ std::string Scheduler::metricsText() {
   }
   page.family("raccel_card_memory_bytes", "gauge", "Device memory of each card.");
   page.family("raccel_card_blocks", "gauge", "Blocks of each card.");
-  for (const Card& c : pool_.cards()) {
-    const Node& node = pool_.nodes()[c.node];
+  for (const Card& c : pool().cards()) {
+    const Node& node = pool().nodes()[c.node];
     if (node.forgotten) continue;
     Labels l = {{"node", node.name}, {"card", std::to_string(c.spec.index)}, {"kind", kindName(c.spec.kind)}};
     page.sample("raccel_card_memory_bytes", l, static_cast<double>(c.spec.memoryBytes));

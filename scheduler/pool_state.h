@@ -1,0 +1,83 @@
+// The pool's state as a scheduler owns it: one interface, two implementations.
+//
+//   LocalPoolState  one host's pool, in memory (the embedded default; persisted by the
+//                   scheduler's SQLite store).
+//   EtcdPoolState   the shared pool of many hosts (scheduler/etcd/etcd_pool_state.h):
+//                   a view fed by etcd's watch, every decision committed as a transaction.
+//
+// The contract. `view()` is the pool to read and to plan on (placement, preemption,
+// compaction, the console): nodes, cards, free blocks and every holder, including, in a
+// shared pool, the holders of other schedulers. Nothing but the calls below changes the
+// blocks, and each of them either takes effect or changes nothing and says why. Called
+// on the scheduler's loop thread only; `changed` is called there too, when the view
+// changed by something other than these calls (another host's decision).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "scheduler/pool.h"
+
+namespace raccel::scheduler {
+
+class PoolState {
+ public:
+  virtual ~PoolState() = default;
+
+  virtual const Pool& view() const = 0;
+
+  // A netaccel that registered over its link: its cards join (or a known node returns
+  // online). Returns its node index in view().
+  virtual Result<size_t> addNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host) = 0;
+  // Its link is gone: the node goes offline here. Returns the vaccels holding blocks there.
+  virtual std::vector<VaccelId> removeNode(size_t node) = 0;
+  // An offline node nobody holds is forgotten (false: it is kept).
+  virtual bool forgetNode(size_t node) = 0;
+  virtual void setDraining(size_t node, bool draining) = 0;
+
+  // Places `request` for `owner` (a vaccel of `vm`) and makes it that vaccel's.
+  virtual Result<std::vector<BlockRange>> allocate(VaccelId owner, const std::string& vm, const Pool::Request& request) = 0;
+  // Makes exactly `ranges` the vaccel's (restoring after a restart).
+  virtual Status assign(VaccelId owner, const std::string& vm, const std::vector<BlockRange>& ranges, int priority,
+                        HostVector host) = 0;
+  virtual void release(VaccelId owner) = 0;
+  virtual void setPriority(VaccelId owner, int priority) = 0;
+  // Compaction: whether this state may move holders itself, and one move.
+  virtual bool movesAllowed() const = 0;
+  virtual Status applyMove(const Pool::Move& move) = 0;
+
+  // The view changed under the scheduler (set by the scheduler, called on its loop).
+  std::function<void()> changed;
+};
+
+// One host's pool: exactly the Pool, owned by the scheduler.
+class LocalPoolState final : public PoolState {
+ public:
+  explicit LocalPoolState(double blockTflops) : pool_(blockTflops) {}
+
+  const Pool& view() const override { return pool_; }
+  Result<size_t> addNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host) override {
+    return pool_.addNode(name, cards, host);
+  }
+  std::vector<VaccelId> removeNode(size_t node) override { return pool_.removeNode(node); }
+  bool forgetNode(size_t node) override { return pool_.forgetNode(node); }
+  void setDraining(size_t node, bool draining) override { pool_.setDraining(node, draining); }
+  Result<std::vector<BlockRange>> allocate(VaccelId owner, const std::string&, const Pool::Request& request) override {
+    return pool_.allocate(owner, request);
+  }
+  Status assign(VaccelId owner, const std::string&, const std::vector<BlockRange>& ranges, int priority,
+                HostVector host) override {
+    return pool_.assign(owner, ranges, priority, host);
+  }
+  void release(VaccelId owner) override { pool_.release(owner); }
+  void setPriority(VaccelId owner, int priority) override { pool_.setPriority(owner, priority); }
+  bool movesAllowed() const override { return true; }
+  Status applyMove(const Pool::Move& move) override { return pool_.applyMove(move); }
+
+ private:
+  Pool pool_;
+};
+
+}  // namespace raccel::scheduler
