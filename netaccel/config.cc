@@ -1,5 +1,7 @@
 #include "netaccel/config.h"
 
+#include "common/etcd_settings.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -116,8 +118,8 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
                                     "sandbox", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
-                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory",
-                                    "etcd", "etcd_prefix", "etcd_lease_ttl", "etcd_ca", "etcd_cert", "etcd_key"};
+                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory"};
+  known.insert(known.end(), std::begin(kEtcdKeys), std::end(kEtcdKeys));
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   if (top.has("sandbox_hide"))
     return fail(Code::invalidArgument, config.origin() + ": sandbox_hide is gone: a sandbox now reads only its driver's "
@@ -131,17 +133,9 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   out.name = top.getString("name", "");
   out.scheduler = top.getString("scheduler", out.scheduler);
   out.httpListen = top.getString("http_listen", out.httpListen);
-  out.etcd.endpoints = top.getString("etcd", "");
-  out.etcd.prefix = top.getString("etcd_prefix", out.etcd.prefix);
-  if (out.etcd.prefix.empty() || out.etcd.prefix.back() != '/' || out.etcd.prefix.size() > 256)
-    return fail(Code::invalidArgument, "etcd_prefix must end in '/' (and be at most 256 bytes)");
-  out.etcd.ca = top.getString("etcd_ca", "");
-  out.etcd.cert = top.getString("etcd_cert", "");
-  out.etcd.key = top.getString("etcd_key", "");
-  auto ttl = top.getInt("etcd_lease_ttl", out.etcd.leaseTtlSeconds);
-  if (!ttl) return fail(ttl.error());
-  if (*ttl < 1 || *ttl > 3600) return fail(Code::invalidArgument, "etcd_lease_ttl must be 1 to 3600 seconds");
-  out.etcd.leaseTtlSeconds = *ttl;
+  auto etcd = parseEtcdSettings(top);
+  if (!etcd) return fail(etcd.error().code, config.origin() + ": " + etcd.error().message);
+  out.etcd = *etcd;
   auto hb = top.getInt("heartbeat_ms", 1000);
   if (!hb) return fail(hb.error());
   if (*hb < 10) return fail(Code::invalidArgument, "heartbeat_ms must be at least 10");

@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/etcd_settings.h"
 #include "common/kinds.h"
 #include "netaccel/sandbox.h"
 #include "transport/tls.h"
@@ -107,11 +108,7 @@ struct NetaccelConfig {
   uint64_t hostMemoryMib = 0;
   transport::LinkSecurity security;
   std::vector<CardConfig> cards;
-  // The pool shared through etcd (empty endpoints: none).
-  struct Etcd {
-    std::string endpoints, prefix = "/raccel/", ca, cert, key;
-    int64_t leaseTtlSeconds = 5;
-  } etcd;
+  EtcdSettings etcd;  // the pool shared through etcd (common/etcd_settings.h; empty endpoints: none)
 };
 
 Result<NetaccelConfig> parseConfig(const Config& config);

@@ -3,6 +3,7 @@
 #include "common/limits.h"
 
 #include <cmath>
+#include <unistd.h>
 #include <algorithm>
 #include <set>
 #include <tuple>
@@ -111,7 +112,8 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
                                     "split_min_mflop", "libvirt", "defrag_on_release", "defrag_on_demand",
                                     "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms", "startup_grace_ms",
                                     "span_slack_nodes", "max_node_links", "register_timeout_ms", "max_vm_links", "http_listen", "http_token_file", "http_client_timeout_s",
-                                    "forget_offline_ms"};
+                                    "forget_offline_ms", "name"};
+  known.insert(known.end(), std::begin(kEtcdKeys), std::end(kEtcdKeys));
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   auto unknown = top.unknownKeys(known);
   if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
@@ -141,6 +143,16 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   out.httpTokenFile = top.getString("http_token_file", "");
   out.libvirtUri = top.getString("libvirt", "");
   out.stateDir = top.getString("state_dir", "");
+  auto etcd = parseEtcdSettings(top);
+  if (!etcd) return fail(etcd.error().code, config.origin() + ": " + etcd.error().message);
+  out.etcd = *etcd;
+  out.name = top.getString("name", "");
+  if (out.name.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    out.name = host;
+  }
+  if (auto ok = limits::checkName("name", out.name); !ok) return fail(ok.error().code, config.origin() + ": " + ok.error().message);
   auto bt = top.getDouble("block_tflops", 1, 0.001, 1e6);
   if (!bt) return fail(bt.error());
   out.blockTflops = *bt;

@@ -33,6 +33,12 @@
 //   max_vm_links = 8                      # connections on one VM's socket at once
 //   forget_offline_ms = 86400000          # an offline netaccel with nothing suspended or
 //                                         #   recoverable on it is forgotten after this
+//   name = host-a                         # this scheduler's name in a shared pool (default: the
+//                                         #   host name; unique among the pool's schedulers)
+//   etcd = 10.0.0.1:2379,10.0.0.2:2379    # join the pool shared through etcd with the schedulers
+//                                         #   of other VM hosts (README "Many hosts, one pool");
+//                                         #   empty (the default): this host's pool alone
+//   etcd_prefix, etcd_lease_ttl, etcd_ca, etcd_cert, etcd_key   # common/etcd_settings.h
 //   libvirt = qemu:///system              # follow this libvirt's domains: each one with
 //                                         #   raccel metadata is a VM (vm-images/README.md)
 //   [vm]                                  # one per VM; identity = its socket
@@ -57,6 +63,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/etcd_settings.h"
 #include "scheduler/pool.h"
 #include "transport/tls.h"
 
@@ -114,6 +121,8 @@ struct SchedulerConfig {
   unsigned registerTimeoutMs = 10000;
   unsigned maxVmLinks = 8;
   uint64_t forgetOfflineMs = 86400000;
+  std::string name;   // in a shared pool
+  EtcdSettings etcd;  // empty endpoints: this host's pool alone
   std::vector<VmPolicy> vms;
 };
 

@@ -5,6 +5,7 @@
 
 #include "common/flags.h"
 #include "common/log.h"
+#include "scheduler/etcd/etcd_pool_state.h"
 #include "scheduler/scheduler.h"
 #ifdef RACCEL_HAVE_LIBVIRT
 #include "scheduler/libvirt_watcher.h"
@@ -32,6 +33,9 @@ int main(int argc, char** argv) {
                                          "it the web console is read-only");
   flags.value("state-dir", "DIR", "keep the state database here (VM policies, allocations, suspended vaccels), so a "
                                  "restart loses no allocation; default: none");
+  flags.value("etcd", "ENDPOINTS", "join the pool shared through etcd with other hosts' schedulers (host:port, "
+                                  "comma-separated; see also --name and the etcd_* settings)");
+  flags.value("name", "NAME", "this scheduler's name in a shared pool (default: the host name)");
   flags.value("set", "KEY=VALUE", "a top-level configuration setting, over the file's (e.g. defrag_on_release=false)", true);
   flags.value("block-tflops", "T", "TFLOPS per block (default 1)");
   flags.value("split-min-mflop", "M", "split built-in ops across a vaccel's cards from M MFLOP of work up (default 8; 0 = always)");
@@ -58,7 +62,8 @@ int main(int argc, char** argv) {
   for (auto [flag, key] : {std::pair{"block-tflops", "block_tflops"}, std::pair{"split-min-mflop", "split_min_mflop"},
                            std::pair{"heartbeat-timeout-ms", "heartbeat_timeout_ms"}, std::pair{"tls-ca", "tls_ca"},
                            std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"},
-                           std::pair{"http-listen", "http_listen"}, std::pair{"http-token-file", "http_token_file"}})
+                           std::pair{"http-listen", "http_listen"}, std::pair{"http-token-file", "http_token_file"},
+                           std::pair{"etcd", "etcd"}, std::pair{"name", "name"}})
     if (flags.has(flag)) file->top().set(key, flags.get(flag));
   if (flags.has("insecure")) file->top().set("insecure", "true");
   auto parsed = scheduler::parseConfig(*file);
@@ -77,7 +82,19 @@ int main(int argc, char** argv) {
     return die("no VM to serve: give --vm, [vm] sections in --config, or --libvirt URI");
 
   uv_loop_t* loop = uv_default_loop();
-  scheduler::Scheduler daemon(loop, config);
+  std::unique_ptr<scheduler::PoolState> pool;  // null: this host's pool alone
+  if (config.etcd.enabled()) {
+    if (!config.stateDir.empty())
+      return die("state_dir and etcd together are not supported yet: in a shared pool a scheduler's holdings end with "
+                 "its etcd lease, so there is nothing to restore them into");
+    auto shared = scheduler::EtcdPoolState::open(loop, config.etcd, config.name, config.blockTflops);
+    if (!shared) {
+      uv_run(loop, UV_RUN_DEFAULT);
+      return die(shared.error().message);
+    }
+    pool = std::move(*shared);
+  }
+  scheduler::Scheduler daemon(loop, config, std::move(pool));
   if (auto s = daemon.start(); !s) {
     daemon.stop();
     uv_run(loop, UV_RUN_DEFAULT);

@@ -78,6 +78,7 @@ Result<std::vector<CardSpec>> cardSpecsOf(capnp::List<wire::CardInfo>::Reader li
 
 Status Scheduler::openStore() {
   if (config_.stateDir.empty()) {
+    if (config_.etcd.enabled()) return {};  // a shared pool's holdings end with the lease
     RLOG_WARN("scheduler") << "no state directory (--state-dir or state_dir): allocations and policies set with "
                               "raccelctl do not survive a restart";
     return {};

@@ -47,6 +47,10 @@ class PoolState {
   // Compaction: whether this state may move holders itself, and one move.
   virtual bool movesAllowed() const = 0;
   virtual Status applyMove(const Pool::Move& move) = 0;
+  // The scheduler stops (on its loop, which then runs until its handles are closed).
+  virtual void stop() {}
+  // A holder in view() that is not this scheduler's ("SCHEDULER/VM#VACCEL"), or "".
+  virtual std::string holderElsewhere(VaccelId) const { return {}; }
 
   // The view changed under the scheduler (set by the scheduler, called on its loop).
   std::function<void()> changed;

@@ -39,8 +39,11 @@ bool isKernelTimes(const Body& body) {
 }
 }  // namespace
 
-Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config)
-    : loop_(loop), config_(std::move(config)), state_(std::make_unique<LocalPoolState>(config_.blockTflops)) {}
+Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<PoolState> state)
+    : loop_(loop), config_(std::move(config)),
+      state_(state ? std::move(state) : std::make_unique<LocalPoolState>(config_.blockTflops)) {
+  state_->changed = [this] { requestPlacement(); };  // another host's decision may free blocks
+}
 
 Scheduler::~Scheduler() = default;
 
@@ -104,6 +107,7 @@ void Scheduler::stop() {
   for (auto& [c, node] : nodeLinks_) all.push_back(node->connection);
   for (auto& c : consoles_) all.push_back(c);
   for (auto& c : all) c->close();
+  state_->stop();  // a shared pool: this scheduler leaves it, its holdings freed at once
 }
 
 // ---------------------------------------------------------------------------------
@@ -1079,7 +1083,10 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         out[i].setKind(transport::toWire(c.spec.kind));
         if (runs[i].owner != kNoOwner) {
           auto o = owners.find(runs[i].owner);
-          out[i].setOwner(o != owners.end() ? o->second : "vaccel#" + std::to_string(runs[i].owner));
+          std::string elsewhere = o != owners.end() ? std::string() : state_->holderElsewhere(runs[i].owner);
+          out[i].setOwner(o != owners.end()     ? o->second
+                          : !elsewhere.empty() ? elsewhere
+                                               : "vaccel#" + std::to_string(runs[i].owner));
         }
       }
       return;

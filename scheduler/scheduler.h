@@ -33,7 +33,8 @@ class Store;
 
 class Scheduler {
  public:
-  Scheduler(uv_loop_t* loop, SchedulerConfig config);
+  // `state`: the pool (null: this host's own, a LocalPoolState).
+  Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<PoolState> state = nullptr);
   ~Scheduler();
 
   // Opens the netaccel, console and VM listeners; an error names the address.

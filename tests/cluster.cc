@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,7 @@
 #include "console/console_client.h"
 #include "schema/guest.capnp.h"
 #include "transport/wire_types.h"
+#include "vmfrontend/raccel.h"
 
 extern char** environ;
 
@@ -174,7 +176,11 @@ Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::stri
   httpPort_ = freePort();
   schedulerArgs_ = {"--node-listen", "127.0.0.1:" + std::to_string(port_), "--console", consoleSocket(),
                     "--http-listen", "127.0.0.1:" + std::to_string(httpPort_),
-                    "--heartbeat-timeout-ms", "2000", "--state-dir", dir_ + "/state"};
+                    "--heartbeat-timeout-ms", "2000"};
+  if (std::find(schedulerArgs.begin(), schedulerArgs.end(), "--etcd") == schedulerArgs.end()) {
+    schedulerArgs_.push_back("--state-dir");
+    schedulerArgs_.push_back(dir_ + "/state");
+  }
   // Mutual TLS on the node links, as deployed; "--insecure" among schedulerArgs: plain TCP.
   insecure_ = std::find(schedulerArgs.begin(), schedulerArgs.end(), "--insecure") != schedulerArgs.end();
   if (!insecure_)
@@ -327,6 +333,36 @@ std::string Cluster::logs() const {
     out << "---- " << entry.path().filename().string() << "\n" << in.rdbuf();
   }
   return out.str();
+}
+
+
+double checkedGemm(client::Session& s, uint32_t m, uint32_t n, uint32_t k, unsigned seed, std::string* why) {
+  auto a = randomFloats(size_t{m} * k, seed), b = randomFloats(size_t{k} * n, seed + 1000);
+  auto ha = s.alloc(a.size() * 4), hb = s.alloc(b.size() * 4), hc = s.alloc(size_t{m} * n * 4);
+  s.writeFloats(ha, a);
+  s.writeFloats(hb, b);
+  s.fill(hc, 0, size_t{m} * n * 4, 0);
+  s.gemm(m, n, k, 2.0f, ha, hb, 0.0f, hc);
+  auto c = s.readFloats(hc, size_t{m} * n);
+  if (!c) {
+    *why = c.error().toString();
+    return -1;
+  }
+  double maxErr = 0;
+  for (uint32_t i = 0; i < m; ++i)
+    for (uint32_t j = 0; j < n; ++j) {
+      double ref = 0;
+      for (uint32_t p = 0; p < k; ++p) ref += double(a[size_t{i} * k + p]) * b[size_t{p} * n + j];
+      maxErr = std::max(maxErr, std::abs(2 * ref - (*c)[size_t{i} * n + j]));
+    }
+  s.free(ha);
+  s.free(hb);
+  s.free(hc);
+  if (auto f = s.fence(); !f) {
+    *why = f.error().toString();
+    return -1;
+  }
+  return maxErr;
 }
 
 }  // namespace raccel::testing

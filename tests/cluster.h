@@ -16,7 +16,15 @@
 #include "common/error.h"
 #include "transport/blocking_link.h"
 
+namespace raccel::client {
+class Session;
+}
+
 namespace raccel::testing {
+
+// Runs a gemm (m x k) * (k x n) through `s` and compares it with a reference computed
+// here; returns the largest error, or a negative number with the failure in *why.
+double checkedGemm(client::Session& s, uint32_t m, uint32_t n, uint32_t k, unsigned seed, std::string* why);
 
 std::string binary(const std::string& name);
 // A loopback TCP port that was free a moment ago.
@@ -92,6 +100,7 @@ class Cluster {
  public:
   // `schedulerArgs` are added to raccel-scheduler's command line (e.g. --block-tflops).
   // Node links are mutual TLS (certDir()) unless they include --insecure.
+  // With --etcd among them it has no state directory (a shared pool's scheduler keeps none).
   explicit Cluster(std::vector<VmSpec> vms = {VmSpec{}}, std::string dir = "", std::vector<std::string> schedulerArgs = {});
   ~Cluster();
 

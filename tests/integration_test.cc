@@ -41,36 +41,6 @@ std::unique_ptr<Session> open(const std::string& socket, double tflops = 1, std:
   return s ? std::move(*s) : nullptr;
 }
 
-// Runs a gemm (m x k) * (k x n) through `s` and compares with a reference; returns the
-// max error, or a negative number with the failure in `why`.
-double checkedGemm(Session& s, uint32_t m, uint32_t n, uint32_t k, unsigned seed, std::string* why) {
-  auto a = randomFloats(size_t{m} * k, seed), b = randomFloats(size_t{k} * n, seed + 1000);
-  auto ha = s.alloc(a.size() * 4), hb = s.alloc(b.size() * 4), hc = s.alloc(size_t{m} * n * 4);
-  s.writeFloats(ha, a);
-  s.writeFloats(hb, b);
-  s.fill(hc, 0, size_t{m} * n * 4, 0);
-  s.gemm(m, n, k, 2.0f, ha, hb, 0.0f, hc);
-  auto c = s.readFloats(hc, size_t{m} * n);
-  if (!c) {
-    *why = c.error().toString();
-    return -1;
-  }
-  double maxErr = 0;
-  for (uint32_t i = 0; i < m; ++i)
-    for (uint32_t j = 0; j < n; ++j) {
-      double ref = 0;
-      for (uint32_t p = 0; p < k; ++p) ref += double(a[size_t{i} * k + p]) * b[size_t{p} * n + j];
-      maxErr = std::max(maxErr, std::abs(2 * ref - (*c)[size_t{i} * n + j]));
-    }
-  s.free(ha);
-  s.free(hb);
-  s.free(hc);
-  if (auto f = s.fence(); !f) {
-    *why = f.error().toString();
-    return -1;
-  }
-  return maxErr;
-}
 
 // Builds a raw frame: header + body bytes.
 std::vector<std::byte> rawFrame(uint32_t channel, uint64_t seq, capnp::MessageBuilder& m) {

@@ -318,6 +318,7 @@ Status SharedPool::load() {
     loadFrom(*all);
   }
   startWatch(all->header().revision() + 1);
+  if (options_.onChange) options_.onChange();
   return {};
 }
 
@@ -329,7 +330,10 @@ void SharedPool::startWatch(int64_t fromRevision) {
   }
   watcher_ = std::make_unique<etcd::Watcher>(
       client_, options_.prefix, fromRevision, false,
-      [this](std::vector<mvccpb::Event> events, int64_t revision) { apply(events, revision); },
+      [this](std::vector<mvccpb::Event> events, int64_t revision) {
+        apply(events, revision);
+        if (options_.onChange && !events.empty()) options_.onChange();
+      },
       [this](Error error) {
         RLOG_WARN("shared-pool") << error.message << " (the view is re-read at the next decision)";
         std::lock_guard lock(mutex_);
@@ -389,8 +393,9 @@ bool SharedPool::waitForRevision(int64_t revision, uint32_t timeoutMs) {
 }
 
 VaccelId SharedPool::localId(const std::string& scheduler, uint64_t vaccel) {
-  auto [it, added] = localIds_.try_emplace({scheduler, vaccel}, nextLocal_);
-  if (added) ++nextLocal_;
+  if (scheduler == options_.scheduler && vaccel < kForeignIds) return vaccel;
+  auto [it, added] = localIds_.try_emplace({scheduler, vaccel}, nextForeign_);
+  if (added) ++nextForeign_;
   return it->second;
 }
 
@@ -449,6 +454,9 @@ void SharedPool::rebuild() {
     h->createRevision = created;
     holdings_.push_back(std::move(*h));
   }
+  // Ids of holdings that are gone are dropped (bounded by what the pool holds now).
+  if (localIds_.size() > 2 * holdings_.size() + 64)
+    std::erase_if(localIds_, [&](const auto& entry) { return pool_.held(entry.second).empty(); });
   dirty_ = false;
 }
 
@@ -485,7 +493,8 @@ int64_t SharedPool::modOf(const std::string& key) const {
 }
 
 Result<std::optional<std::vector<BlockRange>>> SharedPool::tryAllocate(uint64_t vaccel, const std::string& vm,
-                                                                       const Pool::Request& request) {
+                                                                       const Pool::Request& request,
+                                                                       const std::set<std::string>* usable) {
   pb::TxnRequest txn;
   SharedHolding h{options_.scheduler, vaccel, vm, request.priority, {}, request.host,
                   request.shape == Pool::Shape::oneCard ? request.cardMilli : 0u};
@@ -496,7 +505,16 @@ Result<std::optional<std::vector<BlockRange>>> SharedPool::tryAllocate(uint64_t 
     rebuild();
     if (keys_.count(holdKey)) return fail(Code::invalidArgument, "vaccel " + std::to_string(vaccel) + " already holds blocks");
     local = localId(options_.scheduler, vaccel);
+    // Nodes it may not use are closed to this placement (drained for its length).
+    std::vector<size_t> closed;
+    if (usable)
+      for (size_t i = 0; i < pool_.nodes().size(); ++i)
+        if (pool_.nodes()[i].placeable() && !usable->count(pool_.nodes()[i].name)) {
+          pool_.setDraining(i, true);
+          closed.push_back(i);
+        }
     auto ranges = pool_.allocate(local, request);
+    for (size_t i : closed) pool_.setDraining(i, false);
     if (!ranges) return fail(ranges.error());
     h.ranges = *ranges;
     // The versions it read: of the cards it takes, and with host needs of its node's host.
@@ -548,12 +566,13 @@ Result<std::optional<std::vector<BlockRange>>> SharedPool::committedHolding(uint
   return std::optional<std::vector<BlockRange>>(h->ranges);
 }
 
-Result<std::vector<BlockRange>> SharedPool::allocate(uint64_t vaccel, const std::string& vm, const Pool::Request& request) {
-  if (vaccel == 0) return fail(Code::invalidArgument, "vaccel ids start at 1");
+Result<std::vector<BlockRange>> SharedPool::allocate(uint64_t vaccel, const std::string& vm, const Pool::Request& request,
+                                                     const std::set<std::string>* usable) {
+  if (vaccel == 0 || vaccel >= kForeignIds) return fail(Code::invalidArgument, "vaccel ids are 1 to 2^62 - 1");
   if (auto ok = refresh(); !ok) return fail(ok.error());
   uint32_t lostCalls = 0;
   for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
-    auto placed = tryAllocate(vaccel, vm, request);
+    auto placed = tryAllocate(vaccel, vm, request, usable);
     if (placed && *placed) return std::move(**placed);
     if (placed) continue;  // a conflict: placed again on the view it re-read
     if (placed.error().code != Code::unavailable || ++lostCalls > kLostCallRetries) return fail(placed.error());
@@ -583,6 +602,49 @@ Status SharedPool::release(uint64_t vaccel) {
   ++stats_.commits;
   catchUp(lock, answer->header().revision());
   return {};
+}
+
+Status SharedPool::setPriority(uint64_t vaccel, int priority) {
+  std::string key = "holds/" + options_.scheduler + "/" + std::to_string(vaccel);
+  for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
+    pb::TxnRequest txn;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = keys_.find(key);
+      if (it == keys_.end()) return {};
+      auto h = parseHolding(options_.prefix + key, it->second.value, options_.prefix);
+      if (!h) return fail(Code::internal, options_.prefix + key + " does not parse: " + h.error().message);
+      h->priority = priority;
+      compareMod(txn, options_.prefix + key, it->second.modRevision);
+      put(txn, options_.prefix + key, holdingValue(*h), lease_);
+    }
+    readAllOnFailure(txn, options_.prefix);
+    auto answer = client_.txn(txn);
+    if (!answer) return fail(answer.error());
+    std::unique_lock lock(mutex_);
+    if (answer->succeeded()) {
+      ++stats_.commits;
+      catchUp(lock, answer->header().revision());
+      return {};
+    }
+    if (auto* r = failureRange(*answer)) loadFrom(*r);
+  }
+  return fail(Code::unavailable, "the priority of vaccel " + std::to_string(vaccel) + " could not be recorded: its holding kept changing");
+}
+
+SharedPool::PoolCopy SharedPool::poolCopy() {
+  std::lock_guard lock(mutex_);
+  rebuild();
+  PoolCopy copy{pool_, revision_, {}};
+  for (auto& h : holdings_)
+    if (h.scheduler != options_.scheduler)
+      copy.foreign[localId(h.scheduler, h.vaccel)] = h.scheduler + "/" + h.vm + "#" + std::to_string(h.vaccel);
+  return copy;
+}
+
+bool SharedPool::watching() {
+  std::lock_guard lock(mutex_);
+  return watcher_ && !watchBroken_;
 }
 
 namespace {

@@ -30,7 +30,9 @@
 // Thread-safe: the watch thread feeds the cache, any thread may place and commit.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,6 +54,8 @@ struct SharedPoolOptions {
   uint32_t maxAttempts = 16;       // per decision, before the conflict is reported
   double blockTflops = 1.0;        // must match the pool's
   bool keepAlive = true;           // a thread keeps the lease alive (off: tests let it lapse)
+  // Called (from the watch's thread, no lock held) after the view changed.
+  std::function<void()> onChange;
 };
 
 // A holding as the pool records it.
@@ -99,9 +103,28 @@ class SharedPool {
   // refuses with `unavailable` naming the conflicts. resourceExhausted as Pool::allocate
   // when the pool cannot hold it now or ever; an unreachable etcd is `unavailable`
   // naming etcd.
-  Result<std::vector<BlockRange>> allocate(uint64_t vaccel, const std::string& vm, const Pool::Request& request);
+  // `usable` (when given): the nodes it may place on (a scheduler's own links).
+  Result<std::vector<BlockRange>> allocate(uint64_t vaccel, const std::string& vm, const Pool::Request& request,
+                                           const std::set<std::string>* usable = nullptr);
   // Returns this scheduler's `vaccel`'s blocks to the pool (nothing when it holds none).
   Status release(uint64_t vaccel);
+  // Records a new priority for this scheduler's `vaccel` (nothing when it holds none).
+  Status setPriority(uint64_t vaccel, int priority);
+
+  // In the view's Pool, this scheduler's vaccels hold blocks under their own ids (1 to
+  // kForeignIds - 1); other schedulers' holdings (and refused values' quarantined
+  // blocks) under ids from kForeignIds up.
+  static constexpr VaccelId kForeignIds = VaccelId{1} << 62;
+  // A copy of the view's Pool, the revision it is current to, and who the foreign ids
+  // are ("SCHEDULER/VM#VACCEL").
+  struct PoolCopy {
+    Pool pool;
+    int64_t revision = 0;
+    std::map<VaccelId, std::string> foreign;
+  };
+  PoolCopy poolCopy();
+  // Whether the watch runs (false after etcd was lost, until refresh() re-reads).
+  bool watching();
 
   // Snapshot of the view: nodes, cards, free blocks, who holds what.
   struct View {
@@ -154,7 +177,7 @@ class SharedPool {
   // One attempt: the transaction of an allocation placed on the view; nullopt when it
   // conflicted (the view is then reloaded from the failure's answer).
   Result<std::optional<std::vector<BlockRange>>> tryAllocate(uint64_t vaccel, const std::string& vm,
-                                                              const Pool::Request& request);
+                                                              const Pool::Request& request, const std::set<std::string>* usable);
   // Re-reads the pool: the ranges this scheduler's `vaccel` holds there, if any.
   Result<std::optional<std::vector<BlockRange>>> committedHolding(uint64_t vaccel);
 
@@ -173,7 +196,7 @@ class SharedPool {
   bool dirty_ = true;
   Pool pool_;
   std::map<std::pair<std::string, uint64_t>, VaccelId> localIds_;
-  VaccelId nextLocal_ = 1;
+  VaccelId nextForeign_ = kForeignIds;
   std::vector<SharedHolding> holdings_;  // as placed in pool_ (refused ones left out)
   Stats stats_;
   std::set<std::pair<std::string, int64_t>> refusedSeen_;  // (key, its revision) refused so far

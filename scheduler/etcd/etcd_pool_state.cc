@@ -1,0 +1,233 @@
+#include "scheduler/etcd/etcd_pool_state.h"
+
+#include <chrono>
+
+#include "common/limits.h"
+#include "common/log.h"
+
+namespace raccel::scheduler {
+namespace {
+// An allocation waits at most this long for etcd (it runs on the scheduler's loop).
+constexpr uint32_t kCallTimeoutMs = 1000;
+}  // namespace
+
+Result<std::unique_ptr<EtcdPoolState>> EtcdPoolState::open(uv_loop_t* loop, const EtcdSettings& settings,
+                                                          const std::string& name, double blockTflops) {
+  auto endpoints = etcd::parseEndpoints(settings.endpoints);
+  if (!endpoints) return fail(endpoints.error().code, "etcd: " + endpoints.error().message);
+  etcd::Options options{*endpoints, settings.ca, settings.cert, settings.key, kCallTimeoutMs};
+  auto client = etcd::Client::open(options);
+  if (!client) return fail(client.error());
+  std::unique_ptr<EtcdPoolState> state(
+      new EtcdPoolState(loop, (*client)->describe() + " " + settings.prefix + " as scheduler '" + name + "'"));
+  state->client_ = std::move(*client);
+  SharedPoolOptions shared;
+  shared.prefix = settings.prefix;
+  shared.scheduler = name;
+  shared.leaseTtlSeconds = settings.leaseTtlSeconds;
+  shared.blockTflops = blockTflops;
+  shared.onChange = [async = state->async_] { uv_async_send(async); };
+  auto pool = SharedPool::open(*state->client_, shared);
+  if (!pool) {
+    state->stop();
+    return fail(pool.error().code, "joining the shared pool at " + state->describe_ + ": " + pool.error().message);
+  }
+  state->shared_ = std::move(*pool);
+  state->sync();
+  state->thread_ = std::thread([s = state.get()] { s->run(); });
+  RLOG_INFO("scheduler") << "joined the shared pool at " << state->describe_;
+  return state;
+}
+
+EtcdPoolState::EtcdPoolState(uv_loop_t* loop, std::string describe)
+    : loop_(loop), describe_(std::move(describe)) {
+  async_ = new uv_async_t;
+  uv_async_init(loop_, async_, [](uv_async_t* a) {
+    auto* self = static_cast<EtcdPoolState*>(a->data);
+    if (!self) return;  // stopped
+    self->sync();
+    if (self->changed) self->changed();
+  });
+  async_->data = this;
+}
+
+EtcdPoolState::~EtcdPoolState() { stop(); }
+
+void EtcdPoolState::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (shared_) {
+    // Leaving frees every holding of this scheduler at once (releases still queued too).
+    if (auto left = shared_->leave(); !left)
+      RLOG_WARN("scheduler") << "leaving the shared pool: " << left.error().message << " (its lease expires instead)";
+    shared_.reset();
+  }
+  if (async_) {
+    async_->data = nullptr;
+    uv_close(reinterpret_cast<uv_handle_t*>(async_), [](uv_handle_t* h) { delete reinterpret_cast<uv_async_t*>(h); });
+    async_ = nullptr;
+  }
+}
+
+Error EtcdPoolState::etcdLost() const {
+  return Error{Code::unavailable, "the shared pool's etcd cannot be reached (" + describe_ +
+                                      "); new placements wait for it, running vaccels go on"};
+}
+
+void EtcdPoolState::sync() {
+  if (!shared_) return;
+  auto [pool, revision, foreign] = shared_->poolCopy();
+  (void)revision;
+  for (size_t i = 0; i < pool.nodes().size(); ++i) {
+    const std::string& name = pool.nodes()[i].name;
+    if (!linked_.count(name)) pool.removeNode(i);  // placed on by the schedulers linked to it
+    else if (draining_.count(name)) pool.setDraining(i, true);
+  }
+  // Other schedulers' vaccels are never victims here.
+  for (auto& [v, label] : foreign) pool.setPriority(v, limits::kMaxPriority);
+  foreign_ = std::move(foreign);
+  {
+    std::lock_guard lock(mutex_);
+    for (VaccelId v : releasing_) pool.release(v);
+  }
+  mirror_ = std::move(pool);
+}
+
+std::string EtcdPoolState::holderElsewhere(VaccelId owner) const {
+  auto it = foreign_.find(owner);
+  return it == foreign_.end() ? std::string() : it->second;
+}
+
+Result<size_t> EtcdPoolState::addNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host) {
+  sync();
+  size_t index = SIZE_MAX;
+  for (size_t i = 0; i < mirror_.nodes().size(); ++i)
+    if (mirror_.nodes()[i].name == name) index = i;
+  if (index == SIZE_MAX)
+    return fail(Code::unavailable, "netaccel '" + name + "' is not registered in the shared pool at " + describe_ +
+                                       ": give it etcd = the same endpoints (and etcd_prefix), then it joins here");
+  // Its record in etcd must describe the cards it brings (else a new layout needs a new name).
+  Pool trial = mirror_;
+  auto same = trial.addNode(name, cards, host);
+  if (!same) return fail(same.error());
+  linked_.insert(name);
+  sync();
+  if (!mirror_.nodes()[index].online)
+    return fail(Code::unavailable, "netaccel '" + name + "' is offline in the shared pool at " + describe_ +
+                                       " (its etcd lease lapsed); it joins here when it is online there again");
+  return index;
+}
+
+std::vector<VaccelId> EtcdPoolState::removeNode(size_t node) {
+  std::vector<VaccelId> mine;
+  if (node >= mirror_.nodes().size()) return mine;
+  for (VaccelId v : mirror_.removeNode(node))
+    if (v < SharedPool::kForeignIds) mine.push_back(v);
+  linked_.erase(mirror_.nodes()[node].name);
+  sync();
+  return mine;
+}
+
+void EtcdPoolState::setDraining(size_t node, bool draining) {
+  if (node >= mirror_.nodes().size()) return;
+  if (draining) draining_.insert(mirror_.nodes()[node].name);
+  else draining_.erase(mirror_.nodes()[node].name);
+  sync();
+}
+
+Result<std::vector<BlockRange>> EtcdPoolState::allocate(VaccelId owner, const std::string& vm, const Pool::Request& request) {
+  if (!reachable_) return fail(etcdLost());
+  if (owner >= SharedPool::kForeignIds) return fail(Code::internal, "vaccel id out of range for a shared pool");
+  std::set<std::string> usable;
+  for (auto& name : linked_)
+    if (!draining_.count(name)) usable.insert(name);
+  auto placed = shared_->allocate(owner, vm, request, &usable);
+  if (!placed) {
+    if (placed.error().code == Code::unavailable && !shared_->watching()) {
+      reachable_ = false;
+      wake_.notify_all();
+    }
+    return placed;
+  }
+  sync();
+  if (mirror_.held(owner) != *placed) {  // the watch has not brought it yet
+    mirror_.release(owner);
+    if (auto ok = mirror_.assign(owner, *placed, request.priority, request.host); !ok)
+      RLOG_WARN("scheduler") << "shared pool: vaccel " << owner << "'s blocks are not free in this view yet: " << ok.error().message;
+  }
+  return placed;
+}
+
+Status EtcdPoolState::assign(VaccelId, const std::string&, const std::vector<BlockRange>&, int, HostVector) {
+  return fail(Code::unimplemented, "a shared pool does not restore allocations after a restart yet (the holdings end "
+                                   "with the scheduler's lease)");
+}
+
+Status EtcdPoolState::applyMove(const Pool::Move&) {
+  return fail(Code::unimplemented, "moves in a shared pool are planned by one elected leader, which is not built yet");
+}
+
+void EtcdPoolState::release(VaccelId owner) {
+  if (mirror_.held(owner).empty()) return;
+  mirror_.release(owner);
+  {
+    std::lock_guard lock(mutex_);
+    releasing_.insert(owner);
+  }
+  post({[this, owner] { return shared_->release(owner); }, "releasing vaccel " + std::to_string(owner), owner});
+}
+
+void EtcdPoolState::setPriority(VaccelId owner, int priority) {
+  if (mirror_.held(owner).empty()) return;
+  mirror_.setPriority(owner, priority);
+  post({[this, owner, priority] { return shared_->setPriority(owner, priority); },
+        "recording vaccel " + std::to_string(owner) + "'s priority"});
+}
+
+void EtcdPoolState::post(Job job) {
+  {
+    std::lock_guard lock(mutex_);
+    jobs_.push_back(std::move(job));
+  }
+  wake_.notify_all();
+}
+
+void EtcdPoolState::run() {
+  std::unique_lock lock(mutex_);
+  unsigned backoffMs = 0;
+  while (!stopping_) {
+    wake_.wait_for(lock, std::chrono::milliseconds(backoffMs ? backoffMs : 1000),
+                   [&] { return stopping_ || (backoffMs == 0 && (!jobs_.empty() || !reachable_)); });
+    if (stopping_) break;
+    lock.unlock();
+    // etcd lost: the view is read again (and watched) before anything else is tried.
+    bool ok = shared_->watching() || shared_->refresh();
+    if (ok != reachable_.load()) {
+      if (ok) RLOG_INFO("scheduler") << "the shared pool's etcd is back (" << describe_ << ")";
+      else RLOG_WARN("scheduler") << etcdLost().message;
+      reachable_ = ok;
+    }
+    lock.lock();
+    while (ok && !jobs_.empty() && !stopping_) {
+      Job job = jobs_.front();
+      lock.unlock();
+      Status done = job.commit();
+      lock.lock();
+      if (!done) {
+        RLOG_WARN("scheduler") << "shared pool: " << job.what << ": " << done.error().message << " (tried again)";
+        ok = false;
+        break;
+      }
+      jobs_.pop_front();
+      if (job.released != kNoOwner) releasing_.erase(job.released);
+    }
+    backoffMs = ok ? 0 : std::min(backoffMs * 2 + 100, 2000u);
+    if (!ok) reachable_ = shared_->watching();
+  }
+}
+
+}  // namespace raccel::scheduler

@@ -1,0 +1,96 @@
+// The pool's state of a scheduler in the pool shared through etcd (raccel-scheduler
+// with etcd = ENDPOINTS): PoolState (scheduler/pool_state.h) over a SharedPool.
+//
+// What the scheduler sees (view()) is a copy of the shared pool's view, kept on the
+// loop thread and brought up to date whenever etcd's watch brings a change:
+//   - every node of the shared pool, at its shared numbers; online here only while it
+//     is online in etcd and linked to this scheduler (the data path is this host's);
+//   - every holding: this scheduler's vaccels under their own ids, other schedulers'
+//     under ids from SharedPool::kForeignIds up, at the highest priority (they are never
+//     chosen as victims here: preemption across hosts is not built yet).
+//
+// Allocations are committed on the loop thread (the guest's admission waits for it,
+// at most etcd's call timeout); releases and priority changes are committed by a
+// thread of its own, retried until etcd takes them (a release not yet committed only
+// makes the other schedulers cautious). While etcd cannot be reached, allocations are
+// refused at once with an error that names etcd, and running vaccels go on.
+//
+// Not yet in a shared pool: moves (compaction is planned by one elected leader, not
+// built yet), and restoring allocations after a restart (the holdings end with the
+// scheduler's lease).
+#pragma once
+
+#include <uv.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "common/etcd_settings.h"
+#include "scheduler/etcd/shared_pool.h"
+#include "scheduler/pool_state.h"
+
+namespace raccel::scheduler {
+
+class EtcdPoolState final : public PoolState {
+ public:
+  // Joins the shared pool as scheduler `name`: unavailable when etcd cannot be reached,
+  // invalidArgument when the block size differs or a live scheduler has the name.
+  static Result<std::unique_ptr<EtcdPoolState>> open(uv_loop_t* loop, const EtcdSettings& settings, const std::string& name,
+                                                     double blockTflops);
+  ~EtcdPoolState() override;
+
+  const Pool& view() const override { return mirror_; }
+  Result<size_t> addNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host) override;
+  std::vector<VaccelId> removeNode(size_t node) override;
+  bool forgetNode(size_t) override { return false; }  // a shared node's record is kept for good
+  void setDraining(size_t node, bool draining) override;
+  Result<std::vector<BlockRange>> allocate(VaccelId owner, const std::string& vm, const Pool::Request& request) override;
+  Status assign(VaccelId owner, const std::string& vm, const std::vector<BlockRange>& ranges, int priority,
+                HostVector host) override;
+  void release(VaccelId owner) override;
+  void setPriority(VaccelId owner, int priority) override;
+  bool movesAllowed() const override { return false; }
+  Status applyMove(const Pool::Move& move) override;
+  void stop() override;
+  std::string holderElsewhere(VaccelId owner) const override;
+
+ private:
+  EtcdPoolState(uv_loop_t* loop, std::string describe);
+  void sync();                     // loop thread: the view from the shared pool's
+  struct Job {
+    std::function<Status()> commit;
+    std::string what;           // for the log
+    VaccelId released = kNoOwner;  // a release: the view stops hiding it once committed
+  };
+  void post(Job job);  // to the committing thread
+  void run();                      // that thread: jobs, and re-reading etcd after it was lost
+  Error etcdLost() const;
+
+  uv_loop_t* loop_;
+  std::string describe_;  // "etcd (ENDPOINTS) PREFIX as NAME"
+  std::unique_ptr<etcd::Client> client_;
+  std::unique_ptr<SharedPool> shared_;
+  uv_async_t* async_ = nullptr;  // the watch brought a change
+  Pool mirror_;
+  std::map<VaccelId, std::string> foreign_;  // other schedulers' vaccels in mirror_
+  std::set<std::string> linked_;    // nodes whose netaccel is linked to this scheduler
+  std::set<std::string> draining_;  // raccelctl drain, on this scheduler
+  std::atomic<bool> reachable_{true};
+
+  std::mutex mutex_;  // what the committing thread shares with the loop
+  std::condition_variable wake_;
+  std::deque<Job> jobs_;
+  std::set<VaccelId> releasing_;  // released here, not yet in etcd
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace raccel::scheduler
