@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include <unistd.h>
 
@@ -113,6 +114,29 @@ Result<CardConfig> parseCardSpec(const std::string& spec) {
   return c;
 }
 
+Result<std::vector<transport::Address>> schedulerAddresses(const std::string& text) {
+  std::vector<transport::Address> out;
+  std::set<std::string> seen;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = text.find(',', at);
+    std::string one = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    one.erase(0, one.find_first_not_of(" \t"));
+    one.erase(one.find_last_not_of(" \t") + 1);
+    auto address = transport::parseAddress(one);
+    if (!address || address->isUnix)
+      return fail(Code::invalidArgument, "scheduler address '" + limits::clip(one, 64) + "' must be host:port");
+    if (!seen.insert(address->toString()).second)
+      return fail(Code::invalidArgument, "scheduler address '" + limits::clip(one, 64) + "' is given twice");
+    if (out.size() == kMaxSchedulerLinks)
+      return fail(Code::invalidArgument, "at most " + std::to_string(kMaxSchedulerLinks) + " scheduler addresses");
+    out.push_back(*address);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
 Result<NetaccelConfig> parseConfig(const Config& config) {
   NetaccelConfig out;
   auto& top = config.top();
@@ -132,6 +156,8 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   out.security = *security;
   out.name = top.getString("name", "");
   out.scheduler = top.getString("scheduler", out.scheduler);
+  if (auto addresses = schedulerAddresses(out.scheduler); !addresses)
+    return fail(addresses.error().code, config.origin() + ": " + addresses.error().message);
   out.httpListen = top.getString("http_listen", out.httpListen);
   auto etcd = parseEtcdSettings(top);
   if (!etcd) return fail(etcd.error().code, config.origin() + ": " + etcd.error().message);

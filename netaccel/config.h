@@ -2,7 +2,8 @@
 // Parsed once in main(); plain values afterwards.
 //
 //   name = node0                 # unique in the pool
-//   scheduler = 127.0.0.1:7700
+//   scheduler = 127.0.0.1:7700   # or several, comma-separated: every scheduler of a pool
+//                                #   shared by many VM hosts (each owns its own contexts)
 //   discover = all               # all, none, or a list: opencl,cuda,xrt
 //   fair_half_life_ms = 2000     # sharing a card: past kernel time counts half after this
 //   context_grace_ms = 60000     # scheduler gone: keep its contexts (and their buffers and
@@ -65,6 +66,7 @@
 #include "common/etcd_settings.h"
 #include "common/kinds.h"
 #include "netaccel/sandbox.h"
+#include "transport/connection.h"
 #include "transport/tls.h"
 
 namespace raccel::netaccel {
@@ -112,6 +114,10 @@ struct NetaccelConfig {
 };
 
 Result<NetaccelConfig> parseConfig(const Config& config);
+// `scheduler`'s value: one host:port or several, comma-separated (a netaccel of a pool
+// shared by many hosts links to each host's scheduler). At most kMaxSchedulerLinks.
+constexpr size_t kMaxSchedulerLinks = 64;
+Result<std::vector<transport::Address>> schedulerAddresses(const std::string& text);
 // A card from a one-line spec "backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=x,threads=1".
 Result<CardConfig> parseCardSpec(const std::string& spec);
 // "all", "none" or a comma-separated list of backend names built into this binary.

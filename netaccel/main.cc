@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   Flags flags("raccel-netaccel", "Joins a raccel scheduler and runs the instructions it forwards on this server's cards.");
   flags.value("config", "FILE", "configuration file (see netaccel/config.h for the format)");
   flags.value("name", "NAME", "node name, unique in the pool (default: the host name)");
-  flags.value("scheduler", "HOST:PORT", "the scheduler's netaccel address (default 127.0.0.1:7700)");
+  flags.value("scheduler", "HOST:PORT[,...]", "the scheduler's netaccel address (default 127.0.0.1:7700); several, "
+                                              "comma-separated: each scheduler of a shared pool");
   flags.value("card", "SPEC",
               "add a card: backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=M,threads=N,paced=true (a cpu or "
               "simulated card) or backend=opencl,device=0[,kind=..,tflops=..,memory=..] (a discovered device, overridden)",
@@ -155,8 +156,8 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof host - 1);
     config.name = host;
   }
-  if (auto a = transport::parseAddress(config.scheduler); !a || a->isUnix) {
-    std::fprintf(stderr, "raccel-netaccel: scheduler address '%s' must be host:port\n", config.scheduler.c_str());
+  if (auto a = netaccel::schedulerAddresses(config.scheduler); !a) {
+    std::fprintf(stderr, "raccel-netaccel: --scheduler: %s\n", a.error().message.c_str());
     return 2;
   }
 

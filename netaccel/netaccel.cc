@@ -17,6 +17,8 @@ namespace raccel::netaccel {
 namespace {
 constexpr size_t kInputHighWater = 64 * 1024 * 1024;
 constexpr unsigned kMaxBackoffMs = 5000;
+// Closed contexts whose final usage is still to be reported, at most.
+constexpr size_t kMaxClosedPending = 65536;
 }  // namespace
 
 Result<std::vector<std::unique_ptr<hal::Device>>> openCards(const NetaccelConfig& config, std::vector<std::string>* notes) {
@@ -57,24 +59,44 @@ Result<std::vector<std::unique_ptr<hal::Device>>> openCards(const NetaccelConfig
   return out;
 }
 
+// One scheduler: its connection, its timers, and the contexts it owns.
+struct Netaccel::Link {
+  Netaccel* netaccel = nullptr;
+  transport::Address address;
+  transport::ConnectionPtr connection;
+  bool registered = false;
+  unsigned backoffMs = 100;
+  uv_timer_t* reconnect = nullptr;
+  uv_timer_t* heartbeat = nullptr;
+  uv_timer_t* grace = nullptr;
+  uv_timer_t* settle = nullptr;  // waits for kept contexts' queues to run dry before registering
+  unsigned settleWaitedMs = 0;
+  std::unordered_map<uint32_t, uint32_t> contexts;  // the scheduler's id -> the netaccel's
+  // Contexts kept while it was away, not yet adopted: their replies, by the netaccel's id.
+  std::unordered_map<uint32_t, std::vector<CardWorker::Output>> kept;
+  // The final kernel time of its closed contexts, for its next heartbeat (its ids).
+  std::vector<std::pair<uint32_t, uint64_t>> closedUsage;
+  std::string name() const { return address.toString(); }
+};
+
 Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::unique_ptr<hal::Device>> devices)
     : loop_(loop), config_(std::move(config)) {
-  schedulerAddress_ = transport::parseAddress(config_.scheduler).value_or(transport::Address{});
   async_ = new uv_async_t;
   uv_async_init(loop_, async_, [](uv_async_t* a) { static_cast<Netaccel*>(a->data)->drainOutputs(); });
   async_->data = this;
-  heartbeat_ = new uv_timer_t;
-  uv_timer_init(loop_, heartbeat_);
-  heartbeat_->data = this;
-  reconnect_ = new uv_timer_t;
-  uv_timer_init(loop_, reconnect_);
-  reconnect_->data = this;
-  grace_ = new uv_timer_t;
-  uv_timer_init(loop_, grace_);
-  grace_->data = this;
-  settle_ = new uv_timer_t;
-  uv_timer_init(loop_, settle_);
-  settle_->data = this;
+  auto timer = [&](Link* link) {
+    auto* t = new uv_timer_t;
+    uv_timer_init(loop_, t);
+    t->data = link;
+    return t;
+  };
+  for (auto& address : schedulerAddresses(config_.scheduler).value_or(std::vector<transport::Address>{})) {
+    auto link = std::make_unique<Link>();
+    link->netaccel = this;
+    link->address = address;
+    for (uv_timer_t** t : {&link->reconnect, &link->heartbeat, &link->grace, &link->settle}) *t = timer(link.get());
+    links_.push_back(std::move(link));
+  }
   for (auto& d : devices) {
     CardWorker::Options options;
     options.halfLifeMs = config_.fairHalfLifeMs;
@@ -115,20 +137,22 @@ Status Netaccel::start() {
                           << ") " << caps.tflops << " TFLOPS, " << (caps.memoryBytes >> 20) << " MiB"
                           << (workers_[i]->sandboxed() ? "; each tenant in a sandbox process" : "");
   }
-  connect();
+  for (auto& link : links_) connect(*link);
   return {};
 }
 
 std::string Netaccel::metricsText() {
   MetricsPage page;
-  page.family("raccel_netaccel_connected", "gauge", "1 while registered with the scheduler.");
-  page.sample("raccel_netaccel_connected", {{"node", config_.name}}, link_ && registered_ ? 1 : 0);
-  page.family("raccel_netaccel_links_lost_total", "counter", "Times the link to the scheduler was lost.");
+  size_t registered = 0;
+  for (auto& link : links_) registered += link->connection && link->registered;
+  page.family("raccel_netaccel_connected", "gauge", "Schedulers this netaccel is registered with now.");
+  page.sample("raccel_netaccel_connected", {{"node", config_.name}}, static_cast<double>(registered));
+  page.family("raccel_netaccel_links_lost_total", "counter", "Times a link to a scheduler was lost.");
   page.sample("raccel_netaccel_links_lost_total", {{"node", config_.name}}, static_cast<double>(linksLost_));
   page.family("raccel_netaccel_instructions_received_total", "counter", "Instructions received from the scheduler.");
   page.sample("raccel_netaccel_instructions_received_total", {{"node", config_.name}}, static_cast<double>(instructionsReceived_));
   std::vector<uint32_t> contexts(workers_.size(), 0);
-  for (auto& [context, card] : contextCard_) ++contexts[card];
+  for (auto& [id, context] : contexts_) ++contexts[context.card];
   std::vector<CardWorker::Stats> stats;
   for (auto& w : workers_) stats.push_back(w->stats());
   auto perCard = [&](const std::string& name, const char* type, const std::string& help, auto value) {
@@ -159,79 +183,91 @@ std::string Netaccel::metricsText() {
 
 void Netaccel::stop() {
   stopping_ = true;
-  if (link_) link_->close();
   auto closeHandle = [](auto* h) {
     uv_close(reinterpret_cast<uv_handle_t*>(h), [](uv_handle_t* x) { delete reinterpret_cast<decltype(h)>(x); });
   };
+  for (auto& link : links_) {
+    if (link->connection) link->connection->close();
+    for (uv_timer_t* t : {link->heartbeat, link->reconnect, link->grace, link->settle}) closeHandle(t);
+  }
   if (http_) http_->stop();
-  closeHandle(heartbeat_);
-  closeHandle(reconnect_);
-  closeHandle(grace_);
-  closeHandle(settle_);
   closeHandle(async_);
 }
 
-void Netaccel::connect() {
+void Netaccel::connect(Link& link) {
   if (stopping_) return;
-  transport::connect(loop_, schedulerAddress_, wire::DEFAULT_MAX_FRAME_BYTES, [this](Result<transport::ConnectionPtr> r) {
+  transport::connect(loop_, link.address, wire::DEFAULT_MAX_FRAME_BYTES, [this, &link](Result<transport::ConnectionPtr> r) {
     if (stopping_) {
       if (r) (*r)->close();
       return;
     }
     if (!r) {
-      RLOG_WARN("netaccel") << r.error().message << "; retrying in " << backoffMs_ << " ms";
-      scheduleReconnect();
+      RLOG_WARN("netaccel") << r.error().message << "; retrying in " << link.backoffMs << " ms";
+      scheduleReconnect(link);
       return;
     }
-    onConnected(*r);
+    onConnected(link, *r);
   });
 }
 
-void Netaccel::scheduleReconnect() {
+void Netaccel::scheduleReconnect(Link& link) {
   if (stopping_) return;
-  uv_timer_start(reconnect_, [](uv_timer_t* t) { static_cast<Netaccel*>(t->data)->connect(); }, backoffMs_, 0);
-  backoffMs_ = std::min(backoffMs_ * 2, kMaxBackoffMs);
+  uv_timer_start(link.reconnect, [](uv_timer_t* t) {
+    auto* l = static_cast<Link*>(t->data);
+    l->netaccel->connect(*l);
+  }, link.backoffMs, 0);
+  link.backoffMs = std::min(link.backoffMs * 2, kMaxBackoffMs);
 }
 
-void Netaccel::onConnected(transport::ConnectionPtr link) {
-  link_ = std::move(link);
+void Netaccel::onConnected(Link& link, transport::ConnectionPtr connection) {
+  link.connection = std::move(connection);
   transport::Connection::Callbacks cb;
-  cb.onFrame = [this](transport::Connection&, const transport::FrameHeader& h, transport::Body body) {
-    onFrame(h, std::move(body));
+  cb.onFrame = [this, &link](transport::Connection&, const transport::FrameHeader& h, transport::Body body) {
+    onFrame(link, h, std::move(body));
   };
-  cb.onOversized = [](transport::Connection&, const transport::FrameHeader& h) {
-    RLOG_ERROR("netaccel") << "scheduler sent a frame of " << h.length << " bytes on channel " << h.channel
-                           << ", over the limit; skipped";
+  cb.onOversized = [&link](transport::Connection&, const transport::FrameHeader& h) {
+    RLOG_ERROR("netaccel") << "scheduler " << link.name() << " sent a frame of " << h.length << " bytes on channel "
+                           << h.channel << ", over the limit; skipped";
   };
-  cb.onBatchEnd = [this](transport::Connection& c) {
-    size_t queued = 0;
-    for (auto& w : workers_) {
-      w->submit();
-      queued += w->queuedBytes();
-    }
-    if (queued > kInputHighWater && !inputPaused_) {
-      inputPaused_ = true;
-      c.pauseReading();
-    }
+  cb.onBatchEnd = [this](transport::Connection&) {
+    for (auto& w : workers_) w->submit();
+    checkInputPressure();
   };
-  cb.onClose = [this](transport::Connection&, bool) { onLinkClosed(); };
-  link_->setCallbacks(cb);
-  if (tls_) link_->useTls(tls_);
-  link_->start();
-  settleWaitedMs_ = 0;
-  sendRegister();
+  cb.onClose = [this, &link](transport::Connection&, bool) { onLinkClosed(link); };
+  link.connection->setCallbacks(cb);
+  if (tls_) link.connection->useTls(tls_);
+  link.connection->start();
+  if (inputPaused_) link.connection->pauseReading();
+  link.settleWaitedMs = 0;
+  sendRegister(link);
 }
 
-void Netaccel::sendRegister() {
-  if (!link_) return;
+void Netaccel::checkInputPressure() {
+  size_t queued = 0;
+  for (auto& w : workers_) queued += w->queuedBytes();
+  bool pause = inputPaused_ ? queued >= kInputHighWater / 2 : queued > kInputHighWater;
+  if (pause == inputPaused_) return;
+  inputPaused_ = pause;
+  for (auto& link : links_) {
+    if (!link->connection) continue;
+    if (pause) link->connection->pauseReading();
+    else link->connection->resumeReading();
+  }
+}
+
+void Netaccel::sendRegister(Link& link) {
+  if (!link.connection) return;
   // Kept contexts are reported with their buffers once their queued work has run (so
   // the list is complete); that takes as long as the longest queued kernel, up to 10 s.
-  if (!kept_.empty() && settleWaitedMs_ < 10000) {
+  if (!link.kept.empty() && link.settleWaitedMs < 10000) {
     size_t queued = 0;
     for (auto& w : workers_) queued += w->queuedInstructions();
     if (queued > 0) {
-      settleWaitedMs_ += 10;
-      uv_timer_start(settle_, [](uv_timer_t* t) { static_cast<Netaccel*>(t->data)->sendRegister(); }, 10, 0);
+      link.settleWaitedMs += 10;
+      uv_timer_start(link.settle, [](uv_timer_t* t) {
+        auto* l = static_cast<Link*>(t->data);
+        l->netaccel->sendRegister(*l);
+      }, 10, 0);
       return;
     }
   }
@@ -261,96 +297,126 @@ void Netaccel::sendRegister() {
     auto kinds = c.initProgramKinds(caps.programKinds.size());
     for (size_t k = 0; k < caps.programKinds.size(); ++k) kinds.set(k, transport::toWire(caps.programKinds[k]));
   }
-  auto held = reg.initContexts(kept_.size());
+  auto held = reg.initContexts(link.kept.size());
   size_t i = 0;
-  for (auto& [ctx, waiting] : kept_) {
+  for (auto& [ours, waiting] : link.kept) {
+    const Context& context = contexts_.at(ours);
     auto h = held[i++];
-    size_t card = contextCard_.at(ctx);
-    h.setContext(ctx);
-    h.setCard(static_cast<uint32_t>(card));
-    h.setLastSequence(lastGuestSequence_[ctx]);
-    auto buffers = workers_[card]->buffersOf(ctx);
+    h.setContext(context.theirs);
+    h.setCard(static_cast<uint32_t>(context.card));
+    h.setLastSequence(context.lastGuestSequence);
+    auto buffers = workers_[context.card]->buffersOf(ours);
     auto list = h.initBuffers(buffers.size());
     for (size_t b = 0; b < buffers.size(); ++b) {
       list[b].setHandle(buffers[b].first);
       list[b].setBytes(buffers[b].second);
     }
   }
-  link_->send(transport::kControlChannel, 0, m);
-  RLOG_INFO("netaccel") << "connected to scheduler at " << schedulerAddress_.toString() << "; registering as '"
-                        << config_.name << "' with " << workers_.size() << " card(s)"
-                        << (kept_.empty() ? "" : " and " + std::to_string(kept_.size()) + " kept context(s)");
+  link.connection->send(transport::kControlChannel, 0, m);
+  RLOG_INFO("netaccel") << "connected to scheduler at " << link.name() << "; registering as '" << config_.name << "' with "
+                        << workers_.size() << " card(s)"
+                        << (link.kept.empty() ? "" : " and " + std::to_string(link.kept.size()) + " kept context(s)");
 }
 
-void Netaccel::onLinkClosed() {
-  link_.reset();
-  uv_timer_stop(heartbeat_);
-  uv_timer_stop(settle_);
-  inputPaused_ = false;
+void Netaccel::onLinkClosed(Link& link) {
+  link.connection.reset();
+  uv_timer_stop(link.heartbeat);
+  uv_timer_stop(link.settle);
   if (stopping_) {
-    closeAllContexts();
+    closeContextsOf(link);
     return;
   }
   ++linksLost_;
-  // Every open context is kept (not adopted) until the scheduler comes back for it.
+  // Its open contexts are kept (not adopted) until the scheduler comes back for them.
   if (config_.contextGraceMs == 0) {
-    closeAllContexts();
-  } else if (!contextCard_.empty()) {
-    for (auto& [ctx, card] : contextCard_) kept_[ctx];
-    if (!uv_is_active(reinterpret_cast<uv_handle_t*>(grace_))) {
-      uv_timer_start(grace_, [](uv_timer_t* t) { static_cast<Netaccel*>(t->data)->graceOver(); }, config_.contextGraceMs, 0);
-      RLOG_INFO("netaccel") << "keeping " << contextCard_.size() << " context(s) for " << config_.contextGraceMs
-                            << " ms for the scheduler to come back";
+    closeContextsOf(link);
+  } else if (!link.contexts.empty()) {
+    for (auto& [theirs, ours] : link.contexts) link.kept[ours];
+    if (!uv_is_active(reinterpret_cast<uv_handle_t*>(link.grace))) {
+      uv_timer_start(link.grace, [](uv_timer_t* t) {
+        auto* l = static_cast<Link*>(t->data);
+        l->netaccel->graceOver(*l);
+      }, config_.contextGraceMs, 0);
+      RLOG_INFO("netaccel") << "keeping " << link.contexts.size() << " context(s) of scheduler " << link.name() << " for "
+                            << config_.contextGraceMs << " ms for it to come back";
     }
   }
-  if (registered_) {
-    RLOG_WARN("netaccel") << "lost the scheduler; reconnecting";
-    backoffMs_ = 100;
+  if (link.registered) {
+    RLOG_WARN("netaccel") << "lost the scheduler at " << link.name() << "; reconnecting";
+    link.backoffMs = 100;
   }
-  registered_ = false;
-  scheduleReconnect();
+  link.registered = false;
+  scheduleReconnect(link);
 }
 
-void Netaccel::graceOver() {
-  if (kept_.empty()) return;
-  RLOG_WARN("netaccel") << "the scheduler did not come back for " << kept_.size() << " context(s) within "
-                        << config_.contextGraceMs << " ms; dropping them and their buffers";
-  for (auto& [ctx, waiting] : kept_) {
-    auto it = contextCard_.find(ctx);
-    if (it == contextCard_.end()) continue;
-    workers_[it->second]->closeContext(ctx);
-    contextCard_.erase(it);
-    lastGuestSequence_.erase(ctx);
-  }
+void Netaccel::graceOver(Link& link) {
+  if (link.kept.empty()) return;
+  RLOG_WARN("netaccel") << "the scheduler at " << link.name() << " did not come back for " << link.kept.size()
+                        << " context(s) within " << config_.contextGraceMs << " ms; dropping them and their buffers";
+  std::vector<uint32_t> kept;
+  for (auto& [ours, waiting] : link.kept) kept.push_back(ours);
+  for (uint32_t ours : kept) closeContext(ours);
   for (auto& w : workers_) w->submit();
-  kept_.clear();
 }
 
-void Netaccel::closeAllContexts() {
-  for (auto& [ctx, card] : contextCard_) workers_[card]->closeContext(ctx);
+void Netaccel::closeContext(uint32_t ours) {
+  auto it = contexts_.find(ours);
+  if (it == contexts_.end()) return;
+  Link& link = *it->second.link;
+  workers_[it->second.card]->closeContext(ours);
+  if (closed_.size() >= kMaxClosedPending) closed_.erase(closed_.begin());  // bounded: that usage is lost
+  closed_[ours] = Closed{&link, it->second.theirs};
+  link.contexts.erase(it->second.theirs);
+  link.kept.erase(ours);
+  contexts_.erase(it);
+}
+
+void Netaccel::closeContextsOf(Link& link) {
+  std::vector<uint32_t> ours;
+  for (auto& [theirs, id] : link.contexts) ours.push_back(id);
+  for (uint32_t id : ours) closeContext(id);
   for (auto& w : workers_) w->submit();
-  contextCard_.clear();
-  lastGuestSequence_.clear();
-  kept_.clear();
-  uv_timer_stop(grace_);
+  link.kept.clear();
+  uv_timer_stop(link.grace);
 }
 
-void Netaccel::onFrame(const transport::FrameHeader& header, transport::Body body) {
+void Netaccel::onFrame(Link& link, const transport::FrameHeader& header, transport::Body body) {
   if (header.channel == transport::kControlChannel) {
-    onControl(std::move(body));
+    onControl(link, std::move(body));
     return;
   }
-  auto it = contextCard_.find(header.channel);
-  if (it == contextCard_.end()) {
-    RLOG_DEBUG("netaccel") << "instruction for unknown context " << header.channel << " dropped";
+  auto theirs = link.contexts.find(header.channel);
+  if (theirs == link.contexts.end()) {
+    RLOG_DEBUG("netaccel") << "instruction for unknown context " << header.channel << " of " << link.name() << " dropped";
     return;
   }
-  if (header.sequence < (1ull << 63)) lastGuestSequence_[header.channel] = header.sequence;  // a guest's, not the scheduler's own
-  workers_[it->second]->enqueue(header.channel, header.sequence, std::move(body));
+  Context& context = contexts_.at(theirs->second);
+  if (header.sequence < (1ull << 63)) context.lastGuestSequence = header.sequence;  // a guest's, not the scheduler's own
+  workers_[context.card]->enqueue(theirs->second, header.sequence, std::move(body));
   ++instructionsReceived_;
 }
 
-void Netaccel::onControl(transport::Body body) {
+void Netaccel::openContext(Link& link, wire::OpenContext::Reader o) {
+  if (o.getCard() >= workers_.size()) {
+    RLOG_ERROR("netaccel") << "scheduler " << link.name() << " opened context " << o.getContext() << " on card "
+                           << o.getCard() << ", which does not exist";
+    return;
+  }
+  // An id it uses again replaces its old context there (whose buffers are freed).
+  if (auto old = link.contexts.find(o.getContext()); old != link.contexts.end()) closeContext(old->second);
+  if (nextContext_ == UINT32_MAX) {
+    RLOG_ERROR("netaccel") << "context ids are spent (2^32 - 1 opened since start); restart this netaccel";
+    return;
+  }
+  uint32_t ours = nextContext_++;
+  contexts_[ours] = Context{&link, o.getContext(), o.getCard(), 0};
+  link.contexts[o.getContext()] = ours;
+  workers_[o.getCard()]->openContext(ours, o.getMemoryQuota(), o.getLabel(), o.getBlocks(), o.getTenant(), o.getPriority());
+  RLOG_DEBUG("netaccel") << "context " << ours << " (" << o.getLabel().cStr() << ", " << link.name() << " #"
+                         << o.getContext() << ") on card " << o.getCard();
+}
+
+void Netaccel::onControl(Link& link, transport::Body body) {
   auto status = transport::decodeGuard([&] {
     transport::MessageIn in(std::move(body));
     auto msg = in.root<wire::SchedulerMessage>();
@@ -358,118 +424,126 @@ void Netaccel::onControl(transport::Body body) {
       case wire::SchedulerMessage::REGISTERED: {
         auto r = msg.getRegistered();
         if (!r.getAccepted()) {
-          RLOG_ERROR("netaccel") << "scheduler refused registration: " << r.getError().getMessage().cStr()
-                                 << "; retrying in " << backoffMs_ << " ms";
-          link_->close();
+          RLOG_ERROR("netaccel") << "scheduler " << link.name() << " refused registration: "
+                                 << r.getError().getMessage().cStr() << "; retrying in " << link.backoffMs << " ms";
+          link.connection->close();
           return;
         }
-        registered_ = true;
-        backoffMs_ = 100;
+        link.registered = true;
+        link.backoffMs = 100;
         // Kept contexts: the scheduler adopts or closes each right after this.
-        uv_timer_stop(grace_);
+        uv_timer_stop(link.grace);
         unsigned hb = r.getHeartbeatMs() ? r.getHeartbeatMs() : config_.heartbeatMs;
-        uv_timer_start(heartbeat_, [](uv_timer_t* t) { static_cast<Netaccel*>(t->data)->sendHeartbeat(); }, hb, hb);
-        RLOG_INFO("netaccel") << "registered with the scheduler; heartbeat every " << hb << " ms";
+        uv_timer_start(link.heartbeat, [](uv_timer_t* t) {
+          auto* l = static_cast<Link*>(t->data);
+          l->netaccel->sendHeartbeat(*l);
+        }, hb, hb);
+        RLOG_INFO("netaccel") << "registered with the scheduler at " << link.name() << "; heartbeat every " << hb << " ms";
         return;
       }
-      case wire::SchedulerMessage::OPEN_CONTEXT: {
-        auto o = msg.getOpenContext();
-        if (o.getCard() >= workers_.size()) {
-          RLOG_ERROR("netaccel") << "scheduler opened context " << o.getContext() << " on card " << o.getCard()
-                                 << ", which does not exist";
-          return;
-        }
-        contextCard_[o.getContext()] = o.getCard();
-        workers_[o.getCard()]->openContext(o.getContext(), o.getMemoryQuota(), o.getLabel(), o.getBlocks(), o.getTenant(),
-                                           o.getPriority());
-        RLOG_DEBUG("netaccel") << "context " << o.getContext() << " (" << o.getLabel().cStr() << ") on card " << o.getCard();
+      case wire::SchedulerMessage::OPEN_CONTEXT:
+        openContext(link, msg.getOpenContext());
         return;
-      }
       case wire::SchedulerMessage::POISON: {
         auto p = msg.getPoison();
-        auto it = contextCard_.find(p.getContext());
-        if (it != contextCard_.end())
-          workers_[it->second]->poison(p.getContext(), p.getHandle(), p.getSequence(), transport::fromWire(p.getError().getCode()),
-                                       p.getError().getMessage());
+        auto it = link.contexts.find(p.getContext());
+        if (it != link.contexts.end())
+          workers_[contexts_.at(it->second).card]->poison(it->second, p.getHandle(), p.getSequence(),
+                                                          transport::fromWire(p.getError().getCode()), p.getError().getMessage());
         return;
       }
       case wire::SchedulerMessage::CLOSE_CONTEXT: {
-        auto it = contextCard_.find(msg.getCloseContext());
-        if (it == contextCard_.end()) return;
-        workers_[it->second]->closeContext(it->first);
-        workers_[it->second]->submit();
-        kept_.erase(it->first);
-        lastGuestSequence_.erase(it->first);
-        contextCard_.erase(it);
+        auto it = link.contexts.find(msg.getCloseContext());
+        if (it == link.contexts.end()) return;
+        size_t card = contexts_.at(it->second).card;
+        closeContext(it->second);
+        workers_[card]->submit();
         return;
       }
       case wire::SchedulerMessage::ADOPT_CONTEXT: {
-        auto it = kept_.find(msg.getAdoptContext());
-        if (it == kept_.end()) return;
+        auto theirs = link.contexts.find(msg.getAdoptContext());
+        if (theirs == link.contexts.end()) return;
+        auto it = link.kept.find(theirs->second);
+        if (it == link.kept.end()) return;
         size_t waiting = it->second.size();
-        for (auto& o : it->second) link_->sendBody(o.context, o.sequence, std::move(o.body));
-        RLOG_INFO("netaccel") << "context " << it->first << " adopted by the scheduler; " << waiting << " waiting repl"
-                              << (waiting == 1 ? "y" : "ies") << " sent";
-        kept_.erase(it);
+        for (auto& o : it->second) link.connection->sendBody(theirs->first, o.sequence, std::move(o.body));
+        RLOG_INFO("netaccel") << "context " << theirs->first << " adopted by the scheduler at " << link.name() << "; "
+                              << waiting << " waiting repl" << (waiting == 1 ? "y" : "ies") << " sent";
+        link.kept.erase(it);
         return;
       }
     }
-    RLOG_WARN("netaccel") << "unknown control message from the scheduler ignored";
+    RLOG_WARN("netaccel") << "unknown control message from the scheduler at " << link.name() << " ignored";
   });
-  if (!status) RLOG_ERROR("netaccel") << "bad control message from the scheduler: " << status.error().message;
+  if (!status)
+    RLOG_ERROR("netaccel") << "bad control message from the scheduler at " << link.name() << ": " << status.error().message;
 }
 
-void Netaccel::sendHeartbeat() {
-  if (!link_) return;
+void Netaccel::sendHeartbeat(Link& link) {
+  if (!link.connection) return;
   capnp::MallocMessageBuilder m;
   auto hb = m.initRoot<wire::NodeMessage>().initHeartbeat();
-  hb.setContexts(static_cast<uint32_t>(contextCard_.size()));
+  hb.setContexts(static_cast<uint32_t>(link.contexts.size()));
   uint64_t queued = 0;
   for (auto& w : workers_) queued += w->queuedInstructions();
   hb.setQueuedInstructions(queued);
+  // The kernel time of this scheduler's contexts only, under its ids. The cards report
+  // a closed context's final time once: it goes to the scheduler that owned it.
   std::vector<std::pair<uint32_t, uint64_t>> usage;
   for (auto& w : workers_)
-    for (auto& u : w->kernelTimes()) usage.push_back(u);
+    for (auto& [ours, ns] : w->kernelTimes()) {
+      if (auto open = contexts_.find(ours); open != contexts_.end()) {
+        if (open->second.link == &link) usage.push_back({open->second.theirs, ns});
+      } else if (auto gone = closed_.find(ours); gone != closed_.end()) {
+        auto& pending = gone->second.link->closedUsage;
+        if (pending.size() < kMaxClosedPending) pending.push_back({gone->second.theirs, ns});
+        closed_.erase(gone);
+      }
+    }
+  usage.insert(usage.end(), link.closedUsage.begin(), link.closedUsage.end());
+  link.closedUsage.clear();
   auto list = hb.initUsage(usage.size());
   for (size_t i = 0; i < usage.size(); ++i) {
     list[i].setContext(usage[i].first);
     list[i].setKernelNs(usage[i].second);
   }
-  link_->send(transport::kControlChannel, 0, m);
+  link.connection->send(transport::kControlChannel, 0, m);
 }
 
 void Netaccel::drainOutputs() {
-  // Faults first: the scheduler hears of a lost sandbox before the errors it caused.
+  // Faults first: each scheduler hears of a lost sandbox (naming its own contexts)
+  // before the errors it caused.
   std::vector<CardWorker::Fault> faults;
   for (size_t card = 0; card < workers_.size(); ++card) {
     faults.clear();
     workers_[card]->drainFaults(faults);
-    for (auto& f : faults) {
-      if (!link_) continue;
-      capnp::MallocMessageBuilder m;
-      auto fault = m.initRoot<wire::NodeMessage>().initFault();
-      fault.setCard(static_cast<uint32_t>(card));
-      fault.setMessage(f.message);
-      auto list = fault.initContexts(static_cast<unsigned>(f.contexts.size()));
-      for (size_t i = 0; i < f.contexts.size(); ++i) list.set(static_cast<unsigned>(i), f.contexts[i]);
-      link_->send(transport::kControlChannel, 0, m);
-    }
+    for (auto& f : faults)
+      for (auto& link : links_) {
+        std::vector<uint32_t> theirs;
+        for (uint32_t ours : f.contexts)
+          if (auto it = contexts_.find(ours); it != contexts_.end() && it->second.link == link.get())
+            theirs.push_back(it->second.theirs);
+        if (!link->connection || theirs.empty()) continue;
+        capnp::MallocMessageBuilder m;
+        auto fault = m.initRoot<wire::NodeMessage>().initFault();
+        fault.setCard(static_cast<uint32_t>(card));
+        fault.setMessage(f.message);
+        auto list = fault.initContexts(static_cast<unsigned>(theirs.size()));
+        for (size_t i = 0; i < theirs.size(); ++i) list.set(static_cast<unsigned>(i), theirs[i]);
+        link->connection->send(transport::kControlChannel, 0, m);
+      }
   }
   outputs_.clear();
   for (auto& w : workers_) w->drain(outputs_);
   for (auto& o : outputs_) {
-    if (!kept_.empty() && kept_.count(o.context)) kept_[o.context].push_back(std::move(o));  // until adopted
-    else if (link_) link_->sendBody(o.context, o.sequence, std::move(o.body));
+    auto it = contexts_.find(o.context);
+    if (it == contexts_.end()) continue;  // closed since
+    Link& link = *it->second.link;
+    if (auto kept = link.kept.find(o.context); kept != link.kept.end()) kept->second.push_back(std::move(o));  // until adopted
+    else if (link.connection) link.connection->sendBody(it->second.theirs, o.sequence, std::move(o.body));
   }
   outputs_.clear();
-  if (inputPaused_ && link_) {
-    size_t queued = 0;
-    for (auto& w : workers_) queued += w->queuedBytes();
-    if (queued < kInputHighWater / 2) {
-      inputPaused_ = false;
-      link_->resumeReading();
-    }
-  }
+  checkInputPressure();
 }
 
 }  // namespace raccel::netaccel

@@ -1,11 +1,19 @@
-// The network-accelerator daemon: joins a scheduler over TCP, registers its cards,
+// The network-accelerator daemon: joins one scheduler or several over TCP (a pool
+// shared by many VM hosts: `scheduler = A:7700,B:7700`), registers its cards with each,
 // heartbeats, and runs forwarded instructions on one CardWorker per card. Everything
 // here runs on the loop thread; the workers hand results back through a uv_async.
-// If the scheduler goes away, the daemon reconnects with backoff and keeps its contexts
-// for context_grace_ms: their queued work runs, their replies wait. It registers again
-// with the contexts it kept (once their queues have run dry); the scheduler adopts those
-// it knows (their waiting replies are sent) and closes the rest. When the grace ends
-// first, they are dropped.
+//
+// Each link owns its contexts: a scheduler's context ids are its own (they never reach
+// the cards: the netaccel gives every context an id of its own, never reused), its
+// frames reach only its contexts, and its replies, usage and faults name only its
+// contexts. Every card's fair share counts the tenants of all schedulers alike.
+//
+// If a scheduler goes away, the daemon reconnects to it with backoff and keeps its
+// contexts for context_grace_ms: their queued work runs, their replies wait. It
+// registers again with the contexts it kept (once their queues have run dry); the
+// scheduler adopts those it knows (their waiting replies are sent) and closes the rest.
+// When the grace ends first, they are dropped: no tenant data outlives its scheduler
+// by more than the grace. The other schedulers' links are untouched throughout.
 #pragma once
 
 #include <uv.h>
@@ -17,6 +25,7 @@
 #include "hal/device.h"
 #include "netaccel/card_worker.h"
 #include "netaccel/config.h"
+#include "schema/node.capnp.h"
 #include "transport/connection.h"
 #include "transport/http_server.h"
 
@@ -42,36 +51,45 @@ class Netaccel {
   void stop();
 
  private:
-  void connect();
-  void scheduleReconnect();
-  void onConnected(transport::ConnectionPtr link);
-  void onFrame(const transport::FrameHeader& header, transport::Body body);
-  void onControl(transport::Body body);
-  void onLinkClosed();
-  void sendHeartbeat();
+  struct Link;  // one scheduler
+  struct Context {
+    Link* link = nullptr;
+    uint32_t theirs = 0;  // the scheduler's id for it
+    size_t card = 0;
+    uint64_t lastGuestSequence = 0;
+  };
+  void connect(Link& link);
+  void scheduleReconnect(Link& link);
+  void onConnected(Link& link, transport::ConnectionPtr connection);
+  void onFrame(Link& link, const transport::FrameHeader& header, transport::Body body);
+  void onControl(Link& link, transport::Body body);
+  void openContext(Link& link, wire::OpenContext::Reader open);
+  void closeContext(uint32_t ours);
+  void onLinkClosed(Link& link);
+  void sendHeartbeat(Link& link);
+  void sendRegister(Link& link);
+  void graceOver(Link& link);
+  void closeContextsOf(Link& link);
   void drainOutputs();
-  void closeAllContexts();
-  void sendRegister();
-  void graceOver();
+  // Input backpressure over every link: the cards' queues are shared.
+  void checkInputPressure();
   std::string metricsText();
 
   uv_loop_t* loop_;
   NetaccelConfig config_;
-  transport::Address schedulerAddress_;
   std::shared_ptr<transport::TlsContext> tls_;
   std::vector<std::unique_ptr<CardWorker>> workers_;
-  std::unordered_map<uint32_t, size_t> contextCard_;
-  std::unordered_map<uint32_t, uint64_t> lastGuestSequence_;  // by context
-  std::unordered_map<uint32_t, std::vector<CardWorker::Output>> kept_;  // contexts kept, not adopted: their replies
-  uv_timer_t* grace_;
-  uv_timer_t* settle_;      // waits for kept contexts' queues to run dry before registering
-  unsigned settleWaitedMs_ = 0;
-  transport::ConnectionPtr link_;
-  bool registered_ = false, stopping_ = false, inputPaused_ = false;
-  unsigned backoffMs_ = 100;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::unordered_map<uint32_t, Context> contexts_;  // by the netaccel's own id
+  // Closed contexts whose final kernel time the cards have not reported yet: whose it is.
+  struct Closed {
+    Link* link = nullptr;
+    uint32_t theirs = 0;
+  };
+  std::unordered_map<uint32_t, Closed> closed_;
+  uint32_t nextContext_ = 1;                        // never reused (refused when spent)
+  bool stopping_ = false, inputPaused_ = false;
   uv_async_t* async_;
-  uv_timer_t* heartbeat_;
-  uv_timer_t* reconnect_;
   std::vector<CardWorker::Output> outputs_;
   std::unique_ptr<transport::HttpServer> http_;
   uint64_t instructionsReceived_ = 0, linksLost_ = 0;

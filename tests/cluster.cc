@@ -239,7 +239,11 @@ Cluster::~Cluster() {
 Process& Cluster::addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks,
                               const std::vector<std::string>& extraArgs) {
   // Only the cards a test names: no discovery of this machine's devices.
-  std::vector<std::string> args = {"--name", name, "--scheduler", "127.0.0.1:" + std::to_string(port_), "--discover", "none"};
+  std::vector<std::string> args = {"--name", name, "--discover", "none"};
+  if (std::find(extraArgs.begin(), extraArgs.end(), "--scheduler") == extraArgs.end()) {
+    args.push_back("--scheduler");
+    args.push_back("127.0.0.1:" + std::to_string(port_));
+  }
   if (insecure_) args.push_back("--insecure");
   else
     for (auto& a : netaccelTlsArgs(name)) args.push_back(a);

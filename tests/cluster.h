@@ -106,7 +106,8 @@ class Cluster {
 
   // Starts a netaccel with `cards` (each a --card spec) and waits until the pool has
   // grown by `expectBlocks`.
-  // `extraArgs` go on its command line too (e.g. --no-sandbox).
+  // `extraArgs` go on its command line too (e.g. --no-sandbox; --scheduler there replaces
+  // this cluster's).
   Process& addNetaccel(const std::string& name, const std::vector<std::string>& cards, unsigned expectBlocks,
                        const std::vector<std::string>& extraArgs = {});
   // Starts raccel-guestd for `vm` and returns its program socket.

@@ -1,7 +1,8 @@
 // Many VM hosts, one pool: raccel-scheduler with --etcd on a real 3-member etcd cluster.
-// Two hosts (each a scheduler with its own VM and its own netaccel, registered in etcd),
-// real programs through raccel-guestd. Covers: each host's program runs; each host sees
-// the other's holdings in its pool; a scheduler killed with -9 gives its blocks back
+// Two hosts (each a scheduler with its own VM), two netaccels registered in etcd and
+// linked to both schedulers, real programs through raccel-guestd. Covers: each host's
+// program runs on blocks of both netaccels; each host sees the other's holdings; the
+// two racing for the last blocks: one wins, the other is refused; a scheduler killed with -9 gives its blocks back
 // within its lease while the other host's program goes on; with every etcd member down,
 // a running program goes on and a new one is refused naming etcd, and admissions resume
 // when etcd returns.
@@ -9,10 +10,14 @@
 #include <signal.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
 
 #include "scheduler/etcd/etcd_client.h"
 #include "tests/cluster.h"
 #include "tests/etcd_cluster.h"
+#include "tests/raw_http.h"
 #include "vmfrontend/raccel.h"
 
 namespace raccel::testing {
@@ -21,10 +26,11 @@ namespace {
 using client::Session;
 using nlohmann::json;
 
-Result<std::unique_ptr<Session>> openOn(const std::string& guestd, const std::string& program, unsigned admitWaitMs = 0) {
+Result<std::unique_ptr<Session>> openOn(const std::string& guestd, const std::string& program, double tflops = 2,
+                                        unsigned admitWaitMs = 0) {
   client::Options o;
   o.socket = guestd;
-  o.tflops = 2;
+  o.tflops = tflops;
   o.program = program;
   o.timeoutMs = 30000;
   o.admitWaitMs = admitWaitMs;
@@ -55,9 +61,13 @@ class MultiHost : public ::testing::Test {
     ASSERT_TRUE(started) << started.error().message;
     a_ = host("host-a", "vm-a");
     b_ = host("host-b", "vm-b");
-    // Each netaccel registers itself in etcd and links to its host's scheduler.
-    a_->addNetaccel("na", {"kind=cpu,tflops=4"}, 4, {"--etcd", etcd_->endpoints()});
-    b_->addNetaccel("nb", {"kind=cpu,tflops=4"}, 4, {"--etcd", etcd_->endpoints()});
+    // Each netaccel registers itself in etcd and links to both hosts' schedulers.
+    std::string both = "127.0.0.1:" + std::to_string(a_->nodePort()) + ",127.0.0.1:" + std::to_string(b_->nodePort());
+    // A scheduler that vanishes: its contexts (and its tenants' buffers) are dropped 3 s on.
+    for (auto [host, name] : {std::pair{a_.get(), "na"}, std::pair{b_.get(), "nb"}})
+      host->addNetaccel(name, {"kind=cpu,tflops=4"}, 4,
+                        {"--etcd", etcd_->endpoints(), "--scheduler", both, "--context-grace-ms", "3000"});
+    ASSERT_TRUE(waitFor([&] { return a_->poolTotal() == 8 && b_->poolTotal() == 8; }, 15000)) << logs();
     guestdA_ = a_->startGuestd("vm-a");
     guestdB_ = b_->startGuestd("vm-b");
   }
@@ -68,6 +78,24 @@ class MultiHost : public ::testing::Test {
     return std::make_unique<Cluster>(std::vector<VmSpec>{spec}, "",
                                      std::vector<std::string>{"--insecure", "--etcd", etcd_->endpoints(), "--name", name,
                                                               "--set", "etcd_lease_ttl=2"});
+  }
+
+  // A sample of both netaccels' /metrics, summed (-1 when one cannot be read).
+  double netaccelSum(const std::string& family) const {
+    double sum = 0;
+    for (auto [host, name] : {std::pair{a_.get(), "na"}, std::pair{b_.get(), "nb"}}) {
+      std::string page = rawhttp::roundTrip(host->netaccelHttpPort(name), "GET /metrics HTTP/1.0\r\n\r\n");
+      std::istringstream in(page);
+      std::string line;
+      bool found = false;
+      while (std::getline(in, line))
+        if (line.starts_with(family + "{") && line.find("node=\"" + std::string(name) + "\"") != std::string::npos) {
+          sum += std::stod(line.substr(line.rfind(' ') + 1));
+          found = true;
+        }
+      if (!found) return -1;
+    }
+    return sum;
   }
 
   std::string logs() const { return (a_ ? a_->logs() : "") + (b_ ? b_->logs() : ""); }
@@ -104,12 +132,60 @@ TEST_F(MultiHost, EachHostRunsItsProgramAndSeesTheOthersHoldings) {
   EXPECT_TRUE(waitFor([&] { return !heldElsewhere(usedBy(*a_), "host-b/"); }, 10000)) << a_->console("pool");
 }
 
+// Each host's program spans both netaccels (5 of their 8 blocks, then 3), and the
+// last blocks go to one host only.
+TEST_F(MultiHost, ProgramsOfBothHostsRunOnBothNetaccelsAndTheLastBlocksGoToOne) {
+  auto onA = openOn(guestdA_, "wide-a", 5);
+  ASSERT_TRUE(onA) << onA.error().message << logs();
+  auto onB = openOn(guestdB_, "rest-b", 3);
+  ASSERT_TRUE(onB) << onB.error().message << logs();
+  std::set<std::string> nodesA;
+  for (auto& c : (*onA)->vaccel().cards) nodesA.insert(c.node);
+  EXPECT_EQ(nodesA, (std::set<std::string>{"na", "nb"})) << (*onA)->vaccel().describe();
+  std::string why;
+  EXPECT_TRUE(gemmWorks(**onA, 7, &why)) << why;
+  EXPECT_TRUE(gemmWorks(**onB, 8, &why)) << why;
+  // The pool is full: both hosts ask for a block at once; neither may get it.
+  std::vector<Result<std::unique_ptr<Session>>> late;
+  std::thread other([&] { late.push_back(openOn(guestdB_, "late-b", 1)); });
+  auto lateA = openOn(guestdA_, "late-a", 1);
+  other.join();
+  EXPECT_FALSE(lateA);
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_FALSE(late[0]);
+  // One block freed on host B: exactly one of two racing hosts gets it.
+  (*onB).reset();
+  auto freeOn = [](const Cluster& host) {
+    auto pool = json::parse(host.console("pool"), nullptr, false);
+    return pool.is_discarded() ? -1 : pool.value("free", -1);
+  };
+  ASSERT_TRUE(waitFor([&] { return freeOn(*a_) == 3 && freeOn(*b_) == 3; }, 10000)) << a_->console("pool");
+  auto three = openOn(guestdB_, "two-b", 2);
+  ASSERT_TRUE(three) << three.error().message;
+  ASSERT_TRUE(waitFor([&] { return freeOn(*a_) == 1 && freeOn(*b_) == 1; }, 10000)) << a_->console("pool");
+  late.clear();
+  std::thread racer([&] { late.push_back(openOn(guestdB_, "race-b", 1)); });
+  auto raceA = openOn(guestdA_, "race-a", 1);
+  racer.join();
+  EXPECT_EQ(int(bool(raceA)) + int(bool(late[0])), 1) << (raceA ? "" : raceA.error().message) << " / "
+                                                      << (late[0] ? "" : late[0].error().message);
+  // The loser is refused (it asked not to wait): no room now, or the pool kept changing.
+  for (auto* r : {&raceA, &late[0]}) {
+    if (*r) continue;
+    EXPECT_TRUE(r->error().code == Code::resourceExhausted || r->error().code == Code::unavailable) << r->error().message;
+  }
+}
+
 TEST_F(MultiHost, AKilledSchedulersBlocksReturnWithinItsLeaseAndTheOtherHostGoesOn) {
   auto onA = openOn(guestdA_, "prog-a");
   ASSERT_TRUE(onA) << onA.error().message << logs();
   auto onB = openOn(guestdB_, "prog-b");
   ASSERT_TRUE(onB) << onB.error().message << logs();
   ASSERT_TRUE(waitFor([&] { return !usedBy(*b_).empty() && usedBy(*b_).size() >= 2; }, 10000)) << b_->console("pool");
+  EXPECT_EQ(netaccelSum("raccel_netaccel_connected"), 4);  // each netaccel with both schedulers
+  double contexts = 0;
+  ASSERT_TRUE(waitFor([&] { return (contexts = netaccelSum("raccel_card_contexts")) >= 2; }, 10000)) << contexts;
+  const double ofA = static_cast<double>((*onA)->vaccel().cards.size());
   a_->scheduler().kill(SIGKILL);
   // Host A's holding ends with its lease (2 s; etcd checks leases every 500 ms).
   EXPECT_TRUE(waitFor(
@@ -119,6 +195,10 @@ TEST_F(MultiHost, AKilledSchedulersBlocksReturnWithinItsLeaseAndTheOtherHostGoes
       },
       15000))
       << b_->console("pool");
+  // The netaccels drop the dead scheduler's contexts after their grace; B's stay.
+  EXPECT_TRUE(waitFor([&] { return netaccelSum("raccel_card_contexts") == contexts - ofA; }, 15000))
+      << netaccelSum("raccel_card_contexts") << " contexts, " << contexts << " before";
+  EXPECT_EQ(netaccelSum("raccel_netaccel_connected"), 2);
   std::string why;
   EXPECT_TRUE(gemmWorks(**onB, 3, &why)) << why;
 }
@@ -144,7 +224,9 @@ TEST_F(MultiHost, WithEtcdDownRunningProgramsGoOnAndNewOnesAreRefusedNamingEtcd)
       },
       30000))
       << logs();
-  if (after) EXPECT_TRUE(gemmWorks(*after, 6, &why)) << why;
+  if (after) {
+    EXPECT_TRUE(gemmWorks(*after, 6, &why)) << why;
+  }
 }
 
 }  // namespace
