@@ -1,6 +1,6 @@
 // Many VM hosts, one pool: raccel-scheduler with --etcd on a real 3-member etcd cluster.
-// Two hosts (each a scheduler with its own VM), two netaccels registered in etcd and
-// linked to both schedulers, real programs through raccel-guestd. Covers: each host's
+// Three hosts (each a scheduler with its own VM), two netaccels registered in etcd and
+// linked to every scheduler, real programs through raccel-guestd. Covers: each host's
 // program runs on blocks of both netaccels; each host sees the other's holdings; the
 // two racing for the last blocks: one wins, the other is refused; a scheduler killed with -9 gives its blocks back
 // within its lease while the other host's program goes on; with every etcd member down,
@@ -10,7 +10,9 @@
 #include <signal.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <set>
+#include <tuple>
 #include <sstream>
 #include <thread>
 
@@ -61,15 +63,19 @@ class MultiHost : public ::testing::Test {
     ASSERT_TRUE(started) << started.error().message;
     a_ = host("host-a", "vm-a");
     b_ = host("host-b", "vm-b");
+    c_ = host("host-c", "vm-c");
     // Each netaccel registers itself in etcd and links to both hosts' schedulers.
-    std::string both = "127.0.0.1:" + std::to_string(a_->nodePort()) + ",127.0.0.1:" + std::to_string(b_->nodePort());
+    std::string all;
+    for (auto* h : {a_.get(), b_.get(), c_.get()}) all += (all.empty() ? "" : ",") + ("127.0.0.1:" + std::to_string(h->nodePort()));
     // A scheduler that vanishes: its contexts (and its tenants' buffers) are dropped 3 s on.
     for (auto [host, name] : {std::pair{a_.get(), "na"}, std::pair{b_.get(), "nb"}})
       host->addNetaccel(name, {"kind=cpu,tflops=4"}, 4,
-                        {"--etcd", etcd_->endpoints(), "--scheduler", both, "--context-grace-ms", "3000"});
-    ASSERT_TRUE(waitFor([&] { return a_->poolTotal() == 8 && b_->poolTotal() == 8; }, 15000)) << logs();
+                        {"--etcd", etcd_->endpoints(), "--scheduler", all, "--context-grace-ms", "3000"});
+    ASSERT_TRUE(waitFor([&] { return a_->poolTotal() == 8 && b_->poolTotal() == 8 && c_->poolTotal() == 8; }, 15000))
+        << logs();
     guestdA_ = a_->startGuestd("vm-a");
     guestdB_ = b_->startGuestd("vm-b");
+    guestdC_ = c_->startGuestd("vm-c");
   }
 
   std::unique_ptr<Cluster> host(const std::string& name, const std::string& vm) {
@@ -98,21 +104,47 @@ class MultiHost : public ::testing::Test {
     return sum;
   }
 
-  std::string logs() const { return (a_ ? a_->logs() : "") + (b_ ? b_->logs() : ""); }
+  std::string logs() const {
+    std::string out;
+    for (auto* h : {a_.get(), b_.get(), c_.get()})
+      if (h) out += h->logs();
+    return out;
+  }
 
   std::unique_ptr<EtcdCluster> etcd_;
-  std::unique_ptr<Cluster> a_, b_;
-  std::string guestdA_, guestdB_;
+  std::unique_ptr<Cluster> a_, b_, c_;
+  std::string guestdA_, guestdB_, guestdC_;
 };
+
+// The pool as a host's console shows it: each range's blocks, state and node.
+std::vector<std::tuple<int, int, std::string, std::string>> poolShape(const Cluster& host) {
+  std::vector<std::tuple<int, int, std::string, std::string>> out;
+  auto pool = json::parse(host.console("pool"), nullptr, false);
+  if (pool.is_discarded() || !pool.contains("ranges")) return out;
+  for (auto& r : pool["ranges"]) out.emplace_back(r.value("first", 0), r.value("count", 0), r.value("state", ""), r.value("node", ""));
+  return out;
+}
 
 TEST_F(MultiHost, EachHostRunsItsProgramAndSeesTheOthersHoldings) {
   auto onA = openOn(guestdA_, "prog-a");
   ASSERT_TRUE(onA) << onA.error().message << logs();
   auto onB = openOn(guestdB_, "prog-b");
   ASSERT_TRUE(onB) << onB.error().message << logs();
+  auto onC = openOn(guestdC_, "prog-c");
+  ASSERT_TRUE(onC) << onC.error().message << logs();
   std::string why;
   EXPECT_TRUE(gemmWorks(**onA, 1, &why)) << why;
   EXPECT_TRUE(gemmWorks(**onB, 2, &why)) << why;
+  EXPECT_TRUE(gemmWorks(**onC, 9, &why)) << why;
+  // The console of every host shows the same pool: 6 of 8 blocks used, the same ranges.
+  EXPECT_TRUE(waitFor(
+      [&] {
+        auto shape = poolShape(*a_);
+        return shape == poolShape(*b_) && shape == poolShape(*c_) &&
+               std::count_if(shape.begin(), shape.end(), [](auto& r) { return std::get<2>(r) == "used"; }) >= 2;
+      },
+      10000))
+      << a_->console("pool") << "\n" << b_->console("pool") << "\n" << c_->console("pool");
   // Each host's pool shows the other host's vaccel, by its scheduler and VM.
   auto heldElsewhere = [](const std::vector<std::string>& owners, const std::string& prefix) {
     return std::any_of(owners.begin(), owners.end(), [&](const std::string& o) { return o.starts_with(prefix); });
@@ -182,7 +214,7 @@ TEST_F(MultiHost, AKilledSchedulersBlocksReturnWithinItsLeaseAndTheOtherHostGoes
   auto onB = openOn(guestdB_, "prog-b");
   ASSERT_TRUE(onB) << onB.error().message << logs();
   ASSERT_TRUE(waitFor([&] { return !usedBy(*b_).empty() && usedBy(*b_).size() >= 2; }, 10000)) << b_->console("pool");
-  EXPECT_EQ(netaccelSum("raccel_netaccel_connected"), 4);  // each netaccel with both schedulers
+  EXPECT_EQ(netaccelSum("raccel_netaccel_connected"), 6);  // each netaccel with all three schedulers
   double contexts = 0;
   ASSERT_TRUE(waitFor([&] { return (contexts = netaccelSum("raccel_card_contexts")) >= 2; }, 10000)) << contexts;
   const double ofA = static_cast<double>((*onA)->vaccel().cards.size());
@@ -198,7 +230,7 @@ TEST_F(MultiHost, AKilledSchedulersBlocksReturnWithinItsLeaseAndTheOtherHostGoes
   // The netaccels drop the dead scheduler's contexts after their grace; B's stay.
   EXPECT_TRUE(waitFor([&] { return netaccelSum("raccel_card_contexts") == contexts - ofA; }, 15000))
       << netaccelSum("raccel_card_contexts") << " contexts, " << contexts << " before";
-  EXPECT_EQ(netaccelSum("raccel_netaccel_connected"), 2);
+  EXPECT_EQ(netaccelSum("raccel_netaccel_connected"), 4);  // A is gone
   std::string why;
   EXPECT_TRUE(gemmWorks(**onB, 3, &why)) << why;
 }
