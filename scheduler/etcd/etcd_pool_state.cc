@@ -142,6 +142,15 @@ void EtcdPoolState::setDraining(size_t node, bool draining) {
 Result<std::vector<BlockRange>> EtcdPoolState::allocate(VaccelId owner, const std::string& vm, const Pool::Request& request) {
   if (!reachable_) return fail(etcdLost());
   if (owner >= SharedPool::kForeignIds) return fail(Code::internal, "vaccel id out of range for a shared pool");
+  // Released just now and placed again (a drain's move): the release goes first.
+  bool pending;
+  {
+    std::lock_guard lock(mutex_);
+    pending = releasing_.count(owner) > 0;
+  }
+  if (pending) {
+    if (auto released = shared_->release(owner); !released) return fail(released.error());
+  }
   std::set<std::string> usable;
   for (auto& name : linked_)
     if (!draining_.count(name)) usable.insert(name);
