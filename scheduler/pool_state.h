@@ -54,6 +54,9 @@ class PoolState {
 
   // The view changed under the scheduler (set by the scheduler, called on its loop).
   std::function<void()> changed;
+  // A vaccel's blocks are no longer its own (a shared pool's lease lapsed and another
+  // scheduler took them meanwhile): the scheduler takes it off them (called on its loop).
+  std::function<void(VaccelId, const std::string& why)> lost;
 };
 
 // One host's pool: exactly the Pool, owned by the scheduler.

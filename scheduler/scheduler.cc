@@ -43,6 +43,10 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
     : loop_(loop), config_(std::move(config)),
       state_(state ? std::move(state) : std::make_unique<LocalPoolState>(config_.blockTflops)) {
   state_->changed = [this] { requestPlacement(); };  // another host's decision may free blocks
+  state_->lost = [this](VaccelId id, const std::string& why) {
+    // Off blocks that are no longer its own: saved to host memory, resumed when blocks free.
+    if (Session* s = sessionById(id); s && s->phase == Phase::running) suspend(*s, why, false);
+  };
 }
 
 Scheduler::~Scheduler() = default;

@@ -235,6 +235,66 @@ TEST_F(MultiHost, AKilledSchedulersBlocksReturnWithinItsLeaseAndTheOtherHostGoes
   EXPECT_TRUE(gemmWorks(**onB, 3, &why)) << why;
 }
 
+// A scheduler cut off from etcd for longer than its lease (here: stopped, its lease
+// revoked) loses its holdings. Back, it joins again and claims its vaccel's blocks; when
+// another host took them meanwhile, its vaccel is suspended with its data kept, and it
+// resumes (same results) when that host lets go.
+TEST_F(MultiHost, ASchedulerWhoseLeaseLapsedClaimsItsBlocksBackOrSuspendsItsVaccel) {
+  auto client = etcd::Client::open({etcd_->endpointList()});
+  ASSERT_TRUE(client) << client.error().message;
+  auto leaseOf = [&](const std::string& scheduler) -> int64_t {
+    auto r = (*client)->range("/raccel/schedulers/" + scheduler);
+    if (!r || r->kvs_size() != 1) return 0;
+    auto j = json::parse(r->kvs(0).value(), nullptr, false);
+    return j.is_discarded() ? 0 : j.value("lease", int64_t{0});
+  };
+  auto holdsOf = [&](const std::string& scheduler) {
+    auto r = (*client)->range("/raccel/holds/" + scheduler + "/");
+    return r ? r->kvs_size() : -1;
+  };
+  auto onA = openOn(guestdA_, "keep-a");
+  ASSERT_TRUE(onA) << onA.error().message << logs();
+  auto a = randomFloats(1024, 11);
+  uint64_t buffer = (*onA)->alloc(a.size() * 4);
+  (*onA)->writeFloats(buffer, a);
+  ASSERT_TRUE((*onA)->fence());
+  // 1. The lease revoked while A runs: A joins again and claims its blocks back.
+  int64_t first = leaseOf("host-a");
+  ASSERT_NE(first, 0);
+  ASSERT_TRUE((*client)->revokeLease(first));
+  EXPECT_TRUE(waitFor([&] { return leaseOf("host-a") != 0 && leaseOf("host-a") != first && holdsOf("host-a") == 1; }, 15000))
+      << logs();
+  auto back = (*onA)->readFloats(buffer, a.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, a);
+  // 2. A stopped, its lease revoked, and B takes every block meanwhile.
+  int64_t second = leaseOf("host-a");
+  a_->scheduler().kill(SIGSTOP);
+  ASSERT_TRUE((*client)->revokeLease(second));
+  std::unique_ptr<Session> all;
+  EXPECT_TRUE(waitFor(
+      [&] {
+        auto s = openOn(guestdB_, "all-b", 8);
+        if (s) all = std::move(*s);
+        return all != nullptr;
+      },
+      15000))
+      << logs();
+  a_->scheduler().kill(SIGCONT);
+  auto phaseOnA = [&] {
+    auto v = json::parse(a_->console("vaccels"), nullptr, false);
+    if (v.is_discarded() || !v.contains("vaccels") || v["vaccels"].empty()) return std::string();
+    return v["vaccels"][0].value("state", std::string());
+  };
+  EXPECT_TRUE(waitFor([&] { return phaseOnA() == "suspended"; }, 15000)) << a_->console("vaccels") << logs();
+  // B lets go: A's vaccel resumes with its buffer.
+  all.reset();
+  EXPECT_TRUE(waitFor([&] { return phaseOnA() == "running"; }, 15000)) << a_->console("vaccels") << logs();
+  back = (*onA)->readFloats(buffer, a.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, a);
+}
+
 TEST_F(MultiHost, WithEtcdDownRunningProgramsGoOnAndNewOnesAreRefusedNamingEtcd) {
   auto onA = openOn(guestdA_, "prog-a");
   ASSERT_TRUE(onA) << onA.error().message << logs();

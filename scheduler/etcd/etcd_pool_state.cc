@@ -27,6 +27,7 @@ Result<std::unique_ptr<EtcdPoolState>> EtcdPoolState::open(uv_loop_t* loop, cons
   shared.leaseTtlSeconds = settings.leaseTtlSeconds;
   shared.blockTflops = blockTflops;
   shared.onChange = [async = state->async_] { uv_async_send(async); };
+  shared.onLeaseLost = [s = state.get()] { s->wake_.notify_all(); };
   auto pool = SharedPool::open(*state->client_, shared);
   if (!pool) {
     state->stop();
@@ -46,6 +47,13 @@ EtcdPoolState::EtcdPoolState(uv_loop_t* loop, std::string describe)
     auto* self = static_cast<EtcdPoolState*>(a->data);
     if (!self) return;  // stopped
     self->sync();
+    std::vector<std::pair<VaccelId, std::string>> lost;
+    {
+      std::lock_guard lock(self->mutex_);
+      lost.swap(self->lostVaccels_);
+    }
+    for (auto& [vaccel, why] : lost)
+      if (self->lost) self->lost(vaccel, why);
     if (self->changed) self->changed();
   });
   async_->data = this;
@@ -71,6 +79,33 @@ void EtcdPoolState::stop() {
     uv_close(reinterpret_cast<uv_handle_t*>(async_), [](uv_handle_t* h) { delete reinterpret_cast<uv_async_t*>(h); });
     async_ = nullptr;
   }
+}
+
+void EtcdPoolState::rejoin() {
+  if (auto joined = shared_->rejoin(); !joined) {
+    RLOG_WARN("scheduler") << "shared pool: joining again after the lease lapsed: " << joined.error().message << " (tried again)";
+    return;
+  }
+  std::map<VaccelId, Owned> owned;
+  {
+    std::lock_guard lock(mutex_);
+    owned = owned_;
+  }
+  size_t kept = 0;
+  for (auto& [vaccel, o] : owned) {
+    Status claimed = shared_->claim(vaccel, o.vm, o.ranges, o.priority, o.host);
+    if (claimed) {
+      ++kept;
+      continue;
+    }
+    std::lock_guard lock(mutex_);
+    if (!owned_.count(vaccel)) continue;  // released meanwhile
+    owned_.erase(vaccel);
+    lostVaccels_.push_back({vaccel, "its blocks were freed while this scheduler was cut off from etcd, and " +
+                                        claimed.error().message});
+  }
+  RLOG_INFO("scheduler") << "shared pool: " << kept << " of " << owned.size() << " vaccel(s) kept their blocks after the lease lapsed";
+  if (async_) uv_async_send(async_);
 }
 
 Error EtcdPoolState::etcdLost() const {
@@ -141,6 +176,8 @@ void EtcdPoolState::setDraining(size_t node, bool draining) {
 
 Result<std::vector<BlockRange>> EtcdPoolState::allocate(VaccelId owner, const std::string& vm, const Pool::Request& request) {
   if (!reachable_) return fail(etcdLost());
+  if (shared_->leaseLost())
+    return fail(Code::unavailable, "this scheduler's etcd lease lapsed (" + describe_ + "); it is joining the pool again");
   if (owner >= SharedPool::kForeignIds) return fail(Code::internal, "vaccel id out of range for a shared pool");
   // Released just now and placed again (a drain's move): the release goes first.
   bool pending;
@@ -161,6 +198,10 @@ Result<std::vector<BlockRange>> EtcdPoolState::allocate(VaccelId owner, const st
       wake_.notify_all();
     }
     return placed;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    owned_[owner] = Owned{vm, *placed, request.priority, request.host};
   }
   sync();
   if (mirror_.held(owner) != *placed) {  // the watch has not brought it yet
@@ -186,6 +227,7 @@ void EtcdPoolState::release(VaccelId owner) {
   {
     std::lock_guard lock(mutex_);
     releasing_.insert(owner);
+    owned_.erase(owner);
   }
   post({[this, owner] { return shared_->release(owner); }, "releasing vaccel " + std::to_string(owner), owner});
 }
@@ -193,6 +235,10 @@ void EtcdPoolState::release(VaccelId owner) {
 void EtcdPoolState::setPriority(VaccelId owner, int priority) {
   if (mirror_.held(owner).empty()) return;
   mirror_.setPriority(owner, priority);
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = owned_.find(owner); it != owned_.end()) it->second.priority = priority;
+  }
   post({[this, owner, priority] { return shared_->setPriority(owner, priority); },
         "recording vaccel " + std::to_string(owner) + "'s priority"});
 }
@@ -210,9 +256,10 @@ void EtcdPoolState::run() {
   unsigned backoffMs = 0;
   while (!stopping_) {
     wake_.wait_for(lock, std::chrono::milliseconds(backoffMs ? backoffMs : 1000),
-                   [&] { return stopping_ || (backoffMs == 0 && (!jobs_.empty() || !reachable_)); });
+                   [&] { return stopping_ || (backoffMs == 0 && (!jobs_.empty() || !reachable_ || shared_->leaseLost())); });
     if (stopping_) break;
     lock.unlock();
+    if (shared_->leaseLost()) rejoin();
     // etcd lost: the view is read again (and watched) before anything else is tried.
     bool ok = shared_->watching() || shared_->refresh();
     if (ok != reachable_.load()) {

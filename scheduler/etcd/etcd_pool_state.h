@@ -15,6 +15,12 @@
 // makes the other schedulers cautious). While etcd cannot be reached, allocations are
 // refused at once with an error that names etcd, and running vaccels go on.
 //
+// When etcd lets this scheduler's lease lapse (it was cut off from etcd for longer than
+// the lease while others were not), its holdings vanish from the pool: it stops placing,
+// joins again under a new lease and claims its vaccels' blocks back; a vaccel whose
+// blocks another scheduler took meanwhile is reported through `lost` (the scheduler
+// suspends it: its buffers are saved, and it resumes when blocks free).
+//
 // Not yet in a shared pool: moves (compaction is planned by one elected leader, not
 // built yet), and restoring allocations after a restart (the holdings end with the
 // scheduler's lease).
@@ -89,6 +95,16 @@ class EtcdPoolState final : public PoolState {
   std::condition_variable wake_;
   std::deque<Job> jobs_;
   std::set<VaccelId> releasing_;  // released here, not yet in etcd
+  // This scheduler's holdings as it placed them: claimed back when its lease lapsed.
+  struct Owned {
+    std::string vm;
+    std::vector<BlockRange> ranges;
+    int priority = 0;
+    HostVector host;
+  };
+  std::map<VaccelId, Owned> owned_;
+  std::vector<std::pair<VaccelId, std::string>> lostVaccels_;  // for the loop: lost()
+  void rejoin();  // the committing thread, after the lease lapsed
   bool stopping_ = false;
   std::thread thread_;
 };

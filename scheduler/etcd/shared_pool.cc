@@ -290,10 +290,81 @@ Result<std::unique_ptr<SharedPool>> SharedPool::open(etcd::Client& client, Share
 
 SharedPool::SharedPool(etcd::Client& client, SharedPoolOptions options, int64_t lease)
     : client_(client), options_(std::move(options)), lease_(lease), pool_(options_.blockTflops) {
-  if (options_.keepAlive)
-    keeper_ = std::make_unique<etcd::LeaseKeeper>(client_, lease_, options_.leaseTtlSeconds, [this] {
-      RLOG_ERROR("shared-pool") << "scheduler " << options_.scheduler << " lost its etcd lease: its holdings were freed";
-    });
+  startKeeper();
+}
+
+void SharedPool::startKeeper() {
+  if (!options_.keepAlive) return;
+  keeper_ = std::make_unique<etcd::LeaseKeeper>(client_, lease_, options_.leaseTtlSeconds, [this] {
+    RLOG_ERROR("shared-pool") << "scheduler " << options_.scheduler << " lost its etcd lease: its holdings were freed";
+    leaseLost_ = true;
+    if (options_.onLeaseLost) options_.onLeaseLost();
+  });
+}
+
+Status SharedPool::rejoin() {
+  keeper_.reset();
+  auto lease = client_.grantLease(options_.leaseTtlSeconds);
+  if (!lease) return fail(lease.error());
+  std::string self = options_.prefix + "schedulers/" + options_.scheduler;
+  pb::TxnRequest join;
+  compareMod(join, self, 0);  // absent: the old registration went with the old lease
+  put(join, self, json{{"lease", *lease}}.dump(), *lease);
+  auto joined = client_.txn(join);
+  if (!joined || !joined->succeeded()) {
+    (void)client_.revokeLease(*lease);
+    return joined ? fail(Code::unavailable, "scheduler '" + options_.scheduler + "' is registered again by someone else")
+                  : fail(joined.error());
+  }
+  lease_ = *lease;
+  leaseLost_ = false;
+  startKeeper();
+  RLOG_INFO("shared-pool") << "scheduler " << options_.scheduler << " rejoined the pool under a new lease";
+  return {};
+}
+
+Status SharedPool::claim(uint64_t vaccel, const std::string& vm, const std::vector<BlockRange>& ranges, int priority,
+                         HostVector host) {
+  if (vaccel == 0 || vaccel >= kForeignIds) return fail(Code::invalidArgument, "vaccel ids are 1 to 2^62 - 1");
+  std::string holdKey = "holds/" + options_.scheduler + "/" + std::to_string(vaccel);
+  SharedHolding h{options_.scheduler, vaccel, vm, priority, ranges, host, 0};
+  for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
+    pb::TxnRequest txn;
+    {
+      std::lock_guard lock(mutex_);
+      rebuild();
+      VaccelId mine = localId(options_.scheduler, vaccel);
+      for (auto& r : ranges)
+        for (uint32_t b = r.first; b < r.end(); ++b) {
+          if (b == 0 || b > pool_.highestBlock() || pool_.cardOf(b) < 0)
+            return fail(Code::invalidArgument, "block " + std::to_string(b) + " is not in the pool");
+          if (pool_.ownerOf(b) != kNoOwner && pool_.ownerOf(b) != mine)
+            return fail(Code::resourceExhausted, "block " + std::to_string(b) + " is held by another vaccel now");
+        }
+      std::set<std::string> versioned;
+      for (auto& share : pool_.cardsOf(ranges)) versioned.insert(cardKey(share.card));
+      if (!host.empty() && !ranges.empty())
+        versioned.insert("hosts/" + pool_.nodes()[pool_.cards()[static_cast<size_t>(pool_.cardOf(ranges[0].first))].node].name);
+      for (const std::string& key : versioned) {
+        compareMod(txn, options_.prefix + key, modOf(key));
+        put(txn, options_.prefix + key, std::to_string(vaccel));
+      }
+      compareMod(txn, options_.prefix + holdKey, modOf(holdKey));
+    }
+    put(txn, options_.prefix + holdKey, holdingValue(h), lease_);
+    readAllOnFailure(txn, options_.prefix);
+    auto answer = client_.txn(txn);
+    if (!answer) return fail(answer.error());
+    std::unique_lock lock(mutex_);
+    if (answer->succeeded()) {
+      ++stats_.commits;
+      catchUp(lock, answer->header().revision());
+      return {};
+    }
+    ++stats_.conflicts;
+    if (auto* r = failureRange(*answer)) loadFrom(*r);
+  }
+  return fail(Code::unavailable, "vaccel " + std::to_string(vaccel) + "'s blocks could not be claimed: the pool kept changing");
 }
 
 SharedPool::~SharedPool() {

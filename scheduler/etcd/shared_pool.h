@@ -30,6 +30,7 @@
 // Thread-safe: the watch thread feeds the cache, any thread may place and commit.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -56,6 +57,9 @@ struct SharedPoolOptions {
   bool keepAlive = true;           // a thread keeps the lease alive (off: tests let it lapse)
   // Called (from the watch's thread, no lock held) after the view changed.
   std::function<void()> onChange;
+  // Called (from the keep-alive's thread) when etcd let this scheduler's lease expire:
+  // its holdings are gone from the pool; rejoin() and claim() them back.
+  std::function<void()> onLeaseLost;
 };
 
 // A holding as the pool records it.
@@ -110,6 +114,15 @@ class SharedPool {
   Status release(uint64_t vaccel);
   // Records a new priority for this scheduler's `vaccel` (nothing when it holds none).
   Status setPriority(uint64_t vaccel, int priority);
+  // Makes exactly `ranges` this scheduler's `vaccel`'s (replacing what it held), when
+  // every block is free or already its own: a scheduler that lost its lease taking its
+  // running vaccels' blocks back. resourceExhausted naming the block someone else holds.
+  Status claim(uint64_t vaccel, const std::string& vm, const std::vector<BlockRange>& ranges, int priority,
+               HostVector host);
+  // After the lease was lost: a new lease, and this scheduler's name registered under it
+  // again (unavailable while etcd cannot be reached).
+  Status rejoin();
+  bool leaseLost() const { return leaseLost_; }
 
   // In the view's Pool, this scheduler's vaccels hold blocks under their own ids (1 to
   // kForeignIds - 1); other schedulers' holdings (and refused values' quarantined
@@ -183,8 +196,10 @@ class SharedPool {
 
   etcd::Client& client_;
   SharedPoolOptions options_;
-  int64_t lease_;
+  std::atomic<int64_t> lease_;
+  std::atomic<bool> leaseLost_{false};
   std::unique_ptr<etcd::LeaseKeeper> keeper_;
+  void startKeeper();
   std::unique_ptr<etcd::Watcher> watcher_;
 
   std::mutex refreshMutex_;  // held while the pool is re-read and the watch restarted
