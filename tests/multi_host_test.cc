@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "scheduler/etcd/etcd_client.h"
+#include "scheduler/etcd/shared_pool.h"
 #include "tests/cluster.h"
 #include "tests/etcd_cluster.h"
 #include "tests/raw_http.h"
@@ -26,6 +27,9 @@ namespace raccel::testing {
 namespace {
 
 using client::Session;
+using scheduler::BlockRange;
+using scheduler::SharedHolding;
+using scheduler::SharedPool;
 using nlohmann::json;
 
 Result<std::unique_ptr<Session>> openOn(const std::string& guestd, const std::string& program, double tflops = 2,
@@ -293,6 +297,47 @@ TEST_F(MultiHost, ASchedulerWhoseLeaseLapsedClaimsItsBlocksBackOrSuspendsItsVacc
   back = (*onA)->readFloats(buffer, a.size());
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(*back, a);
+}
+
+// One etcd member killed: admissions go on. Values a stranger with access to etcd wrote
+// (garbage, a holding over another's blocks, a node whose numbers do not line up) are
+// refused and logged; every scheduler goes on, and no block is held twice.
+TEST_F(MultiHost, AMemberDownOrBadValuesInEtcdStopNoOne) {
+  etcd_->kill(0);
+  auto onA = openOn(guestdA_, "one-down");
+  ASSERT_TRUE(onA) << onA.error().message << logs();
+  std::string why;
+  EXPECT_TRUE(gemmWorks(**onA, 12, &why)) << why;
+  std::vector<std::string> live = etcd_->endpointList();
+  live.erase(live.begin());  // member 0 is down
+  auto client = etcd::Client::open({live});
+  ASSERT_TRUE(client) << client.error().message;
+  // A well-formed holding over A's blocks: it came second, so it is the one refused.
+  SharedHolding forged{"stranger", 2, "x", 0, {}, {}, 0, 0};
+  for (auto [first, count] : (*onA)->vaccel().blocks) forged.ranges.push_back({first, count});
+  const std::string overA = SharedPool::holdingValue(forged);
+  for (auto [key, value] : {std::pair{"/raccel/holds/stranger/1", "{not json"},
+                            std::pair{"/raccel/holds/stranger/2", overA.c_str()},
+                            std::pair{"/raccel/holds/stranger/3", R"({"vm":"x","priority":0,"ranges":[{"first":4000000000,"count":9}]})"},
+                            std::pair{"/raccel/nodes/zz", R"({"first":77,"blocks":3,"cards":[]})"},
+                            std::pair{"/raccel/config", R"({"blockTflops":"lots"})"}})
+    ASSERT_TRUE((*client)->put(key, value)) << key;
+  // Every host still admits, places only on free blocks, and answers its console.
+  auto onB = openOn(guestdB_, "after-bad");
+  ASSERT_TRUE(onB) << onB.error().message << logs();
+  EXPECT_TRUE(gemmWorks(**onB, 13, &why)) << why;
+  auto onC = openOn(guestdC_, "after-bad");
+  ASSERT_TRUE(onC) << onC.error().message << logs();
+  std::set<uint32_t> seen;
+  for (auto* s : {onA->get(), onB->get(), onC->get()})
+    for (auto [first, count] : s->vaccel().blocks)
+      for (uint32_t b = first; b < first + count; ++b) EXPECT_TRUE(seen.insert(b).second) << "block " << b << " held twice";
+  for (auto* h : {a_.get(), b_.get(), c_.get()}) {
+    EXPECT_TRUE(h->scheduler().running());
+    EXPECT_FALSE(poolShape(*h).empty());
+  }
+  for (auto key : {"holds/stranger/1", "holds/stranger/2", "holds/stranger/3", "nodes/zz"})
+    EXPECT_NE(a_->logs().find(std::string("refused /raccel/") + key), std::string::npos) << key << "\n" << a_->logs();
 }
 
 TEST_F(MultiHost, WithEtcdDownRunningProgramsGoOnAndNewOnesAreRefusedNamingEtcd) {
