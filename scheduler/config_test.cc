@@ -77,6 +77,26 @@ TEST(SchedulerConfig, VmHostNeedsAreCoresAndBytesRoundedUpAndBounded) {
   EXPECT_NE(refused.error().message.find("host_cpu, host_memory"), std::string::npos) << refused.error().message;
 }
 
+TEST(SchedulerConfig, ASharedPoolNeedsEtcdAndANameThatIsAName) {
+  auto file = Config::parse("etcd = 127.0.0.1:2379\nname = host-a\netcd_lease_ttl = 3\n", "s.conf");
+  ASSERT_TRUE(file);
+  auto c = parseConfig(*file);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_TRUE(c->etcd.enabled());
+  EXPECT_EQ(c->name, "host-a");
+  EXPECT_EQ(c->etcd.leaseTtlSeconds, 3);
+  auto alone = parseConfig(*Config::parse("", "empty.conf"));
+  ASSERT_TRUE(alone);
+  EXPECT_FALSE(alone->etcd.enabled());  // the embedded default: this host's pool alone
+  EXPECT_FALSE(alone->name.empty());    // the host name
+  for (auto [text, words] : {std::pair{"name = a/b\n", "name"}, std::pair{"etcd_lease_ttl = 0\n", "etcd_lease_ttl"},
+                             std::pair{"etcd_prefix = raccel\n", "etcd_prefix"}, std::pair{"etcd_endpoint = x\n", "etcd_endpoint"}}) {
+    auto r = parseConfig(*Config::parse(text, "bad.conf"));
+    ASSERT_FALSE(r) << text;
+    EXPECT_NE(r.error().message.find(words), std::string::npos) << text << ": " << r.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace raccel::scheduler
 

@@ -340,6 +340,17 @@ std::string Cluster::logs() const {
 }
 
 
+Result<std::unique_ptr<client::Session>> openSession(const std::string& socket, double tflops, const std::string& program,
+                                                     unsigned admitWaitMs) {
+  client::Options o;
+  o.socket = socket;
+  o.tflops = tflops;
+  o.program = program;
+  o.timeoutMs = 30000;
+  o.admitWaitMs = admitWaitMs;
+  return client::Session::open(o);
+}
+
 double checkedGemm(client::Session& s, uint32_t m, uint32_t n, uint32_t k, unsigned seed, std::string* why) {
   auto a = randomFloats(size_t{m} * k, seed), b = randomFloats(size_t{k} * n, seed + 1000);
   auto ha = s.alloc(a.size() * 4), hb = s.alloc(b.size() * 4), hc = s.alloc(size_t{m} * n * 4);

@@ -22,6 +22,11 @@ class Session;
 
 namespace raccel::testing {
 
+// A program's session on `socket` (a VM's port or raccel-guestd's socket) asking for
+// `tflops`, named `program`; hello waits up to `admitWaitMs` for blocks, and every
+// reply up to 30 s.
+Result<std::unique_ptr<client::Session>> openSession(const std::string& socket, double tflops, const std::string& program,
+                                                     unsigned admitWaitMs = 0);
 // Runs a gemm (m x k) * (k x n) through `s` and compares it with a reference computed
 // here; returns the largest error, or a negative number with the failure in *why.
 double checkedGemm(client::Session& s, uint32_t m, uint32_t n, uint32_t k, unsigned seed, std::string* why);

@@ -32,15 +32,8 @@ using scheduler::SharedHolding;
 using scheduler::SharedPool;
 using nlohmann::json;
 
-Result<std::unique_ptr<Session>> openOn(const std::string& guestd, const std::string& program, double tflops = 2,
-                                        unsigned admitWaitMs = 0) {
-  client::Options o;
-  o.socket = guestd;
-  o.tflops = tflops;
-  o.program = program;
-  o.timeoutMs = 30000;
-  o.admitWaitMs = admitWaitMs;
-  return Session::open(o);
+Result<std::unique_ptr<Session>> openOn(const std::string& guestd, const std::string& program, double tflops = 2) {
+  return openSession(guestd, tflops, program);
 }
 
 bool gemmWorks(Session& s, unsigned seed, std::string* why) {

@@ -33,13 +33,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 std::unique_ptr<client::Session> open(const std::string& socket, double tflops, const std::string& name,
                                       unsigned admitWaitMs = 0) {
-  client::Options o;
-  o.socket = socket;
-  o.tflops = tflops;
-  o.program = name;
-  o.timeoutMs = 30000;
-  o.admitWaitMs = admitWaitMs;
-  auto s = client::Session::open(o);
+  auto s = openSession(socket, tflops, name, admitWaitMs);
   EXPECT_TRUE(s) << s.error().message;
   return s ? std::move(*s) : nullptr;
 }

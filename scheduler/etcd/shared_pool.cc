@@ -352,17 +352,9 @@ Status SharedPool::claim(uint64_t vaccel, const std::string& vm, const std::vect
       compareMod(txn, options_.prefix + holdKey, modOf(holdKey));
     }
     put(txn, options_.prefix + holdKey, holdingValue(h), lease_);
-    readAllOnFailure(txn, options_.prefix);
-    auto answer = client_.txn(txn);
-    if (!answer) return fail(answer.error());
-    std::unique_lock lock(mutex_);
-    if (answer->succeeded()) {
-      ++stats_.commits;
-      catchUp(lock, answer->header().revision());
-      return {};
-    }
-    ++stats_.conflicts;
-    if (auto* r = failureRange(*answer)) loadFrom(*r);
+    auto committed = commit(txn);
+    if (!committed) return fail(committed.error());
+    if (*committed) return {};
   }
   return fail(Code::unavailable, "vaccel " + std::to_string(vaccel) + "'s blocks could not be claimed: the pool kept changing");
 }
@@ -600,18 +592,25 @@ Result<std::optional<std::vector<BlockRange>>> SharedPool::tryAllocate(uint64_t 
     pool_.release(local);  // the view changes when etcd says so
   }
   put(txn, options_.prefix + holdKey, holdingValue(h), lease_);
+  auto committed = commit(txn);
+  if (!committed) return fail(committed.error());
+  if (!*committed) return std::optional<std::vector<BlockRange>>();
+  return std::optional<std::vector<BlockRange>>(h.ranges);
+}
+
+Result<bool> SharedPool::commit(pb::TxnRequest& txn) {
   readAllOnFailure(txn, options_.prefix);
   auto answer = client_.txn(txn);
-  std::unique_lock lock(mutex_);
   if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
   if (!answer->succeeded()) {
     ++stats_.conflicts;
     if (auto* r = failureRange(*answer)) loadFrom(*r);
-    return std::optional<std::vector<BlockRange>>();
+    return false;
   }
   ++stats_.commits;
   catchUp(lock, answer->header().revision());
-  return std::optional<std::vector<BlockRange>>(h.ranges);
+  return true;
 }
 
 Status SharedPool::refresh() {
@@ -689,16 +688,9 @@ Status SharedPool::setPriority(uint64_t vaccel, int priority) {
       compareMod(txn, options_.prefix + key, it->second.modRevision);
       put(txn, options_.prefix + key, holdingValue(*h), lease_);
     }
-    readAllOnFailure(txn, options_.prefix);
-    auto answer = client_.txn(txn);
-    if (!answer) return fail(answer.error());
-    std::unique_lock lock(mutex_);
-    if (answer->succeeded()) {
-      ++stats_.commits;
-      catchUp(lock, answer->header().revision());
-      return {};
-    }
-    if (auto* r = failureRange(*answer)) loadFrom(*r);
+    auto committed = commit(txn);
+    if (!committed) return fail(committed.error());
+    if (*committed) return {};
   }
   return fail(Code::unavailable, "the priority of vaccel " + std::to_string(vaccel) + " could not be recorded: its holding kept changing");
 }

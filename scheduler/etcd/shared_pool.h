@@ -191,6 +191,9 @@ class SharedPool {
   // conflicted (the view is then reloaded from the failure's answer).
   Result<std::optional<std::vector<BlockRange>>> tryAllocate(uint64_t vaccel, const std::string& vm,
                                                               const Pool::Request& request, const std::set<std::string>* usable);
+  // Commits a decision's transaction: true, with the view caught up to it; false when
+  // a version it compared had changed (the view is then reloaded from the answer).
+  Result<bool> commit(etcd::pb::TxnRequest& txn);
   // Re-reads the pool: the ranges this scheduler's `vaccel` holds there, if any.
   Result<std::optional<std::vector<BlockRange>>> committedHolding(uint64_t vaccel);
 
