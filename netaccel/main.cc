@@ -101,10 +101,11 @@ int main(int argc, char** argv) {
   if (flags.has("name")) config.name = flags.get("name");
   if (flags.has("scheduler")) config.scheduler = flags.get("scheduler");
   if (flags.has("context-grace-ms")) {
+    const std::string text = flags.get("context-grace-ms");  // outlives `end`, which points into it
     char* end = nullptr;
-    long ms = std::strtol(flags.get("context-grace-ms").c_str(), &end, 10);
-    if (!end || *end || ms < 0) {
-      std::fprintf(stderr, "raccel-netaccel: --context-grace-ms must be a number of milliseconds >= 0\n");
+    long long ms = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || !end || *end || ms < 0 || ms > 86400000) {
+      std::fprintf(stderr, "raccel-netaccel: --context-grace-ms must be a number of milliseconds from 0 to 86400000\n");
       return 2;
     }
     config.contextGraceMs = static_cast<unsigned>(ms);
