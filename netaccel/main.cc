@@ -191,13 +191,13 @@ int main(int argc, char** argv) {
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   std::unique_ptr<netaccel::EtcdPresence> presence;
   if (!config.etcd.endpoints.empty()) {
-    auto endpoints = etcd::parseEndpoints(config.etcd.endpoints);
-    if (!endpoints) {
-      std::fprintf(stderr, "raccel-netaccel: %s\n", endpoints.error().message.c_str());
+    auto options = etcd::optionsFrom(config.etcd);
+    if (!options) {
+      std::fprintf(stderr, "raccel-netaccel: %s\n", options.error().message.c_str());
       return 2;
     }
     netaccel::EtcdPresence::Settings settings;
-    settings.etcd = {*endpoints, config.etcd.ca, config.etcd.cert, config.etcd.key};
+    settings.etcd = *options;
     settings.prefix = config.etcd.prefix;
     settings.leaseTtlSeconds = config.etcd.leaseTtlSeconds;
     presence = std::make_unique<netaccel::EtcdPresence>(settings, config.name, cardSpecs(*devices),

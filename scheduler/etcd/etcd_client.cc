@@ -60,6 +60,12 @@ Result<std::vector<std::string>> parseEndpoints(const std::string& text) {
   return out;
 }
 
+Result<Options> optionsFrom(const EtcdSettings& settings, uint32_t callTimeoutMs) {
+  auto endpoints = parseEndpoints(settings.endpoints);
+  if (!endpoints) return fail(endpoints.error().code, "etcd: " + endpoints.error().message);
+  return Options{*endpoints, settings.ca, settings.cert, settings.key, callTimeoutMs};
+}
+
 std::string prefixEnd(const std::string& prefix) {
   std::string end = prefix;
   while (!end.empty()) {

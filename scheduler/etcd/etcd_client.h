@@ -21,6 +21,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/error.h"
+#include "common/etcd_settings.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace raccel::etcd {
@@ -37,6 +38,9 @@ struct Options {
 
 // Parses "--etcd"'s value: endpoints separated by commas.
 Result<std::vector<std::string>> parseEndpoints(const std::string& text);
+// A daemon's etcd settings (common/etcd_settings.h) as a client's options; an error
+// names the endpoints that do not parse.
+Result<Options> optionsFrom(const EtcdSettings& settings, uint32_t callTimeoutMs = Options{}.callTimeoutMs);
 
 // The key just past every key that starts with `prefix` (etcd's range_end for a prefix).
 std::string prefixEnd(const std::string& prefix);

@@ -13,10 +13,9 @@ constexpr uint32_t kCallTimeoutMs = 1000;
 
 Result<std::unique_ptr<EtcdPoolState>> EtcdPoolState::open(uv_loop_t* loop, const EtcdSettings& settings,
                                                           const std::string& name, double blockTflops) {
-  auto endpoints = etcd::parseEndpoints(settings.endpoints);
-  if (!endpoints) return fail(endpoints.error().code, "etcd: " + endpoints.error().message);
-  etcd::Options options{*endpoints, settings.ca, settings.cert, settings.key, kCallTimeoutMs};
-  auto client = etcd::Client::open(options);
+  auto options = etcd::optionsFrom(settings, kCallTimeoutMs);
+  if (!options) return fail(options.error());
+  auto client = etcd::Client::open(*options);
   if (!client) return fail(client.error());
   std::unique_ptr<EtcdPoolState> state(
       new EtcdPoolState(loop, (*client)->describe() + " " + settings.prefix + " as scheduler '" + name + "'"));
@@ -222,23 +221,24 @@ Status EtcdPoolState::applyMove(const Pool::Move&) {
 }
 
 void EtcdPoolState::release(VaccelId owner) {
-  if (mirror_.held(owner).empty()) return;
   mirror_.release(owner);
+  // owned_ is the record of this scheduler's holdings (the view may lag behind etcd).
   {
     std::lock_guard lock(mutex_);
+    if (!owned_.erase(owner)) return;
     releasing_.insert(owner);
-    owned_.erase(owner);
   }
   post({[this, owner] { return shared_->release(owner); }, "releasing vaccel " + std::to_string(owner), owner});
 }
 
 void EtcdPoolState::setPriority(VaccelId owner, int priority) {
-  if (mirror_.held(owner).empty()) return;
-  mirror_.setPriority(owner, priority);
   {
     std::lock_guard lock(mutex_);
-    if (auto it = owned_.find(owner); it != owned_.end()) it->second.priority = priority;
+    auto it = owned_.find(owner);
+    if (it == owned_.end()) return;
+    it->second.priority = priority;
   }
+  mirror_.setPriority(owner, priority);
   post({[this, owner, priority] { return shared_->setPriority(owner, priority); },
         "recording vaccel " + std::to_string(owner) + "'s priority"});
 }

@@ -95,7 +95,8 @@ class EtcdPoolState final : public PoolState {
   std::condition_variable wake_;
   std::deque<Job> jobs_;
   std::set<VaccelId> releasing_;  // released here, not yet in etcd
-  // This scheduler's holdings as it placed them: claimed back when its lease lapsed.
+  // This scheduler's holdings as it placed them (what it releases, and claims back when
+  // its lease lapsed); the view may lag behind them.
   struct Owned {
     std::string vm;
     std::vector<BlockRange> ranges;

@@ -341,14 +341,7 @@ Status SharedPool::claim(uint64_t vaccel, const std::string& vm, const std::vect
           if (pool_.ownerOf(b) != kNoOwner && pool_.ownerOf(b) != mine)
             return fail(Code::resourceExhausted, "block " + std::to_string(b) + " is held by another vaccel now");
         }
-      std::set<std::string> versioned;
-      for (auto& share : pool_.cardsOf(ranges)) versioned.insert(cardKey(share.card));
-      if (!host.empty() && !ranges.empty())
-        versioned.insert("hosts/" + pool_.nodes()[pool_.cards()[static_cast<size_t>(pool_.cardOf(ranges[0].first))].node].name);
-      for (const std::string& key : versioned) {
-        compareMod(txn, options_.prefix + key, modOf(key));
-        put(txn, options_.prefix + key, std::to_string(vaccel));
-      }
+      compareVersions(txn, ranges, host, vaccel);
       compareMod(txn, options_.prefix + holdKey, modOf(holdKey));
     }
     put(txn, options_.prefix + holdKey, holdingValue(h), lease_);
@@ -550,6 +543,20 @@ std::string SharedPool::cardKey(size_t card) const {
   return "cards/" + pool_.nodes()[c.node].name + "/" + std::to_string(c.spec.index);
 }
 
+void SharedPool::compareVersions(pb::TxnRequest& txn, const std::vector<BlockRange>& ranges, const HostVector& host,
+                                 uint64_t vaccel) const {
+  // The versions the view read: of every card the ranges take, and with host needs of
+  // their node's host. The transaction compares and rewrites each.
+  std::set<std::string> versioned;
+  for (auto& share : pool_.cardsOf(ranges)) versioned.insert(cardKey(share.card));
+  if (!host.empty() && !ranges.empty())
+    versioned.insert("hosts/" + pool_.nodes()[pool_.cards()[static_cast<size_t>(pool_.cardOf(ranges[0].first))].node].name);
+  for (const std::string& key : versioned) {
+    compareMod(txn, options_.prefix + key, modOf(key));
+    put(txn, options_.prefix + key, std::to_string(vaccel));
+  }
+}
+
 int64_t SharedPool::modOf(const std::string& key) const {
   auto it = keys_.find(key);
   return it == keys_.end() ? 0 : it->second.modRevision;
@@ -580,15 +587,7 @@ Result<std::optional<std::vector<BlockRange>>> SharedPool::tryAllocate(uint64_t 
     for (size_t i : closed) pool_.setDraining(i, false);
     if (!ranges) return fail(ranges.error());
     h.ranges = *ranges;
-    // The versions it read: of the cards it takes, and with host needs of its node's host.
-    std::set<std::string> versioned;
-    for (auto& share : pool_.cardsOf(h.ranges)) versioned.insert(cardKey(share.card));
-    if (!request.host.empty() && !h.ranges.empty())
-      versioned.insert("hosts/" + pool_.nodes()[pool_.cards()[static_cast<size_t>(pool_.cardOf(h.ranges[0].first))].node].name);
-    for (const std::string& key : versioned) {
-      compareMod(txn, options_.prefix + key, modOf(key));
-      put(txn, options_.prefix + key, std::to_string(vaccel));
-    }
+    compareVersions(txn, h.ranges, request.host, vaccel);
     pool_.release(local);  // the view changes when etcd says so
   }
   put(txn, options_.prefix + holdKey, holdingValue(h), lease_);

@@ -187,6 +187,10 @@ class SharedPool {
   VaccelId localId(const std::string& scheduler, uint64_t vaccel);
   std::string cardKey(size_t card) const;
   int64_t modOf(const std::string& key) const;
+  // Adds to a decision's transaction the compare and rewrite of every version it read
+  // (under mutex_, on the view it placed on).
+  void compareVersions(etcd::pb::TxnRequest& txn, const std::vector<BlockRange>& ranges, const HostVector& host,
+                       uint64_t vaccel) const;
   // One attempt: the transaction of an allocation placed on the view; nullopt when it
   // conflicted (the view is then reloaded from the failure's answer).
   Result<std::optional<std::vector<BlockRange>>> tryAllocate(uint64_t vaccel, const std::string& vm,
