@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <span>
+#include <vector>
 
+#include "common/images.h"
 #include "hal/cpu/cpu_device.h"
 
 namespace raccel::hal {
@@ -82,6 +86,54 @@ TEST(Backends, OpenclDevicesOpenWithTheirKindAndCalibratedTflops) {
   ASSERT_TRUE(fpga);
   EXPECT_EQ((*fpga)->capabilities().kind, CardKind::fpga);
   EXPECT_EQ((*fpga)->capabilities().tflops, 3);
+}
+
+// An image of a buffer made for one launch lives until its kernel has run: many launches
+// go in without a wait between, and every texel each wrote is in its buffer after.
+TEST(Backends, OpenclImagesOfBuffersOutliveTheirLaunches) {
+  auto report = discover("opencl");
+  if (report.devices.empty()) GTEST_SKIP() << "no OpenCL device: " << report.note;
+  auto d = openDevice("opencl", 0, {.memoryBytes = 64 << 20});
+  ASSERT_TRUE(d) << d.error().message;
+  Device& dev = **d;
+  const char* text =
+      "__kernel void put(__write_only image1d_buffer_t out, __global float* marks, float base) {\n"
+      "  int i = get_global_id(0);\n"
+      "  write_imagef(out, i, (float4)(base + i, -i, 0.5f, 1));\n"
+      "  marks[i] = i;\n"
+      "}\n";
+  auto program = dev.loadProgram(ProgramKind::openclC, "put", std::as_bytes(std::span(text, std::strlen(text))));
+  ASSERT_TRUE(program) << program.error().message;
+  constexpr uint32_t kTexels = 64, kLaunches = 200;
+  std::vector<std::unique_ptr<Buffer>> images;
+  auto marks = dev.allocate(kTexels * 4);
+  ASSERT_TRUE(marks);
+  for (uint32_t l = 0; l < kLaunches; ++l) {
+    auto b = dev.allocate(kTexels * 16);
+    ASSERT_TRUE(b) << b.error().message;
+    KernelArg args[3];
+    args[0].type = KernelArg::Type::image;
+    args[0].buffer = b->get();
+    args[0].image = {.type = image::kImage1dBuffer, .channelOrder = 0x10B5 /* CL_RGBA */, .channelType = 0x10DE /* CL_FLOAT */, .width = kTexels};
+    args[1].type = KernelArg::Type::buffer;
+    args[1].buffer = marks->get();
+    args[2].type = KernelArg::Type::f32;
+    args[2].scalar.f32 = static_cast<float>(l * 1000);
+    LaunchDims dims;
+    dims.workDim = 1;
+    dims.autoBlock = true;
+    dims.grid = {kTexels, 1, 1};
+    auto s = dev.launch(**program, "put", dims, args);
+    ASSERT_TRUE(s) << s.error().message;
+    images.push_back(std::move(*b));
+  }
+  for (uint32_t l = 0; l < kLaunches; ++l) {
+    std::vector<float> got(kTexels * 4);
+    ASSERT_TRUE(dev.read(*images[l], 0, std::as_writable_bytes(std::span(got))));
+    for (uint32_t i = 0; i < kTexels; ++i)
+      ASSERT_EQ(got[i * 4], static_cast<float>(l * 1000 + i)) << "launch " << l << " texel " << i;
+  }
+  ASSERT_TRUE(dev.finish());
 }
 
 }  // namespace

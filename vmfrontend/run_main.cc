@@ -151,7 +151,13 @@ int main(int argc, char** argv) {
   s.writeFloats(ha, a);
   s.writeFloats(hb, b);
   if (holdMs > 0) {
-    (void)s.fence();
+    if (auto f = s.fence(); !f) {
+      std::printf("raccel-run: FAIL writing the inputs: %s: %s\n", codeName(f.error().code), f.error().message.c_str());
+      return 1;
+    }
+    // Said once everything before the hold has reached the card (a test waits for it).
+    std::printf("raccel-run: holding the virtual accelerator for %d ms, inputs written\n", holdMs);
+    std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(holdMs));
   }
   double maxErr = 0;

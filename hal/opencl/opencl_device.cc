@@ -209,6 +209,7 @@ class OpenclDevice final : public Device {
   ~OpenclDevice() override {
     clFinish(queue_);
     for (auto& t : timed_) clReleaseEvent(t.event);
+    releaseKept();
     builtins_.reset();
     tensorKernels_.reset();
     if (partials_) clReleaseMemObject(partials_);
@@ -228,7 +229,15 @@ class OpenclDevice final : public Device {
     return check(rc, "allocating reduction scratch");
   }
 
-  Status finish() override { return check(clFinish(queue_), "clFinish"); }
+  Status finish() override {
+    Status s = check(clFinish(queue_), "clFinish");
+    if (s) releaseKept();
+    return s;
+  }
+  void releaseKept() {
+    for (auto& k : kept_) clReleaseEvent(k.done);
+    kept_.clear();
+  }
 
   // Kernels are enqueued and return at once; each carries an event whose profiling
   // times (the device's clock) are its device time.
@@ -301,8 +310,11 @@ class OpenclDevice final : public Device {
     auto kernel = p.kernel(kernelName);
     if (!kernel) return fail(kernel.error());
     // What the arguments need made on the card (sub-buffers, images, samplers) lives
-    // until this returns; the commands that use them keep them after that.
-    LaunchObjects made(context_, queue_);
+    // until the kernel and its copies back have run: a driver need not keep a kernel
+    // argument's object alive for the command (PoCL 3.1 faults, now and then, on an
+    // image of a buffer released while its kernel runs).
+    auto owned = std::make_unique<LaunchObjects>(context_, queue_);
+    LaunchObjects& made = *owned;
     if (auto s = setArgs(p, kernelName, *kernel, args, made); !s) return s;
     cl_uint declared = 0;
     clGetKernelInfo(*kernel, CL_KERNEL_NUM_ARGS, sizeof declared, &declared, nullptr);
@@ -332,8 +344,38 @@ class OpenclDevice final : public Device {
     if (rc == CL_INVALID_KERNEL_ARGS)
       return clFail(Code::invalidArgument, "launch of " + kernelName + ": not every argument is set", rc);
     if (auto s = check(rc, "clEnqueueNDRangeKernel"); !s) return s;
-    return check(made.finish(), "copying the images the kernel wrote back into their buffers");
+    Status copied = check(made.finish(), "copying the images the kernel wrote back into their buffers");
+    keepUntilDone(std::move(owned));
+    return copied;
   }
+
+  // Holds `made` until the commands enqueued so far have run (an in-order queue: a
+  // marker after them completes last); releases what earlier launches held once theirs
+  // have.
+  void keepUntilDone(std::unique_ptr<LaunchObjects> made) {
+    while (!kept_.empty() && completed(kept_.front().done)) {
+      clReleaseEvent(kept_.front().done);
+      kept_.pop_front();
+    }
+    if (made->empty()) return;
+    if (kept_.size() >= 4096 && clFinish(queue_) == CL_SUCCESS) releaseKept();  // a bound on what waits
+    cl_event done = nullptr;
+    if (clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &done) != CL_SUCCESS || !done) {
+      clFinish(queue_);  // no marker: wait here rather than release early
+      return;
+    }
+    kept_.push_back({done, std::move(made)});
+  }
+  static bool completed(cl_event event) {
+    cl_int status = CL_QUEUED;
+    clGetEventInfo(event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+    return status <= CL_COMPLETE;  // complete, or ended in error
+  }
+  struct Kept {
+    cl_event done;
+    std::unique_ptr<LaunchObjects> objects;
+  };
+  std::deque<Kept> kept_;
 
   // Sets each argument of `kernel`, making on the card what one needs.
   Status setArgs(ClProgram& p, const std::string& kernelName, cl_kernel kernel, std::span<const KernelArg> args,

@@ -37,6 +37,7 @@ class LaunchObjects {
   cl_int sampler(uint32_t word, cl_sampler* out);
   // Enqueues the copies of written images back into their buffers.
   cl_int finish();
+  bool empty() const { return images_.empty() && subs_.empty() && samplers_.empty(); }
 
  private:
   struct Made {
