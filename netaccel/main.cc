@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "hal/backends.h"
 #include "netaccel/etcd_presence.h"
+#include "netaccel/scheduler_watch.h"
 #include "netaccel/netaccel.h"
 #include "transport/signals.h"
 
@@ -206,6 +207,13 @@ int main(int argc, char** argv) {
   uv_loop_t* loop = uv_default_loop();
   netaccel::Netaccel daemon(loop, config, std::move(*devices));
   daemon.useTls(tls);
+  // Declared after the daemon: stopped (its thread joined) before the daemon goes.
+  std::unique_ptr<netaccel::SchedulerWatch> schedulers;
+  if (presence) {
+    schedulers = std::make_unique<netaccel::SchedulerWatch>(*etcd::optionsFrom(config.etcd), config.etcd.prefix,
+                                                            [&daemon](const std::string& name) { daemon.schedulerGone(name); });
+    daemon.useSchedulerLiveness([w = schedulers.get()](const std::string& name) { return w->live(name); });
+  }
   if (auto started = daemon.start(); !started) {
     daemon.stop();
     uv_run(loop, UV_RUN_DEFAULT);

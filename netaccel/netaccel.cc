@@ -2,6 +2,7 @@
 
 #include "common/metrics.h"
 
+#include "common/limits.h"
 #include "common/log.h"
 #include <algorithm>
 #include <cstdlib>
@@ -16,6 +17,14 @@
 namespace raccel::netaccel {
 namespace {
 constexpr size_t kInputHighWater = 64 * 1024 * 1024;
+
+// A scheduler's name in a shared pool as it told us: checked as the scheduler's config
+// checks it; anything else is no name (its contexts then wait the grace).
+std::string poolNameOf(capnp::Text::Reader text) {
+  std::string name(text.begin(), text.size());
+  if (name.empty() || !limits::checkName("name", name) || name.find('/') != std::string::npos) return {};
+  return name;
+}
 constexpr unsigned kMaxBackoffMs = 5000;
 // Closed contexts whose final usage is still to be reported, at most.
 constexpr size_t kMaxClosedPending = 65536;
@@ -76,6 +85,7 @@ struct Netaccel::Link {
   std::unordered_map<uint32_t, std::vector<CardWorker::Output>> kept;
   // The final kernel time of its closed contexts, for its next heartbeat (its ids).
   std::vector<std::pair<uint32_t, uint64_t>> closedUsage;
+  std::string poolName;  // its name in a shared pool, as it said when it took us in
   std::string name() const { return address.toString(); }
 };
 
@@ -191,7 +201,30 @@ void Netaccel::stop() {
     for (uv_timer_t* t : {link->heartbeat, link->reconnect, link->grace, link->settle}) closeHandle(t);
   }
   if (http_) http_->stop();
+  {
+    std::lock_guard lock(goneMutex_);
+    asyncOpen_ = false;
+  }
   closeHandle(async_);
+}
+
+void Netaccel::schedulerGone(const std::string& name) {
+  std::lock_guard lock(goneMutex_);
+  if (!asyncOpen_ || gone_.size() >= 4096) return;  // stopping, or a flood: the grace still bounds it
+  gone_.push_back(name);
+  uv_async_send(async_);
+}
+
+void Netaccel::dropKeptOfGone() {
+  std::vector<std::string> gone;
+  {
+    std::lock_guard lock(goneMutex_);
+    gone.swap(gone_);
+  }
+  for (auto& name : gone)
+    for (auto& link : links_)
+      if (link->poolName == name && !link->connection && !link->kept.empty())
+        dropKept(*link, "its etcd lease ended (its blocks are back in the pool)");
 }
 
 void Netaccel::connect(Link& link) {
@@ -340,6 +373,8 @@ void Netaccel::onLinkClosed(Link& link) {
       RLOG_INFO("netaccel") << "keeping " << link.contexts.size() << " context(s) of scheduler " << link.name() << " for "
                             << config_.contextGraceMs << " ms for it to come back";
     }
+    if (!link.poolName.empty() && live_ && live_(link.poolName) == false)
+      dropKept(link, "it holds no etcd lease (its blocks are back in the pool)");
   }
   if (link.registered) {
     RLOG_WARN("netaccel") << "lost the scheduler at " << link.name() << "; reconnecting";
@@ -350,9 +385,14 @@ void Netaccel::onLinkClosed(Link& link) {
 }
 
 void Netaccel::graceOver(Link& link) {
+  dropKept(link, "it did not come back within " + std::to_string(config_.contextGraceMs) + " ms");
+}
+
+void Netaccel::dropKept(Link& link, const std::string& why) {
   if (link.kept.empty()) return;
-  RLOG_WARN("netaccel") << "the scheduler at " << link.name() << " did not come back for " << link.kept.size()
-                        << " context(s) within " << config_.contextGraceMs << " ms; dropping them and their buffers";
+  RLOG_WARN("netaccel") << "dropping the " << link.kept.size() << " context(s) (and their buffers) kept for the scheduler at "
+                        << link.name() << (link.poolName.empty() ? "" : " ('" + link.poolName + "')") << ": " << why;
+  uv_timer_stop(link.grace);
   std::vector<uint32_t> kept;
   for (auto& [ours, waiting] : link.kept) kept.push_back(ours);
   for (uint32_t ours : kept) closeContext(ours);
@@ -431,6 +471,7 @@ void Netaccel::onControl(Link& link, transport::Body body) {
         }
         link.registered = true;
         link.backoffMs = 100;
+        link.poolName = poolNameOf(r.getPoolName());
         // Kept contexts: the scheduler adopts or closes each right after this.
         uv_timer_stop(link.grace);
         unsigned hb = r.getHeartbeatMs() ? r.getHeartbeatMs() : config_.heartbeatMs;
@@ -511,6 +552,7 @@ void Netaccel::sendHeartbeat(Link& link) {
 }
 
 void Netaccel::drainOutputs() {
+  dropKeptOfGone();
   // Faults first: each scheduler hears of a lost sandbox (naming its own contexts)
   // before the errors it caused.
   std::vector<CardWorker::Fault> faults;

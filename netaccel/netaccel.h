@@ -13,12 +13,18 @@
 // registers again with the contexts it kept (once their queues have run dry); the
 // scheduler adopts those it knows (their waiting replies are sent) and closes the rest.
 // When the grace ends first, they are dropped: no tenant data outlives its scheduler
-// by more than the grace. The other schedulers' links are untouched throughout.
+// by more than the grace. In a pool shared through etcd they go sooner: when the
+// scheduler's lease ends (its blocks return to the pool then), the contexts of a link
+// lost to it are dropped at once. The other schedulers' links are untouched throughout.
 #pragma once
 
 #include <uv.h>
 
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -50,6 +56,14 @@ class Netaccel {
   // Closes the link and every handle so the loop can end.
   void stop();
 
+  // In a pool shared through etcd (netaccel/scheduler_watch.h): whether the scheduler
+  // of a name holds a lease now (nullopt: not known). A link lost to one that holds
+  // none drops its contexts at once rather than after the grace.
+  void useSchedulerLiveness(std::function<std::optional<bool>(const std::string&)> live) { live_ = std::move(live); }
+  // Any thread: the scheduler of that name lost its lease. The contexts of a link lost
+  // to it are dropped (on the loop thread, soon after).
+  void schedulerGone(const std::string& name);
+
  private:
   struct Link;  // one scheduler
   struct Context {
@@ -69,6 +83,9 @@ class Netaccel {
   void sendHeartbeat(Link& link);
   void sendRegister(Link& link);
   void graceOver(Link& link);
+  // Drops the contexts a lost link kept; `why` ends the log line.
+  void dropKept(Link& link, const std::string& why);
+  void dropKeptOfGone();
   void closeContextsOf(Link& link);
   void drainOutputs();
   // Input backpressure over every link: the cards' queues are shared.
@@ -90,6 +107,10 @@ class Netaccel {
   uint32_t nextContext_ = 1;                        // never reused (refused when spent)
   bool stopping_ = false, inputPaused_ = false;
   uv_async_t* async_;
+  std::function<std::optional<bool>(const std::string&)> live_;
+  std::mutex goneMutex_;  // guards the two below; held while async_ may be sent to
+  std::vector<std::string> gone_;
+  bool asyncOpen_ = true;
   std::vector<CardWorker::Output> outputs_;
   std::unique_ptr<transport::HttpServer> http_;
   uint64_t instructionsReceived_ = 0, linksLost_ = 0;

@@ -109,6 +109,8 @@ struct Registered {
   accepted @0 :Bool;
   error @1 :Frame.Error;     # why not, when refused
   heartbeatMs @2 :UInt32;
+  poolName @3 :Text;         # in a pool shared through etcd: its name there (its lease's
+                             #   key schedulers/NAME); empty otherwise
 }
 
 struct OpenContext {

@@ -64,10 +64,10 @@ class MultiHost : public ::testing::Test {
     // Each netaccel registers itself in etcd and links to both hosts' schedulers.
     std::string all;
     for (auto* h : {a_.get(), b_.get(), c_.get()}) all += (all.empty() ? "" : ",") + ("127.0.0.1:" + std::to_string(h->nodePort()));
-    // A scheduler that vanishes: its contexts (and its tenants' buffers) are dropped 3 s on.
+    // Their context grace is the default minute: a vanished scheduler's contexts go
+    // when its lease does.
     for (auto [host, name] : {std::pair{a_.get(), "na"}, std::pair{b_.get(), "nb"}})
-      host->addNetaccel(name, {"kind=cpu,tflops=4"}, 4,
-                        {"--etcd", etcd_->endpoints(), "--scheduler", all, "--context-grace-ms", "3000"});
+      host->addNetaccel(name, {"kind=cpu,tflops=4"}, 4, {"--etcd", etcd_->endpoints(), "--scheduler", all});
     ASSERT_TRUE(waitFor([&] { return a_->poolTotal() == 8 && b_->poolTotal() == 8 && c_->poolTotal() == 8; }, 15000))
         << logs();
     guestdA_ = a_->startGuestd("vm-a");
@@ -224,9 +224,11 @@ TEST_F(MultiHost, AKilledSchedulersBlocksReturnWithinItsLeaseAndTheOtherHostGoes
       },
       15000))
       << b_->console("pool");
-  // The netaccels drop the dead scheduler's contexts after their grace; B's stay.
+  // The netaccels drop the dead scheduler's contexts with its lease, long before their
+  // minute of grace; B's stay.
   EXPECT_TRUE(waitFor([&] { return netaccelSum("raccel_card_contexts") == contexts - ofA; }, 15000))
-      << netaccelSum("raccel_card_contexts") << " contexts, " << contexts << " before";
+      << netaccelSum("raccel_card_contexts") << " contexts, " << contexts << " before" << logs();
+  EXPECT_NE(logs().find("('host-a'): its etcd lease ended"), std::string::npos) << logs();
   EXPECT_EQ(netaccelSum("raccel_netaccel_connected"), 4);  // A is gone
   std::string why;
   EXPECT_TRUE(gemmWorks(**onB, 3, &why)) << why;

@@ -1,0 +1,113 @@
+#include "netaccel/scheduler_watch.h"
+
+#include <chrono>
+#include <vector>
+
+#include "common/log.h"
+
+namespace raccel::netaccel {
+namespace {
+// A bound on the names held: anyone who may write under the prefix can add keys.
+constexpr size_t kMaxSchedulers = 4096;
+}  // namespace
+
+SchedulerWatch::SchedulerWatch(etcd::Options options, std::string prefix, std::function<void(const std::string&)> gone)
+    : options_(std::move(options)), prefix_(std::move(prefix) + "schedulers/"), gone_(std::move(gone)),
+      thread_([this] { run(); }) {}
+
+SchedulerWatch::~SchedulerWatch() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+std::optional<bool> SchedulerWatch::live(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  if (!live_ || overflowed_) return std::nullopt;  // not known: the caller waits its grace
+  return live_->contains(name);
+}
+
+bool SchedulerWatch::pause(int64_t ms) {
+  std::unique_lock lock(mutex_);
+  return !wake_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return stopping_; });
+}
+
+void SchedulerWatch::replace(std::set<std::string> now) {
+  std::vector<std::string> went;
+  {
+    std::lock_guard lock(mutex_);
+    if (live_)
+      for (auto& name : *live_)
+        if (!now.contains(name)) went.push_back(name);
+    overflowed_ = now.size() >= kMaxSchedulers;
+    live_ = std::move(now);
+  }
+  for (auto& name : went) gone_(name);
+}
+
+void SchedulerWatch::applyEvents(const etcd::Watcher::Events& events) {
+  std::vector<std::string> went;
+  {
+    std::lock_guard lock(mutex_);
+    if (!live_) live_.emplace();
+    for (auto& e : events) {
+      const std::string& key = e.kv().key();
+      if (!key.starts_with(prefix_)) continue;
+      std::string name = key.substr(prefix_.size());
+      if (e.type() == mvccpb::Event::DELETE) {
+        if (live_->erase(name)) went.push_back(name);
+      } else if (live_->size() < kMaxSchedulers) {
+        live_->insert(std::move(name));
+      } else {
+        overflowed_ = true;
+      }
+    }
+  }
+  for (auto& name : went) gone_(name);
+}
+
+void SchedulerWatch::run() {
+  auto client = etcd::Client::open(options_);
+  if (!client) {
+    RLOG_ERROR("netaccel") << "watching the pool's schedulers: " << client.error().message;
+    return;
+  }
+  std::string lastProblem;
+  while (pause(0)) {
+    auto all = (*client)->range(prefix_);
+    if (!all) {
+      if (all.error().message != lastProblem)
+        RLOG_WARN("netaccel") << "watching the pool's schedulers: " << all.error().message << " (trying again every second)";
+      lastProblem = all.error().message;
+      if (!pause(1000)) break;
+      continue;
+    }
+    lastProblem.clear();
+    std::set<std::string> now;
+    for (auto& kv : all->kvs())
+      if (kv.key().starts_with(prefix_) && now.size() < kMaxSchedulers) now.insert(kv.key().substr(prefix_.size()));
+    replace(std::move(now));
+    {
+      std::lock_guard lock(mutex_);
+      broken_ = false;
+    }
+    {
+      etcd::Watcher watcher(
+          **client, prefix_, all->header().revision() + 1, false,
+          [this](etcd::Watcher::Events events, int64_t) { applyEvents(events); },
+          [this](Error) {
+            std::lock_guard lock(mutex_);
+            broken_ = true;
+            wake_.notify_all();
+          });
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || broken_; });
+    }
+    if (!pause(1000)) break;
+  }
+}
+
+}  // namespace raccel::netaccel
