@@ -396,6 +396,39 @@ TEST_F(SharedPoolTest, ValuesThatBreakTheFormatAreRefusedAndNeverLeadToADoubleHo
   ASSERT_TRUE(waitFor([&] { return b->view().free == 3; }, 10000)) << b->view().free;
 }
 
+// A node record that breaks the format leaves a gap in the numbering: it is held by an
+// offline placeholder, so the nodes numbered after it keep theirs and stay usable.
+TEST_F(SharedPoolTest, ARefusedNodeRecordHidesNoOtherNode) {
+  auto a = join("host-a");
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(a->registerNode("n1", cpuCards({4}), {}, a->lease()));
+  ASSERT_TRUE(a->registerNode("n2", cpuCards({2}), {}, a->lease()));
+  auto n3 = a->registerNode("n3", cpuCards({4}), {}, a->lease());
+  ASSERT_TRUE(n3) << n3.error().message;
+  EXPECT_EQ(*n3, (BlockRange{7, 4}));
+  ASSERT_TRUE(client_->put("/raccel/nodes/n2", "{broken"));
+  auto b = join("host-b");
+  ASSERT_TRUE(b);
+  auto v = b->view();
+  EXPECT_EQ(v.total, 8u);
+  EXPECT_EQ(v.free, 8u);
+  EXPECT_GE(b->stats().refusedValues, 1u);
+  bool sawN3 = false;
+  for (auto& n : v.nodes)
+    if (n.name == "n3") {
+      sawN3 = true;
+      EXPECT_EQ(n.blocks, (BlockRange{7, 4}));
+    }
+  EXPECT_TRUE(sawN3) << "n3 is hidden";
+  // All 8 blocks go, none of them n2's old numbers; its online key brings no gap online.
+  ASSERT_TRUE(client_->put("/raccel/online/~gap@5", "{}"));
+  auto got = b->allocate(1, "vm-b", blocks(8));
+  ASSERT_TRUE(got) << got.error().message;
+  for (auto& r : *got)
+    for (uint32_t blk = r.first; blk < r.end(); ++blk) EXPECT_TRUE(blk <= 4 || blk >= 7) << blk;
+  EXPECT_FALSE(b->allocate(2, "vm-b", blocks(1)));
+}
+
 TEST_F(SharedPoolTest, AdmissionsGoOnWithOneEtcdMemberDown) {
   auto a = join("host-a");
   ASSERT_TRUE(a);

@@ -471,9 +471,29 @@ bool SharedPool::addNodeRecord(const std::string& name, const std::string& value
   if (pool_.nodes()[*index].blocks.count != record->blocks) {
     // Numbers already given cannot be taken back: the rest of the numbering would move.
     return refuse("its cards make " + std::to_string(pool_.nodes()[*index].blocks.count) + " blocks, not the " +
-                  std::to_string(record->blocks) + " it claims; the view stops at this node");
+                  std::to_string(record->blocks) + " it claims (the nodes numbered after it may be refused)");
   }
   return true;
+}
+
+void SharedPool::holdGap(uint32_t first) {
+  const uint64_t next = uint64_t{pool_.highestBlock()} + 1;
+  if (first <= next) return;
+  const uint64_t gap = first - next;
+  if (gap > limits::kMaxBlocksPerNode) return;  // the node after it is refused, and the rest with it
+  std::vector<CardSpec> cards;
+  for (uint64_t left = gap; left > 0;) {
+    uint64_t n = std::min<uint64_t>(left, limits::kMaxBlocksPerCard);
+    CardSpec c;
+    c.kind = CardKind::cpu;
+    c.index = static_cast<uint32_t>(cards.size());
+    c.tflops = static_cast<double>(n) * options_.blockTflops;
+    c.model = "numbers of a refused node record";
+    cards.push_back(c);
+    left -= n;
+  }
+  auto index = pool_.addNode(kGapPrefix + std::to_string(next), cards, {});
+  if (index && pool_.nodes()[*index].blocks.count == gap) pool_.removeNode(*index);
 }
 
 void SharedPool::rebuild() {
@@ -488,11 +508,13 @@ void SharedPool::rebuild() {
     order.push_back({static_cast<uint32_t>(std::min<uint64_t>(first, UINT32_MAX)), it->first.substr(6)});
   }
   std::sort(order.begin(), order.end());
-  // A refused node leaves a gap in the numbering: the nodes after it are refused too,
-  // since their numbers no longer line up (logged, each of them).
-  for (auto& [first, name] : order) addNodeRecord(name, keys_["nodes/" + name].value);
+  for (auto& [first, name] : order) {
+    holdGap(first);
+    addNodeRecord(name, keys_["nodes/" + name].value);
+  }
   for (size_t i = 0; i < pool_.nodes().size(); ++i)
-    if (!keys_.count("online/" + pool_.nodes()[i].name)) pool_.removeNode(i);
+    if (pool_.nodes()[i].online && (pool_.nodes()[i].name.starts_with(kGapPrefix) || !keys_.count("online/" + pool_.nodes()[i].name)))
+      pool_.removeNode(i);
   // Holdings in the order they were first committed: an overlap loses to what came first.
   std::vector<std::pair<int64_t, std::string>> holds;
   for (auto it = keys_.lower_bound("holds/"); it != keys_.end() && it->first.starts_with("holds/"); ++it)

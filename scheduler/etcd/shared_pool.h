@@ -183,6 +183,11 @@ class SharedPool {
   void rebuild();  // the view from keys_, under mutex_
   void noteRefused(const std::string& key, const std::string& why);  // logged and counted once
   void quarantine(const std::vector<BlockRange>& ranges, int64_t created);
+  // A gap in the numbering before `first` (a node record refused or removed) is held by
+  // an offline node of that many blocks named kGapPrefix + its first number, so that the
+  // nodes after it keep their numbers. It never comes online.
+  void holdGap(uint32_t first);
+  static constexpr const char* kGapPrefix = "~gap@";
   bool addNodeRecord(const std::string& name, const std::string& value);
   VaccelId localId(const std::string& scheduler, uint64_t vaccel);
   std::string cardKey(size_t card) const;
