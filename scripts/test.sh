@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The trace-driven tests read traces/ (scripts/get-traces.sh); without them they skip.
+bash scripts/get-traces.sh > get-traces.log 2>&1 || echo "== no traces (see get-traces.log): the trace-driven tests skip"
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300
 [ "${RACCEL_SKIP_SANITIZERS:-0}" = 1 ] && exit 0
 

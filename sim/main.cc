@@ -2,6 +2,7 @@
 // traces with a virtual clock. See sim/README.md.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "common/flags.h"
@@ -11,6 +12,7 @@
 #include "sim/omega.h"
 #include "sim/packing.h"
 #include "sim/report.h"
+#include "sim/traces_dir.h"
 
 using namespace raccel;
 using namespace raccel::sim;
@@ -37,13 +39,22 @@ Result<std::vector<uint64_t>> parseSeeds(const std::string& text) {
   return seeds;
 }
 
+// A trace file that did not load; when it is not there, how to get the traces.
+int traceDie(const std::string& path, const Error& error) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return die(error.message + " (" + howToGetTraces() + ")");
+  return die(error.message);
+}
+
 int openb(const Flags& flags) {
   auto models = defaultModelTflops();
   if (auto st = overrideModelTflops(models, flags.get("model-tflops")); !st) return die(st.error().message);
-  auto cluster = loadOpenbNodes(flags.get("nodes", "../shared/traces/openb/openb_node_list_gpu_node.csv"), models);
-  if (!cluster) return die(cluster.error().message);
-  auto pods = loadOpenbPods(flags.get("pods", "../shared/traces/openb/openb_pod_list_default.csv"));
-  if (!pods) return die(pods.error().message);
+  const std::string nodesPath = flags.get("nodes", tracesDir() + "/openb/openb_node_list_gpu_node.csv");
+  auto cluster = loadOpenbNodes(nodesPath, models);
+  if (!cluster) return traceDie(nodesPath, cluster.error());
+  const std::string podsPath = flags.get("pods", tracesDir() + "/openb/openb_pod_list_default.csv");
+  auto pods = loadOpenbPods(podsPath);
+  if (!pods) return traceDie(podsPath, pods.error());
   auto parsedSeeds = parseSeeds(flags.get("seeds", "42-51"));
   if (!parsedSeeds) return die(parsedSeeds.error().message);
   const std::vector<uint64_t>& seeds = *parsedSeeds;
@@ -92,8 +103,9 @@ int philly(const Flags& flags) {
     if (!*r) return die(r->error().message);
   if (*rate <= 0 || *high < 0 || *high > 1 || *penalty < 0 || *maxJobs < 0 || *slack < -1)
     return die("--rate > 0, --high-fraction 0..1, --span-penalty >= 0, --span-slack >= -1, --max-jobs >= 0");
-  auto workload = loadPhilly(flags.get("traces", "../shared/traces/philly-vc"), defaultStepSeconds(), static_cast<size_t>(*maxJobs));
-  if (!workload) return die(workload.error().message);
+  const std::string tracesPath = flags.get("traces", tracesDir() + "/philly-vc");
+  auto workload = loadPhilly(tracesPath, defaultStepSeconds(), static_cast<size_t>(*maxJobs));
+  if (!workload) return traceDie(tracesPath, workload.error());
   Cluster cluster = phillyCluster();
   std::vector<Policy> policies;
   if (flags.get("policy", "all") == "all") policies = dynamicPolicies();
@@ -128,10 +140,12 @@ int philly(const Flags& flags) {
 // Experiment C: N schedulers sharing the openb cluster through etcd (sim/omega.h).
 int omega(const Flags& flags) {
   auto models = defaultModelTflops();
-  auto cluster = loadOpenbNodes(flags.get("nodes", "../shared/traces/openb/openb_node_list_gpu_node.csv"), models);
-  if (!cluster) return die(cluster.error().message);
-  auto pods = loadOpenbPods(flags.get("pods", "../shared/traces/openb/openb_pod_list_default.csv"));
-  if (!pods) return die(pods.error().message);
+  const std::string nodesPath = flags.get("nodes", tracesDir() + "/openb/openb_node_list_gpu_node.csv");
+  auto cluster = loadOpenbNodes(nodesPath, models);
+  if (!cluster) return traceDie(nodesPath, cluster.error());
+  const std::string podsPath = flags.get("pods", tracesDir() + "/openb/openb_pod_list_default.csv");
+  auto pods = loadOpenbPods(podsPath);
+  if (!pods) return traceDie(podsPath, pods.error());
   OmegaOptions o;
   auto commitMs = number(flags, "commit-ms", o.commitMs), rttMs = number(flags, "rtt-ms", o.rttMs),
        decisionMs = number(flags, "decision-ms", o.decisionMs), rate = number(flags, "rate", o.ratePerScheduler),
@@ -202,7 +216,8 @@ int main(int argc, char** argv) {
                             "           (commit latency, round trip, decision time as flags); one JSON line per N\n"
                             "  report   everything: both experiments, every policy, the rate sweep, high priority,\n"
                             "           span penalty; CSV + SVG + report.md into --out (about 40 minutes)\n\n"
-                            "Trace paths default to ../shared/traces/... relative to the current folder.");
+                            "Trace paths default to $RACCEL_TRACES, else traces/ under the current folder\n"
+                            "(scripts/get-traces.sh fetches them there).");
   flags.positional("COMMAND");
   flags.value("pods", "CSV", "openb: the pod list");
   flags.value("nodes", "CSV", "openb: the node list");

@@ -66,7 +66,7 @@ Status writeReport(const ReportOptions& o) {
   auto models = defaultModelTflops();
   for (auto& [m, t] : o.modelTflops) models[m] = t;
   auto cluster = loadOpenbNodes(o.openbDir + "/openb_node_list_gpu_node.csv", models);
-  if (!cluster) return fail(cluster.error());
+  if (!cluster) return fail(cluster.error().code, cluster.error().message + " (" + howToGetTraces() + ")");
   std::ostringstream summary, curves;
   summary << "workload,policy,migration,seeds,alloc_100,alloc_130,frag_100,frag_130,placed_gpu_100,placed_gpu_130,pods_arrived,pods_placed,"
              "pods_failed,migrations,published_policy,published_alloc_100,published_alloc_130,published_frag_100\n";

@@ -9,13 +9,14 @@
 #include <vector>
 
 #include "common/error.h"
+#include "sim/traces_dir.h"
 
 namespace raccel::sim {
 
 struct ReportOptions {
   std::string out = "sim-report";
-  std::string openbDir = "../shared/traces/openb";
-  std::string phillyDir = "../shared/traces/philly-vc";
+  std::string openbDir = tracesDir() + "/openb";
+  std::string phillyDir = tracesDir() + "/philly-vc";
   std::vector<uint64_t> seeds{42, 43, 44, 45, 46, 47, 48, 49, 50, 51};
   std::vector<double> rates{0.5, 1.0, 1.5, 2.0};
   std::vector<double> spanPenalties{0, 0.05, 0.1, 0.2};

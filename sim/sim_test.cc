@@ -1,9 +1,10 @@
 // raccel-sim: small slices of both experiments with the bookkeeping audit on after every
 // pod / event (no block held twice, the pool matches the simulator, every job and pod
-// accounted for), on the real traces when ../shared/traces is there and on synthetic
+// accounted for), on the real traces when they are there (scripts/get-traces.sh) and on synthetic
 // workloads always.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -21,7 +22,9 @@ using namespace raccel::sim;
 
 namespace {
 
-const std::string kTraces = std::string(RACCEL_SOURCE_DIR) + "/../shared/traces";
+// $RACCEL_TRACES, else traces/ of the checkout (scripts/get-traces.sh).
+const std::string kTraces = std::getenv("RACCEL_TRACES") && *std::getenv("RACCEL_TRACES") ? std::getenv("RACCEL_TRACES")
+                                                                                          : std::string(RACCEL_SOURCE_DIR) + "/traces";
 
 bool haveTraces() { return std::filesystem::exists(kTraces + "/openb/openb_node_list_gpu_node.csv"); }
 
@@ -71,7 +74,7 @@ TEST(Packing, SyntheticPodsOnTheFixtureKeepTheBooksForEveryPolicy) {
 }
 
 TEST(Packing, OpenbSliceKeepsTheBooksForEveryPolicy) {
-  if (!haveTraces()) GTEST_SKIP() << "no " << kTraces << " (the shared traces)";
+  if (!haveTraces()) GTEST_SKIP() << "no traces at " << kTraces << ": fetch them with scripts/get-traces.sh (or set RACCEL_TRACES)";
   // The first 80 nodes of the openb list, all pods.
   std::string nodes = testing::TempDir() + "/openb_nodes_slice.csv";
   {
@@ -98,7 +101,7 @@ TEST(Packing, OpenbSliceKeepsTheBooksForEveryPolicy) {
 }
 
 TEST(Dynamic, PhillySliceAccountsForEveryJobUnderEveryPolicy) {
-  if (!haveTraces()) GTEST_SKIP() << "no " << kTraces << " (the shared traces)";
+  if (!haveTraces()) GTEST_SKIP() << "no traces at " << kTraces << ": fetch them with scripts/get-traces.sh (or set RACCEL_TRACES)";
   auto workload = loadPhilly(kTraces + "/philly-vc", defaultStepSeconds(), 40);
   ASSERT_TRUE(workload) << workload.error().message;
   EXPECT_EQ(workload->tenants.size(), 15u);
