@@ -78,7 +78,7 @@ Json replyJson(wire::ConsoleReply::Reader reply) {
                         {"priority", v.getPriority()}, {"blocks", blocks}, {"cards", cards},
                         {"memoryUsed", v.getMemoryUsed()}, {"memoryQuota", v.getMemoryQuota()},
                         {"instructions", v.getInstructions()}, {"bytesMoved", v.getBytesMoved()},
-                        {"kernelMs", number(v.getKernelMs())}, {"state", text(v.getState())}});
+                        {"kernelMs", number(v.getKernelMs())}, {"state", text(v.getState())}, {"host", text(v.getHost())}});
       }
       return Json{{"vaccels", list}};
     }

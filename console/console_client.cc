@@ -83,6 +83,10 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
     }
     case Query::vaccels: {
       auto vaccels = reply.getVaccels();
+      // In a shared pool, other schedulers' vaccels too: the HOST column names theirs.
+      bool hosts = false;
+      for (auto v : vaccels) hosts = hosts || v.getHost().size() > 0;
+      if (hosts) out << pad("HOST", 12);
       out << pad("ID", 5) << pad("VM", 12) << pad("PROGRAM", 16) << pad("PRIO", 5) << pad("BLOCKS", 14) << pad("CARDS", 30)
           << pad("MEMORY", 12) << pad("INSTR", 9) << pad("MOVED", 10) << pad("KERNEL", 11) << "STATE\n";
       for (auto v : vaccels) {
@@ -90,6 +94,7 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
         for (auto c : v.getCards())
           cards += (cards.empty() ? "" : ",") + std::string(c.getNode().cStr()) + "/" + std::to_string(c.getIndex()) + ":" +
                    kind(c.getKind()) + "x" + std::to_string(c.getBlocks());
+        if (hosts) out << pad(v.getHost().size() ? v.getHost().cStr() : "(here)", 12);
         out << pad(std::to_string(v.getId()), 5) << pad(v.getVm(), 12) << pad(v.getProgram(), 16)
             << pad(std::to_string(v.getPriority()), 5) << pad(blocksText(v.getBlocks()), 14) << pad(cards, 30)
             << pad(std::to_string(v.getMemoryUsed() >> 20) + " MiB", 12) << pad(std::to_string(v.getInstructions()), 9)

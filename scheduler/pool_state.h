@@ -51,6 +51,15 @@ class PoolState {
   virtual void stop() {}
   // A holder in view() that is not this scheduler's ("SCHEDULER/VM#VACCEL"), or "".
   virtual std::string holderElsewhere(VaccelId) const { return {}; }
+  // The vaccels of a shared pool that other schedulers serve, as this one sees them.
+  struct Elsewhere {
+    std::string scheduler;
+    uint64_t vaccel = 0;  // its id on that scheduler
+    std::string vm;
+    int priority = 0;
+    std::vector<BlockRange> ranges;
+  };
+  virtual std::vector<Elsewhere> vaccelsElsewhere() const { return {}; }
 
   // The view changed under the scheduler (set by the scheduler, called on its loop).
   std::function<void()> changed;

@@ -1130,7 +1130,17 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
     case wire::ConsoleRequest::VACCELS: {
       std::vector<const Session*> sessions;
       for (auto& [id, s] : sessions_) sessions.push_back(s.get());
-      auto out = reply.initVaccels(sessions.size());
+      auto elsewhere = state_->vaccelsElsewhere();
+      auto out = reply.initVaccels(sessions.size() + elsewhere.size());
+      for (size_t i = 0; i < elsewhere.size(); ++i) {  // after this scheduler's own
+        auto e = out[sessions.size() + i];
+        e.setId(elsewhere[i].vaccel);
+        e.setVm(elsewhere[i].vm);
+        e.setPriority(elsewhere[i].priority);
+        e.setHost(elsewhere[i].scheduler);
+        writePlacement(e, elsewhere[i].ranges);
+        e.setState("elsewhere");
+      }
       for (size_t i = 0; i < sessions.size(); ++i) {
         const Session& s = *sessions[i];
         out[i].setId(s.id);

@@ -133,6 +133,9 @@ struct VaccelEntry {
                          # resuming | recovering (after a restart) | unavailable
   bytesMoved @10 :UInt64;  # copied between its cards by the scheduler (split ops, routed programs)
   kernelMs @11 :Float64;   # time its cards spent running its instructions (as of their last heartbeats)
+  host @12 :Text;          # in a pool shared through etcd, the scheduler that serves it when
+                           #   that is another (state "elsewhere"; only id, vm, priority and
+                           #   blocks are known here); empty for this scheduler's own
 }
 
 # A VM the scheduler serves or served, with its policy and where that came from.

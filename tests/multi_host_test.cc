@@ -148,6 +148,32 @@ TEST_F(MultiHost, EachHostRunsItsProgramAndSeesTheOthersHoldings) {
   };
   EXPECT_TRUE(waitFor([&] { return heldElsewhere(usedBy(*a_), "host-b/vm-b#"); }, 10000)) << a_->console("pool");
   EXPECT_TRUE(waitFor([&] { return heldElsewhere(usedBy(*b_), "host-a/vm-a#"); }, 10000)) << b_->console("pool");
+  // Every host's vaccels list shows the others' too, by host, id and blocks, and the
+  // raccelctl table names their hosts.
+  const uint64_t idOnA = (*onA)->vaccel().id;
+  auto listedOnB = [&] {
+    auto v = json::parse(b_->console("vaccels"), nullptr, false);
+    if (v.is_discarded() || !v.contains("vaccels")) return json();
+    for (auto& e : v["vaccels"])
+      if (e.value("host", "") == "host-a" && e.value("id", uint64_t{0}) == idOnA) return e;
+    return json();
+  };
+  EXPECT_TRUE(waitFor([&] { return !listedOnB().is_null(); }, 10000)) << b_->console("vaccels");
+  json fromA = listedOnB();
+  if (!fromA.is_null()) {
+    EXPECT_EQ(fromA["state"], "elsewhere");
+    EXPECT_EQ(fromA["vm"], "vm-a");
+    ASSERT_EQ(fromA["blocks"].size(), (*onA)->vaccel().blocks.size());
+    EXPECT_EQ(fromA["blocks"][0]["first"], (*onA)->vaccel().blocks[0].first);
+  }
+  auto own = json::parse(b_->console("vaccels"), nullptr, false);
+  ASSERT_FALSE(own.is_discarded());
+  EXPECT_TRUE(std::any_of(own["vaccels"].begin(), own["vaccels"].end(),
+                          [](const json& e) { return e.value("host", "x").empty() && e.value("vm", "") == "vm-b"; }))
+      << own.dump();
+  std::string table = b_->ctl({"vaccels"});
+  EXPECT_NE(table.find("HOST"), std::string::npos) << table;
+  EXPECT_NE(table.find("host-a"), std::string::npos) << table;
   // Both nodes are in both pools, at the same numbers.
   auto nodesA = json::parse(a_->console("nodes"), nullptr, false), nodesB = json::parse(b_->console("nodes"), nullptr, false);
   ASSERT_FALSE(nodesA.is_discarded() || nodesB.is_discarded());

@@ -103,14 +103,17 @@ function render(data) {
   const used = pool.total - pool.free;
   document.getElementById("summary").textContent = nodes.nodes.length + " node(s), " + cards.cards.length + " card(s), " +
     used + "/" + pool.total + " blocks held by " + vaccels.vaccels.length + " vaccel(s)";
-  fillTable("vaccels", vaccels.vaccels.map(v => el("tr", { "data-id": String(v.id) },
-    el("td", {}, "#" + v.id), el("td", {}, v.vm), el("td", {}, v.program), el("td", {}, v.priority),
+  // In a shared pool, other schedulers' vaccels are listed too ("elsewhere"): their
+  // actions belong to their own host's console.
+  fillTable("vaccels", vaccels.vaccels.map(v => el("tr", { "data-id": v.host ? v.host + "#" + v.id : String(v.id) },
+    el("td", {}, (v.host ? v.host + " " : "") + "#" + v.id), el("td", {}, v.vm), el("td", {}, v.program), el("td", {}, v.priority),
     el("td", {}, ranges(v.blocks) || "-"),
     el("td", {}, v.cards.map(c => c.node + "/" + c.index + ":" + c.kind + "×" + c.blocks).join(", ") || "-"),
     el("td", {}, mib(v.memoryUsed) + " / " + mib(v.memoryQuota)), el("td", {}, v.instructions),
     el("td", {}, Math.round(v.kernelMs) + " ms"), el("td", { class: "state-" + v.state }, v.state),
-    el("td", {}, v.state === "suspended" ? actionButton("Resume", "resume", [String(v.id)])
-                                         : actionButton("Preempt", "preempt", [String(v.id)])))));
+    el("td", {}, v.host ? "on " + v.host
+                 : v.state === "suspended" ? actionButton("Resume", "resume", [String(v.id)])
+                                           : actionButton("Preempt", "preempt", [String(v.id)])))));
   fillTable("nodes", nodes.nodes.map(n => el("tr", {},
     el("td", {}, n.name), el("td", { class: n.online ? "state-running" : "state-offline" }, n.online ? "online" : "offline"),
     el("td", {}, n.address || "-"), el("td", {}, n.blocks ? n.firstBlock + "-" + (n.firstBlock + n.blocks - 1) : "-"),

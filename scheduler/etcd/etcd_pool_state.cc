@@ -1,6 +1,8 @@
 #include "scheduler/etcd/etcd_pool_state.h"
 
+#include <algorithm>
 #include <chrono>
+#include <tuple>
 
 #include "common/limits.h"
 #include "common/log.h"
@@ -122,7 +124,7 @@ void EtcdPoolState::sync() {
     else if (draining_.count(name)) pool.setDraining(i, true);
   }
   // Other schedulers' vaccels are never victims here.
-  for (auto& [v, label] : foreign) pool.setPriority(v, limits::kMaxPriority);
+  for (auto& [v, holding] : foreign) pool.setPriority(v, limits::kMaxPriority);
   foreign_ = std::move(foreign);
   {
     std::lock_guard lock(mutex_);
@@ -133,7 +135,18 @@ void EtcdPoolState::sync() {
 
 std::string EtcdPoolState::holderElsewhere(VaccelId owner) const {
   auto it = foreign_.find(owner);
-  return it == foreign_.end() ? std::string() : it->second;
+  if (it == foreign_.end()) return {};
+  const SharedHolding& h = it->second;
+  return h.scheduler + "/" + h.vm + "#" + std::to_string(h.vaccel);
+}
+
+std::vector<PoolState::Elsewhere> EtcdPoolState::vaccelsElsewhere() const {
+  std::vector<Elsewhere> out;
+  for (auto& [id, h] : foreign_) out.push_back({h.scheduler, h.vaccel, h.vm, h.priority, h.ranges});
+  std::sort(out.begin(), out.end(), [](const Elsewhere& a, const Elsewhere& b) {
+    return std::tie(a.scheduler, a.vaccel) < std::tie(b.scheduler, b.vaccel);
+  });
+  return out;
 }
 
 Result<size_t> EtcdPoolState::addNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host) {

@@ -67,6 +67,7 @@ class EtcdPoolState final : public PoolState {
   Status applyMove(const Pool::Move& move) override;
   void stop() override;
   std::string holderElsewhere(VaccelId owner) const override;
+  std::vector<Elsewhere> vaccelsElsewhere() const override;
 
  private:
   EtcdPoolState(uv_loop_t* loop, std::string describe);
@@ -86,7 +87,7 @@ class EtcdPoolState final : public PoolState {
   std::unique_ptr<SharedPool> shared_;
   uv_async_t* async_ = nullptr;  // the watch brought a change
   Pool mirror_;
-  std::map<VaccelId, std::string> foreign_;  // other schedulers' vaccels in mirror_
+  std::map<VaccelId, SharedHolding> foreign_;  // other schedulers' vaccels in mirror_, by their ids there
   std::set<std::string> linked_;    // nodes whose netaccel is linked to this scheduler
   std::set<std::string> draining_;  // raccelctl drain, on this scheduler
   std::atomic<bool> reachable_{true};

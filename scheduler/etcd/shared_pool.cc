@@ -722,7 +722,7 @@ SharedPool::PoolCopy SharedPool::poolCopy() {
   PoolCopy copy{pool_, revision_, {}};
   for (auto& h : holdings_)
     if (h.scheduler != options_.scheduler)
-      copy.foreign[localId(h.scheduler, h.vaccel)] = h.scheduler + "/" + h.vm + "#" + std::to_string(h.vaccel);
+      copy.foreign[localId(h.scheduler, h.vaccel)] = h;
   return copy;
 }
 

@@ -128,12 +128,12 @@ class SharedPool {
   // kForeignIds - 1); other schedulers' holdings (and refused values' quarantined
   // blocks) under ids from kForeignIds up.
   static constexpr VaccelId kForeignIds = VaccelId{1} << 62;
-  // A copy of the view's Pool, the revision it is current to, and who the foreign ids
-  // are ("SCHEDULER/VM#VACCEL").
+  // A copy of the view's Pool, the revision it is current to, and the other schedulers'
+  // holdings by the ids they have in that Pool.
   struct PoolCopy {
     Pool pool;
     int64_t revision = 0;
-    std::map<VaccelId, std::string> foreign;
+    std::map<VaccelId, SharedHolding> foreign;
   };
   PoolCopy poolCopy();
   // Whether the watch runs (false after etcd was lost, until refresh() re-reads).
