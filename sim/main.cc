@@ -39,22 +39,29 @@ Result<std::vector<uint64_t>> parseSeeds(const std::string& text) {
   return seeds;
 }
 
-// A trace file that did not load; when it is not there, how to get the traces.
-int traceDie(const std::string& path, const Error& error) {
+// A trace file's error; when the file is not there, with how to get the traces.
+Error explainMissing(const std::string& path, const Error& error) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return die(error.message + " (" + howToGetTraces() + ")");
-  return die(error.message);
+  return std::filesystem::exists(path, ec) ? error : Error{error.code, error.message + " (" + howToGetTraces() + ")"};
+}
+
+// The openb node list and pod list the flags name (default: the traces folder's).
+Result<std::pair<Cluster, std::vector<Pod>>> loadOpenb(const Flags& flags, const std::map<std::string, double>& models) {
+  const std::string nodesPath = flags.get("nodes", tracesDir() + "/openb/openb_node_list_gpu_node.csv");
+  auto cluster = loadOpenbNodes(nodesPath, models);
+  if (!cluster) return fail(explainMissing(nodesPath, cluster.error()));
+  const std::string podsPath = flags.get("pods", tracesDir() + "/openb/openb_pod_list_default.csv");
+  auto pods = loadOpenbPods(podsPath);
+  if (!pods) return fail(explainMissing(podsPath, pods.error()));
+  return std::pair{std::move(*cluster), std::move(*pods)};
 }
 
 int openb(const Flags& flags) {
   auto models = defaultModelTflops();
   if (auto st = overrideModelTflops(models, flags.get("model-tflops")); !st) return die(st.error().message);
-  const std::string nodesPath = flags.get("nodes", tracesDir() + "/openb/openb_node_list_gpu_node.csv");
-  auto cluster = loadOpenbNodes(nodesPath, models);
-  if (!cluster) return traceDie(nodesPath, cluster.error());
-  const std::string podsPath = flags.get("pods", tracesDir() + "/openb/openb_pod_list_default.csv");
-  auto pods = loadOpenbPods(podsPath);
-  if (!pods) return traceDie(podsPath, pods.error());
+  auto openbInput = loadOpenb(flags, models);
+  if (!openbInput) return die(openbInput.error().message);
+  auto& [cluster, pods] = *openbInput;
   auto parsedSeeds = parseSeeds(flags.get("seeds", "42-51"));
   if (!parsedSeeds) return die(parsedSeeds.error().message);
   const std::vector<uint64_t>& seeds = *parsedSeeds;
@@ -69,7 +76,7 @@ int openb(const Flags& flags) {
   auto start = std::chrono::steady_clock::now();
   for (uint64_t seed : seeds) {
     options.seed = seed;
-    auto run = runPacking(*cluster, *pods, options);
+    auto run = runPacking(cluster, pods, options);
     if (!run) return die(run.error().message);
     a100 += run->alloc[100], a130 += run->alloc[130], f100 += run->frag[100], f130 += run->frag[130], p130 += run->placed[130];
     std::fprintf(stderr, "seed %llu: alloc %.2f%% at 100%%, %.2f%% at 130%%; frag %.2f%% at 100%%; migrations %llu\n",
@@ -82,13 +89,13 @@ int openb(const Flags& flags) {
                 "  allocated at 100%% / 130%% arrived: %.2f%% / %.2f%% of blocks\n"
                 "  fragmented at 100%% / 130%%: %.2f%% / %.2f%%\n"
                 "  GPU requests placed at 130%%: %.2f%% of GPUs\n",
-                policyName(*policy), options.migrate ? " + migration" : "", seeds.size(), cluster->cards, cluster->blocks, a100 / n,
+                policyName(*policy), options.migrate ? " + migration" : "", seeds.size(), cluster.cards, cluster.blocks, a100 / n,
                 a130 / n, f100 / n, f130 / n, p130 / n);
     return 0;
   }
   std::printf("{\"policy\":\"%s\",\"migrate\":%s,\"seeds\":%zu,\"blocks\":%u,\"gpus\":%u,\"alloc_ratio_100\":%.2f,\"alloc_ratio_130\":%.2f,"
               "\"frag_ratio_100\":%.2f,\"frag_ratio_130\":%.2f,\"placed_gpu_ratio_130\":%.2f,\"seconds\":%.1f}\n",
-              policyName(*policy), options.migrate ? "true" : "false", seeds.size(), cluster->blocks, cluster->cards, a100 / n,
+              policyName(*policy), options.migrate ? "true" : "false", seeds.size(), cluster.blocks, cluster.cards, a100 / n,
               a130 / n, f100 / n, f130 / n, p130 / n, secs);
   return 0;
 }
@@ -105,7 +112,7 @@ int philly(const Flags& flags) {
     return die("--rate > 0, --high-fraction 0..1, --span-penalty >= 0, --span-slack >= -1, --max-jobs >= 0");
   const std::string tracesPath = flags.get("traces", tracesDir() + "/philly-vc");
   auto workload = loadPhilly(tracesPath, defaultStepSeconds(), static_cast<size_t>(*maxJobs));
-  if (!workload) return traceDie(tracesPath, workload.error());
+  if (!workload) return die(explainMissing(tracesPath, workload.error()).message);
   Cluster cluster = phillyCluster();
   std::vector<Policy> policies;
   if (flags.get("policy", "all") == "all") policies = dynamicPolicies();
@@ -140,12 +147,9 @@ int philly(const Flags& flags) {
 // Experiment C: N schedulers sharing the openb cluster through etcd (sim/omega.h).
 int omega(const Flags& flags) {
   auto models = defaultModelTflops();
-  const std::string nodesPath = flags.get("nodes", tracesDir() + "/openb/openb_node_list_gpu_node.csv");
-  auto cluster = loadOpenbNodes(nodesPath, models);
-  if (!cluster) return traceDie(nodesPath, cluster.error());
-  const std::string podsPath = flags.get("pods", tracesDir() + "/openb/openb_pod_list_default.csv");
-  auto pods = loadOpenbPods(podsPath);
-  if (!pods) return traceDie(podsPath, pods.error());
+  auto openbInput = loadOpenb(flags, models);
+  if (!openbInput) return die(openbInput.error().message);
+  auto& [cluster, pods] = *openbInput;
   OmegaOptions o;
   auto commitMs = number(flags, "commit-ms", o.commitMs), rttMs = number(flags, "rtt-ms", o.rttMs),
        decisionMs = number(flags, "decision-ms", o.decisionMs), rate = number(flags, "rate", o.ratePerScheduler),
@@ -168,7 +172,7 @@ int omega(const Flags& flags) {
   for (uint32_t n : counts) {
     o.schedulers = n;
     auto start = std::chrono::steady_clock::now();
-    auto run = runOmega(*cluster, *pods, o);
+    auto run = runOmega(cluster, pods, o);
     if (!run) return die(run.error().message);
     std::printf("{\"schedulers\":%u,\"arrival_per_s\":%.0f,\"commit_ms\":%.2f,\"rtt_ms\":%.2f,\"admitted\":%llu,"
                 "\"refused\":%llu,\"gave_up\":%llu,\"conflict_rate\":%.4f,\"admission_p50_ms\":%.2f,"
