@@ -1,5 +1,5 @@
 // raccel-bench: raccel's speed on loopback, each figure beside its baseline measured in
-// the same run (ARCHITECTURE.md "Performance budget").
+// the same run (the README's "Benchmarks" has the current figures).
 //
 //   sync_rtt_us_p50         one tiny instruction + fence: program -> scheduler -> netaccel -> back,
 //                           the node link in mutual TLS as deployed

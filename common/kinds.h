@@ -8,7 +8,7 @@
 
 namespace raccel {
 
-// Order matters: blocks of a node are numbered in this order (ARCHITECTURE.md).
+// Order matters: blocks of a node are numbered in this order (docs/ARCHITECTURE.md).
 enum class CardKind { gpu, npu, fpga, cpu };
 // openclUnits: OpenCL C compilation units with their headers (common/program_units.h),
 // compiled and linked on the card.

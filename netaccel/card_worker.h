@@ -1,6 +1,6 @@
 // Runs guest instructions on one card, on a worker thread of its own.
 //
-// Sharing the card (ARCHITECTURE.md "Sharing one card"): each context has its own queue,
+// Sharing the card (docs/ARCHITECTURE.md, "The pool"): each context has its own queue,
 // in order. The worker picks the next instruction across contexts: first the tenant
 // (VM) with the lowest usage score, its kernel time decayed with a half-life, divided by
 // its share (the blocks of this card its contexts hold); then, among that tenant's

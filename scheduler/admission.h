@@ -1,5 +1,5 @@
-// The order in which waiting and suspended vaccels are placed (ARCHITECTURE.md
-// "Admission"), and the tenant usage that orders equals. Pure logic, time passed in
+// The order in which waiting and suspended vaccels are placed (docs/ARCHITECTURE.md,
+// "The pool"), and the tenant usage that orders equals. Pure logic, time passed in
 // (seconds): the scheduler's placement pass and raccel-sim share it.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Task graphs (datablocks, SOURCES.md §3): a guest's DAG of built-in ops run as one
+// Task graphs (datablocks, after PTask: US9996394B2): a guest's DAG of built-in ops run as one
 // instruction across the vaccel's cards. The scheduler tracks, for every buffer, the
 // cards holding its latest contents; places each op where its estimated finish is
 // earliest (the bytes it would have to copy there count as transfer time, so it goes

@@ -1,6 +1,6 @@
 // The scheduler's libvirt watcher: follows a libvirt connection's domains and turns
 // each domain that declares a virtual accelerator in its <metadata> into a VM of the
-// scheduler (ARCHITECTURE.md, "Virtio and VM integration"; vm-images/README.md).
+// scheduler (docs/ARCHITECTURE.md, "VMs: virtio and libvirt"; vm-images/README.md).
 //
 //   <metadata>
 //     <raccel:vaccel xmlns:raccel="https://raccel.dev/xmlns/vaccel/1">

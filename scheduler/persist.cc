@@ -1,4 +1,4 @@
-// Durable state (ARCHITECTURE.md "Processes, threads, state"): what the scheduler writes
+// Durable state (docs/ARCHITECTURE.md, "State that survives a restart"): what the scheduler writes
 // to its state database, how it comes back after a restart, and how the pieces that
 // outlived the old process (netaccel contexts, guests behind raccel-guestd) rejoin it.
 //

@@ -1,5 +1,5 @@
 // The block pool: every card of every registered node cut into numbered compute blocks
-// (ARCHITECTURE.md, "The pool"). Pure logic: no I/O, no clock. Owned by the scheduler's
+// (docs/ARCHITECTURE.md, "The pool"). Pure logic: no I/O, no clock. Owned by the scheduler's
 // loop thread (and by the trace simulator); not thread-safe.
 //
 // Numbering: nodes get consecutive ranges in registration order, starting at block 1.
@@ -166,7 +166,7 @@ class Pool {
     std::function<bool(const Card&)> accepts;
     HostVector host;
   };
-  // Places a request (ARCHITECTURE.md "Placement"): one contiguous free range if any
+  // Places a request (docs/ARCHITECTURE.md, "The pool"): one contiguous free range if any
   // (fewest nodes, fewest cards, best fit), else the fewest pieces. Shaped requests are
   // placed by the pool's Fit. Refuses with resourceExhausted, naming both numbers, when
   // the pool can never or cannot now hold it.
@@ -217,7 +217,7 @@ class Pool {
   Status assign(VaccelId owner, const std::vector<BlockRange>& ranges, int priority, HostVector host = {},
                 uint32_t cardMilli = 0);
 
-  // Preemption (ARCHITECTURE.md "Admission"): the holders to suspend so that `request`
+  // Preemption (docs/ARCHITECTURE.md, "The pool"): the holders to suspend so that `request`
   // fits, taken from strictly lower priorities, the lowest first and among equals the
   // most recently admitted first. Empty when it fits in free blocks already.
   // resourceExhausted, with the numbers, when even all of them would not be enough (or,
@@ -227,7 +227,7 @@ class Pool {
   // whose blocks the trial placement does not use are spared.
   Result<std::vector<VaccelId>> planPreemption(const Request& request) const;
 
-  // Compaction (ARCHITECTURE.md "Migration / compaction"): moves that slide every
+  // Compaction (docs/ARCHITECTURE.md, "The pool"): moves that slide every
   // holder down inside its node's region of one card kind, in block order, so that
   // each holder's blocks are one range and the region's free blocks one range at its
   // end. A holder spanning regions or nodes stays where it is (the others flow around

@@ -29,7 +29,7 @@ Pool::Request wholeOf(uint32_t cards, HostVector host = {}) {
   return r;
 }
 
-// ARCHITECTURE.md's reference pool: 4 nodes, 200 T. Cards are listed out of kind order
+// docs/ARCHITECTURE.md's reference pool: 4 nodes, 200 T. Cards are listed out of kind order
 // on purpose: numbering must group them GPU, NPU, FPGA, CPU.
 Pool referencePool() {
   Pool pool(1.0);
@@ -231,7 +231,7 @@ TEST(Pool, RandomAllocateReleaseNeverDoubleAllocates) {
   }
 }
 
-// ARCHITECTURE.md's migration fixture: a 10-block pool; app1 holds 1-3, app2 4-6, app3
+// docs/ARCHITECTURE.md's migration fixture: a 10-block pool; app1 holds 1-3, app2 4-6, app3
 // 7-8, 9-10 free; app1 exits; app4 asks for 4. After migration app2 holds 1-3, app3 4-5,
 // app4 6-9, and block 10 is free.
 TEST(Pool, MigrationFixtureTenBlocks) {

@@ -7,7 +7,7 @@
 // reads every buffer after the guest's in-flight instructions have run; restoring
 // reloads its programs, re-creates its buffers and writes the saved bytes before any
 // instruction that waited meanwhile. While a vaccel is off its cards its instructions
-// wait in `held` (ARCHITECTURE.md "Admission"); the guest sees latency, not an error,
+// wait in `held` (docs/ARCHITECTURE.md, "The pool"); the guest sees latency, not an error,
 // unless it said noWait.
 #include <capnp/message.h>
 
@@ -138,7 +138,7 @@ Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
   Pool::Request request = placementRequest(s);
   auto placed = state_->allocate(s.id, s.vm->policy.name, request);
   if (!placed || placed->size() == 1 || !config_.defragOnDemand || !state_->movesAllowed()) return placed;
-  // Only fragmented: compact, then place again (ARCHITECTURE.md's 10-block fixture).
+  // Only fragmented: compact, then place again (docs/ARCHITECTURE.md's 10-block fixture).
   state_->release(s.id);
   compact(0, 0, "to place " + labelOf(s) + " in one range");
   return state_->allocate(s.id, s.vm->policy.name, request);

@@ -1,5 +1,5 @@
 // Splitting a data-parallel op across the cards of a virtual accelerator in proportion
-// to the blocks it holds on each (ARCHITECTURE.md, compute aggregation). Pure logic.
+// to the blocks it holds on each (docs/ARCHITECTURE.md, compute aggregation). Pure logic.
 #pragma once
 
 #include <cstdint>

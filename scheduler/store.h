@@ -1,4 +1,4 @@
-// The scheduler's state database (ARCHITECTURE.md "Processes, threads, state"): what must
+// The scheduler's state database (docs/ARCHITECTURE.md, "State that survives a restart"): what must
 // survive a restart, in SQLite (WAL) under the state directory. Written by the loop
 // thread at each change that matters (a placement, a suspension, a policy, a node's
 // layout), read once at start-up. Records are Cap'n Proto messages (schema/state.capnp)

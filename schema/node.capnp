@@ -50,8 +50,9 @@ struct Register {
   versionMinor @1 :UInt16;
   name @2 :Text;          # unique per netaccel; a re-registering node keeps its blocks
   cards @3 :List(CardInfo);
-  # Contexts it kept while the scheduler was away (ARCHITECTURE.md "state"): the
-  # scheduler adopts those it knows (adoptContext) and closes the others.
+  # Contexts it kept while the scheduler was away (docs/ARCHITECTURE.md, "State that
+  # survives a restart"): the scheduler adopts those it knows (adoptContext) and closes
+  # the others.
   contexts @4 :List(HeldContext);
   # The node's host resources that vaccels may need (Pool's HostVector): CPU in
   # thousandths of a core and memory in MiB; 0 = not counted.

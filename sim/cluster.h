@@ -1,4 +1,4 @@
-// The simulated cluster: a real scheduler::Pool (ARCHITECTURE.md block rules), whose
+// The simulated cluster: a real scheduler::Pool (docs/ARCHITECTURE.md block rules), whose
 // nodes carry the host CPU and memory the published packing evaluation also counts. Built from
 // the openb node CSV, the 4-node reference fixture, or a cluster config file. Pure data;
 // one simulation run owns one copy (copies are independent).
@@ -30,7 +30,7 @@ Status overrideModelTflops(std::map<std::string, double>& models, const std::str
 // openb_node_list_gpu_node.csv: sn,cpu_milli,memory_mib,gpu,model.
 Result<Cluster> loadOpenbNodes(const std::string& path, const std::map<std::string, double>& modelTflops,
                                double blockTflops = 1.0);
-// ARCHITECTURE.md's 4-node, 200-block reference pool (no CPU/memory limits).
+// docs/ARCHITECTURE.md's 4-node, 200-block reference pool (no CPU/memory limits).
 Cluster fixtureCluster();
 // A cluster config: top-level `block_tflops`; one [node] section per node with `name`,
 // optional `cpu_milli`, `memory_mib`, `count` (that many identical nodes, names

@@ -1,4 +1,4 @@
-// Experiment C, many schedulers on one shared pool (ARCHITECTURE.md "Many hosts, one
+// Experiment C, many schedulers on one shared pool (docs/ARCHITECTURE.md "Many hosts, one
 // pool"): N schedulers place the openb trace's GPU pods on the openb cluster the way
 // scheduler/etcd/shared_pool.h does, with a virtual clock and etcd's latencies as
 // parameters. Each scheduler has its own view (its own real Pool), updated when the

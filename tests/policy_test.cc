@@ -1,7 +1,7 @@
 // Scheduler policy end to end, with real raccel-scheduler, raccel-netaccel and raccelctl
 // processes and guest programs through libraccel: preemption with suspend/resume,
 // waiting admission, the operator's preempt/resume, live migration off a draining
-// netaccel, and compaction (ARCHITECTURE.md's 10-block fixture, live). Every result is
+// netaccel, and compaction (docs/ARCHITECTURE.md's 10-block fixture, live). Every result is
 // checked against data kept here.
 #include <gtest/gtest.h>
 
@@ -326,7 +326,7 @@ TEST(Migration, AProgramsBuffersMoveToAnotherNetaccelMidStreamWithEveryResultCor
   EXPECT_TRUE(has(out, "no netaccel named 'nowhere'")) << out;
 }
 
-// ARCHITECTURE.md: a 10-block pool; app1 holds 1-3, app2 4-6, app3 7-8; app1 exits;
+// docs/ARCHITECTURE.md: a 10-block pool; app1 holds 1-3, app2 4-6, app3 7-8; app1 exits;
 // app4 asks for 4 -> app2 1-3, app3 4-5, app4 6-9, block 10 free.
 void tenBlockFixture(Cluster& cluster, bool byHand) {
   auto app1 = open(cluster.vmSocket("vm1"), 3, "app1");

@@ -6,7 +6,7 @@
 // it retries with backoff and holds local programs' frames (their reading is paused)
 // until the port is up.
 //
-// Surviving a scheduler restart (ARCHITECTURE.md "Processes, threads, state"): guestd
+// Surviving a scheduler restart (docs/ARCHITECTURE.md, "State that survives a restart"): guestd
 // keeps a copy of each program's frames until a read or fence reply shows the vaccel
 // took them (and fences on its own behalf when that copy grows past replayBytes). When
 // the port drops, programs stay connected; when it is back, each admitted session is

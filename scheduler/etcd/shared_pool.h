@@ -1,5 +1,5 @@
 // The pool's state shared by many schedulers through etcd v3, in the style of Omega
-// (ARCHITECTURE.md "Many hosts, one pool"): every scheduler keeps a cache of the whole
+// (docs/ARCHITECTURE.md, "Many hosts, one pool"): every scheduler keeps a cache of the whole
 // pool fed by a watch, places with the same `Pool` code as a one-host scheduler, and
 // commits each decision as one transaction that compares the revisions of what it read.
 //
