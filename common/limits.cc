@@ -43,4 +43,11 @@ Status checkName(const std::string& field, const std::string& name, size_t max) 
   return {};
 }
 
+Status checkKeyName(const std::string& field, const std::string& name) {
+  if (auto ok = checkName(field, name); !ok) return ok;
+  if (name.find('/') != std::string::npos)
+    return fail(Code::invalidArgument, field + " '" + clip(name, 64) + "' must not contain '/' (it names keys in the shared pool)");
+  return {};
+}
+
 }  // namespace raccel::limits

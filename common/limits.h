@@ -60,5 +60,8 @@ Status checkRange(const std::string& field, double value, double lo, double hi);
 Status checkRange(const std::string& field, long long value, long long lo, long long hi);
 // A name from a peer: 1..kMaxNameBytes printable ASCII bytes without spaces.
 Status checkName(const std::string& field, const std::string& name, size_t max = kMaxNameBytes);
+// A name that is one part of a key in the shared pool (a scheduler's, a node's): a
+// name as above, without '/'.
+Status checkKeyName(const std::string& field, const std::string& name);
 
 }  // namespace raccel::limits

@@ -1,5 +1,6 @@
 // raccel-netaccel: serves this server's cards to a raccel scheduler.
 #include <cstdio>
+#include <optional>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -191,12 +192,14 @@ int main(int argc, char** argv) {
   // memory, environment or open files through /proc (nor may anyone else but root).
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   std::unique_ptr<netaccel::EtcdPresence> presence;
+  std::optional<etcd::Options> etcdOptions;
   if (!config.etcd.endpoints.empty()) {
     auto options = etcd::optionsFrom(config.etcd);
     if (!options) {
       std::fprintf(stderr, "raccel-netaccel: %s\n", options.error().message.c_str());
       return 2;
     }
+    etcdOptions = *options;
     netaccel::EtcdPresence::Settings settings;
     settings.etcd = *options;
     settings.prefix = config.etcd.prefix;
@@ -209,8 +212,8 @@ int main(int argc, char** argv) {
   daemon.useTls(tls);
   // Declared after the daemon: stopped (its thread joined) before the daemon goes.
   std::unique_ptr<netaccel::SchedulerWatch> schedulers;
-  if (presence) {
-    schedulers = std::make_unique<netaccel::SchedulerWatch>(*etcd::optionsFrom(config.etcd), config.etcd.prefix,
+  if (etcdOptions) {
+    schedulers = std::make_unique<netaccel::SchedulerWatch>(*etcdOptions, config.etcd.prefix,
                                                             [&daemon](const std::string& name) { daemon.schedulerGone(name); });
     daemon.useSchedulerLiveness([w = schedulers.get()](const std::string& name) { return w->live(name); });
   }

@@ -22,8 +22,7 @@ constexpr size_t kInputHighWater = 64 * 1024 * 1024;
 // checks it; anything else is no name (its contexts then wait the grace).
 std::string poolNameOf(capnp::Text::Reader text) {
   std::string name(text.begin(), text.size());
-  if (name.empty() || !limits::checkName("name", name) || name.find('/') != std::string::npos) return {};
-  return name;
+  return limits::checkKeyName("name", name) ? name : std::string();
 }
 constexpr unsigned kMaxBackoffMs = 5000;
 // Closed contexts whose final usage is still to be reported, at most.
@@ -94,6 +93,9 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
   async_ = new uv_async_t;
   uv_async_init(loop_, async_, [](uv_async_t* a) { static_cast<Netaccel*>(a->data)->drainOutputs(); });
   async_->data = this;
+  goneAsync_ = new uv_async_t;
+  uv_async_init(loop_, goneAsync_, [](uv_async_t* a) { static_cast<Netaccel*>(a->data)->dropKeptOfGone(); });
+  goneAsync_->data = this;
   auto timer = [&](Link* link) {
     auto* t = new uv_timer_t;
     uv_timer_init(loop_, t);
@@ -201,18 +203,19 @@ void Netaccel::stop() {
     for (uv_timer_t* t : {link->heartbeat, link->reconnect, link->grace, link->settle}) closeHandle(t);
   }
   if (http_) http_->stop();
+  closeHandle(async_);
   {
     std::lock_guard lock(goneMutex_);
-    asyncOpen_ = false;
+    goneAsyncOpen_ = false;
   }
-  closeHandle(async_);
+  closeHandle(goneAsync_);
 }
 
 void Netaccel::schedulerGone(const std::string& name) {
   std::lock_guard lock(goneMutex_);
-  if (!asyncOpen_ || gone_.size() >= 4096) return;  // stopping, or a flood: the grace still bounds it
+  if (!goneAsyncOpen_ || gone_.size() >= 4096) return;  // stopping, or a flood: the grace still bounds it
   gone_.push_back(name);
-  uv_async_send(async_);
+  uv_async_send(goneAsync_);
 }
 
 void Netaccel::dropKeptOfGone() {
@@ -552,7 +555,6 @@ void Netaccel::sendHeartbeat(Link& link) {
 }
 
 void Netaccel::drainOutputs() {
-  dropKeptOfGone();
   // Faults first: each scheduler hears of a lost sandbox (naming its own contexts)
   // before the errors it caused.
   std::vector<CardWorker::Fault> faults;

@@ -108,9 +108,11 @@ class Netaccel {
   bool stopping_ = false, inputPaused_ = false;
   uv_async_t* async_;
   std::function<std::optional<bool>(const std::string&)> live_;
-  std::mutex goneMutex_;  // guards the two below; held while async_ may be sent to
+  // Schedulers whose lease ended (schedulerGone, any thread), for dropKeptOfGone.
+  uv_async_t* goneAsync_;
+  std::mutex goneMutex_;  // guards the two below; held while goneAsync_ may be sent to
   std::vector<std::string> gone_;
-  bool asyncOpen_ = true;
+  bool goneAsyncOpen_ = true;
   std::vector<CardWorker::Output> outputs_;
   std::unique_ptr<transport::HttpServer> http_;
   uint64_t instructionsReceived_ = 0, linksLost_ = 0;

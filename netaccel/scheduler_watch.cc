@@ -51,8 +51,7 @@ void SchedulerWatch::replace(std::set<std::string> now) {
 void SchedulerWatch::applyEvents(const etcd::Watcher::Events& events) {
   std::vector<std::string> went;
   {
-    std::lock_guard lock(mutex_);
-    if (!live_) live_.emplace();
+    std::lock_guard lock(mutex_);  // live_ was set by replace() before the watch began
     for (auto& e : events) {
       const std::string& key = e.kv().key();
       if (!key.starts_with(prefix_)) continue;

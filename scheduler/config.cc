@@ -152,10 +152,7 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
     gethostname(host, sizeof host - 1);
     out.name = host;
   }
-  if (auto ok = limits::checkName("name", out.name); !ok) return fail(ok.error().code, config.origin() + ": " + ok.error().message);
-  if (out.name.find('/') != std::string::npos)
-    return fail(Code::invalidArgument, config.origin() + ": name '" + limits::clip(out.name, 64) +
-                                           "' may not contain '/' (it names this scheduler's keys in a shared pool)");
+  if (auto ok = limits::checkKeyName("name", out.name); !ok) return fail(ok.error().code, config.origin() + ": " + ok.error().message);
   auto bt = top.getDouble("block_tflops", 1, 0.001, 1e6);
   if (!bt) return fail(bt.error());
   out.blockTflops = *bt;

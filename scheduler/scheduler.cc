@@ -837,7 +837,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         auto r = m.initRoot<wire::SchedulerMessage>().initRegistered();
         r.setAccepted(true);
         r.setHeartbeatMs(std::max(10u, config_.heartbeatTimeoutMs / 5));
-        if (!config_.etcd.endpoints.empty()) r.setPoolName(config_.name);
+        if (config_.etcd.enabled()) r.setPoolName(config_.name);
         node.connection->send(transport::kControlChannel, 0, m);
         const Node& n = pool().nodes()[*index];
         std::string joined = std::to_string(cards.size()) + " card(s), blocks " + std::to_string(n.blocks.first) + "-" +

@@ -4,7 +4,6 @@
 // workloads always.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -16,6 +15,7 @@
 #include "sim/omega.h"
 #include "sim/packing.h"
 #include "sim/plot.h"
+#include "sim/traces_dir.h"
 
 using namespace raccel;
 using namespace raccel::sim;
@@ -23,8 +23,7 @@ using namespace raccel::sim;
 namespace {
 
 // $RACCEL_TRACES, else traces/ of the checkout (scripts/get-traces.sh).
-const std::string kTraces = std::getenv("RACCEL_TRACES") && *std::getenv("RACCEL_TRACES") ? std::getenv("RACCEL_TRACES")
-                                                                                          : std::string(RACCEL_SOURCE_DIR) + "/traces";
+const std::string kTraces = tracesDir(std::string(RACCEL_SOURCE_DIR) + "/traces");
 
 bool haveTraces() { return std::filesystem::exists(kTraces + "/openb/openb_node_list_gpu_node.csv"); }
 

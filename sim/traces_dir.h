@@ -1,5 +1,5 @@
-// Where the traces are by default: $RACCEL_TRACES, else traces/ under the current folder
-// (where scripts/get-traces.sh puts them, run from the checkout).
+// Where the traces are by default: $RACCEL_TRACES, else `fallback`: traces/ under the
+// current folder (where scripts/get-traces.sh puts them, run from the checkout).
 #pragma once
 
 #include <cstdlib>
@@ -7,9 +7,9 @@
 
 namespace raccel::sim {
 
-inline std::string tracesDir() {
+inline std::string tracesDir(const std::string& fallback = "traces") {
   const char* set = std::getenv("RACCEL_TRACES");
-  return set && *set ? set : "traces";
+  return set && *set ? set : fallback;
 }
 
 // What to say when a trace file is not there.

@@ -234,6 +234,12 @@ class OpenclDevice final : public Device {
     if (s) releaseKept();
     return s;
   }
+  // An event's command: queued, submitted, running, CL_COMPLETE, or an error (< 0).
+  static cl_int executionStatus(cl_event event) {
+    cl_int status = CL_QUEUED;
+    clGetEventInfo(event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+    return status;
+  }
   void releaseKept() {
     for (auto& k : kept_) clReleaseEvent(k.done);
     kept_.clear();
@@ -244,8 +250,7 @@ class OpenclDevice final : public Device {
   bool timesKernels() const override { return true; }
   size_t takeCompleted(std::vector<KernelTime>& out) override {
     while (!timed_.empty()) {
-      cl_int status = CL_QUEUED;
-      clGetEventInfo(timed_.front().event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+      cl_int status = executionStatus(timed_.front().event);
       if (status > CL_COMPLETE) break;  // queued, submitted or running
       Timed t = timed_.front();
       timed_.pop_front();
@@ -353,7 +358,7 @@ class OpenclDevice final : public Device {
   // marker after them completes last); releases what earlier launches held once theirs
   // have.
   void keepUntilDone(std::unique_ptr<LaunchObjects> made) {
-    while (!kept_.empty() && completed(kept_.front().done)) {
+    while (!kept_.empty() && executionStatus(kept_.front().done) <= CL_COMPLETE) {  // complete, or ended in error
       clReleaseEvent(kept_.front().done);
       kept_.pop_front();
     }
@@ -365,11 +370,6 @@ class OpenclDevice final : public Device {
       return;
     }
     kept_.push_back({done, std::move(made)});
-  }
-  static bool completed(cl_event event) {
-    cl_int status = CL_QUEUED;
-    clGetEventInfo(event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
-    return status <= CL_COMPLETE;  // complete, or ended in error
   }
   struct Kept {
     cl_event done;

@@ -24,12 +24,6 @@ constexpr size_t kMaxRangesPerHolding = 4096;
 constexpr uint32_t kLostCallRetries = 5;
 
 // A name that becomes one segment of a key.
-Status checkKeyName(const std::string& field, const std::string& name) {
-  if (auto ok = limits::checkName(field, name); !ok) return ok;
-  if (name.find('/') != std::string::npos) return fail(Code::invalidArgument, field + " '" + name + "' must not contain '/'");
-  return {};
-}
-
 // An unsigned JSON number within [0, max], or an error naming `field`.
 Result<uint64_t> number(const json& j, const char* field, uint64_t max) {
   auto it = j.find(field);
@@ -197,7 +191,7 @@ Result<SharedHolding> SharedPool::parseHolding(const std::string& key, const std
     return fail(Code::invalidArgument, "not a holding's key");
   SharedHolding h;
   h.scheduler = rest.substr(0, slash);
-  if (auto ok = checkKeyName("scheduler", h.scheduler); !ok) return fail(ok.error());
+  if (auto ok = limits::checkKeyName("scheduler", h.scheduler); !ok) return fail(ok.error());
   std::string id = rest.substr(slash + 1);
   if (id.empty() || id.size() > 19 || id.find_first_not_of("0123456789") != std::string::npos || id[0] == '0')
     return fail(Code::invalidArgument, "vaccel '" + limits::clip(id, 32) + "' is not a number from 1");
@@ -245,7 +239,7 @@ std::string SharedPool::holdingValue(const SharedHolding& h) {
 }
 
 Result<std::unique_ptr<SharedPool>> SharedPool::open(etcd::Client& client, SharedPoolOptions options) {
-  if (auto ok = checkKeyName("scheduler name", options.scheduler); !ok) return fail(ok.error());
+  if (auto ok = limits::checkKeyName("scheduler name", options.scheduler); !ok) return fail(ok.error());
   if (options.prefix.empty() || options.prefix.back() != '/' || options.prefix.size() > 256)
     return fail(Code::invalidArgument, "the etcd prefix must end in '/' (got '" + limits::clip(options.prefix, 64) + "')");
   if (options.leaseTtlSeconds < 1 || options.leaseTtlSeconds > 3600)
@@ -460,7 +454,7 @@ bool SharedPool::addNodeRecord(const std::string& name, const std::string& value
     noteRefused("nodes/" + name, why);
     return false;
   };
-  if (auto ok = checkKeyName("node name", name); !ok) return refuse(ok.error().message);
+  if (auto ok = limits::checkKeyName("node name", name); !ok) return refuse(ok.error().message);
   auto record = parseNode(value);
   if (!record) return refuse(record.error().message);
   if (record->first != pool_.highestBlock() + 1)
@@ -492,8 +486,7 @@ void SharedPool::holdGap(uint32_t first) {
     cards.push_back(c);
     left -= n;
   }
-  auto index = pool_.addNode(kGapPrefix + std::to_string(next), cards, {});
-  if (index && pool_.nodes()[*index].blocks.count == gap) pool_.removeNode(*index);
+  if (auto index = pool_.addNode(kGapPrefix + std::to_string(next), cards, {})) pool_.removeNode(*index);
 }
 
 void SharedPool::rebuild() {
@@ -790,7 +783,7 @@ Result<std::optional<SharedNode>> tryRegister(etcd::Client& client, const std::s
 
 Result<SharedNode> registerSharedNode(etcd::Client& client, const std::string& prefix, const std::string& name,
                                       const std::vector<CardSpec>& cards, HostVector host, int64_t lease) {
-  if (auto ok = checkKeyName("node name", name); !ok) return fail(ok.error());
+  if (auto ok = limits::checkKeyName("node name", name); !ok) return fail(ok.error());
   constexpr int kAttempts = 16;
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     auto done = tryRegister(client, prefix, name, cards, host, lease);
