@@ -19,6 +19,7 @@ std::string trim(const std::string& s) {
 
 Result<ConfigSection> ConfigSection::fromSpec(const std::string& name, const std::string& spec) {
   ConfigSection s(name, 0);
+  s.nameKeysAs(KeyForm::bare);
   std::stringstream in(spec);
   std::string item;
   while (std::getline(in, item, ',')) {
@@ -31,6 +32,8 @@ Result<ConfigSection> ConfigSection::fromSpec(const std::string& name, const std
 }
 
 std::string ConfigSection::where(const std::string& key) const {
+  if (keyForm_ == KeyForm::bare) return "'" + key + "'";
+  if (keyForm_ == KeyForm::element) return "<" + key + ">";
   std::string section = name_.empty() ? "top level" : "[" + name_ + "]";
   return "'" + key + "' in " + section + (line_ ? " at line " + std::to_string(line_) : "");
 }

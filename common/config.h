@@ -21,8 +21,13 @@ namespace raccel {
 class ConfigSection {
  public:
   ConfigSection(std::string name, int line) : name_(std::move(name)), line_(line) {}
-  // A section from a one-line flag value: "key=value,key=value".
+  // A section from a one-line flag value: "key=value,key=value". Its errors name just the
+  // key (the caller names the flag: "--vm SPEC: 'tflops': ...").
   static Result<ConfigSection> fromSpec(const std::string& name, const std::string& spec);
+  // How errors name a key, in the form the user wrote it: "'key' in [section] at line N"
+  // (a file), just "'key'" (a flag's or raccelctl's key=value), or "<key>" (XML elements).
+  enum class KeyForm { inSection, bare, element };
+  void nameKeysAs(KeyForm form) { keyForm_ = form; }
 
   const std::string& name() const { return name_; }
   int line() const { return line_; }
@@ -48,6 +53,7 @@ class ConfigSection {
   std::string where(const std::string& key) const;
   std::string name_;
   int line_;
+  KeyForm keyForm_ = KeyForm::inSection;
   std::map<std::string, std::string> values_;
 };
 

@@ -36,6 +36,7 @@ TEST(Config, RefusesDuplicateKeyAndBadNumbers) {
 TEST(Config, ParsesByteSizes) {
   EXPECT_EQ(*parseBytes("4096"), 4096u);
   EXPECT_EQ(*parseBytes("64KiB"), 65536u);
+  EXPECT_EQ(*parseBytes("1.5 GiB"), 3ull << 29);
   EXPECT_EQ(*parseBytes("1.5GiB"), 3ull << 29);
   EXPECT_FALSE(parseBytes("12 parsecs"));
   EXPECT_FALSE(parseBytes("-1"));
@@ -78,6 +79,18 @@ TEST(Limits, ClipKeepsPeerTextShortAndSaysSo) {
   EXPECT_TRUE(limits::checkName("node name", "node-0.rack_1"));
   EXPECT_FALSE(limits::checkName("node name", "a b"));
   EXPECT_FALSE(limits::checkName("node name", std::string(200, 'n')));
+}
+
+TEST(Sizes, PrintInTheLargestUnitAndReadBack) {
+  EXPECT_EQ(formatBytes(0), "0 B");
+  EXPECT_EQ(formatBytes(512), "512 B");
+  EXPECT_EQ(formatBytes(786432), "768 KiB");
+  EXPECT_EQ(formatBytes(1ull << 30), "1 GiB");
+  EXPECT_EQ(formatBytes(3ull << 29), "1.5 GiB");
+  EXPECT_EQ(formatBytes(1023ull << 20), "1023 MiB");
+  EXPECT_EQ(formatBytes(~0ull), "16.0 EiB");
+  for (unsigned long long v : {0ull, 1ull, 1024ull, 786432ull, 1ull << 40, 5ull << 40, 1536ull})
+    EXPECT_EQ(*parseBytes(formatBytes(v)), v) << formatBytes(v);
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #include <limits>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <iterator>
 
 namespace raccel {
 
@@ -33,6 +35,7 @@ Result<unsigned long long> parseBytes(const std::string& text) {
   }
   if (digits == 0) return bad();
   std::string unit = text.substr(numberEnd);
+  if (unit.size() > 1 && unit[0] == ' ') unit.erase(0, 1);
   unsigned long long scale = 1;
   if (unit.empty() || unit == "B") scale = 1;
   else if (unit == "KiB" || unit == "K" || unit == "k") scale = 1ull << 10;
@@ -55,6 +58,17 @@ Result<unsigned long long> parseBytes(const std::string& text) {
   if (!std::isfinite(value)) return bad();
   if (value >= 18446744073709551616.0) return tooBig();
   return static_cast<unsigned long long>(value);
+}
+
+std::string formatBytes(unsigned long long bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  unsigned unit = 0;
+  while (unit + 1 < std::size(kUnits) && bytes >> (10 * (unit + 1)) != 0) ++unit;
+  const unsigned long long scale = 1ull << (10 * unit);
+  char text[48];
+  if (bytes % scale == 0) std::snprintf(text, sizeof text, "%llu %s", bytes / scale, kUnits[unit]);
+  else std::snprintf(text, sizeof text, "%.1f %s", static_cast<double>(bytes) / static_cast<double>(scale), kUnits[unit]);
+  return text;
 }
 
 }  // namespace raccel

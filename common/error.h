@@ -46,7 +46,12 @@ inline std::unexpected<Error> fail(Code code, std::string message) {
 }
 inline std::unexpected<Error> fail(Error error) { return std::unexpected<Error>(std::move(error)); }
 
-// Parses "4096", "64KiB", "4MiB", "2GiB", "1.5GiB" into bytes.
+// Parses "4096", "64KiB", "4MiB", "2GiB", "1.5GiB" (or "1.5 GiB") into bytes.
 Result<unsigned long long> parseBytes(const std::string& text);
+// The one way sizes are printed (every table and message; console/web/app.js mirrors it):
+// in the largest binary unit the size reaches, exactly when it is a whole number of it
+// ("768 KiB", "2 GiB"), else to one decimal ("1.5 GiB"); under 1 KiB in bytes ("512 B").
+// parseBytes reads it back (to that decimal).
+std::string formatBytes(unsigned long long bytes);
 
 }  // namespace raccel

@@ -1,9 +1,11 @@
 #include "common/flags.h"
 
-#include "common/log.h"
-
+#include <charconv>
 #include <cstdio>
 #include <sstream>
+
+#include "common/limits.h"
+#include "common/log.h"
 
 namespace raccel {
 
@@ -69,6 +71,18 @@ std::string Flags::helpText() const {
   out << "  --help                      show this help\n";
   if (!epilog_.empty()) out << "\n" << epilog_ << "\n";
   return out.str();
+}
+
+Result<unsigned long long> Flags::getUnsigned(const std::string& name, unsigned long long fallback,
+                                              unsigned long long max) const {
+  if (!has(name)) return fallback;
+  const std::string text = get(name);
+  unsigned long long v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v > max)
+    return fail(Code::invalidArgument, "--" + name + ": '" + limits::clip(text, 64) + "' is not a whole number from 0 to " +
+                                           std::to_string(max));
+  return v;
 }
 
 std::string Flags::get(const std::string& name, const std::string& fallback) const {

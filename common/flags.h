@@ -30,6 +30,10 @@ class Flags {
   bool has(const std::string& name) const { return values_.count(name) != 0; }
   std::string get(const std::string& name, const std::string& fallback = "") const;
   std::vector<std::string> getAll(const std::string& name) const;
+  // A whole number from 0 to `max` (`fallback` when not given); the error names the flag
+  // as the user wrote it ("--count: 'x' is not a whole number from 0 to 100").
+  Result<unsigned long long> getUnsigned(const std::string& name, unsigned long long fallback,
+                                         unsigned long long max) const;
   const std::vector<std::string>& positionals() const { return positionals_; }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 
 #include "common/limits.h"
 #include "transport/wire_types.h"
@@ -19,11 +20,25 @@ Json number(double v) {
 
 Json text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
+}  // namespace
+
 const char* rangeState(wire::PoolRange::State s) {
-  return s == wire::PoolRange::State::FREE ? "free" : s == wire::PoolRange::State::USED ? "used" : "offline";
+  switch (s) {
+    case wire::PoolRange::State::FREE: return "free";
+    case wire::PoolRange::State::USED: return "used";
+    case wire::PoolRange::State::DRAINING: return "draining";
+    case wire::PoolRange::State::OFFLINE: return "offline";
+  }
+  return "offline";
 }
 
-}  // namespace
+std::string poolSummary(wire::PoolMap::Reader pool) {
+  std::ostringstream tflops;
+  tflops << pool.getBlockTflops();
+  return std::to_string(pool.getBlocks()) + " blocks of " + tflops.str() + " TFLOPS: " + std::to_string(pool.getFree()) +
+         " free, " + std::to_string(pool.getUsed()) + " used, " + std::to_string(pool.getDraining()) + " draining, " +
+         std::to_string(pool.getOffline()) + " offline";
+}
 
 Json eventJson(wire::Event::Reader e) {
   return Json{{"unixMs", e.getUnixMs()}, {"kind", text(e.getKind())}, {"subject", text(e.getSubject())},
@@ -45,7 +60,8 @@ Json replyJson(wire::ConsoleReply::Reader reply) {
                         {"cards", n.getCards()}, {"firstBlock", n.getFirstBlock()}, {"blocks", n.getBlocks()},
                         {"msSinceHeartbeat", n.getMsSinceHeartbeat()}, {"contexts", n.getContexts()},
                         {"hostCpuMilli", n.getHostCpuMilli()}, {"hostMemoryMib", n.getHostMemoryMib()},
-                        {"hostCpuMilliUsed", n.getHostCpuMilliUsed()}, {"hostMemoryMibUsed", n.getHostMemoryMibUsed()}});
+                        {"hostCpuMilliUsed", n.getHostCpuMilliUsed()}, {"hostMemoryMibUsed", n.getHostMemoryMibUsed()},
+                        {"state", text(n.getState())}});
       return Json{{"nodes", list}};
     }
     case wire::ConsoleReply::CARDS: {
@@ -65,7 +81,8 @@ Json replyJson(wire::ConsoleReply::Reader reply) {
                           {"state", rangeState(r.getState())}, {"owner", text(r.getOwner())}, {"node", text(r.getNode())},
                           {"kind", kind(r.getKind())}});
       return Json{{"blockTflops", number(pool.getBlockTflops())}, {"total", pool.getTotal()}, {"free", pool.getFree()},
-                  {"ranges", ranges}};
+                  {"blocks", pool.getBlocks()}, {"used", pool.getUsed()}, {"draining", pool.getDraining()},
+                  {"offline", pool.getOffline()}, {"summary", poolSummary(pool)}, {"ranges", ranges}};
     }
     case wire::ConsoleReply::VACCELS: {
       Json list = Json::array();
@@ -89,7 +106,8 @@ Json replyJson(wire::ConsoleReply::Reader reply) {
                         {"attach", text(v.getAttach())}, {"tflops", number(v.getTflops())}, {"priority", v.getPriority()},
                         {"kinds", text(v.getKinds())}, {"memoryQuota", v.getMemoryQuota()}, {"state", text(v.getState())},
                         {"problem", text(v.getProblem())}, {"blocksHeld", v.getBlocksHeld()},
-                        {"memoryUsed", v.getMemoryUsed()}, {"kernelMs", v.getKernelMs()}});
+                        {"memoryUsed", v.getMemoryUsed()}, {"kernelMs", v.getKernelMs()},
+                        {"hostCpuMilli", v.getHostCpuMilli()}, {"hostMemoryMib", v.getHostMemoryMib()}});
       return Json{{"vms", list}};
     }
   }
@@ -103,7 +121,7 @@ bool isAction(const std::string& word) {
 }
 
 Status buildAction(const std::vector<std::string>& words, const ActionOptions& options, wire::ConsoleRequest::Builder request) {
-  if (words.empty()) return fail(Code::invalidArgument, "no action given (preempt, resume, defrag, drain or set-policy)");
+  if (words.empty()) return fail(Code::invalidArgument, std::string("no action given (the actions: ") + kActionList + ")");
   const std::string& command = words[0];
   auto id = [&]() -> Result<uint64_t> {
     if (words.size() != 2) return fail(Code::invalidArgument, command + " takes one vaccel id (see raccelctl vaccels)");
@@ -143,7 +161,7 @@ Status buildAction(const std::vector<std::string>& words, const ActionOptions& o
     }
   } else {
     return fail(Code::invalidArgument,
-                "unknown action '" + limits::clip(command, 64) + "' (preempt, resume, defrag, drain or set-policy)");
+                "unknown action '" + limits::clip(command, 64) + "' (the actions: " + kActionList + ")");
   }
   return {};
 }

@@ -21,6 +21,10 @@ using Json = nlohmann::ordered_json;
 // as {"done": text}, an error as {"error": {"code", "message"}}.
 Json replyJson(wire::ConsoleReply::Reader reply);
 Json eventJson(wire::Event::Reader event);
+// The words every view of the pool uses: a range's state, and the pool's one-line
+// summary ("8 blocks of 1 TFLOPS: 0 free, 0 used, 8 draining, 0 offline").
+const char* rangeState(wire::PoolRange::State state);
+std::string poolSummary(wire::PoolMap::Reader pool);
 // One line of JSON; bytes that are not UTF-8 (a guest names its programs) become U+FFFD.
 std::string dump(const Json& json);
 
@@ -31,6 +35,10 @@ struct ActionOptions {
   bool undo = false;                    // drain: place on the node again
 };
 bool isAction(const std::string& word);
+// The actions (raccelctl's and the web API's), and every raccelctl command.
+inline constexpr const char* kActionList = "preempt, resume, defrag, drain, set-policy";
+inline constexpr const char* kCommandList =
+    "nodes, cards, pool, vaccels, vms, events, preempt, resume, defrag, drain, set-policy";
 // `words` starts with the action; an error says what is wrong with them.
 Status buildAction(const std::vector<std::string>& words, const ActionOptions& options, wire::ConsoleRequest::Builder request);
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "common/limits.h"
 #include "schema/console.capnp.h"
 #include "transport/blocking_link.h"
 #include "transport/wire_types.h"
@@ -22,6 +23,13 @@ std::string hostText(uint64_t used, uint64_t capacity, double perUnit, const cha
   if (capacity == 0) return "-";
   char text[64];
   std::snprintf(text, sizeof text, "%.1f/%.1f%s", used / perUnit, capacity / perUnit, unit);
+  return text;
+}
+
+// Milli-CPUs as CPUs to one decimal ("0.5").
+std::string cpusText(uint64_t milli) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", static_cast<double>(milli) / 1000);
   return text;
 }
 
@@ -44,7 +52,7 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
           << pad("CONTEXTS", 9) << pad("HOST CPU", 16) << pad("HOST MEMORY", 22) << "HEARD\n";
       for (auto n : nodes) {
         std::string range = n.getBlocks() ? std::to_string(n.getFirstBlock()) + "-" + std::to_string(n.getFirstBlock() + n.getBlocks() - 1) : "-";
-        out << pad(n.getName(), 16) << pad(n.getOnline() ? "online" : "offline", 9) << pad(n.getAddress(), 22)
+        out << pad(n.getName(), 16) << pad(n.getState(), 9) << pad(n.getAddress(), 22)
             << pad(std::to_string(n.getCards()), 6) << pad(range, 12) << pad(std::to_string(n.getContexts()), 9)
             << pad(hostText(n.getHostCpuMilliUsed(), n.getHostCpuMilli(), 1000, ""), 16)
             << pad(hostText(n.getHostMemoryMibUsed(), n.getHostMemoryMib(), 1024, " GiB"), 22)
@@ -62,22 +70,19 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
         std::snprintf(tf, sizeof tf, "%.1f", c.getTflops());
         out << pad(c.getNode(), 16) << pad(std::to_string(c.getIndex()), 5) << pad(kind(c.getKind()), 5)
             << pad(c.getModel(), 18) << pad(c.getBackend(), 8) << pad(tf, 8)
-            << pad(std::to_string(c.getMemoryBytes() >> 20) + " MiB", 10) << pad(range, 10)
+            << pad(formatBytes(c.getMemoryBytes()), 10) << pad(range, 10)
             << (c.getOnline() ? "online" : "offline") << "\n";
       }
       break;
     }
     case Query::pool: {
       auto pool = reply.getPool();
-      auto state = [](wire::PoolRange::State s) {
-        return s == wire::PoolRange::State::FREE ? "free" : s == wire::PoolRange::State::USED ? "used" : "offline";
-      };
-      out << "pool: " << pool.getTotal() << " blocks of " << pool.getBlockTflops() << " TFLOPS, " << pool.getFree() << " free\n";
-      out << pad("BLOCKS", 14) << pad("COUNT", 7) << pad("KIND", 5) << pad("NODE", 16) << pad("STATE", 8) << "OWNER\n";
+      out << "pool: " << poolSummary(pool) << "\n";
+      out << pad("BLOCKS", 14) << pad("COUNT", 7) << pad("KIND", 5) << pad("NODE", 16) << pad("STATE", 9) << "OWNER\n";
       for (auto r : pool.getRanges()) {
         out << pad(std::to_string(r.getFirst()) + "-" + std::to_string(r.getFirst() + r.getCount() - 1), 14)
             << pad(std::to_string(r.getCount()), 7) << pad(kind(r.getKind()), 5) << pad(r.getNode(), 16)
-            << pad(state(r.getState()), 8) << r.getOwner().cStr() << "\n";
+            << pad(rangeState(r.getState()), 9) << r.getOwner().cStr() << "\n";
       }
       break;
     }
@@ -97,8 +102,8 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
         if (hosts) out << pad(v.getHost().size() ? v.getHost().cStr() : "(here)", 12);
         out << pad(std::to_string(v.getId()), 5) << pad(v.getVm(), 12) << pad(v.getProgram(), 16)
             << pad(std::to_string(v.getPriority()), 5) << pad(blocksText(v.getBlocks()), 14) << pad(cards, 30)
-            << pad(std::to_string(v.getMemoryUsed() >> 20) + " MiB", 12) << pad(std::to_string(v.getInstructions()), 9)
-            << pad(std::to_string(v.getBytesMoved() >> 10) + " KiB", 10)
+            << pad(formatBytes(v.getMemoryUsed()), 12) << pad(std::to_string(v.getInstructions()), 9)
+            << pad(formatBytes(v.getBytesMoved()), 10)
             << pad(std::to_string(static_cast<uint64_t>(v.getKernelMs())) + " ms", 11) << v.getState().cStr() << "\n";
       }
       break;
@@ -106,14 +111,16 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
     case Query::vms: {
       auto vms = reply.getVms();
       out << pad("VM", 14) << pad("STATE", 11) << pad("TFLOPS", 8) << pad("PRIO", 5) << pad("KINDS", 18)
-          << pad("QUOTA", 10) << pad("BLOCKS", 7) << pad("SOURCE", 26) << "SOCKET\n";
+          << pad("QUOTA", 10) << pad("HOST CPU", 9) << pad("HOST MEM", 10) << pad("BLOCKS", 7) << pad("SOURCE", 26) << "SOCKET\n";
       for (auto v : vms) {
         std::ostringstream tflops;
         tflops << v.getTflops();
         out << pad(v.getName(), 14) << pad(v.getState(), 11) << pad(tflops.str(), 8)
-            << pad(std::to_string(v.getPriority()), 5) << pad(v.getKinds(), 18)
-            << pad(std::to_string(v.getMemoryQuota() >> 20) + " MiB", 10) << pad(std::to_string(v.getBlocksHeld()), 7)
-            << pad(v.getSource(), 26) << v.getSocket().cStr() << " (" << v.getAttach().cStr() << ")\n";
+            << pad(std::to_string(v.getPriority()), 5) << pad(v.getKinds(), 18) << pad(formatBytes(v.getMemoryQuota()), 10)
+            << pad(v.getHostCpuMilli() ? cpusText(v.getHostCpuMilli()) : "-", 9)
+            << pad(v.getHostMemoryMib() ? formatBytes(v.getHostMemoryMib() << 20) : "-", 10)
+            << pad(std::to_string(v.getBlocksHeld()), 7) << pad(v.getSource(), 26) << v.getSocket().cStr() << " ("
+            << v.getAttach().cStr() << ")\n";
         if (v.getProblem().size() > 0) out << "  " << v.getName().cStr() << ": " << v.getProblem().cStr() << "\n";
       }
       break;
@@ -130,7 +137,7 @@ Result<Query> parseQuery(const std::string& word) {
   if (word == "pool") return Query::pool;
   if (word == "vaccels") return Query::vaccels;
   if (word == "vms") return Query::vms;
-  return fail(Code::invalidArgument, "unknown command '" + word + "' (use nodes, cards, pool, vaccels or vms)");
+  return fail(Code::invalidArgument, "unknown command '" + limits::clip(word, 64) + "' (the commands: " + kCommandList + ")");
 }
 
 namespace {
@@ -179,7 +186,7 @@ Result<std::string> run(const std::string& socket, Query query, bool json, int t
 }
 
 Result<std::string> act(const std::string& socket, const std::vector<std::string>& words, const ActionOptions& options,
-                        int timeoutMs) {
+                        bool json, int timeoutMs) {
   capnp::MallocMessageBuilder m;
   if (auto built = buildAction(words, options, m.initRoot<wire::ConsoleRequest>()); !built) return fail(built.error());
   transport::BlockingLink link;
@@ -189,7 +196,7 @@ Result<std::string> act(const std::string& socket, const std::vector<std::string
   if (!frame) return fail(frame.error());
   std::string text;
   if (auto r = readReply(std::move(frame->body), [&](wire::ConsoleReply::Reader reply) {
-        if (reply.which() == wire::ConsoleReply::DONE) text = reply.getDone();
+        if (reply.which() == wire::ConsoleReply::DONE) text = json ? dump(replyJson(reply)) : std::string(reply.getDone());
       });
       !r)
     return fail(r.error());

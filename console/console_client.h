@@ -26,7 +26,8 @@ Status follow(const std::string& socket, bool json, unsigned count, const std::f
 
 // Operator actions (console/api.h): `words` starts with the command. Returns what the
 // scheduler did, in a sentence.
+// With `json`, as the document {"done": text}.
 Result<std::string> act(const std::string& socket, const std::vector<std::string>& words, const ActionOptions& options,
-                        int timeoutMs = 10000);
+                        bool json = false, int timeoutMs = 10000);
 
 }  // namespace raccel::console

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
                            "  vms       VMs: policy (TFLOPS, priority, kinds, quota), where it came from, state\n"
                            "  events    a live stream: admissions, refusals, releases, node joins and losses,\n"
                            "            preemptions, resumptions, migrations, drains, policy changes, VMs\n"
-                           "            attached, detached or rejected (the recent ones first)\n"
+                           "            attached, detached or rejected (the recent ones first, oldest at the top)\n"
                            "actions:\n"
                            "  preempt ID            suspend vaccel ID now (buffers saved to host memory, cards\n"
                            "                        released); it stays suspended until `resume ID`\n"
@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
                            "                        host_cpu or host_memory");
   flags.positional("COMMAND [ARGS]");
   flags.value("socket", "PATH", "the scheduler's console socket (default /run/raccel/console.sock)");
-  flags.boolean("json", "print one JSON document instead of a table (events: one JSON object per line)");
+  flags.boolean("json", "print one JSON document instead of a table or sentence (events: one JSON object per line;\n"
+                        "actions: {\"done\": ...}; an error: {\"error\": {\"code\", \"message\"}} and exit status 1)");
   flags.value("count", "N", "events: stop after N events (default: follow until interrupted)");
   flags.boolean("recent", "events: print the recent events (up to 256) and stop");
   flags.value("max-moves", "N", "defrag: at most N moves (default: the scheduler's per-minute budget)");
@@ -38,60 +39,47 @@ int main(int argc, char** argv) {
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
   if (flags.positionals().empty()) {
-    std::fprintf(stderr, "raccelctl: give a command: nodes, cards, pool, vaccels, vms, events, preempt, resume, defrag, "
-                         "drain or set-policy (see --help)\n");
+    std::fprintf(stderr, "raccelctl: give a command: %s (see --help)\n", console::kCommandList);
     return 2;
   }
+  const bool json = flags.has("json");
+  // An error, as a sentence on stderr or (--json) as a document on stdout.
+  auto failed = [&](const Error& error, int status) {
+    if (json) std::printf("%s\n", console::dump(console::Json{{"error", {{"code", codeName(error.code)}, {"message", error.message}}}}).c_str());
+    else std::fprintf(stderr, "raccelctl: %s\n", error.message.c_str());
+    return status;
+  };
   const std::string socket = flags.get("socket", "/run/raccel/console.sock");
   if (console::isAction(flags.positionals()[0])) {
     console::ActionOptions options;
-    long moves = std::atol(flags.get("max-moves", "0").c_str());
+    auto moves = flags.getUnsigned("max-moves", 0, 1u << 20);
+    if (!moves) return failed(moves.error(), 2);
     auto bytes = parseBytes(flags.get("max-bytes", "0"));
-    if (moves < 0 || !bytes) {
-      std::fprintf(stderr, "raccelctl: --max-moves must be >= 0 and --max-bytes a size (like 256MiB)\n");
-      return 2;
-    }
-    options.maxMoves = static_cast<unsigned>(moves);
+    if (!bytes) return failed(Error{Code::invalidArgument, "--max-bytes: " + bytes.error().message}, 2);
+    options.maxMoves = static_cast<unsigned>(*moves);
     options.maxMoveBytes = *bytes;
     options.undo = flags.has("undo");
-    auto done = console::act(socket, flags.positionals(), options);
-    if (!done) {
-      std::fprintf(stderr, "raccelctl: %s\n", done.error().message.c_str());
-      return 1;
-    }
+    auto done = console::act(socket, flags.positionals(), options, json);
+    if (!done) return failed(done.error(), 1);
     std::fputs(done->c_str(), stdout);
     return 0;
   }
-  if (flags.positionals().size() != 1) {
-    std::fprintf(stderr, "raccelctl: %s takes no arguments\n", flags.positionals()[0].c_str());
-    return 2;
-  }
+  if (flags.positionals().size() != 1)
+    return failed(Error{Code::invalidArgument, flags.positionals()[0] + " takes no arguments"}, 2);
   if (flags.positionals()[0] == "events") {
-    long count = std::atol(flags.get("count", "0").c_str());
-    if (count < 0) {
-      std::fprintf(stderr, "raccelctl: --count must be >= 0\n");
-      return 2;
-    }
-    auto followed = console::follow(socket, flags.has("json"), static_cast<unsigned>(count), [](const std::string& line) {
+    auto count = flags.getUnsigned("count", 0, 1u << 30);
+    if (!count) return failed(count.error(), 2);
+    auto followed = console::follow(socket, json, static_cast<unsigned>(*count), [](const std::string& line) {
       std::printf("%s\n", line.c_str());
       std::fflush(stdout);
     }, flags.has("recent"));
-    if (!followed) {
-      std::fprintf(stderr, "raccelctl: %s\n", followed.error().message.c_str());
-      return 1;
-    }
+    if (!followed) return failed(followed.error(), 1);
     return 0;
   }
   auto query = console::parseQuery(flags.positionals()[0]);
-  if (!query) {
-    std::fprintf(stderr, "raccelctl: %s\n", query.error().message.c_str());
-    return 2;
-  }
-  auto text = console::run(socket, *query, flags.has("json"));
-  if (!text) {
-    std::fprintf(stderr, "raccelctl: %s\n", text.error().message.c_str());
-    return 1;
-  }
+  if (!query) return failed(query.error(), 2);
+  auto text = console::run(socket, *query, json);
+  if (!text) return failed(text.error(), 1);
   std::fputs(text->c_str(), stdout);
   return 0;
 }

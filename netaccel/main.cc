@@ -176,8 +176,8 @@ int main(int argc, char** argv) {
       auto& c = (*devices)[i]->capabilities();
       std::string programs;
       for (auto k : c.programKinds) programs += (programs.empty() ? "" : ",") + std::string(programKindName(k));
-      std::printf("%-5zu %-8s %-5s %-28s %10.4f %8llu MiB  %s\n", i, c.backend.c_str(), kindName(c.kind), c.model.c_str(),
-                  c.tflops, static_cast<unsigned long long>(c.memoryBytes >> 20), programs.c_str());
+      std::printf("%-5zu %-8s %-5s %-28s %10.4f %12s  %s\n", i, c.backend.c_str(), kindName(c.kind), c.model.c_str(),
+                  c.tflops, formatBytes(c.memoryBytes).c_str(), programs.c_str());
     }
     std::string built;
     for (auto& b : hal::builtBackends()) built += (built.empty() ? "" : ", ") + b;

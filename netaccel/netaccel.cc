@@ -146,7 +146,7 @@ Status Netaccel::start() {
   for (size_t i = 0; i < workers_.size(); ++i) {
     auto& caps = workers_[i]->capabilities();
     RLOG_INFO("netaccel") << "card " << i << ": " << kindName(caps.kind) << " " << caps.model << " (" << caps.backend
-                          << ") " << caps.tflops << " TFLOPS, " << (caps.memoryBytes >> 20) << " MiB"
+                          << ") " << caps.tflops << " TFLOPS, " << formatBytes(caps.memoryBytes)
                           << (workers_[i]->sandboxed() ? "; each tenant in a sandbox process" : "");
   }
   for (auto& link : links_) connect(*link);
@@ -483,6 +483,11 @@ void Netaccel::onControl(Link& link, transport::Body body) {
           l->netaccel->sendHeartbeat(*l);
         }, hb, hb);
         RLOG_INFO("netaccel") << "registered with the scheduler at " << link.name() << "; heartbeat every " << hb << " ms";
+        size_t told = 0;
+        for (auto unused : r.getUnusedCards())
+          if (++told <= workers_.size())  // the scheduler's words, bounded: at most one per card
+            RLOG_WARN("netaccel") << "card " << unused.getCard() << " serves no work for " << link.name() << ": "
+                                  << limits::clip(unused.getWhy(), 512);
         return;
       }
       case wire::SchedulerMessage::OPEN_CONTEXT:

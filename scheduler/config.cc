@@ -70,6 +70,7 @@ std::string kindsToString(KindMask kinds) {
 Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings) {
   // The current policy as a section, the changes on top, parsed as any config is.
   ConfigSection section("vm", 0);
+  section.nameKeysAs(ConfigSection::KeyForm::bare);
   section.set("name", p.name);
   section.set("socket", p.socket);
   section.set("attach", p.attach == VmPolicy::Attach::connect ? "connect" : "listen");

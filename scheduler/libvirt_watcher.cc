@@ -83,6 +83,7 @@ Result<std::optional<VmPolicy>> vmFromDomainXml(const std::string& xml, const st
   if (vaccels.size() > 1) return bad("more than one <vaccel> element");
 
   ConfigSection section("vm", 0);
+  section.nameKeysAs(ConfigSection::KeyForm::element);
   section.set("name", name);
   for (xmlNodePtr child = vaccels[0]->children; child; child = child->next) {
     if (child->type == XML_TEXT_NODE && XmlDoc::text(child).empty()) continue;

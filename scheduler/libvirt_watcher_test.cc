@@ -72,7 +72,7 @@ void expectRefused(const std::string& xml, const std::string& mentions) {
 
 TEST(DomainXml, InvalidMetadataIsRefusedWithWhy) {
   expectRefused(domain(vaccel("<raccel:tflops>lots</raccel:tflops>")), "tflops");
-  expectRefused(domain(vaccel("<raccel:tflops>-2</raccel:tflops>")), "tflops' in [vm]: -2 must be a finite number from 0 to");
+  expectRefused(domain(vaccel("<raccel:tflops>-2</raccel:tflops>")), "<tflops>: -2 must be a finite number from 0 to");
   expectRefused(domain(vaccel("<raccel:kinds>gpu,tpu</raccel:kinds>")), "tpu");
   expectRefused(domain(vaccel("<raccel:speed>9</raccel:speed>")), "unknown vm setting 'speed'");
   expectRefused(domain(vaccel("<raccel:tflops>1</raccel:tflops><raccel:tflops>2</raccel:tflops>")), "appears twice");

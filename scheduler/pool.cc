@@ -125,8 +125,8 @@ bool Pool::forgetNode(size_t n) {
     next_ = nodes_[n].blocks.first;
     owner_.resize(next_);
     nodes_.pop_back();
-    recountTotals();
   }
+  recountTotals();
   return true;
 }
 
@@ -292,10 +292,8 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
   if (held_.count(owner)) return fail(Code::internal, "allocate: vaccel " + std::to_string(owner) + " already holds blocks");
   if (request.shape != Shape::spread) return allocateShaped(owner, request);
   if (want == 0) return fail(Code::invalidArgument, "a virtual accelerator needs at least one block");
+  if (auto s = shortfall(want, request.kinds)) return fail(Code::resourceExhausted, s->why);
   uint32_t total = this->total(request.kinds);
-  if (want > total)
-    return fail(Code::resourceExhausted, "can never run here: " + std::to_string(want) + " blocks requested, the pool has " +
-                                             std::to_string(total) + " of the accepted kinds in total");
   uint32_t free = freeBlocks(request.kinds);
   if (want > free)
     return fail(Code::resourceExhausted, "not enough free compute: " + std::to_string(want) + " blocks requested, " +
@@ -537,11 +535,7 @@ int Pool::priorityOf(VaccelId owner) const {
 }
 
 Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const {
-  uint32_t total = this->total(request.kinds);
-  if (request.blocks > total)
-    return fail(Code::resourceExhausted, "can never run here: " + std::to_string(request.blocks) +
-                                             " blocks requested, the pool has " + std::to_string(total) +
-                                             " of the accepted kinds in total");
+  if (auto s = shortfall(request.blocks, request.kinds)) return fail(Code::resourceExhausted, s->why);
   uint32_t have = freeBlocks(request.kinds);
   std::vector<VaccelId> chosen;
   for (auto it = victims_.begin(); it != victims_.end() && have < request.blocks; ++it) {
@@ -781,15 +775,60 @@ uint32_t Pool::fewestNodesFor(uint32_t blocks, KindMask kinds) const {
 
 void Pool::recountTotals() {
   std::fill(std::begin(totalByKind_), std::end(totalByKind_), 0);
-  for (auto& card : cards_)
-    if (nodes_[card.node].placeable()) totalByKind_[static_cast<unsigned>(card.spec.kind)] += card.blocks.count;
+  std::fill(std::begin(heldBackByKind_), std::end(heldBackByKind_), 0);
+  for (auto& card : cards_) {
+    const Node& node = nodes_[card.node];
+    if (node.forgotten) continue;
+    (node.placeable() ? totalByKind_ : heldBackByKind_)[static_cast<unsigned>(card.spec.kind)] += card.blocks.count;
+  }
 }
 
-uint32_t Pool::total(KindMask kinds) const {
+namespace {
+uint32_t sumKinds(const uint32_t (&byKind)[4], KindMask kinds) {
   uint32_t n = 0;
   for (unsigned k = 0; k < 4; ++k)
-    if (kinds & (1u << k)) n += totalByKind_[k];
+    if (kinds & (1u << k)) n += byKind[k];
   return n;
+}
+}  // namespace
+
+Pool::BlockState Pool::blockState(uint32_t block) const {
+  if (ownerOf(block) != kNoOwner) return BlockState::used;
+  long card = cardOf(block);
+  if (card < 0) return BlockState::offline;
+  const Node& node = nodes_[cards_[static_cast<size_t>(card)].node];
+  return !node.online ? BlockState::offline : node.draining ? BlockState::draining : BlockState::free;
+}
+
+const char* Pool::blockStateName(BlockState state) {
+  switch (state) {
+    case BlockState::free: return "free";
+    case BlockState::used: return "used";
+    case BlockState::draining: return "draining";
+    case BlockState::offline: return "offline";
+  }
+  return "offline";
+}
+
+uint32_t Pool::total(KindMask kinds) const { return sumKinds(totalByKind_, kinds); }
+uint32_t Pool::heldBack(KindMask kinds) const { return sumKinds(heldBackByKind_, kinds); }
+
+std::optional<Pool::Shortfall> Pool::shortfall(uint32_t want, KindMask kinds) const {
+  const uint32_t now = total(kinds), back = heldBack(kinds);
+  if (want <= now) return std::nullopt;
+  const std::string asked = std::to_string(want) + " blocks requested, ";
+  if (want > now + back)  // both within kMaxPoolBlocks: no wrap
+    return Shortfall{true, "can never run here: " + asked + "the pool has " + std::to_string(now + back) +
+                               " of the accepted kinds in total"};
+  std::string names;
+  size_t named = 0;
+  for (auto& n : nodes_) {
+    if (n.forgotten || n.placeable()) continue;
+    if (named++ < 4) names += (names.empty() ? "" : ", ") + n.name + (n.online ? " draining" : " offline");
+  }
+  if (named > 4) names += ", ...";
+  return Shortfall{false, "not now: " + asked + std::to_string(now) + " of the accepted kinds take work now and " +
+                              std::to_string(back) + " more are on netaccels that take none (" + names + ")"};
 }
 
 uint32_t Pool::freeBlocks(KindMask kinds) const {

@@ -96,6 +96,8 @@ struct Node {
   HostVector host;      // capacity (a 0 dimension is not counted)
   HostVector hostUsed;  // held by placed work
   bool placeable() const { return online && !draining; }
+  // What every view of the node prints: online | draining | offline.
+  const char* stateName() const { return !online ? "offline" : draining ? "draining" : "online"; }
   // Whether `need` fits in what the host has left.
   bool hostFits(const HostVector& need) const { return need.fitsIn(host, hostUsed); }
 };
@@ -250,13 +252,28 @@ class Pool {
   // free or not (0 when all of them together could not): the base of Request::maxNodes.
   uint32_t fewestNodesFor(uint32_t blocks, KindMask kinds = kAllKinds) const;
 
-  // Blocks of online nodes (with accepted kinds).
+  // Blocks of placeable nodes (online, not draining; with accepted kinds).
   uint32_t total(KindMask kinds = kAllKinds) const;
+  // Blocks of known nodes that take no work now: draining, or offline and not forgotten.
+  uint32_t heldBack(KindMask kinds = kAllKinds) const;
+  // Why `want` blocks of `kinds` could not be placed even if every holder left, or
+  // nullopt when the placeable blocks could hold them. `never`: not even with every
+  // draining and offline node back ("can never run here"); else "not now", naming them.
+  struct Shortfall {
+    bool never = false;
+    std::string why;
+  };
+  std::optional<Shortfall> shortfall(uint32_t want, KindMask kinds) const;
   uint32_t freeBlocks(KindMask kinds = kAllKinds) const;
   // Index of the card holding `block`, or -1 when the number is not a block.
   long cardOf(uint32_t block) const;
   VaccelId ownerOf(uint32_t block) const { return block < owner_.size() ? owner_[block] : kNoOwner; }
   bool isFree(uint32_t block) const;
+  // What a block is now, for every view of the pool: held by a vaccel, or unheld on a node
+  // that takes work (free), drains, or is offline.
+  enum class BlockState { free, used, draining, offline };
+  BlockState blockState(uint32_t block) const;
+  static const char* blockStateName(BlockState state);
   uint32_t highestBlock() const { return next_ - 1; }
 
   const std::vector<Node>& nodes() const { return nodes_; }
@@ -344,7 +361,8 @@ class Pool {
   std::set<VictimKey> victims_;
   uint64_t admissions_ = 0;
   uint32_t freeCount_ = 0;
-  uint32_t totalByKind_[4] = {};  // online blocks per card kind
+  uint32_t totalByKind_[4] = {};     // placeable blocks per card kind
+  uint32_t heldBackByKind_[4] = {};  // draining or offline (not forgotten) blocks per kind
   std::vector<uint32_t> cardFree_;  // free (placeable) blocks per card
   std::vector<uint32_t> shareMilli_, shareBlocks_;  // per card: thousandths and blocks held by oneCard shares
 

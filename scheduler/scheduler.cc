@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "common/limits.h"
 #include "common/log.h"
@@ -36,6 +37,16 @@ bool isKernelTimes(const Body& body) {
     yes = in.root<wire::Reply>().which() == wire::Reply::KERNEL_TIMES;
   });
   return yes;
+}
+
+wire::PoolRange::State wireBlockState(Pool::BlockState state) {
+  switch (state) {
+    case Pool::BlockState::free: return wire::PoolRange::State::FREE;
+    case Pool::BlockState::used: return wire::PoolRange::State::USED;
+    case Pool::BlockState::draining: return wire::PoolRange::State::DRAINING;
+    case Pool::BlockState::offline: return wire::PoolRange::State::OFFLINE;
+  }
+  return wire::PoolRange::State::OFFLINE;
 }
 }  // namespace
 
@@ -481,10 +492,8 @@ std::unique_ptr<Scheduler::Session> Scheduler::makeSession(VaccelId id) {
 }
 
 Status Scheduler::couldEverHold(uint32_t blocks, KindMask kinds, const Vm& vm) const {
-  if (blocks > pool().total(kinds))
-    return fail(Code::resourceExhausted, "can never run here: " + std::to_string(blocks) + " blocks requested, the pool has " +
-                                             std::to_string(pool().total(kinds)) + " of the accepted kinds (" +
-                                             kindsToString(kinds) + ") in total");
+  if (auto s = pool().shortfall(blocks, kinds); s && s->never)
+    return fail(Code::resourceExhausted, s->why + " (accepted: " + kindsToString(kinds) + ")");
   const HostVector host{vm.policy.hostCpuMilli, vm.policy.hostMemoryMib};
   if (!host.empty() && !pool().hostCouldHold(host))
     return fail(Code::resourceExhausted, "can never run here: vm '" + vm.policy.name + "' needs " + Pool::describeHost(host) +
@@ -784,6 +793,21 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
   if (link) link->connection->throttle(*node.connection);
 }
 
+std::vector<std::pair<uint32_t, std::string>> Scheduler::unusedCards(const Node& node) const {
+  std::vector<std::pair<uint32_t, std::string>> unused;
+  for (size_t ci : node.cards) {
+    const CardSpec& spec = pool().cards()[ci].spec;
+    if (pool().cards()[ci].blocks.count > 0) continue;
+    std::ostringstream why;
+    why << kindName(spec.kind) << " '" << limits::clip(spec.model, 64) << "' (" << spec.backend << ") rates " << spec.tflops
+        << " TFLOPS, under one block of " << pool().blockTflops()
+        << " TFLOPS, so nothing is placed on it; rate it with tflops= in the netaccel's card (e.g. --card backend="
+        << spec.backend << ",device=N,tflops=2), leave it out (--discover none), or give the scheduler a smaller --block-tflops";
+    unused.emplace_back(spec.index, why.str());
+  }
+  return unused;
+}
+
 void Scheduler::onNodeControl(NodeLink& node, Body body) {
   auto refuse = [&](const std::string& why) {
     capnp::MallocMessageBuilder m;
@@ -833,17 +857,24 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         node.poolIndex = static_cast<long>(*index);
         offlineSinceMs_.erase(*index);
         nodeByPoolIndex_[*index] = &node;
+        const Node& n = pool().nodes()[*index];
+        const auto unused = unusedCards(n);
         capnp::MallocMessageBuilder m;
         auto r = m.initRoot<wire::SchedulerMessage>().initRegistered();
         r.setAccepted(true);
         r.setHeartbeatMs(std::max(10u, config_.heartbeatTimeoutMs / 5));
         if (config_.etcd.enabled()) r.setPoolName(config_.name);
+        auto told = r.initUnusedCards(static_cast<unsigned>(unused.size()));
+        for (size_t i = 0; i < unused.size(); ++i) {
+          told[i].setCard(unused[i].first);
+          told[i].setWhy(unused[i].second);
+        }
         node.connection->send(transport::kControlChannel, 0, m);
-        const Node& n = pool().nodes()[*index];
-        std::string joined = std::to_string(cards.size()) + " card(s), blocks " + std::to_string(n.blocks.first) + "-" +
-                             std::to_string(n.blocks.end() - 1) +
+        std::string joined = std::to_string(cards.size()) + " card(s), blocks " +
+                             (n.blocks.count ? std::to_string(n.blocks.first) + "-" + std::to_string(n.blocks.end() - 1) : "none") +
                              (host.empty() ? std::string() : ", host " + Pool::describeHost(host)) + "; pool now " +
                              std::to_string(pool().total()) + " blocks";
+        for (auto& [card, why] : unused) joined += "; card " + std::to_string(card) + " unused: " + why;
         RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": " << joined;
         event("node-joined", name, joined);
         settledAtMs_ = std::min(settledAtMs_, nowMs());  // the pool has heard from a netaccel
@@ -1015,6 +1046,7 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         const Node& n = pool().nodes()[i];
         out[j].setName(n.name);
         out[j].setOnline(n.online);
+        out[j].setState(n.stateName());
         out[j].setCards(static_cast<uint32_t>(n.cards.size()));
         out[j].setFirstBlock(n.blocks.first);
         out[j].setBlocks(n.blocks.count);
@@ -1058,13 +1090,14 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         size_t card;
       };
       std::vector<Run> runs;
+      uint32_t counts[4] = {};  // by Pool::BlockState
       for (size_t ci = 0; ci < pool().cards().size(); ++ci) {
         const Card& c = pool().cards()[ci];
-        bool online = pool().nodes()[c.node].online;
+        if (pool().nodes()[c.node].forgotten) continue;
         for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b) {
-          auto state = pool().ownerOf(b) != kNoOwner ? wire::PoolRange::State::USED
-                       : online                     ? wire::PoolRange::State::FREE
-                                                    : wire::PoolRange::State::OFFLINE;
+          const Pool::BlockState blockState = pool().blockState(b);
+          ++counts[static_cast<unsigned>(blockState)];
+          auto state = wireBlockState(blockState);
           VaccelId owner = pool().ownerOf(b);
           if (!runs.empty() && runs.back().state == state && runs.back().owner == owner &&
               runs.back().first + runs.back().count == b && pool().cards()[runs.back().card].node == c.node &&
@@ -1078,6 +1111,10 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
       map.setBlockTflops(pool().blockTflops());
       map.setTotal(pool().total());
       map.setFree(pool().freeBlocks());
+      map.setBlocks(counts[0] + counts[1] + counts[2] + counts[3]);
+      map.setUsed(counts[static_cast<unsigned>(Pool::BlockState::used)]);
+      map.setDraining(counts[static_cast<unsigned>(Pool::BlockState::draining)]);
+      map.setOffline(counts[static_cast<unsigned>(Pool::BlockState::offline)]);
       auto out = map.initRanges(runs.size());
       for (size_t i = 0; i < runs.size(); ++i) {
         const Card& c = pool().cards()[runs[i].card];
@@ -1111,6 +1148,8 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         e.setPriority(p.priority);
         e.setKinds(kindsToString(p.kinds));
         e.setMemoryQuota(p.memoryQuota);
+        e.setHostCpuMilli(p.hostCpuMilli);
+        e.setHostMemoryMib(p.hostMemoryMib);
         const char* state = vm.links > 0                              ? "connected"
                             : !vm.active && !vm.problem.empty()       ? "rejected"
                             : !vm.active                              ? "stopped"
@@ -1177,8 +1216,14 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
       auto d = request.getDefrag();
       size_t planned = pool().planCompaction().size();
       size_t moves = compact(d.getMaxMoves(), d.getMaxMoveBytes(), "raccelctl defrag");
-      reply.setDone(std::to_string(moves) + " move(s) started of " + std::to_string(planned) + " planned" +
-                    (moves < planned ? " (the rest wait for the rate limit, the byte limit, or vaccels busy off their cards)" : ""));
+      // What held the rest back, named as the operator gave it.
+      std::string rest;
+      if (moves < planned && d.getMaxMoves() > 0 && moves >= d.getMaxMoves())
+        rest = " (--max-moves " + std::to_string(d.getMaxMoves()) + " stopped it; run it again for the rest)";
+      else if (moves < planned)
+        rest = std::string(" (the rest wait for defrag_moves_per_minute, ") +
+               (d.getMaxMoveBytes() ? "--max-bytes" : "defrag_max_move_bytes") + ", or vaccels busy off their cards)";
+      reply.setDone(std::to_string(moves) + " move(s) started of " + std::to_string(planned) + " planned" + rest);
       return;
     }
     case wire::ConsoleRequest::DRAIN: {

@@ -159,6 +159,8 @@ class Scheduler {
   // resourceExhausted "can never run here: ..." when no pool this size could ever hold a
   // request of `blocks` of `kinds` for `vm` (its host needs included).
   Status couldEverHold(uint32_t blocks, KindMask kinds, const Vm& vm) const;
+  // A joining node's cards that got no block (rated under one), each with why and what to do.
+  std::vector<std::pair<uint32_t, std::string>> unusedCards(const Node& node) const;
   void sendWelcome(Session& s);
   // The welcome answering hello `sequence` (resumedAfter: a resume's, else 0).
   void writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfter);

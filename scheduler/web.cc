@@ -209,17 +209,16 @@ std::string Scheduler::metricsText() {
   std::map<std::tuple<std::string, std::string, std::string>, uint32_t> blocks;
   for (auto& node : pool().nodes())
     if (!node.forgotten)
-      for (const char* state : {"free", "used", "offline"})
-        for (auto ci : node.cards) blocks[{node.name, kindName(pool().cards()[ci].spec.kind), state}] += 0;
+      for (auto state : {Pool::BlockState::free, Pool::BlockState::used, Pool::BlockState::draining, Pool::BlockState::offline})
+        for (auto ci : node.cards) blocks[{node.name, kindName(pool().cards()[ci].spec.kind), Pool::blockStateName(state)}] += 0;
   for (const Card& c : pool().cards()) {
     const Node& node = pool().nodes()[c.node];
     if (node.forgotten) continue;
-    for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b) {
-      const char* state = pool().ownerOf(b) != kNoOwner ? "used" : node.online ? "free" : "offline";
-      ++blocks[{node.name, kindName(c.spec.kind), state}];
-    }
+    for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b)
+      ++blocks[{node.name, kindName(c.spec.kind), Pool::blockStateName(pool().blockState(b))}];
   }
-  page.family("raccel_pool_blocks", "gauge", "Compute blocks of the pool by node, card kind and state (free, used, offline).");
+  page.family("raccel_pool_blocks", "gauge",
+              "Compute blocks of the pool by node, card kind and state (free, used, draining, offline).");
   for (auto& [key, n] : blocks)
     page.sample("raccel_pool_blocks", {{"node", std::get<0>(key)}, {"kind", std::get<1>(key)}, {"state", std::get<2>(key)}}, n);
   page.family("raccel_pool_block_tflops", "gauge", "TFLOPS of one block.");
@@ -301,6 +300,9 @@ std::string Scheduler::metricsText() {
   page.family("raccel_node_up", "gauge", "1 while the netaccel is registered and heard from.");
   for (auto& node : pool().nodes())
     if (!node.forgotten) page.sample("raccel_node_up", {{"node", node.name}}, node.online ? 1 : 0);
+  page.family("raccel_node_draining", "gauge", "1 while the netaccel drains: online, but nothing new is placed there.");
+  for (auto& node : pool().nodes())
+    if (!node.forgotten) page.sample("raccel_node_draining", {{"node", node.name}}, node.online && node.draining ? 1 : 0);
   page.family("raccel_node_heartbeat_age_seconds", "gauge", "Since the netaccel's last heartbeat.");
   page.family("raccel_node_contexts", "gauge", "Vaccel contexts open on the netaccel.");
   for (auto& [index, link] : nodeByPoolIndex_) {

@@ -83,6 +83,7 @@ struct NodeEntry {
   hostMemoryMib @9 :UInt64;
   hostCpuMilliUsed @10 :UInt64;
   hostMemoryMibUsed @11 :UInt64;
+  state @12 :Text;       # online | draining (online, nothing new placed) | offline
 }
 
 struct CardEntry {
@@ -109,6 +110,7 @@ struct PoolRange {
     free @0;
     used @1;
     offline @2;
+    draining @3;         # free, but its netaccel is draining: nothing new is placed there
   }
 }
 
@@ -117,6 +119,12 @@ struct PoolMap {
   total @1 :UInt32;
   free @2 :UInt32;
   ranges @3 :List(PoolRange);
+  # Every block of the map by state: blocks = free + used + draining + offline. `total`
+  # counts the blocks that take work now (free, or used on a node that is not draining).
+  blocks @4 :UInt32;
+  used @5 :UInt32;
+  draining @6 :UInt32;
+  offline @7 :UInt32;
 }
 
 struct VaccelEntry {
@@ -153,4 +161,6 @@ struct VmEntry {
   blocksHeld @10 :UInt32;
   memoryUsed @11 :UInt64;
   kernelMs @12 :UInt64;   # kernel time of all its programs so far (tenant usage; survives restarts)
+  hostCpuMilli @13 :UInt64;   # what each of its vaccels needs of its node's host (0: not counted)
+  hostMemoryMib @14 :UInt64;
 }

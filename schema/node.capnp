@@ -112,6 +112,11 @@ struct Registered {
   heartbeatMs @2 :UInt32;
   poolName @3 :Text;         # in a pool shared through etcd: its name there (its lease's
                              #   key schedulers/NAME); empty otherwise
+  unusedCards @4 :List(UnusedCard);  # cards that got no block, and why (the netaccel logs it)
+  struct UnusedCard {
+    card @0 :UInt32;
+    why @1 :Text;
+  }
 }
 
 struct OpenContext {

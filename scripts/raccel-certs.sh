@@ -2,6 +2,7 @@
 # Makes the pool's certificate authority and issues the certificates the scheduler and
 # each netaccel present on their mutual-TLS link (transport/tls.h). Uses Debian's openssl.
 #
+# usage:
 #   raccel-certs.sh ca DIR                 the pool CA: DIR/ca.pem, DIR/ca.key (keep it secret)
 #   raccel-certs.sh scheduler DIR          DIR/scheduler.pem, DIR/scheduler.key (DNS name raccel-scheduler)
 #   raccel-certs.sh node DIR NAME          DIR/NAME.pem, DIR/NAME.key: a netaccel's; NAME is its node name
@@ -12,7 +13,8 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  # The comment block at the top, up to the first line that is not a comment.
+  sed -n '2,/^[^#]/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 [ $# -ge 1 ] || usage

@@ -263,7 +263,7 @@ std::string browserUnavailable() {
   return "";
 }
 
-TEST_F(WebConsole, ChromiumShowsTheBlockMapLiveEventsAndGuardsActions) {
+TEST_F(WebConsole, ChromiumShowsTheBlockMapLiveEventsGuardsActionsAndAgreesDuringADrain) {
   if (auto why = browserUnavailable(); !why.empty()) GTEST_SKIP() << why;
   hold("holder", 3);  // blocks 1-3 of n1: the first fit
   hold("wide", 6);    // the next six: 4-8 on n1 and 9 on n2
@@ -285,12 +285,18 @@ TEST_F(WebConsole, ChromiumShowsTheBlockMapLiveEventsAndGuardsActions) {
                         " --socket " + guestd_ + " --name late-arrival --iterations 1' --started late-arrival --preempt 1" +
                         " --artifacts " + artifacts;
   for (auto& e : expect) command += " " + e;
+  // During a drain of n1 (8 blocks), raccelctl's views and a program of 5 blocks, more
+  // than n2's 4 alone: it is told "not now", naming the drain, not "never".
+  const std::string ctl = binary("raccelctl") + " --socket " + cluster_->consoleSocket();
+  command += " --drain n1 --during-drain \"" + ctl + " nodes; " + ctl + " pool; " + binary("raccel-run") + " --socket " +
+             guestd_ + " --name too-big --tflops 5 --iterations 1\"";
   int status = -1;
   std::string out = runCommand(command + " 2>&1", &status);
   std::printf("%s", out.c_str());
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_TRUE(has(out, "PASS")) << out;
-  for (const char* shot : {"1-block-map.png", "2-live-event.png", "3-preempted-with-token.png", "4-resumed.png"})
+  EXPECT_TRUE(has(out, "drain of n1: page, /api/nodes, /api/pool and raccelctl agree")) << out;
+  for (const char* shot : {"1-block-map.png", "2-live-event.png", "3-preempted-with-token.png", "4-resumed.png", "5-draining.png"})
     EXPECT_TRUE(std::filesystem::exists(artifacts + "/" + shot)) << shot;
 }
 

@@ -17,7 +17,17 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
-function mib(bytes) { return Math.round(bytes / 1048576) + " MiB"; }
+// Sizes as raccelctl prints them (common/error.h formatBytes): the largest binary unit the
+// size reaches, whole when exact, else one decimal ("768 KiB", "1.5 GiB", "512 B").
+function size(bytes) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+  let unit = 0;
+  while (unit + 1 < units.length && bytes >= Math.pow(1024, unit + 1)) unit++;
+  const scaled = bytes / Math.pow(1024, unit);
+  return (Number.isInteger(scaled) ? String(scaled) : scaled.toFixed(1)) + " " + units[unit];
+}
+// TFLOPS to at most two decimals (8, 0.25, 0.01), never a float's 17 digits.
+function tflops(t) { return String(Math.round(t * 100) / 100); }
 // A node's host: what vaccels hold of its CPU and memory, and what it has ("-": not counted).
 function hostUse(n) {
   const cpu = n.hostCpuMilli ? (n.hostCpuMilliUsed / 1000).toFixed(1) + " / " + (n.hostCpuMilli / 1000).toFixed(1) + " CPU" : "";
@@ -85,10 +95,10 @@ function renderMap(pool) {
     items.push(el("span", { class: "legend-item" }, swatch, owner + " (" + count + ")"));
   }
   items.push(el("span", { class: "legend-item" }, el("span", { class: "swatch free" }), "free"));
+  items.push(el("span", { class: "legend-item" }, el("span", { class: "swatch draining" }), "draining"));
   items.push(el("span", { class: "legend-item" }, el("span", { class: "swatch offline" }), "offline"));
   legend.replaceChildren(...items);
-  document.getElementById("map-caption").textContent =
-    "· " + pool.total + " blocks of " + pool.blockTflops + " TFLOPS, " + pool.free + " free";
+  document.getElementById("map-caption").textContent = "· " + pool.summary;
 }
 
 function actionButton(label, action, args, undo) {
@@ -100,32 +110,34 @@ function actionButton(label, action, args, undo) {
 function render(data) {
   const { pool, nodes, cards, vaccels, vms } = data;
   renderMap(pool);
-  const used = pool.total - pool.free;
   document.getElementById("summary").textContent = nodes.nodes.length + " node(s), " + cards.cards.length + " card(s), " +
-    used + "/" + pool.total + " blocks held by " + vaccels.vaccels.length + " vaccel(s)";
+    pool.used + " of " + pool.blocks + " blocks held by " + vaccels.vaccels.length + " vaccel(s)";
   // In a shared pool, other schedulers' vaccels are listed too ("elsewhere"): their
   // actions belong to their own host's console.
   fillTable("vaccels", vaccels.vaccels.map(v => el("tr", { "data-id": v.host ? v.host + "#" + v.id : String(v.id) },
     el("td", {}, (v.host ? v.host + " " : "") + "#" + v.id), el("td", {}, v.vm), el("td", {}, v.program), el("td", {}, v.priority),
     el("td", {}, ranges(v.blocks) || "-"),
     el("td", {}, v.cards.map(c => c.node + "/" + c.index + ":" + c.kind + "×" + c.blocks).join(", ") || "-"),
-    el("td", {}, mib(v.memoryUsed) + " / " + mib(v.memoryQuota)), el("td", {}, v.instructions),
+    el("td", {}, size(v.memoryUsed) + " / " + size(v.memoryQuota)), el("td", {}, v.instructions),
     el("td", {}, Math.round(v.kernelMs) + " ms"), el("td", { class: "state-" + v.state }, v.state),
     el("td", {}, v.host ? "on " + v.host
                  : v.state === "suspended" ? actionButton("Resume", "resume", [String(v.id)])
                                            : actionButton("Preempt", "preempt", [String(v.id)])))));
-  fillTable("nodes", nodes.nodes.map(n => el("tr", {},
-    el("td", {}, n.name), el("td", { class: n.online ? "state-running" : "state-offline" }, n.online ? "online" : "offline"),
+  fillTable("nodes", nodes.nodes.map(n => el("tr", { "data-node": n.name },
+    el("td", {}, n.name), el("td", { class: "state-" + n.state }, n.state),
     el("td", {}, n.address || "-"), el("td", {}, n.blocks ? n.firstBlock + "-" + (n.firstBlock + n.blocks - 1) : "-"),
     el("td", {}, n.contexts), el("td", {}, hostUse(n)), el("td", {}, n.online ? n.msSinceHeartbeat + " ms ago" : "-"),
-    el("td", {}, actionButton("Drain", "drain", [n.name]), " ", actionButton("Undrain", "drain", [n.name], true)))));
+    el("td", {}, n.state === "online" ? actionButton("Drain", "drain", [n.name])
+                 : n.state === "draining" ? actionButton("Undrain", "drain", [n.name], true) : ""))));
   fillTable("cards", cards.cards.map(c => el("tr", {},
     el("td", {}, c.node), el("td", {}, c.index), el("td", {}, c.kind), el("td", {}, c.model), el("td", {}, c.backend),
-    el("td", {}, c.tflops), el("td", {}, mib(c.memoryBytes)),
+    el("td", {}, tflops(c.tflops)), el("td", {}, size(c.memoryBytes)),
     el("td", {}, c.blocks ? c.firstBlock + "-" + (c.firstBlock + c.blocks - 1) : "-"))));
   fillTable("vms", vms.vms.map(v => el("tr", { title: v.problem || "" },
-    el("td", {}, v.name), el("td", { class: "state-" + v.state }, v.state), el("td", {}, v.tflops), el("td", {}, v.priority),
-    el("td", {}, v.kinds), el("td", {}, mib(v.memoryQuota)), el("td", {}, v.blocksHeld), el("td", {}, v.source))));
+    el("td", {}, v.name), el("td", { class: "state-" + v.state }, v.state), el("td", {}, tflops(v.tflops)), el("td", {}, v.priority),
+    el("td", {}, v.kinds), el("td", {}, size(v.memoryQuota)),
+    el("td", {}, v.hostCpuMilli ? (v.hostCpuMilli / 1000).toFixed(1) : "-"),
+    el("td", {}, v.hostMemoryMib ? size(v.hostMemoryMib * 1048576) : "-"), el("td", {}, v.blocksHeld), el("td", {}, v.source))));
   const select = document.getElementById("policy-vm");
   const chosen = select.value;
   select.replaceChildren(...vms.vms.map(v => el("option", { value: v.name }, v.name)));

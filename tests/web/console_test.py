@@ -9,12 +9,17 @@ Checks:
   2. an event appears live: --start runs a program, whose "admitted" event must show up
      in the page's event list without a reload;
   3. an action without the token is refused (the page says so, nothing changes); with the
-     token it works (the vaccel is suspended, then resumed); a wrong token is refused.
+     token it works (the vaccel is suspended, then resumed); a wrong token is refused;
+  4. with --drain NODE: the page drains it, and then the page, the JSON API and the
+     output of --during-drain (raccelctl nodes and pool, a refused program) all say the
+     same: the node is draining, the pool's summary line is one text, the refusal says
+     "not now" and "draining"; only Undrain is offered; numbers on the page are rounded.
 Screenshots go to --artifacts. Prints one line per check; exits 1 on the first failure.
 """
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -48,6 +53,8 @@ def main():
     p.add_argument("--started", required=True, help="the program name --start uses")
     p.add_argument("--preempt", required=True, type=int, help="a running vaccel's id to preempt and resume")
     p.add_argument("--artifacts", required=True, help="folder for the screenshots")
+    p.add_argument("--drain", help="a node to drain from the page (check 4)")
+    p.add_argument("--during-drain", help="a shell command run while it drains; its output is checked")
     p.add_argument("--chromedriver", default="/usr/bin/chromedriver")
     p.add_argument("--chromium", default="/usr/bin/chromium")
     args = p.parse_args()
@@ -71,8 +78,8 @@ def main():
             "c.classList.contains('used')]);")
         groups = driver.execute_script(
             "return [...document.querySelectorAll('#blockmap .node-group')].map(g => g.dataset.node);")
-        if len(cells) != pool["total"]:
-            fail("the map shows %d blocks, the pool has %d" % (len(cells), pool["total"]))
+        if len(cells) != pool["blocks"]:
+            fail("the map shows %d blocks, the pool has %d" % (len(cells), pool["blocks"]))
         expected = {}
         for e in args.expect:
             owner, span = e.rsplit("=", 1)
@@ -159,9 +166,65 @@ def main():
         wait.until(lambda d: row_state(args.preempt) == "running")
         print("resumed with the token: %r" % driver.find_element(By.ID, "action-result").text, flush=True)
         driver.save_screenshot(os.path.join(args.artifacts, "4-resumed.png"))
+        if args.drain:
+            check_drain(driver, wait, args)
     finally:
         driver.quit()
     print("PASS", flush=True)
+
+
+def check_drain(driver, wait, args):
+    """Check 4: one state, told the same by the page, the API and raccelctl."""
+    node = args.drain
+
+    def node_cells(d):
+        return d.execute_script(
+            "const r = [...document.querySelectorAll('#nodes tbody tr')].find(r => r.dataset.node === arguments[0]);"
+            "return r ? [r.children[1].textContent, [...r.querySelectorAll('button')].map(b => b.textContent)] : null;", node)
+
+    if node_cells(driver) != ["online", ["Drain"]]:
+        fail("before the drain, node %s's row shows %r (expected online, Drain only)" % (node, node_cells(driver)))
+    WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, '#nodes tr[data-node="%s"] button' % node).click() or True)
+    wait.until(lambda d: node_cells(d) == ["draining", ["Undrain"]])
+    # Settled: what ran there has moved or been suspended (the page's live event says so).
+    WebDriverWait(driver, 60).until(lambda d: d.execute_script(
+        "return [...document.querySelectorAll('#events li[data-kind=\"node-drained\"]')]"
+        ".some(e => e.dataset.subject === arguments[0]);", node))
+    pool = api(args.url, "/api/pool")
+    nodes = {n["name"]: n for n in api(args.url, "/api/nodes")["nodes"]}
+    if nodes[node]["state"] != "draining":
+        fail("/api/nodes says %s is %r while the page says draining" % (node, nodes[node]["state"]))
+    wait.until(lambda d: d.find_element(By.ID, "map-caption").text == "· " + api(args.url, "/api/pool")["summary"])
+    cells = driver.execute_script(
+        "return [...document.querySelectorAll('#blockmap .block')].filter(c => c.dataset.node === arguments[0])"
+        ".map(c => c.dataset.state);",
+        node)
+    if not cells or "free" in cells or "draining" not in cells and "used" not in cells:
+        fail("the map shows node %s's blocks as %r during its drain" % (node, sorted(set(cells))))
+    out = subprocess.run(args.during_drain, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=120).stdout
+    print(out, end="", flush=True)
+    summary = api(args.url, "/api/pool")["summary"]
+    if ("pool: " + summary) not in out:
+        fail("raccelctl pool does not print the API's summary %r" % summary)
+    rows = [l.split() for l in out.splitlines() if l.startswith(node + " ")]
+    if not rows or rows[0][1] != "draining":
+        fail("raccelctl nodes does not say %s is draining: %r" % (node, rows))
+    if "not now" not in out or "draining" not in out.split("not now", 1)[1]:
+        fail("the refusal during the drain does not say 'not now' and 'draining'")
+    numbers = driver.execute_script(
+        "return [...document.querySelectorAll('#cards tbody tr')].map(r => r.children[5].textContent)"
+        ".concat([...document.querySelectorAll('#vms tbody tr')].map(r => r.children[2].textContent));")
+    if not numbers or any(not re.fullmatch(r"\d+(\.\d{1,2})?", n) for n in numbers):
+        fail("TFLOPS on the page are not rounded: %r" % numbers)
+    driver.save_screenshot(os.path.join(args.artifacts, "5-draining.png"))
+    print("drain of %s: page, /api/nodes, /api/pool and raccelctl agree (%s); TFLOPS shown as %s" %
+          (node, summary, sorted(set(numbers))), flush=True)
+    WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, '#nodes tr[data-node="%s"] button' % node).click() or True)
+    wait.until(lambda d: node_cells(d) == ["online", ["Drain"]])
+    print("undrained from the page: %s online again" % node, flush=True)
 
 
 if __name__ == "__main__":
