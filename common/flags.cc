@@ -1,6 +1,7 @@
 #include "common/flags.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -82,6 +83,30 @@ Result<unsigned long long> Flags::getUnsigned(const std::string& name, unsigned 
   if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v > max)
     return fail(Code::invalidArgument, "--" + name + ": '" + limits::clip(text, 64) + "' is not a whole number from 0 to " +
                                            std::to_string(max));
+  return v;
+}
+
+Result<long long> Flags::getInt(const std::string& name, long long fallback, long long lo, long long hi) const {
+  if (!has(name)) return fallback;
+  const std::string text = get(name);
+  long long v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
+    return fail(Code::invalidArgument, "--" + name + ": '" + limits::clip(text, 64) + "' is not a whole number from " +
+                                           std::to_string(lo) + " to " + std::to_string(hi));
+  return v;
+}
+
+Result<double> Flags::getDouble(const std::string& name, double fallback, double lo, double hi) const {
+  if (!has(name)) return fallback;
+  const std::string text = get(name);
+  double v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < lo || v > hi) {
+    std::ostringstream range;
+    range << lo << " to " << hi;
+    return fail(Code::invalidArgument, "--" + name + ": '" + limits::clip(text, 64) + "' is not a number from " + range.str());
+  }
   return v;
 }
 

@@ -30,10 +30,12 @@ class Flags {
   bool has(const std::string& name) const { return values_.count(name) != 0; }
   std::string get(const std::string& name, const std::string& fallback = "") const;
   std::vector<std::string> getAll(const std::string& name) const;
-  // A whole number from 0 to `max` (`fallback` when not given); the error names the flag
-  // as the user wrote it ("--count: 'x' is not a whole number from 0 to 100").
+  // Numbers (`fallback` when not given), within [lo, hi]; the error names the flag as the
+  // user wrote it ("--count: 'x' is not a whole number from 0 to 100").
   Result<unsigned long long> getUnsigned(const std::string& name, unsigned long long fallback,
                                          unsigned long long max) const;
+  Result<long long> getInt(const std::string& name, long long fallback, long long lo, long long hi) const;
+  Result<double> getDouble(const std::string& name, double fallback, double lo, double hi) const;  // finite
   const std::vector<std::string>& positionals() const { return positionals_; }
 
  private:

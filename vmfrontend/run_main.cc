@@ -12,6 +12,7 @@
 #include <random>
 
 #include "common/flags.h"
+#include "common/limits.h"
 #include "vmfrontend/raccel.h"
 
 using namespace raccel;
@@ -94,12 +95,33 @@ int main(int argc, char** argv) {
   client::Options options;
   options.socket = flags.get("socket", options.socket);
   options.program = flags.get("name", "raccel-run");
-  options.tflops = std::atof(flags.get("tflops", "1").c_str());
-  options.priority = std::atoi(flags.get("priority", "0").c_str());
-  const int holdMs = std::atoi(flags.get("hold-ms", "0").c_str());
-  const int intervalMs = std::atoi(flags.get("interval-ms", "0").c_str());
-  const int waitMs = std::atoi(flags.get("wait-ms", "0").c_str());
-  options.admitWaitMs = static_cast<unsigned>(std::max(0, waitMs));
+  // Every number is checked where it enters; the error names the flag.
+  auto bad = [](const Error& e) {
+    std::fprintf(stderr, "raccel-run: %s\n", e.message.c_str());
+    return 2;
+  };
+  auto tflops = flags.getDouble("tflops", 1, 1e-6, 1e9);
+  if (!tflops) return bad(tflops.error());
+  auto priority = flags.getInt("priority", 0, limits::kMinPriority, limits::kMaxPriority);
+  if (!priority) return bad(priority.error());
+  constexpr unsigned long long kDay = 86400000;
+  auto holdMsArg = flags.getUnsigned("hold-ms", 0, kDay);
+  if (!holdMsArg) return bad(holdMsArg.error());
+  auto intervalMsArg = flags.getUnsigned("interval-ms", 0, kDay);
+  if (!intervalMsArg) return bad(intervalMsArg.error());
+  auto waitMsArg = flags.getUnsigned("wait-ms", 0, kDay);
+  if (!waitMsArg) return bad(waitMsArg.error());
+  auto rttArg = flags.getUnsigned("rtt", 0, 10000000);
+  if (!rttArg) return bad(rttArg.error());
+  auto sizeArg = flags.getUnsigned("size", 256, 8192);
+  if (!sizeArg) return bad(sizeArg.error());
+  auto iterationsArg = flags.getUnsigned("iterations", 3, 1000000);
+  if (!iterationsArg) return bad(iterationsArg.error());
+  if (*sizeArg == 0 || *iterationsArg == 0 || (flags.has("rtt") && *rttArg == 0))
+    return bad(Error{Code::invalidArgument, "--size, --iterations and --rtt must be at least 1"});
+  options.tflops = *tflops;
+  options.priority = static_cast<int>(*priority);
+  options.admitWaitMs = static_cast<unsigned>(*waitMsArg);
   options.noWait = flags.has("no-wait");
   if (flags.has("kinds")) {
     const std::string list = flags.get("kinds");
@@ -107,25 +129,15 @@ int main(int argc, char** argv) {
     while (start <= list.size()) {
       size_t end = std::min(list.find(',', start), list.size());
       auto kind = parseKind(list.substr(start, end - start));
-      if (!kind) {
-        std::fprintf(stderr, "raccel-run: --kinds %s: %s\n", list.c_str(), kind.error().message.c_str());
-        return 2;
-      }
+      if (!kind) return bad(Error{Code::invalidArgument, "--kinds " + list + ": " + kind.error().message});
       options.kinds.push_back(*kind);
       start = end + 1;
     }
   }
-  const int rtt = std::atoi(flags.get("rtt", "0").c_str());
-  if (holdMs < 0 || intervalMs < 0 || waitMs < 0 || (flags.has("rtt") && rtt <= 0)) {
-    std::fprintf(stderr, "raccel-run: --hold-ms, --interval-ms and --wait-ms must be >= 0 and --rtt positive\n");
-    return 2;
-  }
-  const uint32_t n = static_cast<uint32_t>(std::atoi(flags.get("size", "256").c_str()));
-  const int iterations = std::atoi(flags.get("iterations", "3").c_str());
-  if (n == 0 || n > 8192 || iterations <= 0) {
-    std::fprintf(stderr, "raccel-run: --size must be 1..8192 and --iterations positive\n");
-    return 2;
-  }
+  const uint32_t n = static_cast<uint32_t>(*sizeArg);
+  const int iterations = static_cast<int>(*iterationsArg);
+  const int holdMs = static_cast<int>(*holdMsArg), intervalMs = static_cast<int>(*intervalMsArg);
+  const int rtt = static_cast<int>(*rttArg);
   auto start = std::chrono::steady_clock::now();
   auto session = client::Session::open(options);
   if (!session) {
@@ -135,7 +147,9 @@ int main(int argc, char** argv) {
   }
   auto& s = **session;
   if (rtt > 0) return runRtt(s, rtt);
-  std::mt19937 rng(static_cast<unsigned>(std::atoi(flags.get("seed", "1").c_str())));
+  auto seed = flags.getUnsigned("seed", 1, 0xffffffffu);
+  if (!seed) return bad(seed.error());
+  std::mt19937 rng(static_cast<unsigned>(*seed));
   std::uniform_real_distribution<float> dist(-1, 1);
   std::vector<float> a(size_t{n} * n), b(size_t{n} * n);
   for (auto& x : a) x = dist(rng);
