@@ -6,10 +6,14 @@
 # check them; one spans all three cards, so its ops are split across them. Then the same
 # program from inside a real VM: the test guest (vm-images/) booted under QEMU, its
 # raccel-guestd on a virtio-serial port. Shows the console's view, then stops everything.
+#
+# RACCEL_SKIP_SETUP=1 skips the setup (the test Demo.TheMainJobRunsAndSaysOk, after
+# scripts/test.sh has set up); RACCEL_BUILD names the build to run (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-bin=build/bin
+[ "${RACCEL_SKIP_SETUP:-0}" = 1 ] || bash scripts/setup.sh
+build=${RACCEL_BUILD:-build}
+bin=$build/bin
 run=$(mktemp -d /tmp/raccel-demo-XXXXXX)
 pids=()
 cleanup() {
@@ -32,7 +36,7 @@ $bin/raccel-scheduler --node-listen 127.0.0.1:$port --console "$run/console.sock
 pids+=($!)
 for _ in $(seq 50); do [ -S "$run/console.sock" ] && break; sleep 0.1; done
 
-export POCL_CACHE_DIR="$PWD/build/pocl-cache"
+export POCL_CACHE_DIR="$(realpath "$build")/pocl-cache"
 echo "== this machine's cards, as discovery sees them"
 $bin/raccel-netaccel --list-devices
 echo "== starting two raccel-netaccels"
@@ -69,12 +73,12 @@ wait $long || status=1
 echo "== one program over all three cards: split built-ins and an OpenCL C kernel routed to the OpenCL card"
 $bin/raccel-run --socket "$run/guestd.sock" --size 384 --ops --opencl --tflops 20 --name wide || status=1
 echo "== the same program inside a QEMU guest (virtio-serial port org.raccel.vaccel.0 -> demo-vm's socket)"
-if [ -r build/vm/initramfs.cpio.gz ]; then
-  bash vm-images/boot.sh --socket "$run/demo-vm.sock" --mode connect --timeout 180 \
+if [ -r "$build/vm/initramfs.cpio.gz" ]; then
+  bash vm-images/boot.sh --image "$build/vm" --socket "$run/demo-vm.sock" --mode connect --timeout 180 \
     -- raccel-run --size 128 --ops --opencl --tflops 12 --name in-vm | grep -E "raccel-(run|guest):" || status=1
   $bin/raccelctl --socket "$run/console.sock" vms
 else
-  echo "(no guest image: $(cat build/vm/MISSING 2>/dev/null || echo 'build/vm is empty'); skipped)"
+  echo "(no guest image: $(cat "$build/vm/MISSING" 2>/dev/null || echo "$build/vm is empty"); skipped)"
 fi
 if [ $status -eq 0 ]; then echo "== demo OK"; else echo "== demo FAILED; logs:"; tail -n 20 "$run"/*.log; fi
 exit $status

@@ -9,7 +9,8 @@ the quick start's daemons and variables serve the sections after it. A line
 lines before it printed). The shell runs in a scratch folder where `build` is the build
 under test and `scripts` the repository's, with NODE_PORT, HTTP_PORT, ETCD_PORT, PORT_A and PORT_B set
 to free ports so runs beside other tests do not collide. The README's first lines (the
-setup-and-run and test commands) are plain text: CI runs the test command itself.
+setup-and-run and test commands) are plain text: CI runs the test command itself, and
+the test Demo.TheMainJobRunsAndSaysOk runs the demo after the test command's setup.
 
 Exit status 0 when every block ran and printed what it says; 1 otherwise, naming the
 block, its first line and what was missing, with the whole output.
