@@ -17,15 +17,6 @@ const char* kind(wire::CardKind k) { return kindName(transport::fromWire(k)); }
 
 std::string pad(const std::string& s, size_t width) { return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' '); }
 
-// A host resource as "used/capacity unit" in whole units with one decimal ("-" when the
-// node does not count it).
-std::string hostText(uint64_t used, uint64_t capacity, double perUnit, const char* unit) {
-  if (capacity == 0) return "-";
-  char text[64];
-  std::snprintf(text, sizeof text, "%.1f/%.1f%s", used / perUnit, capacity / perUnit, unit);
-  return text;
-}
-
 // Milli-CPUs as CPUs to one decimal ("0.5").
 std::string cpusText(uint64_t milli) {
   char text[32];
@@ -54,8 +45,10 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
         std::string range = n.getBlocks() ? std::to_string(n.getFirstBlock()) + "-" + std::to_string(n.getFirstBlock() + n.getBlocks() - 1) : "-";
         out << pad(n.getName(), 16) << pad(n.getState(), 9) << pad(n.getAddress(), 22)
             << pad(std::to_string(n.getCards()), 6) << pad(range, 12) << pad(std::to_string(n.getContexts()), 9)
-            << pad(hostText(n.getHostCpuMilliUsed(), n.getHostCpuMilli(), 1000, ""), 16)
-            << pad(hostText(n.getHostMemoryMibUsed(), n.getHostMemoryMib(), 1024, " GiB"), 22)
+            << pad(n.getHostCpuMilli() ? cpusText(n.getHostCpuMilliUsed()) + "/" + cpusText(n.getHostCpuMilli()) : "-", 16)
+            << pad(n.getHostMemoryMib() ? formatBytes(n.getHostMemoryMibUsed() << 20) + "/" + formatBytes(n.getHostMemoryMib() << 20)
+                                        : "-",
+                   22)
             << (n.getOnline() ? std::to_string(n.getMsSinceHeartbeat()) + " ms ago" : "-") << "\n";
       }
       break;

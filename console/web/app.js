@@ -31,7 +31,7 @@ function tflops(t) { return String(Math.round(t * 100) / 100); }
 // A node's host: what vaccels hold of its CPU and memory, and what it has ("-": not counted).
 function hostUse(n) {
   const cpu = n.hostCpuMilli ? (n.hostCpuMilliUsed / 1000).toFixed(1) + " / " + (n.hostCpuMilli / 1000).toFixed(1) + " CPU" : "";
-  const mem = n.hostMemoryMib ? (n.hostMemoryMibUsed / 1024).toFixed(1) + " / " + (n.hostMemoryMib / 1024).toFixed(1) + " GiB" : "";
+  const mem = n.hostMemoryMib ? size(n.hostMemoryMibUsed * 1048576) + " / " + size(n.hostMemoryMib * 1048576) : "";
   return [cpu, mem].filter(s => s).join(", ") || "-";
 }
 
