@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <type_traits>
 
 #include "common/limits.h"
 #include "common/log.h"
@@ -74,40 +75,33 @@ std::string Flags::helpText() const {
   return out.str();
 }
 
+namespace {
+// A flag's number: all of its text, finite, within [lo, hi]; else the error names the flag.
+template <class T>
+Result<T> flagNumber(const std::string& name, const std::string& text, T lo, T hi) {
+  T v{};
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  bool ok = !text.empty() && ec == std::errc() && end == text.data() + text.size() && v >= lo && v <= hi;
+  if constexpr (std::is_floating_point_v<T>) ok = ok && std::isfinite(v);
+  if (ok) return v;
+  std::ostringstream range;
+  range << lo << " to " << hi;
+  return fail(Code::invalidArgument, "--" + name + ": '" + limits::clip(text, 64) + "' is not a " +
+                                         (std::is_integral_v<T> ? "whole number" : "number") + " from " + range.str());
+}
+}  // namespace
+
 Result<unsigned long long> Flags::getUnsigned(const std::string& name, unsigned long long fallback,
                                               unsigned long long max) const {
-  if (!has(name)) return fallback;
-  const std::string text = get(name);
-  unsigned long long v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v > max)
-    return fail(Code::invalidArgument, "--" + name + ": '" + limits::clip(text, 64) + "' is not a whole number from 0 to " +
-                                           std::to_string(max));
-  return v;
+  return has(name) ? flagNumber<unsigned long long>(name, get(name), 0, max) : fallback;
 }
 
 Result<long long> Flags::getInt(const std::string& name, long long fallback, long long lo, long long hi) const {
-  if (!has(name)) return fallback;
-  const std::string text = get(name);
-  long long v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
-    return fail(Code::invalidArgument, "--" + name + ": '" + limits::clip(text, 64) + "' is not a whole number from " +
-                                           std::to_string(lo) + " to " + std::to_string(hi));
-  return v;
+  return has(name) ? flagNumber(name, get(name), lo, hi) : fallback;
 }
 
 Result<double> Flags::getDouble(const std::string& name, double fallback, double lo, double hi) const {
-  if (!has(name)) return fallback;
-  const std::string text = get(name);
-  double v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < lo || v > hi) {
-    std::ostringstream range;
-    range << lo << " to " << hi;
-    return fail(Code::invalidArgument, "--" + name + ": '" + limits::clip(text, 64) + "' is not a number from " + range.str());
-  }
-  return v;
+  return has(name) ? flagNumber(name, get(name), lo, hi) : fallback;
 }
 
 std::string Flags::get(const std::string& name, const std::string& fallback) const {

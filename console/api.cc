@@ -45,12 +45,11 @@ Json eventJson(wire::Event::Reader e) {
               {"detail", text(e.getDetail())}};
 }
 
+Json errorJson(const Error& error) { return Json{{"error", {{"code", codeName(error.code)}, {"message", error.message}}}}; }
+
 Json replyJson(wire::ConsoleReply::Reader reply) {
   switch (reply.which()) {
-    case wire::ConsoleReply::ERROR: {
-      auto e = transport::errorFrom(reply.getError());
-      return Json{{"error", {{"code", codeName(e.code)}, {"message", e.message}}}};
-    }
+    case wire::ConsoleReply::ERROR: return errorJson(transport::errorFrom(reply.getError()));
     case wire::ConsoleReply::DONE: return Json{{"done", text(reply.getDone())}};
     case wire::ConsoleReply::EVENT: return eventJson(reply.getEvent());
     case wire::ConsoleReply::NODES: {
@@ -111,7 +110,7 @@ Json replyJson(wire::ConsoleReply::Reader reply) {
       return Json{{"vms", list}};
     }
   }
-  return Json{{"error", {{"code", "internal"}, {"message", "a reply this console does not know"}}}};
+  return errorJson(Error{Code::internal, "a reply this console does not know"});
 }
 
 std::string dump(const Json& json) { return json.dump(-1, ' ', false, Json::error_handler_t::replace); }

@@ -20,6 +20,8 @@ using Json = nlohmann::ordered_json;
 // The reply to a query (nodes, cards, pool, vaccels, vms) as one JSON document; `done`
 // as {"done": text}, an error as {"error": {"code", "message"}}.
 Json replyJson(wire::ConsoleReply::Reader reply);
+// An error as the console's JSON documents carry it: {"error": {"code", "message"}}.
+Json errorJson(const Error& error);
 Json eventJson(wire::Event::Reader event);
 // The words every view of the pool uses: a range's state, and the pool's one-line
 // summary ("8 blocks of 1 TFLOPS: 0 free, 0 used, 8 draining, 0 offline").

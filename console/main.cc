@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   const bool json = flags.has("json");
   // An error, as a sentence on stderr or (--json) as a document on stdout.
   auto failed = [&](const Error& error, int status) {
-    if (json) std::printf("%s\n", console::dump(console::Json{{"error", {{"code", codeName(error.code)}, {"message", error.message}}}}).c_str());
+    if (json) std::printf("%s\n", console::dump(console::errorJson(error)).c_str());
     else std::fprintf(stderr, "raccelctl: %s\n", error.message.c_str());
     return status;
   };
