@@ -22,7 +22,7 @@ cleanup() {
   rm -rf "$run"
 }
 trap cleanup EXIT
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 12000))  # below the kernel's ephemeral ports (32768 and up), which outgoing connections take
 http=$((port + 1))  # the scheduler's web console and /metrics; the netaccels' /metrics on the next two
 
 echo "== the pool CA and certificates for the scheduler, node0 and node1 (mutual TLS on the node links)"

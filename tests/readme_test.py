@@ -17,7 +17,9 @@ block, its first line and what was missing, with the whole output.
 """
 import argparse
 import os
+import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -45,20 +47,19 @@ def blocks(readme):
 
 
 def free_port(pair=False):
-    """A port free now (and, with pair, the next one too: etcd's peer port)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not pair or port >= 65535:
+    """A port free now (and, with pair, the next one too: etcd's peer port), below the
+    kernel's ephemeral range (32768 and up), so no test's outgoing connection takes it
+    between this check and the daemon's bind."""
+    for _ in range(1000):
+        port = random.randrange(10000, 32000)
+        try:
+            for p in ([port, port + 1] if pair else [port]):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
             return port
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    sys.exit("no free port pair")
+        except OSError:
+            continue
+    sys.exit("no free port below 32000")
 
 
 def main():
@@ -80,18 +81,29 @@ def main():
     with tempfile.TemporaryDirectory(prefix="raccel-readme-") as scratch:
         os.symlink(os.path.abspath(args.build), os.path.join(scratch, "build"))
         os.symlink(os.path.join(os.path.abspath(args.source), "scripts"), os.path.join(scratch, "scripts"))
-        env = dict(os.environ, NODE_PORT=str(free_port()), HTTP_PORT=str(free_port()), ETCD_PORT=str(free_port(True)),
+        # mktemp puts the quick start's folder (its logs) here, to show when a block fails.
+        env = dict(os.environ, TMPDIR=scratch, NODE_PORT=str(free_port()), HTTP_PORT=str(free_port()), ETCD_PORT=str(free_port(True)),
                    PORT_A=str(free_port()), PORT_B=str(free_port()))
         env.pop("RACCEL_SOCKET", None)
         # A Debian machine's commands (python3 is Debian's, with its numpy, PyOpenCL and torch).
         env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        # Its own process group: on a timeout the shell and every daemon it started go.
+        shell = subprocess.Popen(["bash", "-c", "\n".join(script)], cwd=scratch, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
         try:
-            run = subprocess.run(["bash", "-c", "\n".join(script)], cwd=scratch, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, errors="replace", timeout=args.timeout)
-            out, status = run.stdout, run.returncode
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            out, _ = shell.communicate(timeout=args.timeout)
+            status = shell.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(shell.pid, signal.SIGKILL)
+            out, _ = shell.communicate()
             status = "timed out after %d s" % args.timeout
+        logs = ""
+        if status != 0:
+            for folder, _, files in os.walk(scratch):
+                for f in sorted(files):
+                    if f.endswith(".log"):
+                        with open(os.path.join(folder, f), errors="replace") as log:
+                            logs += "== %s (last 20 lines)\n%s\n" % (f, "".join(log.readlines()[-20:]))
 
     failures = []
     for i, (heading, start, lines) in enumerate(found):
@@ -115,6 +127,7 @@ def main():
         failures.append("the shell exited with %s" % status)
     if failures:
         print(out)
+        print(logs)
         for f in failures:
             print("FAIL: " + f)
         return 1
