@@ -25,12 +25,14 @@ transport::Body instruction(const std::function<void(wire::Instruction::Builder)
 }
 
 struct Harness {
+  explicit Harness(const hal::CpuDeviceOptions& card = {CardKind::gpu, "sim", 4, 1ull << 30, 1, false})
+      : worker(hal::makeCpuDevice(card), [this] { ++notified; }, 2000) {}
   std::atomic<int> notified{0};
-  CardWorker worker{hal::makeCpuDevice({CardKind::gpu, "sim", 4, 1ull << 30, 1, false}), [this] { ++notified; }, 2000};
+  CardWorker worker;
   std::vector<CardWorker::Output> outputs;
-  // Waits until `count` outputs have come.
+  // Waits until `count` outputs have come (a minute at most).
   void collect(size_t count) {
-    for (int i = 0; i < 3000 && outputs.size() < count; ++i) {
+    for (int i = 0; i < 30000 && outputs.size() < count; ++i) {
       worker.drain(outputs);
       if (outputs.size() < count) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
@@ -57,20 +59,22 @@ void queueSizedGemms(CardWorker& w, uint32_t context, uint32_t n, int rounds, ui
 void queueGemms(CardWorker& w, uint32_t context, int rounds, uint64_t* seq) { queueSizedGemms(w, context, 128, rounds, seq); }
 
 TEST(CardWorker, ContextsShareTheCardInProportionToTheirBlocks) {
-  Harness h;
+  // Paced at 0.5 GFLOPS, each 128^3 gemm takes 8 ms on the card however busy this
+  // machine is (its arithmetic takes a fraction of that), so the shares measured are
+  // the worker's, not the machine's.
+  Harness h({CardKind::gpu, "paced", 0.0005, 1ull << 30, 1, true});
   h.worker.openContext(1, 0, "big", 3, "big");
   h.worker.openContext(2, 0, "small", 1, "small");
   uint64_t seq = 1;
-  queueGemms(h.worker, 1, 200, &seq);
-  queueGemms(h.worker, 2, 200, &seq);
+  queueGemms(h.worker, 1, 60, &seq);
+  queueGemms(h.worker, 2, 60, &seq);
   h.worker.submit();  // all at once: both contexts are backlogged from the start
-  h.collect(400);
-  ASSERT_EQ(h.outputs.size(), 400u);
-  std::map<uint32_t, int> firstHundred;
-  for (size_t i = 0; i < 100; ++i) ++firstHundred[h.outputs[i].context];
-  EXPECT_NEAR(firstHundred[1], 75, 8) << "big " << firstHundred[1] << " small " << firstHundred[2];
-  auto times = h.worker.kernelTimes();
-  EXPECT_EQ(times.size(), 2u);
+  h.collect(120);
+  ASSERT_EQ(h.outputs.size(), 120u);
+  std::map<uint32_t, int> firstSixty;
+  for (size_t i = 0; i < 60; ++i) ++firstSixty[h.outputs[i].context];
+  EXPECT_NEAR(firstSixty[1], 45, 5) << "big " << firstSixty[1] << " small " << firstSixty[2];
+  EXPECT_EQ(h.worker.kernelTimes().size(), 2u);
 }
 
 TEST(CardWorker, OnAnAsynchronousCardTenantsShareDeviceTimeNotInstructions) {

@@ -1,6 +1,7 @@
 #include "scheduler/admission.h"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 
 namespace raccel::scheduler {
@@ -24,6 +25,47 @@ int serviceClassOf(double attained) {
 
 int poolPriority(int priority, int serviceClass) {
   return priority * kServiceClasses + (kServiceClasses - 1 - std::clamp(serviceClass, 0, kServiceClasses - 1));
+}
+
+bool Service::reclassify() {
+  int k = serviceClassOf(attained + 1e-3);
+  if (k == serviceClass) return false;
+  serviceClass = k;
+  return true;
+}
+
+double Service::secondsToNextClass(uint32_t blocks) const {
+  if (serviceClass + 1 >= kServiceClasses || blocks == 0) return std::numeric_limits<double>::infinity();
+  return std::max(0.0, kServiceThresholds[serviceClass] - attained) / blocks;
+}
+
+bool Service::promote(double now, double knob) {
+  if (serviceClass == 0 || lastRun <= 0 || now - waitingSince <= knob * lastRun) return false;
+  serviceClass = 0;
+  attained = 0;
+  return true;
+}
+
+std::vector<double> waterFill(const std::vector<double>& demand, double capacity) {
+  std::vector<double> out(demand.size(), 0);
+  std::vector<size_t> order;
+  for (size_t i = 0; i < demand.size(); ++i)
+    if (demand[i] > 0) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return demand[a] < demand[b]; });
+  double left = capacity;
+  for (size_t k = 0; k < order.size(); ++k) {
+    double even = left / static_cast<double>(order.size() - k);
+    out[order[k]] = std::min(demand[order[k]], even);
+    left -= out[order[k]];
+  }
+  return out;
+}
+
+std::vector<bool> overFairShare(const std::vector<double>& demand, const std::vector<double>& have, double capacity) {
+  auto fair = waterFill(demand, capacity);
+  std::vector<bool> over(demand.size());
+  for (size_t k = 0; k < over.size() && k < have.size(); ++k) over[k] = have[k] > fair[k] + 1e-9;
+  return over;
 }
 
 bool mayPreempt(bool suspended, double waitedSeconds) { return !suspended || waitedSeconds > kStarvedAfterSeconds; }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "common/usage.h"
@@ -52,6 +53,41 @@ constexpr double kStarvedAfterSeconds = 24.0 * 3600;
 // suspended request resumes into free blocks only, until it has starved (otherwise
 // suspended work would preempt its preemptors, back and forth).
 bool mayPreempt(bool suspended, double waitedSeconds);
+
+// Tiresias' promotion: a request that has waited more than this many times its last
+// run is promoted to class 0 with its attained service forgotten.
+constexpr double kPromoteAfterLastRuns = 8;
+
+// A request's service as the admission policy counts it: the block-seconds it has run
+// (its class follows them) and how long it has waited since it arrived or last ran.
+// raccel-sim drives it with its virtual clock, raccel-scheduler with the real one
+// (seconds either way), so both make the same decisions from the same history.
+struct Service {
+  double attained = 0;      // block-seconds run so far
+  int serviceClass = 0;     // serviceClassOf(attained), or 0 after a promotion
+  double lastRun = 0;       // seconds of its last run
+  double waitingSince = 0;  // when it last arrived or stopped running
+  void ran(double seconds, uint32_t blocks) { attained += seconds * blocks; }
+  // Demotion as attained service grows (a crossing due now counts, despite rounding):
+  // whether its class changed.
+  bool reclassify();
+  // Seconds until running on `blocks` moves it to the next class (infinity in the last).
+  double secondsToNextClass(uint32_t blocks) const;
+  void stopped(double now, double ranSince) {
+    lastRun = now - ranSince;
+    waitingSince = now;
+  }
+  // Promotion of a suspended request starved for over kPromoteAfterLastRuns (or
+  // `knob`) times its last run: whether it was promoted.
+  bool promote(double now, double knob = kPromoteAfterLastRuns);
+  double waited(double now) const { return now - waitingSince; }
+};
+
+// Max-min fair shares of `capacity` among tenants' demands (equal weights).
+std::vector<double> waterFill(const std::vector<double>& demand, double capacity);
+// Per tenant: whether it holds more than its max-min fair share of `capacity`, given
+// each one's demand (held plus waiting blocks) and holding.
+std::vector<bool> overFairShare(const std::vector<double>& demand, const std::vector<double>& have, double capacity);
 
 struct Waiting {
   VaccelId id = kNoOwner;

@@ -32,7 +32,8 @@
 //   register_timeout_ms = 10000           # one that has not registered by then is closed
 //   max_vm_links = 8                      # connections on one VM's socket at once
 //   forget_offline_ms = 86400000          # an offline netaccel with nothing suspended or
-//                                         #   recoverable on it is forgotten after this
+//                                         #   recoverable on it is forgotten after this;
+//                                         #   until then a request only it could hold waits
 //   name = host-a                         # this scheduler's name in a shared pool (default: the
 //                                         #   host name; unique among the pool's schedulers)
 //   etcd = 10.0.0.1:2379,10.0.0.2:2379    # join the pool shared through etcd with the schedulers

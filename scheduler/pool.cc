@@ -776,10 +776,13 @@ uint32_t Pool::fewestNodesFor(uint32_t blocks, KindMask kinds) const {
 void Pool::recountTotals() {
   std::fill(std::begin(totalByKind_), std::end(totalByKind_), 0);
   std::fill(std::begin(heldBackByKind_), std::end(heldBackByKind_), 0);
+  std::fill(std::begin(awayByKind_), std::end(awayByKind_), 0);
   for (auto& card : cards_) {
     const Node& node = nodes_[card.node];
     if (node.forgotten) continue;
-    (node.placeable() ? totalByKind_ : heldBackByKind_)[static_cast<unsigned>(card.spec.kind)] += card.blocks.count;
+    const auto kind = static_cast<unsigned>(card.spec.kind);
+    (node.placeable() ? totalByKind_ : heldBackByKind_)[kind] += card.blocks.count;
+    if (!node.online && !node.draining) awayByKind_[kind] += card.blocks.count;
   }
 }
 
@@ -814,11 +817,11 @@ uint32_t Pool::total(KindMask kinds) const { return sumKinds(totalByKind_, kinds
 uint32_t Pool::heldBack(KindMask kinds) const { return sumKinds(heldBackByKind_, kinds); }
 
 std::optional<Pool::Shortfall> Pool::shortfall(uint32_t want, KindMask kinds) const {
-  const uint32_t now = total(kinds), back = heldBack(kinds);
+  const uint32_t now = total(kinds), back = heldBack(kinds), away = sumKinds(awayByKind_, kinds);
   if (want <= now) return std::nullopt;
   const std::string asked = std::to_string(want) + " blocks requested, ";
   if (want > now + back)  // both within kMaxPoolBlocks: no wrap
-    return Shortfall{true, "can never run here: " + asked + "the pool has " + std::to_string(now + back) +
+    return Shortfall{true, false, "can never run here: " + asked + "the pool has " + std::to_string(now + back) +
                                " of the accepted kinds in total"};
   std::string names;
   size_t named = 0;
@@ -827,7 +830,7 @@ std::optional<Pool::Shortfall> Pool::shortfall(uint32_t want, KindMask kinds) co
     if (named++ < 4) names += (names.empty() ? "" : ", ") + n.name + (n.online ? " draining" : " offline");
   }
   if (named > 4) names += ", ...";
-  return Shortfall{false, "not now: " + asked + std::to_string(now) + " of the accepted kinds take work now and " +
+  return Shortfall{false, want <= now + away, "not now: " + asked + std::to_string(now) + " of the accepted kinds take work now and " +
                               std::to_string(back) + " more are on netaccels that take none (" + names + ")"};
 }
 

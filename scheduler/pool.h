@@ -259,8 +259,11 @@ class Pool {
   // Why `want` blocks of `kinds` could not be placed even if every holder left, or
   // nullopt when the placeable blocks could hold them. `never`: not even with every
   // draining and offline node back ("can never run here"); else "not now", naming them.
+  // `expectedBack`: not now, but the offline nodes (not draining) with the placeable ones
+  // would hold it: the request waits for them rather than being refused.
   struct Shortfall {
     bool never = false;
+    bool expectedBack = false;
     std::string why;
   };
   std::optional<Shortfall> shortfall(uint32_t want, KindMask kinds) const;
@@ -363,6 +366,7 @@ class Pool {
   uint32_t freeCount_ = 0;
   uint32_t totalByKind_[4] = {};     // placeable blocks per card kind
   uint32_t heldBackByKind_[4] = {};  // draining or offline (not forgotten) blocks per kind
+  uint32_t awayByKind_[4] = {};      // of those, offline and not draining: expected back
   std::vector<uint32_t> cardFree_;  // free (placeable) blocks per card
   std::vector<uint32_t> shareMilli_, shareBlocks_;  // per card: thousandths and blocks held by oneCard shares
 

@@ -182,6 +182,29 @@ TEST(Pool, DrainingNodeGetsNothingNewAndKeepsItsHolders) {
   EXPECT_TRUE(pool.allocate(3, {4}));
 }
 
+// What a request that does not fit is told: never (past every known node), or not now,
+// expecting back only offline nodes (a draining one is not coming back by itself).
+TEST(Pool, ShortfallCountsOfflineNodesAsExpectedBackAndDrainingOnesNot) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("a", {card(CardKind::cpu, 4, 0)}));
+  ASSERT_TRUE(pool.addNode("b", {card(CardKind::cpu, 4, 0)}));
+  EXPECT_FALSE(pool.shortfall(8, kAllKinds));
+  pool.removeNode(1);
+  auto away = pool.shortfall(6, kAllKinds);
+  ASSERT_TRUE(away);
+  EXPECT_FALSE(away->never);
+  EXPECT_TRUE(away->expectedBack);
+  EXPECT_EQ(away->why, "not now: 6 blocks requested, 4 of the accepted kinds take work now and 4 more are on "
+                       "netaccels that take none (b offline)");
+  EXPECT_TRUE(pool.shortfall(9, kAllKinds)->never);
+  pool.setDraining(0, true);
+  away = pool.shortfall(6, kAllKinds);
+  ASSERT_TRUE(away);
+  EXPECT_FALSE(away->expectedBack) << "a: draining, b: offline; b alone holds 4";
+  EXPECT_FALSE(away->never);
+  EXPECT_TRUE(pool.shortfall(4, kAllKinds)->expectedBack);
+}
+
 TEST(Pool, SetPriorityChangesWhoIsPreempted) {
   Pool pool(1.0);
   ASSERT_TRUE(pool.addNode("a", {card(CardKind::cpu, 4, 0)}));

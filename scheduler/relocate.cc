@@ -179,17 +179,11 @@ void Scheduler::placeWaiting() {
       }
       continue;
     }
-    // It does not fit. Before any netaccel has joined, the pool may yet hold it: no
-    // preemption, no refusal. Once one has, it is any request: refused at once if no
-    // pool this size could ever hold it, else waiting as its hello asked.
-    if (s->settlingWait) {
-      if (settling()) continue;
-      s->settlingWait = false;
-      s->waitDeadlineMs = s->ownWaitDeadlineMs;
-      if (auto ever = couldEverHold(s->want, s->kinds, *s->vm); !ever) {
-        refused.emplace_back(s->id, ever.error());
-        continue;
-      }
+    // It does not fit. It may be the pool that is not all here yet rather than other
+    // vaccels' blocks: then it waits for the pool, or is refused if it never could fit.
+    if (auto wait = waitForThePool(*s); wait != PoolWait::no) {
+      if (wait == PoolWait::never) refused.emplace_back(s->id, couldEverHold(s->want, s->kinds, *s->vm).error());
+      continue;
     }
     // While suspensions are under way their blocks are promised to the one they were
     // started for: nobody behind it takes them.
@@ -224,6 +218,30 @@ void Scheduler::placeWaiting() {
     reported = true;
     event("node-drained", name, "nothing runs there now; nothing new is placed there until `raccelctl drain " + name + " --undo`");
   }
+}
+
+// Before any netaccel has joined, the pool may yet hold a request: it waits (no
+// preemption, no refusal) until the pool settles. Later, a request that only netaccels
+// expected back (offline, not drained: after a restart, or a link briefly lost) could
+// hold waits for them, whatever its own deadline, which bounds a wait for busy blocks.
+// It is refused when no pool this size, those counted, could ever hold it (as when the
+// netaccel it waits for is forgotten); a draining one is not waited for.
+Scheduler::PoolWait Scheduler::waitForThePool(Session& s) {
+  if (s.phase != Phase::waiting) return PoolWait::no;
+  if (s.settlingWait) {
+    if (settling()) return PoolWait::yes;
+    s.settlingWait = false;
+    s.waitDeadlineMs = s.ownWaitDeadlineMs;
+  }
+  if (!couldEverHold(s.want, s.kinds, *s.vm)) return PoolWait::never;
+  auto away = pool().shortfall(s.want, s.kinds);
+  if (!away || !away->expectedBack) return PoolWait::no;
+  s.why = away->why;
+  if (!s.queuedEventSent) {
+    s.queuedEventSent = true;
+    event("queued", labelOf(s), s.why);
+  }
+  return PoolWait::yes;
 }
 
 void Scheduler::refuseWaiting(Session& s, const Error& error) {

@@ -1299,6 +1299,7 @@ void Scheduler::forgetOfflineNodes(uint64_t now) {
     if (store_) store_->drop("node", name);
     RLOG_INFO("scheduler") << "netaccel '" << name << "' forgotten after " << config_.forgetOfflineMs << " ms offline";
     event("node-forgotten", name, "offline for " + std::to_string(config_.forgetOfflineMs) + " ms with nothing on it");
+    requestPlacement();  // what waited for it may now be refused
   }
 }
 

@@ -159,6 +159,10 @@ class Scheduler {
   // resourceExhausted "can never run here: ..." when no pool this size could ever hold a
   // request of `blocks` of `kinds` for `vm` (its host needs included).
   Status couldEverHold(uint32_t blocks, KindMask kinds, const Vm& vm) const;
+  // Whether an unplaced request waits for the pool itself (settling, or netaccels
+  // expected back), can never be held, or is an ordinary request.
+  enum class PoolWait { no, yes, never };
+  PoolWait waitForThePool(Session& s);
   // A joining node's cards that got no block (rated under one), each with why and what to do.
   std::vector<std::pair<uint32_t, std::string>> unusedCards(const Node& node) const;
   void sendWelcome(Session& s);

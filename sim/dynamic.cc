@@ -86,11 +86,8 @@ struct JobState {
   int priority = 0;
   uint32_t blocks = 0;
   std::vector<VaccelId> owners;
-  double attained = 0;    // block-seconds run so far (attained service)
-  int serviceClass = 0;   // serviceClassOf(attained), or 0 after a starvation promotion
-  double ranSince = -1;   // start of the current run
-  double lastRun = 0;     // length of the last run
-  double waitingSince = 0;
+  scheduler::Service service;  // attained service, class, last run, waiting since
+  double ranSince = -1;        // start of the current run
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -98,22 +95,6 @@ double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   size_t i = static_cast<size_t>(std::ceil(p * v.size())) - 1;
   return v[std::min(i, v.size() - 1)];
-}
-
-// Max-min fair shares of `capacity` among demands (equal weights).
-std::vector<double> waterFill(const std::vector<double>& demand, double capacity) {
-  std::vector<double> out(demand.size(), 0);
-  std::vector<size_t> order;
-  for (size_t i = 0; i < demand.size(); ++i)
-    if (demand[i] > 0) order.push_back(i);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return demand[a] < demand[b]; });
-  double left = capacity;
-  for (size_t k = 0; k < order.size(); ++k) {
-    double even = left / (order.size() - k);
-    out[order[k]] = std::min(demand[order[k]], even);
-    left -= out[order[k]];
-  }
-  return out;
 }
 
 }  // namespace
@@ -191,12 +172,11 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     usage[w.jobs[i].tenant].hold(t, -static_cast<int64_t>(s.blocks));
     running.erase(std::find(running.begin(), running.end(), i));
     s.phase = to;
-    s.lastRun = t - s.ranSince;
-    s.waitingSince = t;
+    s.service.stopped(t, s.ranSince);
   };
   // raccel: job i's vaccel request (the scheduler's span_slack_nodes as spanSlack).
   auto spreadRequest = [&](size_t i) {
-    Pool::Request r{js[i].blocks, scheduler::kAllKinds, scheduler::poolPriority(js[i].priority, js[i].serviceClass)};
+    Pool::Request r{js[i].blocks, scheduler::kAllKinds, scheduler::poolPriority(js[i].priority, js[i].service.serviceClass)};
     if (o.spanSlack >= 0) r.maxNodes = pool.fewestNodesFor(js[i].blocks) + static_cast<uint32_t>(o.spanSlack);
     return r;
   };
@@ -208,7 +188,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       Pool::Request r;
       r.shape = Pool::Shape::wholeCards;
       r.wholeCards = std::min(left, cardsPerNode);
-      r.priority = scheduler::poolPriority(js[i].priority, js[i].serviceClass);
+      r.priority = scheduler::poolPriority(js[i].priority, js[i].service.serviceClass);
       VaccelId owner = ((i + 1) << 8) | part;
       if (!p.allocate(owner, r)) {
         for (VaccelId v : owners) p.release(v);
@@ -235,14 +215,12 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     have.assign(w.tenants.size(), 0);
     for (size_t i : running) demand[w.jobs[i].tenant] += js[i].blocks, have[w.jobs[i].tenant] += js[i].blocks;
     for (size_t i : queued) demand[w.jobs[i].tenant] += js[i].blocks;
-    return waterFill(demand, totalBlocks);
+    return scheduler::waterFill(demand, totalBlocks);
   };
   auto overShare = [&] {
     std::vector<double> demand, have;
-    auto fair = tenantDemand(demand, have);
-    std::vector<bool> over(w.tenants.size());
-    for (size_t k = 0; k < over.size(); ++k) over[k] = have[k] > fair[k] + 1e-9;
-    return over;
+    tenantDemand(demand, have);
+    return scheduler::overFairShare(demand, have, totalBlocks);
   };
   auto suspend = [&](size_t i, double cost) {
     stop(i, Phase::suspended);
@@ -294,7 +272,8 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
   auto tiresiasPass = [&] {
     auto order = activeJobs();
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return std::make_tuple(-js[a].priority, js[a].serviceClass, a) < std::make_tuple(-js[b].priority, js[b].serviceClass, b);
+      return std::make_tuple(-js[a].priority, js[a].service.serviceClass, a) <
+             std::make_tuple(-js[b].priority, js[b].service.serviceClass, b);
     });
     reschedule(order, o.suspendSeconds);
   };
@@ -302,7 +281,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
   // running ones that have run longest in this round make room (round robin).
   auto gandivaRound = [&] {
     auto order = activeJobs();
-    auto since = [&](size_t i) { return js[i].phase == Phase::running ? js[i].ranSince : js[i].waitingSince - 1e12; };
+    auto since = [&](size_t i) { return js[i].phase == Phase::running ? js[i].ranSince : js[i].service.waitingSince - 1e12; };
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return std::make_tuple(-js[a].priority, since(a), a) < std::make_tuple(-js[b].priority, since(b), b);
     });
@@ -317,8 +296,8 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     std::vector<bool> over = overShare();
     for (size_t i : queued) {
       double score = raccel ? usage[w.jobs[i].tenant].score(t, 1.0) : 0;  // baselines: priority, then arrival
-      order.push_back({i + 1, js[i].priority, score, i, raccel ? js[i].serviceClass : 0, raccel && over[w.jobs[i].tenant],
-                       raccel ? t - js[i].waitingSince : 0});
+      order.push_back({i + 1, js[i].priority, score, i, raccel ? js[i].service.serviceClass : 0,
+                       raccel && over[w.jobs[i].tenant], raccel ? js[i].service.waited(t) : 0});
     }
     scheduler::orderForAdmission(order);
     uint32_t smallestFailed = std::numeric_limits<uint32_t>::max();  // baselines: a gang this size did not fit
@@ -368,16 +347,14 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     // Attained service crossing a class threshold (raccel and Tiresias order by it).
     double tClass = std::numeric_limits<double>::infinity();
     if (lasOrdered)
-      for (size_t i : running)
-        if (js[i].serviceClass + 1 < scheduler::kServiceClasses)
-          tClass = std::min(tClass, t + std::max(0.0, scheduler::kServiceThresholds[js[i].serviceClass] - js[i].attained) / js[i].blocks);
+      for (size_t i : running) tClass = std::min(tClass, t + js[i].service.secondsToNextClass(js[i].blocks));
     double tRound = o.policy == Policy::gandiva && !queued.empty() ? nextRound : std::numeric_limits<double>::infinity();
     double tNext = std::min({tArrival, tDone, nextSample, tClass, tRound});
     if (!std::isfinite(tNext)) return fail(Code::internal, "jobs wait that nothing can ever run");
     double held = 0;
     for (size_t i : running) {
       js[i].remaining -= (tNext - t) * js[i].rate;
-      js[i].attained += (tNext - t) * js[i].blocks;
+      js[i].service.ran(tNext - t, js[i].blocks);
       held += js[i].blocks;
     }
     busy += held * (tNext - t);
@@ -400,18 +377,11 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       // Demotion as attained service grows; promotion of work starved for longer than
       // promoteKnob x its last run (Tiresias' guard).
       for (size_t i : running) {
-        int k = scheduler::serviceClassOf(js[i].attained + 1e-3);  // a crossing due now, to rounding
-        if (k == js[i].serviceClass) continue;
-        js[i].serviceClass = k;
-        for (VaccelId v : js[i].owners) pool.setPriority(v, scheduler::poolPriority(js[i].priority, k));
+        if (!js[i].service.reclassify()) continue;
+        for (VaccelId v : js[i].owners) pool.setPriority(v, scheduler::poolPriority(js[i].priority, js[i].service.serviceClass));
         changed = true;
       }
-      for (size_t i : queued)
-        if (js[i].serviceClass > 0 && js[i].lastRun > 0 && t - js[i].waitingSince > o.promoteKnob * js[i].lastRun) {
-          js[i].serviceClass = 0;
-          js[i].attained = 0;
-          changed = true;
-        }
+      for (size_t i : queued) changed = js[i].service.promote(t, o.promoteKnob) || changed;
     }
     if (o.policy == Policy::gandiva && t >= nextRound) {
       nextRound = t + o.roundSeconds;
@@ -436,7 +406,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
         continue;
       }
       js[i].phase = Phase::waiting;
-      js[i].waitingSince = t;
+      js[i].service.waitingSince = t;
       queued.insert(i);
       changed = true;
     }

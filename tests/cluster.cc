@@ -165,6 +165,16 @@ std::string vmUnavailable() {
   return "";
 }
 
+bool acceptsConnections(const std::string& socket) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket.c_str());
+  bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok;
+}
+
 std::string makeTempDir() {
   char tmpl[] = "/tmp/raccel-it-XXXXXX";
   return ::mkdtemp(tmpl);
@@ -220,11 +230,11 @@ void Cluster::startScheduler() {
   }
 }
 
-void Cluster::restartScheduler() {
+void Cluster::restartScheduler(bool waitForNetaccels) {
   scheduler_->kill(SIGKILL);
   scheduler_->wait(5000);
   startScheduler();
-  if (!waitFor([&] { return poolTotal() == expectedTotal_; }, 15000))
+  if (waitForNetaccels && !waitFor([&] { return poolTotal() == expectedTotal_; }, 15000))
     throw std::runtime_error("netaccels did not rejoin the restarted scheduler:\n" + logs());
 }
 
@@ -269,17 +279,7 @@ std::string Cluster::startGuestd(const std::string& vm, const std::vector<std::s
   std::vector<std::string> args{"--port", vmSocket(vm), "--listen", socket};
   args.insert(args.end(), extraArgs.begin(), extraArgs.end());
   processes_.emplace_back("raccel-guestd", args, dir_ + "/guestd-" + vm + ".log");
-  // Listening, not only bound: the file appears at bind(), connections are taken from listen().
-  auto accepting = [&] {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket.c_str());
-    bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    if (fd >= 0) ::close(fd);
-    return ok;
-  };
-  if (!waitFor(accepting, 10000)) throw std::runtime_error("guestd did not start:\n" + logs());
+  if (!waitFor([&] { return acceptsConnections(socket); }, 10000)) throw std::runtime_error("guestd did not start:\n" + logs());
   return socket;
 }
 

@@ -38,6 +38,9 @@ int freePort();
 bool waitFor(const std::function<bool()>& ready, int timeoutMs);
 // A fresh temporary folder for a test's sockets and logs.
 std::string makeTempDir();
+// Whether a unix socket is listening, not only bound (the file appears at bind(),
+// connections are taken from listen()).
+bool acceptsConnections(const std::string& socket);
 // A whole file ("" when it cannot be read).
 std::string readFile(const std::string& path);
 
@@ -136,8 +139,8 @@ class Cluster {
                           int timeoutMs = 20000) const;
   Process& scheduler() { return *scheduler_; }
   // kill -9 the scheduler, start it again with the same arguments (its state database in
-  // DIR/state), and wait until the netaccels have rejoined.
-  void restartScheduler();
+  // DIR/state), and wait until the netaccels have rejoined (unless told not to).
+  void restartScheduler(bool waitForNetaccels = true);
   // Everything the daemons logged, for a failing test's message.
   std::string logs() const;
 

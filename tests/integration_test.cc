@@ -515,12 +515,63 @@ TEST(Admission, AProgramArrivingBeforeAnyNetaccelWaitsForThePoolToSettle) {
       << refused.error().message;
 }
 
+// A restarted scheduler knows its netaccels from its state database before they call
+// back, so with no startup grace at all a program that comes first is told "not now" and
+// waits; it runs once its netaccel rejoins. "Never" is kept for what even the known pool
+// could not hold.
+TEST(Admission, AfterARestartAProgramBeforeItsNetaccelWaitsThenRuns) {
+  Cluster cluster({VmSpec{"vm1", 8, 0}}, "", {"--set", "startup_grace_ms=0"});
+  const pid_t node = cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4).pid();
+  ::kill(node, SIGKILL);
+  cluster.waitConsole("nodes", [](auto& j) { return j.find("\"state\":\"offline\"") != std::string::npos; });
+  cluster.restartScheduler(false);
+  std::string nodes = cluster.waitConsole("nodes", [](auto& j) { return j.find("node0") != std::string::npos; });
+  ASSERT_NE(nodes.find("\"state\":\"offline\""), std::string::npos) << nodes << cluster.logs();
+
+  client::Options o;
+  o.socket = cluster.vmSocket();
+  o.program = "huge";
+  o.tflops = 5;
+  auto refused = Session::open(o);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("can never run here: 5 blocks requested, the pool has 4"), std::string::npos)
+      << refused.error().message;
+
+  std::string why = "did not run";
+  std::thread program([&] { why = earlyProgram(cluster.vmSocket(), 2); });
+  std::string waiting = cluster.waitConsole("vaccels", [](auto& j) { return j.find("\"program\":\"early\"") != std::string::npos; });
+  EXPECT_NE(waiting.find("\"state\":\"waiting\""), std::string::npos) << waiting;
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 0);
+  program.join();
+  EXPECT_EQ(why, "") << cluster.logs();
+  std::string events = cluster.ctl({"events", "--recent"});
+  EXPECT_EQ(events.find("early refused"), std::string::npos) << events;
+}
+
+// A program that waits for a netaccel expected back is refused, saying so, once that
+// netaccel is forgotten (forget_offline_ms): the wait is bounded by what the pool counts.
+TEST(Admission, AWaitForAnOfflineNetaccelEndsWhenItIsForgotten) {
+  Cluster cluster({VmSpec{"vm1", 8, 0}}, "", {"--set", "startup_grace_ms=0", "--set", "forget_offline_ms=3000"});
+  const pid_t node = cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4).pid();
+  ::kill(node, SIGKILL);
+  cluster.waitConsole("nodes", [](auto& j) { return j.find("\"state\":\"offline\"") != std::string::npos; });
+  std::string why = "did not run";
+  std::thread program([&] { why = earlyProgram(cluster.vmSocket(), 2); });
+  std::string waiting = cluster.waitConsole("vaccels", [](auto& j) { return j.find("\"program\":\"early\"") != std::string::npos; });
+  EXPECT_NE(waiting.find("\"state\":\"waiting\""), std::string::npos) << waiting;
+  program.join();
+  EXPECT_NE(why.find("can never run here: 2 blocks requested, the pool has 0"), std::string::npos) << why;
+  std::string events = cluster.ctl({"events", "--recent"});
+  const size_t forgotten = events.find("node-forgotten");
+  ASSERT_NE(forgotten, std::string::npos) << events;
+  EXPECT_NE(events.find("vm1/early", forgotten), std::string::npos) << "refused after the netaccel was forgotten: " << events;
+}
+
 TEST(GuestdWithoutHost, ProgramStartedBeforeTheSchedulerWaitsThenSucceeds) {
   std::string dir = makeTempDir();
   std::string guestdSocket = dir + "/guestd.sock";
   Process guestd("raccel-guestd", {"--port", dir + "/vm1.sock", "--listen", guestdSocket}, dir + "/guestd.log");
-  for (int i = 0; i < 100 && !std::filesystem::exists(guestdSocket); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(waitFor([&] { return acceptsConnections(guestdSocket); }, 20000)) << readFile(dir + "/guestd.log");
   std::string why;
   std::thread program([&] { why = earlyProgram(guestdSocket, 1); });
   // The host side appears a second later.

@@ -14,7 +14,7 @@
 #   --log FILE      the serial console (default: standard output)
 #   --timeout S     kill QEMU after S seconds (default 300)
 #   --share DIR     DIR (e.g. /) read-only over virtio-9p, mounted at /host in the guest
-#                   with raccel-guestd's socket at /host/tmp/raccel/guestd.sock, so a
+#                   with raccel-guestd's socket at /host/run/raccel/guestd.sock, so a
 #                   job can `chroot /host` and run the host's programs
 #
 # Uses TCG: /dev/kvm may exist, but guests hang under it on the build machines. Set

@@ -25,15 +25,16 @@ for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_p
 done
 
 # A folder of the host shared over virtio-9p (boot.sh --share): mounted read-only at
-# /host, with its own /tmp (where raccel-guestd's socket is bound), /proc and /dev, so a
+# /host, with its own /run (where raccel-guestd's socket is bound), /proc and /dev, so a
 # job can `chroot /host` and run the host's programs (python3 and torch) as the guest's.
+# The host's /tmp stays visible: a checkout or build folder there is reachable.
 if grep -q raccel.share=1 /proc/cmdline; then
   for m in netfs fscache 9pnet 9pnet_virtio 9p; do
     [ -f /lib/modules/$m.ko ] && { insmod /lib/modules/$m.ko 2>/dev/null || echo "raccel-guest: insmod $m failed"; }
   done
   mkdir -p /host
   if mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /host; then
-    mount -t tmpfs tmpfs /host/tmp && mkdir -p /host/tmp/raccel && mount --bind /run/raccel /host/tmp/raccel
+    mount -t tmpfs tmpfs /host/run && mkdir -p /host/run/raccel && mount --bind /run/raccel /host/run/raccel
     mount -t proc proc /host/proc
     mount --bind /dev /host/dev
   else
