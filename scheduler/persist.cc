@@ -18,6 +18,8 @@
 
 #include <capnp/serialize.h>
 
+#include <cmath>
+
 #include "common/limits.h"
 #include "common/log.h"
 #include "scheduler/state.h"
@@ -90,6 +92,19 @@ Status Scheduler::openStore() {
   return {};
 }
 
+
+namespace {
+// A record's service numbers, checked (a record is a file like any other). A record
+// written before they were kept has none: its wait starts now.
+Service serviceOf(wire::VaccelRecord::Reader r, double now) {
+  const double attained = r.getAttainedBlockSeconds(), lastRun = r.getLastRunSeconds(), since = r.getWaitingSince();
+  for (double v : {attained, lastRun, since})
+    if (!std::isfinite(v) || v < 0) throw std::runtime_error("service numbers out of range");
+  if (r.getServiceClass() >= kServiceClasses) throw std::runtime_error("service class out of range");
+  return Service{attained, r.getServiceClass(), lastRun, since > 0 ? std::min(since, now) : now};
+}
+}  // namespace
+
 void Scheduler::persist(Session& s, bool withSaved) {
   if (!store_) return;
   bool off = withSaved || s.phase == Phase::suspended;
@@ -113,6 +128,10 @@ void Scheduler::persist(Session& s, bool withSaved) {
   r.setOperatorHold(s.operatorHold);
   r.setWhy(s.why);
   r.setKernelNs(off ? s.kernelNs() : s.kernelNsBefore);
+  r.setAttainedBlockSeconds(s.service.attained);
+  r.setServiceClass(static_cast<uint8_t>(s.service.serviceClass));
+  r.setLastRunSeconds(s.service.lastRun);
+  r.setWaitingSince(s.service.waitingSince);
   if (!off) {
     auto blocks = r.initBlocks(s.blocks.size());
     for (size_t i = 0; i < s.blocks.size(); ++i) {
@@ -267,6 +286,8 @@ void Scheduler::restoreState() {
       s.operatorHold = r.getOperatorHold();
       s.why = r.getWhy();
       s.kernelNsBefore = r.getKernelNs();
+      s.service = serviceOf(r, policyNow());
+      if (!r.getSuspended()) s.ranSince = s.accruedAt = policyNow();  // the time down is no service
       s.detachedSinceMs = nowMs();
       for (auto p : r.getPrograms()) {
         BlobReader program(std::string(reinterpret_cast<const char*>(p.begin()), p.size()));

@@ -12,6 +12,7 @@
 #include <capnp/message.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/log.h"
@@ -152,12 +153,9 @@ void Scheduler::holdBlocks(Vm& vm, int64_t delta) {
 void Scheduler::placeWaiting() {
   // Highest priority first, then the VM with the least block usage over its TFLOPS cap,
   // then arrival order (ids are given in arrival order).
-  std::vector<Waiting> order;
-  const double now = nowMs() / 1000.0;
-  for (Session* s : allSessions())
-    if (!s->operatorHold && (s->phase == Phase::waiting || (s->phase == Phase::suspended && s->unavailable.empty())))
-      order.push_back({s->id, s->priority, s->vm->usage.score(now, s->vm->policy.tflops), s->id});
-  orderForAdmission(order);
+  const double now = policyNow();
+  accrueService(now);
+  std::vector<Waiting> order = admissionQueue(now);
   // By id: placing one may end another (a held instruction that closes its session).
   std::vector<std::pair<VaccelId, Error>> refused;
   for (auto& w : order) {
@@ -167,6 +165,7 @@ void Scheduler::placeWaiting() {
     if (placed) {
       s->blocks = *placed;
       holdBlocks(*s->vm, s->want);
+      s->ranSince = s->accruedAt = now;
       s->why.clear();
       openMembers(*s);
       if (s->phase == Phase::waiting) {
@@ -188,9 +187,8 @@ void Scheduler::placeWaiting() {
     // While suspensions are under way their blocks are promised to the one they were
     // started for: nobody behind it takes them.
     if (suspending_ > 0) break;
-    // A suspended vaccel resumes into free blocks only (the daemon does not yet count
-    // how long it has waited: see sim/README.md "What the daemon does not do yet").
-    if (!mayPreempt(s->phase == Phase::suspended, 0)) continue;
+    // A suspended vaccel resumes into free blocks only, until it has starved.
+    if (!mayPreempt(s->phase == Phase::suspended, w.waitedSeconds)) continue;
     auto victims = pool().planPreemption(placementRequest(*s));
     if (victims && !victims->empty()) {
       s->why = "waiting for " + std::to_string(victims->size()) + " lower-priority vaccel(s) to be suspended";
@@ -218,6 +216,47 @@ void Scheduler::placeWaiting() {
     reported = true;
     event("node-drained", name, "nothing runs there now; nothing new is placed there until `raccelctl drain " + name + " --undo`");
   }
+}
+
+double Scheduler::policyNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void Scheduler::accrueService(double now) {
+  for (auto& [id, s] : sessions_) {
+    if (s->ranSince < 0 || now <= s->accruedAt) continue;
+    s->service.ran(now - s->accruedAt, s->want);
+    s->accruedAt = now;
+    s->service.reclassify();
+  }
+}
+
+std::vector<Waiting> Scheduler::admissionQueue(double now) {
+  std::vector<Session*> unplaced;
+  for (Session* s : allSessions())
+    if (!s->operatorHold && (s->phase == Phase::waiting || (s->phase == Phase::suspended && s->unavailable.empty())))
+      unplaced.push_back(s);
+  // Each VM's demand (held and waiting blocks) and holding: who is over its fair share.
+  std::vector<double> demand(vms_.size(), 0), have(vms_.size(), 0);
+  for (size_t i = 0; i < vms_.size(); ++i) demand[i] = have[i] = vms_[i]->blocksHeld;
+  auto vmIndex = [&](const Vm* vm) {
+    for (size_t i = 0; i < vms_.size(); ++i)
+      if (vms_[i].get() == vm) return i;
+    return vms_.size();
+  };
+  for (Session* s : unplaced)
+    if (size_t i = vmIndex(s->vm); i < vms_.size()) demand[i] += s->want;
+  auto over = overFairShare(demand, have, pool().total());
+  const double usageNow = nowMs() / 1000.0;  // TenantUsage's clock (holdBlocks)
+  std::vector<Waiting> order;
+  for (Session* s : unplaced) {
+    if (s->phase == Phase::suspended) s->service.promote(now);
+    size_t i = vmIndex(s->vm);
+    order.push_back({s->id, s->priority, s->vm->usage.score(usageNow, s->vm->policy.tflops), s->id, s->service.serviceClass,
+                     i < over.size() && over[i], s->service.waited(now)});
+  }
+  orderForAdmission(order);
+  return order;
 }
 
 // Before any netaccel has joined, the pool may yet hold a request: it waits (no
@@ -407,6 +446,10 @@ void Scheduler::suspend(Session& s, const std::string& why, bool byOperator) {
     state_->release(s.id);
     holdBlocks(*s.vm, -static_cast<int64_t>(s.want));
     s.blocks.clear();
+    const double now = policyNow();
+    accrueService(now);
+    s.service.stopped(now, s.ranSince);
+    s.ranSince = -1;
     s.phase = Phase::suspended;
     persist(s);
     --suspending_;

@@ -472,6 +472,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.phase = Phase::waiting;
   s.helloSequence = sequence;
   s.helloNs = uv_hrtime();
+  s.service.waitingSince = policyNow();
   s.maxFrame = maxFrame;
   s.waitDeadlineMs = waitMs ? nowMs() + waitMs : 0;
   s.ownWaitDeadlineMs = s.waitDeadlineMs;

@@ -19,6 +19,7 @@
 #include "schema/console.capnp.h"
 #include "schema/guest.capnp.h"
 #include "schema/node.capnp.h"
+#include "scheduler/admission.h"
 #include "scheduler/config.h"
 #include "scheduler/pool.h"
 #include "scheduler/pool_state.h"
@@ -163,6 +164,14 @@ class Scheduler {
   // expected back), can never be held, or is an ordinary request.
   enum class PoolWait { no, yes, never };
   PoolWait waitForThePool(Session& s);
+  // The admission policy's clock (admission.h), in seconds: the wall clock, so that the
+  // waiting times kept in the state database mean the same after a restart.
+  static double policyNow();
+  // Counts running vaccels' service up to `now` (their class follows it).
+  void accrueService(double now);
+  // The admission order of the unplaced vaccels: over-share flags from every VM's demand
+  // and holding, service classes (promoted once starved) and waiting times.
+  std::vector<Waiting> admissionQueue(double now);
   // A joining node's cards that got no block (rated under one), each with why and what to do.
   std::vector<std::pair<uint32_t, std::string>> unusedCards(const Node& node) const;
   void sendWelcome(Session& s);

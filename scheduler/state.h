@@ -204,6 +204,9 @@ struct Scheduler::Session {
   std::map<uint64_t, std::pair<uint64_t, Error>> failed;
   std::function<void()> idle;  // runs once the job under way has finished (whenIdle)
   bool queuedEventSent = false;
+  Service service;          // the admission policy's count of its service (admission.h)
+  double ranSince = -1;     // policy clock when it last started running; -1: not running
+  double accruedAt = 0;     // policy clock up to which its service is counted
   bool settlingWait = false;  // admitted to wait while the pool settles after start (its deadline: then)
   uint64_t ownWaitDeadlineMs = 0;  // what its hello asked for, restored once the pool has settled
   bool refused = false;        // ended before it was placed: no "released" event

@@ -42,6 +42,12 @@ struct VaccelRecord {
   kernelNs @19 :UInt64;                 # kernel time of contexts it no longer has
   hostCpuMilli @20 :UInt64;             # the node host resources it holds (its VM's policy)
   hostMemoryMib @21 :UInt64;
+  # Its service as the admission policy counts it (scheduler/admission.h), on the wall
+  # clock in seconds, so its waiting time is kept across restarts.
+  attainedBlockSeconds @22 :Float64;
+  serviceClass @23 :UInt8;
+  lastRunSeconds @24 :Float64;
+  waitingSince @25 :Float64;
 }
 
 struct MemberRecord {

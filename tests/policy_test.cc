@@ -255,6 +255,47 @@ TEST(Preemption, TheOperatorSuspendsAndResumesAndANoWaitProgramIsToldWhy) {
   EXPECT_EQ(axpyChecked(*s, x, y, -0.5f), "");
 }
 
+// The daemon orders its queue with raccel-sim's policy (scheduler/admission.h): a VM
+// over its fair share waits behind one within it, even where usage alone would put it
+// first. vb ran the whole pool for 5 s before (5 block-seconds per TFLOPS of its cap);
+// va then holds all 4 blocks on an 8 TFLOPS cap (half a block-second per TFLOPS each
+// second). When one block frees, va holds 3 while both ask for 4 of the 4: its fair
+// share is 2, so vb's one-block program goes first although va's arrived before it.
+TEST(Admission, AVmOverItsFairShareWaitsBehindOneWithinIt) {
+  Cluster cluster({VmSpec{"va", 8, 0}, VmSpec{"vb", 4, 0}});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
+  const std::string guestA = cluster.startGuestd("va"), guestB = cluster.startGuestd("vb");
+  {
+    auto past = open(guestB, 4, "past");
+    ASSERT_TRUE(past) << cluster.logs();
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+  }
+  cluster.waitConsole("vaccels", [](auto& j) { return stateOf(j, "past").empty(); });
+  auto keep = open(guestA, 3, "keep");
+  auto leaving = open(guestA, 1, "leaving");
+  ASSERT_TRUE(keep && leaving) << cluster.logs();
+  std::unique_ptr<Session> a1, wide, b1;
+  std::thread first([&] { a1 = open(guestA, 1, "a1", 0, 60000); });
+  cluster.waitConsole("vaccels", [](auto& j) { return stateOf(j, "a1") == "waiting"; });
+  std::thread second([&] { wide = open(guestB, 3, "wide", 0, 60000); });
+  std::thread third([&] { b1 = open(guestB, 1, "b1", 0, 60000); });
+  std::string queued = cluster.waitConsole(
+      "vaccels", [](auto& j) { return stateOf(j, "wide") == "waiting" && stateOf(j, "b1") == "waiting"; });
+  ASSERT_EQ(stateOf(queued, "b1"), "waiting") << queued;
+  leaving.reset();
+  third.join();
+  ASSERT_TRUE(b1) << cluster.logs();
+  std::string after = cluster.console("vaccels");
+  EXPECT_EQ(stateOf(after, "a1"), "waiting") << after;
+  EXPECT_EQ(stateOf(after, "wide"), "waiting") << after;
+  // Then everyone is placed as blocks free.
+  keep.reset();
+  b1.reset();
+  first.join();
+  second.join();
+  EXPECT_TRUE(a1 && wide) << cluster.logs();
+}
+
 TEST(Policy, SetPolicyChangesAVmsCapsForItsNextPrograms) {
   Cluster cluster({VmSpec{"vm1", 16, 0}});
   cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=512MiB,threads=1"}, 4);
