@@ -27,6 +27,11 @@ int poolPriority(int priority, int serviceClass) {
   return priority * kServiceClasses + (kServiceClasses - 1 - std::clamp(serviceClass, 0, kServiceClasses - 1));
 }
 
+int priorityOfPoolPriority(int poolPriority) {
+  const int rest = ((poolPriority % kServiceClasses) + kServiceClasses) % kServiceClasses;
+  return (poolPriority - rest) / kServiceClasses;
+}
+
 bool Service::reclassify() {
   int k = serviceClassOf(attained + 1e-3);
   if (k == serviceClass) return false;

@@ -40,6 +40,8 @@ int serviceClassOf(double attainedBlockSeconds);
 // Pool::planPreemption takes from lower priorities first and, within one priority, from
 // work that has had the most service: priority x kServiceClasses + (classes - 1 - class).
 int poolPriority(int priority, int serviceClass);
+// The priority a pool priority carries (the inverse of poolPriority's first part).
+int priorityOfPoolPriority(int poolPriority);
 
 // Starvation guard: a request that has waited this long since it last ran (or arrived)
 // counts as fresh work (class 0) of a tenant within its share, whatever its tenant holds,

@@ -113,7 +113,7 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
                                     "split_min_mflop", "libvirt", "defrag_on_release", "defrag_on_demand",
                                     "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms", "startup_grace_ms",
                                     "span_slack_nodes", "max_node_links", "register_timeout_ms", "max_vm_links", "http_listen", "http_token_file", "http_client_timeout_s",
-                                    "forget_offline_ms", "name"};
+                                    "forget_offline_ms", "name", "policy_clock_scale"};
   known.insert(known.end(), std::begin(kEtcdKeys), std::end(kEtcdKeys));
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   auto unknown = top.unknownKeys(known);
@@ -157,6 +157,9 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   auto bt = top.getDouble("block_tflops", 1, 0.001, 1e6);
   if (!bt) return fail(bt.error());
   out.blockTflops = *bt;
+  auto scale = top.getDouble("policy_clock_scale", 1, 1, 1e6);
+  if (!scale) return fail(scale.error());
+  out.policyClockScale = *scale;
   auto split = top.getDouble("split_min_mflop", out.splitMinMflop, 0, 1e15);
   if (!split) return fail(split.error());
   out.splitMinMflop = *split;

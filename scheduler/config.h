@@ -34,6 +34,8 @@
 //   forget_offline_ms = 86400000          # an offline netaccel with nothing suspended or
 //                                         #   recoverable on it is forgotten after this;
 //                                         #   until then a request only it could hold waits
+//   policy_clock_scale = 1                # the admission policy's clock runs this many times
+//                                         #   faster than the wall clock (1 to 1e6; tests, demos)
 //   name = host-a                         # this scheduler's name in a shared pool (default: the
 //                                         #   host name; unique among the pool's schedulers)
 //   etcd = 10.0.0.1:2379,10.0.0.2:2379    # join the pool shared through etcd with the schedulers
@@ -122,6 +124,9 @@ struct SchedulerConfig {
   unsigned registerTimeoutMs = 10000;
   unsigned maxVmLinks = 8;
   uint64_t forgetOfflineMs = 86400000;
+  // How many times faster than the wall clock the admission policy's clock runs (its
+  // service classes and starvation guard count hours and days): for tests and demos.
+  double policyClockScale = 1;
   std::string name;   // in a shared pool
   EtcdSettings etcd;  // empty endpoints: this host's pool alone
   std::vector<VmPolicy> vms;

@@ -309,7 +309,7 @@ void Scheduler::restoreState() {
         return;
       }
       for (auto b : r.getBlocks()) s.blocks.push_back({b.getFirst(), b.getCount()});
-      if (auto assigned = state_->assign(id, s.vm->policy.name, s.blocks, s.priority, s.host); !assigned)
+      if (auto assigned = state_->assign(id, s.vm->policy.name, s.blocks, s.rank(), s.host); !assigned)
         throw std::runtime_error("its blocks " + blocksText(s.blocks) + " cannot be given back: " + assigned.error().message);
       for (auto mr : r.getMembers()) {
         if (mr.getCard() >= pool().cards().size() || pool().nodes()[pool().cards()[mr.getCard()].node].name != mr.getNode().cStr()) {

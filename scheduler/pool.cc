@@ -550,7 +550,7 @@ Result<std::vector<VaccelId>> Pool::planPreemption(const Request& request) const
   if (have < request.blocks)
     return fail(Code::resourceExhausted, "not enough compute even by preemption: " + std::to_string(request.blocks) +
                                              " blocks requested, " + std::to_string(have) +
-                                             " free or held by lower priorities than " + std::to_string(request.priority));
+                                             " free or held by work it outranks");
   if (!request.maxNodes && request.host.empty()) return chosen;
   // Enough blocks is not enough when the request limits its nodes or needs room on a
   // node's host (even free blocks enough in all may not be where it can go): the plan is

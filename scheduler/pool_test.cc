@@ -337,7 +337,7 @@ TEST(Pool, PreemptionTakesLowestPriorityThenMostRecent) {
   // Equal priority is never preempted; the refusal gives the numbers.
   auto d = pool.planPreemption({10, kAllKinds, 2});
   ASSERT_FALSE(d);
-  EXPECT_NE(d.error().message.find("10 blocks requested, 9 free or held by lower priorities than 2"), std::string::npos)
+  EXPECT_NE(d.error().message.find("10 blocks requested, 9 free or held by work it outranks"), std::string::npos)
       << d.error().message;
   auto e = pool.planPreemption({1, kAllKinds, 0});
   ASSERT_FALSE(e);
@@ -679,6 +679,42 @@ TEST(Pool, RaccelFitKeepsHostForTheCardsItFeeds) {
   ASSERT_TRUE(got);
   size_t node = pool.cards()[pool.cardsOf(*got)[0].card].node;
   EXPECT_NE(node, used) << "on the busy node it would leave 2000 milli-CPU for a free card that needs 8000";
+}
+
+// A request's service, as both drivers count it: demoted as block-seconds cross the
+// thresholds, promoted once it has waited eight times its last run; its pool priority
+// carries its priority, which every view reads back.
+TEST(Admission, ServiceIsDemotedByAttainedServiceAndPromotedWhenStarved) {
+  Service s;
+  s.waitingSince = 100;
+  EXPECT_DOUBLE_EQ(s.secondsToNextClass(4), kServiceThresholds[0] / 4);
+  s.ran(kServiceThresholds[0] / 4 - 1e-4, 4);  // due now, to rounding
+  EXPECT_TRUE(s.reclassify());
+  EXPECT_EQ(s.serviceClass, 1);
+  EXPECT_FALSE(s.reclassify());
+  s.stopped(1000, 400);
+  EXPECT_DOUBLE_EQ(s.lastRun, 600);
+  EXPECT_DOUBLE_EQ(s.waited(1500), 500);
+  EXPECT_FALSE(s.promote(1000 + 8 * 600));
+  EXPECT_TRUE(s.promote(1000 + 8 * 600 + 1));
+  EXPECT_EQ(s.serviceClass, 0);
+  EXPECT_EQ(s.attained, 0);
+  s.serviceClass = kServiceClasses - 1;
+  EXPECT_TRUE(std::isinf(s.secondsToNextClass(4)));
+  for (int p : {-1000, -1, 0, 7, 1000})
+    for (int c = 0; c < kServiceClasses; ++c) {
+      EXPECT_EQ(priorityOfPoolPriority(poolPriority(p, c)), p) << p << " class " << c;
+      EXPECT_LT(poolPriority(p, c), poolPriority(p + 1, kServiceClasses - 1));
+    }
+}
+
+TEST(Admission, OverFairShareIsAgainstMaxMinSharesOfTheDemand) {
+  // 4 blocks; A holds 3 and wants 1 more, B wants 4: 2 each, A over.
+  auto over = overFairShare({4, 4}, {3, 0}, 4);
+  EXPECT_EQ(over, (std::vector<bool>{true, false}));
+  // B wants only 1: A's share is 3, which it holds.
+  EXPECT_EQ(overFairShare({4, 1}, {3, 0}, 4), (std::vector<bool>{false, false}));
+  EXPECT_EQ(waterFill({1, 10, 10}, 9), (std::vector<double>{1, 4, 4}));
 }
 
 }  // namespace

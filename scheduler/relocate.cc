@@ -128,7 +128,7 @@ void Scheduler::requestPlacement() {
 }
 
 Pool::Request Scheduler::placementRequest(const Session& s) const {
-  Pool::Request request{s.want, s.kinds, s.priority};
+  Pool::Request request{s.want, s.kinds, s.rank()};
   request.host = s.host;
   if (config_.spanSlackNodes >= 0)
     request.maxNodes = pool().fewestNodesFor(s.want, s.kinds) + static_cast<uint32_t>(config_.spanSlackNodes);
@@ -218,17 +218,27 @@ void Scheduler::placeWaiting() {
   }
 }
 
-double Scheduler::policyNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+double Scheduler::policyNow() const {
+  const double wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return startedWallSeconds_ + (wall - startedWallSeconds_) * config_.policyClockScale;
 }
 
-void Scheduler::accrueService(double now) {
+bool Scheduler::accrueService(double now) {
+  bool changed = false;
   for (auto& [id, s] : sessions_) {
     if (s->ranSince < 0 || now <= s->accruedAt) continue;
     s->service.ran(now - s->accruedAt, s->want);
     s->accruedAt = now;
-    s->service.reclassify();
+    if (!s->service.reclassify() || s->blocks.empty()) continue;
+    state_->setPriority(s->id, s->rank());
+    const std::string detail = "service class " + std::to_string(s->service.serviceClass) + " after " +
+                               std::to_string(static_cast<long long>(s->service.attained / 3600)) +
+                               " block-hours: fresh work of its priority goes first";
+    RLOG_INFO("scheduler") << labelOf(*s) << " demoted: " << detail;
+    event("demoted", labelOf(*s), detail);
+    changed = true;
   }
+  return changed;
 }
 
 std::vector<Waiting> Scheduler::admissionQueue(double now) {
@@ -547,7 +557,7 @@ Result<std::string> Scheduler::drainNode(const std::string& name, bool undo) {
                              [&](const BlockRange& r) { return r.first < range.end() && range.first < r.end(); });
     if (!there || s->phase != Phase::running) continue;
     state_->release(s->id);  // its blocks here stay out of the pool: the node is draining
-    auto to = state_->allocate(s->id, s->vm->policy.name, {s->want, s->kinds, s->priority});
+    auto to = state_->allocate(s->id, s->vm->policy.name, {s->want, s->kinds, s->rank()});
     if (to) {
       ++moved;
       move(*s, *to, "netaccel '" + name + "' is draining");

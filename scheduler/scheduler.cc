@@ -53,6 +53,7 @@ wire::PoolRange::State wireBlockState(Pool::BlockState state) {
 Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<PoolState> state)
     : loop_(loop), config_(std::move(config)),
       state_(state ? std::move(state) : std::make_unique<LocalPoolState>(config_.blockTflops)) {
+  startedWallSeconds_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   state_->changed = [this] { requestPlacement(); };  // another host's decision may free blocks
   state_->lost = [this](VaccelId id, const std::string& why) {
     // Off blocks that are no longer its own: saved to host memory, resumed when blocks free.
@@ -1176,7 +1177,7 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         auto e = out[sessions.size() + i];
         e.setId(elsewhere[i].vaccel);
         e.setVm(elsewhere[i].vm);
-        e.setPriority(elsewhere[i].priority);
+        e.setPriority(priorityOfPoolPriority(elsewhere[i].priority));
         e.setHost(elsewhere[i].scheduler);
         writePlacement(e, elsewhere[i].ranges);
         e.setState("elsewhere");
@@ -1249,6 +1250,7 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
 
 void Scheduler::tick() {
   uint64_t now = nowMs();
+  if (accrueService(policyNow())) requestPlacement();  // a demoted vaccel may now be preempted
   std::vector<NodeLink*> silent, unregistered;
   for (auto& [c, n] : nodeLinks_) {
     if (n->connection->closed()) continue;
@@ -1330,7 +1332,7 @@ Result<std::string> Scheduler::setPolicy(const std::string& name, const std::vec
   for (Session* s : allSessions()) {
     if (s->vm != vm) continue;
     s->priority = std::min(s->askedPriority, vm->policy.priority);
-    state_->setPriority(s->id, s->priority);
+    state_->setPriority(s->id, s->rank());
     persist(*s);
   }
   std::string detail = "tflops " + std::to_string(vm->policy.tflops) + ", priority " + std::to_string(vm->policy.priority) +

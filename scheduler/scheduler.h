@@ -164,11 +164,14 @@ class Scheduler {
   // expected back), can never be held, or is an ordinary request.
   enum class PoolWait { no, yes, never };
   PoolWait waitForThePool(Session& s);
-  // The admission policy's clock (admission.h), in seconds: the wall clock, so that the
-  // waiting times kept in the state database mean the same after a restart.
-  static double policyNow();
-  // Counts running vaccels' service up to `now` (their class follows it).
-  void accrueService(double now);
+  // The admission policy's clock (admission.h), in seconds: the wall clock (sped up by
+  // policy_clock_scale from this scheduler's start), so that the waiting times kept in
+  // the state database mean the same after a restart.
+  double policyNow() const;
+  double startedWallSeconds_ = 0;
+  // Counts running vaccels' service up to `now` (their class follows it): whether a
+  // running one changed class.
+  bool accrueService(double now);
   // The admission order of the unplaced vaccels: over-share flags from every VM's demand
   // and holding, service classes (promoted once starved) and waiting times.
   std::vector<Waiting> admissionQueue(double now);

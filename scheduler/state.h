@@ -207,6 +207,8 @@ struct Scheduler::Session {
   Service service;          // the admission policy's count of its service (admission.h)
   double ranSince = -1;     // policy clock when it last started running; -1: not running
   double accruedAt = 0;     // policy clock up to which its service is counted
+  // What the pool holds it at: its priority, then its service class (admission.h).
+  int rank() const { return poolPriority(priority, service.serviceClass); }
   bool settlingWait = false;  // admitted to wait while the pool settles after start (its deadline: then)
   uint64_t ownWaitDeadlineMs = 0;  // what its hello asked for, restored once the pool has settled
   bool refused = false;        // ended before it was placed: no "released" event

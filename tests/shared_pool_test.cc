@@ -161,6 +161,8 @@ TEST(SharedHolding, AValueThatBreaksTheFormatIsRefused) {
            {key, R"({"vm":"vm1","priority":3,"ranges":[[4,-1]]})"},
            {key, R"({"vm":"vm1","priority":3,"ranges":[[4,2,9]]})"},
            {key, R"({"vm":"vm1","priority":1e9,"ranges":[[4,2]]})"},
+           {key, R"({"vm":"vm1","priority":3003,"ranges":[[4,2]]})"},
+           {key, R"({"vm":"vm1","priority":-3001,"ranges":[[4,2]]})"},
            {key, R"({"vm":"vm 1","priority":3,"ranges":[[4,2]]})"},
            {key, R"({"vm":"vm1","priority":3,"ranges":[[4,2]],"cardMilli":1001})"},
            {key, R"({"vm":"vm1","priority":3,"ranges":[[4,2]],"host":{"cpuMilli":-1,"memoryMib":0}})"},

@@ -10,6 +10,7 @@
 
 #include "common/limits.h"
 #include "common/log.h"
+#include "scheduler/admission.h"
 
 namespace raccel::scheduler {
 namespace {
@@ -201,10 +202,13 @@ Result<SharedHolding> SharedPool::parseHolding(const std::string& key, const std
   if (!j->contains("vm") || !(*j)["vm"].is_string()) return fail(Code::invalidArgument, "vm is not text");
   h.vm = (*j)["vm"].get<std::string>();
   if (auto ok = limits::checkName("vm", h.vm); !ok) return fail(ok.error());
+  // The pool priority: the vaccel's priority and its service class (admission.h).
+  static const long long lowest = poolPriority(limits::kMinPriority, kServiceClasses - 1),
+                         highest = poolPriority(limits::kMaxPriority, 0);
   auto it = j->find("priority");
-  if (it == j->end() || !it->is_number_integer() || it->get<long long>() < -limits::kMaxPriority ||
-      it->get<long long>() > limits::kMaxPriority)
-    return fail(Code::invalidArgument, "priority is not a number within ±" + std::to_string(limits::kMaxPriority));
+  if (it == j->end() || !it->is_number_integer() || it->get<long long>() < lowest || it->get<long long>() > highest)
+    return fail(Code::invalidArgument, "priority is not a pool priority from " + std::to_string(lowest) + " to " +
+                                           std::to_string(highest));
   h.priority = static_cast<int>(it->get<long long>());
   if (j->contains("cardMilli")) {
     auto milli = number(*j, "cardMilli", 1000);

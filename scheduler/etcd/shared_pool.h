@@ -67,7 +67,7 @@ struct SharedHolding {
   std::string scheduler;
   uint64_t vaccel = 0;
   std::string vm;
-  int priority = 0;
+  int priority = 0;  // the pool priority: priority and service class (scheduler/admission.h)
   std::vector<BlockRange> ranges;
   HostVector host;
   uint32_t cardMilli = 0;
