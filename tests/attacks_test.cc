@@ -71,13 +71,14 @@ TEST(Attacks, StrangersFailedHandshakesNeverDropAHealthyNetaccel) {
   Kept ka = keep(*a, 1 << 14, 1), kb = keep(*b, 1 << 14, 2);
 
   std::string rogue = cluster.dir() + "/rogue";
-  runCommand("bash " + std::string(RACCEL_SOURCE_DIR) + "/scripts/raccel-certs.sh all " + rogue + " node9");
+  runCommand("bash " + sourcePath("scripts/raccel-certs.sh") + " all " + sh(rogue) + " node9");
   const std::string port = std::to_string(cluster.nodePort());
   // The stranger trusts the scheduler's certificate (the pool CA) and presents its own of
   // another CA: the scheduler's check of it fails (a client that distrusts the scheduler
   // would abort first, and the scheduler's own verification would never run).
   const std::string badCa = "echo | timeout 10 openssl s_client -quiet -connect 127.0.0.1:" + port + " -CAfile " +
-                            certDir() + "/ca.pem -cert " + rogue + "/node9.pem -key " + rogue + "/node9.key >/dev/null 2>&1";
+                            sh(certDir() + "/ca.pem") + " -cert " + sh(rogue + "/node9.pem") + " -key " + sh(rogue + "/node9.key") +
+                            " >/dev/null 2>&1";
   std::string why;
   for (int round = 0; round < 6; ++round) {
     runCommand(badCa);  // another CA's certificate: refused at the handshake

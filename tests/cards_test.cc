@@ -344,7 +344,7 @@ TEST(SplitOps, ACardLostMidOpFailsTheSessionNotTheScheduler) {
 // Every built backend is listed, and one with no device says why instead of failing.
 TEST(ListDevices, ReportsEachBackendAndWhyItHasNoDevices) {
   int status = -1;
-  std::string out = runCommand(binary("raccel-netaccel") + " --list-devices --card kind=fpga,tflops=2", &status);
+  std::string out = runCommand(sh(binary("raccel-netaccel")) + " --list-devices --card kind=fpga,tflops=2", &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("cpu      fpga"), std::string::npos) << out;  // the declared simulated card
   for (auto& backend : hal::builtBackends()) {

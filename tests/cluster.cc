@@ -69,7 +69,7 @@ std::string certDir() {
   static const std::string dir = [] {
     std::string d = makeTempDir() + "/certs";
     int status = 0;
-    std::string out = runCommand("bash " + std::string(RACCEL_SOURCE_DIR) + "/scripts/raccel-certs.sh all " + d, &status);
+    std::string out = runCommand("bash " + sourcePath("scripts/raccel-certs.sh") + " all " + sh(d), &status);
     if (status != 0) throw std::runtime_error("cannot make test certificates: " + out);
     return d;
   }();
@@ -85,7 +85,7 @@ std::vector<std::string> netaccelTlsArgs(const std::string& node) {
   std::string d = certDir();
   if (!std::filesystem::exists(d + "/" + node + ".pem")) {
     int status = 0;
-    std::string out = runCommand("bash " + std::string(RACCEL_SOURCE_DIR) + "/scripts/raccel-certs.sh node " + d + " " + node, &status);
+    std::string out = runCommand("bash " + sourcePath("scripts/raccel-certs.sh") + " node " + sh(d) + " " + sh(node), &status);
     if (status != 0) throw std::runtime_error("cannot issue a certificate for " + node + ": " + out);
   }
   return {"--tls-ca", d + "/ca.pem", "--tls-cert", d + "/" + node + ".pem", "--tls-key", d + "/" + node + ".key"};
@@ -290,10 +290,18 @@ std::string Cluster::console(const std::string& query) const {
 }
 
 std::string Cluster::ctl(const std::vector<std::string>& args, int* status) const {
-  std::string command = binary("raccelctl") + " --socket '" + consoleSocket() + "'";
-  for (auto& a : args) command += " '" + a + "'";
+  std::string command = sh(binary("raccelctl")) + " --socket " + sh(consoleSocket());
+  for (auto& a : args) command += " " + sh(a);
   return runCommand(command, status);
 }
+
+std::string sh(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string sourcePath(const std::string& path) { return sh(std::string(RACCEL_SOURCE_DIR) + "/" + path); }
 
 std::string runCommand(const std::string& command, int* status) {
   std::string out;

@@ -47,6 +47,10 @@ std::string readFile(const std::string& path);
 // Runs a shell command; its output, stdout and stderr together, and its exit status in
 // *status (-1 when it did not exit normally).
 std::string runCommand(const std::string& command, int* status = nullptr);
+// `text` as one word of a shell command line (single-quoted): paths may hold spaces.
+std::string sh(const std::string& text);
+// The source tree's `path` (e.g. "scripts/raccel-certs.sh"), quoted for a shell.
+std::string sourcePath(const std::string& path);
 
 // The test guest (vm-images/): the folder build.sh wrote, and the script that boots it.
 std::string guestImage();

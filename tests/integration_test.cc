@@ -70,7 +70,7 @@ class Integration : public ::testing::Test {
 // does not know, naming the flag.
 TEST_F(Integration, RaccelRunAsksForTheKindsItIsGiven) {
   int status = -1;
-  const std::string run = binary("raccel-run") + " --socket '" + cluster->vmSocket() + "' --size 64 --iterations 1";
+  const std::string run = sh(binary("raccel-run")) + " --socket " + sh(cluster->vmSocket()) + " --size 64 --iterations 1";
   std::string out = runCommand(run + " --kinds cpu 2>&1", &status);
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("node1/0(cpu"), std::string::npos) << out;

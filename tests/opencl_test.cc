@@ -17,6 +17,8 @@ namespace {
 
 using testing::Cluster;
 using testing::runCommand;
+using testing::sh;
+using testing::sourcePath;
 
 // A scheduler, a netaccel serving PoCL's device and raccel-guestd.
 class OpenclCard : public ::testing::Test {
@@ -48,7 +50,7 @@ class OpenclIcd : public OpenclCard {
   }
   // `command` with the loader pointed at raccel's .icd only, and the session's socket.
   std::string run(const std::string& command, int* status, const std::string& extraEnv = "") {
-    return runCommand("OCL_ICD_VENDORS=" + std::string(RACCEL_ICD_DIR) + " RACCEL_SOCKET=" + socket_ +
+    return runCommand("OCL_ICD_VENDORS=" + sh(RACCEL_ICD_DIR) + " RACCEL_SOCKET=" + sh(socket_) +
                           " RACCEL_TFLOPS=2 " + extraEnv + " " + command + " 2>&1",
                       status);
   }
@@ -69,8 +71,8 @@ TEST_F(OpenclIcd, ClinfoListsTheRaccelPlatformAndItsDevice) {
   EXPECT_NE(out.find("Double-precision Floating-point support         (cl_khr_fp64)"), std::string::npos) << out;
   EXPECT_NE(out.find("Linker Available                                Yes"), std::string::npos) << out;
   // Images as the card's own clinfo (local PoCL) gives them.
-  std::string card = runCommand("OCL_ICD_VENDORS=/etc/OpenCL/vendors/pocl.icd POCL_CACHE_DIR=" + cluster_->dir() +
-                                    "/pocl clinfo 2>&1",
+  std::string card = runCommand("OCL_ICD_VENDORS=/etc/OpenCL/vendors/pocl.icd POCL_CACHE_DIR=" + sh(cluster_->dir() + "/pocl") +
+                                    " clinfo 2>&1",
                                 &status);
   for (const char* what : {"Image support  ", "Max 2D image size", "Max 3D image size", "Max 1D or 2D image array size",
                            "Max number of read image args", "Max number of write image args"}) {
@@ -153,7 +155,7 @@ TEST_F(OpenclIcd, DebiansPyOpenclRunsArraysKernelsReductionsScansAndEvents) {
   int status = -1;
   std::string probe = runCommand("/usr/bin/python3 -c 'import pyopencl, numpy' 2>&1", &status);
   if (status != 0) GTEST_SKIP() << "no Debian PyOpenCL (apt-get install python3-pyopencl): " << probe;
-  std::string out = run("/usr/bin/python3 " RACCEL_SOURCE_DIR "/tests/opencl/pyopencl_check.py", &status,
+  std::string out = run("/usr/bin/python3 " + sourcePath("tests/opencl/pyopencl_check.py"), &status,
                         "PYOPENCL_CTX= PYOPENCL_NO_CACHE=1 HOME=" + cluster_->dir());
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("8 passed, 0 failed"), std::string::npos) << out;
@@ -303,10 +305,10 @@ class OpenclStandard : public OpenclIcd {
 
 TEST_F(OpenclStandard, TheStandardsPointsHoldThroughTheIcdAsOnLocalPocl) {
   int status = -1;
-  std::string pocl = runCommand("POCL_CACHE_DIR=" + cluster_->dir() + "/pocl RACCEL_TEST_PLATFORM='Portable Computing Language' " +
-                                    RACCEL_OCL_CONFORMANCE + " --big-mib 1024 2>&1",
+  std::string pocl = runCommand("POCL_CACHE_DIR=" + sh(cluster_->dir() + "/pocl") + " RACCEL_TEST_PLATFORM='Portable Computing Language' " +
+                                    sh(RACCEL_OCL_CONFORMANCE) + " --big-mib 1024 2>&1",
                                 &status);
-  std::string out = run(std::string(RACCEL_OCL_CONFORMANCE) + " --big-mib 1024 --skip images_refused", &status, "RACCEL_TFLOPS=4");
+  std::string out = run(sh(RACCEL_OCL_CONFORMANCE) + " --big-mib 1024 --skip images_refused", &status, "RACCEL_TFLOPS=4");
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find(" passed, 0 failed"), std::string::npos) << out;
   std::istringstream lines(pocl);

@@ -13,6 +13,8 @@ namespace {
 
 using testing::Cluster;
 using testing::runCommand;
+using testing::sh;
+using testing::sourcePath;
 
 class TorchDevice : public ::testing::Test {
  protected:
@@ -24,7 +26,7 @@ class TorchDevice : public ::testing::Test {
   }
   // `script` with the build's package first on the path and the session's socket.
   std::string python(const std::string& args, int* status, const std::string& env = "") {
-    return runCommand("PYTHONPATH=" + std::string(RACCEL_PYTHON_DIR) + "/.. RACCEL_SOCKET=" + socket_ + " " + env +
+    return runCommand("PYTHONPATH=" + sh(std::string(RACCEL_PYTHON_DIR) + "/..") + " RACCEL_SOCKET=" + sh(socket_) + " " + env +
                           " /usr/bin/python3 " + args + " 2>&1",
                       status);
   }
@@ -41,7 +43,7 @@ class TorchDevice : public ::testing::Test {
 TEST_F(TorchDevice, AnMlpTrainsOnRaccelWithTheCpusLossesAndNothingFallsBack) {
   startOneCard();
   int status = -1;
-  std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --compare", &status, "RACCEL_TORCH_FALLBACKS=1");
+  std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare", &status, "RACCEL_TORCH_FALLBACKS=1");
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("steps 200 "), std::string::npos) << out;
   EXPECT_NE(out.find("fallbacks during training: none"), std::string::npos) << out;
@@ -59,7 +61,7 @@ TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) 
   cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=2,memory=512MiB"}, 2);
   socket_ = cluster_->startGuestd();
   int status = -1;
-  std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --compare --tflops 4", &status);
+  std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --tflops 4", &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("PASS"), std::string::npos) << out;
   std::cout << out;
@@ -77,7 +79,7 @@ TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) 
 TEST_F(TorchDevice, StepTimesOfALargerMlpPrintBesideTheCpus) {
   startOneCard();
   int status = -1;
-  std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --compare --time 10 --features 256 --hidden 512 "
+  std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --time 10 --features 256 --hidden 512 "
                                              "--classes 10 --batch 256",
                            &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
@@ -92,7 +94,7 @@ TEST_F(TorchDevice, StepTimesOfALargerMlpPrintBesideTheCpus) {
 TEST_F(TorchDevice, BadTensorOpsRaiseClearErrorsAndTheSessionCarriesOn) {
   startOneCard();
   int status = -1;
-  std::string out = python(RACCEL_SOURCE_DIR "/tests/torch/bad_input.py", &status);
+  std::string out = python(sourcePath("tests/torch/bad_input.py"), &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("all refused cleanly"), std::string::npos) << out;
 }

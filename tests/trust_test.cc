@@ -147,7 +147,7 @@ class Trust : public ::testing::Test {
 TEST_F(Trust, ANetaccelWithoutAPoolCertificateIsRefusedAtTheHandshakeAndGetsNoGuestData) {
   // A certificate of another CA, and plain TCP: neither completes the handshake.
   std::string rogue = cluster->dir() + "/rogue";
-  runCommand("bash " + std::string(RACCEL_SOURCE_DIR) + "/scripts/raccel-certs.sh all " + rogue + " node9");
+  runCommand("bash " + sourcePath("scripts/raccel-certs.sh") + " all " + sh(rogue) + " node9");
   std::string port = "127.0.0.1:" + std::to_string(cluster->nodePort());
   Process other("raccel-netaccel",
                 {"--scheduler", port, "--discover", "none", "--card", "kind=gpu,tflops=64,memory=1GiB", "--http-listen", "off", "--tls-ca",

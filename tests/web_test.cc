@@ -136,7 +136,7 @@ TEST_F(WebConsole, TheApiAnswersWhatRaccelctlPrintsAndMetricsAgreeWithTheConsole
     std::string file = dir_ + "/" + name + ".prom";
     std::ofstream(file) << text;
     int status = -1;
-    std::string out = runCommand("promtool check metrics < " + file, &status);
+    std::string out = runCommand("promtool check metrics < " + sh(file), &status);
     EXPECT_EQ(status, 0) << name << ": " << out;
   }
 }
@@ -280,16 +280,16 @@ TEST_F(WebConsole, ChromiumShowsTheBlockMapLiveEventsGuardsActionsAndAgreesDurin
   }
   EXPECT_EQ(known, "vm1/holder#1 1-3; vm1/wide#2 4-9; ");
   std::string artifacts = std::string(RACCEL_BIN_DIR) + "/../test-artifacts/web-console";
-  std::string command = "/usr/bin/python3 " + std::string(RACCEL_SOURCE_DIR) + "/tests/web/console_test.py --url http://127.0.0.1:" +
-                        std::to_string(cluster_->httpPort()) + " --token " + kToken + " --start '" + binary("raccel-run") +
-                        " --socket " + guestd_ + " --name late-arrival --iterations 1' --started late-arrival --preempt 1" +
-                        " --artifacts " + artifacts;
+  std::string command = "/usr/bin/python3 " + sourcePath("tests/web/console_test.py") + " --url http://127.0.0.1:" +
+                        std::to_string(cluster_->httpPort()) + " --token " + kToken + " --start " + sh(sh(binary("raccel-run")) +
+                        " --socket " + sh(guestd_) + " --name late-arrival --iterations 1") + " --started late-arrival --preempt 1" +
+                        " --artifacts " + sh(artifacts);
   for (auto& e : expect) command += " " + e;
   // During a drain of n1 (8 blocks), raccelctl's views and a program of 5 blocks, more
   // than n2's 4 alone: it is told "not now", naming the drain, not "never".
-  const std::string ctl = binary("raccelctl") + " --socket " + cluster_->consoleSocket();
-  command += " --drain n1 --during-drain \"" + ctl + " nodes; " + ctl + " pool; " + binary("raccel-run") + " --socket " +
-             guestd_ + " --name too-big --tflops 5 --iterations 1\"";
+  const std::string ctl = sh(binary("raccelctl")) + " --socket " + sh(cluster_->consoleSocket());
+  command += " --drain n1 --during-drain " + sh(ctl + " nodes; " + ctl + " pool; " + sh(binary("raccel-run")) + " --socket " +
+                                                sh(guestd_) + " --name too-big --tflops 5 --iterations 1");
   int status = -1;
   std::string out = runCommand(command + " 2>&1", &status);
   std::printf("%s", out.c_str());
