@@ -136,8 +136,8 @@ TEST_F(OpenclIcd, BadInputGetsTheStandardErrorsAndCrashesNothing) {
 // over 3 s on a busy 2-core machine: 10 s.
 TEST_F(OpenclIcd, TheSchedulerGoingAwayMidQueueFailsCallsCleanly) {
   std::string log = cluster_->dir() + "/until-error.log";
-  std::string command = "OCL_ICD_VENDORS=" + std::string(RACCEL_ICD_DIR) + " RACCEL_SOCKET=" + socket_ +
-                        " RACCEL_TIMEOUT_MS=10000 " + RACCEL_OCL_SMOKE + " --until-error 60 > " + log + " 2>&1";
+  std::string command = "OCL_ICD_VENDORS=" + sh(RACCEL_ICD_DIR) + " RACCEL_SOCKET=" + sh(socket_) +
+                        " RACCEL_TIMEOUT_MS=10000 " + sh(RACCEL_OCL_SMOKE) + " --until-error 60 > " + sh(log) + " 2>&1";
   testing::Process program("/bin/sh", {"-c", command}, cluster_->dir() + "/until-error.sh.log");
   auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (testing::readFile(log).find("running") == std::string::npos && std::chrono::steady_clock::now() < end)

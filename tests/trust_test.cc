@@ -80,9 +80,9 @@ std::string tlsSend(const Cluster& cluster, const std::string& node, const std::
   auto args = netaccelTlsArgs(node);
   std::string file = cluster.dir() + "/frame-" + node + ".bin";
   std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(frame.data()), frame.size());
-  return runCommand("(cat '" + file + "'; sleep " + std::to_string(ms / 1000.0) + ") | timeout 10 openssl s_client -quiet -no_ign_eof -connect 127.0.0.1:" +
-                    std::to_string(cluster.nodePort()) + " -CAfile " + args[1] + " -cert " + args[3] + " -key " + args[5] +
-                    " >/dev/null");
+  return runCommand("(cat " + sh(file) + "; sleep " + std::to_string(ms / 1000.0) +
+                    ") | timeout 10 openssl s_client -quiet -no_ign_eof -connect 127.0.0.1:" + std::to_string(cluster.nodePort()) +
+                    " -CAfile " + sh(args[1]) + " -cert " + sh(args[3]) + " -key " + sh(args[5]) + " >/dev/null");
 }
 
 std::vector<std::byte> registration(const std::string& name, double tflops, uint32_t keptContext = 0,
