@@ -9,6 +9,7 @@
 #include "sim/cluster.h"
 #include "sim/csv.h"
 #include "sim/dynamic.h"
+#include "sim/fgd.h"
 #include "sim/omega.h"
 #include "sim/packing.h"
 #include "sim/report.h"
@@ -56,6 +57,32 @@ Result<std::pair<Cluster, std::vector<Pod>>> loadOpenb(const Flags& flags, const
   return std::pair{std::move(*cluster), std::move(*pods)};
 }
 
+// FGD's own rules (sim/fgd.h) on FGD's arrivals: its published measure, the GPU thousandths
+// placed, at 100% and 130% arrived.
+int openbFgd(const Flags& flags, const Cluster& cluster, const std::vector<Pod>& pods, const std::vector<uint64_t>& seeds,
+             FgdRule rule) {
+  const char* name = rule == FgdRule::fgd ? "fgd" : "fgd-bestfit";
+  double p100 = 0, p130 = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (uint64_t seed : seeds) {
+    FgdRun run = runFgd(cluster, pods, rule, seed);
+    p100 += run.placed[100], p130 += run.placed[130];
+    std::fprintf(stderr, "seed %llu: %s placed %.2f%% of the GPUs at 100%% arrived, %.2f%% at 130%% (%llu pods, %llu failed)\n",
+                 (unsigned long long)seed, name, run.placed[100], run.placed[130], (unsigned long long)run.arrived,
+                 (unsigned long long)run.failedPods);
+  }
+  double n = seeds.size();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!flags.has("json"))
+    std::printf("policy %s (FGD's rules, FGD's arrivals), %zu seeds, %u GPUs (means over seeds)\n"
+                "  GPU thousandths placed at 100%% / 130%% arrived: %.2f%% / %.2f%%\n",
+                name, seeds.size(), cluster.cards, p100 / n, p130 / n);
+  else
+    std::printf("{\"policy\":\"%s\",\"seeds\":%zu,\"gpus\":%u,\"placed_gpu_ratio_100\":%.2f,\"placed_gpu_ratio_130\":%.2f,\"seconds\":%.1f}\n",
+                name, seeds.size(), cluster.cards, p100 / n, p130 / n, secs);
+  return 0;
+}
+
 int openb(const Flags& flags) {
   auto models = defaultModelTflops();
   if (auto st = overrideModelTflops(models, flags.get("model-tflops")); !st) return die(st.error().message);
@@ -65,20 +92,25 @@ int openb(const Flags& flags) {
   auto parsedSeeds = parseSeeds(flags.get("seeds", "42-51"));
   if (!parsedSeeds) return die(parsedSeeds.error().message);
   const std::vector<uint64_t>& seeds = *parsedSeeds;
-  auto policy = parsePolicy(flags.get("policy", "raccel"));
+  const std::string policyFlag = flags.get("policy", "raccel");
+  if (policyFlag == "fgd" || policyFlag == "fgd-bestfit")
+    return openbFgd(flags, cluster, pods, seeds, policyFlag == "fgd" ? FgdRule::fgd : FgdRule::bestFit);
+  auto policy = parsePolicy(policyFlag);
   if (!policy) return die(policy.error().message);
   if (*policy == Policy::tiresias || *policy == Policy::gandiva)
     return die(std::string(policyName(*policy)) + " schedules jobs over time: use it with `raccel-sim philly`");
   PackingOptions options;
   options.policy = *policy;
   options.migrate = flags.has("migrate");
-  double a100 = 0, a130 = 0, f100 = 0, f130 = 0, p130 = 0;
+  options.fgdArrivals = flags.has("fgd-arrivals");
+  double a100 = 0, a130 = 0, f100 = 0, f130 = 0, p130 = 0, d100 = 0, d130 = 0;
   auto start = std::chrono::steady_clock::now();
   for (uint64_t seed : seeds) {
     options.seed = seed;
     auto run = runPacking(cluster, pods, options);
     if (!run) return die(run.error().message);
     a100 += run->alloc[100], a130 += run->alloc[130], f100 += run->frag[100], f130 += run->frag[130], p130 += run->placed[130];
+    d100 += run->placedDiscrete[100], d130 += run->placedDiscrete[130];
     std::fprintf(stderr, "seed %llu: alloc %.2f%% at 100%%, %.2f%% at 130%%; frag %.2f%% at 100%%; migrations %llu\n",
                  (unsigned long long)seed, run->alloc[100], run->alloc[130], run->frag[100], (unsigned long long)run->migrations);
   }
@@ -88,15 +120,17 @@ int openb(const Flags& flags) {
     std::printf("policy %s%s, %zu seeds, %u GPUs, %u blocks (means over seeds)\n"
                 "  allocated at 100%% / 130%% arrived: %.2f%% / %.2f%% of blocks\n"
                 "  fragmented at 100%% / 130%%: %.2f%% / %.2f%%\n"
-                "  GPU requests placed at 130%%: %.2f%% of GPUs\n",
+                "  GPU requests placed at 130%%: %.2f%% of GPUs\n"
+                "  FGD's measure (GPU thousandths placed, per arrived percent) at 100%% / 130%%: %.2f%% / %.2f%%%s\n",
                 policyName(*policy), options.migrate ? " + migration" : "", seeds.size(), cluster.cards, cluster.blocks, a100 / n,
-                a130 / n, f100 / n, f130 / n, p130 / n);
+                a130 / n, f100 / n, f130 / n, p130 / n, d100 / n, d130 / n, options.fgdArrivals ? " (FGD's arrivals)" : "");
     return 0;
   }
   std::printf("{\"policy\":\"%s\",\"migrate\":%s,\"seeds\":%zu,\"blocks\":%u,\"gpus\":%u,\"alloc_ratio_100\":%.2f,\"alloc_ratio_130\":%.2f,"
-              "\"frag_ratio_100\":%.2f,\"frag_ratio_130\":%.2f,\"placed_gpu_ratio_130\":%.2f,\"seconds\":%.1f}\n",
+              "\"frag_ratio_100\":%.2f,\"frag_ratio_130\":%.2f,\"placed_gpu_ratio_130\":%.2f,\"fgd_measure_100\":%.2f,"
+              "\"fgd_measure_130\":%.2f,\"fgd_arrivals\":%s,\"seconds\":%.1f}\n",
               policyName(*policy), options.migrate ? "true" : "false", seeds.size(), cluster.blocks, cluster.cards, a100 / n,
-              a130 / n, f100 / n, f130 / n, p130 / n, secs);
+              a130 / n, f100 / n, f130 / n, p130 / n, d100 / n, d130 / n, options.fgdArrivals ? "true" : "false", secs);
   return 0;
 }
 
@@ -226,9 +260,11 @@ int main(int argc, char** argv) {
   flags.value("pods", "CSV", "openb: the pod list");
   flags.value("nodes", "CSV", "openb: the node list");
   flags.value("seeds", "N|FIRST-LAST", "openb: seeds (default 42-51)");
-  flags.value("policy", "NAME", "raccel, whole-card-first-fit, random, best-fit (default raccel)");
+  flags.value("policy", "NAME", "raccel, whole-card-first-fit, random, best-fit (default raccel); openb also fgd,\n"
+              "fgd-bestfit: FGD's own rules and arrivals (sim/fgd.h)");
   flags.value("model-tflops", "M=T,...", "GPU model TFLOPS over the defaults (G2=15.7, G3=19.5 assumed)");
   flags.boolean("migrate", "openb: also move one-card pods between a node's cards to make room");
+  flags.boolean("fgd-arrivals", "openb: FGD's arrivals (every pod once, shuffled, then copies to 130%) instead of draws");
   flags.boolean("json", "print one JSON object");
   flags.value("traces", "DIR", "philly, report: the folder of *.trace files (one tenant each)");
   flags.value("openb", "DIR", "report: the openb folder (node list, pod lists, fgd-expected/)");

@@ -1,12 +1,14 @@
 #include "sim/packing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <random>
 #include <tuple>
 
 #include "sim/audit.h"
+#include "sim/fgd.h"
 #include "sim/csv.h"
 
 namespace raccel::sim {
@@ -255,6 +257,15 @@ Result<PackingRun> runPacking(const Cluster& base, const std::vector<Pod>& pods,
   PackingRun run;
   const double capacity = c.cards, blocks = c.pool.total();
   double arrived = 0, placedGpus = 0;
+  // The arrivals: drawn from the list until maxLoadPercent has arrived, or FGD's (sim/fgd.h).
+  std::vector<const Pod*> fixed;
+  if (options.fgdArrivals) fixed = fgdArrivals(pods, options.seed, options.maxLoadPercent / 100.0, c.cards);
+  size_t nextFixed = 0;
+  auto nextPod = [&]() -> const Pod* {
+    if (!options.fgdArrivals) return run.alloc.size() <= options.maxLoadPercent ? &pods[pick(rng)] : nullptr;
+    return nextFixed < fixed.size() ? fixed[nextFixed++] : nullptr;
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> samples;  // GPU thousandths arrived, placed
   std::vector<VaccelId> holders;
   std::map<VaccelId, Pod> oneCardHolders;
   VaccelId next = 1;
@@ -264,8 +275,8 @@ Result<PackingRun> runPacking(const Cluster& base, const std::vector<Pod>& pods,
     run.placed.push_back(100.0 * placedGpus / capacity);
   };
   sample();  // 0%
-  while (run.alloc.size() <= options.maxLoadPercent) {
-    const Pod& pod = pods[pick(rng)];
+  while (const Pod* arriving = nextPod()) {
+    const Pod& pod = *arriving;
     ++run.arrived;
     arrived += pod.gpus();
     bool placed = false;
@@ -296,7 +307,10 @@ Result<PackingRun> runPacking(const Cluster& base, const std::vector<Pod>& pods,
     if (options.audit)
       if (auto st = auditPool(c.pool, holders); !st) return fail(Code::internal, "after pod " + std::to_string(run.arrived) + ": " + st.error().message);
     while (run.alloc.size() <= options.maxLoadPercent && 100.0 * arrived / capacity >= run.alloc.size()) sample();
+    samples.push_back({static_cast<uint64_t>(std::llround(arrived * 1000)), static_cast<uint64_t>(std::llround(placedGpus * 1000))});
   }
+  while (run.alloc.size() <= options.maxLoadPercent) sample();  // FGD's arrivals stop just short of it
+  run.placedDiscrete = fgdDiscreteCurve(samples, c.cards, options.maxLoadPercent);
   return run;
 }
 

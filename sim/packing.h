@@ -37,6 +37,9 @@ struct PackingOptions {
   bool migrate = false;
   // Checks the pool against the simulator's own records after every pod (tests).
   bool audit = false;
+  // FGD's arrivals (sim/fgd.h: every pod once, shuffled, then copies up to
+  // maxLoadPercent) instead of pods drawn from the list.
+  bool fgdArrivals = false;
 };
 
 struct PackingRun {
@@ -44,6 +47,9 @@ struct PackingRun {
   std::vector<double> alloc;   // % of blocks held
   std::vector<double> frag;    // % of blocks free but fragmented (FGD's measure)
   std::vector<double> placed;  // % of GPU capacity requested by placed pods
+  // FGD's published measure (sim/fgd.h fgdDiscreteCurve): placed, averaged over the pods
+  // whose arrival rounds to each percent.
+  std::vector<double> placedDiscrete;
   uint64_t arrived = 0, placedPods = 0, failedPods = 0, migrations = 0;
 };
 
