@@ -10,6 +10,7 @@
 
 #include "sim/csv.h"
 #include "sim/dynamic.h"
+#include "sim/fgd.h"
 #include "sim/packing.h"
 #include "sim/plot.h"
 
@@ -53,6 +54,49 @@ std::map<std::string, std::vector<double>> publishedCurves(const std::string& pa
   return sum;
 }
 
+// raccel against FGD's own rules in the same harness (sim/fgd.h): FGD's arrivals and
+// measure, every pod list, beside the published FGD figure. `raccelFigures` holds raccel's
+// measure at 100% and 130% per pod list, from the runs of the table above.
+Status compareWithFgd(const ReportOptions& o, const Cluster& cluster, const std::vector<std::string>& workloads,
+                      const std::map<std::string, std::pair<double, double>>& raccelFigures, std::ostringstream& md) {
+  std::ostringstream csv;
+  csv << "workload,seeds,raccel_100,raccel_130,fgd_harness_100,fgd_harness_130,bestfit_harness_100,bestfit_harness_130,"
+         "fgd_published_100,fgd_published_130,bestfit_published_100,bestfit_published_130\n";
+  md << "\n### raccel and FGD in the same harness\n\nFGD's rules implemented in this harness (`--policy fgd`, `fgd-bestfit`: GPU "
+        "thousandths, its typical pods, fragmentation gradient, BestFit's CPU+GPU score, ties to the lowest node name), on "
+        "FGD's arrivals (each pod of the list once, shuffled, then copies to 130%) and FGD's measure (GPU thousandths placed, "
+        "averaged over the pods whose arrival rounds to each percent). raccel is measured the same way on its pool of blocks. "
+        "Published: FGD's own simulator (`fgd-expected/`), means over seeds 42-51.\n\n"
+        "| pod list | raccel 100% / 130% | FGD in harness | BestFit in harness | FGD published | BestFit published |\n|---|---|---|---|---|---|\n";
+  for (const std::string& workload : workloads) {
+    auto pods = loadOpenbPods(o.openbDir + "/openb_pod_list_" + workload + ".csv");
+    if (!pods) return fail(pods.error());
+    auto published = publishedCurves(o.openbDir + "/fgd-expected/analysis_allo_discrete.csv", "openb_pod_list_" + workload);
+    std::pair<double, double> rules[2] = {{0, 0}, {0, 0}};
+    for (FgdRule rule : {FgdRule::fgd, FgdRule::bestFit}) {
+      std::fprintf(stderr, "A %s %s (FGD's rules):", workload.c_str(), rule == FgdRule::fgd ? "fgd" : "fgd-bestfit");
+      auto& sum = rules[rule == FgdRule::fgd ? 0 : 1];
+      for (uint64_t seed : o.seeds) {
+        FgdRun run = runFgd(cluster, *pods, rule, seed);
+        sum.first += run.placed[100] / o.seeds.size(), sum.second += run.placed[130] / o.seeds.size();
+        std::fprintf(stderr, " %llu", (unsigned long long)seed);
+      }
+      std::fprintf(stderr, "\n");
+    }
+    auto pub = [&](const char* policy, int p) { return published.count(policy) ? fmt(published[policy][p]) : std::string(); };
+    auto pair = [](const std::string& a, const std::string& b) { return a.empty() ? std::string("-") : a + " / " + b; };
+    auto it = raccelFigures.find(workload);
+    std::string r100 = it == raccelFigures.end() ? "" : fmt(it->second.first), r130 = it == raccelFigures.end() ? "" : fmt(it->second.second);
+    csv << workload << "," << o.seeds.size() << "," << r100 << "," << r130 << "," << fmt(rules[0].first) << "," << fmt(rules[0].second) << ","
+        << fmt(rules[1].first) << "," << fmt(rules[1].second) << "," << pub("06-FGD", 100) << "," << pub("06-FGD", 130) << ","
+        << pub("05-BestFit", 100) << "," << pub("05-BestFit", 130) << "\n";
+    md << "| " << workload << " | " << pair(r100, r130) << " | " << pair(fmt(rules[0].first), fmt(rules[0].second)) << " | "
+       << pair(fmt(rules[1].first), fmt(rules[1].second)) << " | " << pair(pub("06-FGD", 100), pub("06-FGD", 130)) << " | "
+       << pair(pub("05-BestFit", 100), pub("05-BestFit", 130)) << " |\n";
+  }
+  return writeFile(o.out + "/openb_vs_fgd.csv", csv.str());
+}
+
 }  // namespace
 
 Status writeReport(const ReportOptions& o) {
@@ -73,7 +117,7 @@ Status writeReport(const ReportOptions& o) {
   curves << "workload,policy,load_percent,alloc,frag,placed_gpu\n";
   md << "## Experiment A: packing (openb)\n\nCluster: " << cluster->pool.nodes().size() << " nodes, " << cluster->cards << " GPUs, "
      << cluster->blocks << " blocks (T4 8.1, P100 9.3, V100 15.7, A10 31.2 TFLOPS; assumed G2 " << fmt(models["G2"], 1) << ", G3 "
-     << fmt(models["G3"], 1) << "). Pods sampled with replacement until their GPU requests reach 130% of the GPUs, no departures, seeds "
+     << fmt(models["G3"], 1) << "). Pods arrive as in FGD's evaluation (each pod of the list once, shuffled by the seed, then copies drawn at random while the GPU requests stay within 130% of the GPUs), no departures, seeds "
      << o.seeds.front() << "-" << o.seeds.back() << ". `alloc`: blocks held, % of all (shares of a card are counted in thousandths; a share holds at least one block); "
      << "`placed GPU`: the GPU requests of placed pods, % of the GPUs (the published figure's unit); `frag`: FGD's fragmentation "
      << "measure in blocks against the pod list's specs by count.\n\n"
@@ -83,6 +127,7 @@ Status writeReport(const ReportOptions& o) {
     bool migrate;
   };
   std::vector<Variant> variants;
+  std::map<std::string, std::pair<double, double>> raccelFigures;  // FGD's measure at 100% and 130%
   for (Policy p : allPolicies()) variants.push_back({p, false});
   variants.push_back({Policy::raccel, true});
   // Every openb_pod_list_*.csv in the folder (the public trace has 24): `default` and
@@ -116,22 +161,25 @@ Status writeReport(const ReportOptions& o) {
       if (!full && (v.migrate || (v.policy != Policy::raccel && v.policy != Policy::bestFit))) continue;
       std::string name = std::string(policyName(v.policy)) + (v.migrate ? " + migration" : "");
       std::fprintf(stderr, "A %s %s:", workload.c_str(), name.c_str());
-      std::vector<double> a(o.seeds.empty() ? 0 : 131, 0), f(a.size(), 0), pl(a.size(), 0);
+      std::vector<double> a(o.seeds.empty() ? 0 : 131, 0), f(a.size(), 0), pl(a.size(), 0), pd(a.size(), 0);
       double arrived = 0, placedPods = 0, failedPods = 0, migrations = 0;
       for (uint64_t seed : o.seeds) {
         PackingOptions po;
         po.policy = v.policy;
         po.seed = seed;
         po.migrate = v.migrate;
+        po.fgdArrivals = true;
         auto run = runPacking(*cluster, *pods, po);
         if (!run) return fail(run.error());
-        for (size_t p = 0; p < a.size(); ++p) a[p] += run->alloc[p], f[p] += run->frag[p], pl[p] += run->placed[p];
+        for (size_t p = 0; p < a.size(); ++p)
+          a[p] += run->alloc[p], f[p] += run->frag[p], pl[p] += run->placed[p], pd[p] += run->placedDiscrete[p];
         arrived += run->arrived, placedPods += run->placedPods, failedPods += run->failedPods, migrations += run->migrations;
         std::fprintf(stderr, " %llu", (unsigned long long)seed);
       }
       std::fprintf(stderr, "\n");
       double n = o.seeds.size();
-      for (size_t p = 0; p < a.size(); ++p) a[p] /= n, f[p] /= n, pl[p] /= n;
+      for (size_t p = 0; p < a.size(); ++p) a[p] /= n, f[p] /= n, pl[p] /= n, pd[p] /= n;
+      if (v.policy == Policy::raccel && !v.migrate && pd.size() > 130) raccelFigures[workload] = {pd[100], pd[130]};
       std::string pub = v.policy == Policy::random ? "01-Random" : v.policy == Policy::bestFit ? "05-BestFit" : v.policy == Policy::raccel ? "06-FGD" : "";
       std::string pubName = pub.empty() ? "" : pub.substr(3);
       bool havePub = !pub.empty() && published.count(pub);
@@ -165,6 +213,7 @@ Status writeReport(const ReportOptions& o) {
     if (auto st = writeFile(o.out + "/openb_alloc_" + workload + ".svg", renderSvg(alloc)); !st) return st;
     if (auto st = writeFile(o.out + "/openb_frag_" + workload + ".svg", renderSvg(frag)); !st) return st;
   }
+  if (auto st = compareWithFgd(o, *cluster, workloads, raccelFigures, md); !st) return st;
   if (auto st = writeFile(o.out + "/openb_summary.csv", summary.str()); !st) return st;
   if (auto st = writeFile(o.out + "/openb_curves.csv", curves.str()); !st) return st;
 
