@@ -51,6 +51,17 @@ bool Service::promote(double now, double knob) {
   return true;
 }
 
+double Service::nextWaitingChange(double now, double knob) const {
+  // Both rules compare strictly (waited > limit): the change is just after the limit.
+  constexpr double kJustAfter = 1e-6;
+  double next = std::numeric_limits<double>::infinity();
+  double guard = waitingSince + kStarvedAfterSeconds + kJustAfter;
+  double promotion = serviceClass > 0 && lastRun > 0 ? waitingSince + knob * lastRun + kJustAfter : next;
+  for (double at : {guard, promotion})
+    if (at > now && at < next) next = at;
+  return next;
+}
+
 std::vector<double> waterFill(const std::vector<double>& demand, double capacity) {
   std::vector<double> out(demand.size(), 0);
   std::vector<size_t> order;

@@ -83,6 +83,11 @@ struct Service {
   // `knob`) times its last run: whether it was promoted.
   bool promote(double now, double knob = kPromoteAfterLastRuns);
   double waited(double now) const { return now - waitingSince; }
+  // The first moment after `now` at which waiting alone changes this request's standing:
+  // it passes the starvation guard, or (in a class above 0, having run) its promotion is
+  // due. Both drivers run admission again then, so a starved request is not left for the
+  // next arrival or release. Infinity when neither is still to come.
+  double nextWaitingChange(double now, double knob = kPromoteAfterLastRuns) const;
 };
 
 // Max-min fair shares of `capacity` among tenants' demands (equal weights).

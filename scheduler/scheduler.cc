@@ -1250,7 +1250,15 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
 
 void Scheduler::tick() {
   uint64_t now = nowMs();
-  if (accrueService(policyNow())) requestPlacement();  // a demoted vaccel may now be preempted
+  // Time alone changes admission: a demoted vaccel may now be preempted; a waiting or
+  // suspended one may have passed the starvation guard or be due for promotion.
+  const double policyTime = policyNow();
+  bool due = accrueService(policyTime);
+  for (Session* s : allSessions())
+    if ((s->phase == Phase::waiting || s->phase == Phase::suspended) && s->service.nextWaitingChange(lastTickPolicy_) <= policyTime)
+      due = true;
+  lastTickPolicy_ = policyTime;
+  if (due) requestPlacement();
   std::vector<NodeLink*> silent, unregistered;
   for (auto& [c, n] : nodeLinks_) {
     if (n->connection->closed()) continue;

@@ -169,6 +169,7 @@ class Scheduler {
   // the state database mean the same after a restart.
   double policyNow() const;
   double startedWallSeconds_ = 0;
+  double lastTickPolicy_ = 0;  // policyNow() at the last tick
   // Counts running vaccels' service up to `now` (their class follows it): whether a
   // running one changed class.
   bool accrueService(double now);

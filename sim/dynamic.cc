@@ -125,7 +125,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
   for (size_t i = 0; i < n; ++i) {
     js[i].remaining = w.jobs[i].seconds;
     js[i].blocks = w.jobs[i].gpus * blocksPerGpu;
-    js[i].priority = (o.highFraction > 0 && tag(rng)) ? 1 : 0;
+    js[i].priority = (o.highFraction > 0 && tag(rng)) ? 1 : w.jobs[i].priority;
     run.high[i] = js[i].priority > 0;
   }
   std::vector<TenantUsage> usage(w.tenants.size());
@@ -151,8 +151,12 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
   };
   // A job's speed where it is placed now (the span penalty).
   auto rateOf = [&](const JobState& s) { return 1.0 / (1.0 + o.spanPenalty * (nodesSpanned(s) - 1)); };
+  auto decide = [&](const char* what, size_t i) {
+    if (o.logDecisions) run.decisions.push_back(std::string(what) + " j" + std::to_string(i));
+  };
   auto start = [&](size_t i) {
     JobState& s = js[i];
+    decide(s.start < 0 ? "start" : "resume", i);
     if (s.start < 0) s.start = t;
     s.phase = Phase::running;
     s.ranSince = t;
@@ -223,6 +227,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     return scheduler::overFairShare(demand, have, totalBlocks);
   };
   auto suspend = [&](size_t i, double cost) {
+    decide("preempt", i);
     stop(i, Phase::suspended);
     js[i].remaining += cost;
     queued.insert(i);
@@ -349,7 +354,12 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     if (lasOrdered)
       for (size_t i : running) tClass = std::min(tClass, t + js[i].service.secondsToNextClass(js[i].blocks));
     double tRound = o.policy == Policy::gandiva && !queued.empty() ? nextRound : std::numeric_limits<double>::infinity();
-    double tNext = std::min({tArrival, tDone, nextSample, tClass, tRound});
+    // raccel: waiting alone passing the starvation guard or a promotion (as the
+    // scheduler's tick does).
+    double tWaiting = std::numeric_limits<double>::infinity();
+    if (raccel)
+      for (size_t i : queued) tWaiting = std::min(tWaiting, js[i].service.nextWaitingChange(t, o.promoteKnob));
+    double tNext = std::min({tArrival, tDone, nextSample, tClass, tRound, tWaiting});
     if (!std::isfinite(tNext)) return fail(Code::internal, "jobs wait that nothing can ever run");
     double held = 0;
     for (size_t i : running) {
@@ -372,12 +382,13 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
       }
       nextSample += o.sampleSeconds;
     }
-    bool changed = false, released = false;
+    bool changed = t == tWaiting, released = false;
     if (lasOrdered) {
       // Demotion as attained service grows; promotion of work starved for longer than
       // promoteKnob x its last run (Tiresias' guard).
       for (size_t i : running) {
         if (!js[i].service.reclassify()) continue;
+        decide("demote", i);
         for (VaccelId v : js[i].owners) pool.setPriority(v, scheduler::poolPriority(js[i].priority, js[i].service.serviceClass));
         changed = true;
       }
@@ -390,6 +401,7 @@ Result<DynamicRun> runDynamic(const Cluster& base, const Workload& w, const Dyna
     for (size_t k = 0; k < running.size();) {
       size_t i = running[k];
       if (js[i].remaining <= 1e-6 * std::max(1.0, w.jobs[i].seconds)) {
+        decide("finish", i);
         stop(i, Phase::done);
         js[i].finish = t;
         ++settled;

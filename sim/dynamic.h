@@ -27,6 +27,7 @@ struct Job {
   double arrival = 0;   // seconds
   double seconds = 0;   // run time on `gpus` GPUs of one node
   uint32_t gpus = 1;
+  int priority = 0;     // unless DynamicOptions::highFraction tags it
 };
 
 struct Workload {
@@ -65,6 +66,7 @@ struct DynamicOptions {
   double switchSeconds = 30;
   double sampleSeconds = 3600; // tenant shares sampled this often
   bool audit = false;          // check the pool against the simulator after every event
+  bool logDecisions = false;   // DynamicRun::decisions (raccel)
 };
 
 struct TenantShare {
@@ -83,6 +85,9 @@ struct DynamicRun {
   std::vector<TenantShare> tenants;
   std::vector<double> sampleTimes;            // hours
   std::vector<std::vector<double>> shareSeries;  // [tenant][sample]: % of blocks held
+  // With logDecisions: "start jN", "demote jN", "preempt jN", "resume jN", "finish jN"
+  // (N: the job's index), in the order made; what raccel-scheduler's events say too.
+  std::vector<std::string> decisions;
 };
 
 Result<DynamicRun> runDynamic(const Cluster& cluster, const Workload& workload, const DynamicOptions& options);

@@ -11,6 +11,8 @@
 #include <regex>
 #include <thread>
 
+#include "sim/cluster.h"
+#include "sim/dynamic.h"
 #include "tests/cluster.h"
 #include "tests/fairness.h"
 #include "vmfrontend/raccel.h"
@@ -318,6 +320,66 @@ TEST(Admission, FreshWorkPreemptsLongServedWorkOfItsPriority) {
   fresh.reset();
   EXPECT_EQ(x.check(*served), "") << cluster.logs();
   EXPECT_TRUE(has(cluster.ctl({"events", "--recent"}), "service class 1 after 1")) << cluster.logs();  // 15 or more
+}
+
+// The daemon's decisions as raccel-sim logs them (DynamicRun::decisions): admitted,
+// resumed, preempted, demoted and released events of programs named jN, in order.
+std::vector<std::string> decisionsOf(const std::string& eventsJson) {
+  static const std::regex event("\"kind\":\"([a-z-]+)\",\"subject\":\"[^/\"]*/(j[0-9]+)#");
+  static const std::map<std::string, std::string> verbs{
+      {"admitted", "start"}, {"resumed", "resume"}, {"preempted", "preempt"}, {"demoted", "demote"}, {"released", "finish"}};
+  std::vector<std::string> out;
+  for (std::sregex_iterator it(eventsJson.begin(), eventsJson.end(), event), end; it != end; ++it)
+    if (auto verb = verbs.find((*it)[1].str()); verb != verbs.end()) out.push_back(verb->second + " " + (*it)[2].str());
+  return out;
+}
+
+// One admission scenario through both drivers of scheduler/admission.h: raccel-sim's, on
+// its virtual clock, and raccel-scheduler's, real processes on a policy clock 10,000
+// times the wall clock. Four 1-block cards; j0 (vmA, 4 blocks) runs until demoted; j1
+// (vmB, 2 blocks, fresh) preempts it; j2 (vmC, 2 blocks, a lower priority) takes the
+// rest; j1 ends, so j0, suspended, could only preempt j2, which it may not until it has
+// starved: a day of waiting (the guard; nothing else happens then), then it takes j2's
+// blocks; when j0 ends j2 resumes. The programs here end when the simulator's jobs do,
+// each after the decision before it.
+TEST(Admission, TheDaemonAndTheSimulatorMakeTheSameDecisions) {
+  const double scale = 10000;
+  sim::Cluster simCluster = *sim::parseClusterConfig("[node]\nname = n0\ncards = gpu:X:1x4\n", "scenario");
+  sim::Workload workload{{"vmA", "vmB", "vmC"},
+                         {{0, 0, "", 0, 40000, 4, 1}, {1, 1, "", 20000, 10000, 2, 1}, {2, 2, "", 25000, 101400, 2, 0}}};
+  sim::DynamicOptions options;
+  options.suspendSeconds = options.moveSeconds = options.spanPenalty = 0;
+  options.logDecisions = true;
+  auto simulated = sim::runDynamic(simCluster, workload, options);
+  ASSERT_TRUE(simulated) << simulated.error().message;
+  const std::vector<std::string> expected{"start j0",   "demote j0",  "preempt j0", "start j1",  "start j2",  "finish j1",
+                                          "demote j2",  "preempt j2", "resume j0",  "finish j0", "resume j2", "finish j2"};
+  ASSERT_EQ(simulated->decisions, expected) << "the scenario as written for the daemon below";
+
+  Cluster cluster({VmSpec{"vmA", 8, 1}, VmSpec{"vmB", 8, 1}, VmSpec{"vmC", 8, 1}}, "",
+                  {"--set", "policy_clock_scale=" + std::to_string(static_cast<int>(scale))});
+  const std::string card = "kind=cpu,tflops=1,memory=128MiB,threads=1";
+  cluster.addNetaccel("node0", {card, card, card, card}, 4);
+  auto events = [&] { return decisionsOf(cluster.ctl({"events", "--recent", "--json"})); };
+  auto saw = [&](const std::string& decision) {
+    auto got = events();
+    return std::find(got.begin(), got.end(), decision) != got.end();
+  };
+  auto j0 = open(cluster.vmSocket("vmA"), 4, "j0", 1);
+  ASSERT_TRUE(j0) << cluster.logs();
+  ASSERT_TRUE(waitFor([&] { return saw("demote j0"); }, 60000)) << cluster.logs();
+  std::string why;
+  auto j1 = open(cluster.vmSocket("vmB"), 2, "j1", 1, 60000, false, &why);
+  ASSERT_TRUE(j1) << why << cluster.logs();
+  auto j2 = open(cluster.vmSocket("vmC"), 2, "j2", 0, 60000, false, &why);
+  ASSERT_TRUE(j2) << why << cluster.logs();
+  j1.reset();
+  ASSERT_TRUE(waitFor([&] { return saw("resume j0"); }, 60000)) << "j0 never passed the starvation guard" << cluster.logs();
+  j0.reset();
+  ASSERT_TRUE(waitFor([&] { return saw("resume j2"); }, 60000)) << cluster.logs();
+  j2.reset();
+  ASSERT_TRUE(waitFor([&] { return saw("finish j2"); }, 60000)) << cluster.logs();
+  EXPECT_EQ(events(), expected) << cluster.ctl({"events", "--recent"});
 }
 
 TEST(Policy, SetPolicyChangesAVmsCapsForItsNextPrograms) {
