@@ -93,6 +93,8 @@ int openb(const Flags& flags) {
   if (!parsedSeeds) return die(parsedSeeds.error().message);
   const std::vector<uint64_t>& seeds = *parsedSeeds;
   const std::string policyFlag = flags.get("policy", "raccel");
+  if ((policyFlag == "fgd" || policyFlag == "fgd-bestfit") && flags.has("migrate"))
+    return die("--migrate is raccel's: FGD's rules place each pod once");
   if (policyFlag == "fgd" || policyFlag == "fgd-bestfit")
     return openbFgd(flags, cluster, pods, seeds, policyFlag == "fgd" ? FgdRule::fgd : FgdRule::bestFit);
   auto policy = parsePolicy(policyFlag);
