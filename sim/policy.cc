@@ -17,7 +17,7 @@ const char* policyName(Policy policy) {
 Result<Policy> parsePolicy(const std::string& name) {
   for (Policy p : dynamicPolicies())
     if (name == policyName(p)) return p;
-  return fail(Code::invalidArgument, "unknown policy '" + name + "' (raccel, whole-card-first-fit, random, best-fit, tiresias, gandiva)");
+  return fail(Code::invalidArgument, "unknown policy '" + name + "' (raccel, whole-card-first-fit, random, best-fit, tiresias, gandiva; openb also fgd, fgd-bestfit)");
 }
 
 std::vector<Policy> allPolicies() { return {Policy::raccel, Policy::wholeCardFirstFit, Policy::random, Policy::bestFit}; }
