@@ -146,7 +146,7 @@ Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
 }
 
 void Scheduler::holdBlocks(Vm& vm, int64_t delta) {
-  vm.usage.hold(nowMs() / 1000.0, delta);
+  vm.usage.hold(policyNow(), delta);
   vm.blocksHeld = static_cast<uint32_t>(static_cast<int64_t>(vm.blocksHeld) + delta);
 }
 
@@ -257,7 +257,7 @@ std::vector<Waiting> Scheduler::admissionQueue(double now) {
   for (Session* s : unplaced)
     if (size_t i = vmIndex(s->vm); i < vms_.size()) demand[i] += s->want;
   auto over = overFairShare(demand, have, pool().total());
-  const double usageNow = nowMs() / 1000.0;  // TenantUsage's clock (holdBlocks)
+  const double usageNow = now;  // TenantUsage counts on the policy clock too (holdBlocks)
   std::vector<Waiting> order;
   for (Session* s : unplaced) {
     if (s->phase == Phase::suspended) s->service.promote(now);

@@ -341,24 +341,25 @@ std::vector<std::string> decisionsOf(const std::string& eventsJson) {
 // (vmB, 2 blocks, fresh) preempts it; j2 (vmC, 2 blocks, a lower priority) takes the
 // rest; j1 ends, so j0, suspended, could only preempt j2, which it may not until it has
 // starved: a day of waiting (the guard; nothing else happens then), then it takes j2's
-// blocks; when j0 ends j2 resumes. Then fair share: j3 (vmA, 3 blocks) and j4 (vmC, 1)
-// fill the pool; j5 (vmA), j6 (vmB), j7 (vmD) wait for 1 block each, in that order; when
-// j4 ends, vmA is over its max-min share (3 held, 2 fair) and j5 goes last; j7's VM has
-// used nothing and goes first. The programs here end when the simulator's jobs do, each
-// after the decision before it.
+// blocks; when j0 ends j2 resumes. Then fair share: j3 (vmA, 3 blocks, priority 1, so
+// that nothing preempts it once it is demoted) and j4 (vmC, 1) fill the pool; j5 (vmA),
+// j6 (vmE), j7 (vmD) wait for 1 block each, in that order; when j4 ends, vmA is over its
+// max-min share (3 held, 2 fair) and j5 goes last, j6 before j7 by arrival (neither VM
+// has used anything); when j3 ends, j7 goes before j5 (vmA's usage). The programs here
+// end when the simulator's jobs do, each after the decision before it.
 TEST(Admission, TheDaemonAndTheSimulatorMakeTheSameDecisions) {
   const double scale = 10000;
   sim::Cluster simCluster = *sim::parseClusterConfig("[node]\nname = n0\ncards = gpu:X:1x4\n", "scenario");
   // {index, tenant, model, arrival, seconds, blocks, priority}
-  sim::Workload workload{{"vmA", "vmB", "vmC", "vmD"},
+  sim::Workload workload{{"vmA", "vmB", "vmC", "vmD", "vmE"},
                          {{0, 0, "", 0, 40000, 4, 1},
                           {1, 1, "", 20000, 10000, 2, 1},
                           {2, 2, "", 25000, 101400, 2, 0},
-                          {3, 0, "", 150000, 10000, 3, 0},
-                          {4, 2, "", 151000, 3000, 1, 0},
-                          {5, 0, "", 152000, 30000, 1, 0},
-                          {6, 1, "", 152500, 20000, 1, 0},
-                          {7, 3, "", 153000, 20000, 1, 0}}};
+                          {3, 0, "", 150000, 20000, 3, 1},
+                          {4, 2, "", 151000, 18000, 1, 0},
+                          {5, 0, "", 168500, 30000, 1, 0},
+                          {6, 4, "", 168600, 10000, 1, 0},
+                          {7, 3, "", 168700, 20000, 1, 0}}};
   sim::DynamicOptions options;
   options.suspendSeconds = options.moveSeconds = options.spanPenalty = 0;
   options.logDecisions = true;
@@ -366,11 +367,12 @@ TEST(Admission, TheDaemonAndTheSimulatorMakeTheSameDecisions) {
   ASSERT_TRUE(simulated) << simulated.error().message;
   const std::vector<std::string> expected{
       "start j0",  "demote j0", "preempt j0", "start j1",  "start j2",  "finish j1", "demote j2", "preempt j2",
-      "resume j0", "finish j0", "resume j2",  "finish j2", "start j3",  "start j4",  "finish j4", "start j7",
-      "finish j3", "start j6",  "start j5",   "finish j7", "finish j6", "finish j5"};
+      "resume j0", "finish j0", "resume j2",  "finish j2", "start j3",  "start j4",  "demote j3", "finish j4",
+      "start j6",  "finish j3", "start j7",   "start j5",  "finish j6", "finish j7", "finish j5"};
   ASSERT_EQ(simulated->decisions, expected) << "the scenario as written for the daemon below";
 
-  Cluster cluster({VmSpec{"vmA", 8, 1}, VmSpec{"vmB", 8, 1}, VmSpec{"vmC", 8, 1}, VmSpec{"vmD", 8, 1}}, "",
+  Cluster cluster({VmSpec{"vmA", 8, 1}, VmSpec{"vmB", 8, 1}, VmSpec{"vmC", 8, 1}, VmSpec{"vmD", 8, 1}, VmSpec{"vmE", 8, 1}},
+                  "",
                   {"--set", "policy_clock_scale=" + std::to_string(static_cast<int>(scale))});
   const std::string card = "kind=cpu,tflops=1,memory=128MiB,threads=1";
   cluster.addNetaccel("node0", {card, card, card, card}, 4);
@@ -394,22 +396,23 @@ TEST(Admission, TheDaemonAndTheSimulatorMakeTheSameDecisions) {
   j2.reset();
   ASSERT_TRUE(waitFor([&] { return saw("finish j2"); }, 60000)) << cluster.logs();
 
-  auto j3 = open(cluster.vmSocket("vmA"), 3, "j3");
+  auto j3 = open(cluster.vmSocket("vmA"), 3, "j3", 1);
   auto j4 = open(cluster.vmSocket("vmC"), 1, "j4");
   ASSERT_TRUE(j3 && j4) << cluster.logs();
+  ASSERT_TRUE(waitFor([&] { return saw("demote j3"); }, 60000)) << cluster.logs();
   // j5, j6, j7 wait for blocks (their opens return once placed), arriving in that order.
   std::map<std::string, std::future<std::unique_ptr<Session>>> waiting;
-  for (auto [name, vm] : {std::pair{"j5", "vmA"}, std::pair{"j6", "vmB"}, std::pair{"j7", "vmD"}}) {
+  for (auto [name, vm] : {std::pair{"j5", "vmA"}, std::pair{"j6", "vmE"}, std::pair{"j7", "vmD"}}) {
     const std::string socket = cluster.vmSocket(vm), program = name;
     waiting[name] = std::async(std::launch::async, [socket, program] { return open(socket, 1, program, 0, 60000); });
     std::string vaccels = cluster.waitConsole("vaccels", [&](auto& j) { return stateOf(j, program) == "waiting"; });
     ASSERT_EQ(stateOf(vaccels, program), "waiting") << vaccels;
   }
   j4.reset();
-  ASSERT_TRUE(waitFor([&] { return saw("start j7"); }, 60000)) << cluster.logs();
+  ASSERT_TRUE(waitFor([&] { return saw("start j6"); }, 60000)) << cluster.logs();
   j3.reset();
-  ASSERT_TRUE(waitFor([&] { return saw("start j5") && saw("start j6"); }, 60000)) << cluster.logs();
-  for (const char* name : {"j7", "j6", "j5"}) {
+  ASSERT_TRUE(waitFor([&] { return saw("start j5") && saw("start j7"); }, 60000)) << cluster.logs();
+  for (const char* name : {"j6", "j7", "j5"}) {
     auto session = waiting[name].get();
     ASSERT_TRUE(session) << name << cluster.logs();
     session.reset();
