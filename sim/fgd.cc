@@ -8,6 +8,8 @@
 #include <random>
 #include <tuple>
 
+#include "sim/csv.h"
+
 namespace raccel::sim {
 
 namespace {
@@ -25,6 +27,14 @@ bool isShare(const Pod& pod) { return pod.numGpu == 1 && pod.gpuMilli < kMilli; 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 }  // namespace
+
+const char* fgdRuleName(FgdRule rule) { return rule == FgdRule::fgd ? "fgd" : "fgd-bestfit"; }
+
+std::optional<FgdRule> parseFgdRule(const std::string& name) {
+  for (FgdRule rule : {FgdRule::fgd, FgdRule::bestFit})
+    if (name == fgdRuleName(rule)) return rule;
+  return std::nullopt;
+}
 
 std::vector<TypicalPod> typicalPods(const std::vector<Pod>& pods, double percent) {
   // A spec is what FGD's PodResource keeps: CPU, thousandths per GPU, GPUs, accepted models.
@@ -102,12 +112,6 @@ double FgdCluster::fragCached(const Node& node) {
   if (auto it = memo_.find(key); it != memo_.end()) return it->second;
   if (memo_.size() > 4'000'000) memo_.clear();
   return memo_[key] = frag(node);
-}
-
-double FgdCluster::fragMilli() const {
-  double sum = 0;
-  for (auto& n : nodes_) sum += frag(n);
-  return sum;
 }
 
 int64_t FgdCluster::fgdScore(const Node& node, const Pod& pod, std::vector<size_t>& gpus) {
@@ -240,6 +244,38 @@ FgdRun runFgd(const Cluster& cluster, const std::vector<Pod>& pods, FgdRule rule
   }
   run.placed = fgdDiscreteCurve(samples, cluster.cards);
   return run;
+}
+
+FgdMeans fgdMeans(const Cluster& cluster, const std::vector<Pod>& pods, FgdRule rule, const std::vector<uint64_t>& seeds,
+                  const std::function<void(uint64_t seed, const FgdRun&)>& each) {
+  FgdMeans means;
+  for (uint64_t seed : seeds) {
+    FgdRun run = runFgd(cluster, pods, rule, seed);
+    means.placed100 += run.placed[100], means.placed130 += run.placed[130];
+    if (each) each(seed, run);
+  }
+  if (!seeds.empty()) means.placed100 /= seeds.size(), means.placed130 /= seeds.size();
+  return means;
+}
+
+std::map<std::string, std::vector<double>> publishedCurves(const std::string& path, const std::string& workload) {
+  std::map<std::string, std::vector<double>> sum;
+  std::map<std::string, int> count;
+  auto rows = RowReader::open(path, "the published curves", ',');
+  std::vector<std::string> header, f;
+  if (!rows || !rows->next(header)) return {};  // no published figures to show
+  size_t zero = 0;
+  while (zero < header.size() && header[zero] != "0") ++zero;
+  while (rows->next(f)) {
+    if (f.size() < zero + 131 || f[0] != workload) continue;
+    auto& s = sum[f[1]];
+    s.resize(131, 0);
+    for (size_t p = 0; p <= 130; ++p) s[p] += std::strtod(f[zero + p].c_str(), nullptr);
+    ++count[f[1]];
+  }
+  for (auto& [policy, s] : sum)
+    for (double& v : s) v /= count[policy];
+  return sum;
 }
 
 }  // namespace raccel::sim

@@ -14,6 +14,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -24,6 +27,10 @@
 namespace raccel::sim {
 
 enum class FgdRule { fgd, bestFit };
+// "fgd", "fgd-bestfit": the names raccel-sim's --policy takes.
+const char* fgdRuleName(FgdRule rule);
+// The rule `name` names, or none.
+std::optional<FgdRule> parseFgdRule(const std::string& name);
 
 // A spec of the pod list with its share of the pods (FGD's "typical pods").
 struct TypicalPod {
@@ -54,8 +61,6 @@ class FgdCluster {
 
   uint64_t gpuMilliUsed() const { return used_; }
   uint64_t gpuMilliTotal() const { return total_; }
-  // FGD's fragmentation of the whole cluster, in thousandths of a GPU.
-  double fragMilli() const;
   const std::vector<Node>& nodes() const { return nodes_; }
 
  private:
@@ -91,5 +96,17 @@ struct FgdRun {
   uint64_t arrived = 0, placedPods = 0, failedPods = 0;
 };
 FgdRun runFgd(const Cluster& cluster, const std::vector<Pod>& pods, FgdRule rule, uint64_t seed, double ratio = 1.3);
+
+// runFgd over `seeds`: the means of its measure at 100% and 130%; `each` sees every run.
+struct FgdMeans {
+  double placed100 = 0, placed130 = 0;
+};
+FgdMeans fgdMeans(const Cluster& cluster, const std::vector<Pod>& pods, FgdRule rule, const std::vector<uint64_t>& seeds,
+                  const std::function<void(uint64_t seed, const FgdRun&)>& each = {});
+
+// FGD's published per-seed curves (fgd-expected/analysis_*_discrete.csv) of one pod list
+// (`workload`, e.g. "openb_pod_list_default"): the mean over seeds per policy ("06-FGD",
+// "05-BestFit", ...), by load %. Empty when the file is not there.
+std::map<std::string, std::vector<double>> publishedCurves(const std::string& path, const std::string& workload);
 
 }  // namespace raccel::sim

@@ -61,25 +61,21 @@ Result<std::pair<Cluster, std::vector<Pod>>> loadOpenb(const Flags& flags, const
 // placed, at 100% and 130% arrived.
 int openbFgd(const Flags& flags, const Cluster& cluster, const std::vector<Pod>& pods, const std::vector<uint64_t>& seeds,
              FgdRule rule) {
-  const char* name = rule == FgdRule::fgd ? "fgd" : "fgd-bestfit";
-  double p100 = 0, p130 = 0;
+  const char* name = fgdRuleName(rule);
   auto start = std::chrono::steady_clock::now();
-  for (uint64_t seed : seeds) {
-    FgdRun run = runFgd(cluster, pods, rule, seed);
-    p100 += run.placed[100], p130 += run.placed[130];
+  FgdMeans means = fgdMeans(cluster, pods, rule, seeds, [&](uint64_t seed, const FgdRun& run) {
     std::fprintf(stderr, "seed %llu: %s placed %.2f%% of the GPUs at 100%% arrived, %.2f%% at 130%% (%llu pods, %llu failed)\n",
                  (unsigned long long)seed, name, run.placed[100], run.placed[130], (unsigned long long)run.arrived,
                  (unsigned long long)run.failedPods);
-  }
-  double n = seeds.size();
+  });
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!flags.has("json"))
     std::printf("policy %s (FGD's rules, FGD's arrivals), %zu seeds, %u GPUs (means over seeds)\n"
                 "  GPU thousandths placed at 100%% / 130%% arrived: %.2f%% / %.2f%%\n",
-                name, seeds.size(), cluster.cards, p100 / n, p130 / n);
+                name, seeds.size(), cluster.cards, means.placed100, means.placed130);
   else
     std::printf("{\"policy\":\"%s\",\"seeds\":%zu,\"gpus\":%u,\"placed_gpu_ratio_100\":%.2f,\"placed_gpu_ratio_130\":%.2f,\"seconds\":%.1f}\n",
-                name, seeds.size(), cluster.cards, p100 / n, p130 / n, secs);
+                name, seeds.size(), cluster.cards, means.placed100, means.placed130, secs);
   return 0;
 }
 
@@ -93,10 +89,10 @@ int openb(const Flags& flags) {
   if (!parsedSeeds) return die(parsedSeeds.error().message);
   const std::vector<uint64_t>& seeds = *parsedSeeds;
   const std::string policyFlag = flags.get("policy", "raccel");
-  if ((policyFlag == "fgd" || policyFlag == "fgd-bestfit") && flags.has("migrate"))
-    return die("--migrate is raccel's: FGD's rules place each pod once");
-  if (policyFlag == "fgd" || policyFlag == "fgd-bestfit")
-    return openbFgd(flags, cluster, pods, seeds, policyFlag == "fgd" ? FgdRule::fgd : FgdRule::bestFit);
+  if (auto rule = parseFgdRule(policyFlag)) {
+    if (flags.has("migrate")) return die("--migrate is raccel's: FGD's rules place each pod once");
+    return openbFgd(flags, cluster, pods, seeds, *rule);
+  }
   auto policy = parsePolicy(policyFlag);
   if (!policy) return die(policy.error().message);
   if (*policy == Policy::tiresias || *policy == Policy::gandiva)

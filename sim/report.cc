@@ -33,27 +33,6 @@ Status writeFile(const std::string& path, const std::string& text) {
   return {};
 }
 
-// The published per-seed curves (fgd-expected/*.csv): mean over seeds per policy, by load %.
-std::map<std::string, std::vector<double>> publishedCurves(const std::string& path, const std::string& workload) {
-  std::map<std::string, std::vector<double>> sum;
-  std::map<std::string, int> count;
-  auto rows = RowReader::open(path, "the published curves", ',');
-  std::vector<std::string> header, f;
-  if (!rows || !rows->next(header)) return {};  // no published figures to show
-  size_t zero = 0;
-  while (zero < header.size() && header[zero] != "0") ++zero;
-  while (rows->next(f)) {
-    if (f.size() < zero + 131 || f[0] != workload) continue;
-    auto& s = sum[f[1]];
-    s.resize(131, 0);
-    for (size_t p = 0; p <= 130; ++p) s[p] += std::strtod(f[zero + p].c_str(), nullptr);
-    ++count[f[1]];
-  }
-  for (auto& [policy, s] : sum)
-    for (double& v : s) v /= count[policy];
-  return sum;
-}
-
 // raccel against FGD's own rules in the same harness (sim/fgd.h): FGD's arrivals and
 // measure, every pod list, beside the published FGD figure. `raccelFigures` holds raccel's
 // measure at 100% and 130% per pod list, from the runs of the table above.
@@ -72,15 +51,13 @@ Status compareWithFgd(const ReportOptions& o, const Cluster& cluster, const std:
     auto pods = loadOpenbPods(o.openbDir + "/openb_pod_list_" + workload + ".csv");
     if (!pods) return fail(pods.error());
     auto published = publishedCurves(o.openbDir + "/fgd-expected/analysis_allo_discrete.csv", "openb_pod_list_" + workload);
-    std::pair<double, double> rules[2] = {{0, 0}, {0, 0}};
+    std::pair<double, double> rules[2];
     for (FgdRule rule : {FgdRule::fgd, FgdRule::bestFit}) {
-      std::fprintf(stderr, "A %s %s (FGD's rules):", workload.c_str(), rule == FgdRule::fgd ? "fgd" : "fgd-bestfit");
-      auto& sum = rules[rule == FgdRule::fgd ? 0 : 1];
-      for (uint64_t seed : o.seeds) {
-        FgdRun run = runFgd(cluster, *pods, rule, seed);
-        sum.first += run.placed[100] / o.seeds.size(), sum.second += run.placed[130] / o.seeds.size();
+      std::fprintf(stderr, "A %s %s (FGD's rules):", workload.c_str(), fgdRuleName(rule));
+      FgdMeans means = fgdMeans(cluster, *pods, rule, o.seeds, [](uint64_t seed, const FgdRun&) {
         std::fprintf(stderr, " %llu", (unsigned long long)seed);
-      }
+      });
+      rules[rule == FgdRule::fgd ? 0 : 1] = {means.placed100, means.placed130};
       std::fprintf(stderr, "\n");
     }
     auto pub = [&](const char* policy, int p) { return published.count(policy) ? fmt(published[policy][p]) : std::string(); };
