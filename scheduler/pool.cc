@@ -702,8 +702,10 @@ std::vector<Pool::Move> Pool::planCompaction(size_t maxMoves, uint32_t maxBlocks
           continue;
         }
         // The target must not run into a wall (a holder that is not moving).
+        // ... nor out of the region: a cursor past a staying holder's far range may leave
+        // too little room before the region's end.
         BlockRange to{cursor, h.blocks};
-        bool clear = true;
+        bool clear = to.end() <= region.end();
         for (uint32_t t = to.first; t < to.end() && clear; ++t) {
           VaccelId o = owner_[t];
           if (o == kNoOwner || o == owner || seen.count(o)) continue;  // free, itself, or already moved on

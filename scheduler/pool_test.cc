@@ -313,6 +313,27 @@ TEST(Pool, CompactionStaysInsideANodesRegionOfOneKind) {
   EXPECT_EQ(moves[0].to, (BlockRange{1, 2}));  // not into the npu region
 }
 
+// CI's sanitizer build caught it on the Philly slice: a holder that stays with a far
+// range moves the cursor near the region's end, and a later holder's target ran past it,
+// into the next node's blocks (and past the pool's last block).
+TEST(Pool, CompactionNeverPlansAMovePastItsRegionsEnd) {
+  Pool pool(1.0);
+  ASSERT_TRUE(pool.addNode("node0", {card(CardKind::gpu, 8, 0)}));  // blocks 1-8
+  ASSERT_TRUE(pool.addNode("node1", {card(CardKind::gpu, 8, 0)}));  // blocks 9-16, free
+  ASSERT_TRUE(pool.assign(1, {{1, 1}, {7, 2}}, 0));  // 1 and 7-8: stays (2 is in the way)
+  ASSERT_TRUE(pool.assign(2, {{3, 2}}, 0));          // 3-4: room only at 9, on node1
+  for (auto& move : pool.planCompaction()) {
+    EXPECT_LE(move.to.end(), 9u) << "vaccel " << move.owner << " planned onto node1's blocks from " << move.to.first;
+    ASSERT_TRUE(pool.applyMove(move));
+  }
+  // On the last node, the same shape would have read past the pool's last block.
+  Pool last(1.0);
+  ASSERT_TRUE(last.addNode("node0", {card(CardKind::gpu, 8, 0)}));
+  ASSERT_TRUE(last.assign(1, {{1, 1}, {7, 2}}, 0));
+  ASSERT_TRUE(last.assign(2, {{3, 2}}, 0));
+  EXPECT_TRUE(last.planCompaction().empty());
+}
+
 TEST(Pool, PreemptionTakesLowestPriorityThenMostRecent) {
   Pool pool(1.0);
   ASSERT_TRUE(pool.addNode("node0", {card(CardKind::gpu, 10, 0)}));
