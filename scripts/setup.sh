@@ -34,7 +34,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo > build-configure.log 2>&1 || {
+# RACCEL_CMAKE_ARGS: more cmake arguments for ./build (scripts/test.sh passes some).
+# shellcheck disable=SC2086
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${RACCEL_CMAKE_ARGS:-} > build-configure.log 2>&1 || {
   cat build-configure.log
   exit 1
 }

@@ -100,8 +100,9 @@ TEST_F(VmTest, ATorchTrainingScriptInTheGuestRunsOnTheVaccel) {
   auto cluster = oneOpenclCard();
   Guest guest(cluster->vmSocket(), cluster->dir() + "/guest.console",
               "[ -x /host/usr/bin/python3 ] || { echo 'raccel-guest: no shared host root'; exit 77; }; "
-              "chroot /host /usr/bin/env PYTHONPATH=" RACCEL_PYTHON_DIR "/.. RACCEL_SOCKET=/run/raccel/guestd.sock "
-              "HOME=/run TMPDIR=/run /usr/bin/python3 " RACCEL_SOURCE_DIR "/tests/torch/mlp_train.py --steps 20 --progress",
+              "chroot /host /usr/bin/env PYTHONPATH=" + testing::sh(std::string(RACCEL_PYTHON_DIR) + "/..") +
+                  " RACCEL_SOCKET=/run/raccel/guestd.sock HOME=/run TMPDIR=/run /usr/bin/python3 " +
+                  testing::sourcePath("tests/torch/mlp_train.py") + " --steps 20 --progress",
               "bind", {"--share", "/", "--memory", "2048"});
   int code = guest.wait();
   std::string console = guest.console();
