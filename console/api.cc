@@ -94,7 +94,8 @@ Json replyJson(wire::ConsoleReply::Reader reply) {
                         {"priority", v.getPriority()}, {"blocks", blocks}, {"cards", cards},
                         {"memoryUsed", v.getMemoryUsed()}, {"memoryQuota", v.getMemoryQuota()},
                         {"instructions", v.getInstructions()}, {"bytesMoved", v.getBytesMoved()},
-                        {"kernelMs", number(v.getKernelMs())}, {"state", text(v.getState())}, {"host", text(v.getHost())}});
+                        {"kernelMs", number(v.getKernelMs())}, {"state", text(v.getState())}, {"host", text(v.getHost())},
+                        {"why", text(v.getWhy())}});
       }
       return Json{{"vaccels", list}};
     }

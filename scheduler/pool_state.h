@@ -61,8 +61,23 @@ class PoolState {
   };
   virtual std::vector<Elsewhere> vaccelsElsewhere() const { return {}; }
 
+  // Preemption across hosts (a shared pool). Asks the schedulers that serve `victims`
+  // (holders in view() that are not this scheduler's) to suspend them for this
+  // scheduler's `forWhom` (of `vm`, at pool priority `priority`); its earlier requests
+  // that are not among them are taken back, so an empty list takes back all.
+  virtual void preemptElsewhere(VaccelId /*forWhom*/, const std::string& /*vm*/, int /*priority*/,
+                                const std::vector<VaccelId>& /*victims*/) {}
+  // Why a placement here at pool priority `priority` must wait, or "": another scheduler
+  // has preempted vaccels of this one for work of a higher priority, and the blocks they
+  // freed are promised to that work until it is placed.
+  virtual std::string heldBack(int /*priority*/) const { return {}; }
+
   // The view changed under the scheduler (set by the scheduler, called on its loop).
   std::function<void()> changed;
+  // Another scheduler asks that this one's vaccel be suspended (a shared pool's
+  // preemption across hosts, its priority already checked): true when it is being
+  // suspended or is off its cards already (called on its loop).
+  std::function<bool(VaccelId, const std::string& why)> preempted;
   // A vaccel's blocks are no longer its own (a shared pool's lease lapsed and another
   // scheduler took them meanwhile): the scheduler takes it off them (called on its loop).
   std::function<void(VaccelId, const std::string& why)> lost;

@@ -161,6 +161,14 @@ void Scheduler::placeWaiting() {
   for (auto& w : order) {
     Session* s = sessionById(w.id);
     if (!s) continue;
+    // Another host preempted vaccels here for work of a higher priority: what they freed
+    // is that work's (a suspended vaccel keeps the why of its preemption).
+    if (std::string held = state_->heldBack(s->rank()); !held.empty()) {
+      if (s->phase != Phase::waiting) continue;
+      s->why = held;
+      if (s->waitDeadlineMs == 0) refused.emplace_back(s->id, Error{Code::resourceExhausted, held});
+      continue;
+    }
     auto placed = allocateFor(*s);
     if (placed) {
       s->blocks = *placed;
@@ -191,12 +199,19 @@ void Scheduler::placeWaiting() {
     if (!mayPreempt(s->phase == Phase::suspended, w.waitedSeconds)) continue;
     auto victims = pool().planPreemption(placementRequest(*s));
     if (victims && !victims->empty()) {
-      s->why = "waiting for " + std::to_string(victims->size()) + " lower-priority vaccel(s) to be suspended";
-      for (VaccelId v : *victims)
-        if (Session* victim = sessionById(v)) suspend(*victim, "preempted by " + labelOf(*s) + " (priority " +
-                                                                    std::to_string(s->priority) + ")", false);
+      // Other hosts' vaccels (a shared pool) are suspended by their own schedulers.
+      std::vector<VaccelId> elsewhere;
+      for (VaccelId v : *victims) {
+        if (Session* victim = sessionById(v))
+          suspend(*victim, "preempted by " + labelOf(*s) + " (priority " + std::to_string(s->priority) + ")", false);
+        else elsewhere.push_back(v);
+      }
+      state_->preemptElsewhere(s->id, s->vm->policy.name, s->rank(), elsewhere);
+      s->why = "waiting for " + std::to_string(victims->size()) + " lower-priority vaccel(s) to be suspended" +
+               (elsewhere.empty() ? std::string() : " (" + std::to_string(elsewhere.size()) + " by other hosts)");
       break;
     }
+    state_->preemptElsewhere(s->id, s->vm->policy.name, s->rank(), {});
     s->why = victims ? placed.error().message : victims.error().message;
     if (s->waitDeadlineMs == 0) refused.emplace_back(s->id, Error{Code::resourceExhausted, s->why});
     else if (!s->queuedEventSent) {

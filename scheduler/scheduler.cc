@@ -59,6 +59,12 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
     // Off blocks that are no longer its own: saved to host memory, resumed when blocks free.
     if (Session* s = sessionById(id); s && s->phase == Phase::running) suspend(*s, why, false);
   };
+  state_->preempted = [this](VaccelId id, const std::string& why) {
+    Session* s = sessionById(id);
+    if (!s) return false;
+    if (s->phase == Phase::running) suspend(*s, why, false);
+    return s->phase == Phase::suspending || s->phase == Phase::suspended;
+  };
 }
 
 Scheduler::~Scheduler() = default;
@@ -648,6 +654,7 @@ void Scheduler::endSession(Session& s) {
   if (s.link && s.heldBytes) s.link->connection->resumeReading();
   if (s.phase == Phase::suspending) --suspending_;
   bool placed = !s.blocks.empty();
+  state_->preemptElsewhere(s.id, s.vm->policy.name, s.rank(), {});  // what it asked of other hosts
   if (placed) {
     state_->release(s.id);
     holdBlocks(*s.vm, -static_cast<int64_t>(s.want));
@@ -1195,6 +1202,7 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         out[i].setBytesMoved(s.bytesMoved);
         out[i].setKernelMs(s.kernelNs() / 1e6);
         out[i].setState(!s.unavailable.empty() ? "unavailable" : phaseName(s.phase));
+        out[i].setWhy(!s.unavailable.empty() ? s.unavailable : s.phase == Phase::running ? std::string() : s.why);
       }
       return;
     }

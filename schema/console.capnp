@@ -144,6 +144,7 @@ struct VaccelEntry {
   host @12 :Text;          # in a pool shared through etcd, the scheduler that serves it when
                            #   that is another (state "elsewhere"; only id, vm, priority and
                            #   blocks are known here); empty for this scheduler's own
+  why @13 :Text;           # why it waits or is off its cards (its preemption, what it waits for)
 }
 
 # A VM the scheduler serves or served, with its policy and where that came from.

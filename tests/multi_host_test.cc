@@ -3,7 +3,9 @@
 // linked to every scheduler, real programs through raccel-guestd. Covers: each host's
 // program runs on blocks of both netaccels; each host sees the other's holdings; the
 // two racing for the last blocks: one wins, the other is refused; a scheduler killed with -9 gives its blocks back
-// within its lease while the other host's program goes on; with every etcd member down,
+// within its lease while the other host's program goes on; a higher-priority program
+// preempting another host's vaccel (answered by that host, or by its lease when it is
+// dead); with every etcd member down,
 // a running program goes on and a new one is refused naming etcd, and admissions resume
 // when etcd returns.
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <atomic>
 #include <set>
 #include <tuple>
 #include <sstream>
@@ -34,6 +37,19 @@ using nlohmann::json;
 
 Result<std::unique_ptr<Session>> openOn(const std::string& guestd, const std::string& program, double tflops = 2) {
   return openSession(guestd, tflops, program);
+}
+
+// A program of priority `priority` (the VM's policy caps it) that waits up to a minute
+// for its blocks.
+Result<std::unique_ptr<Session>> openWaiting(const std::string& guestd, double tflops, const std::string& program, int priority) {
+  client::Options o;
+  o.socket = guestd;
+  o.tflops = tflops;
+  o.program = program;
+  o.timeoutMs = 30000;
+  o.admitWaitMs = 60000;
+  o.priority = priority;
+  return Session::open(o);
 }
 
 bool gemmWorks(Session& s, unsigned seed, std::string* why) {
@@ -80,7 +96,7 @@ class MultiHost : public ::testing::Test {
     spec.name = vm;
     return std::make_unique<Cluster>(std::vector<VmSpec>{spec}, "",
                                      std::vector<std::string>{"--insecure", "--etcd", etcd_->endpoints(), "--name", name,
-                                                              "--set", "etcd_lease_ttl=2"});
+                                                              "--set", "etcd_lease_ttl=" + std::to_string(leaseTtl_)});
   }
 
   // A sample of both netaccels' /metrics, summed (-1 when one cannot be read).
@@ -108,6 +124,16 @@ class MultiHost : public ::testing::Test {
     return out;
   }
 
+  // The vaccel of `host`'s program `program`, from its console ({} when not listed).
+  static json vaccelOf(const Cluster& host, const std::string& program) {
+    auto v = json::parse(host.console("vaccels"), nullptr, false);
+    if (v.is_discarded() || !v.contains("vaccels")) return {};
+    for (auto& e : v["vaccels"])
+      if (e.value("program", "") == program && e.value("host", "").empty()) return e;
+    return {};
+  }
+
+  int leaseTtl_ = 2;  // seconds: each scheduler's etcd lease
   std::unique_ptr<EtcdCluster> etcd_;
   std::unique_ptr<Cluster> a_, b_, c_;
   std::string guestdA_, guestdB_, guestdC_;
@@ -318,6 +344,102 @@ TEST_F(MultiHost, ASchedulerWhoseLeaseLapsedClaimsItsBlocksBackOrSuspendsItsVacc
   back = (*onA)->readFloats(buffer, a.size());
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(*back, a);
+}
+
+// Preemption across hosts. Host A's program of a higher priority needs blocks that host
+// B's program holds: A records the request in etcd, B suspends its vaccel (its buffer
+// saved) and A's admission completes. Requests B must not answer (a stranger's, one of
+// a priority not above its vaccel's) leave it running. When A's program ends, B's
+// resumes with its data.
+TEST_F(MultiHost, AHigherPriorityProgramPreemptsAnotherHostsVaccel) {
+  int status = 0;
+  std::string out = a_->ctl({"set-policy", "vm-a", "priority=3"}, &status);
+  ASSERT_EQ(status, 0) << out;
+  auto onB = openOn(guestdB_, "low-b", 6);
+  ASSERT_TRUE(onB) << onB.error().message << logs();
+  auto data = randomFloats(2048, 21);
+  uint64_t buffer = (*onB)->alloc(data.size() * 4);
+  (*onB)->writeFloats(buffer, data);
+  ASSERT_TRUE((*onB)->fence());
+  const uint64_t idB = (*onB)->vaccel().id;
+  // Requests B must refuse: a scheduler that is not in the pool, and a live one whose
+  // priority is not above the vaccel's (host-c's name, written by hand).
+  auto client = etcd::Client::open({etcd_->endpointList()});
+  ASSERT_TRUE(client) << client.error().message;
+  const std::string victim = "/raccel/preempt/host-b/" + std::to_string(idB) + "/";
+  ASSERT_TRUE((*client)->put(victim + "stranger/1", R"({"vm":"vm-x","priority":3000})"));
+  ASSERT_TRUE((*client)->put(victim + "host-c/1", R"({"vm":"vm-c","priority":0})"));
+  EXPECT_TRUE(waitFor([&] { return b_->logs().find("scheduler 'stranger' is not in the pool") != std::string::npos; }, 10000))
+      << b_->logs();
+  EXPECT_TRUE(waitFor([&] { return b_->logs().find("its priority 0 is not above vaccel " + std::to_string(idB)) != std::string::npos; },
+                      10000))
+      << b_->logs();
+  EXPECT_EQ(vaccelOf(*b_, "low-b").value("state", ""), "running") << b_->console("vaccels");
+  ASSERT_TRUE((*client)->removePrefix(victim));
+  // A's program needs 4 of the 8 blocks; 2 are free.
+  auto onA = openWaiting(guestdA_, 4, "high-a", 3);
+  ASSERT_TRUE(onA) << onA.error().message << logs();
+  std::string why;
+  EXPECT_TRUE(gemmWorks(**onA, 4, &why)) << why;
+  json suspended = vaccelOf(*b_, "low-b");
+  EXPECT_EQ(suspended.value("state", ""), "suspended") << b_->console("vaccels");
+  EXPECT_NE(suspended.value("why", "").find("preempted by scheduler host-a"), std::string::npos) << suspended.dump();
+  EXPECT_NE(a_->logs().find("asking scheduler host-b to suspend its vaccel " + std::to_string(idB)), std::string::npos)
+      << a_->logs();
+  // A placed: its request is taken back.
+  EXPECT_TRUE(waitFor(
+      [&] {
+        auto r = (*client)->range("/raccel/preempt/");
+        return r && r->kvs_size() == 0;
+      },
+      10000));
+  // A's program ends: B's resumes, its buffer intact.
+  (*onA).reset();
+  EXPECT_TRUE(waitFor([&] { return vaccelOf(*b_, "low-b").value("state", "") == "running"; }, 20000))
+      << b_->console("vaccels") << logs();
+  auto back = (*onB)->readFloats(buffer, data.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, data);
+}
+
+// With a lease long enough to see the request stand before it ends.
+class MultiHostLongLease : public MultiHost {
+ protected:
+  MultiHostLongLease() { leaseTtl_ = 6; }
+};
+
+// The victim's host is dead (stopped: it answers nothing, its lease is not kept alive).
+// A's request stands in etcd until B's lease expires and its holdings with it; then A's
+// admission completes.
+TEST_F(MultiHostLongLease, WhenTheVictimsHostIsDeadItsLeaseExpiryTakesItsPlace) {
+  int status = 0;
+  std::string out = a_->ctl({"set-policy", "vm-a", "priority=3"}, &status);
+  ASSERT_EQ(status, 0) << out;
+  auto onB = openOn(guestdB_, "low-b", 6);
+  ASSERT_TRUE(onB) << onB.error().message << logs();
+  const uint64_t idB = (*onB)->vaccel().id;
+  auto client = etcd::Client::open({etcd_->endpointList()});
+  ASSERT_TRUE(client) << client.error().message;
+  b_->scheduler().kill(SIGSTOP);
+  Result<std::unique_ptr<Session>> onA = fail(Code::internal, "not opened");
+  std::atomic<bool> done{false};
+  std::thread opener([&] {
+    onA = openWaiting(guestdA_, 4, "high-a", 3);
+    done = true;
+  });
+  const std::string request = "/raccel/preempt/host-b/" + std::to_string(idB) + "/host-a/";
+  bool stood = waitFor(
+      [&] {
+        auto r = (*client)->range(request);
+        return done || (r && r->kvs_size() == 1);
+      },
+      20000);
+  EXPECT_TRUE(stood && !done) << "A was admitted before its request stood: " << logs();
+  opener.join();
+  ASSERT_TRUE(onA) << onA.error().message << logs();
+  std::string why;
+  EXPECT_TRUE(gemmWorks(**onA, 5, &why)) << why;
+  b_->scheduler().kill(SIGKILL);
 }
 
 // One etcd member killed: admissions go on. Values a stranger with access to etcd wrote

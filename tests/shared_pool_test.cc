@@ -174,6 +174,73 @@ TEST(SharedHolding, AValueThatBreaksTheFormatIsRefused) {
     EXPECT_FALSE(SharedPool::parseHolding(k, v, "/raccel/")) << k << " " << v;
 }
 
+TEST(SharedPreemption, AKeyOrValueThatBreaksTheFormatIsRefused) {
+  const std::string key = "/raccel/preempt/host-b/7/host-a/3";
+  auto good = SharedPool::parsePreemption(key, R"({"vm":"vm-a","priority":12})", "/raccel/");
+  ASSERT_TRUE(good) << good.error().message;
+  EXPECT_EQ(good->victimScheduler, "host-b");
+  EXPECT_EQ(good->victim, 7u);
+  EXPECT_EQ(good->by, "host-a");
+  EXPECT_EQ(good->forVaccel, 3u);
+  EXPECT_EQ(good->priority, 12);
+  EXPECT_EQ(good->vm, "vm-a");
+  EXPECT_EQ("/raccel/" + SharedPool::preemptionKey(*good), key);
+  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {key, "not json"},
+           {key, R"({"vm":"vm-a"})"},
+           {key, R"({"vm":"vm-a","priority":3003})"},
+           {key, R"({"vm":"vm-a","priority":1.5})"},
+           {key, R"({"vm":"vm a","priority":1})"},
+           {key, R"({"priority":1})"},
+           {"/raccel/preempt/host-b/7/host-a", R"({"vm":"vm-a","priority":1})"},
+           {"/raccel/preempt/host-b/7/host-a/3/9", R"({"vm":"vm-a","priority":1})"},
+           {"/raccel/preempt/host-b/0/host-a/3", R"({"vm":"vm-a","priority":1})"},
+           {"/raccel/preempt/host-b/7/host-a/4611686018427387904", R"({"vm":"vm-a","priority":1})"},
+           {"/raccel/preempt/host-b/07/host-a/3", R"({"vm":"vm-a","priority":1})"},
+           {"/raccel/preempt/host-b/7/host-b/3", R"({"vm":"vm-a","priority":1})"},
+           {"/raccel/preempt//7/host-a/3", R"({"vm":"vm-a","priority":1})"},
+           {"/raccel/preempt/host-b/7/a b/3", R"({"vm":"vm-a","priority":1})"},
+           {"/raccel/holds/host-b/7/host-a/3", R"({"vm":"vm-a","priority":1})"},
+       })
+    EXPECT_FALSE(SharedPool::parsePreemption(k, v, "/raccel/")) << k << " " << v;
+}
+
+// A preemption request stands while its scheduler lives: taken back, or ended with the
+// requester's lease, it is gone from every view; one written by a stranger (no live
+// scheduler of that name) or broken never stands.
+TEST_F(SharedPoolTest, APreemptionRequestStandsOnlyWhileItsSchedulerLives) {
+  auto a = join("host-a");
+  auto b = join("host-b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->registerNode("n1", cpuCards({8}), {}, a->lease()));
+  ASSERT_TRUE(b->allocate(5, "vm-b", blocks(6)));
+  scheduler::SharedPreemption p{"host-b", 5, "host-a", 2, 40, "vm-a"};
+  scheduler::SharedPreemption forged{"host-b", 5, "stranger", 1, 40, "vm-x"};
+  EXPECT_FALSE(b->requestPreemption(p));  // only a request's own scheduler makes it
+  ASSERT_TRUE(client_->put("/raccel/" + SharedPool::preemptionKey(forged), R"({"vm":"vm-x","priority":40})"));
+  ASSERT_TRUE(client_->put("/raccel/preempt/host-b/5/host-a/not-a-number", R"({"vm":"vm-x","priority":40})"));
+  auto refusedBefore = b->stats().refusedValues;
+  ASSERT_TRUE(a->requestPreemption(p));
+  auto standing = [&](SharedPool& s) { return s.poolCopy().preemptions; };
+  ASSERT_TRUE(waitFor([&] { return standing(*b).size() == 1; }, 10000)) << standing(*b).size();
+  auto seen = standing(*b)[0];
+  EXPECT_EQ(SharedPool::preemptionKey(seen), SharedPool::preemptionKey(p));
+  EXPECT_EQ(seen.priority, 40);
+  EXPECT_EQ(seen.vm, "vm-a");
+  EXPECT_GE(b->stats().refusedValues, refusedBefore + 2);
+  // Taken back: gone.
+  ASSERT_TRUE(a->withdrawPreemption(p));
+  EXPECT_TRUE(waitFor([&] { return standing(*b).empty(); }, 10000));
+  // Made again, then the requester leaves (its lease ends): gone with it.
+  ASSERT_TRUE(a->requestPreemption(p));
+  ASSERT_TRUE(waitFor([&] { return standing(*b).size() == 1; }, 10000));
+  ASSERT_TRUE(a->leave());
+  EXPECT_TRUE(waitFor([&] { return standing(*b).empty(); }, 10000));
+  auto left = client_->range("/raccel/" + SharedPool::preemptionKey(p));
+  ASSERT_TRUE(left);
+  EXPECT_EQ(left->kvs_size(), 0);
+}
+
 TEST_F(SharedPoolTest, SchedulersShareOneNumberingAndSeeEachOthersHoldings) {
   auto a = join("host-a");
   auto b = join("host-b");

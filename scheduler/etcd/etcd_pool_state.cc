@@ -48,6 +48,7 @@ EtcdPoolState::EtcdPoolState(uv_loop_t* loop, std::string describe)
     auto* self = static_cast<EtcdPoolState*>(a->data);
     if (!self) return;  // stopped
     self->sync();
+    self->answerPreemptions();
     std::vector<std::pair<VaccelId, std::string>> lost;
     {
       std::lock_guard lock(self->mutex_);
@@ -91,6 +92,7 @@ void EtcdPoolState::rejoin() {
   {
     std::lock_guard lock(mutex_);
     owned = owned_;
+    requestsLapsed_ = true;  // this scheduler's preemption requests ended with the lease
   }
   size_t kept = 0;
   for (auto& [vaccel, o] : owned) {
@@ -116,21 +118,93 @@ Error EtcdPoolState::etcdLost() const {
 
 void EtcdPoolState::sync() {
   if (!shared_) return;
-  auto [pool, revision, foreign] = shared_->poolCopy();
+  auto [pool, revision, foreign, preemptions] = shared_->poolCopy();
   (void)revision;
   for (size_t i = 0; i < pool.nodes().size(); ++i) {
     const std::string& name = pool.nodes()[i].name;
     if (!linked_.count(name)) pool.removeNode(i);  // placed on by the schedulers linked to it
     else if (draining_.count(name)) pool.setDraining(i, true);
   }
-  // Other schedulers' vaccels are never victims here.
-  for (auto& [v, holding] : foreign) pool.setPriority(v, limits::kMaxPriority);
   foreign_ = std::move(foreign);
+  against_.clear();
+  for (auto& p : preemptions)
+    if (p.victimScheduler == shared_->name()) against_.push_back(std::move(p));
   {
     std::lock_guard lock(mutex_);
     for (VaccelId v : releasing_) pool.release(v);
   }
   mirror_ = std::move(pool);
+}
+
+void EtcdPoolState::answerPreemptions() {
+  std::set<VaccelId> named;
+  for (const SharedPreemption& p : against_) {
+    named.insert(p.victim);
+    if (yielded_.count(p.victim)) continue;
+    int victimPriority;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = owned_.find(p.victim);
+      if (it == owned_.end()) continue;  // not placed here (or released already)
+      victimPriority = it->second.priority;
+    }
+    const std::string key = SharedPool::preemptionKey(p);
+    if (p.priority <= victimPriority) {
+      // Its plan read an older priority, or it is wrong: the victim stays.
+      if (refusedRequests_.size() >= SharedPool::kMaxPreemptions) refusedRequests_.clear();
+      if (refusedRequests_.insert(key + "@" + std::to_string(p.priority)).second)
+        RLOG_WARN("scheduler") << "shared pool: refused " << limits::clip(key, 160) << ": its priority " << p.priority
+                               << " is not above vaccel " << p.victim << "'s " << victimPriority;
+      continue;
+    }
+    const std::string why = "preempted by scheduler " + p.by + "'s vaccel " + std::to_string(p.forVaccel) + " of " + p.vm +
+                            " (pool priority " + std::to_string(p.priority) + ")";
+    if (preempted && preempted(p.victim, why)) yielded_.insert(p.victim);
+  }
+  // A victim no request names any more is no longer promised to anyone.
+  std::erase_if(yielded_, [&](VaccelId v) { return !named.count(v); });
+}
+
+std::string EtcdPoolState::heldBack(int priority) const {
+  for (const SharedPreemption& p : against_)
+    if (yielded_.count(p.victim) && priority < p.priority)
+      return "held back: scheduler " + p.by + " preempted vaccel " + std::to_string(p.victim) + " here for its vaccel " +
+             std::to_string(p.forVaccel) + " of " + p.vm + " (pool priority " + std::to_string(p.priority) +
+             "), and the blocks it freed are promised to that until it is placed";
+  return {};
+}
+
+void EtcdPoolState::preemptElsewhere(VaccelId forWhom, const std::string& vm, int priority,
+                                     const std::vector<VaccelId>& victims) {
+  {
+    std::lock_guard lock(mutex_);
+    if (requestsLapsed_) requested_.clear();  // they ended with the lease: made again below
+    requestsLapsed_ = false;
+  }
+  std::vector<SharedPreemption> want;
+  for (VaccelId v : victims) {
+    auto it = foreign_.find(v);
+    if (it == foreign_.end()) continue;
+    want.push_back({it->second.scheduler, it->second.vaccel, shared_->name(), forWhom, priority, vm});
+  }
+  auto same = [](const SharedPreemption& a, const SharedPreemption& b) {
+    return SharedPool::preemptionKey(a) == SharedPool::preemptionKey(b) && a.priority == b.priority;
+  };
+  auto has = [&](const std::vector<SharedPreemption>& list, const SharedPreemption& p) {
+    return std::any_of(list.begin(), list.end(), [&](const SharedPreemption& q) { return same(p, q); });
+  };
+  std::vector<SharedPreemption>& had = requested_[forWhom];
+  for (const SharedPreemption& p : had)
+    if (!has(want, p))
+      post({[this, p] { return shared_->withdrawPreemption(p); }, "taking back " + SharedPool::preemptionKey(p)});
+  for (const SharedPreemption& p : want)
+    if (!has(had, p)) {
+      RLOG_INFO("scheduler") << "shared pool: asking scheduler " << p.victimScheduler << " to suspend its vaccel " << p.victim
+                             << " for vaccel " << forWhom << " (pool priority " << priority << ")";
+      post({[this, p] { return shared_->requestPreemption(p); }, "recording " + SharedPool::preemptionKey(p)});
+    }
+  had = std::move(want);
+  if (had.empty()) requested_.erase(forWhom);
 }
 
 std::string EtcdPoolState::holderElsewhere(VaccelId owner) const {
@@ -215,6 +289,7 @@ Result<std::vector<BlockRange>> EtcdPoolState::allocate(VaccelId owner, const st
     std::lock_guard lock(mutex_);
     owned_[owner] = Owned{vm, *placed, request.priority, request.host};
   }
+  preemptElsewhere(owner, vm, 0, {});  // placed: what it asked of others is taken back
   sync();
   if (mirror_.held(owner) != *placed) {  // the watch has not brought it yet
     mirror_.release(owner);
@@ -235,6 +310,7 @@ Status EtcdPoolState::applyMove(const Pool::Move&) {
 
 void EtcdPoolState::release(VaccelId owner) {
   mirror_.release(owner);
+  preemptElsewhere(owner, "", 0, {});
   // owned_ is the record of this scheduler's holdings (the view may lag behind etcd).
   {
     std::lock_guard lock(mutex_);

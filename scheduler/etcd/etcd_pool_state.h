@@ -6,8 +6,15 @@
 //   - every node of the shared pool, at its shared numbers; online here only while it
 //     is online in etcd and linked to this scheduler (the data path is this host's);
 //   - every holding: this scheduler's vaccels under their own ids, other schedulers'
-//     under ids from SharedPool::kForeignIds up, at the highest priority (they are never
-//     chosen as victims here: preemption across hosts is not built yet).
+//     under ids from SharedPool::kForeignIds up, at their pool priorities.
+//
+// Preemption across hosts: when the scheduler's plan takes other schedulers' vaccels,
+// preemptElsewhere records a request per victim in etcd, under this scheduler's lease.
+// The victim's scheduler checks that the request's priority is above its vaccel's and
+// suspends it (`preempted`); until the request is taken back (its vaccel placed or gone,
+// or its lease ended) it places nothing of a lower priority (`heldBack`), so the blocks
+// it freed wait for the work they were freed for. A dead victim's scheduler answers
+// through its lease: its holdings end with it.
 //
 // Allocations are committed on the loop thread (the guest's admission waits for it,
 // at most etcd's call timeout); releases and priority changes are committed by a
@@ -67,6 +74,8 @@ class EtcdPoolState final : public PoolState {
   Status applyMove(const Pool::Move& move) override;
   void stop() override;
   std::string holderElsewhere(VaccelId owner) const override;
+  void preemptElsewhere(VaccelId forWhom, const std::string& vm, int priority, const std::vector<VaccelId>& victims) override;
+  std::string heldBack(int priority) const override;
   std::vector<Elsewhere> vaccelsElsewhere() const override;
 
  private:
@@ -107,6 +116,16 @@ class EtcdPoolState final : public PoolState {
   std::map<VaccelId, Owned> owned_;
   std::vector<std::pair<VaccelId, std::string>> lostVaccels_;  // for the loop: lost()
   void rejoin();  // the committing thread, after the lease lapsed
+
+  // Preemption across hosts (loop thread). Requests this scheduler made, by the vaccel
+  // they are for; requests against this scheduler's vaccels that stand; the vaccels it
+  // suspended for them (their freed blocks are promised while a request names them).
+  std::map<VaccelId, std::vector<SharedPreemption>> requested_;
+  bool requestsLapsed_ = false;  // under mutex_: the lease that kept them ended
+  std::vector<SharedPreemption> against_;
+  std::set<VaccelId> yielded_;
+  std::set<std::string> refusedRequests_;  // logged once each
+  void answerPreemptions();
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -182,7 +182,73 @@ const pb::RangeResponse* failureRange(const pb::TxnResponse& response) {
   return nullptr;
 }
 
+// A vaccel's id as a key segment: a decimal number from 1, below kForeignIds.
+Result<uint64_t> parseVaccelId(const std::string& id) {
+  if (id.empty() || id.size() > 19 || id.find_first_not_of("0123456789") != std::string::npos || id[0] == '0' ||
+      std::stoull(id) >= SharedPool::kForeignIds)
+    return fail(Code::invalidArgument, "vaccel '" + limits::clip(id, 32) + "' is not a number from 1 to 2^62 - 1");
+  return std::stoull(id);
+}
+
+Result<std::string> vmOf(const json& j) {
+  if (!j.contains("vm") || !j["vm"].is_string()) return fail(Code::invalidArgument, "vm is not text");
+  std::string vm = j["vm"].get<std::string>();
+  if (auto ok = limits::checkName("vm", vm); !ok) return fail(ok.error());
+  return vm;
+}
+
+// The pool priority: a vaccel's priority and its service class (admission.h).
+Result<int> poolPriorityOf(const json& j) {
+  static const long long lowest = poolPriority(limits::kMinPriority, kServiceClasses - 1),
+                         highest = poolPriority(limits::kMaxPriority, 0);
+  auto it = j.find("priority");
+  if (it == j.end() || !it->is_number_integer() || it->get<long long>() < lowest || it->get<long long>() > highest)
+    return fail(Code::invalidArgument, "priority is not a pool priority from " + std::to_string(lowest) + " to " +
+                                           std::to_string(highest));
+  return static_cast<int>(it->get<long long>());
+}
+
 }  // namespace
+
+Result<SharedPreemption> SharedPool::parsePreemption(const std::string& key, const std::string& value,
+                                                     const std::string& prefix) {
+  // key: PREFIX preempt/SCHEDULER/VACCEL/BY/FOR
+  const std::string head = prefix + "preempt/";
+  if (!key.starts_with(head)) return fail(Code::invalidArgument, "not a preemption's key");
+  std::vector<std::string> parts;
+  for (size_t at = head.size(); parts.size() < 5;) {
+    size_t slash = key.find('/', at);
+    parts.push_back(key.substr(at, slash == std::string::npos ? std::string::npos : slash - at));
+    if (slash == std::string::npos) break;
+    at = slash + 1;
+  }
+  if (parts.size() != 4) return fail(Code::invalidArgument, "not preempt/SCHEDULER/VACCEL/BY/FOR");
+  SharedPreemption p;
+  p.victimScheduler = parts[0];
+  p.by = parts[2];
+  if (auto ok = limits::checkKeyName("scheduler", p.victimScheduler); !ok) return fail(ok.error());
+  if (auto ok = limits::checkKeyName("scheduler", p.by); !ok) return fail(ok.error());
+  if (p.by == p.victimScheduler) return fail(Code::invalidArgument, "a scheduler preempts its own vaccels itself");
+  auto victim = parseVaccelId(parts[1]);
+  if (!victim) return fail(victim.error());
+  auto forVaccel = parseVaccelId(parts[3]);
+  if (!forVaccel) return fail(forVaccel.error());
+  p.victim = *victim;
+  p.forVaccel = *forVaccel;
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  auto vm = vmOf(*j);
+  if (!vm) return fail(vm.error());
+  p.vm = *vm;
+  auto priority = poolPriorityOf(*j);
+  if (!priority) return fail(priority.error());
+  p.priority = *priority;
+  return p;
+}
+
+std::string SharedPool::preemptionKey(const SharedPreemption& p) {
+  return "preempt/" + p.victimScheduler + "/" + std::to_string(p.victim) + "/" + p.by + "/" + std::to_string(p.forVaccel);
+}
 
 Result<SharedHolding> SharedPool::parseHolding(const std::string& key, const std::string& value, const std::string& prefix) {
   // key: PREFIX holds/SCHEDULER/VACCEL
@@ -193,23 +259,17 @@ Result<SharedHolding> SharedPool::parseHolding(const std::string& key, const std
   SharedHolding h;
   h.scheduler = rest.substr(0, slash);
   if (auto ok = limits::checkKeyName("scheduler", h.scheduler); !ok) return fail(ok.error());
-  std::string id = rest.substr(slash + 1);
-  if (id.empty() || id.size() > 19 || id.find_first_not_of("0123456789") != std::string::npos || id[0] == '0')
-    return fail(Code::invalidArgument, "vaccel '" + limits::clip(id, 32) + "' is not a number from 1");
-  h.vaccel = std::stoull(id);
+  auto id = parseVaccelId(rest.substr(slash + 1));
+  if (!id) return fail(id.error());
+  h.vaccel = *id;
   auto j = parseJson(value);
   if (!j) return fail(j.error());
-  if (!j->contains("vm") || !(*j)["vm"].is_string()) return fail(Code::invalidArgument, "vm is not text");
-  h.vm = (*j)["vm"].get<std::string>();
-  if (auto ok = limits::checkName("vm", h.vm); !ok) return fail(ok.error());
-  // The pool priority: the vaccel's priority and its service class (admission.h).
-  static const long long lowest = poolPriority(limits::kMinPriority, kServiceClasses - 1),
-                         highest = poolPriority(limits::kMaxPriority, 0);
-  auto it = j->find("priority");
-  if (it == j->end() || !it->is_number_integer() || it->get<long long>() < lowest || it->get<long long>() > highest)
-    return fail(Code::invalidArgument, "priority is not a pool priority from " + std::to_string(lowest) + " to " +
-                                           std::to_string(highest));
-  h.priority = static_cast<int>(it->get<long long>());
+  auto vm = vmOf(*j);
+  if (!vm) return fail(vm.error());
+  h.vm = *vm;
+  auto priority = poolPriorityOf(*j);
+  if (!priority) return fail(priority.error());
+  h.priority = *priority;
   if (j->contains("cardMilli")) {
     auto milli = number(*j, "cardMilli", 1000);
     if (!milli) return fail(milli.error());
@@ -529,10 +589,33 @@ void SharedPool::rebuild() {
     h->createRevision = created;
     holdings_.push_back(std::move(*h));
   }
+  readPreemptions();
   // Ids of holdings that are gone are dropped (bounded by what the pool holds now).
   if (localIds_.size() > 2 * holdings_.size() + 64)
     std::erase_if(localIds_, [&](const auto& entry) { return pool_.held(entry.second).empty(); });
   dirty_ = false;
+}
+
+void SharedPool::readPreemptions() {
+  preemptions_.clear();
+  for (auto it = keys_.lower_bound("preempt/"); it != keys_.end() && it->first.starts_with("preempt/"); ++it) {
+    auto p = parsePreemption(options_.prefix + it->first, it->second.value, options_.prefix);
+    if (!p) {
+      noteRefused(it->first, p.error().message);
+      continue;
+    }
+    // Only a live scheduler's request stands: a request its lease did not end (written
+    // without one) must not hold anyone back for good.
+    if (!keys_.count("schedulers/" + p->by)) {
+      noteRefused(it->first, "scheduler '" + p->by + "' is not in the pool");
+      continue;
+    }
+    if (preemptions_.size() >= kMaxPreemptions) {
+      noteRefused(it->first, "more than " + std::to_string(kMaxPreemptions) + " preemption requests stand");
+      continue;
+    }
+    preemptions_.push_back(std::move(*p));
+  }
 }
 
 void SharedPool::noteRefused(const std::string& key, const std::string& why) {
@@ -713,10 +796,31 @@ Status SharedPool::setPriority(uint64_t vaccel, int priority) {
   return fail(Code::unavailable, "the priority of vaccel " + std::to_string(vaccel) + " could not be recorded: its holding kept changing");
 }
 
+Status SharedPool::requestPreemption(const SharedPreemption& p) {
+  if (p.by != options_.scheduler) return fail(Code::invalidArgument, "a preemption is requested by its own scheduler");
+  pb::TxnRequest txn;
+  put(txn, options_.prefix + preemptionKey(p), json{{"vm", p.vm}, {"priority", p.priority}}.dump(), lease_);
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
+  catchUp(lock, answer->header().revision());
+  return {};
+}
+
+Status SharedPool::withdrawPreemption(const SharedPreemption& p) {
+  pb::TxnRequest txn;
+  txn.add_success()->mutable_request_delete_range()->set_key(options_.prefix + preemptionKey(p));
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
+  catchUp(lock, answer->header().revision());
+  return {};
+}
+
 SharedPool::PoolCopy SharedPool::poolCopy() {
   std::lock_guard lock(mutex_);
   rebuild();
-  PoolCopy copy{pool_, revision_, {}};
+  PoolCopy copy{pool_, revision_, {}, preemptions_};
   for (auto& h : holdings_)
     if (h.scheduler != options_.scheduler)
       copy.foreign[localId(h.scheduler, h.vaccel)] = h;

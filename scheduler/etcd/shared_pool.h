@@ -14,6 +14,10 @@
 //   schedulers/NAME        under the scheduler's lease: it is alive
 //   holds/SCHEDULER/VACCEL under the scheduler's lease: who holds which blocks
 //                          ({"vm", "priority", "ranges", "host", "cardMilli"})
+//   preempt/SCHEDULER/VACCEL/BY/FOR
+//                          under the lease of scheduler BY: its vaccel FOR (of {"vm"}, at pool
+//                          priority {"priority"}) needs the blocks of SCHEDULER's VACCEL, which
+//                          SCHEDULER suspends when that priority is above the victim's
 //
 // Why no block is ever held twice: an allocation's transaction compares the version of
 // every card it takes blocks of with the version its cache read, and rewrites them. Any
@@ -74,6 +78,18 @@ struct SharedHolding {
   int64_t createRevision = 0;
 };
 
+// A request of one scheduler (`by`, for its vaccel `forVaccel` of `vm`, at pool priority
+// `priority`) that another (`victimScheduler`) suspend its vaccel `victim`: a preemption
+// across hosts. It lives under the requester's lease.
+struct SharedPreemption {
+  std::string victimScheduler;
+  uint64_t victim = 0;
+  std::string by;
+  uint64_t forVaccel = 0;
+  int priority = 0;
+  std::string vm;
+};
+
 // A node's registration: its blocks, and the revision that committed it.
 struct SharedNode {
   BlockRange blocks;
@@ -119,6 +135,11 @@ class SharedPool {
   // running vaccels' blocks back. resourceExhausted naming the block someone else holds.
   Status claim(uint64_t vaccel, const std::string& vm, const std::vector<BlockRange>& ranges, int priority,
                HostVector host);
+  // Asks `p.victimScheduler` to suspend its `p.victim` (p.by must be this scheduler),
+  // and takes the request back. Both may be repeated.
+  Status requestPreemption(const SharedPreemption& p);
+  Status withdrawPreemption(const SharedPreemption& p);
+
   // After the lease was lost: a new lease, and this scheduler's name registered under it
   // again (unavailable while etcd cannot be reached).
   Status rejoin();
@@ -130,10 +151,12 @@ class SharedPool {
   static constexpr VaccelId kForeignIds = VaccelId{1} << 62;
   // A copy of the view's Pool, the revision it is current to, and the other schedulers'
   // holdings by the ids they have in that Pool.
+  // The standing preemption requests whose requester is alive (its scheduler key lives).
   struct PoolCopy {
     Pool pool;
     int64_t revision = 0;
     std::map<VaccelId, SharedHolding> foreign;
+    std::vector<SharedPreemption> preemptions;
   };
   PoolCopy poolCopy();
   // Whether the watch runs (false after etcd was lost, until refresh() re-reads).
@@ -167,6 +190,11 @@ class SharedPool {
   static Result<SharedHolding> parseHolding(const std::string& key, const std::string& value,
                                             const std::string& prefix);
   static std::string holdingValue(const SharedHolding& h);
+  static Result<SharedPreemption> parsePreemption(const std::string& key, const std::string& value,
+                                                  const std::string& prefix);
+  static std::string preemptionKey(const SharedPreemption& p);  // without the prefix
+  // At most this many standing preemption requests are read; the rest are refused.
+  static constexpr size_t kMaxPreemptions = 4096;
 
  private:
   SharedPool(etcd::Client& client, SharedPoolOptions options, int64_t lease);
@@ -225,6 +253,8 @@ class SharedPool {
   std::map<std::pair<std::string, uint64_t>, VaccelId> localIds_;
   VaccelId nextForeign_ = kForeignIds;
   std::vector<SharedHolding> holdings_;  // as placed in pool_ (refused ones left out)
+  std::vector<SharedPreemption> preemptions_;  // standing requests of live schedulers
+  void readPreemptions();                       // under mutex_, by rebuild()
   Stats stats_;
   std::set<std::pair<std::string, int64_t>> refusedSeen_;  // (key, its revision) refused so far
   bool watchBroken_ = false;
