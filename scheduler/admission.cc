@@ -12,9 +12,12 @@ void TenantUsage::hold(double now, int64_t deltaBlocks) {
   blocks_ = static_cast<uint32_t>(std::max<int64_t>(0, static_cast<int64_t>(blocks_) + deltaBlocks));
 }
 
-double TenantUsage::score(double now, double entitlement) const {
-  double used = used_.decayed(now, kHalfLifeSeconds) + (now > since_ ? blocks_ * (now - since_) : 0);
-  return used / std::max(entitlement, 1e-9);
+double TenantUsage::used(double now) const {
+  return used_.decayed(now, kHalfLifeSeconds) + (now > since_ ? blocks_ * (now - since_) : 0);
+}
+
+double TenantUsage::score(double now, double entitlement, double elsewhere) const {
+  return (used(now) + std::max(elsewhere, 0.0)) / std::max(entitlement, 1e-9);
 }
 
 int serviceClassOf(double attained) {

@@ -20,7 +20,10 @@ class TenantUsage {
   void hold(double now, int64_t deltaBlocks);
   // Decayed block-seconds up to `now` over the tenant's entitlement (its weight: the
   // scheduler uses the VM's TFLOPS cap). Lower goes first.
-  double score(double now, double entitlement) const;
+  // `elsewhere`: the tenant's decayed block-seconds on other schedulers of a shared pool.
+  double score(double now, double entitlement, double elsewhere = 0) const;
+  // Its decayed block-seconds up to `now` (what a shared pool's other schedulers are told).
+  double used(double now) const;
   uint32_t blocks() const { return blocks_; }
 
  private:

@@ -72,6 +72,12 @@ class PoolState {
   // freed are promised to that work until it is placed.
   virtual std::string heldBack(int /*priority*/) const { return {}; }
 
+  // Tenant usage across hosts (a shared pool): this scheduler's record of tenant `vm`
+  // (decayed block-seconds `used` as of `now` on the policy clock, `blocks` held now),
+  // and the other schedulers' records of it, decayed to `now`.
+  virtual void reportUsage(const std::string& /*vm*/, double /*used*/, double /*now*/, uint32_t /*blocks*/) {}
+  virtual double usageElsewhere(const std::string& /*vm*/, double /*now*/) const { return 0; }
+
   // The view changed under the scheduler (set by the scheduler, called on its loop).
   std::function<void()> changed;
   // Another scheduler asks that this one's vaccel be suspended (a shared pool's

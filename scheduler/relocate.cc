@@ -146,8 +146,10 @@ Result<std::vector<BlockRange>> Scheduler::allocateFor(Session& s) {
 }
 
 void Scheduler::holdBlocks(Vm& vm, int64_t delta) {
-  vm.usage.hold(policyNow(), delta);
+  const double now = policyNow();
+  vm.usage.hold(now, delta);
   vm.blocksHeld = static_cast<uint32_t>(static_cast<int64_t>(vm.blocksHeld) + delta);
+  state_->reportUsage(vm.policy.name, vm.usage.used(now), now, vm.usage.blocks());
 }
 
 void Scheduler::placeWaiting() {
@@ -277,7 +279,8 @@ std::vector<Waiting> Scheduler::admissionQueue(double now) {
   for (Session* s : unplaced) {
     if (s->phase == Phase::suspended) s->service.promote(now);
     size_t i = vmIndex(s->vm);
-    order.push_back({s->id, s->priority, s->vm->usage.score(usageNow, s->vm->policy.tflops), s->id, s->service.serviceClass,
+    const double elsewhere = state_->usageElsewhere(s->vm->policy.name, usageNow);  // a shared pool's other hosts
+    order.push_back({s->id, s->priority, s->vm->usage.score(usageNow, s->vm->policy.tflops, elsewhere), s->id, s->service.serviceClass,
                      i < over.size() && over[i], s->service.waited(now)});
   }
   orderForAdmission(order);

@@ -1267,6 +1267,7 @@ void Scheduler::tick() {
       due = true;
   lastTickPolicy_ = policyTime;
   if (due) requestPlacement();
+  for (auto& vm : vms_) state_->reportUsage(vm->policy.name, vm->usage.used(policyTime), policyTime, vm->usage.blocks());
   std::vector<NodeLink*> silent, unregistered;
   for (auto& [c, n] : nodeLinks_) {
     if (n->connection->closed()) continue;

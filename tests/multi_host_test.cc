@@ -74,9 +74,9 @@ class MultiHost : public ::testing::Test {
     etcd_ = std::make_unique<EtcdCluster>(3);
     auto started = etcd_->start();
     ASSERT_TRUE(started) << started.error().message;
-    a_ = host("host-a", "vm-a");
-    b_ = host("host-b", "vm-b");
-    c_ = host("host-c", "vm-c");
+    a_ = host("host-a", vmsA_);
+    b_ = host("host-b", {vmB_});
+    c_ = host("host-c", {"vm-c"});
     // Each netaccel registers itself in etcd and links to both hosts' schedulers.
     std::string all;
     for (auto* h : {a_.get(), b_.get(), c_.get()}) all += (all.empty() ? "" : ",") + ("127.0.0.1:" + std::to_string(h->nodePort()));
@@ -87,14 +87,14 @@ class MultiHost : public ::testing::Test {
     ASSERT_TRUE(waitFor([&] { return a_->poolTotal() == 8 && b_->poolTotal() == 8 && c_->poolTotal() == 8; }, 15000))
         << logs();
     guestdA_ = a_->startGuestd("vm-a");
-    guestdB_ = b_->startGuestd("vm-b");
+    guestdB_ = b_->startGuestd(vmB_);
     guestdC_ = c_->startGuestd("vm-c");
   }
 
-  std::unique_ptr<Cluster> host(const std::string& name, const std::string& vm) {
-    VmSpec spec;
-    spec.name = vm;
-    return std::make_unique<Cluster>(std::vector<VmSpec>{spec}, "",
+  std::unique_ptr<Cluster> host(const std::string& name, const std::vector<std::string>& vms) {
+    std::vector<VmSpec> specs;
+    for (auto& vm : vms) specs.push_back(VmSpec{.name = vm});
+    return std::make_unique<Cluster>(specs, "",
                                      std::vector<std::string>{"--insecure", "--etcd", etcd_->endpoints(), "--name", name,
                                                               "--set", "etcd_lease_ttl=" + std::to_string(leaseTtl_)});
   }
@@ -124,16 +124,19 @@ class MultiHost : public ::testing::Test {
     return out;
   }
 
-  // The vaccel of `host`'s program `program`, from its console ({} when not listed).
+  // The vaccel of `host`'s program `program`, from its console (an empty object when
+  // it is not listed).
   static json vaccelOf(const Cluster& host, const std::string& program) {
     auto v = json::parse(host.console("vaccels"), nullptr, false);
-    if (v.is_discarded() || !v.contains("vaccels")) return {};
+    if (v.is_discarded() || !v.contains("vaccels")) return json::object();
     for (auto& e : v["vaccels"])
       if (e.value("program", "") == program && e.value("host", "").empty()) return e;
-    return {};
+    return json::object();
   }
 
   int leaseTtl_ = 2;  // seconds: each scheduler's etcd lease
+  std::vector<std::string> vmsA_{"vm-a"};  // host A's VMs (guestdA_ serves the first)
+  std::string vmB_ = "vm-b";                // host B's VM
   std::unique_ptr<EtcdCluster> etcd_;
   std::unique_ptr<Cluster> a_, b_, c_;
   std::string guestdA_, guestdB_, guestdC_;
@@ -440,6 +443,55 @@ TEST_F(MultiHostLongLease, WhenTheVictimsHostIsDeadItsLeaseExpiryTakesItsPlace) 
   std::string why;
   EXPECT_TRUE(gemmWorks(**onA, 5, &why)) << why;
   b_->scheduler().kill(SIGKILL);
+}
+
+// Tenant vm-a runs on two hosts: on B, and on A beside tenant vm-x.
+class MultiHostOneTenantOnTwoHosts : public MultiHost {
+ protected:
+  MultiHostOneTenantOnTwoHosts() {
+    vmsA_ = {"vm-a", "vm-x"};
+    vmB_ = "vm-a";
+  }
+};
+
+// Tenant usage is global. Tenant vm-a holds the whole pool on host B. On host A, a
+// program of vm-a and then one of vm-x wait for the same blocks, at equal priorities.
+// When B's program ends, vm-x's goes first: vm-a has had more, counted on every host.
+TEST_F(MultiHostOneTenantOnTwoHosts, TheFairShareOrderCountsATenantsUsageOnEveryHost) {
+  auto onB = openOn(guestdB_, "heavy-b", 8);
+  ASSERT_TRUE(onB) << onB.error().message << logs();
+  auto client = etcd::Client::open({etcd_->endpointList()});
+  ASSERT_TRUE(client) << client.error().message;
+  ASSERT_TRUE(waitFor(
+      [&] {
+        auto r = (*client)->range("/raccel/usage/host-b/vm-a");
+        return r && r->kvs_size() == 1;
+      },
+      10000))
+      << logs();
+  const std::string guestdX = a_->startGuestd("vm-x");
+  std::atomic<int> admitted{0};
+  int firstAt = 0, secondAt = 0;
+  Result<std::unique_ptr<Session>> first = fail(Code::internal, "not opened"), second = fail(Code::internal, "not opened");
+  std::thread t1([&] {
+    first = openWaiting(guestdA_, 8, "light-a", 0);
+    firstAt = ++admitted;
+  });
+  EXPECT_TRUE(waitFor([&] { return vaccelOf(*a_, "light-a").value("state", "") == "waiting"; }, 20000)) << a_->console("vaccels");
+  std::thread t2([&] {
+    second = openWaiting(guestdX, 8, "fresh-x", 0);
+    secondAt = ++admitted;
+  });
+  EXPECT_TRUE(waitFor([&] { return vaccelOf(*a_, "fresh-x").value("state", "") == "waiting"; }, 20000)) << a_->console("vaccels");
+  (*onB).reset();
+  t2.join();
+  EXPECT_TRUE(second) << second.error().message << logs();
+  EXPECT_EQ(vaccelOf(*a_, "light-a").value("state", ""), "waiting") << a_->console("vaccels");
+  if (second) (*second).reset();
+  t1.join();
+  ASSERT_TRUE(first) << first.error().message << logs();
+  EXPECT_EQ(secondAt, 1);
+  EXPECT_EQ(firstAt, 2);
 }
 
 // One etcd member killed: admissions go on. Values a stranger with access to etcd wrote

@@ -205,15 +205,44 @@ TEST(SharedPreemption, AKeyOrValueThatBreaksTheFormatIsRefused) {
     EXPECT_FALSE(SharedPool::parsePreemption(k, v, "/raccel/")) << k << " " << v;
 }
 
+TEST(SharedUsage, AKeyOrValueThatBreaksTheFormatIsRefused) {
+  const std::string key = "/raccel/usage/host-b/vm-a";
+  auto good = SharedPool::parseUsage(key, R"({"used":3600.5,"at":1790000000.25,"blocks":4})", "/raccel/");
+  ASSERT_TRUE(good) << good.error().message;
+  EXPECT_EQ(good->scheduler, "host-b");
+  EXPECT_EQ(good->vm, "vm-a");
+  EXPECT_DOUBLE_EQ(good->used, 3600.5);
+  EXPECT_DOUBLE_EQ(good->at, 1790000000.25);
+  EXPECT_EQ(good->blocks, 4u);
+  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {key, "not json"},
+           {key, R"({"at":1,"blocks":0})"},
+           {key, R"({"used":-1,"at":1,"blocks":0})"},
+           {key, R"({"used":1e300,"at":1,"blocks":0})"},
+           {key, R"({"used":1,"at":1e300,"blocks":0})"},
+           {key, R"({"used":"1","at":1,"blocks":0})"},
+           {key, R"({"used":1,"at":1,"blocks":-2})"},
+           {key, R"({"used":1,"at":1,"blocks":16777217})"},
+           {key, R"({"used":1,"at":1})"},
+           {"/raccel/usage/host-b", R"({"used":1,"at":1,"blocks":0})"},
+           {"/raccel/usage/host-b/vm-a/x", R"({"used":1,"at":1,"blocks":0})"},
+           {"/raccel/usage/host-b/vm a", R"({"used":1,"at":1,"blocks":0})"},
+           {"/raccel/usage//vm-a", R"({"used":1,"at":1,"blocks":0})"},
+       })
+    EXPECT_FALSE(SharedPool::parseUsage(k, v, "/raccel/")) << k << " " << v;
+}
+
 // A preemption request stands while its scheduler lives: taken back, or ended with the
 // requester's lease, it is gone from every view; one written by a stranger (no live
-// scheduler of that name) or broken never stands.
+// scheduler of that name) or broken never stands. Usage records alike.
 TEST_F(SharedPoolTest, APreemptionRequestStandsOnlyWhileItsSchedulerLives) {
   auto a = join("host-a");
   auto b = join("host-b");
   ASSERT_TRUE(a && b);
   ASSERT_TRUE(a->registerNode("n1", cpuCards({8}), {}, a->lease()));
-  ASSERT_TRUE(b->allocate(5, "vm-b", blocks(6)));
+  ASSERT_TRUE(waitFor([&] { return b->view().free == 8; }, 10000));  // B's view has the node
+  auto held = b->allocate(5, "vm-b", blocks(6));
+  ASSERT_TRUE(held) << held.error().message;
   scheduler::SharedPreemption p{"host-b", 5, "host-a", 2, 40, "vm-a"};
   scheduler::SharedPreemption forged{"host-b", 5, "stranger", 1, 40, "vm-x"};
   EXPECT_FALSE(b->requestPreemption(p));  // only a request's own scheduler makes it
@@ -228,6 +257,15 @@ TEST_F(SharedPoolTest, APreemptionRequestStandsOnlyWhileItsSchedulerLives) {
   EXPECT_EQ(seen.priority, 40);
   EXPECT_EQ(seen.vm, "vm-a");
   EXPECT_GE(b->stats().refusedValues, refusedBefore + 2);
+  // Usage records alike: a live scheduler's stands, a stranger's does not.
+  ASSERT_TRUE(client_->put("/raccel/usage/stranger/vm-a", R"({"used":1,"at":1,"blocks":0})"));
+  EXPECT_FALSE(a->publishUsage({"host-b", "vm-a", 5, 1, 0}));  // only its own
+  ASSERT_TRUE(a->publishUsage({"host-a", "vm-a", 7200, 100, 2}));
+  ASSERT_TRUE(waitFor([&] { return b->poolCopy().usage.size() == 1; }, 10000)) << b->poolCopy().usage.size();
+  auto usage = b->poolCopy().usage[0];
+  EXPECT_EQ(usage.scheduler, "host-a");
+  EXPECT_DOUBLE_EQ(usage.used, 7200);
+  EXPECT_EQ(usage.blocks, 2u);
   // Taken back: gone.
   ASSERT_TRUE(a->withdrawPreemption(p));
   EXPECT_TRUE(waitFor([&] { return standing(*b).empty(); }, 10000));
@@ -235,7 +273,7 @@ TEST_F(SharedPoolTest, APreemptionRequestStandsOnlyWhileItsSchedulerLives) {
   ASSERT_TRUE(a->requestPreemption(p));
   ASSERT_TRUE(waitFor([&] { return standing(*b).size() == 1; }, 10000));
   ASSERT_TRUE(a->leave());
-  EXPECT_TRUE(waitFor([&] { return standing(*b).empty(); }, 10000));
+  EXPECT_TRUE(waitFor([&] { return standing(*b).empty() && b->poolCopy().usage.empty(); }, 10000));
   auto left = client_->range("/raccel/" + SharedPool::preemptionKey(p));
   ASSERT_TRUE(left);
   EXPECT_EQ(left->kvs_size(), 0);

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <tuple>
 
 #include "common/limits.h"
 #include "common/log.h"
+#include "scheduler/admission.h"
 
 namespace raccel::scheduler {
 namespace {
@@ -118,7 +120,7 @@ Error EtcdPoolState::etcdLost() const {
 
 void EtcdPoolState::sync() {
   if (!shared_) return;
-  auto [pool, revision, foreign, preemptions] = shared_->poolCopy();
+  auto [pool, revision, foreign, preemptions, usage] = shared_->poolCopy();
   (void)revision;
   for (size_t i = 0; i < pool.nodes().size(); ++i) {
     const std::string& name = pool.nodes()[i].name;
@@ -126,6 +128,9 @@ void EtcdPoolState::sync() {
     else if (draining_.count(name)) pool.setDraining(i, true);
   }
   foreign_ = std::move(foreign);
+  usageElsewhere_.clear();
+  for (auto& u : usage)
+    if (u.scheduler != shared_->name()) usageElsewhere_.push_back(std::move(u));
   against_.clear();
   for (auto& p : preemptions)
     if (p.victimScheduler == shared_->name()) against_.push_back(std::move(p));
@@ -134,6 +139,53 @@ void EtcdPoolState::sync() {
     for (VaccelId v : releasing_) pool.release(v);
   }
   mirror_ = std::move(pool);
+}
+
+void EtcdPoolState::reportUsage(const std::string& vm, double used, double now, uint32_t blocks) {
+  // Published when its holding changes, and every 10 s while it holds blocks (the others
+  // count a holding on at its last rate; with none, the decay they apply is exact).
+  constexpr uint64_t kRepublishMs = 10000;
+  const uint64_t nowMs = uv_now(loop_);
+  auto it = published_.find(vm);
+  const bool changed = it == published_.end() ? (blocks > 0 || used > 0) : it->second.blocks != blocks;
+  const bool stale = blocks > 0 && it != published_.end() && nowMs >= it->second.atMs + kRepublishMs;
+  if (!changed && !stale) return;
+  published_[vm] = {blocks, nowMs};
+  bool queued;
+  {
+    std::lock_guard lock(mutex_);
+    queued = !unpublished_.empty();
+    unpublished_[vm] = SharedUsage{shared_->name(), vm, used, now, blocks};
+  }
+  if (!queued) post({[this] { return publishUsage(); }, "recording tenant usage"});
+}
+
+Status EtcdPoolState::publishUsage() {
+  // Until none waits: a record reported while this job runs has no job of its own.
+  for (;;) {
+    std::map<std::string, SharedUsage> batch;
+    {
+      std::lock_guard lock(mutex_);
+      if (unpublished_.empty()) return {};
+      batch = unpublished_;
+    }
+    for (auto& [vm, u] : batch) {
+      if (auto ok = shared_->publishUsage(u); !ok) return ok;  // the job is tried again, with what is newest then
+      std::lock_guard lock(mutex_);
+      auto it = unpublished_.find(vm);
+      if (it != unpublished_.end() && it->second.at == u.at && it->second.used == u.used) unpublished_.erase(it);
+    }
+  }
+}
+
+double EtcdPoolState::usageElsewhere(const std::string& vm, double now) const {
+  double sum = 0;
+  for (const SharedUsage& u : usageElsewhere_) {
+    if (u.vm != vm) continue;
+    const double since = std::max(0.0, now - u.at);  // what it held since, at the rate it held then
+    sum += u.used * std::exp2(-since / TenantUsage::kHalfLifeSeconds) + u.blocks * since;
+  }
+  return sum;
 }
 
 void EtcdPoolState::answerPreemptions() {
@@ -151,7 +203,7 @@ void EtcdPoolState::answerPreemptions() {
     const std::string key = SharedPool::preemptionKey(p);
     if (p.priority <= victimPriority) {
       // Its plan read an older priority, or it is wrong: the victim stays.
-      if (refusedRequests_.size() >= SharedPool::kMaxPreemptions) refusedRequests_.clear();
+      if (refusedRequests_.size() >= SharedPool::kMaxRecords) refusedRequests_.clear();
       if (refusedRequests_.insert(key + "@" + std::to_string(p.priority)).second)
         RLOG_WARN("scheduler") << "shared pool: refused " << limits::clip(key, 160) << ": its priority " << p.priority
                                << " is not above vaccel " << p.victim << "'s " << victimPriority;

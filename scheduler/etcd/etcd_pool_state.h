@@ -8,6 +8,10 @@
 //   - every holding: this scheduler's vaccels under their own ids, other schedulers'
 //     under ids from SharedPool::kForeignIds up, at their pool priorities.
 //
+// Tenant usage is global: each scheduler publishes its tenants' decayed block-seconds
+// (usage/SCHEDULER/VM, under its lease) when their holdings change and at least every
+// 10 s, and orders its admissions by its own usage of a tenant plus the others'.
+//
 // Preemption across hosts: when the scheduler's plan takes other schedulers' vaccels,
 // preemptElsewhere records a request per victim in etcd, under this scheduler's lease.
 // The victim's scheduler checks that the request's priority is above its vaccel's and
@@ -76,6 +80,8 @@ class EtcdPoolState final : public PoolState {
   std::string holderElsewhere(VaccelId owner) const override;
   void preemptElsewhere(VaccelId forWhom, const std::string& vm, int priority, const std::vector<VaccelId>& victims) override;
   std::string heldBack(int priority) const override;
+  void reportUsage(const std::string& vm, double used, double now, uint32_t blocks) override;
+  double usageElsewhere(const std::string& vm, double now) const override;
   std::vector<Elsewhere> vaccelsElsewhere() const override;
 
  private:
@@ -126,6 +132,19 @@ class EtcdPoolState final : public PoolState {
   std::set<VaccelId> yielded_;
   std::set<std::string> refusedRequests_;  // logged once each
   void answerPreemptions();
+
+  // Tenant usage across hosts. The other schedulers' records (from the view, loop
+  // thread); this one's, as last published per tenant (loop thread), and those waiting
+  // for the committing thread (under mutex_: one job publishes all, so a long loss of
+  // etcd queues one record per tenant, never more).
+  std::vector<SharedUsage> usageElsewhere_;
+  struct Published {
+    uint32_t blocks = 0;
+    uint64_t atMs = 0;
+  };
+  std::map<std::string, Published> published_;
+  std::map<std::string, SharedUsage> unpublished_;
+  Status publishUsage();  // the committing thread
   bool stopping_ = false;
   std::thread thread_;
 };

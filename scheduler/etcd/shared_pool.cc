@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "common/limits.h"
 #include "common/log.h"
@@ -244,6 +245,33 @@ Result<SharedPreemption> SharedPool::parsePreemption(const std::string& key, con
   if (!priority) return fail(priority.error());
   p.priority = *priority;
   return p;
+}
+
+Result<SharedUsage> SharedPool::parseUsage(const std::string& key, const std::string& value, const std::string& prefix) {
+  // key: PREFIX usage/SCHEDULER/VM
+  const std::string head = prefix + "usage/";
+  size_t slash = key.find('/', std::min(key.size(), head.size()));
+  if (!key.starts_with(head) || slash == std::string::npos) return fail(Code::invalidArgument, "not a usage record's key");
+  SharedUsage u;
+  u.scheduler = key.substr(head.size(), slash - head.size());
+  u.vm = key.substr(slash + 1);
+  if (auto ok = limits::checkKeyName("scheduler", u.scheduler); !ok) return fail(ok.error());
+  if (auto ok = limits::checkKeyName("vm", u.vm); !ok) return fail(ok.error());
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  // Block-seconds: the whole pool for a century stays far below 1e18; times are seconds
+  // since the epoch on the policy clock (which may run faster than the wall).
+  constexpr double kMaxUsed = 1e18, kMaxAt = 1e15;
+  for (auto [field, max, out] : {std::tuple{"used", kMaxUsed, &u.used}, std::tuple{"at", kMaxAt, &u.at}}) {
+    auto it = j->find(field);
+    if (it == j->end() || !it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0 || it->get<double>() > max)
+      return fail(Code::invalidArgument, std::string(field) + " is not a number from 0 to " + std::to_string(max));
+    *out = it->get<double>();
+  }
+  auto blocks = number(*j, "blocks", limits::kMaxPoolBlocks);
+  if (!blocks) return fail(blocks.error());
+  u.blocks = static_cast<uint32_t>(*blocks);
+  return u;
 }
 
 std::string SharedPool::preemptionKey(const SharedPreemption& p) {
@@ -589,32 +617,36 @@ void SharedPool::rebuild() {
     h->createRevision = created;
     holdings_.push_back(std::move(*h));
   }
-  readPreemptions();
+  readRecords("preempt/", "preemption requests", &SharedPool::parsePreemption, &SharedPreemption::by, preemptions_);
+  readRecords("usage/", "usage records", &SharedPool::parseUsage, &SharedUsage::scheduler, usage_);
   // Ids of holdings that are gone are dropped (bounded by what the pool holds now).
   if (localIds_.size() > 2 * holdings_.size() + 64)
     std::erase_if(localIds_, [&](const auto& entry) { return pool_.held(entry.second).empty(); });
   dirty_ = false;
 }
 
-void SharedPool::readPreemptions() {
-  preemptions_.clear();
-  for (auto it = keys_.lower_bound("preempt/"); it != keys_.end() && it->first.starts_with("preempt/"); ++it) {
-    auto p = parsePreemption(options_.prefix + it->first, it->second.value, options_.prefix);
-    if (!p) {
-      noteRefused(it->first, p.error().message);
+template <typename Record>
+void SharedPool::readRecords(const std::string& dir, const char* what,
+                             Result<Record> (*parse)(const std::string&, const std::string&, const std::string&),
+                             std::string Record::*scheduler, std::vector<Record>& out) {
+  out.clear();
+  for (auto it = keys_.lower_bound(dir); it != keys_.end() && it->first.starts_with(dir); ++it) {
+    auto record = parse(options_.prefix + it->first, it->second.value, options_.prefix);
+    if (!record) {
+      noteRefused(it->first, record.error().message);
       continue;
     }
-    // Only a live scheduler's request stands: a request its lease did not end (written
-    // without one) must not hold anyone back for good.
-    if (!keys_.count("schedulers/" + p->by)) {
-      noteRefused(it->first, "scheduler '" + p->by + "' is not in the pool");
+    // Only a live scheduler's record stands: one its lease did not end (written without
+    // one) must not hold anyone back, or count, for good.
+    if (!keys_.count("schedulers/" + (*record).*scheduler)) {
+      noteRefused(it->first, "scheduler '" + (*record).*scheduler + "' is not in the pool");
       continue;
     }
-    if (preemptions_.size() >= kMaxPreemptions) {
-      noteRefused(it->first, "more than " + std::to_string(kMaxPreemptions) + " preemption requests stand");
+    if (out.size() >= kMaxRecords) {
+      noteRefused(it->first, "more than " + std::to_string(kMaxRecords) + " " + what);
       continue;
     }
-    preemptions_.push_back(std::move(*p));
+    out.push_back(std::move(*record));
   }
 }
 
@@ -807,6 +839,17 @@ Status SharedPool::requestPreemption(const SharedPreemption& p) {
   return {};
 }
 
+Status SharedPool::publishUsage(const SharedUsage& u) {
+  if (u.scheduler != options_.scheduler) return fail(Code::invalidArgument, "a usage record is written by its own scheduler");
+  if (auto ok = limits::checkKeyName("vm", u.vm); !ok) return fail(ok.error());
+  pb::TxnRequest txn;
+  put(txn, options_.prefix + "usage/" + u.scheduler + "/" + u.vm,
+      json{{"used", u.used}, {"at", u.at}, {"blocks", u.blocks}}.dump(), lease_);
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  return {};
+}
+
 Status SharedPool::withdrawPreemption(const SharedPreemption& p) {
   pb::TxnRequest txn;
   txn.add_success()->mutable_request_delete_range()->set_key(options_.prefix + preemptionKey(p));
@@ -820,7 +863,7 @@ Status SharedPool::withdrawPreemption(const SharedPreemption& p) {
 SharedPool::PoolCopy SharedPool::poolCopy() {
   std::lock_guard lock(mutex_);
   rebuild();
-  PoolCopy copy{pool_, revision_, {}, preemptions_};
+  PoolCopy copy{pool_, revision_, {}, preemptions_, usage_};
   for (auto& h : holdings_)
     if (h.scheduler != options_.scheduler)
       copy.foreign[localId(h.scheduler, h.vaccel)] = h;

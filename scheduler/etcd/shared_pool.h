@@ -18,6 +18,8 @@
 //                          under the lease of scheduler BY: its vaccel FOR (of {"vm"}, at pool
 //                          priority {"priority"}) needs the blocks of SCHEDULER's VACCEL, which
 //                          SCHEDULER suspends when that priority is above the victim's
+//   usage/SCHEDULER/VM     under the scheduler's lease: tenant VM's usage there
+//                          ({"used": decayed block-seconds as of "at", "at", "blocks" held})
 //
 // Why no block is ever held twice: an allocation's transaction compares the version of
 // every card it takes blocks of with the version its cache read, and rewrites them. Any
@@ -90,6 +92,15 @@ struct SharedPreemption {
   std::string vm;
 };
 
+// A tenant's usage on one scheduler: decayed block-seconds `used` as of `at` (seconds on
+// the policy clock), and the blocks it holds there.
+struct SharedUsage {
+  std::string scheduler;
+  std::string vm;
+  double used = 0, at = 0;
+  uint32_t blocks = 0;
+};
+
 // A node's registration: its blocks, and the revision that committed it.
 struct SharedNode {
   BlockRange blocks;
@@ -139,6 +150,8 @@ class SharedPool {
   // and takes the request back. Both may be repeated.
   Status requestPreemption(const SharedPreemption& p);
   Status withdrawPreemption(const SharedPreemption& p);
+  // Records this scheduler's usage of tenant `u.vm` (u.scheduler is this one's).
+  Status publishUsage(const SharedUsage& u);
 
   // After the lease was lost: a new lease, and this scheduler's name registered under it
   // again (unavailable while etcd cannot be reached).
@@ -157,6 +170,7 @@ class SharedPool {
     int64_t revision = 0;
     std::map<VaccelId, SharedHolding> foreign;
     std::vector<SharedPreemption> preemptions;
+    std::vector<SharedUsage> usage;  // of live schedulers, this one's included
   };
   PoolCopy poolCopy();
   // Whether the watch runs (false after etcd was lost, until refresh() re-reads).
@@ -193,8 +207,10 @@ class SharedPool {
   static Result<SharedPreemption> parsePreemption(const std::string& key, const std::string& value,
                                                   const std::string& prefix);
   static std::string preemptionKey(const SharedPreemption& p);  // without the prefix
-  // At most this many standing preemption requests are read; the rest are refused.
-  static constexpr size_t kMaxPreemptions = 4096;
+  static Result<SharedUsage> parseUsage(const std::string& key, const std::string& value, const std::string& prefix);
+  // At most this many standing preemption requests, and as many usage records, are
+  // read; the rest are refused.
+  static constexpr size_t kMaxRecords = 4096;
 
  private:
   SharedPool(etcd::Client& client, SharedPoolOptions options, int64_t lease);
@@ -254,7 +270,13 @@ class SharedPool {
   VaccelId nextForeign_ = kForeignIds;
   std::vector<SharedHolding> holdings_;  // as placed in pool_ (refused ones left out)
   std::vector<SharedPreemption> preemptions_;  // standing requests of live schedulers
-  void readPreemptions();                       // under mutex_, by rebuild()
+  std::vector<SharedUsage> usage_;              // tenants' usage records of live schedulers
+  // Under mutex_, by rebuild(): the records under `dir` that parse and whose scheduler
+  // is alive, at most kMaxRecords.
+  template <typename Record>
+  void readRecords(const std::string& dir, const char* what,
+                   Result<Record> (*parse)(const std::string&, const std::string&, const std::string&),
+                   std::string Record::*scheduler, std::vector<Record>& out);
   Stats stats_;
   std::set<std::pair<std::string, int64_t>> refusedSeen_;  // (key, its revision) refused so far
   bool watchBroken_ = false;
