@@ -44,7 +44,9 @@ class PoolState {
                         HostVector host) = 0;
   virtual void release(VaccelId owner) = 0;
   virtual void setPriority(VaccelId owner, int priority) = 0;
-  // Compaction: whether this state may move holders itself, and one move.
+  // Compaction: whether this state may plan moves itself, and one move. In a shared
+  // pool only the elected leader plans; a move of another scheduler's vaccel is asked of
+  // that scheduler (unavailable here: it moves the vaccel itself, through moveAsked).
   virtual bool movesAllowed() const = 0;
   virtual Status applyMove(const Pool::Move& move) = 0;
   // The scheduler stops (on its loop, which then runs until its handles are closed).
@@ -84,6 +86,9 @@ class PoolState {
   // preemption across hosts, its priority already checked): true when it is being
   // suspended or is off its cards already (called on its loop).
   std::function<bool(VaccelId, const std::string& why)> preempted;
+  // The shared pool's leader planned a move of this scheduler's vaccel: true when the
+  // scheduler moved it (through applyMove, its data with it); called on its loop.
+  std::function<bool(const Pool::Move&, const std::string& why)> moveAsked;
   // A vaccel's blocks are no longer its own (a shared pool's lease lapsed and another
   // scheduler took them meanwhile): the scheduler takes it off them (called on its loop).
   std::function<void(VaccelId, const std::string& why)> lost;

@@ -542,16 +542,23 @@ size_t Scheduler::compact(size_t maxMoves, uint64_t maxMoveBytes, const std::str
   size_t done = 0;
   for (auto& mv : pool().planCompaction()) {
     if (done == budget) break;
-    Session* s = sessionById(mv.owner);
-    // A vaccel busy elsewhere (off its cards, or moving) or too big to move ends the
-    // plan: later moves count on this one having happened.
-    if (!s || s->phase != Phase::running || s->memoryUsed > maxMoveBytes) break;
-    if (!state_->applyMove(mv)) break;
+    // Another host's vaccel (a shared pool): its scheduler is asked to move it.
+    if (!sessionById(mv.owner) && !state_->holderElsewhere(mv.owner).empty()) (void)state_->applyMove(mv);
+    // A vaccel busy elsewhere (off its cards, or moving), too big to move or another
+    // host's ends the plan: later moves count on this one having happened.
+    if (!moveIfIdle(mv, maxMoveBytes, why)) break;
     ++done;
     ++movesInWindow_;
-    move(*s, {mv.to}, why);
   }
   return done;
+}
+
+bool Scheduler::moveIfIdle(const Pool::Move& mv, uint64_t maxMoveBytes, const std::string& why) {
+  Session* s = sessionById(mv.owner);
+  if (!s || s->phase != Phase::running || s->memoryUsed > maxMoveBytes) return false;
+  if (!state_->applyMove(mv)) return false;
+  move(*s, {mv.to}, why);
+  return true;
 }
 
 Result<std::string> Scheduler::drainNode(const std::string& name, bool undo) {

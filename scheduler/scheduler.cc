@@ -59,6 +59,9 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
     // Off blocks that are no longer its own: saved to host memory, resumed when blocks free.
     if (Session* s = sessionById(id); s && s->phase == Phase::running) suspend(*s, why, false);
   };
+  state_->moveAsked = [this](const Pool::Move& mv, const std::string& why) {
+    return moveIfIdle(mv, config_.defragMaxMoveBytes, why);
+  };
   state_->preempted = [this](VaccelId id, const std::string& why) {
     Session* s = sessionById(id);
     if (!s) return false;

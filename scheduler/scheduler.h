@@ -195,6 +195,9 @@ class Scheduler {
   void move(Session& s, std::vector<BlockRange> to, const std::string& why);
   // Plans and starts compaction moves within the rate limit; returns how many.
   size_t compact(size_t maxMoves, uint64_t maxMoveBytes, const std::string& why);
+  // One planned move of a running vaccel of this scheduler no larger than maxMoveBytes:
+  // its blocks through the pool's state, then its data (false: not moved).
+  bool moveIfIdle(const Pool::Move& mv, uint64_t maxMoveBytes, const std::string& why);
   Result<std::string> drainNode(const std::string& name, bool undo);
   Result<std::string> setPolicy(const std::string& vm, const std::vector<std::pair<std::string, std::string>>& settings);
   void acceptConsole(transport::ConnectionPtr connection);

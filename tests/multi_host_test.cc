@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <set>
 #include <tuple>
@@ -403,6 +404,64 @@ TEST_F(MultiHost, AHigherPriorityProgramPreemptsAnotherHostsVaccel) {
   auto back = (*onB)->readFloats(buffer, data.size());
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(*back, data);
+}
+
+// Compaction in a shared pool is planned by the elected leader. A hole opens before
+// another host's vaccel on a node: the leader asks that host's scheduler, which moves
+// its vaccel (its data with it), and the node is packed again.
+TEST_F(MultiHost, TheLeaderPlansCompactionAndAnotherHostMovesItsOwnVaccel) {
+  auto client = etcd::Client::open({etcd_->endpointList()});
+  ASSERT_TRUE(client) << client.error().message;
+  std::string leader;
+  ASSERT_TRUE(waitFor(
+      [&] {
+        auto r = (*client)->range("/raccel/leader");
+        if (!r || r->kvs_size() != 1) return false;
+        leader = json::parse(r->kvs(0).value(), nullptr, false).value("scheduler", "");
+        return !leader.empty();
+      },
+      10000))
+      << logs();
+  std::map<std::string, std::pair<Cluster*, std::string>> hosts{
+      {"host-a", {a_.get(), guestdA_}}, {"host-b", {b_.get(), guestdB_}}, {"host-c", {c_.get(), guestdC_}}};
+  ASSERT_TRUE(hosts.count(leader)) << leader;
+  auto [lead, leadGuestd] = hosts[leader];
+  auto [other, otherGuestd] = hosts[leader == "host-a" ? "host-b" : "host-a"];
+  auto hole = openOn(leadGuestd, "hole", 1);
+  ASSERT_TRUE(hole) << hole.error().message << logs();
+  auto kept = openOn(otherGuestd, "kept", 1);
+  ASSERT_TRUE(kept) << kept.error().message << logs();
+  const uint32_t holeAt = (*hole)->vaccel().blocks.at(0).first, keptAt = (*kept)->vaccel().blocks.at(0).first;
+  ASSERT_EQ(keptAt, holeAt + 1) << "the two placed side by side: " << (*hole)->vaccel().describe() << " / "
+                                << (*kept)->vaccel().describe();
+  auto data = randomFloats(4096, 31);
+  uint64_t buffer = (*kept)->alloc(data.size() * 4);
+  (*kept)->writeFloats(buffer, data);
+  ASSERT_TRUE((*kept)->fence());
+  // The leader's vaccel ends: the leader compacts after the release (defrag_on_release)
+  // and asks the other host to move its vaccel into the hole.
+  (*hole).reset();
+  auto keptFirst = [&] {
+    json v = vaccelOf(*other, "kept");
+    return v.contains("blocks") && v["blocks"].size() == 1 ? v["blocks"][0].value("first", 0u) : 0u;
+  };
+  EXPECT_TRUE(waitFor([&] { return keptFirst() == holeAt; }, 20000)) << other->console("vaccels") << logs();
+  EXPECT_NE(lead->logs().find("asking scheduler " + std::string(other == a_.get() ? "host-a" : "host-b") + " to move its vaccel"),
+            std::string::npos)
+      << lead->logs();
+  EXPECT_TRUE(waitFor([&] { return vaccelOf(*other, "kept").value("state", "") == "running"; }, 20000)) << other->console("vaccels");
+  auto back = (*kept)->readFloats(buffer, data.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, data);
+  std::string why;
+  EXPECT_TRUE(gemmWorks(**kept, 6, &why)) << why;
+  // Its request is ended.
+  EXPECT_TRUE(waitFor(
+      [&] {
+        auto r = (*client)->range("/raccel/moves/");
+        return r && r->kvs_size() == 0;
+      },
+      10000));
 }
 
 // With a lease long enough to see the request stand before it ends.

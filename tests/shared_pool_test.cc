@@ -279,6 +279,65 @@ TEST_F(SharedPoolTest, APreemptionRequestStandsOnlyWhileItsSchedulerLives) {
   EXPECT_EQ(left->kvs_size(), 0);
 }
 
+TEST(SharedMove, AKeyOrValueThatBreaksTheFormatIsRefused) {
+  const std::string key = "/raccel/moves/host-b/7";
+  auto good = SharedPool::parseMove(key, R"({"by":"host-a","from":[[3,1],[9,2]],"to":[[1,3]]})", "/raccel/");
+  ASSERT_TRUE(good) << good.error().message;
+  EXPECT_EQ(good->scheduler, "host-b");
+  EXPECT_EQ(good->vaccel, 7u);
+  EXPECT_EQ(good->by, "host-a");
+  EXPECT_EQ(good->from, (std::vector<BlockRange>{{3, 1}, {9, 2}}));
+  EXPECT_EQ(good->to, (BlockRange{1, 3}));
+  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {key, "not json"},
+           {key, R"({"from":[[3,1]],"to":[[1,1]]})"},
+           {key, R"({"by":"a b","from":[[3,1]],"to":[[1,1]]})"},
+           {key, R"({"by":"host-a","to":[[1,1]]})"},
+           {key, R"({"by":"host-a","from":[[3,1]]})"},
+           {key, R"({"by":"host-a","from":[[3,1]],"to":[[1,1],[5,1]]})"},
+           {key, R"({"by":"host-a","from":[[3,1]],"to":[[0,1]]})"},
+           {key, R"({"by":"host-a","from":[[3,1]],"to":[[16777216,2]]})"},
+           {key, R"({"by":"host-a","from":[],"to":[[1,1]]})"},
+           {"/raccel/moves/host-b", R"({"by":"host-a","from":[[3,1]],"to":[[1,1]]})"},
+           {"/raccel/moves/host-b/0", R"({"by":"host-a","from":[[3,1]],"to":[[1,1]]})"},
+           {"/raccel/moves/host-b/7/8", R"({"by":"host-a","from":[[3,1]],"to":[[1,1]]})"},
+       })
+    EXPECT_FALSE(SharedPool::parseMove(k, v, "/raccel/")) << k << " " << v;
+}
+
+// One scheduler leads (plans the moves) at a time: the first to seek it; when it leaves,
+// its key ends with its lease and another takes over. A leader key that names no live
+// scheduler (written by hand, without a lease) or does not parse is taken over.
+TEST_F(SharedPoolTest, OneSchedulerLeadsAndAnotherTakesOverWhenItLeaves) {
+  auto a = join("host-a");
+  auto b = join("host-b");
+  ASSERT_TRUE(a && b);
+  auto led = a->campaign();
+  ASSERT_TRUE(led) << led.error().message;
+  EXPECT_TRUE(*led);
+  ASSERT_TRUE(waitFor([&] { return b->leader() == "host-a"; }, 10000)) << b->leader();
+  led = b->campaign();
+  ASSERT_TRUE(led) << led.error().message;
+  EXPECT_FALSE(*led);
+  EXPECT_TRUE(a->leads());
+  EXPECT_FALSE(b->leads());
+  ASSERT_TRUE(a->leave());
+  ASSERT_TRUE(waitFor([&] { return b->leader().empty(); }, 10000)) << b->leader();
+  led = b->campaign();
+  ASSERT_TRUE(led) << led.error().message;
+  EXPECT_TRUE(*led);
+  EXPECT_TRUE(b->leads());
+  for (const char* stale : {R"({"scheduler":"gone"})", "not json", R"({"scheduler":"a/b"})"}) {
+    ASSERT_TRUE(client_->put("/raccel/leader", stale));
+    ASSERT_TRUE(waitFor([&] { return b->leader().empty(); }, 10000)) << stale;
+    EXPECT_FALSE(b->leads());
+    led = b->campaign();
+    ASSERT_TRUE(led) << led.error().message;
+    EXPECT_TRUE(*led) << stale;
+    EXPECT_EQ(b->leader(), "host-b");
+  }
+}
+
 TEST_F(SharedPoolTest, SchedulersShareOneNumberingAndSeeEachOthersHoldings) {
   auto a = join("host-a");
   auto b = join("host-b");

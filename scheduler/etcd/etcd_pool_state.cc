@@ -51,6 +51,7 @@ EtcdPoolState::EtcdPoolState(uv_loop_t* loop, std::string describe)
     if (!self) return;  // stopped
     self->sync();
     self->answerPreemptions();
+    self->answerMoves();
     std::vector<std::pair<VaccelId, std::string>> lost;
     {
       std::lock_guard lock(self->mutex_);
@@ -120,7 +121,7 @@ Error EtcdPoolState::etcdLost() const {
 
 void EtcdPoolState::sync() {
   if (!shared_) return;
-  auto [pool, revision, foreign, preemptions, usage] = shared_->poolCopy();
+  auto [pool, revision, foreign, preemptions, usage, moves] = shared_->poolCopy();
   (void)revision;
   for (size_t i = 0; i < pool.nodes().size(); ++i) {
     const std::string& name = pool.nodes()[i].name;
@@ -128,6 +129,14 @@ void EtcdPoolState::sync() {
     else if (draining_.count(name)) pool.setDraining(i, true);
   }
   foreign_ = std::move(foreign);
+  movesAsked_.clear();
+  std::set<std::pair<std::string, uint64_t>> standing;
+  for (auto& m : moves) {
+    if (m.by == shared_->name()) standing.insert({m.scheduler, m.vaccel});
+    if (m.scheduler == shared_->name()) movesAsked_.push_back(std::move(m));
+  }
+  std::erase_if(movesAskedOfOthers_, [&](const auto& key) { return !standing.count(key); });
+  campaignIfLeaderless();
   usageElsewhere_.clear();
   for (auto& u : usage)
     if (u.scheduler != shared_->name()) usageElsewhere_.push_back(std::move(u));
@@ -356,8 +365,75 @@ Status EtcdPoolState::assign(VaccelId, const std::string&, const std::vector<Blo
                                    "with the scheduler's lease)");
 }
 
-Status EtcdPoolState::applyMove(const Pool::Move&) {
-  return fail(Code::unimplemented, "moves in a shared pool are planned by one elected leader, which is not built yet");
+void EtcdPoolState::campaignIfLeaderless() {
+  if (campaigning_ || !shared_->leader().empty()) return;
+  campaigning_ = true;
+  post({[this]() -> Status {
+          auto led = shared_->campaign();
+          if (!led) return fail(led.error());
+          campaigning_ = false;
+          return {};
+        },
+        "seeking the pool's leadership"});
+}
+
+Status EtcdPoolState::applyMove(const Pool::Move& move) {
+  const bool asked = std::any_of(movesAsked_.begin(), movesAsked_.end(), [&](const SharedMove& m) {
+    return m.vaccel == move.owner && m.from == move.from && m.to == move.to;
+  });
+  if (!asked && !shared_->leads())
+    return fail(Code::unavailable, "moves in the shared pool are planned by its leader (" +
+                                       (shared_->leader().empty() ? std::string("none now") : shared_->leader()) + ")");
+  if (move.owner >= SharedPool::kForeignIds) {
+    // Another scheduler's vaccel: its data is there, so it moves it, asked to.
+    auto it = foreign_.find(move.owner);
+    if (it == foreign_.end()) return fail(Code::notFound, "no vaccel " + std::to_string(move.owner) + " in the view");
+    SharedMove m{it->second.scheduler, it->second.vaccel, shared_->name(), move.from, move.to};
+    if (movesAskedOfOthers_.insert({m.scheduler, m.vaccel}).second) {
+      RLOG_INFO("scheduler") << "shared pool: asking scheduler " << m.scheduler << " to move its vaccel " << m.vaccel
+                             << " to blocks " << m.to.first << "-" << m.to.end() - 1 << " (compaction)";
+      post({[this, m] { return shared_->requestMove(m); }, "asking " + m.scheduler + " to move its vaccel " + std::to_string(m.vaccel)});
+    }
+    return fail(Code::unavailable, "vaccel " + holderElsewhere(move.owner) + " is moved by its own scheduler, which was asked to");
+  }
+  Owned o;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = owned_.find(move.owner);
+    if (it == owned_.end()) return fail(Code::notFound, "vaccel " + std::to_string(move.owner) + " holds no blocks here");
+    o = it->second;
+  }
+  if (o.ranges != move.from) return fail(Code::invalidArgument, "vaccel " + std::to_string(move.owner) + "'s blocks changed since the plan");
+  if (auto claimed = shared_->claim(move.owner, o.vm, {move.to}, o.priority, o.host); !claimed) return claimed;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = owned_.find(move.owner); it != owned_.end()) it->second.ranges = {move.to};
+  }
+  sync();
+  if (mirror_.held(move.owner) != std::vector<BlockRange>{move.to}) {  // the watch has not brought it yet
+    mirror_.release(move.owner);
+    if (auto ok = mirror_.assign(move.owner, {move.to}, o.priority, o.host); !ok)
+      RLOG_WARN("scheduler") << "shared pool: vaccel " << move.owner << "'s new blocks are not free in this view yet: " << ok.error().message;
+  }
+  return {};
+}
+
+void EtcdPoolState::answerMoves() {
+  std::set<std::string> named;
+  for (const SharedMove& m : movesAsked_) {
+    const std::string key = m.by + "/" + std::to_string(m.vaccel) + "@" + std::to_string(m.to.first);
+    named.insert(key);
+    if (!movesAnswered_.insert(key).second) continue;  // its end is on the way
+    std::string refused;
+    if (m.by != shared_->leader()) refused = "scheduler " + m.by + " does not lead the pool";
+    bool moved = refused.empty() && moveAsked && moveAsked({m.vaccel, m.from, m.to}, "compaction planned by the pool's leader, " + m.by);
+    if (!moved)
+      RLOG_INFO("scheduler") << "shared pool: vaccel " << m.vaccel << " not moved as " << m.by << " asked: "
+                             << (refused.empty() ? "it is busy, too big to move now, or its blocks changed" : refused);
+    post({[this, vaccel = m.vaccel] { return shared_->endMove(shared_->name(), vaccel); },
+          "ending the move request of vaccel " + std::to_string(m.vaccel)});
+  }
+  std::erase_if(movesAnswered_, [&](const std::string& k) { return !named.count(k); });
 }
 
 void EtcdPoolState::release(VaccelId owner) {

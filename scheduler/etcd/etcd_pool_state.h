@@ -8,6 +8,12 @@
 //   - every holding: this scheduler's vaccels under their own ids, other schedulers'
 //     under ids from SharedPool::kForeignIds up, at their pool priorities.
 //
+// Compaction is planned by one elected leader: the first scheduler to create the pool's
+// `leader` key under its lease (sought again by all whenever it is gone). The leader
+// moves its own vaccels, and asks the others' schedulers (moves/SCHEDULER/VACCEL) to
+// move theirs; each checks the request came from the leader and still matches its
+// vaccel's blocks, moves it with its data, and ends the request.
+//
 // Tenant usage is global: each scheduler publishes its tenants' decayed block-seconds
 // (usage/SCHEDULER/VM, under its lease) when their holdings change and at least every
 // 10 s, and orders its admissions by its own usage of a tenant plus the others'.
@@ -32,9 +38,8 @@
 // blocks another scheduler took meanwhile is reported through `lost` (the scheduler
 // suspends it: its buffers are saved, and it resumes when blocks free).
 //
-// Not yet in a shared pool: moves (compaction is planned by one elected leader, not
-// built yet), and restoring allocations after a restart (the holdings end with the
-// scheduler's lease).
+// Not yet in a shared pool: restoring allocations after a restart (the holdings end with
+// the scheduler's lease).
 #pragma once
 
 #include <uv.h>
@@ -74,7 +79,7 @@ class EtcdPoolState final : public PoolState {
                 HostVector host) override;
   void release(VaccelId owner) override;
   void setPriority(VaccelId owner, int priority) override;
-  bool movesAllowed() const override { return false; }
+  bool movesAllowed() const override { return shared_ && shared_->leads(); }
   Status applyMove(const Pool::Move& move) override;
   void stop() override;
   std::string holderElsewhere(VaccelId owner) const override;
@@ -145,6 +150,17 @@ class EtcdPoolState final : public PoolState {
   std::map<std::string, Published> published_;
   std::map<std::string, SharedUsage> unpublished_;
   Status publishUsage();  // the committing thread
+
+  // Moves (loop thread). The leader's requests of this scheduler's vaccels, from the
+  // view; those answered (their requests are being ended); the moves this scheduler,
+  // leading, asked of others that still stand. Leadership is sought whenever the pool
+  // has no leader (one campaign at a time).
+  std::vector<SharedMove> movesAsked_;
+  std::set<std::string> movesAnswered_;
+  std::set<std::pair<std::string, uint64_t>> movesAskedOfOthers_;
+  std::atomic<bool> campaigning_{false};
+  void campaignIfLeaderless();
+  void answerMoves();
   bool stopping_ = false;
   std::thread thread_;
 };

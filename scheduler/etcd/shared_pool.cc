@@ -183,6 +183,47 @@ const pb::RangeResponse* failureRange(const pb::TxnResponse& response) {
   return nullptr;
 }
 
+// The `count` segments of a key PREFIX DIR/A/B/..., or an error naming `shape`.
+Result<std::vector<std::string>> keySegments(const std::string& key, const std::string& prefix, const std::string& dir,
+                                             size_t count, const char* shape) {
+  const std::string head = prefix + dir;
+  if (!key.starts_with(head)) return fail(Code::invalidArgument, std::string("not ") + shape);
+  std::vector<std::string> parts;
+  for (size_t at = head.size(); parts.size() <= count;) {
+    size_t slash = key.find('/', at);
+    parts.push_back(key.substr(at, slash == std::string::npos ? std::string::npos : slash - at));
+    if (slash == std::string::npos) break;
+    at = slash + 1;
+  }
+  if (parts.size() != count) return fail(Code::invalidArgument, std::string("not ") + shape);
+  return parts;
+}
+
+json rangesJson(const std::vector<BlockRange>& ranges) {
+  json out = json::array();
+  for (auto& r : ranges) out.push_back({r.first, r.count});
+  return out;
+}
+
+// `field`: a list of 1 to kMaxRangesPerHolding [first, count] within the pool's numbers.
+Result<std::vector<BlockRange>> parseRanges(const json& j, const char* field) {
+  auto ranges = j.find(field);
+  if (ranges == j.end() || !ranges->is_array() || ranges->empty() || ranges->size() > kMaxRangesPerHolding)
+    return fail(Code::invalidArgument, std::string(field) + " is not a list of 1 to " + std::to_string(kMaxRangesPerHolding));
+  std::vector<BlockRange> out;
+  for (auto& r : *ranges) {
+    if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() || !r[1].is_number_unsigned())
+      return fail(Code::invalidArgument, "a range is not [first, count]");
+    uint64_t first = r[0].get<uint64_t>(), count = r[1].get<uint64_t>();
+    if (first == 0 || count == 0 || first > limits::kMaxPoolBlocks || count > limits::kMaxPoolBlocks ||
+        first + count > limits::kMaxPoolBlocks + 1)
+      return fail(Code::invalidArgument, "range [" + std::to_string(first) + ", " + std::to_string(count) +
+                                             "] is not within the pool's numbers");
+    out.push_back({static_cast<uint32_t>(first), static_cast<uint32_t>(count)});
+  }
+  return out;
+}
+
 // A vaccel's id as a key segment: a decimal number from 1, below kForeignIds.
 Result<uint64_t> parseVaccelId(const std::string& id) {
   if (id.empty() || id.size() > 19 || id.find_first_not_of("0123456789") != std::string::npos || id[0] == '0' ||
@@ -213,26 +254,17 @@ Result<int> poolPriorityOf(const json& j) {
 
 Result<SharedPreemption> SharedPool::parsePreemption(const std::string& key, const std::string& value,
                                                      const std::string& prefix) {
-  // key: PREFIX preempt/SCHEDULER/VACCEL/BY/FOR
-  const std::string head = prefix + "preempt/";
-  if (!key.starts_with(head)) return fail(Code::invalidArgument, "not a preemption's key");
-  std::vector<std::string> parts;
-  for (size_t at = head.size(); parts.size() < 5;) {
-    size_t slash = key.find('/', at);
-    parts.push_back(key.substr(at, slash == std::string::npos ? std::string::npos : slash - at));
-    if (slash == std::string::npos) break;
-    at = slash + 1;
-  }
-  if (parts.size() != 4) return fail(Code::invalidArgument, "not preempt/SCHEDULER/VACCEL/BY/FOR");
+  auto parts = keySegments(key, prefix, "preempt/", 4, "preempt/SCHEDULER/VACCEL/BY/FOR");
+  if (!parts) return fail(parts.error());
   SharedPreemption p;
-  p.victimScheduler = parts[0];
-  p.by = parts[2];
+  p.victimScheduler = (*parts)[0];
+  p.by = (*parts)[2];
   if (auto ok = limits::checkKeyName("scheduler", p.victimScheduler); !ok) return fail(ok.error());
   if (auto ok = limits::checkKeyName("scheduler", p.by); !ok) return fail(ok.error());
   if (p.by == p.victimScheduler) return fail(Code::invalidArgument, "a scheduler preempts its own vaccels itself");
-  auto victim = parseVaccelId(parts[1]);
+  auto victim = parseVaccelId((*parts)[1]);
   if (!victim) return fail(victim.error());
-  auto forVaccel = parseVaccelId(parts[3]);
+  auto forVaccel = parseVaccelId((*parts)[3]);
   if (!forVaccel) return fail(forVaccel.error());
   p.victim = *victim;
   p.forVaccel = *forVaccel;
@@ -248,13 +280,11 @@ Result<SharedPreemption> SharedPool::parsePreemption(const std::string& key, con
 }
 
 Result<SharedUsage> SharedPool::parseUsage(const std::string& key, const std::string& value, const std::string& prefix) {
-  // key: PREFIX usage/SCHEDULER/VM
-  const std::string head = prefix + "usage/";
-  size_t slash = key.find('/', std::min(key.size(), head.size()));
-  if (!key.starts_with(head) || slash == std::string::npos) return fail(Code::invalidArgument, "not a usage record's key");
+  auto parts = keySegments(key, prefix, "usage/", 2, "usage/SCHEDULER/VM");
+  if (!parts) return fail(parts.error());
   SharedUsage u;
-  u.scheduler = key.substr(head.size(), slash - head.size());
-  u.vm = key.substr(slash + 1);
+  u.scheduler = (*parts)[0];
+  u.vm = (*parts)[1];
   if (auto ok = limits::checkKeyName("scheduler", u.scheduler); !ok) return fail(ok.error());
   if (auto ok = limits::checkKeyName("vm", u.vm); !ok) return fail(ok.error());
   auto j = parseJson(value);
@@ -274,20 +304,41 @@ Result<SharedUsage> SharedPool::parseUsage(const std::string& key, const std::st
   return u;
 }
 
+Result<SharedMove> SharedPool::parseMove(const std::string& key, const std::string& value, const std::string& prefix) {
+  auto parts = keySegments(key, prefix, "moves/", 2, "moves/SCHEDULER/VACCEL");
+  if (!parts) return fail(parts.error());
+  SharedMove m;
+  m.scheduler = (*parts)[0];
+  if (auto ok = limits::checkKeyName("scheduler", m.scheduler); !ok) return fail(ok.error());
+  auto vaccel = parseVaccelId((*parts)[1]);
+  if (!vaccel) return fail(vaccel.error());
+  m.vaccel = *vaccel;
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  if (!j->contains("by") || !(*j)["by"].is_string()) return fail(Code::invalidArgument, "by is not text");
+  m.by = (*j)["by"].get<std::string>();
+  if (auto ok = limits::checkKeyName("scheduler", m.by); !ok) return fail(ok.error());
+  auto from = parseRanges(*j, "from");
+  if (!from) return fail(from.error());
+  auto to = parseRanges(*j, "to");
+  if (!to) return fail(to.error());
+  if (to->size() != 1) return fail(Code::invalidArgument, "to is not one range");
+  m.from = std::move(*from);
+  m.to = (*to)[0];
+  return m;
+}
+
 std::string SharedPool::preemptionKey(const SharedPreemption& p) {
   return "preempt/" + p.victimScheduler + "/" + std::to_string(p.victim) + "/" + p.by + "/" + std::to_string(p.forVaccel);
 }
 
 Result<SharedHolding> SharedPool::parseHolding(const std::string& key, const std::string& value, const std::string& prefix) {
-  // key: PREFIX holds/SCHEDULER/VACCEL
-  std::string rest = key.substr(std::min(key.size(), prefix.size() + 6));
-  size_t slash = rest.find('/');
-  if (!key.starts_with(prefix + "holds/") || slash == std::string::npos)
-    return fail(Code::invalidArgument, "not a holding's key");
+  auto parts = keySegments(key, prefix, "holds/", 2, "holds/SCHEDULER/VACCEL");
+  if (!parts) return fail(parts.error());
   SharedHolding h;
-  h.scheduler = rest.substr(0, slash);
+  h.scheduler = (*parts)[0];
   if (auto ok = limits::checkKeyName("scheduler", h.scheduler); !ok) return fail(ok.error());
-  auto id = parseVaccelId(rest.substr(slash + 1));
+  auto id = parseVaccelId((*parts)[1]);
   if (!id) return fail(id.error());
   h.vaccel = *id;
   auto j = parseJson(value);
@@ -306,26 +357,14 @@ Result<SharedHolding> SharedPool::parseHolding(const std::string& key, const std
   auto host = parseHost(*j);
   if (!host) return fail(host.error());
   h.host = *host;
-  auto ranges = j->find("ranges");
-  if (ranges == j->end() || !ranges->is_array() || ranges->empty() || ranges->size() > kMaxRangesPerHolding)
-    return fail(Code::invalidArgument, "ranges is not a list of 1 to " + std::to_string(kMaxRangesPerHolding));
-  for (auto& r : *ranges) {
-    if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() || !r[1].is_number_unsigned())
-      return fail(Code::invalidArgument, "a range is not [first, count]");
-    uint64_t first = r[0].get<uint64_t>(), count = r[1].get<uint64_t>();
-    if (first == 0 || count == 0 || first > limits::kMaxPoolBlocks || count > limits::kMaxPoolBlocks ||
-        first + count > limits::kMaxPoolBlocks + 1)
-      return fail(Code::invalidArgument, "range [" + std::to_string(first) + ", " + std::to_string(count) +
-                                             "] is not within the pool's numbers");
-    h.ranges.push_back({static_cast<uint32_t>(first), static_cast<uint32_t>(count)});
-  }
+  auto ranges = parseRanges(*j, "ranges");
+  if (!ranges) return fail(ranges.error());
+  h.ranges = std::move(*ranges);
   return h;
 }
 
 std::string SharedPool::holdingValue(const SharedHolding& h) {
-  json ranges = json::array();
-  for (auto& r : h.ranges) ranges.push_back({r.first, r.count});
-  return json{{"vm", h.vm}, {"priority", h.priority}, {"ranges", ranges}, {"host", hostJson(h.host)},
+  return json{{"vm", h.vm}, {"priority", h.priority}, {"ranges", rangesJson(h.ranges)}, {"host", hostJson(h.host)},
               {"cardMilli", h.cardMilli}}
       .dump();
 }
@@ -442,6 +481,54 @@ SharedPool::~SharedPool() {
   watcher_.reset();
   keeper_.reset();
 }
+
+Result<bool> SharedPool::campaign() {
+  // The leader key names a live scheduler: it leads. Absent, or naming none that lives
+  // (written by hand, or without a lease), it is taken: the transaction compares the
+  // revision read, so two campaigns never both win.
+  int64_t mod = 0;
+  std::string stale;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = keys_.find("leader");
+    if (it != keys_.end()) {
+      std::string name = leaderNamed(it->second.value);
+      if (!name.empty() && keys_.count("schedulers/" + name)) return name == options_.scheduler && !leaseLost_;
+      mod = it->second.modRevision;
+      stale = limits::clip(it->second.value, 64);
+    }
+  }
+  const std::string key = options_.prefix + "leader";
+  pb::TxnRequest txn;
+  compareMod(txn, key, mod);
+  put(txn, key, json{{"scheduler", options_.scheduler}}.dump(), lease_);
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
+  catchUp(lock, answer->header().revision());
+  lock.unlock();
+  if (answer->succeeded())
+    RLOG_INFO("shared-pool") << "scheduler " << options_.scheduler << " leads the pool (it plans the moves)"
+                             << (stale.empty() ? "" : "; the leader key named no live scheduler: " + stale);
+  return answer->succeeded() || leads();
+}
+
+std::string SharedPool::leaderNamed(const std::string& value) {
+  auto j = parseJson(value);
+  if (!j || !j->contains("scheduler") || !(*j)["scheduler"].is_string()) return {};
+  std::string name = (*j)["scheduler"].get<std::string>();
+  return limits::checkKeyName("scheduler", name) ? name : std::string();
+}
+
+std::string SharedPool::leader() {
+  std::lock_guard lock(mutex_);
+  auto it = keys_.find("leader");
+  if (it == keys_.end()) return {};
+  std::string name = leaderNamed(it->second.value);
+  return keys_.count("schedulers/" + name) ? name : std::string();
+}
+
+bool SharedPool::leads() { return !leaseLost_ && leader() == options_.scheduler; }
 
 Status SharedPool::leave() {
   keeper_.reset();
@@ -619,6 +706,7 @@ void SharedPool::rebuild() {
   }
   readRecords("preempt/", "preemption requests", &SharedPool::parsePreemption, &SharedPreemption::by, preemptions_);
   readRecords("usage/", "usage records", &SharedPool::parseUsage, &SharedUsage::scheduler, usage_);
+  readRecords("moves/", "move requests", &SharedPool::parseMove, &SharedMove::by, moves_);
   // Ids of holdings that are gone are dropped (bounded by what the pool holds now).
   if (localIds_.size() > 2 * holdings_.size() + 64)
     std::erase_if(localIds_, [&](const auto& entry) { return pool_.held(entry.second).empty(); });
@@ -850,6 +938,28 @@ Status SharedPool::publishUsage(const SharedUsage& u) {
   return {};
 }
 
+Status SharedPool::requestMove(const SharedMove& m) {
+  if (m.by != options_.scheduler || !leads()) return fail(Code::invalidArgument, "only the pool's leader asks for moves");
+  pb::TxnRequest txn;
+  put(txn, options_.prefix + "moves/" + m.scheduler + "/" + std::to_string(m.vaccel),
+      json{{"by", m.by}, {"from", rangesJson(m.from)}, {"to", rangesJson({m.to})}}.dump(), lease_);
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
+  catchUp(lock, answer->header().revision());
+  return {};
+}
+
+Status SharedPool::endMove(const std::string& scheduler, uint64_t vaccel) {
+  pb::TxnRequest txn;
+  txn.add_success()->mutable_request_delete_range()->set_key(options_.prefix + "moves/" + scheduler + "/" + std::to_string(vaccel));
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
+  catchUp(lock, answer->header().revision());
+  return {};
+}
+
 Status SharedPool::withdrawPreemption(const SharedPreemption& p) {
   pb::TxnRequest txn;
   txn.add_success()->mutable_request_delete_range()->set_key(options_.prefix + preemptionKey(p));
@@ -863,7 +973,7 @@ Status SharedPool::withdrawPreemption(const SharedPreemption& p) {
 SharedPool::PoolCopy SharedPool::poolCopy() {
   std::lock_guard lock(mutex_);
   rebuild();
-  PoolCopy copy{pool_, revision_, {}, preemptions_, usage_};
+  PoolCopy copy{pool_, revision_, {}, preemptions_, usage_, moves_};
   for (auto& h : holdings_)
     if (h.scheduler != options_.scheduler)
       copy.foreign[localId(h.scheduler, h.vaccel)] = h;

@@ -18,6 +18,11 @@
 //                          under the lease of scheduler BY: its vaccel FOR (of {"vm"}, at pool
 //                          priority {"priority"}) needs the blocks of SCHEDULER's VACCEL, which
 //                          SCHEDULER suspends when that priority is above the victim's
+//   leader                 under the lease of the scheduler it names ({"scheduler"}): the one
+//                          that plans compaction; the first to create it while it is absent
+//   moves/SCHEDULER/VACCEL under the leader's lease: the leader's plan moves SCHEDULER's
+//                          VACCEL ({"by", "from": its ranges, "to": one range}); SCHEDULER
+//                          moves it (its data with it) and deletes the request
 //   usage/SCHEDULER/VM     under the scheduler's lease: tenant VM's usage there
 //                          ({"used": decayed block-seconds as of "at", "at", "blocks" held})
 //
@@ -92,6 +97,15 @@ struct SharedPreemption {
   std::string vm;
 };
 
+// A move the leader planned (compaction) for another scheduler's vaccel.
+struct SharedMove {
+  std::string scheduler;  // the vaccel's
+  uint64_t vaccel = 0;
+  std::string by;  // the leader that planned it
+  std::vector<BlockRange> from;
+  BlockRange to;
+};
+
 // A tenant's usage on one scheduler: decayed block-seconds `used` as of `at` (seconds on
 // the policy clock), and the blocks it holds there.
 struct SharedUsage {
@@ -152,6 +166,18 @@ class SharedPool {
   Status withdrawPreemption(const SharedPreemption& p);
   // Records this scheduler's usage of tenant `u.vm` (u.scheduler is this one's).
   Status publishUsage(const SharedUsage& u);
+  // The leader asks for a move of another scheduler's vaccel (m.by is this one, which
+  // must lead); the vaccel's scheduler ends the request once it moved it, or refused.
+  Status requestMove(const SharedMove& m);
+  Status endMove(const std::string& scheduler, uint64_t vaccel);
+
+  // Leadership (the one scheduler that plans moves): becomes the leader when there is
+  // none (a transaction that creates `leader` under this scheduler's lease only while it
+  // is absent: at most one leader at any revision). Returns whether this one leads.
+  Result<bool> campaign();
+  // The leader in the view ("" when none), and whether it is this scheduler.
+  std::string leader();  // "" also when the key names no live scheduler
+  bool leads();
 
   // After the lease was lost: a new lease, and this scheduler's name registered under it
   // again (unavailable while etcd cannot be reached).
@@ -171,6 +197,7 @@ class SharedPool {
     std::map<VaccelId, SharedHolding> foreign;
     std::vector<SharedPreemption> preemptions;
     std::vector<SharedUsage> usage;  // of live schedulers, this one's included
+    std::vector<SharedMove> moves;   // asked by a live scheduler
   };
   PoolCopy poolCopy();
   // Whether the watch runs (false after etcd was lost, until refresh() re-reads).
@@ -208,6 +235,7 @@ class SharedPool {
                                                   const std::string& prefix);
   static std::string preemptionKey(const SharedPreemption& p);  // without the prefix
   static Result<SharedUsage> parseUsage(const std::string& key, const std::string& value, const std::string& prefix);
+  static Result<SharedMove> parseMove(const std::string& key, const std::string& value, const std::string& prefix);
   // At most this many standing preemption requests, and as many usage records, are
   // read; the rest are refused.
   static constexpr size_t kMaxRecords = 4096;
@@ -225,6 +253,7 @@ class SharedPool {
   // Waits (mutex_ held through `lock`) until the watch has brought `revision`.
   void catchUp(std::unique_lock<std::mutex>& lock, int64_t revision);
   void rebuild();  // the view from keys_, under mutex_
+  static std::string leaderNamed(const std::string& value);  // "" when it names none
   void noteRefused(const std::string& key, const std::string& why);  // logged and counted once
   void quarantine(const std::vector<BlockRange>& ranges, int64_t created);
   // A gap in the numbering before `first` (a node record refused or removed) is held by
@@ -271,6 +300,7 @@ class SharedPool {
   std::vector<SharedHolding> holdings_;  // as placed in pool_ (refused ones left out)
   std::vector<SharedPreemption> preemptions_;  // standing requests of live schedulers
   std::vector<SharedUsage> usage_;              // tenants' usage records of live schedulers
+  std::vector<SharedMove> moves_;               // move requests of live schedulers
   // Under mutex_, by rebuild(): the records under `dir` that parse and whose scheduler
   // is alive, at most kMaxRecords.
   template <typename Record>
