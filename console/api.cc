@@ -123,17 +123,27 @@ bool isAction(const std::string& word) {
 Status buildAction(const std::vector<std::string>& words, const ActionOptions& options, wire::ConsoleRequest::Builder request) {
   if (words.empty()) return fail(Code::invalidArgument, std::string("no action given (the actions: ") + kActionList + ")");
   const std::string& command = words[0];
-  auto id = [&]() -> Result<uint64_t> {
-    if (words.size() != 2) return fail(Code::invalidArgument, command + " takes one vaccel id (see raccelctl vaccels)");
+  auto id = [&](const std::string& word) -> Result<uint64_t> {
     char* end = nullptr;
-    std::string w = !words[1].empty() && words[1][0] == '#' ? words[1].substr(1) : words[1];
+    std::string w = !word.empty() && word[0] == '#' ? word.substr(1) : word;
     unsigned long long v = std::strtoull(w.c_str(), &end, 10);
     if (w.empty() || *end || v == 0 || w[0] == '-' || w[0] == '+' || w.size() > 19)
-      return fail(Code::invalidArgument, "'" + words[1] + "' is not a vaccel id");
+      return fail(Code::invalidArgument, "'" + limits::clip(word, 64) + "' is not a vaccel id");
     return v;
   };
-  if (command == "preempt" || command == "resume") {
-    auto v = id();
+  if ((command == "preempt" || command == "resume") && words.size() == 2 && words[1].find('/') != std::string::npos) {
+    // HOST/ID: another host's vaccel in a shared pool.
+    const size_t slash = words[1].find('/');
+    const std::string host = words[1].substr(0, slash);
+    auto v = id(words[1].substr(slash + 1));
+    if (!v) return fail(v.error());
+    if (host.empty()) return fail(Code::invalidArgument, "'" + limits::clip(words[1], 64) + "' names no host (HOST/ID)");
+    auto ref = command == "preempt" ? request.initPreemptElsewhere() : request.initResumeElsewhere();
+    ref.setHost(host);
+    ref.setId(*v);
+  } else if (command == "preempt" || command == "resume") {
+    if (words.size() != 2) return fail(Code::invalidArgument, command + " takes one vaccel id (see raccelctl vaccels)");
+    auto v = id(words[1]);
     if (!v) return fail(v.error());
     if (command == "preempt") request.setPreempt(*v);
     else request.setResume(*v);

@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
                            "  preempt ID            suspend vaccel ID now (buffers saved to host memory, cards\n"
                            "                        released); it stays suspended until `resume ID`\n"
                            "  resume ID             let vaccel ID resume when its blocks are free\n"
+                           "  preempt|resume HOST/ID  the same for another host's vaccel in a pool shared\n"
+                           "                        through etcd (asked of the scheduler HOST)\n"
                            "  defrag                compact the pool now: move vaccels (their buffers too) so each\n"
                            "                        holds one range; limited by --max-moves and --max-bytes\n"
                            "  drain NODE            move everything off netaccel NODE (suspending what finds no room)\n"

@@ -80,6 +80,12 @@ class PoolState {
   virtual void reportUsage(const std::string& /*vm*/, double /*used*/, double /*now*/, uint32_t /*blocks*/) {}
   virtual double usageElsewhere(const std::string& /*vm*/, double /*now*/) const { return 0; }
 
+  // An operator's preempt or resume of vaccel `id` of another scheduler `host` (a shared
+  // pool): asked of that scheduler; what the console is told.
+  virtual Result<std::string> actElsewhere(const std::string& /*host*/, uint64_t /*id*/, bool /*preempt*/) {
+    return fail(Code::invalidArgument, "this scheduler's pool is its own (no --etcd): a vaccel is named by its id alone");
+  }
+
   // The view changed under the scheduler (set by the scheduler, called on its loop).
   std::function<void()> changed;
   // Another scheduler asks that this one's vaccel be suspended (a shared pool's
@@ -89,6 +95,9 @@ class PoolState {
   // The shared pool's leader planned a move of this scheduler's vaccel: true when the
   // scheduler moved it (through applyMove, its data with it); called on its loop.
   std::function<bool(const Pool::Move&, const std::string& why)> moveAsked;
+  // An operator on scheduler `by` preempts (or resumes) this scheduler's vaccel: what
+  // came of it (called on its loop).
+  std::function<Status(VaccelId, bool preempt, const std::string& by)> actionAsked;
   // A vaccel's blocks are no longer its own (a shared pool's lease lapsed and another
   // scheduler took them meanwhile): the scheduler takes it off them (called on its loop).
   std::function<void(VaccelId, const std::string& why)> lost;

@@ -62,6 +62,13 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
   state_->moveAsked = [this](const Pool::Move& mv, const std::string& why) {
     return moveIfIdle(mv, config_.defragMaxMoveBytes, why);
   };
+  state_->actionAsked = [this](VaccelId id, bool preempt, const std::string& by) -> Status {
+    if (!preempt) return resumeByOperator(id);
+    Session* s = sessionById(id);
+    if (!s) return fail(Code::notFound, "no vaccel #" + std::to_string(id));
+    suspend(*s, "suspended by the operator (asked on host " + by + ")", true);
+    return {};
+  };
   state_->preempted = [this](VaccelId id, const std::string& why) {
     Session* s = sessionById(id);
     if (!s) return false;
@@ -1217,6 +1224,15 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
       reply.setDone(labelOf(*s) + (wasRunning ? " is being suspended (its buffers saved to host memory); `raccelctl resume " +
                                                     std::to_string(s->id) + "` lets it run again"
                                               : std::string(" is ") + phaseName(s->phase) + "; it stays off its cards until resumed"));
+      return;
+    }
+    case wire::ConsoleRequest::PREEMPT_ELSEWHERE:
+    case wire::ConsoleRequest::RESUME_ELSEWHERE: {
+      const bool preempt = request.which() == wire::ConsoleRequest::PREEMPT_ELSEWHERE;
+      auto ref = preempt ? request.getPreemptElsewhere() : request.getResumeElsewhere();
+      auto asked = state_->actElsewhere(ref.getHost(), ref.getId(), preempt);
+      if (!asked) return transport::setError(reply.initError(), asked.error());
+      reply.setDone(*asked);
       return;
     }
     case wire::ConsoleRequest::RESUME: {

@@ -20,7 +20,16 @@ struct ConsoleRequest {
     defrag @8 :Defrag;        # compact now
     drain @9 :Drain;
     setPolicy @10 :SetPolicy;
+    # In a pool shared through etcd: the same for another host's vaccel (HOST/ID in
+    # raccelctl vaccels), asked of the scheduler that serves it.
+    preemptElsewhere @11 :VaccelRef;
+    resumeElsewhere @12 :VaccelRef;
   }
+}
+
+struct VaccelRef {
+  host @0 :Text;   # the scheduler that serves it
+  id @1 :UInt64;   # its id there
 }
 
 struct Defrag {

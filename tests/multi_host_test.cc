@@ -464,6 +464,51 @@ TEST_F(MultiHost, TheLeaderPlansCompactionAndAnotherHostMovesItsOwnVaccel) {
       10000));
 }
 
+// An operator on one host preempts and resumes another host's vaccel (HOST/ID), asked
+// of the scheduler that serves it; references that name no such vaccel are refused
+// where they enter.
+TEST_F(MultiHost, AnOperatorPreemptsAndResumesAnotherHostsVaccel) {
+  auto onB = openOn(guestdB_, "ops-b", 2);
+  ASSERT_TRUE(onB) << onB.error().message << logs();
+  auto data = randomFloats(1024, 41);
+  uint64_t buffer = (*onB)->alloc(data.size() * 4);
+  (*onB)->writeFloats(buffer, data);
+  ASSERT_TRUE((*onB)->fence());
+  const std::string ref = "host-b/" + std::to_string((*onB)->vaccel().id);
+  int status = -1;
+  std::string out = a_->ctl({"preempt", ref}, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("asked scheduler host-b to preempt"), std::string::npos) << out;
+  EXPECT_TRUE(waitFor([&] { return vaccelOf(*b_, "ops-b").value("state", "") == "suspended"; }, 20000)) << b_->console("vaccels");
+  EXPECT_NE(vaccelOf(*b_, "ops-b").value("why", "").find("(asked on host host-a)"), std::string::npos) << b_->console("vaccels");
+  out = a_->ctl({"resume", ref}, &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(waitFor([&] { return vaccelOf(*b_, "ops-b").value("state", "") == "running"; }, 20000)) << b_->console("vaccels");
+  auto back = (*onB)->readFloats(buffer, data.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, data);
+  for (auto [word, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"nohost/1", "no live scheduler 'nohost'"},
+           {"host-a/1", "this host's own"},
+           {"host-b/0", "is not a vaccel id"},
+           {"/3", "names no host"},
+           {"host-b/4611686018427387904", "vaccel ids are 1 to 2^62 - 1"},
+       }) {
+    out = a_->ctl({"preempt", word}, &status);
+    EXPECT_NE(status, 0) << word << ": " << out;
+    EXPECT_NE(out.find(expected), std::string::npos) << word << ": " << out;
+  }
+  // Each request is ended once answered.
+  auto client = etcd::Client::open({etcd_->endpointList()});
+  ASSERT_TRUE(client) << client.error().message;
+  EXPECT_TRUE(waitFor(
+      [&] {
+        auto r = (*client)->range("/raccel/actions/");
+        return r && r->kvs_size() == 0;
+      },
+      10000));
+}
+
 // With a lease long enough to see the request stand before it ends.
 class MultiHostLongLease : public MultiHost {
  protected:

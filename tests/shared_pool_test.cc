@@ -305,6 +305,25 @@ TEST(SharedMove, AKeyOrValueThatBreaksTheFormatIsRefused) {
     EXPECT_FALSE(SharedPool::parseMove(k, v, "/raccel/")) << k << " " << v;
 }
 
+TEST(SharedAction, AKeyOrValueThatBreaksTheFormatIsRefused) {
+  auto good = SharedPool::parseAction("/raccel/actions/host-b/7", R"({"action":"resume","by":"host-a"})", "/raccel/");
+  ASSERT_TRUE(good) << good.error().message;
+  EXPECT_EQ(good->scheduler, "host-b");
+  EXPECT_EQ(good->vaccel, 7u);
+  EXPECT_EQ(good->by, "host-a");
+  EXPECT_FALSE(good->preempt);
+  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {"/raccel/actions/host-b/7", "not json"},
+           {"/raccel/actions/host-b/7", R"({"action":"delete","by":"host-a"})"},
+           {"/raccel/actions/host-b/7", R"({"action":"preempt"})"},
+           {"/raccel/actions/host-b/7", R"({"action":"preempt","by":"a b"})"},
+           {"/raccel/actions/host-b/0", R"({"action":"preempt","by":"host-a"})"},
+           {"/raccel/actions/host-b", R"({"action":"preempt","by":"host-a"})"},
+           {"/raccel/actions/host-b/7/1", R"({"action":"preempt","by":"host-a"})"},
+       })
+    EXPECT_FALSE(SharedPool::parseAction(k, v, "/raccel/")) << k << " " << v;
+}
+
 // One scheduler leads (plans the moves) at a time: the first to seek it; when it leaves,
 // its key ends with its lease and another takes over. A leader key that names no live
 // scheduler (written by hand, without a lease) or does not parse is taken over.

@@ -52,6 +52,7 @@ EtcdPoolState::EtcdPoolState(uv_loop_t* loop, std::string describe)
     self->sync();
     self->answerPreemptions();
     self->answerMoves();
+    self->answerActions();
     std::vector<std::pair<VaccelId, std::string>> lost;
     {
       std::lock_guard lock(self->mutex_);
@@ -121,7 +122,7 @@ Error EtcdPoolState::etcdLost() const {
 
 void EtcdPoolState::sync() {
   if (!shared_) return;
-  auto [pool, revision, foreign, preemptions, usage, moves] = shared_->poolCopy();
+  auto [pool, revision, foreign, preemptions, usage, moves, actions] = shared_->poolCopy();
   (void)revision;
   for (size_t i = 0; i < pool.nodes().size(); ++i) {
     const std::string& name = pool.nodes()[i].name;
@@ -129,6 +130,9 @@ void EtcdPoolState::sync() {
     else if (draining_.count(name)) pool.setDraining(i, true);
   }
   foreign_ = std::move(foreign);
+  actionsAsked_.clear();
+  for (auto& a : actions)
+    if (a.scheduler == shared_->name()) actionsAsked_.push_back(std::move(a));
   movesAsked_.clear();
   std::set<std::pair<std::string, uint64_t>> standing;
   for (auto& m : moves) {
@@ -416,6 +420,33 @@ Status EtcdPoolState::applyMove(const Pool::Move& move) {
       RLOG_WARN("scheduler") << "shared pool: vaccel " << move.owner << "'s new blocks are not free in this view yet: " << ok.error().message;
   }
   return {};
+}
+
+Result<std::string> EtcdPoolState::actElsewhere(const std::string& host, uint64_t id, bool preempt) {
+  if (auto ok = limits::checkKeyName("host", host); !ok) return fail(ok.error());
+  if (id == 0 || id >= SharedPool::kForeignIds) return fail(Code::invalidArgument, "vaccel ids are 1 to 2^62 - 1");
+  if (host == shared_->name())
+    return fail(Code::invalidArgument, "vaccel " + std::to_string(id) + " is this host's own: name it by its id alone");
+  if (!shared_->alive(host)) return fail(Code::notFound, "no live scheduler '" + host + "' in the shared pool at " + describe_);
+  SharedAction a{host, id, shared_->name(), preempt};
+  post({[this, a] { return shared_->requestAction(a); }, "asking " + host + " to act on its vaccel " + std::to_string(id)});
+  return "asked scheduler " + host + " to " + (preempt ? "preempt" : "resume") + " its vaccel #" + std::to_string(id) +
+         " (its log and `raccelctl vaccels` there say what came of it)";
+}
+
+void EtcdPoolState::answerActions() {
+  std::set<std::string> named;
+  for (const SharedAction& a : actionsAsked_) {
+    const std::string key = a.by + "/" + std::to_string(a.vaccel) + (a.preempt ? "/preempt" : "/resume");
+    named.insert(key);
+    if (!actionsAnswered_.insert(key).second) continue;  // its end is on the way
+    Status done = actionAsked ? actionAsked(a.vaccel, a.preempt, a.by) : Status(fail(Code::unimplemented, "no scheduler"));
+    RLOG_INFO("scheduler") << "shared pool: " << (a.preempt ? "preempt" : "resume") << " of vaccel " << a.vaccel
+                           << " asked on " << a.by << ": " << (done ? std::string("done") : done.error().message);
+    post({[this, vaccel = a.vaccel] { return shared_->endAction(shared_->name(), vaccel); },
+          "ending the action asked of vaccel " + std::to_string(a.vaccel)});
+  }
+  std::erase_if(actionsAnswered_, [&](const std::string& k) { return !named.count(k); });
 }
 
 void EtcdPoolState::answerMoves() {

@@ -87,6 +87,7 @@ class EtcdPoolState final : public PoolState {
   std::string heldBack(int priority) const override;
   void reportUsage(const std::string& vm, double used, double now, uint32_t blocks) override;
   double usageElsewhere(const std::string& vm, double now) const override;
+  Result<std::string> actElsewhere(const std::string& host, uint64_t id, bool preempt) override;
   std::vector<Elsewhere> vaccelsElsewhere() const override;
 
  private:
@@ -161,6 +162,12 @@ class EtcdPoolState final : public PoolState {
   std::atomic<bool> campaigning_{false};
   void campaignIfLeaderless();
   void answerMoves();
+
+  // Operators' actions asked of this scheduler (from the view), and those answered (their
+  // requests are being ended).
+  std::vector<SharedAction> actionsAsked_;
+  std::set<std::string> actionsAnswered_;
+  void answerActions();
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -199,6 +199,34 @@ Result<std::vector<std::string>> keySegments(const std::string& key, const std::
   return parts;
 }
 
+// A request about one scheduler's vaccel from another: key PREFIX DIR SCHEDULER/VACCEL,
+// value a JSON object naming the asker in "by".
+struct VaccelRequest {
+  std::string scheduler;
+  uint64_t vaccel = 0;
+  std::string by;
+  json value;
+};
+Result<uint64_t> parseVaccelId(const std::string& id);
+Result<VaccelRequest> parseVaccelRequest(const std::string& key, const std::string& value, const std::string& prefix,
+                                         const std::string& dir) {
+  auto parts = keySegments(key, prefix, dir, 2, (dir + "SCHEDULER/VACCEL").c_str());
+  if (!parts) return fail(parts.error());
+  VaccelRequest r;
+  r.scheduler = (*parts)[0];
+  if (auto ok = limits::checkKeyName("scheduler", r.scheduler); !ok) return fail(ok.error());
+  auto vaccel = parseVaccelId((*parts)[1]);
+  if (!vaccel) return fail(vaccel.error());
+  r.vaccel = *vaccel;
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  if (!j->contains("by") || !(*j)["by"].is_string()) return fail(Code::invalidArgument, "by is not text");
+  r.by = (*j)["by"].get<std::string>();
+  if (auto ok = limits::checkKeyName("scheduler", r.by); !ok) return fail(ok.error());
+  r.value = std::move(*j);
+  return r;
+}
+
 json rangesJson(const std::vector<BlockRange>& ranges) {
   json out = json::array();
   for (auto& r : ranges) out.push_back({r.first, r.count});
@@ -305,19 +333,10 @@ Result<SharedUsage> SharedPool::parseUsage(const std::string& key, const std::st
 }
 
 Result<SharedMove> SharedPool::parseMove(const std::string& key, const std::string& value, const std::string& prefix) {
-  auto parts = keySegments(key, prefix, "moves/", 2, "moves/SCHEDULER/VACCEL");
-  if (!parts) return fail(parts.error());
-  SharedMove m;
-  m.scheduler = (*parts)[0];
-  if (auto ok = limits::checkKeyName("scheduler", m.scheduler); !ok) return fail(ok.error());
-  auto vaccel = parseVaccelId((*parts)[1]);
-  if (!vaccel) return fail(vaccel.error());
-  m.vaccel = *vaccel;
-  auto j = parseJson(value);
-  if (!j) return fail(j.error());
-  if (!j->contains("by") || !(*j)["by"].is_string()) return fail(Code::invalidArgument, "by is not text");
-  m.by = (*j)["by"].get<std::string>();
-  if (auto ok = limits::checkKeyName("scheduler", m.by); !ok) return fail(ok.error());
+  auto r = parseVaccelRequest(key, value, prefix, "moves/");
+  if (!r) return fail(r.error());
+  SharedMove m{r->scheduler, r->vaccel, r->by, {}, {}};
+  const json* j = &r->value;
   auto from = parseRanges(*j, "from");
   if (!from) return fail(from.error());
   auto to = parseRanges(*j, "to");
@@ -326,6 +345,17 @@ Result<SharedMove> SharedPool::parseMove(const std::string& key, const std::stri
   m.from = std::move(*from);
   m.to = (*to)[0];
   return m;
+}
+
+Result<SharedAction> SharedPool::parseAction(const std::string& key, const std::string& value, const std::string& prefix) {
+  auto r = parseVaccelRequest(key, value, prefix, "actions/");
+  if (!r) return fail(r.error());
+  SharedAction a{r->scheduler, r->vaccel, r->by, true};
+  const json* j = &r->value;
+  const std::string action = j->contains("action") && (*j)["action"].is_string() ? (*j)["action"].get<std::string>() : "";
+  if (action != "preempt" && action != "resume") return fail(Code::invalidArgument, "action is not preempt or resume");
+  a.preempt = action == "preempt";
+  return a;
 }
 
 std::string SharedPool::preemptionKey(const SharedPreemption& p) {
@@ -707,6 +737,7 @@ void SharedPool::rebuild() {
   readRecords("preempt/", "preemption requests", &SharedPool::parsePreemption, &SharedPreemption::by, preemptions_);
   readRecords("usage/", "usage records", &SharedPool::parseUsage, &SharedUsage::scheduler, usage_);
   readRecords("moves/", "move requests", &SharedPool::parseMove, &SharedMove::by, moves_);
+  readRecords("actions/", "operators' actions", &SharedPool::parseAction, &SharedAction::by, actions_);
   // Ids of holdings that are gone are dropped (bounded by what the pool holds now).
   if (localIds_.size() > 2 * holdings_.size() + 64)
     std::erase_if(localIds_, [&](const auto& entry) { return pool_.held(entry.second).empty(); });
@@ -918,41 +949,43 @@ Status SharedPool::setPriority(uint64_t vaccel, int priority) {
 
 Status SharedPool::requestPreemption(const SharedPreemption& p) {
   if (p.by != options_.scheduler) return fail(Code::invalidArgument, "a preemption is requested by its own scheduler");
-  pb::TxnRequest txn;
-  put(txn, options_.prefix + preemptionKey(p), json{{"vm", p.vm}, {"priority", p.priority}}.dump(), lease_);
-  auto answer = client_.txn(txn);
-  if (!answer) return fail(answer.error());
-  std::unique_lock lock(mutex_);
-  catchUp(lock, answer->header().revision());
-  return {};
+  return putUnderLease(preemptionKey(p), json{{"vm", p.vm}, {"priority", p.priority}}.dump());
 }
 
 Status SharedPool::publishUsage(const SharedUsage& u) {
   if (u.scheduler != options_.scheduler) return fail(Code::invalidArgument, "a usage record is written by its own scheduler");
   if (auto ok = limits::checkKeyName("vm", u.vm); !ok) return fail(ok.error());
-  pb::TxnRequest txn;
-  put(txn, options_.prefix + "usage/" + u.scheduler + "/" + u.vm,
-      json{{"used", u.used}, {"at", u.at}, {"blocks", u.blocks}}.dump(), lease_);
-  auto answer = client_.txn(txn);
-  if (!answer) return fail(answer.error());
-  return {};
+  return putUnderLease("usage/" + u.scheduler + "/" + u.vm, json{{"used", u.used}, {"at", u.at}, {"blocks", u.blocks}}.dump());
 }
 
 Status SharedPool::requestMove(const SharedMove& m) {
   if (m.by != options_.scheduler || !leads()) return fail(Code::invalidArgument, "only the pool's leader asks for moves");
-  pb::TxnRequest txn;
-  put(txn, options_.prefix + "moves/" + m.scheduler + "/" + std::to_string(m.vaccel),
-      json{{"by", m.by}, {"from", rangesJson(m.from)}, {"to", rangesJson({m.to})}}.dump(), lease_);
-  auto answer = client_.txn(txn);
-  if (!answer) return fail(answer.error());
-  std::unique_lock lock(mutex_);
-  catchUp(lock, answer->header().revision());
-  return {};
+  return putUnderLease("moves/" + m.scheduler + "/" + std::to_string(m.vaccel),
+                       json{{"by", m.by}, {"from", rangesJson(m.from)}, {"to", rangesJson({m.to})}}.dump());
 }
 
 Status SharedPool::endMove(const std::string& scheduler, uint64_t vaccel) {
+  return removeKey("moves/" + scheduler + "/" + std::to_string(vaccel));
+}
+
+Status SharedPool::requestAction(const SharedAction& a) {
+  if (a.by != options_.scheduler) return fail(Code::invalidArgument, "an action is asked by its own scheduler");
+  return putUnderLease("actions/" + a.scheduler + "/" + std::to_string(a.vaccel),
+                       json{{"action", a.preempt ? "preempt" : "resume"}, {"by", a.by}}.dump());
+}
+
+Status SharedPool::endAction(const std::string& scheduler, uint64_t vaccel) {
+  return removeKey("actions/" + scheduler + "/" + std::to_string(vaccel));
+}
+
+bool SharedPool::alive(const std::string& scheduler) {
+  std::lock_guard lock(mutex_);
+  return keys_.count("schedulers/" + scheduler) > 0;
+}
+
+Status SharedPool::putUnderLease(const std::string& key, const std::string& value) {
   pb::TxnRequest txn;
-  txn.add_success()->mutable_request_delete_range()->set_key(options_.prefix + "moves/" + scheduler + "/" + std::to_string(vaccel));
+  put(txn, options_.prefix + key, value, lease_);
   auto answer = client_.txn(txn);
   if (!answer) return fail(answer.error());
   std::unique_lock lock(mutex_);
@@ -960,20 +993,22 @@ Status SharedPool::endMove(const std::string& scheduler, uint64_t vaccel) {
   return {};
 }
 
-Status SharedPool::withdrawPreemption(const SharedPreemption& p) {
+Status SharedPool::removeKey(const std::string& key) {
   pb::TxnRequest txn;
-  txn.add_success()->mutable_request_delete_range()->set_key(options_.prefix + preemptionKey(p));
+  txn.add_success()->mutable_request_delete_range()->set_key(options_.prefix + key);
   auto answer = client_.txn(txn);
   if (!answer) return fail(answer.error());
   std::unique_lock lock(mutex_);
   catchUp(lock, answer->header().revision());
   return {};
 }
+
+Status SharedPool::withdrawPreemption(const SharedPreemption& p) { return removeKey(preemptionKey(p)); }
 
 SharedPool::PoolCopy SharedPool::poolCopy() {
   std::lock_guard lock(mutex_);
   rebuild();
-  PoolCopy copy{pool_, revision_, {}, preemptions_, usage_, moves_};
+  PoolCopy copy{pool_, revision_, {}, preemptions_, usage_, moves_, actions_};
   for (auto& h : holdings_)
     if (h.scheduler != options_.scheduler)
       copy.foreign[localId(h.scheduler, h.vaccel)] = h;

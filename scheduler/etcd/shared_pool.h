@@ -23,6 +23,9 @@
 //   moves/SCHEDULER/VACCEL under the leader's lease: the leader's plan moves SCHEDULER's
 //                          VACCEL ({"by", "from": its ranges, "to": one range}); SCHEDULER
 //                          moves it (its data with it) and deletes the request
+//   actions/SCHEDULER/VACCEL
+//                          under the asker's lease: an operator on another host asks SCHEDULER
+//                          to preempt or resume its VACCEL ({"action", "by"})
 //   usage/SCHEDULER/VM     under the scheduler's lease: tenant VM's usage there
 //                          ({"used": decayed block-seconds as of "at", "at", "blocks" held})
 //
@@ -106,6 +109,14 @@ struct SharedMove {
   BlockRange to;
 };
 
+// An operator's action on another host's vaccel, asked of the scheduler that serves it.
+struct SharedAction {
+  std::string scheduler;  // the vaccel's
+  uint64_t vaccel = 0;
+  std::string by;         // the scheduler whose console was asked
+  bool preempt = true;    // else resume
+};
+
 // A tenant's usage on one scheduler: decayed block-seconds `used` as of `at` (seconds on
 // the policy clock), and the blocks it holds there.
 struct SharedUsage {
@@ -170,6 +181,11 @@ class SharedPool {
   // must lead); the vaccel's scheduler ends the request once it moved it, or refused.
   Status requestMove(const SharedMove& m);
   Status endMove(const std::string& scheduler, uint64_t vaccel);
+  // An operator's action on another scheduler's vaccel (a.by is this one), and its end.
+  Status requestAction(const SharedAction& a);
+  Status endAction(const std::string& scheduler, uint64_t vaccel);
+  // Whether a scheduler of this name is alive in the pool (in the view).
+  bool alive(const std::string& scheduler);
 
   // Leadership (the one scheduler that plans moves): becomes the leader when there is
   // none (a transaction that creates `leader` under this scheduler's lease only while it
@@ -198,6 +214,7 @@ class SharedPool {
     std::vector<SharedPreemption> preemptions;
     std::vector<SharedUsage> usage;  // of live schedulers, this one's included
     std::vector<SharedMove> moves;   // asked by a live scheduler
+    std::vector<SharedAction> actions;  // asked by a live scheduler
   };
   PoolCopy poolCopy();
   // Whether the watch runs (false after etcd was lost, until refresh() re-reads).
@@ -236,6 +253,7 @@ class SharedPool {
   static std::string preemptionKey(const SharedPreemption& p);  // without the prefix
   static Result<SharedUsage> parseUsage(const std::string& key, const std::string& value, const std::string& prefix);
   static Result<SharedMove> parseMove(const std::string& key, const std::string& value, const std::string& prefix);
+  static Result<SharedAction> parseAction(const std::string& key, const std::string& value, const std::string& prefix);
   // At most this many standing preemption requests, and as many usage records, are
   // read; the rest are refused.
   static constexpr size_t kMaxRecords = 4096;
@@ -253,6 +271,8 @@ class SharedPool {
   // Waits (mutex_ held through `lock`) until the watch has brought `revision`.
   void catchUp(std::unique_lock<std::mutex>& lock, int64_t revision);
   void rebuild();  // the view from keys_, under mutex_
+  Status removeKey(const std::string& key);  // deletes PREFIX key; the view catches up
+  Status putUnderLease(const std::string& key, const std::string& value);  // PREFIX key, this scheduler's
   static std::string leaderNamed(const std::string& value);  // "" when it names none
   void noteRefused(const std::string& key, const std::string& why);  // logged and counted once
   void quarantine(const std::vector<BlockRange>& ranges, int64_t created);
@@ -301,6 +321,7 @@ class SharedPool {
   std::vector<SharedPreemption> preemptions_;  // standing requests of live schedulers
   std::vector<SharedUsage> usage_;              // tenants' usage records of live schedulers
   std::vector<SharedMove> moves_;               // move requests of live schedulers
+  std::vector<SharedAction> actions_;           // operators' actions asked by live schedulers
   // Under mutex_, by rebuild(): the records under `dir` that parse and whose scheduler
   // is alive, at most kMaxRecords.
   template <typename Record>
