@@ -1,7 +1,9 @@
 // raccel-scheduler: the host daemon that pools accelerator cards into blocks and
 // serves virtual accelerators to VMs.
+#include <chrono>
 #include <cstdio>
 #include <memory>
+#include <thread>
 
 #include "common/flags.h"
 #include "common/log.h"
@@ -88,6 +90,14 @@ int main(int argc, char** argv) {
       return die("state_dir and etcd together are not supported yet: in a shared pool a scheduler's holdings end with "
                  "its etcd lease, so there is nothing to restore them into");
     auto shared = scheduler::EtcdPoolState::open(loop, config.etcd, config.name, config.blockTflops);
+    // etcd not reachable yet (starting beside this scheduler, or down a while): wait for
+    // it, saying so every 5 s; what etcd refused (the block size, a live namesake) ends here.
+    for (unsigned waitedMs = 0; !shared && shared.error().code == Code::unavailable; waitedMs += 500) {
+      uv_run(loop, UV_RUN_DEFAULT);  // the failed attempt's handles close
+      if (waitedMs % 5000 == 0) RLOG_WARN("scheduler") << shared.error().message << "; waiting for etcd (tried every 0.5 s)";
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      shared = scheduler::EtcdPoolState::open(loop, config.etcd, config.name, config.blockTflops);
+    }
     if (!shared) {
       uv_run(loop, UV_RUN_DEFAULT);
       return die(shared.error().message);

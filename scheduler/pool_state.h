@@ -60,8 +60,11 @@ class PoolState {
     std::string vm;
     int priority = 0;
     std::vector<BlockRange> ranges;
+    std::string program;
   };
   virtual std::vector<Elsewhere> vaccelsElsewhere() const { return {}; }
+  // The program a vaccel of this scheduler serves, for the other hosts' consoles.
+  virtual void nameProgram(VaccelId, const std::string& /*program*/) {}
 
   // Preemption across hosts (a shared pool). Asks the schedulers that serve `victims`
   // (holders in view() that are not this scheduler's) to suspend them for this

@@ -496,6 +496,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   if (settling && s.waitDeadlineMs < settledAtMs_) s.waitDeadlineMs = settledAtMs_, s.settlingWait = true;
   vm.blocksClaimed += blocks;
   link.sessions[channel] = &s;
+  state_->nameProgram(id, s.program);  // shown with its holding on the other hosts
   sessions_[id] = std::move(session);
   requestPlacement();
 }
@@ -665,6 +666,7 @@ void Scheduler::endSession(Session& s) {
   if (s.phase == Phase::suspending) --suspending_;
   bool placed = !s.blocks.empty();
   state_->preemptElsewhere(s.id, s.vm->policy.name, s.rank(), {});  // what it asked of other hosts
+  state_->nameProgram(s.id, "");
   if (placed) {
     state_->release(s.id);
     holdBlocks(*s.vm, -static_cast<int64_t>(s.want));
@@ -1194,6 +1196,7 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
         auto e = out[sessions.size() + i];
         e.setId(elsewhere[i].vaccel);
         e.setVm(elsewhere[i].vm);
+        e.setProgram(elsewhere[i].program);
         e.setPriority(priorityOfPoolPriority(elsewhere[i].priority));
         e.setHost(elsewhere[i].scheduler);
         writePlacement(e, elsewhere[i].ranges);

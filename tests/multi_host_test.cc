@@ -193,6 +193,7 @@ TEST_F(MultiHost, EachHostRunsItsProgramAndSeesTheOthersHoldings) {
   if (!fromA.is_null()) {
     EXPECT_EQ(fromA["state"], "elsewhere");
     EXPECT_EQ(fromA["vm"], "vm-a");
+    EXPECT_EQ(fromA["program"], "prog-a");
     ASSERT_EQ(fromA["blocks"].size(), (*onA)->vaccel().blocks.size());
     EXPECT_EQ(fromA["blocks"][0]["first"], (*onA)->vaccel().blocks[0].first);
   }
@@ -596,6 +597,28 @@ TEST_F(MultiHostOneTenantOnTwoHosts, TheFairShareOrderCountsATenantsUsageOnEvery
   ASSERT_TRUE(first) << first.error().message << logs();
   EXPECT_EQ(secondAt, 1);
   EXPECT_EQ(firstAt, 2);
+}
+
+// A scheduler started before its etcd (a host booting, etcd starting beside it) waits
+// for it, saying so, and joins the pool once etcd answers.
+TEST(SchedulerBeforeEtcd, WaitsForItSayingSoThenJoins) {
+  if (auto why = etcdUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  EtcdCluster etcd(1);
+  const std::string dir = makeTempDir();
+  Process scheduler("raccel-scheduler",
+                    {"--insecure", "--etcd", etcd.endpoints(), "--name", "early", "--node-listen",
+                     "127.0.0.1:" + std::to_string(freePort()), "--console", dir + "/console.sock", "--http-listen", "off",
+                     "--vm", "name=vm-e,socket=" + dir + "/vm-e.sock"},
+                    dir + "/scheduler.log");
+  auto log = [&] { return readFile(dir + "/scheduler.log"); };
+  EXPECT_TRUE(waitFor([&] { return log().find("waiting for etcd") != std::string::npos; }, 20000)) << log();
+  EXPECT_TRUE(scheduler.running()) << log();
+  auto started = etcd.start();
+  ASSERT_TRUE(started) << started.error().message;
+  EXPECT_TRUE(waitFor([&] { return acceptsConnections(dir + "/console.sock"); }, 30000)) << log();
+  EXPECT_NE(log().find("joined the shared pool"), std::string::npos) << log();
+  scheduler.kill(SIGTERM);
+  EXPECT_EQ(scheduler.wait(10000), 0) << log();
 }
 
 // One etcd member killed: admissions go on. Values a stranger with access to etcd wrote

@@ -152,6 +152,11 @@ TEST(SharedHolding, AValueThatBreaksTheFormatIsRefused) {
   EXPECT_EQ(good->ranges, (std::vector<BlockRange>{{4, 2}}));
   std::string roundTrip = SharedPool::holdingValue(*good);
   EXPECT_TRUE(SharedPool::parseHolding(key, roundTrip, "/raccel/"));
+  // A guest's program name is any bytes: written without throwing, read back.
+  good->program = std::string("train \xff\xfe.py\0x", 13);
+  auto named = SharedPool::parseHolding(key, SharedPool::holdingValue(*good), "/raccel/");
+  ASSERT_TRUE(named) << named.error().message;
+  EXPECT_FALSE(named->program.empty());
   for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
            {key, "not json"},
            {key, "[]"},
@@ -165,6 +170,8 @@ TEST(SharedHolding, AValueThatBreaksTheFormatIsRefused) {
            {key, R"({"vm":"vm1","priority":-3001,"ranges":[[4,2]]})"},
            {key, R"({"vm":"vm 1","priority":3,"ranges":[[4,2]]})"},
            {key, R"({"vm":"vm1","priority":3,"ranges":[[4,2]],"cardMilli":1001})"},
+           {key, R"({"vm":"vm1","priority":3,"ranges":[[4,2]],"program":7})"},
+           {key, R"({"vm":"vm1","priority":3,"ranges":[[4,2]],"program":")" + std::string(300, 'p') + R"("})"},
            {key, R"({"vm":"vm1","priority":3,"ranges":[[4,2]],"host":{"cpuMilli":-1,"memoryMib":0}})"},
            {"/raccel/holds/s1/0", R"({"vm":"vm1","priority":3,"ranges":[[4,2]]})"},
            {"/raccel/holds/s1/99999999999999999999", R"({"vm":"vm1","priority":3,"ranges":[[4,2]]})"},

@@ -281,7 +281,7 @@ std::string EtcdPoolState::holderElsewhere(VaccelId owner) const {
 
 std::vector<PoolState::Elsewhere> EtcdPoolState::vaccelsElsewhere() const {
   std::vector<Elsewhere> out;
-  for (auto& [id, h] : foreign_) out.push_back({h.scheduler, h.vaccel, h.vm, h.priority, h.ranges});
+  for (auto& [id, h] : foreign_) out.push_back({h.scheduler, h.vaccel, h.vm, h.priority, h.ranges, h.program});
   std::sort(out.begin(), out.end(), [](const Elsewhere& a, const Elsewhere& b) {
     return std::tie(a.scheduler, a.vaccel) < std::tie(b.scheduler, b.vaccel);
   });

@@ -89,6 +89,7 @@ class EtcdPoolState final : public PoolState {
   double usageElsewhere(const std::string& vm, double now) const override;
   Result<std::string> actElsewhere(const std::string& host, uint64_t id, bool preempt) override;
   std::vector<Elsewhere> vaccelsElsewhere() const override;
+  void nameProgram(VaccelId owner, const std::string& program) override { shared_->nameProgram(owner, program); }
 
  private:
   EtcdPoolState(uv_loop_t* loop, std::string describe);

@@ -390,13 +390,26 @@ Result<SharedHolding> SharedPool::parseHolding(const std::string& key, const std
   auto ranges = parseRanges(*j, "ranges");
   if (!ranges) return fail(ranges.error());
   h.ranges = std::move(*ranges);
+  if (auto it = j->find("program"); it != j->end()) {
+    if (!it->is_string() || it->get<std::string>().size() > limits::kMaxNameBytes)
+      return fail(Code::invalidArgument, "program is not a name of at most " + std::to_string(limits::kMaxNameBytes) + " bytes");
+    h.program = it->get<std::string>();
+  }
   return h;
 }
 
 std::string SharedPool::holdingValue(const SharedHolding& h) {
-  return json{{"vm", h.vm}, {"priority", h.priority}, {"ranges", rangesJson(h.ranges)}, {"host", hostJson(h.host)},
-              {"cardMilli", h.cardMilli}}
-      .dump();
+  json value{{"vm", h.vm}, {"priority", h.priority}, {"ranges", rangesJson(h.ranges)}, {"host", hostJson(h.host)},
+             {"cardMilli", h.cardMilli}};
+  if (!h.program.empty()) value["program"] = h.program;
+  // A guest's program name may be any bytes: what is not UTF-8 is replaced, not thrown on.
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void SharedPool::nameProgram(uint64_t vaccel, const std::string& program) {
+  std::lock_guard lock(mutex_);
+  if (program.empty()) programs_.erase(vaccel);
+  else programs_[vaccel] = program.substr(0, limits::kMaxNameBytes);
 }
 
 Result<std::unique_ptr<SharedPool>> SharedPool::open(etcd::Client& client, SharedPoolOptions options) {
@@ -483,6 +496,10 @@ Status SharedPool::claim(uint64_t vaccel, const std::string& vm, const std::vect
   if (vaccel == 0 || vaccel >= kForeignIds) return fail(Code::invalidArgument, "vaccel ids are 1 to 2^62 - 1");
   std::string holdKey = "holds/" + options_.scheduler + "/" + std::to_string(vaccel);
   SharedHolding h{options_.scheduler, vaccel, vm, priority, ranges, host, 0};
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = programs_.find(vaccel); it != programs_.end()) h.program = it->second;
+  }
   for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
     pb::TxnRequest txn;
     {
@@ -827,6 +844,7 @@ Result<std::optional<std::vector<BlockRange>>> SharedPool::tryAllocate(uint64_t 
     std::lock_guard lock(mutex_);
     rebuild();
     if (keys_.count(holdKey)) return fail(Code::invalidArgument, "vaccel " + std::to_string(vaccel) + " already holds blocks");
+    if (auto it = programs_.find(vaccel); it != programs_.end()) h.program = it->second;
     local = localId(options_.scheduler, vaccel);
     // Nodes it may not use are closed to this placement (drained for its length).
     std::vector<size_t> closed;

@@ -13,7 +13,7 @@
 //   hosts/NODE             its host's version: rewritten by every allocation with host needs there
 //   schedulers/NAME        under the scheduler's lease: it is alive
 //   holds/SCHEDULER/VACCEL under the scheduler's lease: who holds which blocks
-//                          ({"vm", "priority", "ranges", "host", "cardMilli"})
+//                          ({"vm", "priority", "ranges", "host", "cardMilli", "program"})
 //   preempt/SCHEDULER/VACCEL/BY/FOR
 //                          under the lease of scheduler BY: its vaccel FOR (of {"vm"}, at pool
 //                          priority {"priority"}) needs the blocks of SCHEDULER's VACCEL, which
@@ -86,6 +86,7 @@ struct SharedHolding {
   HostVector host;
   uint32_t cardMilli = 0;
   int64_t createRevision = 0;
+  std::string program;  // the guest program's name, as told (any bytes, shown clipped)
 };
 
 // A request of one scheduler (`by`, for its vaccel `forVaccel` of `vm`, at pool priority
@@ -164,6 +165,9 @@ class SharedPool {
                                            const std::set<std::string>* usable = nullptr);
   // Returns this scheduler's `vaccel`'s blocks to the pool (nothing when it holds none).
   Status release(uint64_t vaccel);
+  // The program name recorded with this scheduler's `vaccel`'s holding from its next
+  // allocation or claim on ("" forgets it: the vaccel ended).
+  void nameProgram(uint64_t vaccel, const std::string& program);
   // Records a new priority for this scheduler's `vaccel` (nothing when it holds none).
   Status setPriority(uint64_t vaccel, int priority);
   // Makes exactly `ranges` this scheduler's `vaccel`'s (replacing what it held), when
@@ -316,6 +320,7 @@ class SharedPool {
   bool dirty_ = true;
   Pool pool_;
   std::map<std::pair<std::string, uint64_t>, VaccelId> localIds_;
+  std::map<uint64_t, std::string> programs_;  // nameProgram's, by this scheduler's vaccel
   VaccelId nextForeign_ = kForeignIds;
   std::vector<SharedHolding> holdings_;  // as placed in pool_ (refused ones left out)
   std::vector<SharedPreemption> preemptions_;  // standing requests of live schedulers
