@@ -159,6 +159,13 @@ void EtcdPoolState::reportUsage(const std::string& vm, double used, double now, 
   // count a holding on at its last rate; with none, the decay they apply is exact).
   constexpr uint64_t kRepublishMs = 10000;
   const uint64_t nowMs = uv_now(loop_);
+  // A VM name that cannot be one segment of a key ('/') is not published (said once).
+  if (!limits::checkKeyName("vm", vm)) {
+    if (published_.emplace(vm, Published{UINT32_MAX, 0}).second)
+      RLOG_WARN("scheduler") << "shared pool: VM '" << limits::clip(vm, 64) << "' has a '/' in its name: its usage is "
+                             << "not shared with the other hosts";
+    return;
+  }
   auto it = published_.find(vm);
   const bool changed = it == published_.end() ? (blocks > 0 || used > 0) : it->second.blocks != blocks;
   const bool stale = blocks > 0 && it != published_.end() && nowMs >= it->second.atMs + kRepublishMs;
@@ -374,9 +381,8 @@ void EtcdPoolState::campaignIfLeaderless() {
   campaigning_ = true;
   post({[this]() -> Status {
           auto led = shared_->campaign();
-          if (!led) return fail(led.error());
-          campaigning_ = false;
-          return {};
+          campaigning_ = false;  // sought again at the next change of a leaderless view
+          return led ? Status{} : Status(fail(led.error()));
         },
         "seeking the pool's leadership"});
 }
@@ -521,11 +527,14 @@ void EtcdPoolState::run() {
       lock.unlock();
       Status done = job.commit();
       lock.lock();
-      if (!done) {
+      // A passing loss of etcd: tried again. Anything else would fail the same way every
+      // time and hold up every job behind it: given up, and said so.
+      if (!done && done.error().code == Code::unavailable) {
         RLOG_WARN("scheduler") << "shared pool: " << job.what << ": " << done.error().message << " (tried again)";
         ok = false;
         break;
       }
+      if (!done) RLOG_ERROR("scheduler") << "shared pool: " << job.what << ": " << done.error().message << " (given up)";
       jobs_.pop_front();
       if (job.released != kNoOwner) releasing_.erase(job.released);
     }
