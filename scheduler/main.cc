@@ -17,6 +17,7 @@
 using namespace raccel;
 
 int main(int argc, char** argv) {
+  transport::holdStopSignals();  // a stop asked for while starting waits for the loop (before any thread)
   Flags flags("raccel-scheduler",
               "Pools the cards of registered netaccels into numbered compute blocks and serves each VM's programs a "
               "virtual accelerator over the VM's socket.");
@@ -94,6 +95,10 @@ int main(int argc, char** argv) {
     // it, saying so every 5 s; what etcd refused (the block size, a live namesake) ends here.
     for (unsigned waitedMs = 0; !shared && shared.error().code == Code::unavailable; waitedMs += 500) {
       uv_run(loop, UV_RUN_DEFAULT);  // the failed attempt's handles close
+      if (transport::stopPending()) {
+        RLOG_INFO("scheduler") << "stopped while waiting for etcd";
+        return 0;
+      }
       if (waitedMs % 5000 == 0) RLOG_WARN("scheduler") << shared.error().message << "; waiting for etcd (tried every 0.5 s)";
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       shared = scheduler::EtcdPoolState::open(loop, config.etcd, config.name, config.blockTflops);

@@ -600,7 +600,8 @@ TEST_F(MultiHostOneTenantOnTwoHosts, TheFairShareOrderCountsATenantsUsageOnEvery
 }
 
 // A scheduler started before its etcd (a host booting, etcd starting beside it) waits
-// for it, saying so, and joins the pool once etcd answers.
+// for it, saying so, and joins the pool once etcd answers; one stopped while it waits
+// ends cleanly, and so does one stopped just after it joined.
 TEST(SchedulerBeforeEtcd, WaitsForItSayingSoThenJoins) {
   if (auto why = etcdUnavailable(); !why.empty()) GTEST_SKIP() << why;
   EtcdCluster etcd(1);
@@ -613,6 +614,16 @@ TEST(SchedulerBeforeEtcd, WaitsForItSayingSoThenJoins) {
   auto log = [&] { return readFile(dir + "/scheduler.log"); };
   EXPECT_TRUE(waitFor([&] { return log().find("waiting for etcd") != std::string::npos; }, 20000)) << log();
   EXPECT_TRUE(scheduler.running()) << log();
+  // One stopped while it waits ends cleanly.
+  Process quitter("raccel-scheduler",
+                  {"--insecure", "--etcd", etcd.endpoints(), "--name", "quitter", "--node-listen",
+                   "127.0.0.1:" + std::to_string(freePort()), "--console", dir + "/quitter.sock", "--http-listen", "off",
+                   "--vm", "name=vm-q,socket=" + dir + "/vm-q.sock"},
+                  dir + "/quitter.log");
+  EXPECT_TRUE(waitFor([&] { return readFile(dir + "/quitter.log").find("waiting for etcd") != std::string::npos; }, 20000));
+  quitter.kill(SIGTERM);
+  EXPECT_EQ(quitter.wait(10000), 0) << readFile(dir + "/quitter.log");
+  EXPECT_NE(readFile(dir + "/quitter.log").find("stopped while waiting for etcd"), std::string::npos);
   auto started = etcd.start();
   ASSERT_TRUE(started) << started.error().message;
   EXPECT_TRUE(waitFor([&] { return acceptsConnections(dir + "/console.sock"); }, 30000)) << log();

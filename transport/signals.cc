@@ -1,5 +1,7 @@
 #include "transport/signals.h"
 
+#include <pthread.h>
+
 #include <csignal>
 
 #include "common/log.h"
@@ -11,7 +13,25 @@ struct Signals {
   std::function<void()> stop;
   bool stopped = false;
 };
+sigset_t stopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
 }  // namespace
+
+void holdStopSignals() {
+  sigset_t set = stopSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+bool stopPending() {
+  sigset_t pending;
+  sigpending(&pending);
+  return sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1;
+}
 
 void runUntilSignalled(uv_loop_t* loop, std::function<void()> stop) {
   std::signal(SIGPIPE, SIG_IGN);
@@ -31,6 +51,8 @@ void runUntilSignalled(uv_loop_t* loop, std::function<void()> stop) {
   };
   uv_signal_start(&s.sigint, onSignal, SIGINT);
   uv_signal_start(&s.sigterm, onSignal, SIGTERM);
+  sigset_t set = stopSignals();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);  // one held back since holdStopSignals arrives now
   uv_run(loop, UV_RUN_DEFAULT);
   if (!s.stopped) {
     uv_close(reinterpret_cast<uv_handle_t*>(&s.sigint), nullptr);

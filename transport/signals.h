@@ -11,4 +11,11 @@ namespace raccel::transport {
 
 void runUntilSignalled(uv_loop_t* loop, std::function<void()> stop);
 
+// Holds SIGINT and SIGTERM back (blocked in the calling thread and every thread it starts
+// later), so that a stop asked for while the daemon starts is kept, not fatal: it is
+// taken when runUntilSignalled lets them through. Call first thing in main.
+void holdStopSignals();
+// Whether SIGINT or SIGTERM is held back, waiting (a start that waits long checks it).
+bool stopPending();
+
 }  // namespace raccel::transport
