@@ -73,6 +73,7 @@ Result<std::unique_ptr<Device>> openDevice(const std::string& backend, unsigned 
                                              ": its TFLOPS could not be measured (" + measured.error().message +
                                              "); set tflops= for this card in the config");
     (*device)->setTflops(*measured);
+    (*device)->setOwnTflops(*measured);
   }
   return device;
 }

@@ -79,6 +79,7 @@ TEST(Backends, OpenclDevicesOpenWithTheirKindAndCalibratedTflops) {
   EXPECT_EQ(caps.backend, "opencl");
   EXPECT_EQ(caps.kind, report.devices[0].kind);
   EXPECT_GT(caps.tflops, 0);
+  EXPECT_EQ(caps.ownTflops, caps.tflops);  // calibrated: its own speed
   EXPECT_EQ(caps.memoryBytes, 64u << 20);
   auto& kinds = caps.programKinds;
   EXPECT_NE(std::find(kinds.begin(), kinds.end(), ProgramKind::openclC), kinds.end());
@@ -86,6 +87,7 @@ TEST(Backends, OpenclDevicesOpenWithTheirKindAndCalibratedTflops) {
   ASSERT_TRUE(fpga);
   EXPECT_EQ((*fpga)->capabilities().kind, CardKind::fpga);
   EXPECT_EQ((*fpga)->capabilities().tflops, 3);
+  EXPECT_EQ((*fpga)->capabilities().ownTflops, 0);  // an operator's figure skips calibration
 }
 
 // An image of a buffer made for one launch lives until its kernel has run: many launches

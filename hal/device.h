@@ -56,6 +56,10 @@ struct Capabilities {
   uint64_t doubleFpConfig = 0;
   // What the card offers for images (common/images.h); none by default.
   ImageLimits images;
+  // The device's own speed: its properties' FP32 peak (CUDA) or a calibration run;
+  // 0 = not known. `tflops` is what the card registers, which an operator may set
+  // lower (to sell fewer blocks); work is cut and bounded by the faster of the two.
+  double ownTflops = 0;
 };
 
 // What a card's compiler says of a loaded program: its build log and, per kernel, the
@@ -176,6 +180,7 @@ class Device {
   const Capabilities& capabilities() const { return caps_; }
   // Discovery sets a measured throughput once, before the device is handed to a worker.
   void setTflops(double tflops) { caps_.tflops = tflops; }
+  void setOwnTflops(double tflops) { caps_.ownTflops = tflops; }
   void setDeviceIndex(unsigned index) { caps_.deviceIndex = index; }
   uint64_t memoryUsed() const { return memoryUsed_; }
 

@@ -406,18 +406,22 @@ size_t CardWorker::readyContexts() const {
   return n;
 }
 
+double CardWorker::speedTflops() const { return std::max(caps_.tflops, caps_.ownTflops); }
+
 double CardWorker::sliceFlops() const {
   // A card that states no speed: slices of a billion operations.
-  return caps_.tflops > 0 ? caps_.tflops * 1e12 * options_.sliceMs / 1e3 : 1e9;
+  const double tflops = speedTflops();
+  return tflops > 0 ? tflops * 1e12 * options_.sliceMs / 1e3 : 1e9;
 }
 
 Status CardWorker::withinCeiling(double flops, const std::string& what) const {
-  if (!(caps_.tflops > 0)) return {};
-  const double seconds = flops / (caps_.tflops * 1e12);
+  const double tflops = speedTflops();
+  if (!(tflops > 0)) return {};
+  const double seconds = flops / (tflops * 1e12);
   if (seconds <= options_.maxOpSeconds) return {};
   char text[160];
-  std::snprintf(text, sizeof text, "%s: %.3g operations is about %.0f s of this card (%.3g TFLOPS), over the %.0f s one op may take",
-                what.c_str(), flops, seconds, caps_.tflops, options_.maxOpSeconds);
+  std::snprintf(text, sizeof text, "%s: %.3g operations is about %g s of this card (%.3g TFLOPS), over the %g s one op may take",
+                what.c_str(), flops, seconds, tflops, options_.maxOpSeconds);
   return fail(Code::resourceExhausted, std::string(text) + " (max_op_seconds); split it into smaller ops");
 }
 

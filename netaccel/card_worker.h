@@ -70,7 +70,7 @@ class CardWorker {
   struct Options {
     double halfLifeMs = 2000;
     unsigned queueDepth = 2;  // asynchronous devices: kernels in flight on the card
-    double sliceMs = 10;      // ops are cut into slices of about this much of the card's rated speed
+    double sliceMs = 10;      // ops are cut into slices of about this much of the card's speed (speedTflops)
     double maxOpSeconds = 120;  // an op worth more of the card than this is refused
     std::string label = "card";  // in messages: "card 0"
     // Set: each tenant's work runs in a sandbox process of its own (for backends that
@@ -128,6 +128,10 @@ class CardWorker {
   size_t readyContexts() const;             // contexts with work to run (0, 1 or 2: "more")
   void runSlice(Context& c, hal::Device& device);  // the next slice of its running op
   void close(Work& work);                   // drops the context, its queue and its running op
+  // The card's speed for cutting and bounding work: its own (properties or calibration)
+  // where that is faster than what it registers. A CUDA card registered at 8 TFLOPS
+  // that runs at 50 would otherwise cut a 4096^3 gemm in two for nothing.
+  double speedTflops() const;
   double sliceFlops() const;
   Status withinCeiling(double flops, const std::string& what) const;
   void charge(Context& c, double ns);

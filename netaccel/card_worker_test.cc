@@ -198,6 +198,41 @@ TEST(CardWorker, AKernelRunningPastMaxOpSecondsHasItsSandboxStopped) {
   EXPECT_EQ(faults[0].contexts, std::vector<uint32_t>{1});
 }
 
+// A card that runs faster than it registers (an operator's tflops below the device's own
+// speed) is timed at its own: a 1000^3 gemm (2 GFLOP) is 2 ms at the 1 TFLOPS registered
+// but 0.5 ms at its own 4, so a 1 ms max_op_seconds refuses it only where its own speed
+// is not known. The same speed sizes its slices.
+TEST(CardWorker, ACardFasterThanItRegistersIsTimedAtItsOwnSpeed) {
+  for (double own : {0.0, 4.0}) {
+    auto device = hal::makeCpuDevice({CardKind::gpu, "sim", 1, 1ull << 30, 1, false});
+    device->setOwnTflops(own);
+    CardWorker::Options options;
+    options.maxOpSeconds = 0.001;
+    CardWorker worker(std::move(device), [] {}, options);
+    worker.openContext(1, 0, "t", 1, "t");
+    uint64_t seq = 1;
+    queueSizedGemms(worker, 1, 1000, 1, &seq);
+    worker.submit();
+    std::vector<CardWorker::Output> outputs;
+    std::string refused;
+    bool fenced = false;
+    for (int i = 0; i < 30000 && !fenced; ++i) {
+      worker.drain(outputs);
+      for (auto& o : outputs) {
+        transport::MessageIn in(std::move(o.body));
+        auto reply = in.root<wire::Reply>();
+        if (reply.which() == wire::Reply::FENCED) fenced = true;
+        if (reply.which() == wire::Reply::ERROR) refused = reply.getError().getError().getMessage().cStr();
+      }
+      outputs.clear();
+      if (!fenced) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(fenced) << "own " << own;
+    if (own == 0) EXPECT_NE(refused.find("about 0.002 s of this card (1 TFLOPS)"), std::string::npos) << refused;
+    else EXPECT_EQ(refused, "") << "own " << own;
+  }
+}
+
 TEST(CardWorker, InsideATenantTheHigherPriorityContextGoesFirst) {
   Harness h;
   h.worker.openContext(1, 0, "low", 1, "vm", 0);

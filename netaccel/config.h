@@ -24,7 +24,9 @@
 //                                #   make no progress) this long is stopped
 //   device_queue_depth = 2       # asynchronous cards: kernels in flight on a card at once
 //   slice_ms = 10                # ops are cut into slices of about this much of a card's
-//                                #   rated speed; sharing and cancelling act between slices
+//                                #   speed (its own, from its properties or calibration,
+//                                #   where faster than its tflops); sharing and cancelling
+//                                #   act between slices
 //   max_op_seconds = 120         # an op worth more of its card than this is refused
 //   http_listen = 127.0.0.1:7781 # /metrics (Prometheus); off = none
 //   host_cpu = auto              # this host's CPU cores that vaccels may be given (a VM's
@@ -99,7 +101,7 @@ struct NetaccelConfig {
   SandboxConfig sandbox;
   // Asynchronous cards: kernels in flight on one card at once (the granularity of shares).
   unsigned queueDepth = 2;
-  // Bounded work (hal/slicing.h): slices of this much of a card's rated speed, and the
+  // Bounded work (hal/slicing.h): slices of this much of a card's speed, and the
   // most one op may be worth.
   double sliceMs = 10;
   double maxOpSeconds = 120;

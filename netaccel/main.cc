@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
   flags.value("context-grace-ms", "MS", "when the scheduler goes away, keep its contexts MS for it to come back "
                                          "(default 60000; 0 = drop them at once)");
   flags.value("fair-half-life-ms", "MS", "sharing a card: past kernel time counts half after MS (default 2000)");
-  flags.value("slice-ms", "MS", "ops are cut into slices of about MS of a card's rated speed; sharing, preemption and "
-                                "cancelling act between slices (default 10)");
+  flags.value("slice-ms", "MS", "ops are cut into slices of about MS of a card's speed (its own where faster than its "
+                                "tflops); sharing, preemption and cancelling act between slices (default 10)");
   flags.value("max-op-seconds", "S", "an op worth more than S seconds of its card is refused (default 120)");
   flags.value("tls-ca", "FILE", "the pool CA (PEM): the scheduler must present a certificate it issued");
   flags.value("tls-cert", "FILE", "this node's certificate (PEM; its common name is the node's name; "

@@ -203,17 +203,24 @@ class SandboxDevice final : public hal::Device {
     return timesKernels_;
   }
   size_t takeCompleted(std::vector<hal::KernelTime>& out) override {
+    out.insert(out.end(), waited_.begin(), waited_.end());
+    waited_.clear();
     if (pending_ == 0 || !lost_.empty()) return 0;
     auto r = call(request(Op::completed));
     if (!r) return 0;
     unpackCompleted(*r, out);
     return pending_;
   }
+  // The sandbox answers a wait with the kernels completed meanwhile (as takeCompleted):
+  // they are kept for the next takeCompleted (the worker takes them after every wait).
+  // A wait brings at most a window's worth, and no more than two are held.
   void waitCompleted(unsigned timeoutMs) override {
     if (pending_ == 0 || !lost_.empty()) return;
     Request q = request(Op::wait);
     q.length = timeoutMs;
-    (void)call(q);
+    if (auto r = call(q)) unpackCompleted(*r, waited_);
+    constexpr size_t kMaxWaited = 2 * kWindowBytes / sizeof(hal::KernelTime);
+    if (waited_.size() > kMaxWaited) waited_.erase(waited_.begin(), waited_.end() - kMaxWaited);
   }
   std::string lost() const override { return lost_; }
   pid_t pid() const { return process_->pid(); }
@@ -500,6 +507,7 @@ class SandboxDevice final : public hal::Device {
   unsigned timeoutMs_;
   mutable bool ready_ = false, timesKernels_ = false;
   uint64_t pending_ = 0;
+  std::vector<hal::KernelTime> waited_;  // completions a wait brought back, not yet taken
   uint64_t nextId_ = 0;
   static constexpr uint64_t kHalf = kWindowBytes / 2;
   unsigned posted_ = 0;  // writes sent whose reply has not been read

@@ -9,9 +9,11 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include "hal/backends.h"
 #include "hal/conformance.h"
@@ -137,6 +139,38 @@ std::unique_ptr<Device> hostile(const std::string& mode, unsigned timeoutMs = 30
   auto d = pool.take();
   ::unsetenv("RACCEL_HOSTILE");
   return d;
+}
+
+// Every kernel a sandboxed card completes is reported once, with its tag, whether the
+// worker collects it or waits for it: the times a wait brings back are kept for the next
+// collection, not dropped (they are each tenant's device time, the fair share's measure).
+TEST(Sandbox, EveryCompletedKernelIsReportedOnceWaitedForOrNot) {
+  for (const char* backend : {"opencl", "cuda"}) {
+    if (discover(backend).devices.empty()) continue;
+    auto d = sandboxed(backend, 0);
+    ASSERT_TRUE(d) << backend << ": " << d.error().message;
+    ASSERT_TRUE((*d)->timesKernels()) << backend;
+    const uint32_t n = 128;
+    auto a = (*d)->allocate(n * n * 4), b = (*d)->allocate(n * n * 4), c = (*d)->allocate(n * n * 4);
+    ASSERT_TRUE(a && b && c) << backend;
+    const uint64_t kernels = 12;
+    for (uint64_t tag = 1; tag <= kernels; ++tag) {
+      (*d)->tagKernels(tag);
+      ASSERT_TRUE((*d)->gemm({n, n, n, 1, 0, a->get(), b->get(), c->get()})) << backend;
+    }
+    std::vector<KernelTime> done;
+    for (int i = 0; i < 1000 && done.size() < kernels; ++i) {
+      (*d)->waitCompleted(100);
+      (*d)->takeCompleted(done);
+    }
+    std::vector<uint64_t> tags;
+    for (auto& k : done) tags.push_back(k.tag);
+    std::sort(tags.begin(), tags.end());
+    std::vector<uint64_t> want(kernels);
+    std::iota(want.begin(), want.end(), 1);
+    EXPECT_EQ(tags, want) << backend;
+    (*d)->release(std::move(*a)), (*d)->release(std::move(*b)), (*d)->release(std::move(*c));
+  }
 }
 
 TEST(HostileSandbox, OneThatNeverSpeaksIsStoppedAtTheTimeout) {

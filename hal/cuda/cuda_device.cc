@@ -730,6 +730,7 @@ Result<std::unique_ptr<Device>> openCudaDevice(unsigned index, const DeviceOverr
   caps.model = devices[index].model;
   caps.backend = "cuda";
   caps.tflops = devices[index].tflops;
+  caps.ownTflops = devices[index].tflops;  // kept when the config overrides tflops
   caps.memoryBytes = devices[index].memoryBytes;
   caps.programKinds = {ProgramKind::builtin, ProgramKind::ptx, ProgramKind::cubin, ProgramKind::cudaC};
   // Every CUDA device computes IEEE doubles with FMA and all roundings (NVRTC compiles

@@ -18,6 +18,11 @@ TEST(CudaDevices, Present) {
     EXPECT_GT(d.tflops, 0) << d.model;  // from SM count, clock and FP32 lanes
     EXPECT_GT(d.memoryBytes, 0u);
   }
+  // An operator's lower tflops is what the card registers; its own speed stays known.
+  auto overridden = openDevice("cuda", 0, {.tflops = 1});
+  ASSERT_TRUE(overridden) << overridden.error().message;
+  EXPECT_EQ((*overridden)->capabilities().tflops, 1);
+  EXPECT_EQ((*overridden)->capabilities().ownTflops, report.devices[0].tflops);
 }
 }  // namespace
 
