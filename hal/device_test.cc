@@ -167,35 +167,49 @@ std::vector<float> randomFloats(size_t n, unsigned seed) {
 
 TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReference) {
   const size_t rows = 5, cols = 7;
-  auto a = randomFloats(rows * cols, 3), b = randomFloats(cols, 4);
-  auto ba = floats(a), bb = floats(b);
+  auto a = randomFloats(rows * cols, 3), b = randomFloats(cols, 4), third = randomFloats(rows, 5);
+  for (auto& z : third) z = std::fabs(z) + 0.5f;  // a divisor
+  auto ba = floats(a), bb = floats(b), bc = floats(third);
   auto out = device->allocate(rows * cols * 4);
   ASSERT_TRUE(out);
-  // out[i, j] = f(a[j, i] (a read transposed), b[i] (broadcast over j)) for a 7 x 5 a.
+  // out[i, j] = f(a[j, i] (a read transposed), b[j] (broadcast over i), c[i] (broadcast
+  // over j)) for a 7 x 5 a.
   struct Case {
     TensorFn fn;
     float alpha, beta;
-    std::function<float(float, float)> ref;
+    std::function<float(float, float, float)> ref;
   };
   std::vector<Case> cases = {
-      {TensorFn::copy, 1, 0, [](float x, float) { return x; }},
-      {TensorFn::fill, 2.5f, 0, [](float, float) { return 2.5f; }},
-      {TensorFn::add, -0.5f, 0, [](float x, float y) { return x - 0.5f * y; }},
-      {TensorFn::mul, 3, 0, [](float x, float y) { return 3 * x * y; }},
-      {TensorFn::div, 1, 0, [](float x, float y) { return x / y; }},
-      {TensorFn::relu, 1, 0, [](float x, float) { return x < 0 ? 0.0f : x; }},
-      {TensorFn::thresholdBackward, 0.25f, 0, [](float x, float y) { return y <= 0.25f ? 0.0f : x; }},
-      {TensorFn::exp, 1, 0, [](float x, float) { return std::exp(x); }},
-      {TensorFn::log, 1, 0, [](float x, float) { return std::log(std::fabs(x)); }},
-      {TensorFn::affine, 2, 1, [](float x, float) { return 2 * x + 1; }},
+      {TensorFn::copy, 1, 0, [](float x, float, float) { return x; }},
+      {TensorFn::fill, 2.5f, 0, [](float, float, float) { return 2.5f; }},
+      {TensorFn::add, -0.5f, 0, [](float x, float y, float) { return x - 0.5f * y; }},
+      {TensorFn::mul, 3, 0, [](float x, float y, float) { return 3 * x * y; }},
+      {TensorFn::div, 1, 0, [](float x, float y, float) { return x / y; }},
+      {TensorFn::relu, 1, 0, [](float x, float, float) { return x < 0 ? 0.0f : x; }},
+      {TensorFn::thresholdBackward, 0.25f, 0, [](float x, float y, float) { return y <= 0.25f ? 0.0f : x; }},
+      {TensorFn::exp, 1, 0, [](float x, float, float) { return std::exp(x); }},
+      {TensorFn::log, 1, 0, [](float x, float, float) { return std::log(std::fabs(x)); }},
+      {TensorFn::affine, 2, 1, [](float x, float, float) { return 2 * x + 1; }},
+      {TensorFn::sqrt, 1, 0, [](float x, float, float) { return std::sqrt(std::fabs(x)); }},
+      {TensorFn::tanh, 1, 0, [](float x, float, float) { return std::tanh(x); }},
+      {TensorFn::sigmoid, 1, 0, [](float x, float, float) { return 1 / (1 + std::exp(-x)); }},
+      {TensorFn::tanhBackward, 1, 0, [](float x, float y, float) { return x * (1 - y * y); }},
+      {TensorFn::sigmoidBackward, 1, 0, [](float x, float y, float) { return x * y * (1 - y); }},
+      {TensorFn::addcmul, -0.5f, 0, [](float x, float y, float z) { return x - 0.5f * y * z; }},
+      {TensorFn::addcdiv, 2, 0, [](float x, float y, float z) { return x + 2 * y / z; }},
+      {TensorFn::maximum, 1, 0, [](float x, float y, float) { return std::max(x, y); }},
+      {TensorFn::minimum, 1, 0, [](float x, float y, float) { return std::min(x, y); }},
+      {TensorFn::abs, 1, 0, [](float x, float, float) { return std::fabs(x); }},
+      {TensorFn::pow, 3, 0, [](float x, float, float) { return x * x * x; }},
   };
   for (auto& c : cases) {
     std::vector<float> input = a;
-    if (c.fn == TensorFn::log)
+    if (c.fn == TensorFn::log || c.fn == TensorFn::sqrt)
       for (auto& x : input) x = std::fabs(x);
     ASSERT_TRUE(device->write(*ba, 0, std::as_bytes(std::span(input))));
     // a is stored 7 x 5 ([j][i]): the view walks it with strides (1, 5).
-    auto op = tensorOp(c.fn, {rows, cols}, {view(out->get(), 0, {cols, 1}), view(ba.get(), 0, {1, rows}), view(bb.get(), 0, {0, 1})});
+    auto op = tensorOp(c.fn, {rows, cols},
+                       {view(out->get(), 0, {cols, 1}), view(ba.get(), 0, {1, rows}), view(bb.get(), 0, {0, 1}), view(bc.get(), 0, {1, 0})});
     op.alpha = c.alpha, op.beta = c.beta;
     auto s = device->tensor(op);
     if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
@@ -203,7 +217,7 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
     auto got = readFloats(**out, rows * cols);
     for (size_t i = 0; i < rows; ++i)
       for (size_t j = 0; j < cols; ++j) {
-        float want = c.ref(input[j * rows + i], b[j]);
+        float want = c.ref(input[j * rows + i], b[j], third[i]);
         ASSERT_NEAR(got[i * cols + j], want, 1e-5 * std::max(1.0f, std::fabs(want))) << tensorFnName(c.fn) << " " << i << "," << j;
       }
   }

@@ -11,6 +11,11 @@ static_assert(RC_COPY == int(TensorFn::copy) && RC_FILL == int(TensorFn::fill) &
               RC_MUL == int(TensorFn::mul) && RC_DIV == int(TensorFn::div) && RC_RELU == int(TensorFn::relu) &&
               RC_THRESHOLD_BACKWARD == int(TensorFn::thresholdBackward) && RC_EXPFN == int(TensorFn::exp) &&
               RC_LOGFN == int(TensorFn::log) && RC_AFFINE == int(TensorFn::affine));
+static_assert(RC_SQRTFN == int(TensorFn::sqrt) && RC_TANHFN == int(TensorFn::tanh) && RC_SIGMOID == int(TensorFn::sigmoid) &&
+              RC_TANH_BACKWARD == int(TensorFn::tanhBackward) && RC_SIGMOID_BACKWARD == int(TensorFn::sigmoidBackward) &&
+              RC_ADDCMUL == int(TensorFn::addcmul) && RC_ADDCDIV == int(TensorFn::addcdiv) &&
+              RC_MAXIMUM == int(TensorFn::maximum) && RC_MINIMUM == int(TensorFn::minimum) && RC_ABSFN == int(TensorFn::abs) &&
+              RC_POWFN == int(TensorFn::pow) && kTensorFns == RC_POWFN + 1);
 
 namespace {
 struct FnInfo {
@@ -27,13 +32,20 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"sum", 2, "rc_sum"},       {"matmul", 3, "rc_matmul"},
     {"logSoftmax", 2, "rc_log_softmax"}, {"logSoftmaxBackward", 3, "rc_log_softmax_backward"},
     {"nllLoss", 4, "rc_nll_loss"},       {"nllLossBackward", 4, "rc_nll_loss_backward"},
+    {"sqrt", 2, "rc_map"},      {"tanh", 2, "rc_map"},
+    {"sigmoid", 2, "rc_map"},   {"tanhBackward", 3, "rc_map"},
+    {"sigmoidBackward", 3, "rc_map"}, {"addcmul", 4, "rc_map"},
+    {"addcdiv", 4, "rc_map"},   {"maximum", 3, "rc_map"},
+    {"minimum", 3, "rc_map"},   {"abs", 2, "rc_map"},
+    {"pow", 2, "rc_map"},
 };
 constexpr uint64_t kMaxElements = 1ull << 48;
 // One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
 // of one is never cut (hal/slicing.h), so it is bounded here.
 constexpr uint64_t kMaxRowElements = 1ull << 24;
 
-bool elementwise(TensorFn fn) { return fn <= TensorFn::affine; }
+// One work-item per output element, at the same position in every operand (rc_map).
+bool elementwise(TensorFn fn) { return fn <= TensorFn::affine || fn >= TensorFn::sqrt; }
 // nllLoss's and nllLossBackward's targets are i64; everything else is f32.
 uint64_t elementBytes(TensorFn fn, unsigned operand) {
   return (fn == TensorFn::nllLoss || fn == TensorFn::nllLossBackward) && operand == 2 ? 8 : 4;

@@ -31,6 +31,10 @@ class Buffer;
 #define RC_LOG(x) std::log(x)
 #define RC_FMAX(x, y) std::fmax(x, y)
 #define RC_NAN std::numeric_limits<float>::quiet_NaN()
+#define RC_SQRT(x) std::sqrt(x)
+#define RC_TANH(x) std::tanh(x)
+#define RC_POW(x, y) std::pow(x, y)
+#define RC_FABS(x) std::fabs(x)
 namespace raccel::hal::kernels {
 #include "hal/tensor_kernels.inc"
 }  // namespace raccel::hal::kernels
@@ -44,8 +48,9 @@ inline constexpr unsigned kMaxTensorOperands = RC_MAX_OPERANDS;
 enum class TensorFn : uint8_t {
   copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine,
   sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
+  sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
 };
-inline constexpr unsigned kTensorFns = 16;
+inline constexpr unsigned kTensorFns = 27;
 
 const char* tensorFnName(TensorFn fn);
 // Operands the function takes, the output included.

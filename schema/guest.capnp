@@ -295,6 +295,12 @@ struct Op {
 #     At most 2^24 rows (one work-item walks them all).
 #   nllLossBackward: operands out (n x classes), a (the loss's gradient, a scalar),
 #     target, totalWeight: out = -a (/ totalWeight when `mean`) at each target, else 0.
+#   sqrt, tanh, sigmoid, abs, pow: elementwise, out = sqrt a | tanh a | 1/(1+exp(-a)) |
+#     |a| | a^alpha
+#   tanhBackward, sigmoidBackward: out = a*(1-b*b) | a*b*(1-b), with a the gradient and b
+#     the forward's output
+#   addcmul, addcdiv: elementwise over three inputs, out = a + alpha*b*c | a + alpha*b/c
+#   maximum, minimum: elementwise, the larger | smaller of a and b (NaN if either is)
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);
@@ -329,6 +335,17 @@ enum TensorFn {
   logSoftmaxBackward @13;
   nllLoss @14;
   nllLossBackward @15;
+  sqrt @16;
+  tanh @17;
+  sigmoid @18;
+  tanhBackward @19;
+  sigmoidBackward @20;
+  addcmul @21;
+  addcdiv @22;
+  maximum @23;
+  minimum @24;
+  abs @25;
+  pow @26;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -53,6 +53,24 @@ TEST_F(TorchDevice, AnMlpTrainsOnRaccelWithTheCpusLossesAndNothingFallsBack) {
   EXPECT_NE(cluster_->logs().find("torch"), std::string::npos);
 }
 
+// Adam and AdamW (weight decay, amsgrad) over tanh and sigmoid: their steps (addcmul,
+// addcdiv, sqrt, division by a number, maximum) and the activations' backwards run on
+// the card, with the CPU's losses.
+TEST_F(TorchDevice, AdamAndAdamWOverTanhOrSigmoidTrainWithTheCpusLossesAndNothingFallsBack) {
+  startOneCard();
+  for (std::string variant : {"--optimizer adamw --weight-decay 0.01 --activation tanh",
+                              "--optimizer adam --amsgrad --weight-decay 0.001 --activation sigmoid"}) {
+    int status = -1;
+    std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --steps 100 " + variant, &status,
+                             "RACCEL_TORCH_FALLBACKS=1");
+    EXPECT_EQ(status, 0) << variant << "\n" << out;
+    EXPECT_NE(out.find("steps 100 "), std::string::npos) << variant << "\n" << out;
+    EXPECT_NE(out.find("fallbacks during training: none"), std::string::npos) << variant << "\n" << out;
+    EXPECT_NE(out.find("PASS"), std::string::npos) << variant << "\n" << out;
+    std::cout << variant << ": " << out;
+  }
+}
+
 // A vaccel over two netaccels with cards of different kinds: a simulated GPU (the CPU
 // backend at a declared speed) and a PoCL card.
 TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) {

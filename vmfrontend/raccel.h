@@ -122,6 +122,7 @@ struct Arg {
 enum class TensorFn {
   copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine,
   sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
+  sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
 };
 struct TensorOperand {
   Handle buffer = 0;

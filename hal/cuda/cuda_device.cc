@@ -184,6 +184,10 @@ const char* kTensorPrelude = R"CU(
 #define RC_LOG(x) logf(x)
 #define RC_FMAX(x, y) fmaxf(x, y)
 #define RC_NAN __int_as_float(0x7fffffff)
+#define RC_SQRT(x) sqrtf(x)
+#define RC_TANH(x) tanhf(x)
+#define RC_POW(x, y) powf(x, y)
+#define RC_FABS(x) fabsf(x)
 )CU";
 
 int fp32LanesPerSm(int major, int minor) {

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Trains a two-layer MLP classifier on synthetic data with plain SGD, unchanged code
+"""Trains a two-layer MLP classifier on synthetic data (plain SGD by default; --optimizer
+adam/adamw with --weight-decay and --amsgrad, --activation tanh/sigmoid), unchanged code
 on the device asked for: `raccel` (raccel.torch's privateuseone device) or `cpu`.
 
   --compare   trains on both from the same seed and checks, at every step, that the
@@ -31,9 +32,19 @@ def data(seed, samples, features, classes):
     return x, y
 
 
-def model(seed, features, hidden, classes):
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+
+
+def model(seed, features, hidden, classes, activation="relu"):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+    return nn.Sequential(nn.Linear(features, hidden), ACTIVATIONS[activation](), nn.Linear(hidden, classes))
+
+
+def optimizer(params, args):
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=args.lr, weight_decay=args.weight_decay)
+    kind = torch.optim.Adam if args.optimizer == "adam" else torch.optim.AdamW
+    return kind(params, lr=args.lr, weight_decay=args.weight_decay, amsgrad=args.amsgrad)
 
 
 def train(device, args, on_step=None):
@@ -43,8 +54,8 @@ def train(device, args, on_step=None):
     else:
         dev = torch.device("cpu")
     x, y = data(args.seed, args.samples, args.features, args.classes)
-    net = model(args.seed, args.features, args.hidden, args.classes).to(dev)
-    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    net = model(args.seed, args.features, args.hidden, args.classes, args.activation).to(dev)
+    opt = optimizer(net.parameters(), args)
     xd, yd = x.to(dev), y.to(dev)
     if device == "raccel":
         raccel.torch.reset_fallbacks()
@@ -75,8 +86,8 @@ def timed(device, args):
         dev = torch.device("cpu")
         sync = lambda: None
     x, y = data(args.seed, args.batch, args.features, args.classes)
-    net = model(args.seed, args.features, args.hidden, args.classes).to(dev)
-    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    net = model(args.seed, args.features, args.hidden, args.classes, args.activation).to(dev)
+    opt = optimizer(net.parameters(), args)
     xb, yb = x.to(dev), y.to(dev)
     times = []
     for step in range(args.time + 3):
@@ -105,11 +116,19 @@ def main():
     p.add_argument("--features", type=int, default=20)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--classes", type=int, default=4)
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=None, help="default 0.1 for sgd, 0.01 for adam and adamw")
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--amsgrad", action="store_true", help="adam and adamw: keep the largest second moment")
+    p.add_argument("--activation", choices=sorted(ACTIVATIONS), default="relu")
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--tflops", type=float, default=1.0)
     p.add_argument("--progress", action="store_true", help="print every 20th step's loss")
     args = p.parse_args()
+    if args.amsgrad and args.optimizer == "sgd":
+        p.error("--amsgrad is for --optimizer adam or adamw")
+    if args.lr is None:
+        args.lr = 0.1 if args.optimizer == "sgd" else 0.01
     if args.time:  # PyTorch's CPU with all its threads, as a user would run it
         for device in (["cpu", "raccel"] if args.compare else [args.device]):
             print(f"{device}_step_ms {timed(device, args):.3f}", flush=True)

@@ -239,15 +239,15 @@ void send(client::Session& s, client::TensorOp op) {
   s.tensor(op);
 }
 
-// out = fn(a, b) elementwise over out's shape, a and b broadcast to it.
+// out = fn(a, b, c) elementwise over out's shape, the inputs broadcast to it.
 void elementwise(TensorFn fn, const at::Tensor& out, const at::Tensor* a, const at::Tensor* b, float alpha = 1,
-                 float beta = 0) {
+                 float beta = 0, const at::Tensor* c = nullptr) {
   Locked s;
   client::TensorOp op;
   op.fn = fn;
   op.shape = shapeOf(out.sizes());
   op.operands.push_back(operand(out, out.strides()));
-  for (const at::Tensor* x : {a, b})
+  for (const at::Tensor* x : {a, b, c})
     if (x) op.operands.push_back(operand(*x, x->expand(out.sizes()).strides()));
   op.alpha = alpha, op.beta = beta;
   send(*s, op);
@@ -515,6 +515,24 @@ at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dims, bool ke
 }
 at::Tensor sum_all(const at::Tensor& self, c10::optional<at::ScalarType> dtype) { return python::sum_dim(self, c10::nullopt, false, dtype); }
 
+// The mean: the sum scaled by the count of the elements summed (NaN for none, as PyTorch).
+at::Tensor& mean_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
+                     at::Tensor& out) {
+  if (!supported({&self}) || (dtype && *dtype != at::kFloat) || (out.defined() && !isF32(out))) {
+    return hostInto("aten::mean.out", out, dims ? at::mean(host(self), *dims, keepdim, dtype) : at::mean(host(self), dtype));
+  }
+  python::sum_out(self, dims, keepdim, dtype, out);
+  const int64_t count = out.numel() == 0 ? 0 : self.numel() / out.numel();
+  if (count == 0) return out.fill_(NAN);
+  if (count != 1) elementwise(TensorFn::affine, out, &out, nullptr, 1.0f / static_cast<float>(count), 0);
+  return out;
+}
+at::Tensor mean_dim(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype) {
+  auto out = emptyOn({0}, dtype.value_or(self.scalar_type()));
+  return python::mean_out(self, dims, keepdim, dtype, out);
+}
+at::Tensor mean_all(const at::Tensor& self, c10::optional<at::ScalarType> dtype) { return python::mean_dim(self, c10::nullopt, false, dtype); }
+
 // out = alpha * a b + beta * out (out not read when beta is 0); a: [m, k], b: [k, n].
 void matmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, float alpha, float beta) {
   Locked s;
@@ -602,6 +620,109 @@ at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self, co
   auto out = emptyOn({0});
   return python::threshold_backward_out(grad, self, threshold, out);
 }
+
+// ---- Elementwise families (optimizers' steps, activations and their backwards) ----------
+
+// out = fn(self) (alpha as the function takes it), or the host's `reference` counted.
+template <class Host>
+at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self, at::Tensor& out, float alpha, Host reference) {
+  if (!supported({&self, &out})) return hostInto(name, out, reference(host(self)));
+  at::native::resize_output(out, self.sizes());
+  elementwise(fn, out, &self, nullptr, alpha);
+  return out;
+}
+
+#define RACCEL_UNARY(op, fn, alpha)                                                                          \
+  at::Tensor& op##_out(const at::Tensor& self, at::Tensor& out) {                                              \
+    return unaryOut(fn, "aten::" #op, self, out, alpha, [](const at::Tensor& x) { return at::op(x); });        \
+  }                                                                                                            \
+  at::Tensor op(const at::Tensor& self) {                                                                      \
+    auto out = emptyOn({0}, self.scalar_type());                                                               \
+    return python::op##_out(self, out);                                                                        \
+  }                                                                                                            \
+  at::Tensor& op##_(at::Tensor& self) { return python::op##_out(self, self); }
+RACCEL_UNARY(sqrt, TensorFn::sqrt, 1)
+RACCEL_UNARY(tanh, TensorFn::tanh, 1)
+RACCEL_UNARY(sigmoid, TensorFn::sigmoid, 1)
+RACCEL_UNARY(abs, TensorFn::abs, 1)
+RACCEL_UNARY(neg, TensorFn::affine, -1)
+#undef RACCEL_UNARY
+
+at::Tensor& pow_out(const at::Tensor& self, const at::Scalar& exponent, at::Tensor& out) {
+  return unaryOut(TensorFn::pow, "aten::pow.Tensor_Scalar", self, out, exponent.toFloat(),
+                  [&](const at::Tensor& x) { return at::pow(x, exponent); });
+}
+at::Tensor pow(const at::Tensor& self, const at::Scalar& exponent) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::pow_out(self, exponent, out);
+}
+at::Tensor& pow_(at::Tensor& self, const at::Scalar& exponent) { return python::pow_out(self, exponent, self); }
+
+// out = fn(a, b) over their broadcast shape, or the host's `reference` counted.
+template <class Host>
+at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a, const at::Tensor& b, at::Tensor& out,
+                      Host reference) {
+  if (!supported({&a, &b, &out})) return hostInto(name, out, reference(host(a), host(b)));
+  at::native::resize_output(out, broadcastShape(a, b));
+  elementwise(fn, out, &a, &b);
+  return out;
+}
+
+#define RACCEL_BINARY(op, fn, name)                                                                            \
+  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                            \
+    return binaryOut(fn, name, a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::op(x, y); }); \
+  }                                                                                                            \
+  at::Tensor op(const at::Tensor& a, const at::Tensor& b) {                                                    \
+    auto out = emptyOn({0}, at::result_type(a, b));                                                            \
+    return python::op##_out(a, b, out);                                                                        \
+  }
+RACCEL_BINARY(maximum, TensorFn::maximum, "aten::maximum")
+RACCEL_BINARY(minimum, TensorFn::minimum, "aten::minimum")
+RACCEL_BINARY(tanh_backward, TensorFn::tanhBackward, "aten::tanh_backward")
+RACCEL_BINARY(sigmoid_backward, TensorFn::sigmoidBackward, "aten::sigmoid_backward")
+#undef RACCEL_BINARY
+
+// out = a / b (b may be a host number: a times its inverse).
+at::Tensor& div_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (isHostScalar(b) && supported({&a, &out})) {
+    at::native::resize_output(out, a.sizes());
+    elementwise(TensorFn::affine, out, &a, nullptr, static_cast<float>(1.0 / b.item<double>()), 0);
+    return out;
+  }
+  return binaryOut(TensorFn::div, "aten::div.out", a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::div(x, y); });
+}
+at::Tensor div(const at::Tensor& a, const at::Tensor& b) {
+  auto out = emptyOn({0}, at::result_type(a, b));
+  return python::div_out(a, b, out);
+}
+at::Tensor& div_(at::Tensor& self, const at::Tensor& other) { return python::div_out(self, other, self); }
+
+// out = self + value * t1 (* or /) t2: Adam's and RMSprop's steps.
+template <class Host>
+at::Tensor& ternaryOut(TensorFn fn, const char* name, const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                       const at::Scalar& value, at::Tensor& out, Host reference) {
+  if (!supported({&self, &t1, &t2, &out})) return hostInto(name, out, reference(host(self), host(t1), host(t2)));
+  at::native::resize_output(out, at::infer_size(self.sizes(), broadcastShape(t1, t2)));
+  elementwise(fn, out, &self, &t1, value.toFloat(), 0, &t2);
+  return out;
+}
+
+#define RACCEL_TERNARY(op, fn)                                                                                         \
+  at::Tensor& op##_out(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2, const at::Scalar& value,   \
+                       at::Tensor& out) {                                                                            \
+    return ternaryOut(fn, "aten::" #op, self, t1, t2, value, out,                                                    \
+                      [&](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z) { return at::op(x, y, z, value); }); \
+  }                                                                                                                  \
+  at::Tensor op(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2, const at::Scalar& value) {        \
+    auto out = emptyOn({0}, self.scalar_type());                                                                     \
+    return python::op##_out(self, t1, t2, value, out);                                                               \
+  }                                                                                                                  \
+  at::Tensor& op##_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2, const at::Scalar& value) {         \
+    return python::op##_out(self, t1, t2, value, self);                                                              \
+  }
+RACCEL_TERNARY(addcmul, TensorFn::addcmul)
+RACCEL_TERNARY(addcdiv, TensorFn::addcdiv)
+#undef RACCEL_TERNARY
 
 // PyTorch's loss reductions (at::Reduction).
 constexpr int64_t kNone = 0, kMean = 1, kSum = 2;
@@ -782,6 +903,44 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_log_softmax_backward_data", TORCH_FN(_log_softmax_backward_data));
   m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));
   m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward));
+  m.impl("mean.out", TORCH_FN(mean_out));
+  m.impl("mean.dim", TORCH_FN(mean_dim));
+  m.impl("mean", TORCH_FN(mean_all));
+  m.impl("div.out", TORCH_FN(div_out));
+  m.impl("div.Tensor", TORCH_FN(python::div));
+  m.impl("div_.Tensor", TORCH_FN(div_));
+  m.impl("sqrt.out", TORCH_FN(sqrt_out));
+  m.impl("sqrt", TORCH_FN(python::sqrt));
+  m.impl("sqrt_", TORCH_FN(sqrt_));
+  m.impl("tanh.out", TORCH_FN(tanh_out));
+  m.impl("tanh", TORCH_FN(python::tanh));
+  m.impl("tanh_", TORCH_FN(tanh_));
+  m.impl("sigmoid.out", TORCH_FN(sigmoid_out));
+  m.impl("sigmoid", TORCH_FN(python::sigmoid));
+  m.impl("sigmoid_", TORCH_FN(sigmoid_));
+  m.impl("abs.out", TORCH_FN(abs_out));
+  m.impl("abs", TORCH_FN(python::abs));
+  m.impl("abs_", TORCH_FN(abs_));
+  m.impl("neg.out", TORCH_FN(neg_out));
+  m.impl("neg", TORCH_FN(python::neg));
+  m.impl("neg_", TORCH_FN(neg_));
+  m.impl("pow.Tensor_Scalar_out", TORCH_FN(pow_out));
+  m.impl("pow.Tensor_Scalar", TORCH_FN(python::pow));
+  m.impl("pow_.Scalar", TORCH_FN(pow_));
+  m.impl("maximum.out", TORCH_FN(maximum_out));
+  m.impl("maximum", TORCH_FN(python::maximum));
+  m.impl("minimum.out", TORCH_FN(minimum_out));
+  m.impl("minimum", TORCH_FN(python::minimum));
+  m.impl("tanh_backward.grad_input", TORCH_FN(tanh_backward_out));
+  m.impl("tanh_backward", TORCH_FN(python::tanh_backward));
+  m.impl("sigmoid_backward.grad_input", TORCH_FN(sigmoid_backward_out));
+  m.impl("sigmoid_backward", TORCH_FN(python::sigmoid_backward));
+  m.impl("addcmul.out", TORCH_FN(addcmul_out));
+  m.impl("addcmul", TORCH_FN(python::addcmul));
+  m.impl("addcmul_", TORCH_FN(addcmul_));
+  m.impl("addcdiv.out", TORCH_FN(addcdiv_out));
+  m.impl("addcdiv", TORCH_FN(python::addcdiv));
+  m.impl("addcdiv_", TORCH_FN(addcdiv_));
 }
 
 void printFallbacks() {
