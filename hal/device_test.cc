@@ -310,6 +310,56 @@ TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
   EXPECT_TRUE(std::isnan(readFloats(**loss, 1)[0]));
 }
 
+// layerNorm over the rows of a (its mean and rstd written one per row, rstd at a stride
+// of 2), then its backward from a gradient, against references in double.
+TEST_P(Conformance, TensorLayerNormAndItsBackwardMatchReference) {
+  const size_t m = 6, k = 13;
+  const float eps = 1e-5f;
+  auto a = randomFloats(m * k, 8), grad = randomFloats(m * k, 9);
+  auto ba = floats(a), bg = floats(grad);
+  auto out = device->allocate(m * k * 4), mean = device->allocate(m * 4), rstd = device->allocate(2 * m * 4),
+       back = device->allocate(m * k * 4);
+  ASSERT_TRUE(out && mean && rstd && back);
+  auto ln = tensorOp(TensorFn::layerNorm, {m, k}, {view(out->get(), 0, {k, 1}), view(ba.get(), 0, {k, 1}),
+                                                    view(mean->get(), 0, {1, 0}), view(rstd->get(), 1, {2, 0})});
+  ln.alpha = eps;  // added to the variance
+  auto s = device->tensor(ln);
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  auto y = readFloats(**out, m * k), mu = readFloats(**mean, m), r = readFloats(**rstd, 2 * m);
+  std::vector<double> xhat(m * k), refR(m);
+  for (size_t i = 0; i < m; ++i) {
+    double sum = 0, squares = 0;
+    for (size_t p = 0; p < k; ++p) sum += a[i * k + p];
+    const double refMu = sum / k;
+    for (size_t p = 0; p < k; ++p) squares += (a[i * k + p] - refMu) * (a[i * k + p] - refMu);
+    refR[i] = 1 / std::sqrt(squares / k + eps);
+    EXPECT_NEAR(mu[i], refMu, 1e-5) << i;
+    EXPECT_NEAR(r[2 * i + 1], refR[i], 1e-4 * refR[i]) << i;
+    for (size_t p = 0; p < k; ++p) {
+      xhat[i * k + p] = (a[i * k + p] - refMu) * refR[i];
+      ASSERT_NEAR(y[i * k + p], xhat[i * k + p], 1e-4) << i << "," << p;
+    }
+  }
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::layerNormBackward, {m, k},
+                                      {view(back->get(), 0, {k, 1}), view(bg.get(), 0, {k, 1}), view(out->get(), 0, {k, 1}),
+                                       view(rstd->get(), 1, {2, 0})})));
+  auto dx = readFloats(**back, m * k);
+  for (size_t i = 0; i < m; ++i) {
+    double mg = 0, mgx = 0;
+    for (size_t p = 0; p < k; ++p) mg += grad[i * k + p], mgx += grad[i * k + p] * xhat[i * k + p];
+    mg /= k, mgx /= k;
+    for (size_t p = 0; p < k; ++p)
+      ASSERT_NEAR(dx[i * k + p], refR[i] * (grad[i * k + p] - mg - xhat[i * k + p] * mgx), 1e-4 * std::max(1.0, refR[i]))
+          << i << "," << p;
+  }
+  // The per-row operands must be one element per row.
+  auto bad = device->tensor(tensorOp(TensorFn::layerNorm, {m, k}, {view(out->get(), 0, {k, 1}), view(ba.get(), 0, {k, 1}),
+                                                                    view(back->get(), 0, {0, 1}), view(rstd->get(), 0, {1, 0})}));
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("the mean is one element per row"), std::string::npos) << bad.error().message;
+}
+
 // Class 2 of issue 29: a zero in the shape used to skip the reach check, and the other
 // dimensions' strides then overflowed signed arithmetic while the dimensions merged.
 TEST_P(Conformance, ATensorOpWithAZeroDimensionRunsNothingWhateverItsOtherNumbers) {

@@ -13,7 +13,9 @@ double flopsPerElement(TensorFn fn) {
   switch (fn) {
     case TensorFn::matmul: return 2;
     case TensorFn::logSoftmax:
-    case TensorFn::logSoftmaxBackward: return 4;
+    case TensorFn::logSoftmaxBackward:
+    case TensorFn::layerNorm:
+    case TensorFn::layerNormBackward: return 4;
     default: return 1;
   }
 }
@@ -25,6 +27,8 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::nllLoss: return -1;  // one work-item: never cut
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
+    case TensorFn::layerNorm:
+    case TensorFn::layerNormBackward:
     case TensorFn::nllLossBackward: return 0;  // rows only
     default: return int(op.dims) - 1;
   }

@@ -15,7 +15,8 @@ static_assert(RC_SQRTFN == int(TensorFn::sqrt) && RC_TANHFN == int(TensorFn::tan
               RC_TANH_BACKWARD == int(TensorFn::tanhBackward) && RC_SIGMOID_BACKWARD == int(TensorFn::sigmoidBackward) &&
               RC_ADDCMUL == int(TensorFn::addcmul) && RC_ADDCDIV == int(TensorFn::addcdiv) &&
               RC_MAXIMUM == int(TensorFn::maximum) && RC_MINIMUM == int(TensorFn::minimum) && RC_ABSFN == int(TensorFn::abs) &&
-              RC_POWFN == int(TensorFn::pow) && kTensorFns == RC_POWFN + 1);
+              RC_POWFN == int(TensorFn::pow) && RC_LAYER_NORM == int(TensorFn::layerNorm) &&
+              RC_LAYER_NORM_BACKWARD == int(TensorFn::layerNormBackward) && kTensorFns == RC_LAYER_NORM_BACKWARD + 1);
 
 namespace {
 struct FnInfo {
@@ -38,6 +39,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"addcdiv", 4, "rc_map"},   {"maximum", 3, "rc_map"},
     {"minimum", 3, "rc_map"},   {"abs", 2, "rc_map"},
     {"pow", 2, "rc_map"},
+    {"layerNorm", 4, "rc_layer_norm"}, {"layerNormBackward", 4, "rc_layer_norm_backward"},
 };
 constexpr uint64_t kMaxElements = 1ull << 48;
 // One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
@@ -45,7 +47,12 @@ constexpr uint64_t kMaxElements = 1ull << 48;
 constexpr uint64_t kMaxRowElements = 1ull << 24;
 
 // One work-item per output element, at the same position in every operand (rc_map).
-bool elementwise(TensorFn fn) { return fn <= TensorFn::affine || fn >= TensorFn::sqrt; }
+bool elementwise(TensorFn fn) { return fn <= TensorFn::affine || (fn >= TensorFn::sqrt && fn <= TensorFn::pow); }
+// One work-item per row of a [rows, cols] shape.
+bool rowwise(TensorFn fn) {
+  return fn == TensorFn::logSoftmax || fn == TensorFn::logSoftmaxBackward || fn == TensorFn::layerNorm ||
+         fn == TensorFn::layerNormBackward;
+}
 // nllLoss's and nllLossBackward's targets are i64; everything else is f32.
 uint64_t elementBytes(TensorFn fn, unsigned operand) {
   return (fn == TensorFn::nllLoss || fn == TensorFn::nllLossBackward) && operand == 2 ? 8 : 4;
@@ -79,6 +86,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       break;
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
+    case TensorFn::layerNorm:
+    case TensorFn::layerNormBackward:
     case TensorFn::nllLoss:
     case TensorFn::nllLossBackward:
       if (auto s = needDims(2); !s) return std::unexpected(s.error());
@@ -86,7 +95,7 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     default:
       break;
   }
-  if ((op.fn == TensorFn::logSoftmax || op.fn == TensorFn::logSoftmaxBackward) && op.shape[1] > kMaxRowElements)
+  if (rowwise(op.fn) && op.shape[1] > kMaxRowElements)
     return bad("rows of " + std::to_string(op.shape[1]) + " columns (at most 2^24)");
   if (op.fn == TensorFn::nllLoss && op.shape[0] > kMaxRowElements)
     return bad("a batch of " + std::to_string(op.shape[0]) + " rows (at most 2^24; split it)");
@@ -132,6 +141,14 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       if (!(rule = zeroStride(2, 0, "b's m stride must be 0"))) break;
       if (!(rule = disjoint(0, 1))) break;
       rule = disjoint(0, 2);
+      break;
+    case TensorFn::layerNorm:
+      if ((rule = zeroStride(2, 1, "the mean is one element per row: its column stride must be 0")))
+        rule = zeroStride(3, 1, "rstd is one element per row: its column stride must be 0");
+      if (rule) rule = disjoint(2, 3);
+      break;
+    case TensorFn::layerNormBackward:
+      rule = zeroStride(3, 1, "rstd is one element per row: its column stride must be 0");
       break;
     case TensorFn::nllLoss:
     case TensorFn::nllLossBackward: {
@@ -216,7 +233,7 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.n = g.shape[0] * g.shape[1];
     g.inner = g.shape[2];
     out.flops = 2.0 * double(elements);
-  } else if (op.fn == TensorFn::logSoftmax || op.fn == TensorFn::logSoftmaxBackward) {
+  } else if (rowwise(op.fn)) {
     g.n = g.shape[0];
     g.inner = g.shape[1];
     out.flops = 4.0 * double(elements);

@@ -49,8 +49,9 @@ enum class TensorFn : uint8_t {
   copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine,
   sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
   sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
+  layerNorm, layerNormBackward,
 };
-inline constexpr unsigned kTensorFns = 27;
+inline constexpr unsigned kTensorFns = 29;
 
 const char* tensorFnName(TensorFn fn);
 // Operands the function takes, the output included.

@@ -301,6 +301,12 @@ struct Op {
 #     the forward's output
 #   addcmul, addcdiv: elementwise over three inputs, out = a + alpha*b*c | a + alpha*b/c
 #   maximum, minimum: elementwise, the larger | smaller of a and b (NaN if either is)
+#   layerNorm: shape [rows, cols] (at most 2^24 cols); operands out, a, mean, rstd (one
+#     element per row: column stride 0): over each row, mean = its mean, rstd =
+#     1/sqrt(its variance + alpha), out = (a - mean) * rstd
+#   layerNormBackward: shape [rows, cols]; operands out, a (the gradient of the
+#     normalized values), b (the normalized values), rstd (one per row): out = rstd *
+#     (a - rowmean(a) - b * rowmean(a * b))
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);
@@ -346,6 +352,8 @@ enum TensorFn {
   minimum @24;
   abs @25;
   pow @26;
+  layerNorm @27;
+  layerNormBackward @28;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -53,12 +53,12 @@ TEST_F(TorchDevice, AnMlpTrainsOnRaccelWithTheCpusLossesAndNothingFallsBack) {
   EXPECT_NE(cluster_->logs().find("torch"), std::string::npos);
 }
 
-// Adam and AdamW (weight decay, amsgrad) over tanh and sigmoid: their steps (addcmul,
-// addcdiv, sqrt, division by a number, maximum) and the activations' backwards run on
-// the card, with the CPU's losses.
-TEST_F(TorchDevice, AdamAndAdamWOverTanhOrSigmoidTrainWithTheCpusLossesAndNothingFallsBack) {
+// Adam and AdamW (weight decay, amsgrad) over tanh (after a LayerNorm) and sigmoid: their
+// steps (addcmul, addcdiv, sqrt, division by a number, maximum), LayerNorm and the
+// activations' backwards run on the card, with the CPU's losses.
+TEST_F(TorchDevice, AdamAndAdamWOverLayerNormTanhOrSigmoidTrainWithTheCpusLossesAndNothingFallsBack) {
   startOneCard();
-  for (std::string variant : {"--optimizer adamw --weight-decay 0.01 --activation tanh",
+  for (std::string variant : {"--optimizer adamw --weight-decay 0.01 --activation tanh --layer-norm",
                               "--optimizer adam --amsgrad --weight-decay 0.001 --activation sigmoid"}) {
     int status = -1;
     std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --steps 100 " + variant, &status,

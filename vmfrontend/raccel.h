@@ -123,6 +123,7 @@ enum class TensorFn {
   copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine,
   sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
   sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
+  layerNorm, layerNormBackward,
 };
 struct TensorOperand {
   Handle buffer = 0;

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Trains a two-layer MLP classifier on synthetic data (plain SGD by default; --optimizer
-adam/adamw with --weight-decay and --amsgrad, --activation tanh/sigmoid), unchanged code
-on the device asked for: `raccel` (raccel.torch's privateuseone device) or `cpu`.
+adam/adamw with --weight-decay and --amsgrad, --activation tanh/sigmoid, --layer-norm),
+unchanged code on the device asked for: `raccel` (raccel.torch's privateuseone device)
+or `cpu`.
 
   --compare   trains on both from the same seed and checks, at every step, that the
               losses agree to --rtol, that the final accuracy is the same, and that no
@@ -35,9 +36,10 @@ def data(seed, samples, features, classes):
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
 
-def model(seed, features, hidden, classes, activation="relu"):
+def model(seed, features, hidden, classes, activation="relu", layer_norm=False):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(features, hidden), ACTIVATIONS[activation](), nn.Linear(hidden, classes))
+    norm = [nn.LayerNorm(hidden)] if layer_norm else []
+    return nn.Sequential(nn.Linear(features, hidden), *norm, ACTIVATIONS[activation](), nn.Linear(hidden, classes))
 
 
 def optimizer(params, args):
@@ -54,7 +56,7 @@ def train(device, args, on_step=None):
     else:
         dev = torch.device("cpu")
     x, y = data(args.seed, args.samples, args.features, args.classes)
-    net = model(args.seed, args.features, args.hidden, args.classes, args.activation).to(dev)
+    net = model(args.seed, args.features, args.hidden, args.classes, args.activation, args.layer_norm).to(dev)
     opt = optimizer(net.parameters(), args)
     xd, yd = x.to(dev), y.to(dev)
     if device == "raccel":
@@ -86,7 +88,7 @@ def timed(device, args):
         dev = torch.device("cpu")
         sync = lambda: None
     x, y = data(args.seed, args.batch, args.features, args.classes)
-    net = model(args.seed, args.features, args.hidden, args.classes, args.activation).to(dev)
+    net = model(args.seed, args.features, args.hidden, args.classes, args.activation, args.layer_norm).to(dev)
     opt = optimizer(net.parameters(), args)
     xb, yb = x.to(dev), y.to(dev)
     times = []
@@ -121,6 +123,7 @@ def main():
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--amsgrad", action="store_true", help="adam and adamw: keep the largest second moment")
     p.add_argument("--activation", choices=sorted(ACTIVATIONS), default="relu")
+    p.add_argument("--layer-norm", action="store_true", help="a LayerNorm after the hidden layer")
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--tflops", type=float, default=1.0)
     p.add_argument("--progress", action="store_true", help="print every 20th step's loss")

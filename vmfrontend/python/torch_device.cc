@@ -802,6 +802,114 @@ at::Tensor _log_softmax_backward_data(const at::Tensor& grad, const at::Tensor& 
   return rowsOp(TensorFn::logSoftmaxBackward, grad, &output, dim);
 }
 
+// ---- LayerNorm: a rows op over the normalized (last) dimensions ----------------------
+
+// The rows a LayerNorm over `normalized` trailing dimensions of `input` works on: [M, N].
+std::pair<int64_t, int64_t> layerNormRows(const at::Tensor& input, c10::IntArrayRef normalized) {
+  const int64_t axis = input.dim() - static_cast<int64_t>(normalized.size());
+  TORCH_CHECK(axis >= 0 && input.sizes().slice(axis).equals(normalized), "raccel: layer_norm over ", normalized,
+              " of an input of ", input.sizes());
+  int64_t n = 1;
+  for (auto d : normalized) n *= d;
+  return {n == 0 ? 0 : input.numel() / n, n};
+}
+// mean and rstd's shape: the input's leading dimensions, then a 1 for each normalized one.
+std::vector<int64_t> statsShape(const at::Tensor& input, size_t normalized) {
+  auto shape = input.sizes().vec();
+  for (size_t i = shape.size() - normalized; i < shape.size(); ++i) shape[i] = 1;
+  return shape;
+}
+bool layerNormSupported(const at::Tensor& input, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias) {
+  const at::Tensor* w = weight && weight->defined() ? &*weight : nullptr;
+  const at::Tensor* b = bias && bias->defined() ? &*bias : nullptr;
+  return supported({&input, w, b});
+}
+// One rows op over [M, N]: out and a are [M, N]; `third` is [M, N] or one element per
+// row ([M]); perRow is one element per row.
+void rowsOf(TensorFn fn, const at::Tensor& out, const at::Tensor& a, const at::Tensor& third, const at::Tensor& perRow,
+            float alpha) {
+  Locked s;
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = {static_cast<uint64_t>(a.size(0)), static_cast<uint64_t>(a.size(1))};
+  op.operands = {operand(out, out.strides()), operand(a, a.strides()),
+                 operand(third, third.dim() == 2 ? third.strides() : c10::IntArrayRef{third.stride(0), 0}),
+                 operand(perRow, {perRow.stride(0), 0})};
+  op.alpha = alpha;
+  send(*s, op);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tensor& input, c10::IntArrayRef normalized,
+                                                                 const c10::optional<at::Tensor>& weight,
+                                                                 const c10::optional<at::Tensor>& bias, double eps) {
+  if (!layerNormSupported(input, weight, bias)) {
+    countFallback("aten::native_layer_norm");
+    auto [out, mean, rstd] = at::native_layer_norm(host(input), normalized, weight ? host(*weight) : at::Tensor(),
+                                                   bias ? host(*bias) : at::Tensor(), eps);
+    return {out.to(input.device()), mean.to(input.device()), rstd.to(input.device())};
+  }
+  auto [m, n] = layerNormRows(input, normalized);
+  auto out = emptyOn(input.sizes()), mean = emptyOn({m}), rstd = emptyOn({m});
+  if (m > 0 && n > 0) {
+    auto rows = input.reshape({m, n}), outRows = out.view({m, n});
+    rowsOf(TensorFn::layerNorm, outRows, rows, mean, rstd, static_cast<float>(eps));
+    const bool w = weight && weight->defined(), b = bias && bias->defined();
+    if (w && b) elementwise(TensorFn::addcmul, out, &*bias, &out, 1, 0, &*weight);  // bias + out * weight
+    else if (w) elementwise(TensorFn::mul, out, &out, &*weight);
+    else if (b) elementwise(TensorFn::add, out, &out, &*bias);
+  }
+  auto shape = statsShape(input, normalized.size());
+  return {out, mean.view(shape), rstd.view(shape)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
+    const at::Tensor& grad, const at::Tensor& input, c10::IntArrayRef normalized, const at::Tensor& mean,
+    const at::Tensor& rstd, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+    std::array<bool, 3> mask) {
+  if (!layerNormSupported(input, weight, bias) || !supported({&grad, &mean, &rstd})) {
+    countFallback("aten::native_layer_norm_backward");
+    auto [gi, gw, gb] = at::native_layer_norm_backward(host(grad), host(input), normalized, host(mean), host(rstd),
+                                                       weight ? host(*weight) : at::Tensor(), bias ? host(*bias) : at::Tensor(), mask);
+    auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+    return {back(gi), back(gw), back(gb)};
+  }
+  auto [m, n] = layerNormRows(input, normalized);
+  const bool w = weight && weight->defined();
+  at::Tensor gradInput, gradWeight, gradBias;
+  auto g = grad.reshape({m, n}), x = input.reshape({m, n}), mu = mean.reshape({m, 1}), r = rstd.reshape({m, 1});
+  // The normalized values again: (x - mean) * rstd.
+  auto xhat = emptyOn({m, n});
+  if (m > 0 && n > 0) {
+    elementwise(TensorFn::add, xhat, &x, &mu, -1);
+    elementwise(TensorFn::mul, xhat, &xhat, &r);
+  }
+  if (mask[0]) {
+    gradInput = emptyOn(input.sizes());
+    if (m > 0 && n > 0) {
+      at::Tensor gw = g;
+      if (w) {
+        gw = emptyOn({m, n});
+        auto weightRow = weight->reshape({1, n});
+        elementwise(TensorFn::mul, gw, &g, &weightRow);
+      }
+      rowsOf(TensorFn::layerNormBackward, gradInput.view({m, n}), gw, xhat, rstd.reshape({m}), 0);
+    }
+  }
+  if (mask[1] && w) {
+    gradWeight = emptyOn(weight->sizes());
+    auto product = emptyOn({m, n});
+    if (m > 0 && n > 0) elementwise(TensorFn::mul, product, &g, &xhat);
+    if (m == 0) gradWeight.zero_();
+    else sumInto(gradWeight.view({n}), product, 1, false, 1);
+  }
+  if (mask[2] && bias && bias->defined()) {
+    gradBias = emptyOn(bias->sizes());
+    if (m == 0) gradBias.zero_();
+    else sumInto(gradBias.view({n}), g, 1, false, 1);
+  }
+  return {gradInput, gradWeight, gradBias};
+}
+
 bool nllSupported(const at::Tensor& self, const at::Tensor& target, const c10::optional<at::Tensor>& weight,
                   int64_t reduction) {
   return supported({&self}) && onDevice(target) && target.scalar_type() == at::kLong && (!weight || !weight->defined()) &&
@@ -903,6 +1011,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_log_softmax_backward_data", TORCH_FN(_log_softmax_backward_data));
   m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));
   m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward));
+  m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
+  m.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
   m.impl("mean.out", TORCH_FN(mean_out));
   m.impl("mean.dim", TORCH_FN(mean_dim));
   m.impl("mean", TORCH_FN(mean_all));
