@@ -201,6 +201,24 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
       {TensorFn::minimum, 1, 0, [](float x, float y, float) { return std::min(x, y); }},
       {TensorFn::abs, 1, 0, [](float x, float, float) { return std::fabs(x); }},
       {TensorFn::pow, 3, 0, [](float x, float, float) { return x * x * x; }},
+      {TensorFn::gelu, 0, 0, [](float x, float, float) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }},
+      {TensorFn::gelu, 1, 0,
+       [](float x, float, float) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }},
+      {TensorFn::geluBackward, 0, 0,
+       [](float g, float x, float) { return g * (0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI)); }},
+      {TensorFn::silu, 1, 0, [](float x, float, float) { return x / (1 + std::exp(-x)); }},
+      {TensorFn::siluBackward, 1, 0,
+       [](float g, float x, float) {
+         double s = 1 / (1 + std::exp(-x));
+         return g * s * (1 + x * (1 - s));
+       }},
+      {TensorFn::leakyRelu, 0.1f, 0, [](float x, float, float) { return x > 0 ? x : 0.1f * x; }},
+      {TensorFn::leakyReluBackward, 0.1f, 0, [](float g, float x, float) { return x > 0 ? g : 0.1f * g; }},
+      {TensorFn::softplus, 2, 1.5f, [](float x, float, float) { return 2 * x > 1.5 ? x : std::log1p(std::exp(2.0 * x)) / 2; }},
+      {TensorFn::softplusBackward, 2, 1.5f,
+       [](float g, float x, float) { return 2 * x > 1.5 ? g : g * std::exp(2.0 * x) / (std::exp(2.0 * x) + 1); }},
+      {TensorFn::hardtanh, -0.5f, 0.75f, [](float x, float, float) { return std::clamp(x, -0.5f, 0.75f); }},
+      {TensorFn::hardtanhBackward, -0.5f, 0.75f, [](float g, float x, float) { return x <= -0.5f || x >= 0.75f ? 0.0f : g; }},
   };
   for (auto& c : cases) {
     std::vector<float> input = a;

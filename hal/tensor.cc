@@ -1,6 +1,7 @@
 #include "hal/tensor.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "common/limits.h"
 #include "hal/device.h"
@@ -16,7 +17,12 @@ static_assert(RC_SQRTFN == int(TensorFn::sqrt) && RC_TANHFN == int(TensorFn::tan
               RC_ADDCMUL == int(TensorFn::addcmul) && RC_ADDCDIV == int(TensorFn::addcdiv) &&
               RC_MAXIMUM == int(TensorFn::maximum) && RC_MINIMUM == int(TensorFn::minimum) && RC_ABSFN == int(TensorFn::abs) &&
               RC_POWFN == int(TensorFn::pow) && RC_LAYER_NORM == int(TensorFn::layerNorm) &&
-              RC_LAYER_NORM_BACKWARD == int(TensorFn::layerNormBackward) && kTensorFns == RC_LAYER_NORM_BACKWARD + 1);
+              RC_LAYER_NORM_BACKWARD == int(TensorFn::layerNormBackward));
+static_assert(RC_GELU == int(TensorFn::gelu) && RC_GELU_BACKWARD == int(TensorFn::geluBackward) && RC_SILU == int(TensorFn::silu) &&
+              RC_SILU_BACKWARD == int(TensorFn::siluBackward) && RC_LEAKY_RELU == int(TensorFn::leakyRelu) &&
+              RC_LEAKY_RELU_BACKWARD == int(TensorFn::leakyReluBackward) && RC_SOFTPLUS == int(TensorFn::softplus) &&
+              RC_SOFTPLUS_BACKWARD == int(TensorFn::softplusBackward) && RC_HARDTANH == int(TensorFn::hardtanh) &&
+              RC_HARDTANH_BACKWARD == int(TensorFn::hardtanhBackward) && kTensorFns == RC_HARDTANH_BACKWARD + 1);
 
 namespace {
 struct FnInfo {
@@ -40,6 +46,11 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"minimum", 3, "rc_map"},   {"abs", 2, "rc_map"},
     {"pow", 2, "rc_map"},
     {"layerNorm", 4, "rc_layer_norm"}, {"layerNormBackward", 4, "rc_layer_norm_backward"},
+    {"gelu", 2, "rc_map"},      {"geluBackward", 3, "rc_map"},
+    {"silu", 2, "rc_map"},      {"siluBackward", 3, "rc_map"},
+    {"leakyRelu", 2, "rc_map"}, {"leakyReluBackward", 3, "rc_map"},
+    {"softplus", 2, "rc_map"},  {"softplusBackward", 3, "rc_map"},
+    {"hardtanh", 2, "rc_map"},  {"hardtanhBackward", 3, "rc_map"},
 };
 constexpr uint64_t kMaxElements = 1ull << 48;
 // One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
@@ -47,7 +58,7 @@ constexpr uint64_t kMaxElements = 1ull << 48;
 constexpr uint64_t kMaxRowElements = 1ull << 24;
 
 // One work-item per output element, at the same position in every operand (rc_map).
-bool elementwise(TensorFn fn) { return fn <= TensorFn::affine || (fn >= TensorFn::sqrt && fn <= TensorFn::pow); }
+bool elementwise(TensorFn fn) { return std::string_view(kFns[unsigned(fn)].kernel) == "rc_map"; }
 // One work-item per row of a [rows, cols] shape.
 bool rowwise(TensorFn fn) {
   return fn == TensorFn::logSoftmax || fn == TensorFn::logSoftmaxBackward || fn == TensorFn::layerNorm ||

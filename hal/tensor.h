@@ -35,6 +35,7 @@ class Buffer;
 #define RC_TANH(x) std::tanh(x)
 #define RC_POW(x, y) std::pow(x, y)
 #define RC_FABS(x) std::fabs(x)
+#define RC_ERF(x) std::erf(x)
 namespace raccel::hal::kernels {
 #include "hal/tensor_kernels.inc"
 }  // namespace raccel::hal::kernels
@@ -50,8 +51,10 @@ enum class TensorFn : uint8_t {
   sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
   sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
   layerNorm, layerNormBackward,
+  gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
+  hardtanhBackward,
 };
-inline constexpr unsigned kTensorFns = 29;
+inline constexpr unsigned kTensorFns = 39;
 
 const char* tensorFnName(TensorFn fn);
 // Operands the function takes, the output included.

@@ -307,6 +307,11 @@ struct Op {
 #   layerNormBackward: shape [rows, cols]; operands out, a (the gradient of the
 #     normalized values), b (the normalized values), rstd (one per row): out = rstd *
 #     (a - rowmean(a) - b * rowmean(a * b))
+#   gelu (alpha 0: exact; else the tanh approximation), silu, leakyRelu (slope alpha),
+#     softplus (beta alpha, threshold beta), hardtanh (clamped to [alpha, beta]):
+#     elementwise activations; each ...Backward takes a (the gradient) and b (the
+#     forward's input) and the same alpha and beta: out = a * the derivative at b
+#     (hardtanh's: 0 at or past either bound)
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);
@@ -354,6 +359,16 @@ enum TensorFn {
   pow @26;
   layerNorm @27;
   layerNormBackward @28;
+  gelu @29;
+  geluBackward @30;
+  silu @31;
+  siluBackward @32;
+  leakyRelu @33;
+  leakyReluBackward @34;
+  softplus @35;
+  softplusBackward @36;
+  hardtanh @37;
+  hardtanhBackward @38;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

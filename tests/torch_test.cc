@@ -71,6 +71,20 @@ TEST_F(TorchDevice, AdamAndAdamWOverLayerNormTanhOrSigmoidTrainWithTheCpusLosses
   }
 }
 
+// Each activation of the families PyTorch models use, forward and backward on the card.
+TEST_F(TorchDevice, EveryActivationTrainsWithTheCpusLossesAndNothingFallsBack) {
+  startOneCard();
+  for (std::string activation : {"gelu", "gelu_tanh", "silu", "leaky_relu", "softplus", "hardtanh"}) {
+    int status = -1;
+    std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --steps 20 --activation " + activation,
+                             &status, "RACCEL_TORCH_FALLBACKS=1");
+    EXPECT_EQ(status, 0) << activation << "\n" << out;
+    EXPECT_NE(out.find("fallbacks during training: none"), std::string::npos) << activation << "\n" << out;
+    EXPECT_NE(out.find("PASS"), std::string::npos) << activation << "\n" << out;
+    std::cout << activation << ": " << out;
+  }
+}
+
 // A vaccel over two netaccels with cards of different kinds: a simulated GPU (the CPU
 // backend at a declared speed) and a PoCL card.
 TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) {

@@ -124,6 +124,8 @@ enum class TensorFn {
   sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
   sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
   layerNorm, layerNormBackward,
+  gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
+  hardtanhBackward,
 };
 struct TensorOperand {
   Handle buffer = 0;

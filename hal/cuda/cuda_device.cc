@@ -188,6 +188,7 @@ const char* kTensorPrelude = R"CU(
 #define RC_TANH(x) tanhf(x)
 #define RC_POW(x, y) powf(x, y)
 #define RC_FABS(x) fabsf(x)
+#define RC_ERF(x) erff(x)
 )CU";
 
 int fp32LanesPerSm(int major, int minor) {

@@ -33,6 +33,7 @@ const char* kTensorPrelude = R"CLC(
 #define RC_TANH(x) tanh(x)
 #define RC_POW(x, y) pow(x, y)
 #define RC_FABS(x) fabs(x)
+#define RC_ERF(x) erf(x)
 )CLC";
 
 // The built-in ops as OpenCL C. reduceSum is two passes: per-work-item Kahan partial

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Trains a two-layer MLP classifier on synthetic data (plain SGD by default; --optimizer
-adam/adamw with --weight-decay and --amsgrad, --activation tanh/sigmoid, --layer-norm),
+adam/adamw with --weight-decay and --amsgrad, --activation tanh/gelu/silu/…, --layer-norm),
 unchanged code on the device asked for: `raccel` (raccel.torch's privateuseone device)
 or `cpu`.
 
@@ -33,7 +33,9 @@ def data(seed, samples, features, classes):
     return x, y
 
 
-ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": nn.GELU,
+               "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU, "leaky_relu": nn.LeakyReLU,
+               "softplus": nn.Softplus, "hardtanh": nn.Hardtanh}
 
 
 def model(seed, features, hidden, classes, activation="relu", layer_norm=False):

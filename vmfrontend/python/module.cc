@@ -36,7 +36,9 @@ raccel::client::TensorFn fnNamed(const std::string& name) {
   static const char* names[] = {"copy", "fill", "add", "mul", "div", "relu", "threshold_backward", "exp", "log", "affine",
                                 "sum", "matmul", "log_softmax", "log_softmax_backward", "nll_loss", "nll_loss_backward",
                                 "sqrt", "tanh", "sigmoid", "tanh_backward", "sigmoid_backward", "addcmul", "addcdiv",
-                                "maximum", "minimum", "abs", "pow", "layer_norm", "layer_norm_backward"};
+                                "maximum", "minimum", "abs", "pow", "layer_norm", "layer_norm_backward",
+                                "gelu", "gelu_backward", "silu", "silu_backward", "leaky_relu", "leaky_relu_backward",
+                                "softplus", "softplus_backward", "hardtanh", "hardtanh_backward"};
   for (size_t i = 0; i < std::size(names); ++i)
     if (name == names[i]) return static_cast<raccel::client::TensorFn>(i);
   throw py::value_error("no tensor function '" + name + "'");

@@ -623,12 +623,14 @@ at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self, co
 
 // ---- Elementwise families (optimizers' steps, activations and their backwards) ----------
 
-// out = fn(self) (alpha as the function takes it), or the host's `reference` counted.
+// out = fn(self) (alpha and beta as the function takes them), or the host's `reference`
+// counted.
 template <class Host>
-at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self, at::Tensor& out, float alpha, Host reference) {
+at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self, at::Tensor& out, float alpha, Host reference,
+                     float beta = 0) {
   if (!supported({&self, &out})) return hostInto(name, out, reference(host(self)));
   at::native::resize_output(out, self.sizes());
-  elementwise(fn, out, &self, nullptr, alpha);
+  elementwise(fn, out, &self, nullptr, alpha, beta);
   return out;
 }
 
@@ -661,10 +663,10 @@ at::Tensor& pow_(at::Tensor& self, const at::Scalar& exponent) { return python::
 // out = fn(a, b) over their broadcast shape, or the host's `reference` counted.
 template <class Host>
 at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a, const at::Tensor& b, at::Tensor& out,
-                      Host reference) {
+                      Host reference, float alpha = 1, float beta = 0) {
   if (!supported({&a, &b, &out})) return hostInto(name, out, reference(host(a), host(b)));
   at::native::resize_output(out, broadcastShape(a, b));
-  elementwise(fn, out, &a, &b);
+  elementwise(fn, out, &a, &b, alpha, beta);
   return out;
 }
 
@@ -696,6 +698,110 @@ at::Tensor div(const at::Tensor& a, const at::Tensor& b) {
   return python::div_out(a, b, out);
 }
 at::Tensor& div_(at::Tensor& self, const at::Tensor& other) { return python::div_out(self, other, self); }
+
+// Activations with parameters, and their backwards (grad, the forward's input).
+float geluForm(c10::string_view approximate) {
+  TORCH_CHECK(approximate == "none" || approximate == "tanh", "raccel: gelu approximate='", std::string(approximate),
+              "' (none or tanh)");
+  return approximate == "tanh" ? 1.0f : 0.0f;
+}
+at::Tensor& gelu_out(const at::Tensor& self, c10::string_view approximate, at::Tensor& out) {
+  return unaryOut(TensorFn::gelu, "aten::gelu", self, out, geluForm(approximate),
+                  [&](const at::Tensor& x) { return at::gelu(x, approximate); });
+}
+at::Tensor gelu(const at::Tensor& self, c10::string_view approximate) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::gelu_out(self, approximate, out);
+}
+at::Tensor& gelu_(at::Tensor& self, c10::string_view approximate) { return python::gelu_out(self, approximate, self); }
+at::Tensor& gelu_backward_out(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate, at::Tensor& out) {
+  return binaryOut(TensorFn::geluBackward, "aten::gelu_backward", grad, self, out,
+                   [&](const at::Tensor& g, const at::Tensor& x) { return at::gelu_backward(g, x, approximate); },
+                   geluForm(approximate));
+}
+at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate) {
+  auto out = emptyOn({0}, grad.scalar_type());
+  return python::gelu_backward_out(grad, self, approximate, out);
+}
+
+at::Tensor& silu_out(const at::Tensor& self, at::Tensor& out) {
+  return unaryOut(TensorFn::silu, "aten::silu", self, out, 1, [](const at::Tensor& x) { return at::silu(x); });
+}
+at::Tensor silu(const at::Tensor& self) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::silu_out(self, out);
+}
+at::Tensor& silu_(at::Tensor& self) { return python::silu_out(self, self); }
+at::Tensor& silu_backward_out(const at::Tensor& grad, const at::Tensor& self, at::Tensor& out) {
+  return binaryOut(TensorFn::siluBackward, "aten::silu_backward", grad, self, out,
+                   [](const at::Tensor& g, const at::Tensor& x) { return at::silu_backward(g, x); });
+}
+at::Tensor silu_backward(const at::Tensor& grad, const at::Tensor& self) {
+  auto out = emptyOn({0}, grad.scalar_type());
+  return python::silu_backward_out(grad, self, out);
+}
+
+at::Tensor& leaky_relu_out(const at::Tensor& self, const at::Scalar& slope, at::Tensor& out) {
+  return unaryOut(TensorFn::leakyRelu, "aten::leaky_relu", self, out, slope.toFloat(),
+                  [&](const at::Tensor& x) { return at::leaky_relu(x, slope); });
+}
+at::Tensor leaky_relu(const at::Tensor& self, const at::Scalar& slope) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::leaky_relu_out(self, slope, out);
+}
+at::Tensor& leaky_relu_(at::Tensor& self, const at::Scalar& slope) { return python::leaky_relu_out(self, slope, self); }
+// (With a positive slope the result has its input's sign, so self_is_result changes nothing.)
+at::Tensor& leaky_relu_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& slope, bool isResult,
+                                    at::Tensor& out) {
+  return binaryOut(TensorFn::leakyReluBackward, "aten::leaky_relu_backward", grad, self, out,
+                   [&](const at::Tensor& g, const at::Tensor& x) { return at::leaky_relu_backward(g, x, slope, isResult); },
+                   slope.toFloat());
+}
+at::Tensor leaky_relu_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& slope, bool isResult) {
+  auto out = emptyOn({0}, grad.scalar_type());
+  return python::leaky_relu_backward_out(grad, self, slope, isResult, out);
+}
+
+at::Tensor& softplus_out(const at::Tensor& self, const at::Scalar& beta, const at::Scalar& threshold, at::Tensor& out) {
+  return unaryOut(TensorFn::softplus, "aten::softplus", self, out, beta.toFloat(),
+                  [&](const at::Tensor& x) { return at::softplus(x, beta, threshold); }, threshold.toFloat());
+}
+at::Tensor softplus(const at::Tensor& self, const at::Scalar& beta, const at::Scalar& threshold) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::softplus_out(self, beta, threshold, out);
+}
+at::Tensor& softplus_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& beta,
+                                  const at::Scalar& threshold, at::Tensor& out) {
+  return binaryOut(TensorFn::softplusBackward, "aten::softplus_backward", grad, self, out,
+                   [&](const at::Tensor& g, const at::Tensor& x) { return at::softplus_backward(g, x, beta, threshold); },
+                   beta.toFloat(), threshold.toFloat());
+}
+at::Tensor softplus_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& beta, const at::Scalar& threshold) {
+  auto out = emptyOn({0}, grad.scalar_type());
+  return python::softplus_backward_out(grad, self, beta, threshold, out);
+}
+
+at::Tensor& hardtanh_out(const at::Tensor& self, const at::Scalar& low, const at::Scalar& high, at::Tensor& out) {
+  return unaryOut(TensorFn::hardtanh, "aten::hardtanh", self, out, low.toFloat(),
+                  [&](const at::Tensor& x) { return at::hardtanh(x, low, high); }, high.toFloat());
+}
+at::Tensor hardtanh(const at::Tensor& self, const at::Scalar& low, const at::Scalar& high) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::hardtanh_out(self, low, high, out);
+}
+at::Tensor& hardtanh_(at::Tensor& self, const at::Scalar& low, const at::Scalar& high) {
+  return python::hardtanh_out(self, low, high, self);
+}
+at::Tensor& hardtanh_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& low, const at::Scalar& high,
+                                  at::Tensor& out) {
+  return binaryOut(TensorFn::hardtanhBackward, "aten::hardtanh_backward", grad, self, out,
+                   [&](const at::Tensor& g, const at::Tensor& x) { return at::hardtanh_backward(g, x, low, high); },
+                   low.toFloat(), high.toFloat());
+}
+at::Tensor hardtanh_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& low, const at::Scalar& high) {
+  auto out = emptyOn({0}, grad.scalar_type());
+  return python::hardtanh_backward_out(grad, self, low, high, out);
+}
 
 // out = self + value * t1 (* or /) t2: Adam's and RMSprop's steps.
 template <class Host>
@@ -1011,6 +1117,30 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_log_softmax_backward_data", TORCH_FN(_log_softmax_backward_data));
   m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));
   m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward));
+  m.impl("gelu.out", TORCH_FN(gelu_out));
+  m.impl("gelu", TORCH_FN(python::gelu));
+  m.impl("gelu_", TORCH_FN(gelu_));
+  m.impl("gelu_backward.grad_input", TORCH_FN(gelu_backward_out));
+  m.impl("gelu_backward", TORCH_FN(python::gelu_backward));
+  m.impl("silu.out", TORCH_FN(silu_out));
+  m.impl("silu", TORCH_FN(python::silu));
+  m.impl("silu_", TORCH_FN(silu_));
+  m.impl("silu_backward.grad_input", TORCH_FN(silu_backward_out));
+  m.impl("silu_backward", TORCH_FN(python::silu_backward));
+  m.impl("leaky_relu.out", TORCH_FN(leaky_relu_out));
+  m.impl("leaky_relu", TORCH_FN(python::leaky_relu));
+  m.impl("leaky_relu_", TORCH_FN(leaky_relu_));
+  m.impl("leaky_relu_backward.grad_input", TORCH_FN(leaky_relu_backward_out));
+  m.impl("leaky_relu_backward", TORCH_FN(python::leaky_relu_backward));
+  m.impl("softplus.out", TORCH_FN(softplus_out));
+  m.impl("softplus", TORCH_FN(python::softplus));
+  m.impl("softplus_backward.grad_input", TORCH_FN(softplus_backward_out));
+  m.impl("softplus_backward", TORCH_FN(python::softplus_backward));
+  m.impl("hardtanh.out", TORCH_FN(hardtanh_out));
+  m.impl("hardtanh", TORCH_FN(python::hardtanh));
+  m.impl("hardtanh_", TORCH_FN(hardtanh_));
+  m.impl("hardtanh_backward.grad_input", TORCH_FN(hardtanh_backward_out));
+  m.impl("hardtanh_backward", TORCH_FN(python::hardtanh_backward));
   m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
   m.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
   m.impl("mean.out", TORCH_FN(mean_out));

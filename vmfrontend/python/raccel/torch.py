@@ -5,7 +5,7 @@
     model = model.to(dev)                   # an unchanged training loop runs on raccel
 
 The training step's ops (matmul, addmm, add, mul, div, sum, mean, relu, tanh, sigmoid,
-layer norm, log-softmax, NLL and MSE losses, with their backward ops, and the steps of SGD, Adam and
+gelu, silu, leaky relu, softplus, hardtanh, layer norm, log-softmax, NLL and MSE losses, with their backward ops, and the steps of SGD, Adam and
 AdamW: addcmul, addcdiv, sqrt, maximum) are raccel tensor ops, sent without waiting; only
 .item(), .cpu() and printing wait. Every other op runs on the CPU through PyTorch's
 fallback, counted: fallbacks() says which and how often, and RACCEL_TORCH_FALLBACKS=1
