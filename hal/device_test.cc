@@ -200,6 +200,7 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
       {TensorFn::maximum, 1, 0, [](float x, float y, float) { return std::max(x, y); }},
       {TensorFn::minimum, 1, 0, [](float x, float y, float) { return std::min(x, y); }},
       {TensorFn::abs, 1, 0, [](float x, float, float) { return std::fabs(x); }},
+      {TensorFn::sign, 1, 0, [](float x, float, float) { return x > 0 ? 1.0f : (x < 0 ? -1.0f : x); }},
       {TensorFn::pow, 3, 0, [](float x, float, float) { return x * x * x; }},
       {TensorFn::gelu, 0, 0, [](float x, float, float) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }},
       {TensorFn::gelu, 1, 0,
@@ -319,6 +320,21 @@ TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
     double rowsum = 0;
     for (size_t p = 0; p < k; ++p) rowsum += g[i * k + p];
     for (size_t p = 0; p < k; ++p) ASSERT_NEAR(back[i * k + p], g[i * k + p] - std::exp(y[i * k + p]) * rowsum, 1e-5);
+  }
+  // softmax over the rows of a, and its backward from the nll gradient.
+  auto sm = device->allocate(m * k * 4), smBack = device->allocate(m * k * 4);
+  ASSERT_TRUE(sm && smBack);
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::softmax, {m, k}, {view(sm->get(), 0, {k, 1}), view(ba.get(), 0, {k, 1})})));
+  auto probs = readFloats(**sm, m * k);
+  for (size_t i = 0; i < m; ++i)
+    for (size_t q = 0; q < k; ++q) ASSERT_NEAR(probs[i * k + q], std::exp(a[i * k + q] - lse[i]), 1e-6) << i << "," << q;
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::softmaxBackward, {m, k},
+                                      {view(smBack->get(), 0, {k, 1}), view(grad->get(), 0, {k, 1}), view(sm->get(), 0, {k, 1})})));
+  auto smGrad = readFloats(**smBack, m * k);
+  for (size_t i = 0; i < m; ++i) {
+    double dot = 0;
+    for (size_t q = 0; q < k; ++q) dot += back[i * k + q] * probs[i * k + q];
+    for (size_t q = 0; q < k; ++q) ASSERT_NEAR(smGrad[i * k + q], probs[i * k + q] * (back[i * k + q] - dot), 1e-5) << i << "," << q;
   }
   // A target outside the classes makes the loss NaN, and nothing is read out of bounds.
   target[0] = 1000;

@@ -14,6 +14,8 @@ double flopsPerElement(TensorFn fn) {
     case TensorFn::matmul: return 2;
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
+    case TensorFn::softmax:
+    case TensorFn::softmaxBackward:
     case TensorFn::layerNorm:
     case TensorFn::layerNormBackward: return 4;
     default: return 1;
@@ -27,6 +29,8 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::nllLoss: return -1;  // one work-item: never cut
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
+    case TensorFn::softmax:
+    case TensorFn::softmaxBackward:
     case TensorFn::layerNorm:
     case TensorFn::layerNormBackward:
     case TensorFn::nllLossBackward: return 0;  // rows only

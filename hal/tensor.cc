@@ -22,7 +22,9 @@ static_assert(RC_GELU == int(TensorFn::gelu) && RC_GELU_BACKWARD == int(TensorFn
               RC_SILU_BACKWARD == int(TensorFn::siluBackward) && RC_LEAKY_RELU == int(TensorFn::leakyRelu) &&
               RC_LEAKY_RELU_BACKWARD == int(TensorFn::leakyReluBackward) && RC_SOFTPLUS == int(TensorFn::softplus) &&
               RC_SOFTPLUS_BACKWARD == int(TensorFn::softplusBackward) && RC_HARDTANH == int(TensorFn::hardtanh) &&
-              RC_HARDTANH_BACKWARD == int(TensorFn::hardtanhBackward) && kTensorFns == RC_HARDTANH_BACKWARD + 1);
+              RC_HARDTANH_BACKWARD == int(TensorFn::hardtanhBackward) && RC_SOFTMAX == int(TensorFn::softmax) &&
+              RC_SOFTMAX_BACKWARD == int(TensorFn::softmaxBackward) && RC_SIGN == int(TensorFn::sign) &&
+              kTensorFns == RC_SIGN + 1);
 
 namespace {
 struct FnInfo {
@@ -51,6 +53,8 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"leakyRelu", 2, "rc_map"}, {"leakyReluBackward", 3, "rc_map"},
     {"softplus", 2, "rc_map"},  {"softplusBackward", 3, "rc_map"},
     {"hardtanh", 2, "rc_map"},  {"hardtanhBackward", 3, "rc_map"},
+    {"softmax", 2, "rc_softmax"}, {"softmaxBackward", 3, "rc_softmax_backward"},
+    {"sign", 2, "rc_map"},
 };
 constexpr uint64_t kMaxElements = 1ull << 48;
 // One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
@@ -61,8 +65,8 @@ constexpr uint64_t kMaxRowElements = 1ull << 24;
 bool elementwise(TensorFn fn) { return std::string_view(kFns[unsigned(fn)].kernel) == "rc_map"; }
 // One work-item per row of a [rows, cols] shape.
 bool rowwise(TensorFn fn) {
-  return fn == TensorFn::logSoftmax || fn == TensorFn::logSoftmaxBackward || fn == TensorFn::layerNorm ||
-         fn == TensorFn::layerNormBackward;
+  return fn == TensorFn::logSoftmax || fn == TensorFn::logSoftmaxBackward || fn == TensorFn::softmax ||
+         fn == TensorFn::softmaxBackward || fn == TensorFn::layerNorm || fn == TensorFn::layerNormBackward;
 }
 // nllLoss's and nllLossBackward's targets are i64; everything else is f32.
 uint64_t elementBytes(TensorFn fn, unsigned operand) {
@@ -97,6 +101,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       break;
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
+    case TensorFn::softmax:
+    case TensorFn::softmaxBackward:
     case TensorFn::layerNorm:
     case TensorFn::layerNormBackward:
     case TensorFn::nllLoss:

@@ -52,9 +52,9 @@ enum class TensorFn : uint8_t {
   sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
   layerNorm, layerNormBackward,
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
-  hardtanhBackward,
+  hardtanhBackward, softmax, softmaxBackward, sign,
 };
-inline constexpr unsigned kTensorFns = 39;
+inline constexpr unsigned kTensorFns = 42;
 
 const char* tensorFnName(TensorFn fn);
 // Operands the function takes, the output included.

@@ -288,6 +288,8 @@ struct Op {
 #     read when beta = 0); out's k stride, a's n stride and b's m stride are 0
 #   logSoftmax: shape [rows, cols] (at most 2^24 cols), over each row; logSoftmaxBackward: out = a - exp(b) *
 #     rowsum(a) with a the gradient and b the forward's output
+#   softmax: shape [rows, cols] (at most 2^24 cols), over each row; softmaxBackward:
+#     out = b * (a - rowsum(a * b)) with a the gradient and b the forward's output
 #   nllLoss: shape [n, classes]; operands out (scalar), a (log-probabilities), target
 #     (i64, stride 0 over classes), totalWeight (scalar): out = -sum of a[i, target[i]]
 #     over targets other than ignoreIndex, divided by their count when `mean`;
@@ -295,8 +297,8 @@ struct Op {
 #     At most 2^24 rows (one work-item walks them all).
 #   nllLossBackward: operands out (n x classes), a (the loss's gradient, a scalar),
 #     target, totalWeight: out = -a (/ totalWeight when `mean`) at each target, else 0.
-#   sqrt, tanh, sigmoid, abs, pow: elementwise, out = sqrt a | tanh a | 1/(1+exp(-a)) |
-#     |a| | a^alpha
+#   sqrt, tanh, sigmoid, abs, pow, sign: elementwise, out = sqrt a | tanh a |
+#     1/(1+exp(-a)) | |a| | a^alpha | 1, -1 or a itself (0 and NaN)
 #   tanhBackward, sigmoidBackward: out = a*(1-b*b) | a*b*(1-b), with a the gradient and b
 #     the forward's output
 #   addcmul, addcdiv: elementwise over three inputs, out = a + alpha*b*c | a + alpha*b/c
@@ -369,6 +371,9 @@ enum TensorFn {
   softplusBackward @36;
   hardtanh @37;
   hardtanhBackward @38;
+  softmax @39;
+  softmaxBackward @40;
+  sign @41;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

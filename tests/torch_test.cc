@@ -85,6 +85,19 @@ TEST_F(TorchDevice, EveryActivationTrainsWithTheCpusLossesAndNothingFallsBack) {
   }
 }
 
+// Every op family raccel.torch runs on the card, forward and backward, beside the CPU's
+// (tests/torch/op_coverage.py: softmax over any dim, LayerNorm over one or two dims,
+// broadcasting, numbers as operands...).
+TEST_F(TorchDevice, EachOpOnTheCardMatchesTheCpuForwardAndBackward) {
+  startOneCard();
+  int status = -1;
+  std::string out = python(sourcePath("tests/torch/op_coverage.py"), &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(out.find("FAIL"), std::string::npos) << out;
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
+}
+
 // A vaccel over two netaccels with cards of different kinds: a simulated GPU (the CPU
 // backend at a declared speed) and a PoCL card.
 TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) {

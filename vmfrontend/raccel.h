@@ -125,7 +125,7 @@ enum class TensorFn {
   sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
   layerNorm, layerNormBackward,
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
-  hardtanhBackward,
+  hardtanhBackward, softmax, softmaxBackward, sign,
 };
 struct TensorOperand {
   Handle buffer = 0;

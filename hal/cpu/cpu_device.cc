@@ -344,6 +344,8 @@ class CpuDevice final : public Device {
       case TensorFn::logSoftmax: return each([&](int64_t i) { rc_log_softmax(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::logSoftmaxBackward:
         return each([&](int64_t i) { rc_log_softmax_backward(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::softmax: return each([&](int64_t i) { rc_softmax(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::softmaxBackward: return each([&](int64_t i) { rc_softmax_backward(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::layerNorm: return each([&](int64_t i) { rc_layer_norm(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::layerNormBackward:
         return each([&](int64_t i) { rc_layer_norm_backward(i, g, p[0], p[1], p[2], p[3]); });

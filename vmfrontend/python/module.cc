@@ -38,7 +38,8 @@ raccel::client::TensorFn fnNamed(const std::string& name) {
                                 "sqrt", "tanh", "sigmoid", "tanh_backward", "sigmoid_backward", "addcmul", "addcdiv",
                                 "maximum", "minimum", "abs", "pow", "layer_norm", "layer_norm_backward",
                                 "gelu", "gelu_backward", "silu", "silu_backward", "leaky_relu", "leaky_relu_backward",
-                                "softplus", "softplus_backward", "hardtanh", "hardtanh_backward"};
+                                "softplus", "softplus_backward", "hardtanh", "hardtanh_backward", "softmax",
+                                "softmax_backward", "sign"};
   for (size_t i = 0; i < std::size(names); ++i)
     if (name == names[i]) return static_cast<raccel::client::TensorFn>(i);
   throw py::value_error("no tensor function '" + name + "'");

@@ -436,6 +436,18 @@ at::Tensor add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha
 }
 at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return python::add_out(self, other, alpha, self); }
 
+// out = a - alpha * b: add with -alpha.
+at::Tensor& sub_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha, at::Tensor& out) {
+  if (!supported({&a, &out}) || !(supported({&b}) || isHostScalar(b)))
+    return hostInto("aten::sub.out", out, at::sub(host(a), host(b), alpha));
+  return python::add_out(a, b, -alpha.toDouble(), out);
+}
+at::Tensor sub(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
+  auto out = emptyOn({0}, at::result_type(a, b));
+  return python::sub_out(a, b, alpha, out);
+}
+at::Tensor& sub_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return python::sub_out(self, other, alpha, self); }
+
 // out = a * b (either may be a host number).
 at::Tensor& mul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   if (isHostScalar(b) && supported({&a, &out})) {
@@ -648,6 +660,8 @@ RACCEL_UNARY(tanh, TensorFn::tanh, 1)
 RACCEL_UNARY(sigmoid, TensorFn::sigmoid, 1)
 RACCEL_UNARY(abs, TensorFn::abs, 1)
 RACCEL_UNARY(neg, TensorFn::affine, -1)
+RACCEL_UNARY(sign, TensorFn::sign, 1)
+RACCEL_UNARY(sgn, TensorFn::sign, 1)  // for real numbers, sign (abs's backward)
 #undef RACCEL_UNARY
 
 at::Tensor& pow_out(const at::Tensor& self, const at::Scalar& exponent, at::Tensor& out) {
@@ -908,6 +922,19 @@ at::Tensor _log_softmax_backward_data(const at::Tensor& grad, const at::Tensor& 
   return rowsOp(TensorFn::logSoftmaxBackward, grad, &output, dim);
 }
 
+at::Tensor _softmax(const at::Tensor& self, int64_t dim, bool halfToFloat) {
+  if (!supported({&self}) || halfToFloat)
+    return onHost("aten::_softmax", [&] { return at::_softmax(host(self), dim, halfToFloat).to(self.device()); });
+  return rowsOp(TensorFn::softmax, self, nullptr, dim);
+}
+at::Tensor _softmax_backward_data(const at::Tensor& grad, const at::Tensor& output, int64_t dim, at::ScalarType inputDtype) {
+  if (!supported({&grad, &output}) || inputDtype != at::kFloat)
+    return onHost("aten::_softmax_backward_data", [&] {
+      return at::_softmax_backward_data(host(grad), host(output), dim, inputDtype).to(grad.device());
+    });
+  return rowsOp(TensorFn::softmaxBackward, grad, &output, dim);
+}
+
 // ---- LayerNorm: a rows op over the normalized (last) dimensions ----------------------
 
 // The rows a LayerNorm over `normalized` trailing dimensions of `input` works on: [M, N].
@@ -1141,6 +1168,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("hardtanh_", TORCH_FN(hardtanh_));
   m.impl("hardtanh_backward.grad_input", TORCH_FN(hardtanh_backward_out));
   m.impl("hardtanh_backward", TORCH_FN(python::hardtanh_backward));
+  m.impl("sub.out", TORCH_FN(sub_out));
+  m.impl("sub.Tensor", TORCH_FN(python::sub));
+  m.impl("sub_.Tensor", TORCH_FN(sub_));
+  m.impl("sign.out", TORCH_FN(sign_out));
+  m.impl("sign", TORCH_FN(python::sign));
+  m.impl("sign_", TORCH_FN(sign_));
+  m.impl("sgn.out", TORCH_FN(sgn_out));
+  m.impl("sgn", TORCH_FN(python::sgn));
+  m.impl("sgn_", TORCH_FN(sgn_));
+  m.impl("_softmax", TORCH_FN(_softmax));
+  m.impl("_softmax_backward_data", TORCH_FN(_softmax_backward_data));
   m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
   m.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
   m.impl("mean.out", TORCH_FN(mean_out));

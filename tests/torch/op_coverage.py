@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""Each op raccel.torch runs on the card, forward and backward, beside PyTorch's CPU.
+
+For every case: the same inputs on the CPU and on the raccel device, the op applied, a
+fixed upstream gradient sent back through it; the outputs and the inputs' gradients must
+agree to --rtol (relative, with an absolute floor of --atol), and no op of the case may
+fall back to the CPU. Prints one line per case and PASS or FAIL; exits 1 on any failure.
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import raccel.torch
+
+ACTIVATIONS = [
+    ("relu", F.relu), ("tanh", torch.tanh), ("sigmoid", torch.sigmoid), ("gelu", F.gelu),
+    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")), ("silu", F.silu),
+    ("leaky_relu", lambda x: F.leaky_relu(x, 0.2)), ("softplus", lambda x: F.softplus(x, beta=2, threshold=3)),
+    ("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.75)),
+]
+CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
+    ("softmax dim -1", [(5, 7)], lambda x: torch.softmax(x, -1)),
+    ("softmax dim 0", [(5, 7)], lambda x: torch.softmax(x, 0)),
+    ("log_softmax dim 1 of 3", [(2, 3, 4)], lambda x: torch.log_softmax(x, 1)),
+    ("layer_norm with weight and bias", [(3, 4, 8), (8,), (8,)], lambda x, w, b: F.layer_norm(x, (8,), w, b)),
+    ("layer_norm over two dims, no affine", [(3, 4, 8)], lambda x: F.layer_norm(x, (4, 8))),
+    ("mean over dim 1, keepdim", [(3, 5, 2)], lambda x: x.mean(1, keepdim=True)),
+    ("mean of all", [(4, 4)], lambda x: x.mean()),
+    ("div broadcast", [(4, 5), (5,)], lambda a, b: a / (b.abs() + 0.5)),
+    ("div by a number", [(4, 5)], lambda a: a / 3),
+    ("pow by a number", [(4, 5)], lambda a: a.pow(3)),
+    ("sqrt", [(4, 5)], lambda a: (a.abs() + 0.1).sqrt()),
+    ("sub, sign", [(4, 5), (5,)], lambda a, b: (a - b) * torch.sign(b) - a.sub(b, alpha=2)),
+    ("addcmul, addcdiv", [(4, 5), (4, 5), (5,)],
+     lambda a, b, c: torch.addcmul(a, b, c, value=0.5) + torch.addcdiv(a, b, c.abs() + 0.5, value=-2)),
+    ("mse loss", [(6, 3), (6, 3)], lambda a, b: F.mse_loss(a, b)),
+    # Forward only: maximum's and minimum's backward compare and select (bool tensors,
+    # where), which fall back today; amsgrad uses them without gradients.
+    ("maximum, minimum (forward)", [(4, 5), (4, 5)], lambda a, b: torch.maximum(a, b).detach() - torch.minimum(a, b).detach()),
+    ("linear with bias", [(5, 4), (3, 4), (3,)], lambda x, w, b: F.linear(x, w, b)),
+]
+
+
+def run_case(shapes, fn, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    inputs = [torch.randn(*s, generator=g) for s in shapes]
+    on = [t.to(device).requires_grad_(True) for t in inputs]
+    out = fn(*on)
+    upstream = torch.randn(out.shape, generator=g)
+    if out.requires_grad:
+        out.backward(upstream.to(device))
+    return out.detach().cpu(), [t.grad.cpu() if t.grad is not None else torch.zeros(t.shape) for t in on]
+
+
+def close(a, b, rtol, atol):
+    return bool(((a - b).abs() <= atol + rtol * b.abs()).all())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=1e-5)
+    args = p.parse_args()
+    dev = raccel.torch.device()
+    failed = 0
+    for i, (name, shapes, fn) in enumerate(CASES):
+        want, want_grads = run_case(shapes, fn, "cpu", i)
+        raccel.torch.reset_fallbacks()
+        got, got_grads = run_case(shapes, fn, dev, i)
+        fallbacks = raccel.torch.fallbacks()
+        ok = close(got, want, args.rtol, args.atol) and all(
+            close(a, b, args.rtol, args.atol) for a, b in zip(got_grads, want_grads))
+        failed += not ok or bool(fallbacks)
+        worst = max([float((got - want).abs().max())] + [float((a - b).abs().max()) for a, b in zip(got_grads, want_grads)])
+        print(f"{'ok  ' if ok and not fallbacks else 'FAIL'} {name}: worst difference {worst:.2e}"
+              f"{'; fell back: ' + str(fallbacks) if fallbacks else ''}", flush=True)
+    print(f"{len(CASES) - failed} of {len(CASES)} cases on the card with the CPU's results")
+    print("PASS" if failed == 0 else "FAIL")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
