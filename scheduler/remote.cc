@@ -33,7 +33,8 @@ std::optional<uint64_t> bufferArg(wire::Arg::Reader arg) {
   return std::nullopt;
 }
 
-// The buffers a built-in op writes (a tensor op its output; nllLoss its total weight too).
+// The buffers a built-in op writes (a tensor op its output; nllLoss its total weight
+// too; layerNorm each row's mean and rstd too).
 std::vector<uint64_t> outputsOf(wire::Op::Reader op) {
   switch (op.which()) {
     case wire::Op::GEMM: return {op.getGemm().getC()};
@@ -44,7 +45,10 @@ std::vector<uint64_t> outputsOf(wire::Op::Reader op) {
       std::vector<uint64_t> out;
       auto operands = op.getTensor().getOperands();
       if (operands.size() > 0) out.push_back(operands[0].getBuffer());
-      if (op.getTensor().getFn() == wire::TensorFn::NLL_LOSS && operands.size() > 3) out.push_back(operands[3].getBuffer());
+      const auto fn = op.getTensor().getFn();
+      if (fn == wire::TensorFn::LAYER_NORM && operands.size() > 2) out.push_back(operands[2].getBuffer());
+      if ((fn == wire::TensorFn::NLL_LOSS || fn == wire::TensorFn::LAYER_NORM) && operands.size() > 3)
+        out.push_back(operands[3].getBuffer());
       return out;
     }
     default: return {};

@@ -273,6 +273,40 @@ TEST_F(Cards, SplitOpsStayRightAsTheirInputsChange) {
   EXPECT_TRUE(s->fence());
 }
 
+// A tensor op writes more than its output: layerNorm writes each row's mean and rstd.
+// The other cards' copies of a buffer it writes that way are stale after it, so the next
+// split gemm must not read them.
+TEST_F(Cards, ATensorOpsOtherOutputsAreNotReadStaleOnOtherCards) {
+  auto s = open(*cluster, 7, "stats");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->vaccel().cards.size(), 3u);
+  const uint32_t m = 64, n = 48, k = 40;
+  auto a = randomFloats(size_t{m} * k, 8), b = randomFloats(size_t{k} * n, 9);
+  auto ha = s->alloc(a.size() * 4), hb = s->alloc(b.size() * 4), hc = s->alloc(size_t{m} * n * 4);
+  s->writeFloats(ha, a);
+  s->writeFloats(hb, b);
+  std::vector<float> zero(size_t{m} * n, 0.0f);
+  s->gemm(m, n, k, 1.0f, ha, hb, 0.0f, hc);  // the other cards now hold copies of b
+  auto first = s->readFloats(hc, zero.size());
+  ASSERT_TRUE(first) << first.error().message;
+  expectNear(*first, gemmRef(m, n, k, 1.0f, a, b, 0.0f, zero), 1e-3, "first gemm");
+  // layerNorm over rows of one element: each row's mean is the element itself, written
+  // into b (operand 2); out and rstd go elsewhere.
+  auto fresh = randomFloats(b.size(), 10);
+  auto hx = s->alloc(b.size() * 4), hout = s->alloc(b.size() * 4), hrstd = s->alloc(b.size() * 4);
+  s->writeFloats(hx, fresh);
+  client::TensorOp ln;
+  ln.fn = client::TensorFn::layerNorm;
+  ln.shape = {b.size(), 1};
+  ln.operands = {{hout, 0, {1, 1}}, {hx, 0, {1, 1}}, {hb, 0, {1, 0}}, {hrstd, 0, {1, 0}}};
+  ln.alpha = 1e-5f;
+  s->tensor(ln);
+  s->gemm(m, n, k, 1.0f, ha, hb, 0.0f, hc);
+  auto second = s->readFloats(hc, zero.size());
+  ASSERT_TRUE(second) << second.error().message << "\n" << cluster->logs();
+  expectNear(*second, gemmRef(m, n, k, 1.0f, a, fresh, 0.0f, zero), 1e-3, "gemm after layerNorm wrote b");
+}
+
 TEST(SplitOps, SmallOpsRunWholeOnThePrimaryByDefault) {
   Cluster cluster;  // default --split-min-mflop 8
   cluster.addNetaccel("node0", {"kind=gpu,tflops=3,memory=64MiB,threads=1"}, 3);
