@@ -138,10 +138,11 @@ TEST_P(Conformance, VectorOpsMatchReference) {
 // strided, transposed and broadcast views, and the checks that keep a kernel inside its
 // buffers.
 namespace {
-TensorOperand view(Buffer* b, uint64_t offset, std::initializer_list<uint64_t> strides) {
+TensorOperand view(Buffer* b, uint64_t offset, std::initializer_list<uint64_t> strides, TensorType type = TensorType::f32) {
   TensorOperand o;
   o.buffer = b;
   o.offset = offset;
+  o.type = type;
   size_t d = 0;
   for (auto s : strides) o.strides[d++] = s;
   return o;
@@ -220,10 +221,17 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
        [](float g, float x, float) { return 2 * x > 1.5 ? g : g * std::exp(2.0 * x) / (std::exp(2.0 * x) + 1); }},
       {TensorFn::hardtanh, -0.5f, 0.75f, [](float x, float, float) { return std::clamp(x, -0.5f, 0.75f); }},
       {TensorFn::hardtanhBackward, -0.5f, 0.75f, [](float g, float x, float) { return x <= -0.5f || x >= 0.75f ? 0.0f : g; }},
+      {TensorFn::clamp, -0.5f, 0.75f, [](float x, float, float) { return std::clamp(x, -0.5f, 0.75f); }},
+      {TensorFn::log1p, 1, 0, [](float x, float, float) { return std::log1p(x); }},
+      {TensorFn::reciprocal, 1, 0, [](float x, float, float) { return 1 / x; }},
+      {TensorFn::rsqrt, 1, 0, [](float x, float, float) { return 1 / std::sqrt(x); }},
+      {TensorFn::elu, 0.7f, 0, [](float x, float, float) { return x > 0 ? x : 0.7 * std::expm1(double(x)); }},
+      {TensorFn::eluBackward, 0.7f, 0, [](float g, float x, float) { return x > 0 ? g : g * 0.7 * std::exp(double(x)); }},
+      {TensorFn::lerp, 0.3f, 0, [](float x, float y, float) { return x + 0.3f * (y - x); }},
   };
   for (auto& c : cases) {
     std::vector<float> input = a;
-    if (c.fn == TensorFn::log || c.fn == TensorFn::sqrt)
+    if (c.fn == TensorFn::log || c.fn == TensorFn::sqrt || c.fn == TensorFn::log1p || c.fn == TensorFn::rsqrt)
       for (auto& x : input) x = std::fabs(x);
     ASSERT_TRUE(device->write(*ba, 0, std::as_bytes(std::span(input))));
     // a is stored 7 x 5 ([j][i]): the view walks it with strides (1, 5).
@@ -299,7 +307,7 @@ TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
   auto loss = device->allocate(4), weight = device->allocate(4);
   ASSERT_TRUE(loss && weight);
   ASSERT_TRUE(device->tensor(tensorOp(TensorFn::nllLoss, {m, k}, {view(loss->get(), 0, {0, 0}), view(ls->get(), 0, {k, 1}),
-                                                                   view(bt64->get(), 0, {1, 0}), view(weight->get(), 0, {0, 0})})));
+                                                                   view(bt64->get(), 0, {1, 0}, TensorType::i64), view(weight->get(), 0, {0, 0})})));
   double refLoss = 0;
   for (size_t i = 0; i < m; ++i)
     if (target[i] != -100) refLoss -= y[i * k + target[i]];
@@ -307,7 +315,7 @@ TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
   EXPECT_EQ(readFloats(**weight, 1)[0], float(m - 1));
   auto one = floats({2.0f});
   ASSERT_TRUE(device->tensor(tensorOp(TensorFn::nllLossBackward, {m, k}, {view(grad->get(), 0, {k, 1}), view(one.get(), 0, {0, 0}),
-                                                                           view(bt64->get(), 0, {1, 0}), view(weight->get(), 0, {0, 0})})));
+                                                                           view(bt64->get(), 0, {1, 0}, TensorType::i64), view(weight->get(), 0, {0, 0})})));
   auto g = readFloats(**grad, m * k);
   for (size_t i = 0; i < m; ++i)
     for (size_t p = 0; p < k; ++p)
@@ -340,7 +348,7 @@ TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
   target[0] = 1000;
   ASSERT_TRUE(device->write(**bt64, 0, std::as_bytes(std::span(target))));
   ASSERT_TRUE(device->tensor(tensorOp(TensorFn::nllLoss, {m, k}, {view(loss->get(), 0, {0, 0}), view(ls->get(), 0, {k, 1}),
-                                                                   view(bt64->get(), 0, {1, 0}), view(weight->get(), 0, {0, 0})})));
+                                                                   view(bt64->get(), 0, {1, 0}, TensorType::i64), view(weight->get(), 0, {0, 0})})));
   EXPECT_TRUE(std::isnan(readFloats(**loss, 1)[0]));
 }
 
@@ -467,6 +475,37 @@ TEST_P(Conformance, AnOpCutIntoSlicesGivesTheWholeOpsResult) {
   ASSERT_TRUE(device->tensor(sum(cw->get())));
   ASSERT_TRUE(run(sum(cs->get()), 5));
   expectSame(**cw, **cs, k, "sum");
+  // amax and argmax over each row's k columns: only the rows are cut.
+  for (TensorFn fn : {TensorFn::amax, TensorFn::argmax}) {
+    const auto type = fn == TensorFn::argmax ? TensorType::i64 : TensorType::f32;
+    auto rw = device->allocate(m * 8), rs = device->allocate(m * 8);
+    ASSERT_TRUE(rw && rs);
+    auto op = [&](Buffer* out) {
+      auto o = tensorOp(fn, {m, k}, {view(out, 0, {1, 0}, type), view(ba.get(), 0, {k, 1})});
+      o.reduceMask = 2;
+      return o;
+    };
+    ASSERT_TRUE(device->tensor(op(rw->get())));
+    ASSERT_TRUE(run(op(rs->get()), 2 * k));
+    std::vector<std::byte> x(m * 8), y(m * 8);
+    ASSERT_TRUE(device->read(**rw, 0, x));
+    ASSERT_TRUE(device->read(**rs, 0, y));
+    EXPECT_EQ(x, y) << tensorFnName(fn);
+  }
+  // An i64 sum of bools cut across the summed elements accumulates exactly.
+  {
+    std::vector<uint8_t> flags(1000);
+    for (size_t i = 0; i < flags.size(); ++i) flags[i] = i % 3 == 0;
+    auto bflags = device->allocate(flags.size()), count = device->allocate(8);
+    ASSERT_TRUE(bflags && count);
+    ASSERT_TRUE(device->write(**bflags, 0, std::as_bytes(std::span(flags))));
+    auto op = tensorOp(TensorFn::sum, {1000}, {view(count->get(), 0, {0}, TensorType::i64), view(bflags->get(), 0, {1}, TensorType::boolean)});
+    op.reduceMask = 1;
+    ASSERT_TRUE(run(op, 64));
+    std::vector<int64_t> got(1);
+    ASSERT_TRUE(device->read(**count, 0, std::as_writable_bytes(std::span(got))));
+    EXPECT_EQ(got[0], 334);
+  }
   // elementwise over a transposed view, and log_softmax by rows.
   auto add = [&](Buffer* out) {
     auto op = tensorOp(TensorFn::add, {k, m}, {view(out, 0, {m, 1}), view(ba.get(), 0, {1, k}), view(ba.get(), 0, {1, k})});
@@ -509,6 +548,195 @@ TEST_P(Conformance, AnOpCutIntoSlicesGivesTheWholeOpsResult) {
   std::vector<std::byte> back(100);
   ASSERT_TRUE(device->read(**buf, 0, back));
   for (size_t i = 10; i < 90; ++i) ASSERT_EQ(back[i], std::byte(i - 10)) << i;
+}
+
+// Operands of other element types: conversions, comparisons and selections are exact for
+// integers past f32's 2^24, reductions to values and positions follow PyTorch's rules.
+TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExact) {
+  const int64_t big = int64_t{1} << 40;
+  std::vector<int64_t> ints = {big, big + 1, -big - 3, 7, 0, -1};
+  std::vector<float> reals = {-2.7f, 0.0f, 3.5f, -0.0f, 1e9f, 2.0f};
+  const uint64_t n = ints.size();
+  auto bytesOf = [&](auto& v) { return std::as_bytes(std::span(v)); };
+  auto alloc = [&](uint64_t bytes) {
+    auto b = device->allocate(bytes);
+    EXPECT_TRUE(b);
+    return std::move(*b);
+  };
+  auto bi = alloc(n * 8), bi2 = alloc(n * 8), oi = alloc(n * 8), ob = alloc(n), ob2 = alloc(n), of = alloc(n * 4);
+  auto bf = floats(reals);
+  ASSERT_TRUE(device->write(*bi, 0, bytesOf(ints)));
+  std::vector<int64_t> shifted = ints;
+  shifted[1] -= 1;  // == ints[0]: differs from ints[1] only below f32's precision
+  ASSERT_TRUE(device->write(*bi2, 0, bytesOf(shifted)));
+  auto readInts = [&](const Buffer& b, size_t count) {
+    std::vector<int64_t> v(count);
+    EXPECT_TRUE(device->read(b, 0, std::as_writable_bytes(std::span(v))));
+    return v;
+  };
+  auto readBools = [&](const Buffer& b, size_t count) {
+    std::vector<uint8_t> v(count);
+    EXPECT_TRUE(device->read(b, 0, std::as_writable_bytes(std::span(v))));
+    return v;
+  };
+  auto run = [&](TensorOp op) {
+    auto s = device->tensor(op);
+    if (!s) ADD_FAILURE() << tensorFnName(op.fn) << ": " << s.error().message;
+    return bool(s);
+  };
+  const auto i64 = TensorType::i64, boolean = TensorType::boolean;
+  // An i64 copy reversed is exact; f32 to i64 truncates toward zero; to bool is != 0.
+  auto s = device->tensor(tensorOp(TensorFn::copy, {3}, {view(oi.get(), 0, {1}, i64), view(bi.get(), 0, {2}, i64)}));
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_EQ(readInts(*oi, 3), (std::vector<int64_t>{ints[0], ints[2], ints[4]}));
+  ASSERT_TRUE(run(tensorOp(TensorFn::copy, {n}, {view(oi.get(), 0, {1}, i64), view(bi.get(), 0, {1}, i64)})));
+  EXPECT_EQ(readInts(*oi, n), ints);
+  ASSERT_TRUE(run(tensorOp(TensorFn::copy, {n}, {view(oi.get(), 0, {1}, i64), view(bf.get(), 0, {1})})));
+  EXPECT_EQ(readInts(*oi, n), (std::vector<int64_t>{-2, 0, 3, 0, 1000000000, 2}));
+  ASSERT_TRUE(run(tensorOp(TensorFn::copy, {n}, {view(ob.get(), 0, {1}, boolean), view(bf.get(), 0, {1})})));
+  EXPECT_EQ(readBools(*ob, n), (std::vector<uint8_t>{1, 0, 1, 0, 1, 1}));
+  ASSERT_TRUE(run(tensorOp(TensorFn::copy, {n}, {view(of.get(), 0, {1}), view(ob.get(), 0, {1}, boolean)})));
+  EXPECT_EQ(readFloats(*of, n), (std::vector<float>{1, 0, 1, 0, 1, 1}));
+  ASSERT_TRUE(run(tensorOp(TensorFn::copy, {n}, {view(of.get(), 0, {1}), view(bi.get(), 0, {1}, i64)})));
+  EXPECT_EQ(readFloats(*of, n)[3], 7.0f);
+  auto fill = tensorOp(TensorFn::fill, {n}, {view(oi.get(), 0, {1}, i64)});
+  fill.alpha = -5;
+  ASSERT_TRUE(run(fill));
+  EXPECT_EQ(readInts(*oi, n), std::vector<int64_t>(n, -5));
+
+  // Comparisons: i64 exactly (ints[1] and shifted[1] differ by one past 2^40), f32 with
+  // a broadcast scalar (-0 == 0; NaN compares unequal but for ne).
+  const std::vector<std::pair<TensorFn, std::vector<uint8_t>>> intCases = {
+      {TensorFn::eq, {1, 0, 1, 1, 1, 1}}, {TensorFn::ne, {0, 1, 0, 0, 0, 0}}, {TensorFn::lt, {0, 0, 0, 0, 0, 0}},
+      {TensorFn::le, {1, 0, 1, 1, 1, 1}}, {TensorFn::gt, {0, 1, 0, 0, 0, 0}}, {TensorFn::ge, {1, 1, 1, 1, 1, 1}}};
+  for (auto& [fn, want] : intCases) {
+    ASSERT_TRUE(run(tensorOp(fn, {n}, {view(ob.get(), 0, {1}, boolean), view(bi.get(), 0, {1}, i64), view(bi2.get(), 0, {1}, i64)})));
+    EXPECT_EQ(readBools(*ob, n), want) << tensorFnName(fn);
+  }
+  reals[5] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(device->write(*bf, 0, bytesOf(reals)));
+  auto zero = floats({0.0f});
+  const std::vector<std::pair<TensorFn, std::vector<uint8_t>>> realCases = {
+      {TensorFn::eq, {0, 1, 0, 1, 0, 0}}, {TensorFn::ne, {1, 0, 1, 0, 1, 1}}, {TensorFn::lt, {1, 0, 0, 0, 0, 0}},
+      {TensorFn::le, {1, 1, 0, 1, 0, 0}}, {TensorFn::gt, {0, 0, 1, 0, 1, 0}}, {TensorFn::ge, {0, 1, 1, 1, 1, 0}}};
+  for (auto& [fn, want] : realCases) {
+    ASSERT_TRUE(run(tensorOp(fn, {n}, {view(ob.get(), 0, {1}, boolean), view(bf.get(), 0, {1}), view(zero.get(), 0, {0})})));
+    EXPECT_EQ(readBools(*ob, n), want) << tensorFnName(fn);
+  }
+  // where: a bool mask picks from f32 or i64 sides (one broadcast).
+  ASSERT_TRUE(run(tensorOp(TensorFn::gt, {n}, {view(ob2.get(), 0, {1}, boolean), view(bf.get(), 0, {1}), view(zero.get(), 0, {0})})));
+  auto minusOne = floats({-1.0f});
+  ASSERT_TRUE(run(tensorOp(TensorFn::where, {n}, {view(of.get(), 0, {1}), view(ob2.get(), 0, {1}, boolean), view(bf.get(), 0, {1}),
+                                                  view(minusOne.get(), 0, {0})})));
+  EXPECT_EQ(readFloats(*of, n), (std::vector<float>{-1, -1, 3.5f, -1, 1e9f, -1}));
+  ASSERT_TRUE(run(tensorOp(TensorFn::where, {n}, {view(oi.get(), 0, {1}, i64), view(ob2.get(), 0, {1}, boolean),
+                                                  view(bi.get(), 0, {1}, i64), view(bi2.get(), 0, {1}, i64)})));
+  EXPECT_EQ(readInts(*oi, n), (std::vector<int64_t>{big, big, -big - 3, 7, 0, -1}));
+
+  // Integer add and mul, exact past 2^24; over bools, or and and.
+  auto add = tensorOp(TensorFn::add, {n}, {view(oi.get(), 0, {1}, i64), view(bi.get(), 0, {1}, i64), view(bi2.get(), 0, {1}, i64)});
+  add.alpha = -1;
+  ASSERT_TRUE(run(add));
+  EXPECT_EQ(readInts(*oi, n), (std::vector<int64_t>{0, 1, 0, 0, 0, 0}));
+  ASSERT_TRUE(run(tensorOp(TensorFn::mul, {n}, {view(oi.get(), 0, {1}, i64), view(bi.get(), 0, {1}, i64), view(ob2.get(), 0, {1}, boolean)})));
+  EXPECT_EQ(readInts(*oi, n), (std::vector<int64_t>{0, 0, -big - 3, 0, 0, 0}));
+  ASSERT_TRUE(run(tensorOp(TensorFn::lt, {n}, {view(ob.get(), 0, {1}, boolean), view(bf.get(), 0, {1}), view(zero.get(), 0, {0})})));
+  auto both = tensorOp(TensorFn::mul, {n}, {view(ob.get(), 0, {1}, boolean), view(ob.get(), 0, {1}, boolean), view(ob2.get(), 0, {1}, boolean)});
+  ASSERT_TRUE(run(both));  // x < 0 and x > 0: never
+  EXPECT_EQ(readBools(*ob, n), std::vector<uint8_t>(n, 0));
+  ASSERT_TRUE(run(tensorOp(TensorFn::lt, {n}, {view(ob.get(), 0, {1}, boolean), view(bf.get(), 0, {1}), view(zero.get(), 0, {0})})));
+  auto either = tensorOp(TensorFn::add, {n}, {view(ob.get(), 0, {1}, boolean), view(ob.get(), 0, {1}, boolean), view(ob2.get(), 0, {1}, boolean)});
+  ASSERT_TRUE(run(either));  // x < 0 or x > 0: all but the zeros and the NaN
+  EXPECT_EQ(readBools(*ob, n), (std::vector<uint8_t>{1, 0, 1, 0, 1, 0}));
+
+  // An i64 sum (of i64s past 2^24, and of bools), exact.
+  auto total = alloc(8);
+  auto sum = tensorOp(TensorFn::sum, {n}, {view(total.get(), 0, {0}, i64), view(bi.get(), 0, {1}, i64)});
+  sum.reduceMask = 1;
+  ASSERT_TRUE(run(sum));
+  EXPECT_EQ(readInts(*total, 1)[0], big + 1 - 3 + 7 + 0 - 1);
+  sum.operands[1] = view(ob2.get(), 0, {1}, boolean);
+  ASSERT_TRUE(run(sum));
+  EXPECT_EQ(readInts(*total, 1)[0], 2);
+
+  // amax/amin/argmax/argmin over rows of a 3 x 4 (ties: the first; a NaN wins both), and
+  // argmax over every element (the flat position).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> m = {1, 5, 5, -2, /**/ 0, nan, 9, -9, /**/ -1, -1, -3, -3};
+  auto bm = floats(m);
+  auto values = alloc(3 * 4), positions = alloc(4 * 8);
+  auto reduce = [&](TensorFn fn, Buffer* out, TensorType type) {
+    auto op = tensorOp(fn, {3, 4}, {view(out, 0, {1, 0}, type), view(bm.get(), 0, {4, 1})});
+    op.reduceMask = 2;
+    return op;
+  };
+  ASSERT_TRUE(run(reduce(TensorFn::amax, values.get(), TensorType::f32)));
+  auto got = readFloats(*values, 3);
+  EXPECT_EQ(got[0], 5.0f);
+  EXPECT_TRUE(std::isnan(got[1]));
+  EXPECT_EQ(got[2], -1.0f);
+  ASSERT_TRUE(run(reduce(TensorFn::amin, values.get(), TensorType::f32)));
+  got = readFloats(*values, 3);
+  EXPECT_EQ(got[0], -2.0f);
+  EXPECT_TRUE(std::isnan(got[1]));
+  EXPECT_EQ(got[2], -3.0f);
+  ASSERT_TRUE(run(reduce(TensorFn::argmax, positions.get(), i64)));
+  EXPECT_EQ(readInts(*positions, 3), (std::vector<int64_t>{1, 1, 0}));
+  ASSERT_TRUE(run(reduce(TensorFn::argmin, positions.get(), i64)));
+  EXPECT_EQ(readInts(*positions, 3), (std::vector<int64_t>{3, 1, 2}));
+  m[5] = 0;
+  ASSERT_TRUE(device->write(*bm, 0, bytesOf(m)));
+  auto all = tensorOp(TensorFn::argmax, {3, 4}, {view(positions.get(), 0, {0, 0}, i64), view(bm.get(), 0, {4, 1})});
+  all.reduceMask = 3;
+  ASSERT_TRUE(run(all));
+  EXPECT_EQ(readInts(*positions, 1)[0], 6);
+  // Over columns: the reduced dimension is walked through a transposed view.
+  auto cols = tensorOp(TensorFn::argmin, {4, 3}, {view(positions.get(), 0, {1, 0}, i64), view(bm.get(), 0, {1, 4})});
+  cols.reduceMask = 2;
+  ASSERT_TRUE(run(cols));
+  EXPECT_EQ(readInts(*positions, 4), (std::vector<int64_t>{2, 2, 2, 1}));
+}
+
+TEST_P(Conformance, TensorOpsWithOperandsOfTheWrongTypeAreRefused) {
+  auto a = floats(randomFloats(16, 8));
+  auto out = device->allocate(16 * 8), flags = device->allocate(10);
+  ASSERT_TRUE(out && flags);
+  auto refused = [&](const TensorOp& op, const char* words) {
+    auto s = device->tensor(op);
+    ASSERT_FALSE(s) << tensorFnName(op.fn);
+    EXPECT_EQ(s.error().code, Code::invalidArgument) << s.error().message;
+    EXPECT_NE(s.error().message.find(words), std::string::npos) << s.error().message;
+  };
+  const auto i64 = TensorType::i64, boolean = TensorType::boolean;
+  refused(tensorOp(TensorFn::eq, {4}, {view(out->get(), 0, {1}), view(a.get(), 0, {1}), view(a.get(), 4, {1})}), "writes bool");
+  refused(tensorOp(TensorFn::eq, {4}, {view(flags->get(), 0, {1}, boolean), view(a.get(), 0, {1}), view(out->get(), 0, {1}, i64)}),
+          "one type");
+  refused(tensorOp(TensorFn::relu, {4}, {view(out->get(), 0, {1}, i64), view(a.get(), 0, {1})}), "is i64 (f32)");
+  refused(tensorOp(TensorFn::add, {4}, {view(out->get(), 0, {1}, i64), view(a.get(), 0, {1}), view(a.get(), 0, {1})}),
+          "takes no f32 operand");
+  auto half = tensorOp(TensorFn::add, {4}, {view(out->get(), 0, {1}, i64), view(out->get(), 4, {1}, i64), view(out->get(), 8, {1}, i64)});
+  half.alpha = 0.5f;
+  refused(half, "integer alpha");
+  refused(tensorOp(TensorFn::where, {4}, {view(out->get(), 0, {1}), view(a.get(), 0, {1}), view(a.get(), 0, {1}), view(a.get(), 0, {1})}),
+          "condition is bool");
+  TensorOperand unknown = view(a.get(), 0, {1});
+  unknown.type = TensorType(7);
+  refused(tensorOp(TensorFn::copy, {4}, {view(out->get(), 0, {1}), unknown}), "unknown element type");
+  // A bool's element is one byte, an i64's eight: 10 bools fit a 10-byte buffer, 11 do not.
+  EXPECT_TRUE(device->tensor(tensorOp(TensorFn::copy, {10}, {view(flags->get(), 0, {1}, boolean), view(a.get(), 0, {1})})));
+  refused(tensorOp(TensorFn::copy, {11}, {view(flags->get(), 0, {1}, boolean), view(a.get(), 0, {1})}), "reaches element");
+  refused(tensorOp(TensorFn::copy, {17}, {view(out->get(), 0, {1}, i64), view(out->get(), 0, {1})}), "reaches element");
+  auto amax = tensorOp(TensorFn::amax, {4, 4}, {view(out->get(), 0, {0, 1}), view(a.get(), 0, {4, 1})});
+  amax.reduceMask = 1;
+  refused(amax, "after the kept ones");
+  auto arg = tensorOp(TensorFn::argmax, {4, 4}, {view(out->get(), 0, {1, 0}), view(a.get(), 0, {4, 1})});
+  arg.reduceMask = 2;
+  refused(arg, "position is i64");
+  auto sum = tensorOp(TensorFn::sum, {4}, {view(out->get(), 0, {0}), view(flags->get(), 0, {1}, boolean)});
+  sum.reduceMask = 1;
+  refused(sum, "integer sum is i64");
+  EXPECT_TRUE(device->finish());  // the copy that ran (an asynchronous card) before its buffers go
 }
 
 TEST_P(Conformance, TensorOpsThatWouldLeaveTheirBuffersAreRefused) {

@@ -1,6 +1,7 @@
 #include "hal/slicing.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "common/limits.h"
@@ -34,13 +35,18 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::layerNorm:
     case TensorFn::layerNormBackward:
     case TensorFn::nllLossBackward: return 0;  // rows only
+    case TensorFn::amax:
+    case TensorFn::amin:
+    case TensorFn::argmax:
+    case TensorFn::argmin:  // the kept dimensions only (they come first)
+      return int(op.dims) - std::popcount(op.reduceMask) - 1;
     default: return int(op.dims) - 1;
   }
 }
 
 bool reduced(const TensorOp& op, unsigned d) {
   if (op.fn == TensorFn::matmul) return d == 2;
-  if (op.fn == TensorFn::sum) return op.reduceMask >> d & 1;
+  if (op.reduceMask) return op.reduceMask >> d & 1;  // the reductions
   return false;
 }
 
@@ -64,7 +70,7 @@ class TensorSlices final : public SlicedWork {
     for (unsigned d = 0; d < split_; ++d) total_ = limits::satMul(total_, op.shape[d]);
     for (unsigned d = 0; d < op.dims; ++d)
       if (reduced(op, d) && op.shape[d] > 1 && (d < split_ || (d == split_ && chunk_ < op.shape[d]))) accumulate_ = true;
-    if (accumulate_) {
+    if (accumulate_ && whole_.beta != 1) {  // beta 1 keeps the output as it is
       prepass_ = scaleOutput();
       total_ = limits::satAdd(total_, prepass_->total());
     }

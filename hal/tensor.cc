@@ -1,6 +1,8 @@
 #include "hal/tensor.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <string_view>
 
 #include "common/limits.h"
@@ -24,7 +26,15 @@ static_assert(RC_GELU == int(TensorFn::gelu) && RC_GELU_BACKWARD == int(TensorFn
               RC_SOFTPLUS_BACKWARD == int(TensorFn::softplusBackward) && RC_HARDTANH == int(TensorFn::hardtanh) &&
               RC_HARDTANH_BACKWARD == int(TensorFn::hardtanhBackward) && RC_SOFTMAX == int(TensorFn::softmax) &&
               RC_SOFTMAX_BACKWARD == int(TensorFn::softmaxBackward) && RC_SIGN == int(TensorFn::sign) &&
-              kTensorFns == RC_SIGN + 1);
+              RC_EQ == int(TensorFn::eq) && RC_NE == int(TensorFn::ne) && RC_LT == int(TensorFn::lt) &&
+              RC_LE == int(TensorFn::le) && RC_GT == int(TensorFn::gt) && RC_GE == int(TensorFn::ge));
+static_assert(RC_SUM == int(TensorFn::sum) && RC_WHERE == int(TensorFn::where) && RC_CLAMP == int(TensorFn::clamp) &&
+              RC_LOG1PFN == int(TensorFn::log1p) && RC_RECIPROCAL == int(TensorFn::reciprocal) &&
+              RC_RSQRT == int(TensorFn::rsqrt) && RC_ELU == int(TensorFn::elu) && RC_ELU_BACKWARD == int(TensorFn::eluBackward) &&
+              RC_LERP == int(TensorFn::lerp) && RC_AMAX == int(TensorFn::amax) && RC_AMIN == int(TensorFn::amin) &&
+              RC_ARGMAX == int(TensorFn::argmax) && RC_ARGMIN == int(TensorFn::argmin) && kTensorFns == RC_ARGMIN + 1);
+static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
+              kTensorTypes == 3);
 
 namespace {
 struct FnInfo {
@@ -38,7 +48,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"div", 3, "rc_map"},       {"relu", 2, "rc_map"},
     {"thresholdBackward", 3, "rc_map"}, {"exp", 2, "rc_map"},
     {"log", 2, "rc_map"},       {"affine", 2, "rc_map"},
-    {"sum", 2, "rc_sum"},       {"matmul", 3, "rc_matmul"},
+    {"sum", 2, "rc_reduce"},       {"matmul", 3, "rc_matmul"},
     {"logSoftmax", 2, "rc_log_softmax"}, {"logSoftmaxBackward", 3, "rc_log_softmax_backward"},
     {"nllLoss", 4, "rc_nll_loss"},       {"nllLossBackward", 4, "rc_nll_loss_backward"},
     {"sqrt", 2, "rc_map"},      {"tanh", 2, "rc_map"},
@@ -55,6 +65,15 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"hardtanh", 2, "rc_map"},  {"hardtanhBackward", 3, "rc_map"},
     {"softmax", 2, "rc_softmax"}, {"softmaxBackward", 3, "rc_softmax_backward"},
     {"sign", 2, "rc_map"},
+    {"eq", 3, "rc_map"},        {"ne", 3, "rc_map"},
+    {"lt", 3, "rc_map"},        {"le", 3, "rc_map"},
+    {"gt", 3, "rc_map"},        {"ge", 3, "rc_map"},
+    {"where", 4, "rc_map"},     {"clamp", 2, "rc_map"},
+    {"log1p", 2, "rc_map"},     {"reciprocal", 2, "rc_map"},
+    {"rsqrt", 2, "rc_map"},     {"elu", 2, "rc_map"},
+    {"eluBackward", 3, "rc_map"}, {"lerp", 3, "rc_map"},
+    {"amax", 2, "rc_reduce"},   {"amin", 2, "rc_reduce"},
+    {"argmax", 2, "rc_reduce"}, {"argmin", 2, "rc_reduce"},
 };
 constexpr uint64_t kMaxElements = 1ull << 48;
 // One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
@@ -68,11 +87,75 @@ bool rowwise(TensorFn fn) {
   return fn == TensorFn::logSoftmax || fn == TensorFn::logSoftmaxBackward || fn == TensorFn::softmax ||
          fn == TensorFn::softmaxBackward || fn == TensorFn::layerNorm || fn == TensorFn::layerNormBackward;
 }
-// nllLoss's and nllLossBackward's targets are i64; everything else is f32.
-uint64_t elementBytes(TensorFn fn, unsigned operand) {
-  return (fn == TensorFn::nllLoss || fn == TensorFn::nllLossBackward) && operand == 2 ? 8 : 4;
+// Over the reduceMask's dimensions (rc_reduce).
+bool reduction(TensorFn fn) { return std::string_view(kFns[unsigned(fn)].kernel) == "rc_reduce"; }
+bool comparison(TensorFn fn) { return fn >= TensorFn::eq && fn <= TensorFn::ge; }
+
+// The element types each function takes: every operand f32 but for these.
+Status checkTypes(const TensorOp& op, unsigned operands, const std::string& name) {
+  auto type = [&](unsigned i) { return op.operands[i].type; };
+  auto bad = [&](unsigned i, const char* want) {
+    return fail(Code::invalidArgument, name + ": operand " + std::to_string(i) + " is " + tensorTypeName(type(i)) +
+                                           " (" + want + ")");
+  };
+  for (unsigned i = 0; i < operands; ++i)
+    if (unsigned(type(i)) >= kTensorTypes)
+      return fail(Code::invalidArgument, name + ": operand " + std::to_string(i) + " has unknown element type " +
+                                             std::to_string(unsigned(type(i))));
+  const bool integral = type(1) != TensorType::f32;
+  switch (op.fn) {
+    case TensorFn::copy:
+    case TensorFn::fill:
+      return {};  // any to any: a conversion
+    case TensorFn::eq: case TensorFn::ne: case TensorFn::lt: case TensorFn::le: case TensorFn::gt: case TensorFn::ge:
+      if (type(0) != TensorType::boolean) return bad(0, "a comparison writes bool");
+      if (type(2) != type(1)) return bad(2, "both sides of a comparison have one type");
+      return {};
+    case TensorFn::add:
+    case TensorFn::mul:  // f32, or integers (i64 and bool in any mix: bool's sum and product are or and and)
+      if (type(0) == TensorType::f32 && type(1) == TensorType::f32 && type(2) == TensorType::f32) return {};
+      for (unsigned i = 0; i < operands; ++i)
+        if (type(i) == TensorType::f32) return bad(i, "an integer add or mul takes no f32 operand");
+      if (op.alpha != std::trunc(op.alpha) || std::fabs(op.alpha) > 16777216.0f)
+        return fail(Code::invalidArgument, name + ": an integer add or mul takes an integer alpha (at most 2^24)");
+      return {};
+    case TensorFn::where:
+      if (type(1) != TensorType::boolean) return bad(1, "the condition is bool");
+      if (type(0) == TensorType::boolean) return bad(0, "f32 or i64");
+      if (type(2) != type(0)) return bad(2, "the output's type");
+      if (type(3) != type(0)) return bad(3, "the output's type");
+      return {};
+    case TensorFn::sum:
+      if (type(0) != (integral ? TensorType::i64 : TensorType::f32)) return bad(0, integral ? "an integer sum is i64" : "f32");
+      if (integral && (op.alpha != 1 || (op.beta != 0 && op.beta != 1))) return bad(1, "an integer sum takes alpha 1 and beta 0 or 1");
+      return {};
+    case TensorFn::argmax:
+    case TensorFn::argmin:
+      if (type(0) != TensorType::i64) return bad(0, "a position is i64");
+      if (type(1) != TensorType::f32) return bad(1, "f32");
+      return {};
+    case TensorFn::nllLoss:
+    case TensorFn::nllLossBackward:
+      for (unsigned i = 0; i < operands; ++i)
+        if (type(i) != (i == 2 ? TensorType::i64 : TensorType::f32)) return bad(i, i == 2 ? "the targets are i64" : "f32");
+      return {};
+    default:
+      for (unsigned i = 0; i < operands; ++i)
+        if (type(i) != TensorType::f32) return bad(i, "f32");
+      return {};
+  }
 }
 }  // namespace
+
+const char* tensorTypeName(TensorType t) {
+  switch (t) {
+    case TensorType::f32: return "f32";
+    case TensorType::i64: return "i64";
+    case TensorType::boolean: return "bool";
+  }
+  return "unknown";
+}
+uint64_t tensorTypeBytes(TensorType t) { return t == TensorType::i64 ? 8 : t == TensorType::boolean ? 1 : 4; }
 
 const char* tensorFnName(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].name : "unknown"; }
 unsigned tensorFnOperands(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].operands : 0; }
@@ -116,8 +199,14 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     return bad("rows of " + std::to_string(op.shape[1]) + " columns (at most 2^24)");
   if (op.fn == TensorFn::nllLoss && op.shape[0] > kMaxRowElements)
     return bad("a batch of " + std::to_string(op.shape[0]) + " rows (at most 2^24; split it)");
-  if (op.fn == TensorFn::sum && op.reduceMask == 0) return bad("reduceMask names no dimension");
-  if (op.fn != TensorFn::sum && op.reduceMask != 0) return bad("only sum takes a reduceMask");
+  if (reduction(op.fn) && op.reduceMask == 0) return bad("reduceMask names no dimension");
+  if (!reduction(op.fn) && op.reduceMask != 0) return bad("only a reduction takes a reduceMask");
+  if (op.fn != TensorFn::sum && reduction(op.fn)) {
+    // Every reduced dimension after every kept one (hal/slicing.h cuts only the kept).
+    const uint32_t kept = ~op.reduceMask & ((1u << op.dims) - 1);
+    if (kept >> std::countr_zero(op.reduceMask)) return bad("the reduced dimensions must come after the kept ones");
+  }
+  if (auto s = checkTypes(op, operands, name); !s) return std::unexpected(s.error());
 
   // Every element an operand can reach lies inside its buffer.
   std::array<uint64_t, kMaxTensorOperands> last{};  // the highest element reached
@@ -128,7 +217,7 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     uint64_t reach = o.offset;
     for (unsigned d = 0; d < op.dims && !out.empty; ++d)
       reach = limits::satAdd(reach, limits::satMul(op.shape[d] - 1, o.strides[d]));
-    const uint64_t have = o.buffer->size() / elementBytes(op.fn, i);
+    const uint64_t have = o.buffer->size() / tensorTypeBytes(o.type);
     if (!out.empty && reach >= have)
       return bad(which + " reaches element " + std::to_string(reach) + " of a buffer of " + std::to_string(have) +
                  " elements");
@@ -149,6 +238,10 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   Status rule;
   switch (op.fn) {
     case TensorFn::sum:
+    case TensorFn::amax:
+    case TensorFn::amin:
+    case TensorFn::argmax:
+    case TensorFn::argmin:
       for (unsigned d = 0; d < op.dims && rule; ++d)
         if (op.reduceMask >> d & 1) rule = zeroStride(0, d, "the output's strides must be 0 on the summed dimensions");
       break;
@@ -204,7 +297,10 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       // A dimension of one element never moves: its stride (however large) is 0.
       g.stride[i][d] = i < operands && op.shape[d] > 1 ? limits::toSigned(op.operands[i].strides[d]) : 0;
   }
-  for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.offset[i] = i < operands ? limits::toSigned(op.operands[i].offset) : 0;
+  for (unsigned i = 0; i < kMaxTensorOperands; ++i) {
+    g.offset[i] = i < operands ? limits::toSigned(op.operands[i].offset) : 0;
+    g.type[i] = i < operands ? int(op.operands[i].type) : int(TensorType::f32);
+  }
   for (unsigned d = 0; d < op.dims; ++d)
     for (unsigned i = 0; i < kMaxTensorOperands; ++i)
       if (g.shape[d] < 0 || g.stride[i][d] < 0 || g.offset[i] < 0) return bad("a shape, stride or offset past 2^63");
@@ -230,8 +326,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.n = static_cast<int64_t>(elements);
     g.inner = 1;
     out.flops = double(elements);
-  } else if (op.fn == TensorFn::sum) {
-    // The kept dimensions first, then the summed ones.
+  } else if (reduction(op.fn)) {
+    // The kept dimensions first, then the reduced ones.
     kernels::RcGeom sorted = g;
     int64_t at = 0, kept = 1, inner = 1;
     for (int pass = 0; pass < 2; ++pass)

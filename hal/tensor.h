@@ -36,6 +36,7 @@ class Buffer;
 #define RC_POW(x, y) std::pow(x, y)
 #define RC_FABS(x) std::fabs(x)
 #define RC_ERF(x) std::erf(x)
+#define RC_LOG1P(x) std::log1p(x)
 namespace raccel::hal::kernels {
 #include "hal/tensor_kernels.inc"
 }  // namespace raccel::hal::kernels
@@ -53,8 +54,16 @@ enum class TensorFn : uint8_t {
   layerNorm, layerNormBackward,
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
   hardtanhBackward, softmax, softmaxBackward, sign,
+  eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
+  amax, amin, argmax, argmin,
 };
-inline constexpr unsigned kTensorFns = 42;
+inline constexpr unsigned kTensorFns = 60;
+
+// An operand's element type, in the order of the wire's TensorType.
+enum class TensorType : uint8_t { f32, i64, boolean };
+inline constexpr unsigned kTensorTypes = 3;
+const char* tensorTypeName(TensorType t);
+uint64_t tensorTypeBytes(TensorType t);
 
 const char* tensorFnName(TensorFn fn);
 // Operands the function takes, the output included.
@@ -66,6 +75,7 @@ struct TensorOperand {
   Buffer* buffer = nullptr;
   uint64_t offset = 0;                        // elements
   std::array<uint64_t, kMaxTensorDims> strides{};  // elements, per dimension of the shape
+  TensorType type = TensorType::f32;
 };
 
 struct TensorOp {

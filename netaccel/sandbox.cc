@@ -420,6 +420,7 @@ class SandboxDevice final : public hal::Device {
     for (unsigned i = 0; i < hal::tensorFnOperands(op.fn); ++i) {
       w.ids[i] = idOf(*op.operands[i].buffer);
       w.offsets[i] = op.operands[i].offset;
+      w.types[i] = static_cast<uint32_t>(op.operands[i].type);
       for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) w.strides[i][d] = op.operands[i].strides[d];
     }
     if (auto s = drainPosted(); !s) return s;  // the window is about to be filled
@@ -883,7 +884,8 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           for (unsigned i = 0; i < hal::tensorFnOperands(op.fn) && s; ++i) {
             auto b = buffer(w.ids[i]);
             if (!b) s = fail(Code::notFound, std::string("tensor op: operand ") + std::to_string(i) + ": " + b.error().message);
-            else op.operands[i] = {*b, w.offsets[i], {}};
+            else op.operands[i] = {*b, w.offsets[i], {}, static_cast<hal::TensorType>(w.types[i] & 0xff)};
+            if (s && w.types[i] >= hal::kTensorTypes) s = fail(Code::invalidArgument, "malformed tensor op");
             for (unsigned d = 0; d < hal::kMaxTensorDims && s; ++d) op.operands[i].strides[d] = w.strides[i][d];
           }
           if (s) s = device.tensor(op);

@@ -88,6 +88,7 @@ struct TensorWindow {
   uint64_t ids[hal::kMaxTensorOperands] = {};
   uint64_t offsets[hal::kMaxTensorOperands] = {};
   uint64_t strides[hal::kMaxTensorOperands][hal::kMaxTensorDims] = {};
+  uint32_t types[hal::kMaxTensorOperands] = {};
 };
 
 struct Reply {

@@ -275,7 +275,8 @@ struct Op {
 }
 
 # A tensor op over strided views of buffers (what a framework's device needs: PyTorch's
-# privateuseone backend). Data is f32, but for nllLoss's targets (i64). The op iterates
+# privateuseone backend). Each operand names its element type; every function takes f32
+# operands but where said below (nllLoss's targets are i64). The op iterates
 # over `shape` (1 to 6 dimensions); every operand is an element offset into its buffer
 # and one stride per dimension of `shape`, in elements (0 broadcasts, or marks a
 # dimension the operand does not span). Operand 0 is the output. Per function:
@@ -314,6 +315,21 @@ struct Op {
 #     elementwise activations; each ...Backward takes a (the gradient) and b (the
 #     forward's input) and the same alpha and beta: out = a * the derivative at b
 #     (hardtanh's: 0 at or past either bound)
+#   copy, fill: also between any element types: a conversion (f32 to an integer
+#     truncates toward zero; to bool is a != 0); integers are copied exactly
+#   eq, ne, lt, le, gt, ge: elementwise, out (bool) = a op b, a and b of one type
+#     (integers compared exactly)
+#   where: out = a ? b : c, with a bool and out, b and c all f32 or all i64
+#   clamp: out = min(max(a, alpha), beta) (NaN stays); log1p, reciprocal, rsqrt:
+#     log(1+a) | 1/a | 1/sqrt(a); elu: a > 0 ? a : alpha*(exp(a)-1); eluBackward: a
+#     (the gradient) times the derivative at b (the forward's input); lerp: a + alpha*(b - a)
+#   sum over i64 or bool: an exact i64 sum (alpha 1, beta 0 or 1)
+#   add, mul over integers (i64 and bool, no f32): exact, alpha an integer (|alpha| at
+#     most 2^24); into bool, nonzero is 1 (so bool add is or, bool mul is and)
+#   amax, amin: the largest | smallest over the dimensions in reduceMask (NaN if any
+#     is); argmax, argmin: out (i64) = the first position of the largest | smallest (a NaN
+#     counts as both) among the reduced positions, counted row-major over them. These
+#     four take the reduced dimensions after every kept one.
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);
@@ -329,6 +345,13 @@ struct TensorOperand {
   buffer @0 :UInt64;
   offset @1 :UInt64;          # elements
   strides @2 :List(UInt64);   # elements, one per dimension of the op's shape
+  type @3 :TensorType;        # of its elements (offsets and strides count these)
+}
+
+enum TensorType {
+  f32 @0;
+  i64 @1;
+  bool @2;     # one byte, 0 or 1
 }
 
 enum TensorFn {
@@ -374,6 +397,24 @@ enum TensorFn {
   softmax @39;
   softmaxBackward @40;
   sign @41;
+  eq @42;
+  ne @43;
+  lt @44;
+  le @45;
+  gt @46;
+  ge @47;
+  where @48;
+  clamp @49;
+  log1p @50;
+  reciprocal @51;
+  rsqrt @52;
+  elu @53;
+  eluBackward @54;
+  lerp @55;
+  amax @56;
+  amin @57;
+  argmax @58;
+  argmin @59;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

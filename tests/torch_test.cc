@@ -55,11 +55,15 @@ TEST_F(TorchDevice, AnMlpTrainsOnRaccelWithTheCpusLossesAndNothingFallsBack) {
 
 // Adam and AdamW (weight decay, amsgrad) over tanh (after a LayerNorm) and sigmoid: their
 // steps (addcmul, addcdiv, sqrt, division by a number, maximum), LayerNorm and the
-// activations' backwards run on the card, with the CPU's losses.
+// activations' backwards run on the card, with the CPU's losses. Every step also counts
+// the batch's correct predictions (argmax, ==, an i64 sum) and the final accuracy is
+// taken in eval mode under no_grad, all on the card; one variant clips the gradients'
+// norm (vector norms, stack, clamp) before each step.
 TEST_F(TorchDevice, AdamAndAdamWOverLayerNormTanhOrSigmoidTrainWithTheCpusLossesAndNothingFallsBack) {
   startOneCard();
   for (std::string variant : {"--optimizer adamw --weight-decay 0.01 --activation tanh --layer-norm",
-                              "--optimizer adam --amsgrad --weight-decay 0.001 --activation sigmoid"}) {
+                              "--optimizer adam --amsgrad --weight-decay 0.001 --activation sigmoid",
+                              "--optimizer adamw --clip-grad-norm 0.5 --activation gelu --layer-norm"}) {
     int status = -1;
     std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --steps 100 " + variant, &status,
                              "RACCEL_TORCH_FALLBACKS=1");
@@ -74,7 +78,7 @@ TEST_F(TorchDevice, AdamAndAdamWOverLayerNormTanhOrSigmoidTrainWithTheCpusLosses
 // Each activation of the families PyTorch models use, forward and backward on the card.
 TEST_F(TorchDevice, EveryActivationTrainsWithTheCpusLossesAndNothingFallsBack) {
   startOneCard();
-  for (std::string activation : {"gelu", "gelu_tanh", "silu", "leaky_relu", "softplus", "hardtanh"}) {
+  for (std::string activation : {"gelu", "gelu_tanh", "silu", "leaky_relu", "softplus", "hardtanh", "elu"}) {
     int status = -1;
     std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --steps 20 --activation " + activation,
                              &status, "RACCEL_TORCH_FALLBACKS=1");

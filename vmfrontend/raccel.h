@@ -126,11 +126,15 @@ enum class TensorFn {
   layerNorm, layerNormBackward,
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
   hardtanhBackward, softmax, softmaxBackward, sign,
+  eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
+  amax, amin, argmax, argmin,
 };
+enum class TensorType : uint8_t { f32, i64, boolean };  // the wire's TensorType
 struct TensorOperand {
   Handle buffer = 0;
   uint64_t offset = 0;             // elements
   std::vector<uint64_t> strides;   // elements, one per dimension of the shape
+  TensorType type = TensorType::f32;
 };
 struct TensorOp {
   TensorFn fn = TensorFn::copy;

@@ -337,7 +337,11 @@ class CpuDevice final : public Device {
       });
     };
     switch (TensorFn(g.fn)) {
-      case TensorFn::sum: return each([&](int64_t i) { rc_sum(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::sum:
+      case TensorFn::amax:
+      case TensorFn::amin:
+      case TensorFn::argmax:
+      case TensorFn::argmin: return each([&](int64_t i) { rc_reduce(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::matmul:
         if (matmulAsGemm(g, p)) return;
         return each([&](int64_t i) { rc_matmul(i, g, p[0], p[1], p[2], p[3]); });

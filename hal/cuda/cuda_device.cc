@@ -189,6 +189,7 @@ const char* kTensorPrelude = R"CU(
 #define RC_POW(x, y) powf(x, y)
 #define RC_FABS(x) fabsf(x)
 #define RC_ERF(x) erff(x)
+#define RC_LOG1P(x) log1pf(x)
 )CU";
 
 int fp32LanesPerSm(int major, int minor) {

@@ -34,6 +34,7 @@ const char* kTensorPrelude = R"CLC(
 #define RC_POW(x, y) pow(x, y)
 #define RC_FABS(x) fabs(x)
 #define RC_ERF(x) erf(x)
+#define RC_LOG1P(x) log1p(x)
 )CLC";
 
 // The built-in ops as OpenCL C. reduceSum is two passes: per-work-item Kahan partial

@@ -31,6 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     o.buffer = in.number(4) == 3 ? nullptr : buffers[in.number(2)].get();
     o.offset = in.wide();
     for (auto& s : o.strides) s = in.wide();
+    o.type = static_cast<TensorType>(in.number(kTensorTypes));  // one past the last: refused
   }
   op.alpha = in.real();
   op.beta = in.real();

@@ -25,11 +25,12 @@ def tensor(fn, shape, operands, alpha=1.0, beta=0.0, mask=0, sizes=(1024, 1024, 
     out += b"".join(wide(d) for d in list(shape) + [1] * (6 - len(shape)))
     for i in range(4):
         if i < len(operands):
-            which, offset, strides = operands[i]
+            which, offset, strides = operands[i][:3]
+            kind = operands[i][3] if len(operands[i]) > 3 else 0  # TensorType
             out += number(0) + number(which) + wide(offset)
-            out += b"".join(wide(s) for s in list(strides) + [0] * (6 - len(strides)))
-        else:
-            out += number(3) + wide(0) + b"".join(wide(0) for _ in range(6))  # no buffer: no index read
+            out += b"".join(wide(s) for s in list(strides) + [0] * (6 - len(strides))) + number(kind)
+        else:  # no buffer: no index read
+            out += number(3) + wide(0) + b"".join(wide(0) for _ in range(6)) + number(0)
     return out + real(alpha) + real(beta) + number(mask) + wide(100) + number(1) + number(3)
 
 
@@ -56,6 +57,9 @@ write("tensor", "sum", tensor(10, [8, 8], [(0, 0, [0, 1]), (1, 0, [8, 1])], mask
 write("tensor", "matmul", tensor(11, [4, 4, 4], [(0, 0, [4, 1, 0]), (1, 0, [4, 0, 1]), (2, 0, [0, 1, 4])], beta=1.0))
 write("tensor", "logsoftmax", tensor(12, [4, 16], [(0, 0, [16, 1]), (1, 0, [16, 1])]))
 write("tensor", "transpose", tensor(0, [8, 8], [(0, 0, [8, 1]), (1, 0, [1, 8])]))
+write("tensor", "argmax", tensor(58, [8, 8], [(0, 0, [1, 0], 1), (1, 0, [8, 1])], mask=2))
+write("tensor", "eq-i64", tensor(42, [64], [(0, 0, [1], 2), (1, 0, [1], 1), (2, 64, [1], 1)]))
+write("tensor", "where", tensor(48, [16], [(0, 0, [1]), (1, 0, [1], 2), (2, 16, [1]), (3, 32, [1])]))
 write("tensor", "fill-stride0", tensor(1, [1000], [(0, 3, [0])], alpha=2.0))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),
                                         ("buffer", 0), ("buffer", 1), ("buffer", 2)]))

@@ -49,6 +49,10 @@ refused("a huge stride", "reaches element",
 refused("a matmul writing over its input", "overlaps",
         lambda: op_then_fence("matmul", [2, 2, 2], [(big, 0, [2, 1, 0]), (big, 2, [2, 0, 1]), (big, 64, [0, 1, 2])]))
 refused("a read past the end", "", lambda: s.read(small, 60, 8))
+refused("a comparison written as f32", "writes bool",
+        lambda: op_then_fence("eq", [4], [(big, 0, [1]), (small, 0, [1]), (small, 4, [1])]))
+refused("an unknown element type", "no tensor element type",
+        lambda: s.tensor("copy", [4], [(big, 0, [1]), (small, 0, [1])], types=["f32", "f16"]))
 
 # The session carries on: a fill and a read.
 s.tensor("fill", [16], [(small, 0, [1])], alpha=1.5)
@@ -58,12 +62,15 @@ if values != (1.5,) * 16:
 
 dev = raccel.torch.device()
 raccel.torch.reset_fallbacks()
-a = torch.arange(4).to(dev)          # int64: the kernels take f32, so this falls back
+a = torch.arange(4).to(dev) + (1 << 40)   # int64 past f32's 2^24: exact on the card
 total = (a + a).cpu().tolist()
-if total != [0, 2, 4, 6]:
-    failures.append(f"int64 add gave {total}")
+if total != [(1 << 41) + 2 * i for i in range(4)] or raccel.torch.fallbacks():
+    failures.append(f"int64 add gave {total}, fallbacks {raccel.torch.fallbacks()}")
+d = torch.arange(4, dtype=torch.float64).to(dev)   # f64: the kernels do not take it, so this falls back
+if (d + d).cpu().tolist() != [0.0, 2.0, 4.0, 6.0]:
+    failures.append("f64 add gave a wrong result")
 if "aten::add.out" not in raccel.torch.fallbacks():
-    failures.append(f"the int64 add was not counted as a fallback: {raccel.torch.fallbacks()}")
+    failures.append(f"the f64 add was not counted as a fallback: {raccel.torch.fallbacks()}")
 logits = torch.randn(3, 4).to(dev)
 loss = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 9, 1]).to(dev)).item()
 if loss == loss:  # a target outside the classes makes the loss NaN on raccel (no read out of bounds)

@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """Trains a two-layer MLP classifier on synthetic data (plain SGD by default; --optimizer
-adam/adamw with --weight-decay and --amsgrad, --activation tanh/gelu/silu/…, --layer-norm),
-unchanged code on the device asked for: `raccel` (raccel.torch's privateuseone device)
-or `cpu`.
+adam/adamw with --weight-decay and --amsgrad, --activation tanh/gelu/silu/…, --layer-norm,
+--clip-grad-norm), unchanged code on the device asked for: `raccel` (raccel.torch's
+privateuseone device) or `cpu`. Each step also counts the batch's correct predictions
+(argmax == target) on the device, as training scripts do; the final accuracy is measured
+on the device in eval mode under torch.no_grad().
 
   --compare   trains on both from the same seed and checks, at every step, that the
-              losses agree to --rtol, that the final accuracy is the same, and that no
-              op of the training step fell back to the CPU; exits 1 otherwise.
+              losses agree to --rtol, that the correct counts agree (at 99% of the steps
+              or more: a near-tie may flip), that the final accuracy is the same, and that
+              no op fell back to the CPU; exits 1 otherwise.
   --json      prints the losses, accuracy and fallbacks as JSON.
   --time N    times N steps after a warm-up (the bench), on each device asked for.
 """
@@ -35,7 +38,7 @@ def data(seed, samples, features, classes):
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": nn.GELU,
                "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU, "leaky_relu": nn.LeakyReLU,
-               "softplus": nn.Softplus, "hardtanh": nn.Hardtanh}
+               "softplus": nn.Softplus, "hardtanh": nn.Hardtanh, "elu": nn.ELU}
 
 
 def model(seed, features, hidden, classes, activation="relu", layer_norm=False):
@@ -52,7 +55,7 @@ def optimizer(params, args):
 
 
 def train(device, args, on_step=None):
-    """Returns (losses, accuracy, fallbacks during the training steps)."""
+    """Returns (losses, correct counts per step, final accuracy, fallbacks)."""
     if device == "raccel":
         dev = raccel.torch.device(tflops=args.tflops)
     else:
@@ -63,22 +66,26 @@ def train(device, args, on_step=None):
     xd, yd = x.to(dev), y.to(dev)
     if device == "raccel":
         raccel.torch.reset_fallbacks()
-    losses = []
+    losses, correct = [], []
     for step in range(args.steps):
         lo = (step * args.batch) % args.samples
         xb, yb = xd[lo:lo + args.batch], yd[lo:lo + args.batch]
         opt.zero_grad()
-        loss = F.cross_entropy(net(xb), yb)
+        logits = net(xb)
+        loss = F.cross_entropy(logits, yb)
         loss.backward()
+        if args.clip_grad_norm:
+            nn.utils.clip_grad_norm_(net.parameters(), args.clip_grad_norm)
         opt.step()
         losses.append(loss.item())
+        correct.append(int((logits.argmax(1) == yb).sum().item()))
         if on_step:
             on_step(step, losses[-1])
-    fallbacks = raccel.torch.fallbacks() if device == "raccel" else {}
+    net.eval()
     with torch.no_grad():
-        logits = net(xd).cpu()
-    accuracy = (logits.argmax(1) == y).float().mean().item()
-    return losses, accuracy, fallbacks
+        accuracy = (net(xd).argmax(1) == yd).float().mean().item()
+    fallbacks = raccel.torch.fallbacks() if device == "raccel" else {}
+    return losses, correct, accuracy, fallbacks
 
 
 def timed(device, args):
@@ -126,6 +133,8 @@ def main():
     p.add_argument("--amsgrad", action="store_true", help="adam and adamw: keep the largest second moment")
     p.add_argument("--activation", choices=sorted(ACTIVATIONS), default="relu")
     p.add_argument("--layer-norm", action="store_true", help="a LayerNorm after the hidden layer")
+    p.add_argument("--clip-grad-norm", type=float, default=0.0, metavar="MAX",
+                   help="clip the gradients' total 2-norm to MAX before each step")
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--tflops", type=float, default=1.0)
     p.add_argument("--progress", action="store_true", help="print every 20th step's loss")
@@ -146,20 +155,22 @@ def main():
             print(f"step {step} loss {loss:.6f}", flush=True)
 
     if not args.compare:
-        losses, accuracy, fallbacks = train(args.device, args, progress)
+        losses, _, accuracy, fallbacks = train(args.device, args, progress)
         if args.json:
             print(json.dumps({"losses": losses, "accuracy": accuracy, "fallbacks": fallbacks}))
         print(f"final loss {losses[-1]:.6f} accuracy {accuracy:.4f} on {args.device}", flush=True)
         return 0
 
-    cpu, cpu_acc, _ = train("cpu", args)
-    dev, dev_acc, fallbacks = train("raccel", args, progress)
+    cpu, cpu_correct, cpu_acc, _ = train("cpu", args)
+    dev, dev_correct, dev_acc, fallbacks = train("raccel", args, progress)
+    agree = sum(a == b for a, b in zip(cpu_correct, dev_correct))
     worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(cpu, dev))
     bad = [i for i, (a, b) in enumerate(zip(cpu, dev)) if abs(a - b) > args.rtol * abs(a)]
     print(f"steps {len(dev)} final loss cpu {cpu[-1]:.6f} raccel {dev[-1]:.6f} worst relative difference {worst:.2e}")
-    print(f"accuracy cpu {cpu_acc:.4f} raccel {dev_acc:.4f}")
+    print(f"accuracy cpu {cpu_acc:.4f} raccel {dev_acc:.4f}; "
+          f"correct counts agree at {agree} of {len(dev_correct)} steps")
     print(f"fallbacks during training: {fallbacks if fallbacks else 'none'}")
-    ok = not bad and cpu_acc == dev_acc and not fallbacks and len(dev) == args.steps
+    ok = not bad and cpu_acc == dev_acc and not fallbacks and len(dev) == args.steps and agree >= 0.99 * len(dev)
     if bad:
         print(f"losses differ past {args.rtol} at {len(bad)} steps, first {bad[0]}: cpu {cpu[bad[0]]} raccel {dev[bad[0]]}")
     print("PASS" if ok else "FAIL")

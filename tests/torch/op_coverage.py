@@ -36,10 +36,35 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("addcmul, addcdiv", [(4, 5), (4, 5), (5,)],
      lambda a, b, c: torch.addcmul(a, b, c, value=0.5) + torch.addcdiv(a, b, c.abs() + 0.5, value=-2)),
     ("mse loss", [(6, 3), (6, 3)], lambda a, b: F.mse_loss(a, b)),
-    # Forward only: maximum's and minimum's backward compare and select (bool tensors,
-    # where), which fall back today; amsgrad uses them without gradients.
-    ("maximum, minimum (forward)", [(4, 5), (4, 5)], lambda a, b: torch.maximum(a, b).detach() - torch.minimum(a, b).detach()),
+    # maximum's and minimum's backwards compare and select (eq, lt, where, masked_fill).
+    ("maximum, minimum", [(4, 5), (4, 5)], lambda a, b: torch.maximum(a, b) * 2 - torch.minimum(a, b)),
     ("linear with bias", [(5, 4), (3, 4), (3,)], lambda x, w, b: F.linear(x, w, b)),
+    ("clamp, clamp_min, clamp_max", [(4, 5)], lambda x: x.clamp(-0.5, 0.7) + x.clamp(min=0.1) * x.clamp(max=0.2)),
+    ("exp, log, log1p, reciprocal, rsqrt", [(4, 5)],
+     lambda a: a.exp() + (a.abs() + 0.5).log() + a.abs().log1p() + (a.abs() + 0.5).reciprocal() + (a.abs() + 0.5).rsqrt()),
+    ("elu", [(4, 6)], lambda x: F.elu(x, 0.8)),
+    ("lerp", [(4, 5), (4, 5)], lambda a, b: torch.lerp(a, b, 0.3)),
+    ("where, masked_fill", [(4, 5), (4, 5)], lambda a, b: torch.where(a > 0, a, b * 2) + a.masked_fill(b < 0, 0.5)),
+    ("comparisons with tensors and numbers (bool results)", [(4, 5), (4, 5)],
+     lambda a, b: ((a > b).float() + (a >= 0).float() * 2 + (a < b).float() * 4 + (a <= 0.5).float() * 8
+                   + (a == a).float() * 16 + (a != b).float() * 32 + (a > 0).logical_not().float() * 64)),
+    ("argmax over dim 1", [(6, 5)], lambda x: x.argmax(1)),
+    ("argmin of all, keepdim", [(3, 4, 2)], lambda x: x.argmin()),
+    ("argmax over dim 0, keepdim", [(6, 5)], lambda x: x.argmax(0, keepdim=True)),
+    ("accuracy: argmax == an i64 target, as a mean", [(8, 4)],
+     lambda x: (x.argmax(1) == (x[:, 0] > 0).long()).float().mean()),
+    ("correct count: an i64 sum of bools", [(8, 4)], lambda x: (x > 0).sum() + (x > 0).long().sum(1).sum()),
+    ("amax, amin over dims", [(3, 4, 5)], lambda x: x.amax(1) - x.amin((0, 2), keepdim=True).sum()),
+    ("max and min over a dim, and of all (forward)", [(4, 6)],
+     lambda x: (x.max(1).values - x.min(0, keepdim=True).values.sum() + x.max() - x.min()).detach()),
+    ("max.dim's positions", [(4, 6)], lambda x: x.max(1).indices + x.min(0).indices.sum()),
+    ("var and std, unbiased and not", [(4, 6)],
+     lambda x: x.var(1) + x.std(0, keepdim=True).sum() + x.var(unbiased=False) + x.std()),
+    ("logical and, or, not of masks", [(4, 5), (4, 5)],
+     lambda a, b: ((a > 0) & (b > 0)).float() + ((a > 0) | (b < 0)).float() * 2 + (~(a > b)).float() * 4),
+    ("vector norms: 2, 1, inf, 3", [(4, 6)],
+     lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
+     + torch.linalg.vector_norm(x, float("inf")).detach()),
 ]
 
 
@@ -55,6 +80,9 @@ def run_case(shapes, fn, device, seed):
 
 
 def close(a, b, rtol, atol):
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a, b = a.double(), b.double()  # bool and i64 results compare exactly
     return bool(((a - b).abs() <= atol + rtol * b.abs()).all())
 
 
@@ -73,7 +101,8 @@ def main():
         ok = close(got, want, args.rtol, args.atol) and all(
             close(a, b, args.rtol, args.atol) for a, b in zip(got_grads, want_grads))
         failed += not ok or bool(fallbacks)
-        worst = max([float((got - want).abs().max())] + [float((a - b).abs().max()) for a, b in zip(got_grads, want_grads)])
+        pairs = [(got, want)] + list(zip(got_grads, want_grads))
+        worst = max(float((a.double() - b.double()).abs().max()) if a.shape == b.shape and a.numel() else 0.0 for a, b in pairs)
         print(f"{'ok  ' if ok and not fallbacks else 'FAIL'} {name}: worst difference {worst:.2e}"
               f"{'; fell back: ' + str(fallbacks) if fallbacks else ''}", flush=True)
     print(f"{len(CASES) - failed} of {len(CASES)} cases on the card with the CPU's results")

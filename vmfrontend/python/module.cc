@@ -39,10 +39,20 @@ raccel::client::TensorFn fnNamed(const std::string& name) {
                                 "maximum", "minimum", "abs", "pow", "layer_norm", "layer_norm_backward",
                                 "gelu", "gelu_backward", "silu", "silu_backward", "leaky_relu", "leaky_relu_backward",
                                 "softplus", "softplus_backward", "hardtanh", "hardtanh_backward", "softmax",
-                                "softmax_backward", "sign"};
+                                "softmax_backward", "sign", "eq", "ne", "lt", "le", "gt", "ge", "where", "clamp",
+                                "log1p", "reciprocal", "rsqrt", "elu", "elu_backward", "lerp", "amax", "amin",
+                                "argmax", "argmin"};
+  static_assert(std::size(names) == size_t(raccel::client::TensorFn::argmin) + 1);
   for (size_t i = 0; i < std::size(names); ++i)
     if (name == names[i]) return static_cast<raccel::client::TensorFn>(i);
   throw py::value_error("no tensor function '" + name + "'");
+}
+
+raccel::client::TensorType typeNamed(const std::string& name) {
+  if (name == "f32") return raccel::client::TensorType::f32;
+  if (name == "i64") return raccel::client::TensorType::i64;
+  if (name == "bool") return raccel::client::TensorType::boolean;
+  throw py::value_error("no tensor element type '" + name + "' (f32, i64 or bool)");
 }
 
 py::dict vaccelDict(const raccel::client::VaccelInfo& v) {
@@ -168,18 +178,22 @@ PYBIND11_MODULE(_raccel, m) {
       .def("tensor",
            [](PySession& p, const std::string& fn, std::vector<uint64_t> shape,
               std::vector<std::tuple<Handle, uint64_t, std::vector<uint64_t>>> operands, float alpha, float beta,
-              uint32_t reduceMask, int64_t ignoreIndex, bool mean) {
+              uint32_t reduceMask, int64_t ignoreIndex, bool mean, const std::vector<std::string>& types) {
              raccel::client::TensorOp op;
              op.fn = fnNamed(fn);
              op.shape = std::move(shape);
+             if (types.size() > operands.size()) throw py::value_error("more types than operands");
              for (auto& [h, offset, strides] : operands) op.operands.push_back({h, offset, strides});
+             for (size_t i = 0; i < types.size(); ++i) op.operands[i].type = typeNamed(types[i]);
              op.alpha = alpha, op.beta = beta, op.reduceMask = reduceMask, op.ignoreIndex = ignoreIndex, op.mean = mean;
              std::lock_guard lock(p.shared->mu);
              p.s().tensor(op);
            },
            py::arg("fn"), py::arg("shape"), py::arg("operands"), py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
            py::arg("reduce_mask") = 0u, py::arg("ignore_index") = -100, py::arg("mean") = true,
-           "A tensor op (schema/guest.capnp TensorOp); operands are (buffer, element offset, strides), the output first")
+           py::arg("types") = std::vector<std::string>{},
+           "A tensor op (schema/guest.capnp TensorOp); operands are (buffer, element offset, strides), the output "
+           "first; types names their element types in order (f32, i64 or bool; f32 where not named)")
       .def("fence", &fence, "Waits for everything sent; raises the first failure not yet reported")
       .def("sync", &fence, "The same as fence()")
       .def("close", [](PySession& p) {

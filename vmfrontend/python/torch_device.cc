@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -28,9 +29,12 @@
 #include <pybind11/stl.h>
 #include <torch/library.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "vmfrontend/python/shared_session.h"
@@ -203,6 +207,18 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
 
 bool onDevice(const at::Tensor& t) { return t.defined() && t.device().type() == kDevice; }
 bool isF32(const at::Tensor& t) { return onDevice(t) && t.scalar_type() == at::kFloat; }
+// The element types tensor ops take: f32, and i64 and bool where an op says so.
+std::optional<client::TensorType> typeOf(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return client::TensorType::f32;
+    case at::kLong: return client::TensorType::i64;
+    case at::kBool: return client::TensorType::boolean;
+    default: return std::nullopt;
+  }
+}
+bool isIntegral(const at::Tensor& t) { return t.scalar_type() == at::kLong || t.scalar_type() == at::kBool; }
+// On the device, of a type tensor ops take, in at most 6 dimensions.
+bool typed(const at::Tensor& t) { return onDevice(t) && t.dim() <= 6 && typeOf(t.scalar_type()); }
 // A number PyTorch wrapped as a CPU tensor (x + 2, x * 0.5).
 bool isHostScalar(const at::Tensor& t) { return t.defined() && t.device().is_cpu() && t.dim() == 0; }
 
@@ -220,6 +236,7 @@ client::TensorOperand operand(const at::Tensor& t, c10::IntArrayRef strides) {
     o.buffer = handle;
     o.offset = byteOffset / t.element_size();
   }
+  o.type = typeOf(t.scalar_type()).value_or(client::TensorType::f32);  // other dtypes never reach an op
   for (auto s : strides) {
     TORCH_CHECK(s >= 0, "raccel: negative strides are not supported");
     o.strides.push_back(static_cast<uint64_t>(s));
@@ -320,7 +337,7 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
     if (dst.is_contiguous()) {
       writeFrom(src, dst);
     } else {
-      TORCH_CHECK(dst.scalar_type() == at::kFloat, "raccel: copying into a non-contiguous ", dst.scalar_type(),
+      TORCH_CHECK(typeOf(dst.scalar_type()), "raccel: copying into a non-contiguous ", dst.scalar_type(),
                   " tensor is not supported");
       auto staged = emptyOn(dst.sizes(), dst.scalar_type());
       writeFrom(src, staged);
@@ -331,9 +348,9 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
   if (!onDevice(dst)) {  // device -> host
     auto src = self.expand(dst.sizes());
     if (!src.is_contiguous()) {
-      TORCH_CHECK(src.scalar_type() == at::kFloat, "raccel: reading a non-contiguous ", src.scalar_type(),
+      TORCH_CHECK(typeOf(src.scalar_type()), "raccel: reading a non-contiguous ", src.scalar_type(),
                   " tensor is not supported");
-      auto staged = emptyOn(src.sizes());
+      auto staged = emptyOn(src.sizes(), src.scalar_type());
       elementwise(TensorFn::copy, staged, &src, nullptr);
       src = staged;
     }
@@ -343,7 +360,7 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
     return dst;
   }
   // device -> device
-  if (self.scalar_type() == dst.scalar_type() && self.scalar_type() == at::kFloat) {
+  if (typed(self) && typed(dst)) {  // a conversion where the dtypes differ (exact between integers)
     elementwise(TensorFn::copy, dst, &self, nullptr);
   } else if (self.scalar_type() == dst.scalar_type() && self.is_contiguous() && dst.is_contiguous() &&
              self.sizes() == dst.sizes()) {
@@ -389,7 +406,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, c10::op
 
 at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
-  if (isF32(self)) {
+  const bool exact = isF32(self) || (typed(self) && value.toDouble() == double(value.toFloat()));  // i64 past 2^24 is not
+  if (exact) {
     elementwise(TensorFn::fill, self, nullptr, nullptr, value.toFloat());
   } else if (value.toDouble() == 0 && self.is_contiguous()) {
     auto [handle, offset] = arena().locate(self.data_ptr());
@@ -414,8 +432,37 @@ at::Scalar _local_scalar_dense(const at::Tensor& self) {
 
 std::vector<int64_t> broadcastShape(const at::Tensor& a, const at::Tensor& b) { return at::infer_size(a.sizes(), b.sizes()); }
 
+// `x` as f32 where the result is (PyTorch promotes i64 and bool operands of a float op):
+// itself, or an f32 copy made on the card.
+at::Tensor promoted(const at::Tensor& x, const at::Tensor& out) {
+  if (!isF32(out) || !typed(x) || x.scalar_type() == at::kFloat) return x;
+  auto f = emptyOn(x.sizes());
+  elementwise(TensorFn::copy, f, &x, nullptr);
+  return f;
+}
+
+// A host number as a one-element device tensor of `dtype` (written, not computed: exact
+// for every i64), or nothing where the conversion would change its meaning (a fraction
+// compared with integers).
+c10::optional<at::Tensor> deviceNumber(const at::Tensor& number, at::ScalarType dtype) {
+  if (dtype != at::kFloat && number.is_floating_point()) return c10::nullopt;
+  auto t = emptyOn({}, dtype);
+  writeFrom(number.to(dtype).contiguous(), t);
+  return t;
+}
+// b as the second operand of an exact integer op (out, a and b i64 or bool; b may be a
+// host integer; alpha an integer), or nothing.
+c10::optional<at::Tensor> integerSide(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, double alpha) {
+  if (!typed(out) || !isIntegral(out) || !typed(a) || !isIntegral(a) || alpha != std::trunc(alpha) || std::fabs(alpha) > 16777216)
+    return c10::nullopt;
+  if (isHostScalar(b)) return deviceNumber(b, at::kLong);
+  if (typed(b) && isIntegral(b)) return b;
+  return c10::nullopt;
+}
+
 // out = a + alpha * b (either may be a host number).
-at::Tensor& add_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha, at::Tensor& out) {
+at::Tensor& add_out(const at::Tensor& a0, const at::Tensor& b0, const at::Scalar& alpha, at::Tensor& out) {
+  const at::Tensor a = promoted(a0, out), b = promoted(b0, out);
   if (isHostScalar(b) && supported({&a, &out})) {
     at::native::resize_output(out, a.sizes());
     elementwise(TensorFn::affine, out, &a, nullptr, 1, static_cast<float>(alpha.toDouble() * b.item<double>()));
@@ -425,6 +472,9 @@ at::Tensor& add_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& 
   } else if (supported({&a, &b, &out})) {
     at::native::resize_output(out, broadcastShape(a, b));
     elementwise(TensorFn::add, out, &a, &b, alpha.toFloat());
+  } else if (auto y = integerSide(a, b, out, alpha.toDouble())) {
+    at::native::resize_output(out, broadcastShape(a, *y));
+    elementwise(TensorFn::add, out, &a, &*y, alpha.toFloat());
   } else {
     return hostInto("aten::add.out", out, at::add(host(a), host(b), alpha));
   }
@@ -438,7 +488,7 @@ at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& al
 
 // out = a - alpha * b: add with -alpha.
 at::Tensor& sub_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha, at::Tensor& out) {
-  if (!supported({&a, &out}) || !(supported({&b}) || isHostScalar(b)))
+  if (!supported({&a, &out}) || !(typed(b) || isHostScalar(b)))
     return hostInto("aten::sub.out", out, at::sub(host(a), host(b), alpha));
   return python::add_out(a, b, -alpha.toDouble(), out);
 }
@@ -449,7 +499,8 @@ at::Tensor sub(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha
 at::Tensor& sub_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return python::sub_out(self, other, alpha, self); }
 
 // out = a * b (either may be a host number).
-at::Tensor& mul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+at::Tensor& mul_out(const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out) {
+  const at::Tensor a = promoted(a0, out), b = promoted(b0, out);
   if (isHostScalar(b) && supported({&a, &out})) {
     at::native::resize_output(out, a.sizes());
     elementwise(TensorFn::affine, out, &a, nullptr, b.item<float>(), 0);
@@ -459,6 +510,9 @@ at::Tensor& mul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   } else if (supported({&a, &b, &out})) {
     at::native::resize_output(out, broadcastShape(a, b));
     elementwise(TensorFn::mul, out, &a, &b);
+  } else if (auto y = integerSide(a, b, out, 1)) {
+    at::native::resize_output(out, broadcastShape(a, *y));
+    elementwise(TensorFn::mul, out, &a, &*y);
   } else {
     return hostInto("aten::mul.out", out, at::mul(host(a), host(b)));
   }
@@ -496,33 +550,44 @@ void sumInto(const at::Tensor& out, const at::Tensor& self, uint32_t mask, bool 
   send(*s, op);
 }
 
+// The reduceMask of `dims` (every dimension when none are named).
+uint32_t maskOf(at::OptionalIntArrayRef dims, int64_t rank) {
+  if (!dims || dims->empty()) return everyDim(rank);
+  uint32_t mask = 0;
+  for (auto d : *dims) mask |= 1u << c10::maybe_wrap_dim(d, std::max<int64_t>(rank, 1));
+  return mask;
+}
+// A reduction's output shape: the reduced dimensions kept as 1 (keepdim) or gone.
+std::vector<int64_t> reducedShape(const at::Tensor& self, uint32_t mask, bool keepdim) {
+  std::vector<int64_t> shape;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (!(mask >> d & 1)) shape.push_back(self.size(d));
+    else if (keepdim) shape.push_back(1);
+  }
+  return shape;
+}
+
+// A sum over f32 is f32; over i64 or bool, an exact i64 (PyTorch's integer sum).
+bool sumOnDevice(const at::Tensor& self, c10::optional<at::ScalarType> dtype, const at::Tensor& out) {
+  if (!typed(self)) return false;
+  const at::ScalarType want = isIntegral(self) ? at::kLong : at::kFloat;
+  return dtype.value_or(want) == want && (!out.defined() || (onDevice(out) && out.scalar_type() == want));
+}
+
 at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
                     at::Tensor& out) {
-  if (!supported({&self}) || (dtype && *dtype != at::kFloat) || (out.defined() && !isF32(out))) {
+  if (!sumOnDevice(self, dtype, out)) {
     return hostInto("aten::sum.IntList_out", out,
                     dims ? at::sum(host(self), *dims, keepdim, dtype) : at::sum(host(self), dtype));
   }
-  const int64_t rank = self.dim();
-  uint32_t mask = 0;
-  if (!dims || dims->empty()) mask = everyDim(rank);
-  else
-    for (auto d : *dims) mask |= 1u << c10::maybe_wrap_dim(d, rank);
-  std::vector<int64_t> kept, keptDims;  // out's shape, with and without the summed dims
-  for (int64_t d = 0; d < rank; ++d) {
-    if (mask >> d & 1) {
-      if (keepdim) keptDims.push_back(1);
-    } else {
-      kept.push_back(self.size(d));
-      keptDims.push_back(self.size(d));
-    }
-  }
-  at::native::resize_output(out, keepdim ? keptDims : kept);
+  const uint32_t mask = maskOf(dims, self.dim());
+  at::native::resize_output(out, reducedShape(self, mask, keepdim));
   if (self.numel() == 0) return out.zero_();
   sumInto(out, self, mask, keepdim, 1);
   return out;
 }
 at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype) {
-  auto out = emptyOn({0}, dtype.value_or(self.scalar_type()));
+  auto out = emptyOn({0}, dtype.value_or(isIntegral(self) ? at::kLong : self.scalar_type()));
   return python::sum_out(self, dims, keepdim, dtype, out);
 }
 at::Tensor sum_all(const at::Tensor& self, c10::optional<at::ScalarType> dtype) { return python::sum_dim(self, c10::nullopt, false, dtype); }
@@ -662,6 +727,11 @@ RACCEL_UNARY(abs, TensorFn::abs, 1)
 RACCEL_UNARY(neg, TensorFn::affine, -1)
 RACCEL_UNARY(sign, TensorFn::sign, 1)
 RACCEL_UNARY(sgn, TensorFn::sign, 1)  // for real numbers, sign (abs's backward)
+RACCEL_UNARY(exp, TensorFn::exp, 1)
+RACCEL_UNARY(log, TensorFn::log, 1)
+RACCEL_UNARY(log1p, TensorFn::log1p, 1)
+RACCEL_UNARY(reciprocal, TensorFn::reciprocal, 1)
+RACCEL_UNARY(rsqrt, TensorFn::rsqrt, 1)
 #undef RACCEL_UNARY
 
 at::Tensor& pow_out(const at::Tensor& self, const at::Scalar& exponent, at::Tensor& out) {
@@ -676,8 +746,9 @@ at::Tensor& pow_(at::Tensor& self, const at::Scalar& exponent) { return python::
 
 // out = fn(a, b) over their broadcast shape, or the host's `reference` counted.
 template <class Host>
-at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a, const at::Tensor& b, at::Tensor& out,
+at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out,
                       Host reference, float alpha = 1, float beta = 0) {
+  const at::Tensor a = promoted(a0, out), b = promoted(b0, out);
   if (!supported({&a, &b, &out})) return hostInto(name, out, reference(host(a), host(b)));
   at::native::resize_output(out, broadcastShape(a, b));
   elementwise(fn, out, &a, &b, alpha, beta);
@@ -843,6 +914,388 @@ at::Tensor& ternaryOut(TensorFn fn, const char* name, const at::Tensor& self, co
 RACCEL_TERNARY(addcmul, TensorFn::addcmul)
 RACCEL_TERNARY(addcdiv, TensorFn::addcdiv)
 #undef RACCEL_TERNARY
+
+// ---- Clamps, interpolation, ELU ---------------------------------------------------------
+
+at::Tensor& clamp_out(const at::Tensor& self, const c10::optional<at::Scalar>& low, const c10::optional<at::Scalar>& high,
+                      at::Tensor& out) {
+  return unaryOut(TensorFn::clamp, "aten::clamp", self, out, low ? low->toFloat() : -INFINITY,
+                  [&](const at::Tensor& x) { return at::clamp(x, low, high); }, high ? high->toFloat() : INFINITY);
+}
+at::Tensor clamp(const at::Tensor& self, const c10::optional<at::Scalar>& low, const c10::optional<at::Scalar>& high) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::clamp_out(self, low, high, out);
+}
+at::Tensor& clamp_(at::Tensor& self, const c10::optional<at::Scalar>& low, const c10::optional<at::Scalar>& high) {
+  return python::clamp_out(self, low, high, self);
+}
+at::Tensor& clamp_min_out(const at::Tensor& self, const at::Scalar& low, at::Tensor& out) {
+  return python::clamp_out(self, low, c10::nullopt, out);
+}
+at::Tensor clamp_min(const at::Tensor& self, const at::Scalar& low) { return python::clamp(self, low, c10::nullopt); }
+at::Tensor& clamp_min_(at::Tensor& self, const at::Scalar& low) { return python::clamp_out(self, low, c10::nullopt, self); }
+at::Tensor& clamp_max_out(const at::Tensor& self, const at::Scalar& high, at::Tensor& out) {
+  return python::clamp_out(self, c10::nullopt, high, out);
+}
+at::Tensor clamp_max(const at::Tensor& self, const at::Scalar& high) { return python::clamp(self, c10::nullopt, high); }
+at::Tensor& clamp_max_(at::Tensor& self, const at::Scalar& high) { return python::clamp_out(self, c10::nullopt, high, self); }
+
+// out = self + weight * (end - self)
+at::Tensor& lerp_out(const at::Tensor& self, const at::Tensor& end, const at::Scalar& weight, at::Tensor& out) {
+  return binaryOut(TensorFn::lerp, "aten::lerp.Scalar", self, end, out,
+                   [&](const at::Tensor& x, const at::Tensor& y) { return at::lerp(x, y, weight); }, weight.toFloat());
+}
+at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& weight) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::lerp_out(self, end, weight, out);
+}
+at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& weight) {
+  return python::lerp_out(self, end, weight, self);
+}
+
+// ELU with PyTorch's default scales (scale and input_scale 1; others run on the host).
+bool plainElu(const at::Scalar& scale, const at::Scalar& inputScale) { return scale.toDouble() == 1 && inputScale.toDouble() == 1; }
+at::Tensor& elu_out(const at::Tensor& self, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale,
+                    at::Tensor& out) {
+  auto reference = [&](const at::Tensor& x) { return at::elu(x, alpha, scale, inputScale); };
+  if (!plainElu(scale, inputScale)) return hostInto("aten::elu", out, reference(host(self)));
+  return unaryOut(TensorFn::elu, "aten::elu", self, out, alpha.toFloat(), reference);
+}
+at::Tensor elu(const at::Tensor& self, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::elu_out(self, alpha, scale, inputScale, out);
+}
+at::Tensor& elu_(at::Tensor& self, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale) {
+  return python::elu_out(self, alpha, scale, inputScale, self);
+}
+at::Tensor& elu_backward_out(const at::Tensor& grad, const at::Scalar& alpha, const at::Scalar& scale,
+                             const at::Scalar& inputScale, bool isResult, const at::Tensor& selfOrResult, at::Tensor& out) {
+  auto reference = [&](const at::Tensor& g, const at::Tensor& x) {
+    return at::elu_backward(g, alpha, scale, inputScale, isResult, x);
+  };
+  if (!plainElu(scale, inputScale) || isResult) return hostInto("aten::elu_backward", out, reference(host(grad), host(selfOrResult)));
+  return binaryOut(TensorFn::eluBackward, "aten::elu_backward", grad, selfOrResult, out, reference, alpha.toFloat());
+}
+at::Tensor elu_backward(const at::Tensor& grad, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale,
+                        bool isResult, const at::Tensor& selfOrResult) {
+  auto out = emptyOn({0}, grad.scalar_type());
+  return python::elu_backward_out(grad, alpha, scale, inputScale, isResult, selfOrResult, out);
+}
+
+// ---- Joining ---------------------------------------------------------------------------
+
+// Each tensor copied into its run of `out` along `dim` (1-d empty tensors skipped, as
+// PyTorch does); tensors of another dtype than out's run on the host.
+at::Tensor& cat_out(const at::ITensorListRef& tensors, int64_t dim, at::Tensor& out) {
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& t : tensors) parts.push_back(t);
+  bool ok = typed(out);
+  const at::Tensor* first = nullptr;
+  for (auto& t : parts) {
+    if (t.dim() == 1 && t.numel() == 0) continue;
+    ok = ok && typed(t) && t.scalar_type() == out.scalar_type();
+    if (!first) first = &t;
+  }
+  if (!ok || !first) {
+    std::vector<at::Tensor> onHostParts;
+    for (auto& t : parts) onHostParts.push_back(host(t));
+    return hostInto("aten::cat", out, at::cat(onHostParts, dim));
+  }
+  dim = c10::maybe_wrap_dim(dim, first->dim());
+  auto shape = first->sizes().vec();
+  shape[dim] = 0;
+  for (auto& t : parts) {
+    if (t.dim() == 1 && t.numel() == 0) continue;
+    TORCH_CHECK(t.dim() == first->dim(), "raccel: cat of tensors of ", first->dim(), " and ", t.dim(), " dimensions");
+    for (int64_t d = 0; d < t.dim(); ++d)
+      TORCH_CHECK(d == dim || t.size(d) == first->size(d), "raccel: cat along ", dim, " of ", first->sizes(), " and ", t.sizes());
+    shape[dim] += t.size(dim);
+  }
+  at::native::resize_output(out, shape);
+  int64_t at = 0;
+  for (auto& t : parts) {
+    if (t.dim() == 1 && t.numel() == 0) continue;
+    auto run = out.narrow(dim, at, t.size(dim));
+    elementwise(TensorFn::copy, run, &t, nullptr);
+    at += t.size(dim);
+  }
+  return out;
+}
+at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
+  at::ScalarType dtype = at::kFloat;
+  for (const at::Tensor& t : tensors)
+    if (!(t.dim() == 1 && t.numel() == 0)) {
+      dtype = t.scalar_type();
+      break;
+    }
+  auto out = emptyOn({0}, dtype);
+  return python::cat_out(tensors, dim, out);
+}
+
+// ---- Comparisons and selection (bool masks; f32 and exact i64) --------------------------
+
+// `x` as an operand of `dtype`: itself when on the device with that dtype, a written
+// host number, or nothing (the op runs on the host).
+c10::optional<at::Tensor> sideOf(const at::Tensor& x, at::ScalarType dtype) {
+  if (isHostScalar(x)) return deviceNumber(x, dtype);
+  if (typed(x) && x.scalar_type() == dtype) return x;
+  return c10::nullopt;
+}
+
+template <class Host>
+at::Tensor& compareOut(TensorFn fn, const char* name, const at::Tensor& a, const at::Tensor& b, at::Tensor& out, Host reference) {
+  c10::optional<at::Tensor> side;
+  if (typed(a) && onDevice(out) && out.scalar_type() == at::kBool) side = sideOf(b, a.scalar_type());
+  if (!side) return hostInto(name, out, reference(host(a), host(b)));
+  at::native::resize_output(out, broadcastShape(a, *side));
+  elementwise(fn, out, &a, &*side);
+  return out;
+}
+
+#define RACCEL_COMPARE(op, fn)                                                                                       \
+  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                   \
+    return compareOut(fn, "aten::" #op, a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::op(x, y); }); \
+  }                                                                                                                   \
+  at::Tensor op(const at::Tensor& a, const at::Tensor& b) {                                                           \
+    auto out = emptyOn({0}, at::kBool);                                                                               \
+    return python::op##_out(a, b, out);                                                                               \
+  }                                                                                                                   \
+  at::Tensor& op##_scalar_out(const at::Tensor& a, const at::Scalar& b, at::Tensor& out) {                            \
+    return python::op##_out(a, at::scalar_to_tensor(b), out);                                                        \
+  }                                                                                                                   \
+  at::Tensor op##_scalar(const at::Tensor& a, const at::Scalar& b) { return python::op(a, at::scalar_to_tensor(b)); }
+RACCEL_COMPARE(eq, TensorFn::eq)
+RACCEL_COMPARE(ne, TensorFn::ne)
+RACCEL_COMPARE(lt, TensorFn::lt)
+RACCEL_COMPARE(le, TensorFn::le)
+RACCEL_COMPARE(gt, TensorFn::gt)
+RACCEL_COMPARE(ge, TensorFn::ge)
+#undef RACCEL_COMPARE
+
+// not x: x == 0
+at::Tensor& logical_not_out(const at::Tensor& self, at::Tensor& out) {
+  return compareOut(TensorFn::eq, "aten::logical_not", self, at::scalar_to_tensor(0), out,
+                    [](const at::Tensor& x, const at::Tensor&) { return at::logical_not(x); });
+}
+at::Tensor logical_not(const at::Tensor& self) {
+  auto out = emptyOn({0}, at::kBool);
+  return python::logical_not_out(self, out);
+}
+
+// Over bools (or i64s: nonzero is true), as an exact integer mul (and) or add (or).
+#define RACCEL_LOGICAL(op, fn)                                                                                        \
+  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                   \
+    auto y = integerSide(a, b, out, 1);                                                                               \
+    if (!y || out.scalar_type() != at::kBool) return hostInto("aten::" #op, out, at::op(host(a), host(b)));          \
+    at::native::resize_output(out, broadcastShape(a, *y));                                                            \
+    elementwise(fn, out, &a, &*y);                                                                                    \
+    return out;                                                                                                       \
+  }                                                                                                                   \
+  at::Tensor op(const at::Tensor& a, const at::Tensor& b) {                                                           \
+    auto out = emptyOn({0}, at::kBool);                                                                               \
+    return python::op##_out(a, b, out);                                                                               \
+  }                                                                                                                   \
+  at::Tensor& op##_(at::Tensor& self, const at::Tensor& other) { return python::op##_out(self, other, self); }
+RACCEL_LOGICAL(logical_and, TensorFn::mul)
+RACCEL_LOGICAL(logical_or, TensorFn::add)
+#undef RACCEL_LOGICAL
+
+// ~x of a bool: not x (other dtypes' bitwise not runs on the host).
+at::Tensor& bitwise_not_out(const at::Tensor& self, at::Tensor& out) {
+  if (!(typed(self) && self.scalar_type() == at::kBool)) return hostInto("aten::bitwise_not", out, at::bitwise_not(host(self)));
+  return python::logical_not_out(self, out);
+}
+
+// out = condition ? self : other (either side may be a host number).
+at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  c10::optional<at::Tensor> x, y;
+  const bool ok = typed(condition) && condition.scalar_type() == at::kBool && onDevice(out) &&
+                  (out.scalar_type() == at::kFloat || out.scalar_type() == at::kLong);
+  if (ok) x = sideOf(self, out.scalar_type()), y = sideOf(other, out.scalar_type());
+  if (!x || !y) return hostInto("aten::where.self", out, at::where(host(condition), host(self), host(other)));
+  at::native::resize_output(out, at::infer_size(condition.sizes(), broadcastShape(*x, *y)));
+  elementwise(TensorFn::where, out, &condition, &*x, 0, 0, &*y);
+  return out;
+}
+at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  auto out = emptyOn({0}, at::result_type(self, other));
+  return python::where_out(condition, self, other, out);
+}
+
+// self = mask ? value : self
+at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0, "raccel: masked_fill_ takes a 0-dimensional value, not one of ", value.sizes());
+  c10::optional<at::Tensor> v;
+  if (typed(mask) && mask.scalar_type() == at::kBool && typed(self) && self.scalar_type() != at::kBool)
+    v = sideOf(value, self.scalar_type());
+  if (!v) return hostInto("aten::masked_fill_", self, host(self).masked_fill(host(mask), host(value)));
+  elementwise(TensorFn::where, self, &mask, &*v, 0, 0, &self);
+  return self;
+}
+at::Tensor& masked_fill_scalar_(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
+  return python::masked_fill_(self, mask, at::scalar_to_tensor(value));
+}
+
+// ---- Reductions to values and positions -------------------------------------------------
+
+// out = fn over the dimensions in `mask` of self: the op walks self's kept dimensions
+// first and its reduced ones after (tensor ops take them in that order).
+void reduceInto(TensorFn fn, const at::Tensor& out, const at::Tensor& self, uint32_t mask, bool keepdim) {
+  for (int64_t d = 0; d < self.dim(); ++d)
+    TORCH_CHECK(!(mask >> d & 1) || self.size(d) > 0, "raccel: a reduction over dimension ", d,
+                " of size 0 (it has no largest or smallest element)");
+  std::vector<uint64_t> shape;
+  std::vector<int64_t> inStrides, outStrides;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t d = 0, o = 0; d < std::max<int64_t>(self.dim(), 1); ++d) {
+      const bool reduced = mask >> d & 1;
+      const int64_t outStride = reduced ? 0 : out.stride(o);
+      if (!reduced || keepdim) ++o;
+      if (reduced != bool(pass)) continue;
+      shape.push_back(self.dim() ? static_cast<uint64_t>(self.size(d)) : 1);
+      inStrides.push_back(self.dim() ? self.stride(d) : 0);
+      outStrides.push_back(outStride);
+    }
+  Locked s;
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = shape;
+  op.operands = {operand(out, outStrides), operand(self, inStrides)};
+  const unsigned reducedDims = std::popcount(mask);
+  op.reduceMask = ((1u << reducedDims) - 1) << (shape.size() - reducedDims);
+  send(*s, op);
+}
+
+// Over f32 on the device, into an output of `dtype` there (or nothing: on the host).
+bool reducible(const at::Tensor& self, const at::Tensor& out, at::ScalarType dtype) {
+  return isF32(self) && self.dim() <= 6 && onDevice(out) && out.scalar_type() == dtype;
+}
+
+#define RACCEL_EXTREMUM(op, fn)                                                                                       \
+  at::Tensor& op##_out(const at::Tensor& self, c10::IntArrayRef dims, bool keepdim, at::Tensor& out) {                \
+    if (!reducible(self, out, at::kFloat)) return hostInto("aten::" #op, out, at::op(host(self), dims, keepdim));      \
+    const uint32_t mask = maskOf(dims, self.dim());                                                                   \
+    at::native::resize_output(out, reducedShape(self, mask, keepdim));                                               \
+    reduceInto(fn, out, self, mask, keepdim);                                                                         \
+    return out;                                                                                                       \
+  }                                                                                                                   \
+  at::Tensor op(const at::Tensor& self, c10::IntArrayRef dims, bool keepdim) {                                        \
+    auto out = emptyOn({0}, self.scalar_type());                                                                      \
+    return python::op##_out(self, dims, keepdim, out);                                                                \
+  }
+RACCEL_EXTREMUM(amax, TensorFn::amax)
+RACCEL_EXTREMUM(amin, TensorFn::amin)
+#undef RACCEL_EXTREMUM
+
+#define RACCEL_POSITION(op, fn)                                                                                       \
+  at::Tensor& op##_out(const at::Tensor& self, c10::optional<int64_t> dim, bool keepdim, at::Tensor& out) {           \
+    if (!reducible(self, out, at::kLong)) return hostInto("aten::" #op, out, at::op(host(self), dim, keepdim));        \
+    /* no dim: the position in the flattened tensor, over every dimension */                                         \
+    const uint32_t mask = dim ? 1u << c10::maybe_wrap_dim(*dim, std::max<int64_t>(self.dim(), 1)) : everyDim(self.dim()); \
+    at::native::resize_output(out, reducedShape(self, mask, keepdim && dim));                                         \
+    reduceInto(fn, out, self, mask, keepdim && dim);                                                                  \
+    return out;                                                                                                       \
+  }                                                                                                                   \
+  at::Tensor op(const at::Tensor& self, c10::optional<int64_t> dim, bool keepdim) {                                   \
+    auto out = emptyOn({0}, at::kLong);                                                                               \
+    return python::op##_out(self, dim, keepdim, out);                                                                 \
+  }
+RACCEL_POSITION(argmax, TensorFn::argmax)
+RACCEL_POSITION(argmin, TensorFn::argmin)
+#undef RACCEL_POSITION
+
+// max/min over a dimension: the values and their positions (two reductions).
+#define RACCEL_VALUES_AND_POSITIONS(op, values, positions)                                                            \
+  std::tuple<at::Tensor&, at::Tensor&> op##_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& value, \
+                                                    at::Tensor& position) {                                           \
+    if (!reducible(self, value, at::kFloat) || !onDevice(position) || position.scalar_type() != at::kLong) {           \
+      countFallback("aten::" #op ".dim");                                                                             \
+      auto [v, p] = at::op(host(self), dim, keepdim);                                                                 \
+      at::native::resize_output(value, v.sizes());                                                                    \
+      at::native::resize_output(position, p.sizes());                                                                 \
+      value.copy_(v), position.copy_(p);                                                                              \
+      return {value, position};                                                                                       \
+    }                                                                                                                 \
+    python::values##_out(self, dim, keepdim, value);                                                                  \
+    python::positions##_out(self, dim, keepdim, position);                                                            \
+    return {value, position};                                                                                         \
+  }                                                                                                                   \
+  std::tuple<at::Tensor, at::Tensor> op##_dim(const at::Tensor& self, int64_t dim, bool keepdim) {                     \
+    auto value = emptyOn({0}, self.scalar_type()), position = emptyOn({0}, at::kLong);                                \
+    python::op##_dim_out(self, dim, keepdim, value, position);                                                        \
+    return {value, position};                                                                                         \
+  }                                                                                                                   \
+  at::Tensor op##_all(const at::Tensor& self) { return python::values(self, {}, false); }
+RACCEL_VALUES_AND_POSITIONS(max, amax, argmax)
+RACCEL_VALUES_AND_POSITIONS(min, amin, argmin)
+#undef RACCEL_VALUES_AND_POSITIONS
+
+// var = sum((x - mean)^2) / (n - correction); std = its square root.
+at::Tensor& var_out(const at::Tensor& self, at::OptionalIntArrayRef dims, c10::optional<int64_t> correction, bool keepdim,
+                    at::Tensor& out) {
+  if (!supported({&self, &out})) return hostInto("aten::var.correction", out, at::var(host(self), dims, correction, keepdim));
+  const uint32_t mask = maskOf(dims, self.dim());
+  auto mean = emptyOn({0});
+  python::mean_out(self, dims, true, c10::nullopt, mean);
+  auto squares = emptyOn(self.sizes());
+  elementwise(TensorFn::add, squares, &self, &mean, -1);
+  elementwise(TensorFn::mul, squares, &squares, &squares);
+  at::native::resize_output(out, reducedShape(self, mask, keepdim));
+  if (out.numel() == 0) return out;
+  const int64_t n = self.numel() / out.numel();
+  const double divisor = std::max<double>(0, double(n) - double(correction.value_or(1)));
+  if (n == 0) return out.fill_(NAN);
+  sumInto(out, squares, self.dim() ? mask : 1, keepdim, static_cast<float>(1.0 / divisor));
+  return out;
+}
+at::Tensor var_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, c10::optional<int64_t> correction, bool keepdim) {
+  auto out = emptyOn({0});
+  return python::var_out(self, dims, correction, keepdim, out);
+}
+at::Tensor& std_out(const at::Tensor& self, at::OptionalIntArrayRef dims, c10::optional<int64_t> correction, bool keepdim,
+                    at::Tensor& out) {
+  if (!supported({&self, &out})) return hostInto("aten::std.correction", out, at::std(host(self), dims, correction, keepdim));
+  python::var_out(self, dims, correction, keepdim, out);
+  elementwise(TensorFn::sqrt, out, &out, nullptr);
+  return out;
+}
+at::Tensor std_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, c10::optional<int64_t> correction, bool keepdim) {
+  auto out = emptyOn({0});
+  return python::std_out(self, dims, correction, keepdim, out);
+}
+
+// The vector norms training uses (gradient clipping): ord 1, 2, +-inf and any other p > 0.
+at::Tensor& linalg_vector_norm_out(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dims, bool keepdim,
+                                   c10::optional<at::ScalarType> dtype, at::Tensor& out) {
+  const double p = ord.toDouble();
+  if (!supported({&self, &out}) || (dtype && *dtype != at::kFloat) || !(p > 0) || self.numel() == 0)
+    return hostInto("aten::linalg_vector_norm", out, at::linalg_vector_norm(host(self), ord, dims, keepdim, dtype));
+  const uint32_t mask = maskOf(dims, self.dim());
+  auto magnitude = emptyOn(self.sizes());
+  elementwise(TensorFn::abs, magnitude, &self, nullptr);
+  at::native::resize_output(out, reducedShape(self, mask, keepdim));
+  if (std::isinf(p)) {
+    reduceInto(TensorFn::amax, out, magnitude, self.dim() ? mask : 1, keepdim);
+    return out;
+  }
+  if (p != 1) elementwise(TensorFn::pow, magnitude, &magnitude, nullptr, static_cast<float>(p));
+  sumInto(out, magnitude, self.dim() ? mask : 1, keepdim, 1);
+  if (p != 1) elementwise(TensorFn::pow, out, &out, nullptr, static_cast<float>(1 / p));
+  return out;
+}
+// torch.norm's older entry point: the same norms.
+at::Tensor& norm_out(const at::Tensor& self, const c10::optional<at::Scalar>& p, c10::IntArrayRef dims, bool keepdim, at::Tensor& out) {
+  return python::linalg_vector_norm_out(self, p.value_or(2), dims, keepdim, c10::nullopt, out);
+}
+at::Tensor norm(const at::Tensor& self, const c10::optional<at::Scalar>& p, c10::IntArrayRef dims, bool keepdim) {
+  auto out = emptyOn({0});
+  return python::norm_out(self, p, dims, keepdim, out);
+}
+at::Tensor linalg_vector_norm(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dims, bool keepdim,
+                              c10::optional<at::ScalarType> dtype) {
+  auto out = emptyOn({0});
+  return python::linalg_vector_norm_out(self, ord, dims, keepdim, dtype, out);
+}
 
 // PyTorch's loss reductions (at::Reduction).
 constexpr int64_t kNone = 0, kMean = 1, kSum = 2;
@@ -1219,6 +1672,89 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addcdiv.out", TORCH_FN(addcdiv_out));
   m.impl("addcdiv", TORCH_FN(python::addcdiv));
   m.impl("addcdiv_", TORCH_FN(addcdiv_));
+  m.impl("exp.out", TORCH_FN(exp_out));
+  m.impl("exp", TORCH_FN(python::exp));
+  m.impl("exp_", TORCH_FN(exp_));
+  m.impl("log.out", TORCH_FN(log_out));
+  m.impl("log", TORCH_FN(python::log));
+  m.impl("log_", TORCH_FN(log_));
+  m.impl("log1p.out", TORCH_FN(log1p_out));
+  m.impl("log1p", TORCH_FN(python::log1p));
+  m.impl("log1p_", TORCH_FN(log1p_));
+  m.impl("reciprocal.out", TORCH_FN(reciprocal_out));
+  m.impl("reciprocal", TORCH_FN(python::reciprocal));
+  m.impl("reciprocal_", TORCH_FN(reciprocal_));
+  m.impl("rsqrt.out", TORCH_FN(rsqrt_out));
+  m.impl("rsqrt", TORCH_FN(python::rsqrt));
+  m.impl("rsqrt_", TORCH_FN(rsqrt_));
+  m.impl("clamp.out", TORCH_FN(clamp_out));
+  m.impl("clamp", TORCH_FN(python::clamp));
+  m.impl("clamp_", TORCH_FN(clamp_));
+  m.impl("clamp_min.out", TORCH_FN(clamp_min_out));
+  m.impl("clamp_min", TORCH_FN(python::clamp_min));
+  m.impl("clamp_min_", TORCH_FN(clamp_min_));
+  m.impl("clamp_max.out", TORCH_FN(clamp_max_out));
+  m.impl("clamp_max", TORCH_FN(python::clamp_max));
+  m.impl("clamp_max_", TORCH_FN(clamp_max_));
+  m.impl("lerp.Scalar_out", TORCH_FN(lerp_out));
+  m.impl("lerp.Scalar", TORCH_FN(python::lerp));
+  m.impl("lerp_.Scalar", TORCH_FN(lerp_));
+  m.impl("elu.out", TORCH_FN(elu_out));
+  m.impl("elu", TORCH_FN(python::elu));
+  m.impl("elu_", TORCH_FN(elu_));
+  m.impl("elu_backward.grad_input", TORCH_FN(elu_backward_out));
+  m.impl("elu_backward", TORCH_FN(python::elu_backward));
+#define RACCEL_REGISTER_COMPARE(op)                                                                   \
+  m.impl(#op ".Tensor_out", TORCH_FN(op##_out));                                                      \
+  m.impl(#op ".Tensor", TORCH_FN(python::op));                                                        \
+  m.impl(#op ".Scalar_out", TORCH_FN(op##_scalar_out));                                               \
+  m.impl(#op ".Scalar", TORCH_FN(op##_scalar));
+  RACCEL_REGISTER_COMPARE(eq)
+  RACCEL_REGISTER_COMPARE(ne)
+  RACCEL_REGISTER_COMPARE(lt)
+  RACCEL_REGISTER_COMPARE(le)
+  RACCEL_REGISTER_COMPARE(gt)
+  RACCEL_REGISTER_COMPARE(ge)
+#undef RACCEL_REGISTER_COMPARE
+  m.impl("cat.out", TORCH_FN(cat_out));
+  m.impl("cat", TORCH_FN(python::cat));
+  m.impl("logical_not.out", TORCH_FN(logical_not_out));
+  m.impl("logical_not", TORCH_FN(python::logical_not));
+  m.impl("where.self_out", TORCH_FN(where_out));
+  m.impl("where.self", TORCH_FN(python::where));
+  m.impl("masked_fill_.Scalar", TORCH_FN(masked_fill_scalar_));
+  m.impl("masked_fill_.Tensor", TORCH_FN(masked_fill_));
+  m.impl("amax.out", TORCH_FN(amax_out));
+  m.impl("amax", TORCH_FN(python::amax));
+  m.impl("amin.out", TORCH_FN(amin_out));
+  m.impl("amin", TORCH_FN(python::amin));
+  m.impl("argmax.out", TORCH_FN(argmax_out));
+  m.impl("argmax", TORCH_FN(python::argmax));
+  m.impl("argmin.out", TORCH_FN(argmin_out));
+  m.impl("argmin", TORCH_FN(python::argmin));
+  m.impl("max.dim_max", TORCH_FN(max_dim_out));
+  m.impl("max.dim", TORCH_FN(max_dim));
+  m.impl("max", TORCH_FN(max_all));
+  m.impl("min.dim_min", TORCH_FN(min_dim_out));
+  m.impl("min.dim", TORCH_FN(min_dim));
+  m.impl("min", TORCH_FN(min_all));
+  m.impl("var.correction_out", TORCH_FN(var_out));
+  m.impl("var.correction", TORCH_FN(var_correction));
+  m.impl("std.correction_out", TORCH_FN(std_out));
+  m.impl("std.correction", TORCH_FN(std_correction));
+  m.impl("linalg_vector_norm.out", TORCH_FN(linalg_vector_norm_out));
+  m.impl("norm.out", TORCH_FN(norm_out));
+  m.impl("norm.ScalarOpt_dim", TORCH_FN(python::norm));
+  m.impl("logical_and.out", TORCH_FN(logical_and_out));
+  m.impl("logical_and", TORCH_FN(python::logical_and));
+  m.impl("logical_and_", TORCH_FN(logical_and_));
+  m.impl("logical_or.out", TORCH_FN(logical_or_out));
+  m.impl("logical_or", TORCH_FN(python::logical_or));
+  m.impl("logical_or_", TORCH_FN(logical_or_));
+  m.impl("bitwise_not.out", TORCH_FN(bitwise_not_out));
+  m.impl("bitwise_and.Tensor_out", TORCH_FN(logical_and_out));  // over bools the same; i64's runs on the host
+  m.impl("bitwise_or.Tensor_out", TORCH_FN(logical_or_out));
+  m.impl("linalg_vector_norm", TORCH_FN(python::linalg_vector_norm));
 }
 
 void printFallbacks() {
