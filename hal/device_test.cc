@@ -698,6 +698,111 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   EXPECT_EQ(readInts(*positions, 4), (std::vector<int64_t>{2, 2, 2, 1}));
 }
 
+// Embeddings: rows picked by an i64 index (forward), and each row's gradient summed over
+// the positions that picked it (backward), the padding row left 0.
+TEST_P(Conformance, TensorIndexSelectAndEmbeddingBackwardMatchReference) {
+  const uint64_t rows = 5, dim = 3, picks = 6;
+  auto table = randomFloats(rows * dim, 21);
+  std::vector<int64_t> index = {4, 0, 4, 2, 7, -1};  // the last two outside [0, 5)
+  auto bt = floats(table), out = floats(std::vector<float>(picks * dim));
+  auto bi = device->allocate(picks * 8);
+  ASSERT_TRUE(bi);
+  ASSERT_TRUE(device->write(**bi, 0, std::as_bytes(std::span(index))));
+  // out[j, c] = table[index[j], c]: shape [1, picks, dim, rows].
+  auto pick = tensorOp(TensorFn::indexSelect, {1, picks, dim, rows},
+                       {view(out.get(), 0, {0, dim, 1, 0}), view(bt.get(), 0, {0, 0, 1, dim}), view(bi->get(), 0, {0, 1, 0, 0}, TensorType::i64)});
+  auto s = device->tensor(pick);
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  auto got = readFloats(*out, picks * dim);
+  for (uint64_t j = 0; j < picks; ++j)
+    for (uint64_t c = 0; c < dim; ++c) {
+      if (index[j] < 0 || index[j] >= int64_t(rows)) EXPECT_TRUE(std::isnan(got[j * dim + c])) << j;
+      else EXPECT_EQ(got[j * dim + c], table[index[j] * dim + c]) << j << "," << c;
+    }
+  // The backward over the first four positions, row 2 the padding.
+  const uint64_t n = 4;
+  auto grad = randomFloats(n * dim, 22);
+  auto bg = floats(grad), gw = floats(std::vector<float>(rows * dim, 9));
+  auto back = tensorOp(TensorFn::embeddingBackward, {rows, dim, n},
+                       {view(gw.get(), 0, {dim, 1, 0}), view(bg.get(), 0, {0, 1, dim}), view(bi->get(), 0, {0, 0, 1}, TensorType::i64)});
+  back.ignoreIndex = 2;
+  ASSERT_TRUE(device->tensor(back));
+  auto w = readFloats(*gw, rows * dim);
+  for (uint64_t r = 0; r < rows; ++r)
+    for (uint64_t c = 0; c < dim; ++c) {
+      float want = 0;
+      for (uint64_t i = 0; i < n; ++i)
+        if (index[i] == int64_t(r) && r != 2) want += grad[i * dim + c];
+      EXPECT_NEAR(w[r * dim + c], want, 1e-6) << r << "," << c;
+    }
+  // An i64 table picks exactly.
+  std::vector<int64_t> wide = {int64_t{1} << 50, 3, -(int64_t{1} << 40)};
+  auto bw = device->allocate(3 * 8), wo = device->allocate(2 * 8);
+  ASSERT_TRUE(bw && wo);
+  ASSERT_TRUE(device->write(**bw, 0, std::as_bytes(std::span(wide))));
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::indexSelect, {1, 2, 1, 3},
+                                      {view(wo->get(), 0, {0, 1, 0, 0}, TensorType::i64), view(bw->get(), 0, {0, 0, 0, 1}, TensorType::i64),
+                                       view(bi->get(), 2, {0, 1, 0, 0}, TensorType::i64)})));  // index {4, 2}: 4 is outside
+  std::vector<int64_t> back2(2);
+  ASSERT_TRUE(device->read(**wo, 0, std::as_writable_bytes(std::span(back2))));
+  EXPECT_EQ(back2, (std::vector<int64_t>{0, -(int64_t{1} << 40)}));
+}
+
+// Counter-based random numbers: the same key draws the same numbers (whole or sliced),
+// another key others, and their distributions are the ones asked for.
+TEST_P(Conformance, TensorRandomNumbersAreReproduciblePerKeyAndDistributedAsAsked) {
+  const uint64_t n = 20000;
+  auto a = floats(std::vector<float>(n)), b = floats(std::vector<float>(n));
+  auto draw = [&](TensorFn fn, Buffer* out, int64_t key, float alpha, float beta) {
+    auto op = tensorOp(fn, {n}, {view(out, 0, {1})});
+    op.ignoreIndex = key, op.alpha = alpha, op.beta = beta;
+    return op;
+  };
+  auto s = device->tensor(draw(TensorFn::uniform, a.get(), 42, -1, 3));
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  auto slices = sliceTensor(draw(TensorFn::uniform, b.get(), 42, -1, 3), 999);
+  for (bool done = false; !done;) {
+    auto r = slices->runNext(*device);
+    ASSERT_TRUE(r) << r.error().message;
+    done = *r;
+  }
+  auto x = readFloats(*a, n), y = readFloats(*b, n);
+  EXPECT_EQ(x, y);  // sliced or whole, one key draws the same numbers
+  double sum = 0;
+  for (float v : x) {
+    ASSERT_GE(v, -1.0f);
+    ASSERT_LT(v, 3.0f);
+    sum += v;
+  }
+  EXPECT_NEAR(sum / n, 1.0, 0.05);
+  ASSERT_TRUE(device->tensor(draw(TensorFn::uniform, b.get(), 43, -1, 3)));
+  y = readFloats(*b, n);
+  size_t same = 0;
+  for (size_t i = 0; i < n; ++i) same += x[i] == y[i];
+  EXPECT_LT(same, n / 100);
+  ASSERT_TRUE(device->tensor(draw(TensorFn::bernoulli, a.get(), 7, 0.3f, 0)));
+  x = readFloats(*a, n);
+  double ones = 0;
+  for (float v : x) {
+    ASSERT_TRUE(v == 0.0f || v == 1.0f) << v;
+    ones += v;
+  }
+  EXPECT_NEAR(ones / n, 0.3, 0.02);
+  ASSERT_TRUE(device->tensor(draw(TensorFn::normal, a.get(), 9, 2, 0.5f)));
+  x = readFloats(*a, n);
+  double mean = 0, squares = 0;
+  for (float v : x) {
+    ASSERT_TRUE(std::isfinite(v));
+    mean += v;
+  }
+  mean /= n;
+  for (float v : x) squares += (v - mean) * (v - mean);
+  EXPECT_NEAR(mean, 2.0, 0.02);
+  EXPECT_NEAR(std::sqrt(squares / n), 0.5, 0.02);
+}
+
 TEST_P(Conformance, TensorOpsWithOperandsOfTheWrongTypeAreRefused) {
   auto a = floats(randomFloats(16, 8));
   auto out = device->allocate(16 * 8), flags = device->allocate(10);

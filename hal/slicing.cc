@@ -35,6 +35,8 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::layerNorm:
     case TensorFn::layerNormBackward:
     case TensorFn::nllLossBackward: return 0;  // rows only
+    case TensorFn::indexSelect: return 2;        // not the rows picked from
+    case TensorFn::embeddingBackward: return 1;  // not the index walked
     case TensorFn::amax:
     case TensorFn::amin:
     case TensorFn::argmax:

@@ -32,7 +32,10 @@ static_assert(RC_SUM == int(TensorFn::sum) && RC_WHERE == int(TensorFn::where) &
               RC_LOG1PFN == int(TensorFn::log1p) && RC_RECIPROCAL == int(TensorFn::reciprocal) &&
               RC_RSQRT == int(TensorFn::rsqrt) && RC_ELU == int(TensorFn::elu) && RC_ELU_BACKWARD == int(TensorFn::eluBackward) &&
               RC_LERP == int(TensorFn::lerp) && RC_AMAX == int(TensorFn::amax) && RC_AMIN == int(TensorFn::amin) &&
-              RC_ARGMAX == int(TensorFn::argmax) && RC_ARGMIN == int(TensorFn::argmin) && kTensorFns == RC_ARGMIN + 1);
+              RC_ARGMAX == int(TensorFn::argmax) && RC_ARGMIN == int(TensorFn::argmin) &&
+              RC_INDEX_SELECT == int(TensorFn::indexSelect) && RC_EMBEDDING_BACKWARD == int(TensorFn::embeddingBackward) &&
+              RC_UNIFORM == int(TensorFn::uniform) && RC_BERNOULLI == int(TensorFn::bernoulli) &&
+              RC_NORMAL == int(TensorFn::normal) && kTensorFns == RC_NORMAL + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               kTensorTypes == 3);
 
@@ -74,14 +77,21 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"eluBackward", 3, "rc_map"}, {"lerp", 3, "rc_map"},
     {"amax", 2, "rc_reduce"},   {"amin", 2, "rc_reduce"},
     {"argmax", 2, "rc_reduce"}, {"argmin", 2, "rc_reduce"},
+    {"indexSelect", 3, "rc_index_select"}, {"embeddingBackward", 3, "rc_embedding_backward"},
+    {"uniform", 1, "rc_random"}, {"bernoulli", 1, "rc_random"},
+    {"normal", 1, "rc_random"},
 };
 constexpr uint64_t kMaxElements = 1ull << 48;
 // One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
 // of one is never cut (hal/slicing.h), so it is bounded here.
 constexpr uint64_t kMaxRowElements = 1ull << 24;
 
-// One work-item per output element, at the same position in every operand (rc_map).
-bool elementwise(TensorFn fn) { return std::string_view(kFns[unsigned(fn)].kernel) == "rc_map"; }
+// One work-item per output element, at the same position in every operand (rc_map, and
+// rc_random with its output alone).
+bool elementwise(TensorFn fn) {
+  const std::string_view kernel = kFns[unsigned(fn)].kernel;
+  return kernel == "rc_map" || kernel == "rc_random";
+}
 // One work-item per row of a [rows, cols] shape.
 bool rowwise(TensorFn fn) {
   return fn == TensorFn::logSoftmax || fn == TensorFn::logSoftmaxBackward || fn == TensorFn::softmax ||
@@ -129,10 +139,23 @@ Status checkTypes(const TensorOp& op, unsigned operands, const std::string& name
       if (type(0) != (integral ? TensorType::i64 : TensorType::f32)) return bad(0, integral ? "an integer sum is i64" : "f32");
       if (integral && (op.alpha != 1 || (op.beta != 0 && op.beta != 1))) return bad(1, "an integer sum takes alpha 1 and beta 0 or 1");
       return {};
+    case TensorFn::uniform:
+    case TensorFn::bernoulli:
+    case TensorFn::normal:
+      if (type(0) != TensorType::f32) return bad(0, "random numbers are f32");
+      return {};
     case TensorFn::argmax:
     case TensorFn::argmin:
       if (type(0) != TensorType::i64) return bad(0, "a position is i64");
       if (type(1) != TensorType::f32) return bad(1, "f32");
+      return {};
+    case TensorFn::indexSelect:
+      if (type(2) != TensorType::i64) return bad(2, "the index is i64");
+      if (type(1) != type(0)) return bad(1, "the output's type");
+      return {};
+    case TensorFn::embeddingBackward:
+      if (type(2) != TensorType::i64) return bad(2, "the index is i64");
+      if (type(0) != TensorType::f32 || type(1) != TensorType::f32) return bad(type(0) != TensorType::f32 ? 0 : 1, "f32");
       return {};
     case TensorFn::nllLoss:
     case TensorFn::nllLossBackward:
@@ -180,7 +203,11 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   auto needDims = [&](unsigned n) { return op.dims == n ? Status{} : bad("takes a shape of " + std::to_string(n) + " dimensions"); };
   switch (op.fn) {
     case TensorFn::matmul:
+    case TensorFn::embeddingBackward:
       if (auto s = needDims(3); !s) return std::unexpected(s.error());
+      break;
+    case TensorFn::indexSelect:
+      if (auto s = needDims(4); !s) return std::unexpected(s.error());
       break;
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
@@ -197,6 +224,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   }
   if (rowwise(op.fn) && op.shape[1] > kMaxRowElements)
     return bad("rows of " + std::to_string(op.shape[1]) + " columns (at most 2^24)");
+  if (op.fn == TensorFn::embeddingBackward && op.shape[2] > kMaxRowElements)
+    return bad("an index of " + std::to_string(op.shape[2]) + " positions (at most 2^24)");
   if (op.fn == TensorFn::nllLoss && op.shape[0] > kMaxRowElements)
     return bad("a batch of " + std::to_string(op.shape[0]) + " rows (at most 2^24; split it)");
   if (reduction(op.fn) && op.reduceMask == 0) return bad("reduceMask names no dimension");
@@ -259,6 +288,18 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       break;
     case TensorFn::layerNormBackward:
       rule = zeroStride(3, 1, "rstd is one element per row: its column stride must be 0");
+      break;
+    case TensorFn::indexSelect:
+      if ((rule = zeroStride(0, 3, "the output's stride over the rows must be 0")))
+        rule = zeroStride(1, 1, "a's stride over the picked positions must be 0");
+      for (unsigned d : {0u, 2u, 3u})
+        if (rule) rule = zeroStride(2, d, "the index walks the picked positions only");
+      break;
+    case TensorFn::embeddingBackward:
+      if ((rule = zeroStride(0, 2, "the output's stride over the index must be 0")))
+        rule = zeroStride(1, 0, "the gradient's stride over the rows must be 0");
+      for (unsigned d : {0u, 1u})
+        if (rule) rule = zeroStride(2, d, "the index walks its own positions only");
       break;
     case TensorFn::nllLoss:
     case TensorFn::nllLossBackward: {
@@ -350,6 +391,14 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.n = g.shape[0];
     g.inner = g.shape[1];
     out.flops = 4.0 * double(elements);
+  } else if (op.fn == TensorFn::indexSelect) {  // one work-item per output element, rows last
+    g.n = g.shape[0] * g.shape[1] * g.shape[2];
+    g.inner = g.shape[3];
+    out.flops = double(g.n);
+  } else if (op.fn == TensorFn::embeddingBackward) {  // one per output element, walking the index
+    g.n = g.shape[0] * g.shape[1];
+    g.inner = g.shape[2];
+    out.flops = double(elements);
   } else if (op.fn == TensorFn::nllLoss) {
     g.n = 1;
     g.inner = 1;

@@ -37,6 +37,8 @@ class Buffer;
 #define RC_FABS(x) std::fabs(x)
 #define RC_ERF(x) std::erf(x)
 #define RC_LOG1P(x) std::log1p(x)
+#define RC_COS(x) std::cos(x)
+#define RC_U64 uint64_t
 namespace raccel::hal::kernels {
 #include "hal/tensor_kernels.inc"
 }  // namespace raccel::hal::kernels
@@ -55,9 +57,9 @@ enum class TensorFn : uint8_t {
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
   hardtanhBackward, softmax, softmaxBackward, sign,
   eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
-  amax, amin, argmax, argmin,
+  amax, amin, argmax, argmin, indexSelect, embeddingBackward, uniform, bernoulli, normal,
 };
-inline constexpr unsigned kTensorFns = 60;
+inline constexpr unsigned kTensorFns = 65;
 
 // An operand's element type, in the order of the wire's TensorType.
 enum class TensorType : uint8_t { f32, i64, boolean };

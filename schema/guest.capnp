@@ -330,6 +330,17 @@ struct Op {
 #     is); argmax, argmin: out (i64) = the first position of the largest | smallest (a NaN
 #     counts as both) among the reduced positions, counted row-major over them. These
 #     four take the reduced dimensions after every kept one.
+#   indexSelect: shape [outer, n, inner, rows]; operands out, a, index (i64): out[o, j, c]
+#     = a[o, index[j], c], where a's strides are 0 on j and the picked dimension's on
+#     rows, out's 0 on rows, index's only on j; out and a of one type. An index outside
+#     [0, rows) gives NaN (0 for integers).
+#   embeddingBackward: shape [rows, cols, n]; operands out, a (the gradient, strides on
+#     cols and n), index (i64, on n): out[w, d] = the sum of a[i, d] over the i with
+#     index[i] = w, 0 for w = ignoreIndex (the padding row). At most 2^24 positions n.
+#   uniform, bernoulli, normal: out (f32) alone; per element, a Philox-4x32-10 draw
+#     keyed by ignoreIndex at the element's position in out's buffer: alpha + (beta -
+#     alpha) * u (u in [0, 1)) | 1 with probability alpha, else 0 | normal with mean
+#     alpha and standard deviation beta.
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);
@@ -415,6 +426,11 @@ enum TensorFn {
   amin @57;
   argmax @58;
   argmin @59;
+  indexSelect @60;
+  embeddingBackward @61;
+  uniform @62;
+  bernoulli @63;
+  normal @64;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

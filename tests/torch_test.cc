@@ -89,6 +89,56 @@ TEST_F(TorchDevice, EveryActivationTrainsWithTheCpusLossesAndNothingFallsBack) {
   }
 }
 
+// The reference transformer (tests/torch/transformer_train.py): a token and a position
+// embedding, self-attention with bmm and softmax, LayerNorm, a GELU feed-forward and
+// AdamW train 100 steps with the CPU's losses and nothing falling back; dropout on the
+// card keeps the expected fraction and repeats from the same seed.
+TEST_F(TorchDevice, ATinyTransformerTrainsWithTheCpusLossesAndDropoutKeepsItsFraction) {
+  startOneCard();
+  int status = -1;
+  std::string out = python(sourcePath("tests/torch/transformer_train.py") + " --compare", &status, "RACCEL_TORCH_FALLBACKS=1");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("steps 100 "), std::string::npos) << out;
+  EXPECT_NE(out.find("fallbacks during training: none"), std::string::npos) << out;
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
+  out = python(sourcePath("tests/torch/transformer_train.py") + " --check-dropout", &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("same seed same mask: True"), std::string::npos) << out;
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
+}
+
+// The reference CNN (tests/torch/cnn_train.py): convolutions (im2col and a matmul),
+// BatchNorm2d in training and eval, ReLU, max and adaptive average pooling, SGD with
+// Nesterov momentum: 100 steps with the CPU's losses, the same eval accuracy, nothing
+// falling back.
+TEST_F(TorchDevice, ASmallCnnTrainsWithTheCpusLossesAndNothingFallsBack) {
+  startOneCard();
+  int status = -1;
+  std::string out = python(sourcePath("tests/torch/cnn_train.py") + " --compare", &status, "RACCEL_TORCH_FALLBACKS=1");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("steps 100 "), std::string::npos) << out;
+  EXPECT_NE(out.find("fallbacks during training: none"), std::string::npos) << out;
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
+}
+
+// raccel.torch.assess() counts a step's FLOPs as the analytic formulas of the three
+// reference models do; a model needing more than the whole pool is refused at once with
+// both figures, and the device opens for the same model at a rate the pool can serve.
+TEST_F(TorchDevice, TheComputeAModelNeedsIsAssessedFromItsOpsAndTooMuchIsRefusedAtOnce) {
+  startOneCard();
+  int status = -1;
+  std::string out = python(sourcePath("tests/torch/assess_check.py"), &status);
+  EXPECT_EQ(status, 0) << out;
+  for (const char* model : {"mlp: ", "cnn: ", "transformer: "}) EXPECT_NE(out.find(model), std::string::npos) << out;
+  EXPECT_NE(out.find("can never run here"), std::string::npos) << out;
+  EXPECT_NE(out.find("measured on the card"), std::string::npos) << out;
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
+}
+
 // Every op family raccel.torch runs on the card, forward and backward, beside the CPU's
 // (tests/torch/op_coverage.py: softmax over any dim, LayerNorm over one or two dims,
 // broadcasting, numbers as operands...).

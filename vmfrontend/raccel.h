@@ -127,7 +127,7 @@ enum class TensorFn {
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
   hardtanhBackward, softmax, softmaxBackward, sign,
   eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
-  amax, amin, argmax, argmin,
+  amax, amin, argmax, argmin, indexSelect, embeddingBackward, uniform, bernoulli, normal,
 };
 enum class TensorType : uint8_t { f32, i64, boolean };  // the wire's TensorType
 struct TensorOperand {

@@ -190,6 +190,8 @@ const char* kTensorPrelude = R"CU(
 #define RC_FABS(x) fabsf(x)
 #define RC_ERF(x) erff(x)
 #define RC_LOG1P(x) log1pf(x)
+#define RC_COS(x) cosf(x)
+#define RC_U64 unsigned long long
 )CU";
 
 int fp32LanesPerSm(int major, int minor) {

@@ -35,6 +35,8 @@ const char* kTensorPrelude = R"CLC(
 #define RC_FABS(x) fabs(x)
 #define RC_ERF(x) erf(x)
 #define RC_LOG1P(x) log1p(x)
+#define RC_COS(x) cos(x)
+#define RC_U64 ulong
 )CLC";
 
 // The built-in ops as OpenCL C. reduceSum is two passes: per-work-item Kahan partial

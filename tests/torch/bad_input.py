@@ -53,6 +53,9 @@ refused("a comparison written as f32", "writes bool",
         lambda: op_then_fence("eq", [4], [(big, 0, [1]), (small, 0, [1]), (small, 4, [1])]))
 refused("an unknown element type", "no tensor element type",
         lambda: s.tensor("copy", [4], [(big, 0, [1]), (small, 0, [1])], types=["f32", "f16"]))
+refused("an index of f32", "the index is i64",
+        lambda: op_then_fence("index_select", [1, 2, 1, 4], [(big, 0, [0, 1, 0, 0]), (small, 0, [0, 0, 0, 1]),
+                                                             (small, 4, [0, 1, 0, 0])]))
 
 # The session carries on: a fill and a read.
 s.tensor("fill", [16], [(small, 0, [1])], alpha=1.5)

@@ -41,8 +41,9 @@ raccel::client::TensorFn fnNamed(const std::string& name) {
                                 "softplus", "softplus_backward", "hardtanh", "hardtanh_backward", "softmax",
                                 "softmax_backward", "sign", "eq", "ne", "lt", "le", "gt", "ge", "where", "clamp",
                                 "log1p", "reciprocal", "rsqrt", "elu", "elu_backward", "lerp", "amax", "amin",
-                                "argmax", "argmin"};
-  static_assert(std::size(names) == size_t(raccel::client::TensorFn::argmin) + 1);
+                                "argmax", "argmin", "index_select", "embedding_backward", "uniform", "bernoulli",
+                                "normal"};
+  static_assert(std::size(names) == size_t(raccel::client::TensorFn::normal) + 1);
   for (size_t i = 0; i < std::size(names); ++i)
     if (name == names[i]) return static_cast<raccel::client::TensorFn>(i);
   throw py::value_error("no tensor function '" + name + "'");

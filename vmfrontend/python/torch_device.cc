@@ -16,6 +16,7 @@
 // Threads: PyTorch's autograd engine runs backward on a thread of its own; every call
 // on the session holds its lock (shared_session.h).
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ScalarOps.h>
@@ -644,6 +645,41 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   return python::mm_out(a, b, out);
 }
 
+// Batched: one matmul per batch entry; a: [B, m, k], b: [B, k, n], out: [B, m, n].
+void batchedMatmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, float alpha, float beta) {
+  for (int64_t i = 0; i < a.size(0); ++i) matmul(out.select(0, i), a.select(0, i), b.select(0, i), alpha, beta);
+}
+
+// out = beta * self + alpha * a b, batched (self broadcast to [B, m, n]); bmm is beta 0.
+at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                        const at::Scalar& alpha, at::Tensor& out) {
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1), "raccel: bmm of ",
+              a.sizes(), " and ", b.sizes());
+  const float betaF = beta.toFloat();
+  if (!supported({betaF != 0 ? &self : nullptr, &a, &b, &out}))
+    return hostInto("aten::baddbmm.out", out, at::baddbmm(betaF != 0 ? host(self) : at::zeros({1}), host(a), host(b), beta, alpha));
+  at::native::resize_output(out, {a.size(0), a.size(1), b.size(2)});
+  if (out.numel() == 0) return out;
+  at::Tensor target = (sharesStorage(out, a) || sharesStorage(out, b)) ? emptyOn(out.sizes()) : out;
+  if (betaF != 0) elementwise(TensorFn::affine, target, &self, nullptr, betaF, 0);
+  if (a.size(2) > 0) batchedMatmul(target, a, b, alpha.toFloat(), betaF != 0 ? 1.0f : 0.0f);
+  else if (betaF == 0) target.zero_();
+  if (!target.is_same(out)) out.copy_(target);
+  return out;
+}
+at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha) {
+  auto out = emptyOn({0});
+  return python::baddbmm_out(self, a, b, beta, alpha, out);
+}
+at::Tensor& baddbmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha) {
+  return python::baddbmm_out(self, a, b, beta, alpha, self);
+}
+at::Tensor& bmm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) { return python::baddbmm_out(out, a, b, 0, 1, out); }
+at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
+  auto out = emptyOn({0});
+  return python::bmm_out(a, b, out);
+}
+
 // out = beta * self + alpha * a b
 at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                       const at::Scalar& alpha, at::Tensor& out) {
@@ -1032,6 +1068,100 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   return python::cat_out(tensors, dim, out);
 }
 
+// ---- Indexing and embeddings -----------------------------------------------------------
+
+// out = self's entries at `index` along `dim` (index i64 on the device, one dimension).
+at::Tensor& index_select_out(const at::Tensor& self0, int64_t dim, const at::Tensor& index, at::Tensor& out) {
+  const bool ok = typed(self0) && typed(out) && out.scalar_type() == self0.scalar_type() && typed(index) &&
+                  index.scalar_type() == at::kLong && index.dim() <= 1;
+  if (!ok) return hostInto("aten::index_select", out, at::index_select(host(self0), dim, host(index)));
+  dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self0.dim(), 1));
+  const at::Tensor self = self0.dim() == 0 ? self0.reshape({1}) : self0.contiguous();
+  const int64_t rows = self.size(dim), picks = index.numel();
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= self.size(d);
+  for (int64_t d = dim + 1; d < self.dim(); ++d) inner *= self.size(d);
+  auto shape = self.sizes().vec();
+  shape[dim] = picks;
+  at::native::resize_output(out, self0.dim() == 0 ? std::vector<int64_t>{} : shape);
+  TORCH_CHECK(rows > 0 || picks == 0, "raccel: index_select from an empty dimension");
+  auto flat = out.is_contiguous() ? out : emptyOn(out.sizes(), out.scalar_type());
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::indexSelect;
+  op.shape = {uint64_t(outer), uint64_t(picks), uint64_t(inner), uint64_t(rows)};
+  op.operands = {operand(flat, {picks * inner, inner, 1, 0}), operand(self, {rows * inner, 0, 1, inner}),
+                 operand(index, {0, index.dim() ? index.stride(0) : 0, 0, 0})};
+  send(*s, op);
+  if (!flat.is_same(out)) out.copy_(flat);
+  return out;
+}
+at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::index_select_out(self, dim, index, out);
+}
+
+// The embedding table's gradient: each row the sum of the gradients of the positions
+// that picked it (the padding row's 0).
+at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& indices, int64_t numWeights, int64_t paddingIdx,
+                                    bool scaleGradByFreq) {
+  if (!supported({&grad}) || !typed(indices) || indices.scalar_type() != at::kLong || scaleGradByFreq)
+    return onHost("aten::embedding_dense_backward", [&] {
+      return at::embedding_dense_backward(host(grad), host(indices), numWeights, paddingIdx, scaleGradByFreq).to(grad.device());
+    });
+  const int64_t dim = grad.size(-1), n = indices.numel();
+  auto g = grad.reshape({n, dim}).contiguous(), idx = indices.reshape({n}).contiguous();
+  auto out = emptyOn({numWeights, dim});
+  if (n == 0) return out.zero_();
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::embeddingBackward;
+  op.shape = {uint64_t(numWeights), uint64_t(dim), uint64_t(n)};
+  op.operands = {operand(out, {dim, 1, 0}), operand(g, {0, 1, dim}), operand(idx, {0, 0, 1})};
+  op.ignoreIndex = paddingIdx;
+  send(*s, op);
+  return out;
+}
+
+// ---- Random numbers on the card (keyed from PyTorch's generator) -----------------------
+
+// A Philox key for one op, drawn from `generator` (a CPU one) or PyTorch's default, so
+// torch.manual_seed makes the device's draws reproducible.
+int64_t randomKey(const c10::optional<at::Generator>& generator) {
+  auto* g = at::get_generator_or_default<at::CPUGeneratorImpl>(generator, at::detail::getDefaultCPUGenerator());
+  std::lock_guard<std::mutex> lock(g->mutex_);
+  return static_cast<int64_t>(g->random64());
+}
+at::Tensor& randomInto(TensorFn fn, at::Tensor& self, float alpha, float beta, const c10::optional<at::Generator>& generator) {
+  Locked s;
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = shapeOf(self.sizes());
+  op.operands = {operand(self, self.strides())};
+  op.alpha = alpha, op.beta = beta;
+  op.ignoreIndex = randomKey(generator);
+  send(*s, op);
+  return self;
+}
+bool cpuGenerator(const c10::optional<at::Generator>& generator) {
+  return !generator || !generator->defined() || generator->device().is_cpu();
+}
+at::Tensor& bernoulli_(at::Tensor& self, double p, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator))
+    return hostInto("aten::bernoulli_.float", self, host(self).bernoulli_(p, generator));
+  return randomInto(TensorFn::bernoulli, self, static_cast<float>(p), 0, generator);
+}
+at::Tensor& uniform_(at::Tensor& self, double from, double to, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator))
+    return hostInto("aten::uniform_", self, host(self).uniform_(from, to, generator));
+  return randomInto(TensorFn::uniform, self, static_cast<float>(from), static_cast<float>(to), generator);
+}
+at::Tensor& normal_(at::Tensor& self, double mean, double std, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator))
+    return hostInto("aten::normal_", self, host(self).normal_(mean, std, generator));
+  return randomInto(TensorFn::normal, self, static_cast<float>(mean), static_cast<float>(std), generator);
+}
+
 // ---- Comparisons and selection (bool masks; f32 and exact i64) --------------------------
 
 // `x` as an operand of `dtype`: itself when on the device with that dtype, a written
@@ -1134,6 +1264,47 @@ at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Ten
 }
 at::Tensor& masked_fill_scalar_(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
   return python::masked_fill_(self, mask, at::scalar_to_tensor(value));
+}
+
+// ---- all / any: counts of the true elements --------------------------------------------
+
+// all: the count of nonzero elements over `mask` is every one; any: it is not 0.
+at::Tensor& allOrAny(bool all, const at::Tensor& self, uint32_t mask, bool keepdim, at::Tensor& out) {
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < std::max<int64_t>(self.dim(), 1); ++d)
+    if (mask >> d & 1) dims.push_back(d);
+  int64_t each = 1;  // elements per count
+  for (int64_t d : dims) each *= self.dim() ? self.size(d) : 1;
+  if (!typed(self) || !typed(out) || out.scalar_type() != at::kBool) {
+    auto count = host(self).ne(0).sum(self.dim() ? at::IntArrayRef(dims) : at::IntArrayRef{}, keepdim);
+    return hostInto(all ? "aten::all" : "aten::any", out, all ? count.eq(each) : count.gt(0));
+  }
+  at::Tensor nonzero = self.scalar_type() == at::kBool ? self : python::ne(self, at::scalar_to_tensor(0));
+  auto count = emptyOn({0}, at::kLong);
+  python::sum_out(nonzero, dims, keepdim, c10::nullopt, count);
+  return all ? python::eq_out(count, at::scalar_to_tensor(each), out) : python::gt_out(count, at::scalar_to_tensor(0), out);
+}
+at::Tensor all(const at::Tensor& self) {
+  auto out = emptyOn({0}, at::kBool);
+  return allOrAny(true, self, everyDim(self.dim()), false, out);
+}
+at::Tensor any(const at::Tensor& self) {
+  auto out = emptyOn({0}, at::kBool);
+  return allOrAny(false, self, everyDim(self.dim()), false, out);
+}
+at::Tensor& all_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& out) {
+  return allOrAny(true, self, 1u << c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1)), keepdim, out);
+}
+at::Tensor all_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  auto out = emptyOn({0}, at::kBool);
+  return python::all_dim_out(self, dim, keepdim, out);
+}
+at::Tensor& any_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& out) {
+  return allOrAny(false, self, 1u << c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1)), keepdim, out);
+}
+at::Tensor any_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  auto out = emptyOn({0}, at::kBool);
+  return python::any_dim_out(self, dim, keepdim, out);
 }
 
 // ---- Reductions to values and positions -------------------------------------------------
@@ -1295,6 +1466,291 @@ at::Tensor linalg_vector_norm(const at::Tensor& self, const at::Scalar& ord, at:
                               c10::optional<at::ScalarType> dtype) {
   auto out = emptyOn({0});
   return python::linalg_vector_norm_out(self, ord, dims, keepdim, dtype, out);
+}
+
+// ---- Batch norm, convolution and pooling, composed of the ops above ----------------------
+// (Each at:: call on the device's tensors runs through this device's own ops.)
+
+// The statistics shape of a batch norm over [N, C, ...]: [1, C, 1, ...].
+std::vector<int64_t> channelShape(const at::Tensor& input) {
+  std::vector<int64_t> shape(input.dim(), 1);
+  shape[1] = input.size(1);
+  return shape;
+}
+std::vector<int64_t> allButChannels(const at::Tensor& input) {
+  std::vector<int64_t> dims = {0};
+  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+const at::Tensor* present(const c10::optional<at::Tensor>& t) { return t && t->defined() ? &*t : nullptr; }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
+    const at::Tensor& input, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+    const c10::optional<at::Tensor>& runningMean, const c10::optional<at::Tensor>& runningVar, bool training, double momentum,
+    double eps) {
+  const at::Tensor *w = present(weight), *b = present(bias), *rm = present(runningMean), *rv = present(runningVar);
+  if (!supported({&input, w, b, rm, rv}) || input.dim() < 2 || (!training && !(rm && rv))) {
+    countFallback("aten::native_batch_norm");
+    at::Tensor hm = rm ? host(*rm) : at::Tensor(), hv = rv ? host(*rv) : at::Tensor();
+    auto [out, mean, invstd] = at::native_batch_norm(host(input), w ? host(*w) : at::Tensor(), b ? host(*b) : at::Tensor(),
+                                                     hm, hv, training, momentum, eps);
+    if (rm) rm->copy_(hm);
+    if (rv) rv->copy_(hv);
+    return {out.to(input.device()), mean.to(input.device()), invstd.to(input.device())};
+  }
+  const auto shape = channelShape(input);
+  const auto dims = allButChannels(input);
+  at::Tensor mean, invstd;
+  if (training) {
+    mean = at::mean(input, dims, true);
+    auto var = at::var(input, at::OptionalIntArrayRef(dims), c10::optional<int64_t>(0), true);
+    invstd = at::rsqrt(var + eps);
+    const int64_t n = input.numel() / std::max<int64_t>(input.size(1), 1);
+    if (rm) rm->lerp_(mean.reshape({-1}), momentum);
+    if (rv) rv->lerp_(var.reshape({-1}) * (double(n) / double(std::max<int64_t>(n - 1, 1))), momentum);
+  } else {
+    mean = rm->reshape(shape);
+    invstd = at::rsqrt(rv->reshape(shape) + eps);
+  }
+  auto out = (input - mean) * invstd;
+  if (w) out.mul_(w->reshape(shape));
+  if (b) out.add_(b->reshape(shape));
+  if (!training) return {out, emptyOn({0}), emptyOn({0})};
+  return {out, mean.reshape({-1}), invstd.reshape({-1})};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
+    const at::Tensor& grad, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& runningMean, const c10::optional<at::Tensor>& runningVar,
+    const c10::optional<at::Tensor>& saveMean, const c10::optional<at::Tensor>& saveInvstd, bool train, double eps,
+    std::array<bool, 3> mask) {
+  const at::Tensor *w = present(weight), *rm = present(runningMean), *rv = present(runningVar), *sm = present(saveMean),
+                   *si = present(saveInvstd);
+  const bool stats = train ? (sm && si) : (rm && rv);
+  if (!supported({&grad, &input, w, rm, rv, sm, si}) || input.dim() < 2 || !stats) {
+    countFallback("aten::native_batch_norm_backward");
+    auto opt = [](const at::Tensor* t) { return t ? host(*t) : at::Tensor(); };
+    auto [gi, gw, gb] = at::native_batch_norm_backward(host(grad), host(input), opt(w), opt(rm), opt(rv), opt(sm), opt(si), train,
+                                                       eps, mask);
+    auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+    return {back(gi), back(gw), back(gb)};
+  }
+  const auto shape = channelShape(input);
+  const auto dims = allButChannels(input);
+  auto mean = (train ? *sm : *rm).reshape(shape);
+  auto invstd = train ? si->reshape(shape) : at::rsqrt(rv->reshape(shape) + eps);
+  auto xhat = (input - mean) * invstd;
+  auto gradSum = at::sum(grad, dims, true), gradXhatSum = at::sum(grad * xhat, dims, true);
+  at::Tensor gradInput, gradWeight, gradBias;
+  if (mask[0]) {
+    auto scale = w ? invstd * w->reshape(shape) : invstd;
+    if (train) {
+      const double n = double(input.numel() / std::max<int64_t>(input.size(1), 1));
+      gradInput = (grad - gradSum / n - xhat * (gradXhatSum / n)) * scale;
+    } else {
+      gradInput = grad * scale;
+    }
+  }
+  if (mask[1]) gradWeight = gradXhatSum.reshape({-1});
+  if (mask[2]) gradBias = gradSum.reshape({-1});
+  return {gradInput, gradWeight, gradBias};
+}
+
+// A 2-D window geometry: kernel, stride, padding, dilation (each given once or twice).
+struct Window2d {
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  static Window2d of(c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation) {
+    auto pick = [](c10::IntArrayRef v, size_t i, int64_t otherwise) { return v.empty() ? otherwise : v[v.size() > i ? i : 0]; };
+    Window2d w;
+    w.kh = pick(kernel, 0, 1), w.kw = pick(kernel, 1, 1);
+    w.sh = pick(stride, 0, w.kh), w.sw = pick(stride, 1, w.kw);
+    w.ph = pick(padding, 0, 0), w.pw = pick(padding, 1, 0);
+    w.dh = pick(dilation, 0, 1), w.dw = pick(dilation, 1, 1);
+    return w;
+  }
+  bool sane() const { return kh > 0 && kw > 0 && sh > 0 && sw > 0 && ph >= 0 && pw >= 0 && dh > 0 && dw > 0; }
+  int64_t outH(int64_t h) const { return (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1; }
+  int64_t outW(int64_t w) const { return (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1; }
+};
+// x [N, C, H, W] padded on each side with `value` (x itself, contiguous, when no padding).
+at::Tensor padded(const at::Tensor& x, const Window2d& w, double value) {
+  if (w.ph == 0 && w.pw == 0) return x.contiguous();
+  auto out = at::full({x.size(0), x.size(1), x.size(2) + 2 * w.ph, x.size(3) + 2 * w.pw}, value, x.options());
+  out.narrow(2, w.ph, x.size(2)).narrow(3, w.pw, x.size(3)).copy_(x);
+  return out;
+}
+// The windows of a padded [N, C, H, W]: a strided view [N, C, OH, OW, KH, KW].
+at::Tensor windows(const at::Tensor& p, const Window2d& w) {
+  const int64_t oh = (p.size(2) - w.dh * (w.kh - 1) - 1) / w.sh + 1, ow = (p.size(3) - w.dw * (w.kw - 1) - 1) / w.sw + 1;
+  return p.as_strided({p.size(0), p.size(1), oh, ow, w.kh, w.kw},
+                      {p.stride(0), p.stride(1), w.sh * p.stride(2), w.sw * p.stride(3), w.dh * p.stride(2), w.dw * p.stride(3)});
+}
+// Adds each window offset's [N, C, OH, OW] part into a zero padded gradient, and
+// returns the unpadded gradient of the input [N, C, H, W]: the windows' overlaps sum.
+template <class Part>
+at::Tensor scatterWindows(const at::Tensor& input, const Window2d& w, int64_t oh, int64_t ow, Part part) {
+  auto grad = at::zeros({input.size(0), input.size(1), input.size(2) + 2 * w.ph, input.size(3) + 2 * w.pw}, input.options());
+  for (int64_t i = 0; i < w.kh; ++i)
+    for (int64_t j = 0; j < w.kw; ++j) {
+      auto target = grad.as_strided({grad.size(0), grad.size(1), oh, ow},
+                                    {grad.stride(0), grad.stride(1), w.sh * grad.stride(2), w.sw * grad.stride(3)},
+                                    grad.storage_offset() + i * w.dh * grad.stride(2) + j * w.dw * grad.stride(3));
+      target.add_(part(i, j));
+    }
+  return grad.narrow(2, w.ph, input.size(2)).narrow(3, w.pw, input.size(3)).contiguous();
+}
+
+// Convolution (2-D, ungrouped, not transposed) as im2col and one matmul.
+bool convOnCard(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* bias, c10::IntArrayRef stride,
+                c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, int64_t groups) {
+  return supported({&input, &weight, bias}) && input.dim() == 4 && weight.dim() == 4 && !transposed && groups == 1 &&
+         Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation).sane() && input.size(1) == weight.size(1);
+}
+// [C * KH * KW, N * OH * OW]
+at::Tensor columns(const at::Tensor& input, const Window2d& w) {
+  auto win = windows(padded(input, w, 0), w);
+  return win.permute({1, 4, 5, 0, 2, 3}).reshape({input.size(1) * w.kh * w.kw, -1});
+}
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                                    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                                    c10::IntArrayRef outputPadding, int64_t groups) {
+  if (!convOnCard(input, weight, present(bias), stride, padding, dilation, transposed, groups))
+    return onHost("aten::convolution_overrideable", [&] {
+      return at::convolution(host(input), host(weight), present(bias) ? host(*bias) : at::Tensor(), stride, padding, dilation,
+                             transposed, outputPadding, groups).to(input.device());
+    });
+  const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
+  const int64_t oc = weight.size(0), oh = w.outH(input.size(2)), ow = w.outW(input.size(3));
+  TORCH_CHECK(oh > 0 && ow > 0, "raccel: a convolution whose kernel is larger than its padded input");
+  auto out = at::mm(weight.reshape({oc, -1}), columns(input, w));
+  if (present(bias)) out.add_(bias->reshape({oc, 1}));
+  return out.reshape({oc, input.size(0), oh, ow}).permute({1, 0, 2, 3}).contiguous();
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef outputPadding, int64_t groups,
+    std::array<bool, 3> mask) {
+  if (!supported({&grad}) || !convOnCard(input, weight, nullptr, stride, padding, dilation, transposed, groups)) {
+    countFallback("aten::convolution_backward_overrideable");
+    std::vector<int64_t> biasSizes = {weight.size(0)};
+    auto [gi, gw, gb] = at::convolution_backward(host(grad), host(input), host(weight), at::OptionalIntArrayRef(biasSizes),
+                                                 stride, padding, dilation, transposed, outputPadding, groups, mask);
+    auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+    return {back(gi), back(gw), back(gb)};
+  }
+  const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
+  const int64_t oc = weight.size(0), oh = grad.size(2), ow = grad.size(3);
+  auto g = grad.permute({1, 0, 2, 3}).reshape({oc, -1});  // [OC, N * OH * OW]
+  at::Tensor gradInput, gradWeight, gradBias;
+  if (mask[1]) gradWeight = at::mm(g, columns(input, w).t()).reshape(weight.sizes());
+  if (mask[2]) gradBias = at::sum(grad, {0, 2, 3});
+  if (mask[0]) {
+    auto cols = at::mm(weight.reshape({oc, -1}).t(), g).reshape({input.size(1), w.kh, w.kw, input.size(0), oh, ow});
+    gradInput = scatterWindows(input, w, oh, ow, [&](int64_t i, int64_t j) { return cols.select(1, i).select(1, j).permute({1, 0, 2, 3}); });
+  }
+  return {gradInput, gradWeight, gradBias};
+}
+
+// Max pooling: each window's largest element and where it was (PyTorch's indices: the
+// flat position h * W + w in its input plane).
+bool poolOnCard(const at::Tensor& self, const Window2d& w, bool ceilMode) {
+  return supported({&self}) && self.dim() == 4 && w.sane() && !ceilMode && w.outH(self.size(2)) > 0 && w.outW(self.size(3)) > 0;
+}
+// Each window's position of its largest element, kh * KW + kw.
+at::Tensor windowArgmax(const at::Tensor& win) {
+  auto out = emptyOn({win.size(0), win.size(1), win.size(2), win.size(3)}, at::kLong);
+  reduceInto(TensorFn::argmax, out, win, 0b110000, false);
+  return out;
+}
+std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& self, c10::IntArrayRef kernel,
+                                                           c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                           c10::IntArrayRef dilation, bool ceilMode) {
+  const auto w = Window2d::of(kernel, stride, padding, dilation);
+  if (!poolOnCard(self, w, ceilMode)) {
+    countFallback("aten::max_pool2d_with_indices");
+    auto [v, i] = at::max_pool2d_with_indices(host(self), kernel, stride, padding, dilation, ceilMode);
+    return {v.to(self.device()), i.to(self.device())};
+  }
+  auto win = windows(padded(self, w, -INFINITY), w);
+  const int64_t oh = win.size(2), ow = win.size(3), kk = w.kh * w.kw;
+  auto values = emptyOn({self.size(0), self.size(1), oh, ow});
+  reduceInto(TensorFn::amax, values, win, 0b110000, false);
+  // Window position -> input position: a table [OH * OW * KK] picked from by
+  // (oh * OW + ow) * KK + position.
+  auto table = at::empty({oh * ow * kk}, at::kLong), base = at::empty({oh, ow}, at::kLong);
+  auto* t = table.data_ptr<int64_t>();
+  auto* b = base.data_ptr<int64_t>();
+  for (int64_t y = 0; y < oh; ++y)
+    for (int64_t x = 0; x < ow; ++x) {
+      b[y * ow + x] = (y * ow + x) * kk;
+      for (int64_t i = 0; i < w.kh; ++i)
+        for (int64_t j = 0; j < w.kw; ++j)
+          t[(y * ow + x) * kk + i * w.kw + j] = (y * w.sh - w.ph + i * w.dh) * self.size(3) + (x * w.sw - w.pw + j * w.dw);
+    }
+  auto pick = windowArgmax(win) + base.to(self.device());
+  auto indices = at::index_select(table.to(self.device()), 0, pick.reshape({-1})).reshape(values.sizes());
+  return {values, indices};
+}
+at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel,
+                                            c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                            bool ceilMode, const at::Tensor& indices) {
+  const auto w = Window2d::of(kernel, stride, padding, dilation);
+  if (!poolOnCard(self, w, ceilMode) || !supported({&grad}))
+    return onHost("aten::max_pool2d_with_indices_backward", [&] {
+      return at::max_pool2d_with_indices_backward(host(grad), host(self), kernel, stride, padding, dilation, ceilMode,
+                                                  host(indices)).to(self.device());
+    });
+  auto position = windowArgmax(windows(padded(self, w, -INFINITY), w));  // the forward's, found again
+  auto zero = at::zeros({}, grad.options());
+  return scatterWindows(self, w, grad.size(2), grad.size(3), [&](int64_t i, int64_t j) {
+    return at::where(position == i * w.kw + j, grad, zero);
+  });
+}
+
+// Average pooling (padding counted in the divisor, as PyTorch does by default).
+bool avgOnCard(const at::Tensor& self, const Window2d& w, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  return poolOnCard(self, w, ceilMode) && (countIncludePad || (w.ph == 0 && w.pw == 0)) && (!divisor || *divisor != 0);
+}
+at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                      bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  const auto w = Window2d::of(kernel, stride, padding, {});
+  if (!avgOnCard(self, w, ceilMode, countIncludePad, divisor))
+    return onHost("aten::avg_pool2d", [&] {
+      return at::avg_pool2d(host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor).to(self.device());
+    });
+  return at::sum(windows(padded(self, w, 0), w), {4, 5}) * (1.0 / double(divisor.value_or(w.kh * w.kw)));
+}
+at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                               c10::IntArrayRef padding, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  const auto w = Window2d::of(kernel, stride, padding, {});
+  if (!avgOnCard(self, w, ceilMode, countIncludePad, divisor) || !supported({&grad}))
+    return onHost("aten::avg_pool2d_backward", [&] {
+      return at::avg_pool2d_backward(host(grad), host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor)
+          .to(self.device());
+    });
+  auto share = grad * (1.0 / double(divisor.value_or(w.kh * w.kw)));
+  return scatterWindows(self, w, grad.size(2), grad.size(3), [&](int64_t, int64_t) { return share; });
+}
+// Adaptive average pooling where the output divides the input: an average pool.
+c10::optional<std::array<int64_t, 2>> adaptiveKernel(const at::Tensor& self, c10::IntArrayRef outSize) {
+  if (self.dim() != 4 || outSize.size() != 2 || outSize[0] <= 0 || outSize[1] <= 0 || self.size(2) % outSize[0] ||
+      self.size(3) % outSize[1])
+    return c10::nullopt;
+  return std::array<int64_t, 2>{self.size(2) / outSize[0], self.size(3) / outSize[1]};
+}
+at::Tensor _adaptive_avg_pool2d(const at::Tensor& self, c10::SymIntArrayRef outputSize) {
+  auto size = c10::asIntArrayRefSlow(outputSize);
+  auto k = adaptiveKernel(self, size);
+  if (!k || !supported({&self}))
+    return onHost("aten::_adaptive_avg_pool2d", [&] { return at::_adaptive_avg_pool2d(host(self), size).to(self.device()); });
+  return python::avg_pool2d(self, *k, *k, {0, 0}, false, true, c10::nullopt);
+}
+at::Tensor _adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self) {
+  auto k = adaptiveKernel(self, {grad.size(-2), grad.size(-1)});
+  if (!k || !supported({&self, &grad}))
+    return onHost("aten::_adaptive_avg_pool2d_backward",
+                  [&] { return at::_adaptive_avg_pool2d_backward(host(grad), host(self)).to(self.device()); });
+  return python::avg_pool2d_backward(grad, self, *k, *k, {0, 0}, false, true, c10::nullopt);
 }
 
 // PyTorch's loss reductions (at::Reduction).
@@ -1716,6 +2172,33 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   RACCEL_REGISTER_COMPARE(gt)
   RACCEL_REGISTER_COMPARE(ge)
 #undef RACCEL_REGISTER_COMPARE
+  m.impl("native_batch_norm", TORCH_FN(native_batch_norm));
+  m.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward));
+  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
+  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
+  m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
+  m.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
+  m.impl("avg_pool2d", TORCH_FN(python::avg_pool2d));
+  m.impl("avg_pool2d_backward", TORCH_FN(avg_pool2d_backward));
+  m.impl("_adaptive_avg_pool2d", TORCH_FN(_adaptive_avg_pool2d));
+  m.impl("_adaptive_avg_pool2d_backward", TORCH_FN(_adaptive_avg_pool2d_backward));
+  m.impl("bmm.out", TORCH_FN(bmm_out));
+  m.impl("bmm", TORCH_FN(python::bmm));
+  m.impl("baddbmm.out", TORCH_FN(baddbmm_out));
+  m.impl("baddbmm", TORCH_FN(python::baddbmm));
+  m.impl("baddbmm_", TORCH_FN(baddbmm_));
+  m.impl("index_select.out", TORCH_FN(index_select_out));
+  m.impl("index_select", TORCH_FN(python::index_select));
+  m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
+  m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
+  m.impl("all", TORCH_FN(python::all));
+  m.impl("any", TORCH_FN(python::any));
+  m.impl("all.out", TORCH_FN(all_dim_out));
+  m.impl("all.dim", TORCH_FN(all_dim));
+  m.impl("any.out", TORCH_FN(any_dim_out));
+  m.impl("any.dim", TORCH_FN(any_dim));
+  m.impl("uniform_", TORCH_FN(uniform_));
+  m.impl("normal_", TORCH_FN(normal_));
   m.impl("cat.out", TORCH_FN(cat_out));
   m.impl("cat", TORCH_FN(python::cat));
   m.impl("logical_not.out", TORCH_FN(logical_not_out));

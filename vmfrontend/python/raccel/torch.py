@@ -9,10 +9,15 @@ gelu, silu, leaky relu, softplus, hardtanh, elu, layer norm, softmax, log-softma
 and MSE losses, with their backward ops; the steps of SGD, Adam and AdamW: addcmul,
 addcdiv, sqrt, maximum, lerp; clamp, exp, log, norms, var, std, cat) and, on bool and
 i64 tensors, comparisons, where, masked_fill, argmax/argmin, max/min, integer sums and
-dtype conversions, are raccel tensor ops, sent without waiting; only
+dtype conversions; bmm, embeddings, dropout and the random fills; convolutions, batch
+norm and pooling, composed of these) are raccel tensor ops, sent without waiting; only
 .item(), .cpu() and printing wait. Every other op runs on the CPU through PyTorch's
 fallback, counted: fallbacks() says which and how often, and RACCEL_TORCH_FALLBACKS=1
 prints them when the program exits.
+
+raccel.torch.assess(model, example_input, steps_per_second) counts the FLOPs of one
+training step and the TFLOPS and blocks it needs; device(model=..., example_input=...,
+steps_per_second=...) asks for that many.
 
 Import raccel.torch before the program's first backward(): PyTorch's autograd engine
 sizes its device threads once, on the first backward, from the devices registered then.
@@ -24,17 +29,38 @@ import torch as _torch
 
 from . import _raccel
 from . import _torch as _device
+from .assess import Assessment, assess  # noqa: F401 (raccel.torch.assess)
 
 _session = None
 
 
-def device(tflops=1.0, kinds=(), socket="", priority=0, session=None, admit_wait_ms=0):
-    """Opens (once) the session the device's tensors live in; returns the torch device."""
+def device(tflops=1.0, kinds=(), socket="", priority=0, session=None, admit_wait_ms=0, model=None, example_input=None,
+           steps_per_second=None, optimizer=None, block_tflops=1.0):
+    """Opens (once) the session the device's tensors live in; returns the torch device.
+
+    With `model`, `example_input` and `steps_per_second`, the TFLOPS asked for are
+    assessed from the model (assess(), printed) instead of `tflops`. A need larger than
+    the whole pool is refused at once, naming both figures; one larger than the free
+    blocks waits (`admit_wait_ms`) or preempts by `priority`, as admission does.
+    """
     global _session
     if _session is None:
-        _session = session if session is not None else _raccel.Session(
-            tflops=tflops, kinds=list(kinds), socket=socket, program="torch", priority=priority,
-            admit_wait_ms=admit_wait_ms)
+        estimate = None
+        if model is not None:
+            if example_input is None or steps_per_second is None:
+                raise ValueError("device(model=...) needs example_input and steps_per_second too")
+            estimate = assess(model, example_input, steps_per_second, optimizer=optimizer, block_tflops=block_tflops)
+            print(f"raccel.torch: the model needs {estimate}", flush=True)
+            tflops = estimate.tflops
+        try:
+            _session = session if session is not None else _raccel.Session(
+                tflops=tflops, kinds=list(kinds), socket=socket, program="torch", priority=priority,
+                admit_wait_ms=admit_wait_ms)
+        except RuntimeError as e:
+            if estimate is not None:
+                raise RuntimeError(f"raccel.torch: the model needs {estimate.tflops:.4g} TFLOPS ({estimate.blocks} blocks "
+                                   f"of {estimate.block_tflops:g}), and the pool refused it: {e}") from None
+            raise
         _device.attach(_session._capsule())
     return _torch.device("privateuseone", 0)
 
