@@ -720,6 +720,18 @@ TEST_P(Conformance, TensorIndexSelectAndEmbeddingBackwardMatchReference) {
       if (index[j] < 0 || index[j] >= int64_t(rows)) EXPECT_TRUE(std::isnan(got[j * dim + c])) << j;
       else EXPECT_EQ(got[j * dim + c], table[index[j] * dim + c]) << j << "," << c;
     }
+  // A gather along dimension 0 (the index has the output's shape): out[j, c] =
+  // table[picks[j, c], c].
+  std::vector<int64_t> picks2 = {4, 0, 2, 1, 1, 3};
+  auto bp = device->allocate(6 * 8), gathered = device->allocate(6 * 4);
+  ASSERT_TRUE(bp && gathered);
+  ASSERT_TRUE(device->write(**bp, 0, std::as_bytes(std::span(picks2))));
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::indexSelect, {2, dim, rows},
+                                      {view(gathered->get(), 0, {dim, 1, 0}), view(bt.get(), 0, {0, 1, dim}),
+                                       view(bp->get(), 0, {dim, 1, 0}, TensorType::i64)})));
+  auto g2 = readFloats(**gathered, 6);
+  for (uint64_t j = 0; j < 2; ++j)
+    for (uint64_t c = 0; c < dim; ++c) EXPECT_EQ(g2[j * dim + c], table[picks2[j * dim + c] * dim + c]) << j << "," << c;
   // The backward over the first four positions, row 2 the padding.
   const uint64_t n = 4;
   auto grad = randomFloats(n * dim, 22);

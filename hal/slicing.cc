@@ -35,7 +35,7 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::layerNorm:
     case TensorFn::layerNormBackward:
     case TensorFn::nllLossBackward: return 0;  // rows only
-    case TensorFn::indexSelect: return 2;        // not the rows picked from
+    case TensorFn::indexSelect: return int(op.dims) - 2;  // not the rows picked from
     case TensorFn::embeddingBackward: return 1;  // not the index walked
     case TensorFn::amax:
     case TensorFn::amin:

@@ -207,7 +207,7 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       if (auto s = needDims(3); !s) return std::unexpected(s.error());
       break;
     case TensorFn::indexSelect:
-      if (auto s = needDims(4); !s) return std::unexpected(s.error());
+      if (op.dims < 2) return bad("takes a shape of 2 or more dimensions (the picked rows last)");
       break;
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
@@ -290,10 +290,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       rule = zeroStride(3, 1, "rstd is one element per row: its column stride must be 0");
       break;
     case TensorFn::indexSelect:
-      if ((rule = zeroStride(0, 3, "the output's stride over the rows must be 0")))
-        rule = zeroStride(1, 1, "a's stride over the picked positions must be 0");
-      for (unsigned d : {0u, 2u, 3u})
-        if (rule) rule = zeroStride(2, d, "the index walks the picked positions only");
+      if ((rule = zeroStride(0, op.dims - 1, "the output's stride over the rows must be 0")))
+        rule = zeroStride(2, op.dims - 1, "the index's stride over the rows must be 0");
       break;
     case TensorFn::embeddingBackward:
       if ((rule = zeroStride(0, 2, "the output's stride over the index must be 0")))
@@ -392,8 +390,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.inner = g.shape[1];
     out.flops = 4.0 * double(elements);
   } else if (op.fn == TensorFn::indexSelect) {  // one work-item per output element, rows last
-    g.n = g.shape[0] * g.shape[1] * g.shape[2];
-    g.inner = g.shape[3];
+    g.inner = g.shape[op.dims - 1];
+    g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = double(g.n);
   } else if (op.fn == TensorFn::embeddingBackward) {  // one per output element, walking the index
     g.n = g.shape[0] * g.shape[1];

@@ -330,9 +330,11 @@ struct Op {
 #     is); argmax, argmin: out (i64) = the first position of the largest | smallest (a NaN
 #     counts as both) among the reduced positions, counted row-major over them. These
 #     four take the reduced dimensions after every kept one.
-#   indexSelect: shape [outer, n, inner, rows]; operands out, a, index (i64): out[o, j, c]
-#     = a[o, index[j], c], where a's strides are 0 on j and the picked dimension's on
-#     rows, out's 0 on rows, index's only on j; out and a of one type. An index outside
+#   indexSelect: shape: the output's, then the rows picked from (2 to 6 dimensions in
+#     all); operands out, a, index (i64), out's and index's strides 0 over the rows: each
+#     output element is a's element at its own position in row index[its position], out
+#     and a of one type (index_select: [outer, n, inner, rows] with a's stride 0 on n and
+#     index's only on n; gather: the index has the output's shape). An index outside
 #     [0, rows) gives NaN (0 for integers).
 #   embeddingBackward: shape [rows, cols, n]; operands out, a (the gradient, strides on
 #     cols and n), index (i64, on n): out[w, d] = the sum of a[i, d] over the i with

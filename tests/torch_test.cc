@@ -173,9 +173,10 @@ TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) 
   EXPECT_NE(line.find("2 card(s)"), std::string::npos) << line;
 }
 
-// The bench figures (README): one training step of a larger MLP through raccel beside the
-// same step on PyTorch's CPU, same run. Printed, not asserted.
-TEST_F(TorchDevice, StepTimesOfALargerMlpPrintBesideTheCpus) {
+// The bench figures (README): one training step of a larger MLP, of the reference CNN and
+// of the reference transformer through raccel beside the same step on PyTorch's CPU, same
+// run, and their ratio (torch_step_ratio_{mlp,cnn,transformer}). Printed, not asserted.
+TEST_F(TorchDevice, StepTimesOfTheReferenceModelsPrintBesideTheCpus) {
   startOneCard();
   int status = -1;
   std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --time 10 --features 256 --hidden 512 "
@@ -184,7 +185,15 @@ TEST_F(TorchDevice, StepTimesOfALargerMlpPrintBesideTheCpus) {
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("cpu_step_ms "), std::string::npos) << out;
   EXPECT_NE(out.find("raccel_step_ms "), std::string::npos) << out;
+  EXPECT_NE(out.find("torch_step_ratio_mlp "), std::string::npos) << out;
   std::cout << out;
+  // The CNN's and the transformer's reference steps (tests/torch/*_train.py --time).
+  for (std::string script : {"cnn_train.py", "transformer_train.py"}) {
+    out = python(sourcePath("tests/torch/" + script) + " --time 5", &status);
+    EXPECT_EQ(status, 0) << script << "\n" << out;
+    EXPECT_NE(out.find("torch_step_ratio_"), std::string::npos) << out;
+    std::cout << script << ": " << out;
+  }
 }
 
 // Bad input from Python: tensor ops that would leave their buffers, unknown functions,

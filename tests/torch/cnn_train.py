@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from reference import compare, device_named, fallbacks, fit
+from reference import compare, device_named, fallbacks, fit, report_times
 
 
 def data(args):
@@ -74,9 +74,20 @@ def main():
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--tflops", type=float, default=1.0)
     p.add_argument("--progress", action="store_true", help="print every 20th step's loss")
+    p.add_argument("--time", type=int, default=0, metavar="N",
+                   help="times N steps on one batch on the CPU and on the card (the bench)")
     args = p.parse_args()
     if args.size < 8 or args.size % 2:
         p.error("--size must be even and at least 8")
+    if args.time:
+        images, labels = data(args)
+
+        def make(dev):
+            net = model(args).to(dev)
+            opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
+            return net, opt, images[:args.batch].to(dev), labels[:args.batch].to(dev)
+        report_times("cnn", make, args)
+        return 0
     torch.set_num_threads(1)  # the CPU reference's sums in one order, run to run
     if not args.compare:
         losses, accuracy, fallen_back = train(args.device, args)

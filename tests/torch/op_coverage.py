@@ -80,6 +80,18 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("max_pool2d's indices", [(2, 2, 6, 6)], lambda x: F.max_pool2d(x, 2, return_indices=True)[1]),
     ("avg_pool2d, adaptive_avg_pool2d", [(2, 3, 8, 8)],
      lambda x: F.avg_pool2d(x, 2) + F.adaptive_avg_pool2d(x, 4) * 2 + F.adaptive_avg_pool2d(x, 1)),
+    ("l1, smooth_l1, huber losses", [(6, 4), (6, 4)],
+     lambda a, b: F.l1_loss(a, b) + F.smooth_l1_loss(a, b, beta=0.5) + F.huber_loss(a, b, delta=0.7)),
+    ("binary cross-entropy, with logits", [(6, 4), (6, 4)],
+     lambda a, b: F.binary_cross_entropy(torch.sigmoid(a), torch.sigmoid(b).detach())
+     + F.binary_cross_entropy_with_logits(a, torch.sigmoid(b).detach())),
+    # (gather's own backward is scatter_add_, which still falls back; nll_loss's is its own.)
+    ("gather along dims 1 and 0 (forward)", [(4, 5)],
+     lambda x: (x.gather(1, torch.tensor([[0, 4], [1, 1], [3, 2], [0, 0]], device=x.device)).sum(1)
+                + x.gather(0, torch.tensor([[3, 2, 1, 0, 0]], device=x.device)).sum()).detach()),
+    ("nll_loss reduction none", [(6, 4)], lambda x: F.nll_loss(F.log_softmax(x, 1), (x[:, 0] > x[:, 1]).long(), reduction="none")),
+    ("cross_entropy with class weights", [(6, 4)],
+     lambda x: F.cross_entropy(x, (x[:, 0] > x[:, 1]).long(), weight=torch.tensor([1.0, 2.0, 0.5, 1.5], device=x.device))),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -1,6 +1,8 @@
 """What the reference training scripts (tests/torch/cnn_train.py, transformer_train.py)
 share: the device by name, the training loop over minibatches, and the comparison of the
 CPU's losses with the card's."""
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -47,3 +49,29 @@ def compare(cpu, dev, fallen_back, args):
     if bad:
         print(f"losses differ past {args.rtol} at {len(bad)} steps, first {bad[0]}: cpu {cpu[bad[0]]} raccel {dev[bad[0]]}")
     return not bad and not fallen_back and len(dev) == args.steps
+
+
+def timed(device, make, args):
+    """Median milliseconds of a training step on one batch over args.time steps, after 3
+    warm-up steps; make(dev) gives (net, optimizer, x, y) on the device."""
+    dev = device_named(device, args.tflops)
+    net, opt, x, y = make(dev)
+    sync = raccel.torch.synchronize if device == "raccel" else (lambda: None)
+    times = []
+    for step in range(args.time + 3):
+        start = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+        sync()
+        if step >= 3:
+            times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def report_times(name, make, args):
+    """Prints the CPU's and the card's median step (PyTorch's CPU with all its threads, as
+    a user would run it) and their ratio, the bench's torch_step_ratio_<name>."""
+    cpu = timed("cpu", make, args)
+    card = timed("raccel", make, args)
+    print(f"cpu_step_ms {cpu:.3f}\nraccel_step_ms {card:.3f}\ntorch_step_ratio_{name} {card / cpu:.2f}", flush=True)

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference import compare, device_named, fallbacks, fit, raccel
+from reference import compare, device_named, fallbacks, fit, raccel, report_times
 
 
 class Block(nn.Module):
@@ -121,9 +121,22 @@ def main():
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--tflops", type=float, default=1.0)
     p.add_argument("--progress", action="store_true", help="print every 20th step's loss")
+    p.add_argument("--time", type=int, default=0, metavar="N",
+                   help="times N steps on one batch on the CPU and on the card (the bench)")
     args = p.parse_args()
     if args.width % args.heads:
         p.error("--width must be a multiple of --heads")
+    if args.time:
+        tokens, labels = data(args)
+
+        def make(dev):
+            torch.manual_seed(args.seed)
+            net = Classifier(args.vocab, args.length, args.width, args.heads, args.hidden, args.classes, args.dropout)
+            net = net.to(dev)
+            opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.01)
+            return net, opt, tokens[:args.batch].to(dev), labels[:args.batch].to(dev)
+        report_times("transformer", make, args)
+        return 0
     torch.set_num_threads(1)  # the CPU reference's sums in one order, run to run
     if args.check_dropout:
         ok = check_dropout(args)

@@ -1756,6 +1756,157 @@ at::Tensor _adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tenso
 // PyTorch's loss reductions (at::Reduction).
 constexpr int64_t kNone = 0, kMean = 1, kSum = 2;
 
+// out[..., i, ...] = self[..., index[..., i, ...], ...] along `dim` (index of out's shape).
+at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparseGrad, at::Tensor& out) {
+  const bool ok = typed(self) && typed(out) && out.scalar_type() == self.scalar_type() && typed(index) &&
+                  index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 && index.dim() == self.dim() && !sparseGrad;
+  if (!ok) return hostInto("aten::gather", out, at::gather(host(self), dim, host(index), sparseGrad));
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  for (int64_t d = 0; d < self.dim(); ++d)
+    TORCH_CHECK(d == dim || index.size(d) <= self.size(d), "raccel: gather: index ", index.sizes(), " is larger than ",
+                self.sizes(), " in dimension ", d);
+  at::native::resize_output(out, index.sizes());
+  if (out.numel() == 0) return out;
+  TORCH_CHECK(self.size(dim) > 0, "raccel: gather from an empty dimension");
+  auto shape = index.sizes().vec();
+  shape.push_back(self.size(dim));
+  auto outStrides = out.strides().vec(), selfStrides = self.strides().vec(), indexStrides = index.strides().vec();
+  outStrides.push_back(0), indexStrides.push_back(0);
+  selfStrides[dim] = 0;
+  selfStrides.push_back(self.stride(dim));
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::indexSelect;
+  op.shape = shapeOf(shape);
+  op.operands = {operand(out, outStrides), operand(self, selfStrides), operand(index, indexStrides)};
+  send(*s, op);
+  return out;
+}
+at::Tensor gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparseGrad) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::gather_out(self, dim, index, sparseGrad, out);
+}
+
+// self[mask] = value, the one form of index_put_ training code uses (label smoothing's
+// ignored targets): a single bool mask and a single value; other forms run on the host.
+at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at::Tensor>>& indices, const at::Tensor& values,
+                             bool accumulate, bool unsafe) {
+  const bool mask = indices.size() == 1 && indices.get(0).has_value() && typed(*indices.get(0)) &&
+                    indices.get(0)->scalar_type() == at::kBool && values.numel() == 1 && !accumulate;
+  if (!mask) {
+    countFallback("aten::_index_put_impl_");
+    c10::List<c10::optional<at::Tensor>> onHostIndices;
+    for (size_t i = 0; i < indices.size(); ++i) {
+      auto t = indices.get(i);
+      onHostIndices.push_back(t.has_value() ? c10::optional<at::Tensor>(host(*t)) : c10::nullopt);
+    }
+    auto result = host(self);
+    at::_index_put_impl_(result, onHostIndices, host(values), accumulate, unsafe);
+    return self.copy_(result);
+  }
+  return python::masked_fill_(self, *indices.get(0), values.reshape({}));
+}
+
+// ---- Losses composed of the ops above ----------------------------------------------------
+
+at::Tensor reduced(const at::Tensor& losses, int64_t reduction) {
+  return reduction == kNone ? losses : reduction == kSum ? losses.sum() : losses.mean();
+}
+// The gradient of a reduced loss with respect to each element's loss.
+at::Tensor unreduced(const at::Tensor& grad, const at::Tensor& like, int64_t reduction) {
+  return reduction == kMean ? grad / static_cast<double>(std::max<int64_t>(like.numel(), 1)) : grad;
+}
+bool lossOnCard(std::initializer_list<const at::Tensor*> tensors) { return supported(tensors); }
+
+// smooth L1 (beta) and Huber (delta): quadratic inside the bound, linear outside.
+at::Tensor smoothLoss(const at::Tensor& self, const at::Tensor& target, double bound, bool huber) {
+  auto diff = self - target;
+  auto size = diff.abs();
+  if (bound == 0) return size;
+  auto inside = huber ? diff * diff * 0.5 : diff * diff * (0.5 / bound);
+  auto outside = huber ? (size - 0.5 * bound) * bound : size - 0.5 * bound;
+  return at::where(huber ? size <= bound : size < bound, inside, outside);
+}
+at::Tensor smoothGrad(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target, double bound, bool huber,
+                      int64_t reduction) {
+  auto diff = self - target;
+  auto size = diff.abs();
+  auto slope = bound == 0 ? diff.sign()
+                          : at::where(huber ? size <= bound : size < bound, huber ? diff : diff / bound,
+                                      huber ? diff.sign() * bound : diff.sign());
+  return slope * unreduced(grad, self, reduction);
+}
+at::Tensor& smooth_l1_loss_out(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta, at::Tensor& out) {
+  if (!lossOnCard({&self, &target, &out}) || beta < 0)
+    return hostInto("aten::smooth_l1_loss", out, at::smooth_l1_loss(host(self), host(target), reduction, beta));
+  auto loss = reduced(smoothLoss(self, target, beta, false), reduction);
+  at::native::resize_output(out, loss.sizes());
+  return out.copy_(loss);
+}
+at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
+  auto out = emptyOn({0});
+  return python::smooth_l1_loss_out(self, target, reduction, beta, out);
+}
+at::Tensor& smooth_l1_loss_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                        int64_t reduction, double beta, at::Tensor& out) {
+  if (!lossOnCard({&grad, &self, &target, &out}) || beta < 0)
+    return hostInto("aten::smooth_l1_loss_backward", out,
+                    at::smooth_l1_loss_backward(host(grad), host(self), host(target), reduction, beta));
+  auto g = smoothGrad(grad, self, target, beta, false, reduction);
+  at::native::resize_output(out, g.sizes());
+  return out.copy_(g);
+}
+at::Tensor smooth_l1_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+                                   double beta) {
+  auto out = emptyOn({0});
+  return python::smooth_l1_loss_backward_out(grad, self, target, reduction, beta, out);
+}
+at::Tensor& huber_loss_out(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta, at::Tensor& out) {
+  if (!lossOnCard({&self, &target, &out}) || !(delta > 0))
+    return hostInto("aten::huber_loss", out, at::huber_loss(host(self), host(target), reduction, delta));
+  auto loss = reduced(smoothLoss(self, target, delta, true), reduction);
+  at::native::resize_output(out, loss.sizes());
+  return out.copy_(loss);
+}
+at::Tensor huber_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
+  auto out = emptyOn({0});
+  return python::huber_loss_out(self, target, reduction, delta, out);
+}
+at::Tensor& huber_loss_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+                                    double delta, at::Tensor& out) {
+  if (!lossOnCard({&grad, &self, &target, &out}) || !(delta > 0))
+    return hostInto("aten::huber_loss_backward", out,
+                    at::huber_loss_backward(host(grad), host(self), host(target), reduction, delta));
+  auto g = smoothGrad(grad, self, target, delta, true, reduction);
+  at::native::resize_output(out, g.sizes());
+  return out.copy_(g);
+}
+
+// Binary cross-entropy over probabilities, each log clamped at -100 as PyTorch does.
+at::Tensor binary_cross_entropy(const at::Tensor& self, const at::Tensor& target, const c10::optional<at::Tensor>& weight,
+                                int64_t reduction) {
+  if (!lossOnCard({&self, &target, present(weight)}))
+    return onHost("aten::binary_cross_entropy", [&] {
+      return at::binary_cross_entropy(host(self), host(target), present(weight) ? host(*weight) : at::Tensor(), reduction)
+          .to(self.device());
+    });
+  auto loss = -(target * self.log().clamp_min(-100) + (1 - target) * (1 - self).log().clamp_min(-100));
+  if (present(weight)) loss = loss * *weight;
+  return reduced(loss, reduction);
+}
+at::Tensor binary_cross_entropy_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                         const c10::optional<at::Tensor>& weight, int64_t reduction) {
+  if (!lossOnCard({&grad, &self, &target, present(weight)}))
+    return onHost("aten::binary_cross_entropy_backward", [&] {
+      return at::binary_cross_entropy_backward(host(grad), host(self), host(target),
+                                               present(weight) ? host(*weight) : at::Tensor(), reduction)
+          .to(self.device());
+    });
+  auto g = (self - target) / ((1 - self) * self).clamp_min(1e-12) * unreduced(grad, self, reduction);
+  return present(weight) ? g * *weight : g;
+}
+
+
 at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64_t reduction, at::Tensor& out) {
   if (!supported({&self, &target, &out})) {
     return hostInto("aten::mse_loss", out, at::mse_loss(host(self), host(target), reduction));
@@ -1977,9 +2128,37 @@ void sendNll(TensorFn fn, const at::Tensor& rows, const at::Tensor& loss, const 
   send(*s, op);
 }
 
+// With class weights or reduction 'none': composed of gather and selections. Each
+// sample's picked log-probability and its weight, both 0 where the target is ignored.
+bool nllComposable(const at::Tensor& self, const at::Tensor& target, const c10::optional<at::Tensor>& weight) {
+  return supported({&self, present(weight)}) && typed(target) && target.scalar_type() == at::kLong && self.dim() >= 1 &&
+         self.dim() <= 2 && target.dim() == self.dim() - 1;
+}
+std::pair<at::Tensor, at::Tensor> nllTerms(const at::Tensor& self, const at::Tensor& target,
+                                           const c10::optional<at::Tensor>& weight, int64_t ignoreIndex) {
+  auto rows = self.dim() == 1 ? self.unsqueeze(0) : self;
+  auto t = target.reshape({-1, 1});
+  auto ignored = t == ignoreIndex;
+  auto zero = at::zeros({}, self.options());
+  auto picked = at::where(ignored, zero, at::gather(rows, 1, t)).squeeze(1);
+  auto w = present(weight) ? at::index_select(*weight, 0, t.squeeze(1)).unsqueeze(1) : at::ones({t.size(0), 1}, self.options());
+  return {picked, at::where(ignored, zero, w).squeeze(1)};
+}
+std::tuple<at::Tensor, at::Tensor> nllComposed(const at::Tensor& self, const at::Tensor& target,
+                                               const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignoreIndex) {
+  auto [picked, w] = nllTerms(self, target, weight, ignoreIndex);
+  auto losses = -(picked * w);
+  auto total = w.sum();
+  if (reduction == kNone) return {self.dim() == 1 ? losses.squeeze(0) : losses, total};
+  auto sum = losses.sum();
+  return {reduction == kMean ? sum / total : sum, total};
+}
+
 std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self, const at::Tensor& target,
                                                     const c10::optional<at::Tensor>& weight, int64_t reduction,
                                                     int64_t ignoreIndex) {
+  if (!nllSupported(self, target, weight, reduction) && nllComposable(self, target, weight))
+    return nllComposed(self, target, weight, reduction, ignoreIndex);
   if (!nllSupported(self, target, weight, reduction)) {
     countFallback("aten::nll_loss_forward");
     auto [out, total] = at::nll_loss_forward(host(self), host(target), weight ? host(*weight) : at::Tensor(), reduction, ignoreIndex);
@@ -1993,6 +2172,17 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self, cons
 at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
                              const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignoreIndex,
                              const at::Tensor& totalWeight) {
+  if (!nllSupported(self, target, weight, reduction) && nllComposable(self, target, weight) && isF32(grad) &&
+      isF32(totalWeight)) {
+    // grad_input[i, c] = -w_i * g_i (/ total for the mean) where c is row i's target.
+    auto [picked, w] = nllTerms(self, target, weight, ignoreIndex);
+    auto scale = reduction == kNone ? -(w * grad.reshape({-1})) : -(w * grad.reshape({}));
+    if (reduction == kMean) scale = scale / totalWeight;
+    const int64_t classes = self.size(-1);
+    auto columns = at::arange(classes, at::kLong).to(self.device()).reshape({1, classes});
+    auto rows = at::where(columns == target.reshape({-1, 1}), scale.reshape({-1, 1}), at::zeros({}, self.options()));
+    return self.dim() == 1 ? rows.squeeze(0) : rows;
+  }
   if (!nllSupported(self, target, weight, reduction) || !isF32(grad) || grad.numel() != 1 || !isF32(totalWeight)) {
     return onHost("aten::nll_loss_backward", [&] {
       return at::nll_loss_backward(host(grad), host(self), host(target), weight ? host(*weight) : at::Tensor(), reduction,
@@ -2172,6 +2362,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   RACCEL_REGISTER_COMPARE(gt)
   RACCEL_REGISTER_COMPARE(ge)
 #undef RACCEL_REGISTER_COMPARE
+  m.impl("gather.out", TORCH_FN(gather_out));
+  m.impl("gather", TORCH_FN(python::gather));
+  m.impl("_index_put_impl_", TORCH_FN(python::_index_put_impl_));
+  m.impl("smooth_l1_loss.out", TORCH_FN(smooth_l1_loss_out));
+  m.impl("smooth_l1_loss", TORCH_FN(python::smooth_l1_loss));
+  m.impl("smooth_l1_loss_backward.grad_input", TORCH_FN(smooth_l1_loss_backward_out));
+  m.impl("smooth_l1_loss_backward", TORCH_FN(python::smooth_l1_loss_backward));
+  m.impl("huber_loss.out", TORCH_FN(huber_loss_out));
+  m.impl("huber_loss", TORCH_FN(python::huber_loss));
+  m.impl("huber_loss_backward.out", TORCH_FN(huber_loss_backward_out));
+  m.impl("binary_cross_entropy", TORCH_FN(python::binary_cross_entropy));
+  m.impl("binary_cross_entropy_backward", TORCH_FN(python::binary_cross_entropy_backward));
   m.impl("native_batch_norm", TORCH_FN(native_batch_norm));
   m.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward));
   m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
