@@ -139,6 +139,18 @@ TEST_F(TorchDevice, TheComputeAModelNeedsIsAssessedFromItsOpsAndTooMuchIsRefused
   std::cout << out;
 }
 
+// What users do around training (tests/torch/round_trips.py): state_dict save and load
+// across the card and the CPU (map_location), .to() round trips of many dtypes, no_grad
+// and eval, manual_seed on the card, printing, a closed session's tensor refused.
+TEST_F(TorchDevice, StateDictsRoundTripsSeedsAndPrintingWorkAsOnTheCpu) {
+  startOneCard();
+  int status = -1;
+  std::string out = python(sourcePath("tests/torch/round_trips.py"), &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
+}
+
 // Every op family raccel.torch runs on the card, forward and backward, beside the CPU's
 // (tests/torch/op_coverage.py: softmax over any dim, LayerNorm over one or two dims,
 // broadcasting, numbers as operands...).

@@ -405,6 +405,21 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, c10::op
   return self;
 }
 
+// A storage's bytes, read to the host (torch.save of the device's tensors).
+py::bytes readStorage(uintptr_t dataPtr, uint64_t nbytes) {
+  std::string bytes(nbytes, '\0');
+  if (nbytes == 0) return py::bytes(bytes);
+  auto [handle, byteOffset] = arena().locate(reinterpret_cast<void*>(dataPtr));
+  Status st;
+  {
+    py::gil_scoped_release unlocked;
+    Locked s;
+    st = s->read(handle, byteOffset, std::span(reinterpret_cast<std::byte*>(bytes.data()), nbytes));
+  }
+  if (!st) raise(st.error());
+  return py::bytes(bytes);
+}
+
 at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
   const bool exact = isF32(self) || (typed(self) && value.toDouble() == double(value.toFloat()));  // i64 past 2^24 is not
@@ -2463,6 +2478,7 @@ PYBIND11_MODULE(_torch, m) {
     state().shared = *shared;
   }, "Makes the device's tensors live in this session (a raccel.Session's _capsule())");
   m.def("attached", [] { return state().shared != nullptr; });
+  m.def("read_storage", &readStorage, "A device storage's bytes (its data_ptr() and nbytes())");
   m.def("fallbacks", [] {
     std::lock_guard lock(state().countsMu);
     return state().fallbacks;

@@ -24,6 +24,7 @@ sizes its device threads once, on the first backward, from the devices registere
 """
 import atexit
 import os
+import warnings as _warnings
 
 import torch as _torch
 
@@ -84,6 +85,45 @@ def fallbacks():
 def reset_fallbacks():
     _device.reset_fallbacks()
 
+
+def _location_tag(storage):
+    """torch.save's name for where a storage lives: the device's storages are saved as
+    'privateuseone' (their bytes copied to the host)."""
+    return "privateuseone" if storage.device.type == "privateuseone" else None
+
+
+_warned_load = False
+
+
+def _restore(storage, location):
+    """torch.load of a storage saved from the device (or with map_location=the device):
+    torch 1.13 rebuilds tensors from storages of its own devices only, so these load on
+    the CPU, once with a warning; load_state_dict() copies them into a model on the
+    device, and .to(device) moves any other."""
+    global _warned_load
+    if not location.startswith("privateuseone"):
+        return None
+    if not _warned_load:
+        _warned_load = True
+        _warnings.warn("raccel.torch: tensors saved from (or mapped to) the raccel device load on the CPU under torch "
+                       "1.13; load_state_dict() copies them into a model on the device, .to(device) moves others")
+    return storage
+
+
+_torch.serialization.register_package(15, _location_tag, _restore)
+
+# torch.save copies each storage to the host with UntypedStorage.cpu(), which torch 1.13
+# implements for its own devices only: the device's storages are read through raccel.
+_host_storage = _torch.UntypedStorage.cpu
+
+
+def _storage_cpu(self):
+    if self.device.type != "privateuseone":
+        return _host_storage(self)
+    return _torch.UntypedStorage.from_buffer(_device.read_storage(self.data_ptr(), self.nbytes()), dtype=_torch.uint8)
+
+
+_torch.UntypedStorage.cpu = _storage_cpu
 
 if os.environ.get("RACCEL_TORCH_FALLBACKS", "") not in ("", "0"):
     atexit.register(_device.print_fallbacks)

@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""What users do around training, on the raccel device: a state_dict saved from the card
+and loaded on the CPU (map_location) and back; .to() round trips of every dtype the
+kernels take and of others; torch.no_grad() and model.eval(); torch.manual_seed making
+the card's random draws repeat; printing a device tensor; a tensor whose session has
+closed refused with a clear error. Prints one line per check and PASS or FAIL; exits 1 on
+any failure.
+"""
+import io
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import raccel.torch
+
+failures = []
+
+
+def check(what, ok, detail=""):
+    print(f"{'ok  ' if ok else 'FAIL'} {what}{': ' + detail if detail else ''}", flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def main():
+    dev = raccel.torch.device()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).to(dev)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    x, y = torch.randn(16, 6).to(dev), torch.randint(0, 3, (16,)).to(dev)
+    for _ in range(3):
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    # state_dict from the card, saved and loaded on the CPU (map_location), and back.
+    buffer = io.BytesIO()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, map_location="cpu")
+    on_cpu = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    on_cpu.load_state_dict(saved["model"])
+    same = all(torch.equal(a.cpu(), b) for a, b in zip(net.state_dict().values(), on_cpu.state_dict().values()))
+    check("a state_dict saved from the card loads on the CPU with the same values", same)
+    net.eval()
+    on_cpu.eval()
+    with torch.no_grad():
+        want = on_cpu(x.cpu())
+        got = net(x).cpu()
+    check("the model in eval mode under no_grad gives the CPU copy's outputs", torch.allclose(got, want, atol=1e-5),
+          f"worst {float((got - want).abs().max()):.2e}")
+    check("no_grad made no graph", not got.requires_grad)
+    back = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).to(dev)
+    back.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()))["model"])  # no map_location
+    back.eval()
+    with torch.no_grad():
+        again = back(x).cpu()
+    check("the checkpoint loaded without map_location into a model on the card gives the same outputs",
+          torch.equal(again, got))
+    mapped = torch.load(io.BytesIO(buffer.getvalue()), map_location=dev)["model"]
+    check("map_location=the device loads every tensor (on the CPU under torch 1.13, with a warning)",
+          all(torch.equal(mapped[k], v.cpu()) for k, v in net.state_dict().items()))
+    opt2 = torch.optim.AdamW(back.parameters(), lr=0.01)
+    opt2.load_state_dict(saved["optimizer"])
+    check("an optimizer state saved from the card loads", len(opt2.state) == len(opt.state))
+
+    # .to() round trips.
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.float64, torch.int32, torch.uint8):
+        t = (torch.arange(-5, 7).reshape(3, 4) * 3).to(dtype)
+        r = t.to(dev).to("cpu")
+        check(f".to(device).to('cpu') of {dtype}", torch.equal(r, t) and r.dtype == dtype)
+    big = torch.tensor([2 ** 40 + 1, -(2 ** 50) - 3])
+    check("i64 past 2^24 keeps its value on the card (a copy and an add there)",
+          torch.equal((big.to(dev) + 0).cpu(), big) and torch.equal(big.to(dev).clone().cpu(), big))
+    t = torch.randn(4, 5)
+    check("a transposed view copied to the card and back", torch.equal(t.t().to(dev).cpu(), t.t()))
+    check(".float() and .long() on the card convert as the CPU does",
+          torch.equal((t * 10).to(dev).long().cpu(), (t * 10).long()) and
+          torch.equal((t > 0).to(dev).float().cpu(), (t > 0).float()))
+
+    # torch.manual_seed makes the card's draws repeat.
+    torch.manual_seed(123)
+    first = torch.empty(1000, device=dev).normal_().cpu()
+    torch.manual_seed(123)
+    second = torch.empty(1000, device=dev).normal_().cpu()
+    third = torch.empty(1000, device=dev).normal_().cpu()
+    check("manual_seed repeats the card's random draws", torch.equal(first, second) and not torch.equal(second, third))
+
+    # Printing a device tensor.
+    text = str(torch.tensor([[1.5, -2.0], [0.25, 3.0]]).to(dev))
+    check("printing a device tensor shows its values and device",
+          "1.5000" in text and "privateuseone" in text, text.replace("\n", " "))
+
+    # A tensor whose session has closed is refused, with a clear error.
+    raccel.torch.session().close()
+    try:
+        (x + 1).cpu()
+        check("a tensor of a closed session is refused", False, "no error")
+    except RuntimeError as e:
+        check("a tensor of a closed session is refused", "closed" in str(e) or "no session" in str(e), str(e).splitlines()[0])
+
+    print("PASS" if not failures else "FAIL: " + ", ".join(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
