@@ -3,6 +3,7 @@
 // Used from the test's main thread.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -157,7 +158,7 @@ class Cluster {
   bool insecure_ = false;
   std::vector<std::string> schedulerArgs_;
   std::unique_ptr<Process> scheduler_;
-  std::vector<Process> processes_;  // netaccels, guestd
+  std::deque<Process> processes_;  // netaccels, guestd (a deque: addNetaccel's references stay valid)
   void startScheduler();
 };
 

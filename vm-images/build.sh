@@ -101,10 +101,14 @@ if [ -f "$icd" ] && [ -x "$build/bin/ocl_smoke" ]; then
     cp "$(command -v clinfo)" "$root/bin/clinfo"
     programs+=("$(command -v clinfo)")
   fi
-  for lib in $(ldd "${programs[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $1 !~ /:$/ {print $1}' | sort -u); do
+  # ldd's lines "NAME => PATH (0x...)" and "PATH (0x...)", read whole: a path may hold
+  # spaces (a checkout under a folder with one).
+  while IFS= read -r lib; do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"
-  done
+  done < <(ldd "${programs[@]}" 2>/dev/null |
+           sed -n -e 's/^[[:space:]]*[^[:space:]]* => \(\/.*\) (0x[0-9a-f]*)$/\1/p' -e 's/^[[:space:]]*\(\/.*\) (0x[0-9a-f]*)$/\1/p' |
+           sort -u)
   # Not every dynamic linker path ldd prints is the one the programs ask for.
   mkdir -p "$root/lib64"
   cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/" 2>/dev/null || true

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -21,9 +22,29 @@ namespace pb = etcd::pb;
 
 constexpr size_t kMaxValueBytes = 1 << 20;   // a node of 1024 cards fits with room to spare
 constexpr size_t kMaxRangesPerHolding = 4096;
-// A call etcd lost (a member died, its leader changed) is tried again this many times,
-// 100 ms apart and more, before the loss is reported: about 1.5 s in all.
-constexpr uint32_t kLostCallRetries = 5;
+// A call etcd lost (a member died, its leader changed, or the client's connections are
+// all still in their reconnect backoff) is tried again, 100 ms apart and more, for up to
+// this long before the loss is reported. What it waits for: a restarted member found
+// again (gRPC's reconnect backoff, 1 s here, then its connect) and a new leader elected
+// (etcd's election timeout, 1 s by default), with room for a loaded machine; a fixed
+// count of tries (about 1.5 s) ran out while a busy machine's member reconnected.
+constexpr int64_t kLostCallBudgetMs = 6000;
+
+// Paces the retries of one lost call: again() sleeps and says yes until the budget is spent.
+class LostCall {
+ public:
+  bool again() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - start_ >= std::chrono::milliseconds(kLostCallBudgetMs)) return false;
+    pauseMs_ = std::min<int64_t>(pauseMs_ + 100, 500);
+    std::this_thread::sleep_for(std::chrono::milliseconds(pauseMs_));
+    return true;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  int64_t pauseMs_ = 0;
+};
 
 // A name that becomes one segment of a key.
 // An unsigned JSON number within [0, max], or an error naming `field`.
@@ -584,10 +605,7 @@ Status SharedPool::leave() {
 
 Status SharedPool::load() {
   auto all = client_.range(options_.prefix);
-  for (uint32_t lost = 1; !all && all.error().code == Code::unavailable && lost <= kLostCallRetries; ++lost) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100 * lost));
-    all = client_.range(options_.prefix);
-  }
+  for (LostCall lost; !all && all.error().code == Code::unavailable && lost.again();) all = client_.range(options_.prefix);
   if (!all) return fail(all.error());
   {
     std::lock_guard lock(mutex_);
@@ -910,15 +928,19 @@ Result<std::vector<BlockRange>> SharedPool::allocate(uint64_t vaccel, const std:
                                                      const std::set<std::string>* usable) {
   if (vaccel == 0 || vaccel >= kForeignIds) return fail(Code::invalidArgument, "vaccel ids are 1 to 2^62 - 1");
   if (auto ok = refresh(); !ok) return fail(ok.error());
-  uint32_t lostCalls = 0;
-  for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
+  std::optional<LostCall> lost;  // (lost calls are paced by their own budget, not counted as conflicts)
+  for (uint32_t attempt = 0; attempt < options_.maxAttempts;) {
     auto placed = tryAllocate(vaccel, vm, request, usable);
     if (placed && *placed) return std::move(**placed);
-    if (placed) continue;  // a conflict: placed again on the view it re-read
-    if (placed.error().code != Code::unavailable || ++lostCalls > kLostCallRetries) return fail(placed.error());
+    if (placed) {  // a conflict: placed again on the view it re-read
+      ++attempt;
+      continue;
+    }
+    if (placed.error().code != Code::unavailable) return fail(placed.error());
+    if (!lost) lost.emplace();
+    if (!lost->again()) return fail(placed.error());
     // etcd lost the call (a member died, its leader changed) and may have committed it:
     // the holding under this vaccel's key is then ours.
-    std::this_thread::sleep_for(std::chrono::milliseconds(100 * lostCalls));
     auto mine = committedHolding(vaccel);
     if (mine && *mine) return std::move(**mine);
   }
@@ -933,10 +955,7 @@ Status SharedPool::release(uint64_t vaccel) {
   d->set_key(key);
   auto answer = client_.txn(txn);
   // A delete may be repeated: a call etcd lost is simply made again.
-  for (uint32_t lost = 1; !answer && answer.error().code == Code::unavailable && lost <= kLostCallRetries; ++lost) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100 * lost));
-    answer = client_.txn(txn);
-  }
+  for (LostCall lost; !answer && answer.error().code == Code::unavailable && lost.again();) answer = client_.txn(txn);
   if (!answer) return fail(answer.error());
   std::unique_lock lock(mutex_);
   ++stats_.commits;

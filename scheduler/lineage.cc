@@ -1,0 +1,264 @@
+// Failover (lineage.h): keeping each vaccel's lineage as its guest's frames pass,
+// checkpointing it when the log reaches its cap, and recovering a vaccel that lost a
+// card from it. Recovery reuses suspension's machinery: the vaccel leaves its cards,
+// waits in the admission queue as a suspended one would (its priority and quota as
+// they were; unlike a suspended one it may preempt at once, as new work would), and is
+// restored on its new blocks from the checkpoint, with the log re-forwarded ahead of
+// what waited.
+#include <capnp/message.h>
+
+#include <cstring>
+
+#include "common/log.h"
+#include "schema/frame.capnp.h"
+#include "schema/node.capnp.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/state.h"
+#include "transport/wire_types.h"
+
+namespace raccel::scheduler {
+
+uint64_t Lineage::heldBytes() const {
+  uint64_t n = logBytes;
+  for (auto& [h, data] : base) n += data.size();
+  for (auto& [h, data] : taking) n += data.size();
+  return n;
+}
+
+void Lineage::drop() {
+  on = false;
+  base.clear();
+  baseInSaved = false;
+  buffers.clear();
+  dirty.clear();
+  allDirty = false;
+  programs.clear();
+  failed.clear();
+  log.clear();
+  logBytes = 0;
+  delivered.clear();
+  taking.clear();
+}
+
+void Scheduler::startLineage(Session& s) {
+  s.lineage.on = s.vm->policy.failover;
+  s.lineage.capBytes = s.vm->policy.lineageBytes;
+}
+
+void Scheduler::logFrame(Session& s, const transport::FrameHeader& h, const transport::Body& body) {
+  Lineage& lin = s.lineage;
+  if (!lin.on || h.sequence >= kSchedulerSequences) return;  // (refused unforwarded: nothing to rebuild)
+  lin.logBytes += body.size();
+  lin.log.emplace_back(h, transport::copyBody(body));
+  if (lin.replayLeft && --lin.replayLeft == 0) {
+    const double ms = static_cast<double>(uv_hrtime() - lin.lostAtNs) / 1e6;
+    event("recovered", labelOf(s), "the instructions lost with " + lin.lost + " ran again; " + std::to_string(static_cast<long>(ms)) +
+                                       " ms after the loss");
+  }
+}
+
+bool Scheduler::firstDelivery(Session& s, uint64_t sequence, const transport::Body& body) {
+  Lineage& lin = s.lineage;
+  if (!lin.on || sequence >= kSchedulerSequences) return true;
+  // One answer per instruction, but a read's data comes in chunks and a fence's answer
+  // follows the kernel times it collected: each part is told apart.
+  uint64_t part = ~0ull;
+  (void)transport::decodeGuard([&] {
+    transport::MessageView in(body);
+    auto reply = in.root<wire::Reply>();
+    if (reply.which() == wire::Reply::DATA) part = reply.getData().getOffset();
+    else if (reply.which() == wire::Reply::KERNEL_TIMES) part = ~1ull;
+  });
+  return lin.delivered.emplace(sequence, part).second;
+}
+
+void Scheduler::noteWritten(Session& s, wire::Instruction::Reader in) {
+  Lineage& lin = s.lineage;
+  if (!lin.on || lin.allDirty) return;
+  switch (in.which()) {
+    case wire::Instruction::ALLOC: lin.dirty.insert(in.getAlloc().getHandle()); break;
+    case wire::Instruction::WRITE: lin.dirty.insert(in.getWrite().getBuffer()); break;
+    case wire::Instruction::COPY: lin.dirty.insert(in.getCopy().getDst()); break;
+    case wire::Instruction::FILL: lin.dirty.insert(in.getFill().getBuffer()); break;
+    case wire::Instruction::LAUNCH:  // a kernel's writes are not declared: every buffer it is passed
+      for (auto arg : in.getLaunch().getArgs())
+        if (auto h = bufferArg(arg)) lin.dirty.insert(*h);
+      break;
+    case wire::Instruction::OP:
+      if (in.getOp().which() == wire::Op::TENSOR) {  // every operand: the outputs vary by function
+        for (auto operand : in.getOp().getTensor().getOperands()) lin.dirty.insert(operand.getBuffer());
+      } else {
+        for (uint64_t h : outputsOf(in.getOp())) lin.dirty.insert(h);
+      }
+      break;
+    case wire::Instruction::READ:
+    case wire::Instruction::FENCE:
+    case wire::Instruction::FREE:
+    case wire::Instruction::LOAD_PROGRAM:
+    case wire::Instruction::DESCRIBE_PROGRAM:
+      break;
+    default:  // a graph, or what this scheduler does not know: anything may have changed
+      lin.allDirty = true;
+      lin.dirty.clear();
+      break;
+  }
+}
+
+void Scheduler::readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into,
+                            const std::function<bool(uint64_t)>& wanted) {
+  for (auto& [handle, bytes] : s.buffers) {
+    if (wanted && !wanted(handle)) continue;
+    into[handle].assign(bytes, '\0');
+    capnp::MallocMessageBuilder m;
+    auto r = m.initRoot<wire::Instruction>().initRead();
+    r.setBuffer(handle);
+    r.setLength(bytes);
+    ++s.job->awaiting;
+    sendRemote(s, 0, m, [&s, &into, h = handle](wire::Reply::Reader reply) {
+      if (reply.which() == wire::Reply::ERROR) {
+        // A buffer whose alloc failed meanwhile is not the guest's; anything else is.
+        if (s.buffers.count(h) && !s.job->error) s.job->error = transport::errorFrom(reply.getError().getError());
+        into.erase(h);
+        return true;
+      }
+      if (reply.which() != wire::Reply::DATA) return true;
+      auto chunk = reply.getData();
+      auto it = into.find(h);
+      if (it != into.end() && chunk.getOffset() <= it->second.size() &&
+          chunk.getData().size() <= it->second.size() - chunk.getOffset())
+        std::memcpy(it->second.data() + chunk.getOffset(), chunk.getData().begin(), chunk.getData().size());
+      return chunk.getLast();
+    });
+  }
+}
+
+void Scheduler::markCheckpoint(Session& s) {
+  Lineage& lin = s.lineage;
+  lin.buffers = s.buffers;
+  lin.programs = s.programs;
+  lin.failed = s.failed;
+  lin.memoryUsed = s.memoryUsed;
+  lin.log.clear();
+  lin.logBytes = 0;
+  lin.delivered.clear();  // everything in the log was answered before the checkpoint's reads
+  lin.dirty.clear();
+  lin.allDirty = false;
+  lin.replayLeft = 0;
+  ++lin.checkpoints;
+}
+
+void Scheduler::savedIsCheckpoint(Session& s) {
+  if (!s.lineage.on) return;
+  s.lineage.base.clear();
+  s.lineage.baseInSaved = true;
+  markCheckpoint(s);
+}
+
+void Scheduler::maybeCheckpoint(Session& s) {
+  Lineage& lin = s.lineage;
+  if (!lin.on || !lin.full() || lin.checkpointing || lin.recovering || s.job || s.idle || s.phase != Phase::running ||
+      s.members.empty() || !s.unavailable.empty())
+    return;
+  lin.checkpointing = true;
+  s.job = std::make_unique<RemoteJob>();
+  s.job->finished = [this, &s](std::optional<Error> error) {
+    Lineage& lin = s.lineage;
+    lin.checkpointing = false;
+    if (error) {
+      lin.taking.clear();
+      // The log is kept (recovery still works from the last checkpoint) up to twice its
+      // cap; past that the lineage is given up rather than let it grow without bound.
+      if (lin.logBytes >= 2 * lin.capBytes || lin.log.size() >= 2 * kLineageMaxFrames) {
+        lin.drop();
+        event("failover-off", labelOf(s), "its checkpoint failed twice over (" + error->message +
+                                              "); a lost netaccel now ends it as without failover");
+      }
+      RLOG_WARN("scheduler") << labelOf(s) << ": checkpoint failed: " << error->message;
+    } else {
+      for (auto& [h, data] : lin.taking) {
+        lin.checkpointBytes += data.size();
+        lin.base[h] = std::move(data);
+      }
+      lin.taking.clear();
+      std::erase_if(lin.base, [&s](auto& entry) { return !s.buffers.count(entry.first); });  // freed since
+      lin.baseInSaved = false;
+      markCheckpoint(s);
+    }
+    if (s.idle) {  // a suspension or a move waited for the checkpoint
+      auto idle = std::move(s.idle);
+      s.idle = nullptr;
+      idle();
+      return;
+    }
+    runHeld(s);
+  };
+  lin.taking.clear();
+  // Only what changed since the last checkpoint is read back; the rest stays as it was.
+  readBuffers(s, lin.taking, [&lin](uint64_t h) { return lin.allDirty || lin.dirty.count(h) || !lin.base.count(h); });
+  settle(s);
+}
+
+void Scheduler::recoverLost(Session& s, const std::string& lost) {
+  Lineage& lin = s.lineage;
+  if (!lin.recovering) lin.lostAtNs = uv_hrtime();
+  ++lin.recoveries;
+  lin.recovering = true;
+  lin.lost = lost;
+  // What was under way on its cards is dropped unanswered: the log issues it again. A
+  // suspension or move under way ends here too; the vaccel is off its cards either way.
+  s.remoteReplies.clear();
+  s.job.reset();
+  s.idle = nullptr;
+  lin.checkpointing = false;
+  lin.taking.clear();
+  if (s.phase == Phase::suspending) --suspending_;
+  closeMembers(s);
+  if (!s.blocks.empty()) leaveBlocks(s);
+  // Back to the checkpoint's record of its buffers; the log rebuilds the rest.
+  s.vm->memoryUsed -= std::min(s.vm->memoryUsed, s.memoryUsed);
+  s.buffers = lin.buffers;
+  s.programs = lin.programs;
+  s.failed = lin.failed;
+  s.memoryUsed = lin.memoryUsed;
+  s.vm->memoryUsed += s.memoryUsed;
+  s.unconfirmedAllocs.clear();
+  if (!lin.baseInSaved) s.saved.clear();
+  // The log goes back ahead of what waited (a second loss mid-replay: the part re-sent
+  // so far, then the rest, which still waits).
+  lin.replayLeft += lin.log.size();
+  for (auto it = lin.log.rbegin(); it != lin.log.rend(); ++it) {
+    s.heldBytes += it->second.size();
+    s.held.push_front(std::move(*it));
+  }
+  lin.log.clear();
+  lin.logBytes = 0;
+  s.phase = Phase::suspended;
+  s.why = "recovering: " + lost;
+  RLOG_WARN("scheduler") << labelOf(s) << " recovering from its checkpoint: " << lost << "; " << lin.replayLeft
+                         << " instruction(s) to run again";
+  event("recovering", labelOf(s), lost + "; placing it again, then " + std::to_string(lin.replayLeft) + " instruction(s) run again");
+  requestPlacement();
+}
+
+void Scheduler::failRecovery(Session& s, const Error& why) {
+  Lineage& lin = s.lineage;
+  s.unavailable = "it could not be recovered after " + lin.lost + ": " + why.message;
+  RLOG_ERROR("scheduler") << labelOf(s) << ": " << s.unavailable;
+  event("recovery-failed", labelOf(s), s.unavailable);
+  lin.drop();
+  lin.recovering = false;
+  s.saved.clear();
+  s.why = s.unavailable;
+  // The log's frames had their answers (or wait in `pending`, failed below); the rest
+  // of what waited hears why. The session stays until its program lets go.
+  for (; lin.replayLeft && !s.held.empty(); --lin.replayLeft) {
+    s.heldBytes -= std::min(s.heldBytes, s.held.front().second.size());
+    s.held.pop_front();
+  }
+  lin.replayLeft = 0;
+  s.phase = Phase::running;
+  s.pending.failAll(Error{Code::unavailable, s.unavailable});
+  runHeld(s);
+}
+
+}  // namespace raccel::scheduler

@@ -1,0 +1,84 @@
+// A vaccel's lineage (docs/ARCHITECTURE.md, "Failover"): what rebuilds its buffers on
+// other cards when a netaccel holding one of its cards is lost. It is a checkpoint (every
+// buffer's bytes, read back to the scheduler's memory, and the session's record of its
+// buffers and programs then) plus the guest's frames forwarded since, kept as they came.
+// Recovery restores the checkpoint on newly placed blocks and re-forwards the log in
+// order, ahead of whatever waited; a launch that reads and writes one buffer runs again
+// from the state before it. Replies the guest already had are not delivered twice.
+// Owned by the loop thread, inside the session (state.h); the logic is in lineage.cc.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include <capnp/message.h>
+
+#include "common/error.h"
+#include "transport/frame.h"
+
+namespace raccel::scheduler {
+
+// At most this many frames between checkpoints, whatever their bytes (tiny instructions
+// cost the log more than their bytes: a header, a body and a delivered-reply entry each).
+constexpr size_t kLineageMaxFrames = 16384;
+
+struct Lineage {
+  bool on = false;
+  uint64_t capBytes = 0;  // log bytes that start a checkpoint (the VM's lineage_bytes)
+
+  // The checkpoint. Its bytes are `base`, except between a suspension's (or move's) save
+  // and the restore after it, when they are the session's own `saved` (baseInSaved).
+  std::unordered_map<uint64_t, std::string> base;
+  bool baseInSaved = false;
+  std::unordered_map<uint64_t, uint64_t> buffers;  // handle -> bytes, as the session had them
+  std::map<uint64_t, std::shared_ptr<capnp::MallocMessageBuilder>> programs;
+  std::map<uint64_t, std::pair<uint64_t, Error>> failed;
+  uint64_t memoryUsed = 0;
+
+  // The guest's frames forwarded since the checkpoint, in order, as received.
+  std::deque<std::pair<transport::FrameHeader, transport::Body>> log;
+  uint64_t logBytes = 0;
+  // Replies delivered since the checkpoint, by (guest sequence, part: a data chunk's
+  // offset, ~1 for kernel times, ~0 for the answer):
+  // a re-forwarded instruction's reply the guest already has is dropped.
+  struct PairHash {
+    size_t operator()(const std::pair<uint64_t, uint64_t>& p) const { return p.first * 0x9e3779b97f4a7c15ull ^ p.second; }
+  };
+  std::unordered_set<std::pair<uint64_t, uint64_t>, PairHash> delivered;
+
+  // Buffers an instruction since the checkpoint may have changed (all, after a graph):
+  // a checkpoint reads only these (and new ones) back, and keeps the others' bytes.
+  std::unordered_set<uint64_t> dirty;
+  bool allDirty = false;
+
+  // A checkpoint under way: the buffers' bytes read so far.
+  std::unordered_map<uint64_t, std::string> taking;
+  bool checkpointing = false;
+
+  // Recovery: off its cards after a loss, placed again like a suspended vaccel, then
+  // restored from the checkpoint; `replayLeft` frames of the log still to re-forward.
+  bool recovering = false;
+  std::string lost;       // what was lost, for the console and errors
+  uint64_t lostAtNs = 0;  // uv_hrtime() at the loss (the recovery's time)
+  size_t replayLeft = 0;
+  uint64_t recoveries = 0, checkpoints = 0;  // losses it was rebuilt after; checkpoints taken
+  uint64_t checkpointBytes = 0;  // read back by checkpoints, in all
+
+  // Bytes the lineage holds in the scheduler's memory now.
+  uint64_t heldBytes() const;
+  // What the checkpoint's bytes are (base, or the session's saved buffers).
+  std::unordered_map<uint64_t, std::string>& checkpoint(std::unordered_map<uint64_t, std::string>& saved) {
+    return baseInSaved ? saved : base;
+  }
+  bool full() const { return logBytes >= capBytes || log.size() >= kLineageMaxFrames; }
+  // Forgets everything (failover off, or given up).
+  void drop();
+};
+
+}  // namespace raccel::scheduler
