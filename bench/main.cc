@@ -45,6 +45,12 @@
 //   cuda_bulk_gbps          1 GiB written and read back through both hops to the GPU, GB/s
 //                           (10^9 bytes), beside a direct page-locked copy each way
 //   fair_share_error_cuda   fair_share_error on the GPU with 4096^3 gemms (GPU time by CUDA events)
+//   failover_recovery_ms    a vaccel holding 256 MiB: kill -9 of its netaccel to its next
+//                           completed instruction (rebuilt on the other netaccel from its lineage)
+//   lineage_overhead_pct    async_instr_per_s with the lineage kept against failover = off, same
+//                           run (target <= 5%); lineage_bulk_overhead_pct likewise for bulk data
+//   lineage_memory_bytes    most the lineage held (checkpoint + log) while a steady workload
+//                           ran for --lineage-seconds (60 by default; the figure is 600)
 //
 // The daemons run as real processes, as deployed. --raw-echo and --raw-relay are the
 // baseline's own processes (started by the bench itself).
@@ -58,6 +64,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <regex>
@@ -66,6 +73,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "bench/failover.h"
 #include "bench/multi_host.h"
 #include "common/flags.h"
 #include "hal/backends.h"
@@ -310,6 +318,7 @@ int main(int argc, char** argv) {
   Flags flags("raccel-bench", "Measures raccel on loopback against plain-socket baselines from the same run.");
   flags.boolean("json", "print one JSON object with every figure");
   flags.boolean("quick", "small runs (for a smoke test; figures are noisy)");
+  flags.value("lineage-seconds", "S", "how long the steady workload behind lineage_memory_bytes runs (default 60)");
   flags.value("raw-echo", "PORT", "(internal) run the baseline's echo process");
   flags.value("raw-relay", "PATH:PORT", "(internal) run the baseline's relay process");
   int code = 0;
@@ -321,6 +330,16 @@ int main(int argc, char** argv) {
     return rawRelay(spec.substr(0, colon), std::atoi(spec.c_str() + colon + 1));
   }
   const bool quick = flags.has("quick");
+  double lineageSeconds = 60;
+  if (flags.has("lineage-seconds")) {
+    const std::string text = flags.get("lineage-seconds");
+    char* end = nullptr;
+    lineageSeconds = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end || !(lineageSeconds >= 1 && lineageSeconds <= 86400)) {
+      std::fprintf(stderr, "raccel-bench: --lineage-seconds wants seconds from 1 to 86400, not '%s'\n", text.c_str());
+      return 2;
+    }
+  }
   const int syncIters = quick ? 300 : 5000;
   const int asyncCount = quick ? 20000 : 400000;
   const size_t bulkBytes = quick ? (32u << 20) : (256u << 20);
@@ -334,6 +353,9 @@ int main(int argc, char** argv) {
   f.admissionP99 = admissionP99Us(quick, &f.admissionVictims);
 
   progress("many hosts: admissions through etcd, three schedulers racing on one pool beside one alone");
+  progress("failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory");
+  bench::FailoverFigures failover = bench::measureFailover(quick, lineageSeconds);
+  if (!failover.problem.empty()) std::fprintf(stderr, "raccel-bench: failover figures: %s\n", failover.problem.c_str());
   bench::MultiHostFigures multi = bench::measureMultiHost(quick);
   if (!multi.skipped.empty()) std::fprintf(stderr, "raccel-bench: multi-host figures skipped: %s\n", multi.skipped.c_str());
 
@@ -755,6 +777,15 @@ int main(int argc, char** argv) {
                 num(f.cudaSkipped.empty() ? f.pinned.readGBps : -1, "%.2f").c_str(),
                 num(f.cudaSkipped.empty() && f.fairCuda.problem.empty() ? f.fairCuda.error : -1, "%.4f").c_str(),
                 f.cudaSkipped.c_str());
+    std::printf("\"failover_recovery_ms\":%s,\"failover_recovery_bytes\":%llu,\"lineage_overhead_pct\":%s,"
+                "\"async_instr_per_s_lineage\":%s,\"async_instr_per_s_failover_off\":%s,\"lineage_bulk_overhead_pct\":%s,"
+                "\"bulk_write_read_gbps_lineage\":%s,\"bulk_write_read_gbps_failover_off\":%s,\"lineage_memory_bytes\":%s,"
+                "\"lineage_steady_seconds\":%.0f,\"failover_problem\":\"%s\",",
+                num(failover.recoveryMs, "%.1f").c_str(), static_cast<unsigned long long>(failover.recoveryBytes),
+                num(failover.overheadPct(), "%.2f").c_str(), num(failover.asyncOn, "%.0f").c_str(),
+                num(failover.asyncOff, "%.0f").c_str(), num(failover.bulkOverheadPct(), "%.2f").c_str(),
+                num(failover.bulkOn, "%.2f").c_str(), num(failover.bulkOff, "%.2f").c_str(),
+                num(failover.lineageMaxBytes, "%.0f").c_str(), failover.steadySeconds, jsonSafe(failover.problem).c_str());
     std::printf("\"multi_admission_per_s\":%s,\"single_admission_per_s\":%s,\"multi_admission_p99_ms\":%s,"
                 "\"single_admission_p99_ms\":%s,\"multi_conflict_rate\":%s,\"multi_skipped\":\"%s\",",
                 num(multi.multiAdmissionsPerS, "%.0f").c_str(), num(multi.singleAdmissionsPerS, "%.0f").c_str(),
@@ -847,6 +878,19 @@ int main(int argc, char** argv) {
                   "multi_conflict_rate", multi.multiConflictRate);
     } else {
       std::printf("%-26s %12s   skipped: %s\n", "multi_admission_per_s", "-", multi.skipped.c_str());
+    }
+    if (failover.problem.empty()) {
+      std::printf("%-26s %9.1f ms   kill -9 of its netaccel to its next completed instruction, %.0f MiB of buffers\n",
+                  "failover_recovery_ms", failover.recoveryMs, failover.recoveryBytes / 1048576.0);
+      std::printf("%-26s %11.2f%%   async_instr_per_s %.0f with lineage, %.0f with failover off, target <= 5%%  %s\n",
+                  "lineage_overhead_pct", failover.overheadPct(), failover.asyncOn, failover.asyncOff,
+                  failover.overheadPct() <= 5 ? "met" : "MISSED");
+      std::printf("%-26s %11.2f%%   bulk_write_read_gbps %.2f with lineage, %.2f with failover off\n",
+                  "lineage_bulk_overhead_pct", failover.bulkOverheadPct(), failover.bulkOn, failover.bulkOff);
+      std::printf("%-26s %12.0f   most held (checkpoint + log) over a %.0f s steady workload on a 256 MiB vaccel\n",
+                  "lineage_memory_bytes", failover.lineageMaxBytes, failover.steadySeconds);
+    } else {
+      std::printf("%-26s %12s   not measured: %s\n", "failover_recovery_ms", "-", failover.problem.c_str());
     }
     std::printf("%-26s %12.4f   device time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
                 "fair_share_error_async", f.fairAsync.error, f.fairAsync.big, f.fairAsync.small, f.fairAsync.ratio,

@@ -12,7 +12,7 @@
 namespace raccel::scheduler {
 Result<VmPolicy> parseVmSection(const ConfigSection& s, char listSeparator) {
   auto unknown = s.unknownKeys({"name", "socket", "attach", "tflops", "priority", "kinds", "memory_quota", "host_cpu",
-                                 "host_memory"});
+                                 "host_memory", "failover", "lineage_bytes"});
   if (!unknown.empty()) return fail(Code::invalidArgument, "unknown vm setting '" + unknown[0] + "'");
   VmPolicy vm;
   auto name = s.getString("name");
@@ -45,6 +45,15 @@ Result<VmPolicy> parseVmSection(const ConfigSection& s, char listSeparator) {
     return fail(Code::invalidArgument, "vm '" + vm.name + "': host_memory is at most " +
                                            std::to_string(limits::kMaxHostMemoryMib >> 20) + " TiB");
   vm.hostMemoryMib = (*memory + (1ull << 20) - 1) >> 20;
+  auto failover = s.getString("failover", "on");
+  if (failover != "on" && failover != "off")
+    return fail(Code::invalidArgument, "vm '" + vm.name + "': failover must be on or off, not '" + limits::clip(failover, 32) + "'");
+  vm.failover = failover == "on";
+  auto lineage = s.getBytes("lineage_bytes", vm.lineageBytes);
+  if (!lineage) return fail(Code::invalidArgument, "vm '" + vm.name + "': " + lineage.error().message);
+  if (*lineage < (1ull << 20) || *lineage > (4ull << 30))
+    return fail(Code::invalidArgument, "vm '" + vm.name + "': lineage_bytes must be from 1MiB to 4GiB");
+  vm.lineageBytes = *lineage;
   if (s.has("kinds")) {
     vm.kinds = 0;
     std::stringstream in(s.getString("kinds", ""));
@@ -79,11 +88,14 @@ Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std
   section.set("memory_quota", std::to_string(p.memoryQuota));
   section.set("host_cpu", std::to_string(p.hostCpuMilli / 1000) + "." + std::to_string(1000 + p.hostCpuMilli % 1000).substr(1));
   section.set("host_memory", std::to_string(p.hostMemoryMib << 20));
+  section.set("failover", p.failover ? "on" : "off");
+  section.set("lineage_bytes", std::to_string(p.lineageBytes));
   std::string kinds = kindsToString(p.kinds);
   std::replace(kinds.begin(), kinds.end(), ',', '|');
   section.set("kinds", kinds);
   for (auto& [key, value] : settings) {
-    static const std::set<std::string> settable = {"tflops", "priority", "kinds", "memory_quota", "host_cpu", "host_memory"};
+    static const std::set<std::string> settable = {"tflops",   "priority", "kinds",        "memory_quota",
+                                                   "host_cpu", "host_memory", "failover", "lineage_bytes"};
     if (!settable.contains(key))
       return fail(Code::invalidArgument, "'" + key + "' is not a policy setting (" + kPolicySettingKeys + ")");
     std::string v = value;

@@ -59,6 +59,11 @@
 //                                         #   needs (e.g. 1.5; 0 = none): it goes only to a
 //                                         #   node whose host (netaccel host_cpu) has them left
 //   host_memory = 0                       # and host memory (bytes, e.g. 8GiB; 0 = none)
+//   failover = on                         # on: its vaccels survive a lost netaccel, rebuilt
+//                                         #   on other cards from their lineage (README,
+//                                         #   "What survives what"); off: they end unavailable
+//   lineage_bytes = 64MiB                 # instruction bytes kept per vaccel between
+//                                         #   checkpoints (1MiB to 4GiB)
 #pragma once
 
 #include <map>
@@ -89,6 +94,10 @@ struct VmPolicy {
   // host_memory in bytes; 0 = none): a vaccel then goes only to a node with that room.
   uint64_t hostCpuMilli = 0;
   uint64_t hostMemoryMib = 0;
+  // Failover (scheduler/lineage.h): its vaccels survive a lost netaccel, rebuilt from a
+  // checkpoint and the instructions since, kept up to lineageBytes between checkpoints.
+  bool failover = true;
+  unsigned long long lineageBytes = 64ull << 20;
   bool operator==(const VmPolicy&) const = default;
 };
 
@@ -140,7 +149,7 @@ Result<VmPolicy> parseVmSection(const ConfigSection& section, char listSeparator
 Result<VmPolicy> parseVmSpec(const std::string& spec);
 // `p` with raccelctl set-policy's KEY=VALUE settings (kPolicySettingKeys) on top, parsed
 // as any configuration is.
-inline constexpr const char* kPolicySettingKeys = "tflops, priority, kinds, memory_quota, host_cpu, host_memory";
+inline constexpr const char* kPolicySettingKeys = "tflops, priority, kinds, memory_quota, host_cpu, host_memory, failover, lineage_bytes";
 Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings);
 std::string kindsToString(KindMask kinds);
 

@@ -106,7 +106,9 @@ Service serviceOf(wire::VaccelRecord::Reader r, double now) {
 }  // namespace
 
 void Scheduler::persist(Session& s, bool withSaved) {
-  if (!store_) return;
+  // Recovering from a lost card (lineage.cc): its lineage is in this process's memory
+  // only, so the record from before the loss stands.
+  if (!store_ || s.lineage.recovering) return;
   bool off = withSaved || s.phase == Phase::suspended;
   // In between (waiting, or saving/restoring for a move), the last record stands.
   if (!off && s.phase != Phase::running && s.phase != Phase::recovering) return;

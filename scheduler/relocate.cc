@@ -184,12 +184,24 @@ void Scheduler::placeWaiting() {
         runHeld(*s);
       } else {
         s->phase = Phase::resuming;
-        restore(*s, "resumed");
+        restore(*s, s->lineage.recovering ? "restored" : "resumed");
       }
       continue;
     }
     // It does not fit. It may be the pool that is not all here yet rather than other
     // vaccels' blocks: then it waits for the pool, or is refused if it never could fit.
+    // A vaccel recovering from a loss waits while only netaccels expected back (the lost
+    // one among them) could hold it, and ends unavailable, saying so, once none could.
+    if (s->lineage.recovering) {
+      if (auto ever = couldEverHold(s->want, s->kinds, *s->vm); !ever) {
+        refused.emplace_back(s->id, ever.error());
+        continue;
+      }
+      if (auto away = pool().shortfall(s->want, s->kinds); away && away->expectedBack) {
+        s->why = "recovering: " + s->lineage.lost + "; " + away->why;
+        continue;
+      }
+    }
     if (auto wait = waitForThePool(*s); wait != PoolWait::no) {
       if (wait == PoolWait::never) refused.emplace_back(s->id, couldEverHold(s->want, s->kinds, *s->vm).error());
       continue;
@@ -198,7 +210,8 @@ void Scheduler::placeWaiting() {
     // started for: nobody behind it takes them.
     if (suspending_ > 0) break;
     // A suspended vaccel resumes into free blocks only, until it has starved.
-    if (!mayPreempt(s->phase == Phase::suspended, w.waitedSeconds)) continue;
+    // (One recovering from a loss may, as new work would.)
+    if (!mayPreempt(s->phase == Phase::suspended && !s->lineage.recovering, w.waitedSeconds)) continue;
     auto victims = pool().planPreemption(placementRequest(*s));
     if (victims && !victims->empty()) {
       // Other hosts' vaccels (a shared pool) are suspended by their own schedulers.
@@ -222,7 +235,7 @@ void Scheduler::placeWaiting() {
     }
   }
   for (auto& [id, error] : refused)
-    if (Session* s = sessionById(id)) refuseWaiting(*s, error);
+    if (Session* s = sessionById(id)) s->lineage.recovering ? failRecovery(*s, error) : refuseWaiting(*s, error);
   // Draining netaccels with nothing left on them.
   for (auto& [name, reported] : draining_) {
     if (reported) continue;
@@ -375,46 +388,35 @@ void Scheduler::save(Session& s, std::function<void()> then) {
         // Durable before its contexts close: a restart from here on finds it suspended.
         s.appliedThrough = s.lastForwarded;
         persist(s, true);
+        savedIsCheckpoint(s);
       }
       closeMembers(s);
       then();
     };
-    for (auto& [handle, bytes] : s.buffers) {
-      s.saved[handle].assign(bytes, '\0');
-      capnp::MallocMessageBuilder m;
-      auto r = m.initRoot<wire::Instruction>().initRead();
-      r.setBuffer(handle);
-      r.setLength(bytes);
-      ++s.job->awaiting;
-      sendRemote(s, 0, m, [this, &s, h = handle](wire::Reply::Reader reply) {
-        if (reply.which() == wire::Reply::ERROR) {
-          // A buffer whose alloc failed meanwhile is not the guest's; anything else is.
-          if (s.buffers.count(h) && !s.job->error) s.job->error = transport::errorFrom(reply.getError().getError());
-          s.saved.erase(h);
-          return true;
-        }
-        if (reply.which() != wire::Reply::DATA) return true;
-        auto chunk = reply.getData();
-        auto it = s.saved.find(h);
-        if (it != s.saved.end() && chunk.getOffset() + chunk.getData().size() <= it->second.size())
-          std::memcpy(it->second.data() + chunk.getOffset(), chunk.getData().begin(), chunk.getData().size());
-        return chunk.getLast();
-      });
-    }
+    readBuffers(s, s.saved);
     settle(s);
   });
 }
 
 void Scheduler::restore(Session& s, const std::string& what) {
+  // After a loss, from the lineage's checkpoint (kept: a second loss starts from it again).
+  const bool recovering = s.lineage.recovering;
+  auto& data = recovering ? s.lineage.checkpoint(s.saved) : s.saved;
   s.job = std::make_unique<RemoteJob>();
-  s.job->finished = [this, &s, what](std::optional<Error> error) {
+  s.job->finished = [this, &s, what, recovering, &data](std::optional<Error> error) {
     uint64_t bytes = 0;
-    for (auto& [h, data] : s.saved) bytes += data.size();
+    for (auto& [h, d] : data) bytes += d.size();
+    if (s.lineage.on && s.lineage.baseInSaved) {
+      s.lineage.base = std::move(s.saved);  // the checkpoint stays
+      s.lineage.baseInSaved = false;
+    }
     s.saved.clear();
     s.saved.rehash(0);
+    if (recovering) s.lineage.recovering = false;
     if (error) {
       s.unavailable = "it could not be restored on its new cards: " + error->message;
       RLOG_ERROR("scheduler") << labelOf(s) << ": " << s.unavailable;
+      if (recovering) s.lineage.replayLeft = 0;
     }
     s.phase = Phase::running;
     persist(s);
@@ -440,19 +442,19 @@ void Scheduler::restore(Session& s, const std::string& what) {
     sendRemote(s, home, *message);
   }
   for (auto& [handle, failure] : s.failed) sendPoison(s, handle, failure.first, failure.second, false);
-  for (auto& [handle, data] : s.saved) {
+  for (auto& [handle, bytes] : data) {
     capnp::MallocMessageBuilder a;
     auto alloc = a.initRoot<wire::Instruction>().initAlloc();
     alloc.setHandle(handle);
-    alloc.setSize(data.size());
+    alloc.setSize(bytes.size());
     sendRemote(s, 0, a);
-    for (size_t off = 0; off < data.size(); off += wire::CHUNK_BYTES) {
-      size_t n = std::min<size_t>(wire::CHUNK_BYTES, data.size() - off);
+    for (size_t off = 0; off < bytes.size(); off += wire::CHUNK_BYTES) {
+      size_t n = std::min<size_t>(wire::CHUNK_BYTES, bytes.size() - off);
       capnp::MallocMessageBuilder w;
       auto write = w.initRoot<wire::Instruction>().initWrite();
       write.setBuffer(handle);
       write.setOffset(off);
-      write.setData(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(data.data() + off), n));
+      write.setData(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(bytes.data() + off), n));
       sendRemote(s, 0, w);
     }
   }
@@ -471,18 +473,22 @@ void Scheduler::suspend(Session& s, const std::string& why, bool byOperator) {
   RLOG_INFO("scheduler") << labelOf(s) << " suspended: " << why;
   event("preempted", labelOf(s), why + "; saving " + std::to_string(s.memoryUsed) + " bytes of buffers");
   save(s, [this, &s] {
-    state_->release(s.id);
-    holdBlocks(*s.vm, -static_cast<int64_t>(s.want));
-    s.blocks.clear();
-    const double now = policyNow();
-    accrueService(now);
-    s.service.stopped(now, s.ranSince);
-    s.ranSince = -1;
+    leaveBlocks(s);
     s.phase = Phase::suspended;
     persist(s);
     --suspending_;
     requestPlacement();
   });
+}
+
+void Scheduler::leaveBlocks(Session& s) {
+  state_->release(s.id);
+  holdBlocks(*s.vm, -static_cast<int64_t>(s.want));
+  s.blocks.clear();
+  const double now = policyNow();
+  accrueService(now);
+  s.service.stopped(now, s.ranSince);
+  s.ranSince = -1;
 }
 
 Status Scheduler::resumeByOperator(VaccelId id) {

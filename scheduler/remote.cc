@@ -22,9 +22,6 @@ namespace raccel::scheduler {
 using transport::Body;
 using transport::FrameHeader;
 
-namespace {
-constexpr uint64_t kF32 = 4;
-
 // The buffer a kernel argument passes (whole or from an offset on), if it passes one.
 std::optional<uint64_t> bufferArg(wire::Arg::Reader arg) {
   if (arg.which() == wire::Arg::BUFFER) return arg.getBuffer();
@@ -54,6 +51,9 @@ std::vector<uint64_t> outputsOf(wire::Op::Reader op) {
     default: return {};
   }
 }
+
+namespace {
+constexpr uint64_t kF32 = 4;
 
 std::string kindsOf(const Pool& pool, const std::vector<Member>& members) {
   std::string out;

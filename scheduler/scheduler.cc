@@ -342,6 +342,7 @@ void Scheduler::replyError(Session& s, uint64_t sequence, const Error& error, ui
 }
 
 void Scheduler::toGuest(Session& s, uint64_t sequence, Body body) {
+  if (!firstDelivery(s, sequence, body)) return;  // re-sent after a recovery; the guest has it
   if (s.link) s.link->connection->sendBody(s.channel, sequence, std::move(body));
   else s.undelivered.emplace_back(sequence, std::move(body));
 }
@@ -491,6 +492,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.helloNs = uv_hrtime();
   s.service.waitingSince = policyNow();
   s.maxFrame = maxFrame;
+  startLineage(s);
   s.waitDeadlineMs = waitMs ? nowMs() + waitMs : 0;
   s.ownWaitDeadlineMs = s.waitDeadlineMs;
   if (settling && s.waitDeadlineMs < settledAtMs_) s.waitDeadlineMs = settledAtMs_, s.settlingWait = true;
@@ -543,6 +545,13 @@ void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const
 }
 
 void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body body) {
+  const VaccelId id = s.id;
+  forwardNow(link, s, h, std::move(body));
+  // The lineage's log at its cap: a checkpoint (forwarding may have ended the session).
+  if (Session* still = sessionById(id)) maybeCheckpoint(*still);
+}
+
+void Scheduler::forwardNow(VmLink& link, Session& s, const FrameHeader& h, Body body) {
   bool off = s.phase == Phase::suspending || s.phase == Phase::suspended;
   if (off && s.noWait && s.unavailable.empty()) {
     refuseWhileSuspended(s, h, body);
@@ -552,19 +561,21 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
     hold(s, h, std::move(body));
     return;
   }
-  ++s.instructions;
+  if (!s.lineage.replayLeft) ++s.instructions;  // (a replayed one was counted when it came)
+  logFrame(s, h, body);
   bool drop = false;
   auto decoded = transport::decodeGuard([&] {
     transport::MessageView in(body);
     auto instruction = in.root<wire::Instruction>();
     auto which = instruction.which();
+    noteWritten(s, instruction);
     if (!s.unavailable.empty()) {
-      replyError(link, s.channel, h.sequence, Error{Code::unavailable, s.unavailable});
+      replyError(s, h.sequence, Error{Code::unavailable, s.unavailable});
       drop = true;
       return;
     }
     if (h.sequence >= kSchedulerSequences) {
-      replyError(link, s.channel, h.sequence,
+      replyError(s, h.sequence,
                  Error{Code::invalidArgument, "sequence numbers from 2^63 up are reserved for the scheduler"});
       drop = true;
       return;
@@ -589,7 +600,7 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
     }
     switch (which) {
       case wire::Instruction::HELLO:
-        replyError(link, s.channel, h.sequence, Error{Code::invalidArgument, "this session has already said hello"});
+        replyError(s, h.sequence, Error{Code::invalidArgument, "this session has already said hello"});
         drop = true;
         return;
       case wire::Instruction::ALLOC: {
@@ -599,7 +610,7 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
           Error e{Code::invalidArgument, a.getHandle() >= kSchedulerHandles
                                              ? "handles from 2^63 up are reserved for the scheduler"
                                              : "handle " + std::to_string(a.getHandle()) + " is already in use in this session"};
-          replyError(link, s.channel, h.sequence, e);
+          replyError(s, h.sequence, e);
           sendPoison(s, a.getHandle(), h.sequence, e);
           drop = true;
           return;
@@ -609,7 +620,7 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
             Error e{Code::resourceExhausted, "allocating " + std::to_string(a.getSize()) + " bytes would exceed vm '" +
                                                  vm.policy.name + "''s memory quota (" + std::to_string(vm.memoryUsed) +
                                                  " of " + std::to_string(vm.policy.memoryQuota) + " bytes in use)"};
-            replyError(link, s.channel, h.sequence, e);
+            replyError(s, h.sequence, e);
             sendPoison(s, a.getHandle(), h.sequence, e);
             drop = true;
             return;
@@ -643,7 +654,7 @@ void Scheduler::forward(VmLink& link, Session& s, const FrameHeader& h, Body bod
   });
   if (!decoded) {
     Error e{Code::invalidArgument, decoded.error().message + "; this session is closed"};
-    replyError(link, s.channel, h.sequence, e);
+    replyError(s, h.sequence, e);
     closeChannel(link, s.channel, e);
     return;
   }
@@ -982,7 +993,13 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
             hit = true;
           }
         if (!hit) continue;
-        s->unavailable = gone.message;
+        const bool onCards = s->phase == Phase::running || s->phase == Phase::suspending || s->phase == Phase::moving ||
+                             s->phase == Phase::resuming;
+        if (s->lineage.on && onCards && s->unavailable.empty() && !stopping_) {
+          recoverLost(*s, "netaccel '" + node.name + "' was lost (" + reason + ")");
+          continue;
+        }
+        s->unavailable = gone.message + (s->vm->policy.failover ? "" : " (failover is off for vm '" + s->vm->policy.name + "')");
         s->pending.failAll(gone);
         abandonJob(*s);
       }

@@ -72,6 +72,7 @@ class Scheduler {
   void admit(VmLink& link, uint32_t channel, uint64_t sequence, transport::Body body);
   std::unique_ptr<Session> makeSession(VaccelId id);
   void forward(VmLink& link, Session& session, const transport::FrameHeader& header, transport::Body body);
+  void forwardNow(VmLink& link, Session& session, const transport::FrameHeader& header, transport::Body body);
   // A hello answered with `error` (logged and in the event stream as `subject`).
   void refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, const std::string& subject, const Error& error);
   void replyError(VmLink& link, uint32_t channel, uint64_t sequence, const Error& error, uint64_t dependency = 0);
@@ -189,6 +190,8 @@ class Scheduler {
   // s.saved, then runs what waited. `what` names the event (resumed, migrated).
   void restore(Session& s, const std::string& what);
   void suspend(Session& s, const std::string& why, bool byOperator);
+  // Its blocks go back to the pool, and its service stops counting (off its cards).
+  void leaveBlocks(Session& s);
   Status resumeByOperator(VaccelId id);
   // Gives a running vaccel the blocks `to` (already its own in the pool); its buffers
   // follow when the cards change.
@@ -204,6 +207,27 @@ class Scheduler {
   void onConsoleFrame(transport::Connection& connection, const transport::FrameHeader& header, transport::Body body);
   // A console request but `events` (which subscribes): raccelctl's and the web API's.
   void answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply::Builder reply);
+
+  // Failover (lineage.cc, lineage.h).
+  void startLineage(Session& s);  // on or off, and its cap, from its VM's policy
+  // A frame forwarded to the vaccel's cards, kept in its log.
+  void logFrame(Session& s, const transport::FrameHeader& h, const transport::Body& body);
+  // Whether reply `body` to `sequence` is new to the guest (false: a re-forwarded
+  // instruction's reply it already had).
+  bool firstDelivery(Session& s, uint64_t sequence, const transport::Body& body);
+  // Reads every buffer of the primary into `into`, under the job s.job (save, checkpoint).
+  // (only those `wanted` says, when given).
+  void readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into,
+                   const std::function<bool(uint64_t)>& wanted = {});
+  // The buffers instruction `in` may change, marked dirty in the lineage.
+  void noteWritten(Session& s, wire::Instruction::Reader in);
+  void markCheckpoint(Session& s);     // the checkpoint is the state now: the log starts again
+  void savedIsCheckpoint(Session& s);  // a save succeeded: s.saved is the checkpoint
+  void maybeCheckpoint(Session& s);    // the log at its cap: a checkpoint, when idle
+  // One of its cards' netaccels was lost (`lost` says how): off its cards, placed again,
+  // restored from the checkpoint, the log re-forwarded.
+  void recoverLost(Session& s, const std::string& lost);
+  void failRecovery(Session& s, const Error& why);  // it cannot be placed again: unavailable
 
   void refuseWhileSuspended(Session& s, const transport::FrameHeader& h, const transport::Body& body);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "scheduler/admission.h"
+#include "scheduler/lineage.h"
 #include "scheduler/scheduler.h"
 #include "schema/node.capnp.h"
 #include "transport/request_table.h"
@@ -70,6 +71,12 @@ constexpr size_t kHeldMaxInstructions = 16384;
 
 // A netaccel's cards as it registered them (or as the state database kept them).
 Result<std::vector<CardSpec>> cardSpecsOf(capnp::List<wire::CardInfo>::Reader cards);
+
+// The buffer a kernel argument passes (whole or from an offset on), if it passes one.
+std::optional<uint64_t> bufferArg(wire::Arg::Reader arg);
+// The buffers a built-in op writes (a tensor op its output; nllLoss its total weight
+// too; layerNorm each row's mean and rstd too).
+std::vector<uint64_t> outputsOf(wire::Op::Reader op);
 
 // One event of the stream, as raccelctl and the web console get it.
 inline void fillEvent(wire::Event::Builder out, uint64_t unixMs, const std::string& kind, const std::string& subject,
@@ -212,6 +219,7 @@ struct Scheduler::Session {
   bool settlingWait = false;  // admitted to wait while the pool settles after start (its deadline: then)
   uint64_t ownWaitDeadlineMs = 0;  // what its hello asked for, restored once the pool has settled
   bool refused = false;        // ended before it was placed: no "released" event
+  Lineage lineage;             // failover (lineage.h)
 
   Member& primary() { return members.front(); }
   bool heldOverLimit() const { return heldBytes >= kHeldHighWater || held.size() >= kHeldMaxInstructions; }

@@ -256,20 +256,30 @@ std::string Scheduler::metricsText() {
 
   // Per live vaccel: its series end with it (ids are never reused). At most kSeries.
   constexpr size_t kSeries = 1000;
-  page.family("raccel_vaccel_kernel_seconds_total", "counter", "Time cards spent running each live vaccel's instructions.");
-  size_t n = 0;
-  for (auto& [id, s] : sessions_) {
-    if (++n > kSeries) break;
-    page.sample("raccel_vaccel_kernel_seconds_total", {{"vm", s->vm->policy.name}, {"vaccel", std::to_string(id)}}, s->kernelNs() / 1e9);
-  }
-  page.family("raccel_vaccel_blocks", "gauge", "Blocks each live vaccel holds.");
-  n = 0;
-  for (auto& [id, s] : sessions_) {
-    if (++n > kSeries) break;
+  auto perVaccel = [&](const char* name, const char* type, const char* help, auto value) {
+    page.family(name, type, help);
+    size_t n = 0;
+    for (auto& [id, s] : sessions_) {
+      if (++n > kSeries) break;
+      page.sample(name, {{"vm", s->vm->policy.name}, {"vaccel", std::to_string(id)}}, static_cast<double>(value(*s)));
+    }
+  };
+  perVaccel("raccel_vaccel_kernel_seconds_total", "counter", "Time cards spent running each live vaccel's instructions.",
+            [](const Session& s) { return s.kernelNs() / 1e9; });
+  perVaccel("raccel_vaccel_blocks", "gauge", "Blocks each live vaccel holds.", [](const Session& s) {
     uint32_t held = 0;
-    for (auto& r : s->blocks) held += r.count;
-    page.sample("raccel_vaccel_blocks", {{"vm", s->vm->policy.name}, {"vaccel", std::to_string(id)}}, held);
-  }
+    for (auto& r : s.blocks) held += r.count;
+    return held;
+  });
+  perVaccel("raccel_vaccel_lineage_bytes", "gauge",
+            "Bytes of each live vaccel's lineage in the scheduler's memory (checkpoint and log; failover).",
+            [](const Session& s) { return s.lineage.heldBytes(); });
+  perVaccel("raccel_vaccel_lineage_log_frames", "gauge", "Instructions in each live vaccel's lineage log since its checkpoint.",
+            [](const Session& s) { return s.lineage.log.size(); });
+  perVaccel("raccel_vaccel_checkpoints_total", "counter", "Checkpoints of each live vaccel's lineage.",
+            [](const Session& s) { return s.lineage.checkpoints; });
+  perVaccel("raccel_vaccel_recoveries_total", "counter", "Times each live vaccel was rebuilt after losing a card.",
+            [](const Session& s) { return s.lineage.recoveries; });
 
   uint64_t instructions = 0, moved = 0;
   for (auto& [vm, v] : perVm) instructions += v.instructions, moved += v.bytesMoved;
@@ -289,7 +299,10 @@ std::string Scheduler::metricsText() {
                                   std::tuple{"raccel_migrations_total", "migrated", "Vaccels moved to other blocks (compaction)."},
                                   std::tuple{"raccel_refusals_total", "refused", "Programs refused a vaccel."},
                                   std::tuple{"raccel_node_losses_total", "node-lost", "Netaccels lost (link closed or silent)."},
-                                  std::tuple{"raccel_card_faults_total", "card-fault", "Cards or sandboxes that failed under a vaccel."}}) {
+                                  std::tuple{"raccel_card_faults_total", "card-fault", "Cards or sandboxes that failed under a vaccel."},
+                                  std::tuple{"raccel_recoveries_total", "recovering", "Vaccels rebuilt from their lineage after losing a card."},
+                                  std::tuple{"raccel_recovery_failures_total", "recovery-failed",
+                                             "Vaccels that could not be rebuilt after losing a card."}}) {
     page.family(name, "counter", help);
     page.sample(name, count(kind));
   }

@@ -1,0 +1,338 @@
+// Failover (scheduler/lineage.h), with real processes: a netaccel holding a vaccel's
+// card is killed (or frozen past its heartbeat) while its program streams instructions;
+// the vaccel is rebuilt on the other netaccel from its checkpoint and log, and the
+// program's results are exactly those of a run without the loss. And the honest limits:
+// no card left, failover off, a second loss during recovery.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <cstring>
+#include <map>
+#include <regex>
+
+#include "hal/backends.h"
+#include "tests/cluster.h"
+#include "tests/raw_http.h"
+#include "vmfrontend/raccel.h"
+
+namespace raccel::testing {
+namespace {
+
+using client::Arg;
+using client::Handle;
+using client::Session;
+
+bool haveOpencl() { return !hal::discover("opencl").devices.empty(); }
+
+std::unique_ptr<Session> open(Cluster& c, const std::string& vm, double tflops, const std::string& name) {
+  client::Options o;
+  o.socket = c.vmSocket(vm);
+  o.tflops = tflops;
+  o.program = name;
+  o.timeoutMs = 120000;  // a recovery is a delay, not an error
+  auto s = Session::open(o);
+  EXPECT_TRUE(s) << s.error().message << "\n" << c.logs();
+  return s ? std::move(*s) : nullptr;
+}
+
+// x = x * s + i: reads and writes the same buffer, so running it twice from the state
+// after it would be wrong.
+const char* kScale =
+    "__kernel void scale(float s, __global float* x, uint n) {\n"
+    "  uint i = get_global_id(0);\n"
+    "  if (i < n) x[i] = x[i] * s + (float)i;\n"
+    "}\n";
+
+constexpr uint32_t kDim = 32, kN = kDim * kDim;
+
+client::TensorOp unary(client::TensorFn fn, Handle out, Handle in) {
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = {kN};
+  op.operands = {{out, 0, {1}}, {in, 0, {1}}};
+  return op;
+}
+
+// `steps` mixed instructions, the same every run: writes, gemms accumulating into C,
+// tensor ops, OpenCL C launches and a tensor add that read and write X, with a read of
+// D every 100. `before(i)` runs before step i. Returns what was read: the periodic
+// reads, then every buffer at the end ("" in *why when all went well).
+std::vector<std::vector<float>> runMixed(Session& s, int steps, const std::function<void(int)>& before, std::string* why) {
+  std::vector<std::vector<float>> out;
+  const Handle a = s.alloc(kN * 4), b = s.alloc(kN * 4), c = s.alloc(kN * 4), d = s.alloc(kN * 4), x = s.alloc(kN * 4);
+  s.writeFloats(a, randomFloats(kN, 1));
+  s.writeFloats(b, randomFloats(kN, 2));
+  s.fill(c, 0, kN * 4, 0);
+  s.writeFloats(x, randomFloats(kN, 3));
+  const Handle program = s.loadProgram(ProgramKind::openclC, "scale", std::as_bytes(std::span(kScale, std::strlen(kScale))));
+  auto read = [&](Handle h) {
+    auto got = s.readFloats(h, kN);
+    if (!got) {
+      if (why->empty()) *why = got.error().toString();
+      out.emplace_back();
+    } else {
+      out.push_back(std::move(*got));
+    }
+  };
+  for (int i = 0; i < steps; ++i) {
+    if (before) before(i);
+    switch (i % 5) {
+      case 0: {
+        auto chunk = randomFloats(256, 100 + i);
+        s.write(a, (i * 64 % 768) * 4u, std::as_bytes(std::span(chunk)));
+        break;
+      }
+      case 1: s.gemm(kDim, kDim, kDim, 1.0f, a, b, 0.5f, c); break;
+      case 2: s.tensor(unary(client::TensorFn::tanh, d, c)); break;
+      case 3: s.launch(program, "scale", {kN / 128, 1, 1}, {128, 1, 1}, {Arg::f32(0.5f), Arg::buffer(x), Arg::u32(kN)}); break;
+      case 4: {
+        client::TensorOp add;
+        add.fn = client::TensorFn::add;
+        add.shape = {kN};
+        add.operands = {{x, 0, {1}}, {x, 0, {1}}, {d, 0, {1}}};
+        add.alpha = 0.25f;
+        s.tensor(add);
+        break;
+      }
+    }
+    if (i % 100 == 99) read(d);
+  }
+  for (Handle h : {a, c, d, x}) read(h);
+  return out;
+}
+
+std::string firstDifference(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+  if (got.size() != want.size()) return std::to_string(got.size()) + " reads, want " + std::to_string(want.size());
+  for (size_t r = 0; r < got.size(); ++r) {
+    if (got[r].size() != want[r].size()) return "read " + std::to_string(r) + " has " + std::to_string(got[r].size()) + " values";
+    for (size_t i = 0; i < got[r].size(); ++i)
+      if (std::memcmp(&got[r][i], &want[r][i], 4) != 0)
+        return "read " + std::to_string(r) + " element " + std::to_string(i) + ": " + std::to_string(got[r][i]) + ", want " +
+               std::to_string(want[r][i]);
+  }
+  return "";
+}
+
+bool hasEvent(Cluster& c, const std::string& text) { return c.ctl({"events", "--recent"}).find(text) != std::string::npos; }
+
+// kill -9, and wait until the scheduler has noticed.
+void killNetaccel(Cluster& c, Process& p, const std::string& name) {
+  p.kill(SIGKILL);
+  p.wait(10000);
+  const std::regex lost("node-lost +" + name + " ");
+  EXPECT_TRUE(waitFor([&] { return std::regex_search(c.ctl({"events", "--recent"}), lost); }, 20000))
+      << c.ctl({"events", "--recent"});
+}
+
+// A metric of the scheduler's /metrics for one vaccel (-1 when absent).
+double vaccelMetric(Cluster& c, const std::string& name, const std::string& program) {
+  std::string page = rawhttp::roundTrip(c.httpPort(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string vaccels = c.console("vaccels");
+  std::smatch m;
+  if (!std::regex_search(vaccels, m, std::regex("\"id\":([0-9]+),[^}]*\"program\":\"" + program + "\""))) return -1;
+  std::regex line(name + "\\{[^}]*vaccel=\"" + m[1].str() + "\"[^}]*\\} ([0-9.e+]+)");
+  if (!std::regex_search(page, m, line)) return -1;
+  return std::stod(m[1].str());
+}
+
+// Two netaccels with one PoCL card each (2 blocks); the vaccel takes one whole card.
+class Failover : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device: " << hal::discover("opencl").note;
+  }
+  void start(std::vector<VmSpec> vms = {VmSpec{"vm1", 2}}, std::vector<std::string> args = {}, int nodes = 2) {
+    cluster = std::make_unique<Cluster>(std::move(vms), "", std::move(args));
+    for (int i = 0; i < nodes; ++i) {
+      const std::string name = "node" + std::to_string(i);
+      netaccels[name] = &cluster->addNetaccel(name, {"backend=opencl,kind=gpu,tflops=2,memory=256MiB"}, 2);
+    }
+  }
+  Process& holder(Session& s) { return *netaccels.at(s.vaccel().cards.at(0).node); }
+  // The reads of `steps` mixed instructions by a program that loses nothing.
+  std::vector<std::vector<float>> baseline(int steps) {
+    auto b = open(*cluster, "vm1", 2, "baseline");
+    if (!b) return {};
+    std::string why;
+    auto want = runMixed(*b, steps, {}, &why);
+    EXPECT_EQ(why, "") << cluster->logs();
+    return want;
+  }
+  std::unique_ptr<Cluster> cluster;
+  std::map<std::string, Process*> netaccels;
+};
+
+// 1,000 instructions with the vaccel's netaccel killed (kill -9) before step k, five
+// different ks: every read, during and after, is bit for bit the run without a kill.
+TEST_F(Failover, AKilledNetaccelsVaccelFinishesExactlyAsWithoutTheKill) {
+  for (int k : {40, 260, 517, 733, 968}) {
+    SCOPED_TRACE("killed before step " + std::to_string(k));
+    start();
+    std::string why;
+    const auto want = baseline(1000);
+    ASSERT_FALSE(want.empty());
+    auto s = open(*cluster, "vm1", 2, "survivor");
+    ASSERT_TRUE(s);
+    const std::string home = s->vaccel().cards.at(0).node;
+    auto got = runMixed(*s, 1000, [&](int i) { if (i == k) holder(*s).kill(SIGKILL); }, &why);
+    ASSERT_EQ(why, "") << cluster->logs();
+    EXPECT_EQ(firstDifference(got, want), "");
+    EXPECT_TRUE(hasEvent(*cluster, "recovered")) << cluster->ctl({"events", "--recent"});
+    EXPECT_NE(cluster->console("vaccels").find("\"running\""), std::string::npos);
+    std::string vaccels = cluster->console("vaccels");
+    EXPECT_EQ(vaccels.find("\"node\":\"" + home + "\""), std::string::npos) << "still on the killed netaccel: " << vaccels;
+    s.reset();
+    cluster.reset();
+  }
+}
+
+// Frozen (SIGSTOP) past the heartbeat timeout, the netaccel is declared lost and the
+// vaccel rebuilt elsewhere; woken, its late replies find no context and are dropped,
+// and it rejoins the pool.
+TEST_F(Failover, AFrozenNetaccelsVaccelMovesOnAndItsLateRepliesAreIgnored) {
+  start();  // (the cluster's heartbeat timeout: 2 s)
+  std::string why;
+  const auto want = baseline(300);
+  ASSERT_FALSE(want.empty());
+  auto s = open(*cluster, "vm1", 2, "survivor");
+  ASSERT_TRUE(s);
+  Process* frozen = nullptr;
+  auto got = runMixed(*s, 300, [&](int i) {
+    if (i == 150) (frozen = &holder(*s))->kill(SIGSTOP);
+    if (i == 200) {
+      EXPECT_TRUE(waitFor([&] { return hasEvent(*cluster, "no heartbeat"); }, 30000)) << cluster->logs();
+      frozen->kill(SIGCONT);
+    }
+  }, &why);
+  ASSERT_EQ(why, "") << cluster->logs();
+  EXPECT_EQ(firstDifference(got, want), "");
+  EXPECT_TRUE(waitFor([&] { return cluster->poolTotal() == 4; }, 30000)) << cluster->console("nodes");
+  EXPECT_TRUE(cluster->scheduler().running());
+}
+
+// A lineage cap of 1 MiB with 12 MiB written: checkpoints happen and the log starts
+// again; a kill after them recovers from the last checkpoint, exactly.
+TEST_F(Failover, TheLogAtItsCapIsCheckpointedAndRecoveryAfterItIsExact) {
+  VmSpec vm{"vm1", 2};
+  vm.more = "lineage_bytes=1MiB";
+  start({vm});
+  auto s = open(*cluster, "vm1", 2, "capped");
+  ASSERT_TRUE(s);
+  const size_t n = 1 << 18;  // 1 MiB of floats
+  auto big = s->alloc(n * 4);
+  std::vector<float> last;
+  for (unsigned round = 0; round < 12; ++round) {
+    last = randomFloats(n, 40 + round);
+    s->writeFloats(big, last);
+    s->axpy(n, 0.0f, big, big);  // y = 0 * x + y: an op between the writes
+  }
+  auto fenced = s->fence();
+  ASSERT_TRUE(fenced) << fenced.error().message << cluster->logs();
+  EXPECT_TRUE(waitFor([&] { return vaccelMetric(*cluster, "raccel_vaccel_checkpoints_total", "capped") >= 3; }, 30000))
+      << vaccelMetric(*cluster, "raccel_vaccel_checkpoints_total", "capped");
+  const double logFrames = vaccelMetric(*cluster, "raccel_vaccel_lineage_log_frames", "capped");
+  EXPECT_GE(logFrames, 0);
+  EXPECT_LT(logFrames, 24) << "the log was not truncated";
+  const double held = vaccelMetric(*cluster, "raccel_vaccel_lineage_bytes", "capped");
+  EXPECT_LE(held, 3.0 * (4 << 20)) << "checkpoint (1 MiB) and at most a cap's log (plus a frame)";
+  // More work after the checkpoint, then the loss.
+  auto extra = randomFloats(n, 99);
+  s->writeFloats(big, extra);
+  s->axpy(n, 2.0f, big, big);  // big = 3 * extra
+  holder(*s).kill(SIGKILL);
+  auto back = s->readFloats(big, n);
+  ASSERT_TRUE(back) << back.error().message << cluster->logs();
+  for (size_t i = 0; i < n; ++i)
+    if ((*back)[i] != extra[i] + 2.0f * extra[i]) {
+      ADD_FAILURE() << "element " << i << ": " << (*back)[i] << ", want " << extra[i] * 3.0f;
+      break;
+    }
+  EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "capped"), 1);
+}
+
+// Failover off for vm1: its program hears that its buffers are gone, and why; vm2's
+// program, on the other netaccel, is untouched.
+TEST_F(Failover, WithFailoverOffTheProgramHearsWhyAndOthersAreUntouched) {
+  VmSpec off{"vm1", 2};
+  off.more = "failover=off";
+  start({off, VmSpec{"vm2", 2}});
+  auto s = open(*cluster, "vm1", 2, "unprotected");
+  auto other = open(*cluster, "vm2", 2, "bystander");
+  ASSERT_TRUE(s && other);
+  auto keep = other->alloc(kN * 4);
+  auto values = randomFloats(kN, 5);
+  other->writeFloats(keep, values);
+  auto h = s->alloc(64);
+  ASSERT_TRUE(s->fence());
+  killNetaccel(*cluster, holder(*s), s->vaccel().cards.at(0).node);
+  std::vector<std::byte> out(64);
+  auto r = s->read(h, 0, out);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::unavailable) << r.error().message;
+  EXPECT_NE(r.error().message.find("failover is off for vm 'vm1'"), std::string::npos) << r.error().message;
+  auto kept = other->readFloats(keep, kN);
+  ASSERT_TRUE(kept) << kept.error().message;
+  EXPECT_EQ(*kept, values);
+}
+
+// No card of its kind left: the vaccel waits while its netaccel may come back
+// (forget_offline_ms), then its program hears that it cannot be recovered and why.
+// A cpu tenant on the other netaccel is untouched.
+TEST(FailoverLimits, NoCardOfItsKindLeftEndsItSayingSo) {
+  Cluster cluster({VmSpec{"vm1", 2, 0, "gpu"}, VmSpec{"vm2", 2, 0, "cpu"}}, "", {"--set", "forget_offline_ms=1500"});
+  Process& gpu = cluster.addNetaccel("node0", {"kind=gpu,tflops=2,memory=256MiB,threads=1"}, 2);
+  cluster.addNetaccel("node1", {"kind=cpu,tflops=2,memory=256MiB,threads=1"}, 2);
+  auto s = open(cluster, "vm1", 2, "gpuonly");
+  auto other = open(cluster, "vm2", 2, "cpuuser");
+  ASSERT_TRUE(s && other);
+  auto h = s->alloc(64);
+  auto keep = other->alloc(kN * 4);
+  auto values = randomFloats(kN, 6);
+  other->writeFloats(keep, values);
+  ASSERT_TRUE(s->fence());
+  killNetaccel(cluster, gpu, "node0");
+  std::vector<std::byte> out(64);
+  auto r = s->read(h, 0, out);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::unavailable) << r.error().message;
+  EXPECT_NE(r.error().message.find("could not be recovered after netaccel 'node0' was lost"), std::string::npos)
+      << r.error().message;
+  EXPECT_NE(r.error().message.find("gpu"), std::string::npos) << r.error().message;
+  EXPECT_TRUE(hasEvent(cluster, "recovery-failed"));
+  auto kept = other->readFloats(keep, kN);
+  ASSERT_TRUE(kept) << kept.error().message;
+  EXPECT_EQ(*kept, values);
+}
+
+// Three netaccels: the vaccel's is killed, and the one it is being rebuilt on is killed
+// in the middle of that: it is rebuilt again on the third, exactly.
+TEST_F(Failover, ASecondLossDuringRecoveryRecoversAgain) {
+  start({VmSpec{"vm1", 2}}, {}, 3);
+  std::string why;
+  const auto want = baseline(400);
+  ASSERT_FALSE(want.empty());
+  auto s = open(*cluster, "vm1", 2, "twice");
+  ASSERT_TRUE(s);
+  const std::string first = s->vaccel().cards.at(0).node;
+  auto got = runMixed(*s, 400, [&](int i) {
+    if (i != 300) return;
+    netaccels.at(first)->kill(SIGKILL);
+    // The next one to hold it: as soon as the scheduler has placed it again.
+    std::string second;
+    ASSERT_TRUE(waitFor([&] {
+      std::smatch m;
+      std::string v = cluster->console("vaccels");
+      if (!std::regex_search(v, m, std::regex("\"node\":\"(node[0-9])\""))) return false;
+      second = m[1].str();
+      return second != first;
+    }, 30000)) << cluster->console("vaccels");
+    netaccels.at(second)->kill(SIGKILL);
+  }, &why);
+  ASSERT_EQ(why, "") << cluster->logs();
+  EXPECT_EQ(firstDifference(got, want), "");
+  EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "twice"), 2);
+}
+
+}  // namespace
+}  // namespace raccel::testing
