@@ -249,8 +249,9 @@ TEST(Sandbox, ItReadsOnlyItsDriversFilesAndWritesOnlyItsFolder) {
   { std::ofstream(base / "secrets" / "node.key") << "-----BEGIN PRIVATE KEY-----\n"; }
   { std::ofstream(base / "models" / "weights.bin") << "public\n"; }
   auto probe = [&](const std::string& args, int* status) {
-    std::string command = std::string(RACCEL_BIN_DIR) + "/raccel-sandbox --workdir " + (base / "work").string() +
-                          " --read " + (base / "models").string() + " " + args + " 2>&1";
+    // Quoted: the build's path may hold spaces (the probe paths here hold none).
+    std::string command = "'" + std::string(RACCEL_BIN_DIR) + "/raccel-sandbox' --workdir '" + (base / "work").string() +
+                          "' --read '" + (base / "models").string() + "' " + args + " 2>&1";
     FILE* p = ::popen(command.c_str(), "r");
     std::string out;
     char buf[512];

@@ -105,29 +105,29 @@ class OpenclNoImages : public OpenclIcd {
 
 TEST_F(OpenclNoImages, ACardWithoutImagesRefusesThemWithTheStandardError) {
   int status = -1;
-  std::string out = run(std::string(RACCEL_OCL_CONFORMANCE) + " --only images_refused", &status);
+  std::string out = run(sh(RACCEL_OCL_CONFORMANCE) + " --only images_refused", &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("ok   images_refused"), std::string::npos) << out;
-  out = run(std::string(RACCEL_OCL_CONFORMANCE) + " --only image_macro_matches", &status);
+  out = run(sh(RACCEL_OCL_CONFORMANCE) + " --only image_macro_matches", &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
-  out = run(std::string(RACCEL_OCL_CONFORMANCE) + " --only images_2d", &status);
+  out = run(sh(RACCEL_OCL_CONFORMANCE) + " --only images_2d", &status);
   EXPECT_NE(out.find("FAIL images_2d: CL_DEVICE_IMAGE_SUPPORT is false"), std::string::npos) << out;
 }
 
 TEST_F(OpenclIcd, APlainCProgramRunsAKernelAndChecksIt) {
   int status = -1;
-  std::string out = run(RACCEL_OCL_SMOKE, &status);
+  std::string out = run(sh(RACCEL_OCL_SMOKE), &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("ocl_smoke: OK saxpy over 65536 floats on raccel vaccel"), std::string::npos) << out;
 }
 
 TEST_F(OpenclIcd, BadInputGetsTheStandardErrorsAndCrashesNothing) {
   int status = -1;
-  std::string out = run(std::string(RACCEL_OCL_SMOKE) + " --abuse", &status);
+  std::string out = run(sh(RACCEL_OCL_SMOKE) + " --abuse", &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("ocl_smoke: OK bad input refused with the standard errors"), std::string::npos) << out;
   // The daemons are unaffected: a fresh program runs.
-  out = run(RACCEL_OCL_SMOKE, &status);
+  out = run(sh(RACCEL_OCL_SMOKE), &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
 }
 

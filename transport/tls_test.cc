@@ -17,7 +17,14 @@ namespace raccel::transport {
 namespace {
 
 std::string makeCerts(const std::string& dir, const std::string& node) {
-  std::string command = "bash " RACCEL_SOURCE_DIR "/scripts/raccel-certs.sh all " + dir + " " + node + " >/dev/null";
+  // Each path one shell word: a checkout's path may hold spaces.
+  auto word = [](const std::string& text) {
+    std::string out = "'";
+    for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+  };
+  std::string command = "bash " + word(RACCEL_SOURCE_DIR "/scripts/raccel-certs.sh") + " all " + word(dir) + " " + word(node) +
+                        " >/dev/null";
   EXPECT_EQ(std::system(command.c_str()), 0);
   return dir;
 }
