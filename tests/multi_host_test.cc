@@ -439,6 +439,10 @@ TEST_F(MultiHost, TheLeaderPlansCompactionAndAnotherHostMovesItsOwnVaccel) {
   uint64_t buffer = (*kept)->alloc(data.size() * 4);
   (*kept)->writeFloats(buffer, data);
   ASSERT_TRUE((*kept)->fence());
+  // The leader plans on its view of the pool, fed by etcd's watch: it holds the other
+  // host's vaccel before the release (on a busy machine it could still be on its way,
+  // and then there was nothing to move; a fresh-clone CI failed so).
+  ASSERT_TRUE(waitFor([&] { return usedBy(*lead).size() >= 2; }, 20000)) << lead->console("pool");
   // The leader's vaccel ends: the leader compacts after the release (defrag_on_release)
   // and asks the other host to move its vaccel into the hole.
   (*hole).reset();
