@@ -20,8 +20,9 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRACCEL_SAN
 }
 rm -f build-asan-configure.log
 cmake --build build-asan -j "$(nproc)"
-export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:suppressions=$PWD/tests/fuzz/asan.supp"
-export LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0"
+# Paths quoted: the sanitizers' option parser splits at spaces (a checkout's path may hold one).
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:suppressions='$PWD/tests/fuzz/asan.supp'"
+export LSAN_OPTIONS="suppressions='$PWD/tests/fuzz/lsan.supp':print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" --timeout 600 -E 'sandboxed_opencl'
 # The conformance suite through a sandboxed PoCL card: its test process opens the card
@@ -30,5 +31,5 @@ ctest --test-dir build-asan --output-on-failure -j "$(nproc)" --timeout 600 -E '
 # signal 11") in every one of these tests under a PoCL cache of the build's own. These
 # run without scanning thread-local storage (use_tls=0), which can only report more
 # leaks, never hide one; lsan-notls.supp adds the few glibc keeps there.
-LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan-notls.supp:print_suppressions=0:use_tls=0" \
+LSAN_OPTIONS="suppressions='$PWD/tests/fuzz/lsan-notls.supp':print_suppressions=0:use_tls=0" \
   ctest --test-dir build-asan --output-on-failure -j "$(nproc)" --timeout 600 -R 'sandboxed_opencl'
