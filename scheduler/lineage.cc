@@ -31,6 +31,7 @@ void Lineage::drop() {
   baseInSaved = false;
   buffers.clear();
   dirty.clear();
+  fresh.clear();
   allDirty = false;
   programs.clear();
   failed.clear();
@@ -76,10 +77,10 @@ void Scheduler::noteWritten(Session& s, wire::Instruction::Reader in) {
   Lineage& lin = s.lineage;
   if (!lin.on || lin.allDirty) return;
   switch (in.which()) {
-    case wire::Instruction::ALLOC: lin.dirty.insert(in.getAlloc().getHandle()); break;
-    case wire::Instruction::WRITE: lin.dirty.insert(in.getWrite().getBuffer()); break;
+    case wire::Instruction::ALLOC:  // one of a handle in use changes nothing here, but is not folded
+      (s.buffers.count(in.getAlloc().getHandle()) ? lin.dirty : lin.fresh).insert(in.getAlloc().getHandle());
+      break;
     case wire::Instruction::COPY: lin.dirty.insert(in.getCopy().getDst()); break;
-    case wire::Instruction::FILL: lin.dirty.insert(in.getFill().getBuffer()); break;
     case wire::Instruction::LAUNCH:  // a kernel's writes are not declared: every buffer it is passed
       for (auto arg : in.getLaunch().getArgs())
         if (auto h = bufferArg(arg)) lin.dirty.insert(*h);
@@ -91,6 +92,8 @@ void Scheduler::noteWritten(Session& s, wire::Instruction::Reader in) {
         for (uint64_t h : outputsOf(in.getOp())) lin.dirty.insert(h);
       }
       break;
+    case wire::Instruction::WRITE:  // the guest's own bytes: folded from the log
+    case wire::Instruction::FILL:
     case wire::Instruction::READ:
     case wire::Instruction::FENCE:
     case wire::Instruction::FREE:
@@ -132,6 +135,44 @@ void Scheduler::readBuffers(Session& s, std::unordered_map<uint64_t, std::string
   }
 }
 
+void Scheduler::foldLog(Session& s) {
+  Lineage& lin = s.lineage;
+  for (auto& [h, body] : lin.log) {
+    (void)transport::decodeGuard([&] {
+      transport::MessageView view(body);
+      auto in = view.root<wire::Instruction>();
+      switch (in.which()) {
+        case wire::Instruction::ALLOC: {  // (one the scheduler refused is dropped after, unless a later one took its place)
+          auto a = in.getAlloc();
+          if (!lin.readsBack(a.getHandle()) && a.getSize() <= s.vm->policy.memoryQuota) lin.base[a.getHandle()].assign(a.getSize(), '\0');
+          break;
+        }
+        case wire::Instruction::FREE: lin.base.erase(in.getFree().getHandle()); break;
+        case wire::Instruction::WRITE: {
+          auto w = in.getWrite();
+          auto it = lin.base.find(w.getBuffer());
+          // Out of its buffer's bounds the card refused it too.
+          if (it == lin.base.end() || lin.readsBack(w.getBuffer()) || w.getOffset() > it->second.size() ||
+              w.getData().size() > it->second.size() - w.getOffset())
+            break;
+          std::memcpy(it->second.data() + w.getOffset(), w.getData().begin(), w.getData().size());
+          break;
+        }
+        case wire::Instruction::FILL: {
+          auto f = in.getFill();
+          auto it = lin.base.find(f.getBuffer());
+          if (it == lin.base.end() || lin.readsBack(f.getBuffer()) || f.getOffset() > it->second.size() ||
+              f.getLength() > it->second.size() - f.getOffset())
+            break;
+          std::memset(it->second.data() + f.getOffset(), f.getValue(), f.getLength());
+          break;
+        }
+        default: break;
+      }
+    });
+  }
+}
+
 void Scheduler::markCheckpoint(Session& s) {
   Lineage& lin = s.lineage;
   lin.buffers = s.buffers;
@@ -142,6 +183,7 @@ void Scheduler::markCheckpoint(Session& s) {
   lin.logBytes = 0;
   lin.delivered.clear();  // everything in the log was answered before the checkpoint's reads
   lin.dirty.clear();
+  lin.fresh.clear();
   lin.allDirty = false;
   lin.replayLeft = 0;
   ++lin.checkpoints;
@@ -175,6 +217,7 @@ void Scheduler::maybeCheckpoint(Session& s) {
       }
       RLOG_WARN("scheduler") << labelOf(s) << ": checkpoint failed: " << error->message;
     } else {
+      foldLog(s);
       for (auto& [h, data] : lin.taking) {
         lin.checkpointBytes += data.size();
         lin.base[h] = std::move(data);
@@ -183,6 +226,12 @@ void Scheduler::maybeCheckpoint(Session& s) {
       std::erase_if(lin.base, [&s](auto& entry) { return !s.buffers.count(entry.first); });  // freed since
       lin.baseInSaved = false;
       markCheckpoint(s);
+      for (auto& [h, bytes] : s.buffers)
+        if (auto it = lin.base.find(h); it == lin.base.end() || it->second.size() != bytes) {
+          lin.drop();  // (the scheduler's own record disagrees with itself: never restore from it)
+          event("failover-off", labelOf(s), "its checkpoint lacks buffer " + std::to_string(h));
+          break;
+        }
     }
     if (s.idle) {  // a suspension or a move waited for the checkpoint
       auto idle = std::move(s.idle);
@@ -194,7 +243,7 @@ void Scheduler::maybeCheckpoint(Session& s) {
   };
   lin.taking.clear();
   // Only what changed since the last checkpoint is read back; the rest stays as it was.
-  readBuffers(s, lin.taking, [&lin](uint64_t h) { return lin.allDirty || lin.dirty.count(h) || !lin.base.count(h); });
+  readBuffers(s, lin.taking, [&lin](uint64_t h) { return lin.readsBack(h); });
   settle(s);
 }
 
@@ -223,6 +272,9 @@ void Scheduler::recoverLost(Session& s, const std::string& lost) {
   s.vm->memoryUsed += s.memoryUsed;
   s.unconfirmedAllocs.clear();
   if (!lin.baseInSaved) s.saved.clear();
+  lin.dirty.clear();  // (the log notes them again as it is re-forwarded)
+  lin.fresh.clear();
+  lin.allDirty = false;
   // The log goes back ahead of what waited (a second loss mid-replay: the part re-sent
   // so far, then the rest, which still waits).
   lin.replayLeft += lin.log.size();

@@ -52,10 +52,15 @@ struct Lineage {
   };
   std::unordered_set<std::pair<uint64_t, uint64_t>, PairHash> delivered;
 
-  // Buffers an instruction since the checkpoint may have changed (all, after a graph):
-  // a checkpoint reads only these (and new ones) back, and keeps the others' bytes.
+  // Buffers the card may have changed since the checkpoint (all, after a graph): a
+  // checkpoint reads only these back. What the guest wrote itself is in the log, and a
+  // checkpoint folds it into the kept bytes (`fresh`: allocated since, from zeros).
   std::unordered_set<uint64_t> dirty;
+  std::unordered_set<uint64_t> fresh;
   bool allDirty = false;
+  bool readsBack(uint64_t handle) const {
+    return allDirty || dirty.count(handle) || (!base.count(handle) && !fresh.count(handle));
+  }
 
   // A checkpoint under way: the buffers' bytes read so far.
   std::unordered_map<uint64_t, std::string> taking;
@@ -68,7 +73,7 @@ struct Lineage {
   uint64_t lostAtNs = 0;  // uv_hrtime() at the loss (the recovery's time)
   size_t replayLeft = 0;
   uint64_t recoveries = 0, checkpoints = 0;  // losses it was rebuilt after; checkpoints taken
-  uint64_t checkpointBytes = 0;  // read back by checkpoints, in all
+  uint64_t checkpointBytes = 0;  // read back from cards by checkpoints, in all
 
   // Bytes the lineage holds in the scheduler's memory now.
   uint64_t heldBytes() const;

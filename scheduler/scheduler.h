@@ -219,6 +219,9 @@ class Scheduler {
   // (only those `wanted` says, when given).
   void readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into,
                    const std::function<bool(uint64_t)>& wanted = {});
+  // Applies the lineage log's writes, fills, allocs and frees to the checkpoint's bytes
+  // of every buffer the checkpoint does not read back.
+  void foldLog(Session& s);
   // The buffers instruction `in` may change, marked dirty in the lineage.
   void noteWritten(Session& s, wire::Instruction::Reader in);
   void markCheckpoint(Session& s);     // the checkpoint is the state now: the log starts again

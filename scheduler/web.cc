@@ -278,6 +278,9 @@ std::string Scheduler::metricsText() {
             [](const Session& s) { return s.lineage.log.size(); });
   perVaccel("raccel_vaccel_checkpoints_total", "counter", "Checkpoints of each live vaccel's lineage.",
             [](const Session& s) { return s.lineage.checkpoints; });
+  perVaccel("raccel_vaccel_checkpoint_read_bytes_total", "counter",
+            "Bytes each live vaccel's checkpoints read back from its cards (what the guest wrote is folded from the log instead).",
+            [](const Session& s) { return s.lineage.checkpointBytes; });
   perVaccel("raccel_vaccel_recoveries_total", "counter", "Times each live vaccel was rebuilt after losing a card.",
             [](const Session& s) { return s.lineage.recoveries; });
 

@@ -251,6 +251,52 @@ TEST_F(Failover, TheLogAtItsCapIsCheckpointedAndRecoveryAfterItIsExact) {
   EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "capped"), 1);
 }
 
+// What the guest wrote itself (writes at offsets, a fill, a buffer freed and its handle
+// allocated again) is folded from the log into the checkpoint: checkpoints read nothing
+// back from the card, yet a kill after them recovers every byte.
+TEST_F(Failover, WhatTheGuestWroteIsFoldedFromTheLogNotReadBackAndRecoveredExactly) {
+  VmSpec vm{"vm1", 2};
+  vm.more = "lineage_bytes=1MiB";
+  start({vm});
+  auto s = open(*cluster, "vm1", 2, "folded");
+  ASSERT_TRUE(s);
+  const size_t n = 2 << 20;  // 8 MiB of floats
+  auto big = s->alloc(n * 4), reused = s->alloc(4096);
+  std::vector<float> want(n, 0.0f);
+  for (unsigned part = 0; part < 6; ++part) {  // six overlapping writes of 1.5 MiB
+    auto chunk = randomFloats(3 << 17, 70 + part);
+    const size_t at = part * (n / 8);
+    s->write(big, at * 4, std::as_bytes(std::span(chunk)));
+    std::copy(chunk.begin(), chunk.end(), want.begin() + at);
+  }
+  s->fill(big, 4 * 1000, 4 * 24, 0);
+  std::fill(want.begin() + 1000, want.begin() + 1024, 0.0f);
+  s->free(reused);
+  s->fill(reused = s->alloc(8192), 0, 8192, 0);  // (a handle of its own: the client numbers them)
+  auto tail = randomFloats(1024, 77);
+  s->writeFloats(reused, tail);
+  auto fenced = s->fence();
+  ASSERT_TRUE(fenced) << fenced.error().message << cluster->logs();
+  EXPECT_TRUE(waitFor([&] { return vaccelMetric(*cluster, "raccel_vaccel_checkpoints_total", "folded") >= 3; }, 30000))
+      << vaccelMetric(*cluster, "raccel_vaccel_checkpoints_total", "folded");
+  EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_checkpoint_read_bytes_total", "folded"), 0);
+  holder(*s).kill(SIGKILL);
+  auto back = s->readFloats(big, n);
+  ASSERT_TRUE(back) << back.error().message << cluster->logs();
+  EXPECT_EQ(firstDifference({*back}, {want}), "");
+  auto backTail = s->readFloats(reused, 2048);
+  ASSERT_TRUE(backTail) << backTail.error().message;
+  tail.resize(2048, 0.0f);
+  EXPECT_EQ(firstDifference({*backTail}, {tail}), "");
+  EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "folded"), 1);
+  // An op makes its output the card's: the next checkpoint reads that buffer back.
+  s->axpy(2048, 1.0f, reused, reused);
+  for (unsigned round = 0; round < 3; ++round) s->writeFloats(big, randomFloats(n / 8, 90 + round));
+  ASSERT_TRUE(s->fence());
+  EXPECT_TRUE(waitFor([&] { return vaccelMetric(*cluster, "raccel_vaccel_checkpoint_read_bytes_total", "folded") >= 8192; }, 30000))
+      << vaccelMetric(*cluster, "raccel_vaccel_checkpoint_read_bytes_total", "folded");
+}
+
 // Failover off for vm1: its program hears that its buffers are gone, and why; vm2's
 // program, on the other netaccel, is untouched.
 TEST_F(Failover, WithFailoverOffTheProgramHearsWhyAndOthersAreUntouched) {

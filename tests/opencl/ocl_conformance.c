@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static cl_platform_id platform;
 static cl_device_id device;
@@ -740,6 +741,12 @@ static int images_refused(void) {
   return 0;
 }
 
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
 struct check {
   const char* name;
   int (*run)(void);
@@ -804,12 +811,13 @@ int main(int argc, char** argv) {
       continue;
     }
     why[0] = 0;
+    double started = now_ms();
     if (checks[c].run()) {
-      printf("FAIL %s: %s\n", checks[c].name, why);
+      printf("FAIL %s: %s (%.0f ms)\n", checks[c].name, why, now_ms() - started);
       ++failed;
       clFinish(queue); /* what a failed check left queued does not spill into the next */
     } else {
-      printf("ok   %s\n", checks[c].name);
+      printf("ok   %s (%.0f ms)\n", checks[c].name, now_ms() - started);
       ++passed;
     }
     fflush(stdout);
