@@ -7,6 +7,7 @@
 // what waited.
 #include <capnp/message.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/log.h"
@@ -18,8 +19,47 @@
 
 namespace raccel::scheduler {
 
+void LineageLog::add(const transport::FrameHeader& header, transport::Body& body, const Fold& fold) {
+  std::span<const std::byte> bytes;
+  if (body.size() >= kSharedFromBytes) {
+    shared_.push_back(body.share());  // (the bytes forwarded, not a copy)
+    bytes = {shared_.back().data(), shared_.back().size()};
+  } else {
+    const size_t words = (body.size() + 7) / 8;  // word-aligned, as a decoder wants them
+    if (chunks_.empty() || usedInLast_ + words * 8 > kChunkBytes) {
+      chunks_.push_back(std::make_unique<capnp::word[]>(kChunkBytes / 8));
+      usedInLast_ = 0;
+    }
+    std::byte* at = reinterpret_cast<std::byte*>(chunks_.back().get()) + usedInLast_;
+    if (body.size()) std::memcpy(at, body.data(), body.size());
+    usedInLast_ += words * 8;
+    bytes = {at, body.size()};
+  }
+  entries_.push_back(Entry{header, bytes, fold});
+  bytes_ += body.size();
+}
+
+std::deque<std::pair<transport::FrameHeader, transport::Body>> LineageLog::takeFrames() {
+  std::deque<std::pair<transport::FrameHeader, transport::Body>> frames;
+  for (auto& e : entries_) {
+    transport::Body body(e.bytes.size());
+    if (!e.bytes.empty()) std::memcpy(body.data(), e.bytes.data(), e.bytes.size());
+    frames.emplace_back(e.header, std::move(body));
+  }
+  clear();
+  return frames;
+}
+
+void LineageLog::clear() {
+  entries_.clear();
+  shared_.clear();
+  if (chunks_.size() > 1) chunks_.resize(1);  // one stays for the next frames
+  usedInLast_ = 0;
+  bytes_ = 0;
+}
+
 uint64_t Lineage::heldBytes() const {
-  uint64_t n = logBytes;
+  uint64_t n = log.bytes();
   for (auto& [h, data] : base) n += data.size();
   for (auto& [h, data] : taking) n += data.size();
   return n;
@@ -36,7 +76,6 @@ void Lineage::drop() {
   programs.clear();
   failed.clear();
   log.clear();
-  logBytes = 0;
   delivered.clear();
   taking.clear();
 }
@@ -46,11 +85,10 @@ void Scheduler::startLineage(Session& s) {
   s.lineage.capBytes = s.vm->policy.lineageBytes;
 }
 
-void Scheduler::logFrame(Session& s, const transport::FrameHeader& h, const transport::Body& body) {
+void Scheduler::logFrame(Session& s, const transport::FrameHeader& h, transport::Body& body, wire::Instruction::Reader in) {
   Lineage& lin = s.lineage;
   if (!lin.on || h.sequence >= kSchedulerSequences) return;  // (refused unforwarded: nothing to rebuild)
-  lin.logBytes += body.size();
-  lin.log.emplace_back(h, transport::copyBody(body));
+  lin.log.add(h, body, noteWritten(s, in, body));
   if (lin.replayLeft && --lin.replayLeft == 0) {
     const double ms = static_cast<double>(uv_hrtime() - lin.lostAtNs) / 1e6;
     event("recovered", labelOf(s), "the instructions lost with " + lin.lost + " ran again; " + std::to_string(static_cast<long>(ms)) +
@@ -73,13 +111,32 @@ bool Scheduler::firstDelivery(Session& s, uint64_t sequence, const transport::Bo
   return lin.delivered.emplace(sequence, part).second;
 }
 
-void Scheduler::noteWritten(Session& s, wire::Instruction::Reader in) {
+Fold Scheduler::noteWritten(Session& s, wire::Instruction::Reader in, const transport::Body& body) {
   Lineage& lin = s.lineage;
-  if (!lin.on || lin.allDirty) return;
+  Fold fold;
   switch (in.which()) {
-    case wire::Instruction::ALLOC:  // one of a handle in use changes nothing here, but is not folded
-      (s.buffers.count(in.getAlloc().getHandle()) ? lin.dirty : lin.fresh).insert(in.getAlloc().getHandle());
+    case wire::Instruction::ALLOC: {  // one of a handle in use changes nothing here, but is not folded
+      const uint64_t h = in.getAlloc().getHandle();
+      (s.buffers.count(h) ? lin.dirty : lin.fresh).insert(h);
+      fold = Fold{Fold::Kind::alloc, 0, h, 0, in.getAlloc().getSize(), 0};
       break;
+    }
+    case wire::Instruction::FREE: fold = Fold{Fold::Kind::free, 0, in.getFree().getHandle(), 0, 0, 0}; break;
+    case wire::Instruction::WRITE: {  // the guest's own bytes: folded from the log
+      auto w = in.getWrite();
+      auto data = w.getData();
+      const auto at = reinterpret_cast<const std::byte*>(data.begin()) - body.data();
+      if (at >= 0 && static_cast<uint64_t>(at) <= body.size() && data.size() <= body.size() - static_cast<uint64_t>(at))
+        fold = Fold{Fold::Kind::write, 0, w.getBuffer(), w.getOffset(), data.size(), static_cast<uint64_t>(at)};
+      else
+        lin.dirty.insert(w.getBuffer());
+      break;
+    }
+    case wire::Instruction::FILL: {
+      auto f = in.getFill();
+      fold = Fold{Fold::Kind::fill, f.getValue(), f.getBuffer(), f.getOffset(), f.getLength(), 0};
+      break;
+    }
     case wire::Instruction::COPY: lin.dirty.insert(in.getCopy().getDst()); break;
     case wire::Instruction::LAUNCH:  // a kernel's writes are not declared: every buffer it is passed
       for (auto arg : in.getLaunch().getArgs())
@@ -92,19 +149,16 @@ void Scheduler::noteWritten(Session& s, wire::Instruction::Reader in) {
         for (uint64_t h : outputsOf(in.getOp())) lin.dirty.insert(h);
       }
       break;
-    case wire::Instruction::WRITE:  // the guest's own bytes: folded from the log
-    case wire::Instruction::FILL:
     case wire::Instruction::READ:
     case wire::Instruction::FENCE:
-    case wire::Instruction::FREE:
     case wire::Instruction::LOAD_PROGRAM:
     case wire::Instruction::DESCRIBE_PROGRAM:
       break;
     default:  // a graph, or what this scheduler does not know: anything may have changed
       lin.allDirty = true;
-      lin.dirty.clear();
       break;
   }
+  return fold;
 }
 
 void Scheduler::readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into,
@@ -137,39 +191,22 @@ void Scheduler::readBuffers(Session& s, std::unordered_map<uint64_t, std::string
 
 void Scheduler::foldLog(Session& s) {
   Lineage& lin = s.lineage;
-  for (auto& [h, body] : lin.log) {
-    (void)transport::decodeGuard([&] {
-      transport::MessageView view(body);
-      auto in = view.root<wire::Instruction>();
-      switch (in.which()) {
-        case wire::Instruction::ALLOC: {  // (one the scheduler refused is dropped after, unless a later one took its place)
-          auto a = in.getAlloc();
-          if (!lin.readsBack(a.getHandle()) && a.getSize() <= s.vm->policy.memoryQuota) lin.base[a.getHandle()].assign(a.getSize(), '\0');
-          break;
-        }
-        case wire::Instruction::FREE: lin.base.erase(in.getFree().getHandle()); break;
-        case wire::Instruction::WRITE: {
-          auto w = in.getWrite();
-          auto it = lin.base.find(w.getBuffer());
-          // Out of its buffer's bounds the card refused it too.
-          if (it == lin.base.end() || lin.readsBack(w.getBuffer()) || w.getOffset() > it->second.size() ||
-              w.getData().size() > it->second.size() - w.getOffset())
-            break;
-          std::memcpy(it->second.data() + w.getOffset(), w.getData().begin(), w.getData().size());
-          break;
-        }
-        case wire::Instruction::FILL: {
-          auto f = in.getFill();
-          auto it = lin.base.find(f.getBuffer());
-          if (it == lin.base.end() || lin.readsBack(f.getBuffer()) || f.getOffset() > it->second.size() ||
-              f.getLength() > it->second.size() - f.getOffset())
-            break;
-          std::memset(it->second.data() + f.getOffset(), f.getValue(), f.getLength());
-          break;
-        }
-        default: break;
-      }
-    });
+  for (auto& e : lin.log.entries()) {
+    const Fold& f = e.fold;
+    if (f.kind == Fold::Kind::none || lin.readsBack(f.handle)) continue;
+    if (f.kind == Fold::Kind::alloc) {  // (one the scheduler refused is dropped after, unless a later one took its place)
+      if (f.length <= s.vm->policy.memoryQuota) lin.base[f.handle].assign(f.length, '\0');
+      continue;
+    }
+    auto it = lin.base.find(f.handle);
+    if (f.kind == Fold::Kind::free) {
+      if (it != lin.base.end()) lin.base.erase(it);
+      continue;
+    }
+    // Out of its buffer's bounds the card refused it too.
+    if (it == lin.base.end() || f.offset > it->second.size() || f.length > it->second.size() - f.offset) continue;
+    if (f.kind == Fold::Kind::write) std::memcpy(it->second.data() + f.offset, e.bytes.data() + f.dataAt, f.length);
+    else std::memset(it->second.data() + f.offset, f.value, f.length);
   }
 }
 
@@ -180,7 +217,6 @@ void Scheduler::markCheckpoint(Session& s) {
   lin.failed = s.failed;
   lin.memoryUsed = s.memoryUsed;
   lin.log.clear();
-  lin.logBytes = 0;
   lin.delivered.clear();  // everything in the log was answered before the checkpoint's reads
   lin.dirty.clear();
   lin.fresh.clear();
@@ -196,42 +232,53 @@ void Scheduler::savedIsCheckpoint(Session& s) {
   markCheckpoint(s);
 }
 
+void Scheduler::completeCheckpoint(Session& s) {
+  Lineage& lin = s.lineage;
+  foldLog(s);
+  for (auto& [h, data] : lin.taking) {
+    lin.checkpointBytes += data.size();
+    lin.base[h] = std::move(data);
+  }
+  lin.taking.clear();
+  std::erase_if(lin.base, [&s](auto& entry) { return !s.buffers.count(entry.first); });  // freed since
+  lin.baseInSaved = false;
+  markCheckpoint(s);
+  for (auto& [h, bytes] : s.buffers)
+    if (auto it = lin.base.find(h); it == lin.base.end() || it->second.size() != bytes) {
+      lin.drop();  // (the scheduler's own record disagrees with itself: never restore from it)
+      event("failover-off", labelOf(s), "its checkpoint lacks buffer " + std::to_string(h));
+      return;
+    }
+}
+
 void Scheduler::maybeCheckpoint(Session& s) {
   Lineage& lin = s.lineage;
   if (!lin.on || !lin.full() || lin.checkpointing || lin.recovering || s.job || s.idle || s.phase != Phase::running ||
       s.members.empty() || !s.unavailable.empty())
     return;
+  // What the guest wrote itself folds from the log: with nothing the card changed, the
+  // checkpoint is the scheduler's own bookkeeping, and the stream goes on undisturbed.
+  if (std::none_of(s.buffers.begin(), s.buffers.end(), [&lin](auto& b) { return lin.readsBack(b.first); })) {
+    completeCheckpoint(s);
+    return;
+  }
   lin.checkpointing = true;
   s.job = std::make_unique<RemoteJob>();
   s.job->finished = [this, &s](std::optional<Error> error) {
     Lineage& lin = s.lineage;
     lin.checkpointing = false;
-    if (error) {
+    if (!error) {
+      completeCheckpoint(s);
+    } else {
       lin.taking.clear();
       // The log is kept (recovery still works from the last checkpoint) up to twice its
       // cap; past that the lineage is given up rather than let it grow without bound.
-      if (lin.logBytes >= 2 * lin.capBytes || lin.log.size() >= 2 * kLineageMaxFrames) {
+      if (lin.log.bytes() >= 2 * lin.capBytes || lin.log.size() >= 2 * kLineageMaxFrames) {
         lin.drop();
         event("failover-off", labelOf(s), "its checkpoint failed twice over (" + error->message +
                                               "); a lost netaccel now ends it as without failover");
       }
       RLOG_WARN("scheduler") << labelOf(s) << ": checkpoint failed: " << error->message;
-    } else {
-      foldLog(s);
-      for (auto& [h, data] : lin.taking) {
-        lin.checkpointBytes += data.size();
-        lin.base[h] = std::move(data);
-      }
-      lin.taking.clear();
-      std::erase_if(lin.base, [&s](auto& entry) { return !s.buffers.count(entry.first); });  // freed since
-      lin.baseInSaved = false;
-      markCheckpoint(s);
-      for (auto& [h, bytes] : s.buffers)
-        if (auto it = lin.base.find(h); it == lin.base.end() || it->second.size() != bytes) {
-          lin.drop();  // (the scheduler's own record disagrees with itself: never restore from it)
-          event("failover-off", labelOf(s), "its checkpoint lacks buffer " + std::to_string(h));
-          break;
-        }
     }
     if (s.idle) {  // a suspension or a move waited for the checkpoint
       auto idle = std::move(s.idle);
@@ -242,7 +289,7 @@ void Scheduler::maybeCheckpoint(Session& s) {
     runHeld(s);
   };
   lin.taking.clear();
-  // Only what changed since the last checkpoint is read back; the rest stays as it was.
+  // Only what the card changed since the last checkpoint is read back.
   readBuffers(s, lin.taking, [&lin](uint64_t h) { return lin.readsBack(h); });
   settle(s);
 }
@@ -278,12 +325,11 @@ void Scheduler::recoverLost(Session& s, const std::string& lost) {
   // The log goes back ahead of what waited (a second loss mid-replay: the part re-sent
   // so far, then the rest, which still waits).
   lin.replayLeft += lin.log.size();
-  for (auto it = lin.log.rbegin(); it != lin.log.rend(); ++it) {
+  auto frames = lin.log.takeFrames();
+  for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
     s.heldBytes += it->second.size();
     s.held.push_front(std::move(*it));
   }
-  lin.log.clear();
-  lin.logBytes = 0;
   s.phase = Phase::suspended;
   s.why = "recovering: " + lost;
   RLOG_WARN("scheduler") << labelOf(s) << " recovering from its checkpoint: " << lost << "; " << lin.replayLeft

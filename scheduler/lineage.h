@@ -12,10 +12,12 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include <capnp/message.h>
 
@@ -27,6 +29,46 @@ namespace raccel::scheduler {
 // At most this many frames between checkpoints, whatever their bytes (tiny instructions
 // cost the log more than their bytes: a header, a body and a delivered-reply entry each).
 constexpr size_t kLineageMaxFrames = 16384;
+
+// What a checkpoint folds into its kept bytes for one logged instruction (the guest's
+// own writes, fills, allocs and frees), worked out as the instruction passes, so that
+// a checkpoint never decodes its log again.
+struct Fold {
+  enum class Kind : uint8_t { none, alloc, free, write, fill };
+  Kind kind = Kind::none;
+  uint8_t value = 0;      // fill
+  uint64_t handle = 0;
+  uint64_t offset = 0;    // write, fill
+  uint64_t length = 0;    // alloc: its size; write: its data's bytes; fill: how many
+  uint64_t dataAt = 0;    // write: where its data is in the frame
+};
+
+// The frames forwarded since the checkpoint, in order, as received. Large frames are
+// kept by sharing the forwarded body (no copy); small ones are copied into chunks of one
+// arena, so the log costs no allocation per instruction and empties at once.
+class LineageLog {
+ public:
+  struct Entry {
+    transport::FrameHeader header;
+    std::span<const std::byte> bytes;  // the frame's body (in a shared body or the arena)
+    Fold fold;
+  };
+  void add(const transport::FrameHeader& header, transport::Body& body, const Fold& fold);
+  const std::deque<Entry>& entries() const { return entries_; }
+  size_t size() const { return entries_.size(); }
+  uint64_t bytes() const { return bytes_; }
+  // Every frame as a body of its own, in order; the log is left empty.
+  std::deque<std::pair<transport::FrameHeader, transport::Body>> takeFrames();
+  void clear();
+
+ private:
+  static constexpr size_t kChunkBytes = 256 * 1024, kSharedFromBytes = 4096;
+  std::deque<Entry> entries_;
+  std::deque<transport::Body> shared_;
+  std::vector<std::unique_ptr<capnp::word[]>> chunks_;
+  size_t usedInLast_ = 0;  // bytes of the last chunk in use
+  uint64_t bytes_ = 0;
+};
 
 struct Lineage {
   bool on = false;
@@ -41,9 +83,8 @@ struct Lineage {
   std::map<uint64_t, std::pair<uint64_t, Error>> failed;
   uint64_t memoryUsed = 0;
 
-  // The guest's frames forwarded since the checkpoint, in order, as received.
-  std::deque<std::pair<transport::FrameHeader, transport::Body>> log;
-  uint64_t logBytes = 0;
+  // The guest's frames forwarded since the checkpoint.
+  LineageLog log;
   // Replies delivered since the checkpoint, by (guest sequence, part: a data chunk's
   // offset, ~1 for kernel times, ~0 for the answer):
   // a re-forwarded instruction's reply the guest already has is dropped.
@@ -81,7 +122,7 @@ struct Lineage {
   std::unordered_map<uint64_t, std::string>& checkpoint(std::unordered_map<uint64_t, std::string>& saved) {
     return baseInSaved ? saved : base;
   }
-  bool full() const { return logBytes >= capBytes || log.size() >= kLineageMaxFrames; }
+  bool full() const { return log.bytes() >= capBytes || log.size() >= kLineageMaxFrames; }
   // Forgets everything (failover off, or given up).
   void drop();
 };

@@ -562,13 +562,12 @@ void Scheduler::forwardNow(VmLink& link, Session& s, const FrameHeader& h, Body 
     return;
   }
   if (!s.lineage.replayLeft) ++s.instructions;  // (a replayed one was counted when it came)
-  logFrame(s, h, body);
   bool drop = false;
   auto decoded = transport::decodeGuard([&] {
     transport::MessageView in(body);
     auto instruction = in.root<wire::Instruction>();
     auto which = instruction.which();
-    noteWritten(s, instruction);
+    logFrame(s, h, body, instruction);
     if (!s.unavailable.empty()) {
       replyError(s, h.sequence, Error{Code::unavailable, s.unavailable});
       drop = true;

@@ -21,6 +21,7 @@
 #include "schema/node.capnp.h"
 #include "scheduler/admission.h"
 #include "scheduler/config.h"
+#include "scheduler/lineage.h"
 #include "scheduler/pool.h"
 #include "scheduler/pool_state.h"
 #include "common/metrics.h"
@@ -211,7 +212,7 @@ class Scheduler {
   // Failover (lineage.cc, lineage.h).
   void startLineage(Session& s);  // on or off, and its cap, from its VM's policy
   // A frame forwarded to the vaccel's cards, kept in its log.
-  void logFrame(Session& s, const transport::FrameHeader& h, const transport::Body& body);
+  void logFrame(Session& s, const transport::FrameHeader& h, transport::Body& body, wire::Instruction::Reader in);
   // Whether reply `body` to `sequence` is new to the guest (false: a re-forwarded
   // instruction's reply it already had).
   bool firstDelivery(Session& s, uint64_t sequence, const transport::Body& body);
@@ -222,8 +223,11 @@ class Scheduler {
   // Applies the lineage log's writes, fills, allocs and frees to the checkpoint's bytes
   // of every buffer the checkpoint does not read back.
   void foldLog(Session& s);
-  // The buffers instruction `in` may change, marked dirty in the lineage.
-  void noteWritten(Session& s, wire::Instruction::Reader in);
+  // A checkpoint's end: the log folded, what was read back kept, the log started again.
+  void completeCheckpoint(Session& s);
+  // The buffers instruction `in` (in `body`) may change on the card, marked dirty in the
+  // lineage; what a checkpoint folds for it instead (the guest's own writes and fills).
+  Fold noteWritten(Session& s, wire::Instruction::Reader in, const transport::Body& body);
   void markCheckpoint(Session& s);     // the checkpoint is the state now: the log starts again
   void savedIsCheckpoint(Session& s);  // a save succeeded: s.saved is the checkpoint
   void maybeCheckpoint(Session& s);    // the log at its cap: a checkpoint, when idle

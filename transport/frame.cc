@@ -87,20 +87,41 @@ Body::Body(size_t bytes) : bytes_(bytes) {
   }
 }
 
-Body::~Body() {
+Body::~Body() { release(); }
+
+void Body::release() {
   if (!words_) return;
+  if (shared_) {
+    if (shared_->fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // another owner keeps it
+    delete shared_;
+    shared_ = nullptr;
+  }
   if (capacityWords_ * sizeof(capnp::word) >= BodyPool::kPooledBytes) bodyPool().give(words_, capacityWords_);
   else delete[] words_;
 }
 
+Body Body::share() {
+  Body other;
+  if (!words_) return other;
+  if (!shared_) shared_ = new std::atomic<uint32_t>(1);
+  shared_->fetch_add(1, std::memory_order_relaxed);
+  other.words_ = words_;
+  other.capacityWords_ = capacityWords_;
+  other.bytes_ = bytes_;
+  other.shared_ = shared_;
+  return other;
+}
+
 Body& Body::operator=(Body&& other) noexcept {
   if (this != &other) {
-    this->~Body();
+    release();
     words_ = other.words_;
     capacityWords_ = other.capacityWords_;
     bytes_ = other.bytes_;
+    shared_ = other.shared_;
     other.words_ = nullptr;
     other.capacityWords_ = other.bytes_ = 0;
+    other.shared_ = nullptr;
   }
   return *this;
 }

@@ -6,6 +6,7 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -38,9 +39,11 @@ class Body {
   Body() = default;
   explicit Body(size_t bytes);
   ~Body();
-  Body(Body&& other) noexcept : words_(other.words_), capacityWords_(other.capacityWords_), bytes_(other.bytes_) {
+  Body(Body&& other) noexcept
+      : words_(other.words_), capacityWords_(other.capacityWords_), bytes_(other.bytes_), shared_(other.shared_) {
     other.words_ = nullptr;
     other.capacityWords_ = other.bytes_ = 0;
+    other.shared_ = nullptr;
   }
   Body& operator=(Body&& other) noexcept;
   Body(const Body&) = delete;
@@ -52,11 +55,16 @@ class Body {
   // Drops trailing bytes (a body built in place that came out smaller than reserved).
   void shrink(size_t bytes) { bytes_ = bytes < bytes_ ? bytes : bytes_; }
   kj::ArrayPtr<const capnp::word> words() const { return {words_, bytes_ / sizeof(capnp::word)}; }
+  // Another owner of the same bytes, without copying them (a relay that keeps what it
+  // forwards). The storage goes when its last owner does; no owner may write to it after.
+  Body share();
 
  private:
+  void release();
   capnp::word* words_ = nullptr;
   size_t capacityWords_ = 0;
   size_t bytes_ = 0;
+  std::atomic<uint32_t>* shared_ = nullptr;  // the owners' count, once shared (any thread)
 };
 
 // Bytes of the stream encoding of `message` (segment table + segments).

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "schema/frame.capnp.h"
 #include "schema/guest.capnp.h"
 #include "transport/request_table.h"
@@ -146,6 +148,33 @@ TEST(Frame, InPlaceMessageSurvivesItsBuilderAndDecodes) {
   auto data = reply.getData().getData();
   ASSERT_EQ(data.size(), 1000u);
   EXPECT_EQ(data[999], static_cast<uint8_t>(999));
+}
+}  // namespace
+}  // namespace raccel::transport
+
+namespace raccel::transport {
+namespace {
+// A shared body's bytes live as long as any of its owners, on any thread, small or
+// pooled; moving an owner moves its share.
+TEST(Frame, ASharedBodyOutlivesItsOtherOwnersOnAnyThread) {
+  for (size_t bytes : {size_t{24}, size_t{1} << 20}) {
+    Body original(bytes);
+    for (size_t i = 0; i < bytes; ++i) original.data()[i] = static_cast<std::byte>(i * 7);
+    Body kept = original.share();
+    EXPECT_EQ(kept.data(), original.data());
+    Body moved = std::move(kept);
+    std::thread([gone = std::move(original)]() mutable { Body dropped = std::move(gone); }).join();
+    ASSERT_EQ(moved.size(), bytes);
+    for (size_t i = 0; i < bytes; ++i)
+      if (moved.data()[i] != static_cast<std::byte>(i * 7)) {
+        ADD_FAILURE() << "byte " << i << " of " << bytes << " changed";
+        break;
+      }
+    Body again = moved.share(), third = again.share();
+    moved = Body(8);  // an owner given new storage lets go of the shared one
+    EXPECT_EQ(third.data(), again.data());
+    EXPECT_EQ(third.size(), bytes);
+  }
 }
 }  // namespace
 }  // namespace raccel::transport
