@@ -5,6 +5,8 @@
 // from raccel-bench's main thread.
 #pragma once
 
+#include <cmath>
+
 #include <cstdint>
 #include <string>
 
@@ -18,8 +20,9 @@ struct FailoverFigures {
   uint64_t recoveryBytes = 0;          // the vaccel's buffers then
   double lineageMaxBytes = -1;         // most the lineage held, sampled once a second
   double steadySeconds = 0;            // how long that workload ran
-  double overheadPct() const { return asyncOff > 0 && asyncOn > 0 ? 100 * (1 - asyncOn / asyncOff) : -1; }
-  double bulkOverheadPct() const { return bulkOff > 0 && bulkOn > 0 ? 100 * (1 - bulkOn / bulkOff) : -1; }
+  // (NaN when not measured: an overhead within noise may be below zero)
+  double overheadPct() const { return asyncOff > 0 && asyncOn > 0 ? 100 * (1 - asyncOn / asyncOff) : std::nan(""); }
+  double bulkOverheadPct() const { return bulkOff > 0 && bulkOn > 0 ? 100 * (1 - bulkOn / bulkOff) : std::nan(""); }
 };
 
 // `steadySeconds`: how long the steady workload runs (the figure is for 600).

@@ -424,6 +424,9 @@ void Scheduler::restore(Session& s, const std::string& what) {
                          (error ? "; FAILED: " + error->message : "");
     RLOG_INFO("scheduler") << labelOf(s) << " " << what << ": " << detail;
     event(what, labelOf(s), detail);
+    if (recovering && !error && !s.lineage.replayLeft)  // (lost before anything reached its log)
+      event("recovered", labelOf(s), "nothing to run again after " + s.lineage.lost + "; " +
+                                         std::to_string((uv_hrtime() - s.lineage.lostAtNs) / 1000000) + " ms after the loss");
     runHeld(s);
     requestPlacement();
   };

@@ -13,6 +13,7 @@
 
 #include "hal/backends.h"
 #include "tests/cluster.h"
+#include "tests/kernels.h"
 #include "tests/raw_http.h"
 #include "vmfrontend/raccel.h"
 
@@ -23,7 +24,15 @@ using client::Arg;
 using client::Handle;
 using client::Session;
 
-bool haveOpencl() { return !hal::discover("opencl").devices.empty(); }
+// The cards the fixture's vaccels run on: PoCL here, the GPU where there is one.
+struct FailoverCard {
+  std::string backend;
+  std::string spec;  // each netaccel's --card
+  ScaleKernel scale;
+};
+void PrintTo(const FailoverCard& c, std::ostream* os) { *os << c.backend; }
+const FailoverCard kOpenclCard{"opencl", "backend=opencl,kind=gpu,tflops=2,memory=256MiB", kScaleOpenclC};
+const FailoverCard kCudaCard{"cuda", "backend=cuda,device=0,kind=gpu,tflops=2,memory=512MiB", kScaleCudaC};
 
 std::unique_ptr<Session> open(Cluster& c, const std::string& vm, double tflops, const std::string& name) {
   client::Options o;
@@ -35,14 +44,6 @@ std::unique_ptr<Session> open(Cluster& c, const std::string& vm, double tflops, 
   EXPECT_TRUE(s) << s.error().message << "\n" << c.logs();
   return s ? std::move(*s) : nullptr;
 }
-
-// x = x * s + i: reads and writes the same buffer, so running it twice from the state
-// after it would be wrong.
-const char* kScale =
-    "__kernel void scale(float s, __global float* x, uint n) {\n"
-    "  uint i = get_global_id(0);\n"
-    "  if (i < n) x[i] = x[i] * s + (float)i;\n"
-    "}\n";
 
 constexpr uint32_t kDim = 32, kN = kDim * kDim;
 
@@ -58,14 +59,15 @@ client::TensorOp unary(client::TensorFn fn, Handle out, Handle in) {
 // tensor ops, OpenCL C launches and a tensor add that read and write X, with a read of
 // D every 100. `before(i)` runs before step i. Returns what was read: the periodic
 // reads, then every buffer at the end ("" in *why when all went well).
-std::vector<std::vector<float>> runMixed(Session& s, int steps, const std::function<void(int)>& before, std::string* why) {
+std::vector<std::vector<float>> runMixed(Session& s, const ScaleKernel& scale, int steps, const std::function<void(int)>& before,
+                                         std::string* why) {
   std::vector<std::vector<float>> out;
   const Handle a = s.alloc(kN * 4), b = s.alloc(kN * 4), c = s.alloc(kN * 4), d = s.alloc(kN * 4), x = s.alloc(kN * 4);
   s.writeFloats(a, randomFloats(kN, 1));
   s.writeFloats(b, randomFloats(kN, 2));
   s.fill(c, 0, kN * 4, 0);
   s.writeFloats(x, randomFloats(kN, 3));
-  const Handle program = s.loadProgram(ProgramKind::openclC, "scale", std::as_bytes(std::span(kScale, std::strlen(kScale))));
+  const Handle program = s.loadProgram(scale.kind, "scale", std::as_bytes(std::span(scale.source, std::strlen(scale.source))));
   auto read = [&](Handle h) {
     auto got = s.readFloats(h, kN);
     if (!got) {
@@ -136,17 +138,18 @@ double vaccelMetric(Cluster& c, const std::string& name, const std::string& prog
   return std::stod(m[1].str());
 }
 
-// Two netaccels with one PoCL card each (2 blocks); the vaccel takes one whole card.
-class Failover : public ::testing::Test {
+// Two netaccels with one card each (2 blocks); the vaccel takes one whole card.
+class Failover : public ::testing::TestWithParam<FailoverCard> {
  protected:
   void SetUp() override {
-    if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device: " << hal::discover("opencl").note;
+    auto found = hal::discover(GetParam().backend);
+    if (found.devices.empty()) GTEST_SKIP() << "no " << GetParam().backend << " device: " << found.note;
   }
   void start(std::vector<VmSpec> vms = {VmSpec{"vm1", 2}}, std::vector<std::string> args = {}, int nodes = 2) {
     cluster = std::make_unique<Cluster>(std::move(vms), "", std::move(args));
     for (int i = 0; i < nodes; ++i) {
       const std::string name = "node" + std::to_string(i);
-      netaccels[name] = &cluster->addNetaccel(name, {"backend=opencl,kind=gpu,tflops=2,memory=256MiB"}, 2);
+      netaccels[name] = &cluster->addNetaccel(name, {GetParam().spec}, 2);
     }
   }
   Process& holder(Session& s) { return *netaccels.at(s.vaccel().cards.at(0).node); }
@@ -155,7 +158,7 @@ class Failover : public ::testing::Test {
     auto b = open(*cluster, "vm1", 2, "baseline");
     if (!b) return {};
     std::string why;
-    auto want = runMixed(*b, steps, {}, &why);
+    auto want = runMixed(*b, GetParam().scale, steps, {}, &why);
     EXPECT_EQ(why, "") << cluster->logs();
     return want;
   }
@@ -165,7 +168,7 @@ class Failover : public ::testing::Test {
 
 // 1,000 instructions with the vaccel's netaccel killed (kill -9) before step k, five
 // different ks: every read, during and after, is bit for bit the run without a kill.
-TEST_F(Failover, AKilledNetaccelsVaccelFinishesExactlyAsWithoutTheKill) {
+TEST_P(Failover, AKilledNetaccelsVaccelFinishesExactlyAsWithoutTheKill) {
   for (int k : {40, 260, 517, 733, 968}) {
     SCOPED_TRACE("killed before step " + std::to_string(k));
     start();
@@ -175,7 +178,7 @@ TEST_F(Failover, AKilledNetaccelsVaccelFinishesExactlyAsWithoutTheKill) {
     auto s = open(*cluster, "vm1", 2, "survivor");
     ASSERT_TRUE(s);
     const std::string home = s->vaccel().cards.at(0).node;
-    auto got = runMixed(*s, 1000, [&](int i) { if (i == k) holder(*s).kill(SIGKILL); }, &why);
+    auto got = runMixed(*s, GetParam().scale, 1000, [&](int i) { if (i == k) holder(*s).kill(SIGKILL); }, &why);
     ASSERT_EQ(why, "") << cluster->logs();
     EXPECT_EQ(firstDifference(got, want), "");
     EXPECT_TRUE(hasEvent(*cluster, "recovered")) << cluster->ctl({"events", "--recent"});
@@ -190,7 +193,7 @@ TEST_F(Failover, AKilledNetaccelsVaccelFinishesExactlyAsWithoutTheKill) {
 // Frozen (SIGSTOP) past the heartbeat timeout, the netaccel is declared lost and the
 // vaccel rebuilt elsewhere; woken, its late replies find no context and are dropped,
 // and it rejoins the pool.
-TEST_F(Failover, AFrozenNetaccelsVaccelMovesOnAndItsLateRepliesAreIgnored) {
+TEST_P(Failover, AFrozenNetaccelsVaccelMovesOnAndItsLateRepliesAreIgnored) {
   start();  // (the cluster's heartbeat timeout: 2 s)
   std::string why;
   const auto want = baseline(300);
@@ -198,7 +201,7 @@ TEST_F(Failover, AFrozenNetaccelsVaccelMovesOnAndItsLateRepliesAreIgnored) {
   auto s = open(*cluster, "vm1", 2, "survivor");
   ASSERT_TRUE(s);
   Process* frozen = nullptr;
-  auto got = runMixed(*s, 300, [&](int i) {
+  auto got = runMixed(*s, GetParam().scale, 300, [&](int i) {
     if (i == 150) (frozen = &holder(*s))->kill(SIGSTOP);
     if (i == 200) {
       EXPECT_TRUE(waitFor([&] { return hasEvent(*cluster, "no heartbeat"); }, 30000)) << cluster->logs();
@@ -213,7 +216,7 @@ TEST_F(Failover, AFrozenNetaccelsVaccelMovesOnAndItsLateRepliesAreIgnored) {
 
 // A lineage cap of 1 MiB with 12 MiB written: checkpoints happen and the log starts
 // again; a kill after them recovers from the last checkpoint, exactly.
-TEST_F(Failover, TheLogAtItsCapIsCheckpointedAndRecoveryAfterItIsExact) {
+TEST_P(Failover, TheLogAtItsCapIsCheckpointedAndRecoveryAfterItIsExact) {
   VmSpec vm{"vm1", 2};
   vm.more = "lineage_bytes=1MiB";
   start({vm});
@@ -254,7 +257,7 @@ TEST_F(Failover, TheLogAtItsCapIsCheckpointedAndRecoveryAfterItIsExact) {
 // What the guest wrote itself (writes at offsets, a fill, a buffer freed and its handle
 // allocated again) is folded from the log into the checkpoint: checkpoints read nothing
 // back from the card, yet a kill after them recovers every byte.
-TEST_F(Failover, WhatTheGuestWroteIsFoldedFromTheLogNotReadBackAndRecoveredExactly) {
+TEST_P(Failover, WhatTheGuestWroteIsFoldedFromTheLogNotReadBackAndRecoveredExactly) {
   VmSpec vm{"vm1", 2};
   vm.more = "lineage_bytes=1MiB";
   start({vm});
@@ -299,7 +302,7 @@ TEST_F(Failover, WhatTheGuestWroteIsFoldedFromTheLogNotReadBackAndRecoveredExact
 
 // Failover off for vm1: its program hears that its buffers are gone, and why; vm2's
 // program, on the other netaccel, is untouched.
-TEST_F(Failover, WithFailoverOffTheProgramHearsWhyAndOthersAreUntouched) {
+TEST_P(Failover, WithFailoverOffTheProgramHearsWhyAndOthersAreUntouched) {
   VmSpec off{"vm1", 2};
   off.more = "failover=off";
   start({off, VmSpec{"vm2", 2}});
@@ -353,7 +356,7 @@ TEST(FailoverLimits, NoCardOfItsKindLeftEndsItSayingSo) {
 
 // Three netaccels: the vaccel's is killed, and the one it is being rebuilt on is killed
 // in the middle of that: it is rebuilt again on the third, exactly.
-TEST_F(Failover, ASecondLossDuringRecoveryRecoversAgain) {
+TEST_P(Failover, ASecondLossDuringRecoveryRecoversAgain) {
   start({VmSpec{"vm1", 2}}, {}, 3);
   std::string why;
   const auto want = baseline(400);
@@ -361,7 +364,7 @@ TEST_F(Failover, ASecondLossDuringRecoveryRecoversAgain) {
   auto s = open(*cluster, "vm1", 2, "twice");
   ASSERT_TRUE(s);
   const std::string first = s->vaccel().cards.at(0).node;
-  auto got = runMixed(*s, 400, [&](int i) {
+  auto got = runMixed(*s, GetParam().scale, 400, [&](int i) {
     if (i != 300) return;
     netaccels.at(first)->kill(SIGKILL);
     // The next one to hold it: as soon as the scheduler has placed it again.
@@ -379,6 +382,9 @@ TEST_F(Failover, ASecondLossDuringRecoveryRecoversAgain) {
   EXPECT_EQ(firstDifference(got, want), "");
   EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "twice"), 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(Cards, Failover, ::testing::Values(kOpenclCard, kCudaCard),
+                         [](const auto& info) { return info.param.backend; });
 
 }  // namespace
 }  // namespace raccel::testing

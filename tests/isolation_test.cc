@@ -15,6 +15,7 @@
 
 #include "hal/backends.h"
 #include "tests/cluster.h"
+#include "tests/kernels.h"
 #include "vmfrontend/raccel.h"
 
 namespace raccel::testing {
@@ -37,22 +38,14 @@ struct CardUnderTest {
 void PrintTo(const CardUnderTest& c, std::ostream* os) { *os << c.backend; }
 
 const CardUnderTest kOpencl{
-    "opencl", "backend=opencl,kind=gpu,tflops=8,memory=512MiB", ProgramKind::openclC,
-    "__kernel void scale(float s, __global float* x, uint n) {\n"
-    "  uint i = get_global_id(0);\n"
-    "  if (i < n) x[i] = x[i] * s + (float)i;\n"
-    "}\n",
+    "opencl", "backend=opencl,kind=gpu,tflops=8,memory=512MiB", ProgramKind::openclC, kScaleOpenclC.source,
     "__kernel void stomp(__global float* x) {\n"
     "  x[(ulong)get_global_id(0) * 268435456UL + 1099511627776UL] = 42.0f;\n"
     "}\n",
     "killed by signal"};  // PoCL runs kernels on the sandbox's own threads: it dies
 
 const CardUnderTest kCuda{
-    "cuda", "backend=cuda,device=0,kind=gpu,tflops=8,memory=2GiB", ProgramKind::cudaC,
-    "extern \"C\" __global__ void scale(float s, float* x, unsigned n) {\n"
-    "  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "  if (i < n) x[i] = x[i] * s + (float)i;\n"
-    "}\n",
+    "cuda", "backend=cuda,device=0,kind=gpu,tflops=8,memory=2GiB", ProgramKind::cudaC, kScaleCudaC.source,
     "extern \"C\" __global__ void stomp(float* x) {\n"
     "  x[(unsigned long long)(blockIdx.x * blockDim.x + threadIdx.x) * 268435456ull + 1099511627776ull] = 42.0f;\n"
     "}\n",
