@@ -4,7 +4,15 @@
 // 200 SGD steps, on the raccel device and on the CPU from the same seed.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
 #include <iostream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <thread>
 
 #include "tests/cluster.h"
 
@@ -183,6 +191,53 @@ TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) 
   std::string line = logs.substr(admitted, logs.find('\n', admitted) - admitted);
   EXPECT_NE(line.find("4 block(s)"), std::string::npos) << line;
   EXPECT_NE(line.find("2 card(s)"), std::string::npos) << line;
+}
+
+// A PyTorch training run (mlp_train.py) whose card's netaccel is killed (kill -9) once
+// it is well into training: its vaccel is rebuilt on the other netaccel from its lineage,
+// and its losses and accuracy are bit for bit those of a run without the kill.
+TEST_F(TorchDevice, AnMlpTrainingLosesNothingWhenItsNetaccelIsKilledMidTraining) {
+  cluster_ = std::make_unique<Cluster>();
+  std::map<std::string, testing::Process*> nodes;
+  for (const char* name : {"ocl0", "ocl1"})
+    nodes[name] = &cluster_->addNetaccel(name, {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+  socket_ = cluster_->startGuestd();
+  const std::string script = sourcePath("tests/torch/mlp_train.py") + " --device raccel --json";
+  int status = -1;
+  const std::string want = python(script, &status);
+  ASSERT_EQ(status, 0) << want << cluster_->logs();
+  std::atomic<bool> done{false};
+  std::string killed, seen;
+  std::thread killer([&] {
+    // (one torch vaccel at a time: its first card's node, then its instruction count)
+    const std::regex running(R"re("program":"torch".*?"cards":\[\{"node":"([a-z0-9]+)".*?"instructions":([0-9]+))re");
+    while (!done) {
+      std::smatch m;
+      const std::string vaccels = cluster_->console("vaccels");
+      if (vaccels.find("torch") != std::string::npos) seen = vaccels;
+      if (std::regex_search(vaccels, m, running) && std::stoull(m[2].str()) >= 3000 && nodes.count(m[1].str())) {
+        killed = m[1].str();
+        nodes.at(killed)->kill(SIGKILL);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  const std::string got = python(script, &status);
+  done = true;
+  killer.join();
+  ASSERT_EQ(status, 0) << got << cluster_->logs();
+  ASSERT_FALSE(killed.empty()) << "the run ended before it was 3,000 instructions in; its vaccel, last seen: " << seen;
+  auto lastLine = [](const std::string& out) {
+    std::string line, last;
+    for (std::istringstream in(out); std::getline(in, line);)
+      if (!line.empty()) last = line;
+    return last;
+  };
+  EXPECT_EQ(lastLine(got), lastLine(want)) << "the losses (JSON) differ from the run without the kill";
+  const std::string events = cluster_->ctl({"events", "--recent"});
+  EXPECT_NE(events.find("recovered"), std::string::npos) << events;
+  EXPECT_NE(events.find("node-lost    " + killed), std::string::npos) << events;
 }
 
 // The bench figures (README): one training step of a larger MLP, of the reference CNN and
