@@ -4,8 +4,12 @@
 // host has no guest image (no kernel or busybox-static) or no QEMU.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <iostream>
+#include <map>
+#include <regex>
 #include <thread>
 
 #include "tests/cluster.h"
@@ -71,6 +75,36 @@ size_t count(const std::string& text, const std::string& part) {
   size_t n = 0;
   for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
   return n;
+}
+
+// The demo's program in a QEMU guest survives a kill -9 of the netaccel its vaccel is on:
+// the vaccel is rebuilt on the other netaccel from its lineage, and raccel-run's checked
+// gemms, ops and OpenCL C kernel all come out right.
+TEST_F(VmTest, TheDemoInTheGuestSurvivesAKilledNetaccel) {
+  VmSpec vm;
+  vm.attach = "connect";
+  Cluster cluster({vm});
+  std::map<std::string, Process*> nodes;
+  for (const char* name : {"ocl0", "ocl1"})
+    nodes[name] = &cluster.addNetaccel(name, {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
+  Guest guest(cluster.vmSocket(), cluster.dir() + "/guest.console",
+              "raccel-run --tflops 4 --size 128 --iterations 6 --interval-ms 400 --ops --opencl");
+  ASSERT_TRUE(guest.waitForText("raccel-run: iteration 1 max error", 200000)) << guest.console() << cluster.logs();
+  std::smatch m;
+  const std::string vaccels = cluster.console("vaccels");
+  ASSERT_TRUE(std::regex_search(vaccels, m, std::regex(R"re("cards":\[\{"node":"([a-z0-9]+)")re"))) << vaccels;
+  const std::string home = m[1].str();
+  ASSERT_TRUE(nodes.count(home)) << vaccels;
+  nodes.at(home)->kill(SIGKILL);
+  int code = guest.wait();
+  std::string console = guest.console();
+  EXPECT_EQ(code, 0) << console << cluster.logs();
+  EXPECT_NE(console.find("raccel-run: OK gemm 128x128x128 x6 + axpy/vadd/reduceSum + OpenCL C on vaccel"), std::string::npos)
+      << console << cluster.logs();
+  // (raccel-run names the cards it was admitted on; the scheduler's events say the rest)
+  const std::string events = cluster.ctl({"events", "--recent"});
+  EXPECT_NE(events.find("node-lost    " + home), std::string::npos) << events;
+  EXPECT_NE(events.find("recovered"), std::string::npos) << events;
 }
 
 // An unmodified OpenCL program in the guest (linked with -lOpenCL only): Debian's ICD
