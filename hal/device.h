@@ -235,6 +235,9 @@ class Device {
   // Non-empty once the device context is gone for good (a CUDA context after a kernel
   // fault, a sandbox that died): every later call fails, its buffers are lost. Says why.
   virtual std::string lost() const { return {}; }
+  // Lost, and not by anything its work did: its process was killed from outside (an
+  // operator, the OOM killer). Failover may rebuild its tenants elsewhere.
+  virtual bool lostFromOutside() const { return false; }
 
  protected:
   explicit Device(Capabilities caps) : caps_(std::move(caps)) {}

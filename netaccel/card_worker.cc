@@ -434,7 +434,7 @@ void CardWorker::runSlice(Context& c, hal::Device& device) {
   if (sandboxes_) {
     if (std::string why = device.lost(); !why.empty()) {
       failed = Failure{Error{Code::internal, lossMessage(why)}, 0};
-      sandboxLost(c.tenant, why, seq);  // ends the running ops of every context of the tenant
+      sandboxLost(c.tenant, why, seq, device.lostFromOutside());  // ends the running ops of every context of the tenant
     }
   }
   if (failed) emit(c.id, seq, errorReply(seq, *failed));
@@ -557,9 +557,9 @@ std::string CardWorker::lossMessage(const std::string& why) const {
   return why + "; this vaccel's buffers and programs on " + options_.label + " are lost";
 }
 
-void CardWorker::sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence) {
+void CardWorker::sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence, bool notItsOwn) {
   Tenant& t = (*tenants_)[tenant];
-  Fault fault{{}, lossMessage(why)};
+  Fault fault{{}, lossMessage(why), notItsOwn};
   for (auto& [id, c] : *contexts_) {
     if (c.tenant != tenant) continue;
     fault.contexts.push_back(id);
@@ -1063,7 +1063,7 @@ void CardWorker::execute(Work& work) {
   if (sandboxes_) {
     if (std::string why = device.lost(); !why.empty()) {
       outcome = failure(Code::internal, lossMessage(why));
-      sandboxLost(c.tenant, why, seq);
+      sandboxLost(c.tenant, why, seq, device.lostFromOutside());
     }
   }
   if (outcome) return;

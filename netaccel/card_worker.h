@@ -66,6 +66,7 @@ class CardWorker {
   struct Fault {
     std::vector<uint32_t> contexts;  // every context the lost sandbox served
     std::string message;
+    bool notItsOwn = false;  // not the tenant's work's doing (hal::Device::lostFromOutside)
   };
   struct Options {
     double halfLifeMs = 2000;
@@ -145,7 +146,7 @@ class CardWorker {
   void forgetDevice(hal::Device* device);  // its kernels in flight are no longer counted
   hal::Device* existingDevice(Tenant& t);  // where its buffers are, or null (no sandbox yet)
   void capMemory(Tenant& t);               // its sandbox allocates up to its VM's quota
-  void sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence);
+  void sandboxLost(const std::string& tenant, const std::string& why, uint64_t sequence, bool notItsOwn = false);
   std::string lossMessage(const std::string& why) const;
   class Step;  // one instruction's handlers (card_worker.cc)
   void open(Work& work);     // a context opened: its quota, its tenant's share

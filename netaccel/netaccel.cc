@@ -577,6 +577,7 @@ void Netaccel::drainOutputs() {
         auto fault = m.initRoot<wire::NodeMessage>().initFault();
         fault.setCard(static_cast<uint32_t>(card));
         fault.setMessage(f.message);
+        fault.setCause(f.notItsOwn ? wire::FaultCause::NOT_ITS_OWN : wire::FaultCause::ITS_WORK);
         auto list = fault.initContexts(static_cast<unsigned>(theirs.size()));
         for (size_t i = 0; i < theirs.size(); ++i) list.set(static_cast<unsigned>(i), theirs[i]);
         link->connection->send(transport::kControlChannel, 0, m);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <unordered_map>
@@ -82,8 +83,7 @@ class SandboxProcess {
     if (reaped_) return false;
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      reaped_ = true;
-      exit_ = describeExit(status);
+      noteExit(status);
       return false;
     }
     return true;
@@ -116,7 +116,7 @@ class SandboxProcess {
     do rc = ::poll(&p, 1, static_cast<int>(timeoutMs));
     while (rc < 0 && errno == EINTR);
     if (rc == 0) {
-      ::kill(pid_, SIGKILL);
+      stop();
       return fail(Code::internal, "the sandbox answered nothing for " + std::to_string(timeoutMs) +
                                       " ms (a kernel that runs too long?) and was stopped");
     }
@@ -127,28 +127,42 @@ class SandboxProcess {
 
   Result<Reply> checked(const Reply& reply) {
     if (reply.payload > kWindowBytes) {
-      ::kill(pid_, SIGKILL);
+      stop();
       return fail(Code::internal, "the sandbox broke its protocol (a reply larger than its window) and was stopped");
     }
     return reply;
   }
 
-  // Why it is gone: its exit status once reaped.
+  // Why it is gone: its exit status once reaped. (Its socket closed: it is ending, and is
+  // given a moment to, so that how it ended is its own and not our stopping it.)
   std::string gone() {
+    for (int i = 0; i < 40 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     reap();
     return "the sandbox process " + std::to_string(pid_) + " " + exit_;
   }
+  // Ended by a signal that the netaccel did not send (an operator's kill, the kernel's
+  // OOM killer): nothing its tenant's work did.
+  bool killedFromOutside() const { return reaped_ && !stoppedByUs_ && outsideSignal_; }
 
  private:
+  void stop() {
+    stoppedByUs_ = true;
+    ::kill(pid_, SIGKILL);
+  }
+  void noteExit(int status) {
+    reaped_ = true;
+    exit_ = describeExit(status);
+    outsideSignal_ = WIFSIGNALED(status) && (WTERMSIG(status) == SIGKILL || WTERMSIG(status) == SIGTERM);
+  }
   // Stopped (if it was not) and waited for, once.
   void reap() {
     if (reaped_) return;
-    ::kill(pid_, SIGKILL);
+    if (alive()) stop();
+    if (reaped_) return;
     int status = 0;
     while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
     }
-    reaped_ = true;
-    exit_ = describeExit(status);
+    noteExit(status);
   }
 
   pid_t pid_;
@@ -156,6 +170,7 @@ class SandboxProcess {
   std::byte* window_;
   std::string dir_;
   bool reaped_ = false;
+  bool stoppedByUs_ = false, outsideSignal_ = false;
   std::string exit_;
 };
 
@@ -223,6 +238,7 @@ class SandboxDevice final : public hal::Device {
     if (waited_.size() > kMaxWaited) waited_.erase(waited_.begin(), waited_.end() - kMaxWaited);
   }
   std::string lost() const override { return lost_; }
+  bool lostFromOutside() const override { return !lost_.empty() && process_->killedFromOutside(); }
   pid_t pid() const { return process_->pid(); }
 
   void releaseBuffer(uint64_t id) {

@@ -256,9 +256,11 @@ void Scheduler::maybeCheckpoint(Session& s) {
   if (!lin.on || !lin.full() || lin.checkpointing || lin.recovering || s.job || s.idle || s.phase != Phase::running ||
       s.members.empty() || !s.unavailable.empty())
     return;
-  // What the guest wrote itself folds from the log: with nothing the card changed, the
+  // What the guest wrote itself folds from the log: with nothing the card changed and no
+  // reply outstanding (a read still to answer would, run again, see later writes), the
   // checkpoint is the scheduler's own bookkeeping, and the stream goes on undisturbed.
-  if (std::none_of(s.buffers.begin(), s.buffers.end(), [&lin](auto& b) { return lin.readsBack(b.first); })) {
+  if (s.pending.size() == 0 &&
+      std::none_of(s.buffers.begin(), s.buffers.end(), [&lin](auto& b) { return lin.readsBack(b.first); })) {
     completeCheckpoint(s);
     return;
   }

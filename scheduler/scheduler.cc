@@ -934,12 +934,19 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
         auto f = msg.getFault();
         if (f.getContexts().size() > node.nextContext) return;  // more than it ever held: made up
         std::string message = limits::clip(f.getMessage().cStr());
+        std::string subject = node.name + " card " + std::to_string(f.getCard());
         std::string who;
         for (auto ctx : f.getContexts()) {
           auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), ctx));
           if (it == sessionByContext_.end()) continue;
           Session& s = *it->second;
           if (who.size() < 256) who += (who.empty() ? "" : ", ") + labelOf(s);
+          // Not its work's doing: rebuilt from its lineage, as after a lost netaccel (the
+          // errors that follow find its contexts closed).
+          if (f.getCause() == wire::FaultCause::NOT_ITS_OWN && s.lineage.on && !s.lineage.recovering) {
+            recoverLost(s, "its sandbox on " + subject + " ended, not by its own work (" + message + ")");
+            continue;
+          }
           for (size_t i = 0; i < s.members.size(); ++i) {
             if (s.members[i].node != &node || s.members[i].context != ctx) continue;
             if (i == 0) {
@@ -960,7 +967,6 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
               r = std::get<0>(r->first) == i ? s.replicas.erase(r) : std::next(r);
           }
         }
-        std::string subject = node.name + " card " + std::to_string(f.getCard());
         std::string detail = (who.empty() ? std::string() : who + ": ") + message;
         RLOG_WARN("scheduler") << "fault on " << subject << ": " << limits::clip(detail);
         event("card-fault", subject, detail);
@@ -1296,6 +1302,15 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
 
 void Scheduler::tick() {
   uint64_t now = nowMs();
+  // This loop itself stalled (a long step of its own, or the host starved it): what the
+  // netaccels sent meanwhile waits unread in their sockets. That silence is ours, not
+  // theirs: their clocks start again now, before any is judged.
+  if (lastTickMs_ && now - lastTickMs_ > config_.heartbeatTimeoutMs / 2) {
+    RLOG_WARN("scheduler") << "this scheduler's loop stalled for " << now - lastTickMs_
+                           << " ms; the netaccels' heartbeat clocks start again";
+    for (auto& [c, n] : nodeLinks_) n->lastHeardMs = std::max(n->lastHeardMs, now);
+  }
+  lastTickMs_ = now;
   // Time alone changes admission: a demoted vaccel may now be preempted; a waiting or
   // suspended one may have passed the starvation guard or be due for promotion.
   const double policyTime = policyNow();

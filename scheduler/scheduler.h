@@ -172,6 +172,7 @@ class Scheduler {
   double policyNow() const;
   double startedWallSeconds_ = 0;
   double lastTickPolicy_ = 0;  // policyNow() at the last tick
+  uint64_t lastTickMs_ = 0;  // nowMs() at the last tick (a loop that stalled is not its netaccels' silence)
   // Counts running vaccels' service up to `now` (their class follows it): whether a
   // running one changed class.
   bool accrueService(double now);

@@ -43,6 +43,16 @@ struct CardFault {
   card @0 :UInt32;
   contexts @1 :List(UInt32);
   message @2 :Text;
+  cause @3 :FaultCause;
+}
+
+# Whether a lost sandbox was its tenant's work's doing (a faulting kernel, one that ran
+# too long, a broken protocol) or not (killed from outside: an operator, the OOM killer);
+# failover rebuilds the tenants of the latter elsewhere. Older netaccels say `unknown`.
+enum FaultCause {
+  unknown @0;
+  itsWork @1;
+  notItsOwn @2;
 }
 
 struct Register {

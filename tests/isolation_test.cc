@@ -142,7 +142,9 @@ class Isolation : public ::testing::TestWithParam<CardUnderTest> {
   void SetUp() override {
     auto report = hal::discover(GetParam().backend);
     if (report.devices.empty()) GTEST_SKIP() << "no " << GetParam().backend << " device: " << report.note;
-    std::vector<VmSpec> vms = {VmSpec{"vm1", 4}, VmSpec{"vm2", 4}, VmSpec{"vm3", 4}};
+    VmSpec noFailover{"vm4", 4};
+    noFailover.more = "failover=off";
+    std::vector<VmSpec> vms = {VmSpec{"vm1", 4}, VmSpec{"vm2", 4}, VmSpec{"vm3", 4}, noFailover};
     cluster = std::make_unique<Cluster>(vms);
     // One card of 8 blocks: the three VMs' programs share it.
     netaccel = &cluster->addNetaccel("node0", {GetParam().card}, 8);
@@ -205,15 +207,53 @@ TEST_P(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
   std::string e = events();
   EXPECT_TRUE(contains(e, "\"kind\":\"card-fault\",\"subject\":\"node0 card 0\"")) << e;
   EXPECT_TRUE(contains(e, "vm2/attacker")) << e;
+  EXPECT_FALSE(contains(e, "recovering")) << "a fault of its own kernel is not rebuilt: " << e;
 }
 
-TEST_P(Isolation, ASandboxKilledWithSigkillFailsItsOwnTenantOnly) {
+// Its sandbox killed from outside (kill -9, as an operator or the OOM killer would): not
+// its tenant's doing, so with failover (the default) the vaccel is rebuilt from its
+// lineage on a fresh sandbox, and its program sees every byte it had, with no error.
+TEST_P(Isolation, ASandboxKilledFromOutsideIsRebuiltFromItsLineageWithNoErrorToItsTenant) {
+  Victim v;
+  v.start(*cluster, card(), "vm1", 1 << 16, 3);
+  auto other = open(*cluster, "vm2", "rebuilt");
+  ASSERT_TRUE(other);
+  const uint32_t n = 4096;
+  auto x = randomFloats(n, 44);
+  auto h = other->alloc(n * 4);
+  other->writeFloats(h, x);
+  auto p = loadScale(*other, card());
+  other->launch(p, "scale", {n / 64, 1, 1}, {64, 1, 1}, {Arg::f32(2.0f), Arg::buffer(h), Arg::u32(n)});
+  for (uint32_t i = 0; i < n; ++i) x[i] = x[i] * 2.0f + float(i);
+  ASSERT_TRUE(other->fence());
+  pid_t otherSandbox = sandboxOf("vm2");
+  ASSERT_GT(otherSandbox, 0) << cluster->logs();
+
+  victimSurvives(v, [&] {
+    ASSERT_EQ(::kill(otherSandbox, SIGKILL), 0);
+    auto got = other->readFloats(h, n);  // its buffer, as it was
+    ASSERT_TRUE(got) << got.error().message << cluster->logs();
+    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ((*got)[i], x[i]) << "element " << i;
+  }, *cluster);
+  // Its program still runs where it was rebuilt.
+  other->launch(p, "scale", {n / 64, 1, 1}, {64, 1, 1}, {Arg::f32(2.0f), Arg::buffer(h), Arg::u32(n)});
+  auto again = other->readFloats(h, n);
+  ASSERT_TRUE(again) << again.error().message;
+  for (uint32_t i = 0; i < n; ++i) ASSERT_EQ((*again)[i], x[i] * 2.0f + float(i)) << "element " << i;
+  EXPECT_NE(sandboxOf("vm2"), otherSandbox);
+  std::string e = events();
+  EXPECT_TRUE(contains(e, "not by its own work")) << e;
+  EXPECT_TRUE(contains(e, "\"kind\":\"recovered\"")) << e;
+}
+
+// With failover off (vm4), a sandbox killed from outside fails its own tenant, saying why.
+TEST_P(Isolation, WithFailoverOffASandboxKilledWithSigkillFailsItsOwnTenantOnly) {
   Victim v;
   v.start(*cluster, card(), "vm1", 1 << 16, 2);
-  auto other = open(*cluster, "vm2", "other");
+  auto other = open(*cluster, "vm4", "other");
   ASSERT_TRUE(other);
   auto kept = keep(*other, 2.0f);
-  pid_t victimSandbox = sandboxOf("vm1"), otherSandbox = sandboxOf("vm2");
+  pid_t victimSandbox = sandboxOf("vm1"), otherSandbox = sandboxOf("vm4");
   ASSERT_GT(otherSandbox, 0) << cluster->logs();
   ASSERT_NE(victimSandbox, otherSandbox);
 
@@ -231,7 +271,7 @@ TEST_P(Isolation, ASandboxKilledWithSigkillFailsItsOwnTenantOnly) {
   auto back = other->readFloats(fresh, 2);
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(*back, (std::vector<float>{5, 6}));
-  EXPECT_NE(sandboxOf("vm2"), otherSandbox);
+  EXPECT_NE(sandboxOf("vm4"), otherSandbox);
   EXPECT_EQ(sandboxOf("vm1"), victimSandbox);
 
   // Suspended and resumed (saved to the scheduler, restored in a new context): the fresh
