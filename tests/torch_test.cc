@@ -206,6 +206,9 @@ TEST_F(TorchDevice, AnMlpTrainingLosesNothingWhenItsNetaccelIsKilledMidTraining)
   int status = -1;
   const std::string want = python(script, &status);
   ASSERT_EQ(status, 0) << want << cluster_->logs();
+  // (the first run's vaccel gone from the console before the second starts: the killer
+  // must see the second's)
+  cluster_->waitConsole("vaccels", [](auto& j) { return j.find("\"program\":\"torch\"") == std::string::npos; });
   std::atomic<bool> done{false};
   std::string killed, seen;
   std::thread killer([&] {
