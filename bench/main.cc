@@ -760,16 +760,12 @@ int main(int argc, char** argv) {
                 f.syncPlainP50, f.bulkTlsGbps, tlsOk ? "true" : "false");
     if (f.syncEtcdP50 >= 0) std::printf("\"sync_rtt_us_p50_etcd\":%.1f,", f.syncEtcdP50);
     else std::printf("\"sync_rtt_us_p50_etcd\":null,");
-    auto num = [](double v, const char* fmt) {  // (a negative figure is one not measured; NaN too)
-      if (v < 0 || std::isnan(v)) return std::string("null");
+    // A figure as JSON: null when not measured (NaN, or below zero unless `signedOk`: a
+    // difference, such as an overhead, may be below zero).
+    auto num = [](double v, const char* fmt, bool signedOk = false) {
+      if (std::isnan(v) || (v < 0 && !signedOk)) return std::string("null");
       char b[32];
       std::snprintf(b, sizeof b, fmt, v);
-      return std::string(b);
-    };
-    auto signedNum = [](double v) {  // a difference, which may be below zero; NaN: not measured
-      if (std::isnan(v)) return std::string("null");
-      char b[32];
-      std::snprintf(b, sizeof b, "%.2f", v);
       return std::string(b);
     };
     std::printf("\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,\"bulk_gbps_sandbox\":%s,"
@@ -789,8 +785,8 @@ int main(int argc, char** argv) {
                 "\"bulk_write_read_gbps_lineage\":%s,\"bulk_write_read_gbps_failover_off\":%s,\"lineage_memory_bytes\":%s,"
                 "\"lineage_steady_seconds\":%.0f,\"failover_problem\":\"%s\",",
                 num(failover.recoveryMs, "%.1f").c_str(), static_cast<unsigned long long>(failover.recoveryBytes),
-                signedNum(failover.overheadPct()).c_str(), num(failover.asyncOn, "%.0f").c_str(),
-                num(failover.asyncOff, "%.0f").c_str(), signedNum(failover.bulkOverheadPct()).c_str(),
+                num(failover.overheadPct(), "%.2f", true).c_str(), num(failover.asyncOn, "%.0f").c_str(),
+                num(failover.asyncOff, "%.0f").c_str(), num(failover.bulkOverheadPct(), "%.2f", true).c_str(),
                 num(failover.bulkOn, "%.2f").c_str(), num(failover.bulkOff, "%.2f").c_str(),
                 num(failover.lineageMaxBytes, "%.0f").c_str(), failover.steadySeconds, jsonSafe(failover.problem).c_str());
     std::printf("\"multi_admission_per_s\":%s,\"single_admission_per_s\":%s,\"multi_admission_p99_ms\":%s,"

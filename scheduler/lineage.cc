@@ -20,10 +20,11 @@
 namespace raccel::scheduler {
 
 void LineageLog::add(const transport::FrameHeader& header, transport::Body& body, const Fold& fold) {
-  std::span<const std::byte> bytes;
+  Entry e{header, {}, fold};
   if (body.size() >= kSharedFromBytes) {
     shared_.push_back(body.share());  // (the bytes forwarded, not a copy)
-    bytes = {shared_.back().data(), shared_.back().size()};
+    e.bytes = {shared_.back().data(), shared_.back().size()};
+    e.shared = true;
   } else {
     const size_t words = (body.size() + 7) / 8;  // word-aligned, as a decoder wants them
     if (chunks_.empty() || usedInLast_ + words * 8 > kChunkBytes) {
@@ -33,10 +34,37 @@ void LineageLog::add(const transport::FrameHeader& header, transport::Body& body
     std::byte* at = reinterpret_cast<std::byte*>(chunks_.back().get()) + usedInLast_;
     if (body.size()) std::memcpy(at, body.data(), body.size());
     usedInLast_ += words * 8;
-    bytes = {at, body.size()};
+    e.bytes = {at, body.size()};
+    e.chunk = firstChunk_ + chunks_.size() - 1;
   }
-  entries_.push_back(Entry{header, bytes, fold});
+  entries_.push_back(e);
   bytes_ += body.size();
+}
+
+void LineageLog::dropFirst(size_t n) {
+  if (n >= entries_.size()) {
+    clear();
+    return;
+  }
+  size_t shared = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bytes_ -= entries_[i].bytes.size();
+    shared += entries_[i].shared;
+  }
+  entries_.erase(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(n));
+  shared_.erase(shared_.begin(), shared_.begin() + static_cast<std::ptrdiff_t>(shared));
+  // The chunks before the first one a remaining frame is in go (the last one stays: the
+  // next frames go there).
+  uint64_t keepFrom = firstChunk_ + chunks_.size() - 1;
+  for (auto& e : entries_)
+    if (!e.shared) {
+      keepFrom = std::min(keepFrom, e.chunk);
+      break;
+    }
+  while (firstChunk_ < keepFrom) {
+    chunks_.pop_front();
+    ++firstChunk_;
+  }
 }
 
 std::deque<std::pair<transport::FrameHeader, transport::Body>> LineageLog::takeFrames() {
@@ -53,7 +81,10 @@ std::deque<std::pair<transport::FrameHeader, transport::Body>> LineageLog::takeF
 void LineageLog::clear() {
   entries_.clear();
   shared_.clear();
-  if (chunks_.size() > 1) chunks_.resize(1);  // one stays for the next frames
+  while (chunks_.size() > 1) {  // one stays for the next frames
+    chunks_.pop_front();
+    ++firstChunk_;
+  }
   usedInLast_ = 0;
   bytes_ = 0;
 }
@@ -61,7 +92,8 @@ void LineageLog::clear() {
 uint64_t Lineage::heldBytes() const {
   uint64_t n = log.bytes();
   for (auto& [h, data] : base) n += data.size();
-  for (auto& [h, data] : taking) n += data.size();
+  if (underWay)
+    for (auto& [h, data] : underWay->taking) n += data.size();
   return n;
 }
 
@@ -70,14 +102,12 @@ void Lineage::drop() {
   base.clear();
   baseInSaved = false;
   buffers.clear();
-  dirty.clear();
-  fresh.clear();
-  allDirty = false;
+  changes.clear();
   programs.clear();
   failed.clear();
   log.clear();
   delivered.clear();
-  taking.clear();
+  underWay.reset();
 }
 
 void Scheduler::startLineage(Session& s) {
@@ -88,7 +118,8 @@ void Scheduler::startLineage(Session& s) {
 void Scheduler::logFrame(Session& s, const transport::FrameHeader& h, transport::Body& body, wire::Instruction::Reader in) {
   Lineage& lin = s.lineage;
   if (!lin.on || h.sequence >= kSchedulerSequences) return;  // (refused unforwarded: nothing to rebuild)
-  lin.log.add(h, body, noteWritten(s, in, body));
+  lin.log.add(h, body, noteInstruction(s, in, body));
+  if (lin.underWay) ++lin.overlapped;
   if (lin.replayLeft && --lin.replayLeft == 0) {
     const double ms = static_cast<double>(uv_hrtime() - lin.lostAtNs) / 1e6;
     event("recovered", labelOf(s), "the instructions lost with " + lin.lost + " ran again; " + std::to_string(static_cast<long>(ms)) +
@@ -111,13 +142,13 @@ bool Scheduler::firstDelivery(Session& s, uint64_t sequence, const transport::Bo
   return lin.delivered.emplace(sequence, part).second;
 }
 
-Fold Scheduler::noteWritten(Session& s, wire::Instruction::Reader in, const transport::Body& body) {
+Fold Scheduler::noteInstruction(Session& s, wire::Instruction::Reader in, const transport::Body& body) {
   Lineage& lin = s.lineage;
   Fold fold;
   switch (in.which()) {
     case wire::Instruction::ALLOC: {  // one of a handle in use changes nothing here, but is not folded
       const uint64_t h = in.getAlloc().getHandle();
-      (s.buffers.count(h) ? lin.dirty : lin.fresh).insert(h);
+      (s.buffers.count(h) ? lin.changes.dirty : lin.changes.fresh).insert(h);
       fold = Fold{Fold::Kind::alloc, 0, h, 0, in.getAlloc().getSize(), 0};
       break;
     }
@@ -129,7 +160,7 @@ Fold Scheduler::noteWritten(Session& s, wire::Instruction::Reader in, const tran
       if (at >= 0 && static_cast<uint64_t>(at) <= body.size() && data.size() <= body.size() - static_cast<uint64_t>(at))
         fold = Fold{Fold::Kind::write, 0, w.getBuffer(), w.getOffset(), data.size(), static_cast<uint64_t>(at)};
       else
-        lin.dirty.insert(w.getBuffer());
+        lin.changes.dirty.insert(w.getBuffer());
       break;
     }
     case wire::Instruction::FILL: {
@@ -137,16 +168,16 @@ Fold Scheduler::noteWritten(Session& s, wire::Instruction::Reader in, const tran
       fold = Fold{Fold::Kind::fill, f.getValue(), f.getBuffer(), f.getOffset(), f.getLength(), 0};
       break;
     }
-    case wire::Instruction::COPY: lin.dirty.insert(in.getCopy().getDst()); break;
+    case wire::Instruction::COPY: lin.changes.dirty.insert(in.getCopy().getDst()); break;
     case wire::Instruction::LAUNCH:  // a kernel's writes are not declared: every buffer it is passed
       for (auto arg : in.getLaunch().getArgs())
-        if (auto h = bufferArg(arg)) lin.dirty.insert(*h);
+        if (auto h = bufferArg(arg)) lin.changes.dirty.insert(*h);
       break;
     case wire::Instruction::OP:
       if (in.getOp().which() == wire::Op::TENSOR) {  // every operand: the outputs vary by function
-        for (auto operand : in.getOp().getTensor().getOperands()) lin.dirty.insert(operand.getBuffer());
+        for (auto operand : in.getOp().getTensor().getOperands()) lin.changes.dirty.insert(operand.getBuffer());
       } else {
-        for (uint64_t h : outputsOf(in.getOp())) lin.dirty.insert(h);
+        for (uint64_t h : outputsOf(in.getOp())) lin.changes.dirty.insert(h);
       }
       break;
     case wire::Instruction::READ:
@@ -155,23 +186,35 @@ Fold Scheduler::noteWritten(Session& s, wire::Instruction::Reader in, const tran
     case wire::Instruction::DESCRIBE_PROGRAM:
       break;
     default:  // a graph, or what this scheduler does not know: anything may have changed
-      lin.allDirty = true;
+      lin.changes.allDirty = true;
       break;
   }
   return fold;
 }
 
-void Scheduler::readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into,
-                            const std::function<bool(uint64_t)>& wanted) {
+namespace {
+// A read's chunk of data, into its buffer's bytes (within them).
+void copyChunk(std::unordered_map<uint64_t, std::string>& into, uint64_t handle, wire::DataChunk::Reader chunk) {
+  auto it = into.find(handle);
+  if (it != into.end() && chunk.getOffset() <= it->second.size() &&
+      chunk.getData().size() <= it->second.size() - chunk.getOffset())
+    std::memcpy(it->second.data() + chunk.getOffset(), chunk.getData().begin(), chunk.getData().size());
+}
+
+capnp::MallocMessageBuilder& readOf(capnp::MallocMessageBuilder& m, uint64_t handle, uint64_t bytes) {
+  auto r = m.initRoot<wire::Instruction>().initRead();
+  r.setBuffer(handle);
+  r.setLength(bytes);
+  return m;
+}
+}  // namespace
+
+void Scheduler::readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into) {
   for (auto& [handle, bytes] : s.buffers) {
-    if (wanted && !wanted(handle)) continue;
     into[handle].assign(bytes, '\0');
     capnp::MallocMessageBuilder m;
-    auto r = m.initRoot<wire::Instruction>().initRead();
-    r.setBuffer(handle);
-    r.setLength(bytes);
     ++s.job->awaiting;
-    sendRemote(s, 0, m, [&s, &into, h = handle](wire::Reply::Reader reply) {
+    sendRemote(s, 0, readOf(m, handle, bytes), [&s, &into, h = handle](wire::Reply::Reader reply) {
       if (reply.which() == wire::Reply::ERROR) {
         // A buffer whose alloc failed meanwhile is not the guest's; anything else is.
         if (s.buffers.count(h) && !s.job->error) s.job->error = transport::errorFrom(reply.getError().getError());
@@ -179,23 +222,19 @@ void Scheduler::readBuffers(Session& s, std::unordered_map<uint64_t, std::string
         return true;
       }
       if (reply.which() != wire::Reply::DATA) return true;
-      auto chunk = reply.getData();
-      auto it = into.find(h);
-      if (it != into.end() && chunk.getOffset() <= it->second.size() &&
-          chunk.getData().size() <= it->second.size() - chunk.getOffset())
-        std::memcpy(it->second.data() + chunk.getOffset(), chunk.getData().begin(), chunk.getData().size());
-      return chunk.getLast();
+      copyChunk(into, h, reply.getData());
+      return reply.getData().getLast();
     });
   }
 }
 
-void Scheduler::foldLog(Session& s) {
-  Lineage& lin = s.lineage;
-  for (auto& e : lin.log.entries()) {
+void Scheduler::foldLog(Lineage& lin, size_t frames, const Changes& changes, uint64_t memoryQuota) {
+  for (size_t i = 0; i < frames && i < lin.log.size(); ++i) {
+    const auto& e = lin.log.entries()[i];
     const Fold& f = e.fold;
-    if (f.kind == Fold::Kind::none || lin.readsBack(f.handle)) continue;
+    if (f.kind == Fold::Kind::none || changes.readsBack(f.handle, lin.base)) continue;
     if (f.kind == Fold::Kind::alloc) {  // (one the scheduler refused is dropped after, unless a later one took its place)
-      if (f.length <= s.vm->policy.memoryQuota) lin.base[f.handle].assign(f.length, '\0');
+      if (f.length <= memoryQuota) lin.base[f.handle].assign(f.length, '\0');
       continue;
     }
     auto it = lin.base.find(f.handle);
@@ -210,40 +249,62 @@ void Scheduler::foldLog(Session& s) {
   }
 }
 
-void Scheduler::markCheckpoint(Session& s) {
+void Scheduler::savedIsCheckpoint(Session& s) {
   Lineage& lin = s.lineage;
+  if (!lin.on) return;
+  lin.base.clear();
+  lin.baseInSaved = true;
+  lin.underWay.reset();  // (the save is later than it)
   lin.buffers = s.buffers;
   lin.programs = s.programs;
   lin.failed = s.failed;
   lin.memoryUsed = s.memoryUsed;
   lin.log.clear();
-  lin.delivered.clear();  // everything in the log was answered before the checkpoint's reads
-  lin.dirty.clear();
-  lin.fresh.clear();
-  lin.allDirty = false;
+  lin.delivered.clear();  // everything in the log was answered before the save's reads
+  lin.changes.clear();
   lin.replayLeft = 0;
   ++lin.checkpoints;
 }
 
-void Scheduler::savedIsCheckpoint(Session& s) {
-  if (!s.lineage.on) return;
-  s.lineage.base.clear();
-  s.lineage.baseInSaved = true;
-  markCheckpoint(s);
+std::unique_ptr<CheckpointUnderWay> Scheduler::checkpointNow(Session& s) {
+  Lineage& lin = s.lineage;
+  auto cp = std::make_unique<CheckpointUnderWay>();
+  cp->generation = ++lin.generations;
+  cp->mark = lin.log.size();
+  cp->buffers = s.buffers;
+  cp->programs = s.programs;
+  cp->failed = s.failed;
+  cp->memoryUsed = s.memoryUsed;
+  cp->unconfirmedAllocs = s.unconfirmedAllocs;
+  cp->changes = std::move(lin.changes);
+  lin.changes.clear();  // from here on: what the frames after the mark change
+  return cp;
 }
 
-void Scheduler::completeCheckpoint(Session& s) {
+void Scheduler::completeCheckpoint(Session& s, CheckpointUnderWay& cp) {
   Lineage& lin = s.lineage;
-  foldLog(s);
-  for (auto& [h, data] : lin.taking) {
+  if (lin.baseInSaved) {  // (the suspension's saved bytes were the checkpoint: they are its start)
+    lin.base = s.saved;
+    lin.baseInSaved = false;
+  }
+  foldLog(lin, cp.mark, cp.changes, s.vm->policy.memoryQuota);
+  for (auto& [h, data] : cp.taking) {
     lin.checkpointBytes += data.size();
     lin.base[h] = std::move(data);
   }
-  lin.taking.clear();
-  std::erase_if(lin.base, [&s](auto& entry) { return !s.buffers.count(entry.first); });  // freed since
-  lin.baseInSaved = false;
-  markCheckpoint(s);
-  for (auto& [h, bytes] : s.buffers)
+  std::erase_if(lin.base, [&cp](auto& entry) { return !cp.buffers.count(entry.first); });  // freed, or refused
+  // The frames before the mark were all answered before its reads were, and are never
+  // sent again: what was delivered matters only for the frames after it.
+  lin.log.dropFirst(cp.mark);
+  std::unordered_set<uint64_t> after;
+  for (auto& e : lin.log.entries()) after.insert(e.header.sequence);
+  std::erase_if(lin.delivered, [&after](auto& key) { return !after.count(key.first); });
+  lin.buffers = std::move(cp.buffers);
+  lin.programs = std::move(cp.programs);
+  lin.failed = std::move(cp.failed);
+  lin.memoryUsed = cp.memoryUsed;
+  ++lin.checkpoints;
+  for (auto& [h, bytes] : lin.buffers)
     if (auto it = lin.base.find(h); it == lin.base.end() || it->second.size() != bytes) {
       lin.drop();  // (the scheduler's own record disagrees with itself: never restore from it)
       event("failover-off", labelOf(s), "its checkpoint lacks buffer " + std::to_string(h));
@@ -251,49 +312,91 @@ void Scheduler::completeCheckpoint(Session& s) {
     }
 }
 
+void Scheduler::checkpointAllocFailed(Session& s, uint64_t sequence, const Error& error) {
+  CheckpointUnderWay* cp = s.lineage.underWay.get();
+  if (!cp) return;
+  auto alloc = cp->unconfirmedAllocs.find(sequence);
+  if (alloc == cp->unconfirmedAllocs.end()) return;
+  // Before its mark, so the checkpoint's record says as the session's does: refused.
+  cp->failed[alloc->second] = {sequence, error};
+  cp->programs.erase(alloc->second);
+  if (auto b = cp->buffers.find(alloc->second); b != cp->buffers.end()) {
+    cp->memoryUsed -= std::min(cp->memoryUsed, b->second);
+    cp->buffers.erase(b);
+  }
+  cp->unconfirmedAllocs.erase(alloc);
+}
+
 void Scheduler::maybeCheckpoint(Session& s) {
   Lineage& lin = s.lineage;
-  if (!lin.on || !lin.full() || lin.checkpointing || lin.recovering || s.job || s.idle || s.phase != Phase::running ||
-      s.members.empty() || !s.unavailable.empty())
+  if (!lin.on || !lin.full() || lin.underWay || lin.recovering || s.job || s.idle || s.phase != Phase::running ||
+      s.members.empty() || !s.primary().node || !s.unavailable.empty())
     return;
+  auto cp = checkpointNow(s);
   // What the guest wrote itself folds from the log: with nothing the card changed and no
   // reply outstanding (a read still to answer would, run again, see later writes), the
-  // checkpoint is the scheduler's own bookkeeping, and the stream goes on undisturbed.
-  if (s.pending.size() == 0 &&
-      std::none_of(s.buffers.begin(), s.buffers.end(), [&lin](auto& b) { return lin.readsBack(b.first); })) {
-    completeCheckpoint(s);
+  // checkpoint is the scheduler's own bookkeeping.
+  std::vector<std::pair<uint64_t, uint64_t>> reads;
+  for (auto& [h, bytes] : cp->buffers)
+    if (cp->changes.readsBack(h, lin.checkpoint(s.saved))) reads.emplace_back(h, bytes);
+  if (reads.empty() && s.pending.size() == 0) {
+    completeCheckpoint(s, *cp);
     return;
   }
-  lin.checkpointing = true;
-  s.job = std::make_unique<RemoteJob>();
-  s.job->finished = [this, &s](std::optional<Error> error) {
-    Lineage& lin = s.lineage;
-    lin.checkpointing = false;
-    if (!error) {
-      completeCheckpoint(s);
-    } else {
-      lin.taking.clear();
-      // The log is kept (recovery still works from the last checkpoint) up to twice its
-      // cap; past that the lineage is given up rather than let it grow without bound.
-      if (lin.log.bytes() >= 2 * lin.capBytes || lin.log.size() >= 2 * kLineageMaxFrames) {
-        lin.drop();
-        event("failover-off", labelOf(s), "its checkpoint failed twice over (" + error->message +
-                                              "); a lost netaccel now ends it as without failover");
-      }
-      RLOG_WARN("scheduler") << labelOf(s) << ": checkpoint failed: " << error->message;
+  // Otherwise it is taken in the background: the reads (a fence when there are none) go
+  // behind the frames so far, and the guest's stream goes on.
+  lin.underWay = std::move(cp);
+  CheckpointUnderWay& under = *lin.underWay;
+  under.awaiting = static_cast<unsigned>(std::max<size_t>(reads.size(), 1));
+  auto handler = [this, &s, generation = under.generation](uint64_t h, wire::Reply::Reader reply) {
+    CheckpointUnderWay* cp = s.lineage.underWay.get();
+    if (!cp || cp->generation != generation) return true;  // abandoned
+    bool done = true;
+    if (reply.which() == wire::Reply::ERROR) {
+      // A buffer whose alloc failed before the mark is not the guest's; anything else is.
+      if (cp->buffers.count(h) && !cp->error) cp->error = transport::errorFrom(reply.getError().getError());
+      cp->taking.erase(h);
+    } else if (reply.which() == wire::Reply::DATA) {
+      copyChunk(cp->taking, h, reply.getData());
+      done = reply.getData().getLast();
     }
-    if (s.idle) {  // a suspension or a move waited for the checkpoint
-      auto idle = std::move(s.idle);
-      s.idle = nullptr;
-      idle();
-      return;
-    }
-    runHeld(s);
+    if (done) --cp->awaiting;
+    return done;  // (then settleCheckpoint)
   };
-  lin.taking.clear();
-  // Only what the card changed since the last checkpoint is read back.
-  readBuffers(s, lin.taking, [&lin](uint64_t h) { return lin.readsBack(h); });
-  settle(s);
+  if (reads.empty()) {
+    capnp::MallocMessageBuilder f;
+    f.initRoot<wire::Instruction>().setFence();
+    sendRemote(s, 0, f, [handler](wire::Reply::Reader reply) { return handler(0, reply); }, Settles::checkpoint);
+  }
+  for (auto& [h, bytes] : reads) {
+    under.taking[h].assign(bytes, '\0');
+    capnp::MallocMessageBuilder m;
+    sendRemote(s, 0, readOf(m, h, bytes), [handler, h](wire::Reply::Reader reply) { return handler(h, reply); },
+               Settles::checkpoint);
+  }
+}
+
+void Scheduler::settleCheckpoint(Session& s) {
+  Lineage& lin = s.lineage;
+  if (!lin.underWay || lin.underWay->awaiting > 0) return;
+  auto cp = std::move(lin.underWay);
+  if (!cp->error) {
+    completeCheckpoint(s, *cp);
+  } else {
+    // The log is kept (recovery still works from the last checkpoint); the frames it
+    // held back go on, and the next frame tries again. Past twice its cap the lineage is
+    // given up rather than let the guest wait on checkpoints that keep failing.
+    lin.changes.dirty.merge(cp->changes.dirty);
+    lin.changes.fresh.merge(cp->changes.fresh);
+    lin.changes.allDirty |= cp->changes.allDirty;
+    if (lin.log.bytes() >= 2 * lin.capBytes || lin.log.size() >= 2 * kLineageMaxFrames) {
+      lin.drop();
+      event("failover-off", labelOf(s), "its checkpoint failed with its log at twice its cap (" + cp->error->message +
+                                            "); a lost netaccel now ends it as without failover");
+    }
+    RLOG_WARN("scheduler") << labelOf(s) << ": checkpoint failed: " << cp->error->message;
+  }
+  if (!s.job && !s.idle) runHeld(s);
 }
 
 void Scheduler::recoverLost(Session& s, const std::string& lost) {
@@ -307,8 +410,7 @@ void Scheduler::recoverLost(Session& s, const std::string& lost) {
   s.remoteReplies.clear();
   s.job.reset();
   s.idle = nullptr;
-  lin.checkpointing = false;
-  lin.taking.clear();
+  lin.underWay.reset();  // (it was not finished: the last checkpoint and the whole log rebuild it)
   if (s.phase == Phase::suspending) --suspending_;
   closeMembers(s);
   if (!s.blocks.empty()) leaveBlocks(s);
@@ -321,9 +423,7 @@ void Scheduler::recoverLost(Session& s, const std::string& lost) {
   s.vm->memoryUsed += s.memoryUsed;
   s.unconfirmedAllocs.clear();
   if (!lin.baseInSaved) s.saved.clear();
-  lin.dirty.clear();  // (the log notes them again as it is re-forwarded)
-  lin.fresh.clear();
-  lin.allDirty = false;
+  lin.changes.clear();  // (the log notes them again as it is re-forwarded)
   // The log goes back ahead of what waited (a second loss mid-replay: the part re-sent
   // so far, then the rest, which still waits).
   lin.replayLeft += lin.log.size();

@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -52,6 +53,8 @@ class LineageLog {
     transport::FrameHeader header;
     std::span<const std::byte> bytes;  // the frame's body (in a shared body or the arena)
     Fold fold;
+    bool shared = false;  // in a shared body (else in arena chunk number `chunk`)
+    uint64_t chunk = 0;
   };
   void add(const transport::FrameHeader& header, transport::Body& body, const Fold& fold);
   const std::deque<Entry>& entries() const { return entries_; }
@@ -59,15 +62,52 @@ class LineageLog {
   uint64_t bytes() const { return bytes_; }
   // Every frame as a body of its own, in order; the log is left empty.
   std::deque<std::pair<transport::FrameHeader, transport::Body>> takeFrames();
+  // Forgets the first `n` frames (a checkpoint now holds what they did); the rest stay
+  // where they are.
+  void dropFirst(size_t n);
   void clear();
 
  private:
   static constexpr size_t kChunkBytes = 256 * 1024, kSharedFromBytes = 4096;
   std::deque<Entry> entries_;
-  std::deque<transport::Body> shared_;
-  std::vector<std::unique_ptr<capnp::word[]>> chunks_;
-  size_t usedInLast_ = 0;  // bytes of the last chunk in use
+  std::deque<transport::Body> shared_;  // the shared entries' bodies, in their order
+  std::deque<std::unique_ptr<capnp::word[]>> chunks_;
+  uint64_t firstChunk_ = 0;  // the number of chunks_.front() (chunks are numbered as made)
+  size_t usedInLast_ = 0;    // bytes of the last chunk in use
   uint64_t bytes_ = 0;
+};
+
+// What the log's frames may have changed on the card since a point: the buffers a card
+// may have written (all, after a graph) and those allocated since (they start from zeros).
+struct Changes {
+  std::unordered_set<uint64_t> dirty;
+  std::unordered_set<uint64_t> fresh;
+  bool allDirty = false;
+  // A checkpoint with kept bytes `base` reads `handle` back from the card, rather than
+  // folding the guest's own writes into it.
+  bool readsBack(uint64_t handle, const std::unordered_map<uint64_t, std::string>& base) const {
+    return allDirty || dirty.count(handle) || (!base.count(handle) && !fresh.count(handle));
+  }
+  void clear() { *this = Changes{}; }
+};
+
+// A checkpoint under way. Its reads went to the card behind the log's first `mark`
+// frames and ahead of every later one, so they see the buffers as those frames left them
+// while the guest's stream goes on (the background). It keeps the session's record as it
+// was at the mark; when the last read is back it becomes the checkpoint, and those
+// `mark` frames leave the log.
+struct CheckpointUnderWay {
+  uint64_t generation = 0;  // replies to an abandoned one's reads are ignored
+  size_t mark = 0;
+  std::unordered_map<uint64_t, uint64_t> buffers;
+  std::map<uint64_t, std::shared_ptr<capnp::MallocMessageBuilder>> programs;
+  std::map<uint64_t, std::pair<uint64_t, Error>> failed;
+  uint64_t memoryUsed = 0;
+  std::map<uint64_t, uint64_t> unconfirmedAllocs;  // sequence -> handle: allocs before the mark a card may yet refuse
+  Changes changes;                                 // what the first `mark` frames changed
+  std::unordered_map<uint64_t, std::string> taking;  // the bytes read back so far
+  unsigned awaiting = 0;
+  std::optional<Error> error;
 };
 
 struct Lineage {
@@ -93,19 +133,12 @@ struct Lineage {
   };
   std::unordered_set<std::pair<uint64_t, uint64_t>, PairHash> delivered;
 
-  // Buffers the card may have changed since the checkpoint (all, after a graph): a
-  // checkpoint reads only these back. What the guest wrote itself is in the log, and a
-  // checkpoint folds it into the kept bytes (`fresh`: allocated since, from zeros).
-  std::unordered_set<uint64_t> dirty;
-  std::unordered_set<uint64_t> fresh;
-  bool allDirty = false;
-  bool readsBack(uint64_t handle) const {
-    return allDirty || dirty.count(handle) || (!base.count(handle) && !fresh.count(handle));
-  }
-
-  // A checkpoint under way: the buffers' bytes read so far.
-  std::unordered_map<uint64_t, std::string> taking;
-  bool checkpointing = false;
+  // What the log's frames changed (the next checkpoint reads only those buffers back;
+  // what the guest wrote itself it folds from the log into the kept bytes), and the
+  // checkpoint under way, if one is.
+  Changes changes;
+  std::unique_ptr<CheckpointUnderWay> underWay;
+  uint64_t generations = 0;
 
   // Recovery: off its cards after a loss, placed again like a suspended vaccel, then
   // restored from the checkpoint; `replayLeft` frames of the log still to re-forward.
@@ -115,6 +148,7 @@ struct Lineage {
   size_t replayLeft = 0;
   uint64_t recoveries = 0, checkpoints = 0;  // losses it was rebuilt after; checkpoints taken
   uint64_t checkpointBytes = 0;  // read back from cards by checkpoints, in all
+  uint64_t overlapped = 0;       // frames forwarded while a checkpoint was under way
 
   // Bytes the lineage holds in the scheduler's memory now.
   uint64_t heldBytes() const;
@@ -123,6 +157,10 @@ struct Lineage {
     return baseInSaved ? saved : base;
   }
   bool full() const { return log.bytes() >= capBytes || log.size() >= kLineageMaxFrames; }
+  // Twice its cap while a checkpoint is under way: the guest's frames wait for it.
+  bool overBound() const {
+    return underWay && (log.bytes() >= 2 * capBytes || log.size() >= 2 * kLineageMaxFrames);
+  }
   // Forgets everything (failover off, or given up).
   void drop();
 };

@@ -103,13 +103,14 @@ void Scheduler::closeMembers(Session& s) {
   s.programHome.clear();
   s.replicas.clear();  // scratch copies die with their contexts
   s.remoteReplies.clear();
+  s.lineage.underWay.reset();  // its reads die with them too
 }
 
 void Scheduler::runHeld(Session& s) {
   // An instruction that waited may end its own session (one that fails to decode closes
   // it): the session is looked up again after each, never used once it is gone.
   const VaccelId id = s.id;
-  while (s.link && !s.job && !s.held.empty() && s.phase == Phase::running) {
+  while (s.link && !s.held.empty() && !s.mustHold()) {
     auto [h, body] = std::move(s.held.front());
     s.held.pop_front();
     s.heldBytes -= std::min(s.heldBytes, body.size());

@@ -67,28 +67,32 @@ std::string kindsOf(const Pool& pool, const std::vector<Member>& members) {
 }  // namespace
 
 uint64_t Scheduler::sendRemote(Session& s, size_t member, capnp::MessageBuilder& message,
-                               std::function<bool(wire::Reply::Reader)> onReply) {
+                               std::function<bool(wire::Reply::Reader)> onReply, Settles settles) {
   uint64_t sequence = s.nextSequence++;
+  const bool ofJob = settles == Settles::job;
   // The handler returns true once its instruction is answered; then the entry goes and
-  // the job settles (which may finish it and end this session: nothing runs after).
-  // An error reply becomes the job's error here, for every handler.
-  if (onReply) s.remoteReplies[sequence] = [onReply = std::move(onReply), &s, sequence, this](Body& body) {
+  // the job (or the checkpoint under way) settles, which may finish it and end this
+  // session: nothing runs after. An error reply becomes the job's error here, for every
+  // handler of the job's.
+  if (onReply) s.remoteReplies[sequence] = [onReply = std::move(onReply), &s, sequence, ofJob, this](Body& body) {
     bool done = true;
     auto decoded = transport::decodeGuard([&] {
       transport::MessageView in(body);
       auto reply = in.root<wire::Reply>();
-      if (reply.which() == wire::Reply::ERROR && s.job && !s.job->error && !s.job->finished)
+      if (ofJob && reply.which() == wire::Reply::ERROR && s.job && !s.job->error && !s.job->finished)
         s.job->error = transport::errorFrom(reply.getError().getError());
       done = onReply(reply);
     });
-    if (!decoded && s.job && !s.job->error) s.job->error = decoded.error();
+    if (!decoded && ofJob && s.job && !s.job->error) s.job->error = decoded.error();
+    if (!decoded && !ofJob && s.lineage.underWay && !s.lineage.underWay->error) s.lineage.underWay->error = decoded.error();
     if (!done) return;
     s.remoteReplies.erase(sequence);
-    settle(s);
+    if (ofJob) settle(s);
+    else settleCheckpoint(s);
   };
   Member& m = s.members[member];
   if (m.node) m.node->connection->send(m.context, sequence, message);
-  if (s.job && std::find(s.job->touched.begin(), s.job->touched.end(), member) == s.job->touched.end())
+  if (ofJob && s.job && std::find(s.job->touched.begin(), s.job->touched.end(), member) == s.job->touched.end())
     s.job->touched.push_back(member);
   return sequence;
 }
@@ -619,6 +623,7 @@ void Scheduler::finishJob(Session& s) {
 
 void Scheduler::abandonJob(Session& s) {
   s.remoteReplies.clear();
+  s.lineage.underWay.reset();  // (its reads' replies are not awaited either)
   if (!s.job) return;
   if (!s.job->error) s.job->error = Error{Code::unavailable, s.unavailable};
   s.job->awaiting = 0;

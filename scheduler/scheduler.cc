@@ -557,7 +557,7 @@ void Scheduler::forwardNow(VmLink& link, Session& s, const FrameHeader& h, Body 
     refuseWhileSuspended(s, h, body);
     return;
   }
-  if (s.job || s.phase != Phase::running) {
+  if (s.mustHold()) {
     hold(s, h, std::move(body));
     return;
   }
@@ -799,6 +799,7 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
           // The card refused the buffer or program: stop charging the VM for it, and
           // remember the failure for restores elsewhere.
           s.failed[alloc->second] = {h.sequence, transport::errorFrom(reply.getError().getError())};
+          checkpointAllocFailed(s, h.sequence, s.failed[alloc->second].second);
           s.programs.erase(alloc->second);
           persist(s);
           auto b = s.buffers.find(alloc->second);

@@ -105,8 +105,11 @@ class Scheduler {
   void pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run);
   void startRemoteLoad(Session& s, uint64_t sequence, size_t member, wire::LoadProgram::Reader load);
   void startRemoteLaunch(Session& s, uint64_t sequence, size_t member, wire::Launch::Reader launch);
+  // What a scheduler instruction's answer settles: the session's job, or its checkpoint
+  // under way (which runs beside the guest's stream, not as a job).
+  enum class Settles { job, checkpoint };
   uint64_t sendRemote(Session& s, size_t member, capnp::MessageBuilder& message,
-                      std::function<bool(wire::Reply::Reader)> onReply = {});
+                      std::function<bool(wire::Reply::Reader)> onReply = {}, Settles settles = Settles::job);
   uint64_t scratch(Session& s, size_t member, uint64_t bytes, bool keep = false);
   // A copy of guest buffer bytes on `member` (cached while the buffer is unchanged);
   // `ready` runs once the copy's writes have all been sent there.
@@ -217,21 +220,28 @@ class Scheduler {
   // Whether reply `body` to `sequence` is new to the guest (false: a re-forwarded
   // instruction's reply it already had).
   bool firstDelivery(Session& s, uint64_t sequence, const transport::Body& body);
-  // Reads every buffer of the primary into `into`, under the job s.job (save, checkpoint).
-  // (only those `wanted` says, when given).
-  void readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into,
-                   const std::function<bool(uint64_t)>& wanted = {});
-  // Applies the lineage log's writes, fills, allocs and frees to the checkpoint's bytes
-  // of every buffer the checkpoint does not read back.
-  void foldLog(Session& s);
-  // A checkpoint's end: the log folded, what was read back kept, the log started again.
-  void completeCheckpoint(Session& s);
+  // Reads every buffer of the primary into `into`, under the job s.job (a save).
+  void readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into);
+  // Applies the first `frames` of the lineage's log (their writes, fills, allocs and
+  // frees) to the checkpoint's kept bytes of every buffer that `changes` does not read back.
+  void foldLog(Lineage& lin, size_t frames, const Changes& changes, uint64_t memoryQuota);
   // The buffers instruction `in` (in `body`) may change on the card, marked dirty in the
   // lineage; what a checkpoint folds for it instead (the guest's own writes and fills).
-  Fold noteWritten(Session& s, wire::Instruction::Reader in, const transport::Body& body);
-  void markCheckpoint(Session& s);     // the checkpoint is the state now: the log starts again
+  Fold noteInstruction(Session& s, wire::Instruction::Reader in, const transport::Body& body);
   void savedIsCheckpoint(Session& s);  // a save succeeded: s.saved is the checkpoint
-  void maybeCheckpoint(Session& s);    // the log at its cap: a checkpoint, when idle
+  // The log at its cap: a checkpoint, taken at once when the card changed nothing (the
+  // bookkeeping of what the log holds), else in the background (lineage.h).
+  void maybeCheckpoint(Session& s);
+  // The session's record now, as a checkpoint's start; the changes noted start again.
+  std::unique_ptr<CheckpointUnderWay> checkpointNow(Session& s);
+  // A checkpoint's end: the log's frames before its mark folded, what was read back
+  // kept, those frames gone from the log.
+  void completeCheckpoint(Session& s, CheckpointUnderWay& cp);
+  // After a reply to the checkpoint under way: when it has all, it ends (kept or failed).
+  void settleCheckpoint(Session& s);
+  // The card refused the alloc (or program load) of guest instruction `sequence`: the
+  // checkpoint under way, when it started after it, says so too.
+  void checkpointAllocFailed(Session& s, uint64_t sequence, const Error& error);
   // One of its cards' netaccels was lost (`lost` says how): off its cards, placed again,
   // restored from the checkpoint, the log re-forwarded.
   void recoverLost(Session& s, const std::string& lost);

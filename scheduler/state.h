@@ -223,6 +223,9 @@ struct Scheduler::Session {
 
   Member& primary() { return members.front(); }
   bool heldOverLimit() const { return heldBytes >= kHeldHighWater || held.size() >= kHeldMaxInstructions; }
+  // The guest's next frame waits: behind a job, off its cards, or for a checkpoint under
+  // way with its log at twice the cap.
+  bool mustHold() const { return job || phase != Phase::running || lineage.overBound(); }
 };
 
 struct Scheduler::VmLink {

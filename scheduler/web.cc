@@ -281,6 +281,9 @@ std::string Scheduler::metricsText() {
   perVaccel("raccel_vaccel_checkpoint_read_bytes_total", "counter",
             "Bytes each live vaccel's checkpoints read back from its cards (what the guest wrote is folded from the log instead).",
             [](const Session& s) { return s.lineage.checkpointBytes; });
+  perVaccel("raccel_vaccel_checkpoint_overlapped_frames_total", "counter",
+            "Instructions of each live vaccel forwarded while a checkpoint of its was under way (taken in the background).",
+            [](const Session& s) { return s.lineage.overlapped; });
   perVaccel("raccel_vaccel_recoveries_total", "counter", "Times each live vaccel was rebuilt after losing a card.",
             [](const Session& s) { return s.lineage.recoveries; });
 

@@ -153,6 +153,14 @@ class Failover : public ::testing::TestWithParam<FailoverCard> {
     }
   }
   Process& holder(Session& s) { return *netaccels.at(s.vaccel().cards.at(0).node); }
+  // A cluster whose VM keeps at most 1 MiB of lineage log (so checkpoints come often),
+  // and a session of that VM's named `name`.
+  std::unique_ptr<Session> startCapped(const std::string& name) {
+    VmSpec vm{"vm1", 2};
+    vm.more = "lineage_bytes=1MiB";
+    start({vm});
+    return open(*cluster, "vm1", 2, name);
+  }
   // The reads of `steps` mixed instructions by a program that loses nothing.
   std::vector<std::vector<float>> baseline(int steps) {
     auto b = open(*cluster, "vm1", 2, "baseline");
@@ -217,10 +225,7 @@ TEST_P(Failover, AFrozenNetaccelsVaccelMovesOnAndItsLateRepliesAreIgnored) {
 // A lineage cap of 1 MiB with 12 MiB written: checkpoints happen and the log starts
 // again; a kill after them recovers from the last checkpoint, exactly.
 TEST_P(Failover, TheLogAtItsCapIsCheckpointedAndRecoveryAfterItIsExact) {
-  VmSpec vm{"vm1", 2};
-  vm.more = "lineage_bytes=1MiB";
-  start({vm});
-  auto s = open(*cluster, "vm1", 2, "capped");
+  auto s = startCapped("capped");
   ASSERT_TRUE(s);
   const size_t n = 1 << 18;  // 1 MiB of floats
   auto big = s->alloc(n * 4);
@@ -237,6 +242,10 @@ TEST_P(Failover, TheLogAtItsCapIsCheckpointedAndRecoveryAfterItIsExact) {
   const double logFrames = vaccelMetric(*cluster, "raccel_vaccel_lineage_log_frames", "capped");
   EXPECT_GE(logFrames, 0);
   EXPECT_LT(logFrames, 24) << "the log was not truncated";
+  // The op between the writes changed the buffer, so checkpoints read it back, in the
+  // background: the writes that followed went on meanwhile.
+  EXPECT_GT(vaccelMetric(*cluster, "raccel_vaccel_checkpoint_read_bytes_total", "capped"), 0);
+  EXPECT_GT(vaccelMetric(*cluster, "raccel_vaccel_checkpoint_overlapped_frames_total", "capped"), 0);
   const double held = vaccelMetric(*cluster, "raccel_vaccel_lineage_bytes", "capped");
   EXPECT_LE(held, 3.0 * (4 << 20)) << "checkpoint (1 MiB) and at most a cap's log (plus a frame)";
   // More work after the checkpoint, then the loss.
@@ -258,10 +267,7 @@ TEST_P(Failover, TheLogAtItsCapIsCheckpointedAndRecoveryAfterItIsExact) {
 // allocated again) is folded from the log into the checkpoint: checkpoints read nothing
 // back from the card, yet a kill after them recovers every byte.
 TEST_P(Failover, WhatTheGuestWroteIsFoldedFromTheLogNotReadBackAndRecoveredExactly) {
-  VmSpec vm{"vm1", 2};
-  vm.more = "lineage_bytes=1MiB";
-  start({vm});
-  auto s = open(*cluster, "vm1", 2, "folded");
+  auto s = startCapped("folded");
   ASSERT_TRUE(s);
   const size_t n = 2 << 20;  // 8 MiB of floats
   auto big = s->alloc(n * 4), reused = s->alloc(4096);

@@ -88,6 +88,7 @@ def main():
             return net, opt, images[:args.batch].to(dev), labels[:args.batch].to(dev)
         report_times("cnn", make, args)
         return 0
+    threads = torch.get_num_threads()  # (the default: one per core, as a CPU card's own torch uses)
     torch.set_num_threads(1)  # the CPU reference's sums in one order, run to run
     if not args.compare:
         losses, accuracy, fallen_back = train(args.device, args)
@@ -96,10 +97,13 @@ def main():
     if args.dropout:
         p.error("--compare needs --dropout 0 (the CPU's and the card's random streams differ)")
     cpu, cpu_acc, _ = train("cpu", args)
+    torch.set_num_threads(max(2, threads))  # the CPU again, its sums split another way
+    cpu_other, other_acc, _ = train("cpu", args)
+    torch.set_num_threads(1)
     dev, dev_acc, fallen_back = train("raccel", args)
-    ok = compare(cpu, dev, fallen_back, args)
-    print(f"eval accuracy cpu {cpu_acc:.4f} raccel {dev_acc:.4f}")
-    ok = ok and cpu_acc == dev_acc
+    ok = compare(cpu, dev, fallen_back, args, cpu_other)
+    print(f"eval accuracy cpu {cpu_acc:.4f} (summed another way {other_acc:.4f}) raccel {dev_acc:.4f}")
+    ok = ok and dev_acc in (cpu_acc, other_acc)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
