@@ -1,4 +1,5 @@
 #include "bench/failover.h"
+#include "bench/report.h"
 
 #include <httplib.h>
 #include <signal.h>
@@ -144,6 +145,36 @@ FailoverFigures measureFailover(bool quick, double steadySeconds) {
     if (!back || (*back)[5] != 5.0f) f.problem = "the recovered buffer is not what was written";
   }
   return f;
+}
+
+std::string failoverJson(const FailoverFigures& f) {
+  char b[1024];
+  std::snprintf(b, sizeof b,
+                "\"failover_recovery_ms\":%s,\"failover_recovery_bytes\":%llu,\"lineage_overhead_pct\":%s,"
+                "\"async_instr_per_s_lineage\":%s,\"async_instr_per_s_failover_off\":%s,\"lineage_bulk_overhead_pct\":%s,"
+                "\"bulk_write_read_gbps_lineage\":%s,\"bulk_write_read_gbps_failover_off\":%s,\"lineage_memory_bytes\":%s,"
+                "\"lineage_steady_seconds\":%.0f",
+                jsonNumber(f.recoveryMs, "%.1f").c_str(), static_cast<unsigned long long>(f.recoveryBytes),
+                jsonNumber(f.overheadPct(), "%.2f", true).c_str(), jsonNumber(f.asyncOn, "%.0f").c_str(),
+                jsonNumber(f.asyncOff, "%.0f").c_str(), jsonNumber(f.bulkOverheadPct(), "%.2f", true).c_str(),
+                jsonNumber(f.bulkOn, "%.2f").c_str(), jsonNumber(f.bulkOff, "%.2f").c_str(),
+                jsonNumber(f.lineageMaxBytes, "%.0f").c_str(), f.steadySeconds);
+  return b + (",\"failover_problem\":\"" + jsonSafe(f.problem) + "\"");
+}
+
+void printFailoverText(const FailoverFigures& f) {
+  if (!f.problem.empty()) {
+    std::printf("%-26s %12s   not measured: %s\n", "failover_recovery_ms", "-", f.problem.c_str());
+    return;
+  }
+  std::printf("%-26s %9.1f ms   kill -9 of its netaccel to its next completed instruction, %.0f MiB of buffers\n",
+              "failover_recovery_ms", f.recoveryMs, f.recoveryBytes / 1048576.0);
+  std::printf("%-26s %11.2f%%   async_instr_per_s %.0f with lineage, %.0f with failover off, target <= 5%%  %s\n",
+              "lineage_overhead_pct", f.overheadPct(), f.asyncOn, f.asyncOff, f.overheadPct() <= 5 ? "met" : "MISSED");
+  std::printf("%-26s %11.2f%%   bulk_write_read_gbps %.2f with lineage, %.2f with failover off\n",
+              "lineage_bulk_overhead_pct", f.bulkOverheadPct(), f.bulkOn, f.bulkOff);
+  std::printf("%-26s %12.0f   most held (checkpoint + log) over a %.0f s steady workload on a 256 MiB vaccel\n",
+              "lineage_memory_bytes", f.lineageMaxBytes, f.steadySeconds);
 }
 
 }  // namespace raccel::bench

@@ -27,5 +27,8 @@ struct FailoverFigures {
 
 // `steadySeconds`: how long the steady workload runs (the figure is for 600).
 FailoverFigures measureFailover(bool quick, double steadySeconds);
+// The figures as JSON fields (no braces), and as raccel-bench's text lines.
+std::string failoverJson(const FailoverFigures& f);
+void printFailoverText(const FailoverFigures& f);
 
 }  // namespace raccel::bench

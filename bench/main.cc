@@ -51,6 +51,7 @@
 //                           run (target <= 5%); lineage_bulk_overhead_pct likewise for bulk data
 //   lineage_memory_bytes    most the lineage held (checkpoint + log) while a steady workload
 //                           ran for --lineage-seconds (60 by default; the issue's figure is 600)
+//   --only failover         measures and prints the failover figures alone
 //
 // The daemons run as real processes, as deployed. --raw-echo and --raw-relay are the
 // baseline's own processes (started by the bench itself).
@@ -76,6 +77,7 @@
 
 #include "bench/failover.h"
 #include "bench/multi_host.h"
+#include "bench/report.h"
 #include "common/flags.h"
 #include "hal/backends.h"
 #ifdef RACCEL_HAVE_CUDA
@@ -93,13 +95,6 @@ using namespace raccel;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// Text inside a JSON string: quotes and control characters become spaces.
-std::string jsonSafe(std::string text) {
-  for (char& c : text)
-    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = ' ';
-  return text;
-}
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -320,6 +315,7 @@ int main(int argc, char** argv) {
   flags.boolean("json", "print one JSON object with every figure");
   flags.boolean("quick", "small runs (for a smoke test; figures are noisy)");
   flags.value("lineage-seconds", "S", "how long the steady workload behind lineage_memory_bytes runs (default 60)");
+  flags.value("only", "SECTION", "measure one section alone and print its figures: failover");
   flags.value("raw-echo", "PORT", "(internal) run the baseline's echo process");
   flags.value("raw-relay", "PATH:PORT", "(internal) run the baseline's relay process");
   int code = 0;
@@ -340,6 +336,17 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "raccel-bench: --lineage-seconds wants seconds from 1 to 86400, not '%s'\n", text.c_str());
       return 2;
     }
+  }
+  if (flags.has("only")) {
+    if (flags.get("only") != "failover") {
+      std::fprintf(stderr, "raccel-bench: --only takes failover, not '%s'\n", flags.get("only").c_str());
+      return 2;
+    }
+    if (!flags.has("json")) std::fprintf(stderr, "raccel-bench: failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory...\n");
+    bench::FailoverFigures failover = bench::measureFailover(quick, lineageSeconds);
+    if (flags.has("json")) std::printf("{%s,\"quick\":%s}\n", bench::failoverJson(failover).c_str(), quick ? "true" : "false");
+    else bench::printFailoverText(failover);
+    return failover.problem.empty() ? 0 : 1;
   }
   const int syncIters = quick ? 300 : 5000;
   const int asyncCount = quick ? 20000 : 400000;
@@ -760,14 +767,7 @@ int main(int argc, char** argv) {
                 f.syncPlainP50, f.bulkTlsGbps, tlsOk ? "true" : "false");
     if (f.syncEtcdP50 >= 0) std::printf("\"sync_rtt_us_p50_etcd\":%.1f,", f.syncEtcdP50);
     else std::printf("\"sync_rtt_us_p50_etcd\":null,");
-    // A figure as JSON: null when not measured (NaN, or below zero unless `signedOk`: a
-    // difference, such as an overhead, may be below zero).
-    auto num = [](double v, const char* fmt, bool signedOk = false) {
-      if (std::isnan(v) || (v < 0 && !signedOk)) return std::string("null");
-      char b[32];
-      std::snprintf(b, sizeof b, fmt, v);
-      return std::string(b);
-    };
+    auto num = [](double v, const char* fmt) { return bench::jsonNumber(v, fmt); };
     std::printf("\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,\"bulk_gbps_sandbox\":%s,"
                 "\"bulk_gbps_in_process\":%s,\"cuda_gemm_ratio\":%s,\"cuda_gemm_tflops\":%s,"
                 "\"cuda_direct_gemm_tflops\":%s,\"cuda_bulk_gbps\":%s,\"cuda_pinned_write_gbps\":%s,"
@@ -780,20 +780,12 @@ int main(int argc, char** argv) {
                 num(f.cudaSkipped.empty() ? f.pinned.readGBps : -1, "%.2f").c_str(),
                 num(f.cudaSkipped.empty() && f.fairCuda.problem.empty() ? f.fairCuda.error : -1, "%.4f").c_str(),
                 f.cudaSkipped.c_str());
-    std::printf("\"failover_recovery_ms\":%s,\"failover_recovery_bytes\":%llu,\"lineage_overhead_pct\":%s,"
-                "\"async_instr_per_s_lineage\":%s,\"async_instr_per_s_failover_off\":%s,\"lineage_bulk_overhead_pct\":%s,"
-                "\"bulk_write_read_gbps_lineage\":%s,\"bulk_write_read_gbps_failover_off\":%s,\"lineage_memory_bytes\":%s,"
-                "\"lineage_steady_seconds\":%.0f,\"failover_problem\":\"%s\",",
-                num(failover.recoveryMs, "%.1f").c_str(), static_cast<unsigned long long>(failover.recoveryBytes),
-                num(failover.overheadPct(), "%.2f", true).c_str(), num(failover.asyncOn, "%.0f").c_str(),
-                num(failover.asyncOff, "%.0f").c_str(), num(failover.bulkOverheadPct(), "%.2f", true).c_str(),
-                num(failover.bulkOn, "%.2f").c_str(), num(failover.bulkOff, "%.2f").c_str(),
-                num(failover.lineageMaxBytes, "%.0f").c_str(), failover.steadySeconds, jsonSafe(failover.problem).c_str());
+    std::printf("%s,", bench::failoverJson(failover).c_str());
     std::printf("\"multi_admission_per_s\":%s,\"single_admission_per_s\":%s,\"multi_admission_p99_ms\":%s,"
                 "\"single_admission_p99_ms\":%s,\"multi_conflict_rate\":%s,\"multi_skipped\":\"%s\",",
                 num(multi.multiAdmissionsPerS, "%.0f").c_str(), num(multi.singleAdmissionsPerS, "%.0f").c_str(),
                 num(multi.multiP99Ms, "%.2f").c_str(), num(multi.singleP99Ms, "%.2f").c_str(),
-                num(multi.multiConflictRate, "%.4f").c_str(), jsonSafe(multi.skipped).c_str());
+                num(multi.multiConflictRate, "%.4f").c_str(), bench::jsonSafe(multi.skipped).c_str());
     std::printf("\"fair_share_error_async\":%.4f,\"fair_share_ratio_async\":%.3f,\"fair_share_async_met\":%s,",
                 f.fairAsync.error, f.fairAsync.ratio, fairAsyncOk ? "true" : "false");
     std::printf("\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
@@ -882,19 +874,7 @@ int main(int argc, char** argv) {
     } else {
       std::printf("%-26s %12s   skipped: %s\n", "multi_admission_per_s", "-", multi.skipped.c_str());
     }
-    if (failover.problem.empty()) {
-      std::printf("%-26s %9.1f ms   kill -9 of its netaccel to its next completed instruction, %.0f MiB of buffers\n",
-                  "failover_recovery_ms", failover.recoveryMs, failover.recoveryBytes / 1048576.0);
-      std::printf("%-26s %11.2f%%   async_instr_per_s %.0f with lineage, %.0f with failover off, target <= 5%%  %s\n",
-                  "lineage_overhead_pct", failover.overheadPct(), failover.asyncOn, failover.asyncOff,
-                  failover.overheadPct() <= 5 ? "met" : "MISSED");
-      std::printf("%-26s %11.2f%%   bulk_write_read_gbps %.2f with lineage, %.2f with failover off\n",
-                  "lineage_bulk_overhead_pct", failover.bulkOverheadPct(), failover.bulkOn, failover.bulkOff);
-      std::printf("%-26s %12.0f   most held (checkpoint + log) over a %.0f s steady workload on a 256 MiB vaccel\n",
-                  "lineage_memory_bytes", failover.lineageMaxBytes, failover.steadySeconds);
-    } else {
-      std::printf("%-26s %12s   not measured: %s\n", "failover_recovery_ms", "-", failover.problem.c_str());
-    }
+    bench::printFailoverText(failover);
     std::printf("%-26s %12.4f   device time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
                 "fair_share_error_async", f.fairAsync.error, f.fairAsync.big, f.fairAsync.small, f.fairAsync.ratio,
                 fairAsyncOk ? "met" : "MISSED");

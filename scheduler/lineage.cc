@@ -28,7 +28,7 @@ void LineageLog::add(const transport::FrameHeader& header, transport::Body& body
   } else {
     const size_t words = (body.size() + 7) / 8;  // word-aligned, as a decoder wants them
     if (chunks_.empty() || usedInLast_ + words * 8 > kChunkBytes) {
-      chunks_.push_back(std::make_unique<capnp::word[]>(kChunkBytes / 8));
+      chunks_.push_back(std::make_shared<capnp::word[]>(kChunkBytes / 8));
       usedInLast_ = 0;
     }
     std::byte* at = reinterpret_cast<std::byte*>(chunks_.back().get()) + usedInLast_;
@@ -67,6 +67,23 @@ void LineageLog::dropFirst(size_t n) {
   }
 }
 
+LineageLog::Pinned LineageLog::pinFirst(size_t n) {
+  Pinned pinned;
+  n = std::min(n, entries_.size());
+  pinned.entries.assign(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(n));
+  size_t shared = 0;
+  std::optional<uint64_t> lastChunk;
+  for (auto& e : pinned.entries) {
+    if (e.shared) {
+      pinned.bodies.push_back(shared_[shared++].share());
+    } else if (!e.bytes.empty() && e.chunk != lastChunk) {
+      pinned.chunks.push_back(chunks_[e.chunk - firstChunk_]);
+      lastChunk = e.chunk;
+    }
+  }
+  return pinned;
+}
+
 std::deque<std::pair<transport::FrameHeader, transport::Body>> LineageLog::takeFrames() {
   std::deque<std::pair<transport::FrameHeader, transport::Body>> frames;
   for (auto& e : entries_) {
@@ -81,7 +98,8 @@ std::deque<std::pair<transport::FrameHeader, transport::Body>> LineageLog::takeF
 void LineageLog::clear() {
   entries_.clear();
   shared_.clear();
-  while (chunks_.size() > 1) {  // one stays for the next frames
+  // One stays for the next frames, unless a fold still reads it.
+  while (!chunks_.empty() && (chunks_.size() > 1 || chunks_.front().use_count() > 1)) {
     chunks_.pop_front();
     ++firstChunk_;
   }
@@ -92,9 +110,49 @@ void LineageLog::clear() {
 uint64_t Lineage::heldBytes() const {
   uint64_t n = log.bytes();
   for (auto& [h, data] : base) n += data.size();
-  if (underWay)
+  if (underWay && underWay->folding) n += underWay->folding->heldBytes;
+  else if (underWay)
     for (auto& [h, data] : underWay->taking) n += data.size();
   return n;
+}
+
+void foldFrames(std::span<const LineageLog::Entry> frames, const Changes& changes, uint64_t memoryQuota,
+                std::unordered_map<uint64_t, std::string>& base) {
+  for (const auto& e : frames) {
+    const Fold& f = e.fold;
+    if (f.kind == Fold::Kind::none || changes.readsBack(f.handle, base)) continue;
+    if (f.kind == Fold::Kind::alloc) {  // (one the scheduler refused is dropped after, unless a later one took its place)
+      if (f.length <= memoryQuota) base[f.handle].assign(f.length, '\0');
+      continue;
+    }
+    auto it = base.find(f.handle);
+    if (f.kind == Fold::Kind::free) {
+      if (it != base.end()) base.erase(it);
+      continue;
+    }
+    // Out of its buffer's bounds the card refused it too.
+    if (it == base.end() || f.offset > it->second.size() || f.length > it->second.size() - f.offset) continue;
+    if (f.kind == Fold::Kind::write) std::memcpy(it->second.data() + f.offset, e.bytes.data() + f.dataAt, f.length);
+    else std::memset(it->second.data() + f.offset, f.value, f.length);
+  }
+}
+
+void FoldWork::run() {
+  foldFrames(frames.entries, changes, memoryQuota, base);
+  for (auto& [h, data] : taking) base[h] = std::move(data);
+  std::erase_if(base, [this](auto& entry) { return !buffers.count(entry.first); });  // freed, or refused
+  frames = {};  // (the log's bytes are let go here, off the loop's thread too)
+}
+
+void FoldWork::done() {
+  std::lock_guard lock(mutex_);
+  done_ = true;
+  ended_.notify_all();
+}
+
+void FoldWork::wait() {
+  std::unique_lock lock(mutex_);
+  ended_.wait(lock, [this] { return done_; });
 }
 
 void Lineage::drop() {
@@ -228,27 +286,6 @@ void Scheduler::readBuffers(Session& s, std::unordered_map<uint64_t, std::string
   }
 }
 
-void Scheduler::foldLog(Lineage& lin, size_t frames, const Changes& changes, uint64_t memoryQuota) {
-  for (size_t i = 0; i < frames && i < lin.log.size(); ++i) {
-    const auto& e = lin.log.entries()[i];
-    const Fold& f = e.fold;
-    if (f.kind == Fold::Kind::none || changes.readsBack(f.handle, lin.base)) continue;
-    if (f.kind == Fold::Kind::alloc) {  // (one the scheduler refused is dropped after, unless a later one took its place)
-      if (f.length <= memoryQuota) lin.base[f.handle].assign(f.length, '\0');
-      continue;
-    }
-    auto it = lin.base.find(f.handle);
-    if (f.kind == Fold::Kind::free) {
-      if (it != lin.base.end()) lin.base.erase(it);
-      continue;
-    }
-    // Out of its buffer's bounds the card refused it too.
-    if (it == lin.base.end() || f.offset > it->second.size() || f.length > it->second.size() - f.offset) continue;
-    if (f.kind == Fold::Kind::write) std::memcpy(it->second.data() + f.offset, e.bytes.data() + f.dataAt, f.length);
-    else std::memset(it->second.data() + f.offset, f.value, f.length);
-  }
-}
-
 void Scheduler::savedIsCheckpoint(Session& s) {
   Lineage& lin = s.lineage;
   if (!lin.on) return;
@@ -281,35 +318,82 @@ std::unique_ptr<CheckpointUnderWay> Scheduler::checkpointNow(Session& s) {
   return cp;
 }
 
-void Scheduler::completeCheckpoint(Session& s, CheckpointUnderWay& cp) {
+void Scheduler::startFold(Session& s) {
   Lineage& lin = s.lineage;
+  CheckpointUnderWay& cp = *lin.underWay;
+  auto work = std::make_shared<FoldWork>();
   if (lin.baseInSaved) {  // (the suspension's saved bytes were the checkpoint: they are its start)
     lin.base = s.saved;
     lin.baseInSaved = false;
   }
-  foldLog(lin, cp.mark, cp.changes, s.vm->policy.memoryQuota);
-  for (auto& [h, data] : cp.taking) {
+  work->frames = lin.log.pinFirst(cp.mark);
+  work->changes = cp.changes;
+  work->memoryQuota = s.vm->policy.memoryQuota;
+  work->base = std::move(lin.base);
+  lin.base.clear();
+  work->taking = std::move(cp.taking);
+  for (auto& [h, data] : work->base) work->heldBytes += data.size();
+  for (auto& [h, data] : work->taking) {
+    work->heldBytes += data.size();
     lin.checkpointBytes += data.size();
-    lin.base[h] = std::move(data);
   }
-  std::erase_if(lin.base, [&cp](auto& entry) { return !cp.buffers.count(entry.first); });  // freed, or refused
+  for (auto& [h, bytes] : cp.buffers) work->buffers.insert(h);
+  cp.folding = work;
+  // Off the loop's thread: a fold copies up to a cap of written bytes and zeroes every
+  // buffer allocated since, which would stall every vaccel's stream meanwhile.
+  struct Request {
+    uv_work_t req;
+    Scheduler* self;
+    VaccelId id;
+    uint64_t generation;
+    std::shared_ptr<FoldWork> work;
+  };
+  auto* r = new Request{{}, this, s.id, cp.generation, work};
+  r->req.data = r;
+  uv_queue_work(
+      loop_, &r->req,
+      [](uv_work_t* req) {
+        auto* r = static_cast<Request*>(req->data);
+        r->work->run();
+        r->work->done();
+      },
+      [](uv_work_t* req, int) {
+        std::unique_ptr<Request> r(static_cast<Request*>(req->data));
+        Session* s = r->self->sessionById(r->id);
+        if (!s || !s->lineage.underWay || s->lineage.underWay->generation != r->generation) return;  // abandoned
+        r->self->finishFold(*s, true);
+      });
+}
+
+void Scheduler::finishFold(Session& s, bool resume) {
+  Lineage& lin = s.lineage;
+  auto cp = std::move(lin.underWay);
+  lin.base = std::move(cp->folding->base);
   // The frames before the mark were all answered before its reads were, and are never
   // sent again: what was delivered matters only for the frames after it.
-  lin.log.dropFirst(cp.mark);
+  lin.log.dropFirst(cp->mark);
   std::unordered_set<uint64_t> after;
   for (auto& e : lin.log.entries()) after.insert(e.header.sequence);
   std::erase_if(lin.delivered, [&after](auto& key) { return !after.count(key.first); });
-  lin.buffers = std::move(cp.buffers);
-  lin.programs = std::move(cp.programs);
-  lin.failed = std::move(cp.failed);
-  lin.memoryUsed = cp.memoryUsed;
+  lin.buffers = std::move(cp->buffers);
+  lin.programs = std::move(cp->programs);
+  lin.failed = std::move(cp->failed);
+  lin.memoryUsed = cp->memoryUsed;
   ++lin.checkpoints;
   for (auto& [h, bytes] : lin.buffers)
     if (auto it = lin.base.find(h); it == lin.base.end() || it->second.size() != bytes) {
       lin.drop();  // (the scheduler's own record disagrees with itself: never restore from it)
       event("failover-off", labelOf(s), "its checkpoint lacks buffer " + std::to_string(h));
-      return;
+      break;
     }
+  if (resume && !s.job && !s.idle) runHeld(s);  // (frames held at twice the cap)
+}
+
+void Scheduler::awaitFold(Session& s) {
+  CheckpointUnderWay* cp = s.lineage.underWay.get();
+  if (!cp || !cp->folding) return;
+  cp->folding->wait();  // (bounded: at most a cap's copying; only when a card was lost mid-fold)
+  finishFold(s, false);
 }
 
 void Scheduler::checkpointAllocFailed(Session& s, uint64_t sequence, const Error& error) {
@@ -340,7 +424,8 @@ void Scheduler::maybeCheckpoint(Session& s) {
   for (auto& [h, bytes] : cp->buffers)
     if (cp->changes.readsBack(h, lin.checkpoint(s.saved))) reads.emplace_back(h, bytes);
   if (reads.empty() && s.pending.size() == 0) {
-    completeCheckpoint(s, *cp);
+    lin.underWay = std::move(cp);
+    startFold(s);
     return;
   }
   // Otherwise it is taken in the background: the reads (a fence when there are none) go
@@ -378,11 +463,11 @@ void Scheduler::maybeCheckpoint(Session& s) {
 
 void Scheduler::settleCheckpoint(Session& s) {
   Lineage& lin = s.lineage;
-  if (!lin.underWay || lin.underWay->awaiting > 0) return;
-  auto cp = std::move(lin.underWay);
-  if (!cp->error) {
-    completeCheckpoint(s, *cp);
+  if (!lin.underWay || lin.underWay->awaiting > 0 || lin.underWay->folding) return;
+  if (!lin.underWay->error) {
+    startFold(s);
   } else {
+    auto cp = std::move(lin.underWay);
     // The log is kept (recovery still works from the last checkpoint); the frames it
     // held back go on, and the next frame tries again. Past twice its cap the lineage is
     // given up rather than let the guest wait on checkpoints that keep failing.
@@ -403,6 +488,7 @@ void Scheduler::recoverLost(Session& s, const std::string& lost) {
   Lineage& lin = s.lineage;
   if (!lin.recovering) lin.lostAtNs = uv_hrtime();
   ++lin.recoveries;
+  awaitFold(s);  // (a checkpoint whose bytes were all in hand is the one to rebuild from)
   lin.recovering = true;
   lin.lost = lost;
   // What was under way on its cards is dropped unanswered: the log issues it again. A

@@ -8,10 +8,12 @@
 // Owned by the loop thread, inside the session (state.h); the logic is in lineage.cc.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -65,13 +67,21 @@ class LineageLog {
   // Forgets the first `n` frames (a checkpoint now holds what they did); the rest stay
   // where they are.
   void dropFirst(size_t n);
+  // The first `n` entries, with their bytes kept alive whatever becomes of the log (for a
+  // fold on another thread).
+  struct Pinned {
+    std::vector<Entry> entries;
+    std::vector<transport::Body> bodies;
+    std::vector<std::shared_ptr<capnp::word[]>> chunks;
+  };
+  Pinned pinFirst(size_t n);
   void clear();
 
  private:
   static constexpr size_t kChunkBytes = 256 * 1024, kSharedFromBytes = 4096;
   std::deque<Entry> entries_;
   std::deque<transport::Body> shared_;  // the shared entries' bodies, in their order
-  std::deque<std::unique_ptr<capnp::word[]>> chunks_;
+  std::deque<std::shared_ptr<capnp::word[]>> chunks_;  // (shared: a fold may hold some)
   uint64_t firstChunk_ = 0;  // the number of chunks_.front() (chunks are numbered as made)
   size_t usedInLast_ = 0;    // bytes of the last chunk in use
   uint64_t bytes_ = 0;
@@ -91,6 +101,34 @@ struct Changes {
   void clear() { *this = Changes{}; }
 };
 
+// A checkpoint's fold, run on the loop's thread pool once every byte it needs is in hand:
+// the frames before its mark (pinned), the kept bytes it folds them into (the lineage's
+// `base` is empty until it ends), what was read back, and the buffers the checkpoint has
+// (the others leave the kept bytes). Nothing here is touched by the loop's thread while
+// it runs, except through wait().
+struct FoldWork {
+  LineageLog::Pinned frames;
+  Changes changes;
+  uint64_t memoryQuota = 0;
+  std::unordered_map<uint64_t, std::string> base, taking;
+  std::unordered_set<uint64_t> buffers;
+  uint64_t heldBytes = 0;  // base and taking as they came (for the metrics meanwhile)
+
+  void run();   // on the worker
+  void wait();  // until run() has ended
+  void done();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ended_;
+  bool done_ = false;
+};
+
+// Folds `frames` of a log (writes, fills, allocs and frees) into kept bytes `base`, for
+// every buffer that `changes` does not read back.
+void foldFrames(std::span<const LineageLog::Entry> frames, const Changes& changes, uint64_t memoryQuota,
+                std::unordered_map<uint64_t, std::string>& base);
+
 // A checkpoint under way. Its reads went to the card behind the log's first `mark`
 // frames and ahead of every later one, so they see the buffers as those frames left them
 // while the guest's stream goes on (the background). It keeps the session's record as it
@@ -108,6 +146,7 @@ struct CheckpointUnderWay {
   std::unordered_map<uint64_t, std::string> taking;  // the bytes read back so far
   unsigned awaiting = 0;
   std::optional<Error> error;
+  std::shared_ptr<FoldWork> folding;  // its fold, once every read is back
 };
 
 struct Lineage {

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <memory>
+#include <thread>
 #include <vector>
 
 namespace raccel::scheduler {
@@ -93,6 +96,56 @@ TEST(LineageLog, DropsItsFirstFramesAndKeepsTheRestExactly) {
   }
   log.dropFirst(5);  // (empty: nothing to drop)
   EXPECT_EQ(log.size(), 0u);
+}
+
+// A fold off the loop's thread: the log's writes, fills, allocs and frees applied to the
+// kept bytes, what was read back taking precedence, with the log itself emptied meanwhile
+// (its bytes stay pinned for the fold).
+TEST(FoldWork, FoldsThePinnedFramesIntoTheKeptBytesWhateverBecomesOfTheLog) {
+  LineageLog log;
+  auto add = [&](Fold fold, size_t bytes, uint8_t seed) {
+    auto body = frame(bytes, seed);
+    log.add(transport::FrameHeader{1, static_cast<uint32_t>(bytes), 1}, body, fold);
+    return frame(bytes, seed);
+  };
+  // Buffer 1 kept already; buffer 2 allocated since (fresh); buffer 3 read back (dirty);
+  // buffer 4 allocated and freed again.
+  auto write1 = add(Fold{Fold::Kind::write, 0, 1, 8, 100, 0}, 100, 1);       // small: the arena
+  add(Fold{Fold::Kind::alloc, 0, 2, 0, 64 << 10, 0}, 16, 2);
+  auto write2 = add(Fold{Fold::Kind::write, 0, 2, 4096, 20000, 0}, 20000, 3);  // large: a shared body
+  add(Fold{Fold::Kind::fill, 7, 2, 0, 16, 0}, 16, 4);
+  add(Fold{Fold::Kind::write, 0, 3, 0, 64, 0}, 64, 5);                      // dirty: not folded
+  add(Fold{Fold::Kind::write, 0, 1, 200, 100, 0}, 100, 6);                  // out of its bounds: not folded
+  add(Fold{Fold::Kind::alloc, 0, 4, 0, 128, 0}, 16, 7);
+  add(Fold{Fold::Kind::free, 0, 4, 0, 0, 0}, 16, 8);
+  auto work = std::make_shared<FoldWork>();
+  work->frames = log.pinFirst(log.size());
+  log.clear();  // (a recovery took the frames, say): the pinned bytes stay
+  for (int i = 0; i < 50; ++i) add(Fold{}, 3000, 0xaa);  // new frames where the old were
+  work->changes.dirty = {3};
+  work->changes.fresh = {2, 4};
+  work->memoryQuota = 1 << 20;
+  work->base[1] = std::string(256, 'a');
+  work->base[3] = std::string(64, 'b');
+  work->base[9] = std::string(8, 'c');  // freed before the mark: not among the buffers
+  work->taking[3] = std::string(64, 'r');
+  work->buffers = {1, 2, 3};
+  std::thread worker([&] {
+    work->run();
+    work->done();
+  });
+  work->wait();
+  worker.join();
+  auto& base = work->base;
+  ASSERT_EQ(base.size(), 3u);
+  std::string want1(256, 'a');
+  std::memcpy(want1.data() + 8, write1.data(), 100);
+  EXPECT_EQ(base[1], want1);
+  std::string want2(64 << 10, '\0');
+  std::memcpy(want2.data() + 4096, write2.data(), 20000);
+  std::memset(want2.data(), 7, 16);
+  EXPECT_EQ(base[2], want2);
+  EXPECT_EQ(base[3], std::string(64, 'r'));
 }
 
 }  // namespace

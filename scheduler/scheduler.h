@@ -222,9 +222,6 @@ class Scheduler {
   bool firstDelivery(Session& s, uint64_t sequence, const transport::Body& body);
   // Reads every buffer of the primary into `into`, under the job s.job (a save).
   void readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into);
-  // Applies the first `frames` of the lineage's log (their writes, fills, allocs and
-  // frees) to the checkpoint's kept bytes of every buffer that `changes` does not read back.
-  void foldLog(Lineage& lin, size_t frames, const Changes& changes, uint64_t memoryQuota);
   // The buffers instruction `in` (in `body`) may change on the card, marked dirty in the
   // lineage; what a checkpoint folds for it instead (the guest's own writes and fills).
   Fold noteInstruction(Session& s, wire::Instruction::Reader in, const transport::Body& body);
@@ -234,9 +231,13 @@ class Scheduler {
   void maybeCheckpoint(Session& s);
   // The session's record now, as a checkpoint's start; the changes noted start again.
   std::unique_ptr<CheckpointUnderWay> checkpointNow(Session& s);
-  // A checkpoint's end: the log's frames before its mark folded, what was read back
-  // kept, those frames gone from the log.
-  void completeCheckpoint(Session& s, CheckpointUnderWay& cp);
+  // The checkpoint under way has every byte it needs: the log's frames before its mark
+  // are folded into the kept bytes, with what was read back, on the loop's thread pool.
+  void startFold(Session& s);
+  // The fold has ended: its bytes are the checkpoint, those frames leave the log, and
+  // (with `resume`) the frames held for it go on.
+  void finishFold(Session& s, bool resume);
+  void awaitFold(Session& s);  // a fold under way, waited for and finished (a loss mid-fold)
   // After a reply to the checkpoint under way: when it has all, it ends (kept or failed).
   void settleCheckpoint(Session& s);
   // The card refused the alloc (or program load) of guest instruction `sequence`: the

@@ -1,0 +1,15 @@
+// How raccel-bench writes its figures: JSON values, and text a JSON string may hold.
+#pragma once
+
+#include <string>
+
+namespace raccel::bench {
+
+// Text inside a JSON string: quotes and control characters become spaces.
+std::string jsonSafe(std::string text);
+
+// A figure as a JSON value in `fmt`: null when not measured (NaN, or below zero unless
+// `signedOk`: a difference, such as an overhead, may be below zero).
+std::string jsonNumber(double v, const char* fmt, bool signedOk = false);
+
+}  // namespace raccel::bench
