@@ -263,6 +263,44 @@ TEST_P(Failover, TheLogAtItsCapIsCheckpointedAndRecoveryAfterItIsExact) {
   EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "capped"), 1);
 }
 
+// A loss while a checkpoint is under way: its netaccel frozen, the checkpoint's reads
+// cannot come back, yet the guest's frames go on beside it; killed then, the vaccel is
+// rebuilt from the last finished checkpoint and the whole log, exactly.
+TEST_P(Failover, ALossWhileACheckpointIsUnderWayRecoversFromTheLastFinishedOneExactly) {
+  auto s = startCapped("midway");
+  ASSERT_TRUE(s);
+  const size_t n = 1 << 18;  // 1 MiB of floats: the cap
+  auto big = s->alloc(n * 4);
+  s->writeFloats(big, randomFloats(n, 60));
+  s->axpy(n, 0.0f, big, big);  // the card's now: checkpoints read it back
+  ASSERT_TRUE(s->fence());
+  s->axpy(n, 1.0f, big, big);  // a frame past the cap: a checkpoint, taken while the card answers
+  ASSERT_TRUE(s->fence());
+  ASSERT_TRUE(waitFor([&] { return vaccelMetric(*cluster, "raccel_vaccel_checkpoints_total", "midway") >= 1; }, 30000));
+  const double before = vaccelMetric(*cluster, "raccel_vaccel_checkpoint_overlapped_frames_total", "midway");
+  Process& frozen = holder(*s);
+  frozen.kill(SIGSTOP);
+  std::vector<float> last;
+  for (unsigned round = 0; round < 2; ++round) {
+    last = randomFloats(n, 61 + round);
+    s->writeFloats(big, last);
+    s->axpy(n, 1.0f, big, big);  // big = 2 * last
+  }
+  // The checkpoint started past the cap waits on the frozen card; frames went on meanwhile.
+  EXPECT_TRUE(waitFor([&] {
+    return vaccelMetric(*cluster, "raccel_vaccel_checkpoint_overlapped_frames_total", "midway") > before;
+  }, 30000)) << cluster->logs();
+  frozen.kill(SIGKILL);
+  auto back = s->readFloats(big, n);
+  ASSERT_TRUE(back) << back.error().message << cluster->logs();
+  for (size_t i = 0; i < n; ++i)
+    if ((*back)[i] != 2.0f * last[i]) {
+      ADD_FAILURE() << "element " << i << ": " << (*back)[i] << ", want " << 2.0f * last[i];
+      break;
+    }
+  EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "midway"), 1);
+}
+
 // What the guest wrote itself (writes at offsets, a fill, a buffer freed and its handle
 // allocated again) is folded from the log into the checkpoint: checkpoints read nothing
 // back from the card, yet a kill after them recovers every byte.
