@@ -350,7 +350,7 @@ void Scheduler::startFold(Session& s) {
   };
   auto* r = new Request{{}, this, s.id, cp.generation, work};
   r->req.data = r;
-  uv_queue_work(
+  const int queued = uv_queue_work(
       loop_, &r->req,
       [](uv_work_t* req) {
         auto* r = static_cast<Request*>(req->data);
@@ -363,6 +363,12 @@ void Scheduler::startFold(Session& s) {
         if (!s || !s->lineage.underWay || s->lineage.underWay->generation != r->generation) return;  // abandoned
         r->self->finishFold(*s, true);
       });
+  if (queued != 0) {  // (the loop is closing): folded here, as the caller waits
+    delete r;
+    work->run();
+    work->done();
+    finishFold(s, false);
+  }
 }
 
 void Scheduler::finishFold(Session& s, bool resume) {
