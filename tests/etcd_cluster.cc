@@ -55,12 +55,28 @@ std::vector<std::string> EtcdCluster::endpointList() const {
 
 Status EtcdCluster::start() {
   if (auto why = etcdUnavailable(); !why.empty()) return fail(Code::unavailable, why);
-  for (int m = 0; m < members(); ++m)
-    processes_[static_cast<size_t>(m)] =
-        std::make_unique<Process>("/usr/bin/etcd", args(m), dir_ + "/m" + std::to_string(m) + ".log");
-  for (int m = 0; m < members(); ++m)
-    if (auto ok = waitReady(m); !ok) return ok;
-  return {};
+  // Each port was free when chosen, but is taken only when etcd binds it: a process of a
+  // test running beside this one may bind it first. Then the whole cluster starts again,
+  // on new ports and from no data (its members agree on their peers' addresses).
+  Status started = fail(Code::unavailable, "not started");
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (attempt) {
+      for (int m = 0; m < members(); ++m) {
+        kill(m);
+        std::error_code ignored;
+        std::filesystem::remove_all(dir_ + "/m" + std::to_string(m), ignored);
+        clientPorts_[static_cast<size_t>(m)] = freePort();
+        peerPorts_[static_cast<size_t>(m)] = freePort();
+      }
+    }
+    for (int m = 0; m < members(); ++m)
+      processes_[static_cast<size_t>(m)] =
+          std::make_unique<Process>("/usr/bin/etcd", args(m), dir_ + "/m" + std::to_string(m) + ".log");
+    started = {};
+    for (int m = 0; m < members() && started; ++m) started = waitReady(m);
+    if (started || started.error().message.find("address already in use") == std::string::npos) return started;
+  }
+  return started;
 }
 
 Status EtcdCluster::waitReady(int m) {
