@@ -403,18 +403,8 @@ void Scheduler::awaitFold(Session& s) {
 }
 
 void Scheduler::checkpointAllocFailed(Session& s, uint64_t sequence, const Error& error) {
-  CheckpointUnderWay* cp = s.lineage.underWay.get();
-  if (!cp) return;
-  auto alloc = cp->unconfirmedAllocs.find(sequence);
-  if (alloc == cp->unconfirmedAllocs.end()) return;
   // Before its mark, so the checkpoint's record says as the session's does: refused.
-  cp->failed[alloc->second] = {sequence, error};
-  cp->programs.erase(alloc->second);
-  if (auto b = cp->buffers.find(alloc->second); b != cp->buffers.end()) {
-    cp->memoryUsed -= std::min(cp->memoryUsed, b->second);
-    cp->buffers.erase(b);
-  }
-  cp->unconfirmedAllocs.erase(alloc);
+  if (s.lineage.underWay) refuseAlloc(*s.lineage.underWay, sequence, error);
 }
 
 void Scheduler::maybeCheckpoint(Session& s) {
@@ -477,10 +467,8 @@ void Scheduler::settleCheckpoint(Session& s) {
     // The log is kept (recovery still works from the last checkpoint); the frames it
     // held back go on, and the next frame tries again. Past twice its cap the lineage is
     // given up rather than let the guest wait on checkpoints that keep failing.
-    lin.changes.dirty.merge(cp->changes.dirty);
-    lin.changes.fresh.merge(cp->changes.fresh);
-    lin.changes.allDirty |= cp->changes.allDirty;
-    if (lin.log.bytes() >= 2 * lin.capBytes || lin.log.size() >= 2 * kLineageMaxFrames) {
+    lin.changes.merge(cp->changes);
+    if (lin.atTwiceCap()) {
       lin.drop();
       event("failover-off", labelOf(s), "its checkpoint failed with its log at twice its cap (" + cp->error->message +
                                             "); a lost netaccel now ends it as without failover");

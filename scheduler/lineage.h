@@ -8,6 +8,7 @@
 // Owned by the loop thread, inside the session (state.h); the logic is in lineage.cc.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -99,6 +100,12 @@ struct Changes {
     return allDirty || dirty.count(handle) || (!base.count(handle) && !fresh.count(handle));
   }
   void clear() { *this = Changes{}; }
+  // Adds a failed checkpoint's changes back (its next try reads them too).
+  void merge(Changes& other) {
+    dirty.merge(other.dirty);
+    fresh.merge(other.fresh);
+    allDirty |= other.allDirty;
+  }
 };
 
 // A checkpoint's fold, run on the loop's thread pool once every byte it needs is in hand:
@@ -134,6 +141,27 @@ void foldFrames(std::span<const LineageLog::Entry> frames, const Changes& change
 // while the guest's stream goes on (the background). It keeps the session's record as it
 // was at the mark; when the last read is back it becomes the checkpoint, and those
 // `mark` frames leave the log.
+// A card refused the alloc (buffer or program) of guest instruction `sequence`: the
+// record (a session's, or a checkpoint's as of its mark) stops counting it and keeps the
+// failure for restores elsewhere. Returns the bytes it no longer holds, or nothing when
+// `sequence` was not an alloc the record still awaited.
+template <class Record>
+std::optional<uint64_t> refuseAlloc(Record& r, uint64_t sequence, const Error& error) {
+  auto alloc = r.unconfirmedAllocs.find(sequence);
+  if (alloc == r.unconfirmedAllocs.end()) return std::nullopt;
+  const uint64_t handle = alloc->second;
+  r.unconfirmedAllocs.erase(alloc);
+  r.failed[handle] = {sequence, error};
+  r.programs.erase(handle);
+  uint64_t freed = 0;
+  if (auto b = r.buffers.find(handle); b != r.buffers.end()) {
+    freed = std::min(r.memoryUsed, b->second);
+    r.memoryUsed -= freed;
+    r.buffers.erase(b);
+  }
+  return freed;
+}
+
 struct CheckpointUnderWay {
   uint64_t generation = 0;  // replies to an abandoned one's reads are ignored
   size_t mark = 0;
@@ -196,9 +224,13 @@ struct Lineage {
     return baseInSaved ? saved : base;
   }
   bool full() const { return log.bytes() >= capBytes || log.size() >= kLineageMaxFrames; }
+  bool atTwiceCap() const { return log.bytes() >= 2 * capBytes || log.size() >= 2 * kLineageMaxFrames; }
   // Twice its cap while a checkpoint is under way: the guest's frames wait for it.
-  bool overBound() const {
-    return underWay && (log.bytes() >= 2 * capBytes || log.size() >= 2 * kLineageMaxFrames);
+  bool overBound() const { return underWay && atTwiceCap(); }
+  // The checkpoint under way is abandoned with the cards its reads went to (a fold, its
+  // bytes all in hand, is left to finish).
+  void abandonReads() {
+    if (underWay && !underWay->folding) underWay.reset();
   }
   // Forgets everything (failover off, or given up).
   void drop();

@@ -103,7 +103,7 @@ void Scheduler::closeMembers(Session& s) {
   s.programHome.clear();
   s.replicas.clear();  // scratch copies die with their contexts
   s.remoteReplies.clear();
-  if (s.lineage.underWay && !s.lineage.underWay->folding) s.lineage.underWay.reset();  // its reads die with them too
+  s.lineage.abandonReads();  // its reads die with them too
 }
 
 void Scheduler::runHeld(Session& s) {

@@ -623,7 +623,7 @@ void Scheduler::finishJob(Session& s) {
 
 void Scheduler::abandonJob(Session& s) {
   s.remoteReplies.clear();
-  if (s.lineage.underWay && !s.lineage.underWay->folding) s.lineage.underWay.reset();  // (nor its reads' replies)
+  s.lineage.abandonReads();  // (nor its reads' replies)
   if (!s.job) return;
   if (!s.job->error) s.job->error = Error{Code::unavailable, s.unavailable};
   s.job->awaiting = 0;

@@ -794,21 +794,13 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
         break;
       case wire::Reply::ERROR: {
         s.pending.complete(h.sequence);
-        auto alloc = s.unconfirmedAllocs.find(h.sequence);
-        if (alloc != s.unconfirmedAllocs.end()) {
-          // The card refused the buffer or program: stop charging the VM for it, and
-          // remember the failure for restores elsewhere.
-          s.failed[alloc->second] = {h.sequence, transport::errorFrom(reply.getError().getError())};
-          checkpointAllocFailed(s, h.sequence, s.failed[alloc->second].second);
-          s.programs.erase(alloc->second);
+        // A refused buffer or program: the VM stops paying for it, and the failure is
+        // kept for restores elsewhere.
+        const Error error = transport::errorFrom(reply.getError().getError());
+        if (auto freed = refuseAlloc(s, h.sequence, error)) {
+          s.vm->memoryUsed -= std::min(s.vm->memoryUsed, *freed);
+          checkpointAllocFailed(s, h.sequence, error);
           persist(s);
-          auto b = s.buffers.find(alloc->second);
-          if (b != s.buffers.end()) {
-            s.memoryUsed -= b->second;
-            s.vm->memoryUsed -= b->second;
-            s.buffers.erase(b);
-          }
-          s.unconfirmedAllocs.erase(alloc);
         }
         break;
       }

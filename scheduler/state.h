@@ -158,7 +158,7 @@ struct Scheduler::Session {
   bool resumePending = false;
   uint64_t detachedSinceMs = 0;  // restored: ended if nobody re-attaches it within the grace
   uint64_t appliedThrough = 0;
-  uint64_t lastForwarded = 0;    // the last guest instruction sent to its primary context   // the last guest instruction its primary context received (or its saved state holds)
+  uint64_t lastForwarded = 0;    // the last guest instruction sent to its primary context (or its saved state holds)
   std::string program;
   int priority = 0;
   std::vector<BlockRange> blocks;
