@@ -323,7 +323,8 @@ void Scheduler::startFold(Session& s) {
   CheckpointUnderWay& cp = *lin.underWay;
   auto work = std::make_shared<FoldWork>();
   if (lin.baseInSaved) {  // (the suspension's saved bytes were the checkpoint: they are its start)
-    lin.base = s.saved;
+    lin.base = std::move(s.saved);  // (a running session's saved bytes serve nothing else)
+    s.saved.clear();
     lin.baseInSaved = false;
   }
   work->frames = lin.log.pinFirst(cp.mark);

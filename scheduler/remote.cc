@@ -83,8 +83,11 @@ uint64_t Scheduler::sendRemote(Session& s, size_t member, capnp::MessageBuilder&
         s.job->error = transport::errorFrom(reply.getError().getError());
       done = onReply(reply);
     });
-    if (!decoded && ofJob && s.job && !s.job->error) s.job->error = decoded.error();
-    if (!decoded && !ofJob && s.lineage.underWay && !s.lineage.underWay->error) s.lineage.underWay->error = decoded.error();
+    if (!decoded) {  // (a malformed reply fails what it settles, job or checkpoint)
+      std::optional<Error>* error = ofJob ? (s.job ? &s.job->error : nullptr)
+                                          : (s.lineage.underWay ? &s.lineage.underWay->error : nullptr);
+      if (error && !*error) *error = decoded.error();
+    }
     if (!done) return;
     s.remoteReplies.erase(sequence);
     if (ofJob) settle(s);
