@@ -162,8 +162,8 @@ class Failover : public ::testing::TestWithParam<FailoverCard> {
     return open(*cluster, "vm1", 2, name);
   }
   // The reads of `steps` mixed instructions by a program that loses nothing.
-  std::vector<std::vector<float>> baseline(int steps) {
-    auto b = open(*cluster, "vm1", 2, "baseline");
+  std::vector<std::vector<float>> baseline(int steps, double tflops = 2) {
+    auto b = open(*cluster, "vm1", tflops, "baseline");
     if (!b) return {};
     std::string why;
     auto want = runMixed(*b, GetParam().scale, steps, {}, &why);
@@ -425,6 +425,57 @@ TEST_P(Failover, ASecondLossDuringRecoveryRecoversAgain) {
   ASSERT_EQ(why, "") << cluster->logs();
   EXPECT_EQ(firstDifference(got, want), "");
   EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "twice"), 2);
+}
+
+// A vaccel over two cards on two netaccels (its gemms split across them), its log
+// capped at 1 MiB so that checkpoints read back from the primary: losing the primary's
+// netaccel, or the other card's, rebuilds it on two cards again from the checkpoint and
+// the log, and every read is the run without a loss, bit for bit.
+TEST_P(Failover, AVaccelOverTwoCardsRecoversExactlyWhicheverCardIsLost) {
+  for (size_t lost : {0u, 1u}) {
+    SCOPED_TRACE(lost == 0 ? "the primary's netaccel lost" : "the second card's netaccel lost");
+    VmSpec vm{"vm1", 4};
+    vm.more = "lineage_bytes=1MiB";
+    start({vm}, {}, 3);
+    std::string why;
+    const auto want = baseline(500, 4);
+    ASSERT_FALSE(want.empty());
+    auto s = open(*cluster, "vm1", 4, "spanning");
+    ASSERT_TRUE(s);
+    ASSERT_EQ(s->vaccel().cards.size(), 2u);
+    ASSERT_NE(s->vaccel().cards[0].node, s->vaccel().cards[1].node);
+    const size_t n = 1 << 18;  // 1 MiB of floats: past the cap, so a checkpoint reads it back
+    auto big = s->alloc(n * 4);
+    const auto values = randomFloats(n, 70);
+    s->writeFloats(big, values);
+    s->axpy(n, 1.0f, big, big);  // big = 2 * values, made on the card
+    s->writeFloats(s->alloc(n * 4), values);  // the cap again: this checkpoint reads big back
+    ASSERT_TRUE(s->fence());
+    ASSERT_TRUE(waitFor([&] {
+      return vaccelMetric(*cluster, "raccel_vaccel_checkpoint_read_bytes_total", "spanning") >= n * 4;
+    }, 30000)) << cluster->logs();
+    const std::string lostNode = s->vaccel().cards.at(lost).node;
+    Process& victim = *netaccels.at(lostNode);
+    auto got = runMixed(*s, GetParam().scale, 500, [&](int i) { if (i == 250) victim.kill(SIGKILL); }, &why);
+    ASSERT_EQ(why, "") << cluster->logs();
+    EXPECT_EQ(firstDifference(got, want), "");
+    auto back = s->readFloats(big, n);
+    ASSERT_TRUE(back) << back.error().message;
+    for (size_t i = 0; i < n; ++i)
+      if ((*back)[i] != 2.0f * values[i]) {
+        ADD_FAILURE() << "element " << i << ": " << (*back)[i] << ", want " << 2.0f * values[i];
+        break;
+      }
+    EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "spanning"), 1);
+    // On two cards again, neither on the lost netaccel.
+    const std::string vaccels = cluster->console("vaccels");
+    EXPECT_EQ(vaccels.find("\"node\":\"" + lostNode + "\""), std::string::npos) << vaccels;
+    size_t cards = 0;
+    for (size_t at = vaccels.find("\"node\":\""); at != std::string::npos; at = vaccels.find("\"node\":\"", at + 1)) ++cards;
+    EXPECT_EQ(cards, 2u) << vaccels;
+    s.reset();
+    cluster.reset();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cards, Failover, ::testing::Values(kOpenclCard, kCudaCard),
