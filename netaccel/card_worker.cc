@@ -677,6 +677,8 @@ class CardWorker::Step {
       case wire::Instruction::DESCRIBE_PROGRAM: return describeProgram(in.getDescribeProgram());
       case wire::Instruction::FENCE: return fence();
       case wire::Instruction::HELLO: return failure(Code::invalidArgument, "hello is for the scheduler, not a card");
+      case wire::Instruction::DESCRIBE_VACCEL:
+        return failure(Code::invalidArgument, "describeVaccel is for the scheduler, not a card");
       case wire::Instruction::GRAPH: return failure(Code::invalidArgument, "a graph is for the scheduler, not a card");
     }
     return failure(Code::invalidArgument, "unknown instruction (tag " + std::to_string(static_cast<int>(in.which())) +

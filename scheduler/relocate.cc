@@ -339,11 +339,21 @@ void Scheduler::writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfte
   welcome.setMaxFrameBytes(s.maxFrame);
   welcome.setToken(s.token);
   welcome.setResumedAfter(resumedAfter);
-  auto info = welcome.initVaccel();
+  writeVaccel(s, welcome.initVaccel());
+  s.link->connection->send(s.channel, sequence, m);
+}
+
+void Scheduler::writeVaccel(Session& s, wire::VaccelInfo::Builder info) {
   info.setId(s.id);
   info.setBlockTflops(pool().blockTflops());
   info.setMemoryQuota(s.vm->policy.memoryQuota);
   writePlacement(info, s.blocks);
+}
+
+void Scheduler::describeVaccel(Session& s, uint64_t sequence) {
+  if (!s.link) return;
+  capnp::MallocMessageBuilder m;
+  writeVaccel(s, m.initRoot<wire::Reply>().initVaccel());
   s.link->connection->send(s.channel, sequence, m);
 }
 

@@ -567,6 +567,11 @@ void Scheduler::forwardNow(VmLink& link, Session& s, const FrameHeader& h, Body 
     transport::MessageView in(body);
     auto instruction = in.root<wire::Instruction>();
     auto which = instruction.which();
+    if (which == wire::Instruction::DESCRIBE_VACCEL) {  // (the scheduler's to answer: never logged nor forwarded)
+      describeVaccel(s, h.sequence);
+      drop = true;
+      return;
+    }
     logFrame(s, h, body, instruction);
     if (!s.unavailable.empty()) {
       replyError(s, h.sequence, Error{Code::unavailable, s.unavailable});

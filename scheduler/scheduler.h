@@ -187,6 +187,9 @@ class Scheduler {
   void sendWelcome(Session& s);
   // The welcome answering hello `sequence` (resumedAfter: a resume's, else 0).
   void writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfter);
+  void writeVaccel(Session& s, wire::VaccelInfo::Builder info);
+  // Answers the guest's describeVaccel: where its vaccel is now.
+  void describeVaccel(Session& s, uint64_t sequence);
   void whenIdle(Session& s, std::function<void()> then);
   // Reads every buffer into s.saved after what the guest sent before, then closes its
   // contexts and runs `then` (also on failure: then s.unavailable says why).

@@ -50,6 +50,9 @@ struct Instruction {
     # What a loaded program holds: its build log, kernels, their arguments and
     # work-group limits, as the card's compiler reports them. Answered by `program`.
     describeProgram @12 :UInt64;
+    # Where the vaccel is now (its blocks and cards: they change when it is moved or
+    # rebuilt after a loss). Answered by the scheduler, in order, with `vaccel`.
+    describeVaccel @13 :Void;
   }
 }
 
@@ -476,6 +479,7 @@ struct Reply {
     # Before a fence's answer: the device time of each kernel the card completed since
     # the last, by its own clock (OpenCL's CL_PROFILING_COMMAND_START to END).
     kernelTimes @5 :List(KernelTime);
+    vaccel @6 :VaccelInfo;   # describeVaccel's answer
   }
 }
 

@@ -473,6 +473,12 @@ TEST_P(Failover, AVaccelOverTwoCardsRecoversExactlyWhicheverCardIsLost) {
     size_t cards = 0;
     for (size_t at = vaccels.find("\"node\":\""); at != std::string::npos; at = vaccels.find("\"node\":\"", at + 1)) ++cards;
     EXPECT_EQ(cards, 2u) << vaccels;
+    // And the program, asking, hears where it is now.
+    auto now = s->describeVaccel();
+    ASSERT_TRUE(now) << now.error().message;
+    ASSERT_EQ(now->cards.size(), 2u);
+    for (auto& card : now->cards) EXPECT_NE(card.node, lostNode) << now->describe();
+    EXPECT_EQ(s->vaccel().describe(), now->describe());
     s.reset();
     cluster.reset();
   }

@@ -148,13 +148,13 @@ void Guestd::portDown() {
   retryLater();
 }
 
-// A read or a fence: instructions that change nothing and answer.
+// A read, a fence or a description of the vaccel: instructions that change nothing and answer.
 bool Guestd::answers(const Body& frame) {
   bool yes = false;
   transport::decodeGuard([&] {
     transport::MessageView in(frame);
     auto which = in.root<wire::Instruction>().which();
-    yes = which == wire::Instruction::READ || which == wire::Instruction::FENCE;
+    yes = which == wire::Instruction::READ || which == wire::Instruction::FENCE || which == wire::Instruction::DESCRIBE_VACCEL;
   });
   return yes;
 }

@@ -57,6 +57,33 @@ bool CardInfo::runs(ProgramKind kind) const {
   return std::find(programKinds.begin(), programKinds.end(), kind) != programKinds.end();
 }
 
+namespace {
+// What the scheduler says of a vaccel (its welcome, or describeVaccel's answer); a card's
+// image limits are judged here too.
+VaccelInfo vaccelFrom(wire::VaccelInfo::Reader v) {
+  VaccelInfo info;
+  info.id = v.getId();
+  info.blockTflops = v.getBlockTflops();
+  for (auto b : v.getBlocks()) info.blocks.emplace_back(b.getFirst(), b.getCount());
+  info.memoryQuota = v.getMemoryQuota();
+  for (auto c : v.getCards()) {
+    CardInfo card{c.getNode(), c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBlocks()};
+    card.memoryBytes = c.getMemoryBytes();
+    for (auto k : c.getProgramKinds())
+      if (transport::validProgramKind(k)) card.programKinds.push_back(transport::fromWire(k));
+    card.computeUnits = c.getComputeUnits();
+    card.maxWorkGroupSize = c.getMaxWorkGroupSize();
+    card.localMemBytes = c.getLocalMemBytes();
+    card.openclExtensions = c.getOpenclExtensions();
+    card.doubleFpConfig = c.getDoubleFpConfig();
+    card.images = transport::imageLimitsFrom(c.getImages());
+    if (!checkLimits(card.images)) card.images = {};
+    info.cards.push_back(std::move(card));
+  }
+  return info;
+}
+}  // namespace
+
 std::string VaccelInfo::describe() const {
   std::ostringstream out;
   out << "vaccel #" << id << ", blocks";
@@ -106,25 +133,7 @@ Result<std::unique_ptr<Session>> Session::open(const Options& options) {
       result = fail(Code::internal, "the scheduler answered hello with something other than welcome");
       return;
     }
-    auto v = reply.getWelcome().getVaccel();
-    s->vaccel_.id = v.getId();
-    s->vaccel_.blockTflops = v.getBlockTflops();
-    for (auto b : v.getBlocks()) s->vaccel_.blocks.emplace_back(b.getFirst(), b.getCount());
-    s->vaccel_.memoryQuota = v.getMemoryQuota();
-    for (auto c : v.getCards()) {
-      CardInfo card{c.getNode(), c.getIndex(), transport::fromWire(c.getKind()), c.getModel(), c.getBlocks()};
-      card.memoryBytes = c.getMemoryBytes();
-      for (auto k : c.getProgramKinds())
-        if (transport::validProgramKind(k)) card.programKinds.push_back(transport::fromWire(k));
-      card.computeUnits = c.getComputeUnits();
-      card.maxWorkGroupSize = c.getMaxWorkGroupSize();
-      card.localMemBytes = c.getLocalMemBytes();
-      card.openclExtensions = c.getOpenclExtensions();
-      card.doubleFpConfig = c.getDoubleFpConfig();
-      card.images = transport::imageLimitsFrom(c.getImages());
-      if (!checkLimits(card.images)) card.images = {};  // what the scheduler says is judged too
-      s->vaccel_.cards.push_back(std::move(card));
-    }
+    s->vaccel_ = vaccelFrom(reply.getWelcome().getVaccel());
   });
   if (!decoded) return fail(decoded.error());
   if (!result) return fail(result.error());
@@ -261,6 +270,22 @@ Status Session::read(Handle buffer, uint64_t offset, std::span<std::byte> out) {
   });
   if (!s) return s;
   return bounds;
+}
+
+Result<VaccelInfo> Session::describeVaccel() {
+  SmallMessage m;
+  m.instruction().setDescribeVaccel();
+  uint64_t seq = queue(*m);
+  VaccelInfo info;
+  auto s = await(seq, [&](uint64_t, const void* any) {
+    auto& reply = *static_cast<const wire::Reply::Reader*>(any);
+    if (reply.which() != wire::Reply::VACCEL) return false;
+    info = vaccelFrom(reply.getVaccel());
+    return true;
+  });
+  if (!s) return fail(s.error());
+  vaccel_ = info;
+  return info;
 }
 
 Result<ProgramInfo> Session::describeProgram(Handle program) {

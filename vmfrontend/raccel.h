@@ -181,7 +181,11 @@ class Session {
   static Result<std::unique_ptr<Session>> open(const Options& options);
   ~Session();
 
+  // The vaccel as the welcome described it, or the last describeVaccel().
   const VaccelInfo& vaccel() const { return vaccel_; }
+  // Asks the scheduler where the vaccel is now (it changes when the vaccel is moved or
+  // rebuilt after a loss), in order with the instructions before it; vaccel() follows.
+  Result<VaccelInfo> describeVaccel();
 
   Handle alloc(uint64_t bytes);
   void free(Handle handle);

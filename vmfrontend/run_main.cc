@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!openclProblem.empty()) std::printf("raccel-run: FAIL OpenCL C kernel: %s\n", openclProblem.c_str());
+  (void)s.describeVaccel();  // where it ran last (moved or rebuilt meanwhile); else as welcomed
   std::printf("raccel-run: %s gemm %ux%ux%u x%d%s%s on %s, max error %.2g, %.1f ms\n", ok ? "OK" : "FAIL", n, n, n,
               iterations, flags.has("ops") ? " + axpy/vadd/reduceSum" : "", flags.has("opencl") ? " + OpenCL C" : "",
               s.vaccel().describe().c_str(), maxErr, ms);
