@@ -7,6 +7,11 @@
 #   raccel-certs.sh scheduler DIR          DIR/scheduler.pem, DIR/scheduler.key (DNS name raccel-scheduler)
 #   raccel-certs.sh node DIR NAME          DIR/NAME.pem, DIR/NAME.key: a netaccel's; NAME is its node name
 #   raccel-certs.sh all DIR NAME...        the CA (if absent), the scheduler's and one per NAME
+#   raccel-certs.sh etcd DIR [HOST...]     for etcd's own TLS (its client URLs https, with
+#                                          --client-cert-auth): DIR/etcd-server.pem/.key for
+#                                          the members (HOSTs: their addresses or names; default
+#                                          127.0.0.1 localhost), DIR/etcd-client.pem/.key for
+#                                          the schedulers and netaccels (etcd_ca, etcd_cert, etcd_key)
 #
 # The scheduler admits a netaccel only with a certificate of this CA, and takes the
 # node's name from its common name. Keys are P-256, certificates valid for DAYS (825).
@@ -62,8 +67,24 @@ node_cert() {
   issue "$dir" "$name" "$name" "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature" "extendedKeyUsage=clientAuth"
 }
 
+etcd_certs() {
+  local dir=$1 san="" host
+  shift
+  [ $# -gt 0 ] || set -- 127.0.0.1 localhost
+  for host in "$@"; do
+    if [[ "$host" =~ ^[0-9.]+$ || "$host" == *:* ]]; then san+="${san:+,}IP:$host"
+    elif [[ "$host" =~ ^[A-Za-z0-9.-]{1,253}$ ]]; then san+="${san:+,}DNS:$host"
+    else echo "raccel-certs.sh: '$host' is not an address or host name" >&2; exit 1; fi
+  done
+  make_ca "$dir"
+  issue "$dir" etcd-server etcd "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+    "extendedKeyUsage=serverAuth,clientAuth" "subjectAltName=$san"
+  issue "$dir" etcd-client raccel "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature" "extendedKeyUsage=clientAuth"
+}
+
 case "$1" in
   ca) [ $# -eq 2 ] || usage; make_ca "$2" ;;
+  etcd) [ $# -ge 2 ] || usage; d=$2; shift 2; etcd_certs "$d" "$@" ;;
   scheduler) [ $# -eq 2 ] || usage; scheduler_cert "$2" ;;
   node) [ $# -eq 3 ] || usage; node_cert "$2" "$3" ;;
   all)

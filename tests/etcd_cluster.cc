@@ -14,7 +14,7 @@ std::string etcdUnavailable() {
   return "";
 }
 
-EtcdCluster::EtcdCluster(int members) : dir_(makeTempDir()) {
+EtcdCluster::EtcdCluster(int members, std::string tlsDir) : dir_(makeTempDir()), tlsDir_(std::move(tlsDir)) {
   for (int i = 0; i < members; ++i) {
     clientPorts_.push_back(freePort());
     peerPorts_.push_back(freePort());
@@ -30,15 +30,20 @@ EtcdCluster::~EtcdCluster() {
 
 std::vector<std::string> EtcdCluster::args(int m) const {
   auto url = [](int port) { return "http://127.0.0.1:" + std::to_string(port); };
+  auto clientUrl = [this](int port) { return (tlsDir_.empty() ? "http" : "https") + std::string("://127.0.0.1:") + std::to_string(port); };
   std::string initial;
   for (int i = 0; i < members(); ++i)
     initial += (i ? "," : "") + ("m" + std::to_string(i)) + "=" + url(peerPorts_[static_cast<size_t>(i)]);
   size_t i = static_cast<size_t>(m);
-  return {"--name", "m" + std::to_string(m), "--data-dir", dir_ + "/m" + std::to_string(m),
-          "--listen-client-urls", url(clientPorts_[i]), "--advertise-client-urls", url(clientPorts_[i]),
+  std::vector<std::string> args{"--name", "m" + std::to_string(m), "--data-dir", dir_ + "/m" + std::to_string(m),
+          "--listen-client-urls", clientUrl(clientPorts_[i]), "--advertise-client-urls", clientUrl(clientPorts_[i]),
           "--listen-peer-urls", url(peerPorts_[i]), "--initial-advertise-peer-urls", url(peerPorts_[i]),
           "--initial-cluster", initial, "--initial-cluster-state", "new", "--initial-cluster-token", "raccel-test",
           "--heartbeat-interval", "100", "--election-timeout", "1000", "--logger", "zap", "--log-level", "warn"};
+  if (!tlsDir_.empty())
+    args.insert(args.end(), {"--cert-file", tlsDir_ + "/etcd-server.pem", "--key-file", tlsDir_ + "/etcd-server.key",
+                             "--client-cert-auth", "--trusted-ca-file", tlsDir_ + "/ca.pem"});
+  return args;
 }
 
 std::string EtcdCluster::endpoints() const {
@@ -49,8 +54,14 @@ std::string EtcdCluster::endpoints() const {
 
 std::vector<std::string> EtcdCluster::endpointList() const {
   std::vector<std::string> out;
-  for (int port : clientPorts_) out.push_back("127.0.0.1:" + std::to_string(port));
+  for (int port : clientPorts_) out.push_back((tlsDir_.empty() ? "" : "https://") + std::string("127.0.0.1:") + std::to_string(port));
   return out;
+}
+
+etcd::Options EtcdCluster::clientOptions(uint32_t callTimeoutMs) const {
+  etcd::Options o{endpointList(), "", "", "", callTimeoutMs};
+  if (!tlsDir_.empty()) o.caFile = tlsDir_ + "/ca.pem", o.certFile = tlsDir_ + "/etcd-client.pem", o.keyFile = tlsDir_ + "/etcd-client.key";
+  return o;
 }
 
 Status EtcdCluster::start() {
@@ -87,7 +98,9 @@ Status EtcdCluster::waitReady(int m) {
       return fail(Code::unavailable, "etcd member m" + std::to_string(m) + " exited: " +
                                          readFile(processes_[static_cast<size_t>(m)]->log()));
     // A fresh channel each time: one made before the member listened waits out its backoff.
-    auto client = etcd::Client::open({{endpointList()[static_cast<size_t>(m)]}, "", "", "", 1000});
+    etcd::Options options = clientOptions(1000);
+    options.endpoints = {endpointList()[static_cast<size_t>(m)]};
+    auto client = etcd::Client::open(options);
     if (!client) return fail(client.error());
     auto r = (*client)->range("/raccel-health");
     if (r) return {};

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <atomic>
 #include <set>
@@ -701,6 +702,64 @@ TEST_F(MultiHost, WithEtcdDownRunningProgramsGoOnAndNewOnesAreRefusedNamingEtcd)
   if (after) {
     EXPECT_TRUE(gemmWorks(*after, 6, &why)) << why;
   }
+}
+
+// etcd over mutual TLS (its client URLs https, client certificates required; the
+// certificates from scripts/raccel-certs.sh etcd): a scheduler and a netaccel given the
+// CA and a client certificate join the shared pool and a program runs; its holding is in
+// etcd. A client without a certificate gets nothing from etcd, and a scheduler given
+// https endpoints without a CA is refused at start, naming what it lacks.
+TEST(EtcdTls, DaemonsWithClientCertificatesShareThePoolAndOthersAreRefused) {
+  if (auto why = etcdUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  const std::string certs = makeTempDir();
+  int status = 0;
+  std::string made = runCommand("bash " + sourcePath("scripts/raccel-certs.sh") + " etcd " + sh(certs) + " 2>&1", &status);
+  ASSERT_EQ(status, 0) << made;
+  EtcdCluster etcd(1, certs);
+  auto started = etcd.start();
+  ASSERT_TRUE(started) << started.error().message;
+  const std::string ca = certs + "/ca.pem", cert = certs + "/etcd-client.pem", key = certs + "/etcd-client.key";
+  Cluster host({VmSpec{.name = "vm-a"}}, "",
+               {"--insecure", "--etcd", etcd.endpoints(), "--name", "host-a", "--set", "etcd_ca=" + ca, "--set",
+                "etcd_cert=" + cert, "--set", "etcd_key=" + key});
+  const std::string config = certs + "/netaccel.conf";
+  {
+    std::ofstream out(config);
+    out << "etcd_ca = " << ca << "\netcd_cert = " << cert << "\netcd_key = " << key << "\n";
+  }
+  host.addNetaccel("na", {"kind=cpu,tflops=4"}, 4, {"--etcd", etcd.endpoints(), "--config", config});
+  auto s = openOn(host.startGuestd("vm-a"), "over-tls");
+  ASSERT_TRUE(s) << s.error().message << host.logs();
+  std::string why;
+  EXPECT_TRUE(gemmWorks(**s, 3, &why)) << why;
+
+  auto client = etcd::Client::open(etcd.clientOptions());
+  ASSERT_TRUE(client) << client.error().message;
+  auto all = (*client)->range("/raccel/");
+  ASSERT_TRUE(all) << all.error().message;
+  bool held = false, node = false;
+  for (auto& kv : all->kvs()) {
+    held |= kv.key().find("host-a") != std::string::npos && kv.value().find("vm-a") != std::string::npos;
+    node |= kv.key().find("/na") != std::string::npos;
+  }
+  EXPECT_TRUE(held && node) << "no holding of host-a or node na in etcd";
+
+  // Without a client certificate: the handshake is refused, nothing is read.
+  etcd::Options stranger = etcd.clientOptions(2000);
+  stranger.certFile.clear();
+  stranger.keyFile.clear();
+  auto noCert = etcd::Client::open(stranger);
+  ASSERT_TRUE(noCert) << noCert.error().message;
+  auto refused = (*noCert)->range("/raccel/");
+  EXPECT_FALSE(refused) << "etcd answered a client without a certificate";
+
+  // https endpoints without the CA: the scheduler stops at once and says why.
+  Process lacking("raccel-scheduler",
+                  {"--insecure", "--etcd", etcd.endpoints(), "--name", "host-b", "--vm", "name=vm-b,socket=" + certs + "/vm-b.sock",
+                   "--node-listen", "127.0.0.1:0", "--http-listen", "off", "--console", certs + "/console.sock"},
+                  certs + "/lacking.log");
+  EXPECT_NE(lacking.wait(30000), 0) << readFile(certs + "/lacking.log");
+  EXPECT_NE(readFile(certs + "/lacking.log").find("https endpoints need the CA (the etcd_ca setting)"), std::string::npos) << readFile(certs + "/lacking.log");
 }
 
 }  // namespace

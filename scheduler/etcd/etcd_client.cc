@@ -106,7 +106,7 @@ Result<std::unique_ptr<Client>> Client::open(const Options& options) {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (tls || !options.caFile.empty()) {
     grpc::SslCredentialsOptions ssl;
-    if (options.caFile.empty()) return fail(Code::invalidArgument, "etcd: https endpoints need the CA (--etcd-ca)");
+    if (options.caFile.empty()) return fail(Code::invalidArgument, "etcd: https endpoints need the CA (the etcd_ca setting)");
     auto ca = readFile(options.caFile, "CA");
     if (!ca) return fail(ca.error());
     ssl.pem_root_certs = *ca;
