@@ -80,7 +80,10 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
     }
     nodes_[n].online = true;
     nodes_[n].host = host;  // what it reports now; what its holders still hold stays charged
-    for (size_t i = 0; i < ordered.size(); ++i) cards_[nodes_[n].cards[i]].spec = ordered[i];
+    for (size_t i = 0; i < ordered.size(); ++i) {
+      cards_[nodes_[n].cards[i]].spec = ordered[i];
+      cardGroup_[nodes_[n].cards[i]] = groupIndex_.try_emplace({ordered[i].kind, ordered[i].model}, groupIndex_.size()).first->second;
+    }
     recountTotals();
     if (nodes_[n].placeable()) freeUnowned(n);
     return n;
@@ -98,6 +101,7 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
     shareMilli_.push_back(0);
     shareBlocks_.push_back(0);
     cards_.push_back(Card{nodes_.size(), ordered[i], {next_, counts[i]}});
+    cardGroup_.push_back(groupIndex_.try_emplace({ordered[i].kind, ordered[i].model}, groupIndex_.size()).first->second);
     next_ += counts[i];
   }
   if (nodeBlocks) addFree(node.blocks);
@@ -117,6 +121,7 @@ bool Pool::forgetNode(size_t n) {
   if (n + 1 == nodes_.size() && nodes_[n].blocks.end() == next_) {
     for (size_t c = nodes_[n].cards.size(); c > 0; --c) {
       cards_.pop_back();
+      cardGroup_.pop_back();
       cardFirst_.pop_back();
       cardFree_.pop_back();
       shareMilli_.pop_back();

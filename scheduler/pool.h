@@ -178,7 +178,8 @@ class Pool {
   // it fits. `raccel`: the least growth of its node's fragmentation, measured in cards
   // against the demand the pool has seen (shapes and host needs of the requests so far,
   // by count): FGD's measure (USENIX ATC '23: free capacity a typical request could not
-  // use, all of a node's for work its host cannot take), plus the free capacity the
+  // use, all of a node's for work its host cannot take, all of a card's for work that
+  // does not take its kind and model), plus the free capacity the
   // node's host cannot feed at the host needs the demand brings per card (see
   // shaped.cc); ties go to the tightest card, then the fullest node, then the lowest
   // number. The baselines: `firstFit` (lowest block number: how a device plugin fills a
@@ -310,7 +311,7 @@ class Pool {
   }
   // Counts one request of this shape (oneCard thousandths, wholeCards cards, or host-only
   // work with `spread`) in the demand the raccel fit measures fragmentation against.
-  void learnDemand(Shape shape, uint32_t amount, const HostVector& host);
+  void learnDemand(Shape shape, uint32_t amount, const HostVector& host, size_t accepts = 0);
   struct Holding;
   // planPreemption's helpers: `victims` tried on a copy (the victims the placement
   // needs, or nullopt and `why`); plans on at most maxNodes nodes (one with host needs),
@@ -372,15 +373,33 @@ class Pool {
 
   Fit fit_ = Fit::raccel;
   std::mt19937_64 rng_{1};
-  // Demand seen by shaped requests and host-only work, by count, per host class (the
-  // host needs): its oneCard thousandths, its wholeCards counts, its host-only work.
+  // Card groups: cards of one kind and model are alike to the demand (a request takes
+  // them all or none of them). Per card, its group.
+  std::vector<size_t> cardGroup_;
+  std::map<std::pair<CardKind, std::string>, size_t> groupIndex_;
+  // Which groups a class of demand takes: by group as it judged the groups known when it
+  // came (`byGroup`), by its kinds for groups that came later.
+  struct Accepts {
+    KindMask kinds = 0;
+    std::vector<bool> byGroup;
+    auto operator<=>(const Accepts&) const = default;
+  };
+  std::vector<Accepts> acceptSets_;
+  std::map<Accepts, size_t> acceptIndex_;
+  size_t acceptsOf(const Request& request);
+  bool takes(size_t accepts, size_t group) const;
+  // Demand seen by shaped requests and host-only work, by count, per class (the host
+  // needs and the card groups it takes): its oneCard thousandths, its wholeCards
+  // counts, its host-only work.
   struct HostClass {
     HostVector need;
+    size_t accepts = 0;
     std::map<uint32_t, uint64_t> milli, whole;
     uint64_t hostOnly = 0;
   };
   std::vector<HostClass> classes_;
-  std::map<std::pair<uint64_t, uint64_t>, size_t> classIndex_;
+  std::map<std::tuple<uint64_t, uint64_t, size_t>, size_t> classIndex_;
+  size_t groupsAtBuild_ = 0;
   uint64_t seenCount_ = 0, seenAtBuild_ = 0;
   struct HostPerCard {
     double cpuMilli = 0, memoryMib = 0;
@@ -390,10 +409,18 @@ class Pool {
   // a node's host: `allFree`, the share of demand for which every free block counts;
   // `cardFrag[t]`, the expected fragmented fraction of a card with t thousandths free
   // for its oneCard demand; `whole`, its wholeCards demand as (n cards, share).
+  // Per card group: `cardAll[g]`, the share of oneCard demand that does not take the
+  // group (all of such a card's free capacity is fragmented for it), and `cardFrag[g]`.
+  struct WholeDemand {
+    uint32_t cards;
+    double share;
+    size_t accepts;
+  };
   struct FitSet {
     double allFree = 0;
-    std::vector<double> cardFrag;
-    std::vector<std::pair<uint32_t, double>> whole;
+    std::vector<double> cardAll;
+    std::vector<std::vector<double>> cardFrag;
+    std::vector<WholeDemand> whole;
   };
   std::vector<FitSet> fitSets_;
   std::map<std::vector<bool>, size_t> fitSetIndex_;

@@ -505,6 +505,36 @@ TEST(Pool, RaccelFitKeepsWholeCardsFreeForWholeCardDemand) {
   }
 }
 
+TEST(Pool, RaccelFitKeepsTheCardsThatPinnedDemandNeedsForIt) {
+  // Demand seen: shares that only a V100 takes (a model pinned, as openb's gpu_spec
+  // pods), and whole cards of any model. A share of any model then goes to the T4 and
+  // leaves the V100 for the pinned demand; first-fit takes the lowest card, the V100.
+  auto model = [](const char* name) {
+    CardSpec c = card(CardKind::gpu, 10, 0);
+    c.model = name;
+    return c;
+  };
+  for (auto fit : {Pool::Fit::raccel, Pool::Fit::firstFit}) {
+    Pool pool(1.0);
+    pool.setFit(fit);
+    ASSERT_TRUE(pool.addNode("a", {model("V100")}));
+    ASSERT_TRUE(pool.addNode("b", {model("T4")}));
+    Pool::Request pinned = shareOf(400);
+    pinned.accepts = [](const Card& c) { return c.spec.model == "V100"; };
+    for (VaccelId v = 100; v < 120; ++v) (void)pool.allocate(v, pinned);  // two fit; all are learned as demand
+    for (VaccelId v = 100; v < 120; ++v) pool.release(v);
+    ASSERT_EQ(pool.freeBlocks(), 20u);
+    auto any = pool.allocate(1, shareOf(400));
+    ASSERT_TRUE(any) << any.error().message;
+    const std::string took = pool.cards()[pool.cardOf(any->front().first)].spec.model;
+    if (fit == Pool::Fit::raccel) EXPECT_EQ(took, "T4") << "raccel keeps the V100 for the demand only it can serve";
+    else EXPECT_EQ(took, "V100") << "first fit takes the lowest card";
+    // And whole-card demand of any model does not count the model against a card.
+    auto whole = pool.allocate(2, wholeOf(1));
+    ASSERT_TRUE(whole) << whole.error().message;
+  }
+}
+
 TEST(Pool, MaxNodesRefusesAPlacementThatWouldSpanMoreNodes) {
   Pool pool(1.0);
   for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(pool.addNode(name, {card(CardKind::gpu, 10, 0)}));

@@ -79,9 +79,32 @@ void Pool::chargeHost(size_t node, const HostVector& need, bool take) {
   }
 }
 
-void Pool::learnDemand(Shape shape, uint32_t amount, const HostVector& host) {
-  auto [it, added] = classIndex_.try_emplace({host.cpuMilli, host.memoryMib}, classes_.size());
-  if (added) classes_.push_back(HostClass{host, {}, {}, 0});
+size_t Pool::acceptsOf(const Request& request) {
+  // One card of each group judges the group (a request's predicate sees a card's spec).
+  Accepts a{request.kinds, std::vector<bool>(groupIndex_.size())};
+  std::vector<bool> judged(groupIndex_.size());
+  for (size_t c = 0; c < cards_.size(); ++c) {
+    const size_t g = cardGroup_[c];
+    if (judged[g]) continue;
+    judged[g] = true;
+    a.byGroup[g] = (request.kinds & maskOf(cards_[c].spec.kind)) && (!request.accepts || request.accepts(cards_[c]));
+  }
+  auto [it, added] = acceptIndex_.try_emplace(a, acceptSets_.size());
+  if (added) acceptSets_.push_back(std::move(a));
+  return it->second;
+}
+
+bool Pool::takes(size_t accepts, size_t group) const {
+  const Accepts& a = acceptSets_[accepts];
+  if (group < a.byGroup.size()) return a.byGroup[group];
+  for (auto& [key, g] : groupIndex_)
+    if (g == group) return a.kinds & maskOf(key.first);
+  return false;
+}
+
+void Pool::learnDemand(Shape shape, uint32_t amount, const HostVector& host, size_t accepts) {
+  auto [it, added] = classIndex_.try_emplace({host.cpuMilli, host.memoryMib, accepts}, classes_.size());
+  if (added) classes_.push_back(HostClass{host, accepts, {}, {}, 0});
   HostClass& k = classes_[it->second];
   if (shape == Shape::oneCard) ++k.milli[amount];
   else if (shape == Shape::wholeCards) ++k.whole[amount];
@@ -91,6 +114,7 @@ void Pool::learnDemand(Shape shape, uint32_t amount, const HostVector& host) {
 
 void Pool::rebuildFragTables() {
   seenAtBuild_ = seenCount_;
+  groupsAtBuild_ = groupIndex_.size();
   double cpu = 0, memory = 0, cards = 0;
   for (const HostClass& k : classes_) {
     auto add = [&](double count, double perRequest) {
@@ -113,9 +137,11 @@ size_t Pool::fitSetOf(const Node& node, const HostVector& used) {
   auto [it, added] = fitSetIndex_.try_emplace(fits, fitSets_.size());
   if (added) {
     const double total = static_cast<double>(std::max<uint64_t>(seenCount_, 1));
+    const size_t groups = groupIndex_.size();
     FitSet set;
-    set.cardFrag.assign(1001, 0.0);
-    std::map<uint32_t, double> whole;
+    set.cardAll.assign(groups, 0.0);
+    set.cardFrag.assign(groups, std::vector<double>(1001, 0.0));
+    std::map<std::pair<uint32_t, size_t>, double> whole;
     for (size_t i = 0; i < classes_.size(); ++i) {
       const HostClass& k = classes_[i];
       if (!fits[i]) {
@@ -126,11 +152,17 @@ size_t Pool::fitSetOf(const Node& node, const HostVector& used) {
         continue;
       }
       set.allFree += k.hostOnly / total;
-      for (auto& [m, count] : k.milli)
-        for (uint32_t t = 0; t < m && t <= 1000; ++t) set.cardFrag[t] += count / total * t / 1000.0;
-      for (auto& [w, count] : k.whole) whole[w] += count / total;
+      for (size_t g = 0; g < groups; ++g) {
+        if (!takes(k.accepts, g)) {  // a card it never takes: all of its free capacity
+          for (auto& [m, count] : k.milli) set.cardAll[g] += count / total;
+          continue;
+        }
+        for (auto& [m, count] : k.milli)
+          for (uint32_t t = 0; t < m && t <= 1000; ++t) set.cardFrag[g][t] += count / total * t / 1000.0;
+      }
+      for (auto& [w, count] : k.whole) whole[{w, k.accepts}] += count / total;
     }
-    set.whole.assign(whole.begin(), whole.end());
+    for (auto& [key, share] : whole) set.whole.push_back({key.first, share, key.second});
     fitSets_.push_back(std::move(set));
   }
   fitSetOfHost_[{cpu, mem}] = it->second;
@@ -143,10 +175,17 @@ double Pool::nodeFrag(size_t n, const std::vector<Take>& take, const HostVector&
   used.cpuMilli += host.cpuMilli;
   used.memoryMib += host.memoryMib;
   const FitSet& set = fitSets_[fitSetOf(node, used)];
-  // Free capacity (in blocks, by thousandths), that of whole free cards, and the
-  // oneCard fragmentation, after `take`.
-  double freeAll = 0, partial = 0, cardFrag = 0;
-  uint32_t whole = 0;
+  // Each card's free capacity (in cards, by thousandths) and whether it is whole, after
+  // `take`; the oneCard fragmentation.
+  struct Free {
+    size_t group;
+    double capacity;
+    bool whole;
+  };
+  thread_local std::vector<Free> cards;  // (this runs for every place a request is tried)
+  cards.resize(node.cards.size());
+  size_t count = 0;
+  double freeAll = 0, frag = 0;
   for (size_t c : node.cards) {
     uint32_t size = cards_[c].blocks.count;
     if (size == 0) continue;
@@ -157,13 +196,12 @@ double Pool::nodeFrag(size_t n, const std::vector<Take>& take, const HostVector&
         if (t.milli) shareBlocks += t.blocks, shareMilli += t.milli;
       }
     uint32_t milli = freeMilliOf(size, free, shareBlocks, shareMilli);
-    double capacity = milli / 1000.0;
-    freeAll += capacity;
-    if (free == size) ++whole;
-    else partial += capacity;
-    cardFrag += set.cardFrag[milli];
+    const size_t g = cardGroup_[c];
+    cards[count++] = {g, milli / 1000.0, free == size};
+    freeAll += milli / 1000.0;
+    frag += set.cardAll[g] * milli / 1000.0 + set.cardFrag[g][milli];
   }
-  double frag = set.allFree * freeAll + cardFrag;
+  frag += set.allFree * freeAll;
   // raccel's addition to FGD's measure: the free compute the host cannot feed. Card
   // demand brings host needs in proportion (hostPerCard_); a node whose host has less
   // left than its free cards would draw will strand the difference, even before any one
@@ -174,18 +212,32 @@ double Pool::nodeFrag(size_t n, const std::vector<Take>& take, const HostVector&
   if (node.host.memoryMib && hostPerCard_.memoryMib > 0)
     starved = std::max(starved, freeAll - double(left(node.host.memoryMib, used.memoryMib)) / hostPerCard_.memoryMib);
   frag += starved;
-  for (auto& [n2, share] : set.whole) frag += share * (whole >= n2 ? partial : freeAll);
+  // wholeCards demand: with enough whole cards it takes, the partial ones it takes are
+  // fragmented for it; without, every card it takes; cards it never takes always.
+  for (const WholeDemand& d : set.whole) {
+    uint32_t whole = 0;
+    double partial = 0, taken = 0;
+    for (size_t i = 0; i < count; ++i) {
+      if (!takes(d.accepts, cards[i].group)) continue;
+      taken += cards[i].capacity;
+      if (cards[i].whole) ++whole;
+      else partial += cards[i].capacity;
+    }
+    frag += d.share * ((whole >= d.cards ? partial : taken) + (freeAll - taken));
+  }
   return frag;
 }
 
 double Pool::fragDelta(size_t node, const std::vector<Take>& take, const HostVector& host) {
-  // Tables follow the demand: rebuilt when it has grown by an eighth (at least 16 requests).
-  if (seenCount_ >= seenAtBuild_ + std::max<uint64_t>(16, seenAtBuild_ / 8)) rebuildFragTables();
+  // Tables follow the demand: rebuilt when it has grown by an eighth (at least 16
+  // requests), and when cards of a new group joined.
+  if (seenCount_ >= seenAtBuild_ + std::max<uint64_t>(16, seenAtBuild_ / 8) || groupsAtBuild_ != groupIndex_.size())
+    rebuildFragTables();
   return nodeFrag(node, take, host) - nodeFrag(node, {}, {});
 }
 
 Result<size_t> Pool::placeHost(const HostVector& need) {
-  learnDemand(Shape::spread, 0, need);
+  learnDemand(Shape::spread, 0, need, acceptsOf(Request{}));
   long chosen = -1;
   std::tuple<double, uint64_t, uint64_t, uint64_t> best{};
   uint64_t seenPlaces = 0;
@@ -236,7 +288,7 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
     return fail(Code::invalidArgument, "a one-card request needs 1 to 1000 thousandths of a card, not " +
                                            std::to_string(request.cardMilli));
   if (!oneCard && request.wholeCards == 0) return fail(Code::invalidArgument, "a whole-card request needs at least one card");
-  learnDemand(request.shape, oneCard ? request.cardMilli : request.wholeCards, request.host);
+  learnDemand(request.shape, oneCard ? request.cardMilli : request.wholeCards, request.host, acceptsOf(request));
   auto accepted = [&](const Card& c) {
     return c.blocks.count > 0 && (request.kinds & maskOf(c.spec.kind)) && (!request.accepts || request.accepts(c));
   };
