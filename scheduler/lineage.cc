@@ -157,6 +157,7 @@ void FoldWork::wait() {
 
 void Lineage::drop() {
   on = false;
+  unprotected = false;
   base.clear();
   baseInSaved = false;
   buffers.clear();
@@ -171,6 +172,17 @@ void Lineage::drop() {
 void Scheduler::startLineage(Session& s) {
   s.lineage.on = s.vm->policy.failover;
   s.lineage.capBytes = s.vm->policy.lineageBytes;
+}
+
+void Scheduler::protectAfterRestart(Session& s) {
+  // Its log before the restart died with the old process: a checkpoint of every buffer
+  // (in the background, as any) is where its lineage starts again.
+  if (!s.vm->policy.failover || !s.unavailable.empty() || s.phase != Phase::running) return;
+  s.lineage.drop();
+  startLineage(s);
+  s.lineage.unprotected = true;
+  s.lineage.changes.allDirty = true;
+  maybeCheckpoint(s);
 }
 
 void Scheduler::logFrame(Session& s, const transport::FrameHeader& h, transport::Body& body, wire::Instruction::Reader in) {
@@ -386,6 +398,7 @@ void Scheduler::finishFold(Session& s, bool resume) {
   lin.programs = std::move(cp->programs);
   lin.failed = std::move(cp->failed);
   lin.memoryUsed = cp->memoryUsed;
+  lin.unprotected = false;
   ++lin.checkpoints;
   for (auto& [h, bytes] : lin.buffers)
     if (auto it = lin.base.find(h); it == lin.base.end() || it->second.size() != bytes) {
@@ -410,7 +423,7 @@ void Scheduler::checkpointAllocFailed(Session& s, uint64_t sequence, const Error
 
 void Scheduler::maybeCheckpoint(Session& s) {
   Lineage& lin = s.lineage;
-  if (!lin.on || !lin.full() || lin.underWay || lin.recovering || s.job || s.idle || s.phase != Phase::running ||
+  if (!lin.on || !lin.checkpointDue() || lin.underWay || lin.recovering || s.job || s.idle || s.phase != Phase::running ||
       s.members.empty() || !s.primary().node || !s.unavailable.empty())
     return;
   auto cp = checkpointNow(s);

@@ -180,6 +180,10 @@ struct CheckpointUnderWay {
 struct Lineage {
   bool on = false;
   uint64_t capBytes = 0;  // log bytes that start a checkpoint (the VM's lineage_bytes)
+  // On, but with no checkpoint yet to rebuild from (started again on a vaccel that was
+  // running when the scheduler restarted: its first checkpoint reads every buffer back).
+  bool unprotected = false;
+  bool canRebuild() const { return on && !unprotected; }
 
   // The checkpoint. Its bytes are `base`, except between a suspension's (or move's) save
   // and the restore after it, when they are the session's own `saved` (baseInSaved).
@@ -224,6 +228,7 @@ struct Lineage {
     return baseInSaved ? saved : base;
   }
   bool full() const { return log.bytes() >= capBytes || log.size() >= kLineageMaxFrames; }
+  bool checkpointDue() const { return full() || unprotected; }
   bool atTwiceCap() const { return log.bytes() >= 2 * capBytes || log.size() >= 2 * kLineageMaxFrames; }
   // Twice its cap while a checkpoint is under way: the guest's frames wait for it.
   bool overBound() const { return underWay && atTwiceCap(); }

@@ -426,6 +426,7 @@ void Scheduler::recovered(Session& s) {
                          << (s.unavailable.empty() ? "" : "; unavailable: " + s.unavailable);
   event("recovered", labelOf(s), s.unavailable.empty() ? "running on blocks " + blocksText(s.blocks) : s.unavailable);
   if (s.link && s.resumePending) sendResumed(s);
+  protectAfterRestart(s);
   runHeld(s);
   requestPlacement();
 }

@@ -431,6 +431,7 @@ void Scheduler::restore(Session& s, const std::string& what) {
     }
     s.phase = Phase::running;
     persist(s);
+    if (!s.lineage.on && !error) protectAfterRestart(s);  // (suspended when the scheduler restarted)
     std::string detail = std::to_string(bytes) + " bytes of buffers restored on blocks " + blocksText(s.blocks) +
                          (error ? "; FAILED: " + error->message : "");
     RLOG_INFO("scheduler") << labelOf(s) << " " << what << ": " << detail;

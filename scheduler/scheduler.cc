@@ -941,7 +941,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
           if (who.size() < 256) who += (who.empty() ? "" : ", ") + labelOf(s);
           // Not its work's doing: rebuilt from its lineage, as after a lost netaccel (the
           // errors that follow find its contexts closed).
-          if (f.getCause() == wire::FaultCause::NOT_ITS_OWN && s.lineage.on && !s.lineage.recovering) {
+          if (f.getCause() == wire::FaultCause::NOT_ITS_OWN && s.lineage.canRebuild() && !s.lineage.recovering) {
             recoverLost(s, "its sandbox on " + subject + " ended, not by its own work (" + message + ")");
             continue;
           }
@@ -998,11 +998,13 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
         if (!hit) continue;
         const bool onCards = s->phase == Phase::running || s->phase == Phase::suspending || s->phase == Phase::moving ||
                              s->phase == Phase::resuming;
-        if (s->lineage.on && onCards && s->unavailable.empty() && !stopping_) {
+        if (s->lineage.canRebuild() && onCards && s->unavailable.empty() && !stopping_) {
           recoverLost(*s, "netaccel '" + node.name + "' was lost (" + reason + ")");
           continue;
         }
-        s->unavailable = gone.message + (s->vm->policy.failover ? "" : " (failover is off for vm '" + s->vm->policy.name + "')");
+        s->unavailable = gone.message + (!s->vm->policy.failover ? " (failover is off for vm '" + s->vm->policy.name + "')"
+                                         : s->lineage.unprotected ? " (its first checkpoint after the scheduler restarted was not finished)"
+                                                                  : "");
         s->pending.failAll(gone);
         abandonJob(*s);
       }

@@ -218,6 +218,7 @@ class Scheduler {
 
   // Failover (lineage.cc, lineage.h).
   void startLineage(Session& s);  // on or off, and its cap, from its VM's policy
+  void protectAfterRestart(Session& s);  // lineage again for a vaccel that ran before a restart
   // A frame forwarded to the vaccel's cards, kept in its log.
   void logFrame(Session& s, const transport::FrameHeader& h, transport::Body& body, wire::Instruction::Reader in);
   // Whether reply `body` to `sequence` is new to the guest (false: a re-forwarded

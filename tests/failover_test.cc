@@ -484,6 +484,49 @@ TEST_P(Failover, AVaccelOverTwoCardsRecoversExactlyWhicheverCardIsLost) {
   }
 }
 
+// The scheduler restarted (kill -9) under a running vaccel: its log died with it, so
+// the vaccel's lineage starts again with a checkpoint of every buffer, read back in the
+// background; a netaccel lost after that rebuilds it exactly, as before the restart.
+TEST_P(Failover, AfterASchedulerRestartTheVaccelIsProtectedAgainAndRecoversExactly) {
+  start();
+  const std::string guestd = cluster->startGuestd("vm1");
+  client::Options o;
+  o.socket = guestd;
+  o.tflops = 2;
+  o.program = "restarted";
+  o.timeoutMs = 120000;
+  auto opened = Session::open(o);
+  ASSERT_TRUE(opened) << opened.error().message << cluster->logs();
+  auto& s = *opened;
+  const size_t n = 1 << 16;
+  auto kept = s->alloc(n * 4);
+  // Values whose sums below are exact, so the card's rounding (an FMA or not) is the host's.
+  std::vector<float> values(n), more(n);
+  for (size_t i = 0; i < n; ++i) values[i] = float(i % 1000) / 8, more[i] = float(i % 31);
+  s->writeFloats(kept, values);
+  s->axpy(n, 1.0f, kept, kept);  // kept = 2 * values, made on the card before the restart
+  ASSERT_TRUE(s->fence());
+  cluster->restartScheduler();
+  ASSERT_TRUE(waitFor([&] { return vaccelMetric(*cluster, "raccel_vaccel_checkpoints_total", "restarted") >= 1; }, 30000))
+      << cluster->logs();
+  EXPECT_GE(vaccelMetric(*cluster, "raccel_vaccel_checkpoint_read_bytes_total", "restarted"), double(n * 4));
+  // Work after the restart, then the loss.
+  auto later = s->alloc(n * 4);
+  s->writeFloats(later, more);
+  s->axpy(n, 3.0f, kept, later);  // later = more + 6 * values
+  killNetaccel(*cluster, holder(*s), s->vaccel().cards.at(0).node);
+  auto a = s->readFloats(kept, n);
+  auto b = s->readFloats(later, n);
+  ASSERT_TRUE(a && b) << (a ? b.error().message : a.error().message) << cluster->logs();
+  for (size_t i = 0; i < n; ++i)
+    if ((*a)[i] != 2.0f * values[i] || (*b)[i] != more[i] + 3.0f * (2.0f * values[i])) {
+      ADD_FAILURE() << "element " << i << ": " << (*a)[i] << ", " << (*b)[i] << "; want " << 2.0f * values[i] << ", "
+                    << more[i] + 3.0f * (2.0f * values[i]);
+      break;
+    }
+  EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "restarted"), 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cards, Failover, ::testing::Values(kOpenclCard, kCudaCard),
                          [](const auto& info) { return info.param.backend; });
 
