@@ -14,7 +14,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <regex>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "schema/guest.capnp.h"
 #include "tests/cluster.h"
@@ -494,6 +497,56 @@ std::string earlyProgram(const std::string& socket, double tflops) {
   std::string why = "did not finish";
   double err = checkedGemm(**s, 20, 20, 20, 4, &why);
   return err >= 0 && err < 1e-3 ? "" : why;
+}
+
+// Two programs of one VM through one raccel-guestd: a fence one issues while the other's
+// 1 GiB write is on its way (past the first chunks) answers before that write does. The
+// bulk bytes go in bounded chunks each hop passes on in turn, so a big transfer never
+// holds back another program's small instruction.
+TEST(Lanes, AFenceBehindAnotherProgramsGibibyteWriteOfTheSameVmAnswersFirst) {
+  VmSpec vm;
+  vm.memoryQuota = "2GiB";
+  vm.tflops = 4;
+  Cluster cluster({vm});
+  cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=2GiB,threads=1"}, 4);
+  const std::string guestd = cluster.startGuestd();
+  auto writer = open(guestd, 2, {}, "writer");
+  auto fencer = open(guestd, 2, {}, "fencer");
+  ASSERT_TRUE(writer && fencer);
+  constexpr size_t kBytes = size_t{1} << 30;
+  const client::Handle big = writer->alloc(kBytes);
+  ASSERT_TRUE(writer->fence());
+  std::vector<std::byte> data(kBytes);
+  for (size_t i = 0; i < kBytes; i += 4096) data[i] = std::byte(i >> 12);
+  data[kBytes - 1] = std::byte{0x5a};
+  std::atomic<bool> written{false};
+  std::string writeError;
+  std::thread bulk([&] {
+    writer->write(big, 0, data);
+    auto done = writer->fence();
+    if (!done) writeError = done.error().toString();
+    written = true;
+  });
+  // The write is on its way once the scheduler has taken some of its chunks.
+  auto instructions = [&](const std::string& program) {
+    auto v = nlohmann::json::parse(cluster.console("vaccels"), nullptr, false);
+    if (v.is_discarded() || !v.contains("vaccels")) return uint64_t{0};
+    for (auto& e : v["vaccels"])
+      if (e.value("program", "") == program) return e.value("instructions", uint64_t{0});
+    return uint64_t{0};
+  };
+  ASSERT_TRUE(waitFor([&] { return instructions("writer") >= 8 || written; }, 60000)) << cluster.logs();
+  const bool midway = !written;
+  auto fenced = fencer->fence();
+  const bool fenceFirst = !written;
+  bulk.join();
+  ASSERT_TRUE(fenced) << fenced.error().message;
+  ASSERT_EQ(writeError, "");
+  ASSERT_TRUE(midway) << "the write ended before the fence could be issued behind it";
+  EXPECT_TRUE(fenceFirst) << "the fence waited for the other program's whole write";
+  std::vector<std::byte> tail(1);
+  ASSERT_TRUE(writer->read(big, kBytes - 1, tail));
+  EXPECT_EQ(tail[0], std::byte{0x5a});
 }
 
 // A scheduler that has just started has not heard from its netaccels yet: a program
