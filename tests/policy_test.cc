@@ -16,6 +16,7 @@
 #include "sim/dynamic.h"
 #include "tests/cluster.h"
 #include "tests/fairness.h"
+#include "tests/raw_http.h"
 #include "vmfrontend/raccel.h"
 
 namespace raccel::testing {
@@ -704,6 +705,16 @@ TEST(Restart, ASuspendedVaccelKeepsItsBuffersAcrossARestart) {
   ASSERT_EQ(status, 0) << out;
   EXPECT_EQ(pending.get(), "") << cluster.logs();
   EXPECT_EQ(x.check(*s), "");
+  // Resumed after the restart, it is protected again: its lineage starts with a
+  // checkpoint of every buffer (x and y, 1.2 MB), read back from its new card.
+  const std::regex read("raccel_vaccel_checkpoint_read_bytes_total\\{[^}]*vaccel=\"" + std::to_string(s->vaccel().id) +
+                        "\"[^}]*\\} ([0-9.e+]+)");
+  std::smatch m;
+  std::string page;
+  EXPECT_TRUE(waitFor([&] {
+    page = rawhttp::roundTrip(cluster.httpPort(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    return std::regex_search(page, m, read) && std::stod(m[1].str()) >= 2 * 300000 * 4;
+  }, 30000)) << page;
 }
 
 }  // namespace
