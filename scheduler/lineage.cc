@@ -416,11 +416,6 @@ void Scheduler::awaitFold(Session& s) {
   finishFold(s, false);
 }
 
-void Scheduler::checkpointAllocFailed(Session& s, uint64_t sequence, const Error& error) {
-  // Before its mark, so the checkpoint's record says as the session's does: refused.
-  if (s.lineage.underWay) refuseAlloc(*s.lineage.underWay, sequence, error);
-}
-
 void Scheduler::maybeCheckpoint(Session& s) {
   Lineage& lin = s.lineage;
   if (!lin.on || !lin.checkpointDue() || lin.underWay || lin.recovering || s.job || s.idle || s.phase != Phase::running ||

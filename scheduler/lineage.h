@@ -141,6 +141,21 @@ void foldFrames(std::span<const LineageLog::Entry> frames, const Changes& change
 // while the guest's stream goes on (the background). It keeps the session's record as it
 // was at the mark; when the last read is back it becomes the checkpoint, and those
 // `mark` frames leave the log.
+struct CheckpointUnderWay {
+  uint64_t generation = 0;  // replies to an abandoned one's reads are ignored
+  size_t mark = 0;
+  std::unordered_map<uint64_t, uint64_t> buffers;
+  std::map<uint64_t, std::shared_ptr<capnp::MallocMessageBuilder>> programs;
+  std::map<uint64_t, std::pair<uint64_t, Error>> failed;
+  uint64_t memoryUsed = 0;
+  std::map<uint64_t, uint64_t> unconfirmedAllocs;  // sequence -> handle: allocs before the mark a card may yet refuse
+  Changes changes;                                 // what the first `mark` frames changed
+  std::unordered_map<uint64_t, std::string> taking;  // the bytes read back so far
+  unsigned awaiting = 0;
+  std::optional<Error> error;
+  std::shared_ptr<FoldWork> folding;  // its fold, once every read is back
+};
+
 // A card refused the alloc (buffer or program) of guest instruction `sequence`: the
 // record (a session's, or a checkpoint's as of its mark) stops counting it and keeps the
 // failure for restores elsewhere. Returns the bytes it no longer holds, or nothing when
@@ -161,21 +176,6 @@ std::optional<uint64_t> refuseAlloc(Record& r, uint64_t sequence, const Error& e
   }
   return freed;
 }
-
-struct CheckpointUnderWay {
-  uint64_t generation = 0;  // replies to an abandoned one's reads are ignored
-  size_t mark = 0;
-  std::unordered_map<uint64_t, uint64_t> buffers;
-  std::map<uint64_t, std::shared_ptr<capnp::MallocMessageBuilder>> programs;
-  std::map<uint64_t, std::pair<uint64_t, Error>> failed;
-  uint64_t memoryUsed = 0;
-  std::map<uint64_t, uint64_t> unconfirmedAllocs;  // sequence -> handle: allocs before the mark a card may yet refuse
-  Changes changes;                                 // what the first `mark` frames changed
-  std::unordered_map<uint64_t, std::string> taking;  // the bytes read back so far
-  unsigned awaiting = 0;
-  std::optional<Error> error;
-  std::shared_ptr<FoldWork> folding;  // its fold, once every read is back
-};
 
 struct Lineage {
   bool on = false;

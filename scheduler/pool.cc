@@ -82,7 +82,7 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
     nodes_[n].host = host;  // what it reports now; what its holders still hold stays charged
     for (size_t i = 0; i < ordered.size(); ++i) {
       cards_[nodes_[n].cards[i]].spec = ordered[i];
-      cardGroup_[nodes_[n].cards[i]] = groupIndex_.try_emplace({ordered[i].kind, ordered[i].model}, groupIndex_.size()).first->second;
+      cardGroup_[nodes_[n].cards[i]] = groupOf(ordered[i]);
     }
     recountTotals();
     if (nodes_[n].placeable()) freeUnowned(n);
@@ -101,7 +101,7 @@ Result<size_t> Pool::addNode(const std::string& name, const std::vector<CardSpec
     shareMilli_.push_back(0);
     shareBlocks_.push_back(0);
     cards_.push_back(Card{nodes_.size(), ordered[i], {next_, counts[i]}});
-    cardGroup_.push_back(groupIndex_.try_emplace({ordered[i].kind, ordered[i].model}, groupIndex_.size()).first->second);
+    cardGroup_.push_back(groupOf(ordered[i]));
     next_ += counts[i];
   }
   if (nodeBlocks) addFree(node.blocks);

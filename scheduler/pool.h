@@ -377,6 +377,7 @@ class Pool {
   // them all or none of them). Per card, its group.
   std::vector<size_t> cardGroup_;
   std::map<std::pair<CardKind, std::string>, size_t> groupIndex_;
+  size_t groupOf(const CardSpec& spec) { return groupIndex_.try_emplace({spec.kind, spec.model}, groupIndex_.size()).first->second; }
   // Which groups a class of demand takes: by group as it judged the groups known when it
   // came (`byGroup`), by its kinds for groups that came later.
   struct Accepts {

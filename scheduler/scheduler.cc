@@ -804,7 +804,8 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
         const Error error = transport::errorFrom(reply.getError().getError());
         if (auto freed = refuseAlloc(s, h.sequence, error)) {
           s.vm->memoryUsed -= std::min(s.vm->memoryUsed, *freed);
-          checkpointAllocFailed(s, h.sequence, error);
+          // (before a checkpoint's mark too, so its record says as the session's does)
+          if (s.lineage.underWay) refuseAlloc(*s.lineage.underWay, h.sequence, error);
           persist(s);
         }
         break;

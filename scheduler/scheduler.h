@@ -244,9 +244,6 @@ class Scheduler {
   void awaitFold(Session& s);  // a fold under way, waited for and finished (a loss mid-fold)
   // After a reply to the checkpoint under way: when it has all, it ends (kept or failed).
   void settleCheckpoint(Session& s);
-  // The card refused the alloc (or program load) of guest instruction `sequence`: the
-  // checkpoint under way, when it started after it, says so too.
-  void checkpointAllocFailed(Session& s, uint64_t sequence, const Error& error);
   // One of its cards' netaccels was lost (`lost` says how): off its cards, placed again,
   // restored from the checkpoint, the log re-forwarded.
   void recoverLost(Session& s, const std::string& lost);
