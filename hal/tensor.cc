@@ -99,7 +99,6 @@ bool rowwise(TensorFn fn) {
 }
 // Over the reduceMask's dimensions (rc_reduce).
 bool reduction(TensorFn fn) { return std::string_view(kFns[unsigned(fn)].kernel) == "rc_reduce"; }
-bool comparison(TensorFn fn) { return fn >= TensorFn::eq && fn <= TensorFn::ge; }
 
 // The element types each function takes: every operand f32 but for these.
 Status checkTypes(const TensorOp& op, unsigned operands, const std::string& name) {
