@@ -296,7 +296,13 @@ void Scheduler::acceptVm(Vm& vm, ConnectionPtr connection) {
   link->acceptedMs = nowMs();
   VmLink* raw = link.get();
   Connection::Callbacks cb;
-  cb.onFrame = [this, raw](Connection&, const FrameHeader& h, Body body) { onGuestFrame(*raw, h, std::move(body)); };
+  cb.onFrame = [this, raw](Connection& c, const FrameHeader& h, Body body) {
+    onGuestFrame(*raw, h, std::move(body));
+    // What the scheduler answers itself (pongs, refusals, describeVaccel) waits in the
+    // guest's own queue: a guest that sends and never reads stops being read, as it
+    // does when relayed replies back up.
+    c.throttle(c);
+  };
   cb.onOversized = [this, raw](Connection&, const FrameHeader& h) { onGuestOversized(*raw, h); };
   cb.onClose = [this, raw](Connection&, bool truncated) {
     if (truncated) RLOG_WARN("scheduler") << "vm '" << raw->vm->policy.name << "' link closed in the middle of a frame";
@@ -781,6 +787,7 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
     return;
   }
   if (member != s.members.begin()) return;  // guests' instructions go to the primary only
+  bool relay = true;
   auto decoded = transport::decodeGuard([&] {
     transport::MessageView in(body);
     auto reply = in.root<wire::Reply>();
@@ -797,6 +804,8 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
         if (h.sequence < kGuestdSequences)
           s.unconfirmedAllocs.erase(s.unconfirmedAllocs.begin(), s.unconfirmedAllocs.lower_bound(h.sequence));
         break;
+      case wire::Reply::KERNEL_TIMES:
+        break;
       case wire::Reply::ERROR: {
         s.pending.complete(h.sequence);
         // A refused buffer or program: the VM stops paying for it, and the failure is
@@ -811,11 +820,16 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
         break;
       }
       default:
+        // A welcome or a vaccel's description is the scheduler's to give, never a card's.
+        relay = false;
         break;
     }
   });
-  if (!decoded) {
-    RLOG_ERROR("scheduler") << "netaccel '" << node.name << "' sent a malformed reply: " << decoded.error().message;
+  if (!decoded || !relay) {
+    if (++node.badReplies == 1 || node.badReplies % 1000 == 0)
+      RLOG_ERROR("scheduler") << "netaccel '" << node.name << "' sent "
+                              << (decoded ? "a reply that only the scheduler may make" : "a malformed reply: " + decoded.error().message)
+                              << "; dropped (" << node.badReplies << " so far)";
     return;
   }
   VmLink* link = s.link;

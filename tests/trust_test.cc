@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <climits>
@@ -427,6 +431,148 @@ TEST_F(Trust, TenThousandIdleConnectionsCostBoundedMemoryAndALegitimateProgramKe
   auto after = open(guestd, 4, "after");
   ASSERT_TRUE(after);
   EXPECT_TRUE(roundTrip(*after, 17));
+}
+
+// A netaccel of an attacker's making that stays on the line: Debian's openssl s_client
+// with `node`'s genuine certificate, its stdin and stdout one end of a socketpair that
+// `link` speaks frames over.
+class ForgedNetaccel {
+ public:
+  ForgedNetaccel(const Cluster& cluster, const std::string& node) {
+    int ends[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw std::runtime_error("socketpair failed");
+    auto tls = netaccelTlsArgs(node);
+    std::vector<std::string> args{"openssl", "s_client", "-quiet", "-connect",
+                                  "127.0.0.1:" + std::to_string(cluster.nodePort()), "-CAfile", tls[1], "-cert", tls[3], "-key", tls[5]};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, ends[1], 0);
+    posix_spawn_file_actions_adddup2(&actions, ends[1], 1);
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    int rc = posix_spawn(&pid_, "/usr/bin/openssl", &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(ends[1]);
+    if (rc != 0) throw std::runtime_error("cannot start openssl s_client");
+    link.adopt(ends[0]);
+  }
+  ~ForgedNetaccel() {
+    link.close();
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  // The next frame that `want` accepts, heartbeating while it waits (as a live
+  // netaccel does, so the scheduler keeps it).
+  std::optional<transport::ReceivedFrame> await(const std::function<bool(transport::ReceivedFrame&)>& want) {
+    for (int i = 0; i < 60; ++i) {
+      auto f = link.receive(500);
+      if (f && want(*f)) return std::move(*f);
+      if (!f) {
+        capnp::MallocMessageBuilder beat;
+        beat.initRoot<wire::NodeMessage>().initHeartbeat();
+        if (!link.sendNow(transport::kControlChannel, 0, beat)) return std::nullopt;
+      }
+    }
+    return std::nullopt;
+  }
+  transport::BlockingLink link;
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// What a guest receives next on `channel` (control frames skipped).
+wire::Reply::Which nextReplyKind(transport::BlockingLink& link, uint32_t channel) {
+  for (;;) {
+    auto f = link.receive(15000);
+    if (!f) throw std::runtime_error("no reply: " + f.error().message);
+    if (f->header.channel != channel) continue;
+    transport::MessageIn in(std::move(f->body));
+    return in.root<wire::Reply>().which();
+  }
+}
+
+TEST_F(Trust, ANetaccelCannotForgeTheSchedulersOwnAnswersToAGuest) {
+  auto holder = open(guestd, 4, "holder");  // node0's every block: the next vaccel goes to the forger
+  ASSERT_TRUE(holder);
+  ForgedNetaccel forger(*cluster, "n6");
+  auto reg = registration("n6", 2);
+  ASSERT_TRUE(forger.link.sendRaw(reg.data(), reg.size()));
+  auto schedulerSays = [](transport::ReceivedFrame& f, wire::SchedulerMessage::Which which, uint32_t* context = nullptr) {
+    if (f.header.channel != transport::kControlChannel) return false;
+    transport::MessageIn in(std::move(f.body));
+    auto m = in.root<wire::SchedulerMessage>();
+    if (m.which() != which) return false;
+    if (context) *context = m.getOpenContext().getContext();
+    return which != wire::SchedulerMessage::REGISTERED || m.getRegistered().getAccepted();
+  };
+  ASSERT_TRUE(forger.await([&](auto& f) { return schedulerSays(f, wire::SchedulerMessage::REGISTERED); }));
+  transport::BlockingLink guest;  // straight to the VM's socket, to see each frame the scheduler sends
+  ASSERT_TRUE(guest.connectUnix(cluster->vmSocket()));
+  sendHello(guest, 1, 1, 0, "victim");
+  ASSERT_EQ(expectErrorReply(guest, 1).message, "welcomed");
+  uint32_t context = 0;
+  ASSERT_TRUE(forger.await([&](auto& f) { return schedulerSays(f, wire::SchedulerMessage::OPEN_CONTEXT, &context); })) << "the victim's context never reached the forged netaccel\n" << cluster->logs();
+  capnp::MallocMessageBuilder fence;
+  fence.initRoot<wire::Instruction>().setFence();
+  ASSERT_TRUE(guest.sendNow(1, 2, fence));
+  ASSERT_TRUE(forger.await([&](transport::ReceivedFrame& f) { return f.header.channel == context && f.header.sequence == 2; }));
+  // Its answer to the fence, with a welcome and a description of the vaccel made up first.
+  capnp::MallocMessageBuilder welcome, vaccel, times, fenced;
+  welcome.initRoot<wire::Reply>().initWelcome().setToken(4242);
+  vaccel.initRoot<wire::Reply>().initVaccel();
+  times.initRoot<wire::Reply>().initKernelTimes(1)[0].setSequence(2);
+  fenced.initRoot<wire::Reply>().setFenced();
+  for (auto* m : {&welcome, &vaccel, &times, &fenced}) ASSERT_TRUE(forger.link.sendNow(context, 2, *m));
+  EXPECT_EQ(nextReplyKind(guest, 1), wire::Reply::KERNEL_TIMES);
+  EXPECT_EQ(nextReplyKind(guest, 1), wire::Reply::FENCED);
+  EXPECT_TRUE(contains(readFile(cluster->dir() + "/scheduler.log"), "sent a reply that only the scheduler may make"));
+  EXPECT_TRUE(roundTrip(*holder, 23));  // the other tenant, on node0, carries on
+}
+
+TEST_F(Trust, AGuestThatAsksAndNeverReadsIsStoppedAtItsLinkAndLosesNoAnswer) {
+  transport::BlockingLink guest;
+  ASSERT_TRUE(guest.connectUnix(cluster->vmSocket()));
+  sendHello(guest, 1, 1, 0, "never-reads");
+  ASSERT_EQ(expectErrorReply(guest, 1).message, "welcomed");
+  // describeVaccel, answered by the scheduler itself, as fast as the socket takes it.
+  std::vector<std::byte> frames;
+  size_t frameBytes = 0;
+  constexpr uint64_t kCap = 1'000'000;
+  for (uint64_t seq = 2; seq < 2 + kCap; ++seq) {
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Instruction>().setDescribeVaccel();
+    transport::appendFrame(frames, 1, seq, m);
+    if (seq == 2) frameBytes = frames.size();
+  }
+  ASSERT_EQ(frames.size(), frameBytes * kCap);
+  int fd = guest.fd();
+  size_t sent = 0;
+  while (sent < frames.size()) {
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, 5000) == 0) break;  // five seconds without room: it stopped reading us
+    ssize_t n = ::write(fd, frames.data() + sent, frames.size() - sent);
+    if (n > 0) sent += static_cast<size_t>(n);
+    else ASSERT_TRUE(errno == EAGAIN || errno == EINTR) << std::strerror(errno);
+  }
+  std::cout << "a guest that never reads wrote " << sent / frameBytes << " describeVaccel requests ("
+            << sent / 1024 << " KiB) before the scheduler stopped reading it\n";
+  ASSERT_LT(sent, frames.size()) << "the scheduler kept reading a guest that reads none of its answers";
+  // Reading now, the guest gets every answer, once.
+  size_t begun = (sent + frameBytes - 1) / frameBytes;
+  ASSERT_TRUE(guest.sendRaw(frames.data() + sent, begun * frameBytes - sent));
+  for (size_t i = 0; i < begun; ++i) {
+    auto f = guest.receive(30000);
+    ASSERT_TRUE(f) << "answer " << i << " of " << begun << ": " << f.error().message;
+    ASSERT_EQ(f->header.sequence, 2 + i);
+    transport::MessageIn in(std::move(f->body));
+    ASSERT_EQ(in.root<wire::Reply>().which(), wire::Reply::VACCEL);
+  }
+  auto other = open(guestd, 2, "other");
+  ASSERT_TRUE(other);
+  EXPECT_TRUE(roundTrip(*other, 29));
 }
 
 }  // namespace

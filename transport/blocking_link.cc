@@ -39,12 +39,17 @@ Status BlockingLink::connectUnix(const std::string& address) {
     ::close(fd);
     return fail(Code::unavailable, "cannot connect to " + path + ": " + std::strerror(err));
   }
+  adopt(fd);
+  return {};
+}
+
+void BlockingLink::adopt(int fd) {
+  close();
   int size = 4 << 20;
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   fd_ = fd;
-  return {};
 }
 
 void BlockingLink::close() {

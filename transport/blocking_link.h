@@ -29,7 +29,12 @@ class BlockingLink {
 
   // Connects to a unix socket path ("unix:" prefix optional).
   Status connectUnix(const std::string& path);
+  // Takes over a socket that is already connected (a socketpair's end, say); it is
+  // closed with the link.
+  void adopt(int fd);
   bool connected() const { return fd_ >= 0; }
+  // The socket, for a caller that writes bytes past the link's framing (a test's flood).
+  int fd() const { return fd_; }
   void close();
 
   // Queues a frame; it is written when the queue is large or on flush().
