@@ -492,6 +492,24 @@ TEST_P(Conformance, AnOpCutIntoSlicesGivesTheWholeOpsResult) {
     ASSERT_TRUE(device->read(**rs, 0, y));
     EXPECT_EQ(x, y) << tensorFnName(fn);
   }
+  // indexAdd (scatter_add along dimension 0 of a k x n table, from m rows of
+  // positions): the slices cut the columns only, each holding every row.
+  {
+    std::vector<int64_t> where(m * n);
+    for (size_t i = 0; i < where.size(); ++i) where[i] = int64_t((i * 7 + 3) % k);
+    auto bw = device->allocate(where.size() * 8);
+    auto tw = floats(std::vector<float>(k * n, 1)), ts = floats(std::vector<float>(k * n, 1));
+    ASSERT_TRUE(bw);
+    ASSERT_TRUE(device->write(**bw, 0, std::as_bytes(std::span(where))));
+    auto op = [&](Buffer* out) {
+      auto o = tensorOp(TensorFn::indexAdd, {n, k, m}, {view(out, 0, {1, n, 0}), view(bb.get(), 0, {1, 0, n}), view(bw->get(), 0, {1, 0, n}, TensorType::i64)});
+      o.ignoreIndex = -1, o.beta = 1;
+      return o;
+    };
+    ASSERT_TRUE(device->tensor(op(tw.get())));
+    ASSERT_TRUE(run(op(ts.get()), double(k * m)));
+    expectSame(*tw, *ts, k * n, "indexAdd");
+  }
   // An i64 sum of bools cut across the summed elements accumulates exactly.
   {
     std::vector<uint8_t> flags(1000);
@@ -736,8 +754,9 @@ TEST_P(Conformance, TensorIndexSelectAndEmbeddingBackwardMatchReference) {
   const uint64_t n = 4;
   auto grad = randomFloats(n * dim, 22);
   auto bg = floats(grad), gw = floats(std::vector<float>(rows * dim, 9));
-  auto back = tensorOp(TensorFn::embeddingBackward, {rows, dim, n},
-                       {view(gw.get(), 0, {dim, 1, 0}), view(bg.get(), 0, {0, 1, dim}), view(bi->get(), 0, {0, 0, 1}, TensorType::i64)});
+  // (shape [dim, rows, n]: the columns, then the rows summed into, then the positions)
+  auto back = tensorOp(TensorFn::indexAdd, {dim, rows, n},
+                       {view(gw.get(), 0, {1, dim, 0}), view(bg.get(), 0, {1, 0, dim}), view(bi->get(), 0, {0, 0, 1}, TensorType::i64)});
   back.ignoreIndex = 2;
   ASSERT_TRUE(device->tensor(back));
   auto w = readFloats(*gw, rows * dim);
@@ -748,6 +767,40 @@ TEST_P(Conformance, TensorIndexSelectAndEmbeddingBackwardMatchReference) {
         if (index[i] == int64_t(r) && r != 2) want += grad[i * dim + c];
       EXPECT_NEAR(w[r * dim + c], want, 1e-6) << r << "," << c;
     }
+  // scatter_add along dimension 0, onto what is there: out[picks2[i, c], c] += 2 a[i, c]
+  // (an index per column; ignoreIndex -1: no padding row).
+  auto scatter = tensorOp(TensorFn::indexAdd, {dim, rows, 2},
+                          {view(gw.get(), 0, {1, dim, 0}), view(bg.get(), 0, {1, 0, dim}), view(bp->get(), 0, {1, 0, dim}, TensorType::i64)});
+  scatter.ignoreIndex = -1, scatter.alpha = 2, scatter.beta = 1;
+  ASSERT_TRUE(device->tensor(scatter));
+  auto w2 = readFloats(*gw, rows * dim);
+  for (uint64_t r = 0; r < rows; ++r)
+    for (uint64_t c = 0; c < dim; ++c) {
+      float want = w[r * dim + c];
+      for (uint64_t i = 0; i < 2; ++i)
+        if (picks2[i * dim + c] == int64_t(r)) want += 2 * grad[i * dim + c];
+      EXPECT_NEAR(w2[r * dim + c], want, 1e-6) << r << "," << c;
+    }
+  // Operands of one buffer are told apart by bytes, not elements: six f32 outputs in
+  // bytes 0-23 and an i64 index of two in bytes 24-39 (its element 3) do not overlap.
+  {
+    auto shared = device->allocate(40);
+    ASSERT_TRUE(shared);
+    std::vector<int64_t> two = {1, 4};
+    ASSERT_TRUE(device->write(**shared, 24, std::as_bytes(std::span(two))));
+    auto op = [&](uint64_t indexAt) {
+      return tensorOp(TensorFn::indexAdd, {6, 2}, {view(shared->get(), 0, {1, 0}), view(bg.get(), 0, {0, 1}),
+                                                   view(shared->get(), indexAt, {0, 1}, TensorType::i64)});
+    };
+    auto apart = op(3);
+    apart.ignoreIndex = -1;
+    ASSERT_TRUE(device->tensor(apart));
+    auto six = readFloats(**shared, 6);
+    EXPECT_EQ(six, (std::vector<float>{0, grad[0], 0, 0, grad[1], 0}));
+    auto s = device->tensor(op(2));  // bytes 16-31: inside the output's
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.error().message.find("overlaps"), std::string::npos) << s.error().message;
+  }
   // An i64 table picks exactly.
   std::vector<int64_t> wide = {int64_t{1} << 50, 3, -(int64_t{1} << 40)};
   auto bw = device->allocate(3 * 8), wo = device->allocate(2 * 8);

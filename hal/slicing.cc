@@ -36,7 +36,7 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::layerNormBackward:
     case TensorFn::nllLossBackward: return 0;  // rows only
     case TensorFn::indexSelect: return int(op.dims) - 2;  // not the rows picked from
-    case TensorFn::embeddingBackward: return 1;  // not the index walked
+    case TensorFn::indexAdd: return int(op.dims) - 3;  // the columns: every slice holds every row
     case TensorFn::amax:
     case TensorFn::amin:
     case TensorFn::argmax:

@@ -33,7 +33,7 @@ static_assert(RC_SUM == int(TensorFn::sum) && RC_WHERE == int(TensorFn::where) &
               RC_RSQRT == int(TensorFn::rsqrt) && RC_ELU == int(TensorFn::elu) && RC_ELU_BACKWARD == int(TensorFn::eluBackward) &&
               RC_LERP == int(TensorFn::lerp) && RC_AMAX == int(TensorFn::amax) && RC_AMIN == int(TensorFn::amin) &&
               RC_ARGMAX == int(TensorFn::argmax) && RC_ARGMIN == int(TensorFn::argmin) &&
-              RC_INDEX_SELECT == int(TensorFn::indexSelect) && RC_EMBEDDING_BACKWARD == int(TensorFn::embeddingBackward) &&
+              RC_INDEX_SELECT == int(TensorFn::indexSelect) && RC_INDEX_ADD == int(TensorFn::indexAdd) &&
               RC_UNIFORM == int(TensorFn::uniform) && RC_BERNOULLI == int(TensorFn::bernoulli) &&
               RC_NORMAL == int(TensorFn::normal) && kTensorFns == RC_NORMAL + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
@@ -77,7 +77,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"eluBackward", 3, "rc_map"}, {"lerp", 3, "rc_map"},
     {"amax", 2, "rc_reduce"},   {"amin", 2, "rc_reduce"},
     {"argmax", 2, "rc_reduce"}, {"argmin", 2, "rc_reduce"},
-    {"indexSelect", 3, "rc_index_select"}, {"embeddingBackward", 3, "rc_embedding_backward"},
+    {"indexSelect", 3, "rc_index_select"}, {"indexAdd", 3, "rc_index_add"},
     {"uniform", 1, "rc_random"}, {"bernoulli", 1, "rc_random"},
     {"normal", 1, "rc_random"},
 };
@@ -152,7 +152,7 @@ Status checkTypes(const TensorOp& op, unsigned operands, const std::string& name
       if (type(2) != TensorType::i64) return bad(2, "the index is i64");
       if (type(1) != type(0)) return bad(1, "the output's type");
       return {};
-    case TensorFn::embeddingBackward:
+    case TensorFn::indexAdd:
       if (type(2) != TensorType::i64) return bad(2, "the index is i64");
       if (type(0) != TensorType::f32 || type(1) != TensorType::f32) return bad(type(0) != TensorType::f32 ? 0 : 1, "f32");
       return {};
@@ -202,11 +202,13 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   auto needDims = [&](unsigned n) { return op.dims == n ? Status{} : bad("takes a shape of " + std::to_string(n) + " dimensions"); };
   switch (op.fn) {
     case TensorFn::matmul:
-    case TensorFn::embeddingBackward:
       if (auto s = needDims(3); !s) return std::unexpected(s.error());
       break;
     case TensorFn::indexSelect:
       if (op.dims < 2) return bad("takes a shape of 2 or more dimensions (the picked rows last)");
+      break;
+    case TensorFn::indexAdd:
+      if (op.dims < 2) return bad("takes a shape of 2 or more dimensions (the rows, then the positions, last)");
       break;
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
@@ -223,8 +225,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   }
   if (rowwise(op.fn) && op.shape[1] > kMaxRowElements)
     return bad("rows of " + std::to_string(op.shape[1]) + " columns (at most 2^24)");
-  if (op.fn == TensorFn::embeddingBackward && op.shape[2] > kMaxRowElements)
-    return bad("an index of " + std::to_string(op.shape[2]) + " positions (at most 2^24)");
+  if (op.fn == TensorFn::indexAdd && op.shape[op.dims - 1] > kMaxRowElements)
+    return bad("an index of " + std::to_string(op.shape[op.dims - 1]) + " positions (at most 2^24)");
   if (op.fn == TensorFn::nllLoss && op.shape[0] > kMaxRowElements)
     return bad("a batch of " + std::to_string(op.shape[0]) + " rows (at most 2^24; split it)");
   if (reduction(op.fn) && op.reduceMask == 0) return bad("reduceMask names no dimension");
@@ -257,9 +259,13 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     if (op.operands[operand].strides[dim] != 0) return bad(what);
     return {};
   };
+  // Compared as byte ranges: operands of different types count elements of different
+  // sizes. (Saturating: an empty op's offsets were never bounded by a reach.)
   auto disjoint = [&](unsigned x, unsigned y) -> Status {
     const TensorOperand &a = op.operands[x], &b = op.operands[y];
-    if (a.buffer == b.buffer && !(last[x] < b.offset || last[y] < a.offset))
+    auto begin = [&](const TensorOperand& o) { return limits::satMul(o.offset, tensorTypeBytes(o.type)); };
+    auto end = [&](unsigned i) { return limits::satMul(limits::satAdd(last[i], 1), tensorTypeBytes(op.operands[i].type)); };
+    if (a.buffer == b.buffer && !(end(x) <= begin(b) || end(y) <= begin(a)))
       return bad("operand " + std::to_string(x) + " overlaps operand " + std::to_string(y));
     return {};
   };
@@ -292,11 +298,12 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       if ((rule = zeroStride(0, op.dims - 1, "the output's stride over the rows must be 0")))
         rule = zeroStride(2, op.dims - 1, "the index's stride over the rows must be 0");
       break;
-    case TensorFn::embeddingBackward:
-      if ((rule = zeroStride(0, 2, "the output's stride over the index must be 0")))
-        rule = zeroStride(1, 0, "the gradient's stride over the rows must be 0");
-      for (unsigned d : {0u, 1u})
-        if (rule) rule = zeroStride(2, d, "the index walks its own positions only");
+    case TensorFn::indexAdd:
+      if ((rule = zeroStride(0, op.dims - 1, "the output's stride over the positions must be 0")))
+        rule = zeroStride(1, op.dims - 2, "a's stride over the rows must be 0");
+      if (rule) rule = zeroStride(2, op.dims - 2, "the index's stride over the rows must be 0");
+      if (rule) rule = disjoint(0, 1);
+      if (rule) rule = disjoint(0, 2);
       break;
     case TensorFn::nllLoss:
     case TensorFn::nllLossBackward: {
@@ -392,9 +399,9 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.inner = g.shape[op.dims - 1];
     g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = double(g.n);
-  } else if (op.fn == TensorFn::embeddingBackward) {  // one per output element, walking the index
-    g.n = g.shape[0] * g.shape[1];
-    g.inner = g.shape[2];
+  } else if (op.fn == TensorFn::indexAdd) {  // one per output element, walking the index
+    g.inner = g.shape[op.dims - 1];
+    g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = double(elements);
   } else if (op.fn == TensorFn::nllLoss) {
     g.n = 1;

@@ -57,7 +57,7 @@ enum class TensorFn : uint8_t {
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
   hardtanhBackward, softmax, softmaxBackward, sign,
   eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
-  amax, amin, argmax, argmin, indexSelect, embeddingBackward, uniform, bernoulli, normal,
+  amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal,
 };
 inline constexpr unsigned kTensorFns = 65;
 

@@ -339,9 +339,12 @@ struct Op {
 #     and a of one type (index_select: [outer, n, inner, rows] with a's stride 0 on n and
 #     index's only on n; gather: the index has the output's shape). An index outside
 #     [0, rows) gives NaN (0 for integers).
-#   embeddingBackward: shape [rows, cols, n]; operands out, a (the gradient, strides on
-#     cols and n), index (i64, on n): out[w, d] = the sum of a[i, d] over the i with
-#     index[i] = w, 0 for w = ignoreIndex (the padding row). At most 2^24 positions n.
+#   indexAdd: shape [cols..., rows, n] (2 to 6 dimensions); operands out (stride 0 over
+#     n), a and index (i64), a's and index's strides 0 over the rows: out[d, w] = beta *
+#     out[d, w] + alpha * (the sum of a[d, i] over the i with index[d, i] = w), the sum 0
+#     for w = ignoreIndex (a padding row; -1 for none). At most 2^24 positions n. An
+#     index outside [0, rows) adds nowhere. (embedding's backward: index stride 0 over
+#     the columns; scatter_add and index_add along any dimension, moved last.)
 #   uniform, bernoulli, normal: out (f32) alone; per element, a Philox-4x32-10 draw
 #     keyed by ignoreIndex at the element's position in out's buffer: alpha + (beta -
 #     alpha) * u (u in [0, 1)) | 1 with probability alpha, else 0 | normal with mean
@@ -432,7 +435,7 @@ enum TensorFn {
   argmax @58;
   argmin @59;
   indexSelect @60;
-  embeddingBackward @61;
+  indexAdd @61;
   uniform @62;
   bernoulli @63;
   normal @64;

@@ -590,11 +590,7 @@ Status Session::fence() {
   });
   if (!s) noteError(s.error());
   else if (seq > completedThrough_) completedThrough_ = seq;
-  if (firstError_) {
-    Error e = *firstError_;
-    firstError_.reset();
-    return fail(e);
-  }
+  if (auto e = takeError()) return fail(*e);
   return {};
 }
 

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <unordered_map>
 #include <span>
 #include <string>
@@ -127,7 +128,7 @@ enum class TensorFn {
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
   hardtanhBackward, softmax, softmaxBackward, sign,
   eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
-  amax, amin, argmax, argmin, indexSelect, embeddingBackward, uniform, bernoulli, normal,
+  amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal,
 };
 enum class TensorType : uint8_t { f32, i64, boolean };  // the wire's TensorType
 struct TensorOperand {
@@ -221,6 +222,10 @@ class Session {
   // reported (or the connection's loss).
   Status fence();
   Status sync() { return fence(); }
+  // The first error of an earlier instruction heard so far and not yet reported (cleared
+  // by this call): a read or another wait has received every reply sent before its own,
+  // so after one this says, without a fence, whether the instructions before it failed.
+  std::optional<Error> takeError() { return std::exchange(firstError_, std::nullopt); }
   // Every instruction up to this sequence number has completed (the last fence answered).
   uint64_t completedThrough() const { return completedThrough_; }
   // The device time of the kernels of the instruction `sequence`, by the card's own clock,

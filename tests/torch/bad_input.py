@@ -83,6 +83,10 @@ if (empty + 1).cpu().shape != (0, 3) or (empty * empty).sum().item() != 0:
     failures.append("ops on an empty tensor did not give empty results")
 x = torch.ones(5, 3).to(dev)
 refused("a mismatched matmul", "mm of", lambda: torch.mm(x, x).cpu())
+refused("scatter_add with an index larger than src", "is larger than src",
+        lambda: x.scatter_add(0, torch.zeros(6, 3, dtype=torch.long).to(dev), x).cpu())
+refused("masked_scatter_ with too few source elements", "the mask takes 15 elements, source has 4",
+        lambda: x.clone().masked_scatter_(x > 0, torch.ones(4).to(dev)).cpu())
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

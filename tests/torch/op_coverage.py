@@ -66,8 +66,8 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda a, b, c: torch.bmm(a, b.transpose(1, 2)) + torch.baddbmm(c, a, b.transpose(1, 2), beta=0.5, alpha=2)),
     ("embedding (index_select) and its dense backward, with a padding row", [(7, 3)],
      lambda w: F.embedding(torch.tensor([[1, 3, 3], [0, 6, 2]], device=w.device), w, padding_idx=3)),
-    # (index_select's own backward is index_add_, which still falls back; embedding's is its own op.)
-    ("index_select over dim 1 (forward)", [(4, 6)], lambda x: x.index_select(1, torch.tensor([5, 0, 0, 2], device=x.device)).detach()),
+    ("index_select over dim 1, and its backward (index_add)", [(4, 6)],
+     lambda x: x.index_select(1, torch.tensor([5, 0, 0, 2], device=x.device))),
     ("all, any", [(4, 5)], lambda x: ((x > -3).all().float() + (x > 1).any(1).float().sum() + (x > 0).all(0).float().sum())),
     ("conv2d with bias, padding 1", [(2, 3, 6, 6), (4, 3, 3, 3), (4,)], lambda x, w, b: F.conv2d(x, w, b, padding=1)),
     ("conv2d stride 2, dilation 2, no bias", [(2, 2, 9, 9), (3, 2, 3, 3)], lambda x, w: F.conv2d(x, w, stride=2, dilation=2)),
@@ -85,10 +85,18 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("binary cross-entropy, with logits", [(6, 4), (6, 4)],
      lambda a, b: F.binary_cross_entropy(torch.sigmoid(a), torch.sigmoid(b).detach())
      + F.binary_cross_entropy_with_logits(a, torch.sigmoid(b).detach())),
-    # (gather's own backward is scatter_add_, which still falls back; nll_loss's is its own.)
-    ("gather along dims 1 and 0 (forward)", [(4, 5)],
+    ("gather along dims 1 and 0, and its backward (scatter_add)", [(4, 5)],
      lambda x: (x.gather(1, torch.tensor([[0, 4], [1, 1], [3, 2], [0, 0]], device=x.device)).sum(1)
-                + x.gather(0, torch.tensor([[3, 2, 1, 0, 0]], device=x.device)).sum()).detach()),
+                + x.gather(0, torch.tensor([[3, 2, 1, 0, 0]], device=x.device)).sum())),
+    ("scatter_add along dims 0 and 2", [(3, 4, 5), (2, 4, 5), (3, 4, 2)],
+     lambda x, s, t: (x.scatter_add(0, torch.tensor([[[0, 2, 2, 1, 0]] * 4, [[1, 1, 0, 2, 2]] * 4], device=x.device), s)
+                      + x.scatter_add(2, torch.tensor([[[4, 4]] * 4] * 3, device=x.device), t))),
+    ("scatter_add_ with an index smaller than src (forward)", [(3, 5), (4, 6)],
+     lambda x, s: x.detach().clone().scatter_add_(1, torch.tensor([[0, 4, 4], [2, 2, 1]], device=x.device), s.detach())),
+    ("index_add along dim 1 with alpha", [(3, 5), (3, 4)],
+     lambda x, s: x.index_add(1, torch.tensor([4, 0, 4, 2], device=x.device), s, alpha=-1.5)),
+    ("masked_select, and its backward (masked_scatter)", [(4, 5), (5,)],
+     lambda x, b: x.masked_select(b > 0) * 2),
     ("nll_loss reduction none", [(6, 4)], lambda x: F.nll_loss(F.log_softmax(x, 1), (x[:, 0] > x[:, 1]).long(), reduction="none")),
     ("cross_entropy with class weights", [(6, 4)],
      lambda x: F.cross_entropy(x, (x[:, 0] > x[:, 1]).long(), weight=torch.tensor([1.0, 2.0, 0.5, 1.5], device=x.device))),

@@ -41,7 +41,7 @@ raccel::client::TensorFn fnNamed(const std::string& name) {
                                 "softplus", "softplus_backward", "hardtanh", "hardtanh_backward", "softmax",
                                 "softmax_backward", "sign", "eq", "ne", "lt", "le", "gt", "ge", "where", "clamp",
                                 "log1p", "reciprocal", "rsqrt", "elu", "elu_backward", "lerp", "amax", "amin",
-                                "argmax", "argmin", "index_select", "embedding_backward", "uniform", "bernoulli",
+                                "argmax", "argmin", "index_select", "index_add", "uniform", "bernoulli",
                                 "normal"};
   static_assert(std::size(names) == size_t(raccel::client::TensorFn::normal) + 1);
   for (size_t i = 0; i < std::size(names); ++i)

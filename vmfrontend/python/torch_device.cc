@@ -318,6 +318,8 @@ void readInto(const at::Tensor& src, const at::Tensor& hostDst) {
   {
     Locked s;
     st = s->read(handle, byteOffset, std::span(static_cast<std::byte*>(hostDst.data_ptr()), src.nbytes()));
+    // An op sent before that the card refused: the value read may be wrong, so say why.
+    if (auto e = s->takeError(); st && e) st = fail(*e);
   }
   if (!st) raise(st.error());
 }
@@ -1116,6 +1118,31 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
   return python::index_select_out(self, dim, index, out);
 }
 
+// Along `dim`: out[.., index[.., i, ..], ..] = (accumulate ? out : 0) + alpha * src[.., i, ..]
+// summed over i, for the positions of src's shape (index of src's shape, or a view
+// expanded to it; out's other dimensions at least src's, its other elements untouched);
+// an index equal to `padding` or outside out's rows adds nothing. One indexAdd op: the
+// other dimensions, then the rows, then the positions. src must not share out's storage.
+void addAtIndex(const at::Tensor& out, int64_t dim, const at::Tensor& index, const at::Tensor& src, float alpha, bool accumulate,
+                int64_t padding = -1) {
+  std::vector<int64_t> shape, outStrides, srcStrides, indexStrides;
+  for (int64_t d = 0; d < src.dim(); ++d)
+    if (d != dim) {
+      shape.push_back(src.size(d));
+      outStrides.push_back(out.stride(d)), srcStrides.push_back(src.stride(d)), indexStrides.push_back(index.stride(d));
+    }
+  shape.push_back(out.size(dim)), outStrides.push_back(out.stride(dim)), srcStrides.push_back(0), indexStrides.push_back(0);
+  shape.push_back(src.size(dim)), outStrides.push_back(0), srcStrides.push_back(src.stride(dim)), indexStrides.push_back(index.stride(dim));
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::indexAdd;
+  op.shape = shapeOf(shape);
+  op.operands = {operand(out, outStrides), operand(src, srcStrides), operand(index, indexStrides)};
+  op.alpha = alpha, op.beta = accumulate ? 1 : 0;
+  op.ignoreIndex = padding;
+  send(*s, op);
+}
+
 // The embedding table's gradient: each row the sum of the gradients of the positions
 // that picked it (the padding row's 0).
 at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& indices, int64_t numWeights, int64_t paddingIdx,
@@ -1125,17 +1152,109 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& in
       return at::embedding_dense_backward(host(grad), host(indices), numWeights, paddingIdx, scaleGradByFreq).to(grad.device());
     });
   const int64_t dim = grad.size(-1), n = indices.numel();
-  auto g = grad.reshape({n, dim}).contiguous(), idx = indices.reshape({n}).contiguous();
+  auto g = grad.reshape({n, dim}), idx = indices.reshape({n, 1}).expand({n, dim});
   auto out = emptyOn({numWeights, dim});
   if (n == 0) return out.zero_();
-  Locked s;
-  client::TensorOp op;
-  op.fn = TensorFn::embeddingBackward;
-  op.shape = {uint64_t(numWeights), uint64_t(dim), uint64_t(n)};
-  op.operands = {operand(out, {dim, 1, 0}), operand(g, {0, 1, dim}), operand(idx, {0, 0, 1})};
-  op.ignoreIndex = paddingIdx;
-  send(*s, op);
+  addAtIndex(out, 0, idx, g, 1, false, paddingIdx < 0 ? -1 : paddingIdx);
   return out;
+}
+
+// src, or a copy of it where it shares out's storage (an op's output is never an input).
+at::Tensor apart(const at::Tensor& src, const at::Tensor& out) { return src.is_alias_of(out) ? src.clone() : src; }
+
+// out = self, then out[.., index[.., i, ..], ..] += src[.., i, ..] along `dim` (gather's
+// backward). An index outside self's dimension adds nowhere (PyTorch's CPU raises).
+at::Tensor& scatter_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src, at::Tensor& out) {
+  const bool ok = supported({&self, &src, &out}) && onDevice(self) && onDevice(src) && onDevice(out) && typed(index) &&
+                  index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 && index.dim() == self.dim() &&
+                  src.dim() == self.dim();
+  if (!ok) return hostInto("aten::scatter_add", out, at::scatter_add(host(self), dim, host(index), host(src)));
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    TORCH_CHECK(index.size(d) <= src.size(d), "raccel: scatter_add: index ", index.sizes(), " is larger than src ", src.sizes(),
+                " in dimension ", d);
+    TORCH_CHECK(d == dim || index.size(d) <= self.size(d), "raccel: scatter_add: index ", index.sizes(), " is larger than self ",
+                self.sizes(), " in dimension ", d);
+  }
+  at::native::resize_output(out, self.sizes());
+  if (!out.is_same(self)) out.copy_(self);
+  if (index.numel() == 0) return out;
+  auto from = src;
+  for (int64_t d = 0; d < src.dim(); ++d) from = from.narrow(d, 0, index.size(d));
+  addAtIndex(out, dim, index, apart(from, out), 1, true);
+  return out;
+}
+at::Tensor scatter_add(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::scatter_add_out(self, dim, index, src, out);
+}
+at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
+  return python::scatter_add_out(self, dim, index, src, self);
+}
+
+// out = self, then out[.., index[i], ..] += alpha * source[.., i, ..] along `dim`
+// (index_select's backward).
+at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
+                          const at::Scalar& alpha, at::Tensor& out) {
+  const bool ok = supported({&self, &source, &out}) && onDevice(self) && onDevice(source) && onDevice(out) && typed(index) &&
+                  index.scalar_type() == at::kLong && index.dim() <= 1 && self.dim() >= 1 && self.dim() <= 5 &&
+                  source.dim() == self.dim();
+  if (!ok) return hostInto("aten::index_add", out, at::index_add(host(self), dim, host(index), host(source), alpha));
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  for (int64_t d = 0; d < self.dim(); ++d)
+    TORCH_CHECK(d == dim ? source.size(d) == index.numel() : source.size(d) == self.size(d), "raccel: index_add: source ",
+                source.sizes(), " does not fit self ", self.sizes(), " and an index of ", index.numel(), " along dimension ", dim);
+  at::native::resize_output(out, self.sizes());
+  if (!out.is_same(self)) out.copy_(self);
+  if (index.numel() == 0) return out;
+  std::vector<int64_t> along(source.dim(), 1);
+  along[dim] = index.numel();
+  addAtIndex(out, dim, index.reshape(along).expand(source.sizes()), apart(source, out), alpha.toFloat(), true);
+  return out;
+}
+at::Tensor index_add(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source, const at::Scalar& alpha) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::index_add_out(self, dim, index, source, alpha, out);
+}
+at::Tensor& index_add_(at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source, const at::Scalar& alpha) {
+  return python::index_add_out(self, dim, index, source, alpha, self);
+}
+
+// A bool mask broadcast to `shape`, read to the host and flattened: which positions a
+// masked op takes is data, so it is known only once the card has made the mask (the
+// one wait these ops add; the values stay on the card).
+at::Tensor hostMask(const at::Tensor& mask, c10::IntArrayRef shape) { return host(mask.expand(shape)).reshape({-1}); }
+
+// self's elements where mask is true, in order, as one dimension.
+at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
+  if (!typed(self) || !typed(mask) || mask.scalar_type() != at::kBool)
+    return onHost("aten::masked_select", [&] { return at::masked_select(host(self), host(mask)).to(self.device()); });
+  const auto shape = broadcastShape(self, mask);
+  auto positions = hostMask(mask, shape).nonzero().reshape({-1});
+  auto out = emptyOn({positions.numel()}, self.scalar_type());
+  if (positions.numel() == 0) return out;
+  return python::index_select_out(self.expand(shape).reshape({-1}), 0, positions.to(self.device()), out);
+}
+
+// self's elements where mask is true take source's first ones, in order (masked_select's
+// backward).
+at::Tensor& masked_scatter_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& source) {
+  if (!typed(self) || !typed(source) || source.scalar_type() != self.scalar_type() || !typed(mask) ||
+      mask.scalar_type() != at::kBool) {
+    countFallback("aten::masked_scatter_");
+    auto result = host(self);
+    result.masked_scatter_(host(mask), host(source));
+    return self.copy_(result);
+  }
+  auto flat = hostMask(mask, self.sizes());
+  const int64_t taken = flat.sum().item<int64_t>();
+  TORCH_CHECK(source.numel() >= taken, "raccel: masked_scatter_: the mask takes ", taken, " elements, source has ",
+              source.numel());
+  if (taken == 0) return self;
+  // Each position's element of source: how many true positions come before it.
+  auto rank = (flat.cumsum(0) - 1).clamp_min(0);
+  auto picked = python::index_select(source.reshape({-1}), 0, rank.to(self.device())).view(self.sizes());
+  return self.copy_(at::where(mask.expand(self.sizes()), picked, self));
 }
 
 // ---- Random numbers on the card (keyed from PyTorch's generator) -----------------------
@@ -2407,6 +2526,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_select.out", TORCH_FN(index_select_out));
   m.impl("index_select", TORCH_FN(python::index_select));
   m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
+  m.impl("scatter_add.out", TORCH_FN(scatter_add_out));
+  m.impl("scatter_add", TORCH_FN(python::scatter_add));
+  m.impl("scatter_add_", TORCH_FN(scatter_add_));
+  m.impl("index_add.out", TORCH_FN(index_add_out));
+  m.impl("index_add", TORCH_FN(python::index_add));
+  m.impl("index_add_", TORCH_FN(index_add_));
+  m.impl("masked_select", TORCH_FN(masked_select));
+  m.impl("masked_scatter_", TORCH_FN(masked_scatter_));
   m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
   m.impl("all", TORCH_FN(python::all));
   m.impl("any", TORCH_FN(python::any));
