@@ -102,6 +102,12 @@ struct KernelTime {
   uint64_t ns = 0;
 };
 
+// A call that had returned, and then failed on the card (a sandboxed card's posted work).
+struct DeferredError {
+  uint64_t tag = 0;  // what tagKernels() said when it was made
+  Error error;
+};
+
 class Buffer {
  public:
   virtual ~Buffer() = default;
@@ -224,6 +230,9 @@ class Device {
   virtual size_t takeCompleted(std::vector<KernelTime>&) { return 0; }
   // Blocks until a kernel in flight completes or `timeoutMs` passes.
   virtual void waitCompleted(unsigned /*timeoutMs*/) {}
+  // The calls that returned before their work was checked on the card and then failed
+  // there, oldest first, each once (a sandboxed card posts work: netaccel/sandbox.h).
+  virtual std::vector<DeferredError> takeDeferredErrors() { return {}; }
 
   // Allocation refuses past this many bytes, below the card's memory (a sandbox that
   // serves one tenant holds that tenant's share). 0 = the card's memory.

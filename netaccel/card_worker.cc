@@ -101,6 +101,7 @@ struct CardWorker::Tenant {
   uint32_t blocks = 0;  // of its open contexts here
   uint32_t contexts = 0;
   uint64_t quota = 0;  // the largest memory quota of its contexts (the VM's): the sandbox's allocation cap
+  double lastRanNs = -1e300;  // when an instruction of its last ran here
   std::unique_ptr<hal::Device> sandbox;  // with sandboxes: while it has contexts here
 };
 
@@ -123,6 +124,7 @@ struct CardWorker::Context {
   // context's instructions run in order), and it is dropped before they are released.
   std::unique_ptr<hal::SlicedWork> running;
   uint64_t runningSequence = 0;
+  uint64_t lastSequence = 0;  // the highest instruction sequence run
   bool hasWork() const { return running || !ready.empty(); }
   Usage usage;
   uint32_t blocks = 1;
@@ -153,6 +155,7 @@ CardWorker::CardWorker(std::unique_ptr<hal::Device> device, std::function<void()
       tenants_(std::make_unique<std::unordered_map<std::string, Tenant>>()),
       halfLifeNs_(std::max(1.0, options_.halfLifeMs) * 1e6) {
   options_.queueDepth = std::max(1u, options_.queueDepth);
+  options_.aloneQueueDepth = std::max(options_.queueDepth, options_.aloneQueueDepth);
   if (options_.sandbox) {
     device_.reset();  // its device context closes: each tenant's sandbox opens its own
     sandboxes_ = std::make_unique<SandboxPool>(caps_, *options_.sandbox, options_.label);
@@ -323,6 +326,7 @@ void CardWorker::run() {
         else execute(w);  // may replace a lost sandbox
         auto it = contexts_->find(id);
         if (instruction && it != contexts_->end()) {
+          (*tenants_)[it->second.tenant].lastRanNs = nowNs();
           if (!timed) charge(it->second, nowNs() - start);
           else if (existingDevice((*tenants_)[it->second.tenant]) == device) {  // not lost meanwhile
             ++outstanding_[device];  // at most one kernel per instruction (or slice) can be in flight for it
@@ -371,9 +375,9 @@ void CardWorker::intake(std::vector<Work>& arrived) {
 CardWorker::Context* CardWorker::pick() {
   const size_t ready = readyContexts();
   if (ready == 0) return nullptr;
-  // The card has queueDepth kernels in flight: nothing is dispatched until one completes,
+  // The card has its depth of kernels in flight: nothing is dispatched until one completes,
   // so that the next is the fairest one then (only asynchronous devices count here).
-  if (inFlightTotal_ >= options_.queueDepth) return nullptr;
+  if (inFlightTotal_ >= depth()) return nullptr;
   if (ready == 1) {
     for (auto& [id, c] : *contexts_)
       if (c.hasWork()) return &c;
@@ -397,6 +401,25 @@ CardWorker::Context* CardWorker::pick() {
     if (!best || c.priority > best->priority || (c.priority == best->priority && own < bestOwn)) best = &c, bestOwn = own;
   }
   return best;
+}
+
+unsigned CardWorker::depth() const {
+  // Another tenant with work ready, or that ran some lately (a quarter of the half-life:
+  // between its batches, waiting on a fence), shares the card: then the shallow queue
+  // keeps each dispatch the fairest.
+  const double now = nowNs(), lately = options_.halfLifeMs * 1e6 / 4;
+  const std::string* first = nullptr;
+  for (auto& [id, c] : *contexts_) {
+    bool active = c.hasWork();
+    if (!active) {
+      auto t = tenants_->find(c.tenant);
+      active = t != tenants_->end() && now - t->second.lastRanNs < lately;
+    }
+    if (!active) continue;
+    if (first && *first != c.tenant) return options_.queueDepth;
+    first = &c.tenant;
+  }
+  return options_.aloneQueueDepth;
 }
 
 size_t CardWorker::readyContexts() const {
@@ -497,12 +520,13 @@ size_t CardWorker::collect(hal::Device& device) {
     if (times.size() > kKeptKernelTimes) times.pop_front();
     ++valid;
   }
-  // No more than it was given and has not completed, and at most queueDepth: a sandbox
-  // claiming more would hold the whole card.
+  if (sandboxes_) reportDeferred(device);  // posted work that failed, answered while nothing else is
+  // No more than it was given and has not completed, and at most the deepest queue: a
+  // sandbox claiming more would hold the whole card.
   size_t& given = outstanding_[&device];
   given -= std::min(given, valid);
   if (n == 0) given = 0;
-  n = std::min<size_t>({n, given, options_.queueDepth});
+  n = std::min<size_t>({n, given, options_.aloneQueueDepth});
   if (n == 0) {
     forgetDevice(&device);
     return valid;
@@ -592,6 +616,26 @@ void CardWorker::sandboxLost(const std::string& tenant, const std::string& why, 
 }
 
 void CardWorker::emit(uint32_t context, uint64_t sequence, Body body) {
+  if (sandboxes_)
+    if (auto it = contexts_->find(context); it != contexts_->end())
+      if (hal::Device* d = existingDevice((*tenants_)[it->second.tenant])) reportDeferred(*d);
+  queueOutput(context, sequence, std::move(body));
+}
+
+void CardWorker::reportDeferred(hal::Device& device) {
+  for (auto& d : device.takeDeferredErrors()) {
+    auto it = contexts_->find(static_cast<uint32_t>(d.tag));
+    if (it == contexts_->end()) continue;  // closed meanwhile
+    Context& c = it->second;
+    if (existingDevice((*tenants_)[c.tenant]) != &device) continue;  // a sandbox speaks for its own tenant only
+    // The tag keeps the sequence's low 32 bits: the latest sequence of the context with them.
+    uint64_t seq = (c.lastSequence & ~uint64_t{0xffffffff}) | (d.tag >> 32);
+    if (seq > c.lastSequence && seq > 0xffffffffull) seq -= uint64_t{1} << 32;
+    queueOutput(c.id, seq, errorReply(seq, Failure{std::move(d.error), 0}));
+  }
+}
+
+void CardWorker::queueOutput(uint32_t context, uint64_t sequence, Body body) {
   pendingOutBytes_ += body.size();
   pendingOut_.push_back(Output{context, sequence, std::move(body)});
   if (pendingOutBytes_ >= 4 * 1024 * 1024) flushOutputs(false);
@@ -1050,6 +1094,7 @@ void CardWorker::execute(Work& work) {
     return;
   }
   const uint64_t seq = work.sequence;
+  c.lastSequence = std::max(c.lastSequence, seq);
   hal::Device& device = deviceOf(c);
   std::optional<uint64_t> created;
   Outcome outcome;

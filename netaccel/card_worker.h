@@ -70,7 +70,8 @@ class CardWorker {
   };
   struct Options {
     double halfLifeMs = 2000;
-    unsigned queueDepth = 2;  // asynchronous devices: kernels in flight on the card
+    unsigned queueDepth = 2;  // asynchronous devices: kernels in flight on the card while tenants share it
+    unsigned aloneQueueDepth = 64;  // ... while one tenant has work here (nobody's share is at stake)
     double sliceMs = 10;      // ops are cut into slices of about this much of the card's speed (speedTflops)
     double maxOpSeconds = 120;  // an op worth more of the card than this is refused
     std::string label = "card";  // in messages: "card 0"
@@ -140,6 +141,8 @@ class CardWorker {
   bool eligible(const Context& c) const;
   // Completed kernels' device time, charged; returns how many were real (this device's).
   size_t collect(hal::Device& device);
+  // Kernels that may be in flight now: deep for a tenant alone, shallow when tenants share.
+  unsigned depth() const;
   size_t collectAll();
   void waitForDevice();               // some kernel in flight to complete
   void stopStalled();                 // sandboxes whose kernels make no progress
@@ -151,7 +154,11 @@ class CardWorker {
   class Step;  // one instruction's handlers (card_worker.cc)
   void open(Work& work);     // a context opened: its quota, its tenant's share
   void execute(Work& work);
+  // A reply to `context`'s instruction; what its device reports as failed since (posted
+  // work, hal::Device::takeDeferredErrors) is answered first.
   void emit(uint32_t context, uint64_t sequence, transport::Body body);
+  void queueOutput(uint32_t context, uint64_t sequence, transport::Body body);
+  void reportDeferred(hal::Device& device);
   void flushOutputs(bool force);
 
   hal::Capabilities caps_;

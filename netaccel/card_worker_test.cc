@@ -177,6 +177,31 @@ TEST(CardWorker, ASandboxReportingMadeUpKernelsHoldsNoQueueSlotAndChargesNoOther
     EXPECT_NE(context, 2u) << "another tenant was charged " << ns << " ns by the sandbox's report";
 }
 
+// On a card that times its kernels the sandbox's ops are posted: one that fails there is
+// answered as its own instruction's error, before the fence that follows it, and the
+// tenant's work carries on.
+TEST(CardWorker, APostedOpThatFailsInItsSandboxIsAnsweredAsItsInstructionsError) {
+  HostileCard card("failop");  // its gemms fail after they were taken
+  EXPECT_TRUE(card.goodFinishes(10000)) << "the other tenant was starved";
+  for (int i = 0; i < 1000 && std::count_if(card.outputs.begin(), card.outputs.end(), [](auto& o) { return o.context == 1; }) < 40; ++i) {
+    card.worker->drain(card.outputs);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::vector<std::pair<uint64_t, wire::Reply::Which>> seen;
+  for (auto& o : card.outputs) {
+    if (o.context != 1) continue;
+    transport::MessageIn in(std::move(o.body));
+    seen.emplace_back(o.sequence, in.root<wire::Reply>().which());
+  }
+  std::vector<std::pair<uint64_t, wire::Reply::Which>> want;
+  for (uint64_t gemm = 4; gemm < 4 + 40; gemm += 2) {  // after three allocs: (gemm, fence) x 20
+    want.emplace_back(gemm, wire::Reply::ERROR);
+    want.emplace_back(gemm + 1, wire::Reply::FENCED);
+  }
+  EXPECT_EQ(seen, want);
+  EXPECT_TRUE(card.faults().empty()) << "the sandbox was lost for an op's failure";
+}
+
 TEST(CardWorker, ASandboxWhoseKernelsNeverCompleteIsStoppedAtTheCallTimeout) {
   HostileCard card("stuck");
   EXPECT_TRUE(card.goodFinishes(10000)) << "the other tenant was starved";

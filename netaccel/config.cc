@@ -142,7 +142,7 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
                                     "sandbox", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
-                                    "sandbox_call_timeout_ms", "device_queue_depth", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory"};
+                                    "sandbox_call_timeout_ms", "device_queue_depth", "device_queue_depth_alone", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory"};
   known.insert(known.end(), std::begin(kEtcdKeys), std::end(kEtcdKeys));
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   if (top.has("sandbox_hide"))
@@ -203,6 +203,9 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto depth = top.getInt("device_queue_depth", out.queueDepth, 1, 1024);
   if (!depth) return fail(depth.error());
   out.queueDepth = static_cast<unsigned>(*depth);
+  auto alone = top.getInt("device_queue_depth_alone", std::max<long long>(out.aloneQueueDepth, out.queueDepth), out.queueDepth, 4096);
+  if (!alone) return fail(alone.error());
+  out.aloneQueueDepth = static_cast<unsigned>(*alone);
   if (top.getString("host_cpu", "auto") == "auto") {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     out.hostCpuMilli = cores > 0 ? static_cast<uint64_t>(cores) * 1000 : 0;

@@ -23,6 +23,9 @@
 //   sandbox_call_timeout_ms = 30000     # a sandbox that answers no call (or whose kernels
 //                                #   make no progress) this long is stopped
 //   device_queue_depth = 2       # asynchronous cards: kernels in flight on a card at once
+//                                #   while tenants share it (each dispatch the fairest)
+//   device_queue_depth_alone = 64  # ... while one tenant alone has work there (at least
+//                                #   device_queue_depth)
 //   slice_ms = 10                # ops are cut into slices of about this much of a card's
 //                                #   speed (its own, from its properties or calibration,
 //                                #   where faster than its tflops); sharing and cancelling
@@ -101,6 +104,7 @@ struct NetaccelConfig {
   SandboxConfig sandbox;
   // Asynchronous cards: kernels in flight on one card at once (the granularity of shares).
   unsigned queueDepth = 2;
+  unsigned aloneQueueDepth = 64;
   // Bounded work (hal/slicing.h): slices of this much of a card's speed, and the
   // most one op may be worth.
   double sliceMs = 10;

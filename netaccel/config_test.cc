@@ -101,12 +101,14 @@ TEST(NetaccelConfig, SandboxSettingsAreCheckedWhereTheyEnter) {
   EXPECT_EQ(c->sandbox.readable, (std::vector<std::string>{"/srv/a", "/srv/b"}));
   EXPECT_EQ(c->sandbox.callTimeoutMs, 500u);
   EXPECT_EQ(c->queueDepth, 4u);
+  EXPECT_EQ(c->aloneQueueDepth, 64u);  // the default
   EXPECT_TRUE(c->cards.at(0).async);
   for (auto [text, words] : {std::pair{"sandbox_read = relative/path\n", "not an absolute path"},
                              std::pair{"sandbox_hide = /srv\n", "sandbox_hide is gone"},
                              std::pair{"max_op_seconds = 0\n", "max_op_seconds"},
                              std::pair{"slice_ms = -1\n", "slice_ms"},
                              std::pair{"device_queue_depth = 0\n", "device_queue_depth"},
+                             std::pair{"device_queue_depth = 8\ndevice_queue_depth_alone = 4\n", "device_queue_depth_alone"},
                              std::pair{"sandbox_warm = 1000\n", "sandbox_warm"},
                              std::pair{"sandbox_host_memory = 1MiB\n", "at least 64MiB"},
                              std::pair{"sandbox = perhaps\n", "sandbox"},

@@ -4,9 +4,12 @@
 //   oversize    answers with a payload larger than the window
 //   shortread   answers reads with fewer bytes than asked
 //   shrink      tries to shrink and unseal the shared window, then behaves
-//   flood       claims a billion kernels in flight and reports made-up kernel times
+//   flood       claims a billion kernels in flight and fills the completion ring with
+//               made-up kernel times
+//   overrun     claims more completions in the ring than it holds
 //   extra       sends two replies for each request
 //   failwrite   fails every write after taking it
+//   failop      an asynchronous device that fails every gemm after taking it
 //   stuck       an asynchronous device whose kernels never complete (one always pending)
 // With RACCEL_HOSTILE_MARK=PATH only the first sandbox to create PATH misbehaves; the
 // others are asynchronous devices that complete everything at once (and report nothing).
@@ -34,8 +37,9 @@ int main() {
     else ::close(f);
   }
   const int fd = 3;
-  auto* window = static_cast<std::byte*>(mmap(nullptr, kWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED, 4, 0));
+  auto* window = static_cast<std::byte*>(mmap(nullptr, kMappedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, 4, 0));
   if (window == MAP_FAILED) return 2;
+  CompletionRing& ring = *ringOf(window);
   auto send = [&](const Reply& r) { return ::send(fd, &r, sizeof r, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r); };
   if (mode == "shrink") {
     (void)!ftruncate(4, 0);  // refused: the window is sealed
@@ -46,28 +50,32 @@ int main() {
     return 0;
   }
   Reply ready;
-  ready.timesKernels = mode == "flood" || mode == "stuck" || mode == "honest";
+  ready.timesKernels = mode == "flood" || mode == "stuck" || mode == "honest" || mode == "overrun" || mode == "failop";
   send(ready);
   for (;;) {
-    Request q;
-    ssize_t n = ::recv(fd, &q, sizeof q, 0);
+    TensorRequest in;
+    Request& q = in.request;
+    ssize_t n = ::recv(fd, &in, sizeof in, 0);
     if (n <= 0) return 0;
     Reply r;
+    r.serial = q.serial;
     if (q.op == Op::read) r.payload = q.length;
     if (mode == "oversize") r.payload = kWindowBytes + 1;
     if (mode == "shortread" && q.op == Op::read) r.payload = q.length / 2;
     if (mode == "flood") {
       r.pending = 1000000000ull;
       r.timesKernels = 1;
-      if (q.op == Op::completed || q.op == Op::wait) {
-        auto* times = reinterpret_cast<raccel::hal::KernelTime*>(window);
-        // Tags of every context there may be (others' too), and absurd times.
-        for (int i = 0; i < 1000; ++i) times[i] = {static_cast<uint64_t>(i % 8) | (static_cast<uint64_t>(i % 3) << 33), ~0ull};
-        r.payload = 1000 * sizeof(raccel::hal::KernelTime);
-      }
+      ring.pending.store(r.pending);
+      // Tags of every context there may be (others' too), and absurd times, as many as
+      // the ring has room for.
+      uint64_t head = ring.head.load(), room = kRingEntries - (head - ring.tail.load());
+      for (uint64_t i = 0; i < room; ++i)
+        ring.slots[(head + i) % kRingEntries] = {(i % 8) | ((i % 3) << 33), ~0ull};
+      ring.head.store(head + room);
     }
-    if (mode == "stuck") r.pending = 1;
-    if (mode == "failwrite" && q.op == Op::write) {
+    if (mode == "overrun") ring.head.store(ring.tail.load() + kRingEntries + 1);
+    if (mode == "stuck") r.pending = 1, ring.pending.store(1);
+    if ((mode == "failwrite" && q.op == Op::write) || (mode == "failop" && q.op == Op::gemm)) {
       r.code = static_cast<uint32_t>(raccel::Code::internal);
       r.payload = 4;
       std::memcpy(window, "nope", 4);

@@ -113,6 +113,7 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
     CardWorker::Options options;
     options.halfLifeMs = config_.fairHalfLifeMs;
     options.queueDepth = config_.queueDepth;
+    options.aloneQueueDepth = config_.aloneQueueDepth;
     options.sliceMs = config_.sliceMs;
     options.maxOpSeconds = config_.maxOpSeconds;
     options.label = "card " + std::to_string(workers_.size());

@@ -13,11 +13,17 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <new>
+#include <optional>
+#include <span>
+#include <thread>
 #include <unordered_map>
+#include <utility>
 
+#include "common/limits.h"
 #include "common/log.h"
 
 extern char** environ;
@@ -68,7 +74,7 @@ class SandboxProcess {
   ~SandboxProcess() {
     ::close(fd_);
     reap();
-    ::munmap(window_, kWindowBytes);
+    ::munmap(window_, sandbox::kMappedBytes);
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
@@ -77,6 +83,7 @@ class SandboxProcess {
 
   pid_t pid() const { return pid_; }
   std::byte* window() { return window_; }
+  sandbox::CompletionRing& ring() { return *sandbox::ringOf(window_); }
 
   // Still running? (A warm sandbox may have died before anyone asked it anything.)
   bool alive() {
@@ -90,10 +97,37 @@ class SandboxProcess {
   }
 
   // Sends a request without waiting for its reply.
-  Status send(const Request& request) {
-    if (::send(fd_, &request, sizeof request, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof request))
-      return fail(Code::internal, gone());
+  Status send(const Request& request) { return sendMessage(&request, sizeof request); }
+  Status sendMessage(const void* message, size_t bytes) {
+    if (::send(fd_, message, bytes, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes)) return fail(Code::internal, gone());
     return {};
+  }
+  // Sends without blocking: false when the socket is full (the sandbox reads nothing
+  // until its replies are read).
+  Result<bool> offer(const void* message, size_t bytes) {
+    ssize_t n = ::send(fd_, message, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(bytes)) return true;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    return fail(Code::internal, gone());
+  }
+  // Waits up to `timeoutMs` for room to send (false: none came, and it was stopped).
+  bool awaitRoom(unsigned timeoutMs) {
+    pollfd p{fd_, POLLOUT, 0};
+    int rc;
+    do rc = ::poll(&p, 1, static_cast<int>(timeoutMs));
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0) stop();
+    return rc != 0;
+  }
+  // A reply that has come already, without waiting (nothing: none has).
+  Result<std::optional<Reply>> poll() {
+    Reply reply;
+    ssize_t n = ::recv(fd_, &reply, sizeof reply, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return std::optional<Reply>{};
+    if (n != static_cast<ssize_t>(sizeof reply)) return fail(Code::internal, gone());
+    auto r = checked(reply);
+    if (!r) return fail(r.error());
+    return std::optional<Reply>{*r};
   }
 
   // Sends a request and waits up to `timeoutMs` for its reply. An error here means the
@@ -126,11 +160,13 @@ class SandboxProcess {
   }
 
   Result<Reply> checked(const Reply& reply) {
-    if (reply.payload > kWindowBytes) {
-      stop();
-      return fail(Code::internal, "the sandbox broke its protocol (a reply larger than its window) and was stopped");
-    }
+    if (reply.payload > kWindowBytes) return std::unexpected(violated("a reply larger than its window"));
     return reply;
+  }
+  // The sandbox said what the protocol does not allow: it is stopped.
+  Error violated(const std::string& what) {
+    stop();
+    return Error{Code::internal, "the sandbox broke its protocol (" + what + ") and was stopped"};
   }
 
   // Why it is gone: its exit status once reaped. (Its socket closed: it is ending, and is
@@ -217,25 +253,24 @@ class SandboxDevice final : public hal::Device {
     (void)ready();  // known from the sandbox's first message
     return timesKernels_;
   }
+  // From the ring, without asking; the replies that have come meanwhile are read too.
+  // In flight: what the sandbox says it has, and the posted work it has not answered.
   size_t takeCompleted(std::vector<hal::KernelTime>& out) override {
-    out.insert(out.end(), waited_.begin(), waited_.end());
-    waited_.clear();
-    if (pending_ == 0 || !lost_.empty()) return 0;
-    auto r = call(request(Op::completed));
-    if (!r) return 0;
-    unpackCompleted(*r, out);
-    return pending_;
+    if (!lost_.empty() || !ready_) return 0;
+    if (!settlePosted(false) || !readRing(out)) return 0;
+    return static_cast<size_t>(std::min<uint64_t>(process_->ring().pending.load(std::memory_order_acquire), 1u << 30)) +
+           posted_.size();
   }
-  // The sandbox answers a wait with the kernels completed meanwhile (as takeCompleted):
-  // they are kept for the next takeCompleted (the worker takes them after every wait).
-  // A wait brings at most a window's worth, and no more than two are held.
+  // The sandbox puts what completed meanwhile in the ring (takeCompleted reads it).
   void waitCompleted(unsigned timeoutMs) override {
-    if (pending_ == 0 || !lost_.empty()) return;
+    if (!lost_.empty()) return;
     Request q = request(Op::wait);
     q.length = timeoutMs;
-    if (auto r = call(q)) unpackCompleted(*r, waited_);
-    constexpr size_t kMaxWaited = 2 * kWindowBytes / sizeof(hal::KernelTime);
-    if (waited_.size() > kMaxWaited) waited_.erase(waited_.begin(), waited_.end() - kMaxWaited);
+    (void)call(q);
+  }
+  std::vector<hal::DeferredError> takeDeferredErrors() override {
+    if (lost_.empty()) (void)settlePosted(false);
+    return std::exchange(deferred_, {});
   }
   std::string lost() const override { return lost_; }
   bool lostFromOutside() const override { return !lost_.empty() && process_->killedFromOutside(); }
@@ -244,12 +279,12 @@ class SandboxDevice final : public hal::Device {
   void releaseBuffer(uint64_t id) {
     Request q = request(Op::release);
     q.id = id;
-    (void)call(q);
+    (void)submit(q);
   }
   void releaseProgram(uint64_t id) {
     Request q = request(Op::releaseProgram);
     q.id = id;
-    (void)call(q);
+    (void)submit(q);
   }
 
  protected:
@@ -260,16 +295,17 @@ class SandboxDevice final : public hal::Device {
     if (auto r = call(q); !r) return fail(r.error());
     return std::unique_ptr<hal::Buffer>(new SandboxBuffer(bytes, q.id, this));
   }
-  // Writes are posted: each goes into one half of the window and the call returns
-  // without waiting for the sandbox, which copies it out while the next chunk comes in
-  // and is copied into the other half. A half is reused once the reply of the write that
-  // used it has come; any other call waits for every posted reply first. A posted write
-  // that then fails (the arguments were checked here) loses the device.
+  // Writes are posted (on every card): each goes into one half of the window and the call
+  // returns without waiting for the sandbox, which copies it out while the next chunk
+  // comes in and is copied into the other half. A half is reused once the reply of the
+  // write that used it has come; a call that uses the window waits for every posted
+  // reply first. A posted write that then fails (the arguments were checked here) loses
+  // the device.
   Status doWrite(hal::Buffer& b, uint64_t offset, std::span<const std::byte> data) override {
     if (auto s = ready(); !s) return s;
     uint64_t done = 0;
     do {
-      while (posted_ >= 2)
+      while (postedWrites_ >= 2)
         if (auto s = awaitPosted(); !s) return s;
       uint64_t n = std::min<uint64_t>(kHalf, data.size() - done);
       uint64_t at = nextHalf_ * kHalf;
@@ -280,8 +316,7 @@ class SandboxDevice final : public hal::Device {
       q.offset = offset + done;
       q.offset2 = at;
       q.payload = n;
-      if (auto r = process_->send(q); !r) return fail(lose(r.error().message));
-      ++posted_;
+      if (auto s = post(q); !s) return s;
       done += n;
     } while (done < data.size());
     return {};
@@ -310,7 +345,7 @@ class SandboxDevice final : public hal::Device {
     q.id2 = idOf(src);
     q.offset2 = srcOffset;
     q.length = length;
-    return statusOf(call(q));
+    return submit(q);
   }
   Status doFill(hal::Buffer& b, uint64_t offset, uint64_t length, uint8_t value) override {
     Request q = request(Op::fill);
@@ -318,7 +353,7 @@ class SandboxDevice final : public hal::Device {
     q.offset = offset;
     q.length = length;
     q.offset2 = value;
-    return statusOf(call(q));
+    return submit(q);
   }
 
   Result<std::unique_ptr<hal::Program>> doLoadProgram(ProgramKind kind, const std::string& name,
@@ -359,14 +394,27 @@ class SandboxDevice final : public hal::Device {
     return std::unique_ptr<hal::Program>(new SandboxProgram(name, kind, q.id, std::move(*description), this));
   }
 
+  // A launch's arguments go after its Request in the message where they are small and
+  // the card times its kernels (posted, as a tensor op), else through the window.
   Status doLaunch(hal::Program& program, const std::string& kernel, const hal::LaunchDims& dims,
                   std::span<const hal::KernelArg> args) override {
-    if (auto s = drainPosted(); !s) return s;  // the window is about to be filled
+    if (auto s = ready(); !s) return s;
+    // An OpenCL C program's compiler described every kernel and its arguments: the name
+    // and the count are checked here, so those errors come with the call.
+    if (program.kind() == ProgramKind::openclC) {
+      const auto& kernels = static_cast<SandboxProgram&>(program).description.kernels;
+      auto found = std::find_if(kernels.begin(), kernels.end(), [&](auto& k) { return k.name == kernel; });
+      if (found == kernels.end())
+        return fail(Code::notFound, "no kernel '" + limits::clip(kernel, 128) + "' in program '" + program.name() + "'");
+      if (found->args.size() != args.size())
+        return fail(Code::invalidArgument, "kernel " + found->name + " takes " + std::to_string(found->args.size()) +
+                                               " arguments, " + std::to_string(args.size()) + " given");
+    }
     // [u32 name bytes][name][u32 grid[3]][u32 block[3]][u32 shared][u64 offset[3]]
     // [u32 flags: autoBlock in bit 0, workDim in bits 8-15][u32 count]
     // then per argument {u32 type, u32 bytes, u64 value, u64 buffer offset} and, for a
     // by-value argument, its bytes (for an image, its ImageDesc).
-    std::vector<std::byte> p;
+    std::vector<std::byte> p(sizeof(Request));  // (room for the Request, if it goes with them)
     auto put = [&](const void* v, size_t n) {
       auto* b = static_cast<const std::byte*>(v);
       p.insert(p.end(), b, b + n);
@@ -394,12 +442,18 @@ class SandboxDevice final : public hal::Device {
       if (a.type == hal::KernelArg::Type::bytes) put(a.bytes.data(), a.bytes.size());
       if (image) put(&a.image, sizeof a.image);
     }
-    if (p.size() > kWindowBytes) return fail(Code::invalidArgument, "launch of " + kernel + ": too many arguments");
-    std::memcpy(process_->window(), p.data(), p.size());
+    const uint64_t bytes = p.size() - sizeof(Request);
+    if (bytes > kWindowBytes) return fail(Code::invalidArgument, "launch of " + kernel + ": too many arguments");
     Request q = request(Op::launch);
     q.id = static_cast<SandboxProgram&>(program).id;
-    q.payload = p.size();
+    q.payload = bytes;
     q.tag = kernelTag();
+    if (timesKernels_ && bytes <= sandbox::kMaxInlineBytes) {
+      Request* inline_ = new (p.data()) Request(q);
+      return post(*inline_, p.data(), p.size());
+    }
+    if (auto s = drainPosted(); !s) return s;  // the window is about to be filled
+    std::memcpy(process_->window(), p.data() + sizeof(Request), bytes);
     return statusOf(call(q));
   }
 
@@ -410,26 +464,29 @@ class SandboxDevice final : public hal::Device {
     q.id3 = idOf(*g.c);
     q.m = g.m, q.n = g.n, q.k = g.k, q.alpha = g.alpha, q.beta = g.beta;
     q.tag = kernelTag();
-    return statusOf(call(q));
+    return submit(q);
   }
   Status doAxpy(uint64_t n, float alpha, const hal::Buffer& x, hal::Buffer& y) override {
     Request q = request(Op::axpy);
     q.id = idOf(x), q.id2 = idOf(y), q.length = n, q.alpha = alpha, q.tag = kernelTag();
-    return statusOf(call(q));
+    return submit(q);
   }
   Status doVadd(uint64_t n, const hal::Buffer& a, const hal::Buffer& b, hal::Buffer& out) override {
     Request q = request(Op::vadd);
     q.id = idOf(a), q.id2 = idOf(b), q.id3 = idOf(out), q.length = n, q.tag = kernelTag();
-    return statusOf(call(q));
+    return submit(q);
   }
   Status doReduceSum(uint64_t n, const hal::Buffer& in, hal::Buffer& out) override {
     Request q = request(Op::reduceSum);
     q.id = idOf(in), q.id2 = idOf(out), q.length = n, q.tag = kernelTag();
-    return statusOf(call(q));
+    return submit(q);
   }
   Status doTensor(const hal::LoweredTensorOp& lowered) override {
     const hal::TensorOp& op = lowered.op;
-    sandbox::TensorWindow w;
+    sandbox::TensorRequest t;
+    t.request = request(Op::tensor);
+    t.request.tag = kernelTag();
+    sandbox::TensorWindow& w = t.op;
     w.fn = static_cast<uint32_t>(op.fn), w.dims = op.dims, w.reduceMask = op.reduceMask, w.mean = op.mean;
     w.alpha = op.alpha, w.beta = op.beta, w.ignoreIndex = op.ignoreIndex;
     for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) w.shape[d] = op.shape[d];
@@ -439,12 +496,7 @@ class SandboxDevice final : public hal::Device {
       w.types[i] = static_cast<uint32_t>(op.operands[i].type);
       for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) w.strides[i][d] = op.operands[i].strides[d];
     }
-    if (auto s = drainPosted(); !s) return s;  // the window is about to be filled
-    std::memcpy(process_->window(), &w, sizeof w);
-    Request q = request(Op::tensor);
-    q.payload = sizeof w;
-    q.tag = kernelTag();
-    return statusOf(call(q));
+    return submit(t.request, &t, sizeof t);
   }
   void doSetMemoryCap(uint64_t bytes) override {
     Request q = request(Op::memoryCap);
@@ -479,56 +531,139 @@ class SandboxDevice final : public hal::Device {
     return {};
   }
 
-  // The reply of the oldest posted write.
+  // A posted request whose reply has not been read yet.
+  struct Posted {
+    uint64_t serial = 0, tag = 0;
+    Op op{};
+  };
+  // Posted requests past which a post first reads the oldest reply.
+  static constexpr size_t kMaxPosted = 64;
+
+  // The error a reply carries (the window holds its message), or none.
+  std::optional<Error> errorOf(const Reply& r) {
+    if (r.code == 0) return std::nullopt;
+    Code code = r.code <= static_cast<uint32_t>(Code::internal) ? static_cast<Code>(r.code) : Code::internal;
+    return Error{code, clipped(reinterpret_cast<const char*>(process_->window()), r.payload), validOpenclError(r.openclError)};
+  }
+
+  // The oldest posted request's reply `r`: a fault loses the device, a failed write too
+  // (its arguments were checked here), any other failure waits for takeDeferredErrors().
+  Status settle(const Reply& r) {
+    const Posted p = posted_.front();
+    if (r.serial != p.serial)
+      return fail(lose(process_->violated("a reply to request " + std::to_string(r.serial) + " where " +
+                                          std::to_string(p.serial) + " was due").message));
+    posted_.pop_front();
+    if (p.op == Op::write) --postedWrites_;
+    auto error = errorOf(r);
+    if (r.lost) return fail(lose("the kernel faulted: " + (error ? error->message : std::string())));
+    if (!error) return {};
+    if (p.op == Op::write) return fail(lose("a write the sandbox had taken failed: " + error->message));
+    if (deferred_.size() < kMaxPosted * 4) deferred_.push_back({p.tag, std::move(*error)});
+    return {};
+  }
+  // The oldest posted request's reply, waited for.
   Status awaitPosted() {
     auto r = process_->call(nullptr, timeoutMs_);
     if (!r) return fail(lose(r.error().message));
-    --posted_;
-    pending_ = r->pending;
-    if (r->code != 0 || r->lost)
-      return fail(lose("a write the sandbox had taken failed: " +
-                       clipped(reinterpret_cast<const char*>(process_->window()), r->payload)));
-    return {};
+    return settle(*r);
   }
-
-  // Every posted write's reply: before anything else uses the window.
+  // The posted replies that have come (all of them, waiting, with `wait`).
+  bool settlePosted(bool wait) {
+    while (!posted_.empty()) {
+      if (wait) {
+        if (!awaitPosted()) return false;
+        continue;
+      }
+      auto r = process_->poll();
+      if (!r) return (void)lose(r.error().message), false;
+      if (!*r) return true;
+      if (!settle(**r)) return false;
+    }
+    return true;
+  }
+  // Every posted reply: before a call that waits for its own, or that fills the window.
   Status drainPosted() {
     if (auto s = ready(); !s) return s;
-    while (posted_ > 0)
-      if (auto s = awaitPosted(); !s) return s;
+    if (!settlePosted(true)) return fail(Code::internal, lost_);
     return {};
   }
 
-  Result<Reply> call(const Request& q) {
-    if (auto s = drainPosted(); !s) return fail(s.error());
-    auto r = process_->call(&q, timeoutMs_);
-    if (!r) return fail(lose(r.error().message));
-    pending_ = r->pending;
-    std::string message;
-    if (r->code != 0) message = clipped(reinterpret_cast<const char*>(process_->window()), r->payload);
-    if (r->lost) return fail(lose("the kernel faulted: " + message));
-    if (r->code != 0) {
-      Code code = r->code <= static_cast<uint32_t>(Code::internal) ? static_cast<Code>(r->code) : Code::internal;
-      return std::unexpected(Error{code, message, validOpenclError(r->openclError)});
+  // Sends `q` and returns at once, its reply read later. `message` (`bytes` long) begins
+  // with `q` itself (a tensor request: its op follows); none: `q` alone. A full socket,
+  // or kMaxPosted requests unanswered, first reads the oldest reply.
+  Status post(Request& q, const void* message = nullptr, size_t bytes = 0) {
+    if (auto s = ready(); !s) return s;
+    while (posted_.size() >= kMaxPosted)
+      if (auto s = awaitPosted(); !s) return s;
+    q.serial = ++serial_;
+    if (!message) message = &q, bytes = sizeof q;
+    for (;;) {
+      auto sent = process_->offer(message, bytes);
+      if (!sent) return fail(lose(sent.error().message));
+      if (*sent) break;
+      if (!posted_.empty()) {
+        if (auto s = awaitPosted(); !s) return s;
+      } else if (!process_->awaitRoom(timeoutMs_)) {
+        return fail(lose("the sandbox took no request for " + std::to_string(timeoutMs_) + " ms and was stopped"));
+      }
     }
+    posted_.push_back({q.serial, q.tag, q.op});
+    if (q.op == Op::write) ++postedWrites_;
+    return {};
+  }
+  // Work that only queues: posted on a card that times its kernels (their time is
+  // charged as they complete), a call elsewhere (the call's own time is what is charged).
+  Status submit(Request& q, const void* message = nullptr, size_t bytes = 0) {
+    if (auto s = ready(); !s) return s;
+    if (timesKernels_) return post(q, message, bytes);
+    return statusOf(exchange(q, message ? message : &q, message ? bytes : sizeof q));
+  }
+
+  Result<Reply> call(Request q) { return exchange(q, &q, sizeof q); }
+  // One request and its reply; `message` begins with `q` (as post's).
+  Result<Reply> exchange(Request& q, const void* message, size_t bytes) {
+    if (auto s = drainPosted(); !s) return fail(s.error());
+    q.serial = ++serial_;
+    if (auto s = process_->sendMessage(message, bytes); !s) return fail(lose(s.error().message));
+    auto r = process_->call(nullptr, timeoutMs_);
+    if (!r) return fail(lose(r.error().message));
+    if (r->serial != q.serial)
+      return fail(lose(process_->violated("a reply to request " + std::to_string(r->serial) + " where " +
+                                          std::to_string(q.serial) + " was due").message));
+    auto error = errorOf(*r);
+    if (r->lost) return fail(lose("the kernel faulted: " + (error ? error->message : std::string())));
+    if (error) return std::unexpected(std::move(*error));
     return *r;
   }
 
-  void unpackCompleted(const Reply& r, std::vector<hal::KernelTime>& out) {
-    size_t n = std::min<uint64_t>(r.payload, kWindowBytes) / sizeof(hal::KernelTime);
-    auto* times = reinterpret_cast<const hal::KernelTime*>(process_->window());
-    for (size_t i = 0; i < n; ++i) out.push_back(times[i]);
+  // The kernel times the sandbox has put in the ring since the last look.
+  bool readRing(std::vector<hal::KernelTime>& out) {
+    sandbox::CompletionRing& ring = process_->ring();
+    const uint64_t head = ring.head.load(std::memory_order_acquire);
+    if (head < ringTail_ || head - ringTail_ > sandbox::kRingEntries) {
+      (void)lose(process_->violated("a completion ring of " + std::to_string(head) + " entries, " +
+                                    std::to_string(ringTail_) + " read, " + std::to_string(sandbox::kRingEntries) + " slots")
+                     .message);
+      return false;
+    }
+    for (uint64_t i = ringTail_; i < head; ++i) out.push_back(ring.slots[i % sandbox::kRingEntries]);
+    ringTail_ = head;
+    ring.tail.store(head, std::memory_order_release);
+    return true;
   }
 
   std::unique_ptr<SandboxProcess> process_;
   unsigned timeoutMs_;
   mutable bool ready_ = false, timesKernels_ = false;
-  uint64_t pending_ = 0;
-  std::vector<hal::KernelTime> waited_;  // completions a wait brought back, not yet taken
   uint64_t nextId_ = 0;
   static constexpr uint64_t kHalf = kWindowBytes / 2;
-  unsigned posted_ = 0;  // writes sent whose reply has not been read
+  std::deque<Posted> posted_;
+  unsigned postedWrites_ = 0;  // of posted_: the window's halves in use
   unsigned nextHalf_ = 0;
+  uint64_t serial_ = 0;    // the last request's
+  uint64_t ringTail_ = 0;  // ring entries read
+  std::vector<hal::DeferredError> deferred_;
   mutable std::string lost_;
 };
 
@@ -628,17 +763,17 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
   // Sealed at its size: a sandbox that shrank it would make the netaccel's next access
   // to the window fault (SIGBUS) and take every tenant down.
   int memfd = ::memfd_create("raccel-sandbox-window", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (memfd < 0 || ::ftruncate(memfd, kWindowBytes) != 0 ||
+  if (memfd < 0 || ::ftruncate(memfd, sandbox::kMappedBytes) != 0 ||
       ::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     if (memfd >= 0) ::close(memfd);
     std::filesystem::remove_all(dir, ec);
     return fail(Code::resourceExhausted, std::string("memfd_create: ") + std::strerror(errno));
   }
-  void* window = ::mmap(nullptr, kWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  void* window = ::mmap(nullptr, sandbox::kMappedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   int fds[2];
   if (window == MAP_FAILED || ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) {
     std::string why = std::strerror(errno);
-    if (window != MAP_FAILED) ::munmap(window, kWindowBytes);
+    if (window != MAP_FAILED) ::munmap(window, sandbox::kMappedBytes);
     ::close(memfd);
     std::filesystem::remove_all(dir, ec);
     return fail(Code::resourceExhausted, "sandbox window: " + why);
@@ -680,7 +815,7 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
   ::close(memfd);
   if (rc != 0) {
     ::close(fds[0]);
-    ::munmap(window, kWindowBytes);
+    ::munmap(window, sandbox::kMappedBytes);
     std::filesystem::remove_all(dir, ec);
     return fail(Code::unavailable, "cannot start " + settings_.executable + ": " + std::strerror(rc));
   }
@@ -690,8 +825,24 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
 
 // ---- The sandbox's side -------------------------------------------------------------
 
+namespace {
+// Moves what completed into the ring, as far as the netaccel has made room, and says
+// how many kernels are in flight.
+void publish(sandbox::CompletionRing& ring, hal::Device& device, std::vector<hal::KernelTime>& completed) {
+  const size_t inFlight = device.takeCompleted(completed);
+  const uint64_t head = ring.head.load(std::memory_order_relaxed), tail = ring.tail.load(std::memory_order_acquire);
+  const uint64_t room = head >= tail && head - tail <= sandbox::kRingEntries ? sandbox::kRingEntries - (head - tail) : 0;
+  const size_t n = std::min<size_t>(completed.size(), room);
+  for (size_t i = 0; i < n; ++i) ring.slots[(head + i) % sandbox::kRingEntries] = completed[i];
+  completed.erase(completed.begin(), completed.begin() + static_cast<long>(n));
+  ring.head.store(head + n, std::memory_order_release);
+  ring.pending.store(inFlight + completed.size(), std::memory_order_release);
+}
+}  // namespace
+
 int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   auto* window = static_cast<std::byte*>(windowPtr);
+  sandbox::CompletionRing& ring = *sandbox::ringOf(windowPtr);
   std::unordered_map<uint64_t, std::unique_ptr<hal::Buffer>> buffers;
   std::unordered_map<uint64_t, std::unique_ptr<hal::Program>> programs;
   std::vector<std::byte> staged;  // program code arriving by `append`
@@ -708,15 +859,20 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
     ready.timesKernels = device.timesKernels();
     if (!send(ready)) return 1;
   }
+  // A request, and what may follow it in its message (a tensor op, a launch's arguments).
+  std::vector<std::byte> received(sizeof(Request) + std::max<size_t>(sizeof(sandbox::TensorWindow), sandbox::kMaxInlineBytes));
   for (;;) {
-    Request q;
-    ssize_t n = ::recv(fd, &q, sizeof q, 0);
+    ssize_t n = ::recv(fd, received.data(), received.size(), 0);
     if (n == 0) return 0;  // the netaccel closed: done
-    if (n != static_cast<ssize_t>(sizeof q)) {
+    if (n < static_cast<ssize_t>(sizeof(Request))) {
       if (n < 0 && errno == EINTR) continue;
       return 1;
     }
+    Request q;
+    std::memcpy(&q, received.data(), sizeof q);
+    const std::span<const std::byte> extra(received.data() + sizeof q, static_cast<size_t>(n) - sizeof q);
     Reply r;
+    r.serial = q.serial;
     auto buffer = [&](uint64_t id) -> Result<hal::Buffer*> {
       auto it = buffers.find(id);
       if (it == buffers.end()) return fail(Code::notFound, "no buffer " + std::to_string(id) + " in this sandbox");
@@ -798,6 +954,11 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           programs.erase(q.id);
           break;
         case Op::launch: {
+          if (!extra.empty() && extra.size() != q.payload) {
+            s = fail(Code::invalidArgument, "malformed launch");
+            break;
+          }
+          const std::byte* from = extra.empty() ? window : extra.data();  // still until the reply
           auto program = programs.find(q.id);
           std::string name;
           hal::LaunchDims dims;
@@ -805,14 +966,14 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           size_t at = 0;
           auto take = [&](void* v, size_t bytes) {
             if (q.payload - at < bytes) return false;
-            std::memcpy(v, window + at, bytes);
+            std::memcpy(v, from + at, bytes);
             at += bytes;
             return true;
           };
           uint32_t nameBytes = 0, count = 0;
           bool ok = take(&nameBytes, 4) && nameBytes <= q.payload - at;
           if (ok) {
-            name.assign(reinterpret_cast<const char*>(window) + at, nameBytes);
+            name.assign(reinterpret_cast<const char*>(from) + at, nameBytes);
             at += nameBytes;
             uint32_t flags = 0;
             ok = take(dims.grid.data(), 12) && take(dims.block.data(), 12) && take(&dims.sharedBytes, 4) &&
@@ -831,7 +992,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
             if (a.type == hal::KernelArg::Type::bytes) {
               ok = type[1] <= q.payload - at;
               if (!ok) break;
-              a.bytes = std::span(window + at, type[1]);  // the window holds still until the reply
+              a.bytes = std::span(from + at, type[1]);  // the bytes hold still until the reply
               at += type[1];
             }
             if (a.type == hal::KernelArg::Type::image) {
@@ -883,11 +1044,11 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
         }
         case Op::tensor: {
           sandbox::TensorWindow w;
-          if (q.payload != sizeof w) {
+          if (extra.size() != sizeof w) {
             s = fail(Code::invalidArgument, "malformed tensor op");
             break;
           }
-          std::memcpy(&w, window, sizeof w);
+          std::memcpy(&w, extra.data(), sizeof w);
           if (w.fn >= hal::kTensorFns || w.dims > hal::kMaxTensorDims) {
             s = fail(Code::invalidArgument, "malformed tensor op");
             break;
@@ -912,15 +1073,9 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           break;
         case Op::wait:
           device.waitCompleted(static_cast<unsigned>(std::min<uint64_t>(q.length, 60000)));
-          [[fallthrough]];
-        case Op::completed: {
-          device.takeCompleted(completed);
-          size_t count = std::min(completed.size(), kWindowBytes / sizeof(hal::KernelTime));
-          if (count) std::memcpy(window, completed.data(), count * sizeof(hal::KernelTime));
-          completed.erase(completed.begin(), completed.begin() + static_cast<long>(count));
-          r.payload = count * sizeof(hal::KernelTime);
           break;
-        }
+        case Op::completed:
+          break;  // (every request's answer puts what completed in the ring)
         case Op::memoryCap:
           device.setMemoryCap(q.length);
           break;
@@ -934,8 +1089,9 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
       r.lost = 1;
       message(r, Error{Code::internal, lost});
     }
-    // Completions wait in `completed` for the next `completed` request; the count says so.
-    r.pending = device.takeCompleted(completed) + completed.size();
+    // Completions go to the ring as far as it has room; the rest wait in `completed`.
+    publish(ring, device, completed);
+    r.pending = ring.pending.load(std::memory_order_relaxed);
     if (!send(r) || r.lost) return r.lost ? 3 : 1;
   }
 }

@@ -10,13 +10,21 @@
 // tenant does not wait for the device to open.
 //
 // The netaccel talks to a sandbox through SandboxDevice, a hal::Device whose calls are
-// synchronous requests on a SOCK_SEQPACKET socket pair (fixed-size Request and Reply),
-// with bulk data (writes, reads, program code, launch arguments, completed kernel
-// times) in one shared-memory window (a memfd mapped by both). The sandbox may be
-// running hostile code, so every reply is checked like any peer's: sizes bounded by the
-// window, names and messages clipped, and a call unanswered within the call timeout
-// kills it. When the sandbox dies or its device context faults, the device is lost():
-// every later call fails naming the fault, and the card worker replaces it.
+// requests on a SOCK_SEQPACKET socket pair (a fixed-size Request, a tensor op's
+// TensorWindow with it, and a Reply each), with bulk data (writes, reads, program code,
+// launch arguments) in one shared-memory window (a memfd mapped by both). On a card that
+// times its kernels, the calls that only queue work (writes, tensor ops, the built-in
+// ops, copies and fills) are posted: sent without waiting, their replies read later in
+// order (a few at a time, and all before any call that waits), so a stream of small ops
+// costs no round trip each. A posted call that fails is reported by the device's next
+// takeDeferredErrors() with its kernel tag. Completed kernels' times come back through a
+// ring after the window that the sandbox fills after every request and the netaccel
+// reads without asking. The sandbox may be running hostile code, so everything it says
+// is checked like any peer's: sizes bounded by the window, each reply's serial the one
+// due (an extra or unasked reply is caught), the ring's count bounded by its size, names
+// and messages clipped, and a call unanswered within the call timeout kills it. When the
+// sandbox dies or its device context faults, the device is lost(): every later call
+// fails naming the fault, and the card worker replaces it.
 //
 // A sandbox gets no more than it needs: PR_SET_NO_NEW_PRIVS, a data-segment rlimit
 // (host memory), no core dumps, death with its parent, its own session, its own working
@@ -29,6 +37,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,6 +52,27 @@ namespace sandbox {
 inline constexpr uint64_t kWindowBytes = 4ull << 20;  // the shared-memory window
 inline constexpr uint32_t kMaxMessage = 4096;         // error messages, clipped
 inline constexpr uint32_t kMaxProgramBytes = 256u << 20;
+inline constexpr uint64_t kRingEntries = 4096;
+// A launch's arguments up to this size follow its Request in the message (posted).
+inline constexpr uint64_t kMaxInlineBytes = 16 << 10;
+
+// Completed kernels' times, after the window in the same memfd. The sandbox writes slots
+// and then `head` (entries written so far) and `pending`; the netaccel reads
+// up to `head` and then writes `tail` (entries read so far), which the sandbox never
+// passes by more than kRingEntries. The netaccel trusts none of it: a head behind its
+// tail or past it by more than the ring holds loses the device; the times are checked
+// where they are charged.
+struct CompletionRing {
+  std::atomic<uint64_t> head{0};
+  std::atomic<uint64_t> tail{0};
+  std::atomic<uint64_t> pending{0};  // kernels in flight, and completions not yet written
+  hal::KernelTime slots[kRingEntries];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "the ring is shared between processes");
+inline constexpr uint64_t kMappedBytes = kWindowBytes + ((sizeof(CompletionRing) + 4095) & ~uint64_t{4095});
+inline CompletionRing* ringOf(void* mapped) {
+  return reinterpret_cast<CompletionRing*>(static_cast<std::byte*>(mapped) + kWindowBytes);
+}
 
 enum class Op : uint32_t {
   ready = 1,  // the sandbox's first reply: the device is open (or why not)
@@ -61,11 +91,13 @@ enum class Op : uint32_t {
   vadd,
   reduceSum,
   finish,
-  completed,  // the kernel times completed since last asked (in the window)
-  wait,       // waits up to `length` ms for a kernel to complete
+  completed,  // puts the kernel times completed since last asked in the ring
+  wait,       // waits up to `length` ms for a kernel to complete (the times go to the ring)
   memoryCap,
-  tensor,     // a TensorWindow in the window
+  tensor,     // a TensorWindow follows the Request in its message
 };
+// launch: its arguments (`payload` bytes) follow the Request in its message when that is
+// longer than a Request, else they are in the window.
 
 struct Request {
   Op op{};
@@ -76,6 +108,7 @@ struct Request {
   uint64_t tag = 0;              // kernels: what their KernelTime carries
   uint32_t m = 0, n = 0, k = 0;
   float alpha = 0, beta = 0;
+  uint64_t serial = 0;           // counts the requests from 1; the reply says it back
 };
 
 // A tensor op as it crosses the window; the sandbox checks it again against its buffers.
@@ -92,12 +125,19 @@ struct TensorWindow {
 };
 
 struct Reply {
+  uint64_t serial = 0;   // the request's (0: the first message, `ready`)
   uint32_t code = 0;     // raccel::Code; not ok: the window holds the message
   uint32_t lost = 0;     // the device context is lost: the sandbox exits after this reply
   uint64_t payload = 0;  // bytes of the reply in the window
   uint64_t pending = 0;  // kernels in flight
   uint32_t timesKernels = 0;  // ready: the device is asynchronous
   int32_t openclError = 0;    // not ok: the card driver's OpenCL error, if any
+};
+
+// A tensor request as one message.
+struct TensorRequest {
+  Request request;
+  TensorWindow op;
 };
 
 }  // namespace sandbox

@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     _exit(denied ? 3 : 0);
   }
-  void* window = mmap(nullptr, netaccel::sandbox::kWindowBytes, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(windowFd), 0);
+  void* window = mmap(nullptr, netaccel::sandbox::kMappedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(windowFd), 0);
   if (window == MAP_FAILED) {
     std::perror("raccel-sandbox: window");
     return 2;

@@ -223,17 +223,49 @@ TEST(HostileSandbox, APostedWriteThatFailsLosesTheDeviceAtTheNextCall) {
   d->release(std::move(*b));
 }
 
-TEST(HostileSandbox, ExtraRepliesNeverAnswerALaterRead) {
+TEST(HostileSandbox, AnExtraReplyIsCaughtByItsSerialAndStopsTheSandbox) {
   auto d = hostile("extra");
-  auto b = d->allocate(64);
+  auto b = d->allocate(64);  // answered twice: the second answers nothing that was asked
   ASSERT_TRUE(b) << b.error().message;
   std::vector<std::byte> out(64);
-  // Replies are answered in order; the stale one can only make this tenant's own calls
-  // wrong, and a read whose reply does not fit is refused.
-  for (int i = 0; i < 4; ++i) (void)d->read(**b, 0, out);
-  auto r = d->read(**b, 0, std::span(out).first(16));
-  (void)r;
-  EXPECT_EQ(d->capabilities().backend, "opencl");  // still here, nothing else to ask of it
+  auto r = d->read(**b, 0, out);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("broke its protocol (a reply to request 1 where 2 was due)"), std::string::npos)
+      << r.error().message;
+  EXPECT_FALSE(d->lost().empty());
+  d->release(std::move(*b));
+}
+
+// Posted work (a card that times its kernels): the call returns at once; a failure the
+// sandbox reports later names the call by its kernel tag, and the device carries on.
+TEST(HostileSandbox, APostedOpThatFailsIsReportedWithItsTagAndTheDeviceCarriesOn) {
+  auto d = hostile("failop");
+  ASSERT_TRUE(d->timesKernels());
+  auto a = d->allocate(64), b = d->allocate(64), c = d->allocate(64);
+  ASSERT_TRUE(a && b && c);
+  d->tagKernels(77);
+  EXPECT_TRUE(d->gemm({4, 4, 1, 1, 0, a->get(), b->get(), c->get()}));  // posted: nothing known yet
+  d->tagKernels(78);
+  EXPECT_TRUE(d->fill(**c, 0, 64, 1));
+  EXPECT_TRUE(d->finish());  // waits for every posted reply
+  auto failed = d->takeDeferredErrors();
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].tag, 77u);
+  EXPECT_EQ(failed[0].error.message, "nope");
+  EXPECT_TRUE(d->takeDeferredErrors().empty()) << "reported twice";
+  EXPECT_TRUE(d->lost().empty());
+  d->release(std::move(*a)), d->release(std::move(*b)), d->release(std::move(*c));
+}
+
+TEST(HostileSandbox, ACompletionRingClaimingMoreThanItHoldsStopsTheSandbox) {
+  auto d = hostile("overrun");
+  auto b = d->allocate(64);
+  ASSERT_TRUE(b) << b.error().message;
+  std::vector<KernelTime> times;
+  EXPECT_EQ(d->takeCompleted(times), 0u);
+  EXPECT_TRUE(times.empty());
+  EXPECT_NE(d->lost().find("broke its protocol (a completion ring of 4097 entries"), std::string::npos) << d->lost();
+  d->release(std::move(*b));
 }
 
 // Confined as for a tenant (raccel-sandbox --probe-read/--probe-write): an allow-list.
