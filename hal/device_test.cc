@@ -250,6 +250,58 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
   }
 }
 
+// A batched matmul ([batch, m, n, k]) is one matmul per entry: b read transposed, the
+// output accumulated (beta 1) with alpha 0.5; sliced, the same.
+TEST_P(Conformance, ABatchedMatmulIsOneMatmulPerEntry) {
+  const uint64_t B = 3, m = 4, n = 5, k = 6;
+  auto a = randomFloats(B * m * k, 31), bt = randomFloats(B * n * k, 32), c = randomFloats(B * m * n, 33);
+  auto ba = floats(a), bb = floats(bt), whole = floats(c), sliced = floats(c);
+  auto op = [&](Buffer* out) {  // a: [B, m, k]; b given as [B, n, k] (so b[k, n] = bt[n, k]); out: [B, m, n]
+    auto o = tensorOp(TensorFn::matmul, {B, m, n, k}, {view(out, 0, {m * n, n, 1, 0}), view(ba.get(), 0, {m * k, k, 0, 1}),
+                                                      view(bb.get(), 0, {n * k, 0, k, 1})});
+    o.alpha = 0.5f, o.beta = 1;
+    return o;
+  };
+  auto s = device->tensor(op(whole.get()));
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  auto got = readFloats(*whole, B * m * n);
+  for (uint64_t e = 0; e < B; ++e)
+    for (uint64_t i = 0; i < m; ++i)
+      for (uint64_t j = 0; j < n; ++j) {
+        double want = 0;
+        for (uint64_t q = 0; q < k; ++q) want += double(a[(e * m + i) * k + q]) * bt[(e * n + j) * k + q];
+        want = 0.5 * want + c[(e * m + i) * n + j];
+        EXPECT_NEAR(got[(e * m + i) * n + j], want, 1e-4) << e << "," << i << "," << j;
+      }
+  auto slices = sliceTensor(op(sliced.get()), 20);  // cut within entries, rows and k
+  for (;;) {
+    auto r = slices->runNext(*device);
+    ASSERT_TRUE(r) << r.error().message;
+    if (*r) break;
+  }
+  auto cut = readFloats(*sliced, B * m * n);
+  for (size_t i = 0; i < cut.size(); ++i) EXPECT_NEAR(cut[i], got[i], 1e-4) << i;
+  // b laid out [B, k, n] (a BLAS's layout: the CPU card runs each entry as a gemm).
+  std::vector<float> bkn(B * k * n);
+  for (uint64_t e = 0; e < B; ++e)
+    for (uint64_t q = 0; q < k; ++q)
+      for (uint64_t j = 0; j < n; ++j) bkn[(e * k + q) * n + j] = bt[(e * n + j) * k + q];
+  auto bb2 = floats(bkn), gemmed = floats(c);
+  auto rowMajor = tensorOp(TensorFn::matmul, {B, m, n, k}, {view(gemmed.get(), 0, {m * n, n, 1, 0}),
+                                                            view(ba.get(), 0, {m * k, k, 0, 1}), view(bb2.get(), 0, {k * n, 0, 1, n})});
+  rowMajor.alpha = 0.5f, rowMajor.beta = 1;
+  ASSERT_TRUE(device->tensor(rowMajor));
+  auto viaGemm = readFloats(*gemmed, B * m * n);
+  for (size_t i = 0; i < viaGemm.size(); ++i) EXPECT_NEAR(viaGemm[i], got[i], 1e-4) << i;
+  // Three dimensions or four, nothing else.
+  auto five = tensorOp(TensorFn::matmul, {1, B, m, n, k}, {view(whole.get(), 0, {0, m * n, n, 1, 0}),
+                                                           view(ba.get(), 0, {0, m * k, k, 0, 1}), view(bb.get(), 0, {0, n * k, 0, k, 1})});
+  auto refused = device->tensor(five);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("4 with a batch first"), std::string::npos) << refused.error().message;
+}
+
 TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
   const size_t m = 9, n = 6, k = 11;
   auto a = randomFloats(m * k, 5), b = randomFloats(k * n, 6), c = randomFloats(m * n, 7);

@@ -47,7 +47,7 @@ int lastCuttable(const TensorOp& op) {
 }
 
 bool reduced(const TensorOp& op, unsigned d) {
-  if (op.fn == TensorFn::matmul) return d == 2;
+  if (op.fn == TensorFn::matmul) return d == op.dims - 1;
   if (op.reduceMask) return op.reduceMask >> d & 1;  // the reductions
   return false;
 }

@@ -202,7 +202,7 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   auto needDims = [&](unsigned n) { return op.dims == n ? Status{} : bad("takes a shape of " + std::to_string(n) + " dimensions"); };
   switch (op.fn) {
     case TensorFn::matmul:
-      if (auto s = needDims(3); !s) return std::unexpected(s.error());
+      if (op.dims != 3 && op.dims != 4) return bad("takes a shape of 3 dimensions [m, n, k], or 4 with a batch first");
       break;
     case TensorFn::indexSelect:
       if (op.dims < 2) return bad("takes a shape of 2 or more dimensions (the picked rows last)");
@@ -279,13 +279,15 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       for (unsigned d = 0; d < op.dims && rule; ++d)
         if (op.reduceMask >> d & 1) rule = zeroStride(0, d, "the output's strides must be 0 on the summed dimensions");
       break;
-    case TensorFn::matmul:
-      if (!(rule = zeroStride(0, 2, "out's k stride must be 0"))) break;
-      if (!(rule = zeroStride(1, 1, "a's n stride must be 0"))) break;
-      if (!(rule = zeroStride(2, 0, "b's m stride must be 0"))) break;
+    case TensorFn::matmul: {
+      const unsigned m = op.dims - 3;  // the m dimension (after a batch)
+      if (!(rule = zeroStride(0, m + 2, "out's k stride must be 0"))) break;
+      if (!(rule = zeroStride(1, m + 1, "a's n stride must be 0"))) break;
+      if (!(rule = zeroStride(2, m, "b's m stride must be 0"))) break;
       if (!(rule = disjoint(0, 1))) break;
       rule = disjoint(0, 2);
       break;
+    }
     case TensorFn::layerNorm:
       if ((rule = zeroStride(2, 1, "the mean is one element per row: its column stride must be 0")))
         rule = zeroStride(3, 1, "rstd is one element per row: its column stride must be 0");
@@ -388,8 +390,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.inner = inner;
     out.flops = double(elements);
   } else if (op.fn == TensorFn::matmul) {
-    g.n = g.shape[0] * g.shape[1];
-    g.inner = g.shape[2];
+    g.inner = g.shape[op.dims - 1];
+    g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = 2.0 * double(elements);
   } else if (rowwise(op.fn)) {
     g.n = g.shape[0];
@@ -413,6 +415,20 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     out.flops = double(elements);
   }
   return out;
+}
+
+kernels::RcGeom matmulEntry(const kernels::RcGeom& batched, int64_t entry) {
+  kernels::RcGeom g = batched;
+  g.dims = 3;
+  for (unsigned d = 0; d < 3; ++d) g.shape[d] = batched.shape[d + 1];
+  g.shape[3] = 1;
+  for (unsigned i = 0; i < kMaxTensorOperands; ++i) {
+    g.offset[i] = batched.offset[i] + entry * batched.stride[i][0];
+    for (unsigned d = 0; d < 3; ++d) g.stride[i][d] = batched.stride[i][d + 1];
+    g.stride[i][3] = 0;
+  }
+  g.n = g.shape[0] * g.shape[1];
+  return g;
 }
 
 }  // namespace raccel::hal

@@ -105,4 +105,8 @@ struct LoweredTensorOp {
 // problem otherwise).
 Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op);
 
+// One entry of a batched matmul ([batch, m, n, k]) as a matmul of its own ([m, n, k]):
+// for backends that hand each to a BLAS.
+kernels::RcGeom matmulEntry(const kernels::RcGeom& batched, int64_t entry);
+
 }  // namespace raccel::hal

@@ -288,8 +288,9 @@ struct Op {
 #     exp a | log a | alpha*a + beta
 #   sum: out = alpha * the sum of a over the dimensions in reduceMask (bit d = dim d)
 #     + beta*out (out not read when beta = 0), where out's strides are 0
-#   matmul: shape [m, n, k]; out[m,n] = alpha * sum_k a[m,k]*b[k,n] + beta*out (out not
-#     read when beta = 0); out's k stride, a's n stride and b's m stride are 0
+#   matmul: shape [m, n, k], or [batch, m, n, k] (one matmul per batch entry, each
+#     operand's batch stride first); out[m,n] = alpha * sum_k a[m,k]*b[k,n] + beta*out
+#     (out not read when beta = 0); out's k stride, a's n stride and b's m stride are 0
 #   logSoftmax: shape [rows, cols] (at most 2^24 cols), over each row; logSoftmaxBackward: out = a - exp(b) *
 #     rowsum(a) with a the gradient and b the forward's output
 #   softmax: shape [rows, cols] (at most 2^24 cols), over each row; softmaxBackward:

@@ -343,7 +343,14 @@ class CpuDevice final : public Device {
       case TensorFn::argmax:
       case TensorFn::argmin: return each([&](int64_t i) { rc_reduce(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::matmul:
-        if (matmulAsGemm(g, p)) return;
+        if (g.dims == 4) {  // batched: each entry as a gemm where its strides allow (all alike)
+          if (matmulAsGemm(matmulEntry(g, 0), p)) {
+            for (int64_t b = 1; b < g.shape[0]; ++b) matmulAsGemm(matmulEntry(g, b), p);
+            return;
+          }
+        } else if (matmulAsGemm(g, p)) {
+          return;
+        }
         return each([&](int64_t i) { rc_matmul(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::logSoftmax: return each([&](int64_t i) { rc_log_softmax(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::logSoftmaxBackward:

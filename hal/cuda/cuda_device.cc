@@ -454,8 +454,15 @@ class CudaDevice final : public Device {
   }
   Status doTensor(const LoweredTensorOp& op) override {
     bind();
-    if (TensorFn(op.geom.fn) == TensorFn::matmul)
-      if (auto done = matmulWithBlas(op)) return *done;
+    if (TensorFn(op.geom.fn) == TensorFn::matmul) {
+      if (op.geom.dims == 4) {  // batched: each entry to cuBLAS where its strides allow (all alike)
+        std::optional<Status> done = matmulWithBlas(op, matmulEntry(op.geom, 0));
+        for (int64_t b = 1; done && *done && b < op.geom.shape[0]; ++b) done = matmulWithBlas(op, matmulEntry(op.geom, b));
+        if (done) return *done;
+      } else if (auto done = matmulWithBlas(op, op.geom)) {
+        return *done;
+      }
+    }
     if (!tensorKernels_) {  // compiled on first use: most tenants never run one
       auto program = compile("raccel.tensor", std::string(kTensorPrelude) + kTensorKernelSource);
       if (!program) return fail(program.error().code, "building the tensor kernels: " + program.error().message);
@@ -557,8 +564,7 @@ class CudaDevice final : public Device {
   // A matmul whose operands each walk one axis contiguously is cuBLAS's sgemm: row-major
   // out = a b is column-major out^T = b^T a^T, each operand transposed or not by which of
   // its strides is 1. Anything else (nullopt) runs the tensor kernel.
-  std::optional<Status> matmulWithBlas(const LoweredTensorOp& op) {
-    const kernels::RcGeom& g = op.geom;
+  std::optional<Status> matmulWithBlas(const LoweredTensorOp& op, const kernels::RcGeom& g) {
     const int64_t m = g.shape[0], n = g.shape[1], k = g.shape[2];
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return std::nullopt;
     auto unit = [&](int operand, int dim) { return g.stride[operand][dim] == 1 || g.shape[dim] == 1; };

@@ -662,9 +662,17 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   return python::mm_out(a, b, out);
 }
 
-// Batched: one matmul per batch entry; a: [B, m, k], b: [B, k, n], out: [B, m, n].
+// Batched, as one op: a: [B, m, k], b: [B, k, n], out: [B, m, n].
 void batchedMatmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, float alpha, float beta) {
-  for (int64_t i = 0; i < a.size(0); ++i) matmul(out.select(0, i), a.select(0, i), b.select(0, i), alpha, beta);
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::matmul;
+  op.shape = {static_cast<uint64_t>(a.size(0)), static_cast<uint64_t>(a.size(1)), static_cast<uint64_t>(b.size(2)),
+              static_cast<uint64_t>(a.size(2))};
+  op.operands = {operand(out, {out.stride(0), out.stride(1), out.stride(2), 0}),
+                 operand(a, {a.stride(0), a.stride(1), 0, a.stride(2)}), operand(b, {b.stride(0), 0, b.stride(2), b.stride(1)})};
+  op.alpha = alpha, op.beta = beta;
+  send(*s, op);
 }
 
 // out = beta * self + alpha * a b, batched (self broadcast to [B, m, n]); bmm is beta 0.
