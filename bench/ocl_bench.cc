@@ -92,7 +92,9 @@ int main(int argc, char** argv) {
                       "enqueue + clFinish round trip.");
   flags.boolean("json", "print one JSON object");
   flags.boolean("quick", "small runs (a smoke test; figures are noisy)");
-  flags.value("queue-depth", "N", "the netaccel's device_queue_depth (kernels in flight on the card; default 2)");
+  flags.value("queue-depth", "N",
+              "the netaccel's device_queue_depth_alone (kernels in flight while one tenant alone uses the card, as here; "
+              "default 64)");
   flags.boolean("no-sandbox", "the netaccel runs PoCL in its own process (to see what the sandbox costs)");
   int code = 0;
   if (!raccel::parseFlagsOrExit(flags, argc, argv, &code)) return code;
@@ -112,7 +114,7 @@ int main(int argc, char** argv) {
   if (flags.has("no-sandbox")) netaccelArgs.push_back("--no-sandbox");
   if (flags.has("queue-depth")) {
     std::string config = vendors + "/netaccel.conf";
-    std::ofstream(config) << "device_queue_depth = " << flags.get("queue-depth") << "\n";
+    std::ofstream(config) << "device_queue_depth = 1\ndevice_queue_depth_alone = " << flags.get("queue-depth") << "\n";
     netaccelArgs.insert(netaccelArgs.end(), {"--config", config});
   }
   cluster.addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4, netaccelArgs);
@@ -124,18 +126,25 @@ int main(int argc, char** argv) {
   Figures raccel = measure("raccel", enqueues, syncs);
   for (auto* f : {&pocl, &raccel})
     if (!f->problem.empty()) std::fprintf(stderr, "raccel-ocl-bench: %s\n", f->problem.c_str());
-  bool syncMet = raccel.syncUsP50 >= 0 && pocl.syncUsP50 >= 0 && raccel.syncUsP50 <= pocl.syncUsP50 + 60;
-  bool rateMet = raccel.enqueuePerS >= 100000;
+  // The targets (issue 31): enqueues at 0.7x local PoCL's rate or more; a sync no more than
+  // PoCL's plus the raw two-hop floor plus 40 us. The floor is raccel-bench's
+  // raw_two_hop_rtt_us_p50 (plain sockets relaying bytes), not measured here: this prints
+  // what raccel adds over PoCL, to set beside it.
+  const double rateRatio = pocl.enqueuePerS > 0 ? raccel.enqueuePerS / pocl.enqueuePerS : -1;
+  const double syncOver = raccel.syncUsP50 >= 0 && pocl.syncUsP50 >= 0 ? raccel.syncUsP50 - pocl.syncUsP50 : -1;
+  const bool rateMet = rateRatio >= 0.7;
   if (flags.has("json")) {
     std::printf("{\"ocl_enqueue_per_s\":%.0f,\"ocl_enqueue_per_s_pocl\":%.0f,\"ocl_sync_us_p50\":%.1f,"
-                "\"ocl_sync_us_p50_pocl\":%.1f,\"ocl_sync_met\":%s,\"ocl_enqueue_met\":%s}\n",
-                raccel.enqueuePerS, pocl.enqueuePerS, raccel.syncUsP50, pocl.syncUsP50, syncMet ? "true" : "false",
+                "\"ocl_sync_us_p50_pocl\":%.1f,\"ocl_enqueue_ratio\":%.3f,\"ocl_sync_over_pocl_us\":%.1f,"
+                "\"ocl_enqueue_met\":%s}\n",
+                raccel.enqueuePerS, pocl.enqueuePerS, raccel.syncUsP50, pocl.syncUsP50, rateRatio, syncOver,
                 rateMet ? "true" : "false");
   } else {
-    std::printf("ocl_enqueue_per_s   raccel %10.0f   local PoCL %10.0f   (target >= 100000: %s)\n", raccel.enqueuePerS,
-                pocl.enqueuePerS, rateMet ? "met" : "missed");
-    std::printf("ocl_sync_us_p50     raccel %10.1f   local PoCL %10.1f   (target <= PoCL + 60: %s)\n", raccel.syncUsP50,
-                pocl.syncUsP50, syncMet ? "met" : "missed");
+    std::printf("ocl_enqueue_per_s   raccel %10.0f   local PoCL %10.0f   (%.2fx; target >= 0.7x: %s)\n", raccel.enqueuePerS,
+                pocl.enqueuePerS, rateRatio, rateMet ? "met" : "missed");
+    std::printf("ocl_sync_us_p50     raccel %10.1f   local PoCL %10.1f   (+%.1f us; target <= raccel-bench's "
+                "raw_two_hop_rtt_us_p50 + 40 us)\n",
+                raccel.syncUsP50, pocl.syncUsP50, syncOver);
   }
   return raccel.problem.empty() && pocl.problem.empty() ? 0 : 1;
 }
