@@ -1,4 +1,4 @@
-// Task graphs (datablocks, after PTask: US9996394B2): a guest's DAG of built-in ops run as one
+// Task graphs (datablocks, after PTask: US9996394B2): a guest's DAG of built-in and tensor ops run as one
 // instruction across the vaccel's cards. The scheduler tracks, for every buffer, the
 // cards holding its latest contents; places each op where its estimated finish is
 // earliest (the bytes it would have to copy there count as transfer time, so it goes
@@ -32,6 +32,45 @@ struct OpBuffers {
   double flops = 0;
   std::string problem;        // when the op's sizes do not fit its buffers
 };
+
+// A tensor op: it reads every operand and writes operand 0, in part (a view of its
+// buffer: the rest of the buffer's contents stay, so they are not fresh). Each operand
+// must hold the last element its view reaches; the card checks the op itself again.
+template <class Need>
+void tensorBuffers(wire::TensorOp::Reader t, Need& need, OpBuffers& b) {
+  using limits::satAdd;
+  using limits::satMul;
+  if (t.getFn() == wire::TensorFn::LAYER_NORM || t.getFn() == wire::TensorFn::NLL_LOSS) {
+    b.problem = "a tensor op that writes more than its output (layerNorm, nllLoss) is sent on its own, not in a graph";
+    return;
+  }
+  auto shape = t.getShape();
+  auto operands = t.getOperands();
+  if (operands.size() == 0 || operands.size() > 4 || shape.size() == 0 || shape.size() > 6) {
+    b.problem = "a tensor op of " + std::to_string(operands.size()) + " operands over " + std::to_string(shape.size()) +
+                " dimensions (1 to 4, over 1 to 6)";
+    return;
+  }
+  uint64_t elements = 1;
+  for (uint64_t d : shape) elements = satMul(elements, d);
+  for (unsigned i = 0; i < operands.size(); ++i) {
+    auto o = operands[i];
+    if (o.getStrides().size() != shape.size()) {
+      b.problem = "tensor operand " + std::to_string(i) + " has " + std::to_string(o.getStrides().size()) +
+                  " strides for a shape of " + std::to_string(shape.size());
+      return;
+    }
+    uint64_t last = o.getOffset();
+    for (unsigned d = 0; d < shape.size(); ++d) last = satAdd(last, satMul(shape[d] == 0 ? 0 : shape[d] - 1, o.getStrides()[d]));
+    const uint64_t size = o.getType() == wire::TensorType::I64 ? 8 : o.getType() == wire::TensorType::BOOL ? 1 : 4;
+    const std::string role = "tensor operand " + std::to_string(i);
+    if (elements > 0) need(o.getBuffer(), satMul(satAdd(last, 1), size), role.c_str());
+    else need(o.getBuffer(), 0, role.c_str());
+    b.reads.push_back(o.getBuffer());
+  }
+  b.writes = operands[0].getBuffer();
+  b.flops = double(elements) * (t.getFn() == wire::TensorFn::MATMUL ? 2 : 1);
+}
 
 OpBuffers buffersOf(wire::Op::Reader op, const std::unordered_map<uint64_t, uint64_t>& sizes) {
   OpBuffers b;
@@ -82,9 +121,12 @@ OpBuffers buffersOf(wire::Op::Reader op, const std::unordered_map<uint64_t, uint
       b.flops = double(r.getN());
       break;
     }
+    case wire::Op::TENSOR:
+      tensorBuffers(op.getTensor(), need, b);
+      break;
     default:
       b.problem = "unknown built-in op (tag " + std::to_string(static_cast<unsigned>(op.which())) +
-                  "); a graph takes gemm, axpy, vadd and reduceSum (tensor ops are sent one by one)";
+                  "); a graph takes gemm, axpy, vadd, reduceSum and tensor ops";
       break;
   }
   return b;
@@ -115,6 +157,11 @@ void remap(wire::Op::Reader from, wire::Op::Builder to, const std::function<uint
       to.setReduceSum(from.getReduceSum());
       auto r = to.getReduceSum();
       r.setInput(local(r.getInput())), r.setOut(local(r.getOut()));
+      break;
+    }
+    case wire::Op::TENSOR: {
+      to.setTensor(from.getTensor());
+      for (auto o : to.getTensor().getOperands()) o.setBuffer(local(o.getBuffer()));
       break;
     }
     default:

@@ -548,12 +548,21 @@ uint64_t bytesMovedOf(const std::string& json, const std::string& name) {
   return at == std::string::npos ? 0 : std::stoull(v.substr(at + 13));
 }
 
+// A vaccel of 8 blocks over both cards of addTwoNetaccels (null, failing, otherwise).
+std::unique_ptr<Session> openOverTwoCards(Cluster& cluster, const std::string& program) {
+  addTwoNetaccels(cluster);
+  auto s = open(cluster.vmSocket("vm1"), 8, program);
+  if (s && s->vaccel().cards.size() != 2u) {
+    ADD_FAILURE() << s->vaccel().describe();
+    return nullptr;
+  }
+  return s;
+}
+
 TEST(Graph, ADiamondMovesFewerBytesThanRoundRobinAndBothAreRight) {
   Cluster cluster({VmSpec{"vm1", 16, 0}});
-  addTwoNetaccels(cluster);
-  auto s = open(cluster.vmSocket("vm1"), 8, "diamond");
+  auto s = openOverTwoCards(cluster, "diamond");
   ASSERT_TRUE(s);
-  ASSERT_EQ(s->vaccel().cards.size(), 2u) << s->vaccel().describe();
   const size_t n = 200000;
   auto x = randomFloats(n, 41), y = randomFloats(n, 42), b0 = randomFloats(n, 43);
   auto hx = s->alloc(n * 4), hy = s->alloc(n * 4), ha = s->alloc(n * 4), hb = s->alloc(n * 4), hc = s->alloc(n * 4),
@@ -595,6 +604,70 @@ TEST(Graph, ADiamondMovesFewerBytesThanRoundRobinAndBothAreRight) {
   auto refused = s->fence();
   ASSERT_FALSE(refused);
   EXPECT_TRUE(has(refused.error().message, "graph: node 1: b is buffer 999, which does not exist")) << refused.error().message;
+}
+
+// Tensor ops in a graph, beside a built-in op, spread over the vaccel's two cards: the
+// results are exact; ops that write more than their output, or views past their
+// buffer, refuse the graph naming the node.
+TEST(Graph, TensorOpsRunInAGraphAcrossTheCardsExactly) {
+  Cluster cluster({VmSpec{"vm1", 16, 0}});
+  auto s = openOverTwoCards(cluster, "tensor-graph");
+  ASSERT_TRUE(s);
+  const uint64_t n = 1 << 16;
+  auto x = randomFloats(n, 51), y = randomFloats(n, 52);
+  auto hx = s->alloc(n * 4), hy = s->alloc(n * 4), ha = s->alloc(n * 4), hb = s->alloc(n * 4), hc = s->alloc(n * 4),
+       hd = s->alloc(n * 4), hs = s->alloc(4);
+  s->writeFloats(hx, x);
+  s->writeFloats(hy, y);
+  auto view = [&](client::Handle h) { return client::TensorOperand{h, 0, {1}}; };
+  auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1) {
+    client::TensorOp o;
+    o.fn = fn;
+    o.shape = {n};
+    o.operands = std::move(operands);
+    o.alpha = alpha;
+    return o;
+  };
+  for (auto placement : {client::Graph::Placement::roundRobin, client::Graph::Placement::fewestBytes}) {
+    // a = x * y and b = x + 2y, independent; c = a + b; d = c + x (built-in); s = sum of d.
+    client::Graph g;
+    g.tensor(op(client::TensorFn::mul, {view(ha), view(hx), view(hy)}));
+    g.tensor(op(client::TensorFn::add, {view(hb), view(hx), view(hy)}, 2));
+    g.tensor(op(client::TensorFn::add, {view(hc), view(ha), view(hb)}));
+    g.vadd(n, hc, hx, hd);
+    auto sum = op(client::TensorFn::sum, {client::TensorOperand{hs, 0, {0}}, view(hd)});
+    sum.reduceMask = 1;
+    g.tensor(sum);
+    s->submitGraph(g, placement);
+    auto d = s->readFloats(hd, n), total = s->readFloats(hs, 1);
+    ASSERT_TRUE(d && total) << (d ? total.error().message : d.error().message);
+    double want = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      float a = x[i] * y[i], b = x[i] + 2 * y[i], c = a + b;
+      ASSERT_EQ((*d)[i], c + x[i]) << i;
+      want += (*d)[i];
+    }
+    EXPECT_NEAR((*total)[0], want, 1e-3 * std::max(1.0, std::abs(want)));
+  }
+  client::Graph wide;
+  wide.vadd(n, hx, hy, ha);
+  wide.tensor(op(client::TensorFn::copy, {view(hs), view(hx)}));  // hs holds one float
+  s->submitGraph(wide);
+  auto refused = s->fence();
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(has(refused.error().message, "graph: node 1: tensor operand 0 (buffer " + std::to_string(hs) + ") holds 4 bytes"))
+      << refused.error().message;
+  client::Graph norm;
+  auto layer = op(client::TensorFn::layerNorm, {view(ha), view(hx), view(hb), view(hc)});
+  norm.tensor(layer);
+  s->submitGraph(norm);
+  refused = s->fence();
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(has(refused.error().message, "writes more than its output")) << refused.error().message;
+  s->writeFloats(ha, y);  // the session carries on
+  auto back = s->readFloats(ha, n);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, y);
 }
 
 TEST(Fairness, TwoTenantsWithThreeToOneBlocksOfACardGetKernelTimeRoughlyThreeToOne) {

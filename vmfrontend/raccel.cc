@@ -470,9 +470,8 @@ void Session::gemm(uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Ha
   queue(*msg);
 }
 
-void Session::tensor(const TensorOp& op) {
-  SmallMessage m;
-  auto t = m.instruction().initOp().initTensor();
+namespace {
+void writeTensorOp(wire::TensorOp::Builder t, const TensorOp& op) {
   t.setFn(static_cast<wire::TensorFn>(op.fn));
   auto shape = t.initShape(static_cast<unsigned>(op.shape.size()));
   for (size_t i = 0; i < op.shape.size(); ++i) shape.set(i, op.shape[i]);
@@ -490,6 +489,12 @@ void Session::tensor(const TensorOp& op) {
   t.setReduceMask(op.reduceMask);
   t.setIgnoreIndex(op.ignoreIndex);
   t.setMean(op.mean);
+}
+}  // namespace
+
+void Session::tensor(const TensorOp& op) {
+  SmallMessage m;
+  writeTensorOp(m.instruction().initOp().initTensor(), op);
   queue(*m);
 }
 
@@ -530,6 +535,11 @@ uint32_t Graph::vadd(uint64_t n, Handle a, Handle b, Handle out, std::vector<uin
 uint32_t Graph::reduceSum(uint64_t n, Handle input, Handle out, std::vector<uint32_t> after) {
   return add({Node::Op::reduceSum, n, 0, 0, 0, 0, input, 0, out, std::move(after)});
 }
+uint32_t Graph::tensor(TensorOp op, std::vector<uint32_t> after) {
+  Node node{Node::Op::tensor, 0, 0, 0, 0, 0, 0, 0, 0, std::move(after)};
+  node.tensor = std::move(op);
+  return add(std::move(node));
+}
 
 void Session::submitGraph(const Graph& graph, Graph::Placement placement) {
   capnp::MallocMessageBuilder m;
@@ -565,6 +575,9 @@ void Session::submitGraph(const Graph& graph, Graph::Placement placement) {
         o.setN(from.n), o.setInput(from.a), o.setOut(from.c);
         break;
       }
+      case Graph::Node::Op::tensor:
+        writeTensorOp(op.initTensor(), from.tensor);
+        break;
     }
   }
   queue(m);

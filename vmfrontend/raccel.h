@@ -147,7 +147,7 @@ struct TensorOp {
   bool mean = true;
 };
 
-// A task graph of built-in ops (Session::submitGraph). Each call adds a node and
+// A task graph of built-in and tensor ops (Session::submitGraph). Each call adds a node and
 // returns its index; `after` names earlier nodes it must follow besides its data (an op
 // reading a buffer already follows the op that last wrote it).
 class Graph {
@@ -158,15 +158,18 @@ class Graph {
   uint32_t axpy(uint64_t n, float alpha, Handle x, Handle y, std::vector<uint32_t> after = {});
   uint32_t vadd(uint64_t n, Handle a, Handle b, Handle out, std::vector<uint32_t> after = {});
   uint32_t reduceSum(uint64_t n, Handle input, Handle out, std::vector<uint32_t> after = {});
+  // Any tensor op but those that write more than their output (layerNorm, nllLoss).
+  uint32_t tensor(TensorOp op, std::vector<uint32_t> after = {});
   size_t size() const { return nodes_.size(); }
 
   struct Node {
-    enum class Op { gemm, axpy, vadd, reduceSum } op;
+    enum class Op { gemm, axpy, vadd, reduceSum, tensor } op;
     uint64_t n = 0;            // gemm: m
     uint32_t gemmN = 0, gemmK = 0;
     float alpha = 0, beta = 0;
     Handle a = 0, b = 0, c = 0;  // inputs, then the output
     std::vector<uint32_t> after;
+    TensorOp tensor;  // op tensor
   };
   const std::vector<Node>& nodes() const { return nodes_; }
 
