@@ -55,6 +55,50 @@ std::vector<uint64_t> outputsOf(wire::Op::Reader op) {
 namespace {
 constexpr uint64_t kF32 = 4;
 
+// A tensor matmul ([m, n, k], f32) that the scheduler can split by rows: every view
+// inside its buffer, the output's rows apart (each row's n elements contiguous) and its
+// elements apart from the inputs'. Element offsets and strides as the op gives them.
+struct RowMatmul {
+  uint64_t m = 0, n = 0, k = 0;
+  uint64_t offOut = 0, rowOut = 0, offA = 0, rowA = 0, kA = 0, offB = 0, colB = 0, kB = 0;
+  // The elements [first, last] of each operand that rows [r0, r1) reach.
+  std::pair<uint64_t, uint64_t> a(uint64_t r0, uint64_t r1) const { return {offA + r0 * rowA, offA + (r1 - 1) * rowA + (k - 1) * kA}; }
+  std::pair<uint64_t, uint64_t> b() const { return {offB, offB + (n - 1) * colB + (k - 1) * kB}; }
+  std::pair<uint64_t, uint64_t> out(uint64_t r0, uint64_t r1) const { return {offOut + r0 * rowOut, offOut + (r1 - 1) * rowOut + n - 1}; }
+};
+template <class Size>
+std::optional<RowMatmul> rowMatmul(wire::TensorOp::Reader t, const Size& size) {
+  using limits::satAdd;
+  using limits::satMul;
+  auto shape = t.getShape();
+  auto ops = t.getOperands();
+  if (t.getFn() != wire::TensorFn::MATMUL || shape.size() != 3 || ops.size() != 3) return std::nullopt;
+  for (auto o : ops)
+    if (o.getType() != wire::TensorType::F32 || o.getStrides().size() != 3) return std::nullopt;
+  RowMatmul r;
+  r.m = shape[0], r.n = shape[1], r.k = shape[2];
+  if (!r.m || !r.n || !r.k) return std::nullopt;
+  auto so = ops[0].getStrides(), sa = ops[1].getStrides(), sb = ops[2].getStrides();
+  if ((so[1] != 1 && r.n > 1) || so[2] != 0 || sa[1] != 0 || sb[0] != 0) return std::nullopt;
+  if (r.m > 1 && so[0] < r.n) return std::nullopt;  // rows would overlap
+  r.offOut = ops[0].getOffset(), r.rowOut = so[0], r.offA = ops[1].getOffset(), r.rowA = sa[0], r.kA = sa[2];
+  r.offB = ops[2].getOffset(), r.colB = sb[1], r.kB = sb[2];
+  // Each view's last element inside its buffer (saturating: a huge stride fails here).
+  auto inside = [&](uint64_t handle, uint64_t last) { return satMul(satAdd(last, 1), kF32) <= size(handle); };
+  const uint64_t lastOut = satAdd(satAdd(r.offOut, satMul(r.m - 1, r.rowOut)), r.n - 1);
+  const uint64_t lastA = satAdd(satAdd(r.offA, satMul(r.m - 1, r.rowA)), satMul(r.k - 1, r.kA));
+  const uint64_t lastB = satAdd(satAdd(r.offB, satMul(r.n - 1, r.colB)), satMul(r.k - 1, r.kB));
+  if (!inside(ops[0].getBuffer(), lastOut) || !inside(ops[1].getBuffer(), lastA) || !inside(ops[2].getBuffer(), lastB))
+    return std::nullopt;
+  // The output apart from the inputs (raccel.torch's tensors share large buffers: the
+  // elements each view spans must not overlap).
+  auto apart = [&](unsigned i, uint64_t first, uint64_t last) {
+    return ops[0].getBuffer() != ops[i].getBuffer() || lastOut < first || last < r.offOut;
+  };
+  if (!apart(1, r.offA, lastA) || !apart(2, r.offB, lastB)) return std::nullopt;
+  return r;
+}
+
 std::string kindsOf(const Pool& pool, const std::vector<Member>& members) {
   std::string out;
   for (auto& m : members) {
@@ -362,6 +406,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
   // with the card's own error.
   using limits::satMul;
   uint64_t units = 0;
+  std::optional<RowMatmul> matmul;
   switch (op.which()) {
     case wire::Op::GEMM: {
       auto g = op.getGemm();
@@ -390,13 +435,19 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
       if (size(r.getInput()) < satMul(units, kF32) || size(r.getOut()) < kF32) return false;
       break;
     }
+    case wire::Op::TENSOR:  // a matmul, by rows
+      matmul = rowMatmul(op.getTensor(), size);
+      if (!matmul) return false;
+      units = matmul->m;
+      break;
     default:
       return false;  // an op this scheduler does not know: the card answers for it
   }
   if (units < 2) return false;
-  double flops = op.which() == wire::Op::GEMM ? 2.0 * op.getGemm().getM() * op.getGemm().getN() * op.getGemm().getK()
-                 : op.which() == wire::Op::AXPY ? 2.0 * units
-                                                : double(units);
+  double flops = op.which() == wire::Op::GEMM     ? 2.0 * op.getGemm().getM() * op.getGemm().getN() * op.getGemm().getK()
+                 : op.which() == wire::Op::TENSOR ? 2.0 * double(matmul->m) * double(matmul->n) * double(matmul->k)
+                 : op.which() == wire::Op::AXPY   ? 2.0 * units
+                                                  : double(units);
   if (flops < config_.splitMinMflop * 1e6) return false;
   auto slices = splitByWeight(units, weights);
 
@@ -463,7 +514,22 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
         outLength = kF32;
         break;
       }
-      case wire::Op::TENSOR: break;  // never split: startSplitOp sends it to the primary whole
+      case wire::Op::TENSOR: {  // rows [begin, end): a's rows, all of b, the output's rows
+        auto [aFirst, aLast] = matmul->a(slice.begin, slice.end);
+        auto [bFirst, bLast] = matmul->b();
+        auto [oFirst, oLast] = matmul->out(slice.begin, slice.end);
+        auto operands = op.getTensor().getOperands();
+        inputs.push_back({operands[1].getBuffer(), aFirst * kF32, (aLast - aFirst + 1) * kF32, true});
+        inputs.push_back({operands[2].getBuffer(), bFirst * kF32, (bLast - bFirst + 1) * kF32, true});
+        outHandle = operands[0].getBuffer();
+        outOffset = oFirst * kF32;
+        outLength = (oLast - oFirst + 1) * kF32;
+        // Rows with gaps between them (a view of a wider tensor): the gaps come over and
+        // go back as they were.
+        fresh = op.getTensor().getBeta() == 0 && (matmul->rowOut == matmul->n || slice.size() == 1);
+        if (!fresh) inputs.push_back({outHandle, outOffset, outLength, false});
+        break;
+      }
     }
     bool reduce = op.which() == wire::Op::REDUCE_SUM;
 
@@ -485,7 +551,10 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
             o.getReduceSum().setN(slice.end);
             o.getReduceSum().setOut(partial);
             break;
-          case wire::Op::TENSOR: break;  // never split: startSplitOp sends it to the primary whole
+          case wire::Op::TENSOR:
+            o.setTensor(from.getTensor());
+            o.getTensor().getShape().set(0, slice.end);
+            break;
         }
         sendRemote(s, 0, m);
         if (partial) readPartial(s, 0, partial, &(*partials)[p]);
@@ -527,7 +596,15 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
         out.getReduceSum().setInput(local[0]);
         out.getReduceSum().setOut(result);
         break;
-      case wire::Op::TENSOR: break;  // never split: startSplitOp sends it to the primary whole
+      case wire::Op::TENSOR: {  // the copies start at the slice's first elements
+        out.setTensor(op.getTensor());
+        auto t = out.getTensor();
+        t.getShape().set(0, slice.size());
+        auto operands = t.getOperands();
+        const uint64_t handles[3] = {result, local[0], local[1]};
+        for (unsigned i = 0; i < 3; ++i) operands[i].setBuffer(handles[i]), operands[i].setOffset(0);
+        break;
+      }
     }
     auto rewritten = std::make_shared<capnp::MallocMessageBuilder>();
     rewritten->setRoot(msg.getRoot<wire::Instruction>().asReader());

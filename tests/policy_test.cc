@@ -670,6 +670,60 @@ TEST(Graph, TensorOpsRunInAGraphAcrossTheCardsExactly) {
   EXPECT_EQ(*back, y);
 }
 
+// A tensor matmul on a vaccel over two cards is split by rows, as gemm is: exact to the
+// reference whether its output is a view with gaps between rows (accumulated, beta 1),
+// a is read transposed, or all three share one buffer (as raccel.torch's tensors do).
+TEST(Split, ATensorMatmulIsSplitByRowsAcrossTheCards) {
+  Cluster cluster({VmSpec{"vm1", 16, 0}});
+  auto s = openOverTwoCards(cluster, "tensor-split");
+  ASSERT_TRUE(s);
+  const uint64_t m = 96, n = 80, k = 640, wide = n + 16;  // 9.8 MFLOP: over split_min_mflop
+  auto a = randomFloats(m * k, 61), b = randomFloats(k * n, 62), c = randomFloats(m * wide, 63);
+  // One buffer: a (m x k, row-major), b (k x n), then the output region (m rows of `wide`).
+  const uint64_t aAt = 0, bAt = m * k, outAt = m * k + k * n;
+  auto h = s->alloc((outAt + m * wide) * 4);
+  std::vector<float> all(a);
+  all.insert(all.end(), b.begin(), b.end());
+  all.insert(all.end(), c.begin(), c.end());
+  auto run = [&](bool transposedA, float beta) -> std::vector<float> {
+    s->writeFloats(h, all);
+    std::vector<float> at(a);  // a as stored: transposed, it is k x m
+    if (transposedA)
+      for (uint64_t i = 0; i < m; ++i)
+        for (uint64_t q = 0; q < k; ++q) at[q * m + i] = a[i * k + q];
+    s->write(h, aAt * 4, std::as_bytes(std::span(at)));
+    client::TensorOp op;
+    op.fn = client::TensorFn::matmul;
+    op.shape = {m, n, k};
+    op.operands = {client::TensorOperand{h, outAt + 8, {wide, 1, 0}},  // columns 8..8+n of the wide rows
+                   client::TensorOperand{h, aAt, transposedA ? std::vector<uint64_t>{1, 0, m} : std::vector<uint64_t>{k, 0, 1}},
+                   client::TensorOperand{h, bAt, {0, 1, n}}};
+    op.beta = beta;
+    uint64_t before = bytesMovedOf(cluster.console("vaccels"), "tensor-split");
+    s->tensor(op);
+    auto got = s->readFloats(h, outAt + m * wide);
+    EXPECT_TRUE(got) << got.error().message;
+    EXPECT_GT(bytesMovedOf(cluster.console("vaccels"), "tensor-split"), before) << "not split: nothing was copied to the other card";
+    return got ? std::vector<float>(got->begin() + outAt, got->end()) : std::vector<float>{};
+  };
+  for (bool transposedA : {false, true})
+    for (float beta : {0.0f, 1.0f}) {
+      auto out = run(transposedA, beta);
+      ASSERT_EQ(out.size(), m * wide);
+      for (uint64_t i = 0; i < m; ++i)
+        for (uint64_t j = 0; j < wide; ++j) {
+          float want = c[i * wide + j];  // the gaps stay as they were
+          if (j >= 8 && j < 8 + n) {
+            double sum = 0;
+            for (uint64_t q = 0; q < k; ++q) sum += double(a[i * k + q]) * b[q * n + (j - 8)];
+            want = static_cast<float>(sum + beta * c[i * wide + j]);
+          }
+          ASSERT_NEAR(out[i * wide + j], want, 2e-3) << "row " << i << " column " << j << (transposedA ? " (a transposed)" : "")
+                                                     << " beta " << beta;
+        }
+    }
+}
+
 TEST(Fairness, TwoTenantsWithThreeToOneBlocksOfACardGetKernelTimeRoughlyThreeToOne) {
   // Loosely: the benchmark (raccel-bench fair_share_error) holds it to 5% over a longer run.
   FairShare f = measureFairShare(1.5);
