@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "tests/cluster.h"
+#include "tests/raw_http.h"
 
 namespace raccel {
 namespace {
@@ -179,11 +180,28 @@ TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) 
   cluster_->addNetaccel("gpu0", {"kind=gpu,tflops=2,memory=512MiB,threads=1"}, 2);
   cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=2,memory=512MiB"}, 2);
   socket_ = cluster_->startGuestd();
+  // A card's busy seconds (raccel_card_busy_seconds_total on its netaccel's /metrics).
+  auto busy = [&](const std::string& node) {
+    std::string page = testing::rawhttp::roundTrip(cluster_->netaccelHttpPort(node), "GET /metrics HTTP/1.0\r\n\r\n");
+    std::istringstream in(page);
+    for (std::string line; std::getline(in, line);)
+      if (line.starts_with("raccel_card_busy_seconds_total{")) return std::stod(line.substr(line.rfind(' ') + 1));
+    return -1.0;
+  };
+  const double before0 = busy("gpu0"), before1 = busy("ocl");
   int status = -1;
-  std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --tflops 4", &status);
+  // Matmuls large enough to be split by rows (256 x 512 x 256 and more: over split_min_mflop).
+  std::string out = python(sourcePath("tests/torch/mlp_train.py") +
+                               " --compare --tflops 4 --features 256 --hidden 512 --batch 256 --steps 40",
+                           &status);
   EXPECT_EQ(status, 0) << out << cluster_->logs();
   EXPECT_NE(out.find("PASS"), std::string::npos) << out;
   std::cout << out;
+  // Both cards worked: the split matmuls ran part on each.
+  const double on0 = busy("gpu0") - before0, on1 = busy("ocl") - before1;
+  std::cout << "card busy seconds: gpu0 " << on0 << ", ocl " << on1 << "\n";
+  EXPECT_GT(on0, 0) << "the gpu0 card did nothing";
+  EXPECT_GT(on1, 0) << "the ocl card did nothing";
   // Its vaccel held blocks of both cards (the scheduler's admission line says so).
   std::string logs = cluster_->logs();
   auto admitted = logs.find("admitted vm1/torch#");
