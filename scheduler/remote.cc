@@ -389,6 +389,198 @@ void Scheduler::readPartial(Session& s, size_t member, uint64_t handle, double* 
 // ---------------------------------------------------------------------------------
 // Built-in ops split across the cards that run them, in proportion to their blocks.
 
+namespace {
+// What splitting an op comes to: the units it is cut into (rows, elements) and its work;
+// for a tensor matmul, its geometry. None: the scheduler cannot vouch for it, and the
+// primary runs it whole (answering with the card's own error).
+struct SplitShape {
+  uint64_t units = 0;
+  double flops = 0;
+  std::optional<RowMatmul> matmul;
+};
+template <class Size>
+std::optional<SplitShape> splitShapeOf(wire::Op::Reader op, const Size& size) {
+  using limits::satMul;
+  SplitShape shape;
+  switch (op.which()) {
+    case wire::Op::GEMM: {
+      auto g = op.getGemm();
+      uint64_t m = g.getM(), n = g.getN(), k = g.getK();
+      if (!m || !n || !k || g.getC() == g.getA() || g.getC() == g.getB()) return std::nullopt;
+      if (size(g.getA()) < satMul(m, k, kF32) || size(g.getB()) < satMul(k, n, kF32) || size(g.getC()) < satMul(m, n, kF32))
+        return std::nullopt;
+      return SplitShape{m, 2.0 * double(m) * double(n) * double(k), {}};
+    }
+    case wire::Op::AXPY: {
+      auto a = op.getAxpy();
+      if (size(a.getX()) < satMul(a.getN(), kF32) || size(a.getY()) < satMul(a.getN(), kF32)) return std::nullopt;
+      return SplitShape{a.getN(), 2.0 * double(a.getN()), {}};
+    }
+    case wire::Op::VADD: {
+      auto v = op.getVadd();
+      const uint64_t bytes = satMul(v.getN(), kF32);
+      if (size(v.getA()) < bytes || size(v.getB()) < bytes || size(v.getOut()) < bytes) return std::nullopt;
+      return SplitShape{v.getN(), double(v.getN()), {}};
+    }
+    case wire::Op::REDUCE_SUM: {
+      auto r = op.getReduceSum();
+      if (size(r.getInput()) < satMul(r.getN(), kF32) || size(r.getOut()) < kF32) return std::nullopt;
+      return SplitShape{r.getN(), double(r.getN()), {}};
+    }
+    case wire::Op::TENSOR: {  // a matmul, by rows
+      auto matmul = rowMatmul(op.getTensor(), size);
+      if (!matmul) return std::nullopt;
+      return SplitShape{matmul->m, 2.0 * double(matmul->m) * double(matmul->n) * double(matmul->k), matmul};
+    }
+    default:
+      return std::nullopt;  // an op this scheduler does not know
+  }
+}
+
+// One card's part of a split op: the byte ranges of the guest's buffers it needs
+// (cached on that card, or not), and the output range that comes back from it.
+struct SplitPart {
+  struct Input {
+    uint64_t handle, offset, length;
+    bool cache;
+  };
+  std::vector<Input> inputs;
+  uint64_t outHandle = 0, outOffset = 0, outLength = 0;  // gathered back to the primary
+  bool fresh = false;                                    // the output's scratch starts empty
+};
+SplitPart partOf(wire::Op::Reader op, const SplitShape& shape, Slice slice) {
+  SplitPart part;
+  auto& inputs = part.inputs;
+  switch (op.which()) {
+    case wire::Op::GEMM: {
+      auto g = op.getGemm();
+      uint64_t n = g.getN(), k = g.getK();
+      inputs.push_back({g.getA(), slice.begin * k * kF32, slice.size() * k * kF32, true});
+      inputs.push_back({g.getB(), 0, k * n * kF32, true});
+      part.outHandle = g.getC();
+      part.outOffset = slice.begin * n * kF32;
+      part.outLength = slice.size() * n * kF32;
+      part.fresh = g.getBeta() == 0;
+      if (!part.fresh) inputs.push_back({g.getC(), part.outOffset, part.outLength, false});
+      break;
+    }
+    case wire::Op::AXPY: {
+      auto a = op.getAxpy();
+      inputs.push_back({a.getX(), slice.begin * kF32, slice.size() * kF32, true});
+      inputs.push_back({a.getY(), slice.begin * kF32, slice.size() * kF32, false});
+      part.outHandle = a.getY();
+      part.outOffset = slice.begin * kF32;
+      part.outLength = slice.size() * kF32;
+      break;
+    }
+    case wire::Op::VADD: {
+      auto v = op.getVadd();
+      bool aliased = v.getOut() == v.getA() || v.getOut() == v.getB();
+      inputs.push_back({v.getA(), slice.begin * kF32, slice.size() * kF32, !aliased});
+      inputs.push_back({v.getB(), slice.begin * kF32, slice.size() * kF32, !aliased});
+      part.outHandle = v.getOut();
+      part.outOffset = slice.begin * kF32;
+      part.outLength = slice.size() * kF32;
+      part.fresh = true;
+      break;
+    }
+    case wire::Op::REDUCE_SUM: {
+      auto r = op.getReduceSum();
+      inputs.push_back({r.getInput(), slice.begin * kF32, slice.size() * kF32, r.getOut() != r.getInput()});
+      part.fresh = true;
+      part.outLength = kF32;
+      break;
+    }
+    case wire::Op::TENSOR: {  // rows [begin, end): a's rows, all of b, the output's rows
+      const RowMatmul& mm = *shape.matmul;
+      auto [aFirst, aLast] = mm.a(slice.begin, slice.end);
+      auto [bFirst, bLast] = mm.b();
+      auto [oFirst, oLast] = mm.out(slice.begin, slice.end);
+      auto operands = op.getTensor().getOperands();
+      inputs.push_back({operands[1].getBuffer(), aFirst * kF32, (aLast - aFirst + 1) * kF32, true});
+      inputs.push_back({operands[2].getBuffer(), bFirst * kF32, (bLast - bFirst + 1) * kF32, true});
+      part.outHandle = operands[0].getBuffer();
+      part.outOffset = oFirst * kF32;
+      part.outLength = (oLast - oFirst + 1) * kF32;
+      // Rows with gaps between them (a view of a wider tensor): the gaps come over and
+      // go back as they were.
+      part.fresh = op.getTensor().getBeta() == 0 && (mm.rowOut == mm.n || slice.size() == 1);
+      if (!part.fresh) inputs.push_back({part.outHandle, part.outOffset, part.outLength, false});
+      break;
+    }
+    default:
+      break;  // (splitShapeOf refused it)
+  }
+  return part;
+}
+
+// The primary's part: the op over units [0, end) of the guest's own buffers; a
+// reduction's result goes to `partial`.
+void writePrimaryPart(wire::Op::Reader from, wire::Op::Builder to, Slice slice, uint64_t partial) {
+  switch (from.which()) {
+    case wire::Op::GEMM: to.setGemm(from.getGemm()); to.getGemm().setM(static_cast<uint32_t>(slice.end)); break;
+    case wire::Op::AXPY: to.setAxpy(from.getAxpy()); to.getAxpy().setN(slice.end); break;
+    case wire::Op::VADD: to.setVadd(from.getVadd()); to.getVadd().setN(slice.end); break;
+    case wire::Op::REDUCE_SUM:
+      to.setReduceSum(from.getReduceSum());
+      to.getReduceSum().setN(slice.end);
+      to.getReduceSum().setOut(partial);
+      break;
+    case wire::Op::TENSOR:
+      to.setTensor(from.getTensor());
+      to.getTensor().getShape().set(0, slice.end);
+      break;
+    default:
+      break;
+  }
+}
+
+// Another card's part: the guest's op on that card's copies (`local`, in the order of
+// partOf's inputs; the output `result`), over the slice's units.
+void writeRemotePart(wire::Op::Reader op, wire::Op::Builder out, Slice slice, const std::vector<uint64_t>& local, uint64_t result) {
+  switch (op.which()) {
+    case wire::Op::GEMM:
+      out.setGemm(op.getGemm());
+      out.getGemm().setM(static_cast<uint32_t>(slice.size()));
+      out.getGemm().setA(local[0]);
+      out.getGemm().setB(local[1]);
+      out.getGemm().setC(result);
+      break;
+    case wire::Op::AXPY:
+      out.setAxpy(op.getAxpy());
+      out.getAxpy().setN(slice.size());
+      out.getAxpy().setX(local[0]);
+      out.getAxpy().setY(result);
+      break;
+    case wire::Op::VADD:
+      out.setVadd(op.getVadd());
+      out.getVadd().setN(slice.size());
+      out.getVadd().setA(local[0]);
+      out.getVadd().setB(local[1]);
+      out.getVadd().setOut(result);
+      break;
+    case wire::Op::REDUCE_SUM:
+      out.setReduceSum(op.getReduceSum());
+      out.getReduceSum().setN(slice.size());
+      out.getReduceSum().setInput(local[0]);
+      out.getReduceSum().setOut(result);
+      break;
+    case wire::Op::TENSOR: {  // the copies start at the slice's first elements
+      out.setTensor(op.getTensor());
+      auto t = out.getTensor();
+      t.getShape().set(0, slice.size());
+      auto operands = t.getOperands();
+      const uint64_t handles[3] = {result, local[0], local[1]};
+      for (unsigned i = 0; i < 3; ++i) operands[i].setBuffer(handles[i]), operands[i].setOffset(0);
+      break;
+    }
+    default:
+      break;
+  }
+}
+}  // namespace
+
+
 bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op) {
   std::vector<size_t> parts;
   std::vector<uint32_t> weights;
@@ -402,60 +594,16 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
     auto b = s.buffers.find(h);
     return b == s.buffers.end() ? 0 : b->second;
   };
-  // Anything the scheduler cannot vouch for goes to the primary whole, which answers
-  // with the card's own error.
-  using limits::satMul;
-  uint64_t units = 0;
-  std::optional<RowMatmul> matmul;
-  switch (op.which()) {
-    case wire::Op::GEMM: {
-      auto g = op.getGemm();
-      uint64_t m = g.getM(), n = g.getN(), k = g.getK();
-      if (!m || !n || !k || g.getC() == g.getA() || g.getC() == g.getB()) return false;
-      if (size(g.getA()) < satMul(m, k, kF32) || size(g.getB()) < satMul(k, n, kF32) || size(g.getC()) < satMul(m, n, kF32)) return false;
-      units = m;
-      break;
-    }
-    case wire::Op::AXPY: {
-      auto a = op.getAxpy();
-      units = a.getN();
-      if (size(a.getX()) < satMul(units, kF32) || size(a.getY()) < satMul(units, kF32)) return false;
-      break;
-    }
-    case wire::Op::VADD: {
-      auto v = op.getVadd();
-      units = v.getN();
-      if (size(v.getA()) < satMul(units, kF32) || size(v.getB()) < satMul(units, kF32) || size(v.getOut()) < satMul(units, kF32))
-        return false;
-      break;
-    }
-    case wire::Op::REDUCE_SUM: {
-      auto r = op.getReduceSum();
-      units = r.getN();
-      if (size(r.getInput()) < satMul(units, kF32) || size(r.getOut()) < kF32) return false;
-      break;
-    }
-    case wire::Op::TENSOR:  // a matmul, by rows
-      matmul = rowMatmul(op.getTensor(), size);
-      if (!matmul) return false;
-      units = matmul->m;
-      break;
-    default:
-      return false;  // an op this scheduler does not know: the card answers for it
-  }
-  if (units < 2) return false;
-  double flops = op.which() == wire::Op::GEMM     ? 2.0 * op.getGemm().getM() * op.getGemm().getN() * op.getGemm().getK()
-                 : op.which() == wire::Op::TENSOR ? 2.0 * double(matmul->m) * double(matmul->n) * double(matmul->k)
-                 : op.which() == wire::Op::AXPY   ? 2.0 * units
-                                                  : double(units);
-  if (flops < config_.splitMinMflop * 1e6) return false;
-  auto slices = splitByWeight(units, weights);
+  auto shape = splitShapeOf(op, size);
+  if (!shape || shape->units < 2 || shape->flops < config_.splitMinMflop * 1e6) return false;
+  auto slices = splitByWeight(shape->units, weights);
 
   // The output's copies elsewhere are stale once this runs.
   for (uint64_t h : outputsOf(op)) dropReplicas(s, h);
   s.job = std::make_unique<RemoteJob>();
   s.job->guestSequence = sequence;
   auto partials = std::make_shared<std::vector<double>>(parts.size(), 0.0);
+  const bool reduce = op.which() == wire::Op::REDUCE_SUM;
 
   // The primary's own slice starts at 0, so it runs on the guest's buffers in place;
   // it is sent after the reads for the other cards, which it never overlaps.
@@ -464,75 +612,6 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
     size_t member = parts[p];
     Slice slice = slices[p];
     if (slice.size() == 0) continue;
-    capnp::MallocMessageBuilder msg;
-    auto out = msg.initRoot<wire::Instruction>().initOp();
-    // For each op: the ranges this card needs, the rewritten op, and what comes back.
-    struct Input {
-      uint64_t handle, offset, length;
-      bool cache;
-    };
-    std::vector<Input> inputs;
-    uint64_t outHandle = 0, outOffset = 0, outLength = 0;  // gathered back to the primary
-    bool fresh = false;                                    // output scratch starts empty
-    switch (op.which()) {
-      case wire::Op::GEMM: {
-        auto g = op.getGemm();
-        uint64_t n = g.getN(), k = g.getK();
-        inputs.push_back({g.getA(), slice.begin * k * kF32, slice.size() * k * kF32, true});
-        inputs.push_back({g.getB(), 0, k * n * kF32, true});
-        outHandle = g.getC();
-        outOffset = slice.begin * n * kF32;
-        outLength = slice.size() * n * kF32;
-        fresh = g.getBeta() == 0;
-        if (!fresh) inputs.push_back({g.getC(), outOffset, outLength, false});
-        break;
-      }
-      case wire::Op::AXPY: {
-        auto a = op.getAxpy();
-        inputs.push_back({a.getX(), slice.begin * kF32, slice.size() * kF32, true});
-        inputs.push_back({a.getY(), slice.begin * kF32, slice.size() * kF32, false});
-        outHandle = a.getY();
-        outOffset = slice.begin * kF32;
-        outLength = slice.size() * kF32;
-        break;
-      }
-      case wire::Op::VADD: {
-        auto v = op.getVadd();
-        bool aliased = v.getOut() == v.getA() || v.getOut() == v.getB();
-        inputs.push_back({v.getA(), slice.begin * kF32, slice.size() * kF32, !aliased});
-        inputs.push_back({v.getB(), slice.begin * kF32, slice.size() * kF32, !aliased});
-        outHandle = v.getOut();
-        outOffset = slice.begin * kF32;
-        outLength = slice.size() * kF32;
-        fresh = true;
-        break;
-      }
-      case wire::Op::REDUCE_SUM: {
-        auto r = op.getReduceSum();
-        inputs.push_back({r.getInput(), slice.begin * kF32, slice.size() * kF32, r.getOut() != r.getInput()});
-        fresh = true;
-        outLength = kF32;
-        break;
-      }
-      case wire::Op::TENSOR: {  // rows [begin, end): a's rows, all of b, the output's rows
-        auto [aFirst, aLast] = matmul->a(slice.begin, slice.end);
-        auto [bFirst, bLast] = matmul->b();
-        auto [oFirst, oLast] = matmul->out(slice.begin, slice.end);
-        auto operands = op.getTensor().getOperands();
-        inputs.push_back({operands[1].getBuffer(), aFirst * kF32, (aLast - aFirst + 1) * kF32, true});
-        inputs.push_back({operands[2].getBuffer(), bFirst * kF32, (bLast - bFirst + 1) * kF32, true});
-        outHandle = operands[0].getBuffer();
-        outOffset = oFirst * kF32;
-        outLength = (oLast - oFirst + 1) * kF32;
-        // Rows with gaps between them (a view of a wider tensor): the gaps come over and
-        // go back as they were.
-        fresh = op.getTensor().getBeta() == 0 && (matmul->rowOut == matmul->n || slice.size() == 1);
-        if (!fresh) inputs.push_back({outHandle, outOffset, outLength, false});
-        break;
-      }
-    }
-    bool reduce = op.which() == wire::Op::REDUCE_SUM;
-
     if (member == 0) {
       // In place, except a reduction's partial, which goes to a scratch float.
       uint64_t partial = reduce ? scratch(s, 0, kF32) : 0;
@@ -540,22 +619,7 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
       copy->setRoot(op);
       primaryPart = [this, &s, copy, slice, partial, partials, p] {
         capnp::MallocMessageBuilder m;
-        auto o = m.initRoot<wire::Instruction>().initOp();
-        auto from = copy->getRoot<wire::Op>().asReader();
-        switch (from.which()) {
-          case wire::Op::GEMM: o.setGemm(from.getGemm()); o.getGemm().setM(static_cast<uint32_t>(slice.end)); break;
-          case wire::Op::AXPY: o.setAxpy(from.getAxpy()); o.getAxpy().setN(slice.end); break;
-          case wire::Op::VADD: o.setVadd(from.getVadd()); o.getVadd().setN(slice.end); break;
-          case wire::Op::REDUCE_SUM:
-            o.setReduceSum(from.getReduceSum());
-            o.getReduceSum().setN(slice.end);
-            o.getReduceSum().setOut(partial);
-            break;
-          case wire::Op::TENSOR:
-            o.setTensor(from.getTensor());
-            o.getTensor().getShape().set(0, slice.end);
-            break;
-        }
+        writePrimaryPart(copy->getRoot<wire::Op>().asReader(), m.initRoot<wire::Instruction>().initOp(), slice, partial);
         sendRemote(s, 0, m);
         if (partial) readPartial(s, 0, partial, &(*partials)[p]);
       };
@@ -563,55 +627,18 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
     }
 
     // Another card: copies of its inputs, then its part, then its output comes back.
-    auto gate = std::make_shared<Gate>(Gate{inputs.size() + 1, {}});
+    const SplitPart part = partOf(op, *shape, slice);
+    auto gate = std::make_shared<Gate>(Gate{part.inputs.size() + 1, {}});
     auto ready = Gate::ticker(gate);
     std::vector<uint64_t> local;
-    for (auto& in : inputs) local.push_back(replica(s, member, in.handle, in.offset, in.length, in.cache, ready));
-    uint64_t result = fresh ? scratch(s, member, outLength) : local.back();
-    switch (op.which()) {
-      // The guest's op on this card's copies: its slice's size, the copies' handles.
-      case wire::Op::GEMM:
-        out.setGemm(op.getGemm());
-        out.getGemm().setM(static_cast<uint32_t>(slice.size()));
-        out.getGemm().setA(local[0]);
-        out.getGemm().setB(local[1]);
-        out.getGemm().setC(result);
-        break;
-      case wire::Op::AXPY:
-        out.setAxpy(op.getAxpy());
-        out.getAxpy().setN(slice.size());
-        out.getAxpy().setX(local[0]);
-        out.getAxpy().setY(result);
-        break;
-      case wire::Op::VADD:
-        out.setVadd(op.getVadd());
-        out.getVadd().setN(slice.size());
-        out.getVadd().setA(local[0]);
-        out.getVadd().setB(local[1]);
-        out.getVadd().setOut(result);
-        break;
-      case wire::Op::REDUCE_SUM:
-        out.setReduceSum(op.getReduceSum());
-        out.getReduceSum().setN(slice.size());
-        out.getReduceSum().setInput(local[0]);
-        out.getReduceSum().setOut(result);
-        break;
-      case wire::Op::TENSOR: {  // the copies start at the slice's first elements
-        out.setTensor(op.getTensor());
-        auto t = out.getTensor();
-        t.getShape().set(0, slice.size());
-        auto operands = t.getOperands();
-        const uint64_t handles[3] = {result, local[0], local[1]};
-        for (unsigned i = 0; i < 3; ++i) operands[i].setBuffer(handles[i]), operands[i].setOffset(0);
-        break;
-      }
-    }
+    for (auto& in : part.inputs) local.push_back(replica(s, member, in.handle, in.offset, in.length, in.cache, ready));
+    uint64_t result = part.fresh ? scratch(s, member, part.outLength) : local.back();
     auto rewritten = std::make_shared<capnp::MallocMessageBuilder>();
-    rewritten->setRoot(msg.getRoot<wire::Instruction>().asReader());
-    gate->then = [this, &s, member, rewritten, result, outHandle, outOffset, outLength, reduce, partials, p] {
+    writeRemotePart(op, rewritten->initRoot<wire::Instruction>().initOp(), slice, local, result);
+    gate->then = [this, &s, member, rewritten, result, part, reduce, partials, p] {
       sendRemote(s, member, *rewritten);
       if (!reduce) {
-        copyBetween(s, member, result, 0, outLength, 0, outHandle, outOffset, [] {});
+        copyBetween(s, member, result, 0, part.outLength, 0, part.outHandle, part.outOffset, [] {});
         return;
       }
       readPartial(s, member, result, &(*partials)[p]);
