@@ -63,9 +63,8 @@ int main() {
     if (mode == "oversize") r.payload = kWindowBytes + 1;
     if (mode == "shortread" && q.op == Op::read) r.payload = q.length / 2;
     if (mode == "flood") {
-      r.pending = 1000000000ull;
       r.timesKernels = 1;
-      ring.pending.store(r.pending);
+      ring.pending.store(1000000000ull);
       // Tags of every context there may be (others' too), and absurd times, as many as
       // the ring has room for.
       uint64_t head = ring.head.load(), room = kRingEntries - (head - ring.tail.load());
@@ -74,7 +73,7 @@ int main() {
       ring.head.store(head + room);
     }
     if (mode == "overrun") ring.head.store(ring.tail.load() + kRingEntries + 1);
-    if (mode == "stuck") r.pending = 1, ring.pending.store(1);
+    if (mode == "stuck") ring.pending.store(1);
     if ((mode == "failwrite" && q.op == Op::write) || (mode == "failop" && q.op == Op::gemm)) {
       r.code = static_cast<uint32_t>(raccel::Code::internal);
       r.payload = 4;

@@ -96,8 +96,7 @@ class SandboxProcess {
     return true;
   }
 
-  // Sends a request without waiting for its reply.
-  Status send(const Request& request) { return sendMessage(&request, sizeof request); }
+  // Sends a request (and what follows it in its message) without waiting for its reply.
   Status sendMessage(const void* message, size_t bytes) {
     if (::send(fd_, message, bytes, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes)) return fail(Code::internal, gone());
     return {};
@@ -112,12 +111,9 @@ class SandboxProcess {
   }
   // Waits up to `timeoutMs` for room to send (false: none came, and it was stopped).
   bool awaitRoom(unsigned timeoutMs) {
-    pollfd p{fd_, POLLOUT, 0};
-    int rc;
-    do rc = ::poll(&p, 1, static_cast<int>(timeoutMs));
-    while (rc < 0 && errno == EINTR);
-    if (rc == 0) stop();
-    return rc != 0;
+    if (pollFor(POLLOUT, timeoutMs) != 0) return true;
+    stop();
+    return false;
   }
   // A reply that has come already, without waiting (nothing: none has).
   Result<std::optional<Reply>> poll() {
@@ -130,11 +126,9 @@ class SandboxProcess {
     return std::optional<Reply>{*r};
   }
 
-  // Sends a request and waits up to `timeoutMs` for its reply. An error here means the
-  // sandbox is gone (it was killed if it was not).
-  Result<Reply> call(const Request* request, unsigned timeoutMs) {
-    if (request)
-      if (auto s = send(*request); !s) return fail(s.error());
+  // Waits up to `timeoutMs` for the next reply. An error here means the sandbox is gone
+  // (it was killed if it was not).
+  Result<Reply> awaitReply(unsigned timeoutMs) {
     Reply reply;
     // Most replies come within microseconds: wait for them spinning a moment, which saves
     // the two wake-ups a blocking wait costs; then block.
@@ -145,11 +139,7 @@ class SandboxProcess {
     }
     if (n == static_cast<ssize_t>(sizeof reply)) return checked(reply);
     if (n >= 0) return fail(Code::internal, gone());
-    pollfd p{fd_, POLLIN, 0};
-    int rc;
-    do rc = ::poll(&p, 1, static_cast<int>(timeoutMs));
-    while (rc < 0 && errno == EINTR);
-    if (rc == 0) {
+    if (pollFor(POLLIN, timeoutMs) == 0) {
       stop();
       return fail(Code::internal, "the sandbox answered nothing for " + std::to_string(timeoutMs) +
                                       " ms (a kernel that runs too long?) and was stopped");
@@ -181,6 +171,14 @@ class SandboxProcess {
   bool killedFromOutside() const { return reaped_ && !stoppedByUs_ && outsideSignal_; }
 
  private:
+  // ::poll for `events` on the socket, up to `timeoutMs` (0: it timed out).
+  int pollFor(short events, unsigned timeoutMs) {
+    pollfd p{fd_, events, 0};
+    int rc;
+    do rc = ::poll(&p, 1, static_cast<int>(timeoutMs));
+    while (rc < 0 && errno == EINTR);
+    return rc;
+  }
   void stop() {
     stoppedByUs_ = true;
     ::kill(pid_, SIGKILL);
@@ -521,7 +519,7 @@ class SandboxDevice final : public hal::Device {
   Status ready() const {
     if (!lost_.empty()) return fail(Code::internal, lost_);
     if (ready_) return {};
-    auto r = process_->call(nullptr, timeoutMs_);
+    auto r = process_->awaitReply(timeoutMs_);
     if (!r) return fail(lose(r.error().message));
     if (r->code != 0)
       return fail(lose("the sandbox could not open the card: " +
@@ -539,6 +537,13 @@ class SandboxDevice final : public hal::Device {
   // Posted requests past which a post first reads the oldest reply.
   static constexpr size_t kMaxPosted = 64;
 
+  // A reply must answer the request due (an extra or unasked one stops the sandbox).
+  Status due(const Reply& r, uint64_t serial) {
+    if (r.serial == serial) return {};
+    return fail(lose(process_->violated("a reply to request " + std::to_string(r.serial) + " where " +
+                                        std::to_string(serial) + " was due").message));
+  }
+
   // The error a reply carries (the window holds its message), or none.
   std::optional<Error> errorOf(const Reply& r) {
     if (r.code == 0) return std::nullopt;
@@ -550,9 +555,7 @@ class SandboxDevice final : public hal::Device {
   // (its arguments were checked here), any other failure waits for takeDeferredErrors().
   Status settle(const Reply& r) {
     const Posted p = posted_.front();
-    if (r.serial != p.serial)
-      return fail(lose(process_->violated("a reply to request " + std::to_string(r.serial) + " where " +
-                                          std::to_string(p.serial) + " was due").message));
+    if (auto s = due(r, p.serial); !s) return s;
     posted_.pop_front();
     if (p.op == Op::write) --postedWrites_;
     auto error = errorOf(r);
@@ -564,7 +567,7 @@ class SandboxDevice final : public hal::Device {
   }
   // The oldest posted request's reply, waited for.
   Status awaitPosted() {
-    auto r = process_->call(nullptr, timeoutMs_);
+    auto r = process_->awaitReply(timeoutMs_);
     if (!r) return fail(lose(r.error().message));
     return settle(*r);
   }
@@ -626,11 +629,9 @@ class SandboxDevice final : public hal::Device {
     if (auto s = drainPosted(); !s) return fail(s.error());
     q.serial = ++serial_;
     if (auto s = process_->sendMessage(message, bytes); !s) return fail(lose(s.error().message));
-    auto r = process_->call(nullptr, timeoutMs_);
+    auto r = process_->awaitReply(timeoutMs_);
     if (!r) return fail(lose(r.error().message));
-    if (r->serial != q.serial)
-      return fail(lose(process_->violated("a reply to request " + std::to_string(r->serial) + " where " +
-                                          std::to_string(q.serial) + " was due").message));
+    if (auto s = due(*r, q.serial); !s) return fail(s.error());
     auto error = errorOf(*r);
     if (r->lost) return fail(lose("the kernel faulted: " + (error ? error->message : std::string())));
     if (error) return std::unexpected(std::move(*error));
@@ -1071,11 +1072,9 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
         case Op::finish:
           s = device.finish();
           break;
-        case Op::wait:
+        case Op::wait:  // (every request's answer puts what completed in the ring)
           device.waitCompleted(static_cast<unsigned>(std::min<uint64_t>(q.length, 60000)));
           break;
-        case Op::completed:
-          break;  // (every request's answer puts what completed in the ring)
         case Op::memoryCap:
           device.setMemoryCap(q.length);
           break;
@@ -1091,7 +1090,6 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
     }
     // Completions go to the ring as far as it has room; the rest wait in `completed`.
     publish(ring, device, completed);
-    r.pending = ring.pending.load(std::memory_order_relaxed);
     if (!send(r) || r.lost) return r.lost ? 3 : 1;
   }
 }

@@ -91,7 +91,6 @@ enum class Op : uint32_t {
   vadd,
   reduceSum,
   finish,
-  completed,  // puts the kernel times completed since last asked in the ring
   wait,       // waits up to `length` ms for a kernel to complete (the times go to the ring)
   memoryCap,
   tensor,     // a TensorWindow follows the Request in its message
@@ -129,7 +128,6 @@ struct Reply {
   uint32_t code = 0;     // raccel::Code; not ok: the window holds the message
   uint32_t lost = 0;     // the device context is lost: the sandbox exits after this reply
   uint64_t payload = 0;  // bytes of the reply in the window
-  uint64_t pending = 0;  // kernels in flight
   uint32_t timesKernels = 0;  // ready: the device is asynchronous
   int32_t openclError = 0;    // not ok: the card driver's OpenCL error, if any
 };

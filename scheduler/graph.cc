@@ -60,8 +60,7 @@ void tensorBuffers(wire::TensorOp::Reader t, Need& need, OpBuffers& b) {
                   " strides for a shape of " + std::to_string(shape.size());
       return;
     }
-    uint64_t last = o.getOffset();
-    for (unsigned d = 0; d < shape.size(); ++d) last = satAdd(last, satMul(shape[d] == 0 ? 0 : shape[d] - 1, o.getStrides()[d]));
+    const uint64_t last = lastElementOf(o, shape);
     const uint64_t size = o.getType() == wire::TensorType::I64 ? 8 : o.getType() == wire::TensorType::BOOL ? 1 : 4;
     const std::string role = "tensor operand " + std::to_string(i);
     if (elements > 0) need(o.getBuffer(), satMul(satAdd(last, 1), size), role.c_str());

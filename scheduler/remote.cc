@@ -52,6 +52,14 @@ std::vector<uint64_t> outputsOf(wire::Op::Reader op) {
   }
 }
 
+uint64_t lastElementOf(wire::TensorOperand::Reader operand, capnp::List<uint64_t>::Reader shape) {
+  uint64_t last = operand.getOffset();
+  auto strides = operand.getStrides();
+  for (unsigned d = 0; d < shape.size() && d < strides.size(); ++d)
+    if (shape[d] > 0) last = limits::satAdd(last, limits::satMul(shape[d] - 1, strides[d]));
+  return last;
+}
+
 namespace {
 constexpr uint64_t kF32 = 4;
 
@@ -85,9 +93,7 @@ std::optional<RowMatmul> rowMatmul(wire::TensorOp::Reader t, const Size& size) {
   r.offB = ops[2].getOffset(), r.colB = sb[1], r.kB = sb[2];
   // Each view's last element inside its buffer (saturating: a huge stride fails here).
   auto inside = [&](uint64_t handle, uint64_t last) { return satMul(satAdd(last, 1), kF32) <= size(handle); };
-  const uint64_t lastOut = satAdd(satAdd(r.offOut, satMul(r.m - 1, r.rowOut)), r.n - 1);
-  const uint64_t lastA = satAdd(satAdd(r.offA, satMul(r.m - 1, r.rowA)), satMul(r.k - 1, r.kA));
-  const uint64_t lastB = satAdd(satAdd(r.offB, satMul(r.n - 1, r.colB)), satMul(r.k - 1, r.kB));
+  const uint64_t lastOut = lastElementOf(ops[0], shape), lastA = lastElementOf(ops[1], shape), lastB = lastElementOf(ops[2], shape);
   if (!inside(ops[0].getBuffer(), lastOut) || !inside(ops[1].getBuffer(), lastA) || !inside(ops[2].getBuffer(), lastB))
     return std::nullopt;
   // The output apart from the inputs (raccel.torch's tensors share large buffers: the

@@ -78,6 +78,10 @@ std::optional<uint64_t> bufferArg(wire::Arg::Reader arg);
 // The buffers a built-in op writes (a tensor op its output; nllLoss its total weight
 // too; layerNorm each row's mean and rstd too).
 std::vector<uint64_t> outputsOf(wire::Op::Reader op);
+// The highest element a tensor operand's view reaches over `shape`, one stride per
+// dimension (saturating: a huge stride gives a number no buffer holds; a dimension of
+// no elements adds nothing).
+uint64_t lastElementOf(wire::TensorOperand::Reader operand, capnp::List<uint64_t>::Reader shape);
 
 // One event of the stream, as raccelctl and the web console get it.
 inline void fillEvent(wire::Event::Builder out, uint64_t unixMs, const std::string& kind, const std::string& subject,
