@@ -1168,7 +1168,7 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& in
 }
 
 // src, or a copy of it where it shares out's storage (an op's output is never an input).
-at::Tensor apart(const at::Tensor& src, const at::Tensor& out) { return src.is_alias_of(out) ? src.clone() : src; }
+at::Tensor apart(const at::Tensor& src, const at::Tensor& out) { return sharesStorage(src, out) ? src.clone() : src; }
 
 // out = self, then out[.., index[.., i, ..], ..] += src[.., i, ..] along `dim` (gather's
 // backward). An index outside self's dimension adds nowhere (PyTorch's CPU raises).
