@@ -107,7 +107,8 @@ Json replyJson(wire::ConsoleReply::Reader reply) {
                         {"kinds", text(v.getKinds())}, {"memoryQuota", v.getMemoryQuota()}, {"state", text(v.getState())},
                         {"problem", text(v.getProblem())}, {"blocksHeld", v.getBlocksHeld()},
                         {"memoryUsed", v.getMemoryUsed()}, {"kernelMs", v.getKernelMs()},
-                        {"hostCpuMilli", v.getHostCpuMilli()}, {"hostMemoryMib", v.getHostMemoryMib()}});
+                        {"hostCpuMilli", v.getHostCpuMilli()}, {"hostMemoryMib", v.getHostMemoryMib()},
+                        {"host", text(v.getHost())}});
       return Json{{"vms", list}};
     }
   }

@@ -103,11 +103,16 @@ std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
     }
     case Query::vms: {
       auto vms = reply.getVms();
+      // In a shared pool, other schedulers' VMs too: the HOST column names theirs.
+      bool hosts = false;
+      for (auto v : vms) hosts = hosts || v.getHost().size() > 0;
+      if (hosts) out << pad("HOST", 12);
       out << pad("VM", 14) << pad("STATE", 11) << pad("TFLOPS", 8) << pad("PRIO", 5) << pad("KINDS", 18)
           << pad("QUOTA", 10) << pad("HOST CPU", 9) << pad("HOST MEM", 10) << pad("BLOCKS", 7) << pad("SOURCE", 26) << "SOCKET\n";
       for (auto v : vms) {
         std::ostringstream tflops;
         tflops << v.getTflops();
+        if (hosts) out << pad(v.getHost().size() ? v.getHost().cStr() : "(here)", 12);
         out << pad(v.getName(), 14) << pad(v.getState(), 11) << pad(tflops.str(), 8)
             << pad(std::to_string(v.getPriority()), 5) << pad(v.getKinds(), 18) << pad(formatBytes(v.getMemoryQuota()), 10)
             << pad(v.getHostCpuMilli() ? cpusText(v.getHostCpuMilli()) : "-", 9)

@@ -76,6 +76,17 @@ std::string kindsToString(KindMask kinds) {
   return out;
 }
 
+std::map<std::string, std::string> policySettings(const VmPolicy& p) {
+  return {{"tflops", std::to_string(p.tflops)},
+          {"priority", std::to_string(p.priority)},
+          {"memory_quota", std::to_string(p.memoryQuota)},
+          {"host_cpu", std::to_string(p.hostCpuMilli / 1000) + "." + std::to_string(1000 + p.hostCpuMilli % 1000).substr(1)},
+          {"host_memory", std::to_string(p.hostMemoryMib << 20)},
+          {"failover", p.failover ? "on" : "off"},
+          {"lineage_bytes", std::to_string(p.lineageBytes)},
+          {"kinds", kindsToString(p.kinds)}};
+}
+
 Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings) {
   // The current policy as a section, the changes on top, parsed as any config is.
   ConfigSection section("vm", 0);
@@ -83,16 +94,11 @@ Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std
   section.set("name", p.name);
   section.set("socket", p.socket);
   section.set("attach", p.attach == VmPolicy::Attach::connect ? "connect" : "listen");
-  section.set("tflops", std::to_string(p.tflops));
-  section.set("priority", std::to_string(p.priority));
-  section.set("memory_quota", std::to_string(p.memoryQuota));
-  section.set("host_cpu", std::to_string(p.hostCpuMilli / 1000) + "." + std::to_string(1000 + p.hostCpuMilli % 1000).substr(1));
-  section.set("host_memory", std::to_string(p.hostMemoryMib << 20));
-  section.set("failover", p.failover ? "on" : "off");
-  section.set("lineage_bytes", std::to_string(p.lineageBytes));
-  std::string kinds = kindsToString(p.kinds);
-  std::replace(kinds.begin(), kinds.end(), ',', '|');
-  section.set("kinds", kinds);
+  for (auto& [key, value] : policySettings(p)) {
+    std::string v = value;
+    if (key == "kinds") std::replace(v.begin(), v.end(), ',', '|');
+    section.set(key, v);
+  }
   for (auto& [key, value] : settings) {
     static const std::set<std::string> settable = {"tflops",   "priority", "kinds",        "memory_quota",
                                                    "host_cpu", "host_memory", "failover", "lineage_bytes"};

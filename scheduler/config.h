@@ -151,6 +151,8 @@ Result<VmPolicy> parseVmSpec(const std::string& spec);
 // as any configuration is.
 inline constexpr const char* kPolicySettingKeys = "tflops, priority, kinds, memory_quota, host_cpu, host_memory, failover, lineage_bytes";
 Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings);
+// `p`'s settable part as those settings (withSettings(any, policySettings(p)) gives p's).
+std::map<std::string, std::string> policySettings(const VmPolicy& p);
 std::string kindsToString(KindMask kinds);
 
 }  // namespace raccel::scheduler

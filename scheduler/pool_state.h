@@ -14,6 +14,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,40 @@ class PoolState {
     return fail(Code::invalidArgument, "this scheduler's pool is its own (no --etcd): a vaccel is named by its id alone");
   }
 
+  // What an operator's raccelctl drain and set-policy reach (a shared pool: every host).
+  // setDraining records the drain for every scheduler; the others are told through
+  // `drainAsked`. recordPolicy adds an operator's settings for `vm` to what every
+  // scheduler that serves it applies: the settings as they now stand (the others are
+  // told through `policyAsked`). One host's pool has no one else to tell.
+  virtual bool shared() const { return false; }
+  virtual Result<std::map<std::string, std::string>> recordPolicy(const std::string& /*vm*/,
+                                                                  const std::map<std::string, std::string>& changes) {
+    return changes;
+  }
+  // The VMs this scheduler serves, each with its policy as set-policy settings, and its
+  // vaccels that hold no blocks (waiting or suspended): for the other hosts' consoles.
+  struct Unplaced {
+    uint64_t vaccel = 0;
+    std::string vm;
+    int priority = 0;
+    std::string program, state, why;
+    uint32_t blocks = 0;
+    bool operator==(const Unplaced&) const = default;
+  };
+  using Settings = std::map<std::string, std::string>;
+  virtual void publish(const std::map<std::string, Settings>& /*vms*/, const std::vector<Unplaced>& /*unplaced*/) {}
+  // The other schedulers' VMs and unplaced vaccels, as this one sees them.
+  struct VmElsewhere {
+    std::string scheduler, vm;
+    Settings settings;
+  };
+  virtual std::vector<VmElsewhere> vmsElsewhere() const { return {}; }
+  struct UnplacedElsewhere {
+    std::string scheduler;
+    Unplaced vaccel;
+  };
+  virtual std::vector<UnplacedElsewhere> unplacedElsewhere() const { return {}; }
+
   // The view changed under the scheduler (set by the scheduler, called on its loop).
   std::function<void()> changed;
   // Another scheduler asks that this one's vaccel be suspended (a shared pool's
@@ -101,6 +136,14 @@ class PoolState {
   // An operator on scheduler `by` preempts (or resumes) this scheduler's vaccel: what
   // came of it (called on its loop).
   std::function<Status(VaccelId, bool preempt, const std::string& by)> actionAsked;
+  // An operator on scheduler `by` drained node `name` (or ended its drain): the scheduler
+  // moves its vaccels off it (called on its loop; also for the drains standing when it
+  // joins the pool).
+  std::function<void(const std::string& name, bool draining, const std::string& by)> drainAsked;
+  // The operators' settings for `vm` changed (given on scheduler `by`): the scheduler
+  // applies them if it serves `vm` (called on its loop; also for those standing when it
+  // joins the pool).
+  std::function<void(const std::string& vm, const Settings& settings, const std::string& by)> policyAsked;
   // A vaccel's blocks are no longer its own (a shared pool's lease lapsed and another
   // scheduler took them meanwhile): the scheduler takes it off them (called on its loop).
   std::function<void(VaccelId, const std::string& why)> lost;

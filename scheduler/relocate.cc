@@ -582,19 +582,33 @@ bool Scheduler::moveIfIdle(const Pool::Move& mv, uint64_t maxMoveBytes, const st
   return true;
 }
 
-Result<std::string> Scheduler::drainNode(const std::string& name, bool undo) {
-  size_t index = pool().nodes().size();
+size_t Scheduler::nodeIndex(const std::string& name) const {
   for (size_t i = 0; i < pool().nodes().size(); ++i)
-    if (pool().nodes()[i].name == name) index = i;
-  if (index == pool().nodes().size()) return fail(Code::notFound, "no netaccel named '" + name + "'");
+    if (pool().nodes()[i].name == name) return i;
+  return SIZE_MAX;
+}
+
+Result<std::string> Scheduler::drainNode(const std::string& name, bool undo) {
+  size_t index = nodeIndex(name);
+  if (index == SIZE_MAX) return fail(Code::notFound, "no netaccel named '" + name + "'");
+  const std::string everywhere = state_->shared() ? " (on every host of the shared pool)" : "";
   if (undo) {
     state_->setDraining(index, false);
-    draining_.erase(name);
-    event("node-draining", name, "ended: blocks are placed here again");
-    requestPlacement();
-    return "netaccel '" + name + "' takes new work again";
+    endDrain(name, "ended");
+    return "netaccel '" + name + "' takes new work again" + everywhere;
   }
   state_->setDraining(index, true);
+  return "draining netaccel '" + name + "'" + everywhere + ": " + evacuate(index, "netaccel '" + name + "' is draining");
+}
+
+void Scheduler::endDrain(const std::string& name, const std::string& how) {
+  draining_.erase(name);
+  event("node-draining", name, how + ": blocks are placed here again");
+  requestPlacement();
+}
+
+std::string Scheduler::evacuate(size_t index, const std::string& why) {
+  const std::string name = pool().nodes()[index].name;  // a copy: placing below may rebuild the view
   draining_[name] = false;
   size_t moved = 0, suspended = 0;
   const BlockRange range = pool().nodes()[index].blocks;
@@ -606,18 +620,18 @@ Result<std::string> Scheduler::drainNode(const std::string& name, bool undo) {
     auto to = state_->allocate(s->id, s->vm->policy.name, {s->want, s->kinds, s->rank()});
     if (to) {
       ++moved;
-      move(*s, *to, "netaccel '" + name + "' is draining");
+      move(*s, *to, why);
       continue;
     }
     // No room elsewhere: saved to host memory; it resumes when blocks free.
     ++suspended;
-    suspend(*s, "netaccel '" + name + "' is draining and no other cards are free", false);
+    suspend(*s, why + " and no other cards are free", false);
   }
   std::string detail = std::to_string(moved) + " vaccel(s) moving elsewhere, " + std::to_string(suspended) +
                        " suspended for want of room";
-  event("node-draining", name, detail);
+  event("node-draining", name, detail + (why.find("(asked on host") != std::string::npos ? " (" + why + ")" : ""));
   requestPlacement();  // reports it drained once nothing is left there
-  return "draining netaccel '" + name + "': " + detail;
+  return detail;
 }
 
 void Scheduler::creditClosed(uint64_t key, uint64_t kernelNs) {

@@ -29,6 +29,13 @@ using transport::MessageIn;
 
 namespace {
 constexpr uint64_t kTickMs = 200;
+// A policy of a VM that another host serves, from its settings (its socket is that host's).
+Result<VmPolicy> policyElsewhere(const std::string& name, const std::map<std::string, std::string>& settings) {
+  VmPolicy base;
+  base.name = name;
+  base.socket = "/served/elsewhere";
+  return withSettings(base, settings);
+}
 
 bool isKernelTimes(const Body& body) {
   bool yes = false;
@@ -68,6 +75,22 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
     if (!s) return fail(Code::notFound, "no vaccel #" + std::to_string(id));
     suspend(*s, "suspended by the operator (asked on host " + by + ")", true);
     return {};
+  };
+  state_->drainAsked = [this](const std::string& name, bool draining, const std::string& by) {
+    size_t index = nodeIndex(name);
+    if (index == SIZE_MAX) return;  // a node this pool has no record of yet: its drain waits in the view
+    if (!draining) return endDrain(name, "ended on host " + (by.empty() ? std::string("another host") : by));
+    (void)evacuate(index, "netaccel '" + name + "' is draining (asked on host " + by + ")");
+  };
+  state_->policyAsked = [this](const std::string& vm, const PoolState::Settings& settings, const std::string& by) {
+    Vm* served = findVm(vm);
+    if (!served) {
+      policyOverrides_[vm] = settings;  // applied when the VM attaches here
+      return;
+    }
+    auto applied = applyPolicy(*served, settings, "set on host " + by);
+    if (!applied) RLOG_ERROR("scheduler") << "vm '" << vm << "': the policy set on host " << by << " does not apply here ("
+                                           << applied.error().message << "); keeping its policy";
   };
   state_->preempted = [this](VaccelId id, const std::string& why) {
     Session* s = sessionById(id);
@@ -1193,7 +1216,25 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
     }
     case wire::ConsoleRequest::EVENTS: break;  // a subscription: onConsoleFrame, web.cc
     case wire::ConsoleRequest::VMS: {
-      auto out = reply.initVms(vms_.size());
+      auto elsewhere = state_->vmsElsewhere();
+      auto out = reply.initVms(vms_.size() + elsewhere.size());
+      for (size_t i = 0; i < elsewhere.size(); ++i) {  // after this scheduler's own
+        auto p = policyElsewhere(elsewhere[i].vm, elsewhere[i].settings);  // as that host published it
+        auto e = out[vms_.size() + i];
+        e.setName(elsewhere[i].vm);
+        e.setHost(elsewhere[i].scheduler);
+        e.setState("elsewhere");
+        if (!p) {
+          e.setProblem("its policy as host " + elsewhere[i].scheduler + " published it does not parse: " + p.error().message);
+          continue;
+        }
+        e.setTflops(p->tflops);
+        e.setPriority(p->priority);
+        e.setKinds(kindsToString(p->kinds));
+        e.setMemoryQuota(p->memoryQuota);
+        e.setHostCpuMilli(p->hostCpuMilli);
+        e.setHostMemoryMib(p->hostMemoryMib);
+      }
       for (size_t i = 0; i < vms_.size(); ++i) {
         const Vm& vm = *vms_[i];
         const VmPolicy& p = vm.policy;
@@ -1228,7 +1269,19 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
       std::vector<const Session*> sessions;
       for (auto& [id, s] : sessions_) sessions.push_back(s.get());
       auto elsewhere = state_->vaccelsElsewhere();
-      auto out = reply.initVaccels(sessions.size() + elsewhere.size());
+      auto unplaced = state_->unplacedElsewhere();
+      auto out = reply.initVaccels(sessions.size() + elsewhere.size() + unplaced.size());
+      for (size_t i = 0; i < unplaced.size(); ++i) {  // last: other hosts' vaccels that hold no blocks
+        auto e = out[sessions.size() + elsewhere.size() + i];
+        const PoolState::Unplaced& u = unplaced[i].vaccel;
+        e.setId(u.vaccel);
+        e.setVm(u.vm);
+        e.setProgram(u.program);
+        e.setPriority(u.priority);
+        e.setHost(unplaced[i].scheduler);
+        e.setState(u.state);
+        e.setWhy(u.why);
+      }
       for (size_t i = 0; i < elsewhere.size(); ++i) {  // after this scheduler's own
         auto e = out[sessions.size() + i];
         e.setId(elsewhere[i].vaccel);
@@ -1315,6 +1368,17 @@ void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply:
 
 // ---------------------------------------------------------------------------------
 
+void Scheduler::publishToOtherHosts() {
+  std::map<std::string, PoolState::Settings> vms;
+  for (auto& vm : vms_)
+    if (vm->active) vms[vm->policy.name] = policySettings(vm->policy);
+  std::vector<PoolState::Unplaced> unplaced;
+  for (auto& [id, s] : sessions_)
+    if (s->phase == Phase::waiting || s->phase == Phase::suspended)
+      unplaced.push_back({id, s->vm->policy.name, s->priority, s->program, phaseName(s->phase), s->why, s->want});
+  state_->publish(vms, unplaced);
+}
+
 void Scheduler::tick() {
   uint64_t now = nowMs();
   // This loop itself stalled (a long step of its own, or the host starved it): what the
@@ -1336,6 +1400,7 @@ void Scheduler::tick() {
   lastTickPolicy_ = policyTime;
   if (due) requestPlacement();
   for (auto& vm : vms_) state_->reportUsage(vm->policy.name, vm->usage.used(policyTime), policyTime, vm->usage.blocks());
+  if (state_->shared()) publishToOtherHosts();
   std::vector<NodeLink*> silent, unregistered;
   for (auto& [c, n] : nodeLinks_) {
     if (n->connection->closed()) continue;
@@ -1402,32 +1467,55 @@ void Scheduler::refuseWhileSuspended(Session& s, const FrameHeader& h, const Bod
 }
 
 Result<std::string> Scheduler::setPolicy(const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings) {
-  Vm* vm = findVm(name);
-  if (!vm) return fail(Code::notFound, "no vm named '" + name + "'");
   if (settings.empty())
     return fail(Code::invalidArgument, std::string("set-policy needs at least one KEY=VALUE (") + kPolicySettingKeys + ")");
   std::map<std::string, std::string> changes(settings.begin(), settings.end());
-  auto parsed = withSettings(vm->policy, changes);
+  Vm* vm = findVm(name);
+  // A VM another host of a shared pool serves: its settings are recorded for that host.
+  std::string hosts;
+  for (auto& v : state_->vmsElsewhere())
+    if (v.vm == name) hosts += (hosts.empty() ? "" : ", ") + v.scheduler;
+  if (!vm && hosts.empty())
+    return fail(Code::notFound, "no vm named '" + name + "'" + (state_->shared() ? " here or on any host of the shared pool" : ""));
+  auto parsed = vm ? withSettings(vm->policy, changes) : policyElsewhere(name, changes);
   if (!parsed) return fail(parsed.error().code, "set-policy " + name + ": " + parsed.error().message);
-  vm->policy = *parsed;
+  auto recorded = state_->recordPolicy(name, changes);
+  if (!recorded) return fail(recorded.error().code, "set-policy " + name + ": " + recorded.error().message);
+  if (!vm) {
+    policyOverrides_[name] = *recorded;
+    event("policy", name, "recorded in the shared pool for host(s) " + hosts);
+    return "vm '" + name + "' is served by host(s) " + hosts + ": its policy there is set (running programs keep their " +
+           "blocks; new ones get the new policy)";
+  }
+  auto applied = applyPolicy(*vm, *recorded, "set by raccelctl");
+  if (!applied) return fail(applied.error().code, "set-policy " + name + ": " + applied.error().message);
+  return "vm '" + name + "': " + *applied + " (running programs keep their blocks; new ones get the new policy)" +
+         (hosts.empty() ? "" : "; also on host(s) " + hosts);
+}
+
+Result<std::string> Scheduler::applyPolicy(Vm& vm, const std::map<std::string, std::string>& settings, const std::string& origin) {
+  const std::string& name = vm.policy.name;
+  auto parsed = withSettings(vm.policy, settings);
+  if (!parsed) return fail(parsed.error());
+  vm.policy = *parsed;
   // Kept (and persisted) over the VM's configured policy, across restarts and libvirt rescans.
-  for (auto& [key, value] : changes) policyOverrides_[name][key] = value;
+  for (auto& [key, value] : settings) policyOverrides_[name][key] = value;
   persistPolicy(name);
   // Its programs' priorities are capped anew (as asked at hello, under the new cap).
   for (Session* s : allSessions()) {
-    if (s->vm != vm) continue;
-    s->priority = std::min(s->askedPriority, vm->policy.priority);
+    if (s->vm != &vm) continue;
+    s->priority = std::min(s->askedPriority, vm.policy.priority);
     state_->setPriority(s->id, s->rank());
     persist(*s);
   }
-  std::string detail = "tflops " + std::to_string(vm->policy.tflops) + ", priority " + std::to_string(vm->policy.priority) +
-                       ", kinds " + kindsToString(vm->policy.kinds) + ", memory_quota " + std::to_string(vm->policy.memoryQuota);
-  if (vm->policy.hostCpuMilli || vm->policy.hostMemoryMib)
-    detail += ", host " + pool().describeHost({vm->policy.hostCpuMilli, vm->policy.hostMemoryMib}) + " a vaccel";
-  RLOG_INFO("scheduler") << "vm '" << name << "' policy set: " << detail;
-  event("policy", name, detail);
+  std::string detail = "tflops " + std::to_string(vm.policy.tflops) + ", priority " + std::to_string(vm.policy.priority) +
+                       ", kinds " + kindsToString(vm.policy.kinds) + ", memory_quota " + std::to_string(vm.policy.memoryQuota);
+  if (vm.policy.hostCpuMilli || vm.policy.hostMemoryMib)
+    detail += ", host " + pool().describeHost({vm.policy.hostCpuMilli, vm.policy.hostMemoryMib}) + " a vaccel";
+  RLOG_INFO("scheduler") << "vm '" << name << "' policy " << origin << ": " << detail;
+  event("policy", name, detail + " (" + origin + ")");
   requestPlacement();
-  return "vm '" + name + "': " + detail + " (running programs keep their blocks; new ones get the new policy)";
+  return detail;
 }
 
 }  // namespace raccel::scheduler

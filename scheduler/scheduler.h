@@ -209,8 +209,18 @@ class Scheduler {
   // One planned move of a running vaccel of this scheduler no larger than maxMoveBytes:
   // its blocks through the pool's state, then its data (false: not moved).
   bool moveIfIdle(const Pool::Move& mv, uint64_t maxMoveBytes, const std::string& why);
+  // raccelctl drain: the node takes no new blocks (on every host of a shared pool) and
+  // this scheduler's vaccels move off it (evacuate: what came of it).
   Result<std::string> drainNode(const std::string& name, bool undo);
+  std::string evacuate(size_t node, const std::string& why);
+  void endDrain(const std::string& name, const std::string& how);
+  size_t nodeIndex(const std::string& name) const;  // in pool(); SIZE_MAX when none
+  // raccelctl set-policy: checked, recorded (for every host of a shared pool), and
+  // applied to the VM if it is served here (applyPolicy: what it is now).
   Result<std::string> setPolicy(const std::string& vm, const std::vector<std::pair<std::string, std::string>>& settings);
+  Result<std::string> applyPolicy(Vm& vm, const std::map<std::string, std::string>& settings, const std::string& origin);
+  // A shared pool: this host's VMs and unplaced vaccels, for the other hosts' consoles.
+  void publishToOtherHosts();
   void acceptConsole(transport::ConnectionPtr connection);
   void onConsoleFrame(transport::Connection& connection, const transport::FrameHeader& header, transport::Body body);
   // A console request but `events` (which subscribes): raccelctl's and the web API's.

@@ -151,8 +151,10 @@ struct VaccelEntry {
   bytesMoved @10 :UInt64;  # copied between its cards by the scheduler (split ops, routed programs)
   kernelMs @11 :Float64;   # time its cards spent running its instructions (as of their last heartbeats)
   host @12 :Text;          # in a pool shared through etcd, the scheduler that serves it when
-                           #   that is another (state "elsewhere"; only id, vm, priority and
-                           #   blocks are known here); empty for this scheduler's own
+                           #   that is another: state "elsewhere" (it holds blocks: only id, vm,
+                           #   program, priority and blocks are known here), or "waiting" or
+                           #   "suspended" (it holds none: id, vm, program, priority and why);
+                           #   empty for this scheduler's own
   why @13 :Text;           # why it waits or is off its cards (its preemption, what it waits for)
 }
 
@@ -173,4 +175,6 @@ struct VmEntry {
   kernelMs @12 :UInt64;   # kernel time of all its programs so far (tenant usage; survives restarts)
   hostCpuMilli @13 :UInt64;   # what each of its vaccels needs of its node's host (0: not counted)
   hostMemoryMib @14 :UInt64;
+  host @15 :Text;         # in a pool shared through etcd, the scheduler that serves it when
+                          #   that is another (state "elsewhere": its name and policy only)
 }

@@ -515,6 +515,106 @@ TEST_F(MultiHost, AnOperatorPreemptsAndResumesAnotherHostsVaccel) {
       10000));
 }
 
+// An operator's drain and set-policy, given on any host, reach every host of the pool:
+// A drains the node B's program runs on, and B moves it off with its data; C places
+// nothing there until C undoes it. A sets vm-b's policy, which only B serves: B applies
+// it, and every host's console shows vm-b with it. A vaccel of B that holds no blocks
+// (suspended by an operator) is listed on A and C with its state and why.
+TEST_F(MultiHost, DrainAndSetPolicyGivenOnAnyHostReachEveryHost) {
+  auto onB = openOn(guestdB_, "drained-b", 2);
+  ASSERT_TRUE(onB) << onB.error().message << logs();
+  auto data = randomFloats(4096, 43);
+  uint64_t buffer = (*onB)->alloc(data.size() * 4);
+  (*onB)->writeFloats(buffer, data);
+  ASSERT_TRUE((*onB)->fence());
+  auto nodeOf = [&](const Cluster& host) {
+    json v = vaccelOf(host, "drained-b");
+    return v.contains("cards") && v["cards"].size() == 1 ? v["cards"][0].value("node", "") : std::string();
+  };
+  const std::string home = nodeOf(*b_);
+  ASSERT_FALSE(home.empty()) << b_->console("vaccels");
+  const std::string other = home == "na" ? "nb" : "na";
+  int status = -1;
+  std::string out = a_->ctl({"drain", home}, &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("on every host of the shared pool"), std::string::npos) << out;
+  EXPECT_TRUE(waitFor([&] { return nodeOf(*b_) == other && vaccelOf(*b_, "drained-b").value("state", "") == "running"; }, 30000))
+      << b_->console("vaccels") << logs();
+  auto back = (*onB)->readFloats(buffer, data.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, data);
+  // Every host sees the node's blocks draining, and places nothing new there.
+  auto drainingOn = [&](const Cluster& host) {
+    for (auto [first, count, state, node] : poolShape(host))
+      if (node == home && state != "draining") return false;
+    return true;
+  };
+  for (auto* h : {a_.get(), b_.get(), c_.get()}) EXPECT_TRUE(waitFor([&] { return drainingOn(*h); }, 10000)) << h->console("pool");
+  auto onC = openOn(guestdC_, "placed-c", 2);
+  ASSERT_TRUE(onC) << onC.error().message << logs();
+  for (auto& card : (*onC)->vaccel().cards) EXPECT_EQ(card.node, other) << "placed on the drained node";
+  out = c_->ctl({"drain", home, "--undo"}, &status);
+  ASSERT_EQ(status, 0) << out;
+  for (auto* h : {a_.get(), b_.get()})
+    EXPECT_TRUE(waitFor([&] {
+      for (auto [first, count, state, node] : poolShape(*h))
+        if (node == home && state == "draining") return false;
+      return true;
+    }, 10000)) << h->console("pool");
+
+  // vm-b is served by B alone: a policy set on A reaches it there.
+  out = a_->ctl({"set-policy", "vm-b", "priority=5", "memory_quota=3GiB"}, &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("served by host(s) host-b"), std::string::npos) << out;
+  auto vmOn = [](const Cluster& host, const std::string& name) {
+    auto v = json::parse(host.console("vms"), nullptr, false);
+    if (!v.is_discarded() && v.contains("vms"))
+      for (auto& e : v["vms"])
+        if (e.value("name", "") == name) return e;
+    return json::object();
+  };
+  EXPECT_TRUE(waitFor([&] { return vmOn(*b_, "vm-b").value("priority", 0) == 5; }, 10000)) << b_->console("vms") << logs();
+  EXPECT_EQ(vmOn(*b_, "vm-b").value("memoryQuota", 0ull), 3ull << 30);
+  for (auto* h : {a_.get(), c_.get()})
+    EXPECT_TRUE(waitFor([&] {
+      json e = vmOn(*h, "vm-b");
+      return e.value("host", "") == "host-b" && e.value("priority", 0) == 5;
+    }, 10000)) << h->console("vms");
+  for (auto [args, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"set-policy", "vm-nowhere", "priority=1"}, "no vm named 'vm-nowhere' here or on any host of the shared pool"},
+           {{"set-policy", "vm-b", "colour=red"}, "not a policy setting"},
+           {{"set-policy", "vm-b", "priority=100000"}, "priority"},
+       }) {
+    out = a_->ctl(args, &status);
+    EXPECT_NE(status, 0) << out;
+    EXPECT_NE(out.find(expected), std::string::npos) << out;
+  }
+  EXPECT_EQ(vmOn(*b_, "vm-b").value("priority", 0), 5) << "a refused setting changed the policy";
+
+  // A vaccel of B that holds no blocks is listed on the other hosts.
+  const std::string ref = "host-b/" + std::to_string((*onB)->vaccel().id);
+  out = a_->ctl({"preempt", ref}, &status);
+  ASSERT_EQ(status, 0) << out;
+  auto listedOn = [&](const Cluster& host) {
+    auto v = json::parse(host.console("vaccels"), nullptr, false);
+    if (!v.is_discarded() && v.contains("vaccels"))
+      for (auto& e : v["vaccels"])
+        if (e.value("host", "") == "host-b" && e.value("program", "") == "drained-b") return e;
+    return json::object();
+  };
+  for (auto* h : {a_.get(), c_.get()})
+    EXPECT_TRUE(waitFor([&] {
+      json e = listedOn(*h);
+      return e.value("state", "") == "suspended" && e.value("why", "").find("suspended by the operator") != std::string::npos;
+    }, 15000)) << h->console("vaccels");
+  out = c_->ctl({"resume", ref}, &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_TRUE(waitFor([&] { return listedOn(*a_).value("state", "") == "elsewhere"; }, 15000)) << a_->console("vaccels");
+  back = (*onB)->readFloats(buffer, data.size());
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, data);
+}
+
 // With a lease long enough to see the request stand before it ends.
 class MultiHostLongLease : public MultiHost {
  protected:
@@ -658,7 +758,12 @@ TEST_F(MultiHost, AMemberDownOrBadValuesInEtcdStopNoOne) {
                             std::pair{"/raccel/holds/stranger/2", overA.c_str()},
                             std::pair{"/raccel/holds/stranger/3", R"({"vm":"x","priority":0,"ranges":[{"first":4000000000,"count":9}]})"},
                             std::pair{"/raccel/nodes/zz", R"({"first":77,"blocks":3,"cards":[]})"},
-                            std::pair{"/raccel/config", R"({"blockTflops":"lots"})"}})
+                            std::pair{"/raccel/config", R"({"blockTflops":"lots"})"},
+                            std::pair{"/raccel/drains/na", R"({"by":"not a name"})"},
+                            std::pair{"/raccel/policies/vm-b", R"({"by":"stranger","settings":{"priority":"lots"}})"},
+                            std::pair{"/raccel/policies/vm-c", R"({"by":"stranger","settings":{"priority":["x"]}})"},
+                            std::pair{"/raccel/unplaced/host-b/9", R"({"vm":"x","priority":0,"state":"gone","blocks":1})"},
+                            std::pair{"/raccel/vms/host-b/vm-x", R"({"settings":"all"})"}})
     ASSERT_TRUE((*client)->put(key, value)) << key;
   // Every host still admits, places only on free blocks, and answers its console.
   auto onB = openOn(guestdB_, "after-bad");
@@ -674,8 +779,15 @@ TEST_F(MultiHost, AMemberDownOrBadValuesInEtcdStopNoOne) {
     EXPECT_TRUE(h->scheduler().running());
     EXPECT_FALSE(poolShape(*h).empty());
   }
-  for (auto key : {"holds/stranger/1", "holds/stranger/2", "holds/stranger/3", "nodes/zz"})
+  for (auto key : {"holds/stranger/1", "holds/stranger/2", "holds/stranger/3", "nodes/zz", "drains/na", "policies/vm-c",
+                   "unplaced/host-b/9", "vms/host-b/vm-x"})
     EXPECT_NE(a_->logs().find(std::string("refused /raccel/") + key), std::string::npos) << key << "\n" << a_->logs();
+  // A policy of the right shape that does not parse: the VM's host keeps its policy.
+  EXPECT_TRUE(waitFor([&] { return b_->logs().find("the policy set on host stranger does not apply here") != std::string::npos; }, 10000))
+      << b_->logs();
+  EXPECT_NE(b_->console("vms").find("\"priority\":0"), std::string::npos) << b_->console("vms");
+  // Nothing drained na: B and C still place there.
+  for (auto [first, count, state, node] : poolShape(*c_)) EXPECT_NE(state, "draining") << node;
 }
 
 TEST_F(MultiHost, WithEtcdDownRunningProgramsGoOnAndNewOnesAreRefusedNamingEtcd) {

@@ -331,6 +331,65 @@ TEST(SharedAction, AKeyOrValueThatBreaksTheFormatIsRefused) {
     EXPECT_FALSE(SharedPool::parseAction(k, v, "/raccel/")) << k << " " << v;
 }
 
+// The operators' drains and VM policies, and the VMs and unplaced vaccels each host
+// publishes: a key or value of the wrong shape is refused where it is read.
+TEST(SharedRecords, AKeyOrValueThatBreaksTheFormatIsRefused) {
+  auto drain = SharedPool::parseDrain("/raccel/drains/na", R"({"by":"host-a"})", "/raccel/");
+  ASSERT_TRUE(drain) << drain.error().message;
+  EXPECT_EQ(drain->node, "na");
+  EXPECT_EQ(drain->by, "host-a");
+  auto policy = SharedPool::parsePolicy("/raccel/policies/vm-b", R"({"by":"host-a","settings":{"priority":"5"}})", "/raccel/");
+  ASSERT_TRUE(policy) << policy.error().message;
+  EXPECT_EQ(policy->settings, (std::map<std::string, std::string>{{"priority", "5"}}));
+  auto vm = SharedPool::parseVm("/raccel/vms/host-b/vm-b", R"({"settings":{"tflops":"4","kinds":"gpu,cpu"}})", "/raccel/");
+  ASSERT_TRUE(vm) << vm.error().message;
+  EXPECT_EQ(vm->scheduler, "host-b");
+  EXPECT_EQ(vm->settings.at("kinds"), "gpu,cpu");
+  auto unplaced = SharedPool::parseUnplaced("/raccel/unplaced/host-b/7",
+                                            R"({"vm":"vm-b","priority":-3,"program":"p","state":"suspended","why":"w","blocks":2})",
+                                            "/raccel/");
+  ASSERT_TRUE(unplaced) << unplaced.error().message;
+  EXPECT_EQ(unplaced->vaccel, 7u);
+  EXPECT_EQ(unplaced->priority, -3);
+  EXPECT_EQ(unplaced->state, "suspended");
+  const std::string longText(65, 'x');
+  std::string manySettings = "{";
+  for (int i = 0; i < 17; ++i) manySettings += std::string(i ? "," : "") + "\"k" + std::string(1, char('a' + i)) + "\":\"1\"";
+  manySettings += "}";
+  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {"/raccel/drains/na", "not json"},
+           {"/raccel/drains/na", R"({})"},
+           {"/raccel/drains/na", R"({"by":"a b"})"},
+           {"/raccel/drains/na/x", R"({"by":"host-a"})"},
+           {"/raccel/drains/", R"({"by":"host-a"})"},
+           {"/raccel/policies/vm-b", R"({"by":"host-a"})"},
+           {"/raccel/policies/vm-b", R"({"by":"host-a","settings":{"priority":5}})"},
+           {"/raccel/policies/vm-b", R"({"by":"host-a","settings":{"Priority":"5"}})"},
+           {"/raccel/policies/vm-b", R"({"by":"host-a","settings":{"priority":""}})"},
+           {"/raccel/policies/vm-b", R"({"by":"host-a","settings":{"priority":"5\n"}})"},
+           {"/raccel/policies/vm-b", R"({"by":"host-a","settings":{"priority":")" + longText + R"("}})"},
+           {"/raccel/policies/vm-b", R"({"by":"host-a","settings":)" + manySettings + "}"},
+           {"/raccel/policies/vm-b/c", R"({"by":"host-a","settings":{}})"},
+           {"/raccel/vms/host-b", R"({"settings":{}})"},
+           {"/raccel/vms/host-b/vm-b", R"({"settings":[]})"},
+           {"/raccel/unplaced/host-b/0", R"({"vm":"v","priority":0,"state":"waiting","blocks":1})"},
+           {"/raccel/unplaced/host-b/7", R"({"vm":"v","priority":0,"state":"running","blocks":1})"},
+           {"/raccel/unplaced/host-b/7", R"({"vm":"v","priority":1001,"state":"waiting","blocks":1})"},
+           {"/raccel/unplaced/host-b/7", R"({"vm":"v","priority":0,"state":"waiting","blocks":-1})"},
+           {"/raccel/unplaced/host-b/7", R"({"vm":"v","priority":0,"state":"waiting"})"},
+           {"/raccel/unplaced/host-b/7", R"({"priority":0,"state":"waiting","blocks":1})"},
+           {"/raccel/unplaced/host-b/7", R"({"vm":"v","priority":0,"state":"waiting","blocks":1,"why":)" +
+                                             nlohmann::json(std::string(513, 'w')).dump() + "}"},
+       }) {
+    bool refused = true;
+    if (k.find("/drains/") != std::string::npos) refused = !SharedPool::parseDrain(k, v, "/raccel/");
+    else if (k.find("/policies/") != std::string::npos) refused = !SharedPool::parsePolicy(k, v, "/raccel/");
+    else if (k.find("/vms/") != std::string::npos) refused = !SharedPool::parseVm(k, v, "/raccel/");
+    else refused = !SharedPool::parseUnplaced(k, v, "/raccel/");
+    EXPECT_TRUE(refused) << k << " " << v;
+  }
+}
+
 // One scheduler leads (plans the moves) at a time: the first to seek it; when it leaves,
 // its key ends with its lease and another takes over. A leader key that names no live
 // scheduler (written by hand, without a lease) or does not parse is taken over.

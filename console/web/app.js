@@ -134,13 +134,15 @@ function render(data) {
     el("td", {}, tflops(c.tflops)), el("td", {}, size(c.memoryBytes)),
     el("td", {}, c.blocks ? c.firstBlock + "-" + (c.firstBlock + c.blocks - 1) : "-"))));
   fillTable("vms", vms.vms.map(v => el("tr", { title: v.problem || "" },
-    el("td", {}, v.name), el("td", { class: "state-" + v.state }, v.state), el("td", {}, tflops(v.tflops)), el("td", {}, v.priority),
+    el("td", {}, v.host ? v.name + " (on " + v.host + ")" : v.name), el("td", { class: "state-" + v.state }, v.state),
+    el("td", {}, tflops(v.tflops)), el("td", {}, v.priority),
     el("td", {}, v.kinds), el("td", {}, size(v.memoryQuota)),
     el("td", {}, v.hostCpuMilli ? (v.hostCpuMilli / 1000).toFixed(1) : "-"),
     el("td", {}, v.hostMemoryMib ? size(v.hostMemoryMib * 1048576) : "-"), el("td", {}, v.blocksHeld), el("td", {}, v.source))));
   const select = document.getElementById("policy-vm");
   const chosen = select.value;
-  select.replaceChildren(...vms.vms.map(v => el("option", { value: v.name }, v.name)));
+  // A VM of any host: set-policy reaches the hosts that serve it.
+  select.replaceChildren(...[...new Set(vms.vms.map(v => v.name))].map(name => el("option", { value: name }, name)));
   if (chosen) select.value = chosen;
 }
 

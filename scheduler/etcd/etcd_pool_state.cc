@@ -39,6 +39,7 @@ Result<std::unique_ptr<EtcdPoolState>> EtcdPoolState::open(uv_loop_t* loop, cons
   state->shared_ = std::move(*pool);
   state->sync();
   state->thread_ = std::thread([s = state.get()] { s->run(); });
+  uv_async_send(state->async_);  // the drains and policies that stand reach the scheduler
   RLOG_INFO("scheduler") << "joined the shared pool at " << state->describe_;
   return state;
 }
@@ -53,6 +54,8 @@ EtcdPoolState::EtcdPoolState(uv_loop_t* loop, std::string describe)
     self->answerPreemptions();
     self->answerMoves();
     self->answerActions();
+    self->answerDrains();
+    self->answerPolicies();
     std::vector<std::pair<VaccelId, std::string>> lost;
     {
       std::lock_guard lock(self->mutex_);
@@ -98,6 +101,7 @@ void EtcdPoolState::rejoin() {
     owned = owned_;
     requestsLapsed_ = true;  // this scheduler's preemption requests ended with the lease
   }
+  republish_ = true;  // its VM and unplaced records too
   size_t kept = 0;
   for (auto& [vaccel, o] : owned) {
     Status claimed = shared_->claim(vaccel, o.vm, o.ranges, o.priority, o.host);
@@ -122,8 +126,27 @@ Error EtcdPoolState::etcdLost() const {
 
 void EtcdPoolState::sync() {
   if (!shared_) return;
-  auto [pool, revision, foreign, preemptions, usage, moves, actions] = shared_->poolCopy();
+  auto [pool, revision, foreign, preemptions, usage, moves, actions, vms, unplaced, drains, policies] = shared_->poolCopy();
   (void)revision;
+  std::map<std::string, std::string> draining;
+  for (auto& d : drains) draining[d.node] = d.by;
+  for (auto it = drainIntents_.begin(); it != drainIntents_.end();) {
+    if (draining.count(it->first) == static_cast<size_t>(it->second)) {
+      it = drainIntents_.erase(it);  // the view has it now
+      continue;
+    }
+    if (it->second) draining[it->first] = shared_->name();
+    else draining.erase(it->first);
+    ++it;
+  }
+  draining_ = std::move(draining);
+  policies_ = std::move(policies);
+  vmsElsewhere_.clear();
+  for (auto& v : vms)
+    if (v.scheduler != shared_->name()) vmsElsewhere_.push_back(std::move(v));
+  unplacedElsewhere_.clear();
+  for (auto& u : unplaced)
+    if (u.scheduler != shared_->name()) unplacedElsewhere_.push_back(std::move(u));
   for (size_t i = 0; i < pool.nodes().size(); ++i) {
     const std::string& name = pool.nodes()[i].name;
     if (!linked_.count(name)) pool.removeNode(i);  // placed on by the schedulers linked to it
@@ -327,9 +350,109 @@ std::vector<VaccelId> EtcdPoolState::removeNode(size_t node) {
 
 void EtcdPoolState::setDraining(size_t node, bool draining) {
   if (node >= mirror_.nodes().size()) return;
-  if (draining) draining_.insert(mirror_.nodes()[node].name);
-  else draining_.erase(mirror_.nodes()[node].name);
+  const std::string name = mirror_.nodes()[node].name;
+  drainIntents_[name] = draining;
+  // The scheduler that was asked acts on it itself; the others are told (answerDrains).
+  if (draining) drainsAnswered_[name] = shared_->name();
+  else drainsAnswered_.erase(name);
+  post({[this, name, draining] { return shared_->drain(name, !draining); },
+        (draining ? "recording the drain of " : "ending the drain of ") + name});
   sync();
+}
+
+void EtcdPoolState::answerDrains() {
+  std::vector<std::pair<std::string, std::string>> started;
+  std::vector<std::string> ended;
+  for (auto& [name, by] : draining_)
+    if (!drainsAnswered_.count(name)) started.push_back({name, by});
+  for (auto& [name, by] : drainsAnswered_)
+    if (!draining_.count(name)) ended.push_back(name);
+  for (auto& [name, by] : started) {
+    drainsAnswered_[name] = by;
+    RLOG_INFO("scheduler") << "shared pool: netaccel " << name << " is drained (asked on " << by << ")";
+    if (drainAsked) drainAsked(name, true, by);
+  }
+  for (auto& name : ended) {
+    drainsAnswered_.erase(name);
+    RLOG_INFO("scheduler") << "shared pool: netaccel " << name << " is no longer drained";
+    if (drainAsked) drainAsked(name, false, "");
+  }
+}
+
+Result<std::map<std::string, std::string>> EtcdPoolState::recordPolicy(const std::string& vm,
+                                                                       const std::map<std::string, std::string>& changes) {
+  if (!reachable_) return fail(etcdLost());
+  auto settings = shared_->setPolicy(vm, changes);
+  if (!settings) return settings;
+  policiesAnswered_[vm] = *settings;  // the scheduler applies them itself
+  return settings;
+}
+
+void EtcdPoolState::answerPolicies() {
+  for (const SharedPolicy& p : policies_) {
+    auto it = policiesAnswered_.find(p.vm);
+    if (it != policiesAnswered_.end() && it->second == p.settings) continue;
+    policiesAnswered_[p.vm] = p.settings;
+    if (policyAsked) policyAsked(p.vm, p.settings, p.by);
+  }
+}
+
+void EtcdPoolState::publish(const std::map<std::string, Settings>& vms, const std::vector<Unplaced>& unplaced) {
+  if (publishedOnce_ && !republish_.exchange(false) && vms == lastVms_ && unplaced == lastUnplaced_) return;
+  publishedOnce_ = true;
+  lastVms_ = vms;
+  lastUnplaced_ = unplaced;
+  Records records{vms, {}};
+  for (auto& u : unplaced)
+    records.second.push_back({shared_->name(), u.vaccel, u.vm, u.priority, u.program, u.state, u.why, u.blocks});
+  bool queued;
+  {
+    std::lock_guard lock(mutex_);
+    toPublish_ = std::move(records);
+    queued = publishQueued_;
+    publishQueued_ = true;
+  }
+  if (!queued) post({[this] { return publishRecords(); }, "recording this host's VMs and unplaced vaccels"});
+}
+
+Status EtcdPoolState::publishRecords() {
+  // Until none waits: what is handed over while this job runs has no job of its own.
+  for (;;) {
+    Records batch;
+    {
+      std::lock_guard lock(mutex_);
+      if (!toPublish_) {
+        publishQueued_ = false;
+        return {};
+      }
+      batch = *toPublish_;
+    }
+    Status ok = shared_->publishVms(batch.first);
+    if (ok) ok = shared_->publishUnplaced(batch.second);
+    if (!ok) {
+      if (ok.error().code != Code::unavailable) {  // given up: the loop hands them over again
+        std::lock_guard lock(mutex_);
+        publishQueued_ = false;
+        republish_ = true;
+      }
+      return ok;
+    }
+    std::lock_guard lock(mutex_);
+    if (toPublish_ && *toPublish_ == batch) toPublish_.reset();
+  }
+}
+
+std::vector<PoolState::VmElsewhere> EtcdPoolState::vmsElsewhere() const {
+  std::vector<VmElsewhere> out;
+  for (auto& v : vmsElsewhere_) out.push_back({v.scheduler, v.vm, v.settings});
+  return out;
+}
+
+std::vector<PoolState::UnplacedElsewhere> EtcdPoolState::unplacedElsewhere() const {
+  std::vector<UnplacedElsewhere> out;
+  for (auto& u : unplacedElsewhere_)
+    out.push_back({u.scheduler, {u.vaccel, u.vm, u.priority, u.program, u.state, u.why, u.blocks}});
+  return out;
 }
 
 Result<std::vector<BlockRange>> EtcdPoolState::allocate(VaccelId owner, const std::string& vm, const Pool::Request& request) {

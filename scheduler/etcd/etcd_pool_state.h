@@ -38,6 +38,12 @@
 // blocks another scheduler took meanwhile is reported through `lost` (the scheduler
 // suspends it: its buffers are saved, and it resumes when blocks free).
 //
+// Operators' drains and VM policies are the pool's, not one host's: setDraining records
+// the drain in etcd and recordPolicy the settings; every other scheduler is told through
+// drainAsked and policyAsked when the watch brings them (and of those standing when it
+// joins). Each scheduler publishes its VMs and unplaced vaccels (publish, from its tick)
+// for the other hosts' consoles.
+//
 // Not yet in a shared pool: restoring allocations after a restart (the holdings end with
 // the scheduler's lease).
 #pragma once
@@ -51,6 +57,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -90,6 +97,12 @@ class EtcdPoolState final : public PoolState {
   Result<std::string> actElsewhere(const std::string& host, uint64_t id, bool preempt) override;
   std::vector<Elsewhere> vaccelsElsewhere() const override;
   void nameProgram(VaccelId owner, const std::string& program) override { shared_->nameProgram(owner, program); }
+  bool shared() const override { return true; }
+  Result<std::map<std::string, std::string>> recordPolicy(const std::string& vm,
+                                                          const std::map<std::string, std::string>& changes) override;
+  void publish(const std::map<std::string, Settings>& vms, const std::vector<Unplaced>& unplaced) override;
+  std::vector<VmElsewhere> vmsElsewhere() const override;
+  std::vector<UnplacedElsewhere> unplacedElsewhere() const override;
 
  private:
   EtcdPoolState(uv_loop_t* loop, std::string describe);
@@ -111,7 +124,31 @@ class EtcdPoolState final : public PoolState {
   Pool mirror_;
   std::map<VaccelId, SharedHolding> foreign_;  // other schedulers' vaccels in mirror_, by their ids there
   std::set<std::string> linked_;    // nodes whose netaccel is linked to this scheduler
-  std::set<std::string> draining_;  // raccelctl drain, on this scheduler
+  // Drains (loop thread): the nodes drained in the pool, by whom, as the view has them
+  // with this scheduler's own drains and undos not yet in it on top; the intents
+  // (node -> draining) not yet in the view; the drains the scheduler was told of.
+  std::map<std::string, std::string> draining_;
+  std::map<std::string, bool> drainIntents_;
+  std::map<std::string, std::string> drainsAnswered_;
+  void answerDrains();
+  // Operators' VM policies (loop thread): as the view has them, and as the scheduler was
+  // told of them (or recorded them itself).
+  std::vector<SharedPolicy> policies_;
+  std::map<std::string, Settings> policiesAnswered_;
+  void answerPolicies();
+  // The other schedulers' VMs and unplaced vaccels (loop thread, from the view); this
+  // one's as last handed to the committing thread, and the newest waiting for it
+  // (under mutex_: one job publishes the newest, so a long loss of etcd queues no more).
+  std::vector<SharedVm> vmsElsewhere_;
+  std::vector<SharedUnplaced> unplacedElsewhere_;
+  std::map<std::string, Settings> lastVms_;
+  std::vector<Unplaced> lastUnplaced_;
+  bool publishedOnce_ = false;
+  using Records = std::pair<std::map<std::string, Settings>, std::vector<SharedUnplaced>>;
+  std::optional<Records> toPublish_;  // under mutex_
+  bool publishQueued_ = false;        // under mutex_: a job is on its way
+  std::atomic<bool> republish_{false};  // what was published is gone (a new lease, a job given up)
+  Status publishRecords();              // the committing thread
   std::atomic<bool> reachable_{true};
 
   std::mutex mutex_;  // what the committing thread shares with the loop

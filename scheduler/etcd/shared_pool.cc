@@ -22,6 +22,7 @@ namespace pb = etcd::pb;
 
 constexpr size_t kMaxValueBytes = 1 << 20;   // a node of 1024 cards fits with room to spare
 constexpr size_t kMaxRangesPerHolding = 4096;
+constexpr size_t kMaxWhyBytes = 512;             // an unplaced vaccel's why, as the consoles show it
 // A call etcd lost (a member died, its leader changed, or the client's connections are
 // all still in their reconnect backoff) is tried again, 100 ms apart and more, for up to
 // this long before the loss is reported. What it waits for: a restarted member found
@@ -299,6 +300,35 @@ Result<int> poolPriorityOf(const json& j) {
   return static_cast<int>(it->get<long long>());
 }
 
+// A policy's settings ({"settings": {KEY: VALUE}}) within SharedPool's bounds.
+Result<std::map<std::string, std::string>> settingsOf(const json& j) {
+  auto it = j.find("settings");
+  if (it == j.end() || !it->is_object() || it->size() > SharedPool::kMaxSettings)
+    return fail(Code::invalidArgument, "settings is not an object of at most " + std::to_string(SharedPool::kMaxSettings) +
+                                           " KEY: VALUE");
+  std::map<std::string, std::string> out;
+  for (auto& [key, value] : it->items()) {
+    if (key.empty() || key.size() > SharedPool::kMaxSettingBytes ||
+        key.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos)
+      return fail(Code::invalidArgument, "setting '" + limits::clip(key, 40) + "' is not a key of lower-case letters and '_'");
+    const std::string text = value.is_string() ? value.get<std::string>() : std::string();
+    if (text.empty() || text.size() > SharedPool::kMaxSettingBytes ||
+        std::any_of(text.begin(), text.end(), [](char c) { return c < 0x20 || c > 0x7e; }))
+      return fail(Code::invalidArgument, "setting " + key + " is not text of 1 to " +
+                                             std::to_string(SharedPool::kMaxSettingBytes) + " printable bytes");
+    out[key] = text;
+  }
+  return out;
+}
+
+// A scheduler's name in the value's "by".
+Result<std::string> byOf(const json& j) {
+  if (!j.contains("by") || !j["by"].is_string()) return fail(Code::invalidArgument, "by is not text");
+  std::string by = j["by"].get<std::string>();
+  if (auto ok = limits::checkKeyName("scheduler", by); !ok) return fail(ok.error());
+  return by;
+}
+
 }  // namespace
 
 Result<SharedPreemption> SharedPool::parsePreemption(const std::string& key, const std::string& value,
@@ -377,6 +407,87 @@ Result<SharedAction> SharedPool::parseAction(const std::string& key, const std::
   if (action != "preempt" && action != "resume") return fail(Code::invalidArgument, "action is not preempt or resume");
   a.preempt = action == "preempt";
   return a;
+}
+
+Result<SharedVm> SharedPool::parseVm(const std::string& key, const std::string& value, const std::string& prefix) {
+  auto parts = keySegments(key, prefix, "vms/", 2, "vms/SCHEDULER/VM");
+  if (!parts) return fail(parts.error());
+  SharedVm v{(*parts)[0], (*parts)[1], {}};
+  if (auto ok = limits::checkKeyName("scheduler", v.scheduler); !ok) return fail(ok.error());
+  if (auto ok = limits::checkKeyName("vm", v.vm); !ok) return fail(ok.error());
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  auto settings = settingsOf(*j);
+  if (!settings) return fail(settings.error());
+  v.settings = std::move(*settings);
+  return v;
+}
+
+Result<SharedUnplaced> SharedPool::parseUnplaced(const std::string& key, const std::string& value, const std::string& prefix) {
+  auto parts = keySegments(key, prefix, "unplaced/", 2, "unplaced/SCHEDULER/VACCEL");
+  if (!parts) return fail(parts.error());
+  SharedUnplaced u;
+  u.scheduler = (*parts)[0];
+  if (auto ok = limits::checkKeyName("scheduler", u.scheduler); !ok) return fail(ok.error());
+  auto id = parseVaccelId((*parts)[1]);
+  if (!id) return fail(id.error());
+  u.vaccel = *id;
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  auto vm = vmOf(*j);
+  if (!vm) return fail(vm.error());
+  u.vm = *vm;
+  auto priority = j->find("priority");
+  if (priority == j->end() || !priority->is_number_integer() || priority->get<long long>() < limits::kMinPriority ||
+      priority->get<long long>() > limits::kMaxPriority)
+    return fail(Code::invalidArgument, "priority is not a priority from " + std::to_string(limits::kMinPriority) + " to " +
+                                           std::to_string(limits::kMaxPriority));
+  u.priority = static_cast<int>(priority->get<long long>());
+  auto text = [&](const char* field, size_t max, std::string& out) -> Status {
+    auto it = j->find(field);
+    if (it == j->end()) return {};
+    if (!it->is_string() || it->get<std::string>().size() > max)
+      return fail(Code::invalidArgument, std::string(field) + " is not text of at most " + std::to_string(max) + " bytes");
+    out = it->get<std::string>();
+    return {};
+  };
+  if (auto ok = text("program", limits::kMaxNameBytes, u.program); !ok) return fail(ok.error());
+  if (auto ok = text("why", kMaxWhyBytes, u.why); !ok) return fail(ok.error());
+  if (auto ok = text("state", 16, u.state); !ok) return fail(ok.error());
+  if (u.state != "waiting" && u.state != "suspended") return fail(Code::invalidArgument, "state is not waiting or suspended");
+  auto blocks = number(*j, "blocks", limits::kMaxPoolBlocks);
+  if (!blocks) return fail(blocks.error());
+  u.blocks = static_cast<uint32_t>(*blocks);
+  return u;
+}
+
+Result<SharedDrain> SharedPool::parseDrain(const std::string& key, const std::string& value, const std::string& prefix) {
+  auto parts = keySegments(key, prefix, "drains/", 1, "drains/NODE");
+  if (!parts) return fail(parts.error());
+  SharedDrain d{(*parts)[0], {}};
+  if (auto ok = limits::checkKeyName("netaccel", d.node); !ok) return fail(ok.error());
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  auto by = byOf(*j);
+  if (!by) return fail(by.error());
+  d.by = *by;
+  return d;
+}
+
+Result<SharedPolicy> SharedPool::parsePolicy(const std::string& key, const std::string& value, const std::string& prefix) {
+  auto parts = keySegments(key, prefix, "policies/", 1, "policies/VM");
+  if (!parts) return fail(parts.error());
+  SharedPolicy p{(*parts)[0], {}, {}};
+  if (auto ok = limits::checkKeyName("vm", p.vm); !ok) return fail(ok.error());
+  auto j = parseJson(value);
+  if (!j) return fail(j.error());
+  auto by = byOf(*j);
+  if (!by) return fail(by.error());
+  p.by = *by;
+  auto settings = settingsOf(*j);
+  if (!settings) return fail(settings.error());
+  p.settings = std::move(*settings);
+  return p;
 }
 
 std::string SharedPool::preemptionKey(const SharedPreemption& p) {
@@ -507,6 +618,8 @@ Status SharedPool::rejoin() {
   }
   lease_ = *lease;
   leaseLost_ = false;
+  publishedVms_.clear();  // they ended with the old lease
+  publishedUnplaced_.clear();
   startKeeper();
   RLOG_INFO("shared-pool") << "scheduler " << options_.scheduler << " rejoined the pool under a new lease";
   return {};
@@ -773,6 +886,11 @@ void SharedPool::rebuild() {
   readRecords("usage/", "usage records", &SharedPool::parseUsage, &SharedUsage::scheduler, usage_);
   readRecords("moves/", "move requests", &SharedPool::parseMove, &SharedMove::by, moves_);
   readRecords("actions/", "operators' actions", &SharedPool::parseAction, &SharedAction::by, actions_);
+  readRecords("vms/", "VM records", &SharedPool::parseVm, &SharedVm::scheduler, vms_);
+  readRecords("unplaced/", "unplaced vaccels", &SharedPool::parseUnplaced, &SharedUnplaced::scheduler, unplaced_);
+  // Operators' drains and policies outlive whoever was asked: no scheduler to check.
+  readRecords("drains/", "drains", &SharedPool::parseDrain, static_cast<std::string SharedDrain::*>(nullptr), drains_);
+  readRecords("policies/", "VM policies", &SharedPool::parsePolicy, static_cast<std::string SharedPolicy::*>(nullptr), policies_);
   // Ids of holdings that are gone are dropped (bounded by what the pool holds now).
   if (localIds_.size() > 2 * holdings_.size() + 64)
     std::erase_if(localIds_, [&](const auto& entry) { return pool_.held(entry.second).empty(); });
@@ -792,7 +910,7 @@ void SharedPool::readRecords(const std::string& dir, const char* what,
     }
     // Only a live scheduler's record stands: one its lease did not end (written without
     // one) must not hold anyone back, or count, for good.
-    if (!keys_.count("schedulers/" + (*record).*scheduler)) {
+    if (scheduler && !keys_.count("schedulers/" + (*record).*scheduler)) {
       noteRefused(it->first, "scheduler '" + (*record).*scheduler + "' is not in the pool");
       continue;
     }
@@ -1015,6 +1133,99 @@ Status SharedPool::endAction(const std::string& scheduler, uint64_t vaccel) {
   return removeKey("actions/" + scheduler + "/" + std::to_string(vaccel));
 }
 
+Status SharedPool::publishSet(const std::string& dir, const std::map<std::string, std::string>& want,
+                              std::map<std::string, std::string>& published) {
+  // etcd takes at most 128 operations in one transaction: a long list goes in several.
+  constexpr size_t kOpsPerTxn = 64;
+  std::vector<std::pair<std::string, const std::string*>> ops;  // key, value (null: delete)
+  for (auto& [key, value] : want)
+    if (auto it = published.find(key); it == published.end() || it->second != value) ops.push_back({key, &value});
+  for (auto& [key, value] : published)
+    if (!want.count(key)) ops.push_back({key, nullptr});
+  for (size_t at = 0; at < ops.size(); at += kOpsPerTxn) {
+    pb::TxnRequest txn;
+    for (size_t i = at; i < std::min(ops.size(), at + kOpsPerTxn); ++i) {
+      const std::string key = options_.prefix + dir + ops[i].first;
+      if (ops[i].second) put(txn, key, *ops[i].second, lease_);
+      else txn.add_success()->mutable_request_delete_range()->set_key(key);
+    }
+    auto answer = client_.txn(txn);
+    if (!answer) return fail(answer.error());
+    for (size_t i = at; i < std::min(ops.size(), at + kOpsPerTxn); ++i) {
+      if (ops[i].second) published[ops[i].first] = *ops[i].second;
+      else published.erase(ops[i].first);
+    }
+  }
+  return {};
+}
+
+Status SharedPool::publishVms(const std::map<std::string, std::map<std::string, std::string>>& vms) {
+  std::map<std::string, std::string> want;
+  for (auto& [vm, settings] : vms) {
+    if (!limits::checkKeyName("vm", vm)) continue;  // a name that cannot be one key segment
+    want[options_.scheduler + "/" + vm] = json{{"settings", settings}}.dump();
+  }
+  return publishSet("vms/", want, publishedVms_);
+}
+
+Status SharedPool::publishUnplaced(const std::vector<SharedUnplaced>& unplaced) {
+  std::map<std::string, std::string> want;
+  for (auto& u : unplaced) {
+    if (!limits::checkKeyName("vm", u.vm)) continue;
+    json value{{"vm", u.vm}, {"priority", u.priority}, {"program", u.program.substr(0, limits::kMaxNameBytes)},
+               {"state", u.state}, {"why", u.why.substr(0, kMaxWhyBytes)}, {"blocks", u.blocks}};
+    want[options_.scheduler + "/" + std::to_string(u.vaccel)] = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  return publishSet("unplaced/", want, publishedUnplaced_);
+}
+
+Status SharedPool::drain(const std::string& node, bool undo) {
+  if (auto ok = limits::checkKeyName("netaccel", node); !ok) return fail(ok.error());
+  if (undo) return removeKey("drains/" + node);
+  pb::TxnRequest txn;
+  put(txn, options_.prefix + "drains/" + node, json{{"by", options_.scheduler}}.dump());  // no lease: for good
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
+  catchUp(lock, answer->header().revision());
+  return {};
+}
+
+Result<std::map<std::string, std::string>> SharedPool::setPolicy(const std::string& vm,
+                                                                 const std::map<std::string, std::string>& changes) {
+  if (auto ok = limits::checkKeyName("vm", vm); !ok) return fail(ok.error());
+  const std::string key = options_.prefix + "policies/" + vm;
+  for (uint32_t attempt = 0; attempt < options_.maxAttempts; ++attempt) {
+    auto read = client_.range(key);
+    if (!read) return fail(read.error());
+    int64_t mod = 0;
+    std::map<std::string, std::string> settings;
+    for (auto& kv : read->kvs()) {
+      if (kv.key() != key) continue;  // a longer name under the same prefix
+      mod = kv.mod_revision();
+      if (auto had = parsePolicy(key, kv.value(), options_.prefix)) settings = had->settings;
+      else RLOG_WARN("shared-pool") << "replacing " << limits::clip(key, 128) << ", which was refused: " << had.error().message;
+    }
+    for (auto& [k, v] : changes) settings[k] = v;
+    json value{{"by", options_.scheduler}, {"settings", settings}};
+    if (!parsePolicy(key, value.dump(), options_.prefix))
+      return fail(Code::invalidArgument, "vm '" + vm + "': the settings would break the shared pool's format (at most " +
+                                             std::to_string(kMaxSettings) + ", each at most " +
+                                             std::to_string(kMaxSettingBytes) + " printable bytes)");
+    pb::TxnRequest txn;
+    compareMod(txn, key, mod);
+    put(txn, key, value.dump());  // no lease: for good
+    auto answer = client_.txn(txn);
+    if (!answer) return fail(answer.error());
+    if (!answer->succeeded()) continue;  // another host's settings came first: read again
+    std::unique_lock lock(mutex_);
+    catchUp(lock, answer->header().revision());
+    return settings;
+  }
+  return fail(Code::unavailable, "vm '" + vm + "': its policy record kept changing under " +
+                                     std::to_string(options_.maxAttempts) + " attempts");
+}
+
 bool SharedPool::alive(const std::string& scheduler) {
   std::lock_guard lock(mutex_);
   return keys_.count("schedulers/" + scheduler) > 0;
@@ -1045,7 +1256,7 @@ Status SharedPool::withdrawPreemption(const SharedPreemption& p) { return remove
 SharedPool::PoolCopy SharedPool::poolCopy() {
   std::lock_guard lock(mutex_);
   rebuild();
-  PoolCopy copy{pool_, revision_, {}, preemptions_, usage_, moves_, actions_};
+  PoolCopy copy{pool_, revision_, {}, preemptions_, usage_, moves_, actions_, vms_, unplaced_, drains_, policies_};
   for (auto& h : holdings_)
     if (h.scheduler != options_.scheduler)
       copy.foreign[localId(h.scheduler, h.vaccel)] = h;

@@ -28,6 +28,16 @@
 //                          to preempt or resume its VACCEL ({"action", "by"})
 //   usage/SCHEDULER/VM     under the scheduler's lease: tenant VM's usage there
 //                          ({"used": decayed block-seconds as of "at", "at", "blocks" held})
+//   vms/SCHEDULER/VM       under the scheduler's lease: a VM it serves, with its policy as
+//                          raccelctl set-policy's settings ({"settings": {KEY: VALUE}})
+//   unplaced/SCHEDULER/VACCEL
+//                          under the scheduler's lease: its vaccel that holds no blocks now,
+//                          waiting or suspended ({"vm", "priority", "program", "state", "why",
+//                          "blocks": what it asks})
+//   drains/NODE            for good, until undone: an operator on scheduler {"by"} drains the
+//                          node; no scheduler places there, each moves its vaccels off
+//   policies/VM            for good: the operators' settings for VM ({"by", "settings"}),
+//                          over what each host configures for it
 //
 // Why no block is ever held twice: an allocation's transaction compares the version of
 // every card it takes blocks of with the version its cache read, and rewrites them. Any
@@ -127,6 +137,44 @@ struct SharedUsage {
   uint32_t blocks = 0;
 };
 
+// A VM a scheduler serves, with its policy as raccelctl set-policy's KEY=VALUE settings.
+struct SharedVm {
+  std::string scheduler;
+  std::string vm;
+  std::map<std::string, std::string> settings;
+};
+
+// A vaccel of a scheduler that holds no blocks now: waiting to be placed, or suspended
+// (its buffers kept on its own host).
+struct SharedUnplaced {
+  std::string scheduler;
+  uint64_t vaccel = 0;
+  std::string vm;
+  int priority = 0;  // as the program asked, capped by its VM's policy
+  std::string program;
+  std::string state;  // "waiting" or "suspended"
+  std::string why;
+  uint32_t blocks = 0;  // what it asks of the pool
+  bool operator==(const SharedUnplaced&) const = default;
+};
+
+// An operator's drain of a node, asked on scheduler `by`: kept until undone (no lease),
+// so it outlives the scheduler that was asked.
+struct SharedDrain {
+  std::string node;
+  std::string by;
+};
+
+// The operators' raccelctl set-policy settings for a VM, on whatever host they were
+// given: kept for good (no lease), applied by every scheduler that serves the VM over
+// what that host configures for it. Their meaning is checked by the schedulers; the
+// pool checks only their shape.
+struct SharedPolicy {
+  std::string vm;
+  std::string by;
+  std::map<std::string, std::string> settings;
+};
+
 // A node's registration: its blocks, and the revision that committed it.
 struct SharedNode {
   BlockRange blocks;
@@ -188,6 +236,17 @@ class SharedPool {
   // An operator's action on another scheduler's vaccel (a.by is this one), and its end.
   Status requestAction(const SharedAction& a);
   Status endAction(const std::string& scheduler, uint64_t vaccel);
+  // The VMs this scheduler serves, each with its policy as settings: every record of its
+  // that differs is written, and its records of VMs not listed are deleted.
+  Status publishVms(const std::map<std::string, std::map<std::string, std::string>>& vms);
+  // This scheduler's vaccels that hold no blocks: written and deleted the same way.
+  Status publishUnplaced(const std::vector<SharedUnplaced>& unplaced);
+  // An operator's drain of `node` (by this scheduler's console), or its end.
+  Status drain(const std::string& node, bool undo);
+  // Adds `changes` to the operators' settings for `vm` (one transaction that compares
+  // the record it read, retried on a conflict): the settings as they now stand.
+  Result<std::map<std::string, std::string>> setPolicy(const std::string& vm,
+                                                       const std::map<std::string, std::string>& changes);
   // Whether a scheduler of this name is alive in the pool (in the view).
   bool alive(const std::string& scheduler);
 
@@ -219,6 +278,10 @@ class SharedPool {
     std::vector<SharedUsage> usage;  // of live schedulers, this one's included
     std::vector<SharedMove> moves;   // asked by a live scheduler
     std::vector<SharedAction> actions;  // asked by a live scheduler
+    std::vector<SharedVm> vms;          // served by a live scheduler, this one's included
+    std::vector<SharedUnplaced> unplaced;  // of live schedulers, this one's included
+    std::vector<SharedDrain> drains;
+    std::vector<SharedPolicy> policies;
   };
   PoolCopy poolCopy();
   // Whether the watch runs (false after etcd was lost, until refresh() re-reads).
@@ -258,6 +321,13 @@ class SharedPool {
   static Result<SharedUsage> parseUsage(const std::string& key, const std::string& value, const std::string& prefix);
   static Result<SharedMove> parseMove(const std::string& key, const std::string& value, const std::string& prefix);
   static Result<SharedAction> parseAction(const std::string& key, const std::string& value, const std::string& prefix);
+  static Result<SharedVm> parseVm(const std::string& key, const std::string& value, const std::string& prefix);
+  static Result<SharedUnplaced> parseUnplaced(const std::string& key, const std::string& value, const std::string& prefix);
+  static Result<SharedDrain> parseDrain(const std::string& key, const std::string& value, const std::string& prefix);
+  static Result<SharedPolicy> parsePolicy(const std::string& key, const std::string& value, const std::string& prefix);
+  // A policy's settings: at most this many, each KEY of lower-case letters and '_' and a
+  // VALUE of printable ASCII, each at most kMaxSettingBytes.
+  static constexpr size_t kMaxSettings = 16, kMaxSettingBytes = 64;
   // At most this many standing preemption requests, and as many usage records, are
   // read; the rest are refused.
   static constexpr size_t kMaxRecords = 4096;
@@ -327,8 +397,17 @@ class SharedPool {
   std::vector<SharedUsage> usage_;              // tenants' usage records of live schedulers
   std::vector<SharedMove> moves_;               // move requests of live schedulers
   std::vector<SharedAction> actions_;           // operators' actions asked by live schedulers
-  // Under mutex_, by rebuild(): the records under `dir` that parse and whose scheduler
-  // is alive, at most kMaxRecords.
+  std::vector<SharedVm> vms_;                   // VMs of live schedulers
+  std::vector<SharedUnplaced> unplaced_;        // unplaced vaccels of live schedulers
+  std::vector<SharedDrain> drains_;
+  std::vector<SharedPolicy> policies_;
+  // This scheduler's vms/ and unplaced/ records as last written (the committing thread's).
+  std::map<std::string, std::string> publishedVms_, publishedUnplaced_;
+  // Makes this scheduler's records under `dir` exactly `want` (key below dir -> value).
+  Status publishSet(const std::string& dir, const std::map<std::string, std::string>& want,
+                    std::map<std::string, std::string>& published);
+  // Under mutex_, by rebuild(): the records under `dir` that parse and (when `scheduler`
+  // names the field) whose scheduler is alive, at most kMaxRecords.
   template <typename Record>
   void readRecords(const std::string& dir, const char* what,
                    Result<Record> (*parse)(const std::string&, const std::string&, const std::string&),
