@@ -87,6 +87,13 @@ std::map<std::string, std::string> policySettings(const VmPolicy& p) {
           {"kinds", kindsToString(p.kinds)}};
 }
 
+Result<VmPolicy> policyElsewhere(const std::string& name, const std::map<std::string, std::string>& settings) {
+  VmPolicy base;
+  base.name = name;
+  base.socket = "/served/elsewhere";  // not this host's to attach
+  return withSettings(base, settings);
+}
+
 Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings) {
   // The current policy as a section, the changes on top, parsed as any config is.
   ConfigSection section("vm", 0);

@@ -153,6 +153,8 @@ inline constexpr const char* kPolicySettingKeys = "tflops, priority, kinds, memo
 Result<VmPolicy> withSettings(const VmPolicy& p, const std::map<std::string, std::string>& settings);
 // `p`'s settable part as those settings (withSettings(any, policySettings(p)) gives p's).
 std::map<std::string, std::string> policySettings(const VmPolicy& p);
+// The policy of a VM that another host of a shared pool serves, from its settings alone.
+Result<VmPolicy> policyElsewhere(const std::string& name, const std::map<std::string, std::string>& settings);
 std::string kindsToString(KindMask kinds);
 
 }  // namespace raccel::scheduler

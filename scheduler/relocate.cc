@@ -19,6 +19,7 @@
 #include "schema/frame.capnp.h"
 #include "schema/node.capnp.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/console/console.h"
 #include "scheduler/state.h"
 #include "transport/wire_types.h"
 
@@ -359,7 +360,7 @@ void Scheduler::describeVaccel(Session& s, uint64_t sequence) {
 
 void Scheduler::sendWelcome(Session& s) {
   writeWelcome(s, s.helloSequence, 0);
-  if (s.helloNs) admissionSeconds_.observe(static_cast<double>(uv_hrtime() - s.helloNs) / 1e9);
+  if (s.helloNs) console_->observeAdmission(static_cast<double>(uv_hrtime() - s.helloNs) / 1e9);
   s.helloNs = 0;
   const Card& card = pool().cards()[s.primary().card];
   std::string placed = std::to_string(s.want) + " block(s) from " + std::to_string(s.blocks.front().first) +
@@ -580,6 +581,29 @@ bool Scheduler::moveIfIdle(const Pool::Move& mv, uint64_t maxMoveBytes, const st
   if (!state_->applyMove(mv)) return false;
   move(*s, {mv.to}, why);
   return true;
+}
+
+Result<std::string> Scheduler::preemptByOperator(VaccelId id) {
+  Session* s = sessionById(id);
+  if (!s) return fail(Code::notFound, "no vaccel #" + std::to_string(id));
+  bool wasRunning = s->phase == Phase::running;
+  suspend(*s, "suspended by the operator", true);
+  return labelOf(*s) + (wasRunning ? " is being suspended (its buffers saved to host memory); `raccelctl resume " +
+                                         std::to_string(s->id) + "` lets it run again"
+                                   : std::string(" is ") + phaseName(s->phase) + "; it stays off its cards until resumed");
+}
+
+Result<std::string> Scheduler::defrag(uint32_t maxMoves, uint64_t maxMoveBytes) {
+  size_t planned = pool().planCompaction().size();
+  size_t moves = compact(maxMoves, maxMoveBytes, "raccelctl defrag");
+  // What held the rest back, named as the operator gave it.
+  std::string rest;
+  if (moves < planned && maxMoves > 0 && moves >= maxMoves)
+    rest = " (--max-moves " + std::to_string(maxMoves) + " stopped it; run it again for the rest)";
+  else if (moves < planned)
+    rest = std::string(" (the rest wait for defrag_moves_per_minute, ") + (maxMoveBytes ? "--max-bytes" : "defrag_max_move_bytes") +
+           ", or vaccels busy off their cards)";
+  return std::to_string(moves) + " move(s) started of " + std::to_string(planned) + " planned" + rest;
 }
 
 size_t Scheduler::nodeIndex(const std::string& name) const {

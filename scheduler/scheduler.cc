@@ -1,5 +1,6 @@
 #include "scheduler/scheduler.h"
 
+#include "scheduler/console/console.h"
 #include "scheduler/state.h"
 #include "scheduler/store.h"
 
@@ -29,13 +30,6 @@ using transport::MessageIn;
 
 namespace {
 constexpr uint64_t kTickMs = 200;
-// A policy of a VM that another host serves, from its settings (its socket is that host's).
-Result<VmPolicy> policyElsewhere(const std::string& name, const std::map<std::string, std::string>& settings) {
-  VmPolicy base;
-  base.name = name;
-  base.socket = "/served/elsewhere";
-  return withSettings(base, settings);
-}
 
 bool isKernelTimes(const Body& body) {
   bool yes = false;
@@ -46,20 +40,12 @@ bool isKernelTimes(const Body& body) {
   return yes;
 }
 
-wire::PoolRange::State wireBlockState(Pool::BlockState state) {
-  switch (state) {
-    case Pool::BlockState::free: return wire::PoolRange::State::FREE;
-    case Pool::BlockState::used: return wire::PoolRange::State::USED;
-    case Pool::BlockState::draining: return wire::PoolRange::State::DRAINING;
-    case Pool::BlockState::offline: return wire::PoolRange::State::OFFLINE;
-  }
-  return wire::PoolRange::State::OFFLINE;
-}
 }  // namespace
 
 Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<PoolState> state)
     : loop_(loop), config_(std::move(config)),
       state_(state ? std::move(state) : std::make_unique<LocalPoolState>(config_.blockTflops)) {
+  console_ = std::make_unique<Console>(loop_, config_, *this);
   startedWallSeconds_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   state_->changed = [this] { requestPlacement(); };  // another host's decision may free blocks
   state_->lost = [this](VaccelId id, const std::string& why) {
@@ -102,6 +88,10 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
 
 Scheduler::~Scheduler() = default;
 
+void Scheduler::event(const std::string& kind, const std::string& subject, const std::string& detail) {
+  console_->event(kind, subject, detail);
+}
+
 Status Scheduler::start() {
   auto nodeAddress = transport::parseAddress(config_.nodeListen);
   if (!nodeAddress) return fail(nodeAddress.error());
@@ -113,14 +103,7 @@ Status Scheduler::start() {
   if (!nodes) return fail(nodes.error());
   nodeListener_ = std::move(*nodes);
 
-  auto consoleAddress = transport::parseAddress(config_.console);
-  if (!consoleAddress) return fail(consoleAddress.error());
-  auto console = transport::Listener::listen(loop_, *consoleAddress, 1 << 20,
-                                             [this](ConnectionPtr c) { acceptConsole(std::move(c)); }, 0600);
-  if (!console) return fail(console.error());
-  consoleListener_ = std::move(*console);
-
-  if (auto served = startHttp(); !served) return served;
+  if (auto served = console_->start(); !served) return served;
   if (auto opened = openStore(); !opened) return opened;
   for (auto& policy : config_.vms)
     if (auto attached = addVm(policy); !attached) return attached;
@@ -148,8 +131,7 @@ void Scheduler::stop() {
     *timer = nullptr;
   }
   nodeListener_.reset();
-  consoleListener_.reset();
-  if (http_) http_->stop();
+  console_->stop();
   for (auto& vm : vms_) {
     vm->listener.reset();
     if (vm->retry) {
@@ -160,7 +142,6 @@ void Scheduler::stop() {
   std::vector<ConnectionPtr> all;
   for (auto& [c, link] : vmLinks_) all.push_back(link->connection);
   for (auto& [c, node] : nodeLinks_) all.push_back(node->connection);
-  for (auto& c : consoles_) all.push_back(c);
   for (auto& c : all) c->close();
   state_->stop();  // a shared pool: this scheduler leaves it, its holdings freed at once
 }
@@ -1054,317 +1035,6 @@ void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
 // ---------------------------------------------------------------------------------
 // Console
 
-
-void Scheduler::event(const std::string& kind, const std::string& subjectText, const std::string& detailText) {
-  constexpr size_t kKept = 256;
-  // Subjects and details carry peers' text (program names, errors): kept clipped, so
-  // the ring holds at most kKept * 2 * kMaxLoggedBytes of it.
-  std::string subject = limits::clip(subjectText), detail = limits::clip(detailText);
-  uint64_t unixMs = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  events_.push_back({unixMs, kind, subject, detail});
-  if (events_.size() > kKept) events_.pop_front();
-  ++eventCounts_[kind];
-  publishEvent(events_.back());
-  for (auto& [connection, sequence] : subscribers_) {
-    capnp::MallocMessageBuilder m;
-    fillEvent(m.initRoot<wire::ConsoleReply>().initEvent(), unixMs, kind, subject, detail);
-    connection->send(0, sequence, m);
-  }
-}
-
-void Scheduler::acceptConsole(ConnectionPtr connection) {
-  constexpr size_t kMaxConsoles = 64;  // raccelctl clients at once (the socket is 0600: root's)
-  if (consoles_.size() >= kMaxConsoles) {
-    if (++refusedLinks_ % 1000 == 1) RLOG_WARN("scheduler") << "console: " << consoles_.size() << " clients; refusing another";
-    connection->close();
-    return;
-  }
-  Connection::Callbacks cb;
-  cb.onFrame = [this](Connection& c, const FrameHeader& h, Body body) { onConsoleFrame(c, h, std::move(body)); };
-  cb.onClose = [this](Connection& c, bool) {
-    std::erase_if(subscribers_, [&](auto& sub) { return sub.first == &c; });
-    consoles_.erase(std::remove_if(consoles_.begin(), consoles_.end(), [&](auto& p) { return p.get() == &c; }), consoles_.end());
-  };
-  connection->setCallbacks(cb);
-  consoles_.push_back(connection);
-  connection->start();
-}
-
-void Scheduler::onConsoleFrame(Connection& connection, const FrameHeader& h, Body body) {
-  capnp::MallocMessageBuilder m;
-  auto reply = m.initRoot<wire::ConsoleReply>();
-  bool subscribed = false;  // events: the replies are the events themselves
-  auto decoded = transport::decodeGuard([&] {
-    MessageIn in(std::move(body));
-    auto request = in.root<wire::ConsoleRequest>();
-    if (request.which() != wire::ConsoleRequest::EVENTS) return answer(request, reply);
-    for (auto& e : events_) {
-      capnp::MallocMessageBuilder one;
-      fillEvent(one.initRoot<wire::ConsoleReply>().initEvent(), e.unixMs, e.kind, e.subject, e.detail);
-      connection.send(0, h.sequence, one);
-    }
-    capnp::MallocMessageBuilder mark;  // the recent ones end here; live ones follow
-    mark.initRoot<wire::ConsoleReply>().setDone("recent events sent");
-    connection.send(0, h.sequence, mark);
-    subscribers_.emplace_back(&connection, h.sequence);
-    subscribed = true;
-  });
-  if (!decoded) transport::setError(reply.initError(), decoded.error());
-  else if (subscribed) return;
-  connection.send(h.channel, h.sequence, m);
-}
-
-void Scheduler::answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply::Builder reply) {
-  switch (request.which()) {
-    case wire::ConsoleRequest::NODES: {
-      std::vector<size_t> listed;
-      for (size_t i = 0; i < pool().nodes().size(); ++i)
-        if (!pool().nodes()[i].forgotten) listed.push_back(i);
-      auto out = reply.initNodes(listed.size());
-      for (size_t j = 0; j < listed.size(); ++j) {
-        size_t i = listed[j];
-        const Node& n = pool().nodes()[i];
-        out[j].setName(n.name);
-        out[j].setOnline(n.online);
-        out[j].setState(n.stateName());
-        out[j].setCards(static_cast<uint32_t>(n.cards.size()));
-        out[j].setFirstBlock(n.blocks.first);
-        out[j].setBlocks(n.blocks.count);
-        out[j].setHostCpuMilli(n.host.cpuMilli);
-        out[j].setHostMemoryMib(n.host.memoryMib);
-        out[j].setHostCpuMilliUsed(n.hostUsed.cpuMilli);
-        out[j].setHostMemoryMibUsed(n.hostUsed.memoryMib);
-        auto link = nodeByPoolIndex_.find(i);
-        if (link != nodeByPoolIndex_.end()) {
-          out[j].setAddress(link->second->connection->peer());
-          out[j].setMsSinceHeartbeat(nowMs() - link->second->lastHeardMs);
-          out[j].setContexts(link->second->contexts);
-        }
-      }
-      return;
-    }
-    case wire::ConsoleRequest::CARDS: {
-      auto out = reply.initCards(pool().cards().size());
-      for (size_t i = 0; i < pool().cards().size(); ++i) {
-        const Card& c = pool().cards()[i];
-        out[i].setNode(pool().nodes()[c.node].name);
-        out[i].setIndex(c.spec.index);
-        out[i].setKind(transport::toWire(c.spec.kind));
-        out[i].setModel(c.spec.model);
-        out[i].setTflops(c.spec.tflops);
-        out[i].setMemoryBytes(c.spec.memoryBytes);
-        out[i].setBackend(c.spec.backend);
-        out[i].setFirstBlock(c.blocks.first);
-        out[i].setBlocks(c.blocks.count);
-        out[i].setOnline(pool().nodes()[c.node].online);
-      }
-      return;
-    }
-    case wire::ConsoleRequest::POOL: {
-      std::map<VaccelId, std::string> owners;
-      for (auto& [id, s] : sessions_) owners[id] = labelOf(*s);
-      struct Run {
-        uint32_t first, count;
-        wire::PoolRange::State state;
-        VaccelId owner;
-        size_t card;
-      };
-      std::vector<Run> runs;
-      uint32_t counts[4] = {};  // by Pool::BlockState
-      for (size_t ci = 0; ci < pool().cards().size(); ++ci) {
-        const Card& c = pool().cards()[ci];
-        if (pool().nodes()[c.node].forgotten) continue;
-        for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b) {
-          const Pool::BlockState blockState = pool().blockState(b);
-          ++counts[static_cast<unsigned>(blockState)];
-          auto state = wireBlockState(blockState);
-          VaccelId owner = pool().ownerOf(b);
-          if (!runs.empty() && runs.back().state == state && runs.back().owner == owner &&
-              runs.back().first + runs.back().count == b && pool().cards()[runs.back().card].node == c.node &&
-              pool().cards()[runs.back().card].spec.kind == c.spec.kind)
-            ++runs.back().count;
-          else
-            runs.push_back({b, 1, state, owner, ci});
-        }
-      }
-      auto map = reply.initPool();
-      map.setBlockTflops(pool().blockTflops());
-      map.setTotal(pool().total());
-      map.setFree(pool().freeBlocks());
-      map.setBlocks(counts[0] + counts[1] + counts[2] + counts[3]);
-      map.setUsed(counts[static_cast<unsigned>(Pool::BlockState::used)]);
-      map.setDraining(counts[static_cast<unsigned>(Pool::BlockState::draining)]);
-      map.setOffline(counts[static_cast<unsigned>(Pool::BlockState::offline)]);
-      auto out = map.initRanges(runs.size());
-      for (size_t i = 0; i < runs.size(); ++i) {
-        const Card& c = pool().cards()[runs[i].card];
-        out[i].setFirst(runs[i].first);
-        out[i].setCount(runs[i].count);
-        out[i].setState(runs[i].state);
-        out[i].setNode(pool().nodes()[c.node].name);
-        out[i].setKind(transport::toWire(c.spec.kind));
-        if (runs[i].owner != kNoOwner) {
-          auto o = owners.find(runs[i].owner);
-          std::string elsewhere = o != owners.end() ? std::string() : state_->holderElsewhere(runs[i].owner);
-          out[i].setOwner(o != owners.end()     ? o->second
-                          : !elsewhere.empty() ? elsewhere
-                                               : "vaccel#" + std::to_string(runs[i].owner));
-        }
-      }
-      return;
-    }
-    case wire::ConsoleRequest::EVENTS: break;  // a subscription: onConsoleFrame, web.cc
-    case wire::ConsoleRequest::VMS: {
-      auto elsewhere = state_->vmsElsewhere();
-      auto out = reply.initVms(vms_.size() + elsewhere.size());
-      for (size_t i = 0; i < elsewhere.size(); ++i) {  // after this scheduler's own
-        auto p = policyElsewhere(elsewhere[i].vm, elsewhere[i].settings);  // as that host published it
-        auto e = out[vms_.size() + i];
-        e.setName(elsewhere[i].vm);
-        e.setHost(elsewhere[i].scheduler);
-        e.setState("elsewhere");
-        if (!p) {
-          e.setProblem("its policy as host " + elsewhere[i].scheduler + " published it does not parse: " + p.error().message);
-          continue;
-        }
-        e.setTflops(p->tflops);
-        e.setPriority(p->priority);
-        e.setKinds(kindsToString(p->kinds));
-        e.setMemoryQuota(p->memoryQuota);
-        e.setHostCpuMilli(p->hostCpuMilli);
-        e.setHostMemoryMib(p->hostMemoryMib);
-      }
-      for (size_t i = 0; i < vms_.size(); ++i) {
-        const Vm& vm = *vms_[i];
-        const VmPolicy& p = vm.policy;
-        auto e = out[i];
-        e.setName(p.name);
-        e.setSource(p.source);
-        e.setSocket(p.socket);
-        e.setAttach(p.attach == VmPolicy::Attach::connect ? "connect" : "listen");
-        e.setTflops(p.tflops);
-        e.setPriority(p.priority);
-        e.setKinds(kindsToString(p.kinds));
-        e.setMemoryQuota(p.memoryQuota);
-        e.setHostCpuMilli(p.hostCpuMilli);
-        e.setHostMemoryMib(p.hostMemoryMib);
-        const char* state = vm.links > 0                              ? "connected"
-                            : !vm.active && !vm.problem.empty()       ? "rejected"
-                            : !vm.active                              ? "stopped"
-                            : p.attach == VmPolicy::Attach::listen    ? "listening"
-                                                                      : "waiting";
-        e.setState(state);
-        e.setProblem(vm.problem);
-        e.setBlocksHeld(vm.blocksHeld);
-        e.setMemoryUsed(vm.memoryUsed);
-        uint64_t ns = vm.kernelNsEnded;
-        for (auto& [id, s] : sessions_)
-          if (s->vm == &vm) ns += s->kernelNs();
-        e.setKernelMs(ns / 1000000);
-      }
-      return;
-    }
-    case wire::ConsoleRequest::VACCELS: {
-      std::vector<const Session*> sessions;
-      for (auto& [id, s] : sessions_) sessions.push_back(s.get());
-      auto elsewhere = state_->vaccelsElsewhere();
-      auto unplaced = state_->unplacedElsewhere();
-      auto out = reply.initVaccels(sessions.size() + elsewhere.size() + unplaced.size());
-      for (size_t i = 0; i < unplaced.size(); ++i) {  // last: other hosts' vaccels that hold no blocks
-        auto e = out[sessions.size() + elsewhere.size() + i];
-        const PoolState::Unplaced& u = unplaced[i].vaccel;
-        e.setId(u.vaccel);
-        e.setVm(u.vm);
-        e.setProgram(u.program);
-        e.setPriority(u.priority);
-        e.setHost(unplaced[i].scheduler);
-        e.setState(u.state);
-        e.setWhy(u.why);
-      }
-      for (size_t i = 0; i < elsewhere.size(); ++i) {  // after this scheduler's own
-        auto e = out[sessions.size() + i];
-        e.setId(elsewhere[i].vaccel);
-        e.setVm(elsewhere[i].vm);
-        e.setProgram(elsewhere[i].program);
-        e.setPriority(priorityOfPoolPriority(elsewhere[i].priority));
-        e.setHost(elsewhere[i].scheduler);
-        writePlacement(e, elsewhere[i].ranges);
-        e.setState("elsewhere");
-      }
-      for (size_t i = 0; i < sessions.size(); ++i) {
-        const Session& s = *sessions[i];
-        out[i].setId(s.id);
-        out[i].setVm(s.vm->policy.name);
-        out[i].setProgram(s.program);
-        out[i].setPriority(s.priority);
-        writePlacement(out[i], s.blocks);
-        out[i].setMemoryUsed(s.memoryUsed);
-        out[i].setMemoryQuota(s.vm->policy.memoryQuota);
-        out[i].setInstructions(s.instructions);
-        out[i].setBytesMoved(s.bytesMoved);
-        out[i].setKernelMs(s.kernelNs() / 1e6);
-        out[i].setState(!s.unavailable.empty() ? "unavailable" : phaseName(s.phase));
-        out[i].setWhy(!s.unavailable.empty() ? s.unavailable : s.phase == Phase::running ? std::string() : s.why);
-      }
-      return;
-    }
-    case wire::ConsoleRequest::PREEMPT: {
-      Session* s = sessionById(request.getPreempt());
-      if (!s) return transport::setError(reply.initError(), Error{Code::notFound, "no vaccel #" + std::to_string(request.getPreempt())});
-      bool wasRunning = s->phase == Phase::running;
-      suspend(*s, "suspended by the operator", true);
-      reply.setDone(labelOf(*s) + (wasRunning ? " is being suspended (its buffers saved to host memory); `raccelctl resume " +
-                                                    std::to_string(s->id) + "` lets it run again"
-                                              : std::string(" is ") + phaseName(s->phase) + "; it stays off its cards until resumed"));
-      return;
-    }
-    case wire::ConsoleRequest::PREEMPT_ELSEWHERE:
-    case wire::ConsoleRequest::RESUME_ELSEWHERE: {
-      const bool preempt = request.which() == wire::ConsoleRequest::PREEMPT_ELSEWHERE;
-      auto ref = preempt ? request.getPreemptElsewhere() : request.getResumeElsewhere();
-      auto asked = state_->actElsewhere(ref.getHost(), ref.getId(), preempt);
-      if (!asked) return transport::setError(reply.initError(), asked.error());
-      reply.setDone(*asked);
-      return;
-    }
-    case wire::ConsoleRequest::RESUME: {
-      auto resumed = resumeByOperator(request.getResume());
-      if (!resumed) return transport::setError(reply.initError(), resumed.error());
-      reply.setDone("vaccel #" + std::to_string(request.getResume()) + " resumes as soon as its blocks are free");
-      return;
-    }
-    case wire::ConsoleRequest::DEFRAG: {
-      auto d = request.getDefrag();
-      size_t planned = pool().planCompaction().size();
-      size_t moves = compact(d.getMaxMoves(), d.getMaxMoveBytes(), "raccelctl defrag");
-      // What held the rest back, named as the operator gave it.
-      std::string rest;
-      if (moves < planned && d.getMaxMoves() > 0 && moves >= d.getMaxMoves())
-        rest = " (--max-moves " + std::to_string(d.getMaxMoves()) + " stopped it; run it again for the rest)";
-      else if (moves < planned)
-        rest = std::string(" (the rest wait for defrag_moves_per_minute, ") +
-               (d.getMaxMoveBytes() ? "--max-bytes" : "defrag_max_move_bytes") + ", or vaccels busy off their cards)";
-      reply.setDone(std::to_string(moves) + " move(s) started of " + std::to_string(planned) + " planned" + rest);
-      return;
-    }
-    case wire::ConsoleRequest::DRAIN: {
-      auto drained = drainNode(request.getDrain().getNode(), request.getDrain().getUndo());
-      if (!drained) return transport::setError(reply.initError(), drained.error());
-      reply.setDone(*drained);
-      return;
-    }
-    case wire::ConsoleRequest::SET_POLICY: {
-      std::vector<std::pair<std::string, std::string>> settings;
-      for (auto kv : request.getSetPolicy().getSettings()) settings.emplace_back(kv.getKey(), kv.getValue());
-      auto set = setPolicy(request.getSetPolicy().getVm(), settings);
-      if (!set) return transport::setError(reply.initError(), set.error());
-      reply.setDone(*set);
-      return;
-    }
-  }
-  transport::setError(reply.initError(), Error{Code::unimplemented, "unknown console request"});
-}
 
 // ---------------------------------------------------------------------------------
 

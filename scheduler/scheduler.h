@@ -32,6 +32,7 @@ namespace raccel::scheduler {
 
 struct GraphRun;
 class Store;
+class Console;
 
 class Scheduler {
  public:
@@ -60,6 +61,7 @@ class Scheduler {
   struct NodeLink;
   struct Session;
   friend struct Member;
+  friend class Console;  // reads the state it shows (const); acts through the operator actions
 
   Vm* findVm(const std::string& name);
   Vm& vmNamed(const std::string& name);  // found, or a new detached one
@@ -130,18 +132,8 @@ class Scheduler {
   void abandonJob(Session& s);
   void hold(Session& s, const transport::FrameHeader& header, transport::Body body);
 
-  // The event stream (raccelctl events): kept for late subscribers, sent to live ones.
+  // The event stream (raccelctl events, the web console): the console's (console/console.h).
   void event(const std::string& kind, const std::string& subject, const std::string& detail);
-
-  // HTTP (web.cc): /metrics, the web console's assets, its JSON API and event stream.
-  struct EventRecord;
-  Status startHttp();
-  transport::HttpResponse onHttp(const transport::HttpRequest& request);
-  transport::HttpResponse onAction(const transport::HttpRequest& request);
-  std::string metricsText();
-  void publishEvent(const EventRecord& e);
-  std::string sseData(const EventRecord& e) const;
-  bool bearerMatches(const std::string& authorization) const;
 
   // A vaccel's life on the cards (relocate.cc): placement (at once, after waiting, or
   // after preempting lower priorities), suspension to host memory, resumption, moves.
@@ -221,10 +213,9 @@ class Scheduler {
   Result<std::string> applyPolicy(Vm& vm, const std::map<std::string, std::string>& settings, const std::string& origin);
   // A shared pool: this host's VMs and unplaced vaccels, for the other hosts' consoles.
   void publishToOtherHosts();
-  void acceptConsole(transport::ConnectionPtr connection);
-  void onConsoleFrame(transport::Connection& connection, const transport::FrameHeader& header, transport::Body body);
-  // A console request but `events` (which subscribes): raccelctl's and the web API's.
-  void answer(wire::ConsoleRequest::Reader request, wire::ConsoleReply::Builder reply);
+  // Operator actions (the console's; raccelctl and the web console): what came of each.
+  Result<std::string> preemptByOperator(VaccelId id);
+  Result<std::string> defrag(uint32_t maxMoves, uint64_t maxMoveBytes);
 
   // Failover (lineage.cc, lineage.h).
   void startLineage(Session& s);  // on or off, and its cap, from its VM's policy
@@ -308,14 +299,8 @@ class Scheduler {
   std::unique_ptr<Store> store_;
   std::map<std::string, std::map<std::string, std::string>> policyOverrides_;  // raccelctl set-policy, by VM
   uint64_t restoredAtMs_ = 0;
-  std::vector<transport::ConnectionPtr> consoles_;
-  struct EventRecord {
-    uint64_t unixMs;
-    std::string kind, subject, detail;
-  };
-  std::deque<EventRecord> events_;                             // the most recent, oldest first
-  std::vector<std::pair<transport::Connection*, uint64_t>> subscribers_;  // and their sequence
-  std::unique_ptr<transport::Listener> nodeListener_, consoleListener_;
+  std::unique_ptr<Console> console_;  // the operators' side: console socket, HTTP, events
+  std::unique_ptr<transport::Listener> nodeListener_;
   uv_timer_t* ticker_ = nullptr;
   uv_timer_t* placer_ = nullptr;
   unsigned suspending_ = 0;  // suspensions under way
@@ -336,10 +321,6 @@ class Scheduler {
   std::shared_ptr<transport::TlsContext> tls_;  // null with --insecure
   uint64_t refusedLinks_ = 0;                    // connections over a limit, for the log
   bool stopping_ = false;
-  std::unique_ptr<transport::HttpServer> http_;  // null with http_listen = off
-  std::string httpToken_;                        // empty: the web console is read-only
-  std::map<std::string, uint64_t> eventCounts_;  // by kind, since start
-  Histogram admissionSeconds_{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
 };
 
 }  // namespace raccel::scheduler

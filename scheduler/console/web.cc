@@ -1,15 +1,5 @@
-// The scheduler's HTTP side (http_listen): Prometheus metrics, the web console's assets,
-// its JSON API and its live event stream. The API answers with the same console
-// requests raccelctl sends (Scheduler::answer) and the same JSON encoder
-// (console/api.h); actions need the bearer token from http_token_file.
-//
-//   GET  /metrics            Prometheus text format
-//   GET  /  /app.js  /style.css   the web console (console/web/, built into this binary)
-//   GET  /api/nodes|cards|pool|vaccels|vms   as `raccelctl --json`
-//   GET  /api/events         text/event-stream: the recent events, then each new one
-//   GET  /api/auth           whether actions are enabled and the request's token is good
-//   POST /api/actions        {"action": "preempt", "args": ["3"]} (also maxMoves,
-//                            maxMoveBytes for defrag, undo for drain); Authorization: Bearer
+// The console's HTTP side (scheduler/console/console.h): /metrics, the web console's
+// assets, its JSON API and its event stream.
 #include <openssl/crypto.h>
 
 #include <fstream>
@@ -19,6 +9,7 @@
 #include "common/log.h"
 #include "console/api.h"
 #include "console/web_assets.h"
+#include "scheduler/console/console.h"
 #include "scheduler/state.h"
 
 namespace raccel::scheduler {
@@ -58,7 +49,7 @@ HttpResponse asset(const char* type, const char* body) {
 
 }  // namespace
 
-Status Scheduler::startHttp() {
+Status Console::startHttp() {
   if (config_.httpListen == "off" || config_.httpListen.empty()) return {};
   if (!config_.httpTokenFile.empty()) {
     std::ifstream in(config_.httpTokenFile);
@@ -87,7 +78,7 @@ Status Scheduler::startHttp() {
 }
 
 // One event as a Server-Sent Event: the console's JSON of it on one data line.
-std::string Scheduler::sseData(const EventRecord& e) const {
+std::string Console::sseData(const EventRecord& e) const {
   capnp::MallocMessageBuilder m;
   auto out = m.initRoot<wire::Event>();
   fillEvent(out, e.unixMs, e.kind, e.subject, e.detail);
@@ -95,16 +86,13 @@ std::string Scheduler::sseData(const EventRecord& e) const {
 }
 
 // `Authorization: Bearer TOKEN` with the scheduler's token (compared in constant time).
-bool Scheduler::bearerMatches(const std::string& authorization) const {
+bool Console::bearerMatches(const std::string& authorization) const {
   return !httpToken_.empty() && authorization.size() == httpToken_.size() + 7 && authorization.rfind("Bearer ", 0) == 0 &&
          CRYPTO_memcmp(authorization.data() + 7, httpToken_.data(), httpToken_.size()) == 0;
 }
 
-void Scheduler::publishEvent(const EventRecord& e) {
-  if (http_ && http_->streams() > 0) http_->publish(sseData(e));
-}
 
-HttpResponse Scheduler::onHttp(const HttpRequest& r) {
+HttpResponse Console::onHttp(const HttpRequest& r) {
   static const std::map<std::string, void (*)(wire::ConsoleRequest::Builder)> queries = {
       {"/api/nodes", [](wire::ConsoleRequest::Builder b) { b.setNodes(); }},
       {"/api/cards", [](wire::ConsoleRequest::Builder b) { b.setCards(); }},
@@ -145,7 +133,7 @@ HttpResponse Scheduler::onHttp(const HttpRequest& r) {
   return errorResponse(404, "notFound", "no " + r.path + " here (the console is at /, metrics at /metrics, the API under /api/)");
 }
 
-HttpResponse Scheduler::onAction(const HttpRequest& r) {
+HttpResponse Console::onAction(const HttpRequest& r) {
   if (httpToken_.empty())
     return errorResponse(403, "permissionDenied",
                          "actions are disabled: the scheduler was started without --http-token-file (read-only console)");
@@ -203,30 +191,30 @@ HttpResponse Scheduler::onAction(const HttpRequest& r) {
   return jsonResponse(200, json);
 }
 
-std::string Scheduler::metricsText() {
+std::string Console::metricsText() const {
   MetricsPage page;
   // The pool, block by block: by node, kind and state.
   std::map<std::tuple<std::string, std::string, std::string>, uint32_t> blocks;
-  for (auto& node : pool().nodes())
+  for (auto& node : s_.pool().nodes())
     if (!node.forgotten)
       for (auto state : {Pool::BlockState::free, Pool::BlockState::used, Pool::BlockState::draining, Pool::BlockState::offline})
-        for (auto ci : node.cards) blocks[{node.name, kindName(pool().cards()[ci].spec.kind), Pool::blockStateName(state)}] += 0;
-  for (const Card& c : pool().cards()) {
-    const Node& node = pool().nodes()[c.node];
+        for (auto ci : node.cards) blocks[{node.name, kindName(s_.pool().cards()[ci].spec.kind), Pool::blockStateName(state)}] += 0;
+  for (const Card& c : s_.pool().cards()) {
+    const Node& node = s_.pool().nodes()[c.node];
     if (node.forgotten) continue;
     for (uint32_t b = c.blocks.first; b < c.blocks.end(); ++b)
-      ++blocks[{node.name, kindName(c.spec.kind), Pool::blockStateName(pool().blockState(b))}];
+      ++blocks[{node.name, kindName(c.spec.kind), Pool::blockStateName(s_.pool().blockState(b))}];
   }
   page.family("raccel_pool_blocks", "gauge",
               "Compute blocks of the pool by node, card kind and state (free, used, draining, offline).");
   for (auto& [key, n] : blocks)
     page.sample("raccel_pool_blocks", {{"node", std::get<0>(key)}, {"kind", std::get<1>(key)}, {"state", std::get<2>(key)}}, n);
   page.family("raccel_pool_block_tflops", "gauge", "TFLOPS of one block.");
-  page.sample("raccel_pool_block_tflops", pool().blockTflops());
+  page.sample("raccel_pool_block_tflops", s_.pool().blockTflops());
 
   std::map<std::string, uint32_t> states;
   for (const char* p : {"running", "waiting", "suspending", "suspended", "moving", "resuming", "recovering", "unavailable"}) states[p] = 0;
-  for (auto& [id, s] : sessions_) ++states[!s->unavailable.empty() ? "unavailable" : phaseName(s->phase)];
+  for (auto& [id, s] : s_.sessions_) ++states[!s->unavailable.empty() ? "unavailable" : phaseName(s->phase)];
   page.family("raccel_vaccels", "gauge", "Virtual accelerators by state.");
   for (auto& [state, n] : states) page.sample("raccel_vaccels", {{"state", state}}, n);
 
@@ -236,8 +224,8 @@ std::string Scheduler::metricsText() {
     uint64_t kernelNs = 0, instructions = 0, bytesMoved = 0;
   };
   std::map<const Vm*, PerVm> perVm;
-  for (auto& vm : vms_) perVm[vm.get()] = {vm->kernelNsEnded, vm->instructionsEnded, vm->bytesMovedEnded};
-  for (auto& [id, s] : sessions_) {
+  for (auto& vm : s_.vms_) perVm[vm.get()] = {vm->kernelNsEnded, vm->instructionsEnded, vm->bytesMovedEnded};
+  for (auto& [id, s] : s_.sessions_) {
     auto& v = perVm[s->vm];
     v.kernelNs += s->kernelNs();
     v.instructions += s->instructions;
@@ -250,16 +238,16 @@ std::string Scheduler::metricsText() {
   page.family("raccel_vm_moved_bytes_total", "counter", "Bytes the scheduler copied between a VM's cards (split ops, routed programs).");
   for (auto& [vm, v] : perVm) page.sample("raccel_vm_moved_bytes_total", {{"vm", vm->policy.name}}, static_cast<double>(v.bytesMoved));
   page.family("raccel_vm_blocks_held", "gauge", "Blocks each VM's vaccels hold now.");
-  for (auto& vm : vms_) page.sample("raccel_vm_blocks_held", {{"vm", vm->policy.name}}, vm->blocksHeld);
+  for (auto& vm : s_.vms_) page.sample("raccel_vm_blocks_held", {{"vm", vm->policy.name}}, vm->blocksHeld);
   page.family("raccel_vm_memory_used_bytes", "gauge", "Device memory each VM's vaccels hold now.");
-  for (auto& vm : vms_) page.sample("raccel_vm_memory_used_bytes", {{"vm", vm->policy.name}}, static_cast<double>(vm->memoryUsed));
+  for (auto& vm : s_.vms_) page.sample("raccel_vm_memory_used_bytes", {{"vm", vm->policy.name}}, static_cast<double>(vm->memoryUsed));
 
   // Per live vaccel: its series end with it (ids are never reused). At most kSeries.
   constexpr size_t kSeries = 1000;
   auto perVaccel = [&](const char* name, const char* type, const char* help, auto value) {
     page.family(name, type, help);
     size_t n = 0;
-    for (auto& [id, s] : sessions_) {
+    for (auto& [id, s] : s_.sessions_) {
       if (++n > kSeries) break;
       page.sample(name, {{"vm", s->vm->policy.name}, {"vaccel", std::to_string(id)}}, static_cast<double>(value(*s)));
     }
@@ -317,21 +305,21 @@ std::string Scheduler::metricsText() {
 
   // Nodes and their cards.
   page.family("raccel_node_up", "gauge", "1 while the netaccel is registered and heard from.");
-  for (auto& node : pool().nodes())
+  for (auto& node : s_.pool().nodes())
     if (!node.forgotten) page.sample("raccel_node_up", {{"node", node.name}}, node.online ? 1 : 0);
   page.family("raccel_node_draining", "gauge", "1 while the netaccel drains: online, but nothing new is placed there.");
-  for (auto& node : pool().nodes())
+  for (auto& node : s_.pool().nodes())
     if (!node.forgotten) page.sample("raccel_node_draining", {{"node", node.name}}, node.online && node.draining ? 1 : 0);
   page.family("raccel_node_heartbeat_age_seconds", "gauge", "Since the netaccel's last heartbeat.");
   page.family("raccel_node_contexts", "gauge", "Vaccel contexts open on the netaccel.");
-  for (auto& [index, link] : nodeByPoolIndex_) {
-    page.sample("raccel_node_heartbeat_age_seconds", {{"node", link->name}}, (nowMs() - link->lastHeardMs) / 1e3);
+  for (auto& [index, link] : s_.nodeByPoolIndex_) {
+    page.sample("raccel_node_heartbeat_age_seconds", {{"node", link->name}}, (s_.nowMs() - link->lastHeardMs) / 1e3);
     page.sample("raccel_node_contexts", {{"node", link->name}}, link->contexts);
   }
   page.family("raccel_card_memory_bytes", "gauge", "Device memory of each card.");
   page.family("raccel_card_blocks", "gauge", "Blocks of each card.");
-  for (const Card& c : pool().cards()) {
-    const Node& node = pool().nodes()[c.node];
+  for (const Card& c : s_.pool().cards()) {
+    const Node& node = s_.pool().nodes()[c.node];
     if (node.forgotten) continue;
     Labels l = {{"node", node.name}, {"card", std::to_string(c.spec.index)}, {"kind", kindName(c.spec.kind)}};
     page.sample("raccel_card_memory_bytes", l, static_cast<double>(c.spec.memoryBytes));
