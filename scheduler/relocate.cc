@@ -20,6 +20,7 @@
 #include "schema/node.capnp.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/console/console.h"
+#include "scheduler/persist/persistence.h"
 #include "scheduler/state.h"
 #include "transport/wire_types.h"
 
@@ -368,7 +369,7 @@ void Scheduler::sendWelcome(Session& s) {
   RLOG_INFO("scheduler") << "admitted " << labelOf(s) << ": " << placed << ", primary " << s.primary().node->name << "/"
                          << card.spec.index << " (" << kindName(card.spec.kind) << ")";
   event("admitted", labelOf(s), placed);
-  persist(s);
+  persistence_->vaccel(s);
 }
 
 // ---------------------------------------------------------------------------------
@@ -399,7 +400,7 @@ void Scheduler::save(Session& s, std::function<void()> then) {
       } else {
         // Durable before its contexts close: a restart from here on finds it suspended.
         s.appliedThrough = s.lastForwarded;
-        persist(s, true);
+        persistence_->vaccel(s, true);
         savedIsCheckpoint(s);
       }
       closeMembers(s);
@@ -431,7 +432,7 @@ void Scheduler::restore(Session& s, const std::string& what) {
       if (recovering) s.lineage.replayLeft = 0;
     }
     s.phase = Phase::running;
-    persist(s);
+    persistence_->vaccel(s);
     if (!s.lineage.on && !error) protectAfterRestart(s);  // (suspended when the scheduler restarted)
     std::string detail = std::to_string(bytes) + " bytes of buffers restored on blocks " + blocksText(s.blocks) +
                          (error ? "; FAILED: " + error->message : "");
@@ -491,7 +492,7 @@ void Scheduler::suspend(Session& s, const std::string& why, bool byOperator) {
   save(s, [this, &s] {
     leaveBlocks(s);
     s.phase = Phase::suspended;
-    persist(s);
+    persistence_->vaccel(s);
     --suspending_;
     requestPlacement();
   });
@@ -514,7 +515,7 @@ Status Scheduler::resumeByOperator(VaccelId id) {
     return fail(Code::invalidArgument, "vaccel #" + std::to_string(id) + " was not suspended by the operator (it is " +
                                               phaseName(s->phase) + ")");
   s->operatorHold = false;
-  persist(*s);
+  persistence_->vaccel(*s);
   requestPlacement();
   return {};
 }
@@ -532,7 +533,7 @@ void Scheduler::move(Session& s, std::vector<BlockRange> to, const std::string& 
     for (auto& m : s.members)
       for (auto& share : shares)
         if (share.card == m.card) m.blocks = share.blocks;
-    persist(s);
+    persistence_->vaccel(s);
     event("migrated", labelOf(s), "to blocks " + blocksText(s.blocks) + " (" + why + "; same cards, nothing copied)");
     return;
   }
@@ -667,7 +668,7 @@ void Scheduler::creditClosed(uint64_t key, uint64_t kernelNs) {
   uint64_t tail = std::min<uint64_t>(kernelNs - c.kernelNsCredited, 3600ull * 1000000000ull);  // a card's claim, bounded
   if (Session* s = sessionById(c.vaccel)) s->kernelNsBefore += tail;
   else c.vm->kernelNsEnded += tail;
-  if (store_) persistUsage(*c.vm);
+  persistence_->usage(*c.vm);
 }
 
 }  // namespace raccel::scheduler

@@ -1,8 +1,8 @@
 #include "scheduler/scheduler.h"
 
 #include "scheduler/console/console.h"
+#include "scheduler/persist/persistence.h"
 #include "scheduler/state.h"
-#include "scheduler/store.h"
 
 #include <algorithm>
 #include <chrono>
@@ -46,6 +46,7 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
     : loop_(loop), config_(std::move(config)),
       state_(state ? std::move(state) : std::make_unique<LocalPoolState>(config_.blockTflops)) {
   console_ = std::make_unique<Console>(loop_, config_, *this);
+  persistence_ = std::make_unique<Persistence>(config_, *this);
   startedWallSeconds_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   state_->changed = [this] { requestPlacement(); };  // another host's decision may free blocks
   state_->lost = [this](VaccelId id, const std::string& why) {
@@ -104,7 +105,7 @@ Status Scheduler::start() {
   nodeListener_ = std::move(*nodes);
 
   if (auto served = console_->start(); !served) return served;
-  if (auto opened = openStore(); !opened) return opened;
+  if (auto opened = persistence_->open(); !opened) return opened;
   for (auto& policy : config_.vms)
     if (auto attached = addVm(policy); !attached) return attached;
 
@@ -542,7 +543,7 @@ void Scheduler::refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, c
 void Scheduler::sendPoison(Session& s, uint64_t handle, uint64_t sequence, const Error& error, bool remember) {
   if (remember) {
     s.failed[handle] = {sequence, error};
-    persist(s);
+    persistence_->vaccel(s);
   }
   if (s.members.empty() || !s.primary().node) return;
   capnp::MallocMessageBuilder m;
@@ -602,9 +603,9 @@ void Scheduler::forwardNow(VmLink& link, Session& s, const FrameHeader& h, Body 
       s.programs[load.getHandle()] = std::move(kept);
       s.failed.erase(load.getHandle());
       s.unconfirmedAllocs[h.sequence] = load.getHandle();
-      persist(s);
+      persistence_->vaccel(s);
     } else if (which == wire::Instruction::FREE && s.programs.erase(instruction.getFree().getHandle())) {
-      persist(s);
+      persistence_->vaccel(s);
     }
     // Instructions that another card of the vaccel runs, or that change buffers with
     // copies on other cards.
@@ -710,8 +711,8 @@ void Scheduler::endSession(Session& s) {
   // A scheduler that is stopping keeps its vaccels in the state database: they are
   // restored when it starts again.
   if (!stopping_) {
-    forget(s);
-    persistUsage(*s.vm);
+    persistence_->forget(s);
+    persistence_->usage(*s.vm);
   }
   if (s.link) s.link->sessions.erase(s.channel);
   sessions_.erase(s.id);  // s is gone from here on
@@ -819,7 +820,7 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
           s.vm->memoryUsed -= std::min(s.vm->memoryUsed, *freed);
           // (before a checkpoint's mark too, so its record says as the session's does)
           if (s.lineage.underWay) refuseAlloc(*s.lineage.underWay, h.sequence, error);
-          persist(s);
+          persistence_->vaccel(s);
         }
         break;
       }
@@ -900,7 +901,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
                         " and " + std::to_string(limits::kMaxHostMemoryMib) + ")");
         auto index = state_->addNode(name, cards, host);
         if (!index) return refuse(index.error().message);
-        persistNode(*index, reg);
+        persistence_->node(*index, reg);
         node.name = name;
         node.poolIndex = static_cast<long>(*index);
         offlineSinceMs_.erase(*index);
@@ -977,7 +978,7 @@ void Scheduler::onNodeControl(NodeLink& node, Body body) {
               s.buffers.clear();
               s.unconfirmedAllocs.clear();
               s.memoryUsed = 0;
-              persist(s);
+              persistence_->vaccel(s);
             }
             // The copies of its buffers that card held are gone too.
             for (auto r = s.replicas.begin(); r != s.replicas.end();)
@@ -1119,7 +1120,7 @@ void Scheduler::forgetOfflineNodes(uint64_t now) {
     std::string name = pool().nodes()[index].name;
     it = offlineSinceMs_.erase(it);
     if (!state_->forgetNode(index)) continue;
-    if (store_) store_->drop("node", name);
+    persistence_->dropNode(name);
     RLOG_INFO("scheduler") << "netaccel '" << name << "' forgotten after " << config_.forgetOfflineMs << " ms offline";
     event("node-forgotten", name, "offline for " + std::to_string(config_.forgetOfflineMs) + " ms with nothing on it");
     requestPlacement();  // what waited for it may now be refused
@@ -1170,13 +1171,13 @@ Result<std::string> Scheduler::applyPolicy(Vm& vm, const std::map<std::string, s
   vm.policy = *parsed;
   // Kept (and persisted) over the VM's configured policy, across restarts and libvirt rescans.
   for (auto& [key, value] : settings) policyOverrides_[name][key] = value;
-  persistPolicy(name);
+  persistence_->policy(name, policyOverrides_[name]);
   // Its programs' priorities are capped anew (as asked at hello, under the new cap).
   for (Session* s : allSessions()) {
     if (s->vm != &vm) continue;
     s->priority = std::min(s->askedPriority, vm.policy.priority);
     state_->setPriority(s->id, s->rank());
-    persist(*s);
+    persistence_->vaccel(*s);
   }
   std::string detail = "tflops " + std::to_string(vm.policy.tflops) + ", priority " + std::to_string(vm.policy.priority) +
                        ", kinds " + kindsToString(vm.policy.kinds) + ", memory_quota " + std::to_string(vm.policy.memoryQuota);

@@ -31,8 +31,8 @@
 namespace raccel::scheduler {
 
 struct GraphRun;
-class Store;
 class Console;
+class Persistence;
 
 class Scheduler {
  public:
@@ -61,7 +61,8 @@ class Scheduler {
   struct NodeLink;
   struct Session;
   friend struct Member;
-  friend class Console;  // reads the state it shows (const); acts through the operator actions
+  friend class Console;      // reads the state it shows (const); acts through the operator actions
+  friend class Persistence;  // writes the scheduler's state, and restores it at start
 
   Vm* findVm(const std::string& name);
   Vm& vmNamed(const std::string& name);  // found, or a new detached one
@@ -252,16 +253,7 @@ class Scheduler {
 
   void refuseWhileSuspended(Session& s, const transport::FrameHeader& h, const transport::Body& body);
 
-  // Durable state (persist.cc, store.h). Each does nothing without a state directory.
-  Status openStore();        // at start: the database, then what it holds
-  void restoreState();       // nodes (offline, at their numbers), policies, vaccels (detached)
-  // A placed or suspended vaccel as it is now; `withSaved`: also s.saved (its buffers
-  // read back from its cards), as a suspended vaccel.
-  void persist(Session& s, bool withSaved = false);
-  void forget(Session& s);   // it ended
-  void persistNode(size_t poolIndex, wire::Register::Reader reg);
-  void persistPolicy(const std::string& vm);
-  void persistUsage(const Vm& vm);
+  // After a restart (rejoin.cc); what was persisted is the Persistence's (persist/persistence.h).
   // A netaccel registered with the contexts it kept: adopts those of restored vaccels,
   // closes the rest.
   void adoptContexts(NodeLink& node, capnp::List<wire::HeldContext>::Reader held);
@@ -296,7 +288,7 @@ class Scheduler {
   static uint64_t contextKeyOnNode(size_t node, uint32_t context) { return (static_cast<uint64_t>(node) << 32) | context; }
   uint64_t contextKey(size_t card, uint32_t context) const { return contextKeyOnNode(pool().cards()[card].node, context); }
   std::map<VaccelId, std::unique_ptr<Session>> sessions_;  // every session, attached or not
-  std::unique_ptr<Store> store_;
+  std::unique_ptr<Persistence> persistence_;  // the state database (state_dir), and the restart
   std::map<std::string, std::map<std::string, std::string>> policyOverrides_;  // raccelctl set-policy, by VM
   uint64_t restoredAtMs_ = 0;
   std::unique_ptr<Console> console_;  // the operators' side: console socket, HTTP, events

@@ -1,4 +1,4 @@
-#include "scheduler/store.h"
+#include "scheduler/persist/store.h"
 
 #include <sys/stat.h>
 

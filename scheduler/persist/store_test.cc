@@ -1,6 +1,6 @@
 // The state database on its own: records, counters and saved buffers survive closing
 // and opening it again; bad folders and files are clear errors.
-#include "scheduler/store.h"
+#include "scheduler/persist/store.h"
 
 #include <gtest/gtest.h>
 
