@@ -18,6 +18,7 @@
 
 #include "common/limits.h"
 #include "common/log.h"
+#include "scheduler/links/node_links.h"
 #include "scheduler/persist/persistence.h"
 #include "scheduler/state.h"
 
@@ -52,11 +53,10 @@ void Scheduler::adoptContexts(NodeLink& node, capnp::List<wire::HeldContext>::Re
   size_t adopted = 0, closed = 0;
   for (auto hc : held) {
     // Adopted only if this scheduler persisted that very context on this very node and
-    // card (sessionByContext_ holds restored ones under their node); the netaccel's word
+    // card (the context table holds restored ones under their node); the netaccel's word
     // alone moves nothing, not even the node's id counter.
     uint32_t ctx = hc.getContext();
-    auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), ctx));
-    Session* s = it == sessionByContext_.end() ? nullptr : it->second;
+    Session* s = links_->sessionOf(static_cast<size_t>(node.poolIndex), ctx);
     size_t index = SIZE_MAX;
     if (s && s->phase == Phase::recovering)
       for (size_t i = 0; i < s->members.size(); ++i) {
@@ -112,7 +112,7 @@ void Scheduler::recovered(Session& s) {
   s.phase = Phase::running;
   s.why.clear();
   for (auto& m : s.members)
-    if (!m.node) sessionByContext_.erase(contextKey(m.card, m.context));
+    if (!m.node) unbindContext(m);
   persistence_->vaccel(s);
   RLOG_INFO("scheduler") << labelOf(s) << " recovered on blocks " << blocksText(s.blocks)
                          << (s.unavailable.empty() ? "" : "; unavailable: " + s.unavailable);

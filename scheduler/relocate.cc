@@ -20,6 +20,7 @@
 #include "schema/node.capnp.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/console/console.h"
+#include "scheduler/links/node_links.h"
 #include "scheduler/persist/persistence.h"
 #include "scheduler/state.h"
 #include "transport/wire_types.h"
@@ -64,7 +65,7 @@ void Scheduler::openMembers(Session& s) {
   std::stable_sort(shares.begin(), shares.end(), [](auto& a, auto& b) { return a.blocks > b.blocks; });
   for (auto& share : shares) {
     const Card& card = pool().cards()[share.card];
-    NodeLink* node = nodeByPoolIndex_.at(card.node);
+    NodeLink* node = links_->at(card.node);
     // Ids are the node link's own and never repeat on it: a link that has used all 2^32
     // is closed (its netaccel reconnects with a fresh count) rather than wrap.
     Member member{node, share.card, static_cast<uint32_t>(node->nextContext++), share.blocks};
@@ -83,7 +84,7 @@ void Scheduler::openMembers(Session& s) {
     o.setPriority(s.priority);
     member.node->connection->send(transport::kControlChannel, 0, open);
     ++member.node->contexts;
-    sessionByContext_[contextKey(member.card, member.context)] = &s;
+    bindContext(member, s);
     s.members.push_back(member);
   }
 }
@@ -99,7 +100,7 @@ void Scheduler::closeMembers(Session& s) {
       member.node->connection->send(transport::kControlChannel, 0, m);
       --member.node->contexts;
     }
-    sessionByContext_.erase(contextKey(member.card, member.context));
+    unbindContext(member);
   }
   s.members.clear();
   s.programHome.clear();

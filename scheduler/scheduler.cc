@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include "scheduler/console/console.h"
+#include "scheduler/links/node_links.h"
 #include "scheduler/persist/persistence.h"
 #include "scheduler/state.h"
 
@@ -47,6 +48,7 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
       state_(state ? std::move(state) : std::make_unique<LocalPoolState>(config_.blockTflops)) {
   console_ = std::make_unique<Console>(loop_, config_, *this);
   persistence_ = std::make_unique<Persistence>(config_, *this);
+  links_ = std::make_unique<NodeLinks>(loop_, config_, *this);
   startedWallSeconds_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   state_->changed = [this] { requestPlacement(); };  // another host's decision may free blocks
   state_->lost = [this](VaccelId id, const std::string& why) {
@@ -94,16 +96,7 @@ void Scheduler::event(const std::string& kind, const std::string& subject, const
 }
 
 Status Scheduler::start() {
-  auto nodeAddress = transport::parseAddress(config_.nodeListen);
-  if (!nodeAddress) return fail(nodeAddress.error());
-  auto tls = transport::tlsFor(transport::TlsContext::Role::server, config_.security, "the node port " + config_.nodeListen);
-  if (!tls) return fail(tls.error());
-  tls_ = *tls;
-  auto nodes = transport::Listener::listen(loop_, *nodeAddress, wire::DEFAULT_MAX_FRAME_BYTES,
-                                           [this](ConnectionPtr c) { acceptNode(std::move(c)); });
-  if (!nodes) return fail(nodes.error());
-  nodeListener_ = std::move(*nodes);
-
+  if (auto listening = links_->start(); !listening) return listening;
   if (auto served = console_->start(); !served) return served;
   if (auto opened = persistence_->open(); !opened) return opened;
   for (auto& policy : config_.vms)
@@ -117,12 +110,13 @@ Status Scheduler::start() {
   uv_timer_init(loop_, ticker_);
   ticker_->data = this;
   uv_timer_start(ticker_, [](uv_timer_t* t) { static_cast<Scheduler*>(t->data)->tick(); }, kTickMs, kTickMs);
-  RLOG_INFO("scheduler") << "netaccels connect to " << nodeAddress->host << ":" << nodePort() << "; console on "
+  RLOG_INFO("scheduler") << "netaccels connect to " << config_.nodeListen.substr(0, config_.nodeListen.rfind(':')) << ":"
+                         << nodePort() << "; console on "
                          << config_.console << "; " << config_.blockTflops << " TFLOPS per block";
   return {};
 }
 
-int Scheduler::nodePort() const { return nodeListener_ ? nodeListener_->port() : 0; }
+int Scheduler::nodePort() const { return links_->port(); }
 
 void Scheduler::stop() {
   stopping_ = true;
@@ -131,7 +125,7 @@ void Scheduler::stop() {
     uv_close(reinterpret_cast<uv_handle_t*>(*timer), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
     *timer = nullptr;
   }
-  nodeListener_.reset();
+  links_->stop();
   console_->stop();
   for (auto& vm : vms_) {
     vm->listener.reset();
@@ -142,7 +136,6 @@ void Scheduler::stop() {
   }
   std::vector<ConnectionPtr> all;
   for (auto& [c, link] : vmLinks_) all.push_back(link->connection);
-  for (auto& [c, node] : nodeLinks_) all.push_back(node->connection);
   for (auto& c : all) c->close();
   state_->stop();  // a shared pool: this scheduler leaves it, its holdings freed at once
 }
@@ -721,77 +714,42 @@ void Scheduler::endSession(Session& s) {
 }
 
 // ---------------------------------------------------------------------------------
-// Netaccel side
+// What the netaccels bring (links/node_links.h has checked it)
 
-void Scheduler::acceptNode(ConnectionPtr connection) {
-  if (nodeLinks_.size() >= config_.maxNodeLinks) {
-    // Full: the oldest link that has not registered makes room; with none, this one goes.
-    NodeLink* oldest = nullptr;
-    for (auto& [c, n] : nodeLinks_)
-      if (n->name.empty() && !n->connection->closed() && (!oldest || n->acceptedMs < oldest->acceptedMs)) oldest = n.get();
-    if (++refusedLinks_ % 1000 == 1)
-      RLOG_WARN("scheduler") << "the node port has " << nodeLinks_.size() << " connections (max_node_links); "
-                             << (oldest ? "closing the oldest unregistered one" : "refusing a new one") << " ("
-                             << refusedLinks_ << " so far)";
-    if (!oldest) {
-      connection->close();
-      return;
-    }
-    oldest->lostReason = "closed to make room: it had not registered";
-    oldest->connection->close();
-  }
-  auto node = std::make_unique<NodeLink>();
-  node->connection = connection;
-  node->lastHeardMs = node->acceptedMs = nowMs();
-  if (tls_) connection->useTls(tls_);
-  NodeLink* raw = node.get();
-  Connection::Callbacks cb;
-  cb.onFrame = [this, raw](Connection&, const FrameHeader& h, Body body) { onNodeFrame(*raw, h, std::move(body)); };
-  cb.onOversized = [raw](Connection&, const FrameHeader& h) {
-    RLOG_ERROR("scheduler") << "netaccel '" << raw->name << "' (" << raw->connection->peer() << ") sent a frame of "
-                            << h.length << " bytes; skipped";
-  };
-  // The one place a node link ends: whoever closed it, cleanup happens here, once.
-  cb.onClose = [this, raw](Connection&, bool) {
-    nodeLost(*raw, raw->lostReason.empty() ? "its connection closed" : raw->lostReason);
-  };
-  connection->setCallbacks(cb);
-  nodeLinks_[connection.get()] = std::move(node);
-  connection->start();
+uint64_t Scheduler::contextKey(size_t card, uint32_t context) const { return NodeLinks::key(pool().cards()[card].node, context); }
+
+void Scheduler::bindContext(const Member& m, Session& s) { links_->bind(pool().cards()[m.card].node, m.context, s); }
+
+void Scheduler::unbindContext(const Member& m) { links_->unbind(pool().cards()[m.card].node, m.context); }
+
+Result<size_t> Scheduler::nodeJoined(const std::string& name, const std::vector<CardSpec>& cards, HostVector host,
+                                     wire::Register::Reader reg) {
+  auto index = state_->addNode(name, cards, host);
+  if (!index) return index;
+  persistence_->node(*index, reg);
+  return index;
 }
 
-void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
-  node.lastHeardMs = nowMs();
-  if (h.channel == transport::kControlChannel) {
-    onNodeControl(node, std::move(body));
-    return;
-  }
-  if (node.poolIndex < 0) return;  // not registered: it holds no context
-  auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), h.channel));
-  if (it == sessionByContext_.end()) return;  // the session ended; its late replies go nowhere
-  Session& s = *it->second;
-  // Context ids are per node link: the member is the one with this id on this node.
-  auto member = std::find_if(s.members.begin(), s.members.end(),
-                             [&](const Member& m) { return m.context == h.channel && m.node == &node; });
-  if (member == s.members.end()) {
-    // Only the netaccel holding a context may answer for it (an unregistered or other
-    // peer on the node port cannot inject replies into a tenant's session).
-    RLOG_WARN("scheduler") << "reply for context " << h.channel << " from " << node.connection->peer()
-                           << ", which does not hold it; dropped";
-    return;
-  }
+void Scheduler::nodeReady(NodeLink& node, const std::string& joined, capnp::List<wire::HeldContext>::Reader held) {
+  event("node-joined", node.name, joined);
+  settledAtMs_ = std::min(settledAtMs_, nowMs());  // the pool has heard from a netaccel
+  adoptContexts(node, held);
+  requestPlacement();
+}
+
+Status Scheduler::cardReply(Session& s, size_t member, NodeLink& node, const FrameHeader& h, Body body) {
   if (h.sequence >= kSchedulerSequences) {
     // A fence of the scheduler's collected the card's times of the kernels run so far:
     // on the primary those are the guest's, and go to it (never to the fence's handler,
     // which waits for the fence's own answer).
     if (isKernelTimes(body)) {
-      if (member == s.members.begin()) toGuest(s, h.sequence, std::move(body));
-      return;
+      if (member == 0) toGuest(s, h.sequence, std::move(body));
+      return {};
     }
     onRemoteReply(s, h.sequence, body);
-    return;
+    return {};
   }
-  if (member != s.members.begin()) return;  // guests' instructions go to the primary only
+  if (member != 0) return {};  // guests' instructions go to the primary only
   bool relay = true;
   auto decoded = transport::decodeGuard([&] {
     transport::MessageView in(body);
@@ -830,207 +788,89 @@ void Scheduler::onNodeFrame(NodeLink& node, const FrameHeader& h, Body body) {
         break;
     }
   });
-  if (!decoded || !relay) {
-    if (++node.badReplies == 1 || node.badReplies % 1000 == 0)
-      RLOG_ERROR("scheduler") << "netaccel '" << node.name << "' sent "
-                              << (decoded ? "a reply that only the scheduler may make" : "a malformed reply: " + decoded.error().message)
-                              << "; dropped (" << node.badReplies << " so far)";
-    return;
-  }
+  if (!decoded) return fail(Code::invalidArgument, "a malformed reply: " + decoded.error().message);
+  if (!relay) return fail(Code::permissionDenied, "a reply that only the scheduler may make");
   VmLink* link = s.link;
   toGuest(s, h.sequence, std::move(body));
   if (link) link->connection->throttle(*node.connection);
+  return {};
 }
 
-std::vector<std::pair<uint32_t, std::string>> Scheduler::unusedCards(const Node& node) const {
-  std::vector<std::pair<uint32_t, std::string>> unused;
-  for (size_t ci : node.cards) {
-    const CardSpec& spec = pool().cards()[ci].spec;
-    if (pool().cards()[ci].blocks.count > 0) continue;
-    std::ostringstream why;
-    why << kindName(spec.kind) << " '" << limits::clip(spec.model, 64) << "' (" << spec.backend << ") rates " << spec.tflops
-        << " TFLOPS, under one block of " << pool().blockTflops()
-        << " TFLOPS, so nothing is placed on it; rate it with tflops= in the netaccel's card (e.g. --card backend="
-        << spec.backend << ",device=N,tflops=2), leave it out (--discover none), or give the scheduler a smaller --block-tflops";
-    unused.emplace_back(spec.index, why.str());
-  }
-  return unused;
+void Scheduler::contextTime(NodeLink& node, Session* s, uint32_t context, uint64_t kernelNs) {
+  if (!s) return creditClosed(NodeLinks::key(static_cast<size_t>(node.poolIndex), context), kernelNs);
+  for (auto& m : s->members)
+    if (m.context == context && m.node == &node) m.kernelNs = kernelNs;
 }
 
-void Scheduler::onNodeControl(NodeLink& node, Body body) {
-  auto refuse = [&](const std::string& why) {
-    capnp::MallocMessageBuilder m;
-    auto r = m.initRoot<wire::SchedulerMessage>().initRegistered();
-    r.setAccepted(false);
-    transport::setError(r.initError(), Error{Code::permissionDenied, why});
-    node.connection->send(transport::kControlChannel, 0, m);
-    RLOG_WARN("scheduler") << "netaccel registration from " << node.connection->peer() << " refused: " << limits::clip(why);
-  };
-  auto decoded = transport::decodeGuard([&] {
-    MessageIn in(std::move(body));
-    auto msg = in.root<wire::NodeMessage>();
-    switch (msg.which()) {
-      case wire::NodeMessage::REGISTER: {
-        auto reg = msg.getRegister();
-        if (!node.name.empty()) return refuse("this connection is already registered as '" + node.name + "'");
-        if (reg.getVersionMajor() != wire::PROTOCOL_MAJOR)
-          return refuse("protocol version " + std::to_string(reg.getVersionMajor()) + " is not supported; this scheduler speaks " +
-                        std::to_string(wire::PROTOCOL_MAJOR));
-        // With TLS the node's name is its certificate's, never the message's.
-        std::string name = tls_ ? node.connection->peerName() : std::string(reg.getName());
-        if (tls_ && reg.getName().size() > 0 && reg.getName() != name)
-          return refuse("this netaccel's certificate is for node '" + limits::clip(name, 64) + "', but it registered as '" +
-                        limits::clip(reg.getName(), 64) + "'");
-        if (auto ok = limits::checkName("node name", name); !ok) return refuse(ok.error().message);
-        // Lists are counted before anything is made of them (a list of empty structs
-        // costs its sender nothing and its reader one step per element).
-        if (reg.getCards().size() > limits::kMaxCardsPerNode || reg.getContexts().size() > limits::kMaxKeptContexts)
-          return refuse("a registration may list at most " + std::to_string(limits::kMaxCardsPerNode) + " cards and " +
-                        std::to_string(limits::kMaxKeptContexts) + " kept contexts (got " +
-                        std::to_string(reg.getCards().size()) + " and " + std::to_string(reg.getContexts().size()) + ")");
-        for (auto hc : reg.getContexts())
-          if (hc.getBuffers().size() > limits::kMaxKeptBuffers)
-            return refuse("a kept context may list at most " + std::to_string(limits::kMaxKeptBuffers) + " buffers");
-        auto specs = cardSpecsOf(reg.getCards());
-        if (!specs) return refuse(specs.error().message);
-        std::vector<CardSpec>& cards = *specs;
-        HostVector host{reg.getHostCpuMilli(), reg.getHostMemoryMib()};
-        if (!host.inBounds())
-          return refuse("host resources out of range: " + std::to_string(reg.getHostCpuMilli()) + " milli-CPU and " +
-                        std::to_string(reg.getHostMemoryMib()) + " MiB (at most " + std::to_string(limits::kMaxHostCpuMilli) +
-                        " and " + std::to_string(limits::kMaxHostMemoryMib) + ")");
-        auto index = state_->addNode(name, cards, host);
-        if (!index) return refuse(index.error().message);
-        persistence_->node(*index, reg);
-        node.name = name;
-        node.poolIndex = static_cast<long>(*index);
-        offlineSinceMs_.erase(*index);
-        nodeByPoolIndex_[*index] = &node;
-        const Node& n = pool().nodes()[*index];
-        const auto unused = unusedCards(n);
-        capnp::MallocMessageBuilder m;
-        auto r = m.initRoot<wire::SchedulerMessage>().initRegistered();
-        r.setAccepted(true);
-        r.setHeartbeatMs(std::max(10u, config_.heartbeatTimeoutMs / 5));
-        if (config_.etcd.enabled()) r.setPoolName(config_.name);
-        auto told = r.initUnusedCards(static_cast<unsigned>(unused.size()));
-        for (size_t i = 0; i < unused.size(); ++i) {
-          told[i].setCard(unused[i].first);
-          told[i].setWhy(unused[i].second);
-        }
-        node.connection->send(transport::kControlChannel, 0, m);
-        std::string joined = std::to_string(cards.size()) + " card(s), blocks " +
-                             (n.blocks.count ? std::to_string(n.blocks.first) + "-" + std::to_string(n.blocks.end() - 1) : "none") +
-                             (host.empty() ? std::string() : ", host " + Pool::describeHost(host)) + "; pool now " +
-                             std::to_string(pool().total()) + " blocks";
-        for (auto& [card, why] : unused) joined += "; card " + std::to_string(card) + " unused: " + why;
-        RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": " << joined;
-        event("node-joined", name, joined);
-        settledAtMs_ = std::min(settledAtMs_, nowMs());  // the pool has heard from a netaccel
-        adoptContexts(node, reg.getContexts());
-        requestPlacement();
-        return;
-      }
-      case wire::NodeMessage::HEARTBEAT:
-        if (node.poolIndex < 0) return;  // not registered: nothing to account
-        if (msg.getHeartbeat().getUsage().size() > node.nextContext) return;  // more than it ever held: made up
-        for (auto u : msg.getHeartbeat().getUsage()) {
-          uint64_t key = contextKeyOnNode(static_cast<size_t>(node.poolIndex), u.getContext());
-          auto it = sessionByContext_.find(key);
-          if (it == sessionByContext_.end()) {
-            creditClosed(key, u.getKernelNs());
-            continue;
-          }
-          for (auto& m : it->second->members)
-            if (m.context == u.getContext() && m.node == &node) m.kernelNs = u.getKernelNs();
-        }
-        return;
-      case wire::NodeMessage::FAULT: {
-        // A tenant's sandbox on that card died or faulted: the operator hears which
-        // programs lost their buffers there (each also got the error on its instruction).
-        if (node.poolIndex < 0) return;
-        auto f = msg.getFault();
-        if (f.getContexts().size() > node.nextContext) return;  // more than it ever held: made up
-        std::string message = limits::clip(f.getMessage().cStr());
-        std::string subject = node.name + " card " + std::to_string(f.getCard());
-        std::string who;
-        for (auto ctx : f.getContexts()) {
-          auto it = sessionByContext_.find(contextKeyOnNode(static_cast<size_t>(node.poolIndex), ctx));
-          if (it == sessionByContext_.end()) continue;
-          Session& s = *it->second;
-          if (who.size() < 256) who += (who.empty() ? "" : ", ") + labelOf(s);
-          // Not its work's doing: rebuilt from its lineage, as after a lost netaccel (the
-          // errors that follow find its contexts closed).
-          if (f.getCause() == wire::FaultCause::NOT_ITS_OWN && s.lineage.canRebuild() && !s.lineage.recovering) {
-            recoverLost(s, "its sandbox on " + subject + " ended, not by its own work (" + message + ")");
-            continue;
-          }
-          for (size_t i = 0; i < s.members.size(); ++i) {
-            if (s.members[i].node != &node || s.members[i].context != ctx) continue;
-            if (i == 0) {
-              // Its buffers were there: gone, and no longer the VM's memory. Their handles
-              // keep saying why (sequence 0: no instruction of the guest's failed), also
-              // wherever the vaccel is restored.
-              for (auto& [handle, bytes] : s.buffers) {
-                s.failed[handle] = {0, Error{Code::internal, "buffer " + std::to_string(handle) + " was lost: " + message}};
-                s.vm->memoryUsed -= std::min(s.vm->memoryUsed, bytes);
-              }
-              s.buffers.clear();
-              s.unconfirmedAllocs.clear();
-              s.memoryUsed = 0;
-              persistence_->vaccel(s);
-            }
-            // The copies of its buffers that card held are gone too.
-            for (auto r = s.replicas.begin(); r != s.replicas.end();)
-              r = std::get<0>(r->first) == i ? s.replicas.erase(r) : std::next(r);
-          }
-        }
-        std::string detail = (who.empty() ? std::string() : who + ": ") + message;
-        RLOG_WARN("scheduler") << "fault on " << subject << ": " << limits::clip(detail);
-        event("card-fault", subject, detail);
-        return;
-      }
+void Scheduler::cardFault(NodeLink& node, wire::CardFault::Reader f) {
+  // A tenant's sandbox on that card died or faulted: the operator hears which programs
+  // lost their buffers there (each also got the error on its instruction).
+  std::string message = limits::clip(f.getMessage().cStr());
+  std::string subject = node.name + " card " + std::to_string(f.getCard());
+  std::string who;
+  for (auto ctx : f.getContexts()) {
+    Session* found = links_->sessionOf(static_cast<size_t>(node.poolIndex), ctx);
+    if (!found) continue;
+    Session& s = *found;
+    if (who.size() < 256) who += (who.empty() ? "" : ", ") + labelOf(s);
+    // Not its work's doing: rebuilt from its lineage, as after a lost netaccel (the
+    // errors that follow find its contexts closed).
+    if (f.getCause() == wire::FaultCause::NOT_ITS_OWN && s.lineage.canRebuild() && !s.lineage.recovering) {
+      recoverLost(s, "its sandbox on " + subject + " ended, not by its own work (" + message + ")");
+      continue;
     }
-  });
-  if (!decoded) RLOG_ERROR("scheduler") << "malformed control message from a netaccel: " << decoded.error().message;
+    for (size_t i = 0; i < s.members.size(); ++i) {
+      if (s.members[i].node != &node || s.members[i].context != ctx) continue;
+      if (i == 0) {
+        // Its buffers were there: gone, and no longer the VM's memory. Their handles
+        // keep saying why (sequence 0: no instruction of the guest's failed), also
+        // wherever the vaccel is restored.
+        for (auto& [handle, bytes] : s.buffers) {
+          s.failed[handle] = {0, Error{Code::internal, "buffer " + std::to_string(handle) + " was lost: " + message}};
+          s.vm->memoryUsed -= std::min(s.vm->memoryUsed, bytes);
+        }
+        s.buffers.clear();
+        s.unconfirmedAllocs.clear();
+        s.memoryUsed = 0;
+        persistence_->vaccel(s);
+      }
+      // The copies of its buffers that card held are gone too.
+      for (auto r = s.replicas.begin(); r != s.replicas.end();)
+        r = std::get<0>(r->first) == i ? s.replicas.erase(r) : std::next(r);
+    }
+  }
+  std::string detail = (who.empty() ? std::string() : who + ": ") + message;
+  RLOG_WARN("scheduler") << "fault on " << subject << ": " << limits::clip(detail);
+  event("card-fault", subject, detail);
 }
 
 void Scheduler::nodeLost(NodeLink& node, const std::string& reason) {
-  if (!node.name.empty()) {
-    RLOG_WARN("scheduler") << "netaccel '" << node.name << "' lost: " << reason;
-    event("node-lost", node.name, reason);
-    if (node.poolIndex >= 0) {
-      state_->removeNode(static_cast<size_t>(node.poolIndex));
-      nodeByPoolIndex_.erase(static_cast<size_t>(node.poolIndex));
-      offlineSinceMs_[static_cast<size_t>(node.poolIndex)] = nowMs();
-    }
-    Error gone{Code::unavailable, "netaccel '" + node.name + "' holding this virtual accelerator's card was lost (" + reason +
-                                      "); its buffers are gone"};
-    for (auto& [id, s] : sessions_) {
-      {
-        bool hit = false;
-        for (auto& m : s->members)
-          if (m.node == &node) {
-            m.node = nullptr;
-            sessionByContext_.erase(contextKey(m.card, m.context));
-            hit = true;
-          }
-        if (!hit) continue;
-        const bool onCards = s->phase == Phase::running || s->phase == Phase::suspending || s->phase == Phase::moving ||
-                             s->phase == Phase::resuming;
-        if (s->lineage.canRebuild() && onCards && s->unavailable.empty() && !stopping_) {
-          recoverLost(*s, "netaccel '" + node.name + "' was lost (" + reason + ")");
-          continue;
-        }
-        s->unavailable = gone.message + (!s->vm->policy.failover ? " (failover is off for vm '" + s->vm->policy.name + "')"
-                                         : s->lineage.unprotected ? " (its first checkpoint after the scheduler restarted was not finished)"
-                                                                  : "");
-        s->pending.failAll(gone);
-        abandonJob(*s);
+  RLOG_WARN("scheduler") << "netaccel '" << node.name << "' lost: " << reason;
+  event("node-lost", node.name, reason);
+  if (node.poolIndex >= 0) state_->removeNode(static_cast<size_t>(node.poolIndex));
+  Error gone{Code::unavailable, "netaccel '" + node.name + "' holding this virtual accelerator's card was lost (" + reason +
+                                    "); its buffers are gone"};
+  for (auto& [id, s] : sessions_) {
+    bool hit = false;
+    for (auto& m : s->members)
+      if (m.node == &node) {
+        m.node = nullptr;
+        unbindContext(m);
+        hit = true;
       }
+    if (!hit) continue;
+    const bool onCards = s->phase == Phase::running || s->phase == Phase::suspending || s->phase == Phase::moving ||
+                         s->phase == Phase::resuming;
+    if (s->lineage.canRebuild() && onCards && s->unavailable.empty() && !stopping_) {
+      recoverLost(*s, "netaccel '" + node.name + "' was lost (" + reason + ")");
+      continue;
     }
+    s->unavailable = gone.message + (!s->vm->policy.failover ? " (failover is off for vm '" + s->vm->policy.name + "')"
+                                     : s->lineage.unprotected ? " (its first checkpoint after the scheduler restarted was not finished)"
+                                                              : "");
+    s->pending.failAll(gone);
+    abandonJob(*s);
   }
-  nodeLinks_.erase(node.connection.get());
 }
 
 // ---------------------------------------------------------------------------------
@@ -1052,14 +892,12 @@ void Scheduler::publishToOtherHosts() {
 
 void Scheduler::tick() {
   uint64_t now = nowMs();
-  // This loop itself stalled (a long step of its own, or the host starved it): what the
-  // netaccels sent meanwhile waits unread in their sockets. That silence is ours, not
-  // theirs: their clocks start again now, before any is judged.
-  if (lastTickMs_ && now - lastTickMs_ > config_.heartbeatTimeoutMs / 2) {
+  // This loop itself stalled (a long step of its own, or the host starved it): the
+  // netaccels' silence meanwhile was ours (NodeLinks::check).
+  const bool stalled = lastTickMs_ && now - lastTickMs_ > config_.heartbeatTimeoutMs / 2;
+  if (stalled)
     RLOG_WARN("scheduler") << "this scheduler's loop stalled for " << now - lastTickMs_
                            << " ms; the netaccels' heartbeat clocks start again";
-    for (auto& [c, n] : nodeLinks_) n->lastHeardMs = std::max(n->lastHeardMs, now);
-  }
   lastTickMs_ = now;
   // Time alone changes admission: a demoted vaccel may now be preempted; a waiting or
   // suspended one may have passed the starvation guard or be due for promotion.
@@ -1072,23 +910,7 @@ void Scheduler::tick() {
   if (due) requestPlacement();
   for (auto& vm : vms_) state_->reportUsage(vm->policy.name, vm->usage.used(policyTime), policyTime, vm->usage.blocks());
   if (state_->shared()) publishToOtherHosts();
-  std::vector<NodeLink*> silent, unregistered;
-  for (auto& [c, n] : nodeLinks_) {
-    if (n->connection->closed()) continue;
-    // Not reading it (a guest link behind it is backed up) is our silence, not its: its
-    // heartbeats wait in the socket. The clock starts again when reading resumes.
-    if (n->connection->readingPaused()) n->lastHeardMs = now;
-    if (!n->name.empty() && now - n->lastHeardMs > config_.heartbeatTimeoutMs) silent.push_back(n.get());
-    if (n->name.empty() && now - n->acceptedMs > config_.registerTimeoutMs) unregistered.push_back(n.get());
-  }
-  for (auto* n : silent) {
-    n->lostReason = "no heartbeat for " + std::to_string(now - n->lastHeardMs) + " ms";
-    n->connection->close();  // onClose does the rest
-  }
-  for (auto* n : unregistered) {
-    RLOG_DEBUG("scheduler") << n->connection->peer() << " did not register within " << config_.registerTimeoutMs << " ms; closed";
-    n->connection->close();
-  }
+  links_->check(now, stalled);
   forgetOfflineNodes(now);
   // Closed contexts whose final report never came (the node went away): forgotten.
   std::erase_if(closedContexts_, [&](auto& c) { return now - c.second.closedMs > 4ull * config_.heartbeatTimeoutMs; });
@@ -1108,7 +930,8 @@ void Scheduler::tick() {
 
 void Scheduler::forgetOfflineNodes(uint64_t now) {
   if (config_.forgetOfflineMs == 0) return;
-  for (auto it = offlineSinceMs_.begin(); it != offlineSinceMs_.end();) {
+  auto& offline = links_->offlineSince();
+  for (auto it = offline.begin(); it != offline.end();) {
     size_t index = it->first;
     bool held = false;  // a suspended or recovering vaccel still counts on it
     for (auto& [id, s] : sessions_)
@@ -1118,7 +941,7 @@ void Scheduler::forgetOfflineNodes(uint64_t now) {
       continue;
     }
     std::string name = pool().nodes()[index].name;
-    it = offlineSinceMs_.erase(it);
+    it = offline.erase(it);
     if (!state_->forgetNode(index)) continue;
     persistence_->dropNode(name);
     RLOG_INFO("scheduler") << "netaccel '" << name << "' forgotten after " << config_.forgetOfflineMs << " ms offline";

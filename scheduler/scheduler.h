@@ -31,7 +31,9 @@
 namespace raccel::scheduler {
 
 struct GraphRun;
+struct Member;
 class Console;
+class NodeLinks;
 class Persistence;
 
 class Scheduler {
@@ -63,6 +65,7 @@ class Scheduler {
   friend struct Member;
   friend class Console;      // reads the state it shows (const); acts through the operator actions
   friend class Persistence;  // writes the scheduler's state, and restores it at start
+  friend class NodeLinks;    // the netaccels' links: hands what they bring to the methods below
 
   Vm* findVm(const std::string& name);
   Vm& vmNamed(const std::string& name);  // found, or a new detached one
@@ -88,11 +91,22 @@ class Scheduler {
   void endSession(Session& s);
   void vmLinkClosed(VmLink& link);
 
-  void acceptNode(transport::ConnectionPtr connection);
-  void onNodeFrame(NodeLink& node, const transport::FrameHeader& header, transport::Body body);
-  void onNodeControl(NodeLink& node, transport::Body body);
-  // Called only from the node connection's close callback; frees the NodeLink.
+  // What the netaccels bring, once NodeLinks (links/node_links.h) has checked it: a node
+  // the pool takes (its index) or refuses; its registration answered (its kept contexts
+  // adopted, placement); a card's reply for `member` of `s` (an error: not one a card
+  // may make, dropped); a context's kernel time so far (`s` null: a closed one's); a
+  // card's fault; the link's end.
+  Result<size_t> nodeJoined(const std::string& name, const std::vector<CardSpec>& cards, HostVector host,
+                            wire::Register::Reader reg);
+  void nodeReady(NodeLink& node, const std::string& joined, capnp::List<wire::HeldContext>::Reader held);
+  Status cardReply(Session& s, size_t member, NodeLink& node, const transport::FrameHeader& header, transport::Body body);
+  void contextTime(NodeLink& node, Session* s, uint32_t context, uint64_t kernelNs);
+  void cardFault(NodeLink& node, wire::CardFault::Reader fault);
   void nodeLost(NodeLink& node, const std::string& reason);
+  // The context table (NodeLinks's): a member's context is its session's, or no one's.
+  void bindContext(const Member& member, Session& s);
+  void unbindContext(const Member& member);
+  uint64_t contextKey(size_t card, uint32_t context) const;  // NodeLinks::key of its card's node
   // Marks `handle` as failed by instruction `sequence` on the primary's card (remembered
   // for restores when `remember`).
   void sendPoison(Session& session, uint64_t handle, uint64_t sequence, const Error& error, bool remember = true);
@@ -175,8 +189,6 @@ class Scheduler {
   // The admission order of the unplaced vaccels: over-share flags from every VM's demand
   // and holding, service classes (promoted once starved) and waiting times.
   std::vector<Waiting> admissionQueue(double now);
-  // A joining node's cards that got no block (rated under one), each with why and what to do.
-  std::vector<std::pair<uint32_t, std::string>> unusedCards(const Node& node) const;
   void sendWelcome(Session& s);
   // The welcome answering hello `sequence` (resumedAfter: a resume's, else 0).
   void writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfter);
@@ -276,23 +288,16 @@ class Scheduler {
   const Pool& pool() const { return state_->view(); }
   std::vector<std::unique_ptr<Vm>> vms_;
   std::unordered_map<transport::Connection*, std::unique_ptr<VmLink>> vmLinks_;
-  std::unordered_map<transport::Connection*, std::unique_ptr<NodeLink>> nodeLinks_;
-  std::unordered_map<size_t, NodeLink*> nodeByPoolIndex_;
-  std::map<size_t, uint64_t> offlineSinceMs_;  // pool node -> when it went offline
+  std::unique_ptr<NodeLinks> links_;  // the netaccels' links, and which session each context is
   // Until then the pool has not heard from any netaccel: a request it cannot hold waits
   // (startup_grace_ms after start, ended by the first netaccel that joins).
   uint64_t settledAtMs_ = 0;
   bool settling() const { return nowMs() < settledAtMs_; }
-  // By (pool node, context id): a context id is unique on its node's link only.
-  std::unordered_map<uint64_t, Session*> sessionByContext_;
-  static uint64_t contextKeyOnNode(size_t node, uint32_t context) { return (static_cast<uint64_t>(node) << 32) | context; }
-  uint64_t contextKey(size_t card, uint32_t context) const { return contextKeyOnNode(pool().cards()[card].node, context); }
   std::map<VaccelId, std::unique_ptr<Session>> sessions_;  // every session, attached or not
   std::unique_ptr<Persistence> persistence_;  // the state database (state_dir), and the restart
   std::map<std::string, std::map<std::string, std::string>> policyOverrides_;  // raccelctl set-policy, by VM
   uint64_t restoredAtMs_ = 0;
   std::unique_ptr<Console> console_;  // the operators' side: console socket, HTTP, events
-  std::unique_ptr<transport::Listener> nodeListener_;
   uv_timer_t* ticker_ = nullptr;
   uv_timer_t* placer_ = nullptr;
   unsigned suspending_ = 0;  // suspensions under way
@@ -310,7 +315,6 @@ class Scheduler {
   std::unordered_map<uint64_t, ClosedContext> closedContexts_;
   void creditClosed(uint64_t key, uint64_t kernelNs);
   VaccelId nextVaccel_ = 1;
-  std::shared_ptr<transport::TlsContext> tls_;  // null with --insecure
   uint64_t refusedLinks_ = 0;                    // connections over a limit, for the log
   bool stopping_ = false;
 };

@@ -4,6 +4,7 @@
 
 #include "common/limits.h"
 #include "common/log.h"
+#include "scheduler/links/node_links.h"
 #include "scheduler/state.h"
 
 namespace raccel::scheduler {
@@ -168,8 +169,8 @@ void Console::nodes(wire::ConsoleReply::Builder reply) const {
     out[j].setHostMemoryMib(n.host.memoryMib);
     out[j].setHostCpuMilliUsed(n.hostUsed.cpuMilli);
     out[j].setHostMemoryMibUsed(n.hostUsed.memoryMib);
-    auto link = s_.nodeByPoolIndex_.find(i);
-    if (link != s_.nodeByPoolIndex_.end()) {
+    auto link = s_.links_->byPoolNode().find(i);
+    if (link != s_.links_->byPoolNode().end()) {
       out[j].setAddress(link->second->connection->peer());
       out[j].setMsSinceHeartbeat(s_.nowMs() - link->second->lastHeardMs);
       out[j].setContexts(link->second->contexts);

@@ -10,6 +10,7 @@
 #include "console/api.h"
 #include "console/web_assets.h"
 #include "scheduler/console/console.h"
+#include "scheduler/links/node_links.h"
 #include "scheduler/state.h"
 
 namespace raccel::scheduler {
@@ -312,7 +313,7 @@ std::string Console::metricsText() const {
     if (!node.forgotten) page.sample("raccel_node_draining", {{"node", node.name}}, node.online && node.draining ? 1 : 0);
   page.family("raccel_node_heartbeat_age_seconds", "gauge", "Since the netaccel's last heartbeat.");
   page.family("raccel_node_contexts", "gauge", "Vaccel contexts open on the netaccel.");
-  for (auto& [index, link] : s_.nodeByPoolIndex_) {
+  for (auto& [index, link] : s_.links_->byPoolNode()) {
     page.sample("raccel_node_heartbeat_age_seconds", {{"node", link->name}}, (s_.nowMs() - link->lastHeardMs) / 1e3);
     page.sample("raccel_node_contexts", {{"node", link->name}}, link->contexts);
   }

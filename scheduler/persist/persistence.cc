@@ -310,7 +310,7 @@ void Persistence::restore() {
     s.vm->memoryUsed += s.memoryUsed;
     if (s.phase == Phase::recovering) {
       s_.holdBlocks(*s.vm, s.want);
-      for (auto& m : s.members) s_.sessionByContext_[s_.contextKey(m.card, m.context)] = &s;
+      for (auto& m : s.members) s_.bindContext(m, s);
       ++running;
     } else {
       ++suspended;
