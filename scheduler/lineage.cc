@@ -14,6 +14,7 @@
 #include "schema/frame.capnp.h"
 #include "schema/node.capnp.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/relocate/relocator.h"
 #include "scheduler/state.h"
 #include "transport/wire_types.h"
 
@@ -500,9 +501,9 @@ void Scheduler::recoverLost(Session& s, const std::string& lost) {
   s.job.reset();
   s.idle = nullptr;
   lin.underWay.reset();  // (it was not finished: the last checkpoint and the whole log rebuild it)
-  if (s.phase == Phase::suspending) --suspending_;
+  if (s.phase == Phase::suspending) relocator_->suspensionEnded();
   closeMembers(s);
-  if (!s.blocks.empty()) leaveBlocks(s);
+  if (!s.blocks.empty()) relocator_->leaveBlocks(s);
   // Back to the checkpoint's record of its buffers; the log rebuilds the rest.
   s.vm->memoryUsed -= std::min(s.vm->memoryUsed, s.memoryUsed);
   s.buffers = lin.buffers;
@@ -526,7 +527,7 @@ void Scheduler::recoverLost(Session& s, const std::string& lost) {
   RLOG_WARN("scheduler") << labelOf(s) << " recovering from its checkpoint: " << lost << "; " << lin.replayLeft
                          << " instruction(s) to run again";
   event("recovering", labelOf(s), lost + "; placing it again, then " + std::to_string(lin.replayLeft) + " instruction(s) run again");
-  requestPlacement();
+  relocator_->requestPlacement();
 }
 
 void Scheduler::failRecovery(Session& s, const Error& why) {

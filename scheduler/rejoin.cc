@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "scheduler/links/node_links.h"
 #include "scheduler/persist/persistence.h"
+#include "scheduler/relocate/relocator.h"
 #include "scheduler/state.h"
 
 namespace raccel::scheduler {
@@ -120,7 +121,7 @@ void Scheduler::recovered(Session& s) {
   if (s.link && s.resumePending) sendResumed(s);
   protectAfterRestart(s);
   runHeld(s);
-  requestPlacement();
+  relocator_->requestPlacement();
 }
 
 void Scheduler::resumeSession(VmLink& link, uint32_t channel, uint64_t sequence, wire::Resume::Reader resume) {

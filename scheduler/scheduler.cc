@@ -3,6 +3,7 @@
 #include "scheduler/console/console.h"
 #include "scheduler/links/node_links.h"
 #include "scheduler/persist/persistence.h"
+#include "scheduler/relocate/relocator.h"
 #include "scheduler/state.h"
 
 #include <algorithm>
@@ -49,27 +50,27 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
   console_ = std::make_unique<Console>(loop_, config_, *this);
   persistence_ = std::make_unique<Persistence>(config_, *this);
   links_ = std::make_unique<NodeLinks>(loop_, config_, *this);
-  startedWallSeconds_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  state_->changed = [this] { requestPlacement(); };  // another host's decision may free blocks
+  relocator_ = std::make_unique<Relocator>(loop_, config_, *this);
+  state_->changed = [this] { relocator_->requestPlacement(); };  // another host's decision may free blocks
   state_->lost = [this](VaccelId id, const std::string& why) {
     // Off blocks that are no longer its own: saved to host memory, resumed when blocks free.
-    if (Session* s = sessionById(id); s && s->phase == Phase::running) suspend(*s, why, false);
+    if (Session* s = sessionById(id); s && s->phase == Phase::running) relocator_->suspend(*s, why, false);
   };
   state_->moveAsked = [this](const Pool::Move& mv, const std::string& why) {
-    return moveIfIdle(mv, config_.defragMaxMoveBytes, why);
+    return relocator_->moveIfIdle(mv, config_.defragMaxMoveBytes, why);
   };
   state_->actionAsked = [this](VaccelId id, bool preempt, const std::string& by) -> Status {
-    if (!preempt) return resumeByOperator(id);
+    if (!preempt) return relocator_->resumeByOperator(id);
     Session* s = sessionById(id);
     if (!s) return fail(Code::notFound, "no vaccel #" + std::to_string(id));
-    suspend(*s, "suspended by the operator (asked on host " + by + ")", true);
+    relocator_->suspend(*s, "suspended by the operator (asked on host " + by + ")", true);
     return {};
   };
   state_->drainAsked = [this](const std::string& name, bool draining, const std::string& by) {
     size_t index = nodeIndex(name);
     if (index == SIZE_MAX) return;  // a node this pool has no record of yet: its drain waits in the view
-    if (!draining) return endDrain(name, "ended on host " + (by.empty() ? std::string("another host") : by));
-    (void)evacuate(index, "netaccel '" + name + "' is draining (asked on host " + by + ")");
+    if (!draining) return relocator_->endDrain(name, "ended on host " + (by.empty() ? std::string("another host") : by));
+    (void)relocator_->evacuate(index, "netaccel '" + name + "' is draining (asked on host " + by + ")");
   };
   state_->policyAsked = [this](const std::string& vm, const PoolState::Settings& settings, const std::string& by) {
     Vm* served = findVm(vm);
@@ -84,7 +85,7 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
   state_->preempted = [this](VaccelId id, const std::string& why) {
     Session* s = sessionById(id);
     if (!s) return false;
-    if (s->phase == Phase::running) suspend(*s, why, false);
+    if (s->phase == Phase::running) relocator_->suspend(*s, why, false);
     return s->phase == Phase::suspending || s->phase == Phase::suspended;
   };
 }
@@ -103,9 +104,7 @@ Status Scheduler::start() {
     if (auto attached = addVm(policy); !attached) return attached;
 
   settledAtMs_ = nowMs() + config_.startupGraceMs;
-  placer_ = new uv_timer_t;
-  uv_timer_init(loop_, placer_);
-  placer_->data = this;
+  relocator_->start();
   ticker_ = new uv_timer_t;
   uv_timer_init(loop_, ticker_);
   ticker_->data = this;
@@ -120,11 +119,11 @@ int Scheduler::nodePort() const { return links_->port(); }
 
 void Scheduler::stop() {
   stopping_ = true;
-  for (uv_timer_t** timer : {&ticker_, &placer_}) {
-    if (!*timer) continue;
-    uv_close(reinterpret_cast<uv_handle_t*>(*timer), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
-    *timer = nullptr;
+  if (ticker_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(ticker_), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+    ticker_ = nullptr;
   }
+  relocator_->stop();
   links_->stop();
   console_->stop();
   for (auto& vm : vms_) {
@@ -494,7 +493,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.phase = Phase::waiting;
   s.helloSequence = sequence;
   s.helloNs = uv_hrtime();
-  s.service.waitingSince = policyNow();
+  s.service.waitingSince = relocator_->policyNow();
   s.maxFrame = maxFrame;
   startLineage(s);
   s.waitDeadlineMs = waitMs ? nowMs() + waitMs : 0;
@@ -504,7 +503,7 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   link.sessions[channel] = &s;
   state_->nameProgram(id, s.program);  // shown with its holding on the other hosts
   sessions_[id] = std::move(session);
-  requestPlacement();
+  relocator_->requestPlacement();
 }
 
 std::unique_ptr<Scheduler::Session> Scheduler::makeSession(VaccelId id) {
@@ -682,7 +681,7 @@ void Scheduler::endSession(VmLink& link, uint32_t channel) {
 void Scheduler::endSession(Session& s) {
   closeMembers(s);
   if (s.link && s.heldBytes) s.link->connection->resumeReading();
-  if (s.phase == Phase::suspending) --suspending_;
+  if (s.phase == Phase::suspending) relocator_->suspensionEnded();
   bool placed = !s.blocks.empty();
   state_->preemptElsewhere(s.id, s.vm->policy.name, s.rank(), {});  // what it asked of other hosts
   state_->nameProgram(s.id, "");
@@ -709,8 +708,8 @@ void Scheduler::endSession(Session& s) {
   }
   if (s.link) s.link->sessions.erase(s.channel);
   sessions_.erase(s.id);  // s is gone from here on
-  if (placed && config_.defragOnRelease && !stopping_) compact(0, 0, "after a release");
-  requestPlacement();
+  if (placed && config_.defragOnRelease && !stopping_) relocator_->compact(0, 0, "after a release");
+  relocator_->requestPlacement();
 }
 
 // ---------------------------------------------------------------------------------
@@ -734,7 +733,7 @@ void Scheduler::nodeReady(NodeLink& node, const std::string& joined, capnp::List
   event("node-joined", node.name, joined);
   settledAtMs_ = std::min(settledAtMs_, nowMs());  // the pool has heard from a netaccel
   adoptContexts(node, held);
-  requestPlacement();
+  relocator_->requestPlacement();
 }
 
 Status Scheduler::cardReply(Session& s, size_t member, NodeLink& node, const FrameHeader& h, Body body) {
@@ -901,13 +900,13 @@ void Scheduler::tick() {
   lastTickMs_ = now;
   // Time alone changes admission: a demoted vaccel may now be preempted; a waiting or
   // suspended one may have passed the starvation guard or be due for promotion.
-  const double policyTime = policyNow();
-  bool due = accrueService(policyTime);
+  const double policyTime = relocator_->policyNow();
+  bool due = relocator_->accrueService(policyTime);
   for (Session* s : allSessions())
     if ((s->phase == Phase::waiting || s->phase == Phase::suspended) && s->service.nextWaitingChange(lastTickPolicy_) <= policyTime)
       due = true;
   lastTickPolicy_ = policyTime;
-  if (due) requestPlacement();
+  if (due) relocator_->requestPlacement();
   for (auto& vm : vms_) state_->reportUsage(vm->policy.name, vm->usage.used(policyTime), policyTime, vm->usage.blocks());
   if (state_->shared()) publishToOtherHosts();
   links_->check(now, stalled);
@@ -923,7 +922,7 @@ void Scheduler::tick() {
   for (Session* s : late) {
     // No netaccel joined within startup_grace_ms: what admission would have said at once.
     auto ever = s->settlingWait ? couldEverHold(s->want, s->kinds, *s->vm) : Status{};
-    refuseWaiting(*s, ever ? Error{Code::resourceExhausted, "waited for blocks until its deadline: " + s->why} : ever.error());
+    relocator_->refuseWaiting(*s, ever ? Error{Code::resourceExhausted, "waited for blocks until its deadline: " + s->why} : ever.error());
   }
   expireDetached();
 }
@@ -946,7 +945,7 @@ void Scheduler::forgetOfflineNodes(uint64_t now) {
     persistence_->dropNode(name);
     RLOG_INFO("scheduler") << "netaccel '" << name << "' forgotten after " << config_.forgetOfflineMs << " ms offline";
     event("node-forgotten", name, "offline for " + std::to_string(config_.forgetOfflineMs) + " ms with nothing on it");
-    requestPlacement();  // what waited for it may now be refused
+    relocator_->requestPlacement();  // what waited for it may now be refused
   }
 }
 
@@ -1008,7 +1007,7 @@ Result<std::string> Scheduler::applyPolicy(Vm& vm, const std::map<std::string, s
     detail += ", host " + pool().describeHost({vm.policy.hostCpuMilli, vm.policy.hostMemoryMib}) + " a vaccel";
   RLOG_INFO("scheduler") << "vm '" << name << "' policy " << origin << ": " << detail;
   event("policy", name, detail + " (" + origin + ")");
-  requestPlacement();
+  relocator_->requestPlacement();
   return detail;
 }
 

@@ -35,6 +35,7 @@ struct Member;
 class Console;
 class NodeLinks;
 class Persistence;
+class Relocator;
 
 class Scheduler {
  public:
@@ -66,6 +67,7 @@ class Scheduler {
   friend class Console;      // reads the state it shows (const); acts through the operator actions
   friend class Persistence;  // writes the scheduler's state, and restores it at start
   friend class NodeLinks;    // the netaccels' links: hands what they bring to the methods below
+  friend class Relocator;    // places, suspends, resumes and moves the sessions
 
   Vm* findVm(const std::string& name);
   Vm& vmNamed(const std::string& name);  // found, or a new detached one
@@ -150,8 +152,8 @@ class Scheduler {
   // The event stream (raccelctl events, the web console): the console's (console/console.h).
   void event(const std::string& kind, const std::string& subject, const std::string& detail);
 
-  // A vaccel's life on the cards (relocate.cc): placement (at once, after waiting, or
-  // after preempting lower priorities), suspension to host memory, resumption, moves.
+  // Sessions on their cards (sessions.cc). Where and when vaccels run is the Relocator's
+  // (relocate/relocator.h): placement, suspension, resumption, moves, drains.
   std::string labelOf(const Session& s) const;
   std::vector<Session*> allSessions();  // by id
   Session* sessionById(VaccelId id);
@@ -160,65 +162,17 @@ class Scheduler {
   void openMembers(Session& s);   // contexts on the cards of s.blocks
   void closeMembers(Session& s);  // closes them; their buffers there are freed
   void runHeld(Session& s);       // forwards what waited, while it runs and no job is under way
-  // A placement pass soon (after the current callback): waiting vaccels placed,
-  // suspended ones resumed, highest priority first, preempting for new ones.
-  void requestPlacement();
-  void placeWaiting();
-  // What a session asks of the pool: its blocks, kinds, priority, host needs and node
-  // limit (span_slack_nodes); for placing it and for planning preemption alike.
-  Pool::Request placementRequest(const Session& s) const;
-  Result<std::vector<BlockRange>> allocateFor(Session& s);  // compacts first when it would be fragmented
-  void refuseWaiting(Session& s, const Error& error);
-  // resourceExhausted "can never run here: ..." when no pool this size could ever hold a
-  // request of `blocks` of `kinds` for `vm` (its host needs included).
+  // Whether a request of `blocks` of `kinds` for `vm` could ever fit a pool this size
+  // (its host needs included): resourceExhausted "can never run here: ..." when not.
   Status couldEverHold(uint32_t blocks, KindMask kinds, const Vm& vm) const;
-  // Whether an unplaced request waits for the pool itself (settling, or netaccels
-  // expected back), can never be held, or is an ordinary request.
-  enum class PoolWait { no, yes, never };
-  PoolWait waitForThePool(Session& s);
-  // The admission policy's clock (admission.h), in seconds: the wall clock (sped up by
-  // policy_clock_scale from this scheduler's start), so that the waiting times kept in
-  // the state database mean the same after a restart.
-  double policyNow() const;
-  double startedWallSeconds_ = 0;
-  double lastTickPolicy_ = 0;  // policyNow() at the last tick
+  double lastTickPolicy_ = 0;  // the policy clock at the last tick
   uint64_t lastTickMs_ = 0;  // nowMs() at the last tick (a loop that stalled is not its netaccels' silence)
-  // Counts running vaccels' service up to `now` (their class follows it): whether a
-  // running one changed class.
-  bool accrueService(double now);
-  // The admission order of the unplaced vaccels: over-share flags from every VM's demand
-  // and holding, service classes (promoted once starved) and waiting times.
-  std::vector<Waiting> admissionQueue(double now);
   void sendWelcome(Session& s);
   // The welcome answering hello `sequence` (resumedAfter: a resume's, else 0).
   void writeWelcome(Session& s, uint64_t sequence, uint64_t resumedAfter);
   void writeVaccel(Session& s, wire::VaccelInfo::Builder info);
   // Answers the guest's describeVaccel: where its vaccel is now.
   void describeVaccel(Session& s, uint64_t sequence);
-  void whenIdle(Session& s, std::function<void()> then);
-  // Reads every buffer into s.saved after what the guest sent before, then closes its
-  // contexts and runs `then` (also on failure: then s.unavailable says why).
-  void save(Session& s, std::function<void()> then);
-  // On the contexts of s.members: reloads its programs, re-creates its buffers from
-  // s.saved, then runs what waited. `what` names the event (resumed, migrated).
-  void restore(Session& s, const std::string& what);
-  void suspend(Session& s, const std::string& why, bool byOperator);
-  // Its blocks go back to the pool, and its service stops counting (off its cards).
-  void leaveBlocks(Session& s);
-  Status resumeByOperator(VaccelId id);
-  // Gives a running vaccel the blocks `to` (already its own in the pool); its buffers
-  // follow when the cards change.
-  void move(Session& s, std::vector<BlockRange> to, const std::string& why);
-  // Plans and starts compaction moves within the rate limit; returns how many.
-  size_t compact(size_t maxMoves, uint64_t maxMoveBytes, const std::string& why);
-  // One planned move of a running vaccel of this scheduler no larger than maxMoveBytes:
-  // its blocks through the pool's state, then its data (false: not moved).
-  bool moveIfIdle(const Pool::Move& mv, uint64_t maxMoveBytes, const std::string& why);
-  // raccelctl drain: the node takes no new blocks (on every host of a shared pool) and
-  // this scheduler's vaccels move off it (evacuate: what came of it).
-  Result<std::string> drainNode(const std::string& name, bool undo);
-  std::string evacuate(size_t node, const std::string& why);
-  void endDrain(const std::string& name, const std::string& how);
   size_t nodeIndex(const std::string& name) const;  // in pool(); SIZE_MAX when none
   // raccelctl set-policy: checked, recorded (for every host of a shared pool), and
   // applied to the VM if it is served here (applyPolicy: what it is now).
@@ -226,9 +180,6 @@ class Scheduler {
   Result<std::string> applyPolicy(Vm& vm, const std::map<std::string, std::string>& settings, const std::string& origin);
   // A shared pool: this host's VMs and unplaced vaccels, for the other hosts' consoles.
   void publishToOtherHosts();
-  // Operator actions (the console's; raccelctl and the web console): what came of each.
-  Result<std::string> preemptByOperator(VaccelId id);
-  Result<std::string> defrag(uint32_t maxMoves, uint64_t maxMoveBytes);
 
   // Failover (lineage.cc, lineage.h).
   void startLineage(Session& s);  // on or off, and its cap, from its VM's policy
@@ -299,11 +250,7 @@ class Scheduler {
   uint64_t restoredAtMs_ = 0;
   std::unique_ptr<Console> console_;  // the operators' side: console socket, HTTP, events
   uv_timer_t* ticker_ = nullptr;
-  uv_timer_t* placer_ = nullptr;
-  unsigned suspending_ = 0;  // suspensions under way
-  uint64_t moveWindowStartMs_ = 0;
-  size_t movesInWindow_ = 0;
-  std::map<std::string, bool> draining_;  // netaccel -> reported drained
+  std::unique_ptr<Relocator> relocator_;  // where and when vaccels run
   // Contexts closed since their card's last heartbeat, by contextKey: their final kernel
   // time, in the next one, is credited to the vaccel (or its VM, once it has ended).
   struct ClosedContext {

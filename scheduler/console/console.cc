@@ -5,6 +5,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "scheduler/links/node_links.h"
+#include "scheduler/relocate/relocator.h"
 #include "scheduler/state.h"
 
 namespace raccel::scheduler {
@@ -126,9 +127,9 @@ void Console::act(wire::ConsoleRequest::Reader request, wire::ConsoleReply::Buil
     else transport::setError(reply.initError(), done.error());
   };
   switch (request.which()) {
-    case wire::ConsoleRequest::PREEMPT: return answerWith(ops_.preemptByOperator(request.getPreempt()));
+    case wire::ConsoleRequest::PREEMPT: return answerWith(ops_.relocator_->preemptByOperator(request.getPreempt()));
     case wire::ConsoleRequest::RESUME: {
-      auto resumed = ops_.resumeByOperator(request.getResume());
+      auto resumed = ops_.relocator_->resumeByOperator(request.getResume());
       if (!resumed) return answerWith(fail(resumed.error()));
       return answerWith("vaccel #" + std::to_string(request.getResume()) + " resumes as soon as its blocks are free");
     }
@@ -139,8 +140,8 @@ void Console::act(wire::ConsoleRequest::Reader request, wire::ConsoleReply::Buil
       return answerWith(ops_.state_->actElsewhere(ref.getHost(), ref.getId(), preempt));
     }
     case wire::ConsoleRequest::DEFRAG:
-      return answerWith(ops_.defrag(request.getDefrag().getMaxMoves(), request.getDefrag().getMaxMoveBytes()));
-    case wire::ConsoleRequest::DRAIN: return answerWith(ops_.drainNode(request.getDrain().getNode(), request.getDrain().getUndo()));
+      return answerWith(ops_.relocator_->defrag(request.getDefrag().getMaxMoves(), request.getDefrag().getMaxMoveBytes()));
+    case wire::ConsoleRequest::DRAIN: return answerWith(ops_.relocator_->drainNode(request.getDrain().getNode(), request.getDrain().getUndo()));
     case wire::ConsoleRequest::SET_POLICY: {
       std::vector<std::pair<std::string, std::string>> settings;
       for (auto kv : request.getSetPolicy().getSettings()) settings.emplace_back(kv.getKey(), kv.getValue());

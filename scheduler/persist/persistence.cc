@@ -6,6 +6,7 @@
 
 #include "common/limits.h"
 #include "common/log.h"
+#include "scheduler/relocate/relocator.h"
 #include "scheduler/state.h"
 #include "scheduler/persist/store.h"
 #include "schema/frame.capnp.h"
@@ -263,8 +264,8 @@ void Persistence::restore() {
       s.operatorHold = r.getOperatorHold();
       s.why = r.getWhy();
       s.kernelNsBefore = r.getKernelNs();
-      s.service = serviceOf(r, s_.policyNow());
-      if (!r.getSuspended()) s.ranSince = s.accruedAt = s_.policyNow();  // the time down is no service
+      s.service = serviceOf(r, s_.relocator_->policyNow());
+      if (!r.getSuspended()) s.ranSince = s.accruedAt = s_.relocator_->policyNow();  // the time down is no service
       s.detachedSinceMs = s_.nowMs();
       for (auto p : r.getPrograms()) {
         BlobReader program(std::string(reinterpret_cast<const char*>(p.begin()), p.size()));
