@@ -607,9 +607,17 @@ TEST_F(MultiHost, DrainAndSetPolicyGivenOnAnyHostReachEveryHost) {
       json e = listedOn(*h);
       return e.value("state", "") == "suspended" && e.value("why", "").find("suspended by the operator") != std::string::npos;
     }, 15000)) << h->console("vaccels");
+  // /metrics of any host counts it too.
+  auto metrics = [&](const Cluster& host) { return rawhttp::roundTrip(host.httpPort(), "GET /metrics HTTP/1.0\r\n\r\n"); };
+  EXPECT_TRUE(waitFor([&] {
+    return metrics(*c_).find("raccel_vaccels_elsewhere{host=\"host-b\",state=\"suspended\"} 1") != std::string::npos;
+  }, 10000)) << metrics(*c_);
   out = c_->ctl({"resume", ref}, &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_TRUE(waitFor([&] { return listedOn(*a_).value("state", "") == "elsewhere"; }, 15000)) << a_->console("vaccels");
+  const std::string series = "raccel_vaccel_elsewhere_blocks{host=\"host-b\",vm=\"vm-b\",vaccel=\"" +
+                             std::to_string((*onB)->vaccel().id) + "\"} 2";
+  EXPECT_TRUE(waitFor([&] { return metrics(*a_).find(series) != std::string::npos; }, 10000)) << metrics(*a_);
   back = (*onB)->readFloats(buffer, data.size());
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(*back, data);

@@ -219,6 +219,25 @@ std::string Console::metricsText() const {
   page.family("raccel_vaccels", "gauge", "Virtual accelerators by state.");
   for (auto& [state, n] : states) page.sample("raccel_vaccels", {{"state", state}}, n);
 
+  // A pool shared through etcd: the other hosts' vaccels, as this scheduler sees them.
+  if (s_.state_->shared()) {
+    std::map<std::pair<std::string, std::string>, uint32_t> elsewhere;  // (host, state) -> vaccels
+    page.family("raccel_vaccel_elsewhere_blocks", "gauge",
+                "Blocks each vaccel of another host of the shared pool holds (host: the scheduler that serves it).");
+    size_t n = 0;
+    for (auto& v : s_.state_->vaccelsElsewhere()) {
+      ++elsewhere[{v.scheduler, "running"}];
+      uint32_t held = 0;
+      for (auto& r : v.ranges) held += r.count;
+      if (++n <= 1000)
+        page.sample("raccel_vaccel_elsewhere_blocks", {{"host", v.scheduler}, {"vm", v.vm}, {"vaccel", std::to_string(v.vaccel)}}, held);
+    }
+    for (auto& u : s_.state_->unplacedElsewhere()) ++elsewhere[{u.scheduler, u.vaccel.state}];
+    page.family("raccel_vaccels_elsewhere", "gauge",
+                "Vaccels of the other hosts of the shared pool by host and state (running: holding blocks; waiting; suspended).");
+    for (auto& [key, count] : elsewhere) page.sample("raccel_vaccels_elsewhere", {{"host", key.first}, {"state", key.second}}, count);
+  }
+
   // Per VM (the operator's configured set): usage since the scheduler started (kernel
   // time also across restarts, as tenant usage).
   struct PerVm {
