@@ -114,8 +114,15 @@ Result<CardConfig> parseCardSpec(const std::string& spec) {
   return c;
 }
 
+Status checkSchedulers(const NetaccelConfig& config) {
+  if (config.scheduler == kSchedulersFromEtcd && config.etcd.endpoints.empty())
+    return fail(Code::invalidArgument, "scheduler = etcd finds the schedulers in the shared pool: it needs etcd = ENDPOINTS");
+  return {};
+}
+
 Result<std::vector<transport::Address>> schedulerAddresses(const std::string& text) {
   std::vector<transport::Address> out;
+  if (text == kSchedulersFromEtcd) return out;  // found in etcd as they come
   std::set<std::string> seen;
   size_t at = 0;
   while (at <= text.size()) {
@@ -162,6 +169,7 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto etcd = parseEtcdSettings(top);
   if (!etcd) return fail(etcd.error().code, config.origin() + ": " + etcd.error().message);
   out.etcd = *etcd;
+  if (auto ok = checkSchedulers(out); !ok) return fail(ok.error().code, config.origin() + ": " + ok.error().message);
   auto hb = top.getInt("heartbeat_ms", 1000);
   if (!hb) return fail(hb.error());
   if (*hb < 10) return fail(Code::invalidArgument, "heartbeat_ms must be at least 10");

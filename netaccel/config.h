@@ -3,7 +3,11 @@
 //
 //   name = node0                 # unique in the pool
 //   scheduler = 127.0.0.1:7700   # or several, comma-separated: every scheduler of a pool
-//                                #   shared by many VM hosts (each owns its own contexts)
+//                                #   shared by many VM hosts (each owns its own contexts);
+//                                #   or `etcd` (with etcd = ...): every scheduler of the
+//                                #   shared pool, as each advertises itself there, joining
+//                                #   the new ones as they come and leaving those whose
+//                                #   lease ended
 //   discover = all               # all, none, or a list: opencl,cuda,xrt
 //   fair_half_life_ms = 2000     # sharing a card: past kernel time counts half after this
 //   context_grace_ms = 60000     # scheduler gone: keep its contexts (and their buffers and
@@ -124,6 +128,11 @@ Result<NetaccelConfig> parseConfig(const Config& config);
 // shared by many hosts links to each host's scheduler). At most kMaxSchedulerLinks.
 constexpr size_t kMaxSchedulerLinks = 64;
 Result<std::vector<transport::Address>> schedulerAddresses(const std::string& text);
+// `scheduler = etcd`: the schedulers are found in the shared pool (netaccel/scheduler_watch.h).
+inline constexpr const char* kSchedulersFromEtcd = "etcd";
+// What the `scheduler` setting and the etcd settings say together: an error when
+// `scheduler = etcd` has no etcd to find them in.
+Status checkSchedulers(const struct NetaccelConfig& config);
 // A card from a one-line spec "backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=x,threads=1".
 Result<CardConfig> parseCardSpec(const std::string& spec);
 // "all", "none" or a comma-separated list of backend names built into this binary.

@@ -154,6 +154,13 @@ TEST(NetaccelConfig, EtcdSettingsAreCheckedWhereTheyEnter) {
   EXPECT_EQ(c->etcd.prefix, "/pool-a/");
   EXPECT_EQ(c->etcd.leaseTtlSeconds, 7);
   EXPECT_EQ(c->etcd.ca, "/etc/etcd/ca.pem");
+  // scheduler = etcd: no addresses of its own; they are found in the pool.
+  auto found = Config::parse("insecure = true\netcd = 127.0.0.1:2379\nscheduler = etcd\n", "test.conf");
+  ASSERT_TRUE(found);
+  auto f = parseConfig(*found);
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(f->scheduler, kSchedulersFromEtcd);
+  EXPECT_TRUE(schedulerAddresses(f->scheduler)->empty());
   auto plain = Config::parse("insecure = true\n", "test.conf");
   ASSERT_TRUE(plain);
   EXPECT_TRUE(parseConfig(*plain)->etcd.endpoints.empty());  // no etcd: the one-host pool
@@ -162,7 +169,8 @@ TEST(NetaccelConfig, EtcdSettingsAreCheckedWhereTheyEnter) {
                              std::pair{"etcd_lease_ttl = 0\n", "etcd_lease_ttl"},
                              std::pair{"etcd_lease_ttl = 99999\n", "etcd_lease_ttl"},
                              std::pair{"etcd_lease_ttl = soon\n", "etcd_lease_ttl"},
-                             std::pair{"etcd_endpoints = x\n", "etcd_endpoints"}}) {
+                             std::pair{"etcd_endpoints = x\n", "etcd_endpoints"},
+                             std::pair{"scheduler = etcd\n", "scheduler = etcd finds the schedulers in the shared pool"}}) {
     auto f = Config::parse(std::string("insecure = true\n") + text, "bad.conf");
     ASSERT_TRUE(f) << text;
     auto r = parseConfig(*f);

@@ -40,8 +40,9 @@ int main(int argc, char** argv) {
   Flags flags("raccel-netaccel", "Joins a raccel scheduler and runs the instructions it forwards on this server's cards.");
   flags.value("config", "FILE", "configuration file (see netaccel/config.h for the format)");
   flags.value("name", "NAME", "node name, unique in the pool (default: the host name)");
-  flags.value("scheduler", "HOST:PORT[,...]", "the scheduler's netaccel address (default 127.0.0.1:7700); several, "
-                                              "comma-separated: each scheduler of a shared pool");
+  flags.value("scheduler", "HOST:PORT[,...]|etcd", "the scheduler's netaccel address (default 127.0.0.1:7700); several, "
+                                              "comma-separated: each scheduler of a shared pool; etcd: every scheduler "
+                                              "of the pool shared through --etcd, as they come and go");
   flags.value("card", "SPEC",
               "add a card: backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=M,threads=N,paced=true (a cpu or "
               "simulated card) or backend=opencl,device=0[,kind=..,tflops=..,memory=..] (a discovered device, overridden)",
@@ -102,6 +103,10 @@ int main(int argc, char** argv) {
   }
   if (flags.has("name")) config.name = flags.get("name");
   if (flags.has("scheduler")) config.scheduler = flags.get("scheduler");
+  if (auto ok = netaccel::checkSchedulers(config); !ok) {
+    std::fprintf(stderr, "raccel-netaccel: %s\n", ok.error().message.c_str());
+    return 2;
+  }
   if (flags.has("context-grace-ms")) {
     const std::string text = flags.get("context-grace-ms");  // outlives `end`, which points into it
     char* end = nullptr;
@@ -213,8 +218,11 @@ int main(int argc, char** argv) {
   // Declared after the daemon: stopped (its thread joined) before the daemon goes.
   std::unique_ptr<netaccel::SchedulerWatch> schedulers;
   if (etcdOptions) {
-    schedulers = std::make_unique<netaccel::SchedulerWatch>(*etcdOptions, config.etcd.prefix,
-                                                            [&daemon](const std::string& name) { daemon.schedulerGone(name); });
+    netaccel::SchedulerWatch::Found found;  // scheduler = etcd: each scheduler as it advertises itself
+    if (config.scheduler == netaccel::kSchedulersFromEtcd)
+      found = [&daemon](const std::string& name, const std::string& address) { daemon.schedulerFound(name, address); };
+    schedulers = std::make_unique<netaccel::SchedulerWatch>(
+        *etcdOptions, config.etcd.prefix, [&daemon](const std::string& name) { daemon.schedulerGone(name); }, found);
     daemon.useSchedulerLiveness([w = schedulers.get()](const std::string& name) { return w->live(name); });
   }
   if (auto started = daemon.start(); !started) {

@@ -85,6 +85,10 @@ struct Netaccel::Link {
   // The final kernel time of its closed contexts, for its next heartbeat (its ids).
   std::vector<std::pair<uint32_t, uint64_t>> closedUsage;
   std::string poolName;  // its name in a shared pool, as it said when it took us in
+  // Found in etcd (scheduler = etcd) under this name; retired once its lease ended (not
+  // reconnected to until it advertises itself again).
+  std::string foundAs;
+  bool retired = false;
   std::string name() const { return address.toString(); }
 };
 
@@ -94,21 +98,9 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
   uv_async_init(loop_, async_, [](uv_async_t* a) { static_cast<Netaccel*>(a->data)->drainOutputs(); });
   async_->data = this;
   goneAsync_ = new uv_async_t;
-  uv_async_init(loop_, goneAsync_, [](uv_async_t* a) { static_cast<Netaccel*>(a->data)->dropKeptOfGone(); });
+  uv_async_init(loop_, goneAsync_, [](uv_async_t* a) { static_cast<Netaccel*>(a->data)->onPoolChange(); });
   goneAsync_->data = this;
-  auto timer = [&](Link* link) {
-    auto* t = new uv_timer_t;
-    uv_timer_init(loop_, t);
-    t->data = link;
-    return t;
-  };
-  for (auto& address : schedulerAddresses(config_.scheduler).value_or(std::vector<transport::Address>{})) {
-    auto link = std::make_unique<Link>();
-    link->netaccel = this;
-    link->address = address;
-    for (uv_timer_t** t : {&link->reconnect, &link->heartbeat, &link->grace, &link->settle}) *t = timer(link.get());
-    links_.push_back(std::move(link));
-  }
+  for (auto& address : schedulerAddresses(config_.scheduler).value_or(std::vector<transport::Address>{})) addLink(address);
   for (auto& d : devices) {
     CardWorker::Options options;
     options.halfLifeMs = config_.fairHalfLifeMs;
@@ -127,6 +119,19 @@ Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::uniq
 }
 
 Netaccel::~Netaccel() { workers_.clear(); }
+
+Netaccel::Link& Netaccel::addLink(const transport::Address& address) {
+  auto link = std::make_unique<Link>();
+  link->netaccel = this;
+  link->address = address;
+  for (uv_timer_t** t : {&link->reconnect, &link->heartbeat, &link->grace, &link->settle}) {
+    *t = new uv_timer_t;
+    uv_timer_init(loop_, *t);
+    (*t)->data = link.get();
+  }
+  links_.push_back(std::move(link));
+  return *links_.back();
+}
 
 Status Netaccel::start() {
   if (config_.httpListen != "off" && !config_.httpListen.empty()) {
@@ -219,6 +224,45 @@ void Netaccel::schedulerGone(const std::string& name) {
   uv_async_send(goneAsync_);
 }
 
+void Netaccel::schedulerFound(const std::string& name, const std::string& address) {
+  std::lock_guard lock(goneMutex_);
+  if (!goneAsyncOpen_ || found_.size() >= 4096) return;  // stopping, or a flood
+  found_.push_back({name, address});
+  uv_async_send(goneAsync_);
+}
+
+void Netaccel::onPoolChange() {
+  std::vector<std::pair<std::string, std::string>> found;
+  {
+    std::lock_guard lock(goneMutex_);
+    found.swap(found_);
+  }
+  for (auto& [name, text] : found) {
+    if (stopping_) break;
+    auto address = transport::parseAddress(text);
+    if (!address || address->isUnix) continue;  // checked by the watch already
+    auto known = std::find_if(links_.begin(), links_.end(), [&](auto& l) { return l->address.toString() == address->toString(); });
+    if (known != links_.end()) {
+      Link& link = **known;
+      const bool wasRetired = link.retired;
+      link.retired = false;
+      link.foundAs = name;
+      if (wasRetired && !link.connection && !uv_is_active(reinterpret_cast<uv_handle_t*>(link.reconnect))) connect(link);
+      continue;
+    }
+    if (links_.size() >= kMaxSchedulerLinks) {
+      RLOG_WARN("netaccel") << "scheduler '" << limits::clip(name, 64) << "' at " << address->toString()
+                            << " found in etcd, but this netaccel has " << links_.size() << " links already; not linked";
+      continue;
+    }
+    RLOG_INFO("netaccel") << "linking to scheduler '" << name << "' at " << address->toString() << " (found in etcd)";
+    Link& link = addLink(*address);
+    link.foundAs = name;
+    connect(link);
+  }
+  dropKeptOfGone();
+}
+
 void Netaccel::dropKeptOfGone() {
   std::vector<std::string> gone;
   {
@@ -226,9 +270,18 @@ void Netaccel::dropKeptOfGone() {
     gone.swap(gone_);
   }
   for (auto& name : gone)
-    for (auto& link : links_)
+    for (auto& link : links_) {
+      if (link->foundAs == name && !link->retired) {
+        // Found in etcd, and its lease ended: not reconnected to until it advertises
+        // itself again (a live link stays while it holds).
+        link->retired = true;
+        uv_timer_stop(link->reconnect);
+        if (!link->connection)
+          RLOG_INFO("netaccel") << "scheduler '" << name << "' at " << link->name() << " left the pool; not reconnecting";
+      }
       if (link->poolName == name && !link->connection && !link->kept.empty())
         dropKept(*link, "its etcd lease ended (its blocks are back in the pool)");
+    }
 }
 
 void Netaccel::connect(Link& link) {
@@ -249,6 +302,10 @@ void Netaccel::connect(Link& link) {
 
 void Netaccel::scheduleReconnect(Link& link) {
   if (stopping_) return;
+  if (link.retired) {
+    RLOG_INFO("netaccel") << "scheduler '" << link.foundAs << "' at " << link.name() << " left the pool; not reconnecting";
+    return;
+  }
   uv_timer_start(link.reconnect, [](uv_timer_t* t) {
     auto* l = static_cast<Link*>(t->data);
     l->netaccel->connect(*l);

@@ -63,6 +63,11 @@ class Netaccel {
   // Any thread: the scheduler of that name lost its lease. The contexts of a link lost
   // to it are dropped (on the loop thread, soon after).
   void schedulerGone(const std::string& name);
+  // Any thread (scheduler = etcd): scheduler `name` of the shared pool advertised that
+  // netaccels reach it at `address`. Linked to (on the loop thread, soon after), unless a
+  // link to that address exists; at most kMaxSchedulerLinks links. A found scheduler
+  // whose lease ends is not reconnected to (its contexts go as any gone scheduler's).
+  void schedulerFound(const std::string& name, const std::string& address);
 
  private:
   struct Link;  // one scheduler
@@ -72,7 +77,9 @@ class Netaccel {
     size_t card = 0;
     uint64_t lastGuestSequence = 0;
   };
+  Link& addLink(const transport::Address& address);
   void connect(Link& link);
+  void onPoolChange();  // the schedulers found and gone since last time (loop thread)
   void scheduleReconnect(Link& link);
   void onConnected(Link& link, transport::ConnectionPtr connection);
   void onFrame(Link& link, const transport::FrameHeader& header, transport::Body body);
@@ -108,10 +115,12 @@ class Netaccel {
   bool stopping_ = false, inputPaused_ = false;
   uv_async_t* async_;
   std::function<std::optional<bool>(const std::string&)> live_;
-  // Schedulers whose lease ended (schedulerGone, any thread), for dropKeptOfGone.
+  // Schedulers whose lease ended (schedulerGone, any thread), for dropKeptOfGone, and
+  // those found in etcd (schedulerFound), for onPoolChange.
   uv_async_t* goneAsync_;
-  std::mutex goneMutex_;  // guards the two below; held while goneAsync_ may be sent to
+  std::mutex goneMutex_;  // guards the three below; held while goneAsync_ may be sent to
   std::vector<std::string> gone_;
+  std::vector<std::pair<std::string, std::string>> found_;
   bool goneAsyncOpen_ = true;
   std::vector<CardWorker::Output> outputs_;
   std::unique_ptr<transport::HttpServer> http_;

@@ -1,6 +1,7 @@
 #include "scheduler/config.h"
 
 #include "common/limits.h"
+#include "transport/connection.h"
 
 #include <cmath>
 #include <unistd.h>
@@ -134,7 +135,7 @@ Result<VmPolicy> parseVmSpec(const std::string& spec) {
 Result<SchedulerConfig> parseConfig(const Config& config) {
   SchedulerConfig out;
   auto& top = config.top();
-  std::vector<std::string> known = {"node_listen", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms",
+  std::vector<std::string> known = {"node_listen", "node_advertise", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms",
                                     "split_min_mflop", "libvirt", "defrag_on_release", "defrag_on_demand",
                                     "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms", "startup_grace_ms",
                                     "span_slack_nodes", "max_node_links", "register_timeout_ms", "max_vm_links", "http_listen", "http_token_file", "http_client_timeout_s",
@@ -164,6 +165,13 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   if (!forget) return fail(forget.error());
   out.forgetOfflineMs = static_cast<uint64_t>(*forget);
   out.nodeListen = top.getString("node_listen", out.nodeListen);
+  out.nodeAdvertise = top.getString("node_advertise", "");
+  if (!out.nodeAdvertise.empty()) {
+    auto advertised = transport::parseAddress(out.nodeAdvertise);
+    if (!advertised || advertised->isUnix || advertised->port == 0)
+      return fail(Code::invalidArgument, config.origin() + ": node_advertise '" + limits::clip(out.nodeAdvertise, 64) +
+                                             "' must be host:port, the address netaccels reach this scheduler at");
+  }
   out.console = top.getString("console", out.console);
   out.httpListen = top.getString("http_listen", out.httpListen);
   out.httpTokenFile = top.getString("http_token_file", "");

@@ -1,6 +1,9 @@
 // raccel-scheduler's configuration. Parsed once in main(); plain values afterwards.
 //
 //   node_listen = 127.0.0.1:7700          # netaccels connect here (TCP)
+//   node_advertise = HOST:PORT            # a pool shared through etcd: where netaccels that
+//                                         #   find schedulers in etcd (scheduler = etcd) reach
+//                                         #   this one (default: node_listen's host, its port)
 //   console = /run/raccel/console.sock    # raccelctl (unix socket, mode 0600)
 //   http_listen = 127.0.0.1:7780          # /metrics (Prometheus) and the web console; off = none
 //   http_token_file = /etc/raccel/console.token  # the bearer token the web console's actions
@@ -103,6 +106,7 @@ struct VmPolicy {
 
 struct SchedulerConfig {
   std::string nodeListen = "127.0.0.1:7700";
+  std::string nodeAdvertise;  // empty: node_listen's host and the port it bound
   std::string console = "/run/raccel/console.sock";
   std::string httpListen = "127.0.0.1:7780";  // "off": no HTTP
   std::string httpTokenFile;

@@ -78,10 +78,12 @@ TEST(SchedulerConfig, VmHostNeedsAreCoresAndBytesRoundedUpAndBounded) {
 }
 
 TEST(SchedulerConfig, ASharedPoolNeedsEtcdAndANameThatIsAName) {
-  auto file = Config::parse("etcd = 127.0.0.1:2379\nname = host-a\netcd_lease_ttl = 3\n", "s.conf");
+  auto file = Config::parse("etcd = 127.0.0.1:2379\nname = host-a\netcd_lease_ttl = 3\nnode_advertise = 10.0.0.5:7700\n",
+                            "s.conf");
   ASSERT_TRUE(file);
   auto c = parseConfig(*file);
   ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->nodeAdvertise, "10.0.0.5:7700");
   EXPECT_TRUE(c->etcd.enabled());
   EXPECT_EQ(c->name, "host-a");
   EXPECT_EQ(c->etcd.leaseTtlSeconds, 3);
@@ -90,7 +92,9 @@ TEST(SchedulerConfig, ASharedPoolNeedsEtcdAndANameThatIsAName) {
   EXPECT_FALSE(alone->etcd.enabled());  // the embedded default: this host's pool alone
   EXPECT_FALSE(alone->name.empty());    // the host name
   for (auto [text, words] : {std::pair{"name = a/b\n", "name"}, std::pair{"etcd_lease_ttl = 0\n", "etcd_lease_ttl"},
-                             std::pair{"etcd_prefix = raccel\n", "etcd_prefix"}, std::pair{"etcd_endpoint = x\n", "etcd_endpoint"}}) {
+                             std::pair{"etcd_prefix = raccel\n", "etcd_prefix"}, std::pair{"etcd_endpoint = x\n", "etcd_endpoint"},
+                             std::pair{"node_advertise = somewhere\n", "node_advertise"},
+                             std::pair{"node_advertise = unix:/run/x.sock\n", "node_advertise"}}) {
     auto r = parseConfig(*Config::parse(text, "bad.conf"));
     ASSERT_FALSE(r) << text;
     EXPECT_NE(r.error().message.find(words), std::string::npos) << text << ": " << r.error().message;

@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
               "virtual accelerator over the VM's socket.");
   flags.value("config", "FILE", "configuration file (see scheduler/config.h for the format)");
   flags.value("node-listen", "HOST:PORT", "where netaccels connect (default 127.0.0.1:7700)");
+  flags.value("node-advertise", "HOST:PORT",
+              "with --etcd: where netaccels that find schedulers in etcd reach this one (default: node-listen's)");
   flags.value("console", "PATH", "raccelctl's unix socket (default /run/raccel/console.sock)");
   flags.value("vm", "SPEC", "serve a VM: name=vm1,socket=/path,attach=listen|connect,tflops=8,priority=0,kinds=gpu|cpu,"
                             "memory_quota=1GiB,host_cpu=2,host_memory=8GiB (host_*: of a card's node, per vaccel; "
@@ -74,6 +76,7 @@ int main(int argc, char** argv) {
   scheduler::SchedulerConfig config = *parsed;
   if (flags.has("libvirt")) config.libvirtUri = flags.get("libvirt");
   if (flags.has("node-listen")) config.nodeListen = flags.get("node-listen");
+  if (flags.has("node-advertise")) config.nodeAdvertise = flags.get("node-advertise");
   if (flags.has("console")) config.console = flags.get("console");
   if (flags.has("state-dir")) config.stateDir = flags.get("state-dir");
   for (auto& spec : flags.getAll("vm")) {

@@ -96,6 +96,9 @@ class PoolState {
   // scheduler that serves it applies: the settings as they now stand (the others are
   // told through `policyAsked`). One host's pool has no one else to tell.
   virtual bool shared() const { return false; }
+  // A shared pool: the address netaccels reach this scheduler at, published for those
+  // that find the pool's schedulers in etcd (a netaccel with scheduler = etcd).
+  virtual void advertise(const std::string& /*address*/) {}
   virtual Result<std::map<std::string, std::string>> recordPolicy(const std::string& /*vm*/,
                                                                   const std::map<std::string, std::string>& changes) {
     return changes;

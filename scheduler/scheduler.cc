@@ -98,6 +98,7 @@ void Scheduler::event(const std::string& kind, const std::string& subject, const
 
 Status Scheduler::start() {
   if (auto listening = links_->start(); !listening) return listening;
+  if (state_->shared()) advertiseNodePort();
   if (auto served = console_->start(); !served) return served;
   if (auto opened = persistence_->open(); !opened) return opened;
   for (auto& policy : config_.vms)
@@ -116,6 +117,23 @@ Status Scheduler::start() {
 }
 
 int Scheduler::nodePort() const { return links_->port(); }
+
+void Scheduler::advertiseNodePort() {
+  std::string address = config_.nodeAdvertise;
+  if (address.empty()) {
+    auto listen = transport::parseAddress(config_.nodeListen);
+    const std::string host = listen ? listen->host : std::string();
+    if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") {
+      RLOG_WARN("scheduler") << "node_listen " << config_.nodeListen << " names no host that netaccels could reach: "
+                             << "netaccels that find the pool's schedulers in etcd (scheduler = etcd) will not find this "
+                             << "one; set node_advertise = HOST:PORT";
+      return;
+    }
+    address = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(nodePort());
+  }
+  RLOG_INFO("scheduler") << "netaccels that find the pool's schedulers in etcd reach this one at " << address;
+  state_->advertise(address);
+}
 
 void Scheduler::stop() {
   stopping_ = true;

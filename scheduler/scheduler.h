@@ -48,6 +48,9 @@ class Scheduler {
   void stop();
   // The bound netaccel TCP port (for tests that ask for port 0).
   int nodePort() const;
+  // A shared pool: where netaccels reach this scheduler (node_advertise, or node_listen's
+  // host and the bound port), published for those that find schedulers in etcd.
+  void advertiseNodePort();
 
   // VMs that come and go while the scheduler runs (the libvirt watcher). `addVm`
   // attaches a new VM, or gives a known one (same name) its new policy and attaches it

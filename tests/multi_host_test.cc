@@ -824,6 +824,54 @@ TEST_F(MultiHost, WithEtcdDownRunningProgramsGoOnAndNewOnesAreRefusedNamingEtcd)
   }
 }
 
+// A netaccel with `scheduler = etcd` links to every scheduler of the shared pool as each
+// advertises itself there: to host A's at start, to host B's when B joins later, and
+// programs of both run on its card. When B leaves the pool, it is not reconnected to; a
+// bad advertised address is ignored. Such a netaccel without etcd is refused at start.
+TEST(SchedulersFoundInEtcd, ANetaccelJoinsEachSchedulerAsItComesAndLeavesThoseThatGo) {
+  if (auto why = etcdUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  EtcdCluster etcd(1);
+  auto started = etcd.start();
+  ASSERT_TRUE(started) << started.error().message;
+  auto host = [&](const std::string& name, const std::string& vm) {
+    return std::make_unique<Cluster>(std::vector<VmSpec>{VmSpec{.name = vm}}, "",
+                                     std::vector<std::string>{"--insecure", "--etcd", etcd.endpoints(), "--name", name,
+                                                              "--set", "etcd_lease_ttl=2"});
+  };
+  auto a = host("host-a", "vm-a");
+  a->addNetaccel("nx", {"kind=cpu,tflops=4"}, 4, {"--etcd", etcd.endpoints(), "--scheduler", "etcd"});
+  auto b = host("host-b", "vm-b");
+  EXPECT_TRUE(waitFor([&] { return b->poolTotal() == 4; }, 20000)) << b->logs();
+  std::string why;
+  for (auto* h : {a.get(), b.get()}) {
+    auto s = openSession(h->startGuestd(h == a.get() ? "vm-a" : "vm-b"), 2, "found");
+    ASSERT_TRUE(s) << s.error().message << h->logs();
+    double err = checkedGemm(**s, 24, 20, 16, 3, &why);
+    EXPECT_TRUE(err >= 0 && err < 1e-3) << why;
+  }
+  // A stranger's advertised address that does not parse is not linked to.
+  auto client = etcd::Client::open({etcd.endpointList()});
+  ASSERT_TRUE(client) << client.error().message;
+  ASSERT_TRUE((*client)->put("/raccel/schedulers/stranger", R"({"address":"unix:/tmp/x"})"));
+  // B leaves: its lease is revoked as it stops, and nx does not reconnect to it.
+  b.reset();
+  const std::string nxLog = a->dir() + "/netaccel-nx.log";
+  EXPECT_TRUE(waitFor([&] { return readFile(nxLog).find("'host-b'") != std::string::npos &&
+                                   readFile(nxLog).find("left the pool; not reconnecting") != std::string::npos; }, 20000))
+      << readFile(nxLog);
+  EXPECT_EQ(readFile(nxLog).find("stranger"), std::string::npos) << readFile(nxLog);
+  const size_t before = readFile(nxLog).size();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // several of its old backoffs
+  EXPECT_EQ(readFile(nxLog).substr(before).find("cannot connect"), std::string::npos) << readFile(nxLog).substr(before);
+  EXPECT_EQ(a->poolTotal(), 4u);
+  // Without etcd, `scheduler = etcd` has nowhere to look.
+  Process lost("raccel-netaccel", {"--insecure", "--name", "nz", "--scheduler", "etcd", "--http-listen", "off"},
+               a->dir() + "/nz.log");
+  EXPECT_EQ(lost.wait(10000), 2);
+  EXPECT_NE(readFile(a->dir() + "/nz.log").find("scheduler = etcd finds the schedulers in the shared pool"), std::string::npos)
+      << readFile(a->dir() + "/nz.log");
+}
+
 // etcd over mutual TLS (its client URLs https, client certificates required; the
 // certificates from scripts/raccel-certs.sh etcd): a scheduler and a netaccel given the
 // CA and a client certificate join the shared pool and a program runs; its holding is in

@@ -388,6 +388,10 @@ Result<std::map<std::string, std::string>> EtcdPoolState::recordPolicy(const std
   return settings;
 }
 
+void EtcdPoolState::advertise(const std::string& address) {
+  post({[this, address] { return shared_->advertise(address); }, "advertising this scheduler's node port " + address});
+}
+
 void EtcdPoolState::answerPolicies() {
   for (const SharedPolicy& p : policies_) {
     auto it = policiesAnswered_.find(p.vm);

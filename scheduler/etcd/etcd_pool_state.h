@@ -98,6 +98,7 @@ class EtcdPoolState final : public PoolState {
   std::vector<Elsewhere> vaccelsElsewhere() const override;
   void nameProgram(VaccelId owner, const std::string& program) override { shared_->nameProgram(owner, program); }
   bool shared() const override { return true; }
+  void advertise(const std::string& address) override;
   Result<std::map<std::string, std::string>> recordPolicy(const std::string& vm,
                                                           const std::map<std::string, std::string>& changes) override;
   void publish(const std::map<std::string, Settings>& vms, const std::vector<Unplaced>& unplaced) override;

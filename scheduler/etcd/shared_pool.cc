@@ -609,7 +609,9 @@ Status SharedPool::rejoin() {
   std::string self = options_.prefix + "schedulers/" + options_.scheduler;
   pb::TxnRequest join;
   compareMod(join, self, 0);  // absent: the old registration went with the old lease
-  put(join, self, json{{"lease", *lease}}.dump(), *lease);
+  json value{{"lease", *lease}};
+  if (!address_.empty()) value["address"] = address_;
+  put(join, self, value.dump(), *lease);
   auto joined = client_.txn(join);
   if (!joined || !joined->succeeded()) {
     (void)client_.revokeLease(*lease);
@@ -1224,6 +1226,18 @@ Result<std::map<std::string, std::string>> SharedPool::setPolicy(const std::stri
   }
   return fail(Code::unavailable, "vm '" + vm + "': its policy record kept changing under " +
                                      std::to_string(options_.maxAttempts) + " attempts");
+}
+
+Status SharedPool::advertise(const std::string& address) {
+  address_ = address;
+  pb::TxnRequest txn;
+  put(txn, options_.prefix + "schedulers/" + options_.scheduler, json{{"lease", lease_.load()}, {"address", address}}.dump(),
+      lease_);
+  auto answer = client_.txn(txn);
+  if (!answer) return fail(answer.error());
+  std::unique_lock lock(mutex_);
+  catchUp(lock, answer->header().revision());
+  return {};
 }
 
 bool SharedPool::alive(const std::string& scheduler) {

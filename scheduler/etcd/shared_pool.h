@@ -11,7 +11,8 @@
 //   online/NAME            under the node's own lease: it is online while that lives
 //   cards/NODE/INDEX       a card's version: rewritten by every allocation on the card
 //   hosts/NODE             its host's version: rewritten by every allocation with host needs there
-//   schedulers/NAME        under the scheduler's lease: it is alive
+//   schedulers/NAME        under the scheduler's lease: it is alive ({"lease", "address": where
+//                          netaccels reach it, once it has advertised one})
 //   holds/SCHEDULER/VACCEL under the scheduler's lease: who holds which blocks
 //                          ({"vm", "priority", "ranges", "host", "cardMilli", "program"})
 //   preempt/SCHEDULER/VACCEL/BY/FOR
@@ -247,6 +248,9 @@ class SharedPool {
   // the record it read, retried on a conflict): the settings as they now stand.
   Result<std::map<std::string, std::string>> setPolicy(const std::string& vm,
                                                        const std::map<std::string, std::string>& changes);
+  // Where netaccels reach this scheduler (host:port), kept in its schedulers/ record
+  // (also when it joins again under a new lease).
+  Status advertise(const std::string& address);
   // Whether a scheduler of this name is alive in the pool (in the view).
   bool alive(const std::string& scheduler);
 
@@ -403,6 +407,7 @@ class SharedPool {
   std::vector<SharedPolicy> policies_;
   // This scheduler's vms/ and unplaced/ records as last written (the committing thread's).
   std::map<std::string, std::string> publishedVms_, publishedUnplaced_;
+  std::string address_;  // advertise()'s (the committing thread's); empty until then
   // Makes this scheduler's records under `dir` exactly `want` (key below dir -> value).
   Status publishSet(const std::string& dir, const std::map<std::string, std::string>& want,
                     std::map<std::string, std::string>& published);
