@@ -471,6 +471,14 @@ TEST_P(Failover, AVaccelOverTwoCardsRecoversExactlyWhicheverCardIsLost) {
         ADD_FAILURE() << "element " << i << ": " << (*back)[i] << ", want " << 2.0f * values[i];
         break;
       }
+    // The loss of the second card's netaccel may reach the scheduler only after the
+    // program's last instruction (nothing after the kill needed that card): waited for.
+    EXPECT_TRUE(waitFor([&] { return vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "spanning") == 1; }, 30000))
+        << cluster->console("vaccels");
+    EXPECT_TRUE(waitFor([&] {
+      const std::string v = cluster->console("vaccels");
+      return v.find("\"node\":\"" + lostNode + "\"") == std::string::npos && v.find("\"state\":\"running\"") != std::string::npos;
+    }, 30000)) << cluster->console("vaccels");
     EXPECT_EQ(vaccelMetric(*cluster, "raccel_vaccel_recoveries_total", "spanning"), 1);
     // On two cards again, neither on the lost netaccel.
     const std::string vaccels = cluster->console("vaccels");
