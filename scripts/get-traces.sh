@@ -10,7 +10,10 @@
 #       Microsoft Philly jobs per virtual cluster as Gavel prepared them, seed 0
 #       (github.com/stanford-futuredata/gavel)
 # From a local copy when there is one (--from DIR, or ../shared/traces beside the
-# checkout), else downloaded with curl. Files already there are kept.
+# checkout), else downloaded with curl. A --from folder is laid out as above, or is a
+# checkout of one of the three repositories as it stands (a file is looked for at its
+# path in its repository too); --from may be given several times. Files already there
+# are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,20 +21,24 @@ usage() {
   cat <<'USAGE'
 usage: scripts/get-traces.sh [--dest DIR] [--from DIR] [--all-lists]
   --dest DIR    where to put them (default: $RACCEL_TRACES, else traces/ here)
-  --from DIR    copy from a folder laid out as above instead of downloading
+  --from DIR    copy from a folder laid out as above, or from a checkout of
+                alibaba/clusterdata, hkust-adsl/kubernetes-scheduler-simulator or
+                stanford-futuredata/gavel, instead of downloading (may be repeated)
   --all-lists   every openb pod list (24) rather than default and gpushare100
 The tools read traces/ (or $RACCEL_TRACES) by default.
 USAGE
 }
 
 dest=${RACCEL_TRACES:-traces}
-from=""
+from=()
 lists="default gpushare100"
 while [ $# -gt 0 ]; do
   case "$1" in
     --help|-h) usage; exit 0 ;;
     --dest) dest=${2:?--dest needs a folder}; shift 2 ;;
-    --from) from=${2:?--from needs a folder}; shift 2 ;;
+    --from)
+      [ -d "${2:?--from needs a folder}" ] || { echo "get-traces.sh: --from $2: no such folder" >&2; exit 2; }
+      from+=("$2"); shift 2 ;;
     --all-lists)
       lists="default gpushare20 gpushare40 gpushare60 gpushare80 gpushare100 multigpu20 multigpu30 multigpu40 multigpu50
              gpuspec05 gpuspec10 gpuspec20 gpuspec25 gpuspec33 cpu0 cpu037 cpu050 cpu072 cpu100 cpu200 cpu235 cpu250 cpu300"
@@ -39,7 +46,7 @@ while [ $# -gt 0 ]; do
     *) echo "get-traces.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
 done
-if [ -z "$from" ] && [ -d ../shared/traces/openb ]; then from=../shared/traces; fi
+if [ ${#from[@]} -eq 0 ] && [ -d ../shared/traces/openb ]; then from=(../shared/traces); fi
 
 alibaba=https://raw.githubusercontent.com/alibaba/clusterdata/master/cluster-trace-gpu-v2023/csv
 fgd=https://raw.githubusercontent.com/hkust-adsl/kubernetes-scheduler-simulator/master/experiments/analysis/expected_results
@@ -63,13 +70,21 @@ while read -r path url; do
     got=$((got + 1))
     continue
   fi
-  if [ -n "$from" ]; then
-    if [ -s "$from/$path" ]; then
-      cp "$from/$path" "$dest/$path.part" && mv "$dest/$path.part" "$dest/$path"
-      echo "[$n/$total] $path (copied from $from)"
+  if [ ${#from[@]} -gt 0 ]; then
+    # Its path here, or in its own repository (the URL's path after the branch).
+    upstream=${url#https://raw.githubusercontent.com/*/*/master/}
+    source=""
+    for dir in "${from[@]}"; do
+      for candidate in "$dir/$path" "$dir/$upstream"; do
+        if [ -z "$source" ] && [ -s "$candidate" ]; then source=$candidate; fi
+      done
+    done
+    if [ -n "$source" ]; then
+      cp "$source" "$dest/$path.part" && mv "$dest/$path.part" "$dest/$path"
+      echo "[$n/$total] $path (copied from $source)"
       got=$((got + 1))
     else
-      echo "[$n/$total] $path: not in $from" >&2
+      echo "[$n/$total] $path: not in ${from[*]} (as $path or $upstream)" >&2
       failed=$((failed + 1))
     fi
     continue
