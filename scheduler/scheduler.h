@@ -1,5 +1,13 @@
-// The host scheduler daemon: the pool of blocks, admission of guest sessions, routing
-// of their instructions to netaccels and of the replies back, and the console API.
+// The host scheduler daemon. The Scheduler itself carries the guest sessions: their VMs'
+// links, admission, and the routing of their instructions to netaccels and of the replies
+// back (with multi-card work, task graphs and failover's lineage). It owns one object per
+// other responsibility, each with its contract in its header:
+//   PoolState    the pool of blocks: this host's, or the one shared through etcd (pool_state.h)
+//   NodeLinks    the netaccels' links and the context table (links/node_links.h)
+//   Relocator    where and when vaccels run: placement, preemption, suspend/resume, moves,
+//                drains (relocate/relocator.h)
+//   Persistence  the state database (persist/persistence.h)
+//   Console      raccelctl's socket, HTTP, /metrics and the event stream (console/console.h)
 // All state is owned by the loop thread (no locks).
 //
 // Identity comes from the channel: a guest session belongs to the VM whose socket it

@@ -135,7 +135,7 @@ struct Gate {
   }
 };
 
-// Where a session is in its life (relocate.cc). Only `running` forwards the guest's
+// Where a session is in its life (relocate/relocator.h). Only `running` forwards the guest's
 // instructions; in every other phase they wait in `held` (or fail, with noWait).
 enum class Phase {
   waiting,     // admitted but not placed yet: waits for blocks (queued, or for its victims)
@@ -196,7 +196,7 @@ struct Scheduler::Session {
     return n;
   }
 
-  // Placement and its life (relocate.cc).
+  // Placement and its life (relocate/relocator.h).
   Phase phase = Phase::running;
   uint32_t want = 0;  // blocks
   KindMask kinds = kAllKinds;
