@@ -30,7 +30,10 @@ std::string SchedulerWatch::addressIn(const std::string& value) {
 }
 
 bool SchedulerWatch::note(const std::string& name, const std::string& address) {
-  if (address.empty()) return addresses_.erase(name) && false;
+  if (address.empty()) {  // none advertised (or it does not parse): nothing to tell
+    addresses_.erase(name);
+    return false;
+  }
   auto [it, added] = addresses_.try_emplace(name, address);
   if (!added && it->second == address) return false;
   it->second = address;

@@ -281,6 +281,12 @@ class Pool {
   uint32_t highestBlock() const { return next_ - 1; }
 
   const std::vector<Node>& nodes() const { return nodes_; }
+  // The index of the node named `name` in nodes(); SIZE_MAX when there is none.
+  size_t nodeIndex(const std::string& name) const {
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      if (nodes_[i].name == name) return i;
+    return SIZE_MAX;
+  }
   const std::vector<Card>& cards() const { return cards_; }
   // Free runs as (first, count), coalesced, in block order.
   const std::map<uint32_t, uint32_t>& freeRuns() const { return free_; }

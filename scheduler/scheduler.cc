@@ -67,10 +67,10 @@ Scheduler::Scheduler(uv_loop_t* loop, SchedulerConfig config, std::unique_ptr<Po
     return {};
   };
   state_->drainAsked = [this](const std::string& name, bool draining, const std::string& by) {
-    size_t index = nodeIndex(name);
+    size_t index = pool().nodeIndex(name);
     if (index == SIZE_MAX) return;  // a node this pool has no record of yet: its drain waits in the view
     if (!draining) return relocator_->endDrain(name, "ended on host " + (by.empty() ? std::string("another host") : by));
-    (void)relocator_->evacuate(index, "netaccel '" + name + "' is draining (asked on host " + by + ")");
+    (void)relocator_->evacuate(index, by);
   };
   state_->policyAsked = [this](const std::string& vm, const PoolState::Settings& settings, const std::string& by) {
     Vm* served = findVm(vm);

@@ -184,7 +184,6 @@ class Scheduler {
   void writeVaccel(Session& s, wire::VaccelInfo::Builder info);
   // Answers the guest's describeVaccel: where its vaccel is now.
   void describeVaccel(Session& s, uint64_t sequence);
-  size_t nodeIndex(const std::string& name) const;  // in pool(); SIZE_MAX when none
   // raccelctl set-policy: checked, recorded (for every host of a shared pool), and
   // applied to the VM if it is served here (applyPolicy: what it is now).
   Result<std::string> setPolicy(const std::string& vm, const std::vector<std::pair<std::string, std::string>>& settings);

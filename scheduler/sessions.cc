@@ -168,12 +168,6 @@ void Scheduler::sendWelcome(Session& s) {
 // ---------------------------------------------------------------------------------
 // Nodes
 
-size_t Scheduler::nodeIndex(const std::string& name) const {
-  for (size_t i = 0; i < pool().nodes().size(); ++i)
-    if (pool().nodes()[i].name == name) return i;
-  return SIZE_MAX;
-}
-
 void Scheduler::creditClosed(uint64_t key, uint64_t kernelNs) {
   auto it = closedContexts_.find(key);
   if (it == closedContexts_.end()) return;  // not one of ours, or credited already

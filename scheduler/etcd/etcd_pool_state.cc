@@ -320,9 +320,7 @@ std::vector<PoolState::Elsewhere> EtcdPoolState::vaccelsElsewhere() const {
 
 Result<size_t> EtcdPoolState::addNode(const std::string& name, const std::vector<CardSpec>& cards, HostVector host) {
   sync();
-  size_t index = SIZE_MAX;
-  for (size_t i = 0; i < mirror_.nodes().size(); ++i)
-    if (mirror_.nodes()[i].name == name) index = i;
+  const size_t index = mirror_.nodeIndex(name);
   if (index == SIZE_MAX)
     return fail(Code::unavailable, "netaccel '" + name + "' is not registered in the shared pool at " + describe_ +
                                        ": give it etcd = the same endpoints (and etcd_prefix), then it joins here");
@@ -402,8 +400,8 @@ void EtcdPoolState::answerPolicies() {
 }
 
 void EtcdPoolState::publish(const std::map<std::string, Settings>& vms, const std::vector<Unplaced>& unplaced) {
-  if (publishedOnce_ && !republish_.exchange(false) && vms == lastVms_ && unplaced == lastUnplaced_) return;
-  publishedOnce_ = true;
+  // (Nothing published yet equals nothing to publish: the first records go when there are some.)
+  if (!republish_.exchange(false) && vms == lastVms_ && unplaced == lastUnplaced_) return;
   lastVms_ = vms;
   lastUnplaced_ = unplaced;
   Records records{vms, {}};

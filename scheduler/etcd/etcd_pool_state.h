@@ -144,7 +144,6 @@ class EtcdPoolState final : public PoolState {
   std::vector<SharedUnplaced> unplacedElsewhere_;
   std::map<std::string, Settings> lastVms_;
   std::vector<Unplaced> lastUnplaced_;
-  bool publishedOnce_ = false;
   using Records = std::pair<std::map<std::string, Settings>, std::vector<SharedUnplaced>>;
   std::optional<Records> toPublish_;  // under mutex_
   bool publishQueued_ = false;        // under mutex_: a job is on its way

@@ -221,6 +221,14 @@ Result<std::vector<std::string>> keySegments(const std::string& key, const std::
   return parts;
 }
 
+// A scheduler's name in the value's "by".
+Result<std::string> byOf(const json& j) {
+  if (!j.contains("by") || !j["by"].is_string()) return fail(Code::invalidArgument, "by is not text");
+  std::string by = j["by"].get<std::string>();
+  if (auto ok = limits::checkKeyName("scheduler", by); !ok) return fail(ok.error());
+  return by;
+}
+
 // A request about one scheduler's vaccel from another: key PREFIX DIR SCHEDULER/VACCEL,
 // value a JSON object naming the asker in "by".
 struct VaccelRequest {
@@ -242,9 +250,9 @@ Result<VaccelRequest> parseVaccelRequest(const std::string& key, const std::stri
   r.vaccel = *vaccel;
   auto j = parseJson(value);
   if (!j) return fail(j.error());
-  if (!j->contains("by") || !(*j)["by"].is_string()) return fail(Code::invalidArgument, "by is not text");
-  r.by = (*j)["by"].get<std::string>();
-  if (auto ok = limits::checkKeyName("scheduler", r.by); !ok) return fail(ok.error());
+  auto by = byOf(*j);
+  if (!by) return fail(by.error());
+  r.by = *by;
   r.value = std::move(*j);
   return r;
 }
@@ -321,13 +329,6 @@ Result<std::map<std::string, std::string>> settingsOf(const json& j) {
   return out;
 }
 
-// A scheduler's name in the value's "by".
-Result<std::string> byOf(const json& j) {
-  if (!j.contains("by") || !j["by"].is_string()) return fail(Code::invalidArgument, "by is not text");
-  std::string by = j["by"].get<std::string>();
-  if (auto ok = limits::checkKeyName("scheduler", by); !ok) return fail(ok.error());
-  return by;
-}
 
 }  // namespace
 
@@ -609,9 +610,7 @@ Status SharedPool::rejoin() {
   std::string self = options_.prefix + "schedulers/" + options_.scheduler;
   pb::TxnRequest join;
   compareMod(join, self, 0);  // absent: the old registration went with the old lease
-  json value{{"lease", *lease}};
-  if (!address_.empty()) value["address"] = address_;
-  put(join, self, value.dump(), *lease);
+  put(join, self, selfValue(*lease), *lease);
   auto joined = client_.txn(join);
   if (!joined || !joined->succeeded()) {
     (void)client_.revokeLease(*lease);
@@ -1184,13 +1183,7 @@ Status SharedPool::publishUnplaced(const std::vector<SharedUnplaced>& unplaced) 
 Status SharedPool::drain(const std::string& node, bool undo) {
   if (auto ok = limits::checkKeyName("netaccel", node); !ok) return fail(ok.error());
   if (undo) return removeKey("drains/" + node);
-  pb::TxnRequest txn;
-  put(txn, options_.prefix + "drains/" + node, json{{"by", options_.scheduler}}.dump());  // no lease: for good
-  auto answer = client_.txn(txn);
-  if (!answer) return fail(answer.error());
-  std::unique_lock lock(mutex_);
-  catchUp(lock, answer->header().revision());
-  return {};
+  return putKey("drains/" + node, json{{"by", options_.scheduler}}.dump(), 0);  // no lease: for good
 }
 
 Result<std::map<std::string, std::string>> SharedPool::setPolicy(const std::string& vm,
@@ -1230,14 +1223,13 @@ Result<std::map<std::string, std::string>> SharedPool::setPolicy(const std::stri
 
 Status SharedPool::advertise(const std::string& address) {
   address_ = address;
-  pb::TxnRequest txn;
-  put(txn, options_.prefix + "schedulers/" + options_.scheduler, json{{"lease", lease_.load()}, {"address", address}}.dump(),
-      lease_);
-  auto answer = client_.txn(txn);
-  if (!answer) return fail(answer.error());
-  std::unique_lock lock(mutex_);
-  catchUp(lock, answer->header().revision());
-  return {};
+  return putUnderLease("schedulers/" + options_.scheduler, selfValue(lease_));
+}
+
+std::string SharedPool::selfValue(int64_t lease) const {
+  json value{{"lease", lease}};
+  if (!address_.empty()) value["address"] = address_;
+  return value.dump();
 }
 
 bool SharedPool::alive(const std::string& scheduler) {
@@ -1245,9 +1237,11 @@ bool SharedPool::alive(const std::string& scheduler) {
   return keys_.count("schedulers/" + scheduler) > 0;
 }
 
-Status SharedPool::putUnderLease(const std::string& key, const std::string& value) {
+Status SharedPool::putUnderLease(const std::string& key, const std::string& value) { return putKey(key, value, lease_); }
+
+Status SharedPool::putKey(const std::string& key, const std::string& value, int64_t lease) {
   pb::TxnRequest txn;
-  put(txn, options_.prefix + key, value, lease_);
+  put(txn, options_.prefix + key, value, lease);
   auto answer = client_.txn(txn);
   if (!answer) return fail(answer.error());
   std::unique_lock lock(mutex_);

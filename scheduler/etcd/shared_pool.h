@@ -351,6 +351,7 @@ class SharedPool {
   void rebuild();  // the view from keys_, under mutex_
   Status removeKey(const std::string& key);  // deletes PREFIX key; the view catches up
   Status putUnderLease(const std::string& key, const std::string& value);  // PREFIX key, this scheduler's
+  Status putKey(const std::string& key, const std::string& value, int64_t lease);  // PREFIX key (lease 0: for good)
   static std::string leaderNamed(const std::string& value);  // "" when it names none
   void noteRefused(const std::string& key, const std::string& why);  // logged and counted once
   void quarantine(const std::vector<BlockRange>& ranges, int64_t created);
@@ -408,6 +409,7 @@ class SharedPool {
   // This scheduler's vms/ and unplaced/ records as last written (the committing thread's).
   std::map<std::string, std::string> publishedVms_, publishedUnplaced_;
   std::string address_;  // advertise()'s (the committing thread's); empty until then
+  std::string selfValue(int64_t lease) const;  // this scheduler's schedulers/ record
   // Makes this scheduler's records under `dir` exactly `want` (key below dir -> value).
   Status publishSet(const std::string& dir, const std::map<std::string, std::string>& want,
                     std::map<std::string, std::string>& published);

@@ -467,7 +467,7 @@ Result<std::string> Relocator::defrag(uint32_t maxMoves, uint64_t maxMoveBytes) 
 }
 
 Result<std::string> Relocator::drainNode(const std::string& name, bool undo) {
-  size_t index = s_.nodeIndex(name);
+  size_t index = s_.pool().nodeIndex(name);
   if (index == SIZE_MAX) return fail(Code::notFound, "no netaccel named '" + name + "'");
   const std::string everywhere = s_.state_->shared() ? " (on every host of the shared pool)" : "";
   if (undo) {
@@ -476,7 +476,7 @@ Result<std::string> Relocator::drainNode(const std::string& name, bool undo) {
     return "netaccel '" + name + "' takes new work again" + everywhere;
   }
   s_.state_->setDraining(index, true);
-  return "draining netaccel '" + name + "'" + everywhere + ": " + evacuate(index, "netaccel '" + name + "' is draining");
+  return "draining netaccel '" + name + "'" + everywhere + ": " + evacuate(index);
 }
 
 void Relocator::endDrain(const std::string& name, const std::string& how) {
@@ -485,8 +485,9 @@ void Relocator::endDrain(const std::string& name, const std::string& how) {
   requestPlacement();
 }
 
-std::string Relocator::evacuate(size_t index, const std::string& why) {
+std::string Relocator::evacuate(size_t index, const std::string& askedOn) {
   const std::string name = s_.pool().nodes()[index].name;  // a copy: placing below may rebuild the view
+  const std::string why = "netaccel '" + name + "' is draining" + (askedOn.empty() ? "" : " (asked on host " + askedOn + ")");
   draining_[name] = false;
   size_t moved = 0, suspended = 0;
   const BlockRange range = s_.pool().nodes()[index].blocks;
@@ -507,7 +508,7 @@ std::string Relocator::evacuate(size_t index, const std::string& why) {
   }
   std::string detail = std::to_string(moved) + " vaccel(s) moving elsewhere, " + std::to_string(suspended) +
                        " suspended for want of room";
-  s_.event("node-draining", name, detail + (why.find("(asked on host") != std::string::npos ? " (" + why + ")" : ""));
+  s_.event("node-draining", name, detail + (askedOn.empty() ? "" : " (" + why + ")"));
   requestPlacement();  // reports it drained once nothing is left there
   return detail;
 }

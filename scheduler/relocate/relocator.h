@@ -88,9 +88,10 @@ class Relocator {
   Status resumeByOperator(VaccelId id);
   Result<std::string> defrag(uint32_t maxMoves, uint64_t maxMoveBytes);
   // raccelctl drain: the node takes no new blocks (on every host of a shared pool) and
-  // this scheduler's vaccels move off it (evacuate: what came of it).
+  // this scheduler's vaccels move off it (evacuate: what came of it; `askedOn`: the host
+  // whose operator drained it, when another).
   Result<std::string> drainNode(const std::string& name, bool undo);
-  std::string evacuate(size_t node, const std::string& why);
+  std::string evacuate(size_t node, const std::string& askedOn = "");
   void endDrain(const std::string& name, const std::string& how);
 
  private:
