@@ -866,6 +866,91 @@ TEST_P(Conformance, TensorIndexSelectAndEmbeddingBackwardMatchReference) {
   EXPECT_EQ(back2, (std::vector<int64_t>{0, -(int64_t{1} << 40)}));
 }
 
+// Convolution's column gathers: im2col (one pick per column element, -1 where the window
+// lies in the padding) and col2im (each input position summing the column elements its
+// windows put it in), against direct loops over the windows; cut into slices, the same.
+TEST_P(Conformance, TensorGatherSumIsIm2colAndCol2im) {
+  const int64_t n = 2, c = 3, h = 5, w = 4, kh = 3, kw = 2, sh = 2, sw = 1, ph = 1, pw = 1;
+  const int64_t oh = (h + 2 * ph - kh) / sh + 1, ow = (w + 2 * pw - kw) / sw + 1, kk = kh * kw, ohw = oh * ow, hw = h * w;
+  // The input position window element (i, j) of output (y, x) reads, or -1.
+  auto source = [&](int64_t i, int64_t j, int64_t y, int64_t x) -> int64_t {
+    const int64_t r = y * sh - ph + i, q = x * sw - pw + j;
+    return r < 0 || r >= h || q < 0 || q >= w ? -1 : r * w + q;
+  };
+  std::vector<int64_t> forward(kk * ohw);
+  std::vector<std::vector<int64_t>> holders(hw);
+  for (int64_t i = 0; i < kh; ++i)
+    for (int64_t j = 0; j < kw; ++j)
+      for (int64_t y = 0; y < oh; ++y)
+        for (int64_t x = 0; x < ow; ++x) {
+          const int64_t col = (i * kw + j) * ohw + y * ow + x, at = source(i, j, y, x);
+          forward[col] = at;
+          if (at >= 0) holders[at].push_back(col);
+        }
+  size_t picks = 0;
+  for (auto& v : holders) picks = std::max(picks, v.size());
+  std::vector<int64_t> backward(hw * picks, -1);
+  for (int64_t p = 0; p < hw; ++p) std::copy(holders[p].begin(), holders[p].end(), backward.begin() + p * picks);
+  auto index = [&](const std::vector<int64_t>& v) {
+    auto b = device->allocate(v.size() * 8);
+    EXPECT_TRUE(b && device->write(**b, 0, std::as_bytes(std::span(v))));
+    return std::move(*b);
+  };
+  auto bf = index(forward), bk = index(backward);
+  auto x = randomFloats(n * c * hw, 31);
+  auto bx = floats(x), cols = floats(std::vector<float>(c * kk * n * ohw));
+  // cols [c, kk, n, ohw] = x[n, c, forward[kk, ohw]]: shape [c, kk, n, ohw, 1, hw].
+  auto im2col = tensorOp(TensorFn::gatherSum, {uint64_t(c), uint64_t(kk), uint64_t(n), uint64_t(ohw), 1, uint64_t(hw)},
+                         {view(cols.get(), 0, {uint64_t(kk * n * ohw), uint64_t(n * ohw), uint64_t(ohw), 1, 0, 0}),
+                          view(bx.get(), 0, {uint64_t(hw), 0, uint64_t(c * hw), 0, 0, 1}),
+                          view(bf.get(), 0, {0, uint64_t(ohw), 0, 1, 0, 0}, TensorType::i64)});
+  auto s = device->tensor(im2col);
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  auto got = readFloats(*cols, cols->size() / 4);
+  for (int64_t ci = 0; ci < c; ++ci)
+    for (int64_t e = 0; e < kk; ++e)
+      for (int64_t ni = 0; ni < n; ++ni)
+        for (int64_t o = 0; o < ohw; ++o) {
+          const int64_t at = source(e / kw, e % kw, o / ow, o % ow);
+          EXPECT_EQ(got[((ci * kk + e) * n + ni) * ohw + o], at < 0 ? 0.0f : x[(ni * c + ci) * hw + at]) << ci << "," << e << "," << o;
+        }
+  // col2im of columns laid out [n, c, kk * ohw]: out[n, c, p] = 2 * out + 0.5 * the sum
+  // of the column elements whose windows read p. Shape [n, c, hw, picks, kk * ohw].
+  auto g = randomFloats(n * c * kk * ohw, 32), start = randomFloats(n * c * hw, 33);
+  auto bg = floats(g);
+  auto col2im = [&](Buffer* out) {
+    auto op = tensorOp(TensorFn::gatherSum, {uint64_t(n), uint64_t(c), uint64_t(hw), picks, uint64_t(kk * ohw)},
+                       {view(out, 0, {uint64_t(c * hw), uint64_t(hw), 1, 0, 0}),
+                        view(bg.get(), 0, {uint64_t(c * kk * ohw), uint64_t(kk * ohw), 0, 0, 1}),
+                        view(bk.get(), 0, {0, 0, picks, 1, 0}, TensorType::i64)});
+    op.alpha = 0.5f, op.beta = 2;
+    return op;
+  };
+  auto whole = floats(start), sliced = floats(start);
+  ASSERT_TRUE(device->tensor(col2im(whole.get())));
+  auto slices = sliceTensor(col2im(sliced.get()), double(hw * picks));  // one plane a slice
+  EXPECT_EQ(slices->total(), uint64_t(n * c));
+  for (bool done = false; !done;) {
+    auto r = slices->runNext(*device);
+    ASSERT_TRUE(r) << r.error().message;
+    done = *r;
+  }
+  std::vector<double> want(start.begin(), start.end());
+  for (auto& v : want) v *= 2;
+  for (int64_t ni = 0; ni < n; ++ni)
+    for (int64_t ci = 0; ci < c; ++ci)
+      for (int64_t e = 0; e < kk; ++e)
+        for (int64_t o = 0; o < ohw; ++o)
+          if (int64_t at = source(e / kw, e % kw, o / ow, o % ow); at >= 0)
+            want[(ni * c + ci) * hw + at] += 0.5 * g[((ni * c + ci) * kk + e) * ohw + o];
+  auto gw = readFloats(*whole, want.size()), gs = readFloats(*sliced, want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(gw[i], want[i], 1e-5) << i;
+    EXPECT_EQ(gs[i], gw[i]) << i;
+  }
+}
+
 // Counter-based random numbers: the same key draws the same numbers (whole or sliced),
 // another key others, and their distributions are the ones asked for.
 TEST_P(Conformance, TensorRandomNumbersAreReproduciblePerKeyAndDistributedAsAsked) {
@@ -958,6 +1043,13 @@ TEST_P(Conformance, TensorOpsWithOperandsOfTheWrongTypeAreRefused) {
   auto sum = tensorOp(TensorFn::sum, {4}, {view(out->get(), 0, {0}), view(flags->get(), 0, {1}, boolean)});
   sum.reduceMask = 1;
   refused(sum, "integer sum is i64");
+  // gatherSum: an i64 index, an output that holds still over the picks and the rows.
+  refused(tensorOp(TensorFn::gatherSum, {2, 2, 4}, {view(out->get(), 8, {1, 0, 0}), view(a.get(), 0, {0, 0, 1}), view(a.get(), 4, {2, 1, 0})}),
+          "index is i64");
+  refused(tensorOp(TensorFn::gatherSum, {2, 2, 4}, {view(out->get(), 8, {1, 1, 0}), view(a.get(), 0, {0, 0, 1}), view(out->get(), 0, {2, 1, 0}, i64)}),
+          "over the picks and the rows must be 0");
+  refused(tensorOp(TensorFn::gatherSum, {2, 2, 4}, {view(out->get(), 8, {1, 0, 0}), view(a.get(), 0, {0, 0, 1}), view(out->get(), 0, {2, 1, 1}, i64)}),
+          "index's stride over the rows must be 0");
   EXPECT_TRUE(device->finish());  // the copy that ran (an asynchronous card) before its buffers go
 }
 

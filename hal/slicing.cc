@@ -9,9 +9,11 @@
 namespace raccel::hal {
 namespace {
 
-// Work per element of the op's shape.
-double flopsPerElement(TensorFn fn) {
-  switch (fn) {
+// Work per element of the op's shape (a pick walks none of the rows it picks from).
+double flopsPerElement(const TensorOp& op) {
+  switch (op.fn) {
+    case TensorFn::indexSelect:
+    case TensorFn::gatherSum: return 1.0 / double(std::max<uint64_t>(op.shape[op.dims - 1], 1));
     case TensorFn::matmul: return 2;
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
@@ -37,6 +39,7 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::nllLossBackward: return 0;  // rows only
     case TensorFn::indexSelect: return int(op.dims) - 2;  // not the rows picked from
     case TensorFn::indexAdd: return int(op.dims) - 3;  // the columns: every slice holds every row
+    case TensorFn::gatherSum: return int(op.dims) - 3;  // not the picks, nor the rows picked from
     case TensorFn::amax:
     case TensorFn::amin:
     case TensorFn::argmax:
@@ -57,7 +60,7 @@ bool reduced(const TensorOp& op, unsigned d) {
 class TensorSlices final : public SlicedWork {
  public:
   TensorSlices(const TensorOp& op, double sliceFlops) : whole_(op), sliceFlops_(sliceFlops) {
-    const double budget = std::max(1.0, std::floor(sliceFlops / flopsPerElement(op.fn)));
+    const double budget = std::max(1.0, std::floor(sliceFlops / flopsPerElement(op)));
     const int last = lastCuttable(op);
     if (last < 0) {  // one slice: the whole op
       split_ = 0, chunk_ = op.shape[0];

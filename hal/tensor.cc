@@ -35,7 +35,8 @@ static_assert(RC_SUM == int(TensorFn::sum) && RC_WHERE == int(TensorFn::where) &
               RC_ARGMAX == int(TensorFn::argmax) && RC_ARGMIN == int(TensorFn::argmin) &&
               RC_INDEX_SELECT == int(TensorFn::indexSelect) && RC_INDEX_ADD == int(TensorFn::indexAdd) &&
               RC_UNIFORM == int(TensorFn::uniform) && RC_BERNOULLI == int(TensorFn::bernoulli) &&
-              RC_NORMAL == int(TensorFn::normal) && kTensorFns == RC_NORMAL + 1);
+              RC_NORMAL == int(TensorFn::normal) && RC_GATHER_SUM == int(TensorFn::gatherSum) &&
+              kTensorFns == RC_GATHER_SUM + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               kTensorTypes == 3);
 
@@ -79,7 +80,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"argmax", 2, "rc_reduce"}, {"argmin", 2, "rc_reduce"},
     {"indexSelect", 3, "rc_index_select"}, {"indexAdd", 3, "rc_index_add"},
     {"uniform", 1, "rc_random"}, {"bernoulli", 1, "rc_random"},
-    {"normal", 1, "rc_random"},
+    {"normal", 1, "rc_random"}, {"gatherSum", 3, "rc_gather_sum"},
 };
 constexpr uint64_t kMaxElements = 1ull << 48;
 // One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
@@ -153,6 +154,7 @@ Status checkTypes(const TensorOp& op, unsigned operands, const std::string& name
       if (type(1) != type(0)) return bad(1, "the output's type");
       return {};
     case TensorFn::indexAdd:
+    case TensorFn::gatherSum:
       if (type(2) != TensorType::i64) return bad(2, "the index is i64");
       if (type(0) != TensorType::f32 || type(1) != TensorType::f32) return bad(type(0) != TensorType::f32 ? 0 : 1, "f32");
       return {};
@@ -210,6 +212,9 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     case TensorFn::indexAdd:
       if (op.dims < 2) return bad("takes a shape of 2 or more dimensions (the rows, then the positions, last)");
       break;
+    case TensorFn::gatherSum:
+      if (op.dims < 2) return bad("takes a shape of 2 or more dimensions (the picks, then the rows picked from, last)");
+      break;
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
     case TensorFn::softmax:
@@ -227,6 +232,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     return bad("rows of " + std::to_string(op.shape[1]) + " columns (at most 2^24)");
   if (op.fn == TensorFn::indexAdd && op.shape[op.dims - 1] > kMaxRowElements)
     return bad("an index of " + std::to_string(op.shape[op.dims - 1]) + " positions (at most 2^24)");
+  if (op.fn == TensorFn::gatherSum && op.shape[op.dims - 2] > kMaxRowElements)
+    return bad(std::to_string(op.shape[op.dims - 2]) + " picks per output (at most 2^24)");
   if (op.fn == TensorFn::nllLoss && op.shape[0] > kMaxRowElements)
     return bad("a batch of " + std::to_string(op.shape[0]) + " rows (at most 2^24; split it)");
   if (reduction(op.fn) && op.reduceMask == 0) return bad("reduceMask names no dimension");
@@ -304,6 +311,13 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       if ((rule = zeroStride(0, op.dims - 1, "the output's stride over the positions must be 0")))
         rule = zeroStride(1, op.dims - 2, "a's stride over the rows must be 0");
       if (rule) rule = zeroStride(2, op.dims - 2, "the index's stride over the rows must be 0");
+      if (rule) rule = disjoint(0, 1);
+      if (rule) rule = disjoint(0, 2);
+      break;
+    case TensorFn::gatherSum:
+      for (unsigned d = op.dims - 2; d < op.dims && rule; ++d)
+        rule = zeroStride(0, d, "the output's strides over the picks and the rows must be 0");
+      if (rule) rule = zeroStride(2, op.dims - 1, "the index's stride over the rows must be 0");
       if (rule) rule = disjoint(0, 1);
       if (rule) rule = disjoint(0, 2);
       break;
@@ -405,6 +419,10 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.inner = g.shape[op.dims - 1];
     g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = double(elements);
+  } else if (op.fn == TensorFn::gatherSum) {  // one per output element, walking its picks
+    g.inner = g.shape[op.dims - 2];
+    g.n = static_cast<int64_t>(elements) / (g.inner * g.shape[op.dims - 1]);
+    out.flops = double(g.n) * double(g.inner);
   } else if (op.fn == TensorFn::nllLoss) {
     g.n = 1;
     g.inner = 1;

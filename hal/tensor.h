@@ -57,9 +57,9 @@ enum class TensorFn : uint8_t {
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
   hardtanhBackward, softmax, softmaxBackward, sign,
   eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
-  amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal,
+  amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal, gatherSum,
 };
-inline constexpr unsigned kTensorFns = 65;
+inline constexpr unsigned kTensorFns = 66;
 
 // An operand's element type, in the order of the wire's TensorType.
 enum class TensorType : uint8_t { f32, i64, boolean };

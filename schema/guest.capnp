@@ -346,6 +346,12 @@ struct Op {
 #     for w = ignoreIndex (a padding row; -1 for none). At most 2^24 positions n. An
 #     index outside [0, rows) adds nowhere. (embedding's backward: index stride 0 over
 #     the columns; scatter_add and index_add along any dimension, moved last.)
+#   gatherSum: shape [kept..., picks, rows] (2 to 6 dimensions); operands out (f32, strides
+#     0 over the picks and the rows), a (f32) and index (i64, stride 0 over the rows):
+#     out[o] = beta * out[o] + alpha * (the sum over the picks p of a[o, p, index[o, p]]),
+#     a pick outside [0, rows) adding 0. At most 2^24 picks. (im2col: one pick per
+#     output, -1 for padding; col2im and pooling's backward: each input position's picks
+#     among the windows that hold it.)
 #   uniform, bernoulli, normal: out (f32) alone; per element, a Philox-4x32-10 draw
 #     keyed by ignoreIndex at the element's position in out's buffer: alpha + (beta -
 #     alpha) * u (u in [0, 1)) | 1 with probability alpha, else 0 | normal with mean
@@ -440,6 +446,7 @@ enum TensorFn {
   uniform @62;
   bernoulli @63;
   normal @64;
+  gatherSum @65;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

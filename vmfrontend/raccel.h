@@ -128,7 +128,7 @@ enum class TensorFn {
   gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
   hardtanhBackward, softmax, softmaxBackward, sign,
   eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
-  amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal,
+  amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal, gatherSum,
 };
 enum class TensorType : uint8_t { f32, i64, boolean };  // the wire's TensorType
 struct TensorOperand {

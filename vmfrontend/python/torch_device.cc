@@ -1727,19 +1727,91 @@ at::Tensor windows(const at::Tensor& p, const Window2d& w) {
   return p.as_strided({p.size(0), p.size(1), oh, ow, w.kh, w.kw},
                       {p.stride(0), p.stride(1), w.sh * p.stride(2), w.sw * p.stride(3), w.dh * p.stride(2), w.dw * p.stride(3)});
 }
-// Adds each window offset's [N, C, OH, OW] part into a zero padded gradient, and
-// returns the unpadded gradient of the input [N, C, H, W]: the windows' overlaps sum.
-template <class Part>
-at::Tensor scatterWindows(const at::Tensor& input, const Window2d& w, int64_t oh, int64_t ow, Part part) {
-  auto grad = at::zeros({input.size(0), input.size(1), input.size(2) + 2 * w.ph, input.size(3) + 2 * w.pw}, input.options());
-  for (int64_t i = 0; i < w.kh; ++i)
-    for (int64_t j = 0; j < w.kw; ++j) {
-      auto target = grad.as_strided({grad.size(0), grad.size(1), oh, ow},
-                                    {grad.stride(0), grad.stride(1), w.sh * grad.stride(2), w.sw * grad.stride(3)},
-                                    grad.storage_offset() + i * w.dh * grad.stride(2) + j * w.dw * grad.stride(3));
-      target.add_(part(i, j));
+
+// Index tables of a window geometry over an [H, W] plane (i64, on the device), built on
+// the host once per geometry and kept: a training step asks for the same few every time.
+//   sources: [KK, OH * OW], the input position (y * W + x) that window element kk of
+//     output position ohw reads, or -1 where it lies in the padding.
+//   readers: [H * W, picks], for each input position the column elements (kk * OH * OW +
+//     ohw) whose windows read it, -1 past its count (picks: the most any position has).
+//   outputs: the same with the output position ohw alone (the windows, not their elements).
+enum class Table { sources, readers, outputs };
+constexpr size_t kMaxTables = 64;  // geometries kept; past that the cache starts again
+
+struct TableCache {
+  std::mutex mu;
+  std::map<std::array<int64_t, 11>, at::Tensor> tables;
+};
+TableCache& tableCache() {
+  static auto* c = new TableCache;  // never destroyed, like the session's State
+  return *c;
+}
+
+at::Tensor buildTable(int64_t h, int64_t wd, const Window2d& w, Table kind) {
+  const int64_t oh = w.outH(h), ow = w.outW(wd), ohw = oh * ow, kk = w.kh * w.kw;
+  std::vector<int64_t> sources(kk * ohw);
+  std::vector<std::vector<int64_t>> readers(h * wd);
+  for (int64_t e = 0; e < kk; ++e)
+    for (int64_t o = 0; o < ohw; ++o) {
+      const int64_t y = o / ow * w.sh - w.ph + e / w.kw * w.dh, x = o % ow * w.sw - w.pw + e % w.kw * w.dw;
+      const int64_t at = y < 0 || y >= h || x < 0 || x >= wd ? -1 : y * wd + x;
+      sources[e * ohw + o] = at;
+      if (at >= 0) readers[at].push_back(kind == Table::outputs ? o : e * ohw + o);
     }
-  return grad.narrow(2, w.ph, input.size(2)).narrow(3, w.pw, input.size(3)).contiguous();
+  if (kind == Table::sources) return at::tensor(sources, at::kLong).reshape({kk, ohw});
+  size_t picks = 1;
+  for (auto& r : readers) picks = std::max(picks, r.size());
+  auto table = at::full({h * wd, int64_t(picks)}, -1, at::kLong);
+  auto* t = table.data_ptr<int64_t>();
+  for (size_t at = 0; at < readers.size(); ++at) std::copy(readers[at].begin(), readers[at].end(), t + at * picks);
+  return table;
+}
+at::Tensor windowTable(int64_t h, int64_t wd, const Window2d& w, Table kind) {
+  const std::array<int64_t, 11> key = {h, wd, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, w.dh, w.dw, int64_t(kind)};
+  auto& cache = tableCache();
+  std::lock_guard lock(cache.mu);  // taken before the session's lock (the copy below), never inside it
+  if (auto found = cache.tables.find(key); found != cache.tables.end()) return found->second;
+  if (cache.tables.size() >= kMaxTables) cache.tables.clear();
+  auto table = buildTable(h, wd, w, kind).to(c10::Device(kDevice, 0));
+  cache.tables.emplace(key, table);
+  return table;
+}
+
+// out = beta * out + alpha * (the sum over the picks of a at index's row), one tensor op
+// (schema/guest.capnp, gatherSum): `shape` ends in [picks, rows]; the strides are each
+// tensor's over that shape.
+void gatherSum(const at::Tensor& out, std::vector<int64_t> shape, c10::IntArrayRef outStrides, const at::Tensor& a,
+               c10::IntArrayRef aStrides, const at::Tensor& index, c10::IntArrayRef indexStrides, float alpha, float beta) {
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::gatherSum;
+  op.shape = shapeOf(shape);
+  op.operands = {operand(out, outStrides), operand(a, aStrides), operand(index, indexStrides)};
+  op.alpha = alpha, op.beta = beta;
+  send(*s, op);
+}
+// The columns of x [N, C, H, W] (im2col): [C * KK, N * OH * OW], 0 where a window lies in
+// the padding.
+at::Tensor columns(const at::Tensor& input, const Window2d& w) {
+  const auto x = input.contiguous();
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3), kk = w.kh * w.kw;
+  const int64_t ohw = w.outH(x.size(2)) * w.outW(x.size(3));
+  auto sources = windowTable(x.size(2), x.size(3), w, Table::sources);
+  auto cols = emptyOn({c * kk, n * ohw});
+  gatherSum(cols, {c, kk, n, ohw, 1, hw}, {kk * n * ohw, n * ohw, ohw, 1, 0, 0}, x, {hw, 0, c * hw, 0, 0, 1}, sources,
+            {0, ohw, 0, 1, 0, 0}, 1, 0);
+  return cols;
+}
+// The other way (col2im): cols [N, C, KK * OH * OW] (contiguous) summed into the input
+// positions their windows read, [N, C, H, W].
+at::Tensor uncolumns(const at::Tensor& cols, const at::Tensor& input, const Window2d& w) {
+  const int64_t n = input.size(0), c = input.size(1), hw = input.size(2) * input.size(3), span = cols.size(2);
+  auto readers = windowTable(input.size(2), input.size(3), w, Table::readers);
+  const int64_t picks = readers.size(1);
+  auto out = emptyOn(input.sizes());
+  gatherSum(out, {n, c, hw, picks, span}, {c * hw, hw, 1, 0, 0}, cols, {cols.stride(0), cols.stride(1), 0, 0, cols.stride(2)},
+            readers, {0, 0, picks, 1, 0}, 1, 0);
+  return out;
 }
 
 // Convolution (2-D, ungrouped, not transposed) as im2col and one matmul.
@@ -1747,11 +1819,6 @@ bool convOnCard(const at::Tensor& input, const at::Tensor& weight, const at::Ten
                 c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, int64_t groups) {
   return supported({&input, &weight, bias}) && input.dim() == 4 && weight.dim() == 4 && !transposed && groups == 1 &&
          Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation).sane() && input.size(1) == weight.size(1);
-}
-// [C * KH * KW, N * OH * OW]
-at::Tensor columns(const at::Tensor& input, const Window2d& w) {
-  auto win = windows(padded(input, w, 0), w);
-  return win.permute({1, 4, 5, 0, 2, 3}).reshape({input.size(1) * w.kh * w.kw, -1});
 }
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
@@ -1762,11 +1829,17 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                              transposed, outputPadding, groups).to(input.device());
     });
   const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
-  const int64_t oc = weight.size(0), oh = w.outH(input.size(2)), ow = w.outW(input.size(3));
+  const int64_t n = input.size(0), oc = weight.size(0), oh = w.outH(input.size(2)), ow = w.outW(input.size(3));
   TORCH_CHECK(oh > 0 && ow > 0, "raccel: a convolution whose kernel is larger than its padded input");
-  auto out = at::mm(weight.reshape({oc, -1}), columns(input, w));
-  if (present(bias)) out.add_(bias->reshape({oc, 1}));
-  return out.reshape({oc, input.size(0), oh, ow}).permute({1, 0, 2, 3}).contiguous();
+  auto cols = columns(input, w);  // [C * KK, N * OHW]
+  const int64_t span = cols.size(0);
+  // Each image's [OC, OHW] straight into its place in [N, OC, OH, OW]: one batched matmul.
+  auto out = emptyOn({n, oc, oh, ow});
+  if (span == 0) out.zero_();
+  else batchedMatmul(out.view({n, oc, oh * ow}), weight.reshape({oc, span}).expand({n, oc, span}),
+                     cols.view({span, n, oh * ow}).permute({1, 0, 2}), 1, 0);
+  if (present(bias)) out.add_(bias->reshape({1, oc, 1, 1}));
+  return out;
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
@@ -1781,14 +1854,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     return {back(gi), back(gw), back(gb)};
   }
   const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
-  const int64_t oc = weight.size(0), oh = grad.size(2), ow = grad.size(3);
-  auto g = grad.permute({1, 0, 2, 3}).reshape({oc, -1});  // [OC, N * OH * OW]
+  const int64_t n = input.size(0), oc = weight.size(0), ohw = grad.size(2) * grad.size(3);
+  const int64_t span = weight.numel() / std::max<int64_t>(oc, 1);  // C * KK
   at::Tensor gradInput, gradWeight, gradBias;
-  if (mask[1]) gradWeight = at::mm(g, columns(input, w).t()).reshape(weight.sizes());
+  if (mask[1]) {
+    auto g = grad.permute({1, 0, 2, 3}).reshape({oc, -1});  // [OC, N * OHW]
+    gradWeight = at::mm(g, columns(input, w).t()).reshape(weight.sizes());
+  }
   if (mask[2]) gradBias = at::sum(grad, {0, 2, 3});
   if (mask[0]) {
-    auto cols = at::mm(weight.reshape({oc, -1}).t(), g).reshape({input.size(1), w.kh, w.kw, input.size(0), oh, ow});
-    gradInput = scatterWindows(input, w, oh, ow, [&](int64_t i, int64_t j) { return cols.select(1, i).select(1, j).permute({1, 0, 2, 3}); });
+    // Each image's columns' gradient [C * KK, OHW] (one batched matmul), summed back into
+    // the positions they were gathered from.
+    auto cols = emptyOn({n, span, ohw});
+    batchedMatmul(cols, weight.reshape({oc, span}).t().expand({n, span, oc}), grad.reshape({n, oc, ohw}), 1, 0);
+    gradInput = uncolumns(cols.view({n, input.size(1), span / input.size(1) * ohw}), input, w);
   }
   return {gradInput, gradWeight, gradBias};
 }
@@ -1814,42 +1893,44 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& sel
     return {v.to(self.device()), i.to(self.device())};
   }
   auto win = windows(padded(self, w, -INFINITY), w);
-  const int64_t oh = win.size(2), ow = win.size(3), kk = w.kh * w.kw;
+  const int64_t nc = self.size(0) * self.size(1), oh = win.size(2), ow = win.size(3), kk = w.kh * w.kw;
   auto values = emptyOn({self.size(0), self.size(1), oh, ow});
   reduceInto(TensorFn::amax, values, win, 0b110000, false);
-  // Window position -> input position: a table [OH * OW * KK] picked from by
-  // (oh * OW + ow) * KK + position.
-  auto table = at::empty({oh * ow * kk}, at::kLong), base = at::empty({oh, ow}, at::kLong);
-  auto* t = table.data_ptr<int64_t>();
-  auto* b = base.data_ptr<int64_t>();
-  for (int64_t y = 0; y < oh; ++y)
-    for (int64_t x = 0; x < ow; ++x) {
-      b[y * ow + x] = (y * ow + x) * kk;
-      for (int64_t i = 0; i < w.kh; ++i)
-        for (int64_t j = 0; j < w.kw; ++j)
-          t[(y * ow + x) * kk + i * w.kw + j] = (y * w.sh - w.ph + i * w.dh) * self.size(3) + (x * w.sw - w.pw + j * w.dw);
-    }
-  auto pick = windowArgmax(win) + base.to(self.device());
-  auto indices = at::index_select(table.to(self.device()), 0, pick.reshape({-1})).reshape(values.sizes());
+  // Each window's input position: the sources table's entry in the row of its largest
+  // element (a gather along the table's window elements).
+  auto position = windowArgmax(win);
+  auto sources = windowTable(self.size(2), self.size(3), w, Table::sources);
+  auto indices = emptyOn(values.sizes(), at::kLong);
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::indexSelect;
+  op.shape = {uint64_t(nc), uint64_t(oh * ow), uint64_t(kk)};
+  op.operands = {operand(indices, {oh * ow, 1, 0}), operand(sources, {0, 1, oh * ow}), operand(position, {oh * ow, 1, 0})};
+  send(*s, op);
   return {values, indices};
 }
+// Each output's gradient goes to the input position its window's largest element came
+// from: the column elements that read the forward's indices, summed back (col2im).
 at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel,
                                             c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                                             bool ceilMode, const at::Tensor& indices) {
   const auto w = Window2d::of(kernel, stride, padding, dilation);
-  if (!poolOnCard(self, w, ceilMode) || !supported({&grad}))
+  const bool onCard = poolOnCard(self, w, ceilMode) && supported({&grad}) && typed(indices) &&
+                      indices.scalar_type() == at::kLong && indices.sizes() == grad.sizes();
+  if (!onCard)
     return onHost("aten::max_pool2d_with_indices_backward", [&] {
       return at::max_pool2d_with_indices_backward(host(grad), host(self), kernel, stride, padding, dilation, ceilMode,
                                                   host(indices)).to(self.device());
     });
-  auto position = windowArgmax(windows(padded(self, w, -INFINITY), w));  // the forward's, found again
-  auto zero = at::zeros({}, grad.options());
-  return scatterWindows(self, w, grad.size(2), grad.size(3), [&](int64_t i, int64_t j) {
-    return at::where(position == i * w.kw + j, grad, zero);
-  });
+  const int64_t n = self.size(0), c = self.size(1), ohw = grad.size(2) * grad.size(3), kk = w.kh * w.kw;
+  auto sources = windowTable(self.size(2), self.size(3), w, Table::sources).view({1, 1, kk, ohw});
+  auto taken = at::eq(indices.reshape({n, c, 1, ohw}), sources);  // [N, C, KK, OHW]
+  auto cols = at::where(taken, grad.reshape({n, c, 1, ohw}), at::zeros({}, grad.options()));
+  return uncolumns(cols.view({n, c, kk * ohw}), self, w);
 }
 
-// Average pooling (padding counted in the divisor, as PyTorch does by default).
+// Average pooling (padding counted in the divisor, as PyTorch does by default): each
+// window's sum of its sources, and back, each position's sum over the windows that read it.
 bool avgOnCard(const at::Tensor& self, const Window2d& w, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
   return poolOnCard(self, w, ceilMode) && (countIncludePad || (w.ph == 0 && w.pw == 0)) && (!divisor || *divisor != 0);
 }
@@ -1860,7 +1941,14 @@ at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntA
     return onHost("aten::avg_pool2d", [&] {
       return at::avg_pool2d(host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor).to(self.device());
     });
-  return at::sum(windows(padded(self, w, 0), w), {4, 5}) * (1.0 / double(divisor.value_or(w.kh * w.kw)));
+  const auto x = self.contiguous();
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3), kk = w.kh * w.kw;
+  const int64_t oh = w.outH(x.size(2)), ow = w.outW(x.size(3));
+  auto sources = windowTable(x.size(2), x.size(3), w, Table::sources);
+  auto out = emptyOn({n, c, oh, ow});
+  gatherSum(out, {n, c, oh * ow, kk, hw}, {c * oh * ow, oh * ow, 1, 0, 0}, x, {c * hw, hw, 0, 0, 1}, sources,
+            {0, 0, 1, oh * ow, 0}, float(1.0 / double(divisor.value_or(kk))), 0);
+  return out;
 }
 at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
                                c10::IntArrayRef padding, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
@@ -1870,8 +1958,14 @@ at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c
       return at::avg_pool2d_backward(host(grad), host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor)
           .to(self.device());
     });
-  auto share = grad * (1.0 / double(divisor.value_or(w.kh * w.kw)));
-  return scatterWindows(self, w, grad.size(2), grad.size(3), [&](int64_t, int64_t) { return share; });
+  const int64_t n = self.size(0), c = self.size(1), hw = self.size(2) * self.size(3), ohw = grad.size(2) * grad.size(3);
+  auto readers = windowTable(self.size(2), self.size(3), w, Table::outputs);
+  const int64_t picks = readers.size(1);
+  const auto g = grad.reshape({n, c, ohw});
+  auto out = emptyOn(self.sizes());
+  gatherSum(out, {n, c, hw, picks, ohw}, {c * hw, hw, 1, 0, 0}, g, {g.stride(0), g.stride(1), 0, 0, g.stride(2)}, readers,
+            {0, 0, picks, 1, 0}, float(1.0 / double(divisor.value_or(w.kh * w.kw))), 0);
+  return out;
 }
 // Adaptive average pooling where the output divides the input: an average pool.
 c10::optional<std::array<int64_t, 2>> adaptiveKernel(const at::Tensor& self, c10::IntArrayRef outSize) {
