@@ -8,6 +8,8 @@
 //               made-up kernel times
 //   overrun     claims more completions in the ring than it holds
 //   extra       sends two replies for each request
+//   ragged      sends each reply with 7 bytes more, a message no whole number of replies
+//   burst       sends each reply in a message of kMaxReplies + 1 (the others made up)
 //   failwrite   fails every write after taking it
 //   failop      an asynchronous device that fails every gemm after taking it
 //   stuck       an asynchronous device whose kernels never complete (one always pending)
@@ -22,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "hal/device.h"
 #include "netaccel/sandbox.h"
@@ -78,6 +81,12 @@ int main() {
       r.code = static_cast<uint32_t>(raccel::Code::internal);
       r.payload = 4;
       std::memcpy(window, "nope", 4);
+    }
+    if (mode == "ragged" || mode == "burst") {
+      std::vector<Reply> many(mode == "burst" ? kMaxReplies + 1 : 2, r);
+      const size_t bytes = mode == "burst" ? many.size() * sizeof r : sizeof r + 7;
+      (void)::send(fd, many.data(), bytes, MSG_NOSIGNAL);
+      continue;
     }
     send(r);
     if (mode == "extra") send(r);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -117,41 +118,35 @@ class SandboxProcess {
   }
   // A reply that has come already, without waiting (nothing: none has).
   Result<std::optional<Reply>> poll() {
-    Reply reply;
-    ssize_t n = ::recv(fd_, &reply, sizeof reply, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return std::optional<Reply>{};
-    if (n != static_cast<ssize_t>(sizeof reply)) return fail(Code::internal, gone());
-    auto r = checked(reply);
-    if (!r) return fail(r.error());
-    return std::optional<Reply>{*r};
+    if (inbox_.empty()) {
+      auto got = receive(MSG_DONTWAIT);
+      if (!got) return fail(got.error());
+      if (!*got) return std::optional<Reply>{};
+    }
+    return std::optional<Reply>{next()};
   }
 
   // Waits up to `timeoutMs` for the next reply. An error here means the sandbox is gone
   // (it was killed if it was not).
   Result<Reply> awaitReply(unsigned timeoutMs) {
-    Reply reply;
     // Most replies come within microseconds: wait for them spinning a moment, which saves
     // the two wake-ups a blocking wait costs; then block.
-    ssize_t n = -1;
-    for (auto spinUntil = std::chrono::steady_clock::now() + kSpin;;) {
-      n = ::recv(fd_, &reply, sizeof reply, MSG_DONTWAIT);
-      if (n >= 0 || (errno != EAGAIN && errno != EINTR) || std::chrono::steady_clock::now() > spinUntil) break;
+    for (auto spinUntil = std::chrono::steady_clock::now() + kSpin; inbox_.empty();) {
+      auto got = receive(MSG_DONTWAIT);
+      if (!got) return fail(got.error());
+      if (*got || std::chrono::steady_clock::now() > spinUntil) break;
     }
-    if (n == static_cast<ssize_t>(sizeof reply)) return checked(reply);
-    if (n >= 0) return fail(Code::internal, gone());
-    if (pollFor(POLLIN, timeoutMs) == 0) {
-      stop();
-      return fail(Code::internal, "the sandbox answered nothing for " + std::to_string(timeoutMs) +
-                                      " ms (a kernel that runs too long?) and was stopped");
+    if (inbox_.empty()) {
+      if (pollFor(POLLIN, timeoutMs) == 0) {
+        stop();
+        return fail(Code::internal, "the sandbox answered nothing for " + std::to_string(timeoutMs) +
+                                        " ms (a kernel that runs too long?) and was stopped");
+      }
+      auto got = receive(0);
+      if (!got) return fail(got.error());
+      if (!*got) return fail(Code::internal, gone());
     }
-    n = ::recv(fd_, &reply, sizeof reply, 0);
-    if (n != static_cast<ssize_t>(sizeof reply)) return fail(Code::internal, gone());
-    return checked(reply);
-  }
-
-  Result<Reply> checked(const Reply& reply) {
-    if (reply.payload > kWindowBytes) return std::unexpected(violated("a reply larger than its window"));
-    return reply;
+    return next();
   }
   // The sandbox said what the protocol does not allow: it is stopped.
   Error violated(const std::string& what) {
@@ -171,6 +166,28 @@ class SandboxProcess {
   bool killedFromOutside() const { return reaped_ && !stoppedByUs_ && outsideSignal_; }
 
  private:
+  // One message of replies (the sandbox sends those of a run of posted requests
+  // together), each checked, into the inbox: false when none has come (MSG_DONTWAIT).
+  Result<bool> receive(int flags) {
+    ssize_t n;
+    do n = ::recv(fd_, batch_.data(), sizeof(Reply) * batch_.size(), flags | MSG_TRUNC);
+    while (n < 0 && errno == EINTR && !(flags & MSG_DONTWAIT));
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    if (n <= 0) return fail(Code::internal, gone());
+    const auto bytes = static_cast<size_t>(n);
+    if (bytes % sizeof(Reply) != 0 || bytes > sizeof(Reply) * batch_.size())
+      return std::unexpected(violated("a reply message of " + std::to_string(bytes) + " bytes"));
+    for (size_t i = 0; i < bytes / sizeof(Reply); ++i) {
+      if (batch_[i].payload > kWindowBytes) return std::unexpected(violated("a reply larger than its window"));
+      inbox_.push_back(batch_[i]);
+    }
+    return true;
+  }
+  Reply next() {
+    Reply r = inbox_.front();
+    inbox_.pop_front();
+    return r;
+  }
   // ::poll for `events` on the socket, up to `timeoutMs` (0: it timed out).
   int pollFor(short events, unsigned timeoutMs) {
     pollfd p{fd_, events, 0};
@@ -201,6 +218,8 @@ class SandboxProcess {
 
   pid_t pid_;
   int fd_;
+  std::array<Reply, sandbox::kMaxReplies> batch_{};
+  std::deque<Reply> inbox_;  // received, not yet taken
   std::byte* window_;
   std::string dir_;
   bool reaped_ = false;
@@ -849,6 +868,15 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   std::vector<std::byte> staged;  // program code arriving by `append`
   std::vector<hal::KernelTime> completed;
   auto send = [&](Reply r) { return ::send(fd, &r, sizeof r, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r); };
+  // Replies not yet sent: those of requests done while more were waiting (sandbox.h).
+  std::vector<Reply> replies;
+  replies.reserve(sandbox::kMaxReplies);
+  auto flush = [&] {
+    const size_t bytes = replies.size() * sizeof(Reply);
+    const bool sent = replies.empty() || ::send(fd, replies.data(), bytes, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes);
+    replies.clear();
+    return sent;
+  };
   auto message = [&](Reply& r, const Error& e) {
     r.code = static_cast<uint32_t>(e.code == Code::ok ? Code::internal : e.code);
     r.openclError = e.openclError;
@@ -863,7 +891,12 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   // A request, and what may follow it in its message (a tensor op, a launch's arguments).
   std::vector<std::byte> received(sizeof(Request) + std::max<size_t>(sizeof(sandbox::TensorWindow), sandbox::kMaxInlineBytes));
   for (;;) {
-    ssize_t n = ::recv(fd, received.data(), received.size(), 0);
+    // The next request if one is waiting; else the replies held back go first, then wait.
+    ssize_t n = ::recv(fd, received.data(), received.size(), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!flush()) return 1;
+      n = ::recv(fd, received.data(), received.size(), 0);
+    }
     if (n == 0) return 0;  // the netaccel closed: done
     if (n < static_cast<ssize_t>(sizeof(Request))) {
       if (n < 0 && errno == EINTR) continue;
@@ -1090,7 +1123,10 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
     }
     // Completions go to the ring as far as it has room; the rest wait in `completed`.
     publish(ring, device, completed);
-    if (!send(r) || r.lost) return r.lost ? 3 : 1;
+    replies.push_back(r);
+    const bool plain = r.code == 0 && r.payload == 0 && !r.lost;  // nothing in the window to read before the next
+    if ((!plain || replies.size() >= sandbox::kMaxReplies) && !flush()) return 1;
+    if (r.lost) return 3;
   }
 }
 

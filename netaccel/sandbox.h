@@ -16,7 +16,10 @@
 // times its kernels, the calls that only queue work (writes, tensor ops, the built-in
 // ops, copies and fills) are posted: sent without waiting, their replies read later in
 // order (a few at a time, and all before any call that waits), so a stream of small ops
-// costs no round trip each. A posted call that fails is reported by the device's next
+// costs no round trip each. The sandbox holds back the replies of requests it finds more
+// waiting behind, and sends them in one message (at most kMaxReplies) when its socket
+// holds no more: such a stream costs one receive per run of ops, not one per op. A reply
+// that carries an error or a payload in the window goes at once. A posted call that fails is reported by the device's next
 // takeDeferredErrors() with its kernel tag. Completed kernels' times come back through a
 // ring after the window that the sandbox fills after every request and the netaccel
 // reads without asking. The sandbox may be running hostile code, so everything it says
@@ -53,6 +56,10 @@ inline constexpr uint64_t kWindowBytes = 4ull << 20;  // the shared-memory windo
 inline constexpr uint32_t kMaxMessage = 4096;         // error messages, clipped
 inline constexpr uint32_t kMaxProgramBytes = 256u << 20;
 inline constexpr uint64_t kRingEntries = 4096;
+// Replies the sandbox sends in one message: those of a run of requests that were waiting
+// when each was done (posted ones: nothing waits for them), sent when the socket holds no
+// more, or at once for one that carries an error or a payload in the window.
+inline constexpr size_t kMaxReplies = 64;
 // A launch's arguments up to this size follow its Request in the message (posted).
 inline constexpr uint64_t kMaxInlineBytes = 16 << 10;
 

@@ -236,6 +236,18 @@ TEST(HostileSandbox, AnExtraReplyIsCaughtByItsSerialAndStopsTheSandbox) {
   d->release(std::move(*b));
 }
 
+// Replies may come several to a message, but only whole ones, and no more than the
+// netaccel reads at once (a longer message is not cut short and read as if whole).
+TEST(HostileSandbox, AReplyMessageOfPartOrTooManyRepliesStopsTheSandbox) {
+  for (const char* mode : {"ragged", "burst"}) {
+    auto d = hostile(mode);
+    auto b = d->allocate(64);
+    ASSERT_FALSE(b) << mode;
+    EXPECT_NE(b.error().message.find("broke its protocol (a reply message of"), std::string::npos) << b.error().message;
+    EXPECT_FALSE(d->lost().empty()) << mode;
+  }
+}
+
 // Posted work (a card that times its kernels): the call returns at once; a failure the
 // sandbox reports later names the call by its kernel tag, and the device carries on.
 TEST(HostileSandbox, APostedOpThatFailsIsReportedWithItsTagAndTheDeviceCarriesOn) {
