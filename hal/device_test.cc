@@ -454,6 +454,53 @@ TEST_P(Conformance, TensorLayerNormAndItsBackwardMatchReference) {
   EXPECT_NE(bad.error().message.find("the mean is one element per row"), std::string::npos) << bad.error().message;
 }
 
+// Batch norm's statistics: layerNorm over [channels, batch, positions], each channel's
+// row a strided block of an [N, C, HW] tensor; and its backward over the same rows.
+TEST_P(Conformance, TensorLayerNormOverChannelsOfABatchIsBatchNorm) {
+  const size_t n = 3, c = 2, hw = 13, count = n * hw;
+  const float eps = 1e-5f;
+  auto x = randomFloats(n * c * hw, 18), grad = randomFloats(n * c * hw, 19);
+  auto bx = floats(x), bg = floats(grad), out = floats(std::vector<float>(x.size())), back = floats(std::vector<float>(x.size()));
+  auto mean = device->allocate(c * 4), rstd = device->allocate(c * 4);
+  ASSERT_TRUE(mean && rstd);
+  auto rows = [&](Buffer* b) { return view(b, 0, {hw, c * hw, 1}); };
+  auto bn = tensorOp(TensorFn::layerNorm, {c, n, hw}, {rows(out.get()), rows(bx.get()), view(mean->get(), 0, {1, 0, 0}),
+                                                        view(rstd->get(), 0, {1, 0, 0})});
+  bn.alpha = eps;
+  auto s = device->tensor(bn);
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::layerNormBackward, {c, n, hw},
+                                      {rows(back.get()), rows(bg.get()), rows(out.get()), view(rstd->get(), 0, {1, 0, 0})})));
+  auto y = readFloats(*out, x.size()), dx = readFloats(*back, x.size()), mu = readFloats(**mean, c), r = readFloats(**rstd, c);
+  auto at = [&](size_t ch, size_t e) { return (e / hw) * c * hw + ch * hw + e % hw; };
+  for (size_t ch = 0; ch < c; ++ch) {
+    double sum = 0, squares = 0, mg = 0, mgx = 0;
+    for (size_t e = 0; e < count; ++e) sum += x[at(ch, e)];
+    const double refMu = sum / count;
+    for (size_t e = 0; e < count; ++e) squares += (x[at(ch, e)] - refMu) * (x[at(ch, e)] - refMu);
+    const double refR = 1 / std::sqrt(squares / count + eps);
+    EXPECT_NEAR(mu[ch], refMu, 1e-5) << ch;
+    EXPECT_NEAR(r[ch], refR, 1e-4 * refR) << ch;
+    for (size_t e = 0; e < count; ++e) {
+      const double xhat = (x[at(ch, e)] - refMu) * refR;
+      ASSERT_NEAR(y[at(ch, e)], xhat, 1e-4) << ch << "," << e;
+      mg += grad[at(ch, e)] / count, mgx += grad[at(ch, e)] * xhat / count;
+    }
+    for (size_t e = 0; e < count; ++e) {
+      const double xhat = (x[at(ch, e)] - refMu) * refR;
+      ASSERT_NEAR(dx[at(ch, e)], refR * (grad[at(ch, e)] - mg - xhat * mgx), 1e-4 * std::max(1.0, refR)) << ch << "," << e;
+    }
+  }
+  auto wide = device->allocate(64 * 4);
+  ASSERT_TRUE(wide);
+  auto bad = bn;
+  bad.operands[3] = view(wide->get(), 0, {1, 1, 0});
+  auto refused = device->tensor(bad);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("rstd is one element per row"), std::string::npos) << refused.error().message;
+}
+
 // Class 2 of issue 29: a zero in the shape used to skip the reach check, and the other
 // dimensions' strides then overflowed signed arithmetic while the dimensions merged.
 TEST_P(Conformance, ATensorOpWithAZeroDimensionRunsNothingWhateverItsOtherNumbers) {

@@ -219,17 +219,21 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     case TensorFn::logSoftmaxBackward:
     case TensorFn::softmax:
     case TensorFn::softmaxBackward:
-    case TensorFn::layerNorm:
-    case TensorFn::layerNormBackward:
     case TensorFn::nllLoss:
     case TensorFn::nllLossBackward:
       if (auto s = needDims(2); !s) return std::unexpected(s.error());
       break;
+    case TensorFn::layerNorm:
+    case TensorFn::layerNormBackward:
+      if (op.dims != 2 && op.dims != 3)
+        return bad("takes a shape of 2 dimensions [rows, cols], or 3 [rows, outer, cols] (batch norm's channels)");
+      break;
     default:
       break;
   }
-  if (rowwise(op.fn) && op.shape[1] > kMaxRowElements)
-    return bad("rows of " + std::to_string(op.shape[1]) + " columns (at most 2^24)");
+  if (rowwise(op.fn) && limits::satMul(op.shape[1], op.dims == 3 ? op.shape[2] : 1) > kMaxRowElements)
+    return bad("rows of " + std::to_string(limits::satMul(op.shape[1], op.dims == 3 ? op.shape[2] : 1)) +
+               " elements (at most 2^24)");
   if (op.fn == TensorFn::indexAdd && op.shape[op.dims - 1] > kMaxRowElements)
     return bad("an index of " + std::to_string(op.shape[op.dims - 1]) + " positions (at most 2^24)");
   if (op.fn == TensorFn::gatherSum && op.shape[op.dims - 2] > kMaxRowElements)
@@ -296,12 +300,15 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
       break;
     }
     case TensorFn::layerNorm:
-      if ((rule = zeroStride(2, 1, "the mean is one element per row: its column stride must be 0")))
-        rule = zeroStride(3, 1, "rstd is one element per row: its column stride must be 0");
+      for (unsigned d = 1; d < op.dims && rule; ++d) {
+        rule = zeroStride(2, d, "the mean is one element per row: its strides past the rows must be 0");
+        if (rule) rule = zeroStride(3, d, "rstd is one element per row: its strides past the rows must be 0");
+      }
       if (rule) rule = disjoint(2, 3);
       break;
     case TensorFn::layerNormBackward:
-      rule = zeroStride(3, 1, "rstd is one element per row: its column stride must be 0");
+      for (unsigned d = 1; d < op.dims && rule; ++d)
+        rule = zeroStride(3, d, "rstd is one element per row: its strides past the rows must be 0");
       break;
     case TensorFn::indexSelect:
       if ((rule = zeroStride(0, op.dims - 1, "the output's stride over the rows must be 0")))
@@ -409,7 +416,7 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     out.flops = 2.0 * double(elements);
   } else if (rowwise(op.fn)) {
     g.n = g.shape[0];
-    g.inner = g.shape[1];
+    g.inner = op.dims == 3 ? g.shape[1] * g.shape[2] : g.shape[1];
     out.flops = 4.0 * double(elements);
   } else if (op.fn == TensorFn::indexSelect) {  // one work-item per output element, rows last
     g.inner = g.shape[op.dims - 1];

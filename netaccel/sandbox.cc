@@ -1124,7 +1124,9 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
     // Completions go to the ring as far as it has room; the rest wait in `completed`.
     publish(ring, device, completed);
     replies.push_back(r);
-    const bool plain = r.code == 0 && r.payload == 0 && !r.lost;  // nothing in the window to read before the next
+    // Held back: a reply with nothing in the window to read before the next request, and
+    // not a write's (the netaccel waits for it to fill that half of the window again).
+    const bool plain = r.code == 0 && r.payload == 0 && !r.lost && q.op != Op::write;
     if ((!plain || replies.size() >= sandbox::kMaxReplies) && !flush()) return 1;
     if (r.lost) return 3;
   }

@@ -19,7 +19,8 @@
 // costs no round trip each. The sandbox holds back the replies of requests it finds more
 // waiting behind, and sends them in one message (at most kMaxReplies) when its socket
 // holds no more: such a stream costs one receive per run of ops, not one per op. A reply
-// that carries an error or a payload in the window goes at once. A posted call that fails is reported by the device's next
+// that carries an error or a payload in the window goes at once, and so does a write's
+// (it frees the half of the window the netaccel fills next). A posted call that fails is reported by the device's next
 // takeDeferredErrors() with its kernel tag. Completed kernels' times come back through a
 // ring after the window that the sandbox fills after every request and the netaccel
 // reads without asking. The sandbox may be running hostile code, so everything it says

@@ -308,10 +308,12 @@ struct Op {
 #     the forward's output
 #   addcmul, addcdiv: elementwise over three inputs, out = a + alpha*b*c | a + alpha*b/c
 #   maximum, minimum: elementwise, the larger | smaller of a and b (NaN if either is)
-#   layerNorm: shape [rows, cols] (at most 2^24 cols); operands out, a, mean, rstd (one
-#     element per row: column stride 0): over each row, mean = its mean, rstd =
-#     1/sqrt(its variance + alpha), out = (a - mean) * rstd
-#   layerNormBackward: shape [rows, cols]; operands out, a (the gradient of the
+#   layerNorm: shape [rows, cols], or [rows, outer, cols] (a row of outer x cols
+#     elements: batch norm's channel over [batch, positions]; at most 2^24 elements a
+#     row); operands out, a, mean, rstd (one element per row: strides past the rows 0):
+#     over each row, mean = its mean, rstd = 1/sqrt(its variance + alpha), out = (a -
+#     mean) * rstd
+#   layerNormBackward: shape as layerNorm's; operands out, a (the gradient of the
 #     normalized values), b (the normalized values), rstd (one per row): out = rstd *
 #     (a - rowmean(a) - b * rowmean(a * b))
 #   gelu (alpha 0: exact; else the tanh approximation), silu, leakyRelu (slope alpha),

@@ -73,6 +73,9 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("conv2d stride 2, dilation 2, no bias", [(2, 2, 9, 9), (3, 2, 3, 3)], lambda x, w: F.conv2d(x, w, stride=2, dilation=2)),
     ("batch_norm training with running stats", [(4, 3, 5, 5), (3,), (3,)],
      lambda x, w, b: F.batch_norm(x, torch.zeros(3, device=x.device), torch.ones(3, device=x.device), w, b, training=True)),
+    ("batch_norm's running mean and unbiased variance after a training step", [(4, 3, 5, 5)],
+     lambda x: (lambda rm, rv: torch.cat([F.batch_norm(x * 3 + 1, rm, rv, training=True, momentum=0.3).flatten(), rm, rv]))(
+         torch.full((3,), 0.5, device=x.device), torch.full((3,), 2.0, device=x.device))),
     ("batch_norm eval", [(4, 3, 5, 5), (3,), (3,)],
      lambda x, w, b: F.batch_norm(x, torch.full((3,), 0.5, device=x.device), torch.full((3,), 2.0, device=x.device), w, b)),
     ("max_pool2d 2x2, and 3x3 stride 2 padding 1", [(2, 3, 8, 8)],

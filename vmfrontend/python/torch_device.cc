@@ -1626,6 +1626,24 @@ std::vector<int64_t> allButChannels(const at::Tensor& input) {
 }
 const at::Tensor* present(const c10::optional<at::Tensor>& t) { return t && t->defined() ? &*t : nullptr; }
 
+// Batch norm's training statistics as layer norm over channels (hal/tensor.h): x [N, C,
+// positions...] seen as [C, N, positions], each channel's row a strided block.
+// layerNorm (out, x, mean, invstd) or layerNormBackward (out, grad, xhat, invstd) over
+// those rows: the [N, C, ...] operands contiguous, the per-channel ones [C].
+void channelNorm(TensorFn fn, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, float alpha) {
+  const int64_t n = a.size(0), channels = a.size(1), positions = a.numel() / std::max<int64_t>(n * channels, 1);
+  const std::vector<int64_t> strides = {positions, channels * positions, 1};
+  auto perChannel = [](const at::Tensor& t) { return std::vector<int64_t>{t.stride(0), 0, 0}; };
+  Locked s;
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = {uint64_t(channels), uint64_t(n), uint64_t(positions)};
+  op.operands = {operand(out, strides), operand(a, strides), operand(b, fn == TensorFn::layerNorm ? perChannel(b) : strides),
+                 operand(c, perChannel(c))};
+  op.alpha = alpha;
+  send(*s, op);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
     const at::Tensor& input, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
     const c10::optional<at::Tensor>& runningMean, const c10::optional<at::Tensor>& runningVar, bool training, double momentum,
@@ -1641,24 +1659,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
     return {out.to(input.device()), mean.to(input.device()), invstd.to(input.device())};
   }
   const auto shape = channelShape(input);
-  const auto dims = allButChannels(input);
-  at::Tensor mean, invstd;
   if (training) {
-    mean = at::mean(input, dims, true);
-    auto var = at::var(input, at::OptionalIntArrayRef(dims), c10::optional<int64_t>(0), true);
-    invstd = at::rsqrt(var + eps);
-    const int64_t n = input.numel() / std::max<int64_t>(input.size(1), 1);
-    if (rm) rm->lerp_(mean.reshape({-1}), momentum);
-    if (rv) rv->lerp_(var.reshape({-1}) * (double(n) / double(std::max<int64_t>(n - 1, 1))), momentum);
-  } else {
-    mean = rm->reshape(shape);
-    invstd = at::rsqrt(rv->reshape(shape) + eps);
+    // One layerNorm over the channels gives the output, the means and 1 / sqrt(var + eps);
+    // the weight and bias are one addcmul. The running variance is the unbiased one, got
+    // back from invstd: 1 / invstd^2 - eps (to float's rounding of var + eps).
+    const auto x = input.contiguous();
+    auto out = emptyOn(x.sizes()), mean = emptyOn({x.size(1)}), invstd = emptyOn({x.size(1)});
+    channelNorm(TensorFn::layerNorm, out, x, mean, invstd, float(eps));
+    if (w && b) {
+      const auto bias = b->reshape(shape), scale = w->reshape(shape);
+      elementwise(TensorFn::addcmul, out, &bias, &scale, 1, 0, &out);
+    } else if (w) out.mul_(w->reshape(shape));
+    else if (b) out.add_(b->reshape(shape));
+    const int64_t n = x.numel() / std::max<int64_t>(x.size(1), 1);
+    if (rm) rm->lerp_(mean, momentum);
+    if (rv) {
+      const double unbiased = double(n) / double(std::max<int64_t>(n - 1, 1));
+      auto var = at::pow(invstd, -2);
+      elementwise(TensorFn::affine, var, &var, nullptr, float(unbiased), float(-eps * unbiased));
+      rv->lerp_(var, momentum);
+    }
+    return {out, mean, invstd};
   }
-  auto out = (input - mean) * invstd;
+  auto out = (input - rm->reshape(shape)) * at::rsqrt(rv->reshape(shape) + eps);
   if (w) out.mul_(w->reshape(shape));
   if (b) out.add_(b->reshape(shape));
-  if (!training) return {out, emptyOn({0}), emptyOn({0})};
-  return {out, mean.reshape({-1}), invstd.reshape({-1})};
+  return {out, emptyOn({0}), emptyOn({0})};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
@@ -1682,8 +1708,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
   auto mean = (train ? *sm : *rm).reshape(shape);
   auto invstd = train ? si->reshape(shape) : at::rsqrt(rv->reshape(shape) + eps);
   auto xhat = (input - mean) * invstd;
-  auto gradSum = at::sum(grad, dims, true), gradXhatSum = at::sum(grad * xhat, dims, true);
   at::Tensor gradInput, gradWeight, gradBias;
+  if (train) {
+    // The input's gradient is layer norm's backward over the channels' rows.
+    if (mask[0]) {
+      const auto g = w ? (grad * w->reshape(shape)).contiguous() : grad.contiguous();
+      gradInput = emptyOn(g.sizes());
+      channelNorm(TensorFn::layerNormBackward, gradInput, g, xhat.contiguous(), *si, 0);
+    }
+    if (mask[1]) gradWeight = at::sum(grad * xhat, dims);
+    if (mask[2]) gradBias = at::sum(grad, dims);
+    return {gradInput, gradWeight, gradBias};
+  }
+  auto gradSum = at::sum(grad, dims, true), gradXhatSum = at::sum(grad * xhat, dims, true);
   if (mask[0]) {
     auto scale = w ? invstd * w->reshape(shape) : invstd;
     if (train) {
