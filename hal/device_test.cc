@@ -501,6 +501,39 @@ TEST_P(Conformance, TensorLayerNormOverChannelsOfABatchIsBatchNorm) {
   EXPECT_NE(refused.error().message.find("rstd is one element per row"), std::string::npos) << refused.error().message;
 }
 
+// Two elementwise steps fused into one op: operand a scaled and shifted as it is read,
+// the result as it is written (Adam's exp_avg.mul_(b1).add_(g, 1 - b1), the denominator's
+// sqrt(v) / c + eps); refused for the functions that are not elementwise maps over f32.
+TEST_P(Conformance, TensorMapsTakeAFusedScaleBeforeAndAfter) {
+  const size_t n = 37;
+  auto x = randomFloats(n, 41), y = randomFloats(n, 42);
+  for (auto& v : x) v = std::fabs(v) + 0.5f;
+  auto bx = floats(x), by = floats(y), out = floats(std::vector<float>(n));
+  auto add = tensorOp(TensorFn::add, {n}, {view(out.get(), 0, {1}), view(bx.get(), 0, {1}), view(by.get(), 0, {1})});
+  add.alpha = 0.1f, add.preScale = 0.9f, add.preShift = 0.25f, add.postScale = -2, add.postShift = 3;
+  auto s = device->tensor(add);
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  auto got = readFloats(*out, n);
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(got[i], -2 * ((0.9f * x[i] + 0.25f) + 0.1f * y[i]) + 3, 1e-5) << i;
+  auto root = tensorOp(TensorFn::sqrt, {n}, {view(out.get(), 0, {1}), view(bx.get(), 0, {1})});
+  root.postScale = 0.5f, root.postShift = 1e-3f;
+  ASSERT_TRUE(device->tensor(root));
+  got = readFloats(*out, n);
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(got[i], std::sqrt(x[i]) * 0.5f + 1e-3f, 1e-6) << i;
+  auto refused = [&](TensorOp op, const char* words) {
+    auto r = device->tensor(op);
+    ASSERT_FALSE(r) << tensorFnName(op.fn);
+    EXPECT_NE(r.error().message.find(words), std::string::npos) << r.error().message;
+  };
+  auto sum = tensorOp(TensorFn::sum, {n}, {view(out.get(), 0, {0}), view(bx.get(), 0, {1})});
+  sum.reduceMask = 1, sum.preScale = 2;
+  refused(sum, "only the elementwise map functions");
+  auto nan = add;
+  nan.postShift = std::numeric_limits<float>::infinity();
+  refused(nan, "not a finite number");
+}
+
 // Class 2 of issue 29: a zero in the shape used to skip the reach check, and the other
 // dimensions' strides then overflowed signed arithmetic while the dimensions merged.
 TEST_P(Conformance, ATensorOpWithAZeroDimensionRunsNothingWhateverItsOtherNumbers) {

@@ -248,6 +248,16 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     if (kept >> std::countr_zero(op.reduceMask)) return bad("the reduced dimensions must come after the kept ones");
   }
   if (auto s = checkTypes(op, operands, name); !s) return std::unexpected(s.error());
+  const bool fused = op.preScale != 1 || op.preShift != 0 || op.postScale != 1 || op.postShift != 0;
+  if (fused) {
+    const bool map = std::string_view(kFns[unsigned(op.fn)].kernel) == "rc_map" && op.fn != TensorFn::where &&
+                     !(op.fn >= TensorFn::eq && op.fn <= TensorFn::ge);
+    for (unsigned i = 0; i < operands; ++i)
+      if (op.operands[i].type != TensorType::f32) return bad("takes a pre- or post-scale over f32 operands only");
+    if (!map) return bad("takes no pre- or post-scale (only the elementwise map functions do)");
+    for (float v : {op.preScale, op.preShift, op.postScale, op.postShift})
+      if (!std::isfinite(v)) return bad("a pre- or post-scale that is not a finite number");
+  }
 
   // Every element an operand can reach lies inside its buffer.
   std::array<uint64_t, kMaxTensorOperands> last{};  // the highest element reached
@@ -353,6 +363,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   g.fn = int(op.fn);
   g.alpha = op.alpha;
   g.beta = op.beta;
+  g.pre[0] = op.preScale, g.pre[1] = op.preShift;
+  g.post[0] = op.postScale, g.post[1] = op.postShift;
   g.mean = op.mean ? 1 : 0;
   g.ignoreIndex = op.ignoreIndex;
   g.dims = op.dims;

@@ -89,6 +89,9 @@ struct TensorOp {
   uint32_t reduceMask = 0;
   int64_t ignoreIndex = -100;
   bool mean = true;
+  // Elementwise map functions over f32: a read as preScale * a + preShift, the result
+  // written as postScale * r + postShift (schema/guest.capnp); (1, 0) for the others.
+  float preScale = 1, preShift = 0, postScale = 1, postShift = 0;
 };
 
 // A checked op, ready for a kernel: its geometry and its operands' buffers (the output

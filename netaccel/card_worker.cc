@@ -1022,6 +1022,7 @@ class CardWorker::Step {
     }
     h.alpha = t.getAlpha(), h.beta = t.getBeta(), h.reduceMask = t.getReduceMask();
     h.ignoreIndex = t.getIgnoreIndex(), h.mean = t.getMean();
+    h.preScale = t.getPreScale(), h.preShift = t.getPreShift(), h.postScale = t.getPostScale(), h.postShift = t.getPostShift();
     auto lowered = hal::lowerTensorOp(h);  // checked once here; each slice again where it runs
     if (!lowered) return failure(lowered.error());
     if (lowered->empty) return {};

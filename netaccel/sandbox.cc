@@ -506,6 +506,7 @@ class SandboxDevice final : public hal::Device {
     sandbox::TensorWindow& w = t.op;
     w.fn = static_cast<uint32_t>(op.fn), w.dims = op.dims, w.reduceMask = op.reduceMask, w.mean = op.mean;
     w.alpha = op.alpha, w.beta = op.beta, w.ignoreIndex = op.ignoreIndex;
+    w.pre[0] = op.preScale, w.pre[1] = op.preShift, w.post[0] = op.postScale, w.post[1] = op.postShift;
     for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) w.shape[d] = op.shape[d];
     for (unsigned i = 0; i < hal::tensorFnOperands(op.fn); ++i) {
       w.ids[i] = idOf(*op.operands[i].buffer);
@@ -1091,6 +1092,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           op.fn = static_cast<hal::TensorFn>(w.fn);
           op.dims = w.dims, op.reduceMask = w.reduceMask, op.mean = w.mean != 0;
           op.alpha = w.alpha, op.beta = w.beta, op.ignoreIndex = w.ignoreIndex;
+          op.preScale = w.pre[0], op.preShift = w.pre[1], op.postScale = w.post[0], op.postShift = w.post[1];
           for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) op.shape[d] = w.shape[d];
           for (unsigned i = 0; i < hal::tensorFnOperands(op.fn) && s; ++i) {
             auto b = buffer(w.ids[i]);

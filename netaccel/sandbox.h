@@ -129,6 +129,7 @@ struct TensorWindow {
   uint64_t offsets[hal::kMaxTensorOperands] = {};
   uint64_t strides[hal::kMaxTensorOperands][hal::kMaxTensorDims] = {};
   uint32_t types[hal::kMaxTensorOperands] = {};
+  float pre[2] = {1, 0}, post[2] = {1, 0};
 };
 
 struct Reply {

@@ -367,6 +367,14 @@ struct TensorOp {
   reduceMask @5 :UInt32;
   ignoreIndex @6 :Int64 = -100;
   mean @7 :Bool = true;
+  # Elementwise functions over f32 only (those of the map kernel: not the comparisons,
+  # where, the reductions or the random draws): operand a is read as preScale * a +
+  # preShift, and each result written as postScale * r + postShift (two elementwise
+  # steps fused into one op). Every other function takes them at (1, 0).
+  preScale @8 :Float32 = 1;
+  preShift @9 :Float32;
+  postScale @10 :Float32 = 1;
+  postShift @11 :Float32;
 }
 
 struct TensorOperand {

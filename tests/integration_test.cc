@@ -255,6 +255,77 @@ TEST_F(Integration, BadInstructionsGetClearErrorsAndTheSessionCarriesOn) {
   EXPECT_EQ(out[0], std::byte{0x5a});
 }
 
+// Adam's step as raccel.torch sends it, nine elementwise ops over tensors that share one
+// buffer: three fuse into the op before them (exp_avg.mul_(b1).add_(g), exp_avg_sq's
+// mul_ and addcmul_, the denominator's / c then + eps), and every result is the step's.
+// An op that reads the held affine's output other than as its first input alone (as its
+// second, or as both) is not fused into it, and sees its result.
+TEST_F(Integration, ElementwiseStepsFuseIntoOneOpWithTheSameResults) {
+  auto s = open(cluster->vmSocket(), 1);
+  ASSERT_TRUE(s);
+  const uint64_t n = 1000;
+  auto random = [](unsigned seed, float lo) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(lo, 1);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+  };
+  std::vector<float> p = random(1, -1), m = random(2, -1), v = random(3, 0), g = random(4, -1), all;
+  for (auto* part : {&p, &m, &v, &g}) all.insert(all.end(), part->begin(), part->end());
+  all.resize(6 * n);  // d and d2 after them
+  auto h = s->alloc(all.size() * 4);
+  s->writeFloats(h, all);
+  auto at = [&](uint64_t part) { return client::TensorOperand{h, part * n, {1}}; };
+  auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1, float beta = 0) {
+    client::TensorOp o;
+    o.fn = fn;
+    o.shape = {n};
+    o.operands = std::move(operands);
+    o.alpha = alpha, o.beta = beta;
+    return o;
+  };
+  const float lr = 1e-2f, wd = 1e-2f, b1 = 0.9f, b2 = 0.999f, c = 0.3f, eps = 1e-8f, step = 0.05f;
+  using F = client::TensorFn;
+  const uint64_t before = s->fusedTensorOps();
+  s->tensor(op(F::affine, {at(0), at(0)}, 1 - lr * wd));
+  s->tensor(op(F::affine, {at(1), at(1)}, b1));
+  s->tensor(op(F::add, {at(1), at(1), at(3)}, 1 - b1));
+  s->tensor(op(F::affine, {at(2), at(2)}, b2));
+  s->tensor(op(F::addcmul, {at(2), at(2), at(3), at(3)}, 1 - b2));
+  s->tensor(op(F::sqrt, {at(4), at(2)}));
+  s->tensor(op(F::affine, {at(5), at(4)}, 1 / c));
+  s->tensor(op(F::affine, {at(5), at(5)}, 1, eps));
+  s->tensor(op(F::addcdiv, {at(0), at(0), at(1), at(5)}, -step));
+  EXPECT_EQ(s->fusedTensorOps() - before, 3u);
+  auto got = s->readFloats(h, 6 * n);
+  ASSERT_TRUE(got) << got.error().message;
+  for (uint64_t i = 0; i < n; ++i) {
+    float wp = p[i] * (1 - lr * wd), wm = m[i] * b1 + (1 - b1) * g[i], wv = v[i] * b2 + (1 - b2) * g[i] * g[i];
+    float d = std::sqrt(wv), d2 = d * (1 / c) + eps;
+    wp = wp + -step * wm / d2;
+    ASSERT_NEAR((*got)[i], wp, 1e-6f * std::max(1.0f, std::fabs(wp))) << i;
+    ASSERT_NEAR((*got)[n + i], wm, 1e-6f) << i;
+    ASSERT_NEAR((*got)[2 * n + i], wv, 1e-6f) << i;
+    ASSERT_NEAR((*got)[4 * n + i], d, 1e-6f) << i;  // the sqrt's own output is still written
+  }
+  const uint64_t fusedBefore = s->fusedTensorOps();
+  s->tensor(op(F::affine, {at(1), at(1)}, 2));
+  s->tensor(op(F::add, {at(1), at(3), at(1)}));  // m = g + 2m: not fused
+  s->tensor(op(F::affine, {at(1), at(1)}, 0.5f));  // an in-place scale of the add's result: fused
+  s->tensor(op(F::affine, {at(1), at(1)}, 3));  // and so is this one
+  ASSERT_TRUE(s->flush());  // sends the held op
+  s->tensor(op(F::affine, {at(1), at(1)}, 1.0f / 3));  // held: an affine
+  s->tensor(op(F::add, {at(1), at(1), at(1)}));  // m = m + m: not fused into it
+  auto after = s->readFloats(h, 2 * n);
+  ASSERT_TRUE(after) << after.error().message;
+  EXPECT_EQ(s->fusedTensorOps() - fusedBefore, 2u);
+  for (uint64_t i = 0; i < n; ++i) {
+    float want = (g[i] + (*got)[n + i] * 2) * 0.5f * 3 / 3;
+    ASSERT_NEAR((*after)[n + i], want + want, 1e-5f) << i;
+  }
+}
+
 TEST_F(Integration, MalformedFramesCloseOnlyTheirChannel) {
   auto bystander = open(cluster->vmSocket(), 1, {}, "bystander");
   ASSERT_TRUE(bystander);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/limits.h"
 #include "schema/frame.capnp.h"
 #include "schema/guest.capnp.h"
 #include "transport/blocking_link.h"
@@ -96,6 +97,10 @@ std::string VaccelInfo::describe() const {
 struct Session::Impl {
   transport::BlockingLink link;
   int timeoutMs = 0;
+  // An elementwise tensor op held back for one call: the next may fuse into it
+  // (Session::tensor); anything else sends it first.
+  std::optional<TensorOp> held;
+  uint64_t fused = 0;
 };
 
 Session::Session() : impl_(std::make_unique<Impl>()) {}
@@ -150,6 +155,10 @@ Handle Session::newHandle() {
 }
 
 uint64_t Session::queue(capnp::MessageBuilder& message) {
+  sendHeld();
+  return queueNow(message);
+}
+uint64_t Session::queueNow(capnp::MessageBuilder& message) {
   uint64_t seq = nextSequence_++;
   impl_->link.queue(kChannel, seq, message);
   return seq;
@@ -176,6 +185,7 @@ void Session::free(Handle handle) {
 }
 
 void Session::write(Handle buffer, uint64_t offset, std::span<const std::byte> data) {
+  sendHeld();
   size_t done = 0;
   do {
     size_t n = std::min<size_t>(wire::CHUNK_BYTES, data.size() - done);
@@ -489,14 +499,107 @@ void writeTensorOp(wire::TensorOp::Builder t, const TensorOp& op) {
   t.setReduceMask(op.reduceMask);
   t.setIgnoreIndex(op.ignoreIndex);
   t.setMean(op.mean);
+  t.setPreScale(op.preScale);
+  t.setPreShift(op.preShift);
+  t.setPostScale(op.postScale);
+  t.setPostShift(op.postShift);
+}
+}  // namespace
+
+namespace {
+// The elementwise functions of the map kernel (hal/tensor_kernels.inc's rc_map) that
+// read operand a: those that take a fused scale before and after over f32.
+bool isMap(TensorFn fn) {
+  switch (fn) {
+    case TensorFn::copy: case TensorFn::add: case TensorFn::mul: case TensorFn::div: case TensorFn::relu:
+    case TensorFn::thresholdBackward: case TensorFn::exp: case TensorFn::log: case TensorFn::affine: case TensorFn::sqrt:
+    case TensorFn::tanh: case TensorFn::sigmoid: case TensorFn::tanhBackward: case TensorFn::sigmoidBackward:
+    case TensorFn::addcmul: case TensorFn::addcdiv: case TensorFn::maximum: case TensorFn::minimum: case TensorFn::abs:
+    case TensorFn::pow: case TensorFn::gelu: case TensorFn::geluBackward: case TensorFn::silu: case TensorFn::siluBackward:
+    case TensorFn::leakyRelu: case TensorFn::leakyReluBackward: case TensorFn::softplus: case TensorFn::softplusBackward:
+    case TensorFn::hardtanh: case TensorFn::hardtanhBackward: case TensorFn::sign: case TensorFn::clamp:
+    case TensorFn::log1p: case TensorFn::reciprocal: case TensorFn::rsqrt: case TensorFn::elu: case TensorFn::eluBackward:
+    case TensorFn::lerp: return true;
+    default: return false;
+  }
+}
+bool unscaled(const TensorOp& op) { return op.preScale == 1 && op.preShift == 0 && op.postScale == 1 && op.postShift == 0; }
+// A map over f32 with its operands' strides given for the whole shape: one that may fuse.
+bool fusible(const TensorOp& op) {
+  if (!isMap(op.fn) || op.operands.size() < 2) return false;
+  for (auto& o : op.operands)
+    if (o.type != TensorType::f32 || o.strides.size() != op.shape.size()) return false;
+  return true;
+}
+bool sameView(const TensorOperand& a, const TensorOperand& b) {
+  return a.buffer == b.buffer && a.offset == b.offset && a.strides == b.strides && a.type == b.type;
+}
+// Whether two f32 views over `shape` may touch a common element of one buffer.
+bool overlap(const TensorOperand& a, const TensorOperand& b, const std::vector<uint64_t>& shape) {
+  if (a.buffer != b.buffer) return false;
+  auto last = [&](const TensorOperand& o) {
+    uint64_t at = o.offset;
+    for (size_t d = 0; d < shape.size(); ++d) at = limits::satAdd(at, limits::satMul(shape[d] ? shape[d] - 1 : 0, o.strides[d]));
+    return at;
+  };
+  return a.offset <= last(b) && b.offset <= last(a);
+}
+
+// Folds `next` into `held` where one op computes both (schema/guest.capnp's pre- and
+// post-scales); false where it cannot, and `held` is as it was. Both write the same view
+// of the same shape, so what `held` wrote is all overwritten by `next`:
+//   - next scales in place what held wrote (x.mul_(c), x.add_(c), x / c + eps): held's
+//     result is scaled as it is written;
+//   - held was an affine (out = a x + b, e.g. exp_avg.mul_(beta1)) and next reads its
+//     result as operand a and nothing else of it (exp_avg.add_(grad, 1 - beta1)): next
+//     reads x instead, scaled as it is read.
+bool fuseInto(TensorOp& held, const TensorOp& next) {
+  if (!fusible(next) || !unscaled(next) || next.shape != held.shape || !sameView(next.operands[0], held.operands[0]))
+    return false;
+  const TensorOperand& out = held.operands[0];
+  if (next.fn == TensorFn::affine && sameView(next.operands[1], out)) {
+    held.postShift = next.alpha * held.postShift + next.beta;
+    held.postScale = next.alpha * held.postScale;
+    return true;
+  }
+  if (held.fn != TensorFn::affine || !sameView(next.operands[1], out)) return false;
+  for (size_t i = 2; i < next.operands.size(); ++i)
+    if (overlap(next.operands[i], out, next.shape)) return false;
+  const TensorOperand& x = held.operands[1];
+  if (!sameView(x, out) && overlap(x, out, next.shape)) return false;  // x is the output itself, or apart from it
+  TensorOp fused = next;
+  fused.operands[1] = x;
+  fused.preScale = held.postScale * held.alpha * held.preScale;
+  fused.preShift = held.postScale * (held.alpha * held.preShift + held.beta) + held.postShift;
+  held = std::move(fused);
+  return true;
 }
 }  // namespace
 
 void Session::tensor(const TensorOp& op) {
+  if (impl_->held && fuseInto(*impl_->held, op)) {
+    ++impl_->fused;
+    return;
+  }
+  sendHeld();
+  if (fusible(op)) {
+    impl_->held = op;
+    return;
+  }
   SmallMessage m;
   writeTensorOp(m.instruction().initOp().initTensor(), op);
-  queue(*m);
+  queueNow(*m);
 }
+
+void Session::sendHeld() {
+  if (!impl_->held) return;
+  SmallMessage m;
+  writeTensorOp(m.instruction().initOp().initTensor(), *impl_->held);
+  impl_->held.reset();
+  queueNow(*m);
+}
+
+uint64_t Session::fusedTensorOps() const { return impl_->fused; }
 
 void Session::axpy(uint64_t n, float alpha, Handle x, Handle y) {
   SmallMessage m;
@@ -592,7 +695,10 @@ void Session::reduceSum(uint64_t n, Handle input, Handle out) {
   queue(*m);
 }
 
-Status Session::flush() { return impl_->link.flush(); }
+Status Session::flush() {
+  sendHeld();
+  return impl_->link.flush();
+}
 
 Status Session::fence() {
   SmallMessage m;

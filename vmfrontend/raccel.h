@@ -145,6 +145,7 @@ struct TensorOp {
   uint32_t reduceMask = 0;
   int64_t ignoreIndex = -100;
   bool mean = true;
+  float preScale = 1, preShift = 0, postScale = 1, postShift = 0;  // map functions (schema/guest.capnp)
 };
 
 // A task graph of built-in and tensor ops (Session::submitGraph). Each call adds a node and
@@ -216,7 +217,13 @@ class Session {
   void vadd(uint64_t n, Handle a, Handle b, Handle out);
   void reduceSum(uint64_t n, Handle input, Handle out);
   // Asynchronous like the other ops; a bad op is reported by fence() with the card's reason.
+  // An elementwise op over f32 is held back until the next call: an elementwise step
+  // right after it on the same output (an in-place scale of its result, or an op that
+  // reads the result of an in-place affine as its first input, as in Adam's
+  // exp_avg.mul_(b1).add_(g, 1 - b1)) fuses into it and both go as one op.
   void tensor(const TensorOp& op);
+  // Tensor ops that went fused into the one before them, so far.
+  uint64_t fusedTensorOps() const;
   // Runs a graph as one instruction across the vaccel's cards (the scheduler places
   // each op, moving as few bytes between cards as it can); asynchronous like an op.
   void submitGraph(const Graph& graph, Graph::Placement placement = Graph::Placement::fewestBytes);
@@ -254,8 +261,10 @@ class Session {
   Session();
   struct Impl;
   Handle newHandle();
-  // Queues one instruction; returns its sequence number.
+  // Queues one instruction (after the held tensor op); returns its sequence number.
   uint64_t queue(capnp::MessageBuilder& message);
+  uint64_t queueNow(capnp::MessageBuilder& message);
+  void sendHeld();
   void noteError(const Error& error);
   // Receives until `handle` says the awaited answer is complete (true); error replies are
   // noted (and given to the listener) on the way; an error for `seq` itself ends the wait.

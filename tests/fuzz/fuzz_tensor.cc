@@ -38,6 +38,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   op.reduceMask = static_cast<uint32_t>(in.number(255));
   op.ignoreIndex = static_cast<int64_t>(in.wide());
   op.mean = in.number(1);
+  if (in.number(1)) {  // a fused elementwise step before and after
+    op.preScale = in.real(), op.preShift = in.real();
+    op.postScale = in.real(), op.postShift = in.real();
+  }
   auto lowered = lowerTensorOp(op);
   if (!lowered || lowered->empty || lowered->flops > 65536) return 0;  // refused, or too long to run here
   (void)device->tensor(op);
