@@ -37,6 +37,7 @@ const char* kTensorPrelude = R"CLC(
 #define RC_LOG1P(x) log1p(x)
 #define RC_COS(x) cos(x)
 #define RC_U64 ulong
+#define RC_TILED 1
 )CLC";
 
 // The built-in ops as OpenCL C. reduceSum is two passes: per-work-item Kahan partial
@@ -470,8 +471,16 @@ class OpenclDevice final : public Device {
       if (!program) return fail(program.error().code, "building the tensor kernels: " + program.error().message);
       tensorKernels_.reset(static_cast<ClProgram*>(program->release()));
     }
-    size_t global[1] = {roundUp(static_cast<uint64_t>(op.geom.n), 64)};
     auto& b = op.buffers;
+    if (TensorFn(op.geom.fn) == TensorFn::matmul && gemmTiles_) {  // rc_matmul_tiled: 16 x 16 work-groups
+      const int d = int(op.geom.dims) - 3;
+      const uint64_t rows = uint64_t(op.geom.shape[d]), cols = uint64_t(op.geom.shape[d + 1]);
+      const uint64_t entries = d ? uint64_t(op.geom.shape[0]) : 1;
+      size_t global[2] = {roundUp(cols, 16), roundUp(rows, 16) * entries}, local[2] = {16, 16};
+      return runIn(*tensorKernels_, "rc_matmul_tiled", 2, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
+                   memOf(*b[3]));
+    }
+    size_t global[1] = {roundUp(static_cast<uint64_t>(op.geom.n), 64)};
     return runIn(*tensorKernels_, tensorKernelName(TensorFn(op.geom.fn)), 1, global, nullptr, op.geom, memOf(*b[0]),
                  memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
   }
