@@ -472,8 +472,9 @@ class OpenclDevice final : public Device {
       tensorKernels_.reset(static_cast<ClProgram*>(program->release()));
     }
     auto& b = op.buffers;
-    if (TensorFn(op.geom.fn) == TensorFn::matmul && gemmTiles_) {  // rc_matmul_tiled: 16 x 16 work-groups
-      const int d = int(op.geom.dims) - 3;
+    const int d = int(op.geom.dims) - 3;
+    const bool tiles = TensorFn(op.geom.fn) == TensorFn::matmul && gemmTiles_ && op.geom.shape[d] >= 16 && op.geom.shape[d + 1] >= 16;
+    if (tiles) {  // rc_matmul_tiled, in 16 x 16 work-groups: for entries that fill a tile at least (smaller ones idle most of it)
       const uint64_t rows = uint64_t(op.geom.shape[d]), cols = uint64_t(op.geom.shape[d + 1]);
       const uint64_t entries = d ? uint64_t(op.geom.shape[0]) : 1;
       size_t global[2] = {roundUp(cols, 16), roundUp(rows, 16) * entries}, local[2] = {16, 16};
