@@ -534,6 +534,36 @@ TEST_P(Conformance, TensorMapsTakeAFusedScaleBeforeAndAfter) {
   refused(nan, "not a finite number");
 }
 
+// Sums of many elements into few outputs (a card with work-group memory sums each output
+// with a work-group): everything into one, and each of 3 channels over a [5, 3, 700]
+// tensor's other dimensions, scaled and added to what was there (alpha, beta).
+TEST_P(Conformance, ASumOfManyElementsIntoFewOutputsMatchesReference) {
+  const size_t n = 5, c = 3, p = 700;
+  auto x = randomFloats(n * c * p, 71);
+  auto bx = floats(x), out = floats({1, 2, 3});
+  auto all = tensorOp(TensorFn::sum, {n * c * p}, {view(out.get(), 0, {0}), view(bx.get(), 0, {1})});
+  all.reduceMask = 1;
+  auto s = device->tensor(all);
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  double total = 0;
+  for (float v : x) total += v;
+  EXPECT_NEAR(readFloats(*out, 1)[0], total, 1e-3);
+  // out[ch] = 0.5 * (the sum over batch and positions) + 2 * out[ch]; shape [c, n, p] with
+  // the channel kept.
+  auto channels = floats({1, 2, 3});
+  auto per = tensorOp(TensorFn::sum, {c, n, p}, {view(channels.get(), 0, {1, 0, 0}), view(bx.get(), 0, {p, c * p, 1})});
+  per.reduceMask = 0b110, per.alpha = 0.5f, per.beta = 2;
+  ASSERT_TRUE(device->tensor(per));
+  auto got = readFloats(*channels, c);
+  for (size_t ch = 0; ch < c; ++ch) {
+    double sum = 0;
+    for (size_t b = 0; b < n; ++b)
+      for (size_t q = 0; q < p; ++q) sum += x[(b * c + ch) * p + q];
+    EXPECT_NEAR(got[ch], 0.5 * sum + 2.0 * (ch + 1), 1e-3) << ch;
+  }
+}
+
 // Class 2 of issue 29: a zero in the shape used to skip the reach check, and the other
 // dimensions' strides then overflowed signed arithmetic while the dimensions merged.
 TEST_P(Conformance, ATensorOpWithAZeroDimensionRunsNothingWhateverItsOtherNumbers) {

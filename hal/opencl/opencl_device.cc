@@ -84,6 +84,9 @@ __kernel void raccel_fold(uint count, __global const float* partial, __global fl
 }
 )CLC";
 constexpr size_t kPartials = 1024;
+// An f32 sum of at most this many outputs, each over at least this many elements, runs a
+// work-group an output (rc_sum_groups) rather than a work-item an output.
+constexpr int64_t kGroupSumOutputs = 4096, kGroupSumElements = 2048;
 
 std::string clError(cl_int code) { return "OpenCL error " + std::to_string(code); }
 
@@ -479,6 +482,12 @@ class OpenclDevice final : public Device {
       const uint64_t entries = d ? uint64_t(op.geom.shape[0]) : 1;
       size_t global[2] = {roundUp(cols, 16), roundUp(rows, 16) * entries}, local[2] = {16, 16};
       return runIn(*tensorKernels_, "rc_matmul_tiled", 2, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
+                   memOf(*b[3]));
+    }
+    if (TensorFn(op.geom.fn) == TensorFn::sum && op.geom.type[1] == int(TensorType::f32) && gemmTiles_ &&
+        op.geom.n <= kGroupSumOutputs && op.geom.inner >= kGroupSumElements) {  // rc_sum_groups: a work-group an output
+      size_t global[1] = {static_cast<size_t>(op.geom.n) * 256}, local[1] = {256};
+      return runIn(*tensorKernels_, "rc_sum_groups", 1, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
                    memOf(*b[3]));
     }
     size_t global[1] = {roundUp(static_cast<uint64_t>(op.geom.n), 64)};
