@@ -171,6 +171,45 @@ extern "C" __global__ void raccel_reduce_sum(unsigned long long n, const float* 
 }
 )CU";
 
+// CUDA C++ to PTX for compute capability major.minor through NVRTC (no driver needed).
+Result<std::string> nvrtcCompile(const std::string& name, const std::string& source, int major, int minor,
+                                 const std::string& options) {
+  auto* nv = nvrtc();
+  if (!nv->ok) return fail(Code::unavailable, "NVRTC (libnvrtc.so) could not be loaded: cudaC programs need it");
+  nvrtcProgram prog = nullptr;
+  if (nv->nvrtcCreateProgram(&prog, source.c_str(), name.c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
+    return fail(Code::internal, "nvrtcCreateProgram failed");
+  std::string arch = "--gpu-architecture=compute_" + std::to_string(major) + std::to_string(minor);
+  // The caller's flags, split at spaces, after ours (a later --std wins).
+  std::vector<std::string> words{arch, "--std=c++17"};
+  for (size_t at = 0; at < options.size();) {
+    size_t end = options.find(' ', at);
+    if (end == std::string::npos) end = options.size();
+    if (end > at) words.push_back(options.substr(at, end - at));
+    at = end + 1;
+  }
+  std::vector<const char*> opts;
+  for (auto& w : words) opts.push_back(w.c_str());
+  nvrtcResult rc = nv->nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
+  size_t logSize = 0;
+  nv->nvrtcGetProgramLogSize(prog, &logSize);
+  std::string log(logSize, '\0');
+  if (logSize) nv->nvrtcGetProgramLog(prog, log.data());
+  while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+  if (rc != NVRTC_SUCCESS) {
+    nv->nvrtcDestroyProgram(&prog);
+    return fail(Code::invalidArgument, "program '" + name + "' failed to compile (" + nv->nvrtcGetErrorString(rc) +
+                                           "). Compiler log:\n" + log);
+  }
+  size_t ptxSize = 0;
+  nv->nvrtcGetPTXSize(prog, &ptxSize);
+  std::string ptx(ptxSize, '\0');
+  nv->nvrtcGetPTX(prog, ptx.data());
+  nv->nvrtcDestroyProgram(&prog);
+  while (!ptx.empty() && ptx.back() == '\0') ptx.pop_back();
+  return ptx;
+}
+
 // What the tensor kernels (hal/tensor_kernels.inc) need of CUDA C++.
 const char* kTensorPrelude = R"CU(
 #define RC_KERNEL extern "C" __global__ void
@@ -619,46 +658,15 @@ class CudaDevice final : public Device {
 
   Result<std::unique_ptr<CuProgram>> compile(const std::string& name, const std::string& source,
                                              const std::string& options = {}) {
-    auto* nv = nvrtc();
-    if (!nv->ok) return fail(Code::unavailable, "NVRTC (libnvrtc.so) could not be loaded: cudaC programs need it");
-    nvrtcProgram prog = nullptr;
-    if (nv->nvrtcCreateProgram(&prog, source.c_str(), name.c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
-      return fail(Code::internal, "nvrtcCreateProgram failed");
-    std::string arch = "--gpu-architecture=compute_" + std::to_string(major_) + std::to_string(minor_);
-    // The caller's flags, split at spaces, after ours (a later --std wins).
-    std::vector<std::string> words{arch, "--std=c++17"};
-    for (size_t at = 0; at < options.size();) {
-      size_t end = options.find(' ', at);
-      if (end == std::string::npos) end = options.size();
-      if (end > at) words.push_back(options.substr(at, end - at));
-      at = end + 1;
-    }
-    std::vector<const char*> opts;
-    for (auto& w : words) opts.push_back(w.c_str());
-    nvrtcResult rc = nv->nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
-    size_t logSize = 0;
-    nv->nvrtcGetProgramLogSize(prog, &logSize);
-    std::string log(logSize, '\0');
-    if (logSize) nv->nvrtcGetProgramLog(prog, log.data());
-    while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
-    if (rc != NVRTC_SUCCESS) {
-      nv->nvrtcDestroyProgram(&prog);
-      return fail(Code::invalidArgument, "program '" + name + "' failed to compile (" + nv->nvrtcGetErrorString(rc) +
-                                             "). Compiler log:\n" + log);
-    }
-    size_t ptxSize = 0;
-    nv->nvrtcGetPTXSize(prog, &ptxSize);
-    std::string ptx(ptxSize, '\0');
-    nv->nvrtcGetPTX(prog, ptx.data());
-    nv->nvrtcDestroyProgram(&prog);
-    while (!ptx.empty() && ptx.back() == '\0') ptx.pop_back();
-    auto module = loadModule(name, ptx);
+    auto ptx = nvrtcCompile(name, source, major_, minor_, options);
+    if (!ptx) return fail(ptx.error());
+    auto module = loadModule(name, *ptx);
     if (!module) return fail(module.error());
     // The entry points, from the PTX (".entry NAME(").
     std::vector<std::string> names;
-    for (size_t at = ptx.find(".entry "); at != std::string::npos; at = ptx.find(".entry ", at + 1)) {
-      size_t start = at + 7, end = ptx.find_first_of("( \n", start);
-      names.push_back(ptx.substr(start, end - start));
+    for (size_t at = ptx->find(".entry "); at != std::string::npos; at = ptx->find(".entry ", at + 1)) {
+      size_t start = at + 7, end = ptx->find_first_of("( \n", start);
+      names.push_back(ptx->substr(start, end - start));
     }
     return std::make_unique<CuProgram>(name, ProgramKind::cudaC, *module, names);
   }
@@ -691,6 +699,10 @@ class CudaDevice final : public Device {
 };
 
 }  // namespace
+
+Result<std::string> compileCudaTensorKernels(int major, int minor) {
+  return nvrtcCompile("raccel.tensor", std::string(kTensorPrelude) + kTensorKernelSource, major, minor, {});
+}
 
 std::vector<DeviceInfo> enumerateCudaDevices(std::string* note) {
   auto* d = driver();

@@ -23,4 +23,9 @@ struct PinnedCopy {
 };
 Result<PinnedCopy> measurePinnedCopy(unsigned index, uint64_t bytes);
 
+// The tensor kernels (hal/tensor_kernels.inc behind the CUDA prelude) compiled to PTX for
+// compute capability major.minor by NVRTC: no driver or device needed (unavailable when
+// NVRTC is not installed).
+Result<std::string> compileCudaTensorKernels(int major, int minor);
+
 }  // namespace raccel::hal

@@ -4,12 +4,29 @@
 
 #include "hal/backends.h"
 #include "hal/conformance.h"
+#include "hal/cuda/cuda_device.h"
+#include "hal/tensor.h"
 
 namespace raccel::hal {
 
 std::vector<Backend> conformanceBackends() { return discoveredBackends("cuda", {.memoryBytes = 64 << 20}, cudaSample()); }
 
 namespace {
+// The one kernel source compiles as CUDA C++ too, wherever NVRTC is (a machine without a
+// GPU included): for Turing (the oldest CUDA 13 compiles for) and Hopper, with
+// every tensor function's kernel in the PTX.
+TEST(CudaKernels, TheTensorKernelsCompileWithNvrtc) {
+  for (auto [major, minor] : {std::pair{7, 5}, std::pair{9, 0}}) {
+    auto ptx = compileCudaTensorKernels(major, minor);
+    if (!ptx && ptx.error().code == Code::unavailable) GTEST_SKIP() << ptx.error().message;
+    ASSERT_TRUE(ptx) << ptx.error().message;
+    for (unsigned f = 0; f < kTensorFns; ++f) {
+      const std::string entry = std::string(".entry ") + tensorKernelName(TensorFn(f));
+      EXPECT_NE(ptx->find(entry), std::string::npos) << entry << " for compute_" << major << minor;
+    }
+  }
+}
+
 TEST(CudaDevices, Present) {
   auto report = discover("cuda");
   if (report.devices.empty()) GTEST_SKIP() << "no CUDA device: " << report.note;
