@@ -209,6 +209,19 @@ TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) 
   std::string line = logs.substr(admitted, logs.find('\n', admitted) - admitted);
   EXPECT_NE(line.find("4 block(s)"), std::string::npos) << line;
   EXPECT_NE(line.find("2 card(s)"), std::string::npos) << line;
+  // torch_split_efficiency: the step's rate over both cards against the sum of each
+  // card's rate alone (printed, not asserted: here both cards share the same two cores).
+  auto stepMs = [&](const std::string& flags) {
+    std::string timed = python(sourcePath("tests/torch/mlp_train.py") +
+                                   " --time 10 --features 256 --hidden 512 --batch 256 " + flags, &status);
+    EXPECT_EQ(status, 0) << flags << "\n" << timed;
+    auto at = timed.find("raccel_step_ms ");
+    return at == std::string::npos ? 0.0 : std::stod(timed.substr(at + 15));
+  };
+  const double both = stepMs("--tflops 4"), gpu = stepMs("--tflops 2 --kinds gpu"), cpu = stepMs("--tflops 2 --kinds cpu");
+  ASSERT_GT(both * gpu * cpu, 0);
+  std::cout << "step ms: both cards " << both << ", gpu0 alone " << gpu << ", ocl alone " << cpu << "\n"
+            << "torch_split_efficiency " << (1 / both) / (1 / gpu + 1 / cpu) << "\n";
 }
 
 // A PyTorch training run (mlp_train.py) whose card's netaccel is killed (kill -9) once

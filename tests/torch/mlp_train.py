@@ -91,7 +91,7 @@ def train(device, args, on_step=None):
 def timed(device, args):
     """Milliseconds per training step (median of args.time steps after 3 warm-up steps)."""
     if device == "raccel":
-        dev = raccel.torch.device(tflops=args.tflops)
+        dev = raccel.torch.device(tflops=args.tflops, kinds=args.kinds.split(",") if args.kinds else ())
         sync = raccel.torch.synchronize
     else:
         dev = torch.device("cpu")
@@ -137,6 +137,7 @@ def main():
                    help="clip the gradients' total 2-norm to MAX before each step")
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--tflops", type=float, default=1.0)
+    p.add_argument("--kinds", default="", help="--time on raccel: the card kinds to ask for, comma-separated (gpu, cpu, ...)")
     p.add_argument("--progress", action="store_true", help="print every 20th step's loss")
     args = p.parse_args()
     if args.amsgrad and args.optimizer == "sgd":
