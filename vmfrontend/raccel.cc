@@ -546,8 +546,10 @@ bool overlap(const TensorOperand& a, const TensorOperand& b, const std::vector<u
 }
 
 // Folds `next` into `held` where one op computes both (schema/guest.capnp's pre- and
-// post-scales); false where it cannot, and `held` is as it was. Both write the same view
-// of the same shape, so what `held` wrote is all overwritten by `next`:
+// post-scales) with the very arithmetic the two ops would do: one scale and shift, never
+// a product of two (x * a * b rounds otherwise than x * (a * b)); false where it cannot,
+// and `held` is as it was. Both write the same view of the same shape, so what `held`
+// wrote is all overwritten by `next`:
 //   - next scales in place what held wrote (x.mul_(c), x.add_(c), x / c + eps): held's
 //     result is scaled as it is written;
 //   - held was an affine (out = a x + b, e.g. exp_avg.mul_(beta1)) and next reads its
@@ -557,20 +559,18 @@ bool fuseInto(TensorOp& held, const TensorOp& next) {
   if (!fusible(next) || !unscaled(next) || next.shape != held.shape || !sameView(next.operands[0], held.operands[0]))
     return false;
   const TensorOperand& out = held.operands[0];
-  if (next.fn == TensorFn::affine && sameView(next.operands[1], out)) {
-    held.postShift = next.alpha * held.postShift + next.beta;
-    held.postScale = next.alpha * held.postScale;
+  if (next.fn == TensorFn::affine && sameView(next.operands[1], out) && held.postScale == 1 && held.postShift == 0) {
+    held.postScale = next.alpha, held.postShift = next.beta;
     return true;
   }
-  if (held.fn != TensorFn::affine || !sameView(next.operands[1], out)) return false;
+  if (held.fn != TensorFn::affine || !unscaled(held) || !sameView(next.operands[1], out)) return false;
   for (size_t i = 2; i < next.operands.size(); ++i)
     if (overlap(next.operands[i], out, next.shape)) return false;
   const TensorOperand& x = held.operands[1];
   if (!sameView(x, out) && overlap(x, out, next.shape)) return false;  // x is the output itself, or apart from it
   TensorOp fused = next;
   fused.operands[1] = x;
-  fused.preScale = held.postScale * held.alpha * held.preScale;
-  fused.preShift = held.postScale * (held.alpha * held.preShift + held.beta) + held.postShift;
+  fused.preScale = held.alpha, fused.preShift = held.beta;
   held = std::move(fused);
   return true;
 }
