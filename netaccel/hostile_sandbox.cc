@@ -80,7 +80,7 @@ int main() {
     if ((mode == "failwrite" && q.op == Op::write) || (mode == "failop" && q.op == Op::gemm)) {
       r.code = static_cast<uint32_t>(raccel::Code::internal);
       r.payload = 4;
-      std::memcpy(window, "nope", 4);
+      std::memcpy(window + kMessageAt, "nope", 4);
     }
     if (mode == "ragged" || mode == "burst") {
       std::vector<Reply> many(mode == "burst" ? kMaxReplies + 1 : 2, r);

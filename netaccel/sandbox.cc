@@ -543,7 +543,7 @@ class SandboxDevice final : public hal::Device {
     if (!r) return fail(lose(r.error().message));
     if (r->code != 0)
       return fail(lose("the sandbox could not open the card: " +
-                       clipped(reinterpret_cast<const char*>(process_->window()), r->payload)));
+                       clipped(reinterpret_cast<const char*>(process_->window() + sandbox::kMessageAt), r->payload)));
     ready_ = true;
     timesKernels_ = r->timesKernels != 0;
     return {};
@@ -568,7 +568,8 @@ class SandboxDevice final : public hal::Device {
   std::optional<Error> errorOf(const Reply& r) {
     if (r.code == 0) return std::nullopt;
     Code code = r.code <= static_cast<uint32_t>(Code::internal) ? static_cast<Code>(r.code) : Code::internal;
-    return Error{code, clipped(reinterpret_cast<const char*>(process_->window()), r.payload), validOpenclError(r.openclError)};
+    return Error{code, clipped(reinterpret_cast<const char*>(process_->window() + sandbox::kMessageAt), r.payload),
+                 validOpenclError(r.openclError)};
   }
 
   // The oldest posted request's reply `r`: a fault loses the device, a failed write too
@@ -678,7 +679,8 @@ class SandboxDevice final : public hal::Device {
   unsigned timeoutMs_;
   mutable bool ready_ = false, timesKernels_ = false;
   uint64_t nextId_ = 0;
-  static constexpr uint64_t kHalf = kWindowBytes / 2;
+  static constexpr uint64_t kHalf = sandbox::kMessageAt / 2;  // the message area is past both halves
+  static_assert(2 * kHalf <= sandbox::kMessageAt && sandbox::kMessageAt + sandbox::kMaxMessage <= kWindowBytes);
   std::deque<Posted> posted_;
   unsigned postedWrites_ = 0;  // of posted_: the window's halves in use
   unsigned nextHalf_ = 0;
@@ -882,7 +884,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
     r.code = static_cast<uint32_t>(e.code == Code::ok ? Code::internal : e.code);
     r.openclError = e.openclError;
     r.payload = std::min<size_t>(e.message.size(), sandbox::kMaxMessage);
-    std::memcpy(window, e.message.data(), r.payload);
+    std::memcpy(window + sandbox::kMessageAt, e.message.data(), r.payload);
   };
   {
     Reply ready;

@@ -12,7 +12,8 @@
 // The netaccel talks to a sandbox through SandboxDevice, a hal::Device whose calls are
 // requests on a SOCK_SEQPACKET socket pair (a fixed-size Request, a tensor op's
 // TensorWindow with it, and a Reply each), with bulk data (writes, reads, program code,
-// launch arguments) in one shared-memory window (a memfd mapped by both). On a card that
+// launch arguments) in one shared-memory window (a memfd mapped by both; a failed
+// request's message in its last kMaxMessage bytes, apart from the posted writes' halves). On a card that
 // times its kernels, the calls that only queue work (writes, tensor ops, the built-in
 // ops, copies and fills) are posted: sent without waiting, their replies read later in
 // order (a few at a time, and all before any call that waits), so a stream of small ops
@@ -55,6 +56,10 @@ namespace sandbox {
 
 inline constexpr uint64_t kWindowBytes = 4ull << 20;  // the shared-memory window
 inline constexpr uint32_t kMaxMessage = 4096;         // error messages, clipped
+// Where a failed request's message goes: the window's last kMaxMessage bytes, which the
+// posted writes' halves never use (a posted op failing while the netaccel fills a half
+// with the next write's data must not write over it).
+inline constexpr uint64_t kMessageAt = kWindowBytes - kMaxMessage;
 inline constexpr uint32_t kMaxProgramBytes = 256u << 20;
 inline constexpr uint64_t kRingEntries = 4096;
 // Replies the sandbox sends in one message: those of a run of requests that were waiting

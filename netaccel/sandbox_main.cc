@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
     netaccel::sandbox::Reply r;
     r.code = static_cast<uint32_t>(opened.error().code);
     r.payload = std::min<size_t>(opened.error().message.size(), netaccel::sandbox::kMaxMessage);
-    std::memcpy(window, opened.error().message.data(), r.payload);
+    std::memcpy(static_cast<std::byte*>(window) + netaccel::sandbox::kMessageAt, opened.error().message.data(), r.payload);
     (void)!write(static_cast<int>(fd), &r, sizeof r);
     return 1;
   }
