@@ -231,9 +231,8 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     default:
       break;
   }
-  if (rowwise(op.fn) && limits::satMul(op.shape[1], op.dims == 3 ? op.shape[2] : 1) > kMaxRowElements)
-    return bad("rows of " + std::to_string(limits::satMul(op.shape[1], op.dims == 3 ? op.shape[2] : 1)) +
-               " elements (at most 2^24)");
+  if (const uint64_t row = limits::satMul(op.shape[1], op.dims == 3 ? op.shape[2] : 1); rowwise(op.fn) && row > kMaxRowElements)
+    return bad("rows of " + std::to_string(row) + " elements (at most 2^24)");
   if (op.fn == TensorFn::indexAdd && op.shape[op.dims - 1] > kMaxRowElements)
     return bad("an index of " + std::to_string(op.shape[op.dims - 1]) + " positions (at most 2^24)");
   if (op.fn == TensorFn::gatherSum && op.shape[op.dims - 2] > kMaxRowElements)

@@ -870,7 +870,6 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   std::unordered_map<uint64_t, std::unique_ptr<hal::Program>> programs;
   std::vector<std::byte> staged;  // program code arriving by `append`
   std::vector<hal::KernelTime> completed;
-  auto send = [&](Reply r) { return ::send(fd, &r, sizeof r, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r); };
   // Replies not yet sent: those of requests done while more were waiting (sandbox.h).
   std::vector<Reply> replies;
   replies.reserve(sandbox::kMaxReplies);
@@ -889,7 +888,8 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   {
     Reply ready;
     ready.timesKernels = device.timesKernels();
-    if (!send(ready)) return 1;
+    replies.push_back(ready);
+    if (!flush()) return 1;
   }
   // A request, and what may follow it in its message (a tensor op, a launch's arguments).
   std::vector<std::byte> received(sizeof(Request) + std::max<size_t>(sizeof(sandbox::TensorWindow), sandbox::kMaxInlineBytes));

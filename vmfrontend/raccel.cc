@@ -504,9 +504,7 @@ void writeTensorOp(wire::TensorOp::Builder t, const TensorOp& op) {
   t.setPostScale(op.postScale);
   t.setPostShift(op.postShift);
 }
-}  // namespace
 
-namespace {
 // The elementwise functions of the map kernel (hal/tensor_kernels.inc's rc_map) that
 // read operand a: those that take a fused scale before and after over f32.
 bool isMap(TensorFn fn) {
@@ -582,20 +580,20 @@ void Session::tensor(const TensorOp& op) {
     return;
   }
   sendHeld();
-  if (fusible(op)) {
-    impl_->held = op;
-    return;
-  }
-  SmallMessage m;
-  writeTensorOp(m.instruction().initOp().initTensor(), op);
-  queueNow(*m);
+  if (fusible(op)) impl_->held = op;
+  else queueTensor(op);
 }
 
 void Session::sendHeld() {
   if (!impl_->held) return;
-  SmallMessage m;
-  writeTensorOp(m.instruction().initOp().initTensor(), *impl_->held);
+  const TensorOp op = std::move(*impl_->held);
   impl_->held.reset();
+  queueTensor(op);
+}
+
+void Session::queueTensor(const TensorOp& op) {
+  SmallMessage m;
+  writeTensorOp(m.instruction().initOp().initTensor(), op);
   queueNow(*m);
 }
 

@@ -264,7 +264,8 @@ class Session {
   // Queues one instruction (after the held tensor op); returns its sequence number.
   uint64_t queue(capnp::MessageBuilder& message);
   uint64_t queueNow(capnp::MessageBuilder& message);
-  void sendHeld();
+  void sendHeld();  // the held tensor op, if any
+  void queueTensor(const TensorOp& op);
   void noteError(const Error& error);
   // Receives until `handle` says the awaited answer is complete (true); error replies are
   // noted (and given to the listener) on the way; an error for `seq` itself ends the wait.

@@ -233,7 +233,7 @@ class OpenclDevice final : public Device {
     auto program = build(ProgramKind::openclC, kBuiltinLibrary, std::as_bytes(std::span(kBuiltinSource, std::strlen(kBuiltinSource))));
     if (!program) return fail(program.error().code, "building the built-in kernels: " + program.error().message);
     builtins_.reset(static_cast<ClProgram*>(program->release()));
-    gemmTiles_ = deviceValue<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE) >= 256;
+    groups256_ = deviceValue<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE) >= 256;
     baseAlign_ = std::max<uint64_t>(1, deviceValue<cl_uint>(device_, CL_DEVICE_MEM_BASE_ADDR_ALIGN) / 8);
     addressBytes_ = std::max<cl_uint>(4, deviceValue<cl_uint>(device_, CL_DEVICE_ADDRESS_BITS) / 8);
     cl_int rc = CL_SUCCESS;
@@ -456,7 +456,7 @@ class OpenclDevice final : public Device {
   Status doGemm(const GemmArgs& g) override {
     size_t global[2] = {roundUp(g.n, 16), roundUp(g.m, 16)};
     size_t local[2] = {16, 16};
-    return run("raccel_gemm", 2, global, gemmTiles_ ? local : nullptr, g.m, g.n, g.k, g.alpha, g.beta, memOf(*g.a),
+    return run("raccel_gemm", 2, global, groups256_ ? local : nullptr, g.m, g.n, g.k, g.alpha, g.beta, memOf(*g.a),
                memOf(*g.b), memOf(*g.c));
   }
   Status doAxpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) override {
@@ -476,7 +476,7 @@ class OpenclDevice final : public Device {
     }
     auto& b = op.buffers;
     const int d = int(op.geom.dims) - 3;
-    const bool tiles = TensorFn(op.geom.fn) == TensorFn::matmul && gemmTiles_ && op.geom.shape[d] >= 16 && op.geom.shape[d + 1] >= 16;
+    const bool tiles = TensorFn(op.geom.fn) == TensorFn::matmul && groups256_ && op.geom.shape[d] >= 16 && op.geom.shape[d + 1] >= 16;
     if (tiles) {  // rc_matmul_tiled, in 16 x 16 work-groups: for entries that fill a tile at least (smaller ones idle most of it)
       const uint64_t rows = uint64_t(op.geom.shape[d]), cols = uint64_t(op.geom.shape[d + 1]);
       const uint64_t entries = d ? uint64_t(op.geom.shape[0]) : 1;
@@ -484,7 +484,7 @@ class OpenclDevice final : public Device {
       return runIn(*tensorKernels_, "rc_matmul_tiled", 2, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
                    memOf(*b[3]));
     }
-    if (TensorFn(op.geom.fn) == TensorFn::sum && op.geom.type[1] == int(TensorType::f32) && gemmTiles_ &&
+    if (TensorFn(op.geom.fn) == TensorFn::sum && op.geom.type[1] == int(TensorType::f32) && groups256_ &&
         op.geom.n <= kGroupSumOutputs && op.geom.inner >= kGroupSumElements) {  // rc_sum_groups: a work-group an output
       size_t global[1] = {static_cast<size_t>(op.geom.n) * 256}, local[1] = {256};
       return runIn(*tensorKernels_, "rc_sum_groups", 1, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
@@ -739,7 +739,7 @@ class OpenclDevice final : public Device {
   std::unique_ptr<ClProgram> builtins_;
   std::unique_ptr<ClProgram> tensorKernels_;
   cl_mem partials_ = nullptr;
-  bool gemmTiles_ = false;  // the device takes 16 x 16 work-groups
+  bool groups256_ = false;  // the device takes work-groups of 256: 16 x 16 tiles (gemm, matmul), 256-wide sums
 };
 
 }  // namespace

@@ -1626,10 +1626,10 @@ std::vector<int64_t> allButChannels(const at::Tensor& input) {
 }
 const at::Tensor* present(const c10::optional<at::Tensor>& t) { return t && t->defined() ? &*t : nullptr; }
 
-// Batch norm's training statistics as layer norm over channels (hal/tensor.h): x [N, C,
-// positions...] seen as [C, N, positions], each channel's row a strided block.
+// Batch norm's training statistics as layer norm over channels (hal/tensor.h): an [N, C,
+// positions...] tensor seen as [C, N, positions], each channel's row a strided block.
 // layerNorm (out, x, mean, invstd) or layerNormBackward (out, grad, xhat, invstd) over
-// those rows: the [N, C, ...] operands contiguous, the per-channel ones [C].
+// those rows; the [N, C, ...] operands contiguous, the per-channel ones [C].
 void channelNorm(TensorFn fn, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, float alpha) {
   const int64_t n = a.size(0), channels = a.size(1), positions = a.numel() / std::max<int64_t>(n * channels, 1);
   const std::vector<int64_t> strides = {positions, channels * positions, 1};
@@ -1709,29 +1709,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
   auto invstd = train ? si->reshape(shape) : at::rsqrt(rv->reshape(shape) + eps);
   auto xhat = (input - mean) * invstd;
   at::Tensor gradInput, gradWeight, gradBias;
-  if (train) {
-    // The input's gradient is layer norm's backward over the channels' rows.
-    if (mask[0]) {
-      const auto g = w ? (grad * w->reshape(shape)).contiguous() : grad.contiguous();
-      gradInput = emptyOn(g.sizes());
-      channelNorm(TensorFn::layerNormBackward, gradInput, g, xhat.contiguous(), *si, 0);
-    }
-    if (mask[1]) gradWeight = at::sum(grad * xhat, dims);
-    if (mask[2]) gradBias = at::sum(grad, dims);
-    return {gradInput, gradWeight, gradBias};
+  if (mask[0] && train) {  // layer norm's backward over the channels' rows
+    const auto g = w ? (grad * w->reshape(shape)).contiguous() : grad.contiguous();
+    gradInput = emptyOn(g.sizes());
+    channelNorm(TensorFn::layerNormBackward, gradInput, g, xhat.contiguous(), *si, 0);
+  } else if (mask[0]) {  // eval: the statistics are constants
+    gradInput = grad * (w ? invstd * w->reshape(shape) : invstd);
   }
-  auto gradSum = at::sum(grad, dims, true), gradXhatSum = at::sum(grad * xhat, dims, true);
-  if (mask[0]) {
-    auto scale = w ? invstd * w->reshape(shape) : invstd;
-    if (train) {
-      const double n = double(input.numel() / std::max<int64_t>(input.size(1), 1));
-      gradInput = (grad - gradSum / n - xhat * (gradXhatSum / n)) * scale;
-    } else {
-      gradInput = grad * scale;
-    }
-  }
-  if (mask[1]) gradWeight = gradXhatSum.reshape({-1});
-  if (mask[2]) gradBias = gradSum.reshape({-1});
+  if (mask[1]) gradWeight = at::sum(grad * xhat, dims);
+  if (mask[2]) gradBias = at::sum(grad, dims);
   return {gradInput, gradWeight, gradBias};
 }
 
