@@ -341,6 +341,10 @@ class Pool {
   double fragDelta(size_t node, const std::vector<Take>& take, const HostVector& host);
   double nodeFrag(size_t node, const std::vector<Take>& take, const HostVector& host);
   void rebuildFragTables();
+  // Per card group, the free cards (in cards) that demand other than `accepts` does not
+  // expect to need (see shaped.cc, "reserved"); a take beyond it is scored first.
+  std::vector<double> unreservedFree(size_t accepts) const;
+  double reservedTaken(const std::vector<double>& unreserved, const std::vector<Take>& take) const;
   size_t fitSetOf(const Node& node, const HostVector& used);
   void freeUnowned(size_t node);   // the node's blocks nobody holds become free
   void takeNodeFree(size_t node);  // the node's free blocks leave the free index
@@ -405,6 +409,8 @@ class Pool {
     uint64_t hostOnly = 0;
   };
   std::vector<HostClass> classes_;
+  std::vector<double> demandByAccepts_;  // cards' worth of shaped demand seen, per accept set
+  double demandCards_ = 0;
   std::map<std::tuple<uint64_t, uint64_t, size_t>, size_t> classIndex_;
   size_t groupsAtBuild_ = 0;
   uint64_t seenCount_ = 0, seenAtBuild_ = 0;

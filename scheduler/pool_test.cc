@@ -535,6 +535,52 @@ TEST(Pool, RaccelFitKeepsTheCardsThatPinnedDemandNeedsForIt) {
   }
 }
 
+TEST(Pool, RaccelFitLeavesAScarceModelToTheDemandPinnedToIt) {
+  // Demand seen: half-card shares pinned to the one T4, and 0.6-card shares of any
+  // model, in a pool of one T4 and four G2s. The T4 has 0.6 free. FGD's measure alone
+  // fills it with the next 0.6 share of any model (nothing is left there to fragment),
+  // and the next pinned share then has nowhere to go. raccel counts the pinned demand's
+  // claim on the scarce model and takes a G2, so both are placed.
+  auto model = [](const char* name, uint32_t index) {
+    CardSpec c = card(CardKind::gpu, 10, index);
+    c.model = name;
+    return c;
+  };
+  Pool pool(1.0);
+  pool.setFit(Pool::Fit::raccel);
+  ASSERT_TRUE(pool.addNode("a", {model("T4", 0)}));
+  ASSERT_TRUE(pool.addNode("b", {model("G2", 0), model("G2", 1), model("G2", 2), model("G2", 3)}));
+  auto pinnedOf = [](uint32_t milli) {
+    Pool::Request r = shareOf(milli);
+    r.accepts = [](const Card& c) { return c.spec.model == "T4"; };
+    return r;
+  };
+  for (VaccelId v = 100; v < 106; ++v) (void)pool.allocate(v, pinnedOf(500));
+  for (VaccelId v = 106; v < 126; ++v) (void)pool.allocate(v, shareOf(600));
+  for (VaccelId v = 100; v < 126; ++v) pool.release(v);
+  ASSERT_EQ(pool.freeBlocks(), 50u);
+  auto model_of = [&](const std::vector<BlockRange>& r) { return pool.cards()[pool.cardOf(r.front().first)].spec.model; };
+  auto first = pool.allocate(1, pinnedOf(400));
+  ASSERT_TRUE(first) << first.error().message;
+  ASSERT_EQ(model_of(*first), "T4");
+  auto any = pool.allocate(2, shareOf(600));
+  ASSERT_TRUE(any) << any.error().message;
+  EXPECT_EQ(model_of(*any), "G2") << "the T4's free 0.6 is the pinned demand's";
+  auto pinned = pool.allocate(3, pinnedOf(500));
+  ASSERT_TRUE(pinned) << "a pinned share still finds its model: " << pinned.error().message;
+  EXPECT_EQ(model_of(*pinned), "T4");
+  // The claim orders places; it never refuses one. With the G2s full, work of any model
+  // takes what is left of the T4.
+  pool.release(3);
+  for (VaccelId v = 4; v < 7; ++v) ASSERT_TRUE(pool.allocate(v, shareOf(1000)));
+  auto last = pool.allocate(7, shareOf(400));
+  ASSERT_TRUE(last) << last.error().message;
+  EXPECT_EQ(model_of(*last), "G2") << "the G2 with 0.4 free";
+  auto onT4 = pool.allocate(8, shareOf(600));
+  ASSERT_TRUE(onT4) << onT4.error().message;
+  EXPECT_EQ(model_of(*onT4), "T4");
+}
+
 TEST(Pool, MaxNodesRefusesAPlacementThatWouldSpanMoreNodes) {
   Pool pool(1.0);
   for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(pool.addNode(name, {card(CardKind::gpu, 10, 0)}));

@@ -110,6 +110,51 @@ void Pool::learnDemand(Shape shape, uint32_t amount, const HostVector& host, siz
   else if (shape == Shape::wholeCards) ++k.whole[amount];
   else ++k.hostOnly;
   ++seenCount_;
+  const double cards = shape == Shape::oneCard ? amount / 1000.0 : shape == Shape::wholeCards ? double(amount) : 0.0;
+  if (demandByAccepts_.size() <= accepts) demandByAccepts_.resize(accepts + 1);
+  demandByAccepts_[accepts] += cards;
+  demandCards_ += cards;
+}
+
+// Demand that takes only some card groups (a GPU model, say) will need those groups'
+// free cards, however the rest of the demand is placed. Assuming arrivals go on in the
+// mix seen so far until the pool is full, an accept set with share s of the card demand
+// reserves s of the pool's free cards, spread over its groups by their free cards. Work
+// that could go elsewhere is kept off what others reserved (FGD's fragmentation counts
+// another model's card as fragmented for pinned work, but not how scarce it is).
+std::vector<double> Pool::unreservedFree(size_t accepts) const {
+  const size_t groups = groupIndex_.size();
+  std::vector<double> free(groups, 0.0);
+  for (size_t c = 0; c < cards_.size(); ++c)
+    if (cards_[c].blocks.count && nodes_[cards_[c].node].placeable()) free[cardGroup_[c]] += cardFreeMilli(c) / 1000.0;
+  std::vector<double> unreserved = free;
+  double all = 0;
+  for (double f : free) all += f;
+  if (demandCards_ <= 0 || all <= 0) return unreserved;
+  for (size_t a = 0; a < demandByAccepts_.size(); ++a) {
+    if (a == accepts || demandByAccepts_[a] <= 0) continue;
+    double reach = 0;
+    bool everywhere = true;
+    for (size_t g = 0; g < groups; ++g) {
+      if (free[g] <= 0) continue;
+      if (takes(a, g)) reach += free[g];
+      else everywhere = false;
+    }
+    if (everywhere || reach <= 0) continue;  // takes whatever is free: reserves nothing
+    const double reserve = std::min(reach, demandByAccepts_[a] / demandCards_ * all);
+    for (size_t g = 0; g < groups; ++g)
+      if (free[g] > 0 && takes(a, g)) unreserved[g] -= reserve * free[g] / reach;
+  }
+  return unreserved;
+}
+
+double Pool::reservedTaken(const std::vector<double>& unreserved, const std::vector<Take>& take) const {
+  double taken = 0;
+  for (const Take& t : take) {
+    const double cards = t.milli ? t.milli / 1000.0 : 1.0;
+    taken += std::max(0.0, cards - std::max(0.0, unreserved[cardGroup_[t.card]]));
+  }
+  return taken;
 }
 
 void Pool::rebuildFragTables() {
@@ -288,13 +333,15 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
     return fail(Code::invalidArgument, "a one-card request needs 1 to 1000 thousandths of a card, not " +
                                            std::to_string(request.cardMilli));
   if (!oneCard && request.wholeCards == 0) return fail(Code::invalidArgument, "a whole-card request needs at least one card");
-  learnDemand(request.shape, oneCard ? request.cardMilli : request.wholeCards, request.host, acceptsOf(request));
+  const size_t accepts = acceptsOf(request);
+  learnDemand(request.shape, oneCard ? request.cardMilli : request.wholeCards, request.host, accepts);
   auto accepted = [&](const Card& c) {
     return c.blocks.count > 0 && (request.kinds & maskOf(c.spec.kind)) && (!request.accepts || request.accepts(c));
   };
 
   // The chosen place: its cards and the blocks taken from each.
-  using Score = std::tuple<double, uint32_t, uint32_t, uint32_t>;  // fit's figure, then tie-breaks
+  using Score = std::tuple<double, double, uint32_t, uint32_t, uint32_t>;  // fit's figures, then tie-breaks
+  const std::vector<double> unreserved = fit_ == Fit::raccel ? unreservedFree(accepts) : std::vector<double>{};
   std::vector<Take> best, take;
   Score bestScore{};
   uint64_t seenPlaces = 0;
@@ -306,10 +353,13 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
     uint32_t cardLeft = oneCard ? cardFree_[take.front().card] - taken : 0;
     Score score;
     switch (fit_) {
-      case Fit::firstFit: score = {0, 0, 0, first.blocks.first}; break;
-      case Fit::bestFit: score = {nodeFree - taken, cardLeft, 0, first.blocks.first}; break;
-      case Fit::random: score = {0, 0, 0, 0}; break;
-      case Fit::raccel: score = {fragDelta(n, take, request.host), cardLeft, nodeFree - taken, first.blocks.first}; break;
+      case Fit::firstFit: score = {0, 0, 0, 0, first.blocks.first}; break;
+      case Fit::bestFit: score = {0, nodeFree - taken, cardLeft, 0, first.blocks.first}; break;
+      case Fit::random: score = {0, 0, 0, 0, 0}; break;
+      case Fit::raccel:
+        score = {reservedTaken(unreserved, take), fragDelta(n, take, request.host), cardLeft, nodeFree - taken,
+                 first.blocks.first};
+        break;
     }
     ++seenPlaces;
     bool better = best.empty() || score < bestScore;
