@@ -27,7 +27,16 @@ namespace {
 // $RACCEL_TRACES, else traces/ of the checkout (scripts/get-traces.sh).
 const std::string kTraces = tracesDir(std::string(RACCEL_SOURCE_DIR) + "/traces");
 
-bool haveTraces() { return std::filesystem::exists(kTraces + "/openb/openb_node_list_gpu_node.csv"); }
+const std::string kNodeList = "openb/openb_node_list_gpu_node.csv";
+
+// Why a test that reads `paths` (under the traces folder) cannot run, and how to get
+// them; empty when they are all there.
+std::string missingTraces(std::initializer_list<std::string> paths) {
+  for (const std::string& p : paths)
+    if (!std::filesystem::exists(kTraces + "/" + p))
+      return "no " + p + " under " + kTraces + ": fetch the traces with scripts/get-traces.sh (or set RACCEL_TRACES)";
+  return {};
+}
 
 std::vector<Pod> syntheticPods() {
   std::vector<Pod> pods;
@@ -75,7 +84,7 @@ TEST(Packing, SyntheticPodsOnTheFixtureKeepTheBooksForEveryPolicy) {
 }
 
 TEST(Packing, OpenbSliceKeepsTheBooksForEveryPolicy) {
-  if (!haveTraces()) GTEST_SKIP() << "no traces at " << kTraces << ": fetch them with scripts/get-traces.sh (or set RACCEL_TRACES)";
+  if (auto missing = missingTraces({kNodeList, "openb/openb_pod_list_default.csv"}); !missing.empty()) GTEST_SKIP() << missing;
   // The first 80 nodes of the openb list, all pods.
   std::string nodes = testing::TempDir() + "/openb_nodes_slice.csv";
   {
@@ -102,7 +111,7 @@ TEST(Packing, OpenbSliceKeepsTheBooksForEveryPolicy) {
 }
 
 TEST(Dynamic, PhillySliceAccountsForEveryJobUnderEveryPolicy) {
-  if (!haveTraces()) GTEST_SKIP() << "no traces at " << kTraces << ": fetch them with scripts/get-traces.sh (or set RACCEL_TRACES)";
+  if (auto missing = missingTraces({"philly-vc"}); !missing.empty()) GTEST_SKIP() << missing;
   auto workload = loadPhilly(kTraces + "/philly-vc", defaultStepSeconds(), 40);
   ASSERT_TRUE(workload) << workload.error().message;
   EXPECT_EQ(workload->tenants.size(), 15u);
@@ -372,8 +381,9 @@ TEST(Fgd, TheDiscreteCurveAveragesTheSamplesOfEachPercent) {
 }
 
 TEST(Fgd, TheHarnessReproducesFgdsPublishedFiguresAndRaccelLeads) {
-  if (!haveTraces() || !std::filesystem::exists(kTraces + "/openb/fgd-expected/analysis_allo_discrete.csv"))
-    GTEST_SKIP() << "no traces at " << kTraces << ": fetch them with scripts/get-traces.sh (or set RACCEL_TRACES)";
+  if (auto missing = missingTraces({kNodeList, "openb/openb_pod_list_default.csv", "openb/fgd-expected/analysis_allo_discrete.csv"});
+      !missing.empty())
+    GTEST_SKIP() << missing;
   auto cluster = loadOpenbNodes(kTraces + "/openb/openb_node_list_gpu_node.csv", defaultModelTflops());
   ASSERT_TRUE(cluster) << cluster.error().message;
   auto pods = loadOpenbPods(kTraces + "/openb/openb_pod_list_default.csv");
