@@ -9,7 +9,9 @@
 // partly used cards (all of it when it lacks enough whole free cards). A place is scored
 // by how much it grows the expected fragmentation of its node. Demand is grouped by
 // host class; for each set of classes a host state fits, the oneCard demand is
-// tabulated by a card's free thousandths, so scoring a card is a table lookup.
+// tabulated by a card's free thousandths, so scoring a card is a table lookup. Before
+// fragmentation, a place is scored by how much it takes of what demand pinned to fewer
+// card groups (a GPU model) has claimed (`unreservedFree`).
 #include <algorithm>
 #include <tuple>
 

@@ -31,10 +31,10 @@ const std::string kNodeList = "openb/openb_node_list_gpu_node.csv";
 
 // Why a test that reads `paths` (under the traces folder) cannot run, and how to get
 // them; empty when they are all there.
-std::string missingTraces(std::initializer_list<std::string> paths) {
+std::string missingTraces(std::initializer_list<std::string> paths, const std::string& fetch = "scripts/get-traces.sh") {
   for (const std::string& p : paths)
     if (!std::filesystem::exists(kTraces + "/" + p))
-      return "no " + p + " under " + kTraces + ": fetch the traces with scripts/get-traces.sh (or set RACCEL_TRACES)";
+      return "no " + p + " under " + kTraces + ": fetch the traces with " + fetch + " (or set RACCEL_TRACES)";
   return {};
 }
 
@@ -400,4 +400,23 @@ TEST(Fgd, TheHarnessReproducesFgdsPublishedFiguresAndRaccelLeads) {
   auto raccel = runPacking(*cluster, *pods, o);
   ASSERT_TRUE(raccel) << raccel.error().message;
   EXPECT_GT(raccel->placedDiscrete[130], fgd.placed[130]) << "raccel ahead of FGD in the same harness, seed 42";
+}
+
+TEST(Fgd, RaccelLeadsFgdWherePodsArePinnedToAScarceModel) {
+  // gpuspec33: a third of the pods are pinned to a GPU model, and the demand pinned to
+  // the T4s is more than the T4s. (`scripts/get-traces.sh --all-lists` fetches it.)
+  if (auto missing = missingTraces({kNodeList, "openb/openb_pod_list_gpuspec33.csv"}, "scripts/get-traces.sh --all-lists");
+      !missing.empty())
+    GTEST_SKIP() << missing;
+  auto cluster = loadOpenbNodes(kTraces + "/" + kNodeList, defaultModelTflops());
+  ASSERT_TRUE(cluster) << cluster.error().message;
+  auto pods = loadOpenbPods(kTraces + "/openb/openb_pod_list_gpuspec33.csv");
+  ASSERT_TRUE(pods) << pods.error().message;
+  FgdRun fgd = runFgd(*cluster, *pods, FgdRule::fgd, 42);
+  PackingOptions o;
+  o.fgdArrivals = true;
+  auto raccel = runPacking(*cluster, *pods, o);
+  ASSERT_TRUE(raccel) << raccel.error().message;
+  for (uint32_t arrived : {100u, 130u})
+    EXPECT_GT(raccel->placedDiscrete[arrived], fgd.placed[arrived]) << arrived << "% arrived, seed 42";
 }
