@@ -29,12 +29,19 @@ const std::string kTraces = tracesDir(std::string(RACCEL_SOURCE_DIR) + "/traces"
 
 const std::string kNodeList = "openb/openb_node_list_gpu_node.csv";
 
-// Why a test that reads `paths` (under the traces folder) cannot run, and how to get
-// them; empty when they are all there.
+// Why a test that reads `paths` (under the traces folder: files, or folders ending in
+// '/' that must hold at least one file) cannot run, and how to get them; empty when
+// they are all there. (get-traces.sh leaves the folders behind when it fetched nothing.)
 std::string missingTraces(std::initializer_list<std::string> paths, const std::string& fetch = "scripts/get-traces.sh") {
+  auto there = [](const std::string& path) {
+    std::error_code e;
+    if (path.ends_with('/')) return std::filesystem::is_directory(path, e) && !std::filesystem::is_empty(path, e);
+    return std::filesystem::is_regular_file(path, e);
+  };
   for (const std::string& p : paths)
-    if (!std::filesystem::exists(kTraces + "/" + p))
-      return "no " + p + " under " + kTraces + ": fetch the traces with " + fetch + " (or set RACCEL_TRACES)";
+    if (!there(kTraces + "/" + p))
+      return (p.ends_with('/') ? "no files in " : "no ") + p + " under " + kTraces + ": fetch the traces with " + fetch +
+             " (or set RACCEL_TRACES)";
   return {};
 }
 
@@ -111,7 +118,7 @@ TEST(Packing, OpenbSliceKeepsTheBooksForEveryPolicy) {
 }
 
 TEST(Dynamic, PhillySliceAccountsForEveryJobUnderEveryPolicy) {
-  if (auto missing = missingTraces({"philly-vc"}); !missing.empty()) GTEST_SKIP() << missing;
+  if (auto missing = missingTraces({"philly-vc/"}); !missing.empty()) GTEST_SKIP() << missing;
   auto workload = loadPhilly(kTraces + "/philly-vc", defaultStepSeconds(), 40);
   ASSERT_TRUE(workload) << workload.error().message;
   EXPECT_EQ(workload->tenants.size(), 15u);
