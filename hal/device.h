@@ -245,7 +245,8 @@ class Device {
   // fault, a sandbox that died): every later call fails, its buffers are lost. Says why.
   virtual std::string lost() const { return {}; }
   // Lost, and not by anything its work did: its process was killed from outside (an
-  // operator, the OOM killer). Failover may rebuild its tenants elsewhere.
+  // operator, the OOM killer), or its card went away under it (a driver reset, an
+  // uncorrectable memory error). Failover may rebuild its tenants elsewhere.
   virtual bool lostFromOutside() const { return false; }
 
  protected:

@@ -82,6 +82,12 @@ int main() {
       r.payload = 4;
       std::memcpy(window + kMessageAt, "nope", 4);
     }
+    if ((mode == "cardgone" || mode == "lostodd") && q.op == Op::read) {  // says the device is lost, by what
+      r.lost = mode == "cardgone" ? kLostByTheCard : 9;
+      r.code = static_cast<uint32_t>(raccel::Code::internal);
+      r.payload = 4;
+      std::memcpy(window + kMessageAt, "gone", 4);
+    }
     if (mode == "ragged" || mode == "burst") {
       std::vector<Reply> many(mode == "burst" ? kMaxReplies + 1 : 2, r);
       const size_t bytes = mode == "burst" ? many.size() * sizeof r : sizeof r + 7;

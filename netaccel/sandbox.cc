@@ -290,7 +290,7 @@ class SandboxDevice final : public hal::Device {
     return std::exchange(deferred_, {});
   }
   std::string lost() const override { return lost_; }
-  bool lostFromOutside() const override { return !lost_.empty() && process_->killedFromOutside(); }
+  bool lostFromOutside() const override { return !lost_.empty() && (cardLost_ || process_->killedFromOutside()); }
   pid_t pid() const { return process_->pid(); }
 
   void releaseBuffer(uint64_t id) {
@@ -533,6 +533,13 @@ class SandboxDevice final : public hal::Device {
     if (lost_.empty()) lost_ = std::move(why);
     return Error{Code::internal, lost_};
   }
+  // A reply that says the device context is lost, and by what.
+  Error lostBy(const Reply& r, const std::optional<Error>& error) {
+    const std::string said = error ? error->message : std::string();
+    if (r.lost != sandbox::kLostByTheCard) return lose("the kernel faulted: " + said);
+    if (lost_.empty()) cardLost_ = true;
+    return lose("its card went away under it: " + said);
+  }
 
   // One request, its reply; the sandbox's error as this call's; a lost device for good.
   // Waits for the sandbox's first message (the device is open) once.
@@ -580,7 +587,7 @@ class SandboxDevice final : public hal::Device {
     posted_.pop_front();
     if (p.op == Op::write) --postedWrites_;
     auto error = errorOf(r);
-    if (r.lost) return fail(lose("the kernel faulted: " + (error ? error->message : std::string())));
+    if (r.lost) return fail(lostBy(r, error));
     if (!error || p.op == Op::release || p.op == Op::releaseProgram) return {};  // (a release answers to no instruction)
     if (p.op == Op::write) return fail(lose("a write the sandbox had taken failed: " + error->message));
     if (deferred_.size() < kMaxPosted * 4) deferred_.push_back({p.tag, std::move(*error)});
@@ -654,7 +661,7 @@ class SandboxDevice final : public hal::Device {
     if (!r) return fail(lose(r.error().message));
     if (auto s = due(*r, q.serial); !s) return fail(s.error());
     auto error = errorOf(*r);
-    if (r->lost) return fail(lose("the kernel faulted: " + (error ? error->message : std::string())));
+    if (r->lost) return fail(lostBy(*r, error));
     if (error) return std::unexpected(std::move(*error));
     return *r;
   }
@@ -688,6 +695,7 @@ class SandboxDevice final : public hal::Device {
   uint64_t ringTail_ = 0;  // ring entries read
   std::vector<hal::DeferredError> deferred_;
   mutable std::string lost_;
+  bool cardLost_ = false;  // the sandbox said its card went away under it (kLostByTheCard)
 };
 
 SandboxBuffer::~SandboxBuffer() { device->releaseBuffer(id); }
@@ -862,6 +870,13 @@ void publish(sandbox::CompletionRing& ring, hal::Device& device, std::vector<hal
   ring.pending.store(inFlight + completed.size(), std::memory_order_release);
 }
 }  // namespace
+
+namespace {
+std::atomic<bool> cardReset{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+}  // namespace
+
+void noteCardReset() { cardReset.store(true, std::memory_order_relaxed); }
 
 int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   auto* window = static_cast<std::byte*>(windowPtr);
@@ -1121,9 +1136,10 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
     }
     if (!s) message(r, s.error());
     std::string lost = device.lost();
-    if (!lost.empty()) {
-      r.lost = 1;
-      message(r, Error{Code::internal, lost});
+    const bool reset = cardReset.load(std::memory_order_relaxed);
+    if (!lost.empty() || reset) {
+      r.lost = reset || device.lostFromOutside() ? sandbox::kLostByTheCard : sandbox::kLostByItsWork;
+      message(r, Error{Code::internal, !lost.empty() ? lost : "the sandbox was told its card reset (SIGPWR)"});
     }
     // Completions go to the ring as far as it has room; the rest wait in `completed`.
     publish(ring, device, completed);

@@ -29,7 +29,11 @@
 // due (an extra or unasked reply is caught), the ring's count bounded by its size, names
 // and messages clipped, and a call unanswered within the call timeout kills it. When the
 // sandbox dies or its device context faults, the device is lost(): every later call
-// fails naming the fault, and the card worker replaces it.
+// fails naming the fault, and the card worker replaces it. A loss that is not its work's
+// doing (the process killed by a signal the netaccel did not send, or the sandbox's
+// reply saying the card went away under it) is lostFromOutside(): the tenant is rebuilt
+// from its lineage rather than failed. A hostile sandbox can claim that; the scheduler
+// bounds how often one vaccel is rebuilt so.
 //
 // A sandbox gets no more than it needs: PR_SET_NO_NEW_PRIVS, a data-segment rlimit
 // (host memory), no core dumps, death with its parent, its own session, its own working
@@ -137,10 +141,14 @@ struct TensorWindow {
   float pre[2] = {1, 0}, post[2] = {1, 0};
 };
 
+// Reply::lost: by what the device context was lost. Any other nonzero value counts as
+// kLostByItsWork.
+enum : uint32_t { kLostByItsWork = 1, kLostByTheCard = 2 };
+
 struct Reply {
   uint64_t serial = 0;   // the request's (0: the first message, `ready`)
   uint32_t code = 0;     // raccel::Code; not ok: the window holds the message
-  uint32_t lost = 0;     // the device context is lost: the sandbox exits after this reply
+  uint32_t lost = 0;     // the device context is lost (kLostBy*): the sandbox exits after this reply
   uint64_t payload = 0;  // bytes of the reply in the window
   uint32_t timesKernels = 0;  // ready: the device is asynchronous
   int32_t openclError = 0;    // not ok: the card driver's OpenCL error, if any
@@ -191,6 +199,10 @@ class SandboxPool {
 
 // The sandbox's own side: serves requests on `fd` until it closes (raccel-sandbox).
 int serveSandbox(int fd, void* window, hal::Device& device);
+// The card went away under this sandbox: its next reply loses the device as the card's
+// doing (kLostByTheCard). Async-signal-safe: raccel-sandbox calls it on SIGPWR, which
+// rehearses a driver reset without one (what a real one does, the device reports).
+void noteCardReset();
 
 // The path of raccel-sandbox beside the running executable.
 std::string defaultSandboxExecutable();

@@ -140,7 +140,9 @@ bool number(const Flags& flags, const char* name, unsigned long long* out) {
 
 int main(int argc, char** argv) {
   Flags flags("raccel-sandbox", "Runs one tenant's work on one card for raccel-netaccel, which starts it with a "
-                                "socket and a shared-memory window; not meant to be started by hand.");
+                                "socket and a shared-memory window; not meant to be started by hand. SIGPWR "
+                                "tells it its card went away (as after a driver reset): its tenant is rebuilt "
+                                "elsewhere from its lineage.");
   flags.value("backend", "NAME", "the card's backend (opencl, cuda, xrt)");
   flags.value("device", "N", "the device's index within its backend");
   flags.value("kind", "KIND", "the card's kind as the netaccel serves it");
@@ -166,6 +168,14 @@ int main(int argc, char** argv) {
   if (getppid() == 1) return 1;  // the netaccel is already gone
   setsid();  // out of the netaccel's process group and session
   signal(SIGPIPE, SIG_IGN);
+  // SIGPWR: the card went away under this sandbox, as after a driver reset (an
+  // operator's rehearsal of one; its tenant is rebuilt from its lineage elsewhere). Not
+  // SIGUSR1 or SIGUSR2: LLVM, inside PoCL, takes those for its own handlers.
+  struct sigaction reset {};
+  reset.sa_handler = [](int) { netaccel::noteCardReset(); };
+  reset.sa_flags = SA_RESTART;
+  sigemptyset(&reset.sa_mask);
+  sigaction(SIGPWR, &reset, nullptr);
   rlimit none{0, 0};
   setrlimit(RLIMIT_CORE, &none);
   unsigned long long device = 0, memory = 0, hostMemory = 0, fd = 3, windowFd = 4;

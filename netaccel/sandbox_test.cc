@@ -223,6 +223,25 @@ TEST(HostileSandbox, APostedWriteThatFailsLosesTheDeviceAtTheNextCall) {
   d->release(std::move(*b));
 }
 
+// A sandbox's word that its card went away makes the loss not its work's doing (the
+// scheduler rebuilds the tenant, and bounds how often); any other value is its work's.
+TEST(HostileSandbox, OnlyTheCardsLossCodeMakesALossNotItsOwn) {
+  for (const char* mode : {"cardgone", "lostodd"}) {
+    auto d = hostile(mode);
+    auto b = d->allocate(64);
+    ASSERT_TRUE(b) << b.error().message;
+    std::vector<std::byte> out(64);
+    auto r = d->read(**b, 0, out);
+    ASSERT_FALSE(r) << mode;
+    EXPECT_FALSE(d->lost().empty()) << mode;
+    const bool card = std::string(mode) == "cardgone";
+    EXPECT_EQ(d->lostFromOutside(), card) << mode;
+    EXPECT_NE(r.error().message.find(card ? "its card went away under it: gone" : "the kernel faulted: gone"), std::string::npos)
+        << mode << ": " << r.error().message;
+    d->release(std::move(*b));
+  }
+}
+
 TEST(HostileSandbox, AnExtraReplyIsCaughtByItsSerialAndStopsTheSandbox) {
   auto d = hostile("extra");
   auto b = d->allocate(64);  // answered twice: the second answers nothing that was asked

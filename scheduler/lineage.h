@@ -221,6 +221,19 @@ struct Lineage {
   uint64_t checkpointBytes = 0;  // read back from cards by checkpoints, in all
   uint64_t overlapped = 0;       // frames forwarded while a checkpoint was under way
 
+  // Sandbox losses that were not its work's doing (killed from outside, its card gone
+  // under it): rebuilt after at most kMaxSandboxLosses of them in kSandboxLossWindowNs.
+  // Past that, a sandbox that keeps saying its card went away (a hostile one can) is no
+  // longer believed, and the loss fails the vaccel as its own. True: rebuild it.
+  static constexpr unsigned kMaxSandboxLosses = 3;
+  static constexpr uint64_t kSandboxLossWindowNs = 600'000'000'000ull;  // 10 minutes
+  unsigned sandboxLosses = 0;
+  uint64_t sandboxLossesSinceNs = 0;
+  bool countSandboxLoss(uint64_t nowNs) {
+    if (sandboxLosses == 0 || nowNs - sandboxLossesSinceNs > kSandboxLossWindowNs) sandboxLosses = 0, sandboxLossesSinceNs = nowNs;
+    return ++sandboxLosses <= kMaxSandboxLosses;
+  }
+
   // Bytes the lineage holds in the scheduler's memory now.
   uint64_t heldBytes() const;
   // What the checkpoint's bytes are (base, or the session's saved buffers).

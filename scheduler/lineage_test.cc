@@ -18,6 +18,19 @@ transport::Body frame(size_t bytes, uint8_t seed) {
   return body;
 }
 
+// At most three sandbox losses not its own in ten minutes are rebuilt; the count starts
+// again once ten minutes have passed since the first of them.
+TEST(Lineage, SandboxLossesNotItsOwnAreRebuiltAtMostThreeTimesInTenMinutes) {
+  Lineage lin;
+  const uint64_t minute = 60'000'000'000ull, t0 = 5 * minute;
+  EXPECT_TRUE(lin.countSandboxLoss(t0));
+  EXPECT_TRUE(lin.countSandboxLoss(t0 + minute));
+  EXPECT_TRUE(lin.countSandboxLoss(t0 + 9 * minute));
+  EXPECT_FALSE(lin.countSandboxLoss(t0 + 10 * minute)) << "the fourth within ten minutes of the first";
+  EXPECT_TRUE(lin.countSandboxLoss(t0 + 10 * minute + 1)) << "ten minutes on, counted afresh";
+  EXPECT_EQ(lin.sandboxLosses, 1u);
+}
+
 TEST(LineageLog, KeepsEveryFrameExactlyInOrderAndEmptiesAtOnce) {
   LineageLog log;
   // Small frames past several arena chunks, large ones between them, an empty one.

@@ -831,10 +831,17 @@ void Scheduler::cardFault(NodeLink& node, wire::CardFault::Reader f) {
     Session& s = *found;
     if (who.size() < 256) who += (who.empty() ? "" : ", ") + labelOf(s);
     // Not its work's doing: rebuilt from its lineage, as after a lost netaccel (the
-    // errors that follow find its contexts closed).
+    // errors that follow find its contexts closed); as often as Lineage allows.
+    std::string lostWhy = message;
     if (f.getCause() == wire::FaultCause::NOT_ITS_OWN && s.lineage.canRebuild() && !s.lineage.recovering) {
-      recoverLost(s, "its sandbox on " + subject + " ended, not by its own work (" + message + ")");
-      continue;
+      if (s.lineage.countSandboxLoss(uv_hrtime())) {
+        recoverLost(s, "its sandbox on " + subject + " ended, not by its own work (" + message + ")");
+        continue;
+      }
+      const std::string why = "not rebuilt: its sandboxes ended " + std::to_string(s.lineage.sandboxLosses) +
+                              " times in 10 minutes, not by its own work as they said";
+      lostWhy += "; " + why;
+      if (who.size() < 256) who += " (" + why + ")";
     }
     for (size_t i = 0; i < s.members.size(); ++i) {
       if (s.members[i].node != &node || s.members[i].context != ctx) continue;
@@ -843,7 +850,7 @@ void Scheduler::cardFault(NodeLink& node, wire::CardFault::Reader f) {
         // keep saying why (sequence 0: no instruction of the guest's failed), also
         // wherever the vaccel is restored.
         for (auto& [handle, bytes] : s.buffers) {
-          s.failed[handle] = {0, Error{Code::internal, "buffer " + std::to_string(handle) + " was lost: " + message}};
+          s.failed[handle] = {0, Error{Code::internal, "buffer " + std::to_string(handle) + " was lost: " + lostWhy}};
           s.vm->memoryUsed -= std::min(s.vm->memoryUsed, bytes);
         }
         s.buffers.clear();

@@ -210,39 +210,89 @@ TEST_P(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
   EXPECT_FALSE(contains(e, "recovering")) << "a fault of its own kernel is not rebuilt: " << e;
 }
 
+// A program of `vm` whose buffer of n floats the scale kernel doubles (and adds i to)
+// on each scale(); `x` follows what the card should hold.
+struct Scaled {
+  static constexpr uint32_t n = 4096;
+  std::unique_ptr<Session> session;
+  client::Handle buffer = 0, program = 0;
+  std::vector<float> x;
+  void start(Cluster& c, const CardUnderTest& card, const std::string& vm, const std::string& name, unsigned seed) {
+    session = open(c, vm, name);
+    ASSERT_TRUE(session);
+    x = randomFloats(n, seed);
+    buffer = session->alloc(n * 4);
+    session->writeFloats(buffer, x);
+    program = loadScale(*session, card);
+    scale();
+    ASSERT_TRUE(session->fence());
+  }
+  void scale() {
+    session->launch(program, "scale", {n / 64, 1, 1}, {64, 1, 1}, {Arg::f32(2.0f), Arg::buffer(buffer), Arg::u32(n)});
+    for (uint32_t i = 0; i < n; ++i) x[i] = x[i] * 2.0f + float(i);
+  }
+  // Its buffer read back is what the card should hold (`when` names the moment).
+  void expectExact(const std::string& when, Cluster& c) {
+    auto got = session->readFloats(buffer, n);
+    ASSERT_TRUE(got) << when << ": " << got.error().message << c.logs();
+    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ((*got)[i], x[i]) << when << ", element " << i;
+  }
+};
+
 // Its sandbox killed from outside (kill -9, as an operator or the OOM killer would): not
 // its tenant's doing, so with failover (the default) the vaccel is rebuilt from its
 // lineage on a fresh sandbox, and its program sees every byte it had, with no error.
 TEST_P(Isolation, ASandboxKilledFromOutsideIsRebuiltFromItsLineageWithNoErrorToItsTenant) {
   Victim v;
   v.start(*cluster, card(), "vm1", 1 << 16, 3);
-  auto other = open(*cluster, "vm2", "rebuilt");
-  ASSERT_TRUE(other);
-  const uint32_t n = 4096;
-  auto x = randomFloats(n, 44);
-  auto h = other->alloc(n * 4);
-  other->writeFloats(h, x);
-  auto p = loadScale(*other, card());
-  other->launch(p, "scale", {n / 64, 1, 1}, {64, 1, 1}, {Arg::f32(2.0f), Arg::buffer(h), Arg::u32(n)});
-  for (uint32_t i = 0; i < n; ++i) x[i] = x[i] * 2.0f + float(i);
-  ASSERT_TRUE(other->fence());
+  Scaled other;
+  other.start(*cluster, card(), "vm2", "rebuilt", 44);
   pid_t otherSandbox = sandboxOf("vm2");
   ASSERT_GT(otherSandbox, 0) << cluster->logs();
 
   victimSurvives(v, [&] {
     ASSERT_EQ(::kill(otherSandbox, SIGKILL), 0);
-    auto got = other->readFloats(h, n);  // its buffer, as it was
-    ASSERT_TRUE(got) << got.error().message << cluster->logs();
-    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ((*got)[i], x[i]) << "element " << i;
+    other.expectExact("after the kill", *cluster);  // its buffer, as it was
   }, *cluster);
-  // Its program still runs where it was rebuilt.
-  other->launch(p, "scale", {n / 64, 1, 1}, {64, 1, 1}, {Arg::f32(2.0f), Arg::buffer(h), Arg::u32(n)});
-  auto again = other->readFloats(h, n);
-  ASSERT_TRUE(again) << again.error().message;
-  for (uint32_t i = 0; i < n; ++i) ASSERT_EQ((*again)[i], x[i] * 2.0f + float(i)) << "element " << i;
+  other.scale();  // its program still runs where it was rebuilt
+  other.expectExact("run again", *cluster);
   EXPECT_NE(sandboxOf("vm2"), otherSandbox);
   std::string e = events();
   EXPECT_TRUE(contains(e, "not by its own work")) << e;
+  EXPECT_TRUE(contains(e, "\"kind\":\"recovered\"")) << e;
+}
+
+// Its card gone under its sandbox (as after a driver reset; SIGPWR tells the sandbox so,
+// and its next reply says the card went away): not its tenant's doing, so the vaccel is
+// rebuilt from its lineage, as after a kill from outside. A sandbox can claim that falsely
+// (a hostile one can say anything), so a vaccel is rebuilt so at most three times in ten
+// minutes; the fourth loss fails it, saying why, and the victim on the card runs on.
+TEST_P(Isolation, ASandboxWhoseCardWentAwayIsRebuiltFromItsLineageAtMostThreeTimes) {
+  Victim v;
+  v.start(*cluster, card(), "vm1", 1 << 16, 5);
+  Scaled other;
+  other.start(*cluster, card(), "vm2", "reset", 45);
+
+  victimSurvives(v, [&] {
+    for (int reset = 1; reset <= 3; ++reset) {
+      pid_t sandbox = sandboxOf("vm2");
+      ASSERT_GT(sandbox, 0) << cluster->logs();
+      ASSERT_EQ(::kill(sandbox, SIGPWR), 0);
+      other.scale();  // the instruction that finds the card gone runs again where it is rebuilt
+      other.expectExact("reset " + std::to_string(reset), *cluster);
+      ASSERT_NE(sandboxOf("vm2"), sandbox) << "reset " << reset << ": a fresh sandbox serves it";
+    }
+    ASSERT_EQ(::kill(sandboxOf("vm2"), SIGPWR), 0);
+    auto fourth = other.session->readFloats(other.buffer, Scaled::n);
+    ASSERT_FALSE(fourth) << "a fourth loss in ten minutes was rebuilt too";
+    EXPECT_TRUE(contains(fourth.error().message, "went away under it")) << fourth.error().message;
+    auto lost = other.session->readFloats(other.buffer, Scaled::n);
+    ASSERT_FALSE(lost);
+    EXPECT_TRUE(contains(lost.error().message, "was lost: its card went away under it")) << lost.error().message;
+  }, *cluster);
+  std::string e = events();
+  EXPECT_TRUE(contains(e, "its card went away under it")) << e;
+  EXPECT_TRUE(contains(e, " (not rebuilt: its sandboxes ended 4 times in 10 minutes")) << e;
   EXPECT_TRUE(contains(e, "\"kind\":\"recovered\"")) << e;
 }
 

@@ -328,6 +328,7 @@ class CudaDevice final : public Device {
     (void)cu(driver()->cuEventSynchronize(timed_.front().end), "cuEventSynchronize");
   }
   std::string lost() const override { return lost_; }
+  bool lostFromOutside() const override { return cardLost_; }
 
  protected:
   Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) override {
@@ -536,13 +537,18 @@ class CudaDevice final : public Device {
   Status cu(CUresult rc, const char* what) {
     if (rc == CUDA_SUCCESS) return {};
     Code code = rc == CUDA_ERROR_OUT_OF_MEMORY ? Code::resourceExhausted : Code::internal;
-    // These leave the context unusable: every later call fails the same way.
+    // These leave the context unusable: every later call fails the same way. The first
+    // kind is the kernel's doing; the second the card's (a driver reset, an uncorrectable
+    // memory or link error, a context destroyed under it), whatever the tenant ran.
     switch (rc) {
       case CUDA_ERROR_ILLEGAL_ADDRESS: case CUDA_ERROR_LAUNCH_TIMEOUT: case CUDA_ERROR_HARDWARE_STACK_ERROR:
       case CUDA_ERROR_ILLEGAL_INSTRUCTION: case CUDA_ERROR_MISALIGNED_ADDRESS: case CUDA_ERROR_INVALID_ADDRESS_SPACE:
-      case CUDA_ERROR_INVALID_PC: case CUDA_ERROR_LAUNCH_FAILED: case CUDA_ERROR_ASSERT: case CUDA_ERROR_ECC_UNCORRECTABLE:
-      case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+      case CUDA_ERROR_INVALID_PC: case CUDA_ERROR_LAUNCH_FAILED: case CUDA_ERROR_ASSERT:
         if (lost_.empty()) lost_ = driver()->error(rc);
+        break;
+      case CUDA_ERROR_ECC_UNCORRECTABLE: case CUDA_ERROR_NVLINK_UNCORRECTABLE: case CUDA_ERROR_DEVICE_UNAVAILABLE:
+      case CUDA_ERROR_SYSTEM_NOT_READY: case CUDA_ERROR_DEINITIALIZED: case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        if (lost_.empty()) lost_ = driver()->error(rc), cardLost_ = true;
         break;
       default: break;
     }
@@ -679,6 +685,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<CuProgram> builtins_;
   std::unique_ptr<CuProgram> tensorKernels_;
   std::string lost_;
+  bool cardLost_ = false;  // lost_ is the card's doing, not its work's
   // Kernel timing.
   struct Timed {
     CUevent start, end;

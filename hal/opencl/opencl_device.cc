@@ -271,8 +271,10 @@ class OpenclDevice final : public Device {
           clGetEventProfilingInfo(t.event, CL_PROFILING_COMMAND_START, sizeof start, &start, nullptr) == CL_SUCCESS &&
           clGetEventProfilingInfo(t.event, CL_PROFILING_COMMAND_END, sizeof end, &end, nullptr) == CL_SUCCESS)
         out.push_back({t.tag, end > start ? end - start : 0});
-      else if (status < 0 && lost_.empty())
+      else if (status < 0 && lost_.empty()) {
         lost_ = "a kernel ended abnormally (" + clError(status) + ")";
+        cardLost_ = status == CL_DEVICE_NOT_AVAILABLE;  // the card went away under it (a reset), not the kernel's doing
+      }
       clReleaseEvent(t.event);
     }
     return timed_.size();
@@ -281,6 +283,7 @@ class OpenclDevice final : public Device {
     if (!timed_.empty()) clWaitForEvents(1, &timed_.front().event);
   }
   std::string lost() const override { return lost_; }
+  bool lostFromOutside() const override { return cardLost_; }
 
  protected:
   Result<std::unique_ptr<Buffer>> doAllocate(uint64_t bytes) override {
@@ -539,6 +542,7 @@ class OpenclDevice final : public Device {
   };
   std::deque<Timed> timed_;
   std::string lost_;
+  bool cardLost_ = false;
 
   Result<std::unique_ptr<Program>> build(ProgramKind kind, const std::string& name, std::span<const std::byte> code,
                                          const std::string& options = {}) {
