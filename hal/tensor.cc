@@ -82,6 +82,13 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"uniform", 1, "rc_random"}, {"bernoulli", 1, "rc_random"},
     {"normal", 1, "rc_random"}, {"gatherSum", 3, "rc_gather_sum"},
 };
+// The functions that take a fused scale are map functions (rc_map applies the scales).
+constexpr bool scalesOnlyOnTheMap() {
+  for (unsigned f = 0; f < kTensorFns; ++f)
+    if (takesFusedScale(TensorFn(f)) && std::string_view(kFns[f].kernel) != "rc_map") return false;
+  return true;
+}
+static_assert(scalesOnlyOnTheMap());
 constexpr uint64_t kMaxElements = 1ull << 48;
 // One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
 // of one is never cut (hal/slicing.h), so it is bounded here.
@@ -249,11 +256,9 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   if (auto s = checkTypes(op, operands, name); !s) return std::unexpected(s.error());
   const bool fused = op.preScale != 1 || op.preShift != 0 || op.postScale != 1 || op.postShift != 0;
   if (fused) {
-    const bool map = std::string_view(kFns[unsigned(op.fn)].kernel) == "rc_map" && op.fn != TensorFn::where &&
-                     !(op.fn >= TensorFn::eq && op.fn <= TensorFn::ge);
     for (unsigned i = 0; i < operands; ++i)
       if (op.operands[i].type != TensorType::f32) return bad("takes a pre- or post-scale over f32 operands only");
-    if (!map) return bad("takes no pre- or post-scale (only the elementwise map functions do)");
+    if (!takesFusedScale(op.fn)) return bad("takes no pre- or post-scale (only the elementwise map functions do)");
     for (float v : {op.preScale, op.preShift, op.postScale, op.postShift})
       if (!std::isfinite(v)) return bad("a pre- or post-scale that is not a finite number");
   }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/tensor_fns.h"
 
 namespace raccel::hal {
 class Buffer;
@@ -48,22 +49,13 @@ namespace raccel::hal {
 inline constexpr unsigned kMaxTensorDims = RC_MAX_DIMS;
 inline constexpr unsigned kMaxTensorOperands = RC_MAX_OPERANDS;
 
-// In the order of the wire's TensorFn.
-enum class TensorFn : uint8_t {
-  copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine,
-  sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
-  sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
-  layerNorm, layerNormBackward,
-  gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
-  hardtanhBackward, softmax, softmaxBackward, sign,
-  eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
-  amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal, gatherSum,
-};
-inline constexpr unsigned kTensorFns = 66;
+// The functions and element types (common/tensor_fns.h), as the HAL's.
+using raccel::kTensorFns;
+using raccel::kTensorTypes;
+using raccel::takesFusedScale;
+using raccel::TensorFn;
+using raccel::TensorType;
 
-// An operand's element type, in the order of the wire's TensorType.
-enum class TensorType : uint8_t { f32, i64, boolean };
-inline constexpr unsigned kTensorTypes = 3;
 const char* tensorTypeName(TensorType t);
 uint64_t tensorTypeBytes(TensorType t);
 

@@ -505,26 +505,10 @@ void writeTensorOp(wire::TensorOp::Builder t, const TensorOp& op) {
   t.setPostShift(op.postShift);
 }
 
-// The elementwise functions of the map kernel (hal/tensor_kernels.inc's rc_map) that
-// read operand a: those that take a fused scale before and after over f32.
-bool isMap(TensorFn fn) {
-  switch (fn) {
-    case TensorFn::copy: case TensorFn::add: case TensorFn::mul: case TensorFn::div: case TensorFn::relu:
-    case TensorFn::thresholdBackward: case TensorFn::exp: case TensorFn::log: case TensorFn::affine: case TensorFn::sqrt:
-    case TensorFn::tanh: case TensorFn::sigmoid: case TensorFn::tanhBackward: case TensorFn::sigmoidBackward:
-    case TensorFn::addcmul: case TensorFn::addcdiv: case TensorFn::maximum: case TensorFn::minimum: case TensorFn::abs:
-    case TensorFn::pow: case TensorFn::gelu: case TensorFn::geluBackward: case TensorFn::silu: case TensorFn::siluBackward:
-    case TensorFn::leakyRelu: case TensorFn::leakyReluBackward: case TensorFn::softplus: case TensorFn::softplusBackward:
-    case TensorFn::hardtanh: case TensorFn::hardtanhBackward: case TensorFn::sign: case TensorFn::clamp:
-    case TensorFn::log1p: case TensorFn::reciprocal: case TensorFn::rsqrt: case TensorFn::elu: case TensorFn::eluBackward:
-    case TensorFn::lerp: return true;
-    default: return false;
-  }
-}
 bool unscaled(const TensorOp& op) { return op.preScale == 1 && op.preShift == 0 && op.postScale == 1 && op.postShift == 0; }
 // A map over f32 with its operands' strides given for the whole shape: one that may fuse.
 bool fusible(const TensorOp& op) {
-  if (!isMap(op.fn) || op.operands.size() < 2) return false;
+  if (!takesFusedScale(op.fn) || op.operands.size() < 2) return false;  // (fill reads no operand a)
   for (auto& o : op.operands)
     if (o.type != TensorType::f32 || o.strides.size() != op.shape.size()) return false;
   return true;

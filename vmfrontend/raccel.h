@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "common/images.h"
 #include "common/kinds.h"
+#include "common/tensor_fns.h"
 
 namespace capnp {
 class MessageBuilder;
@@ -120,17 +121,8 @@ struct Arg {
 
 // A tensor op over strided views of buffers (schema/guest.capnp, TensorOp, says what
 // each function computes): what a framework's device is built on (vmfrontend/python).
-enum class TensorFn {
-  copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine,
-  sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
-  sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
-  layerNorm, layerNormBackward,
-  gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
-  hardtanhBackward, softmax, softmaxBackward, sign,
-  eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
-  amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal, gatherSum,
-};
-enum class TensorType : uint8_t { f32, i64, boolean };  // the wire's TensorType
+using raccel::TensorFn;    // common/tensor_fns.h: the wire's order
+using raccel::TensorType;
 struct TensorOperand {
   Handle buffer = 0;
   uint64_t offset = 0;             // elements

@@ -1,0 +1,47 @@
+// The tensor functions and element types, in the order of the wire's TensorFn and
+// TensorType (schema/guest.capnp): one list for the client (vmfrontend/raccel.h) and the
+// HAL (hal/tensor.h, which checks it against the kernels' numbers in tensor_kernels.inc).
+#pragma once
+
+#include <cstdint>
+
+namespace raccel {
+
+enum class TensorFn : uint8_t {
+  copy, fill, add, mul, div, relu, thresholdBackward, exp, log, affine,
+  sum, matmul, logSoftmax, logSoftmaxBackward, nllLoss, nllLossBackward,
+  sqrt, tanh, sigmoid, tanhBackward, sigmoidBackward, addcmul, addcdiv, maximum, minimum, abs, pow,
+  layerNorm, layerNormBackward,
+  gelu, geluBackward, silu, siluBackward, leakyRelu, leakyReluBackward, softplus, softplusBackward, hardtanh,
+  hardtanhBackward, softmax, softmaxBackward, sign,
+  eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
+  amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal, gatherSum,
+};
+inline constexpr unsigned kTensorFns = 66;
+
+enum class TensorType : uint8_t { f32, i64, boolean };
+inline constexpr unsigned kTensorTypes = 3;
+
+// The elementwise functions of the map kernel (rc_map) whose arithmetic takes a fused
+// scale and shift of operand a before it and of the result after it (TensorOp's preScale,
+// preShift, postScale, postShift), over f32 operands. The HAL refuses the scales on any
+// other function; the client folds an in-place affine step into these.
+constexpr bool takesFusedScale(TensorFn fn) {
+  switch (fn) {
+    case TensorFn::copy: case TensorFn::fill: case TensorFn::add: case TensorFn::mul: case TensorFn::div:
+    case TensorFn::relu: case TensorFn::thresholdBackward: case TensorFn::exp: case TensorFn::log:
+    case TensorFn::affine: case TensorFn::sqrt: case TensorFn::tanh: case TensorFn::sigmoid:
+    case TensorFn::tanhBackward: case TensorFn::sigmoidBackward: case TensorFn::addcmul: case TensorFn::addcdiv:
+    case TensorFn::maximum: case TensorFn::minimum: case TensorFn::abs: case TensorFn::pow: case TensorFn::gelu:
+    case TensorFn::geluBackward: case TensorFn::silu: case TensorFn::siluBackward: case TensorFn::leakyRelu:
+    case TensorFn::leakyReluBackward: case TensorFn::softplus: case TensorFn::softplusBackward:
+    case TensorFn::hardtanh: case TensorFn::hardtanhBackward: case TensorFn::sign: case TensorFn::clamp:
+    case TensorFn::log1p: case TensorFn::reciprocal: case TensorFn::rsqrt: case TensorFn::elu:
+    case TensorFn::eluBackward: case TensorFn::lerp:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace raccel
