@@ -103,6 +103,9 @@ while read -r path url; do
     failed=$((failed + 1))
   fi
 done < <(wanted)
+# No empty folders left behind: a folder of traces is there when it holds them.
+rmdir "$dest/openb/fgd-expected" "$dest/philly-vc" 2>/dev/null || true
+rmdir "$dest/openb" "$dest" 2>/dev/null || true
 if [ "$failed" -eq 0 ]; then
   echo "get-traces.sh: all $total file(s) in $dest"
 else
