@@ -869,9 +869,8 @@ void publish(sandbox::CompletionRing& ring, hal::Device& device, std::vector<hal
   ring.head.store(head + n, std::memory_order_release);
   ring.pending.store(inFlight + completed.size(), std::memory_order_release);
 }
-}  // namespace
 
-namespace {
+// Set by noteCardReset (a signal handler): read after every request.
 std::atomic<bool> cardReset{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 }  // namespace

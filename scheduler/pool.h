@@ -410,7 +410,6 @@ class Pool {
   };
   std::vector<HostClass> classes_;
   std::vector<double> demandByAccepts_;  // cards' worth of shaped demand seen, per accept set
-  double demandCards_ = 0;
   std::map<std::tuple<uint64_t, uint64_t, size_t>, size_t> classIndex_;
   size_t groupsAtBuild_ = 0;
   uint64_t seenCount_ = 0, seenAtBuild_ = 0;

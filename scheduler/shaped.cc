@@ -13,6 +13,7 @@
 // fragmentation, a place is scored by how much it takes of what demand pinned to fewer
 // card groups (a GPU model) has claimed (`unreservedFree`).
 #include <algorithm>
+#include <numeric>
 #include <tuple>
 
 #include "scheduler/pool.h"
@@ -115,7 +116,6 @@ void Pool::learnDemand(Shape shape, uint32_t amount, const HostVector& host, siz
   const double cards = shape == Shape::oneCard ? amount / 1000.0 : shape == Shape::wholeCards ? double(amount) : 0.0;
   if (demandByAccepts_.size() <= accepts) demandByAccepts_.resize(accepts + 1);
   demandByAccepts_[accepts] += cards;
-  demandCards_ += cards;
 }
 
 // Demand that takes only some card groups (a GPU model, say) will need those groups'
@@ -130,9 +130,9 @@ std::vector<double> Pool::unreservedFree(size_t accepts) const {
   for (size_t c = 0; c < cards_.size(); ++c)
     if (cards_[c].blocks.count && nodes_[cards_[c].node].placeable()) free[cardGroup_[c]] += cardFreeMilli(c) / 1000.0;
   std::vector<double> unreserved = free;
-  double all = 0;
-  for (double f : free) all += f;
-  if (demandCards_ <= 0 || all <= 0) return unreserved;
+  const double all = std::accumulate(free.begin(), free.end(), 0.0);
+  const double demand = std::accumulate(demandByAccepts_.begin(), demandByAccepts_.end(), 0.0);
+  if (demand <= 0 || all <= 0) return unreserved;
   for (size_t a = 0; a < demandByAccepts_.size(); ++a) {
     if (a == accepts || demandByAccepts_[a] <= 0) continue;
     double reach = 0;
@@ -143,7 +143,7 @@ std::vector<double> Pool::unreservedFree(size_t accepts) const {
       else everywhere = false;
     }
     if (everywhere || reach <= 0) continue;  // takes whatever is free: reserves nothing
-    const double reserve = std::min(reach, demandByAccepts_[a] / demandCards_ * all);
+    const double reserve = std::min(reach, demandByAccepts_[a] / demand * all);
     for (size_t g = 0; g < groups; ++g)
       if (free[g] > 0 && takes(a, g)) unreserved[g] -= reserve * free[g] / reach;
   }

@@ -66,14 +66,17 @@ client::Handle loadScale(Session& s, const CardUnderTest& card) {
   return s.loadProgram(card.kind, "scale", std::as_bytes(std::span(card.scale)));
 }
 
-// A program that keeps its data on the card and checks every round of work on it exactly.
+// A program that keeps its data on the card and checks every round of work on it exactly:
+// each scale() is x = x * factor + i on the card, and the same here.
 struct Victim {
   std::unique_ptr<Session> session;
   client::Handle buffer = 0, program = 0;
   std::vector<float> expected;
+  float factor = 0.5f;
 
-  void start(Cluster& c, const CardUnderTest& card, const std::string& vm, uint32_t n, unsigned seed) {
-    session = open(c, vm, "victim");
+  void start(Cluster& c, const CardUnderTest& card, const std::string& vm, uint32_t n, unsigned seed,
+             const std::string& name = "victim") {
+    session = open(c, vm, name);
     ASSERT_TRUE(session);
     expected = randomFloats(n, seed);
     buffer = session->alloc(n * 4);
@@ -81,17 +84,25 @@ struct Victim {
     program = loadScale(*session, card);
     ASSERT_TRUE(session->fence());
   }
-  // One round: x = x * 0.5 + i on the card, and the same here; then the whole buffer back.
-  bool round(std::string* why) {
+  void scale() {
     uint32_t n = static_cast<uint32_t>(expected.size());
-    session->launch(program, "scale", {(n + 63) / 64, 1, 1}, {64, 1, 1}, {Arg::f32(0.5f), Arg::buffer(buffer), Arg::u32(n)});
-    for (uint32_t i = 0; i < n; ++i) expected[i] = expected[i] * 0.5f + float(i);
-    auto got = session->readFloats(buffer, n);
-    if (!got) return *why = got.error().message, false;
-    for (uint32_t i = 0; i < n; ++i)
+    session->launch(program, "scale", {(n + 63) / 64, 1, 1}, {64, 1, 1}, {Arg::f32(factor), Arg::buffer(buffer), Arg::u32(n)});
+    for (uint32_t i = 0; i < n; ++i) expected[i] = expected[i] * factor + float(i);
+  }
+  // The whole buffer back: empty when it is what the card should hold, else what is not.
+  std::string mismatch() {
+    auto got = session->readFloats(buffer, expected.size());
+    if (!got) return got.error().message;
+    for (size_t i = 0; i < expected.size(); ++i)
       if ((*got)[i] != expected[i])
-        return *why = "element " + std::to_string(i) + " is " + std::to_string((*got)[i]) + ", want " + std::to_string(expected[i]), false;
-    return true;
+        return "element " + std::to_string(i) + " is " + std::to_string((*got)[i]) + ", want " + std::to_string(expected[i]);
+    return {};
+  }
+  // One round: a scale, then the buffer checked.
+  bool round(std::string* why) {
+    scale();
+    *why = mismatch();
+    return why->empty();
   }
 };
 
@@ -210,34 +221,14 @@ TEST_P(Isolation, AKernelWritingFarOutOfBoundsFailsItsOwnTenantOnly) {
   EXPECT_FALSE(contains(e, "recovering")) << "a fault of its own kernel is not rebuilt: " << e;
 }
 
-// A program of `vm` whose buffer of n floats the scale kernel doubles (and adds i to)
-// on each scale(); `x` follows what the card should hold.
-struct Scaled {
-  static constexpr uint32_t n = 4096;
-  std::unique_ptr<Session> session;
-  client::Handle buffer = 0, program = 0;
-  std::vector<float> x;
-  void start(Cluster& c, const CardUnderTest& card, const std::string& vm, const std::string& name, unsigned seed) {
-    session = open(c, vm, name);
-    ASSERT_TRUE(session);
-    x = randomFloats(n, seed);
-    buffer = session->alloc(n * 4);
-    session->writeFloats(buffer, x);
-    program = loadScale(*session, card);
-    scale();
-    ASSERT_TRUE(session->fence());
-  }
-  void scale() {
-    session->launch(program, "scale", {n / 64, 1, 1}, {64, 1, 1}, {Arg::f32(2.0f), Arg::buffer(buffer), Arg::u32(n)});
-    for (uint32_t i = 0; i < n; ++i) x[i] = x[i] * 2.0f + float(i);
-  }
-  // Its buffer read back is what the card should hold (`when` names the moment).
-  void expectExact(const std::string& when, Cluster& c) {
-    auto got = session->readFloats(buffer, n);
-    ASSERT_TRUE(got) << when << ": " << got.error().message << c.logs();
-    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ((*got)[i], x[i]) << when << ", element " << i;
-  }
-};
+// The other tenant of the kill and reset tests: 4096 floats, doubled (and i added) once
+// before the loss.
+void startOther(Victim& other, Cluster& c, const CardUnderTest& card, const std::string& name, unsigned seed) {
+  other.factor = 2.0f;
+  other.start(c, card, "vm2", 4096, seed, name);
+  other.scale();
+  ASSERT_TRUE(other.session->fence());
+}
 
 // Its sandbox killed from outside (kill -9, as an operator or the OOM killer would): not
 // its tenant's doing, so with failover (the default) the vaccel is rebuilt from its
@@ -245,17 +236,17 @@ struct Scaled {
 TEST_P(Isolation, ASandboxKilledFromOutsideIsRebuiltFromItsLineageWithNoErrorToItsTenant) {
   Victim v;
   v.start(*cluster, card(), "vm1", 1 << 16, 3);
-  Scaled other;
-  other.start(*cluster, card(), "vm2", "rebuilt", 44);
+  Victim other;
+  startOther(other, *cluster, card(), "rebuilt", 44);
   pid_t otherSandbox = sandboxOf("vm2");
   ASSERT_GT(otherSandbox, 0) << cluster->logs();
 
   victimSurvives(v, [&] {
     ASSERT_EQ(::kill(otherSandbox, SIGKILL), 0);
-    other.expectExact("after the kill", *cluster);  // its buffer, as it was
+    ASSERT_EQ(other.mismatch(), "") << "after the kill (its buffer, as it was)" << cluster->logs();
   }, *cluster);
   other.scale();  // its program still runs where it was rebuilt
-  other.expectExact("run again", *cluster);
+  ASSERT_EQ(other.mismatch(), "") << "run again";
   EXPECT_NE(sandboxOf("vm2"), otherSandbox);
   std::string e = events();
   EXPECT_TRUE(contains(e, "not by its own work")) << e;
@@ -270,8 +261,8 @@ TEST_P(Isolation, ASandboxKilledFromOutsideIsRebuiltFromItsLineageWithNoErrorToI
 TEST_P(Isolation, ASandboxWhoseCardWentAwayIsRebuiltFromItsLineageAtMostThreeTimes) {
   Victim v;
   v.start(*cluster, card(), "vm1", 1 << 16, 5);
-  Scaled other;
-  other.start(*cluster, card(), "vm2", "reset", 45);
+  Victim other;
+  startOther(other, *cluster, card(), "reset", 45);
 
   victimSurvives(v, [&] {
     for (int reset = 1; reset <= 3; ++reset) {
@@ -279,14 +270,14 @@ TEST_P(Isolation, ASandboxWhoseCardWentAwayIsRebuiltFromItsLineageAtMostThreeTim
       ASSERT_GT(sandbox, 0) << cluster->logs();
       ASSERT_EQ(::kill(sandbox, SIGPWR), 0);
       other.scale();  // the instruction that finds the card gone runs again where it is rebuilt
-      other.expectExact("reset " + std::to_string(reset), *cluster);
+      ASSERT_EQ(other.mismatch(), "") << "reset " << reset << cluster->logs();
       ASSERT_NE(sandboxOf("vm2"), sandbox) << "reset " << reset << ": a fresh sandbox serves it";
     }
     ASSERT_EQ(::kill(sandboxOf("vm2"), SIGPWR), 0);
-    auto fourth = other.session->readFloats(other.buffer, Scaled::n);
+    auto fourth = other.session->readFloats(other.buffer, other.expected.size());
     ASSERT_FALSE(fourth) << "a fourth loss in ten minutes was rebuilt too";
     EXPECT_TRUE(contains(fourth.error().message, "went away under it")) << fourth.error().message;
-    auto lost = other.session->readFloats(other.buffer, Scaled::n);
+    auto lost = other.session->readFloats(other.buffer, other.expected.size());
     ASSERT_FALSE(lost);
     EXPECT_TRUE(contains(lost.error().message, "was lost: its card went away under it")) << lost.error().message;
   }, *cluster);
