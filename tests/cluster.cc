@@ -16,7 +16,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -30,15 +32,26 @@ extern char** environ;
 
 namespace raccel::testing {
 int freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  // The kernel may hand the same ephemeral port to two binds in a row once the first is
+  // closed (an etcd cluster once got one peer port for two members: "duplicate url"),
+  // so a port this process was given already is asked for again.
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard lock(mu);
+  int port = 0;
+  for (int attempt = 0; attempt < 64 && (port == 0 || given.count(port)); ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    ::close(fd);
+    port = ntohs(addr.sin_port);
+  }
+  given.insert(port);
+  return port;
 }
 
 bool waitFor(const std::function<bool()>& ready, int timeoutMs) {

@@ -33,7 +33,7 @@ Result<std::unique_ptr<client::Session>> openSession(const std::string& socket, 
 double checkedGemm(client::Session& s, uint32_t m, uint32_t n, uint32_t k, unsigned seed, std::string* why);
 
 std::string binary(const std::string& name);
-// A loopback TCP port that was free a moment ago.
+// A loopback TCP port that was free a moment ago, and not one this process was given before.
 int freePort();
 // Polls `ready` every 20 ms until it holds (true) or `timeoutMs` has passed (false).
 bool waitFor(const std::function<bool()>& ready, int timeoutMs);
