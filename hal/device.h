@@ -219,6 +219,14 @@ class Device {
   // Returns when all work issued so far has completed.
   virtual Status finish() = 0;
 
+  // A run of queued work, started at once: between plug() and unplug() what is queued
+  // waits, then the device takes it as one run. For a driver that wakes its device's
+  // threads for every command (PoCL), a stream of small kernels arriving a few
+  // microseconds apart otherwise pays a wake-up each. Whatever waits for the device
+  // (finish, read, write, waitCompleted) unplugs first. No-ops where nothing is gained.
+  virtual void plug() {}
+  virtual void unplug() {}
+
   // Asynchronous devices (a GPU's stream, the asynchronous simulated card) queue kernels
   // (launch and the built-in ops), return at once, and time each kernel on the device's
   // own clock (CUDA events, OpenCL profiling, the simulated card's queue). Their callers

@@ -870,6 +870,17 @@ void publish(sandbox::CompletionRing& ring, hal::Device& device, std::vector<hal
   ring.pending.store(inFlight + completed.size(), std::memory_order_release);
 }
 
+// Requests that only queue work on the device: what a plugged device may hold.
+bool queuesOnly(Op op) {
+  switch (op) {
+    case Op::launch: case Op::tensor: case Op::gemm: case Op::axpy: case Op::vadd: case Op::reduceSum: case Op::copy:
+    case Op::fill:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Set by noteCardReset (a signal handler): read after every request.
 std::atomic<bool> cardReset{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
@@ -907,10 +918,20 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   }
   // A request, and what may follow it in its message (a tensor op, a launch's arguments).
   std::vector<std::byte> received(sizeof(Request) + std::max<size_t>(sizeof(sandbox::TensorWindow), sandbox::kMaxInlineBytes));
+  // Work queued since the device was plugged (Device::plug): the device starts it as one
+  // run when no request waits, or after kPluggedRun of them.
+  constexpr unsigned kPluggedRun = 32;
+  unsigned plugged = 0;
+  auto unplug = [&] {
+    device.unplug();
+    plugged = 0;
+  };
   for (;;) {
-    // The next request if one is waiting; else the replies held back go first, then wait.
+    // The next request if one is waiting; else the device starts what it holds and the
+    // replies held back go, then wait.
     ssize_t n = ::recv(fd, received.data(), received.size(), MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      unplug();
       if (!flush()) return 1;
       n = ::recv(fd, received.data(), received.size(), 0);
     }
@@ -934,6 +955,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
       s = fail(Code::invalidArgument, "payload larger than the window");
     } else {
       device.tagKernels(q.tag);
+      if (queuesOnly(q.op) && plugged++ == 0) device.plug();
       switch (q.op) {
         case Op::allocate: {
           auto b = device.allocate(q.length);
@@ -1134,6 +1156,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
       }
     }
     if (!s) message(r, s.error());
+    if (plugged >= kPluggedRun) unplug();
     std::string lost = device.lost();
     const bool reset = cardReset.load(std::memory_order_relaxed);
     if (!lost.empty() || reset) {

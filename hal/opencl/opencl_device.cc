@@ -219,6 +219,7 @@ class OpenclDevice final : public Device {
   OpenclDevice(Capabilities caps, cl_device_id device, cl_context context, cl_command_queue queue)
       : Device(std::move(caps)), device_(device), context_(context), queue_(queue) {}
   ~OpenclDevice() override {
+    unplug();
     clFinish(queue_);
     for (auto& t : timed_) clReleaseEvent(t.event);
     releaseKept();
@@ -242,6 +243,7 @@ class OpenclDevice final : public Device {
   }
 
   Status finish() override {
+    unplug();
     Status s = check(clFinish(queue_), "clFinish");
     if (s) releaseKept();
     return s;
@@ -280,7 +282,30 @@ class OpenclDevice final : public Device {
     return timed_.size();
   }
   void waitCompleted(unsigned) override {
+    unplug();
     if (!timed_.empty()) clWaitForEvents(1, &timed_.front().event);
+  }
+
+  // The commands queued from here wait behind a barrier on a user event; unplug()
+  // completes it and PoCL's threads take them as one run. Without a barrier (the driver
+  // refused one) nothing is held.
+  void plug() override {
+    if (gate_) return;
+    cl_int rc = CL_SUCCESS;
+    cl_event gate = clCreateUserEvent(context_, &rc);
+    if (rc != CL_SUCCESS || !gate) return;
+    if (clEnqueueBarrierWithWaitList(queue_, 1, &gate, nullptr) != CL_SUCCESS) {
+      clSetUserEventStatus(gate, CL_COMPLETE);
+      clReleaseEvent(gate);
+      return;
+    }
+    gate_ = gate;
+  }
+  void unplug() override {
+    if (!gate_) return;
+    clSetUserEventStatus(gate_, CL_COMPLETE);
+    clReleaseEvent(gate_);
+    gate_ = nullptr;
   }
   std::string lost() const override { return lost_; }
   bool lostFromOutside() const override { return cardLost_; }
@@ -296,10 +321,12 @@ class OpenclDevice final : public Device {
     return std::unique_ptr<Buffer>(std::move(buffer));
   }
   Status doWrite(Buffer& b, uint64_t offset, std::span<const std::byte> data) override {
+    unplug();  // it waits for the queue
     return check(clEnqueueWriteBuffer(queue_, memOf(b), CL_TRUE, offset, data.size(), data.data(), 0, nullptr, nullptr),
                  "clEnqueueWriteBuffer");
   }
   Status doRead(const Buffer& b, uint64_t offset, std::span<std::byte> out) override {
+    unplug();
     return check(clEnqueueReadBuffer(queue_, memOf(b), CL_TRUE, offset, out.size(), out.data(), 0, nullptr, nullptr),
                  "clEnqueueReadBuffer");
   }
@@ -378,10 +405,10 @@ class OpenclDevice final : public Device {
       kept_.pop_front();
     }
     if (made->empty()) return;
-    if (kept_.size() >= 4096 && clFinish(queue_) == CL_SUCCESS) releaseKept();  // a bound on what waits
+    if (kept_.size() >= 4096) (void)finish();  // a bound on what waits (it releases what is kept)
     cl_event done = nullptr;
     if (clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &done) != CL_SUCCESS || !done) {
-      clFinish(queue_);  // no marker: wait here rather than release early
+      (void)finish();  // no marker: wait here rather than release early
       return;
     }
     kept_.push_back({done, std::move(made)});
@@ -743,6 +770,7 @@ class OpenclDevice final : public Device {
   std::unique_ptr<ClProgram> builtins_;
   std::unique_ptr<ClProgram> tensorKernels_;
   cl_mem partials_ = nullptr;
+  cl_event gate_ = nullptr;  // plug()'s user event, while plugged
   bool groups256_ = false;  // the device takes work-groups of 256: 16 x 16 tiles (gemm, matmul), 256-wide sums
 };
 
