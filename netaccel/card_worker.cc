@@ -286,6 +286,16 @@ size_t CardWorker::queuedInstructions() const {
 
 void CardWorker::run() {
   std::vector<Work> arrived;
+  // The device a run of instructions goes to, plugged (hal::Device::plug): a sandbox
+  // then gets the run as one message, PoCL starts it as one. Unplugged when the run ends
+  // or turns to another device, and before anything else can touch the devices (new
+  // work's intake, a wait, work that is not an instruction).
+  hal::Device* plugged = nullptr;
+  std::string pluggedTenant;
+  auto unplug = [&] {
+    if (plugged) plugged->unplug();
+    plugged = nullptr;
+  };
   for (;;) {
     {
       std::unique_lock lock(mu_);
@@ -303,6 +313,7 @@ void CardWorker::run() {
     for (;;) {
       Context* c = pick();
       if (!c) {
+        unplug();
         if (readyContexts() == 0) break;
         waitForDevice();  // work is ready but the card has queueDepth kernels in flight
         std::lock_guard lock(mu_);
@@ -319,11 +330,19 @@ void CardWorker::run() {
         uint32_t id = c->id;
         bool instruction = slice || w.type == Work::Type::instruction;
         hal::Device* device = instruction ? &deviceOf(*c) : nullptr;
+        if (device != plugged) {
+          unplug();
+          if (device) device->plug(), plugged = device, pluggedTenant = c->tenant;
+        }
         bool timed = device && device->timesKernels();
         if (device) device->tagKernels(kernelTag(id, slice ? c->runningSequence : w.sequence));
         double start = instruction ? nowNs() : 0;
         if (slice) runSlice(*c, *device);
         else execute(w);  // may replace a lost sandbox
+        if (plugged) {  // a sandbox lost meanwhile is gone, and with it what it held
+          auto t = tenants_->find(pluggedTenant);
+          if (t == tenants_->end() || existingDevice(t->second) != plugged) plugged = nullptr;
+        }
         auto it = contexts_->find(id);
         if (instruction && it != contexts_->end()) {
           (*tenants_)[it->second.tenant].lastRanNs = nowNs();
@@ -342,7 +361,10 @@ void CardWorker::run() {
         if (stop_) return;  // the rest is dropped with the worker
         if (!queue_.empty()) arrived.swap(queue_);
       }
-      if (!arrived.empty()) intake(arrived);
+      if (!arrived.empty()) {
+        unplug();
+        intake(arrived);
+      }
       // Replies leave now: a context waiting on a fence must not wait for the others' work.
       if (!pendingOut_.empty()) flushOutputs(false);
     }

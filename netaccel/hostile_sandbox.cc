@@ -8,6 +8,8 @@
 //               made-up kernel times
 //   overrun     claims more completions in the ring than it holds
 //   extra       sends two replies for each request
+//   ahead       an asynchronous device that answers each request and the one after it,
+//               before it has been sent
 //   ragged      sends each reply with 7 bytes more, a message no whole number of replies
 //   burst       sends each reply in a message of kMaxReplies + 1 (the others made up)
 //   failwrite   fails every write after taking it
@@ -23,6 +25,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -53,13 +56,20 @@ int main() {
     return 0;
   }
   Reply ready;
-  ready.timesKernels = mode == "flood" || mode == "stuck" || mode == "honest" || mode == "overrun" || mode == "failop";
+  ready.timesKernels = mode == "flood" || mode == "stuck" || mode == "honest" || mode == "overrun" || mode == "failop" ||
+                       mode == "ahead";
   send(ready);
+  std::vector<std::byte> received(kMaxBatchBytes);
+  std::span<const std::byte> rest;
   for (;;) {
-    TensorRequest in;
-    Request& q = in.request;
-    ssize_t n = ::recv(fd, &in, sizeof in, 0);
-    if (n <= 0) return 0;
+    if (rest.empty()) {
+      ssize_t n = ::recv(fd, received.data(), received.size(), 0);
+      if (n <= 0) return 0;
+      rest = std::span<const std::byte>(received.data(), static_cast<size_t>(n));
+    }
+    Request q;
+    std::span<const std::byte> extra;
+    if (!nextRequest(rest, q, extra)) return 1;
     Reply r;
     r.serial = q.serial;
     if (q.op == Op::read) r.payload = q.length;
@@ -83,7 +93,7 @@ int main() {
       std::memcpy(window + kMessageAt, "nope", 4);
     }
     if ((mode == "cardgone" || mode == "lostodd") && q.op == Op::read) {  // says the device is lost, by what
-      r.lost = mode == "cardgone" ? kLostByTheCard : 9;
+      r.lost = mode == "cardgone" ? uint32_t{kLostByTheCard} : 9u;
       r.code = static_cast<uint32_t>(raccel::Code::internal);
       r.payload = 4;
       std::memcpy(window + kMessageAt, "gone", 4);
@@ -96,5 +106,10 @@ int main() {
     }
     send(r);
     if (mode == "extra") send(r);
+    if (mode == "ahead") {
+      Reply next = r;
+      next.serial = q.serial + 1;
+      send(next);
+    }
   }
 }

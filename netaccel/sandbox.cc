@@ -293,6 +293,14 @@ class SandboxDevice final : public hal::Device {
   bool lostFromOutside() const override { return !lost_.empty() && (cardLost_ || process_->killedFromOutside()); }
   pid_t pid() const { return process_->pid(); }
 
+  // A run of posted requests goes to the sandbox as one message (a receive and a wake-up
+  // for the run, not for each), and the sandbox in turn plugs its device.
+  void plug() override { plugged_ = true; }
+  void unplug() override {
+    plugged_ = false;
+    if (lost_.empty()) (void)flushOutbox();
+  }
+
   void releaseBuffer(uint64_t id) {
     Request q = request(Op::release);
     q.id = id;
@@ -582,6 +590,8 @@ class SandboxDevice final : public hal::Device {
   // The oldest posted request's reply `r`: a fault loses the device, a failed write too
   // (its arguments were checked here), any other failure waits for takeDeferredErrors().
   Status settle(const Reply& r) {
+    if (posted_.size() <= unsent_)  // every request posted is still in the outbox
+      return fail(lose(process_->violated("a reply to request " + std::to_string(r.serial) + ", which it was not sent").message));
     const Posted p = posted_.front();
     if (auto s = due(r, p.serial); !s) return s;
     posted_.pop_front();
@@ -593,8 +603,13 @@ class SandboxDevice final : public hal::Device {
     if (deferred_.size() < kMaxPosted * 4) deferred_.push_back({p.tag, std::move(*error)});
     return {};
   }
-  // The oldest posted request's reply, waited for.
+  // The oldest posted request's reply, waited for (the outbox goes first).
   Status awaitPosted() {
+    if (auto s = flushOutbox(); !s) return s;
+    return awaitSent();
+  }
+  // The oldest sent request's reply, waited for.
+  Status awaitSent() {
     auto r = process_->awaitReply(timeoutMs_);
     if (!r) return fail(lose(r.error().message));
     return settle(*r);
@@ -623,25 +638,49 @@ class SandboxDevice final : public hal::Device {
   // Sends `q` and returns at once, its reply read later. `message` (`bytes` long) begins
   // with `q` itself (a tensor request: its op follows); none: `q` alone. A full socket,
   // or kMaxPosted requests unanswered, first reads the oldest reply.
+  // Plugged, it goes in the outbox, sent with the others of the run (unplug(), a full
+  // outbox, or anything that waits for a reply).
   Status post(Request& q, const void* message = nullptr, size_t bytes = 0) {
     if (auto s = ready(); !s) return s;
     while (posted_.size() >= kMaxPosted)
       if (auto s = awaitPosted(); !s) return s;
-    q.serial = ++serial_;
     if (!message) message = &q, bytes = sizeof q;
+    if (plugged_ && outbox_.size() + bytes > sandbox::kMaxBatchBytes)
+      if (auto s = flushOutbox(); !s) return s;
+    q.serial = ++serial_;
+    q.inlineBytes = static_cast<uint32_t>(bytes - sizeof q);
+    if (plugged_) {
+      auto* b = static_cast<const std::byte*>(message);
+      outbox_.insert(outbox_.end(), b, b + bytes);
+      ++unsent_;
+    } else if (auto s = deliver(message, bytes); !s) {
+      return s;
+    }
+    posted_.push_back({q.serial, q.tag, q.op});
+    if (q.op == Op::write) ++postedWrites_;
+    // A write goes at once: the sandbox copies it out while the next half fills.
+    return unsent_ >= sandbox::kMaxBatchRequests || q.op == Op::write ? flushOutbox() : Status{};
+  }
+  // Sends one message of requests; a full socket first reads the oldest reply of those
+  // sent (the sandbox reads nothing until its replies are read).
+  Status deliver(const void* message, size_t bytes) {
     for (;;) {
       auto sent = process_->offer(message, bytes);
       if (!sent) return fail(lose(sent.error().message));
-      if (*sent) break;
-      if (!posted_.empty()) {
-        if (auto s = awaitPosted(); !s) return s;
+      if (*sent) return {};
+      if (posted_.size() > unsent_) {
+        if (auto s = awaitSent(); !s) return s;
       } else if (!process_->awaitRoom(timeoutMs_)) {
         return fail(lose("the sandbox took no request for " + std::to_string(timeoutMs_) + " ms and was stopped"));
       }
     }
-    posted_.push_back({q.serial, q.tag, q.op});
-    if (q.op == Op::write) ++postedWrites_;
-    return {};
+  }
+  Status flushOutbox() {
+    if (unsent_ == 0) return {};
+    Status s = deliver(outbox_.data(), outbox_.size());
+    outbox_.clear();
+    unsent_ = 0;
+    return s;
   }
   // Work that only queues: posted on a card that times its kernels (their time is
   // charged as they complete), a call elsewhere (the call's own time is what is charged).
@@ -656,6 +695,7 @@ class SandboxDevice final : public hal::Device {
   Result<Reply> exchange(Request& q, const void* message, size_t bytes) {
     if (auto s = drainPosted(); !s) return fail(s.error());
     q.serial = ++serial_;
+    q.inlineBytes = static_cast<uint32_t>(bytes - sizeof q);
     if (auto s = process_->sendMessage(message, bytes); !s) return fail(lose(s.error().message));
     auto r = process_->awaitReply(timeoutMs_);
     if (!r) return fail(lose(r.error().message));
@@ -690,6 +730,11 @@ class SandboxDevice final : public hal::Device {
   static_assert(2 * kHalf <= sandbox::kMessageAt && sandbox::kMessageAt + sandbox::kMaxMessage <= kWindowBytes);
   std::deque<Posted> posted_;
   unsigned postedWrites_ = 0;  // of posted_: the window's halves in use
+  // Plugged: posted requests wait in the outbox, one message's worth; the last unsent_
+  // of posted_ are there.
+  bool plugged_ = false;
+  std::vector<std::byte> outbox_;
+  unsigned unsent_ = 0;
   unsigned nextHalf_ = 0;
   uint64_t serial_ = 0;    // the last request's
   uint64_t ringTail_ = 0;  // ring entries read
@@ -916,8 +961,10 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
     replies.push_back(ready);
     if (!flush()) return 1;
   }
-  // A request, and what may follow it in its message (a tensor op, a launch's arguments).
-  std::vector<std::byte> received(sizeof(Request) + std::max<size_t>(sizeof(sandbox::TensorWindow), sandbox::kMaxInlineBytes));
+  // A message of requests, each with what may follow it (a tensor op, a launch's
+  // arguments), and those of it not yet done.
+  std::vector<std::byte> received(sandbox::kMaxBatchBytes);
+  std::span<const std::byte> rest;
   // Work queued since the device was plugged (Device::plug): the device starts it as one
   // run when no request waits, or after kPluggedRun of them.
   constexpr unsigned kPluggedRun = 32;
@@ -927,22 +974,23 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
     plugged = 0;
   };
   for (;;) {
-    // The next request if one is waiting; else the device starts what it holds and the
+    // The next message if one is waiting; else the device starts what it holds and the
     // replies held back go, then wait.
-    ssize_t n = ::recv(fd, received.data(), received.size(), MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      unplug();
-      if (!flush()) return 1;
-      n = ::recv(fd, received.data(), received.size(), 0);
-    }
-    if (n == 0) return 0;  // the netaccel closed: done
-    if (n < static_cast<ssize_t>(sizeof(Request))) {
+    while (rest.empty()) {
+      ssize_t n = ::recv(fd, received.data(), received.size(), MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        unplug();
+        if (!flush()) return 1;
+        n = ::recv(fd, received.data(), received.size(), 0);
+      }
+      if (n == 0) return 0;  // the netaccel closed: done
       if (n < 0 && errno == EINTR) continue;
-      return 1;
+      if (n < 0) return 1;
+      rest = std::span<const std::byte>(received.data(), static_cast<size_t>(n));
     }
     Request q;
-    std::memcpy(&q, received.data(), sizeof q);
-    const std::span<const std::byte> extra(received.data() + sizeof q, static_cast<size_t>(n) - sizeof q);
+    std::span<const std::byte> extra;
+    if (!sandbox::nextRequest(rest, q, extra)) return 1;
     Reply r;
     r.serial = q.serial;
     auto buffer = [&](uint64_t id) -> Result<hal::Buffer*> {

@@ -17,7 +17,13 @@
 // times its kernels, the calls that only queue work (writes, tensor ops, the built-in
 // ops, copies and fills) are posted: sent without waiting, their replies read later in
 // order (a few at a time, and all before any call that waits), so a stream of small ops
-// costs no round trip each. The sandbox holds back the replies of requests it finds more
+// costs no round trip each. While the card worker has a run of instructions for one
+// sandbox in hand it plugs the device (hal::Device::plug): posted requests then wait in
+// an outbox and go as one message (each request with the bytes that follow it, at most
+// kMaxBatchRequests or kMaxBatchBytes), at the run's end or before anything waits for a
+// reply; a reply to a request still in the outbox is a protocol violation. The sandbox
+// plugs its own device while requests wait, so PoCL starts the run at once rather than
+// waking its threads for each kernel. The sandbox holds back the replies of requests it finds more
 // waiting behind, and sends them in one message (at most kMaxReplies) when its socket
 // holds no more: such a stream costs one receive per run of ops, not one per op. A reply
 // that carries an error or a payload in the window goes at once, and so does a write's
@@ -46,9 +52,12 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,6 +81,10 @@ inline constexpr uint64_t kRingEntries = 4096;
 inline constexpr size_t kMaxReplies = 64;
 // A launch's arguments up to this size follow its Request in the message (posted).
 inline constexpr uint64_t kMaxInlineBytes = 16 << 10;
+// One message of requests: a run of posted ones goes as one (SandboxDevice::plug), each
+// a Request and the `inlineBytes` that follow it.
+inline constexpr size_t kMaxBatchBytes = 64 << 10;
+inline constexpr unsigned kMaxBatchRequests = 32;
 
 // Completed kernels' times, after the window in the same memfd. The sandbox writes slots
 // and then `head` (entries written so far) and `pending`; the netaccel reads
@@ -123,6 +136,7 @@ struct Request {
   uint64_t payload = 0;          // bytes of the request in the window
   uint64_t tag = 0;              // kernels: what their KernelTime carries
   uint32_t m = 0, n = 0, k = 0;
+  uint32_t inlineBytes = 0;      // bytes that follow this Request in its message
   float alpha = 0, beta = 0;
   uint64_t serial = 0;           // counts the requests from 1; the reply says it back
 };
@@ -154,11 +168,23 @@ struct Reply {
   int32_t openclError = 0;    // not ok: the card driver's OpenCL error, if any
 };
 
-// A tensor request as one message.
+// A tensor request as one record of a message.
 struct TensorRequest {
   Request request;
   TensorWindow op;
 };
+static_assert(kMaxBatchBytes >= sizeof(Request) + std::max<size_t>(sizeof(TensorWindow), kMaxInlineBytes));
+
+// Takes the next request of a message off `rest`, with the bytes that follow it
+// (`extra`); false when what is left is not a whole request.
+inline bool nextRequest(std::span<const std::byte>& rest, Request& q, std::span<const std::byte>& extra) {
+  if (rest.size() < sizeof q) return false;
+  std::memcpy(&q, rest.data(), sizeof q);
+  if (q.inlineBytes > rest.size() - sizeof q) return false;
+  extra = rest.subspan(sizeof q, q.inlineBytes);
+  rest = rest.subspan(sizeof q + q.inlineBytes);
+  return true;
+}
 
 }  // namespace sandbox
 

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <thread>
 
 #include "hal/backends.h"
 #include "hal/conformance.h"
@@ -252,6 +253,25 @@ TEST(HostileSandbox, AnExtraReplyIsCaughtByItsSerialAndStopsTheSandbox) {
   EXPECT_NE(r.error().message.find("broke its protocol (a reply to request 1 where 2 was due)"), std::string::npos)
       << r.error().message;
   EXPECT_FALSE(d->lost().empty());
+  d->release(std::move(*b));
+}
+
+// Plugged, posted requests wait in the netaccel until their run goes as one message: a
+// reply to one of them before it was sent answers work the sandbox never got.
+TEST(HostileSandbox, AReplyToARequestNotYetSentStopsTheSandbox) {
+  auto d = hostile("ahead");
+  ASSERT_TRUE(d->timesKernels());
+  auto b = d->allocate(64);  // request 1; its reply, and one to request 2, which is not made yet
+  ASSERT_TRUE(b) << b.error().message;
+  d->plug();
+  EXPECT_TRUE(d->fill(**b, 0, 64, 1));  // request 2, posted and held
+  std::vector<hal::KernelTime> times;
+  for (int i = 0; i < 10000 && d->lost().empty(); ++i) {  // up to 10 s for the replies to come
+    d->takeCompleted(times);                             // reads those that have
+    if (d->lost().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_NE(d->lost().find("broke its protocol (a reply to request 2, which it was not sent)"), std::string::npos) << d->lost();
+  d->unplug();
   d->release(std::move(*b));
 }
 
