@@ -506,8 +506,13 @@ class OpenclDevice final : public Device {
     }
     auto& b = op.buffers;
     const int d = int(op.geom.dims) - 3;
-    const bool tiles = TensorFn(op.geom.fn) == TensorFn::matmul && groups256_ && op.geom.shape[d] >= 16 && op.geom.shape[d + 1] >= 16;
-    if (tiles) {  // rc_matmul_tiled, in 16 x 16 work-groups: for entries that fill a tile at least (smaller ones idle most of it)
+    // rc_matmul_tiled, in 16 x 16 work-groups, for entries of at least 64 rows, columns and
+    // k: below that staging tiles and the work-groups' barriers cost more than the reuse
+    // saves (the reference CNN's matmuls, 16 to 72 wide, ran 2-5x slower tiled than
+    // rc_matmul's four running sums).
+    const bool tiles = TensorFn(op.geom.fn) == TensorFn::matmul && groups256_ && op.geom.shape[d] >= kTiledFrom &&
+                       op.geom.shape[d + 1] >= kTiledFrom && op.geom.inner >= kTiledFrom;
+    if (tiles) {
       const uint64_t rows = uint64_t(op.geom.shape[d]), cols = uint64_t(op.geom.shape[d + 1]);
       const uint64_t entries = d ? uint64_t(op.geom.shape[0]) : 1;
       size_t global[2] = {roundUp(cols, 16), roundUp(rows, 16) * entries}, local[2] = {16, 16};
@@ -769,6 +774,7 @@ class OpenclDevice final : public Device {
   uint32_t addressBytes_ = 8;
   std::unique_ptr<ClProgram> builtins_;
   std::unique_ptr<ClProgram> tensorKernels_;
+  static constexpr int64_t kTiledFrom = 64;
   cl_mem partials_ = nullptr;
   cl_event gate_ = nullptr;  // plug()'s user event, while plugged
   bool groups256_ = false;  // the device takes work-groups of 256: 16 x 16 tiles (gemm, matmul), 256-wide sums

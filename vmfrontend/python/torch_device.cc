@@ -34,7 +34,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 
@@ -1837,6 +1839,66 @@ at::Tensor uncolumns(const at::Tensor& cols, const at::Tensor& input, const Wind
   return out;
 }
 
+// The columns of a convolution's input, kept from its forward for its backward's weight
+// gradient, which needs the same ones (making them again was a third of the reference
+// CNN's step). Found by the input itself, held so that its memory cannot be reused
+// meanwhile, unchanged since (its version: views share it) and the window; each taken
+// once. At most kKeptColumns, and kKeptColumnBytes in all: the oldest go first.
+struct KeptColumns {
+  at::Tensor input;
+  int64_t version;
+  Window2d w;
+  at::Tensor cols;
+};
+constexpr size_t kKeptColumns = 8;
+constexpr int64_t kKeptColumnBytes = int64_t{256} << 20;
+struct ColumnCache {
+  std::mutex mu;  // never held while tensors are made or freed (the session's lock)
+  std::deque<KeptColumns> kept;
+  int64_t bytes = 0;
+};
+ColumnCache& columnCache() {
+  static auto* c = new ColumnCache;  // never destroyed, like the session's State
+  return *c;
+}
+bool sameWindow(const Window2d& a, const Window2d& b) {
+  return a.kh == b.kh && a.kw == b.kw && a.sh == b.sh && a.sw == b.sw && a.ph == b.ph && a.pw == b.pw && a.dh == b.dh &&
+         a.dw == b.dw;
+}
+int64_t bytesOf(const at::Tensor& t) { return t.numel() * int64_t(t.element_size()); }
+void keepColumns(const at::Tensor& input, const Window2d& w, const at::Tensor& cols) {
+  if (bytesOf(cols) > kKeptColumnBytes) return;
+  std::deque<KeptColumns> dropped;  // freed after the lock is let go
+  auto& c = columnCache();
+  std::lock_guard lock(c.mu);
+  while (!c.kept.empty() && (c.kept.size() >= kKeptColumns || c.bytes + bytesOf(cols) > kKeptColumnBytes)) {
+    c.bytes -= bytesOf(c.kept.front().cols);
+    dropped.push_back(std::move(c.kept.front()));
+    c.kept.pop_front();
+  }
+  c.kept.push_back({input, input._version(), w, cols});
+  c.bytes += bytesOf(cols);
+}
+std::optional<at::Tensor> takeColumns(const at::Tensor& input, const Window2d& w) {
+  std::optional<KeptColumns> found;  // freed after the lock is let go
+  {
+    auto& c = columnCache();
+    std::lock_guard lock(c.mu);
+    for (auto it = c.kept.begin(); it != c.kept.end(); ++it) {
+      const bool same = it->input.unsafeGetTensorImpl() == input.unsafeGetTensorImpl() ||
+                        (it->input.data_ptr() == input.data_ptr() && it->input.sizes() == input.sizes() &&
+                         it->input.strides() == input.strides() && it->input.dtype() == input.dtype());
+      if (!same || !sameWindow(it->w, w)) continue;
+      c.bytes -= bytesOf(it->cols);
+      found = std::move(*it);
+      c.kept.erase(it);
+      break;
+    }
+  }
+  if (!found || found->input._version() != found->version || input._version() != found->version) return std::nullopt;
+  return found->cols;
+}
+
 // Convolution (2-D, ungrouped, not transposed) as im2col and one matmul.
 bool convOnCard(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* bias, c10::IntArrayRef stride,
                 c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, int64_t groups) {
@@ -1855,6 +1917,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   const int64_t n = input.size(0), oc = weight.size(0), oh = w.outH(input.size(2)), ow = w.outW(input.size(3));
   TORCH_CHECK(oh > 0 && ow > 0, "raccel: a convolution whose kernel is larger than its padded input");
   auto cols = columns(input, w);  // [C * KK, N * OHW]
+  if (at::GradMode::is_enabled() && weight.requires_grad()) keepColumns(input, w, cols);
   const int64_t span = cols.size(0);
   // Each image's [OC, OHW] straight into its place in [N, OC, OH, OW]: one batched matmul.
   auto out = emptyOn({n, oc, oh, ow});
@@ -1882,7 +1945,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   at::Tensor gradInput, gradWeight, gradBias;
   if (mask[1]) {
     auto g = grad.permute({1, 0, 2, 3}).reshape({oc, -1});  // [OC, N * OHW]
-    gradWeight = at::mm(g, columns(input, w).t()).reshape(weight.sizes());
+    auto kept = takeColumns(input, w);
+    gradWeight = at::mm(g, (kept ? *kept : columns(input, w)).t()).reshape(weight.sizes());
   }
   if (mask[2]) gradBias = at::sum(grad, {0, 2, 3});
   if (mask[0]) {
