@@ -525,9 +525,15 @@ class OpenclDevice final : public Device {
       return runIn(*tensorKernels_, "rc_sum_groups", 1, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
                    memOf(*b[3]));
     }
+    const char* fast = fastMapKernel(op.geom);
+    if (fast && op.geom.dims > 1) {  // a grid: the last dimension first
+      const int dims = int(op.geom.dims);
+      size_t grid[3] = {size_t(op.geom.shape[dims - 1]), size_t(op.geom.shape[dims - 2]), dims > 2 ? size_t(op.geom.shape[0]) : 1};
+      return runIn(*tensorKernels_, fast, 3, grid, nullptr, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
+    }
     size_t global[1] = {roundUp(static_cast<uint64_t>(op.geom.n), 64)};
-    return runIn(*tensorKernels_, tensorKernelName(TensorFn(op.geom.fn)), 1, global, nullptr, op.geom, memOf(*b[0]),
-                 memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
+    return runIn(*tensorKernels_, fast ? fast : tensorKernelName(TensorFn(op.geom.fn)), 1, global, nullptr, op.geom,
+                 memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
   }
   Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) override {
     size_t global[1] = {kPartials};
@@ -538,6 +544,33 @@ class OpenclDevice final : public Device {
 
  private:
   static size_t roundUp(uint64_t v, size_t to) { return static_cast<size_t>((v + to - 1) / to * to); }
+
+  // The map kernel of one function (tensor_kernels.inc: RC_MAP_FAST) for a map over f32
+  // operands: over one contiguous dimension (every stride 1) the flat one, over 2 or 3
+  // dimensions the grid one (a range of that shape); null otherwise (rc_map then).
+  static const char* fastMapKernel(const kernels::RcGeom& g) {
+    const TensorFn fn = TensorFn(g.fn);
+    if (g.dims < 1 || g.dims > 3) return nullptr;
+    for (unsigned i = 0; i < tensorFnOperands(fn); ++i)
+      if (g.type[i] != int(TensorType::f32) || (g.dims == 1 && g.stride[i][0] != 1)) return nullptr;
+    const bool flat = g.dims == 1;
+    switch (fn) {
+      case TensorFn::copy: return flat ? "rc_flat_copy" : "rc_grid_copy";
+      case TensorFn::add: return flat ? "rc_flat_add" : "rc_grid_add";
+      case TensorFn::mul: return flat ? "rc_flat_mul" : "rc_grid_mul";
+      case TensorFn::div: return flat ? "rc_flat_div" : "rc_grid_div";
+      case TensorFn::relu: return flat ? "rc_flat_relu" : "rc_grid_relu";
+      case TensorFn::thresholdBackward: return flat ? "rc_flat_threshold_backward" : "rc_grid_threshold_backward";
+      case TensorFn::affine: return flat ? "rc_flat_affine" : "rc_grid_affine";
+      case TensorFn::sqrt: return flat ? "rc_flat_sqrt" : "rc_grid_sqrt";
+      case TensorFn::addcmul: return flat ? "rc_flat_addcmul" : "rc_grid_addcmul";
+      case TensorFn::addcdiv: return flat ? "rc_flat_addcdiv" : "rc_grid_addcdiv";
+      case TensorFn::gelu: return flat ? "rc_flat_gelu" : "rc_grid_gelu";
+      case TensorFn::geluBackward: return flat ? "rc_flat_gelu_backward" : "rc_grid_gelu_backward";
+      case TensorFn::lerp: return flat ? "rc_flat_lerp" : "rc_grid_lerp";
+      default: return nullptr;
+    }
+  }
 
   template <class... A>
   Status run(const char* name, cl_uint dims, const size_t* global, const size_t* local, const A&... args) {
