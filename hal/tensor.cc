@@ -426,9 +426,10 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.n = kept;
     g.inner = inner;
     out.flops = double(elements);
-  } else if (op.fn == TensorFn::matmul) {
+  } else if (op.fn == TensorFn::matmul) {  // a work-item per RC_MM_COLS outputs of a row
     g.inner = g.shape[op.dims - 1];
-    g.n = static_cast<int64_t>(elements) / g.inner;
+    const int64_t cols = g.shape[op.dims - 2];
+    g.n = static_cast<int64_t>(elements) / g.inner / cols * ((cols + RC_MM_COLS - 1) / RC_MM_COLS);
     out.flops = 2.0 * double(elements);
   } else if (rowwise(op.fn)) {
     g.n = g.shape[0];
