@@ -443,10 +443,11 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.inner = g.shape[op.dims - 1];
     g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = double(elements);
-  } else if (op.fn == TensorFn::gatherSum) {  // one per output element, walking its picks
+  } else if (op.fn == TensorFn::gatherSum) {  // one per RC_GATHER_RUN output elements, walking their picks
     g.inner = g.shape[op.dims - 2];
-    g.n = static_cast<int64_t>(elements) / (g.inner * g.shape[op.dims - 1]);
-    out.flops = double(g.n) * double(g.inner);
+    const int64_t outputs = static_cast<int64_t>(elements) / (g.inner * g.shape[op.dims - 1]);
+    g.n = (outputs + RC_GATHER_RUN - 1) / RC_GATHER_RUN;
+    out.flops = double(outputs) * double(g.inner);
   } else if (op.fn == TensorFn::nllLoss) {
     g.n = 1;
     g.inner = 1;
