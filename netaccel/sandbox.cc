@@ -966,8 +966,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   std::vector<std::byte> received(sandbox::kMaxBatchBytes);
   std::span<const std::byte> rest;
   // Work queued since the device was plugged (Device::plug): the device starts it as one
-  // run when no request waits, or after kPluggedRun of them.
-  constexpr unsigned kPluggedRun = 32;
+  // run when no request waits, or after a run's most (kMaxBatchRequests) of them.
   unsigned plugged = 0;
   auto unplug = [&] {
     device.unplug();
@@ -1204,7 +1203,7 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
       }
     }
     if (!s) message(r, s.error());
-    if (plugged >= kPluggedRun) unplug();
+    if (plugged >= sandbox::kMaxBatchRequests) unplug();
     std::string lost = device.lost();
     const bool reset = cardReset.load(std::memory_order_relaxed);
     if (!lost.empty() || reset) {

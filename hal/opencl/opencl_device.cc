@@ -549,27 +549,18 @@ class OpenclDevice final : public Device {
   // operands: over one contiguous dimension (every stride 1) the flat one, over 2 or 3
   // dimensions the grid one (a range of that shape); null otherwise (rc_map then).
   static const char* fastMapKernel(const kernels::RcGeom& g) {
-    const TensorFn fn = TensorFn(g.fn);
-    if (g.dims < 1 || g.dims > 3) return nullptr;
-    for (unsigned i = 0; i < tensorFnOperands(fn); ++i)
+    struct Names {
+      int fn;
+      const char *flat, *grid;
+    };
+#define RC_FAST_MAP_NAMES(name, FN) {FN, "rc_flat_" #name, "rc_grid_" #name},
+    static constexpr Names kFast[] = {RC_FAST_MAPS(RC_FAST_MAP_NAMES)};
+#undef RC_FAST_MAP_NAMES
+    const Names* f = std::find_if(std::begin(kFast), std::end(kFast), [&](const Names& n) { return n.fn == g.fn; });
+    if (f == std::end(kFast) || g.dims < 1 || g.dims > 3) return nullptr;
+    for (unsigned i = 0; i < tensorFnOperands(TensorFn(g.fn)); ++i)
       if (g.type[i] != int(TensorType::f32) || (g.dims == 1 && g.stride[i][0] != 1)) return nullptr;
-    const bool flat = g.dims == 1;
-    switch (fn) {
-      case TensorFn::copy: return flat ? "rc_flat_copy" : "rc_grid_copy";
-      case TensorFn::add: return flat ? "rc_flat_add" : "rc_grid_add";
-      case TensorFn::mul: return flat ? "rc_flat_mul" : "rc_grid_mul";
-      case TensorFn::div: return flat ? "rc_flat_div" : "rc_grid_div";
-      case TensorFn::relu: return flat ? "rc_flat_relu" : "rc_grid_relu";
-      case TensorFn::thresholdBackward: return flat ? "rc_flat_threshold_backward" : "rc_grid_threshold_backward";
-      case TensorFn::affine: return flat ? "rc_flat_affine" : "rc_grid_affine";
-      case TensorFn::sqrt: return flat ? "rc_flat_sqrt" : "rc_grid_sqrt";
-      case TensorFn::addcmul: return flat ? "rc_flat_addcmul" : "rc_grid_addcmul";
-      case TensorFn::addcdiv: return flat ? "rc_flat_addcdiv" : "rc_grid_addcdiv";
-      case TensorFn::gelu: return flat ? "rc_flat_gelu" : "rc_grid_gelu";
-      case TensorFn::geluBackward: return flat ? "rc_flat_gelu_backward" : "rc_grid_gelu_backward";
-      case TensorFn::lerp: return flat ? "rc_flat_lerp" : "rc_grid_lerp";
-      default: return nullptr;
-    }
+    return g.dims == 1 ? f->flat : f->grid;
   }
 
   template <class... A>

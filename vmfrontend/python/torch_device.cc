@@ -1736,6 +1736,7 @@ struct Window2d {
     return w;
   }
   bool sane() const { return kh > 0 && kw > 0 && sh > 0 && sw > 0 && ph >= 0 && pw >= 0 && dh > 0 && dw > 0; }
+  bool operator==(const Window2d&) const = default;
   int64_t outH(int64_t h) const { return (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1; }
   int64_t outW(int64_t w) const { return (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1; }
 };
@@ -1851,33 +1852,29 @@ struct KeptColumns {
   at::Tensor cols;
 };
 constexpr size_t kKeptColumns = 8;
-constexpr int64_t kKeptColumnBytes = int64_t{256} << 20;
+constexpr size_t kKeptColumnBytes = size_t{256} << 20;
 struct ColumnCache {
   std::mutex mu;  // never held while tensors are made or freed (the session's lock)
   std::deque<KeptColumns> kept;
-  int64_t bytes = 0;
+  size_t bytes = 0;
 };
 ColumnCache& columnCache() {
   static auto* c = new ColumnCache;  // never destroyed, like the session's State
   return *c;
 }
-bool sameWindow(const Window2d& a, const Window2d& b) {
-  return a.kh == b.kh && a.kw == b.kw && a.sh == b.sh && a.sw == b.sw && a.ph == b.ph && a.pw == b.pw && a.dh == b.dh &&
-         a.dw == b.dw;
-}
-int64_t bytesOf(const at::Tensor& t) { return t.numel() * int64_t(t.element_size()); }
 void keepColumns(const at::Tensor& input, const Window2d& w, const at::Tensor& cols) {
-  if (bytesOf(cols) > kKeptColumnBytes) return;
+  const size_t bytes = cols.nbytes();
+  if (bytes > kKeptColumnBytes) return;
   std::deque<KeptColumns> dropped;  // freed after the lock is let go
   auto& c = columnCache();
   std::lock_guard lock(c.mu);
-  while (!c.kept.empty() && (c.kept.size() >= kKeptColumns || c.bytes + bytesOf(cols) > kKeptColumnBytes)) {
-    c.bytes -= bytesOf(c.kept.front().cols);
+  while (!c.kept.empty() && (c.kept.size() >= kKeptColumns || c.bytes + bytes > kKeptColumnBytes)) {
+    c.bytes -= c.kept.front().cols.nbytes();
     dropped.push_back(std::move(c.kept.front()));
     c.kept.pop_front();
   }
   c.kept.push_back({input, input._version(), w, cols});
-  c.bytes += bytesOf(cols);
+  c.bytes += bytes;
 }
 std::optional<at::Tensor> takeColumns(const at::Tensor& input, const Window2d& w) {
   std::optional<KeptColumns> found;  // freed after the lock is let go
@@ -1888,8 +1885,8 @@ std::optional<at::Tensor> takeColumns(const at::Tensor& input, const Window2d& w
       const bool same = it->input.unsafeGetTensorImpl() == input.unsafeGetTensorImpl() ||
                         (it->input.data_ptr() == input.data_ptr() && it->input.sizes() == input.sizes() &&
                          it->input.strides() == input.strides() && it->input.dtype() == input.dtype());
-      if (!same || !sameWindow(it->w, w)) continue;
-      c.bytes -= bytesOf(it->cols);
+      if (!same || it->w != w) continue;
+      c.bytes -= it->cols.nbytes();
       found = std::move(*it);
       c.kept.erase(it);
       break;
