@@ -1,4 +1,5 @@
 #include "bench/failover.h"
+#include "bench/bulk.h"
 #include "bench/report.h"
 
 #include <httplib.h>
@@ -52,21 +53,6 @@ double stream(client::Session& s, client::Handle tiny, double seconds) {
   return sent / since(t);
 }
 
-// `bytes` written and read back: Gbit/s both ways together (-1 when it failed).
-double bulk(client::Session& s, size_t bytes) {
-  std::vector<std::byte> data(bytes), back(bytes);
-  for (size_t i = 0; i < bytes; i += 4096) data[i] = static_cast<std::byte>(i / 4096);
-  auto big = s.alloc(bytes);
-  if (!s.fence()) return -1;
-  auto t = Clock::now();
-  s.write(big, 0, data);
-  auto r = s.read(big, 0, back);
-  const double secs = since(t);
-  s.free(big);
-  if (!r || std::memcmp(data.data(), back.data(), bytes) != 0) return -1;
-  return 2.0 * bytes * 8 / secs / 1e9;
-}
-
 // The first value of `metric` on the scheduler's /metrics (-1 when absent).
 double metric(testing::Cluster& cluster, const std::string& metric) {
   httplib::Client http("127.0.0.1", cluster.httpPort());
@@ -96,8 +82,8 @@ FailoverFigures measureFailover(bool quick, double steadySeconds) {
     for (int round = 0; round < (quick ? 1 : 5); ++round) {
       rateOff.push_back(stream(*b, tb, quick ? 0.5 : 2));
       rateOn.push_back(stream(*a, ta, quick ? 0.5 : 2));
-      bulkOff.push_back(bulk(*b, bytes));
-      bulkOn.push_back(bulk(*a, bytes));
+      bulkOff.push_back(writeAndReadBack(*b, bytes).gbps);
+      bulkOn.push_back(writeAndReadBack(*a, bytes).gbps);
     }
     f.asyncOn = median(rateOn);
     f.asyncOff = median(rateOff);

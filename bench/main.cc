@@ -20,7 +20,8 @@
 //   bulk_write_read_gbps    256 MiB written and read back through both hops (Gbit/s), the node
 //                           link in plain TCP (--insecure)
 //   bulk_write_read_gbps_tls  the same through the mutual-TLS node link (target >= 0.8x plain)
-//   raw_socket_gbps         one raw loopback TCP socket, same run (Gbit/s)
+//   raw_socket_gbps         one raw loopback TCP socket, same run (Gbit/s); the plain bulk
+//                           figure's target is >= 0.8x this
 //   vm_sync_rtt_us_p50      the sync round trip timed by raccel-run inside a QEMU guest
 //                           (TCG here) over virtio-serial and raccel-guestd, beside
 //   host_guestd_sync_rtt_us_p50  the same program as a host process through a host
@@ -39,7 +40,8 @@
 //   sync_rtt_us_p50_sandbox the sync round trip on an OpenCL card (PoCL here) whose tenant
 //                           runs in a sandbox process, beside sync_rtt_us_p50_in_process
 //                           (the same card inside the netaccel, --no-sandbox), same run
-//                           (target <= 1.5x); bulk_gbps_sandbox/_in_process likewise
+//                           (target <= 1.15x); bulk_gbps_sandbox/_in_process likewise
+//                           (target >= 0.9x)
 //   cuda_gemm_ratio         with a CUDA GPU: raccel gemm TFLOPS (N=4096) over the hal's
 //                           cuBLAS gemm called directly in this process (target >= 0.95)
 //   cuda_bulk_gbps          1 GiB written and read back through both hops to the GPU, GB/s
@@ -52,6 +54,7 @@
 //   lineage_memory_bytes    most the lineage held (checkpoint + log) while a steady workload
 //                           ran for --lineage-seconds (60 by default; the issue's figure is 600)
 //   --only failover         measures and prints the failover figures alone
+//   --only bulk             the bulk figures alone (raw socket, plain and TLS node links)
 //
 // The daemons run as real processes, as deployed. --raw-echo and --raw-relay are the
 // baseline's own processes (started by the bench itself).
@@ -75,8 +78,10 @@
 #include <thread>
 #include <unordered_map>
 
+#include "bench/bulk.h"
 #include "bench/failover.h"
 #include "bench/multi_host.h"
+#include "bench/raw_socket.h"
 #include "bench/report.h"
 #include "common/flags.h"
 #include "hal/backends.h"
@@ -101,108 +106,6 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
-
-bool readAll(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n) {
-    ssize_t r = ::read(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool writeAll(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n) {
-    ssize_t r = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-int tcpListen(int* port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(*port));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0) return -1;
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
-int tcpConnect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  for (int i = 0; i < 200; ++i) {
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      return fd;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
-}
-
-int unixConnect(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  for (int i = 0; i < 200; ++i) {
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
-}
-
-// Baseline hop 2: echoes every byte it gets back on the same TCP connection.
-int rawEcho(int port) {
-  int l = tcpListen(&port);
-  if (l < 0) return 1;
-  int c = ::accept(l, nullptr, nullptr);
-  int one = 1;
-  ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::read(c, buf, sizeof buf);
-    if (n <= 0 || !writeAll(c, buf, static_cast<size_t>(n))) return 0;
-  }
-}
-
-// Baseline hop 1: relays bytes between a unix-socket client and the TCP echo.
-int rawRelay(const std::string& path, int port) {
-  int l = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  ::unlink(path.c_str());
-  if (::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(l, 4) != 0) return 1;
-  int up = tcpConnect(port);
-  int down = ::accept(l, nullptr, nullptr);
-  char buf[65536];
-  pollfd fds[2] = {{down, POLLIN, 0}, {up, POLLIN, 0}};
-  for (;;) {
-    if (::poll(fds, 2, -1) <= 0) return 0;
-    for (int i = 0; i < 2; ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
-      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n <= 0 || !writeAll(fds[1 - i].fd, buf, static_cast<size_t>(n))) return 0;
-    }
-  }
 }
 
 // raccel-run --rtt's p50 from its output, or -1.
@@ -289,8 +192,9 @@ struct Figures {
   std::string vmSkipped;
   double asyncRateScraped = 0, scrapeMs = 0, scrapeCpuMs = 0;
   size_t scrapes = 0;
-  double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0, bulkGbps = 0, rawGbps = 0, writeSecs = 0, readSecs = 0;
-  double syncPlainP50 = 0, bulkTlsGbps = 0, tlsWriteSecs = 0, tlsReadSecs = 0;
+  double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0;
+  double syncPlainP50 = 0;
+  bench::BulkFigures bulk;
   double syncEtcdP50 = -1;  // plain node link, the scheduler in a shared pool (--etcd)
   std::string etcdSkipped;
   double aggEfficiency = 0, aggGflops = 0, aggSingles = 0;
@@ -315,16 +219,16 @@ int main(int argc, char** argv) {
   flags.boolean("json", "print one JSON object with every figure");
   flags.boolean("quick", "small runs (for a smoke test; figures are noisy)");
   flags.value("lineage-seconds", "S", "how long the steady workload behind lineage_memory_bytes runs (default 60)");
-  flags.value("only", "SECTION", "measure one section alone and print its figures: failover");
+  flags.value("only", "SECTION", "measure one section alone and print its figures: failover, bulk");
   flags.value("raw-echo", "PORT", "(internal) run the baseline's echo process");
   flags.value("raw-relay", "PATH:PORT", "(internal) run the baseline's relay process");
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
-  if (flags.has("raw-echo")) return rawEcho(std::atoi(flags.get("raw-echo").c_str()));
+  if (flags.has("raw-echo")) return bench::rawEcho(std::atoi(flags.get("raw-echo").c_str()));
   if (flags.has("raw-relay")) {
     std::string spec = flags.get("raw-relay");
     auto colon = spec.rfind(':');
-    return rawRelay(spec.substr(0, colon), std::atoi(spec.c_str() + colon + 1));
+    return bench::rawRelay(spec.substr(0, colon), std::atoi(spec.c_str() + colon + 1));
   }
   const bool quick = flags.has("quick");
   double lineageSeconds = 60;
@@ -337,9 +241,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (flags.has("only") && flags.get("only") == "bulk") {
+    if (!flags.has("json")) std::fprintf(stderr, "raccel-bench: bulk: a raw socket, then write and read back through both hops, TLS and plain...\n");
+    bench::BulkFigures bulk = bench::measureBulk(quick);
+    if (flags.has("json")) std::printf("{%s,\"quick\":%s}\n", bench::bulkJson(bulk).c_str(), quick ? "true" : "false");
+    else bench::printBulkText(bulk);
+    return bulk.problem.empty() ? 0 : 1;
+  }
   if (flags.has("only")) {
     if (flags.get("only") != "failover") {
-      std::fprintf(stderr, "raccel-bench: --only takes failover, not '%s'\n", flags.get("only").c_str());
+      std::fprintf(stderr, "raccel-bench: --only takes failover or bulk, not '%s'\n", flags.get("only").c_str());
       return 2;
     }
     if (!flags.has("json")) std::fprintf(stderr, "raccel-bench: failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory...\n");
@@ -353,6 +264,10 @@ int main(int argc, char** argv) {
   const size_t bulkBytes = quick ? (32u << 20) : (256u << 20);
   auto progress = [&](const char* what) {
     if (!flags.has("json")) std::fprintf(stderr, "raccel-bench: %s...\n", what);
+  };
+  auto failed = [](const std::string& why) {
+    std::fprintf(stderr, "raccel-bench: %s\n", why.c_str());
+    return 1;
   };
 
   Figures f;
@@ -407,30 +322,6 @@ int main(int argc, char** argv) {
     on.free(tiny);
     return true;
   };
-  // bulkBytes written and read back through both hops: Gbit/s both ways together.
-  auto bulkGbps = [&](client::Session& on, double* writeSecs, double* readSecs, size_t bulkBytes) {
-    std::vector<std::byte> data(bulkBytes), back(bulkBytes);
-    for (size_t i = 0; i < data.size(); i += 4096) data[i] = static_cast<std::byte>(i / 4096);
-    auto big = on.alloc(bulkBytes);
-    (void)on.fence();
-    auto t = Clock::now();
-    on.write(big, 0, data);
-    auto w = on.fence();
-    *writeSecs = since(t);
-    auto tr = Clock::now();
-    auto r = w ? on.read(big, 0, back) : w;
-    *readSecs = since(tr);
-    double secs = since(t);
-    if (!r || std::memcmp(data.data(), back.data(), bulkBytes) != 0) {
-      std::fprintf(stderr, "raccel-bench: bulk data did not come back intact%s%s\n", r ? "" : ": ",
-                   r ? "" : r.error().message.c_str());
-      return -1.0;
-    }
-    on.free(big);
-    (void)on.fence();
-    return 2.0 * bulkBytes * 8 / secs / 1e9;
-  };
-
   progress("synchronous round trips (TLS node link)");
   std::vector<double> rtts;
   if (!syncRtts(s, rtts)) return 1;
@@ -442,14 +333,14 @@ int main(int argc, char** argv) {
   progress("raw two-hop baseline");
   {
     int port = 0;
-    int probe = tcpListen(&port);
+    int probe = bench::tcpListen(&port);
     ::close(probe);
     std::string relayPath = cluster.dir() + "/raw-relay.sock";
     testing::Process echo("raccel-bench", {"--raw-echo", std::to_string(port)}, cluster.dir() + "/raw-echo.log");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     testing::Process relay("raccel-bench", {"--raw-relay", relayPath + ":" + std::to_string(port)},
                            cluster.dir() + "/raw-relay.log");
-    int fd = unixConnect(relayPath);
+    int fd = bench::unixConnect(relayPath);
     if (fd < 0) {
       std::fprintf(stderr, "raccel-bench: raw baseline did not start\n");
       return 1;
@@ -459,7 +350,7 @@ int main(int argc, char** argv) {
     std::vector<double> raw;
     for (int i = 0; i < syncIters + 100; ++i) {
       auto t = Clock::now();
-      if (!writeAll(fd, out, sizeof out) || !readAll(fd, back, sizeof back)) break;
+      if (!bench::writeAll(fd, out, sizeof out) || !bench::readAll(fd, back, sizeof back)) break;
       if (i >= 100) raw.push_back(since(t) * 1e6);
     }
     ::close(fd);
@@ -548,8 +439,9 @@ int main(int argc, char** argv) {
   }
 
   progress("bulk write and read back (TLS node link)");
-  f.bulkTlsGbps = bulkGbps(s, &f.tlsWriteSecs, &f.tlsReadSecs, bulkBytes);
-  if (f.bulkTlsGbps < 0) return 1;
+  f.bulk.bytes = bulkBytes;
+  f.bulk.tls = bench::steadyBulk(s, bulkBytes, quick ? 1 : 3);
+  if (!f.bulk.tls.problem.empty()) return failed(f.bulk.tls.problem);
 
   progress("the same with the node link in plain TCP (--insecure)");
   {
@@ -560,8 +452,8 @@ int main(int argc, char** argv) {
     std::vector<double> plainRtts;
     if (!syncRtts(*p, plainRtts)) return 1;
     f.syncPlainP50 = percentile(plainRtts, 0.5);
-    f.bulkGbps = bulkGbps(*p, &f.writeSecs, &f.readSecs, bulkBytes);
-    if (f.bulkGbps < 0) return 1;
+    f.bulk.plain = bench::steadyBulk(*p, bulkBytes, quick ? 1 : 3);
+    if (!f.bulk.plain.problem.empty()) return failed(f.bulk.plain.problem);
   }
   // The same scheduler in a pool shared through etcd: the data path does not touch etcd.
   f.etcdSkipped = testing::etcdUnavailable();
@@ -594,11 +486,10 @@ int main(int argc, char** argv) {
       if (!p) return 1;
       std::vector<double> r;
       if (!syncRtts(*p, r)) return 1;
-      double w = 0, rd = 0;
-      double gbps = bulkGbps(*p, &w, &rd, bulkBytes);
-      if (gbps < 0) return 1;
+      bench::BulkRun bulk = bench::steadyBulk(*p, bulkBytes, quick ? 1 : 3);
+      if (!bulk.problem.empty()) return failed(bulk.problem);
       (sandboxed ? f.sandboxRttP50 : f.inProcessRttP50) = percentile(r, 0.5);
-      (sandboxed ? f.sandboxGbps : f.inProcessGbps) = gbps;
+      (sandboxed ? f.sandboxGbps : f.inProcessGbps) = bulk.gbps;
     }
   } else {
     f.sandboxSkipped = "no OpenCL device: " + hal::discover("opencl").note;
@@ -660,12 +551,11 @@ int main(int argc, char** argv) {
     }
     f.cudaRaccelTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
     g.free(ha), g.free(hb), g.free(hc);
-    double w = 0, r = 0;
-    const size_t gib = size_t{1} << 30;
-    if (bulkGbps(g, &w, &r, gib) < 0) return 1;
-    f.cudaWriteGBps = gib / w / 1e9;
-    f.cudaReadGBps = gib / r / 1e9;
-    f.cudaBulkGBps = 2.0 * gib / (w + r) / 1e9;
+    bench::BulkRun bulk = bench::writeAndReadBack(g, size_t{1} << 30);
+    if (!bulk.problem.empty()) return failed(bulk.problem);
+    f.cudaWriteGBps = bulk.writeGbps() / 8;
+    f.cudaReadGBps = bulk.readGbps() / 8;
+    f.cudaBulkGBps = bulk.gbps / 8;
     progress("CUDA: two tenants with 3:1 blocks of the GPU, each streaming 4096^3 gemms");
     f.fairCuda = testing::measureFairShare(quick ? 3 : 8, testing::kCudaFairCard, 4096, 8);
     if (!f.fairCuda.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share (cuda): %s\n", f.fairCuda.problem.c_str());
@@ -674,30 +564,7 @@ int main(int argc, char** argv) {
   }
 
   progress("raw loopback socket baseline");
-  {
-    int port = 0;
-    int l = tcpListen(&port);
-    std::thread receiver([&] {
-      int c = ::accept(l, nullptr, nullptr);
-      std::vector<char> buf(1 << 20);
-      size_t got = 0;
-      while (got < bulkBytes) {
-        ssize_t n = ::read(c, buf.data(), buf.size());
-        if (n <= 0) break;
-        got += static_cast<size_t>(n);
-      }
-      ::close(c);
-    });
-    int fd = tcpConnect(port);
-    std::vector<char> chunk(1 << 20, 1);
-    auto t = Clock::now();
-    for (size_t sent = 0; sent < bulkBytes; sent += chunk.size()) writeAll(fd, chunk.data(), chunk.size());
-    ::shutdown(fd, SHUT_WR);
-    receiver.join();
-    f.rawGbps = bulkBytes * 8.0 / since(t) / 1e9;
-    ::close(fd);
-    ::close(l);
-  }
+  f.bulk.rawGbps = bench::rawSocketGbps(bulkBytes);
 
   progress("compute aggregation over three simulated cards");
   {
@@ -752,8 +619,8 @@ int main(int argc, char** argv) {
   if (!f.fairAsync.problem.empty())
     std::fprintf(stderr, "raccel-bench: fair share (async): %s\n", f.fairAsync.problem.c_str());
 
-  bool syncOk = f.syncP50 <= 3 * f.rawP50, asyncOk = f.asyncRate >= 200000, bulkOk = f.bulkGbps >= 0.5 * f.rawGbps;
-  bool tlsOk = f.bulkTlsGbps >= 0.8 * f.bulkGbps;
+  bool syncOk = f.syncP50 <= 3 * f.rawP50, asyncOk = f.asyncRate >= 200000, bulkOk = f.bulk.plainMet();
+  bool tlsOk = f.bulk.tlsMet();
   bool aggOk = f.aggEfficiency >= 0.85;
   bool allocOk = f.allocOps >= 2e6, admissionOk = f.admissionP99 <= 50;
   bool fairOk = f.fair.problem.empty() && f.fair.error <= 0.05;
@@ -764,7 +631,7 @@ int main(int argc, char** argv) {
   std::replace(f.vmSkipped.begin(), f.vmSkipped.end(), '"', '\'');
   if (flags.has("json")) {
     std::printf("{\"sync_rtt_us_p50_plain\":%.1f,\"bulk_write_read_gbps_tls\":%.2f,\"tls_bulk_met\":%s,",
-                f.syncPlainP50, f.bulkTlsGbps, tlsOk ? "true" : "false");
+                f.syncPlainP50, f.bulk.tls.gbps, tlsOk ? "true" : "false");
     if (f.syncEtcdP50 >= 0) std::printf("\"sync_rtt_us_p50_etcd\":%.1f,", f.syncEtcdP50);
     else std::printf("\"sync_rtt_us_p50_etcd\":null,");
     auto num = [](double v, const char* fmt) { return bench::jsonNumber(v, fmt); };
@@ -797,7 +664,7 @@ int main(int argc, char** argv) {
                 "\"aggregate\":%s,\"alloc_ops\":%s,\"admission\":%s,\"fair_share\":%s},"
                 "\"fair_share_error\":%.4f,\"fair_share_ratio\":%.3f,\"async_instr_per_s_scraped\":%.0f,"
                 "\"scrape_overhead_pct\":%.2f,\"metrics_scrape_ms\":%.3f,\"scrapes\":%zu,\"metrics_cpu_ms_per_scrape\":%.3f}\n",
-                f.syncP50, f.syncP99, f.rawP50, f.asyncRate, f.bulkGbps, f.rawGbps, vmRtt.c_str(), f.hostGuestdRttP50,
+                f.syncP50, f.syncP99, f.rawP50, f.asyncRate, f.bulk.plain.gbps, f.bulk.rawGbps, vmRtt.c_str(), f.hostGuestdRttP50,
                 f.vmSkipped.c_str(), f.allocOps, f.admissionP99, f.admissionVictims, f.aggEfficiency, f.aggGflops,
                 f.aggSingles, bulkBytes, quick ? "true" : "false", syncOk ? "true" : "false", asyncOk ? "true" : "false",
                 bulkOk ? "true" : "false", aggOk ? "true" : "false", allocOk ? "true" : "false",
@@ -829,13 +696,7 @@ int main(int argc, char** argv) {
     std::printf("%-26s %9.3f ms   latency of one scheduler + one netaccel /metrics page while the stream runs, median\n", "metrics_scrape_ms", f.scrapeMs);
     std::printf("%-26s %9.3f ms   the daemons' CPU time per scrape of both pages (at 1 Hz: %.3f%% of one core)\n",
                 "metrics_cpu_ms_per_scrape", f.scrapeCpuMs, f.scrapeCpuMs / 10);
-    std::printf("%-26s %7.2f Gbit/s write, %.2f Gbit/s read\n", "  bulk by direction", bulkBytes * 8 / f.writeSecs / 1e9,
-                bulkBytes * 8 / f.readSecs / 1e9);
-    std::printf("%-26s %7.2f Gbit/s   raw socket %.2f Gbit/s, target >= %.2f  %s\n", "bulk_write_read_gbps", f.bulkGbps,
-                f.rawGbps, 0.5 * f.rawGbps, bulkOk ? "met" : "MISSED");
-    std::printf("%-26s %7.2f Gbit/s   plain node link %.2f Gbit/s, target >= %.2f  %s (write %.2f, read %.2f)\n",
-                "bulk_write_read_gbps_tls", f.bulkTlsGbps, f.bulkGbps, 0.8 * f.bulkGbps, tlsOk ? "met" : "MISSED",
-                bulkBytes * 8 / f.tlsWriteSecs / 1e9, bulkBytes * 8 / f.tlsReadSecs / 1e9);
+    bench::printBulkText(f.bulk);
     std::printf("%-26s %12.0f   target >= 2000000  %s\n", "alloc_ops_per_s", f.allocOps, allocOk ? "met" : "MISSED");
     std::printf("%-26s %9.2f us   target <= 50 us  %s (%.2f holders suspended per admission)\n",
                 "admission_p99_us", f.admissionP99, admissionOk ? "met" : "MISSED", f.admissionVictims);
@@ -845,10 +706,11 @@ int main(int argc, char** argv) {
                 "fair_share_error", f.fair.error, f.fair.big, f.fair.small, f.fair.ratio, fairOk ? "met" : "MISSED");
     if (f.sandboxRttP50 >= 0) {
       std::printf("%-26s %9.1f us   same OpenCL card in the netaccel's process %.1f us, target <= %.1f us  %s\n",
-                  "sync_rtt_us_p50_sandbox", f.sandboxRttP50, f.inProcessRttP50, 1.5 * f.inProcessRttP50,
-                  f.sandboxRttP50 <= 1.5 * f.inProcessRttP50 ? "met" : "MISSED");
-      std::printf("%-26s %7.2f Gbit/s   same OpenCL card in the netaccel's process %.2f Gbit/s\n", "bulk_gbps_sandbox",
-                  f.sandboxGbps, f.inProcessGbps);
+                  "sync_rtt_us_p50_sandbox", f.sandboxRttP50, f.inProcessRttP50, 1.15 * f.inProcessRttP50,
+                  f.sandboxRttP50 <= 1.15 * f.inProcessRttP50 ? "met" : "MISSED");
+      std::printf("%-26s %7.2f Gbit/s   same OpenCL card in the netaccel's process %.2f Gbit/s, target >= %.2f  %s\n",
+                  "bulk_gbps_sandbox", f.sandboxGbps, f.inProcessGbps, 0.9 * f.inProcessGbps,
+                  f.sandboxGbps >= 0.9 * f.inProcessGbps ? "met" : "MISSED");
     } else {
       std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_sandbox", "-", f.sandboxSkipped.c_str());
     }

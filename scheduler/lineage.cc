@@ -110,20 +110,22 @@ void LineageLog::clear() {
 
 uint64_t Lineage::heldBytes() const {
   uint64_t n = log.bytes();
-  for (auto& [h, data] : base) n += data.size();
+  for (auto& [h, data] : base) n += data.heldBytes();
   if (underWay && underWay->folding) n += underWay->folding->heldBytes;
   else if (underWay)
-    for (auto& [h, data] : underWay->taking) n += data.size();
+    for (auto& [h, data] : underWay->taking) n += data.heldBytes();
   return n;
 }
 
-void foldFrames(std::span<const LineageLog::Entry> frames, const Changes& changes, uint64_t memoryQuota,
-                std::unordered_map<uint64_t, std::string>& base) {
-  for (const auto& e : frames) {
+void foldFrames(LineageLog::Pinned& frames, const Changes& changes, uint64_t memoryQuota, KeptBuffers& base) {
+  size_t shared = 0;  // the next shared entry's body in frames.bodies
+  for (const auto& e : frames.entries) {
+    transport::Body* owner = e.shared && shared < frames.bodies.size() ? &frames.bodies[shared] : nullptr;
+    shared += e.shared;
     const Fold& f = e.fold;
     if (f.kind == Fold::Kind::none || changes.readsBack(f.handle, base)) continue;
     if (f.kind == Fold::Kind::alloc) {  // (one the scheduler refused is dropped after, unless a later one took its place)
-      if (f.length <= memoryQuota) base[f.handle].assign(f.length, '\0');
+      if (f.length <= memoryQuota) base[f.handle] = KeptBytes(f.length);
       continue;
     }
     auto it = base.find(f.handle);
@@ -133,13 +135,16 @@ void foldFrames(std::span<const LineageLog::Entry> frames, const Changes& change
     }
     // Out of its buffer's bounds the card refused it too.
     if (it == base.end() || f.offset > it->second.size() || f.length > it->second.size() - f.offset) continue;
-    if (f.kind == Fold::Kind::write) std::memcpy(it->second.data() + f.offset, e.bytes.data() + f.dataAt, f.length);
-    else std::memset(it->second.data() + f.offset, f.value, f.length);
+    if (f.kind == Fold::Kind::fill) {
+      it->second.fill(f.offset, f.length, f.value);
+    } else if (f.dataAt <= e.bytes.size() && f.length <= e.bytes.size() - f.dataAt) {
+      it->second.write(f.offset, e.bytes.subspan(f.dataAt, f.length), owner);
+    }
   }
 }
 
 void FoldWork::run() {
-  foldFrames(frames.entries, changes, memoryQuota, base);
+  foldFrames(frames, changes, memoryQuota, base);
   for (auto& [h, data] : taking) base[h] = std::move(data);
   std::erase_if(base, [this](auto& entry) { return !buffers.count(entry.first); });  // freed, or refused
   frames = {};  // (the log's bytes are let go here, off the loop's thread too)
@@ -265,11 +270,10 @@ Fold Scheduler::noteInstruction(Session& s, wire::Instruction::Reader in, const 
 
 namespace {
 // A read's chunk of data, into its buffer's bytes (within them).
-void copyChunk(std::unordered_map<uint64_t, std::string>& into, uint64_t handle, wire::DataChunk::Reader chunk) {
+void copyChunk(KeptBuffers& into, uint64_t handle, wire::DataChunk::Reader chunk) {
   auto it = into.find(handle);
-  if (it != into.end() && chunk.getOffset() <= it->second.size() &&
-      chunk.getData().size() <= it->second.size() - chunk.getOffset())
-    std::memcpy(it->second.data() + chunk.getOffset(), chunk.getData().begin(), chunk.getData().size());
+  auto data = chunk.getData();
+  if (it != into.end()) it->second.write(chunk.getOffset(), {reinterpret_cast<const std::byte*>(data.begin()), data.size()});
 }
 
 capnp::MallocMessageBuilder& readOf(capnp::MallocMessageBuilder& m, uint64_t handle, uint64_t bytes) {
@@ -280,9 +284,9 @@ capnp::MallocMessageBuilder& readOf(capnp::MallocMessageBuilder& m, uint64_t han
 }
 }  // namespace
 
-void Scheduler::readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into) {
+void Scheduler::readBuffers(Session& s, KeptBuffers& into) {
   for (auto& [handle, bytes] : s.buffers) {
-    into[handle].assign(bytes, '\0');
+    into[handle] = KeptBytes(bytes);
     capnp::MallocMessageBuilder m;
     ++s.job->awaiting;
     sendRemote(s, 0, readOf(m, handle, bytes), [&s, &into, h = handle](wire::Reply::Reader reply) {
@@ -346,9 +350,9 @@ void Scheduler::startFold(Session& s) {
   work->base = std::move(lin.base);
   lin.base.clear();
   work->taking = std::move(cp.taking);
-  for (auto& [h, data] : work->base) work->heldBytes += data.size();
+  for (auto& [h, data] : work->base) work->heldBytes += data.heldBytes();
   for (auto& [h, data] : work->taking) {
-    work->heldBytes += data.size();
+    work->heldBytes += data.heldBytes();
     lin.checkpointBytes += data.size();
   }
   for (auto& [h, bytes] : cp.buffers) work->buffers.insert(h);
@@ -460,7 +464,7 @@ void Scheduler::maybeCheckpoint(Session& s) {
     sendRemote(s, 0, f, [handler](wire::Reply::Reader reply) { return handler(0, reply); }, Settles::checkpoint);
   }
   for (auto& [h, bytes] : reads) {
-    under.taking[h].assign(bytes, '\0');
+    under.taking[h] = KeptBytes(bytes);
     capnp::MallocMessageBuilder m;
     sendRemote(s, 0, readOf(m, h, bytes), [handler, h](wire::Reply::Reader reply) { return handler(h, reply); },
                Settles::checkpoint);

@@ -26,6 +26,7 @@
 #include <capnp/message.h>
 
 #include "common/error.h"
+#include "scheduler/kept_bytes.h"
 #include "transport/frame.h"
 
 namespace raccel::scheduler {
@@ -96,7 +97,7 @@ struct Changes {
   bool allDirty = false;
   // A checkpoint with kept bytes `base` reads `handle` back from the card, rather than
   // folding the guest's own writes into it.
-  bool readsBack(uint64_t handle, const std::unordered_map<uint64_t, std::string>& base) const {
+  bool readsBack(uint64_t handle, const KeptBuffers& base) const {
     return allDirty || dirty.count(handle) || (!base.count(handle) && !fresh.count(handle));
   }
   void clear() { *this = Changes{}; }
@@ -117,7 +118,7 @@ struct FoldWork {
   LineageLog::Pinned frames;
   Changes changes;
   uint64_t memoryQuota = 0;
-  std::unordered_map<uint64_t, std::string> base, taking;
+  KeptBuffers base, taking;
   std::unordered_set<uint64_t> buffers;
   uint64_t heldBytes = 0;  // base and taking as they came (for the metrics meanwhile)
 
@@ -132,9 +133,9 @@ struct FoldWork {
 };
 
 // Folds `frames` of a log (writes, fills, allocs and frees) into kept bytes `base`, for
-// every buffer that `changes` does not read back.
-void foldFrames(std::span<const LineageLog::Entry> frames, const Changes& changes, uint64_t memoryQuota,
-                std::unordered_map<uint64_t, std::string>& base);
+// every buffer that `changes` does not read back. A write in a shared body is kept by
+// sharing that body (no copy); an alloc holds nothing until written.
+void foldFrames(LineageLog::Pinned& frames, const Changes& changes, uint64_t memoryQuota, KeptBuffers& base);
 
 // A checkpoint under way. Its reads went to the card behind the log's first `mark`
 // frames and ahead of every later one, so they see the buffers as those frames left them
@@ -150,7 +151,7 @@ struct CheckpointUnderWay {
   uint64_t memoryUsed = 0;
   std::map<uint64_t, uint64_t> unconfirmedAllocs;  // sequence -> handle: allocs before the mark a card may yet refuse
   Changes changes;                                 // what the first `mark` frames changed
-  std::unordered_map<uint64_t, std::string> taking;  // the bytes read back so far
+  KeptBuffers taking;  // the bytes read back so far
   unsigned awaiting = 0;
   std::optional<Error> error;
   std::shared_ptr<FoldWork> folding;  // its fold, once every read is back
@@ -187,7 +188,7 @@ struct Lineage {
 
   // The checkpoint. Its bytes are `base`, except between a suspension's (or move's) save
   // and the restore after it, when they are the session's own `saved` (baseInSaved).
-  std::unordered_map<uint64_t, std::string> base;
+  KeptBuffers base;
   bool baseInSaved = false;
   std::unordered_map<uint64_t, uint64_t> buffers;  // handle -> bytes, as the session had them
   std::map<uint64_t, std::shared_ptr<capnp::MallocMessageBuilder>> programs;
@@ -237,7 +238,7 @@ struct Lineage {
   // Bytes the lineage holds in the scheduler's memory now.
   uint64_t heldBytes() const;
   // What the checkpoint's bytes are (base, or the session's saved buffers).
-  std::unordered_map<uint64_t, std::string>& checkpoint(std::unordered_map<uint64_t, std::string>& saved) {
+  KeptBuffers& checkpoint(KeptBuffers& saved) {
     return baseInSaved ? saved : base;
   }
   bool full() const { return log.bytes() >= capBytes || log.size() >= kLineageMaxFrames; }

@@ -200,7 +200,7 @@ class Scheduler {
   // instruction's reply it already had).
   bool firstDelivery(Session& s, uint64_t sequence, const transport::Body& body);
   // Reads every buffer of the primary into `into`, under the job s.job (a save).
-  void readBuffers(Session& s, std::unordered_map<uint64_t, std::string>& into);
+  void readBuffers(Session& s, KeptBuffers& into);
   // The buffers instruction `in` (in `body`) may change on the card, marked dirty in the
   // lineage; what a checkpoint folds for it instead (the guest's own writes and fills).
   Fold noteInstruction(Session& s, wire::Instruction::Reader in, const transport::Body& body);

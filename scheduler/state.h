@@ -209,7 +209,7 @@ struct Scheduler::Session {
   uint32_t maxFrame = 0;
   uint64_t waitDeadlineMs = 0;   // waiting: refused after this (0 = only victims are awaited)
   std::string why;               // why it waits or is suspended, for the console and noWait errors
-  std::unordered_map<uint64_t, std::string> saved;  // buffer handle -> its bytes, while off its cards
+  KeptBuffers saved;  // buffer handle -> its bytes, while off its cards
   // Every program it loaded, as sent (reloaded wherever it is restored).
   std::map<uint64_t, std::shared_ptr<capnp::MallocMessageBuilder>> programs;
   // Handles whose creating instruction failed: (sequence, error), poisoned again on restore.

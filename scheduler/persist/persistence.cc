@@ -150,7 +150,7 @@ void Persistence::vaccel(Session& s, bool withSaved) {
   store_->put("vaccel", idKey(s.id), toBlob(m));
   if (withSaved) {
     store_->dropSaved(s.id);
-    for (auto& [handle, bytes] : s.saved) store_->putSaved(s.id, handle, bytes);
+    for (auto& [handle, bytes] : s.saved) store_->putSaved(s.id, handle, bytes.flatten());
   } else if (!off) {
     store_->dropSaved(s.id);
   }
@@ -282,7 +282,8 @@ void Persistence::restore() {
           s.buffers[b.getHandle()] = b.getBytes();
           s.memoryUsed += b.getBytes();
         }
-        for (auto& [handle, bytes] : store_->saved(id)) s.saved[handle] = std::move(bytes);
+        for (auto& [handle, bytes] : store_->saved(id))
+          s.saved[handle] = KeptBytes(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
         if (s.why.empty()) s.why = "suspended when the scheduler stopped";
         return;
       }

@@ -327,13 +327,15 @@ void Relocator::restore(Session& s, const std::string& what) {
     alloc.setHandle(handle);
     alloc.setSize(bytes.size());
     s_.sendRemote(s, 0, a);
-    for (size_t off = 0; off < bytes.size(); off += wire::CHUNK_BYTES) {
-      size_t n = std::min<size_t>(wire::CHUNK_BYTES, bytes.size() - off);
+    for (uint64_t off = 0; off < bytes.size(); off += wire::CHUNK_BYTES) {
+      const uint64_t n = std::min<uint64_t>(wire::CHUNK_BYTES, bytes.size() - off);
+      if (bytes.zeros(off, n)) continue;  // (the alloc's zeros)
       capnp::MallocMessageBuilder w;
       auto write = w.initRoot<wire::Instruction>().initWrite();
       write.setBuffer(handle);
       write.setOffset(off);
-      write.setData(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(bytes.data() + off), n));
+      auto data = write.initData(static_cast<unsigned>(n));
+      bytes.copyOut(off, {reinterpret_cast<std::byte*>(data.begin()), data.size()});
       s_.sendRemote(s, 0, w);
     }
   }

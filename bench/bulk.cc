@@ -1,0 +1,109 @@
+#include "bench/bulk.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "bench/raw_socket.h"
+#include "bench/report.h"
+#include "tests/cluster.h"
+#include "vmfrontend/raccel.h"
+
+namespace raccel::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The steady bulk rate on a cluster of one VM and one CPU card, with the scheduler's `args`.
+BulkRun onCluster(size_t bytes, int rounds, std::vector<std::string> args) {
+  testing::VmSpec vm;
+  vm.memoryQuota = "1GiB";
+  testing::Cluster cluster({vm}, "", std::move(args));
+  cluster.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4);
+  client::Options options;
+  options.socket = cluster.vmSocket();
+  options.program = "raccel-bench";
+  auto session = client::Session::open(options);
+  if (!session) {
+    BulkRun failed;
+    failed.problem = session.error().message;
+    return failed;
+  }
+  return steadyBulk(**session, bytes, rounds);
+}
+
+}  // namespace
+
+BulkRun writeAndReadBack(client::Session& s, size_t bytes) {
+  BulkRun run;
+  run.bytes = bytes;
+  std::vector<std::byte> data(bytes), back(bytes);
+  for (size_t i = 0; i < bytes; i += 4096) data[i] = static_cast<std::byte>(i / 4096);
+  auto big = s.alloc(bytes);
+  if (auto r = s.fence(); !r) {
+    run.problem = r.error().message;
+    return run;
+  }
+  auto t = Clock::now();
+  s.write(big, 0, data);
+  auto written = s.fence();
+  run.writeSecs = since(t);
+  auto tr = Clock::now();
+  auto r = written ? s.read(big, 0, back) : written;
+  run.readSecs = since(tr);
+  const double secs = since(t);
+  s.free(big);
+  (void)s.fence();
+  if (!r) run.problem = r.error().message;
+  else if (std::memcmp(data.data(), back.data(), bytes) != 0) run.problem = "the bulk data did not come back intact";
+  else run.gbps = 2.0 * bytes * 8 / secs / 1e9;
+  return run;
+}
+
+BulkRun steadyBulk(client::Session& s, size_t bytes, int rounds) {
+  std::vector<BulkRun> runs;
+  for (int i = 0; i <= rounds; ++i) {
+    BulkRun run = writeAndReadBack(s, bytes);
+    if (!run.problem.empty()) return run;
+    if (i > 0) runs.push_back(run);  // (the first warmed the path)
+  }
+  std::sort(runs.begin(), runs.end(), [](const BulkRun& a, const BulkRun& b) { return a.gbps < b.gbps; });
+  return runs[runs.size() / 2];
+}
+
+BulkFigures measureBulk(bool quick) {
+  BulkFigures f;
+  f.bytes = quick ? (32u << 20) : (256u << 20);
+  f.rawGbps = rawSocketGbps(f.bytes);
+  f.tls = onCluster(f.bytes, quick ? 1 : 3, {});
+  f.plain = onCluster(f.bytes, quick ? 1 : 3, {"--insecure"});
+  if (!f.tls.problem.empty()) f.problem = "TLS: " + f.tls.problem;
+  else if (!f.plain.problem.empty()) f.problem = "plain: " + f.plain.problem;
+  return f;
+}
+
+std::string bulkJson(const BulkFigures& f) {
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "\"bulk_write_read_gbps\":%s,\"bulk_write_read_gbps_tls\":%s,\"raw_socket_gbps\":%s,"
+                "\"bulk_met\":%s,\"tls_bulk_met\":%s,\"bulk_bytes\":%zu,\"bulk_problem\":\"%s\"",
+                jsonNumber(f.plain.gbps, "%.2f").c_str(), jsonNumber(f.tls.gbps, "%.2f").c_str(),
+                jsonNumber(f.rawGbps, "%.2f").c_str(), f.plainMet() ? "true" : "false", f.tlsMet() ? "true" : "false",
+                f.bytes, jsonSafe(f.problem).c_str());
+  return text;
+}
+
+void printBulkText(const BulkFigures& f) {
+  if (!f.problem.empty()) std::printf("bulk: %s\n", f.problem.c_str());
+  std::printf("%-26s %7.2f Gbit/s   raw socket %.2f Gbit/s, target >= %.2f (0.8x)  %s (write %.2f, read %.2f)\n",
+              "bulk_write_read_gbps", f.plain.gbps, f.rawGbps, 0.8 * f.rawGbps, f.plainMet() ? "met" : "MISSED",
+              f.plain.writeGbps(), f.plain.readGbps());
+  std::printf("%-26s %7.2f Gbit/s   plain node link %.2f Gbit/s, target >= %.2f (0.8x)  %s (write %.2f, read %.2f)\n",
+              "bulk_write_read_gbps_tls", f.tls.gbps, f.plain.gbps, 0.8 * f.plain.gbps, f.tlsMet() ? "met" : "MISSED",
+              f.tls.writeGbps(), f.tls.readGbps());
+}
+
+}  // namespace raccel::bench

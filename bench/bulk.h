@@ -1,0 +1,46 @@
+// raccel-bench's bulk figures: bytes written to a card and read back through both hops
+// (program -> scheduler -> netaccel), the node link in mutual TLS as deployed and in
+// plain TCP, beside one raw loopback socket, all from the same run. `raccel-bench --only
+// bulk` measures these alone; the full run measures them among the rest.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace raccel::client {
+class Session;
+}
+
+namespace raccel::bench {
+
+struct BulkRun {
+  double gbps = -1;  // both ways together, Gbit/s (-1: not measured)
+  double writeSecs = 0, readSecs = 0;
+  size_t bytes = 0;
+  std::string problem;  // why it failed ("" when it did not)
+  double writeGbps() const { return writeSecs > 0 ? bytes * 8 / writeSecs / 1e9 : -1; }
+  double readGbps() const { return readSecs > 0 ? bytes * 8 / readSecs / 1e9 : -1; }
+};
+
+// `bytes` written into a new buffer of `session`, a fence, then read back and compared.
+BulkRun writeAndReadBack(client::Session& session, size_t bytes);
+// The steady rate: one run to warm the path (the daemons' pooled frame bodies, fresh
+// pages), then the median of `rounds` runs (the first failure, if one failed).
+BulkRun steadyBulk(client::Session& session, size_t bytes, int rounds = 3);
+
+struct BulkFigures {
+  size_t bytes = 0;
+  double rawGbps = -1;
+  BulkRun plain, tls;
+  std::string problem;  // the first run that failed, or ""
+  // Issue 31's targets: plain >= 0.8x the raw socket, TLS >= 0.8x plain.
+  bool plainMet() const { return plain.gbps >= 0.8 * rawGbps; }
+  bool tlsMet() const { return tls.gbps >= 0.8 * plain.gbps; }
+};
+
+// The TLS and plain runs on two clusters of their own, and the raw socket.
+BulkFigures measureBulk(bool quick);
+// The figures as JSON fields (no braces), and as raccel-bench's text lines.
+std::string bulkJson(const BulkFigures& f);
+void printBulkText(const BulkFigures& f);
+}  // namespace raccel::bench
