@@ -8,6 +8,7 @@
 
 #include "bench/raw_socket.h"
 #include "bench/report.h"
+#include "hal/backends.h"
 #include "tests/cluster.h"
 #include "vmfrontend/raccel.h"
 
@@ -17,12 +18,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The steady bulk rate on a cluster of one VM and one CPU card, with the scheduler's `args`.
-BulkRun onCluster(size_t bytes, int rounds, std::vector<std::string> args) {
+// The steady bulk rate on a cluster of one VM and one `card`, with the scheduler's
+// `args` and the netaccel's `nodeArgs`.
+BulkRun onCluster(size_t bytes, int rounds, std::vector<std::string> args, const std::string& card = "kind=cpu,tflops=4,memory=1GiB",
+                  std::vector<std::string> nodeArgs = {}) {
   testing::VmSpec vm;
   vm.memoryQuota = "1GiB";
   testing::Cluster cluster({vm}, "", std::move(args));
-  cluster.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4);
+  cluster.addNetaccel("bench0", {card}, 4, std::move(nodeArgs));
   client::Options options;
   options.socket = cluster.vmSocket();
   options.program = "raccel-bench";
@@ -80,8 +83,13 @@ BulkFigures measureBulk(bool quick) {
   f.rawGbps = rawSocketGbps(f.bytes);
   f.tls = onCluster(f.bytes, quick ? 1 : 3, {});
   f.plain = onCluster(f.bytes, quick ? 1 : 3, {"--insecure"});
-  if (!f.tls.problem.empty()) f.problem = "TLS: " + f.tls.problem;
-  else if (!f.plain.problem.empty()) f.problem = "plain: " + f.plain.problem;
+  if (!hal::discover("opencl").devices.empty()) {
+    const std::string card = "backend=opencl,kind=gpu,tflops=4,memory=1GiB";
+    f.sandbox = onCluster(f.bytes, quick ? 1 : 3, {}, card);
+    f.inProcess = onCluster(f.bytes, quick ? 1 : 3, {}, card, {"--no-sandbox"});
+  }
+  for (auto [what, run] : {std::pair{"TLS", &f.tls}, {"plain", &f.plain}, {"sandbox", &f.sandbox}, {"in process", &f.inProcess}})
+    if (f.problem.empty() && !run->problem.empty()) f.problem = std::string(what) + ": " + run->problem;
   return f;
 }
 
@@ -89,9 +97,11 @@ std::string bulkJson(const BulkFigures& f) {
   char text[512];
   std::snprintf(text, sizeof text,
                 "\"bulk_write_read_gbps\":%s,\"bulk_write_read_gbps_tls\":%s,\"raw_socket_gbps\":%s,"
+                "\"bulk_gbps_sandbox\":%s,\"bulk_gbps_in_process\":%s,"
                 "\"bulk_met\":%s,\"tls_bulk_met\":%s,\"bulk_bytes\":%zu,\"bulk_problem\":\"%s\"",
                 jsonNumber(f.plain.gbps, "%.2f").c_str(), jsonNumber(f.tls.gbps, "%.2f").c_str(),
-                jsonNumber(f.rawGbps, "%.2f").c_str(), f.plainMet() ? "true" : "false", f.tlsMet() ? "true" : "false",
+                jsonNumber(f.rawGbps, "%.2f").c_str(), jsonNumber(f.sandbox.gbps, "%.2f").c_str(),
+                jsonNumber(f.inProcess.gbps, "%.2f").c_str(), f.plainMet() ? "true" : "false", f.tlsMet() ? "true" : "false",
                 f.bytes, jsonSafe(f.problem).c_str());
   return text;
 }
@@ -104,6 +114,11 @@ void printBulkText(const BulkFigures& f) {
   std::printf("%-26s %7.2f Gbit/s   plain node link %.2f Gbit/s, target >= %.2f (0.8x)  %s (write %.2f, read %.2f)\n",
               "bulk_write_read_gbps_tls", f.tls.gbps, f.plain.gbps, 0.8 * f.plain.gbps, f.tlsMet() ? "met" : "MISSED",
               f.tls.writeGbps(), f.tls.readGbps());
+  if (f.sandbox.gbps >= 0 && f.inProcess.gbps >= 0)
+    std::printf("%-26s %7.2f Gbit/s   same OpenCL card in the netaccel's process %.2f Gbit/s, target >= %.2f (0.9x)  %s "
+                "(write %.2f, read %.2f; in process %.2f, %.2f)\n",
+                "bulk_gbps_sandbox", f.sandbox.gbps, f.inProcess.gbps, 0.9 * f.inProcess.gbps, f.sandboxMet() ? "met" : "MISSED",
+                f.sandbox.writeGbps(), f.sandbox.readGbps(), f.inProcess.writeGbps(), f.inProcess.readGbps());
 }
 
 }  // namespace raccel::bench

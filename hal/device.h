@@ -226,6 +226,11 @@ class Device {
   // (finish, read, write, waitCompleted) unplugs first. No-ops where nothing is gained.
   virtual void plug() {}
   virtual void unplug() {}
+  // The caller reads [offset, offset + length) of `buffer` next, in order, `piece` bytes a
+  // read(). A device whose reads fetch from another process (a sandbox) fetches the next
+  // pieces ahead while the caller copies each one out, rather than a round trip a piece.
+  // Anything else done with the device meanwhile ends it. A no-op elsewhere.
+  virtual void readAhead(const Buffer& /*buffer*/, uint64_t /*offset*/, uint64_t /*length*/, uint64_t /*piece*/) {}
 
   // Asynchronous devices (a GPU's stream, the asynchronous simulated card) queue kernels
   // (launch and the built-in ops), return at once, and time each kernel on the device's

@@ -847,6 +847,7 @@ class CardWorker::Step {
       return failure(Code::invalidArgument, "read of " + std::to_string(length) + " bytes at offset " +
                                                 std::to_string(offset) + " is past the end of a " +
                                                 std::to_string((*b)->size()) + "-byte buffer");
+    if (length > wire::CHUNK_BYTES) device_.readAhead(**b, offset, length, wire::CHUNK_BYTES);
     uint64_t done = 0;
     do {
       uint64_t n = std::min<uint64_t>(wire::CHUNK_BYTES, length - done);

@@ -328,6 +328,7 @@ class SandboxDevice final : public hal::Device {
   // the device.
   Status doWrite(hal::Buffer& b, uint64_t offset, std::span<const std::byte> data) override {
     if (auto s = ready(); !s) return s;
+    if (auto s = endReadAhead(); !s) return s;
     uint64_t done = 0;
     do {
       while (postedWrites_ >= 2)
@@ -346,7 +347,14 @@ class SandboxDevice final : public hal::Device {
     } while (done < data.size());
     return {};
   }
+  // A piece the read-ahead fetched: waited for, copied out of its half, and that half
+  // given the next piece. Anything else first ends the read-ahead.
   Status doRead(const hal::Buffer& b, uint64_t offset, std::span<std::byte> out) override {
+    if (auto s = ready(); !s) return s;
+    if (!ahead_.empty() && ahead_.front().id == idOf(b) && ahead_.front().offset == offset &&
+        ahead_.front().length == out.size())
+      return takeAhead(out);
+    if (auto s = endReadAhead(); !s) return s;
     uint64_t done = 0;
     do {
       uint64_t n = std::min<uint64_t>(kWindowBytes, out.size() - done);
@@ -363,6 +371,19 @@ class SandboxDevice final : public hal::Device {
     } while (done < out.size());
     return {};
   }
+  void readAhead(const hal::Buffer& b, uint64_t offset, uint64_t length, uint64_t piece) override {
+    if (!endReadAhead() || piece == 0 || piece > kHalf || length <= piece || offset > b.size() || length > b.size() - offset)
+      return;
+    while (postedWrites_ > 0)  // (the halves are the writes' until their replies come)
+      if (!awaitPosted()) return;
+    aheadBuffer_ = idOf(b);
+    aheadNext_ = offset;
+    aheadEnd_ = offset + length;
+    aheadPiece_ = piece;
+    for (uint64_t half : {uint64_t{0}, kHalf})
+      if (!postAhead(half)) return;
+  }
+
   Status doCopy(hal::Buffer& dst, uint64_t dstOffset, const hal::Buffer& src, uint64_t srcOffset, uint64_t length) override {
     Request q = request(Op::copy);
     q.id = idOf(dst);
@@ -598,6 +619,7 @@ class SandboxDevice final : public hal::Device {
     if (p.op == Op::write) --postedWrites_;
     auto error = errorOf(r);
     if (r.lost) return fail(lostBy(r, error));
+    if (p.op == Op::read) return settleAhead(r, p.serial, std::move(error));
     if (!error || p.op == Op::release || p.op == Op::releaseProgram) return {};  // (a release answers to no instruction)
     if (p.op == Op::write) return fail(lose("a write the sandbox had taken failed: " + error->message));
     if (deferred_.size() < kMaxPosted * 4) deferred_.push_back({p.tag, std::move(*error)});
@@ -628,10 +650,13 @@ class SandboxDevice final : public hal::Device {
     }
     return true;
   }
-  // Every posted reply: before a call that waits for its own, or that fills the window.
+  // Every posted reply: before a call that waits for its own, or that fills the window
+  // (a read-ahead ends: its pieces are dropped).
   Status drainPosted() {
     if (auto s = ready(); !s) return s;
     if (!settlePosted(true)) return fail(Code::internal, lost_);
+    ahead_.clear();
+    aheadNext_ = aheadEnd_ = 0;
     return {};
   }
 
@@ -658,8 +683,9 @@ class SandboxDevice final : public hal::Device {
     }
     posted_.push_back({q.serial, q.tag, q.op});
     if (q.op == Op::write) ++postedWrites_;
-    // A write goes at once: the sandbox copies it out while the next half fills.
-    return unsent_ >= sandbox::kMaxBatchRequests || q.op == Op::write ? flushOutbox() : Status{};
+    // A write goes at once: the sandbox copies it out while the next half fills (and a
+    // read ahead: it fills one half while the other is copied out).
+    return unsent_ >= sandbox::kMaxBatchRequests || q.op == Op::write || q.op == Op::read ? flushOutbox() : Status{};
   }
   // Sends one message of requests; a full socket first reads the oldest reply of those
   // sent (the sandbox reads nothing until its replies are read).
@@ -693,6 +719,7 @@ class SandboxDevice final : public hal::Device {
   Result<Reply> call(Request q) { return exchange(q, &q, sizeof q); }
   // One request and its reply; `message` begins with `q` (as post's).
   Result<Reply> exchange(Request& q, const void* message, size_t bytes) {
+    if (auto s = endReadAhead(); !s) return fail(s.error());
     if (auto s = drainPosted(); !s) return fail(s.error());
     q.serial = ++serial_;
     q.inlineBytes = static_cast<uint32_t>(bytes - sizeof q);
@@ -704,6 +731,62 @@ class SandboxDevice final : public hal::Device {
     if (r->lost) return fail(lostBy(*r, error));
     if (error) return std::unexpected(std::move(*error));
     return *r;
+  }
+
+  // Read-ahead: pieces posted as reads into the window's halves, in order.
+  struct AheadPiece {
+    uint64_t serial = 0, id = 0, offset = 0, length = 0, half = 0;
+    bool answered = false;
+    std::optional<Error> error;
+  };
+  // Posts the next piece into `half` (none left: nothing).
+  bool postAhead(uint64_t half) {
+    if (aheadNext_ >= aheadEnd_) return true;
+    Request q = request(Op::read);
+    q.id = aheadBuffer_;
+    q.offset = aheadNext_;
+    q.length = std::min(aheadPiece_, aheadEnd_ - aheadNext_);
+    q.offset2 = half;
+    if (!post(q)) return false;
+    ahead_.push_back({q.serial, q.id, q.offset, q.length, half});
+    aheadNext_ += q.length;
+    return true;
+  }
+  // A posted read's reply: its piece is in its half (the sandbox must fill it whole).
+  Status settleAhead(const Reply& r, uint64_t serial, std::optional<Error> error) {
+    auto it = std::find_if(ahead_.begin(), ahead_.end(), [&](const AheadPiece& a) { return a.serial == serial; });
+    if (it == ahead_.end()) return {};  // (one ended meanwhile)
+    if (!error && r.payload != it->length)
+      return fail(lose(process_->violated("the sandbox returned " + std::to_string(r.payload) + " bytes for a read of " +
+                                          std::to_string(it->length)).message));
+    it->answered = true;
+    it->error = std::move(error);
+    return {};
+  }
+  Status takeAhead(std::span<std::byte> out) {
+    while (!ahead_.front().answered)
+      if (auto s = awaitPosted(); !s) return s;
+    AheadPiece piece = std::move(ahead_.front());
+    ahead_.pop_front();
+    if (piece.error) {
+      (void)endReadAhead();
+      return fail(*piece.error);
+    }
+    std::memcpy(out.data(), process_->window() + piece.half, out.size());
+    if (!postAhead(piece.half)) return fail(Code::internal, lost_);  // (the half is free again)
+    return {};
+  }
+  // Ends a read-ahead: the pieces still posted are waited for and dropped.
+  Status endReadAhead() {
+    aheadNext_ = aheadEnd_ = 0;
+    while (!ahead_.empty()) {
+      if (!ahead_.back().answered) {
+        if (auto s = awaitPosted(); !s) return s;
+        continue;
+      }
+      ahead_.pop_back();
+    }
+    return {};
   }
 
   // The kernel times the sandbox has put in the ring since the last look.
@@ -730,6 +813,8 @@ class SandboxDevice final : public hal::Device {
   static_assert(2 * kHalf <= sandbox::kMessageAt && sandbox::kMessageAt + sandbox::kMaxMessage <= kWindowBytes);
   std::deque<Posted> posted_;
   unsigned postedWrites_ = 0;  // of posted_: the window's halves in use
+  std::deque<AheadPiece> ahead_;  // posted, in order (each in its half until taken)
+  uint64_t aheadBuffer_ = 0, aheadNext_ = 0, aheadEnd_ = 0, aheadPiece_ = 0;
   // Plugged: posted requests wait in the outbox, one message's worth; the last unsent_
   // of posted_ are there.
   bool plugged_ = false;
@@ -1021,10 +1106,10 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           else if (auto b = buffer(q.id); !b) s = fail(b.error());
           else s = device.write(**b, q.offset, std::span(window + q.offset2, q.payload));
           break;
-        case Op::read:
-          if (q.length > kWindowBytes) s = fail(Code::invalidArgument, "read larger than the window");
+        case Op::read:  // to offset2 in the window (0, or a read-ahead's half)
+          if (q.offset2 > kWindowBytes || q.length > kWindowBytes - q.offset2) s = fail(Code::invalidArgument, "read past the window");
           else if (auto b = buffer(q.id); !b) s = fail(b.error());
-          else if (s = device.read(**b, q.offset, std::span(window, q.length)); s) r.payload = q.length;
+          else if (s = device.read(**b, q.offset, std::span(window + q.offset2, q.length)); s) r.payload = q.length;
           break;
         case Op::copy: {
           auto d = buffer(q.id), src = buffer(q.id2);

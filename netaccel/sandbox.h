@@ -27,7 +27,11 @@
 // waiting behind, and sends them in one message (at most kMaxReplies) when its socket
 // holds no more: such a stream costs one receive per run of ops, not one per op. A reply
 // that carries an error or a payload in the window goes at once, and so does a write's
-// (it frees the half of the window the netaccel fills next). A posted call that fails is reported by the device's next
+// (it frees the half of the window the netaccel fills next). A large read is read ahead
+// (hal::Device::readAhead): its pieces are posted into the window's halves, the next one
+// filled while the netaccel copies the last one out; a reply that does not fill its
+// piece stops the sandbox, and anything else done with the device ends the read-ahead
+// (its pieces waited for and dropped). A posted call that fails is reported by the device's next
 // takeDeferredErrors() with its kernel tag. Completed kernels' times come back through a
 // ring after the window that the sandbox fills after every request and the netaccel
 // reads without asking. The sandbox may be running hostile code, so everything it says

@@ -174,6 +174,46 @@ TEST(Sandbox, EveryCompletedKernelIsReportedOnceWaitedForOrNot) {
   }
 }
 
+// A read ahead (the card worker's read of a large buffer, piece by piece) gives every
+// piece exactly, however the buffer's size falls into pieces; one left part-way ends
+// cleanly: a write, a read elsewhere and a new read ahead after it see the buffer as it
+// is, not a half the sandbox was still filling.
+TEST(Sandbox, AReadAheadGivesEveryPieceExactlyAndEndsCleanlyWhereverItIsLeft) {
+  if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device";
+  auto d = sandboxed("opencl", 0);
+  ASSERT_TRUE(d) << d.error().message;
+  const uint64_t piece = 1 << 20, size = 5 * piece + 4099;
+  auto b = (*d)->allocate(size);
+  ASSERT_TRUE(b) << b.error().message;
+  std::vector<std::byte> data(size);
+  for (uint64_t i = 0; i < size; ++i) data[i] = static_cast<std::byte>(i * 7 + i / 4096);
+  ASSERT_TRUE((*d)->write(**b, 0, data));
+  auto readPieces = [&](uint64_t from, uint64_t length, uint64_t stopAfter) {
+    (*d)->readAhead(**b, from, length, piece);
+    for (uint64_t done = 0, k = 0; done < length && k < stopAfter; ++k) {
+      const uint64_t n = std::min(piece, length - done);
+      std::vector<std::byte> out(n);
+      auto r = (*d)->read(**b, from + done, out);
+      ASSERT_TRUE(r) << r.error().message;
+      ASSERT_EQ(0, std::memcmp(out.data(), data.data() + from + done, n)) << "piece at " << from + done;
+      done += n;
+    }
+  };
+  readPieces(0, size, ~0ull);
+  readPieces(12345, size - 12345, ~0ull);
+  readPieces(0, size, 1);  // left with pieces in both halves
+  std::vector<std::byte> changed(3 * piece, std::byte{0x5a});
+  ASSERT_TRUE((*d)->write(**b, piece, changed));
+  std::memcpy(data.data() + piece, changed.data(), changed.size());
+  readPieces(0, size, 2);
+  std::vector<std::byte> elsewhere(100);  // a read that is not the next piece
+  ASSERT_TRUE((*d)->read(**b, 3 * piece + 17, elsewhere));
+  EXPECT_EQ(0, std::memcmp(elsewhere.data(), data.data() + 3 * piece + 17, 100));
+  readPieces(0, size, ~0ull);
+  ASSERT_TRUE((*d)->finish());
+  (*d)->release(std::move(*b));
+}
+
 TEST(HostileSandbox, OneThatNeverSpeaksIsStoppedAtTheTimeout) {
   auto d = hostile("silent", 800);
   auto b = d->allocate(64);
@@ -198,6 +238,20 @@ TEST(HostileSandbox, AShortReadIsRefusedNotPaddedWithOldBytes) {
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message.find("for a read of"), std::string::npos) << r.error().message;
   d->release(std::move(*b));
+}
+
+// The same when the reads were posted ahead: the short piece is caught when its reply
+// comes, and the device is lost.
+TEST(HostileSandbox, AShortPieceOfAReadAheadIsRefused) {
+  auto d = hostile("shortread");
+  auto b = d->allocate(4 << 20);
+  ASSERT_TRUE(b) << b.error().message;
+  d->readAhead(**b, 0, 4 << 20, 1 << 20);
+  std::vector<std::byte> out(1 << 20);
+  auto r = d->read(**b, 0, out);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("for a read of"), std::string::npos) << r.error().message;
+  EXPECT_FALSE(d->lost().empty());
 }
 
 TEST(HostileSandbox, ItCannotShrinkTheSharedWindowUnderTheNetaccel) {
