@@ -57,16 +57,19 @@ int main() {
   }
   Reply ready;
   ready.timesKernels = mode == "flood" || mode == "stuck" || mode == "honest" || mode == "overrun" || mode == "failop" ||
-                       mode == "ahead";
+                       mode == "ahead" || mode == "batched";
   send(ready);
   std::vector<std::byte> received(kMaxBatchBytes);
   std::span<const std::byte> rest;
+  size_t inMessage = 0;  // requests taken from the current message
   for (;;) {
     if (rest.empty()) {
       ssize_t n = ::recv(fd, received.data(), received.size(), 0);
       if (n <= 0) return 0;
       rest = std::span<const std::byte>(received.data(), static_cast<size_t>(n));
+      inMessage = 0;
     }
+    ++inMessage;
     Request q;
     std::span<const std::byte> extra;
     if (!nextRequest(rest, q, extra)) return 1;
@@ -91,6 +94,12 @@ int main() {
       r.code = static_cast<uint32_t>(raccel::Code::internal);
       r.payload = 4;
       std::memcpy(window + kMessageAt, "nope", 4);
+    }
+    if (mode == "batched" && q.op == Op::finish) {  // says how many requests came before it in its message
+      const std::string said = "after " + std::to_string(inMessage - 1);
+      r.code = static_cast<uint32_t>(raccel::Code::internal);
+      r.payload = static_cast<uint32_t>(said.size());
+      std::memcpy(window + kMessageAt, said.data(), said.size());
     }
     if ((mode == "cardgone" || mode == "lostodd") && q.op == Op::read) {  // says the device is lost, by what
       r.lost = mode == "cardgone" ? uint32_t{kLostByTheCard} : 9u;

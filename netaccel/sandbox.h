@@ -21,7 +21,9 @@
 // sandbox in hand it plugs the device (hal::Device::plug): posted requests then wait in
 // an outbox and go as one message (each request with the bytes that follow it, at most
 // kMaxBatchRequests or kMaxBatchBytes), at the run's end or before anything waits for a
-// reply; a reply to a request still in the outbox is a protocol violation. The sandbox
+// reply; a reply to a request still in the outbox is a protocol violation. A call (a
+// fence, a read) goes behind the run in the same message, and the run's replies are read
+// before its own: a run and the call that ends it cost one round trip. The sandbox
 // plugs its own device while requests wait, so PoCL starts the run at once rather than
 // waking its threads for each kernel. The sandbox holds back the replies of requests it finds more
 // waiting behind, and sends them in one message (at most kMaxReplies) when its socket

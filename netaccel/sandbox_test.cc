@@ -331,6 +331,27 @@ TEST(HostileSandbox, AReplyToARequestNotYetSentStopsTheSandbox) {
 
 // Replies may come several to a message, but only whole ones, and no more than the
 // netaccel reads at once (a longer message is not cut short and read as if whole).
+// A call (here a fence) made while a run of posted requests waits in the outbox goes in
+// the same message, behind them: the run and the call cost one round trip. (The sandbox
+// here says, in the fence's reply, how many requests came before it in its message.)
+TEST(Sandbox, ACallGoesInTheSameMessageAsThePostedRunBeforeIt) {
+  auto d = hostile("batched");
+  ASSERT_TRUE(d->timesKernels());
+  auto b = d->allocate(64);
+  ASSERT_TRUE(b) << b.error().message;
+  d->plug();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(d->fill(**b, 0, 64, static_cast<uint8_t>(i)));
+  auto fenced = d->finish();
+  ASSERT_FALSE(fenced);
+  EXPECT_EQ(fenced.error().message, "after 3");
+  d->unplug();
+  auto alone = d->finish();  // nothing posted: the fence alone
+  ASSERT_FALSE(alone);
+  EXPECT_EQ(alone.error().message, "after 0");
+  EXPECT_TRUE(d->lost().empty()) << d->lost();
+  d->release(std::move(*b));
+}
+
 TEST(HostileSandbox, AReplyMessageOfPartOrTooManyRepliesStopsTheSandbox) {
   for (const char* mode : {"ragged", "burst"}) {
     auto d = hostile(mode);
