@@ -15,6 +15,10 @@
 //   failwrite   fails every write after taking it
 //   failop      an asynchronous device that fails every gemm after taking it
 //   stuck       an asynchronous device whose kernels never complete (one always pending)
+//   batched     an asynchronous device whose fences fail saying how many requests came
+//               before them in their message
+//   failfills   an asynchronous device whose fills all fail, each message naming its tag
+//   lying       fails allocations with a message said to be longer than the one it sends
 // With RACCEL_HOSTILE_MARK=PATH only the first sandbox to create PATH misbehaves; the
 // others are asynchronous devices that complete everything at once (and report nothing).
 // Every request it does answer, it answers as a working device with nothing in it would.
@@ -46,7 +50,8 @@ int main() {
   auto* window = static_cast<std::byte*>(mmap(nullptr, kMappedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, 4, 0));
   if (window == MAP_FAILED) return 2;
   CompletionRing& ring = *ringOf(window);
-  auto send = [&](const Reply& r) { return ::send(fd, &r, sizeof r, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r); };
+  std::string said;  // the error message of the reply being made, if it fails
+  auto send = [&](const Reply& r) { return sendReplies(fd, std::span(&r, 1), r.code != 0 ? said : ""); };
   if (mode == "shrink") {
     (void)!ftruncate(4, 0);  // refused: the window is sealed
     (void)fcntl(4, F_ADD_SEALS, 0);
@@ -57,7 +62,7 @@ int main() {
   }
   Reply ready;
   ready.timesKernels = mode == "flood" || mode == "stuck" || mode == "honest" || mode == "overrun" || mode == "failop" ||
-                       mode == "ahead" || mode == "batched";
+                       mode == "ahead" || mode == "batched" || mode == "failfills";
   send(ready);
   std::vector<std::byte> received(kMaxBatchBytes);
   std::span<const std::byte> rest;
@@ -92,20 +97,29 @@ int main() {
     if (mode == "stuck") ring.pending.store(1);
     if ((mode == "failwrite" && q.op == Op::write) || (mode == "failop" && q.op == Op::gemm)) {
       r.code = static_cast<uint32_t>(raccel::Code::internal);
-      r.payload = 4;
-      std::memcpy(window + kMessageAt, "nope", 4);
+      said = "nope";
+      r.payload = said.size();
+    }
+    if (mode == "failfills" && q.op == Op::fill) {  // each fill fails, naming its kernel tag
+      said = "the fill of tag " + std::to_string(q.tag) + " failed";
+      r.code = static_cast<uint32_t>(raccel::Code::internal);
+      r.payload = said.size();
+    }
+    if (mode == "lying" && q.op == Op::allocate) {  // a message said to be longer than it is
+      said = "nope";
+      r.code = static_cast<uint32_t>(raccel::Code::internal);
+      r.payload = 64;
     }
     if (mode == "batched" && q.op == Op::finish) {  // says how many requests came before it in its message
-      const std::string said = "after " + std::to_string(inMessage - 1);
+      said = "after " + std::to_string(inMessage - 1);
       r.code = static_cast<uint32_t>(raccel::Code::internal);
-      r.payload = static_cast<uint32_t>(said.size());
-      std::memcpy(window + kMessageAt, said.data(), said.size());
+      r.payload = said.size();
     }
     if ((mode == "cardgone" || mode == "lostodd") && q.op == Op::read) {  // says the device is lost, by what
       r.lost = mode == "cardgone" ? uint32_t{kLostByTheCard} : 9u;
       r.code = static_cast<uint32_t>(raccel::Code::internal);
-      r.payload = 4;
-      std::memcpy(window + kMessageAt, "gone", 4);
+      said = "gone";
+      r.payload = said.size();
     }
     if (mode == "ragged" || mode == "burst") {
       std::vector<Reply> many(mode == "burst" ? kMaxReplies + 1 : 2, r);

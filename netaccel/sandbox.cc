@@ -84,6 +84,8 @@ class SandboxProcess {
 
   pid_t pid() const { return pid_; }
   std::byte* window() { return window_; }
+  // The error message of the reply taken last (from awaitReply or poll).
+  const std::string& said() const { return said_; }
   sandbox::CompletionRing& ring() { return *sandbox::ringOf(window_); }
 
   // Still running? (A warm sandbox may have died before anyone asked it anything.)
@@ -168,23 +170,37 @@ class SandboxProcess {
  private:
   // One message of replies (the sandbox sends those of a run of posted requests
   // together), each checked, into the inbox: false when none has come (MSG_DONTWAIT).
+  // Whole replies, at most kMaxReplies; only the last may fail, its message after it.
   Result<bool> receive(int flags) {
     ssize_t n;
-    do n = ::recv(fd_, batch_.data(), sizeof(Reply) * batch_.size(), flags | MSG_TRUNC);
+    do n = ::recv(fd_, batch_.data(), batch_.size(), flags | MSG_TRUNC);
     while (n < 0 && errno == EINTR && !(flags & MSG_DONTWAIT));
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
     if (n <= 0) return fail(Code::internal, gone());
     const auto bytes = static_cast<size_t>(n);
-    if (bytes % sizeof(Reply) != 0 || bytes > sizeof(Reply) * batch_.size())
-      return std::unexpected(violated("a reply message of " + std::to_string(bytes) + " bytes"));
-    for (size_t i = 0; i < bytes / sizeof(Reply); ++i) {
-      if (batch_[i].payload > kWindowBytes) return std::unexpected(violated("a reply larger than its window"));
-      inbox_.push_back(batch_[i]);
+    auto malformed = [&] { return std::unexpected(violated("a reply message of " + std::to_string(bytes) + " bytes")); };
+    if (bytes > batch_.size()) return malformed();
+    std::vector<Incoming> got;
+    for (size_t at = 0; at < bytes;) {
+      if (bytes - at < sizeof(Reply) || got.size() == sandbox::kMaxReplies) return malformed();
+      Incoming in;
+      std::memcpy(&in.reply, batch_.data() + at, sizeof(Reply));
+      at += sizeof(Reply);
+      if (in.reply.code == 0) {
+        if (in.reply.payload > kWindowBytes) return std::unexpected(violated("a reply larger than its window"));
+      } else {  // the last, its message after it
+        if (in.reply.payload != bytes - at || in.reply.payload > sandbox::kMaxMessage) return malformed();
+        in.said = clipped(reinterpret_cast<const char*>(batch_.data() + at), in.reply.payload);
+        at = bytes;
+      }
+      got.push_back(std::move(in));
     }
+    for (auto& in : got) inbox_.push_back(std::move(in));
     return true;
   }
   Reply next() {
-    Reply r = inbox_.front();
+    Reply r = inbox_.front().reply;
+    said_ = std::move(inbox_.front().said);
     inbox_.pop_front();
     return r;
   }
@@ -218,8 +234,14 @@ class SandboxProcess {
 
   pid_t pid_;
   int fd_;
-  std::array<Reply, sandbox::kMaxReplies> batch_{};
-  std::deque<Reply> inbox_;  // received, not yet taken
+  // A message of replies as received: at most kMaxReplies and one error message.
+  std::array<std::byte, sizeof(Reply) * sandbox::kMaxReplies + sandbox::kMaxMessage> batch_{};
+  struct Incoming {
+    Reply reply;
+    std::string said;  // its error message, if it failed
+  };
+  std::deque<Incoming> inbox_;  // received, not yet taken
+  std::string said_;            // the error message of the reply taken last
   std::byte* window_;
   std::string dir_;
   bool reaped_ = false;
@@ -577,9 +599,7 @@ class SandboxDevice final : public hal::Device {
     if (ready_) return {};
     auto r = process_->awaitReply(timeoutMs_);
     if (!r) return fail(lose(r.error().message));
-    if (r->code != 0)
-      return fail(lose("the sandbox could not open the card: " +
-                       clipped(reinterpret_cast<const char*>(process_->window() + sandbox::kMessageAt), r->payload)));
+    if (r->code != 0) return fail(lose("the sandbox could not open the card: " + process_->said()));
     ready_ = true;
     timesKernels_ = r->timesKernels != 0;
     return {};
@@ -604,7 +624,7 @@ class SandboxDevice final : public hal::Device {
   std::optional<Error> errorOf(const Reply& r) {
     if (r.code == 0) return std::nullopt;
     Code code = r.code <= static_cast<uint32_t>(Code::internal) ? static_cast<Code>(r.code) : Code::internal;
-    return Error{code, clipped(reinterpret_cast<const char*>(process_->window() + sandbox::kMessageAt), r.payload),
+    return Error{code, process_->said(),
                  validOpenclError(r.openclError)};
   }
 
@@ -822,8 +842,7 @@ class SandboxDevice final : public hal::Device {
   unsigned timeoutMs_;
   mutable bool ready_ = false, timesKernels_ = false;
   uint64_t nextId_ = 0;
-  static constexpr uint64_t kHalf = sandbox::kMessageAt / 2;  // the message area is past both halves
-  static_assert(2 * kHalf <= sandbox::kMessageAt && sandbox::kMessageAt + sandbox::kMaxMessage <= kWindowBytes);
+  static constexpr uint64_t kHalf = kWindowBytes / 2;
   std::deque<Posted> posted_;
   unsigned postedWrites_ = 0;  // of posted_: the window's halves in use
   std::deque<AheadPiece> ahead_;  // posted, in order (each in its half until taken)
@@ -1041,17 +1060,17 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
   // Replies not yet sent: those of requests done while more were waiting (sandbox.h).
   std::vector<Reply> replies;
   replies.reserve(sandbox::kMaxReplies);
+  std::string said;  // the last reply's error message (a failed reply goes at once, last)
   auto flush = [&] {
-    const size_t bytes = replies.size() * sizeof(Reply);
-    const bool sent = replies.empty() || ::send(fd, replies.data(), bytes, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes);
+    const bool sent = sandbox::sendReplies(fd, replies, !replies.empty() && replies.back().code != 0 ? said : "");
     replies.clear();
     return sent;
   };
   auto message = [&](Reply& r, const Error& e) {
     r.code = static_cast<uint32_t>(e.code == Code::ok ? Code::internal : e.code);
     r.openclError = e.openclError;
-    r.payload = std::min<size_t>(e.message.size(), sandbox::kMaxMessage);
-    std::memcpy(window + sandbox::kMessageAt, e.message.data(), r.payload);
+    said = e.message.substr(0, sandbox::kMaxMessage);
+    r.payload = said.size();
   };
   {
     Reply ready;

@@ -11,12 +11,12 @@
 //
 // The netaccel talks to a sandbox through SandboxDevice, a hal::Device whose calls are
 // requests on a SOCK_SEQPACKET socket pair (a fixed-size Request, a tensor op's
-// TensorWindow with it, and a Reply each), with bulk data (writes, reads, program code,
-// launch arguments) in one shared-memory window (a memfd mapped by both; a failed
-// request's message in its last kMaxMessage bytes, apart from the posted writes' halves). On a card that
-// times its kernels, the calls that only queue work (writes, tensor ops, the built-in
-// ops, copies and fills) are posted: sent without waiting, their replies read later in
-// order (a few at a time, and all before any call that waits), so a stream of small ops
+// TensorWindow with it, and a Reply each, a failed one's message after it), with bulk
+// data (writes, reads, program code, launch arguments) in one shared-memory window (a
+// memfd mapped by both). On a card that times its kernels, the calls that only queue
+// work (writes, tensor ops, the built-in ops, copies and fills) are posted: sent without
+// waiting, their replies read later in order (a few at a time, and all before the reply
+// of any call that waits), so a stream of small ops
 // costs no round trip each. While the card worker has a run of instructions for one
 // sandbox in hand it plugs the device (hal::Device::plug): posted requests then wait in
 // an outbox and go as one message (each request with the bytes that follow it, at most
@@ -56,7 +56,9 @@
 // folder and what the operator adds; write only its folder and the card's nodes).
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
@@ -65,6 +67,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hal/device.h"
@@ -74,11 +77,10 @@ namespace raccel::netaccel {
 namespace sandbox {
 
 inline constexpr uint64_t kWindowBytes = 4ull << 20;  // the shared-memory window
-inline constexpr uint32_t kMaxMessage = 4096;         // error messages, clipped
-// Where a failed request's message goes: the window's last kMaxMessage bytes, which the
-// posted writes' halves never use (a posted op failing while the netaccel fills a half
-// with the next write's data must not write over it).
-inline constexpr uint64_t kMessageAt = kWindowBytes - kMaxMessage;
+// A failed request's message, clipped to this, follows its reply in the reply's message
+// (not the window: replies to posted requests come in runs, and one failure's message in
+// a shared place would be written over by the next before the netaccel read it).
+inline constexpr uint32_t kMaxMessage = 4096;
 inline constexpr uint32_t kMaxProgramBytes = 256u << 20;
 inline constexpr uint64_t kRingEntries = 4096;
 // Replies the sandbox sends in one message: those of a run of requests that were waiting
@@ -165,14 +167,28 @@ struct TensorWindow {
 // kLostByItsWork.
 enum : uint32_t { kLostByItsWork = 1, kLostByTheCard = 2 };
 
+// A reply that is not ok is the last of its message, and `payload` bytes of its error
+// message (at most kMaxMessage) follow it there.
 struct Reply {
   uint64_t serial = 0;   // the request's (0: the first message, `ready`)
-  uint32_t code = 0;     // raccel::Code; not ok: the window holds the message
+  uint32_t code = 0;     // raccel::Code
   uint32_t lost = 0;     // the device context is lost (kLostBy*): the sandbox exits after this reply
-  uint64_t payload = 0;  // bytes of the reply in the window
+  uint64_t payload = 0;  // ok: bytes of the reply in the window; not ok: of the message after it
   uint32_t timesKernels = 0;  // ready: the device is asynchronous
   int32_t openclError = 0;    // not ok: the card driver's OpenCL error, if any
 };
+
+// Sends one message of replies, the last one's error message after them (`said`, its
+// `payload` bytes, when it is not ok).
+inline bool sendReplies(int fd, std::span<const Reply> replies, std::string_view said = {}) {
+  iovec parts[2] = {{const_cast<Reply*>(replies.data()), replies.size() * sizeof(Reply)},
+                    {const_cast<char*>(said.data()), said.size()}};
+  msghdr m{};
+  m.msg_iov = parts;
+  m.msg_iovlen = said.empty() ? 1 : 2;
+  const ssize_t want = static_cast<ssize_t>(parts[0].iov_len + parts[1].iov_len);
+  return replies.empty() || ::sendmsg(fd, &m, MSG_NOSIGNAL) == want;
+}
 
 // A tensor request as one record of a message.
 struct TensorRequest {

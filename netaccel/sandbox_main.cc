@@ -244,9 +244,9 @@ int main(int argc, char** argv) {
     // The first reply says why; the netaccel fails the tenant's instructions with it.
     netaccel::sandbox::Reply r;
     r.code = static_cast<uint32_t>(opened.error().code);
-    r.payload = std::min<size_t>(opened.error().message.size(), netaccel::sandbox::kMaxMessage);
-    std::memcpy(static_cast<std::byte*>(window) + netaccel::sandbox::kMessageAt, opened.error().message.data(), r.payload);
-    (void)!write(static_cast<int>(fd), &r, sizeof r);
+    const std::string said = opened.error().message.substr(0, netaccel::sandbox::kMaxMessage);
+    r.payload = said.size();
+    (void)netaccel::sandbox::sendReplies(static_cast<int>(fd), std::span(&r, 1), said);
     return 1;
   }
   if (auto s = confineAll(); !s) {

@@ -352,6 +352,36 @@ TEST(Sandbox, ACallGoesInTheSameMessageAsThePostedRunBeforeIt) {
   d->release(std::move(*b));
 }
 
+// Posted requests fail in runs, their replies sent together: each failure keeps its own
+// message (they travel with their replies, not in one place in the window that the next
+// failure would write over before the netaccel read it).
+TEST(Sandbox, EachPostedFailureInARunKeepsItsOwnMessage) {
+  auto d = hostile("failfills");
+  ASSERT_TRUE(d->timesKernels());
+  auto b = d->allocate(64);
+  ASSERT_TRUE(b) << b.error().message;
+  d->plug();
+  for (uint64_t tag = 1; tag <= 5; ++tag) {
+    d->tagKernels(tag);
+    EXPECT_TRUE(d->fill(**b, 0, 64, 1));
+  }
+  d->unplug();
+  EXPECT_TRUE(d->finish());
+  auto errors = d->takeDeferredErrors();
+  ASSERT_EQ(errors.size(), 5u);
+  for (auto& e : errors) EXPECT_EQ(e.error.message, "the fill of tag " + std::to_string(e.tag) + " failed");
+  EXPECT_TRUE(d->lost().empty()) << d->lost();
+  d->release(std::move(*b));
+}
+
+TEST(HostileSandbox, AnErrorMessageShorterThanItsReplySaysStopsTheSandbox) {
+  auto d = hostile("lying");
+  auto b = d->allocate(64);
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.error().message.find("broke its protocol (a reply message of"), std::string::npos) << b.error().message;
+  EXPECT_FALSE(d->lost().empty());
+}
+
 TEST(HostileSandbox, AReplyMessageOfPartOrTooManyRepliesStopsTheSandbox) {
   for (const char* mode : {"ragged", "burst"}) {
     auto d = hostile(mode);
