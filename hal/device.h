@@ -226,6 +226,9 @@ class Device {
   // (finish, read, write, waitCompleted) unplugs first. No-ops where nothing is gained.
   virtual void plug() {}
   virtual void unplug() {}
+  // Builds ahead what a first use would build and wait for (the tensor kernels), for a
+  // device opened before its tenant is known (a warm sandbox). A no-op where nothing is.
+  virtual Status prepare() { return {}; }
   // The caller reads [offset, offset + length) of `buffer` next, in order, `piece` bytes a
   // read(). A device whose reads fetch from another process (a sandbox) fetches the next
   // pieces ahead while the caller copies each one out, rather than a round trip a piece.

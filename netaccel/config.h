@@ -18,7 +18,8 @@
 //   insecure = false             # true: plain TCP (loopback development only)
 //   sandbox = true               # run guest code (opencl, cuda, xrt cards) in sandbox
 //                                #   processes, one per tenant (VM) per card
-//   sandbox_warm = 1             # sandboxes started ahead per card (device context open)
+//   sandbox_warm = 1             # sandboxes started ahead per card (device context open,
+//                                #   raccel's tensor kernels built)
 //   sandbox_host_memory = 16GiB  # a sandbox's data-segment rlimit (RLIMIT_DATA)
 //   sandbox_dir = /tmp/raccel-sandbox   # each sandbox works in its own folder below it
 //   sandbox_read = /opt/mylib,/srv/models   # more paths sandboxes may read (and run): a

@@ -253,6 +253,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "raccel-sandbox: %s\n", s.error().message.c_str());
     return 2;
   }
+  // Started ahead of its tenant (the warm pool), it builds raccel's own tensor kernels
+  // meanwhile: a program's first tensor op then does not wait for their compile (~0.7 s
+  // on PoCL here). A failure is the first tensor op's to report, as without this.
+  if (auto s = (*opened)->prepare(); !s)
+    std::fprintf(stderr, "raccel-sandbox: preparing the card: %s\n", s.error().message.c_str());
   int status = netaccel::serveSandbox(static_cast<int>(fd), window, **opened);
   // Straight out: the driver reclaims the device, the kernel the rest. (Exit handlers,
   // such as a leak checker's, could not run confined: they need ptrace.)

@@ -214,6 +214,23 @@ TEST(Sandbox, AReadAheadGivesEveryPieceExactlyAndEndsCleanlyWhereverItIsLeft) {
   (*d)->release(std::move(*b));
 }
 
+// A sandbox is started ahead of its tenant (the warm pool) and builds raccel's tensor
+// kernels meanwhile, so that its tenant's first tensor op does not wait for that compile:
+// once it is ready, before any tensor op, its compiler's cache holds two programs, the
+// built-in kernels and the tensor kernels. (PoCL's cache: a folder per program, with
+// its program.bc.)
+TEST(Sandbox, ItBuildsTheTensorKernelsBeforeItsTenantAsksForOne) {
+  if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device";
+  auto d = sandboxed("opencl", 0);
+  ASSERT_TRUE(d) << d.error().message;
+  ASSERT_TRUE((*d)->finish());  // its first message came: the card is open and prepared
+  const std::string dir = settings().dir + "/" + std::to_string(::getpid()) + "-";
+  size_t programs = 0;
+  for (auto& e : std::filesystem::recursive_directory_iterator(settings().dir))
+    if (e.path().filename() == "program.bc" && e.path().string().rfind(dir, 0) == 0) ++programs;
+  EXPECT_EQ(programs, 2u) << "in " << settings().dir;
+}
+
 TEST(HostileSandbox, OneThatNeverSpeaksIsStoppedAtTheTimeout) {
   auto d = hostile("silent", 800);
   auto b = d->allocate(64);

@@ -58,7 +58,9 @@ TEST(KeptBytes, MatchesAFlatCopyThroughOverlappingWritesAndFills) {
       k.copyOut(offset, {reinterpret_cast<std::byte*>(part.data()), length});
       ASSERT_EQ(part, flat.substr(offset, length));
       const bool untouched = std::none_of(touched.begin() + offset, touched.begin() + offset + length, [](bool t) { return t; });
-      if (k.zeros(offset, length)) ASSERT_TRUE(untouched) << "said zeros over written bytes";
+      if (k.zeros(offset, length)) {
+        ASSERT_TRUE(untouched) << "said zeros over written bytes";
+      }
     }
   }
 }

@@ -492,6 +492,15 @@ class CudaDevice final : public Device {
       return {};
     });
   }
+  Status prepare() override { return buildTensorKernels(); }
+  // Compiled on first use (most tenants never run one), or ahead by prepare().
+  Status buildTensorKernels() {
+    if (tensorKernels_) return {};
+    auto program = compile("raccel.tensor", std::string(kTensorPrelude) + kTensorKernelSource);
+    if (!program) return fail(program.error().code, "building the tensor kernels: " + program.error().message);
+    tensorKernels_ = std::move(*program);
+    return {};
+  }
   Status doTensor(const LoweredTensorOp& op) override {
     bind();
     if (TensorFn(op.geom.fn) == TensorFn::matmul) {
@@ -503,11 +512,7 @@ class CudaDevice final : public Device {
         return *done;
       }
     }
-    if (!tensorKernels_) {  // compiled on first use: most tenants never run one
-      auto program = compile("raccel.tensor", std::string(kTensorPrelude) + kTensorKernelSource);
-      if (!program) return fail(program.error().code, "building the tensor kernels: " + program.error().message);
-      tensorKernels_ = std::move(*program);
-    }
+    if (auto s = buildTensorKernels(); !s) return s;
     const char* name = tensorKernelName(TensorFn(op.geom.fn));
     const uint64_t blocks = (static_cast<uint64_t>(op.geom.n) + 255) / 256;
     if (blocks > 0x7fffffffu) return fail(Code::invalidArgument, std::string(name) + ": too many work-items for one launch");

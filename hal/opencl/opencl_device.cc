@@ -497,13 +497,18 @@ class OpenclDevice final : public Device {
     size_t global[1] = {roundUp(n, 256)};
     return run("raccel_vadd", 1, global, nullptr, cl_ulong{n}, memOf(a), memOf(b), memOf(out));
   }
+  Status prepare() override { return buildTensorKernels(); }
+  // Built on first use (most tenants never run one), or ahead by prepare().
+  Status buildTensorKernels() {
+    if (tensorKernels_) return {};
+    const std::string source = std::string(kTensorPrelude) + kTensorKernelSource;
+    auto program = build(ProgramKind::openclC, "raccel.tensor", std::as_bytes(std::span(source)));
+    if (!program) return fail(program.error().code, "building the tensor kernels: " + program.error().message);
+    tensorKernels_.reset(static_cast<ClProgram*>(program->release()));
+    return {};
+  }
   Status doTensor(const LoweredTensorOp& op) override {
-    if (!tensorKernels_) {  // built on first use: most tenants never run one
-      const std::string source = std::string(kTensorPrelude) + kTensorKernelSource;
-      auto program = build(ProgramKind::openclC, "raccel.tensor", std::as_bytes(std::span(source)));
-      if (!program) return fail(program.error().code, "building the tensor kernels: " + program.error().message);
-      tensorKernels_.reset(static_cast<ClProgram*>(program->release()));
-    }
+    if (auto s = buildTensorKernels(); !s) return s;
     auto& b = op.buffers;
     const int d = int(op.geom.dims) - 3;
     // rc_matmul_tiled, in 16 x 16 work-groups, for entries of at least 64 rows, columns and
