@@ -46,8 +46,39 @@ void KeptBytes::carve(uint64_t begin, uint64_t end) {
   }
 }
 
+void KeptBytes::small(uint64_t offset, uint64_t length, const std::byte* data, uint8_t value) {
+  const uint64_t block = offset / kBlockBytes * kBlockBytes, blockEnd = std::min(size_, block + kBlockBytes);
+  if (offset + length > blockEnd) {  // across two blocks: a part in each
+    const uint64_t first = blockEnd - offset;
+    small(offset, first, data, value);
+    small(blockEnd, length - first, data ? data + first : nullptr, value);
+    return;
+  }
+  auto it = firstFrom(pieces_, offset);
+  const bool inPlace = it != pieces_.end() && it->first <= offset && it->first + it->second.length >= offset + length &&
+                       it->second.bytes && it->second.store && it->second.store.use_count() == 1 &&
+                       it->second.store->body.data() == nullptr;
+  if (!inPlace) {  // the block's bytes as one owned piece, first
+    auto store = std::make_shared<Store>();
+    store->owned.resize(blockEnd - block);
+    copyOut(block, {reinterpret_cast<std::byte*>(store->owned.data()), store->owned.size()});
+    carve(block, blockEnd);
+    Piece p{blockEnd - block, reinterpret_cast<const std::byte*>(store->owned.data()), nullptr, 0};
+    p.store = std::move(store);
+    it = pieces_.emplace(block, std::move(p)).first;
+  }
+  // Exclusively this piece's (use_count 1, its own string): written in place.
+  auto* at = const_cast<std::byte*>(it->second.bytes) + (offset - it->first);
+  if (data) std::memcpy(at, data, length);
+  else std::memset(at, value, length);
+}
+
 void KeptBytes::write(uint64_t offset, std::span<const std::byte> data, transport::Body* owner) {
   if (data.empty() || offset > size_ || data.size() > size_ - offset) return;
+  if (data.size() <= kSmallBytes) {
+    small(offset, data.size(), data.data(), 0);
+    return;
+  }
   carve(offset, offset + data.size());
   const bool inOwner = owner && owner->data() && data.data() >= owner->data() &&
                        data.data() + data.size() <= owner->data() + owner->size();
@@ -62,6 +93,10 @@ void KeptBytes::write(uint64_t offset, std::span<const std::byte> data, transpor
 
 void KeptBytes::fill(uint64_t offset, uint64_t length, uint8_t value) {
   if (length == 0 || offset > size_ || length > size_ - offset) return;
+  if (length <= kSmallBytes) {
+    small(offset, length, nullptr, value);
+    return;
+  }
   carve(offset, offset + length);
   if (value != 0) pieces_.emplace(offset, Piece{length, nullptr, nullptr, value});  // (zeros are the background)
 }

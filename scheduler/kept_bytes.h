@@ -4,6 +4,10 @@
 // forwarded: a checkpoint keeps what the guest wrote by reference, so folding a 256 MiB
 // write into it copies nothing and an alloc zeroes nothing.
 //
+// A small write or fill (at most kSmallBytes) goes into an owned piece of the kBlockBytes
+// block around it, in place once that piece is there (made from the block's bytes on the
+// first): a stream of tiny fills folds at a memset each, not a piece each.
+//
 // What is kept stays within about twice what can be seen: a piece that later writes cut
 // to under half of what its store holds is copied out of it, so a body (or a read-back
 // chunk) is not held whole for a sliver of it. Owned pieces are at most kPieceBytes, so
@@ -31,6 +35,7 @@ class KeptBytes {
   // A copy of these bytes (pieces of kPieceBytes).
   explicit KeptBytes(std::span<const std::byte> bytes);
   static constexpr uint64_t kPieceBytes = 1 << 20;
+  static constexpr uint64_t kSmallBytes = 4096, kBlockBytes = 64 << 10;
 
   uint64_t size() const { return size_; }
   // Overwrites [offset, offset + data.size()) within the bytes (a range past the end is
@@ -60,6 +65,8 @@ class KeptBytes {
     std::shared_ptr<const Store> store;  // what `bytes` lies in
     uint8_t value = 0;
   };
+  // A small change within one block, in place (`data` null: a fill of `value`).
+  void small(uint64_t offset, uint64_t length, const std::byte* data, uint8_t value);
   // Removes every piece's bytes within [begin, end), keeping what lies outside it.
   void carve(uint64_t begin, uint64_t end);
   // Keeps `length` bytes of `piece` from `skip` at `at` (a fragment of a shared body
