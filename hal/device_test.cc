@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 #include <functional>
 #include <random>
 
@@ -321,6 +322,47 @@ TEST_P(Conformance, AMatmulPastTheTiledSizeWithRaggedEdgesMatchesReference) {
   if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
   ASSERT_TRUE(s) << s.error().message;
   expectBatchedMatmul(readFloats(*out, B * m * n), a, bt, c, B, m, n, k);
+}
+
+// Maps over permuted and broadcast views in 2, 3 and 4 dimensions (an attention's head
+// permutes, a batch norm's scale): out = a + 0.5 b, a read permuted [B, T, H, D] ->
+// [B, H, T, D], b broadcast along all but its last dimension and H; each element checked.
+TEST_P(Conformance, MapsOverPermutedAndBroadcastViewsMatchReference) {
+  const uint64_t B = 3, T = 5, H = 4, D = 7;
+  auto a = randomFloats(B * T * H * D, 51), b = randomFloats(H * D, 52);
+  auto ba = floats(a), bb = floats(b);
+  for (uint64_t dims : {2, 3, 4}) {
+    // The last `dims` of [B, H, T, D] (the leading ones fixed at 0).
+    const std::vector<uint64_t> full = {B, H, T, D};
+    const std::vector<uint64_t> outStrides = {H * T * D, T * D, D, 1}, aStrides = {T * H * D, D, H * D, 1}, bStrides = {0, D, 0, 1};
+    std::vector<uint64_t> shape(full.end() - dims, full.end());
+    auto pick = [&](const std::vector<uint64_t>& v) { return std::vector<uint64_t>(v.end() - dims, v.end()); };
+    const uint64_t n = std::accumulate(shape.begin(), shape.end(), uint64_t{1}, std::multiplies<>());
+    auto out = floats(std::vector<float>(B * H * T * D, -1.0f));
+    TensorOp o;
+    o.fn = TensorFn::add;
+    o.dims = static_cast<unsigned>(dims);
+    o.alpha = 0.5f;
+    Buffer* buffers[3] = {out.get(), ba.get(), bb.get()};
+    const std::vector<uint64_t>* strides[3] = {&outStrides, &aStrides, &bStrides};
+    for (unsigned d = 0; d < dims; ++d) o.shape[d] = shape[d];
+    for (unsigned k = 0; k < 3; ++k) {
+      o.operands[k].buffer = buffers[k];
+      auto st = pick(*strides[k]);
+      for (unsigned d = 0; d < dims; ++d) o.operands[k].strides[d] = st[d];
+    }
+    auto s = device->tensor(o);
+    if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+    ASSERT_TRUE(s) << s.error().message;
+    auto got = readFloats(*out, B * H * T * D);
+    for (uint64_t i = 0; i < n; ++i) {
+      uint64_t rest = i, at[4] = {0, 0, 0, 0};
+      for (int d = 3; d >= int(4 - dims); --d) at[d] = rest % full[d], rest /= full[d];
+      auto offset = [&](const std::vector<uint64_t>& st) { return at[0] * st[0] + at[1] * st[1] + at[2] * st[2] + at[3] * st[3]; };
+      const float want = a[offset(aStrides)] + 0.5f * b[offset(bStrides)];
+      ASSERT_NEAR(got[offset(outStrides)], want, 1e-6) << dims << " dimensions, element " << i;
+    }
+  }
 }
 
 TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {

@@ -533,7 +533,8 @@ class OpenclDevice final : public Device {
     const char* fast = fastMapKernel(op.geom);
     if (fast && op.geom.dims > 1) {  // a grid: the last dimension first
       const int dims = int(op.geom.dims);
-      size_t grid[3] = {size_t(op.geom.shape[dims - 1]), size_t(op.geom.shape[dims - 2]), dims > 2 ? size_t(op.geom.shape[0]) : 1};
+      size_t grid[3] = {size_t(op.geom.shape[dims - 1]), size_t(op.geom.shape[dims - 2]),
+                        dims > 3 ? size_t(op.geom.shape[0] * op.geom.shape[1]) : dims > 2 ? size_t(op.geom.shape[0]) : 1};
       return runIn(*tensorKernels_, fast, 3, grid, nullptr, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
     }
     size_t global[1] = {roundUp(static_cast<uint64_t>(op.geom.n), 64)};
@@ -551,8 +552,9 @@ class OpenclDevice final : public Device {
   static size_t roundUp(uint64_t v, size_t to) { return static_cast<size_t>((v + to - 1) / to * to); }
 
   // The map kernel of one function (tensor_kernels.inc: RC_MAP_FAST) for a map over f32
-  // operands: over one contiguous dimension (every stride 1) the flat one, over 2 or 3
-  // dimensions the grid one (a range of that shape); null otherwise (rc_map then).
+  // operands: over one contiguous dimension (every stride 1) the flat one, over 2 to 4
+  // dimensions the grid one (a range of that shape, the first two of 4 as one); null
+  // otherwise (rc_map then).
   static const char* fastMapKernel(const kernels::RcGeom& g) {
     struct Names {
       int fn;
@@ -562,7 +564,7 @@ class OpenclDevice final : public Device {
     static constexpr Names kFast[] = {RC_FAST_MAPS(RC_FAST_MAP_NAMES)};
 #undef RC_FAST_MAP_NAMES
     const Names* f = std::find_if(std::begin(kFast), std::end(kFast), [&](const Names& n) { return n.fn == g.fn; });
-    if (f == std::end(kFast) || g.dims < 1 || g.dims > 3) return nullptr;
+    if (f == std::end(kFast) || g.dims < 1 || g.dims > 4) return nullptr;
     for (unsigned i = 0; i < tensorFnOperands(TensorFn(g.fn)); ++i)
       if (g.type[i] != int(TensorType::f32) || (g.dims == 1 && g.stride[i][0] != 1)) return nullptr;
     return g.dims == 1 ? f->flat : f->grid;
