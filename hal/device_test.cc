@@ -325,42 +325,71 @@ TEST_P(Conformance, AMatmulPastTheTiledSizeWithRaggedEdgesMatchesReference) {
 }
 
 // Maps over permuted and broadcast views in 2, 3 and 4 dimensions (an attention's head
-// permutes, a batch norm's scale): out = a + 0.5 b, a read permuted [B, T, H, D] ->
-// [B, H, T, D], b broadcast along all but its last dimension and H; each element checked.
+// permutes, a batch norm's scale, max pooling's backward), on [B, H, T, D] and its last
+// dimensions: a read permuted from [B, T, H, D], b broadcast along all but its last
+// dimension and H. out = a + 0.5 b over f32; then typed: equal = (ia == ib) over i64
+// into bool, and chosen = where(equal, a, 3), each element checked.
 TEST_P(Conformance, MapsOverPermutedAndBroadcastViewsMatchReference) {
-  const uint64_t B = 3, T = 5, H = 4, D = 7;
-  auto a = randomFloats(B * T * H * D, 51), b = randomFloats(H * D, 52);
-  auto ba = floats(a), bb = floats(b);
+  const uint64_t B = 3, T = 5, H = 4, D = 7, all = B * H * T * D;
+  const std::vector<uint64_t> full = {B, H, T, D};
+  const std::vector<uint64_t> dense = {H * T * D, T * D, D, 1}, permuted = {T * H * D, D, H * D, 1}, broadcast = {0, D, 0, 1},
+                              scalar = {0, 0, 0, 0};
+  auto a = randomFloats(all, 51), b = randomFloats(H * D, 52);
+  std::vector<int64_t> ia(all), ib(H * D);
+  for (uint64_t i = 0; i < all; ++i) ia[i] = int64_t(i * 7 % 3);
+  for (uint64_t i = 0; i < H * D; ++i) ib[i] = int64_t(i % 3);
+  auto ba = floats(a), bb = floats(b), three = floats({3.0f});
+  auto bytes = [&](std::span<const std::byte> v) {
+    auto buffer = device->allocate(v.size());
+    EXPECT_TRUE(buffer && device->write(**buffer, 0, v));
+    return std::move(*buffer);
+  };
+  auto bia = bytes(std::as_bytes(std::span(ia))), bib = bytes(std::as_bytes(std::span(ib)));
   for (uint64_t dims : {2, 3, 4}) {
-    // The last `dims` of [B, H, T, D] (the leading ones fixed at 0).
-    const std::vector<uint64_t> full = {B, H, T, D};
-    const std::vector<uint64_t> outStrides = {H * T * D, T * D, D, 1}, aStrides = {T * H * D, D, H * D, 1}, bStrides = {0, D, 0, 1};
-    std::vector<uint64_t> shape(full.end() - dims, full.end());
-    auto pick = [&](const std::vector<uint64_t>& v) { return std::vector<uint64_t>(v.end() - dims, v.end()); };
-    const uint64_t n = std::accumulate(shape.begin(), shape.end(), uint64_t{1}, std::multiplies<>());
-    auto out = floats(std::vector<float>(B * H * T * D, -1.0f));
-    TensorOp o;
-    o.fn = TensorFn::add;
-    o.dims = static_cast<unsigned>(dims);
-    o.alpha = 0.5f;
-    Buffer* buffers[3] = {out.get(), ba.get(), bb.get()};
-    const std::vector<uint64_t>* strides[3] = {&outStrides, &aStrides, &bStrides};
-    for (unsigned d = 0; d < dims; ++d) o.shape[d] = shape[d];
-    for (unsigned k = 0; k < 3; ++k) {
-      o.operands[k].buffer = buffers[k];
-      auto st = pick(*strides[k]);
-      for (unsigned d = 0; d < dims; ++d) o.operands[k].strides[d] = st[d];
-    }
-    auto s = device->tensor(o);
+    // An op over the last `dims` of [B, H, T, D] (the leading ones at 0).
+    auto op = [&](TensorFn fn, std::vector<std::pair<TensorOperand, std::vector<uint64_t>>> operands) {
+      TensorOp o;
+      o.fn = fn;
+      o.dims = static_cast<unsigned>(dims);
+      for (unsigned d = 0; d < dims; ++d) o.shape[d] = full[4 - dims + d];
+      for (size_t k = 0; k < operands.size(); ++k) {
+        o.operands[k] = operands[k].first;
+        for (unsigned d = 0; d < dims; ++d) o.operands[k].strides[d] = operands[k].second[4 - dims + d];
+      }
+      return o;
+    };
+    auto operand = [](Buffer* buffer, TensorType type = TensorType::f32) {
+      TensorOperand o;
+      o.buffer = buffer;
+      o.type = type;
+      return o;
+    };
+    auto out = floats(std::vector<float>(all, -1.0f)), chosen = floats(std::vector<float>(all, -1.0f));
+    const std::vector<uint8_t> sevens(all, 7);
+    auto equal = bytes(std::as_bytes(std::span(sevens)));
+    auto sum = op(TensorFn::add, {{operand(out.get()), dense}, {operand(ba.get()), permuted}, {operand(bb.get()), broadcast}});
+    sum.alpha = 0.5f;
+    auto s = device->tensor(sum);
     if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
     ASSERT_TRUE(s) << s.error().message;
-    auto got = readFloats(*out, B * H * T * D);
+    ASSERT_TRUE(device->tensor(op(TensorFn::eq, {{operand(equal.get(), TensorType::boolean), dense},
+                                                 {operand(bia.get(), TensorType::i64), permuted},
+                                                 {operand(bib.get(), TensorType::i64), broadcast}})));
+    ASSERT_TRUE(device->tensor(op(TensorFn::where, {{operand(chosen.get()), dense},
+                                                    {operand(equal.get(), TensorType::boolean), dense},
+                                                    {operand(ba.get()), permuted}, {operand(three.get()), scalar}})));
+    auto got = readFloats(*out, all), picked = readFloats(*chosen, all);
+    std::vector<uint8_t> same(all);
+    ASSERT_TRUE(device->read(*equal, 0, std::as_writable_bytes(std::span(same))));
+    const uint64_t n = std::accumulate(full.end() - dims, full.end(), uint64_t{1}, std::multiplies<>());
     for (uint64_t i = 0; i < n; ++i) {
       uint64_t rest = i, at[4] = {0, 0, 0, 0};
       for (int d = 3; d >= int(4 - dims); --d) at[d] = rest % full[d], rest /= full[d];
       auto offset = [&](const std::vector<uint64_t>& st) { return at[0] * st[0] + at[1] * st[1] + at[2] * st[2] + at[3] * st[3]; };
-      const float want = a[offset(aStrides)] + 0.5f * b[offset(bStrides)];
-      ASSERT_NEAR(got[offset(outStrides)], want, 1e-6) << dims << " dimensions, element " << i;
+      const uint64_t o = offset(dense), pa = offset(permuted), pb = offset(broadcast);
+      ASSERT_NEAR(got[o], a[pa] + 0.5f * b[pb], 1e-6) << dims << " dimensions, element " << i;
+      ASSERT_EQ(same[o], ia[pa] == ib[pb] ? 1 : 0) << dims << " dimensions, element " << i;
+      ASSERT_EQ(picked[o], ia[pa] == ib[pb] ? a[pa] : 3.0f) << dims << " dimensions, element " << i;
     }
   }
 }

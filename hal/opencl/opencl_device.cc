@@ -531,6 +531,7 @@ class OpenclDevice final : public Device {
                    memOf(*b[3]));
     }
     const char* fast = fastMapKernel(op.geom);
+    if (!fast && typedGridMap(op.geom)) fast = "rc_grid_typed";
     if (fast && op.geom.dims > 1) {  // a grid: the last dimension first
       const int dims = int(op.geom.dims);
       size_t grid[3] = {size_t(op.geom.shape[dims - 1]), size_t(op.geom.shape[dims - 2]),
@@ -568,6 +569,19 @@ class OpenclDevice final : public Device {
     for (unsigned i = 0; i < tensorFnOperands(TensorFn(g.fn)); ++i)
       if (g.type[i] != int(TensorType::f32) || (g.dims == 1 && g.stride[i][0] != 1)) return nullptr;
     return g.dims == 1 ? f->flat : f->grid;
+  }
+
+  // A map rc_map would run through its typed path (rc_map_typed: an operand not f32, a
+  // comparison, where) over 2 to 4 dimensions: rc_grid_typed runs it with no division
+  // per dimension (the reference CNN's max pooling backward: eq and where at ~200 us
+  // each over 36,864 elements as rc_map).
+  static bool typedGridMap(const kernels::RcGeom& g) {
+    if (g.dims < 2 || g.dims > 4 || std::strcmp(tensorKernelName(TensorFn(g.fn)), "rc_map") != 0) return false;
+    const TensorFn fn = TensorFn(g.fn);
+    if (fn == TensorFn::where || (fn >= TensorFn::eq && fn <= TensorFn::ge)) return true;
+    for (unsigned i = 0; i < tensorFnOperands(fn); ++i)
+      if (g.type[i] != int(TensorType::f32)) return true;
+    return false;
   }
 
   template <class... A>
