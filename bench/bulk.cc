@@ -79,7 +79,7 @@ BulkRun steadyBulk(client::Session& s, size_t bytes, int rounds) {
 
 BulkFigures measureBulk(bool quick) {
   BulkFigures f;
-  f.bytes = quick ? (32u << 20) : (256u << 20);
+  f.bytes = bulkBytes(quick);
   f.rawGbps = rawSocketGbps(f.bytes);
   f.tls = onCluster(f.bytes, quick ? 1 : 3, {});
   f.plain = onCluster(f.bytes, quick ? 1 : 3, {"--insecure"});

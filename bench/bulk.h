@@ -22,6 +22,9 @@ struct BulkRun {
   double readGbps() const { return readSecs > 0 ? bytes * 8 / readSecs / 1e9 : -1; }
 };
 
+// The bytes each bulk run moves: 256 MiB, 32 MiB with --quick.
+inline size_t bulkBytes(bool quick) { return quick ? size_t{32} << 20 : size_t{256} << 20; }
+
 // `bytes` written into a new buffer of `session`, a fence, then read back and compared.
 BulkRun writeAndReadBack(client::Session& session, size_t bytes);
 // The steady rate: one run to warm the path (the daemons' pooled frame bodies, fresh

@@ -78,7 +78,7 @@ FailoverFigures measureFailover(bool quick, double steadySeconds) {
     if (!a || !b) return f;
     auto ta = a->alloc(4096), tb = b->alloc(4096);
     std::vector<double> rateOn, rateOff, bulkOn, bulkOff;
-    const size_t bytes = quick ? (32u << 20) : (256u << 20);
+    const size_t bytes = bulkBytes(quick);
     for (int round = 0; round < (quick ? 1 : 5); ++round) {
       rateOff.push_back(stream(*b, tb, quick ? 0.5 : 2));
       rateOn.push_back(stream(*a, ta, quick ? 0.5 : 2));

@@ -52,6 +52,11 @@ int main() {
   CompletionRing& ring = *ringOf(window);
   std::string said;  // the error message of the reply being made, if it fails
   auto send = [&](const Reply& r) { return sendReplies(fd, std::span(&r, 1), r.code != 0 ? said : ""); };
+  auto failWith = [&](Reply& r, std::string message) {
+    said = std::move(message);
+    r.code = static_cast<uint32_t>(raccel::Code::internal);
+    r.payload = said.size();
+  };
   if (mode == "shrink") {
     (void)!ftruncate(4, 0);  // refused: the window is sealed
     (void)fcntl(4, F_ADD_SEALS, 0);
@@ -95,31 +100,18 @@ int main() {
     }
     if (mode == "overrun") ring.head.store(ring.tail.load() + kRingEntries + 1);
     if (mode == "stuck") ring.pending.store(1);
-    if ((mode == "failwrite" && q.op == Op::write) || (mode == "failop" && q.op == Op::gemm)) {
-      r.code = static_cast<uint32_t>(raccel::Code::internal);
-      said = "nope";
-      r.payload = said.size();
-    }
-    if (mode == "failfills" && q.op == Op::fill) {  // each fill fails, naming its kernel tag
-      said = "the fill of tag " + std::to_string(q.tag) + " failed";
-      r.code = static_cast<uint32_t>(raccel::Code::internal);
-      r.payload = said.size();
-    }
+    if ((mode == "failwrite" && q.op == Op::write) || (mode == "failop" && q.op == Op::gemm)) failWith(r, "nope");
+    if (mode == "failfills" && q.op == Op::fill)  // each fill fails, naming its kernel tag
+      failWith(r, "the fill of tag " + std::to_string(q.tag) + " failed");
     if (mode == "lying" && q.op == Op::allocate) {  // a message said to be longer than it is
-      said = "nope";
-      r.code = static_cast<uint32_t>(raccel::Code::internal);
+      failWith(r, "nope");
       r.payload = 64;
     }
-    if (mode == "batched" && q.op == Op::finish) {  // says how many requests came before it in its message
-      said = "after " + std::to_string(inMessage - 1);
-      r.code = static_cast<uint32_t>(raccel::Code::internal);
-      r.payload = said.size();
-    }
+    if (mode == "batched" && q.op == Op::finish)  // says how many requests came before it in its message
+      failWith(r, "after " + std::to_string(inMessage - 1));
     if ((mode == "cardgone" || mode == "lostodd") && q.op == Op::read) {  // says the device is lost, by what
       r.lost = mode == "cardgone" ? uint32_t{kLostByTheCard} : 9u;
-      r.code = static_cast<uint32_t>(raccel::Code::internal);
-      said = "gone";
-      r.payload = said.size();
+      failWith(r, "gone");
     }
     if (mode == "ragged" || mode == "burst") {
       std::vector<Reply> many(mode == "burst" ? kMaxReplies + 1 : 2, r);

@@ -50,6 +50,14 @@ std::string describeExit(int status) {
   return "ended";
 }
 
+// What a read that came back short of its length is called (a protocol violation).
+std::string shortRead(uint64_t got, uint64_t asked) {
+  return "the sandbox returned " + std::to_string(got) + " bytes for a read of " + std::to_string(asked);
+}
+
+// [at, at + bytes) lies within the shared window.
+bool inWindow(uint64_t at, uint64_t bytes) { return at <= kWindowBytes && bytes <= kWindowBytes - at; }
+
 std::string clipped(const char* p, uint64_t n) {
   n = std::min<uint64_t>(n, sandbox::kMaxMessage);
   std::string s(p, n);
@@ -386,8 +394,7 @@ class SandboxDevice final : public hal::Device {
       q.length = n;
       auto r = call(q);
       if (!r) return fail(r.error());
-      if (r->payload != n) return fail(lose("the sandbox returned " + std::to_string(r->payload) + " bytes for a read of " +
-                                            std::to_string(n)));
+      if (r->payload != n) return fail(lose(shortRead(r->payload, n)));
       if (n) std::memcpy(out.data() + done, process_->window(), n);
       done += n;
     } while (done < out.size());
@@ -675,9 +682,7 @@ class SandboxDevice final : public hal::Device {
   Status drainPosted() {
     if (auto s = ready(); !s) return s;
     if (!settlePosted(true)) return fail(Code::internal, lost_);
-    ahead_.clear();
-    aheadNext_ = aheadEnd_ = 0;
-    return {};
+    return endReadAhead();  // (every piece is answered now: nothing waits)
   }
 
   // Sends `q` and returns at once, its reply read later. `message` (`bytes` long) begins
@@ -790,8 +795,7 @@ class SandboxDevice final : public hal::Device {
     auto it = std::find_if(ahead_.begin(), ahead_.end(), [&](const AheadPiece& a) { return a.serial == serial; });
     if (it == ahead_.end()) return {};  // (one ended meanwhile)
     if (!error && r.payload != it->length)
-      return fail(lose(process_->violated("the sandbox returned " + std::to_string(r.payload) + " bytes for a read of " +
-                                          std::to_string(it->length)).message));
+      return fail(lose(process_->violated(shortRead(r.payload, it->length)).message));
     it->answered = true;
     it->error = std::move(error);
     return {};
@@ -1134,12 +1138,12 @@ int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
           }
           break;
         case Op::write:  // from offset2 in the window (the netaccel alternates halves)
-          if (q.offset2 > kWindowBytes || q.payload > kWindowBytes - q.offset2) s = fail(Code::invalidArgument, "write past the window");
+          if (!inWindow(q.offset2, q.payload)) s = fail(Code::invalidArgument, "write past the window");
           else if (auto b = buffer(q.id); !b) s = fail(b.error());
           else s = device.write(**b, q.offset, std::span(window + q.offset2, q.payload));
           break;
         case Op::read:  // to offset2 in the window (0, or a read-ahead's half)
-          if (q.offset2 > kWindowBytes || q.length > kWindowBytes - q.offset2) s = fail(Code::invalidArgument, "read past the window");
+          if (!inWindow(q.offset2, q.length)) s = fail(Code::invalidArgument, "read past the window");
           else if (auto b = buffer(q.id); !b) s = fail(b.error());
           else if (s = device.read(**b, q.offset, std::span(window + q.offset2, q.length)); s) r.payload = q.length;
           break;

@@ -11,12 +11,16 @@ KeptBytes::KeptBytes(std::span<const std::byte> bytes) : size_(bytes.size()) {
     pieces_.emplace(at, ownedCopy(bytes.subspan(at, std::min<uint64_t>(kPieceBytes, size_ - at))));
 }
 
-KeptBytes::Piece KeptBytes::ownedCopy(std::span<const std::byte> data) {
+KeptBytes::Piece KeptBytes::ownedPiece(std::string bytes) {
   auto store = std::make_shared<Store>();
-  store->owned.assign(reinterpret_cast<const char*>(data.data()), data.size());
-  Piece p{data.size(), reinterpret_cast<const std::byte*>(store->owned.data()), nullptr, 0};
+  store->owned = std::move(bytes);
+  Piece p{store->owned.size(), reinterpret_cast<const std::byte*>(store->owned.data()), nullptr, 0};
   p.store = std::move(store);
   return p;
+}
+
+KeptBytes::Piece KeptBytes::ownedCopy(std::span<const std::byte> data) {
+  return ownedPiece(std::string(reinterpret_cast<const char*>(data.data()), data.size()));
 }
 
 template <class Pieces>
@@ -59,13 +63,10 @@ void KeptBytes::small(uint64_t offset, uint64_t length, const std::byte* data, u
                        it->second.bytes && it->second.store && it->second.store.use_count() == 1 &&
                        it->second.store->body.data() == nullptr;
   if (!inPlace) {  // the block's bytes as one owned piece, first
-    auto store = std::make_shared<Store>();
-    store->owned.resize(blockEnd - block);
-    copyOut(block, {reinterpret_cast<std::byte*>(store->owned.data()), store->owned.size()});
+    std::string bytes(blockEnd - block, '\0');
+    copyOut(block, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
     carve(block, blockEnd);
-    Piece p{blockEnd - block, reinterpret_cast<const std::byte*>(store->owned.data()), nullptr, 0};
-    p.store = std::move(store);
-    it = pieces_.emplace(block, std::move(p)).first;
+    it = pieces_.emplace(block, ownedPiece(std::move(bytes))).first;
   }
   // Exclusively this piece's (use_count 1, its own string): written in place.
   auto* at = const_cast<std::byte*>(it->second.bytes) + (offset - it->first);

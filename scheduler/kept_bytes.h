@@ -72,6 +72,8 @@ class KeptBytes {
   // Keeps `length` bytes of `piece` from `skip` at `at` (a fragment of a shared body
   // under half that body's bytes is copied out).
   void keep(uint64_t at, const Piece& piece, uint64_t skip, uint64_t length);
+  // A piece of its own over `bytes` (moved in), or over a copy of `data`.
+  static Piece ownedPiece(std::string bytes);
   static Piece ownedCopy(std::span<const std::byte> data);
   // The first piece of `pieces` (pieces_, const or not) that may overlap [offset, ...).
   template <class Pieces>
