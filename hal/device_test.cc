@@ -324,6 +324,52 @@ TEST_P(Conformance, AMatmulPastTheTiledSizeWithRaggedEdgesMatchesReference) {
   expectBatchedMatmul(readFloats(*out, B * m * n), a, bt, c, B, m, n, k);
 }
 
+// out [B, m, n] with neighbouring columns (what an OpenCL CPU card runs as column vectors,
+// rc_matmul_vec), b laid out [B, k, n] (neighbouring columns too) or [B, n, k] (its
+// columns apart: laid out as rows first, rc_matmul_b_rows), rows and columns that fill
+// neither its blocks of 4 rows nor of 16 columns, k under and over the four running
+// sums' 256: the reference's results; on OpenCL, bit for bit the results of the same
+// matmul written into a transposed output (rc_matmul: the kernels sum each output in one
+// order). The CPU card runs some of these as a gemm, in another order.
+TEST_P(Conformance, AMatmulIntoNeighbouringColumnsMatchesReferenceAndTheTransposedOutput) {
+  const uint64_t B = 2, m = 10, n = 37;
+  for (uint64_t k : {37, 301})
+    for (bool bColumnsApart : {false, true}) {
+      SCOPED_TRACE("k " + std::to_string(k) + (bColumnsApart ? ", b [B, n, k]" : ", b [B, k, n]"));
+      auto a = randomFloats(B * m * k, 61), bt = randomFloats(B * n * k, 62), c = randomFloats(B * m * n, 63);
+      std::vector<float> bkn(B * k * n), ct(B * m * n);
+      for (uint64_t e = 0; e < B; ++e) {
+        for (uint64_t q = 0; q < k; ++q)
+          for (uint64_t j = 0; j < n; ++j) bkn[(e * k + q) * n + j] = bt[(e * n + j) * k + q];
+        for (uint64_t i = 0; i < m; ++i)
+          for (uint64_t j = 0; j < n; ++j) ct[(e * n + j) * m + i] = c[(e * m + i) * n + j];
+      }
+      auto ba = floats(a), bb = floats(bColumnsApart ? bt : bkn), rows = floats(c), columns = floats(ct);
+      auto op = [&](Buffer* out, bool transposed) {
+        auto o = tensorOp(TensorFn::matmul, {B, m, n, k},
+                          {transposed ? view(out, 0, {m * n, 1, m, 0}) : view(out, 0, {m * n, n, 1, 0}),
+                           view(ba.get(), 0, {m * k, k, 0, 1}),
+                           bColumnsApart ? view(bb.get(), 0, {n * k, 0, k, 1}) : view(bb.get(), 0, {k * n, 0, 1, n})});
+        o.alpha = 0.5f, o.beta = 1;
+        return o;
+      };
+      auto s = device->tensor(op(rows.get(), false));
+      if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+      ASSERT_TRUE(s) << s.error().message;
+      auto got = readFloats(*rows, B * m * n);
+      expectBatchedMatmul(got, a, bt, c, B, m, n, k);
+      ASSERT_TRUE(device->tensor(op(columns.get(), true)));
+      auto transposed = readFloats(*columns, B * m * n);
+      std::vector<float> same(transposed.size());
+      for (uint64_t e = 0; e < B; ++e)
+        for (uint64_t i = 0; i < m; ++i)
+          for (uint64_t j = 0; j < n; ++j) same[(e * m + i) * n + j] = transposed[(e * n + j) * m + i];
+      expectBatchedMatmul(same, a, bt, c, B, m, n, k);
+      if (GetParam().name.rfind("opencl", 0) != 0) continue;
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], same[i]) << "element " << i;
+    }
+}
+
 // Maps over permuted and broadcast views in 2, 3 and 4 dimensions (an attention's head
 // permutes, a batch norm's scale, max pooling's backward), on [B, H, T, D] and its last
 // dimensions: a read permuted from [B, T, H, D], b broadcast along all but its last

@@ -226,6 +226,7 @@ class OpenclDevice final : public Device {
     builtins_.reset();
     tensorKernels_.reset();
     if (partials_) clReleaseMemObject(partials_);
+    if (scratch_) clReleaseMemObject(scratch_);
     clReleaseCommandQueue(queue_);
     clReleaseContext(context_);
   }
@@ -235,6 +236,7 @@ class OpenclDevice final : public Device {
     if (!program) return fail(program.error().code, "building the built-in kernels: " + program.error().message);
     builtins_.reset(static_cast<ClProgram*>(program->release()));
     groups256_ = deviceValue<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE) >= 256;
+    cpu_ = (deviceValue<cl_device_type>(device_, CL_DEVICE_TYPE) & CL_DEVICE_TYPE_CPU) != 0;
     baseAlign_ = std::max<uint64_t>(1, deviceValue<cl_uint>(device_, CL_DEVICE_MEM_BASE_ADDR_ALIGN) / 8);
     addressBytes_ = std::max<cl_uint>(4, deviceValue<cl_uint>(device_, CL_DEVICE_ADDRESS_BITS) / 8);
     cl_int rc = CL_SUCCESS;
@@ -515,6 +517,9 @@ class OpenclDevice final : public Device {
     // k: below that staging tiles and the work-groups' barriers cost more than the reuse
     // saves (the reference CNN's matmuls, 16 to 72 wide, ran 2-5x slower tiled than
     // rc_matmul's four running sums).
+    if (TensorFn(op.geom.fn) == TensorFn::matmul && cpu_ && op.geom.shape[d + 1] >= kVecColumns &&
+        op.geom.stride[0][d + 1] == 1)
+      if (auto s = matmulVec(op); !s || *s) return s ? Status{} : fail(s.error());
     const bool tiles = TensorFn(op.geom.fn) == TensorFn::matmul && groups256_ && op.geom.shape[d] >= kTiledFrom &&
                        op.geom.shape[d + 1] >= kTiledFrom && op.geom.inner >= kTiledFrom;
     if (tiles) {
@@ -541,6 +546,40 @@ class OpenclDevice final : public Device {
     size_t global[1] = {roundUp(static_cast<uint64_t>(op.geom.n), 64)};
     return runIn(*tensorKernels_, fast ? fast : tensorKernelName(TensorFn(op.geom.fn)), 1, global, nullptr, op.geom,
                  memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
+  }
+  // A matmul as rc_matmul_vec (out's columns neighbours): true when it ran. b's columns
+  // that are not neighbours are laid out as rows first (rc_matmul_b_rows, into scratch_
+  // of at most kScratchBytes; false past that: rc_matmul reads b as it is).
+  Result<bool> matmulVec(const LoweredTensorOp& op) {
+    const int d = int(op.geom.dims) - 3;
+    const uint64_t rows = uint64_t(op.geom.shape[d]), cols = uint64_t(op.geom.shape[d + 1]), k = uint64_t(op.geom.inner);
+    const uint64_t entries = d ? uint64_t(op.geom.shape[0]) : 1;
+    kernels::RcGeom geom = op.geom;
+    cl_mem b = memOf(*op.buffers[2]);
+    if (geom.stride[2][d + 1] != 1) {
+      if (k == 0 || cols > kScratchBytes / 4 / k / entries) return false;
+      const uint64_t bytes = entries * k * cols * 4;
+      if (bytes > scratchBytes_) {
+        if (scratch_) clReleaseMemObject(scratch_);
+        cl_int rc = CL_SUCCESS;
+        scratch_ = clCreateBuffer(context_, CL_MEM_READ_WRITE, bytes, nullptr, &rc);
+        scratchBytes_ = rc == CL_SUCCESS ? bytes : 0;
+        if (rc != CL_SUCCESS) return fail(check(rc, "allocating matmul scratch").error());
+      }
+      size_t global[3] = {size_t(cols), size_t(k), size_t(entries)};
+      if (auto s = runIn(*tensorKernels_, "rc_matmul_b_rows", 3, global, nullptr, op.geom, scratch_, b); !s)
+        return fail(s.error());
+      geom.offset[2] = 0;
+      geom.stride[2][0] = int64_t(k * cols);
+      geom.stride[2][d + 1] = 1;
+      geom.stride[2][d + 2] = int64_t(cols);
+      b = scratch_;
+    }
+    size_t global[3] = {size_t((cols + kVecColumns - 1) / kVecColumns), size_t((rows + kVecRows - 1) / kVecRows), size_t(entries)};
+    auto& u = op.buffers;
+    if (auto s = runIn(*tensorKernels_, "rc_matmul_vec", 3, global, nullptr, geom, memOf(*u[0]), memOf(*u[1]), b, memOf(*u[3])); !s)
+      return fail(s.error());
+    return true;
   }
   Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) override {
     size_t global[1] = {kPartials};
@@ -820,9 +859,14 @@ class OpenclDevice final : public Device {
   std::unique_ptr<ClProgram> builtins_;
   std::unique_ptr<ClProgram> tensorKernels_;
   static constexpr int64_t kTiledFrom = 64;
+  static constexpr int64_t kVecColumns = 16, kVecRows = 4;  // rc_matmul_vec's RC_VCOLS, RC_VROWS
   cl_mem partials_ = nullptr;
+  static constexpr uint64_t kScratchBytes = 16 << 20;
+  cl_mem scratch_ = nullptr;  // matmulVec's b laid out as rows
+  uint64_t scratchBytes_ = 0;
   cl_event gate_ = nullptr;  // plug()'s user event, while plugged
   bool groups256_ = false;  // the device takes work-groups of 256: 16 x 16 tiles (gemm, matmul), 256-wide sums
+  bool cpu_ = false;        // a CPU device (PoCL): matmuls as explicit vectors (rc_matmul_vec)
 };
 
 }  // namespace
