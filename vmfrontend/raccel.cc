@@ -679,8 +679,9 @@ void Session::reduceSum(uint64_t n, Handle input, Handle out) {
 
 Status Session::flush() {
   sendHeld();
-  return impl_->link.flush();
+  return sendQueued();
 }
+Status Session::sendQueued() { return impl_->link.flush(); }
 
 Status Session::fence() {
   SmallMessage m;

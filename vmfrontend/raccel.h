@@ -239,6 +239,8 @@ class Session {
   void onError(std::function<void(uint64_t, const Error&)> listener) { errorListener_ = std::move(listener); }
   // Sends whatever is queued without waiting.
   Status flush();
+  // The same but for the held tensor op, which may still fuse with the next.
+  Status sendQueued();
 
   // Typed conveniences.
   void writeFloats(Handle buffer, const std::vector<float>& values) { write(buffer, 0, std::as_bytes(std::span(values))); }
