@@ -535,6 +535,13 @@ class OpenclDevice final : public Device {
       return runIn(*tensorKernels_, "rc_sum_groups", 1, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
                    memOf(*b[3]));
     }
+    if (cpu_ && oneGatherVec(op.geom)) {  // rc_gather_one_vec: an im2col as vectors (1 to 4 kept dimensions)
+      const int kept = int(op.geom.dims) - 2;
+      size_t grid[3] = {size_t((op.geom.shape[kept - 1] + kVecColumns - 1) / kVecColumns),
+                        kept > 1 ? size_t(op.geom.shape[kept - 2]) : 1, kept > 2 ? size_t(op.geom.shape[kept - 3]) : 1};
+      return runIn(*tensorKernels_, "rc_gather_one_vec", 3, grid, nullptr, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
+                   memOf(*b[3]));
+    }
     const char* fast = fastMapKernel(op.geom);
     if (!fast && typedGridMap(op.geom)) fast = "rc_grid_typed";
     if (fast && op.geom.dims > 1) {  // a grid: the last dimension first
@@ -608,6 +615,15 @@ class OpenclDevice final : public Device {
     for (unsigned i = 0; i < tensorFnOperands(TensorFn(g.fn)); ++i)
       if (g.type[i] != int(TensorType::f32) || (g.dims == 1 && g.stride[i][0] != 1)) return nullptr;
     return g.dims == 1 ? f->flat : f->grid;
+  }
+
+  // A gatherSum of one pick an output whose output and index are contiguous along the last
+  // of its 1 to 4 kept dimensions, at least kVecColumns long (an im2col): rc_gather_one_vec.
+  static bool oneGatherVec(const kernels::RcGeom& g) {
+    if (TensorFn(g.fn) != TensorFn::gatherSum || g.dims < 3 || g.dims > 6 || g.inner != 1) return false;
+    const int last = int(g.dims) - 3;
+    return g.type[0] == int(TensorType::f32) && g.type[1] == int(TensorType::f32) && g.shape[last] >= kVecColumns &&
+           g.stride[0][last] == 1 && g.stride[2][last] == 1;
   }
 
   // A map rc_map would run through its typed path (rc_map_typed: an operand not f32, a
