@@ -513,13 +513,14 @@ class OpenclDevice final : public Device {
     if (auto s = buildTensorKernels(); !s) return s;
     auto& b = op.buffers;
     const int d = int(op.geom.dims) - 3;
+    // On a CPU device, rc_matmul_vec (matmulVec) where out's columns allow it.
+    if (TensorFn(op.geom.fn) == TensorFn::matmul && cpu_ && op.geom.shape[d + 1] >= kVecColumns &&
+        op.geom.stride[0][d + 1] == 1)
+      if (auto s = matmulVec(op); !s || *s) return s ? Status{} : fail(s.error());
     // rc_matmul_tiled, in 16 x 16 work-groups, for entries of at least 64 rows, columns and
     // k: below that staging tiles and the work-groups' barriers cost more than the reuse
     // saves (the reference CNN's matmuls, 16 to 72 wide, ran 2-5x slower tiled than
     // rc_matmul's four running sums).
-    if (TensorFn(op.geom.fn) == TensorFn::matmul && cpu_ && op.geom.shape[d + 1] >= kVecColumns &&
-        op.geom.stride[0][d + 1] == 1)
-      if (auto s = matmulVec(op); !s || *s) return s ? Status{} : fail(s.error());
     const bool tiles = TensorFn(op.geom.fn) == TensorFn::matmul && groups256_ && op.geom.shape[d] >= kTiledFrom &&
                        op.geom.shape[d + 1] >= kTiledFrom && op.geom.inner >= kTiledFrom;
     if (tiles) {
