@@ -672,6 +672,47 @@ TEST_P(Conformance, TensorMapsTakeAFusedScaleBeforeAndAfter) {
   refused(nan, "not a finite number");
 }
 
+// GELU and its backward over contiguous operands (the flat kernels; an OpenCL CPU card
+// runs them as vectors of 16): both forms, at offsets into their buffers, with fused
+// scales, over 2 whole vectors and 5 more, and over fewer than one vector.
+TEST_P(Conformance, GeluAndItsBackwardOverContiguousOperandsMatchReferenceWithFusedScales) {
+  const uint64_t at = 3, n = 37;
+  auto x = randomFloats(at + n, 61), g = randomFloats(at + n, 62);
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= 2;  // -4 to 4: both tails of erf
+  const std::vector<float> fresh(at + n, -9.0f);
+  auto bx = floats(x), bg = floats(g), out = floats(fresh);
+  auto erfGelu = [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); };
+  auto erfGrad = [](double v) { return 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI); };
+  auto tanhInner = [](double v) { return std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)); };
+  auto tanhGelu = [&](double v) { return 0.5 * v * (1 + tanhInner(v)); };
+  auto tanhGrad = [&](double v) {
+    const double t = tanhInner(v);
+    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * v * v);
+  };
+  for (uint64_t count : {n, uint64_t{5}})
+    for (int tanhForm : {0, 1})
+      for (TensorFn fn : {TensorFn::gelu, TensorFn::geluBackward}) {
+        const bool backward = fn == TensorFn::geluBackward;
+        // gelu: out = -2 gelu(0.5 x + 0.25) + 1; backward: out = -2 (0.5 g + 0.25) gelu'(x) + 1
+        auto op = backward ? tensorOp(fn, {count}, {view(out.get(), at, {1}), view(bg.get(), at, {1}), view(bx.get(), at, {1})})
+                           : tensorOp(fn, {count}, {view(out.get(), at, {1}), view(bx.get(), at, {1})});
+        op.alpha = float(tanhForm), op.preScale = 0.5f, op.preShift = 0.25f, op.postScale = -2, op.postShift = 1;
+        auto s = device->tensor(op);
+        if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+        ASSERT_TRUE(s) << s.error().message;
+        auto got = readFloats(*out, at + n);
+        for (uint64_t i = 0; i < at; ++i) ASSERT_EQ(got[i], -9.0f) << "written before its offset: " << i;
+        for (uint64_t i = at; i < at + n; ++i) {
+          const double v = x[i], pre = 0.5 * (backward ? g[i] : x[i]) + 0.25;
+          const double f = backward ? pre * (tanhForm ? tanhGrad(v) : erfGrad(v)) : (tanhForm ? tanhGelu(pre) : erfGelu(pre));
+          const double want = i < at + count ? -2 * f + 1 : -9.0;
+          ASSERT_NEAR(got[i], want, 1e-5 * std::max(1.0, std::fabs(want)))
+              << tensorFnName(fn) << (tanhForm ? " (tanh)" : " (erf)") << " of " << count << ", element " << i - at;
+        }
+        ASSERT_TRUE(device->write(*out, 0, std::as_bytes(std::span(fresh))));
+      }
+}
+
 // Sums of many elements into few outputs (a card with work-group memory sums each output
 // with a work-group): everything into one, and each of 3 channels over a [5, 3, 700]
 // tensor's other dimensions, scaled and added to what was there (alpha, beta).

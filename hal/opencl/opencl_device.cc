@@ -512,16 +512,17 @@ class OpenclDevice final : public Device {
   Status doTensor(const LoweredTensorOp& op) override {
     if (auto s = buildTensorKernels(); !s) return s;
     auto& b = op.buffers;
+    const TensorFn fn = TensorFn(op.geom.fn);
     const int d = int(op.geom.dims) - 3;
     // On a CPU device, rc_matmul_vec (matmulVec) where out's columns allow it.
-    if (TensorFn(op.geom.fn) == TensorFn::matmul && cpu_ && op.geom.shape[d + 1] >= kVecColumns &&
+    if (fn == TensorFn::matmul && cpu_ && op.geom.shape[d + 1] >= kVecColumns &&
         op.geom.stride[0][d + 1] == 1)
       if (auto s = matmulVec(op); !s || *s) return s ? Status{} : fail(s.error());
     // rc_matmul_tiled, in 16 x 16 work-groups, for entries of at least 64 rows, columns and
     // k: below that staging tiles and the work-groups' barriers cost more than the reuse
     // saves (the reference CNN's matmuls, 16 to 72 wide, ran 2-5x slower tiled than
     // rc_matmul's four running sums).
-    const bool tiles = TensorFn(op.geom.fn) == TensorFn::matmul && groups256_ && op.geom.shape[d] >= kTiledFrom &&
+    const bool tiles = fn == TensorFn::matmul && groups256_ && op.geom.shape[d] >= kTiledFrom &&
                        op.geom.shape[d + 1] >= kTiledFrom && op.geom.inner >= kTiledFrom;
     if (tiles) {
       const uint64_t rows = uint64_t(op.geom.shape[d]), cols = uint64_t(op.geom.shape[d + 1]);
@@ -530,7 +531,7 @@ class OpenclDevice final : public Device {
       return runIn(*tensorKernels_, "rc_matmul_tiled", 2, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
                    memOf(*b[3]));
     }
-    if (TensorFn(op.geom.fn) == TensorFn::sum && op.geom.type[1] == int(TensorType::f32) && groups256_ &&
+    if (fn == TensorFn::sum && op.geom.type[1] == int(TensorType::f32) && groups256_ &&
         op.geom.n <= kGroupSumOutputs && op.geom.inner >= kGroupSumElements) {  // rc_sum_groups: a work-group an output
       size_t global[1] = {static_cast<size_t>(op.geom.n) * 256}, local[1] = {256};
       return runIn(*tensorKernels_, "rc_sum_groups", 1, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
@@ -544,6 +545,11 @@ class OpenclDevice final : public Device {
                    memOf(*b[3]));
     }
     const char* fast = fastMapKernel(op.geom);
+    if (cpu_ && fast && op.geom.dims == 1 && (fn == TensorFn::gelu || fn == TensorFn::geluBackward)) {
+      size_t global[1] = {size_t((uint64_t(op.geom.n) + kVecColumns - 1) / kVecColumns)};  // rc_flat_gelu*_vec
+      return runIn(*tensorKernels_, fn == TensorFn::gelu ? "rc_flat_gelu_vec" : "rc_flat_gelu_backward_vec", 1, global,
+                   nullptr, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
+    }
     if (!fast && typedGridMap(op.geom)) fast = "rc_grid_typed";
     if (fast && op.geom.dims > 1) {  // a grid: the last dimension first
       const int dims = int(op.geom.dims);
@@ -552,7 +558,7 @@ class OpenclDevice final : public Device {
       return runIn(*tensorKernels_, fast, 3, grid, nullptr, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
     }
     size_t global[1] = {roundUp(static_cast<uint64_t>(op.geom.n), 64)};
-    return runIn(*tensorKernels_, fast ? fast : tensorKernelName(TensorFn(op.geom.fn)), 1, global, nullptr, op.geom,
+    return runIn(*tensorKernels_, fast ? fast : tensorKernelName(fn), 1, global, nullptr, op.geom,
                  memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
   }
   // A matmul as rc_matmul_vec (out's columns neighbours): true when it ran. b's columns
