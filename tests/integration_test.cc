@@ -257,7 +257,9 @@ TEST_F(Integration, BadInstructionsGetClearErrorsAndTheSessionCarriesOn) {
 
 // Adam's step as raccel.torch sends it, nine elementwise ops over tensors that share one
 // buffer: three fuse into the op before them (exp_avg.mul_(b1).add_(g), exp_avg_sq's
-// mul_ and addcmul_, the denominator's / c then + eps), and every result is the step's.
+// mul_ and addcmul_, the denominator's / c then + eps), and the weight decay's
+// param.mul_ waits past the other tensors' ops for param.addcdiv_ to fuse into it; every
+// result is the step's.
 // An op that reads the held affine's output other than as its first input alone (as its
 // second, or as both) is not fused into it, and sees its result.
 TEST_F(Integration, ElementwiseStepsFuseIntoOneOpWithTheSameResults) {
@@ -297,7 +299,7 @@ TEST_F(Integration, ElementwiseStepsFuseIntoOneOpWithTheSameResults) {
   s->tensor(op(F::affine, {at(5), at(4)}, 1 / c));
   s->tensor(op(F::affine, {at(5), at(5)}, 1, eps));
   s->tensor(op(F::addcdiv, {at(0), at(0), at(1), at(5)}, -step));
-  EXPECT_EQ(s->fusedTensorOps() - before, 3u);
+  EXPECT_EQ(s->fusedTensorOps() - before, 4u);
   auto got = s->readFloats(h, 6 * n);
   ASSERT_TRUE(got) << got.error().message;
   for (uint64_t i = 0; i < n; ++i) {
@@ -324,6 +326,60 @@ TEST_F(Integration, ElementwiseStepsFuseIntoOneOpWithTheSameResults) {
     float want = (g[i] + (*got)[n + i] * 2) * 0.5f * 3 * (1.0f / 3);
     ASSERT_EQ((*after)[n + i], want + want) << i;  // exactly: each step's own rounding
   }
+}
+
+// Held elementwise ops keep the order the program gave wherever memory is shared: an op
+// that reads what a held op writes, or writes what it reads, runs after it (and after
+// the held ops that one must follow); one fused into an earlier held op stays behind the
+// held ops whose results it reads; and ops on other memory pass a held one that waits
+// for its fusion.
+TEST_F(Integration, HeldStepsRunBeforeAnyOpThatTouchesTheirMemory) {
+  auto s = open(cluster->vmSocket(), 1);
+  ASSERT_TRUE(s);
+  const uint64_t n = 100;
+  std::vector<float> all(5 * n);
+  for (uint64_t i = 0; i < all.size(); ++i) all[i] = float(i % 17) - 8.0f;
+  auto h = s->alloc(all.size() * 4);
+  s->writeFloats(h, all);
+  auto at = [&](uint64_t part, uint64_t stride = 1) { return client::TensorOperand{h, part * n, {stride}}; };
+  auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1) {
+    client::TensorOp o;
+    o.fn = fn;
+    o.shape = {n};
+    o.operands = std::move(operands);
+    o.alpha = alpha;
+    return o;
+  };
+  using F = client::TensorFn;
+  const uint64_t before = s->fusedTensorOps();
+  s->tensor(op(F::affine, {at(1), at(1)}, 3));   // x1 = 3 x1: held
+  s->tensor(op(F::affine, {at(0), at(0)}, 2));   // x0 = 2 x0: held beside it
+  s->tensor(op(F::add, {at(1), at(1), at(0)}));  // x1 = x1 + x0: fuses into x1's, which waits past x0's
+  auto sum = op(F::sum, {at(3, 0), at(1)});      // x3[0] = sum of x1: not a map, sent at once, after
+  sum.reduceMask = 1;                            // x1's fused add and the x0 scale that add reads
+  s->tensor(sum);
+  s->tensor(op(F::affine, {at(2), at(2)}, 3));     // x2 = 3 x2: held
+  s->tensor(op(F::affine, {at(0), at(0)}, 5));     // x0 = 5 x0: held beside it
+  s->tensor(op(F::add, {at(2), at(2), at(0)}));    // x2 = x2 + x0: fuses into x2's, after x0's
+  s->tensor(op(F::affine, {at(0), at(0)}, 7));     // x0 = 7 x0: x0's may not wait past that add: not fused
+  s->tensor(op(F::affine, {at(4), at(2)}, 0.5f));  // x4 = x2 / 2: held, reads x2
+  s->tensor(op(F::fill, {at(2)}, 9));              // x2 = 9: not a map, after x4's read
+  auto got = s->readFloats(h, 5 * n);
+  ASSERT_TRUE(got) << got.error().message;
+  EXPECT_EQ(s->fusedTensorOps() - before, 2u);
+  float total = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const float x0 = all[i] * 2, x1 = all[n + i] * 3 + x0;
+    total += x1;  // whole numbers: exact in any order
+    ASSERT_EQ((*got)[i], x0 * 5 * 7) << i;
+    ASSERT_EQ((*got)[n + i], x1) << i;
+    ASSERT_EQ((*got)[2 * n + i], 9.0f) << i;
+    if (i) {
+      ASSERT_EQ((*got)[3 * n + i], all[3 * n + i]) << i;
+    }
+    ASSERT_EQ((*got)[4 * n + i], (all[2 * n + i] * 3 + x0 * 5) * 0.5f) << i;
+  }
+  EXPECT_EQ((*got)[3 * n], total);
 }
 
 TEST_F(Integration, MalformedFramesCloseOnlyTheirChannel) {

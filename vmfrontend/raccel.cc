@@ -94,12 +94,15 @@ std::string VaccelInfo::describe() const {
   return out.str();
 }
 
+constexpr size_t kHeldOps = 8;
+
 struct Session::Impl {
   transport::BlockingLink link;
   int timeoutMs = 0;
-  // An elementwise tensor op held back for one call: the next may fuse into it
-  // (Session::tensor); anything else sends it first.
-  std::optional<TensorOp> held;
+  // Elementwise tensor ops held back, in the order given (Session::tensor): a later op
+  // may fuse into one of them; one that touches their memory sends those it must follow
+  // first, and anything else sends them all.
+  std::vector<TensorOp> held;
   uint64_t fused = 0;
 };
 
@@ -516,15 +519,44 @@ bool fusible(const TensorOp& op) {
 bool sameView(const TensorOperand& a, const TensorOperand& b) {
   return a.buffer == b.buffer && a.offset == b.offset && a.strides == b.strides && a.type == b.type;
 }
-// Whether two f32 views over `shape` may touch a common element of one buffer.
-bool overlap(const TensorOperand& a, const TensorOperand& b, const std::vector<uint64_t>& shape) {
+// Whether two views, a over shapeA and b over shapeB, may touch a common byte of one
+// buffer: their spans from first to last byte meet. A view whose strides do not match
+// its shape (a reduction's, a matmul's) spans its whole buffer.
+bool overlap(const TensorOperand& a, const std::vector<uint64_t>& shapeA, const TensorOperand& b,
+             const std::vector<uint64_t>& shapeB) {
   if (a.buffer != b.buffer) return false;
-  auto last = [&](const TensorOperand& o) {
+  struct Span {
+    uint64_t first, last;
+  };
+  auto span = [](const TensorOperand& o, const std::vector<uint64_t>& shape) {
+    if (o.strides.size() != shape.size()) return Span{0, UINT64_MAX};
+    const uint64_t size = o.type == TensorType::i64 ? 8 : o.type == TensorType::f32 ? 4 : 1;
     uint64_t at = o.offset;
     for (size_t d = 0; d < shape.size(); ++d) at = limits::satAdd(at, limits::satMul(shape[d] ? shape[d] - 1 : 0, o.strides[d]));
-    return at;
+    return Span{limits::satMul(o.offset, size), limits::satAdd(limits::satMul(at, size), size - 1)};
   };
-  return a.offset <= last(b) && b.offset <= last(a);
+  const Span x = span(a, shapeA), y = span(b, shapeB);
+  return x.first <= y.last && y.first <= x.last;
+}
+bool overlap(const TensorOperand& a, const TensorOperand& b, const std::vector<uint64_t>& shape) {
+  return overlap(a, shape, b, shape);
+}
+// Whether `later` must run after `held` (a held map, which writes its operand 0 only): it
+// touches what held writes, or may write what held reads (any of its operands may be
+// written: it need not be a map).
+bool mustFollow(const TensorOp& held, const TensorOp& later) {
+  for (size_t i = 0; i < held.operands.size(); ++i)
+    for (auto& o : later.operands)
+      if (overlap(held.operands[i], held.shape, o, later.shape)) return true;
+  return false;
+}
+// Whether two held maps must keep their order: one writes what the other touches.
+bool ordered(const TensorOp& a, const TensorOp& b) {
+  for (auto& o : b.operands)
+    if (overlap(a.operands[0], a.shape, o, b.shape)) return true;
+  for (auto& o : a.operands)
+    if (overlap(b.operands[0], b.shape, o, a.shape)) return true;
+  return false;
 }
 
 // Folds `next` into `held` where one op computes both (schema/guest.capnp's pre- and
@@ -558,21 +590,46 @@ bool fuseInto(TensorOp& held, const TensorOp& next) {
 }
 }  // namespace
 
+// The latest held op that `op` fuses into (fuseInto), where that op may wait behind the
+// ones held after it, becomes the fused op at the end. Otherwise the held ops `op` must
+// follow go first (with the earlier held ops they must follow), and op is held (a map) or
+// sent; the held ops it does not touch stay held, so that an in-place step (AdamW's
+// param.mul_(1 - lr * wd)) can wait past other tensors' ops for the op that fuses into it
+// (param.addcdiv_). At most kHeldOps are held: the oldest goes when one more comes.
 void Session::tensor(const TensorOp& op) {
-  if (impl_->held && fuseInto(*impl_->held, op)) {
+  auto& held = impl_->held;
+  for (size_t i = held.size(); i-- > 0;) {
+    TensorOp candidate = held[i];
+    if (!fuseInto(candidate, op)) continue;
+    bool canWait = true;
+    for (size_t j = i + 1; j < held.size() && canWait; ++j) canWait = !ordered(held[i], held[j]);
+    if (!canWait) continue;
+    held.erase(held.begin() + long(i));
+    held.push_back(std::move(candidate));
     ++impl_->fused;
     return;
   }
-  sendHeld();
-  if (fusible(op)) impl_->held = op;
-  else queueTensor(op);
+  std::vector<bool> first(held.size());
+  for (size_t i = held.size(); i-- > 0;) {
+    first[i] = mustFollow(held[i], op);
+    for (size_t j = i + 1; j < held.size() && !first[i]; ++j) first[i] = first[j] && ordered(held[i], held[j]);
+  }
+  std::vector<TensorOp> kept;
+  for (size_t i = 0; i < held.size(); ++i)
+    if (first[i]) queueTensor(held[i]);
+    else kept.push_back(std::move(held[i]));
+  held = std::move(kept);
+  if (!fusible(op)) return queueTensor(op);
+  held.push_back(op);
+  if (held.size() > kHeldOps) {
+    queueTensor(held.front());
+    held.erase(held.begin());
+  }
 }
 
 void Session::sendHeld() {
-  if (!impl_->held) return;
-  const TensorOp op = std::move(*impl_->held);
-  impl_->held.reset();
-  queueTensor(op);
+  for (auto& op : impl_->held) queueTensor(op);
+  impl_->held.clear();
 }
 
 void Session::queueTensor(const TensorOp& op) {

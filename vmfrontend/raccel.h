@@ -209,10 +209,12 @@ class Session {
   void vadd(uint64_t n, Handle a, Handle b, Handle out);
   void reduceSum(uint64_t n, Handle input, Handle out);
   // Asynchronous like the other ops; a bad op is reported by fence() with the card's reason.
-  // An elementwise op over f32 is held back until the next call: an elementwise step
-  // right after it on the same output (an in-place scale of its result, or an op that
-  // reads the result of an in-place affine as its first input, as in Adam's
-  // exp_avg.mul_(b1).add_(g, 1 - b1)) fuses into it and both go as one op.
+  // An elementwise op over f32 is held back: a later elementwise step on the same output
+  // (an in-place scale of its result, or an op that reads the result of an in-place
+  // affine as its first input, as in Adam's exp_avg.mul_(b1).add_(g, 1 - b1)) fuses into
+  // it and both go as one op, also past ops on other memory in between (AdamW's
+  // param.mul_(1 - lr * wd) with its param.addcdiv_). An op that touches a held op's
+  // memory sends that one first; any other call sends them all.
   void tensor(const TensorOp& op);
   // Tensor ops that went fused into the one before them, so far.
   uint64_t fusedTensorOps() const;
@@ -239,7 +241,7 @@ class Session {
   void onError(std::function<void(uint64_t, const Error&)> listener) { errorListener_ = std::move(listener); }
   // Sends whatever is queued without waiting.
   Status flush();
-  // The same but for the held tensor op, which may still fuse with the next.
+  // The same but for the held tensor ops, which may still fuse with later ones.
   Status sendQueued();
 
   // Typed conveniences.
@@ -255,10 +257,10 @@ class Session {
   Session();
   struct Impl;
   Handle newHandle();
-  // Queues one instruction (after the held tensor op); returns its sequence number.
+  // Queues one instruction (after the held tensor ops); returns its sequence number.
   uint64_t queue(capnp::MessageBuilder& message);
   uint64_t queueNow(capnp::MessageBuilder& message);
-  void sendHeld();  // the held tensor op, if any
+  void sendHeld();  // the held tensor ops, in order
   void queueTensor(const TensorOp& op);
   void noteError(const Error& error);
   // Receives until `handle` says the awaited answer is complete (true); error replies are
