@@ -16,10 +16,7 @@
 
 #include "common/error.h"
 #include "transport/blocking_link.h"
-
-namespace raccel::client {
-class Session;
-}
+#include "vmfrontend/raccel.h"
 
 namespace raccel::testing {
 
@@ -88,6 +85,17 @@ class Process {
   pid_t pid_ = -1;
   std::string log_;
 };
+
+// A tensor op over `n` elements (shape {n}) of the given operands, the output first.
+inline client::TensorOp vectorOp(client::TensorFn fn, uint64_t n, std::vector<client::TensorOperand> operands, float alpha = 1,
+                                 float beta = 0) {
+  client::TensorOp o;
+  o.fn = fn;
+  o.shape = {n};
+  o.operands = std::move(operands);
+  o.alpha = alpha, o.beta = beta;
+  return o;
+}
 
 // n floats uniform in [-1, 1), the same for the same seed.
 inline std::vector<float> randomFloats(size_t n, unsigned seed) {

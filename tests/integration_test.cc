@@ -280,12 +280,7 @@ TEST_F(Integration, ElementwiseStepsFuseIntoOneOpWithTheSameResults) {
   s->writeFloats(h, all);
   auto at = [&](uint64_t part) { return client::TensorOperand{h, part * n, {1}}; };
   auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1, float beta = 0) {
-    client::TensorOp o;
-    o.fn = fn;
-    o.shape = {n};
-    o.operands = std::move(operands);
-    o.alpha = alpha, o.beta = beta;
-    return o;
+    return vectorOp(fn, n, std::move(operands), alpha, beta);
   };
   const float lr = 1e-2f, wd = 1e-2f, b1 = 0.9f, b2 = 0.999f, c = 0.3f, eps = 1e-8f, step = 0.05f;
   using F = client::TensorFn;
@@ -342,13 +337,8 @@ TEST_F(Integration, HeldStepsRunBeforeAnyOpThatTouchesTheirMemory) {
   auto h = s->alloc(all.size() * 4);
   s->writeFloats(h, all);
   auto at = [&](uint64_t part, uint64_t stride = 1) { return client::TensorOperand{h, part * n, {stride}}; };
-  auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1) {
-    client::TensorOp o;
-    o.fn = fn;
-    o.shape = {n};
-    o.operands = std::move(operands);
-    o.alpha = alpha;
-    return o;
+  auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1, float beta = 0) {
+    return vectorOp(fn, n, std::move(operands), alpha, beta);
   };
   using F = client::TensorFn;
   const uint64_t before = s->fusedTensorOps();

@@ -620,13 +620,8 @@ TEST(Graph, TensorOpsRunInAGraphAcrossTheCardsExactly) {
   s->writeFloats(hx, x);
   s->writeFloats(hy, y);
   auto view = [&](client::Handle h) { return client::TensorOperand{h, 0, {1}}; };
-  auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1) {
-    client::TensorOp o;
-    o.fn = fn;
-    o.shape = {n};
-    o.operands = std::move(operands);
-    o.alpha = alpha;
-    return o;
+  auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1, float beta = 0) {
+    return vectorOp(fn, n, std::move(operands), alpha, beta);
   };
   for (auto placement : {client::Graph::Placement::roundRobin, client::Graph::Placement::fewestBytes}) {
     // a = x * y and b = x + 2y, independent; c = a + b; d = c + x (built-in); s = sum of d.
