@@ -372,6 +372,47 @@ TEST_F(Integration, HeldStepsRunBeforeAnyOpThatTouchesTheirMemory) {
   EXPECT_EQ((*got)[3 * n], total);
 }
 
+// A fill (zero_grad's) is held until an op touches its memory: an add onto it in place
+// goes as one affine of the addend with the same bits (a -0 addend onto a 0 fill still
+// gives +0); an op that reads it (a map, held too, or a sum, sent at once), or an add
+// that reads it twice, gets the fill first; a fill nothing touched is done before a read.
+TEST_F(Integration, AHeldFillGoesBeforeWhatTouchesItAndAnAddOntoItIsOneAffine) {
+  auto s = open(cluster->vmSocket(), 1);
+  ASSERT_TRUE(s);
+  const uint64_t n = 64;
+  std::vector<float> all(7 * n);
+  for (uint64_t i = 0; i < all.size(); ++i) all[i] = float(i % 13) - 6.0f;
+  for (uint64_t i = 0; i < n; i += 8) all[3 * n + i] = -0.0f;
+  auto h = s->alloc(all.size() * 4);
+  s->writeFloats(h, all);
+  auto at = [&](uint64_t part, uint64_t stride = 1) { return client::TensorOperand{h, part * n, {stride}}; };
+  using F = client::TensorFn;
+  const uint64_t before = s->fusedTensorOps();
+  s->tensor(vectorOp(F::fill, n, {at(0)}, 0));                 // x0 = 0: held
+  s->tensor(vectorOp(F::fill, n, {at(1)}, 2));                 // x1 = 2: held
+  s->tensor(vectorOp(F::fill, n, {at(2)}, 1));                 // x2 = 1: held
+  s->tensor(vectorOp(F::fill, n, {at(5)}, 7));                 // x5 = 7: held, touched by nothing
+  s->tensor(vectorOp(F::add, n, {at(0), at(0), at(3)}, 3));    // x0 = x0 + 3 x3: one affine, 3 x3 + 0
+  s->tensor(vectorOp(F::copy, n, {at(4), at(1)}));             // x4 = x1: after x1's fill
+  auto sum = vectorOp(F::sum, n, {at(6, 0), at(1)});           // x6[0] = sum of x1: after x1's fill
+  sum.reduceMask = 1;
+  s->tensor(sum);
+  s->tensor(vectorOp(F::add, n, {at(2), at(2), at(2)}));       // x2 = x2 + x2: after x2's fill
+  auto got = s->readFloats(h, 7 * n);
+  ASSERT_TRUE(got) << got.error().message;
+  EXPECT_EQ(s->fusedTensorOps() - before, 1u);
+  for (uint64_t i = 0; i < n; ++i) {
+    const float x0 = 0.0f + 3 * all[3 * n + i];
+    ASSERT_EQ((*got)[i], x0) << i;
+    ASSERT_EQ(std::signbit((*got)[i]), std::signbit(x0)) << i;
+    ASSERT_EQ((*got)[n + i], 2.0f) << i;
+    ASSERT_EQ((*got)[2 * n + i], 2.0f) << i;
+    ASSERT_EQ((*got)[4 * n + i], 2.0f) << i;
+    ASSERT_EQ((*got)[5 * n + i], 7.0f) << i;
+  }
+  EXPECT_EQ((*got)[6 * n], 2.0f * n);
+}
+
 TEST_F(Integration, MalformedFramesCloseOnlyTheirChannel) {
   auto bystander = open(cluster->vmSocket(), 1, {}, "bystander");
   ASSERT_TRUE(bystander);

@@ -94,7 +94,7 @@ std::string VaccelInfo::describe() const {
   return out.str();
 }
 
-constexpr size_t kHeldOps = 8;
+constexpr size_t kHeldOps = 8, kHeldFills = 64;
 
 struct Session::Impl {
   transport::BlockingLink link;
@@ -103,6 +103,7 @@ struct Session::Impl {
   // may fuse into one of them; one that touches their memory sends those it must follow
   // first, and anything else sends them all.
   std::vector<TensorOp> held;
+  std::vector<HeldFill> fills;  // fills held apart (Session::passFills)
   uint64_t fused = 0;
 };
 
@@ -519,24 +520,24 @@ bool fusible(const TensorOp& op) {
 bool sameView(const TensorOperand& a, const TensorOperand& b) {
   return a.buffer == b.buffer && a.offset == b.offset && a.strides == b.strides && a.type == b.type;
 }
-// Whether two views, a over shapeA and b over shapeB, may touch a common byte of one
-// buffer: their spans from first to last byte meet. A view whose strides do not match
-// its shape (a reduction's, a matmul's) spans its whole buffer.
+// The bytes of its buffer that a view over `shape` may touch, from first to last. A view
+// whose strides do not match its shape (a reduction's, a matmul's) spans its whole buffer.
+struct Span {
+  Handle buffer;
+  uint64_t first, last;
+};
+Span spanOf(const TensorOperand& o, const std::vector<uint64_t>& shape) {
+  if (o.strides.size() != shape.size()) return Span{o.buffer, 0, UINT64_MAX};
+  const uint64_t size = o.type == TensorType::i64 ? 8 : o.type == TensorType::f32 ? 4 : 1;
+  uint64_t at = o.offset;
+  for (size_t d = 0; d < shape.size(); ++d) at = limits::satAdd(at, limits::satMul(shape[d] ? shape[d] - 1 : 0, o.strides[d]));
+  return Span{o.buffer, limits::satMul(o.offset, size), limits::satAdd(limits::satMul(at, size), size - 1)};
+}
+bool meet(const Span& a, const Span& b) { return a.buffer == b.buffer && a.first <= b.last && b.first <= a.last; }
+// Whether two views, a over shapeA and b over shapeB, may touch a common byte.
 bool overlap(const TensorOperand& a, const std::vector<uint64_t>& shapeA, const TensorOperand& b,
              const std::vector<uint64_t>& shapeB) {
-  if (a.buffer != b.buffer) return false;
-  struct Span {
-    uint64_t first, last;
-  };
-  auto span = [](const TensorOperand& o, const std::vector<uint64_t>& shape) {
-    if (o.strides.size() != shape.size()) return Span{0, UINT64_MAX};
-    const uint64_t size = o.type == TensorType::i64 ? 8 : o.type == TensorType::f32 ? 4 : 1;
-    uint64_t at = o.offset;
-    for (size_t d = 0; d < shape.size(); ++d) at = limits::satAdd(at, limits::satMul(shape[d] ? shape[d] - 1 : 0, o.strides[d]));
-    return Span{limits::satMul(o.offset, size), limits::satAdd(limits::satMul(at, size), size - 1)};
-  };
-  const Span x = span(a, shapeA), y = span(b, shapeB);
-  return x.first <= y.last && y.first <= x.last;
+  return meet(spanOf(a, shapeA), spanOf(b, shapeB));
 }
 bool overlap(const TensorOperand& a, const TensorOperand& b, const std::vector<uint64_t>& shape) {
   return overlap(a, shape, b, shape);
@@ -588,16 +589,78 @@ bool fuseInto(TensorOp& held, const TensorOp& next) {
   held = std::move(fused);
   return true;
 }
+
+// A fill of f32 memory whose strides match its shape, unscaled: one that can be held
+// until an op touches its memory.
+bool holdableFill(const TensorOp& op) {
+  return op.fn == TensorFn::fill && unscaled(op) && op.operands.size() == 1 && op.operands[0].type == TensorType::f32 &&
+         op.operands[0].strides.size() == op.shape.size();
+}
+// An add onto what a fill of v wrote, in place and reading nothing else of it (a
+// gradient's grad += g after zero_grad's fill): one affine of the addend, k g + v, which
+// is v + k g to the bit (an addition's operands commute, and both are a product plus a
+// term where a compiler contracts them).
+std::optional<TensorOp> addOntoFill(const TensorOp& fill, const TensorOp& next) {
+  const TensorOperand& out = fill.operands[0];
+  if (next.fn != TensorFn::add || !fusible(next) || !unscaled(next) || next.shape != fill.shape ||
+      !sameView(next.operands[0], out) || !sameView(next.operands[1], out) || overlap(next.operands[2], out, next.shape))
+    return std::nullopt;
+  TensorOp affine = next;
+  affine.fn = TensorFn::affine;
+  affine.operands = {out, next.operands[2]};
+  affine.beta = fill.alpha;
+  return affine;
+}
 }  // namespace
+
+struct Session::HeldFill {
+  TensorOp op;
+  Span span;
+};
+
+// A fill (zero_grad's) is held apart until an op touches its memory: an add onto it in
+// place becomes one affine (addOntoFill); anything else sends it first. At most
+// kHeldFills are held: the oldest goes when one more comes.
+const TensorOp* Session::passFills(const TensorOp& op, std::optional<TensorOp>& rewritten) {
+  auto& fills = impl_->fills;
+  if (fills.empty()) return &op;
+  for (size_t i = 0; i < fills.size(); ++i)
+    if ((rewritten = addOntoFill(fills[i].op, op))) {
+      fills.erase(fills.begin() + long(i));
+      ++impl_->fused;
+      break;
+    }
+  const TensorOp& next = rewritten ? *rewritten : op;
+  std::vector<Span> spans;
+  for (auto& o : next.operands) spans.push_back(spanOf(o, next.shape));
+  std::vector<HeldFill> kept;
+  for (auto& f : fills)
+    if (std::any_of(spans.begin(), spans.end(), [&](const Span& s) { return meet(s, f.span); })) queueTensor(f.op);
+    else kept.push_back(std::move(f));
+  fills = std::move(kept);
+  return &next;
+}
 
 // The latest held op that `op` fuses into (fuseInto), where that op may wait behind the
 // ones held after it, becomes the fused op at the end. Otherwise the held ops `op` must
-// follow go first (with the earlier held ops they must follow), and op is held (a map) or
-// sent; the held ops it does not touch stay held, so that an in-place step (AdamW's
-// param.mul_(1 - lr * wd)) can wait past other tensors' ops for the op that fuses into it
-// (param.addcdiv_). At most kHeldOps are held: the oldest goes when one more comes.
-void Session::tensor(const TensorOp& op) {
+// follow go first (sendHeldBefore), and op is held (a map) or sent; the held ops it does
+// not touch stay held, so that an in-place step (AdamW's param.mul_(1 - lr * wd)) can
+// wait past other tensors' ops for the op that fuses into it (param.addcdiv_). At most
+// kHeldOps are held: the oldest goes when one more comes. Held fills come first
+// (passFills).
+void Session::tensor(const TensorOp& given) {
+  std::optional<TensorOp> rewritten;
+  const TensorOp& op = *passFills(given, rewritten);
   auto& held = impl_->held;
+  if (holdableFill(op)) {
+    sendHeldBefore(op);
+    impl_->fills.push_back({op, spanOf(op.operands[0], op.shape)});
+    if (impl_->fills.size() > kHeldFills) {
+      queueTensor(impl_->fills.front().op);
+      impl_->fills.erase(impl_->fills.begin());
+    }
+    return;
+  }
   for (size_t i = held.size(); i-- > 0;) {
     TensorOp candidate = held[i];
     if (!fuseInto(candidate, op)) continue;
@@ -609,6 +672,19 @@ void Session::tensor(const TensorOp& op) {
     ++impl_->fused;
     return;
   }
+  sendHeldBefore(op);
+  if (!fusible(op)) return queueTensor(op);
+  held.push_back(op);
+  if (held.size() > kHeldOps) {
+    queueTensor(held.front());
+    held.erase(held.begin());
+  }
+}
+
+// Sends the held ops that `op` must follow, with the earlier held ops those must follow,
+// in their order; the others stay held.
+void Session::sendHeldBefore(const TensorOp& op) {
+  auto& held = impl_->held;
   std::vector<bool> first(held.size());
   for (size_t i = held.size(); i-- > 0;) {
     first[i] = mustFollow(held[i], op);
@@ -619,15 +695,13 @@ void Session::tensor(const TensorOp& op) {
     if (first[i]) queueTensor(held[i]);
     else kept.push_back(std::move(held[i]));
   held = std::move(kept);
-  if (!fusible(op)) return queueTensor(op);
-  held.push_back(op);
-  if (held.size() > kHeldOps) {
-    queueTensor(held.front());
-    held.erase(held.begin());
-  }
 }
 
+// Every op held is independent of the ones held after it or it would have gone before
+// them: the fills, then the maps in their order.
 void Session::sendHeld() {
+  for (auto& f : impl_->fills) queueTensor(f.op);
+  impl_->fills.clear();
   for (auto& op : impl_->held) queueTensor(op);
   impl_->held.clear();
 }

@@ -261,6 +261,9 @@ class Session {
   uint64_t queue(capnp::MessageBuilder& message);
   uint64_t queueNow(capnp::MessageBuilder& message);
   void sendHeld();  // the held tensor ops, in order
+  void sendHeldBefore(const TensorOp& op);
+  struct HeldFill;
+  const TensorOp* passFills(const TensorOp& op, std::optional<TensorOp>& rewritten);
   void queueTensor(const TensorOp& op);
   void noteError(const Error& error);
   // Receives until `handle` says the awaited answer is complete (true); error replies are
