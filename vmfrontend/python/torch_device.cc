@@ -1,8 +1,10 @@
 // raccel._torch: PyTorch's out-of-tree device (torch 1.13 calls it `privateuseone`)
 // over a raccel session, so an unchanged training loop runs on the virtual accelerator.
 //
-// Memory: a tensor's storage is a range of a larger raccel buffer (64 MiB chunks; a
-// storage past 16 MiB gets a buffer of its own), so a tensor is no round trip. Its
+// Memory: a tensor's storage is a range of a larger raccel buffer (chunks of 4 MiB, each
+// twice the last up to 64 MiB: a small model's session holds, and its failover
+// checkpoints read back, little more than it uses; a storage past 16 MiB gets a buffer
+// of its own), so a tensor is no round trip. Its
 // data pointer is an address in a private space, (chunk + 1) << 40 | byte offset, that
 // is never dereferenced on the host: every kernel here turns it back into a buffer
 // handle and an element offset.
@@ -85,7 +87,7 @@ class Locked {
 
 class Arena {
  public:
-  static constexpr uint64_t kChunk = 64ull << 20, kOwnBuffer = 16ull << 20, kAlign = 256;
+  static constexpr uint64_t kFirstChunk = 4ull << 20, kChunk = 64ull << 20, kOwnBuffer = 16ull << 20, kAlign = 256;
   static constexpr int kShift = 40;
   static constexpr uint64_t kOffsetMask = (1ull << kShift) - 1;
 
@@ -106,7 +108,8 @@ class Arena {
       }
     Chunk c;
     c.own = bytes > kOwnBuffer;
-    c.size = c.own ? bytes : kChunk;
+    c.size = c.own ? bytes : std::max(bytes, nextChunk_);
+    if (!c.own) nextChunk_ = std::min(kChunk, 2 * nextChunk_);
     c.handle = s.alloc(c.size);
     if (!c.own && bytes < c.size) c.free[bytes] = c.size - bytes;
     chunks_.push_back(std::move(c));
@@ -163,6 +166,7 @@ class Arena {
     return p;
   }
   std::vector<Chunk> chunks_;
+  uint64_t nextChunk_ = kFirstChunk;  // the next shared chunk's size
   std::unordered_map<uintptr_t, uint64_t> live_;
 };
 
