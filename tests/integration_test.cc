@@ -411,6 +411,14 @@ TEST_F(Integration, AHeldFillGoesBeforeWhatTouchesItAndAnAddOntoItIsOneAffine) {
     ASSERT_EQ((*got)[5 * n + i], 7.0f) << i;
   }
   EXPECT_EQ((*got)[6 * n], 2.0f * n);
+  // An add of two operands (one short) onto a held fill is not fused: the card refuses
+  // it, the fill still lands, and the session carries on.
+  s->tensor(vectorOp(F::fill, n, {at(0)}, 4));
+  s->tensor(vectorOp(F::add, n, {at(0), at(0)}));
+  EXPECT_FALSE(s->fence());
+  auto after = s->readFloats(h, n);
+  ASSERT_TRUE(after) << after.error().message;
+  EXPECT_EQ((*after)[0], 4.0f);
 }
 
 TEST_F(Integration, MalformedFramesCloseOnlyTheirChannel) {

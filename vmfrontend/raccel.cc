@@ -602,8 +602,9 @@ bool holdableFill(const TensorOp& op) {
 // term where a compiler contracts them).
 std::optional<TensorOp> addOntoFill(const TensorOp& fill, const TensorOp& next) {
   const TensorOperand& out = fill.operands[0];
-  if (next.fn != TensorFn::add || !fusible(next) || !unscaled(next) || next.shape != fill.shape ||
-      !sameView(next.operands[0], out) || !sameView(next.operands[1], out) || overlap(next.operands[2], out, next.shape))
+  if (next.fn != TensorFn::add || next.operands.size() != 3 || !fusible(next) || !unscaled(next) ||
+      next.shape != fill.shape || !sameView(next.operands[0], out) || !sameView(next.operands[1], out) ||
+      overlap(next.operands[2], out, next.shape))
     return std::nullopt;
   TensorOp affine = next;
   affine.fn = TensorFn::affine;
