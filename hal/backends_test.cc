@@ -1,4 +1,5 @@
-// Discovery, calibration and overrides, on the backends this machine really has.
+// Discovery, calibration and overrides, on the backends this machine really has; the
+// encoding of a program's description.
 #include "hal/backends.h"
 
 #include <gtest/gtest.h>
@@ -138,5 +139,28 @@ TEST(Backends, OpenclImagesOfBuffersOutliveTheirLaunches) {
   ASSERT_TRUE(dev.finish());
 }
 
+
+// A sandbox sends its programs' descriptions through its window: they come back whole,
+// and what does not parse (a flag other than 0 or 1, cut short) is refused.
+TEST(ProgramDescriptions, RoundTripAndRefuseWhatDoesNotParse) {
+  ProgramDescription d{.buildLog = "ok", .kernels = {{.name = "scale", .args = {{.size = 4}, {.size = 8}}}},
+                       .argumentsKnown = true};
+  auto back = decodeDescription(encodeDescription(d));
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_TRUE(back->argumentsKnown);
+  ASSERT_EQ(back->kernels.size(), 1u);
+  EXPECT_EQ(back->kernels[0].name, "scale");
+  ASSERT_EQ(back->kernels[0].args.size(), 2u);
+  EXPECT_EQ(back->kernels[0].args[1].size, 8u);
+  d.argumentsKnown = false;
+  auto unknown = decodeDescription(encodeDescription(d));
+  ASSERT_TRUE(unknown);
+  EXPECT_FALSE(unknown->argumentsKnown);
+
+  std::string bytes = encodeDescription(d);
+  bytes[4 + 2] = 2;  // the flag after the log's length and bytes
+  EXPECT_FALSE(decodeDescription(bytes));
+  EXPECT_FALSE(decodeDescription(encodeDescription(d).substr(0, 9)));
+}
 }  // namespace
 }  // namespace raccel::hal

@@ -376,6 +376,7 @@ class Reader {
 std::string encodeDescription(const ProgramDescription& d) {
   Writer w;
   w.str(d.buildLog);
+  w.u8(d.argumentsKnown ? 1 : 0);
   w.u32(static_cast<uint32_t>(d.kernels.size()));
   for (auto& k : d.kernels) {
     w.str(k.name);
@@ -402,6 +403,9 @@ Result<ProgramDescription> decodeDescription(std::string_view bytes) {
   Reader r(bytes);
   ProgramDescription d;
   d.buildLog = r.str(kMaxBuildLog);
+  uint8_t argumentsKnown = r.num<uint8_t>();
+  if (argumentsKnown > 1) r.ok = false;
+  d.argumentsKnown = argumentsKnown == 1;
   uint32_t kernels = r.num<uint32_t>();
   for (uint32_t i = 0; r.ok && i < kernels && i < kMaxKernels; ++i) {
     KernelDescription k;

@@ -89,6 +89,10 @@ struct KernelDescription {
 struct ProgramDescription {
   std::string buildLog;
   std::vector<KernelDescription> kernels;
+  // `kernels` lists every kernel and each one's every parameter (OpenCL's argument info;
+  // CUDA's parameter sizes, pointers included, where the driver tells them): a launch of
+  // another name or with another count is refused before it reaches the card.
+  bool argumentsKnown = false;
 };
 
 // A flat encoding of a ProgramDescription (a sandbox sends it through its window).

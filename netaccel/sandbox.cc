@@ -474,10 +474,10 @@ class SandboxDevice final : public hal::Device {
   Status doLaunch(hal::Program& program, const std::string& kernel, const hal::LaunchDims& dims,
                   std::span<const hal::KernelArg> args) override {
     if (auto s = ready(); !s) return s;
-    // An OpenCL C program's compiler described every kernel and its arguments: the name
-    // and the count are checked here, so those errors come with the call.
-    if (program.kind() == ProgramKind::openclC) {
-      const auto& kernels = static_cast<SandboxProgram&>(program).description.kernels;
+    // Where the card's compiler described every kernel and its arguments (OpenCL, CUDA C),
+    // the name and the count are checked here, so those errors come with the call.
+    if (const auto& described = static_cast<SandboxProgram&>(program).description; described.argumentsKnown) {
+      const auto& kernels = described.kernels;
       auto found = std::find_if(kernels.begin(), kernels.end(), [&](auto& k) { return k.name == kernel; });
       if (found == kernels.end())
         return fail(Code::notFound, "no kernel '" + limits::clip(kernel, 128) + "' in program '" + program.name() + "'");

@@ -258,9 +258,36 @@ class CuProgram final : public Program {
       : Program(std::move(name), kind), module(module), names(std::move(names)) {}
   ~CuProgram() override { driver()->cuModuleUnload(module); }
   std::vector<std::string> kernels() const override { return names; }
+  ProgramDescription describe() const override { return description; }
   CUmodule module;
   std::vector<std::string> names;  // known only for cudaC sources (extern "C" names are not listed by the driver)
+  ProgramDescription description;
 };
+
+// Each kernel with its parameters' sizes, where the driver tells them (cuFuncGetParamInfo,
+// CUDA 12.4 on): what a sandbox's caller checks a launch against before posting it.
+ProgramDescription describeModule(CUmodule module, const std::vector<std::string>& names) {
+  ProgramDescription d;
+  d.argumentsKnown = driver()->cuFuncGetParamInfo != nullptr;
+  for (auto& name : names) {
+    KernelDescription k{.name = name};
+    CUfunction f = nullptr;
+    if (d.argumentsKnown && driver()->cuModuleGetFunction(&f, module, name.c_str()) == CUDA_SUCCESS) {
+      size_t offset = 0, bytes = 0;
+      for (size_t i = 0; driver()->cuFuncGetParamInfo(f, i, &offset, &bytes) == CUDA_SUCCESS; ++i) {
+        if (i == kMaxKernelArgs) {  // more than a launch can carry: not described
+          d.argumentsKnown = false;
+          break;
+        }
+        k.args.push_back({.size = static_cast<uint32_t>(bytes)});
+      }
+    } else {
+      d.argumentsKnown = false;
+    }
+    d.kernels.push_back(std::move(k));
+  }
+  return d;
+}
 
 class CudaDevice final : public Device {
  public:
@@ -679,7 +706,9 @@ class CudaDevice final : public Device {
       size_t start = at + 7, end = ptx->find_first_of("( \n", start);
       names.push_back(ptx->substr(start, end - start));
     }
-    return std::make_unique<CuProgram>(name, ProgramKind::cudaC, *module, names);
+    auto program = std::make_unique<CuProgram>(name, ProgramKind::cudaC, *module, names);
+    program->description = describeModule(*module, names);
+    return program;
   }
 
   CUdevice device_;

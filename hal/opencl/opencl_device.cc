@@ -729,6 +729,7 @@ class OpenclDevice final : public Device {
   std::unique_ptr<Program> described(const std::string& name, ProgramKind kind, cl_program program, const std::string& log) {
     auto out = std::make_unique<ClProgram>(name, kind, program);
     out->description.buildLog = log;
+    out->description.argumentsKnown = true;  // CL_KERNEL_NUM_ARGS of each (a launch carries at most kMaxKernelArgs)
     cl_program_binary_type type = CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
     clGetProgramBuildInfo(program, device_, CL_PROGRAM_BINARY_TYPE, sizeof type, &type, nullptr);
     if (type == CL_PROGRAM_BINARY_TYPE_EXECUTABLE)
