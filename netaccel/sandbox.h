@@ -197,6 +197,9 @@ struct TensorRequest {
 };
 static_assert(kMaxBatchBytes >= sizeof(Request) + std::max<size_t>(sizeof(TensorWindow), kMaxInlineBytes));
 
+// [at, at + bytes) lies within the shared window.
+inline bool inWindow(uint64_t at, uint64_t bytes) { return at <= kWindowBytes && bytes <= kWindowBytes - at; }
+
 // Takes the next request of a message off `rest`, with the bytes that follow it
 // (`extra`); false when what is left is not a whole request.
 inline bool nextRequest(std::span<const std::byte>& rest, Request& q, std::span<const std::byte>& extra) {

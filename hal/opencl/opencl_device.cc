@@ -4,6 +4,7 @@
 #include <CL/cl.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -512,54 +513,55 @@ class OpenclDevice final : public Device {
   Status doTensor(const LoweredTensorOp& op) override {
     if (auto s = buildTensorKernels(); !s) return s;
     auto& b = op.buffers;
-    const TensorFn fn = TensorFn(op.geom.fn);
-    const int d = int(op.geom.dims) - 3;
     // On a CPU device, rc_matmul_vec (matmulVec) where out's columns allow it.
-    if (fn == TensorFn::matmul && cpu_ && op.geom.shape[d + 1] >= kVecColumns &&
+    const int d = int(op.geom.dims) - 3;
+    if (TensorFn(op.geom.fn) == TensorFn::matmul && cpu_ && op.geom.shape[d + 1] >= kVecColumns &&
         op.geom.stride[0][d + 1] == 1)
       if (auto s = matmulVec(op); !s || *s) return s ? Status{} : fail(s.error());
+    const TensorLaunch l = tensorLaunch(op.geom);
+    return runIn(*tensorKernels_, l.kernel, l.dims, l.global.data(), l.grouped ? l.local.data() : nullptr, op.geom,
+                 memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
+  }
+  // Which kernel runs a tensor op (other than rc_matmul_vec's), over which grid.
+  struct TensorLaunch {
+    const char* kernel;
+    cl_uint dims = 1;
+    std::array<size_t, 3> global{1, 1, 1}, local{1, 1, 1};
+    bool grouped = false;  // `local` is its work-group (else the driver's choice)
+  };
+  TensorLaunch tensorLaunch(const kernels::RcGeom& g) const {
+    const TensorFn fn = TensorFn(g.fn);
+    const int d = int(g.dims) - 3;
     // rc_matmul_tiled, in 16 x 16 work-groups, for entries of at least 64 rows, columns and
     // k: below that staging tiles and the work-groups' barriers cost more than the reuse
     // saves (the reference CNN's matmuls, 16 to 72 wide, ran 2-5x slower tiled than
     // rc_matmul's four running sums).
-    const bool tiles = fn == TensorFn::matmul && groups256_ && op.geom.shape[d] >= kTiledFrom &&
-                       op.geom.shape[d + 1] >= kTiledFrom && op.geom.inner >= kTiledFrom;
-    if (tiles) {
-      const uint64_t rows = uint64_t(op.geom.shape[d]), cols = uint64_t(op.geom.shape[d + 1]);
-      const uint64_t entries = d ? uint64_t(op.geom.shape[0]) : 1;
-      size_t global[2] = {roundUp(cols, 16), roundUp(rows, 16) * entries}, local[2] = {16, 16};
-      return runIn(*tensorKernels_, "rc_matmul_tiled", 2, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
-                   memOf(*b[3]));
+    if (fn == TensorFn::matmul && groups256_ && g.shape[d] >= kTiledFrom && g.shape[d + 1] >= kTiledFrom &&
+        g.inner >= kTiledFrom) {
+      const uint64_t rows = uint64_t(g.shape[d]), cols = uint64_t(g.shape[d + 1]), entries = d ? uint64_t(g.shape[0]) : 1;
+      return {"rc_matmul_tiled", 2, {roundUp(cols, 16), roundUp(rows, 16) * entries, 1}, {16, 16, 1}, true};
     }
-    if (fn == TensorFn::sum && op.geom.type[1] == int(TensorType::f32) && groups256_ &&
-        op.geom.n <= kGroupSumOutputs && op.geom.inner >= kGroupSumElements) {  // rc_sum_groups: a work-group an output
-      size_t global[1] = {static_cast<size_t>(op.geom.n) * 256}, local[1] = {256};
-      return runIn(*tensorKernels_, "rc_sum_groups", 1, global, local, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
-                   memOf(*b[3]));
+    if (fn == TensorFn::sum && g.type[1] == int(TensorType::f32) && groups256_ && g.n <= kGroupSumOutputs &&
+        g.inner >= kGroupSumElements)  // a work-group an output
+      return {"rc_sum_groups", 1, {size_t(g.n) * 256, 1, 1}, {256, 1, 1}, true};
+    if (cpu_ && oneGatherVec(g)) {  // an im2col as vectors (1 to 4 kept dimensions)
+      const int kept = int(g.dims) - 2;
+      return {"rc_gather_one_vec", 3,
+              {size_t((g.shape[kept - 1] + kVecColumns - 1) / kVecColumns), kept > 1 ? size_t(g.shape[kept - 2]) : 1,
+               kept > 2 ? size_t(g.shape[kept - 3]) : 1}};
     }
-    if (cpu_ && oneGatherVec(op.geom)) {  // rc_gather_one_vec: an im2col as vectors (1 to 4 kept dimensions)
-      const int kept = int(op.geom.dims) - 2;
-      size_t grid[3] = {size_t((op.geom.shape[kept - 1] + kVecColumns - 1) / kVecColumns),
-                        kept > 1 ? size_t(op.geom.shape[kept - 2]) : 1, kept > 2 ? size_t(op.geom.shape[kept - 3]) : 1};
-      return runIn(*tensorKernels_, "rc_gather_one_vec", 3, grid, nullptr, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]),
-                   memOf(*b[3]));
+    const char* fast = fastMapKernel(g);
+    if (cpu_ && fast && g.dims == 1 && (fn == TensorFn::gelu || fn == TensorFn::geluBackward))
+      return {fn == TensorFn::gelu ? "rc_flat_gelu_vec" : "rc_flat_gelu_backward_vec", 1,
+              {size_t((uint64_t(g.n) + kVecColumns - 1) / kVecColumns), 1, 1}};
+    if (!fast && typedGridMap(g)) fast = "rc_grid_typed";
+    if (fast && g.dims > 1) {  // a grid: the last dimension first
+      const int dims = int(g.dims);
+      return {fast, 3,
+              {size_t(g.shape[dims - 1]), size_t(g.shape[dims - 2]),
+               dims > 3 ? size_t(g.shape[0] * g.shape[1]) : dims > 2 ? size_t(g.shape[0]) : 1}};
     }
-    const char* fast = fastMapKernel(op.geom);
-    if (cpu_ && fast && op.geom.dims == 1 && (fn == TensorFn::gelu || fn == TensorFn::geluBackward)) {
-      size_t global[1] = {size_t((uint64_t(op.geom.n) + kVecColumns - 1) / kVecColumns)};  // rc_flat_gelu*_vec
-      return runIn(*tensorKernels_, fn == TensorFn::gelu ? "rc_flat_gelu_vec" : "rc_flat_gelu_backward_vec", 1, global,
-                   nullptr, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
-    }
-    if (!fast && typedGridMap(op.geom)) fast = "rc_grid_typed";
-    if (fast && op.geom.dims > 1) {  // a grid: the last dimension first
-      const int dims = int(op.geom.dims);
-      size_t grid[3] = {size_t(op.geom.shape[dims - 1]), size_t(op.geom.shape[dims - 2]),
-                        dims > 3 ? size_t(op.geom.shape[0] * op.geom.shape[1]) : dims > 2 ? size_t(op.geom.shape[0]) : 1};
-      return runIn(*tensorKernels_, fast, 3, grid, nullptr, op.geom, memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
-    }
-    size_t global[1] = {roundUp(static_cast<uint64_t>(op.geom.n), 64)};
-    return runIn(*tensorKernels_, fast ? fast : tensorKernelName(fn), 1, global, nullptr, op.geom,
-                 memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
+    return {fast ? fast : tensorKernelName(fn), 1, {roundUp(static_cast<uint64_t>(g.n), 64), 1, 1}};
   }
   // A matmul as rc_matmul_vec (out's columns neighbours): true when it ran. b's columns
   // that are not neighbours are laid out as rows first (rc_matmul_b_rows, into scratch_
