@@ -192,23 +192,17 @@ const char* tensorFnName(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[
 unsigned tensorFnOperands(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].operands : 0; }
 const char* tensorKernelName(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].kernel : ""; }
 
-Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
-  if (unsigned(op.fn) >= kTensorFns) return fail(Code::invalidArgument, "tensor op: unknown function " + std::to_string(unsigned(op.fn)));
-  const std::string name = std::string("tensor op ") + tensorFnName(op.fn);
-  auto bad = [&](const std::string& why) { return fail(Code::invalidArgument, name + ": " + why); };
-  if (op.dims < 1 || op.dims > kMaxTensorDims)
-    return bad("a shape of " + std::to_string(op.dims) + " dimensions (1 to " + std::to_string(kMaxTensorDims) + ")");
-  const unsigned operands = tensorFnOperands(op.fn);
-  LoweredTensorOp out;
-  out.op = op;
-  uint64_t elements = 1;
-  for (unsigned d = 0; d < op.dims; ++d) {
-    if (op.shape[d] == 0) out.empty = true;
-    elements = limits::satMul(elements, op.shape[d]);
-  }
+namespace {
+// A refusal of the op named `name`: invalidArgument, saying why.
+struct Refuse {
+  const std::string& name;
+  std::unexpected<Error> operator()(const std::string& why) const { return fail(Code::invalidArgument, name + ": " + why); }
+};
+
+// The shape each function takes, its bounds, and which dimensions a reduction reduces.
+Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
   if (elements > kMaxElements) return bad("a shape of more than 2^48 elements");
   if (op.reduceMask >> op.dims) return bad("reduceMask names a dimension past the shape");
-  auto needDims = [&](unsigned n) { return op.dims == n ? Status{} : bad("takes a shape of " + std::to_string(n) + " dimensions"); };
   switch (op.fn) {
     case TensorFn::matmul:
       if (op.dims != 3 && op.dims != 4) return bad("takes a shape of 3 dimensions [m, n, k], or 4 with a batch first");
@@ -228,7 +222,7 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     case TensorFn::softmaxBackward:
     case TensorFn::nllLoss:
     case TensorFn::nllLossBackward:
-      if (auto s = needDims(2); !s) return std::unexpected(s.error());
+      if (op.dims != 2) return bad("takes a shape of 2 dimensions");
       break;
     case TensorFn::layerNorm:
     case TensorFn::layerNormBackward:
@@ -253,18 +247,24 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     const uint32_t kept = ~op.reduceMask & ((1u << op.dims) - 1);
     if (kept >> std::countr_zero(op.reduceMask)) return bad("the reduced dimensions must come after the kept ones");
   }
-  if (auto s = checkTypes(op, operands, name); !s) return std::unexpected(s.error());
-  const bool fused = op.preScale != 1 || op.preShift != 0 || op.postScale != 1 || op.postShift != 0;
-  if (fused) {
-    for (unsigned i = 0; i < operands; ++i)
-      if (op.operands[i].type != TensorType::f32) return bad("takes a pre- or post-scale over f32 operands only");
-    if (!takesFusedScale(op.fn)) return bad("takes no pre- or post-scale (only the elementwise map functions do)");
-    for (float v : {op.preScale, op.preShift, op.postScale, op.postShift})
-      if (!std::isfinite(v)) return bad("a pre- or post-scale that is not a finite number");
-  }
+  return {};
+}
 
-  // Every element an operand can reach lies inside its buffer.
-  std::array<uint64_t, kMaxTensorOperands> last{};  // the highest element reached
+// A pre- or post-scale: finite, over f32 operands, of a function that takes one.
+Status checkFusedScale(const TensorOp& op, unsigned operands, const Refuse& bad) {
+  if (op.preScale == 1 && op.preShift == 0 && op.postScale == 1 && op.postShift == 0) return {};
+  for (unsigned i = 0; i < operands; ++i)
+    if (op.operands[i].type != TensorType::f32) return bad("takes a pre- or post-scale over f32 operands only");
+  if (!takesFusedScale(op.fn)) return bad("takes no pre- or post-scale (only the elementwise map functions do)");
+  for (float v : {op.preScale, op.preShift, op.postScale, op.postShift})
+    if (!std::isfinite(v)) return bad("a pre- or post-scale that is not a finite number");
+  return {};
+}
+
+// Every element an operand can reach lies inside its buffer: the highest each reaches
+// goes to last[i].
+Status checkReach(const TensorOp& op, unsigned operands, LoweredTensorOp& out,
+                  std::array<uint64_t, kMaxTensorOperands>& last, const Refuse& bad) {
   for (unsigned i = 0; i < operands; ++i) {
     const TensorOperand& o = op.operands[i];
     const std::string which = "operand " + std::to_string(i);
@@ -280,6 +280,12 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     out.buffers[i] = o.buffer;
   }
   for (unsigned i = operands; i < kMaxTensorOperands; ++i) out.buffers[i] = op.operands[0].buffer;
+  return {};
+}
+
+// The layouts each function needs: outputs and scalars that do not move along some
+// dimensions, and outputs apart from the inputs that a kernel reads while it writes.
+Status checkLayout(const TensorOp& op, const std::array<uint64_t, kMaxTensorOperands>& last, const Refuse& bad) {
   auto zeroStride = [&](unsigned operand, unsigned dim, const char* what) -> Status {
     if (op.operands[operand].strides[dim] != 0) return bad(what);
     return {};
@@ -358,12 +364,12 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     default:
       break;
   }
-  if (!rule) return std::unexpected(rule.error());
-  // A shape with a zero runs nothing: its strides and offsets were never bounded by a
-  // reach, so no geometry is computed from them.
-  if (out.empty) return out;
+  return rule;
+}
 
-  kernels::RcGeom& g = out.geom;
+// The kernels' geometry: shapes, strides (0 where a dimension has one element), offsets
+// and element types, as signed 64-bit numbers.
+Status buildGeometry(const TensorOp& op, unsigned operands, kernels::RcGeom& g, const Refuse& bad) {
   g.fn = int(op.fn);
   g.alpha = op.alpha;
   g.beta = op.beta;
@@ -389,6 +395,12 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     for (unsigned i = 0; i < kMaxTensorOperands; ++i)
       if (g.shape[d] < 0 || g.stride[i][d] < 0 || g.offset[i] < 0) return bad("a shape, stride or offset past 2^63");
 
+  return {};
+}
+
+// How the work is cut into work-items (n of them, `inner` steps each) and what it costs.
+void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, LoweredTensorOp& out) {
+  kernels::RcGeom& g = out.geom;
   if (elementwise(op.fn)) {
     // Merges neighbouring dimensions that every operand walks contiguously, so a
     // contiguous op indexes in one dimension.
@@ -457,6 +469,35 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
     g.inner = 1;
     out.flops = double(elements);
   }
+}
+}  // namespace
+
+Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
+  if (unsigned(op.fn) >= kTensorFns) return fail(Code::invalidArgument, "tensor op: unknown function " + std::to_string(unsigned(op.fn)));
+  const std::string name = std::string("tensor op ") + tensorFnName(op.fn);
+  const Refuse bad{name};
+  if (op.dims < 1 || op.dims > kMaxTensorDims)
+    return bad("a shape of " + std::to_string(op.dims) + " dimensions (1 to " + std::to_string(kMaxTensorDims) + ")");
+  const unsigned operands = tensorFnOperands(op.fn);
+  LoweredTensorOp out;
+  out.op = op;
+  uint64_t elements = 1;
+  for (unsigned d = 0; d < op.dims; ++d) {
+    if (op.shape[d] == 0) out.empty = true;
+    elements = limits::satMul(elements, op.shape[d]);
+  }
+  std::array<uint64_t, kMaxTensorOperands> last{};
+  Status s = checkShape(op, elements, bad);
+  if (s) s = checkTypes(op, operands, name);
+  if (s) s = checkFusedScale(op, operands, bad);
+  if (s) s = checkReach(op, operands, out, last, bad);
+  if (s) s = checkLayout(op, last, bad);
+  if (!s) return std::unexpected(s.error());
+  // A shape with a zero runs nothing: its strides and offsets were never bounded by a
+  // reach, so no geometry is computed from them.
+  if (out.empty) return out;
+  if (s = buildGeometry(op, operands, out.geom, bad); !s) return std::unexpected(s.error());
+  shapeWork(op, operands, elements, out);
   return out;
 }
 
