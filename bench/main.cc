@@ -211,7 +211,548 @@ struct Figures {
   } pinned;
 #endif
   std::string cudaSkipped;
+  bench::FailoverFigures failover;
+  bench::MultiHostFigures multi;
 };
+
+
+bool failed(const std::string& why) {
+  std::fprintf(stderr, "raccel-bench: %s\n", why.c_str());
+  return false;
+}
+
+// What every section of a full run shares: its sizes, the VM it opens sessions on, and
+// its progress lines.
+struct Run {
+  bool quick = false, json = false;
+  int syncIters = 5000, asyncCount = 400000;
+  size_t bulkBytes = 0;
+  testing::VmSpec vm;
+  client::Options options;
+
+  void progress(const char* what) const {
+    if (!json) std::fprintf(stderr, "raccel-bench: %s...\n", what);
+  }
+  // A session of this program on a cluster's VM; null after saying why not.
+  std::unique_ptr<client::Session> openOn(testing::Cluster& on) {
+    options.socket = on.vmSocket();
+    auto p = client::Session::open(options);
+    if (!p) {
+      std::fprintf(stderr, "raccel-bench: %s\n", p.error().message.c_str());
+      return nullptr;
+    }
+    return std::move(*p);
+  }
+  // One tiny instruction + fence, timed; false (after saying why) when one failed.
+  bool syncRtts(client::Session& on, std::vector<double>& rtts) const {
+    auto tiny = on.alloc(4096);
+    (void)on.fence();
+    for (int i = 0; i < syncIters + 100; ++i) {
+      auto t = Clock::now();
+      on.fill(tiny, 0, 4, static_cast<uint8_t>(i));
+      if (auto r = on.fence(); !r) return failed(r.error().message);
+      if (i >= 100) rtts.push_back(since(t) * 1e6);
+    }
+    on.free(tiny);
+    return true;
+  }
+};
+
+// The raw two-hop floor: the same frame sizes through a relay process to an echo process.
+bool measureRawTwoHop(Run& run, Figures& f, testing::Cluster& cluster) {
+  int port = 0;
+  int probe = bench::tcpListen(&port);
+  ::close(probe);
+  std::string relayPath = cluster.dir() + "/raw-relay.sock";
+  testing::Process echo("raccel-bench", {"--raw-echo", std::to_string(port)}, cluster.dir() + "/raw-echo.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  testing::Process relay("raccel-bench", {"--raw-relay", relayPath + ":" + std::to_string(port)},
+                         cluster.dir() + "/raw-relay.log");
+  int fd = bench::unixConnect(relayPath);
+  if (fd < 0) {
+    return failed("raw baseline did not start");
+  }
+  // The same sizes as the measured path: two small frames out, one small frame back.
+  char out[96] = {}, back[96];
+  std::vector<double> raw;
+  for (int i = 0; i < run.syncIters + 100; ++i) {
+    auto t = Clock::now();
+    if (!bench::writeAll(fd, out, sizeof out) || !bench::readAll(fd, back, sizeof back)) break;
+    if (i >= 100) raw.push_back(since(t) * 1e6);
+  }
+  ::close(fd);
+  f.rawP50 = percentile(raw, 0.5);
+  return true;
+}
+
+// The same round trips from a QEMU guest (when one boots here) and from a host program
+// through raccel-guestd.
+void measureGuests(Run& run, Figures& f, testing::Cluster& cluster) {
+  const std::string rtts = std::to_string(run.quick ? 300 : 3000);
+  f.vmSkipped = testing::vmUnavailable();
+  if (f.vmSkipped.empty()) {
+    testing::Process guest(testing::guestBootScript(),
+                           {"--socket", cluster.vmSocket(), "--mode", "connect", "--image", testing::guestImage(),
+                            "--timeout", "300",
+                            "--", "raccel-run", "--name", "vm-rtt", "--rtt", rtts},
+                           cluster.dir() + "/vm-rtt.log");
+    guest.wait(320000);
+    f.vmRttP50 = rttFromOutput(cluster.dir() + "/vm-rtt.log");
+    if (f.vmRttP50 < 0) f.vmSkipped = "the guest printed no figure (see " + cluster.dir() + "/vm-rtt.log)";
+  }
+  std::string guestd = cluster.startGuestd();
+  testing::Process host("raccel-run", {"--socket", guestd, "--name", "host-rtt", "--rtt", rtts},
+                        cluster.dir() + "/host-rtt.log");
+  host.wait(120000);
+  f.hostGuestdRttP50 = rttFromOutput(cluster.dir() + "/host-rtt.log");
+}
+
+// The asynchronous instruction stream, alone and beside a 1 Hz /metrics scraper, and what
+// a scrape costs the daemons.
+bool measureStream(Run& run, Figures& f, testing::Cluster& cluster, client::Session& s, client::Handle tiny, pid_t benchNode) {
+  // Each round streams for a few seconds, so a 1 Hz scraper scrapes several times in it.
+  const double roundSeconds = run.quick ? 0.5 : 2;
+  auto stream = [&]() -> double {
+    auto t = Clock::now();
+    uint64_t sent = 0;
+    while (since(t) < roundSeconds)
+      for (int i = 0; i < run.asyncCount / 20; ++i, ++sent) s.fill(tiny, (sent % 1024) * 4, 4, static_cast<uint8_t>(sent));
+    if (auto r = s.fence(); !r) {
+      std::fprintf(stderr, "raccel-bench: %s\n", r.error().message.c_str());
+      std::exit(1);
+    }
+    return sent / since(t);
+  };
+  std::vector<double> plain, scraped, scrapeMs;
+  for (int round = 0; round < (run.quick ? 1 : 7); ++round) {
+    plain.push_back(stream());
+    std::atomic<bool> scraping{true};
+    std::thread scraper([&] {
+      httplib::Client scheduler("127.0.0.1", cluster.httpPort()), node("127.0.0.1", cluster.netaccelHttpPort("bench0"));
+      while (scraping) {
+        auto t = Clock::now();
+        auto a = scheduler.Get("/metrics");
+        auto b = node.Get("/metrics");
+        if (!a || a->status != 200 || !b || b->status != 200) {
+          std::fprintf(stderr, "raccel-bench: a /metrics scrape failed\n");
+          std::exit(1);
+        }
+        scrapeMs.push_back(since(t) * 1e3);
+        while (scraping && Clock::now() - t < std::chrono::seconds(1)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+    scraped.push_back(stream());
+    scraping = false;
+    scraper.join();
+  }
+  f.asyncRate = percentile(plain, 0.5);
+  f.asyncRateScraped = percentile(scraped, 0.5);
+  f.scrapeMs = percentile(scrapeMs, 0.5);
+  f.scrapes = scrapeMs.size();
+  // What a scrape costs the daemons themselves: their CPU time over 200 scrapes of both
+  // pages, the stream idle.
+  auto cpuMs = [](pid_t pid) {
+    std::string stat = testing::readFile("/proc/" + std::to_string(pid) + "/stat");
+    std::istringstream in(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && in >> field; ++i)
+      if (i >= 14) ticks += std::stod(field);
+    return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  };
+  double before = cpuMs(cluster.scheduler().pid()) + cpuMs(benchNode);
+  httplib::Client scheduler("127.0.0.1", cluster.httpPort()), node("127.0.0.1", cluster.netaccelHttpPort("bench0"));
+  const int n = run.quick ? 20 : 200;
+  for (int i = 0; i < n; ++i)
+    if (!scheduler.Get("/metrics") || !node.Get("/metrics")) return failed("a /metrics scrape failed");
+  f.scrapeCpuMs = (cpuMs(cluster.scheduler().pid()) + cpuMs(benchNode) - before) / n;
+  return true;
+}
+
+// The node link in plain TCP (--insecure), and the scheduler in a pool shared through
+// etcd (the data path does not touch etcd).
+bool measurePlainAndShared(Run& run, Figures& f) {
+  run.progress("the same with the node link in plain TCP (--insecure)");
+  {
+    testing::Cluster plain({run.vm}, "", {"--insecure"});
+    plain.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4);
+    auto p = run.openOn(plain);
+    if (!p) return false;
+    std::vector<double> plainRtts;
+    if (!run.syncRtts(*p, plainRtts)) return false;
+    f.syncPlainP50 = percentile(plainRtts, 0.5);
+    f.bulk.plain = bench::steadyBulk(*p, run.bulkBytes, run.quick ? 1 : 3);
+    if (!f.bulk.plain.problem.empty()) return failed(f.bulk.plain.problem);
+  }
+  // The same scheduler in a pool shared through etcd: the data path does not touch etcd.
+  f.etcdSkipped = testing::etcdUnavailable();
+  if (f.etcdSkipped.empty()) {
+    run.progress("the same with the scheduler in a pool shared through etcd (--etcd, 3 members)");
+    testing::EtcdCluster etcd(3);
+    if (auto started = etcd.start(); !started) {
+      f.etcdSkipped = started.error().message;
+    } else {
+      testing::Cluster shared({run.vm}, "", {"--insecure", "--etcd", etcd.endpoints(), "--name", "bench"});
+      shared.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4, {"--etcd", etcd.endpoints()});
+      auto p = run.openOn(shared);
+      if (!p) return false;
+      std::vector<double> etcdRtts;
+      if (!run.syncRtts(*p, etcdRtts)) return false;
+      f.syncEtcdP50 = percentile(etcdRtts, 0.5);
+    }
+  }
+
+  return true;
+}
+
+bool measureSandbox(Run& run, Figures& f) {
+  // An OpenCL card (PoCL here): each tenant in a sandbox process (the default), and the
+  // same card with guest code in the netaccel's own process (--no-sandbox), same run.
+  if (!hal::discover("opencl").devices.empty()) {
+    for (bool sandboxed : {true, false}) {
+      run.progress(sandboxed ? "an OpenCL card, each tenant in a sandbox process" : "the same card run inside the netaccel (--no-sandbox)");
+      testing::Cluster c({run.vm});
+      std::vector<std::string> extra;
+      if (!sandboxed) extra.push_back("--no-sandbox");
+      c.addNetaccel("bench0", {"backend=opencl,kind=gpu,tflops=4,memory=1GiB"}, 4, extra);
+      auto p = run.openOn(c);
+      if (!p) return false;
+      std::vector<double> r;
+      if (!run.syncRtts(*p, r)) return false;
+      bench::BulkRun bulk = bench::steadyBulk(*p, run.bulkBytes, run.quick ? 1 : 3);
+      if (!bulk.problem.empty()) return failed(bulk.problem);
+      (sandboxed ? f.sandboxRttP50 : f.inProcessRttP50) = percentile(r, 0.5);
+      (sandboxed ? f.bulk.sandbox : f.bulk.inProcess) = bulk;
+    }
+  } else {
+    f.sandboxSkipped = "no OpenCL device: " + hal::discover("opencl").note;
+  }
+
+  return true;
+}
+
+bool measureCuda(Run& run, Figures& f) {
+  // A CUDA GPU, when there is one: gemm through both hops against the same library
+  // (the hal's cuBLAS gemm) called directly, and 1 GiB written and read back against a
+  // direct page-locked copy, same run.
+  if (!hal::discover("cuda").devices.empty()) {
+    run.progress("CUDA: direct cuBLAS gemm (N=4096) through the hal, in this process");
+    const uint32_t n = 4096;
+    const int reps = run.quick ? 5 : 20;
+    {
+      auto dev = hal::openDevice("cuda", 0, {.tflops = 8});
+      if (!dev) {
+        return failed("cuda: " + dev.error().message);
+      }
+      auto& d = **dev;
+      auto a = d.allocate(uint64_t{n} * n * 4), b = d.allocate(uint64_t{n} * n * 4), c = d.allocate(uint64_t{n} * n * 4);
+      if (!a || !b || !c) {
+        return failed("cuda: no memory for the gemm");
+      }
+      hal::GemmArgs g{n, n, n, 1, 0, a->get(), b->get(), c->get()};
+      (void)d.gemm(g);
+      (void)d.finish();
+      auto t = Clock::now();
+      for (int i = 0; i < reps; ++i) (void)d.gemm(g);
+      (void)d.finish();
+      f.cudaDirectTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
+      d.release(std::move(*a));
+      d.release(std::move(*b));
+      d.release(std::move(*c));
+    }
+#ifdef RACCEL_HAVE_CUDA
+    run.progress("CUDA: direct page-locked copy, 1 GiB each way");
+    if (auto p = hal::measurePinnedCopy(0, 1ull << 30); p) f.pinned = *p;
+#endif
+    run.progress("CUDA: the same gemm and 1 GiB through raccel (guest -> scheduler -> netaccel -> sandbox -> GPU)");
+    testing::Cluster c({run.vm});
+    c.addNetaccel("gpu0", {"backend=cuda,device=0,kind=gpu,tflops=8"}, 8);
+    auto p = run.openOn(c);
+    if (!p) return false;
+    auto& g = *p;
+    auto ha = g.alloc(uint64_t{n} * n * 4), hb = g.alloc(uint64_t{n} * n * 4), hc = g.alloc(uint64_t{n} * n * 4);
+    g.writeFloats(ha, testing::randomFloats(size_t{n} * n, 1));
+    g.writeFloats(hb, testing::randomFloats(size_t{n} * n, 2));
+    g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
+    if (auto r = g.fence(); !r) {
+      return failed("cuda gemm: " + r.error().message);
+    }
+    auto t = Clock::now();
+    for (int i = 0; i < reps; ++i) g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
+    if (auto r = g.fence(); !r) {
+      return failed("cuda gemm: " + r.error().message);
+    }
+    f.cudaRaccelTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
+    g.free(ha), g.free(hb), g.free(hc);
+    bench::BulkRun bulk = bench::writeAndReadBack(g, size_t{1} << 30);
+    if (!bulk.problem.empty()) return failed(bulk.problem);
+    f.cudaWriteGBps = bulk.writeGbps() / 8;
+    f.cudaReadGBps = bulk.readGbps() / 8;
+    f.cudaBulkGBps = bulk.gbps / 8;
+    run.progress("CUDA: two tenants with 3:1 blocks of the GPU, each streaming 4096^3 gemms");
+    f.fairCuda = testing::measureFairShare(run.quick ? 3 : 8, testing::kCudaFairCard, 4096, 8);
+    if (!f.fairCuda.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share (cuda): %s\n", f.fairCuda.problem.c_str());
+  } else {
+    f.cudaSkipped = "no CUDA GPU: " + hal::discover("cuda").note;
+  }
+
+  return true;
+}
+
+void measureAggregation(Run& run, Figures& f) {
+  // Paced cards compute for real but take as long as their declared TFLOPS says; the
+  // host has more than enough speed for these rates, so what is measured is raccel's
+  // splitting, copying and gathering.
+  testing::Cluster agg({run.vm}, "", {"--block-tflops", "0.001"});
+  agg.addNetaccel("agg0", {"kind=gpu,tflops=0.004,memory=512MiB,threads=1,paced=true",
+                           "kind=npu,tflops=0.002,memory=512MiB,threads=1,paced=true"}, 6);
+  agg.addNetaccel("agg1", {"kind=fpga,tflops=0.002,memory=512MiB,threads=1,paced=true"}, 2);
+  const uint32_t n = run.quick ? 256 : 512;
+  const int reps = run.quick ? 2 : 5;
+  auto gflops = [&](double tflops, std::vector<CardKind> kinds, size_t expectCards) -> double {
+    client::Options o = run.options;
+    o.socket = agg.vmSocket();
+    o.tflops = tflops;
+    o.kinds = std::move(kinds);
+    auto session = client::Session::open(o);
+    if (!session || (*session)->vaccel().cards.size() != expectCards) {
+      std::fprintf(stderr, "raccel-bench: aggregation vaccel: %s\n",
+                   session ? (*session)->vaccel().describe().c_str() : session.error().message.c_str());
+      return -1;
+    }
+    auto& v = **session;
+    std::vector<float> a(size_t{n} * n, 1.0f), b(size_t{n} * n, 0.5f);
+    auto ha = v.alloc(a.size() * 4), hb = v.alloc(b.size() * 4), hc = v.alloc(a.size() * 4);
+    v.writeFloats(ha, a);
+    v.writeFloats(hb, b);
+    v.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);  // warm-up: the other cards get their copies of a and b
+    if (!v.fence()) return -1;
+    auto t = Clock::now();
+    for (int i = 0; i < reps; ++i) v.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
+    auto done = v.fence();
+    double secs = since(t);
+    auto c = v.readFloats(hc, 1);
+    if (!done || !c || (*c)[0] != 0.5f * n) return -1;
+    return 2.0 * n * n * n * reps / secs / 1e9;
+  };
+  double g = gflops(0.004, {CardKind::gpu}, 1), p = gflops(0.002, {CardKind::npu}, 1),
+         q = gflops(0.002, {CardKind::fpga}, 1);
+  double all = gflops(0.008, {}, 3);
+  f.aggSingles = g + p + q;
+  f.aggGflops = all;
+  f.aggEfficiency = (g > 0 && p > 0 && q > 0 && all > 0) ? all / f.aggSingles : 0;
+}
+
+// Which of the figures with a target meet it.
+struct Met {
+  bool sync, async, bulk, aggregate, alloc, admission, fair, fairAsync;
+};
+Met metOf(const Figures& f) {
+  return {f.syncP50 <= 3 * f.rawP50, f.asyncRate >= 200000, f.bulk.plainMet(), f.aggEfficiency >= 0.85,
+          f.allocOps >= 2e6, f.admissionP99 <= 50, f.fair.problem.empty() && f.fair.error <= 0.05,
+          f.fairAsync.problem.empty() && f.fairAsync.error <= 0.05};
+}
+
+void printJson(const Figures& f, bool quick) {
+  const Met m = metOf(f);
+  char vmRttText[32] = "null";
+  if (f.vmRttP50 >= 0) std::snprintf(vmRttText, sizeof vmRttText, "%.1f", f.vmRttP50);
+  const std::string vmRtt = vmRttText;
+  std::printf("{\"sync_rtt_us_p50_plain\":%.1f,", f.syncPlainP50);
+  if (f.syncEtcdP50 >= 0) std::printf("\"sync_rtt_us_p50_etcd\":%.1f,", f.syncEtcdP50);
+  else std::printf("\"sync_rtt_us_p50_etcd\":null,");
+  auto num = [](double v, const char* fmt) { return bench::jsonNumber(v, fmt); };
+  std::printf("\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,\"cuda_gemm_ratio\":%s,\"cuda_gemm_tflops\":%s,"
+              "\"cuda_direct_gemm_tflops\":%s,\"cuda_bulk_gbps\":%s,\"cuda_pinned_write_gbps\":%s,"
+              "\"cuda_pinned_read_gbps\":%s,\"fair_share_error_cuda\":%s,\"cuda_skipped\":\"%s\",",
+              num(f.sandboxRttP50, "%.1f").c_str(), num(f.inProcessRttP50, "%.1f").c_str(),
+              num(f.cudaRaccelTflops > 0 && f.cudaDirectTflops > 0 ? f.cudaRaccelTflops / f.cudaDirectTflops : -1, "%.3f").c_str(),
+              num(f.cudaRaccelTflops, "%.2f").c_str(), num(f.cudaDirectTflops, "%.2f").c_str(),
+              num(f.cudaBulkGBps, "%.2f").c_str(), num(f.cudaSkipped.empty() ? f.pinned.writeGBps : -1, "%.2f").c_str(),
+              num(f.cudaSkipped.empty() ? f.pinned.readGBps : -1, "%.2f").c_str(),
+              num(f.cudaSkipped.empty() && f.fairCuda.problem.empty() ? f.fairCuda.error : -1, "%.4f").c_str(),
+              f.cudaSkipped.c_str());
+  std::printf("%s,", bench::failoverJson(f.failover).c_str());
+  std::printf("\"multi_admission_per_s\":%s,\"single_admission_per_s\":%s,\"multi_admission_p99_ms\":%s,"
+              "\"single_admission_p99_ms\":%s,\"multi_conflict_rate\":%s,\"multi_skipped\":\"%s\",",
+              num(f.multi.multiAdmissionsPerS, "%.0f").c_str(), num(f.multi.singleAdmissionsPerS, "%.0f").c_str(),
+              num(f.multi.multiP99Ms, "%.2f").c_str(), num(f.multi.singleP99Ms, "%.2f").c_str(),
+              num(f.multi.multiConflictRate, "%.4f").c_str(), bench::jsonSafe(f.multi.skipped).c_str());
+  std::printf("\"fair_share_error_async\":%.4f,\"fair_share_ratio_async\":%.3f,\"fair_share_async_met\":%s,",
+              f.fairAsync.error, f.fairAsync.ratio, m.fairAsync ? "true" : "false");
+  std::printf("\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
+              "\"async_instr_per_s\":%.0f,%s,"
+              "\"vm_sync_rtt_us_p50\":%s,\"host_guestd_sync_rtt_us_p50\":%.1f,\"vm_skipped\":\"%s\","
+              "\"alloc_ops_per_s\":%.0f,\"admission_p99_us\":%.2f,\"admission_victims_mean\":%.2f,"
+              "\"aggregate_efficiency\":%.3f,\"aggregate_gflops\":%.2f,\"aggregate_cards_alone_gflops\":%.2f,"
+              "\"quick\":%s,\"targets_met\":{\"sync_rtt\":%s,\"async_instr\":%s,\"bulk\":%s,"
+              "\"aggregate\":%s,\"alloc_ops\":%s,\"admission\":%s,\"fair_share\":%s},"
+              "\"fair_share_error\":%.4f,\"fair_share_ratio\":%.3f,\"async_instr_per_s_scraped\":%.0f,"
+              "\"scrape_overhead_pct\":%.2f,\"metrics_scrape_ms\":%.3f,\"scrapes\":%zu,\"metrics_cpu_ms_per_scrape\":%.3f}\n",
+              f.syncP50, f.syncP99, f.rawP50, f.asyncRate, bench::bulkJson(f.bulk).c_str(), vmRtt.c_str(), f.hostGuestdRttP50,
+              f.vmSkipped.c_str(), f.allocOps, f.admissionP99, f.admissionVictims, f.aggEfficiency, f.aggGflops,
+              f.aggSingles, quick ? "true" : "false", m.sync ? "true" : "false", m.async ? "true" : "false",
+              m.bulk ? "true" : "false", m.aggregate ? "true" : "false", m.alloc ? "true" : "false",
+              m.admission ? "true" : "false", m.fair ? "true" : "false", f.fair.error, f.fair.ratio, f.asyncRateScraped,
+              100 * (1 - f.asyncRateScraped / f.asyncRate), f.scrapeMs, f.scrapes, f.scrapeCpuMs);
+}
+
+void printText(const Figures& f) {
+  const Met m = metOf(f);
+  std::printf("%-26s %12s   %-34s %s\n", "figure", "value", "baseline / target", "");
+  std::printf("%-26s %9.1f us   raw two-hop p50 %.1f us, target <= %.1f us  %s\n", "sync_rtt_us_p50", f.syncP50,
+              f.rawP50, 3 * f.rawP50, m.sync ? "met" : "MISSED");
+  std::printf("%-26s %9.1f us\n", "sync_rtt_us_p99", f.syncP99);
+  std::printf("%-26s %9.1f us   the node link in plain TCP (--insecure), same run\n", "sync_rtt_us_p50_plain",
+              f.syncPlainP50);
+  if (f.syncEtcdP50 >= 0)
+    std::printf("%-26s %9.1f us   sync_rtt_us_p50_plain %.1f us, target <= 1.1x  %s\n", "sync_rtt_us_p50_etcd",
+                f.syncEtcdP50, f.syncPlainP50, f.syncEtcdP50 <= 1.1 * f.syncPlainP50 ? "met" : "MISSED");
+  else
+    std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_etcd", "-", f.etcdSkipped.c_str());
+  if (f.vmRttP50 >= 0)
+    std::printf("%-26s %9.1f us   same program on the host through raccel-guestd: %.1f us (QEMU %s)\n",
+                "vm_sync_rtt_us_p50", f.vmRttP50, f.hostGuestdRttP50,
+                std::getenv("RACCEL_QEMU_ACCEL") ? std::getenv("RACCEL_QEMU_ACCEL") : "tcg");
+  else
+    std::printf("%-26s %12s   skipped: %s; host through raccel-guestd: %.1f us\n", "vm_sync_rtt_us_p50", "-",
+                f.vmSkipped.c_str(), f.hostGuestdRttP50);
+  std::printf("%-26s %12.0f   target >= 200000  %s\n", "async_instr_per_s", f.asyncRate, m.async ? "met" : "MISSED");
+  std::printf("%-26s %12.0f   overhead %.2f%% beside a 1 Hz /metrics scraper (%zu scrapes), target < 2%%  %s\n",
+              "async_instr_per_s_scraped", f.asyncRateScraped, 100 * (1 - f.asyncRateScraped / f.asyncRate), f.scrapes,
+              f.asyncRateScraped > 0.98 * f.asyncRate ? "met" : "MISSED");
+  std::printf("%-26s %9.3f ms   latency of one scheduler + one netaccel /metrics page while the stream runs, median\n", "metrics_scrape_ms", f.scrapeMs);
+  std::printf("%-26s %9.3f ms   the daemons' CPU time per scrape of both pages (at 1 Hz: %.3f%% of one core)\n",
+              "metrics_cpu_ms_per_scrape", f.scrapeCpuMs, f.scrapeCpuMs / 10);
+  bench::printBulkText(f.bulk);
+  std::printf("%-26s %12.0f   target >= 2000000  %s\n", "alloc_ops_per_s", f.allocOps, m.alloc ? "met" : "MISSED");
+  std::printf("%-26s %9.2f us   target <= 50 us  %s (%.2f holders suspended per admission)\n",
+              "admission_p99_us", f.admissionP99, m.admission ? "met" : "MISSED", f.admissionVictims);
+  std::printf("%-26s %12.3f   split gemm %.2f GFLOPS vs the cards alone %.2f GFLOPS, target >= 0.85  %s\n",
+              "aggregate_efficiency", f.aggEfficiency, f.aggGflops, f.aggSingles, m.aggregate ? "met" : "MISSED");
+  std::printf("%-26s %12.4f   kernel time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
+              "fair_share_error", f.fair.error, f.fair.big, f.fair.small, f.fair.ratio, m.fair ? "met" : "MISSED");
+  if (f.sandboxRttP50 >= 0) {
+    std::printf("%-26s %9.1f us   same OpenCL card in the netaccel's process %.1f us, target <= %.1f us  %s\n",
+                "sync_rtt_us_p50_sandbox", f.sandboxRttP50, f.inProcessRttP50, 1.15 * f.inProcessRttP50,
+                f.sandboxRttP50 <= 1.15 * f.inProcessRttP50 ? "met" : "MISSED");
+  } else {
+    std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_sandbox", "-", f.sandboxSkipped.c_str());
+  }
+  if (f.cudaSkipped.empty()) {
+    double ratio = f.cudaRaccelTflops / f.cudaDirectTflops;
+    std::printf("%-26s %12.3f   raccel %.2f TFLOPS vs the hal's cuBLAS directly %.2f TFLOPS (N=4096), target >= 0.95  %s\n",
+                "cuda_gemm_ratio", ratio, f.cudaRaccelTflops, f.cudaDirectTflops, ratio >= 0.95 ? "met" : "MISSED");
+    std::printf("%-26s %7.2f GB/s   1 GiB write %.2f GB/s, read %.2f GB/s; direct page-locked copy %.2f / %.2f GB/s\n",
+                "cuda_bulk_gbps", f.cudaBulkGBps, f.cudaWriteGBps, f.cudaReadGBps, f.pinned.writeGBps, f.pinned.readGBps);
+    std::printf("%-26s %12.4f   GPU time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks (4096^3 gemms), target <= 0.05  %s%s\n",
+                "fair_share_error_cuda", f.fairCuda.error, f.fairCuda.big, f.fairCuda.small, f.fairCuda.ratio,
+                f.fairCuda.problem.empty() && f.fairCuda.error <= 0.05 ? "met" : "MISSED", f.fairCuda.problem.c_str());
+  } else {
+    std::printf("%-26s %12s   skipped: %s\n", "cuda_gemm_ratio", "-", f.cudaSkipped.c_str());
+  }
+  if (f.multi.skipped.empty()) {
+    std::printf("%-26s %12.0f   one scheduler alone on the same pool and etcd: %.0f/s\n", "multi_admission_per_s",
+                f.multi.multiAdmissionsPerS, f.multi.singleAdmissionsPerS);
+    std::printf("%-26s %9.2f ms   one scheduler alone %.2f ms, target <= 20 ms  %s\n", "multi_admission_p99_ms",
+                f.multi.multiP99Ms, f.multi.singleP99Ms, f.multi.multiP99Ms <= 20 ? "met" : "MISSED");
+    std::printf("%-26s %12.4f   transactions that met a change by another scheduler and were placed again\n",
+                "multi_conflict_rate", f.multi.multiConflictRate);
+  } else {
+    std::printf("%-26s %12s   skipped: %s\n", "multi_admission_per_s", "-", f.multi.skipped.c_str());
+  }
+  bench::printFailoverText(f.failover);
+  std::printf("%-26s %12.4f   device time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
+              "fair_share_error_async", f.fairAsync.error, f.fairAsync.big, f.fairAsync.small, f.fairAsync.ratio,
+              m.fairAsync ? "met" : "MISSED");
+}
+
+// One section alone (--only): its figures, printed as the full run prints them.
+int measureOnly(const std::string& section, bool quick, bool json, double lineageSeconds) {
+  if (section == "bulk") {
+    if (!json) std::fprintf(stderr, "raccel-bench: bulk: a raw socket, then write and read back through both hops, TLS and plain...\n");
+    bench::BulkFigures bulk = bench::measureBulk(quick);
+    if (json) std::printf("{%s,\"quick\":%s}\n", bench::bulkJson(bulk).c_str(), quick ? "true" : "false");
+    else bench::printBulkText(bulk);
+    return bulk.problem.empty() ? 0 : 1;
+  }
+  if (section != "failover") {
+    std::fprintf(stderr, "raccel-bench: --only takes failover or bulk, not '%s'\n", section.c_str());
+    return 2;
+  }
+  if (!json) std::fprintf(stderr, "raccel-bench: failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory...\n");
+  bench::FailoverFigures failover = bench::measureFailover(quick, lineageSeconds);
+  if (json) std::printf("{%s,\"quick\":%s}\n", bench::failoverJson(failover).c_str(), quick ? "true" : "false");
+  else bench::printFailoverText(failover);
+  return failover.problem.empty() ? 0 : 1;
+}
+
+// Every section, then every figure beside its baseline and target.
+int measureAll(bool quick, bool json, double lineageSeconds) {
+  Run run;
+  run.quick = quick;
+  run.json = json;
+  run.syncIters = quick ? 300 : 5000;
+  run.asyncCount = quick ? 20000 : 400000;
+  run.bulkBytes = bench::bulkBytes(quick);
+  run.vm.memoryQuota = "1GiB";
+  run.options.program = "raccel-bench";
+
+  Figures f;
+  run.progress("pool: allocate/release on 10^6 blocks, admission with preemption on 10^5");
+  f.allocOps = allocOpsPerSecond(quick);
+  f.admissionP99 = admissionP99Us(quick, &f.admissionVictims);
+
+  run.progress("many hosts: admissions through etcd, three schedulers racing on one pool beside one alone");
+  run.progress("failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory");
+  f.failover = bench::measureFailover(quick, lineageSeconds);
+  if (!f.failover.problem.empty()) std::fprintf(stderr, "raccel-bench: failover figures: %s\n", f.failover.problem.c_str());
+  f.multi = bench::measureMultiHost(quick);
+  if (!f.multi.skipped.empty()) std::fprintf(stderr, "raccel-bench: multi-host figures skipped: %s\n", f.multi.skipped.c_str());
+
+  testing::Cluster cluster({run.vm});
+  pid_t benchNode = cluster.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4).pid();
+  auto opened = run.openOn(cluster);
+  if (!opened) return 1;
+  auto& s = *opened;
+  run.progress("synchronous round trips (TLS node link)");
+  std::vector<double> rtts;
+  if (!run.syncRtts(s, rtts)) return 1;
+  f.syncP50 = percentile(rtts, 0.5);
+  f.syncP99 = percentile(rtts, 0.99);
+  auto tiny = s.alloc(4096);
+  (void)s.fence();
+  run.progress("raw two-hop baseline");
+  if (!measureRawTwoHop(run, f, cluster)) return 1;
+  run.progress("synchronous round trips from a QEMU guest and through a host raccel-guestd");
+  measureGuests(run, f, cluster);
+  run.progress("asynchronous instruction stream, alone and beside a 1 Hz /metrics scraper");
+  if (!measureStream(run, f, cluster, s, tiny, benchNode)) return 1;
+  run.progress("bulk write and read back (TLS node link)");
+  f.bulk.bytes = run.bulkBytes;
+  f.bulk.tls = bench::steadyBulk(s, run.bulkBytes, quick ? 1 : 3);
+  if (!f.bulk.tls.problem.empty()) {
+    failed(f.bulk.tls.problem);
+    return 1;
+  }
+  if (!measurePlainAndShared(run, f) || !measureSandbox(run, f) || !measureCuda(run, f)) return 1;
+  run.progress("raw loopback socket baseline");
+  f.bulk.rawGbps = bench::rawSocketGbps(run.bulkBytes);
+  run.progress("compute aggregation over three simulated cards");
+  measureAggregation(run, f);
+  run.progress("sharing a card: two tenants with 3:1 blocks, both keeping it busy");
+  f.fair = testing::measureFairShare(run.quick ? 1.5 : 5);
+  if (!f.fair.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share: %s\n", f.fair.problem.c_str());
+  run.progress("sharing an asynchronous card (kernels queued, timed on the card's own thread): 3:1 blocks");
+  f.fairAsync = testing::measureFairShare(run.quick ? 1.5 : 5, testing::kAsyncFairCard);
+  if (!f.fairAsync.problem.empty())
+    std::fprintf(stderr, "raccel-bench: fair share (async): %s\n", f.fairAsync.problem.c_str());
+
+  std::replace(f.vmSkipped.begin(), f.vmSkipped.end(), '"', '\'');
+  if (run.json) printJson(f, quick);
+  else printText(f);
+  return 0;
+}
 
 }  // namespace
 
@@ -242,498 +783,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (flags.has("only") && flags.get("only") == "bulk") {
-    if (!flags.has("json")) std::fprintf(stderr, "raccel-bench: bulk: a raw socket, then write and read back through both hops, TLS and plain...\n");
-    bench::BulkFigures bulk = bench::measureBulk(quick);
-    if (flags.has("json")) std::printf("{%s,\"quick\":%s}\n", bench::bulkJson(bulk).c_str(), quick ? "true" : "false");
-    else bench::printBulkText(bulk);
-    return bulk.problem.empty() ? 0 : 1;
-  }
-  if (flags.has("only")) {
-    if (flags.get("only") != "failover") {
-      std::fprintf(stderr, "raccel-bench: --only takes failover or bulk, not '%s'\n", flags.get("only").c_str());
-      return 2;
-    }
-    if (!flags.has("json")) std::fprintf(stderr, "raccel-bench: failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory...\n");
-    bench::FailoverFigures failover = bench::measureFailover(quick, lineageSeconds);
-    if (flags.has("json")) std::printf("{%s,\"quick\":%s}\n", bench::failoverJson(failover).c_str(), quick ? "true" : "false");
-    else bench::printFailoverText(failover);
-    return failover.problem.empty() ? 0 : 1;
-  }
-  const int syncIters = quick ? 300 : 5000;
-  const int asyncCount = quick ? 20000 : 400000;
-  const size_t bulkBytes = bench::bulkBytes(quick);
-  auto progress = [&](const char* what) {
-    if (!flags.has("json")) std::fprintf(stderr, "raccel-bench: %s...\n", what);
-  };
-  auto failed = [](const std::string& why) {
-    std::fprintf(stderr, "raccel-bench: %s\n", why.c_str());
-    return 1;
-  };
-
-  Figures f;
-  progress("pool: allocate/release on 10^6 blocks, admission with preemption on 10^5");
-  f.allocOps = allocOpsPerSecond(quick);
-  f.admissionP99 = admissionP99Us(quick, &f.admissionVictims);
-
-  progress("many hosts: admissions through etcd, three schedulers racing on one pool beside one alone");
-  progress("failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory");
-  bench::FailoverFigures failover = bench::measureFailover(quick, lineageSeconds);
-  if (!failover.problem.empty()) std::fprintf(stderr, "raccel-bench: failover figures: %s\n", failover.problem.c_str());
-  bench::MultiHostFigures multi = bench::measureMultiHost(quick);
-  if (!multi.skipped.empty()) std::fprintf(stderr, "raccel-bench: multi-host figures skipped: %s\n", multi.skipped.c_str());
-
-  testing::VmSpec vm;
-  vm.memoryQuota = "1GiB";
-  testing::Cluster cluster({vm});
-  pid_t benchNode = cluster.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4).pid();
-  client::Options options;
-  options.socket = cluster.vmSocket();
-  options.program = "raccel-bench";
-  auto opened = client::Session::open(options);
-  if (!opened) {
-    std::fprintf(stderr, "raccel-bench: %s\n", opened.error().message.c_str());
-    return 1;
-  }
-  auto& s = **opened;
-
-  // A session of this program on another cluster's VM; null after saying why not.
-  auto openOn = [&](testing::Cluster& on) -> std::unique_ptr<client::Session> {
-    options.socket = on.vmSocket();
-    auto p = client::Session::open(options);
-    if (!p) {
-      std::fprintf(stderr, "raccel-bench: %s\n", p.error().message.c_str());
-      return nullptr;
-    }
-    return std::move(*p);
-  };
-  // One tiny instruction + fence, timed; false (after saying why) when one failed.
-  auto syncRtts = [&](client::Session& on, std::vector<double>& rtts) {
-    auto tiny = on.alloc(4096);
-    (void)on.fence();
-    for (int i = 0; i < syncIters + 100; ++i) {
-      auto t = Clock::now();
-      on.fill(tiny, 0, 4, static_cast<uint8_t>(i));
-      if (auto r = on.fence(); !r) {
-        std::fprintf(stderr, "raccel-bench: %s\n", r.error().message.c_str());
-        return false;
-      }
-      if (i >= 100) rtts.push_back(since(t) * 1e6);
-    }
-    on.free(tiny);
-    return true;
-  };
-  progress("synchronous round trips (TLS node link)");
-  std::vector<double> rtts;
-  if (!syncRtts(s, rtts)) return 1;
-  f.syncP50 = percentile(rtts, 0.5);
-  f.syncP99 = percentile(rtts, 0.99);
-  auto tiny = s.alloc(4096);
-  (void)s.fence();
-
-  progress("raw two-hop baseline");
-  {
-    int port = 0;
-    int probe = bench::tcpListen(&port);
-    ::close(probe);
-    std::string relayPath = cluster.dir() + "/raw-relay.sock";
-    testing::Process echo("raccel-bench", {"--raw-echo", std::to_string(port)}, cluster.dir() + "/raw-echo.log");
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    testing::Process relay("raccel-bench", {"--raw-relay", relayPath + ":" + std::to_string(port)},
-                           cluster.dir() + "/raw-relay.log");
-    int fd = bench::unixConnect(relayPath);
-    if (fd < 0) {
-      std::fprintf(stderr, "raccel-bench: raw baseline did not start\n");
-      return 1;
-    }
-    // The same sizes as the measured path: two small frames out, one small frame back.
-    char out[96] = {}, back[96];
-    std::vector<double> raw;
-    for (int i = 0; i < syncIters + 100; ++i) {
-      auto t = Clock::now();
-      if (!bench::writeAll(fd, out, sizeof out) || !bench::readAll(fd, back, sizeof back)) break;
-      if (i >= 100) raw.push_back(since(t) * 1e6);
-    }
-    ::close(fd);
-    f.rawP50 = percentile(raw, 0.5);
-  }
-
-  progress("synchronous round trips from a QEMU guest and through a host raccel-guestd");
-  {
-    const std::string rtts = std::to_string(quick ? 300 : 3000);
-    f.vmSkipped = testing::vmUnavailable();
-    if (f.vmSkipped.empty()) {
-      testing::Process guest(testing::guestBootScript(),
-                             {"--socket", cluster.vmSocket(), "--mode", "connect", "--image", testing::guestImage(),
-                              "--timeout", "300",
-                              "--", "raccel-run", "--name", "vm-rtt", "--rtt", rtts},
-                             cluster.dir() + "/vm-rtt.log");
-      guest.wait(320000);
-      f.vmRttP50 = rttFromOutput(cluster.dir() + "/vm-rtt.log");
-      if (f.vmRttP50 < 0) f.vmSkipped = "the guest printed no figure (see " + cluster.dir() + "/vm-rtt.log)";
-    }
-    std::string guestd = cluster.startGuestd();
-    testing::Process host("raccel-run", {"--socket", guestd, "--name", "host-rtt", "--rtt", rtts},
-                          cluster.dir() + "/host-rtt.log");
-    host.wait(120000);
-    f.hostGuestdRttP50 = rttFromOutput(cluster.dir() + "/host-rtt.log");
-  }
-
-  progress("asynchronous instruction stream, alone and beside a 1 Hz /metrics scraper");
-  {
-    // Each round streams for a few seconds, so a 1 Hz scraper scrapes several times in it.
-    const double roundSeconds = quick ? 0.5 : 2;
-    auto stream = [&]() -> double {
-      auto t = Clock::now();
-      uint64_t sent = 0;
-      while (since(t) < roundSeconds)
-        for (int i = 0; i < asyncCount / 20; ++i, ++sent) s.fill(tiny, (sent % 1024) * 4, 4, static_cast<uint8_t>(sent));
-      if (auto r = s.fence(); !r) {
-        std::fprintf(stderr, "raccel-bench: %s\n", r.error().message.c_str());
-        std::exit(1);
-      }
-      return sent / since(t);
-    };
-    std::vector<double> plain, scraped, scrapeMs;
-    for (int round = 0; round < (quick ? 1 : 7); ++round) {
-      plain.push_back(stream());
-      std::atomic<bool> scraping{true};
-      std::thread scraper([&] {
-        httplib::Client scheduler("127.0.0.1", cluster.httpPort()), node("127.0.0.1", cluster.netaccelHttpPort("bench0"));
-        while (scraping) {
-          auto t = Clock::now();
-          auto a = scheduler.Get("/metrics");
-          auto b = node.Get("/metrics");
-          if (!a || a->status != 200 || !b || b->status != 200) {
-            std::fprintf(stderr, "raccel-bench: a /metrics scrape failed\n");
-            std::exit(1);
-          }
-          scrapeMs.push_back(since(t) * 1e3);
-          while (scraping && Clock::now() - t < std::chrono::seconds(1)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-      });
-      scraped.push_back(stream());
-      scraping = false;
-      scraper.join();
-    }
-    f.asyncRate = percentile(plain, 0.5);
-    f.asyncRateScraped = percentile(scraped, 0.5);
-    f.scrapeMs = percentile(scrapeMs, 0.5);
-    f.scrapes = scrapeMs.size();
-    // What a scrape costs the daemons themselves: their CPU time over 200 scrapes of both
-    // pages, the stream idle.
-    auto cpuMs = [](pid_t pid) {
-      std::string stat = testing::readFile("/proc/" + std::to_string(pid) + "/stat");
-      std::istringstream in(stat.substr(stat.rfind(')') + 2));
-      std::string field;
-      double ticks = 0;
-      for (int i = 3; i <= 15 && in >> field; ++i)
-        if (i >= 14) ticks += std::stod(field);
-      return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
-    };
-    double before = cpuMs(cluster.scheduler().pid()) + cpuMs(benchNode);
-    httplib::Client scheduler("127.0.0.1", cluster.httpPort()), node("127.0.0.1", cluster.netaccelHttpPort("bench0"));
-    const int n = quick ? 20 : 200;
-    for (int i = 0; i < n; ++i)
-      if (!scheduler.Get("/metrics") || !node.Get("/metrics")) return 1;
-    f.scrapeCpuMs = (cpuMs(cluster.scheduler().pid()) + cpuMs(benchNode) - before) / n;
-  }
-
-  progress("bulk write and read back (TLS node link)");
-  f.bulk.bytes = bulkBytes;
-  f.bulk.tls = bench::steadyBulk(s, bulkBytes, quick ? 1 : 3);
-  if (!f.bulk.tls.problem.empty()) return failed(f.bulk.tls.problem);
-
-  progress("the same with the node link in plain TCP (--insecure)");
-  {
-    testing::Cluster plain({vm}, "", {"--insecure"});
-    plain.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4);
-    auto p = openOn(plain);
-    if (!p) return 1;
-    std::vector<double> plainRtts;
-    if (!syncRtts(*p, plainRtts)) return 1;
-    f.syncPlainP50 = percentile(plainRtts, 0.5);
-    f.bulk.plain = bench::steadyBulk(*p, bulkBytes, quick ? 1 : 3);
-    if (!f.bulk.plain.problem.empty()) return failed(f.bulk.plain.problem);
-  }
-  // The same scheduler in a pool shared through etcd: the data path does not touch etcd.
-  f.etcdSkipped = testing::etcdUnavailable();
-  if (f.etcdSkipped.empty()) {
-    progress("the same with the scheduler in a pool shared through etcd (--etcd, 3 members)");
-    testing::EtcdCluster etcd(3);
-    if (auto started = etcd.start(); !started) {
-      f.etcdSkipped = started.error().message;
-    } else {
-      testing::Cluster shared({vm}, "", {"--insecure", "--etcd", etcd.endpoints(), "--name", "bench"});
-      shared.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4, {"--etcd", etcd.endpoints()});
-      auto p = openOn(shared);
-      if (!p) return 1;
-      std::vector<double> etcdRtts;
-      if (!syncRtts(*p, etcdRtts)) return 1;
-      f.syncEtcdP50 = percentile(etcdRtts, 0.5);
-    }
-  }
-
-  // An OpenCL card (PoCL here): each tenant in a sandbox process (the default), and the
-  // same card with guest code in the netaccel's own process (--no-sandbox), same run.
-  if (!hal::discover("opencl").devices.empty()) {
-    for (bool sandboxed : {true, false}) {
-      progress(sandboxed ? "an OpenCL card, each tenant in a sandbox process" : "the same card run inside the netaccel (--no-sandbox)");
-      testing::Cluster c({vm});
-      std::vector<std::string> extra;
-      if (!sandboxed) extra.push_back("--no-sandbox");
-      c.addNetaccel("bench0", {"backend=opencl,kind=gpu,tflops=4,memory=1GiB"}, 4, extra);
-      auto p = openOn(c);
-      if (!p) return 1;
-      std::vector<double> r;
-      if (!syncRtts(*p, r)) return 1;
-      bench::BulkRun bulk = bench::steadyBulk(*p, bulkBytes, quick ? 1 : 3);
-      if (!bulk.problem.empty()) return failed(bulk.problem);
-      (sandboxed ? f.sandboxRttP50 : f.inProcessRttP50) = percentile(r, 0.5);
-      (sandboxed ? f.bulk.sandbox : f.bulk.inProcess) = bulk;
-    }
-  } else {
-    f.sandboxSkipped = "no OpenCL device: " + hal::discover("opencl").note;
-  }
-
-  // A CUDA GPU, when there is one: gemm through both hops against the same library
-  // (the hal's cuBLAS gemm) called directly, and 1 GiB written and read back against a
-  // direct page-locked copy, same run.
-  if (!hal::discover("cuda").devices.empty()) {
-    progress("CUDA: direct cuBLAS gemm (N=4096) through the hal, in this process");
-    const uint32_t n = 4096;
-    const int reps = quick ? 5 : 20;
-    {
-      auto dev = hal::openDevice("cuda", 0, {.tflops = 8});
-      if (!dev) {
-        std::fprintf(stderr, "raccel-bench: cuda: %s\n", dev.error().message.c_str());
-        return 1;
-      }
-      auto& d = **dev;
-      auto a = d.allocate(uint64_t{n} * n * 4), b = d.allocate(uint64_t{n} * n * 4), c = d.allocate(uint64_t{n} * n * 4);
-      if (!a || !b || !c) {
-        std::fprintf(stderr, "raccel-bench: cuda: no memory for the gemm\n");
-        return 1;
-      }
-      hal::GemmArgs g{n, n, n, 1, 0, a->get(), b->get(), c->get()};
-      (void)d.gemm(g);
-      (void)d.finish();
-      auto t = Clock::now();
-      for (int i = 0; i < reps; ++i) (void)d.gemm(g);
-      (void)d.finish();
-      f.cudaDirectTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
-      d.release(std::move(*a));
-      d.release(std::move(*b));
-      d.release(std::move(*c));
-    }
-#ifdef RACCEL_HAVE_CUDA
-    progress("CUDA: direct page-locked copy, 1 GiB each way");
-    if (auto p = hal::measurePinnedCopy(0, 1ull << 30); p) f.pinned = *p;
-#endif
-    progress("CUDA: the same gemm and 1 GiB through raccel (guest -> scheduler -> netaccel -> sandbox -> GPU)");
-    testing::Cluster c({vm});
-    c.addNetaccel("gpu0", {"backend=cuda,device=0,kind=gpu,tflops=8"}, 8);
-    auto p = openOn(c);
-    if (!p) return 1;
-    auto& g = *p;
-    auto ha = g.alloc(uint64_t{n} * n * 4), hb = g.alloc(uint64_t{n} * n * 4), hc = g.alloc(uint64_t{n} * n * 4);
-    g.writeFloats(ha, testing::randomFloats(size_t{n} * n, 1));
-    g.writeFloats(hb, testing::randomFloats(size_t{n} * n, 2));
-    g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
-    if (auto r = g.fence(); !r) {
-      std::fprintf(stderr, "raccel-bench: cuda gemm: %s\n", r.error().message.c_str());
-      return 1;
-    }
-    auto t = Clock::now();
-    for (int i = 0; i < reps; ++i) g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
-    if (auto r = g.fence(); !r) {
-      std::fprintf(stderr, "raccel-bench: cuda gemm: %s\n", r.error().message.c_str());
-      return 1;
-    }
-    f.cudaRaccelTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
-    g.free(ha), g.free(hb), g.free(hc);
-    bench::BulkRun bulk = bench::writeAndReadBack(g, size_t{1} << 30);
-    if (!bulk.problem.empty()) return failed(bulk.problem);
-    f.cudaWriteGBps = bulk.writeGbps() / 8;
-    f.cudaReadGBps = bulk.readGbps() / 8;
-    f.cudaBulkGBps = bulk.gbps / 8;
-    progress("CUDA: two tenants with 3:1 blocks of the GPU, each streaming 4096^3 gemms");
-    f.fairCuda = testing::measureFairShare(quick ? 3 : 8, testing::kCudaFairCard, 4096, 8);
-    if (!f.fairCuda.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share (cuda): %s\n", f.fairCuda.problem.c_str());
-  } else {
-    f.cudaSkipped = "no CUDA GPU: " + hal::discover("cuda").note;
-  }
-
-  progress("raw loopback socket baseline");
-  f.bulk.rawGbps = bench::rawSocketGbps(bulkBytes);
-
-  progress("compute aggregation over three simulated cards");
-  {
-    // Paced cards compute for real but take as long as their declared TFLOPS says; the
-    // host has more than enough speed for these rates, so what is measured is raccel's
-    // splitting, copying and gathering.
-    testing::Cluster agg({vm}, "", {"--block-tflops", "0.001"});
-    agg.addNetaccel("agg0", {"kind=gpu,tflops=0.004,memory=512MiB,threads=1,paced=true",
-                             "kind=npu,tflops=0.002,memory=512MiB,threads=1,paced=true"}, 6);
-    agg.addNetaccel("agg1", {"kind=fpga,tflops=0.002,memory=512MiB,threads=1,paced=true"}, 2);
-    const uint32_t n = quick ? 256 : 512;
-    const int reps = quick ? 2 : 5;
-    auto gflops = [&](double tflops, std::vector<CardKind> kinds, size_t expectCards) -> double {
-      client::Options o = options;
-      o.socket = agg.vmSocket();
-      o.tflops = tflops;
-      o.kinds = std::move(kinds);
-      auto session = client::Session::open(o);
-      if (!session || (*session)->vaccel().cards.size() != expectCards) {
-        std::fprintf(stderr, "raccel-bench: aggregation vaccel: %s\n",
-                     session ? (*session)->vaccel().describe().c_str() : session.error().message.c_str());
-        return -1;
-      }
-      auto& v = **session;
-      std::vector<float> a(size_t{n} * n, 1.0f), b(size_t{n} * n, 0.5f);
-      auto ha = v.alloc(a.size() * 4), hb = v.alloc(b.size() * 4), hc = v.alloc(a.size() * 4);
-      v.writeFloats(ha, a);
-      v.writeFloats(hb, b);
-      v.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);  // warm-up: the other cards get their copies of a and b
-      if (!v.fence()) return -1;
-      auto t = Clock::now();
-      for (int i = 0; i < reps; ++i) v.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
-      auto done = v.fence();
-      double secs = since(t);
-      auto c = v.readFloats(hc, 1);
-      if (!done || !c || (*c)[0] != 0.5f * n) return -1;
-      return 2.0 * n * n * n * reps / secs / 1e9;
-    };
-    double g = gflops(0.004, {CardKind::gpu}, 1), p = gflops(0.002, {CardKind::npu}, 1),
-           q = gflops(0.002, {CardKind::fpga}, 1);
-    double all = gflops(0.008, {}, 3);
-    f.aggSingles = g + p + q;
-    f.aggGflops = all;
-    f.aggEfficiency = (g > 0 && p > 0 && q > 0 && all > 0) ? all / f.aggSingles : 0;
-  }
-
-  progress("sharing a card: two tenants with 3:1 blocks, both keeping it busy");
-  f.fair = testing::measureFairShare(quick ? 1.5 : 5);
-  if (!f.fair.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share: %s\n", f.fair.problem.c_str());
-  progress("sharing an asynchronous card (kernels queued, timed on the card's own thread): 3:1 blocks");
-  f.fairAsync = testing::measureFairShare(quick ? 1.5 : 5, testing::kAsyncFairCard);
-  if (!f.fairAsync.problem.empty())
-    std::fprintf(stderr, "raccel-bench: fair share (async): %s\n", f.fairAsync.problem.c_str());
-
-  bool syncOk = f.syncP50 <= 3 * f.rawP50, asyncOk = f.asyncRate >= 200000, bulkOk = f.bulk.plainMet();
-  bool aggOk = f.aggEfficiency >= 0.85;
-  bool allocOk = f.allocOps >= 2e6, admissionOk = f.admissionP99 <= 50;
-  bool fairOk = f.fair.problem.empty() && f.fair.error <= 0.05;
-  bool fairAsyncOk = f.fairAsync.problem.empty() && f.fairAsync.error <= 0.05;
-  char vmRttText[32] = "null";
-  if (f.vmRttP50 >= 0) std::snprintf(vmRttText, sizeof vmRttText, "%.1f", f.vmRttP50);
-  std::string vmRtt = vmRttText;
-  std::replace(f.vmSkipped.begin(), f.vmSkipped.end(), '"', '\'');
-  if (flags.has("json")) {
-    std::printf("{\"sync_rtt_us_p50_plain\":%.1f,", f.syncPlainP50);
-    if (f.syncEtcdP50 >= 0) std::printf("\"sync_rtt_us_p50_etcd\":%.1f,", f.syncEtcdP50);
-    else std::printf("\"sync_rtt_us_p50_etcd\":null,");
-    auto num = [](double v, const char* fmt) { return bench::jsonNumber(v, fmt); };
-    std::printf("\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,\"cuda_gemm_ratio\":%s,\"cuda_gemm_tflops\":%s,"
-                "\"cuda_direct_gemm_tflops\":%s,\"cuda_bulk_gbps\":%s,\"cuda_pinned_write_gbps\":%s,"
-                "\"cuda_pinned_read_gbps\":%s,\"fair_share_error_cuda\":%s,\"cuda_skipped\":\"%s\",",
-                num(f.sandboxRttP50, "%.1f").c_str(), num(f.inProcessRttP50, "%.1f").c_str(),
-                num(f.cudaRaccelTflops > 0 && f.cudaDirectTflops > 0 ? f.cudaRaccelTflops / f.cudaDirectTflops : -1, "%.3f").c_str(),
-                num(f.cudaRaccelTflops, "%.2f").c_str(), num(f.cudaDirectTflops, "%.2f").c_str(),
-                num(f.cudaBulkGBps, "%.2f").c_str(), num(f.cudaSkipped.empty() ? f.pinned.writeGBps : -1, "%.2f").c_str(),
-                num(f.cudaSkipped.empty() ? f.pinned.readGBps : -1, "%.2f").c_str(),
-                num(f.cudaSkipped.empty() && f.fairCuda.problem.empty() ? f.fairCuda.error : -1, "%.4f").c_str(),
-                f.cudaSkipped.c_str());
-    std::printf("%s,", bench::failoverJson(failover).c_str());
-    std::printf("\"multi_admission_per_s\":%s,\"single_admission_per_s\":%s,\"multi_admission_p99_ms\":%s,"
-                "\"single_admission_p99_ms\":%s,\"multi_conflict_rate\":%s,\"multi_skipped\":\"%s\",",
-                num(multi.multiAdmissionsPerS, "%.0f").c_str(), num(multi.singleAdmissionsPerS, "%.0f").c_str(),
-                num(multi.multiP99Ms, "%.2f").c_str(), num(multi.singleP99Ms, "%.2f").c_str(),
-                num(multi.multiConflictRate, "%.4f").c_str(), bench::jsonSafe(multi.skipped).c_str());
-    std::printf("\"fair_share_error_async\":%.4f,\"fair_share_ratio_async\":%.3f,\"fair_share_async_met\":%s,",
-                f.fairAsync.error, f.fairAsync.ratio, fairAsyncOk ? "true" : "false");
-    std::printf("\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
-                "\"async_instr_per_s\":%.0f,%s,"
-                "\"vm_sync_rtt_us_p50\":%s,\"host_guestd_sync_rtt_us_p50\":%.1f,\"vm_skipped\":\"%s\","
-                "\"alloc_ops_per_s\":%.0f,\"admission_p99_us\":%.2f,\"admission_victims_mean\":%.2f,"
-                "\"aggregate_efficiency\":%.3f,\"aggregate_gflops\":%.2f,\"aggregate_cards_alone_gflops\":%.2f,"
-                "\"quick\":%s,\"targets_met\":{\"sync_rtt\":%s,\"async_instr\":%s,\"bulk\":%s,"
-                "\"aggregate\":%s,\"alloc_ops\":%s,\"admission\":%s,\"fair_share\":%s},"
-                "\"fair_share_error\":%.4f,\"fair_share_ratio\":%.3f,\"async_instr_per_s_scraped\":%.0f,"
-                "\"scrape_overhead_pct\":%.2f,\"metrics_scrape_ms\":%.3f,\"scrapes\":%zu,\"metrics_cpu_ms_per_scrape\":%.3f}\n",
-                f.syncP50, f.syncP99, f.rawP50, f.asyncRate, bench::bulkJson(f.bulk).c_str(), vmRtt.c_str(), f.hostGuestdRttP50,
-                f.vmSkipped.c_str(), f.allocOps, f.admissionP99, f.admissionVictims, f.aggEfficiency, f.aggGflops,
-                f.aggSingles, quick ? "true" : "false", syncOk ? "true" : "false", asyncOk ? "true" : "false",
-                bulkOk ? "true" : "false", aggOk ? "true" : "false", allocOk ? "true" : "false",
-                admissionOk ? "true" : "false", fairOk ? "true" : "false", f.fair.error, f.fair.ratio, f.asyncRateScraped,
-                100 * (1 - f.asyncRateScraped / f.asyncRate), f.scrapeMs, f.scrapes, f.scrapeCpuMs);
-  } else {
-    std::printf("%-26s %12s   %-34s %s\n", "figure", "value", "baseline / target", "");
-    std::printf("%-26s %9.1f us   raw two-hop p50 %.1f us, target <= %.1f us  %s\n", "sync_rtt_us_p50", f.syncP50,
-                f.rawP50, 3 * f.rawP50, syncOk ? "met" : "MISSED");
-    std::printf("%-26s %9.1f us\n", "sync_rtt_us_p99", f.syncP99);
-    std::printf("%-26s %9.1f us   the node link in plain TCP (--insecure), same run\n", "sync_rtt_us_p50_plain",
-                f.syncPlainP50);
-    if (f.syncEtcdP50 >= 0)
-      std::printf("%-26s %9.1f us   sync_rtt_us_p50_plain %.1f us, target <= 1.1x  %s\n", "sync_rtt_us_p50_etcd",
-                  f.syncEtcdP50, f.syncPlainP50, f.syncEtcdP50 <= 1.1 * f.syncPlainP50 ? "met" : "MISSED");
-    else
-      std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_etcd", "-", f.etcdSkipped.c_str());
-    if (f.vmRttP50 >= 0)
-      std::printf("%-26s %9.1f us   same program on the host through raccel-guestd: %.1f us (QEMU %s)\n",
-                  "vm_sync_rtt_us_p50", f.vmRttP50, f.hostGuestdRttP50,
-                  std::getenv("RACCEL_QEMU_ACCEL") ? std::getenv("RACCEL_QEMU_ACCEL") : "tcg");
-    else
-      std::printf("%-26s %12s   skipped: %s; host through raccel-guestd: %.1f us\n", "vm_sync_rtt_us_p50", "-",
-                  f.vmSkipped.c_str(), f.hostGuestdRttP50);
-    std::printf("%-26s %12.0f   target >= 200000  %s\n", "async_instr_per_s", f.asyncRate, asyncOk ? "met" : "MISSED");
-    std::printf("%-26s %12.0f   overhead %.2f%% beside a 1 Hz /metrics scraper (%zu scrapes), target < 2%%  %s\n",
-                "async_instr_per_s_scraped", f.asyncRateScraped, 100 * (1 - f.asyncRateScraped / f.asyncRate), f.scrapes,
-                f.asyncRateScraped > 0.98 * f.asyncRate ? "met" : "MISSED");
-    std::printf("%-26s %9.3f ms   latency of one scheduler + one netaccel /metrics page while the stream runs, median\n", "metrics_scrape_ms", f.scrapeMs);
-    std::printf("%-26s %9.3f ms   the daemons' CPU time per scrape of both pages (at 1 Hz: %.3f%% of one core)\n",
-                "metrics_cpu_ms_per_scrape", f.scrapeCpuMs, f.scrapeCpuMs / 10);
-    bench::printBulkText(f.bulk);
-    std::printf("%-26s %12.0f   target >= 2000000  %s\n", "alloc_ops_per_s", f.allocOps, allocOk ? "met" : "MISSED");
-    std::printf("%-26s %9.2f us   target <= 50 us  %s (%.2f holders suspended per admission)\n",
-                "admission_p99_us", f.admissionP99, admissionOk ? "met" : "MISSED", f.admissionVictims);
-    std::printf("%-26s %12.3f   split gemm %.2f GFLOPS vs the cards alone %.2f GFLOPS, target >= 0.85  %s\n",
-                "aggregate_efficiency", f.aggEfficiency, f.aggGflops, f.aggSingles, aggOk ? "met" : "MISSED");
-    std::printf("%-26s %12.4f   kernel time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
-                "fair_share_error", f.fair.error, f.fair.big, f.fair.small, f.fair.ratio, fairOk ? "met" : "MISSED");
-    if (f.sandboxRttP50 >= 0) {
-      std::printf("%-26s %9.1f us   same OpenCL card in the netaccel's process %.1f us, target <= %.1f us  %s\n",
-                  "sync_rtt_us_p50_sandbox", f.sandboxRttP50, f.inProcessRttP50, 1.15 * f.inProcessRttP50,
-                  f.sandboxRttP50 <= 1.15 * f.inProcessRttP50 ? "met" : "MISSED");
-    } else {
-      std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_sandbox", "-", f.sandboxSkipped.c_str());
-    }
-    if (f.cudaSkipped.empty()) {
-      double ratio = f.cudaRaccelTflops / f.cudaDirectTflops;
-      std::printf("%-26s %12.3f   raccel %.2f TFLOPS vs the hal's cuBLAS directly %.2f TFLOPS (N=4096), target >= 0.95  %s\n",
-                  "cuda_gemm_ratio", ratio, f.cudaRaccelTflops, f.cudaDirectTflops, ratio >= 0.95 ? "met" : "MISSED");
-      std::printf("%-26s %7.2f GB/s   1 GiB write %.2f GB/s, read %.2f GB/s; direct page-locked copy %.2f / %.2f GB/s\n",
-                  "cuda_bulk_gbps", f.cudaBulkGBps, f.cudaWriteGBps, f.cudaReadGBps, f.pinned.writeGBps, f.pinned.readGBps);
-      std::printf("%-26s %12.4f   GPU time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks (4096^3 gemms), target <= 0.05  %s%s\n",
-                  "fair_share_error_cuda", f.fairCuda.error, f.fairCuda.big, f.fairCuda.small, f.fairCuda.ratio,
-                  f.fairCuda.problem.empty() && f.fairCuda.error <= 0.05 ? "met" : "MISSED", f.fairCuda.problem.c_str());
-    } else {
-      std::printf("%-26s %12s   skipped: %s\n", "cuda_gemm_ratio", "-", f.cudaSkipped.c_str());
-    }
-    if (multi.skipped.empty()) {
-      std::printf("%-26s %12.0f   one scheduler alone on the same pool and etcd: %.0f/s\n", "multi_admission_per_s",
-                  multi.multiAdmissionsPerS, multi.singleAdmissionsPerS);
-      std::printf("%-26s %9.2f ms   one scheduler alone %.2f ms, target <= 20 ms  %s\n", "multi_admission_p99_ms",
-                  multi.multiP99Ms, multi.singleP99Ms, multi.multiP99Ms <= 20 ? "met" : "MISSED");
-      std::printf("%-26s %12.4f   transactions that met a change by another scheduler and were placed again\n",
-                  "multi_conflict_rate", multi.multiConflictRate);
-    } else {
-      std::printf("%-26s %12s   skipped: %s\n", "multi_admission_per_s", "-", multi.skipped.c_str());
-    }
-    bench::printFailoverText(failover);
-    std::printf("%-26s %12.4f   device time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
-                "fair_share_error_async", f.fairAsync.error, f.fairAsync.big, f.fairAsync.small, f.fairAsync.ratio,
-                fairAsyncOk ? "met" : "MISSED");
-  }
-  return 0;
+  if (flags.has("only")) return measureOnly(flags.get("only"), quick, flags.has("json"), lineageSeconds);
+  return measureAll(quick, flags.has("json"), lineageSeconds);
 }

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -197,17 +198,26 @@ TEST_F(BoundedWork, HourLongOpsShareTheirCardByBlocksAndStopWithTheirSession) {
   ASSERT_TRUE(big->fence() && hog->fence());
   queueFills(*hog, hogBuffer, 3, 3600);  // three hours of the whole card
   queueFills(*big, bigBuffer, 2, 3600);
-  // Both keep the card busy from here on: its own account of their kernel time.
+  // Both keep the card busy from here on: its own account of their kernel time. A slice
+  // is charged as long as it took, so on a busy machine one stretched by the card's
+  // thread losing its core shows as a lump that the other tenant is paid back for only
+  // after it: near a window's end that skews the window's ratio by up to the lump. The
+  // window grows (from the same start, up to three times) until the ratio holds: the
+  // edge's share shrinks with the window, a share that is not fair does not.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  std::string first = cluster->console("vaccels");
-  std::this_thread::sleep_for(std::chrono::milliseconds(6000));
-  std::string last = cluster->console("vaccels");
-  const double dBig = kernelMs(last, "big") - kernelMs(first, "big");
-  const double dHog = kernelMs(last, "hog") - kernelMs(first, "hog");
-  ASSERT_GT(dHog, 0) << first << last;
-  const double ratio = dBig / dHog;
+  std::string first = cluster->console("vaccels"), last;
+  double ratio = 0;
+  for (int window = 1; window <= 3 && std::fabs(ratio - 3.0) > 0.15; ++window) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(6000));
+    last = cluster->console("vaccels");
+    const double dBig = kernelMs(last, "big") - kernelMs(first, "big");
+    const double dHog = kernelMs(last, "hog") - kernelMs(first, "hog");
+    ASSERT_GT(dHog, 0) << first << last;
+    ratio = dBig / dHog;
+    std::cout << "device time big:hog over " << 6 * window << " s = " << dBig << " : " << dHog << " ms = " << ratio
+              << " (target 3 within 5%)\n";
+  }
   RecordProperty("device_time_ratio", std::to_string(ratio));
-  std::cout << "device time big:hog = " << dBig << " : " << dHog << " ms = " << ratio << " (target 3 within 5%)\n";
   EXPECT_NEAR(ratio, 3.0, 0.15) << first << "\n" << last;
 
   // The hog's session ends: its queued fills and the one running are cancelled between

@@ -16,7 +16,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -31,27 +33,55 @@
 extern char** environ;
 
 namespace raccel::testing {
-int freePort() {
-  // The kernel may hand the same ephemeral port to two binds in a row once the first is
-  // closed (an etcd cluster once got one peer port for two members: "duplicate url"),
-  // so a port this process was given already is asked for again.
-  static std::mutex mu;
-  static std::set<int> given;
-  std::lock_guard lock(mu);
-  int port = 0;
-  for (int attempt = 0; attempt < 64 && (port == 0 || given.count(port)); ++attempt) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+namespace {
+// The ports this process was given: the kernel may hand the same ephemeral port to two
+// binds in a row once the first is closed (an etcd cluster once got one peer port for two
+// members: "duplicate url"), so none is given twice.
+std::mutex portsMu;
+std::set<int> portsGiven;
+
+// Binds 127.0.0.1:`port` (0: any) and lets go; the port it had, or 0 when taken.
+int bindLoopback(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  int bound = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
     socklen_t len = sizeof addr;
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    ::close(fd);
-    port = ntohs(addr.sin_port);
+    bound = ntohs(addr.sin_port);
   }
-  given.insert(port);
-  return port;
+  ::close(fd);
+  return bound;
+}
+
+// The first port `pick` offers that binds and was not given before (0 after `attempts`).
+int claimPort(const std::function<int()>& pick, int attempts) {
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    int port = bindLoopback(pick());
+    if (port != 0 && portsGiven.insert(port).second) return port;
+  }
+  return 0;
+}
+}  // namespace
+
+int freePort() {
+  std::lock_guard lock(portsMu);
+  return claimPort([] { return 0; }, 64);
+}
+
+int steadyPort() {
+  static std::mt19937 rng(std::random_device{}());
+  int low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low;
+  std::uniform_int_distribution<int> below(10000, std::max(low - 1, 10001));
+  {
+    std::lock_guard lock(portsMu);
+    if (int port = claimPort([&] { return below(rng); }, 1000)) return port;
+  }
+  return freePort();  // none below the range: an ephemeral one
 }
 
 bool waitFor(const std::function<bool()>& ready, int timeoutMs) {

@@ -32,6 +32,11 @@ double checkedGemm(client::Session& s, uint32_t m, uint32_t n, uint32_t k, unsig
 std::string binary(const std::string& name);
 // A loopback TCP port that was free a moment ago, and not one this process was given before.
 int freePort();
+// The same, chosen below the kernel's ephemeral range: a server that gives its port up and
+// takes it again (a restarted etcd member) finds it still free, since neither another
+// test's freePort() nor an outgoing connection's local end can take it meanwhile (one
+// did: "bind: address already in use" when a killed member came back).
+int steadyPort();
 // Polls `ready` every 20 ms until it holds (true) or `timeoutMs` has passed (false).
 bool waitFor(const std::function<bool()>& ready, int timeoutMs);
 // A fresh temporary folder for a test's sockets and logs.

@@ -1,16 +1,10 @@
 #include "tests/etcd_cluster.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <mutex>
-#include <random>
-#include <set>
 #include <thread>
 
 #include "scheduler/etcd/etcd_client.h"
@@ -22,42 +16,10 @@ std::string etcdUnavailable() {
   return "";
 }
 
-namespace {
-// A port a member keeps across its own restarts: free when chosen, and below the kernel's
-// ephemeral range, so that while the member is down neither another test's freePort()
-// (an ephemeral bind) nor any outgoing connection's local end can take it (one did:
-// "bind: address already in use" when a killed member came back).
-int memberPort() {
-  static std::mutex mu;
-  static std::set<int> given;
-  static std::mt19937 rng(std::random_device{}());
-  std::lock_guard lock(mu);
-  int low = 32768;
-  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low;
-  const int top = std::max(low - 1, 10001);
-  std::uniform_int_distribution<int> pick(10000, top);
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    const int port = pick(rng);
-    if (given.count(port)) continue;
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    ::close(fd);
-    if (!free) continue;
-    given.insert(port);
-    return port;
-  }
-  return freePort();  // none below the range: an ephemeral one, as before
-}
-}  // namespace
-
 EtcdCluster::EtcdCluster(int members, std::string tlsDir) : dir_(makeTempDir()), tlsDir_(std::move(tlsDir)) {
   for (int i = 0; i < members; ++i) {
-    clientPorts_.push_back(memberPort());
-    peerPorts_.push_back(memberPort());
+    clientPorts_.push_back(steadyPort());
+    peerPorts_.push_back(steadyPort());
     processes_.emplace_back();
   }
 }
@@ -116,8 +78,8 @@ Status EtcdCluster::start() {
         kill(m);
         std::error_code ignored;
         std::filesystem::remove_all(dir_ + "/m" + std::to_string(m), ignored);
-        clientPorts_[static_cast<size_t>(m)] = memberPort();
-        peerPorts_[static_cast<size_t>(m)] = memberPort();
+        clientPorts_[static_cast<size_t>(m)] = steadyPort();
+        peerPorts_[static_cast<size_t>(m)] = steadyPort();
       }
     }
     for (int m = 0; m < members(); ++m)

@@ -255,6 +255,23 @@ TEST_F(Integration, BadInstructionsGetClearErrorsAndTheSessionCarriesOn) {
   EXPECT_EQ(out[0], std::byte{0x5a});
 }
 
+// One buffer of a session holding vectors of n floats one after another (the fusion
+// tests' setting): views of its parts, and elementwise ops over n of them.
+struct Vectors {
+  client::Handle h;
+  uint64_t n;
+  client::TensorOperand at(uint64_t part, uint64_t stride = 1) const { return client::TensorOperand{h, part * n, {stride}}; }
+  client::TensorOp op(client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1,
+                      float beta = 0) const {
+    return vectorOp(fn, n, std::move(operands), alpha, beta);
+  }
+};
+Vectors vectors(client::Session& s, uint64_t n, const std::vector<float>& all) {
+  auto h = s.alloc(all.size() * 4);
+  s.writeFloats(h, all);
+  return Vectors{h, n};
+}
+
 // Adam's step as raccel.torch sends it, nine elementwise ops over tensors that share one
 // buffer: three fuse into the op before them (exp_avg.mul_(b1).add_(g), exp_avg_sq's
 // mul_ and addcmul_, the denominator's / c then + eps), and the weight decay's
@@ -276,24 +293,20 @@ TEST_F(Integration, ElementwiseStepsFuseIntoOneOpWithTheSameResults) {
   std::vector<float> p = random(1, -1), m = random(2, -1), v = random(3, 0), g = random(4, -1), all;
   for (auto* part : {&p, &m, &v, &g}) all.insert(all.end(), part->begin(), part->end());
   all.resize(6 * n);  // d and d2 after them
-  auto h = s->alloc(all.size() * 4);
-  s->writeFloats(h, all);
-  auto at = [&](uint64_t part) { return client::TensorOperand{h, part * n, {1}}; };
-  auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1, float beta = 0) {
-    return vectorOp(fn, n, std::move(operands), alpha, beta);
-  };
+  const Vectors x = vectors(*s, n, all);
+  const client::Handle h = x.h;
   const float lr = 1e-2f, wd = 1e-2f, b1 = 0.9f, b2 = 0.999f, c = 0.3f, eps = 1e-8f, step = 0.05f;
   using F = client::TensorFn;
   const uint64_t before = s->fusedTensorOps();
-  s->tensor(op(F::affine, {at(0), at(0)}, 1 - lr * wd));
-  s->tensor(op(F::affine, {at(1), at(1)}, b1));
-  s->tensor(op(F::add, {at(1), at(1), at(3)}, 1 - b1));
-  s->tensor(op(F::affine, {at(2), at(2)}, b2));
-  s->tensor(op(F::addcmul, {at(2), at(2), at(3), at(3)}, 1 - b2));
-  s->tensor(op(F::sqrt, {at(4), at(2)}));
-  s->tensor(op(F::affine, {at(5), at(4)}, 1 / c));
-  s->tensor(op(F::affine, {at(5), at(5)}, 1, eps));
-  s->tensor(op(F::addcdiv, {at(0), at(0), at(1), at(5)}, -step));
+  s->tensor(x.op(F::affine, {x.at(0), x.at(0)}, 1 - lr * wd));
+  s->tensor(x.op(F::affine, {x.at(1), x.at(1)}, b1));
+  s->tensor(x.op(F::add, {x.at(1), x.at(1), x.at(3)}, 1 - b1));
+  s->tensor(x.op(F::affine, {x.at(2), x.at(2)}, b2));
+  s->tensor(x.op(F::addcmul, {x.at(2), x.at(2), x.at(3), x.at(3)}, 1 - b2));
+  s->tensor(x.op(F::sqrt, {x.at(4), x.at(2)}));
+  s->tensor(x.op(F::affine, {x.at(5), x.at(4)}, 1 / c));
+  s->tensor(x.op(F::affine, {x.at(5), x.at(5)}, 1, eps));
+  s->tensor(x.op(F::addcdiv, {x.at(0), x.at(0), x.at(1), x.at(5)}, -step));
   EXPECT_EQ(s->fusedTensorOps() - before, 4u);
   auto got = s->readFloats(h, 6 * n);
   ASSERT_TRUE(got) << got.error().message;
@@ -307,13 +320,13 @@ TEST_F(Integration, ElementwiseStepsFuseIntoOneOpWithTheSameResults) {
     ASSERT_EQ((*got)[4 * n + i], d) << i;  // the sqrt's own output is still written
   }
   const uint64_t fusedBefore = s->fusedTensorOps();
-  s->tensor(op(F::affine, {at(1), at(1)}, 2));
-  s->tensor(op(F::add, {at(1), at(3), at(1)}));  // m = g + 2m: not fused
-  s->tensor(op(F::affine, {at(1), at(1)}, 0.5f));  // an in-place scale of the add's result: fused
-  s->tensor(op(F::affine, {at(1), at(1)}, 3));  // a second is not (0.5 * 3 would round otherwise)
+  s->tensor(x.op(F::affine, {x.at(1), x.at(1)}, 2));
+  s->tensor(x.op(F::add, {x.at(1), x.at(3), x.at(1)}));  // m = g + 2m: not fused
+  s->tensor(x.op(F::affine, {x.at(1), x.at(1)}, 0.5f));  // an in-place scale of the add's result: fused
+  s->tensor(x.op(F::affine, {x.at(1), x.at(1)}, 3));  // a second is not (0.5 * 3 would round otherwise)
   ASSERT_TRUE(s->flush());  // sends the held op
-  s->tensor(op(F::affine, {at(1), at(1)}, 1.0f / 3));  // held: an affine
-  s->tensor(op(F::add, {at(1), at(1), at(1)}));  // m = m + m: not fused into it
+  s->tensor(x.op(F::affine, {x.at(1), x.at(1)}, 1.0f / 3));  // held: an affine
+  s->tensor(x.op(F::add, {x.at(1), x.at(1), x.at(1)}));  // m = m + m: not fused into it
   auto after = s->readFloats(h, 2 * n);
   ASSERT_TRUE(after) << after.error().message;
   EXPECT_EQ(s->fusedTensorOps() - fusedBefore, 1u);
@@ -334,26 +347,22 @@ TEST_F(Integration, HeldStepsRunBeforeAnyOpThatTouchesTheirMemory) {
   const uint64_t n = 100;
   std::vector<float> all(5 * n);
   for (uint64_t i = 0; i < all.size(); ++i) all[i] = float(i % 17) - 8.0f;
-  auto h = s->alloc(all.size() * 4);
-  s->writeFloats(h, all);
-  auto at = [&](uint64_t part, uint64_t stride = 1) { return client::TensorOperand{h, part * n, {stride}}; };
-  auto op = [&](client::TensorFn fn, std::vector<client::TensorOperand> operands, float alpha = 1, float beta = 0) {
-    return vectorOp(fn, n, std::move(operands), alpha, beta);
-  };
+  const Vectors x = vectors(*s, n, all);
+  const client::Handle h = x.h;
   using F = client::TensorFn;
   const uint64_t before = s->fusedTensorOps();
-  s->tensor(op(F::affine, {at(1), at(1)}, 3));   // x1 = 3 x1: held
-  s->tensor(op(F::affine, {at(0), at(0)}, 2));   // x0 = 2 x0: held beside it
-  s->tensor(op(F::add, {at(1), at(1), at(0)}));  // x1 = x1 + x0: fuses into x1's, which waits past x0's
-  auto sum = op(F::sum, {at(3, 0), at(1)});      // x3[0] = sum of x1: not a map, sent at once, after
+  s->tensor(x.op(F::affine, {x.at(1), x.at(1)}, 3));   // x1 = 3 x1: held
+  s->tensor(x.op(F::affine, {x.at(0), x.at(0)}, 2));   // x0 = 2 x0: held beside it
+  s->tensor(x.op(F::add, {x.at(1), x.at(1), x.at(0)}));  // x1 = x1 + x0: fuses into x1's, which waits past x0's
+  auto sum = x.op(F::sum, {x.at(3, 0), x.at(1)});      // x3[0] = sum of x1: not a map, sent at once, after
   sum.reduceMask = 1;                            // x1's fused add and the x0 scale that add reads
   s->tensor(sum);
-  s->tensor(op(F::affine, {at(2), at(2)}, 3));     // x2 = 3 x2: held
-  s->tensor(op(F::affine, {at(0), at(0)}, 5));     // x0 = 5 x0: held beside it
-  s->tensor(op(F::add, {at(2), at(2), at(0)}));    // x2 = x2 + x0: fuses into x2's, after x0's
-  s->tensor(op(F::affine, {at(0), at(0)}, 7));     // x0 = 7 x0: x0's may not wait past that add: not fused
-  s->tensor(op(F::affine, {at(4), at(2)}, 0.5f));  // x4 = x2 / 2: held, reads x2
-  s->tensor(op(F::fill, {at(2)}, 9));              // x2 = 9: not a map, after x4's read
+  s->tensor(x.op(F::affine, {x.at(2), x.at(2)}, 3));     // x2 = 3 x2: held
+  s->tensor(x.op(F::affine, {x.at(0), x.at(0)}, 5));     // x0 = 5 x0: held beside it
+  s->tensor(x.op(F::add, {x.at(2), x.at(2), x.at(0)}));    // x2 = x2 + x0: fuses into x2's, after x0's
+  s->tensor(x.op(F::affine, {x.at(0), x.at(0)}, 7));     // x0 = 7 x0: x0's may not wait past that add: not fused
+  s->tensor(x.op(F::affine, {x.at(4), x.at(2)}, 0.5f));  // x4 = x2 / 2: held, reads x2
+  s->tensor(x.op(F::fill, {x.at(2)}, 9));              // x2 = 9: not a map, after x4's read
   auto got = s->readFloats(h, 5 * n);
   ASSERT_TRUE(got) << got.error().message;
   EXPECT_EQ(s->fusedTensorOps() - before, 2u);
@@ -383,21 +392,20 @@ TEST_F(Integration, AHeldFillGoesBeforeWhatTouchesItAndAnAddOntoItIsOneAffine) {
   std::vector<float> all(7 * n);
   for (uint64_t i = 0; i < all.size(); ++i) all[i] = float(i % 13) - 6.0f;
   for (uint64_t i = 0; i < n; i += 8) all[3 * n + i] = -0.0f;
-  auto h = s->alloc(all.size() * 4);
-  s->writeFloats(h, all);
-  auto at = [&](uint64_t part, uint64_t stride = 1) { return client::TensorOperand{h, part * n, {stride}}; };
+  const Vectors x = vectors(*s, n, all);
+  const client::Handle h = x.h;
   using F = client::TensorFn;
   const uint64_t before = s->fusedTensorOps();
-  s->tensor(vectorOp(F::fill, n, {at(0)}, 0));                 // x0 = 0: held
-  s->tensor(vectorOp(F::fill, n, {at(1)}, 2));                 // x1 = 2: held
-  s->tensor(vectorOp(F::fill, n, {at(2)}, 1));                 // x2 = 1: held
-  s->tensor(vectorOp(F::fill, n, {at(5)}, 7));                 // x5 = 7: held, touched by nothing
-  s->tensor(vectorOp(F::add, n, {at(0), at(0), at(3)}, 3));    // x0 = x0 + 3 x3: one affine, 3 x3 + 0
-  s->tensor(vectorOp(F::copy, n, {at(4), at(1)}));             // x4 = x1: after x1's fill
-  auto sum = vectorOp(F::sum, n, {at(6, 0), at(1)});           // x6[0] = sum of x1: after x1's fill
+  s->tensor(x.op(F::fill, {x.at(0)}, 0));                 // x0 = 0: held
+  s->tensor(x.op(F::fill, {x.at(1)}, 2));                 // x1 = 2: held
+  s->tensor(x.op(F::fill, {x.at(2)}, 1));                 // x2 = 1: held
+  s->tensor(x.op(F::fill, {x.at(5)}, 7));                 // x5 = 7: held, touched by nothing
+  s->tensor(x.op(F::add, {x.at(0), x.at(0), x.at(3)}, 3));    // x0 = x0 + 3 x3: one affine, 3 x3 + 0
+  s->tensor(x.op(F::copy, {x.at(4), x.at(1)}));             // x4 = x1: after x1's fill
+  auto sum = x.op(F::sum, {x.at(6, 0), x.at(1)});           // x6[0] = sum of x1: after x1's fill
   sum.reduceMask = 1;
   s->tensor(sum);
-  s->tensor(vectorOp(F::add, n, {at(2), at(2), at(2)}));       // x2 = x2 + x2: after x2's fill
+  s->tensor(x.op(F::add, {x.at(2), x.at(2), x.at(2)}));       // x2 = x2 + x2: after x2's fill
   auto got = s->readFloats(h, 7 * n);
   ASSERT_TRUE(got) << got.error().message;
   EXPECT_EQ(s->fusedTensorOps() - before, 1u);
@@ -413,8 +421,8 @@ TEST_F(Integration, AHeldFillGoesBeforeWhatTouchesItAndAnAddOntoItIsOneAffine) {
   EXPECT_EQ((*got)[6 * n], 2.0f * n);
   // An add of two operands (one short) onto a held fill is not fused: the card refuses
   // it, the fill still lands, and the session carries on.
-  s->tensor(vectorOp(F::fill, n, {at(0)}, 4));
-  s->tensor(vectorOp(F::add, n, {at(0), at(0)}));
+  s->tensor(x.op(F::fill, {x.at(0)}, 4));
+  s->tensor(x.op(F::add, {x.at(0), x.at(0)}));
   EXPECT_FALSE(s->fence());
   auto after = s->readFloats(h, n);
   ASSERT_TRUE(after) << after.error().message;

@@ -570,9 +570,13 @@ bool ordered(const TensorOp& a, const TensorOp& b) {
 //   - held was an affine (out = a x + b, e.g. exp_avg.mul_(beta1)) and next reads its
 //     result as operand a and nothing else of it (exp_avg.add_(grad, 1 - beta1)): next
 //     reads x instead, scaled as it is read.
+// What fuseInto asks first, without copying anything: both write one view of one shape.
+bool writeAlike(const TensorOp& held, const TensorOp& next) {
+  return fusible(next) && unscaled(next) && next.shape == held.shape && !held.operands.empty() &&
+         sameView(next.operands[0], held.operands[0]);
+}
 bool fuseInto(TensorOp& held, const TensorOp& next) {
-  if (!fusible(next) || !unscaled(next) || next.shape != held.shape || !sameView(next.operands[0], held.operands[0]))
-    return false;
+  if (!writeAlike(held, next)) return false;
   const TensorOperand& out = held.operands[0];
   if (next.fn == TensorFn::affine && sameView(next.operands[1], out) && held.postScale == 1 && held.postShift == 0) {
     held.postScale = next.alpha, held.postShift = next.beta;
@@ -663,6 +667,7 @@ void Session::tensor(const TensorOp& given) {
     return;
   }
   for (size_t i = held.size(); i-- > 0;) {
+    if (!writeAlike(held[i], op)) continue;
     TensorOp candidate = held[i];
     if (!fuseInto(candidate, op)) continue;
     bool canWait = true;
