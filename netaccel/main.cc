@@ -34,10 +34,7 @@ std::vector<scheduler::CardSpec> cardSpecs(const std::vector<std::unique_ptr<hal
   return out;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Flags flags("raccel-netaccel", "Joins a raccel scheduler and runs the instructions it forwards on this server's cards.");
+void declareFlags(Flags& flags) {
   flags.value("config", "FILE", "configuration file (see netaccel/config.h for the format)");
   flags.value("name", "NAME", "node name, unique in the pool (default: the host name)");
   flags.value("scheduler", "HOST:PORT[,...]|etcd", "the scheduler's netaccel address (default 127.0.0.1:7700); several, "
@@ -72,91 +69,71 @@ int main(int argc, char** argv) {
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   flags.epilog("Serves the configured cards, then every device the discovered backends see (TFLOPS from the device's "
                "properties or a short calibration run). With neither, one cpu card of 4 TFLOPS and 1 GiB.");
-  int code = 0;
-  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+}
 
-  netaccel::NetaccelConfig config;
-  {
-    auto file = flags.has("config") ? Config::load(flags.get("config")) : Config::parse("", "flags");
-    if (!file) {
-      std::fprintf(stderr, "raccel-netaccel: %s\n", file.error().message.c_str());
-      return 2;
-    }
-    for (auto [flag, key] : {std::pair{"tls-ca", "tls_ca"}, std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"}})
-      if (flags.has(flag)) file->top().set(key, flags.get(flag));
-    if (flags.has("insecure")) file->top().set("insecure", "true");
-    if (flags.has("no-sandbox")) file->top().set("sandbox", "false");
-    if (flags.has("http-listen")) file->top().set("http_listen", flags.get("http-listen"));
-    if (flags.has("etcd")) file->top().set("etcd", flags.get("etcd"));
-    if (flags.has("host-cpu")) file->top().set("host_cpu", flags.get("host-cpu"));
-    if (flags.has("host-memory")) file->top().set("host_memory", flags.get("host-memory"));
-    if (flags.has("slice-ms")) file->top().set("slice_ms", flags.get("slice-ms"));
-    if (flags.has("max-op-seconds")) file->top().set("max_op_seconds", flags.get("max-op-seconds"));
-    // --list-devices needs no link to the scheduler.
-    if (flags.has("list-devices") && !file->top().has("tls_ca")) file->top().set("insecure", "true");
-    auto parsed = netaccel::parseConfig(*file);
-    if (!parsed) {
-      std::fprintf(stderr, "raccel-netaccel: %s\n", parsed.error().message.c_str());
-      return 2;
-    }
-    config = *parsed;
-  }
+// The configuration file's settings with the flags over them; a message naming what is
+// wrong otherwise.
+Result<netaccel::NetaccelConfig> configOf(const Flags& flags) {
+  auto file = flags.has("config") ? Config::load(flags.get("config")) : Config::parse("", "flags");
+  if (!file) return fail(file.error());
+  for (auto [flag, key] : {std::pair{"tls-ca", "tls_ca"}, std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"}})
+    if (flags.has(flag)) file->top().set(key, flags.get(flag));
+  if (flags.has("insecure")) file->top().set("insecure", "true");
+  if (flags.has("no-sandbox")) file->top().set("sandbox", "false");
+  if (flags.has("http-listen")) file->top().set("http_listen", flags.get("http-listen"));
+  if (flags.has("etcd")) file->top().set("etcd", flags.get("etcd"));
+  if (flags.has("host-cpu")) file->top().set("host_cpu", flags.get("host-cpu"));
+  if (flags.has("host-memory")) file->top().set("host_memory", flags.get("host-memory"));
+  if (flags.has("slice-ms")) file->top().set("slice_ms", flags.get("slice-ms"));
+  if (flags.has("max-op-seconds")) file->top().set("max_op_seconds", flags.get("max-op-seconds"));
+  // --list-devices needs no link to the scheduler.
+  if (flags.has("list-devices") && !file->top().has("tls_ca")) file->top().set("insecure", "true");
+  auto parsed = netaccel::parseConfig(*file);
+  if (!parsed) return fail(parsed.error());
+  netaccel::NetaccelConfig config = *parsed;
   if (flags.has("name")) config.name = flags.get("name");
   if (flags.has("scheduler")) config.scheduler = flags.get("scheduler");
-  if (auto ok = netaccel::checkSchedulers(config); !ok) {
-    std::fprintf(stderr, "raccel-netaccel: %s\n", ok.error().message.c_str());
-    return 2;
-  }
+  if (auto ok = netaccel::checkSchedulers(config); !ok) return fail(ok.error());
   if (flags.has("context-grace-ms")) {
     const std::string text = flags.get("context-grace-ms");  // outlives `end`, which points into it
     char* end = nullptr;
     long long ms = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || !end || *end || ms < 0 || ms > 86400000) {
-      std::fprintf(stderr, "raccel-netaccel: --context-grace-ms must be a number of milliseconds from 0 to 86400000\n");
-      return 2;
-    }
+    if (text.empty() || !end || *end || ms < 0 || ms > 86400000)
+      return fail(Code::invalidArgument, "--context-grace-ms must be a number of milliseconds from 0 to 86400000");
     config.contextGraceMs = static_cast<unsigned>(ms);
   }
   if (flags.has("fair-half-life-ms")) {
     config.fairHalfLifeMs = std::atof(flags.get("fair-half-life-ms").c_str());
-    if (!(config.fairHalfLifeMs > 0)) {
-      std::fprintf(stderr, "raccel-netaccel: --fair-half-life-ms must be a positive number\n");
-      return 2;
-    }
+    if (!(config.fairHalfLifeMs > 0)) return fail(Code::invalidArgument, "--fair-half-life-ms must be a positive number");
   }
   for (auto& spec : flags.getAll("card")) {
     auto card = netaccel::parseCardSpec(spec);
-    if (!card) {
-      std::fprintf(stderr, "raccel-netaccel: %s\n", card.error().message.c_str());
-      return 2;
-    }
+    if (!card) return fail(card.error());
     config.cards.push_back(*card);
   }
   if (flags.has("discover")) {
     auto d = netaccel::parseDiscover(flags.get("discover"));
-    if (!d) {
-      std::fprintf(stderr, "raccel-netaccel: --discover: %s\n", d.error().message.c_str());
-      return 2;
-    }
+    if (!d) return fail(Code::invalidArgument, "--discover: " + d.error().message);
     config.discover = *d;
   } else if (!flags.has("config")) {
     config.discover = *netaccel::parseDiscover("all");
   }
+  return config;
+}
+
+// The link's TLS context (none for --list-devices); the node's name is its certificate's,
+// else --name, else the host name.
+Result<std::shared_ptr<transport::TlsContext>> linkTls(const Flags& flags, netaccel::NetaccelConfig& config) {
   std::shared_ptr<transport::TlsContext> tls;
   if (!flags.has("list-devices")) {
     auto made = transport::tlsFor(transport::TlsContext::Role::client, config.security, "the link to the scheduler");
-    if (!made) {
-      std::fprintf(stderr, "raccel-netaccel: %s\n", made.error().message.c_str());
-      return 2;
-    }
+    if (!made) return fail(made.error());
     tls = *made;
   }
-  if (tls) {  // the node's name is its certificate's
-    if (!config.name.empty() && config.name != tls->ownName()) {
-      std::fprintf(stderr, "raccel-netaccel: --name %s, but the certificate %s is for node '%s'\n", config.name.c_str(),
-                   config.security.files.cert.c_str(), tls->ownName().c_str());
-      return 2;
-    }
+  if (tls) {
+    if (!config.name.empty() && config.name != tls->ownName())
+      return fail(Code::invalidArgument, "--name " + config.name + ", but the certificate " + config.security.files.cert +
+                                             " is for node '" + tls->ownName() + "'");
     config.name = tls->ownName();
   }
   if (config.name.empty()) {
@@ -164,38 +141,33 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof host - 1);
     config.name = host;
   }
-  if (auto a = netaccel::schedulerAddresses(config.scheduler); !a) {
-    std::fprintf(stderr, "raccel-netaccel: --scheduler: %s\n", a.error().message.c_str());
-    return 2;
-  }
+  if (auto a = netaccel::schedulerAddresses(config.scheduler); !a)
+    return fail(Code::invalidArgument, "--scheduler: " + a.error().message);
+  return tls;
+}
 
-  std::vector<std::string> notes;
-  auto devices = netaccel::openCards(config, &notes);
-  if (!devices) {
-    std::fprintf(stderr, "raccel-netaccel: %s\n", devices.error().message.c_str());
-    return 2;
+// --list-devices: the cards this netaccel would serve, and what discovery said.
+void printDevices(const std::vector<std::unique_ptr<hal::Device>>& devices, const std::vector<std::string>& notes,
+                  const netaccel::NetaccelConfig& config) {
+  std::printf("%-5s %-8s %-5s %-28s %10s %12s  %s\n", "CARD", "BACKEND", "KIND", "MODEL", "TFLOPS", "MEMORY", "PROGRAMS");
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto& c = devices[i]->capabilities();
+    std::string programs;
+    for (auto k : c.programKinds) programs += (programs.empty() ? "" : ",") + std::string(programKindName(k));
+    std::printf("%-5zu %-8s %-5s %-28s %10.4f %12s  %s\n", i, c.backend.c_str(), kindName(c.kind), c.model.c_str(),
+                c.tflops, formatBytes(c.memoryBytes).c_str(), programs.c_str());
   }
-  if (flags.has("list-devices")) {
-    std::printf("%-5s %-8s %-5s %-28s %10s %12s  %s\n", "CARD", "BACKEND", "KIND", "MODEL", "TFLOPS", "MEMORY", "PROGRAMS");
-    for (size_t i = 0; i < devices->size(); ++i) {
-      auto& c = (*devices)[i]->capabilities();
-      std::string programs;
-      for (auto k : c.programKinds) programs += (programs.empty() ? "" : ",") + std::string(programKindName(k));
-      std::printf("%-5zu %-8s %-5s %-28s %10.4f %12s  %s\n", i, c.backend.c_str(), kindName(c.kind), c.model.c_str(),
-                  c.tflops, formatBytes(c.memoryBytes).c_str(), programs.c_str());
-    }
-    std::string built;
-    for (auto& b : hal::builtBackends()) built += (built.empty() ? "" : ", ") + b;
-    std::printf("backends built: %s\n", built.c_str());
-    for (auto& n : notes) std::printf("discovery: %s\n", n.c_str());
-    if (config.discover.empty()) std::printf("discovery: off\n");
-    return 0;
-  }
-  for (auto& n : notes) RLOG_INFO("netaccel") << "discovery: " << n;
+  std::string built;
+  for (auto& b : hal::builtBackends()) built += (built.empty() ? "" : ", ") + b;
+  std::printf("backends built: %s\n", built.c_str());
+  for (auto& n : notes) std::printf("discovery: %s\n", n.c_str());
+  if (config.discover.empty()) std::printf("discovery: off\n");
+}
 
-  // Its sandboxes run guest code as the same user: they may not read this process's
-  // memory, environment or open files through /proc (nor may anyone else but root).
-  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+// Serves the cards until a signal: registered in etcd and watching the pool's schedulers
+// where the pool is shared. 2 when it cannot start.
+int serve(const netaccel::NetaccelConfig& config, std::shared_ptr<transport::TlsContext> tls,
+          std::vector<std::unique_ptr<hal::Device>> devices) {
   std::unique_ptr<netaccel::EtcdPresence> presence;
   std::optional<etcd::Options> etcdOptions;
   if (!config.etcd.endpoints.empty()) {
@@ -209,11 +181,11 @@ int main(int argc, char** argv) {
     settings.etcd = *options;
     settings.prefix = config.etcd.prefix;
     settings.leaseTtlSeconds = config.etcd.leaseTtlSeconds;
-    presence = std::make_unique<netaccel::EtcdPresence>(settings, config.name, cardSpecs(*devices),
+    presence = std::make_unique<netaccel::EtcdPresence>(settings, config.name, cardSpecs(devices),
                                                         scheduler::HostVector{config.hostCpuMilli, config.hostMemoryMib});
   }
   uv_loop_t* loop = uv_default_loop();
-  netaccel::Netaccel daemon(loop, config, std::move(*devices));
+  netaccel::Netaccel daemon(loop, config, std::move(devices));
   daemon.useTls(tls);
   // Declared after the daemon: stopped (its thread joined) before the daemon goes.
   std::unique_ptr<netaccel::SchedulerWatch> schedulers;
@@ -233,4 +205,34 @@ int main(int argc, char** argv) {
   }
   transport::runUntilSignalled(loop, [&] { daemon.stop(); });
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags("raccel-netaccel", "Joins a raccel scheduler and runs the instructions it forwards on this server's cards.");
+  declareFlags(flags);
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  auto config = configOf(flags);
+  auto tls = config ? linkTls(flags, *config) : Result<std::shared_ptr<transport::TlsContext>>(fail(config.error()));
+  if (!tls) {
+    std::fprintf(stderr, "raccel-netaccel: %s\n", tls.error().message.c_str());
+    return 2;
+  }
+  std::vector<std::string> notes;
+  auto devices = netaccel::openCards(*config, &notes);
+  if (!devices) {
+    std::fprintf(stderr, "raccel-netaccel: %s\n", devices.error().message.c_str());
+    return 2;
+  }
+  if (flags.has("list-devices")) {
+    printDevices(*devices, notes, *config);
+    return 0;
+  }
+  for (auto& n : notes) RLOG_INFO("netaccel") << "discovery: " << n;
+  // Its sandboxes run guest code as the same user: they may not read this process's
+  // memory, environment or open files through /proc (nor may anyone else but root).
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  return serve(*config, *tls, std::move(*devices));
 }

@@ -136,13 +136,7 @@ bool number(const Flags& flags, const char* name, unsigned long long* out) {
   *out = std::strtoull(text.c_str(), &end, 10);
   return !text.empty() && end && !*end;
 }
-}  // namespace
-
-int main(int argc, char** argv) {
-  Flags flags("raccel-sandbox", "Runs one tenant's work on one card for raccel-netaccel, which starts it with a "
-                                "socket and a shared-memory window; not meant to be started by hand. SIGPWR "
-                                "tells it its card went away (as after a driver reset): its tenant is rebuilt "
-                                "elsewhere from its lineage.");
+void declareFlags(Flags& flags) {
   flags.value("backend", "NAME", "the card's backend (opencl, cuda, xrt)");
   flags.value("device", "N", "the device's index within its backend");
   flags.value("kind", "KIND", "the card's kind as the netaccel serves it");
@@ -159,13 +153,14 @@ int main(int argc, char** argv) {
   flags.value("probe-write", "PATH", "the same for creating or writing PATH", true);
   flags.value("read", "PATH", "a path this sandbox may read besides its driver's and compiler's files (the "
                              "operator's sandbox_read)", true);
-  int code = 0;
-  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+}
 
-  // Nothing it runs may gain privileges, dump core, or outlive the netaccel.
+// Nothing it runs may gain privileges, dump core, or outlive the netaccel (false: the
+// netaccel is gone already). SIGPWR notes that the card went away.
+bool harden() {
   prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-  if (getppid() == 1) return 1;  // the netaccel is already gone
+  if (getppid() == 1) return false;  // the netaccel is already gone
   setsid();  // out of the netaccel's process group and session
   signal(SIGPIPE, SIG_IGN);
   // SIGPWR: the card went away under this sandbox, as after a driver reset (an
@@ -178,6 +173,56 @@ int main(int argc, char** argv) {
   sigaction(SIGPWR, &reset, nullptr);
   rlimit none{0, 0};
   setrlimit(RLIMIT_CORE, &none);
+  return true;
+}
+
+// --probe-read, --probe-write: confined as for a tenant, can it read (write) these paths?
+// Says so for each, and ends the process: 3 when one was denied.
+[[noreturn]] void probe(const Flags& flags) {
+  int denied = 0;
+  for (auto [flag, mode] : {std::pair{"probe-read", O_RDONLY}, std::pair{"probe-write", O_WRONLY | O_CREAT}})
+    for (auto& path : flags.getAll(flag)) {
+      int f = ::open(path.c_str(), mode | O_CLOEXEC, 0600);
+      std::printf("%s %s: %s\n", mode == O_RDONLY ? "read" : "write", path.c_str(), f >= 0 ? "allowed" : std::strerror(errno));
+      if (f >= 0) ::close(f);
+      else ++denied;
+    }
+  std::fflush(stdout);
+  _exit(denied ? 3 : 0);
+}
+
+// The card, as the netaccel serves it (its overrides); the first reply says why not.
+std::unique_ptr<hal::Device> openCard(const Flags& flags, unsigned long long device, unsigned long long memory, int fd) {
+  hal::DeviceOverrides overrides;
+  if (flags.has("kind"))
+    if (auto k = parseKind(flags.get("kind")); k) overrides.kind = *k;
+  if (flags.has("model")) overrides.model = flags.get("model");
+  if (flags.has("tflops")) overrides.tflops = std::atof(flags.get("tflops").c_str());
+  if (memory) overrides.memoryBytes = memory;
+  overrides.noImages = flags.has("no-images");
+  auto opened = hal::openDevice(flags.get("backend"), static_cast<unsigned>(device), overrides);
+  if (!opened) {
+    // The first reply says why; the netaccel fails the tenant's instructions with it.
+    netaccel::sandbox::Reply r;
+    r.code = static_cast<uint32_t>(opened.error().code);
+    const std::string said = opened.error().message.substr(0, netaccel::sandbox::kMaxMessage);
+    r.payload = said.size();
+    (void)netaccel::sandbox::sendReplies(static_cast<int>(fd), std::span(&r, 1), said);
+    return nullptr;
+  }
+  return std::move(*opened);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags("raccel-sandbox", "Runs one tenant's work on one card for raccel-netaccel, which starts it with a "
+                                "socket and a shared-memory window; not meant to be started by hand. SIGPWR "
+                                "tells it its card went away (as after a driver reset): its tenant is rebuilt "
+                                "elsewhere from its lineage.");
+  declareFlags(flags);
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  if (!harden()) return 1;
   unsigned long long device = 0, memory = 0, hostMemory = 0, fd = 3, windowFd = 4;
   if (!number(flags, "device", &device) || !number(flags, "memory", &memory) || !number(flags, "host-memory", &hostMemory) ||
       !number(flags, "fd", &fd) || !number(flags, "window-fd", &windowFd)) {
@@ -210,21 +255,11 @@ int main(int argc, char** argv) {
     return confine();
   };
   if (flags.has("probe-read") || flags.has("probe-write")) {
-    // A deployment check: confined as for a tenant, can it read (write) these paths?
     if (auto s = confineAll(); !s) {
       std::fprintf(stderr, "raccel-sandbox: %s\n", s.error().message.c_str());
       return 2;
     }
-    int denied = 0;
-    for (auto [flag, mode] : {std::pair{"probe-read", O_RDONLY}, std::pair{"probe-write", O_WRONLY | O_CREAT}})
-      for (auto& path : flags.getAll(flag)) {
-        int f = ::open(path.c_str(), mode | O_CLOEXEC, 0600);
-        std::printf("%s %s: %s\n", mode == O_RDONLY ? "read" : "write", path.c_str(), f >= 0 ? "allowed" : std::strerror(errno));
-        if (f >= 0) ::close(f);
-        else ++denied;
-      }
-    std::fflush(stdout);
-    _exit(denied ? 3 : 0);
+    probe(flags);
   }
   void* window = mmap(nullptr, netaccel::sandbox::kMappedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(windowFd), 0);
   if (window == MAP_FAILED) {
@@ -232,23 +267,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  hal::DeviceOverrides overrides;
-  if (flags.has("kind"))
-    if (auto k = parseKind(flags.get("kind")); k) overrides.kind = *k;
-  if (flags.has("model")) overrides.model = flags.get("model");
-  if (flags.has("tflops")) overrides.tflops = std::atof(flags.get("tflops").c_str());
-  if (memory) overrides.memoryBytes = memory;
-  overrides.noImages = flags.has("no-images");
-  auto opened = hal::openDevice(flags.get("backend"), static_cast<unsigned>(device), overrides);
-  if (!opened) {
-    // The first reply says why; the netaccel fails the tenant's instructions with it.
-    netaccel::sandbox::Reply r;
-    r.code = static_cast<uint32_t>(opened.error().code);
-    const std::string said = opened.error().message.substr(0, netaccel::sandbox::kMaxMessage);
-    r.payload = said.size();
-    (void)netaccel::sandbox::sendReplies(static_cast<int>(fd), std::span(&r, 1), said);
-    return 1;
-  }
+  auto opened = openCard(flags, device, memory, static_cast<int>(fd));
+  if (!opened) return 1;
   if (auto s = confineAll(); !s) {
     std::fprintf(stderr, "raccel-sandbox: %s\n", s.error().message.c_str());
     return 2;
@@ -256,9 +276,9 @@ int main(int argc, char** argv) {
   // Started ahead of its tenant (the warm pool), it builds raccel's own tensor kernels
   // meanwhile: a program's first tensor op then does not wait for their compile (~0.7 s
   // on PoCL here). A failure is the first tensor op's to report, as without this.
-  if (auto s = (*opened)->prepare(); !s)
+  if (auto s = opened->prepare(); !s)
     std::fprintf(stderr, "raccel-sandbox: preparing the card: %s\n", s.error().message.c_str());
-  int status = netaccel::serveSandbox(static_cast<int>(fd), window, **opened);
+  int status = netaccel::serveSandbox(static_cast<int>(fd), window, *opened);
   // Straight out: the driver reclaims the device, the kernel the rest. (Exit handlers,
   // such as a leak checker's, could not run confined: they need ptrace.)
   _exit(status);

@@ -16,11 +16,13 @@
 
 using namespace raccel;
 
-int main(int argc, char** argv) {
-  transport::holdStopSignals();  // a stop asked for while starting waits for the loop (before any thread)
-  Flags flags("raccel-scheduler",
-              "Pools the cards of registered netaccels into numbered compute blocks and serves each VM's programs a "
-              "virtual accelerator over the VM's socket.");
+namespace {
+int die(const std::string& message) {
+  std::fprintf(stderr, "raccel-scheduler: %s\n", message.c_str());
+  return 2;
+}
+
+void declareFlags(Flags& flags) {
   flags.value("config", "FILE", "configuration file (see scheduler/config.h for the format)");
   flags.value("node-listen", "HOST:PORT", "where netaccels connect (default 127.0.0.1:7700)");
   flags.value("node-advertise", "HOST:PORT",
@@ -50,17 +52,15 @@ int main(int argc, char** argv) {
   flags.value("tls-key", "FILE", "its private key (PEM)");
   flags.boolean("insecure", "netaccel links in plain TCP with no authentication (loopback development only)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
-  int code = 0;
-  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
-  auto die = [](const std::string& message) {
-    std::fprintf(stderr, "raccel-scheduler: %s\n", message.c_str());
-    return 2;
-  };
+}
+
+// The configuration file's settings, --set over them, then the flags.
+Result<scheduler::SchedulerConfig> configOf(const Flags& flags) {
   auto file = flags.has("config") ? Config::load(flags.get("config")) : Config::parse("", "--set");
-  if (!file) return die(file.error().message);
+  if (!file) return fail(file.error());
   for (auto& setting : flags.getAll("set")) {
     auto eq = setting.find('=');
-    if (eq == std::string::npos || eq == 0) return die("--set " + setting + ": give KEY=VALUE");
+    if (eq == std::string::npos || eq == 0) return fail(Code::invalidArgument, "--set " + setting + ": give KEY=VALUE");
     file->top().set(setting.substr(0, eq), setting.substr(eq + 1));
   }
   // Flags that name a setting go through the same parser (and its checks) as the file.
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
     if (flags.has(flag)) file->top().set(key, flags.get(flag));
   if (flags.has("insecure")) file->top().set("insecure", "true");
   auto parsed = scheduler::parseConfig(*file);
-  if (!parsed) return die(parsed.error().message);
+  if (!parsed) return fail(parsed.error());
   scheduler::SchedulerConfig config = *parsed;
   if (flags.has("libvirt")) config.libvirtUri = flags.get("libvirt");
   if (flags.has("node-listen")) config.nodeListen = flags.get("node-listen");
@@ -81,37 +81,42 @@ int main(int argc, char** argv) {
   if (flags.has("state-dir")) config.stateDir = flags.get("state-dir");
   for (auto& spec : flags.getAll("vm")) {
     auto vm = scheduler::parseVmSpec(spec);
-    if (!vm) return die(vm.error().message);
+    if (!vm) return fail(vm.error());
     config.vms.push_back(*vm);
   }
   if (config.vms.empty() && config.libvirtUri.empty())
-    return die("no VM to serve: give --vm, [vm] sections in --config, or --libvirt URI");
+    return fail(Code::invalidArgument, "no VM to serve: give --vm, [vm] sections in --config, or --libvirt URI");
+  return config;
+}
 
-  uv_loop_t* loop = uv_default_loop();
-  std::unique_ptr<scheduler::PoolState> pool;  // null: this host's pool alone
-  if (config.etcd.enabled()) {
-    if (!config.stateDir.empty())
-      return die("state_dir and etcd together are not supported yet: in a shared pool a scheduler's holdings end with "
-                 "its etcd lease, so there is nothing to restore them into");
-    auto shared = scheduler::EtcdPoolState::open(loop, config.etcd, config.name, config.blockTflops);
-    // etcd not reachable yet (starting beside this scheduler, or down a while): wait for
-    // it, saying so every 5 s; what etcd refused (the block size, a live namesake) ends here.
-    for (unsigned waitedMs = 0; !shared && shared.error().code == Code::unavailable; waitedMs += 500) {
-      uv_run(loop, UV_RUN_DEFAULT);  // the failed attempt's handles close
-      if (transport::stopPending()) {
-        RLOG_INFO("scheduler") << "stopped while waiting for etcd";
-        return 0;
-      }
-      if (waitedMs % 5000 == 0) RLOG_WARN("scheduler") << shared.error().message << "; waiting for etcd (tried every 0.5 s)";
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      shared = scheduler::EtcdPoolState::open(loop, config.etcd, config.name, config.blockTflops);
+// The pool shared through etcd, once etcd answers: while it cannot be reached (starting
+// beside this scheduler, or down a while) this waits, saying so every 5 s; what etcd
+// refused (the block size, a live namesake) ends here. None (and no error) when a stop
+// was asked for meanwhile.
+Result<std::unique_ptr<scheduler::PoolState>> sharedPool(uv_loop_t* loop, const scheduler::SchedulerConfig& config) {
+  if (!config.stateDir.empty())
+    return fail(Code::invalidArgument, "state_dir and etcd together are not supported yet: in a shared pool a scheduler's "
+                                       "holdings end with its etcd lease, so there is nothing to restore them into");
+  auto shared = scheduler::EtcdPoolState::open(loop, config.etcd, config.name, config.blockTflops);
+  for (unsigned waitedMs = 0; !shared && shared.error().code == Code::unavailable; waitedMs += 500) {
+    uv_run(loop, UV_RUN_DEFAULT);  // the failed attempt's handles close
+    if (transport::stopPending()) {
+      RLOG_INFO("scheduler") << "stopped while waiting for etcd";
+      return std::unique_ptr<scheduler::PoolState>();
     }
-    if (!shared) {
-      uv_run(loop, UV_RUN_DEFAULT);
-      return die(shared.error().message);
-    }
-    pool = std::move(*shared);
+    if (waitedMs % 5000 == 0) RLOG_WARN("scheduler") << shared.error().message << "; waiting for etcd (tried every 0.5 s)";
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    shared = scheduler::EtcdPoolState::open(loop, config.etcd, config.name, config.blockTflops);
   }
+  if (!shared) {
+    uv_run(loop, UV_RUN_DEFAULT);
+    return fail(shared.error());
+  }
+  return std::unique_ptr<scheduler::PoolState>(std::move(*shared));
+}
+
+// Serves the VMs until a signal (and follows libvirt's domains where asked).
+int serve(uv_loop_t* loop, const scheduler::SchedulerConfig& config, std::unique_ptr<scheduler::PoolState> pool) {
   scheduler::Scheduler daemon(loop, config, std::move(pool));
   if (auto s = daemon.start(); !s) {
     daemon.stop();
@@ -142,4 +147,26 @@ int main(int argc, char** argv) {
     daemon.stop();
   });
   return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  transport::holdStopSignals();  // a stop asked for while starting waits for the loop (before any thread)
+  Flags flags("raccel-scheduler",
+              "Pools the cards of registered netaccels into numbered compute blocks and serves each VM's programs a "
+              "virtual accelerator over the VM's socket.");
+  declareFlags(flags);
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  auto config = configOf(flags);
+  if (!config) return die(config.error().message);
+  uv_loop_t* loop = uv_default_loop();
+  std::unique_ptr<scheduler::PoolState> pool;  // null: this host's pool alone
+  if (config->etcd.enabled()) {
+    auto shared = sharedPool(loop, *config);
+    if (!shared) return die(shared.error().message);
+    if (!*shared) return 0;  // stopped while waiting for etcd
+    pool = std::move(*shared);
+  }
+  return serve(loop, *config, std::move(pool));
 }

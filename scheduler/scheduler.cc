@@ -413,87 +413,88 @@ void Scheduler::onGuestFrame(VmLink& link, const FrameHeader& h, Body body) {
 
 void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body body) {
   Vm& vm = *link.vm;
-  Error refusal;
-  auto refuse = [&](Code code, std::string message) {
-    refusal = Error{code, std::move(message)};
-    return false;
-  };
-  std::string program;
-  uint32_t blocks = 0;
-  KindMask kinds = vm.policy.kinds;
-  int priority = vm.policy.priority;
-  uint32_t maxFrame = wire::DEFAULT_MAX_FRAME_BYTES;
-  uint32_t waitMs = 0;
-  bool noWait = false;
-  int asked = 0;
-  bool ok = false, resumed = false;
+  Ask ask;
+  ask.kinds = vm.policy.kinds;
+  ask.priority = vm.policy.priority;
+  ask.maxFrame = wire::DEFAULT_MAX_FRAME_BYTES;
+  Status ok = fail(Code::internal, "no hello");
+  bool resumed = false;
   auto decoded = transport::decodeGuard([&] {
     MessageIn in(std::move(body));
     auto instruction = in.root<wire::Instruction>();
-    ok = [&] {
-      if (instruction.which() != wire::Instruction::HELLO)
-        return refuse(Code::invalidArgument, "no session on this channel: the first instruction must be hello");
-      auto hello = instruction.getHello();
-      if (hello.hasResume() && hello.getResume().getVaccel() != 0) {
-        resumeSession(link, channel, sequence, hello.getResume());
-        return resumed = true;
-      }
-      if (hello.getVersionMajor() != wire::PROTOCOL_MAJOR)
-        return refuse(Code::invalidArgument, "protocol version " + std::to_string(hello.getVersionMajor()) + "." +
-                                                 std::to_string(hello.getVersionMinor()) +
-                                                 " is not supported; this scheduler speaks " +
-                                                 std::to_string(wire::PROTOCOL_MAJOR) + "." + std::to_string(wire::PROTOCOL_MINOR));
-      if (hello.getProgram().size() > limits::kMaxNameBytes)
-        return refuse(Code::invalidArgument, "hello program name is " + std::to_string(hello.getProgram().size()) +
-                                                 " bytes; at most " + std::to_string(limits::kMaxNameBytes));
-      program = hello.getProgram();
-      double most = double(limits::kMaxPoolBlocks) * pool().blockTflops();
-      if (auto ok = limits::checkRange("hello tflops", hello.getTflops(), 0.0, most); !ok)
-        return refuse(Code::invalidArgument, ok.error().message + "; 0 asks for one block");
-      blocks = pool().blocksFor(hello.getTflops());
-      if (hello.getKinds().size() > 0) {
-        KindMask asked = 0;
-        for (auto k : hello.getKinds()) {
-          if (!transport::validKind(k)) return refuse(Code::invalidArgument, "unknown card kind in hello");
-          asked |= maskOf(transport::fromWire(k));
-        }
-        kinds &= asked;
-        if (kinds == 0)
-          return refuse(Code::permissionDenied, "none of the card kinds asked for (" + kindsToString(asked) +
-                                                    ") is allowed for vm '" + vm.policy.name +
-                                                    "' (allowed: " + kindsToString(vm.policy.kinds) + ")");
-      }
-      if (auto ok = limits::checkRange("hello priority", static_cast<long long>(hello.getPriority()), limits::kMinPriority, limits::kMaxPriority); !ok)
-        return refuse(Code::invalidArgument, ok.error().message);
-      asked = hello.getPriority();
-      priority = std::min(asked, vm.policy.priority);
-      waitMs = hello.getAdmitWaitMs();
-      noWait = hello.getNoWait();
-      if (hello.getMaxFrameBytes()) maxFrame = std::min(maxFrame, hello.getMaxFrameBytes());
-      return true;
-    }();
+    if (instruction.which() != wire::Instruction::HELLO) {
+      ok = fail(Code::invalidArgument, "no session on this channel: the first instruction must be hello");
+      return;
+    }
+    auto hello = instruction.getHello();
+    if (hello.hasResume() && hello.getResume().getVaccel() != 0) {
+      resumeSession(link, channel, sequence, hello.getResume());
+      resumed = true;
+      return;
+    }
+    ok = readHello(vm, hello, ask);
   });
-  if (!decoded) refusal = decoded.error(), ok = false;
+  if (!decoded) ok = fail(decoded.error());
   if (resumed) return;
   // While the pool settles after start, "never" may only mean "not yet": such a request
   // waits (below) and is refused, naming why, only if it still cannot be held then.
   const bool settling = this->settling();
-  if (ok && !settling)
-    if (auto ever = couldEverHold(blocks, kinds, vm); !ever) ok = refuse(ever.error().code, ever.error().message);
-  const HostVector host{vm.policy.hostCpuMilli, vm.policy.hostMemoryMib};
+  if (ok && !settling) ok = couldEverHold(ask.blocks, ask.kinds, vm);
   if (ok) {
     uint32_t vmMax = pool().blocksFor(vm.policy.tflops);
-    if (vm.blocksClaimed + blocks > vmMax)
-      ok = refuse(Code::resourceExhausted, "vm '" + vm.policy.name + "' may hold " + std::to_string(vmMax) +
-                                               " blocks in all; its programs hold " + std::to_string(vm.blocksClaimed) +
-                                               " and this one asked for " + std::to_string(blocks));
+    if (vm.blocksClaimed + ask.blocks > vmMax)
+      ok = fail(Code::resourceExhausted, "vm '" + vm.policy.name + "' may hold " + std::to_string(vmMax) +
+                                             " blocks in all; its programs hold " + std::to_string(vm.blocksClaimed) +
+                                             " and this one asked for " + std::to_string(ask.blocks));
   }
   if (!ok) {
-    refuseHello(link, channel, sequence, vm.policy.name + "/" + (program.empty() ? "?" : program), refusal);
+    refuseHello(link, channel, sequence, vm.policy.name + "/" + (ask.program.empty() ? "?" : ask.program), ok.error());
     return;
   }
-  // Placed by the next placement pass (at once when it fits; after preempting lower
-  // priorities; or after waiting up to waitMs); the welcome answers the hello then.
+  awaitPlacement(link, channel, sequence, ask, settling);
+}
+
+Status Scheduler::readHello(const Vm& vm, wire::Hello::Reader hello, Ask& ask) const {
+  auto refuse = [](Code code, std::string message) -> Status { return fail(code, std::move(message)); };
+  if (hello.getVersionMajor() != wire::PROTOCOL_MAJOR)
+    return refuse(Code::invalidArgument, "protocol version " + std::to_string(hello.getVersionMajor()) + "." +
+                                             std::to_string(hello.getVersionMinor()) +
+                                             " is not supported; this scheduler speaks " +
+                                             std::to_string(wire::PROTOCOL_MAJOR) + "." + std::to_string(wire::PROTOCOL_MINOR));
+  if (hello.getProgram().size() > limits::kMaxNameBytes)
+    return refuse(Code::invalidArgument, "hello program name is " + std::to_string(hello.getProgram().size()) +
+                                             " bytes; at most " + std::to_string(limits::kMaxNameBytes));
+  ask.program = hello.getProgram();
+  double most = double(limits::kMaxPoolBlocks) * pool().blockTflops();
+  if (auto ok = limits::checkRange("hello tflops", hello.getTflops(), 0.0, most); !ok)
+    return refuse(Code::invalidArgument, ok.error().message + "; 0 asks for one block");
+  ask.blocks = pool().blocksFor(hello.getTflops());
+  if (hello.getKinds().size() > 0) {
+    KindMask asked = 0;
+    for (auto k : hello.getKinds()) {
+      if (!transport::validKind(k)) return refuse(Code::invalidArgument, "unknown card kind in hello");
+      asked |= maskOf(transport::fromWire(k));
+    }
+    ask.kinds &= asked;
+    if (ask.kinds == 0)
+      return refuse(Code::permissionDenied, "none of the card kinds asked for (" + kindsToString(asked) +
+                                                ") is allowed for vm '" + vm.policy.name +
+                                                "' (allowed: " + kindsToString(vm.policy.kinds) + ")");
+  }
+  if (auto ok = limits::checkRange("hello priority", static_cast<long long>(hello.getPriority()), limits::kMinPriority, limits::kMaxPriority); !ok)
+    return refuse(Code::invalidArgument, ok.error().message);
+  ask.asked = hello.getPriority();
+  ask.priority = std::min(ask.asked, vm.policy.priority);
+  ask.waitMs = hello.getAdmitWaitMs();
+  ask.noWait = hello.getNoWait();
+  if (hello.getMaxFrameBytes()) ask.maxFrame = std::min(ask.maxFrame, hello.getMaxFrameBytes());
+  return {};
+}
+
+// Placed by the next placement pass (at once when it fits; after preempting lower
+// priorities; or after waiting up to waitMs); the welcome answers the hello then.
+void Scheduler::awaitPlacement(VmLink& link, uint32_t channel, uint64_t sequence, const Ask& ask, bool settling) {
+  Vm& vm = *link.vm;
   VaccelId id = nextVaccel_++;
   auto session = makeSession(id);
   Session& s = *session;
@@ -501,23 +502,23 @@ void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body bo
   s.vm = &vm;
   s.link = &link;
   s.channel = channel;
-  s.program = program;
-  s.priority = priority;
-  s.askedPriority = asked;
-  s.want = blocks;
-  s.kinds = kinds;
-  s.host = host;
-  s.noWait = noWait;
+  s.program = ask.program;
+  s.priority = ask.priority;
+  s.askedPriority = ask.asked;
+  s.want = ask.blocks;
+  s.kinds = ask.kinds;
+  s.host = HostVector{vm.policy.hostCpuMilli, vm.policy.hostMemoryMib};
+  s.noWait = ask.noWait;
   s.phase = Phase::waiting;
   s.helloSequence = sequence;
   s.helloNs = uv_hrtime();
   s.service.waitingSince = relocator_->policyNow();
-  s.maxFrame = maxFrame;
+  s.maxFrame = ask.maxFrame;
   startLineage(s);
-  s.waitDeadlineMs = waitMs ? nowMs() + waitMs : 0;
+  s.waitDeadlineMs = ask.waitMs ? nowMs() + ask.waitMs : 0;
   s.ownWaitDeadlineMs = s.waitDeadlineMs;
   if (settling && s.waitDeadlineMs < settledAtMs_) s.waitDeadlineMs = settledAtMs_, s.settlingWait = true;
-  vm.blocksClaimed += blocks;
+  vm.blocksClaimed += ask.blocks;
   link.sessions[channel] = &s;
   state_->nameProgram(id, s.program);  // shown with its holding on the other hosts
   sessions_[id] = std::move(session);
@@ -586,96 +587,7 @@ void Scheduler::forwardNow(VmLink& link, Session& s, const FrameHeader& h, Body 
   bool drop = false;
   auto decoded = transport::decodeGuard([&] {
     transport::MessageView in(body);
-    auto instruction = in.root<wire::Instruction>();
-    auto which = instruction.which();
-    if (which == wire::Instruction::DESCRIBE_VACCEL) {  // (the scheduler's to answer: never logged nor forwarded)
-      describeVaccel(s, h.sequence);
-      drop = true;
-      return;
-    }
-    logFrame(s, h, body, instruction);
-    if (!s.unavailable.empty()) {
-      replyError(s, h.sequence, Error{Code::unavailable, s.unavailable});
-      drop = true;
-      return;
-    }
-    if (h.sequence >= kSchedulerSequences) {
-      replyError(s, h.sequence,
-                 Error{Code::invalidArgument, "sequence numbers from 2^63 up are reserved for the scheduler"});
-      drop = true;
-      return;
-    }
-    // Programs are kept, to be reloaded wherever the vaccel is restored.
-    if (which == wire::Instruction::LOAD_PROGRAM) {
-      auto load = instruction.getLoadProgram();
-      auto kept = std::make_shared<capnp::MallocMessageBuilder>();
-      kept->setRoot(instruction);
-      s.programs[load.getHandle()] = std::move(kept);
-      s.failed.erase(load.getHandle());
-      s.unconfirmedAllocs[h.sequence] = load.getHandle();
-      persistence_->vaccel(s);
-    } else if (which == wire::Instruction::FREE && s.programs.erase(instruction.getFree().getHandle())) {
-      persistence_->vaccel(s);
-    }
-    // Instructions that another card of the vaccel runs, or that change buffers with
-    // copies on other cards.
-    if (routeElsewhere(s, h.sequence, instruction)) {
-      drop = true;
-      return;
-    }
-    switch (which) {
-      case wire::Instruction::HELLO:
-        replyError(s, h.sequence, Error{Code::invalidArgument, "this session has already said hello"});
-        drop = true;
-        return;
-      case wire::Instruction::ALLOC: {
-        auto a = instruction.getAlloc();
-        Vm& vm = *s.vm;
-        if (a.getHandle() >= kSchedulerHandles || s.programHome.count(a.getHandle())) {
-          Error e{Code::invalidArgument, a.getHandle() >= kSchedulerHandles
-                                             ? "handles from 2^63 up are reserved for the scheduler"
-                                             : "handle " + std::to_string(a.getHandle()) + " is already in use in this session"};
-          replyError(s, h.sequence, e);
-          sendPoison(s, a.getHandle(), h.sequence, e);
-          drop = true;
-          return;
-        }
-        if (a.getSize() > 0 && a.getHandle() != 0 && !s.buffers.count(a.getHandle())) {
-          if (a.getSize() > vm.policy.memoryQuota - std::min<uint64_t>(vm.memoryUsed, vm.policy.memoryQuota)) {
-            Error e{Code::resourceExhausted, "allocating " + std::to_string(a.getSize()) + " bytes would exceed vm '" +
-                                                 vm.policy.name + "''s memory quota (" + std::to_string(vm.memoryUsed) +
-                                                 " of " + std::to_string(vm.policy.memoryQuota) + " bytes in use)"};
-            replyError(s, h.sequence, e);
-            sendPoison(s, a.getHandle(), h.sequence, e);
-            drop = true;
-            return;
-          }
-          s.buffers[a.getHandle()] = a.getSize();
-          s.failed.erase(a.getHandle());
-          s.unconfirmedAllocs[h.sequence] = a.getHandle();
-          s.memoryUsed += a.getSize();
-          vm.memoryUsed += a.getSize();
-        }
-        return;
-      }
-      case wire::Instruction::FREE: {
-        auto it = s.buffers.find(instruction.getFree().getHandle());
-        if (it != s.buffers.end()) {
-          s.memoryUsed -= it->second;
-          s.vm->memoryUsed -= it->second;
-          s.buffers.erase(it);
-        }
-        s.failed.erase(instruction.getFree().getHandle());  // the netaccel forgets it too
-        return;
-      }
-      case wire::Instruction::READ:
-      case wire::Instruction::FENCE:
-      case wire::Instruction::DESCRIBE_PROGRAM:
-        s.pending.add(h.sequence, h.sequence, nowMs() + config_.requestTimeoutMs);
-        return;
-      default:
-        return;  // everything else (and unknown instructions) is the card's to judge
-    }
+    drop = screen(s, h, body, in.root<wire::Instruction>());
   });
   if (!decoded) {
     Error e{Code::invalidArgument, decoded.error().message + "; this session is closed"};
@@ -689,6 +601,93 @@ void Scheduler::forwardNow(VmLink& link, Session& s, const FrameHeader& h, Body 
   s.lastForwarded = h.sequence;
   node.connection->sendBody(s.primary().context, h.sequence, std::move(body));
   node.connection->throttle(*link.connection);
+}
+
+bool Scheduler::screen(Session& s, const FrameHeader& h, Body& body, wire::Instruction::Reader instruction) {
+  auto which = instruction.which();
+  if (which == wire::Instruction::DESCRIBE_VACCEL) {  // (the scheduler's to answer: never logged nor forwarded)
+    describeVaccel(s, h.sequence);
+    return true;
+  }
+  logFrame(s, h, body, instruction);
+  if (!s.unavailable.empty()) {
+    replyError(s, h.sequence, Error{Code::unavailable, s.unavailable});
+    return true;
+  }
+  if (h.sequence >= kSchedulerSequences) {
+    replyError(s, h.sequence,
+               Error{Code::invalidArgument, "sequence numbers from 2^63 up are reserved for the scheduler"});
+    return true;
+  }
+  // Programs are kept, to be reloaded wherever the vaccel is restored.
+  if (which == wire::Instruction::LOAD_PROGRAM) {
+    auto load = instruction.getLoadProgram();
+    auto kept = std::make_shared<capnp::MallocMessageBuilder>();
+    kept->setRoot(instruction);
+    s.programs[load.getHandle()] = std::move(kept);
+    s.failed.erase(load.getHandle());
+    s.unconfirmedAllocs[h.sequence] = load.getHandle();
+    persistence_->vaccel(s);
+  } else if (which == wire::Instruction::FREE && s.programs.erase(instruction.getFree().getHandle())) {
+    persistence_->vaccel(s);
+  }
+  // Instructions that another card of the vaccel runs, or that change buffers with
+  // copies on other cards.
+  if (routeElsewhere(s, h.sequence, instruction)) {
+    return true;
+  }
+  switch (which) {
+    case wire::Instruction::HELLO:
+      replyError(s, h.sequence, Error{Code::invalidArgument, "this session has already said hello"});
+      return true;
+    case wire::Instruction::ALLOC:
+      return !countAlloc(s, h.sequence, instruction.getAlloc());
+    case wire::Instruction::FREE: {
+      auto it = s.buffers.find(instruction.getFree().getHandle());
+      if (it != s.buffers.end()) {
+        s.memoryUsed -= it->second;
+        s.vm->memoryUsed -= it->second;
+        s.buffers.erase(it);
+      }
+      s.failed.erase(instruction.getFree().getHandle());  // the netaccel forgets it too
+      return false;
+    }
+    case wire::Instruction::READ:
+    case wire::Instruction::FENCE:
+    case wire::Instruction::DESCRIBE_PROGRAM:
+      s.pending.add(h.sequence, h.sequence, nowMs() + config_.requestTimeoutMs);
+      return false;
+    default:
+      return false;  // everything else (and unknown instructions) is the card's to judge
+  }
+}
+
+bool Scheduler::countAlloc(Session& s, uint64_t sequence, wire::Alloc::Reader a) {
+  Vm& vm = *s.vm;
+  if (a.getHandle() >= kSchedulerHandles || s.programHome.count(a.getHandle())) {
+    Error e{Code::invalidArgument, a.getHandle() >= kSchedulerHandles
+                                       ? "handles from 2^63 up are reserved for the scheduler"
+                                       : "handle " + std::to_string(a.getHandle()) + " is already in use in this session"};
+    replyError(s, sequence, e);
+    sendPoison(s, a.getHandle(), sequence, e);
+    return false;
+  }
+  if (a.getSize() > 0 && a.getHandle() != 0 && !s.buffers.count(a.getHandle())) {
+    if (a.getSize() > vm.policy.memoryQuota - std::min<uint64_t>(vm.memoryUsed, vm.policy.memoryQuota)) {
+      Error e{Code::resourceExhausted, "allocating " + std::to_string(a.getSize()) + " bytes would exceed vm '" +
+                                           vm.policy.name + "''s memory quota (" + std::to_string(vm.memoryUsed) +
+                                           " of " + std::to_string(vm.policy.memoryQuota) + " bytes in use)"};
+      replyError(s, sequence, e);
+      sendPoison(s, a.getHandle(), sequence, e);
+      return false;
+    }
+    s.buffers[a.getHandle()] = a.getSize();
+    s.failed.erase(a.getHandle());
+    s.unconfirmedAllocs[sequence] = a.getHandle();
+    s.memoryUsed += a.getSize();
+    vm.memoryUsed += a.getSize();
+  }
+  return true;
 }
 
 void Scheduler::endSession(VmLink& link, uint32_t channel) {

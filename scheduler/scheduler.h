@@ -90,9 +90,31 @@ class Scheduler {
   void onGuestFrame(VmLink& link, const transport::FrameHeader& header, transport::Body body);
   void onGuestOversized(VmLink& link, const transport::FrameHeader& header);
   void admit(VmLink& link, uint32_t channel, uint64_t sequence, transport::Body body);
+  // What a hello asks for, checked against the protocol, the pool's bounds and the VM's
+  // policy (kinds allowed, priority capped).
+  struct Ask {
+    std::string program;
+    uint32_t blocks = 0;
+    KindMask kinds = 0;
+    int priority = 0, asked = 0;
+    uint32_t maxFrame = 0, waitMs = 0;
+    bool noWait = false;
+  };
+  // Fills `ask` as far as the hello holds up (its program named before anything else is
+  // checked, for the refusal's subject).
+  Status readHello(const Vm& vm, wire::Hello::Reader hello, Ask& ask) const;
+  // A new session for an admitted hello, waiting for the next placement pass (past the
+  // pool's settling, where it was asked for while the pool settled).
+  void awaitPlacement(VmLink& link, uint32_t channel, uint64_t sequence, const Ask& ask, bool settling);
   std::unique_ptr<Session> makeSession(VaccelId id);
   void forward(VmLink& link, Session& session, const transport::FrameHeader& header, transport::Body body);
   void forwardNow(VmLink& link, Session& session, const transport::FrameHeader& header, transport::Body body);
+  // What the scheduler does with an instruction before a card sees it: true when it goes
+  // no further (answered here, refused, or routed to another card of the vaccel).
+  bool screen(Session& s, const transport::FrameHeader& h, transport::Body& body, wire::Instruction::Reader instruction);
+  // An alloc is counted against its VM's memory quota; false (refused, its handle
+  // poisoned) when the handle is the scheduler's or in use, or the quota is spent.
+  bool countAlloc(Session& s, uint64_t sequence, wire::Alloc::Reader a);
   // A hello answered with `error` (logged and in the event stream as `subject`).
   void refuseHello(VmLink& link, uint32_t channel, uint64_t sequence, const std::string& subject, const Error& error);
   void replyError(VmLink& link, uint32_t channel, uint64_t sequence, const Error& error, uint64_t dependency = 0);

@@ -9,6 +9,7 @@
 #include <thread>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "common/flags.h"
@@ -71,10 +72,7 @@ int runRtt(client::Session& s, int count) {
   std::printf("raccel-run: OK rtt_us p50 %.1f p99 %.1f over %d round trips\n", at(0.5), at(0.99), count);
   return 0;
 }
-}  // namespace
-
-int main(int argc, char** argv) {
-  Flags flags("raccel-run", "Runs a gemm on a raccel virtual accelerator and checks the result.");
+void declareFlags(Flags& flags) {
   flags.value("socket", "PATH", "raccel-guestd's socket, or a VM socket on the host (default /run/raccel/guestd.sock)");
   flags.value("size", "N", "gemm of N x N x N (default 256)");
   flags.value("tflops", "T", "virtual accelerator size to ask for (default 1)");
@@ -90,35 +88,39 @@ int main(int argc, char** argv) {
   flags.value("wait-ms", "MS", "when the pool is full even by preemption, wait this long for blocks (default 0: fail)");
   flags.boolean("no-wait", "while suspended by a higher priority, fail instead of waiting");
   flags.value("rtt", "N", "only time N synchronous tiny round trips and print their p50/p99 (microseconds)");
-  int code = 0;
-  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+}
+
+// What the flags ask for, each number checked where it enters (the error names the flag).
+struct RunArgs {
   client::Options options;
+  uint32_t n = 256;
+  int iterations = 3, holdMs = 0, intervalMs = 0, rtt = 0;
+  unsigned seed = 1;
+};
+Result<RunArgs> argsOf(const Flags& flags) {
+  RunArgs r;
+  client::Options& options = r.options;
   options.socket = flags.get("socket", options.socket);
   options.program = flags.get("name", "raccel-run");
-  // Every number is checked where it enters; the error names the flag.
-  auto bad = [](const Error& e) {
-    std::fprintf(stderr, "raccel-run: %s\n", e.message.c_str());
-    return 2;
-  };
   auto tflops = flags.getDouble("tflops", 1, 1e-6, 1e9);
-  if (!tflops) return bad(tflops.error());
+  if (!tflops) return fail(tflops.error());
   auto priority = flags.getInt("priority", 0, limits::kMinPriority, limits::kMaxPriority);
-  if (!priority) return bad(priority.error());
+  if (!priority) return fail(priority.error());
   constexpr unsigned long long kDay = 86400000;
   auto holdMsArg = flags.getUnsigned("hold-ms", 0, kDay);
-  if (!holdMsArg) return bad(holdMsArg.error());
+  if (!holdMsArg) return fail(holdMsArg.error());
   auto intervalMsArg = flags.getUnsigned("interval-ms", 0, kDay);
-  if (!intervalMsArg) return bad(intervalMsArg.error());
+  if (!intervalMsArg) return fail(intervalMsArg.error());
   auto waitMsArg = flags.getUnsigned("wait-ms", 0, kDay);
-  if (!waitMsArg) return bad(waitMsArg.error());
+  if (!waitMsArg) return fail(waitMsArg.error());
   auto rttArg = flags.getUnsigned("rtt", 0, 10000000);
-  if (!rttArg) return bad(rttArg.error());
+  if (!rttArg) return fail(rttArg.error());
   auto sizeArg = flags.getUnsigned("size", 256, 8192);
-  if (!sizeArg) return bad(sizeArg.error());
+  if (!sizeArg) return fail(sizeArg.error());
   auto iterationsArg = flags.getUnsigned("iterations", 3, 1000000);
-  if (!iterationsArg) return bad(iterationsArg.error());
+  if (!iterationsArg) return fail(iterationsArg.error());
   if (*sizeArg == 0 || *iterationsArg == 0 || (flags.has("rtt") && *rttArg == 0))
-    return bad(Error{Code::invalidArgument, "--size, --iterations and --rtt must be at least 1"});
+    return fail(Code::invalidArgument, "--size, --iterations and --rtt must be at least 1");
   options.tflops = *tflops;
   options.priority = static_cast<int>(*priority);
   options.admitWaitMs = static_cast<unsigned>(*waitMsArg);
@@ -129,27 +131,26 @@ int main(int argc, char** argv) {
     while (start <= list.size()) {
       size_t end = std::min(list.find(',', start), list.size());
       auto kind = parseKind(list.substr(start, end - start));
-      if (!kind) return bad(Error{Code::invalidArgument, "--kinds " + list + ": " + kind.error().message});
+      if (!kind) return fail(Code::invalidArgument, "--kinds " + list + ": " + kind.error().message);
       options.kinds.push_back(*kind);
       start = end + 1;
     }
   }
-  const uint32_t n = static_cast<uint32_t>(*sizeArg);
-  const int iterations = static_cast<int>(*iterationsArg);
-  const int holdMs = static_cast<int>(*holdMsArg), intervalMs = static_cast<int>(*intervalMsArg);
-  const int rtt = static_cast<int>(*rttArg);
-  auto start = std::chrono::steady_clock::now();
-  auto session = client::Session::open(options);
-  if (!session) {
-    std::printf("raccel-run: FAIL cannot get a virtual accelerator: %s: %s\n", codeName(session.error().code),
-                session.error().message.c_str());
-    return 1;
-  }
-  auto& s = **session;
-  if (rtt > 0) return runRtt(s, rtt);
+  r.n = static_cast<uint32_t>(*sizeArg);
+  r.iterations = static_cast<int>(*iterationsArg);
+  r.holdMs = static_cast<int>(*holdMsArg), r.intervalMs = static_cast<int>(*intervalMsArg);
+  r.rtt = static_cast<int>(*rttArg);
   auto seed = flags.getUnsigned("seed", 1, 0xffffffffu);
-  if (!seed) return bad(seed.error());
-  std::mt19937 rng(static_cast<unsigned>(*seed));
+  if (!seed) return fail(seed.error());
+  r.seed = static_cast<unsigned>(*seed);
+  return r;
+}
+
+// The gemms: random inputs from the seed, checked against a reference computed here;
+// the largest error, or none after saying why (FAIL).
+std::optional<double> runGemms(client::Session& s, const RunArgs& r) {
+  const uint32_t n = r.n;
+  std::mt19937 rng(r.seed);
   std::uniform_real_distribution<float> dist(-1, 1);
   std::vector<float> a(size_t{n} * n), b(size_t{n} * n);
   for (auto& x : a) x = dist(rng);
@@ -164,54 +165,85 @@ int main(int argc, char** argv) {
   auto ha = s.alloc(a.size() * 4), hb = s.alloc(b.size() * 4), hc = s.alloc(a.size() * 4);
   s.writeFloats(ha, a);
   s.writeFloats(hb, b);
-  if (holdMs > 0) {
+  if (r.holdMs > 0) {
     if (auto f = s.fence(); !f) {
       std::printf("raccel-run: FAIL writing the inputs: %s: %s\n", codeName(f.error().code), f.error().message.c_str());
-      return 1;
+      return std::nullopt;
     }
     // Said once everything before the hold has reached the card (a test waits for it).
-    std::printf("raccel-run: holding the virtual accelerator for %d ms, inputs written\n", holdMs);
+    std::printf("raccel-run: holding the virtual accelerator for %d ms, inputs written\n", r.holdMs);
     std::fflush(stdout);
-    std::this_thread::sleep_for(std::chrono::milliseconds(holdMs));
+    std::this_thread::sleep_for(std::chrono::milliseconds(r.holdMs));
   }
   double maxErr = 0;
-  for (int it = 0; it < iterations; ++it) {
-    if (it > 0 && intervalMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(intervalMs));
+  for (int it = 0; it < r.iterations; ++it) {
+    if (it > 0 && r.intervalMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(r.intervalMs));
     s.fill(hc, 0, a.size() * 4, 0);
     s.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
     auto c = s.readFloats(hc, a.size());
     if (!c) {
       std::printf("raccel-run: FAIL gemm %u (iteration %d): %s: %s\n", n, it, codeName(c.error().code), c.error().message.c_str());
-      return 1;
+      return std::nullopt;
     }
     for (size_t i = 0; i < c->size(); ++i) maxErr = std::max(maxErr, std::abs((*c)[i] - ref[i]));
-    if (intervalMs > 0) {
+    if (r.intervalMs > 0) {
       std::printf("raccel-run: iteration %d max error %.2g\n", it, maxErr);
       std::fflush(stdout);
     }
   }
-  bool ok = maxErr <= 1e-3 * n;
-  if (ok && flags.has("ops")) {
-    const uint64_t len = 100000;
-    std::vector<float> x(len), y(len);
-    for (uint64_t i = 0; i < len; ++i) {
-      x[i] = static_cast<float>(i % 17);
-      y[i] = 0.5f;
-    }
-    auto hx = s.alloc(len * 4), hy = s.alloc(len * 4), hout = s.alloc(len * 4), hsum = s.alloc(4);
-    s.writeFloats(hx, x);
-    s.writeFloats(hy, y);
-    s.vadd(len, hx, hy, hout);
-    s.axpy(len, 3.0f, hx, hy);
-    s.reduceSum(len, hx, hsum);
-    auto out = s.readFloats(hout, len), yy = s.readFloats(hy, len), sum = s.readFloats(hsum, 1);
-    double refSum = 0;
-    for (uint64_t i = 0; i < len && out && yy; ++i) {
-      ok = ok && (*out)[i] == x[i] + 0.5f && (*yy)[i] == 3.0f * x[i] + 0.5f;
-      refSum += x[i];
-    }
-    ok = ok && out && yy && sum && std::abs((*sum)[0] - refSum) <= 1e-6 * refSum;
+  return maxErr;
+}
+
+// --ops: axpy, vadd and reduceSum over 100,000 elements, each checked.
+bool opsHold(client::Session& s) {
+  bool ok = true;
+  const uint64_t len = 100000;
+  std::vector<float> x(len), y(len);
+  for (uint64_t i = 0; i < len; ++i) {
+    x[i] = static_cast<float>(i % 17);
+    y[i] = 0.5f;
   }
+  auto hx = s.alloc(len * 4), hy = s.alloc(len * 4), hout = s.alloc(len * 4), hsum = s.alloc(4);
+  s.writeFloats(hx, x);
+  s.writeFloats(hy, y);
+  s.vadd(len, hx, hy, hout);
+  s.axpy(len, 3.0f, hx, hy);
+  s.reduceSum(len, hx, hsum);
+  auto out = s.readFloats(hout, len), yy = s.readFloats(hy, len), sum = s.readFloats(hsum, 1);
+  double refSum = 0;
+  for (uint64_t i = 0; i < len && out && yy; ++i) {
+    ok = ok && (*out)[i] == x[i] + 0.5f && (*yy)[i] == 3.0f * x[i] + 0.5f;
+    refSum += x[i];
+  }
+  ok = ok && out && yy && sum && std::abs((*sum)[0] - refSum) <= 1e-6 * refSum;
+  return ok;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags("raccel-run", "Runs a gemm on a raccel virtual accelerator and checks the result.");
+  declareFlags(flags);
+  int code = 0;
+  if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
+  auto args = argsOf(flags);
+  if (!args) {
+    std::fprintf(stderr, "raccel-run: %s\n", args.error().message.c_str());
+    return 2;
+  }
+  auto start = std::chrono::steady_clock::now();
+  auto session = client::Session::open(args->options);
+  if (!session) {
+    std::printf("raccel-run: FAIL cannot get a virtual accelerator: %s: %s\n", codeName(session.error().code),
+                session.error().message.c_str());
+    return 1;
+  }
+  auto& s = **session;
+  if (args->rtt > 0) return runRtt(s, args->rtt);
+  auto maxErr = runGemms(s, *args);
+  if (!maxErr) return 1;
+  const uint32_t n = args->n;
+  bool ok = *maxErr <= 1e-3 * n;
+  if (ok && flags.has("ops")) ok = opsHold(s);
   std::string openclProblem;
   if (ok && flags.has("opencl")) {
     openclProblem = runOpencl(s);
@@ -226,7 +258,7 @@ int main(int argc, char** argv) {
   if (!openclProblem.empty()) std::printf("raccel-run: FAIL OpenCL C kernel: %s\n", openclProblem.c_str());
   (void)s.describeVaccel();  // where it ran last (moved or rebuilt meanwhile); else as welcomed
   std::printf("raccel-run: %s gemm %ux%ux%u x%d%s%s on %s, max error %.2g, %.1f ms\n", ok ? "OK" : "FAIL", n, n, n,
-              iterations, flags.has("ops") ? " + axpy/vadd/reduceSum" : "", flags.has("opencl") ? " + OpenCL C" : "",
-              s.vaccel().describe().c_str(), maxErr, ms);
+              args->iterations, flags.has("ops") ? " + axpy/vadd/reduceSum" : "", flags.has("opencl") ? " + OpenCL C" : "",
+              s.vaccel().describe().c_str(), *maxErr, ms);
   return ok ? 0 : 1;
 }

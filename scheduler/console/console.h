@@ -87,6 +87,15 @@ class Console {
   transport::HttpResponse onHttp(const transport::HttpRequest& request);
   transport::HttpResponse onAction(const transport::HttpRequest& request);
   std::string metricsText() const;
+  // metricsText's sections: the pool's blocks, the vaccels by state (and other hosts'),
+  // per VM (what the vaccels did, for the totals after), per live vaccel, the totals and
+  // events, the nodes and their cards.
+  void poolMetrics(MetricsPage& page) const;
+  void vaccelStateMetrics(MetricsPage& page) const;
+  void vmMetrics(MetricsPage& page, uint64_t& instructions, uint64_t& moved) const;
+  void vaccelMetrics(MetricsPage& page) const;
+  void eventMetrics(MetricsPage& page) const;
+  void nodeMetrics(MetricsPage& page) const;
   std::string sseData(const EventRecord& e) const;
   bool bearerMatches(const std::string& authorization) const;
 

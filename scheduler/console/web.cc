@@ -194,6 +194,21 @@ HttpResponse Console::onAction(const HttpRequest& r) {
 
 std::string Console::metricsText() const {
   MetricsPage page;
+  poolMetrics(page);
+  vaccelStateMetrics(page);
+  uint64_t instructions = 0, moved = 0;
+  vmMetrics(page, instructions, moved);
+  vaccelMetrics(page);
+  page.family("raccel_instructions_forwarded_total", "counter", "Guest instructions the scheduler forwarded to cards.");
+  page.sample("raccel_instructions_forwarded_total", static_cast<double>(instructions));
+  page.family("raccel_moved_bytes_total", "counter", "Bytes the scheduler copied between cards.");
+  page.sample("raccel_moved_bytes_total", static_cast<double>(moved));
+  eventMetrics(page);
+  nodeMetrics(page);
+  return page.text();
+}
+
+void Console::poolMetrics(MetricsPage& page) const {
   // The pool, block by block: by node, kind and state.
   std::map<std::tuple<std::string, std::string, std::string>, uint32_t> blocks;
   for (auto& node : s_.pool().nodes())
@@ -212,7 +227,9 @@ std::string Console::metricsText() const {
     page.sample("raccel_pool_blocks", {{"node", std::get<0>(key)}, {"kind", std::get<1>(key)}, {"state", std::get<2>(key)}}, n);
   page.family("raccel_pool_block_tflops", "gauge", "TFLOPS of one block.");
   page.sample("raccel_pool_block_tflops", s_.pool().blockTflops());
+}
 
+void Console::vaccelStateMetrics(MetricsPage& page) const {
   std::map<std::string, uint32_t> states;
   for (const char* p : {"running", "waiting", "suspending", "suspended", "moving", "resuming", "recovering", "unavailable"}) states[p] = 0;
   for (auto& [id, s] : s_.sessions_) ++states[!s->unavailable.empty() ? "unavailable" : phaseName(s->phase)];
@@ -237,7 +254,9 @@ std::string Console::metricsText() const {
                 "Vaccels of the other hosts of the shared pool by host and state (running: holding blocks; waiting; suspended).");
     for (auto& [key, count] : elsewhere) page.sample("raccel_vaccels_elsewhere", {{"host", key.first}, {"state", key.second}}, count);
   }
+}
 
+void Console::vmMetrics(MetricsPage& page, uint64_t& instructions, uint64_t& moved) const {
   // Per VM (the operator's configured set): usage since the scheduler started (kernel
   // time also across restarts, as tenant usage).
   struct PerVm {
@@ -262,6 +281,10 @@ std::string Console::metricsText() const {
   page.family("raccel_vm_memory_used_bytes", "gauge", "Device memory each VM's vaccels hold now.");
   for (auto& vm : s_.vms_) page.sample("raccel_vm_memory_used_bytes", {{"vm", vm->policy.name}}, static_cast<double>(vm->memoryUsed));
 
+  for (auto& [vm, v] : perVm) instructions += v.instructions, moved += v.bytesMoved;
+}
+
+void Console::vaccelMetrics(MetricsPage& page) const {
   // Per live vaccel: its series end with it (ids are never reused). At most kSeries.
   constexpr size_t kSeries = 1000;
   auto perVaccel = [&](const char* name, const char* type, const char* help, auto value) {
@@ -294,14 +317,9 @@ std::string Console::metricsText() const {
             [](const Session& s) { return s.lineage.overlapped; });
   perVaccel("raccel_vaccel_recoveries_total", "counter", "Times each live vaccel was rebuilt after losing a card.",
             [](const Session& s) { return s.lineage.recoveries; });
+}
 
-  uint64_t instructions = 0, moved = 0;
-  for (auto& [vm, v] : perVm) instructions += v.instructions, moved += v.bytesMoved;
-  page.family("raccel_instructions_forwarded_total", "counter", "Guest instructions the scheduler forwarded to cards.");
-  page.sample("raccel_instructions_forwarded_total", static_cast<double>(instructions));
-  page.family("raccel_moved_bytes_total", "counter", "Bytes the scheduler copied between cards.");
-  page.sample("raccel_moved_bytes_total", static_cast<double>(moved));
-
+void Console::eventMetrics(MetricsPage& page) const {
   page.family("raccel_admission_latency_seconds", "histogram", "From a program's hello to its welcome (placement, waiting and preemption included).");
   admissionSeconds_.write(page, "raccel_admission_latency_seconds");
 
@@ -322,7 +340,9 @@ std::string Console::metricsText() const {
   }
   page.family("raccel_events_total", "counter", "Scheduler events (raccelctl events) by kind.");
   for (auto& [kind, c] : eventCounts_) page.sample("raccel_events_total", {{"kind", kind}}, static_cast<double>(c));
+}
 
+void Console::nodeMetrics(MetricsPage& page) const {
   // Nodes and their cards.
   page.family("raccel_node_up", "gauge", "1 while the netaccel is registered and heard from.");
   for (auto& node : s_.pool().nodes())
@@ -349,7 +369,6 @@ std::string Console::metricsText() const {
   page.sample("raccel_http_requests_total", http_ ? static_cast<double>(http_->requestsServed()) : 0);
   page.family("raccel_http_event_streams", "gauge", "Open web console event streams.");
   page.sample("raccel_http_event_streams", http_ ? static_cast<double>(http_->streams()) : 0);
-  return page.text();
 }
 
 }  // namespace raccel::scheduler

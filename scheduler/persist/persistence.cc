@@ -196,7 +196,16 @@ void Persistence::usage(const Vm& vm) {
 void Persistence::restore() {
   s_.nextVaccel_ = std::max<VaccelId>(s_.nextVaccel_, store_->counter("next_vaccel", 1));
   s_.restoredAtMs_ = s_.nowMs();
+  const size_t layouts = restoreNodes();
+  restorePolicies();
+  size_t running = 0, suspended = 0;
+  restoreVaccels(running, suspended);
+  RLOG_INFO("scheduler") << "state from " << store_->path() << ": " << layouts << " netaccel layout(s), "
+                         << s_.policyOverrides_.size() << " VM policy override(s), " << running << " vaccel(s) to recover, "
+                         << suspended << " suspended";
+}
 
+size_t Persistence::restoreNodes() {
   // Nodes, in block order, so each gets its old numbers; offline until it registers.
   struct Known {
     uint32_t first;
@@ -227,6 +236,10 @@ void Persistence::restore() {
     s_.state_->removeNode(*index);
   }
 
+  return known.size();
+}
+
+void Persistence::restorePolicies() {
   for (auto& [vm, text] : store_->all("vm_policy")) {
     auto& settings = s_.policyOverrides_[vm];
     size_t at = 0;
@@ -239,68 +252,12 @@ void Persistence::restore() {
     }
   }
   for (auto& [vm, ns] : store_->all("tenant_usage")) s_.vmNamed(vm).kernelNsEnded = std::strtoull(ns.c_str(), nullptr, 10);
+}
 
-  size_t running = 0, suspended = 0;
+void Persistence::restoreVaccels(size_t& running, size_t& suspended) {
   for (auto& [key, blob] : store_->all("vaccel")) {
     std::unique_ptr<Session> session;
-    auto status = transport::decodeGuard([&] {
-      BlobReader in(blob);
-      auto r = in.reader->getRoot<wire::VaccelRecord>();
-      VaccelId id = r.getId();
-      session = s_.makeSession(id);
-      Session& s = *session;
-      s.vm = &s_.vmNamed(r.getVm());
-      s.program = r.getProgram();
-      s.priority = r.getPriority();
-      s.askedPriority = r.getAskedPriority();
-      s.want = r.getWant();
-      s.kinds = r.getKinds();
-      // Its own database: still checked (a record is a file like any other).
-      s.host = {r.getHostCpuMilli(), r.getHostMemoryMib()};
-      if (!s.host.inBounds()) throw std::runtime_error("host needs out of range");
-      s.noWait = r.getNoWait();
-      s.token = r.getToken();
-      s.maxFrame = r.getMaxFrame();
-      s.operatorHold = r.getOperatorHold();
-      s.why = r.getWhy();
-      s.kernelNsBefore = r.getKernelNs();
-      s.service = serviceOf(r, s_.relocator_->policyNow());
-      if (!r.getSuspended()) s.ranSince = s.accruedAt = s_.relocator_->policyNow();  // the time down is no service
-      s.detachedSinceMs = s_.nowMs();
-      for (auto p : r.getPrograms()) {
-        BlobReader program(std::string(reinterpret_cast<const char*>(p.begin()), p.size()));
-        auto kept = std::make_shared<capnp::MallocMessageBuilder>();
-        auto instruction = program.reader->getRoot<wire::Instruction>();
-        kept->setRoot(instruction);
-        s.programs[instruction.getLoadProgram().getHandle()] = std::move(kept);
-      }
-      for (auto f : r.getFailed()) s.failed[f.getHandle()] = {f.getSequence(), transport::errorFrom(f.getError())};
-      if (r.getSuspended()) {
-        s.phase = Phase::suspended;
-        s.appliedThrough = r.getAppliedThrough();
-        for (auto b : r.getBuffers()) {
-          s.buffers[b.getHandle()] = b.getBytes();
-          s.memoryUsed += b.getBytes();
-        }
-        for (auto& [handle, bytes] : store_->saved(id))
-          s.saved[handle] = KeptBytes(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
-        if (s.why.empty()) s.why = "suspended when the scheduler stopped";
-        return;
-      }
-      for (auto b : r.getBlocks()) s.blocks.push_back({b.getFirst(), b.getCount()});
-      if (auto assigned = s_.state_->assign(id, s.vm->policy.name, s.blocks, s.rank(), s.host); !assigned)
-        throw std::runtime_error("its blocks " + blocksText(s.blocks) + " cannot be given back: " + assigned.error().message);
-      for (auto mr : r.getMembers()) {
-        if (mr.getCard() >= s_.pool().cards().size() || s_.pool().nodes()[s_.pool().cards()[mr.getCard()].node].name != mr.getNode().cStr()) {
-          s_.state_->release(id);
-          throw std::runtime_error("card " + std::to_string(mr.getCard()) + " of netaccel '" + std::string(mr.getNode().cStr()) +
-                                   "' is not in the pool");
-        }
-        s.members.push_back(Member{nullptr, mr.getCard(), mr.getContext(), mr.getBlocks()});
-      }
-      s.phase = Phase::recovering;
-      s.why = "waiting for its netaccels after the scheduler restarted";
-    });
+    auto status = transport::decodeGuard([&] { readVaccel(blob, session); });
     if (!status || !session) {
       RLOG_ERROR("scheduler") << "state database: vaccel " << key << " not restored: "
                               << (status ? std::string("empty record") : status.error().message);
@@ -320,9 +277,67 @@ void Persistence::restore() {
     s_.event("restored", s_.labelOf(s), std::string(phaseName(s.phase)) + " from the state database; waiting for its guest to re-attach");
     s_.sessions_[s.id] = std::move(session);
   }
-  RLOG_INFO("scheduler") << "state from " << store_->path() << ": " << known.size() << " netaccel layout(s), "
-                         << s_.policyOverrides_.size() << " VM policy override(s), " << running << " vaccel(s) to recover, "
-                         << suspended << " suspended";
+}
+
+// A vaccel's record into a session (throwing what is wrong with it): a suspended one
+// with its saved buffers, a running one back on its blocks, waiting for its netaccels.
+void Persistence::readVaccel(const std::string& blob, std::unique_ptr<Session>& session) {
+  BlobReader in(blob);
+  auto r = in.reader->getRoot<wire::VaccelRecord>();
+  VaccelId id = r.getId();
+  session = s_.makeSession(id);
+  Session& s = *session;
+  s.vm = &s_.vmNamed(r.getVm());
+  s.program = r.getProgram();
+  s.priority = r.getPriority();
+  s.askedPriority = r.getAskedPriority();
+  s.want = r.getWant();
+  s.kinds = r.getKinds();
+  // Its own database: still checked (a record is a file like any other).
+  s.host = {r.getHostCpuMilli(), r.getHostMemoryMib()};
+  if (!s.host.inBounds()) throw std::runtime_error("host needs out of range");
+  s.noWait = r.getNoWait();
+  s.token = r.getToken();
+  s.maxFrame = r.getMaxFrame();
+  s.operatorHold = r.getOperatorHold();
+  s.why = r.getWhy();
+  s.kernelNsBefore = r.getKernelNs();
+  s.service = serviceOf(r, s_.relocator_->policyNow());
+  if (!r.getSuspended()) s.ranSince = s.accruedAt = s_.relocator_->policyNow();  // the time down is no service
+  s.detachedSinceMs = s_.nowMs();
+  for (auto p : r.getPrograms()) {
+    BlobReader program(std::string(reinterpret_cast<const char*>(p.begin()), p.size()));
+    auto kept = std::make_shared<capnp::MallocMessageBuilder>();
+    auto instruction = program.reader->getRoot<wire::Instruction>();
+    kept->setRoot(instruction);
+    s.programs[instruction.getLoadProgram().getHandle()] = std::move(kept);
+  }
+  for (auto f : r.getFailed()) s.failed[f.getHandle()] = {f.getSequence(), transport::errorFrom(f.getError())};
+  if (r.getSuspended()) {
+    s.phase = Phase::suspended;
+    s.appliedThrough = r.getAppliedThrough();
+    for (auto b : r.getBuffers()) {
+      s.buffers[b.getHandle()] = b.getBytes();
+      s.memoryUsed += b.getBytes();
+    }
+    for (auto& [handle, bytes] : store_->saved(id))
+      s.saved[handle] = KeptBytes(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
+    if (s.why.empty()) s.why = "suspended when the scheduler stopped";
+    return;
+  }
+  for (auto b : r.getBlocks()) s.blocks.push_back({b.getFirst(), b.getCount()});
+  if (auto assigned = s_.state_->assign(id, s.vm->policy.name, s.blocks, s.rank(), s.host); !assigned)
+    throw std::runtime_error("its blocks " + blocksText(s.blocks) + " cannot be given back: " + assigned.error().message);
+  for (auto mr : r.getMembers()) {
+    if (mr.getCard() >= s_.pool().cards().size() || s_.pool().nodes()[s_.pool().cards()[mr.getCard()].node].name != mr.getNode().cStr()) {
+      s_.state_->release(id);
+      throw std::runtime_error("card " + std::to_string(mr.getCard()) + " of netaccel '" + std::string(mr.getNode().cStr()) +
+                               "' is not in the pool");
+    }
+    s.members.push_back(Member{nullptr, mr.getCard(), mr.getContext(), mr.getBlocks()});
+  }
+  s.phase = Phase::recovering;
+  s.why = "waiting for its netaccels after the scheduler restarted";
 }
 
 }  // namespace raccel::scheduler

@@ -49,6 +49,12 @@ class Persistence {
   using Vm = Scheduler::Vm;
   using Session = Scheduler::Session;
   void restore();
+  // restore's parts: the netaccels' block layout (how many), the VMs' policy overrides
+  // and usage, the vaccels (counted as running or suspended), and one vaccel's record.
+  size_t restoreNodes();
+  void restorePolicies();
+  void restoreVaccels(size_t& running, size_t& suspended);
+  void readVaccel(const std::string& blob, std::unique_ptr<Session>& session);
 
   const SchedulerConfig& config_;
   Scheduler& s_;
