@@ -234,11 +234,8 @@ class PhillyExperiment {
     auto loaded = loadPhilly(o_.phillyDir, defaultStepSeconds(), o_.maxJobsPerTenant);
     if (!loaded) return fail(loaded.error());
     workload_ = std::move(*loaded);
-    auto* workload = &workload_;
-    auto& md = md_;
-    Cluster& philly = philly_;
-    md << "\n## Experiment B: dynamic (Philly VCs)\n\n" << workload->tenants.size() << " tenants (one per VC file), " << workload->jobs.size()
-       << " jobs; cluster: 40 nodes x 8 V100-class GPUs (15 blocks each, " << philly.blocks << " blocks). A job of g GPUs asks for 15g blocks; "
+    md_ << "\n## Experiment B: dynamic (Philly VCs)\n\n" << workload_.tenants.size() << " tenants (one per VC file), " << workload_.jobs.size()
+       << " jobs; cluster: 40 nodes x 8 V100-class GPUs (15 blocks each, " << philly_.blocks << " blocks). A job of g GPUs asks for 15g blocks; "
        << "its run time is total_steps x a step time per model (ResNet-18 0.01 s, ResNet-50 0.02, Transformer 0.01, LM 0.01, Recommendation "
        << "0.005, CycleGAN 0.03, A3C 0.005). A job spanning k nodes runs at 1/(1 + 0.1(k-1)) of its speed; a preempted job pays 30 s, a moved one "
        << "10 s. raccel: spread vaccels (Pool::allocate), preemption by priority and attained service, compaction (8 moves a "
@@ -276,7 +273,6 @@ class PhillyExperiment {
 
   // Each policy at each arrival rate: the table, the JCT CDF and tenants' shares at 1x.
   Status rateSweep() {
-    auto& md = md_;
     Chart cdfChart{"Philly VCs, rate 1x: job completion time CDF", "JCT (hours, log scale)", "fraction of jobs", {}, true, true, 0, 1};
     Chart rateChart{"Philly VCs: average JCT by arrival rate", "arrival-rate multiplier", "average JCT (hours)", {}, false, false};
     std::ostringstream fairness, shareMd;
@@ -294,7 +290,7 @@ class PhillyExperiment {
         bsum_ << policyName(p) << "," << rate << "," << run->jobs << "," << run->finished << "," << fmt(run->avgJct / 3600, 3) << ","
              << fmt(run->p99Jct / 3600, 3) << "," << fmt(run->avgQueue / 3600, 3) << "," << fmt(run->p99Queue / 3600, 3) << ","
              << fmt(run->utilization) << "," << run->preemptions << "," << run->migrations << "\n";
-        md << "| " << policyName(p) << " | " << rate << "x | " << fmt(run->avgJct / 3600) << " | " << fmt(run->p99Jct / 3600, 1) << " | "
+        md_ << "| " << policyName(p) << " | " << rate << "x | " << fmt(run->avgJct / 3600) << " | " << fmt(run->p99Jct / 3600, 1) << " | "
            << fmt(run->avgQueue / 3600) << " | " << fmt(run->p99Queue / 3600, 1) << " | " << fmt(run->utilization, 1) << " | " << run->preemptions
            << " | " << run->migrations << " |\n";
         rs.x.push_back(rate), rs.y.push_back(run->avgJct / 3600);
@@ -319,7 +315,7 @@ class PhillyExperiment {
       }
       rateChart.series.push_back(rs);
     }
-    md << fairness.str() << shareMd.str();
+    md_ << fairness.str() << shareMd.str();
     if (auto st = writeFile(o_.out + "/philly_jct_cdf.svg", renderSvg(cdfChart)); !st) return st;
     return writeFile(o_.out + "/philly_avg_jct_by_rate.svg", renderSvg(rateChart));
   }
@@ -354,10 +350,8 @@ class PhillyExperiment {
   // High priority: a fraction of jobs tagged; their queueing delay, and the rest's JCT
   // against the same jobs' JCT in the untagged run.
   Status highPriority() {
-    auto& md = md_;
-    auto& prio = prio_;
-    prio << "policy,high_fraction,high_jobs,high_avg_queue_h,high_avg_queue_untagged_h,high_avg_jct_h,rest_avg_jct_h,rest_avg_jct_untagged_h,rest_slowdown,preemptions\n";
-    md << "\nHigh priority (rate 1x, " << fmt(o_.highFraction * 100, 0) << "% of jobs tagged, seed 1):\n\n"
+    prio_ << "policy,high_fraction,high_jobs,high_avg_queue_h,high_avg_queue_untagged_h,high_avg_jct_h,rest_avg_jct_h,rest_avg_jct_untagged_h,rest_slowdown,preemptions\n";
+    md_ << "\nHigh priority (rate 1x, " << fmt(o_.highFraction * 100, 0) << "% of jobs tagged, seed 1):\n\n"
        << "| policy | high jobs' avg queue | their avg queue untagged | rest avg JCT | same jobs untagged | slowdown of the rest | preemptions |\n|---|---|---|---|---|---|---|\n";
     for (Policy p : allPolicies()) {
       DynamicOptions d;
@@ -378,21 +372,19 @@ class PhillyExperiment {
       restBefore = rest ? restBefore / rest : 0;
       highQueueBefore = high ? highQueueBefore / high : 0;
       double slowdown = restBefore > 0 ? tagged->restAvgJct / restBefore : 0;
-      prio << policyName(p) << "," << o_.highFraction << "," << high << "," << fmt(tagged->highAvgQueue / 3600, 3) << ","
+      prio_ << policyName(p) << "," << o_.highFraction << "," << high << "," << fmt(tagged->highAvgQueue / 3600, 3) << ","
            << fmt(highQueueBefore / 3600, 3) << ","
            << fmt(tagged->highAvgJct / 3600, 3) << "," << fmt(tagged->restAvgJct / 3600, 3) << "," << fmt(restBefore / 3600, 3) << ","
            << fmt(slowdown, 3) << "," << tagged->preemptions << "\n";
-      md << "| " << policyName(p) << " | " << fmt(tagged->highAvgQueue / 3600) << " | " << fmt(highQueueBefore / 3600) << " | "
+      md_ << "| " << policyName(p) << " | " << fmt(tagged->highAvgQueue / 3600) << " | " << fmt(highQueueBefore / 3600) << " | "
          << fmt(tagged->restAvgJct / 3600) << " | " << fmt(restBefore / 3600) << " | " << fmt(slowdown, 3) << "x | " << tagged->preemptions << " |\n";
     }
     return {};
   }
   // Span penalty: how much of the comparison rests on the cost of spanning nodes.
   Status spanPenalty() {
-    auto& md = md_;
-    auto& span = span_;
-    span << "span_penalty,raccel_avg_jct_h,whole_card_first_fit_avg_jct_h,raccel_over_first_fit\n";
-    md << "\nSpan penalty (rate 1x): raccel spreads a vaccel over nodes when no node has room; the baselines wait for whole cards. "
+    span_ << "span_penalty,raccel_avg_jct_h,whole_card_first_fit_avg_jct_h,raccel_over_first_fit\n";
+    md_ << "\nSpan penalty (rate 1x): raccel spreads a vaccel over nodes when no node has room; the baselines wait for whole cards. "
        << "How the average JCT compares as the cost of spanning nodes changes:\n\n| penalty per extra node | raccel avg JCT | whole-card first-fit | raccel / first-fit |\n|---|---|---|---|\n";
     for (double penalty : o_.spanPenalties) {
       double jct[2];
@@ -404,8 +396,8 @@ class PhillyExperiment {
         if (!run) return fail(run.error());
         jct[k] = (*run)->avgJct / 3600;
       }
-      span << penalty << "," << fmt(jct[0], 3) << "," << fmt(jct[1], 3) << "," << fmt(jct[0] / jct[1], 3) << "\n";
-      md << "| " << penalty << " | " << fmt(jct[0]) << " | " << fmt(jct[1]) << " | " << fmt(jct[0] / jct[1], 3) << " |\n";
+      span_ << penalty << "," << fmt(jct[0], 3) << "," << fmt(jct[1], 3) << "," << fmt(jct[0] / jct[1], 3) << "\n";
+      md_ << "| " << penalty << " | " << fmt(jct[0]) << " | " << fmt(jct[1]) << " | " << fmt(jct[0] / jct[1], 3) << " |\n";
     }
     return {};
   }

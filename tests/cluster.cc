@@ -12,8 +12,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -218,9 +220,31 @@ bool acceptsConnections(const std::string& socket) {
   return ok;
 }
 
+namespace {
+// The folders makeTempDir made, removed when the test process ends (a test that fails
+// still ends here); RACCEL_KEEP_TEST_DIRS keeps them for a post-mortem.
+struct TempDirs {
+  std::mutex mutex;
+  std::vector<std::string> made;
+  ~TempDirs() {
+    if (std::getenv("RACCEL_KEEP_TEST_DIRS")) return;
+    std::error_code ignored;
+    for (auto& d : made) std::filesystem::remove_all(d, ignored);
+  }
+};
+TempDirs& tempDirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+}  // namespace
+
 std::string makeTempDir() {
+  TempDirs& dirs = tempDirs();  // made before the first folder, so it is destroyed after its users
   char tmpl[] = "/tmp/raccel-it-XXXXXX";
-  return ::mkdtemp(tmpl);
+  if (!::mkdtemp(tmpl)) throw std::runtime_error(std::string("cannot make a folder in /tmp: ") + std::strerror(errno));
+  std::lock_guard<std::mutex> lock(dirs.mutex);
+  dirs.made.push_back(tmpl);
+  return tmpl;
 }
 
 Cluster::Cluster(std::vector<VmSpec> vms, std::string dir, std::vector<std::string> schedulerArgs)

@@ -39,7 +39,8 @@ int freePort();
 int steadyPort();
 // Polls `ready` every 20 ms until it holds (true) or `timeoutMs` has passed (false).
 bool waitFor(const std::function<bool()>& ready, int timeoutMs);
-// A fresh temporary folder for a test's sockets and logs.
+// A fresh temporary folder for a test's sockets and logs, removed when the process ends
+// (kept where RACCEL_KEEP_TEST_DIRS is set).
 std::string makeTempDir();
 // Whether a unix socket is listening, not only bound (the file appears at bind(),
 // connections are taken from listen()).

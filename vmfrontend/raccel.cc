@@ -560,23 +560,24 @@ bool ordered(const TensorOp& a, const TensorOp& b) {
   return false;
 }
 
+// Whether `next` may fold into `held` at all (fuseInto's precondition), asked before
+// anything is copied: both write one view of one shape, and next is a plain map.
+bool writeAlike(const TensorOp& held, const TensorOp& next) {
+  return fusible(next) && unscaled(next) && next.shape == held.shape && !held.operands.empty() &&
+         sameView(next.operands[0], held.operands[0]);
+}
+
 // Folds `next` into `held` where one op computes both (schema/guest.capnp's pre- and
 // post-scales) with the very arithmetic the two ops would do: one scale and shift, never
 // a product of two (x * a * b rounds otherwise than x * (a * b)); false where it cannot,
-// and `held` is as it was. Both write the same view of the same shape, so what `held`
-// wrote is all overwritten by `next`:
+// and `held` is as it was. The caller has asked writeAlike: both write the same view of
+// the same shape, so what `held` wrote is all overwritten by `next`:
 //   - next scales in place what held wrote (x.mul_(c), x.add_(c), x / c + eps): held's
 //     result is scaled as it is written;
 //   - held was an affine (out = a x + b, e.g. exp_avg.mul_(beta1)) and next reads its
 //     result as operand a and nothing else of it (exp_avg.add_(grad, 1 - beta1)): next
 //     reads x instead, scaled as it is read.
-// What fuseInto asks first, without copying anything: both write one view of one shape.
-bool writeAlike(const TensorOp& held, const TensorOp& next) {
-  return fusible(next) && unscaled(next) && next.shape == held.shape && !held.operands.empty() &&
-         sameView(next.operands[0], held.operands[0]);
-}
 bool fuseInto(TensorOp& held, const TensorOp& next) {
-  if (!writeAlike(held, next)) return false;
   const TensorOperand& out = held.operands[0];
   if (next.fn == TensorFn::affine && sameView(next.operands[1], out) && held.postScale == 1 && held.postShift == 0) {
     held.postScale = next.alpha, held.postShift = next.beta;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "common/log.h"
@@ -30,7 +31,14 @@ struct Daemons {
     ::signal(SIGPIPE, SIG_IGN);  // as the daemons' main() does: a peer that vanished is an error, not a signal
     uv_loop_init(&loop);
     char tmpl[] = "/tmp/raccel-fuzz-XXXXXX";
-    dir = ::mkdtemp(tmpl);
+    if (!::mkdtemp(tmpl)) std::abort();
+    dir = tmpl;
+    static std::string made;  // the folder goes when the fuzzer's process ends
+    made = dir;
+    std::atexit([] {
+      std::error_code ignored;
+      std::filesystem::remove_all(made, ignored);
+    });
     scheduler::SchedulerConfig sc;
     sc.nodeListen = "127.0.0.1:0";
     sc.console = "unix:" + dir + "/console.sock";
