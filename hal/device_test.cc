@@ -139,7 +139,7 @@ TEST_P(Conformance, VectorOpsMatchReference) {
 // strided, transposed and broadcast views, and the checks that keep a kernel inside its
 // buffers.
 namespace {
-TensorOperand view(Buffer* b, uint64_t offset, std::initializer_list<uint64_t> strides, TensorType type = TensorType::f32) {
+TensorOperand view(Buffer* b, uint64_t offset, const std::vector<uint64_t>& strides, TensorType type = TensorType::f32) {
   TensorOperand o;
   o.buffer = b;
   o.offset = offset;
@@ -148,7 +148,7 @@ TensorOperand view(Buffer* b, uint64_t offset, std::initializer_list<uint64_t> s
   for (auto s : strides) o.strides[d++] = s;
   return o;
 }
-TensorOp tensorOp(TensorFn fn, std::initializer_list<uint64_t> shape, std::initializer_list<TensorOperand> operands) {
+TensorOp tensorOp(TensorFn fn, const std::vector<uint64_t>& shape, std::initializer_list<TensorOperand> operands) {
   TensorOp op;
   op.fn = fn;
   op.dims = static_cast<unsigned>(shape.size());
@@ -167,15 +167,11 @@ std::vector<float> randomFloats(size_t n, unsigned seed) {
 }
 }  // namespace
 
+// Every map function, out[i, j] = f(a[j, i] (a read transposed), b[j] (broadcast over i),
+// c[i] (broadcast over j)) for a 7 x 5 a; and over rows long enough for a CPU device's
+// vector kernels (rc_rows_, two blocks and a tail): out [2, 3, 37] = f(a [2, 3, 37] (apart: 9
+// elements between a[0] and a[1]), b[k] (one row for all), c[e, i] (one element a row)).
 TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReference) {
-  const size_t rows = 5, cols = 7;
-  auto a = randomFloats(rows * cols, 3), b = randomFloats(cols, 4), third = randomFloats(rows, 5);
-  for (auto& z : third) z = std::fabs(z) + 0.5f;  // a divisor
-  auto ba = floats(a), bb = floats(b), bc = floats(third);
-  auto out = device->allocate(rows * cols * 4);
-  ASSERT_TRUE(out);
-  // out[i, j] = f(a[j, i] (a read transposed), b[j] (broadcast over i), c[i] (broadcast
-  // over j)) for a 7 x 5 a.
   struct Case {
     TensorFn fn;
     float alpha, beta;
@@ -230,24 +226,44 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
       {TensorFn::eluBackward, 0.7f, 0, [](float g, float x, float) { return x > 0 ? g : g * 0.7 * std::exp(double(x)); }},
       {TensorFn::lerp, 0.3f, 0, [](float x, float y, float) { return x + 0.3f * (y - x); }},
   };
-  for (auto& c : cases) {
-    std::vector<float> input = a;
-    if (c.fn == TensorFn::log || c.fn == TensorFn::sqrt || c.fn == TensorFn::log1p || c.fn == TensorFn::rsqrt)
-      for (auto& x : input) x = std::fabs(x);
-    ASSERT_TRUE(device->write(*ba, 0, std::as_bytes(std::span(input))));
-    // a is stored 7 x 5 ([j][i]): the view walks it with strides (1, 5).
-    auto op = tensorOp(c.fn, {rows, cols},
-                       {view(out->get(), 0, {cols, 1}), view(ba.get(), 0, {1, rows}), view(bb.get(), 0, {0, 1}), view(bc.get(), 0, {1, 0})});
-    op.alpha = c.alpha, op.beta = c.beta;
-    auto s = device->tensor(op);
-    if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
-    ASSERT_TRUE(s) << tensorFnName(c.fn) << ": " << s.error().message;
-    auto got = readFloats(**out, rows * cols);
-    for (size_t i = 0; i < rows; ++i)
-      for (size_t j = 0; j < cols; ++j) {
-        float want = c.ref(input[j * rows + i], b[j], third[i]);
-        ASSERT_NEAR(got[i * cols + j], want, 1e-5 * std::max(1.0f, std::fabs(want))) << tensorFnName(c.fn) << " " << i << "," << j;
+  // One layout: the op's shape, out contiguous, a, b and c's strides, how many elements
+  // each holds, and which of them element e of out reads (aAt, bAt, cAt).
+  struct Layout {
+    std::vector<uint64_t> shape, outStrides, aStrides, bStrides, cStrides;
+    size_t aSize, bSize, cSize;
+    std::function<size_t(size_t)> aAt, bAt, cAt;
+  };
+  const std::vector<Layout> layouts = {
+      {{5, 7}, {7, 1}, {1, 5}, {0, 1}, {1, 0}, 35, 7, 5,  // a is stored 7 x 5 ([j][i]): read with strides (1, 5)
+       [](size_t e) { return e % 7 * 5 + e / 7; }, [](size_t e) { return e % 7; }, [](size_t e) { return e / 7; }},
+      {{2, 3, 37}, {111, 37, 1}, {120, 37, 1}, {0, 0, 1}, {3, 1, 0}, 231, 37, 6,  // a's two blocks 9 elements apart
+       [](size_t e) { return e / 111 * 120 + e % 111; }, [](size_t e) { return e % 37; }, [](size_t e) { return e / 37; }},
+  };
+  for (auto& l : layouts) {
+    const size_t n = std::accumulate(l.shape.begin(), l.shape.end(), size_t{1}, std::multiplies<>());
+    auto a = randomFloats(l.aSize, 3), b = randomFloats(l.bSize, 4), third = randomFloats(l.cSize, 5);
+    for (auto& z : third) z = std::fabs(z) + 0.5f;  // a divisor
+    auto ba = floats(a), bb = floats(b), bc = floats(third);
+    auto out = device->allocate(n * 4);
+    ASSERT_TRUE(out);
+    for (auto& c : cases) {
+      std::vector<float> input = a;
+      if (c.fn == TensorFn::log || c.fn == TensorFn::sqrt || c.fn == TensorFn::log1p || c.fn == TensorFn::rsqrt)
+        for (auto& x : input) x = std::fabs(x);
+      ASSERT_TRUE(device->write(*ba, 0, std::as_bytes(std::span(input))));
+      auto op = tensorOp(c.fn, l.shape,
+                         {view(out->get(), 0, l.outStrides), view(ba.get(), 0, l.aStrides), view(bb.get(), 0, l.bStrides),
+                          view(bc.get(), 0, l.cStrides)});
+      op.alpha = c.alpha, op.beta = c.beta;
+      auto s = device->tensor(op);
+      if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+      ASSERT_TRUE(s) << tensorFnName(c.fn) << ": " << s.error().message;
+      auto got = readFloats(**out, n);
+      for (size_t e = 0; e < n; ++e) {
+        float want = c.ref(input[l.aAt(e)], b[l.bAt(e)], third[l.cAt(e)]);
+        ASSERT_NEAR(got[e], want, 1e-5 * std::max(1.0f, std::fabs(want))) << tensorFnName(c.fn) << " " << n << " elements, " << e;
       }
+    }
   }
 }
 
@@ -745,6 +761,45 @@ TEST_P(Conformance, ASumOfManyElementsIntoFewOutputsMatchesReference) {
 
 // Class 2 of issue 29: a zero in the shape used to skip the reach check, and the other
 // dimensions' strides then overflowed signed arithmetic while the dimensions merged.
+// A max pooling's reductions: 2 x 2 windows of a [2, 3, 6, 8] input as a [2, 3, 3, 4, 2,
+// 2] view (four kept dimensions, two reduced), amax, argmax (the window's first largest
+// element, row-major) and sum, each window against a reference.
+TEST_P(Conformance, ReductionsOverWindowsOfSeveralKeptDimensionsMatchReference) {
+  const uint64_t N = 2, C = 3, H = 6, W = 8, outputs = N * C * (H / 2) * (W / 2);
+  auto x = randomFloats(N * C * H * W, 81);
+  x[5] = x[4];  // a tie: the first wins
+  auto bx = floats(x), maxima = floats(std::vector<float>(outputs, -1)), sums = floats(std::vector<float>(outputs, -1));
+  auto positions = device->allocate(outputs * 8);
+  ASSERT_TRUE(positions);
+  const std::vector<uint64_t> shape = {N, C, H / 2, W / 2, 2, 2}, windows = {C * H * W, H * W, 2 * W, 2, W, 1},
+                              outStrides = {C * (H / 2) * (W / 2), (H / 2) * (W / 2), W / 2, 1, 0, 0};
+  for (TensorFn fn : {TensorFn::amax, TensorFn::argmax, TensorFn::sum}) {
+    Buffer* out = fn == TensorFn::amax ? maxima.get() : fn == TensorFn::sum ? sums.get() : positions->get();
+    auto op = tensorOp(fn, shape, {view(out, 0, outStrides, fn == TensorFn::argmax ? TensorType::i64 : TensorType::f32),
+                                   view(bx.get(), 0, windows)});
+    op.reduceMask = 0b110000;
+    auto s = device->tensor(op);
+    if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+    ASSERT_TRUE(s) << tensorFnName(fn) << ": " << s.error().message;
+  }
+  auto gotMax = readFloats(*maxima, outputs), gotSum = readFloats(*sums, outputs);
+  std::vector<int64_t> gotAt(outputs);
+  ASSERT_TRUE(device->read(**positions, 0, std::as_writable_bytes(std::span(gotAt))));
+  for (uint64_t o = 0; o < outputs; ++o) {
+    const uint64_t ow = o % (W / 2), oh = o / (W / 2) % (H / 2), plane = o / (W / 2 * (H / 2));
+    float best = -INFINITY, sum = 0;
+    int64_t at = 0;
+    for (int64_t r = 0; r < 4; ++r) {
+      const float v = x[plane * H * W + (2 * oh + r / 2) * W + 2 * ow + r % 2];
+      if (v > best) best = v, at = r;
+      sum += v;
+    }
+    EXPECT_EQ(gotMax[o], best) << o;
+    EXPECT_EQ(gotAt[o], at) << o;
+    EXPECT_NEAR(gotSum[o], sum, 1e-5) << o;
+  }
+}
+
 TEST_P(Conformance, ATensorOpWithAZeroDimensionRunsNothingWhateverItsOtherNumbers) {
   auto a = floats(randomFloats(4, 3));
   auto out = floats({1, 2, 3, 4});

@@ -398,27 +398,36 @@ Status buildGeometry(const TensorOp& op, unsigned operands, kernels::RcGeom& g, 
   return {};
 }
 
+// Merges g's neighbouring dimensions in [from, to) that every operand walks contiguously
+// (a dimension's stride is the next one's stride times its length, in every operand):
+// one dimension where there were several, the same elements in the same order. The
+// dimensions after `to` move down to follow.
+void mergeDims(kernels::RcGeom& g, unsigned operands, int64_t from, int64_t to) {
+  auto moveTo = [&](int64_t into, int64_t d) {
+    g.shape[into] = g.shape[d];
+    for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.stride[i][into] = g.stride[i][d];
+  };
+  int64_t dims = from;
+  for (int64_t d = from; d < to; ++d) {
+    bool merge = dims > from;
+    for (unsigned i = 0; i < operands && merge; ++i)
+      merge = uint64_t(g.stride[i][dims - 1]) == limits::satMul(uint64_t(g.stride[i][d]), uint64_t(g.shape[d]));
+    if (!merge) {
+      moveTo(dims++, d);
+      continue;
+    }
+    g.shape[dims - 1] *= g.shape[d];
+    for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.stride[i][dims - 1] = g.stride[i][d];
+  }
+  for (int64_t d = to; d < g.dims; ++d) moveTo(dims++, d);
+  g.dims = dims;
+}
+
 // How the work is cut into work-items (n of them, `inner` steps each) and what it costs.
 void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, LoweredTensorOp& out) {
   kernels::RcGeom& g = out.geom;
   if (elementwise(op.fn)) {
-    // Merges neighbouring dimensions that every operand walks contiguously, so a
-    // contiguous op indexes in one dimension.
-    int64_t dims = 0;
-    for (unsigned d = 0; d < op.dims; ++d) {
-      bool merge = dims > 0;
-      for (unsigned i = 0; i < operands && merge; ++i)
-        merge = uint64_t(g.stride[i][dims - 1]) == limits::satMul(uint64_t(g.stride[i][d]), uint64_t(g.shape[d]));
-      if (merge) {
-        g.shape[dims - 1] *= g.shape[d];
-        for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.stride[i][dims - 1] = g.stride[i][d];
-      } else {
-        g.shape[dims] = g.shape[d];
-        for (unsigned i = 0; i < kMaxTensorOperands; ++i) g.stride[i][dims] = g.stride[i][d];
-        ++dims;
-      }
-    }
-    g.dims = dims;
+    mergeDims(g, operands, 0, g.dims);  // a contiguous op indexes in one dimension
     g.n = static_cast<int64_t>(elements);
     g.inner = 1;
     out.flops = double(elements);
@@ -437,6 +446,11 @@ void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, Lowered
     g = sorted;
     g.n = kept;
     g.inner = inner;
+    // The reduced dimensions merged among themselves (a per-channel sum over [N, C, H, W]
+    // reduces [N, H x W]: a row of H x W neighbours), then the kept ones.
+    const int64_t keptDims = int64_t(op.dims) - std::popcount(op.reduceMask & ((1u << op.dims) - 1));
+    mergeDims(g, operands, keptDims, g.dims);
+    mergeDims(g, operands, 0, keptDims);
     out.flops = double(elements);
   } else if (op.fn == TensorFn::matmul) {  // a work-item per RC_MM_COLS outputs of a row
     g.inner = g.shape[op.dims - 1];

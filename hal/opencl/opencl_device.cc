@@ -518,6 +518,8 @@ class OpenclDevice final : public Device {
     if (TensorFn(op.geom.fn) == TensorFn::matmul && cpu_ && op.geom.shape[d + 1] >= kVecColumns &&
         op.geom.stride[0][d + 1] == 1)
       if (auto s = matmulVec(op); !s || *s) return s ? Status{} : fail(s.error());
+    if (cpu_)  // a sum into few outputs in two passes (sumInTwo)
+      if (auto s = sumInTwo(op); !s || *s) return s ? Status{} : fail(s.error());
     const TensorLaunch l = tensorLaunch(op.geom);
     return runIn(*tensorKernels_, l.kernel, l.dims, l.global.data(), l.grouped ? l.local.data() : nullptr, op.geom,
                  memOf(*b[0]), memOf(*b[1]), memOf(*b[2]), memOf(*b[3]));
@@ -555,10 +557,12 @@ class OpenclDevice final : public Device {
       return {fn == TensorFn::gelu ? "rc_flat_gelu_vec" : "rc_flat_gelu_backward_vec", 1,
               {size_t((uint64_t(g.n) + kVecColumns - 1) / kVecColumns), 1, 1}};
     if (!fast && typedGridMap(g)) fast = "rc_grid_typed";
-    if (fast && g.dims > 1) {  // a grid: the last dimension first
+    if (fast && g.dims > 1) {  // a grid: the last dimension first (in blocks of rows, rc_rows_)
       const int dims = int(g.dims);
-      return {fast, 3,
-              {size_t(g.shape[dims - 1]), size_t(g.shape[dims - 2]),
+      const char* rows = cpu_ ? rowsMapKernel(g) : nullptr;
+      const uint64_t cols = uint64_t(g.shape[dims - 1]);
+      return {rows ? rows : fast, 3,
+              {rows ? size_t((cols + kVecColumns - 1) / kVecColumns) : size_t(cols), size_t(g.shape[dims - 2]),
                dims > 3 ? size_t(g.shape[0] * g.shape[1]) : dims > 2 ? size_t(g.shape[0]) : 1}};
     }
     return {fast ? fast : tensorKernelName(fn), 1, {roundUp(static_cast<uint64_t>(g.n), 64), 1, 1}};
@@ -574,14 +578,7 @@ class OpenclDevice final : public Device {
     cl_mem b = memOf(*op.buffers[2]);
     if (geom.stride[2][d + 1] != 1) {
       if (k == 0 || cols > kScratchBytes / 4 / k / entries) return false;
-      const uint64_t bytes = entries * k * cols * 4;
-      if (bytes > scratchBytes_) {
-        if (scratch_) clReleaseMemObject(scratch_);
-        cl_int rc = CL_SUCCESS;
-        scratch_ = clCreateBuffer(context_, CL_MEM_READ_WRITE, bytes, nullptr, &rc);
-        scratchBytes_ = rc == CL_SUCCESS ? bytes : 0;
-        if (rc != CL_SUCCESS) return fail(check(rc, "allocating matmul scratch").error());
-      }
+      if (auto s = scratch(entries * k * cols * 4); !s) return fail(s.error());
       size_t global[3] = {size_t(cols), size_t(k), size_t(entries)};
       if (auto s = runIn(*tensorKernels_, "rc_matmul_b_rows", 3, global, nullptr, op.geom, scratch_, b); !s)
         return fail(s.error());
@@ -597,6 +594,57 @@ class OpenclDevice final : public Device {
       return fail(s.error());
     return true;
   }
+  // An f32 sum into fewer than kSplitSumOutputs outputs over two or more reduced
+  // dimensions, the last at least kVecColumns long (a batch norm's or a convolution's
+  // per-channel sums over [N, C, H x W]), on a CPU device: true when it ran. rc_reduce's
+  // work-items, one an output, would leave the cores idle and walk every element through
+  // rc_step; here the last reduced dimension's rows are summed first, a work-item a row,
+  // into scratch_, then those sums into the outputs with the op's alpha and beta (the
+  // additions' order is a parallel sum's, as rc_sum_groups' is).
+  Result<bool> sumInTwo(const LoweredTensorOp& op) {
+    const kernels::RcGeom& g = op.geom;
+    const int last = int(g.dims) - 1;
+    if (TensorFn(g.fn) != TensorFn::sum || g.type[0] != int(TensorType::f32) || g.type[1] != int(TensorType::f32) ||
+        g.n >= kSplitSumOutputs || last < 1 || g.shape[last] < kVecColumns)
+      return false;
+    int first = last;  // the reduced dimensions, [first, dims), as rc_reduce finds them
+    int64_t count = g.shape[last];
+    while (first > 0 && count < g.inner) count *= g.shape[--first];
+    const int64_t rows = g.inner / g.shape[last];
+    if (count != g.inner || first == last || uint64_t(g.n) > kScratchBytes / 4 / uint64_t(rows)) return false;
+    kernels::RcGeom rowSums = g;  // out: scratch_, [kept..., reduced but the last...] row-major
+    rowSums.n = g.n * rows;
+    rowSums.inner = g.shape[last];
+    rowSums.alpha = 1, rowSums.beta = 0;
+    rowSums.offset[0] = 0;
+    rowSums.stride[0][last] = 0;
+    for (int64_t d = last - 1, at = 1; d >= 0; at *= g.shape[d--]) rowSums.stride[0][d] = at;
+    kernels::RcGeom total = g;  // the rows' sums into out: the last dimension gone
+    total.dims = g.dims - 1;
+    total.inner = rows;
+    total.offset[1] = 0;
+    for (int d = 0; d < last; ++d) total.stride[1][d] = rowSums.stride[0][d];
+    if (auto s = scratch(uint64_t(rowSums.n) * 4); !s) return fail(s.error());
+    auto& b = op.buffers;
+    size_t global[1] = {roundUp(uint64_t(rowSums.n), 64)};
+    if (auto s = runIn(*tensorKernels_, "rc_reduce", 1, global, nullptr, rowSums, scratch_, memOf(*b[1]), scratch_, scratch_); !s)
+      return fail(s.error());
+    global[0] = roundUp(uint64_t(g.n), 64);
+    if (auto s = runIn(*tensorKernels_, "rc_reduce", 1, global, nullptr, total, memOf(*b[0]), scratch_, scratch_, scratch_); !s)
+      return fail(s.error());
+    return true;
+  }
+  // scratch_ of at least `bytes` (at most kScratchBytes): what an op lays out between its
+  // kernels. The queue runs in order, so a kernel still to run keeps what it was given.
+  Status scratch(uint64_t bytes) {
+    if (bytes <= scratchBytes_) return {};
+    if (scratch_) clReleaseMemObject(scratch_);
+    cl_int rc = CL_SUCCESS;
+    scratch_ = clCreateBuffer(context_, CL_MEM_READ_WRITE, bytes, nullptr, &rc);
+    scratchBytes_ = rc == CL_SUCCESS ? bytes : 0;
+    if (rc != CL_SUCCESS) scratch_ = nullptr;
+    return check(rc, "allocating scratch memory");
+  }
   Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) override {
     size_t global[1] = {kPartials};
     if (auto s = run("raccel_partial_sums", 1, global, nullptr, cl_ulong{n}, memOf(input), partials_); !s) return s;
@@ -611,19 +659,35 @@ class OpenclDevice final : public Device {
   // operands: over one contiguous dimension (every stride 1) the flat one, over 2 to 4
   // dimensions the grid one (a range of that shape, the first two of 4 as one); null
   // otherwise (rc_map then).
-  static const char* fastMapKernel(const kernels::RcGeom& g) {
-    struct Names {
-      int fn;
-      const char *flat, *grid;
-    };
-#define RC_FAST_MAP_NAMES(name, FN) {FN, "rc_flat_" #name, "rc_grid_" #name},
-    static constexpr Names kFast[] = {RC_FAST_MAPS(RC_FAST_MAP_NAMES)};
+  struct FastMapNames {
+    int fn;
+    const char *flat, *grid, *rows;
+  };
+#define RC_FAST_MAP_NAMES(name, FN) {FN, "rc_flat_" #name, "rc_grid_" #name, "rc_rows_" #name},
+  static constexpr FastMapNames kFastMaps[] = {RC_FAST_MAPS(RC_FAST_MAP_NAMES)};
 #undef RC_FAST_MAP_NAMES
-    const Names* f = std::find_if(std::begin(kFast), std::end(kFast), [&](const Names& n) { return n.fn == g.fn; });
-    if (f == std::end(kFast) || g.dims < 1 || g.dims > 4) return nullptr;
+  static const FastMapNames* fastMapNames(const kernels::RcGeom& g) {
+    const FastMapNames* f =
+        std::find_if(std::begin(kFastMaps), std::end(kFastMaps), [&](const FastMapNames& n) { return n.fn == g.fn; });
+    return f == std::end(kFastMaps) ? nullptr : f;
+  }
+  static const char* fastMapKernel(const kernels::RcGeom& g) {
+    const FastMapNames* f = fastMapNames(g);
+    if (!f || g.dims < 1 || g.dims > 4) return nullptr;
     for (unsigned i = 0; i < tensorFnOperands(TensorFn(g.fn)); ++i)
       if (g.type[i] != int(TensorType::f32) || (g.dims == 1 && g.stride[i][0] != 1)) return nullptr;
     return g.dims == 1 ? f->flat : f->grid;
+  }
+  // The rows kernel (rc_rows_<name>) of a grid map (fastMapKernel's, 2 to 4 dimensions)
+  // whose rows, at least kVecColumns long, are out's neighbours and, in each operand it
+  // reads, neighbours or one element broadcast along the row; null otherwise.
+  static const char* rowsMapKernel(const kernels::RcGeom& g) {
+    const FastMapNames* f = fastMapNames(g);
+    const int last = int(g.dims) - 1;
+    if (!f || g.dims < 2 || g.dims > 4 || g.shape[last] < kVecColumns || g.stride[0][last] != 1) return nullptr;
+    for (unsigned i = 1; i < tensorFnOperands(TensorFn(g.fn)); ++i)
+      if (g.stride[i][last] != 0 && g.stride[i][last] != 1) return nullptr;
+    return f->rows;
   }
 
   // A gatherSum of one pick an output whose output and index are contiguous along the last
@@ -888,7 +952,8 @@ class OpenclDevice final : public Device {
   static constexpr int64_t kVecColumns = 16, kVecRows = 4;  // rc_matmul_vec's RC_VCOLS, RC_VROWS
   cl_mem partials_ = nullptr;
   static constexpr uint64_t kScratchBytes = 16 << 20;
-  cl_mem scratch_ = nullptr;  // matmulVec's b laid out as rows
+  static constexpr int64_t kSplitSumOutputs = 1024;
+  cl_mem scratch_ = nullptr;  // scratch(): matmulVec's b laid out as rows, sumInTwo's row sums
   uint64_t scratchBytes_ = 0;
   cl_event gate_ = nullptr;  // plug()'s user event, while plugged
   bool groups256_ = false;  // the device takes work-groups of 256: 16 x 16 tiles (gemm, matmul), 256-wide sums
