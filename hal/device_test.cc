@@ -48,6 +48,7 @@ class Conformance : public ::testing::TestWithParam<Backend> {
     EXPECT_TRUE(device->read(b, 0, std::as_writable_bytes(std::span(out))));
     return out;
   }
+  void mapsOverPermutedAndBroadcastViews(uint64_t D);
   std::unique_ptr<Device> device;
 };
 
@@ -390,9 +391,16 @@ TEST_P(Conformance, AMatmulIntoNeighbouringColumnsMatchesReferenceAndTheTranspos
 // permutes, a batch norm's scale, max pooling's backward), on [B, H, T, D] and its last
 // dimensions: a read permuted from [B, T, H, D], b broadcast along all but its last
 // dimension and H. out = a + 0.5 b over f32; then typed: equal = (ia == ib) over i64
-// into bool, and chosen = where(equal, a, 3), each element checked.
+// into bool, chosen = where(equal, a, 3) and converted = ia as f32, each element checked.
+// D is 7, then 37 (rows a CPU device's rc_rows_ kernels take: two blocks and a tail).
 TEST_P(Conformance, MapsOverPermutedAndBroadcastViewsMatchReference) {
-  const uint64_t B = 3, T = 5, H = 4, D = 7, all = B * H * T * D;
+  for (const uint64_t D : {7, 37}) {
+    mapsOverPermutedAndBroadcastViews(D);
+    if (HasFatalFailure() || IsSkipped()) return;
+  }
+}
+void Conformance::mapsOverPermutedAndBroadcastViews(uint64_t D) {
+  const uint64_t B = 3, T = 5, H = 4, all = B * H * T * D;
   const std::vector<uint64_t> full = {B, H, T, D};
   const std::vector<uint64_t> dense = {H * T * D, T * D, D, 1}, permuted = {T * H * D, D, H * D, 1}, broadcast = {0, D, 0, 1},
                               scalar = {0, 0, 0, 0};
@@ -426,7 +434,8 @@ TEST_P(Conformance, MapsOverPermutedAndBroadcastViewsMatchReference) {
       o.type = type;
       return o;
     };
-    auto out = floats(std::vector<float>(all, -1.0f)), chosen = floats(std::vector<float>(all, -1.0f));
+    auto out = floats(std::vector<float>(all, -1.0f)), chosen = floats(std::vector<float>(all, -1.0f)),
+         converted = floats(std::vector<float>(all, -1.0f));
     const std::vector<uint8_t> sevens(all, 7);
     auto equal = bytes(std::as_bytes(std::span(sevens)));
     auto sum = op(TensorFn::add, {{operand(out.get()), dense}, {operand(ba.get()), permuted}, {operand(bb.get()), broadcast}});
@@ -440,7 +449,8 @@ TEST_P(Conformance, MapsOverPermutedAndBroadcastViewsMatchReference) {
     ASSERT_TRUE(device->tensor(op(TensorFn::where, {{operand(chosen.get()), dense},
                                                     {operand(equal.get(), TensorType::boolean), dense},
                                                     {operand(ba.get()), permuted}, {operand(three.get()), scalar}})));
-    auto got = readFloats(*out, all), picked = readFloats(*chosen, all);
+    ASSERT_TRUE(device->tensor(op(TensorFn::copy, {{operand(converted.get()), dense}, {operand(bia.get(), TensorType::i64), permuted}})));
+    auto got = readFloats(*out, all), picked = readFloats(*chosen, all), asFloats = readFloats(*converted, all);
     std::vector<uint8_t> same(all);
     ASSERT_TRUE(device->read(*equal, 0, std::as_writable_bytes(std::span(same))));
     const uint64_t n = std::accumulate(full.end() - dims, full.end(), uint64_t{1}, std::multiplies<>());
@@ -452,6 +462,7 @@ TEST_P(Conformance, MapsOverPermutedAndBroadcastViewsMatchReference) {
       ASSERT_NEAR(got[o], a[pa] + 0.5f * b[pb], 1e-6) << dims << " dimensions, element " << i;
       ASSERT_EQ(same[o], ia[pa] == ib[pb] ? 1 : 0) << dims << " dimensions, element " << i;
       ASSERT_EQ(picked[o], ia[pa] == ib[pb] ? a[pa] : 3.0f) << dims << " dimensions, element " << i;
+      ASSERT_EQ(asFloats[o], float(ia[pa])) << dims << " dimensions, element " << i;
     }
   }
 }

@@ -559,8 +559,9 @@ class OpenclDevice final : public Device {
     if (!fast && typedGridMap(g)) fast = "rc_grid_typed";
     if (fast && g.dims > 1) {  // a grid: the last dimension first (in blocks of rows, rc_rows_)
       const int dims = int(g.dims);
-      const char* rows = cpu_ ? rowsMapKernel(g) : nullptr;
       const uint64_t cols = uint64_t(g.shape[dims - 1]);
+      const bool typed = std::strcmp(fast, "rc_grid_typed") == 0;
+      const char* rows = !cpu_ ? nullptr : !typed ? rowsMapKernel(g) : cols >= kVecColumns ? "rc_rows_typed" : nullptr;
       return {rows ? rows : fast, 3,
               {rows ? size_t((cols + kVecColumns - 1) / kVecColumns) : size_t(cols), size_t(g.shape[dims - 2]),
                dims > 3 ? size_t(g.shape[0] * g.shape[1]) : dims > 2 ? size_t(g.shape[0]) : 1}};
