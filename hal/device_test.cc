@@ -770,8 +770,6 @@ TEST_P(Conformance, ASumOfManyElementsIntoFewOutputsMatchesReference) {
   }
 }
 
-// Class 2 of issue 29: a zero in the shape used to skip the reach check, and the other
-// dimensions' strides then overflowed signed arithmetic while the dimensions merged.
 // A max pooling's reductions: 2 x 2 windows of a [2, 3, 6, 8] input as a [2, 3, 3, 4, 2,
 // 2] view (four kept dimensions, two reduced), amax, argmax (the window's first largest
 // element, row-major) and sum, each window against a reference.
@@ -811,6 +809,8 @@ TEST_P(Conformance, ReductionsOverWindowsOfSeveralKeptDimensionsMatchReference) 
   }
 }
 
+// Class 2 of issue 29: a zero in the shape used to skip the reach check, and the other
+// dimensions' strides then overflowed signed arithmetic while the dimensions merged.
 TEST_P(Conformance, ATensorOpWithAZeroDimensionRunsNothingWhateverItsOtherNumbers) {
   auto a = floats(randomFloats(4, 3));
   auto out = floats({1, 2, 3, 4});

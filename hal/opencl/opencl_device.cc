@@ -560,8 +560,7 @@ class OpenclDevice final : public Device {
     if (fast && g.dims > 1) {  // a grid: the last dimension first (in blocks of rows, rc_rows_)
       const int dims = int(g.dims);
       const uint64_t cols = uint64_t(g.shape[dims - 1]);
-      const bool typed = std::strcmp(fast, "rc_grid_typed") == 0;
-      const char* rows = !cpu_ ? nullptr : !typed ? rowsMapKernel(g) : cols >= kVecColumns ? "rc_rows_typed" : nullptr;
+      const char* rows = cpu_ ? rowsMapKernel(g) : nullptr;
       return {rows ? rows : fast, 3,
               {rows ? size_t((cols + kVecColumns - 1) / kVecColumns) : size_t(cols), size_t(g.shape[dims - 2]),
                dims > 3 ? size_t(g.shape[0] * g.shape[1]) : dims > 2 ? size_t(g.shape[0]) : 1}};
@@ -598,10 +597,10 @@ class OpenclDevice final : public Device {
   // An f32 sum into fewer than kSplitSumOutputs outputs over two or more reduced
   // dimensions, the last at least kVecColumns long (a batch norm's or a convolution's
   // per-channel sums over [N, C, H x W]), on a CPU device: true when it ran. rc_reduce's
-  // work-items, one an output, would leave the cores idle and walk every element through
-  // rc_step; here the last reduced dimension's rows are summed first, a work-item a row,
-  // into scratch_, then those sums into the outputs with the op's alpha and beta (the
-  // additions' order is a parallel sum's, as rc_sum_groups' is).
+  // work-items, one an output, would leave the cores idle; here the last reduced
+  // dimension's rows are summed first, a work-item a row, into scratch_, then those sums
+  // into the outputs with the op's alpha and beta (the additions' order is a parallel
+  // sum's, as rc_sum_groups' is).
   Result<bool> sumInTwo(const LoweredTensorOp& op) {
     const kernels::RcGeom& g = op.geom;
     const int last = int(g.dims) - 1;
@@ -679,13 +678,16 @@ class OpenclDevice final : public Device {
       if (g.type[i] != int(TensorType::f32) || (g.dims == 1 && g.stride[i][0] != 1)) return nullptr;
     return g.dims == 1 ? f->flat : f->grid;
   }
-  // The rows kernel (rc_rows_<name>) of a grid map (fastMapKernel's, 2 to 4 dimensions)
-  // whose rows, at least kVecColumns long, are out's neighbours and, in each operand it
-  // reads, neighbours or one element broadcast along the row; null otherwise.
+  // The rows kernel of a grid map (2 to 4 dimensions) whose rows are at least kVecColumns
+  // long: rc_rows_typed for rc_grid_typed's maps (typedGridMap), rc_rows_<name> for a
+  // fast map whose rows are out's neighbours and, in each operand it reads, neighbours or
+  // one element broadcast along the row; null otherwise.
   static const char* rowsMapKernel(const kernels::RcGeom& g) {
-    const FastMapNames* f = fastMapNames(g);
     const int last = int(g.dims) - 1;
-    if (!f || g.dims < 2 || g.dims > 4 || g.shape[last] < kVecColumns || g.stride[0][last] != 1) return nullptr;
+    if (g.dims < 2 || g.dims > 4 || g.shape[last] < kVecColumns) return nullptr;
+    if (typedGridMap(g)) return "rc_rows_typed";
+    const FastMapNames* f = fastMapKernel(g) ? fastMapNames(g) : nullptr;
+    if (!f || g.stride[0][last] != 1) return nullptr;
     for (unsigned i = 1; i < tensorFnOperands(TensorFn(g.fn)); ++i)
       if (g.stride[i][last] != 0 && g.stride[i][last] != 1) return nullptr;
     return f->rows;
