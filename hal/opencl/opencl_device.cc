@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <string_view>
 
 #include "common/program_units.h"
 #include "hal/opencl/opencl_images.h"
@@ -655,6 +656,28 @@ class OpenclDevice final : public Device {
  private:
   static size_t roundUp(uint64_t v, size_t to) { return static_cast<size_t>((v + to - 1) / to * to); }
 
+  // A tensor kernel's range on a CPU device (PoCL): one work-group size a kernel,
+  // whatever the op's shape, the range rounded up to whole groups (the kernels skip the
+  // work-items past their shape). PoCL compiles a kernel anew for each work-group size it
+  // runs (~0.2 s each here) and, left to choose, picks the size from the range: the
+  // reference CNN's first step compiled 70 (15 s), and each new shape compiled more.
+  // 1-D ranges go in groups of 64 (max pooling's window reductions ran 15% faster so);
+  // kernels of a block of vectors an item (rc_rows_*, rc_gather_one_vec, rc_matmul_vec)
+  // in groups of 8 along range dimension 1, the rows; the scalar grids in 16s along
+  // dimension 0, the columns.
+  struct CpuRange {
+    std::array<size_t, 3> global{1, 1, 1}, local{1, 1, 1};
+  };
+  static CpuRange cpuGroups(std::string_view kernel, cl_uint dims, const size_t* global) {
+    CpuRange r;
+    std::copy(global, global + dims, r.global.begin());
+    const bool blocks = kernel.starts_with("rc_rows_") || kernel == "rc_gather_one_vec" || kernel == "rc_matmul_vec";
+    const int along = dims == 1 || !blocks ? 0 : 1;
+    r.local[along] = dims == 1 ? 64 : blocks ? 8 : 16;
+    r.global[along] = roundUp(r.global[along], r.local[along]);
+    return r;
+  }
+
   // The map kernel of one function (tensor_kernels.inc: RC_MAP_FAST) for a map over f32
   // operands: over one contiguous dimension (every stride 1) the flat one, over 2 to 4
   // dimensions the grid one (a range of that shape, the first two of 4 as one); null
@@ -728,6 +751,11 @@ class OpenclDevice final : public Device {
     cl_int rc = CL_SUCCESS;
     ((rc = rc == CL_SUCCESS ? clSetKernelArg(*kernel, i++, sizeof(A), &args) : rc), ...);
     if (auto s = check(rc, name); !s) return s;
+    CpuRange cpuRange;
+    if (cpu_ && !local && &program == tensorKernels_.get()) {
+      cpuRange = cpuGroups(name, dims, global);
+      global = cpuRange.global.data(), local = cpuRange.local.data();
+    }
     cl_event event = nullptr;
     rc = clEnqueueNDRangeKernel(queue_, *kernel, dims, nullptr, global, local, 0, nullptr, &event);
     track(event);
