@@ -239,6 +239,11 @@ class OpenclDevice final : public Device {
     builtins_.reset(static_cast<ClProgram*>(program->release()));
     groups256_ = deviceValue<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE) >= 256;
     cpu_ = (deviceValue<cl_device_type>(device_, CL_DEVICE_TYPE) & CL_DEVICE_TYPE_CPU) != 0;
+    // PoCL's basic device runs a command inside clSetUserEventStatus, under a lock that
+    // running it takes again: unplug() hung there (PoCL 5.0). It runs only what is
+    // flushed anyway, in the flushing thread: there is no wake-up for a plug to save.
+    gates_ = !(deviceString(device_, CL_DEVICE_VERSION).find("PoCL") != std::string::npos &&
+               deviceString(device_, CL_DEVICE_NAME).starts_with("basic"));
     baseAlign_ = std::max<uint64_t>(1, deviceValue<cl_uint>(device_, CL_DEVICE_MEM_BASE_ADDR_ALIGN) / 8);
     addressBytes_ = std::max<cl_uint>(4, deviceValue<cl_uint>(device_, CL_DEVICE_ADDRESS_BITS) / 8);
     cl_int rc = CL_SUCCESS;
@@ -269,6 +274,9 @@ class OpenclDevice final : public Device {
   size_t takeCompleted(std::vector<KernelTime>& out) override {
     while (!timed_.empty()) {
       cl_int status = executionStatus(timed_.front().event);
+      // A driver may hold queued work until it is flushed (PoCL's basic device): not
+      // while plugged, when the gate holds it anyway.
+      if (status == CL_QUEUED && !gate_) clFlush(queue_);
       if (status > CL_COMPLETE) break;  // queued, submitted or running
       Timed t = timed_.front();
       timed_.pop_front();
@@ -294,7 +302,7 @@ class OpenclDevice final : public Device {
   // completes it and PoCL's threads take them as one run. Without a barrier (the driver
   // refused one) nothing is held.
   void plug() override {
-    if (gate_) return;
+    if (gate_ || !gates_) return;
     cl_int rc = CL_SUCCESS;
     cl_event gate = clCreateUserEvent(context_, &rc);
     if (rc != CL_SUCCESS || !gate) return;
@@ -987,6 +995,7 @@ class OpenclDevice final : public Device {
   cl_mem scratch_ = nullptr;  // scratch(): matmulVec's b laid out as rows, sumInTwo's row sums
   uint64_t scratchBytes_ = 0;
   cl_event gate_ = nullptr;  // plug()'s user event, while plugged
+  bool gates_ = true;        // plug() holds work behind a user event (not on PoCL's basic device)
   bool groups256_ = false;  // the device takes work-groups of 256: 16 x 16 tiles (gemm, matmul), 256-wide sums
   bool cpu_ = false;        // a CPU device (PoCL): matmuls as explicit vectors (rc_matmul_vec)
 };
