@@ -240,7 +240,7 @@ class OpenclDevice final : public Device {
     groups256_ = deviceValue<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE) >= 256;
     cpu_ = (deviceValue<cl_device_type>(device_, CL_DEVICE_TYPE) & CL_DEVICE_TYPE_CPU) != 0;
     // PoCL's basic device runs a command inside clSetUserEventStatus, under a lock that
-    // running it takes again: unplug() hung there (PoCL 5.0). It runs only what is
+    // running it takes again: unplug() hung there (PoCL 3.1). It runs only what is
     // flushed anyway, in the flushing thread: there is no wake-up for a plug to save.
     gates_ = !(deviceString(device_, CL_DEVICE_VERSION).find("PoCL") != std::string::npos &&
                deviceString(device_, CL_DEVICE_NAME).starts_with("basic"));
