@@ -56,6 +56,10 @@
 //   --only failover         measures and prints the failover figures alone
 //   --only bulk             the bulk figures alone (raw socket, plain and TLS node links, the
 //                           OpenCL card sandboxed and in process)
+//   --only cuda             the CUDA figures alone, with cuda_sync_rtt_us_p50 (the sync round
+//                           trip with the GPU as the card) and cuda_node_link_gbps (the same
+//                           1 GiB to a CPU card: cuda_bulk_gbps's target is >= 0.8x this);
+//                           exits 1 when there is no CUDA GPU
 //
 // The daemons run as real processes, as deployed. --raw-echo and --raw-relay are the
 // baseline's own processes (started by the bench itself).
@@ -203,6 +207,8 @@ struct Figures {
   double sandboxRttP50 = -1, inProcessRttP50 = -1;  // (the card's bulk figures are bulk.sandbox, bulk.inProcess)
   std::string sandboxSkipped;
   double cudaDirectTflops = -1, cudaRaccelTflops = -1, cudaBulkGBps = -1, cudaWriteGBps = -1, cudaReadGBps = -1;
+  double cudaSyncP50 = -1;        // the sync round trip with the GPU as the card
+  double cudaNodeLinkGBps = -1;   // 1 GiB through both hops to a CPU card, same run (the link's own figure)
 #ifdef RACCEL_HAVE_CUDA
   hal::PinnedCopy pinned;
 #else
@@ -484,11 +490,26 @@ bool measureCuda(Run& run, Figures& f) {
     }
     f.cudaRaccelTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
     g.free(ha), g.free(hb), g.free(hc);
-    bench::BulkRun bulk = bench::writeAndReadBack(g, size_t{1} << 30);
+    const size_t gib = size_t{1} << 30;
+    bench::BulkRun bulk = bench::steadyBulk(g, gib, run.quick ? 1 : 3);
     if (!bulk.problem.empty()) return failed(bulk.problem);
     f.cudaWriteGBps = bulk.writeGbps() / 8;
     f.cudaReadGBps = bulk.readGbps() / 8;
     f.cudaBulkGBps = bulk.gbps / 8;
+    run.progress("CUDA: synchronous round trips with the GPU as the card");
+    std::vector<double> rtts;
+    if (!run.syncRtts(g, rtts)) return false;
+    f.cudaSyncP50 = percentile(rtts, 0.5);
+    {
+      run.progress("CUDA baseline: the same 1 GiB through both hops to a CPU card (the node link's own figure)");
+      testing::Cluster link({run.vm});
+      link.addNetaccel("cpu0", {"kind=cpu,tflops=4,memory=3GiB"}, 4);
+      auto lp = run.openOn(link);
+      if (!lp) return false;
+      bench::BulkRun linkBulk = bench::steadyBulk(*lp, gib, run.quick ? 1 : 3);
+      if (!linkBulk.problem.empty()) return failed(linkBulk.problem);
+      f.cudaNodeLinkGBps = linkBulk.gbps / 8;
+    }
     run.progress("CUDA: two tenants with 3:1 blocks of the GPU, each streaming 4096^3 gemms");
     f.fairCuda = testing::measureFairShare(run.quick ? 3 : 8, testing::kCudaFairCard, 4096, 8);
     if (!f.fairCuda.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share (cuda): %s\n", f.fairCuda.problem.c_str());
@@ -553,6 +574,43 @@ Met metOf(const Figures& f) {
           f.fairAsync.problem.empty() && f.fairAsync.error <= 0.05};
 }
 
+// The CUDA figures as JSON members (null where not measured).
+std::string cudaJson(const Figures& f) {
+  auto num = [](double v, const char* fmt) { return bench::jsonNumber(v, fmt); };
+  const bool ran = f.cudaSkipped.empty();
+  char text[1024];
+  std::snprintf(text, sizeof text,
+                "\"cuda_gemm_ratio\":%s,\"cuda_gemm_tflops\":%s,\"cuda_direct_gemm_tflops\":%s,\"cuda_bulk_gbps\":%s,"
+                "\"cuda_node_link_gbps\":%s,\"cuda_pinned_write_gbps\":%s,\"cuda_pinned_read_gbps\":%s,"
+                "\"cuda_sync_rtt_us_p50\":%s,\"fair_share_error_cuda\":%s,\"cuda_skipped\":\"%s\"",
+                num(f.cudaRaccelTflops > 0 && f.cudaDirectTflops > 0 ? f.cudaRaccelTflops / f.cudaDirectTflops : -1, "%.3f").c_str(),
+                num(f.cudaRaccelTflops, "%.2f").c_str(), num(f.cudaDirectTflops, "%.2f").c_str(),
+                num(f.cudaBulkGBps, "%.2f").c_str(), num(f.cudaNodeLinkGBps, "%.2f").c_str(),
+                num(ran ? f.pinned.writeGBps : -1, "%.2f").c_str(), num(ran ? f.pinned.readGBps : -1, "%.2f").c_str(),
+                num(f.cudaSyncP50, "%.1f").c_str(), num(ran && f.fairCuda.problem.empty() ? f.fairCuda.error : -1, "%.4f").c_str(),
+                bench::jsonSafe(f.cudaSkipped).c_str());
+  return text;
+}
+
+void printCudaText(const Figures& f) {
+  if (!f.cudaSkipped.empty()) {
+    std::printf("%-26s %12s   skipped: %s\n", "cuda_gemm_ratio", "-", f.cudaSkipped.c_str());
+    return;
+  }
+  double ratio = f.cudaRaccelTflops / f.cudaDirectTflops;
+  std::printf("%-26s %12.3f   raccel %.2f TFLOPS vs the hal's cuBLAS directly %.2f TFLOPS (N=4096), target >= 0.95  %s\n",
+              "cuda_gemm_ratio", ratio, f.cudaRaccelTflops, f.cudaDirectTflops, ratio >= 0.95 ? "met" : "MISSED");
+  std::printf("%-26s %7.2f GB/s   1 GiB write %.2f GB/s, read %.2f GB/s; direct page-locked copy %.2f / %.2f GB/s\n",
+              "cuda_bulk_gbps", f.cudaBulkGBps, f.cudaWriteGBps, f.cudaReadGBps, f.pinned.writeGBps, f.pinned.readGBps);
+  std::printf("%-26s %7.2f GB/s   the node link's own 1 GiB figure (CPU card), same run; target cuda_bulk >= 0.8x  %s\n",
+              "cuda_node_link_gbps", f.cudaNodeLinkGBps, f.cudaBulkGBps >= 0.8 * f.cudaNodeLinkGBps ? "met" : "MISSED");
+  std::printf("%-26s %9.1f us   one tiny instruction + fence with the GPU as the card (TLS node link, sandboxed)\n",
+              "cuda_sync_rtt_us_p50", f.cudaSyncP50);
+  std::printf("%-26s %12.4f   GPU time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks (4096^3 gemms), target <= 0.05  %s%s\n",
+              "fair_share_error_cuda", f.fairCuda.error, f.fairCuda.big, f.fairCuda.small, f.fairCuda.ratio,
+              f.fairCuda.problem.empty() && f.fairCuda.error <= 0.05 ? "met" : "MISSED", f.fairCuda.problem.c_str());
+}
+
 void printJson(const Figures& f, bool quick) {
   const Met m = metOf(f);
   char vmRttText[32] = "null";
@@ -562,16 +620,8 @@ void printJson(const Figures& f, bool quick) {
   if (f.syncEtcdP50 >= 0) std::printf("\"sync_rtt_us_p50_etcd\":%.1f,", f.syncEtcdP50);
   else std::printf("\"sync_rtt_us_p50_etcd\":null,");
   auto num = [](double v, const char* fmt) { return bench::jsonNumber(v, fmt); };
-  std::printf("\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,\"cuda_gemm_ratio\":%s,\"cuda_gemm_tflops\":%s,"
-              "\"cuda_direct_gemm_tflops\":%s,\"cuda_bulk_gbps\":%s,\"cuda_pinned_write_gbps\":%s,"
-              "\"cuda_pinned_read_gbps\":%s,\"fair_share_error_cuda\":%s,\"cuda_skipped\":\"%s\",",
-              num(f.sandboxRttP50, "%.1f").c_str(), num(f.inProcessRttP50, "%.1f").c_str(),
-              num(f.cudaRaccelTflops > 0 && f.cudaDirectTflops > 0 ? f.cudaRaccelTflops / f.cudaDirectTflops : -1, "%.3f").c_str(),
-              num(f.cudaRaccelTflops, "%.2f").c_str(), num(f.cudaDirectTflops, "%.2f").c_str(),
-              num(f.cudaBulkGBps, "%.2f").c_str(), num(f.cudaSkipped.empty() ? f.pinned.writeGBps : -1, "%.2f").c_str(),
-              num(f.cudaSkipped.empty() ? f.pinned.readGBps : -1, "%.2f").c_str(),
-              num(f.cudaSkipped.empty() && f.fairCuda.problem.empty() ? f.fairCuda.error : -1, "%.4f").c_str(),
-              f.cudaSkipped.c_str());
+  std::printf("\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,%s,",
+              num(f.sandboxRttP50, "%.1f").c_str(), num(f.inProcessRttP50, "%.1f").c_str(), cudaJson(f).c_str());
   std::printf("%s,", bench::failoverJson(f.failover).c_str());
   std::printf("\"multi_admission_per_s\":%s,\"single_admission_per_s\":%s,\"multi_admission_p99_ms\":%s,"
               "\"single_admission_p99_ms\":%s,\"multi_conflict_rate\":%s,\"multi_skipped\":\"%s\",",
@@ -639,18 +689,7 @@ void printText(const Figures& f) {
   } else {
     std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_sandbox", "-", f.sandboxSkipped.c_str());
   }
-  if (f.cudaSkipped.empty()) {
-    double ratio = f.cudaRaccelTflops / f.cudaDirectTflops;
-    std::printf("%-26s %12.3f   raccel %.2f TFLOPS vs the hal's cuBLAS directly %.2f TFLOPS (N=4096), target >= 0.95  %s\n",
-                "cuda_gemm_ratio", ratio, f.cudaRaccelTflops, f.cudaDirectTflops, ratio >= 0.95 ? "met" : "MISSED");
-    std::printf("%-26s %7.2f GB/s   1 GiB write %.2f GB/s, read %.2f GB/s; direct page-locked copy %.2f / %.2f GB/s\n",
-                "cuda_bulk_gbps", f.cudaBulkGBps, f.cudaWriteGBps, f.cudaReadGBps, f.pinned.writeGBps, f.pinned.readGBps);
-    std::printf("%-26s %12.4f   GPU time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks (4096^3 gemms), target <= 0.05  %s%s\n",
-                "fair_share_error_cuda", f.fairCuda.error, f.fairCuda.big, f.fairCuda.small, f.fairCuda.ratio,
-                f.fairCuda.problem.empty() && f.fairCuda.error <= 0.05 ? "met" : "MISSED", f.fairCuda.problem.c_str());
-  } else {
-    std::printf("%-26s %12s   skipped: %s\n", "cuda_gemm_ratio", "-", f.cudaSkipped.c_str());
-  }
+  printCudaText(f);
   if (f.multi.skipped.empty()) {
     std::printf("%-26s %12.0f   one scheduler alone on the same pool and etcd: %.0f/s\n", "multi_admission_per_s",
                 f.multi.multiAdmissionsPerS, f.multi.singleAdmissionsPerS);
@@ -667,6 +706,18 @@ void printText(const Figures& f) {
               m.fairAsync ? "met" : "MISSED");
 }
 
+Run makeRun(bool quick, bool json) {
+  Run run;
+  run.quick = quick;
+  run.json = json;
+  run.syncIters = quick ? 300 : 5000;
+  run.asyncCount = quick ? 20000 : 400000;
+  run.bulkBytes = bench::bulkBytes(quick);
+  run.vm.memoryQuota = "1GiB";
+  run.options.program = "raccel-bench";
+  return run;
+}
+
 // One section alone (--only): its figures, printed as the full run prints them.
 int measureOnly(const std::string& section, bool quick, bool json, double lineageSeconds) {
   if (section == "bulk") {
@@ -676,8 +727,16 @@ int measureOnly(const std::string& section, bool quick, bool json, double lineag
     else bench::printBulkText(bulk);
     return bulk.problem.empty() ? 0 : 1;
   }
+  if (section == "cuda") {
+    Run run = makeRun(quick, json);
+    Figures f;
+    if (!measureCuda(run, f)) return 1;
+    if (json) std::printf("{%s,\"quick\":%s}\n", cudaJson(f).c_str(), quick ? "true" : "false");
+    else printCudaText(f);
+    return f.cudaSkipped.empty() && f.fairCuda.problem.empty() ? 0 : 1;
+  }
   if (section != "failover") {
-    std::fprintf(stderr, "raccel-bench: --only takes failover or bulk, not '%s'\n", section.c_str());
+    std::fprintf(stderr, "raccel-bench: --only takes failover, bulk or cuda, not '%s'\n", section.c_str());
     return 2;
   }
   if (!json) std::fprintf(stderr, "raccel-bench: failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory...\n");
@@ -689,15 +748,7 @@ int measureOnly(const std::string& section, bool quick, bool json, double lineag
 
 // Every section, then every figure beside its baseline and target.
 int measureAll(bool quick, bool json, double lineageSeconds) {
-  Run run;
-  run.quick = quick;
-  run.json = json;
-  run.syncIters = quick ? 300 : 5000;
-  run.asyncCount = quick ? 20000 : 400000;
-  run.bulkBytes = bench::bulkBytes(quick);
-  run.vm.memoryQuota = "1GiB";
-  run.options.program = "raccel-bench";
-
+  Run run = makeRun(quick, json);
   Figures f;
   run.progress("pool: allocate/release on 10^6 blocks, admission with preemption on 10^5");
   f.allocOps = allocOpsPerSecond(quick);
@@ -761,7 +812,7 @@ int main(int argc, char** argv) {
   flags.boolean("json", "print one JSON object with every figure");
   flags.boolean("quick", "small runs (for a smoke test; figures are noisy)");
   flags.value("lineage-seconds", "S", "how long the steady workload behind lineage_memory_bytes runs (default 60)");
-  flags.value("only", "SECTION", "measure one section alone and print its figures: failover, bulk");
+  flags.value("only", "SECTION", "measure one section alone and print its figures: failover, bulk, cuda");
   flags.value("raw-echo", "PORT", "(internal) run the baseline's echo process");
   flags.value("raw-relay", "PATH:PORT", "(internal) run the baseline's relay process");
   int code = 0;

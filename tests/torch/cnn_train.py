@@ -60,7 +60,7 @@ def train(device, args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["raccel", "cpu"], default="raccel")
+    p.add_argument("--device", choices=["raccel", "cpu", "cuda"], default="raccel")
     p.add_argument("--compare", action="store_true")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)

@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from reference import device_named, synchronizer
+
 try:  # before the first backward(): autograd sizes its device threads then
     import raccel.torch
 except ImportError:
@@ -56,10 +58,7 @@ def optimizer(params, args):
 
 def train(device, args, on_step=None):
     """Returns (losses, correct counts per step, final accuracy, fallbacks)."""
-    if device == "raccel":
-        dev = raccel.torch.device(tflops=args.tflops)
-    else:
-        dev = torch.device("cpu")
+    dev = device_named(device, args.tflops)
     x, y = data(args.seed, args.samples, args.features, args.classes)
     net = model(args.seed, args.features, args.hidden, args.classes, args.activation, args.layer_norm).to(dev)
     opt = optimizer(net.parameters(), args)
@@ -90,12 +89,8 @@ def train(device, args, on_step=None):
 
 def timed(device, args):
     """Milliseconds per training step (median of args.time steps after 3 warm-up steps)."""
-    if device == "raccel":
-        dev = raccel.torch.device(tflops=args.tflops, kinds=args.kinds.split(",") if args.kinds else ())
-        sync = raccel.torch.synchronize
-    else:
-        dev = torch.device("cpu")
-        sync = lambda: None
+    dev = device_named(device, args.tflops, args.kinds.split(",") if args.kinds else ())
+    sync = synchronizer(device)
     x, y = data(args.seed, args.batch, args.features, args.classes)
     net = model(args.seed, args.features, args.hidden, args.classes, args.activation, args.layer_norm).to(dev)
     opt = optimizer(net.parameters(), args)
@@ -116,7 +111,7 @@ def timed(device, args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["raccel", "cpu"], default="raccel")
+    p.add_argument("--device", choices=["raccel", "cpu", "cuda"], default="raccel")
     p.add_argument("--compare", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--time", type=int, default=0, metavar="N")

@@ -12,8 +12,21 @@ except ImportError:
     raccel = None
 
 
-def device_named(name, tflops):
-    return raccel.torch.device(tflops=tflops) if name == "raccel" else torch.device("cpu")
+def device_named(name, tflops, kinds=()):
+    """The torch device for --device: raccel's card, the CPU, or (for the baseline on a
+    machine with a GPU and a PyTorch built for CUDA) the GPU directly."""
+    if name == "raccel":
+        return raccel.torch.device(tflops=tflops, kinds=kinds)
+    return torch.device(name)
+
+
+def synchronizer(name):
+    """Waits for the device's queued work (a step's time includes it)."""
+    if name == "raccel":
+        return raccel.torch.synchronize
+    if name == "cuda":
+        return torch.cuda.synchronize
+    return lambda: None
 
 
 def fit(net, opt, x, y, args, device):
@@ -64,7 +77,7 @@ def timed(device, make, args):
     warm-up steps; make(dev) gives (net, optimizer, x, y) on the device."""
     dev = device_named(device, args.tflops)
     net, opt, x, y = make(dev)
-    sync = raccel.torch.synchronize if device == "raccel" else (lambda: None)
+    sync = synchronizer(device)
     times = []
     for step in range(args.time + 3):
         start = time.perf_counter()
@@ -79,7 +92,12 @@ def timed(device, make, args):
 
 def report_times(name, make, args):
     """Prints the CPU's and the card's median step (PyTorch's CPU with all its threads, as
-    a user would run it) and their ratio, the bench's torch_step_ratio_<name>."""
+    a user would run it) and their ratio, the bench's torch_step_ratio_<name>. With
+    --device cuda the card is the GPU through PyTorch's own CUDA device (the baseline for
+    raccel's CUDA card): cuda_step_ms."""
+    card_name = "cuda" if args.device == "cuda" else "raccel"
     cpu = timed("cpu", make, args)
-    card = timed("raccel", make, args)
-    print(f"cpu_step_ms {cpu:.3f}\nraccel_step_ms {card:.3f}\ntorch_step_ratio_{name} {card / cpu:.2f}", flush=True)
+    card = timed(card_name, make, args)
+    print(f"cpu_step_ms {cpu:.3f}\n{card_name}_step_ms {card:.3f}", flush=True)
+    if card_name == "raccel":
+        print(f"torch_step_ratio_{name} {card / cpu:.2f}", flush=True)

@@ -103,7 +103,7 @@ def check_dropout(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["raccel", "cpu"], default="raccel")
+    p.add_argument("--device", choices=["raccel", "cpu", "cuda"], default="raccel")
     p.add_argument("--compare", action="store_true")
     p.add_argument("--check-dropout", action="store_true")
     p.add_argument("--steps", type=int, default=100)
