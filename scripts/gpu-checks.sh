@@ -14,7 +14,9 @@
 #   3. PyTorch (the machine's python3, when it has torch): raccel.torch built against
 #      that torch, a scheduler and a netaccel serving the GPU, the three reference
 #      scripts (tests/torch) with --compare on the CUDA card (losses against the CPU's),
-#      then each step timed through raccel and through PyTorch's own CUDA device;
+#      each op against the CPU (op_coverage.py), state dicts and round trips
+#      (round_trips.py), then each step timed through raccel and through PyTorch's own
+#      CUDA device;
 #   4. isolation_test, failover_test and sandbox_test on the CUDA card (*/cuda cases).
 # usage: bash scripts/gpu-checks.sh [--pack | --skip-torch | --only-torch]
 # GPU_CHECKS_PYTHON and GPU_CHECKS_CARD name another interpreter and card for step 3
@@ -102,6 +104,10 @@ torch_checks() {
   for s in mlp cnn transformer; do
     echo "== $s --compare on the CUDA card"
     timeout 120 $py tests/torch/${s}_train.py --compare 2>&1 | grep -avE '^raccel.torch: fell back' | tail -8 || status=1
+  done
+  for s in op_coverage round_trips; do
+    echo "== $s on the CUDA card"
+    timeout 90 $py tests/torch/$s.py 2>&1 | tail -4 || status=1
   done
   local mlp_args=(--features 256 --hidden 512 --classes 10 --batch 256 --time 50)
   echo "== step times: raccel's CUDA card, then PyTorch's own CUDA device"

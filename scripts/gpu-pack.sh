@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 [[ ${1:-} == --help || ${1:-} == -h ]] && { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 build=$(pwd)/build
 out=build-gpu
-programs=(raccel-scheduler raccel-netaccel raccel-sandbox hostile-sandbox raccelctl raccel-bench hal_cuda_test
+programs=(raccel-scheduler raccel-netaccel raccel-sandbox hostile-sandbox raccel-guestd raccel-run raccelctl raccel-bench hal_cuda_test
   sandbox_test isolation_test failover_test)
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/python" "$out/syslib"

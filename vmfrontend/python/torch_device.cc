@@ -31,6 +31,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <bit>
 #include <cmath>
@@ -52,6 +53,26 @@ namespace {
 using client::Handle;
 using client::TensorFn;
 constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+
+// Two PyTorch lines build this file: Debian's 1.13 (the package) and 2.x (a GPU
+// machine's, scripts/gpu-checks.sh). Where their interfaces differ:
+//  - from 2.3 an allocator's allocate() is not const, and copy_data() (a storage's
+//    clone) is asked of it;
+//  - from 2.1 var and std take their correction as a Scalar, not an int.
+#define RACCEL_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#if RACCEL_TORCH_AT_LEAST(2, 3)
+#define RACCEL_ALLOCATE_CONST
+#else
+#define RACCEL_ALLOCATE_CONST const
+#endif
+#if RACCEL_TORCH_AT_LEAST(2, 1)
+using Correction = const c10::optional<at::Scalar>&;
+double correctionOf(Correction c) { return c ? c->toDouble() : 1.0; }
+#else
+using Correction = c10::optional<int64_t>;
+double correctionOf(Correction c) { return double(c.value_or(1)); }
+#endif
 
 // ---- The session ----------------------------------------------------------------------
 
@@ -182,14 +203,27 @@ void releaseStorage(void* p) {
   if (shared->session) arena().release(*shared->session, p);
 }
 
+// `bytes` from one of the device's storages to another, on the card.
+void copyOnCard(void* to, const void* from, uint64_t bytes) {
+  auto [src, srcOffset] = arena().locate(from);
+  auto [dst, dstOffset] = arena().locate(to);
+  Locked s;
+  s->copy(dst, dstOffset, src, srcOffset, bytes);
+}
+
 struct Allocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) RACCEL_ALLOCATE_CONST override {
     if (bytes == 0) return {nullptr, nullptr, &releaseStorage, c10::Device(kDevice, 0)};
     Locked s;
     void* p = arena().allocate(*s, bytes);
     return {p, p, &releaseStorage, c10::Device(kDevice, 0)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &releaseStorage; }
+#if RACCEL_TORCH_AT_LEAST(2, 3)
+  void copy_data(void* to, const void* from, std::size_t bytes) const override {
+    if (bytes) copyOnCard(to, from, bytes);
+  }
+#endif
 };
 Allocator g_allocator;
 REGISTER_ALLOCATOR(kDevice, &g_allocator);
@@ -384,10 +418,7 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
     elementwise(TensorFn::copy, dst, &self, nullptr);
   } else if (self.scalar_type() == dst.scalar_type() && self.is_contiguous() && dst.is_contiguous() &&
              self.sizes() == dst.sizes()) {
-    auto [from, fromOffset] = arena().locate(self.data_ptr());
-    auto [to, toOffset] = arena().locate(dst.data_ptr());
-    Locked s;
-    s->copy(to, toOffset, from, fromOffset, self.nbytes());
+    copyOnCard(dst.data_ptr(), self.data_ptr(), self.nbytes());
   } else {
     countFallback("aten::_copy_from (dtype conversion)");
     dst.copy_(self.cpu().to(dst.scalar_type()));
@@ -411,12 +442,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, c10::op
   auto storage = impl->storage();
   if (numel > 0 && needed > storage.nbytes()) {
     at::DataPtr fresh = g_allocator.allocate(needed);
-    if (storage.nbytes() > 0 && storage.data()) {
-      auto [from, fromOffset] = arena().locate(storage.data());
-      auto [to, toOffset] = arena().locate(fresh.get());
-      Locked s;
-      s->copy(to, toOffset, from, fromOffset, storage.nbytes());
-    }
+    if (storage.nbytes() > 0 && storage.data()) copyOnCard(fresh.get(), storage.data(), storage.nbytes());
     storage.set_data_ptr_noswap(std::move(fresh));
     storage.set_nbytes(needed);
   }
@@ -1561,7 +1587,7 @@ RACCEL_VALUES_AND_POSITIONS(min, amin, argmin)
 #undef RACCEL_VALUES_AND_POSITIONS
 
 // var = sum((x - mean)^2) / (n - correction); std = its square root.
-at::Tensor& var_out(const at::Tensor& self, at::OptionalIntArrayRef dims, c10::optional<int64_t> correction, bool keepdim,
+at::Tensor& var_out(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim,
                     at::Tensor& out) {
   if (!supported({&self, &out})) return hostInto("aten::var.correction", out, at::var(host(self), dims, correction, keepdim));
   const uint32_t mask = maskOf(dims, self.dim());
@@ -1573,23 +1599,23 @@ at::Tensor& var_out(const at::Tensor& self, at::OptionalIntArrayRef dims, c10::o
   at::native::resize_output(out, reducedShape(self, mask, keepdim));
   if (out.numel() == 0) return out;
   const int64_t n = self.numel() / out.numel();
-  const double divisor = std::max<double>(0, double(n) - double(correction.value_or(1)));
+  const double divisor = std::max<double>(0, double(n) - correctionOf(correction));
   if (n == 0) return out.fill_(NAN);
   sumInto(out, squares, self.dim() ? mask : 1, keepdim, static_cast<float>(1.0 / divisor));
   return out;
 }
-at::Tensor var_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, c10::optional<int64_t> correction, bool keepdim) {
+at::Tensor var_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim) {
   auto out = emptyOn({0});
   return python::var_out(self, dims, correction, keepdim, out);
 }
-at::Tensor& std_out(const at::Tensor& self, at::OptionalIntArrayRef dims, c10::optional<int64_t> correction, bool keepdim,
+at::Tensor& std_out(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim,
                     at::Tensor& out) {
   if (!supported({&self, &out})) return hostInto("aten::std.correction", out, at::std(host(self), dims, correction, keepdim));
   python::var_out(self, dims, correction, keepdim, out);
   elementwise(TensorFn::sqrt, out, &out, nullptr);
   return out;
 }
-at::Tensor std_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, c10::optional<int64_t> correction, bool keepdim) {
+at::Tensor std_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim) {
   auto out = emptyOn({0});
   return python::std_out(self, dims, correction, keepdim, out);
 }
@@ -2074,7 +2100,11 @@ c10::optional<std::array<int64_t, 2>> adaptiveKernel(const at::Tensor& self, c10
   return std::array<int64_t, 2>{self.size(2) / outSize[0], self.size(3) / outSize[1]};
 }
 at::Tensor _adaptive_avg_pool2d(const at::Tensor& self, c10::SymIntArrayRef outputSize) {
+#ifdef C10_AS_INTARRAYREF_SLOW
+  auto size = C10_AS_INTARRAYREF_SLOW(outputSize);
+#else
   auto size = c10::asIntArrayRefSlow(outputSize);
+#endif
   auto k = adaptiveKernel(self, size);
   if (!k || !supported({&self}))
     return onHost("aten::_adaptive_avg_pool2d", [&] { return at::_adaptive_avg_pool2d(host(self), size).to(self.device()); });
