@@ -87,7 +87,7 @@ torch_checks() {
   "${cxx[@]}" vmfrontend/python/module.cc -o "$pkg/_raccel$ext" "${libs[@]}" || return 1
   "${cxx[@]}" vmfrontend/python/torch_device.cc -o "$pkg/_torch$ext" -L"$tlib" -ltorch -ltorch_cpu -lc10 -ltorch_python \
     -Wl,-rpath,"$tlib" "${libs[@]}" || return 1
-  $py -c 'import raccel.torch' || return 1
+  PYTHONPATH=/tmp/raccel-py $py -c 'import raccel.torch' || return 1
   local port=$((20000 + RANDOM % 10000))
   raccel-scheduler --insecure --node-listen 127.0.0.1:$port --console "$run/console.sock" --state-dir "$run/state" \
     --vm "name=gpu-vm,socket=$run/vm.sock,tflops=64,priority=1,memory_quota=16GiB" >"$logs/torch_scheduler.log" 2>&1 &

@@ -24,6 +24,7 @@ sizes its device threads once, on the first backward, from the devices registere
 """
 import atexit
 import os
+import types as _types
 import warnings as _warnings
 
 import torch as _torch
@@ -111,6 +112,25 @@ def _restore(storage, location):
 
 
 _torch.serialization.register_package(15, _location_tag, _restore)
+
+
+def _register_device_module():
+    """PyTorch 2.x imports torch.privateuseone before it first moves a tensor to the
+    device, and asks it whether the process forked and how to seed the device. The
+    device draws its random numbers from keys taken from PyTorch's CPU generator, which
+    torch.manual_seed seeds already: the device has no seed of its own to set."""
+    if not hasattr(_torch._C, "_get_privateuse1_backend_name") or hasattr(_torch, "privateuseone"):
+        return  # torch 1.13 asks for no such module
+    module = _types.ModuleType("torch.privateuseone")
+    module.is_available = lambda: True
+    module.device_count = lambda: 1
+    module.current_device = lambda: 0
+    module._is_in_bad_fork = lambda: False
+    module.manual_seed_all = lambda seed: None
+    _torch._register_device_module("privateuseone", module)
+
+
+_register_device_module()
 
 # torch.save copies each storage to the host with UntypedStorage.cpu(), which torch 1.13
 # implements for its own devices only: the device's storages are read through raccel.
