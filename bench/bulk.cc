@@ -25,7 +25,7 @@ BulkRun onCluster(size_t bytes, int rounds, std::vector<std::string> args, const
   testing::VmSpec vm;
   vm.memoryQuota = "1GiB";
   testing::Cluster cluster({vm}, "", std::move(args));
-  cluster.addNetaccel("bench0", {card}, 4, std::move(nodeArgs));
+  const pid_t node = cluster.addNetaccel("bench0", {card}, 4, std::move(nodeArgs)).pid();
   client::Options options;
   options.socket = cluster.vmSocket();
   options.program = "raccel-bench";
@@ -35,7 +35,12 @@ BulkRun onCluster(size_t bytes, int rounds, std::vector<std::string> args, const
     failed.problem = session.error().message;
     return failed;
   }
-  return steadyBulk(**session, bytes, rounds);
+  auto cpuMs = [&] { return processCpuMs(cluster.scheduler().pid()) + processCpuMs(node); };
+  const double before = cpuMs();
+  BulkRun run = steadyBulk(**session, bytes, rounds);
+  const double gib = 2.0 * (rounds + 1) * static_cast<double>(bytes) / (1ull << 30);  // (steadyBulk's warm-up too)
+  if (run.problem.empty()) run.daemonCpuMsPerGib = (cpuMs() - before) / gib;
+  return run;
 }
 
 }  // namespace
@@ -94,14 +99,16 @@ BulkFigures measureBulk(bool quick) {
 }
 
 std::string bulkJson(const BulkFigures& f) {
-  char text[512];
+  char text[640];
   std::snprintf(text, sizeof text,
                 "\"bulk_write_read_gbps\":%s,\"bulk_write_read_gbps_tls\":%s,\"raw_socket_gbps\":%s,"
                 "\"bulk_gbps_sandbox\":%s,\"bulk_gbps_in_process\":%s,"
+                "\"bulk_cpu_ms_per_gib\":%s,\"bulk_cpu_ms_per_gib_tls\":%s,"
                 "\"bulk_met\":%s,\"tls_bulk_met\":%s,\"bulk_bytes\":%zu,\"bulk_problem\":\"%s\"",
                 jsonNumber(f.plain.gbps, "%.2f").c_str(), jsonNumber(f.tls.gbps, "%.2f").c_str(),
                 jsonNumber(f.rawGbps, "%.2f").c_str(), jsonNumber(f.sandbox.gbps, "%.2f").c_str(),
-                jsonNumber(f.inProcess.gbps, "%.2f").c_str(), f.plainMet() ? "true" : "false", f.tlsMet() ? "true" : "false",
+                jsonNumber(f.inProcess.gbps, "%.2f").c_str(), jsonNumber(f.plain.daemonCpuMsPerGib, "%.0f").c_str(),
+                jsonNumber(f.tls.daemonCpuMsPerGib, "%.0f").c_str(), f.plainMet() ? "true" : "false", f.tlsMet() ? "true" : "false",
                 f.bytes, jsonSafe(f.problem).c_str());
   return text;
 }
@@ -114,6 +121,8 @@ void printBulkText(const BulkFigures& f) {
   std::printf("%-26s %7.2f Gbit/s   plain node link %.2f Gbit/s, target >= %.2f (0.8x)  %s (write %.2f, read %.2f)\n",
               "bulk_write_read_gbps_tls", f.tls.gbps, f.plain.gbps, 0.8 * f.plain.gbps, f.tlsMet() ? "met" : "MISSED",
               f.tls.writeGbps(), f.tls.readGbps());
+  std::printf("%-26s %7.0f ms       the scheduler's and netaccel's CPU per GiB moved; through TLS %.0f ms\n",
+              "bulk_cpu_ms_per_gib", f.plain.daemonCpuMsPerGib, f.tls.daemonCpuMsPerGib);
   if (f.sandbox.gbps >= 0 && f.inProcess.gbps >= 0)
     std::printf("%-26s %7.2f Gbit/s   same OpenCL card in the netaccel's process %.2f Gbit/s, target >= %.2f (0.9x)  %s "
                 "(write %.2f, read %.2f; in process %.2f, %.2f)\n",

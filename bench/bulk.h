@@ -18,6 +18,9 @@ struct BulkRun {
   double writeSecs = 0, readSecs = 0;
   size_t bytes = 0;
   std::string problem;  // why it failed ("" when it did not)
+  // The scheduler's and the netaccel's CPU time per GiB moved (written or read back),
+  // over every round of a steadyBulk on a cluster of its own (-1: not measured).
+  double daemonCpuMsPerGib = -1;
   double writeGbps() const { return writeSecs > 0 ? bytes * 8 / writeSecs / 1e9 : -1; }
   double readGbps() const { return readSecs > 0 ? bytes * 8 / readSecs / 1e9 : -1; }
 };

@@ -20,6 +20,8 @@
 //   bulk_write_read_gbps    256 MiB written and read back through both hops (Gbit/s), the node
 //                           link in plain TCP (--insecure)
 //   bulk_write_read_gbps_tls  the same through the mutual-TLS node link (target >= 0.8x plain)
+//   bulk_cpu_ms_per_gib     the scheduler's and the netaccel's CPU time per GiB moved, plain
+//                           and through TLS (_tls): what the relay costs, whatever the cores
 //   raw_socket_gbps         one raw loopback TCP socket, same run (Gbit/s); the plain bulk
 //                           figure's target is >= 0.8x this
 //   vm_sync_rtt_us_p50      the sync round trip timed by raccel-run inside a QEMU guest
@@ -357,15 +359,7 @@ bool measureStream(Run& run, Figures& f, testing::Cluster& cluster, client::Sess
   f.scrapes = scrapeMs.size();
   // What a scrape costs the daemons themselves: their CPU time over 200 scrapes of both
   // pages, the stream idle.
-  auto cpuMs = [](pid_t pid) {
-    std::string stat = testing::readFile("/proc/" + std::to_string(pid) + "/stat");
-    std::istringstream in(stat.substr(stat.rfind(')') + 2));
-    std::string field;
-    double ticks = 0;
-    for (int i = 3; i <= 15 && in >> field; ++i)
-      if (i >= 14) ticks += std::stod(field);
-    return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
-  };
+  auto cpuMs = bench::processCpuMs;
   double before = cpuMs(cluster.scheduler().pid()) + cpuMs(benchNode);
   httplib::Client scheduler("127.0.0.1", cluster.httpPort()), node("127.0.0.1", cluster.netaccelHttpPort("bench0"));
   const int n = run.quick ? 20 : 200;

@@ -1,7 +1,11 @@
 #include "bench/report.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 namespace raccel::bench {
 
@@ -16,6 +20,19 @@ std::string jsonNumber(double v, const char* fmt, bool signedOk) {
   char b[32];
   std::snprintf(b, sizeof b, fmt, v);
   return b;
+}
+
+double processCpuMs(pid_t pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 > stat.size()) return 0;
+  std::istringstream in(stat.substr(paren + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i)  // fields 14 and 15: utime, stime
+    if (i >= 14) ticks += std::strtod(field.c_str(), nullptr);
+  return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 }  // namespace raccel::bench

@@ -1,6 +1,8 @@
 // How raccel-bench writes its figures: JSON values, and text a JSON string may hold.
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 
 namespace raccel::bench {
@@ -11,5 +13,9 @@ std::string jsonSafe(std::string text);
 // A figure as a JSON value in `fmt`: null when not measured (NaN, or below zero unless
 // `signedOk`: a difference, such as an overhead, may be below zero).
 std::string jsonNumber(double v, const char* fmt, bool signedOk = false);
+
+// A process's CPU time so far (user + system, /proc/PID/stat), in milliseconds; 0 when
+// it cannot be read.
+double processCpuMs(pid_t pid);
 
 }  // namespace raccel::bench
