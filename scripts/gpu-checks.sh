@@ -24,7 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  --help | -h) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --help | -h) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   --pack) exec bash scripts/gpu-pack.sh ;;
   --skip-torch | --only-torch | "") ;;
   *) echo "gpu-checks: unknown argument '$1' (try --help)" >&2; exit 2 ;;

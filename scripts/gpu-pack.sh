@@ -8,7 +8,7 @@
 #   usage: bash scripts/gpu-pack.sh      then, there:  bash build-gpu/run.sh COMMAND...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ ${1:-} == --help || ${1:-} == -h ]] && { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ ${1:-} == --help || ${1:-} == -h ]] && { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0; }
 build=$(pwd)/build
 out=build-gpu
 programs=(raccel-scheduler raccel-netaccel raccel-sandbox hostile-sandbox raccel-guestd raccel-run raccelctl raccel-bench hal_cuda_test
