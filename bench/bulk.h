@@ -19,7 +19,8 @@ struct BulkRun {
   size_t bytes = 0;
   std::string problem;  // why it failed ("" when it did not)
   // The scheduler's and the netaccel's CPU time per GiB moved (written or read back),
-  // over every round of a steadyBulk on a cluster of its own (-1: not measured).
+  // over every round of a steadyBulk on a cluster of its own, each round's allocation
+  // (the card zero-fills the new buffer) and free included (-1: not measured).
   double daemonCpuMsPerGib = -1;
   double writeGbps() const { return writeSecs > 0 ? bytes * 8 / writeSecs / 1e9 : -1; }
   double readGbps() const { return readSecs > 0 ? bytes * 8 / readSecs / 1e9 : -1; }

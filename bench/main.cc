@@ -22,6 +22,7 @@
 //   bulk_write_read_gbps_tls  the same through the mutual-TLS node link (target >= 0.8x plain)
 //   bulk_cpu_ms_per_gib     the scheduler's and the netaccel's CPU time per GiB moved, plain
 //                           and through TLS (_tls): what the relay costs, whatever the cores
+//                           (each round's allocation and its zero-fill included)
 //   raw_socket_gbps         one raw loopback TCP socket, same run (Gbit/s); the plain bulk
 //                           figure's target is >= 0.8x this
 //   vm_sync_rtt_us_p50      the sync round trip timed by raccel-run inside a QEMU guest
