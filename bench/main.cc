@@ -82,7 +82,6 @@
 #include <filesystem>
 #include <regex>
 #include <random>
-#include <sstream>
 #include <thread>
 #include <unordered_map>
 
@@ -360,13 +359,12 @@ bool measureStream(Run& run, Figures& f, testing::Cluster& cluster, client::Sess
   f.scrapes = scrapeMs.size();
   // What a scrape costs the daemons themselves: their CPU time over 200 scrapes of both
   // pages, the stream idle.
-  auto cpuMs = bench::processCpuMs;
-  double before = cpuMs(cluster.scheduler().pid()) + cpuMs(benchNode);
+  double before = bench::processCpuMs(cluster.scheduler().pid()) + bench::processCpuMs(benchNode);
   httplib::Client scheduler("127.0.0.1", cluster.httpPort()), node("127.0.0.1", cluster.netaccelHttpPort("bench0"));
   const int n = run.quick ? 20 : 200;
   for (int i = 0; i < n; ++i)
     if (!scheduler.Get("/metrics") || !node.Get("/metrics")) return failed("a /metrics scrape failed");
-  f.scrapeCpuMs = (cpuMs(cluster.scheduler().pid()) + cpuMs(benchNode) - before) / n;
+  f.scrapeCpuMs = (bench::processCpuMs(cluster.scheduler().pid()) + bench::processCpuMs(benchNode) - before) / n;
   return true;
 }
 

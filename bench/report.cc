@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
 #include <sstream>
+
+#include "tests/cluster.h"
 
 namespace raccel::bench {
 
@@ -23,8 +25,7 @@ std::string jsonNumber(double v, const char* fmt, bool signedOk) {
 }
 
 double processCpuMs(pid_t pid) {
-  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::string stat = testing::readFile("/proc/" + std::to_string(pid) + "/stat");
   const auto paren = stat.rfind(')');
   if (paren == std::string::npos || paren + 2 > stat.size()) return 0;
   std::istringstream in(stat.substr(paren + 2));
