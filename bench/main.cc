@@ -17,12 +17,15 @@
 //                           latency while the stream runs)
 //   metrics_cpu_ms_per_scrape  the scheduler's and netaccel's CPU time (/proc) per scrape of
 //                           both pages, over 200 scrapes with the stream idle
-//   bulk_write_read_gbps    256 MiB written and read back through both hops (Gbit/s), the node
-//                           link in plain TCP (--insecure)
+//   bulk_write_read_gbps_lane  256 MiB written and read back through both hops (Gbit/s) on
+//                           one host as deployed: the TLS node link, its big frames through
+//                           the same-host lane (shared memory; target >= 0.8x raw)
+//   bulk_write_read_gbps    the same over the node link alone (as between two hosts, no
+//                           lane), plain TCP (--insecure)
 //   bulk_write_read_gbps_tls  the same through the mutual-TLS node link (target >= 0.8x plain)
-//   bulk_cpu_ms_per_gib     the scheduler's and the netaccel's CPU time per GiB moved, plain
-//                           and through TLS (_tls): what the relay costs, whatever the cores
-//                           (each round's allocation and its zero-fill included)
+//   bulk_cpu_ms_per_gib     the scheduler's and the netaccel's CPU time per GiB moved, plain,
+//                           through TLS (_tls) and through the lane (_lane): what the relay
+//                           costs, whatever the cores (each round's allocation included)
 //   raw_socket_gbps         one raw loopback TCP socket, same run (Gbit/s); the plain bulk
 //                           figure's target is >= 0.8x this
 //   vm_sync_rtt_us_p50      the sync round trip timed by raccel-run inside a QEMU guest

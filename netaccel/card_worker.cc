@@ -851,11 +851,13 @@ class CardWorker::Step {
     uint64_t done = 0;
     do {
       uint64_t n = std::min<uint64_t>(wire::CHUNK_BYTES, length - done);
-      InPlaceMessage out(n / 8 + 16);
+      // Only the head is zeroed: the card writes every byte of the data (or the reply goes).
+      InPlaceMessage out(n / 8 + 16, true);
       auto chunk = out.builder().initRoot<wire::Reply>().initData();
       chunk.setOffset(done);
       chunk.setLast(done + n == length);
       auto data = chunk.initData(n);
+      out.fillsBlob(data.begin(), n);
       if (auto s = device_.read(**b, offset + done, std::as_writable_bytes(std::span(data.begin(), n))); !s)
         return failure(s.error());
       w_.emit(work_.context, seq_, out.finish());

@@ -148,7 +148,7 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   NetaccelConfig out;
   auto& top = config.top();
   std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
-                                    "sandbox", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
+                                    "sandbox", "same_host_lane", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
                                     "sandbox_call_timeout_ms", "device_queue_depth", "device_queue_depth_alone", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory"};
   known.insert(known.end(), std::begin(kEtcdKeys), std::end(kEtcdKeys));
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
@@ -182,6 +182,9 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   if (!grace) return fail(grace.error());
   if (*grace < 0) return fail(Code::invalidArgument, "context_grace_ms must not be negative");
   out.contextGraceMs = static_cast<unsigned>(*grace);
+  auto lane = top.getBool("same_host_lane", out.sameHostLane);
+  if (!lane) return fail(lane.error());
+  out.sameHostLane = *lane;
   auto sandbox = top.getBool("sandbox", out.sandbox.enabled);
   if (!sandbox) return fail(sandbox.error());
   out.sandbox.enabled = *sandbox;

@@ -16,6 +16,8 @@
 //   tls_cert = /etc/raccel/node0.pem  # certificate (its common name is the node's name)
 //   tls_key = /etc/raccel/node0.key   # and key (scripts/raccel-certs.sh node DIR NAME)
 //   insecure = false             # true: plain TCP (loopback development only)
+//   same_host_lane = true        # a scheduler on this host that offers its lane socket
+//                                #   gets big frames through shared memory (transport/lane.h)
 //   sandbox = true               # run guest code (opencl, cuda, xrt cards) in sandbox
 //                                #   processes, one per tenant (VM) per card
 //   sandbox_warm = 1             # sandboxes started ahead per card (device context open,
@@ -120,6 +122,7 @@ struct NetaccelConfig {
   uint64_t hostCpuMilli = 0;
   uint64_t hostMemoryMib = 0;
   transport::LinkSecurity security;
+  bool sameHostLane = true;  // take a same-host lane when a scheduler offers one
   std::vector<CardConfig> cards;
   EtcdSettings etcd;  // the pool shared through etcd (common/etcd_settings.h; empty endpoints: none)
 };

@@ -60,6 +60,8 @@ void declareFlags(Flags& flags) {
                                   "scripts/raccel-certs.sh node DIR NAME)");
   flags.value("tls-key", "FILE", "its private key (PEM)");
   flags.boolean("insecure", "plain TCP to the scheduler, no authentication (loopback development only)");
+  flags.boolean("no-same-host-lane", "send every frame over the node link, even to a scheduler on this host that offers "
+                                     "shared memory for big frames");
   flags.value("http-listen", "HOST:PORT", "serve /metrics (Prometheus) here (default 127.0.0.1:7781; off = none; "
                                          "give each netaccel of a host its own)");
   flags.value("host-cpu", "CORES", "this host's CPU cores vaccels may be given (a VM's host_cpu): auto (default: the "
@@ -80,6 +82,7 @@ Result<netaccel::NetaccelConfig> configOf(const Flags& flags) {
     if (flags.has(flag)) file->top().set(key, flags.get(flag));
   if (flags.has("insecure")) file->top().set("insecure", "true");
   if (flags.has("no-sandbox")) file->top().set("sandbox", "false");
+  if (flags.has("no-same-host-lane")) file->top().set("same_host_lane", "false");
   if (flags.has("http-listen")) file->top().set("http_listen", flags.get("http-listen"));
   if (flags.has("etcd")) file->top().set("etcd", flags.get("etcd"));
   if (flags.has("host-cpu")) file->top().set("host_cpu", flags.get("host-cpu"));

@@ -90,6 +90,9 @@ struct Netaccel::Link {
   std::string foundAs;
   bool retired = false;
   std::string name() const { return address.toString(); }
+  // A same-host lane handed over and not yet accepted: what this side will send through.
+  std::shared_ptr<transport::LaneMapping> laneUp;
+  bool laneOffered = false;  // on this connection (one offer a connection is honoured)
 };
 
 Netaccel::Netaccel(uv_loop_t* loop, NetaccelConfig config, std::vector<std::unique_ptr<hal::Device>> devices)
@@ -414,6 +417,8 @@ void Netaccel::sendRegister(Link& link) {
 
 void Netaccel::onLinkClosed(Link& link) {
   link.connection.reset();
+  link.laneUp.reset();
+  link.laneOffered = false;
   uv_timer_stop(link.heartbeat);
   uv_timer_stop(link.settle);
   if (stopping_) {
@@ -579,11 +584,39 @@ void Netaccel::onControl(Link& link, transport::Body body) {
         link.kept.erase(it);
         return;
       }
+      case wire::SchedulerMessage::LANE_OFFER:
+        takeLane(link, msg.getLaneOffer().getPath(), msg.getLaneOffer().getToken());
+        return;
+      case wire::SchedulerMessage::LANE_ACCEPTED:
+        if (link.laneUp) {
+          link.connection->sendLane(std::move(link.laneUp));
+          RLOG_INFO("netaccel") << "the scheduler at " << link.name() << " took a same-host lane: big frames skip the node link";
+        }
+        return;
     }
     RLOG_WARN("netaccel") << "unknown control message from the scheduler at " << link.name() << " ignored";
   });
   if (!status)
     RLOG_ERROR("netaccel") << "bad control message from the scheduler at " << link.name() << ": " << status.error().message;
+}
+
+void Netaccel::takeLane(Link& link, capnp::Text::Reader path, capnp::Data::Reader token) {
+  if (!config_.sameHostLane || !link.connection || std::exchange(link.laneOffered, true)) return;
+  if (path.size() > 107 || token.size() != transport::kLaneTokenBytes) {
+    RLOG_WARN("netaccel") << "the scheduler at " << link.name() << " offered a malformed lane; ignored";
+    return;
+  }
+  auto lane = transport::handOverLane(std::string(path.cStr(), path.size()),
+                                     std::string(reinterpret_cast<const char*>(token.begin()), token.size()));
+  if (!lane) {
+    // Another host's scheduler (its socket is not here), or no memfds: the node link alone.
+    RLOG_INFO("netaccel") << "no same-host lane with the scheduler at " << link.name() << ": " << lane.error().message;
+    return;
+  }
+  // What the scheduler sends may come through it from now on; what this side sends, once
+  // the scheduler says it holds the lane (laneAccepted).
+  link.connection->receiveLane(lane->down, true);
+  link.laneUp = lane->up;
 }
 
 void Netaccel::sendHeartbeat(Link& link) {

@@ -85,6 +85,8 @@ class Netaccel {
   void onFrame(Link& link, const transport::FrameHeader& header, transport::Body body);
   void onControl(Link& link, transport::Body body);
   void openContext(Link& link, wire::OpenContext::Reader open);
+  // A same-host lane the scheduler offered: the memfds handed to its lane socket.
+  void takeLane(Link& link, capnp::Text::Reader path, capnp::Data::Reader token);
   void closeContext(uint32_t ours);
   void onLinkClosed(Link& link);
   void sendHeartbeat(Link& link);

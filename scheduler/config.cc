@@ -135,7 +135,7 @@ Result<VmPolicy> parseVmSpec(const std::string& spec) {
 Result<SchedulerConfig> parseConfig(const Config& config) {
   SchedulerConfig out;
   auto& top = config.top();
-  std::vector<std::string> known = {"node_listen", "node_advertise", "console", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms",
+  std::vector<std::string> known = {"node_listen", "node_advertise", "console", "lane_socket", "block_tflops", "heartbeat_timeout_ms", "request_timeout_ms",
                                     "split_min_mflop", "libvirt", "defrag_on_release", "defrag_on_demand",
                                     "defrag_moves_per_minute", "defrag_max_move_bytes", "state_dir", "resume_grace_ms", "startup_grace_ms",
                                     "span_slack_nodes", "max_node_links", "register_timeout_ms", "max_vm_links", "http_listen", "http_token_file", "http_client_timeout_s",
@@ -173,6 +173,10 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
                                              "' must be host:port, the address netaccels reach this scheduler at");
   }
   out.console = top.getString("console", out.console);
+  out.laneSocket = top.getString("lane_socket", "");
+  if (out.laneSocket != "off" && !out.laneSocket.empty() && out.laneSocket[0] != '/')
+    return fail(Code::invalidArgument, config.origin() + ": lane_socket '" + limits::clip(out.laneSocket, 64) +
+                                           "' must be an absolute path, or off");
   out.httpListen = top.getString("http_listen", out.httpListen);
   out.httpTokenFile = top.getString("http_token_file", "");
   out.libvirtUri = top.getString("libvirt", "");

@@ -5,6 +5,9 @@
 //                                         #   find schedulers in etcd (scheduler = etcd) reach
 //                                         #   this one (default: node_listen's host, its port)
 //   console = /run/raccel/console.sock    # raccelctl (unix socket, mode 0600)
+//   lane_socket = /run/raccel/lanes.sock  # netaccels on this host hand their same-host lanes
+//                                         #   (shared memory for big frames) here; default:
+//                                         #   lanes.sock beside the console socket; off = none
 //   http_listen = 127.0.0.1:7780          # /metrics (Prometheus) and the web console; off = none
 //   http_token_file = /etc/raccel/console.token  # the bearer token the web console's actions
 //                                         #   need (16+ characters); none: read-only web console
@@ -108,6 +111,14 @@ struct SchedulerConfig {
   std::string nodeListen = "127.0.0.1:7700";
   std::string nodeAdvertise;  // empty: node_listen's host and the port it bound
   std::string console = "/run/raccel/console.sock";
+  std::string laneSocket;  // "": lanes.sock beside the console socket; "off": no lanes
+  // Where the lane socket goes ("" when off).
+  std::string laneSocketPath() const {
+    if (laneSocket == "off") return "";
+    if (!laneSocket.empty()) return laneSocket;
+    auto slash = console.rfind('/');
+    return (slash == std::string::npos ? std::string(".") : console.substr(0, slash)) + "/lanes.sock";
+  }
   std::string httpListen = "127.0.0.1:7780";  // "off": no HTTP
   std::string httpTokenFile;
   unsigned httpClientTimeoutS = 10;

@@ -28,6 +28,8 @@ void declareFlags(Flags& flags) {
   flags.value("node-advertise", "HOST:PORT",
               "with --etcd: where netaccels that find schedulers in etcd reach this one (default: node-listen's)");
   flags.value("console", "PATH", "raccelctl's unix socket (default /run/raccel/console.sock)");
+  flags.value("lane-socket", "PATH", "where netaccels on this host hand over their same-host lanes (shared memory for big "
+                                     "frames; default: lanes.sock beside the console socket; off = none)");
   flags.value("vm", "SPEC", "serve a VM: name=vm1,socket=/path,attach=listen|connect,tflops=8,priority=0,kinds=gpu|cpu,"
                             "memory_quota=1GiB,host_cpu=2,host_memory=8GiB (host_*: of a card's node, per vaccel; "
                             "default none)",
@@ -68,7 +70,8 @@ Result<scheduler::SchedulerConfig> configOf(const Flags& flags) {
                            std::pair{"heartbeat-timeout-ms", "heartbeat_timeout_ms"}, std::pair{"tls-ca", "tls_ca"},
                            std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"},
                            std::pair{"http-listen", "http_listen"}, std::pair{"http-token-file", "http_token_file"},
-                           std::pair{"etcd", "etcd"}, std::pair{"name", "name"}})
+                           std::pair{"etcd", "etcd"}, std::pair{"name", "name"},
+                           std::pair{"lane-socket", "lane_socket"}})
     if (flags.has(flag)) file->top().set(key, flags.get(flag));
   if (flags.has("insecure")) file->top().set("insecure", "true");
   auto parsed = scheduler::parseConfig(*file);

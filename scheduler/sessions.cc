@@ -59,10 +59,11 @@ void Scheduler::openMembers(Session& s) {
   for (auto& share : shares) {
     const Card& card = pool().cards()[share.card];
     NodeLink* node = links_->at(card.node);
-    // Ids are the node link's own and never repeat on it: a link that has used all 2^32
-    // is closed (its netaccel reconnects with a fresh count) rather than wrap.
+    // Ids are the node link's own and never repeat on it: a link that has used every id
+    // below the lane's reserved channels is closed (its netaccel reconnects with a fresh
+    // count) rather than wrap.
     Member member{node, share.card, static_cast<uint32_t>(node->nextContext++), share.blocks};
-    if (node->nextContext > UINT32_MAX && node->lostReason.empty()) {
+    if (node->nextContext >= transport::kFirstReservedChannel && node->lostReason.empty()) {
       node->lostReason = "it used every context id of its link; it must reconnect";
       node->connection->close();
     }

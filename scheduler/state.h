@@ -51,6 +51,7 @@ struct Scheduler::NodeLink {
   uint64_t nextContext = 1;  // the next context id on this link (never repeats on it)
   uint64_t acceptedMs = 0;
   std::string lostReason;  // set when the scheduler itself drops the link
+  std::string laneToken;   // the same-host lane offered and not yet claimed ("": none)
   uint64_t badReplies = 0;  // malformed, or of a kind only the scheduler makes (dropped)
 };
 

@@ -105,7 +105,18 @@ struct SchedulerMessage {
     # A context the netaccel kept (Register.contexts) is the scheduler's again: the
     # replies it made meanwhile follow, then it runs what arrives as before.
     adoptContext @4 :UInt32;
+    # A same-host lane (transport/lane.h): after registering, a scheduler with a lane
+    # socket offers it; a netaccel on the same host hands its two memfds there with the
+    # token, and the scheduler says laneAccepted on this link once it has mapped them.
+    # From then on big frames of both directions go through the memfds.
+    laneOffer @5 :LaneOffer;
+    laneAccepted @6 :Void;
   }
+}
+
+struct LaneOffer {
+  path @0 :Text;    # the scheduler's lane socket (a unix socket on its host)
+  token @1 :Data;   # one use, this link's only
 }
 
 struct Poison {

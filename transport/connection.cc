@@ -20,7 +20,9 @@ struct Connection::Sink : FrameReader::Sink {
   Connection& c;
   explicit Sink(Connection& connection) : c(connection) {}
   void onFrame(const FrameHeader& header, Body body) override {
-    if (!c.closing_ && c.callbacks_.onFrame) c.callbacks_.onFrame(c, header, std::move(body));
+    if (c.closing_) return;
+    if (c.lanes_ && header.channel >= kFirstReservedChannel) return c.onLaneFrame(header, std::move(body));
+    if (c.callbacks_.onFrame) c.callbacks_.onFrame(c, header, std::move(body));
   }
   void onOversized(const FrameHeader& header) override {
     if (!c.closing_ && c.callbacks_.onOversized) c.callbacks_.onOversized(c, header);
@@ -96,12 +98,12 @@ struct Connection::Tls {
   }
 };
 
-Connection::~Connection() = default;
-
 void Connection::useTls(std::shared_ptr<TlsContext> context) {
   tls_ = std::make_unique<Tls>();
   tls_->context = std::move(context);
 }
+
+Connection::~Connection() = default;
 
 const std::string& Connection::peerName() const {
   static const std::string none;
@@ -332,18 +334,23 @@ void Connection::send(uint32_t channel, uint64_t sequence, capnp::MessageBuilder
   flush();
 }
 
+void Connection::queueSmall(uint32_t channel, uint64_t sequence, const std::byte* body, size_t bytes) {
+  // Coalesced with its neighbours instead of a write of its own.
+  if (queue_.empty() || !std::holds_alternative<std::vector<std::byte>>(queue_.back()))
+    queue_.emplace_back(std::vector<std::byte>{});
+  auto& out = std::get<std::vector<std::byte>>(queue_.back());
+  size_t at = out.size();
+  out.resize(at + kHeaderBytes + bytes);
+  encodeHeader(FrameHeader{channel, static_cast<uint32_t>(bytes), sequence}, out.data() + at);
+  if (bytes) std::memcpy(out.data() + at + kHeaderBytes, body, bytes);
+  queuedBytes_ += kHeaderBytes + bytes;
+}
+
 void Connection::sendBody(uint32_t channel, uint64_t sequence, Body body) {
   if (closing_) return;
-  if (body.size() < FrameReader::kDirectBytes) {
-    // Small: coalesce with neighbours instead of a write of its own.
-    if (queue_.empty() || !std::holds_alternative<std::vector<std::byte>>(queue_.back()))
-      queue_.emplace_back(std::vector<std::byte>{});
-    auto& out = std::get<std::vector<std::byte>>(queue_.back());
-    size_t at = out.size();
-    out.resize(at + kHeaderBytes + body.size());
-    encodeHeader(FrameHeader{channel, static_cast<uint32_t>(body.size()), sequence}, out.data() + at);
-    std::memcpy(out.data() + at + kHeaderBytes, body.data(), body.size());
-    queuedBytes_ += kHeaderBytes + body.size();
+  if (sendThroughLane(channel, sequence, body)) {
+  } else if (body.size() < FrameReader::kDirectBytes) {
+    queueSmall(channel, sequence, body.data(), body.size());
   } else {
     BigChunk chunk;
     encodeHeader(FrameHeader{channel, static_cast<uint32_t>(body.size()), sequence}, chunk.header.data());
@@ -422,6 +429,7 @@ void Connection::throttle(Connection& source) {
 void Connection::close() {
   if (closing_) return;
   closing_ = true;
+  closeLanes();
   reading_ = false;
   uv_close(&handle_.handle, [](uv_handle_t* handle) { static_cast<Connection*>(handle->data)->finishClose(); });
 }

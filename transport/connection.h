@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "transport/frame.h"
+#include "transport/lane.h"
 #include "transport/tls.h"
 
 namespace raccel::transport {
@@ -75,6 +76,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool secure() const { return tls_ != nullptr; }
   // The verified peer certificate's common name ("" without TLS or before the handshake).
   const std::string& peerName() const;
+  // A same-host lane (transport/lane.h), each direction attached on its own, both before
+  // or after start(). receiveLane: the peer's big frames may come through `mapping`;
+  // `inPlace` hands them on as views into it (given back when their last owner drops
+  // them, on any thread), otherwise each is copied out and given back at once.
+  // sendLane: from now on big frames go through `mapping` while it has room (the socket
+  // carries them when it has none). A peer that breaks the lane's rules is closed.
+  void receiveLane(std::shared_ptr<LaneMapping> mapping, bool inPlace);
+  void sendLane(std::shared_ptr<LaneMapping> mapping);
+  uint64_t laneFramesSent() const;
+  uint64_t laneFramesReceived() const;
   // Bytes the frame reader holds for this connection now (idle peers cost none).
   size_t bufferedBytes() const { return reader_.stagedCapacity(); }
 
@@ -97,6 +108,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   using Chunk = std::variant<std::vector<std::byte>, BigChunk>;
   void flush();
   void flushTls();
+  void queueSmall(uint32_t channel, uint64_t sequence, const std::byte* body, size_t bytes);
+  bool sendThroughLane(uint32_t channel, uint64_t sequence, const Body& body);
+  void onLaneFrame(const FrameHeader& header, Body body);
+  void sendLaneReleases(const std::vector<std::pair<uint64_t, uint64_t>>& released);
+  void laneViolation(const std::string& what);
+  void closeLanes();
   void receiveTls(const std::byte* data, size_t n);
   void finishClose();
   static void onAlloc(uv_handle_t* handle, size_t suggested, uv_buf_t* buf);
@@ -123,6 +140,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string peer_;
   struct Tls;
   std::unique_ptr<Tls> tls_;
+  std::unique_ptr<LinkLanes> lanes_;
 };
 
 using ConnectionPtr = std::shared_ptr<Connection>;

@@ -2,20 +2,11 @@
 
 #include <algorithm>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 namespace raccel::transport {
 namespace {
-template <class T>
-void putLe(std::byte* out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<std::byte>((value >> (8 * i)) & 0xff);
-}
-template <class T>
-T getLe(const std::byte* in) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(std::to_integer<uint8_t>(in[i])) << (8 * i);
-  return value;
-}
 size_t segmentTableBytes(size_t segments) { return ((segments + 1) * 4 + 7) & ~size_t{7}; }
 }  // namespace
 
@@ -92,9 +83,14 @@ Body::~Body() { release(); }
 void Body::release() {
   if (!words_) return;
   if (shared_) {
-    if (shared_->fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // another owner keeps it
+    if (shared_->count.fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // another owner keeps it
+    auto onLast = std::move(shared_->onLast);
     delete shared_;
     shared_ = nullptr;
+    if (onLast) {
+      onLast();
+      return;
+    }
   }
   if (capacityWords_ * sizeof(capnp::word) >= BodyPool::kPooledBytes) bodyPool().give(words_, capacityWords_);
   else delete[] words_;
@@ -103,13 +99,22 @@ void Body::release() {
 Body Body::share() {
   Body other;
   if (!words_) return other;
-  if (!shared_) shared_ = new std::atomic<uint32_t>(1);
-  shared_->fetch_add(1, std::memory_order_relaxed);
+  if (!shared_) shared_ = new Owners();
+  shared_->count.fetch_add(1, std::memory_order_relaxed);
   other.words_ = words_;
   other.capacityWords_ = capacityWords_;
   other.bytes_ = bytes_;
   other.shared_ = shared_;
   return other;
+}
+
+Body Body::external(std::byte* data, size_t bytes, std::function<void()> onLast) {
+  Body b;
+  b.words_ = reinterpret_cast<capnp::word*>(data);
+  b.bytes_ = bytes;  // capacityWords_ stays 0: never the pool's
+  b.shared_ = new Owners();
+  b.shared_->onLast = std::move(onLast);
+  return b;
 }
 
 Body& Body::operator=(Body&& other) noexcept {
@@ -167,12 +172,25 @@ Body encodeBody(capnp::MessageBuilder& message) {
   return body;
 }
 
-InPlaceMessage::InPlaceMessage(size_t reserveWords) : body_(8 + reserveWords * 8) {
-  std::memset(body_.data(), 0, body_.size());
+InPlaceMessage::InPlaceMessage(size_t reserveWords, bool zeroHeadOnly)
+    : body_(8 + reserveWords * 8),
+      zeroedBytes_(zeroHeadOnly ? std::min(body_.size(), 8 + kHeadWords * 8) : body_.size()) {
+  std::memset(body_.data(), 0, zeroedBytes_);
   builder_.emplace(kj::arrayPtr(reinterpret_cast<capnp::word*>(body_.data() + 8), reserveWords));
 }
 
+void InPlaceMessage::fillsBlob(const capnp::byte* blob, size_t bytes) {
+  auto* begin = reinterpret_cast<const std::byte*>(blob);
+  const size_t at = static_cast<size_t>(begin - body_.data());
+  // The structs must have stayed in the zeroed head, and the blob inside the reservation.
+  if (begin < body_.data() || at < 8 || at > zeroedBytes_ || bytes > body_.size() - at)
+    throw std::logic_error("InPlaceMessage: a blob outside the reservation, or structs past the zeroed head");
+  std::memset(body_.data() + at + bytes, 0, body_.size() - at - bytes);  // its padding and the rest
+  zeroedBytes_ = body_.size();
+}
+
 Body InPlaceMessage::finish() {
+  if (zeroedBytes_ < body_.size()) throw std::logic_error("InPlaceMessage: finished without fillsBlob()");
   auto segments = builder_->getSegmentsForOutput();
   putLe<uint32_t>(body_.data(), 0);
   putLe<uint32_t>(body_.data() + 4, static_cast<uint32_t>(segments[0].size()));

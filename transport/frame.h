@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -27,6 +28,18 @@ struct FrameHeader {
   uint32_t length = 0;  // body bytes
   uint64_t sequence = 0;
 };
+
+// Little-endian integers, as every header and descriptor on a link carries them.
+template <class T>
+void putLe(std::byte* out, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<std::byte>((value >> (8 * i)) & 0xff);
+}
+template <class T>
+T getLe(const std::byte* in) {
+  T value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(std::to_integer<uint8_t>(in[i])) << (8 * i);
+  return value;
+}
 
 void encodeHeader(const FrameHeader& header, std::byte* out);
 FrameHeader decodeHeader(const std::byte* in);
@@ -58,13 +71,20 @@ class Body {
   // Another owner of the same bytes, without copying them (a relay that keeps what it
   // forwards). The storage goes when its last owner does; no owner may write to it after.
   Body share();
+  // A body over memory someone else owns (a lane's shared memory): `onLast` runs instead
+  // of freeing it, on whichever thread drops the last owner. `data` is 8-byte aligned.
+  static Body external(std::byte* data, size_t bytes, std::function<void()> onLast);
 
  private:
+  struct Owners {
+    std::atomic<uint32_t> count{1};
+    std::function<void()> onLast;  // set: the storage is external
+  };
   void release();
   capnp::word* words_ = nullptr;
   size_t capacityWords_ = 0;
   size_t bytes_ = 0;
-  std::atomic<uint32_t>* shared_ = nullptr;  // the owners' count, once shared (any thread)
+  Owners* shared_ = nullptr;  // the owners' count, once shared or external (any thread)
 };
 
 // Bytes of the stream encoding of `message` (segment table + segments).
@@ -79,14 +99,23 @@ Body copyBody(const Body& body);
 // Builds a single-segment message in place inside a Body: no copy between building and
 // sending. The reservation is zeroed first (no stale memory can leak into a reply) and
 // must hold the whole message (building past it throws); finish() trims the rest.
+//
+// A message that is mostly one blob its maker fills whole (a read's data) need not pay
+// for zeroing the blob: with `zeroHeadOnly`, only the first kHeadWords are zeroed, the
+// message's structs must be built there, and fillsBlob() names the blob once it is
+// initialised; everything else of the reservation is zeroed then. The maker must write
+// every byte of the blob, or drop the message.
 class InPlaceMessage {
  public:
-  explicit InPlaceMessage(size_t reserveWords);
+  static constexpr size_t kHeadWords = 64;
+  explicit InPlaceMessage(size_t reserveWords, bool zeroHeadOnly = false);
   capnp::MessageBuilder& builder() { return *builder_; }
+  void fillsBlob(const capnp::byte* blob, size_t bytes);
   Body finish();
 
  private:
   Body body_;
+  size_t zeroedBytes_;  // of body_, from its start
   std::optional<capnp::FlatMessageBuilder> builder_;
 };
 

@@ -29,13 +29,57 @@ Status NodeLinks::start() {
                                               [this](ConnectionPtr c) { accept(std::move(c)); });
   if (!listener) return fail(listener.error());
   listener_ = std::move(*listener);
+  if (const std::string path = config_.laneSocketPath(); !path.empty()) {
+    auto lanes = transport::LaneListener::listen(loop_, path, [this](const std::string& token, transport::UniqueFd up,
+                                                                      transport::UniqueFd down) {
+      laneHandedOver(token, std::move(up), std::move(down));
+    });
+    if (lanes) lanes_ = std::move(*lanes);
+    else RLOG_WARN("scheduler") << "no same-host lanes (netaccels here use the node port alone): " << lanes.error().message;
+  }
   return {};
+}
+
+void NodeLinks::offerLane(NodeLink& node) {
+  if (!lanes_) return;
+  node.laneToken = transport::newLaneToken();
+  capnp::MallocMessageBuilder m;
+  auto offer = m.initRoot<wire::SchedulerMessage>().initLaneOffer();
+  offer.setPath(lanes_->path());
+  offer.setToken(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(node.laneToken.data()), node.laneToken.size()));
+  node.connection->send(transport::kControlChannel, 0, m);
+}
+
+void NodeLinks::laneHandedOver(const std::string& token, transport::UniqueFd up, transport::UniqueFd down) {
+  NodeLink* node = nullptr;
+  for (auto& [c, n] : links_)
+    if (!n->laneToken.empty() && n->laneToken == token && !n->connection->closed()) node = n.get();
+  if (!node) {
+    RLOG_WARN("scheduler") << "a lane was handed over with a token no link was offered; ignored";
+    return;
+  }
+  node->laneToken.clear();  // one use
+  auto upMap = transport::LaneMapping::map(up);
+  auto downMap = transport::LaneMapping::map(down);
+  if (!upMap || !downMap) {
+    RLOG_WARN("scheduler") << "netaccel '" << node->name << "' handed over a lane that cannot be used ("
+                           << (upMap ? downMap.error() : upMap.error()).message << "); its frames keep to the node port";
+    return;
+  }
+  capnp::MallocMessageBuilder m;
+  m.initRoot<wire::SchedulerMessage>().setLaneAccepted();
+  node->connection->send(transport::kControlChannel, 0, m);
+  node->connection->receiveLane(*upMap, false);  // a netaccel's memory: copied out before anything reads it
+  node->connection->sendLane(*downMap);
+  RLOG_INFO("scheduler") << "netaccel '" << node->name << "' shares a same-host lane (" << (*upMap)->size() / (1 << 20)
+                         << " MiB each way): big frames skip the node port";
 }
 
 int NodeLinks::port() const { return listener_ ? listener_->port() : 0; }
 
 void NodeLinks::stop() {
   listener_.reset();
+  lanes_.reset();
   std::vector<ConnectionPtr> all;
   for (auto& [c, node] : links_) all.push_back(node->connection);
   for (auto& c : all) c->close();
@@ -199,6 +243,7 @@ void NodeLinks::registerNode(NodeLink& node, wire::Register::Reader reg) {
                        std::to_string(scheduler_.pool().total()) + " blocks";
   for (auto& [card, why] : unused) joined += "; card " + std::to_string(card) + " unused: " + why;
   RLOG_INFO("scheduler") << "netaccel '" << name << "' joined from " << node.connection->peer() << ": " << joined;
+  offerLane(node);
   scheduler_.nodeReady(node, joined, reg.getContexts());
 }
 

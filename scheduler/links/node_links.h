@@ -28,6 +28,7 @@
 #include "scheduler/config.h"
 #include "scheduler/scheduler.h"
 #include "transport/connection.h"
+#include "transport/lane.h"
 #include "transport/tls.h"
 
 namespace raccel::scheduler {
@@ -40,7 +41,8 @@ class NodeLinks {
   NodeLinks(uv_loop_t* loop, const SchedulerConfig& config, Scheduler& scheduler);
   ~NodeLinks();
 
-  // Listens on node_listen (TLS from config.security unless --insecure); an error names it.
+  // Listens on node_listen (TLS from config.security unless --insecure), and on the lane
+  // socket unless it is off (one that cannot be bound only means no lanes); an error names it.
   Status start();
   int port() const;
   // Stops listening and closes every link (each ends through its close callback).
@@ -73,12 +75,17 @@ class NodeLinks {
   // A joining node's cards that got no block (rated under one), each with why and what to do.
   std::vector<std::pair<uint32_t, std::string>> unusedCards(size_t node) const;
   void closed(NodeLink& node);  // the one place a link ends
+  // Same-host lanes: offered to each registered link; what a netaccel hands over is
+  // checked and mapped, then the link's big frames go through it.
+  void offerLane(NodeLink& node);
+  void laneHandedOver(const std::string& token, transport::UniqueFd up, transport::UniqueFd down);
 
   uv_loop_t* loop_;
   const SchedulerConfig& config_;
   Scheduler& scheduler_;
   std::shared_ptr<transport::TlsContext> tls_;  // null with --insecure
   std::unique_ptr<transport::Listener> listener_;
+  std::unique_ptr<transport::LaneListener> lanes_;
   std::unordered_map<transport::Connection*, std::unique_ptr<NodeLink>> links_;
   std::unordered_map<size_t, NodeLink*> byPoolNode_;
   std::map<size_t, uint64_t> offlineSince_;
