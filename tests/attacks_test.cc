@@ -6,6 +6,8 @@
 // tenants' results are exact, and the error names what was wrong.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -18,6 +20,10 @@
 #include "hal/backends.h"
 #include "tests/cluster.h"
 #include "tests/raw_http.h"
+#include "schema/node.capnp.h"
+#include "transport/blocking_link.h"
+#include "transport/lane.h"
+#include "transport/wire_types.h"
 #include "vmfrontend/raccel.h"
 
 namespace raccel::testing {
@@ -101,6 +107,97 @@ TEST(Attacks, StrangersFailedHandshakesNeverDropAHealthyNetaccel) {
   EXPECT_TRUE(contains(log, "TLS handshake with")) << log;  // the strangers were refused...
   EXPECT_FALSE(contains(log, "lost node")) << log;           // ...and no healthy node went with them
   EXPECT_FALSE(std::regex_search(log, std::regex("TLS from [^\n]* failed"))) << log;
+  EXPECT_TRUE(cluster.scheduler().running());
+}
+
+// A netaccel on the scheduler's host that cheats with its same-host lane (shared memory
+// for big frames, transport/lane.h): memfds that could be shrunk under the scheduler, a
+// token it was never given, then a descriptor pointing past its lane. Each is refused or
+// ends that link alone; the honest netaccel's tenant, whose big frames cross its own
+// lane, keeps every byte.
+struct RogueNode {
+  transport::BlockingLink link;
+  std::string lanePath, token;
+  explicit RogueNode(int port, const std::string& name) {
+    link.adopt(rawhttp::connectTo(port));
+    capnp::MallocMessageBuilder m;
+    auto reg = m.initRoot<wire::NodeMessage>().initRegister();
+    reg.setVersionMajor(wire::PROTOCOL_MAJOR);
+    reg.setName(name);
+    auto card = reg.initCards(1)[0];
+    card.setKind(wire::CardKind::CPU);
+    card.setTflops(2);
+    card.setMemoryBytes(64 << 20);
+    card.setModel("rogue");
+    card.setBackend("cpu");
+    EXPECT_TRUE(link.sendNow(transport::kControlChannel, 0, m));
+    lanePath = awaitControl(wire::SchedulerMessage::LANE_OFFER, [&](wire::SchedulerMessage::Reader r) {
+      token.assign(reinterpret_cast<const char*>(r.getLaneOffer().getToken().begin()), r.getLaneOffer().getToken().size());
+      return std::string(r.getLaneOffer().getPath());
+    });
+  }
+  // The first control message of kind `which` (others skipped), through `take`; "" if none came.
+  std::string awaitControl(wire::SchedulerMessage::Which which,
+                           const std::function<std::string(wire::SchedulerMessage::Reader)>& take = {}) {
+    for (int i = 0; i < 50; ++i) {
+      auto f = link.receive(5000);
+      if (!f) return "";
+      if (f->header.channel != transport::kControlChannel) continue;
+      transport::MessageIn in(std::move(f->body));
+      auto r = in.root<wire::SchedulerMessage>();
+      if (r.which() == which) return take ? take(r) : "yes";
+    }
+    return "";
+  }
+};
+
+TEST(Attacks, ANetaccelThatCheatsWithItsSameHostLaneLosesOnlyItsOwnLane) {
+  Cluster cluster({VmSpec{"vm1", 4}}, "", {"--insecure"});
+  cluster.addNetaccel("node0", {"kind=gpu,model=sim,tflops=4,memory=256MiB"}, 4);
+  auto tenant = open(cluster.vmSocket(), 4, "tenant");
+  ASSERT_TRUE(tenant);
+  Kept kept = keep(*tenant, 4 << 20, 5);  // 16 MiB: big frames, through node0's lane
+  ASSERT_TRUE(waitFor([&] { return contains(readFile(cluster.dir() + "/scheduler.log"), "'node0' shares a same-host lane"); }, 5000))
+      << cluster.logs();
+
+  // 1. Memfds it could shrink (no seals), with its own token: refused, its link stays.
+  RogueNode unsealed(cluster.nodePort(), "rogue1");
+  ASSERT_FALSE(unsealed.lanePath.empty()) << cluster.logs();
+  transport::UniqueFd a(::memfd_create("x", MFD_CLOEXEC)), b(::memfd_create("x", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(a.get(), 64 << 20), 0);
+  ASSERT_EQ(::ftruncate(b.get(), 64 << 20), 0);
+  ASSERT_TRUE(transport::offerLane(unsealed.lanePath, unsealed.token, a, b));
+  // 2. A good lane with a token that is no link's.
+  RogueNode guesser(cluster.nodePort(), "rogue2");
+  ASSERT_TRUE(transport::handOverLane(guesser.lanePath, transport::newLaneToken()));
+  std::string log;
+  ASSERT_TRUE(waitFor([&] {
+    log = readFile(cluster.dir() + "/scheduler.log");
+    return contains(log, "'rogue1' handed over a lane that cannot be used") && contains(log, "a token no link was offered");
+  }, 5000)) << log;
+  EXPECT_TRUE(contains(log, "not sealed against resizing")) << log;
+
+  // 3. A good lane, taken; then a frame "in" it that lies past its end.
+  RogueNode liar(cluster.nodePort(), "rogue3");
+  auto lane = transport::handOverLane(liar.lanePath, liar.token);
+  ASSERT_TRUE(lane) << lane.error().message;
+  ASSERT_EQ(liar.awaitControl(wire::SchedulerMessage::LANE_ACCEPTED), "yes") << cluster.logs();
+  std::byte frame[transport::kHeaderBytes + transport::kLaneDescriptorBytes];
+  transport::encodeHeader({transport::kLaneFrameChannel, transport::kLaneDescriptorBytes, 1}, frame);
+  transport::putLe<uint32_t>(frame + transport::kHeaderBytes, 1);
+  transport::putLe<uint32_t>(frame + transport::kHeaderBytes + 4, 1 << 20);
+  transport::putLe<uint64_t>(frame + transport::kHeaderBytes + 8, lane->up->size() - 4096);
+  ASSERT_TRUE(liar.link.sendRaw(frame, sizeof frame));
+  ASSERT_TRUE(waitFor([&] {
+    log = readFile(cluster.dir() + "/scheduler.log");
+    return contains(log, "broke the same-host lane's rules") && contains(log, "'rogue3' lost");
+  }, 5000)) << log;
+  EXPECT_FALSE(contains(log, "'rogue1' lost")) << "a refused lane ends nothing:\n" << log;
+
+  std::string why;
+  EXPECT_TRUE(intact(*tenant, kept, &why)) << why << "\n" << cluster.logs();
+  Kept more = keep(*tenant, 4 << 20, 6);
+  EXPECT_TRUE(intact(*tenant, more, &why)) << why;
   EXPECT_TRUE(cluster.scheduler().running());
 }
 
