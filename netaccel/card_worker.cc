@@ -85,6 +85,7 @@ struct CardWorker::Work {
   uint32_t blocks = 1;  // open
   std::string tenant;
   int priority = 0;
+  std::shared_ptr<transport::LaneOut> replyLane;  // open
 };
 
 namespace {
@@ -130,6 +131,7 @@ struct CardWorker::Context {
   uint32_t blocks = 1;
   std::string tenant;
   int priority = 0;
+  std::shared_ptr<transport::LaneOut> replyLane;  // where its read replies are built (null: their own bodies)
   // Its kernels' device times, as the card's clock measured them, by the low 32 bits of
   // the instruction's sequence: given to the guest with its next fence (OpenCL's
   // profiling). The newest kKeptKernelTimes only.
@@ -182,8 +184,9 @@ CardWorker::~CardWorker() {
 }
 
 void CardWorker::openContext(uint32_t context, uint64_t memoryQuota, const std::string& label, uint32_t blocks,
-                             const std::string& tenant, int priority) {
+                             const std::string& tenant, int priority, std::shared_ptr<transport::LaneOut> replyLane) {
   Work w;
+  w.replyLane = std::move(replyLane);
   w.type = Work::Type::open;
   w.context = context;
   w.quota = memoryQuota;
@@ -851,8 +854,11 @@ class CardWorker::Step {
     uint64_t done = 0;
     do {
       uint64_t n = std::min<uint64_t>(wire::CHUNK_BYTES, length - done);
-      // Only the head is zeroed: the card writes every byte of the data (or the reply goes).
-      InPlaceMessage out(n / 8 + 16, true);
+      // Built where it is sent from (the link's same-host lane, while it has room), and
+      // only the head zeroed: the card writes every byte of the data (or the reply goes).
+      const size_t words = n / 8 + 16;
+      Body storage = c_.replyLane ? transport::LaneOut::buildIn(c_.replyLane, 8 + words * 8) : Body();
+      InPlaceMessage out = storage.size() ? InPlaceMessage(std::move(storage), true) : InPlaceMessage(words, true);
       auto chunk = out.builder().initRoot<wire::Reply>().initData();
       chunk.setOffset(done);
       chunk.setLast(done + n == length);
@@ -1102,6 +1108,7 @@ void CardWorker::open(Work& work) {
   c.blocks = work.blocks;
   c.tenant = work.tenant;
   c.priority = work.priority;
+  c.replyLane = std::move(work.replyLane);
   Tenant& t = (*tenants_)[c.tenant];
   t.blocks += c.blocks;
   ++t.contexts;

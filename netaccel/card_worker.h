@@ -52,6 +52,7 @@
 #include "hal/device.h"
 #include "netaccel/sandbox.h"
 #include "transport/frame.h"
+#include "transport/lane.h"
 
 namespace raccel::netaccel {
 
@@ -92,8 +93,10 @@ class CardWorker {
   // Loop thread.
   // `blocks`: the context's share of the card (0 counts as 1); `tenant`: whose usage it
   // adds to (contexts of one tenant share its score); `priority`: order inside the tenant.
+  // `replyLane`: the same-host lane of the link it answers on (null: none), where read
+  // replies are built to be sent without a copy.
   void openContext(uint32_t context, uint64_t memoryQuota, const std::string& label, uint32_t blocks = 1,
-                   const std::string& tenant = "", int priority = 0);
+                   const std::string& tenant = "", int priority = 0, std::shared_ptr<transport::LaneOut> replyLane = nullptr);
   void closeContext(uint32_t context);
   // `sequence` 0: no instruction failed (a handle lost with a sandbox); `message` says why.
   void poison(uint32_t context, uint64_t handle, uint64_t sequence, Code code, const std::string& message = "");

@@ -517,7 +517,8 @@ void Netaccel::openContext(Link& link, wire::OpenContext::Reader o) {
   uint32_t ours = nextContext_++;
   contexts_[ours] = Context{&link, o.getContext(), o.getCard(), 0};
   link.contexts[o.getContext()] = ours;
-  workers_[o.getCard()]->openContext(ours, o.getMemoryQuota(), o.getLabel(), o.getBlocks(), o.getTenant(), o.getPriority());
+  workers_[o.getCard()]->openContext(ours, o.getMemoryQuota(), o.getLabel(), o.getBlocks(), o.getTenant(), o.getPriority(),
+                                     link.connection ? link.connection->outLane() : nullptr);
   RLOG_DEBUG("netaccel") << "context " << ours << " (" << o.getLabel().cStr() << ", " << link.name() << " #"
                          << o.getContext() << ") on card " << o.getCard();
 }

@@ -84,6 +84,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // carries them when it has none). A peer that breaks the lane's rules is closed.
   void receiveLane(std::shared_ptr<LaneMapping> mapping, bool inPlace);
   void sendLane(std::shared_ptr<LaneMapping> mapping);
+  // Our lane (null without one): where a reply can be built to be sent without a copy
+  // (LaneOut::buildIn, from any thread).
+  std::shared_ptr<LaneOut> outLane() const;
   uint64_t laneFramesSent() const;
   uint64_t laneFramesReceived() const;
   // Bytes sent through our lane that the peer has not given back yet.

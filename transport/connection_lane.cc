@@ -33,7 +33,7 @@ void Connection::receiveLane(std::shared_ptr<LaneMapping> mapping, bool inPlace)
 void Connection::sendLane(std::shared_ptr<LaneMapping> mapping) {
   if (closing_) return;
   if (!lanes_) lanes_ = std::make_unique<LinkLanes>();
-  lanes_->out = std::make_unique<LaneOut>(std::move(mapping));
+  lanes_->out = std::make_shared<LaneOut>(std::move(mapping));
 }
 
 uint64_t Connection::laneFramesSent() const { return lanes_ ? lanes_->framesSent : 0; }
@@ -49,11 +49,17 @@ void Connection::closeLanes() {
   lanes_->out.reset();  // the mapping goes; the peer's views of it are its own
 }
 
+std::shared_ptr<LaneOut> Connection::outLane() const { return lanes_ ? lanes_->out : nullptr; }
+
 bool Connection::sendThroughLane(uint32_t channel, uint64_t sequence, const Body& body) {
-  if (!lanes_ || !lanes_->out || body.size() < kLaneMinFrameBytes || channel >= kFirstReservedChannel) return false;
-  auto at = lanes_->out->reserve(body.size());
-  if (!at) return false;  // full: this one goes by the socket
-  std::memcpy(lanes_->out->at(*at), body.data(), body.size());
+  if (!lanes_ || !lanes_->out || channel >= kFirstReservedChannel) return false;
+  auto at = lanes_->out->claim(body);  // built in the lane (LaneOut::buildIn): nothing to copy
+  if (!at) {
+    if (body.size() < kLaneMinFrameBytes) return false;
+    at = lanes_->out->reserve(body.size());
+    if (!at) return false;  // full: this one goes by the socket
+    std::memcpy(lanes_->out->at(*at), body.data(), body.size());
+  }
   std::byte d[kLaneDescriptorBytes];
   putLe<uint32_t>(d, channel);
   putLe<uint32_t>(d + 4, static_cast<uint32_t>(body.size()));

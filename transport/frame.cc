@@ -172,11 +172,13 @@ Body encodeBody(capnp::MessageBuilder& message) {
   return body;
 }
 
-InPlaceMessage::InPlaceMessage(size_t reserveWords, bool zeroHeadOnly)
-    : body_(8 + reserveWords * 8),
-      zeroedBytes_(zeroHeadOnly ? std::min(body_.size(), 8 + kHeadWords * 8) : body_.size()) {
+InPlaceMessage::InPlaceMessage(size_t reserveWords, bool zeroHeadOnly) : InPlaceMessage(Body(8 + reserveWords * 8), zeroHeadOnly) {}
+
+InPlaceMessage::InPlaceMessage(Body storage, bool zeroHeadOnly) : body_(std::move(storage)) {
+  const size_t words = body_.size() / 8 - 1;  // after the segment table
+  zeroedBytes_ = zeroHeadOnly ? std::min(body_.size(), 8 + kHeadWords * 8) : body_.size();
   std::memset(body_.data(), 0, zeroedBytes_);
-  builder_.emplace(kj::arrayPtr(reinterpret_cast<capnp::word*>(body_.data() + 8), reserveWords));
+  builder_.emplace(kj::arrayPtr(reinterpret_cast<capnp::word*>(body_.data() + 8), words));
 }
 
 void InPlaceMessage::fillsBlob(const capnp::byte* blob, size_t bytes) {

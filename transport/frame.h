@@ -109,6 +109,8 @@ class InPlaceMessage {
  public:
   static constexpr size_t kHeadWords = 64;
   explicit InPlaceMessage(size_t reserveWords, bool zeroHeadOnly = false);
+  // The same in `storage` (a body built where it will be sent from, e.g. a lane's).
+  InPlaceMessage(Body storage, bool zeroHeadOnly);
   capnp::MessageBuilder& builder() { return *builder_; }
   void fillsBlob(const capnp::byte* blob, size_t bytes);
   Body finish();

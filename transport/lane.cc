@@ -61,6 +61,11 @@ Result<std::shared_ptr<LaneMapping>> LaneMapping::map(const UniqueFd& fd) {
 LaneMapping::~LaneMapping() { ::munmap(data_, size_); }
 
 std::optional<uint64_t> LaneOut::reserve(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reserveLocked(bytes, State::sent);
+}
+
+std::optional<uint64_t> LaneOut::reserveLocked(size_t bytes, State state) {
   const uint64_t size = mapping_->size();
   if (bytes == 0 || bytes > size) return std::nullopt;
   const uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
@@ -78,21 +83,68 @@ std::optional<uint64_t> LaneOut::reserve(size_t bytes) {
       at = end;
     }
   }
-  spans_.push_back(Span{at, bytes, need, false});
+  spans_.push_back(Span{at, bytes, need, state});
   outstanding_ += bytes;
   return at;
 }
 
-bool LaneOut::release(uint64_t offset, uint64_t bytes) {
+Body LaneOut::buildIn(const std::shared_ptr<LaneOut>& lane, size_t bytes) {
+  std::optional<uint64_t> at;
+  {
+    std::lock_guard<std::mutex> lock(lane->mu_);
+    at = lane->reserveLocked(bytes, State::building);
+  }
+  if (!at) return Body();
+  return Body::external(lane->at(*at), bytes, [lane, offset = *at] { lane->dropped(offset); });
+}
+
+std::optional<uint64_t> LaneOut::claim(const Body& body) {
+  const std::byte* p = body.data();
+  if (!p || p < mapping_->data() || p >= mapping_->data() + mapping_->size()) return std::nullopt;
+  const auto offset = static_cast<uint64_t>(p - mapping_->data());
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : spans_) {
     if (s.offset != offset) continue;
-    if (s.released || s.bytes != bytes) return false;
-    s.released = true;
+    if (s.state != State::building || body.size() == 0 || body.size() > s.bytes) return std::nullopt;
+    outstanding_ -= s.bytes - body.size();
+    s.bytes = body.size();
+    s.state = State::sent;
+    return offset;
+  }
+  return std::nullopt;
+}
+
+void LaneOut::dropped(uint64_t offset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : spans_) {
+    if (s.offset != offset || s.state != State::building) continue;
+    s.state = State::released;  // never sent: free now (sent ones wait for the peer)
+    outstanding_ -= s.bytes;
+    popReleased();
+    return;
+  }
+}
+
+bool LaneOut::release(uint64_t offset, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : spans_) {
+    if (s.offset != offset || s.state == State::released) continue;
+    if (s.state != State::sent || s.bytes != bytes) return false;
+    s.state = State::released;
     outstanding_ -= bytes;
-    while (!spans_.empty() && spans_.front().released) spans_.pop_front();
+    popReleased();
     return true;
   }
   return false;
+}
+
+void LaneOut::popReleased() {
+  while (!spans_.empty() && spans_.front().state == State::released) spans_.pop_front();
+}
+
+size_t LaneOut::outstandingBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outstanding_;
 }
 
 void LaneReleases::give(uint64_t offset, uint64_t bytes) {

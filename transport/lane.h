@@ -82,23 +82,37 @@ class LaneMapping {
 };
 
 // The sender's side of one direction: space in ring order, given back in any order.
+// Any thread: a reply can be built in the lane where it is made (buildIn), then sent
+// without a copy (claim).
 class LaneOut {
  public:
   explicit LaneOut(std::shared_ptr<LaneMapping> mapping) : mapping_(std::move(mapping)) {}
-  // The offset of `bytes` of space (64-byte aligned), or nothing while the lane is full.
+  // The offset of `bytes` of space (64-byte aligned) for a frame sent now, or nothing
+  // while the lane is full.
   std::optional<uint64_t> reserve(size_t bytes);
   std::byte* at(uint64_t offset) const { return mapping_->data() + offset; }
+  // A body of `bytes` to build a frame in, inside the lane (an empty body while it is
+  // full). Dropped unsent, its space is free again.
+  static Body buildIn(const std::shared_ptr<LaneOut>& lane, size_t bytes);
+  // The offset of `body` when it was built in this lane and is sent now (it may have
+  // shrunk meanwhile): from then on the peer gives its space back.
+  std::optional<uint64_t> claim(const Body& body);
   // The receiver is done with [offset, offset + bytes). False when that is not a frame
   // outstanding (a peer that lies; its link should end).
   bool release(uint64_t offset, uint64_t bytes);
-  size_t outstandingBytes() const { return outstanding_; }
+  size_t outstandingBytes() const;
 
  private:
+  enum class State { building, sent, released };
   struct Span {
     uint64_t offset, bytes, reserved;
-    bool released;
+    State state;
   };
+  std::optional<uint64_t> reserveLocked(size_t bytes, State state);
+  void dropped(uint64_t offset);  // a body built in the lane is gone
+  void popReleased();
   std::shared_ptr<LaneMapping> mapping_;
+  mutable std::mutex mu_;
   std::deque<Span> spans_;  // oldest first
   size_t outstanding_ = 0;
 };
@@ -124,7 +138,7 @@ struct LinkLanes {
   bool inPlace = false;
   std::shared_ptr<LaneReleases> releases;  // inPlace: views given back on any thread
   uv_async_t* wake = nullptr;              // ... and the loop told
-  std::unique_ptr<LaneOut> out;            // ours (null: every frame goes by the socket)
+  std::shared_ptr<LaneOut> out;            // ours (null: every frame goes by the socket)
   uint64_t framesSent = 0, framesReceived = 0;
 };
 

@@ -186,6 +186,38 @@ TEST(Lane, AViewHeldKeepsItsSpaceAndTheSocketCarriesTheRest) {
   EXPECT_TRUE(samePattern(p.atA[0].second, big, 10));
 }
 
+TEST(Lane, AReplyBuiltInTheLaneGoesWithoutACopyAndOneDroppedUnsentFreesItsSpace) {
+  Pair p;
+  p.lanes();
+  auto lane = p.a->outLane();
+  ASSERT_TRUE(lane);
+  // Built on another thread (a card worker), shrunk as InPlaceMessage::finish does.
+  Body built;
+  std::thread([&] {
+    built = LaneOut::buildIn(lane, 512 * 1024);
+    ASSERT_EQ(built.size(), 512u * 1024);
+    Body want = pattern(300 * 1024, 3);
+    std::memcpy(built.data(), want.data(), want.size());
+    built.shrink(want.size());
+  }).join();
+  const std::byte* where = built.data();
+  EXPECT_EQ(lane->outstandingBytes(), 512u * 1024) << "held while built";
+  p.a->sendBody(9, 1, std::move(built));
+  ASSERT_TRUE(p.runUntil([&] { return p.atB.size() == 1; }));
+  EXPECT_TRUE(samePattern(p.atB[0].second, 300 * 1024, 3));
+  EXPECT_EQ(p.a->laneFramesSent(), 1u);
+  EXPECT_EQ(lane->at(0), where) << "sent from where it was built";
+  ASSERT_TRUE(p.settled());
+  // Built, never sent: dropping it gives the space back at once.
+  Body unsent = LaneOut::buildIn(lane, 700 * 1024);
+  ASSERT_EQ(unsent.size(), 700u * 1024);
+  EXPECT_FALSE(LaneOut::buildIn(lane, 700 * 1024).size()) << "no room for a second";
+  unsent = Body();
+  EXPECT_EQ(lane->outstandingBytes(), 0u);
+  EXPECT_EQ(LaneOut::buildIn(lane, 700 * 1024).size(), 700u * 1024);
+  EXPECT_FALSE(LaneOut::buildIn(lane, kMinLaneBytes + 64).size()) << "more than the lane";
+}
+
 // A peer that lies about the lane: the connection that reads it is closed, and nothing
 // is read outside the mapping.
 void expectClosedBy(const std::function<void(std::byte*, FrameHeader&)>& lie) {
