@@ -199,6 +199,15 @@ TEST(Attacks, ANetaccelThatCheatsWithItsSameHostLaneLosesOnlyItsOwnLane) {
   Kept more = keep(*tenant, 4 << 20, 6);
   EXPECT_TRUE(intact(*tenant, more, &why)) << why;
   EXPECT_TRUE(cluster.scheduler().running());
+  // The honest netaccel's big frames went through its lane, both ways (16 MiB written
+  // and read back twice: 1 MiB frames).
+  const std::string metrics = rawhttp::roundTrip(cluster.httpPort(), "GET /metrics HTTP/1.0\r\n\r\n");
+  std::smatch to, from;
+  ASSERT_TRUE(std::regex_search(metrics, to, std::regex(R"(raccel_node_lane_frames_total\{node="node0",direction="to"\} (\d+))")))
+      << metrics;
+  ASSERT_TRUE(std::regex_search(metrics, from, std::regex(R"(raccel_node_lane_frames_total\{node="node0",direction="from"\} (\d+))")));
+  EXPECT_GE(std::stoul(to[1]), 32u);
+  EXPECT_GE(std::stoul(from[1]), 32u);
 }
 
 // ---- 2. Checked arithmetic on guest shapes ------------------------------------------

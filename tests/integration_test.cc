@@ -723,6 +723,41 @@ TEST(Lanes, AFenceBehindAnotherProgramsGibibyteWriteOfTheSameVmAnswersFirst) {
   EXPECT_EQ(tail[0], std::byte{0x5a});
 }
 
+// A netaccel on the scheduler's host takes the same-host lane by default; one started
+// with --no-same-host-lane keeps to its link, and so does every netaccel of a scheduler
+// with --lane-socket off. Big writes and reads come back exact either way.
+TEST(SameHostLanes, OfferedByDefaultAndEitherSideCanDecline) {
+  auto roundTrip = [](Session& s, unsigned seed) {
+    auto values = randomFloats(2 << 20, seed);  // 8 MiB: eight 1 MiB frames each way
+    auto h = s.alloc(values.size() * 4);
+    s.writeFloats(h, values);
+    auto back = s.readFloats(h, values.size());
+    return back && *back == values;
+  };
+  {
+    Cluster cluster({VmSpec{"vm1", 8}});
+    cluster.addNetaccel("laned", {"kind=gpu,model=sim,tflops=4,memory=256MiB"}, 4);
+    cluster.addNetaccel("declines", {"kind=npu,model=sim,tflops=4,memory=256MiB"}, 4, {"--no-same-host-lane"});
+    auto a = open(cluster.vmSocket(), 4, {CardKind::gpu}, "a");
+    auto b = open(cluster.vmSocket(), 4, {CardKind::npu}, "b");
+    ASSERT_TRUE(a && b);
+    EXPECT_TRUE(roundTrip(*a, 1));
+    EXPECT_TRUE(roundTrip(*b, 2));
+    const std::string log = readFile(cluster.dir() + "/scheduler.log");
+    EXPECT_NE(log.find("'laned' shares a same-host lane"), std::string::npos) << log;
+    EXPECT_EQ(log.find("'declines' shares"), std::string::npos) << log;
+  }
+  {
+    Cluster cluster({VmSpec{"vm1", 8}}, "", {"--lane-socket", "off"});
+    cluster.addNetaccel("node0", {"kind=gpu,model=sim,tflops=4,memory=256MiB"}, 4);
+    auto a = open(cluster.vmSocket(), 4, {}, "a");
+    ASSERT_TRUE(a);
+    EXPECT_TRUE(roundTrip(*a, 3));
+    EXPECT_FALSE(std::filesystem::exists(cluster.dir() + "/lanes.sock"));
+    EXPECT_EQ(readFile(cluster.dir() + "/scheduler.log").find("same-host lane"), std::string::npos);
+  }
+}
+
 // A scheduler that has just started has not heard from its netaccels yet: a program
 // that arrives first waits for them (startup_grace_ms), it is not told "never". One that
 // the settled pool still cannot hold is refused then, naming both numbers.

@@ -352,9 +352,15 @@ void Console::nodeMetrics(MetricsPage& page) const {
     if (!node.forgotten) page.sample("raccel_node_draining", {{"node", node.name}}, node.online && node.draining ? 1 : 0);
   page.family("raccel_node_heartbeat_age_seconds", "gauge", "Since the netaccel's last heartbeat.");
   page.family("raccel_node_contexts", "gauge", "Vaccel contexts open on the netaccel.");
+  page.family("raccel_node_lane_frames_total", "counter",
+              "Frames that crossed the netaccel's same-host lane (shared memory) instead of its link, by direction.");
   for (auto& [index, link] : s_.links_->byPoolNode()) {
     page.sample("raccel_node_heartbeat_age_seconds", {{"node", link->name}}, (s_.nowMs() - link->lastHeardMs) / 1e3);
     page.sample("raccel_node_contexts", {{"node", link->name}}, link->contexts);
+    page.sample("raccel_node_lane_frames_total", {{"node", link->name}, {"direction", "to"}},
+                static_cast<double>(link->connection->laneFramesSent()));
+    page.sample("raccel_node_lane_frames_total", {{"node", link->name}, {"direction", "from"}},
+                static_cast<double>(link->connection->laneFramesReceived()));
   }
   page.family("raccel_card_memory_bytes", "gauge", "Device memory of each card.");
   page.family("raccel_card_blocks", "gauge", "Blocks of each card.");
