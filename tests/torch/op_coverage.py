@@ -108,6 +108,11 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("masked_select, and its backward (masked_scatter)", [(4, 5), (5,)],
      lambda x, b: x.masked_select(b > 0) * 2),
     ("nll_loss reduction none", [(6, 4)], lambda x: F.nll_loss(F.log_softmax(x, 1), (x[:, 0] > x[:, 1]).long(), reduction="none")),
+    # PyTorch 1.13 differentiates label smoothing's products through a float64 number.
+    ("cross_entropy with label smoothing", [(6, 4)],
+     lambda x: F.cross_entropy(x, (x[:, 0] > x[:, 1]).long(), label_smoothing=0.1)),
+    ("mul.Scalar and div.Scalar, as C++ calls them", [(4, 5)],
+     lambda x: torch.ops.aten.div.Scalar(torch.ops.aten.mul.Scalar(x, 0.3), 7).sum() * torch.ops.aten.mul.Scalar(x, 2.5)),
     ("cross_entropy with class weights", [(6, 4)],
      lambda x: F.cross_entropy(x, (x[:, 0] > x[:, 1]).long(), weight=torch.tensor([1.0, 2.0, 0.5, 1.5], device=x.device))),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],

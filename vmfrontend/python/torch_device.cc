@@ -30,6 +30,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 #include <torch/version.h>
 
@@ -2558,6 +2559,35 @@ at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self, con
   auto gradInput = emptyOn(self.sizes());
   sendNll(TensorFn::nllLossBackward, gradInput, grad, target, totalWeight, ignoreIndex, reduction);
   return gradInput;
+}
+
+// ---- Gradients of a tensor times or over a number ---------------------------------------
+
+// PyTorch 1.13 differentiates mul.Scalar and div.Scalar (what C++ code calls: cross
+// entropy's label smoothing, for one) through the number made a float64 CPU tensor that
+// is no wrapped number, so a 0-dim gradient times it comes out float64: on the card, a
+// CPU fallback and a conversion back, a round trip each, every step. Here their gradient
+// is the upstream one times (or over) the number itself, float32 as the input.
+struct ByNumber : public torch::autograd::Function<ByNumber> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, const at::Scalar& number,
+                            bool divide) {
+    ctx->saved_data["number"] = number;
+    ctx->saved_data["divide"] = divide;
+    at::AutoDispatchBelowADInplaceOrView below;
+    return divide ? at::div(self, number) : at::mul(self, number);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const at::Scalar number = ctx->saved_data["number"].toScalar();
+    const at::Tensor& g = grads[0];
+    return {ctx->saved_data["divide"].toBool() ? g.div(number) : g.mul(number), at::Tensor(), at::Tensor()};
+  }
+};
+at::Tensor mulNumber(const at::Tensor& self, const at::Scalar& number) { return ByNumber::apply(self, number, false); }
+at::Tensor divNumber(const at::Tensor& self, const at::Scalar& number) { return ByNumber::apply(self, number, true); }
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("mul.Scalar", TORCH_FN(mulNumber));
+  m.impl("div.Scalar", TORCH_FN(divNumber));
 }
 
 // ---- Everything else: PyTorch's CPU fallback, counted ----------------------------------
