@@ -303,19 +303,53 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
   if (want > free)
     return fail(Code::resourceExhausted, "not enough free compute: " + std::to_string(want) + " blocks requested, " +
                                              std::to_string(free) + " free of " + std::to_string(total));
+  // Host needs bind the request to one node whose host has room: only its runs count.
+  const bool hostBound = !request.host.empty();
+  if (hostBound) {
+    bool any = false;
+    for (const Node& node : nodes_) any = any || (node.placeable() && node.hostFits(request.host));
+    if (!any)
+      return fail(Code::resourceExhausted, "not enough host resources: no online node's host has " + describeHost(request.host) + " left");
+  }
+  std::vector<BlockRange> runs;
+  std::vector<BlockRange> pieces;
+  if (auto one = contiguousPlace(request, runs)) {
+    pieces.push_back(*one);
+  } else {
+    if (request.kinds == kAllKinds && !hostBound) {
+      runs.clear();
+      for (auto& [first, count] : free_) runs.push_back({first, count});
+    }
+    pieces = fragmentedPlace(want, runs);
+  }
+  uint32_t got = 0;
+  for (auto& p : pieces) got += p.count;
+  if (got < want)
+    return fail(Code::resourceExhausted, "not enough free compute on one node whose host has " + describeHost(request.host) +
+                                             " left: " + std::to_string(want) + " blocks requested");
+  if (const uint32_t maxNodes = hostBound ? 1 : request.maxNodes) {
+    std::set<size_t> nodes;
+    for (auto& share : cardsOf(pieces)) nodes.insert(cards_[share.card].node);
+    if (nodes.size() > maxNodes)
+      return fail(Code::resourceExhausted, "no placement on " + std::to_string(maxNodes) + " node(s) now: " + std::to_string(want) +
+                                               " blocks would span " + std::to_string(nodes.size()));
+  }
+  record(owner, pieces, request.priority, request.host);
+  return pieces;
+}
 
+std::optional<BlockRange> Pool::contiguousPlace(const Request& request, std::vector<BlockRange>& runs) const {
   // One contiguous range: at either end of a run, so free space is never cut in two.
+  const uint32_t want = request.blocks;
   using Score = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // nodes, cards, leftover, first
-  bool found = false;
+  std::optional<BlockRange> chosen;
   Score best{};
-  BlockRange chosen;
   // Returns true when no later run can do better.
   auto consider = [&](BlockRange run) {
     if (run.count < want) return false;
     for (BlockRange place : {BlockRange{run.first, want}, BlockRange{run.end() - want, want}}) {
       Score s{nodesSpanned(place), cardsSpanned(place), run.count - want, place.first};
-      if (!found || s < best) {
-        found = true;
+      if (!chosen || s < best) {
         best = s;
         chosen = place;
       }
@@ -324,16 +358,9 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
   };
   // Candidates: all kinds from the size index, smallest fitting first (once a place on
   // one node and one card is found, a later run can only leave more over), at most 64;
-  // with kinds, every free run clipped to them.
-  // Host needs bind the request to one node whose host has room: only its runs count.
-  const bool hostBound = !request.host.empty();
-  const uint32_t maxNodes = hostBound ? 1 : request.maxNodes;
-  std::vector<BlockRange> runs;
-  if (hostBound) {
-    bool any = false;
-    for (const Node& node : nodes_) any = any || (node.placeable() && node.hostFits(request.host));
-    if (!any)
-      return fail(Code::resourceExhausted, "not enough host resources: no online node's host has " + describeHost(request.host) + " left");
+  // with kinds, every free run clipped to them; with host needs, only the pieces of
+  // nodes whose host has room. `runs` keeps the clipped runs for a fragmented placement.
+  if (!request.host.empty()) {
     std::vector<BlockRange> clipped;
     for (auto& [first, count] : free_) clip({first, count}, request.kinds, clipped);
     for (BlockRange run : clipped)
@@ -350,84 +377,70 @@ Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& re
     for (auto& run : runs)
       consider(run);  // clipped runs come in block order, not size order: see them all
   }
+  return chosen;
+}
+
+namespace {
+// `want` blocks from `from`: the largest runs first, the last piece from the run that
+// best fits what is left.
+std::vector<BlockRange> takeLargest(std::vector<BlockRange> from, uint32_t want) {
+  std::sort(from.begin(), from.end(), [](auto& a, auto& b) { return a.count != b.count ? a.count > b.count : a.first < b.first; });
+  std::vector<BlockRange> out;
+  uint32_t left = want;
+  for (size_t i = 0; i < from.size() && left > 0; ++i) {
+    if (from[i].count >= left) {
+      size_t bestFit = i;
+      for (size_t j = i; j < from.size() && from[j].count >= left; ++j) bestFit = j;
+      out.push_back({from[bestFit].first, left});
+      left = 0;
+    } else {
+      out.push_back(from[i]);
+      left -= from[i].count;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<BlockRange> Pool::fragmentedPlace(uint32_t want, const std::vector<BlockRange>& runs) const {
+  // On one node when one has enough (the node needing the fewest pieces, then the one
+  // left fullest), else across the fewest nodes (the freest first). Free runs are cut at
+  // node boundaries (a run may cross from one node into the next).
+  std::map<size_t, std::vector<BlockRange>> byNode;
+  std::map<size_t, uint32_t> nodeFree;
+  for (BlockRange run : runs)
+    forEachNodePiece(run, [&](size_t node, BlockRange piece) {
+      byNode[node].push_back(piece);
+      nodeFree[node] += piece.count;
+    });
   std::vector<BlockRange> pieces;
-  if (found) {
-    pieces.push_back(chosen);
-  } else {
-    // Fragmented: on one node when one has enough (the node needing the fewest pieces,
-    // then the one left fullest; there the largest runs first, the last piece best-fits
-    // the rest), else across the fewest nodes (the freest first).
-    if (request.kinds == kAllKinds && !hostBound) {
-      runs.clear();
-      for (auto& [first, count] : free_) runs.push_back({first, count});
-    }
-    auto takeLargest = [want](std::vector<BlockRange> from) {
-      std::sort(from.begin(), from.end(), [](auto& a, auto& b) { return a.count != b.count ? a.count > b.count : a.first < b.first; });
-      std::vector<BlockRange> out;
-      uint32_t left = want;
-      for (size_t i = 0; i < from.size() && left > 0; ++i) {
-        if (from[i].count >= left) {
-          size_t bestFit = i;
-          for (size_t j = i; j < from.size() && from[j].count >= left; ++j) bestFit = j;
-          out.push_back({from[bestFit].first, left});
-          left = 0;
-        } else {
-          out.push_back(from[i]);
-          left -= from[i].count;
-        }
-      }
-      return out;
-    };
-    // Free runs cut at node boundaries (a run may cross from one node into the next),
-    // and each node's free blocks.
-    std::map<size_t, std::vector<BlockRange>> byNode;
-    std::map<size_t, uint32_t> nodeFree;
-    for (BlockRange run : runs)
-      forEachNodePiece(run, [&](size_t node, BlockRange piece) {
-        byNode[node].push_back(piece);
-        nodeFree[node] += piece.count;
-      });
-    std::tuple<size_t, uint32_t> bestNode{SIZE_MAX, 0};
-    for (auto& [node, nodeRuns] : byNode) {
-      uint32_t have = nodeFree[node];
-      if (have < want) continue;
-      auto candidate = takeLargest(nodeRuns);
-      std::tuple<size_t, uint32_t> score{candidate.size(), have - want};
-      if (score < bestNode) bestNode = score, pieces = std::move(candidate);
-    }
-    if (pieces.empty()) {
-      // Across nodes: the fewest nodes, so the nodes with the most free blocks first.
-      std::vector<std::pair<uint32_t, size_t>> nodesByFree;
-      for (auto& [node, have] : nodeFree) nodesByFree.push_back({have, node});
-      std::stable_sort(nodesByFree.begin(), nodesByFree.end(), [](auto& a, auto& b) { return a.first > b.first; });
-      uint32_t left = want;
-      for (auto& [have, node] : nodesByFree) {
-        auto& nodeRuns = byNode[node];
-        std::sort(nodeRuns.begin(), nodeRuns.end(), [](auto& a, auto& b) { return a.count > b.count; });
-        for (auto& r : nodeRuns) {
-          if (left == 0) break;
-          uint32_t n = std::min(left, r.count);
-          pieces.push_back({r.first, n});
-          left -= n;
-        }
+  std::tuple<size_t, uint32_t> bestNode{SIZE_MAX, 0};
+  for (auto& [node, nodeRuns] : byNode) {
+    uint32_t have = nodeFree[node];
+    if (have < want) continue;
+    auto candidate = takeLargest(nodeRuns, want);
+    std::tuple<size_t, uint32_t> score{candidate.size(), have - want};
+    if (score < bestNode) bestNode = score, pieces = std::move(candidate);
+  }
+  if (pieces.empty()) {
+    // Across nodes: the fewest nodes, so the nodes with the most free blocks first.
+    std::vector<std::pair<uint32_t, size_t>> nodesByFree;
+    for (auto& [node, have] : nodeFree) nodesByFree.push_back({have, node});
+    std::stable_sort(nodesByFree.begin(), nodesByFree.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    uint32_t left = want;
+    for (auto& [have, node] : nodesByFree) {
+      auto& nodeRuns = byNode[node];
+      std::sort(nodeRuns.begin(), nodeRuns.end(), [](auto& a, auto& b) { return a.count > b.count; });
+      for (auto& r : nodeRuns) {
         if (left == 0) break;
+        uint32_t n = std::min(left, r.count);
+        pieces.push_back({r.first, n});
+        left -= n;
       }
+      if (left == 0) break;
     }
-    std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });
   }
-  uint32_t got = 0;
-  for (auto& p : pieces) got += p.count;
-  if (got < want)
-    return fail(Code::resourceExhausted, "not enough free compute on one node whose host has " + describeHost(request.host) +
-                                             " left: " + std::to_string(want) + " blocks requested");
-  if (maxNodes) {
-    std::set<size_t> nodes;
-    for (auto& share : cardsOf(pieces)) nodes.insert(cards_[share.card].node);
-    if (nodes.size() > maxNodes)
-      return fail(Code::resourceExhausted, "no placement on " + std::to_string(maxNodes) + " node(s) now: " + std::to_string(want) +
-                                               " blocks would span " + std::to_string(nodes.size()));
-  }
-  record(owner, pieces, request.priority, request.host);
+  std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });
   return pieces;
 }
 

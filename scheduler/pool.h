@@ -301,6 +301,10 @@ class Pool {
   void recountTotals();
   void adjustCardFree(BlockRange range, bool freed);
   Result<std::vector<BlockRange>> allocateShaped(VaccelId owner, const Request& request);
+  // allocate's two ways for a spread request: the best one contiguous range (`runs` gets
+  // the free runs it looked at, clipped to the request's kinds and host), else pieces.
+  std::optional<BlockRange> contiguousPlace(const Request& request, std::vector<BlockRange>& runs) const;
+  std::vector<BlockRange> fragmentedPlace(uint32_t want, const std::vector<BlockRange>& runs) const;
   void record(VaccelId owner, std::vector<BlockRange> pieces, int priority, HostVector host = {}, size_t shareCard = SIZE_MAX,
               uint32_t shareMilli = 0);
   void chargeHost(size_t node, const HostVector& need, bool take);
