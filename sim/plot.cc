@@ -51,27 +51,47 @@ std::vector<double> niceTicks(double lo, double hi, int count) {
   return ticks;
 }
 
-std::string renderSvg(const Chart& chart) {
-  const double W = 760, H = 460, left = 70, right = 200, top = 40, bottom = 60;
-  double xMin = std::numeric_limits<double>::infinity(), xMax = -xMin, yMin = xMin, yMax = -xMin;
-  auto fx = [&](double x) { return chart.logX ? std::log10(std::max(x, 1e-9)) : x; };
-  // Stacked: each series' band sits on the sum of those before it.
-  std::vector<std::vector<double>> base(chart.series.size()), topOf(chart.series.size());
-  if (chart.stacked && !chart.series.empty()) {
-    std::vector<double> sum(chart.series[0].x.size(), 0);
-    for (size_t k = 0; k < chart.series.size(); ++k) {
-      base[k] = sum;
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] += i < chart.series[k].y.size() ? std::max(0.0, chart.series[k].y[i]) : 0;
-      topOf[k] = sum;
-    }
+namespace {
+// Where a chart's values land: its ranges (extended to round ticks) and the plot area.
+struct Layout {
+  static constexpr double W = 760, H = 460, left = 70, right = 200, top = 40, bottom = 60;
+  static constexpr double pw = W - left - right, ph = H - top - bottom;
+  bool logX = false;
+  double xMin = 0, xMax = 1, yMin = 0, yMax = 1;
+  std::vector<double> xTicks, yTicks;
+  double fx(double x) const { return logX ? std::log10(std::max(x, 1e-9)) : x; }
+  double px(double x) const { return left + (fx(x) - xMin) / (xMax - xMin) * pw; }
+  double py(double y) const { return top + ph - (std::clamp(y, yMin, yMax) - yMin) / (yMax - yMin) * ph; }
+};
+
+// Stacked: each series' band sits on the sum of those before it (base) up to the sum
+// with it (top). Empty for a chart that is not stacked.
+struct Bands {
+  std::vector<std::vector<double>> base, top;
+};
+Bands stackedBands(const Chart& chart) {
+  Bands b{std::vector<std::vector<double>>(chart.series.size()), std::vector<std::vector<double>>(chart.series.size())};
+  if (!chart.stacked || chart.series.empty()) return b;
+  std::vector<double> sum(chart.series[0].x.size(), 0);
+  for (size_t k = 0; k < chart.series.size(); ++k) {
+    b.base[k] = sum;
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += i < chart.series[k].y.size() ? std::max(0.0, chart.series[k].y[i]) : 0;
+    b.top[k] = sum;
   }
+  return b;
+}
+
+Layout layoutOf(const Chart& chart, const Bands& bands) {
+  Layout l;
+  l.logX = chart.logX;
+  double xMin = std::numeric_limits<double>::infinity(), xMax = -xMin, yMin = xMin, yMax = -xMin;
   for (size_t k = 0; k < chart.series.size(); ++k) {
     const Series& s = chart.series[k];
     const auto& xs = chart.stacked ? chart.series[0].x : s.x;
-    const auto& ys = chart.stacked ? topOf[k] : s.y;
+    const auto& ys = chart.stacked ? bands.top[k] : s.y;
     for (size_t i = 0; i < xs.size() && i < ys.size(); ++i) {
       if (chart.logX && xs[i] <= 0) continue;
-      xMin = std::min(xMin, fx(xs[i])), xMax = std::max(xMax, fx(xs[i]));
+      xMin = std::min(xMin, l.fx(xs[i])), xMax = std::max(xMax, l.fx(xs[i]));
       yMin = std::min(yMin, ys[i]), yMax = std::max(yMax, ys[i]);
     }
   }
@@ -82,80 +102,102 @@ std::string renderSvg(const Chart& chart) {
   if (xMax <= xMin) xMax = xMin + 1;
   if (yMax <= yMin) yMax = yMin + 1;
   // Round ticks, the axes extended to them (a log axis: whole powers of ten).
-  std::vector<double> yTicks = niceTicks(yMin, yMax), xTicks;
-  if (!chart.fixedY) yMin = yTicks.front(), yMax = yTicks.back();
+  l.yTicks = niceTicks(yMin, yMax);
+  if (!chart.fixedY) yMin = l.yTicks.front(), yMax = l.yTicks.back();
   if (chart.logX) {
     xMin = std::floor(xMin + 1e-9), xMax = std::max(xMin + 1, std::ceil(xMax - 1e-9));
-    for (double e = xMin; e <= xMax + 1e-9; ++e) xTicks.push_back(e);
+    for (double e = xMin; e <= xMax + 1e-9; ++e) l.xTicks.push_back(e);
   } else {
-    xTicks = niceTicks(xMin, xMax, 6);
-    xMin = xTicks.front(), xMax = xTicks.back();
+    l.xTicks = niceTicks(xMin, xMax, 6);
+    xMin = l.xTicks.front(), xMax = l.xTicks.back();
   }
-  const double pw = W - left - right, ph = H - top - bottom;
-  auto px = [&](double x) { return left + (fx(x) - xMin) / (xMax - xMin) * pw; };
-  auto py = [&](double y) { return top + ph - (std::clamp(y, yMin, yMax) - yMin) / (yMax - yMin) * ph; };
+  l.xMin = xMin, l.xMax = xMax, l.yMin = yMin, l.yMax = yMax;
+  return l;
+}
+
+// The grid, the ticks' values and the axes' labels.
+std::string gridSvg(const Layout& l, const Chart& chart) {
+  std::string out;
+  char buf[512];
+  for (double yv : l.yTicks) {
+    if (yv < l.yMin - 1e-9 || yv > l.yMax + 1e-9) continue;
+    double y = l.py(yv);
+    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", l.left, y, l.left + l.pw, y);
+    out += buf;
+    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", l.left - 6, y + 4, num(yv).c_str());
+    out += buf;
+  }
+  for (double xv : l.xTicks) {
+    double x = l.left + (xv - l.xMin) / (l.xMax - l.xMin) * l.pw;
+    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", x, l.top, x, l.top + l.ph);
+    out += buf;
+    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x, l.top + l.ph + 18,
+                  num(chart.logX ? std::pow(10, xv) : xv).c_str());
+    out += buf;
+  }
+  out += "<text x=\"" + num(l.left + l.pw / 2) + "\" y=\"" + num(Layout::H - 18) + "\" text-anchor=\"middle\">" + escape(chart.xLabel) +
+         "</text>\n";
+  out += "<text transform=\"translate(18," + num(l.top + l.ph / 2) + ") rotate(-90)\" text-anchor=\"middle\">" + escape(chart.yLabel) +
+         "</text>\n";
+  return out;
+}
+
+// Series `k`: its band (stacked) or line, and its legend entry. The legend lists stacked
+// bands top down, as they are drawn.
+std::string seriesSvg(const Layout& l, const Chart& chart, const Bands& bands, size_t k) {
+  std::string out;
+  char buf[512];
+  const Series& s = chart.series[k];
+  const char* color = kColors[k % (sizeof kColors / sizeof *kColors)];
+  std::string points;
+  if (chart.stacked) {
+    const auto& xs = chart.series[0].x;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", l.px(xs[i]), l.py(bands.top[k][i]));
+      points += buf;
+    }
+    for (size_t i = xs.size(); i-- > 0;) {
+      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", l.px(xs[i]), l.py(bands.base[k][i]));
+      points += buf;
+    }
+    out += std::string("<polygon stroke=\"white\" stroke-width=\"0.3\" fill=\"") + color + "\" points=\"" + points + "\"/>\n";
+  } else {
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+      if (chart.logX && s.x[i] <= 0) continue;
+      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", l.px(s.x[i]), l.py(s.y[i]));
+      points += buf;
+    }
+    out += std::string("<polyline fill=\"none\" stroke-width=\"1.8\" stroke=\"") + color + "\" points=\"" + points + "\"/>\n";
+  }
+  const double legendStep = std::min(18.0, (l.ph - 10) / std::max<size_t>(1, chart.series.size()));
+  double ly = l.top + 10 + legendStep * (chart.stacked ? chart.series.size() - 1 - k : k);
+  if (chart.stacked)
+    std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"20\" height=\"10\" fill=\"%s\"/>\n", l.left + l.pw + 12, ly - 5, color);
+  else
+    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
+                  l.left + l.pw + 12, ly, l.left + l.pw + 32, ly, color);
+  out += buf;
+  out += "<text x=\"" + num(l.left + l.pw + 38) + "\" y=\"" + num(ly + 4) + "\">" + escape(s.label) + "</text>\n";
+  return out;
+}
+}  // namespace
+
+std::string renderSvg(const Chart& chart) {
+  const Bands bands = stackedBands(chart);
+  const Layout l = layoutOf(chart, bands);
   std::string out;
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n"
                 "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-                W, H);
+                Layout::W, Layout::H);
   out += buf;
-  out += "<text x=\"" + num(W / 2 - right / 2) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + escape(chart.title) + "</text>\n";
-  // Grid and ticks.
-  for (double yv : yTicks) {
-    if (yv < yMin - 1e-9 || yv > yMax + 1e-9) continue;
-    double y = py(yv);
-    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", left, y, left + pw, y);
-    out += buf;
-    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left - 6, y + 4, num(yv).c_str());
-    out += buf;
-  }
-  for (double xv : xTicks) {
-    double x = left + (xv - xMin) / (xMax - xMin) * pw;
-    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", x, top, x, top + ph);
-    out += buf;
-    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x, top + ph + 18,
-                  num(chart.logX ? std::pow(10, xv) : xv).c_str());
-    out += buf;
-  }
-  out += "<text x=\"" + num(left + pw / 2) + "\" y=\"" + num(H - 18) + "\" text-anchor=\"middle\">" + escape(chart.xLabel) + "</text>\n";
-  out += "<text transform=\"translate(18," + num(top + ph / 2) + ") rotate(-90)\" text-anchor=\"middle\">" + escape(chart.yLabel) + "</text>\n";
-  // The legend lists stacked bands top down, as they are drawn.
-  const double legendStep = std::min(18.0, (ph - 10) / std::max<size_t>(1, chart.series.size()));
-  for (size_t k = 0; k < chart.series.size(); ++k) {
-    const Series& s = chart.series[k];
-    const char* color = kColors[k % (sizeof kColors / sizeof *kColors)];
-    std::string points;
-    if (chart.stacked) {
-      const auto& xs = chart.series[0].x;
-      for (size_t i = 0; i < xs.size(); ++i) {
-        std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(xs[i]), py(topOf[k][i]));
-        points += buf;
-      }
-      for (size_t i = xs.size(); i-- > 0;) {
-        std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(xs[i]), py(base[k][i]));
-        points += buf;
-      }
-      out += std::string("<polygon stroke=\"white\" stroke-width=\"0.3\" fill=\"") + color + "\" points=\"" + points + "\"/>\n";
-    } else {
-      for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
-        if (chart.logX && s.x[i] <= 0) continue;
-        std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(s.x[i]), py(s.y[i]));
-        points += buf;
-      }
-      out += std::string("<polyline fill=\"none\" stroke-width=\"1.8\" stroke=\"") + color + "\" points=\"" + points + "\"/>\n";
-    }
-    double ly = top + 10 + legendStep * (chart.stacked ? chart.series.size() - 1 - k : k);
-    if (chart.stacked)
-      std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"20\" height=\"10\" fill=\"%s\"/>\n", left + pw + 12, ly - 5, color);
-    else
-      std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n", left + pw + 12, ly,
-                    left + pw + 32, ly, color);
-    out += buf;
-    out += "<text x=\"" + num(left + pw + 38) + "\" y=\"" + num(ly + 4) + "\">" + escape(s.label) + "</text>\n";
-  }
-  std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n", left, top, pw, ph);
+  out += "<text x=\"" + num(Layout::W / 2 - Layout::right / 2) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" +
+         escape(chart.title) + "</text>\n";
+  out += gridSvg(l, chart);
+  for (size_t k = 0; k < chart.series.size(); ++k) out += seriesSvg(l, chart, bands, k);
+  std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n", l.left,
+                l.top, l.pw, l.ph);
   out += buf;
   out += "</svg>\n";
   return out;
