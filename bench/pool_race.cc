@@ -41,6 +41,73 @@ int failWith(const Error& e) {
   return 1;
 }
 
+// --node NAME:BLOCKS or NAME:BLOCKSxCARDS: a node of CPU cards, registered under this
+// program's lease.
+Status registerNode(SharedPool& pool, const std::string& spec) {
+  size_t colon = spec.rfind(':');
+  std::string size = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  size_t x = size.find('x');
+  auto blocks = parseBytes(size.substr(0, x));
+  auto cards = x == std::string::npos ? Result<unsigned long long>(1) : parseBytes(size.substr(x + 1));
+  if (!blocks || !cards || *blocks == 0 || *blocks > 65536 || *cards == 0 || *cards > 64)
+    return fail(Code::invalidArgument, "--node: '" + spec + "' is not NAME:BLOCKS or NAME:BLOCKSxCARDS "
+                                       "(1 to 65536 blocks, 1 to 64 cards)");
+  std::vector<CardSpec> specs;
+  for (unsigned long long c = 0; c < *cards; ++c) {
+    CardSpec card;
+    card.index = static_cast<uint32_t>(c);
+    card.kind = CardKind::cpu;
+    card.tflops = static_cast<double>(*blocks);
+    card.programKinds = {ProgramKind::builtin};
+    specs.push_back(card);
+  }
+  auto range = pool.registerNode(spec.substr(0, colon), specs, {}, pool.lease());
+  if (!range) return fail(range.error());
+  return {};
+}
+
+// What one scheduler saw racing: `admissions` requests of 1 to maxBlocks blocks, the
+// oldest released whenever more than `window` are held (all of them after a refusal).
+struct Race {
+  uint64_t admitted = 0, refused = 0, errors = 0;
+  std::string lastError;
+  std::vector<double> latencyMs;
+  std::deque<uint64_t> held;
+  double seconds = 0;
+};
+Race runRace(SharedPool& pool, const std::string& name, uint64_t admissions, uint64_t window, uint64_t maxBlocks,
+             uint64_t seed) {
+  Race r;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint32_t> size(1, static_cast<uint32_t>(maxBlocks));
+  auto start = std::chrono::steady_clock::now();
+  for (uint64_t i = 1; i <= admissions; ++i) {
+    Pool::Request request;
+    request.blocks = size(rng);
+    auto t0 = std::chrono::steady_clock::now();
+    auto placed = pool.allocate(i, name, request);
+    r.latencyMs.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (placed) {
+      ++r.admitted;
+      r.held.push_back(i);
+    } else if (placed.error().code == Code::resourceExhausted) {
+      ++r.refused;
+    } else {
+      ++r.errors;
+      r.lastError = placed.error().message;
+    }
+    while (r.held.size() > window || (!placed && !r.held.empty())) {
+      if (auto ok = pool.release(r.held.front()); !ok) {
+        ++r.errors;
+        r.lastError = ok.error().message;
+      }
+      r.held.pop_front();
+    }
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,76 +144,26 @@ int main(int argc, char** argv) {
   options.leaseTtlSeconds = static_cast<int64_t>(*ttl);
   auto pool = SharedPool::open(**client, options);
   if (!pool) return failWith(pool.error());
-  for (auto& spec : flags.getAll("node")) {
-    // NAME:BLOCKS or NAME:BLOCKSxCARDS
-    size_t colon = spec.rfind(':');
-    std::string size = colon == std::string::npos ? "" : spec.substr(colon + 1);
-    size_t x = size.find('x');
-    auto blocks = parseBytes(size.substr(0, x));
-    auto cards = x == std::string::npos ? Result<unsigned long long>(1) : parseBytes(size.substr(x + 1));
-    if (!blocks || !cards || *blocks == 0 || *blocks > 65536 || *cards == 0 || *cards > 64)
-      return failWith({Code::invalidArgument, "--node: '" + spec + "' is not NAME:BLOCKS or NAME:BLOCKSxCARDS "
-                                              "(1 to 65536 blocks, 1 to 64 cards)"});
-    std::vector<CardSpec> specs;
-    for (unsigned long long c = 0; c < *cards; ++c) {
-      CardSpec card;
-      card.index = static_cast<uint32_t>(c);
-      card.kind = CardKind::cpu;
-      card.tflops = static_cast<double>(*blocks);
-      card.programKinds = {ProgramKind::builtin};
-      specs.push_back(card);
-    }
-    auto range = (*pool)->registerNode(spec.substr(0, colon), specs, {}, (*pool)->lease());
-    if (!range) return failWith(range.error());
-  }
+  for (auto& spec : flags.getAll("node"))
+    if (auto registered = registerNode(**pool, spec); !registered) return failWith(registered.error());
 
-  std::mt19937_64 rng(*seed);
-  std::uniform_int_distribution<uint32_t> size(1, static_cast<uint32_t>(*maxBlocks));
-  std::deque<uint64_t> held;
-  std::vector<double> latencyMs;
-  uint64_t admitted = 0, refused = 0, errors = 0;
-  std::string lastError;
-  auto start = std::chrono::steady_clock::now();
-  for (uint64_t i = 1; i <= *admissions; ++i) {
-    Pool::Request request;
-    request.blocks = size(rng);
-    auto t0 = std::chrono::steady_clock::now();
-    auto placed = (*pool)->allocate(i, options.scheduler, request);
-    latencyMs.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    if (placed) {
-      ++admitted;
-      held.push_back(i);
-    } else if (placed.error().code == Code::resourceExhausted) {
-      ++refused;
-    } else {
-      ++errors;
-      lastError = placed.error().message;
-    }
-    while (held.size() > *window || (!placed && !held.empty())) {
-      if (auto ok = (*pool)->release(held.front()); !ok) {
-        ++errors;
-        lastError = ok.error().message;
-      }
-      held.pop_front();
-    }
-  }
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Race race = runRace(**pool, options.scheduler, *admissions, *window, *maxBlocks, *seed);
   auto stats = (*pool)->stats();
   nlohmann::json out{{"name", options.scheduler},
-                     {"admitted", admitted},
-                     {"refused", refused},
-                     {"errors", errors},
+                     {"admitted", race.admitted},
+                     {"refused", race.refused},
+                     {"errors", race.errors},
                      {"conflicts", stats.conflicts},
                      {"commits", stats.commits},
-                     {"seconds", seconds},
-                     {"admission_p50_ms", percentile(latencyMs, 0.5)},
-                     {"admission_p99_ms", percentile(latencyMs, 0.99)},
-                     {"last_error", lastError}};
+                     {"seconds", race.seconds},
+                     {"admission_p50_ms", percentile(race.latencyMs, 0.5)},
+                     {"admission_p99_ms", percentile(race.latencyMs, 0.99)},
+                     {"last_error", race.lastError}};
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
   if (flags.has("hold"))
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
-  for (uint64_t v : held) (void)(*pool)->release(v);
+  for (uint64_t v : race.held) (void)(*pool)->release(v);
   (void)(*pool)->leave();
-  return errors == 0 ? 0 : 2;
+  return race.errors == 0 ? 0 : 2;
 }
