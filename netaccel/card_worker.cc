@@ -75,7 +75,7 @@ Body errorReply(uint64_t sequence, const Failure& f) {
 }  // namespace
 
 struct CardWorker::Work {
-  enum class Type { instruction, open, close, poison } type = Type::instruction;
+  enum class Type { instruction, open, close, poison, lane } type = Type::instruction;
   uint32_t context = 0;
   uint64_t sequence = 0;
   Body body;
@@ -85,7 +85,7 @@ struct CardWorker::Work {
   uint32_t blocks = 1;  // open
   std::string tenant;
   int priority = 0;
-  std::shared_ptr<transport::LaneOut> replyLane;  // open
+  std::shared_ptr<transport::LaneOut> replyLane;  // open, lane
 };
 
 namespace {
@@ -201,6 +201,14 @@ void CardWorker::closeContext(uint32_t context) {
   Work w;
   w.type = Work::Type::close;
   w.context = context;
+  staged_.push_back(std::move(w));
+}
+
+void CardWorker::setReplyLane(uint32_t context, std::shared_ptr<transport::LaneOut> lane) {
+  Work w;
+  w.type = Work::Type::lane;
+  w.context = context;
+  w.replyLane = std::move(lane);
   staged_.push_back(std::move(w));
 }
 
@@ -377,10 +385,12 @@ void CardWorker::run() {
 
 void CardWorker::intake(std::vector<Work>& arrived) {
   for (auto& w : arrived) {
-    if (w.type == Work::Type::open || w.type == Work::Type::close) {
-      // A close does not wait behind the work it cancels (its session is gone).
+    if (w.type == Work::Type::open || w.type == Work::Type::close || w.type == Work::Type::lane) {
+      // A close does not wait behind the work it cancels (its session is gone); a new
+      // reply lane changes nothing that queued work depends on.
       if (w.type == Work::Type::open) execute(w);
-      else close(w);
+      else if (w.type == Work::Type::close) close(w);
+      else if (auto it = contexts_->find(w.context); it != contexts_->end()) it->second.replyLane = std::move(w.replyLane);
       std::lock_guard lock(mu_);
       --queuedCount_;
       continue;

@@ -98,6 +98,9 @@ class CardWorker {
   void openContext(uint32_t context, uint64_t memoryQuota, const std::string& label, uint32_t blocks = 1,
                    const std::string& tenant = "", int priority = 0, std::shared_ptr<transport::LaneOut> replyLane = nullptr);
   void closeContext(uint32_t context);
+  // The context's read replies are built in `lane` from now on (null: in bodies of their
+  // own): its link took a same-host lane after the context opened.
+  void setReplyLane(uint32_t context, std::shared_ptr<transport::LaneOut> lane);
   // `sequence` 0: no instruction failed (a handle lost with a sandbox); `message` says why.
   void poison(uint32_t context, uint64_t handle, uint64_t sequence, Code code, const std::string& message = "");
   void enqueue(uint32_t context, uint64_t sequence, transport::Body body);

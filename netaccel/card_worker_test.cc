@@ -271,5 +271,68 @@ TEST(CardWorker, InsideATenantTheHigherPriorityContextGoesFirst) {
   for (size_t i = 0; i < 20; ++i) EXPECT_EQ(h.outputs[i].context, 2u) << "reply " << i;
 }
 
+
+// A read's replies are built where they will be sent from: the link's same-host lane,
+// once the context has one (opened with it, or told later), and bodies of their own
+// before, or while the lane is full. The bytes are the buffer's either way.
+TEST(CardWorker, ReadRepliesAreBuiltInTheContextsReplyLane) {
+  Harness h;
+  auto fd = transport::makeLaneMemfd(8 << 20);
+  ASSERT_TRUE(fd);
+  auto mapping = transport::LaneMapping::map(*fd);
+  ASSERT_TRUE(mapping);
+  auto lane = std::make_shared<transport::LaneOut>(*mapping);
+  auto inLane = [&](const transport::Body& b) {
+    return b.data() >= (*mapping)->data() && b.data() < (*mapping)->data() + (*mapping)->size();
+  };
+  h.worker.openContext(1, 0, "t");
+  uint64_t seq = 1;
+  const uint64_t bytes = 3 << 20;  // three 1 MiB replies
+  h.worker.enqueue(1, seq++, instruction([&](auto in) {
+    auto a = in.initAlloc();
+    a.setHandle(1);
+    a.setSize(bytes);
+  }));
+  h.worker.enqueue(1, seq++, instruction([&](auto in) {
+    auto f = in.initFill();
+    f.setBuffer(1), f.setOffset(0), f.setLength(bytes), f.setValue(0x5a);
+  }));
+  auto read = [&] {
+    h.worker.enqueue(1, seq++, instruction([&](auto in) {
+      auto r = in.initRead();
+      r.setBuffer(1), r.setOffset(0), r.setLength(bytes);
+    }));
+    h.worker.submit();
+    h.outputs.clear();
+    h.collect(3);
+    EXPECT_EQ(h.outputs.size(), 3u);
+    for (auto& o : h.outputs) {
+      transport::MessageView view(o.body);
+      auto data = view.root<wire::Reply>().getData().getData();
+      EXPECT_EQ(data.size(), 1u << 20);
+      EXPECT_TRUE(std::all_of(data.begin(), data.end(), [](auto b) { return b == 0x5a; }));
+    }
+  };
+  read();
+  for (auto& o : h.outputs) EXPECT_FALSE(inLane(o.body)) << "no lane yet";
+  h.worker.setReplyLane(1, lane);
+  read();
+  for (auto& o : h.outputs) EXPECT_TRUE(inLane(o.body));
+  EXPECT_GT(lane->outstandingBytes(), 3u << 20) << "held while unsent";
+  // Held replies fill the 8 MiB lane: the next ones get bodies of their own.
+  std::vector<CardWorker::Output> held = std::move(h.outputs);
+  read();
+  read();
+  size_t outside = 0;
+  for (auto& o : h.outputs) outside += !inLane(o.body);
+  EXPECT_GE(outside, 1u);
+  held.clear();
+  h.outputs.clear();
+  EXPECT_EQ(lane->outstandingBytes(), 0u) << "dropped unsent: the space is free again";
+  h.worker.setReplyLane(1, nullptr);
+  read();
+  for (auto& o : h.outputs) EXPECT_FALSE(inLane(o.body));
+}
+
 }  // namespace
 }  // namespace raccel::netaccel

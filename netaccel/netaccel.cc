@@ -430,7 +430,12 @@ void Netaccel::onLinkClosed(Link& link) {
   if (config_.contextGraceMs == 0) {
     closeContextsOf(link);
   } else if (!link.contexts.empty()) {
-    for (auto& [theirs, ours] : link.contexts) link.kept[ours];
+    for (auto& [theirs, ours] : link.contexts) {
+      link.kept[ours];
+      // Their replies wait here now, not in the lost link's lane (which then goes).
+      workers_[contexts_.at(ours).card]->setReplyLane(ours, nullptr);
+    }
+    for (auto& w : workers_) w->submit();
     if (!uv_is_active(reinterpret_cast<uv_handle_t*>(link.grace))) {
       uv_timer_start(link.grace, [](uv_timer_t* t) {
         auto* l = static_cast<Link*>(t->data);
@@ -591,6 +596,9 @@ void Netaccel::onControl(Link& link, transport::Body body) {
       case wire::SchedulerMessage::LANE_ACCEPTED:
         if (link.laneUp) {
           link.connection->sendLane(std::move(link.laneUp));
+          // Contexts opened meanwhile build their read replies there too.
+          for (auto& [theirs, ours] : link.contexts)
+            workers_[contexts_.at(ours).card]->setReplyLane(ours, link.connection->outLane());
           RLOG_INFO("netaccel") << "the scheduler at " << link.name() << " took a same-host lane: big frames skip the node link";
         }
         return;
@@ -603,14 +611,11 @@ void Netaccel::onControl(Link& link, transport::Body body) {
 
 void Netaccel::takeLane(Link& link, capnp::Text::Reader path, capnp::Data::Reader token) {
   if (!config_.sameHostLane || !link.connection || std::exchange(link.laneOffered, true)) return;
-  if (path.size() > 107 || token.size() != transport::kLaneTokenBytes) {
-    RLOG_WARN("netaccel") << "the scheduler at " << link.name() << " offered a malformed lane; ignored";
-    return;
-  }
   auto lane = transport::handOverLane(std::string(path.cStr(), path.size()),
                                      std::string(reinterpret_cast<const char*>(token.begin()), token.size()));
   if (!lane) {
-    // Another host's scheduler (its socket is not here), or no memfds: the node link alone.
+    // Another host's scheduler (its socket is not here), a malformed offer, or no memfds:
+    // the node link alone.
     RLOG_INFO("netaccel") << "no same-host lane with the scheduler at " << link.name() << ": " << lane.error().message;
     return;
   }

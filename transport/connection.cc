@@ -98,12 +98,12 @@ struct Connection::Tls {
   }
 };
 
+Connection::~Connection() = default;
+
 void Connection::useTls(std::shared_ptr<TlsContext> context) {
   tls_ = std::make_unique<Tls>();
   tls_->context = std::move(context);
 }
-
-Connection::~Connection() = default;
 
 const std::string& Connection::peerName() const {
   static const std::string none;
@@ -349,6 +349,7 @@ void Connection::queueSmall(uint32_t channel, uint64_t sequence, const std::byte
 void Connection::sendBody(uint32_t channel, uint64_t sequence, Body body) {
   if (closing_) return;
   if (sendThroughLane(channel, sequence, body)) {
+    // Its bytes are in the same-host lane; only a descriptor was queued.
   } else if (body.size() < FrameReader::kDirectBytes) {
     queueSmall(channel, sequence, body.data(), body.size());
   } else {

@@ -204,19 +204,36 @@ Result<std::unique_ptr<LaneListener>> LaneListener::listen(uv_loop_t* loop, cons
   l->poll_ = new uv_poll_t;
   uv_poll_init(loop, l->poll_, l->fd_.get());
   l->poll_->data = l.get();
-  uv_poll_start(l->poll_, UV_READABLE, [](uv_poll_t* h, int, int) { static_cast<LaneListener*>(h->data)->acceptAll(); });
+  l->retry_ = new uv_timer_t;
+  uv_timer_init(loop, l->retry_);
+  l->retry_->data = l.get();
+  uv_poll_start(l->poll_, UV_READABLE, readable);
   return l;
 }
 
 LaneListener::~LaneListener() {
   while (!pending_.empty()) drop(*pending_.front());
   if (poll_) uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+  if (retry_) uv_close(reinterpret_cast<uv_handle_t*>(retry_), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
   if (fd_) ::unlink(path_.c_str());
 }
+
+void LaneListener::readable(uv_poll_t* handle, int, int) { static_cast<LaneListener*>(handle->data)->acceptAll(); }
 
 void LaneListener::acceptAll() {
   for (;;) {
     UniqueFd c(::accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!c && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+      // Out of descriptors: the connection stays queued and the socket readable. Look
+      // again in a while rather than spin on it.
+      RLOG_WARN("transport") << errnoText("accepting on the lane socket " + path_) << "; pausing it 1 s";
+      uv_poll_stop(poll_);
+      uv_timer_start(retry_, [](uv_timer_t* t) {
+        auto* l = static_cast<LaneListener*>(t->data);
+        uv_poll_start(l->poll_, UV_READABLE, readable);
+      }, 1000, 0);
+      return;
+    }
     if (!c) return;  // EAGAIN, or a peer that went already
     // Bounded: a peer that connects and says nothing makes room for the next.
     if (pending_.size() >= kMaxPendingOffers) drop(*pending_.front());

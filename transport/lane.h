@@ -155,6 +155,7 @@ class LaneListener {
  private:
   struct Pending;
   LaneListener() = default;
+  static void readable(uv_poll_t* handle, int status, int events);
   void acceptAll();
   void receive(Pending& p);
   void drop(Pending& p);
@@ -162,6 +163,7 @@ class LaneListener {
   std::string path_;
   UniqueFd fd_;
   uv_poll_t* poll_ = nullptr;
+  uv_timer_t* retry_ = nullptr;  // out of descriptors: polling again after a pause
   OfferFn onOffer_;
   std::vector<std::unique_ptr<Pending>> pending_;
 };
