@@ -430,12 +430,8 @@ void Netaccel::onLinkClosed(Link& link) {
   if (config_.contextGraceMs == 0) {
     closeContextsOf(link);
   } else if (!link.contexts.empty()) {
-    for (auto& [theirs, ours] : link.contexts) {
-      link.kept[ours];
-      // Their replies wait here now, not in the lost link's lane (which then goes).
-      workers_[contexts_.at(ours).card]->setReplyLane(ours, nullptr);
-    }
-    for (auto& w : workers_) w->submit();
+    for (auto& [theirs, ours] : link.contexts) link.kept[ours];
+    setReplyLanes(link, nullptr);  // their replies wait here now, not in the lost link's lane
     if (!uv_is_active(reinterpret_cast<uv_handle_t*>(link.grace))) {
       uv_timer_start(link.grace, [](uv_timer_t* t) {
         auto* l = static_cast<Link*>(t->data);
@@ -596,9 +592,7 @@ void Netaccel::onControl(Link& link, transport::Body body) {
       case wire::SchedulerMessage::LANE_ACCEPTED:
         if (link.laneUp) {
           link.connection->sendLane(std::move(link.laneUp));
-          // Contexts opened meanwhile build their read replies there too.
-          for (auto& [theirs, ours] : link.contexts)
-            workers_[contexts_.at(ours).card]->setReplyLane(ours, link.connection->outLane());
+          setReplyLanes(link, link.connection->outLane());  // contexts opened meanwhile, too
           RLOG_INFO("netaccel") << "the scheduler at " << link.name() << " took a same-host lane: big frames skip the node link";
         }
         return;
@@ -607,6 +601,11 @@ void Netaccel::onControl(Link& link, transport::Body body) {
   });
   if (!status)
     RLOG_ERROR("netaccel") << "bad control message from the scheduler at " << link.name() << ": " << status.error().message;
+}
+
+void Netaccel::setReplyLanes(Link& link, const std::shared_ptr<transport::LaneOut>& lane) {
+  for (auto& [theirs, ours] : link.contexts) workers_[contexts_.at(ours).card]->setReplyLane(ours, lane);
+  for (auto& w : workers_) w->submit();
 }
 
 void Netaccel::takeLane(Link& link, capnp::Text::Reader path, capnp::Data::Reader token) {

@@ -87,6 +87,9 @@ class Netaccel {
   void openContext(Link& link, wire::OpenContext::Reader open);
   // A same-host lane the scheduler offered: the memfds handed to its lane socket.
   void takeLane(Link& link, capnp::Text::Reader path, capnp::Data::Reader token);
+  // Where the read replies of every context of `link` are built from now on (null: in
+  // bodies of their own).
+  void setReplyLanes(Link& link, const std::shared_ptr<transport::LaneOut>& lane);
   void closeContext(uint32_t ours);
   void onLinkClosed(Link& link);
   void sendHeartbeat(Link& link);

@@ -120,17 +120,8 @@ struct RogueNode {
   std::string lanePath, token;
   explicit RogueNode(int port, const std::string& name) {
     link.adopt(rawhttp::connectTo(port));
-    capnp::MallocMessageBuilder m;
-    auto reg = m.initRoot<wire::NodeMessage>().initRegister();
-    reg.setVersionMajor(wire::PROTOCOL_MAJOR);
-    reg.setName(name);
-    auto card = reg.initCards(1)[0];
-    card.setKind(wire::CardKind::CPU);
-    card.setTflops(2);
-    card.setMemoryBytes(64 << 20);
-    card.setModel("rogue");
-    card.setBackend("cpu");
-    EXPECT_TRUE(link.sendNow(transport::kControlChannel, 0, m));
+    const auto reg = registration(name, 2);
+    EXPECT_TRUE(link.sendRaw(reg.data(), reg.size()));
     lanePath = awaitControl(wire::SchedulerMessage::LANE_OFFER, [&](wire::SchedulerMessage::Reader r) {
       token.assign(reinterpret_cast<const char*>(r.getLaneOffer().getToken().begin()), r.getLaneOffer().getToken().size());
       return std::string(r.getLaneOffer().getPath());

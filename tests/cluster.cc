@@ -29,6 +29,8 @@
 
 #include "console/console_client.h"
 #include "schema/guest.capnp.h"
+#include "schema/node.capnp.h"
+#include "transport/frame.h"
 #include "transport/wire_types.h"
 #include "vmfrontend/raccel.h"
 
@@ -453,6 +455,32 @@ double checkedGemm(client::Session& s, uint32_t m, uint32_t n, uint32_t k, unsig
     return -1;
   }
   return maxErr;
+}
+
+std::vector<std::byte> registration(const std::string& name, double tflops, uint32_t keptContext,
+                                    uint32_t keptCount, uint64_t hostCpuMilli, uint64_t hostMemoryMib) {
+  capnp::MallocMessageBuilder m;
+  auto reg = m.initRoot<wire::NodeMessage>().initRegister();
+  reg.setVersionMajor(wire::PROTOCOL_MAJOR);
+  reg.setName(name);
+  reg.setHostCpuMilli(hostCpuMilli);
+  reg.setHostMemoryMib(hostMemoryMib);
+  auto card = reg.initCards(1)[0];
+  card.setKind(wire::CardKind::CPU);
+  card.setTflops(tflops);
+  card.setMemoryBytes(1 << 30);
+  card.setModel("forged");
+  card.setBackend("cpu");
+  if (keptContext) {
+    auto held = reg.initContexts(keptCount);
+    for (uint32_t i = 0; i < keptCount; ++i) {
+      held[i].setContext(keptContext - i);
+      held[i].setCard(0);
+    }
+  }
+  std::vector<std::byte> out;
+  transport::appendFrame(out, transport::kControlChannel, 0, m);
+  return out;
 }
 
 }  // namespace raccel::testing

@@ -47,6 +47,11 @@ std::string makeTempDir();
 bool acceptsConnections(const std::string& socket);
 // A whole file ("" when it cannot be read).
 std::string readFile(const std::string& path);
+// A netaccel's registration as a raw frame on the control channel: `name`, one CPU card
+// of `tflops` and 1 GiB, made-up kept contexts counting down from `keptContext` (none
+// when 0), the host's resources. What a stranger or a rogue node sends in tests.
+std::vector<std::byte> registration(const std::string& name, double tflops, uint32_t keptContext = 0, uint32_t keptCount = 1,
+                                    uint64_t hostCpuMilli = 0, uint64_t hostMemoryMib = 0);
 
 // Runs a shell command; its output, stdout and stderr together, and its exit status in
 // *status (-1 when it did not exit normally).

@@ -89,32 +89,6 @@ std::string tlsSend(const Cluster& cluster, const std::string& node, const std::
                     " -CAfile " + sh(args[1]) + " -cert " + sh(args[3]) + " -key " + sh(args[5]) + " >/dev/null");
 }
 
-std::vector<std::byte> registration(const std::string& name, double tflops, uint32_t keptContext = 0,
-                                    uint32_t keptCount = 1, uint64_t hostCpuMilli = 0, uint64_t hostMemoryMib = 0) {
-  capnp::MallocMessageBuilder m;
-  auto reg = m.initRoot<wire::NodeMessage>().initRegister();
-  reg.setVersionMajor(wire::PROTOCOL_MAJOR);
-  reg.setName(name);
-  reg.setHostCpuMilli(hostCpuMilli);
-  reg.setHostMemoryMib(hostMemoryMib);
-  auto card = reg.initCards(1)[0];
-  card.setKind(wire::CardKind::CPU);
-  card.setTflops(tflops);
-  card.setMemoryBytes(1 << 30);
-  card.setModel("forged");
-  card.setBackend("cpu");
-  if (keptContext) {
-    auto held = reg.initContexts(keptCount);
-    for (uint32_t i = 0; i < keptCount; ++i) {
-      held[i].setContext(keptContext - i);
-      held[i].setCard(0);
-    }
-  }
-  std::vector<std::byte> out;
-  transport::appendFrame(out, transport::kControlChannel, 0, m);
-  return out;
-}
-
 long rssKiB(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;

@@ -89,8 +89,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<LaneOut> outLane() const;
   uint64_t laneFramesSent() const;
   uint64_t laneFramesReceived() const;
-  // Bytes sent through our lane that the peer has not given back yet.
-  uint64_t laneBytesOutstanding() const;
   // Bytes the frame reader holds for this connection now (idle peers cost none).
   size_t bufferedBytes() const { return reader_.stagedCapacity(); }
 

@@ -38,7 +38,6 @@ void Connection::sendLane(std::shared_ptr<LaneMapping> mapping) {
 
 uint64_t Connection::laneFramesSent() const { return lanes_ ? lanes_->framesSent : 0; }
 uint64_t Connection::laneFramesReceived() const { return lanes_ ? lanes_->framesReceived : 0; }
-uint64_t Connection::laneBytesOutstanding() const { return lanes_ && lanes_->out ? lanes_->out->outstandingBytes() : 0; }
 
 void Connection::closeLanes() {
   if (!lanes_) return;
