@@ -237,7 +237,6 @@ bool failed(const std::string& why) {
 struct Run {
   bool quick = false, json = false;
   int syncIters = 5000, asyncCount = 400000;
-  size_t bulkBytes = 0;
   testing::VmSpec vm;
   client::Options options;
 
@@ -383,8 +382,6 @@ bool measurePlainAndShared(Run& run, Figures& f) {
     std::vector<double> plainRtts;
     if (!run.syncRtts(*p, plainRtts)) return false;
     f.syncPlainP50 = percentile(plainRtts, 0.5);
-    f.bulk.plain = bench::steadyBulk(*p, run.bulkBytes, run.quick ? 1 : 3);
-    if (!f.bulk.plain.problem.empty()) return failed(f.bulk.plain.problem);
   }
   // The same scheduler in a pool shared through etcd: the data path does not touch etcd.
   f.etcdSkipped = testing::etcdUnavailable();
@@ -408,8 +405,9 @@ bool measurePlainAndShared(Run& run, Figures& f) {
 }
 
 bool measureSandbox(Run& run, Figures& f) {
-  // An OpenCL card (PoCL here): each tenant in a sandbox process (the default), and the
-  // same card with guest code in the netaccel's own process (--no-sandbox), same run.
+  // Sync round trips on an OpenCL card (PoCL here): each tenant in a sandbox process (the
+  // default), and the same card with guest code in the netaccel's own process
+  // (--no-sandbox), same run. (The card's bulk figures are measureBulk's.)
   if (!hal::discover("opencl").devices.empty()) {
     for (bool sandboxed : {true, false}) {
       run.progress(sandboxed ? "an OpenCL card, each tenant in a sandbox process" : "the same card run inside the netaccel (--no-sandbox)");
@@ -421,10 +419,7 @@ bool measureSandbox(Run& run, Figures& f) {
       if (!p) return false;
       std::vector<double> r;
       if (!run.syncRtts(*p, r)) return false;
-      bench::BulkRun bulk = bench::steadyBulk(*p, run.bulkBytes, run.quick ? 1 : 3);
-      if (!bulk.problem.empty()) return failed(bulk.problem);
       (sandboxed ? f.sandboxRttP50 : f.inProcessRttP50) = percentile(r, 0.5);
-      (sandboxed ? f.bulk.sandbox : f.bulk.inProcess) = bulk;
     }
   } else {
     f.sandboxSkipped = "no OpenCL device: " + hal::discover("opencl").note;
@@ -708,7 +703,6 @@ Run makeRun(bool quick, bool json) {
   run.json = json;
   run.syncIters = quick ? 300 : 5000;
   run.asyncCount = quick ? 20000 : 400000;
-  run.bulkBytes = bench::bulkBytes(quick);
   run.vm.memoryQuota = "1GiB";
   run.options.program = "raccel-bench";
   return run;
@@ -775,16 +769,15 @@ int measureAll(bool quick, bool json, double lineageSeconds) {
   measureGuests(run, f, cluster);
   run.progress("asynchronous instruction stream, alone and beside a 1 Hz /metrics scraper");
   if (!measureStream(run, f, cluster, s, tiny, benchNode)) return 1;
-  run.progress("bulk write and read back (TLS node link)");
-  f.bulk.bytes = run.bulkBytes;
-  f.bulk.tls = bench::steadyBulk(s, run.bulkBytes, quick ? 1 : 3);
-  if (!f.bulk.tls.problem.empty()) {
-    failed(f.bulk.tls.problem);
+  if (!measurePlainAndShared(run, f) || !measureSandbox(run, f) || !measureCuda(run, f)) return 1;
+  // The bulk figures as --only bulk measures them (one cluster each: the lane as deployed,
+  // the node link alone in TLS and plain, the sandboxed card and the same in process).
+  run.progress("bulk write and read back: a raw socket, the same-host lane, the node link in TLS and plain, a sandboxed card");
+  f.bulk = bench::measureBulk(quick);
+  if (!f.bulk.problem.empty()) {
+    failed(f.bulk.problem);
     return 1;
   }
-  if (!measurePlainAndShared(run, f) || !measureSandbox(run, f) || !measureCuda(run, f)) return 1;
-  run.progress("raw loopback socket baseline");
-  f.bulk.rawGbps = bench::rawSocketGbps(run.bulkBytes);
   run.progress("compute aggregation over three simulated cards");
   measureAggregation(run, f);
   run.progress("sharing a card: two tenants with 3:1 blocks, both keeping it busy");
