@@ -577,29 +577,38 @@ class OpenclDevice final : public Device {
     return {fast ? fast : tensorKernelName(fn), 1, {roundUp(static_cast<uint64_t>(g.n), 64), 1, 1}};
   }
   // A matmul as rc_matmul_vec (out's columns neighbours): true when it ran. b's columns
-  // that are not neighbours are laid out as rows first (rc_matmul_b_rows, into scratch_
-  // of at most kScratchBytes; false past that: rc_matmul reads b as it is).
+  // that are not neighbours are laid out as rows first (rc_matmul_b_rows, or _vec where
+  // its k are neighbours, into scratch_ of at most kScratchBytes; false past that:
+  // rc_matmul reads b as it is), each row padded with zeros to whole vectors, so that
+  // the blocks at out's right edge read them as vectors too (rc_matmul_vec_padded).
   Result<bool> matmulVec(const LoweredTensorOp& op) {
     const int d = int(op.geom.dims) - 3;
     const uint64_t rows = uint64_t(op.geom.shape[d]), cols = uint64_t(op.geom.shape[d + 1]), k = uint64_t(op.geom.inner);
     const uint64_t entries = d ? uint64_t(op.geom.shape[0]) : 1;
     kernels::RcGeom geom = op.geom;
     cl_mem b = memOf(*op.buffers[2]);
+    const char* kernel = "rc_matmul_vec";
     if (geom.stride[2][d + 1] != 1) {
-      if (k == 0 || cols > kScratchBytes / 4 / k / entries) return false;
-      if (auto s = scratch(entries * k * cols * 4); !s) return fail(s.error());
-      size_t global[3] = {size_t(cols), size_t(k), size_t(entries)};
-      if (auto s = runIn(*tensorKernels_, "rc_matmul_b_rows", 3, global, nullptr, op.geom, scratch_, b); !s)
+      const uint64_t width = roundUp(cols, kVecColumns);
+      if (k == 0 || width > kScratchBytes / 4 / k / entries) return false;
+      if (auto s = scratch(entries * k * width * 4); !s) return fail(s.error());
+      const bool kNeighbours = geom.stride[2][d + 2] == 1;
+      size_t global[3] = {size_t(width), size_t(kNeighbours ? (k + kVecColumns - 1) / kVecColumns : k), size_t(entries)};
+      const cl_long rowWidth = cl_long(width);
+      if (auto s = runIn(*tensorKernels_, kNeighbours ? "rc_matmul_b_rows_vec" : "rc_matmul_b_rows", 3, global, nullptr,
+                         op.geom, scratch_, b, rowWidth);
+          !s)
         return fail(s.error());
       geom.offset[2] = 0;
-      geom.stride[2][0] = int64_t(k * cols);
+      geom.stride[2][0] = int64_t(k * width);
       geom.stride[2][d + 1] = 1;
-      geom.stride[2][d + 2] = int64_t(cols);
+      geom.stride[2][d + 2] = int64_t(width);
       b = scratch_;
+      kernel = "rc_matmul_vec_padded";
     }
     size_t global[3] = {size_t((cols + kVecColumns - 1) / kVecColumns), size_t((rows + kVecRows - 1) / kVecRows), size_t(entries)};
     auto& u = op.buffers;
-    if (auto s = runIn(*tensorKernels_, "rc_matmul_vec", 3, global, nullptr, geom, memOf(*u[0]), memOf(*u[1]), b, memOf(*u[3])); !s)
+    if (auto s = runIn(*tensorKernels_, kernel, 3, global, nullptr, geom, memOf(*u[0]), memOf(*u[1]), b, memOf(*u[3])); !s)
       return fail(s.error());
     return true;
   }
@@ -679,7 +688,7 @@ class OpenclDevice final : public Device {
   static CpuRange cpuGroups(std::string_view kernel, cl_uint dims, const size_t* global) {
     CpuRange r;
     std::copy(global, global + dims, r.global.begin());
-    const bool blocks = kernel.starts_with("rc_rows_") || kernel == "rc_gather_one_vec" || kernel == "rc_matmul_vec";
+    const bool blocks = kernel.starts_with("rc_rows_") || kernel == "rc_gather_one_vec" || kernel.starts_with("rc_matmul_vec");
     const int along = dims == 1 || !blocks ? 0 : 1;
     r.local[along] = dims == 1 ? 64 : blocks ? 8 : 16;
     r.global[along] = roundUp(r.global[along], r.local[along]);
