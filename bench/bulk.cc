@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "bench/raw_socket.h"
 #include "bench/report.h"
 #include "hal/backends.h"
 #include "tests/cluster.h"
+#include "transport/tls.h"
 #include "vmfrontend/raccel.h"
 
 namespace raccel::bench {
@@ -91,29 +93,35 @@ BulkFigures measureBulk(bool quick) {
   // The node link alone, as between two hosts (no lane): in TLS as deployed, and plain.
   f.tls = onCluster(f.bytes, quick ? 1 : 3, {"--lane-socket", "off"});
   f.plain = onCluster(f.bytes, quick ? 1 : 3, {"--insecure", "--lane-socket", "off"});
+  f.tlsThread = onCluster(f.bytes, quick ? 1 : 3, {"--lane-socket", "off", "--tls-crypto-thread", "on"},
+                          "kind=cpu,tflops=4,memory=1GiB", {"--tls-crypto-thread", "on"});
+  f.tlsThreadDeployed = std::thread::hardware_concurrency() >= transport::kCryptoThreadCores;
   if (!hal::discover("opencl").devices.empty()) {
     const std::string card = "backend=opencl,kind=gpu,tflops=4,memory=1GiB";
     f.sandbox = onCluster(f.bytes, quick ? 1 : 3, {}, card);
     f.inProcess = onCluster(f.bytes, quick ? 1 : 3, {}, card, {"--no-sandbox"});
   }
-  for (auto [what, run] : {std::pair{"lane", &f.lane}, {"TLS", &f.tls}, {"plain", &f.plain}, {"sandbox", &f.sandbox}, {"in process", &f.inProcess}})
+  for (auto [what, run] : {std::pair{"lane", &f.lane}, {"TLS", &f.tls}, {"plain", &f.plain}, {"TLS with crypto threads", &f.tlsThread},
+                           {"sandbox", &f.sandbox}, {"in process", &f.inProcess}})
     if (f.problem.empty() && !run->problem.empty()) f.problem = std::string(what) + ": " + run->problem;
   return f;
 }
 
 std::string bulkJson(const BulkFigures& f) {
-  char text[900];
+  char text[1100];
   std::snprintf(text, sizeof text,
                 "\"bulk_write_read_gbps_lane\":%s,\"bulk_cpu_ms_per_gib_lane\":%s,\"lane_bulk_met\":%s,"
                 "\"bulk_write_read_gbps\":%s,\"bulk_write_read_gbps_tls\":%s,\"raw_socket_gbps\":%s,"
                 "\"bulk_gbps_sandbox\":%s,\"bulk_gbps_in_process\":%s,"
                 "\"bulk_cpu_ms_per_gib\":%s,\"bulk_cpu_ms_per_gib_tls\":%s,"
+                "\"bulk_write_read_gbps_tls_thread\":%s,\"bulk_cpu_ms_per_gib_tls_thread\":%s,"
                 "\"bulk_met\":%s,\"tls_bulk_met\":%s,\"bulk_bytes\":%zu,\"bulk_problem\":\"%s\"",
                 jsonNumber(f.lane.gbps, "%.2f").c_str(), jsonNumber(f.lane.daemonCpuMsPerGib, "%.0f").c_str(),
                 f.laneMet() ? "true" : "false", jsonNumber(f.plain.gbps, "%.2f").c_str(), jsonNumber(f.tls.gbps, "%.2f").c_str(),
                 jsonNumber(f.rawGbps, "%.2f").c_str(), jsonNumber(f.sandbox.gbps, "%.2f").c_str(),
                 jsonNumber(f.inProcess.gbps, "%.2f").c_str(), jsonNumber(f.plain.daemonCpuMsPerGib, "%.0f").c_str(),
-                jsonNumber(f.tls.daemonCpuMsPerGib, "%.0f").c_str(), f.plainMet() ? "true" : "false", f.tlsMet() ? "true" : "false",
+                jsonNumber(f.tls.daemonCpuMsPerGib, "%.0f").c_str(), jsonNumber(f.tlsThread.gbps, "%.2f").c_str(),
+                jsonNumber(f.tlsThread.daemonCpuMsPerGib, "%.0f").c_str(), f.plainMet() ? "true" : "false", f.tlsMet() ? "true" : "false",
                 f.bytes, jsonSafe(f.problem).c_str());
   return text;
 }
@@ -130,6 +138,10 @@ void printBulkText(const BulkFigures& f) {
   std::printf("%-26s %7.2f Gbit/s   plain node link %.2f Gbit/s, target >= %.2f (0.8x)  %s (write %.2f, read %.2f)\n",
               "bulk_write_read_gbps_tls", f.tls.gbps, f.plain.gbps, 0.8 * f.plain.gbps, f.tlsMet() ? "met" : "MISSED",
               f.tls.writeGbps(), f.tls.readGbps());
+  std::printf("%-26s %7.2f Gbit/s   TLS as deployed %.2f Gbit/s (crypto threads %s here), plain %.2f (write %.2f, read "
+              "%.2f; CPU %.0f ms/GiB)\n",
+              "bulk_write_read_gbps_tls_thread", f.tlsThread.gbps, f.tls.gbps, f.tlsThreadDeployed ? "on" : "off",
+              f.plain.gbps, f.tlsThread.writeGbps(), f.tlsThread.readGbps(), f.tlsThread.daemonCpuMsPerGib);
   std::printf("%-26s %7.0f ms       the scheduler's and netaccel's CPU per GiB moved; through TLS %.0f ms\n",
               "bulk_cpu_ms_per_gib", f.plain.daemonCpuMsPerGib, f.tls.daemonCpuMsPerGib);
   if (f.sandbox.gbps >= 0 && f.inProcess.gbps >= 0)

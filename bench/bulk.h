@@ -42,6 +42,10 @@ struct BulkFigures {
   // lane: one host as deployed (TLS link, big frames through the same-host lane);
   // plain and tls: the node link alone, as between two hosts.
   BulkRun lane, plain, tls;
+  // The TLS link with each side's cipher work on a thread of the link's own
+  // (tls_crypto_thread = on; as deployed it is auto: on with 4 cores or more).
+  BulkRun tlsThread;
+  bool tlsThreadDeployed = false;  // auto chose the thread here: `tls` ran with it too
   // An OpenCL card (PoCL here) with its tenant in a sandbox process, and the same card in
   // the netaccel's own process (--no-sandbox); not measured without an OpenCL device.
   BulkRun sandbox, inProcess;

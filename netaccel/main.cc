@@ -60,6 +60,8 @@ void declareFlags(Flags& flags) {
                                   "scripts/raccel-certs.sh node DIR NAME)");
   flags.value("tls-key", "FILE", "its private key (PEM)");
   flags.boolean("insecure", "plain TCP to the scheduler, no authentication (loopback development only)");
+  flags.value("tls-crypto-thread", "auto|on|off", "the TLS link's cipher work on a thread of its own (default auto: on "
+                                                  "with 4 cores or more)");
   flags.boolean("no-same-host-lane", "send every frame over the node link, even to a scheduler on this host that offers "
                                      "shared memory for big frames");
   flags.value("http-listen", "HOST:PORT", "serve /metrics (Prometheus) here (default 127.0.0.1:7781; off = none; "
@@ -78,7 +80,8 @@ void declareFlags(Flags& flags) {
 Result<netaccel::NetaccelConfig> configOf(const Flags& flags) {
   auto file = flags.has("config") ? Config::load(flags.get("config")) : Config::parse("", "flags");
   if (!file) return fail(file.error());
-  for (auto [flag, key] : {std::pair{"tls-ca", "tls_ca"}, std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"}})
+  for (auto [flag, key] : {std::pair{"tls-ca", "tls_ca"}, std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"},
+                           std::pair{"tls-crypto-thread", "tls_crypto_thread"}})
     if (flags.has(flag)) file->top().set(key, flags.get(flag));
   if (flags.has("insecure")) file->top().set("insecure", "true");
   if (flags.has("no-sandbox")) file->top().set("sandbox", "false");

@@ -53,6 +53,8 @@ void declareFlags(Flags& flags) {
   flags.value("tls-cert", "FILE", "the scheduler's certificate (PEM; scripts/raccel-certs.sh scheduler DIR)");
   flags.value("tls-key", "FILE", "its private key (PEM)");
   flags.boolean("insecure", "netaccel links in plain TCP with no authentication (loopback development only)");
+  flags.value("tls-crypto-thread", "auto|on|off", "each TLS node link's cipher work on a thread of its own (default auto: "
+                                                  "on with 4 cores or more)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
 }
 
@@ -69,7 +71,7 @@ Result<scheduler::SchedulerConfig> configOf(const Flags& flags) {
   for (auto [flag, key] : {std::pair{"block-tflops", "block_tflops"}, std::pair{"split-min-mflop", "split_min_mflop"},
                            std::pair{"heartbeat-timeout-ms", "heartbeat_timeout_ms"}, std::pair{"tls-ca", "tls_ca"},
                            std::pair{"tls-cert", "tls_cert"}, std::pair{"tls-key", "tls_key"},
-                           std::pair{"http-listen", "http_listen"}, std::pair{"http-token-file", "http_token_file"},
+                           std::pair{"tls-crypto-thread", "tls_crypto_thread"}, std::pair{"http-listen", "http_listen"}, std::pair{"http-token-file", "http_token_file"},
                            std::pair{"etcd", "etcd"}, std::pair{"name", "name"},
                            std::pair{"lane-socket", "lane_socket"}})
     if (flags.has(flag)) file->top().set(key, flags.get(flag));

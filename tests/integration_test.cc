@@ -758,6 +758,41 @@ TEST(SameHostLanes, OfferedByDefaultAndEitherSideCanDecline) {
   }
 }
 
+// Node links whose cipher work runs on a thread of each link's own (tls_crypto_thread =
+// on; auto chooses it with 4 cores or more): the scheduler with it, one netaccel with it
+// and one without (each side's choice is its own). Big writes and reads and a run of
+// small ops cross both links exact; the netaccel that asked for the thread runs one more.
+TEST(TlsCryptoThreads, NodeLinksWithThemCarryBigAndSmallFramesExactly) {
+  Cluster cluster({VmSpec{"vm1", 8}}, "", {"--lane-socket", "off", "--tls-crypto-thread", "on"});
+  const pid_t threaded = cluster.addNetaccel("threaded", {"kind=gpu,model=sim,tflops=4,memory=256MiB"}, 4,
+                                             {"--tls-crypto-thread", "on"}).pid();
+  const pid_t plain = cluster.addNetaccel("inline", {"kind=npu,model=sim,tflops=4,memory=256MiB"}, 4,
+                                          {"--tls-crypto-thread", "off"}).pid();
+  auto a = open(cluster.vmSocket(), 4, {CardKind::gpu}, "a");
+  auto b = open(cluster.vmSocket(), 4, {CardKind::npu}, "b");
+  ASSERT_TRUE(a && b);
+  unsigned seed = 1;
+  for (Session* s : {&*a, &*b}) {
+    auto values = randomFloats(4 << 20, seed++);  // 16 MiB each way
+    auto h = s->alloc(values.size() * 4);
+    s->writeFloats(h, values);
+    auto back = s->readFloats(h, values.size());
+    ASSERT_TRUE(back);
+    EXPECT_TRUE(*back == values);
+    auto small = s->alloc(4096);
+    for (int i = 0; i < 200; ++i) s->fill(small, 0, 4096, static_cast<uint8_t>(i));
+    std::vector<std::byte> last(4096);
+    ASSERT_TRUE(s->read(small, 0, last));
+    EXPECT_EQ(last[4095], std::byte{199});
+  }
+  auto threads = [](pid_t pid) {
+    size_t n = 0;
+    for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) ++n;
+    return n;
+  };
+  EXPECT_GT(threads(threaded), threads(plain)) << cluster.logs();
+}
+
 // A scheduler that has just started has not heard from its netaccels yet: a program
 // that arrives first waits for them (startup_grace_ms), it is not told "never". One that
 // the settled pool still cannot hold is refused then, naming both numbers.

@@ -13,6 +13,7 @@
 #include <openssl/x509.h>
 
 #include "common/log.h"
+#include "transport/tls_crypto.h"
 
 namespace raccel::transport {
 
@@ -41,51 +42,6 @@ Connection::Connection(uv_loop_t* loop, Kind kind, uint32_t maxFrameBytes) : kin
   handle_.handle.data = this;
 }
 
-namespace {
-// What OpenSSL reads ciphertext from and writes it to, through linkBioMethod(): the
-// stream's read buffer in place, and a vector that goes out as it is. No memory-BIO
-// copies, no zero-filled growth.
-struct CipherIo {
-  const std::byte* in = nullptr;  // the current read's bytes not yet taken
-  size_t inLeft = 0;
-  std::vector<std::byte> out;     // ciphertext made since the last write began
-};
-
-// A BIO over a CipherIo (BIO_get_data): reads take from `in` until it is used up
-// ("retry": the stream has nothing more yet), writes append to `out`.
-BIO_METHOD* linkBioMethod() {
-  static BIO_METHOD* method = [] {
-    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "raccel link");
-    BIO_meth_set_write_ex(m, [](BIO* b, const char* data, size_t n, size_t* written) -> int {
-      auto& io = *static_cast<CipherIo*>(BIO_get_data(b));
-      io.out.insert(io.out.end(), reinterpret_cast<const std::byte*>(data), reinterpret_cast<const std::byte*>(data) + n);
-      *written = n;
-      return 1;
-    });
-    BIO_meth_set_read_ex(m, [](BIO* b, char* data, size_t n, size_t* read) -> int {
-      auto& io = *static_cast<CipherIo*>(BIO_get_data(b));
-      BIO_clear_retry_flags(b);
-      *read = std::min(n, io.inLeft);
-      if (*read == 0) {
-        BIO_set_retry_read(b);
-        return 0;
-      }
-      std::memcpy(data, io.in, *read);
-      io.in += *read;
-      io.inLeft -= *read;
-      return 1;
-    });
-    BIO_meth_set_ctrl(m, [](BIO*, int cmd, long, void*) -> long { return cmd == BIO_CTRL_FLUSH ? 1 : 0; });
-    BIO_meth_set_create(m, [](BIO* b) -> int {
-      BIO_set_init(b, 1);
-      return 1;
-    });
-    return m;
-  }();
-  return method;
-}
-}  // namespace
-
 struct Connection::Tls {
   std::shared_ptr<TlsContext> context;
   SSL* ssl = nullptr;
@@ -93,7 +49,17 @@ struct Connection::Tls {
   std::string peerName;
   CipherIo io;
   std::vector<std::byte> sending;  // ciphertext of the write in flight (swapped with io.out)
+  // With a crypto thread (TlsContext::cryptoThread(), from the handshake on): the SSL is
+  // its alone; `wake` is its uv_async_send; the read in progress goes into `reading`; the
+  // ciphertext it made waits in `ready` (and `sent` while written).
+  std::unique_ptr<TlsCryptoThread> crypto;
+  uv_async_t wake;
+  std::vector<std::byte> reading;
+  std::vector<std::vector<std::byte>> ready, sent;
+  size_t readyBytes = 0;
+  bool inputFull = false;  // reading stopped while the thread has kMaxInputBytes to decrypt
   ~Tls() {
+    crypto.reset();  // (joins it: nothing uses the SSL after)
     if (ssl) SSL_free(ssl);  // frees its BIO
   }
 };
@@ -134,7 +100,10 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
   t.io.inLeft = n;
   struct Forget {
     CipherIo& io;
-    ~Forget() { io.in = nullptr, io.inLeft = 0; }
+    bool armed = true;  // (not once a crypto thread has the CipherIo)
+    ~Forget() {
+      if (armed) io.in = nullptr, io.inLeft = 0;
+    }
   } forget{t.io};
   if (!t.established) {
     int r = SSL_do_handshake(t.ssl);
@@ -160,6 +129,14 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
     }
     RLOG_DEBUG("transport") << "TLS with " << peer_ << " (" << t.peerName << "): " << SSL_get_version(t.ssl) << " "
                             << SSL_get_cipher_name(t.ssl);
+    if (t.context->cryptoThread()) {
+      // What this read holds past the handshake is the thread's first input.
+      std::vector<std::byte> rest(t.io.in, t.io.in + t.io.inLeft);
+      t.io.in = nullptr, t.io.inLeft = 0;
+      forget.armed = false;
+      startCryptoThread(std::move(rest));
+      return;
+    }
   }
   Sink sink(*this);
   for (;;) {
@@ -181,12 +158,111 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
   flush();  // queued frames (now that it is established) and any post-handshake message
 }
 
+void Connection::startCryptoThread(std::vector<std::byte> rest) {
+  Tls& t = *tls_;
+  // The handshake's last flight (made on this thread) goes first.
+  if (!t.io.out.empty()) {
+    t.readyBytes += t.io.out.size();
+    queuedBytes_ += t.io.out.size();
+    t.ready.push_back(std::move(t.io.out));
+    t.io.out.clear();
+  }
+  uv_async_init(handle_.handle.loop, &t.wake, [](uv_async_t* a) { static_cast<Connection*>(a->data)->onCryptoOutput(); });
+  t.wake.data = this;
+  uv_async_t* wake = &t.wake;
+  t.crypto = std::make_unique<TlsCryptoThread>(t.ssl, &t.io, [wake] { uv_async_send(wake); });
+  // Even with nothing left of this read: OpenSSL may have read ahead past the handshake
+  // into its own buffer (the peer's first frames in the same segment as its Finished).
+  t.crypto->decrypt(std::move(rest));
+  flush();  // the flight, and the frames queued meanwhile (to be sealed)
+}
+
+// What the crypto thread made: plaintext framed and delivered, ciphertext written.
+void Connection::onCryptoOutput() {
+  Tls& t = *tls_;
+  if (closing_ || !t.crypto) return;
+  TlsCryptoThread::Output out = t.crypto->take();
+  if (!out.failure.empty()) {
+    RLOG_WARN("transport") << "TLS with " << peer_ << " failed: " << out.failure;
+    truncated_ = reader_.midFrame();
+    close();
+    return;
+  }
+  for (auto& s : out.sealed) {
+    queuedBytes_ -= std::min(queuedBytes_, s.plainBytes);
+    queuedBytes_ += s.cipher.size();
+    t.readyBytes += s.cipher.size();
+    if (!s.cipher.empty()) t.ready.push_back(std::move(s.cipher));
+  }
+  if (!out.plain.empty()) {
+    Sink sink(*this);
+    for (auto& p : out.plain) {
+      for (size_t at = 0; at < p.size() && !closing_;) {
+        auto room = reader_.writable();
+        const size_t n = std::min(room.size(), p.size() - at);
+        std::memcpy(room.data(), p.data() + at, n);
+        reader_.commit(n, sink);
+        at += n;
+      }
+      t.crypto->recycle(std::move(p));
+      if (closing_) return;
+    }
+    if (callbacks_.onBatchEnd) callbacks_.onBatchEnd(*this);
+    if (closing_) return;
+  }
+  if (out.ended) {
+    truncated_ = reader_.midFrame();
+    close();
+    return;
+  }
+  if (t.inputFull && t.crypto->pendingInputBytes() < TlsCryptoThread::kMaxInputBytes / 2) {
+    t.inputFull = false;
+    if (!paused_) resumeReading();
+  }
+  flush();
+}
+
+// With a crypto thread: the queued frames go to it to be sealed, and the ciphertext it
+// made goes out, all of it in one write.
+void Connection::flushCrypto() {
+  Tls& t = *tls_;
+  if (!queue_.empty()) {
+    std::vector<PlainChunk> chunks;
+    chunks.reserve(queue_.size());
+    for (auto& c : queue_) {
+      PlainChunk p;
+      if (auto* small = std::get_if<std::vector<std::byte>>(&c)) {
+        p.bytes = std::move(*small);
+      } else {
+        auto& big = std::get<BigChunk>(c);
+        p.big = true;
+        p.header = big.header;
+        p.body = std::move(big.body);
+      }
+      chunks.push_back(std::move(p));
+    }
+    queue_.clear();
+    t.crypto->seal(std::move(chunks));
+  }
+  if (writing_ || t.ready.empty()) return;
+  t.sent = std::move(t.ready);
+  t.ready.clear();
+  std::vector<uv_buf_t> bufs;
+  bufs.reserve(t.sent.size());
+  for (auto& c : t.sent) bufs.push_back(uv_buf_init(reinterpret_cast<char*>(c.data()), c.size()));
+  inflightBytes_ = t.readyBytes;
+  queuedBytes_ -= std::min(queuedBytes_, t.readyBytes);
+  t.readyBytes = 0;
+  startWrite(bufs.data(), bufs.size());
+}
+
 namespace {
 constexpr size_t kTlsBurstBytes = 4 << 20;
 }  // namespace
 
 void Connection::flushTls() {
   Tls& t = *tls_;
+  if (t.crypto) return flushCrypto();
   TlsErrorScope errors;
   if (!t.ssl) return;  // nothing has moved yet; queued frames wait for the handshake
   if (t.established) {
@@ -247,9 +323,14 @@ void Connection::flushTls() {
   t.io.out.clear();
   inflightBytes_ = t.sending.size();
   uv_buf_t buf = uv_buf_init(reinterpret_cast<char*>(t.sending.data()), t.sending.size());
+  startWrite(&buf, 1);
+}
+
+// The one write in flight (its completion, onWrite, starts the next).
+void Connection::startWrite(const uv_buf_t* bufs, size_t count) {
   writeReq_.data = this;
   writing_ = true;
-  int rc = uv_write(&writeReq_, &handle_.stream, &buf, 1, onWrite);
+  int rc = uv_write(&writeReq_, &handle_.stream, bufs, static_cast<unsigned>(count), onWrite);
   if (rc != 0) {
     writing_ = false;
     RLOG_DEBUG("transport") << "write to " << peer_ << " failed: " << uv_strerror(rc);
@@ -275,6 +356,7 @@ void Connection::pauseReading() {
 
 void Connection::resumeReading() {
   paused_ = false;
+  if (tls_ && tls_->inputFull) return;  // (the crypto thread's backlog resumes it)
   if (!reading_ && !closing_ && started_) {
     if (uv_read_start(&handle_.stream, onAlloc, onRead) == 0) reading_ = true;
   }
@@ -289,6 +371,14 @@ bool Connection::peerHungUp() const {
 
 void Connection::onAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
   auto* c = static_cast<Connection*>(handle->data);
+  if (c->tls_ && c->tls_->crypto) {
+    // Each read's ciphertext is the crypto thread's once read (its buffers recycled).
+    auto& reading = c->tls_->reading;
+    if (reading.size() < TlsCryptoThread::kReadBufferBytes) reading = c->tls_->crypto->buffer();
+    buf->base = reinterpret_cast<char*>(reading.data());
+    buf->len = reading.size();
+    return;
+  }
   if (c->tls_) {
     // Ciphertext is handed to OpenSSL before the next read, so every TLS connection of
     // this thread shares one buffer (an idle one holds none).
@@ -305,6 +395,28 @@ void Connection::onAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
 void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   auto* c = static_cast<Connection*>(stream->data);
   auto keep = c->shared_from_this();
+  if (c->tls_ && c->tls_->crypto && nread != 0) {
+    Tls& t = *c->tls_;
+    if (nread > 0) {
+      t.reading.resize(static_cast<size_t>(nread));
+      t.crypto->decrypt(std::move(t.reading));
+      t.reading.clear();
+      if (t.crypto->pendingInputBytes() >= TlsCryptoThread::kMaxInputBytes && c->reading_) {
+        t.inputFull = true;  // until the thread catches up (onCryptoOutput)
+        uv_read_stop(&c->handle_.stream);
+        c->reading_ = false;
+      }
+      return;
+    }
+    if (nread == UV_EOF) {
+      // The frames before the EOF are still being decrypted: the thread says when they
+      // are all delivered, and the link closes then.
+      uv_read_stop(&c->handle_.stream);
+      c->reading_ = false;
+      t.crypto->endOfInput();
+      return;
+    }
+  }
   if (nread > 0 && c->tls_) {
     c->receiveTls(reinterpret_cast<const std::byte*>(buf->base), static_cast<size_t>(nread));
     if (!c->closing_ && c->callbacks_.onBatchEnd) c->callbacks_.onBatchEnd(*c);
@@ -383,14 +495,7 @@ void Connection::flush() {
       bufs.push_back(uv_buf_init(reinterpret_cast<char*>(big.body.data()), big.body.size()));
     }
   }
-  writeReq_.data = this;
-  writing_ = true;
-  int rc = uv_write(&writeReq_, &handle_.stream, bufs.data(), bufs.size(), onWrite);
-  if (rc != 0) {
-    writing_ = false;
-    RLOG_DEBUG("transport") << "write to " << peer_ << " failed: " << uv_strerror(rc);
-    close();
-  }
+  startWrite(bufs.data(), bufs.size());
 }
 
 void Connection::onWrite(uv_write_t* req, int status) {
@@ -398,6 +503,7 @@ void Connection::onWrite(uv_write_t* req, int status) {
   auto keep = c->shared_from_this();
   c->writing_ = false;
   c->inflight_.clear();
+  if (c->tls_) c->tls_->sent.clear();
   c->inflightBytes_ = 0;
 
   if (status != 0) {
@@ -432,11 +538,29 @@ void Connection::close() {
   closing_ = true;
   closeLanes();
   reading_ = false;
-  uv_close(&handle_.handle, [](uv_handle_t* handle) { static_cast<Connection*>(handle->data)->finishClose(); });
+  if (tls_ && tls_->crypto) {
+    // The thread stops (after its current step) before its wake-up handle goes; the
+    // connection is finished once both handles are closed.
+    tls_->crypto.reset();
+    ++closesPending_;
+    uv_close(reinterpret_cast<uv_handle_t*>(&tls_->wake), [](uv_handle_t* handle) {
+      auto* c = static_cast<Connection*>(handle->data);
+      if (--c->closesPending_ == 0) c->finishClose();
+    });
+  }
+  ++closesPending_;
+  uv_close(&handle_.handle, [](uv_handle_t* handle) {
+    auto* c = static_cast<Connection*>(handle->data);
+    if (--c->closesPending_ == 0) c->finishClose();
+  });
 }
 
 void Connection::finishClose() {
   auto keep = std::move(self_);
+  if (tls_) {
+    tls_->ready.clear();
+    tls_->sent.clear();
+  }
   queue_.clear();
   sealedBytes_ = 0;
   inflight_.clear();

@@ -56,6 +56,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void close();
   bool closed() const { return closing_; }
 
+  // Bytes queued to send and in flight (with TLS, handed to the crypto thread and sealed
+  // but not yet written too).
   size_t backlogBytes() const { return queuedBytes_ + inflightBytes_; }
   // Runs `fn` once the backlog is below half the high-water mark (at once if it is).
   void whenDrained(std::function<void()> fn);
@@ -111,6 +113,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   using Chunk = std::variant<std::vector<std::byte>, BigChunk>;
   void flush();
   void flushTls();
+  void flushCrypto();
+  void startWrite(const uv_buf_t* bufs, size_t count);
+  void startCryptoThread(std::vector<std::byte> rest);
+  void onCryptoOutput();
   void queueSmall(uint32_t channel, uint64_t sequence, const std::byte* body, size_t bytes);
   bool sendThroughLane(uint32_t channel, uint64_t sequence, const Body& body);
   void onLaneFrame(const FrameHeader& header, Body body);
@@ -139,6 +145,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uv_write_t writeReq_;
   bool writing_ = false, reading_ = false, paused_ = false, closing_ = false, started_ = false;
   bool truncated_ = false;
+  int closesPending_ = 0;  // handles (the stream, a crypto thread's wake-up) not yet closed
   std::vector<std::function<void()>> drainWaiters_;
   std::string peer_;
   struct Tls;

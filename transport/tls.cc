@@ -5,6 +5,8 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <thread>
+
 #include "common/log.h"
 
 namespace raccel::transport {
@@ -30,12 +32,13 @@ std::string commonName(X509* cert) {
 }
 }  // namespace
 
-Result<std::shared_ptr<TlsContext>> TlsContext::create(Role role, const TlsFiles& files) {
+Result<std::shared_ptr<TlsContext>> TlsContext::create(Role role, const TlsFiles& files, bool cryptoThread) {
   if (files.ca.empty() || files.cert.empty() || files.key.empty())
     return fail(Code::invalidArgument, "TLS needs the pool CA, a certificate and its key (tls_ca, tls_cert, tls_key; "
                                        "scripts/raccel-certs.sh makes them)");
   std::shared_ptr<TlsContext> t(new TlsContext());
   t->role_ = role;
+  t->cryptoThread_ = cryptoThread;
   t->ctx_ = SSL_CTX_new(role == Role::server ? TLS_server_method() : TLS_client_method());
   if (!t->ctx_) return fail(Code::internal, "cannot create a TLS context: " + tlsErrors());
   SSL_CTX_set_min_proto_version(t->ctx_, TLS1_3_VERSION);
@@ -73,6 +76,11 @@ Result<LinkSecurity> linkSecurityFrom(const ConfigSection& top) {
   auto insecure = top.getBool("insecure", false);
   if (!insecure) return fail(insecure.error());
   out.insecure = *insecure;
+  const std::string thread = top.getString("tls_crypto_thread", "auto");
+  if (thread == "auto") out.cryptoThread = std::thread::hardware_concurrency() >= kCryptoThreadCores;
+  else if (thread == "on") out.cryptoThread = true;
+  else if (thread == "off") out.cryptoThread = false;
+  else return fail(Code::invalidArgument, "tls_crypto_thread must be auto, on or off, not '" + thread + "'");
   if (out.insecure && !out.files.empty())
     return fail(Code::invalidArgument, "give either TLS files (tls_ca, tls_cert, tls_key) or insecure, not both");
   return out;
@@ -90,7 +98,7 @@ Result<std::shared_ptr<TlsContext>> tlsFor(TlsContext::Role role, const LinkSecu
     return fail(Code::invalidArgument,
                 "the netaccel link needs mutual TLS: give tls_ca, tls_cert and tls_key (--tls-ca, --tls-cert, --tls-key; "
                 "scripts/raccel-certs.sh makes them), or --insecure for plain TCP on loopback during development");
-  return TlsContext::create(role, security.files);
+  return TlsContext::create(role, security.files, security.cryptoThread);
 }
 
 TlsContext::~TlsContext() {

@@ -38,7 +38,9 @@ class TlsContext {
   enum class Role { server, client };
   // Loads and checks the files (the key must match the certificate); an error names
   // the file and OpenSSL's reason.
-  static Result<std::shared_ptr<TlsContext>> create(Role role, const TlsFiles& files);
+  // `cryptoThread`: each link's cipher work runs on a thread of its own once its
+  // handshake is done (transport/tls_crypto.h).
+  static Result<std::shared_ptr<TlsContext>> create(Role role, const TlsFiles& files, bool cryptoThread = false);
   ~TlsContext();
   TlsContext(const TlsContext&) = delete;
   TlsContext& operator=(const TlsContext&) = delete;
@@ -47,23 +49,30 @@ class TlsContext {
   SSL_CTX* native() const { return ctx_; }
   // The common name of this side's own certificate (a netaccel's node name).
   const std::string& ownName() const { return ownName_; }
+  bool cryptoThread() const { return cryptoThread_; }
 
  private:
   TlsContext() = default;
   Role role_ = Role::server;
   SSL_CTX* ctx_ = nullptr;
   std::string ownName_;
+  bool cryptoThread_ = false;
 };
 
 // How a daemon's netaccel link is secured, from its config's top level (the same keys
 // for the scheduler and the netaccel): tls_ca, tls_cert, tls_key (PEM files), or
 // insecure = true for plain TCP (loopback development only). tlsFor() refuses neither.
+// tls_crypto_thread = auto | on | off: a thread per link for its cipher work; auto (the
+// default) is on where the machine has kCryptoThreadCores cores or more (on fewer, the
+// cores are busy anyway and the hand-overs cost more than they free).
 struct LinkSecurity {
   TlsFiles files;
   bool insecure = false;
+  bool cryptoThread = false;  // resolved (auto -> the cores)
 };
+constexpr unsigned kCryptoThreadCores = 4;
 Result<LinkSecurity> linkSecurityFrom(const ConfigSection& top);
-inline const std::vector<std::string> kLinkSecurityKeys = {"tls_ca", "tls_cert", "tls_key", "insecure"};
+inline const std::vector<std::string> kLinkSecurityKeys = {"tls_ca", "tls_cert", "tls_key", "insecure", "tls_crypto_thread"};
 // The context for `role`, or null with `insecure` (after warning, naming `what`).
 Result<std::shared_ptr<TlsContext>> tlsFor(TlsContext::Role role, const LinkSecurity& security, const std::string& what);
 

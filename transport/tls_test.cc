@@ -1,7 +1,11 @@
 // Mutual TLS on framed connections, on a real loopback TCP socket with certificates
 // made by scripts/raccel-certs.sh: the handshake verifies both sides, the node's name
 // comes from its certificate, frames small and large cross intact both ways, and a
-// peer with a certificate of another CA never gets a frame through.
+// peer with a certificate of another CA never gets a frame through. With a crypto
+// thread on either side or both (transport/tls_crypto.h): the same, frames of both
+// directions at once in order, the frames a peer sent before it closed all delivered, a
+// connection closed while its thread seals, and the backlog counting what the thread
+// holds.
 #include "transport/tls.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "common/config.h"
 #include "schema/frame.capnp.h"
 #include "transport/connection.h"
 
@@ -38,7 +43,7 @@ struct Link {
   std::unique_ptr<Listener> listener;
   ConnectionPtr server, client;
   std::vector<std::pair<FrameHeader, Body>> atServer, atClient;
-  bool serverClosed = false;
+  bool serverClosed = false, clientClosed = false, serverTruncated = false;
 
   Link() { uv_loop_init(&loop); }
   ~Link() {
@@ -57,7 +62,10 @@ struct Link {
       server = c;
       Connection::Callbacks cb;
       cb.onFrame = [this](Connection&, const FrameHeader& h, Body b) { atServer.emplace_back(h, std::move(b)); };
-      cb.onClose = [this](Connection&, bool) { serverClosed = true; };
+      cb.onClose = [this](Connection&, bool truncated) {
+        serverClosed = true;
+        serverTruncated = truncated;
+      };
       c->setCallbacks(cb);
       if (serverTls) c->useTls(serverTls);
       c->start();
@@ -69,11 +77,17 @@ struct Link {
       client = *r;
       Connection::Callbacks cb;
       cb.onFrame = [this](Connection&, const FrameHeader& h, Body b) { atClient.emplace_back(h, std::move(b)); };
+      cb.onClose = [this](Connection&, bool) { clientClosed = true; };
       client->setCallbacks(cb);
       if (clientTls) client->useTls(clientTls);
       client->start();
     });
     run([&] { return client && server; });
+  }
+  // open(), then until the server has verified the client.
+  void openVerified(std::shared_ptr<TlsContext> serverTls, std::shared_ptr<TlsContext> clientTls) {
+    open(std::move(serverTls), std::move(clientTls));
+    if (client && server) run([&] { return !server->peerName().empty(); });
   }
 };
 
@@ -83,9 +97,20 @@ Body pattern(size_t bytes, uint8_t seed) {
   return b;
 }
 
+void bothSidesVerify(bool serverThread);
+
+// (With a crypto thread on the server's side too: the client's first frames then come in
+// the same segment as its Finished, which OpenSSL reads ahead during the handshake.)
 TEST(Tls, BothSidesVerifyTheNodeNameComesFromItsCertificateAndFramesCrossIntact) {
+  for (bool serverThread : {false, true}) {
+    SCOPED_TRACE(serverThread ? "server crypto thread" : "no crypto thread");
+    bothSidesVerify(serverThread);
+    if (HasFatalFailure()) return;
+  }
+}
+void bothSidesVerify(bool serverThread) {
   std::string dir = makeCerts(std::filesystem::temp_directory_path() / ("raccel-tls-" + std::to_string(::getpid())), "node7");
-  auto serverTls = TlsContext::create(TlsContext::Role::server, filesOf(dir, "scheduler"));
+  auto serverTls = TlsContext::create(TlsContext::Role::server, filesOf(dir, "scheduler"), serverThread);
   auto clientTls = TlsContext::create(TlsContext::Role::client, filesOf(dir, "node7"));
   ASSERT_TRUE(serverTls) << serverTls.error().message;
   ASSERT_TRUE(clientTls) << clientTls.error().message;
@@ -93,8 +118,11 @@ TEST(Tls, BothSidesVerifyTheNodeNameComesFromItsCertificateAndFramesCrossIntact)
   Link link;
   link.open(*serverTls, *clientTls);
   ASSERT_TRUE(link.client && link.server);
-  // Sent before the handshake is done: they wait for it, then go.
+  // Sent before the handshake is done: it waits for it, then goes (in the segment of the
+  // client's Finished: all of it in what OpenSSL reads ahead).
   link.client->sendBody(3, 1, pattern(40, 1));
+  link.run([&] { return link.atServer.size() == 1; });
+  ASSERT_EQ(link.atServer.size(), 1u);
   link.client->sendBody(4, 2, pattern(3 << 20, 2));  // a large frame, past the direct-read size
   link.run([&] { return link.atServer.size() == 2; });
   ASSERT_EQ(link.atServer.size(), 2u);
@@ -133,6 +161,126 @@ TEST(Tls, ACertificateOfAnotherCaIsRefusedAtTheHandshakeAndNothingCrosses) {
   EXPECT_NE(mismatched.error().message.find("node1.key"), std::string::npos) << mismatched.error().message;
   EXPECT_NE(mismatched.error().message.find("mismatch"), std::string::npos) << mismatched.error().message;
   std::filesystem::remove_all(base);
+}
+
+// Contexts for the scheduler's side and node7's, each with or without a crypto thread.
+struct Pair {
+  std::string dir;
+  std::shared_ptr<TlsContext> server, client;
+  Pair(bool serverThread, bool clientThread, const std::string& tag) {
+    dir = makeCerts(std::filesystem::temp_directory_path() / ("raccel-tls-" + tag + "-" + std::to_string(::getpid())), "node7");
+    auto s = TlsContext::create(TlsContext::Role::server, filesOf(dir, "scheduler"), serverThread);
+    auto c = TlsContext::create(TlsContext::Role::client, filesOf(dir, "node7"), clientThread);
+    EXPECT_TRUE(s && c);
+    if (s) server = *s;
+    if (c) client = *c;
+  }
+  ~Pair() { std::filesystem::remove_all(dir); }
+};
+
+bool same(const Body& got, size_t bytes, uint8_t seed) {
+  Body expected = pattern(bytes, seed);
+  return got.size() == bytes && std::memcmp(got.data(), expected.data(), bytes) == 0;
+}
+
+// Both sides send at once, small and large frames alternating (the large ones past the
+// direct-read size and the thread's seal bursts): each side gets the other's in order,
+// byte for byte, whichever side has a crypto thread.
+TEST(TlsCryptoThread, FramesOfBothDirectionsAtOnceArriveInOrderWithEitherSideThreaded) {
+  for (auto [serverThread, clientThread] : {std::pair{true, true}, {true, false}, {false, true}}) {
+    SCOPED_TRACE(std::string("server thread ") + (serverThread ? "on" : "off") + ", client thread " + (clientThread ? "on" : "off"));
+    Pair tls(serverThread, clientThread, "both");
+    ASSERT_TRUE(tls.server && tls.client);
+    Link link;
+    link.openVerified(tls.server, tls.client);
+    ASSERT_TRUE(link.client && link.server);
+    constexpr int kFrames = 24;
+    auto sizeOf = [](int i) -> size_t { return i % 2 ? size_t(3 << 20) + size_t(i) : size_t(100 + i); };
+    for (int i = 0; i < kFrames; ++i) {
+      link.client->sendBody(7, uint64_t(i), pattern(sizeOf(i), uint8_t(i)));
+      link.server->sendBody(8, uint64_t(1000 + i), pattern(sizeOf(i), uint8_t(100 + i)));
+    }
+    // Handed over or not, what is queued counts as backlog until it is written.
+    EXPECT_GE(link.client->backlogBytes() + link.server->backlogBytes(), size_t(3 << 20));
+    link.run([&] { return link.atServer.size() == kFrames && link.atClient.size() == kFrames; }, 30000);
+    ASSERT_EQ(link.atServer.size(), size_t(kFrames));
+    ASSERT_EQ(link.atClient.size(), size_t(kFrames));
+    for (int i = 0; i < kFrames; ++i) {
+      EXPECT_EQ(link.atServer[i].first.sequence, uint64_t(i));
+      EXPECT_TRUE(same(link.atServer[i].second, sizeOf(i), uint8_t(i))) << "frame " << i << " to the server";
+      EXPECT_EQ(link.atClient[i].first.sequence, uint64_t(1000 + i));
+      EXPECT_TRUE(same(link.atClient[i].second, sizeOf(i), uint8_t(100 + i))) << "frame " << i << " to the client";
+    }
+    link.run([&] { return link.client->backlogBytes() == 0 && link.server->backlogBytes() == 0; });
+    EXPECT_EQ(link.client->backlogBytes(), 0u);
+    EXPECT_EQ(link.server->backlogBytes(), 0u);
+    EXPECT_EQ(link.server->peerName(), "node7");
+  }
+}
+
+// A peer that sends and closes at once: every frame it sent is delivered before the
+// link is reported closed (the last ones were still with the receiver's crypto thread
+// when the EOF was read), and the close is not a truncation.
+TEST(TlsCryptoThread, TheFramesAPeerSentBeforeItClosedAllArrive) {
+  Pair tls(true, true, "eof");
+  ASSERT_TRUE(tls.server && tls.client);
+  Link link;
+  link.openVerified(tls.server, tls.client);
+  ASSERT_TRUE(link.client && link.server);
+  constexpr int kFrames = 16;
+  for (int i = 0; i < kFrames; ++i) link.client->sendBody(3, uint64_t(i), pattern(1 << 20, uint8_t(i)));
+  bool drained = false;
+  link.client->whenDrained([&] { drained = true; });
+  link.run([&] { return drained && link.client->backlogBytes() == 0; }, 30000);
+  ASSERT_EQ(link.client->backlogBytes(), 0u);
+  link.client->close();
+  link.client.reset();
+  link.run([&] { return link.serverClosed; }, 30000);
+  ASSERT_TRUE(link.serverClosed);
+  EXPECT_FALSE(link.serverTruncated);
+  ASSERT_EQ(link.atServer.size(), size_t(kFrames));
+  for (int i = 0; i < kFrames; ++i) EXPECT_TRUE(same(link.atServer[i].second, 1 << 20, uint8_t(i))) << "frame " << i;
+}
+
+// A connection closed while its thread is sealing 64 MiB, and one closed while its
+// thread is decrypting: both stop cleanly (the sanitizer build checks the memory), the
+// peer sees the link end, and a new link on the same contexts works.
+TEST(TlsCryptoThread, ALinkClosedWhileItsThreadWorksStopsCleanly) {
+  Pair tls(true, true, "close");
+  ASSERT_TRUE(tls.server && tls.client);
+  {
+    Link link;
+    link.openVerified(tls.server, tls.client);
+    ASSERT_TRUE(link.client && link.server);
+    for (int i = 0; i < 16; ++i) link.client->sendBody(3, uint64_t(i), pattern(4 << 20, uint8_t(i)));
+    link.run([&] { return !link.atServer.empty(); }, 30000);
+    link.server->close();  // decrypting what is still coming
+    link.client->close();  // sealing what is left
+    link.run([&] { return link.serverClosed && link.clientClosed; });
+    EXPECT_TRUE(link.serverClosed && link.clientClosed);
+  }
+  Link again;
+  again.open(tls.server, tls.client);
+  ASSERT_TRUE(again.client && again.server);
+  again.client->sendBody(3, 1, pattern(2 << 20, 9));
+  again.run([&] { return again.atServer.size() == 1; });
+  ASSERT_EQ(again.atServer.size(), 1u);
+  EXPECT_TRUE(same(again.atServer[0].second, 2 << 20, 9));
+}
+
+// tls_crypto_thread is auto, on or off; anything else is refused naming the key.
+TEST(TlsCryptoThread, TheSettingIsAutoOnOrOff) {
+  for (auto [value, ok] : {std::pair{"auto", true}, {"on", true}, {"off", true}, {"yes", false}, {"2", false}}) {
+    auto config = Config::parse(std::string("tls_crypto_thread = ") + value + "\n", "test");
+    ASSERT_TRUE(config) << config.error().message;
+    auto security = linkSecurityFrom(config->top());
+    EXPECT_EQ(bool(security), ok) << value;
+    if (!security) {
+      EXPECT_NE(security.error().message.find("tls_crypto_thread"), std::string::npos);
+    } else if (std::string(value) != "auto") {
+      EXPECT_EQ(security->cryptoThread, std::string(value) == "on");
+    }
+  }
 }
 
 }  // namespace

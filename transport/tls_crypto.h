@@ -1,0 +1,114 @@
+// The cipher side of a TLS link (transport/connection.h's useTls): where OpenSSL reads
+// ciphertext from and writes it to (CipherIo, through linkBioMethod()), and, once the
+// handshake is done, a thread of the link's own that does its cipher work
+// (TlsCryptoThread), so that the loop thread, which also relays and runs everything
+// else of its daemon, only moves bytes.
+//
+// With a crypto thread, the loop thread hands it each read's ciphertext and the frames
+// queued to send, and takes back, in order, the plaintext to frame and the ciphertext to
+// write (woken through `wake`, a uv_async_send). The SSL object is the thread's alone
+// from the hand-over on. The thread holds at most what the loop hands it: the loop stops
+// reading while kMaxInputBytes of the peer's wait here (ciphertext to decrypt, plaintext
+// not yet framed), and its send backlog counts the frames handed over until their
+// ciphertext is written.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/frame.h"
+
+typedef struct bio_method_st BIO_METHOD;
+typedef struct ssl_st SSL;
+
+namespace raccel::transport {
+
+// What OpenSSL reads ciphertext from and writes it to: the current read's bytes in place,
+// and a vector that goes out as it is. No memory-BIO copies, no zero-filled growth.
+struct CipherIo {
+  const std::byte* in = nullptr;  // the current read's bytes not yet taken
+  size_t inLeft = 0;
+  std::vector<std::byte> out;     // ciphertext made since it was last taken
+};
+
+// A BIO over a CipherIo (BIO_get_data): reads take from `in` until it is used up
+// ("retry": nothing more yet), writes append to `out`.
+BIO_METHOD* linkBioMethod();
+
+// One frame (or a run of small ones) to seal: `bytes`, or a big frame's header and body.
+struct PlainChunk {
+  std::vector<std::byte> bytes;
+  std::array<std::byte, kHeaderBytes> header{};
+  Body body;
+  bool big = false;
+  size_t size() const { return big ? kHeaderBytes + body.size() : bytes.size(); }
+};
+
+class TlsCryptoThread {
+ public:
+  // Ciphertext the loop may hold waiting for this thread before it stops reading.
+  static constexpr size_t kMaxInputBytes = 4 << 20;
+  // Ciphertext of at most about this much plaintext is handed back at a time, so that
+  // writing one piece overlaps sealing the next.
+  static constexpr size_t kSealBurstBytes = 1 << 20;
+  static constexpr size_t kReadBufferBytes = 256 * 1024;
+
+  struct Sealed {
+    std::vector<std::byte> cipher;
+    size_t plainBytes = 0;  // of the chunks handed over, sealed in it
+  };
+  struct Output {
+    std::vector<std::vector<std::byte>> plain;  // decrypted, in order
+    std::vector<Sealed> sealed;                 // to write, in order
+    bool ended = false;   // the peer closed (close_notify, or EOF after all its data)
+    std::string failure;  // TLS failed: the link must close
+  };
+
+  // Takes over `ssl` (its BIO over `io`) until destroyed; `wake` runs on this thread
+  // whenever output waits.
+  TlsCryptoThread(SSL* ssl, CipherIo* io, std::function<void()> wake);
+  ~TlsCryptoThread();  // stops the thread (after its current step) and joins it
+  TlsCryptoThread(const TlsCryptoThread&) = delete;
+  TlsCryptoThread& operator=(const TlsCryptoThread&) = delete;
+
+  // The loop thread's side.
+  void decrypt(std::vector<std::byte> cipher);
+  void endOfInput();  // the socket read EOF: `ended` follows the data before it
+  void seal(std::vector<PlainChunk> chunks);
+  Output take();
+  // What it holds of the peer's: ciphertext to decrypt and plaintext not yet taken.
+  size_t pendingInputBytes() const;
+  // A buffer for the next read (kReadBufferBytes, recycled), and one given back unused
+  // or once its plaintext is framed.
+  std::vector<std::byte> buffer();
+  void recycle(std::vector<std::byte> buffer);
+
+ private:
+  void run();
+  void decryptOne(const std::vector<std::byte>& cipher, Output& out);
+  bool sealAll(std::vector<PlainChunk>& chunks);  // false: TLS failed (posted)
+  void post(Output& out);
+  std::vector<std::byte> spareLocked();
+
+  SSL* ssl_;
+  CipherIo* io_;
+  std::function<void()> wake_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_:
+  std::deque<std::vector<std::byte>> input_;
+  size_t inputBytes_ = 0, plainBytes_ = 0;
+  std::vector<PlainChunk> toSeal_;
+  bool eof_ = false, stop_ = false, done_ = false;
+  Output output_;
+  std::vector<std::vector<std::byte>> spare_;
+  std::thread thread_;
+};
+
+}  // namespace raccel::transport
