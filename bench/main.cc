@@ -4,6 +4,9 @@
 //   sync_rtt_us_p50         one tiny instruction + fence: program -> scheduler -> netaccel -> back,
 //                           the node link in mutual TLS as deployed
 //   sync_rtt_us_p50_plain   the same with the node link in plain TCP (--insecure), same run
+//   sync_rtt_us_p50_tls_thread  the same over TLS with each side's cipher work on a thread
+//                           of the link's own (--tls-crypto-thread on; auto chooses it with
+//                           4 cores or more): what the hand-over to it costs a round trip
 //   sync_rtt_us_p50_etcd    the same (plain TCP) with the scheduler in a pool shared through a
 //                           3-member etcd (--etcd): the data path does not touch etcd (target
 //                           <= 1.1x sync_rtt_us_p50_plain)
@@ -104,6 +107,7 @@
 #include "tests/cluster.h"
 #include "tests/etcd_cluster.h"
 #include "tests/fairness.h"
+#include "transport/tls.h"
 #include "vmfrontend/raccel.h"
 
 using namespace raccel;
@@ -203,7 +207,7 @@ struct Figures {
   double asyncRateScraped = 0, scrapeMs = 0, scrapeCpuMs = 0;
   size_t scrapes = 0;
   double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0;
-  double syncPlainP50 = 0;
+  double syncPlainP50 = 0, syncThreadP50 = -1;
   bench::BulkFigures bulk;
   double syncEtcdP50 = -1;  // plain node link, the scheduler in a shared pool (--etcd)
   std::string etcdSkipped;
@@ -370,8 +374,8 @@ bool measureStream(Run& run, Figures& f, testing::Cluster& cluster, client::Sess
   return true;
 }
 
-// The node link in plain TCP (--insecure), and the scheduler in a pool shared through
-// etcd (the data path does not touch etcd).
+// The node link in plain TCP (--insecure), in TLS with crypto threads, and the scheduler
+// in a pool shared through etcd (the data path does not touch etcd).
 bool measurePlainAndShared(Run& run, Figures& f) {
   run.progress("the same with the node link in plain TCP (--insecure)");
   {
@@ -382,6 +386,16 @@ bool measurePlainAndShared(Run& run, Figures& f) {
     std::vector<double> plainRtts;
     if (!run.syncRtts(*p, plainRtts)) return false;
     f.syncPlainP50 = percentile(plainRtts, 0.5);
+  }
+  run.progress("the same over TLS with a crypto thread on each side of the link (--tls-crypto-thread on)");
+  {
+    testing::Cluster threaded({run.vm}, "", {"--tls-crypto-thread", "on"});
+    threaded.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4, {"--tls-crypto-thread", "on"});
+    auto p = run.openOn(threaded);
+    if (!p) return false;
+    std::vector<double> rtts;
+    if (!run.syncRtts(*p, rtts)) return false;
+    f.syncThreadP50 = percentile(rtts, 0.5);
   }
   // The same scheduler in a pool shared through etcd: the data path does not touch etcd.
   f.etcdSkipped = testing::etcdUnavailable();
@@ -607,7 +621,8 @@ void printJson(const Figures& f, bool quick) {
   char vmRttText[32] = "null";
   if (f.vmRttP50 >= 0) std::snprintf(vmRttText, sizeof vmRttText, "%.1f", f.vmRttP50);
   const std::string vmRtt = vmRttText;
-  std::printf("{\"sync_rtt_us_p50_plain\":%.1f,", f.syncPlainP50);
+  std::printf("{\"sync_rtt_us_p50_plain\":%.1f,\"sync_rtt_us_p50_tls_thread\":%s,", f.syncPlainP50,
+              bench::jsonNumber(f.syncThreadP50, "%.1f").c_str());
   if (f.syncEtcdP50 >= 0) std::printf("\"sync_rtt_us_p50_etcd\":%.1f,", f.syncEtcdP50);
   else std::printf("\"sync_rtt_us_p50_etcd\":null,");
   auto num = [](double v, const char* fmt) { return bench::jsonNumber(v, fmt); };
@@ -646,6 +661,9 @@ void printText(const Figures& f) {
   std::printf("%-26s %9.1f us\n", "sync_rtt_us_p99", f.syncP99);
   std::printf("%-26s %9.1f us   the node link in plain TCP (--insecure), same run\n", "sync_rtt_us_p50_plain",
               f.syncPlainP50);
+  std::printf("%-26s %9.1f us   sync_rtt_us_p50 %.1f us (TLS as deployed: auto, crypto threads %s here)\n",
+              "sync_rtt_us_p50_tls_thread", f.syncThreadP50, f.syncP50,
+              std::thread::hardware_concurrency() >= transport::kCryptoThreadCores ? "on" : "off");
   if (f.syncEtcdP50 >= 0)
     std::printf("%-26s %9.1f us   sync_rtt_us_p50_plain %.1f us, target <= 1.1x  %s\n", "sync_rtt_us_p50_etcd",
                 f.syncEtcdP50, f.syncPlainP50, f.syncEtcdP50 <= 1.1 * f.syncPlainP50 ? "met" : "MISSED");

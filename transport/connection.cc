@@ -48,14 +48,14 @@ struct Connection::Tls {
   bool established = false;
   std::string peerName;
   CipherIo io;
-  std::vector<std::byte> sending;  // ciphertext of the write in flight (swapped with io.out)
+  Bytes sending;  // ciphertext of the write in flight (swapped with io.out)
   // With a crypto thread (TlsContext::cryptoThread(), from the handshake on): the SSL is
   // its alone; `wake` is its uv_async_send; the read in progress goes into `reading`; the
   // ciphertext it made waits in `ready` (and `sent` while written).
   std::unique_ptr<TlsCryptoThread> crypto;
   uv_async_t wake;
-  std::vector<std::byte> reading;
-  std::vector<std::vector<std::byte>> ready, sent;
+  Bytes reading;
+  std::vector<Bytes> ready, sent;
   size_t readyBytes = 0;
   bool inputFull = false;  // reading stopped while the thread has kMaxInputBytes to decrypt
   ~Tls() {
@@ -131,7 +131,8 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
                             << SSL_get_cipher_name(t.ssl);
     if (t.context->cryptoThread()) {
       // What this read holds past the handshake is the thread's first input.
-      std::vector<std::byte> rest(t.io.in, t.io.in + t.io.inLeft);
+      Bytes rest(t.io.inLeft);
+      if (t.io.inLeft) std::memcpy(rest.data(), t.io.in, t.io.inLeft);
       t.io.in = nullptr, t.io.inLeft = 0;
       forget.armed = false;
       startCryptoThread(std::move(rest));
@@ -158,7 +159,7 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
   flush();  // queued frames (now that it is established) and any post-handshake message
 }
 
-void Connection::startCryptoThread(std::vector<std::byte> rest) {
+void Connection::startCryptoThread(Bytes rest) {
   Tls& t = *tls_;
   // The handshake's last flight (made on this thread) goes first.
   if (!t.io.out.empty()) {
@@ -262,7 +263,6 @@ constexpr size_t kTlsBurstBytes = 4 << 20;
 
 void Connection::flushTls() {
   Tls& t = *tls_;
-  if (t.crypto) return flushCrypto();
   TlsErrorScope errors;
   if (!t.ssl) return;  // nothing has moved yet; queued frames wait for the handshake
   if (t.established) {
@@ -475,7 +475,20 @@ void Connection::sendBody(uint32_t channel, uint64_t sequence, Body body) {
 }
 
 void Connection::flush() {
-  if (writing_ || closing_) return;
+  if (closing_) return;
+  if (tls_ && tls_->crypto) {
+    // Frames queued while a write is in flight wait for the next one (as without the
+    // thread), unless a burst's worth waits: that is sealed meanwhile.
+    if (writing_) {
+      size_t waiting = 0;
+      for (auto& c : queue_)
+        waiting += std::holds_alternative<BigChunk>(c) ? std::get<BigChunk>(c).body.size() : std::get<std::vector<std::byte>>(c).size();
+      if (waiting < TlsCryptoThread::kSealBurstBytes) return;
+    }
+    flushCrypto();
+    return;
+  }
+  if (writing_) return;
   if (tls_) {
     flushTls();
     return;
@@ -503,7 +516,11 @@ void Connection::onWrite(uv_write_t* req, int status) {
   auto keep = c->shared_from_this();
   c->writing_ = false;
   c->inflight_.clear();
-  if (c->tls_) c->tls_->sent.clear();
+  if (c->tls_) {
+    if (c->tls_->crypto)
+      for (auto& b : c->tls_->sent) c->tls_->crypto->recycleCipher(std::move(b));
+    c->tls_->sent.clear();
+  }
   c->inflightBytes_ = 0;
 
   if (status != 0) {

@@ -19,6 +19,7 @@
 #include "transport/frame.h"
 #include "transport/lane.h"
 #include "transport/tls.h"
+#include "transport/tls_crypto.h"
 
 namespace raccel::transport {
 
@@ -115,7 +116,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void flushTls();
   void flushCrypto();
   void startWrite(const uv_buf_t* bufs, size_t count);
-  void startCryptoThread(std::vector<std::byte> rest);
+  void startCryptoThread(Bytes rest);
   void onCryptoOutput();
   void queueSmall(uint32_t channel, uint64_t sequence, const std::byte* body, size_t bytes);
   bool sendThroughLane(uint32_t channel, uint64_t sequence, const Body& body);

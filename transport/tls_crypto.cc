@@ -15,7 +15,9 @@ BIO_METHOD* linkBioMethod() {
     BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "raccel link");
     BIO_meth_set_write_ex(m, [](BIO* b, const char* data, size_t n, size_t* written) -> int {
       auto& io = *static_cast<CipherIo*>(BIO_get_data(b));
-      io.out.insert(io.out.end(), reinterpret_cast<const std::byte*>(data), reinterpret_cast<const std::byte*>(data) + n);
+      const size_t at = io.out.size();
+      io.out.resize(at + n);  // (not zeroed: NoZeroAllocator)
+      std::memcpy(io.out.data() + at, data, n);
       *written = n;
       return 1;
     });
@@ -56,7 +58,7 @@ TlsCryptoThread::~TlsCryptoThread() {
   thread_.join();
 }
 
-void TlsCryptoThread::decrypt(std::vector<std::byte> cipher) {
+void TlsCryptoThread::decrypt(Bytes cipher) {
   {
     std::lock_guard lock(mu_);
     inputBytes_ += cipher.size();
@@ -94,23 +96,43 @@ size_t TlsCryptoThread::pendingInputBytes() const {
   return inputBytes_ + plainBytes_;
 }
 
-std::vector<std::byte> TlsCryptoThread::spareLocked() {
-  if (spare_.empty()) return std::vector<std::byte>(kReadBufferBytes);
-  std::vector<std::byte> b = std::move(spare_.back());
+Bytes TlsCryptoThread::spareLocked() {
+  if (spare_.empty()) return Bytes(kReadBufferBytes);
+  Bytes b = std::move(spare_.back());
   spare_.pop_back();
-  b.resize(kReadBufferBytes);
+  b.resize(kReadBufferBytes);  // (not zeroed)
   return b;
 }
 
-std::vector<std::byte> TlsCryptoThread::buffer() {
+Bytes TlsCryptoThread::buffer() {
   std::lock_guard lock(mu_);
   return spareLocked();
 }
 
-void TlsCryptoThread::recycle(std::vector<std::byte> buffer) {
+void TlsCryptoThread::recycle(Bytes buffer) {
   if (buffer.capacity() < kReadBufferBytes) return;
   std::lock_guard lock(mu_);
   if (spare_.size() < 8) spare_.push_back(std::move(buffer));
+}
+
+void TlsCryptoThread::recycleCipher(Bytes buffer) {
+  if (buffer.capacity() < kSealBurstBytes) return;
+  buffer.clear();
+  std::lock_guard lock(mu_);
+  if (cipherSpare_.size() < 4) cipherSpare_.push_back(std::move(buffer));
+}
+
+// An empty buffer with room for a burst's records (a written one's, when there is one).
+Bytes TlsCryptoThread::cipherBuffer() {
+  std::lock_guard lock(mu_);
+  if (cipherSpare_.empty()) {
+    Bytes b;
+    b.reserve(kSealBurstBytes + kSealBurstBytes / 16);  // (the records' headers and tags)
+    return b;
+  }
+  Bytes b = std::move(cipherSpare_.back());
+  cipherSpare_.pop_back();
+  return b;
 }
 
 void TlsCryptoThread::run() {
@@ -119,7 +141,7 @@ void TlsCryptoThread::run() {
     // Once the link failed or the peer closed, nothing more is done with this SSL.
     cv_.wait(lock, [&] { return stop_ || (!done_ && (!input_.empty() || !toSeal_.empty() || eof_)); });
     if (stop_) return;
-    std::deque<std::vector<std::byte>> input = std::move(input_);
+    std::deque<Bytes> input = std::move(input_);
     input_.clear();
     std::vector<PlainChunk> toSeal = std::move(toSeal_);
     toSeal_.clear();
@@ -149,11 +171,11 @@ void TlsCryptoThread::run() {
   }
 }
 
-void TlsCryptoThread::decryptOne(const std::vector<std::byte>& cipher, Output& out) {
+void TlsCryptoThread::decryptOne(const Bytes& cipher, Output& out) {
   TlsErrorScope errors;
   io_->in = cipher.data();
   io_->inLeft = cipher.size();
-  std::vector<std::byte> plain;
+  Bytes plain;
   size_t used = 0;
   for (;;) {
     if (used == plain.size()) {
@@ -203,10 +225,11 @@ bool TlsCryptoThread::sealAll(std::vector<PlainChunk>& chunks) {
   };
   auto handBack = [&] {
     if (!io_->out.empty() || sealed) out.sealed.push_back({std::move(io_->out), sealed});
-    io_->out.clear();
+    io_->out = cipherBuffer();
     sealed = 0;
     post(out);
   };
+  if (io_->out.capacity() < kSealBurstBytes) io_->out = cipherBuffer();
   for (auto& c : chunks) {
     const bool ok = c.big ? put(c.header.data(), c.header.size()) && put(c.body.data(), c.body.size())
                           : put(c.bytes.data(), c.bytes.size());

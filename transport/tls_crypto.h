@@ -17,9 +17,11 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "transport/frame.h"
@@ -29,12 +31,31 @@ typedef struct ssl_st SSL;
 
 namespace raccel::transport {
 
+// Bytes whose growth does not zero what is about to be overwritten (a read's buffer, a
+// record's ciphertext): std::vector with default-initializing construction.
+template <class T>
+struct NoZeroAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = NoZeroAllocator<U>;
+  };
+  NoZeroAllocator() = default;
+  template <class U>
+  NoZeroAllocator(const NoZeroAllocator<U>&) noexcept {}
+  template <class U, class... A>
+  void construct(U* p, A&&... args) {
+    if constexpr (sizeof...(A) == 0) ::new (static_cast<void*>(p)) U;
+    else ::new (static_cast<void*>(p)) U(std::forward<A>(args)...);
+  }
+};
+using Bytes = std::vector<std::byte, NoZeroAllocator<std::byte>>;
+
 // What OpenSSL reads ciphertext from and writes it to: the current read's bytes in place,
 // and a vector that goes out as it is. No memory-BIO copies, no zero-filled growth.
 struct CipherIo {
   const std::byte* in = nullptr;  // the current read's bytes not yet taken
   size_t inLeft = 0;
-  std::vector<std::byte> out;     // ciphertext made since it was last taken
+  Bytes out;                      // ciphertext made since it was last taken
 };
 
 // A BIO over a CipherIo (BIO_get_data): reads take from `in` until it is used up
@@ -60,11 +81,11 @@ class TlsCryptoThread {
   static constexpr size_t kReadBufferBytes = 256 * 1024;
 
   struct Sealed {
-    std::vector<std::byte> cipher;
+    Bytes cipher;
     size_t plainBytes = 0;  // of the chunks handed over, sealed in it
   };
   struct Output {
-    std::vector<std::vector<std::byte>> plain;  // decrypted, in order
+    std::vector<Bytes> plain;  // decrypted, in order
     std::vector<Sealed> sealed;                 // to write, in order
     bool ended = false;   // the peer closed (close_notify, or EOF after all its data)
     std::string failure;  // TLS failed: the link must close
@@ -78,23 +99,25 @@ class TlsCryptoThread {
   TlsCryptoThread& operator=(const TlsCryptoThread&) = delete;
 
   // The loop thread's side.
-  void decrypt(std::vector<std::byte> cipher);
+  void decrypt(Bytes cipher);
   void endOfInput();  // the socket read EOF: `ended` follows the data before it
   void seal(std::vector<PlainChunk> chunks);
   Output take();
   // What it holds of the peer's: ciphertext to decrypt and plaintext not yet taken.
   size_t pendingInputBytes() const;
   // A buffer for the next read (kReadBufferBytes, recycled), and one given back unused
-  // or once its plaintext is framed.
-  std::vector<std::byte> buffer();
-  void recycle(std::vector<std::byte> buffer);
+  // or once its plaintext is framed; a written ciphertext's buffer, to seal into again.
+  Bytes buffer();
+  void recycle(Bytes buffer);
+  void recycleCipher(Bytes buffer);
 
  private:
   void run();
-  void decryptOne(const std::vector<std::byte>& cipher, Output& out);
+  void decryptOne(const Bytes& cipher, Output& out);
   bool sealAll(std::vector<PlainChunk>& chunks);  // false: TLS failed (posted)
   void post(Output& out);
-  std::vector<std::byte> spareLocked();
+  Bytes spareLocked();
+  Bytes cipherBuffer();
 
   SSL* ssl_;
   CipherIo* io_;
@@ -102,12 +125,12 @@ class TlsCryptoThread {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   // Guarded by mu_:
-  std::deque<std::vector<std::byte>> input_;
+  std::deque<Bytes> input_;
   size_t inputBytes_ = 0, plainBytes_ = 0;
   std::vector<PlainChunk> toSeal_;
   bool eof_ = false, stop_ = false, done_ = false;
   Output output_;
-  std::vector<std::vector<std::byte>> spare_;
+  std::vector<Bytes> spare_, cipherSpare_;
   std::thread thread_;
 };
 
