@@ -139,6 +139,14 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
       return;
     }
   }
+  if (!readRecords()) return;
+  flush();  // queued frames (now that it is established) and any post-handshake message
+}
+
+// The frames in the records of tls_->io.in, decrypted straight into the frame reader and
+// delivered. False when the link is closed (by the peer, a TLS failure or a callback).
+bool Connection::readRecords() {
+  Tls& t = *tls_;
   Sink sink(*this);
   for (;;) {
     auto room = reader_.writable();
@@ -146,17 +154,16 @@ void Connection::receiveTls(const std::byte* data, size_t n) {
     int r = SSL_read_ex(t.ssl, room.data(), room.size(), &got);
     if (r == 1) {
       reader_.commit(got, sink);
-      if (closing_) return;
+      if (closing_) return false;
       continue;
     }
     int e = SSL_get_error(t.ssl, r);
-    if (e == SSL_ERROR_WANT_READ) break;
+    if (e == SSL_ERROR_WANT_READ) return true;
     if (e != SSL_ERROR_ZERO_RETURN) RLOG_WARN("transport") << "TLS from " << peer_ << " failed: " << tlsErrors();
     truncated_ = reader_.midFrame();
     close();
-    return;
+    return false;
   }
-  flush();  // queued frames (now that it is established) and any post-handshake message
 }
 
 void Connection::startCryptoThread(Bytes rest) {
@@ -223,10 +230,56 @@ void Connection::onCryptoOutput() {
   flush();
 }
 
+// Small work with the thread idle (claimed): a read's records decrypted straight into
+// the frame reader, or the queued frames sealed, here, as without the thread.
+void Connection::readInline(const std::byte* data, size_t n) {
+  Tls& t = *tls_;
+  {
+    TlsErrorScope errors;
+    t.io.in = data;
+    t.io.inLeft = n;
+    const bool open = readRecords();
+    t.io.in = nullptr;
+    t.io.inLeft = 0;
+    if (open) takeInlineCipher();  // (a key update's answer)
+  }
+  if (t.crypto) t.crypto->release();  // (a callback may have closed the link: the thread is gone)
+  if (closing_) return;
+  if (callbacks_.onBatchEnd) callbacks_.onBatchEnd(*this);
+  if (!closing_) flush();
+}
+void Connection::sealInline() {
+  Tls& t = *tls_;
+  {
+    TlsErrorScope errors;
+    if (sealQueued()) takeInlineCipher();
+  }
+  if (t.crypto) t.crypto->release();
+}
+// The records made inline, ready to write as the thread's are.
+void Connection::takeInlineCipher() {
+  Tls& t = *tls_;
+  if (t.io.out.empty()) return;
+  queuedBytes_ += t.io.out.size();
+  t.readyBytes += t.io.out.size();
+  t.ready.push_back(std::move(t.io.out));
+  t.io.out = Bytes();
+}
+size_t Connection::queuedPlainBytes() const {
+  size_t waiting = 0;
+  for (auto& c : queue_)
+    waiting += std::holds_alternative<BigChunk>(c) ? std::get<BigChunk>(c).body.size() : std::get<std::vector<std::byte>>(c).size();
+  return waiting;
+}
+
 // With a crypto thread: the queued frames go to it to be sealed, and the ciphertext it
 // made goes out, all of it in one write.
 void Connection::flushCrypto() {
   Tls& t = *tls_;
+  if (!queue_.empty() && queuedPlainBytes() <= TlsCryptoThread::kInlineBytes && t.crypto->claim()) {
+    sealInline();
+    if (closing_) return;
+  }
   if (!queue_.empty()) {
     std::vector<PlainChunk> chunks;
     chunks.reserve(queue_.size());
@@ -261,61 +314,63 @@ namespace {
 constexpr size_t kTlsBurstBytes = 4 << 20;
 }  // namespace
 
+// Seals queue_'s frames into the TLS records of tls_->io.out, at most kTlsBurstBytes of
+// plaintext (the next write's completion seals the next): sealing a queue of 1 GiB at
+// once held the loop thread for seconds, and the other links' frames and heartbeats with
+// it. False (and the link closed) when TLS failed.
+bool Connection::sealQueued() {
+  Tls& t = *tls_;
+  auto put = [&](const std::byte* data, size_t n) {
+    while (n > 0) {
+      size_t done = 0;
+      if (SSL_write_ex(t.ssl, data, n, &done) != 1) {
+        RLOG_WARN("transport") << "TLS to " << peer_ << " failed: " << tlsErrors();
+        return false;
+      }
+      data = static_cast<const std::byte*>(data) + done;
+      n -= done;
+    }
+    return true;
+  };
+  bool ok = true;
+  size_t sealed = 0, consumed = 0;
+  while (ok && consumed < queue_.size() && sealed < kTlsBurstBytes) {
+    std::span<const std::byte> parts[2];
+    if (auto* small = std::get_if<std::vector<std::byte>>(&queue_[consumed])) {
+      parts[0] = *small;
+    } else {
+      auto& big = std::get<BigChunk>(queue_[consumed]);
+      parts[0] = big.header;
+      parts[1] = std::span<const std::byte>(big.body.data(), big.body.size());
+    }
+    size_t skip = sealedBytes_, budget = kTlsBurstBytes - sealed;
+    for (auto part : parts) {
+      if (skip >= part.size()) {
+        skip -= part.size();
+        continue;
+      }
+      size_t n = std::min(part.size() - skip, budget);
+      ok = ok && put(part.data() + skip, n);
+      skip = 0;
+      budget -= n;
+      sealed += n;
+      sealedBytes_ += n;
+    }
+    if (sealedBytes_ < parts[0].size() + parts[1].size()) break;  // the budget ran out inside it
+    sealedBytes_ = 0;
+    ++consumed;
+  }
+  queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(consumed));
+  queuedBytes_ -= std::min(queuedBytes_, sealed);
+  if (!ok) close();
+  return ok;
+}
+
 void Connection::flushTls() {
   Tls& t = *tls_;
   TlsErrorScope errors;
   if (!t.ssl) return;  // nothing has moved yet; queued frames wait for the handshake
-  if (t.established) {
-    auto put = [&](const std::byte* data, size_t n) {
-      while (n > 0) {
-        size_t done = 0;
-        if (SSL_write_ex(t.ssl, data, n, &done) != 1) {
-          RLOG_WARN("transport") << "TLS to " << peer_ << " failed: " << tlsErrors();
-          return false;
-        }
-        data = static_cast<const std::byte*>(data) + done;
-        n -= done;
-      }
-      return true;
-    };
-    // At most kTlsBurstBytes of plaintext a flush (the next write's completion seals the
-    // next): sealing a queue of 1 GiB at once held the loop thread for seconds, and the
-    // other links' frames and heartbeats with it.
-    bool ok = true;
-    size_t sealed = 0, consumed = 0;
-    while (ok && consumed < queue_.size() && sealed < kTlsBurstBytes) {
-      std::span<const std::byte> parts[2];
-      if (auto* small = std::get_if<std::vector<std::byte>>(&queue_[consumed])) {
-        parts[0] = *small;
-      } else {
-        auto& big = std::get<BigChunk>(queue_[consumed]);
-        parts[0] = big.header;
-        parts[1] = std::span<const std::byte>(big.body.data(), big.body.size());
-      }
-      size_t skip = sealedBytes_, budget = kTlsBurstBytes - sealed;
-      for (auto part : parts) {
-        if (skip >= part.size()) {
-          skip -= part.size();
-          continue;
-        }
-        size_t n = std::min(part.size() - skip, budget);
-        ok = ok && put(part.data() + skip, n);
-        skip = 0;
-        budget -= n;
-        sealed += n;
-        sealedBytes_ += n;
-      }
-      if (sealedBytes_ < parts[0].size() + parts[1].size()) break;  // the budget ran out inside it
-      sealedBytes_ = 0;
-      ++consumed;
-    }
-    queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(consumed));
-    queuedBytes_ -= std::min(queuedBytes_, sealed);
-    if (!ok) {
-      close();
-      return;
-    }
-  }
+  if (t.established && !sealQueued()) return;
   if (t.io.out.empty()) return;
   // The ciphertext made so far goes out as it is; `out` takes the last write's buffer
   // (no copy, and after the first bursts no allocation).
@@ -397,6 +452,10 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf)
   auto keep = c->shared_from_this();
   if (c->tls_ && c->tls_->crypto && nread != 0) {
     Tls& t = *c->tls_;
+    if (nread > 0 && static_cast<size_t>(nread) <= TlsCryptoThread::kInlineBytes && t.crypto->claim()) {
+      c->readInline(reinterpret_cast<const std::byte*>(buf->base), static_cast<size_t>(nread));
+      return;
+    }
     if (nread > 0) {
       t.reading.resize(static_cast<size_t>(nread));
       t.crypto->decrypt(std::move(t.reading));
@@ -479,12 +538,7 @@ void Connection::flush() {
   if (tls_ && tls_->crypto) {
     // Frames queued while a write is in flight wait for the next one (as without the
     // thread), unless a burst's worth waits: that is sealed meanwhile.
-    if (writing_) {
-      size_t waiting = 0;
-      for (auto& c : queue_)
-        waiting += std::holds_alternative<BigChunk>(c) ? std::get<BigChunk>(c).body.size() : std::get<std::vector<std::byte>>(c).size();
-      if (waiting < TlsCryptoThread::kSealBurstBytes) return;
-    }
+    if (writing_ && queuedPlainBytes() < TlsCryptoThread::kSealBurstBytes) return;
     flushCrypto();
     return;
   }

@@ -114,6 +114,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   using Chunk = std::variant<std::vector<std::byte>, BigChunk>;
   void flush();
   void flushTls();
+  bool sealQueued();
+  bool readRecords();
+  void readInline(const std::byte* data, size_t n);
+  void sealInline();
+  void takeInlineCipher();
+  size_t queuedPlainBytes() const;
   void flushCrypto();
   void startWrite(const uv_buf_t* bufs, size_t count);
   void startCryptoThread(Bytes rest);

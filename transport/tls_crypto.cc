@@ -91,6 +91,22 @@ TlsCryptoThread::Output TlsCryptoThread::take() {
   return out;
 }
 
+bool TlsCryptoThread::claim() {
+  std::lock_guard lock(mu_);
+  const bool waiting = !output_.plain.empty() || !output_.sealed.empty() || output_.ended || !output_.failure.empty();
+  if (busy_ || claimed_ || done_ || eof_ || !input_.empty() || !toSeal_.empty() || waiting) return false;
+  claimed_ = true;
+  return true;
+}
+
+void TlsCryptoThread::release() {
+  {
+    std::lock_guard lock(mu_);
+    claimed_ = false;
+  }
+  cv_.notify_one();  // (work handed over meanwhile)
+}
+
 size_t TlsCryptoThread::pendingInputBytes() const {
   std::lock_guard lock(mu_);
   return inputBytes_ + plainBytes_;
@@ -139,8 +155,10 @@ void TlsCryptoThread::run() {
   std::unique_lock lock(mu_);
   for (;;) {
     // Once the link failed or the peer closed, nothing more is done with this SSL.
-    cv_.wait(lock, [&] { return stop_ || (!done_ && (!input_.empty() || !toSeal_.empty() || eof_)); });
+    busy_ = false;
+    cv_.wait(lock, [&] { return stop_ || (!done_ && !claimed_ && (!input_.empty() || !toSeal_.empty() || eof_)); });
     if (stop_) return;
+    busy_ = true;
     std::deque<Bytes> input = std::move(input_);
     input_.clear();
     std::vector<PlainChunk> toSeal = std::move(toSeal_);

@@ -6,8 +6,8 @@
 //
 // With a crypto thread, the loop thread hands it each read's ciphertext and the frames
 // queued to send, and takes back, in order, the plaintext to frame and the ciphertext to
-// write (woken through `wake`, a uv_async_send). The SSL object is the thread's alone
-// from the hand-over on. The thread holds at most what the loop hands it: the loop stops
+// write (woken through `wake`, a uv_async_send). The SSL object is the thread's from the
+// hand-over on, but for small work the loop claims while the thread is idle (claim()). The thread holds at most what the loop hands it: the loop stops
 // reading while kMaxInputBytes of the peer's wait here (ciphertext to decrypt, plaintext
 // not yet framed), and its send backlog counts the frames handed over until their
 // ciphertext is written.
@@ -103,6 +103,12 @@ class TlsCryptoThread {
   void endOfInput();  // the socket read EOF: `ended` follows the data before it
   void seal(std::vector<PlainChunk> chunks);
   Output take();
+  // Small work is done on the loop thread itself, saving the two hand-overs of a round
+  // trip: claim() lets it use the SSL (and io) until release(), when the thread is idle,
+  // nothing is queued for it and nothing waits to be taken (so order is kept).
+  static constexpr size_t kInlineBytes = 16 * 1024;
+  bool claim();
+  void release();
   // What it holds of the peer's: ciphertext to decrypt and plaintext not yet taken.
   size_t pendingInputBytes() const;
   // A buffer for the next read (kReadBufferBytes, recycled), and one given back unused
@@ -129,6 +135,8 @@ class TlsCryptoThread {
   size_t inputBytes_ = 0, plainBytes_ = 0;
   std::vector<PlainChunk> toSeal_;
   bool eof_ = false, stop_ = false, done_ = false;
+  bool busy_ = false;     // the thread is working (with the SSL)
+  bool claimed_ = false;  // the loop thread is (claim())
   Output output_;
   std::vector<Bytes> spare_, cipherSpare_;
   std::thread thread_;

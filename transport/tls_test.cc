@@ -3,7 +3,8 @@
 // comes from its certificate, frames small and large cross intact both ways, and a
 // peer with a certificate of another CA never gets a frame through. With a crypto
 // thread on either side or both (transport/tls_crypto.h): the same, frames of both
-// directions at once in order, the frames a peer sent before it closed all delivered, a
+// directions at once in order, small frames in turn (done on the loop while the thread is
+// idle) with big ones between them, the frames a peer sent before it closed all delivered, a
 // connection closed while its thread seals, and the backlog counting what the thread
 // holds.
 #include "transport/tls.h"
@@ -215,6 +216,30 @@ TEST(TlsCryptoThread, FramesOfBothDirectionsAtOnceArriveInOrderWithEitherSideThr
     EXPECT_EQ(link.client->backlogBytes(), 0u);
     EXPECT_EQ(link.server->backlogBytes(), 0u);
     EXPECT_EQ(link.server->peerName(), "node7");
+  }
+}
+
+// Request and answer, one small frame at a time (what a sync instruction is): with the
+// thread idle, each side seals and reads such a frame itself (TlsCryptoThread::claim),
+// and the frames stay in order with the big ones the thread handles between them.
+TEST(TlsCryptoThread, SmallFramesInTurnAndBigOnesBetweenThemKeepTheirOrder) {
+  Pair tls(true, true, "turns");
+  ASSERT_TRUE(tls.server && tls.client);
+  Link link;
+  link.openVerified(tls.server, tls.client);
+  ASSERT_TRUE(link.client && link.server);
+  constexpr size_t kTurns = 200;
+  for (size_t i = 0; i < kTurns; ++i) {
+    const size_t bytes = i % 50 == 49 ? size_t(2 << 20) : 64 + i;
+    link.client->sendBody(3, i, pattern(bytes, uint8_t(i)));
+    link.run([&] { return link.atServer.size() == i + 1; });
+    ASSERT_EQ(link.atServer.size(), i + 1);
+    ASSERT_TRUE(same(link.atServer[i].second, bytes, uint8_t(i))) << "turn " << i;
+    link.server->sendBody(4, 1000 + i, pattern(32, uint8_t(i + 7)));
+    link.run([&] { return link.atClient.size() == i + 1; });
+    ASSERT_EQ(link.atClient.size(), i + 1);
+    ASSERT_EQ(link.atClient[i].first.sequence, 1000 + i);
+    ASSERT_TRUE(same(link.atClient[i].second, 32, uint8_t(i + 7))) << "turn " << i;
   }
 }
 
