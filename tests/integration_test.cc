@@ -791,6 +791,11 @@ TEST(TlsCryptoThreads, NodeLinksWithThemCarryBigAndSmallFramesExactly) {
     return n;
   };
   EXPECT_GT(threads(threaded), threads(plain)) << cluster.logs();
+  // Each daemon says so once when it starts, the one without it nothing.
+  const std::string said = "cipher work on a thread of its own";
+  EXPECT_NE(readFile(cluster.dir() + "/scheduler.log").find(said), std::string::npos) << cluster.logs();
+  EXPECT_NE(readFile(cluster.dir() + "/netaccel-threaded.log").find(said), std::string::npos) << cluster.logs();
+  EXPECT_EQ(readFile(cluster.dir() + "/netaccel-inline.log").find(said), std::string::npos) << cluster.logs();
 }
 
 // A scheduler that has just started has not heard from its netaccels yet: a program

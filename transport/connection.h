@@ -75,6 +75,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Mutual TLS on this stream (call before start()): frames are delivered, and queued
   // sends leave, only once the handshake has verified the peer's certificate against
   // the context's pool CA. A failed handshake closes the connection (logged with why).
+  // With the context's cryptoThread(), the link's cipher work then moves to a thread of
+  // its own (transport/tls_crypto.h); frames are still delivered on the loop thread.
   void useTls(std::shared_ptr<TlsContext> context);
   bool secure() const { return tls_ != nullptr; }
   // The verified peer certificate's common name ("" without TLS or before the handshake).

@@ -98,7 +98,10 @@ Result<std::shared_ptr<TlsContext>> tlsFor(TlsContext::Role role, const LinkSecu
     return fail(Code::invalidArgument,
                 "the netaccel link needs mutual TLS: give tls_ca, tls_cert and tls_key (--tls-ca, --tls-cert, --tls-key; "
                 "scripts/raccel-certs.sh makes them), or --insecure for plain TCP on loopback during development");
-  return TlsContext::create(role, security.files, security.cryptoThread);
+  auto made = TlsContext::create(role, security.files, security.cryptoThread);
+  if (made && security.cryptoThread)
+    RLOG_INFO("transport") << what << ": each TLS link's cipher work on a thread of its own (tls_crypto_thread)";
+  return made;
 }
 
 TlsContext::~TlsContext() {
