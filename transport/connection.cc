@@ -168,13 +168,7 @@ bool Connection::readRecords() {
 
 void Connection::startCryptoThread(Bytes rest) {
   Tls& t = *tls_;
-  // The handshake's last flight (made on this thread) goes first.
-  if (!t.io.out.empty()) {
-    t.readyBytes += t.io.out.size();
-    queuedBytes_ += t.io.out.size();
-    t.ready.push_back(std::move(t.io.out));
-    t.io.out.clear();
-  }
+  takeLoopCipher();  // the handshake's last flight goes first
   uv_async_init(handle_.handle.loop, &t.wake, [](uv_async_t* a) { static_cast<Connection*>(a->data)->onCryptoOutput(); });
   t.wake.data = this;
   uv_async_t* wake = &t.wake;
@@ -241,7 +235,7 @@ void Connection::readInline(const std::byte* data, size_t n) {
     const bool open = readRecords();
     t.io.in = nullptr;
     t.io.inLeft = 0;
-    if (open) takeInlineCipher();  // (a key update's answer)
+    if (open) takeLoopCipher();  // (a key update's answer)
   }
   if (t.crypto) t.crypto->release();  // (a callback may have closed the link: the thread is gone)
   if (closing_) return;
@@ -252,12 +246,13 @@ void Connection::sealInline() {
   Tls& t = *tls_;
   {
     TlsErrorScope errors;
-    if (sealQueued()) takeInlineCipher();
+    if (sealQueued()) takeLoopCipher();
   }
   if (t.crypto) t.crypto->release();
 }
-// The records made inline, ready to write as the thread's are.
-void Connection::takeInlineCipher() {
+// The records made on the loop thread (the handshake's last flight, small work done
+// inline), ready to write as the crypto thread's are.
+void Connection::takeLoopCipher() {
   Tls& t = *tls_;
   if (t.io.out.empty()) return;
   queuedBytes_ += t.io.out.size();
@@ -403,6 +398,10 @@ void Connection::start() {
 
 void Connection::pauseReading() {
   paused_ = true;
+  stopReading();
+}
+
+void Connection::stopReading() {
   if (reading_) {
     uv_read_stop(&handle_.stream);
     reading_ = false;
@@ -462,16 +461,14 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf)
       t.reading.clear();
       if (t.crypto->pendingInputBytes() >= TlsCryptoThread::kMaxInputBytes && c->reading_) {
         t.inputFull = true;  // until the thread catches up (onCryptoOutput)
-        uv_read_stop(&c->handle_.stream);
-        c->reading_ = false;
+        c->stopReading();
       }
       return;
     }
     if (nread == UV_EOF) {
       // The frames before the EOF are still being decrypted: the thread says when they
       // are all delivered, and the link closes then.
-      uv_read_stop(&c->handle_.stream);
-      c->reading_ = false;
+      c->stopReading();
       t.crypto->endOfInput();
       return;
     }
@@ -614,16 +611,15 @@ void Connection::close() {
     // connection is finished once both handles are closed.
     tls_->crypto.reset();
     ++closesPending_;
-    uv_close(reinterpret_cast<uv_handle_t*>(&tls_->wake), [](uv_handle_t* handle) {
-      auto* c = static_cast<Connection*>(handle->data);
-      if (--c->closesPending_ == 0) c->finishClose();
-    });
+    uv_close(reinterpret_cast<uv_handle_t*>(&tls_->wake), onHandleClosed);
   }
   ++closesPending_;
-  uv_close(&handle_.handle, [](uv_handle_t* handle) {
-    auto* c = static_cast<Connection*>(handle->data);
-    if (--c->closesPending_ == 0) c->finishClose();
-  });
+  uv_close(&handle_.handle, onHandleClosed);
+}
+
+void Connection::onHandleClosed(uv_handle_t* handle) {
+  auto* c = static_cast<Connection*>(handle->data);
+  if (--c->closesPending_ == 0) c->finishClose();
 }
 
 void Connection::finishClose() {

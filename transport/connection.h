@@ -120,7 +120,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool readRecords();
   void readInline(const std::byte* data, size_t n);
   void sealInline();
-  void takeInlineCipher();
+  void takeLoopCipher();
+  void stopReading();
   size_t queuedPlainBytes() const;
   void flushCrypto();
   void startWrite(const uv_buf_t* bufs, size_t count);
@@ -137,6 +138,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   static void onAlloc(uv_handle_t* handle, size_t suggested, uv_buf_t* buf);
   static void onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
   static void onWrite(uv_write_t* req, int status);
+  static void onHandleClosed(uv_handle_t* handle);
 
   union {
     uv_handle_t handle;

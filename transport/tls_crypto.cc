@@ -112,17 +112,13 @@ size_t TlsCryptoThread::pendingInputBytes() const {
   return inputBytes_ + plainBytes_;
 }
 
-Bytes TlsCryptoThread::spareLocked() {
+Bytes TlsCryptoThread::buffer() {
+  std::lock_guard lock(mu_);
   if (spare_.empty()) return Bytes(kReadBufferBytes);
   Bytes b = std::move(spare_.back());
   spare_.pop_back();
   b.resize(kReadBufferBytes);  // (not zeroed)
   return b;
-}
-
-Bytes TlsCryptoThread::buffer() {
-  std::lock_guard lock(mu_);
-  return spareLocked();
 }
 
 void TlsCryptoThread::recycle(Bytes buffer) {

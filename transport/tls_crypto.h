@@ -122,7 +122,6 @@ class TlsCryptoThread {
   void decryptOne(const Bytes& cipher, Output& out);
   bool sealAll(std::vector<PlainChunk>& chunks);  // false: TLS failed (posted)
   void post(Output& out);
-  Bytes spareLocked();
   Bytes cipherBuffer();
 
   SSL* ssl_;
