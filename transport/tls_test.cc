@@ -5,12 +5,14 @@
 // thread on either side or both (transport/tls_crypto.h): the same, frames of both
 // directions at once in order, small frames in turn (done on the loop while the thread is
 // idle) with big ones between them, the frames a peer sent before it closed all delivered, a
-// connection closed while its thread seals, and the backlog counting what the thread
-// holds.
+// connection closed while its thread seals, records that do not decrypt closing the link
+// (on the loop and on the thread), and the backlog counting what the thread holds.
 #include "transport/tls.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -291,6 +293,43 @@ TEST(TlsCryptoThread, ALinkClosedWhileItsThreadWorksStopsCleanly) {
   again.run([&] { return again.atServer.size() == 1; });
   ASSERT_EQ(again.atServer.size(), 1u);
   EXPECT_TRUE(same(again.atServer[0].second, 2 << 20, 9));
+}
+
+// A peer whose records do not decrypt, after a good handshake: a short run of them (read
+// on the loop while the thread is idle) and a long one (handed to the thread). Either way
+// the link closes with nothing delivered from them, and the frames before them arrived.
+TEST(TlsCryptoThread, RecordsThatDoNotDecryptCloseTheLink) {
+  for (size_t junk : {size_t(64), size_t(64) << 10}) {
+    SCOPED_TRACE(std::to_string(junk) + " bytes of bad records");
+    Pair tls(true, true, "junk");
+    ASSERT_TRUE(tls.server && tls.client);
+    Link link;
+    link.openVerified(tls.server, tls.client);
+    ASSERT_TRUE(link.client && link.server);
+    link.client->sendBody(3, 1, pattern(100, 1));
+    link.run([&] { return link.atServer.size() == 1; });
+    ASSERT_EQ(link.atServer.size(), 1u);
+    // Application-data records (type 23, TLS 1.2 on the wire) of random bytes, written
+    // past the client's TLS onto its socket.
+    std::vector<unsigned char> bad;
+    for (size_t at = 0; at < junk;) {
+      const size_t n = std::min<size_t>(16000, junk - at);
+      bad.insert(bad.end(), {23, 3, 3, static_cast<unsigned char>(n >> 8), static_cast<unsigned char>(n & 0xff)});
+      for (size_t i = 0; i < n; ++i) bad.push_back(static_cast<unsigned char>((i * 131 + at) & 0xff));
+      at += n;
+    }
+    uv_os_fd_t fd;
+    ASSERT_EQ(uv_fileno(reinterpret_cast<uv_handle_t*>(link.client->stream()), &fd), 0);
+    size_t written = 0;
+    while (written < bad.size()) {
+      ssize_t w = ::write(fd, bad.data() + written, bad.size() - written);
+      if (w > 0) written += size_t(w);
+      else link.run([] { return false; }, 10);
+    }
+    link.run([&] { return link.serverClosed; });
+    EXPECT_TRUE(link.serverClosed);
+    EXPECT_EQ(link.atServer.size(), 1u);
+  }
 }
 
 // tls_crypto_thread is auto, on or off; anything else is refused naming the key.
