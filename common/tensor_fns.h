@@ -16,8 +16,9 @@ enum class TensorFn : uint8_t {
   hardtanhBackward, softmax, softmaxBackward, sign,
   eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
   amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal, gatherSum,
+  maxPool2d, maxPool2dBackward,
 };
-inline constexpr unsigned kTensorFns = 66;
+inline constexpr unsigned kTensorFns = 68;
 
 enum class TensorType : uint8_t { f32, i64, boolean };
 inline constexpr unsigned kTensorTypes = 3;

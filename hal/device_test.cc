@@ -1307,6 +1307,122 @@ TEST_P(Conformance, TensorGatherSumIsIm2colAndCol2im) {
   }
 }
 
+// Max pooling over overlapping, dilated windows (3 x 2, stride 2 x 1, dilation 1 x 2) of
+// a [2, 3, 9, 7] input with ties, -inf windows and NaNs: each window's largest element and
+// its index h * W + w as PyTorch's CPU kernel picks them (the first of equals, the last
+// NaN), whole and cut into one slice a plane; the backward sums each output's gradient at
+// its index (overlapping windows pick some positions twice), over a plane it first sets to
+// 0, an index outside the plane adding nowhere.
+TEST_P(Conformance, TensorMaxPoolAndItsBackwardMatchReference) {
+  const int64_t n = 2, c = 3, h = 9, w = 7, kh = 3, kw = 2, sh = 2, sw = 1, dh = 1, dw = 2;
+  const int64_t oh = (h - dh * (kh - 1) - 1) / sh + 1, ow = (w - dw * (kw - 1) - 1) / sw + 1, hw = h * w, ohw = oh * ow;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  auto x = randomFloats(n * c * hw, 41);
+  for (auto& v : x) v = std::round(v * 2) / 2;  // ties
+  for (int64_t i = 0; i < hw; ++i) x[hw + i] = -inf;  // plane 1: every window -inf
+  x[2 * hw + 3] = nan, x[2 * hw + 5] = nan;  // plane 2: two NaNs in one window
+  x[3 * hw + 20] = nan;
+  auto ux = [](int64_t v) { return uint64_t(v); };
+  auto bx = floats(x), values = floats(std::vector<float>(n * c * ohw, 7)), sliced = floats(std::vector<float>(n * c * ohw));
+  auto index = [&] {
+    auto b = device->allocate(n * c * ohw * 8);
+    EXPECT_TRUE(b);
+    return std::move(*b);
+  };
+  auto bi = index(), bis = index();
+  auto pool = [&](Buffer* out, Buffer* idx) {
+    return tensorOp(TensorFn::maxPool2d, {ux(n), ux(c), ux(oh), ux(ow), ux(kh), ux(kw)},
+                    {view(out, 0, {ux(c * ohw), ux(ohw), ux(ow), 1, 0, 0}),
+                     view(bx.get(), 0, {ux(c * hw), ux(hw), ux(sh * w), ux(sw), ux(dh * w), ux(dw)}),
+                     view(idx, 0, {ux(c * ohw), ux(ohw), ux(ow), 1, 0, 0}, TensorType::i64)});
+  };
+  auto s = device->tensor(pool(values.get(), bi.get()));
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  auto slices = sliceTensor(pool(sliced.get(), bis.get()), double(ohw * kh * kw));  // a plane a slice
+  EXPECT_EQ(slices->total(), uint64_t(n * c));
+  for (bool done = false; !done;) {
+    auto r = slices->runNext(*device);
+    ASSERT_TRUE(r) << r.error().message;
+    done = *r;
+  }
+  auto readInts = [&](const Buffer& b) {
+    std::vector<int64_t> v(n * c * ohw);
+    EXPECT_TRUE(device->read(b, 0, std::as_writable_bytes(std::span(v))));
+    return v;
+  };
+  auto gv = readFloats(*values, n * c * ohw), gs = readFloats(*sliced, n * c * ohw);
+  auto gi = readInts(*bi), gis = readInts(*bis);
+  std::vector<int64_t> want(n * c * ohw);
+  for (int64_t p = 0; p < n * c; ++p)
+    for (int64_t y = 0; y < oh; ++y)
+      for (int64_t q = 0; q < ow; ++q) {
+        float best = -inf;
+        int64_t at = (y * sh) * w + q * sw;
+        for (int64_t i = 0; i < kh; ++i)
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t pos = (y * sh + i * dh) * w + q * sw + j * dw;
+            const float v = x[p * hw + pos];
+            if (v > best || std::isnan(v)) best = v, at = pos;
+          }
+        const int64_t o = p * ohw + y * ow + q;
+        want[o] = at;
+        EXPECT_EQ(gi[o], at) << "plane " << p << " output " << y << "," << q;
+        EXPECT_EQ(gis[o], at) << "sliced: plane " << p << " output " << y << "," << q;
+        if (std::isnan(best)) {
+          EXPECT_TRUE(std::isnan(gv[o]) && std::isnan(gs[o])) << o;
+        } else {
+          EXPECT_EQ(gv[o], best) << o;
+          EXPECT_EQ(gs[o], best) << o;
+        }
+      }
+  // The backward, with two indices no forward makes (-1 and the plane's size).
+  want[4] = -1, want[(n * c - 1) * ohw + 2] = hw;  // the last plane's: one past its end
+  ASSERT_TRUE(device->write(*bi, 0, std::as_bytes(std::span(want))));
+  auto g = randomFloats(n * c * ohw, 42);
+  auto bg = floats(g), gin = floats(std::vector<float>(n * c * hw + 8, 9));  // 8 past the planes, kept
+  auto back = tensorOp(TensorFn::maxPool2dBackward, {ux(n), ux(c), ux(oh), ux(ow), ux(h), ux(w)},
+                       {view(gin.get(), 0, {ux(c * hw), ux(hw), 0, 0, ux(w), 1}),
+                        view(bg.get(), 0, {ux(c * ohw), ux(ohw), ux(ow), 1, 0, 0}),
+                        view(bi.get(), 0, {ux(c * ohw), ux(ohw), ux(ow), 1, 0, 0}, TensorType::i64)});
+  ASSERT_TRUE(device->tensor(back));
+  std::vector<float> wantIn(n * c * hw, 0);
+  for (int64_t p = 0; p < n * c; ++p)
+    for (int64_t o = 0; o < ohw; ++o)
+      if (want[p * ohw + o] >= 0 && want[p * ohw + o] < hw) wantIn[p * hw + want[p * ohw + o]] += g[p * ohw + o];
+  wantIn.resize(n * c * hw + 8, 9);
+  auto got = readFloats(*gin, wantIn.size());
+  for (size_t i = 0; i < wantIn.size(); ++i) EXPECT_EQ(got[i], wantIn[i]) << i;
+
+  // What the kernels could not keep inside their buffers, or would read while writing.
+  auto refused = [&](TensorOp op, const char* says) {
+    auto r = device->tensor(op);
+    ASSERT_FALSE(r) << says;
+    EXPECT_EQ(r.error().code, Code::invalidArgument);
+    EXPECT_NE(r.error().message.find(says), std::string::npos) << r.error().message;
+  };
+  auto roomy = floats(std::vector<float>(4 * n * c * hw));  // room for the strides below
+  auto op = pool(values.get(), bi.get());
+  op.operands[2].type = TensorType::f32;
+  refused(op, "the index is i64");
+  op = pool(roomy.get(), bi.get());
+  op.operands[0].strides[5] = 1;
+  refused(op, "strides over kh and kw must be 0");
+  op = pool(values.get(), bx.get());  // the index written over the input
+  refused(op, "overlaps");
+  op = pool(values.get(), bi.get());
+  op.dims = 3;
+  refused(op, "4 to 6 dimensions");
+  auto bad = back;
+  bad.operands[0].buffer = roomy.get();
+  bad.operands[0].strides[2] = 1;
+  refused(bad, "the output's strides over oh and ow must be 0");
+  bad = back;
+  bad.operands[1].buffer = roomy.get();
+  bad.operands[1].strides[4] = 1;
+  refused(bad, "grad's strides over h and w must be 0");
+}
+
 // Counter-based random numbers: the same key draws the same numbers (whole or sliced),
 // another key others, and their distributions are the ones asked for.
 TEST_P(Conformance, TensorRandomNumbersAreReproduciblePerKeyAndDistributedAsAsked) {

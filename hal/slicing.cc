@@ -21,6 +21,11 @@ double flopsPerElement(const TensorOp& op) {
     case TensorFn::softmaxBackward:
     case TensorFn::layerNorm:
     case TensorFn::layerNormBackward: return 4;
+    case TensorFn::maxPool2dBackward: {  // a plane's outputs and inputs, over oh x ow x h x w elements
+      const double oh = double(op.shape[op.dims - 4]) * double(op.shape[op.dims - 3]);
+      const double in = double(op.shape[op.dims - 2]) * double(op.shape[op.dims - 1]);
+      return (oh + in) / std::max(oh * in, 1.0);
+    }
     default: return 1;
   }
 }
@@ -30,6 +35,8 @@ double flopsPerElement(const TensorOp& op) {
 int lastCuttable(const TensorOp& op) {
   switch (op.fn) {
     case TensorFn::nllLoss: return -1;  // one work-item: never cut
+    case TensorFn::maxPool2d:  // the planes only: an index counts from its plane's first element
+    case TensorFn::maxPool2dBackward: return int(op.dims) - 5;
     case TensorFn::logSoftmax:
     case TensorFn::logSoftmaxBackward:
     case TensorFn::softmax:

@@ -36,7 +36,8 @@ static_assert(RC_SUM == int(TensorFn::sum) && RC_WHERE == int(TensorFn::where) &
               RC_INDEX_SELECT == int(TensorFn::indexSelect) && RC_INDEX_ADD == int(TensorFn::indexAdd) &&
               RC_UNIFORM == int(TensorFn::uniform) && RC_BERNOULLI == int(TensorFn::bernoulli) &&
               RC_NORMAL == int(TensorFn::normal) && RC_GATHER_SUM == int(TensorFn::gatherSum) &&
-              kTensorFns == RC_GATHER_SUM + 1);
+              RC_MAX_POOL == int(TensorFn::maxPool2d) && RC_MAX_POOL_BACKWARD == int(TensorFn::maxPool2dBackward) &&
+              kTensorFns == RC_MAX_POOL_BACKWARD + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               kTensorTypes == 3);
 
@@ -81,6 +82,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"indexSelect", 3, "rc_index_select"}, {"indexAdd", 3, "rc_index_add"},
     {"uniform", 1, "rc_random"}, {"bernoulli", 1, "rc_random"},
     {"normal", 1, "rc_random"}, {"gatherSum", 3, "rc_gather_sum"},
+    {"maxPool2d", 3, "rc_max_pool"}, {"maxPool2dBackward", 3, "rc_max_pool_backward"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -170,6 +172,11 @@ Status checkTypes(const TensorOp& op, unsigned operands, const std::string& name
       for (unsigned i = 0; i < operands; ++i)
         if (type(i) != (i == 2 ? TensorType::i64 : TensorType::f32)) return bad(i, i == 2 ? "the targets are i64" : "f32");
       return {};
+    case TensorFn::maxPool2d:
+    case TensorFn::maxPool2dBackward:
+      for (unsigned i = 0; i < operands; ++i)
+        if (type(i) != (i == 2 ? TensorType::i64 : TensorType::f32)) return bad(i, i == 2 ? "the index is i64" : "f32");
+      return {};
     default:
       for (unsigned i = 0; i < operands; ++i)
         if (type(i) != TensorType::f32) return bad(i, "f32");
@@ -198,6 +205,20 @@ struct Refuse {
   const std::string& name;
   std::unexpected<Error> operator()(const std::string& why) const { return fail(Code::invalidArgument, name + ": " + why); }
 };
+
+// A work-item of max pooling walks a row of windows (the forward) or a plane (the
+// backward), and an op of one plane is never cut (hal/slicing.h): each is bounded.
+Status checkPoolWork(const TensorOp& op, uint64_t elements, const Refuse& bad) {
+  const unsigned d = op.dims - 4;
+  const uint64_t oh = op.shape[d], ow = op.shape[d + 1], inner = limits::satMul(op.shape[d + 2], op.shape[d + 3]);
+  if (op.fn == TensorFn::maxPool2d) {
+    if (limits::satMul(ow, inner) > kMaxRowElements) return bad("rows of windows of more than 2^24 elements");
+  } else if (limits::satAdd(limits::satMul(oh, ow), inner) > kMaxRowElements) {
+    return bad("planes of more than 2^24 elements (oh x ow + h x w)");
+  }
+  if (op.dims == 4 && elements > kMaxRowElements) return bad("one plane of more than 2^24 elements (give it a plane dimension)");
+  return {};
+}
 
 // The shape each function takes, its bounds, and which dimensions a reduction reduces.
 Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
@@ -228,6 +249,13 @@ Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
     case TensorFn::layerNormBackward:
       if (op.dims != 2 && op.dims != 3)
         return bad("takes a shape of 2 dimensions [rows, cols], or 3 [rows, outer, cols] (batch norm's channels)");
+      break;
+    case TensorFn::maxPool2d:
+    case TensorFn::maxPool2dBackward:
+      if (op.dims < 4)
+        return bad(op.fn == TensorFn::maxPool2d ? "takes a shape of 4 to 6 dimensions [planes..., oh, ow, kh, kw]"
+                                                : "takes a shape of 4 to 6 dimensions [planes..., oh, ow, h, w]");
+      if (auto s = checkPoolWork(op, elements, bad); !s) return s;
       break;
     default:
       break;
@@ -347,6 +375,20 @@ Status checkLayout(const TensorOp& op, const std::array<uint64_t, kMaxTensorOper
       if (rule) rule = zeroStride(2, op.dims - 1, "the index's stride over the rows must be 0");
       if (rule) rule = disjoint(0, 1);
       if (rule) rule = disjoint(0, 2);
+      break;
+    case TensorFn::maxPool2d:  // out and index over the windows, not their elements
+    case TensorFn::maxPool2dBackward:  // out over the input's plane; grad and index over the outputs
+      for (unsigned d = op.dims - 2; d < op.dims && rule; ++d) {
+        if (op.fn == TensorFn::maxPool2d) rule = zeroStride(0, d, "the output's strides over kh and kw must be 0");
+        else rule = zeroStride(1, d, "grad's strides over h and w must be 0");
+        if (rule) rule = zeroStride(2, d, op.fn == TensorFn::maxPool2d ? "the index's strides over kh and kw must be 0"
+                                                                       : "the index's strides over h and w must be 0");
+        if (rule && op.fn == TensorFn::maxPool2dBackward)
+          rule = zeroStride(0, d - 2, "the output's strides over oh and ow must be 0");
+      }
+      if (rule) rule = disjoint(0, 1);
+      if (rule) rule = disjoint(0, 2);
+      if (rule && op.fn == TensorFn::maxPool2d) rule = disjoint(1, 2);  // the index is written there
       break;
     case TensorFn::nllLoss:
     case TensorFn::nllLossBackward: {
@@ -474,6 +516,15 @@ void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, Lowered
     const int64_t outputs = static_cast<int64_t>(elements) / (g.inner * g.shape[op.dims - 1]);
     g.n = (outputs + RC_GATHER_RUN - 1) / RC_GATHER_RUN;
     out.flops = double(outputs) * double(g.inner);
+  } else if (op.fn == TensorFn::maxPool2d) {  // a work-item per row of windows
+    g.inner = g.shape[op.dims - 3];
+    g.n = static_cast<int64_t>(elements) / (g.inner * g.shape[op.dims - 2] * g.shape[op.dims - 1]);
+    out.flops = double(elements);
+  } else if (op.fn == TensorFn::maxPool2dBackward) {  // a work-item per plane
+    const int64_t outputs = g.shape[op.dims - 4] * g.shape[op.dims - 3], inputs = g.shape[op.dims - 2] * g.shape[op.dims - 1];
+    g.n = static_cast<int64_t>(elements) / (outputs * inputs);
+    g.inner = outputs + inputs;
+    out.flops = double(g.n) * double(g.inner);
   } else if (op.fn == TensorFn::nllLoss) {
     g.n = 1;
     g.inner = 1;

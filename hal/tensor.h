@@ -32,6 +32,7 @@ class Buffer;
 #define RC_LOG(x) std::log(x)
 #define RC_FMAX(x, y) std::fmax(x, y)
 #define RC_NAN std::numeric_limits<float>::quiet_NaN()
+#define RC_INFINITY std::numeric_limits<float>::infinity()
 #define RC_SQRT(x) std::sqrt(x)
 #define RC_TANH(x) std::tanh(x)
 #define RC_POW(x, y) std::pow(x, y)

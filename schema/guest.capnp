@@ -354,6 +354,18 @@ struct Op {
 #     a pick outside [0, rows) adding 0. At most 2^24 picks. (im2col: one pick per
 #     output, -1 for padding; col2im and pooling's backward: each input position's picks
 #     among the windows that hold it.)
+#   maxPool2d: shape [planes..., oh, ow, kh, kw] (4 to 6 dimensions: the windows, as a
+#     strided view of the input over them); operands out (f32) and index (i64), both with
+#     strides 0 over kh and kw, and a (f32): each window's largest element (a NaN, the
+#     last one, wins, as in PyTorch) and, in index, its offset in a from its plane's
+#     first element: the sum over the last four dimensions of position x a's stride, which
+#     is h * W + w over a contiguous plane, PyTorch's index. At most 2^24 elements in a
+#     row of windows (ow x kh x kw); a shape of 4 dimensions (one plane) at most 2^24 in all.
+#   maxPool2dBackward: shape [planes..., oh, ow, h, w] (4 to 6 dimensions); operands out
+#     (f32: the input's gradient, strides 0 over oh and ow), grad (f32) and index (i64),
+#     both with strides 0 over h and w: each plane of out is set to 0, then every grad
+#     element of the plane added at out's position index / w, index % w (an index outside
+#     [0, h x w) adds nowhere). At most 2^24 of oh x ow + h x w a plane.
 #   uniform, bernoulli, normal: out (f32) alone; per element, a Philox-4x32-10 draw
 #     keyed by ignoreIndex at the element's position in out's buffer: alpha + (beta -
 #     alpha) * u (u in [0, 1)) | 1 with probability alpha, else 0 | normal with mean
@@ -457,6 +469,8 @@ enum TensorFn {
   bernoulli @63;
   normal @64;
   gatherSum @65;
+  maxPool2d @66;
+  maxPool2dBackward @67;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -223,6 +223,7 @@ const char* kTensorPrelude = R"CU(
 #define RC_LOG(x) logf(x)
 #define RC_FMAX(x, y) fmaxf(x, y)
 #define RC_NAN __int_as_float(0x7fffffff)
+#define RC_INFINITY __int_as_float(0x7f800000)
 #define RC_SQRT(x) sqrtf(x)
 #define RC_TANH(x) tanhf(x)
 #define RC_POW(x, y) powf(x, y)

@@ -31,6 +31,7 @@ const char* kTensorPrelude = R"CLC(
 #define RC_LOG(x) log(x)
 #define RC_FMAX(x, y) fmax(x, y)
 #define RC_NAN NAN
+#define RC_INFINITY INFINITY
 #define RC_SQRT(x) sqrt(x)
 #define RC_TANH(x) tanh(x)
 #define RC_POW(x, y) pow(x, y)

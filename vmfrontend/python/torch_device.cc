@@ -2021,6 +2021,19 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& sel
   auto win = windows(padded(self, w, -INFINITY), w);
   const int64_t nc = self.size(0) * self.size(1), oh = win.size(2), ow = win.size(3), kk = w.kh * w.kw;
   auto values = emptyOn({self.size(0), self.size(1), oh, ow});
+  if (w.ph == 0 && w.pw == 0) {  // one op: the windows of a contiguous plane give PyTorch's indices themselves
+    auto indices = emptyOn(values.sizes(), at::kLong);
+    Locked s;
+    client::TensorOp op;
+    op.fn = TensorFn::maxPool2d;
+    op.shape = shapeOf(win.sizes());
+    op.operands = {operand(values, {oh * ow * self.size(1), oh * ow, ow, 1, 0, 0}), operand(win, win.strides()),
+                   operand(indices, {oh * ow * self.size(1), oh * ow, ow, 1, 0, 0})};
+    send(*s, op);
+    return {values, indices};
+  }
+  // Padded: the padding's -inf must not win a window of -inf inputs (PyTorch's index is
+  // then the first input element), so amax, then the position, then the input's index.
   reduceInto(TensorFn::amax, values, win, 0b110000, false);
   // Each window's input position: the sources table's entry in the row of its largest
   // element (a gather along the table's window elements).
@@ -2048,11 +2061,19 @@ at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Te
       return at::max_pool2d_with_indices_backward(host(grad), host(self), kernel, stride, padding, dilation, ceilMode,
                                                   host(indices)).to(self.device());
     });
-  const int64_t n = self.size(0), c = self.size(1), ohw = grad.size(2) * grad.size(3), kk = w.kh * w.kw;
-  auto sources = windowTable(self.size(2), self.size(3), w, Table::sources).view({1, 1, kk, ohw});
-  auto taken = at::eq(indices.reshape({n, c, 1, ohw}), sources);  // [N, C, KK, OHW]
-  auto cols = at::where(taken, grad.reshape({n, c, 1, ohw}), at::zeros({}, grad.options()));
-  return uncolumns(cols.view({n, c, kk * ohw}), self, w);
+  // One op: each plane of the input's gradient set to 0, then each output's gradient
+  // added at its index.
+  const int64_t h = self.size(2), wd = self.size(3);
+  auto out = emptyOn(self.sizes());
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::maxPool2dBackward;
+  op.shape = shapeOf({self.size(0), self.size(1), grad.size(2), grad.size(3), h, wd});
+  auto over = [](const at::Tensor& t) { return std::vector<int64_t>{t.stride(0), t.stride(1), t.stride(2), t.stride(3), 0, 0}; };
+  op.operands = {operand(out, {self.size(1) * h * wd, h * wd, 0, 0, wd, 1}), operand(grad, over(grad)),
+                 operand(indices, over(indices))};
+  send(*s, op);
+  return out;
 }
 
 // Average pooling (padding counted in the divisor, as PyTorch does by default): each
