@@ -183,6 +183,8 @@ void Connection::startCryptoThread(Bytes rest) {
 void Connection::onCryptoOutput() {
   Tls& t = *tls_;
   if (closing_ || !t.crypto) return;
+  auto keep = shared_from_this();
+  Cork cork;
   TlsCryptoThread::Output out = t.crypto->take();
   if (!out.failure.empty()) {
     RLOG_WARN("transport") << "TLS with " << peer_ << " failed: " << out.failure;
@@ -449,6 +451,7 @@ void Connection::onAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
 void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   auto* c = static_cast<Connection*>(stream->data);
   auto keep = c->shared_from_this();
+  Cork cork;  // what its frames make goes out in one write per connection
   if (c->tls_ && c->tls_->crypto && nread != 0) {
     Tls& t = *c->tls_;
     if (nread > 0 && static_cast<size_t>(nread) <= TlsCryptoThread::kInlineBytes && t.crypto->claim()) {
@@ -530,7 +533,34 @@ void Connection::sendBody(uint32_t channel, uint64_t sequence, Body body) {
   flush();
 }
 
+namespace {
+thread_local int corkDepth = 0;
+thread_local std::vector<std::shared_ptr<Connection>>* corked = nullptr;  // owned while depth > 0
+}  // namespace
+
+Connection::Cork::Cork() {
+  if (corkDepth++ == 0) corked = new std::vector<std::shared_ptr<Connection>>();
+}
+Connection::Cork::~Cork() {
+  if (--corkDepth > 0) return;
+  std::unique_ptr<std::vector<std::shared_ptr<Connection>>> list(std::exchange(corked, nullptr));
+  for (auto& c : *list) {  // (a write that fails closes its connection: the others go on)
+    if (!c->corked_) continue;
+    c->corked_ = false;
+    c->flushNow();
+  }
+}
+
 void Connection::flush() {
+  if (closing_) return;
+  if (corkDepth > 0) {
+    if (!corked_) corked_ = true, corked->push_back(shared_from_this());
+    return;
+  }
+  flushNow();
+}
+
+void Connection::flushNow() {
   if (closing_) return;
   if (tls_ && tls_->crypto) {
     // Frames queued while a write is in flight wait for the next one (as without the
@@ -603,6 +633,11 @@ void Connection::throttle(Connection& source) {
 
 void Connection::close() {
   if (closing_) return;
+  if (corked_) {  // what a cork holds leaves first, as it would have without one
+    corked_ = false;
+    flushNow();
+    if (closing_) return;  // (the write failed and closed it)
+  }
   closing_ = true;
   closeLanes();
   reading_ = false;

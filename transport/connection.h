@@ -53,8 +53,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void send(uint32_t channel, uint64_t sequence, capnp::MessageBuilder& message);
   // Sends one frame whose body is already encoded, without copying it.
   void sendBody(uint32_t channel, uint64_t sequence, Body body);
-  // Closes the stream after nothing more is read; queued sends are dropped.
+  // Closes the stream after nothing more is read; queued sends are dropped (but for those
+  // a Cork holds: they are written first, as they would have been without it).
   void close();
+
+  // While one is held (on this thread), frames sent on any connection are queued, and
+  // each connection with some makes one write when the outermost cork ends, instead of
+  // one for its first frame and another, once that completes, for the rest. Held around
+  // the delivery of one read's frames (a relay forwards them as one write, and a card's
+  // kernel times and fence answer reach the guest as one wake-up) and around a batch of
+  // a daemon's own outputs.
+  class Cork {
+   public:
+    Cork();
+    ~Cork();
+    Cork(const Cork&) = delete;
+    Cork& operator=(const Cork&) = delete;
+  };
   bool closed() const { return closing_; }
 
   // Bytes queued to send and in flight (with TLS, handed to the crypto thread and sealed
@@ -114,7 +129,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Body body;
   };
   using Chunk = std::variant<std::vector<std::byte>, BigChunk>;
-  void flush();
+  void flush();     // now, or when the cork ends
+  void flushNow();  // starts a write of what is queued, if none is in flight
   void flushTls();
   bool sealQueued();
   bool readRecords();
@@ -155,6 +171,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t sealedBytes_ = 0;  // TLS: bytes of queue_'s first chunk already encrypted
   uv_write_t writeReq_;
   bool writing_ = false, reading_ = false, paused_ = false, closing_ = false, started_ = false;
+  bool corked_ = false;  // queued frames wait for the end of a Cork (listed there)
   bool truncated_ = false;
   int closesPending_ = 0;  // handles (the stream, a crypto thread's wake-up) not yet closed
   std::vector<std::function<void()>> drainWaiters_;
