@@ -382,6 +382,7 @@ void Connection::flushTls() {
 void Connection::startWrite(const uv_buf_t* bufs, size_t count) {
   writeReq_.data = this;
   writing_ = true;
+  ++writes_;
   int rc = uv_write(&writeReq_, &handle_.stream, bufs, static_cast<unsigned>(count), onWrite);
   if (rc != 0) {
     writing_ = false;

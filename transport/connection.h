@@ -108,6 +108,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (LaneOut::buildIn, from any thread).
   std::shared_ptr<LaneOut> outLane() const;
   uint64_t laneFramesSent() const;
+  // Writes started on the stream so far (each may carry many frames).
+  uint64_t writes() const { return writes_; }
   uint64_t laneFramesReceived() const;
   // Bytes the frame reader holds for this connection now (idle peers cost none).
   size_t bufferedBytes() const { return reader_.stagedCapacity(); }
@@ -172,6 +174,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uv_write_t writeReq_;
   bool writing_ = false, reading_ = false, paused_ = false, closing_ = false, started_ = false;
   bool corked_ = false;  // queued frames wait for the end of a Cork (listed there)
+  uint64_t writes_ = 0;
   bool truncated_ = false;
   int closesPending_ = 0;  // handles (the stream, a crypto thread's wake-up) not yet closed
   std::vector<std::function<void()>> drainWaiters_;

@@ -1,6 +1,7 @@
 #include "transport/connection.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <thread>
@@ -92,6 +93,53 @@ TEST(Connection, TruncatedFrameIsReportedOnClose) {
   (*listener)->close();
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
+}
+
+// A relay's cork: the three frames of one read, each forwarded from the read's delivery,
+// leave as one write. Without it the first went at once and the other two once that
+// write's callback ran: two writes, and a peer that may wake for each.
+TEST(Connection, FramesForwardedFromOneReadLeaveAsOneWrite) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  int in[2], out[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in), 0);
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, out), 0);
+  auto open = [&](int fd) {
+    auto c = Connection::create(&loop, Connection::Kind::pipe, 1 << 20);
+    EXPECT_EQ(uv_pipe_open(reinterpret_cast<uv_pipe_t*>(c->stream()), fd), 0);
+    return c;
+  };
+  auto a = open(in[0]), b = open(out[0]);
+  int relayed = 0;
+  Connection::Callbacks cb;
+  cb.onFrame = [&](Connection&, const FrameHeader& h, Body body) {
+    b->sendBody(h.channel, h.sequence, std::move(body));
+    ++relayed;
+  };
+  a->setCallbacks(cb);
+  a->start();
+  b->setCallbacks({});
+  b->start();
+  std::vector<std::byte> wire;
+  for (uint64_t i = 1; i <= 3; ++i) {
+    std::vector<std::byte> frame(kHeaderBytes + 100, std::byte{static_cast<unsigned char>(i)});
+    encodeHeader(FrameHeader{7, 100, i}, frame.data());
+    wire.insert(wire.end(), frame.begin(), frame.end());
+  }
+  ASSERT_EQ(::write(in[1], wire.data(), wire.size()), static_cast<ssize_t>(wire.size()));
+  for (int turns = 0; relayed < 3 && turns < 1000; ++turns) uv_run(&loop, UV_RUN_NOWAIT);
+  ASSERT_EQ(relayed, 3);
+  EXPECT_EQ(b->writes(), 1u);
+  std::vector<std::byte> got(wire.size() + 1);
+  EXPECT_EQ(::recv(out[1], got.data(), got.size(), MSG_DONTWAIT), static_cast<ssize_t>(wire.size()));
+  got.resize(wire.size());
+  EXPECT_EQ(got, wire);
+  a->close();
+  b->close();
+  ::close(in[1]);
+  ::close(out[1]);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  EXPECT_EQ(uv_loop_close(&loop), 0);
 }
 
 TEST(Address, ParsesUnixAndTcpAndRefusesNonsense) {
