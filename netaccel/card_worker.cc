@@ -360,7 +360,8 @@ void CardWorker::run() {
           if (!timed) charge(it->second, nowNs() - start);
           else if (existingDevice((*tenants_)[it->second.tenant]) == device) {  // not lost meanwhile
             ++outstanding_[device];  // at most one kernel per instruction (or slice) can be in flight for it
-            collect(*device);
+            if (device == plugged && inFlightTotal_ + 1 < depth()) countPosted(*device);
+            else collect(*device);
           }
         }
         std::lock_guard lock(mu_);
@@ -536,6 +537,13 @@ void CardWorker::forgetDevice(hal::Device* device) {
   }
   stalledSince_.erase(device);
   outstanding_.erase(device);
+}
+
+void CardWorker::countPosted(hal::Device& device) {
+  size_t& inFlight = inFlight_[&device];
+  if (inFlight == 0) stalledSince_[&device] = nowNs();
+  ++inFlight;
+  ++inFlightTotal_;
 }
 
 size_t CardWorker::collect(hal::Device& device) {
