@@ -439,14 +439,14 @@ class OpenclDevice final : public Device {
                                   [&](const KernelDescription& k) { return k.name == kernelName; });
     for (size_t i = 0; i < args.size(); ++i) {
       const KernelArg& a = args[i];
-      const std::string which = "kernel " + kernelName + " argument " + std::to_string(i);
+      auto which = [&] { return "kernel " + kernelName + " argument " + std::to_string(i); };  // (made only to refuse)
       // What the card's compiler says of this argument, if it said.
       const KernelArgDescription* declared =
           described != p.description.kernels.end() && i < described->args.size() ? &described->args[i] : nullptr;
       // An image only where the kernel takes one (a driver may take any cl_mem for any).
       if (declared && (a.type == KernelArg::Type::image) != isImageTypeName(declared->typeName) &&
           (a.type == KernelArg::Type::image || a.type == KernelArg::Type::buffer))
-        return clFail(Code::invalidArgument, which + " is " + (a.type == KernelArg::Type::image ? "an image" : "a buffer") +
+        return clFail(Code::invalidArgument, which() + " is " + (a.type == KernelArg::Type::image ? "an image" : "a buffer") +
                                                  "; the kernel takes " + declared->typeName, CL_INVALID_MEM_OBJECT);
       cl_int rc = CL_SUCCESS;
       cl_mem mem = nullptr;
@@ -456,11 +456,11 @@ class OpenclDevice final : public Device {
           mem = memOf(*a.buffer);
           if (a.offset != 0) {
             if (a.offset % baseAlign_ != 0)
-              return fail(Code::invalidArgument, which + ": a buffer from offset " + std::to_string(a.offset) +
+              return fail(Code::invalidArgument, which() + ": a buffer from offset " + std::to_string(a.offset) +
                                                      " is not aligned to this device's " + std::to_string(baseAlign_) +
                                                      " bytes (CL_DEVICE_MEM_BASE_ADDR_ALIGN)");
             if (a.offset >= a.buffer->size())
-              return fail(Code::invalidArgument, which + ": a buffer from its very end (nothing left to pass)");
+              return fail(Code::invalidArgument, which() + ": a buffer from its very end (nothing left to pass)");
             rc = made.subBuffer(mem, a.offset, a.buffer->size() - a.offset, &mem);
             if (rc != CL_SUCCESS) break;
           }
@@ -489,9 +489,9 @@ class OpenclDevice final : public Device {
       }
       if (rc == CL_IMAGE_FORMAT_NOT_SUPPORTED || rc == CL_INVALID_IMAGE_SIZE || rc == CL_INVALID_IMAGE_FORMAT_DESCRIPTOR ||
           rc == CL_INVALID_IMAGE_DESCRIPTOR)
-        return clFail(Code::invalidArgument, which + ": the card refused the image (" + clError(rc) + ")", rc);
+        return clFail(Code::invalidArgument, which() + ": the card refused the image (" + clError(rc) + ")", rc);
       if (rc != CL_SUCCESS)
-        return clFail(Code::invalidArgument, which + " does not match its declaration (" + clError(rc) + ")", rc);
+        return clFail(Code::invalidArgument, which() + " does not match its declaration (" + clError(rc) + ")", rc);
     }
     return {};
   }
