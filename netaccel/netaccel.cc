@@ -626,6 +626,7 @@ void Netaccel::takeLane(Link& link, capnp::Text::Reader path, capnp::Data::Reade
 
 void Netaccel::sendHeartbeat(Link& link) {
   if (!link.connection) return;
+  link.connection->trimIdle();  // a link idle since the last heartbeat gives its burst buffers back
   capnp::MallocMessageBuilder m;
   auto hb = m.initRoot<wire::NodeMessage>().initHeartbeat();
   hb.setContexts(static_cast<uint32_t>(link.contexts.size()));

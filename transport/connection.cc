@@ -379,10 +379,31 @@ void Connection::flushTls() {
 }
 
 // The one write in flight (its completion, onWrite, starts the next).
+size_t Connection::retainedBytes() const {
+  if (!tls_) return 0;
+  const Tls& t = *tls_;
+  size_t bytes = t.sending.capacity();
+  if (t.crypto) bytes += t.crypto->spareBytes();
+  else bytes += t.io.out.capacity();  // (the thread's own while it runs)
+  return bytes;
+}
+
+bool Connection::trimIdle() {
+  const uint64_t moved = moved_ - movedAtTrim_;
+  movedAtTrim_ = moved_;
+  if (moved >= kTrimBelowBytes || !tls_ || closing_) return false;
+  Tls& t = *tls_;
+  if (!writing_) Bytes().swap(t.sending);
+  if (t.crypto) t.crypto->releaseSpares();
+  else if (t.io.out.empty()) Bytes().swap(t.io.out);
+  return true;
+}
+
 void Connection::startWrite(const uv_buf_t* bufs, size_t count) {
   writeReq_.data = this;
   writing_ = true;
   ++writes_;
+  for (size_t i = 0; i < count; ++i) moved_ += bufs[i].len;
   int rc = uv_write(&writeReq_, &handle_.stream, bufs, static_cast<unsigned>(count), onWrite);
   if (rc != 0) {
     writing_ = false;
@@ -453,6 +474,7 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf)
   auto* c = static_cast<Connection*>(stream->data);
   auto keep = c->shared_from_this();
   Cork cork;  // what its frames make goes out in one write per connection
+  if (nread > 0) c->moved_ += static_cast<uint64_t>(nread);
   if (c->tls_ && c->tls_->crypto && nread != 0) {
     Tls& t = *c->tls_;
     if (nread > 0 && static_cast<size_t>(nread) <= TlsCryptoThread::kInlineBytes && t.crypto->claim()) {

@@ -134,6 +134,21 @@ void TlsCryptoThread::recycleCipher(Bytes buffer) {
   if (cipherSpare_.size() < 4) cipherSpare_.push_back(std::move(buffer));
 }
 
+size_t TlsCryptoThread::spareBytes() const {
+  std::lock_guard lock(mu_);
+  size_t bytes = 0;
+  for (auto* list : {&spare_, &cipherSpare_})
+    for (auto& b : *list) bytes += b.capacity();
+  return bytes;
+}
+
+void TlsCryptoThread::releaseSpares() {
+  std::vector<Bytes> spare, cipher;  // freed after the lock is let go
+  std::lock_guard lock(mu_);
+  spare.swap(spare_);
+  cipher.swap(cipherSpare_);
+}
+
 // An empty buffer with room for a burst's records (a written one's, when there is one).
 Bytes TlsCryptoThread::cipherBuffer() {
   std::lock_guard lock(mu_);

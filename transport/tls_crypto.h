@@ -116,6 +116,9 @@ class TlsCryptoThread {
   Bytes buffer();
   void recycle(Bytes buffer);
   void recycleCipher(Bytes buffer);
+  // The spares' bytes, and giving them back (an idle link: Connection::trimIdle).
+  size_t spareBytes() const;
+  void releaseSpares();
 
  private:
   void run();

@@ -221,6 +221,36 @@ TEST(TlsCryptoThread, FramesOfBothDirectionsAtOnceArriveInOrderWithEitherSideThr
   }
 }
 
+// A busy link keeps its burst buffers (the last writes' ciphertext, the crypto thread's
+// spares) for the next burst; once it moved less than Connection::kTrimBelowBytes
+// between two trimIdle() calls, it gives them back, and the next burst still crosses.
+TEST(Tls, AnIdleLinkGivesBackTheBuffersItKeptForBursts) {
+  for (bool thread : {false, true}) {
+    SCOPED_TRACE(thread ? "crypto threads" : "no crypto thread");
+    Pair tls(thread, thread, "trim");
+    ASSERT_TRUE(tls.server && tls.client);
+    Link link;
+    link.openVerified(tls.server, tls.client);
+    ASSERT_TRUE(link.client && link.server);
+    auto burst = [&](size_t expected) {
+      for (int i = 0; i < 4; ++i) link.client->sendBody(7, uint64_t(i), pattern(size_t(2) << 20, uint8_t(i)));
+      link.run([&] { return link.atServer.size() == expected && link.client->backlogBytes() == 0; }, 30000);
+      ASSERT_EQ(link.atServer.size(), expected);
+      for (size_t i = expected - 4; i < expected; ++i) EXPECT_TRUE(same(link.atServer[i].second, size_t(2) << 20, uint8_t(i % 4)));
+    };
+    (void)link.client->trimIdle();  // (the handshake's bytes)
+    burst(4);
+    if (HasFatalFailure()) return;
+    EXPECT_GT(link.client->retainedBytes(), size_t(1) << 20);
+    EXPECT_FALSE(link.client->trimIdle());  // 8 MiB moved since the last call: kept
+    EXPECT_GT(link.client->retainedBytes(), size_t(1) << 20);
+    EXPECT_TRUE(link.client->trimIdle());   // nothing since: given back
+    EXPECT_EQ(link.client->retainedBytes(), 0u);
+    burst(8);
+    if (HasFatalFailure()) return;
+  }
+}
+
 // Request and answer, one small frame at a time (what a sync instruction is): with the
 // thread idle, each side seals and reads such a frame itself (TlsCryptoThread::claim),
 // and the frames stay in order with the big ones the thread handles between them.

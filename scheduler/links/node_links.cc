@@ -276,8 +276,11 @@ void NodeLinks::check(uint64_t now, bool stalled) {
   if (stalled)
     for (auto& [c, n] : links_) n->lastHeardMs = std::max(n->lastHeardMs, now);
   std::vector<NodeLink*> silent, unregistered;
+  const bool trim = now - lastTrimMs_ >= kTrimEveryMs;  // an idle link's burst buffers go back
+  if (trim) lastTrimMs_ = now;
   for (auto& [c, n] : links_) {
     if (n->connection->closed()) continue;
+    if (trim) n->connection->trimIdle();
     // Not reading it (a guest link behind it is backed up) is our silence, not its: its
     // heartbeats wait in the socket. The clock starts again when reading resumes.
     if (n->connection->readingPaused()) n->lastHeardMs = now;

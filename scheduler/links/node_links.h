@@ -91,6 +91,8 @@ class NodeLinks {
   std::map<size_t, uint64_t> offlineSince_;
   std::unordered_map<uint64_t, Session*> sessions_;  // the context table, by key()
   uint64_t refused_ = 0;  // connections over max_node_links, for the log
+  static constexpr uint64_t kTrimEveryMs = 1000;  // Connection::trimIdle, each link
+  uint64_t lastTrimMs_ = 0;
 };
 
 }  // namespace raccel::scheduler
