@@ -69,6 +69,8 @@
 //                           trip with the GPU as the card) and cuda_node_link_gbps (the same
 //                           1 GiB to a CPU card: cuda_bulk_gbps's target is >= 0.8x this);
 //                           without a CUDA GPU it prints why (cuda_skipped)
+//   --only sync             the round trips alone: sync_rtt_us_p50 beside the raw two-hop
+//                           floor, plain, with crypto threads, through etcd, sandboxed
 //
 // The daemons run as real processes, as deployed. --raw-echo and --raw-relay are the
 // baseline's own processes (started by the bench itself).
@@ -653,9 +655,9 @@ void printJson(const Figures& f, bool quick) {
               100 * (1 - f.asyncRateScraped / f.asyncRate), f.scrapeMs, f.scrapes, f.scrapeCpuMs);
 }
 
-void printText(const Figures& f) {
-  const Met m = metOf(f);
-  std::printf("%-26s %12s   %-34s %s\n", "figure", "value", "baseline / target", "");
+// The round trips' rows: TLS as deployed, plain, with crypto threads, through etcd, and
+// on a sandboxed OpenCL card beside the same in process.
+void printSyncText(const Figures& f, const Met& m) {
   std::printf("%-26s %9.1f us   raw two-hop p50 %.1f us, target <= %.1f us  %s\n", "sync_rtt_us_p50", f.syncP50,
               f.rawP50, 3 * f.rawP50, m.sync ? "met" : "MISSED");
   std::printf("%-26s %9.1f us\n", "sync_rtt_us_p99", f.syncP99);
@@ -669,6 +671,19 @@ void printText(const Figures& f) {
                 f.syncEtcdP50, f.syncPlainP50, f.syncEtcdP50 <= 1.1 * f.syncPlainP50 ? "met" : "MISSED");
   else
     std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_etcd", "-", f.etcdSkipped.c_str());
+  if (f.sandboxRttP50 >= 0) {
+    std::printf("%-26s %9.1f us   same OpenCL card in the netaccel's process %.1f us, target <= %.1f us  %s\n",
+                "sync_rtt_us_p50_sandbox", f.sandboxRttP50, f.inProcessRttP50, 1.15 * f.inProcessRttP50,
+                f.sandboxRttP50 <= 1.15 * f.inProcessRttP50 ? "met" : "MISSED");
+  } else {
+    std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_sandbox", "-", f.sandboxSkipped.c_str());
+  }
+}
+
+void printText(const Figures& f) {
+  const Met m = metOf(f);
+  std::printf("%-26s %12s   %-34s %s\n", "figure", "value", "baseline / target", "");
+  printSyncText(f, m);
   if (f.vmRttP50 >= 0)
     std::printf("%-26s %9.1f us   same program on the host through raccel-guestd: %.1f us (QEMU %s)\n",
                 "vm_sync_rtt_us_p50", f.vmRttP50, f.hostGuestdRttP50,
@@ -691,13 +706,6 @@ void printText(const Figures& f) {
               "aggregate_efficiency", f.aggEfficiency, f.aggGflops, f.aggSingles, m.aggregate ? "met" : "MISSED");
   std::printf("%-26s %12.4f   kernel time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
               "fair_share_error", f.fair.error, f.fair.big, f.fair.small, f.fair.ratio, m.fair ? "met" : "MISSED");
-  if (f.sandboxRttP50 >= 0) {
-    std::printf("%-26s %9.1f us   same OpenCL card in the netaccel's process %.1f us, target <= %.1f us  %s\n",
-                "sync_rtt_us_p50_sandbox", f.sandboxRttP50, f.inProcessRttP50, 1.15 * f.inProcessRttP50,
-                f.sandboxRttP50 <= 1.15 * f.inProcessRttP50 ? "met" : "MISSED");
-  } else {
-    std::printf("%-26s %12s   skipped: %s\n", "sync_rtt_us_p50_sandbox", "-", f.sandboxSkipped.c_str());
-  }
   printCudaText(f);
   if (f.multi.skipped.empty()) {
     std::printf("%-26s %12.0f   one scheduler alone on the same pool and etcd: %.0f/s\n", "multi_admission_per_s",
@@ -726,6 +734,39 @@ Run makeRun(bool quick, bool json) {
   return run;
 }
 
+// The round trips alone (--only sync): TLS as deployed beside the raw two-hop floor,
+// plain, with crypto threads, through etcd, and on a sandboxed OpenCL card beside the
+// same in process.
+int measureSyncOnly(bool quick, bool json) {
+  Run run = makeRun(quick, json);
+  Figures f;
+  {
+    testing::Cluster cluster({run.vm});
+    cluster.addNetaccel("bench0", {"kind=cpu,tflops=4,memory=1GiB"}, 4);
+    auto opened = run.openOn(cluster);
+    if (!opened) return 1;
+    run.progress("synchronous round trips (TLS node link)");
+    std::vector<double> rtts;
+    if (!run.syncRtts(*opened, rtts)) return 1;
+    f.syncP50 = percentile(rtts, 0.5);
+    f.syncP99 = percentile(rtts, 0.99);
+    run.progress("raw two-hop baseline");
+    if (!measureRawTwoHop(run, f, cluster)) return 1;
+  }
+  if (!measurePlainAndShared(run, f) || !measureSandbox(run, f)) return 1;
+  if (!json) {
+    printSyncText(f, metOf(f));
+    return 0;
+  }
+  auto num = [](double v) { return bench::jsonNumber(v, "%.1f"); };
+  std::printf("{\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
+              "\"sync_rtt_us_p50_plain\":%.1f,\"sync_rtt_us_p50_tls_thread\":%s,\"sync_rtt_us_p50_etcd\":%s,"
+              "\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,\"quick\":%s}\n",
+              f.syncP50, f.syncP99, f.rawP50, f.syncPlainP50, num(f.syncThreadP50).c_str(), num(f.syncEtcdP50).c_str(),
+              num(f.sandboxRttP50).c_str(), num(f.inProcessRttP50).c_str(), quick ? "true" : "false");
+  return 0;
+}
+
 // One section alone (--only): its figures, printed as the full run prints them.
 int measureOnly(const std::string& section, bool quick, bool json, double lineageSeconds) {
   if (section == "bulk") {
@@ -743,8 +784,9 @@ int measureOnly(const std::string& section, bool quick, bool json, double lineag
     else printCudaText(f);
     return f.fairCuda.problem.empty() ? 0 : 1;  // (no GPU is no failure: cuda_skipped says why)
   }
+  if (section == "sync") return measureSyncOnly(quick, json);
   if (section != "failover") {
-    std::fprintf(stderr, "raccel-bench: --only takes failover, bulk or cuda, not '%s'\n", section.c_str());
+    std::fprintf(stderr, "raccel-bench: --only takes failover, bulk, cuda or sync, not '%s'\n", section.c_str());
     return 2;
   }
   if (!json) std::fprintf(stderr, "raccel-bench: failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory...\n");
@@ -819,7 +861,7 @@ int main(int argc, char** argv) {
   flags.boolean("json", "print one JSON object with every figure");
   flags.boolean("quick", "small runs (for a smoke test; figures are noisy)");
   flags.value("lineage-seconds", "S", "how long the steady workload behind lineage_memory_bytes runs (default 60)");
-  flags.value("only", "SECTION", "measure one section alone and print its figures: failover, bulk, cuda");
+  flags.value("only", "SECTION", "measure one section alone and print its figures: failover, bulk, cuda, sync");
   flags.value("raw-echo", "PORT", "(internal) run the baseline's echo process");
   flags.value("raw-relay", "PATH:PORT", "(internal) run the baseline's relay process");
   int code = 0;
