@@ -100,11 +100,15 @@ bool TlsCryptoThread::claim() {
 }
 
 void TlsCryptoThread::release() {
+  bool work;
   {
     std::lock_guard lock(mu_);
     claimed_ = false;
+    work = !input_.empty() || !toSeal_.empty() || eof_;
   }
-  cv_.notify_one();  // (work handed over meanwhile)
+  // Only for work handed over meanwhile: a wake-up for nothing costs the idle thread a
+  // turn on a core, and a sync round trip made four of them.
+  if (work) cv_.notify_one();
 }
 
 size_t TlsCryptoThread::pendingInputBytes() const {
