@@ -473,6 +473,7 @@ void Connection::onAlloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
 void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   auto* c = static_cast<Connection*>(stream->data);
   auto keep = c->shared_from_this();
+  Cork cork;  // what its frames make goes out in one write per connection
   if (nread > 0) c->moved_ += static_cast<uint64_t>(nread);
   if (c->tls_ && c->tls_->crypto && nread != 0) {
     Tls& t = *c->tls_;
@@ -498,10 +499,6 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf)
       return;
     }
   }
-  // What its frames make goes out in one write per connection. (Not on a link whose
-  // crypto thread works: its sync round trips took ~120 -> ~160 us with the cork there, a
-  // cause not yet found; its decrypted batches are corked in onCryptoOutput.)
-  Cork cork;
   if (nread > 0 && c->tls_) {
     c->receiveTls(reinterpret_cast<const std::byte*>(buf->base), static_cast<size_t>(nread));
     if (!c->closing_ && c->callbacks_.onBatchEnd) c->callbacks_.onBatchEnd(*c);
