@@ -64,6 +64,11 @@ write("tensor", "index-select", tensor(60, [1, 4, 2, 8], [(0, 0, [0, 2, 1, 0]), 
 write("tensor", "embedding-backward", tensor(61, [8, 2, 4], [(0, 0, [2, 1, 0]), (1, 0, [0, 1, 2]), (2, 0, [0, 0, 1], 1)]))
 write("tensor", "uniform", tensor(62, [64], [(0, 0, [1])], alpha=-1.0, beta=1.0))
 write("tensor", "fill-stride0", tensor(1, [1000], [(0, 3, [0])], alpha=2.0))
+# max pooling: 2x2 windows, stride 2, over two 6x6 planes, and its backward
+write("tensor", "max-pool", tensor(66, [1, 2, 3, 3, 2, 2], [(0, 0, [18, 9, 3, 1, 0, 0]), (1, 0, [72, 36, 12, 2, 6, 1]),
+                                                          (2, 0, [18, 9, 3, 1, 0, 0], 1)]))
+write("tensor", "max-pool-backward", tensor(67, [1, 2, 3, 3, 6, 6], [(0, 0, [72, 36, 0, 0, 6, 1]), (1, 0, [18, 9, 3, 1, 0, 0]),
+                                                                   (2, 0, [18, 9, 3, 1, 0, 0], 1)]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),
                                         ("buffer", 0), ("buffer", 1), ("buffer", 2)]))
 write("launch", "axpy", launch("axpy", [("u64", 64), ("f32", 0), ("buffer", 0), ("buffer", 1)]))
