@@ -558,16 +558,15 @@ void Connection::sendBody(uint32_t channel, uint64_t sequence, Body body) {
 
 namespace {
 thread_local int corkDepth = 0;
-thread_local std::vector<std::shared_ptr<Connection>>* corked = nullptr;  // owned while depth > 0
+thread_local std::vector<std::shared_ptr<Connection>> corked;  // what waits for the outermost cork's end
 }  // namespace
 
-Connection::Cork::Cork() {
-  if (corkDepth++ == 0) corked = new std::vector<std::shared_ptr<Connection>>();
-}
+Connection::Cork::Cork() { ++corkDepth; }
 Connection::Cork::~Cork() {
-  if (--corkDepth > 0) return;
-  std::unique_ptr<std::vector<std::shared_ptr<Connection>>> list(std::exchange(corked, nullptr));
-  for (auto& c : *list) {  // (a write that fails closes its connection: the others go on)
+  if (--corkDepth > 0 || corked.empty()) return;
+  auto list = std::move(corked);  // (a flush's failure may close and call back: nothing corks then)
+  corked.clear();
+  for (auto& c : list) {  // (a write that fails closes its connection: the others go on)
     if (!c->corked_) continue;
     c->corked_ = false;
     c->flushNow();
@@ -577,7 +576,7 @@ Connection::Cork::~Cork() {
 void Connection::flush() {
   if (closing_) return;
   if (corkDepth > 0) {
-    if (!corked_) corked_ = true, corked->push_back(shared_from_this());
+    if (!corked_) corked_ = true, corked.push_back(shared_from_this());
     return;
   }
   flushNow();
