@@ -21,6 +21,7 @@
 
 #include "schema/guest.capnp.h"
 #include "tests/cluster.h"
+#include "tests/raw_http.h"
 #include "transport/blocking_link.h"
 #include "transport/wire_types.h"
 #include "vmfrontend/raccel.h"
@@ -796,6 +797,19 @@ TEST(TlsCryptoThreads, NodeLinksWithThemCarryBigAndSmallFramesExactly) {
   EXPECT_NE(readFile(cluster.dir() + "/scheduler.log").find(said), std::string::npos) << cluster.logs();
   EXPECT_NE(readFile(cluster.dir() + "/netaccel-threaded.log").find(said), std::string::npos) << cluster.logs();
   EXPECT_EQ(readFile(cluster.dir() + "/netaccel-inline.log").find(said), std::string::npos) << cluster.logs();
+  // Idle now, each link gives back the buffers its 16 MiB bursts left it (the scheduler
+  // trims its node links every second), the threaded link's spares and the other's
+  // ciphertext buffers alike.
+  std::string metrics;
+  auto retained = [&](const char* node) {
+    std::smatch m;
+    const std::regex sample(std::string(R"(raccel_node_link_retained_bytes\{node=")") + node + R"("\} (\d+))");
+    return std::regex_search(metrics, m, sample) ? std::stoull(m[1]) : ~0ull;
+  };
+  EXPECT_TRUE(waitFor([&] {
+    metrics = rawhttp::roundTrip(cluster.httpPort(), "GET /metrics HTTP/1.0\r\n\r\n");
+    return retained("threaded") == 0 && retained("inline") == 0;
+  }, 20000)) << metrics;
 }
 
 // A scheduler that has just started has not heard from its netaccels yet: a program
