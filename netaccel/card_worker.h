@@ -148,8 +148,8 @@ class CardWorker {
   // Completed kernels' device time, charged; returns how many were real (this device's).
   size_t collect(hal::Device& device);
   // A kernel posted into a plugged run: it cannot complete before the run is unplugged,
-  // so it counts as in flight without asking the device (a sandbox's answer is a
-  // receive a kernel); the device is asked once the run ends or the depth is near.
+  // so it counts as in flight without asking the device (asking a sandbox costs a
+  // receive); the device is asked once the run ends or the depth is near.
   void countPosted(hal::Device& device);
   // Kernels that may be in flight now: deep for a tenant alone, shallow when tenants share.
   unsigned depth() const;

@@ -657,7 +657,7 @@ void Netaccel::sendHeartbeat(Link& link) {
 }
 
 void Netaccel::drainOutputs() {
-  transport::Connection::Cork cork;  // the batch as one write a scheduler
+  transport::Connection::Cork cork;  // the batch as one write to each scheduler
   // Faults first: each scheduler hears of a lost sandbox (naming its own contexts)
   // before the errors it caused.
   std::vector<CardWorker::Fault> faults;

@@ -378,7 +378,6 @@ void Connection::flushTls() {
   startWrite(&buf, 1);
 }
 
-// The one write in flight (its completion, onWrite, starts the next).
 size_t Connection::retainedBytes() const {
   if (!tls_) return 0;
   const Tls& t = *tls_;
@@ -399,6 +398,7 @@ bool Connection::trimIdle() {
   return true;
 }
 
+// The one write in flight (its completion, onWrite, starts the next).
 void Connection::startWrite(const uv_buf_t* bufs, size_t count) {
   writeReq_.data = this;
   writing_ = true;

@@ -108,9 +108,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (LaneOut::buildIn, from any thread).
   std::shared_ptr<LaneOut> outLane() const;
   uint64_t laneFramesSent() const;
+  uint64_t laneFramesReceived() const;
   // Writes started on the stream so far (each may carry many frames).
   uint64_t writes() const { return writes_; }
-  uint64_t laneFramesReceived() const;
   // Bytes the frame reader holds for this connection now (idle peers cost none).
   size_t bufferedBytes() const { return reader_.stagedCapacity(); }
   // Bytes a TLS link keeps for its next burst: the last write's ciphertext buffers, and

@@ -7,8 +7,8 @@
 // With a crypto thread, the loop thread hands it each read's ciphertext and the frames
 // queued to send, and takes back, in order, the plaintext to frame and the ciphertext to
 // write (woken through `wake`, a uv_async_send). The SSL object is the thread's from the
-// hand-over on, but for small work the loop claims while the thread is idle (claim()). The thread holds at most what the loop hands it: the loop stops
-// reading while kMaxInputBytes of the peer's wait here (ciphertext to decrypt, plaintext
+// hand-over on, but for small work the loop claims while the thread is idle (claim()).
+// The thread holds at most what the loop hands it: the loop stops reading while kMaxInputBytes of the peer's wait here (ciphertext to decrypt, plaintext
 // not yet framed), and its send backlog counts the frames handed over until their
 // ciphertext is written.
 #pragma once

@@ -181,6 +181,14 @@ struct Pair {
   ~Pair() { std::filesystem::remove_all(dir); }
 };
 
+// link.openVerified() with a pair's contexts: true when both contexts were made and both
+// ends are up.
+bool openVerified(Link& link, const Pair& tls) {
+  if (!tls.server || !tls.client) return false;
+  link.openVerified(tls.server, tls.client);
+  return link.client && link.server;
+}
+
 bool same(const Body& got, size_t bytes, uint8_t seed) {
   Body expected = pattern(bytes, seed);
   return got.size() == bytes && std::memcmp(got.data(), expected.data(), bytes) == 0;
@@ -193,10 +201,8 @@ TEST(TlsCryptoThread, FramesOfBothDirectionsAtOnceArriveInOrderWithEitherSideThr
   for (auto [serverThread, clientThread] : {std::pair{true, true}, {true, false}, {false, true}}) {
     SCOPED_TRACE(std::string("server thread ") + (serverThread ? "on" : "off") + ", client thread " + (clientThread ? "on" : "off"));
     Pair tls(serverThread, clientThread, "both");
-    ASSERT_TRUE(tls.server && tls.client);
     Link link;
-    link.openVerified(tls.server, tls.client);
-    ASSERT_TRUE(link.client && link.server);
+    ASSERT_TRUE(openVerified(link, tls));
     constexpr int kFrames = 24;
     auto sizeOf = [](int i) -> size_t { return i % 2 ? size_t(3 << 20) + size_t(i) : size_t(100 + i); };
     for (int i = 0; i < kFrames; ++i) {
@@ -228,10 +234,8 @@ TEST(Tls, AnIdleLinkGivesBackTheBuffersItKeptForBursts) {
   for (bool thread : {false, true}) {
     SCOPED_TRACE(thread ? "crypto threads" : "no crypto thread");
     Pair tls(thread, thread, "trim");
-    ASSERT_TRUE(tls.server && tls.client);
     Link link;
-    link.openVerified(tls.server, tls.client);
-    ASSERT_TRUE(link.client && link.server);
+    ASSERT_TRUE(openVerified(link, tls));
     auto burst = [&](size_t expected) {
       for (int i = 0; i < 4; ++i) link.client->sendBody(7, uint64_t(i), pattern(size_t(2) << 20, uint8_t(i)));
       link.run([&] { return link.atServer.size() == expected && link.client->backlogBytes() == 0; }, 30000);
@@ -256,10 +260,8 @@ TEST(Tls, AnIdleLinkGivesBackTheBuffersItKeptForBursts) {
 // and the frames stay in order with the big ones the thread handles between them.
 TEST(TlsCryptoThread, SmallFramesInTurnAndBigOnesBetweenThemKeepTheirOrder) {
   Pair tls(true, true, "turns");
-  ASSERT_TRUE(tls.server && tls.client);
   Link link;
-  link.openVerified(tls.server, tls.client);
-  ASSERT_TRUE(link.client && link.server);
+  ASSERT_TRUE(openVerified(link, tls));
   constexpr size_t kTurns = 200;
   for (size_t i = 0; i < kTurns; ++i) {
     const size_t bytes = i % 50 == 49 ? size_t(2 << 20) : 64 + i;
@@ -280,10 +282,8 @@ TEST(TlsCryptoThread, SmallFramesInTurnAndBigOnesBetweenThemKeepTheirOrder) {
 // when the EOF was read), and the close is not a truncation.
 TEST(TlsCryptoThread, TheFramesAPeerSentBeforeItClosedAllArrive) {
   Pair tls(true, true, "eof");
-  ASSERT_TRUE(tls.server && tls.client);
   Link link;
-  link.openVerified(tls.server, tls.client);
-  ASSERT_TRUE(link.client && link.server);
+  ASSERT_TRUE(openVerified(link, tls));
   constexpr int kFrames = 16;
   for (int i = 0; i < kFrames; ++i) link.client->sendBody(3, uint64_t(i), pattern(1 << 20, uint8_t(i)));
   bool drained = false;
@@ -304,11 +304,9 @@ TEST(TlsCryptoThread, TheFramesAPeerSentBeforeItClosedAllArrive) {
 // peer sees the link end, and a new link on the same contexts works.
 TEST(TlsCryptoThread, ALinkClosedWhileItsThreadWorksStopsCleanly) {
   Pair tls(true, true, "close");
-  ASSERT_TRUE(tls.server && tls.client);
   {
     Link link;
-    link.openVerified(tls.server, tls.client);
-    ASSERT_TRUE(link.client && link.server);
+    ASSERT_TRUE(openVerified(link, tls));
     for (int i = 0; i < 16; ++i) link.client->sendBody(3, uint64_t(i), pattern(4 << 20, uint8_t(i)));
     link.run([&] { return !link.atServer.empty(); }, 30000);
     link.server->close();  // decrypting what is still coming
@@ -332,10 +330,8 @@ TEST(TlsCryptoThread, RecordsThatDoNotDecryptCloseTheLink) {
   for (size_t junk : {size_t(64), size_t(64) << 10}) {
     SCOPED_TRACE(std::to_string(junk) + " bytes of bad records");
     Pair tls(true, true, "junk");
-    ASSERT_TRUE(tls.server && tls.client);
     Link link;
-    link.openVerified(tls.server, tls.client);
-    ASSERT_TRUE(link.client && link.server);
+    ASSERT_TRUE(openVerified(link, tls));
     link.client->sendBody(3, 1, pattern(100, 1));
     link.run([&] { return link.atServer.size() == 1; });
     ASSERT_EQ(link.atServer.size(), 1u);

@@ -2023,12 +2023,12 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& sel
   auto values = emptyOn({self.size(0), self.size(1), oh, ow});
   if (w.ph == 0 && w.pw == 0) {  // one op: the windows of a contiguous plane give PyTorch's indices themselves
     auto indices = emptyOn(values.sizes(), at::kLong);
+    const std::vector<int64_t> perWindow = {oh * ow * self.size(1), oh * ow, ow, 1, 0, 0};  // values' and indices'
     Locked s;
     client::TensorOp op;
     op.fn = TensorFn::maxPool2d;
     op.shape = shapeOf(win.sizes());
-    op.operands = {operand(values, {oh * ow * self.size(1), oh * ow, ow, 1, 0, 0}), operand(win, win.strides()),
-                   operand(indices, {oh * ow * self.size(1), oh * ow, ow, 1, 0, 0})};
+    op.operands = {operand(values, perWindow), operand(win, win.strides()), operand(indices, perWindow)};
     send(*s, op);
     return {values, indices};
   }
