@@ -1421,6 +1421,22 @@ TEST_P(Conformance, TensorMaxPoolAndItsBackwardMatchReference) {
   bad.operands[1].buffer = roomy.get();
   bad.operands[1].strides[4] = 1;
   refused(bad, "grad's strides over h and w must be 0");
+  // Shapes whose products overflow, or whose work-items would walk without end.
+  const uint64_t huge = uint64_t{1} << 40;
+  op = pool(values.get(), bi.get());
+  for (unsigned d = 0; d < 6; ++d) op.shape[d] = huge;
+  refused(op, "more than 2^48 elements");
+  op = pool(values.get(), bi.get());
+  op.shape[0] = op.shape[1] = 1, op.shape[3] = uint64_t{1} << 20, op.shape[4] = op.shape[5] = 8;
+  refused(op, "rows of windows of more than 2^24 elements");
+  bad = back;
+  bad.shape[0] = bad.shape[1] = 1, bad.shape[4] = bad.shape[5] = uint64_t{1} << 13;
+  refused(bad, "planes of more than 2^24 elements");
+  bad = back;
+  bad.dims = 4;
+  for (unsigned d = 0; d < 4; ++d) bad.shape[d] = uint64_t{1} << 7;
+  for (auto& o : bad.operands) std::copy(o.strides.begin() + 2, o.strides.end(), o.strides.begin());
+  refused(bad, "one plane of more than 2^24 elements");
 }
 
 // Counter-based random numbers: the same key draws the same numbers (whole or sliced),
