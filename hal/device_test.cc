@@ -343,9 +343,10 @@ TEST_P(Conformance, AMatmulPastTheTiledSizeWithRaggedEdgesMatchesReference) {
 
 // out [B, m, n] with neighbouring columns (what an OpenCL CPU card runs as column vectors,
 // rc_matmul_vec), b laid out [B, k, n] (neighbouring columns too) or [B, n, k] (its
-// columns apart: laid out as rows first, rc_matmul_b_rows), rows and columns that fill
-// neither its blocks of 4 rows nor of 16 columns, k under and over the four running
-// sums' 256: the reference's results; on OpenCL, bit for bit the results of the same
+// columns apart: laid out as rows first, rc_matmul_b_rows_vec, under the four running
+// sums' 256 k, and read as it is over them, rc_matmul_nt), rows and columns that fill
+// neither the blocks of 4 rows nor of 16 or 4 columns, k under and over 256 (and not a
+// multiple of 4): the reference's results; on OpenCL, bit for bit the results of the same
 // matmul written into a transposed output (rc_matmul: the kernels sum each output in one
 // order). The CPU card runs some of these as a gemm, in another order.
 TEST_P(Conformance, AMatmulIntoNeighbouringColumnsMatchesReferenceAndTheTransposedOutput) {

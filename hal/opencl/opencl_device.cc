@@ -580,36 +580,40 @@ class OpenclDevice final : public Device {
   // A matmul as rc_matmul_vec (out's columns neighbours): true when it ran. b's columns
   // that are not neighbours are laid out as rows first (rc_matmul_b_rows, or _vec where
   // its k are neighbours, into scratch_ of at most kScratchBytes; false past that:
-  // rc_matmul reads b as it is), each row padded with zeros to whole vectors, so that
-  // the blocks at out's right edge read them as vectors too (rc_matmul_vec_padded).
+  // rc_matmul reads b as it is).
+  // Except where a's and b's k are neighbours and k is RC_SUM4_FROM or more (x W^T, a
+  // convolution's weight gradient g cols^T): rc_matmul_nt reads b as it is, 2-4x faster
+  // than laying it out (8 x 27 x 4608: 33 us against 152; 512^3: 2.2 ms against 3.8).
   Result<bool> matmulVec(const LoweredTensorOp& op) {
     const int d = int(op.geom.dims) - 3;
     const uint64_t rows = uint64_t(op.geom.shape[d]), cols = uint64_t(op.geom.shape[d + 1]), k = uint64_t(op.geom.inner);
     const uint64_t entries = d ? uint64_t(op.geom.shape[0]) : 1;
     kernels::RcGeom geom = op.geom;
     cl_mem b = memOf(*op.buffers[2]);
-    const char* kernel = "rc_matmul_vec";
-    if (geom.stride[2][d + 1] != 1) {
-      const uint64_t width = roundUp(cols, kVecColumns);
-      if (k == 0 || width > kScratchBytes / 4 / k / entries) return false;
-      if (auto s = scratch(entries * k * width * 4); !s) return fail(s.error());
-      const bool kNeighbours = geom.stride[2][d + 2] == 1;
-      size_t global[3] = {size_t(width), size_t(kNeighbours ? (k + kVecColumns - 1) / kVecColumns : k), size_t(entries)};
-      const cl_long rowWidth = cl_long(width);
-      if (auto s = runIn(*tensorKernels_, kNeighbours ? "rc_matmul_b_rows_vec" : "rc_matmul_b_rows", 3, global, nullptr,
-                         op.geom, scratch_, b, rowWidth);
+    auto& u = op.buffers;
+    const bool bApart = geom.stride[2][d + 1] != 1, bkNear = geom.stride[2][d + 2] == 1;
+    if (bApart && bkNear && geom.stride[1][d + 2] == 1 && k >= kSum4From) {
+      size_t global[3] = {size_t((cols + kNtCols - 1) / kNtCols), size_t((rows + kNtRows - 1) / kNtRows), size_t(entries)};
+      if (auto s = runIn(*tensorKernels_, "rc_matmul_nt", 3, global, nullptr, geom, memOf(*u[0]), memOf(*u[1]), b, memOf(*u[3])); !s)
+        return fail(s.error());
+      return true;
+    }
+    if (bApart) {
+      if (k == 0 || cols > kScratchBytes / 4 / k / entries) return false;
+      if (auto s = scratch(entries * k * cols * 4); !s) return fail(s.error());
+      size_t global[3] = {size_t(cols), size_t(bkNear ? (k + kVecColumns - 1) / kVecColumns : k), size_t(entries)};
+      if (auto s = runIn(*tensorKernels_, bkNear ? "rc_matmul_b_rows_vec" : "rc_matmul_b_rows", 3, global, nullptr, op.geom,
+                         scratch_, b);
           !s)
         return fail(s.error());
       geom.offset[2] = 0;
-      geom.stride[2][0] = int64_t(k * width);
+      geom.stride[2][0] = int64_t(k * cols);
       geom.stride[2][d + 1] = 1;
-      geom.stride[2][d + 2] = int64_t(width);
+      geom.stride[2][d + 2] = int64_t(cols);
       b = scratch_;
-      kernel = "rc_matmul_vec_padded";
     }
     size_t global[3] = {size_t((cols + kVecColumns - 1) / kVecColumns), size_t((rows + kVecRows - 1) / kVecRows), size_t(entries)};
-    auto& u = op.buffers;
-    if (auto s = runIn(*tensorKernels_, kernel, 3, global, nullptr, geom, memOf(*u[0]), memOf(*u[1]), b, memOf(*u[3])); !s)
+    if (auto s = runIn(*tensorKernels_, "rc_matmul_vec", 3, global, nullptr, geom, memOf(*u[0]), memOf(*u[1]), b, memOf(*u[3])); !s)
       return fail(s.error());
     return true;
   }
@@ -689,7 +693,8 @@ class OpenclDevice final : public Device {
   static CpuRange cpuGroups(std::string_view kernel, cl_uint dims, const size_t* global) {
     CpuRange r;
     std::copy(global, global + dims, r.global.begin());
-    const bool blocks = kernel.starts_with("rc_rows_") || kernel == "rc_gather_one_vec" || kernel.starts_with("rc_matmul_vec");
+    const bool blocks = kernel.starts_with("rc_rows_") || kernel == "rc_gather_one_vec" || kernel.starts_with("rc_matmul_vec") ||
+                        kernel == "rc_matmul_nt";
     const int along = dims == 1 || !blocks ? 0 : 1;
     r.local[along] = dims == 1 ? 64 : blocks ? 8 : 16;
     r.global[along] = roundUp(r.global[along], r.local[along]);
@@ -999,6 +1004,8 @@ class OpenclDevice final : public Device {
   std::unique_ptr<ClProgram> tensorKernels_;
   static constexpr int64_t kTiledFrom = 64;
   static constexpr int64_t kVecColumns = 16, kVecRows = 4;  // rc_matmul_vec's RC_VCOLS, RC_VROWS
+  static constexpr uint64_t kNtCols = 4, kNtRows = 4;         // rc_matmul_nt's RC_NT_COLS, RC_NT_ROWS
+  static constexpr uint64_t kSum4From = 256;                  // the kernels' RC_SUM4_FROM
   cl_mem partials_ = nullptr;
   static constexpr uint64_t kScratchBytes = 16 << 20;
   static constexpr int64_t kSplitSumOutputs = 1024;
