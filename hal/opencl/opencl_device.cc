@@ -556,11 +556,9 @@ class OpenclDevice final : public Device {
     if (fn == TensorFn::sum && g.type[1] == int(TensorType::f32) && groups256_ && g.n <= kGroupSumOutputs &&
         g.inner >= kGroupSumElements)  // a work-group an output
       return {"rc_sum_groups", 1, {size_t(g.n) * 256, 1, 1}, {256, 1, 1}, true};
-    if (cpu_ && oneGatherVec(g)) {  // an im2col as vectors (1 to 4 kept dimensions)
+    if (cpu_ && gatherVec(g)) {  // an im2col or col2im as vectors (1 to 4 kept dimensions)
       const int kept = int(g.dims) - 2;
-      return {"rc_gather_one_vec", 3,
-              {size_t((g.shape[kept - 1] + kVecColumns - 1) / kVecColumns), kept > 1 ? size_t(g.shape[kept - 2]) : 1,
-               kept > 2 ? size_t(g.shape[kept - 3]) : 1}};
+      return {"rc_gather_vec", 3, {1, kept > 1 ? size_t(g.shape[kept - 2]) : 1, kept > 2 ? size_t(g.shape[kept - 3]) : 1}};
     }
     const char* fast = fastMapKernel(g);
     if (cpu_ && fast && g.dims == 1 && (fn == TensorFn::gelu || fn == TensorFn::geluBackward))
@@ -684,7 +682,7 @@ class OpenclDevice final : public Device {
   // runs (~0.2 s each here) and, left to choose, picks the size from the range: the
   // reference CNN's first step compiled 70 (15 s), and each new shape compiled more.
   // 1-D ranges go in groups of 64 (max pooling's window reductions ran 15% faster so);
-  // kernels of a block of vectors an item (rc_rows_*, rc_gather_one_vec, rc_matmul_vec)
+  // kernels of a block of vectors an item (rc_rows_*, rc_gather_vec, rc_matmul_vec, _nt)
   // in groups of 8 along range dimension 1, the rows; the scalar grids in 16s along
   // dimension 0, the columns.
   struct CpuRange {
@@ -693,7 +691,7 @@ class OpenclDevice final : public Device {
   static CpuRange cpuGroups(std::string_view kernel, cl_uint dims, const size_t* global) {
     CpuRange r;
     std::copy(global, global + dims, r.global.begin());
-    const bool blocks = kernel.starts_with("rc_rows_") || kernel == "rc_gather_one_vec" || kernel.starts_with("rc_matmul_vec") ||
+    const bool blocks = kernel.starts_with("rc_rows_") || kernel == "rc_gather_vec" || kernel.starts_with("rc_matmul_vec") ||
                         kernel == "rc_matmul_nt";
     const int along = dims == 1 || !blocks ? 0 : 1;
     r.local[along] = dims == 1 ? 64 : blocks ? 8 : 16;
@@ -739,13 +737,13 @@ class OpenclDevice final : public Device {
     return f->rows;
   }
 
-  // A gatherSum of one pick an output whose output and index are contiguous along the last
-  // of its 1 to 4 kept dimensions, at least kVecColumns long (an im2col): rc_gather_one_vec.
-  static bool oneGatherVec(const kernels::RcGeom& g) {
-    if (TensorFn(g.fn) != TensorFn::gatherSum || g.dims < 3 || g.dims > 6 || g.inner != 1) return false;
+  // A gatherSum over f32 whose output is contiguous along the last of its 1 to 4 kept
+  // dimensions, at least kVecColumns long (an im2col, a col2im): rc_gather_vec.
+  static bool gatherVec(const kernels::RcGeom& g) {
+    if (TensorFn(g.fn) != TensorFn::gatherSum || g.dims < 3 || g.dims > 6) return false;
     const int last = int(g.dims) - 3;
     return g.type[0] == int(TensorType::f32) && g.type[1] == int(TensorType::f32) && g.shape[last] >= kVecColumns &&
-           g.stride[0][last] == 1 && g.stride[2][last] == 1;
+           g.stride[0][last] == 1;
   }
 
   // A map rc_map would run through its typed path (rc_map_typed: an operand not f32, a
