@@ -393,9 +393,10 @@ TEST_P(Conformance, AMatmulIntoNeighbouringColumnsMatchesReferenceAndTheTranspos
 // dimensions: a read permuted from [B, T, H, D], b broadcast along all but its last
 // dimension and H. out = a + 0.5 b over f32; then typed: equal = (ia == ib) over i64
 // into bool, chosen = where(equal, a, 3) and converted = ia as f32, each element checked.
-// D is 7, then 37 (rows a CPU device's rc_rows_ kernels take: two blocks and a tail).
+// D is 7, then 37 and 300 (rows a CPU device's rc_rows_ kernels take, a work-item a
+// span of 256 elements in blocks of 16: two blocks and a tail; two spans, the second 44).
 TEST_P(Conformance, MapsOverPermutedAndBroadcastViewsMatchReference) {
-  for (const uint64_t D : {7, 37}) {
+  for (const uint64_t D : {7, 37, 300}) {
     mapsOverPermutedAndBroadcastViews(D);
     if (HasFatalFailure() || IsSkipped()) return;
   }

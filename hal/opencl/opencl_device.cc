@@ -565,12 +565,12 @@ class OpenclDevice final : public Device {
       return {fn == TensorFn::gelu ? "rc_flat_gelu_vec" : "rc_flat_gelu_backward_vec", 1,
               {size_t((uint64_t(g.n) + kVecColumns - 1) / kVecColumns), 1, 1}};
     if (!fast && typedGridMap(g)) fast = "rc_grid_typed";
-    if (fast && g.dims > 1) {  // a grid: the last dimension first (in blocks of rows, rc_rows_)
+    if (fast && g.dims > 1) {  // a grid: the last dimension first (in spans of rows, rc_rows_)
       const int dims = int(g.dims);
       const uint64_t cols = uint64_t(g.shape[dims - 1]);
       const char* rows = cpu_ ? rowsMapKernel(g) : nullptr;
       return {rows ? rows : fast, 3,
-              {rows ? size_t((cols + kVecColumns - 1) / kVecColumns) : size_t(cols), size_t(g.shape[dims - 2]),
+              {rows ? size_t((cols + kRowSpan - 1) / kRowSpan) : size_t(cols), size_t(g.shape[dims - 2]),
                dims > 3 ? size_t(g.shape[0] * g.shape[1]) : dims > 2 ? size_t(g.shape[0]) : 1}};
     }
     return {fast ? fast : tensorKernelName(fn), 1, {roundUp(static_cast<uint64_t>(g.n), 64), 1, 1}};
@@ -1004,6 +1004,7 @@ class OpenclDevice final : public Device {
   static constexpr int64_t kVecColumns = 16, kVecRows = 4;  // rc_matmul_vec's RC_VCOLS, RC_VROWS
   static constexpr uint64_t kNtCols = 4, kNtRows = 4;         // rc_matmul_nt's RC_NT_COLS, RC_NT_ROWS
   static constexpr uint64_t kSum4From = 256;                  // the kernels' RC_SUM4_FROM
+  static constexpr uint64_t kRowSpan = 256;                   // the rows kernels' RC_ROW_SPAN
   cl_mem partials_ = nullptr;
   static constexpr uint64_t kScratchBytes = 16 << 20;
   static constexpr int64_t kSplitSumOutputs = 1024;
