@@ -49,6 +49,8 @@ class Conformance : public ::testing::TestWithParam<Backend> {
     return out;
   }
   void mapsOverPermutedAndBroadcastViews(uint64_t D);
+  void layerNormAndItsBackward(size_t k);
+  void layerNormOverChannels(size_t hw);
   std::unique_ptr<Device> device;
 };
 
@@ -572,9 +574,17 @@ TEST_P(Conformance, TensorReductionsMatmulSoftmaxAndLossMatchReference) {
 }
 
 // layerNorm over the rows of a (its mean and rstd written one per row, rstd at a stride
-// of 2), then its backward from a gradient, against references in double.
+// of 2), then its backward from a gradient, against references in double. Rows of 13,
+// then 37 (an OpenCL CPU card's vector kernels: two blocks of 16 and a tail).
 TEST_P(Conformance, TensorLayerNormAndItsBackwardMatchReference) {
-  const size_t m = 6, k = 13;
+  for (const size_t k : {13, 37}) {
+    SCOPED_TRACE("rows of " + std::to_string(k));
+    layerNormAndItsBackward(k);
+    if (HasFatalFailure() || IsSkipped()) return;
+  }
+}
+void Conformance::layerNormAndItsBackward(size_t k) {
+  const size_t m = 6;
   const float eps = 1e-5f;
   auto a = randomFloats(m * k, 8), grad = randomFloats(m * k, 9);
   auto ba = floats(a), bg = floats(grad);
@@ -623,8 +633,16 @@ TEST_P(Conformance, TensorLayerNormAndItsBackwardMatchReference) {
 
 // Batch norm's statistics: layerNorm over [channels, batch, positions], each channel's
 // row a strided block of an [N, C, HW] tensor; and its backward over the same rows.
+// Positions 13, then 37 (as above).
 TEST_P(Conformance, TensorLayerNormOverChannelsOfABatchIsBatchNorm) {
-  const size_t n = 3, c = 2, hw = 13, count = n * hw;
+  for (const size_t hw : {13, 37}) {
+    SCOPED_TRACE(std::to_string(hw) + " positions");
+    layerNormOverChannels(hw);
+    if (HasFatalFailure() || IsSkipped()) return;
+  }
+}
+void Conformance::layerNormOverChannels(size_t hw) {
+  const size_t n = 3, c = 2, count = n * hw;
   const float eps = 1e-5f;
   auto x = randomFloats(n * c * hw, 18), grad = randomFloats(n * c * hw, 19);
   auto bx = floats(x), bg = floats(grad), out = floats(std::vector<float>(x.size())), back = floats(std::vector<float>(x.size()));

@@ -560,6 +560,8 @@ class OpenclDevice final : public Device {
       const int kept = int(g.dims) - 2;
       return {"rc_gather_vec", 3, {1, kept > 1 ? size_t(g.shape[kept - 2]) : 1, kept > 2 ? size_t(g.shape[kept - 3]) : 1}};
     }
+    if (cpu_ && layerNormVec(g))  // a work-item a row, as vectors
+      return {fn == TensorFn::layerNorm ? "rc_layer_norm_vec" : "rc_layer_norm_backward_vec", 2, {1, size_t(g.n), 1}};
     const char* fast = fastMapKernel(g);
     if (cpu_ && fast && g.dims == 1 && (fn == TensorFn::gelu || fn == TensorFn::geluBackward))
       return {fn == TensorFn::gelu ? "rc_flat_gelu_vec" : "rc_flat_gelu_backward_vec", 1,
@@ -682,7 +684,8 @@ class OpenclDevice final : public Device {
   // runs (~0.2 s each here) and, left to choose, picks the size from the range: the
   // reference CNN's first step compiled 70 (15 s), and each new shape compiled more.
   // 1-D ranges go in groups of 64 (max pooling's window reductions ran 15% faster so);
-  // kernels of a block of vectors an item (rc_rows_*, rc_gather_vec, rc_matmul_vec, _nt)
+  // kernels of a block of vectors an item (rc_rows_*, rc_gather_vec, rc_matmul_vec, _nt,
+  // rc_layer_norm_vec and its backward's, an item a row)
   // in groups of 8 along range dimension 1, the rows; the scalar grids in 16s along
   // dimension 0, the columns.
   struct CpuRange {
@@ -692,7 +695,7 @@ class OpenclDevice final : public Device {
     CpuRange r;
     std::copy(global, global + dims, r.global.begin());
     const bool blocks = kernel.starts_with("rc_rows_") || kernel == "rc_gather_vec" || kernel.starts_with("rc_matmul_vec") ||
-                        kernel == "rc_matmul_nt";
+                        kernel == "rc_matmul_nt" || kernel == "rc_layer_norm_vec" || kernel == "rc_layer_norm_backward_vec";
     const int along = dims == 1 || !blocks ? 0 : 1;
     r.local[along] = dims == 1 ? 64 : blocks ? 8 : 16;
     r.global[along] = roundUp(r.global[along], r.local[along]);
@@ -744,6 +747,18 @@ class OpenclDevice final : public Device {
     const int last = int(g.dims) - 3;
     return g.type[0] == int(TensorType::f32) && g.type[1] == int(TensorType::f32) && g.shape[last] >= kVecColumns &&
            g.stride[0][last] == 1;
+  }
+
+  // A layer norm or its backward whose row operands (out, a; out, grad, xhat) have their
+  // columns as neighbours, at least kVecColumns: rc_layer_norm_vec, _backward_vec.
+  static bool layerNormVec(const kernels::RcGeom& g) {
+    const TensorFn fn = TensorFn(g.fn);
+    if ((fn != TensorFn::layerNorm && fn != TensorFn::layerNormBackward) || (g.dims != 2 && g.dims != 3)) return false;
+    const int last = int(g.dims) - 1;
+    const int rowOperands = fn == TensorFn::layerNorm ? 2 : 3;
+    for (int i = 0; i < rowOperands; ++i)
+      if (g.stride[i][last] != 1) return false;
+    return g.shape[last] >= kVecColumns;
   }
 
   // A map rc_map would run through its typed path (rc_map_typed: an operand not f32, a
