@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 # libvirt for the scheduler's libvirt watcher (its tests use test:///default, no daemon).
 # SQLite: the scheduler's state database.
 # PyTorch (Debian's 1.13) and pybind11: the Python binding and the torch device (vmfrontend/python).
+# gperftools' tcmalloc (libgoogle-perftools-dev): the sandbox's malloc (netaccel/CMakeLists.txt).
 # Many hosts, one pool: etcd (etcd-server, and etcd-client's etcdctl for operators), its
 # .proto files (golang-etcd-server-dev) compiled with protobuf and gRPC C++.
 # HTTP: libmicrohttpd (the daemons' /metrics and web console), nlohmann-json (the console's
@@ -20,7 +21,7 @@ packages=(cmake ninja-build g++ pkg-config capnproto libcapnp-dev libuv1-dev lib
   libsqlite3-dev libssl-dev openssl libseccomp-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libxrt-dev uuid-dev
   qemu-system-x86 linux-image-amd64 busybox-static cpio libvirt-dev libvirt-clients libclang-rt-14-dev python3
   clinfo python3-pyopencl python3-numpy python3-torch libtorch-dev pybind11-dev python3-pybind11
-  libmicrohttpd-dev nlohmann-json3-dev libcpp-httplib-dev prometheus chromium chromium-driver python3-selenium
+  libgoogle-perftools-dev libmicrohttpd-dev nlohmann-json3-dev libcpp-httplib-dev prometheus chromium chromium-driver python3-selenium
   etcd-server etcd-client golang-etcd-server-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc)
 missing=()
 for p in "${packages[@]}"; do
