@@ -430,6 +430,45 @@ TEST_F(Integration, AHeldFillGoesBeforeWhatTouchesItAndAnAddOntoItIsOneAffine) {
   EXPECT_EQ((*after)[0], 4.0f);
 }
 
+// A write goes after the held ops that touch its bytes and leaves the others held: a
+// fill held past a write elsewhere in its buffer (a scalar operand, written each step)
+// still takes the add onto it as one affine; a write over a held fill lands after it;
+// freeing a buffer sends the held ops on it first.
+TEST_F(Integration, AWriteSendsOnlyTheHeldOpsThatTouchItsBytes) {
+  auto s = open(cluster->vmSocket(), 1);
+  ASSERT_TRUE(s);
+  const uint64_t n = 32;
+  std::vector<float> all(4 * n);
+  for (uint64_t i = 0; i < all.size(); ++i) all[i] = float(i % 7) - 3.0f;
+  const Vectors x = vectors(*s, n, all);
+  using F = client::TensorFn;
+  const uint64_t before = s->fusedTensorOps();
+  s->tensor(x.op(F::fill, {x.at(0)}, 0));                  // x0 = 0: held
+  s->tensor(x.op(F::fill, {x.at(1)}, 5));                  // x1 = 5: held
+  const std::vector<float> twos(n, 2.0f), nines(n, 9.0f);
+  s->write(x.h, 3 * n * 4, std::as_bytes(std::span(twos)));   // x3 = 2: touches neither fill
+  s->write(x.h, 1 * n * 4, std::as_bytes(std::span(nines)));  // x1 = 9: over x1's fill, after it
+  s->tensor(x.op(F::add, {x.at(0), x.at(0), x.at(3)}, 3));  // x0 = 0 + 3 x3: one affine
+  EXPECT_EQ(s->fusedTensorOps() - before, 1u);
+  auto got = s->readFloats(x.h, 4 * n);
+  ASSERT_TRUE(got) << got.error().message;
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_EQ((*got)[i], 6.0f) << i;
+    ASSERT_EQ((*got)[n + i], 9.0f) << i;
+    ASSERT_EQ((*got)[3 * n + i], 2.0f) << i;
+  }
+  // A held map on a second buffer, then that buffer freed: the map runs first (its
+  // result copied out before the free), and the session carries on.
+  const Vectors y = vectors(*s, n, all);
+  s->tensor(y.op(F::affine, {y.at(0), y.at(0)}, 2));  // held
+  s->tensor(x.op(F::copy, {x.at(2), client::TensorOperand{y.h, 0, {1}}}));  // reads it: not a fill's neighbour, sent
+  s->free(y.h);
+  auto copied = s->readFloats(x.h, 4 * n);
+  ASSERT_TRUE(copied) << copied.error().message;
+  for (uint64_t i = 0; i < n; ++i) ASSERT_EQ((*copied)[2 * n + i], all[i] * 2) << i;
+  EXPECT_TRUE(s->fence());
+}
+
 TEST_F(Integration, MalformedFramesCloseOnlyTheirChannel) {
   auto bystander = open(cluster->vmSocket(), 1, {}, "bystander");
   ASSERT_TRUE(bystander);

@@ -178,18 +178,22 @@ Handle Session::alloc(uint64_t bytes) {
   auto a = m.instruction().initAlloc();
   a.setHandle(h);
   a.setSize(bytes);
-  queue(*m);
+  queueNow(*m);  // a new buffer: no held op touches it
   return h;
 }
 
 void Session::free(Handle handle) {
   SmallMessage m;
   m.instruction().initFree().setHandle(handle);
-  queue(*m);
+  sendHeldTouching(handle, 0, UINT64_MAX);
+  queueNow(*m);
 }
 
+// The held ops that touch the bytes written go first; the others stay held (a scalar
+// operand written each step, batch norm's num_batches_tracked += 1, had sent zero_grad's
+// held fills before the gradients could fold onto them).
 void Session::write(Handle buffer, uint64_t offset, std::span<const std::byte> data) {
-  sendHeld();
+  sendHeldTouching(buffer, offset, limits::satAdd(offset, data.empty() ? 0 : data.size() - 1));
   size_t done = 0;
   do {
     size_t n = std::min<size_t>(wire::CHUNK_BYTES, data.size() - done);
@@ -206,7 +210,7 @@ void Session::write(Handle buffer, uint64_t offset, std::span<const std::byte> d
     capnp::Data::Reader piece(reinterpret_cast<const kj::byte*>(at), n);
     if (!inPlace) {
       w.setData(piece);
-      queue(m);
+      queueNow(m);
     } else {
       w.adoptData(m.getOrphanage().referenceExternalData(piece));
       if (auto s = impl_->link.sendNow(kChannel, nextSequence_++, m); !s) noteError(s.error());
@@ -691,10 +695,30 @@ void Session::tensor(const TensorOp& given) {
 // Sends the held ops that `op` must follow, with the earlier held ops those must follow,
 // in their order; the others stay held.
 void Session::sendHeldBefore(const TensorOp& op) {
+  sendHeldWhere([&](const TensorOp& held) { return mustFollow(held, op); });
+}
+// Sends the held fills and maps that touch bytes [first, last] of `buffer` (what a write
+// or a free changes), with the earlier held maps those must follow. Held fills and maps
+// never share memory (each sends the other first), so their order between them is free.
+void Session::sendHeldTouching(Handle buffer, uint64_t first, uint64_t last) {
+  const Span span{buffer, first, last};
+  std::vector<HeldFill> kept;
+  for (auto& f : impl_->fills)
+    if (meet(f.span, span)) queueTensor(f.op);
+    else kept.push_back(std::move(f));
+  impl_->fills = std::move(kept);
+  sendHeldWhere([&](const TensorOp& held) {
+    return std::any_of(held.operands.begin(), held.operands.end(),
+                       [&](const TensorOperand& o) { return meet(spanOf(o, held.shape), span); });
+  });
+}
+// Sends the held maps for which `mustGo` holds, with the earlier held maps those must
+// follow, in their order; the others stay held.
+void Session::sendHeldWhere(const std::function<bool(const TensorOp&)>& mustGo) {
   auto& held = impl_->held;
   std::vector<bool> first(held.size());
   for (size_t i = held.size(); i-- > 0;) {
-    first[i] = mustFollow(held[i], op);
+    first[i] = mustGo(held[i]);
     for (size_t j = i + 1; j < held.size() && !first[i]; ++j) first[i] = first[j] && ordered(held[i], held[j]);
   }
   std::vector<TensorOp> kept;

@@ -262,6 +262,8 @@ class Session {
   uint64_t queueNow(capnp::MessageBuilder& message);
   void sendHeld();  // the held tensor ops, in order
   void sendHeldBefore(const TensorOp& op);
+  void sendHeldTouching(Handle buffer, uint64_t first, uint64_t last);
+  void sendHeldWhere(const std::function<bool(const TensorOp&)>& first);
   struct HeldFill;
   const TensorOp* passFills(const TensorOp& op, std::optional<TensorOp>& rewritten);
   void queueTensor(const TensorOp& op);
