@@ -1143,6 +1143,53 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   EXPECT_EQ(readInts(*positions, 4), (std::vector<int64_t>{2, 2, 2, 1}));
 }
 
+// The same over rows of 37 (an OpenCL CPU card's vector kernels: two blocks of 16 and a
+// tail), with a leading dimension of 2: out[e, j, c] = table[e, index[e, j], c], NaN for
+// a pick outside the table; then out[e, r, c] = 0.5 (the sum of grad[e, i, c] over the
+// positions i that picked r, in their order) + 2 out, the padding row's sum 0.
+TEST_P(Conformance, AnEmbeddingOfWideRowsPicksAndSumsRowByRow) {
+  const uint64_t E = 2, rows = 5, dim = 37, picks = 6;
+  auto table = randomFloats(E * rows * dim, 23), grad = randomFloats(E * picks * dim, 24), start = randomFloats(E * rows * dim, 25);
+  const std::vector<int64_t> index = {4, 0, 4, 2, 7, -1, 1, 1, 3, 0, 2, 4};  // [E, picks]; 7 and -1 outside [0, 5)
+  auto bt = floats(table), bg = floats(grad), out = floats(std::vector<float>(E * picks * dim)), sums = floats(start);
+  auto bi = device->allocate(index.size() * 8);
+  ASSERT_TRUE(bi);
+  ASSERT_TRUE(device->write(**bi, 0, std::as_bytes(std::span(index))));
+  auto pick = tensorOp(TensorFn::indexSelect, {E, picks, dim, rows},
+                       {view(out.get(), 0, {picks * dim, dim, 1, 0}), view(bt.get(), 0, {rows * dim, 0, 1, dim}),
+                        view(bi->get(), 0, {picks, 1, 0, 0}, TensorType::i64)});
+  auto s = device->tensor(pick);
+  if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+  ASSERT_TRUE(s) << s.error().message;
+  auto got = readFloats(*out, E * picks * dim);
+  for (uint64_t e = 0; e < E; ++e)
+    for (uint64_t j = 0; j < picks; ++j)
+      for (uint64_t c = 0; c < dim; ++c) {
+        const int64_t r = index[e * picks + j];
+        const float v = got[(e * picks + j) * dim + c];
+        if (r < 0 || r >= int64_t(rows)) ASSERT_TRUE(std::isnan(v)) << e << "," << j << "," << c;
+        else ASSERT_EQ(v, table[(e * rows + r) * dim + c]) << e << "," << j << "," << c;
+      }
+  // Shape [E, dim, rows, picks]: the leading dimension, the columns, the rows summed
+  // into, the positions; row 2 the padding.
+  auto back = tensorOp(TensorFn::indexAdd, {E, dim, rows, picks},
+                       {view(sums.get(), 0, {rows * dim, 1, dim, 0}), view(bg.get(), 0, {picks * dim, 1, 0, dim}),
+                        view(bi->get(), 0, {picks, 0, 0, 1}, TensorType::i64)});
+  back.ignoreIndex = 2;
+  back.alpha = 0.5f, back.beta = 2;
+  ASSERT_TRUE(device->tensor(back));
+  auto w = readFloats(*sums, E * rows * dim);
+  for (uint64_t e = 0; e < E; ++e)
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t c = 0; c < dim; ++c) {
+        float sum = 0;
+        for (uint64_t i = 0; i < picks; ++i)
+          if (index[e * picks + i] == int64_t(r) && r != 2) sum += grad[(e * picks + i) * dim + c];
+        const float want = 0.5f * sum + 2 * start[(e * rows + r) * dim + c];
+        ASSERT_NEAR(w[(e * rows + r) * dim + c], want, 1e-6f * std::max(1.0f, std::fabs(want))) << e << "," << r << "," << c;
+      }
+}
+
 // Embeddings: rows picked by an i64 index (forward), and each row's gradient summed over
 // the positions that picked it (backward), the padding row left 0.
 TEST_P(Conformance, TensorIndexSelectAndEmbeddingBackwardMatchReference) {

@@ -560,6 +560,9 @@ class OpenclDevice final : public Device {
       const int kept = int(g.dims) - 2;
       return {"rc_gather_vec", 3, {1, kept > 1 ? size_t(g.shape[kept - 2]) : 1, kept > 2 ? size_t(g.shape[kept - 3]) : 1}};
     }
+    if (cpu_ && indexRowsVec(g))  // a work-item a row of neighbours, as vectors
+      return {fn == TensorFn::indexSelect ? "rc_index_select_rows" : "rc_index_add_cols", 1,
+              {size_t(g.n / g.shape[g.dims - (fn == TensorFn::indexSelect ? 2 : 3)]), 1, 1}};
     if (cpu_ && layerNormVec(g))  // a work-item a row, as vectors
       return {fn == TensorFn::layerNorm ? "rc_layer_norm_vec" : "rc_layer_norm_backward_vec", 2, {1, size_t(g.n), 1}};
     const char* fast = fastMapKernel(g);
@@ -747,6 +750,18 @@ class OpenclDevice final : public Device {
     const int last = int(g.dims) - 3;
     return g.type[0] == int(TensorType::f32) && g.type[1] == int(TensorType::f32) && g.shape[last] >= kVecColumns &&
            g.stride[0][last] == 1;
+  }
+
+  // An indexSelect over f32 whose out and a hold the dimension before the rows as
+  // neighbours (an embedding's lookup), or an indexAdd whose out and a hold the one before
+  // the rows as neighbours (an embedding's gradient), at least kVecColumns long:
+  // rc_index_select_rows, rc_index_add_cols.
+  static bool indexRowsVec(const kernels::RcGeom& g) {
+    const TensorFn fn = TensorFn(g.fn);
+    if ((fn != TensorFn::indexSelect && fn != TensorFn::indexAdd) || g.dims < 3) return false;
+    const int d = int(g.dims) - (fn == TensorFn::indexSelect ? 2 : 3);
+    return g.type[0] == int(TensorType::f32) && g.type[1] == int(TensorType::f32) && g.stride[0][d] == 1 &&
+           g.stride[1][d] == 1 && g.shape[d] >= kVecColumns;
   }
 
   // A layer norm or its backward whose row operands (out, a; out, grad, xhat) have their
