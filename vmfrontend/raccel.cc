@@ -546,14 +546,22 @@ bool overlap(const TensorOperand& a, const std::vector<uint64_t>& shapeA, const 
 bool overlap(const TensorOperand& a, const TensorOperand& b, const std::vector<uint64_t>& shape) {
   return overlap(a, shape, b, shape);
 }
-// Whether `later` must run after `held` (a held map, which writes its operand 0 only): it
-// touches what held writes, or may write what held reads (any of its operands may be
-// written: it need not be a map).
-bool mustFollow(const TensorOp& held, const TensorOp& later) {
-  for (size_t i = 0; i < held.operands.size(); ++i)
-    for (auto& o : later.operands)
-      if (overlap(held.operands[i], held.shape, o, later.shape)) return true;
+// Whether a held map touches any of `spans` (the bytes a later op's views may touch: it
+// must then run after the map, which writes its operand 0 only, for the later op may
+// write what the map reads, or read what it writes).
+bool touchesAny(const TensorOp& held, const std::vector<Span>& spans) {
+  for (auto& o : held.operands) {
+    const Span mine = spanOf(o, held.shape);
+    for (auto& s : spans)
+      if (meet(mine, s)) return true;
+  }
   return false;
+}
+std::vector<Span> spansOf(const TensorOp& op) {
+  std::vector<Span> out;
+  out.reserve(op.operands.size());
+  for (auto& o : op.operands) out.push_back(spanOf(o, op.shape));
+  return out;
 }
 // Whether two held maps must keep their order: one writes what the other touches.
 bool ordered(const TensorOp& a, const TensorOp& b) {
@@ -641,8 +649,7 @@ const TensorOp* Session::passFills(const TensorOp& op, std::optional<TensorOp>& 
       break;
     }
   const TensorOp& next = rewritten ? *rewritten : op;
-  std::vector<Span> spans;
-  for (auto& o : next.operands) spans.push_back(spanOf(o, next.shape));
+  const std::vector<Span> spans = spansOf(next);
   std::vector<HeldFill> kept;
   for (auto& f : fills)
     if (std::any_of(spans.begin(), spans.end(), [&](const Span& s) { return meet(s, f.span); })) queueTensor(f.op);
@@ -695,7 +702,9 @@ void Session::tensor(const TensorOp& given) {
 // Sends the held ops that `op` must follow, with the earlier held ops those must follow,
 // in their order; the others stay held.
 void Session::sendHeldBefore(const TensorOp& op) {
-  sendHeldWhere([&](const TensorOp& held) { return mustFollow(held, op); });
+  if (impl_->held.empty()) return;
+  const std::vector<Span> later = spansOf(op);  // once, not once a held op
+  sendHeldWhere([&](const TensorOp& held) { return touchesAny(held, later); });
 }
 // Sends the held fills and maps that touch bytes [first, last] of `buffer` (what a write
 // or a free changes), with the earlier held maps those must follow. Held fills and maps
@@ -707,10 +716,8 @@ void Session::sendHeldTouching(Handle buffer, uint64_t first, uint64_t last) {
     if (meet(f.span, span)) queueTensor(f.op);
     else kept.push_back(std::move(f));
   impl_->fills = std::move(kept);
-  sendHeldWhere([&](const TensorOp& held) {
-    return std::any_of(held.operands.begin(), held.operands.end(),
-                       [&](const TensorOperand& o) { return meet(spanOf(o, held.shape), span); });
-  });
+  const std::vector<Span> written = {span};
+  sendHeldWhere([&](const TensorOp& held) { return touchesAny(held, written); });
 }
 // Sends the held maps for which `mustGo` holds, with the earlier held maps those must
 // follow, in their order; the others stay held.
