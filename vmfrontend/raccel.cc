@@ -650,12 +650,19 @@ const TensorOp* Session::passFills(const TensorOp& op, std::optional<TensorOp>& 
     }
   const TensorOp& next = rewritten ? *rewritten : op;
   const std::vector<Span> spans = spansOf(next);
-  std::vector<HeldFill> kept;
-  for (auto& f : fills)
-    if (std::any_of(spans.begin(), spans.end(), [&](const Span& s) { return meet(s, f.span); })) queueTensor(f.op);
-    else kept.push_back(std::move(f));
-  fills = std::move(kept);
+  sendFillsWhere([&](const HeldFill& f) {
+    return std::any_of(spans.begin(), spans.end(), [&](const Span& s) { return meet(s, f.span); });
+  });
   return &next;
+}
+// Sends the held fills for which `mustGo` holds (their order among themselves is free:
+// no two share memory); the others stay held.
+void Session::sendFillsWhere(const std::function<bool(const HeldFill&)>& mustGo) {
+  std::vector<HeldFill> kept;
+  for (auto& f : impl_->fills)
+    if (mustGo(f)) queueTensor(f.op);
+    else kept.push_back(std::move(f));
+  impl_->fills = std::move(kept);
 }
 
 // The latest held op that `op` fuses into (fuseInto), where that op may wait behind the
@@ -711,11 +718,7 @@ void Session::sendHeldBefore(const TensorOp& op) {
 // never share memory (each sends the other first), so their order between them is free.
 void Session::sendHeldTouching(Handle buffer, uint64_t first, uint64_t last) {
   const Span span{buffer, first, last};
-  std::vector<HeldFill> kept;
-  for (auto& f : impl_->fills)
-    if (meet(f.span, span)) queueTensor(f.op);
-    else kept.push_back(std::move(f));
-  impl_->fills = std::move(kept);
+  sendFillsWhere([&](const HeldFill& f) { return meet(f.span, span); });
   const std::vector<Span> written = {span};
   sendHeldWhere([&](const TensorOp& held) { return touchesAny(held, written); });
 }

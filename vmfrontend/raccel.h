@@ -266,6 +266,7 @@ class Session {
   void sendHeldWhere(const std::function<bool(const TensorOp&)>& first);
   struct HeldFill;
   const TensorOp* passFills(const TensorOp& op, std::optional<TensorOp>& rewritten);
+  void sendFillsWhere(const std::function<bool(const HeldFill&)>& mustGo);
   void queueTensor(const TensorOp& op);
   void noteError(const Error& error);
   // Receives until `handle` says the awaited answer is complete (true); error replies are

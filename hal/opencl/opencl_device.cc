@@ -560,9 +560,8 @@ class OpenclDevice final : public Device {
       const int kept = int(g.dims) - 2;
       return {"rc_gather_vec", 3, {1, kept > 1 ? size_t(g.shape[kept - 2]) : 1, kept > 2 ? size_t(g.shape[kept - 3]) : 1}};
     }
-    if (cpu_ && indexRowsVec(g))  // a work-item a row of neighbours, as vectors
-      return {fn == TensorFn::indexSelect ? "rc_index_select_rows" : "rc_index_add_cols", 1,
-              {size_t(g.n / g.shape[g.dims - (fn == TensorFn::indexSelect ? 2 : 3)]), 1, 1}};
+    if (const int d = cpu_ ? indexRowsVec(g) : -1; d >= 0)  // a work-item a row of neighbours, as vectors
+      return {fn == TensorFn::indexSelect ? "rc_index_select_rows" : "rc_index_add_cols", 1, {size_t(g.n / g.shape[d]), 1, 1}};
     if (cpu_ && layerNormVec(g))  // a work-item a row, as vectors
       return {fn == TensorFn::layerNorm ? "rc_layer_norm_vec" : "rc_layer_norm_backward_vec", 2, {1, size_t(g.n), 1}};
     const char* fast = fastMapKernel(g);
@@ -595,7 +594,7 @@ class OpenclDevice final : public Device {
     cl_mem b = memOf(*op.buffers[2]);
     auto& u = op.buffers;
     const bool bApart = geom.stride[2][d + 1] != 1, bkNear = geom.stride[2][d + 2] == 1;
-    if (bApart && bkNear && geom.stride[1][d + 2] == 1 && k >= kSum4From) {
+    if (bApart && bkNear && geom.stride[1][d + 2] == 1 && k >= RC_SUM4_FROM) {
       size_t global[3] = {size_t((cols + kNtCols - 1) / kNtCols), size_t((rows + kNtRows - 1) / kNtRows), size_t(entries)};
       if (auto s = runIn(*tensorKernels_, "rc_matmul_nt", 3, global, nullptr, geom, memOf(*u[0]), memOf(*u[1]), b, memOf(*u[3])); !s)
         return fail(s.error());
@@ -755,13 +754,14 @@ class OpenclDevice final : public Device {
   // An indexSelect over f32 whose out and a hold the dimension before the rows as
   // neighbours (an embedding's lookup), or an indexAdd whose out and a hold the one before
   // the rows as neighbours (an embedding's gradient), at least kVecColumns long:
-  // rc_index_select_rows, rc_index_add_cols.
-  static bool indexRowsVec(const kernels::RcGeom& g) {
+  // rc_index_select_rows, rc_index_add_cols. That dimension, or -1.
+  static int indexRowsVec(const kernels::RcGeom& g) {
     const TensorFn fn = TensorFn(g.fn);
-    if ((fn != TensorFn::indexSelect && fn != TensorFn::indexAdd) || g.dims < 3) return false;
+    if ((fn != TensorFn::indexSelect && fn != TensorFn::indexAdd) || g.dims < 3) return -1;
     const int d = int(g.dims) - (fn == TensorFn::indexSelect ? 2 : 3);
-    return g.type[0] == int(TensorType::f32) && g.type[1] == int(TensorType::f32) && g.stride[0][d] == 1 &&
-           g.stride[1][d] == 1 && g.shape[d] >= kVecColumns;
+    const bool rows = g.type[0] == int(TensorType::f32) && g.type[1] == int(TensorType::f32) && g.stride[0][d] == 1 &&
+                      g.stride[1][d] == 1 && g.shape[d] >= kVecColumns;
+    return rows ? d : -1;
   }
 
   // A layer norm or its backward whose row operands (out, a; out, grad, xhat) have their
@@ -1033,7 +1033,6 @@ class OpenclDevice final : public Device {
   static constexpr int64_t kTiledFrom = 64;
   static constexpr int64_t kVecColumns = 16, kVecRows = 4;  // rc_matmul_vec's RC_VCOLS, RC_VROWS
   static constexpr uint64_t kNtCols = 4, kNtRows = 4;         // rc_matmul_nt's RC_NT_COLS, RC_NT_ROWS
-  static constexpr uint64_t kSum4From = 256;                  // the kernels' RC_SUM4_FROM
   static constexpr uint64_t kRowSpan = 256;                   // the rows kernels' RC_ROW_SPAN
   cl_mem partials_ = nullptr;
   static constexpr uint64_t kScratchBytes = 16 << 20;
