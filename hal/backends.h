@@ -20,6 +20,7 @@ struct DeviceOverrides {
   std::optional<double> tflops;       // skips the calibration run
   std::optional<uint64_t> memoryBytes;  // at most what the device has
   bool noImages = false;              // offer no images even where the device has them
+  bool mapsOneByOne = false;          // no runs of small maps (hal/flat_run.h): a bench's baseline
 };
 
 // A device a backend can see, before it is opened.

@@ -246,6 +246,9 @@ class Device {
   virtual bool timesKernels() const { return false; }
   // Kernels issued from now on carry this tag in their KernelTime.
   void tagKernels(uint64_t tag) { tag_ = tag; }
+  // Kernels started so far (a run of small maps counts once: hal/flat_run.h); 0 where a
+  // backend does not count them.
+  virtual uint64_t launches() const { return 0; }
   // Appends the kernels completed since the last call; returns how many are in flight.
   virtual size_t takeCompleted(std::vector<KernelTime>&) { return 0; }
   // Blocks until a kernel in flight completes or `timeoutMs` passes.

@@ -1661,6 +1661,109 @@ TEST_P(Conformance, BuiltinLibraryLaunchesByNameAndRefusesUnknownKernels) {
   EXPECT_FALSE(device->launch(**program, "axpy", {}, std::span(args).first(2)));
 }
 
+// Small flat maps issued while plugged, as the card worker issues an optimizer's step: an
+// OpenCL device runs them together (hal/flat_run.h), and each phase below must give what
+// the maps give one after the other. A map joins a run only where it touches what earlier
+// maps touched at the same element offset; each phase counts the launches it takes there.
+//   A  five maps, each reading what the one before wrote, at the same offsets: one run
+//   B  a map reading t one element on (a work-item's neighbour's result), then one writing
+//      a at an offset the first map read at another: each starts a run of its own
+//   C  fifteen maps on one array: runs of 13 and 2 (RC_RUN_STEPS)
+//   D  maps over six buffers: a fifth buffer starts a new run (four a run)
+// Every map reports its own device time, under its own tag.
+TEST_P(Conformance, SmallMapsIssuedPluggedGiveTheResultsOfOneAfterTheOther) {
+  const uint64_t n = 300;
+  std::vector<float> a0 = randomFloats(n, 1), b0 = randomFloats(n, 2);
+  auto a = floats(a0), b = floats(b0), t = floats(std::vector<float>(n)), u = floats(std::vector<float>(n));
+  auto v = floats(std::vector<float>(n)), w = floats(std::vector<float>(n));
+  auto flat = [&](TensorFn fn, uint64_t count, std::initializer_list<TensorOperand> operands, float alpha = 1,
+                  float beta = 0) {
+    TensorOp op = tensorOp(fn, {count}, operands);
+    op.alpha = alpha, op.beta = beta;
+    return op;
+  };
+  auto at = [](std::unique_ptr<Buffer>& buf, uint64_t offset = 0) { return view(buf.get(), offset, {1}); };
+  const bool runs = GetParam().name.rfind("opencl", 0) == 0;
+  uint64_t tag = 100;
+  std::vector<uint64_t> tags;
+  // Runs `ops` plugged and returns the kernels they took (where the device counts them).
+  auto plugged = [&](const std::vector<TensorOp>& ops) {
+    const uint64_t before = device->launches();
+    device->plug();
+    for (const TensorOp& op : ops) {
+      tags.push_back(tag);
+      device->tagKernels(tag++);
+      EXPECT_TRUE(device->tensor(op));
+    }
+    device->unplug();
+    EXPECT_TRUE(device->finish());
+    return device->launches() - before;
+  };
+  std::vector<float> ta(n), ua(n), va(n), wa(n), aa = a0;
+  // A: t = a + 0.5 b; t = 2 t + 1; u = a * t; t = t + u; u = 0.5 (u - t) (lerp of u toward t).
+  const uint64_t launchesA = plugged({flat(TensorFn::add, n, {at(t), at(a), at(b)}, 0.5f),
+                                      flat(TensorFn::affine, n, {at(t), at(t)}, 2, 1), flat(TensorFn::mul, n, {at(u), at(a), at(t)}),
+                                      flat(TensorFn::add, n, {at(t), at(t), at(u)}), flat(TensorFn::lerp, n, {at(u), at(u), at(t)}, 0.5f)});
+  for (uint64_t i = 0; i < n; ++i) {
+    ta[i] = 2 * (a0[i] + 0.5f * b0[i]) + 1;
+    ua[i] = a0[i] * ta[i];
+    ta[i] = ta[i] + ua[i];
+    ua[i] = ua[i] + 0.5f * (ta[i] - ua[i]);
+  }
+  auto gotT = readFloats(*t, n), gotU = readFloats(*u, n);
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(gotT[i], ta[i], 1e-5 * (1 + std::fabs(ta[i]))) << "A: t[" << i << "]";
+    ASSERT_NEAR(gotU[i], ua[i], 1e-5 * (1 + std::fabs(ua[i]))) << "A: u[" << i << "]";
+  }
+  // B: t = t + 1; v = t[1..] (a neighbour's t); a[1..] = 3 a[1..] (a was read from 0 in the first).
+  const uint64_t launchesB = plugged({flat(TensorFn::add, n, {at(t), at(t), at(a)}, 0.0f),
+                                      flat(TensorFn::affine, n, {at(t), at(t)}, 1, 1),
+                                      flat(TensorFn::copy, n - 1, {at(v), at(t, 1)}),
+                                      flat(TensorFn::affine, n - 1, {at(a, 1), at(a, 1)}, 3, 0),
+                                      flat(TensorFn::add, n - 1, {at(w), at(v), at(a)}, 1)});
+  for (uint64_t i = 0; i < n; ++i) ta[i] = ta[i] + 1;
+  for (uint64_t i = 0; i + 1 < n; ++i) va[i] = ta[i + 1];
+  for (uint64_t i = 1; i < n; ++i) aa[i] = 3 * a0[i];
+  for (uint64_t i = 0; i + 1 < n; ++i) wa[i] = va[i] + aa[i];
+  auto gotV = readFloats(*v, n), gotA = readFloats(*a, n), gotW = readFloats(*w, n);
+  for (uint64_t i = 0; i + 1 < n; ++i) {
+    ASSERT_NEAR(gotV[i], va[i], 1e-5 * (1 + std::fabs(va[i]))) << "B: v[" << i << "] (t read one element on)";
+    ASSERT_NEAR(gotA[i + 1], aa[i + 1], 1e-5 * (1 + std::fabs(aa[i + 1]))) << "B: a[" << i + 1 << "]";
+    ASSERT_NEAR(gotW[i], wa[i], 1e-5 * (1 + std::fabs(wa[i]))) << "B: w[" << i << "]";
+  }
+  // C: fifteen times w = 0.5 w + 1 over its first 17 elements.
+  std::vector<TensorOp> halving(15, flat(TensorFn::affine, 17, {at(w), at(w)}, 0.5f, 1));
+  const uint64_t launchesC = plugged(halving);
+  for (int r = 0; r < 15; ++r)
+    for (uint64_t i = 0; i < 17; ++i) wa[i] = 0.5f * wa[i] + 1;
+  gotW = readFloats(*w, n);
+  for (uint64_t i = 0; i + 1 < n; ++i) ASSERT_NEAR(gotW[i], wa[i], 1e-5 * (1 + std::fabs(wa[i]))) << "C: w[" << i << "]";
+  // D: b = b + a; t = t + u; v = v + w: the third reaches a fifth and sixth buffer.
+  const uint64_t launchesD = plugged({flat(TensorFn::add, n, {at(b), at(b), at(a)}), flat(TensorFn::add, n, {at(t), at(t), at(u)}),
+                                      flat(TensorFn::add, n - 1, {at(v), at(v), at(w)})});
+  auto gotB = readFloats(*b, n);
+  gotT = readFloats(*t, n), gotV = readFloats(*v, n);
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(gotB[i], b0[i] + aa[i], 1e-5 * (1 + std::fabs(b0[i] + aa[i]))) << "D: b[" << i << "]";
+    ASSERT_NEAR(gotT[i], ta[i] + ua[i], 1e-5 * (1 + std::fabs(ta[i] + ua[i]))) << "D: t[" << i << "]";
+    if (i + 1 < n) ASSERT_NEAR(gotV[i], va[i] + wa[i], 1e-5 * (1 + std::fabs(va[i] + wa[i]))) << "D: v[" << i << "]";
+  }
+  if (runs) {
+    EXPECT_EQ(launchesA, 1u) << "five maps at the same offsets: one run";
+    EXPECT_EQ(launchesB, 3u) << "a read one element on, then a write over an earlier read: two runs more";
+    EXPECT_EQ(launchesC, 2u) << "fifteen maps: runs of 13 and 2";
+    EXPECT_EQ(launchesD, 2u) << "six buffers: four in a run";
+  }
+  if (device->timesKernels()) {  // every map's time once, under its tag
+    std::vector<KernelTime> times;
+    device->takeCompleted(times);
+    std::vector<uint64_t> reported;
+    for (auto& k : times)
+      if (k.tag >= 100) reported.push_back(k.tag);
+    EXPECT_EQ(reported, tags);
+  }
+}
+
 TEST_P(Conformance, AsynchronousCardsReportEachKernelsDeviceTimeOnceWithItsTag) {
   if (!device->timesKernels()) GTEST_SKIP() << "a synchronous card: its caller times its kernels";
   if (!hasBuiltins()) GTEST_SKIP() << "no built-in library";

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "common/program_units.h"
+#include "hal/flat_run.h"
 #include "hal/opencl/opencl_images.h"
 #include "hal/tensor_kernels_source.h"
 
@@ -234,7 +235,8 @@ class OpenclDevice final : public Device {
     clReleaseContext(context_);
   }
 
-  Status init() {
+  Status init(bool runs) {
+    runs_ = runs;
     auto program = build(ProgramKind::openclC, kBuiltinLibrary, std::as_bytes(std::span(kBuiltinSource, std::strlen(kBuiltinSource))));
     if (!program) return fail(program.error().code, "building the built-in kernels: " + program.error().message);
     builtins_.reset(static_cast<ClProgram*>(program->release()));
@@ -272,6 +274,7 @@ class OpenclDevice final : public Device {
   // Kernels are enqueued and return at once; each carries an event whose profiling
   // times (the device's clock) are its device time.
   bool timesKernels() const override { return true; }
+  uint64_t launches() const override { return launches_; }
   size_t takeCompleted(std::vector<KernelTime>& out) override {
     while (!timed_.empty()) {
       cl_int status = executionStatus(timed_.front().event);
@@ -285,7 +288,8 @@ class OpenclDevice final : public Device {
       if (status == CL_COMPLETE &&
           clGetEventProfilingInfo(t.event, CL_PROFILING_COMMAND_START, sizeof start, &start, nullptr) == CL_SUCCESS &&
           clGetEventProfilingInfo(t.event, CL_PROFILING_COMMAND_END, sizeof end, &end, nullptr) == CL_SUCCESS)
-        out.push_back({t.tag, end > start ? end - start : 0});
+        t.shares.empty() ? out.push_back({t.tag, end > start ? end - start : 0})
+                         : splitRunTime(t.shares, end > start ? end - start : 0, out);
       else if (status < 0 && lost_.empty()) {
         lost_ = "a kernel ended abnormally (" + clError(status) + ")";
         cardLost_ = status == CL_DEVICE_NOT_AVAILABLE;  // the card went away under it (a reset), not the kernel's doing
@@ -316,6 +320,7 @@ class OpenclDevice final : public Device {
   }
   void unplug() override {
     if (!gate_) return;
+    launchRunOrLose();  // behind the gate: it starts with the rest
     clSetUserEventStatus(gate_, CL_COMPLETE);
     clReleaseEvent(gate_);
     gate_ = nullptr;
@@ -345,6 +350,7 @@ class OpenclDevice final : public Device {
   }
   Status doCopy(Buffer& dst, uint64_t dstOffset, const Buffer& src, uint64_t srcOffset, uint64_t length) override {
     if (length == 0) return {};
+    if (auto s = launchRun(); !s) return s;
     if (&dst == &src && std::max(dstOffset, srcOffset) < std::min(dstOffset, srcOffset) + length) {
       // OpenCL forbids overlapping copies within one buffer: go through the host.
       std::vector<std::byte> tmp(length);
@@ -356,6 +362,7 @@ class OpenclDevice final : public Device {
   }
   Status doFill(Buffer& b, uint64_t offset, uint64_t length, uint8_t value) override {
     if (length == 0) return {};
+    if (auto s = launchRun(); !s) return s;
     return check(clEnqueueFillBuffer(queue_, memOf(b), &value, 1, offset, length, 0, nullptr, nullptr), "clEnqueueFillBuffer");
   }
 
@@ -366,6 +373,7 @@ class OpenclDevice final : public Device {
 
   Status doLaunch(Program& program, const std::string& kernelName, const LaunchDims& dims,
                   std::span<const KernelArg> args) override {
+    if (auto s = launchRun(); !s) return s;
     auto& p = static_cast<ClProgram&>(program);
     auto kernel = p.kernel(kernelName);
     if (!kernel) return fail(kernel.error());
@@ -398,6 +406,7 @@ class OpenclDevice final : public Device {
     cl_event event = nullptr;
     cl_int rc = clEnqueueNDRangeKernel(queue_, *kernel, workDim, anyOffset ? offset : nullptr, global,
                                        defaultLocal ? nullptr : local, 0, nullptr, &event);
+    launches_ += rc == CL_SUCCESS;
     track(event);
     if (rc == CL_INVALID_WORK_GROUP_SIZE || rc == CL_INVALID_WORK_ITEM_SIZE)
       return clFail(Code::invalidArgument, "launch of " + kernelName + ": block size not accepted by this device (" + clError(rc) + ")", rc);
@@ -497,16 +506,19 @@ class OpenclDevice final : public Device {
   }
 
   Status doGemm(const GemmArgs& g) override {
+    if (auto s = launchRun(); !s) return s;
     size_t global[2] = {roundUp(g.n, 16), roundUp(g.m, 16)};
     size_t local[2] = {16, 16};
     return run("raccel_gemm", 2, global, groups256_ ? local : nullptr, g.m, g.n, g.k, g.alpha, g.beta, memOf(*g.a),
                memOf(*g.b), memOf(*g.c));
   }
   Status doAxpy(uint64_t n, float alpha, const Buffer& x, Buffer& y) override {
+    if (auto s = launchRun(); !s) return s;
     size_t global[1] = {roundUp(n, 256)};
     return run("raccel_axpy", 1, global, nullptr, cl_ulong{n}, alpha, memOf(x), memOf(y));
   }
   Status doVadd(uint64_t n, const Buffer& a, const Buffer& b, Buffer& out) override {
+    if (auto s = launchRun(); !s) return s;
     size_t global[1] = {roundUp(n, 256)};
     return run("raccel_vadd", 1, global, nullptr, cl_ulong{n}, memOf(a), memOf(b), memOf(out));
   }
@@ -522,6 +534,44 @@ class OpenclDevice final : public Device {
   }
   Status doTensor(const LoweredTensorOp& op) override {
     if (auto s = buildTensorKernels(); !s) return s;
+    if (gate_ && runs_ && FlatRun::fits(op)) {  // plugged: a small flat map waits to run with the next ones
+      if (run_.join(op, kernelTag())) return {};
+      if (auto s = launchRun(); !s) return s;
+      if (run_.join(op, kernelTag())) return {};
+    }
+    if (auto s = launchRun(); !s) return s;
+    return launchTensor(op);
+  }
+  // The maps gathered in run_ (doTensor), as one rc_flat_run (a run of one as its own
+  // kernel), tagged with each map's tag; every other use of the queue launches them first.
+  Status launchRun() {
+    if (run_.empty()) return {};
+    const uint64_t tag = kernelTag();
+    Status s;
+    if (run_.size() == 1) {
+      const LoweredTensorOp op = run_.first();
+      tagKernels(run_.shares()[0].first);
+      run_.clear();
+      s = launchTensor(op);
+    } else {
+      const auto& b = run_.buffers();
+      const size_t global[1] = {size_t(run_.workItems())};
+      shares_ = run_.shares();
+      s = runIn(*tensorKernels_, "rc_flat_run", 1, global, nullptr, run_.args(), memOf(*b[0]), memOf(*b[1]),
+                memOf(*b[2]), memOf(*b[3]));
+      shares_.clear();
+      run_.clear();
+    }
+    tagKernels(tag);
+    return s;
+  }
+  // launchRun where no caller takes a Status: a run that could not be queued loses the
+  // device (its maps were answered as done).
+  void launchRunOrLose() {
+    if (auto s = launchRun(); !s && lost_.empty()) lost_ = "a run of maps could not be queued: " + s.error().message;
+  }
+  void doRelease(Buffer&) override { launchRunOrLose(); }
+  Status launchTensor(const LoweredTensorOp& op) {
     auto& b = op.buffers;
     // On a CPU device, rc_matmul_vec (matmulVec) where out's columns allow it.
     const int d = int(op.geom.dims) - 3;
@@ -671,6 +721,7 @@ class OpenclDevice final : public Device {
     return check(rc, "allocating scratch memory");
   }
   Status doReduceSum(uint64_t n, const Buffer& input, Buffer& out) override {
+    if (auto s = launchRun(); !s) return s;
     size_t global[1] = {kPartials};
     if (auto s = run("raccel_partial_sums", 1, global, nullptr, cl_ulong{n}, memOf(input), partials_); !s) return s;
     size_t one[1] = {1};
@@ -809,6 +860,7 @@ class OpenclDevice final : public Device {
     }
     cl_event event = nullptr;
     rc = clEnqueueNDRangeKernel(queue_, *kernel, dims, nullptr, global, local, 0, nullptr, &event);
+    launches_ += rc == CL_SUCCESS;
     track(event);
     return check(rc, name);
   }
@@ -817,7 +869,7 @@ class OpenclDevice final : public Device {
   // must not grow the list without end: past 4096, the oldest completed ones go.
   void track(cl_event event) {
     if (!event) return;
-    timed_.push_back({event, kernelTag()});
+    timed_.push_back({event, kernelTag(), shares_});
     if (timed_.size() > 4096) {
       std::vector<KernelTime> dropped;
       takeCompleted(dropped);
@@ -826,7 +878,12 @@ class OpenclDevice final : public Device {
   struct Timed {
     cl_event event;
     uint64_t tag;
+    std::vector<std::pair<uint64_t, uint64_t>> shares;  // a run of maps: each one's tag and elements
   };
+  FlatRun run_;  // small flat maps held while plugged (doTensor)
+  bool runs_ = true;  // gathers them (not for DeviceOverrides::mapsOneByOne)
+  uint64_t launches_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> shares_;  // the shares of the run being launched
   std::deque<Timed> timed_;
   std::string lost_;
   bool cardLost_ = false;
@@ -1091,7 +1148,7 @@ Result<std::unique_ptr<Device>> openOpenclDevice(unsigned index, const DeviceOve
     return fail(check(rc, "clCreateCommandQueue").error());
   }
   auto device = std::make_unique<OpenclDevice>(caps, d, context, queue);
-  if (auto s = device->init(); !s) return fail(s.error());
+  if (auto s = device->init(!overrides.mapsOneByOne); !s) return fail(s.error());
   return std::unique_ptr<Device>(std::move(device));
 }
 
