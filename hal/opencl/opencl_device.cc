@@ -305,8 +305,10 @@ class OpenclDevice final : public Device {
 
   // The commands queued from here wait behind a barrier on a user event; unplug()
   // completes it and PoCL's threads take them as one run. Without a barrier (the driver
-  // refused one) nothing is held.
+  // refused one, or PoCL's basic device) no command is held; small maps gather into runs
+  // (doTensor) either way.
   void plug() override {
+    plugged_ = true;
     if (gate_ || !gates_) return;
     cl_int rc = CL_SUCCESS;
     cl_event gate = clCreateUserEvent(context_, &rc);
@@ -319,8 +321,9 @@ class OpenclDevice final : public Device {
     gate_ = gate;
   }
   void unplug() override {
+    plugged_ = false;
+    launchRunOrLose();  // behind the gate, if any: it starts with the rest
     if (!gate_) return;
-    launchRunOrLose();  // behind the gate: it starts with the rest
     clSetUserEventStatus(gate_, CL_COMPLETE);
     clReleaseEvent(gate_);
     gate_ = nullptr;
@@ -534,7 +537,7 @@ class OpenclDevice final : public Device {
   }
   Status doTensor(const LoweredTensorOp& op) override {
     if (auto s = buildTensorKernels(); !s) return s;
-    if (gate_ && runs_ && FlatRun::fits(op)) {  // plugged: a small flat map waits to run with the next ones
+    if (plugged_ && runs_ && FlatRun::fits(op)) {  // plugged: a small flat map waits to run with the next ones
       if (run_.join(op, kernelTag())) return {};
       if (auto s = launchRun(); !s) return s;
       if (run_.join(op, kernelTag())) return {};
@@ -1096,6 +1099,7 @@ class OpenclDevice final : public Device {
   static constexpr int64_t kSplitSumOutputs = 1024;
   cl_mem scratch_ = nullptr;  // scratch(): matmulVec's b laid out as rows, sumInTwo's row sums
   uint64_t scratchBytes_ = 0;
+  bool plugged_ = false;     // between plug() and unplug()
   cl_event gate_ = nullptr;  // plug()'s user event, while plugged
   bool gates_ = true;        // plug() holds work behind a user event (not on PoCL's basic device)
   bool groups256_ = false;  // the device takes work-groups of 256: 16 x 16 tiles (gemm, matmul), 256-wide sums
