@@ -15,7 +15,7 @@ bool FlatRun::fits(const LoweredTensorOp& op) {
   if (!(RC_FAST_MAPS(RC_FLAT_FN) false)) return false;
 #undef RC_FLAT_FN
   for (unsigned k = 0; k < tensorFnOperands(TensorFn(g.fn)); ++k)
-    if (g.type[k] != int(TensorType::f32) || g.stride[k][0] != 1) return false;
+    if (g.type[k] != int(TensorType::f32) || (g.stride[k][0] != 1 && g.n > 1)) return false;  // (one element: any stride)
   return true;
 }
 
