@@ -1,12 +1,13 @@
 // A run of small flat maps launched as one kernel (tensor_kernels.inc: rc_flat_run).
 // An optimizer's step over a model's parameters is a few maps per tensor, each over a
-// few hundred elements: on PoCL such a kernel costs ~10 us of its threads' time to
-// start and well under one to run. A device that holds queued work (Device::plug)
+// few hundred elements: on PoCL such a kernel costs a few microseconds to start (the
+// reference CNN's 50-map SGD step: 230 us one kernel a map, 74 us in runs, on its
+// pthread device) and well under one to run. A device that holds queued work (Device::plug)
 // gathers these maps here and launches each run of up to RC_RUN_STEPS of them once.
 //
 // A map joins only where running it in the same kernel as the earlier steps gives what
 // running them one after the other would: rc_flat_run's work-item i runs every step over
-// the same elements [16 i, 16 i + 16) of it, in order, so a step may touch bytes that an
+// the same elements [RC_RUN_SPAN i, RC_RUN_SPAN (i + 1)) of it, in order, so a step may touch bytes that an
 // earlier step wrote (or write bytes an earlier step read) only at the same element
 // offset, where the same work-item touched them.
 #pragma once
