@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <set>
+#include <thread>
 
 #include <unistd.h>
 
@@ -13,6 +15,10 @@
 
 namespace raccel::netaccel {
 namespace {
+// pocl_device = auto takes PoCL's basic device on hosts of this many cores or fewer: on
+// two cores its pthread workers' wake-ups cost a CNN step ~15% (docs/BENCHMARKS.md).
+constexpr unsigned kPoclBasicCores = 2;
+
 std::string builtList() {
   std::string out;
   for (auto& b : hal::builtBackends()) out += (out.empty() ? "" : ", ") + b;
@@ -106,6 +112,18 @@ Result<std::vector<std::string>> parseDiscover(const std::string& text) {
   return out;
 }
 
+std::string poclDevicesFor(const std::string& choice, const char* environment, unsigned cores) {
+  if (choice != "auto") return choice;
+  if (environment && *environment) return "";  // the operator chose already
+  return cores > 0 && cores <= kPoclBasicCores ? "basic" : "";
+}
+
+std::string applyPoclDevice(const NetaccelConfig& config) {
+  std::string value = poclDevicesFor(config.poclDevice, std::getenv("POCL_DEVICES"), std::thread::hardware_concurrency());
+  if (!value.empty()) ::setenv("POCL_DEVICES", value.c_str(), 1);
+  return value;
+}
+
 Result<CardConfig> parseCardSpec(const std::string& spec) {
   auto s = ConfigSection::fromSpec("card", spec);
   if (!s) return fail(Code::invalidArgument, "--card " + spec + ": " + s.error().message);
@@ -149,7 +167,8 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto& top = config.top();
   std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
                                     "sandbox", "same_host_lane", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
-                                    "sandbox_call_timeout_ms", "device_queue_depth", "device_queue_depth_alone", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory"};
+                                    "sandbox_call_timeout_ms", "device_queue_depth", "device_queue_depth_alone", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory",
+                                    "pocl_device"};
   known.insert(known.end(), std::begin(kEtcdKeys), std::end(kEtcdKeys));
   known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
   if (top.has("sandbox_hide"))
@@ -185,6 +204,9 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto lane = top.getBool("same_host_lane", out.sameHostLane);
   if (!lane) return fail(lane.error());
   out.sameHostLane = *lane;
+  out.poclDevice = top.getString("pocl_device", out.poclDevice);
+  if (out.poclDevice != "auto" && out.poclDevice != "basic" && out.poclDevice != "pthread")
+    return fail(Code::invalidArgument, "pocl_device must be auto, basic or pthread, not '" + limits::clip(out.poclDevice, 32) + "'");
   auto sandbox = top.getBool("sandbox", out.sandbox.enabled);
   if (!sandbox) return fail(sandbox.error());
   out.sandbox.enabled = *sandbox;

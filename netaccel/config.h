@@ -42,6 +42,13 @@
 //   host_cpu = auto              # this host's CPU cores that vaccels may be given (a VM's
 //                                #   host_cpu); auto = the online cores, 0 = not counted
 //   host_memory = auto           # and its memory (bytes; auto = physical memory)
+//   pocl_device = auto           # PoCL's CPU device for OpenCL cards: basic runs kernels
+//                                #   in the calling thread, pthread on worker threads; auto
+//                                #   = basic on hosts of 2 cores or fewer, where waking the
+//                                #   workers for each run costs more than they give, unless
+//                                #   POCL_DEVICES is set in the environment (see
+//                                #   docs/BENCHMARKS.md). The netaccel and its sandboxes
+//                                #   open the same one
 //   etcd = 10.0.0.1:2379,10.0.0.2:2379  # also register in the pool shared through etcd
 //                                #   (many VM hosts, one pool), online under its own lease
 //   etcd_prefix = /raccel/       # the shared pool's keys
@@ -123,6 +130,7 @@ struct NetaccelConfig {
   uint64_t hostMemoryMib = 0;
   transport::LinkSecurity security;
   bool sameHostLane = true;  // take a same-host lane when a scheduler offers one
+  std::string poclDevice = "auto";  // auto, basic or pthread (applyPoclDevice)
   std::vector<CardConfig> cards;
   EtcdSettings etcd;  // the pool shared through etcd (common/etcd_settings.h; empty endpoints: none)
 };
@@ -139,6 +147,13 @@ inline constexpr const char* kSchedulersFromEtcd = "etcd";
 Status checkSchedulers(const struct NetaccelConfig& config);
 // A card from a one-line spec "backend=cpu,kind=gpu,tflops=8,memory=1GiB,model=x,threads=1".
 Result<CardConfig> parseCardSpec(const std::string& spec);
+// What POCL_DEVICES should be for `pocl_device = choice` on a host of `cores` cores where
+// the environment has `environment` (null: unset): the value to set, or "" to leave the
+// environment as it is.
+std::string poclDevicesFor(const std::string& choice, const char* environment, unsigned cores);
+// Sets POCL_DEVICES for this process and the sandboxes it starts (they inherit its
+// environment), before any OpenCL call; returns what it chose, "" when it left it.
+std::string applyPoclDevice(const NetaccelConfig& config);
 // "all", "none" or a comma-separated list of backend names built into this binary.
 Result<std::vector<std::string>> parseDiscover(const std::string& text);
 

@@ -143,6 +143,36 @@ TEST(NetaccelConfig, HostResourcesAreTheMachinesOrSetAndChecked) {
   }
 }
 
+TEST(NetaccelConfig, PoclDeviceIsBasicOnSmallHostsUnlessTheOperatorChose) {
+  auto file = Config::parse("insecure = true\n", "test.conf");
+  ASSERT_TRUE(file);
+  auto c = parseConfig(*file);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->poclDevice, "auto");
+  EXPECT_EQ(poclDevicesFor("auto", nullptr, 2), "basic");
+  EXPECT_EQ(poclDevicesFor("auto", nullptr, 1), "basic");
+  EXPECT_EQ(poclDevicesFor("auto", "", 2), "basic");          // set but empty: not a choice
+  EXPECT_EQ(poclDevicesFor("auto", nullptr, 3), "");          // PoCL's own default (pthread)
+  EXPECT_EQ(poclDevicesFor("auto", nullptr, 0), "");          // cores unknown
+  EXPECT_EQ(poclDevicesFor("auto", "pthread", 2), "");        // the environment's stays
+  EXPECT_EQ(poclDevicesFor("pthread", nullptr, 2), "pthread");
+  EXPECT_EQ(poclDevicesFor("basic", "pthread", 16), "basic");  // the setting over the environment
+  for (auto value : {"basic", "pthread"}) {
+    auto f = Config::parse(std::string("insecure = true\npocl_device = ") + value + "\n", "test.conf");
+    ASSERT_TRUE(f);
+    auto r = parseConfig(*f);
+    ASSERT_TRUE(r) << r.error().message;
+    EXPECT_EQ(r->poclDevice, value);
+  }
+  for (auto value : {"cuda", "", "BASIC", "basic pthread"}) {
+    auto f = Config::parse(std::string("insecure = true\npocl_device = ") + value + "\n", "bad.conf");
+    ASSERT_TRUE(f) << value;
+    auto r = parseConfig(*f);
+    ASSERT_FALSE(r) << value;
+    EXPECT_NE(r.error().message.find("pocl_device must be auto, basic or pthread"), std::string::npos) << r.error().message;
+  }
+}
+
 TEST(NetaccelConfig, EtcdSettingsAreCheckedWhereTheyEnter) {
   auto file = Config::parse("insecure = true\netcd = 127.0.0.1:2379,127.0.0.1:2479\netcd_prefix = /pool-a/\n"
                             "etcd_lease_ttl = 7\netcd_ca = /etc/etcd/ca.pem\n",

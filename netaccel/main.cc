@@ -70,6 +70,9 @@ void declareFlags(Flags& flags) {
                                    "online cores), a number, or 0 = not counted");
   flags.value("host-memory", "BYTES", "this host's memory vaccels may be given (a VM's host_memory): auto (default: "
                                       "physical memory), e.g. 64GiB, or 0 = not counted");
+  flags.value("pocl-device", "auto|basic|pthread", "PoCL's CPU device for OpenCL cards, here and in the sandboxes: basic "
+                                                  "runs kernels in the calling thread, pthread on worker threads (default "
+                                                  "auto: basic on hosts of 2 cores or fewer, unless POCL_DEVICES is set)");
   flags.value("log-level", "LEVEL", "debug, info, warn or error (default info)");
   flags.epilog("Serves the configured cards, then every device the discovered backends see (TFLOPS from the device's "
                "properties or a short calibration run). With neither, one cpu card of 4 TFLOPS and 1 GiB.");
@@ -92,6 +95,7 @@ Result<netaccel::NetaccelConfig> configOf(const Flags& flags) {
   if (flags.has("host-memory")) file->top().set("host_memory", flags.get("host-memory"));
   if (flags.has("slice-ms")) file->top().set("slice_ms", flags.get("slice-ms"));
   if (flags.has("max-op-seconds")) file->top().set("max_op_seconds", flags.get("max-op-seconds"));
+  if (flags.has("pocl-device")) file->top().set("pocl_device", flags.get("pocl-device"));
   // --list-devices needs no link to the scheduler.
   if (flags.has("list-devices") && !file->top().has("tls_ca")) file->top().set("insecure", "true");
   auto parsed = netaccel::parseConfig(*file);
@@ -227,6 +231,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::string> notes;
+  if (auto pocl = netaccel::applyPoclDevice(*config); !pocl.empty()) notes.push_back("PoCL device: " + pocl);
   auto devices = netaccel::openCards(*config, &notes);
   if (!devices) {
     std::fprintf(stderr, "raccel-netaccel: %s\n", devices.error().message.c_str());
