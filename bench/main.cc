@@ -11,6 +11,11 @@
 //                           3-member etcd (--etcd): the data path does not touch etcd (target
 //                           <= 1.1x sync_rtt_us_p50_plain)
 //   raw_two_hop_rtt_us_p50  the same path built from plain sockets relaying bytes (the floor)
+//   wakeup_rtt_us_same_cpu / _cross_cpu  one byte back and forth between two threads
+//                           pinned to one CPU / to two: what each hop's wake-up costs on this
+//                           machine (where a waiting CPU halts, as in many VMs, the second
+//                           is tens of microseconds, and every hop of a round trip that the
+//                           kernel places across CPUs pays it)
 //   async_instr_per_s       a stream of small asynchronous instructions, end to end (median of
 //                           3 rounds of 4 s that alternate with the next figure's)
 //   async_instr_per_s_scraped  the same stream while a scraper GETs the scheduler's and the
@@ -209,6 +214,7 @@ struct Figures {
   double asyncRateScraped = 0, scrapeMs = 0, scrapeCpuMs = 0;
   size_t scrapes = 0;
   double syncP50 = 0, syncP99 = 0, rawP50 = 0, asyncRate = 0;
+  double wakeSameCpu = -1, wakeCrossCpu = -1;  // wakeupRttUs (-1: not measurable here)
   double syncPlainP50 = 0, syncThreadP50 = -1;
   bench::BulkFigures bulk;
   double syncEtcdP50 = -1;  // plain node link, the scheduler in a shared pool (--etcd)
@@ -298,6 +304,8 @@ bool measureRawTwoHop(Run& run, Figures& f, testing::Cluster& cluster) {
   }
   ::close(fd);
   f.rawP50 = percentile(raw, 0.5);
+  f.wakeSameCpu = bench::wakeupRttUs(true, run.syncIters);
+  f.wakeCrossCpu = bench::wakeupRttUs(false, run.syncIters);
   return true;
 }
 
@@ -638,6 +646,8 @@ void printJson(const Figures& f, bool quick) {
               num(f.multi.multiConflictRate, "%.4f").c_str(), bench::jsonSafe(f.multi.skipped).c_str());
   std::printf("\"fair_share_error_async\":%.4f,\"fair_share_ratio_async\":%.3f,\"fair_share_async_met\":%s,",
               f.fairAsync.error, f.fairAsync.ratio, m.fairAsync ? "true" : "false");
+  std::printf("\"wakeup_rtt_us_same_cpu\":%s,\"wakeup_rtt_us_cross_cpu\":%s,", num(f.wakeSameCpu, "%.1f").c_str(),
+              num(f.wakeCrossCpu, "%.1f").c_str());
   std::printf("\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
               "\"async_instr_per_s\":%.0f,%s,"
               "\"vm_sync_rtt_us_p50\":%s,\"host_guestd_sync_rtt_us_p50\":%.1f,\"vm_skipped\":\"%s\","
@@ -661,6 +671,9 @@ void printSyncText(const Figures& f, const Met& m) {
   std::printf("%-26s %9.1f us   raw two-hop p50 %.1f us, target <= %.1f us  %s\n", "sync_rtt_us_p50", f.syncP50,
               f.rawP50, 3 * f.rawP50, m.sync ? "met" : "MISSED");
   std::printf("%-26s %9.1f us\n", "sync_rtt_us_p99", f.syncP99);
+  std::printf("%-26s %12s   one byte between two threads: on one CPU %s us, across two %s us (each hop's wake-up)\n",
+              "wakeup_rtt_us", "", bench::jsonNumber(f.wakeSameCpu, "%.1f").c_str(),
+              bench::jsonNumber(f.wakeCrossCpu, "%.1f").c_str());
   std::printf("%-26s %9.1f us   the node link in plain TCP (--insecure), same run\n", "sync_rtt_us_p50_plain",
               f.syncPlainP50);
   std::printf("%-26s %9.1f us   sync_rtt_us_p50 %.1f us (TLS as deployed: auto, crypto threads %s here)\n",
@@ -760,10 +773,12 @@ int measureSyncOnly(bool quick, bool json) {
   }
   auto num = [](double v) { return bench::jsonNumber(v, "%.1f"); };
   std::printf("{\"sync_rtt_us_p50\":%.1f,\"sync_rtt_us_p99\":%.1f,\"raw_two_hop_rtt_us_p50\":%.1f,"
+              "\"wakeup_rtt_us_same_cpu\":%s,\"wakeup_rtt_us_cross_cpu\":%s,"
               "\"sync_rtt_us_p50_plain\":%.1f,\"sync_rtt_us_p50_tls_thread\":%s,\"sync_rtt_us_p50_etcd\":%s,"
               "\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,\"quick\":%s}\n",
-              f.syncP50, f.syncP99, f.rawP50, f.syncPlainP50, num(f.syncThreadP50).c_str(), num(f.syncEtcdP50).c_str(),
-              num(f.sandboxRttP50).c_str(), num(f.inProcessRttP50).c_str(), quick ? "true" : "false");
+              f.syncP50, f.syncP99, f.rawP50, num(f.wakeSameCpu).c_str(), num(f.wakeCrossCpu).c_str(), f.syncPlainP50,
+              num(f.syncThreadP50).c_str(), num(f.syncEtcdP50).c_str(), num(f.sandboxRttP50).c_str(),
+              num(f.inProcessRttP50).c_str(), quick ? "true" : "false");
   return 0;
 }
 

@@ -7,6 +7,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -140,6 +144,60 @@ double rawSocketGbps(size_t bytes) {
   ::close(fd);
   ::close(l);
   return bytes * 8.0 / secs / 1e9;
+}
+
+namespace {
+bool pinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+}  // namespace
+
+double wakeupRttUs(bool sameCpu, int iterations) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  if (cpus.empty() || (!sameCpu && cpus.size() < 2)) return -1;
+  int there[2], back[2];
+  if (::pipe(there) != 0) return -1;
+  if (::pipe(back) != 0) {
+    ::close(there[0]), ::close(there[1]);
+    return -1;
+  }
+  const int mine = cpus[0], theirs = sameCpu ? cpus[0] : cpus[1];
+  std::thread echo([&] {
+    char b = 0;
+    bool pinned = pinTo(theirs);
+    for (int i = 0; i < iterations; ++i) {
+      if (!readAll(there[0], &b, 1)) break;
+      if (!pinned) b = 1;  // tells the other side
+      if (::write(back[1], &b, 1) != 1) break;
+    }
+    ::close(back[1]);  // a side that stopped early: the other reads the end
+  });
+  cpu_set_t before;
+  pthread_getaffinity_np(pthread_self(), sizeof before, &before);
+  bool pinned = pinTo(mine);
+  std::vector<double> us;
+  us.reserve(static_cast<size_t>(iterations));
+  char b = 0;
+  for (int i = 0; i < iterations; ++i) {
+    auto t = std::chrono::steady_clock::now();
+    if (::write(there[1], &b, 1) != 1 || !readAll(back[0], &b, 1)) break;
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count());
+  }
+  pthread_setaffinity_np(pthread_self(), sizeof before, &before);
+  ::close(there[1]);  // an echo that stopped early sees the end
+  echo.join();
+  ::close(there[0]);
+  ::close(back[0]);
+  if (!pinned || b != 0 || us.size() != static_cast<size_t>(iterations)) return -1;
+  std::nth_element(us.begin(), us.begin() + static_cast<long>(us.size() / 2), us.end());
+  return us[us.size() / 2];
 }
 
 }  // namespace raccel::bench

@@ -25,4 +25,10 @@ int rawRelay(const std::string& path, int port);
 // time: Gbit/s.
 double rawSocketGbps(size_t bytes);
 
+// One byte back and forth between two threads over a pair of pipes, each thread pinned
+// to a CPU (the same one, or two), median microseconds: the cost of the wake-ups every
+// hop of a round trip pays, with nothing else in it. -1 when the CPUs cannot be had
+// (one CPU, or an affinity that forbids them).
+double wakeupRttUs(bool sameCpu, int iterations);
+
 }  // namespace raccel::bench
