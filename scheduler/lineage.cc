@@ -29,7 +29,8 @@ void LineageLog::add(const transport::FrameHeader& header, transport::Body& body
   } else {
     const size_t words = (body.size() + 7) / 8;  // word-aligned, as a decoder wants them
     if (chunks_.empty() || usedInLast_ + words * 8 > kChunkBytes) {
-      chunks_.push_back(std::make_shared<capnp::word[]>(kChunkBytes / 8));
+      // (Unset words are never read: a frame's span covers what was copied in.)
+      chunks_.push_back(spare_ ? std::move(spare_) : std::make_shared_for_overwrite<capnp::word[]>(kChunkBytes / 8));
       usedInLast_ = 0;
     }
     std::byte* at = reinterpret_cast<std::byte*>(chunks_.back().get()) + usedInLast_;
@@ -63,9 +64,14 @@ void LineageLog::dropFirst(size_t n) {
       break;
     }
   while (firstChunk_ < keepFrom) {
+    letGo(chunks_.front());
     chunks_.pop_front();
     ++firstChunk_;
   }
+}
+
+void LineageLog::letGo(std::shared_ptr<capnp::word[]>& chunk) {
+  if (!spare_ && chunk.use_count() == 1) spare_ = std::move(chunk);
 }
 
 LineageLog::Pinned LineageLog::pinFirst(size_t n) {
@@ -101,6 +107,7 @@ void LineageLog::clear() {
   shared_.clear();
   // One stays for the next frames, unless a fold still reads it.
   while (!chunks_.empty() && (chunks_.size() > 1 || chunks_.front().use_count() > 1)) {
+    letGo(chunks_.front());
     chunks_.pop_front();
     ++firstChunk_;
   }

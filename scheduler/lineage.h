@@ -86,6 +86,10 @@ class LineageLog {
   std::deque<std::shared_ptr<capnp::word[]>> chunks_;  // (shared: a fold may hold some)
   uint64_t firstChunk_ = 0;  // the number of chunks_.front() (chunks are numbered as made)
   size_t usedInLast_ = 0;    // bytes of the last chunk in use
+  // A chunk the log let go of and no fold holds, kept for the next one the log needs: a
+  // steady stream of checkpoints then reuses two chunks rather than faulting in new pages.
+  std::shared_ptr<capnp::word[]> spare_;
+  void letGo(std::shared_ptr<capnp::word[]>& chunk);
   uint64_t bytes_ = 0;
 };
 

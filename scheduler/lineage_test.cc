@@ -180,6 +180,47 @@ TEST(LineageLog, DropsItsFirstFramesAndKeepsTheRestExactly) {
   EXPECT_EQ(log.size(), 0u);
 }
 
+// The arena's chunks are reused once let go, but never one a fold still reads: frames
+// pinned before a drop keep their bytes while the log fills new chunks past them.
+TEST(LineageLog, ReusesAChunkItLetGoButNotOneAFoldHolds) {
+  LineageLog log;
+  size_t next = 0;
+  // Adds 1000-byte frames (262 to a 256 KiB chunk) until one starts a new chunk, at most
+  // `most`; that frame's address (null: none did).
+  auto addUntilANewChunk = [&](size_t most) -> const std::byte* {
+    for (size_t k = 0; k < most; ++k) {
+      const std::byte* last = log.size() ? log.entries().back().bytes.data() : nullptr;
+      auto body = frame(1000, static_cast<uint8_t>(next));
+      log.add(transport::FrameHeader{1, 1000, next++}, body, Fold{});
+      const std::byte* at = log.entries().back().bytes.data();
+      if (last && at != last + 1000) return at;
+    }
+    return nullptr;
+  };
+  auto inChunk = [](const std::byte* at, const std::byte* chunk) { return at >= chunk && at < chunk + 256 * 1024; };
+  const std::byte* chunk0 = (addUntilANewChunk(1), log.entries().front().bytes.data());
+  const std::byte* chunk1 = addUntilANewChunk(400);
+  ASSERT_NE(chunk1, nullptr);
+  ASSERT_NE(addUntilANewChunk(400), nullptr);  // a third chunk, one frame in it
+  auto pinned = log.pinFirst(10);              // a fold holds the first chunk
+  log.dropFirst(log.entries().size() - 1);     // the first two go from the log (the last frame's stays)
+  const std::byte* next0 = addUntilANewChunk(400);
+  EXPECT_EQ(next0, chunk1) << "the next chunk is a new one, not the one let go";
+  for (int c = 0; c < 3; ++c) ASSERT_NE(addUntilANewChunk(400), nullptr);
+  for (auto& e : log.entries()) EXPECT_FALSE(inChunk(e.bytes.data(), chunk0)) << "a chunk a fold holds was reused";
+  for (size_t i = 0; i < pinned.entries.size(); ++i) {
+    auto want = frame(1000, static_cast<uint8_t>(i));
+    ASSERT_EQ(pinned.entries[i].bytes.size(), 1000u);
+    EXPECT_EQ(std::memcmp(pinned.entries[i].bytes.data(), want.data(), 1000), 0) << "pinned frame " << i;
+  }
+  auto frames = log.takeFrames();
+  for (auto& [header, body] : frames) {
+    auto want = frame(1000, static_cast<uint8_t>(header.sequence));
+    ASSERT_EQ(body.size(), 1000u);
+    EXPECT_EQ(std::memcmp(body.data(), want.data(), 1000), 0) << "frame " << header.sequence;
+  }
+}
+
 // A fold off the loop's thread: the log's writes, fills, allocs and frees applied to the
 // kept bytes, what was read back taking precedence, with the log itself emptied meanwhile
 // (its bytes stay pinned for the fold).
