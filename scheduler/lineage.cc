@@ -29,12 +29,13 @@ void LineageLog::add(const transport::FrameHeader& header, transport::Body& body
   } else {
     const size_t words = (body.size() + 7) / 8;  // word-aligned, as a decoder wants them
     if (chunks_.empty() || usedInLast_ + words * 8 > kChunkBytes) {
-      // (Unset words are never read: a frame's span covers what was copied in.)
+      // (Not zeroed: a frame's words are all written as it is copied in, its pad too.)
       chunks_.push_back(spare_ ? std::move(spare_) : std::make_shared_for_overwrite<capnp::word[]>(kChunkBytes / 8));
       usedInLast_ = 0;
     }
     std::byte* at = reinterpret_cast<std::byte*>(chunks_.back().get()) + usedInLast_;
     if (body.size()) std::memcpy(at, body.data(), body.size());
+    std::memset(at + body.size(), 0, words * 8 - body.size());  // (the word's pad: never stale bytes)
     usedInLast_ += words * 8;
     e.bytes = {at, body.size()};
     e.chunk = firstChunk_ + chunks_.size() - 1;
