@@ -2621,7 +2621,18 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>()); }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+// The ops that run on the card, registered by family (the list). Most elementwise
+// ops come as three kernels: `op.out`, `op` and `op_`; a backward as two.
+#define RACCEL_IMPL_OUT_NEW_INPLACE(op)              \
+  m.impl(#op ".out", TORCH_FN(op##_out));            \
+  m.impl(#op, TORCH_FN(python::op));                 \
+  m.impl(#op "_", TORCH_FN(op##_));
+#define RACCEL_IMPL_BACKWARD(op)                                         \
+  m.impl(#op "_backward.grad_input", TORCH_FN(op##_backward_out));       \
+  m.impl(#op "_backward", TORCH_FN(python::op##_backward));
+
+// Storage, views, copies and fills.
+void registerTensors(torch::Library& m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
@@ -2633,90 +2644,24 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("fill_.Scalar", TORCH_FN(fill_));
   m.impl("zero_", TORCH_FN(zero_));
   m.impl("_local_scalar_dense", TORCH_FN(_local_scalar_dense));
+  m.impl("cat.out", TORCH_FN(cat_out));
+  m.impl("cat", TORCH_FN(python::cat));
+}
+
+// Arithmetic, and what optimizers are made of.
+void registerArithmetic(torch::Library& m) {
   m.impl("add.out", TORCH_FN(add_out));
   m.impl("add.Tensor", TORCH_FN(add));
   m.impl("add_.Tensor", TORCH_FN(add_));
   m.impl("mul.out", TORCH_FN(mul_out));
   m.impl("mul.Tensor", TORCH_FN(mul));
   m.impl("mul_.Tensor", TORCH_FN(mul_));
-  m.impl("sum.IntList_out", TORCH_FN(sum_out));
-  m.impl("sum.dim_IntList", TORCH_FN(sum_dim));
-  m.impl("sum", TORCH_FN(sum_all));
-  m.impl("mm.out", TORCH_FN(mm_out));
-  m.impl("mm", TORCH_FN(mm));
-  m.impl("addmm.out", TORCH_FN(addmm_out));
-  m.impl("addmm", TORCH_FN(addmm));
-  m.impl("addmm_", TORCH_FN(addmm_));
-  m.impl("relu", TORCH_FN(relu));
-  m.impl("relu_", TORCH_FN(relu_));
-  m.impl("threshold_backward.grad_input", TORCH_FN(threshold_backward_out));
-  m.impl("threshold_backward", TORCH_FN(threshold_backward));
-  m.impl("mse_loss.out", TORCH_FN(mse_loss_out));
-  m.impl("mse_loss", TORCH_FN(mse_loss));
-  m.impl("mse_loss_backward.grad_input", TORCH_FN(mse_loss_backward_out));
-  m.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
-  m.impl("_log_softmax", TORCH_FN(_log_softmax));
-  m.impl("_log_softmax_backward_data", TORCH_FN(_log_softmax_backward_data));
-  m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));
-  m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward));
-  m.impl("gelu.out", TORCH_FN(gelu_out));
-  m.impl("gelu", TORCH_FN(python::gelu));
-  m.impl("gelu_", TORCH_FN(gelu_));
-  m.impl("gelu_backward.grad_input", TORCH_FN(gelu_backward_out));
-  m.impl("gelu_backward", TORCH_FN(python::gelu_backward));
-  m.impl("silu.out", TORCH_FN(silu_out));
-  m.impl("silu", TORCH_FN(python::silu));
-  m.impl("silu_", TORCH_FN(silu_));
-  m.impl("silu_backward.grad_input", TORCH_FN(silu_backward_out));
-  m.impl("silu_backward", TORCH_FN(python::silu_backward));
-  m.impl("leaky_relu.out", TORCH_FN(leaky_relu_out));
-  m.impl("leaky_relu", TORCH_FN(python::leaky_relu));
-  m.impl("leaky_relu_", TORCH_FN(leaky_relu_));
-  m.impl("leaky_relu_backward.grad_input", TORCH_FN(leaky_relu_backward_out));
-  m.impl("leaky_relu_backward", TORCH_FN(python::leaky_relu_backward));
-  m.impl("softplus.out", TORCH_FN(softplus_out));
-  m.impl("softplus", TORCH_FN(python::softplus));
-  m.impl("softplus_backward.grad_input", TORCH_FN(softplus_backward_out));
-  m.impl("softplus_backward", TORCH_FN(python::softplus_backward));
-  m.impl("hardtanh.out", TORCH_FN(hardtanh_out));
-  m.impl("hardtanh", TORCH_FN(python::hardtanh));
-  m.impl("hardtanh_", TORCH_FN(hardtanh_));
-  m.impl("hardtanh_backward.grad_input", TORCH_FN(hardtanh_backward_out));
-  m.impl("hardtanh_backward", TORCH_FN(python::hardtanh_backward));
   m.impl("sub.out", TORCH_FN(sub_out));
   m.impl("sub.Tensor", TORCH_FN(python::sub));
   m.impl("sub_.Tensor", TORCH_FN(sub_));
-  m.impl("sign.out", TORCH_FN(sign_out));
-  m.impl("sign", TORCH_FN(python::sign));
-  m.impl("sign_", TORCH_FN(sign_));
-  m.impl("sgn.out", TORCH_FN(sgn_out));
-  m.impl("sgn", TORCH_FN(python::sgn));
-  m.impl("sgn_", TORCH_FN(sgn_));
-  m.impl("_softmax", TORCH_FN(_softmax));
-  m.impl("_softmax_backward_data", TORCH_FN(_softmax_backward_data));
-  m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
-  m.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
-  m.impl("mean.out", TORCH_FN(mean_out));
-  m.impl("mean.dim", TORCH_FN(mean_dim));
-  m.impl("mean", TORCH_FN(mean_all));
   m.impl("div.out", TORCH_FN(div_out));
   m.impl("div.Tensor", TORCH_FN(python::div));
   m.impl("div_.Tensor", TORCH_FN(div_));
-  m.impl("sqrt.out", TORCH_FN(sqrt_out));
-  m.impl("sqrt", TORCH_FN(python::sqrt));
-  m.impl("sqrt_", TORCH_FN(sqrt_));
-  m.impl("tanh.out", TORCH_FN(tanh_out));
-  m.impl("tanh", TORCH_FN(python::tanh));
-  m.impl("tanh_", TORCH_FN(tanh_));
-  m.impl("sigmoid.out", TORCH_FN(sigmoid_out));
-  m.impl("sigmoid", TORCH_FN(python::sigmoid));
-  m.impl("sigmoid_", TORCH_FN(sigmoid_));
-  m.impl("abs.out", TORCH_FN(abs_out));
-  m.impl("abs", TORCH_FN(python::abs));
-  m.impl("abs_", TORCH_FN(abs_));
-  m.impl("neg.out", TORCH_FN(neg_out));
-  m.impl("neg", TORCH_FN(python::neg));
-  m.impl("neg_", TORCH_FN(neg_));
   m.impl("pow.Tensor_Scalar_out", TORCH_FN(pow_out));
   m.impl("pow.Tensor_Scalar", TORCH_FN(python::pow));
   m.impl("pow_.Scalar", TORCH_FN(pow_));
@@ -2724,115 +2669,95 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("maximum", TORCH_FN(python::maximum));
   m.impl("minimum.out", TORCH_FN(minimum_out));
   m.impl("minimum", TORCH_FN(python::minimum));
-  m.impl("tanh_backward.grad_input", TORCH_FN(tanh_backward_out));
-  m.impl("tanh_backward", TORCH_FN(python::tanh_backward));
-  m.impl("sigmoid_backward.grad_input", TORCH_FN(sigmoid_backward_out));
-  m.impl("sigmoid_backward", TORCH_FN(python::sigmoid_backward));
-  m.impl("addcmul.out", TORCH_FN(addcmul_out));
-  m.impl("addcmul", TORCH_FN(python::addcmul));
-  m.impl("addcmul_", TORCH_FN(addcmul_));
-  m.impl("addcdiv.out", TORCH_FN(addcdiv_out));
-  m.impl("addcdiv", TORCH_FN(python::addcdiv));
-  m.impl("addcdiv_", TORCH_FN(addcdiv_));
-  m.impl("exp.out", TORCH_FN(exp_out));
-  m.impl("exp", TORCH_FN(python::exp));
-  m.impl("exp_", TORCH_FN(exp_));
-  m.impl("log.out", TORCH_FN(log_out));
-  m.impl("log", TORCH_FN(python::log));
-  m.impl("log_", TORCH_FN(log_));
-  m.impl("log1p.out", TORCH_FN(log1p_out));
-  m.impl("log1p", TORCH_FN(python::log1p));
-  m.impl("log1p_", TORCH_FN(log1p_));
-  m.impl("reciprocal.out", TORCH_FN(reciprocal_out));
-  m.impl("reciprocal", TORCH_FN(python::reciprocal));
-  m.impl("reciprocal_", TORCH_FN(reciprocal_));
-  m.impl("rsqrt.out", TORCH_FN(rsqrt_out));
-  m.impl("rsqrt", TORCH_FN(python::rsqrt));
-  m.impl("rsqrt_", TORCH_FN(rsqrt_));
-  m.impl("clamp.out", TORCH_FN(clamp_out));
-  m.impl("clamp", TORCH_FN(python::clamp));
-  m.impl("clamp_", TORCH_FN(clamp_));
-  m.impl("clamp_min.out", TORCH_FN(clamp_min_out));
-  m.impl("clamp_min", TORCH_FN(python::clamp_min));
-  m.impl("clamp_min_", TORCH_FN(clamp_min_));
-  m.impl("clamp_max.out", TORCH_FN(clamp_max_out));
-  m.impl("clamp_max", TORCH_FN(python::clamp_max));
-  m.impl("clamp_max_", TORCH_FN(clamp_max_));
   m.impl("lerp.Scalar_out", TORCH_FN(lerp_out));
   m.impl("lerp.Scalar", TORCH_FN(python::lerp));
   m.impl("lerp_.Scalar", TORCH_FN(lerp_));
-  m.impl("elu.out", TORCH_FN(elu_out));
-  m.impl("elu", TORCH_FN(python::elu));
-  m.impl("elu_", TORCH_FN(elu_));
-  m.impl("elu_backward.grad_input", TORCH_FN(elu_backward_out));
-  m.impl("elu_backward", TORCH_FN(python::elu_backward));
-#define RACCEL_REGISTER_COMPARE(op)                                                                   \
-  m.impl(#op ".Tensor_out", TORCH_FN(op##_out));                                                      \
-  m.impl(#op ".Tensor", TORCH_FN(python::op));                                                        \
-  m.impl(#op ".Scalar_out", TORCH_FN(op##_scalar_out));                                               \
-  m.impl(#op ".Scalar", TORCH_FN(op##_scalar));
-  RACCEL_REGISTER_COMPARE(eq)
-  RACCEL_REGISTER_COMPARE(ne)
-  RACCEL_REGISTER_COMPARE(lt)
-  RACCEL_REGISTER_COMPARE(le)
-  RACCEL_REGISTER_COMPARE(gt)
-  RACCEL_REGISTER_COMPARE(ge)
-#undef RACCEL_REGISTER_COMPARE
-  m.impl("gather.out", TORCH_FN(gather_out));
-  m.impl("gather", TORCH_FN(python::gather));
-  m.impl("_index_put_impl_", TORCH_FN(python::_index_put_impl_));
+  RACCEL_IMPL_OUT_NEW_INPLACE(sqrt)
+  RACCEL_IMPL_OUT_NEW_INPLACE(rsqrt)
+  RACCEL_IMPL_OUT_NEW_INPLACE(addcmul)
+  RACCEL_IMPL_OUT_NEW_INPLACE(addcdiv)
+  RACCEL_IMPL_OUT_NEW_INPLACE(exp)
+  RACCEL_IMPL_OUT_NEW_INPLACE(log)
+  RACCEL_IMPL_OUT_NEW_INPLACE(log1p)
+  RACCEL_IMPL_OUT_NEW_INPLACE(reciprocal)
+  RACCEL_IMPL_OUT_NEW_INPLACE(abs)
+  RACCEL_IMPL_OUT_NEW_INPLACE(neg)
+  RACCEL_IMPL_OUT_NEW_INPLACE(sign)
+  RACCEL_IMPL_OUT_NEW_INPLACE(sgn)
+  RACCEL_IMPL_OUT_NEW_INPLACE(clamp)
+  RACCEL_IMPL_OUT_NEW_INPLACE(clamp_min)
+  RACCEL_IMPL_OUT_NEW_INPLACE(clamp_max)
+}
+
+void registerMatmuls(torch::Library& m) {
+  m.impl("mm.out", TORCH_FN(mm_out));
+  m.impl("mm", TORCH_FN(mm));
+  m.impl("addmm.out", TORCH_FN(addmm_out));
+  m.impl("addmm", TORCH_FN(addmm));
+  m.impl("addmm_", TORCH_FN(addmm_));
+  m.impl("bmm.out", TORCH_FN(bmm_out));
+  m.impl("bmm", TORCH_FN(python::bmm));
+  RACCEL_IMPL_OUT_NEW_INPLACE(baddbmm)
+}
+
+// Activations, each with its backward.
+void registerActivations(torch::Library& m) {
+  m.impl("relu", TORCH_FN(relu));
+  m.impl("relu_", TORCH_FN(relu_));
+  m.impl("threshold_backward.grad_input", TORCH_FN(threshold_backward_out));
+  m.impl("threshold_backward", TORCH_FN(threshold_backward));
+  m.impl("softplus.out", TORCH_FN(softplus_out));
+  m.impl("softplus", TORCH_FN(python::softplus));
+  RACCEL_IMPL_BACKWARD(softplus)
+  RACCEL_IMPL_OUT_NEW_INPLACE(gelu)
+  RACCEL_IMPL_BACKWARD(gelu)
+  RACCEL_IMPL_OUT_NEW_INPLACE(silu)
+  RACCEL_IMPL_BACKWARD(silu)
+  RACCEL_IMPL_OUT_NEW_INPLACE(leaky_relu)
+  RACCEL_IMPL_BACKWARD(leaky_relu)
+  RACCEL_IMPL_OUT_NEW_INPLACE(hardtanh)
+  RACCEL_IMPL_BACKWARD(hardtanh)
+  RACCEL_IMPL_OUT_NEW_INPLACE(tanh)
+  RACCEL_IMPL_BACKWARD(tanh)
+  RACCEL_IMPL_OUT_NEW_INPLACE(sigmoid)
+  RACCEL_IMPL_BACKWARD(sigmoid)
+  RACCEL_IMPL_OUT_NEW_INPLACE(elu)
+  RACCEL_IMPL_BACKWARD(elu)
+}
+
+// Normalization and losses.
+void registerNormsAndLosses(torch::Library& m) {
+  m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
+  m.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
+  m.impl("native_batch_norm", TORCH_FN(native_batch_norm));
+  m.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward));
+  m.impl("_softmax", TORCH_FN(_softmax));
+  m.impl("_softmax_backward_data", TORCH_FN(_softmax_backward_data));
+  m.impl("_log_softmax", TORCH_FN(_log_softmax));
+  m.impl("_log_softmax_backward_data", TORCH_FN(_log_softmax_backward_data));
+  m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));
+  m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward));
+  m.impl("mse_loss.out", TORCH_FN(mse_loss_out));
+  m.impl("mse_loss", TORCH_FN(mse_loss));
+  m.impl("mse_loss_backward.grad_input", TORCH_FN(mse_loss_backward_out));
+  m.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
   m.impl("smooth_l1_loss.out", TORCH_FN(smooth_l1_loss_out));
   m.impl("smooth_l1_loss", TORCH_FN(python::smooth_l1_loss));
-  m.impl("smooth_l1_loss_backward.grad_input", TORCH_FN(smooth_l1_loss_backward_out));
-  m.impl("smooth_l1_loss_backward", TORCH_FN(python::smooth_l1_loss_backward));
+  RACCEL_IMPL_BACKWARD(smooth_l1_loss)
   m.impl("huber_loss.out", TORCH_FN(huber_loss_out));
   m.impl("huber_loss", TORCH_FN(python::huber_loss));
   m.impl("huber_loss_backward.out", TORCH_FN(huber_loss_backward_out));
   m.impl("binary_cross_entropy", TORCH_FN(python::binary_cross_entropy));
   m.impl("binary_cross_entropy_backward", TORCH_FN(python::binary_cross_entropy_backward));
-  m.impl("native_batch_norm", TORCH_FN(native_batch_norm));
-  m.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward));
-  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
-  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
-  m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
-  m.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
-  m.impl("avg_pool2d", TORCH_FN(python::avg_pool2d));
-  m.impl("avg_pool2d_backward", TORCH_FN(avg_pool2d_backward));
-  m.impl("_adaptive_avg_pool2d", TORCH_FN(_adaptive_avg_pool2d));
-  m.impl("_adaptive_avg_pool2d_backward", TORCH_FN(_adaptive_avg_pool2d_backward));
-  m.impl("bmm.out", TORCH_FN(bmm_out));
-  m.impl("bmm", TORCH_FN(python::bmm));
-  m.impl("baddbmm.out", TORCH_FN(baddbmm_out));
-  m.impl("baddbmm", TORCH_FN(python::baddbmm));
-  m.impl("baddbmm_", TORCH_FN(baddbmm_));
-  m.impl("index_select.out", TORCH_FN(index_select_out));
-  m.impl("index_select", TORCH_FN(python::index_select));
-  m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
-  m.impl("scatter_add.out", TORCH_FN(scatter_add_out));
-  m.impl("scatter_add", TORCH_FN(python::scatter_add));
-  m.impl("scatter_add_", TORCH_FN(scatter_add_));
-  m.impl("index_add.out", TORCH_FN(index_add_out));
-  m.impl("index_add", TORCH_FN(python::index_add));
-  m.impl("index_add_", TORCH_FN(index_add_));
-  m.impl("masked_select", TORCH_FN(masked_select));
-  m.impl("masked_scatter_", TORCH_FN(masked_scatter_));
-  m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
-  m.impl("all", TORCH_FN(python::all));
-  m.impl("any", TORCH_FN(python::any));
-  m.impl("all.out", TORCH_FN(all_dim_out));
-  m.impl("all.dim", TORCH_FN(all_dim));
-  m.impl("any.out", TORCH_FN(any_dim_out));
-  m.impl("any.dim", TORCH_FN(any_dim));
-  m.impl("uniform_", TORCH_FN(uniform_));
-  m.impl("normal_", TORCH_FN(normal_));
-  m.impl("cat.out", TORCH_FN(cat_out));
-  m.impl("cat", TORCH_FN(python::cat));
-  m.impl("logical_not.out", TORCH_FN(logical_not_out));
-  m.impl("logical_not", TORCH_FN(python::logical_not));
-  m.impl("where.self_out", TORCH_FN(where_out));
-  m.impl("where.self", TORCH_FN(python::where));
-  m.impl("masked_fill_.Scalar", TORCH_FN(masked_fill_scalar_));
-  m.impl("masked_fill_.Tensor", TORCH_FN(masked_fill_));
+}
+
+void registerReductions(torch::Library& m) {
+  m.impl("sum.IntList_out", TORCH_FN(sum_out));
+  m.impl("sum.dim_IntList", TORCH_FN(sum_dim));
+  m.impl("sum", TORCH_FN(sum_all));
+  m.impl("mean.out", TORCH_FN(mean_out));
+  m.impl("mean.dim", TORCH_FN(mean_dim));
+  m.impl("mean", TORCH_FN(mean_all));
   m.impl("amax.out", TORCH_FN(amax_out));
   m.impl("amax", TORCH_FN(python::amax));
   m.impl("amin.out", TORCH_FN(amin_out));
@@ -2852,18 +2777,84 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("std.correction_out", TORCH_FN(std_out));
   m.impl("std.correction", TORCH_FN(std_correction));
   m.impl("linalg_vector_norm.out", TORCH_FN(linalg_vector_norm_out));
+  m.impl("linalg_vector_norm", TORCH_FN(python::linalg_vector_norm));
   m.impl("norm.out", TORCH_FN(norm_out));
   m.impl("norm.ScalarOpt_dim", TORCH_FN(python::norm));
-  m.impl("logical_and.out", TORCH_FN(logical_and_out));
-  m.impl("logical_and", TORCH_FN(python::logical_and));
-  m.impl("logical_and_", TORCH_FN(logical_and_));
-  m.impl("logical_or.out", TORCH_FN(logical_or_out));
-  m.impl("logical_or", TORCH_FN(python::logical_or));
-  m.impl("logical_or_", TORCH_FN(logical_or_));
+  m.impl("all", TORCH_FN(python::all));
+  m.impl("any", TORCH_FN(python::any));
+  m.impl("all.out", TORCH_FN(all_dim_out));
+  m.impl("all.dim", TORCH_FN(all_dim));
+  m.impl("any.out", TORCH_FN(any_dim_out));
+  m.impl("any.dim", TORCH_FN(any_dim));
+}
+
+// Comparisons, selection and the boolean ops masks need.
+void registerComparisons(torch::Library& m) {
+#define RACCEL_IMPL_COMPARE(op)                                 \
+  m.impl(#op ".Tensor_out", TORCH_FN(op##_out));                \
+  m.impl(#op ".Tensor", TORCH_FN(python::op));                  \
+  m.impl(#op ".Scalar_out", TORCH_FN(op##_scalar_out));         \
+  m.impl(#op ".Scalar", TORCH_FN(op##_scalar));
+  RACCEL_IMPL_COMPARE(eq)
+  RACCEL_IMPL_COMPARE(ne)
+  RACCEL_IMPL_COMPARE(lt)
+  RACCEL_IMPL_COMPARE(le)
+  RACCEL_IMPL_COMPARE(gt)
+  RACCEL_IMPL_COMPARE(ge)
+#undef RACCEL_IMPL_COMPARE
+  m.impl("where.self_out", TORCH_FN(where_out));
+  m.impl("where.self", TORCH_FN(python::where));
+  m.impl("masked_fill_.Scalar", TORCH_FN(masked_fill_scalar_));
+  m.impl("masked_fill_.Tensor", TORCH_FN(masked_fill_));
+  m.impl("logical_not.out", TORCH_FN(logical_not_out));
+  m.impl("logical_not", TORCH_FN(python::logical_not));
+  RACCEL_IMPL_OUT_NEW_INPLACE(logical_and)
+  RACCEL_IMPL_OUT_NEW_INPLACE(logical_or)
   m.impl("bitwise_not.out", TORCH_FN(bitwise_not_out));
   m.impl("bitwise_and.Tensor_out", TORCH_FN(logical_and_out));  // over bools the same; i64's runs on the host
   m.impl("bitwise_or.Tensor_out", TORCH_FN(logical_or_out));
-  m.impl("linalg_vector_norm", TORCH_FN(python::linalg_vector_norm));
+}
+
+// Indexing, gathers and scatters (embeddings), and random numbers.
+void registerIndexingAndRandom(torch::Library& m) {
+  m.impl("gather.out", TORCH_FN(gather_out));
+  m.impl("gather", TORCH_FN(python::gather));
+  m.impl("_index_put_impl_", TORCH_FN(python::_index_put_impl_));
+  m.impl("index_select.out", TORCH_FN(index_select_out));
+  m.impl("index_select", TORCH_FN(python::index_select));
+  m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
+  RACCEL_IMPL_OUT_NEW_INPLACE(scatter_add)
+  RACCEL_IMPL_OUT_NEW_INPLACE(index_add)
+  m.impl("masked_select", TORCH_FN(masked_select));
+  m.impl("masked_scatter_", TORCH_FN(masked_scatter_));
+  m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
+  m.impl("uniform_", TORCH_FN(uniform_));
+  m.impl("normal_", TORCH_FN(normal_));
+}
+
+void registerConvolutionsAndPooling(torch::Library& m) {
+  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
+  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
+  m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
+  m.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
+  m.impl("avg_pool2d", TORCH_FN(python::avg_pool2d));
+  m.impl("avg_pool2d_backward", TORCH_FN(avg_pool2d_backward));
+  m.impl("_adaptive_avg_pool2d", TORCH_FN(_adaptive_avg_pool2d));
+  m.impl("_adaptive_avg_pool2d_backward", TORCH_FN(_adaptive_avg_pool2d_backward));
+}
+#undef RACCEL_IMPL_OUT_NEW_INPLACE
+#undef RACCEL_IMPL_BACKWARD
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  registerTensors(m);
+  registerArithmetic(m);
+  registerMatmuls(m);
+  registerActivations(m);
+  registerNormsAndLosses(m);
+  registerReductions(m);
+  registerComparisons(m);
+  registerIndexingAndRandom(m);
+  registerConvolutionsAndPooling(m);
 }
 
 void printFallbacks() {
