@@ -162,71 +162,38 @@ Result<std::vector<transport::Address>> schedulerAddresses(const std::string& te
   return out;
 }
 
-Result<NetaccelConfig> parseConfig(const Config& config) {
-  NetaccelConfig out;
-  auto& top = config.top();
-  std::vector<std::string> known = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
-                                    "sandbox", "same_host_lane", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
-                                    "sandbox_call_timeout_ms", "device_queue_depth", "device_queue_depth_alone", "sandbox_read", "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory",
-                                    "pocl_device"};
-  known.insert(known.end(), std::begin(kEtcdKeys), std::end(kEtcdKeys));
-  known.insert(known.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
-  if (top.has("sandbox_hide"))
-    return fail(Code::invalidArgument, config.origin() + ": sandbox_hide is gone: a sandbox now reads only its driver's "
-                                                         "and compiler's files and its own folder; add paths it needs with "
-                                                         "sandbox_read");
-  auto unknown = top.unknownKeys(known);
-  if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
-  auto security = transport::linkSecurityFrom(top);
-  if (!security) return fail(security.error());
-  out.security = *security;
-  out.name = top.getString("name", "");
-  out.scheduler = top.getString("scheduler", out.scheduler);
-  if (auto addresses = schedulerAddresses(out.scheduler); !addresses)
-    return fail(addresses.error().code, config.origin() + ": " + addresses.error().message);
-  out.httpListen = top.getString("http_listen", out.httpListen);
-  auto etcd = parseEtcdSettings(top);
-  if (!etcd) return fail(etcd.error().code, config.origin() + ": " + etcd.error().message);
-  out.etcd = *etcd;
-  if (auto ok = checkSchedulers(out); !ok) return fail(ok.error().code, config.origin() + ": " + ok.error().message);
-  auto hb = top.getInt("heartbeat_ms", 1000);
-  if (!hb) return fail(hb.error());
-  if (*hb < 10) return fail(Code::invalidArgument, "heartbeat_ms must be at least 10");
-  out.heartbeatMs = static_cast<unsigned>(*hb);
-  auto halfLife = top.getDouble("fair_half_life_ms", out.fairHalfLifeMs);
-  if (!halfLife) return fail(halfLife.error());
-  if (!(*halfLife > 0)) return fail(Code::invalidArgument, "fair_half_life_ms must be positive");
-  out.fairHalfLifeMs = *halfLife;
-  auto grace = top.getInt("context_grace_ms", out.contextGraceMs);
-  if (!grace) return fail(grace.error());
-  if (*grace < 0) return fail(Code::invalidArgument, "context_grace_ms must not be negative");
-  out.contextGraceMs = static_cast<unsigned>(*grace);
-  auto lane = top.getBool("same_host_lane", out.sameHostLane);
-  if (!lane) return fail(lane.error());
-  out.sameHostLane = *lane;
-  out.poclDevice = top.getString("pocl_device", out.poclDevice);
-  if (out.poclDevice != "auto" && out.poclDevice != "basic" && out.poclDevice != "pthread")
-    return fail(Code::invalidArgument, "pocl_device must be auto, basic or pthread, not '" + limits::clip(out.poclDevice, 32) + "'");
-  auto sandbox = top.getBool("sandbox", out.sandbox.enabled);
+namespace {
+// The sandboxes' settings (sandbox, sandbox_*).
+Status sandboxFrom(const ConfigSection& top, SandboxConfig& out) {
+  auto sandbox = top.getBool("sandbox", out.enabled);
   if (!sandbox) return fail(sandbox.error());
-  out.sandbox.enabled = *sandbox;
-  auto warm = top.getInt("sandbox_warm", out.sandbox.warm, 0, 64);
+  out.enabled = *sandbox;
+  auto warm = top.getInt("sandbox_warm", out.warm, 0, 64);
   if (!warm) return fail(warm.error());
-  out.sandbox.warm = static_cast<unsigned>(*warm);
-  auto hostMemory = top.getBytes("sandbox_host_memory", out.sandbox.hostMemoryBytes);
+  out.warm = static_cast<unsigned>(*warm);
+  auto hostMemory = top.getBytes("sandbox_host_memory", out.hostMemoryBytes);
   if (!hostMemory) return fail(hostMemory.error());
   if (*hostMemory < (64ull << 20)) return fail(Code::invalidArgument, "sandbox_host_memory must be at least 64MiB");
-  out.sandbox.hostMemoryBytes = *hostMemory;
-  out.sandbox.dir = top.getString("sandbox_dir", out.sandbox.dir);
-  auto callTimeout = top.getInt("sandbox_call_timeout_ms", out.sandbox.callTimeoutMs, 100, 24ll * 3600 * 1000);
+  out.hostMemoryBytes = *hostMemory;
+  out.dir = top.getString("sandbox_dir", out.dir);
+  auto callTimeout = top.getInt("sandbox_call_timeout_ms", out.callTimeoutMs, 100, 24ll * 3600 * 1000);
   if (!callTimeout) return fail(callTimeout.error());
-  out.sandbox.callTimeoutMs = static_cast<unsigned>(*callTimeout);
+  out.callTimeoutMs = static_cast<unsigned>(*callTimeout);
   // More paths its sandboxes may read, comma-separated (absolute).
   for (auto& path : commaItems(top.getString("sandbox_read", ""))) {
     if (path.empty()) continue;
     if (path[0] != '/') return fail(Code::invalidArgument, "sandbox_read: '" + path + "' is not an absolute path");
-    out.sandbox.readable.push_back(path);
+    out.readable.push_back(path);
   }
+  return {};
+}
+
+// How the cards' work is run: shares, slices, queue depths, PoCL's device.
+Status cardWorkFrom(const ConfigSection& top, NetaccelConfig& out) {
+  auto halfLife = top.getDouble("fair_half_life_ms", out.fairHalfLifeMs);
+  if (!halfLife) return fail(halfLife.error());
+  if (!(*halfLife > 0)) return fail(Code::invalidArgument, "fair_half_life_ms must be positive");
+  out.fairHalfLifeMs = *halfLife;
   auto slice = top.getDouble("slice_ms", out.sliceMs, 0.1, 10000);
   if (!slice) return fail(slice.error());
   out.sliceMs = *slice;
@@ -239,6 +206,14 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto alone = top.getInt("device_queue_depth_alone", std::max<long long>(out.aloneQueueDepth, out.queueDepth), out.queueDepth, 4096);
   if (!alone) return fail(alone.error());
   out.aloneQueueDepth = static_cast<unsigned>(*alone);
+  out.poclDevice = top.getString("pocl_device", out.poclDevice);
+  if (out.poclDevice != "auto" && out.poclDevice != "basic" && out.poclDevice != "pthread")
+    return fail(Code::invalidArgument, "pocl_device must be auto, basic or pthread, not '" + limits::clip(out.poclDevice, 32) + "'");
+  return {};
+}
+
+// The host's CPU and memory that vaccels may be given (host_cpu, host_memory).
+Status hostResourcesFrom(const ConfigSection& top, NetaccelConfig& out) {
   if (top.getString("host_cpu", "auto") == "auto") {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     out.hostCpuMilli = cores > 0 ? static_cast<uint64_t>(cores) * 1000 : 0;
@@ -259,6 +234,57 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   }
   out.hostCpuMilli = std::min<uint64_t>(out.hostCpuMilli, limits::kMaxHostCpuMilli);
   out.hostMemoryMib = std::min<uint64_t>(out.hostMemoryMib, limits::kMaxHostMemoryMib);
+  return {};
+}
+
+const std::vector<std::string>& knownKeys() {
+  static const std::vector<std::string> known = [] {
+    std::vector<std::string> k = {"name", "scheduler", "heartbeat_ms", "discover", "fair_half_life_ms", "context_grace_ms",
+                                  "sandbox", "same_host_lane", "sandbox_warm", "sandbox_host_memory", "sandbox_dir",
+                                  "sandbox_call_timeout_ms", "device_queue_depth", "device_queue_depth_alone", "sandbox_read",
+                                  "slice_ms", "max_op_seconds", "http_listen", "host_cpu", "host_memory", "pocl_device"};
+    k.insert(k.end(), std::begin(kEtcdKeys), std::end(kEtcdKeys));
+    k.insert(k.end(), transport::kLinkSecurityKeys.begin(), transport::kLinkSecurityKeys.end());
+    return k;
+  }();
+  return known;
+}
+}  // namespace
+
+Result<NetaccelConfig> parseConfig(const Config& config) {
+  NetaccelConfig out;
+  auto& top = config.top();
+  if (top.has("sandbox_hide"))
+    return fail(Code::invalidArgument, config.origin() + ": sandbox_hide is gone: a sandbox now reads only its driver's "
+                                                         "and compiler's files and its own folder; add paths it needs with "
+                                                         "sandbox_read");
+  auto unknown = top.unknownKeys(knownKeys());
+  if (!unknown.empty()) return fail(Code::invalidArgument, config.origin() + ": unknown setting '" + unknown[0] + "'");
+  auto security = transport::linkSecurityFrom(top);
+  if (!security) return fail(security.error());
+  out.security = *security;
+  out.name = top.getString("name", "");
+  out.scheduler = top.getString("scheduler", out.scheduler);
+  if (auto addresses = schedulerAddresses(out.scheduler); !addresses)
+    return fail(addresses.error().code, config.origin() + ": " + addresses.error().message);
+  out.httpListen = top.getString("http_listen", out.httpListen);
+  auto etcd = parseEtcdSettings(top);
+  if (!etcd) return fail(etcd.error().code, config.origin() + ": " + etcd.error().message);
+  out.etcd = *etcd;
+  if (auto ok = checkSchedulers(out); !ok) return fail(ok.error().code, config.origin() + ": " + ok.error().message);
+  auto hb = top.getInt("heartbeat_ms", 1000);
+  if (!hb) return fail(hb.error());
+  if (*hb < 10) return fail(Code::invalidArgument, "heartbeat_ms must be at least 10");
+  out.heartbeatMs = static_cast<unsigned>(*hb);
+  auto grace = top.getInt("context_grace_ms", out.contextGraceMs);
+  if (!grace) return fail(grace.error());
+  if (*grace < 0) return fail(Code::invalidArgument, "context_grace_ms must not be negative");
+  out.contextGraceMs = static_cast<unsigned>(*grace);
+  auto lane = top.getBool("same_host_lane", out.sameHostLane);
+  if (!lane) return fail(lane.error());
+  out.sameHostLane = *lane;
+  for (auto part : {sandboxFrom(top, out.sandbox), cardWorkFrom(top, out), hostResourcesFrom(top, out)})
+    if (!part) return fail(part.error());
   auto discover = parseDiscover(top.getString("discover", "all"));
   if (!discover) return fail(discover.error().code, config.origin() + ": " + discover.error().message);
   out.discover = *discover;
