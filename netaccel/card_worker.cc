@@ -297,16 +297,7 @@ size_t CardWorker::queuedInstructions() const {
 
 void CardWorker::run() {
   std::vector<Work> arrived;
-  // The device a run of instructions goes to, plugged (hal::Device::plug): a sandbox
-  // then gets the run as one message, PoCL starts it as one. Unplugged when the run ends
-  // or turns to another device, and before anything else can touch the devices (new
-  // work's intake, a wait, work that is not an instruction).
-  hal::Device* plugged = nullptr;
-  std::string pluggedTenant;
-  auto unplug = [&] {
-    if (plugged) plugged->unplug();
-    plugged = nullptr;
-  };
+  PluggedRun plugged;
   for (;;) {
     {
       std::unique_lock lock(mu_);
@@ -324,57 +315,17 @@ void CardWorker::run() {
     for (;;) {
       Context* c = pick();
       if (!c) {
-        unplug();
+        plugged.end();
         if (readyContexts() == 0) break;
         waitForDevice();  // work is ready but the card has queueDepth kernels in flight
         std::lock_guard lock(mu_);
         if (stop_) return;
         if (!queue_.empty()) arrived.swap(queue_);
-      } else {
-        const bool slice = c->running != nullptr;  // the next slice of its op, else its next instruction
-        Work w;
-        if (!slice) {
-          w = std::move(c->ready.front());
-          c->ready.pop_front();
-        }
-        size_t bytes = w.body.size();  // execute() consumes the body
-        uint32_t id = c->id;
-        bool instruction = slice || w.type == Work::Type::instruction;
-        hal::Device* device = instruction ? &deviceOf(*c) : nullptr;
-        if (device != plugged) {
-          unplug();
-          if (device) device->plug(), plugged = device, pluggedTenant = c->tenant;
-        }
-        bool timed = device && device->timesKernels();
-        if (device) device->tagKernels(kernelTag(id, slice ? c->runningSequence : w.sequence));
-        double start = instruction ? nowNs() : 0;
-        if (slice) runSlice(*c, *device);
-        else execute(w);  // may replace a lost sandbox
-        if (plugged) {  // a sandbox lost meanwhile is gone, and with it what it held
-          auto t = tenants_->find(pluggedTenant);
-          if (t == tenants_->end() || existingDevice(t->second) != plugged) plugged = nullptr;
-        }
-        auto it = contexts_->find(id);
-        if (instruction && it != contexts_->end()) {
-          (*tenants_)[it->second.tenant].lastRanNs = nowNs();
-          if (!timed) charge(it->second, nowNs() - start);
-          else if (existingDevice((*tenants_)[it->second.tenant]) == device) {  // not lost meanwhile
-            ++outstanding_[device];  // at most one kernel per instruction (or slice) can be in flight for it
-            if (device == plugged && inFlightTotal_ + 1 < depth()) countPosted(*device);
-            else collect(*device);
-          }
-        }
-        std::lock_guard lock(mu_);
-        if (!slice) {
-          queuedBytes_ -= bytes;
-          --queuedCount_;
-          executed_ += instruction;
-        }
-        if (stop_) return;  // the rest is dropped with the worker
-        if (!queue_.empty()) arrived.swap(queue_);
+      } else if (!dispatch(*c, plugged, arrived)) {
+        return;  // the rest is dropped with the worker
       }
       if (!arrived.empty()) {
-        unplug();
+        plugged.end();
         intake(arrived);
       }
       // Replies leave now: a context waiting on a fence must not wait for the others' work.
@@ -382,6 +333,48 @@ void CardWorker::run() {
     }
     flushOutputs(true);
   }
+}
+
+bool CardWorker::dispatch(Context& c, PluggedRun& plugged, std::vector<Work>& arrived) {
+  const bool slice = c.running != nullptr;  // the next slice of its op, else its next instruction
+  Work w;
+  if (!slice) {
+    w = std::move(c.ready.front());
+    c.ready.pop_front();
+  }
+  size_t bytes = w.body.size();  // execute() consumes the body
+  uint32_t id = c.id;
+  bool instruction = slice || w.type == Work::Type::instruction;
+  hal::Device* device = instruction ? &deviceOf(c) : nullptr;
+  plugged.turnTo(device, c.tenant);
+  bool timed = device && device->timesKernels();
+  if (device) device->tagKernels(kernelTag(id, slice ? c.runningSequence : w.sequence));
+  double start = instruction ? nowNs() : 0;
+  if (slice) runSlice(c, *device);
+  else execute(w);  // may replace a lost sandbox
+  if (plugged.device) {  // a sandbox lost meanwhile is gone, and with it what it held
+    auto t = tenants_->find(plugged.tenant);
+    if (t == tenants_->end() || existingDevice(t->second) != plugged.device) plugged.device = nullptr;
+  }
+  auto it = contexts_->find(id);
+  if (instruction && it != contexts_->end()) {
+    (*tenants_)[it->second.tenant].lastRanNs = nowNs();
+    if (!timed) charge(it->second, nowNs() - start);
+    else if (existingDevice((*tenants_)[it->second.tenant]) == device) {  // not lost meanwhile
+      ++outstanding_[device];  // at most one kernel per instruction (or slice) can be in flight for it
+      if (device == plugged.device && inFlightTotal_ + 1 < depth()) countPosted(*device);
+      else collect(*device);
+    }
+  }
+  std::lock_guard lock(mu_);
+  if (!slice) {
+    queuedBytes_ -= bytes;
+    --queuedCount_;
+    executed_ += instruction;
+  }
+  if (stop_) return false;
+  if (!queue_.empty()) arrived.swap(queue_);
+  return true;
 }
 
 void CardWorker::intake(std::vector<Work>& arrived) {

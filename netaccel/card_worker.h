@@ -131,6 +131,26 @@ class CardWorker {
   struct Context;
   struct Tenant;
   void run();
+  // The device a run of instructions goes to, plugged (hal::Device::plug): a sandbox
+  // then gets the run as one message, PoCL starts it as one. Unplugged when the run ends
+  // or turns to another device, and before anything else can touch the devices (new
+  // work's intake, a wait, work that is not an instruction).
+  struct PluggedRun {
+    hal::Device* device = nullptr;
+    std::string tenant;
+    void end() {
+      if (device) device->unplug();
+      device = nullptr;
+    }
+    void turnTo(hal::Device* next, const std::string& nextTenant) {
+      if (next == device) return;
+      end();
+      if (next) next->plug(), device = next, tenant = nextTenant;
+    }
+  };
+  // Runs c's next instruction, or its running op's next slice, and charges or counts
+  // its kernel; what arrived meanwhile lands in `arrived`. False: the worker stops.
+  bool dispatch(Context& c, PluggedRun& run, std::vector<Work>& arrived);
   void intake(std::vector<Work>& arrived);  // into the contexts' queues
   Context* pick();                          // the context to run next, or null
   size_t readyContexts() const;             // contexts with work to run (0, 1 or 2: "more")
