@@ -132,6 +132,83 @@ Result<VmPolicy> parseVmSpec(const std::string& spec) {
   return vm;
 }
 
+namespace {
+// Where the scheduler listens and what it names itself (and its state, etcd, libvirt).
+Status endpointsFrom(const Config& config, SchedulerConfig& out) {
+  auto& top = config.top();
+  out.nodeListen = top.getString("node_listen", out.nodeListen);
+  out.nodeAdvertise = top.getString("node_advertise", "");
+  if (!out.nodeAdvertise.empty()) {
+    auto advertised = transport::parseAddress(out.nodeAdvertise);
+    if (!advertised || advertised->isUnix || advertised->port == 0)
+      return fail(Code::invalidArgument, config.origin() + ": node_advertise '" + limits::clip(out.nodeAdvertise, 64) +
+                                             "' must be host:port, the address netaccels reach this scheduler at");
+  }
+  out.console = top.getString("console", out.console);
+  out.laneSocket = top.getString("lane_socket", "");
+  if (out.laneSocket != "off" && !out.laneSocket.empty() && out.laneSocket[0] != '/')
+    return fail(Code::invalidArgument, config.origin() + ": lane_socket '" + limits::clip(out.laneSocket, 64) +
+                                           "' must be an absolute path, or off");
+  out.httpListen = top.getString("http_listen", out.httpListen);
+  out.httpTokenFile = top.getString("http_token_file", "");
+  out.libvirtUri = top.getString("libvirt", "");
+  out.stateDir = top.getString("state_dir", "");
+  auto etcd = parseEtcdSettings(top);
+  if (!etcd) return fail(etcd.error().code, config.origin() + ": " + etcd.error().message);
+  out.etcd = *etcd;
+  out.name = top.getString("name", "");
+  if (out.name.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    out.name = host;
+  }
+  if (auto ok = limits::checkKeyName("name", out.name); !ok) return fail(ok.error().code, config.origin() + ": " + ok.error().message);
+  return {};
+}
+
+// How blocks are sized, placed, split and moved.
+Status placementFrom(const ConfigSection& top, SchedulerConfig& out) {
+  auto bt = top.getDouble("block_tflops", 1, 0.001, 1e6);
+  if (!bt) return fail(bt.error());
+  out.blockTflops = *bt;
+  auto scale = top.getDouble("policy_clock_scale", 1, 1, 1e6);
+  if (!scale) return fail(scale.error());
+  out.policyClockScale = *scale;
+  auto split = top.getDouble("split_min_mflop", out.splitMinMflop, 0, 1e15);
+  if (!split) return fail(split.error());
+  out.splitMinMflop = *split;
+  for (auto [key, flag] : {std::pair{"defrag_on_release", &out.defragOnRelease}, std::pair{"defrag_on_demand", &out.defragOnDemand}}) {
+    auto v = top.getBool(key, *flag);
+    if (!v) return fail(v.error());
+    *flag = *v;
+  }
+  auto moveBytes = top.getBytes("defrag_max_move_bytes", out.defragMaxMoveBytes);
+  if (!moveBytes) return fail(moveBytes.error());
+  out.defragMaxMoveBytes = *moveBytes;
+  auto slack = top.getInt("span_slack_nodes", out.spanSlackNodes);
+  if (!slack) return fail(slack.error());
+  if (*slack < -1 || *slack > 1000) return fail(Code::invalidArgument, "span_slack_nodes must be -1 (any) or 0..1000");
+  out.spanSlackNodes = static_cast<int>(*slack);
+  return {};
+}
+
+// The [vm] sections: names and sockets unique.
+Status vmsFrom(const Config& config, SchedulerConfig& out) {
+  std::set<std::string> names, sockets;
+  for (auto* s : config.sections("vm")) {
+    auto vm = parseVmSection(*s, ',');
+    std::string where = config.origin() + ":" + std::to_string(s->line());
+    if (!vm) return fail(vm.error().code, where + ": " + vm.error().message);
+    vm->source = where;
+    if (!names.insert(vm->name).second || !sockets.insert(vm->socket).second)
+      return fail(Code::invalidArgument, config.origin() + ":" + std::to_string(s->line()) + ": vm '" + vm->name +
+                                             "' repeats another vm's name or socket");
+    out.vms.push_back(*vm);
+  }
+  return {};
+}
+}  // namespace
+
 Result<SchedulerConfig> parseConfig(const Config& config) {
   SchedulerConfig out;
   auto& top = config.top();
@@ -164,65 +241,8 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   auto forget = top.getInt("forget_offline_ms", static_cast<long long>(out.forgetOfflineMs), 0, 1ll << 50);
   if (!forget) return fail(forget.error());
   out.forgetOfflineMs = static_cast<uint64_t>(*forget);
-  out.nodeListen = top.getString("node_listen", out.nodeListen);
-  out.nodeAdvertise = top.getString("node_advertise", "");
-  if (!out.nodeAdvertise.empty()) {
-    auto advertised = transport::parseAddress(out.nodeAdvertise);
-    if (!advertised || advertised->isUnix || advertised->port == 0)
-      return fail(Code::invalidArgument, config.origin() + ": node_advertise '" + limits::clip(out.nodeAdvertise, 64) +
-                                             "' must be host:port, the address netaccels reach this scheduler at");
-  }
-  out.console = top.getString("console", out.console);
-  out.laneSocket = top.getString("lane_socket", "");
-  if (out.laneSocket != "off" && !out.laneSocket.empty() && out.laneSocket[0] != '/')
-    return fail(Code::invalidArgument, config.origin() + ": lane_socket '" + limits::clip(out.laneSocket, 64) +
-                                           "' must be an absolute path, or off");
-  out.httpListen = top.getString("http_listen", out.httpListen);
-  out.httpTokenFile = top.getString("http_token_file", "");
-  out.libvirtUri = top.getString("libvirt", "");
-  out.stateDir = top.getString("state_dir", "");
-  auto etcd = parseEtcdSettings(top);
-  if (!etcd) return fail(etcd.error().code, config.origin() + ": " + etcd.error().message);
-  out.etcd = *etcd;
-  out.name = top.getString("name", "");
-  if (out.name.empty()) {
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);
-    out.name = host;
-  }
-  if (auto ok = limits::checkKeyName("name", out.name); !ok) return fail(ok.error().code, config.origin() + ": " + ok.error().message);
-  auto bt = top.getDouble("block_tflops", 1, 0.001, 1e6);
-  if (!bt) return fail(bt.error());
-  out.blockTflops = *bt;
-  auto scale = top.getDouble("policy_clock_scale", 1, 1, 1e6);
-  if (!scale) return fail(scale.error());
-  out.policyClockScale = *scale;
-  auto split = top.getDouble("split_min_mflop", out.splitMinMflop, 0, 1e15);
-  if (!split) return fail(split.error());
-  out.splitMinMflop = *split;
-  for (auto [key, flag] : {std::pair{"defrag_on_release", &out.defragOnRelease}, std::pair{"defrag_on_demand", &out.defragOnDemand}}) {
-    auto v = top.getBool(key, *flag);
-    if (!v) return fail(v.error());
-    *flag = *v;
-  }
-  auto moveBytes = top.getBytes("defrag_max_move_bytes", out.defragMaxMoveBytes);
-  if (!moveBytes) return fail(moveBytes.error());
-  out.defragMaxMoveBytes = *moveBytes;
-  auto slack = top.getInt("span_slack_nodes", out.spanSlackNodes);
-  if (!slack) return fail(slack.error());
-  if (*slack < -1 || *slack > 1000) return fail(Code::invalidArgument, "span_slack_nodes must be -1 (any) or 0..1000");
-  out.spanSlackNodes = static_cast<int>(*slack);
-  std::set<std::string> names, sockets;
-  for (auto* s : config.sections("vm")) {
-    auto vm = parseVmSection(*s, ',');
-    std::string where = config.origin() + ":" + std::to_string(s->line());
-    if (!vm) return fail(vm.error().code, where + ": " + vm.error().message);
-    vm->source = where;
-    if (!names.insert(vm->name).second || !sockets.insert(vm->socket).second)
-      return fail(Code::invalidArgument, config.origin() + ":" + std::to_string(s->line()) + ": vm '" + vm->name +
-                                             "' repeats another vm's name or socket");
-    out.vms.push_back(*vm);
-  }
+  for (auto part : {endpointsFrom(config, out), placementFrom(top, out), vmsFrom(config, out)})
+    if (!part) return fail(part.error());
   return out;
 }
 
