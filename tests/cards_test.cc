@@ -397,5 +397,31 @@ TEST(ListDevices, ReportsEachBackendAndWhyItHasNoDevices) {
   }
 }
 
+// PoCL's device is the netaccel's choice, made before it opens OpenCL (its sandboxes
+// inherit it): each setting opens that device, and auto keeps what the environment says.
+TEST(ListDevices, OpensThePoclDeviceItIsToldTo) {
+  auto opencl = hal::discover("opencl");
+  if (opencl.devices.empty()) GTEST_SKIP() << "no OpenCL device: " << opencl.note;
+  const std::string model = opencl.devices[0].model;
+  if (model.rfind("pthread-", 0) != 0 && model.rfind("basic-", 0) != 0 && model.rfind("cpu-", 0) != 0)
+    GTEST_SKIP() << "not PoCL's CPU device: " << model;
+  const std::string list = sh(binary("raccel-netaccel")) + " --list-devices --discover opencl";
+  for (std::string device : {"basic", "pthread"}) {
+    int status = -1;
+    std::string out = runCommand("env -u POCL_DEVICES " + list + " --pocl-device " + device, &status);
+    ASSERT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("opencl   cpu   " + device + "-"), std::string::npos) << out;
+    EXPECT_NE(out.find("discovery: PoCL device: " + device), std::string::npos) << out;
+  }
+  int status = -1;
+  std::string out = runCommand("env POCL_DEVICES=pthread " + list + " --pocl-device auto", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("opencl   cpu   pthread-"), std::string::npos) << out;
+  EXPECT_EQ(out.find("discovery: PoCL device:"), std::string::npos) << out;  // the environment's, left as it is
+  out = runCommand(list + " --pocl-device cuda", &status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("pocl_device must be auto, basic or pthread, not 'cuda'"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace raccel::testing
