@@ -665,6 +665,10 @@ void printJson(const Figures& f, bool quick) {
               100 * (1 - f.asyncRateScraped / f.asyncRate), f.scrapeMs, f.scrapes, f.scrapeCpuMs);
 }
 
+// Above this, wakeup_rtt_us_cross_cpu says the machine's idle CPUs halt (a few
+// microseconds where they poll or stay awake).
+constexpr double kSlowWakeupUs = 20;
+
 // The round trips' rows: TLS as deployed, plain, with crypto threads, through etcd, and
 // on a sandboxed OpenCL card beside the same in process.
 void printSyncText(const Figures& f, const Met& m) {
@@ -674,6 +678,12 @@ void printSyncText(const Figures& f, const Met& m) {
   std::printf("%-26s %12s   one byte between two threads: on one CPU %s us, across two %s us (each hop's wake-up)\n",
               "wakeup_rtt_us", "", bench::jsonNumber(f.wakeSameCpu, "%.1f").c_str(),
               bench::jsonNumber(f.wakeCrossCpu, "%.1f").c_str());
+  // A machine whose idle CPUs halt (many VMs) makes each hop's wake-up cost tens of
+  // microseconds: the round trips then measure that more than raccel.
+  if (f.wakeCrossCpu > kSlowWakeupUs)
+    std::printf("%-26s %12s   note: two wake-ups across CPUs cost %.0f us here (idle CPUs halt; in a VM, guest halt "
+                "polling shortens it): the round trips above and below are mostly wake-ups\n",
+                "", "", f.wakeCrossCpu);
   std::printf("%-26s %9.1f us   the node link in plain TCP (--insecure), same run\n", "sync_rtt_us_p50_plain",
               f.syncPlainP50);
   std::printf("%-26s %9.1f us   sync_rtt_us_p50 %.1f us (TLS as deployed: auto, crypto threads %s here)\n",
