@@ -66,7 +66,7 @@ void Relocator::placeWaiting() {
   accrueService(now);
   std::vector<Waiting> order = admissionQueue(now);
   // By id: placing one may end another (a held instruction that closes its session).
-  std::vector<std::pair<VaccelId, Error>> refused;
+  Refusals refused;
   for (auto& w : order) {
     Session* s = s_.sessionById(w.id);
     if (!s) continue;
@@ -80,70 +80,85 @@ void Relocator::placeWaiting() {
     }
     auto placed = allocateFor(*s);
     if (placed) {
-      s->blocks = *placed;
-      s_.holdBlocks(*s->vm, s->want);
-      s->ranSince = s->accruedAt = now;
-      s->why.clear();
-      s_.openMembers(*s);
-      if (s->phase == Phase::waiting) {
-        s->phase = Phase::running;
-        s_.sendWelcome(*s);
-        s_.runHeld(*s);
-      } else {
-        s->phase = Phase::resuming;
-        restore(*s, s->lineage.recovering ? "restored" : "resumed");
-      }
+      startPlaced(*s, *placed, now);
       continue;
     }
-    // It does not fit. It may be the pool that is not all here yet rather than other
-    // vaccels' blocks: then it waits for the pool, or is refused if it never could fit.
-    // A vaccel recovering from a loss waits while only netaccels expected back (the lost
-    // one among them) could hold it, and ends unavailable, saying so, once none could.
-    if (s->lineage.recovering) {
-      if (auto ever = s_.couldEverHold(s->want, s->kinds, *s->vm); !ever) {
-        refused.emplace_back(s->id, ever.error());
-        continue;
-      }
-      if (auto away = s_.pool().shortfall(s->want, s->kinds); away && away->expectedBack) {
-        s->why = "recovering: " + s->lineage.lost + "; " + away->why;
-        continue;
-      }
-    }
-    if (auto wait = waitForThePool(*s); wait != PoolWait::no) {
-      if (wait == PoolWait::never) refused.emplace_back(s->id, s_.couldEverHold(s->want, s->kinds, *s->vm).error());
-      continue;
-    }
+    if (waitsOnThePool(*s, refused)) continue;
     // While suspensions are under way their blocks are promised to the one they were
     // started for: nobody behind it takes them.
     if (suspending_ > 0) break;
     // A suspended vaccel resumes into free blocks only, until it has starved.
     // (One recovering from a loss may, as new work would.)
     if (!mayPreempt(s->phase == Phase::suspended && !s->lineage.recovering, w.waitedSeconds)) continue;
-    auto victims = s_.pool().planPreemption(placementRequest(*s));
-    if (victims && !victims->empty()) {
-      // Other hosts' vaccels (a shared pool) are suspended by their own schedulers.
-      std::vector<VaccelId> elsewhere;
-      for (VaccelId v : *victims) {
-        if (Session* victim = s_.sessionById(v))
-          suspend(*victim, "preempted by " + s_.labelOf(*s) + " (priority " + std::to_string(s->priority) + ")", false);
-        else elsewhere.push_back(v);
-      }
-      s_.state_->preemptElsewhere(s->id, s->vm->policy.name, s->rank(), elsewhere);
-      s->why = "waiting for " + std::to_string(victims->size()) + " lower-priority vaccel(s) to be suspended" +
-               (elsewhere.empty() ? std::string() : " (" + std::to_string(elsewhere.size()) + " by other hosts)");
-      break;
-    }
-    s_.state_->preemptElsewhere(s->id, s->vm->policy.name, s->rank(), {});
-    s->why = victims ? placed.error().message : victims.error().message;
-    if (s->waitDeadlineMs == 0) refused.emplace_back(s->id, Error{Code::resourceExhausted, s->why});
-    else if (!s->queuedEventSent) {
-      s->queuedEventSent = true;
-      s_.event("queued", s_.labelOf(*s), s->why);
-    }
+    if (preemptFor(*s, placed.error(), refused)) break;
   }
   for (auto& [id, error] : refused)
     if (Session* s = s_.sessionById(id)) s->lineage.recovering ? s_.failRecovery(*s, error) : refuseWaiting(*s, error);
-  // Draining netaccels with nothing left on them.
+  reportDrained();
+}
+
+void Relocator::startPlaced(Session& s, const std::vector<BlockRange>& blocks, double now) {
+  s.blocks = blocks;
+  s_.holdBlocks(*s.vm, s.want);
+  s.ranSince = s.accruedAt = now;
+  s.why.clear();
+  s_.openMembers(s);
+  if (s.phase == Phase::waiting) {
+    s.phase = Phase::running;
+    s_.sendWelcome(s);
+    s_.runHeld(s);
+  } else {
+    s.phase = Phase::resuming;
+    restore(s, s.lineage.recovering ? "restored" : "resumed");
+  }
+}
+
+bool Relocator::waitsOnThePool(Session& s, Refusals& refused) {
+  // It may be the pool that is not all here yet rather than other vaccels' blocks: then
+  // it waits for the pool, or is refused if it never could fit. A vaccel recovering from
+  // a loss waits while only netaccels expected back (the lost one among them) could hold
+  // it, and ends unavailable, saying so, once none could.
+  if (s.lineage.recovering) {
+    if (auto ever = s_.couldEverHold(s.want, s.kinds, *s.vm); !ever) {
+      refused.emplace_back(s.id, ever.error());
+      return true;
+    }
+    if (auto away = s_.pool().shortfall(s.want, s.kinds); away && away->expectedBack) {
+      s.why = "recovering: " + s.lineage.lost + "; " + away->why;
+      return true;
+    }
+  }
+  auto wait = waitForThePool(s);
+  if (wait == PoolWait::never) refused.emplace_back(s.id, s_.couldEverHold(s.want, s.kinds, *s.vm).error());
+  return wait != PoolWait::no;
+}
+
+bool Relocator::preemptFor(Session& s, const Error& unplaced, Refusals& refused) {
+  auto victims = s_.pool().planPreemption(placementRequest(s));
+  if (victims && !victims->empty()) {
+    // Other hosts' vaccels (a shared pool) are suspended by their own schedulers.
+    std::vector<VaccelId> elsewhere;
+    for (VaccelId v : *victims) {
+      if (Session* victim = s_.sessionById(v))
+        suspend(*victim, "preempted by " + s_.labelOf(s) + " (priority " + std::to_string(s.priority) + ")", false);
+      else elsewhere.push_back(v);
+    }
+    s_.state_->preemptElsewhere(s.id, s.vm->policy.name, s.rank(), elsewhere);
+    s.why = "waiting for " + std::to_string(victims->size()) + " lower-priority vaccel(s) to be suspended" +
+            (elsewhere.empty() ? std::string() : " (" + std::to_string(elsewhere.size()) + " by other hosts)");
+    return true;
+  }
+  s_.state_->preemptElsewhere(s.id, s.vm->policy.name, s.rank(), {});
+  s.why = victims ? unplaced.message : victims.error().message;
+  if (s.waitDeadlineMs == 0) refused.emplace_back(s.id, Error{Code::resourceExhausted, s.why});
+  else if (!s.queuedEventSent) {
+    s.queuedEventSent = true;
+    s_.event("queued", s_.labelOf(s), s.why);
+  }
+  return false;
+}
+
+void Relocator::reportDrained() {
   for (auto& [name, reported] : draining_) {
     if (reported) continue;
     bool busy = false;

@@ -103,6 +103,18 @@ class Relocator {
   // expected back), can never be held, or is an ordinary request.
   enum class PoolWait { no, yes, never };
   PoolWait waitForThePool(Session& s);
+  using Refusals = std::vector<std::pair<VaccelId, Error>>;  // refused after the pass (by id)
+  // A waiting or suspended vaccel that was given `blocks`: it starts, or resumes.
+  void startPlaced(Session& s, const std::vector<BlockRange>& blocks, double now);
+  // Whether a vaccel that does not fit waits on the pool rather than on other vaccels
+  // (recovering while the lost netaccel may come back, the pool settling), or can never
+  // fit (added to `refused`).
+  bool waitsOnThePool(Session& s, Refusals& refused);
+  // Suspends the lower-priority vaccels that would make room for `s` (true: the pass
+  // stops, their blocks promised to it), or says why it waits (`unplaced`: why it did
+  // not fit).
+  bool preemptFor(Session& s, const Error& unplaced, Refusals& refused);
+  void reportDrained();  // draining netaccels that nothing runs on any more, once each
 
   uv_loop_t* loop_;
   const SchedulerConfig& config_;
