@@ -24,6 +24,11 @@ std::string cpusText(uint64_t milli) {
   return text;
 }
 
+// Blocks first..first+count-1 as "first-last", "-" for none.
+std::string rangeText(uint64_t first, uint64_t count) {
+  return count ? std::to_string(first) + "-" + std::to_string(first + count - 1) : "-";
+}
+
 std::string blocksText(capnp::List<wire::BlockRange>::Reader blocks) {
   std::string out;
   for (auto b : blocks) {
@@ -33,96 +38,106 @@ std::string blocksText(capnp::List<wire::BlockRange>::Reader blocks) {
   return out;
 }
 
+// raccelctl nodes: each netaccel, its blocks, contexts and host resources.
+void nodesTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
+  auto nodes = reply.getNodes();
+  out << pad("NODE", 16) << pad("STATE", 9) << pad("ADDRESS", 22) << pad("CARDS", 6) << pad("BLOCKS", 12)
+      << pad("CONTEXTS", 9) << pad("HOST CPU", 16) << pad("HOST MEMORY", 22) << "HEARD\n";
+  for (auto n : nodes) {
+    std::string range = rangeText(n.getFirstBlock(), n.getBlocks());
+    out << pad(n.getName(), 16) << pad(n.getState(), 9) << pad(n.getAddress(), 22)
+        << pad(std::to_string(n.getCards()), 6) << pad(range, 12) << pad(std::to_string(n.getContexts()), 9)
+        << pad(n.getHostCpuMilli() ? cpusText(n.getHostCpuMilliUsed()) + "/" + cpusText(n.getHostCpuMilli()) : "-", 16)
+        << pad(n.getHostMemoryMib() ? formatBytes(n.getHostMemoryMibUsed() << 20) + "/" + formatBytes(n.getHostMemoryMib() << 20)
+                                    : "-",
+               22)
+        << (n.getOnline() ? std::to_string(n.getMsSinceHeartbeat()) + " ms ago" : "-") << "\n";
+  }
+}
+
+// raccelctl cards: each card of each netaccel.
+void cardsTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
+  auto cards = reply.getCards();
+  out << pad("NODE", 16) << pad("CARD", 5) << pad("KIND", 5) << pad("MODEL", 18) << pad("BACKEND", 8) << pad("TFLOPS", 8)
+      << pad("MEMORY", 10) << pad("BLOCKS", 10) << "STATE\n";
+  for (auto c : cards) {
+    std::string range = rangeText(c.getFirstBlock(), c.getBlocks());
+    char tf[32];
+    std::snprintf(tf, sizeof tf, "%.1f", c.getTflops());
+    out << pad(c.getNode(), 16) << pad(std::to_string(c.getIndex()), 5) << pad(kind(c.getKind()), 5)
+        << pad(c.getModel(), 18) << pad(c.getBackend(), 8) << pad(tf, 8)
+        << pad(formatBytes(c.getMemoryBytes()), 10) << pad(range, 10)
+        << (c.getOnline() ? "online" : "offline") << "\n";
+  }
+}
+
+// raccelctl pool: the pool's ranges of blocks and who holds them.
+void poolTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
+  auto pool = reply.getPool();
+  out << "pool: " << poolSummary(pool) << "\n";
+  out << pad("BLOCKS", 14) << pad("COUNT", 7) << pad("KIND", 5) << pad("NODE", 16) << pad("STATE", 9) << "OWNER\n";
+  for (auto r : pool.getRanges()) {
+    out << pad(std::to_string(r.getFirst()) + "-" + std::to_string(r.getFirst() + r.getCount() - 1), 14)
+        << pad(std::to_string(r.getCount()), 7) << pad(kind(r.getKind()), 5) << pad(r.getNode(), 16)
+        << pad(rangeState(r.getState()), 9) << r.getOwner().cStr() << "\n";
+  }
+}
+
+// raccelctl vaccels: each virtual accelerator, its blocks, cards and use.
+void vaccelsTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
+  auto vaccels = reply.getVaccels();
+  // In a shared pool, other schedulers' vaccels too: the HOST column names theirs.
+  bool hosts = false;
+  for (auto v : vaccels) hosts = hosts || v.getHost().size() > 0;
+  if (hosts) out << pad("HOST", 12);
+  out << pad("ID", 5) << pad("VM", 12) << pad("PROGRAM", 16) << pad("PRIO", 5) << pad("BLOCKS", 14) << pad("CARDS", 30)
+      << pad("MEMORY", 12) << pad("INSTR", 9) << pad("MOVED", 10) << pad("KERNEL", 11) << "STATE\n";
+  for (auto v : vaccels) {
+    std::string cards;
+    for (auto c : v.getCards())
+      cards += (cards.empty() ? "" : ",") + std::string(c.getNode().cStr()) + "/" + std::to_string(c.getIndex()) + ":" +
+               kind(c.getKind()) + "x" + std::to_string(c.getBlocks());
+    if (hosts) out << pad(v.getHost().size() ? v.getHost().cStr() : "(here)", 12);
+    out << pad(std::to_string(v.getId()), 5) << pad(v.getVm(), 12) << pad(v.getProgram(), 16)
+        << pad(std::to_string(v.getPriority()), 5) << pad(blocksText(v.getBlocks()), 14) << pad(cards, 30)
+        << pad(formatBytes(v.getMemoryUsed()), 12) << pad(std::to_string(v.getInstructions()), 9)
+        << pad(formatBytes(v.getBytesMoved()), 10)
+        << pad(std::to_string(static_cast<uint64_t>(v.getKernelMs())) + " ms", 11) << v.getState().cStr() << "\n";
+  }
+}
+
+// raccelctl vms: each VM, its policy and where it is attached.
+void vmsTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
+  auto vms = reply.getVms();
+  // In a shared pool, other schedulers' VMs too: the HOST column names theirs.
+  bool hosts = false;
+  for (auto v : vms) hosts = hosts || v.getHost().size() > 0;
+  if (hosts) out << pad("HOST", 12);
+  out << pad("VM", 14) << pad("STATE", 11) << pad("TFLOPS", 8) << pad("PRIO", 5) << pad("KINDS", 18)
+      << pad("QUOTA", 10) << pad("HOST CPU", 9) << pad("HOST MEM", 10) << pad("BLOCKS", 7) << pad("SOURCE", 26) << "SOCKET\n";
+  for (auto v : vms) {
+    std::ostringstream tflops;
+    tflops << v.getTflops();
+    if (hosts) out << pad(v.getHost().size() ? v.getHost().cStr() : "(here)", 12);
+    out << pad(v.getName(), 14) << pad(v.getState(), 11) << pad(tflops.str(), 8)
+        << pad(std::to_string(v.getPriority()), 5) << pad(v.getKinds(), 18) << pad(formatBytes(v.getMemoryQuota()), 10)
+        << pad(v.getHostCpuMilli() ? cpusText(v.getHostCpuMilli()) : "-", 9)
+        << pad(v.getHostMemoryMib() ? formatBytes(v.getHostMemoryMib() << 20) : "-", 10)
+        << pad(std::to_string(v.getBlocksHeld()), 7) << pad(v.getSource(), 26) << v.getSocket().cStr() << " ("
+        << v.getAttach().cStr() << ")\n";
+    if (v.getProblem().size() > 0) out << "  " << v.getName().cStr() << ": " << v.getProblem().cStr() << "\n";
+  }
+}
+
 std::string render(Query query, wire::ConsoleReply::Reader reply, bool json) {
   if (json) return dump(replyJson(reply)) + "\n";
   std::ostringstream out;
   switch (query) {
-    case Query::nodes: {
-      auto nodes = reply.getNodes();
-      out << pad("NODE", 16) << pad("STATE", 9) << pad("ADDRESS", 22) << pad("CARDS", 6) << pad("BLOCKS", 12)
-          << pad("CONTEXTS", 9) << pad("HOST CPU", 16) << pad("HOST MEMORY", 22) << "HEARD\n";
-      for (auto n : nodes) {
-        std::string range = n.getBlocks() ? std::to_string(n.getFirstBlock()) + "-" + std::to_string(n.getFirstBlock() + n.getBlocks() - 1) : "-";
-        out << pad(n.getName(), 16) << pad(n.getState(), 9) << pad(n.getAddress(), 22)
-            << pad(std::to_string(n.getCards()), 6) << pad(range, 12) << pad(std::to_string(n.getContexts()), 9)
-            << pad(n.getHostCpuMilli() ? cpusText(n.getHostCpuMilliUsed()) + "/" + cpusText(n.getHostCpuMilli()) : "-", 16)
-            << pad(n.getHostMemoryMib() ? formatBytes(n.getHostMemoryMibUsed() << 20) + "/" + formatBytes(n.getHostMemoryMib() << 20)
-                                        : "-",
-                   22)
-            << (n.getOnline() ? std::to_string(n.getMsSinceHeartbeat()) + " ms ago" : "-") << "\n";
-      }
-      break;
-    }
-    case Query::cards: {
-      auto cards = reply.getCards();
-      out << pad("NODE", 16) << pad("CARD", 5) << pad("KIND", 5) << pad("MODEL", 18) << pad("BACKEND", 8) << pad("TFLOPS", 8)
-          << pad("MEMORY", 10) << pad("BLOCKS", 10) << "STATE\n";
-      for (auto c : cards) {
-        std::string range = c.getBlocks() ? std::to_string(c.getFirstBlock()) + "-" + std::to_string(c.getFirstBlock() + c.getBlocks() - 1) : "-";
-        char tf[32];
-        std::snprintf(tf, sizeof tf, "%.1f", c.getTflops());
-        out << pad(c.getNode(), 16) << pad(std::to_string(c.getIndex()), 5) << pad(kind(c.getKind()), 5)
-            << pad(c.getModel(), 18) << pad(c.getBackend(), 8) << pad(tf, 8)
-            << pad(formatBytes(c.getMemoryBytes()), 10) << pad(range, 10)
-            << (c.getOnline() ? "online" : "offline") << "\n";
-      }
-      break;
-    }
-    case Query::pool: {
-      auto pool = reply.getPool();
-      out << "pool: " << poolSummary(pool) << "\n";
-      out << pad("BLOCKS", 14) << pad("COUNT", 7) << pad("KIND", 5) << pad("NODE", 16) << pad("STATE", 9) << "OWNER\n";
-      for (auto r : pool.getRanges()) {
-        out << pad(std::to_string(r.getFirst()) + "-" + std::to_string(r.getFirst() + r.getCount() - 1), 14)
-            << pad(std::to_string(r.getCount()), 7) << pad(kind(r.getKind()), 5) << pad(r.getNode(), 16)
-            << pad(rangeState(r.getState()), 9) << r.getOwner().cStr() << "\n";
-      }
-      break;
-    }
-    case Query::vaccels: {
-      auto vaccels = reply.getVaccels();
-      // In a shared pool, other schedulers' vaccels too: the HOST column names theirs.
-      bool hosts = false;
-      for (auto v : vaccels) hosts = hosts || v.getHost().size() > 0;
-      if (hosts) out << pad("HOST", 12);
-      out << pad("ID", 5) << pad("VM", 12) << pad("PROGRAM", 16) << pad("PRIO", 5) << pad("BLOCKS", 14) << pad("CARDS", 30)
-          << pad("MEMORY", 12) << pad("INSTR", 9) << pad("MOVED", 10) << pad("KERNEL", 11) << "STATE\n";
-      for (auto v : vaccels) {
-        std::string cards;
-        for (auto c : v.getCards())
-          cards += (cards.empty() ? "" : ",") + std::string(c.getNode().cStr()) + "/" + std::to_string(c.getIndex()) + ":" +
-                   kind(c.getKind()) + "x" + std::to_string(c.getBlocks());
-        if (hosts) out << pad(v.getHost().size() ? v.getHost().cStr() : "(here)", 12);
-        out << pad(std::to_string(v.getId()), 5) << pad(v.getVm(), 12) << pad(v.getProgram(), 16)
-            << pad(std::to_string(v.getPriority()), 5) << pad(blocksText(v.getBlocks()), 14) << pad(cards, 30)
-            << pad(formatBytes(v.getMemoryUsed()), 12) << pad(std::to_string(v.getInstructions()), 9)
-            << pad(formatBytes(v.getBytesMoved()), 10)
-            << pad(std::to_string(static_cast<uint64_t>(v.getKernelMs())) + " ms", 11) << v.getState().cStr() << "\n";
-      }
-      break;
-    }
-    case Query::vms: {
-      auto vms = reply.getVms();
-      // In a shared pool, other schedulers' VMs too: the HOST column names theirs.
-      bool hosts = false;
-      for (auto v : vms) hosts = hosts || v.getHost().size() > 0;
-      if (hosts) out << pad("HOST", 12);
-      out << pad("VM", 14) << pad("STATE", 11) << pad("TFLOPS", 8) << pad("PRIO", 5) << pad("KINDS", 18)
-          << pad("QUOTA", 10) << pad("HOST CPU", 9) << pad("HOST MEM", 10) << pad("BLOCKS", 7) << pad("SOURCE", 26) << "SOCKET\n";
-      for (auto v : vms) {
-        std::ostringstream tflops;
-        tflops << v.getTflops();
-        if (hosts) out << pad(v.getHost().size() ? v.getHost().cStr() : "(here)", 12);
-        out << pad(v.getName(), 14) << pad(v.getState(), 11) << pad(tflops.str(), 8)
-            << pad(std::to_string(v.getPriority()), 5) << pad(v.getKinds(), 18) << pad(formatBytes(v.getMemoryQuota()), 10)
-            << pad(v.getHostCpuMilli() ? cpusText(v.getHostCpuMilli()) : "-", 9)
-            << pad(v.getHostMemoryMib() ? formatBytes(v.getHostMemoryMib() << 20) : "-", 10)
-            << pad(std::to_string(v.getBlocksHeld()), 7) << pad(v.getSource(), 26) << v.getSocket().cStr() << " ("
-            << v.getAttach().cStr() << ")\n";
-        if (v.getProblem().size() > 0) out << "  " << v.getName().cStr() << ": " << v.getProblem().cStr() << "\n";
-      }
-      break;
-    }
+    case Query::nodes: nodesTable(reply, out); break;
+    case Query::cards: cardsTable(reply, out); break;
+    case Query::pool: poolTable(reply, out); break;
+    case Query::vaccels: vaccelsTable(reply, out); break;
+    case Query::vms: vmsTable(reply, out); break;
   }
   return out.str();
 }
