@@ -1,5 +1,6 @@
 #include "console/console_client.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include <cstdio>
@@ -58,14 +59,16 @@ void nodesTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
 // raccelctl cards: each card of each netaccel.
 void cardsTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
   auto cards = reply.getCards();
-  out << pad("NODE", 16) << pad("CARD", 5) << pad("KIND", 5) << pad("MODEL", 18) << pad("BACKEND", 8) << pad("TFLOPS", 8)
-      << pad("MEMORY", 10) << pad("BLOCKS", 10) << "STATE\n";
+  size_t modelWidth = 18;  // as wide as the longest model (PoCL's run to ~50 characters)
+  for (auto c : cards) modelWidth = std::max(modelWidth, std::min<size_t>(c.getModel().size() + 1, 64));
+  out << pad("NODE", 16) << pad("CARD", 5) << pad("KIND", 5) << pad("MODEL", modelWidth) << pad("BACKEND", 8)
+      << pad("TFLOPS", 8) << pad("MEMORY", 10) << pad("BLOCKS", 10) << "STATE\n";
   for (auto c : cards) {
     std::string range = rangeText(c.getFirstBlock(), c.getBlocks());
     char tf[32];
     std::snprintf(tf, sizeof tf, "%.1f", c.getTflops());
     out << pad(c.getNode(), 16) << pad(std::to_string(c.getIndex()), 5) << pad(kind(c.getKind()), 5)
-        << pad(c.getModel(), 18) << pad(c.getBackend(), 8) << pad(tf, 8)
+        << pad(c.getModel(), modelWidth) << pad(c.getBackend(), 8) << pad(tf, 8)
         << pad(formatBytes(c.getMemoryBytes()), 10) << pad(range, 10)
         << (c.getOnline() ? "online" : "offline") << "\n";
   }
