@@ -280,7 +280,8 @@ struct Run {
   }
 };
 
-// The raw two-hop floor: the same frame sizes through a relay process to an echo process.
+// The floors: the raw two-hop (the same frame sizes through a relay process to an echo
+// process) and the wake-up between two threads on one CPU and on two.
 bool measureRawTwoHop(Run& run, Figures& f, testing::Cluster& cluster) {
   int port = 0;
   int probe = bench::tcpListen(&port);

@@ -283,8 +283,9 @@ Result<NetaccelConfig> parseConfig(const Config& config) {
   auto lane = top.getBool("same_host_lane", out.sameHostLane);
   if (!lane) return fail(lane.error());
   out.sameHostLane = *lane;
-  for (auto part : {sandboxFrom(top, out.sandbox), cardWorkFrom(top, out), hostResourcesFrom(top, out)})
-    if (!part) return fail(part.error());
+  if (auto ok = sandboxFrom(top, out.sandbox); !ok) return fail(ok.error());
+  if (auto ok = cardWorkFrom(top, out); !ok) return fail(ok.error());
+  if (auto ok = hostResourcesFrom(top, out); !ok) return fail(ok.error());
   auto discover = parseDiscover(top.getString("discover", "all"));
   if (!discover) return fail(discover.error().code, config.origin() + ": " + discover.error().message);
   out.discover = *discover;

@@ -241,8 +241,9 @@ Result<SchedulerConfig> parseConfig(const Config& config) {
   auto forget = top.getInt("forget_offline_ms", static_cast<long long>(out.forgetOfflineMs), 0, 1ll << 50);
   if (!forget) return fail(forget.error());
   out.forgetOfflineMs = static_cast<uint64_t>(*forget);
-  for (auto part : {endpointsFrom(config, out), placementFrom(top, out), vmsFrom(config, out)})
-    if (!part) return fail(part.error());
+  if (auto ok = endpointsFrom(config, out); !ok) return fail(ok.error());
+  if (auto ok = placementFrom(top, out); !ok) return fail(ok.error());
+  if (auto ok = vmsFrom(config, out); !ok) return fail(ok.error());
   return out;
 }
 
