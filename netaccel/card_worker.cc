@@ -86,6 +86,7 @@ struct CardWorker::Work {
   std::string tenant;
   int priority = 0;
   std::shared_ptr<transport::LaneOut> replyLane;  // open, lane
+  bool changesContexts() const { return type == Type::open || type == Type::close || type == Type::lane; }
 };
 
 namespace {
@@ -324,8 +325,11 @@ void CardWorker::run() {
       } else if (!dispatch(*c, plugged, arrived)) {
         return;  // the rest is dropped with the worker
       }
+      // New instructions join the run; an open, a close or a new lane first ends it (a
+      // close may end the sandbox the run is plugged into).
       if (!arrived.empty()) {
-        plugged.end();
+        if (std::any_of(arrived.begin(), arrived.end(), [](const Work& w) { return w.changesContexts(); }))
+          plugged.end();
         intake(arrived);
       }
       // Replies leave now: a context waiting on a fence must not wait for the others' work.
@@ -379,7 +383,7 @@ bool CardWorker::dispatch(Context& c, PluggedRun& plugged, std::vector<Work>& ar
 
 void CardWorker::intake(std::vector<Work>& arrived) {
   for (auto& w : arrived) {
-    if (w.type == Work::Type::open || w.type == Work::Type::close || w.type == Work::Type::lane) {
+    if (w.changesContexts()) {
       // A close does not wait behind the work it cancels (its session is gone); a new
       // reply lane changes nothing that queued work depends on.
       if (w.type == Work::Type::open) execute(w);

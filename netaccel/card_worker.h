@@ -133,8 +133,9 @@ class CardWorker {
   void run();
   // The device a run of instructions goes to, plugged (hal::Device::plug): a sandbox
   // then gets the run as one message, PoCL starts it as one. Unplugged when the run ends
-  // or turns to another device, and before anything else can touch the devices (new
-  // work's intake, a wait, work that is not an instruction).
+  // or turns to another device, and before anything else can touch the devices (an open,
+  // a close or a new lane taken in, a wait, work that is not an instruction). New
+  // instructions taken in join it.
   struct PluggedRun {
     hal::Device* device = nullptr;
     std::string tenant;

@@ -136,10 +136,12 @@ class SandboxProcess {
 
   // Waits up to `timeoutMs` for the next reply. An error here means the sandbox is gone
   // (it was killed if it was not).
-  Result<Reply> awaitReply(unsigned timeoutMs) {
-    // Most replies come within microseconds: wait for them spinning a moment, which saves
-    // the two wake-ups a blocking wait costs; then block.
-    for (auto spinUntil = std::chrono::steady_clock::now() + kSpin; inbox_.empty();) {
+  // `spin`: someone waits on this reply, and most come within microseconds: wait for it
+  // spinning a moment, which saves the two wake-ups a blocking wait costs; then block.
+  // Without (a full queue waiting for room), block at once: spinning would only take the
+  // CPU the sandbox needs to answer.
+  Result<Reply> awaitReply(unsigned timeoutMs, bool spin = true) {
+    for (auto spinUntil = std::chrono::steady_clock::now() + kSpin; spin && inbox_.empty();) {
       auto got = receive(MSG_DONTWAIT);
       if (!got) return fail(got.error());
       if (*got || std::chrono::steady_clock::now() > spinUntil) break;
@@ -650,14 +652,15 @@ class SandboxDevice final : public hal::Device {
     if (deferred_.size() < kMaxPosted * 4) deferred_.push_back({p.tag, std::move(*error)});
     return {};
   }
-  // The oldest posted request's reply, waited for (the outbox goes first).
-  Status awaitPosted() {
+  // The oldest posted request's reply, waited for (the outbox goes first). `spin`: as
+  // SandboxProcess::awaitReply's (a call waits on it, not only a full queue).
+  Status awaitPosted(bool spin = true) {
     if (auto s = flushOutbox(); !s) return s;
-    return awaitSent();
+    return awaitSent(spin);
   }
   // The oldest sent request's reply, waited for.
-  Status awaitSent() {
-    auto r = process_->awaitReply(timeoutMs_);
+  Status awaitSent(bool spin = true) {
+    auto r = process_->awaitReply(timeoutMs_, spin);
     if (!r) return fail(lose(r.error().message));
     return settle(*r);
   }
@@ -691,7 +694,7 @@ class SandboxDevice final : public hal::Device {
   Status post(Request& q, const void* message = nullptr, size_t bytes = 0) {
     if (auto s = ready(); !s) return s;
     while (posted_.size() >= kMaxPosted)
-      if (auto s = awaitPosted(); !s) return s;
+      if (auto s = awaitPosted(false); !s) return s;
     if (!message) message = &q, bytes = sizeof q;
     if (plugged_ && outbox_.size() + bytes > sandbox::kMaxBatchBytes)
       if (auto s = flushOutbox(); !s) return s;
@@ -718,7 +721,7 @@ class SandboxDevice final : public hal::Device {
       if (!sent) return fail(lose(sent.error().message));
       if (*sent) return {};
       if (posted_.size() > unsent_) {
-        if (auto s = awaitSent(); !s) return s;
+        if (auto s = awaitSent(false); !s) return s;
       } else if (!process_->awaitRoom(timeoutMs_)) {
         return fail(lose("the sandbox took no request for " + std::to_string(timeoutMs_) + " ms and was stopped"));
       }
@@ -760,7 +763,7 @@ class SandboxDevice final : public hal::Device {
       return fail(d.error());
     }
     if (!settlePosted(true)) return fail(Code::internal, lost_);
-    auto r = process_->awaitReply(timeoutMs_);
+    auto r = process_->awaitReply(timeoutMs_, q.op != Op::wait);  // (a wait for completions waits long)
     if (!r) return fail(lose(r.error().message));
     if (auto s = due(*r, q.serial); !s) return fail(s.error());
     auto error = errorOf(*r);

@@ -84,6 +84,10 @@ struct _cl_context : RcObject {
   void* notifyData = nullptr;
   // Events of commands sent and not yet known complete, by their last sequence number.
   std::multimap<uint64_t, _cl_event*> inFlight;
+  // The sequence ranges of commands sent without an event (nobody can ask after them)
+  // and not yet known complete, adjacent ones merged: a failure in one is still
+  // `unreported` below. Bounded as inFlight is, by what the session keeps unanswered.
+  std::deque<std::pair<uint64_t, uint64_t>> anonymous;
   std::condition_variable_any changed;  // an event completed, a user event was set
   uint64_t buildSeq = 0;                // the loadProgram a clBuildProgram waits on
   std::optional<raccel::Error> buildError;  // its failure, with the compiler's log

@@ -3,7 +3,9 @@
  * and checks every result. Used on the host and inside the QEMU guest.
  *   ocl_smoke            run and check a saxpy kernel; "ocl_smoke: OK ..." on success
  *   ocl_smoke --abuse    bad input: a broken build (its log), wrong argument index and
- *                        size, objects released twice; each must give its CL error
+ *                        size, objects released twice; each must give its CL error. A
+ *                        launch the card refuses after its enqueue returned, sent with no
+ *                        event among good ones: the next clFinish reports it, once
  *   ocl_smoke --until-error SECONDS   enqueue and finish in a loop until a call fails
  *                        (the scheduler went away) or time runs out; prints the error */
 #define CL_TARGET_OPENCL_VERSION 120
@@ -113,6 +115,51 @@ static int run_saxpy(void) {
   return 0;
 }
 
+/* A kernel whose __local argument is larger than the card has: the enqueue is accepted
+ * (nothing checks local memory before the card does), the card refuses it. Sent with no
+ * event between good launches, its failure still reaches the next clFinish, once, and the
+ * queue carries on. */
+static int late_failure(void) {
+  const char* src =
+      "__kernel void f(__global int* x, __local int* l) {\n"
+      "  l[get_local_id(0)] = 7; barrier(CLK_LOCAL_MEM_FENCE); x[get_global_id(0)] = l[0];\n}\n";
+  cl_int rc;
+  cl_program p = clCreateProgramWithSource(context, 1, &src, NULL, &rc);
+  CHECK(rc);
+  CHECK(clBuildProgram(p, 1, &device, "", NULL, NULL));
+  cl_kernel k = clCreateKernel(p, "f", &rc);
+  CHECK(rc);
+  cl_mem m = clCreateBuffer(context, CL_MEM_READ_WRITE, 64 * sizeof(cl_int), NULL, &rc);
+  CHECK(rc);
+  CHECK(clSetKernelArg(k, 0, sizeof m, &m));
+  size_t global = 64, local = 8;
+  for (int round = 0; round < 3; ++round) {
+    CHECK(clSetKernelArg(k, 1, local * sizeof(cl_int), NULL));
+    for (int i = 0; i < 50; ++i) CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, &local, 0, NULL, NULL));
+    CHECK(clSetKernelArg(k, 1, (size_t)1 << 30, NULL));
+    CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, &local, 0, NULL, NULL));
+    CHECK(clSetKernelArg(k, 1, local * sizeof(cl_int), NULL));
+    for (int i = 0; i < 50; ++i) CHECK(clEnqueueNDRangeKernel(queue, k, 1, NULL, &global, &local, 0, NULL, NULL));
+    rc = clFinish(queue);
+    if (rc == CL_SUCCESS) {
+      printf("ocl_smoke: a launch the card refused (round %d) was not reported by clFinish\n", round);
+      return 1;
+    }
+    CHECK(clFinish(queue)); /* reported once */
+  }
+  cl_int out[64] = {0};
+  CHECK(clEnqueueReadBuffer(queue, m, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
+  for (int i = 0; i < 64; ++i)
+    if (out[i] != 7) {
+      printf("ocl_smoke: after the refused launches, out[%d] = %d, expected 7\n", i, out[i]);
+      return 1;
+    }
+  CHECK(clReleaseMemObject(m));
+  CHECK(clReleaseKernel(k));
+  CHECK(clReleaseProgram(p));
+  return 0;
+}
+
 static int abuse(void) {
   cl_int rc;
   const char* bad = "__kernel void f(__global int* x) { x[0] = no_such_name; }";
@@ -147,6 +194,7 @@ static int abuse(void) {
   CHECK(rc);
   CHECK(clReleaseEvent(user));
   EXPECT(clReleaseEvent(user), CL_INVALID_EVENT);
+  if (late_failure()) return 1;
   printf("ocl_smoke: OK bad input refused with the standard errors\n");
   return 0;
 }
