@@ -131,6 +131,7 @@ struct CardWorker::Context {
   Usage usage;
   uint32_t blocks = 1;
   std::string tenant;
+  Tenant* tenantState = nullptr;  // (*tenants_)[tenant], set at open (a tenant's entry outlives its contexts)
   int priority = 0;
   std::shared_ptr<transport::LaneOut> replyLane;  // where its read replies are built (null: their own bodies)
   // Its kernels' device times, as the card's clock measured them, by the low 32 bits of
@@ -176,7 +177,7 @@ CardWorker::~CardWorker() {
   // Buffers and programs before the devices (a sandbox's) that hold them.
   for (auto& [id, ctx] : *contexts_) {
     ctx.running.reset();
-    hal::Device* d = existingDevice((*tenants_)[ctx.tenant]);
+    hal::Device* d = existingDevice(*ctx.tenantState);
     for (auto& [h, b] : ctx.buffers)
       if (d) d->release(std::move(b));
   }
@@ -350,21 +351,20 @@ bool CardWorker::dispatch(Context& c, PluggedRun& plugged, std::vector<Work>& ar
   uint32_t id = c.id;
   bool instruction = slice || w.type == Work::Type::instruction;
   hal::Device* device = instruction ? &deviceOf(c) : nullptr;
-  plugged.turnTo(device, c.tenant);
+  plugged.turnTo(device, c.tenantState);
   bool timed = device && device->timesKernels();
   if (device) device->tagKernels(kernelTag(id, slice ? c.runningSequence : w.sequence));
-  double start = instruction ? nowNs() : 0;
+  const double start = instruction && !timed ? nowNs() : 0;
   if (slice) runSlice(c, *device);
   else execute(w);  // may replace a lost sandbox
-  if (plugged.device) {  // a sandbox lost meanwhile is gone, and with it what it held
-    auto t = tenants_->find(plugged.tenant);
-    if (t == tenants_->end() || existingDevice(t->second) != plugged.device) plugged.device = nullptr;
-  }
+  // A sandbox lost meanwhile is gone, and with it what it held.
+  if (plugged.device && existingDevice(*plugged.tenant) != plugged.device) plugged.device = nullptr;
   auto it = contexts_->find(id);
   if (instruction && it != contexts_->end()) {
-    (*tenants_)[it->second.tenant].lastRanNs = nowNs();
-    if (!timed) charge(it->second, nowNs() - start);
-    else if (existingDevice((*tenants_)[it->second.tenant]) == device) {  // not lost meanwhile
+    const double now = nowNs();
+    it->second.tenantState->lastRanNs = now;
+    if (!timed) charge(it->second, now - start, now);
+    else if (existingDevice(*it->second.tenantState) == device) {  // not lost meanwhile
       ++outstanding_[device];  // at most one kernel per instruction (or slice) can be in flight for it
       if (device == plugged.device && inFlightTotal_ + 1 < depth()) countPosted(*device);
       else collect(*device);
@@ -421,7 +421,7 @@ CardWorker::Context* CardWorker::pick() {
   double tenantScore = 0;
   for (auto& [id, c] : *contexts_) {
     if (!c.hasWork() || (tenant && *tenant == c.tenant)) continue;
-    const Tenant& t = (*tenants_)[c.tenant];
+    const Tenant& t = *c.tenantState;
     double score = t.usage.decayed(now, halfLifeNs_) / std::max(1u, t.blocks);
     if (!tenant || score < tenantScore) tenant = &c.tenant, tenantScore = score;
   }
@@ -440,14 +440,12 @@ unsigned CardWorker::depth() const {
   // Another tenant with work ready, or that ran some lately (a quarter of the half-life:
   // between its batches, waiting on a fence), shares the card: then the shallow queue
   // keeps each dispatch the fairest.
-  const double now = nowNs(), lately = options_.halfLifeMs * 1e6 / 4;
+  const double lately = options_.halfLifeMs * 1e6 / 4;
+  double now = 0;  // read once, where a context without work is met
   const std::string* first = nullptr;
   for (auto& [id, c] : *contexts_) {
     bool active = c.hasWork();
-    if (!active) {
-      auto t = tenants_->find(c.tenant);
-      active = t != tenants_->end() && now - t->second.lastRanNs < lately;
-    }
+    if (!active) active = (now = now ? now : nowNs()) - c.tenantState->lastRanNs < lately;
     if (!active) continue;
     if (first && *first != c.tenant) return options_.queueDepth;
     first = &c.tenant;
@@ -496,10 +494,9 @@ void CardWorker::runSlice(Context& c, hal::Device& device) {
   if (failed) emit(c.id, seq, errorReply(seq, *failed));
 }
 
-void CardWorker::charge(Context& c, double ns) {
-  double now = nowNs();
+void CardWorker::charge(Context& c, double ns, double now) {
   c.usage.add(now, halfLifeNs_, ns);
-  (*tenants_)[c.tenant].usage.add(now, halfLifeNs_, ns);
+  c.tenantState->usage.add(now, halfLifeNs_, ns);
   std::lock_guard lock(mu_);
   kernelNs_[c.id] += static_cast<uint64_t>(ns);
   busyNs_ += static_cast<uint64_t>(ns);
@@ -507,7 +504,7 @@ void CardWorker::charge(Context& c, double ns) {
 
 hal::Device& CardWorker::deviceOf(Context& c) {
   if (!sandboxes_) return *device_;
-  Tenant& t = (*tenants_)[c.tenant];
+  Tenant& t = *c.tenantState;
   if (!t.sandbox) {
     t.sandbox = sandboxes_->take();
     {
@@ -547,14 +544,15 @@ size_t CardWorker::collect(hal::Device& device) {
   completed_.clear();
   size_t n = device.takeCompleted(completed_);
   size_t valid = 0;
+  const double now = completed_.empty() ? 0 : nowNs();
   for (auto& k : completed_) {
     auto it = contexts_->find(static_cast<uint32_t>(k.tag));
     if (it == contexts_->end()) continue;
     // A sandbox's report is its own word: it counts only for its own tenant's contexts
     // (never to make another look heavy), and a kernel's time is taken up to an hour.
-    if (sandboxes_ && (*tenants_)[it->second.tenant].sandbox.get() != &device) continue;
+    if (sandboxes_ && it->second.tenantState->sandbox.get() != &device) continue;
     const uint64_t ns = std::min<uint64_t>(k.ns, 3'600'000'000'000ull);
-    charge(it->second, static_cast<double>(ns));
+    charge(it->second, static_cast<double>(ns), now);
     auto& times = it->second.kernelTimes;
     times.emplace_back(static_cast<uint32_t>(k.tag >> 32), ns);
     if (times.size() > kKeptKernelTimes) times.pop_front();
@@ -572,7 +570,7 @@ size_t CardWorker::collect(hal::Device& device) {
     return valid;
   }
   size_t& inFlight = inFlight_[&device];
-  if (valid > 0 || inFlight == 0) stalledSince_[&device] = nowNs();  // made-up completions are no progress
+  if (valid > 0 || inFlight == 0) stalledSince_[&device] = valid > 0 ? now : nowNs();  // made-up completions are no progress
   inFlightTotal_ = inFlightTotal_ - inFlight + n;
   inFlight = n;
   return valid;
@@ -658,7 +656,7 @@ void CardWorker::sandboxLost(const std::string& tenant, const std::string& why, 
 void CardWorker::emit(uint32_t context, uint64_t sequence, Body body) {
   if (sandboxes_)
     if (auto it = contexts_->find(context); it != contexts_->end())
-      if (hal::Device* d = existingDevice((*tenants_)[it->second.tenant])) reportDeferred(*d);
+      if (hal::Device* d = existingDevice(*it->second.tenantState)) reportDeferred(*d);
   queueOutput(context, sequence, std::move(body));
 }
 
@@ -667,7 +665,7 @@ void CardWorker::reportDeferred(hal::Device& device) {
     auto it = contexts_->find(static_cast<uint32_t>(d.tag));
     if (it == contexts_->end()) continue;  // closed meanwhile
     Context& c = it->second;
-    if (existingDevice((*tenants_)[c.tenant]) != &device) continue;  // a sandbox speaks for its own tenant only
+    if (existingDevice(*c.tenantState) != &device) continue;  // a sandbox speaks for its own tenant only
     // The tag keeps the sequence's low 32 bits: the latest sequence of the context with them.
     uint64_t seq = (c.lastSequence & ~uint64_t{0xffffffff}) | (d.tag >> 32);
     if (seq > c.lastSequence && seq > 0xffffffffull) seq -= uint64_t{1} << 32;
@@ -699,7 +697,7 @@ void CardWorker::close(Work& work) {
   auto it = contexts_->find(work.context);
   if (it == contexts_->end()) return;
   Context& c = it->second;
-  Tenant& t = (*tenants_)[c.tenant];  // kept: its past usage still counts if it comes back
+  Tenant& t = *c.tenantState;  // kept: its past usage still counts if it comes back
   if (c.running || !c.ready.empty())
     RLOG_INFO("netaccel") << options_.label << ": context " << work.context << " closed; cancelled "
                           << c.ready.size() << " queued instruction(s)"
@@ -975,6 +973,7 @@ class CardWorker::Step {
     if (l.getArgs().size() > hal::kMaxKernelArgs)
       return failure(Code::invalidArgument, "a launch takes at most " + std::to_string(hal::kMaxKernelArgs) + " arguments");
     std::vector<hal::KernelArg> args;
+    args.reserve(l.getArgs().size());
     for (auto a : l.getArgs()) {
       auto k = kernelArg(a);
       if (!k) return std::unexpected(k.error());
@@ -1125,6 +1124,7 @@ void CardWorker::open(Work& work) {
   c.priority = work.priority;
   c.replyLane = std::move(work.replyLane);
   Tenant& t = (*tenants_)[c.tenant];
+  c.tenantState = &t;
   t.blocks += c.blocks;
   ++t.contexts;
   t.quota = std::max(t.quota, c.quota);

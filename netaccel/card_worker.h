@@ -138,12 +138,12 @@ class CardWorker {
   // instructions taken in join it.
   struct PluggedRun {
     hal::Device* device = nullptr;
-    std::string tenant;
+    Tenant* tenant = nullptr;  // whose device it is
     void end() {
       if (device) device->unplug();
       device = nullptr;
     }
-    void turnTo(hal::Device* next, const std::string& nextTenant) {
+    void turnTo(hal::Device* next, Tenant* nextTenant) {
       if (next == device) return;
       end();
       if (next) next->plug(), device = next, tenant = nextTenant;
@@ -163,7 +163,7 @@ class CardWorker {
   double speedTflops() const;
   double sliceFlops() const;
   Status withinCeiling(double flops, const std::string& what) const;
-  void charge(Context& c, double ns);
+  void charge(Context& c, double ns, double now);  // `now`: nowNs(), read once per batch
   hal::Device& deviceOf(Context& c);
   bool eligible(const Context& c) const;
   // Completed kernels' device time, charged; returns how many were real (this device's).

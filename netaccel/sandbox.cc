@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <new>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <thread>
@@ -489,12 +491,18 @@ class SandboxDevice final : public hal::Device {
     // [u32 flags: autoBlock in bit 0, workDim in bits 8-15][u32 count]
     // then per argument {u32 type, u32 bytes, u64 value, u64 buffer offset} and, for a
     // by-value argument, its bytes (for an image, its ImageDesc).
-    std::vector<std::byte> p(sizeof(Request));  // (room for the Request, if it goes with them)
+    const uint32_t nameBytes = static_cast<uint32_t>(std::min<size_t>(kernel.size(), 1024));
+    size_t size = sizeof(Request) + 4 + nameBytes + 60;  // (room for the Request, if it goes with them)
+    for (auto& a : args)
+      size += 24 + (a.type == hal::KernelArg::Type::image ? sizeof a.image
+                    : a.type == hal::KernelArg::Type::bytes ? a.bytes.size() : 0);
+    std::vector<std::byte>& p = launchScratch_;  // (kept: no allocation per launch)
+    p.resize(size);
+    std::byte* at = p.data() + sizeof(Request);
     auto put = [&](const void* v, size_t n) {
-      auto* b = static_cast<const std::byte*>(v);
-      p.insert(p.end(), b, b + n);
+      std::memcpy(at, v, n);
+      at += n;
     };
-    uint32_t nameBytes = static_cast<uint32_t>(std::min<size_t>(kernel.size(), 1024));
     put(&nameBytes, 4);
     put(kernel.data(), nameBytes);
     put(dims.grid.data(), 12);
@@ -517,6 +525,7 @@ class SandboxDevice final : public hal::Device {
       if (a.type == hal::KernelArg::Type::bytes) put(a.bytes.data(), a.bytes.size());
       if (image) put(&a.image, sizeof a.image);
     }
+    assert(at == p.data() + p.size());
     const uint64_t bytes = p.size() - sizeof(Request);
     if (bytes > kWindowBytes) return fail(Code::invalidArgument, "launch of " + kernel + ": too many arguments");
     Request q = request(Op::launch);
@@ -856,6 +865,7 @@ class SandboxDevice final : public hal::Device {
   // of posted_ are there.
   bool plugged_ = false;
   std::vector<std::byte> outbox_;
+  std::vector<std::byte> launchScratch_;  // a launch's request, built by doLaunch
   unsigned unsent_ = 0;
   unsigned nextHalf_ = 0;
   uint64_t serial_ = 0;    // the last request's
