@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include "tests/cluster.h"
 
@@ -34,6 +37,36 @@ double processCpuMs(pid_t pid) {
   for (int i = 3; i <= 15 && in >> field; ++i)  // fields 14 and 15: utime, stime
     if (i >= 14) ticks += std::strtod(field.c_str(), nullptr);
   return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+namespace {
+double cpuMsOfAll(const std::string& comm) {
+  double ms = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc", ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string c = testing::readFile(it->path().string() + "/comm");
+    while (!c.empty() && c.back() == '\n') c.pop_back();
+    if (c == comm) ms += processCpuMs(static_cast<pid_t>(std::stol(name)));
+  }
+  return ms;
+}
+}  // namespace
+
+double awaitIdle(const std::string& comm, double maxMs) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto waited = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
+  double before = cpuMsOfAll(comm);
+  for (int quiet = 0; quiet < 2 && waited() < maxMs;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const double now = cpuMsOfAll(comm);
+    quiet = now - before < 2 ? quiet + 1 : 0;
+    before = now;
+  }
+  return waited();
 }
 
 }  // namespace raccel::bench
