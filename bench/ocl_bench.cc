@@ -124,14 +124,14 @@ int main(int argc, char** argv) {
     std::ofstream(config) << "device_queue_depth = 1\ndevice_queue_depth_alone = " << flags.get("queue-depth") << "\n";
     netaccelArgs.insert(netaccelArgs.end(), {"--config", config});
   }
-  cluster.addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4, netaccelArgs);
+  const pid_t netaccel = cluster.addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4, netaccelArgs).pid();
   setenv("RACCEL_SOCKET", cluster.startGuestd().c_str(), 1);
 
   std::fprintf(stderr, "raccel-ocl-bench: local PoCL...\n");
   Figures pocl = measure("Portable Computing Language", enqueues, syncs);
   std::fprintf(stderr, "raccel-ocl-bench: raccel...\n");
-  Figures raccel = measure("raccel", enqueues, syncs, [] {
-    const double ms = raccel::bench::awaitIdle("raccel-sandbox", 30000);
+  Figures raccel = measure("raccel", enqueues, syncs, [&] {
+    const double ms = raccel::bench::awaitIdleChildren(netaccel, quick ? 5000 : 30000);
     std::fprintf(stderr, "raccel-ocl-bench: %.0f ms until the sandboxes were idle (a new warm one builds its kernels)\n", ms);
   });
   for (auto* f : {&pocl, &raccel})

@@ -40,29 +40,39 @@ double processCpuMs(pid_t pid) {
 }
 
 namespace {
-double cpuMsOfAll(const std::string& comm) {
+// The parent's pid in /proc/PID/stat (the field after the state, after the name's ')').
+pid_t parentOf(const std::string& statPath) {
+  const std::string stat = testing::readFile(statPath);
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::istringstream in(stat.substr(paren + 1));
+  std::string state;
+  long ppid = -1;
+  in >> state >> ppid;
+  return static_cast<pid_t>(ppid);
+}
+
+double cpuMsOfChildren(pid_t parent) {
   double ms = 0;
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator("/proc", ec); !ec && it != std::filesystem::directory_iterator();
        it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string c = testing::readFile(it->path().string() + "/comm");
-    while (!c.empty() && c.back() == '\n') c.pop_back();
-    if (c == comm) ms += processCpuMs(static_cast<pid_t>(std::stol(name)));
+    if (parentOf(it->path().string() + "/stat") == parent) ms += processCpuMs(static_cast<pid_t>(std::stol(name)));
   }
   return ms;
 }
 }  // namespace
 
-double awaitIdle(const std::string& comm, double maxMs) {
+double awaitIdleChildren(pid_t parent, double maxMs) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto waited = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
-  double before = cpuMsOfAll(comm);
+  double before = cpuMsOfChildren(parent);
   for (int quiet = 0; quiet < 2 && waited() < maxMs;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const double now = cpuMsOfAll(comm);
+    const double now = cpuMsOfChildren(parent);
     quiet = now - before < 2 ? quiet + 1 : 0;
     before = now;
   }

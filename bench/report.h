@@ -18,10 +18,10 @@ std::string jsonNumber(double v, const char* fmt, bool signedOk = false);
 // it cannot be read.
 double processCpuMs(pid_t pid);
 
-// Waits until the processes named `comm` (/proc/PID/comm) have used under 2 ms of CPU in
-// each of two 100 ms windows in a row (a netaccel's new warm sandbox building its
-// kernels, which would share the CPUs with what is measured next), for at most
-// `maxMs`. Returns how long it waited.
-double awaitIdle(const std::string& comm, double maxMs);
+// Waits until the children of `parent` (a netaccel: its sandboxes) have used under 2 ms
+// of CPU in each of two 100 ms windows in a row (a new warm sandbox building its
+// kernels, which would share the CPUs with what is measured next), for at most `maxMs`.
+// Returns how long it waited.
+double awaitIdleChildren(pid_t parent, double maxMs);
 
 }  // namespace raccel::bench
