@@ -103,10 +103,18 @@ int main(int argc, char** argv) {
               "the netaccel's device_queue_depth_alone (kernels in flight while one tenant alone uses the card, as here; "
               "default 64)");
   flags.boolean("no-sandbox", "the netaccel runs PoCL in its own process (to see what the sandbox costs)");
+  flags.value("enqueues", "N",
+              "how many enqueues the rate is timed over, on each platform (default 1000000; 20000 with --quick): "
+              "long enough for both to reach their sustained rate");
   int code = 0;
   if (!raccel::parseFlagsOrExit(flags, argc, argv, &code)) return code;
   const bool quick = flags.has("quick");
-  const int enqueues = quick ? 20000 : 1000000, syncs = quick ? 200 : 2000;
+  auto enqueueCount = flags.getInt("enqueues", quick ? 20000 : 1000000, 1, 100000000);
+  if (!enqueueCount) {
+    std::fprintf(stderr, "raccel-ocl-bench: %s\n", enqueueCount.error().message.c_str());
+    return 2;
+  }
+  const int enqueues = static_cast<int>(*enqueueCount), syncs = quick ? 200 : 2000;
 
   // The loader sees raccel's .icd and PoCL's, nothing else.
   std::string vendors = raccel::testing::makeTempDir();
