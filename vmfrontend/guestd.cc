@@ -159,9 +159,9 @@ bool Guestd::answers(const Body& frame) {
   return yes;
 }
 
-void Guestd::keep(Client& c, uint64_t sequence, const Body& body) {
-  c.unacked.emplace_back(sequence, transport::copyBody(body));
+void Guestd::keep(Client& c, uint64_t sequence, Body body) {
   c.unackedBytes += body.size();
+  c.unacked.emplace_back(sequence, std::move(body));
   if (c.unackedBytes > config_.replayBytes && !c.fenceOut && port_) {
     // Nothing acknowledged for a while (a stream without reads or fences): a fence of
     // guestd's own lets it drop what the vaccel has taken.
@@ -323,8 +323,15 @@ void Guestd::onClientFrame(Client& client, const FrameHeader& h, Body body) {
     client.connection->send(client.localChannel, h.sequence, m);
     return;
   }
-  keep(client, h.sequence, body);
-  port_->sendBody(client.channel, h.sequence, std::move(body));
+  // A large frame is sent and kept without a copy, the two sharing its bytes until both
+  // are done with them; a small one is copied for keeping (cheaper than sharing it).
+  if (body.size() >= transport::FrameReader::kDirectBytes) {
+    port_->sendBody(client.channel, h.sequence, body.share());
+    keep(client, h.sequence, std::move(body));
+  } else {
+    keep(client, h.sequence, transport::copyBody(body));
+    port_->sendBody(client.channel, h.sequence, std::move(body));
+  }
   port_->throttle(*client.connection);
 }
 

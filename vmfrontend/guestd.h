@@ -73,7 +73,7 @@ class Guestd {
   // Closes the programs that hung up while their reading was paused (no EOF is read
   // then), so their sessions end and release what they hold.
   void reapHungUp();
-  void keep(Client& client, uint64_t sequence, const transport::Body& body);
+  void keep(Client& client, uint64_t sequence, transport::Body body);  // (shared with the frame sent)
   // Drops unacked frames up to and including the one with `sequence` (if there is one).
   void acknowledge(Client& client, uint64_t sequence);
   void reattach(Client& client);
