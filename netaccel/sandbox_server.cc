@@ -288,89 +288,124 @@ class Server {
 
 void noteCardReset() { cardReset.store(true, std::memory_order_relaxed); }
 
-int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
-  auto* window = static_cast<std::byte*>(windowPtr);
-  sandbox::CompletionRing& ring = *sandbox::ringOf(windowPtr);
-  Server server(window, device);
-  std::vector<hal::KernelTime> completed;
-  // Replies not yet sent: those of requests done while more were waiting (sandbox.h).
-  std::vector<Reply> replies;
-  replies.reserve(sandbox::kMaxReplies);
-  std::string said;  // the last reply's error message (a failed reply goes at once, last)
-  auto flush = [&] {
-    const bool sent = sandbox::sendReplies(fd, replies, !replies.empty() && replies.back().code != 0 ? said : "");
-    replies.clear();
-    return sent;
-  };
-  auto message = [&](Reply& r, const Error& e) {
-    r.code = static_cast<uint32_t>(e.code == Code::ok ? Code::internal : e.code);
-    r.openclError = e.openclError;
-    said = e.message.substr(0, sandbox::kMaxMessage);
-    r.payload = said.size();
-  };
-  {
-    Reply ready;
-    ready.timesKernels = device.timesKernels();
-    replies.push_back(ready);
-    if (!flush()) return 1;
+namespace {
+// The sandbox's side of its socket: messages of requests in, each carried out in order;
+// replies held back while more requests wait, then sent as one message.
+class Loop {
+ public:
+  Loop(int fd, std::byte* window, hal::Device& device)
+      : fd_(fd), ring_(*sandbox::ringOf(window)), server_(window, device), device_(device), received_(sandbox::kMaxBatchBytes) {
+    replies_.reserve(sandbox::kMaxReplies);
   }
-  // A message of requests, each with what may follow it (a tensor op, a launch's
-  // arguments), and those of it not yet done.
-  std::vector<std::byte> received(sandbox::kMaxBatchBytes);
-  std::span<const std::byte> rest;
-  // Work queued since the device was plugged (Device::plug): the device starts it as one
-  // run when no request waits, or after a run's most (kMaxBatchRequests) of them.
-  unsigned plugged = 0;
-  auto unplug = [&] {
-    device.unplug();
-    plugged = 0;
-  };
-  for (;;) {
-    // The next message if one is waiting; else the device starts what it holds and the
-    // replies held back go, then wait.
-    while (rest.empty()) {
-      ssize_t n = ::recv(fd, received.data(), received.size(), MSG_DONTWAIT);
+
+  // 0: the netaccel closed the socket; 3: the device was lost (the last reply says so);
+  // 1: the socket broke or a message was malformed.
+  int run() {
+    Reply ready;
+    ready.timesKernels = device_.timesKernels();
+    replies_.push_back(ready);
+    if (!flush()) return 1;
+    for (;;) {
+      if (auto ended = awaitRequests()) return *ended;
+      Request q;
+      std::span<const std::byte> extra;
+      if (!sandbox::nextRequest(rest_, q, extra)) return 1;
+      const Reply r = carryOut(q, extra);
+      if (!answer(r, q.op)) return 1;
+      if (r.lost) return 3;
+    }
+  }
+
+ private:
+  // The next message if one is waiting; else the device starts what it holds, the
+  // completions and the replies held back go, then it waits. An exit status if it ended.
+  std::optional<int> awaitRequests() {
+    while (rest_.empty()) {
+      ssize_t n = ::recv(fd_, received_.data(), received_.size(), MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         unplug();
-        publish(ring, device, completed);  // (what the run finished at once is seen without a wait)
+        publish(ring_, device_, completed_);  // (what the run finished at once is seen without a wait)
         if (!flush()) return 1;
-        n = ::recv(fd, received.data(), received.size(), 0);
+        n = ::recv(fd_, received_.data(), received_.size(), 0);
       }
       if (n == 0) return 0;  // the netaccel closed: done
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return 1;
-      rest = std::span<const std::byte>(received.data(), static_cast<size_t>(n));
+      rest_ = std::span<const std::byte>(received_.data(), static_cast<size_t>(n));
     }
-    Request q;
-    std::span<const std::byte> extra;
-    if (!sandbox::nextRequest(rest, q, extra)) return 1;
+    return std::nullopt;
+  }
+
+  // One request carried out, and its reply (a lost device says so in it).
+  Reply carryOut(const Request& q, std::span<const std::byte> extra) {
     Reply r;
     r.serial = q.serial;
     Status s;
     if (q.payload > kWindowBytes) {
       s = fail(Code::invalidArgument, "payload larger than the window");
     } else {
-      device.tagKernels(q.tag);
-      if (queuesOnly(q.op) && plugged++ == 0) device.plug();
-      s = server.handle(q, extra, r);
+      device_.tagKernels(q.tag);
+      if (queuesOnly(q.op) && plugged_++ == 0) device_.plug();
+      s = server_.handle(q, extra, r);
     }
-    if (!s) message(r, s.error());
-    if (plugged >= sandbox::kMaxBatchRequests) unplug();
-    std::string lost = device.lost();
+    if (!s) failed(r, s.error());
+    if (plugged_ >= sandbox::kMaxBatchRequests) unplug();
+    std::string lost = device_.lost();
     const bool reset = cardReset.load(std::memory_order_relaxed);
     if (!lost.empty() || reset) {
-      r.lost = reset || device.lostFromOutside() ? sandbox::kLostByTheCard : sandbox::kLostByItsWork;
-      message(r, Error{Code::internal, !lost.empty() ? lost : "the sandbox was told its card reset (SIGPWR)"});
+      r.lost = reset || device_.lostFromOutside() ? sandbox::kLostByTheCard : sandbox::kLostByItsWork;
+      failed(r, Error{Code::internal, !lost.empty() ? lost : "the sandbox was told its card reset (SIGPWR)"});
     }
-    // Completions go to the ring as far as it has room; the rest wait in `completed`.
-    publish(ring, device, completed);
-    replies.push_back(r);
-    // Held back: a reply with nothing in the window to read before the next request, and
-    // not a write's (the netaccel waits for it to fill that half of the window again).
-    const bool plain = r.code == 0 && r.payload == 0 && !r.lost && q.op != Op::write;
-    if ((!plain || replies.size() >= sandbox::kMaxReplies) && !flush()) return 1;
-    if (r.lost) return 3;
+    return r;
   }
+
+  // Completions go to the ring as far as it has room (the rest wait in completed_), and
+  // the reply joins those held back. Held back: a reply with nothing in the window to
+  // read before the next request, and not a write's (the netaccel waits for it to fill
+  // that half of the window again). False: the socket broke.
+  bool answer(const Reply& r, Op op) {
+    publish(ring_, device_, completed_);
+    replies_.push_back(r);
+    const bool plain = r.code == 0 && r.payload == 0 && !r.lost && op != Op::write;
+    return (plain && replies_.size() < sandbox::kMaxReplies) || flush();
+  }
+
+  bool flush() {
+    const bool sent = sandbox::sendReplies(fd_, replies_, !replies_.empty() && replies_.back().code != 0 ? said_ : "");
+    replies_.clear();
+    return sent;
+  }
+  // `r` failed with `e`: its message follows it (a failed reply goes at once, last).
+  void failed(Reply& r, const Error& e) {
+    r.code = static_cast<uint32_t>(e.code == Code::ok ? Code::internal : e.code);
+    r.openclError = e.openclError;
+    said_ = e.message.substr(0, sandbox::kMaxMessage);
+    r.payload = said_.size();
+  }
+  void unplug() {
+    device_.unplug();
+    plugged_ = 0;
+  }
+
+  int fd_;
+  sandbox::CompletionRing& ring_;
+  Server server_;
+  hal::Device& device_;
+  std::vector<hal::KernelTime> completed_;  // done, not yet in the ring (it was full)
+  std::vector<Reply> replies_;              // held back (sandbox.h)
+  std::string said_;                        // the last reply's error message
+  // A message of requests, each with what may follow it (a tensor op, a launch's
+  // arguments), and those of it not yet done.
+  std::vector<std::byte> received_;
+  std::span<const std::byte> rest_;
+  // Work queued since the device was plugged (Device::plug): the device starts it as one
+  // run when no request waits, or after a run's most (kMaxBatchRequests) of them.
+  unsigned plugged_ = 0;
+};
+}  // namespace
+
+int serveSandbox(int fd, void* windowPtr, hal::Device& device) {
+  return Loop(fd, static_cast<std::byte*>(windowPtr), device).run();
 }
 
 }  // namespace raccel::netaccel
