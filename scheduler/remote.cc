@@ -223,56 +223,15 @@ void Scheduler::dropReplicas(Session& s, uint64_t handle, size_t except) {
 }
 
 bool Scheduler::routeElsewhere(Session& s, uint64_t sequence, wire::Instruction::Reader in) {
+  // Where the guest changes a buffer on the primary, the copies of it on other cards go.
+  auto changes = [&](uint64_t handle) {
+    if (!s.replicas.empty()) dropReplicas(s, handle);
+    return false;
+  };
   switch (in.which()) {
-    case wire::Instruction::LOAD_PROGRAM: {
-      auto load = in.getLoadProgram();
-      if (!transport::validProgramKind(load.getKind())) return false;  // the card says so
-      ProgramKind kind = transport::fromWire(load.getKind());
-      if (pool().cards()[s.primary().card].spec.runs(kind)) return false;
-      for (size_t i = 1; i < s.members.size(); ++i)
-        if (pool().cards()[s.members[i].card].spec.runs(kind)) {
-          startRemoteLoad(s, sequence, i, load);
-          return true;
-        }
-      Error e{Code::unimplemented, std::string("no card of this virtual accelerator runs ") + programKindName(kind) +
-                                       " programs; it has " + kindsOf(pool(), s.members) +
-                                       ". Ask for a card kind that runs them in hello (kinds)"};
-      replyError(s, sequence, e);
-      sendPoison(s, load.getHandle(), sequence, e);
-      return true;
-    }
-    case wire::Instruction::LAUNCH: {
-      auto launch = in.getLaunch();
-      auto home = s.programHome.find(launch.getProgram());
-      if (home != s.programHome.end()) {
-        startRemoteLaunch(s, sequence, home->second, launch);
-        return true;
-      }
-      if (!s.replicas.empty())
-        for (auto arg : launch.getArgs())
-          if (auto h = bufferArg(arg)) dropReplicas(s, *h);
-      return false;
-    }
-    case wire::Instruction::DESCRIBE_PROGRAM: {
-      // A program loaded on another card is described there; its answer goes to the guest.
-      auto home = s.programHome.find(in.getDescribeProgram());
-      if (home == s.programHome.end()) return false;
-      s.job = std::make_unique<RemoteJob>();
-      s.job->guestSequence = sequence;
-      capnp::MallocMessageBuilder m;
-      m.initRoot<wire::Instruction>().setDescribeProgram(in.getDescribeProgram());
-      ++s.job->awaiting;
-      sendRemote(s, home->second, m, [this, &s, sequence](wire::Reply::Reader reply) {
-        if (reply.which() == wire::Reply::PROGRAM && s.link) {
-          capnp::MallocMessageBuilder out;
-          out.setRoot(reply);
-          s.link->connection->send(s.channel, sequence, out);
-        }
-        return true;
-      });
-      settle(s);
-      return true;
-    }
+    case wire::Instruction::LOAD_PROGRAM: return routeLoad(s, sequence, in.getLoadProgram());
+    case wire::Instruction::LAUNCH: return routeLaunch(s, sequence, in.getLaunch());
+    case wire::Instruction::DESCRIBE_PROGRAM: return routeDescribe(s, sequence, in.getDescribeProgram());
     case wire::Instruction::OP: {
       auto op = in.getOp();
       if (s.members.size() > 1 && startSplitOp(s, sequence, op)) return true;
@@ -280,31 +239,74 @@ bool Scheduler::routeElsewhere(Session& s, uint64_t sequence, wire::Instruction:
         for (uint64_t h : outputsOf(op)) dropReplicas(s, h);
       return false;
     }
-    case wire::Instruction::GRAPH:
-      return startGraph(s, sequence, in.getGraph());
+    case wire::Instruction::GRAPH: return startGraph(s, sequence, in.getGraph());
     case wire::Instruction::FREE: {
       uint64_t handle = in.getFree().getHandle();
       auto home = s.programHome.find(handle);
-      if (home != s.programHome.end()) {
-        sendFree(s, home->second, handle);
-        s.programHome.erase(home);
-        return true;
-      }
-      if (!s.replicas.empty()) dropReplicas(s, handle);
-      return false;
+      if (home == s.programHome.end()) return changes(handle);
+      sendFree(s, home->second, handle);
+      s.programHome.erase(home);
+      return true;
     }
-    case wire::Instruction::WRITE:
-      if (!s.replicas.empty()) dropReplicas(s, in.getWrite().getBuffer());
-      return false;
-    case wire::Instruction::COPY:
-      if (!s.replicas.empty()) dropReplicas(s, in.getCopy().getDst());
-      return false;
-    case wire::Instruction::FILL:
-      if (!s.replicas.empty()) dropReplicas(s, in.getFill().getBuffer());
-      return false;
-    default:
-      return false;
+    case wire::Instruction::WRITE: return changes(in.getWrite().getBuffer());
+    case wire::Instruction::COPY: return changes(in.getCopy().getDst());
+    case wire::Instruction::FILL: return changes(in.getFill().getBuffer());
+    default: return false;
   }
+}
+
+// A program of a kind the primary's card does not run loads on the first member's that
+// does; none of them: refused, naming what the vaccel has.
+bool Scheduler::routeLoad(Session& s, uint64_t sequence, wire::LoadProgram::Reader load) {
+  if (!transport::validProgramKind(load.getKind())) return false;  // the card says so
+  ProgramKind kind = transport::fromWire(load.getKind());
+  if (pool().cards()[s.primary().card].spec.runs(kind)) return false;
+  for (size_t i = 1; i < s.members.size(); ++i)
+    if (pool().cards()[s.members[i].card].spec.runs(kind)) {
+      startRemoteLoad(s, sequence, i, load);
+      return true;
+    }
+  Error e{Code::unimplemented, std::string("no card of this virtual accelerator runs ") + programKindName(kind) +
+                                   " programs; it has " + kindsOf(pool(), s.members) +
+                                   ". Ask for a card kind that runs them in hello (kinds)"};
+  replyError(s, sequence, e);
+  sendPoison(s, load.getHandle(), sequence, e);
+  return true;
+}
+
+// A launch of a program loaded on another card runs there; one on the primary changes
+// every buffer it is passed.
+bool Scheduler::routeLaunch(Session& s, uint64_t sequence, wire::Launch::Reader launch) {
+  auto home = s.programHome.find(launch.getProgram());
+  if (home != s.programHome.end()) {
+    startRemoteLaunch(s, sequence, home->second, launch);
+    return true;
+  }
+  if (!s.replicas.empty())
+    for (auto arg : launch.getArgs())
+      if (auto h = bufferArg(arg)) dropReplicas(s, *h);
+  return false;
+}
+
+// A program loaded on another card is described there; its answer goes to the guest.
+bool Scheduler::routeDescribe(Session& s, uint64_t sequence, uint64_t program) {
+  auto home = s.programHome.find(program);
+  if (home == s.programHome.end()) return false;
+  s.job = std::make_unique<RemoteJob>();
+  s.job->guestSequence = sequence;
+  capnp::MallocMessageBuilder m;
+  m.initRoot<wire::Instruction>().setDescribeProgram(program);
+  ++s.job->awaiting;
+  sendRemote(s, home->second, m, [this, &s, sequence](wire::Reply::Reader reply) {
+    if (reply.which() == wire::Reply::PROGRAM && s.link) {
+      capnp::MallocMessageBuilder out;
+      out.setRoot(reply);
+      s.link->connection->send(s.channel, sequence, out);
+    }
+    return true;
+  });
+  settle(s);
+  return true;
 }
 
 void Scheduler::startRemoteLoad(Session& s, uint64_t sequence, size_t member, wire::LoadProgram::Reader load) {

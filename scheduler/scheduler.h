@@ -151,6 +151,9 @@ class Scheduler {
   // their blocks), the copies between cards that they need, and holding the guest's
   // later instructions until they finish. Returns true when the instruction was taken.
   bool routeElsewhere(Session& s, uint64_t sequence, wire::Instruction::Reader instruction);
+  bool routeLoad(Session& s, uint64_t sequence, wire::LoadProgram::Reader load);
+  bool routeLaunch(Session& s, uint64_t sequence, wire::Launch::Reader launch);
+  bool routeDescribe(Session& s, uint64_t sequence, uint64_t program);
   bool startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op);
   // Task graphs (graph.cc).
   bool startGraph(Session& s, uint64_t sequence, wire::Graph::Reader graph);
