@@ -343,6 +343,20 @@ class Pool {
     uint32_t milli;  // of a share; 0 for whole cards
   };
   double fragDelta(size_t node, const std::vector<Take>& take, const HostVector& host);
+  // allocateShaped's parts (shaped.cc): the places on a node, their score, the best so
+  // far, and the blocks of the chosen one.
+  using ShapedScore = std::tuple<double, double, uint32_t, uint32_t, uint32_t>;
+  struct ShapedChoice {
+    std::vector<Take> best;
+    ShapedScore score{};
+    uint64_t seen = 0;  // places looked at
+  };
+  void shapedTakesOn(const Node& node, const Request& request, bool hostFits, bool& anyAccepted,
+                     const std::function<void(const std::vector<Take>&)>& place);
+  ShapedScore shapedScore(size_t node, uint32_t nodeFree, const std::vector<Take>& take, bool oneCard,
+                          const std::vector<double>& unreserved, const HostVector& host);
+  void choose(ShapedChoice& choice, const std::vector<Take>& take, const ShapedScore& score);
+  std::vector<BlockRange> piecesOf(const std::vector<Take>& takes) const;
   double nodeFrag(size_t node, const std::vector<Take>& take, const HostVector& host);
   void rebuildFragTables();
   // Per card group, the free cards (in cards) that demand other than `accepts` does not

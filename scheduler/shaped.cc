@@ -337,84 +337,103 @@ Result<std::vector<BlockRange>> Pool::allocateShaped(VaccelId owner, const Reque
   if (!oneCard && request.wholeCards == 0) return fail(Code::invalidArgument, "a whole-card request needs at least one card");
   const size_t accepts = acceptsOf(request);
   learnDemand(request.shape, oneCard ? request.cardMilli : request.wholeCards, request.host, accepts);
-  auto accepted = [&](const Card& c) {
-    return c.blocks.count > 0 && (request.kinds & maskOf(c.spec.kind)) && (!request.accepts || request.accepts(c));
-  };
-
-  // The chosen place: its cards and the blocks taken from each.
-  using Score = std::tuple<double, double, uint32_t, uint32_t, uint32_t>;  // fit's figures, then tie-breaks
   const std::vector<double> unreserved = fit_ == Fit::raccel ? unreservedFree(accepts) : std::vector<double>{};
-  std::vector<Take> best, take;
-  Score bestScore{};
-  uint64_t seenPlaces = 0;
+  ShapedChoice choice;
   bool anyAccepted = false, anyHost = false;
-  auto consider = [&](size_t n, uint32_t nodeFree) {
-    uint32_t taken = 0;
-    for (auto& t : take) taken += t.blocks;
-    const Card& first = cards_[take.front().card];
-    uint32_t cardLeft = oneCard ? cardFree_[take.front().card] - taken : 0;
-    Score score;
-    switch (fit_) {
-      case Fit::firstFit: score = {0, 0, 0, 0, first.blocks.first}; break;
-      case Fit::bestFit: score = {0, nodeFree - taken, cardLeft, 0, first.blocks.first}; break;
-      case Fit::random: score = {0, 0, 0, 0, 0}; break;
-      case Fit::raccel:
-        score = {reservedTaken(unreserved, take), fragDelta(n, take, request.host), cardLeft, nodeFree - taken,
-                 first.blocks.first};
-        break;
-    }
-    ++seenPlaces;
-    bool better = best.empty() || score < bestScore;
-    if (fit_ == Fit::random) better = std::uniform_int_distribution<uint64_t>(1, seenPlaces)(rng_) == 1;  // reservoir
-    if (better) {
-      best = take;
-      bestScore = score;
-    }
-  };
   for (size_t n = 0; n < nodes_.size(); ++n) {
     const Node& node = nodes_[n];
     if (!node.placeable()) continue;
-    bool hostFits = node.hostFits(request.host);
+    const bool hostFits = node.hostFits(request.host);
     anyHost = anyHost || hostFits;
     const uint32_t free = nodeFree(node);
-    if (oneCard) {
-      for (size_t c : node.cards) {
-        if (!accepted(cards_[c])) continue;
-        anyAccepted = true;
-        uint32_t blocks = hostFits ? shareBlocksOn(c, request.cardMilli) : 0;
-        if (blocks == 0) continue;
-        take = {{c, blocks, request.cardMilli}};
-        consider(n, free);
-      }
-    } else {
-      take.clear();
-      uint32_t acceptedCards = 0;
-      for (size_t c : node.cards) {
-        if (!accepted(cards_[c])) continue;
-        ++acceptedCards;
-        if (cardFree_[c] == cards_[c].blocks.count && take.size() < request.wholeCards) take.push_back({c, cardFree_[c], 0});
-      }
-      anyAccepted = anyAccepted || acceptedCards >= request.wholeCards;
-      if (hostFits && take.size() == request.wholeCards) consider(n, free);
-    }
+    shapedTakesOn(node, request, hostFits, anyAccepted, [&](const std::vector<Take>& take) {
+      choose(choice, take, shapedScore(n, free, take, oneCard, unreserved, request.host));
+    });
   }
-  std::string what = oneCard ? std::to_string(request.cardMilli) + "/1000 of one card"
-                             : std::to_string(request.wholeCards) + " whole card(s) of one node";
-  if (!request.host.empty())
-    what += " with " + describeHost(request.host) + " of its host";
-  if (best.empty())
+  if (choice.best.empty()) {
+    std::string what = oneCard ? std::to_string(request.cardMilli) + "/1000 of one card"
+                               : std::to_string(request.wholeCards) + " whole card(s) of one node";
+    if (!request.host.empty()) what += " with " + describeHost(request.host) + " of its host";
     return fail(Code::resourceExhausted, anyAccepted && anyHost ? "not enough free compute: no place has " + what + " free"
                                                                 : "can never run here now: no online card or node it accepts offers " + what);
+  }
+  std::vector<BlockRange> pieces = piecesOf(choice.best);
+  record(owner, pieces, request.priority, request.host, oneCard ? choice.best.front().card : SIZE_MAX,
+         oneCard ? request.cardMilli : 0);
+  return pieces;
+}
 
-  // The blocks: each card's lowest free blocks; adjacent pieces joined.
+// The places a shaped request may take on `node`, each given to `place`: a share of each
+// accepted card with room for it (one card), or the node's first whole free accepted
+// cards (whole cards). `anyAccepted`: some node has cards of the request's kinds (enough
+// of them, for whole cards), free or not.
+void Pool::shapedTakesOn(const Node& node, const Request& request, bool hostFits, bool& anyAccepted,
+                         const std::function<void(const std::vector<Take>&)>& place) {
+  auto accepted = [&](const Card& c) {
+    return c.blocks.count > 0 && (request.kinds & maskOf(c.spec.kind)) && (!request.accepts || request.accepts(c));
+  };
+  std::vector<Take> take;
+  if (request.shape == Shape::oneCard) {
+    for (size_t c : node.cards) {
+      if (!accepted(cards_[c])) continue;
+      anyAccepted = true;
+      uint32_t blocks = hostFits ? shareBlocksOn(c, request.cardMilli) : 0;
+      if (blocks == 0) continue;
+      take = {{c, blocks, request.cardMilli}};
+      place(take);
+    }
+    return;
+  }
+  uint32_t acceptedCards = 0;
+  for (size_t c : node.cards) {
+    if (!accepted(cards_[c])) continue;
+    ++acceptedCards;
+    if (cardFree_[c] == cards_[c].blocks.count && take.size() < request.wholeCards) take.push_back({c, cardFree_[c], 0});
+  }
+  anyAccepted = anyAccepted || acceptedCards >= request.wholeCards;
+  if (hostFits && take.size() == request.wholeCards) place(take);
+}
+
+// How a place on node `n` (of `nodeFree` free blocks) scores under the pool's fit: its
+// fit's figures, then the blocks left on the card (a share) and the node, then the lowest
+// block first.
+Pool::ShapedScore Pool::shapedScore(size_t n, uint32_t nodeFree, const std::vector<Take>& take, bool oneCard,
+                                    const std::vector<double>& unreserved, const HostVector& host) {
+  uint32_t taken = 0;
+  for (auto& t : take) taken += t.blocks;
+  const Card& first = cards_[take.front().card];
+  const uint32_t cardLeft = oneCard ? cardFree_[take.front().card] - taken : 0;
+  switch (fit_) {
+    case Fit::firstFit: return {0, 0, 0, 0, first.blocks.first};
+    case Fit::bestFit: return {0, nodeFree - taken, cardLeft, 0, first.blocks.first};
+    case Fit::random: return {0, 0, 0, 0, 0};
+    case Fit::raccel: break;
+  }
+  return {reservedTaken(unreserved, take), fragDelta(n, take, host), cardLeft, nodeFree - taken, first.blocks.first};
+}
+
+// Keeps `take` if it scores lower than the best so far (the random fit: one of all the
+// places, each as likely, by reservoir sampling).
+void Pool::choose(ShapedChoice& choice, const std::vector<Take>& take, const ShapedScore& score) {
+  ++choice.seen;
+  bool better = choice.best.empty() || score < choice.score;
+  if (fit_ == Fit::random) better = std::uniform_int_distribution<uint64_t>(1, choice.seen)(rng_) == 1;
+  if (better) {
+    choice.best = take;
+    choice.score = score;
+  }
+}
+
+// The blocks of the chosen takes: each card's lowest free blocks, adjacent pieces joined,
+// in block order.
+std::vector<BlockRange> Pool::piecesOf(const std::vector<Take>& takes) const {
   std::vector<BlockRange> pieces;
-  for (const Take& t : best)
+  for (const Take& t : takes)
     for (BlockRange r : lowestFree(t.card, t.blocks)) {
       if (!pieces.empty() && pieces.back().end() == r.first) pieces.back().count += r.count;
       else pieces.push_back(r);
     }
   std::sort(pieces.begin(), pieces.end(), [](auto& a, auto& b) { return a.first < b.first; });
-  record(owner, pieces, request.priority, request.host, oneCard ? best.front().card : SIZE_MAX, oneCard ? request.cardMilli : 0);
   return pieces;
 }
 
