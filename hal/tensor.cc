@@ -313,100 +313,133 @@ Status checkReach(const TensorOp& op, unsigned operands, LoweredTensorOp& out,
 
 // The layouts each function needs: outputs and scalars that do not move along some
 // dimensions, and outputs apart from the inputs that a kernel reads while it writes.
-Status checkLayout(const TensorOp& op, const std::array<uint64_t, kMaxTensorOperands>& last, const Refuse& bad) {
-  auto zeroStride = [&](unsigned operand, unsigned dim, const char* what) -> Status {
-    if (op.operands[operand].strides[dim] != 0) return bad(what);
-    return {};
-  };
-  // Compared as byte ranges: operands of different types count elements of different
-  // sizes. (Saturating: an empty op's offsets were never bounded by a reach.)
-  auto disjoint = [&](unsigned x, unsigned y) -> Status {
-    const TensorOperand &a = op.operands[x], &b = op.operands[y];
-    auto begin = [&](const TensorOperand& o) { return limits::satMul(o.offset, tensorTypeBytes(o.type)); };
-    auto end = [&](unsigned i) { return limits::satMul(limits::satAdd(last[i], 1), tensorTypeBytes(op.operands[i].type)); };
-    if (a.buffer == b.buffer && !(end(x) <= begin(b) || end(y) <= begin(a)))
-      return bad("operand " + std::to_string(x) + " overlaps operand " + std::to_string(y));
-    return {};
-  };
-  Status rule;
-  switch (op.fn) {
-    case TensorFn::sum:
-    case TensorFn::amax:
-    case TensorFn::amin:
-    case TensorFn::argmax:
-    case TensorFn::argmin:
-      for (unsigned d = 0; d < op.dims && rule; ++d)
-        if (op.reduceMask >> d & 1) rule = zeroStride(0, d, "the output's strides must be 0 on the summed dimensions");
-      break;
-    case TensorFn::matmul: {
-      const unsigned m = op.dims - 3;  // the m dimension (after a batch)
-      if (!(rule = zeroStride(0, m + 2, "out's k stride must be 0"))) break;
-      if (!(rule = zeroStride(1, m + 1, "a's n stride must be 0"))) break;
-      if (!(rule = zeroStride(2, m, "b's m stride must be 0"))) break;
-      if (!(rule = disjoint(0, 1))) break;
-      rule = disjoint(0, 2);
-      break;
+class Layout {
+ public:
+  Layout(const TensorOp& op, const std::array<uint64_t, kMaxTensorOperands>& last, const Refuse& bad)
+      : op_(op), last_(last), bad_(bad) {}
+
+  Status check() const {
+    switch (op_.fn) {
+      case TensorFn::sum:
+      case TensorFn::amax:
+      case TensorFn::amin:
+      case TensorFn::argmax:
+      case TensorFn::argmin: return reduction();
+      case TensorFn::matmul: return matmul();
+      case TensorFn::layerNorm:
+      case TensorFn::layerNormBackward: return layerNorm();
+      case TensorFn::indexSelect: return indexSelect();
+      case TensorFn::indexAdd: return indexAdd();
+      case TensorFn::gatherSum: return gatherSum();
+      case TensorFn::maxPool2d:
+      case TensorFn::maxPool2dBackward: return maxPool();
+      case TensorFn::nllLoss:
+      case TensorFn::nllLossBackward: return nllLoss();
+      default: return {};
     }
-    case TensorFn::layerNorm:
-      for (unsigned d = 1; d < op.dims && rule; ++d) {
-        rule = zeroStride(2, d, "the mean is one element per row: its strides past the rows must be 0");
-        if (rule) rule = zeroStride(3, d, "rstd is one element per row: its strides past the rows must be 0");
-      }
-      if (rule) rule = disjoint(2, 3);
-      break;
-    case TensorFn::layerNormBackward:
-      for (unsigned d = 1; d < op.dims && rule; ++d)
-        rule = zeroStride(3, d, "rstd is one element per row: its strides past the rows must be 0");
-      break;
-    case TensorFn::indexSelect:
-      if ((rule = zeroStride(0, op.dims - 1, "the output's stride over the rows must be 0")))
-        rule = zeroStride(2, op.dims - 1, "the index's stride over the rows must be 0");
-      break;
-    case TensorFn::indexAdd:
-      if ((rule = zeroStride(0, op.dims - 1, "the output's stride over the positions must be 0")))
-        rule = zeroStride(1, op.dims - 2, "a's stride over the rows must be 0");
-      if (rule) rule = zeroStride(2, op.dims - 2, "the index's stride over the rows must be 0");
-      if (rule) rule = disjoint(0, 1);
-      if (rule) rule = disjoint(0, 2);
-      break;
-    case TensorFn::gatherSum:
-      for (unsigned d = op.dims - 2; d < op.dims && rule; ++d)
-        rule = zeroStride(0, d, "the output's strides over the picks and the rows must be 0");
-      if (rule) rule = zeroStride(2, op.dims - 1, "the index's stride over the rows must be 0");
-      if (rule) rule = disjoint(0, 1);
-      if (rule) rule = disjoint(0, 2);
-      break;
-    case TensorFn::maxPool2d:  // out and index over the windows, not their elements
-    case TensorFn::maxPool2dBackward:  // out over the input's plane; grad and index over the outputs
-      for (unsigned d = op.dims - 2; d < op.dims && rule; ++d) {
-        if (op.fn == TensorFn::maxPool2d) rule = zeroStride(0, d, "the output's strides over kh and kw must be 0");
-        else rule = zeroStride(1, d, "grad's strides over h and w must be 0");
-        if (rule) rule = zeroStride(2, d, op.fn == TensorFn::maxPool2d ? "the index's strides over kh and kw must be 0"
-                                                                       : "the index's strides over h and w must be 0");
-        if (rule && op.fn == TensorFn::maxPool2dBackward)
-          rule = zeroStride(0, d - 2, "the output's strides over oh and ow must be 0");
-      }
-      if (rule) rule = disjoint(0, 1);
-      if (rule) rule = disjoint(0, 2);
-      if (rule && op.fn == TensorFn::maxPool2d) rule = disjoint(1, 2);  // the index is written there
-      break;
-    case TensorFn::nllLoss:
-    case TensorFn::nllLossBackward: {
-      // The scalars: the loss (the forward's output, the backward's input) and the total weight.
-      const bool forward = op.fn == TensorFn::nllLoss;
-      for (unsigned d = 0; d < 2 && rule; ++d) {
-        rule = zeroStride(forward ? 0 : 1, d, forward ? "the loss is a scalar: its strides must be 0"
-                                                      : "the loss's gradient is a scalar: its strides must be 0");
-        if (rule) rule = zeroStride(3, d, "totalWeight is a scalar: its strides must be 0");
-      }
-      if (rule) rule = zeroStride(2, 1, "the targets' class stride must be 0");
-      if (rule && op.operands[2].buffer == op.operands[0].buffer) rule = disjoint(0, 2);
-      break;
-    }
-    default:
-      break;
   }
-  return rule;
+
+ private:
+  Status reduction() const {
+    for (unsigned d = 0; d < op_.dims; ++d)
+      if (op_.reduceMask >> d & 1)
+        if (auto s = zero(0, d, "the output's strides must be 0 on the summed dimensions"); !s) return s;
+    return {};
+  }
+  Status matmul() const {
+    const unsigned m = op_.dims - 3;  // the m dimension (after a batch)
+    if (auto s = zero(0, m + 2, "out's k stride must be 0"); !s) return s;
+    if (auto s = zero(1, m + 1, "a's n stride must be 0"); !s) return s;
+    if (auto s = zero(2, m, "b's m stride must be 0"); !s) return s;
+    if (auto s = apart(0, 1); !s) return s;
+    return apart(0, 2);
+  }
+  // The forward writes the mean and rstd (operands 2 and 3), the backward reads rstd:
+  // one element per row.
+  Status layerNorm() const {
+    const bool forward = op_.fn == TensorFn::layerNorm;
+    for (unsigned d = 1; d < op_.dims; ++d) {
+      if (forward)
+        if (auto s = zero(2, d, "the mean is one element per row: its strides past the rows must be 0"); !s) return s;
+      if (auto s = zero(3, d, "rstd is one element per row: its strides past the rows must be 0"); !s) return s;
+    }
+    return forward ? apart(2, 3) : Status{};
+  }
+  Status indexSelect() const {
+    if (auto s = zero(0, op_.dims - 1, "the output's stride over the rows must be 0"); !s) return s;
+    return zero(2, op_.dims - 1, "the index's stride over the rows must be 0");
+  }
+  Status indexAdd() const {
+    if (auto s = zero(0, op_.dims - 1, "the output's stride over the positions must be 0"); !s) return s;
+    if (auto s = zero(1, op_.dims - 2, "a's stride over the rows must be 0"); !s) return s;
+    if (auto s = zero(2, op_.dims - 2, "the index's stride over the rows must be 0"); !s) return s;
+    return apartFromInputs();
+  }
+  Status gatherSum() const {
+    for (unsigned d = op_.dims - 2; d < op_.dims; ++d)
+      if (auto s = zero(0, d, "the output's strides over the picks and the rows must be 0"); !s) return s;
+    if (auto s = zero(2, op_.dims - 1, "the index's stride over the rows must be 0"); !s) return s;
+    return apartFromInputs();
+  }
+  // The forward: out and index over the windows, not their elements. The backward: out
+  // over the input's plane; grad and index over the outputs.
+  Status maxPool() const {
+    const bool forward = op_.fn == TensorFn::maxPool2d;
+    for (unsigned d = op_.dims - 2; d < op_.dims; ++d) {
+      if (auto s = forward ? zero(0, d, "the output's strides over kh and kw must be 0")
+                           : zero(1, d, "grad's strides over h and w must be 0");
+          !s)
+        return s;
+      if (auto s = zero(2, d, forward ? "the index's strides over kh and kw must be 0" : "the index's strides over h and w must be 0");
+          !s)
+        return s;
+      if (!forward)
+        if (auto s = zero(0, d - 2, "the output's strides over oh and ow must be 0"); !s) return s;
+    }
+    if (auto s = apartFromInputs(); !s) return s;
+    return forward ? apart(1, 2) : Status{};  // (the forward writes the index too)
+  }
+  // The scalars: the loss (the forward's output, the backward's input) and the total weight.
+  Status nllLoss() const {
+    const bool forward = op_.fn == TensorFn::nllLoss;
+    for (unsigned d = 0; d < 2; ++d) {
+      if (auto s = zero(forward ? 0 : 1, d,
+                        forward ? "the loss is a scalar: its strides must be 0" : "the loss's gradient is a scalar: its strides must be 0");
+          !s)
+        return s;
+      if (auto s = zero(3, d, "totalWeight is a scalar: its strides must be 0"); !s) return s;
+    }
+    if (auto s = zero(2, 1, "the targets' class stride must be 0"); !s) return s;
+    return op_.operands[2].buffer == op_.operands[0].buffer ? apart(0, 2) : Status{};
+  }
+
+  Status zero(unsigned operand, unsigned dim, const char* what) const {
+    if (op_.operands[operand].strides[dim] != 0) return bad_(what);
+    return {};
+  }
+  // Operands x and y share no byte. Compared as byte ranges: operands of different types
+  // count elements of different sizes. (Saturating: an empty op's offsets were never
+  // bounded by a reach.)
+  Status apart(unsigned x, unsigned y) const {
+    const TensorOperand &a = op_.operands[x], &b = op_.operands[y];
+    auto begin = [&](const TensorOperand& o) { return limits::satMul(o.offset, tensorTypeBytes(o.type)); };
+    auto end = [&](unsigned i) { return limits::satMul(limits::satAdd(last_[i], 1), tensorTypeBytes(op_.operands[i].type)); };
+    if (a.buffer == b.buffer && !(end(x) <= begin(b) || end(y) <= begin(a)))
+      return bad_("operand " + std::to_string(x) + " overlaps operand " + std::to_string(y));
+    return {};
+  }
+  Status apartFromInputs() const {  // the output from operands 1 and 2
+    if (auto s = apart(0, 1); !s) return s;
+    return apart(0, 2);
+  }
+
+  const TensorOp& op_;
+  const std::array<uint64_t, kMaxTensorOperands>& last_;
+  const Refuse& bad_;
+};
+
+Status checkLayout(const TensorOp& op, const std::array<uint64_t, kMaxTensorOperands>& last, const Refuse& bad) {
+  return Layout(op, last, bad).check();
 }
 
 // The kernels' geometry: shapes, strides (0 where a dimension has one element), offsets
