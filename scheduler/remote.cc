@@ -445,17 +445,6 @@ std::optional<SplitShape> splitShapeOf(wire::Op::Reader op, const Size& size) {
   }
 }
 
-// One card's part of a split op: the byte ranges of the guest's buffers it needs
-// (cached on that card, or not), and the output range that comes back from it.
-struct SplitPart {
-  struct Input {
-    uint64_t handle, offset, length;
-    bool cache;
-  };
-  std::vector<Input> inputs;
-  uint64_t outHandle = 0, outOffset = 0, outLength = 0;  // gathered back to the primary
-  bool fresh = false;                                    // the output's scratch starts empty
-};
 SplitPart partOf(wire::Op::Reader op, const SplitShape& shape, Slice slice) {
   SplitPart part;
   auto& inputs = part.inputs;
@@ -611,47 +600,13 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
   s.job = std::make_unique<RemoteJob>();
   s.job->guestSequence = sequence;
   auto partials = std::make_shared<std::vector<double>>(parts.size(), 0.0);
-  const bool reduce = op.which() == wire::Op::REDUCE_SUM;
-
   // The primary's own slice starts at 0, so it runs on the guest's buffers in place;
   // it is sent after the reads for the other cards, which it never overlaps.
   std::function<void()> primaryPart;
   for (size_t p = 0; p < parts.size(); ++p) {
-    size_t member = parts[p];
-    Slice slice = slices[p];
-    if (slice.size() == 0) continue;
-    if (member == 0) {
-      // In place, except a reduction's partial, which goes to a scratch float.
-      uint64_t partial = reduce ? scratch(s, 0, kF32) : 0;
-      auto copy = std::make_shared<capnp::MallocMessageBuilder>();
-      copy->setRoot(op);
-      primaryPart = [this, &s, copy, slice, partial, partials, p] {
-        capnp::MallocMessageBuilder m;
-        writePrimaryPart(copy->getRoot<wire::Op>().asReader(), m.initRoot<wire::Instruction>().initOp(), slice, partial);
-        sendRemote(s, 0, m);
-        if (partial) readPartial(s, 0, partial, &(*partials)[p]);
-      };
-      continue;
-    }
-
-    // Another card: copies of its inputs, then its part, then its output comes back.
-    const SplitPart part = partOf(op, *shape, slice);
-    auto gate = std::make_shared<Gate>(Gate{part.inputs.size() + 1, {}});
-    auto ready = Gate::ticker(gate);
-    std::vector<uint64_t> local;
-    for (auto& in : part.inputs) local.push_back(replica(s, member, in.handle, in.offset, in.length, in.cache, ready));
-    uint64_t result = part.fresh ? scratch(s, member, part.outLength) : local.back();
-    auto rewritten = std::make_shared<capnp::MallocMessageBuilder>();
-    writeRemotePart(op, rewritten->initRoot<wire::Instruction>().initOp(), slice, local, result);
-    gate->then = [this, &s, member, rewritten, result, part, reduce, partials, p] {
-      sendRemote(s, member, *rewritten);
-      if (!reduce) {
-        copyBetween(s, member, result, 0, part.outLength, 0, part.outHandle, part.outOffset, [] {});
-        return;
-      }
-      readPartial(s, member, result, &(*partials)[p]);
-    };
-    ready();
+    if (slices[p].size() == 0) continue;
+    if (parts[p] == 0) primaryPart = primarySplitPart(s, op, slices[p], partials, p);
+    else startSplitPartOn(s, parts[p], op, partOf(op, *shape, slices[p]), slices[p], partials, p);
   }
   if (primaryPart) primaryPart();
   if (op.which() == wire::Op::REDUCE_SUM) {
@@ -670,6 +625,44 @@ bool Scheduler::startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op)
   RLOG_DEBUG("scheduler") << "vaccel #" << s.id << ": op split over " << parts.size() << " cards";
   settle(s);
   return true;
+}
+
+// The primary's slice of a split op, to send once the other cards' inputs are read: in
+// place, except a reduction's partial, which goes to a scratch float (partials[p]).
+std::function<void()> Scheduler::primarySplitPart(Session& s, wire::Op::Reader op, Slice slice,
+                                                  const std::shared_ptr<std::vector<double>>& partials, size_t p) {
+  const uint64_t partial = op.which() == wire::Op::REDUCE_SUM ? scratch(s, 0, kF32) : 0;
+  auto copy = std::make_shared<capnp::MallocMessageBuilder>();
+  copy->setRoot(op);
+  return [this, &s, copy, slice, partial, partials, p] {
+    capnp::MallocMessageBuilder m;
+    writePrimaryPart(copy->getRoot<wire::Op>().asReader(), m.initRoot<wire::Instruction>().initOp(), slice, partial);
+    sendRemote(s, 0, m);
+    if (partial) readPartial(s, 0, partial, &(*partials)[p]);
+  };
+}
+
+// Another card's part of a split op: copies of its inputs there, then its part once they
+// are all sent, then its output comes back (a reduction's partial into partials[p]).
+void Scheduler::startSplitPartOn(Session& s, size_t member, wire::Op::Reader op, const SplitPart& part, Slice slice,
+                                 const std::shared_ptr<std::vector<double>>& partials, size_t p) {
+  const bool reduce = op.which() == wire::Op::REDUCE_SUM;
+  auto gate = std::make_shared<Gate>(Gate{part.inputs.size() + 1, {}});
+  auto ready = Gate::ticker(gate);
+  std::vector<uint64_t> local;
+  for (auto& in : part.inputs) local.push_back(replica(s, member, in.handle, in.offset, in.length, in.cache, ready));
+  uint64_t result = part.fresh ? scratch(s, member, part.outLength) : local.back();
+  auto rewritten = std::make_shared<capnp::MallocMessageBuilder>();
+  writeRemotePart(op, rewritten->initRoot<wire::Instruction>().initOp(), slice, local, result);
+  gate->then = [this, &s, member, rewritten, result, part, reduce, partials, p] {
+    sendRemote(s, member, *rewritten);
+    if (!reduce) {
+      copyBetween(s, member, result, 0, part.outLength, 0, part.outHandle, part.outOffset, [] {});
+      return;
+    }
+    readPartial(s, member, result, &(*partials)[p]);
+  };
+  ready();
 }
 
 // ---------------------------------------------------------------------------------

@@ -32,6 +32,7 @@
 #include "scheduler/lineage.h"
 #include "scheduler/pool.h"
 #include "scheduler/pool_state.h"
+#include "scheduler/split.h"
 #include "common/metrics.h"
 #include "transport/connection.h"
 #include "transport/http_server.h"
@@ -155,6 +156,10 @@ class Scheduler {
   bool routeLaunch(Session& s, uint64_t sequence, wire::Launch::Reader launch);
   bool routeDescribe(Session& s, uint64_t sequence, uint64_t program);
   bool startSplitOp(Session& s, uint64_t sequence, wire::Op::Reader op);
+  std::function<void()> primarySplitPart(Session& s, wire::Op::Reader op, Slice slice,
+                                         const std::shared_ptr<std::vector<double>>& partials, size_t p);
+  void startSplitPartOn(Session& s, size_t member, wire::Op::Reader op, const SplitPart& part, Slice slice,
+                        const std::shared_ptr<std::vector<double>>& partials, size_t p);
   // Task graphs (graph.cc).
   bool startGraph(Session& s, uint64_t sequence, wire::Graph::Reader graph);
   void pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run);

@@ -12,6 +12,17 @@ struct Slice {
   uint64_t size() const { return end - begin; }
 };
 
+// One card's part of a split op: the byte ranges of the guest's buffers it needs
+// (cached on that card, or not), and the output range that comes back from it.
+struct SplitPart {
+  struct Input {
+    uint64_t handle, offset, length;
+    bool cache;
+  };
+  std::vector<Input> inputs;
+  uint64_t outHandle = 0, outOffset = 0, outLength = 0;  // gathered back to the primary
+  bool fresh = false;                                    // the output's scratch starts empty
+};
 // Cuts [0, units) into consecutive slices, slice i proportional to weights[i]; the
 // slices cover every unit exactly once (some may be empty when units are few).
 inline std::vector<Slice> splitByWeight(uint64_t units, const std::vector<uint32_t>& weights) {
