@@ -529,32 +529,9 @@ void Netaccel::onControl(Link& link, transport::Body body) {
     transport::MessageIn in(std::move(body));
     auto msg = in.root<wire::SchedulerMessage>();
     switch (msg.which()) {
-      case wire::SchedulerMessage::REGISTERED: {
-        auto r = msg.getRegistered();
-        if (!r.getAccepted()) {
-          RLOG_ERROR("netaccel") << "scheduler " << link.name() << " refused registration: "
-                                 << r.getError().getMessage().cStr() << "; retrying in " << link.backoffMs << " ms";
-          link.connection->close();
-          return;
-        }
-        link.registered = true;
-        link.backoffMs = 100;
-        link.poolName = poolNameOf(r.getPoolName());
-        // Kept contexts: the scheduler adopts or closes each right after this.
-        uv_timer_stop(link.grace);
-        unsigned hb = r.getHeartbeatMs() ? r.getHeartbeatMs() : config_.heartbeatMs;
-        uv_timer_start(link.heartbeat, [](uv_timer_t* t) {
-          auto* l = static_cast<Link*>(t->data);
-          l->netaccel->sendHeartbeat(*l);
-        }, hb, hb);
-        RLOG_INFO("netaccel") << "registered with the scheduler at " << link.name() << "; heartbeat every " << hb << " ms";
-        size_t told = 0;
-        for (auto unused : r.getUnusedCards())
-          if (++told <= workers_.size())  // the scheduler's words, bounded: at most one per card
-            RLOG_WARN("netaccel") << "card " << unused.getCard() << " serves no work for " << link.name() << ": "
-                                  << limits::clip(unused.getWhy(), 512);
+      case wire::SchedulerMessage::REGISTERED:
+        registered(link, msg.getRegistered());
         return;
-      }
       case wire::SchedulerMessage::OPEN_CONTEXT:
         openContext(link, msg.getOpenContext());
         return;
@@ -574,18 +551,9 @@ void Netaccel::onControl(Link& link, transport::Body body) {
         workers_[card]->submit();
         return;
       }
-      case wire::SchedulerMessage::ADOPT_CONTEXT: {
-        auto theirs = link.contexts.find(msg.getAdoptContext());
-        if (theirs == link.contexts.end()) return;
-        auto it = link.kept.find(theirs->second);
-        if (it == link.kept.end()) return;
-        size_t waiting = it->second.size();
-        for (auto& o : it->second) link.connection->sendBody(theirs->first, o.sequence, std::move(o.body));
-        RLOG_INFO("netaccel") << "context " << theirs->first << " adopted by the scheduler at " << link.name() << "; "
-                              << waiting << " waiting repl" << (waiting == 1 ? "y" : "ies") << " sent";
-        link.kept.erase(it);
+      case wire::SchedulerMessage::ADOPT_CONTEXT:
+        adoptContext(link, msg.getAdoptContext());
         return;
-      }
       case wire::SchedulerMessage::LANE_OFFER:
         takeLane(link, msg.getLaneOffer().getPath(), msg.getLaneOffer().getToken());
         return;
@@ -601,6 +569,47 @@ void Netaccel::onControl(Link& link, transport::Body body) {
   });
   if (!status)
     RLOG_ERROR("netaccel") << "bad control message from the scheduler at " << link.name() << ": " << status.error().message;
+}
+
+// The scheduler's answer to this netaccel's registration: refused (the link closes and
+// is tried again), or accepted with its heartbeat period and the cards it will not use.
+void Netaccel::registered(Link& link, wire::Registered::Reader r) {
+  if (!r.getAccepted()) {
+    RLOG_ERROR("netaccel") << "scheduler " << link.name() << " refused registration: " << r.getError().getMessage().cStr()
+                           << "; retrying in " << link.backoffMs << " ms";
+    link.connection->close();
+    return;
+  }
+  link.registered = true;
+  link.backoffMs = 100;
+  link.poolName = poolNameOf(r.getPoolName());
+  // Kept contexts: the scheduler adopts or closes each right after this.
+  uv_timer_stop(link.grace);
+  unsigned hb = r.getHeartbeatMs() ? r.getHeartbeatMs() : config_.heartbeatMs;
+  uv_timer_start(link.heartbeat, [](uv_timer_t* t) {
+    auto* l = static_cast<Link*>(t->data);
+    l->netaccel->sendHeartbeat(*l);
+  }, hb, hb);
+  RLOG_INFO("netaccel") << "registered with the scheduler at " << link.name() << "; heartbeat every " << hb << " ms";
+  size_t told = 0;
+  for (auto unused : r.getUnusedCards())
+    if (++told <= workers_.size())  // the scheduler's words, bounded: at most one per card
+      RLOG_WARN("netaccel") << "card " << unused.getCard() << " serves no work for " << link.name() << ": "
+                            << limits::clip(unused.getWhy(), 512);
+}
+
+// A context kept over a lost link, taken back by the scheduler: the replies it made
+// meanwhile go now.
+void Netaccel::adoptContext(Link& link, uint32_t context) {
+  auto theirs = link.contexts.find(context);
+  if (theirs == link.contexts.end()) return;
+  auto it = link.kept.find(theirs->second);
+  if (it == link.kept.end()) return;
+  size_t waiting = it->second.size();
+  for (auto& o : it->second) link.connection->sendBody(theirs->first, o.sequence, std::move(o.body));
+  RLOG_INFO("netaccel") << "context " << theirs->first << " adopted by the scheduler at " << link.name() << "; " << waiting
+                        << " waiting repl" << (waiting == 1 ? "y" : "ies") << " sent";
+  link.kept.erase(it);
 }
 
 void Netaccel::setReplyLanes(Link& link, const std::shared_ptr<transport::LaneOut>& lane) {

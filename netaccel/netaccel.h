@@ -84,6 +84,8 @@ class Netaccel {
   void onConnected(Link& link, transport::ConnectionPtr connection);
   void onFrame(Link& link, const transport::FrameHeader& header, transport::Body body);
   void onControl(Link& link, transport::Body body);
+  void registered(Link& link, wire::Registered::Reader r);
+  void adoptContext(Link& link, uint32_t context);
   void openContext(Link& link, wire::OpenContext::Reader open);
   // A same-host lane the scheduler offered: the memfds handed to its lane socket.
   void takeLane(Link& link, capnp::Text::Reader path, capnp::Data::Reader token);
