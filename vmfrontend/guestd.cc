@@ -202,24 +202,7 @@ bool Guestd::ownReply(Client& c, const FrameHeader& h, const Body& body) {
         auto welcome = reply.getWelcome();
         if (c.resuming && h.sequence == c.helloSequence) {
           own = true;
-          c.resuming = false;
-          // Resend what came after the last instruction the vaccel took, in order. Reads
-          // and fences it took last may have answered into the old scheduler: they go
-          // again too (nothing after them changed a buffer, so they answer the same;
-          // a reply that does arrive twice is dropped below).
-          uint64_t after = welcome.getResumedAfter();
-          auto it = std::find_if(c.unacked.begin(), c.unacked.end(), [&](auto& e) { return e.first == after; });
-          auto from = c.unacked.begin();
-          if (it != c.unacked.end()) {
-            from = std::next(it);
-            while (from != c.unacked.begin() && answers(std::prev(from)->second)) --from;
-          }
-          size_t resent = 0;
-          for (auto e = from; e != c.unacked.end(); ++e, ++resent) port_->sendBody(c.channel, e->first, transport::copyBody(e->second));
-          c.resumed = true;
-          RLOG_INFO("guestd") << "vaccel #" << c.vaccel << " re-attached after instruction " << after << "; resent " << resent
-                              << " frame(s)";
-          if (!c.heldBack) c.connection->resumeReading();
+          resume(c, welcome.getResumedAfter());
           return;
         }
         if (!c.welcomed) {
@@ -248,18 +231,7 @@ bool Guestd::ownReply(Client& c, const FrameHeader& h, const Body& body) {
         return;
       }
       case wire::Reply::ERROR:
-        if (c.resuming && h.sequence == c.helloSequence) {
-          own = true;
-          RLOG_WARN("guestd") << "vaccel #" << c.vaccel << " cannot be re-attached ("
-                              << reply.getError().getError().getMessage().cStr() << "); disconnecting its program";
-          c.connection->close();
-        } else if (!c.welcomed && !c.unacked.empty() && h.sequence == c.unacked.front().first) {
-          c.unacked.clear();  // its hello was refused: nothing to resend
-          c.unackedBytes = 0;
-        } else if (c.fenceOut && h.sequence == c.fenceOut) {
-          c.fenceOut = 0;
-          own = true;
-        }
+        own = failedOwn(c, h.sequence, reply.getError().getError().getMessage());
         return;
       default:
         return;
@@ -267,6 +239,45 @@ bool Guestd::ownReply(Client& c, const FrameHeader& h, const Body& body) {
   });
   if (!status) RLOG_WARN("guestd") << "bad reply from the host on channel " << h.channel << ": " << status.error().message;
   return own;
+}
+
+// The vaccel re-attached after instruction `after` (the scheduler came back): what came
+// after it goes again, in order. Reads and fences it took last may have answered into
+// the old scheduler: they go again too (nothing after them changed a buffer, so they
+// answer the same; a reply that does arrive twice is dropped by ownReply).
+void Guestd::resume(Client& c, uint64_t after) {
+  c.resuming = false;
+  auto it = std::find_if(c.unacked.begin(), c.unacked.end(), [&](auto& e) { return e.first == after; });
+  auto from = c.unacked.begin();
+  if (it != c.unacked.end()) {
+    from = std::next(it);
+    while (from != c.unacked.begin() && answers(std::prev(from)->second)) --from;
+  }
+  size_t resent = 0;
+  for (auto e = from; e != c.unacked.end(); ++e, ++resent) port_->sendBody(c.channel, e->first, transport::copyBody(e->second));
+  c.resumed = true;
+  RLOG_INFO("guestd") << "vaccel #" << c.vaccel << " re-attached after instruction " << after << "; resent " << resent
+                      << " frame(s)";
+  if (!c.heldBack) c.connection->resumeReading();
+}
+
+// An error answering `sequence`: guestd's own when it refuses a re-attach (the program is
+// disconnected) or answers guestd's fence. A refused hello leaves nothing to resend.
+bool Guestd::failedOwn(Client& c, uint64_t sequence, capnp::Text::Reader message) {
+  if (c.resuming && sequence == c.helloSequence) {
+    RLOG_WARN("guestd") << "vaccel #" << c.vaccel << " cannot be re-attached (" << message.cStr()
+                        << "); disconnecting its program";
+    c.connection->close();
+    return true;
+  }
+  if (!c.welcomed && !c.unacked.empty() && sequence == c.unacked.front().first) {
+    c.unacked.clear();
+    c.unackedBytes = 0;
+  } else if (c.fenceOut && sequence == c.fenceOut) {
+    c.fenceOut = 0;
+    return true;
+  }
+  return false;
 }
 
 void Guestd::acceptClient(ConnectionPtr connection) {

@@ -80,6 +80,8 @@ class Guestd {
   static bool answers(const transport::Body& frame);
   // The reply handled here (guestd's own fence, a resume's welcome): not the program's.
   bool ownReply(Client& client, const transport::FrameHeader& header, const transport::Body& body);
+  void resume(Client& c, uint64_t after);  // its vaccel re-attached after instruction `after`
+  bool failedOwn(Client& c, uint64_t sequence, capnp::Text::Reader message);  // an error of guestd's own
 
   uv_loop_t* loop_;
   GuestdConfig config_;
