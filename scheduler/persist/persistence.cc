@@ -90,6 +90,24 @@ void Persistence::vaccel(Session& s, bool withSaved) {
   if (!off && s.phase != Phase::running && s.phase != Phase::recovering) return;
   capnp::MallocMessageBuilder m;
   auto r = m.initRoot<wire::VaccelRecord>();
+  writeAsked(s, off, r);
+  if (off) writeBuffers(s, r);
+  else writePlacement(s, r);
+  writeProgramsAndFailures(s, r);
+  store_->begin();
+  store_->put("vaccel", idKey(s.id), toBlob(m));
+  if (withSaved) {
+    store_->dropSaved(s.id);
+    for (auto& [handle, bytes] : s.saved) store_->putSaved(s.id, handle, bytes.flatten());
+  } else if (!off) {
+    store_->dropSaved(s.id);
+  }
+  store_->setCounter("next_vaccel", s_.nextVaccel_);
+  store_->commit();
+}
+
+// What the vaccel is and asked for, its state (`off`: suspended) and its service so far.
+void Persistence::writeAsked(const Session& s, bool off, wire::VaccelRecord::Builder r) {
   r.setId(s.id);
   r.setVm(s.vm->policy.name);
   r.setProgram(s.program);
@@ -110,29 +128,39 @@ void Persistence::vaccel(Session& s, bool withSaved) {
   r.setServiceClass(static_cast<uint8_t>(s.service.serviceClass));
   r.setLastRunSeconds(s.service.lastRun);
   r.setWaitingSince(s.service.waitingSince);
-  if (!off) {
-    auto blocks = r.initBlocks(s.blocks.size());
-    for (size_t i = 0; i < s.blocks.size(); ++i) {
-      blocks[i].setFirst(s.blocks[i].first);
-      blocks[i].setCount(s.blocks[i].count);
-    }
-    auto members = r.initMembers(s.members.size());
-    for (size_t i = 0; i < s.members.size(); ++i) {
-      const Member& mb = s.members[i];
-      members[i].setNode(s_.pool().nodes()[s_.pool().cards()[mb.card].node].name);
-      members[i].setCard(static_cast<uint32_t>(mb.card));
-      members[i].setContext(mb.context);
-      members[i].setBlocks(mb.blocks);
-    }
-  } else {
-    auto buffers = r.initBuffers(s.buffers.size());
-    size_t i = 0;
-    for (auto& [handle, bytes] : s.buffers) {
-      buffers[i].setHandle(handle);
-      buffers[i++].setBytes(bytes);
-    }
-    r.setAppliedThrough(s.appliedThrough);
+}
+
+// A running vaccel's blocks and its cards (node, card, context, blocks).
+void Persistence::writePlacement(const Session& s, wire::VaccelRecord::Builder r) {
+  auto blocks = r.initBlocks(s.blocks.size());
+  for (size_t i = 0; i < s.blocks.size(); ++i) {
+    blocks[i].setFirst(s.blocks[i].first);
+    blocks[i].setCount(s.blocks[i].count);
   }
+  auto members = r.initMembers(s.members.size());
+  for (size_t i = 0; i < s.members.size(); ++i) {
+    const Member& mb = s.members[i];
+    members[i].setNode(s_.pool().nodes()[s_.pool().cards()[mb.card].node].name);
+    members[i].setCard(static_cast<uint32_t>(mb.card));
+    members[i].setContext(mb.context);
+    members[i].setBlocks(mb.blocks);
+  }
+}
+
+// A suspended vaccel's buffers (their bytes are saved beside the record) and the last
+// instruction they reflect.
+void Persistence::writeBuffers(const Session& s, wire::VaccelRecord::Builder r) {
+  auto buffers = r.initBuffers(s.buffers.size());
+  size_t i = 0;
+  for (auto& [handle, bytes] : s.buffers) {
+    buffers[i].setHandle(handle);
+    buffers[i++].setBytes(bytes);
+  }
+  r.setAppliedThrough(s.appliedThrough);
+}
+
+// Its programs (each load instruction as the guest sent it) and the handles that failed.
+void Persistence::writeProgramsAndFailures(const Session& s, wire::VaccelRecord::Builder r) {
   auto programs = r.initPrograms(s.programs.size());
   size_t i = 0;
   for (auto& [handle, message] : s.programs) {
@@ -146,16 +174,6 @@ void Persistence::vaccel(Session& s, bool withSaved) {
     failed[i].setSequence(failure.first);
     transport::setError(failed[i++].initError(), failure.second);
   }
-  store_->begin();
-  store_->put("vaccel", idKey(s.id), toBlob(m));
-  if (withSaved) {
-    store_->dropSaved(s.id);
-    for (auto& [handle, bytes] : s.saved) store_->putSaved(s.id, handle, bytes.flatten());
-  } else if (!off) {
-    store_->dropSaved(s.id);
-  }
-  store_->setCounter("next_vaccel", s_.nextVaccel_);
-  store_->commit();
 }
 
 void Persistence::forget(Session& s) {

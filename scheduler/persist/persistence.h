@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "schema/node.capnp.h"
+#include "schema/state.capnp.h"
 #include "scheduler/config.h"
 #include "scheduler/scheduler.h"
 
@@ -55,6 +56,11 @@ class Persistence {
   void restorePolicies();
   void restoreVaccels(size_t& running, size_t& suspended);
   void readVaccel(const std::string& blob, std::unique_ptr<Session>& session);
+  // vaccel's parts: the record's fields.
+  void writeAsked(const Session& s, bool off, wire::VaccelRecord::Builder r);
+  void writePlacement(const Session& s, wire::VaccelRecord::Builder r);
+  void writeBuffers(const Session& s, wire::VaccelRecord::Builder r);
+  void writeProgramsAndFailures(const Session& s, wire::VaccelRecord::Builder r);
 
   const SchedulerConfig& config_;
   Scheduler& s_;
