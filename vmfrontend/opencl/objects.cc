@@ -459,7 +459,8 @@ cl_int enqueue(cl_command_queue q, cl_uint nWait, const cl_event* waitList, cl_e
   if (!eventOut && !blocking && nWait == 0 && q->held.empty()) {
     uint64_t before = ctx->session->lastSequence();
     cl_int rc = run();
-    if (uint64_t after = ctx->session->lastSequence(); after > before) trackAnonymous(ctx, before + 1, after);
+    // (A command that failed at once has said so: as with an event, nothing more is kept.)
+    if (uint64_t after = ctx->session->lastSequence(); rc == CL_SUCCESS && after > before) trackAnonymous(ctx, before + 1, after);
     return rc;
   }
   cl_event e = newEvent(ctx, q, type);
