@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "tests/cluster.h"
 
@@ -27,29 +28,24 @@ std::string jsonNumber(double v, const char* fmt, bool signedOk) {
   return b;
 }
 
-double processCpuMs(pid_t pid) {
-  const std::string stat = testing::readFile("/proc/" + std::to_string(pid) + "/stat");
+namespace {
+// The fields of /proc/PID/stat after the process's name (which may hold spaces and
+// parentheses: it ends at the last ')'), from field 3, the state; none when unreadable.
+std::vector<std::string> statFields(const std::string& pid) {
+  const std::string stat = testing::readFile("/proc/" + pid + "/stat");
   const auto paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 > stat.size()) return 0;
-  std::istringstream in(stat.substr(paren + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && in >> field; ++i)  // fields 14 and 15: utime, stime
-    if (i >= 14) ticks += std::strtod(field.c_str(), nullptr);
-  return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  std::vector<std::string> fields;
+  if (paren == std::string::npos) return fields;
+  std::istringstream in(stat.substr(paren + 1));
+  for (std::string field; in >> field;) fields.push_back(field);
+  return fields;
 }
 
-namespace {
-// The parent's pid in /proc/PID/stat (the field after the state, after the name's ')').
-pid_t parentOf(const std::string& statPath) {
-  const std::string stat = testing::readFile(statPath);
-  const auto paren = stat.rfind(')');
-  if (paren == std::string::npos) return -1;
-  std::istringstream in(stat.substr(paren + 1));
-  std::string state;
-  long ppid = -1;
-  in >> state >> ppid;
-  return static_cast<pid_t>(ppid);
+// Fields 14 and 15: user and system time, in clock ticks.
+double cpuMsOf(const std::vector<std::string>& fields) {
+  if (fields.size() < 13) return 0;
+  const double ticks = std::strtod(fields[11].c_str(), nullptr) + std::strtod(fields[12].c_str(), nullptr);
+  return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 double cpuMsOfChildren(pid_t parent) {
@@ -59,11 +55,14 @@ double cpuMsOfChildren(pid_t parent) {
        it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (parentOf(it->path().string() + "/stat") == parent) ms += processCpuMs(static_cast<pid_t>(std::stol(name)));
+    const auto fields = statFields(name);  // field 4: the parent's pid
+    if (fields.size() > 1 && std::strtol(fields[1].c_str(), nullptr, 10) == parent) ms += cpuMsOf(fields);
   }
   return ms;
 }
 }  // namespace
+
+double processCpuMs(pid_t pid) { return cpuMsOf(statFields(std::to_string(pid))); }
 
 double awaitIdleChildren(pid_t parent, double maxMs) {
   using Clock = std::chrono::steady_clock;

@@ -19,7 +19,6 @@
 #include <deque>
 #include <filesystem>
 #include <new>
-#include <numeric>
 #include <optional>
 #include <span>
 #include <thread>
