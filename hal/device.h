@@ -233,6 +233,12 @@ class Device {
   // Builds ahead what a first use would build and wait for (the tensor kernels), for a
   // device opened before its tenant is known (a warm sandbox). A no-op where nothing is.
   virtual Status prepare() { return {}; }
+  // Launches each of raccel's own kernels once at every work-group size the device gives
+  // them, on empty input, and waits: a driver that compiles a kernel per work-group size
+  // and caches it on disk (PoCL) then has them all, and a tenant's first ops compile
+  // nothing. Only ever run where no tenant is (netaccel/kernel_template.h). The number
+  // of launches; 0 where nothing is compiled per size.
+  virtual Result<unsigned> precompile() { return 0u; }
   // The caller reads [offset, offset + length) of `buffer` next, in order, `piece` bytes a
   // read(). A device whose reads fetch from another process (a sandbox) fetches the next
   // pieces ahead while the caller copies each one out, rather than a round trip a piece.

@@ -7,6 +7,7 @@
 
 #include "common/limits.h"
 #include "hal/device.h"
+#include "hal/tensor_kernels_source.h"
 
 namespace raccel::hal {
 
@@ -612,5 +613,7 @@ kernels::RcGeom matmulEntry(const kernels::RcGeom& batched, int64_t entry) {
   g.n = g.shape[0] * g.shape[1];
   return g;
 }
+
+std::string_view tensorKernelSource() { return kTensorKernelSource; }
 
 }  // namespace raccel::hal

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 
 #include "common/error.h"
 #include "common/tensor_fns.h"
@@ -104,5 +105,9 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op);
 // One entry of a batched matmul ([batch, m, n, k]) as a matmul of its own ([m, n, k]):
 // for backends that hand each to a BLAS.
 kernels::RcGeom matmulEntry(const kernels::RcGeom& batched, int64_t entry);
+
+// The tensor kernels' OpenCL C / CUDA C source (tensor_kernels.inc), as the backends
+// that compile it are given it: what a cache of its compiled kernels is keyed by.
+std::string_view tensorKernelSource();
 
 }  // namespace raccel::hal

@@ -23,7 +23,9 @@
 //   sandbox_warm = 1             # sandboxes started ahead per card (device context open,
 //                                #   raccel's tensor kernels built)
 //   sandbox_host_memory = 16GiB  # a sandbox's data-segment rlimit (RLIMIT_DATA)
-//   sandbox_dir = /tmp/raccel-sandbox   # each sandbox works in its own folder below it
+//   sandbox_dir = /tmp/raccel-sandbox   # each sandbox works in its own folder below it;
+//                                #   kernel-template/ holds each OpenCL card's compiled
+//                                #   tensor kernels, built once (kernel_template.h)
 //   sandbox_read = /opt/mylib,/srv/models   # more paths sandboxes may read (and run): a
 //                                #   sandbox sees only its driver's and compiler's files, its
 //                                #   card's /dev nodes, its own folder and these (sandbox.h)

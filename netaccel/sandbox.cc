@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -27,8 +26,7 @@
 
 #include "common/limits.h"
 #include "common/log.h"
-
-extern char** environ;
+#include "netaccel/spawn.h"
 
 namespace raccel::netaccel {
 
@@ -77,8 +75,8 @@ constexpr auto kSpin = std::chrono::microseconds(20);
 // One running raccel-sandbox: its pid, the socket, the mapped window, its folder.
 class SandboxProcess {
  public:
-  SandboxProcess(pid_t pid, int fd, std::byte* window, std::string dir)
-      : pid_(pid), fd_(fd), window_(window), dir_(std::move(dir)) {}
+  SandboxProcess(pid_t pid, int fd, std::byte* window, std::string dir, bool templated)
+      : pid_(pid), fd_(fd), window_(window), dir_(std::move(dir)), templated_(templated) {}
   ~SandboxProcess() {
     ::close(fd_);
     reap();
@@ -90,6 +88,8 @@ class SandboxProcess {
   SandboxProcess& operator=(const SandboxProcess&) = delete;
 
   pid_t pid() const { return pid_; }
+  // Started with its card's kernel template (kernel_template.h).
+  bool templated() const { return templated_; }
   std::byte* window() { return window_; }
   // The error message of the reply taken last (from awaitReply or poll).
   const std::string& said() const { return said_; }
@@ -254,6 +254,7 @@ class SandboxProcess {
   std::byte* window_;
   std::string dir_;
   bool reaped_ = false;
+  bool templated_;
   bool stoppedByUs_ = false, outsideSignal_ = false;
   std::string exit_;
 };
@@ -899,6 +900,9 @@ std::string defaultSandboxExecutable() {
 SandboxPool::SandboxPool(hal::Capabilities caps, SandboxSettings settings, std::string label)
     : caps_(std::move(caps)), settings_(std::move(settings)), label_(std::move(label)) {
   if (settings_.executable.empty()) settings_.executable = defaultSandboxExecutable();
+  if (caps_.backend == "opencl")
+    template_.emplace(settings_.dir + "/kernel-template",
+                      KernelTemplate::nameFor(caps_.backend, caps_.deviceIndex, caps_.model));
   // Folders left by the sandboxes of a netaccel that is gone (named PID-N) are removed.
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator(settings_.dir, ec); !ec && it != std::filesystem::directory_iterator();
@@ -933,8 +937,10 @@ std::unique_ptr<hal::Device> SandboxPool::take() {
   while (!warm_.empty() && !process) {
     auto p = std::move(warm_.front());
     warm_.erase(warm_.begin());
-    if (p->alive()) process = std::move(p);
-    else RLOG_WARN("netaccel") << label_ << ": a warm sandbox had ended (" << p->gone() << "); taking another";
+    if (!p->alive()) RLOG_WARN("netaccel") << label_ << ": a warm sandbox had ended (" << p->gone() << "); taking another";
+    else if (!p->templated() && template_ && template_->ready())  // (once: it started before the template was)
+      RLOG_INFO("netaccel") << label_ << ": the kernel template is ready; starting a sandbox with it";
+    else process = std::move(p);
   }
   if (!process) {
     auto p = spawn();
@@ -964,12 +970,20 @@ std::unique_ptr<hal::Device> SandboxPool::take() {
   return device;
 }
 
+// The command that builds the card's kernel template: the sandbox, told the card as its
+// tenants' sandboxes are (the same device, model and so cache entries).
+std::vector<std::string> SandboxPool::templateBuilder() const {
+  return {settings_.executable, "--backend=" + caps_.backend, "--device=" + std::to_string(caps_.deviceIndex),
+          "--model=" + caps_.model, "--tflops=" + std::to_string(caps_.tflops), "--precompile=" + template_->path()};
+}
+
 Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
   std::error_code ec;
-  std::filesystem::create_directories(settings_.dir, ec);
+  if (std::filesystem::create_directories(settings_.dir, ec)) ::chmod(settings_.dir.c_str(), 0700);  // (ours alone)
   if (ec) return fail(Code::internal, "cannot create " + settings_.dir + ": " + ec.message());
   std::string dir = settings_.dir + "/" + std::to_string(::getpid()) + "-" + std::to_string(++sandboxSerial);
   if (::mkdir(dir.c_str(), 0700) != 0) return fail(Code::internal, "cannot create " + dir + ": " + std::strerror(errno));
+  if (template_) template_->build(templateBuilder());
   // Sealed at its size: a sandbox that shrank it would make the netaccel's next access
   // to the window fault (SIGBUS) and take every tenant down.
   int memfd = ::memfd_create("raccel-sandbox-window", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -1009,28 +1023,23 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
                                    "--fd=3",
                                    "--window-fd=4"};
   if (!caps_.images.supported()) args.push_back("--no-images");
+  const bool templated = template_ && template_->ready();
+  if (templated) args.push_back("--kernel-template=" + template_->path());
   for (auto& r : settings_.readable) args.push_back("--read=" + r);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 3);
-  posix_spawn_file_actions_adddup2(&actions, memfd, 4);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, settings_.executable.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  auto pid = spawnProgram(std::move(args), [&](posix_spawn_file_actions_t* a) {
+    posix_spawn_file_actions_adddup2(a, fds[1], 3);
+    posix_spawn_file_actions_adddup2(a, memfd, 4);
+  });
   ::close(fds[1]);
   ::close(memfd);
-  if (rc != 0) {
+  if (!pid) {
     ::close(fds[0]);
     ::munmap(window, sandbox::kMappedBytes);
     std::filesystem::remove_all(dir, ec);
-    return fail(Code::unavailable, "cannot start " + settings_.executable + ": " + std::strerror(rc));
+    return fail(pid.error());
   }
-  RLOG_DEBUG("netaccel") << label_ << ": sandbox " << pid << " started in " << dir;
-  return std::make_unique<SandboxProcess>(pid, fds[0], static_cast<std::byte*>(window), dir);
+  RLOG_DEBUG("netaccel") << label_ << ": sandbox " << *pid << " started in " << dir;
+  return std::make_unique<SandboxProcess>(*pid, fds[0], static_cast<std::byte*>(window), dir, templated);
 }
 
 }  // namespace raccel::netaccel

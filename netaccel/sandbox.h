@@ -65,12 +65,14 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "hal/device.h"
+#include "netaccel/kernel_template.h"
 
 namespace raccel::netaccel {
 
@@ -241,11 +243,13 @@ class SandboxPool {
  private:
   Result<std::unique_ptr<SandboxProcess>> spawn();
   void refill();
+  std::vector<std::string> templateBuilder() const;
 
   hal::Capabilities caps_;
   SandboxSettings settings_;
   std::string label_;
   std::vector<std::unique_ptr<SandboxProcess>> warm_;
+  std::optional<KernelTemplate> template_;  // an OpenCL card's (kernel_template.h)
 };
 
 // The sandbox's own side: serves requests on `fd` until it closes (raccel-sandbox).

@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 
 #include "common/flags.h"
 #include "hal/backends.h"
+#include "netaccel/kernel_template.h"
 #include "netaccel/sandbox.h"
 
 using namespace raccel;
@@ -151,6 +153,11 @@ void declareFlags(Flags& flags) {
   flags.value("probe-read", "PATH", "confine this process as for a tenant, try to read PATH, say what happened, exit "
                                     "(3 when something was denied): a check of a deployment, no device opened", true);
   flags.value("probe-write", "PATH", "the same for creating or writing PATH", true);
+  flags.value("kernel-template", "DIR", "copy this kernel template into its compiler cache before it opens the "
+                                        "card (netaccel/kernel_template.h)");
+  flags.value("precompile", "DIR", "build the card's kernel template instead of serving a tenant: compile raccel's "
+                                   "tensor kernels into --workdir's cache, then move that cache to DIR "
+                                   "(netaccel/kernel_template.h); runs no tenant's code");
   flags.value("read", "PATH", "a path this sandbox may read besides its driver's and compiler's files (the "
                              "operator's sandbox_read)", true);
 }
@@ -174,6 +181,34 @@ bool harden() {
   rlimit none{0, 0};
   setrlimit(RLIMIT_CORE, &none);
   return true;
+}
+
+// --precompile: the card's kernel template (netaccel/kernel_template.h). It runs none of
+// a tenant's code, only raccel's own kernels on empty input, so it is not confined; and
+// it outlives the netaccel that started it (no PDEATHSIG), whose life may be shorter than
+// a build. At low priority: it shares the machine with tenants' work.
+int precompile(const Flags& flags, unsigned long long device) {
+  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  setsid();
+  signal(SIGPIPE, SIG_IGN);
+  if (nice(10) == -1 && errno != 0) std::perror("raccel-sandbox: nice");
+  hal::DeviceOverrides overrides;
+  if (flags.has("model")) overrides.model = flags.get("model");
+  if (flags.has("tflops")) overrides.tflops = std::atof(flags.get("tflops").c_str());
+  overrides.noImages = true;
+  auto opened = hal::openDevice(flags.get("backend"), static_cast<unsigned>(device), overrides);
+  Result<unsigned> launched = opened ? (*opened)->precompile() : Result<unsigned>(fail(opened.error()));
+  const std::string to = flags.get("precompile");
+  std::error_code ec;
+  if (launched && std::rename("pocl-cache", to.c_str()) != 0 && errno != EEXIST && errno != ENOTEMPTY)
+    launched = fail(Code::internal, "cannot move the cache to " + to + ": " + std::strerror(errno));
+  if (!launched) {
+    std::fprintf(stderr, "raccel-sandbox: precompile: %s\n", launched.error().message.c_str());
+    return 1;
+  }
+  std::printf("raccel-sandbox: %u kernel launches compiled into %s\n", *launched, to.c_str());
+  std::filesystem::remove_all(std::filesystem::current_path(), ec);
+  return 0;
 }
 
 // --probe-read, --probe-write: confined as for a tenant, can it read (write) these paths?
@@ -222,13 +257,23 @@ int main(int argc, char** argv) {
   declareFlags(flags);
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
-  if (!harden()) return 1;
   unsigned long long device = 0, memory = 0, hostMemory = 0, fd = 3, windowFd = 4;
   if (!number(flags, "device", &device) || !number(flags, "memory", &memory) || !number(flags, "host-memory", &hostMemory) ||
       !number(flags, "fd", &fd) || !number(flags, "window-fd", &windowFd)) {
     std::fprintf(stderr, "raccel-sandbox: --device, --memory, --host-memory, --fd and --window-fd take numbers\n");
     return 2;
   }
+  if (flags.has("precompile")) {
+    if (!flags.has("workdir") || chdir(flags.get("workdir").c_str()) != 0) {
+      std::fprintf(stderr, "raccel-sandbox: --precompile needs a --workdir to build in\n");
+      return 2;
+    }
+    setenv("POCL_CACHE_DIR", (flags.get("workdir") + "/pocl-cache").c_str(), 1);
+    setenv("CUDA_CACHE_PATH", (flags.get("workdir") + "/cuda-cache").c_str(), 1);
+    setenv("TMPDIR", flags.get("workdir").c_str(), 1);
+    return precompile(flags, device);
+  }
+  if (!harden()) return 1;
 #ifndef __SANITIZE_ADDRESS__
   if (hostMemory) {
     rlimit data{hostMemory, hostMemory};
@@ -245,6 +290,7 @@ int main(int argc, char** argv) {
   setenv("POCL_CACHE_DIR", (workdir + "/pocl-cache").c_str(), 1);
   setenv("CUDA_CACHE_PATH", (workdir + "/cuda-cache").c_str(), 1);
   setenv("TMPDIR", workdir.c_str(), 1);
+  if (flags.has("kernel-template")) netaccel::copyKernelTemplate(flags.get("kernel-template"), workdir + "/pocl-cache");
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // its /proc closed to other processes of this user
   // From the moment it runs guest code: it may signal nothing but itself, trace nothing,
   // read no other process's memory, open no socket, read nothing but its driver's files,

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <sys/wait.h>
 
@@ -229,6 +230,132 @@ TEST(Sandbox, ItBuildsTheTensorKernelsBeforeItsTenantAsksForOne) {
   for (auto& e : std::filesystem::recursive_directory_iterator(settings().dir))
     if (e.path().filename() == "program.bc" && e.path().string().rfind(dir, 0) == 0) ++programs;
   EXPECT_EQ(programs, 2u) << "in " << settings().dir;
+}
+
+// The kernel template (kernel_template.h): the pool's first sandbox starts its builder,
+// which compiles every tensor kernel at each work-group size into a folder of its own and
+// then moves it into place whole; a sandbox started after that gets a copy of its own
+// (never a link a tenant could write through), and its ops need no compile.
+TEST(Sandbox, ANewSandboxGetsItsOwnCopyOfTheKernelTemplate) {
+  if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device";
+  auto local = openDevice("opencl", 0, {.tflops = 1, .memoryBytes = 64 << 20});
+  ASSERT_TRUE(local) << local.error().message;
+  Capabilities caps = (*local)->capabilities();
+  local->reset();
+  netaccel::SandboxSettings s = settings();
+  s.dir = ::testing::TempDir() + "raccel-template-test-" + std::to_string(::getpid());
+  std::filesystem::remove_all(s.dir);
+  netaccel::SandboxPool pool(caps, s, "test card");
+  auto first = pool.take();  // starts the builder
+  ASSERT_TRUE(first->finish());
+  netaccel::KernelTemplate made(s.dir + "/kernel-template", netaccel::KernelTemplate::nameFor("opencl", 0, caps.model));
+  for (int i = 0; i < 3000 && !made.ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(made.ready()) << "no template after 5 minutes in " << s.dir;
+  std::vector<std::filesystem::path> built;
+  for (auto& e : std::filesystem::recursive_directory_iterator(made.path()))
+    if (e.path().extension() == ".so") built.push_back(e.path());
+  ASSERT_GT(built.size(), 50u) << "kernels compiled per work-group size in " << made.path();
+
+  auto second = pool.take();
+  ASSERT_TRUE(second->finish());
+  unsigned newest = 0;  // its folder, <pid>-<serial>: the later of the two
+  for (auto& e : std::filesystem::directory_iterator(s.dir))
+    if (std::string n = e.path().filename().string(); n.rfind(std::to_string(::getpid()) + "-", 0) == 0)
+      newest = std::max<unsigned>(newest, std::stoul(n.substr(n.find('-') + 1)));
+  const std::string cache = s.dir + "/" + std::to_string(::getpid()) + "-" + std::to_string(newest) + "/pocl-cache";
+  for (auto& so : built) {
+    const auto copy = cache + so.string().substr(made.path().size());
+    struct stat a {}, b {};
+    ASSERT_EQ(::stat(so.c_str(), &a), 0);
+    ASSERT_EQ(::stat(copy.c_str(), &b), 0) << copy << " was not copied";
+    EXPECT_NE(a.st_ino, b.st_ino) << copy << " is a link to the template";
+    EXPECT_EQ(b.st_nlink, 1u) << copy;
+  }
+  // And it computes with them: a tensor op's answer read back.
+  auto x = second->allocate(64);
+  ASSERT_TRUE(x) << x.error().message;
+  ASSERT_TRUE(second->fill(**x, 0, 64, 0));
+  TensorOp op;
+  op.fn = TensorFn::fill;
+  op.shape[0] = 16;
+  op.alpha = 2.5f;
+  op.operands[0].buffer = x->get();
+  op.operands[0].strides[0] = 1;
+  auto done = second->tensor(op);
+  ASSERT_TRUE(done) << done.error().message;
+  std::vector<float> got(16);
+  ASSERT_TRUE(second->read(**x, 0, std::as_writable_bytes(std::span(got))));
+  for (float v : got) EXPECT_EQ(v, 2.5f);
+  std::filesystem::remove_all(s.dir);
+}
+
+// A template is code every tenant runs: one in a folder that another user could have
+// written (group- or world-writable, at any level within sandbox_dir) is not used, and
+// no builder is started there.
+TEST(Sandbox, AKernelTemplateOthersCouldWriteIsNotUsed) {
+  const std::string top = ::testing::TempDir() + "raccel-template-trust-" + std::to_string(::getpid());
+  std::filesystem::remove_all(top);
+  const std::string root = top + "/kernel-template";
+  netaccel::KernelTemplate t(root, "opencl0-test");
+  ASSERT_EQ(::mkdir(top.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir(root.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir(t.path().c_str(), 0700), 0);
+  EXPECT_TRUE(t.ready());
+  for (const std::string& dir : {top, root, t.path()}) {
+    for (mode_t loose : {0770, 0707}) {
+      ASSERT_EQ(::chmod(dir.c_str(), loose), 0);
+      EXPECT_FALSE(t.ready()) << dir << " mode " << std::oct << loose;
+    }
+    ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+  }
+  EXPECT_TRUE(t.ready());
+  // Nor is one built there: the builder (here a program that would leave a mark) never starts.
+  std::filesystem::remove_all(t.path());
+  ASSERT_EQ(::chmod(root.c_str(), 0777), 0);
+  t.build({"/bin/sh", "-c", "touch " + top + "/ran"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(std::filesystem::exists(top + "/ran"));
+  EXPECT_FALSE(std::filesystem::exists(t.path() + ".building"));
+  ASSERT_EQ(::chmod(root.c_str(), 0700), 0);  // and the same call where it is ours alone does start it
+  t.build({"/bin/sh", "-c", "touch " + top + "/ran"});
+  for (int i = 0; i < 300 && !std::filesystem::exists(top + "/ran"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(std::filesystem::exists(top + "/ran"));
+  std::filesystem::remove_all(top);
+}
+
+// A builder that died (its pid gone) left its folder: the next netaccel takes it over
+// with what it had compiled; and a builder that fails is not started again by the same
+// netaccel at each new sandbox. (The builder here is a shell that reports what it finds
+// in its folder, then fails.)
+TEST(Sandbox, ADeadBuildersCacheIsKeptAndAFailedBuildIsNotRepeated) {
+  const std::string top = ::testing::TempDir() + "raccel-template-resume-" + std::to_string(::getpid());
+  std::filesystem::remove_all(top);
+  ASSERT_EQ(::mkdir(top.c_str(), 0700), 0);
+  netaccel::KernelTemplate t(top + "/kernel-template", "opencl0-test");
+  ASSERT_EQ(::mkdir((top + "/kernel-template").c_str(), 0700), 0);
+  const std::string building = t.path() + ".building";
+  std::filesystem::create_directories(building + "/pocl-cache");
+  std::ofstream(building + "/pocl-cache/compiled-before") << "x";
+  pid_t dead = ::fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  std::ofstream(building + "/pid") << dead << "\n";
+  const std::vector<std::string> builder = {
+      "/bin/sh", "-c", "d=${0#--workdir=}; test -f $d/pocl-cache/compiled-before && echo kept >> " + top + "/runs; exit 1"};
+  t.build(builder);
+  for (int i = 0; i < 300 && !std::filesystem::exists(top + "/runs"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 0; i < 100; ++i) {  // as a netaccel starting sandbox after sandbox: it is reaped, then none runs
+    t.build(builder);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::ifstream runs(top + "/runs");
+  std::string all((std::istreambuf_iterator<char>(runs)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(all, "kept\n") << "the builder ran with the dead one's cache once, and only once";
+  EXPECT_FALSE(t.ready());
+  std::filesystem::remove_all(top);
 }
 
 TEST(HostileSandbox, OneThatNeverSpeaksIsStoppedAtTheTimeout) {

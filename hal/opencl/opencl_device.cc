@@ -526,6 +526,50 @@ class OpenclDevice final : public Device {
     return run("raccel_vadd", 1, global, nullptr, cl_ulong{n}, memOf(a), memOf(b), memOf(out));
   }
   Status prepare() override { return buildTensorKernels(); }
+  // On a CPU device (PoCL) every tensor kernel launched once in one and in two dimensions,
+  // the two work-group shapes cpuGroups gives it (three dimensions share the second), or
+  // at its required size, over one work-group of an empty geometry: no work-items (n 0),
+  // every extent 1 and every stride 0, so that a kernel that reads before it checks n
+  // stays in its first elements of a zeroed buffer.
+  Result<unsigned> precompile() override {
+    if (!cpu_) return 0u;
+    if (auto s = buildTensorKernels(); !s) return fail(s.error());
+    auto scratch = allocate(64 << 10);
+    if (!scratch) return fail(scratch.error());
+    const cl_mem mem = memOf(**scratch);
+    if (auto s = fill(**scratch, 0, 64 << 10, 0); !s) return fail(s.error());
+    kernels::RcGeom geom{};
+    geom.dims = RC_MAX_DIMS;
+    std::fill(std::begin(geom.shape), std::end(geom.shape), 1);
+    kernels::RcRun run{};
+    unsigned launched = 0;
+    for (const std::string& name : tensorKernels_->kernels()) {
+      auto kernel = tensorKernels_->kernel(name);
+      if (!kernel) return fail(kernel.error());
+      cl_uint args = 0;
+      size_t required[3] = {0, 0, 0};
+      cl_int rc = clGetKernelInfo(*kernel, CL_KERNEL_NUM_ARGS, sizeof args, &args, nullptr);
+      if (rc == CL_SUCCESS)
+        rc = clGetKernelWorkGroupInfo(*kernel, device_, CL_KERNEL_COMPILE_WORK_GROUP_SIZE, sizeof required, required, nullptr);
+      rc = rc == CL_SUCCESS ? (name == "rc_flat_run" ? clSetKernelArg(*kernel, 0, sizeof run, &run)
+                                                     : clSetKernelArg(*kernel, 0, sizeof geom, &geom))
+                            : rc;
+      for (cl_uint i = 1; i < args && rc == CL_SUCCESS; ++i) rc = clSetKernelArg(*kernel, i, sizeof mem, &mem);
+      if (auto s = check(rc, name.c_str()); !s) return fail(s.error());
+      for (cl_uint dims : {1u, 2u}) {
+        size_t one[3] = {1, 1, 1};
+        CpuRange r = cpuGroups(name, dims, one);
+        if (required[0]) std::copy(required, required + 3, r.local.begin()), std::copy(required, required + 3, r.global.begin());
+        rc = clEnqueueNDRangeKernel(queue_, *kernel, required[0] ? 3 : dims, nullptr, r.global.data(), r.local.data(), 0,
+                                    nullptr, nullptr);
+        if (auto s = check(rc, name.c_str()); !s) return fail(s.error());
+        ++launched;
+        if (required[0]) break;
+      }
+    }
+    if (auto s = check(clFinish(queue_), "precompile"); !s) return fail(s.error());
+    return launched;
+  }
   // Built on first use (most tenants never run one), or ahead by prepare().
   Status buildTensorKernels() {
     if (tensorKernels_) return {};

@@ -1,0 +1,56 @@
+// A card's kernel template: raccel's own tensor kernels as the device's compiler caches
+// them, built once per machine by a sandbox process that never runs a tenant's code
+// (raccel-sandbox --precompile), and copied into every new sandbox's compiler cache.
+//
+// PoCL compiles a kernel for each work-group size it is launched with, at its first
+// launch: a new tenant's first training step compiled ~28 of them (2.85 s for the
+// reference CNN). Each sandbox has a cache of its own (a cache shared between tenants
+// would let one plant the code another runs), so every tenant paid that again.
+//
+// Where: <sandbox_dir>/kernel-template/<backend><device>-<hash of the model and the
+// kernels' source>, so that a new kernel source or another device builds anew. While a
+// builder works, <name>.building is its folder, with its pid in <name>.building/pid; it
+// renames its cache to <name> when done (atomic: a template exists whole or not at all),
+// and each sandbox started after that copies it (--kernel-template) before it opens its
+// card.
+// A builder outlives the netaccel that started it (a short-lived netaccel would never see
+// it finish); one that died is replaced by the next netaccel, which keeps what it had
+// compiled. Each sandbox gets a copy, never a link: a tenant can change its own cache
+// only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace raccel::netaccel {
+
+// Copies a template into `cache` (a new sandbox's compiler cache, from the sandbox
+// itself before it opens its card or runs anything of its tenant's: the netaccel's worker
+// does not wait for the copy); false if that failed (it then compiles as before).
+bool copyKernelTemplate(const std::string& from, const std::string& cache);
+
+class KernelTemplate {
+ public:
+  // `root`: <sandbox_dir>/kernel-template; `name` as above.
+  KernelTemplate(std::string root, std::string name) : root_(std::move(root)), name_(std::move(name)) {}
+  // The folder of a card's template: its device, model and the kernels it would hold.
+  static std::string nameFor(const std::string& backend, unsigned device, const std::string& model);
+
+  std::string path() const { return root_ + "/" + name_; }
+  bool ready() const;
+  // Starts `command` (raccel-sandbox --precompile ... --workdir=<building folder>,
+  // appended here) unless the template is ready or a live builder has it; the builder's
+  // output goes to <name>.log. Reaps a builder of ours that ended; after one that failed
+  // this netaccel starts none again (the next netaccel tries once more).
+  void build(std::vector<std::string> command);
+
+ private:
+  bool claim();  // the building folder is ours now (new, or a dead builder's)
+  std::string root_, name_;
+  pid_t builder_ = 0;
+  bool gaveUp_ = false;
+};
+
+}  // namespace raccel::netaccel
