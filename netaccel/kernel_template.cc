@@ -27,15 +27,21 @@ uint64_t fnv1a(uint64_t h, std::string_view s) {
   return h;
 }
 
-// A builder that wrote its pid is alive; a folder with none is being claimed unless it
-// is older than a few seconds (its claimer died between the two steps).
+// A builder whose pid was written is alive while that pid is, up to half an hour (a
+// build takes seconds to minutes; past that the pid may be another process's now); a
+// folder with no pid yet is being claimed unless it is older than a few seconds (its
+// claimer died between the two steps).
 bool builderAlive(const std::string& building) {
+  std::error_code ec;
+  const auto age = [&](const std::string& path) {
+    auto written = fs::last_write_time(path, ec);
+    return ec ? std::chrono::hours(24) : fs::file_time_type::clock::now() - written;
+  };
   std::ifstream in(building + "/pid");
   long pid = 0;
-  if (in >> pid && pid > 0) return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
-  std::error_code ec;
-  auto written = fs::last_write_time(building, ec);
-  return !ec && fs::file_time_type::clock::now() - written < std::chrono::seconds(10);
+  if (in >> pid && pid > 0)
+    return (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) && age(building + "/pid") < std::chrono::minutes(30);
+  return age(building) < std::chrono::seconds(10);
 }
 
 // A folder only this user can change: its own, written by nobody else. The template is

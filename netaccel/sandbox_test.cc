@@ -358,6 +358,30 @@ TEST(Sandbox, ADeadBuildersCacheIsKeptAndAFailedBuildIsNotRepeated) {
   std::filesystem::remove_all(top);
 }
 
+// A builder that is alive is left alone; but a pid written more than half an hour ago
+// is not trusted to be the builder still (pids are reused): its folder is taken over.
+TEST(Sandbox, ALiveBuilderIsLeftAloneUntilItsPidIsHalfAnHourOld) {
+  const std::string top = ::testing::TempDir() + "raccel-template-stale-" + std::to_string(::getpid());
+  std::filesystem::remove_all(top);
+  ASSERT_EQ(::mkdir(top.c_str(), 0700), 0);
+  netaccel::KernelTemplate t(top + "/kernel-template", "opencl0-test");
+  ASSERT_EQ(::mkdir((top + "/kernel-template").c_str(), 0700), 0);
+  const std::string building = t.path() + ".building";
+  ASSERT_EQ(::mkdir(building.c_str(), 0700), 0);
+  std::ofstream(building + "/pid") << ::getpid() << "\n";  // alive: this test
+  const std::vector<std::string> builder = {"/bin/sh", "-c", "touch " + top + "/ran"};
+  t.build(builder);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(std::filesystem::exists(top + "/ran")) << "a live builder's folder was taken";
+  std::filesystem::last_write_time(building + "/pid",
+                                   std::filesystem::file_time_type::clock::now() - std::chrono::minutes(31));
+  t.build(builder);
+  for (int i = 0; i < 300 && !std::filesystem::exists(top + "/ran"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(std::filesystem::exists(top + "/ran")) << "a pid half an hour old still held the folder";
+  std::filesystem::remove_all(top);
+}
+
 TEST(HostileSandbox, OneThatNeverSpeaksIsStoppedAtTheTimeout) {
   auto d = hostile("silent", 800);
   auto b = d->allocate(64);
