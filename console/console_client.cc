@@ -86,13 +86,25 @@ void poolTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
   }
 }
 
+// In a shared pool the tables list other schedulers' rows too: then a HOST column,
+// first, names each row's scheduler ("(here)" for this one's). Whether there is one; its
+// heading written if so.
+template <class Rows>
+bool hostColumn(Rows rows, std::ostringstream& out) {
+  bool hosts = false;
+  for (auto r : rows) hosts = hosts || r.getHost().size() > 0;
+  if (hosts) out << pad("HOST", 12);
+  return hosts;
+}
+template <class Row>
+std::string hostCell(Row row) {
+  return pad(row.getHost().size() ? row.getHost().cStr() : "(here)", 12);
+}
+
 // raccelctl vaccels: each virtual accelerator, its blocks, cards and use.
 void vaccelsTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
   auto vaccels = reply.getVaccels();
-  // In a shared pool, other schedulers' vaccels too: the HOST column names theirs.
-  bool hosts = false;
-  for (auto v : vaccels) hosts = hosts || v.getHost().size() > 0;
-  if (hosts) out << pad("HOST", 12);
+  const bool hosts = hostColumn(vaccels, out);
   out << pad("ID", 5) << pad("VM", 12) << pad("PROGRAM", 16) << pad("PRIO", 5) << pad("BLOCKS", 14) << pad("CARDS", 30)
       << pad("MEMORY", 12) << pad("INSTR", 9) << pad("MOVED", 10) << pad("KERNEL", 11) << "STATE\n";
   for (auto v : vaccels) {
@@ -100,7 +112,7 @@ void vaccelsTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
     for (auto c : v.getCards())
       cards += (cards.empty() ? "" : ",") + std::string(c.getNode().cStr()) + "/" + std::to_string(c.getIndex()) + ":" +
                kind(c.getKind()) + "x" + std::to_string(c.getBlocks());
-    if (hosts) out << pad(v.getHost().size() ? v.getHost().cStr() : "(here)", 12);
+    if (hosts) out << hostCell(v);
     out << pad(std::to_string(v.getId()), 5) << pad(v.getVm(), 12) << pad(v.getProgram(), 16)
         << pad(std::to_string(v.getPriority()), 5) << pad(blocksText(v.getBlocks()), 14) << pad(cards, 30)
         << pad(formatBytes(v.getMemoryUsed()), 12) << pad(std::to_string(v.getInstructions()), 9)
@@ -112,16 +124,13 @@ void vaccelsTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
 // raccelctl vms: each VM, its policy and where it is attached.
 void vmsTable(wire::ConsoleReply::Reader reply, std::ostringstream& out) {
   auto vms = reply.getVms();
-  // In a shared pool, other schedulers' VMs too: the HOST column names theirs.
-  bool hosts = false;
-  for (auto v : vms) hosts = hosts || v.getHost().size() > 0;
-  if (hosts) out << pad("HOST", 12);
+  const bool hosts = hostColumn(vms, out);
   out << pad("VM", 14) << pad("STATE", 11) << pad("TFLOPS", 8) << pad("PRIO", 5) << pad("KINDS", 18)
       << pad("QUOTA", 10) << pad("HOST CPU", 9) << pad("HOST MEM", 10) << pad("BLOCKS", 7) << pad("SOURCE", 26) << "SOCKET\n";
   for (auto v : vms) {
     std::ostringstream tflops;
     tflops << v.getTflops();
-    if (hosts) out << pad(v.getHost().size() ? v.getHost().cStr() : "(here)", 12);
+    if (hosts) out << hostCell(v);
     out << pad(v.getName(), 14) << pad(v.getState(), 11) << pad(tflops.str(), 8)
         << pad(std::to_string(v.getPriority()), 5) << pad(v.getKinds(), 18) << pad(formatBytes(v.getMemoryQuota()), 10)
         << pad(v.getHostCpuMilli() ? cpusText(v.getHostCpuMilli()) : "-", 9)
