@@ -54,6 +54,9 @@ struct Capabilities {
   // double precision), for the guest's OpenCL.
   std::string openclExtensions;
   uint64_t doubleFpConfig = 0;
+  // The runtime's own version (OpenCL: the device's and the driver's version strings),
+  // for what caches its compiled code (netaccel/kernel_template.h); empty if not known.
+  std::string driverVersion;
   // What the card offers for images (common/images.h); none by default.
   ImageLimits images;
   // The device's own speed: its properties' FP32 peak (CUDA) or a calibration run;

@@ -55,8 +55,11 @@ bool ownedByUs(const std::string& path) {
 
 }  // namespace
 
-std::string KernelTemplate::nameFor(const std::string& backend, unsigned device, const std::string& model) {
-  uint64_t h = fnv1a(fnv1a(0xcbf29ce484222325ull, model), hal::tensorKernelSource());
+std::string KernelTemplate::nameFor(const std::string& backend, unsigned device, const std::string& model,
+                                    const std::string& driverVersion) {
+  uint64_t h = fnv1a(0xcbf29ce484222325ull, model);
+  h = fnv1a(fnv1a(h, "\n"), driverVersion);
+  h = fnv1a(fnv1a(h, "\n"), hal::tensorKernelSource());
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return backend + std::to_string(device) + "-" + hex;

@@ -7,8 +7,9 @@
 // reference CNN). Each sandbox has a cache of its own (a cache shared between tenants
 // would let one plant the code another runs), so every tenant paid that again.
 //
-// Where: <sandbox_dir>/kernel-template/<backend><device>-<hash of the model and the
-// kernels' source>, so that a new kernel source or another device builds anew. While a
+// Where: <sandbox_dir>/kernel-template/<backend><device>-<hash of the model, the driver's
+// version and the kernels' source>, so that a new kernel source, another device or a
+// driver upgrade builds anew. While a
 // builder works, <name>.building is its folder, with its pid in <name>.building/pid; it
 // renames its cache to <name> when done (atomic: a template exists whole or not at all),
 // and each sandbox started after that copies it (--kernel-template) before it opens its
@@ -35,8 +36,10 @@ class KernelTemplate {
  public:
   // `root`: <sandbox_dir>/kernel-template; `name` as above.
   KernelTemplate(std::string root, std::string name) : root_(std::move(root)), name_(std::move(name)) {}
-  // The folder of a card's template: its device, model and the kernels it would hold.
-  static std::string nameFor(const std::string& backend, unsigned device, const std::string& model);
+  // The folder of a card's template: its device, model, driver version and the kernels
+  // it would hold (a driver upgrade builds anew rather than trust the old one's code).
+  static std::string nameFor(const std::string& backend, unsigned device, const std::string& model,
+                             const std::string& driverVersion);
 
   std::string path() const { return root_ + "/" + name_; }
   bool ready() const;

@@ -902,7 +902,7 @@ SandboxPool::SandboxPool(hal::Capabilities caps, SandboxSettings settings, std::
   if (settings_.executable.empty()) settings_.executable = defaultSandboxExecutable();
   if (caps_.backend == "opencl")
     template_.emplace(settings_.dir + "/kernel-template",
-                      KernelTemplate::nameFor(caps_.backend, caps_.deviceIndex, caps_.model));
+                      KernelTemplate::nameFor(caps_.backend, caps_.deviceIndex, caps_.model, caps_.driverVersion));
   // Folders left by the sandboxes of a netaccel that is gone (named PID-N) are removed.
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator(settings_.dir, ec); !ec && it != std::filesystem::directory_iterator();

@@ -248,7 +248,9 @@ TEST(Sandbox, ANewSandboxGetsItsOwnCopyOfTheKernelTemplate) {
   netaccel::SandboxPool pool(caps, s, "test card");
   auto first = pool.take();  // starts the builder
   ASSERT_TRUE(first->finish());
-  netaccel::KernelTemplate made(s.dir + "/kernel-template", netaccel::KernelTemplate::nameFor("opencl", 0, caps.model));
+  netaccel::KernelTemplate made(s.dir + "/kernel-template",
+                                netaccel::KernelTemplate::nameFor("opencl", 0, caps.model, caps.driverVersion));
+  EXPECT_FALSE(caps.driverVersion.empty()) << "the template's name must change with the driver";
   for (int i = 0; i < 3000 && !made.ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_TRUE(made.ready()) << "no template after 5 minutes in " << s.dir;
   std::vector<std::filesystem::path> built;

@@ -1183,6 +1183,7 @@ Result<std::unique_ptr<Device>> openOpenclDevice(unsigned index, const DeviceOve
   caps.maxWorkGroupSize = static_cast<uint32_t>(std::min<size_t>(deviceValue<size_t>(d, CL_DEVICE_MAX_WORK_GROUP_SIZE), UINT32_MAX));
   caps.localMemBytes = deviceValue<cl_ulong>(d, CL_DEVICE_LOCAL_MEM_SIZE);
   caps.openclExtensions = deviceString(d, CL_DEVICE_EXTENSIONS);
+  caps.driverVersion = deviceString(d, CL_DEVICE_VERSION) + " / " + deviceString(d, CL_DRIVER_VERSION);
   caps.doubleFpConfig = deviceValue<cl_device_fp_config>(d, CL_DEVICE_DOUBLE_FP_CONFIG);
   cl_int rc = CL_SUCCESS;
   cl_context context = clCreateContext(nullptr, 1, &d, nullptr, nullptr, &rc);
