@@ -65,14 +65,16 @@ std::string KernelTemplate::nameFor(const std::string& backend, unsigned device,
   return backend + std::to_string(device) + "-" + hex;
 }
 
-bool KernelTemplate::ready() const {
-  return ownedByUs(fs::path(root_).parent_path().string()) && ownedByUs(root_) && ownedByUs(path());
+bool KernelTemplate::rootIsOurs() const {
+  return ownedByUs(fs::path(root_).parent_path().string()) && ownedByUs(root_);
 }
+
+bool KernelTemplate::ready() const { return rootIsOurs() && ownedByUs(path()); }
 
 bool KernelTemplate::claim() {
   const std::string building = path() + ".building";
   if (::mkdir(root_.c_str(), 0700) != 0 && errno != EEXIST) return false;
-  if (!ownedByUs(fs::path(root_).parent_path().string()) || !ownedByUs(root_)) {
+  if (!rootIsOurs()) {
     RLOG_WARN("netaccel") << "not building a kernel template in " << root_
                           << ": it, or the folder above it, is not this user's alone";
     return false;

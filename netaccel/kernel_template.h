@@ -50,7 +50,8 @@ class KernelTemplate {
   void build(std::vector<std::string> command);
 
  private:
-  bool claim();  // the building folder is ours now (new, or a dead builder's)
+  bool rootIsOurs() const;  // sandbox_dir and kernel-template/: this user's, no one else's to write
+  bool claim();             // the building folder is ours now (new, or a dead builder's)
   std::string root_, name_;
   pid_t builder_ = 0;
   bool gaveUp_ = false;

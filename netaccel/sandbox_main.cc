@@ -183,6 +183,14 @@ bool harden() {
   return true;
 }
 
+// Caches and temporary files of the device's compiler stay in the sandbox's own folder:
+// a cache shared between tenants would let one plant the binary another runs.
+void keepCompilerFilesIn(const std::string& workdir) {
+  setenv("POCL_CACHE_DIR", (workdir + "/pocl-cache").c_str(), 1);
+  setenv("CUDA_CACHE_PATH", (workdir + "/cuda-cache").c_str(), 1);
+  setenv("TMPDIR", workdir.c_str(), 1);
+}
+
 // --precompile: the card's kernel template (netaccel/kernel_template.h). It runs none of
 // a tenant's code, only raccel's own kernels on empty input, so it is not confined; and
 // it outlives the netaccel that started it (no PDEATHSIG), whose life may be shorter than
@@ -191,6 +199,7 @@ int precompile(const Flags& flags, unsigned long long device) {
   prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
   setsid();
   signal(SIGPIPE, SIG_IGN);
+  errno = 0;  // (nice may return -1 as the new niceness: only errno tells a failure)
   if (nice(10) == -1 && errno != 0) std::perror("raccel-sandbox: nice");
   hal::DeviceOverrides overrides;
   if (flags.has("model")) overrides.model = flags.get("model");
@@ -268,9 +277,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "raccel-sandbox: --precompile needs a --workdir to build in\n");
       return 2;
     }
-    setenv("POCL_CACHE_DIR", (flags.get("workdir") + "/pocl-cache").c_str(), 1);
-    setenv("CUDA_CACHE_PATH", (flags.get("workdir") + "/cuda-cache").c_str(), 1);
-    setenv("TMPDIR", flags.get("workdir").c_str(), 1);
+    keepCompilerFilesIn(flags.get("workdir"));
     return precompile(flags, device);
   }
   if (!harden()) return 1;
@@ -284,12 +291,8 @@ int main(int argc, char** argv) {
     std::perror("raccel-sandbox: workdir");
     return 2;
   }
-  // Caches and temporary files of the device's compiler stay in its own folder: a cache
-  // shared between tenants would let one plant the binary another runs.
   std::string workdir = flags.has("workdir") ? flags.get("workdir") : std::filesystem::current_path().string();
-  setenv("POCL_CACHE_DIR", (workdir + "/pocl-cache").c_str(), 1);
-  setenv("CUDA_CACHE_PATH", (workdir + "/cuda-cache").c_str(), 1);
-  setenv("TMPDIR", workdir.c_str(), 1);
+  keepCompilerFilesIn(workdir);
   if (flags.has("kernel-template")) netaccel::copyKernelTemplate(flags.get("kernel-template"), workdir + "/pocl-cache");
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // its /proc closed to other processes of this user
   // From the moment it runs guest code: it may signal nothing but itself, trace nothing,

@@ -291,16 +291,35 @@ TEST(Sandbox, ANewSandboxGetsItsOwnCopyOfTheKernelTemplate) {
   std::filesystem::remove_all(s.dir);
 }
 
+// A sandbox_dir of a test's own (top) with its kernel-template folder, both 0700, and a
+// template named in it; removed at the end.
+struct TemplateFolder {
+  explicit TemplateFolder(const std::string& test)
+      : top(::testing::TempDir() + "raccel-template-" + test + "-" + std::to_string(::getpid())),
+        root(top + "/kernel-template"),
+        t(root, "opencl0-test") {
+    std::filesystem::remove_all(top);
+    made = ::mkdir(top.c_str(), 0700) == 0 && ::mkdir(root.c_str(), 0700) == 0;
+  }
+  ~TemplateFolder() { std::filesystem::remove_all(top); }
+  std::string top, root;
+  netaccel::KernelTemplate t;
+  bool made = false;
+};
+// Whether `path` appears within 6 s (a builder started in the background leaves it).
+bool appears(const std::string& path) {
+  for (int i = 0; i < 300 && !std::filesystem::exists(path); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return std::filesystem::exists(path);
+}
+
 // A template is code every tenant runs: one in a folder that another user could have
 // written (group- or world-writable, at any level within sandbox_dir) is not used, and
 // no builder is started there.
 TEST(Sandbox, AKernelTemplateOthersCouldWriteIsNotUsed) {
-  const std::string top = ::testing::TempDir() + "raccel-template-trust-" + std::to_string(::getpid());
-  std::filesystem::remove_all(top);
-  const std::string root = top + "/kernel-template";
-  netaccel::KernelTemplate t(root, "opencl0-test");
-  ASSERT_EQ(::mkdir(top.c_str(), 0700), 0);
-  ASSERT_EQ(::mkdir(root.c_str(), 0700), 0);
+  TemplateFolder f("trust");
+  ASSERT_TRUE(f.made);
+  const std::string &top = f.top, &root = f.root;
+  netaccel::KernelTemplate& t = f.t;
   ASSERT_EQ(::mkdir(t.path().c_str(), 0700), 0);
   EXPECT_TRUE(t.ready());
   for (const std::string& dir : {top, root, t.path()}) {
@@ -320,10 +339,7 @@ TEST(Sandbox, AKernelTemplateOthersCouldWriteIsNotUsed) {
   EXPECT_FALSE(std::filesystem::exists(t.path() + ".building"));
   ASSERT_EQ(::chmod(root.c_str(), 0700), 0);  // and the same call where it is ours alone does start it
   t.build({"/bin/sh", "-c", "touch " + top + "/ran"});
-  for (int i = 0; i < 300 && !std::filesystem::exists(top + "/ran"); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_TRUE(std::filesystem::exists(top + "/ran"));
-  std::filesystem::remove_all(top);
+  EXPECT_TRUE(appears(top + "/ran"));
 }
 
 // A builder that died (its pid gone) left its folder: the next netaccel takes it over
@@ -331,11 +347,10 @@ TEST(Sandbox, AKernelTemplateOthersCouldWriteIsNotUsed) {
 // netaccel at each new sandbox. (The builder here is a shell that reports what it finds
 // in its folder, then fails.)
 TEST(Sandbox, ADeadBuildersCacheIsKeptAndAFailedBuildIsNotRepeated) {
-  const std::string top = ::testing::TempDir() + "raccel-template-resume-" + std::to_string(::getpid());
-  std::filesystem::remove_all(top);
-  ASSERT_EQ(::mkdir(top.c_str(), 0700), 0);
-  netaccel::KernelTemplate t(top + "/kernel-template", "opencl0-test");
-  ASSERT_EQ(::mkdir((top + "/kernel-template").c_str(), 0700), 0);
+  TemplateFolder f("resume");
+  ASSERT_TRUE(f.made);
+  const std::string& top = f.top;
+  netaccel::KernelTemplate& t = f.t;
   const std::string building = t.path() + ".building";
   std::filesystem::create_directories(building + "/pocl-cache");
   std::ofstream(building + "/pocl-cache/compiled-before") << "x";
@@ -347,8 +362,7 @@ TEST(Sandbox, ADeadBuildersCacheIsKeptAndAFailedBuildIsNotRepeated) {
   const std::vector<std::string> builder = {
       "/bin/sh", "-c", "d=${0#--workdir=}; test -f $d/pocl-cache/compiled-before && echo kept >> " + top + "/runs; exit 1"};
   t.build(builder);
-  for (int i = 0; i < 300 && !std::filesystem::exists(top + "/runs"); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(appears(top + "/runs"));
   for (int i = 0; i < 100; ++i) {  // as a netaccel starting sandbox after sandbox: it is reaped, then none runs
     t.build(builder);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -357,17 +371,15 @@ TEST(Sandbox, ADeadBuildersCacheIsKeptAndAFailedBuildIsNotRepeated) {
   std::string all((std::istreambuf_iterator<char>(runs)), std::istreambuf_iterator<char>());
   EXPECT_EQ(all, "kept\n") << "the builder ran with the dead one's cache once, and only once";
   EXPECT_FALSE(t.ready());
-  std::filesystem::remove_all(top);
 }
 
 // A builder that is alive is left alone; but a pid written more than half an hour ago
 // is not trusted to be the builder still (pids are reused): its folder is taken over.
 TEST(Sandbox, ALiveBuilderIsLeftAloneUntilItsPidIsHalfAnHourOld) {
-  const std::string top = ::testing::TempDir() + "raccel-template-stale-" + std::to_string(::getpid());
-  std::filesystem::remove_all(top);
-  ASSERT_EQ(::mkdir(top.c_str(), 0700), 0);
-  netaccel::KernelTemplate t(top + "/kernel-template", "opencl0-test");
-  ASSERT_EQ(::mkdir((top + "/kernel-template").c_str(), 0700), 0);
+  TemplateFolder f("stale");
+  ASSERT_TRUE(f.made);
+  const std::string& top = f.top;
+  netaccel::KernelTemplate& t = f.t;
   const std::string building = t.path() + ".building";
   ASSERT_EQ(::mkdir(building.c_str(), 0700), 0);
   std::ofstream(building + "/pid") << ::getpid() << "\n";  // alive: this test
@@ -378,10 +390,7 @@ TEST(Sandbox, ALiveBuilderIsLeftAloneUntilItsPidIsHalfAnHourOld) {
   std::filesystem::last_write_time(building + "/pid",
                                    std::filesystem::file_time_type::clock::now() - std::chrono::minutes(31));
   t.build(builder);
-  for (int i = 0; i < 300 && !std::filesystem::exists(top + "/ran"); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_TRUE(std::filesystem::exists(top + "/ran")) << "a pid half an hour old still held the folder";
-  std::filesystem::remove_all(top);
+  EXPECT_TRUE(appears(top + "/ran")) << "a pid half an hour old still held the folder";
 }
 
 TEST(HostileSandbox, OneThatNeverSpeaksIsStoppedAtTheTimeout) {
