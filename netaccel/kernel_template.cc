@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -116,6 +117,26 @@ void KernelTemplate::build(std::vector<std::string> command) {
   std::ofstream(building + "/pid") << *pid << "\n";
   builder_ = *pid;
   RLOG_INFO("netaccel") << "building kernel template " << name_ << " (builder " << *pid << ")";
+}
+
+void KernelTemplate::markUsed() const { ::utimensat(AT_FDCWD, path().c_str(), nullptr, AT_SYMLINK_NOFOLLOW); }
+
+void KernelTemplate::prune(std::chrono::seconds unused) const {
+  if (!rootIsOurs()) return;
+  const time_t before = ::time(nullptr) - static_cast<time_t>(unused.count());
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(root_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string entry = it->path().string(), n = it->path().filename().string();
+    struct stat st {};
+    if (n == name_ || n.rfind(name_ + ".", 0) == 0 || ::lstat(entry.c_str(), &st) != 0 || st.st_mtime >= before) continue;
+    if (n.ends_with(".building") && builderAlive(entry)) continue;
+    const std::string gone = entry + ".pruned-" + std::to_string(::getpid());
+    if (::rename(entry.c_str(), gone.c_str()) != 0) continue;  // (another netaccel's now)
+    std::error_code rm;
+    fs::remove_all(gone, rm);
+    RLOG_INFO("netaccel") << "removed " << entry << " from the kernel templates: unused for "
+                          << (::time(nullptr) - st.st_mtime) / 86400 << " days";
+  }
 }
 
 bool copyKernelTemplate(const std::string& from, const std::string& cache) {

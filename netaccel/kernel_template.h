@@ -18,10 +18,14 @@
 // it finish); one that died is replaced by the next netaccel, which keeps what it had
 // compiled. Each sandbox gets a copy, never a link: a tenant can change its own cache
 // only.
+// Each use touches the template's folder; what no netaccel has used for a week (another
+// kernel source's, device's or driver's template, its log, a dead builder's folder) is
+// removed by the next netaccel that opens a card there (prune()).
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -48,6 +52,14 @@ class KernelTemplate {
   // output goes to <name>.log. Reaps a builder of ours that ended; after one that failed
   // this netaccel starts none again (the next netaccel tries once more).
   void build(std::vector<std::string> command);
+  // The template is about to be copied into a sandbox: its folder's time says so.
+  void markUsed() const;
+  // Removes from the template folder every entry but this card's own whose time is older
+  // than `unused`: each is renamed first, then removed, so a template is there whole or
+  // not at all, and one being copied meanwhile fails its copy (that sandbox compiles as
+  // before). A live builder's folder stays. Nothing is done where rootIsOurs() is false.
+  static constexpr std::chrono::hours kUnusedFor{24 * 7};
+  void prune(std::chrono::seconds unused = kUnusedFor) const;
 
  private:
   bool rootIsOurs() const;  // sandbox_dir and kernel-template/: this user's, no one else's to write

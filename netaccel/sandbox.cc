@@ -903,6 +903,7 @@ SandboxPool::SandboxPool(hal::Capabilities caps, SandboxSettings settings, std::
   if (caps_.backend == "opencl")
     template_.emplace(settings_.dir + "/kernel-template",
                       KernelTemplate::nameFor(caps_.backend, caps_.deviceIndex, caps_.model, caps_.driverVersion));
+  if (template_) template_->prune();
   // Folders left by the sandboxes of a netaccel that is gone (named PID-N) are removed.
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator(settings_.dir, ec); !ec && it != std::filesystem::directory_iterator();
@@ -1024,7 +1025,10 @@ Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {
                                    "--window-fd=4"};
   if (!caps_.images.supported()) args.push_back("--no-images");
   const bool templated = template_ && template_->ready();
-  if (templated) args.push_back("--kernel-template=" + template_->path());
+  if (templated) {
+    template_->markUsed();
+    args.push_back("--kernel-template=" + template_->path());
+  }
   for (auto& r : settings_.readable) args.push_back("--read=" + r);
   auto pid = spawnProgram(std::move(args), [&](posix_spawn_file_actions_t* a) {
     posix_spawn_file_actions_adddup2(a, fds[1], 3);

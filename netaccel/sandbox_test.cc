@@ -5,6 +5,7 @@
 #include "netaccel/sandbox.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <set>
 #include <thread>
 
 #include "hal/backends.h"
@@ -58,6 +60,18 @@ std::vector<Backend> conformanceBackends() {
 namespace {
 
 bool haveOpencl() { return !discover("opencl").devices.empty(); }
+
+// Sets `path`'s time (not following a link) `hours` back.
+bool age(const std::string& path, long hours) {
+  const time_t then = ::time(nullptr) - hours * 3600;
+  const struct timespec when[2] = {{then, 0}, {then, 0}};
+  return ::utimensat(AT_FDCWD, path.c_str(), when, AT_SYMLINK_NOFOLLOW) == 0;
+}
+// How many hours ago `path` was written (or marked used); -1 if it is not there.
+long hoursSince(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 ? (::time(nullptr) - st.st_mtime) / 3600 : -1;
+}
 
 TEST(Sandbox, ADeadSandboxIsLostAndEveryCallSaysHowItEnded) {
   if (!haveOpencl()) GTEST_SKIP() << "no OpenCL device";
@@ -245,7 +259,14 @@ TEST(Sandbox, ANewSandboxGetsItsOwnCopyOfTheKernelTemplate) {
   netaccel::SandboxSettings s = settings();
   s.dir = ::testing::TempDir() + "raccel-template-test-" + std::to_string(::getpid());
   std::filesystem::remove_all(s.dir);
+  // A template another kernel source left a week ago: the pool removes it as it opens.
+  const std::string stale = s.dir + "/kernel-template/opencl0-0123456789abcdef";
+  std::filesystem::create_directories(stale + "/pocl-cache");
+  ::chmod(s.dir.c_str(), 0700);
+  ::chmod((s.dir + "/kernel-template").c_str(), 0700);
+  ASSERT_TRUE(age(stale, 8 * 24));
   netaccel::SandboxPool pool(caps, s, "test card");
+  EXPECT_FALSE(std::filesystem::exists(stale)) << "a template unused for a week was kept";
   auto first = pool.take();  // starts the builder
   ASSERT_TRUE(first->finish());
   netaccel::KernelTemplate made(s.dir + "/kernel-template",
@@ -258,8 +279,10 @@ TEST(Sandbox, ANewSandboxGetsItsOwnCopyOfTheKernelTemplate) {
     if (e.path().extension() == ".so") built.push_back(e.path());
   ASSERT_GT(built.size(), 50u) << "kernels compiled per work-group size in " << made.path();
 
+  ASSERT_TRUE(age(made.path(), 8 * 24));
   auto second = pool.take();
   ASSERT_TRUE(second->finish());
+  EXPECT_EQ(hoursSince(made.path()), 0) << "its use did not mark the template used";
   unsigned newest = 0;  // its folder, <pid>-<serial>: the later of the two
   for (auto& e : std::filesystem::directory_iterator(s.dir))
     if (std::string n = e.path().filename().string(); n.rfind(std::to_string(::getpid()) + "-", 0) == 0)
@@ -391,6 +414,47 @@ TEST(Sandbox, ALiveBuilderIsLeftAloneUntilItsPidIsHalfAnHourOld) {
                                    std::filesystem::file_time_type::clock::now() - std::chrono::minutes(31));
   t.build(builder);
   EXPECT_TRUE(appears(top + "/ran")) << "a pid half an hour old still held the folder";
+}
+
+// What no netaccel has used for a week goes: other templates, their logs, dead builders'
+// folders, a link (not what it points to). This card's own entries stay, however old,
+// and so do a recent template, a live builder's folder and one just marked used.
+TEST(Sandbox, WhatNoNetaccelUsedForAWeekIsRemovedFromTheTemplates) {
+  TemplateFolder f("prune");
+  ASSERT_TRUE(f.made);
+  const std::string &top = f.top, &root = f.root;
+  const auto dir = [&](const std::string& name) {
+    std::filesystem::create_directories(root + "/" + name + "/pocl-cache");
+    std::ofstream(root + "/" + name + "/pocl-cache/k.so") << "x";
+  };
+  for (const char* d : {"opencl0-test", "opencl1-old", "opencl2-recent", "opencl3-used", "opencl5-dead.building",
+                        "opencl6-live.building", "opencl0-test.building"})
+    dir(d);
+  for (const char* log : {"opencl0-test.log", "opencl1-old.log"}) std::ofstream(root + "/" + log) << "log";
+  std::ofstream(root + "/opencl6-live.building/pid") << ::getpid() << "\n";
+  ASSERT_EQ(::mkdir((top + "/outside").c_str(), 0700), 0);
+  ASSERT_EQ(::symlink((top + "/outside").c_str(), (root + "/opencl4-link").c_str()), 0);
+  std::vector<std::string> old;
+  for (auto& e : std::filesystem::directory_iterator(root))
+    if (e.path().filename() != "opencl2-recent") old.push_back(e.path().string());
+  for (auto& p : old) ASSERT_TRUE(age(p, 8 * 24)) << p;
+  ASSERT_TRUE(age(root + "/opencl2-recent", 6 * 24));
+  netaccel::KernelTemplate(root, "opencl3-used").markUsed();
+
+  f.t.prune();
+  std::set<std::string> left;
+  for (auto& e : std::filesystem::directory_iterator(root)) left.insert(e.path().filename().string());
+  EXPECT_EQ(left, (std::set<std::string>{"opencl0-test", "opencl0-test.building", "opencl0-test.log", "opencl2-recent",
+                                         "opencl3-used", "opencl6-live.building"}));
+  EXPECT_TRUE(std::filesystem::exists(top + "/outside")) << "a link's target was removed";
+  // Where another user could write, nothing is touched.
+  ASSERT_TRUE(age(root + "/opencl2-recent", 8 * 24));
+  ASSERT_EQ(::chmod(root.c_str(), 0770), 0);
+  f.t.prune();
+  EXPECT_TRUE(std::filesystem::exists(root + "/opencl2-recent"));
+  ASSERT_EQ(::chmod(root.c_str(), 0700), 0);
+  f.t.prune();
+  EXPECT_FALSE(std::filesystem::exists(root + "/opencl2-recent"));
 }
 
 TEST(HostileSandbox, OneThatNeverSpeaksIsStoppedAtTheTimeout) {
