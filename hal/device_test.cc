@@ -1746,7 +1746,9 @@ TEST_P(Conformance, SmallMapsIssuedPluggedGiveTheResultsOfOneAfterTheOther) {
   for (uint64_t i = 0; i < n; ++i) {
     ASSERT_NEAR(gotB[i], b0[i] + aa[i], 1e-5 * (1 + std::fabs(b0[i] + aa[i]))) << "D: b[" << i << "]";
     ASSERT_NEAR(gotT[i], ta[i] + ua[i], 1e-5 * (1 + std::fabs(ta[i] + ua[i]))) << "D: t[" << i << "]";
-    if (i + 1 < n) ASSERT_NEAR(gotV[i], va[i] + wa[i], 1e-5 * (1 + std::fabs(va[i] + wa[i]))) << "D: v[" << i << "]";
+    if (i + 1 < n) {
+      ASSERT_NEAR(gotV[i], va[i] + wa[i], 1e-5 * (1 + std::fabs(va[i] + wa[i]))) << "D: v[" << i << "]";
+    }
   }
   if (runs) {
     EXPECT_EQ(launchesA, 1u) << "five maps at the same offsets: one run";
