@@ -70,7 +70,22 @@ bool KernelTemplate::rootIsOurs() const {
   return ownedByUs(fs::path(root_).parent_path().string()) && ownedByUs(root_);
 }
 
-bool KernelTemplate::ready() const { return rootIsOurs() && ownedByUs(path()); }
+bool KernelTemplate::ready() const {
+  if (!rootIsOurs()) return false;
+  publish();
+  return ownedByUs(path());
+}
+
+// A builder marks its cache complete last: whoever sees that first moves the cache into
+// place (one rename wins) and removes the rest of the builder's folder.
+void KernelTemplate::publish() const {
+  const std::string building = path() + ".building";
+  struct stat st {};
+  if (!ownedByUs(building) || ::lstat((building + "/complete").c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+  if (::rename((building + "/pocl-cache").c_str(), path().c_str()) != 0) return;
+  std::error_code ec;
+  fs::remove_all(building, ec);
+}
 
 bool KernelTemplate::claim() {
   const std::string building = path() + ".building";

@@ -10,10 +10,11 @@
 // Where: <sandbox_dir>/kernel-template/<backend><device>-<hash of the model, the driver's
 // version and the kernels' source>, so that a new kernel source, another device or a
 // driver upgrade builds anew. While a
-// builder works, <name>.building is its folder, with its pid in <name>.building/pid; it
-// renames its cache to <name> when done (atomic: a template exists whole or not at all),
-// and each sandbox started after that copies it (--kernel-template) before it opens its
-// card.
+// builder works, <name>.building is its folder, with its pid in <name>.building/pid. It
+// is confined as a tenant's sandbox is (it writes its folder only) and marks its cache
+// complete there when done; whoever looks next (ready()) renames that cache to <name>
+// (atomic: a template exists whole or not at all), and each sandbox started after that
+// copies it (--kernel-template) before it opens its card.
 // A builder outlives the netaccel that started it (a short-lived netaccel would never see
 // it finish); one that died is replaced by the next netaccel, which keeps what it had
 // compiled. Each sandbox gets a copy, never a link: a tenant can change its own cache
@@ -46,6 +47,8 @@ class KernelTemplate {
                              const std::string& driverVersion);
 
   std::string path() const { return root_ + "/" + name_; }
+  // Whether the template is there to copy; a build marked complete is moved into place
+  // first.
   bool ready() const;
   // Starts `command` (raccel-sandbox --precompile ... --workdir=<building folder>,
   // appended here) unless the template is ready or a live builder has it; the builder's
@@ -64,6 +67,7 @@ class KernelTemplate {
  private:
   bool rootIsOurs() const;  // sandbox_dir and kernel-template/: this user's, no one else's to write
   bool claim();             // the building folder is ours now (new, or a dead builder's)
+  void publish() const;     // a completed build's cache becomes the template
   std::string root_, name_;
   pid_t builder_ = 0;
   bool gaveUp_ = false;

@@ -974,8 +974,11 @@ std::unique_ptr<hal::Device> SandboxPool::take() {
 // The command that builds the card's kernel template: the sandbox, told the card as its
 // tenants' sandboxes are (the same device, model and so cache entries).
 std::vector<std::string> SandboxPool::templateBuilder() const {
-  return {settings_.executable, "--backend=" + caps_.backend, "--device=" + std::to_string(caps_.deviceIndex),
-          "--model=" + caps_.model, "--tflops=" + std::to_string(caps_.tflops), "--precompile=" + template_->path()};
+  std::vector<std::string> command = {settings_.executable, "--precompile", "--backend=" + caps_.backend,
+                                      "--device=" + std::to_string(caps_.deviceIndex), "--model=" + caps_.model,
+                                      "--tflops=" + std::to_string(caps_.tflops)};
+  for (auto& r : settings_.readable) command.push_back("--read=" + r);  // (confined as its tenants' are)
+  return command;
 }
 
 Result<std::unique_ptr<SandboxProcess>> SandboxPool::spawn() {

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -155,9 +156,11 @@ void declareFlags(Flags& flags) {
   flags.value("probe-write", "PATH", "the same for creating or writing PATH", true);
   flags.value("kernel-template", "DIR", "copy this kernel template into its compiler cache before it opens the "
                                         "card (netaccel/kernel_template.h)");
-  flags.value("precompile", "DIR", "build the card's kernel template instead of serving a tenant: compile raccel's "
-                                   "tensor kernels into --workdir's cache, then move that cache to DIR "
-                                   "(netaccel/kernel_template.h); runs no tenant's code");
+  flags.boolean("precompile", "build the card's kernel template instead of serving a tenant: compile raccel's "
+                              "tensor kernels into --workdir's cache, confined as a tenant's sandbox, and mark it "
+                              "complete (a file 'complete'); the netaccel moves it into place "
+                              "(netaccel/kernel_template.h). With --probe-read/--probe-write: probe as confined "
+                              "for the build, after opening the card");
   flags.value("read", "PATH", "a path this sandbox may read besides its driver's and compiler's files (the "
                              "operator's sandbox_read)", true);
 }
@@ -191,35 +194,6 @@ void keepCompilerFilesIn(const std::string& workdir) {
   setenv("TMPDIR", workdir.c_str(), 1);
 }
 
-// --precompile: the card's kernel template (netaccel/kernel_template.h). It runs none of
-// a tenant's code, only raccel's own kernels on empty input, so it is not confined; and
-// it outlives the netaccel that started it (no PDEATHSIG), whose life may be shorter than
-// a build. At low priority: it shares the machine with tenants' work.
-int precompile(const Flags& flags, unsigned long long device) {
-  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-  setsid();
-  signal(SIGPIPE, SIG_IGN);
-  errno = 0;  // (nice may return -1 as the new niceness: only errno tells a failure)
-  if (nice(10) == -1 && errno != 0) std::perror("raccel-sandbox: nice");
-  hal::DeviceOverrides overrides;
-  if (flags.has("model")) overrides.model = flags.get("model");
-  if (flags.has("tflops")) overrides.tflops = std::atof(flags.get("tflops").c_str());
-  overrides.noImages = true;
-  auto opened = hal::openDevice(flags.get("backend"), static_cast<unsigned>(device), overrides);
-  Result<unsigned> launched = opened ? (*opened)->precompile() : Result<unsigned>(fail(opened.error()));
-  const std::string to = flags.get("precompile");
-  std::error_code ec;
-  if (launched && std::rename("pocl-cache", to.c_str()) != 0 && errno != EEXIST && errno != ENOTEMPTY)
-    launched = fail(Code::internal, "cannot move the cache to " + to + ": " + std::strerror(errno));
-  if (!launched) {
-    std::fprintf(stderr, "raccel-sandbox: precompile: %s\n", launched.error().message.c_str());
-    return 1;
-  }
-  std::printf("raccel-sandbox: %u kernel launches compiled into %s\n", *launched, to.c_str());
-  std::filesystem::remove_all(std::filesystem::current_path(), ec);
-  return 0;
-}
-
 // --probe-read, --probe-write: confined as for a tenant, can it read (write) these paths?
 // Says so for each, and ends the process: 3 when one was denied.
 [[noreturn]] void probe(const Flags& flags) {
@@ -233,6 +207,52 @@ int precompile(const Flags& flags, unsigned long long device) {
     }
   std::fflush(stdout);
   _exit(denied ? 3 : 0);
+}
+
+// From the moment it runs code the netaccel did not write (a tenant's, or a compiler's
+// on it): it may signal nothing but itself, trace nothing, read no other process's
+// memory, open no socket, read nothing but its driver's files, write only its folder.
+Status confineAll(const Flags& flags, const std::string& workdir) {
+  if (std::string why = landlock(workdir, flags.getAll("read")); !why.empty())
+    std::fprintf(stderr, "raccel-sandbox: %s\n", why.c_str());
+  return confine();
+}
+
+// --precompile: the card's kernel template (netaccel/kernel_template.h), built in its
+// --workdir. It runs none of a tenant's code, only raccel's own kernels on empty input,
+// and is confined as a tenant's sandbox is all the same (the compiler and the driver
+// are large): it writes its folder only, and marks its cache complete there (a file
+// `complete`, made last); the netaccel moves the cache into place. It outlives the
+// netaccel that started it (no PDEATHSIG), whose life may be shorter than a build. At
+// low priority: it shares the machine with tenants' work.
+int precompile(const Flags& flags, unsigned long long device, const std::string& workdir) {
+  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  setsid();
+  signal(SIGPIPE, SIG_IGN);
+  rlimit none{0, 0};
+  setrlimit(RLIMIT_CORE, &none);
+  errno = 0;  // (nice may return -1 as the new niceness: only errno tells a failure)
+  if (nice(10) == -1 && errno != 0) std::perror("raccel-sandbox: nice");
+  hal::DeviceOverrides overrides;
+  if (flags.has("model")) overrides.model = flags.get("model");
+  if (flags.has("tflops")) overrides.tflops = std::atof(flags.get("tflops").c_str());
+  overrides.noImages = true;
+  auto opened = hal::openDevice(flags.get("backend"), static_cast<unsigned>(device), overrides);
+  Result<unsigned> launched = opened ? Result<unsigned>(0u) : Result<unsigned>(fail(opened.error()));
+  if (launched)
+    if (auto s = confineAll(flags, workdir); !s) launched = fail(s.error());
+  if (launched && (flags.has("probe-read") || flags.has("probe-write"))) probe(flags);
+  if (launched) launched = (*opened)->precompile();
+  if (launched && !(std::ofstream("complete.part") << *launched << "\n"))
+    launched = fail(Code::internal, "cannot write " + workdir + "/complete.part");
+  if (launched && std::rename("complete.part", "complete") != 0)
+    launched = fail(Code::internal, "cannot mark the cache complete: " + std::string(std::strerror(errno)));
+  if (!launched) {
+    std::fprintf(stderr, "raccel-sandbox: precompile: %s\n", launched.error().message.c_str());
+    return 1;
+  }
+  std::printf("raccel-sandbox: %u kernel launches compiled into %s/pocl-cache\n", *launched, workdir.c_str());
+  return 0;
 }
 
 // The card, as the netaccel serves it (its overrides); the first reply says why not.
@@ -278,7 +298,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     keepCompilerFilesIn(flags.get("workdir"));
-    return precompile(flags, device);
+    const int status = precompile(flags, device, flags.get("workdir"));
+    std::fflush(nullptr);
+    _exit(status);  // (confined: a leak checker's exit handler could not run)
   }
   if (!harden()) return 1;
 #ifndef __SANITIZE_ADDRESS__
@@ -295,16 +317,8 @@ int main(int argc, char** argv) {
   keepCompilerFilesIn(workdir);
   if (flags.has("kernel-template")) netaccel::copyKernelTemplate(flags.get("kernel-template"), workdir + "/pocl-cache");
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // its /proc closed to other processes of this user
-  // From the moment it runs guest code: it may signal nothing but itself, trace nothing,
-  // read no other process's memory, open no socket, read nothing but its driver's files,
-  // write only its folder.
-  auto confineAll = [&]() -> Status {
-    if (std::string why = landlock(workdir, flags.getAll("read")); !why.empty())
-      std::fprintf(stderr, "raccel-sandbox: %s\n", why.c_str());
-    return confine();
-  };
   if (flags.has("probe-read") || flags.has("probe-write")) {
-    if (auto s = confineAll(); !s) {
+    if (auto s = confineAll(flags, workdir); !s) {
       std::fprintf(stderr, "raccel-sandbox: %s\n", s.error().message.c_str());
       return 2;
     }
@@ -318,7 +332,7 @@ int main(int argc, char** argv) {
 
   auto opened = openCard(flags, device, memory, static_cast<int>(fd));
   if (!opened) return 1;
-  if (auto s = confineAll(); !s) {
+  if (auto s = confineAll(flags, workdir); !s) {
     std::fprintf(stderr, "raccel-sandbox: %s\n", s.error().message.c_str());
     return 2;
   }

@@ -416,6 +416,26 @@ TEST(Sandbox, ALiveBuilderIsLeftAloneUntilItsPidIsHalfAnHourOld) {
   EXPECT_TRUE(appears(top + "/ran")) << "a pid half an hour old still held the folder";
 }
 
+// A builder writes only its own folder and marks its cache complete there last: the
+// first to look for the template then moves that cache into place, and not before.
+TEST(Sandbox, ACompletedBuildBecomesTheTemplateWhenNextLookedFor) {
+  TemplateFolder f("publish");
+  ASSERT_TRUE(f.made);
+  const std::string building = f.t.path() + ".building";
+  std::filesystem::create_directories(building + "/pocl-cache/kernel");
+  std::ofstream(building + "/pocl-cache/kernel/k.so") << "x";
+  std::ofstream(building + "/pid") << ::getpid() << "\n";
+  EXPECT_FALSE(f.t.ready()) << "a build not marked complete was taken";
+  ASSERT_EQ(::mkdir((building + "/complete").c_str(), 0700), 0);
+  EXPECT_FALSE(f.t.ready()) << "a folder is not the builder's mark";
+  ASSERT_EQ(::rmdir((building + "/complete").c_str()), 0);
+  std::ofstream(building + "/complete") << "142\n";
+  EXPECT_TRUE(f.t.ready());
+  EXPECT_TRUE(std::filesystem::exists(f.t.path() + "/kernel/k.so"));
+  EXPECT_FALSE(std::filesystem::exists(building));
+  EXPECT_TRUE(netaccel::KernelTemplate(f.root, "opencl0-test").ready()) << "and it stays the template for everyone";
+}
+
 // What no netaccel has used for a week goes: other templates, their logs, dead builders'
 // folders, a link (not what it points to). This card's own entries stay, however old,
 // and so do a recent template, a live builder's folder and one just marked used.
@@ -709,6 +729,19 @@ TEST(Sandbox, ItReadsOnlyItsDriversFilesAndWritesOnlyItsFolder) {
   out = probe("--probe-write " + (base / "planted").string(), &status);
   EXPECT_EQ(status, 3) << out;
   EXPECT_FALSE(fs::exists(base / "planted"));
+  // The kernel template's builder is confined the same way once it has opened its card.
+  if (haveOpencl()) {
+    const std::string builder = "--precompile --backend=opencl --device=0 ";
+    out = probe(builder + "--probe-write " + (base / "planted").string() + " --probe-read " +
+                    (base / "secrets" / "node.key").string(),
+                &status);
+    EXPECT_EQ(status, 3) << out;
+    EXPECT_EQ(out.find("allowed"), std::string::npos) << out;
+    EXPECT_FALSE(fs::exists(base / "planted"));
+    out = probe(builder + "--probe-write " + (base / "work" / "built").string() + " --probe-read /usr/include/stdio.h",
+                &status);
+    EXPECT_EQ(status, 0) << out;
+  }
   std::error_code ec;
   fs::remove_all(base, ec);
 }
