@@ -7,7 +7,9 @@
 
 using namespace raccel;
 
-int main(int argc, char** argv) {
+namespace {
+
+Flags declareFlags() {
   Flags flags("raccelctl", "Shows a raccel scheduler's state.\n\ncommands:\n"
                            "  nodes     netaccels: state, address, block range, last heartbeat\n"
                            "  cards     every card: kind, model, TFLOPS, memory, blocks\n"
@@ -38,6 +40,47 @@ int main(int argc, char** argv) {
   flags.value("max-moves", "N", "defrag: at most N moves (default: the scheduler's per-minute budget)");
   flags.value("max-bytes", "BYTES", "defrag: move only vaccels with at most this much in buffers (e.g. 256MiB)");
   flags.boolean("undo", "drain: end draining; the node takes new work again");
+  return flags;
+}
+
+// An error, as a sentence on stderr or (--json) as a document on stdout; returns `status`.
+int failed(bool json, const Error& error, int status) {
+  if (json) std::printf("%s\n", console::dump(console::errorJson(error)).c_str());
+  else std::fprintf(stderr, "raccelctl: %s\n", error.message.c_str());
+  return status;
+}
+
+// preempt, resume, defrag, drain, set-policy: one request, its answer printed.
+int act(const Flags& flags, const std::string& socket, bool json) {
+  console::ActionOptions options;
+  auto moves = flags.getUnsigned("max-moves", 0, 1u << 20);
+  if (!moves) return failed(json, moves.error(), 2);
+  auto bytes = parseBytes(flags.get("max-bytes", "0"));
+  if (!bytes) return failed(json, Error{Code::invalidArgument, "--max-bytes: " + bytes.error().message}, 2);
+  options.maxMoves = static_cast<unsigned>(*moves);
+  options.maxMoveBytes = *bytes;
+  options.undo = flags.has("undo");
+  auto done = console::act(socket, flags.positionals(), options, json);
+  if (!done) return failed(json, done.error(), 1);
+  std::fputs(done->c_str(), stdout);
+  return 0;
+}
+
+// events: each printed as it comes, until --count of them (or --recent's are done).
+int events(const Flags& flags, const std::string& socket, bool json) {
+  auto count = flags.getUnsigned("count", 0, 1u << 30);
+  if (!count) return failed(json, count.error(), 2);
+  auto followed = console::follow(socket, json, static_cast<unsigned>(*count), [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }, flags.has("recent"));
+  return followed ? 0 : failed(json, followed.error(), 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags = declareFlags();
   int code = 0;
   if (!parseFlagsOrExit(flags, argc, argv, &code)) return code;
   if (flags.positionals().empty()) {
@@ -45,43 +88,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool json = flags.has("json");
-  // An error, as a sentence on stderr or (--json) as a document on stdout.
-  auto failed = [&](const Error& error, int status) {
-    if (json) std::printf("%s\n", console::dump(console::errorJson(error)).c_str());
-    else std::fprintf(stderr, "raccelctl: %s\n", error.message.c_str());
-    return status;
-  };
   const std::string socket = flags.get("socket", "/run/raccel/console.sock");
-  if (console::isAction(flags.positionals()[0])) {
-    console::ActionOptions options;
-    auto moves = flags.getUnsigned("max-moves", 0, 1u << 20);
-    if (!moves) return failed(moves.error(), 2);
-    auto bytes = parseBytes(flags.get("max-bytes", "0"));
-    if (!bytes) return failed(Error{Code::invalidArgument, "--max-bytes: " + bytes.error().message}, 2);
-    options.maxMoves = static_cast<unsigned>(*moves);
-    options.maxMoveBytes = *bytes;
-    options.undo = flags.has("undo");
-    auto done = console::act(socket, flags.positionals(), options, json);
-    if (!done) return failed(done.error(), 1);
-    std::fputs(done->c_str(), stdout);
-    return 0;
-  }
+  if (console::isAction(flags.positionals()[0])) return act(flags, socket, json);
   if (flags.positionals().size() != 1)
-    return failed(Error{Code::invalidArgument, flags.positionals()[0] + " takes no arguments"}, 2);
-  if (flags.positionals()[0] == "events") {
-    auto count = flags.getUnsigned("count", 0, 1u << 30);
-    if (!count) return failed(count.error(), 2);
-    auto followed = console::follow(socket, json, static_cast<unsigned>(*count), [](const std::string& line) {
-      std::printf("%s\n", line.c_str());
-      std::fflush(stdout);
-    }, flags.has("recent"));
-    if (!followed) return failed(followed.error(), 1);
-    return 0;
-  }
+    return failed(json, Error{Code::invalidArgument, flags.positionals()[0] + " takes no arguments"}, 2);
+  if (flags.positionals()[0] == "events") return events(flags, socket, json);
   auto query = console::parseQuery(flags.positionals()[0]);
-  if (!query) return failed(query.error(), 2);
+  if (!query) return failed(json, query.error(), 2);
   auto text = console::run(socket, *query, json);
-  if (!text) return failed(text.error(), 1);
+  if (!text) return failed(json, text.error(), 1);
   std::fputs(text->c_str(), stdout);
   return 0;
 }
