@@ -308,5 +308,15 @@ TEST_F(TorchDevice, BadTensorOpsRaiseClearErrorsAndTheSessionCarriesOn) {
   EXPECT_NE(out.find("all refused cleanly"), std::string::npos) << out;
 }
 
+// raccel.Session's own calls (the binding torch is built on): each built-in op and copy
+// gives the answer worked out by hand, and a freed buffer is refused by name.
+TEST_F(TorchDevice, TheSessionsOwnCallsGiveTheirAnswersAndRefuseAFreedBuffer) {
+  startOneCard();
+  int status = -1;
+  std::string out = python(sourcePath("tests/torch/session_ops.py"), &status);
+  EXPECT_EQ(status, 0) << out << cluster_->logs();
+  EXPECT_NE(out.find("every call gave its answer"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace raccel

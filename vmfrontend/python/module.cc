@@ -88,108 +88,98 @@ void fence(PySession& p) {
   check(s);
 }
 
+// A session call that only queues work, made under the session's lock.
+template <typename R, typename... A>
+auto locked(R (raccel::client::Session::*method)(A...)) {
+  return [method](PySession& p, A... args) -> R {
+    std::lock_guard lock(p.shared->mu);
+    return (p.s().*method)(args...);
+  };
+}
+
+// Session(...): a virtual accelerator opened through raccel-guestd (or `socket`).
+PySession* openSession(double tflops, std::vector<std::string> kinds, std::string socket, std::string program, int priority,
+                       int timeoutMs, unsigned admitWaitMs) {
+  raccel::client::Options o;
+  if (socket.empty()) socket = std::getenv("RACCEL_SOCKET") ? std::getenv("RACCEL_SOCKET") : "";
+  if (!socket.empty()) o.socket = socket;
+  o.program = program;
+  o.tflops = tflops;
+  o.priority = priority;
+  o.timeoutMs = timeoutMs;
+  o.admitWaitMs = admitWaitMs;
+  for (auto& k : kinds) {
+    auto kind = raccel::parseKind(k);
+    if (!kind) throw py::value_error(kind.error().message);
+    o.kinds.push_back(*kind);
+  }
+  raccel::Result<std::unique_ptr<raccel::client::Session>> opened;
+  {
+    py::gil_scoped_release unlocked;
+    opened = raccel::client::Session::open(o);
+  }
+  if (!opened) raise(opened.error());
+  auto self = std::make_unique<PySession>();
+  self->shared->session = std::move(*opened);
+  return self.release();
+}
+
+void writeBytes(PySession& p, Handle h, uint64_t offset, py::object data) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+  std::unique_ptr<Py_buffer, decltype(&PyBuffer_Release)> release(&view, &PyBuffer_Release);  // also on a throw
+  std::lock_guard lock(p.shared->mu);
+  p.s().write(h, offset, std::span(static_cast<const std::byte*>(view.buf), static_cast<size_t>(view.len)));
+}
+
+py::bytes readBytes(PySession& p, Handle h, uint64_t offset, size_t nbytes) {
+  std::string out(nbytes, '\0');
+  raccel::Status s;
+  {
+    py::gil_scoped_release unlocked;
+    std::lock_guard lock(p.shared->mu);
+    s = p.s().read(h, offset, std::as_writable_bytes(std::span(out)));
+  }
+  check(s);
+  return py::bytes(out);
+}
+
+void tensorOp(PySession& p, const std::string& fn, std::vector<uint64_t> shape,
+              std::vector<std::tuple<Handle, uint64_t, std::vector<uint64_t>>> operands, float alpha, float beta,
+              uint32_t reduceMask, int64_t ignoreIndex, bool mean, const std::vector<std::string>& types) {
+  raccel::client::TensorOp op;
+  op.fn = fnNamed(fn);
+  op.shape = std::move(shape);
+  if (types.size() > operands.size()) throw py::value_error("more types than operands");
+  for (auto& [h, offset, strides] : operands) op.operands.push_back({h, offset, strides});
+  for (size_t i = 0; i < types.size(); ++i) op.operands[i].type = typeNamed(types[i]);
+  op.alpha = alpha, op.beta = beta, op.reduceMask = reduceMask, op.ignoreIndex = ignoreIndex, op.mean = mean;
+  std::lock_guard lock(p.shared->mu);
+  p.s().tensor(op);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_raccel, m) {
   m.doc() = "libraccel's session API: a virtual accelerator's buffers, built-in ops and tensor ops";
   py::class_<PySession>(m, "Session")
-      .def(py::init([](double tflops, std::vector<std::string> kinds, std::string socket, std::string program, int priority,
-                       int timeoutMs, unsigned admitWaitMs) {
-             raccel::client::Options o;
-             if (socket.empty()) socket = std::getenv("RACCEL_SOCKET") ? std::getenv("RACCEL_SOCKET") : "";
-             if (!socket.empty()) o.socket = socket;
-             o.program = program;
-             o.tflops = tflops;
-             o.priority = priority;
-             o.timeoutMs = timeoutMs;
-             o.admitWaitMs = admitWaitMs;
-             for (auto& k : kinds) {
-               auto kind = raccel::parseKind(k);
-               if (!kind) throw py::value_error(kind.error().message);
-               o.kinds.push_back(*kind);
-             }
-             auto* self = new PySession;
-             raccel::Result<std::unique_ptr<raccel::client::Session>> opened;
-             {
-               py::gil_scoped_release unlocked;
-               opened = raccel::client::Session::open(o);
-             }
-             if (!opened) {
-               delete self;
-               raise(opened.error());
-             }
-             self->shared->session = std::move(*opened);
-             return self;
-           }),
+      .def(py::init(&openSession),
            py::arg("tflops") = 1.0, py::arg("kinds") = std::vector<std::string>{}, py::arg("socket") = "",
            py::arg("program") = "python", py::arg("priority") = 0, py::arg("timeout_ms") = 120000,
            py::arg("admit_wait_ms") = 0,
            "Opens a virtual accelerator of `tflops` (socket: $RACCEL_SOCKET, else raccel-guestd's)")
       .def_property_readonly("vaccel", [](PySession& p) { return vaccelDict(p.s().vaccel()); })
-      .def("alloc", [](PySession& p, uint64_t bytes) {
-             std::lock_guard lock(p.shared->mu);
-             return p.s().alloc(bytes);
-           }, py::arg("nbytes"))
-      .def("free", [](PySession& p, Handle h) {
-             std::lock_guard lock(p.shared->mu);
-             p.s().free(h);
-           })
-      .def("write", [](PySession& p, Handle h, uint64_t offset, py::object data) {
-             Py_buffer view;
-             if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
-             std::unique_ptr<Py_buffer, decltype(&PyBuffer_Release)> release(&view, &PyBuffer_Release);  // also on a throw
-             std::lock_guard lock(p.shared->mu);
-             p.s().write(h, offset, std::span(static_cast<const std::byte*>(view.buf), static_cast<size_t>(view.len)));
-           }, py::arg("buffer"), py::arg("offset"), py::arg("data"), "Writes a contiguous bytes-like object")
-      .def("read", [](PySession& p, Handle h, uint64_t offset, size_t nbytes) {
-             std::string out(nbytes, '\0');
-             raccel::Status s;
-             {
-               py::gil_scoped_release unlocked;
-               std::lock_guard lock(p.shared->mu);
-               s = p.s().read(h, offset, std::as_writable_bytes(std::span(out)));
-             }
-             check(s);
-             return py::bytes(out);
-           }, py::arg("buffer"), py::arg("offset"), py::arg("nbytes"), "Waits for the bytes (and raises an earlier failure)")
-      .def("copy", [](PySession& p, Handle dst, uint64_t dstOffset, Handle src, uint64_t srcOffset, uint64_t n) {
-             std::lock_guard lock(p.shared->mu);
-             p.s().copy(dst, dstOffset, src, srcOffset, n);
-           })
-      .def("fill", [](PySession& p, Handle h, uint64_t offset, uint64_t n, uint8_t value) {
-             std::lock_guard lock(p.shared->mu);
-             p.s().fill(h, offset, n, value);
-           })
-      .def("gemm", [](PySession& p, uint32_t m, uint32_t n, uint32_t k, float alpha, Handle a, Handle b, float beta, Handle c) {
-             std::lock_guard lock(p.shared->mu);
-             p.s().gemm(m, n, k, alpha, a, b, beta, c);
-           }, "c[m x n] = alpha * a[m x k] b[k x n] + beta * c (f32, row-major)")
-      .def("axpy", [](PySession& p, uint64_t n, float alpha, Handle x, Handle y) {
-             std::lock_guard lock(p.shared->mu);
-             p.s().axpy(n, alpha, x, y);
-           })
-      .def("vadd", [](PySession& p, uint64_t n, Handle a, Handle b, Handle out) {
-             std::lock_guard lock(p.shared->mu);
-             p.s().vadd(n, a, b, out);
-           })
-      .def("reduce_sum", [](PySession& p, uint64_t n, Handle in, Handle out) {
-             std::lock_guard lock(p.shared->mu);
-             p.s().reduceSum(n, in, out);
-           })
-      .def("tensor",
-           [](PySession& p, const std::string& fn, std::vector<uint64_t> shape,
-              std::vector<std::tuple<Handle, uint64_t, std::vector<uint64_t>>> operands, float alpha, float beta,
-              uint32_t reduceMask, int64_t ignoreIndex, bool mean, const std::vector<std::string>& types) {
-             raccel::client::TensorOp op;
-             op.fn = fnNamed(fn);
-             op.shape = std::move(shape);
-             if (types.size() > operands.size()) throw py::value_error("more types than operands");
-             for (auto& [h, offset, strides] : operands) op.operands.push_back({h, offset, strides});
-             for (size_t i = 0; i < types.size(); ++i) op.operands[i].type = typeNamed(types[i]);
-             op.alpha = alpha, op.beta = beta, op.reduceMask = reduceMask, op.ignoreIndex = ignoreIndex, op.mean = mean;
-             std::lock_guard lock(p.shared->mu);
-             p.s().tensor(op);
-           },
+      .def("alloc", locked(&raccel::client::Session::alloc), py::arg("nbytes"))
+      .def("free", locked(&raccel::client::Session::free))
+      .def("write", &writeBytes, py::arg("buffer"), py::arg("offset"), py::arg("data"), "Writes a contiguous bytes-like object")
+      .def("read", &readBytes, py::arg("buffer"), py::arg("offset"), py::arg("nbytes"), "Waits for the bytes (and raises an earlier failure)")
+      .def("copy", locked(&raccel::client::Session::copy))
+      .def("fill", locked(&raccel::client::Session::fill))
+      .def("gemm", locked(&raccel::client::Session::gemm), "c[m x n] = alpha * a[m x k] b[k x n] + beta * c (f32, row-major)")
+      .def("axpy", locked(&raccel::client::Session::axpy))
+      .def("vadd", locked(&raccel::client::Session::vadd))
+      .def("reduce_sum", locked(&raccel::client::Session::reduceSum))
+      .def("tensor", &tensorOp,
            py::arg("fn"), py::arg("shape"), py::arg("operands"), py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
            py::arg("reduce_mask") = 0u, py::arg("ignore_index") = -100, py::arg("mean") = true,
            py::arg("types") = std::vector<std::string>{},
