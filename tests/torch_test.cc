@@ -45,6 +45,14 @@ class TorchDevice : public ::testing::Test {
     cluster_->addNetaccel("ocl", {"backend=opencl,device=0,tflops=4,memory=1GiB"}, 4);
     socket_ = cluster_->startGuestd();
   }
+  // tests/torch/<script> run against one card: it must end with status 0; its output.
+  std::string runOnOneCard(const std::string& script) {
+    startOneCard();
+    int status = -1;
+    std::string out = python(sourcePath("tests/torch/" + script), &status);
+    EXPECT_EQ(status, 0) << out << cluster_->logs();
+    return out;
+  }
   std::unique_ptr<Cluster> cluster_;
   std::string socket_;
 };
@@ -137,10 +145,7 @@ TEST_F(TorchDevice, ASmallCnnTrainsWithTheCpusLossesAndNothingFallsBack) {
 // reference models do; a model needing more than the whole pool is refused at once with
 // both figures, and the device opens for the same model at a rate the pool can serve.
 TEST_F(TorchDevice, TheComputeAModelNeedsIsAssessedFromItsOpsAndTooMuchIsRefusedAtOnce) {
-  startOneCard();
-  int status = -1;
-  std::string out = python(sourcePath("tests/torch/assess_check.py"), &status);
-  EXPECT_EQ(status, 0) << out;
+  std::string out = runOnOneCard("assess_check.py");
   for (const char* model : {"mlp: ", "cnn: ", "transformer: "}) EXPECT_NE(out.find(model), std::string::npos) << out;
   EXPECT_NE(out.find("can never run here"), std::string::npos) << out;
   EXPECT_NE(out.find("measured on the card"), std::string::npos) << out;
@@ -152,10 +157,7 @@ TEST_F(TorchDevice, TheComputeAModelNeedsIsAssessedFromItsOpsAndTooMuchIsRefused
 // across the card and the CPU (map_location), .to() round trips of many dtypes, no_grad
 // and eval, manual_seed on the card, printing, a closed session's tensor refused.
 TEST_F(TorchDevice, StateDictsRoundTripsSeedsAndPrintingWorkAsOnTheCpu) {
-  startOneCard();
-  int status = -1;
-  std::string out = python(sourcePath("tests/torch/round_trips.py"), &status);
-  EXPECT_EQ(status, 0) << out;
+  std::string out = runOnOneCard("round_trips.py");
   EXPECT_NE(out.find("PASS"), std::string::npos) << out;
   std::cout << out;
 }
@@ -164,10 +166,7 @@ TEST_F(TorchDevice, StateDictsRoundTripsSeedsAndPrintingWorkAsOnTheCpu) {
 // (tests/torch/op_coverage.py: softmax over any dim, LayerNorm over one or two dims,
 // broadcasting, numbers as operands...).
 TEST_F(TorchDevice, EachOpOnTheCardMatchesTheCpuForwardAndBackward) {
-  startOneCard();
-  int status = -1;
-  std::string out = python(sourcePath("tests/torch/op_coverage.py"), &status);
-  EXPECT_EQ(status, 0) << out;
+  std::string out = runOnOneCard("op_coverage.py");
   EXPECT_EQ(out.find("FAIL"), std::string::npos) << out;
   EXPECT_NE(out.find("PASS"), std::string::npos) << out;
   std::cout << out;
@@ -301,20 +300,14 @@ TEST_F(TorchDevice, StepTimesOfTheReferenceModelsPrintBesideTheCpus) {
 // dtypes the kernels do not take (they fall back, counted), a device used before its
 // session. Each is a clear Python error, and the session carries on.
 TEST_F(TorchDevice, BadTensorOpsRaiseClearErrorsAndTheSessionCarriesOn) {
-  startOneCard();
-  int status = -1;
-  std::string out = python(sourcePath("tests/torch/bad_input.py"), &status);
-  EXPECT_EQ(status, 0) << out << cluster_->logs();
+  std::string out = runOnOneCard("bad_input.py");
   EXPECT_NE(out.find("all refused cleanly"), std::string::npos) << out;
 }
 
 // raccel.Session's own calls (the binding torch is built on): each built-in op and copy
 // gives the answer worked out by hand, and a freed buffer is refused by name.
 TEST_F(TorchDevice, TheSessionsOwnCallsGiveTheirAnswersAndRefuseAFreedBuffer) {
-  startOneCard();
-  int status = -1;
-  std::string out = python(sourcePath("tests/torch/session_ops.py"), &status);
-  EXPECT_EQ(status, 0) << out << cluster_->logs();
+  std::string out = runOnOneCard("session_ops.py");
   EXPECT_NE(out.find("every call gave its answer"), std::string::npos) << out;
 }
 
