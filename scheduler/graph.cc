@@ -248,72 +248,79 @@ bool Scheduler::startGraph(Session& s, uint64_t sequence, wire::Graph::Reader gr
   return true;
 }
 
+// The card node i runs on: the earliest estimated finish (fewest bytes to copy there,
+// then the lowest member, on ties), or the next in turn with roundRobin. Books its time.
+size_t Scheduler::placeGraphNode(Session& s, GraphRun& run, size_t i) {
+  const OpBuffers& b = run.ops[i];
+  double depsDone = 0;
+  for (size_t p : run.preds[i]) depsDone = std::max(depsDone, run.finish[p]);
+  auto speedOf = [&](size_t c) { return std::max(1.0, s.members[c].blocks * pool().blockTflops() * 1e12); };
+  size_t member = run.candidates[i % run.candidates.size()];
+  if (!run.roundRobin) {
+    double bestFinish = 0;
+    uint64_t bestBytes = 0;
+    bool first = true;
+    for (size_t c : run.candidates) {
+      uint64_t bytes = 0;
+      for (uint64_t h : b.reads)
+        if (!run.valid[h].count(c)) bytes += s.buffers.at(h);
+      double start = std::max(run.memberFree[c], depsDone) + bytes / kLinkBytesPerSecond;
+      double finish = start + b.flops / speedOf(c);
+      if (first || finish < bestFinish - 1e-12 || (std::abs(finish - bestFinish) <= 1e-12 && bytes < bestBytes)) {
+        member = c, bestFinish = finish, bestBytes = bytes, first = false;
+      }
+    }
+  }
+  run.finish[i] = std::max(run.memberFree[member], depsDone) + b.flops / speedOf(member);
+  run.memberFree[member] = run.finish[i];
+  return member;
+}
+
+// Node i on `member`: its inputs' latest contents copied there, then the op; when it has
+// gone, the nodes waiting only for it are ready, and the pump goes on.
+void Scheduler::sendGraphNode(Session& s, const std::shared_ptr<GraphRun>& run, size_t i, size_t member) {
+  const OpBuffers& b = run->ops[i];
+  auto gate = std::make_shared<Gate>(Gate{1, {}});
+  auto copied = Gate::ticker(gate);
+  for (uint64_t h : b.reads) {
+    auto& where = run->valid[h];
+    if (where.count(member)) continue;
+    size_t from = where.count(0) ? 0 : *where.begin();
+    uint64_t bytes = s.buffers.at(h);
+    uint64_t& to = run->local[{member, h}];
+    if (!to) to = scratch(s, member, bytes);
+    ++gate->left;
+    copyBetween(s, from, run->local.at({from, h}), 0, bytes, member, to, 0, copied);
+    where.insert(member);
+  }
+  if (!run->local.count({member, b.writes})) run->local[{member, b.writes}] = scratch(s, member, s.buffers.at(b.writes));
+  run->valid[b.writes] = {member};
+  gate->then = [this, &s, run, i, member] {
+    capnp::MallocMessageBuilder m;
+    auto nodes = run->copy.getRoot<wire::Graph>().asReader().getNodes();
+    remap(nodes[i].getOp(), m.initRoot<wire::Instruction>().initOp(),
+          [&](uint64_t h) { return run->local.at({member, h}); });
+    sendRemote(s, member, m);
+    ++run->sent;
+    for (size_t d : run->dependents[i])
+      if (--run->waitingFor[d] == 0) run->ready.push_back(d);
+    pumpGraph(s, run);
+  };
+  copied();  // the gate's own tick: fires now when nothing had to be copied
+}
+
 void Scheduler::pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run) {
   if (run->pumping) return;  // a gate that fired while placing: the loop below picks it up
   run->pumping = true;
-  auto nodes = run->copy.getRoot<wire::Graph>().asReader().getNodes();
   while (!run->ready.empty()) {
     std::sort(run->ready.begin(), run->ready.end());
     size_t i = run->ready.front();
     run->ready.erase(run->ready.begin());
-    const OpBuffers& b = run->ops[i];
-    // Where: the earliest estimated finish (fewest bytes, then the lowest member, on ties).
-    double depsDone = 0;
-    for (size_t p : run->preds[i]) depsDone = std::max(depsDone, run->finish[p]);
-    size_t member = run->candidates[i % run->candidates.size()];
-    if (!run->roundRobin) {
-      double bestFinish = 0;
-      uint64_t bestBytes = 0;
-      bool first = true;
-      for (size_t c : run->candidates) {
-        uint64_t bytes = 0;
-        for (uint64_t h : b.reads)
-          if (!run->valid[h].count(c)) bytes += s.buffers.at(h);
-        const Member& m = s.members[c];
-        double speed = std::max(1.0, m.blocks * pool().blockTflops() * 1e12);
-        double start = std::max(run->memberFree[c], depsDone) + bytes / kLinkBytesPerSecond;
-        double finish = start + b.flops / speed;
-        if (first || finish < bestFinish - 1e-12 || (std::abs(finish - bestFinish) <= 1e-12 && bytes < bestBytes)) {
-          member = c, bestFinish = finish, bestBytes = bytes, first = false;
-        }
-      }
-    }
-    {
-      const Member& m = s.members[member];
-      run->finish[i] = std::max(run->memberFree[member], depsDone) + b.flops / std::max(1.0, m.blocks * pool().blockTflops() * 1e12);
-      run->memberFree[member] = run->finish[i];
-    }
-    // Its inputs' latest contents on that card, then the op.
-    auto gate = std::make_shared<Gate>(Gate{1, {}});
-    auto copied = Gate::ticker(gate);
-    for (uint64_t h : b.reads) {
-      auto& where = run->valid[h];
-      if (where.count(member)) continue;
-      size_t from = where.count(0) ? 0 : *where.begin();
-      uint64_t bytes = s.buffers.at(h);
-      uint64_t& to = run->local[{member, h}];
-      if (!to) to = scratch(s, member, bytes);
-      ++gate->left;
-      copyBetween(s, from, run->local.at({from, h}), 0, bytes, member, to, 0, copied);
-      where.insert(member);
-    }
-    if (!run->local.count({member, b.writes})) run->local[{member, b.writes}] = scratch(s, member, s.buffers.at(b.writes));
-    run->valid[b.writes] = {member};
-    gate->then = [this, &s, run, i, member] {
-      capnp::MallocMessageBuilder m;
-      auto nodes = run->copy.getRoot<wire::Graph>().asReader().getNodes();
-      remap(nodes[i].getOp(), m.initRoot<wire::Instruction>().initOp(),
-            [&](uint64_t h) { return run->local.at({member, h}); });
-      sendRemote(s, member, m);
-      ++run->sent;
-      for (size_t d : run->dependents[i])
-        if (--run->waitingFor[d] == 0) run->ready.push_back(d);
-      pumpGraph(s, run);
-    };
-    copied();  // the gate's own tick: fires now when nothing had to be copied
+    sendGraphNode(s, run, i, placeGraphNode(s, *run, i));
   }
   run->pumping = false;
-  if (run->sent < nodes.size() || run->gathered) return;  // copies under way: their gates pump again
+  const size_t nodes = run->copy.getRoot<wire::Graph>().asReader().getNodes().size();
+  if (run->sent < nodes || run->gathered) return;  // copies under way: their gates pump again
   run->gathered = true;
   // Every buffer's latest contents back on the primary.
   for (auto& [h, where] : run->valid)

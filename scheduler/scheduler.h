@@ -163,6 +163,8 @@ class Scheduler {
   // Task graphs (graph.cc).
   bool startGraph(Session& s, uint64_t sequence, wire::Graph::Reader graph);
   void pumpGraph(Session& s, const std::shared_ptr<GraphRun>& run);
+  size_t placeGraphNode(Session& s, GraphRun& run, size_t i);
+  void sendGraphNode(Session& s, const std::shared_ptr<GraphRun>& run, size_t i, size_t member);
   void startRemoteLoad(Session& s, uint64_t sequence, size_t member, wire::LoadProgram::Reader load);
   void startRemoteLaunch(Session& s, uint64_t sequence, size_t member, wire::Launch::Reader launch);
   // What a scheduler instruction's answer settles: the session's job, or its checkpoint
