@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <tuple>
 
@@ -145,6 +147,61 @@ class FragMeter {
   std::vector<std::pair<Pod, double>> specs_;
 };
 
+// One node's repack for migrateFor, in thousandths of a card: the one-card holders that
+// may move (items, from the card they are on), each card's room once they are lifted,
+// how many movable blocks it holds, and whether a holder that cannot move pins it.
+struct Repack {
+  struct Item {
+    VaccelId owner;
+    const Pod* pod;
+    long from;  // -1: the arriving pod
+  };
+  std::vector<Item> items;
+  std::vector<uint32_t> room, movable;
+  std::vector<bool> pinned, reserved;
+};
+
+Repack liftHolders(const Pool& pool, const scheduler::Node& node, const std::map<VaccelId, Pod>& oneCardHolders) {
+  const size_t cards = node.cards.size();
+  Repack r{{}, std::vector<uint32_t>(cards, 1000), std::vector<uint32_t>(cards, 0), std::vector<bool>(cards, false),
+           std::vector<bool>(cards, false)};
+  for (size_t i = 0; i < cards; ++i) {
+    const Card& card = pool.cards()[node.cards[i]];
+    std::vector<VaccelId> here;
+    for (uint32_t b = card.blocks.first; b < card.blocks.end(); ++b) {
+      VaccelId o = pool.ownerOf(b);
+      if (o == scheduler::kNoOwner) continue;
+      auto it = oneCardHolders.find(o);
+      if (it == oneCardHolders.end()) r.pinned[i] = true, r.room[i] = 0;
+      else ++r.movable[i];
+      if (it == oneCardHolders.end() || std::find(here.begin(), here.end(), o) != here.end()) continue;
+      here.push_back(o);
+      r.items.push_back({o, &it->second, static_cast<long>(i)});
+    }
+  }
+  return r;
+}
+
+// Each item, largest first, onto the card it leaves least free on (its own card on ties):
+// the card of each item in r.items' new order, or nothing when one fits nowhere.
+std::optional<std::vector<long>> bestFit(Repack& r, const std::function<const Card&(size_t)>& cardAt) {
+  std::sort(r.items.begin(), r.items.end(), [&](auto& a, auto& b) { return a.pod->gpuMilli > b.pod->gpuMilli; });
+  std::vector<long> to(r.items.size(), -1);
+  for (size_t k = 0; k < r.items.size(); ++k) {
+    const uint32_t need = r.items[k].pod->gpuMilli;
+    long best = -1;
+    for (size_t i = 0; i < r.room.size(); ++i) {
+      if (r.reserved[i] || !modelAccepted(*r.items[k].pod, cardAt(i)) || r.room[i] < need) continue;
+      const uint32_t left = r.room[i] - need;
+      if (best < 0 || left < r.room[best] - need || (left == r.room[best] - need && static_cast<long>(i) == r.items[k].from))
+        best = static_cast<long>(i);
+    }
+    if (best < 0) return std::nullopt;
+    r.room[best] -= need, to[k] = best;
+  }
+  return to;
+}
+
 // Migration for a GPU pod that fits nowhere: on a node whose CPU/memory fit and whose
 // accepted cards have enough free blocks in all, repack the node's one-card holders
 // (largest first, each onto the card it leaves least free on) around the new pod: a
@@ -159,81 +216,60 @@ bool migrateFor(Cluster& c, VaccelId owner, const Pod& pod, const std::map<Vacce
     const auto& node = pool.nodes()[n];
     if (!node.hostFits(hostOf(pod))) continue;
     const size_t cards = node.cards.size();
-    auto cardAt = [&](size_t i) -> const Card& { return pool.cards()[node.cards[i]]; };
+    const std::function<const Card&(size_t)> cardAt = [&](size_t i) -> const Card& { return pool.cards()[node.cards[i]]; };
     // Thousandths of accepted cards free in all: a share needs its own, whole cards 1000 each.
     uint32_t free = 0;
     bool anyCard = false;
     for (size_t i = 0; i < cards; ++i)
       if (modelAccepted(pod, cardAt(i))) anyCard = true, free += pool.cardFreeMilli(node.cards[i]);
     if (!anyCard || free < (share ? pod.gpuMilli : 1000 * pod.numGpu)) continue;
-    struct Item {
-      VaccelId owner;
-      const Pod* pod;
-      long from;
-    };
-    std::vector<Item> items;
-    std::vector<uint32_t> room(cards), movable(cards, 0);
-    std::vector<bool> pinned(cards, false);  // holds a whole-card holder
-    for (size_t i = 0; i < cards; ++i) {
-      room[i] = 1000;
-      std::vector<VaccelId> here;
-      for (uint32_t b = cardAt(i).blocks.first; b < cardAt(i).blocks.end(); ++b) {
-        VaccelId o = pool.ownerOf(b);
-        if (o == scheduler::kNoOwner) continue;
-        auto it = oneCardHolders.find(o);
-        if (it == oneCardHolders.end()) pinned[i] = true, room[i] = 0;
-        else ++movable[i];
-        if (it == oneCardHolders.end() || std::find(here.begin(), here.end(), o) != here.end()) continue;
-        here.push_back(o);
-        items.push_back({o, &it->second, static_cast<long>(i)});
-      }
-    }
-    std::vector<bool> reserved(cards, false);
+    Repack r = liftHolders(pool, node, oneCardHolders);
     if (share) {
-      items.push_back({owner, &pod, -1});
+      r.items.push_back({owner, &pod, -1});
     } else {
       std::vector<size_t> order;
       for (size_t i = 0; i < cards; ++i)
-        if (modelAccepted(pod, cardAt(i)) && !pinned[i]) order.push_back(i);
+        if (modelAccepted(pod, cardAt(i)) && !r.pinned[i]) order.push_back(i);
       if (order.size() < pod.numGpu) continue;
-      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return movable[a] < movable[b]; });
-      for (uint32_t k = 0; k < pod.numGpu; ++k) reserved[order[k]] = true, room[order[k]] = 0;
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return r.movable[a] < r.movable[b]; });
+      for (uint32_t k = 0; k < pod.numGpu; ++k) r.reserved[order[k]] = true, r.room[order[k]] = 0;
     }
-    auto need = [&](const Item& it, size_t) { return it.pod->gpuMilli; };
-    std::sort(items.begin(), items.end(), [&](auto& a, auto& b) { return a.pod->gpuMilli > b.pod->gpuMilli; });
-    std::vector<long> to(items.size(), -1);
-    bool fits = true;
-    for (size_t k = 0; k < items.size() && fits; ++k) {
-      long bestCard = -1;
-      for (size_t i = 0; i < cards; ++i) {
-        if (reserved[i] || !modelAccepted(*items[k].pod, cardAt(i)) || room[i] < need(items[k], i)) continue;
-        bool better = bestCard < 0 || room[i] - need(items[k], i) < room[bestCard] - need(items[k], bestCard) ||
-                      (room[i] - need(items[k], i) == room[bestCard] - need(items[k], bestCard) && static_cast<long>(i) == items[k].from);
-        if (better) bestCard = static_cast<long>(i);
-      }
-      if (bestCard < 0) fits = false;
-      else room[bestCard] -= need(items[k], bestCard), to[k] = bestCard;
-    }
-    if (!fits) continue;
-    for (auto& it : items)
+    auto to = bestFit(r, cardAt);
+    if (!to) continue;
+    for (auto& it : r.items)
       if (it.owner != owner) c.pool.release(it.owner);
-    for (size_t k = 0; k < items.size(); ++k) {
-      size_t card = node.cards[static_cast<size_t>(to[k])];
-      uint32_t blocks = pool.shareBlocksOn(card, items[k].pod->gpuMilli);
+    for (size_t k = 0; k < r.items.size(); ++k) {
+      const Repack::Item& it = r.items[k];
+      size_t card = node.cards[static_cast<size_t>((*to)[k])];
+      uint32_t blocks = pool.shareBlocksOn(card, it.pod->gpuMilli);
       if (blocks == 0) return false;  // the repack fit in thousandths, so it fits in blocks
-      if (auto st = c.pool.assign(items[k].owner, pool.lowestFree(card, blocks), 0, hostOf(*items[k].pod), items[k].pod->gpuMilli); !st)
+      if (auto st = c.pool.assign(it.owner, pool.lowestFree(card, blocks), 0, hostOf(*it.pod), it.pod->gpuMilli); !st)
         return false;
-      if (items[k].owner != owner && items[k].from != to[k]) ++migrations;
+      if (it.owner != owner && it.from != (*to)[k]) ++migrations;
     }
     if (!share) {
       std::vector<scheduler::BlockRange> ranges;
       for (size_t i = 0; i < cards; ++i)
-        if (reserved[i]) ranges.push_back(cardAt(i).blocks);
+        if (r.reserved[i]) ranges.push_back(cardAt(i).blocks);
       if (auto st = c.pool.assign(owner, ranges, 0, hostOf(pod)); !st) return false;
     }
     return true;
   }
   return false;
+}
+
+// A GPU pod: its policy's request, else (raccel, with migration) room made by moving
+// one-card holders; the node it went to. A one-card holder is noted as one that may move.
+std::optional<size_t> placeGpuPod(Cluster& c, VaccelId owner, const Pod& pod, const PackingOptions& options,
+                                  std::map<VaccelId, Pod>& oneCardHolders, uint64_t& migrations) {
+  Pool::Request request = requestFor(pod, options.policy);
+  auto nodeOf = [&](uint32_t block) { return c.pool.cards()[static_cast<size_t>(c.pool.cardOf(block))].node; };
+  std::optional<size_t> node;
+  if (auto got = c.pool.allocate(owner, request)) node = nodeOf(got->front().first);
+  else if (options.migrate && options.policy == Policy::raccel && migrateFor(c, owner, pod, oneCardHolders, migrations))
+    node = nodeOf(c.pool.held(owner).front().first);
+  if (node && request.shape == Pool::Shape::oneCard) oneCardHolders[owner] = pod;
+  return node;
 }
 
 }  // namespace
@@ -279,29 +315,14 @@ Result<PackingRun> runPacking(const Cluster& base, const std::vector<Pod>& pods,
     const Pod& pod = *arriving;
     ++run.arrived;
     arrived += pod.gpus();
-    bool placed = false;
-    if (pod.numGpu == 0) {
-      // CPU-only pods hold no blocks: the pool places their host needs by its fit.
-      if (auto n = c.pool.placeHost(hostOf(pod))) placed = true, refresh(*n);
-    } else {
-      Pool::Request request = requestFor(pod, options.policy);
-      VaccelId owner = next++;
-      auto got = c.pool.allocate(owner, request);
-      if (got) {
-        size_t n = c.pool.cards()[static_cast<size_t>(c.pool.cardOf(got->front().first))].node;
-        refresh(n);
-        placed = true;
-      } else if (options.migrate && options.policy == Policy::raccel &&
-                 migrateFor(c, owner, pod, oneCardHolders, run.migrations)) {
-        size_t n = c.pool.cards()[static_cast<size_t>(c.pool.cardOf(c.pool.held(owner).front().first))].node;
-        refresh(n);
-        placed = true;
-      }
-      if (placed) {
-        holders.push_back(owner);
-        if (request.shape == Pool::Shape::oneCard) oneCardHolders[owner] = pod;
-      }
-    }
+    // CPU-only pods hold no blocks: the pool places their host needs by its fit.
+    const VaccelId owner = pod.numGpu == 0 ? scheduler::kNoOwner : next++;
+    std::optional<size_t> node;
+    if (pod.numGpu > 0) node = placeGpuPod(c, owner, pod, options, oneCardHolders, run.migrations);
+    else if (auto n = c.pool.placeHost(hostOf(pod))) node = *n;
+    const bool placed = node.has_value();
+    if (placed) refresh(*node);
+    if (placed && owner != scheduler::kNoOwner) holders.push_back(owner);
     if (placed) ++run.placedPods, placedGpus += pod.gpus();
     else ++run.failedPods;
     if (options.audit)
