@@ -283,28 +283,8 @@ struct Run {
 // The floors: the raw two-hop (the same frame sizes through a relay process to an echo
 // process) and the wake-up between two threads on one CPU and on two.
 bool measureRawTwoHop(Run& run, Figures& f, testing::Cluster& cluster) {
-  int port = 0;
-  int probe = bench::tcpListen(&port);
-  ::close(probe);
-  std::string relayPath = cluster.dir() + "/raw-relay.sock";
-  testing::Process echo("raccel-bench", {"--raw-echo", std::to_string(port)}, cluster.dir() + "/raw-echo.log");
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  testing::Process relay("raccel-bench", {"--raw-relay", relayPath + ":" + std::to_string(port)},
-                         cluster.dir() + "/raw-relay.log");
-  int fd = bench::unixConnect(relayPath);
-  if (fd < 0) {
-    return failed("raw baseline did not start");
-  }
-  // The same sizes as the measured path: two small frames out, one small frame back.
-  char out[96] = {}, back[96];
-  std::vector<double> raw;
-  for (int i = 0; i < run.syncIters + 100; ++i) {
-    auto t = Clock::now();
-    if (!bench::writeAll(fd, out, sizeof out) || !bench::readAll(fd, back, sizeof back)) break;
-    if (i >= 100) raw.push_back(since(t) * 1e6);
-  }
-  ::close(fd);
-  f.rawP50 = percentile(raw, 0.5);
+  f.rawP50 = bench::rawTwoHopRttUs(cluster.dir(), run.syncIters);
+  if (f.rawP50 < 0) return failed("raw baseline did not start");
   f.wakeSameCpu = bench::wakeupRttUs(true, run.syncIters);
   f.wakeCrossCpu = bench::wakeupRttUs(false, run.syncIters);
   return true;

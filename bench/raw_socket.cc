@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cluster.h"
+
 namespace raccel::bench {
 
 bool readAll(int fd, void* buf, size_t n) {
@@ -196,6 +198,31 @@ double wakeupRttUs(bool sameCpu, int iterations) {
   ::close(there[0]);
   ::close(back[0]);
   if (!pinned || b != 0 || us.size() != static_cast<size_t>(iterations)) return -1;
+  std::nth_element(us.begin(), us.begin() + static_cast<long>(us.size() / 2), us.end());
+  return us[us.size() / 2];
+}
+
+double rawTwoHopRttUs(const std::string& dir, int iterations) {
+  int port = 0;
+  int probe = tcpListen(&port);
+  if (probe < 0) return -1;
+  ::close(probe);
+  const std::string relayPath = dir + "/raw-relay.sock";
+  testing::Process echo("raccel-bench", {"--raw-echo", std::to_string(port)}, dir + "/raw-echo.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  testing::Process relay("raccel-bench", {"--raw-relay", relayPath + ":" + std::to_string(port)}, dir + "/raw-relay.log");
+  int fd = unixConnect(relayPath);
+  if (fd < 0) return -1;
+  // The same sizes as the measured path: two small frames out, one small frame back.
+  char out[96] = {}, back[96];
+  std::vector<double> us;
+  for (int i = 0; i < iterations + 100; ++i) {
+    auto t = std::chrono::steady_clock::now();
+    if (!writeAll(fd, out, sizeof out) || !readAll(fd, back, sizeof back)) break;
+    if (i >= 100) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count());
+  }
+  ::close(fd);
+  if (us.empty()) return -1;
   std::nth_element(us.begin(), us.begin() + static_cast<long>(us.size() / 2), us.end());
   return us[us.size() / 2];
 }

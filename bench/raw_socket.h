@@ -21,6 +21,12 @@ int unixConnect(const std::string& path);
 int rawEcho(int port);
 int rawRelay(const std::string& path, int port);
 
+// The floor of a synchronous round trip through two hops: 96 bytes out and back through
+// a relay process to an echo process (raccel-bench --raw-relay and --raw-echo, started
+// here with their sockets and logs in `dir`), after 100 trips of warm-up: the median in
+// microseconds of `iterations` trips, or -1 when the processes did not start.
+double rawTwoHopRttUs(const std::string& dir, int iterations);
+
 // `bytes` through one loopback TCP socket, a sender and a receiver thread, 1 MiB at a
 // time: Gbit/s.
 double rawSocketGbps(size_t bytes);
