@@ -104,6 +104,7 @@ std::deque<std::pair<transport::FrameHeader, transport::Body>> LineageLog::takeF
 }
 
 void LineageLog::clear() {
+  if (entries_.capacity() > kKeptEntries) std::vector<Entry>().swap(entries_);  // (an idle log holds little)
   entries_.clear();
   shared_.clear();
   // One stays for the next frames, unless a fold still reads it.
@@ -404,9 +405,11 @@ void Scheduler::finishFold(Session& s, bool resume) {
   // The frames before the mark were all answered before its reads were, and are never
   // sent again: what was delivered matters only for the frames after it.
   lin.log.dropFirst(cp->mark);
-  std::unordered_set<uint64_t> after;
-  for (auto& e : lin.log.entries()) after.insert(e.header.sequence);
-  std::erase_if(lin.delivered, [&after](auto& key) { return !after.count(key.first); });
+  std::vector<uint64_t> after;  // (sorted, not hashed: no allocation per frame)
+  after.reserve(lin.log.size());
+  for (auto& e : lin.log.entries()) after.push_back(e.header.sequence);
+  if (!std::is_sorted(after.begin(), after.end())) std::sort(after.begin(), after.end());
+  std::erase_if(lin.delivered, [&after](auto& key) { return !std::binary_search(after.begin(), after.end(), key.first); });
   lin.buffers = std::move(cp->buffers);
   lin.programs = std::move(cp->programs);
   lin.failed = std::move(cp->failed);

@@ -61,7 +61,7 @@ class LineageLog {
     uint64_t chunk = 0;
   };
   void add(const transport::FrameHeader& header, transport::Body& body, const Fold& fold);
-  const std::deque<Entry>& entries() const { return entries_; }
+  const std::vector<Entry>& entries() const { return entries_; }
   size_t size() const { return entries_.size(); }
   uint64_t bytes() const { return bytes_; }
   // Every frame as a body of its own, in order; the log is left empty.
@@ -80,8 +80,11 @@ class LineageLog {
   void clear();
 
  private:
-  static constexpr size_t kChunkBytes = 256 * 1024, kSharedFromBytes = 4096;
-  std::deque<Entry> entries_;
+  static constexpr size_t kChunkBytes = 256 * 1024, kSharedFromBytes = 4096, kKeptEntries = 1024;
+  // A vector, not a deque: a deque's blocks hold four entries, so a stream of tiny
+  // instructions cost an allocation every four frames. Dropping the first frames at a
+  // checkpoint moves the few logged since its mark.
+  std::vector<Entry> entries_;
   std::deque<transport::Body> shared_;  // the shared entries' bodies, in their order
   std::deque<std::shared_ptr<capnp::word[]>> chunks_;  // (shared: a fold may hold some)
   uint64_t firstChunk_ = 0;  // the number of chunks_.front() (chunks are numbered as made)
