@@ -573,6 +573,18 @@ Met metOf(const Figures& f) {
           f.fairAsync.problem.empty() && f.fairAsync.error <= 0.05};
 }
 
+// The pool's figures: allocate/release pairs on 10^6 blocks, admission with preemption.
+void measurePool(bool quick, Figures& f) {
+  f.allocOps = allocOpsPerSecond(quick);
+  f.admissionP99 = admissionP99Us(quick, &f.admissionVictims);
+}
+void printPoolText(const Figures& f) {
+  const Met m = metOf(f);
+  std::printf("%-26s %12.0f   target >= 2000000  %s\n", "alloc_ops_per_s", f.allocOps, m.alloc ? "met" : "MISSED");
+  std::printf("%-26s %9.2f us   target <= 50 us  %s (%.2f holders suspended per admission)\n",
+              "admission_p99_us", f.admissionP99, m.admission ? "met" : "MISSED", f.admissionVictims);
+}
+
 // The CUDA figures as JSON members (null where not measured).
 std::string cudaJson(const Figures& f) {
   auto num = [](double v, const char* fmt) { return bench::jsonNumber(v, fmt); };
@@ -706,9 +718,7 @@ void printText(const Figures& f) {
   std::printf("%-26s %9.3f ms   the daemons' CPU time per scrape of both pages (at 1 Hz: %.3f%% of one core)\n",
               "metrics_cpu_ms_per_scrape", f.scrapeCpuMs, f.scrapeCpuMs / 10);
   bench::printBulkText(f.bulk);
-  std::printf("%-26s %12.0f   target >= 2000000  %s\n", "alloc_ops_per_s", f.allocOps, m.alloc ? "met" : "MISSED");
-  std::printf("%-26s %9.2f us   target <= 50 us  %s (%.2f holders suspended per admission)\n",
-              "admission_p99_us", f.admissionP99, m.admission ? "met" : "MISSED", f.admissionVictims);
+  printPoolText(f);
   std::printf("%-26s %12.3f   split gemm %.2f GFLOPS vs the cards alone %.2f GFLOPS, target >= 0.85  %s\n",
               "aggregate_efficiency", f.aggEfficiency, f.aggGflops, f.aggSingles, m.aggregate ? "met" : "MISSED");
   std::printf("%-26s %12.4f   kernel time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
@@ -794,8 +804,17 @@ int measureOnly(const std::string& section, bool quick, bool json, double lineag
     return f.fairCuda.problem.empty() ? 0 : 1;  // (no GPU is no failure: cuda_skipped says why)
   }
   if (section == "sync") return measureSyncOnly(quick, json);
+  if (section == "pool") {
+    Figures f;
+    measurePool(quick, f);
+    if (json)
+      std::printf("{\"alloc_ops_per_s\":%.0f,\"admission_p99_us\":%.2f,\"admission_victims_mean\":%.2f,\"quick\":%s}\n",
+                  f.allocOps, f.admissionP99, f.admissionVictims, quick ? "true" : "false");
+    else printPoolText(f);
+    return 0;
+  }
   if (section != "failover") {
-    std::fprintf(stderr, "raccel-bench: --only takes failover, bulk, cuda or sync, not '%s'\n", section.c_str());
+    std::fprintf(stderr, "raccel-bench: --only takes failover, bulk, cuda, sync or pool, not '%s'\n", section.c_str());
     return 2;
   }
   if (!json) std::fprintf(stderr, "raccel-bench: failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory...\n");
@@ -810,8 +829,7 @@ int measureAll(bool quick, bool json, double lineageSeconds) {
   Run run = makeRun(quick, json);
   Figures f;
   run.progress("pool: allocate/release on 10^6 blocks, admission with preemption on 10^5");
-  f.allocOps = allocOpsPerSecond(quick);
-  f.admissionP99 = admissionP99Us(quick, &f.admissionVictims);
+  measurePool(quick, f);
 
   run.progress("many hosts: admissions through etcd, three schedulers racing on one pool beside one alone");
   run.progress("failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory");
@@ -870,7 +888,7 @@ int main(int argc, char** argv) {
   flags.boolean("json", "print one JSON object with every figure");
   flags.boolean("quick", "small runs (for a smoke test; figures are noisy)");
   flags.value("lineage-seconds", "S", "how long the steady workload behind lineage_memory_bytes runs (default 60)");
-  flags.value("only", "SECTION", "measure one section alone and print its figures: failover, bulk, cuda, sync");
+  flags.value("only", "SECTION", "measure one section alone and print its figures: failover, bulk, cuda, sync, pool");
   flags.value("raw-echo", "PORT", "(internal) run the baseline's echo process");
   flags.value("raw-relay", "PATH:PORT", "(internal) run the baseline's relay process");
   int code = 0;

@@ -279,16 +279,10 @@ void Pool::clip(BlockRange run, KindMask kinds, std::vector<BlockRange>& out) co
   if (open) out.push_back({openFirst, run.end() - openFirst});
 }
 
-uint32_t Pool::nodesSpanned(BlockRange r) const {
+Pool::Spanned Pool::spanned(BlockRange r) const {
   long first = cardOf(r.first), last = cardOf(r.end() - 1);
-  if (first < 0 || last < 0) return 0;
-  return static_cast<uint32_t>(cards_[last].node - cards_[first].node + 1);
-}
-
-uint32_t Pool::cardsSpanned(BlockRange r) const {
-  long first = cardOf(r.first), last = cardOf(r.end() - 1);
-  if (first < 0 || last < 0) return 0;
-  return static_cast<uint32_t>(last - first + 1);
+  if (first < 0 || last < 0) return {0, 0};
+  return {static_cast<uint32_t>(cards_[last].node - cards_[first].node + 1), static_cast<uint32_t>(last - first + 1)};
 }
 
 Result<std::vector<BlockRange>> Pool::allocate(VaccelId owner, const Request& request) {
@@ -348,7 +342,8 @@ std::optional<BlockRange> Pool::contiguousPlace(const Request& request, std::vec
   auto consider = [&](BlockRange run) {
     if (run.count < want) return false;
     for (BlockRange place : {BlockRange{run.first, want}, BlockRange{run.end() - want, want}}) {
-      Score s{nodesSpanned(place), cardsSpanned(place), run.count - want, place.first};
+      const Spanned span = spanned(place);
+      Score s{span.nodes, span.cards, run.count - want, place.first};
       if (!chosen || s < best) {
         best = s;
         chosen = place;

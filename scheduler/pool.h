@@ -296,8 +296,11 @@ class Pool {
   void takeFree(BlockRange range);
   // Sub-ranges of `run` whose cards have an accepted kind.
   void clip(BlockRange run, KindMask kinds, std::vector<BlockRange>& out) const;
-  uint32_t nodesSpanned(BlockRange range) const;
-  uint32_t cardsSpanned(BlockRange range) const;
+  // How many nodes and cards a range reaches (its ends' cards found once for both).
+  struct Spanned {
+    uint32_t nodes, cards;
+  };
+  Spanned spanned(BlockRange range) const;
   void recountTotals();
   void adjustCardFree(BlockRange range, bool freed);
   Result<std::vector<BlockRange>> allocateShaped(VaccelId owner, const Request& request);
