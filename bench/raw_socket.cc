@@ -19,6 +19,13 @@
 #include "tests/cluster.h"
 
 namespace raccel::bench {
+namespace {
+// The median of a non-empty set of samples (reordered).
+double medianOf(std::vector<double>& us) {
+  std::nth_element(us.begin(), us.begin() + static_cast<long>(us.size() / 2), us.end());
+  return us[us.size() / 2];
+}
+}  // namespace
 
 bool readAll(int fd, void* buf, size_t n) {
   auto* p = static_cast<char*>(buf);
@@ -198,8 +205,7 @@ double wakeupRttUs(bool sameCpu, int iterations) {
   ::close(there[0]);
   ::close(back[0]);
   if (!pinned || b != 0 || us.size() != static_cast<size_t>(iterations)) return -1;
-  std::nth_element(us.begin(), us.begin() + static_cast<long>(us.size() / 2), us.end());
-  return us[us.size() / 2];
+  return medianOf(us);
 }
 
 double rawTwoHopRttUs(const std::string& dir, int iterations) {
@@ -223,8 +229,7 @@ double rawTwoHopRttUs(const std::string& dir, int iterations) {
   }
   ::close(fd);
   if (us.empty()) return -1;
-  std::nth_element(us.begin(), us.begin() + static_cast<long>(us.size() / 2), us.end());
-  return us[us.size() / 2];
+  return medianOf(us);
 }
 
 }  // namespace raccel::bench

@@ -165,14 +165,22 @@ void declareFlags(Flags& flags) {
                              "operator's sandbox_read)", true);
 }
 
-// Nothing it runs may gain privileges, dump core, or outlive the netaccel (false: the
-// netaccel is gone already). SIGPWR notes that the card went away.
-bool harden() {
+// Nothing it runs may gain privileges or dump core; out of the netaccel's process group
+// and session. (A tenant's sandbox and the template's builder both.)
+void detach() {
   prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  setsid();
+  signal(SIGPIPE, SIG_IGN);
+  rlimit none{0, 0};
+  setrlimit(RLIMIT_CORE, &none);
+}
+
+// A tenant's sandbox: detached, and it may not outlive the netaccel (false: the netaccel
+// is gone already). SIGPWR notes that the card went away.
+bool harden() {
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   if (getppid() == 1) return false;  // the netaccel is already gone
-  setsid();  // out of the netaccel's process group and session
-  signal(SIGPIPE, SIG_IGN);
+  detach();
   // SIGPWR: the card went away under this sandbox, as after a driver reset (an
   // operator's rehearsal of one; its tenant is rebuilt from its lineage elsewhere). Not
   // SIGUSR1 or SIGUSR2: LLVM, inside PoCL, takes those for its own handlers.
@@ -181,8 +189,6 @@ bool harden() {
   reset.sa_flags = SA_RESTART;
   sigemptyset(&reset.sa_mask);
   sigaction(SIGPWR, &reset, nullptr);
-  rlimit none{0, 0};
-  setrlimit(RLIMIT_CORE, &none);
   return true;
 }
 
@@ -192,6 +198,19 @@ void keepCompilerFilesIn(const std::string& workdir) {
   setenv("POCL_CACHE_DIR", (workdir + "/pocl-cache").c_str(), 1);
   setenv("CUDA_CACHE_PATH", (workdir + "/cuda-cache").c_str(), 1);
   setenv("TMPDIR", workdir.c_str(), 1);
+}
+
+// The card as the netaccel serves it: its kind, model, TFLOPS, memory (0: the device's
+// own) and whether it offers images, from the flags.
+hal::DeviceOverrides cardOverrides(const Flags& flags, unsigned long long memory) {
+  hal::DeviceOverrides overrides;
+  if (flags.has("kind"))
+    if (auto k = parseKind(flags.get("kind")); k) overrides.kind = *k;
+  if (flags.has("model")) overrides.model = flags.get("model");
+  if (flags.has("tflops")) overrides.tflops = std::atof(flags.get("tflops").c_str());
+  if (memory) overrides.memoryBytes = memory;
+  overrides.noImages = flags.has("no-images");
+  return overrides;
 }
 
 // --probe-read, --probe-write: confined as for a tenant, can it read (write) these paths?
@@ -226,16 +245,10 @@ Status confineAll(const Flags& flags, const std::string& workdir) {
 // netaccel that started it (no PDEATHSIG), whose life may be shorter than a build. At
 // low priority: it shares the machine with tenants' work.
 int precompile(const Flags& flags, unsigned long long device, const std::string& workdir) {
-  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-  setsid();
-  signal(SIGPIPE, SIG_IGN);
-  rlimit none{0, 0};
-  setrlimit(RLIMIT_CORE, &none);
+  detach();
   errno = 0;  // (nice may return -1 as the new niceness: only errno tells a failure)
   if (nice(10) == -1 && errno != 0) std::perror("raccel-sandbox: nice");
-  hal::DeviceOverrides overrides;
-  if (flags.has("model")) overrides.model = flags.get("model");
-  if (flags.has("tflops")) overrides.tflops = std::atof(flags.get("tflops").c_str());
+  hal::DeviceOverrides overrides = cardOverrides(flags, 0);
   overrides.noImages = true;
   auto opened = hal::openDevice(flags.get("backend"), static_cast<unsigned>(device), overrides);
   Result<unsigned> launched = opened ? Result<unsigned>(0u) : Result<unsigned>(fail(opened.error()));
@@ -257,14 +270,7 @@ int precompile(const Flags& flags, unsigned long long device, const std::string&
 
 // The card, as the netaccel serves it (its overrides); the first reply says why not.
 std::unique_ptr<hal::Device> openCard(const Flags& flags, unsigned long long device, unsigned long long memory, int fd) {
-  hal::DeviceOverrides overrides;
-  if (flags.has("kind"))
-    if (auto k = parseKind(flags.get("kind")); k) overrides.kind = *k;
-  if (flags.has("model")) overrides.model = flags.get("model");
-  if (flags.has("tflops")) overrides.tflops = std::atof(flags.get("tflops").c_str());
-  if (memory) overrides.memoryBytes = memory;
-  overrides.noImages = flags.has("no-images");
-  auto opened = hal::openDevice(flags.get("backend"), static_cast<unsigned>(device), overrides);
+  auto opened = hal::openDevice(flags.get("backend"), static_cast<unsigned>(device), cardOverrides(flags, memory));
   if (!opened) {
     // The first reply says why; the netaccel fails the tenant's instructions with it.
     netaccel::sandbox::Reply r;

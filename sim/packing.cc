@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -184,14 +183,14 @@ Repack liftHolders(const Pool& pool, const scheduler::Node& node, const std::map
 
 // Each item, largest first, onto the card it leaves least free on (its own card on ties):
 // the card of each item in r.items' new order, or nothing when one fits nowhere.
-std::optional<std::vector<long>> bestFit(Repack& r, const std::function<const Card&(size_t)>& cardAt) {
+std::optional<std::vector<long>> bestFit(Repack& r, const Pool& pool, const scheduler::Node& node) {
   std::sort(r.items.begin(), r.items.end(), [&](auto& a, auto& b) { return a.pod->gpuMilli > b.pod->gpuMilli; });
   std::vector<long> to(r.items.size(), -1);
   for (size_t k = 0; k < r.items.size(); ++k) {
     const uint32_t need = r.items[k].pod->gpuMilli;
     long best = -1;
     for (size_t i = 0; i < r.room.size(); ++i) {
-      if (r.reserved[i] || !modelAccepted(*r.items[k].pod, cardAt(i)) || r.room[i] < need) continue;
+      if (r.reserved[i] || !modelAccepted(*r.items[k].pod, pool.cards()[node.cards[i]]) || r.room[i] < need) continue;
       const uint32_t left = r.room[i] - need;
       if (best < 0 || left < r.room[best] - need || (left == r.room[best] - need && static_cast<long>(i) == r.items[k].from))
         best = static_cast<long>(i);
@@ -216,7 +215,7 @@ bool migrateFor(Cluster& c, VaccelId owner, const Pod& pod, const std::map<Vacce
     const auto& node = pool.nodes()[n];
     if (!node.hostFits(hostOf(pod))) continue;
     const size_t cards = node.cards.size();
-    const std::function<const Card&(size_t)> cardAt = [&](size_t i) -> const Card& { return pool.cards()[node.cards[i]]; };
+    auto cardAt = [&](size_t i) -> const Card& { return pool.cards()[node.cards[i]]; };
     // Thousandths of accepted cards free in all: a share needs its own, whole cards 1000 each.
     uint32_t free = 0;
     bool anyCard = false;
@@ -234,7 +233,7 @@ bool migrateFor(Cluster& c, VaccelId owner, const Pod& pod, const std::map<Vacce
       std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return r.movable[a] < r.movable[b]; });
       for (uint32_t k = 0; k < pod.numGpu; ++k) r.reserved[order[k]] = true, r.room[order[k]] = 0;
     }
-    auto to = bestFit(r, cardAt);
+    auto to = bestFit(r, pool, node);
     if (!to) continue;
     for (auto& it : r.items)
       if (it.owner != owner) c.pool.release(it.owner);
