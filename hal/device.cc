@@ -100,59 +100,52 @@ Result<std::unique_ptr<Program>> Device::doLoadProgram(ProgramKind kind, const s
   return fail(Code::unimplemented, std::string(programKindName(kind)) + " programs are not supported by " + caps_.backend);
 }
 
-Status checkLaunch(const Capabilities& caps, const std::string& kernel, const LaunchDims& dims,
-                   std::span<const KernelArg> args) {
-  auto bad = [&](const std::string& why) { return fail(Code::invalidArgument, "launch of " + limits::clip(kernel, 64) + ": " + why); };
-  if (args.size() > kMaxKernelArgs)
-    return bad(std::to_string(args.size()) + " arguments (at most " + std::to_string(kMaxKernelArgs) + ")");
-  uint64_t localBytes = dims.sharedBytes, valueBytes = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const KernelArg& arg = args[i];
-    const std::string which = "argument " + std::to_string(i);
-    switch (arg.type) {
-      case KernelArg::Type::buffer:
-        if (arg.buffer == nullptr) return bad(which + " is a null buffer");
-        if (arg.offset >= arg.buffer->size())
-          return bad(which + ": offset " + std::to_string(arg.offset) + " is past the end of a " +
-                     std::to_string(arg.buffer->size()) + "-byte buffer");
-        break;
-      case KernelArg::Type::bytes:
-        if (arg.bytes.empty() || arg.bytes.size() > kMaxArgBytes)
-          return bad(which + ": " + std::to_string(arg.bytes.size()) + " bytes by value (1 to " +
-                     std::to_string(kMaxArgBytes) + ")");
-        valueBytes = limits::satAdd(valueBytes, arg.bytes.size());
-        break;
-      case KernelArg::Type::local:
-        if (arg.scalar.u32 == 0) return bad(which + ": a local array of 0 bytes");
-        localBytes = limits::satAdd(localBytes, arg.scalar.u32);
-        break;
-      case KernelArg::Type::image: {
-        if (arg.buffer == nullptr) return bad(which + " is an image of a null buffer");
-        if (auto s = checkImage(arg.image, caps.images); !s)
-          return fail(s.error().code, "launch of " + limits::clip(kernel, 64) + ": " + which + ": " + s.error().message);
-        const uint64_t bytes = imageBytes(arg.image);
-        if (arg.offset > arg.buffer->size() || bytes > arg.buffer->size() - arg.offset)
-          return bad(which + ": an image of " + std::to_string(bytes) + " bytes from offset " + std::to_string(arg.offset) +
-                     " does not fit its " + std::to_string(arg.buffer->size()) + "-byte buffer");
-        break;
-      }
-      case KernelArg::Type::sampler:
-        if (!caps.images.supported())
-          return fail(Code::unimplemented, "launch of " + limits::clip(kernel, 64) + ": " + which +
-                                               " is a sampler, and this card has no image support");
-        if (auto s = decodeSampler(arg.scalar.u32); !s) return bad(which + ": " + s.error().message);
-        valueBytes = limits::satAdd(valueBytes, 8);
-        break;
-      default:
-        valueBytes = limits::satAdd(valueBytes, 8);
-        break;
+namespace {
+
+// One argument of a launch: why it is refused, said after "argument i" (" is a null
+// buffer", ": offset ..."), or what it adds to the launch's local and by-value bytes.
+Status checkArg(const Capabilities& caps, const KernelArg& arg, uint64_t& localBytes, uint64_t& valueBytes) {
+  auto bad = [](const std::string& why) { return fail(Code::invalidArgument, why); };
+  switch (arg.type) {
+    case KernelArg::Type::buffer:
+      if (arg.buffer == nullptr) return bad(" is a null buffer");
+      if (arg.offset >= arg.buffer->size())
+        return bad(": offset " + std::to_string(arg.offset) + " is past the end of a " + std::to_string(arg.buffer->size()) +
+                   "-byte buffer");
+      return {};
+    case KernelArg::Type::bytes:
+      if (arg.bytes.empty() || arg.bytes.size() > kMaxArgBytes)
+        return bad(": " + std::to_string(arg.bytes.size()) + " bytes by value (1 to " + std::to_string(kMaxArgBytes) + ")");
+      valueBytes = limits::satAdd(valueBytes, arg.bytes.size());
+      return {};
+    case KernelArg::Type::local:
+      if (arg.scalar.u32 == 0) return bad(": a local array of 0 bytes");
+      localBytes = limits::satAdd(localBytes, arg.scalar.u32);
+      return {};
+    case KernelArg::Type::image: {
+      if (arg.buffer == nullptr) return bad(" is an image of a null buffer");
+      if (auto s = checkImage(arg.image, caps.images); !s) return fail(s.error().code, ": " + s.error().message);
+      const uint64_t bytes = imageBytes(arg.image);
+      if (arg.offset > arg.buffer->size() || bytes > arg.buffer->size() - arg.offset)
+        return bad(": an image of " + std::to_string(bytes) + " bytes from offset " + std::to_string(arg.offset) +
+                   " does not fit its " + std::to_string(arg.buffer->size()) + "-byte buffer");
+      return {};
     }
+    case KernelArg::Type::sampler:
+      if (!caps.images.supported()) return fail(Code::unimplemented, " is a sampler, and this card has no image support");
+      if (auto s = decodeSampler(arg.scalar.u32); !s) return bad(": " + s.error().message);
+      valueBytes = limits::satAdd(valueBytes, 8);
+      return {};
+    default:
+      valueBytes = limits::satAdd(valueBytes, 8);
+      return {};
   }
-  if (valueBytes > kMaxArgBytes)
-    return bad(std::to_string(valueBytes) + " bytes of arguments by value (at most " + std::to_string(kMaxArgBytes) + ")");
-  if (caps.localMemBytes && localBytes > caps.localMemBytes)
-    return bad(std::to_string(localBytes) + " bytes of local (shared) memory asked; this card has " +
-               std::to_string(caps.localMemBytes) + " per work-group");
+}
+
+// The launch's grid: why it is refused (past its work dimensions, empty or too large
+// work-groups, an offset that overflows).
+Status checkDims(const Capabilities& caps, const LaunchDims& dims) {
+  auto bad = [](const std::string& why) { return fail(Code::invalidArgument, why); };
   if (dims.workDim > 3) return bad("work dimensions of " + std::to_string(dims.workDim) + " (1 to 3)");
   for (int d = dims.workDim ? dims.workDim : 3; d < 3; ++d)
     if (dims.grid[d] != 1 || (!dims.autoBlock && dims.block[d] != 1) || dims.offset[d] != 0)
@@ -168,6 +161,27 @@ Status checkLaunch(const Capabilities& caps, const std::string& kernel, const La
   if (caps.maxWorkGroupSize && groupSize > caps.maxWorkGroupSize)
     return bad("work-groups (blocks) of " + std::to_string(groupSize) + " items; this card runs at most " +
                std::to_string(caps.maxWorkGroupSize));
+  return {};
+}
+
+}  // namespace
+
+Status checkLaunch(const Capabilities& caps, const std::string& kernel, const LaunchDims& dims,
+                   std::span<const KernelArg> args) {
+  auto bad = [&](Code code, const std::string& why) { return fail(code, "launch of " + limits::clip(kernel, 64) + ": " + why); };
+  if (args.size() > kMaxKernelArgs)
+    return bad(Code::invalidArgument, std::to_string(args.size()) + " arguments (at most " + std::to_string(kMaxKernelArgs) + ")");
+  uint64_t localBytes = dims.sharedBytes, valueBytes = 0;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (auto s = checkArg(caps, args[i], localBytes, valueBytes); !s)
+      return bad(s.error().code, "argument " + std::to_string(i) + s.error().message);
+  if (valueBytes > kMaxArgBytes)
+    return bad(Code::invalidArgument,
+               std::to_string(valueBytes) + " bytes of arguments by value (at most " + std::to_string(kMaxArgBytes) + ")");
+  if (caps.localMemBytes && localBytes > caps.localMemBytes)
+    return bad(Code::invalidArgument, std::to_string(localBytes) + " bytes of local (shared) memory asked; this card has " +
+                                          std::to_string(caps.localMemBytes) + " per work-group");
+  if (auto s = checkDims(caps, dims); !s) return bad(s.error().code, s.error().message);
   return {};
 }
 

@@ -1001,47 +1001,16 @@ class OpenclDevice final : public Device {
     std::vector<cl_program> compiled;
     auto releaseAll = [&] {
       for (cl_program p : compiled) clReleaseProgram(p);
+      compiled.clear();
     };
     std::string logs;
     for (size_t i = 0; i < units->units.size(); ++i) {
-      const ProgramUnit& u = units->units[i];
-      if (u.options.size() > kMaxBuildOptions) {
+      auto unit = compileUnit(name, i, units->units[i], logs);
+      if (!unit) {
         releaseAll();
-        return fail(Code::invalidArgument, "unit " + std::to_string(i) + ": compile options of " + std::to_string(u.options.size()) +
-                                               " bytes (at most " + std::to_string(kMaxBuildOptions) + ")");
+        return fail(unit.error());
       }
-      cl_int rc = CL_SUCCESS;
-      auto source = [&](const std::string& text) {
-        const char* src = text.data();
-        size_t len = text.size();
-        return clCreateProgramWithSource(context_, 1, &src, &len, &rc);
-      };
-      std::vector<cl_program> headers;
-      std::vector<const char*> names;
-      for (auto& [headerName, text] : u.headers) {
-        cl_program h = text.empty() ? nullptr : source(text);
-        if (!h) break;
-        headers.push_back(h);
-        names.push_back(headerName.c_str());
-      }
-      cl_program unit = rc == CL_SUCCESS && headers.size() == u.headers.size() && !u.source.empty() ? source(u.source) : nullptr;
-      if (unit) {
-        std::string flags = u.options + kArgInfo;
-        rc = clCompileProgram(unit, 1, &device_, flags.c_str(), static_cast<cl_uint>(headers.size()),
-                              headers.empty() ? nullptr : headers.data(), headers.empty() ? nullptr : names.data(), nullptr,
-                              nullptr);
-        logs += buildLog(unit);
-        compiled.push_back(unit);
-      }
-      for (cl_program h : headers) clReleaseProgram(h);
-      if (!unit || rc != CL_SUCCESS) {
-        releaseAll();
-        if (!unit) return fail(Code::invalidArgument, "program '" + name + "': unit " + std::to_string(i) + " or a header of it is empty");
-        if (rc == CL_INVALID_COMPILER_OPTIONS)
-          return clFail(Code::invalidArgument, "program '" + name + "': the compiler refused the compile options '" + u.options + "'", rc);
-        return clFail(Code::invalidArgument, "program '" + name + "': unit " + std::to_string(i) + " failed to compile (" +
-                                                 clError(rc) + "). Build log:\n" + logs, rc);
-      }
+      compiled.push_back(*unit);
     }
     if (units->compileOnly) {
       cl_program first = compiled.front();
@@ -1062,6 +1031,43 @@ class OpenclDevice final : public Device {
       return clFail(Code::invalidArgument, "program '" + name + "' failed to link (" + clError(rc) + "). Build log:\n" + logs + log, rc);
     }
     return described(name, ProgramKind::openclUnits, linked, logs + log);
+  }
+
+  // Unit i of program `name` compiled with its headers, its build log added to `logs`;
+  // the caller owns it.
+  Result<cl_program> compileUnit(const std::string& name, size_t i, const ProgramUnit& u, std::string& logs) {
+    if (u.options.size() > kMaxBuildOptions)
+      return fail(Code::invalidArgument, "unit " + std::to_string(i) + ": compile options of " + std::to_string(u.options.size()) +
+                                             " bytes (at most " + std::to_string(kMaxBuildOptions) + ")");
+    cl_int rc = CL_SUCCESS;
+    auto source = [&](const std::string& text) {
+      const char* src = text.data();
+      size_t len = text.size();
+      return clCreateProgramWithSource(context_, 1, &src, &len, &rc);
+    };
+    std::vector<cl_program> headers;
+    std::vector<const char*> names;
+    for (auto& [headerName, text] : u.headers) {
+      cl_program h = text.empty() ? nullptr : source(text);
+      if (!h) break;
+      headers.push_back(h);
+      names.push_back(headerName.c_str());
+    }
+    cl_program unit = rc == CL_SUCCESS && headers.size() == u.headers.size() && !u.source.empty() ? source(u.source) : nullptr;
+    if (unit) {
+      std::string flags = u.options + kArgInfo;
+      rc = clCompileProgram(unit, 1, &device_, flags.c_str(), static_cast<cl_uint>(headers.size()),
+                            headers.empty() ? nullptr : headers.data(), headers.empty() ? nullptr : names.data(), nullptr, nullptr);
+      logs += buildLog(unit);
+    }
+    for (cl_program h : headers) clReleaseProgram(h);
+    if (unit && rc == CL_SUCCESS) return unit;
+    if (unit) clReleaseProgram(unit);
+    if (!unit) return fail(Code::invalidArgument, "program '" + name + "': unit " + std::to_string(i) + " or a header of it is empty");
+    if (rc == CL_INVALID_COMPILER_OPTIONS)
+      return clFail(Code::invalidArgument, "program '" + name + "': the compiler refused the compile options '" + u.options + "'", rc);
+    return clFail(Code::invalidArgument, "program '" + name + "': unit " + std::to_string(i) + " failed to compile (" + clError(rc) +
+                                             "). Build log:\n" + logs, rc);
   }
 
   KernelDescription describeKernel(const std::string& name, cl_kernel k) {
