@@ -636,6 +636,10 @@ void Netaccel::takeLane(Link& link, capnp::Text::Reader path, capnp::Data::Reade
 void Netaccel::sendHeartbeat(Link& link) {
   if (!link.connection) return;
   link.connection->trimIdle();  // a link idle since the last heartbeat gives its burst buffers back
+  uint64_t moved = 0;
+  for (auto& l : links_)
+    if (l->connection) moved += l->connection->moved();
+  if (freeMemory_.tick(moved)) RLOG_DEBUG("netaccel") << "the links went quiet: free memory given back";
   capnp::MallocMessageBuilder m;
   auto hb = m.initRoot<wire::NodeMessage>().initHeartbeat();
   hb.setContexts(static_cast<uint32_t>(link.contexts.size()));

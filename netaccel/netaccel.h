@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/free_memory.h"
 #include "hal/device.h"
 #include "netaccel/card_worker.h"
 #include "netaccel/config.h"
@@ -111,6 +112,7 @@ class Netaccel {
   std::shared_ptr<transport::TlsContext> tls_;
   std::vector<std::unique_ptr<CardWorker>> workers_;
   std::vector<std::unique_ptr<Link>> links_;
+  FreeMemoryAfterBursts freeMemory_;  // the heap back once the links go quiet (each heartbeat)
   std::unordered_map<uint32_t, Context> contexts_;  // by the netaccel's own id
   // Closed contexts whose final kernel time the cards have not reported yet: whose it is.
   struct Closed {

@@ -116,6 +116,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Bytes a TLS link keeps for its next burst: the last write's ciphertext buffers, and
   // with a crypto thread its spare read and ciphertext buffers (up to ~6 MiB a busy link).
   size_t retainedBytes() const;
+  // Bytes read and written on its stream, and carried by its same-host lanes, so far.
+  uint64_t moved() const { return moved_; }
   // Gives those back if the link moved less than kTrimBelowBytes since the last call
   // (true when it did). A daemon calls it now and then for each link (its tick), so an
   // idle link holds none of them.
@@ -183,7 +185,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false, reading_ = false, paused_ = false, closing_ = false, started_ = false;
   bool corked_ = false;  // queued frames wait for the end of a Cork (listed there)
   uint64_t writes_ = 0;
-  uint64_t moved_ = 0, movedAtTrim_ = 0;  // bytes read and written (trimIdle)
+  uint64_t moved_ = 0, movedAtTrim_ = 0;  // bytes read, written and through the lanes (moved(), trimIdle)
   bool truncated_ = false;
   int closesPending_ = 0;  // handles (the stream, a crypto thread's wake-up) not yet closed
   std::vector<std::function<void()>> drainWaiters_;

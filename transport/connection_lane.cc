@@ -65,6 +65,7 @@ bool Connection::sendThroughLane(uint32_t channel, uint64_t sequence, const Body
   putLe<uint64_t>(d + 8, *at);
   queueSmall(kLaneFrameChannel, sequence, d, sizeof d);
   ++lanes_->framesSent;
+  moved_ += body.size();
   return true;
 }
 
@@ -107,6 +108,7 @@ void Connection::onLaneFrame(const FrameHeader& header, Body body) {
     return laneViolation("a descriptor of " + std::to_string(length) + " bytes at " + std::to_string(offset) + " on channel " +
                          std::to_string(channel) + " (the lane has " + std::to_string(size) + ")");
   ++l.framesReceived;
+  moved_ += length;
   const FrameHeader frame{channel, length, header.sequence};
   if (length > reader_.maxFrameBytes()) {
     sendLaneReleases({{offset, length}});

@@ -278,7 +278,9 @@ void NodeLinks::check(uint64_t now, bool stalled) {
   std::vector<NodeLink*> silent, unregistered;
   const bool trim = now - lastTrimMs_ >= kTrimEveryMs;  // an idle link's burst buffers go back
   if (trim) lastTrimMs_ = now;
+  uint64_t moved = 0;
   for (auto& [c, n] : links_) {
+    moved += n->connection->moved();
     if (n->connection->closed()) continue;
     if (trim) n->connection->trimIdle();
     // Not reading it (a guest link behind it is backed up) is our silence, not its: its
@@ -287,6 +289,7 @@ void NodeLinks::check(uint64_t now, bool stalled) {
     if (!n->name.empty() && now - n->lastHeardMs > config_.heartbeatTimeoutMs) silent.push_back(n.get());
     if (n->name.empty() && now - n->acceptedMs > config_.registerTimeoutMs) unregistered.push_back(n.get());
   }
+  if (trim && freeMemory_.tick(moved)) RLOG_DEBUG("scheduler") << "the node links went quiet: free memory given back";
   for (auto* n : silent) {
     n->lostReason = "no heartbeat for " + std::to_string(now - n->lastHeardMs) + " ms";
     n->connection->close();  // closed() does the rest

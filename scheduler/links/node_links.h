@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/free_memory.h"
 #include "scheduler/config.h"
 #include "scheduler/scheduler.h"
 #include "transport/connection.h"
@@ -93,6 +94,7 @@ class NodeLinks {
   uint64_t refused_ = 0;  // connections over max_node_links, for the log
   static constexpr uint64_t kTrimEveryMs = 1000;  // Connection::trimIdle, each link
   uint64_t lastTrimMs_ = 0;
+  FreeMemoryAfterBursts freeMemory_;  // the heap back once the links go quiet (each trim)
 };
 
 }  // namespace raccel::scheduler
