@@ -398,13 +398,33 @@ bool Connection::trimIdle() {
   return true;
 }
 
-// The one write in flight (its completion, onWrite, starts the next).
+// The one write in flight (its completion, wrote, starts the next). It goes straight to
+// the socket first: most writes fit its buffer and are done there, without a request,
+// whose completion re-arms the loop's watch of the socket (an epoll_ctl a write, a
+// quarter of a relayed round trip's system calls). What does not fit goes as a request.
 void Connection::startWrite(const uv_buf_t* bufs, size_t count) {
   writeReq_.data = this;
   writing_ = true;
   ++writes_;
-  for (size_t i = 0; i < count; ++i) moved_ += bufs[i].len;
-  int rc = uv_write(&writeReq_, &handle_.stream, bufs, static_cast<unsigned>(count), onWrite);
+  size_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += bufs[i].len;
+  moved_ += total;
+  const int n = uv_try_write(&handle_.stream, bufs, static_cast<unsigned>(count));
+  if (n >= 0 && static_cast<size_t>(n) == total) {
+    wrote(0);
+    return;
+  }
+  std::vector<uv_buf_t> rest(bufs, bufs + count);
+  auto first = rest.begin();
+  for (size_t done = n > 0 ? static_cast<size_t>(n) : 0; done > 0;) {  // past what the socket took
+    const size_t step = std::min(done, first->len);
+    first->base += step;
+    first->len -= step;
+    done -= step;
+    if (first->len == 0) ++first;
+  }
+  // (an error other than a full socket is the request's to report)
+  int rc = uv_write(&writeReq_, &handle_.stream, &*first, static_cast<unsigned>(rest.end() - first), onWrite);
   if (rc != 0) {
     writing_ = false;
     RLOG_DEBUG("transport") << "write to " << peer_ << " failed: " << uv_strerror(rc);
@@ -614,27 +634,28 @@ void Connection::flushNow() {
   startWrite(bufs.data(), bufs.size());
 }
 
-void Connection::onWrite(uv_write_t* req, int status) {
-  auto* c = static_cast<Connection*>(req->data);
-  auto keep = c->shared_from_this();
-  c->writing_ = false;
-  c->inflight_.clear();
-  if (c->tls_) {
-    if (c->tls_->crypto)
-      for (auto& b : c->tls_->sent) c->tls_->crypto->recycleCipher(std::move(b));
-    c->tls_->sent.clear();
+void Connection::onWrite(uv_write_t* req, int status) { static_cast<Connection*>(req->data)->wrote(status); }
+
+void Connection::wrote(int status) {
+  auto keep = shared_from_this();
+  writing_ = false;
+  inflight_.clear();
+  if (tls_) {
+    if (tls_->crypto)
+      for (auto& b : tls_->sent) tls_->crypto->recycleCipher(std::move(b));
+    tls_->sent.clear();
   }
-  c->inflightBytes_ = 0;
+  inflightBytes_ = 0;
 
   if (status != 0) {
-    if (status != UV_ECANCELED) RLOG_DEBUG("transport") << "write to " << c->peer_ << " failed: " << uv_strerror(status);
-    c->close();
+    if (status != UV_ECANCELED) RLOG_DEBUG("transport") << "write to " << peer_ << " failed: " << uv_strerror(status);
+    close();
     return;
   }
-  c->flush();
-  if (!c->drainWaiters_.empty() && c->backlogBytes() < kHighWater / 2) {
-    auto waiters = std::move(c->drainWaiters_);
-    c->drainWaiters_.clear();
+  flush();
+  if (!drainWaiters_.empty() && backlogBytes() < kHighWater / 2) {
+    auto waiters = std::move(drainWaiters_);
+    drainWaiters_.clear();
     for (auto& fn : waiters) fn();
   }
 }

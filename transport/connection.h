@@ -153,6 +153,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t queuedPlainBytes() const;
   void flushCrypto();
   void startWrite(const uv_buf_t* bufs, size_t count);
+  void wrote(int status);  // the write in flight is done (status 0) or failed
   void startCryptoThread(Bytes rest);
   void onCryptoOutput();
   void queueSmall(uint32_t channel, uint64_t sequence, const std::byte* body, size_t bytes);
