@@ -762,7 +762,8 @@ TEST_P(Conformance, GeluAndItsBackwardOverContiguousOperandsMatchReferenceWithFu
 
 // Sums of many elements into few outputs (a card with work-group memory sums each output
 // with a work-group): everything into one, and each of 3 channels over a [5, 3, 700]
-// tensor's other dimensions, scaled and added to what was there (alpha, beta).
+// tensor's other dimensions, scaled and added to what was there (alpha, beta); and rows'
+// sums.
 TEST_P(Conformance, ASumOfManyElementsIntoFewOutputsMatchesReference) {
   const size_t n = 5, c = 3, p = 700;
   auto x = randomFloats(n * c * p, 71);
@@ -787,6 +788,21 @@ TEST_P(Conformance, ASumOfManyElementsIntoFewOutputsMatchesReference) {
     for (size_t b = 0; b < n; ++b)
       for (size_t q = 0; q < p; ++q) sum += x[(b * c + ch) * p + q];
     EXPECT_NEAR(got[ch], 0.5 * sum + 2.0 * (ch + 1), 1e-3) << ch;
+  }
+  // Each row's sum, the rows' elements neighbours (a CPU card sums them as vectors): rows
+  // of 37 (two whole vectors and 5 more), of 16 (one) and of 3 (none), from element 7 on.
+  for (const size_t len : {37, 16, 3}) {
+    const size_t rows = 6, at = 7;
+    auto rowSums = floats(std::vector<float>(rows, 1));
+    auto op = tensorOp(TensorFn::sum, {rows, len}, {view(rowSums.get(), 0, {1, 0}), view(bx.get(), at, {len, 1})});
+    op.reduceMask = 0b10, op.alpha = 2, op.beta = -1;
+    ASSERT_TRUE(device->tensor(op)) << len;
+    auto sums = readFloats(*rowSums, rows);
+    for (size_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (size_t q = 0; q < len; ++q) sum += x[at + r * len + q];
+      EXPECT_NEAR(sums[r], 2 * sum - 1, 1e-4) << "rows of " << len << ", row " << r;
+    }
   }
 }
 

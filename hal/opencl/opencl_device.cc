@@ -650,6 +650,8 @@ class OpenclDevice final : public Device {
       const uint64_t rows = uint64_t(g.shape[d]), cols = uint64_t(g.shape[d + 1]), entries = d ? uint64_t(g.shape[0]) : 1;
       return {"rc_matmul_tiled", 2, {roundUp(cols, 16), roundUp(rows, 16) * entries, 1}, {16, 16, 1}, true};
     }
+    if (cpu_ && sumRowsVec(g))  // a work-item a row of neighbours, as vectors
+      return {"rc_sum_rows_vec", 1, {roundUp(uint64_t(g.n), 64), 1, 1}};
     if (fn == TensorFn::sum && g.type[1] == int(TensorType::f32) && groups256_ && g.n <= kGroupSumOutputs &&
         g.inner >= kGroupSumElements)  // a work-group an output
       return {"rc_sum_groups", 1, {size_t(g.n) * 256, 1, 1}, {256, 1, 1}, true};
@@ -749,7 +751,8 @@ class OpenclDevice final : public Device {
     if (auto s = scratch(uint64_t(rowSums.n) * 4); !s) return fail(s.error());
     auto& b = op.buffers;
     size_t global[1] = {roundUp(uint64_t(rowSums.n), 64)};
-    if (auto s = runIn(*tensorKernels_, "rc_reduce", 1, global, nullptr, rowSums, scratch_, memOf(*b[1]), scratch_, scratch_); !s)
+    const char* rowKernel = sumRowsVec(rowSums) ? "rc_sum_rows_vec" : "rc_reduce";
+    if (auto s = runIn(*tensorKernels_, rowKernel, 1, global, nullptr, rowSums, scratch_, memOf(*b[1]), scratch_, scratch_); !s)
       return fail(s.error());
     global[0] = roundUp(uint64_t(g.n), 64);
     if (auto s = runIn(*tensorKernels_, "rc_reduce", 1, global, nullptr, total, memOf(*b[0]), scratch_, scratch_, scratch_); !s)
@@ -838,6 +841,14 @@ class OpenclDevice final : public Device {
     for (unsigned i = 1; i < tensorFnOperands(TensorFn(g.fn)); ++i)
       if (g.stride[i][last] != 0 && g.stride[i][last] != 1) return nullptr;
     return f->rows;
+  }
+
+  // An f32 sum whose reduced elements are one row of neighbours an output (the last
+  // dimension alone, stride 1), at least kVecColumns long: rc_sum_rows_vec.
+  static bool sumRowsVec(const kernels::RcGeom& g) {
+    const int last = int(g.dims) - 1;
+    return TensorFn(g.fn) == TensorFn::sum && g.type[0] == int(TensorType::f32) && g.type[1] == int(TensorType::f32) &&
+           last >= 0 && g.shape[last] == g.inner && g.stride[1][last] == 1 && g.inner >= kVecColumns;
   }
 
   // A gatherSum over f32 whose output is contiguous along the last of its 1 to 4 kept
