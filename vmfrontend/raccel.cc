@@ -1,6 +1,7 @@
 #include "vmfrontend/raccel.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <sstream>
 
@@ -96,14 +97,32 @@ std::string VaccelInfo::describe() const {
 
 constexpr size_t kHeldOps = 8, kHeldFills = 64;
 
+namespace {
+// The bytes of its buffer that a view over `shape` may touch, from first to last. A view
+// whose strides do not match its shape (a reduction's, a matmul's) spans its whole buffer.
+struct Span {
+  Handle buffer;
+  uint64_t first, last;
+};
+Span spanOf(const TensorOperand& o, const std::vector<uint64_t>& shape) {
+  if (o.strides.size() != shape.size()) return Span{o.buffer, 0, UINT64_MAX};
+  const uint64_t size = o.type == TensorType::i64 ? 8 : o.type == TensorType::f32 ? 4 : 1;
+  uint64_t at = o.offset;
+  for (size_t d = 0; d < shape.size(); ++d) at = limits::satAdd(at, limits::satMul(shape[d] ? shape[d] - 1 : 0, o.strides[d]));
+  return Span{o.buffer, limits::satMul(o.offset, size), limits::satAdd(limits::satMul(at, size), size - 1)};
+}
+bool meet(const Span& a, const Span& b) { return a.buffer == b.buffer && a.first <= b.last && b.first <= a.last; }
+}  // namespace
+
 struct Session::Impl {
   transport::BlockingLink link;
   int timeoutMs = 0;
   // Elementwise tensor ops held back, in the order given (Session::tensor): a later op
   // may fuse into one of them; one that touches their memory sends those it must follow
   // first, and anything else sends them all.
-  std::vector<TensorOp> held;
+  std::vector<HeldOp> held;
   std::vector<HeldFill> fills;  // fills held apart (Session::passFills)
+  std::vector<Span> spans;      // the op being taken in's (spansOf): reused, not allocated an op
   uint64_t fused = 0;
 };
 
@@ -524,20 +543,6 @@ bool fusible(const TensorOp& op) {
 bool sameView(const TensorOperand& a, const TensorOperand& b) {
   return a.buffer == b.buffer && a.offset == b.offset && a.strides == b.strides && a.type == b.type;
 }
-// The bytes of its buffer that a view over `shape` may touch, from first to last. A view
-// whose strides do not match its shape (a reduction's, a matmul's) spans its whole buffer.
-struct Span {
-  Handle buffer;
-  uint64_t first, last;
-};
-Span spanOf(const TensorOperand& o, const std::vector<uint64_t>& shape) {
-  if (o.strides.size() != shape.size()) return Span{o.buffer, 0, UINT64_MAX};
-  const uint64_t size = o.type == TensorType::i64 ? 8 : o.type == TensorType::f32 ? 4 : 1;
-  uint64_t at = o.offset;
-  for (size_t d = 0; d < shape.size(); ++d) at = limits::satAdd(at, limits::satMul(shape[d] ? shape[d] - 1 : 0, o.strides[d]));
-  return Span{o.buffer, limits::satMul(o.offset, size), limits::satAdd(limits::satMul(at, size), size - 1)};
-}
-bool meet(const Span& a, const Span& b) { return a.buffer == b.buffer && a.first <= b.last && b.first <= a.last; }
 // Whether two views, a over shapeA and b over shapeB, may touch a common byte.
 bool overlap(const TensorOperand& a, const std::vector<uint64_t>& shapeA, const TensorOperand& b,
              const std::vector<uint64_t>& shapeB) {
@@ -546,29 +551,26 @@ bool overlap(const TensorOperand& a, const std::vector<uint64_t>& shapeA, const 
 bool overlap(const TensorOperand& a, const TensorOperand& b, const std::vector<uint64_t>& shape) {
   return overlap(a, shape, b, shape);
 }
-// Whether a held map touches any of `spans` (the bytes a later op's views may touch: it
-// must then run after the map, which writes its operand 0 only, for the later op may
-// write what the map reads, or read what it writes).
-bool touchesAny(const TensorOp& held, const std::vector<Span>& spans) {
-  for (auto& o : held.operands) {
-    const Span mine = spanOf(o, held.shape);
-    for (auto& s : spans)
-      if (meet(mine, s)) return true;
-  }
+// The bytes each operand of `op` may touch, into `out`.
+void spansOf(const TensorOp& op, std::vector<Span>& out) {
+  out.clear();
+  for (auto& o : op.operands) out.push_back(spanOf(o, op.shape));
+}
+// Whether any of `mine` meets any of `theirs`.
+bool anyMeet(const std::vector<Span>& mine, const std::vector<Span>& theirs) {
+  for (auto& m : mine)
+    for (auto& t : theirs)
+      if (meet(m, t)) return true;
   return false;
 }
-std::vector<Span> spansOf(const TensorOp& op) {
-  std::vector<Span> out;
-  out.reserve(op.operands.size());
-  for (auto& o : op.operands) out.push_back(spanOf(o, op.shape));
-  return out;
-}
-// Whether two held maps must keep their order: one writes what the other touches.
-bool ordered(const TensorOp& a, const TensorOp& b) {
-  for (auto& o : b.operands)
-    if (overlap(a.operands[0], a.shape, o, b.shape)) return true;
-  for (auto& o : a.operands)
-    if (overlap(b.operands[0], b.shape, o, a.shape)) return true;
+// Whether the map writing (operand 0) over `a` and one touching `b` must keep their order,
+// either way round: one writes what the other touches.
+bool ordered(const std::vector<Span>& a, const std::vector<Span>& b) {
+  if (a.empty() || b.empty()) return false;  // (a map without operands touches nothing)
+  for (auto& t : b)
+    if (meet(a[0], t)) return true;
+  for (auto& t : a)
+    if (meet(b[0], t)) return true;
   return false;
 }
 
@@ -635,6 +637,13 @@ struct Session::HeldFill {
   TensorOp op;
   Span span;
 };
+// A held map and the bytes each of its operands may touch (its spans, made once: a later
+// op is checked against every held op's).
+struct Session::HeldOp {
+  explicit HeldOp(TensorOp o) : op(std::move(o)) { spansOf(op, spans); }
+  TensorOp op;
+  std::vector<Span> spans;
+};
 
 // A fill (zero_grad's) is held apart until an op touches its memory: an add onto it in
 // place becomes one affine (addOntoFill); anything else sends it first. At most
@@ -649,20 +658,22 @@ const TensorOp* Session::passFills(const TensorOp& op, std::optional<TensorOp>& 
       break;
     }
   const TensorOp& next = rewritten ? *rewritten : op;
-  const std::vector<Span> spans = spansOf(next);
+  auto& spans = impl_->spans;
+  spansOf(next, spans);
   sendFillsWhere([&](const HeldFill& f) {
     return std::any_of(spans.begin(), spans.end(), [&](const Span& s) { return meet(s, f.span); });
   });
   return &next;
 }
 // Sends the held fills for which `mustGo` holds (their order among themselves is free:
-// no two share memory); the others stay held.
+// no two share memory); the others stay held, in their order.
 void Session::sendFillsWhere(const std::function<bool(const HeldFill&)>& mustGo) {
-  std::vector<HeldFill> kept;
-  for (auto& f : impl_->fills)
-    if (mustGo(f)) queueTensor(f.op);
-    else kept.push_back(std::move(f));
-  impl_->fills = std::move(kept);
+  auto& fills = impl_->fills;
+  size_t kept = 0;
+  for (size_t i = 0; i < fills.size(); ++i)
+    if (mustGo(fills[i])) queueTensor(fills[i].op);
+    else if (kept++ != i) fills[kept - 1] = std::move(fills[i]);
+  fills.resize(kept);
 }
 
 // The latest held op that `op` fuses into (fuseInto), where that op may wait behind the
@@ -686,22 +697,22 @@ void Session::tensor(const TensorOp& given) {
     return;
   }
   for (size_t i = held.size(); i-- > 0;) {
-    if (!writeAlike(held[i], op)) continue;
-    TensorOp candidate = held[i];
+    if (!writeAlike(held[i].op, op)) continue;
+    TensorOp candidate = held[i].op;
     if (!fuseInto(candidate, op)) continue;
     bool canWait = true;
-    for (size_t j = i + 1; j < held.size() && canWait; ++j) canWait = !ordered(held[i], held[j]);
+    for (size_t j = i + 1; j < held.size() && canWait; ++j) canWait = !ordered(held[i].spans, held[j].spans);
     if (!canWait) continue;
     held.erase(held.begin() + long(i));
-    held.push_back(std::move(candidate));
+    held.emplace_back(std::move(candidate));
     ++impl_->fused;
     return;
   }
   sendHeldBefore(op);
   if (!fusible(op)) return queueTensor(op);
-  held.push_back(op);
+  held.emplace_back(op);
   if (held.size() > kHeldOps) {
-    queueTensor(held.front());
+    queueTensor(held.front().op);
     held.erase(held.begin());
   }
 }
@@ -710,8 +721,9 @@ void Session::tensor(const TensorOp& given) {
 // in their order; the others stay held.
 void Session::sendHeldBefore(const TensorOp& op) {
   if (impl_->held.empty()) return;
-  const std::vector<Span> later = spansOf(op);  // once, not once a held op
-  sendHeldWhere([&](const TensorOp& held) { return touchesAny(held, later); });
+  auto& later = impl_->spans;  // once, not once a held op
+  spansOf(op, later);
+  sendHeldWhere([&](const HeldOp& held) { return anyMeet(held.spans, later); });
 }
 // Sends the held fills and maps that touch bytes [first, last] of `buffer` (what a write
 // or a free changes), with the earlier held maps those must follow. Held fills and maps
@@ -720,22 +732,22 @@ void Session::sendHeldTouching(Handle buffer, uint64_t first, uint64_t last) {
   const Span span{buffer, first, last};
   sendFillsWhere([&](const HeldFill& f) { return meet(f.span, span); });
   const std::vector<Span> written = {span};
-  sendHeldWhere([&](const TensorOp& held) { return touchesAny(held, written); });
+  sendHeldWhere([&](const HeldOp& held) { return anyMeet(held.spans, written); });
 }
 // Sends the held maps for which `mustGo` holds, with the earlier held maps those must
-// follow, in their order; the others stay held.
-void Session::sendHeldWhere(const std::function<bool(const TensorOp&)>& mustGo) {
+// follow, in their order; the others stay held, in theirs.
+void Session::sendHeldWhere(const std::function<bool(const HeldOp&)>& mustGo) {
   auto& held = impl_->held;
-  std::vector<bool> first(held.size());
+  std::array<bool, kHeldOps + 1> first{};  // (at most kHeldOps are held between two ops)
   for (size_t i = held.size(); i-- > 0;) {
     first[i] = mustGo(held[i]);
-    for (size_t j = i + 1; j < held.size() && !first[i]; ++j) first[i] = first[j] && ordered(held[i], held[j]);
+    for (size_t j = i + 1; j < held.size() && !first[i]; ++j) first[i] = first[j] && ordered(held[i].spans, held[j].spans);
   }
-  std::vector<TensorOp> kept;
+  size_t kept = 0;
   for (size_t i = 0; i < held.size(); ++i)
-    if (first[i]) queueTensor(held[i]);
-    else kept.push_back(std::move(held[i]));
-  held = std::move(kept);
+    if (first[i]) queueTensor(held[i].op);
+    else if (kept++ != i) held[kept - 1] = std::move(held[i]);
+  held.erase(held.begin() + long(kept), held.end());
 }
 
 // Every op held is independent of the ones held after it or it would have gone before
@@ -743,7 +755,7 @@ void Session::sendHeldWhere(const std::function<bool(const TensorOp&)>& mustGo) 
 void Session::sendHeld() {
   for (auto& f : impl_->fills) queueTensor(f.op);
   impl_->fills.clear();
-  for (auto& op : impl_->held) queueTensor(op);
+  for (auto& h : impl_->held) queueTensor(h.op);
   impl_->held.clear();
 }
 

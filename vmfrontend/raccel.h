@@ -263,7 +263,8 @@ class Session {
   void sendHeld();  // the held tensor ops, in order
   void sendHeldBefore(const TensorOp& op);
   void sendHeldTouching(Handle buffer, uint64_t first, uint64_t last);
-  void sendHeldWhere(const std::function<bool(const TensorOp&)>& first);
+  struct HeldOp;
+  void sendHeldWhere(const std::function<bool(const HeldOp&)>& mustGo);
   struct HeldFill;
   const TensorOp* passFills(const TensorOp& op, std::optional<TensorOp>& rewritten);
   void sendFillsWhere(const std::function<bool(const HeldFill&)>& mustGo);
