@@ -398,10 +398,17 @@ bool Connection::trimIdle() {
   return true;
 }
 
-// The one write in flight (its completion, wrote, starts the next). It goes straight to
-// the socket first: most writes fit its buffer and are done there, without a request,
-// whose completion re-arms the loop's watch of the socket (an epoll_ctl a write, a
-// quarter of a relayed round trip's system calls). What does not fit goes as a request.
+namespace {
+// Writes up to this size try the socket first (below).
+constexpr size_t kTryWriteBytes = 256 << 10;
+}  // namespace
+
+// The one write in flight (its completion, wrote, starts the next). A small one goes
+// straight to the socket first: most fit its buffer and are done there, without a
+// request, whose completion re-arms the loop's watch of the socket (an epoll_ctl a write,
+// a quarter of a relayed round trip's system calls); what does not fit goes as a request.
+// A big one goes as a request at once: its completion comes back through the loop, so
+// that a burst after burst of a long transfer lets the loop's other work run between.
 void Connection::startWrite(const uv_buf_t* bufs, size_t count) {
   writeReq_.data = this;
   writing_ = true;
@@ -409,7 +416,7 @@ void Connection::startWrite(const uv_buf_t* bufs, size_t count) {
   size_t total = 0;
   for (size_t i = 0; i < count; ++i) total += bufs[i].len;
   moved_ += total;
-  const int n = uv_try_write(&handle_.stream, bufs, static_cast<unsigned>(count));
+  const int n = total <= kTryWriteBytes ? uv_try_write(&handle_.stream, bufs, static_cast<unsigned>(count)) : UV_EAGAIN;
   if (n >= 0 && static_cast<size_t>(n) == total) {
     wrote(0);
     return;
