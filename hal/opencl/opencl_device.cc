@@ -650,6 +650,8 @@ class OpenclDevice final : public Device {
       const uint64_t rows = uint64_t(g.shape[d]), cols = uint64_t(g.shape[d + 1]), entries = d ? uint64_t(g.shape[0]) : 1;
       return {"rc_matmul_tiled", 2, {roundUp(cols, 16), roundUp(rows, 16) * entries, 1}, {16, 16, 1}, true};
     }
+    if (cpu_ && fn == TensorFn::maxPool2d && g.dims >= 4 && g.shape[g.dims - 4] > 0)  // a work-item a plane of windows
+      return {"rc_max_pool_planes", 1, {roundUp(uint64_t(g.n / g.shape[g.dims - 4]), 64), 1, 1}};
     if (cpu_ && sumRowsVec(g))  // a work-item a row of neighbours, as vectors
       return {"rc_sum_rows_vec", 1, {roundUp(uint64_t(g.n), 64), 1, 1}};
     if (fn == TensorFn::sum && g.type[1] == int(TensorType::f32) && groups256_ && g.n <= kGroupSumOutputs &&
