@@ -636,10 +636,15 @@ void Netaccel::takeLane(Link& link, capnp::Text::Reader path, capnp::Data::Reade
 void Netaccel::sendHeartbeat(Link& link) {
   if (!link.connection) return;
   link.connection->trimIdle();  // a link idle since the last heartbeat gives its burst buffers back
-  uint64_t moved = 0;
-  for (auto& l : links_)
-    if (l->connection) moved += l->connection->moved();
-  if (freeMemory_.tick(moved)) RLOG_DEBUG("netaccel") << "the links went quiet: free memory given back";
+  // Once a heartbeat period for the whole netaccel, however many schedulers it serves:
+  // at the first connected link's heartbeat, with what every link has moved.
+  auto first = std::find_if(links_.begin(), links_.end(), [](const auto& l) { return l->connection != nullptr; });
+  if (first != links_.end() && first->get() == &link) {
+    uint64_t moved = 0;
+    for (auto& l : links_)
+      if (l->connection) moved += l->connection->moved();
+    if (freeMemory_.tick(moved)) RLOG_DEBUG("netaccel") << "the links went quiet: free memory given back";
+  }
   capnp::MallocMessageBuilder m;
   auto hb = m.initRoot<wire::NodeMessage>().initHeartbeat();
   hb.setContexts(static_cast<uint32_t>(link.contexts.size()));
