@@ -15,7 +15,7 @@ failures = []
 def refused(what, words, call):
     try:
         call()
-    except (RuntimeError, ValueError, TypeError) as e:
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
         if words not in str(e):
             failures.append(f"{what}: error without '{words}': {e}")
         else:
@@ -87,6 +87,20 @@ refused("scatter_add with an index larger than src", "is larger than src",
         lambda: x.scatter_add(0, torch.zeros(6, 3, dtype=torch.long).to(dev), x).cpu())
 refused("masked_scatter_ with too few source elements", "the mask takes 15 elements, source has 4",
         lambda: x.clone().masked_scatter_(x > 0, torch.ones(4).to(dev)).cpu())
+refused("indexing with f32 indices", "must be long, byte or bool", lambda: x[torch.tensor([1.5]).to(dev)].cpu())
+refused("a mask of the wrong shape", "does not match the shape", lambda: x[torch.ones(3, dtype=torch.bool).to(dev)].cpu())
+# Index tensors apart from each other, and an op of PyTorch's that takes a list of
+# optional tensors: both run on the host (counted), the indices moved there too.
+host_x = torch.arange(60.0).reshape(5, 4, 3)
+first, last = torch.tensor([0, 4]), torch.tensor([2, 1])
+raccel.torch.reset_fallbacks()
+apart = host_x.to(dev)[first.to(dev), :, last.to(dev)].cpu()
+out = torch.empty(0).to(dev)
+torch.ops.aten.index.Tensor_out(host_x.to(dev), [first.to(dev)], out=out)
+if not torch.equal(apart, host_x[first, :, last]) or not torch.equal(out.cpu(), host_x[first]):
+    failures.append("indexing that ran on the host gave a wrong result")
+if set(raccel.torch.fallbacks()) != {"aten::index.Tensor", "aten::index.Tensor_out"}:
+    failures.append(f"indexing on the host was not counted: {raccel.torch.fallbacks()}")
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

@@ -105,6 +105,15 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x, s: x.detach().clone().scatter_add_(1, torch.tensor([[0, 4, 4], [2, 2, 1]], device=x.device), s.detach())),
     ("index_add along dim 1 with alpha", [(3, 5), (3, 4)],
      lambda x, s: x.index_add(1, torch.tensor([4, 0, 4, 2], device=x.device), s, alpha=-1.5)),
+    # Advanced indexing: one index_select over the indexed dimensions merged, and its
+    # backward one index_add (repeated picks add up).
+    ("x[i64], x[:, i64 2-D], with negative and repeated picks", [(5, 4, 3)],
+     lambda x: x[torch.tensor([1, -1, 0, 1], device=x.device)].sum((0, 1))
+     + x[:, torch.tensor([[3, 0], [-2, 3]], device=x.device)].sum((0, 1, 2))),
+    ("x[a, b] (an element per row), x[mask], x[:, mask]", [(5, 4), (5, 4)],
+     lambda x, m: torch.cat([x[torch.arange(5, device=x.device), torch.tensor([0, 3, 2, 3, 1], device=x.device)],
+                             x[m > 0] * 2, x[:, torch.tensor([True, False, True, True], device=x.device)].reshape(-1)])),
+    ("repeat and unfold (views of a view)", [(2, 5)], lambda x: x.repeat(2, 3) * x.unfold(1, 3, 2).sum() + x.unfold(1, 2, 1)[1, 3, 1]),
     ("masked_select, and its backward (masked_scatter)", [(4, 5), (5,)],
      lambda x, b: x.masked_select(b > 0) * 2),
     ("nll_loss reduction none", [(6, 4)], lambda x: F.nll_loss(F.log_softmax(x, 1), (x[:, 0] > x[:, 1]).long(), reduction="none")),

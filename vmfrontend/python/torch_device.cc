@@ -26,6 +26,7 @@
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/pybind11.h>
@@ -1277,6 +1278,116 @@ at::Tensor& index_add_(at::Tensor& self, int64_t dim, const at::Tensor& index, c
 // one wait these ops add; the values stay on the card).
 at::Tensor hostMask(const at::Tensor& mask, c10::IntArrayRef shape) { return host(mask.expand(shape)).reshape({-1}); }
 
+// Advanced indexing's index tensors on the host, for PyTorch's own kernels there (its CPU
+// fallback moves tensors and tensor lists, not lists of optional tensors).
+c10::List<c10::optional<at::Tensor>> hostIndices(const c10::List<c10::optional<at::Tensor>>& indices) {
+  c10::List<c10::optional<at::Tensor>> out;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    auto t = indices.get(i);
+    out.push_back(t && t->defined() ? c10::optional<at::Tensor>(host(*t)) : t);
+  }
+  return out;
+}
+
+// Advanced indexing (self[indices]) where the index tensors sit in neighbouring
+// dimensions, `count` of them from `first` (a None before them is ':', as is any after):
+// the picks' positions in those dimensions merged into one (i0 * size1 + i1 ...), of the
+// indices' broadcast shape. A bool mask stands for the positions where it is true (read to
+// the host: which they are is data, the one wait this adds) and a negative index counts
+// from the dimension's end. An index outside its dimension picks nothing PyTorch would:
+// index_select's NaN, where PyTorch's CPU raises. Anything else (indices apart, other
+// dtypes): nothing, and the caller runs PyTorch's own kernel on the host.
+struct MergedIndex {
+  int64_t first = 0, count = 0;
+  at::Tensor flat;             // i64 on the device, one dimension
+  std::vector<int64_t> shape;  // the indices' broadcast shape
+  // self's shape with the indexed dimensions replaced by `shape`.
+  std::vector<int64_t> resultShape(c10::IntArrayRef self) const {
+    std::vector<int64_t> out(self.begin(), self.begin() + first);
+    out.insert(out.end(), shape.begin(), shape.end());
+    out.insert(out.end(), self.begin() + first + count, self.end());
+    return out;
+  }
+  // self's shape with the indexed dimensions merged into one of `rows`.
+  std::vector<int64_t> mergedShape(c10::IntArrayRef self, int64_t rows) const {
+    std::vector<int64_t> out(self.begin(), self.begin() + first);
+    out.push_back(rows);
+    out.insert(out.end(), self.begin() + first + count, self.end());
+    return out;
+  }
+};
+std::optional<MergedIndex> mergedIndex(const at::Tensor& self, const c10::List<c10::optional<at::Tensor>>& indices) {
+  std::vector<at::Tensor> picks;  // i64 on the device, one per indexed dimension
+  int64_t dim = 0, first = -1;
+  bool gap = false;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    auto t = indices.get(i);
+    if (!t || !t->defined()) {
+      gap = first >= 0;
+      ++dim;
+      continue;
+    }
+    if (gap || !typed(*t)) return std::nullopt;
+    if (first < 0) first = dim;
+    if (t->scalar_type() == at::kBool) {
+      const int64_t k = t->dim();
+      if (k == 0 || dim + k > self.dim() || t->sizes() != self.sizes().slice(dim, k)) return std::nullopt;
+      auto positions = host(*t).nonzero();  // [true positions, k]
+      for (int64_t j = 0; j < k; ++j) picks.push_back(positions.select(1, j).contiguous().to(self.device()));
+      dim += k;
+    } else if (t->scalar_type() == at::kLong && dim < self.dim()) {
+      picks.push_back(at::where(*t < 0, *t + self.size(dim), *t));
+      ++dim;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (picks.empty() || dim > self.dim()) return std::nullopt;
+  MergedIndex m;
+  m.first = first, m.count = int64_t(picks.size());
+  auto broadcast = at::broadcast_tensors(picks);
+  m.shape = broadcast[0].sizes().vec();
+  m.flat = broadcast[0];
+  for (int64_t j = 1; j < m.count; ++j) m.flat = m.flat * self.size(first + j) + broadcast[j];
+  m.flat = m.flat.reshape({-1});
+  return m;
+}
+int64_t rowsOf(const at::Tensor& self, const MergedIndex& m) {
+  int64_t rows = 1;
+  for (int64_t d = m.first; d < m.first + m.count; ++d) rows *= self.size(d);
+  return rows;
+}
+
+// Tensor.unfold's backward: each window's gradient added back at the positions it
+// viewed, one strided add per offset in the window (the windows of one offset never meet).
+at::Tensor unfold_backward(const at::Tensor& grad, c10::IntArrayRef inputSizes, int64_t dim, int64_t size, int64_t step) {
+  if (!supported({&grad}) || inputSizes.empty() || grad.dim() != int64_t(inputSizes.size()) + 1 || step <= 0)
+    return onHost("aten::unfold_backward",
+                  [&] { return at::unfold_backward(host(grad), inputSizes, dim, size, step).to(grad.device()); });
+  dim = c10::maybe_wrap_dim(dim, int64_t(inputSizes.size()));
+  auto out = emptyOn(inputSizes).zero_();
+  const int64_t windows = grad.size(dim), span = (windows - 1) * step + 1;
+  for (int64_t j = 0; j < size && windows > 0; ++j) out.narrow(dim, j, span).slice(dim, 0, span, step).add_(grad.select(-1, j));
+  return out;
+}
+
+// arange: made on the host (PyTorch's own checks of the range) and written to the card,
+// a write that does not wait.
+at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
+  auto made = at::arange(start, end, step, at::TensorOptions().dtype(out.scalar_type()));
+  at::native::resize_output(out, made.sizes());
+  return out.copy_(made);
+}
+
+// self[indices]: one index_select over the indexed dimensions merged.
+at::Tensor index(const at::Tensor& self, const c10::List<c10::optional<at::Tensor>>& indices) {
+  auto m = typed(self) ? mergedIndex(self, indices) : std::nullopt;
+  if (!m)
+    return onHost("aten::index.Tensor", [&] { return at::index(host(self), hostIndices(indices)).to(self.device()); });
+  const auto merged = self.reshape(m->mergedShape(self.sizes(), rowsOf(self, *m)));
+  return python::index_select(merged, m->first, m->flat).view(m->resultShape(self.sizes()));
+}
+
 // self's elements where mask is true, in order, as one dimension.
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   if (!typed(self) || !typed(mask) || mask.scalar_type() != at::kBool)
@@ -2176,22 +2287,25 @@ at::Tensor gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, 
 
 // self[mask] = value, the one form of index_put_ training code uses (label smoothing's
 // ignored targets): a single bool mask and a single value; other forms run on the host.
+// self[indices] = values (index_put_): a bool mask and one value is masked_fill_; with
+// accumulate (indexing's backward), one index_add over the indexed dimensions merged.
 at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at::Tensor>>& indices, const at::Tensor& values,
                              bool accumulate, bool unsafe) {
   const bool mask = indices.size() == 1 && indices.get(0).has_value() && typed(*indices.get(0)) &&
                     indices.get(0)->scalar_type() == at::kBool && values.numel() == 1 && !accumulate;
-  if (!mask) {
-    countFallback("aten::_index_put_impl_");
-    c10::List<c10::optional<at::Tensor>> onHostIndices;
-    for (size_t i = 0; i < indices.size(); ++i) {
-      auto t = indices.get(i);
-      onHostIndices.push_back(t.has_value() ? c10::optional<at::Tensor>(host(*t)) : c10::nullopt);
-    }
-    auto result = host(self);
-    at::_index_put_impl_(result, onHostIndices, host(values), accumulate, unsafe);
-    return self.copy_(result);
+  if (mask) return python::masked_fill_(self, *indices.get(0), values.reshape({}));
+  const bool added = accumulate && typed(self) && self.is_contiguous() && typed(values) &&
+                     values.scalar_type() == self.scalar_type() && !sharesStorage(values, self);
+  if (auto m = added ? mergedIndex(self, indices) : std::nullopt) {
+    auto merged = self.view(m->mergedShape(self.sizes(), rowsOf(self, *m)));
+    auto shape = m->mergedShape(self.sizes(), m->flat.numel());
+    python::index_add_out(merged, m->first, m->flat, values.expand(m->resultShape(self.sizes())).reshape(shape), 1, merged);
+    return self;
   }
-  return python::masked_fill_(self, *indices.get(0), values.reshape({}));
+  countFallback("aten::_index_put_impl_");
+  auto result = host(self);
+  at::_index_put_impl_(result, hostIndices(indices), host(values), accumulate, unsafe);
+  return self.copy_(result);
 }
 
 // ---- Losses composed of the ops above ----------------------------------------------------
@@ -2616,6 +2730,9 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name();
   countFallback(name.name + (name.overload_name.empty() ? "" : "." + name.overload_name));
+  const size_t arguments = op.schema().arguments().size();
+  for (size_t i = stack->size() - std::min(arguments, stack->size()); i < stack->size(); ++i)
+    if ((*stack)[i].isOptionalTensorList()) (*stack)[i] = hostIndices((*stack)[i].toOptionalTensorList());
   at::native::cpu_fallback(op, stack);
 }
 
@@ -2638,6 +2755,7 @@ void registerTensors(torch::Library& m) {
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
   m.impl("view", TORCH_FN(at::native::view));
   m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
   m.impl("_copy_from", TORCH_FN(_copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(_copy_from_and_resize));
   m.impl("resize_", TORCH_FN(resize_));
@@ -2820,6 +2938,9 @@ void registerIndexingAndRandom(torch::Library& m) {
   m.impl("gather.out", TORCH_FN(gather_out));
   m.impl("gather", TORCH_FN(python::gather));
   m.impl("_index_put_impl_", TORCH_FN(python::_index_put_impl_));
+  m.impl("index.Tensor", TORCH_FN(python::index));
+  m.impl("unfold_backward", TORCH_FN(python::unfold_backward));
+  m.impl("arange.start_out", TORCH_FN(arange_out));
   m.impl("index_select.out", TORCH_FN(index_select_out));
   m.impl("index_select", TORCH_FN(python::index_select));
   m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
