@@ -172,6 +172,16 @@ TEST_F(TorchDevice, EachOpOnTheCardMatchesTheCpuForwardAndBackward) {
   std::cout << out;
 }
 
+// What runs on PyTorch's CPU instead (tests/torch/host_ops.py), counted: the CPU's
+// results, and an in-place op on a view (a column, a slice, a transpose) changes the
+// viewed elements on the card (a resize to the same size kept the view's strides).
+TEST_F(TorchDevice, OpsOnTheHostGiveTheCpusResultsAndWriteThroughViews) {
+  std::string out = runOnOneCard("host_ops.py");
+  EXPECT_EQ(out.find("FAIL"), std::string::npos) << out;
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
+}
+
 // A vaccel over two netaccels with cards of different kinds: a simulated GPU (the CPU
 // backend at a declared speed) and a PoCL card.
 TEST_F(TorchDevice, TheSameLossesOnAVaccelSpanningTwoNetaccelsOfDifferentKinds) {

@@ -76,6 +76,11 @@ def main():
           torch.equal((big.to(dev) + 0).cpu(), big) and torch.equal(big.to(dev).clone().cpu(), big))
     t = torch.randn(4, 5)
     check("a transposed view copied to the card and back", torch.equal(t.t().to(dev).cpu(), t.t()))
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):  # kept in the transpose's layout (dense, not contiguous)
+        on = t.to(dev).t().to(dtype)
+        check(f"a transpose on the card converted to {dtype} and read back",
+              on.stride() == (1, 5) and torch.equal(on.cpu(), t.t().to(dtype)) and
+              torch.equal(t.t().to(dtype).to(dev).cpu(), t.t().to(dtype)))
     check(".float() and .long() on the card convert as the CPU does",
           torch.equal((t * 10).to(dev).long().cpu(), (t * 10).long()) and
           torch.equal((t > 0).to(dev).float().cpu(), (t > 0).float()))

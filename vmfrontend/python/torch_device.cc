@@ -363,7 +363,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::op
                                            c10::dtype_or_default(dtype));
 }
 
-// Device bytes of a contiguous tensor into a contiguous host tensor of its dtype (waits).
+// Device bytes of a dense tensor into a host tensor of its dtype laid out the same (waits).
 void readInto(const at::Tensor& src, const at::Tensor& hostDst) {
   if (src.numel() == 0) return;
   auto [handle, byteOffset] = arena().locate(src.data_ptr());
@@ -392,6 +392,10 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
     auto src = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
     if (dst.is_contiguous()) {
       writeFrom(src, dst);
+    } else if (dst.is_non_overlapping_and_dense()) {  // a dense block in another order (a transpose): laid out as it is
+      auto laid = at::empty_strided(dst.sizes(), dst.strides(), src.options());
+      laid.copy_(src);
+      writeFrom(laid, dst);
     } else {
       TORCH_CHECK(typeOf(dst.scalar_type()), "raccel: copying into a non-contiguous ", dst.scalar_type(),
                   " tensor is not supported");
@@ -403,6 +407,12 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
   }
   if (!onDevice(dst)) {  // device -> host
     auto src = self.expand(dst.sizes());
+    if (!src.is_contiguous() && src.is_non_overlapping_and_dense()) {  // read as laid out
+      auto laid = at::empty_strided(src.sizes(), src.strides(), src.options().device(at::kCPU));
+      readInto(src, laid);
+      dst.copy_(laid);
+      return dst;
+    }
     if (!src.is_contiguous()) {
       TORCH_CHECK(typeOf(src.scalar_type()), "raccel: reading a non-contiguous ", src.scalar_type(),
                   " tensor is not supported");
@@ -433,7 +443,11 @@ at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) 
   return python::_copy_from(self, dst, false);
 }
 
-const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat>) {
+// As PyTorch's: a tensor that has the size asked keeps its strides (an op's `out` that is
+// a view, such as x[:, 2].floor_()'s, is written where the view is); another is made
+// contiguous at that size, its storage grown if it must be.
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat> format) {
+  if (self.sizes() == size && !format) return self;
   auto* impl = self.unsafeGetTensorImpl();
   int64_t numel = 1;
   for (auto d : size) {

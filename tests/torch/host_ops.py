@@ -1,0 +1,48 @@
+#!/usr/bin/python3
+"""Ops that raccel.torch does not run on the card run on PyTorch's CPU, counted: each must
+give the CPU's own result, and an in-place one applied to a view (a column, a slice, a
+transpose) must change the viewed elements of the tensor on the card, as on the CPU.
+Prints one line per case and PASS or FAIL; exits 1 on any failure."""
+import sys
+
+import torch
+
+import raccel.torch
+
+CASES = [
+    ("floor_ of a column", lambda x: x[:, 2].floor_()),
+    ("round_ of a row", lambda x: x[1].round_()),
+    ("cumsum_ of a narrowed view", lambda x: x.narrow(1, 1, 3).cumsum_(0)),
+    ("tril_ of a transpose", lambda x: x.t().tril_()),
+    ("index_fill_ of a slice", lambda x: x[1:3].index_fill_(1, torch.tensor([0, 2], device=x.device), 5.0)),
+    ("scatter_ of a slice", lambda x: x[1:].scatter_(1, torch.tensor([[0], [1], [2]], device=x.device), 9.0)),
+    ("index_copy_", lambda x: x.index_copy_(0, torch.tensor([2, 0], device=x.device), torch.ones(2, 5, device=x.device))),
+    ("x[a, :, c]: index tensors apart", lambda x: x.reshape(4, 5, 1)[torch.tensor([0, 3], device=x.device), :,
+                                                                    torch.tensor([0, 0], device=x.device)]),
+    ("x[idx] = values (index_put_ without accumulate)",
+     lambda x: x.index_put_((torch.tensor([1, 3], device=x.device),), torch.full((2, 5), 2.0, device=x.device))),
+    ("sort, topk and cumsum of a transpose", lambda x: x.t().sort(1).values + x.t().topk(2, 1).values.sum() + x.t().cumsum(0)),
+]
+
+
+def main():
+    dev = raccel.torch.device()
+    torch.manual_seed(0)
+    base = torch.randn(4, 5) * 3
+    failed = 0
+    for name, fn in CASES:
+        want_x = base.clone()
+        want = fn(want_x)
+        raccel.torch.reset_fallbacks()
+        got_x = base.to(dev)
+        got = fn(got_x)
+        counted = raccel.torch.fallbacks()
+        ok = torch.equal(got_x.cpu(), want_x) and torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-5) and bool(counted)
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: on the host {counted}", flush=True)
+    print("PASS" if failed == 0 else "FAIL")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
