@@ -58,6 +58,11 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("max and min over a dim, and of all (forward)", [(4, 6)],
      lambda x: (x.max(1).values - x.min(0, keepdim=True).values.sum() + x.max() - x.min()).detach()),
     ("max.dim's positions", [(4, 6)], lambda x: x.max(1).indices + x.min(0).indices.sum()),
+    ("max and min over a dim with their backwards (a scatter of one pick a row)", [(4, 6)],
+     lambda x: x.max(1).values * 2 + x.min(0, keepdim=True).values.sum() + x.reshape(2, 2, 6).amax(1).sum()),
+    ("scatter of a number (repeated picks) and of src (one pick a row), with backwards", [(4, 5), (4, 1)],
+     lambda x, s: x.scatter(1, torch.tensor([[0, 2, 2], [1, 1, 4], [3, 0, 0], [4, 4, 4]], device=x.device), 7.0)
+     + x.scatter(1, torch.tensor([[3], [0], [4], [3]], device=x.device), s * 10)),
     ("var and std, unbiased and not", [(4, 6)],
      lambda x: x.var(1) + x.std(0, keepdim=True).sum() + x.var(unbiased=False) + x.std()),
     ("logical and, or, not of masks", [(4, 5), (4, 5)],

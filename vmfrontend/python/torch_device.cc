@@ -1259,6 +1259,31 @@ at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
   return python::scatter_add_out(self, dim, index, src, self);
 }
 
+// out = self, then out[.., index[.., i, ..], ..] = value, or src[.., i, ..], along `dim`:
+// the positions picked (an index_add of ones there) take the value or the sum of the src
+// picked into them. With src only where no two picks can meet a position (index one long
+// along dim: a max's or min's backward), as PyTorch leaves open which of several wins and
+// a sum is none of them; the others run on the host.
+at::Tensor& scatterInto(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src,
+                        const at::Scalar& value, at::Tensor& out) {
+  const bool ok = supported({&self, src, &out}) && onDevice(self) && onDevice(out) && (!src || onDevice(*src)) &&
+                  typed(index) && index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 &&
+                  index.dim() == self.dim() && (!src || (src->dim() == self.dim() && index.size(c10::maybe_wrap_dim(dim, self.dim())) <= 1));
+  if (!ok)
+    return hostInto(name, out, src ? at::scatter(host(self), dim, host(index), host(*src)) : at::scatter(host(self), dim, host(index), value));
+  auto hit = python::scatter_add(at::zeros_like(self), dim, index, at::ones(index.sizes(), self.options()));
+  auto result = src ? at::where(hit > 0, python::scatter_add(at::zeros_like(self), dim, index, *src), self)
+                    : self.masked_fill(hit > 0, value);
+  at::native::resize_output(out, self.sizes());
+  return out.copy_(result);
+}
+at::Tensor& scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src, at::Tensor& out) {
+  return scatterInto("aten::scatter.src_out", self, dim, index, &src, 0, out);
+}
+at::Tensor& scatter_value_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value, at::Tensor& out) {
+  return scatterInto("aten::scatter.value_out", self, dim, index, nullptr, value, out);
+}
+
 // out = self, then out[.., index[i], ..] += alpha * source[.., i, ..] along `dim`
 // (index_select's backward).
 at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
@@ -2959,6 +2984,8 @@ void registerIndexingAndRandom(torch::Library& m) {
   m.impl("index_select", TORCH_FN(python::index_select));
   m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
   RACCEL_IMPL_OUT_NEW_INPLACE(scatter_add)
+  m.impl("scatter.src_out", TORCH_FN(scatter_src_out));
+  m.impl("scatter.value_out", TORCH_FN(scatter_value_out));
   RACCEL_IMPL_OUT_NEW_INPLACE(index_add)
   m.impl("masked_select", TORCH_FN(masked_select));
   m.impl("masked_scatter_", TORCH_FN(masked_scatter_));
