@@ -201,7 +201,7 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
       {TensorFn::maximum, 1, 0, [](float x, float y, float) { return std::max(x, y); }},
       {TensorFn::minimum, 1, 0, [](float x, float y, float) { return std::min(x, y); }},
       {TensorFn::abs, 1, 0, [](float x, float, float) { return std::fabs(x); }},
-      {TensorFn::sign, 1, 0, [](float x, float, float) { return x > 0 ? 1.0f : (x < 0 ? -1.0f : x); }},
+      {TensorFn::sign, 1, 0, [](float x, float, float) { return float(x > 0) - float(x < 0); }},
       {TensorFn::pow, 3, 0, [](float x, float, float) { return x * x * x; }},
       {TensorFn::gelu, 0, 0, [](float x, float, float) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }},
       {TensorFn::gelu, 1, 0,
@@ -228,6 +228,10 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
       {TensorFn::elu, 0.7f, 0, [](float x, float, float) { return x > 0 ? x : 0.7 * std::expm1(double(x)); }},
       {TensorFn::eluBackward, 0.7f, 0, [](float g, float x, float) { return x > 0 ? g : g * 0.7 * std::exp(double(x)); }},
       {TensorFn::lerp, 0.3f, 0, [](float x, float y, float) { return x + 0.3f * (y - x); }},
+      {TensorFn::lerp, 0.8f, 0, [](float x, float y, float) { return y - (y - x) * (1 - 0.8f); }},
+      {TensorFn::pow, 0.5f, 0, [](float x, float, float) { return std::sqrt(x); }},
+      {TensorFn::pow, -2, 0, [](float x, float, float) { return 1 / (x * x); }},
+      {TensorFn::pow, 1.7f, 0, [](float x, float, float) { return std::pow(x, 1.7f); }},
   };
   // One layout: the op's shape, out contiguous, a, b and c's strides, how many elements
   // each holds, and which of them element e of out reads (aAt, bAt, cAt).
@@ -251,7 +255,8 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
     ASSERT_TRUE(out);
     for (auto& c : cases) {
       std::vector<float> input = a;
-      if (c.fn == TensorFn::log || c.fn == TensorFn::sqrt || c.fn == TensorFn::log1p || c.fn == TensorFn::rsqrt)
+      if (c.fn == TensorFn::log || c.fn == TensorFn::sqrt || c.fn == TensorFn::log1p || c.fn == TensorFn::rsqrt ||
+          (c.fn == TensorFn::pow && c.alpha != std::floor(c.alpha)))  // (a fractional power of a negative is NaN)
         for (auto& x : input) x = std::fabs(x);
       ASSERT_TRUE(device->write(*ba, 0, std::as_bytes(std::span(input))));
       auto op = tensorOp(c.fn, l.shape,
@@ -266,6 +271,46 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
         float want = c.ref(input[l.aAt(e)], b[l.bAt(e)], third[l.cAt(e)]);
         ASSERT_NEAR(got[e], want, 1e-5 * std::max(1.0f, std::fabs(want))) << tensorFnName(c.fn) << " " << n << " elements, " << e;
       }
+    }
+  }
+}
+
+// Where PyTorch's CPU kernels define an edge their own way, the card gives their value:
+// sign of NaN and of -0 is +0; a power of 0.5 is a square root (NaN for -inf, -0 for -0,
+// where pow() gives inf and +0); lerp by a weight of 0.5 or more works back from the end
+// (inf toward 1 by 0.5 is inf, not inf - inf).
+TEST_P(Conformance, MapsAtTheEdgesGivePyTorchsValues) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {nan, -0.0f, -inf, inf, 2.0f, -3.0f}, ones(x.size(), 1.0f);
+  const uint64_t n = x.size();
+  auto bx = floats(x), bones = floats(ones);
+  auto out = device->allocate(n * 4);
+  ASSERT_TRUE(out);
+  struct Case {
+    TensorFn fn;
+    float alpha;
+    std::vector<float> want;
+  };
+  const std::vector<Case> cases = {
+      {TensorFn::sign, 1, {0, 0, -1, 1, 1, -1}},
+      {TensorFn::pow, 0.5f, {nan, -0.0f, nan, inf, std::sqrt(2.0f), nan}},
+      {TensorFn::pow, 3, {nan, -0.0f, -inf, inf, 8, -27}},
+      {TensorFn::lerp, 0.5f, {nan, 0.5f, -inf, inf, 1.5f, -1}},
+  };
+  for (auto& c : cases) {
+    auto op = tensorOp(c.fn, {n}, {view(out->get(), 0, {1}), view(bx.get(), 0, {1}), view(bones.get(), 0, {1})});
+    op.alpha = c.alpha;
+    auto s = device->tensor(op);
+    if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+    ASSERT_TRUE(s) << s.error().message;
+    auto got = readFloats(**out, n);
+    for (size_t i = 0; i < n; ++i) {
+      if (std::isnan(c.want[i])) {
+        EXPECT_TRUE(std::isnan(got[i])) << tensorFnName(c.fn) << " " << c.alpha << " of " << x[i] << ": " << got[i];
+        continue;
+      }
+      EXPECT_EQ(got[i], c.want[i]) << tensorFnName(c.fn) << " " << c.alpha << " of " << x[i];
+      EXPECT_EQ(std::signbit(got[i]), std::signbit(c.want[i])) << tensorFnName(c.fn) << " " << c.alpha << " of " << x[i];
     }
   }
 }

@@ -101,6 +101,10 @@ if not torch.equal(apart, host_x[first, :, last]) or not torch.equal(out.cpu(), 
     failures.append("indexing that ran on the host gave a wrong result")
 if set(raccel.torch.fallbacks()) != {"aten::index.Tensor", "aten::index.Tensor_out"}:
     failures.append(f"indexing on the host was not counted: {raccel.torch.fallbacks()}")
+longs = torch.tensor([4, 9]).to(dev)
+refused("an i64 tensor's sqrt_ in place", "can't be cast to the desired output type Long", lambda: longs.sqrt_())
+refused("an i64 tensor's div_ in place", "can't be cast to the desired output type Long", lambda: longs.div_(2))
+refused("exp into an i64 out", "can't be cast", lambda: torch.exp(longs, out=torch.empty(2, dtype=torch.long).to(dev)))
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

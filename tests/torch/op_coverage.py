@@ -47,7 +47,8 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("where, masked_fill", [(4, 5), (4, 5)], lambda a, b: torch.where(a > 0, a, b * 2) + a.masked_fill(b < 0, 0.5)),
     ("comparisons with tensors and numbers (bool results)", [(4, 5), (4, 5)],
      lambda a, b: ((a > b).float() + (a >= 0).float() * 2 + (a < b).float() * 4 + (a <= 0.5).float() * 8
-                   + (a == a).float() * 16 + (a != b).float() * 32 + (a > 0).logical_not().float() * 64)),
+                   + (a == a).float() * 16 + (a != b).float() * 32 + (a > 0).logical_not().float() * 64
+                   + torch.isnan(a.log()).float() * 128)),
     ("argmax over dim 1", [(6, 5)], lambda x: x.argmax(1)),
     ("argmin of all, keepdim", [(3, 4, 2)], lambda x: x.argmin()),
     ("argmax over dim 0, keepdim", [(6, 5)], lambda x: x.argmax(0, keepdim=True)),

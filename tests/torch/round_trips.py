@@ -85,6 +85,18 @@ def main():
           torch.equal((t * 10).to(dev).long().cpu(), (t * 10).long()) and
           torch.equal((t > 0).to(dev).float().cpu(), (t > 0).float()))
 
+    # Integer inputs take PyTorch's result types: true division and the float functions
+    # give the default float type, an integer matmul stays integer.
+    ints, other = torch.tensor([-7, 7, -1, 4]), torch.tensor([2, -3, 5, 4])
+    for what, fn in [("a / b", lambda a, b: a / b), ("a / 2", lambda a, b: a / 2), ("sqrt", lambda a, b: a.abs().sqrt()),
+                     ("exp", lambda a, b: a.exp()), ("log", lambda a, b: a.abs().log()), ("sigmoid", lambda a, b: a.sigmoid()),
+                     ("tanh", lambda a, b: a.tanh()), ("rsqrt", lambda a, b: a.abs().rsqrt()),
+                     ("pow 0.5", lambda a, b: a.abs().pow(0.5)), ("pow 2", lambda a, b: a.pow(2)),
+                     ("mm", lambda a, b: a[None] @ b[:, None])]:
+        want, got = fn(ints, other), fn(ints.to(dev), other.to(dev)).cpu()
+        check(f"i64 {what} gives {want.dtype} as on the CPU",
+              got.dtype == want.dtype and torch.allclose(got.double(), want.double()), f"{got} against {want}")
+
     # torch.manual_seed makes the card's draws repeat.
     torch.manual_seed(123)
     first = torch.empty(1000, device=dev).normal_().cpu()

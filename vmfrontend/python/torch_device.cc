@@ -717,7 +717,7 @@ at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   return out;
 }
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, a.scalar_type());  // PyTorch takes one dtype: an integer mm runs on the host
   return python::mm_out(a, b, out);
 }
 
@@ -752,7 +752,7 @@ at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& a, const at::T
   return out;
 }
 at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, a.scalar_type());
   return python::baddbmm_out(self, a, b, beta, alpha, out);
 }
 at::Tensor& baddbmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha) {
@@ -760,7 +760,7 @@ at::Tensor& baddbmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
 }
 at::Tensor& bmm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) { return python::baddbmm_out(out, a, b, 0, 1, out); }
 at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, a.scalar_type());
   return python::bmm_out(a, b, out);
 }
 
@@ -783,7 +783,7 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Ten
 }
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                  const at::Scalar& alpha) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, a.scalar_type());
   return python::addmm_out(self, a, b, beta, alpha, out);
 }
 at::Tensor& addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha) {
@@ -814,7 +814,7 @@ at::Tensor& threshold_backward_out(const at::Tensor& grad, const at::Tensor& sel
   return gradInput;
 }
 at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& threshold) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, grad.scalar_type());
   return python::threshold_backward_out(grad, self, threshold, out);
 }
 
@@ -823,43 +823,60 @@ at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self, co
 // out = fn(self) (alpha and beta as the function takes them), or the host's `reference`
 // counted.
 template <class Host>
-at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self, at::Tensor& out, float alpha, Host reference,
+at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self0, at::Tensor& out, float alpha, Host reference,
                      float beta = 0) {
+  const at::Tensor self = promoted(self0, out);
   if (!supported({&self, &out})) return hostInto(name, out, reference(host(self)));
   at::native::resize_output(out, self.sizes());
   elementwise(fn, out, &self, nullptr, alpha, beta);
   return out;
 }
+// The dtype of a float function's result (sqrt, exp, ...), as PyTorch's: the default float
+// type for an integer or bool input. An out that cannot hold it is refused, as there.
+at::ScalarType floatResult(const at::Tensor& self) {
+  return at::isIntegralType(self.scalar_type(), /*includeBool=*/true) ? c10::typeMetaToScalarType(at::get_default_dtype())
+                                                                       : self.scalar_type();
+}
+void checkFloatOut(const at::Tensor& self, const at::Tensor& out) {
+  TORCH_CHECK(at::canCast(floatResult(self), out.scalar_type()), "result type ", floatResult(self),
+              " can't be cast to the desired output type ", out.scalar_type());
+}
 
-#define RACCEL_UNARY(op, fn, alpha)                                                                          \
+// `floats`: a float function, whose result on integers is the default float type.
+#define RACCEL_UNARY(op, fn, alpha, floats)                                                                  \
   at::Tensor& op##_out(const at::Tensor& self, at::Tensor& out) {                                              \
+    if (floats) checkFloatOut(self, out);                                                                      \
     return unaryOut(fn, "aten::" #op, self, out, alpha, [](const at::Tensor& x) { return at::op(x); });        \
   }                                                                                                            \
   at::Tensor op(const at::Tensor& self) {                                                                      \
-    auto out = emptyOn({0}, self.scalar_type());                                                               \
+    auto out = emptyOn({0}, floats ? floatResult(self) : self.scalar_type());                                  \
     return python::op##_out(self, out);                                                                        \
   }                                                                                                            \
   at::Tensor& op##_(at::Tensor& self) { return python::op##_out(self, self); }
-RACCEL_UNARY(sqrt, TensorFn::sqrt, 1)
-RACCEL_UNARY(tanh, TensorFn::tanh, 1)
-RACCEL_UNARY(sigmoid, TensorFn::sigmoid, 1)
-RACCEL_UNARY(abs, TensorFn::abs, 1)
-RACCEL_UNARY(neg, TensorFn::affine, -1)
-RACCEL_UNARY(sign, TensorFn::sign, 1)
-RACCEL_UNARY(sgn, TensorFn::sign, 1)  // for real numbers, sign (abs's backward)
-RACCEL_UNARY(exp, TensorFn::exp, 1)
-RACCEL_UNARY(log, TensorFn::log, 1)
-RACCEL_UNARY(log1p, TensorFn::log1p, 1)
-RACCEL_UNARY(reciprocal, TensorFn::reciprocal, 1)
-RACCEL_UNARY(rsqrt, TensorFn::rsqrt, 1)
+RACCEL_UNARY(sqrt, TensorFn::sqrt, 1, true)
+RACCEL_UNARY(tanh, TensorFn::tanh, 1, true)
+RACCEL_UNARY(sigmoid, TensorFn::sigmoid, 1, true)
+RACCEL_UNARY(abs, TensorFn::abs, 1, false)
+RACCEL_UNARY(neg, TensorFn::affine, -1, false)
+RACCEL_UNARY(sign, TensorFn::sign, 1, false)
+RACCEL_UNARY(sgn, TensorFn::sign, 1, false)  // for real numbers, sign (abs's backward)
+RACCEL_UNARY(exp, TensorFn::exp, 1, true)
+RACCEL_UNARY(log, TensorFn::log, 1, true)
+RACCEL_UNARY(log1p, TensorFn::log1p, 1, true)
+RACCEL_UNARY(reciprocal, TensorFn::reciprocal, 1, true)
+RACCEL_UNARY(rsqrt, TensorFn::rsqrt, 1, true)
 #undef RACCEL_UNARY
 
 at::Tensor& pow_out(const at::Tensor& self, const at::Scalar& exponent, at::Tensor& out) {
+  TORCH_CHECK(at::canCast(at::result_type(self, exponent), out.scalar_type()), "result type ", at::result_type(self, exponent),
+              " can't be cast to the desired output type ", out.scalar_type());
   return unaryOut(TensorFn::pow, "aten::pow.Tensor_Scalar", self, out, exponent.toFloat(),
                   [&](const at::Tensor& x) { return at::pow(x, exponent); });
 }
 at::Tensor pow(const at::Tensor& self, const at::Scalar& exponent) {
-  auto out = emptyOn({0}, self.scalar_type());
+  // PyTorch's result type: an integer to an integer power stays an integer (on the host
+  // here, as the kernels' powers are f32), to a fractional one it is the default float.
+  auto out = emptyOn({0}, at::result_type(self, exponent));
   return python::pow_out(self, exponent, out);
 }
 at::Tensor& pow_(at::Tensor& self, const at::Scalar& exponent) { return python::pow_out(self, exponent, self); }
@@ -889,8 +906,11 @@ RACCEL_BINARY(tanh_backward, TensorFn::tanhBackward, "aten::tanh_backward")
 RACCEL_BINARY(sigmoid_backward, TensorFn::sigmoidBackward, "aten::sigmoid_backward")
 #undef RACCEL_BINARY
 
-// out = a / b (b may be a host number: a times its inverse).
+// out = a / b (b may be a host number: a times its inverse). True division: integers
+// divide as the default float type, and an integer out is refused, as PyTorch does.
 at::Tensor& div_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  TORCH_CHECK(!at::isIntegralType(out.scalar_type(), /*includeBool=*/true), "result type ",
+              c10::typeMetaToScalarType(at::get_default_dtype()), " can't be cast to the desired output type ", out.scalar_type());
   if (isHostScalar(b) && supported({&a, &out})) {
     at::native::resize_output(out, a.sizes());
     elementwise(TensorFn::affine, out, &a, nullptr, static_cast<float>(1.0 / b.item<double>()), 0);
@@ -899,7 +919,9 @@ at::Tensor& div_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   return binaryOut(TensorFn::div, "aten::div.out", a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::div(x, y); });
 }
 at::Tensor div(const at::Tensor& a, const at::Tensor& b) {
-  auto out = emptyOn({0}, at::result_type(a, b));
+  auto dtype = at::result_type(a, b);
+  if (at::isIntegralType(dtype, /*includeBool=*/true)) dtype = c10::typeMetaToScalarType(at::get_default_dtype());
+  auto out = emptyOn({0}, dtype);
   return python::div_out(a, b, out);
 }
 at::Tensor& div_(at::Tensor& self, const at::Tensor& other) { return python::div_out(self, other, self); }
@@ -1547,6 +1569,8 @@ at::Tensor logical_not(const at::Tensor& self) {
   auto out = emptyOn({0}, at::kBool);
   return python::logical_not_out(self, out);
 }
+// NaN is the one value not equal to itself.
+at::Tensor isnan(const at::Tensor& self) { return at::ne(self, self); }
 
 // Over bools (or i64s: nonzero is true), as an exact integer mul (and) or add (or).
 #define RACCEL_LOGICAL(op, fn)                                                                                        \
@@ -2965,6 +2989,7 @@ void registerComparisons(torch::Library& m) {
   m.impl("masked_fill_.Tensor", TORCH_FN(masked_fill_));
   m.impl("logical_not.out", TORCH_FN(logical_not_out));
   m.impl("logical_not", TORCH_FN(python::logical_not));
+  m.impl("isnan", TORCH_FN(python::isnan));
   RACCEL_IMPL_OUT_NEW_INPLACE(logical_and)
   RACCEL_IMPL_OUT_NEW_INPLACE(logical_or)
   m.impl("bitwise_not.out", TORCH_FN(bitwise_not_out));
