@@ -92,7 +92,8 @@ def main():
                      ("exp", lambda a, b: a.exp()), ("log", lambda a, b: a.abs().log()), ("sigmoid", lambda a, b: a.sigmoid()),
                      ("tanh", lambda a, b: a.tanh()), ("rsqrt", lambda a, b: a.abs().rsqrt()),
                      ("pow 0.5", lambda a, b: a.abs().pow(0.5)), ("pow 2", lambda a, b: a.pow(2)),
-                     ("mm", lambda a, b: a[None] @ b[:, None])]:
+                     ("mm", lambda a, b: a[None] @ b[:, None]), ("& 3, | 8 (bitwise)", lambda a, b: (a & 3) + (a | 8)),
+                     ("i32 sum", lambda a, b: a.int().sum() + a.int().reshape(2, 2).sum(1))]:
         want, got = fn(ints, other), fn(ints.to(dev), other.to(dev)).cpu()
         check(f"i64 {what} gives {want.dtype} as on the CPU",
               got.dtype == want.dtype and torch.allclose(got.double(), want.double()), f"{got} against {want}")

@@ -664,7 +664,7 @@ at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool k
   return out;
 }
 at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype) {
-  auto out = emptyOn({0}, dtype.value_or(isIntegral(self) ? at::kLong : self.scalar_type()));
+  auto out = emptyOn({0}, dtype.value_or(at::isIntegralType(self.scalar_type(), /*includeBool=*/true) ? at::kLong : self.scalar_type()));
   return python::sum_out(self, dims, keepdim, dtype, out);
 }
 at::Tensor sum_all(const at::Tensor& self, c10::optional<at::ScalarType> dtype) { return python::sum_dim(self, c10::nullopt, false, dtype); }
@@ -1589,6 +1589,18 @@ at::Tensor isnan(const at::Tensor& self) { return at::ne(self, self); }
 RACCEL_LOGICAL(logical_and, TensorFn::mul)
 RACCEL_LOGICAL(logical_or, TensorFn::add)
 #undef RACCEL_LOGICAL
+
+// x & y and x | y: over bools and and or; over integers the host's bitwise ops (an i64's
+// bits are not the kernels' arithmetic).
+#define RACCEL_BITWISE(op, logical)                                                                                   \
+  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                   \
+    if (a.scalar_type() == at::kBool && b.scalar_type() == at::kBool && out.scalar_type() == at::kBool)               \
+      return python::logical##_out(a, b, out);                                                                        \
+    return hostInto("aten::" #op, out, at::op(host(a), host(b)));                                                     \
+  }
+RACCEL_BITWISE(bitwise_and, logical_and)
+RACCEL_BITWISE(bitwise_or, logical_or)
+#undef RACCEL_BITWISE
 
 // ~x of a bool: not x (other dtypes' bitwise not runs on the host).
 at::Tensor& bitwise_not_out(const at::Tensor& self, at::Tensor& out) {
@@ -2993,8 +3005,8 @@ void registerComparisons(torch::Library& m) {
   RACCEL_IMPL_OUT_NEW_INPLACE(logical_and)
   RACCEL_IMPL_OUT_NEW_INPLACE(logical_or)
   m.impl("bitwise_not.out", TORCH_FN(bitwise_not_out));
-  m.impl("bitwise_and.Tensor_out", TORCH_FN(logical_and_out));  // over bools the same; i64's runs on the host
-  m.impl("bitwise_or.Tensor_out", TORCH_FN(logical_or_out));
+  m.impl("bitwise_and.Tensor_out", TORCH_FN(bitwise_and_out));
+  m.impl("bitwise_or.Tensor_out", TORCH_FN(bitwise_or_out));
 }
 
 // Indexing, gathers and scatters (embeddings), and random numbers.
