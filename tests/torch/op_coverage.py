@@ -43,6 +43,7 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("exp, log, log1p, reciprocal, rsqrt", [(4, 5)],
      lambda a: a.exp() + (a.abs() + 0.5).log() + a.abs().log1p() + (a.abs() + 0.5).reciprocal() + (a.abs() + 0.5).rsqrt()),
     ("elu", [(4, 6)], lambda x: F.elu(x, 0.8)),
+    ("selu (elu scaled after)", [(4, 6)], lambda x: F.selu(x)),
     ("lerp", [(4, 5), (4, 5)], lambda a, b: torch.lerp(a, b, 0.3)),
     ("where, masked_fill", [(4, 5), (4, 5)], lambda a, b: torch.where(a > 0, a, b * 2) + a.masked_fill(b < 0, 0.5)),
     ("comparisons with tensors and numbers (bool results)", [(4, 5), (4, 5)],
@@ -128,6 +129,10 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x: F.cross_entropy(x, (x[:, 0] > x[:, 1]).long(), label_smoothing=0.1)),
     ("mul.Scalar and div.Scalar, as C++ calls them", [(4, 5)],
      lambda x: torch.ops.aten.div.Scalar(torch.ops.aten.mul.Scalar(x, 0.3), 7).sum() * torch.ops.aten.mul.Scalar(x, 2.5)),
+    ("cross_entropy per position (segmentation: [N, C, H, W], [N, C, d]), weights, none, ignore_index", [(2, 3, 4, 5), (3, 4, 6)],
+     lambda x, y: F.cross_entropy(x, (x[:, 0] > x[:, 1]).long() + (x[:, 2] > 1).long(), weight=torch.tensor([1.0, 2.0, 0.5], device=x.device))
+     + F.cross_entropy(y, (y[:, 0] > 0).long().masked_fill(y[:, 1] > 1, -100), reduction="none").sum()
+     + F.nll_loss(F.log_softmax(x, 1), (x[:, 1] > 0).long(), reduction="sum")),
     ("cross_entropy with class weights", [(6, 4)],
      lambda x: F.cross_entropy(x, (x[:, 0] > x[:, 1]).long(), weight=torch.tensor([1.0, 2.0, 0.5, 1.5], device=x.device))),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],

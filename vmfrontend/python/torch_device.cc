@@ -1096,12 +1096,15 @@ at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& wei
 }
 
 // ELU with PyTorch's default scales (scale and input_scale 1; others run on the host).
-bool plainElu(const at::Scalar& scale, const at::Scalar& inputScale) { return scale.toDouble() == 1 && inputScale.toDouble() == 1; }
+// elu with PyTorch's scale (selu's) is the plain one scaled after it, and so is its
+// backward; an input scale other than 1 runs on the host.
+bool cardElu(const at::Scalar& inputScale) { return inputScale.toDouble() == 1; }
+at::Tensor& scaledBy(at::Tensor& out, const at::Scalar& scale) { return scale.toDouble() == 1 ? out : out.mul_(scale); }
 at::Tensor& elu_out(const at::Tensor& self, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale,
                     at::Tensor& out) {
   auto reference = [&](const at::Tensor& x) { return at::elu(x, alpha, scale, inputScale); };
-  if (!plainElu(scale, inputScale)) return hostInto("aten::elu", out, reference(host(self)));
-  return unaryOut(TensorFn::elu, "aten::elu", self, out, alpha.toFloat(), reference);
+  if (!cardElu(inputScale) || !supported({&self, &out})) return hostInto("aten::elu", out, reference(host(self)));
+  return scaledBy(unaryOut(TensorFn::elu, "aten::elu", self, out, alpha.toFloat(), reference), scale);
 }
 at::Tensor elu(const at::Tensor& self, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale) {
   auto out = emptyOn({0}, self.scalar_type());
@@ -1115,8 +1118,9 @@ at::Tensor& elu_backward_out(const at::Tensor& grad, const at::Scalar& alpha, co
   auto reference = [&](const at::Tensor& g, const at::Tensor& x) {
     return at::elu_backward(g, alpha, scale, inputScale, isResult, x);
   };
-  if (!plainElu(scale, inputScale) || isResult) return hostInto("aten::elu_backward", out, reference(host(grad), host(selfOrResult)));
-  return binaryOut(TensorFn::eluBackward, "aten::elu_backward", grad, selfOrResult, out, reference, alpha.toFloat());
+  if (!cardElu(inputScale) || isResult || !supported({&grad, &selfOrResult, &out}))
+    return hostInto("aten::elu_backward", out, reference(host(grad), host(selfOrResult)));
+  return scaledBy(binaryOut(TensorFn::eluBackward, "aten::elu_backward", grad, selfOrResult, out, reference, alpha.toFloat()), scale);
 }
 at::Tensor elu_backward(const at::Tensor& grad, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale,
                         bool isResult, const at::Tensor& selfOrResult) {
@@ -2771,6 +2775,39 @@ at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self, con
   return gradInput;
 }
 
+// The 2-D loss of a segmentation ([N, C, H, W] against [N, H, W], and cross entropy over
+// [N, C, d] through it): the classes moved last, one row per position, and the losses
+// above over those rows.
+bool nll2dShaped(const at::Tensor& self, const at::Tensor& target) {
+  return typed(self) && self.dim() == 4 && typed(target) && target.dim() == 3 && target.size(0) == self.size(0) &&
+         target.size(1) == self.size(2) && target.size(2) == self.size(3);
+}
+at::Tensor classesLast(const at::Tensor& self) { return self.permute({0, 2, 3, 1}).reshape({-1, self.size(1)}); }
+std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward(const at::Tensor& self, const at::Tensor& target,
+                                                      const c10::optional<at::Tensor>& weight, int64_t reduction,
+                                                      int64_t ignoreIndex) {
+  if (!nll2dShaped(self, target)) {
+    countFallback("aten::nll_loss2d_forward");
+    auto [out, total] = at::nll_loss2d_forward(host(self), host(target), weight ? host(*weight) : at::Tensor(), reduction, ignoreIndex);
+    return {out.to(self.device()), total.to(self.device())};
+  }
+  auto [out, total] = python::nll_loss_forward(classesLast(self), target.reshape({-1}), weight, reduction, ignoreIndex);
+  return {reduction == kNone ? out.reshape(target.sizes()) : out, total};
+}
+at::Tensor nll_loss2d_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                               const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignoreIndex,
+                               const at::Tensor& totalWeight) {
+  if (!nll2dShaped(self, target))
+    return onHost("aten::nll_loss2d_backward", [&] {
+      return at::nll_loss2d_backward(host(grad), host(self), host(target), weight ? host(*weight) : at::Tensor(), reduction,
+                                     ignoreIndex, host(totalWeight))
+          .to(self.device());
+    });
+  auto rows = python::nll_loss_backward(reduction == kNone ? grad.reshape({-1}) : grad, classesLast(self), target.reshape({-1}),
+                                        weight, reduction, ignoreIndex, totalWeight);
+  return rows.reshape({self.size(0), self.size(2), self.size(3), self.size(1)}).permute({0, 3, 1, 2}).contiguous();
+}
+
 // ---- Gradients of a tensor times or over a number ---------------------------------------
 
 // PyTorch 1.13 differentiates mul.Scalar and div.Scalar (what C++ code calls: cross
@@ -2930,6 +2967,8 @@ void registerNormsAndLosses(torch::Library& m) {
   m.impl("_log_softmax_backward_data", TORCH_FN(_log_softmax_backward_data));
   m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));
   m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward));
+  m.impl("nll_loss2d_forward", TORCH_FN(nll_loss2d_forward));
+  m.impl("nll_loss2d_backward", TORCH_FN(nll_loss2d_backward));
   m.impl("mse_loss.out", TORCH_FN(mse_loss_out));
   m.impl("mse_loss", TORCH_FN(mse_loss));
   m.impl("mse_loss_backward.grad_input", TORCH_FN(mse_loss_backward_out));
