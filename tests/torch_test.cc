@@ -75,12 +75,16 @@ TEST_F(TorchDevice, AnMlpTrainsOnRaccelWithTheCpusLossesAndNothingFallsBack) {
 // activations' backwards run on the card, with the CPU's losses. Every step also counts
 // the batch's correct predictions (argmax, ==, an i64 sum) and the final accuracy is
 // taken in eval mode under no_grad, all on the card; one variant clips the gradients'
-// norm (vector norms, stack, clamp) before each step.
+// norm (vector norms, stack, clamp) before each step. Two take the optimizers' foreach
+// paths (AdamW and SGD with momentum: each _foreach_ op a loop over the card's own ops;
+// through PyTorch's CPU fallback their in-place forms changed CPU copies).
 TEST_F(TorchDevice, AdamAndAdamWOverLayerNormTanhOrSigmoidTrainWithTheCpusLossesAndNothingFallsBack) {
   startOneCard();
   for (std::string variant : {"--optimizer adamw --weight-decay 0.01 --activation tanh --layer-norm",
                               "--optimizer adam --amsgrad --weight-decay 0.001 --activation sigmoid",
-                              "--optimizer adamw --clip-grad-norm 0.5 --activation gelu --layer-norm"}) {
+                              "--optimizer adamw --clip-grad-norm 0.5 --activation gelu --layer-norm",
+                              "--optimizer adamw --foreach --amsgrad --weight-decay 0.01 --activation tanh",
+                              "--optimizer sgd --foreach --momentum 0.9 --weight-decay 0.001"}) {
     int status = -1;
     std::string out = python(sourcePath("tests/torch/mlp_train.py") + " --compare --steps 100 " + variant, &status,
                              "RACCEL_TORCH_FALLBACKS=1");

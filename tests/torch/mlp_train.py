@@ -51,9 +51,10 @@ def model(seed, features, hidden, classes, activation="relu", layer_norm=False):
 
 def optimizer(params, args):
     if args.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=args.lr, weight_decay=args.weight_decay)
+        return torch.optim.SGD(params, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
+                               foreach=args.foreach)
     kind = torch.optim.Adam if args.optimizer == "adam" else torch.optim.AdamW
-    return kind(params, lr=args.lr, weight_decay=args.weight_decay, amsgrad=args.amsgrad)
+    return kind(params, lr=args.lr, weight_decay=args.weight_decay, amsgrad=args.amsgrad, foreach=args.foreach)
 
 
 def train(device, args, on_step=None):
@@ -126,6 +127,9 @@ def main():
     p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--amsgrad", action="store_true", help="adam and adamw: keep the largest second moment")
+    p.add_argument("--momentum", type=float, default=0.0, help="sgd's momentum")
+    p.add_argument("--foreach", action="store_true",
+                   help="the optimizer's foreach path (one _foreach_ op over all the parameters at each step)")
     p.add_argument("--activation", choices=sorted(ACTIVATIONS), default="relu")
     p.add_argument("--layer-norm", action="store_true", help="a LayerNorm after the hidden layer")
     p.add_argument("--clip-grad-norm", type=float, default=0.0, metavar="MAX",

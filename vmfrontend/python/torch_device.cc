@@ -2841,6 +2841,11 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name();
+  // The _foreach_ ops (the optimizers' foreach paths, zero_grad's) are, on the CPU, loops
+  // over the per-tensor ops: run here, each of those dispatches to this device's own. Not
+  // a fallback: nothing leaves the card. (Through PyTorch's CPU fallback their in-place
+  // forms changed CPU copies: the parameters never moved.)
+  if (name.name.rfind("aten::_foreach_", 0) == 0) return op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   countFallback(name.name + (name.overload_name.empty() ? "" : "." + name.overload_name));
   const size_t arguments = op.schema().arguments().size();
   for (size_t i = stack->size() - std::min(arguments, stack->size()); i < stack->size(); ++i)
