@@ -105,6 +105,8 @@ longs = torch.tensor([4, 9]).to(dev)
 refused("an i64 tensor's sqrt_ in place", "can't be cast to the desired output type Long", lambda: longs.sqrt_())
 refused("an i64 tensor's div_ in place", "can't be cast to the desired output type Long", lambda: longs.div_(2))
 refused("exp into an i64 out", "can't be cast", lambda: torch.exp(longs, out=torch.empty(2, dtype=torch.long).to(dev)))
+refused("an op on the host that would write a list of tensors", "writes a list of tensors",
+        lambda: torch._amp_foreach_non_finite_check_and_unscale_([x.clone()], torch.zeros(1).to(dev), torch.ones(1).to(dev)))
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

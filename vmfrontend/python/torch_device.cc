@@ -2846,6 +2846,10 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // a fallback: nothing leaves the card. (Through PyTorch's CPU fallback their in-place
   // forms changed CPU copies: the parameters never moved.)
   if (name.name.rfind("aten::_foreach_", 0) == 0) return op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  // Nor does that fallback copy back a list of tensors an op writes: refused, not wrong.
+  for (const auto& arg : op.schema().arguments())
+    TORCH_CHECK(!(arg.alias_info() && arg.alias_info()->isWrite() && arg.type()->kind() == c10::TypeKind::ListType),
+                "raccel: ", name.name, " writes a list of tensors (", arg.name(), "), which the device cannot run on the host");
   countFallback(name.name + (name.overload_name.empty() ? "" : "." + name.overload_name));
   const size_t arguments = op.schema().arguments().size();
   for (size_t i = stack->size() - std::min(arguments, stack->size()); i < stack->size(); ++i)
