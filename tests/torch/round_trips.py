@@ -98,6 +98,24 @@ def main():
         check(f"i64 {what} gives {want.dtype} as on the CPU",
               got.dtype == want.dtype and torch.allclose(got.double(), want.double()), f"{got} against {want}")
 
+    # PyTorch's legacy Tensor.new() (nn.init.orthogonal_ and optim.Rprop call it).
+    on = torch.ones(2).to(dev)
+    check("Tensor.new() of sizes, of nothing and of data on the card",
+          on.new(3, 2).shape == (3, 2) and on.new().shape == (0,) and torch.equal(on.new([1.5, 2]).cpu(), torch.tensor([1.5, 2])))
+    w = torch.nn.init.orthogonal_(torch.empty(4, 6).to(dev)).cpu()
+    check("nn.init.orthogonal_ on the card gives orthonormal rows", torch.allclose(w @ w.t(), torch.eye(4), atol=1e-5))
+    params = []
+    for where in ("cpu", dev):
+        torch.manual_seed(3)
+        lin = nn.Linear(4, 2).to(where)
+        rprop = torch.optim.Rprop(lin.parameters(), lr=0.01)
+        for _ in range(3):
+            rprop.zero_grad()
+            lin(torch.ones(5, 4).to(where)).pow(2).sum().backward()
+            rprop.step()
+        params.append(lin.weight.detach().cpu())
+    check("optim.Rprop steps as on the CPU", torch.allclose(params[0], params[1], atol=1e-6))
+
     # torch.manual_seed makes the card's draws repeat.
     torch.manual_seed(123)
     first = torch.empty(1000, device=dev).normal_().cpu()

@@ -145,5 +145,28 @@ def _storage_cpu(self):
 
 _torch.UntypedStorage.cpu = _storage_cpu
 
+# torch 1.13's legacy Tensor.new() refuses a privateuseone tensor ("new(): expected key in
+# DispatchKeySet(CPU, CUDA, ...)"), and PyTorch's own code calls it: nn.init.orthogonal_,
+# optim.Rprop. On the device it is what it is elsewhere: new(*sizes) an uninitialized
+# tensor of its dtype, new() an empty one, new(data) a tensor of that data.
+_legacy_new = _torch.Tensor.new
+
+
+def _tensor_new(self, *args, **kwargs):
+    if self.device.type != "privateuseone" or kwargs:
+        return _legacy_new(self, *args, **kwargs)
+    if not args:
+        return self.new_empty((0,))
+    if len(args) == 1 and isinstance(args[0], _torch.Size):
+        return self.new_empty(tuple(args[0]))
+    if all(isinstance(a, int) for a in args):
+        return self.new_empty(args)
+    if len(args) == 1 and not isinstance(args[0], _torch.Tensor):
+        return self.new_tensor(args[0])
+    return _legacy_new(self, *args, **kwargs)
+
+
+_torch.Tensor.new = _tensor_new
+
 if os.environ.get("RACCEL_TORCH_FALLBACKS", "") not in ("", "0"):
     atexit.register(_device.print_fallbacks)
