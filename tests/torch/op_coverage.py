@@ -121,6 +121,8 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x, m: torch.cat([x[torch.arange(5, device=x.device), torch.tensor([0, 3, 2, 3, 1], device=x.device)],
                              x[m > 0] * 2, x[:, torch.tensor([True, False, True, True], device=x.device)].reshape(-1)])),
     ("repeat and unfold (views of a view)", [(2, 5)], lambda x: x.repeat(2, 3) * x.unfold(1, 3, 2).sum() + x.unfold(1, 2, 1)[1, 3, 1]),
+    ("grouped and depthwise convolutions (a loop of ungrouped ones), with backwards", [(2, 4, 6, 6), (4, 1, 3, 3), (6, 2, 3, 3), (6,)],
+     lambda x, wd, wg, b: F.conv2d(x, wd, padding=1, groups=4) + F.conv2d(x, wg, b, padding=1, stride=1, groups=2)[:, 1:5]),
     ("masked_select, and its backward (masked_scatter)", [(4, 5), (5,)],
      lambda x, b: x.masked_select(b > 0) * 2),
     ("nll_loss reduction none", [(6, 4)], lambda x: F.nll_loss(F.log_softmax(x, 1), (x[:, 0] > x[:, 1]).long(), reduction="none")),

@@ -2129,10 +2129,13 @@ std::optional<at::Tensor> takeColumns(const at::Tensor& input, const Window2d& w
 }
 
 // Convolution (2-D, ungrouped, not transposed) as im2col and one matmul.
+// Grouped (a depthwise one too): each group's convolution on its channels, their outputs
+// side by side (a loop of the ungrouped ones, and of their backwards).
 bool convOnCard(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* bias, c10::IntArrayRef stride,
                 c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, int64_t groups) {
-  return supported({&input, &weight, bias}) && input.dim() == 4 && weight.dim() == 4 && !transposed && groups == 1 &&
-         Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation).sane() && input.size(1) == weight.size(1);
+  return supported({&input, &weight, bias}) && input.dim() == 4 && weight.dim() == 4 && !transposed && groups >= 1 &&
+         Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation).sane() &&
+         input.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0;
 }
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
@@ -2142,6 +2145,16 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
       return at::convolution(host(input), host(weight), present(bias) ? host(*bias) : at::Tensor(), stride, padding, dilation,
                              transposed, outputPadding, groups).to(input.device());
     });
+  if (groups > 1) {
+    const int64_t cg = weight.size(1), og = weight.size(0) / groups;
+    std::vector<at::Tensor> outs;
+    for (int64_t g = 0; g < groups; ++g) {
+      auto b = present(bias) ? c10::optional<at::Tensor>(bias->narrow(0, g * og, og)) : c10::nullopt;
+      outs.push_back(python::convolution_overrideable(input.narrow(1, g * cg, cg), weight.narrow(0, g * og, og), b, stride,
+                                                      padding, dilation, false, outputPadding, 1));
+    }
+    return at::cat(outs, 1);
+  }
   const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
   const int64_t n = input.size(0), oc = weight.size(0), oh = w.outH(input.size(2)), ow = w.outW(input.size(3));
   TORCH_CHECK(oh > 0 && ow > 0, "raccel: a convolution whose kernel is larger than its padded input");
@@ -2167,6 +2180,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
                                                  stride, padding, dilation, transposed, outputPadding, groups, mask);
     auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
     return {back(gi), back(gw), back(gb)};
+  }
+  if (groups > 1) {
+    const int64_t cg = weight.size(1), og = weight.size(0) / groups;
+    std::vector<at::Tensor> gradInputs, gradWeights;
+    for (int64_t g = 0; g < groups; ++g) {
+      auto [gi, gw, gb] = python::convolution_backward_overrideable(
+          grad.narrow(1, g * og, og), input.narrow(1, g * cg, cg), weight.narrow(0, g * og, og), stride, padding, dilation,
+          false, outputPadding, 1, {mask[0], mask[1], false});
+      gradInputs.push_back(gi), gradWeights.push_back(gw);
+    }
+    return {mask[0] ? at::cat(gradInputs, 1) : at::Tensor(), mask[1] ? at::cat(gradWeights, 0) : at::Tensor(),
+            mask[2] ? at::sum(grad, {0, 2, 3}) : at::Tensor()};
   }
   const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
   const int64_t n = input.size(0), oc = weight.size(0), ohw = grad.size(2) * grad.size(3);
