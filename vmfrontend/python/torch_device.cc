@@ -1139,7 +1139,7 @@ at::Tensor& cat_out(const at::ITensorListRef& tensors, int64_t dim, at::Tensor& 
   const at::Tensor* first = nullptr;
   for (auto& t : parts) {
     if (t.dim() == 1 && t.numel() == 0) continue;
-    ok = ok && typed(t) && t.scalar_type() == out.scalar_type();
+    ok = ok && typed(t);  // (another dtype than out's converted by the copy)
     if (!first) first = &t;
   }
   if (!ok || !first) {
@@ -1167,14 +1167,11 @@ at::Tensor& cat_out(const at::ITensorListRef& tensors, int64_t dim, at::Tensor& 
   }
   return out;
 }
+// PyTorch's result type: every input's dtype promoted (an i64 and an f32 give f32).
 at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
-  at::ScalarType dtype = at::kFloat;
-  for (const at::Tensor& t : tensors)
-    if (!(t.dim() == 1 && t.numel() == 0)) {
-      dtype = t.scalar_type();
-      break;
-    }
-  auto out = emptyOn({0}, dtype);
+  c10::optional<at::ScalarType> dtype;
+  for (const at::Tensor& t : tensors) dtype = dtype ? at::promote_types(*dtype, t.scalar_type()) : t.scalar_type();
+  auto out = emptyOn({0}, dtype.value_or(at::kFloat));
   return python::cat_out(tensors, dim, out);
 }
 
@@ -2329,6 +2326,37 @@ at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c
             {0, 0, picks, 1, 0}, float(1.0 / double(divisor.value_or(w.kh * w.kw))), 0);
   return out;
 }
+// Nearest upsampling by whole factors: each output element the input's at (row / fh,
+// column / fw), which is PyTorch's floor(dst * in / out) there; the input expanded over
+// the factors, one copy, and the backward each block's sum. Other sizes (and scales that
+// do not match them) run on the host.
+c10::optional<std::array<int64_t, 2>> nearestFactors(c10::IntArrayRef in, c10::IntArrayRef out, c10::optional<double> sh,
+                                                     c10::optional<double> sw) {
+  if (in.size() != 4 || out.size() != 2 || in[2] <= 0 || in[3] <= 0 || out[0] % in[2] || out[1] % in[3]) return c10::nullopt;
+  const std::array<int64_t, 2> f = {out[0] / in[2], out[1] / in[3]};
+  if (f[0] <= 0 || f[1] <= 0 || (sh && *sh > 0 && *sh != double(f[0])) || (sw && *sw > 0 && *sw != double(f[1]))) return c10::nullopt;
+  return f;
+}
+at::Tensor& upsample_nearest2d_out(const at::Tensor& self, c10::SymIntArrayRef outputSize, c10::optional<double> sh,
+                                   c10::optional<double> sw, at::Tensor& out) {
+  const auto size = c10::asIntArrayRefSlow(outputSize);
+  auto f = supported({&self, &out}) ? nearestFactors(self.sizes(), size, sh, sw) : c10::nullopt;
+  if (!f) return hostInto("aten::upsample_nearest2d", out, at::upsample_nearest2d(host(self), size, sh, sw));
+  const int64_t n = self.size(0), c = self.size(1), h = self.size(2), w = self.size(3);
+  at::native::resize_output(out, {n, c, size[0], size[1]});
+  auto blocks = self.reshape({n, c, h, 1, w, 1}).expand({n, c, h, (*f)[0], w, (*f)[1]});
+  elementwise(TensorFn::copy, out.view({n, c, h, (*f)[0], w, (*f)[1]}), &blocks, nullptr);
+  return out;
+}
+at::Tensor& upsample_nearest2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
+                                            c10::optional<double> sh, c10::optional<double> sw, at::Tensor& out) {
+  const auto size = c10::asIntArrayRefSlow(outputSize), in = c10::asIntArrayRefSlow(inputSize);
+  auto f = supported({&grad, &out}) && grad.is_contiguous() ? nearestFactors(in, size, sh, sw) : c10::nullopt;
+  if (!f) return hostInto("aten::upsample_nearest2d_backward", out, at::upsample_nearest2d_backward(host(grad), size, in, sh, sw));
+  at::native::resize_output(out, in);
+  return at::sum_out(out, grad.view({in[0], in[1], in[2], (*f)[0], in[3], (*f)[1]}), {3, 5});
+}
+
 // Adaptive average pooling where the output divides the input: an average pool.
 c10::optional<std::array<int64_t, 2>> adaptiveKernel(const at::Tensor& self, c10::IntArrayRef outSize) {
   if (self.dim() != 4 || outSize.size() != 2 || outSize[0] <= 0 || outSize[1] <= 0 || self.size(2) % outSize[0] ||
@@ -3108,6 +3136,8 @@ void registerConvolutionsAndPooling(torch::Library& m) {
   m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
   m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
+  m.impl("upsample_nearest2d.out", TORCH_FN(upsample_nearest2d_out));
+  m.impl("upsample_nearest2d_backward.grad_input", TORCH_FN(upsample_nearest2d_backward_out));
   m.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
   m.impl("avg_pool2d", TORCH_FN(python::avg_pool2d));
   m.impl("avg_pool2d_backward", TORCH_FN(avg_pool2d_backward));
