@@ -98,6 +98,13 @@ def main():
         check(f"i64 {what} gives {want.dtype} as on the CPU",
               got.dtype == want.dtype and torch.allclose(got.double(), want.double()), f"{got} against {want}")
 
+    # torch.equal compares on the card (one bool read back).
+    a = torch.arange(6.0).to(dev)
+    raccel.torch.reset_fallbacks()
+    check("torch.equal on the card: equal, unequal, other sizes, NaN, empty",
+          torch.equal(a, a.clone()) and not torch.equal(a, a + 1) and not torch.equal(a, a[:5]) and
+          not torch.equal(a.log().sub(a.log()), a.log().sub(a.log())) and torch.equal(a[:0], a[:0]) and
+          not raccel.torch.fallbacks(), str(raccel.torch.fallbacks()))
     # PyTorch's legacy Tensor.new() (nn.init.orthogonal_ and optim.Rprop call it).
     on = torch.ones(2).to(dev)
     check("Tensor.new() of sizes, of nothing and of data on the card",

@@ -1570,6 +1570,15 @@ at::Tensor logical_not(const at::Tensor& self) {
   auto out = emptyOn({0}, at::kBool);
   return python::logical_not_out(self, out);
 }
+// torch.equal: the same sizes and every element equal (NaN never is), compared on the
+// card with one bool read back, not both tensors.
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  if (!typed(self) || !typed(other)) {
+    countFallback("aten::equal");
+    return at::equal(host(self), host(other));
+  }
+  return self.sizes() == other.sizes() && at::eq(self, other).all().item<bool>();
+}
 // NaN is the one value not equal to itself.
 at::Tensor isnan(const at::Tensor& self) { return at::ne(self, self); }
 
@@ -3103,6 +3112,7 @@ void registerComparisons(torch::Library& m) {
   m.impl("logical_not.out", TORCH_FN(logical_not_out));
   m.impl("logical_not", TORCH_FN(python::logical_not));
   m.impl("isnan", TORCH_FN(python::isnan));
+  m.impl("equal", TORCH_FN(python::equal));
   RACCEL_IMPL_OUT_NEW_INPLACE(logical_and)
   RACCEL_IMPL_OUT_NEW_INPLACE(logical_or)
   m.impl("bitwise_not.out", TORCH_FN(bitwise_not_out));
