@@ -436,86 +436,92 @@ bool measureSandbox(Run& run, Figures& f) {
   return true;
 }
 
-bool measureCuda(Run& run, Figures& f) {
-  // A CUDA GPU, when there is one: gemm through both hops against the same library
-  // (the hal's cuBLAS gemm) called directly, and 1 GiB written and read back against a
-  // direct page-locked copy, same run.
-  if (!hal::discover("cuda").devices.empty()) {
-    run.progress("CUDA: direct cuBLAS gemm (N=4096) through the hal, in this process");
-    const uint32_t n = 4096;
-    const int reps = run.quick ? 5 : 20;
-    {
-      auto dev = hal::openDevice("cuda", 0, {.tflops = 8});
-      if (!dev) {
-        return failed("cuda: " + dev.error().message);
-      }
-      auto& d = **dev;
-      auto a = d.allocate(uint64_t{n} * n * 4), b = d.allocate(uint64_t{n} * n * 4), c = d.allocate(uint64_t{n} * n * 4);
-      if (!a || !b || !c) {
-        return failed("cuda: no memory for the gemm");
-      }
-      hal::GemmArgs g{n, n, n, 1, 0, a->get(), b->get(), c->get()};
-      (void)d.gemm(g);
-      (void)d.finish();
-      auto t = Clock::now();
-      for (int i = 0; i < reps; ++i) (void)d.gemm(g);
-      (void)d.finish();
-      f.cudaDirectTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
-      d.release(std::move(*a));
-      d.release(std::move(*b));
-      d.release(std::move(*c));
-    }
+// The hal's cuBLAS gemm called directly, in this process: the baseline of raccel's.
+bool measureCudaDirect(Run& run, Figures& f, uint32_t n, int reps) {
+  run.progress("CUDA: direct cuBLAS gemm (N=4096) through the hal, in this process");
+  auto dev = hal::openDevice("cuda", 0, {.tflops = 8});
+  if (!dev) return failed("cuda: " + dev.error().message);
+  auto& d = **dev;
+  auto a = d.allocate(uint64_t{n} * n * 4), b = d.allocate(uint64_t{n} * n * 4), c = d.allocate(uint64_t{n} * n * 4);
+  if (!a || !b || !c) return failed("cuda: no memory for the gemm");
+  hal::GemmArgs g{n, n, n, 1, 0, a->get(), b->get(), c->get()};
+  (void)d.gemm(g);
+  (void)d.finish();
+  auto t = Clock::now();
+  for (int i = 0; i < reps; ++i) (void)d.gemm(g);
+  (void)d.finish();
+  f.cudaDirectTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
+  d.release(std::move(*a));
+  d.release(std::move(*b));
+  d.release(std::move(*c));
 #ifdef RACCEL_HAVE_CUDA
-    run.progress("CUDA: direct page-locked copy, 1 GiB each way");
-    if (auto p = hal::measurePinnedCopy(0, 1ull << 30); p) f.pinned = *p;
+  run.progress("CUDA: direct page-locked copy, 1 GiB each way");
+  if (auto p = hal::measurePinnedCopy(0, 1ull << 30); p) f.pinned = *p;
 #endif
-    run.progress("CUDA: the same gemm and 1 GiB through raccel (guest -> scheduler -> netaccel -> sandbox -> GPU)");
-    testing::Cluster c({run.vm});
-    c.addNetaccel("gpu0", {"backend=cuda,device=0,kind=gpu,tflops=8"}, 8);
-    auto p = run.openOn(c);
-    if (!p) return false;
-    auto& g = *p;
-    auto ha = g.alloc(uint64_t{n} * n * 4), hb = g.alloc(uint64_t{n} * n * 4), hc = g.alloc(uint64_t{n} * n * 4);
-    g.writeFloats(ha, testing::randomFloats(size_t{n} * n, 1));
-    g.writeFloats(hb, testing::randomFloats(size_t{n} * n, 2));
-    g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
-    if (auto r = g.fence(); !r) {
-      return failed("cuda gemm: " + r.error().message);
-    }
-    auto t = Clock::now();
-    for (int i = 0; i < reps; ++i) g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
-    if (auto r = g.fence(); !r) {
-      return failed("cuda gemm: " + r.error().message);
-    }
-    f.cudaRaccelTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
-    g.free(ha), g.free(hb), g.free(hc);
-    const size_t gib = size_t{1} << 30;
-    bench::BulkRun bulk = bench::steadyBulk(g, gib, run.quick ? 1 : 3);
-    if (!bulk.problem.empty()) return failed(bulk.problem);
-    f.cudaWriteGBps = bulk.writeGbps() / 8;
-    f.cudaReadGBps = bulk.readGbps() / 8;
-    f.cudaBulkGBps = bulk.gbps / 8;
-    run.progress("CUDA: synchronous round trips with the GPU as the card");
-    std::vector<double> rtts;
-    if (!run.syncRtts(g, rtts)) return false;
-    f.cudaSyncP50 = percentile(rtts, 0.5);
-    {
-      run.progress("CUDA baseline: the same 1 GiB through both hops to a CPU card (the node link's own figure)");
-      testing::Cluster link({run.vm});
-      link.addNetaccel("cpu0", {"kind=cpu,tflops=4,memory=3GiB"}, 4);
-      auto lp = run.openOn(link);
-      if (!lp) return false;
-      bench::BulkRun linkBulk = bench::steadyBulk(*lp, gib, run.quick ? 1 : 3);
-      if (!linkBulk.problem.empty()) return failed(linkBulk.problem);
-      f.cudaNodeLinkGBps = linkBulk.gbps / 8;
-    }
-    run.progress("CUDA: two tenants with 3:1 blocks of the GPU, each streaming 4096^3 gemms");
-    f.fairCuda = testing::measureFairShare(run.quick ? 3 : 8, testing::kCudaFairCard, 4096, 8);
-    if (!f.fairCuda.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share (cuda): %s\n", f.fairCuda.problem.c_str());
-  } else {
-    f.cudaSkipped = "no CUDA GPU: " + hal::discover("cuda").note;
-  }
+  return true;
+}
 
+// The same gemm, 1 GiB written and read back, and synchronous round trips, through both
+// hops to the GPU.
+bool measureCudaThroughRaccel(Run& run, Figures& f, uint32_t n, int reps) {
+  run.progress("CUDA: the same gemm and 1 GiB through raccel (guest -> scheduler -> netaccel -> sandbox -> GPU)");
+  testing::Cluster c({run.vm});
+  c.addNetaccel("gpu0", {"backend=cuda,device=0,kind=gpu,tflops=8"}, 8);
+  auto p = run.openOn(c);
+  if (!p) return false;
+  auto& g = *p;
+  auto ha = g.alloc(uint64_t{n} * n * 4), hb = g.alloc(uint64_t{n} * n * 4), hc = g.alloc(uint64_t{n} * n * 4);
+  g.writeFloats(ha, testing::randomFloats(size_t{n} * n, 1));
+  g.writeFloats(hb, testing::randomFloats(size_t{n} * n, 2));
+  g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
+  if (auto r = g.fence(); !r) return failed("cuda gemm: " + r.error().message);
+  auto t = Clock::now();
+  for (int i = 0; i < reps; ++i) g.gemm(n, n, n, 1.0f, ha, hb, 0.0f, hc);
+  if (auto r = g.fence(); !r) return failed("cuda gemm: " + r.error().message);
+  f.cudaRaccelTflops = 2.0 * n * n * n * reps / since(t) / 1e12;
+  g.free(ha), g.free(hb), g.free(hc);
+  bench::BulkRun bulk = bench::steadyBulk(g, size_t{1} << 30, run.quick ? 1 : 3);
+  if (!bulk.problem.empty()) return failed(bulk.problem);
+  f.cudaWriteGBps = bulk.writeGbps() / 8;
+  f.cudaReadGBps = bulk.readGbps() / 8;
+  f.cudaBulkGBps = bulk.gbps / 8;
+  run.progress("CUDA: synchronous round trips with the GPU as the card");
+  std::vector<double> rtts;
+  if (!run.syncRtts(g, rtts)) return false;
+  f.cudaSyncP50 = percentile(rtts, 0.5);
+  return true;
+}
+
+// The same 1 GiB through both hops to a CPU card: the node link's own figure, the
+// baseline of the GPU's.
+bool measureCudaNodeLink(Run& run, Figures& f) {
+  run.progress("CUDA baseline: the same 1 GiB through both hops to a CPU card (the node link's own figure)");
+  testing::Cluster link({run.vm});
+  link.addNetaccel("cpu0", {"kind=cpu,tflops=4,memory=3GiB"}, 4);
+  auto lp = run.openOn(link);
+  if (!lp) return false;
+  bench::BulkRun linkBulk = bench::steadyBulk(*lp, size_t{1} << 30, run.quick ? 1 : 3);
+  if (!linkBulk.problem.empty()) return failed(linkBulk.problem);
+  f.cudaNodeLinkGBps = linkBulk.gbps / 8;
+  return true;
+}
+
+// A CUDA GPU, when there is one: gemm through both hops against the same library (the
+// hal's cuBLAS gemm) called directly, 1 GiB written and read back against a direct
+// page-locked copy and against the node link's own figure, and the GPU shared 3:1, in
+// the same run.
+bool measureCuda(Run& run, Figures& f) {
+  if (hal::discover("cuda").devices.empty()) {
+    f.cudaSkipped = "no CUDA GPU: " + hal::discover("cuda").note;
+    return true;
+  }
+  const uint32_t n = 4096;
+  const int reps = run.quick ? 5 : 20;
+  if (!measureCudaDirect(run, f, n, reps) || !measureCudaThroughRaccel(run, f, n, reps) || !measureCudaNodeLink(run, f))
+    return false;
+  run.progress("CUDA: two tenants with 3:1 blocks of the GPU, each streaming 4096^3 gemms");
+  f.fairCuda = testing::measureFairShare(run.quick ? 3 : 8, testing::kCudaFairCard, 4096, 8);
+  if (!f.fairCuda.problem.empty()) std::fprintf(stderr, "raccel-bench: fair share (cuda): %s\n", f.fairCuda.problem.c_str());
   return true;
 }
 
