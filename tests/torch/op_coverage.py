@@ -126,6 +126,8 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("nearest upsampling by whole factors (scale 2, size 3x), with backward", [(2, 3, 4, 5)],
      lambda x: F.interpolate(x, scale_factor=2)[:, :, :6, :6] + F.interpolate(x, size=(12, 15))[:, :, :6, :6]),
     ("cat of f32 with i64 and bool (promoted to f32)", [(2, 3)], lambda x: torch.cat([x, (x > 0).long(), (x < 0)], 0) * x.sum()),
+    ("avg_pool2d leaving the padding out of the divisor (count_include_pad=False), with backward", [(2, 3, 7, 6)],
+     lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False) + F.avg_pool2d(x, (2, 3), (2, 2), (1, 1), count_include_pad=False)[:, :, :4, :3]),
     ("masked_select, and its backward (masked_scatter)", [(4, 5), (5,)],
      lambda x, b: x.masked_select(b > 0) * 2),
     ("nll_loss reduction none", [(6, 4)], lambda x: F.nll_loss(F.log_softmax(x, 1), (x[:, 0] > x[:, 1]).long(), reduction="none")),

@@ -2300,11 +2300,25 @@ at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Te
 // Average pooling (padding counted in the divisor, as PyTorch does by default): each
 // window's sum of its sources, and back, each position's sum over the windows that read it.
 bool avgOnCard(const at::Tensor& self, const Window2d& w, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
-  return poolOnCard(self, w, ceilMode) && (countIncludePad || (w.ph == 0 && w.pw == 0)) && (!divisor || *divisor != 0);
+  return poolOnCard(self, w, ceilMode) && (!divisor || *divisor != 0);
+}
+// Padding left out of the divisor (count_include_pad=False, no divisor given): each
+// window's share of the kernel inside the input, the padded average of a plane of ones.
+// The average is the padded one over that share, and the backward the padded one of
+// the gradient over it.
+c10::optional<at::Tensor> insideShare(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                                      c10::IntArrayRef padding, const Window2d& w, bool countIncludePad,
+                                      c10::optional<int64_t> divisor) {
+  if (countIncludePad || divisor || (w.ph == 0 && w.pw == 0)) return c10::nullopt;
+  auto ones = at::ones({1, 1, self.size(2), self.size(3)}, self.options());
+  return at::avg_pool2d(ones, kernel, stride, padding, false, true, c10::nullopt);
 }
 at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
                       bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
   const auto w = Window2d::of(kernel, stride, padding, {});
+  if (avgOnCard(self, w, ceilMode, countIncludePad, divisor))
+    if (auto share = insideShare(self, kernel, stride, padding, w, countIncludePad, divisor))
+      return at::avg_pool2d(self, kernel, stride, padding, false, true, c10::nullopt) / *share;
   if (!avgOnCard(self, w, ceilMode, countIncludePad, divisor))
     return onHost("aten::avg_pool2d", [&] {
       return at::avg_pool2d(host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor).to(self.device());
@@ -2321,6 +2335,9 @@ at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntA
 at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
                                c10::IntArrayRef padding, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
   const auto w = Window2d::of(kernel, stride, padding, {});
+  if (avgOnCard(self, w, ceilMode, countIncludePad, divisor) && supported({&grad}))
+    if (auto share = insideShare(self, kernel, stride, padding, w, countIncludePad, divisor))
+      return at::avg_pool2d_backward(grad / *share, self, kernel, stride, padding, false, true, c10::nullopt);
   if (!avgOnCard(self, w, ceilMode, countIncludePad, divisor) || !supported({&grad}))
     return onHost("aten::avg_pool2d_backward", [&] {
       return at::avg_pool2d_backward(host(grad), host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor)
