@@ -763,6 +763,33 @@ TEST(Lanes, AFenceBehindAnotherProgramsGibibyteWriteOfTheSameVmAnswersFirst) {
   EXPECT_EQ(tail[0], std::byte{0x5a});
 }
 
+// After a burst through the node link, the first quiet period gives the free heap back
+// in both daemons: the call sites of FreeMemoryAfterBursts (whose rules common_test
+// checks), the scheduler's at its links' trim and the netaccel's at its first link's
+// heartbeat, each logging it at debug level. No same-host lane: the bytes cross the link.
+TEST(FreeMemory, BothDaemonsGiveTheirHeapBackOnceTheLinksGoQuietAfterABurst) {
+  Cluster cluster({VmSpec{}}, "", {"--log-level", "debug"});
+  auto& node = cluster.addNetaccel("node0", {"kind=cpu,tflops=4,memory=256MiB,threads=1"}, 4,
+                                   {"--log-level", "debug", "--no-same-host-lane"});
+  auto s = open(cluster.startGuestd(), 2, {}, "burst");
+  ASSERT_TRUE(s);
+  constexpr size_t kBytes = size_t{16} << 20;  // 16 times FreeMemoryAfterBursts::kBusyBytes
+  const client::Handle h = s->alloc(kBytes);
+  std::vector<std::byte> data(kBytes, std::byte{0x5a}), back(kBytes);
+  s->write(h, 0, data);
+  ASSERT_TRUE(s->read(h, 0, back));
+  ASSERT_EQ(back, data);
+  auto logged = [](const Process& p, const std::string& what) {
+    std::ifstream in(p.log());
+    std::stringstream all;
+    all << in.rdbuf();
+    return all.str().find(what) != std::string::npos;
+  };
+  EXPECT_TRUE(waitFor([&] { return logged(cluster.scheduler(), "the node links went quiet: free memory given back"); }, 30000))
+      << cluster.logs();
+  EXPECT_TRUE(waitFor([&] { return logged(node, "the links went quiet: free memory given back"); }, 30000)) << cluster.logs();
+}
+
 // A netaccel on the scheduler's host takes the same-host lane by default; one started
 // with --no-same-host-lane keeps to its link, and so does every netaccel of a scheduler
 // with --lane-socket off. Big writes and reads come back exact either way.
