@@ -831,25 +831,25 @@ at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self0, at:
   elementwise(fn, out, &self, nullptr, alpha, beta);
   return out;
 }
-// The dtype of a float function's result (sqrt, exp, ...), as PyTorch's: the default float
-// type for an integer or bool input. An out that cannot hold it is refused, as there.
-at::ScalarType floatResult(const at::Tensor& self) {
-  return at::isIntegralType(self.scalar_type(), /*includeBool=*/true) ? c10::typeMetaToScalarType(at::get_default_dtype())
-                                                                       : self.scalar_type();
+// The dtype of a float function's result (sqrt, exp, true division...), as PyTorch's:
+// the default float type for an integer or bool one. An out that cannot hold an op's
+// result type is refused, with PyTorch's message.
+at::ScalarType floatResult(at::ScalarType type) {
+  return at::isIntegralType(type, /*includeBool=*/true) ? c10::typeMetaToScalarType(at::get_default_dtype()) : type;
 }
-void checkFloatOut(const at::Tensor& self, const at::Tensor& out) {
-  TORCH_CHECK(at::canCast(floatResult(self), out.scalar_type()), "result type ", floatResult(self),
-              " can't be cast to the desired output type ", out.scalar_type());
+void checkOutHolds(at::ScalarType result, const at::Tensor& out) {
+  TORCH_CHECK(at::canCast(result, out.scalar_type()), "result type ", result, " can't be cast to the desired output type ",
+              out.scalar_type());
 }
 
 // `floats`: a float function, whose result on integers is the default float type.
 #define RACCEL_UNARY(op, fn, alpha, floats)                                                                  \
   at::Tensor& op##_out(const at::Tensor& self, at::Tensor& out) {                                              \
-    if (floats) checkFloatOut(self, out);                                                                      \
+    if (floats) checkOutHolds(floatResult(self.scalar_type()), out);                                           \
     return unaryOut(fn, "aten::" #op, self, out, alpha, [](const at::Tensor& x) { return at::op(x); });        \
   }                                                                                                            \
   at::Tensor op(const at::Tensor& self) {                                                                      \
-    auto out = emptyOn({0}, floats ? floatResult(self) : self.scalar_type());                                  \
+    auto out = emptyOn({0}, floats ? floatResult(self.scalar_type()) : self.scalar_type());                    \
     return python::op##_out(self, out);                                                                        \
   }                                                                                                            \
   at::Tensor& op##_(at::Tensor& self) { return python::op##_out(self, self); }
@@ -868,8 +868,7 @@ RACCEL_UNARY(rsqrt, TensorFn::rsqrt, 1, true)
 #undef RACCEL_UNARY
 
 at::Tensor& pow_out(const at::Tensor& self, const at::Scalar& exponent, at::Tensor& out) {
-  TORCH_CHECK(at::canCast(at::result_type(self, exponent), out.scalar_type()), "result type ", at::result_type(self, exponent),
-              " can't be cast to the desired output type ", out.scalar_type());
+  checkOutHolds(at::result_type(self, exponent), out);
   return unaryOut(TensorFn::pow, "aten::pow.Tensor_Scalar", self, out, exponent.toFloat(),
                   [&](const at::Tensor& x) { return at::pow(x, exponent); });
 }
@@ -909,8 +908,7 @@ RACCEL_BINARY(sigmoid_backward, TensorFn::sigmoidBackward, "aten::sigmoid_backwa
 // out = a / b (b may be a host number: a times its inverse). True division: integers
 // divide as the default float type, and an integer out is refused, as PyTorch does.
 at::Tensor& div_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  TORCH_CHECK(!at::isIntegralType(out.scalar_type(), /*includeBool=*/true), "result type ",
-              c10::typeMetaToScalarType(at::get_default_dtype()), " can't be cast to the desired output type ", out.scalar_type());
+  checkOutHolds(floatResult(out.scalar_type()), out);
   if (isHostScalar(b) && supported({&a, &out})) {
     at::native::resize_output(out, a.sizes());
     elementwise(TensorFn::affine, out, &a, nullptr, static_cast<float>(1.0 / b.item<double>()), 0);
@@ -919,9 +917,7 @@ at::Tensor& div_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   return binaryOut(TensorFn::div, "aten::div.out", a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::div(x, y); });
 }
 at::Tensor div(const at::Tensor& a, const at::Tensor& b) {
-  auto dtype = at::result_type(a, b);
-  if (at::isIntegralType(dtype, /*includeBool=*/true)) dtype = c10::typeMetaToScalarType(at::get_default_dtype());
-  auto out = emptyOn({0}, dtype);
+  auto out = emptyOn({0}, floatResult(at::result_type(a, b)));
   return python::div_out(a, b, out);
 }
 at::Tensor& div_(at::Tensor& self, const at::Tensor& other) { return python::div_out(self, other, self); }
