@@ -1357,6 +1357,7 @@ c10::List<c10::optional<at::Tensor>> hostIndices(const c10::List<c10::optional<a
 // dtypes): nothing, and the caller runs PyTorch's own kernel on the host.
 struct MergedIndex {
   int64_t first = 0, count = 0;
+  int64_t rows = 1;            // the indexed dimensions' product: the merged one's size
   at::Tensor flat;             // i64 on the device, one dimension
   std::vector<int64_t> shape;  // the indices' broadcast shape
   // self's shape with the indexed dimensions replaced by `shape`.
@@ -1366,10 +1367,10 @@ struct MergedIndex {
     out.insert(out.end(), self.begin() + first + count, self.end());
     return out;
   }
-  // self's shape with the indexed dimensions merged into one of `rows`.
-  std::vector<int64_t> mergedShape(c10::IntArrayRef self, int64_t rows) const {
+  // self's shape with the indexed dimensions merged into one of `merged` (rows: self's).
+  std::vector<int64_t> mergedShape(c10::IntArrayRef self, int64_t merged) const {
     std::vector<int64_t> out(self.begin(), self.begin() + first);
-    out.push_back(rows);
+    out.push_back(merged);
     out.insert(out.end(), self.begin() + first + count, self.end());
     return out;
   }
@@ -1403,17 +1404,13 @@ std::optional<MergedIndex> mergedIndex(const at::Tensor& self, const c10::List<c
   if (picks.empty() || dim > self.dim()) return std::nullopt;
   MergedIndex m;
   m.first = first, m.count = int64_t(picks.size());
+  for (int64_t d = first; d < first + m.count; ++d) m.rows *= self.size(d);
   auto broadcast = at::broadcast_tensors(picks);
   m.shape = broadcast[0].sizes().vec();
   m.flat = broadcast[0];
   for (int64_t j = 1; j < m.count; ++j) m.flat = m.flat * self.size(first + j) + broadcast[j];
   m.flat = m.flat.reshape({-1});
   return m;
-}
-int64_t rowsOf(const at::Tensor& self, const MergedIndex& m) {
-  int64_t rows = 1;
-  for (int64_t d = m.first; d < m.first + m.count; ++d) rows *= self.size(d);
-  return rows;
 }
 
 // Tensor.unfold's backward: each window's gradient added back at the positions it
@@ -1442,7 +1439,7 @@ at::Tensor index(const at::Tensor& self, const c10::List<c10::optional<at::Tenso
   auto m = typed(self) ? mergedIndex(self, indices) : std::nullopt;
   if (!m)
     return onHost("aten::index.Tensor", [&] { return at::index(host(self), hostIndices(indices)).to(self.device()); });
-  const auto merged = self.reshape(m->mergedShape(self.sizes(), rowsOf(self, *m)));
+  const auto merged = self.reshape(m->mergedShape(self.sizes(), m->rows));
   return python::index_select(merged, m->first, m->flat).view(m->resultShape(self.sizes()));
 }
 
@@ -2451,7 +2448,7 @@ at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at:
   const bool added = accumulate && typed(self) && self.is_contiguous() && typed(values) &&
                      values.scalar_type() == self.scalar_type() && !sharesStorage(values, self);
   if (auto m = added ? mergedIndex(self, indices) : std::nullopt) {
-    auto merged = self.view(m->mergedShape(self.sizes(), rowsOf(self, *m)));
+    auto merged = self.view(m->mergedShape(self.sizes(), m->rows));
     auto shape = m->mergedShape(self.sizes(), m->flat.numel());
     python::index_add_out(merged, m->first, m->flat, values.expand(m->resultShape(self.sizes())).reshape(shape), 1, merged);
     return self;
