@@ -17,8 +17,9 @@ enum class TensorFn : uint8_t {
   eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
   amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal, gatherSum,
   maxPool2d, maxPool2dBackward,
+  hardswish, hardswishBackward, hardsigmoid, hardsigmoidBackward, mish, mishBackward,
 };
-inline constexpr unsigned kTensorFns = 68;
+inline constexpr unsigned kTensorFns = 74;
 
 enum class TensorType : uint8_t { f32, i64, boolean };
 inline constexpr unsigned kTensorTypes = 3;
@@ -38,7 +39,8 @@ constexpr bool takesFusedScale(TensorFn fn) {
     case TensorFn::leakyReluBackward: case TensorFn::softplus: case TensorFn::softplusBackward:
     case TensorFn::hardtanh: case TensorFn::hardtanhBackward: case TensorFn::sign: case TensorFn::clamp:
     case TensorFn::log1p: case TensorFn::reciprocal: case TensorFn::rsqrt: case TensorFn::elu:
-    case TensorFn::eluBackward: case TensorFn::lerp:
+    case TensorFn::eluBackward: case TensorFn::lerp: case TensorFn::hardswish: case TensorFn::hardswishBackward:
+    case TensorFn::hardsigmoid: case TensorFn::hardsigmoidBackward: case TensorFn::mish: case TensorFn::mishBackward:
       return true;
     default:
       return false;

@@ -232,6 +232,16 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
       {TensorFn::pow, 0.5f, 0, [](float x, float, float) { return std::sqrt(x); }},
       {TensorFn::pow, -2, 0, [](float x, float, float) { return 1 / (x * x); }},
       {TensorFn::pow, 1.7f, 0, [](float x, float, float) { return std::pow(x, 1.7f); }},
+      {TensorFn::hardswish, 1, 0, [](float x, float, float) { return x * std::clamp(x + 3, 0.0f, 6.0f) / 6; }},
+      {TensorFn::hardswishBackward, 1, 0, [](float g, float x, float) { return x < -3 ? 0 : x <= 3 ? g * (x / 3 + 0.5f) : g; }},
+      {TensorFn::hardsigmoid, 1, 0, [](float x, float, float) { return std::clamp(x + 3, 0.0f, 6.0f) / 6; }},
+      {TensorFn::hardsigmoidBackward, 1, 0, [](float g, float x, float) { return x > -3 && x < 3 ? g / 6 : 0; }},
+      {TensorFn::mish, 1, 0, [](float x, float, float) { return x * std::tanh(std::log1p(std::exp(double(x)))); }},
+      {TensorFn::mishBackward, 1, 0,
+       [](float g, float x, float) {
+         double s = 1 / (1 + std::exp(-double(x))), t = std::tanh(std::log1p(std::exp(double(x))));
+         return g * (t + x * s * (1 - t * t));
+       }},
   };
   // One layout: the op's shape, out contiguous, a, b and c's strides, how many elements
   // each holds, and which of them element e of out reads (aAt, bAt, cAt).
@@ -278,10 +288,13 @@ TEST_P(Conformance, TensorElementwiseOpsOverStridedAndBroadcastViewsMatchReferen
 // Where PyTorch's CPU kernels define an edge their own way, the card gives their value:
 // sign of NaN and of -0 is +0; a power of 0.5 is a square root (NaN for -inf, -0 for -0,
 // where pow() gives inf and +0); lerp by a weight of 0.5 or more works back from the end
-// (inf toward 1 by 0.5 is inf, not inf - inf).
+// (inf toward 1 by 0.5 is inf, not inf - inf); hardswish's slope at -3 is -1/2 and at 3 is
+// 3/2, hardsigmoid's is 0 at both, hardsigmoid keeps a NaN; mish of -inf is NaN. A
+// backward case is the derivative at each x (a gradient of 1). Zeros, infinities and
+// NaNs exactly; finite values to a part in 10^6 (the math library's last bits).
 TEST_P(Conformance, MapsAtTheEdgesGivePyTorchsValues) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> x = {nan, -0.0f, -inf, inf, 2.0f, -3.0f}, ones(x.size(), 1.0f);
+  const std::vector<float> x = {nan, -0.0f, -inf, inf, 2.0f, -3.0f, 3.0f}, ones(x.size(), 1.0f);
   const uint64_t n = x.size();
   auto bx = floats(x), bones = floats(ones);
   auto out = device->allocate(n * 4);
@@ -290,27 +303,39 @@ TEST_P(Conformance, MapsAtTheEdgesGivePyTorchsValues) {
     TensorFn fn;
     float alpha;
     std::vector<float> want;
+    bool derivative = false;  // operands (1, x): the gradient, then the input
   };
+  const float sixth = 1.0f / 6.0f;
   const std::vector<Case> cases = {
-      {TensorFn::sign, 1, {0, 0, -1, 1, 1, -1}},
-      {TensorFn::pow, 0.5f, {nan, -0.0f, nan, inf, std::sqrt(2.0f), nan}},
-      {TensorFn::pow, 3, {nan, -0.0f, -inf, inf, 8, -27}},
-      {TensorFn::lerp, 0.5f, {nan, 0.5f, -inf, inf, 1.5f, -1}},
+      {TensorFn::sign, 1, {0, 0, -1, 1, 1, -1, 1}},
+      {TensorFn::pow, 0.5f, {nan, -0.0f, nan, inf, std::sqrt(2.0f), nan, std::sqrt(3.0f)}},
+      {TensorFn::pow, 3, {nan, -0.0f, -inf, inf, 8, -27, 27}},
+      {TensorFn::lerp, 0.5f, {nan, 0.5f, -inf, inf, 1.5f, -1, 2}},
+      {TensorFn::hardswish, 1, {nan, -0.0f, nan, inf, 10.0f / 6.0f, -0.0f, 3}},
+      {TensorFn::hardswishBackward, 1, {1, 0.5f, 0, 1, 2.0f / 3.0f + 0.5f, -0.5f, 1.5f}, true},
+      {TensorFn::hardsigmoid, 1, {nan, 0.5f, 0, 1, 5.0f / 6.0f, 0, 1}},
+      {TensorFn::hardsigmoidBackward, 1, {0, sixth, 0, 0, sixth, 0, 0}, true},
+      {TensorFn::mish, 1, {nan, -0.0f, nan, inf, 1.943958998f, -0.1456474662f, 2.986535072f}},
+      {TensorFn::mishBackward, 1, {nan, 0.6f, nan, nan, 1.069317937f, -0.09339312464f, 1.021106958f}, true},
   };
   for (auto& c : cases) {
-    auto op = tensorOp(c.fn, {n}, {view(out->get(), 0, {1}), view(bx.get(), 0, {1}), view(bones.get(), 0, {1})});
+    Buffer* a = c.derivative ? bones.get() : bx.get();
+    Buffer* b = c.derivative ? bx.get() : bones.get();
+    auto op = tensorOp(c.fn, {n}, {view(out->get(), 0, {1}), view(a, 0, {1}), view(b, 0, {1})});
     op.alpha = c.alpha;
     auto s = device->tensor(op);
     if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
     ASSERT_TRUE(s) << s.error().message;
     auto got = readFloats(**out, n);
     for (size_t i = 0; i < n; ++i) {
+      const std::string what = std::string(tensorFnName(c.fn)) + " " + std::to_string(c.alpha) + " at " + std::to_string(x[i]);
       if (std::isnan(c.want[i])) {
-        EXPECT_TRUE(std::isnan(got[i])) << tensorFnName(c.fn) << " " << c.alpha << " of " << x[i] << ": " << got[i];
+        EXPECT_TRUE(std::isnan(got[i])) << what << ": " << got[i];
         continue;
       }
-      EXPECT_EQ(got[i], c.want[i]) << tensorFnName(c.fn) << " " << c.alpha << " of " << x[i];
-      EXPECT_EQ(std::signbit(got[i]), std::signbit(c.want[i])) << tensorFnName(c.fn) << " " << c.alpha << " of " << x[i];
+      if (c.want[i] == 0 || std::isinf(c.want[i])) EXPECT_EQ(got[i], c.want[i]) << what;
+      else EXPECT_NEAR(got[i], c.want[i], 1e-6 * std::fabs(c.want[i])) << what;
+      EXPECT_EQ(std::signbit(got[i]), std::signbit(c.want[i])) << what;
     }
   }
 }

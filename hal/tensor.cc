@@ -38,7 +38,10 @@ static_assert(RC_SUM == int(TensorFn::sum) && RC_WHERE == int(TensorFn::where) &
               RC_UNIFORM == int(TensorFn::uniform) && RC_BERNOULLI == int(TensorFn::bernoulli) &&
               RC_NORMAL == int(TensorFn::normal) && RC_GATHER_SUM == int(TensorFn::gatherSum) &&
               RC_MAX_POOL == int(TensorFn::maxPool2d) && RC_MAX_POOL_BACKWARD == int(TensorFn::maxPool2dBackward) &&
-              kTensorFns == RC_MAX_POOL_BACKWARD + 1);
+              RC_HARDSWISH == int(TensorFn::hardswish) && RC_HARDSWISH_BACKWARD == int(TensorFn::hardswishBackward) &&
+              RC_HARDSIGMOID == int(TensorFn::hardsigmoid) &&
+              RC_HARDSIGMOID_BACKWARD == int(TensorFn::hardsigmoidBackward) && RC_MISH == int(TensorFn::mish) &&
+              RC_MISH_BACKWARD == int(TensorFn::mishBackward) && kTensorFns == RC_MISH_BACKWARD + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               kTensorTypes == 3);
 
@@ -84,6 +87,9 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"uniform", 1, "rc_random"}, {"bernoulli", 1, "rc_random"},
     {"normal", 1, "rc_random"}, {"gatherSum", 3, "rc_gather_sum"},
     {"maxPool2d", 3, "rc_max_pool"}, {"maxPool2dBackward", 3, "rc_max_pool_backward"},
+    {"hardswish", 2, "rc_map"}, {"hardswishBackward", 3, "rc_map"},
+    {"hardsigmoid", 2, "rc_map"}, {"hardsigmoidBackward", 3, "rc_map"},
+    {"mish", 2, "rc_map"},      {"mishBackward", 3, "rc_map"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {

@@ -329,6 +329,11 @@ struct Op {
 #   clamp: out = min(max(a, alpha), beta) (NaN stays); log1p, reciprocal, rsqrt:
 #     log(1+a) | 1/a | 1/sqrt(a); elu: a > 0 ? a : alpha*(exp(a)-1); eluBackward: a
 #     (the gradient) times the derivative at b (the forward's input); lerp: a + alpha*(b - a)
+#   hardswish, hardsigmoid, mish: elementwise, out = a * min(max(a + 3, 0), 6) / 6 |
+#     min(max(a + 3, 0), 6) / 6 | a * tanh(log1p(exp(a))); each ...Backward takes a (the
+#     gradient) and b (the forward's input): out = a * the derivative at b, PyTorch's
+#     (hardswish's: 0 below -3, b/3 + 1/2 up to 3, 1 above; hardsigmoid's: 1/6 strictly
+#     inside (-3, 3), else 0)
 #   sum over i64 or bool: an exact i64 sum (alpha 1, beta 0 or 1)
 #   add, mul over integers (i64 and bool, no f32): exact, alpha an integer (|alpha| at
 #     most 2^24); into bool, nonzero is 1 (so bool add is or, bool mul is and)
@@ -471,6 +476,12 @@ enum TensorFn {
   gatherSum @65;
   maxPool2d @66;
   maxPool2dBackward @67;
+  hardswish @68;
+  hardswishBackward @69;
+  hardsigmoid @70;
+  hardsigmoidBackward @71;
+  mish @72;
+  mishBackward @73;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -5,6 +5,7 @@ import struct
 import sys
 
 import torch
+import torch.nn.functional as F
 
 import raccel
 import raccel.torch
@@ -107,6 +108,13 @@ refused("an i64 tensor's div_ in place", "can't be cast to the desired output ty
 refused("exp into an i64 out", "can't be cast", lambda: torch.exp(longs, out=torch.empty(2, dtype=torch.long).to(dev)))
 refused("an op on the host that would write a list of tensors", "writes a list of tensors",
         lambda: torch._amp_foreach_non_finite_check_and_unscale_([x.clone()], torch.zeros(1).to(dev), torch.ones(1).to(dev)))
+# Composed ops with PyTorch's own refusals (the host's check, where the card's would be another).
+refused("glu over an odd dimension", "Halving dimension must be even", lambda: F.glu(x, 1).cpu())
+refused("prelu with a weight for the wrong channels", "Mismatch of parameter numbers and input channel size",
+        lambda: F.prelu(x, torch.ones(4).to(dev)).cpu())
+refused("a flip naming a dimension twice", "appears multiple times", lambda: x.flip(0, 0).cpu())
+refused("reflection padding as large as the input", "Padding size should be less than",
+        lambda: F.pad(x.reshape(1, 3, 5), (5, 0), mode="reflect").cpu())
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

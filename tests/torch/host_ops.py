@@ -12,7 +12,7 @@ import raccel.torch
 CASES = [
     ("floor_ of a column", lambda x: x[:, 2].floor_()),
     ("round_ of a row", lambda x: x[1].round_()),
-    ("cumsum_ of a narrowed view", lambda x: x.narrow(1, 1, 3).cumsum_(0)),
+    ("cumprod_ of a narrowed view", lambda x: x.narrow(1, 1, 3).cumprod_(0)),
     ("tril_ of a transpose", lambda x: x.t().tril_()),
     ("index_fill_ of a slice", lambda x: x[1:3].index_fill_(1, torch.tensor([0, 2], device=x.device), 5.0)),
     ("trunc_ of a slice with a step", lambda x: x[::2, 1:].trunc_()),
@@ -23,7 +23,7 @@ CASES = [
                                                                     torch.tensor([0, 0], device=x.device)]),
     ("x[idx] = values (index_put_ without accumulate)",
      lambda x: x.index_put_((torch.tensor([1, 3], device=x.device),), torch.full((2, 5), 2.0, device=x.device))),
-    ("sort, topk and cumsum of a transpose", lambda x: x.t().sort(1).values + x.t().topk(2, 1).values.sum() + x.t().cumsum(0)),
+    ("sort, topk and cumprod of a transpose", lambda x: x.t().sort(1).values + x.t().topk(2, 1).values.sum() + x.t().cumprod(0)),
 ]
 
 

@@ -19,6 +19,8 @@ ACTIVATIONS = [
     ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")), ("silu", F.silu),
     ("leaky_relu", lambda x: F.leaky_relu(x, 0.2)), ("softplus", lambda x: F.softplus(x, beta=2, threshold=3)),
     ("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.75)),
+    # (inputs to +-6, past the ramps' corners at +-3)
+    ("hardswish", lambda x: F.hardswish(3 * x)), ("hardsigmoid", lambda x: F.hardsigmoid(3 * x)), ("mish", F.mish),
 ]
 CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("softmax dim -1", [(5, 7)], lambda x: torch.softmax(x, -1)),
@@ -42,6 +44,13 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("clamp, clamp_min, clamp_max", [(4, 5)], lambda x: x.clamp(-0.5, 0.7) + x.clamp(min=0.1) * x.clamp(max=0.2)),
     ("exp, log, log1p, reciprocal, rsqrt", [(4, 5)],
      lambda a: a.exp() + (a.abs() + 0.5).log() + a.abs().log1p() + (a.abs() + 0.5).reciprocal() + (a.abs() + 0.5).rsqrt()),
+    ("glu over dim 1 and dim 0", [(4, 6)], lambda x: F.glu(x, 1).sum(1)[:2] + F.glu(x, 0).sum(0)[:2]),
+    ("prelu, one weight a channel", [(3, 4, 5), (4,)], lambda x, w: F.prelu(x, w)),
+    ("prelu, one weight for all", [(6, 5), (1,)], lambda x, w: F.prelu(x, w)),
+    ("cumsum over dim 1 and 0, flip", [(5, 13)], lambda x: x.cumsum(1) + x.flip(0).cumsum(0) * x.flip(1, 0)),
+    ("cumsum of a mask (positions), as i64", [(4, 9)], lambda x: (x > 0).cumsum(1) * x),
+    ("reflection padding, 2d and 1d", [(2, 3, 4, 5), (2, 3, 6)],
+     lambda x, y: torch.cat([F.pad(x, (1, 2, 3, 1), mode="reflect").flatten(), F.pad(y, (2, 1), mode="reflect").flatten()])),
     ("elu", [(4, 6)], lambda x: F.elu(x, 0.8)),
     ("selu (elu scaled after)", [(4, 6)], lambda x: F.selu(x)),
     ("lerp", [(4, 5), (4, 5)], lambda a, b: torch.lerp(a, b, 0.3)),

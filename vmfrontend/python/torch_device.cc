@@ -337,7 +337,7 @@ at::Tensor emptyOn(c10::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
 
 // An op that runs on the host: its tensors copied there and its result copied back.
 template <class F>
-at::Tensor onHost(const char* name, F compute) {
+auto onHost(const char* name, F compute) {
   countFallback(name);
   return compute();
 }
@@ -947,22 +947,30 @@ at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& self, c10::st
   return python::gelu_backward_out(grad, self, approximate, out);
 }
 
-at::Tensor& silu_out(const at::Tensor& self, at::Tensor& out) {
-  return unaryOut(TensorFn::silu, "aten::silu", self, out, 1, [](const at::Tensor& x) { return at::silu(x); });
-}
-at::Tensor silu(const at::Tensor& self) {
-  auto out = emptyOn({0}, self.scalar_type());
-  return python::silu_out(self, out);
-}
-at::Tensor& silu_(at::Tensor& self) { return python::silu_out(self, self); }
-at::Tensor& silu_backward_out(const at::Tensor& grad, const at::Tensor& self, at::Tensor& out) {
-  return binaryOut(TensorFn::siluBackward, "aten::silu_backward", grad, self, out,
-                   [](const at::Tensor& g, const at::Tensor& x) { return at::silu_backward(g, x); });
-}
-at::Tensor silu_backward(const at::Tensor& grad, const at::Tensor& self) {
-  auto out = emptyOn({0}, grad.scalar_type());
-  return python::silu_backward_out(grad, self, out);
-}
+// An activation without parameters and its backward, each one map of its own: op_out,
+// op, op_ and op_backward_out, op_backward (the gradient, then the forward's input).
+#define RACCEL_PLAIN_ACTIVATION(op, fn, backwardFn)                                                              \
+  at::Tensor& op##_out(const at::Tensor& self, at::Tensor& out) {                                               \
+    return unaryOut(fn, "aten::" #op, self, out, 1, [](const at::Tensor& x) { return at::op(x); });             \
+  }                                                                                                             \
+  at::Tensor op(const at::Tensor& self) {                                                                       \
+    auto out = emptyOn({0}, self.scalar_type());                                                                \
+    return python::op##_out(self, out);                                                                         \
+  }                                                                                                             \
+  at::Tensor& op##_(at::Tensor& self) { return python::op##_out(self, self); }                                  \
+  at::Tensor& op##_backward_out(const at::Tensor& grad, const at::Tensor& self, at::Tensor& out) {              \
+    return binaryOut(backwardFn, "aten::" #op "_backward", grad, self, out,                                     \
+                     [](const at::Tensor& g, const at::Tensor& x) { return at::op##_backward(g, x); });         \
+  }                                                                                                             \
+  at::Tensor op##_backward(const at::Tensor& grad, const at::Tensor& self) {                                    \
+    auto out = emptyOn({0}, grad.scalar_type());                                                                \
+    return python::op##_backward_out(grad, self, out);                                                          \
+  }
+RACCEL_PLAIN_ACTIVATION(silu, TensorFn::silu, TensorFn::siluBackward)
+RACCEL_PLAIN_ACTIVATION(hardswish, TensorFn::hardswish, TensorFn::hardswishBackward)
+RACCEL_PLAIN_ACTIVATION(hardsigmoid, TensorFn::hardsigmoid, TensorFn::hardsigmoidBackward)
+RACCEL_PLAIN_ACTIVATION(mish, TensorFn::mish, TensorFn::mishBackward)
+#undef RACCEL_PLAIN_ACTIVATION
 
 at::Tensor& leaky_relu_out(const at::Tensor& self, const at::Scalar& slope, at::Tensor& out) {
   return unaryOut(TensorFn::leakyRelu, "aten::leaky_relu", self, out, slope.toFloat(),
@@ -1842,6 +1850,191 @@ at::Tensor linalg_vector_norm(const at::Tensor& self, const at::Scalar& ord, at:
   auto out = emptyOn({0});
   return python::linalg_vector_norm_out(self, ord, dims, keepdim, dtype, out);
 }
+
+// ---- GLU, PReLU, flips and cumulative sums, composed of the ops above --------------------
+
+// glu: the first half of `dim` times the sigmoid of the second, as PyTorch's a * sigmoid(b).
+bool cardGlu(const at::Tensor& self, int64_t dim) {
+  return self.dim() > 0 && self.size(c10::maybe_wrap_dim(dim, self.dim())) % 2 == 0;  // else PyTorch's own error
+}
+std::pair<at::Tensor, at::Tensor> gluHalves(const at::Tensor& t, int64_t dim) {
+  dim = c10::maybe_wrap_dim(dim, t.dim());
+  const int64_t h = t.size(dim) / 2;
+  return {t.narrow(dim, 0, h), t.narrow(dim, h, h)};
+}
+at::Tensor& glu_out(const at::Tensor& self, int64_t dim, at::Tensor& out) {
+  if (!supported({&self, &out}) || !cardGlu(self, dim)) return hostInto("aten::glu", out, at::glu(host(self), dim));
+  auto [a, b] = gluHalves(self, dim);
+  at::native::resize_output(out, a.sizes());
+  elementwise(TensorFn::sigmoid, out, &b, nullptr);
+  elementwise(TensorFn::mul, out, &out, &a);
+  return out;
+}
+at::Tensor glu(const at::Tensor& self, int64_t dim) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::glu_out(self, dim, out);
+}
+// d/da = sigmoid(b), d/db = a sigmoid(b) (1 - sigmoid(b)), each times the gradient.
+at::Tensor& glu_backward_out(const at::Tensor& grad, const at::Tensor& self, int64_t dim, at::Tensor& gradInput) {
+  if (!supported({&grad, &self, &gradInput}) || !cardGlu(self, dim) || !grad.sizes().equals(gluHalves(self, dim).first.sizes()))
+    return hostInto("aten::glu_backward", gradInput, at::glu_backward(host(grad), host(self), dim));
+  auto [a, b] = gluHalves(self, dim);
+  at::native::resize_output(gradInput, self.sizes());
+  auto [ga, gb] = gluHalves(gradInput, dim);
+  elementwise(TensorFn::sigmoid, ga, &b, nullptr);
+  elementwise(TensorFn::mul, gb, &grad, &a);
+  elementwise(TensorFn::sigmoidBackward, gb, &gb, &ga);
+  elementwise(TensorFn::mul, ga, &ga, &grad);
+  return gradInput;
+}
+at::Tensor glu_backward(const at::Tensor& grad, const at::Tensor& self, int64_t dim) {
+  auto out = emptyOn({0}, grad.scalar_type());
+  return python::glu_backward_out(grad, self, dim, out);
+}
+
+// prelu: x where x > 0, else weight * x, with one weight for all or one per channel (dim
+// 1). Any other weight goes to the host, whose check gives PyTorch's error.
+std::optional<at::Tensor> preluWeight(const at::Tensor& self, const at::Tensor& weight) {
+  if (!supported({&self, &weight}) || weight.dim() > 1) return std::nullopt;
+  if (weight.numel() == 1) return weight.reshape({});
+  if (self.dim() < 2 || weight.numel() != self.size(1)) return std::nullopt;
+  std::vector<int64_t> shape(self.dim(), 1);
+  shape[1] = self.size(1);
+  return weight.reshape(shape);
+}
+at::Tensor prelu(const at::Tensor& self, const at::Tensor& weight) {
+  auto w = preluWeight(self, weight);
+  if (!w) return onHost("aten::prelu", [&] { return at::prelu(host(self), host(weight)).to(self.device()); });
+  return at::where(self > 0, self, self * *w);
+}
+// The input's gradient: the gradient where x > 0, else weight times it; the weight's: x
+// times the gradient where x <= 0, summed over all but the channel.
+std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& weight) {
+  auto w = preluWeight(self, weight);
+  if (!w || !supported({&grad}) || !grad.sizes().equals(self.sizes()))
+    return onHost("aten::prelu_backward", [&] {
+      auto [gi, gw] = at::prelu_backward(host(grad), host(self), host(weight));
+      return std::make_tuple(gi.to(self.device()), gw.to(self.device()));
+    });
+  auto positive = self > 0;
+  auto gradInput = at::where(positive, grad, grad * *w);
+  auto terms = (self * grad).masked_fill_(positive, 0);
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < self.dim(); ++d)
+    if (d != 1 || weight.numel() == 1) dims.push_back(d);
+  return {gradInput, terms.sum(dims).reshape(weight.sizes())};
+}
+
+// flip: an index_select of the reversed positions along each flipped dimension.
+at::Tensor flip(const at::Tensor& self, at::IntArrayRef dims) {
+  if (!typed(self)) return onHost("aten::flip", [&] { return at::flip(host(self), dims).to(self.device()); });
+  auto out = self;
+  std::vector<bool> seen(std::max<int64_t>(self.dim(), 1), false);
+  for (auto d0 : dims) {
+    const int64_t d = c10::maybe_wrap_dim(d0, self.dim());
+    TORCH_CHECK(!seen[d], "dim ", d, " appears multiple times in the list of dims");
+    seen[d] = true;
+    if (self.dim() == 0 || self.size(d) < 2) continue;
+    auto reversed = at::arange(self.size(d) - 1, -1, -1, at::kLong).to(self.device());
+    out = at::index_select(out, d, reversed);
+  }
+  return out.is_same(self) ? self.clone() : out;
+}
+
+// cumsum: a Hillis-Steele scan, log2(n) rounds of out[k:] += out[:-k] (each from a copy
+// of the round's start): exact for integers; f32 sums rounded in a tree of adds rather
+// than PyTorch's double accumulator (a few ulps apart over long rows).
+at::Tensor& cumsum_out(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype, at::Tensor& out) {
+  const auto type = dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type());
+  if (!typed(self) || !typed(out) || out.scalar_type() != type || !typeOf(type) || type == at::kBool)
+    return hostInto("aten::cumsum", out, at::cumsum(host(self), dim, dtype));
+  dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  at::native::resize_output(out, self.sizes());
+  elementwise(TensorFn::copy, out, &self, nullptr);
+  const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
+  for (int64_t k = 1; k < n; k *= 2) {
+    auto before = out.narrow(dim, 0, n - k).clone();
+    auto after = out.narrow(dim, k, n - k);
+    elementwise(TensorFn::add, after, &after, &before);
+  }
+  return out;
+}
+at::Tensor cumsum(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {
+  auto out = emptyOn({0}, dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type()));
+  return python::cumsum_out(self, dim, dtype, out);
+}
+at::Tensor& cumsum_(at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {
+  return python::cumsum_out(self, dim, dtype, self);
+}
+
+// Reflection padding: an index_select of the reflected positions along each padded
+// dimension (the last, then the one before it); its backward, index_adds of the gradient
+// back along them. Paddings of a dimension's size or more go to the host (PyTorch's error).
+std::optional<at::Tensor> reflectedPositions(int64_t n, int64_t before, int64_t after, const at::Tensor& like) {
+  if (before < 0 || after < 0 || before >= n || after >= n) return std::nullopt;
+  std::vector<int64_t> picks;
+  for (int64_t i = -before; i < n + after; ++i) picks.push_back(i < 0 ? -i : (i >= n ? 2 * (n - 1) - i : i));
+  return at::tensor(picks, at::kLong).to(like.device());
+}
+// The positions for each padded dimension, last first; none when PyTorch would refuse.
+std::optional<std::vector<at::Tensor>> reflections(const at::Tensor& self, at::IntArrayRef padding) {
+  const int64_t dims = static_cast<int64_t>(padding.size()) / 2;
+  if (!supported({&self}) || padding.size() % 2 || self.dim() < dims + 1 || self.numel() == 0) return std::nullopt;
+  std::vector<at::Tensor> each;
+  for (int64_t k = 0; k < dims; ++k) {
+    auto picks = reflectedPositions(self.size(-1 - k), padding[2 * k], padding[2 * k + 1], self);
+    if (!picks) return std::nullopt;
+    each.push_back(*picks);
+  }
+  return each;
+}
+at::Tensor& reflectionPadInto(const char* name, const at::Tensor& self, at::IntArrayRef padding, at::Tensor& out) {
+  auto each = reflections(self, padding);
+  if (!each || !supported({&out})) {
+    auto reference = padding.size() == 2 ? at::reflection_pad1d(host(self), padding) : at::reflection_pad2d(host(self), padding);
+    return hostInto(name, out, reference);
+  }
+  at::Tensor t = self;
+  for (size_t k = 0; k < each->size(); ++k) t = at::index_select(t, -1 - static_cast<int64_t>(k), (*each)[k]);
+  at::native::resize_output(out, t.sizes());
+  return out.copy_(t);
+}
+at::Tensor& reflectionPadBackwardInto(const char* name, const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding,
+                                      at::Tensor& gradInput) {
+  auto each = reflections(self, padding);
+  if (!each || !supported({&grad, &gradInput})) {
+    auto reference = padding.size() == 2 ? at::reflection_pad1d_backward(host(grad), host(self), padding)
+                                         : at::reflection_pad2d_backward(host(grad), host(self), padding);
+    return hostInto(name, gradInput, reference);
+  }
+  at::Tensor t = grad;
+  for (int64_t k = static_cast<int64_t>(each->size()) - 1; k >= 0; --k) {  // the last select undone first
+    auto sizes = t.sizes().vec();
+    sizes[sizes.size() - 1 - k] = self.size(-1 - k);
+    t = at::zeros(sizes, grad.options()).index_add_(-1 - k, (*each)[k], t);
+  }
+  at::native::resize_output(gradInput, self.sizes());
+  return gradInput.copy_(t);
+}
+#define RACCEL_REFLECTION_PAD(op)                                                                                      \
+  at::Tensor& op##_out(const at::Tensor& self, at::IntArrayRef padding, at::Tensor& out) {                            \
+    return reflectionPadInto("aten::" #op, self, padding, out);                                                        \
+  }                                                                                                                    \
+  at::Tensor op(const at::Tensor& self, at::IntArrayRef padding) {                                                     \
+    auto out = emptyOn({0}, self.scalar_type());                                                                       \
+    return reflectionPadInto("aten::" #op, self, padding, out);                                                        \
+  }                                                                                                                    \
+  at::Tensor& op##_backward_out(const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding,              \
+                                at::Tensor& gradInput) {                                                               \
+    return reflectionPadBackwardInto("aten::" #op "_backward", grad, self, padding, gradInput);                       \
+  }                                                                                                                    \
+  at::Tensor op##_backward(const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding) {                 \
+    auto out = emptyOn({0}, grad.scalar_type());                                                                       \
+    return reflectionPadBackwardInto("aten::" #op "_backward", grad, self, padding, out);                             \
+  }
+RACCEL_REFLECTION_PAD(reflection_pad1d)
+RACCEL_REFLECTION_PAD(reflection_pad2d)
+#undef RACCEL_REFLECTION_PAD
 
 // ---- Batch norm, convolution and pooling, composed of the ops above ----------------------
 // (Each at:: call on the device's tensors runs through this device's own ops.)
@@ -3024,6 +3217,19 @@ void registerActivations(torch::Library& m) {
   RACCEL_IMPL_BACKWARD(gelu)
   RACCEL_IMPL_OUT_NEW_INPLACE(silu)
   RACCEL_IMPL_BACKWARD(silu)
+  RACCEL_IMPL_OUT_NEW_INPLACE(hardswish)
+  m.impl("hardswish_backward.out", TORCH_FN(hardswish_backward_out));
+  m.impl("hardswish_backward", TORCH_FN(python::hardswish_backward));
+  RACCEL_IMPL_OUT_NEW_INPLACE(hardsigmoid)
+  RACCEL_IMPL_BACKWARD(hardsigmoid)
+  RACCEL_IMPL_OUT_NEW_INPLACE(mish)
+  m.impl("mish_backward", TORCH_FN(python::mish_backward));  // (no out overload)
+  m.impl("glu.out", TORCH_FN(glu_out));
+  m.impl("glu", TORCH_FN(python::glu));
+  m.impl("glu_backward.grad_input", TORCH_FN(glu_backward_out));
+  m.impl("glu_backward", TORCH_FN(python::glu_backward));
+  m.impl("prelu", TORCH_FN(python::prelu));
+  m.impl("prelu_backward", TORCH_FN(python::prelu_backward));
   RACCEL_IMPL_OUT_NEW_INPLACE(leaky_relu)
   RACCEL_IMPL_BACKWARD(leaky_relu)
   RACCEL_IMPL_OUT_NEW_INPLACE(hardtanh)
@@ -3068,6 +3274,9 @@ void registerReductions(torch::Library& m) {
   m.impl("sum.IntList_out", TORCH_FN(sum_out));
   m.impl("sum.dim_IntList", TORCH_FN(sum_dim));
   m.impl("sum", TORCH_FN(sum_all));
+  m.impl("cumsum.out", TORCH_FN(cumsum_out));
+  m.impl("cumsum", TORCH_FN(python::cumsum));
+  m.impl("cumsum_", TORCH_FN(python::cumsum_));
   m.impl("mean.out", TORCH_FN(mean_out));
   m.impl("mean.dim", TORCH_FN(mean_dim));
   m.impl("mean", TORCH_FN(mean_all));
@@ -3140,6 +3349,7 @@ void registerIndexingAndRandom(torch::Library& m) {
   m.impl("arange.start_out", TORCH_FN(arange_out));
   m.impl("index_select.out", TORCH_FN(index_select_out));
   m.impl("index_select", TORCH_FN(python::index_select));
+  m.impl("flip", TORCH_FN(python::flip));
   m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
   RACCEL_IMPL_OUT_NEW_INPLACE(scatter_add)
   m.impl("scatter.src_out", TORCH_FN(scatter_src_out));
@@ -3153,6 +3363,12 @@ void registerIndexingAndRandom(torch::Library& m) {
 }
 
 void registerConvolutionsAndPooling(torch::Library& m) {
+  m.impl("reflection_pad1d.out", TORCH_FN(reflection_pad1d_out));
+  m.impl("reflection_pad1d", TORCH_FN(python::reflection_pad1d));
+  RACCEL_IMPL_BACKWARD(reflection_pad1d)
+  m.impl("reflection_pad2d.out", TORCH_FN(reflection_pad2d_out));
+  m.impl("reflection_pad2d", TORCH_FN(python::reflection_pad2d));
+  RACCEL_IMPL_BACKWARD(reflection_pad2d)
   m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
   m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));

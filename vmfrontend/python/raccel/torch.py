@@ -5,12 +5,13 @@
     model = model.to(dev)                   # an unchanged training loop runs on raccel
 
 The training step's ops (matmul, addmm, add, mul, div, sum, mean, relu, tanh, sigmoid,
-gelu, silu, leaky relu, softplus, hardtanh, elu, layer norm, softmax, log-softmax, NLL
-and MSE losses, with their backward ops; the steps of SGD, Adam and AdamW: addcmul,
-addcdiv, sqrt, maximum, lerp; clamp, exp, log, norms, var, std, cat) and, on bool and
-i64 tensors, comparisons, where, masked_fill, argmax/argmin, max/min, integer sums and
-dtype conversions; bmm, embeddings, dropout and the random fills; convolutions, batch
-norm and pooling, composed of these) are raccel tensor ops, sent without waiting; only
+gelu, silu, leaky relu, softplus, hardtanh, hardswish, hardsigmoid, mish, elu, glu,
+prelu, layer norm, softmax, log-softmax, NLL and MSE losses, with their backward ops; the
+steps of SGD, Adam and AdamW: addcmul, addcdiv, sqrt, maximum, lerp; clamp, exp, log,
+norms, var, std, cat, cumsum, flip) and, on bool and i64 tensors, comparisons, where,
+masked_fill, argmax/argmin, max/min, integer sums and dtype conversions; bmm, embeddings,
+dropout and the random fills; convolutions, batch norm, pooling and reflection padding,
+composed of these) are raccel tensor ops, sent without waiting; only
 .item(), .cpu() and printing wait. Every other op runs on the CPU through PyTorch's
 fallback, counted: fallbacks() says which and how often, and RACCEL_TORCH_FALLBACKS=1
 prints them when the program exits.
