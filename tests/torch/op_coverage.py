@@ -99,6 +99,8 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("max_pool2d's indices", [(2, 2, 6, 6)], lambda x: F.max_pool2d(x, 2, return_indices=True)[1]),
     ("avg_pool2d, adaptive_avg_pool2d", [(2, 3, 8, 8)],
      lambda x: F.avg_pool2d(x, 2) + F.adaptive_avg_pool2d(x, 4) * 2 + F.adaptive_avg_pool2d(x, 1)),
+    ("adaptive_avg_pool2d to sizes that do not divide the input (overlapping windows, and larger)", [(2, 3, 7, 10)],
+     lambda x: torch.cat([F.adaptive_avg_pool2d(x, (3, 4)).flatten(), F.adaptive_avg_pool2d(x, (9, 13)).flatten()])),
     ("conv2d kernel 3x2, stride (2, 1), padding (1, 0)", [(2, 3, 7, 5), (4, 3, 3, 2)],
      lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=(1, 0))),
     ("max_pool2d 3x3 stride 2 dilation 2, overlapping windows", [(2, 2, 9, 9)],

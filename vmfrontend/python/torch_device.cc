@@ -2216,15 +2216,21 @@ at::Tensor buildTable(int64_t h, int64_t wd, const Window2d& w, Table kind) {
   for (size_t at = 0; at < readers.size(); ++at) std::copy(readers[at].begin(), readers[at].end(), t + at * picks);
   return table;
 }
-at::Tensor windowTable(int64_t h, int64_t wd, const Window2d& w, Table kind) {
-  const std::array<int64_t, 11> key = {h, wd, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, w.dh, w.dw, int64_t(kind)};
+// The table under `key`, built on the host by build() and written to the device the first
+// time it is asked for.
+template <class Build>
+at::Tensor cachedTable(const std::array<int64_t, 11>& key, Build build) {
   auto& cache = tableCache();
   std::lock_guard lock(cache.mu);  // taken before the session's lock (the copy below), never inside it
   if (auto found = cache.tables.find(key); found != cache.tables.end()) return found->second;
   if (cache.tables.size() >= kMaxTables) cache.tables.clear();
-  auto table = buildTable(h, wd, w, kind).to(c10::Device(kDevice, 0));
+  auto table = build().to(c10::Device(kDevice, 0));
   cache.tables.emplace(key, table);
   return table;
+}
+at::Tensor windowTable(int64_t h, int64_t wd, const Window2d& w, Table kind) {
+  return cachedTable({h, wd, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, w.dh, w.dw, int64_t(kind)},
+                     [&] { return buildTable(h, wd, w, kind); });
 }
 
 // out = beta * out + alpha * (the sum over the picks of a at index's row), one tensor op
@@ -2576,23 +2582,87 @@ c10::optional<std::array<int64_t, 2>> adaptiveKernel(const at::Tensor& self, c10
     return c10::nullopt;
   return std::array<int64_t, 2>{self.size(2) / outSize[0], self.size(3) / outSize[1]};
 }
+// Other sizes: PyTorch's windows, output o of n over an input of `in` reading [o * in / n,
+// ceil((o + 1) * in / n)), as index tables (built on the host once per geometry, kept):
+//   sources: [K, OH * OW], the input positions of each output's window in row order, -1
+//     past its size (K: the largest window's);
+//   readers: [H * W, R], the outputs whose windows read each input position, in order;
+//   sizes: [OH, 1] and [1, OW] (f32), the windows' heights and widths.
+std::pair<int64_t, int64_t> adaptiveSpan(int64_t o, int64_t in, int64_t n) { return {o * in / n, ((o + 1) * in + n - 1) / n}; }
+enum class Adaptive { sources, readers, heights, widths };
+at::Tensor buildAdaptiveTable(int64_t h, int64_t wd, int64_t oh, int64_t ow, Adaptive kind) {
+  if (kind == Adaptive::heights || kind == Adaptive::widths) {
+    const int64_t n = kind == Adaptive::heights ? oh : ow, in = kind == Adaptive::heights ? h : wd;
+    std::vector<float> sizes;
+    for (int64_t o = 0; o < n; ++o) sizes.push_back(float(adaptiveSpan(o, in, n).second - adaptiveSpan(o, in, n).first));
+    return at::tensor(sizes, at::kFloat).reshape(kind == Adaptive::heights ? std::vector<int64_t>{n, 1} : std::vector<int64_t>{1, n});
+  }
+  std::vector<std::vector<int64_t>> windowsOf(oh * ow), readers(h * wd);
+  for (int64_t o = 0; o < oh * ow; ++o) {
+    auto [y0, y1] = adaptiveSpan(o / ow, h, oh);
+    auto [x0, x1] = adaptiveSpan(o % ow, wd, ow);
+    for (int64_t y = y0; y < y1; ++y)
+      for (int64_t x = x0; x < x1; ++x) windowsOf[o].push_back(y * wd + x), readers[y * wd + x].push_back(o);
+  }
+  auto& lists = kind == Adaptive::sources ? windowsOf : readers;
+  size_t picks = 1;
+  for (auto& l : lists) picks = std::max(picks, l.size());
+  auto table = at::full({int64_t(lists.size()), int64_t(picks)}, -1, at::kLong);
+  auto* t = table.data_ptr<int64_t>();
+  for (size_t i = 0; i < lists.size(); ++i) std::copy(lists[i].begin(), lists[i].end(), t + i * picks);
+  return kind == Adaptive::sources ? table.t().contiguous() : table;  // sources: [K, OH * OW]
+}
+at::Tensor adaptiveTable(int64_t h, int64_t wd, int64_t oh, int64_t ow, Adaptive kind) {
+  // (-1 where a window's stride would be: no window geometry has one)
+  return cachedTable({h, wd, oh, ow, -1, -1, 0, 0, 0, 0, int64_t(kind)}, [&] { return buildAdaptiveTable(h, wd, oh, ow, kind); });
+}
+bool adaptiveOnCard(const at::Tensor& self, c10::IntArrayRef outSize) {
+  return supported({&self}) && self.dim() == 4 && outSize.size() == 2 && outSize[0] > 0 && outSize[1] > 0 &&
+         self.size(2) > 0 && self.size(3) > 0;
+}
+// Each window's sum in row order, then divided by its height and by its width (PyTorch's
+// CPU kernel's sum / kh / kw, the same roundings).
+at::Tensor adaptiveAverage(const at::Tensor& self, int64_t oh, int64_t ow) {
+  const auto x = self.contiguous();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), hw = h * wd;
+  auto sources = adaptiveTable(h, wd, oh, ow, Adaptive::sources);
+  const int64_t kk = sources.size(0);
+  auto out = emptyOn({n, c, oh, ow});
+  gatherSum(out, {n, c, oh * ow, kk, hw}, {c * oh * ow, oh * ow, 1, 0, 0}, x, {c * hw, hw, 0, 0, 1}, sources,
+            {0, 0, 1, oh * ow, 0}, 1, 0);
+  return out.div_(adaptiveTable(h, wd, oh, ow, Adaptive::heights)).div_(adaptiveTable(h, wd, oh, ow, Adaptive::widths));
+}
+// Each input position's gradient: the sum, over the windows that read it in order, of
+// their gradient / kh / kw.
+at::Tensor adaptiveAverageBackward(const at::Tensor& grad, const at::Tensor& self) {
+  const int64_t n = self.size(0), c = self.size(1), h = self.size(2), wd = self.size(3), oh = grad.size(2), ow = grad.size(3);
+  auto shares = (grad / adaptiveTable(h, wd, oh, ow, Adaptive::heights)).div_(adaptiveTable(h, wd, oh, ow, Adaptive::widths));
+  auto readers = adaptiveTable(h, wd, oh, ow, Adaptive::readers);
+  const int64_t picks = readers.size(1), hw = h * wd;
+  auto g = shares.reshape({n, c, oh * ow});
+  auto out = emptyOn(self.sizes());
+  gatherSum(out, {n, c, hw, picks, oh * ow}, {c * hw, hw, 1, 0, 0}, g, {g.stride(0), g.stride(1), 0, 0, g.stride(2)}, readers,
+            {0, 0, picks, 1, 0}, 1, 0);
+  return out;
+}
 at::Tensor _adaptive_avg_pool2d(const at::Tensor& self, c10::SymIntArrayRef outputSize) {
 #ifdef C10_AS_INTARRAYREF_SLOW
   auto size = C10_AS_INTARRAYREF_SLOW(outputSize);
 #else
   auto size = c10::asIntArrayRefSlow(outputSize);
 #endif
-  auto k = adaptiveKernel(self, size);
-  if (!k || !supported({&self}))
+  if (!adaptiveOnCard(self, size))
     return onHost("aten::_adaptive_avg_pool2d", [&] { return at::_adaptive_avg_pool2d(host(self), size).to(self.device()); });
-  return python::avg_pool2d(self, *k, *k, {0, 0}, false, true, c10::nullopt);
+  if (auto k = adaptiveKernel(self, size)) return python::avg_pool2d(self, *k, *k, {0, 0}, false, true, c10::nullopt);
+  return adaptiveAverage(self, size[0], size[1]);
 }
 at::Tensor _adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self) {
-  auto k = adaptiveKernel(self, {grad.size(-2), grad.size(-1)});
-  if (!k || !supported({&self, &grad}))
+  if (grad.dim() != 4 || !supported({&grad}) || !adaptiveOnCard(self, {grad.size(2), grad.size(3)}))
     return onHost("aten::_adaptive_avg_pool2d_backward",
                   [&] { return at::_adaptive_avg_pool2d_backward(host(grad), host(self)).to(self.device()); });
-  return python::avg_pool2d_backward(grad, self, *k, *k, {0, 0}, false, true, c10::nullopt);
+  if (auto k = adaptiveKernel(self, {grad.size(-2), grad.size(-1)}))
+    return python::avg_pool2d_backward(grad, self, *k, *k, {0, 0}, false, true, c10::nullopt);
+  return adaptiveAverageBackward(grad, self);
 }
 
 // PyTorch's loss reductions (at::Reduction).
