@@ -2575,6 +2575,82 @@ at::Tensor& upsample_nearest2d_backward_out(const at::Tensor& grad, c10::SymIntA
   return at::sum_out(out, grad.view({in[0], in[1], in[2], (*f)[0], in[3], (*f)[1]}), {3, 5});
 }
 
+// Bilinear upsampling (either align_corners, with or without scales), one axis at a
+// time: each output column the input's at i0 times l0 plus at i1 times l1, then the same
+// over rows; PyTorch's CPU kernel's float indices and weights (area_pixel_compute_scale,
+// area_pixel_compute_source_index, the index clamped and its neighbour kept inside) and
+// its order of products, l0h (l0w x00 + l1w x01) + l1h (...), to a few ulps (its compiled
+// kernel may fuse them). The backward adds each output's weighted gradient back at both
+// indices, rows first.
+struct LinearAxis {
+  at::Tensor at, weights;  // [2, out] each: i0 and i1 (i64), l0 and l1 (f32), on the device
+};
+at::Tensor buildLinearAxis(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale, bool weights) {
+  float step = 0;
+  if (alignCorners) step = out > 1 ? float(in - 1) / float(out - 1) : 0.0f;
+  else step = scale && *scale > 0 ? float(1.0 / *scale) : float(in) / float(out);
+  std::vector<int64_t> picks(2 * out);
+  std::vector<float> lambda(2 * out);
+  for (int64_t o = 0; o < out; ++o) {
+    float src = alignCorners ? step * float(o) : step * (float(o) + 0.5f) - 0.5f;
+    if (!alignCorners && src < 0) src = 0;
+    const int64_t i = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
+    const float l = std::min(std::max(src - float(i), 0.0f), 1.0f);
+    picks[o] = i, picks[out + o] = i + (i < in - 1 ? 1 : 0);
+    lambda[o] = 1.0f - l, lambda[out + o] = l;
+  }
+  return weights ? at::tensor(lambda, at::kFloat).reshape({2, out}) : at::tensor(picks, at::kLong).reshape({2, out});
+}
+LinearAxis linearAxis(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale) {
+  const int64_t scaleBits = scale ? std::bit_cast<int64_t>(*scale) : -1;
+  auto table = [&](bool weights) {
+    return cachedTable({in, out, -2, -2, alignCorners, scaleBits, weights, 0, 0, 0, 0},  // (-2: no window has that stride)
+                       [&] { return buildLinearAxis(in, out, alignCorners, scale, weights); });
+  };
+  return {table(false), table(true)};
+}
+bool bilinearOnCard(c10::IntArrayRef in, c10::IntArrayRef out) {
+  return in.size() == 4 && out.size() == 2 && in[2] > 0 && in[3] > 0 && out[0] > 0 && out[1] > 0;
+}
+// x's dimension `dim` resampled by `a`: x at a's i0 times l0, plus x at i1 times l1.
+at::Tensor resampled(const at::Tensor& x, int64_t dim, const LinearAxis& a) {
+  auto shape = [&](const at::Tensor& l) { return dim == 2 ? l.reshape({-1, 1}) : l; };
+  auto out = at::index_select(x, dim, a.at[0]) * shape(a.weights[0]);
+  return out.addcmul_(at::index_select(x, dim, a.at[1]), shape(a.weights[1]));
+}
+// The transpose: g's dimension `dim` added back into `size` positions at i0 and i1.
+at::Tensor unresampled(const at::Tensor& g, int64_t dim, int64_t size, const LinearAxis& a) {
+  auto shape = [&](const at::Tensor& l) { return dim == 2 ? l.reshape({-1, 1}) : l; };
+  auto sizes = g.sizes().vec();
+  sizes[dim] = size;
+  auto out = at::zeros(sizes, g.options());
+  out.index_add_(dim, a.at[0], g * shape(a.weights[0]));
+  return out.index_add_(dim, a.at[1], g * shape(a.weights[1]));
+}
+at::Tensor& upsample_bilinear2d_out(const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners,
+                                    c10::optional<double> sh, c10::optional<double> sw, at::Tensor& out) {
+  const auto size = c10::asIntArrayRefSlow(outputSize);
+  if (!supported({&self, &out}) || !bilinearOnCard(self.sizes(), size))
+    return hostInto("aten::upsample_bilinear2d", out, at::upsample_bilinear2d(host(self), size, alignCorners, sh, sw));
+  auto columns = resampled(self, 3, linearAxis(self.size(3), size[1], alignCorners, sw));
+  auto result = resampled(columns, 2, linearAxis(self.size(2), size[0], alignCorners, sh));
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+at::Tensor& upsample_bilinear2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
+                                             bool alignCorners, c10::optional<double> sh, c10::optional<double> sw,
+                                             at::Tensor& out) {
+  const auto size = c10::asIntArrayRefSlow(outputSize), in = c10::asIntArrayRefSlow(inputSize);
+  if (!supported({&grad, &out}) || !bilinearOnCard(in, size) || grad.dim() != 4 || grad.size(2) != size[0] ||
+      grad.size(3) != size[1] || grad.size(0) != in[0] || grad.size(1) != in[1])
+    return hostInto("aten::upsample_bilinear2d_backward", out,
+                    at::upsample_bilinear2d_backward(host(grad), size, in, alignCorners, sh, sw));
+  auto rows = unresampled(grad, 2, in[2], linearAxis(in[2], size[0], alignCorners, sh));
+  auto result = unresampled(rows, 3, in[3], linearAxis(in[3], size[1], alignCorners, sw));
+  at::native::resize_output(out, in);
+  return out.copy_(result);
+}
+
 // Adaptive average pooling where the output divides the input: an average pool.
 c10::optional<std::array<int64_t, 2>> adaptiveKernel(const at::Tensor& self, c10::IntArrayRef outSize) {
   if (self.dim() != 4 || outSize.size() != 2 || outSize[0] <= 0 || outSize[1] <= 0 || self.size(2) % outSize[0] ||
@@ -3444,6 +3520,8 @@ void registerConvolutionsAndPooling(torch::Library& m) {
   m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
   m.impl("upsample_nearest2d.out", TORCH_FN(upsample_nearest2d_out));
   m.impl("upsample_nearest2d_backward.grad_input", TORCH_FN(upsample_nearest2d_backward_out));
+  m.impl("upsample_bilinear2d.out", TORCH_FN(upsample_bilinear2d_out));
+  m.impl("upsample_bilinear2d_backward.grad_input", TORCH_FN(upsample_bilinear2d_backward_out));
   m.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
   m.impl("avg_pool2d", TORCH_FN(python::avg_pool2d));
   m.impl("avg_pool2d_backward", TORCH_FN(avg_pool2d_backward));
