@@ -2147,9 +2147,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
   return {gradInput, gradWeight, gradBias};
 }
 
-// A 2-D window geometry: kernel, stride, padding, dilation (each given once or twice).
+// A 2-D window geometry: kernel, stride, padding, dilation (each given once or twice),
+// and the rows and columns past the bottom and right padding that ceil_mode's last
+// windows reach (ceiled()).
 struct Window2d {
-  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw, eh = 0, ew = 0;
   static Window2d of(c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation) {
     auto pick = [](c10::IntArrayRef v, size_t i, int64_t otherwise) { return v.empty() ? otherwise : v[v.size() > i ? i : 0]; };
     Window2d w;
@@ -2159,15 +2161,31 @@ struct Window2d {
     w.dh = pick(dilation, 0, 1), w.dw = pick(dilation, 1, 1);
     return w;
   }
-  bool sane() const { return kh > 0 && kw > 0 && sh > 0 && sw > 0 && ph >= 0 && pw >= 0 && dh > 0 && dw > 0; }
+  bool sane() const { return kh > 0 && kw > 0 && sh > 0 && sw > 0 && ph >= 0 && pw >= 0 && dh > 0 && dw > 0 && eh >= 0 && ew >= 0; }
   bool operator==(const Window2d&) const = default;
-  int64_t outH(int64_t h) const { return (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1; }
-  int64_t outW(int64_t w) const { return (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1; }
+  int64_t outH(int64_t h) const { return (h + 2 * ph + eh - dh * (kh - 1) - 1) / sh + 1; }
+  int64_t outW(int64_t w) const { return (w + 2 * pw + ew - dw * (kw - 1) - 1) / sw + 1; }
 };
-// x [N, C, H, W] padded on each side with `value` (x itself, contiguous, when no padding).
+// With ceil_mode, the rows and columns its last windows add past the padding (PyTorch's
+// pooling_output_shape: a last window that starts in the input or the left padding).
+Window2d ceiled(Window2d w, const at::Tensor& self, bool ceilMode) {
+  if (!ceilMode || self.dim() != 4 || !w.sane()) return w;
+  auto extra = [](int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) -> int64_t {
+    const int64_t span = in + 2 * p - d * (k - 1) - 1;
+    if (span < 0) return 0;
+    int64_t out = (span + s - 1) / s + 1;
+    if ((out - 1) * s >= in + p) --out;
+    return std::max<int64_t>(0, (out - 1) * s + d * (k - 1) + 1 - (in + 2 * p));
+  };
+  w.eh = extra(self.size(2), w.kh, w.sh, w.ph, w.dh);
+  w.ew = extra(self.size(3), w.kw, w.sw, w.pw, w.dw);
+  return w;
+}
+// x [N, C, H, W] padded on each side with `value`, and past the bottom and right by the
+// window's extra (x itself, contiguous, when no padding).
 at::Tensor padded(const at::Tensor& x, const Window2d& w, double value) {
-  if (w.ph == 0 && w.pw == 0) return x.contiguous();
-  auto out = at::full({x.size(0), x.size(1), x.size(2) + 2 * w.ph, x.size(3) + 2 * w.pw}, value, x.options());
+  if (w.ph == 0 && w.pw == 0 && w.eh == 0 && w.ew == 0) return x.contiguous();
+  auto out = at::full({x.size(0), x.size(1), x.size(2) + 2 * w.ph + w.eh, x.size(3) + 2 * w.pw + w.ew}, value, x.options());
   out.narrow(2, w.ph, x.size(2)).narrow(3, w.pw, x.size(3)).copy_(x);
   return out;
 }
@@ -2190,7 +2208,7 @@ constexpr size_t kMaxTables = 64;  // geometries kept; past that the cache start
 
 struct TableCache {
   std::mutex mu;
-  std::map<std::array<int64_t, 11>, at::Tensor> tables;
+  std::map<std::array<int64_t, 13>, at::Tensor> tables;
 };
 TableCache& tableCache() {
   static auto* c = new TableCache;  // never destroyed, like the session's State
@@ -2219,7 +2237,7 @@ at::Tensor buildTable(int64_t h, int64_t wd, const Window2d& w, Table kind) {
 // The table under `key`, built on the host by build() and written to the device the first
 // time it is asked for.
 template <class Build>
-at::Tensor cachedTable(const std::array<int64_t, 11>& key, Build build) {
+at::Tensor cachedTable(const std::array<int64_t, 13>& key, Build build) {
   auto& cache = tableCache();
   std::lock_guard lock(cache.mu);  // taken before the session's lock (the copy below), never inside it
   if (auto found = cache.tables.find(key); found != cache.tables.end()) return found->second;
@@ -2229,7 +2247,7 @@ at::Tensor cachedTable(const std::array<int64_t, 11>& key, Build build) {
   return table;
 }
 at::Tensor windowTable(int64_t h, int64_t wd, const Window2d& w, Table kind) {
-  return cachedTable({h, wd, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, w.dh, w.dw, int64_t(kind)},
+  return cachedTable({h, wd, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, w.dh, w.dw, w.eh, w.ew, int64_t(kind)},
                      [&] { return buildTable(h, wd, w, kind); });
 }
 
@@ -2413,8 +2431,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
 
 // Max pooling: each window's largest element and where it was (PyTorch's indices: the
 // flat position h * W + w in its input plane).
+// (ceil_mode where it adds windows: max pooling passes the ceiled window and false)
 bool poolOnCard(const at::Tensor& self, const Window2d& w, bool ceilMode) {
-  return supported({&self}) && self.dim() == 4 && w.sane() && !ceilMode && w.outH(self.size(2)) > 0 && w.outW(self.size(3)) > 0;
+  if (!supported({&self}) || self.dim() != 4 || !w.sane() || w.outH(self.size(2)) <= 0 || w.outW(self.size(3)) <= 0) return false;
+  const auto c = ceiled(w, self, ceilMode);
+  return !ceilMode || (c.eh == 0 && c.ew == 0);
 }
 // Each window's position of its largest element, kh * KW + kw.
 at::Tensor windowArgmax(const at::Tensor& win) {
@@ -2425,8 +2446,8 @@ at::Tensor windowArgmax(const at::Tensor& win) {
 std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& self, c10::IntArrayRef kernel,
                                                            c10::IntArrayRef stride, c10::IntArrayRef padding,
                                                            c10::IntArrayRef dilation, bool ceilMode) {
-  const auto w = Window2d::of(kernel, stride, padding, dilation);
-  if (!poolOnCard(self, w, ceilMode)) {
+  const auto w = ceiled(Window2d::of(kernel, stride, padding, dilation), self, ceilMode);
+  if (!poolOnCard(self, w, false)) {
     countFallback("aten::max_pool2d_with_indices");
     auto [v, i] = at::max_pool2d_with_indices(host(self), kernel, stride, padding, dilation, ceilMode);
     return {v.to(self.device()), i.to(self.device())};
@@ -2434,7 +2455,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& sel
   auto win = windows(padded(self, w, -INFINITY), w);
   const int64_t nc = self.size(0) * self.size(1), oh = win.size(2), ow = win.size(3), kk = w.kh * w.kw;
   auto values = emptyOn({self.size(0), self.size(1), oh, ow});
-  if (w.ph == 0 && w.pw == 0) {  // one op: the windows of a contiguous plane give PyTorch's indices themselves
+  if (w.ph == 0 && w.pw == 0 && w.eh == 0 && w.ew == 0) {  // one op: a contiguous plane's windows give PyTorch's indices
     auto indices = emptyOn(values.sizes(), at::kLong);
     const std::vector<int64_t> perWindow = {oh * ow * self.size(1), oh * ow, ow, 1, 0, 0};  // values' and indices'
     Locked s;
@@ -2466,8 +2487,8 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& sel
 at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel,
                                             c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                                             bool ceilMode, const at::Tensor& indices) {
-  const auto w = Window2d::of(kernel, stride, padding, dilation);
-  const bool onCard = poolOnCard(self, w, ceilMode) && supported({&grad}) && typed(indices) &&
+  const auto w = ceiled(Window2d::of(kernel, stride, padding, dilation), self, ceilMode);
+  const bool onCard = poolOnCard(self, w, false) && supported({&grad}) && typed(indices) &&
                       indices.scalar_type() == at::kLong && indices.sizes() == grad.sizes();
   if (!onCard)
     return onHost("aten::max_pool2d_with_indices_backward", [&] {
@@ -2505,9 +2526,54 @@ c10::optional<at::Tensor> insideShare(const at::Tensor& self, c10::IntArrayRef k
   auto ones = at::ones({1, 1, self.size(2), self.size(3)}, self.options());
   return at::avg_pool2d(ones, kernel, stride, padding, false, true, c10::nullopt);
 }
+// ceil_mode's added windows (w ceiled): PyTorch's divisor per window, kept per geometry,
+// [OH * OW] f32: the divisor given, or the window's size clipped to the padding (with
+// count_include_pad) or to the input (without). Each window's sum in row order over it,
+// and its gradient over it added back, as its CPU kernel does.
+at::Tensor poolDivisors(int64_t h, int64_t wd, const Window2d& w, bool countIncludePad, c10::optional<int64_t> divisor) {
+  return cachedTable({h, wd, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, -3, countIncludePad, w.eh, w.ew, divisor.value_or(0)}, [&] {
+    std::vector<float> d;
+    for (int64_t o = 0; o < w.outH(h) * w.outW(wd); ++o) {
+      int64_t y0 = o / w.outW(wd) * w.sh - w.ph, x0 = o % w.outW(wd) * w.sw - w.pw;
+      int64_t y1 = std::min(y0 + w.kh, h + w.ph), x1 = std::min(x0 + w.kw, wd + w.pw);
+      const int64_t padded = (y1 - y0) * (x1 - x0);
+      y0 = std::max<int64_t>(y0, 0), x0 = std::max<int64_t>(x0, 0), y1 = std::min(y1, h), x1 = std::min(x1, wd);
+      d.push_back(float(divisor ? *divisor : countIncludePad ? padded : (y1 - y0) * (x1 - x0)));
+    }
+    return at::tensor(d, at::kFloat);
+  });
+}
+at::Tensor ceiledAverage(const at::Tensor& self, const Window2d& w, bool countIncludePad, c10::optional<int64_t> divisor) {
+  const auto x = self.contiguous();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), hw = h * wd, kk = w.kh * w.kw;
+  const int64_t oh = w.outH(h), ow = w.outW(wd);
+  auto sources = windowTable(h, wd, w, Table::sources);
+  auto out = emptyOn({n, c, oh, ow});
+  gatherSum(out, {n, c, oh * ow, kk, hw}, {c * oh * ow, oh * ow, 1, 0, 0}, x, {c * hw, hw, 0, 0, 1}, sources,
+            {0, 0, 1, oh * ow, 0}, 1, 0);
+  return out.div_(poolDivisors(h, wd, w, countIncludePad, divisor).view({oh, ow}));
+}
+at::Tensor ceiledAverageBackward(const at::Tensor& grad, const at::Tensor& self, const Window2d& w, bool countIncludePad,
+                                 c10::optional<int64_t> divisor) {
+  const int64_t n = self.size(0), c = self.size(1), h = self.size(2), wd = self.size(3), hw = h * wd;
+  const int64_t ohw = w.outH(h) * w.outW(wd);
+  auto shares = (grad.reshape({n, c, ohw}) / poolDivisors(h, wd, w, countIncludePad, divisor)).contiguous();
+  auto readers = windowTable(h, wd, w, Table::outputs);
+  const int64_t picks = readers.size(1);
+  auto out = emptyOn(self.sizes());
+  gatherSum(out, {n, c, hw, picks, ohw}, {c * hw, hw, 1, 0, 0}, shares, {c * ohw, ohw, 0, 0, 1}, readers, {0, 0, picks, 1, 0}, 1, 0);
+  return out;
+}
+// The ceiled window where ceil_mode adds windows and the card takes them, else none.
+c10::optional<Window2d> addedWindows(const at::Tensor& self, const Window2d& w, bool ceilMode, c10::optional<int64_t> divisor) {
+  const auto c = ceiled(w, self, ceilMode);
+  if ((c.eh == 0 && c.ew == 0) || !poolOnCard(self, c, false) || (divisor && *divisor == 0)) return c10::nullopt;
+  return c;
+}
 at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
                       bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
   const auto w = Window2d::of(kernel, stride, padding, {});
+  if (auto c = addedWindows(self, w, ceilMode, divisor)) return ceiledAverage(self, *c, countIncludePad, divisor);
   if (avgOnCard(self, w, ceilMode, countIncludePad, divisor))
     if (auto share = insideShare(self, kernel, stride, padding, w, countIncludePad, divisor))
       return at::avg_pool2d(self, kernel, stride, padding, false, true, c10::nullopt) / *share;
@@ -2527,6 +2593,9 @@ at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntA
 at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
                                c10::IntArrayRef padding, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
   const auto w = Window2d::of(kernel, stride, padding, {});
+  if (auto c = addedWindows(self, w, ceilMode, divisor); c && supported({&grad}) && grad.dim() == 4 &&
+      grad.size(2) == c->outH(self.size(2)) && grad.size(3) == c->outW(self.size(3)))
+    return ceiledAverageBackward(grad, self, *c, countIncludePad, divisor);
   if (avgOnCard(self, w, ceilMode, countIncludePad, divisor) && supported({&grad}))
     if (auto share = insideShare(self, kernel, stride, padding, w, countIncludePad, divisor))
       return at::avg_pool2d_backward(grad / *share, self, kernel, stride, padding, false, true, c10::nullopt);
@@ -2604,7 +2673,7 @@ at::Tensor buildLinearAxis(int64_t in, int64_t out, bool alignCorners, c10::opti
 LinearAxis linearAxis(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale) {
   const int64_t scaleBits = scale ? std::bit_cast<int64_t>(*scale) : -1;
   auto table = [&](bool weights) {
-    return cachedTable({in, out, -2, -2, alignCorners, scaleBits, weights, 0, 0, 0, 0},  // (-2: no window has that stride)
+    return cachedTable({in, out, -2, -2, alignCorners, scaleBits, weights, 0, 0, 0, 0, 0, 0},  // (-2: no window has that stride)
                        [&] { return buildLinearAxis(in, out, alignCorners, scale, weights); });
   };
   return {table(false), table(true)};
@@ -2690,7 +2759,7 @@ at::Tensor buildAdaptiveTable(int64_t h, int64_t wd, int64_t oh, int64_t ow, Ada
 }
 at::Tensor adaptiveTable(int64_t h, int64_t wd, int64_t oh, int64_t ow, Adaptive kind) {
   // (-1 where a window's stride would be: no window geometry has one)
-  return cachedTable({h, wd, oh, ow, -1, -1, 0, 0, 0, 0, int64_t(kind)}, [&] { return buildAdaptiveTable(h, wd, oh, ow, kind); });
+  return cachedTable({h, wd, oh, ow, -1, -1, 0, 0, 0, 0, 0, 0, int64_t(kind)}, [&] { return buildAdaptiveTable(h, wd, oh, ow, kind); });
 }
 bool adaptiveOnCard(const at::Tensor& self, c10::IntArrayRef outSize) {
   return supported({&self}) && self.dim() == 4 && outSize.size() == 2 && outSize[0] > 0 && outSize[1] > 0 &&
