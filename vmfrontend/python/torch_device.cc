@@ -2277,12 +2277,12 @@ at::Tensor columns(const at::Tensor& input, const Window2d& w) {
   return cols;
 }
 // The other way (col2im): cols [N, C, KK * OH * OW] (contiguous) summed into the input
-// positions their windows read, [N, C, H, W].
-at::Tensor uncolumns(const at::Tensor& cols, const at::Tensor& input, const Window2d& w) {
-  const int64_t n = input.size(0), c = input.size(1), hw = input.size(2) * input.size(3), span = cols.size(2);
-  auto readers = windowTable(input.size(2), input.size(3), w, Table::readers);
+// positions their windows read, an input of `sizes` [N, C, H, W].
+at::Tensor uncolumns(const at::Tensor& cols, c10::IntArrayRef sizes, const Window2d& w) {
+  const int64_t n = sizes[0], c = sizes[1], hw = sizes[2] * sizes[3], span = cols.size(2);
+  auto readers = windowTable(sizes[2], sizes[3], w, Table::readers);
   const int64_t picks = readers.size(1);
-  auto out = emptyOn(input.sizes());
+  auto out = emptyOn(sizes);
   gatherSum(out, {n, c, hw, picks, span}, {c * hw, hw, 1, 0, 0}, cols, {cols.stride(0), cols.stride(1), 0, 0, cols.stride(2)},
             readers, {0, 0, picks, 1, 0}, 1, 0);
   return out;
@@ -2353,9 +2353,49 @@ bool convOnCard(const at::Tensor& input, const at::Tensor& weight, const at::Ten
          Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation).sane() &&
          input.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0;
 }
+// Transposed (ungrouped; an output padding below the stride): the gradient of a
+// convolution by the same window with respect to its input. Each input position's
+// [Cout * KK] contributions (one batched matmul by the weight [Cin, Cout * KK]
+// transposed), summed into the output positions whose windows read them (col2im). Its
+// backward: the input's gradient is the convolution of the output's gradient by the same
+// weight (as [Cin, Cout, KH, KW]), the weight's the input times the gradient's columns.
+bool transposedOnCard(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* bias, c10::IntArrayRef stride,
+                      c10::IntArrayRef padding, c10::IntArrayRef dilation, c10::IntArrayRef outputPadding, int64_t groups) {
+  if (!supported({&input, &weight, bias}) || input.dim() != 4 || weight.dim() != 4 || groups != 1 ||
+      input.size(1) != weight.size(0) || outputPadding.size() > 2)
+    return false;
+  const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
+  const int64_t oph = outputPadding.empty() ? 0 : outputPadding[0], opw = outputPadding.empty() ? 0 : outputPadding.back();
+  return w.sane() && oph >= 0 && opw >= 0 && oph < w.sh && opw < w.sw && input.size(2) > 0 && input.size(3) > 0;
+}
+at::Tensor transposedConvolution(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                                 c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                 c10::IntArrayRef outputPadding) {
+  const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
+  const int64_t oph = outputPadding.empty() ? 0 : outputPadding[0], opw = outputPadding.empty() ? 0 : outputPadding.back();
+  const int64_t n = input.size(0), ci = input.size(1), co = weight.size(1), kk = w.kh * w.kw;
+  const int64_t h = input.size(2), wd = input.size(3), hw = h * wd;
+  const int64_t oh = (h - 1) * w.sh - 2 * w.ph + w.dh * (w.kh - 1) + oph + 1;
+  const int64_t ow = (wd - 1) * w.sw - 2 * w.pw + w.dw * (w.kw - 1) + opw + 1;
+  TORCH_CHECK(oh > 0 && ow > 0, "raccel: a transposed convolution whose padding leaves no output (", oh, " x ", ow, ")");
+  auto cols = emptyOn({n, co * kk, hw});
+  if (co * kk > 0) {
+    if (ci == 0) cols.zero_();
+    else batchedMatmul(cols, weight.reshape({ci, co * kk}).t().expand({n, co * kk, ci}), input.reshape({n, ci, hw}), 1, 0);
+  }
+  auto out = uncolumns(cols.view({n, co, kk * hw}), {n, co, oh, ow}, w);
+  if (present(bias)) out.add_(bias->reshape({1, co, 1, 1}));
+  return out;
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> transposedConvolutionBackward(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, std::array<bool, 3> mask);
+
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
                                     c10::IntArrayRef outputPadding, int64_t groups) {
+  if (transposed && transposedOnCard(input, weight, present(bias), stride, padding, dilation, outputPadding, groups))
+    return transposedConvolution(input, weight, bias, stride, padding, dilation, outputPadding);
   if (!convOnCard(input, weight, present(bias), stride, padding, dilation, transposed, groups))
     return onHost("aten::convolution_overrideable", [&] {
       return at::convolution(host(input), host(weight), present(bias) ? host(*bias) : at::Tensor(), stride, padding, dilation,
@@ -2389,6 +2429,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef outputPadding, int64_t groups,
     std::array<bool, 3> mask) {
+  if (transposed && supported({&grad}) && grad.dim() == 4 &&
+      transposedOnCard(input, weight, nullptr, stride, padding, dilation, outputPadding, groups))
+    return transposedConvolutionBackward(grad, input, weight, stride, padding, dilation, mask);
   if (!supported({&grad}) || !convOnCard(input, weight, nullptr, stride, padding, dilation, transposed, groups)) {
     countFallback("aten::convolution_backward_overrideable");
     std::vector<int64_t> biasSizes = {weight.size(0)};
@@ -2424,8 +2467,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     // the positions they were gathered from.
     auto cols = emptyOn({n, span, ohw});
     batchedMatmul(cols, weight.reshape({oc, span}).t().expand({n, span, oc}), grad.reshape({n, oc, ohw}), 1, 0);
-    gradInput = uncolumns(cols.view({n, input.size(1), span / input.size(1) * ohw}), input, w);
+    gradInput = uncolumns(cols.view({n, input.size(1), span / input.size(1) * ohw}), input.sizes(), w);
   }
+  return {gradInput, gradWeight, gradBias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> transposedConvolutionBackward(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, std::array<bool, 3> mask) {
+  const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
+  at::Tensor gradInput, gradWeight, gradBias;
+  if (mask[0])
+    gradInput = python::convolution_overrideable(grad, weight, c10::nullopt, stride, padding, dilation, false, {}, 1);
+  if (mask[1]) {
+    const int64_t ci = input.size(1);
+    auto x = input.transpose(0, 1).reshape({ci, -1});  // [Cin, N * H * W]
+    gradWeight = at::mm(x, columns(grad, w).t()).reshape(weight.sizes());
+  }
+  if (mask[2]) gradBias = at::sum(grad, {0, 2, 3});
   return {gradInput, gradWeight, gradBias};
 }
 
