@@ -17,9 +17,9 @@ enum class TensorFn : uint8_t {
   eq, ne, lt, le, gt, ge, where, clamp, log1p, reciprocal, rsqrt, elu, eluBackward, lerp,
   amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal, gatherSum,
   maxPool2d, maxPool2dBackward,
-  hardswish, hardswishBackward, hardsigmoid, hardsigmoidBackward, mish, mishBackward,
+  hardswish, hardswishBackward, hardsigmoid, hardsigmoidBackward, mish, mishBackward, sort,
 };
-inline constexpr unsigned kTensorFns = 74;
+inline constexpr unsigned kTensorFns = 75;
 
 enum class TensorType : uint8_t { f32, i64, boolean };
 inline constexpr unsigned kTensorTypes = 3;

@@ -340,6 +340,92 @@ TEST_P(Conformance, MapsAtTheEdgesGivePyTorchsValues) {
   }
 }
 
+// sort: each row of a [rows, n] view (read transposed from an [n, rows] buffer) in
+// order, stable, a NaN above every number, as std::stable_sort with that rule gives; f32
+// both ways over ties, NaNs and infinities, i64, rows of one and of 1000 (ten rounds of
+// merges, the last uneven); every operand apart, and the types, refused otherwise.
+TEST_P(Conformance, TensorSortIsStableAndPutsNaNAboveEveryNumber) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto buffer = [&](uint64_t bytes) {
+    auto b = device->allocate(std::max<uint64_t>(bytes, 8));
+    EXPECT_TRUE(b);
+    return std::move(*b);
+  };
+  auto readInts = [&](const Buffer& b, size_t n) {
+    std::vector<int64_t> v(n);
+    EXPECT_TRUE(device->read(b, 0, std::as_writable_bytes(std::span(v))));
+    return v;
+  };
+  for (const uint64_t n : {7u, 1u, 1000u}) {
+    const uint64_t rows = 3, total = rows * n;
+    auto x = randomFloats(total, 43);
+    for (auto& v : x) v = std::round(v * 2) / 2;  // ties
+    if (n == 7) x[2] = nan, x[5] = -inf, x[9] = inf, x[10] = nan, x[11] = nan, x[20] = -0.0f;
+    std::vector<int64_t> xi(total);
+    for (size_t i = 0; i < total; ++i) xi[i] = int64_t(x[i] * 4) * 1000000007LL;  // past 2^24, exactly
+    for (const bool integers : {false, true})
+      for (const bool descending : {false, true}) {
+        auto stored = integers ? device->allocate(total * 8) : device->allocate(total * 4);  // [n, rows]: a is read transposed
+        ASSERT_TRUE(stored);
+        std::vector<float> tf(total);
+        std::vector<int64_t> ti(total);
+        for (uint64_t r = 0; r < rows; ++r)
+          for (uint64_t i = 0; i < n; ++i) tf[i * rows + r] = x[r * n + i], ti[i * rows + r] = xi[r * n + i];
+        ASSERT_TRUE(integers ? device->write(**stored, 0, std::as_bytes(std::span(ti))) : device->write(**stored, 0, std::as_bytes(std::span(tf))));
+        const TensorType type = integers ? TensorType::i64 : TensorType::f32;
+        auto out = buffer(total * 8), index = buffer(total * 8), scratch = buffer(total * 8);
+        auto op = tensorOp(TensorFn::sort, {rows, n},
+                           {view(out.get(), 0, {n, 1}, type), view(stored->get(), 0, {1, rows}, type),
+                            view(index.get(), 0, {n, 1}, TensorType::i64), view(scratch.get(), 0, {n, 1}, TensorType::i64)});
+        op.alpha = descending ? 1 : 0;
+        auto s = device->tensor(op);
+        if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+        ASSERT_TRUE(s) << s.error().message;
+        auto gi = readInts(*index, total);
+        auto gv = integers ? readInts(*out, total) : std::vector<int64_t>{};
+        auto gf = integers ? std::vector<float>{} : readFloats(*out, total);
+        for (uint64_t r = 0; r < rows; ++r) {
+          std::vector<int64_t> want(n);
+          std::iota(want.begin(), want.end(), 0);
+          auto before = [&](int64_t p, int64_t q) {
+            if (integers) return descending ? xi[r * n + p] > xi[r * n + q] : xi[r * n + p] < xi[r * n + q];
+            const float a = x[r * n + p], b = x[r * n + q];
+            if (descending) return std::isnan(a) ? !std::isnan(b) : a > b;
+            return std::isnan(b) ? !std::isnan(a) : a < b;
+          };
+          std::stable_sort(want.begin(), want.end(), before);
+          for (uint64_t k = 0; k < n; ++k) {
+            const std::string what = std::string(integers ? "i64 " : "f32 ") + (descending ? "descending" : "ascending") +
+                                     ", n " + std::to_string(n) + ", row " + std::to_string(r) + ", " + std::to_string(k);
+            ASSERT_EQ(gi[r * n + k], want[k]) << what;
+            if (integers) ASSERT_EQ(gv[r * n + k], xi[r * n + want[k]]) << what;
+            else if (std::isnan(x[r * n + want[k]])) ASSERT_TRUE(std::isnan(gf[r * n + k])) << what;
+            else ASSERT_EQ(gf[r * n + k], x[r * n + want[k]]) << what;
+          }
+        }
+      }
+  }
+  // Refused: the index over the values, the scratch over the input, a bool sort, an f32 index.
+  auto a = floats(std::vector<float>(16, 1)), out = buffer(64), index = buffer(64), scratch = buffer(64);  // (a: room for 8 i64)
+  auto sortOf = [&](TensorOperand o, TensorOperand x, TensorOperand i, TensorOperand t) {
+    return device->tensor(tensorOp(TensorFn::sort, {8}, {o, x, i, t}));
+  };
+  const TensorType i64 = TensorType::i64;
+  auto s = sortOf(view(out.get(), 0, {1}), view(a.get(), 0, {1}), view(out.get(), 0, {1}, i64), view(scratch.get(), 0, {1}, i64));
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("overlaps"), std::string::npos) << s.error().message;
+  s = sortOf(view(out.get(), 0, {1}), view(a.get(), 0, {1}), view(index.get(), 0, {1}, i64), view(a.get(), 0, {1}, i64));
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("overlaps"), std::string::npos) << s.error().message;
+  s = sortOf(view(out.get(), 0, {1}, TensorType::boolean), view(a.get(), 0, {1}, TensorType::boolean),
+             view(index.get(), 0, {1}, i64), view(scratch.get(), 0, {1}, i64));
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("f32 or i64"), std::string::npos) << s.error().message;
+  s = sortOf(view(out.get(), 0, {1}), view(a.get(), 0, {1}), view(index.get(), 0, {1}), view(scratch.get(), 0, {1}, i64));
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("the index is i64"), std::string::npos) << s.error().message;
+}
+
 // A batched matmul: a [B, m, k], b given as [B, n, k] (so b[k, n] = bt[n, k]), out [B, m,
 // n] = 0.5 a b + out.
 TensorOp batchedMatmul(uint64_t B, uint64_t m, uint64_t n, uint64_t k, Buffer* out, Buffer* a, Buffer* bt) {

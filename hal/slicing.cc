@@ -45,6 +45,7 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::layerNormBackward:
     case TensorFn::nllLossBackward: return 0;  // rows only
     case TensorFn::indexSelect: return int(op.dims) - 2;  // not the rows picked from
+    case TensorFn::sort: return int(op.dims) - 2;  // the kept dimensions: a row is sorted whole
     case TensorFn::indexAdd: return int(op.dims) - 3;  // the columns: every slice holds every row
     case TensorFn::gatherSum: return int(op.dims) - 3;  // not the picks, nor the rows picked from
     case TensorFn::amax:

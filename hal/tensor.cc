@@ -41,7 +41,7 @@ static_assert(RC_SUM == int(TensorFn::sum) && RC_WHERE == int(TensorFn::where) &
               RC_HARDSWISH == int(TensorFn::hardswish) && RC_HARDSWISH_BACKWARD == int(TensorFn::hardswishBackward) &&
               RC_HARDSIGMOID == int(TensorFn::hardsigmoid) &&
               RC_HARDSIGMOID_BACKWARD == int(TensorFn::hardsigmoidBackward) && RC_MISH == int(TensorFn::mish) &&
-              RC_MISH_BACKWARD == int(TensorFn::mishBackward) && kTensorFns == RC_MISH_BACKWARD + 1);
+              RC_MISH_BACKWARD == int(TensorFn::mishBackward) && RC_SORT == int(TensorFn::sort) && kTensorFns == RC_SORT + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               kTensorTypes == 3);
 
@@ -90,6 +90,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"hardswish", 2, "rc_map"}, {"hardswishBackward", 3, "rc_map"},
     {"hardsigmoid", 2, "rc_map"}, {"hardsigmoidBackward", 3, "rc_map"},
     {"mish", 2, "rc_map"},      {"mishBackward", 3, "rc_map"},
+    {"sort", 4, "rc_sort"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -184,6 +185,12 @@ Status checkTypes(const TensorOp& op, unsigned operands, const std::string& name
       for (unsigned i = 0; i < operands; ++i)
         if (type(i) != (i == 2 ? TensorType::i64 : TensorType::f32)) return bad(i, i == 2 ? "the index is i64" : "f32");
       return {};
+    case TensorFn::sort:
+      if (type(0) == TensorType::boolean) return bad(0, "f32 or i64");
+      if (type(1) != type(0)) return bad(1, "the output's type");
+      if (type(2) != TensorType::i64) return bad(2, "the index is i64");
+      if (type(3) != TensorType::i64) return bad(3, "the scratch is i64");
+      return {};
     default:
       for (unsigned i = 0; i < operands; ++i)
         if (type(i) != TensorType::f32) return bad(i, "f32");
@@ -271,6 +278,8 @@ Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
     return bad("rows of " + std::to_string(row) + " elements (at most 2^24)");
   if (op.fn == TensorFn::indexAdd && op.shape[op.dims - 1] > kMaxRowElements)
     return bad("an index of " + std::to_string(op.shape[op.dims - 1]) + " positions (at most 2^24)");
+  if (op.fn == TensorFn::sort && op.shape[op.dims - 1] > kMaxRowElements)
+    return bad("rows of " + std::to_string(op.shape[op.dims - 1]) + " elements (at most 2^24)");
   if (op.fn == TensorFn::gatherSum && op.shape[op.dims - 2] > kMaxRowElements)
     return bad(std::to_string(op.shape[op.dims - 2]) + " picks per output (at most 2^24)");
   if (op.fn == TensorFn::nllLoss && op.shape[0] > kMaxRowElements)
@@ -342,6 +351,7 @@ class Layout {
       case TensorFn::maxPool2dBackward: return maxPool();
       case TensorFn::nllLoss:
       case TensorFn::nllLossBackward: return nllLoss();
+      case TensorFn::sort: return allApart();
       default: return {};
     }
   }
@@ -433,6 +443,12 @@ class Layout {
     auto end = [&](unsigned i) { return limits::satMul(limits::satAdd(last_[i], 1), tensorTypeBytes(op_.operands[i].type)); };
     if (a.buffer == b.buffer && !(end(x) <= begin(b) || end(y) <= begin(a)))
       return bad_("operand " + std::to_string(x) + " overlaps operand " + std::to_string(y));
+    return {};
+  }
+  Status allApart() const {  // every operand from every other (sort writes three of its four)
+    for (unsigned x = 0; x < 4; ++x)
+      for (unsigned y = x + 1; y < 4; ++y)
+        if (auto s = apart(x, y); !s) return s;
     return {};
   }
   Status apartFromInputs() const {  // the output from operands 1 and 2
@@ -565,6 +581,10 @@ void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, Lowered
     g.n = static_cast<int64_t>(elements) / (outputs * inputs);
     g.inner = outputs + inputs;
     out.flops = double(g.n) * double(g.inner);
+  } else if (op.fn == TensorFn::sort) {  // a work-item a row
+    g.inner = g.shape[op.dims - 1];
+    g.n = static_cast<int64_t>(elements) / g.inner;
+    out.flops = double(elements) * std::max(1.0, std::log2(double(g.inner)));
   } else if (op.fn == TensorFn::nllLoss) {
     g.n = 1;
     g.inner = 1;

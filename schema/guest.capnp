@@ -329,6 +329,12 @@ struct Op {
 #   clamp: out = min(max(a, alpha), beta) (NaN stays); log1p, reciprocal, rsqrt:
 #     log(1+a) | 1/a | 1/sqrt(a); elu: a > 0 ? a : alpha*(exp(a)-1); eluBackward: a
 #     (the gradient) times the derivative at b (the forward's input); lerp: a + alpha*(b - a)
+#   sort: shape [kept..., n] (1 to 6 dimensions, at most 2^24 in n: one work-item walks
+#     a row); operands out (the sorted values), a (the values, of out's type: f32 or i64),
+#     index (i64: each sorted value's position in its row) and scratch (i64, the merge's
+#     other half), all four apart: each row of a in ascending order (alpha 0) or
+#     descending (alpha != 0), stable (equal values keep their order), a NaN above every
+#     number (last ascending, first descending), as PyTorch's sort.
 #   hardswish, hardsigmoid, mish: elementwise, out = a * min(max(a + 3, 0), 6) / 6 |
 #     min(max(a + 3, 0), 6) / 6 | a * tanh(log1p(exp(a))); each ...Backward takes a (the
 #     gradient) and b (the forward's input): out = a * the derivative at b, PyTorch's
@@ -482,6 +488,7 @@ enum TensorFn {
   hardsigmoidBackward @71;
   mish @72;
   mishBackward @73;
+  sort @74;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

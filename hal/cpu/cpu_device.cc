@@ -369,6 +369,10 @@ class CpuDevice final : public Device {
         return each([&](int64_t i) { rc_max_pool(i, g, p[0], p[1], reinterpret_cast<int64_t*>(p[2]), p[3]); });
       case TensorFn::maxPool2dBackward:
         return each([&](int64_t i) { rc_max_pool_backward(i, g, p[0], p[1], target, p[3]); });
+      case TensorFn::sort:
+        return each([&](int64_t i) {
+          rc_sort(i, g, p[0], p[1], reinterpret_cast<int64_t*>(p[2]), reinterpret_cast<int64_t*>(p[3]));
+        });
       case TensorFn::uniform:
       case TensorFn::bernoulli:
       case TensorFn::normal: return each([&](int64_t i) { rc_random(i, g, p[0], p[1], p[2], p[3]); });

@@ -47,6 +47,11 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("glu over dim 1 and dim 0", [(4, 6)], lambda x: F.glu(x, 1).sum(1)[:2] + F.glu(x, 0).sum(0)[:2]),
     ("prelu, one weight a channel", [(3, 4, 5), (4,)], lambda x, w: F.prelu(x, w)),
     ("prelu, one weight for all", [(6, 5), (1,)], lambda x, w: F.prelu(x, w)),
+    ("sort along each dim, both ways (values; the indices below)", [(5, 7)],
+     lambda x: torch.cat([x.sort(1).values.flatten(), x.sort(0, descending=True).values.flatten(), x.msort().flatten()])),
+    ("topk largest and smallest, and the indices of sort and topk", [(6, 9)],
+     lambda x: torch.cat([x.topk(3, 1).values.flatten(), x.topk(2, 0, largest=False).values.flatten()])
+     + 0 * (x.argsort(1).float().sum() + x.topk(4, 1).indices.float().sum() + x.sort(stable=True).indices.float().sum())),
     ("cumsum over dim 1 and 0, flip", [(5, 13)], lambda x: x.cumsum(1) + x.flip(0).cumsum(0) * x.flip(1, 0)),
     ("cumsum of a mask (positions), as i64", [(4, 9)], lambda x: (x > 0).cumsum(1) * x),
     ("reflection padding, 2d and 1d", [(2, 3, 4, 5), (2, 3, 6)],

@@ -43,7 +43,8 @@ raccel::client::TensorFn fnNamed(const std::string& name) {
                                 "log1p", "reciprocal", "rsqrt", "elu", "elu_backward", "lerp", "amax", "amin",
                                 "argmax", "argmin", "index_select", "index_add", "uniform", "bernoulli",
                                 "normal", "gather_sum", "max_pool2d", "max_pool2d_backward", "hardswish",
-                                "hardswish_backward", "hardsigmoid", "hardsigmoid_backward", "mish", "mish_backward"};
+                                "hardswish_backward", "hardsigmoid", "hardsigmoid_backward", "mish", "mish_backward",
+                                "sort"};
   static_assert(std::size(names) == raccel::kTensorFns);
   for (size_t i = 0; i < std::size(names); ++i)
     if (name == names[i]) return static_cast<raccel::client::TensorFn>(i);

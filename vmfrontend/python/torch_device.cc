@@ -1286,16 +1286,50 @@ at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
   return python::scatter_add_out(self, dim, index, src, self);
 }
 
+// Index tensors whose picks are distinct in each row along a dimension: sort's and topk's
+// (their backwards scatter the gradient through them). Held weakly, so an entry ends
+// with its tensor; a write to the tensor (its version) voids it.
+struct DistinctIndex {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> tensor;
+  uint32_t version;
+  int64_t dim;
+};
+struct DistinctIndices {
+  std::mutex mu;
+  std::deque<DistinctIndex> kept;  // the newest last; at most kMax
+  static constexpr size_t kMax = 64;
+};
+DistinctIndices& distinctIndices() {
+  static auto* d = new DistinctIndices;  // never destroyed, like the session's State
+  return *d;
+}
+void noteDistinct(const at::Tensor& index, int64_t dim) {
+  auto& d = distinctIndices();
+  std::lock_guard lock(d.mu);
+  if (d.kept.size() >= DistinctIndices::kMax) d.kept.pop_front();
+  d.kept.push_back({c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(index.getIntrusivePtr()),
+                    index._version(), dim});
+}
+bool distinctAlong(const at::Tensor& index, int64_t dim) {
+  auto& d = distinctIndices();
+  std::lock_guard lock(d.mu);
+  for (auto& e : d.kept)
+    if (e.dim == dim && e.version == index._version() && e.tensor.lock().get() == index.unsafeGetTensorImpl()) return true;
+  return false;
+}
+
 // out = self, then out[.., index[.., i, ..], ..] = value, or src[.., i, ..], along `dim`:
 // the positions picked (an index_add of ones there) take the value or the sum of the src
 // picked into them. With src only where no two picks can meet a position (index one long
-// along dim: a max's or min's backward), as PyTorch leaves open which of several wins and
-// a sum is none of them; the others run on the host.
+// along dim: a max's or min's backward; or sort's or topk's indices), as PyTorch leaves
+// open which of several wins and a sum is none of them; the others run on the host.
 at::Tensor& scatterInto(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src,
                         const at::Scalar& value, at::Tensor& out) {
   const bool ok = supported({&self, src, &out}) && onDevice(self) && onDevice(out) && (!src || onDevice(*src)) &&
                   typed(index) && index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 &&
-                  index.dim() == self.dim() && (!src || (src->dim() == self.dim() && index.size(c10::maybe_wrap_dim(dim, self.dim())) <= 1));
+                  index.dim() == self.dim() &&
+                  (!src || (src->dim() == self.dim() && (index.size(c10::maybe_wrap_dim(dim, self.dim())) <= 1 ||
+                                                         distinctAlong(index, c10::maybe_wrap_dim(dim, self.dim())))));
   if (!ok)
     return hostInto(name, out, src ? at::scatter(host(self), dim, host(index), host(*src)) : at::scatter(host(self), dim, host(index), value));
   auto hit = python::scatter_add(at::zeros_like(self), dim, index, at::ones(index.sizes(), self.options()));
@@ -1849,6 +1883,81 @@ at::Tensor linalg_vector_norm(const at::Tensor& self, const at::Scalar& ord, at:
                               c10::optional<at::ScalarType> dtype) {
   auto out = emptyOn({0});
   return python::linalg_vector_norm_out(self, ord, dims, keepdim, dtype, out);
+}
+
+// ---- Sorting: one sort op a row --------------------------------------------------------
+
+// values and indices = self's rows along `dim` in order (a stable sort: equal values keep
+// their order, which PyTorch's unstable default leaves open; a NaN above every number).
+// f32 and i64 on the card; other dtypes, and outs of other types, on the host.
+bool sortOnCard(const at::Tensor& self, const at::Tensor& values, const at::Tensor& indices) {
+  return typed(self) && self.scalar_type() != at::kBool && typed(values) && values.scalar_type() == self.scalar_type() &&
+         typed(indices) && indices.scalar_type() == at::kLong;
+}
+// The host's (values, indices) copied into the outs.
+std::tuple<at::Tensor&, at::Tensor&> hostPairInto(const char* name, at::Tensor& values, at::Tensor& indices,
+                                                  const std::tuple<at::Tensor, at::Tensor>& result) {
+  hostInto(name, values, std::get<0>(result));
+  at::native::resize_output(indices, std::get<1>(result).sizes());
+  indices.copy_(std::get<1>(result));
+  return {values, indices};
+}
+void sortRows(const at::Tensor& self, int64_t dim, bool descending, at::Tensor& values, at::Tensor& indices) {
+  at::native::resize_output(values, self.sizes());
+  at::native::resize_output(indices, self.sizes());
+  if (self.numel() == 0) return;
+  const int64_t last = std::max<int64_t>(self.dim(), 1) - 1;
+  auto x = self.dim() == 0 ? self.reshape({1}) : self.movedim(dim, last);
+  auto v = values.dim() == 0 ? values.view({1}) : values.movedim(dim, last);
+  auto i = indices.dim() == 0 ? indices.view({1}) : indices.movedim(dim, last);
+  auto scratch = emptyOn(x.sizes(), at::kLong);
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::sort;
+  op.shape = shapeOf(x.sizes());
+  op.operands = {operand(v, v.strides()), operand(x, x.strides()), operand(i, i.strides()), operand(scratch, scratch.strides())};
+  op.alpha = descending ? 1 : 0;
+  send(*s, op);
+}
+std::tuple<at::Tensor&, at::Tensor&> sort_values_stable(const at::Tensor& self, c10::optional<bool> stable, int64_t dim,
+                                                        bool descending, at::Tensor& values, at::Tensor& indices) {
+  if (!sortOnCard(self, values, indices))
+    return hostPairInto("aten::sort", values, indices, at::sort(host(self), stable, dim, descending));
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  TORCH_CHECK(self.dim() == 0 || !values.is_same(self), "raccel: sort into its own input");
+  sortRows(self, dim, descending, values, indices);
+  if (self.dim() > 0) noteDistinct(indices, dim);
+  return {values, indices};
+}
+std::tuple<at::Tensor, at::Tensor> sort_stable(const at::Tensor& self, c10::optional<bool> stable, int64_t dim, bool descending) {
+  auto values = emptyOn({0}, self.scalar_type()), indices = emptyOn({0}, at::kLong);
+  python::sort_values_stable(self, stable, dim, descending, values, indices);
+  return {values, indices};
+}
+// topk: the first k of a sort (largest: descending), so its order among equal values is
+// the stable sort's.
+std::tuple<at::Tensor&, at::Tensor&> topk_values(const at::Tensor& self, int64_t k, int64_t dim, bool largest, bool sorted,
+                                                 at::Tensor& values, at::Tensor& indices) {
+  if (!sortOnCard(self, values, indices))
+    return hostPairInto("aten::topk", values, indices, at::topk(host(self), k, dim, largest, sorted));
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
+  TORCH_CHECK(k >= 0 && k <= n, "selected index k out of range");
+  auto allValues = emptyOn({0}, self.scalar_type()), allIndices = emptyOn({0}, at::kLong);
+  sortRows(self, dim, largest, allValues, allIndices);
+  auto firstValues = self.dim() == 0 ? allValues : allValues.narrow(dim, 0, k);
+  auto firstIndices = self.dim() == 0 ? allIndices : allIndices.narrow(dim, 0, k);
+  at::native::resize_output(values, firstValues.sizes());
+  at::native::resize_output(indices, firstIndices.sizes());
+  values.copy_(firstValues);
+  indices.copy_(firstIndices);
+  if (self.dim() > 0) noteDistinct(indices, dim);
+  return {values, indices};
+}
+std::tuple<at::Tensor, at::Tensor> topk(const at::Tensor& self, int64_t k, int64_t dim, bool largest, bool sorted) {
+  auto values = emptyOn({0}, self.scalar_type()), indices = emptyOn({0}, at::kLong);
+  python::topk_values(self, k, dim, largest, sorted, values, indices);
+  return {values, indices};
 }
 
 // ---- GLU, PReLU, flips and cumulative sums, composed of the ops above --------------------
@@ -3548,6 +3657,10 @@ void registerReductions(torch::Library& m) {
   m.impl("sum.IntList_out", TORCH_FN(sum_out));
   m.impl("sum.dim_IntList", TORCH_FN(sum_dim));
   m.impl("sum", TORCH_FN(sum_all));
+  m.impl("sort.values_stable", TORCH_FN(sort_values_stable));
+  m.impl("sort.stable", TORCH_FN(python::sort_stable));
+  m.impl("topk.values", TORCH_FN(topk_values));
+  m.impl("topk", TORCH_FN(python::topk));
   m.impl("cumsum.out", TORCH_FN(cumsum_out));
   m.impl("cumsum", TORCH_FN(python::cumsum));
   m.impl("cumsum_", TORCH_FN(python::cumsum_));

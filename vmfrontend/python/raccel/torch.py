@@ -8,7 +8,7 @@ The training step's ops (matmul, addmm, add, mul, div, sum, mean, relu, tanh, si
 gelu, silu, leaky relu, softplus, hardtanh, hardswish, hardsigmoid, mish, elu, glu,
 prelu, layer norm, softmax, log-softmax, NLL and MSE losses, with their backward ops; the
 steps of SGD, Adam and AdamW: addcmul, addcdiv, sqrt, maximum, lerp; clamp, exp, log,
-norms, var, std, cat, cumsum, flip) and, on bool and i64 tensors, comparisons, where,
+norms, var, std, cat, cumsum, flip, sort, topk) and, on bool and i64 tensors, comparisons, where,
 masked_fill, argmax/argmin, max/min, integer sums and dtype conversions; bmm, embeddings,
 dropout and the random fills; convolutions, batch norm, pooling and reflection padding,
 composed of these) are raccel tensor ops, sent without waiting; only
