@@ -360,9 +360,9 @@ TEST_P(Conformance, TensorSortIsStableAndPutsNaNAboveEveryNumber) {
     const uint64_t rows = 3, total = rows * n;
     auto x = randomFloats(total, 43);
     for (auto& v : x) v = std::round(v * 2) / 2;  // ties
-    if (n == 7) x[2] = nan, x[5] = -inf, x[9] = inf, x[10] = nan, x[11] = nan, x[20] = -0.0f;
-    std::vector<int64_t> xi(total);
+    std::vector<int64_t> xi(total);  // (of the finite values, before the NaNs and infinities go in)
     for (size_t i = 0; i < total; ++i) xi[i] = int64_t(x[i] * 4) * 1000000007LL;  // past 2^24, exactly
+    if (n == 7) x[2] = nan, x[5] = -inf, x[9] = inf, x[10] = nan, x[11] = nan, x[20] = -0.0f;
     for (const bool integers : {false, true})
       for (const bool descending : {false, true}) {
         auto stored = integers ? device->allocate(total * 8) : device->allocate(total * 4);  // [n, rows]: a is read transposed

@@ -69,6 +69,9 @@ write("tensor", "max-pool", tensor(66, [1, 2, 3, 3, 2, 2], [(0, 0, [18, 9, 3, 1,
                                                           (2, 0, [18, 9, 3, 1, 0, 0], 1)]))
 write("tensor", "max-pool-backward", tensor(67, [1, 2, 3, 3, 6, 6], [(0, 0, [72, 36, 0, 0, 6, 1]), (1, 0, [18, 9, 3, 1, 0, 0]),
                                                                    (2, 0, [18, 9, 3, 1, 0, 0], 1)]))
+# a descending sort of two rows of 8 (the scratch in buffer 0, past out), and hardswish's backward
+write("tensor", "sort", tensor(74, [2, 8], [(0, 0, [8, 1]), (1, 0, [8, 1]), (2, 0, [8, 1], 1), (0, 16, [8, 1], 1)], alpha=1.0))
+write("tensor", "hardswish-backward", tensor(69, [64], [(0, 0, [1]), (1, 0, [1]), (2, 0, [1])]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),
                                         ("buffer", 0), ("buffer", 1), ("buffer", 2)]))
 write("launch", "axpy", launch("axpy", [("u64", 64), ("f32", 0), ("buffer", 0), ("buffer", 1)]))
