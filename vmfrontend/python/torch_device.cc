@@ -2694,6 +2694,28 @@ c10::optional<at::Tensor> insideShare(const at::Tensor& self, c10::IntArrayRef k
   auto ones = at::ones({1, 1, self.size(2), self.size(3)}, self.options());
   return at::avg_pool2d(ones, kernel, stride, padding, false, true, c10::nullopt);
 }
+// Each output window's sum of x's elements at `sources` ([K, OH * OW]: -1 adds nothing),
+// times alpha: x [N, C, H, W] to [N, C, OH, OW]. Average pooling's forwards.
+at::Tensor windowSums(const at::Tensor& self, const at::Tensor& sources, int64_t oh, int64_t ow, float alpha) {
+  const auto x = self.contiguous();
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3), kk = sources.size(0);
+  auto out = emptyOn({n, c, oh, ow});
+  gatherSum(out, {n, c, oh * ow, kk, hw}, {c * oh * ow, oh * ow, 1, 0, 0}, x, {c * hw, hw, 0, 0, 1}, sources,
+            {0, 0, 1, oh * ow, 0}, alpha, 0);
+  return out;
+}
+// The other way: each input position's sum of grad [N, C, OH, OW] over the windows that
+// read it (`readers` [H * W, R], in order), times alpha, into an input of `sizes`.
+// Average pooling's backwards.
+at::Tensor readerSums(const at::Tensor& grad, const at::Tensor& readers, c10::IntArrayRef sizes, float alpha) {
+  const int64_t n = sizes[0], c = sizes[1], hw = sizes[2] * sizes[3], ohw = grad.size(2) * grad.size(3);
+  const int64_t picks = readers.size(1);
+  const auto g = grad.reshape({n, c, ohw});
+  auto out = emptyOn(sizes);
+  gatherSum(out, {n, c, hw, picks, ohw}, {c * hw, hw, 1, 0, 0}, g, {g.stride(0), g.stride(1), 0, 0, g.stride(2)}, readers,
+            {0, 0, picks, 1, 0}, alpha, 0);
+  return out;
+}
 // ceil_mode's added windows (w ceiled): PyTorch's divisor per window, kept per geometry,
 // [OH * OW] f32: the divisor given, or the window's size clipped to the padding (with
 // count_include_pad) or to the input (without). Each window's sum in row order over it,
@@ -2712,25 +2734,15 @@ at::Tensor poolDivisors(int64_t h, int64_t wd, const Window2d& w, bool countIncl
   });
 }
 at::Tensor ceiledAverage(const at::Tensor& self, const Window2d& w, bool countIncludePad, c10::optional<int64_t> divisor) {
-  const auto x = self.contiguous();
-  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), hw = h * wd, kk = w.kh * w.kw;
-  const int64_t oh = w.outH(h), ow = w.outW(wd);
-  auto sources = windowTable(h, wd, w, Table::sources);
-  auto out = emptyOn({n, c, oh, ow});
-  gatherSum(out, {n, c, oh * ow, kk, hw}, {c * oh * ow, oh * ow, 1, 0, 0}, x, {c * hw, hw, 0, 0, 1}, sources,
-            {0, 0, 1, oh * ow, 0}, 1, 0);
+  const int64_t h = self.size(2), wd = self.size(3), oh = w.outH(h), ow = w.outW(wd);
+  auto out = windowSums(self, windowTable(h, wd, w, Table::sources), oh, ow, 1);
   return out.div_(poolDivisors(h, wd, w, countIncludePad, divisor).view({oh, ow}));
 }
 at::Tensor ceiledAverageBackward(const at::Tensor& grad, const at::Tensor& self, const Window2d& w, bool countIncludePad,
                                  c10::optional<int64_t> divisor) {
-  const int64_t n = self.size(0), c = self.size(1), h = self.size(2), wd = self.size(3), hw = h * wd;
-  const int64_t ohw = w.outH(h) * w.outW(wd);
-  auto shares = (grad.reshape({n, c, ohw}) / poolDivisors(h, wd, w, countIncludePad, divisor)).contiguous();
-  auto readers = windowTable(h, wd, w, Table::outputs);
-  const int64_t picks = readers.size(1);
-  auto out = emptyOn(self.sizes());
-  gatherSum(out, {n, c, hw, picks, ohw}, {c * hw, hw, 1, 0, 0}, shares, {c * ohw, ohw, 0, 0, 1}, readers, {0, 0, picks, 1, 0}, 1, 0);
-  return out;
+  const int64_t h = self.size(2), wd = self.size(3);
+  auto shares = grad / poolDivisors(h, wd, w, countIncludePad, divisor).view({w.outH(h), w.outW(wd)});
+  return readerSums(shares, windowTable(h, wd, w, Table::outputs), self.sizes(), 1);
 }
 // The ceiled window where ceil_mode adds windows and the card takes them, else none.
 c10::optional<Window2d> addedWindows(const at::Tensor& self, const Window2d& w, bool ceilMode, c10::optional<int64_t> divisor) {
@@ -2749,14 +2761,9 @@ at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntA
     return onHost("aten::avg_pool2d", [&] {
       return at::avg_pool2d(host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor).to(self.device());
     });
-  const auto x = self.contiguous();
-  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3), kk = w.kh * w.kw;
-  const int64_t oh = w.outH(x.size(2)), ow = w.outW(x.size(3));
-  auto sources = windowTable(x.size(2), x.size(3), w, Table::sources);
-  auto out = emptyOn({n, c, oh, ow});
-  gatherSum(out, {n, c, oh * ow, kk, hw}, {c * oh * ow, oh * ow, 1, 0, 0}, x, {c * hw, hw, 0, 0, 1}, sources,
-            {0, 0, 1, oh * ow, 0}, float(1.0 / double(divisor.value_or(kk))), 0);
-  return out;
+  const int64_t h = self.size(2), wd = self.size(3);
+  return windowSums(self, windowTable(h, wd, w, Table::sources), w.outH(h), w.outW(wd),
+                    float(1.0 / double(divisor.value_or(w.kh * w.kw))));
 }
 at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
                                c10::IntArrayRef padding, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
@@ -2772,14 +2779,8 @@ at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c
       return at::avg_pool2d_backward(host(grad), host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor)
           .to(self.device());
     });
-  const int64_t n = self.size(0), c = self.size(1), hw = self.size(2) * self.size(3), ohw = grad.size(2) * grad.size(3);
-  auto readers = windowTable(self.size(2), self.size(3), w, Table::outputs);
-  const int64_t picks = readers.size(1);
-  const auto g = grad.reshape({n, c, ohw});
-  auto out = emptyOn(self.sizes());
-  gatherSum(out, {n, c, hw, picks, ohw}, {c * hw, hw, 1, 0, 0}, g, {g.stride(0), g.stride(1), 0, 0, g.stride(2)}, readers,
-            {0, 0, picks, 1, 0}, float(1.0 / double(divisor.value_or(w.kh * w.kw))), 0);
-  return out;
+  return readerSums(grad, windowTable(self.size(2), self.size(3), w, Table::outputs), self.sizes(),
+                    float(1.0 / double(divisor.value_or(w.kh * w.kw))));
 }
 // Nearest upsampling by whole factors: each output element the input's at (row / fh,
 // column / fw), which is PyTorch's floor(dst * in / out) there; the input expanded over
@@ -2936,27 +2937,16 @@ bool adaptiveOnCard(const at::Tensor& self, c10::IntArrayRef outSize) {
 // Each window's sum in row order, then divided by its height and by its width (PyTorch's
 // CPU kernel's sum / kh / kw, the same roundings).
 at::Tensor adaptiveAverage(const at::Tensor& self, int64_t oh, int64_t ow) {
-  const auto x = self.contiguous();
-  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), hw = h * wd;
-  auto sources = adaptiveTable(h, wd, oh, ow, Adaptive::sources);
-  const int64_t kk = sources.size(0);
-  auto out = emptyOn({n, c, oh, ow});
-  gatherSum(out, {n, c, oh * ow, kk, hw}, {c * oh * ow, oh * ow, 1, 0, 0}, x, {c * hw, hw, 0, 0, 1}, sources,
-            {0, 0, 1, oh * ow, 0}, 1, 0);
+  const int64_t h = self.size(2), wd = self.size(3);
+  auto out = windowSums(self, adaptiveTable(h, wd, oh, ow, Adaptive::sources), oh, ow, 1);
   return out.div_(adaptiveTable(h, wd, oh, ow, Adaptive::heights)).div_(adaptiveTable(h, wd, oh, ow, Adaptive::widths));
 }
 // Each input position's gradient: the sum, over the windows that read it in order, of
 // their gradient / kh / kw.
 at::Tensor adaptiveAverageBackward(const at::Tensor& grad, const at::Tensor& self) {
-  const int64_t n = self.size(0), c = self.size(1), h = self.size(2), wd = self.size(3), oh = grad.size(2), ow = grad.size(3);
+  const int64_t h = self.size(2), wd = self.size(3), oh = grad.size(2), ow = grad.size(3);
   auto shares = (grad / adaptiveTable(h, wd, oh, ow, Adaptive::heights)).div_(adaptiveTable(h, wd, oh, ow, Adaptive::widths));
-  auto readers = adaptiveTable(h, wd, oh, ow, Adaptive::readers);
-  const int64_t picks = readers.size(1), hw = h * wd;
-  auto g = shares.reshape({n, c, oh * ow});
-  auto out = emptyOn(self.sizes());
-  gatherSum(out, {n, c, hw, picks, oh * ow}, {c * hw, hw, 1, 0, 0}, g, {g.stride(0), g.stride(1), 0, 0, g.stride(2)}, readers,
-            {0, 0, picks, 1, 0}, 1, 0);
-  return out;
+  return readerSums(shares, adaptiveTable(h, wd, oh, ow, Adaptive::readers), self.sizes(), 1);
 }
 at::Tensor _adaptive_avg_pool2d(const at::Tensor& self, c10::SymIntArrayRef outputSize) {
 #ifdef C10_AS_INTARRAYREF_SLOW
