@@ -1678,8 +1678,8 @@ TEST_P(Conformance, TensorMaxPoolAndItsBackwardMatchReference) {
   refused(bad, "one plane of more than 2^24 elements");
 }
 
-// Counter-based random numbers: the same key draws the same numbers (whole or sliced),
-// another key others, and their distributions are the ones asked for.
+// Counter-based random numbers: the same key draws the same numbers (whole or sliced, at
+// any offset from its origin), another key others, and their distributions are the ones asked for.
 TEST_P(Conformance, TensorRandomNumbersAreReproduciblePerKeyAndDistributedAsAsked) {
   const uint64_t n = 20000;
   auto a = floats(std::vector<float>(n)), b = floats(std::vector<float>(n));
@@ -1699,6 +1699,14 @@ TEST_P(Conformance, TensorRandomNumbersAreReproduciblePerKeyAndDistributedAsAske
   }
   auto x = readFloats(*a, n), y = readFloats(*b, n);
   EXPECT_EQ(x, y);  // sliced or whole, one key draws the same numbers
+  // And wherever the output lies: counted from its origin (drawOrigin), the same ones.
+  const uint64_t at = 123;
+  auto c = floats(std::vector<float>(n + at));
+  auto moved = draw(TensorFn::uniform, c.get(), 42, -1, 3);
+  moved.operands[0].offset = moved.drawOrigin = at;
+  ASSERT_TRUE(device->tensor(moved));
+  auto z = readFloats(*c, n + at);
+  EXPECT_EQ(std::vector<float>(z.begin() + at, z.end()), x);
   double sum = 0;
   for (float v : x) {
     ASSERT_GE(v, -1.0f);

@@ -475,6 +475,7 @@ Status buildGeometry(const TensorOp& op, unsigned operands, kernels::RcGeom& g, 
   g.post[0] = op.postScale, g.post[1] = op.postShift;
   g.mean = op.mean ? 1 : 0;
   g.ignoreIndex = op.ignoreIndex;
+  g.drawOrigin = op.drawOrigin;
   g.dims = op.dims;
   // From here every shape, stride and offset is bounded by a buffer's elements (the
   // reach above: (shape - 1) * stride + offset < elements <= 2^50), so the signed 64-bit

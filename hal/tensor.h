@@ -83,6 +83,13 @@ struct TensorOp {
   uint32_t reduceMask = 0;
   int64_t ignoreIndex = -100;
   bool mean = true;
+  // Random draws (uniform, bernoulli, normal; the key in ignoreIndex): the position in
+  // operand 0's buffer of the element drawn with counter 0. Each element's counter is
+  // its position less this, so one key draws the same numbers wherever the output lies
+  // (torch.manual_seed makes the same tensors again), and a slice (hal/slicing.h), which
+  // keeps its op's origin, draws what the whole op would. Where an op comes in from the
+  // wire, its output's own offset (netaccel/card_worker.cc).
+  uint64_t drawOrigin = 0;
   // Elementwise map functions over f32: a read as preScale * a + preShift, the result
   // written as postScale * r + postShift (schema/guest.capnp); (1, 0) for the others.
   float preScale = 1, preShift = 0, postScale = 1, postShift = 0;

@@ -1069,6 +1069,7 @@ class CardWorker::Step {
     }
     h.alpha = t.getAlpha(), h.beta = t.getBeta(), h.reduceMask = t.getReduceMask();
     h.ignoreIndex = t.getIgnoreIndex(), h.mean = t.getMean();
+    h.drawOrigin = h.operands[0].offset;  // (hal/tensor.h: draws that do not depend on where the output lies)
     h.preScale = t.getPreScale(), h.preShift = t.getPreShift(), h.postScale = t.getPostScale(), h.postShift = t.getPostShift();
     auto lowered = hal::lowerTensorOp(h);  // checked once here; each slice again where it runs
     if (!lowered) return failure(lowered.error());

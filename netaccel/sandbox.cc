@@ -572,7 +572,7 @@ class SandboxDevice final : public hal::Device {
     t.request.tag = kernelTag();
     sandbox::TensorWindow& w = t.op;
     w.fn = static_cast<uint32_t>(op.fn), w.dims = op.dims, w.reduceMask = op.reduceMask, w.mean = op.mean;
-    w.alpha = op.alpha, w.beta = op.beta, w.ignoreIndex = op.ignoreIndex;
+    w.alpha = op.alpha, w.beta = op.beta, w.ignoreIndex = op.ignoreIndex, w.drawOrigin = op.drawOrigin;
     w.pre[0] = op.preScale, w.pre[1] = op.preShift, w.post[0] = op.postScale, w.post[1] = op.postShift;
     for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) w.shape[d] = op.shape[d];
     for (unsigned i = 0; i < hal::tensorFnOperands(op.fn); ++i) {

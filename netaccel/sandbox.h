@@ -157,6 +157,7 @@ struct TensorWindow {
   uint32_t reduceMask = 0, mean = 0;
   float alpha = 0, beta = 0;
   int64_t ignoreIndex = 0;
+  uint64_t drawOrigin = 0;
   uint64_t shape[hal::kMaxTensorDims] = {};
   uint64_t ids[hal::kMaxTensorOperands] = {};
   uint64_t offsets[hal::kMaxTensorOperands] = {};

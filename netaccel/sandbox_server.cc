@@ -265,7 +265,7 @@ class Server {
     hal::TensorOp op;
     op.fn = static_cast<hal::TensorFn>(w.fn);
     op.dims = w.dims, op.reduceMask = w.reduceMask, op.mean = w.mean != 0;
-    op.alpha = w.alpha, op.beta = w.beta, op.ignoreIndex = w.ignoreIndex;
+    op.alpha = w.alpha, op.beta = w.beta, op.ignoreIndex = w.ignoreIndex, op.drawOrigin = w.drawOrigin;
     op.preScale = w.pre[0], op.preShift = w.pre[1], op.postScale = w.post[0], op.postShift = w.post[1];
     for (unsigned d = 0; d < hal::kMaxTensorDims; ++d) op.shape[d] = w.shape[d];
     for (unsigned i = 0; i < hal::tensorFnOperands(op.fn); ++i) {

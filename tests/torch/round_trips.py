@@ -123,13 +123,20 @@ def main():
         params.append(lin.weight.detach().cpu())
     check("optim.Rprop steps as on the CPU", torch.allclose(params[0], params[1], atol=1e-6))
 
-    # torch.manual_seed makes the card's draws repeat.
+    # torch.manual_seed makes the card's draws repeat, wherever the tensors drawn into lie
+    # (the first ones are still held when the second are drawn: elsewhere in memory).
     torch.manual_seed(123)
-    first = torch.empty(1000, device=dev).normal_().cpu()
+    first = torch.empty(1000, device=dev).normal_()
+    first_mask = F.dropout(torch.ones(1000, device=dev), 0.5)
     torch.manual_seed(123)
-    second = torch.empty(1000, device=dev).normal_().cpu()
-    third = torch.empty(1000, device=dev).normal_().cpu()
-    check("manual_seed repeats the card's random draws", torch.equal(first, second) and not torch.equal(second, third))
+    second = torch.empty(1000, device=dev).normal_()
+    second_mask = F.dropout(torch.ones(1000, device=dev), 0.5)
+    third = torch.empty(1000, device=dev).normal_()
+    check("manual_seed repeats the card's random draws",
+          torch.equal(first.cpu(), second.cpu()) and not torch.equal(second.cpu(), third.cpu()) and
+          first.data_ptr() != second.data_ptr())
+    check("manual_seed repeats dropout's mask on the card",
+          torch.equal(first_mask.cpu(), second_mask.cpu()) and 400 < int((first_mask != 0).sum()) < 600)
 
     # Printing a device tensor.
     text = str(torch.tensor([[1.5, -2.0], [0.25, 3.0]]).to(dev))
