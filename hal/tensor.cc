@@ -118,17 +118,26 @@ bool rowwise(TensorFn fn) {
 // Over the reduceMask's dimensions (rc_reduce).
 bool reduction(TensorFn fn) { return std::string_view(kFns[unsigned(fn)].kernel) == "rc_reduce"; }
 
+// A refusal of an op of function `fn` (a known one): invalidArgument, saying why. The
+// message is made only for a refusal: an op that passes (three times an op: where it
+// comes in, where it runs, in a sandbox) makes no string.
+struct Refuse {
+  TensorFn fn;
+  std::unexpected<Error> operator()(const std::string& why) const {
+    return fail(Code::invalidArgument, std::string("tensor op ") + kFns[unsigned(fn)].name + ": " + why);
+  }
+};
+std::string operandNamed(unsigned i) { return "operand " + std::to_string(i); }
+
 // The element types each function takes: every operand f32 but for these.
-Status checkTypes(const TensorOp& op, unsigned operands, const std::string& name) {
+Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
   auto type = [&](unsigned i) { return op.operands[i].type; };
   auto bad = [&](unsigned i, const char* want) {
-    return fail(Code::invalidArgument, name + ": operand " + std::to_string(i) + " is " + tensorTypeName(type(i)) +
-                                           " (" + want + ")");
+    return refuse(operandNamed(i) + " is " + tensorTypeName(type(i)) + " (" + want + ")");
   };
   for (unsigned i = 0; i < operands; ++i)
     if (unsigned(type(i)) >= kTensorTypes)
-      return fail(Code::invalidArgument, name + ": operand " + std::to_string(i) + " has unknown element type " +
-                                             std::to_string(unsigned(type(i))));
+      return refuse(operandNamed(i) + " has unknown element type " + std::to_string(unsigned(type(i))));
   const bool integral = type(1) != TensorType::f32;
   switch (op.fn) {
     case TensorFn::copy:
@@ -144,7 +153,7 @@ Status checkTypes(const TensorOp& op, unsigned operands, const std::string& name
       for (unsigned i = 0; i < operands; ++i)
         if (type(i) == TensorType::f32) return bad(i, "an integer add or mul takes no f32 operand");
       if (op.alpha != std::trunc(op.alpha) || std::fabs(op.alpha) > 16777216.0f)
-        return fail(Code::invalidArgument, name + ": an integer add or mul takes an integer alpha (at most 2^24)");
+        return refuse("an integer add or mul takes an integer alpha (at most 2^24)");
       return {};
     case TensorFn::where:
       if (type(1) != TensorType::boolean) return bad(1, "the condition is bool");
@@ -214,11 +223,6 @@ unsigned tensorFnOperands(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns
 const char* tensorKernelName(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].kernel : ""; }
 
 namespace {
-// A refusal of the op named `name`: invalidArgument, saying why.
-struct Refuse {
-  const std::string& name;
-  std::unexpected<Error> operator()(const std::string& why) const { return fail(Code::invalidArgument, name + ": " + why); }
-};
 
 // A work-item of max pooling walks a row of windows (the forward) or a plane (the
 // backward), and an op of one plane is never cut (hal/slicing.h): each is bounded.
@@ -311,14 +315,13 @@ Status checkReach(const TensorOp& op, unsigned operands, LoweredTensorOp& out,
                   std::array<uint64_t, kMaxTensorOperands>& last, const Refuse& bad) {
   for (unsigned i = 0; i < operands; ++i) {
     const TensorOperand& o = op.operands[i];
-    const std::string which = "operand " + std::to_string(i);
-    if (!o.buffer) return bad(which + " has no buffer");
+    if (!o.buffer) return bad(operandNamed(i) + " has no buffer");
     uint64_t reach = o.offset;
     for (unsigned d = 0; d < op.dims && !out.empty; ++d)
       reach = limits::satAdd(reach, limits::satMul(op.shape[d] - 1, o.strides[d]));
     const uint64_t have = o.buffer->size() / tensorTypeBytes(o.type);
     if (!out.empty && reach >= have)
-      return bad(which + " reaches element " + std::to_string(reach) + " of a buffer of " + std::to_string(have) +
+      return bad(operandNamed(i) + " reaches element " + std::to_string(reach) + " of a buffer of " + std::to_string(have) +
                  " elements");
     last[i] = reach;
     out.buffers[i] = o.buffer;
@@ -600,8 +603,7 @@ void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, Lowered
 
 Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   if (unsigned(op.fn) >= kTensorFns) return fail(Code::invalidArgument, "tensor op: unknown function " + std::to_string(unsigned(op.fn)));
-  const std::string name = std::string("tensor op ") + tensorFnName(op.fn);
-  const Refuse bad{name};
+  const Refuse bad{op.fn};
   if (op.dims < 1 || op.dims > kMaxTensorDims)
     return bad("a shape of " + std::to_string(op.dims) + " dimensions (1 to " + std::to_string(kMaxTensorDims) + ")");
   const unsigned operands = tensorFnOperands(op.fn);
@@ -614,7 +616,7 @@ Result<LoweredTensorOp> lowerTensorOp(const TensorOp& op) {
   }
   std::array<uint64_t, kMaxTensorOperands> last{};
   Status s = checkShape(op, elements, bad);
-  if (s) s = checkTypes(op, operands, name);
+  if (s) s = checkTypes(op, operands, bad);
   if (s) s = checkFusedScale(op, operands, bad);
   if (s) s = checkReach(op, operands, out, last, bad);
   if (s) s = checkLayout(op, last, bad);

@@ -319,7 +319,7 @@ void elementwise(TensorFn fn, const at::Tensor& out, const at::Tensor* a, const 
   op.shape = shapeOf(out.sizes());
   op.operands.push_back(operand(out, out.strides()));
   for (const at::Tensor* x : {a, b, c})
-    if (x) op.operands.push_back(operand(*x, x->expand(out.sizes()).strides()));
+    if (x) op.operands.push_back(operand(*x, at::inferExpandGeometry_dimvector(x->sizes(), x->strides(), out.sizes()).strides));
   op.alpha = alpha, op.beta = beta;
   send(*s, op);
 }
