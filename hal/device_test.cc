@@ -1277,6 +1277,31 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   ASSERT_TRUE(run(sum));
   EXPECT_EQ(readInts(*total, 1)[0], 2);
 
+  // amax/amin of i64s (past 2^24: exactly) and of bools, into the input's type, and
+  // argmax/argmin of them (the first of equals); an i64 amax into f32 is refused.
+  const auto held = readInts(*bi, n);
+  const auto flags = readBools(*ob2, n);
+  for (TensorFn fn : {TensorFn::amax, TensorFn::amin, TensorFn::argmax, TensorFn::argmin}) {
+    const bool largest = fn == TensorFn::amax || fn == TensorFn::argmax, position = fn == TensorFn::argmax || fn == TensorFn::argmin;
+    auto ext = tensorOp(fn, {n}, {view(total.get(), 0, {0}, i64), view(bi.get(), 0, {1}, i64)});
+    ext.reduceMask = 1;
+    ASSERT_TRUE(run(ext)) << tensorFnName(fn);
+    const auto at = largest ? std::max_element(held.begin(), held.end()) : std::min_element(held.begin(), held.end());
+    EXPECT_EQ(readInts(*total, 1)[0], position ? at - held.begin() : *at) << tensorFnName(fn);
+    auto ofFlags = ext;
+    ofFlags.operands[1] = view(ob2.get(), 0, {1}, boolean);
+    if (!position) ofFlags.operands[0] = view(ob.get(), 0, {0}, boolean);
+    ASSERT_TRUE(run(ofFlags)) << tensorFnName(fn);
+    const auto flag = largest ? std::max_element(flags.begin(), flags.end()) : std::min_element(flags.begin(), flags.end());
+    if (position) EXPECT_EQ(readInts(*total, 1)[0], flag - flags.begin()) << tensorFnName(fn);
+    else EXPECT_EQ(readBools(*ob, 1)[0], *flag) << tensorFnName(fn);
+  }
+  auto intoReals = tensorOp(TensorFn::amax, {n}, {view(bf.get(), 0, {0}), view(bi.get(), 0, {1}, i64)});
+  intoReals.reduceMask = 1;
+  auto refused = device->tensor(intoReals);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("the input's type"), std::string::npos) << refused.error().message;
+
   // amax/amin/argmax/argmin over rows of a 3 x 4 (ties: the first; a NaN wins both), and
   // argmax over every element (the flat position).
   const float nan = std::numeric_limits<float>::quiet_NaN();

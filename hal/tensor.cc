@@ -170,10 +170,17 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     case TensorFn::normal:
       if (type(0) != TensorType::f32) return bad(0, "random numbers are f32");
       return {};
+    case TensorFn::abs:  // f32, or i64 exactly
+      if (type(1) == TensorType::boolean) return bad(1, "f32 or i64");
+      if (type(0) != type(1)) return bad(0, "the input's type");
+      return {};
+    case TensorFn::amax:
+    case TensorFn::amin:  // f32, or integers (i64, bool) compared exactly
+      if (type(0) != type(1)) return bad(0, "the input's type");
+      return {};
     case TensorFn::argmax:
     case TensorFn::argmin:
       if (type(0) != TensorType::i64) return bad(0, "a position is i64");
-      if (type(1) != TensorType::f32) return bad(1, "f32");
       return {};
     case TensorFn::indexSelect:
       if (type(2) != TensorType::i64) return bad(2, "the index is i64");

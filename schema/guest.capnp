@@ -303,7 +303,8 @@ struct Op {
 #   nllLossBackward: operands out (n x classes), a (the loss's gradient, a scalar),
 #     target, totalWeight: out = -a (/ totalWeight when `mean`) at each target, else 0.
 #   sqrt, tanh, sigmoid, abs, pow, sign: elementwise, out = sqrt a | tanh a |
-#     1/(1+exp(-a)) | |a| | a^alpha | 1, -1 or a itself (0 and NaN)
+#     1/(1+exp(-a)) | |a| | a^alpha | 1, -1 or a itself (0 and NaN); abs also over i64
+#     into i64, exactly (the smallest i64 stays itself, as in two's complement)
 #   tanhBackward, sigmoidBackward: out = a*(1-b*b) | a*b*(1-b), with a the gradient and b
 #     the forward's output
 #   addcmul, addcdiv: elementwise over three inputs, out = a + alpha*b*c | a + alpha*b/c
@@ -342,11 +343,13 @@ struct Op {
 #     inside (-3, 3), else 0)
 #   sum over i64 or bool: an exact i64 sum (alpha 1, beta 0 or 1)
 #   add, mul over integers (i64 and bool, no f32): exact, alpha an integer (|alpha| at
-#     most 2^24); into bool, nonzero is 1 (so bool add is or, bool mul is and)
+#     most 2^24), wrapping past the i64 range (two's complement, as PyTorch's CPU); into
+#     bool, nonzero is 1 (so bool add is or, bool mul is and); an integer sum wraps so too
 #   amax, amin: the largest | smallest over the dimensions in reduceMask (NaN if any
 #     is); argmax, argmin: out (i64) = the first position of the largest | smallest (a NaN
-#     counts as both) among the reduced positions, counted row-major over them. These
-#     four take the reduced dimensions after every kept one.
+#     counts as both) among the reduced positions, counted row-major over them. Over f32,
+#     or over i64 or bool compared exactly (amax and amin then write the input's type).
+#     These four take the reduced dimensions after every kept one.
 #   indexSelect: shape: the output's, then the rows picked from (2 to 6 dimensions in
 #     all); operands out, a, index (i64), out's and index's strides 0 over the rows: each
 #     output element is a's element at its own position in row index[its position], out

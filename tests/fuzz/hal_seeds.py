@@ -72,6 +72,10 @@ write("tensor", "max-pool-backward", tensor(67, [1, 2, 3, 3, 6, 6], [(0, 0, [72,
 # a descending sort of two rows of 8 (the scratch in buffer 0, past out), and hardswish's backward
 write("tensor", "sort", tensor(74, [2, 8], [(0, 0, [8, 1]), (1, 0, [8, 1]), (2, 0, [8, 1], 1), (0, 16, [8, 1], 1)], alpha=1.0))
 write("tensor", "hardswish-backward", tensor(69, [64], [(0, 0, [1]), (1, 0, [1]), (2, 0, [1])]))
+# an i64 amax of rows (exact), an i64 abs, and an i64 add (wrapping past the range)
+write("tensor", "amax-i64", tensor(56, [8, 8], [(0, 0, [1, 0], 1), (1, 0, [8, 1], 1)], mask=2))
+write("tensor", "abs-i64", tensor(25, [64], [(0, 0, [1], 1), (1, 0, [1], 1)]))
+write("tensor", "add-i64", tensor(2, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)], alpha=-16777216.0))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),
                                         ("buffer", 0), ("buffer", 1), ("buffer", 2)]))
 write("launch", "axpy", launch("axpy", [("u64", 64), ("f32", 0), ("buffer", 0), ("buffer", 1)]))

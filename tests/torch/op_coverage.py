@@ -71,6 +71,11 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x: (x.argmax(1) == (x[:, 0] > 0).long()).float().mean()),
     ("correct count: an i64 sum of bools", [(8, 4)], lambda x: (x > 0).sum() + (x > 0).long().sum(1).sum()),
     ("amax, amin over dims", [(3, 4, 5)], lambda x: x.amax(1) - x.amin((0, 2), keepdim=True).sum()),
+    ("one_hot without num_classes (an i64 max), i64 max, min, argmax and abs, bool amax and amin", [(8, 4)],
+     lambda x: (lambda labels, m: torch.cat([
+         F.one_hot(labels).sum(0), labels.max().reshape(1), labels.min().reshape(1), labels.argmax().reshape(1),
+         (labels - 3).abs(), labels.reshape(2, 4).max(1).values, labels.reshape(2, 4).min(1).indices,
+         m.amax(1).long(), m.amin(0).long()]))((x[:, 0] * 3).long().abs(), x > 0)),
     ("max and min over a dim, and of all (forward)", [(4, 6)],
      lambda x: (x.max(1).values - x.min(0, keepdim=True).values.sum() + x.max() - x.min()).detach()),
     ("max.dim's positions", [(4, 6)], lambda x: x.max(1).indices + x.min(0).indices.sum()),

@@ -563,9 +563,12 @@ at::Tensor add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha
 }
 at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return python::add_out(self, other, alpha, self); }
 
-// out = a - alpha * b: add with -alpha.
+// out = a - alpha * b: add with -alpha (over f32, or over i64 exactly; PyTorch refuses a
+// bool side, on the host).
 at::Tensor& sub_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha, at::Tensor& out) {
-  if (!supported({&a, &out}) || !(typed(b) || isHostScalar(b)))
+  const bool integers = typed(a) && a.scalar_type() == at::kLong && typed(out) && out.scalar_type() == at::kLong &&
+                        b.scalar_type() != at::kBool;
+  if (!(supported({&a, &out}) || integers) || !(typed(b) || isHostScalar(b)))
     return hostInto("aten::sub.out", out, at::sub(host(a), host(b), alpha));
   return python::add_out(a, b, -alpha.toDouble(), out);
 }
@@ -826,7 +829,9 @@ template <class Host>
 at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self0, at::Tensor& out, float alpha, Host reference,
                      float beta = 0) {
   const at::Tensor self = promoted(self0, out);
-  if (!supported({&self, &out})) return hostInto(name, out, reference(host(self)));
+  const bool exactInteger = fn == TensorFn::abs && typed(self) && typed(out) && self.scalar_type() == at::kLong &&
+                            out.scalar_type() == at::kLong;  // (the card's abs over i64)
+  if (!exactInteger && !supported({&self, &out})) return hostInto(name, out, reference(host(self)));
   at::native::resize_output(out, self.sizes());
   elementwise(fn, out, &self, nullptr, alpha, beta);
   return out;
@@ -1322,17 +1327,20 @@ bool distinctAlong(const at::Tensor& index, int64_t dim) {
 // the positions picked (an index_add of ones there) take the value or the sum of the src
 // picked into them. With src only where no two picks can meet a position (index one long
 // along dim: a max's or min's backward; or sort's or topk's indices), as PyTorch leaves
-// open which of several wins and a sum is none of them; the others run on the host.
+// open which of several wins and a sum is none of them; the others run on the host. A
+// value goes into f32 or i64 (one_hot's ones).
 at::Tensor& scatterInto(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src,
                         const at::Scalar& value, at::Tensor& out) {
-  const bool ok = supported({&self, src, &out}) && onDevice(self) && onDevice(out) && (!src || onDevice(*src)) &&
+  const bool integers = !src && typed(self) && self.scalar_type() == at::kLong && typed(out) && out.scalar_type() == at::kLong;
+  const bool ok = (integers || supported({&self, src, &out})) && onDevice(self) && onDevice(out) && (!src || onDevice(*src)) &&
                   typed(index) && index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 &&
                   index.dim() == self.dim() &&
                   (!src || (src->dim() == self.dim() && (index.size(c10::maybe_wrap_dim(dim, self.dim())) <= 1 ||
                                                          distinctAlong(index, c10::maybe_wrap_dim(dim, self.dim())))));
   if (!ok)
     return hostInto(name, out, src ? at::scatter(host(self), dim, host(index), host(*src)) : at::scatter(host(self), dim, host(index), value));
-  auto hit = python::scatter_add(at::zeros_like(self), dim, index, at::ones(index.sizes(), self.options()));
+  const auto counts = self.options().dtype(at::kFloat);
+  auto hit = python::scatter_add(at::zeros(self.sizes(), counts), dim, index, at::ones(index.sizes(), counts));
   auto result = src ? at::where(hit > 0, python::scatter_add(at::zeros_like(self), dim, index, *src), self)
                     : self.masked_fill(hit > 0, value);
   at::native::resize_output(out, self.sizes());
@@ -1754,14 +1762,15 @@ void reduceInto(TensorFn fn, const at::Tensor& out, const at::Tensor& self, uint
   send(*s, op);
 }
 
-// Over f32 on the device, into an output of `dtype` there (or nothing: on the host).
+// Over f32, i64 or bool on the device (integers compared exactly), into an output of
+// `dtype` there (or nothing: on the host).
 bool reducible(const at::Tensor& self, const at::Tensor& out, at::ScalarType dtype) {
-  return isF32(self) && self.dim() <= 6 && onDevice(out) && out.scalar_type() == dtype;
+  return typed(self) && onDevice(out) && out.scalar_type() == dtype;
 }
 
 #define RACCEL_EXTREMUM(op, fn)                                                                                       \
   at::Tensor& op##_out(const at::Tensor& self, c10::IntArrayRef dims, bool keepdim, at::Tensor& out) {                \
-    if (!reducible(self, out, at::kFloat)) return hostInto("aten::" #op, out, at::op(host(self), dims, keepdim));      \
+    if (!reducible(self, out, self.scalar_type())) return hostInto("aten::" #op, out, at::op(host(self), dims, keepdim)); \
     const uint32_t mask = maskOf(dims, self.dim());                                                                   \
     at::native::resize_output(out, reducedShape(self, mask, keepdim));                                               \
     reduceInto(fn, out, self, mask, keepdim);                                                                         \
@@ -1796,7 +1805,7 @@ RACCEL_POSITION(argmin, TensorFn::argmin)
 #define RACCEL_VALUES_AND_POSITIONS(op, values, positions)                                                            \
   std::tuple<at::Tensor&, at::Tensor&> op##_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& value, \
                                                     at::Tensor& position) {                                           \
-    if (!reducible(self, value, at::kFloat) || !onDevice(position) || position.scalar_type() != at::kLong) {           \
+    if (!reducible(self, value, self.scalar_type()) || !onDevice(position) || position.scalar_type() != at::kLong) {   \
       countFallback("aten::" #op ".dim");                                                                             \
       auto [v, p] = at::op(host(self), dim, keepdim);                                                                 \
       at::native::resize_output(value, v.sizes());                                                                    \
