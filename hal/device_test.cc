@@ -1296,6 +1296,17 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
     if (position) EXPECT_EQ(readInts(*total, 1)[0], flag - flags.begin()) << tensorFnName(fn);
     else EXPECT_EQ(readBools(*ob, 1)[0], *flag) << tensorFnName(fn);
   }
+  // Past the i64 range an add, a product and abs wrap, as in two's complement.
+  const int64_t top = std::numeric_limits<int64_t>::max(), bottom = std::numeric_limits<int64_t>::min();
+  auto edges = alloc(3 * 8), wrapped = alloc(3 * 8);
+  const std::vector<int64_t> extremes = {top, bottom, -5};
+  ASSERT_TRUE(device->write(*edges, 0, bytesOf(extremes)));
+  auto twice = tensorOp(TensorFn::add, {3}, {view(wrapped.get(), 0, {1}, i64), view(edges.get(), 0, {1}, i64), view(edges.get(), 0, {0}, i64)});
+  twice.alpha = -2;  // x - 2 top, mod 2^64: -top; bottom + 2; -3
+  ASSERT_TRUE(run(twice));
+  EXPECT_EQ(readInts(*wrapped, 3), (std::vector<int64_t>{-top, bottom + 2, -3}));
+  ASSERT_TRUE(run(tensorOp(TensorFn::abs, {3}, {view(wrapped.get(), 0, {1}, i64), view(edges.get(), 0, {1}, i64)})));
+  EXPECT_EQ(readInts(*wrapped, 3), (std::vector<int64_t>{top, bottom, 5}));
   auto intoReals = tensorOp(TensorFn::amax, {n}, {view(bf.get(), 0, {0}), view(bi.get(), 0, {1}, i64)});
   intoReals.reduceMask = 1;
   auto refused = device->tensor(intoReals);
