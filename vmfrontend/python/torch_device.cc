@@ -2059,13 +2059,16 @@ at::Tensor flip(const at::Tensor& self, at::IntArrayRef dims) {
   return out.is_same(self) ? self.clone() : out;
 }
 
-// cumsum: a Hillis-Steele scan, log2(n) rounds of out[k:] += out[:-k] (each from a copy
-// of the round's start): exact for integers; f32 sums rounded in a tree of adds rather
-// than PyTorch's double accumulator (a few ulps apart over long rows).
-at::Tensor& cumsum_out(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype, at::Tensor& out) {
+// cumsum and cumprod: a Hillis-Steele scan, log2(n) rounds of out[k:] = out[k:] fn
+// out[:-k] (each from a copy of the round's start): exact for integers (wrapping as
+// PyTorch's CPU); f32 rounded in a tree of adds or products rather than PyTorch's running
+// one in double (a few ulps apart over long rows). Integers and bools scan as i64.
+template <class Host>
+at::Tensor& scanOut(TensorFn fn, const char* name, const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype,
+                    at::Tensor& out, Host reference) {
   const auto type = dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type());
   if (!typed(self) || !typed(out) || out.scalar_type() != type || !typeOf(type) || type == at::kBool)
-    return hostInto("aten::cumsum", out, at::cumsum(host(self), dim, dtype));
+    return hostInto(name, out, reference(host(self)));
   dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   at::native::resize_output(out, self.sizes());
   elementwise(TensorFn::copy, out, &self, nullptr);
@@ -2073,17 +2076,24 @@ at::Tensor& cumsum_out(const at::Tensor& self, int64_t dim, c10::optional<at::Sc
   for (int64_t k = 1; k < n; k *= 2) {
     auto before = out.narrow(dim, 0, n - k).clone();
     auto after = out.narrow(dim, k, n - k);
-    elementwise(TensorFn::add, after, &after, &before);
+    elementwise(fn, after, &after, &before);
   }
   return out;
 }
-at::Tensor cumsum(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {
-  auto out = emptyOn({0}, dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type()));
-  return python::cumsum_out(self, dim, dtype, out);
-}
-at::Tensor& cumsum_(at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {
-  return python::cumsum_out(self, dim, dtype, self);
-}
+#define RACCEL_SCAN(op, fn)                                                                                           \
+  at::Tensor& op##_out(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype, at::Tensor& out) {  \
+    return scanOut(fn, "aten::" #op, self, dim, dtype, out, [&](const at::Tensor& x) { return at::op(x, dim, dtype); }); \
+  }                                                                                                                   \
+  at::Tensor op(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {                           \
+    auto out = emptyOn({0}, dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type()));                   \
+    return python::op##_out(self, dim, dtype, out);                                                                   \
+  }                                                                                                                   \
+  at::Tensor& op##_(at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {                             \
+    return python::op##_out(self, dim, dtype, self);                                                                  \
+  }
+RACCEL_SCAN(cumsum, TensorFn::add)
+RACCEL_SCAN(cumprod, TensorFn::mul)
+#undef RACCEL_SCAN
 
 // Reflection padding: an index_select of the reflected positions along each padded
 // dimension (the last, then the one before it); its backward, index_adds of the gradient
@@ -3662,7 +3672,10 @@ void registerReductions(torch::Library& m) {
   m.impl("topk", TORCH_FN(python::topk));
   m.impl("cumsum.out", TORCH_FN(cumsum_out));
   m.impl("cumsum", TORCH_FN(python::cumsum));
+  m.impl("cumprod.out", TORCH_FN(cumprod_out));
+  m.impl("cumprod", TORCH_FN(python::cumprod));
   m.impl("cumsum_", TORCH_FN(python::cumsum_));
+  m.impl("cumprod_", TORCH_FN(python::cumprod_));
   m.impl("mean.out", TORCH_FN(mean_out));
   m.impl("mean.dim", TORCH_FN(mean_dim));
   m.impl("mean", TORCH_FN(mean_all));
