@@ -114,6 +114,9 @@ refused("prelu with a weight for the wrong channels", "Mismatch of parameter num
         lambda: F.prelu(x, torch.ones(4).to(dev)).cpu())
 refused("a flip naming a dimension twice", "appears multiple times", lambda: x.flip(0, 0).cpu())
 refused("topk of more than the dimension holds", "selected index k out of range", lambda: x.topk(4, 1).values.cpu())
+refused("kthvalue past the dimension", "k out of range", lambda: x.kthvalue(6, 1).values.cpu())
+refused("kthvalue 0", "k out of range", lambda: x.kthvalue(0, 1).values.cpu())
+refused("the median of an empty dimension", "median", lambda: x[:, :0].median(1).values.cpu())
 refused("reflection padding as large as the input", "Padding size should be less than",
         lambda: F.pad(x.reshape(1, 3, 5), (5, 0), mode="reflect").cpu())
 print("after the errors:", (x * 2).sum().item())

@@ -1968,6 +1968,57 @@ std::tuple<at::Tensor, at::Tensor> topk(const at::Tensor& self, int64_t k, int64
   python::topk_values(self, k, dim, largest, sorted, values, indices);
   return {values, indices};
 }
+// kthvalue (k from 1) and the median ((n - 1) / 2 from 0) over a dimension: the row
+// sorted on the card, then the element at that place and its position. A row with a NaN
+// has NaN as its median, at its first NaN, as on PyTorch's CPU (a NaN sorts above every
+// number, so kthvalue counts it the largest, as the CPU does). Among equal values the
+// position is the first in the row's order; PyTorch leaves which one open (its CPU's
+// selection may give another).
+void pickSorted(const at::Tensor& self, int64_t place, bool median, int64_t dim, bool keepdim, at::Tensor& values,
+                at::Tensor& indices) {
+  auto all = emptyOn({0}, self.scalar_type()), positions = emptyOn({0}, at::kLong);
+  sortRows(self, dim, false, all, positions);
+  const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
+  auto pick = at::full({1}, place, positions.options());
+  std::vector<int64_t> one(std::max<int64_t>(self.dim(), 1), 1);
+  pick = self.dim() == 0 ? pick : pick.reshape(one).expand(reducedShape(self, 1u << dim, true));
+  if (median && self.is_floating_point()) {  // the first NaN's place: n less the NaNs
+    auto nans = at::isnan(self).sum(dim, /*keepdim=*/true);
+    pick = pick + (nans > 0) * ((n - nans) - place);
+  }
+  auto v = self.dim() == 0 ? all : all.gather(dim, pick), i = self.dim() == 0 ? positions : positions.gather(dim, pick);
+  if (!keepdim && self.dim() > 0) v = v.squeeze(dim), i = i.squeeze(dim);
+  at::native::resize_output(values, v.sizes());
+  at::native::resize_output(indices, i.sizes());
+  values.copy_(v);
+  indices.copy_(i);
+}
+std::tuple<at::Tensor&, at::Tensor&> kthvalue_values(const at::Tensor& self, int64_t k, int64_t dim, bool keepdim,
+                                                     at::Tensor& values, at::Tensor& indices) {
+  if (!sortOnCard(self, values, indices) || self.numel() == 0)
+    return hostPairInto("aten::kthvalue.values", values, indices, at::kthvalue(host(self), k, dim, keepdim));
+  dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
+  TORCH_CHECK(k >= 1 && k <= n, "kthvalue(): selected number k out of range for dimension ", dim);
+  pickSorted(self, k - 1, false, dim, keepdim, values, indices);
+  return {values, indices};
+}
+std::tuple<at::Tensor&, at::Tensor&> median_dim_values(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& values,
+                                                       at::Tensor& indices) {
+  if (!sortOnCard(self, values, indices) || self.numel() == 0)
+    return hostPairInto("aten::median.dim_values", values, indices, at::median(host(self), dim, keepdim));
+  dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
+  pickSorted(self, (n - 1) / 2, true, dim, keepdim, values, indices);
+  return {values, indices};
+}
+at::Tensor median(const at::Tensor& self) {  // of every element
+  if (!typed(self) || self.scalar_type() == at::kBool || self.numel() == 0)
+    return onHost("aten::median", [&] { return at::median(host(self)).to(self.device()); });
+  auto values = emptyOn({0}, self.scalar_type()), indices = emptyOn({0}, at::kLong);
+  python::median_dim_values(self.reshape({-1}), 0, false, values, indices);
+  return values;
+}
 
 // ---- GLU, PReLU, flips and cumulative sums, composed of the ops above --------------------
 
@@ -3669,6 +3720,9 @@ void registerReductions(torch::Library& m) {
   m.impl("sort.values_stable", TORCH_FN(sort_values_stable));
   m.impl("sort.stable", TORCH_FN(python::sort_stable));
   m.impl("topk.values", TORCH_FN(topk_values));
+  m.impl("kthvalue.values", TORCH_FN(kthvalue_values));
+  m.impl("median.dim_values", TORCH_FN(median_dim_values));
+  m.impl("median", TORCH_FN(python::median));
   m.impl("topk", TORCH_FN(python::topk));
   m.impl("cumsum.out", TORCH_FN(cumsum_out));
   m.impl("cumsum", TORCH_FN(python::cumsum));
