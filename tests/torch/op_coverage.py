@@ -22,6 +22,15 @@ ACTIVATIONS = [
     # (inputs to +-6, past the ramps' corners at +-3)
     ("hardswish", lambda x: F.hardswish(3 * x)), ("hardsigmoid", lambda x: F.hardsigmoid(3 * x)), ("mish", F.mish),
 ]
+
+
+def put(x, index, values):
+    """A copy of x with x[index] = values (index_put_ without accumulate)."""
+    y = x * 1
+    y[index] = values
+    return y
+
+
 CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("softmax dim -1", [(5, 7)], lambda x: torch.softmax(x, -1)),
     ("softmax dim 0", [(5, 7)], lambda x: torch.softmax(x, 0)),
@@ -57,6 +66,12 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("cumprod over dim 1 and of a transpose, with its backward", [(4, 11)],
      lambda x: x.cumprod(1) + (x * 0.5 + 1).t().cumprod(0).t()),
     ("cumprod of i64 (exact)", [(3, 9)], lambda x: (x * 2).long().cumprod(1)),
+    ("x[idx] = values with a row named thrice (the last wins), with backwards", [(6, 5), (4, 5)],
+     lambda x, v: put(x, torch.tensor([4, 1, 4, 4], device=x.device), v)),
+    ("x[:, idx] = values, x[rows, cols] = values, x[mask] = values", [(6, 5), (6, 3)],
+     lambda x, v: put(put(x, (slice(None), torch.tensor([0, 2, 0], device=x.device)), v),
+                      (torch.tensor([0, 5], device=x.device), torch.tensor([1, 1], device=x.device)), v[0, :2])
+     + put(x, x > 0.5, (x * 10)[x > 0.5])),
     ("kthvalue and median over dims and of all, with their backwards", [(5, 7)],
      lambda x: x.kthvalue(3, 1).values * 2 + x.t().median(0).values + x.median(0, keepdim=True).values.sum() + x.median()),
     ("kthvalue's and median's positions; a row with a NaN has a NaN median at its first NaN", [(6, 5)],

@@ -3072,10 +3072,35 @@ at::Tensor gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, 
   return python::gather_out(self, dim, index, sparseGrad, out);
 }
 
+// self[indices] = values without accumulate, f32, over the indexed dimensions merged
+// (`merged`: self's view; `m`: its index): where the index names a row twice the last
+// value named wins, as in PyTorch's CPU loop. The picks are sorted by row (stable), each
+// row's last pick (its row differs from the next one's) adds its values into rows of
+// -0.0 and the others add -0.0 (x + -0.0 is x to the bit, -0.0 and NaN included), and
+// the rows picked take those sums.
+void putLastWins(at::Tensor& merged, const MergedIndex& m, const at::Tensor& values) {
+  const int64_t k = m.flat.numel();
+  if (k == 0) return;
+  auto [rows, order] = at::sort(m.flat, /*stable=*/true, 0, false);
+  auto last = at::ones({k}, rows.options().dtype(at::kBool));
+  if (k > 1) last.narrow(0, 0, k - 1).copy_(rows.narrow(0, 0, k - 1) != rows.narrow(0, 1, k - 1));
+  std::vector<int64_t> along(merged.dim(), 1);
+  along[m.first] = k;
+  auto sorted = values.index_select(m.first, order);
+  auto kept = at::where(last.view(along), sorted, at::full({}, -0.0f, sorted.options()));
+  auto sums = at::full(merged.sizes(), -0.0f, merged.options());
+  python::index_add_out(sums, m.first, rows, kept, 1, sums);
+  auto hit = at::zeros({merged.size(m.first)}, merged.options());
+  python::index_add_out(hit, 0, rows, last.to(at::kFloat), 1, hit);
+  along[m.first] = merged.size(m.first);
+  merged.copy_(at::where(hit.view(along) > 0, sums, merged));
+}
+
 // self[mask] = value, the one form of index_put_ training code uses (label smoothing's
 // ignored targets): a single bool mask and a single value; other forms run on the host.
 // self[indices] = values (index_put_): a bool mask and one value is masked_fill_; with
-// accumulate (indexing's backward), one index_add over the indexed dimensions merged.
+// accumulate (indexing's backward), one index_add over the indexed dimensions merged;
+// without, over f32, putLastWins.
 at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at::Tensor>>& indices, const at::Tensor& values,
                              bool accumulate, bool unsafe) {
   const bool mask = indices.size() == 1 && indices.get(0).has_value() && typed(*indices.get(0)) &&
@@ -3083,10 +3108,13 @@ at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at:
   if (mask) return python::masked_fill_(self, *indices.get(0), values.reshape({}));
   const bool added = accumulate && typed(self) && self.is_contiguous() && typed(values) &&
                      values.scalar_type() == self.scalar_type() && !sharesStorage(values, self);
-  if (auto m = added ? mergedIndex(self, indices) : std::nullopt) {
+  const bool put = !accumulate && isF32(self) && self.is_contiguous() && isF32(values);
+  if (auto m = added || put ? mergedIndex(self, indices) : std::nullopt) {
     auto merged = self.view(m->mergedShape(self.sizes(), m->rows));
     auto shape = m->mergedShape(self.sizes(), m->flat.numel());
-    python::index_add_out(merged, m->first, m->flat, values.expand(m->resultShape(self.sizes())).reshape(shape), 1, merged);
+    auto spread = apart(values, self).expand(m->resultShape(self.sizes())).reshape(shape);
+    if (accumulate) python::index_add_out(merged, m->first, m->flat, spread, 1, merged);
+    else putLastWins(merged, *m, spread);
     return self;
   }
   countFallback("aten::_index_put_impl_");
