@@ -264,6 +264,11 @@ bool isIntegral(const at::Tensor& t) { return t.scalar_type() == at::kLong || t.
 bool typed(const at::Tensor& t) { return onDevice(t) && t.dim() <= 6 && typeOf(t.scalar_type()); }
 // A number PyTorch wrapped as a CPU tensor (x + 2, x * 0.5).
 bool isHostScalar(const at::Tensor& t) { return t.defined() && t.device().is_cpu() && t.dim() == 0; }
+// Both on the device as i64: an op the card runs exactly over integers (abs, sub, a scatter
+// of a number).
+bool bothI64(const at::Tensor& a, const at::Tensor& out) {
+  return typed(a) && a.scalar_type() == at::kLong && typed(out) && out.scalar_type() == at::kLong;
+}
 
 void countFallback(const std::string& op) {
   std::lock_guard lock(state().countsMu);
@@ -566,8 +571,7 @@ at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& al
 // out = a - alpha * b: add with -alpha (over f32, or over i64 exactly; PyTorch refuses a
 // bool side, on the host).
 at::Tensor& sub_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha, at::Tensor& out) {
-  const bool integers = typed(a) && a.scalar_type() == at::kLong && typed(out) && out.scalar_type() == at::kLong &&
-                        b.scalar_type() != at::kBool;
+  const bool integers = bothI64(a, out) && b.scalar_type() != at::kBool;
   if (!(supported({&a, &out}) || integers) || !(typed(b) || isHostScalar(b)))
     return hostInto("aten::sub.out", out, at::sub(host(a), host(b), alpha));
   return python::add_out(a, b, -alpha.toDouble(), out);
@@ -829,8 +833,7 @@ template <class Host>
 at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self0, at::Tensor& out, float alpha, Host reference,
                      float beta = 0) {
   const at::Tensor self = promoted(self0, out);
-  const bool exactInteger = fn == TensorFn::abs && typed(self) && typed(out) && self.scalar_type() == at::kLong &&
-                            out.scalar_type() == at::kLong;  // (the card's abs over i64)
+  const bool exactInteger = fn == TensorFn::abs && bothI64(self, out);  // (the card's abs over i64)
   if (!exactInteger && !supported({&self, &out})) return hostInto(name, out, reference(host(self)));
   at::native::resize_output(out, self.sizes());
   elementwise(fn, out, &self, nullptr, alpha, beta);
@@ -1331,7 +1334,7 @@ bool distinctAlong(const at::Tensor& index, int64_t dim) {
 // value goes into f32 or i64 (one_hot's ones).
 at::Tensor& scatterInto(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src,
                         const at::Scalar& value, at::Tensor& out) {
-  const bool integers = !src && typed(self) && self.scalar_type() == at::kLong && typed(out) && out.scalar_type() == at::kLong;
+  const bool integers = !src && bothI64(self, out);
   const bool ok = (integers || supported({&self, src, &out})) && onDevice(self) && onDevice(out) && (!src || onDevice(*src)) &&
                   typed(index) && index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 &&
                   index.dim() == self.dim() &&
@@ -1979,9 +1982,8 @@ void pickSorted(const at::Tensor& self, int64_t place, bool median, int64_t dim,
   auto all = emptyOn({0}, self.scalar_type()), positions = emptyOn({0}, at::kLong);
   sortRows(self, dim, false, all, positions);
   const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
-  auto pick = at::full({1}, place, positions.options());
-  std::vector<int64_t> one(std::max<int64_t>(self.dim(), 1), 1);
-  pick = self.dim() == 0 ? pick : pick.reshape(one).expand(reducedShape(self, 1u << dim, true));
+  auto pick = at::full(self.dim() == 0 ? std::vector<int64_t>{1} : reducedShape(self, 1u << dim, true), place,
+                       positions.options());
   if (median && self.is_floating_point()) {  // the first NaN's place: n less the NaNs
     auto nans = at::isnan(self).sum(dim, /*keepdim=*/true);
     pick = pick + (nans > 0) * ((n - nans) - place);
