@@ -1221,6 +1221,16 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   fill.alpha = -5;
   ASSERT_TRUE(run(fill));
   EXPECT_EQ(readInts(*oi, n), std::vector<int64_t>(n, -5));
+  // f32 values no i64 holds (NaN, infinities, 2^63 and past) become -2^63, as x86's
+  // conversion gives PyTorch's CPU; -2^63 itself and -0.5 convert exactly.
+  const float inf = std::numeric_limits<float>::infinity(), two63 = 9223372036854775808.0f;
+  auto edgeReals = floats({std::numeric_limits<float>::quiet_NaN(), inf, -inf, two63, -two63, -0.5f});
+  const int64_t lowest = std::numeric_limits<int64_t>::min();
+  ASSERT_TRUE(run(tensorOp(TensorFn::copy, {n}, {view(oi.get(), 0, {1}, i64), view(edgeReals.get(), 0, {1})})));
+  EXPECT_EQ(readInts(*oi, n), (std::vector<int64_t>{lowest, lowest, lowest, lowest, lowest, 0}));
+  fill.alpha = 1e30f;
+  ASSERT_TRUE(run(fill));
+  EXPECT_EQ(readInts(*oi, n), std::vector<int64_t>(n, lowest));
 
   // Comparisons: i64 exactly (ints[1] and shifted[1] differ by one past 2^40), f32 with
   // a broadcast scalar (-0 == 0; NaN compares unequal but for ne).

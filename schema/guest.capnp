@@ -323,7 +323,8 @@ struct Op {
 #     forward's input) and the same alpha and beta: out = a * the derivative at b
 #     (hardtanh's: 0 at or past either bound)
 #   copy, fill: also between any element types: a conversion (f32 to an integer
-#     truncates toward zero; to bool is a != 0); integers are copied exactly
+#     truncates toward zero, and NaN, infinities and values past i64's range give -2^63,
+#     as x86 does; to bool is a != 0); integers are copied exactly
 #   eq, ne, lt, le, gt, ge: elementwise, out (bool) = a op b, a and b of one type
 #     (integers compared exactly)
 #   where: out = a ? b : c, with a bool and out, b and c all f32 or all i64

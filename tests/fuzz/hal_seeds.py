@@ -76,6 +76,10 @@ write("tensor", "hardswish-backward", tensor(69, [64], [(0, 0, [1]), (1, 0, [1])
 write("tensor", "amax-i64", tensor(56, [8, 8], [(0, 0, [1, 0], 1), (1, 0, [8, 1], 1)], mask=2))
 write("tensor", "abs-i64", tensor(25, [64], [(0, 0, [1], 1), (1, 0, [1], 1)]))
 write("tensor", "add-i64", tensor(2, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)], alpha=-16777216.0))
+# f32 into i64 past its range (a fill of 3e38; a copy of whatever the buffer holds): -2^63,
+# where a plain conversion is undefined.
+write("tensor", "fill-i64-huge", tensor(1, [64], [(0, 0, [1], 1)], alpha=3e38))
+write("tensor", "copy-f32-i64", tensor(0, [64], [(0, 0, [1], 1), (1, 0, [1])]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),
                                         ("buffer", 0), ("buffer", 1), ("buffer", 2)]))
 write("launch", "axpy", launch("axpy", [("u64", 64), ("f32", 0), ("buffer", 0), ("buffer", 1)]))
