@@ -47,4 +47,17 @@ constexpr bool takesFusedScale(TensorFn fn) {
   }
 }
 
+// The operands a function writes, as a mask (bit i: operand i): the output, and the
+// forwards that write a second result: layerNorm's mean and rstd, maxPool2d's index,
+// nllLoss's total weight, sort's positions and its scratch.
+constexpr unsigned writtenOperands(TensorFn fn) {
+  switch (fn) {
+    case TensorFn::layerNorm: return 0b1101;
+    case TensorFn::maxPool2d: return 0b0011;
+    case TensorFn::nllLoss: return 0b1001;
+    case TensorFn::sort: return 0b1101;
+    default: return 0b0001;
+  }
+}
+
 }  // namespace raccel

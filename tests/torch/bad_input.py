@@ -75,10 +75,51 @@ if (d + d).cpu().tolist() != [0.0, 2.0, 4.0, 6.0]:
     failures.append("f64 add gave a wrong result")
 if "aten::add.out" not in raccel.torch.fallbacks():
     failures.append(f"the f64 add was not counted as a fallback: {raccel.torch.fallbacks()}")
+# An index outside its dimension raises PyTorch's CPU error, by op, whether the index
+# came from the host (its bounds counted as it was copied) or was made on the card (its
+# bounds read back once, then known until it is written).
 logits = torch.randn(3, 4).to(dev)
-loss = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 9, 1]).to(dev)).item()
-if loss == loss:  # a target outside the classes makes the loss NaN on raccel (no read out of bounds)
-    failures.append(f"a target outside the classes gave loss {loss}")
+refused("a target outside the classes", "Target 9 is out of bounds",
+        lambda: F.cross_entropy(logits, torch.tensor([0, 9, 1]).to(dev)).item())
+refused("a negative target", "Target -5 is out of bounds",
+        lambda: F.nll_loss(logits, torch.tensor([0, -5, 1]).to(dev), reduction="none").cpu())
+ignored = F.cross_entropy(logits, torch.tensor([0, -100, 1]).to(dev)).item()
+expected = F.cross_entropy(logits.cpu(), torch.tensor([0, -100, 1])).item()
+if abs(ignored - expected) > 1e-5:
+    failures.append(f"cross entropy with an ignored target gave {ignored}, the CPU {expected}")
+refused("index_select past the rows", "index out of range in self",
+        lambda: logits.index_select(0, torch.tensor([3]).to(dev)).cpu())
+refused("an embedding of a token past the table", "index out of range in self",
+        lambda: F.embedding(torch.tensor([[1, 4]]).to(dev), logits).cpu())
+refused("gather past the dimension", "index 4 is out of bounds for dimension 1 with size 4",
+        lambda: logits.gather(1, torch.tensor([[4], [0], [1]]).to(dev)).cpu())
+refused("scatter_add past the dimension", "index -1 is out of bounds for dimension 1 with size 4",
+        lambda: logits.scatter_add(1, torch.tensor([[-1]]).to(dev), logits).cpu())
+refused("index_add past the rows", "index out of range in self",
+        lambda: logits.index_add(0, torch.tensor([3]).to(dev), logits[:1]).cpu())
+refused("indexing past the end", "index 3 is out of bounds for dimension 0 with size 3",
+        lambda: logits[torch.tensor([0, 3]).to(dev)].cpu())
+refused("indexing before the start", "index -5 is out of bounds for dimension 1 with size 4",
+        lambda: logits[:, torch.tensor([-5]).to(dev)].cpu())
+refused("a put past the end", "index 7 is out of bounds for dimension 0 with size 3",
+        lambda: logits.clone().index_put_((torch.tensor([7]).to(dev),), torch.tensor(1.0).to(dev)).cpu())
+reads = raccel.torch.index_reads()
+made = torch.tensor([1, 2]).to(dev) * 2          # made on the card: 2 and 4
+refused("an index made on the card, past the rows", "index out of range in self",
+        lambda: logits.index_select(0, made).cpu())
+made -= 2                                        # written: 0 and 2, read again
+for _ in range(3):                               # then known: read once
+    if logits.index_select(0, made).cpu().tolist() != logits.cpu()[[0, 2]].tolist():
+        failures.append("index_select by an index made on the card gave a wrong result")
+if raccel.torch.index_reads() - reads != 2:
+    failures.append(f"indices made on the card were read back {raccel.torch.index_reads() - reads} times, not twice")
+reads = raccel.torch.index_reads()
+_, top = logits.topk(2, dim=1)                   # positions the card made: known in range
+picked = logits.gather(1, top).cpu()
+host_index = torch.tensor([2, 0, 1]).to(dev)     # copied from the host: known as it passed
+logits.index_select(0, host_index).cpu()
+if raccel.torch.index_reads() != reads:
+    failures.append(f"indices from the host or from topk were read back {raccel.torch.index_reads() - reads} times")
 empty = torch.empty(0, 3).to(dev)          # no storage on the device: nothing is sent
 if (empty + 1).cpu().shape != (0, 3) or (empty * empty).sum().item() != 0:
     failures.append("ops on an empty tensor did not give empty results")

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference import device_named, synchronizer
+from reference import device_named, host_work, synchronizer
 
 try:  # before the first backward(): autograd sizes its device threads then
     import raccel.torch
@@ -66,6 +66,7 @@ def train(device, args, on_step=None):
     xd, yd = x.to(dev), y.to(dev)
     if device == "raccel":
         raccel.torch.reset_fallbacks()
+    reads_before = raccel.torch.index_reads() if device == "raccel" else 0
     losses, correct = [], []
     for step in range(args.steps):
         lo = (step * args.batch) % args.samples
@@ -84,7 +85,7 @@ def train(device, args, on_step=None):
     net.eval()
     with torch.no_grad():
         accuracy = (net(xd).argmax(1) == yd).float().mean().item()
-    fallbacks = raccel.torch.fallbacks() if device == "raccel" else {}
+    fallbacks = host_work(reads_before) if device == "raccel" else {}
     return losses, correct, accuracy, fallbacks
 
 

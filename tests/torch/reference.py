@@ -34,6 +34,7 @@ def fit(net, opt, x, y, args, device):
     cross-entropy; returns the losses (and prints every 20th with args.progress)."""
     if device == "raccel":
         raccel.torch.reset_fallbacks()
+        _reads_at_fit[0] = raccel.torch.index_reads()
     losses = []
     for step in range(args.steps):
         lo = (step * args.batch) % args.samples
@@ -47,8 +48,22 @@ def fit(net, opt, x, y, args, device):
     return losses
 
 
+_reads_at_fit = [0]
+
+
 def fallbacks(device):
-    return raccel.torch.fallbacks() if device == "raccel" else {}
+    """What ran on the host since fit() began (op: calls), with the index checks that had
+    to read an index back from the card: a wait that a training step on indices copied
+    from the host, or made by the card, never needs."""
+    return host_work(_reads_at_fit[0]) if device == "raccel" else {}
+
+
+def host_work(reads_before):
+    work = dict(raccel.torch.fallbacks())
+    reads = raccel.torch.index_reads() - reads_before
+    if reads:
+        work["index bounds read back from the card"] = reads
+    return work
 
 
 def compare(cpu, dev, fallen_back, args, cpu_other=None):

@@ -35,6 +35,7 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -45,6 +46,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "vmfrontend/python/known_values.h"
 #include "vmfrontend/python/shared_session.h"
 
 namespace py = pybind11;
@@ -83,6 +85,7 @@ struct State {
   std::shared_ptr<SharedSession> shared;
   std::mutex countsMu;
   std::map<std::string, uint64_t> fallbacks;
+  std::atomic<uint64_t> indexReads{0};  // index checks that read the index's bounds from the card
 };
 State& state() {
   static auto* s = new State;
@@ -140,17 +143,23 @@ class Arena {
     return address(chunks_.size() - 1, 0, bytes);
   }
 
-  void release(client::Session& s, void* p) {
+  // Frees the storage at p: where it lay (bytes 0: none lives there).
+  struct Freed {
+    Handle buffer = 0;
+    uint64_t offset = 0, bytes = 0;
+  };
+  Freed release(client::Session& s, void* p) {
     auto it = live_.find(reinterpret_cast<uintptr_t>(p));
-    if (it == live_.end()) return;
+    if (it == live_.end()) return {};
     const uint64_t bytes = it->second;
     live_.erase(it);
     const size_t index = chunkOf(p);
     Chunk& c = chunks_[index];
+    const Freed freed{c.handle, reinterpret_cast<uintptr_t>(p) & kOffsetMask, bytes};
     if (c.own) {  // its own buffer: gone with it
       s.free(c.handle);
       c.handle = 0;
-      return;
+      return freed;
     }
     uint64_t at = reinterpret_cast<uintptr_t>(p) & kOffsetMask, size = bytes;
     auto next = c.free.lower_bound(at);
@@ -162,10 +171,11 @@ class Arena {
       auto prev = std::prev(next);
       if (prev->first + prev->second == at) {
         prev->second += size;
-        return;
+        return freed;
       }
     }
     c.free[at] = size;
+    return freed;
   }
 
   // The buffer and byte offset an address names.
@@ -198,11 +208,21 @@ Arena& arena() {
   return *a;
 }
 
+// What is known of the i64 values in the device's memory (known_values.h; "Index checks"
+// below): every write into that memory forgets what it overwrote. Under the session's
+// lock.
+KnownValues& knownValues() {
+  static auto* k = new KnownValues;  // never destroyed, like the session's State
+  return *k;
+}
+
 void releaseStorage(void* p) {
   auto shared = state().shared;
   if (!p || !shared) return;
   std::lock_guard lock(shared->mu);
-  if (shared->session) arena().release(*shared->session, p);
+  if (!shared->session) return;
+  auto freed = arena().release(*shared->session, p);
+  if (freed.bytes) knownValues().forget(freed.buffer, freed.offset, freed.offset + freed.bytes);
 }
 
 // `bytes` from one of the device's storages to another, on the card.
@@ -210,6 +230,7 @@ void copyOnCard(void* to, const void* from, uint64_t bytes) {
   auto [src, srcOffset] = arena().locate(from);
   auto [dst, dstOffset] = arena().locate(to);
   Locked s;
+  knownValues().forget(dst, dstOffset, dstOffset + bytes);
   s->copy(dst, dstOffset, src, srcOffset, bytes);
 }
 
@@ -304,9 +325,11 @@ std::vector<uint64_t> shapeOf(c10::IntArrayRef sizes) {
 // less. (Runs of 8 or 32 gained less; an OpenCL program's tiny kernels lost by it, and
 // the ICD keeps its runs to clFlush.)
 constexpr unsigned kOpsPerSend = 16;
+void forgetWritten(const client::TensorOp& op);
 void send(client::Session& s, client::TensorOp op) {
   for (auto d : op.shape)
     if (d == 0) return;  // nothing to compute
+  forgetWritten(op);
   s.tensor(op);
   static unsigned unsent = 0;  // (under the session's lock, as every send)
   if (++unsent == kOpsPerSend) {
@@ -354,6 +377,113 @@ at::Tensor& hostInto(const char* name, at::Tensor& out, const at::Tensor& result
 }
 at::Tensor host(const at::Tensor& t) { return t.defined() && onDevice(t) ? t.cpu() : t; }
 
+// ---- Index checks ------------------------------------------------------------------------
+//
+// PyTorch's CPU raises where an index lies outside its dimension; the card's kernels read
+// NaN there, or write nowhere. So an op that picks by its caller's index checks it first:
+// against the bounds known of that memory (knownValues(): counted on the host as a copy
+// wrote it, or read by an earlier check), else by reading the index's smallest and
+// largest values from the card (one wait; the bounds are then kept). An op made of other
+// ops, picking by indices it made in range, holds TrustedIndices around them so they are
+// not checked again.
+
+// The bytes [begin, end) of a buffer that a tensor's or an operand's elements lie in.
+struct ByteSpan {
+  Handle buffer;
+  uint64_t begin, end;
+};
+ByteSpan spanOf(const at::Tensor& t) {  // numel > 0; the device's strides are never negative
+  auto [handle, begin] = arena().locate(t.data_ptr());
+  uint64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += uint64_t(t.size(d) - 1) * uint64_t(t.stride(d));
+  return {handle, begin, begin + (last + 1) * uint64_t(t.element_size())};
+}
+ByteSpan spanOf(const client::TensorOperand& o, const std::vector<uint64_t>& shape) {  // every size > 0
+  const uint64_t size = o.type == client::TensorType::i64 ? 8 : o.type == client::TensorType::boolean ? 1 : 4;
+  uint64_t last = o.offset;
+  for (size_t d = 0; d < shape.size() && d < o.strides.size(); ++d) last += (shape[d] - 1) * o.strides[d];
+  return {o.buffer, o.offset * size, (last + 1) * size};
+}
+// What an op is about to write is known no longer (send(), under the session's lock).
+void forgetWritten(const client::TensorOp& op) {
+  auto& known = knownValues();
+  if (known.empty()) return;
+  const unsigned written = writtenOperands(op.fn);
+  for (size_t i = 0; i < op.operands.size(); ++i)
+    if (written >> i & 1) {
+      auto span = spanOf(op.operands[i], op.shape);
+      known.forget(span.buffer, span.begin, span.end);
+    }
+}
+
+thread_local int t_trustedIndices = 0;
+struct TrustedIndices {
+  TrustedIndices() { ++t_trustedIndices; }
+  ~TrustedIndices() { --t_trustedIndices; }
+  TrustedIndices(const TrustedIndices&) = delete;
+  TrustedIndices& operator=(const TrustedIndices&) = delete;
+};
+
+// The bounds of an i64 tensor's values on the device, read from the card (one wait), with
+// `ignored` (if any) counted as `stand` instead; kept for its span when they are its own
+// and it is dense (a strided view's span holds elements it does not).
+ValueBounds boundsOnCard(const at::Tensor& index, std::optional<int64_t> ignored, int64_t stand) {
+  ValueBounds b;
+  {
+    TrustedIndices trusted;  // (the ops below pick by nothing)
+    auto x = ignored ? at::where(index == *ignored, at::full({}, stand, index.options()), index) : index;
+    auto lowest = at::full({}, std::numeric_limits<int64_t>::min(), index.options());
+    auto read = at::stack({x.amin(), x.amax(), at::where(x < 0, x, lowest).amax()}).cpu();
+    const auto* v = read.data_ptr<int64_t>();
+    b = {v[0], v[1], v[0] < 0 ? std::optional(v[2]) : std::nullopt};
+    ++state().indexReads;
+  }
+  if (!ignored && index.is_non_overlapping_and_dense()) {
+    Locked s;
+    auto span = spanOf(index);
+    knownValues().note(span.buffer, span.begin, span.end, b);
+  }
+  return b;
+}
+
+// Calls fail(value) (which raises PyTorch's error) for a value of `index` (i64 on the
+// device) outside [first, last] that is not `ignored`, unless TrustedIndices holds.
+template <class Fail>
+void checkIndex(const at::Tensor& index, int64_t first, int64_t last, std::optional<int64_t> ignored, Fail fail) {
+  if (t_trustedIndices > 0 || index.numel() == 0) return;
+  {
+    Locked s;
+    auto span = spanOf(index);
+    if (auto known = knownValues().find(span.buffer, span.begin, span.end); known && known->allWithin(first, last, ignored))
+      return;
+  }
+  if (auto bad = boundsOnCard(index, ignored, first).outside(first, last)) fail(*bad);
+}
+// The checks of PyTorch's CPU kernels, with their errors: index_select's, embedding's and
+// index_add's (IndexError), gather's and scatter's (RuntimeError), indexing's
+// (IndexError), along a dimension of `size`.
+void checkPicks(const at::Tensor& index, int64_t size) {
+  checkIndex(index, 0, size - 1, std::nullopt, [](int64_t) { TORCH_CHECK_INDEX(false, "index out of range in self"); });
+}
+void checkAlong(const at::Tensor& index, int64_t dim, int64_t size) {
+  checkIndex(index, 0, size - 1, std::nullopt, [&](int64_t v) {
+    TORCH_CHECK(false, "index ", v, " is out of bounds for dimension ", dim, " with size ", size);
+  });
+}
+void checkIndexing(const at::Tensor& index, int64_t dim, int64_t size) {  // from the end where negative
+  checkIndex(index, -size, size - 1, std::nullopt, [&](int64_t v) {
+    TORCH_CHECK_INDEX(false, "index ", v, " is out of bounds for dimension ", dim, " with size ", size);
+  });
+}
+// Positions an op just made, each in [0, n) (argmax's, sort's): noted, so that picking
+// by them (their backwards scatter through them) reads nothing back.
+void notePositions(const at::Tensor& positions, int64_t n) {
+  if (positions.numel() == 0 || n <= 0 || !positions.is_non_overlapping_and_dense()) return;
+  Locked s;
+  auto span = spanOf(positions);
+  knownValues().note(span.buffer, span.begin, span.end, {0, n - 1, std::nullopt});
+}
+
 // ---- Allocation, views, copies ----------------------------------------------------------
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype, c10::optional<at::Layout>,
@@ -382,10 +512,17 @@ void readInto(const at::Tensor& src, const at::Tensor& hostDst) {
   if (!st) raise(st.error());
 }
 
+// Host bytes laid out as dst is (dense) into dst; of i64, their bounds are noted as they
+// pass (the index checks' usual source: targets and token ids come from the host).
 void writeFrom(const at::Tensor& hostSrc, const at::Tensor& dst) {
   if (dst.numel() == 0) return;
   auto [handle, byteOffset] = arena().locate(dst.data_ptr());
+  const uint64_t end = byteOffset + hostSrc.nbytes();
   Locked s;
+  if (hostSrc.scalar_type() == at::kLong)
+    knownValues().note(handle, byteOffset, end, boundsOf({hostSrc.data_ptr<int64_t>(), size_t(hostSrc.numel())}));
+  else
+    knownValues().forget(handle, byteOffset, end);
   s->write(handle, byteOffset, std::span(static_cast<const std::byte*>(hostSrc.data_ptr()), hostSrc.nbytes()));
 }
 
@@ -494,6 +631,7 @@ at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
   } else if (value.toDouble() == 0 && self.is_contiguous()) {
     auto [handle, offset] = arena().locate(self.data_ptr());
     Locked s;
+    knownValues().forget(handle, offset, offset + self.nbytes());
     s->fill(handle, offset, self.nbytes(), 0);
   } else {
     countFallback("aten::fill_.Scalar");
@@ -1203,7 +1341,7 @@ at::Tensor& index_select_out(const at::Tensor& self0, int64_t dim, const at::Ten
   auto shape = self.sizes().vec();
   shape[dim] = picks;
   at::native::resize_output(out, self0.dim() == 0 ? std::vector<int64_t>{} : shape);
-  TORCH_CHECK(rows > 0 || picks == 0, "raccel: index_select from an empty dimension");
+  checkPicks(index, rows);
   auto flat = out.is_contiguous() ? out : emptyOn(out.sizes(), out.scalar_type());
   Locked s;
   client::TensorOp op;
@@ -1265,7 +1403,7 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& in
 at::Tensor apart(const at::Tensor& src, const at::Tensor& out) { return sharesStorage(src, out) ? src.clone() : src; }
 
 // out = self, then out[.., index[.., i, ..], ..] += src[.., i, ..] along `dim` (gather's
-// backward). An index outside self's dimension adds nowhere (PyTorch's CPU raises).
+// backward). An index outside self's dimension raises PyTorch's error (checkAlong).
 at::Tensor& scatter_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src, at::Tensor& out) {
   const bool ok = supported({&self, &src, &out}) && onDevice(self) && onDevice(src) && onDevice(out) && typed(index) &&
                   index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 && index.dim() == self.dim() &&
@@ -1278,6 +1416,7 @@ at::Tensor& scatter_add_out(const at::Tensor& self, int64_t dim, const at::Tenso
     TORCH_CHECK(d == dim || index.size(d) <= self.size(d), "raccel: scatter_add: index ", index.sizes(), " is larger than self ",
                 self.sizes(), " in dimension ", d);
   }
+  checkAlong(index, dim, self.size(dim));
   at::native::resize_output(out, self.sizes());
   if (!out.is_same(self)) out.copy_(self);
   if (index.numel() == 0) return out;
@@ -1342,6 +1481,9 @@ at::Tensor& scatterInto(const char* name, const at::Tensor& self, int64_t dim, c
                                                          distinctAlong(index, c10::maybe_wrap_dim(dim, self.dim())))));
   if (!ok)
     return hostInto(name, out, src ? at::scatter(host(self), dim, host(index), host(*src)) : at::scatter(host(self), dim, host(index), value));
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  checkAlong(index, dim, self.size(dim));
+  TrustedIndices checked;
   const auto counts = self.options().dtype(at::kFloat);
   auto hit = python::scatter_add(at::zeros(self.sizes(), counts), dim, index, at::ones(index.sizes(), counts));
   auto result = src ? at::where(hit > 0, python::scatter_add(at::zeros_like(self), dim, index, *src), self)
@@ -1368,6 +1510,7 @@ at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor&
   for (int64_t d = 0; d < self.dim(); ++d)
     TORCH_CHECK(d == dim ? source.size(d) == index.numel() : source.size(d) == self.size(d), "raccel: index_add: source ",
                 source.sizes(), " does not fit self ", self.sizes(), " and an index of ", index.numel(), " along dimension ", dim);
+  checkPicks(index, self.size(dim));
   at::native::resize_output(out, self.sizes());
   if (!out.is_same(self)) out.copy_(self);
   if (index.numel() == 0) return out;
@@ -1405,9 +1548,9 @@ c10::List<c10::optional<at::Tensor>> hostIndices(const c10::List<c10::optional<a
 // the picks' positions in those dimensions merged into one (i0 * size1 + i1 ...), of the
 // indices' broadcast shape. A bool mask stands for the positions where it is true (read to
 // the host: which they are is data, the one wait this adds) and a negative index counts
-// from the dimension's end. An index outside its dimension picks nothing PyTorch would:
-// index_select's NaN, where PyTorch's CPU raises. Anything else (indices apart, other
-// dtypes): nothing, and the caller runs PyTorch's own kernel on the host.
+// from the dimension's end. An index outside its dimension raises PyTorch's error
+// (checkIndexing). Anything else (indices apart, other dtypes): nothing, and the caller
+// runs PyTorch's own kernel on the host.
 struct MergedIndex {
   int64_t first = 0, count = 0;
   int64_t rows = 1;            // the indexed dimensions' product: the merged one's size
@@ -1448,6 +1591,7 @@ std::optional<MergedIndex> mergedIndex(const at::Tensor& self, const c10::List<c
       for (int64_t j = 0; j < k; ++j) picks.push_back(positions.select(1, j).contiguous().to(self.device()));
       dim += k;
     } else if (t->scalar_type() == at::kLong && dim < self.dim()) {
+      checkIndexing(*t, dim, self.size(dim));
       picks.push_back(at::where(*t < 0, *t + self.size(dim), *t));
       ++dim;
     } else {
@@ -1493,6 +1637,7 @@ at::Tensor index(const at::Tensor& self, const c10::List<c10::optional<at::Tenso
   if (!m)
     return onHost("aten::index.Tensor", [&] { return at::index(host(self), hostIndices(indices)).to(self.device()); });
   const auto merged = self.reshape(m->mergedShape(self.sizes(), m->rows));
+  TrustedIndices checked;  // (by mergedIndex)
   return python::index_select(merged, m->first, m->flat).view(m->resultShape(self.sizes()));
 }
 
@@ -1504,6 +1649,7 @@ at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   auto positions = hostMask(mask, shape).nonzero().reshape({-1});
   auto out = emptyOn({positions.numel()}, self.scalar_type());
   if (positions.numel() == 0) return out;
+  TrustedIndices inRange;  // (the mask's own positions)
   return python::index_select_out(self.expand(shape).reshape({-1}), 0, positions.to(self.device()), out);
 }
 
@@ -1524,6 +1670,7 @@ at::Tensor& masked_scatter_(at::Tensor& self, const at::Tensor& mask, const at::
   if (taken == 0) return self;
   // Each position's element of source: how many true positions come before it.
   auto rank = (flat.cumsum(0) - 1).clamp_min(0);
+  TrustedIndices inRange;  // (below source.numel(), checked above)
   auto picked = python::index_select(source.reshape({-1}), 0, rank.to(self.device())).view(self.sizes());
   return self.copy_(at::where(mask.expand(self.sizes()), picked, self));
 }
@@ -1763,6 +1910,11 @@ void reduceInto(TensorFn fn, const at::Tensor& out, const at::Tensor& self, uint
   const unsigned reducedDims = std::popcount(mask);
   op.reduceMask = ((1u << reducedDims) - 1) << (shape.size() - reducedDims);
   send(*s, op);
+  if (fn == TensorFn::argmax || fn == TensorFn::argmin) {
+    int64_t n = 1;
+    for (size_t d = shape.size() - reducedDims; d < shape.size(); ++d) n *= int64_t(shape[d]);
+    notePositions(out, n);
+  }
 }
 
 // Over f32, i64 or bool on the device (integers compared exactly), into an output of
@@ -1930,6 +2082,7 @@ void sortRows(const at::Tensor& self, int64_t dim, bool descending, at::Tensor& 
   op.operands = {operand(v, v.strides()), operand(x, x.strides()), operand(i, i.strides()), operand(scratch, scratch.strides())};
   op.alpha = descending ? 1 : 0;
   send(*s, op);
+  notePositions(indices, x.size(last));
 }
 std::tuple<at::Tensor&, at::Tensor&> sort_values_stable(const at::Tensor& self, c10::optional<bool> stable, int64_t dim,
                                                         bool descending, at::Tensor& values, at::Tensor& indices) {
@@ -1963,6 +2116,7 @@ std::tuple<at::Tensor&, at::Tensor&> topk_values(const at::Tensor& self, int64_t
   at::native::resize_output(indices, firstIndices.sizes());
   values.copy_(firstValues);
   indices.copy_(firstIndices);
+  notePositions(indices, n);
   if (self.dim() > 0) noteDistinct(indices, dim);
   return {values, indices};
 }
@@ -1988,12 +2142,14 @@ void pickSorted(const at::Tensor& self, int64_t place, bool median, int64_t dim,
     auto nans = at::isnan(self).sum(dim, /*keepdim=*/true);
     pick = pick + (nans > 0) * ((n - nans) - place);
   }
+  TrustedIndices inRange;  // (pick: a place in each row)
   auto v = self.dim() == 0 ? all : all.gather(dim, pick), i = self.dim() == 0 ? positions : positions.gather(dim, pick);
   if (!keepdim && self.dim() > 0) v = v.squeeze(dim), i = i.squeeze(dim);
   at::native::resize_output(values, v.sizes());
   at::native::resize_output(indices, i.sizes());
   values.copy_(v);
   indices.copy_(i);
+  notePositions(indices, n);
 }
 std::tuple<at::Tensor&, at::Tensor&> kthvalue_values(const at::Tensor& self, int64_t k, int64_t dim, bool keepdim,
                                                      at::Tensor& values, at::Tensor& indices) {
@@ -2107,6 +2263,7 @@ at::Tensor flip(const at::Tensor& self, at::IntArrayRef dims) {
     seen[d] = true;
     if (self.dim() == 0 || self.size(d) < 2) continue;
     auto reversed = at::arange(self.size(d) - 1, -1, -1, at::kLong).to(self.device());
+    TrustedIndices inRange;
     out = at::index_select(out, d, reversed);
   }
   return out.is_same(self) ? self.clone() : out;
@@ -2176,6 +2333,7 @@ at::Tensor& reflectionPadInto(const char* name, const at::Tensor& self, at::IntA
     return hostInto(name, out, reference);
   }
   at::Tensor t = self;
+  TrustedIndices inRange;  // (the reflections' positions)
   for (size_t k = 0; k < each->size(); ++k) t = at::index_select(t, -1 - static_cast<int64_t>(k), (*each)[k]);
   at::native::resize_output(out, t.sizes());
   return out.copy_(t);
@@ -2189,6 +2347,7 @@ at::Tensor& reflectionPadBackwardInto(const char* name, const at::Tensor& grad, 
     return hostInto(name, gradInput, reference);
   }
   at::Tensor t = grad;
+  TrustedIndices inRange;  // (the reflections' positions)
   for (int64_t k = static_cast<int64_t>(each->size()) - 1; k >= 0; --k) {  // the last select undone first
     auto sizes = t.sizes().vec();
     sizes[sizes.size() - 1 - k] = self.size(-1 - k);
@@ -2925,6 +3084,7 @@ bool bilinearOnCard(c10::IntArrayRef in, c10::IntArrayRef out) {
 // x's dimension `dim` resampled by `a`: x at a's i0 times l0, plus x at i1 times l1.
 at::Tensor resampled(const at::Tensor& x, int64_t dim, const LinearAxis& a) {
   auto shape = [&](const at::Tensor& l) { return dim == 2 ? l.reshape({-1, 1}) : l; };
+  TrustedIndices inRange;  // (the axis's positions)
   auto out = at::index_select(x, dim, a.at[0]) * shape(a.weights[0]);
   return out.addcmul_(at::index_select(x, dim, a.at[1]), shape(a.weights[1]));
 }
@@ -2934,6 +3094,7 @@ at::Tensor unresampled(const at::Tensor& g, int64_t dim, int64_t size, const Lin
   auto sizes = g.sizes().vec();
   sizes[dim] = size;
   auto out = at::zeros(sizes, g.options());
+  TrustedIndices inRange;  // (the axis's positions)
   out.index_add_(dim, a.at[0], g * shape(a.weights[0]));
   return out.index_add_(dim, a.at[1], g * shape(a.weights[1]));
 }
@@ -3054,7 +3215,7 @@ at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& in
                 self.sizes(), " in dimension ", d);
   at::native::resize_output(out, index.sizes());
   if (out.numel() == 0) return out;
-  TORCH_CHECK(self.size(dim) > 0, "raccel: gather from an empty dimension");
+  checkAlong(index, dim, self.size(dim));
   auto shape = index.sizes().vec();
   shape.push_back(self.size(dim));
   auto outStrides = out.strides().vec(), selfStrides = self.strides().vec(), indexStrides = index.strides().vec();
@@ -3112,6 +3273,7 @@ at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at:
                      values.scalar_type() == self.scalar_type() && !sharesStorage(values, self);
   const bool put = !accumulate && isF32(self) && self.is_contiguous() && isF32(values);
   if (auto m = added || put ? mergedIndex(self, indices) : std::nullopt) {
+    TrustedIndices checked;  // (by mergedIndex)
     auto merged = self.view(m->mergedShape(self.sizes(), m->rows));
     auto shape = m->mergedShape(self.sizes(), m->flat.numel());
     auto spread = apart(values, self).expand(m->resultShape(self.sizes())).reshape(shape);
@@ -3456,6 +3618,7 @@ std::pair<at::Tensor, at::Tensor> nllTerms(const at::Tensor& self, const at::Ten
                                            const c10::optional<at::Tensor>& weight, int64_t ignoreIndex) {
   auto rows = self.dim() == 1 ? self.unsqueeze(0) : self;
   auto t = target.reshape({-1, 1});
+  TrustedIndices checked;  // (by the forward; an ignored target picks what is then dropped)
   auto ignored = t == ignoreIndex;
   auto zero = at::zeros({}, self.options());
   auto picked = at::where(ignored, zero, at::gather(rows, 1, t)).squeeze(1);
@@ -3475,6 +3638,9 @@ std::tuple<at::Tensor, at::Tensor> nllComposed(const at::Tensor& self, const at:
 std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self, const at::Tensor& target,
                                                     const c10::optional<at::Tensor>& weight, int64_t reduction,
                                                     int64_t ignoreIndex) {
+  const bool onCard = nllSupported(self, target, weight, reduction) || nllComposable(self, target, weight);
+  if (onCard && self.dim() > 0)
+    checkIndex(target, 0, self.size(-1) - 1, ignoreIndex, [](int64_t v) { TORCH_CHECK_INDEX(false, "Target ", v, " is out of bounds."); });
   if (!nllSupported(self, target, weight, reduction) && nllComposable(self, target, weight))
     return nllComposed(self, target, weight, reduction, ignoreIndex);
   if (!nllSupported(self, target, weight, reduction)) {
@@ -3911,4 +4077,6 @@ PYBIND11_MODULE(_torch, m) {
     state().fallbacks.clear();
   });
   m.def("print_fallbacks", &printFallbacks);
+  m.def("index_reads", [] { return state().indexReads.load(); },
+        "How many index checks have read an index's bounds from the card (each one wait)");
 }

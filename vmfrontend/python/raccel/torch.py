@@ -88,6 +88,13 @@ def reset_fallbacks():
     _device.reset_fallbacks()
 
 
+def index_reads():
+    """How many times an op's index was read back from the card to check it lies inside
+    its dimension (each one wait). Indices copied from the host, and positions the card
+    made (argmax's, sort's), are checked without it."""
+    return _device.index_reads()
+
+
 def _location_tag(storage):
     """torch.save's name for where a storage lives: the device's storages are saved as
     'privateuseone' (their bytes copied to the host)."""
