@@ -13,7 +13,7 @@ CASES = [
     ("floor_ of a column", lambda x: x[:, 2].floor_()),
     ("round_ of a row", lambda x: x[1].round_()),
     ("frac_ of a narrowed view", lambda x: x.narrow(1, 1, 3).frac_()),
-    ("tril_ of a transpose", lambda x: x.t().tril_()),
+    ("atan_ of a transpose", lambda x: x.t().atan_()),
     ("index_fill_ of a slice", lambda x: x[1:3].index_fill_(1, torch.tensor([0, 2], device=x.device), 5.0)),
     ("trunc_ of a slice with a step", lambda x: x[::2, 1:].trunc_()),
     ("scatter_ of src with repeated picks", lambda x: x.scatter_(1, torch.tensor([[0, 0], [1, 1], [4, 2], [3, 3]], device=x.device),

@@ -198,6 +198,17 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      + F.nll_loss(F.log_softmax(x, 1), (x[:, 1] > 0).long(), reduction="sum")),
     ("cross_entropy with class weights", [(6, 4)],
      lambda x: F.cross_entropy(x, (x[:, 0] > x[:, 1]).long(), weight=torch.tensor([1.0, 2.0, 0.5, 1.5], device=x.device))),
+    ("triu and tril over a batch (diagonals 1, -1, 0), and a bool causal mask", [(2, 4, 5)],
+     lambda x: x.triu(1) + x.tril(-1) * 2 + x.transpose(1, 2).tril().transpose(1, 2)
+     + x.masked_fill(torch.ones(4, 5, dtype=torch.bool, device=x.device).triu(1), 0.5)),
+    ("roll along one dim, two dims, and flattened", [(3, 4)], lambda x: x.roll(1, 1) + x.roll((2, -1), (0, 1)) * 2 + x.roll(5)),
+    ("std_mean and var_mean", [(3, 5)],
+     lambda x: torch.cat([torch.std_mean(x, 1)[0], torch.std_mean(x, 1)[1], torch.var_mean(x, 0, unbiased=False)[0]])),
+    ("logsigmoid, xlogy with zeros, kl_div", [(4, 5), (4, 5)],
+     lambda x, y: F.logsigmoid(x * 4) + torch.xlogy(torch.relu(y), x.abs() + 0.1)
+     + F.kl_div(F.log_softmax(x, 1), F.softmax(y, 1), reduction="none")),
+    ("group_norm with weight and bias, and without", [(2, 6, 3, 3), (6,), (6,)],
+     lambda x, w, b: F.group_norm(x, 3, w, b) + F.group_norm(x * 2, 2)),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

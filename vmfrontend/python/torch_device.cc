@@ -2015,6 +2015,15 @@ at::Tensor std_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, 
   auto out = emptyOn({0});
   return python::std_out(self, dims, correction, keepdim, out);
 }
+// (var or std, mean) over the same dimensions.
+std::tuple<at::Tensor, at::Tensor> var_mean_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction,
+                                                       bool keepdim) {
+  return {python::var_correction(self, dims, correction, keepdim), at::mean(self, dims ? *dims : at::IntArrayRef{}, keepdim)};
+}
+std::tuple<at::Tensor, at::Tensor> std_mean_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction,
+                                                       bool keepdim) {
+  return {python::std_correction(self, dims, correction, keepdim), at::mean(self, dims ? *dims : at::IntArrayRef{}, keepdim)};
+}
 
 // The vector norms training uses (gradient clipping): ord 1, 2, +-inf and any other p > 0.
 at::Tensor& linalg_vector_norm_out(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dims, bool keepdim,
@@ -2219,6 +2228,44 @@ at::Tensor glu_backward(const at::Tensor& grad, const at::Tensor& self, int64_t 
   return python::glu_backward_out(grad, self, dim, out);
 }
 
+// log_sigmoid as PyTorch's CPU computes it: min(x, 0) - log1p(exp(-|x|)); its backward
+// from x alone (the CPU's buffer, exp(-|x|), is made again: the forward keeps none).
+std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& self) {
+  if (!supported({&self})) {
+    countFallback("aten::log_sigmoid_forward");
+    auto [out, buffer] = at::log_sigmoid_forward(host(self));
+    return {out.to(self.device()), buffer.to(self.device())};
+  }
+  auto out = at::minimum(self, at::zeros({}, self.options())) - at::log1p(at::exp(-at::abs(self)));
+  return {out, emptyOn({0})};
+}
+at::Tensor log_sigmoid_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& buffer) {
+  if (!supported({&grad, &self}))
+    return onHost("aten::log_sigmoid_backward", [&] {
+      return at::log_sigmoid_backward(host(grad), host(self), at::exp(-at::abs(host(self)))).to(self.device());
+    });
+  auto z = at::exp(-at::abs(self));
+  auto share = z / (z + 1);
+  return at::where(self < 0, 1 - share, share) * grad;
+}
+
+// xlogy: self * log(other), 0 where self is 0 and other is not NaN (the Kullback-Leibler
+// divergence's x log x), NaN where other is.
+at::Tensor& xlogy_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  if (!supported({&self, &other, &out}))
+    return hostInto("aten::xlogy.OutTensor", out, at::xlogy(host(self), host(other)));
+  auto zero = at::zeros({}, out.options());
+  auto value = at::where(self == 0, zero, self * at::log(other));
+  auto result = at::where(at::isnan(other), at::full({}, NAN, out.options()), value);
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+at::Tensor xlogy(const at::Tensor& self, const at::Tensor& other) {
+  auto out = emptyOn({0});
+  return python::xlogy_out(self, other, out);
+}
+at::Tensor& xlogy_(at::Tensor& self, const at::Tensor& other) { return python::xlogy_out(self, other, self); }
+
 // prelu: x where x > 0, else weight * x, with one weight for all or one per channel (dim
 // 1). Any other weight goes to the host, whose check gives PyTorch's error.
 std::optional<at::Tensor> preluWeight(const at::Tensor& self, const at::Tensor& weight) {
@@ -2268,6 +2315,55 @@ at::Tensor flip(const at::Tensor& self, at::IntArrayRef dims) {
   }
   return out.is_same(self) ? self.clone() : out;
 }
+
+// roll: along each dimension, the last `shift` elements (mod its size) first: a cat of
+// two narrowed views. With no dimensions, over the flattened tensor. (Its backward is
+// PyTorch's formula: the gradient rolled back.)
+at::Tensor roll(const at::Tensor& self, at::IntArrayRef shifts, at::IntArrayRef dims) {
+  if (!typed(self) || (dims.empty() ? shifts.size() != 1 : shifts.size() != dims.size()))
+    return onHost("aten::roll", [&] { return at::roll(host(self), shifts, dims).to(self.device()); });
+  if (dims.empty()) return python::roll(self.reshape({-1}), shifts, {0}).view(self.sizes());
+  at::Tensor out = self;
+  for (size_t k = 0; k < dims.size(); ++k) {
+    const int64_t d = c10::maybe_wrap_dim(dims[k], self.dim()), n = self.size(d);
+    if (n == 0) continue;
+    const int64_t shift = ((shifts[k] % n) + n) % n;
+    if (shift != 0) out = at::cat({out.narrow(d, n - shift, shift), out.narrow(d, 0, n - shift)}, d);
+  }
+  return out.is_same(self) ? self.clone() : out;
+}
+
+// triu and tril: the elements of the last two dimensions on or above (upper) or on or
+// below the `diagonal`-th diagonal, 0 elsewhere: a where by a mask made on the host
+// (written, no wait), or an and of a bool tensor with it.
+at::Tensor& triangleInto(const char* name, bool upper, const at::Tensor& self, int64_t diagonal, at::Tensor& out) {
+  const bool ok = typed(self) && onDevice(out) && out.scalar_type() == self.scalar_type() && self.dim() >= 2 &&
+                  (out.is_same(self) || !sharesStorage(out, self));
+  if (!ok) return hostInto(name, out, upper ? at::triu(host(self), diagonal) : at::tril(host(self), diagonal));
+  at::native::resize_output(out, self.sizes());
+  if (out.numel() == 0) return out;
+  auto all = at::ones({self.size(-2), self.size(-1)}, at::kBool);
+  auto keep = (upper ? all.triu(diagonal) : all.tril(diagonal)).to(self.device());
+  if (self.scalar_type() == at::kBool) {
+    elementwise(TensorFn::mul, out, &self, &keep);  // (and, over bools)
+  } else {
+    auto zero = at::zeros({}, self.options());
+    elementwise(TensorFn::where, out, &keep, &self, 0, 0, &zero);
+  }
+  return out;
+}
+#define RACCEL_TRIANGLE(op, upper)                                                                          \
+  at::Tensor& op##_out(const at::Tensor& self, int64_t diagonal, at::Tensor& out) {                         \
+    return triangleInto("aten::" #op, upper, self, diagonal, out);                                          \
+  }                                                                                                         \
+  at::Tensor op(const at::Tensor& self, int64_t diagonal) {                                                 \
+    auto out = emptyOn({0}, self.scalar_type());                                                            \
+    return op##_out(self, diagonal, out);                                                                   \
+  }                                                                                                         \
+  at::Tensor& op##_(at::Tensor& self, int64_t diagonal) { return op##_out(self, diagonal, self); }
+RACCEL_TRIANGLE(triu, true)
+RACCEL_TRIANGLE(tril, false)
+#undef RACCEL_TRIANGLE
 
 // cumsum and cumprod: a Hillis-Steele scan, log2(n) rounds of out[k:] = out[k:] fn
 // out[:-k] (each from a copy of the round's start): exact for integers (wrapping as
@@ -3583,6 +3679,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
   return {gradInput, gradWeight, gradBias};
 }
 
+// GroupNorm's backward (its forward is PyTorch's own composition, over batch norm): each
+// (sample, group) a row of C / group channels x HxW positions, layer norm's backward over
+// it; the weight's and bias's gradients summed per channel.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mean, const at::Tensor& rstd,
+    const c10::optional<at::Tensor>& weight, int64_t n, int64_t c, int64_t hw, int64_t group, std::array<bool, 3> mask) {
+  const bool ok = supported({&grad, &input, &mean, &rstd, present(weight)}) && group > 0 && c % group == 0 &&
+                  input.numel() == n * c * hw && input.numel() > 0;
+  if (!ok) {
+    countFallback("aten::native_group_norm_backward");
+    auto [gi, gw, gb] = at::native_group_norm_backward(host(grad), host(input), host(mean), host(rstd),
+                                                       present(weight) ? host(*weight) : at::Tensor(), n, c, hw, group, mask);
+    auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+    return {back(gi), back(gw), back(gb)};
+  }
+  const int64_t rows = n * group, span = c / group * hw;
+  auto g = grad.reshape({n, c, hw});
+  auto xhat = ((input.reshape({n, group, span}) - mean.reshape({n, group, 1})) * rstd.reshape({n, group, 1})).reshape({n, c, hw});
+  at::Tensor gradInput, gradWeight, gradBias;
+  if (mask[0]) {
+    auto scaled = (present(weight) ? g * weight->reshape({1, c, 1}) : g).contiguous();
+    gradInput = emptyOn(input.sizes());
+    rowsOf(TensorFn::layerNormBackward, gradInput.view({rows, span}), scaled.view({rows, span}), xhat.reshape({rows, span}),
+           rstd.reshape({rows}), 0);
+  }
+  if (mask[1]) gradWeight = (g * xhat).sum(at::IntArrayRef{0, 2});
+  if (mask[2]) gradBias = g.sum(at::IntArrayRef{0, 2});
+  return {gradInput, gradWeight, gradBias};
+}
+
 bool nllSupported(const at::Tensor& self, const at::Tensor& target, const c10::optional<at::Tensor>& weight,
                   int64_t reduction) {
   return supported({&self}) && onDevice(target) && target.scalar_type() == at::kLong && (!weight || !weight->defined()) &&
@@ -3867,6 +3993,15 @@ void registerActivations(torch::Library& m) {
   m.impl("glu", TORCH_FN(python::glu));
   m.impl("glu_backward.grad_input", TORCH_FN(glu_backward_out));
   m.impl("glu_backward", TORCH_FN(python::glu_backward));
+  m.impl("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward));
+  m.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
+  m.impl("xlogy.OutTensor", TORCH_FN(xlogy_out));
+  m.impl("xlogy.Tensor", TORCH_FN(python::xlogy));
+  m.impl("xlogy_.Tensor", TORCH_FN(xlogy_));
+  m.impl("roll", TORCH_FN(python::roll));
+  RACCEL_IMPL_OUT_NEW_INPLACE(triu)
+  RACCEL_IMPL_OUT_NEW_INPLACE(tril)
+  m.impl("native_group_norm_backward", TORCH_FN(native_group_norm_backward));
   m.impl("prelu", TORCH_FN(python::prelu));
   m.impl("prelu_backward", TORCH_FN(python::prelu_backward));
   RACCEL_IMPL_OUT_NEW_INPLACE(leaky_relu)
@@ -3947,6 +4082,8 @@ void registerReductions(torch::Library& m) {
   m.impl("var.correction", TORCH_FN(var_correction));
   m.impl("std.correction_out", TORCH_FN(std_out));
   m.impl("std.correction", TORCH_FN(std_correction));
+  m.impl("var_mean.correction", TORCH_FN(var_mean_correction));
+  m.impl("std_mean.correction", TORCH_FN(std_mean_correction));
   m.impl("linalg_vector_norm.out", TORCH_FN(linalg_vector_norm_out));
   m.impl("linalg_vector_norm", TORCH_FN(python::linalg_vector_norm));
   m.impl("norm.out", TORCH_FN(norm_out));
