@@ -18,8 +18,10 @@ enum class TensorFn : uint8_t {
   amax, amin, argmax, argmin, indexSelect, indexAdd, uniform, bernoulli, normal, gatherSum,
   maxPool2d, maxPool2dBackward,
   hardswish, hardswishBackward, hardsigmoid, hardsigmoidBackward, mish, mishBackward, sort,
+  // elementwise math of one input (since 2026-11-30)
+  floor, ceil, round, trunc, frac, sin, cos, tan, asin, acos, atan, sinh, cosh, erf, erfc, expm1, log2, log10, exp2,
 };
-inline constexpr unsigned kTensorFns = 75;
+inline constexpr unsigned kTensorFns = 94;
 
 enum class TensorType : uint8_t { f32, i64, boolean };
 inline constexpr unsigned kTensorTypes = 3;
@@ -41,6 +43,10 @@ constexpr bool takesFusedScale(TensorFn fn) {
     case TensorFn::log1p: case TensorFn::reciprocal: case TensorFn::rsqrt: case TensorFn::elu:
     case TensorFn::eluBackward: case TensorFn::lerp: case TensorFn::hardswish: case TensorFn::hardswishBackward:
     case TensorFn::hardsigmoid: case TensorFn::hardsigmoidBackward: case TensorFn::mish: case TensorFn::mishBackward:
+    case TensorFn::floor: case TensorFn::ceil: case TensorFn::round: case TensorFn::trunc: case TensorFn::frac:
+    case TensorFn::sin: case TensorFn::cos: case TensorFn::tan: case TensorFn::asin: case TensorFn::acos:
+    case TensorFn::atan: case TensorFn::sinh: case TensorFn::cosh: case TensorFn::erf: case TensorFn::erfc:
+    case TensorFn::expm1: case TensorFn::log2: case TensorFn::log10: case TensorFn::exp2:
       return true;
     default:
       return false;

@@ -340,6 +340,48 @@ TEST_P(Conformance, MapsAtTheEdgesGivePyTorchsValues) {
   }
 }
 
+// C's math of one input, as the C library computes it in f32 (the backends' own
+// libraries: within 4e-6 relative where it is not exact; rounding, zeros, infinities
+// and NaN exactly, the sign of zero included).
+TEST_P(Conformance, MathOfOneInputGivesTheCLibrarysValues) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {nan, -0.0f, -inf, inf, 2.5f, -1.5f, 0.5f, 0.3f, -2.5f, 1e-10f};
+  const uint64_t n = x.size();
+  auto bx = floats(x);
+  auto out = device->allocate(n * 4);
+  ASSERT_TRUE(out);
+  using F = float (*)(float);
+  const std::vector<std::pair<TensorFn, F>> cases = {
+      {TensorFn::floor, [](float v) { return std::floor(v); }}, {TensorFn::ceil, [](float v) { return std::ceil(v); }},
+      {TensorFn::round, [](float v) { return std::nearbyint(v); }}, {TensorFn::trunc, [](float v) { return std::trunc(v); }},
+      {TensorFn::frac, [](float v) { return v - std::trunc(v); }}, {TensorFn::sin, [](float v) { return std::sin(v); }},
+      {TensorFn::cos, [](float v) { return std::cos(v); }}, {TensorFn::tan, [](float v) { return std::tan(v); }},
+      {TensorFn::asin, [](float v) { return std::asin(v); }}, {TensorFn::acos, [](float v) { return std::acos(v); }},
+      {TensorFn::atan, [](float v) { return std::atan(v); }}, {TensorFn::sinh, [](float v) { return std::sinh(v); }},
+      {TensorFn::cosh, [](float v) { return std::cosh(v); }}, {TensorFn::erf, [](float v) { return std::erf(v); }},
+      {TensorFn::erfc, [](float v) { return std::erfc(v); }}, {TensorFn::expm1, [](float v) { return std::expm1(v); }},
+      {TensorFn::log2, [](float v) { return std::log2(v); }}, {TensorFn::log10, [](float v) { return std::log10(v); }},
+      {TensorFn::exp2, [](float v) { return std::exp2(v); }},
+  };
+  for (auto& [fn, reference] : cases) {
+    auto s = device->tensor(tensorOp(fn, {n}, {view(out->get(), 0, {1}), view(bx.get(), 0, {1})}));
+    if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+    ASSERT_TRUE(s) << s.error().message;
+    auto got = readFloats(**out, n);
+    for (size_t i = 0; i < n; ++i) {
+      const float want = reference(x[i]);
+      const std::string what = std::string(tensorFnName(fn)) + " at " + std::to_string(x[i]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got[i])) << what << ": " << got[i];
+        continue;
+      }
+      if (want == 0 || std::isinf(want) || want == std::trunc(want)) EXPECT_EQ(got[i], want) << what;
+      else EXPECT_NEAR(got[i], want, 4e-6 * std::fabs(want)) << what;
+      EXPECT_EQ(std::signbit(got[i]), std::signbit(want)) << what;
+    }
+  }
+}
+
 // sort: each row of a [rows, n] view (read transposed from an [n, rows] buffer) in
 // order, stable, a NaN above every number, as std::stable_sort with that rule gives; f32
 // both ways over ties, NaNs and infinities, i64, rows of one and of 1000 (ten rounds of

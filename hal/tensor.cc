@@ -41,7 +41,14 @@ static_assert(RC_SUM == int(TensorFn::sum) && RC_WHERE == int(TensorFn::where) &
               RC_HARDSWISH == int(TensorFn::hardswish) && RC_HARDSWISH_BACKWARD == int(TensorFn::hardswishBackward) &&
               RC_HARDSIGMOID == int(TensorFn::hardsigmoid) &&
               RC_HARDSIGMOID_BACKWARD == int(TensorFn::hardsigmoidBackward) && RC_MISH == int(TensorFn::mish) &&
-              RC_MISH_BACKWARD == int(TensorFn::mishBackward) && RC_SORT == int(TensorFn::sort) && kTensorFns == RC_SORT + 1);
+              RC_MISH_BACKWARD == int(TensorFn::mishBackward) && RC_SORT == int(TensorFn::sort));
+static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::ceil) && RC_ROUNDFN == int(TensorFn::round) &&
+              RC_TRUNCFN == int(TensorFn::trunc) && RC_FRACFN == int(TensorFn::frac) && RC_SINFN == int(TensorFn::sin) &&
+              RC_COSFN == int(TensorFn::cos) && RC_TANFN == int(TensorFn::tan) && RC_ASINFN == int(TensorFn::asin) &&
+              RC_ACOSFN == int(TensorFn::acos) && RC_ATANFN == int(TensorFn::atan) && RC_SINHFN == int(TensorFn::sinh) &&
+              RC_COSHFN == int(TensorFn::cosh) && RC_ERFFN == int(TensorFn::erf) && RC_ERFCFN == int(TensorFn::erfc) &&
+              RC_EXPM1FN == int(TensorFn::expm1) && RC_LOG2FN == int(TensorFn::log2) && RC_LOG10FN == int(TensorFn::log10) &&
+              RC_EXP2FN == int(TensorFn::exp2) && kTensorFns == RC_EXP2FN + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               kTensorTypes == 3);
 
@@ -91,6 +98,11 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"hardsigmoid", 2, "rc_map"}, {"hardsigmoidBackward", 3, "rc_map"},
     {"mish", 2, "rc_map"},      {"mishBackward", 3, "rc_map"},
     {"sort", 4, "rc_sort"},
+    {"floor", 2, "rc_map"}, {"ceil", 2, "rc_map"}, {"round", 2, "rc_map"}, {"trunc", 2, "rc_map"},
+    {"frac", 2, "rc_map"}, {"sin", 2, "rc_map"}, {"cos", 2, "rc_map"}, {"tan", 2, "rc_map"},
+    {"asin", 2, "rc_map"}, {"acos", 2, "rc_map"}, {"atan", 2, "rc_map"}, {"sinh", 2, "rc_map"},
+    {"cosh", 2, "rc_map"}, {"erf", 2, "rc_map"}, {"erfc", 2, "rc_map"}, {"expm1", 2, "rc_map"},
+    {"log2", 2, "rc_map"}, {"log10", 2, "rc_map"}, {"exp2", 2, "rc_map"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {

@@ -342,6 +342,9 @@ struct Op {
 #     gradient) and b (the forward's input): out = a * the derivative at b, PyTorch's
 #     (hardswish's: 0 below -3, b/3 + 1/2 up to 3, 1 above; hardsigmoid's: 1/6 strictly
 #     inside (-3, 3), else 0)
+#   floor, ceil, round, trunc, frac, sin, cos, tan, asin, acos, atan, sinh, cosh, erf,
+#     erfc, expm1, log2, log10, exp2: elementwise, out = C's function of that name of a
+#     (round: to the nearest, halves to even, as PyTorch's; frac: a - trunc(a)), f32
 #   sum over i64 or bool: an exact i64 sum (alpha 1, beta 0 or 1)
 #   add, mul over integers (i64 and bool, no f32): exact, alpha an integer (|alpha| at
 #     most 2^24), wrapping past the i64 range (two's complement, as PyTorch's CPU); into
@@ -493,6 +496,25 @@ enum TensorFn {
   mish @72;
   mishBackward @73;
   sort @74;
+  floor @75;
+  ceil @76;
+  round @77;
+  trunc @78;
+  frac @79;
+  sin @80;
+  cos @81;
+  tan @82;
+  asin @83;
+  acos @84;
+  atan @85;
+  sinh @86;
+  cosh @87;
+  erf @88;
+  erfc @89;
+  expm1 @90;
+  log2 @91;
+  log10 @92;
+  exp2 @93;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

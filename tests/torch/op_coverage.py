@@ -209,6 +209,15 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      + F.kl_div(F.log_softmax(x, 1), F.softmax(y, 1), reduction="none")),
     ("group_norm with weight and bias, and without", [(2, 6, 3, 3), (6,), (6,)],
      lambda x, w, b: F.group_norm(x, 3, w, b) + F.group_norm(x * 2, 2)),
+    ("floor, ceil, round (halves to even), trunc, frac", [(4, 6)],
+     lambda x: torch.cat([(x * 2).floor(), (x * 2).ceil(), (x * 2).round(), torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 3.5]], device=x.device).round(),
+                          (x * 2).trunc(), (x * 2).frac() * x])),
+    ("sin, cos, tan, asin, acos, atan, sinh, cosh, with backwards (a sinusoidal encoding)", [(4, 6)],
+     lambda x: x.sin() + x.cos() * 2 + (x * 0.3).tan() + (x.tanh() * 0.9).asin() + (x.tanh() * 0.9).acos() + x.atan()
+     + x.sinh() + x.cosh() + torch.sin(torch.arange(6.0, device=x.device) * x[:1].exp())),
+    ("erf, erfc, expm1, log2, log10, exp2, with backwards (an erf GELU)", [(4, 6)],
+     lambda x: 0.5 * x * (1 + torch.erf(x / 2 ** 0.5)) + x.erfc() + x.expm1() + (x.abs() + 0.5).log2()
+     + (x.abs() + 0.5).log10() + x.exp2()),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),
