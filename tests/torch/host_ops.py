@@ -19,10 +19,10 @@ CASES = [
     ("scatter_ of src with repeated picks", lambda x: x.scatter_(1, torch.tensor([[0, 0], [1, 1], [4, 2], [3, 3]], device=x.device),
                                                              x[:, :2] * 10)),
     ("index_copy_", lambda x: x.index_copy_(0, torch.tensor([2, 0], device=x.device), torch.ones(2, 5, device=x.device))),
-    ("x[a, :, c]: index tensors apart", lambda x: x.reshape(4, 5, 1)[torch.tensor([0, 3], device=x.device), :,
-                                                                    torch.tensor([0, 0], device=x.device)]),
-    ("x.t()[idx] = values (index_put_ into a transpose)",
-     lambda x: x.t().index_put_((torch.tensor([1, 3], device=x.device),), torch.full((2, 4), 2.0, device=x.device))),
+    ("x[a, :, c] of an f64 view", lambda x: x.double().reshape(4, 5, 1)[torch.tensor([0, 3], device=x.device), :,
+                                                                       torch.tensor([0, 0], device=x.device)].float()),
+    ("x[idx] = values into a transposed i64 copy",
+     lambda x: x.t().long().index_put_((torch.tensor([1, 3], device=x.device),), torch.full((2, 4), 2, device=x.device)).float()),
     ("cummax and mode of a transpose", lambda x: x.t().cummax(1).values + x.t().mode(1).values.sum()),
 ]
 

@@ -218,6 +218,14 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("erf, erfc, expm1, log2, log10, exp2, with backwards (an erf GELU)", [(4, 6)],
      lambda x: 0.5 * x * (1 + torch.erf(x / 2 ** 0.5)) + x.erfc() + x.expm1() + (x.abs() + 0.5).log2()
      + (x.abs() + 0.5).log10() + x.exp2()),
+    ("x[a, :, c] (index tensors apart: the picked dimensions first), and its backward", [(4, 5, 3)],
+     lambda x: x[torch.tensor([0, 3, 1], device=x.device), :, torch.tensor([2, 0, 2], device=x.device)] * 2),
+    ("puts into a transpose and with indices apart, with and without accumulate", [(4, 5, 3), (3, 5)],
+     lambda x, v: torch.cat([put(x.transpose(0, 2), (torch.tensor([2, 0, 1], device=x.device),), v.unsqueeze(-1) * 3).flatten(),
+                             x.transpose(0, 2).index_put((torch.tensor([1, 1], device=x.device),), v[:2].unsqueeze(-1),
+                                                         accumulate=True).flatten(),
+                             put(x, (torch.tensor([0, 3], device=x.device), slice(None), torch.tensor([1, 2], device=x.device)),
+                                 v[:2]).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

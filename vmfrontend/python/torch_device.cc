@@ -1650,8 +1650,37 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   return out.copy_(made);
 }
 
+// Advanced indexing whose index tensors are apart (x[a, :, c]): PyTorch puts the picked
+// dimensions first, then self's others in order, which is indexing a view of self with
+// the indexed dimensions moved to the front, where they are neighbours. Nothing where
+// they are neighbours already (or the indices do not fit self).
+struct Fronted {
+  std::vector<int64_t> order;                    // self's dimensions, the indexed ones first
+  c10::List<c10::optional<at::Tensor>> indices;  // the same picks, of self.permute(order)
+};
+std::optional<Fronted> indexedFirst(const at::Tensor& self, const c10::List<c10::optional<at::Tensor>>& indices) {
+  std::vector<int64_t> indexed, others;
+  Fronted f;
+  int64_t dim = 0;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    auto t = indices.get(i);
+    const bool picks = t && t->defined();
+    const int64_t k = picks && (t->scalar_type() == at::kBool || t->scalar_type() == at::kByte) ? t->dim() : 1;
+    if (k == 0 || dim + k > self.dim()) return std::nullopt;
+    for (int64_t j = 0; j < k; ++j) (picks ? indexed : others).push_back(dim + j);
+    if (picks) f.indices.push_back(t);
+    dim += k;
+  }
+  for (; dim < self.dim(); ++dim) others.push_back(dim);
+  if (indexed.empty() || indexed.back() - indexed.front() + 1 == int64_t(indexed.size())) return std::nullopt;
+  f.order = indexed;
+  f.order.insert(f.order.end(), others.begin(), others.end());
+  return f;
+}
+
 // self[indices]: one index_select over the indexed dimensions merged.
 at::Tensor index(const at::Tensor& self, const c10::List<c10::optional<at::Tensor>>& indices) {
+  if (auto f = typed(self) ? indexedFirst(self, indices) : std::nullopt) return python::index(self.permute(f->order), f->indices);
   auto m = typed(self) ? mergedIndex(self, indices) : std::nullopt;
   if (!m)
     return onHost("aten::index.Tensor", [&] { return at::index(host(self), hostIndices(indices)).to(self.device()); });
@@ -3384,9 +3413,17 @@ at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at:
   const bool mask = indices.size() == 1 && indices.get(0).has_value() && typed(*indices.get(0)) &&
                     indices.get(0)->scalar_type() == at::kBool && values.numel() == 1 && !accumulate;
   if (mask) return python::masked_fill_(self, *indices.get(0), values.reshape({}));
-  const bool added = accumulate && typed(self) && self.is_contiguous() && typed(values) &&
-                     values.scalar_type() == self.scalar_type() && !sharesStorage(values, self);
-  const bool put = !accumulate && isF32(self) && self.is_contiguous() && isF32(values);
+  const bool added = accumulate && typed(self) && typed(values) && values.scalar_type() == self.scalar_type() &&
+                     !sharesStorage(values, self);
+  const bool put = !accumulate && isF32(self) && isF32(values);
+  auto fronted = added || put ? indexedFirst(self, indices) : std::nullopt;
+  if ((added || put) && (fronted || !self.is_contiguous())) {  // into a contiguous copy, then back
+    auto target = fronted ? self.permute(fronted->order) : self;
+    auto work = target.contiguous();
+    python::_index_put_impl_(work, fronted ? fronted->indices : indices, values, accumulate, unsafe);
+    target.copy_(work);
+    return self;
+  }
   if (auto m = added || put ? mergedIndex(self, indices) : std::nullopt) {
     TrustedIndices checked;  // (by mergedIndex)
     auto merged = self.view(m->mergedShape(self.sizes(), m->rows));
