@@ -226,6 +226,9 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                                                          accumulate=True).flatten(),
                              put(x, (torch.tensor([0, 3], device=x.device), slice(None), torch.tensor([1, 2], device=x.device)),
                                  v[:2]).flatten()])),
+    ("repeat_interleave by a number (GQA's heads) and by a tensor, with backward", [(3, 4)],
+     lambda x: torch.cat([x.repeat_interleave(2, 0), x.repeat_interleave(torch.tensor([1, 0, 2], device=x.device), dim=0),
+                          x.repeat_interleave(3, 1).reshape(9, 4)])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -1689,6 +1689,23 @@ at::Tensor index(const at::Tensor& self, const c10::List<c10::optional<at::Tenso
   return python::index_select(merged, m->first, m->flat).view(m->resultShape(self.sizes()));
 }
 
+// repeat_interleave of a repeats tensor: each position i, repeats[i] times, as i64 (what
+// x.repeat_interleave(n, dim) picks rows by). Its length is data, so the repeats are
+// read, but where they are known to be all one number (Tensor.repeat_interleave(n)
+// writes n from the host, counted as it passed) nothing waits. Made on the host, written.
+at::Tensor repeat_interleave_Tensor(const at::Tensor& repeats, c10::optional<int64_t> outputSize) {
+  if (!typed(repeats) || repeats.scalar_type() != at::kLong || repeats.dim() > 1)
+    return onHost("aten::repeat_interleave.Tensor", [&] { return at::repeat_interleave(host(repeats), outputSize).to(repeats.device()); });
+  std::optional<int64_t> each;
+  if (repeats.numel() > 0) {
+    Locked s;
+    auto span = spanOf(repeats);
+    if (auto known = knownValues().find(span.buffer, span.begin, span.end); known && known->lo == known->hi) each = known->lo;
+  }
+  auto counts = each ? at::full({repeats.numel()}, *each, at::kLong) : host(repeats).reshape({-1});
+  return at::repeat_interleave(counts, outputSize).to(repeats.device());  // (PyTorch's checks: no negative repeat)
+}
+
 // self's elements where mask is true, in order, as one dimension.
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   if (!typed(self) || !typed(mask) || mask.scalar_type() != at::kBool)
@@ -4074,6 +4091,7 @@ void registerActivations(torch::Library& m) {
   m.impl("xlogy.Tensor", TORCH_FN(python::xlogy));
   m.impl("xlogy_.Tensor", TORCH_FN(xlogy_));
   m.impl("roll", TORCH_FN(python::roll));
+  m.impl("repeat_interleave.Tensor", TORCH_FN(repeat_interleave_Tensor));
   RACCEL_IMPL_OUT_NEW_INPLACE(triu)
   RACCEL_IMPL_OUT_NEW_INPLACE(tril)
   m.impl("native_group_norm_backward", TORCH_FN(native_group_norm_backward));
