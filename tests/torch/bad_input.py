@@ -91,6 +91,10 @@ refused("index_select past the rows", "index out of range in self",
         lambda: logits.index_select(0, torch.tensor([3]).to(dev)).cpu())
 refused("an embedding of a token past the table", "index out of range in self",
         lambda: F.embedding(torch.tensor([[1, 4]]).to(dev), logits).cpu())
+refused("an embedding bag of a token past the table", "index out of range in self",
+        lambda: F.embedding_bag(torch.tensor([1, 4]).to(dev), logits, torch.tensor([0]).to(dev)).cpu())
+refused("an embedding bag's offset past its indices", "offset 5 is past the 2 indices",
+        lambda: F.embedding_bag(torch.tensor([1, 2]).to(dev), logits, torch.tensor([0, 5]).to(dev)).cpu())
 refused("gather past the dimension", "index 4 is out of bounds for dimension 1 with size 4",
         lambda: logits.gather(1, torch.tensor([[4], [0], [1]]).to(dev)).cpu())
 refused("scatter_add past the dimension", "index -1 is out of bounds for dimension 1 with size 4",

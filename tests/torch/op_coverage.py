@@ -229,6 +229,14 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("repeat_interleave by a number (GQA's heads) and by a tensor, with backward", [(3, 4)],
      lambda x: torch.cat([x.repeat_interleave(2, 0), x.repeat_interleave(torch.tensor([1, 0, 2], device=x.device), dim=0),
                           x.repeat_interleave(3, 1).reshape(9, 4)])),
+    ("embedding_bag sum and mean: offsets with an empty bag, padding_idx, per-sample weights, 2-D input", [(10, 4), (9,)],
+     lambda w, p: torch.cat([
+         F.embedding_bag(torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0], device=w.device), w,
+                         torch.tensor([0, 4, 4, 6], device=w.device), mode="mean", padding_idx=4),
+         F.embedding_bag(torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0], device=w.device), w,
+                         torch.tensor([0, 4, 4, 6, 9], device=w.device), mode="sum", per_sample_weights=p,
+                         include_last_offset=True),
+         F.embedding_bag(torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]], device=w.device), w)])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

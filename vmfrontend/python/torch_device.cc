@@ -352,6 +352,8 @@ void elementwise(TensorFn fn, const at::Tensor& out, const at::Tensor* a, const 
   send(*s, op);
 }
 
+// An optional tensor that is there, or null.
+const at::Tensor* present(const c10::optional<at::Tensor>& t) { return t && t->defined() ? &*t : nullptr; }
 bool supported(std::initializer_list<const at::Tensor*> tensors) {
   for (auto* t : tensors)
     if (t && t->defined() && !(isF32(*t) && t->dim() <= 6)) return false;
@@ -1416,6 +1418,92 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& in
   if (n == 0) return out.zero_();
   addAtIndex(out, 0, idx, g, 1, false, paddingIdx < 0 ? -1 : paddingIdx);
   return out;
+}
+
+// EmbeddingBag's sum and mean (recommenders, bag-of-words text models): each bag the sum
+// (or mean) of its positions' rows, positions [offsets[b], offsets[b + 1]) (the last to
+// the end, or to the offsets' last with include_last_offset), times per-sample weights
+// if given; positions at padding_idx left out, of the mean's count too; an empty bag 0.
+// offset2bag (each position's bag) is the offsets counted into place and summed
+// (PyTorch's own way), on the card; the rows are one index_select and one index_add.
+// Like PyTorch's CUDA kernel, a first offset other than 0 is not checked: the positions
+// before it fall in no bag. Max mode and scale_grad_by_freq run on the host.
+bool bagsOnCard(const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets, bool byFreq, int64_t mode,
+                bool sparse, const c10::optional<at::Tensor>& perSample) {
+  return supported({&weight, present(perSample)}) && weight.dim() == 2 && typed(indices) && indices.scalar_type() == at::kLong &&
+         indices.dim() == 1 && typed(offsets) && offsets.scalar_type() == at::kLong && offsets.dim() == 1 && !byFreq &&
+         (mode == 0 || mode == 1) && !sparse;
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _embedding_bag(
+    const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets, bool byFreq, int64_t mode, bool sparse,
+    const c10::optional<at::Tensor>& perSample, bool includeLastOffset, int64_t paddingIdx) {
+  if (!bagsOnCard(weight, indices, offsets, byFreq, mode, sparse, perSample)) {
+    countFallback("aten::_embedding_bag");
+    auto [out, o2b, size, maxIndices] = at::_embedding_bag(host(weight), host(indices), host(offsets), byFreq, mode, sparse,
+                                                           present(perSample) ? host(*perSample) : at::Tensor(),
+                                                           includeLastOffset, paddingIdx);
+    return {out.to(weight.device()), o2b.to(weight.device()), size.to(weight.device()), maxIndices.to(weight.device())};
+  }
+  const int64_t positions = indices.numel(), bags = offsets.numel() - (includeLastOffset ? 1 : 0);
+  TORCH_CHECK(bags >= 0, "embedding_bag: include_last_offset needs at least one offset");
+  TORCH_CHECK(!present(perSample) || (mode == 0 && perSample->sizes() == indices.sizes()),
+              "embedding_bag: per_sample_weights are for mode 'sum', one a position");
+  checkPicks(indices, weight.size(0));
+  checkIndex(offsets, 0, positions, std::nullopt,
+             [&](int64_t v) { TORCH_CHECK_INDEX(false, "embedding_bag: offset ", v, " is past the ", positions, " indices"); });
+  TrustedIndices checked;
+  const auto f32 = weight.options();
+  auto starts = at::zeros({positions + 1}, f32).index_add_(0, offsets, at::ones({offsets.numel()}, f32));
+  auto offset2bag = (starts.cumsum(0) - 1).narrow(0, 0, positions).to(at::kLong);
+  auto rows = weight.index_select(0, indices);
+  if (present(perSample)) rows = rows * perSample->unsqueeze(1);
+  auto counted = at::ones({positions}, f32);
+  if (paddingIdx >= 0) {
+    auto kept = indices != paddingIdx;
+    rows = at::where(kept.unsqueeze(1), rows, at::zeros({}, f32));
+    counted = kept.to(at::kFloat);
+  }
+  auto out = at::zeros({bags, weight.size(1)}, f32).index_add_(0, offset2bag, rows);
+  auto sizes = at::zeros({bags}, f32).index_add_(0, offset2bag, counted);
+  if (mode == 1) out = out / sizes.clamp_min(1).unsqueeze(1);
+  return {out, offset2bag, sizes.to(at::kLong), at::zeros({bags}, offsets.options())};
+}
+// Its backward: each position's bag's gradient (over the bag's count for the mean, times
+// its weight) added into its row of the table; the padding row's stays 0.
+at::Tensor _embedding_bag_dense_backward(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor& offset2bag,
+                                         const at::Tensor& bagSize, const at::Tensor& maxIndices, int64_t numWeights,
+                                         bool byFreq, int64_t mode, const c10::optional<at::Tensor>& perSample,
+                                         int64_t paddingIdx) {
+  const bool ok = supported({&grad, present(perSample)}) && grad.dim() == 2 && typed(indices) &&
+                  indices.scalar_type() == at::kLong && typed(offset2bag) && typed(bagSize) && !byFreq && (mode == 0 || mode == 1);
+  if (!ok)
+    return onHost("aten::_embedding_bag_dense_backward", [&] {
+      return at::_embedding_bag_dense_backward(host(grad), host(indices), host(offset2bag), host(bagSize), host(maxIndices),
+                                               numWeights, byFreq, mode, present(perSample) ? host(*perSample) : at::Tensor(),
+                                               paddingIdx).to(grad.device());
+    });
+  TrustedIndices made;  // (offset2bag and the indices: the forward's, checked there)
+  auto g = grad.index_select(0, offset2bag);
+  if (mode == 1) g = g / bagSize.index_select(0, offset2bag).to(at::kFloat).clamp_min(1).unsqueeze(1);
+  if (present(perSample)) g = g * perSample->unsqueeze(1);
+  auto out = at::zeros({numWeights, grad.size(1)}, grad.options()).index_add_(0, indices, g);
+  if (paddingIdx >= 0 && paddingIdx < numWeights) out.select(0, paddingIdx).zero_();
+  return out;
+}
+// The per-sample weights' gradient: each position's row of the table against its bag's
+// gradient (0 at padding_idx).
+at::Tensor _embedding_bag_per_sample_weights_backward(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& indices,
+                                                      const at::Tensor& offsets, const at::Tensor& offset2bag, int64_t mode,
+                                                      int64_t paddingIdx) {
+  const bool ok = supported({&grad, &weight}) && typed(indices) && indices.scalar_type() == at::kLong && typed(offset2bag) && mode == 0;
+  if (!ok)
+    return onHost("aten::_embedding_bag_per_sample_weights_backward", [&] {
+      return at::_embedding_bag_per_sample_weights_backward(host(grad), host(weight), host(indices), host(offsets),
+                                                            host(offset2bag), mode, paddingIdx).to(grad.device());
+    });
+  TrustedIndices made;
+  auto terms = (grad.index_select(0, offset2bag) * weight.index_select(0, indices)).sum(1);
+  return paddingIdx >= 0 ? at::where(indices == paddingIdx, at::zeros({}, terms.options()), terms) : terms;
 }
 
 // src, or a copy of it where it shares out's storage (an op's output is never an input).
@@ -2551,7 +2639,6 @@ std::vector<int64_t> allButChannels(const at::Tensor& input) {
   for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
   return dims;
 }
-const at::Tensor* present(const c10::optional<at::Tensor>& t) { return t && t->defined() ? &*t : nullptr; }
 
 // Batch norm's training statistics as layer norm over channels (hal/tensor.h): an [N, C,
 // positions...] tensor seen as [C, N, positions], each channel's row a strided block.
@@ -4092,6 +4179,10 @@ void registerActivations(torch::Library& m) {
   m.impl("xlogy_.Tensor", TORCH_FN(xlogy_));
   m.impl("roll", TORCH_FN(python::roll));
   m.impl("repeat_interleave.Tensor", TORCH_FN(repeat_interleave_Tensor));
+  m.impl("_embedding_bag", TORCH_FN(python::_embedding_bag));
+  m.impl("_embedding_bag_forward_only", TORCH_FN(python::_embedding_bag));
+  m.impl("_embedding_bag_dense_backward", TORCH_FN(python::_embedding_bag_dense_backward));
+  m.impl("_embedding_bag_per_sample_weights_backward", TORCH_FN(python::_embedding_bag_per_sample_weights_backward));
   RACCEL_IMPL_OUT_NEW_INPLACE(triu)
   RACCEL_IMPL_OUT_NEW_INPLACE(tril)
   m.impl("native_group_norm_backward", TORCH_FN(native_group_norm_backward));
