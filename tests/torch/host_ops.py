@@ -23,7 +23,7 @@ CASES = [
                                                                        torch.tensor([0, 0], device=x.device)].float()),
     ("x[idx] = values into a transposed i64 copy",
      lambda x: x.t().long().index_put_((torch.tensor([1, 3], device=x.device),), torch.full((2, 4), 2, device=x.device)).float()),
-    ("cummax and mode of a transpose", lambda x: x.t().cummax(1).values + x.t().mode(1).values.sum()),
+    ("mode of a transpose", lambda x: x.t().round().mode(1).values),
 ]
 
 

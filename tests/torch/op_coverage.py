@@ -237,6 +237,13 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                          torch.tensor([0, 4, 4, 6, 9], device=w.device), mode="sum", per_sample_weights=p,
                          include_last_offset=True),
          F.embedding_bag(torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]], device=w.device), w)])),
+    ("cummax and cummin along each dim (ties to the later position, a NaN kept), values, positions, backward", [(5, 9)],
+     lambda x: torch.cat([x.cummax(1).values, x.round().cummin(0).values, x.masked_fill(x > 1.5, float("nan")).cummax(1).values.nan_to_num(7.0),
+                          x.round().cummax(1).indices.float(), x.masked_fill(x < -1, float("nan")).cummin(1).indices.float()])),
+    ("nan_to_num with its defaults and with numbers given, and its backward", [(4, 5)],
+     lambda x: torch.cat([(x + torch.tensor([float("inf"), -float("inf"), float("nan"), 0, 0], device=x.device)).nan_to_num(),
+                          (x * 2 + torch.tensor([0, float("nan"), -float("inf"), float("inf"), 0], device=x.device))
+                          .nan_to_num(1.0, 2.0, -3.0)])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

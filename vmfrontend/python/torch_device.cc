@@ -2340,6 +2340,51 @@ at::Tensor median(const at::Tensor& self) {  // of every element
   return values;
 }
 
+// cummax and cummin along a dimension: the running largest (smallest) value and its
+// position, as PyTorch's CPU loop keeps them: an equal value takes over (a tie goes to
+// the later position), and a NaN takes over and stays until the next NaN. A Hillis-
+// Steele scan of log2(n) rounds, each combining every prefix's pair with the pair 2^k
+// before it by that same rule (which combines two runs' results exactly as the loop
+// would run on through both).
+void cumulativeExtremum(const char* name, bool largest, const at::Tensor& self, at::Tensor& values, at::Tensor& indices,
+                        int64_t dim) {
+  const bool ok = typed(self) && self.scalar_type() != at::kBool && onDevice(values) &&
+                  values.scalar_type() == self.scalar_type() && onDevice(indices) && indices.scalar_type() == at::kLong &&
+                  self.dim() > 0;
+  if (!ok) {
+    countFallback(name);
+    auto hostValues = at::empty(self.sizes(), self.options().device(at::kCPU));
+    auto hostIndices = at::empty(self.sizes(), self.options().device(at::kCPU).dtype(at::kLong));
+    if (largest) at::_cummax_helper(host(self), hostValues, hostIndices, dim);
+    else at::_cummin_helper(host(self), hostValues, hostIndices, dim);
+    values.copy_(hostValues);
+    indices.copy_(hostIndices);
+    return;
+  }
+  const int64_t n = self.size(dim);
+  std::vector<int64_t> along(self.dim(), 1);
+  along[dim] = n;
+  auto v = self.contiguous().clone();
+  auto i = at::arange(n, at::kLong).to(self.device()).view(along).expand(self.sizes()).contiguous();
+  for (int64_t s = 1; s < n; s *= 2) {  // every prefix's pair after the pair s before it
+    auto av = v.narrow(dim, 0, n - s), ai = i.narrow(dim, 0, n - s);
+    auto bv = v.narrow(dim, s, n - s), bi = i.narrow(dim, s, n - s);
+    auto take = at::isnan(bv).logical_or(at::isnan(av).logical_not().logical_and(largest ? bv >= av : bv <= av));
+    auto nextValues = at::where(take, bv, av), nextIndices = at::where(take, bi, ai);  // (made before either is written)
+    bv.copy_(nextValues);
+    bi.copy_(nextIndices);
+  }
+  values.copy_(v);
+  indices.copy_(i);
+  notePositions(indices, n);
+}
+void _cummax_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& indices, int64_t dim) {
+  cumulativeExtremum("aten::_cummax_helper", true, self, values, indices, dim);
+}
+void _cummin_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& indices, int64_t dim) {
+  cumulativeExtremum("aten::_cummin_helper", false, self, values, indices, dim);
+}
+
 // ---- GLU, PReLU, flips and cumulative sums, composed of the ops above --------------------
 
 // glu: the first half of `dim` times the sigmoid of the second, as PyTorch's a * sigmoid(b).
@@ -2400,6 +2445,20 @@ at::Tensor log_sigmoid_backward(const at::Tensor& grad, const at::Tensor& self, 
   auto z = at::exp(-at::abs(self));
   auto share = z / (z + 1);
   return at::where(self < 0, 1 - share, share) * grad;
+}
+
+// nan_to_num: NaN, +inf and -inf replaced (by 0, f32's largest and lowest unless given).
+at::Tensor& nan_to_num_out(const at::Tensor& self, c10::optional<double> nan, c10::optional<double> posinf,
+                           c10::optional<double> neginf, at::Tensor& out) {
+  if (!supported({&self, &out}))
+    return hostInto("aten::nan_to_num.out", out, at::nan_to_num(host(self), nan, posinf, neginf));
+  auto number = [&](double v) { return at::full({}, v, self.options()); };
+  const double inf = std::numeric_limits<double>::infinity();
+  auto result = at::where(at::isnan(self), number(nan.value_or(0.0)), self);
+  result = at::where(self == inf, number(posinf.value_or(std::numeric_limits<float>::max())), result);
+  result = at::where(self == -inf, number(neginf.value_or(std::numeric_limits<float>::lowest())), result);
+  at::native::resize_output(out, self.sizes());
+  return out.copy_(result);
 }
 
 // xlogy: self * log(other), 0 where self is 0 and other is not NaN (the Kullback-Leibler
@@ -4175,10 +4234,13 @@ void registerActivations(torch::Library& m) {
   m.impl("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward));
   m.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
   m.impl("xlogy.OutTensor", TORCH_FN(xlogy_out));
+  m.impl("nan_to_num.out", TORCH_FN(nan_to_num_out));
   m.impl("xlogy.Tensor", TORCH_FN(python::xlogy));
   m.impl("xlogy_.Tensor", TORCH_FN(xlogy_));
   m.impl("roll", TORCH_FN(python::roll));
   m.impl("repeat_interleave.Tensor", TORCH_FN(repeat_interleave_Tensor));
+  m.impl("_cummax_helper", TORCH_FN(python::_cummax_helper));
+  m.impl("_cummin_helper", TORCH_FN(python::_cummin_helper));
   m.impl("_embedding_bag", TORCH_FN(python::_embedding_bag));
   m.impl("_embedding_bag_forward_only", TORCH_FN(python::_embedding_bag));
   m.impl("_embedding_bag_dense_backward", TORCH_FN(python::_embedding_bag_dense_backward));
