@@ -244,6 +244,11 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x: torch.cat([(x + torch.tensor([float("inf"), -float("inf"), float("nan"), 0, 0], device=x.device)).nan_to_num(),
                           (x * 2 + torch.tensor([0, float("nan"), -float("inf"), float("inf"), 0], device=x.device))
                           .nan_to_num(1.0, 2.0, -3.0)])),
+    ("a number minus a tensor (1 - x, rsub with alpha, of i64 too) and multilabel soft margin", [(4, 6)],
+     lambda x: (1 - x) * 2 + torch.rsub(x, 2.5, alpha=3) + (7 - (x * 3).long()).float()
+     + F.multilabel_soft_margin_loss(x, (x > 0).float())),
+    ("mv, addmv and dot (x @ v), with backwards", [(5, 4), (4,), (5,)],
+     lambda m, v, s: torch.cat([m @ v, torch.addmv(s, m, v, beta=0.5, alpha=2), (v @ v).reshape(1), (s @ (m @ v)).reshape(1)])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -697,6 +697,9 @@ at::Tensor& add_out(const at::Tensor& a0, const at::Tensor& b0, const at::Scalar
   } else if (auto y = integerSide(a, b, out, alpha.toDouble())) {
     at::native::resize_output(out, broadcastShape(a, *y));
     elementwise(TensorFn::add, out, &a, &*y, alpha.toFloat());
+  } else if (auto x = isHostScalar(a) ? integerSide(b, a, out, alpha.toDouble()) : c10::nullopt) {  // a number first
+    at::native::resize_output(out, b.sizes());
+    elementwise(TensorFn::add, out, &*x, &b, alpha.toFloat());
   } else {
     return hostInto("aten::add.out", out, at::add(host(a), host(b), alpha));
   }
@@ -708,11 +711,12 @@ at::Tensor add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha
 }
 at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return python::add_out(self, other, alpha, self); }
 
-// out = a - alpha * b: add with -alpha (over f32, or over i64 exactly; PyTorch refuses a
-// bool side, on the host).
+// out = a - alpha * b: add with -alpha (over f32, either side a host number, as in
+// `1 - x`; or over i64 exactly; PyTorch refuses a bool side, on the host).
 at::Tensor& sub_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha, at::Tensor& out) {
-  const bool integers = bothI64(a, out) && b.scalar_type() != at::kBool;
-  if (!(supported({&a, &out}) || integers) || !(typed(b) || isHostScalar(b)))
+  const bool integers = (bothI64(a, out) || (isHostScalar(a) && bothI64(b, out))) && b.scalar_type() != at::kBool;
+  const bool floats = supported({&a, &out}) || (isHostScalar(a) && typed(b) && supported({&b, &out}));
+  if (!(floats || integers) || !(typed(b) || isHostScalar(b)))
     return hostInto("aten::sub.out", out, at::sub(host(a), host(b), alpha));
   return python::add_out(a, b, -alpha.toDouble(), out);
 }
@@ -935,6 +939,27 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& 
 }
 at::Tensor& addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta, const at::Scalar& alpha) {
   return python::addmm_out(self, a, b, beta, alpha, self);
+}
+
+// out = beta * self + alpha * mat vec (so mv, x @ v): addmm over vec as one column.
+at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec, const at::Scalar& beta,
+                      const at::Scalar& alpha, at::Tensor& out) {
+  TORCH_CHECK(mat.dim() == 2 && vec.dim() == 1 && mat.size(1) == vec.size(0), "raccel: addmv of ", mat.sizes(), " and ",
+              vec.sizes());
+  if (!supported({&self, &mat, &vec, &out}) || !at::is_expandable_to(self.sizes(), {mat.size(0)}))
+    return hostInto("aten::addmv.out", out, at::addmv(host(self), host(mat), host(vec), beta, alpha));
+  at::native::resize_output(out, {mat.size(0)});
+  auto column = out.view({mat.size(0), 1});
+  python::addmm_out(self.expand({mat.size(0)}).unsqueeze(1), mat, vec.unsqueeze(1), beta, alpha, column);
+  return out;
+}
+// The dot product of two vectors: a 1 x n by n x 1 matmul.
+at::Tensor dot(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 1 && b.dim() == 1, "1D tensors expected, but got ", a.dim(), "D and ", b.dim(), "D tensors");
+  TORCH_CHECK(a.numel() == b.numel(), "inconsistent tensor size, expected tensor [", a.numel(), "] and src [", b.numel(),
+              "] to have the same number of elements, but got ", a.numel(), " and ", b.numel(), " elements respectively");
+  if (!supported({&a, &b})) return onHost("aten::dot", [&] { return at::dot(host(a), host(b)).to(a.device()); });
+  return python::mm(a.unsqueeze(0), b.unsqueeze(1)).reshape({});
 }
 
 at::Tensor relu(const at::Tensor& self) {
@@ -4202,6 +4227,8 @@ void registerMatmuls(torch::Library& m) {
   m.impl("addmm.out", TORCH_FN(addmm_out));
   m.impl("addmm", TORCH_FN(addmm));
   m.impl("addmm_", TORCH_FN(addmm_));
+  m.impl("addmv.out", TORCH_FN(addmv_out));
+  m.impl("dot", TORCH_FN(python::dot));
   m.impl("bmm.out", TORCH_FN(bmm_out));
   m.impl("bmm", TORCH_FN(python::bmm));
   RACCEL_IMPL_OUT_NEW_INPLACE(baddbmm)
