@@ -14,7 +14,7 @@ CASES = [
     ("lgamma_ of a row", lambda x: x[1].abs_().add_(0.5).lgamma_()),
     ("digamma_ of a narrowed view", lambda x: x.narrow(1, 1, 3).abs_().add_(0.5).digamma_()),
     ("sinc_ of a transpose", lambda x: x.t().sinc_()),
-    ("index_fill_ of a slice", lambda x: x[1:3].index_fill_(1, torch.tensor([0, 2], device=x.device), 5.0)),
+    ("index_fill_ of an f64 slice", lambda x: x[1:3].double().index_fill_(1, torch.tensor([0, 2], device=x.device), 5.0).float()),
     ("i0_ of a slice with a step", lambda x: x[::2, 1:].i0_()),
     ("scatter_ of src with repeated picks", lambda x: x.scatter_(1, torch.tensor([[0, 0], [1, 1], [4, 2], [3, 3]], device=x.device),
                                                              x[:, :2] * 10)),

@@ -249,6 +249,13 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      + F.multilabel_soft_margin_loss(x, (x > 0).float())),
     ("mv, addmv and dot (x @ v), with backwards", [(5, 4), (4,), (5,)],
      lambda m, v, s: torch.cat([m @ v, torch.addmv(s, m, v, beta=0.5, alpha=2), (v @ v).reshape(1), (s @ (m @ v)).reshape(1)])),
+    ("clamp and lerp by tensors, trace, diag both ways, with backwards", [(4, 6), (6,), (4, 6)],
+     lambda x, lo, w: torch.cat([x.clamp(lo - 0.5, lo + 1).flatten(), x.clamp(max=lo).flatten(),
+                                 torch.lerp(x, x * 3, w.sigmoid() * 2 - 0.5).flatten(), x[:, :4].trace().reshape(1),
+                                 x.diag(1), lo.diag(-1).flatten()])),
+    ("xor, count_nonzero and neg of i64 (no gradient)", [(4, 6)],
+     lambda x: torch.cat([((x > 0) ^ (x < 1)).float().flatten(), torch.logical_xor(x.long(), x > 0).float().flatten(),
+                          (x > 0).count_nonzero(1).float(), (-(x * 1e6).long()).float().flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

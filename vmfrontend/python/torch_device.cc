@@ -953,6 +953,27 @@ at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::T
   python::addmm_out(self.expand({mat.size(0)}).unsqueeze(1), mat, vec.unsqueeze(1), beta, alpha, column);
   return out;
 }
+// trace: the diagonal's sum; diag: a matrix's k-th diagonal, or a vector set on one.
+at::Tensor trace(const at::Tensor& self) {
+  TORCH_CHECK(self.dim() == 2, "trace: expected a matrix, but got tensor with dim ", self.dim());
+  if (!typed(self)) return onHost("aten::trace", [&] { return at::trace(host(self)).to(self.device()); });
+  return self.diagonal().sum();
+}
+at::Tensor& diag_out(const at::Tensor& self, int64_t k, at::Tensor& out) {
+  TORCH_CHECK(self.dim() == 1 || self.dim() == 2, "diag(): Supports 1D or 2D tensors. Got ", self.dim(), "D");
+  if (!typed(self) || !onDevice(out) || out.scalar_type() != self.scalar_type())
+    return hostInto("aten::diag.out", out, at::diag(host(self), k));
+  if (self.dim() == 2) {
+    auto d = self.diagonal(k);
+    at::native::resize_output(out, d.sizes());
+    return out.copy_(d);
+  }
+  const int64_t n = self.size(0) + std::abs(k);
+  at::native::resize_output(out, {n, n});
+  out.zero_();
+  out.diagonal(k).copy_(self);
+  return out;
+}
 // The dot product of two vectors: a 1 x n by n x 1 matmul.
 at::Tensor dot(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.dim() == 1 && b.dim() == 1, "1D tensors expected, but got ", a.dim(), "D and ", b.dim(), "D tensors");
@@ -998,6 +1019,12 @@ template <class Host>
 at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self0, at::Tensor& out, float alpha, Host reference,
                      float beta = 0) {
   const at::Tensor self = promoted(self0, out);
+  if (fn == TensorFn::affine && alpha == -1 && beta == 0 && bothI64(self, out)) {  // neg of i64: times -1, exactly
+    auto minusOne = *deviceNumber(at::scalar_tensor(-1, at::kLong), at::kLong);
+    at::native::resize_output(out, self.sizes());
+    elementwise(TensorFn::mul, out, &self, &minusOne);
+    return out;
+  }
   const bool exactInteger = fn == TensorFn::abs && bothI64(self, out);  // (the card's abs over i64)
   if (!exactInteger && !supported({&self, &out})) return hostInto(name, out, reference(host(self)));
   at::native::resize_output(out, self.sizes());
@@ -1289,6 +1316,29 @@ at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar&
 }
 at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& weight) {
   return python::lerp_out(self, end, weight, self);
+}
+
+// clamp by tensors: maximum with the low bound, then minimum with the high one (a NaN on
+// either side is NaN, and a low bound above the high one gives the high, as PyTorch's).
+at::Tensor& clamp_Tensor_out(const at::Tensor& self, const c10::optional<at::Tensor>& low, const c10::optional<at::Tensor>& high,
+                             at::Tensor& out) {
+  if (!supported({&self, present(low), present(high), &out}) || (!present(low) && !present(high)))
+    return hostInto("aten::clamp.Tensor_out", out,
+                    at::clamp(host(self), present(low) ? c10::optional<at::Tensor>(host(*low)) : c10::nullopt,
+                              present(high) ? c10::optional<at::Tensor>(host(*high)) : c10::nullopt));
+  auto result = present(low) ? at::maximum(self, *low) : self;
+  if (present(high)) result = at::minimum(result, *high);
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+// lerp by a tensor of weights, PyTorch's formula: from the nearer end (|w| < 0.5: start).
+at::Tensor& lerp_Tensor_out(const at::Tensor& self, const at::Tensor& end, const at::Tensor& weight, at::Tensor& out) {
+  if (!supported({&self, &end, &weight, &out}))
+    return hostInto("aten::lerp.Tensor_out", out, at::lerp(host(self), host(end), host(weight)));
+  auto span = end - self;
+  auto result = at::where(weight.abs() < 0.5, self + weight * span, end - span * (1 - weight));
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
 }
 
 // ELU with PyTorch's default scales (scale and input_scale 1; others run on the host).
@@ -1630,6 +1680,34 @@ at::Tensor& scatter_value_out(const at::Tensor& self, int64_t dim, const at::Ten
   return scatterInto("aten::scatter.value_out", self, dim, index, nullptr, value, out);
 }
 
+// self's positions along `dim` that index names (negative: from the end) take the value
+// (trace's backward): a where by those positions, counted on the card (an index_add of
+// ones).
+at::Tensor& indexFill(at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& value) {
+  const bool ok = supported({&self}) && typed(index) && index.scalar_type() == at::kLong && index.dim() <= 1 &&
+                  self.dim() >= 1 && value.numel() == 1;
+  if (!ok) {
+    countFallback("aten::index_fill_");
+    auto result = host(self);
+    result.index_fill_(dim, host(index), host(value).reshape({}));
+    return self.copy_(result);
+  }
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  checkIndexing(index, dim, self.size(dim));  // (a negative index counts from the end)
+  TrustedIndices checked;
+  auto picks = at::where(index < 0, index + self.size(dim), index).reshape({-1});
+  auto hit = at::zeros({self.size(dim)}, self.options()).index_add_(0, picks, at::ones({index.numel()}, self.options()));
+  std::vector<int64_t> along(self.dim(), 1);
+  along[dim] = self.size(dim);
+  return self.copy_(at::where(hit.view(along) > 0, value.reshape({}).to(self.device(), at::kFloat), self));
+}
+at::Tensor& index_fill_scalar_(at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value) {
+  return indexFill(self, dim, index, at::scalar_tensor(value, at::kFloat));
+}
+at::Tensor& index_fill_tensor_(at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& value) {
+  return indexFill(self, dim, index, value);
+}
+
 // out = self, then out[.., index[i], ..] += alpha * source[.., i, ..] along `dim`
 // (index_select's backward).
 at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
@@ -1950,6 +2028,11 @@ bool equal(const at::Tensor& self, const at::Tensor& other) {
   }
   return self.sizes() == other.sizes() && at::eq(self, other).all().item<bool>();
 }
+// How many elements are not 0 along dims: an exact i64 sum of their truths.
+at::Tensor count_nonzero_dims(const at::Tensor& self, at::IntArrayRef dims) {
+  if (!typed(self)) return onHost("aten::count_nonzero.dim_IntList", [&] { return at::count_nonzero(host(self), dims).to(self.device()); });
+  return (self != 0).sum(dims.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(dims), false, at::kLong);
+}
 // NaN is the one value not equal to itself.
 at::Tensor isnan(const at::Tensor& self) { return at::ne(self, self); }
 
@@ -1970,6 +2053,20 @@ at::Tensor isnan(const at::Tensor& self) { return at::ne(self, self); }
 RACCEL_LOGICAL(logical_and, TensorFn::mul)
 RACCEL_LOGICAL(logical_or, TensorFn::add)
 #undef RACCEL_LOGICAL
+
+// Exclusive or, over bools (or i64s: nonzero is true): the two sides' truths unequal.
+at::Tensor& logical_xor_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (!typed(a) || !typed(b) || isF32(a) || isF32(b) || out.scalar_type() != at::kBool)
+    return hostInto("aten::logical_xor", out, at::logical_xor(host(a), host(b)));
+  auto truth = [](const at::Tensor& t) { return t.scalar_type() == at::kBool ? t : t != 0; };
+  at::native::resize_output(out, broadcastShape(a, b));
+  return at::ne_out(out, truth(a), truth(b));
+}
+at::Tensor& bitwise_xor_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (a.scalar_type() == at::kBool && b.scalar_type() == at::kBool && out.scalar_type() == at::kBool)
+    return python::logical_xor_out(a, b, out);
+  return hostInto("aten::bitwise_xor", out, at::bitwise_xor(host(a), host(b)));
+}
 
 // x & y and x | y: over bools and and or; over integers the host's bitwise ops (an i64's
 // bits are not the kernels' arithmetic).
@@ -4396,6 +4493,15 @@ void registerComparisons(torch::Library& m) {
   m.impl("bitwise_not.out", TORCH_FN(bitwise_not_out));
   m.impl("bitwise_and.Tensor_out", TORCH_FN(bitwise_and_out));
   m.impl("bitwise_or.Tensor_out", TORCH_FN(bitwise_or_out));
+  m.impl("bitwise_xor.Tensor_out", TORCH_FN(bitwise_xor_out));
+  m.impl("logical_xor.out", TORCH_FN(logical_xor_out));
+  m.impl("clamp.Tensor_out", TORCH_FN(clamp_Tensor_out));
+  m.impl("lerp.Tensor_out", TORCH_FN(lerp_Tensor_out));
+  m.impl("count_nonzero.dim_IntList", TORCH_FN(count_nonzero_dims));
+  m.impl("trace", TORCH_FN(python::trace));
+  m.impl("index_fill_.int_Scalar", TORCH_FN(index_fill_scalar_));
+  m.impl("index_fill_.int_Tensor", TORCH_FN(index_fill_tensor_));
+  m.impl("diag.out", TORCH_FN(diag_out));
 }
 
 // Indexing, gathers and scatters (embeddings), and random numbers.
