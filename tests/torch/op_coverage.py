@@ -256,6 +256,9 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("xor, count_nonzero and neg of i64 (no gradient)", [(4, 6)],
      lambda x: torch.cat([((x > 0) ^ (x < 1)).float().flatten(), torch.logical_xor(x.long(), x > 0).float().flatten(),
                           (x > 0).count_nonzero(1).float(), (-(x * 1e6).long()).float().flatten()])),
+    ("replication padding 1-d and 2-d (conv's padding_mode='replicate'), with backwards", [(2, 3, 5), (1, 2, 4, 5)],
+     lambda x, y: F.pad(x, (2, 3), mode="replicate").sum(1)[:, :5] + F.pad(y, (1, 2, 3, 0), mode="replicate")[0, :, :5, :5].sum(0)[:1]
+     + F.conv2d(F.pad(y, (1, 1, 1, 1), mode="replicate"), torch.ones(1, 2, 3, 3, device=y.device))[0, :, :1, :5]),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -2735,49 +2735,55 @@ RACCEL_SCAN(cumsum, TensorFn::add)
 RACCEL_SCAN(cumprod, TensorFn::mul)
 #undef RACCEL_SCAN
 
-// Reflection padding: an index_select of the reflected positions along each padded
-// dimension (the last, then the one before it); its backward, index_adds of the gradient
-// back along them. Paddings of a dimension's size or more go to the host (PyTorch's error).
-std::optional<at::Tensor> reflectedPositions(int64_t n, int64_t before, int64_t after, const at::Tensor& like) {
-  if (before < 0 || after < 0 || before >= n || after >= n) return std::nullopt;
+// Reflection and replication padding: an index_select of the reflected (or the edge's
+// repeated) positions along each padded dimension (the last, then the one before it);
+// its backward, index_adds of the gradient back along them. Paddings PyTorch refuses
+// (a reflection of a dimension's size or more) and negative ones go to the host.
+std::optional<at::Tensor> paddedPositions(int64_t n, int64_t before, int64_t after, bool replicate, const at::Tensor& like) {
+  if (before < 0 || after < 0 || n == 0 || (!replicate && (before >= n || after >= n))) return std::nullopt;
   std::vector<int64_t> picks;
-  for (int64_t i = -before; i < n + after; ++i) picks.push_back(i < 0 ? -i : (i >= n ? 2 * (n - 1) - i : i));
+  for (int64_t i = -before; i < n + after; ++i)
+    picks.push_back(replicate ? std::clamp<int64_t>(i, 0, n - 1) : i < 0 ? -i : (i >= n ? 2 * (n - 1) - i : i));
   return at::tensor(picks, at::kLong).to(like.device());
 }
-// The positions for each padded dimension, last first; none when PyTorch would refuse.
-std::optional<std::vector<at::Tensor>> reflections(const at::Tensor& self, at::IntArrayRef padding) {
+// The positions for each padded dimension, last first; none when the host must pad.
+std::optional<std::vector<at::Tensor>> paddings(const at::Tensor& self, at::IntArrayRef padding, bool replicate) {
   const int64_t dims = static_cast<int64_t>(padding.size()) / 2;
   if (!supported({&self}) || padding.size() % 2 || self.dim() < dims + 1 || self.numel() == 0) return std::nullopt;
   std::vector<at::Tensor> each;
   for (int64_t k = 0; k < dims; ++k) {
-    auto picks = reflectedPositions(self.size(-1 - k), padding[2 * k], padding[2 * k + 1], self);
+    auto picks = paddedPositions(self.size(-1 - k), padding[2 * k], padding[2 * k + 1], replicate, self);
     if (!picks) return std::nullopt;
     each.push_back(*picks);
   }
   return each;
 }
-at::Tensor& reflectionPadInto(const char* name, const at::Tensor& self, at::IntArrayRef padding, at::Tensor& out) {
-  auto each = reflections(self, padding);
-  if (!each || !supported({&out})) {
-    auto reference = padding.size() == 2 ? at::reflection_pad1d(host(self), padding) : at::reflection_pad2d(host(self), padding);
-    return hostInto(name, out, reference);
-  }
+at::Tensor hostPadded(bool replicate, const at::Tensor& self, at::IntArrayRef padding) {
+  const bool one = padding.size() == 2;
+  return replicate ? (one ? at::replication_pad1d(host(self), padding) : at::replication_pad2d(host(self), padding))
+                   : (one ? at::reflection_pad1d(host(self), padding) : at::reflection_pad2d(host(self), padding));
+}
+at::Tensor hostPaddedBackward(bool replicate, const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding) {
+  const bool one = padding.size() == 2;
+  auto g = host(grad), x = host(self);
+  return replicate ? (one ? at::replication_pad1d_backward(g, x, padding) : at::replication_pad2d_backward(g, x, padding))
+                   : (one ? at::reflection_pad1d_backward(g, x, padding) : at::reflection_pad2d_backward(g, x, padding));
+}
+at::Tensor& padInto(const char* name, bool replicate, const at::Tensor& self, at::IntArrayRef padding, at::Tensor& out) {
+  auto each = paddings(self, padding, replicate);
+  if (!each || !supported({&out})) return hostInto(name, out, hostPadded(replicate, self, padding));
   at::Tensor t = self;
-  TrustedIndices inRange;  // (the reflections' positions)
+  TrustedIndices inRange;  // (the padding's positions)
   for (size_t k = 0; k < each->size(); ++k) t = at::index_select(t, -1 - static_cast<int64_t>(k), (*each)[k]);
   at::native::resize_output(out, t.sizes());
   return out.copy_(t);
 }
-at::Tensor& reflectionPadBackwardInto(const char* name, const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding,
-                                      at::Tensor& gradInput) {
-  auto each = reflections(self, padding);
-  if (!each || !supported({&grad, &gradInput})) {
-    auto reference = padding.size() == 2 ? at::reflection_pad1d_backward(host(grad), host(self), padding)
-                                         : at::reflection_pad2d_backward(host(grad), host(self), padding);
-    return hostInto(name, gradInput, reference);
-  }
+at::Tensor& padBackwardInto(const char* name, bool replicate, const at::Tensor& grad, const at::Tensor& self,
+                            at::IntArrayRef padding, at::Tensor& gradInput) {
+  auto each = paddings(self, padding, replicate);
+  if (!each || !supported({&grad, &gradInput})) return hostInto(name, gradInput, hostPaddedBackward(replicate, grad, self, padding));
   at::Tensor t = grad;
-  TrustedIndices inRange;  // (the reflections' positions)
+  TrustedIndices inRange;  // (the padding's positions)
   for (int64_t k = static_cast<int64_t>(each->size()) - 1; k >= 0; --k) {  // the last select undone first
     auto sizes = t.sizes().vec();
     sizes[sizes.size() - 1 - k] = self.size(-1 - k);
@@ -2786,25 +2792,27 @@ at::Tensor& reflectionPadBackwardInto(const char* name, const at::Tensor& grad, 
   at::native::resize_output(gradInput, self.sizes());
   return gradInput.copy_(t);
 }
-#define RACCEL_REFLECTION_PAD(op)                                                                                      \
+#define RACCEL_PAD(op, replicate)                                                                                      \
   at::Tensor& op##_out(const at::Tensor& self, at::IntArrayRef padding, at::Tensor& out) {                            \
-    return reflectionPadInto("aten::" #op, self, padding, out);                                                        \
+    return padInto("aten::" #op, replicate, self, padding, out);                                                       \
   }                                                                                                                    \
   at::Tensor op(const at::Tensor& self, at::IntArrayRef padding) {                                                     \
     auto out = emptyOn({0}, self.scalar_type());                                                                       \
-    return reflectionPadInto("aten::" #op, self, padding, out);                                                        \
+    return padInto("aten::" #op, replicate, self, padding, out);                                                       \
   }                                                                                                                    \
   at::Tensor& op##_backward_out(const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding,              \
                                 at::Tensor& gradInput) {                                                               \
-    return reflectionPadBackwardInto("aten::" #op "_backward", grad, self, padding, gradInput);                       \
+    return padBackwardInto("aten::" #op "_backward", replicate, grad, self, padding, gradInput);                       \
   }                                                                                                                    \
   at::Tensor op##_backward(const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding) {                 \
     auto out = emptyOn({0}, grad.scalar_type());                                                                       \
-    return reflectionPadBackwardInto("aten::" #op "_backward", grad, self, padding, out);                             \
+    return padBackwardInto("aten::" #op "_backward", replicate, grad, self, padding, out);                             \
   }
-RACCEL_REFLECTION_PAD(reflection_pad1d)
-RACCEL_REFLECTION_PAD(reflection_pad2d)
-#undef RACCEL_REFLECTION_PAD
+RACCEL_PAD(reflection_pad1d, false)
+RACCEL_PAD(reflection_pad2d, false)
+RACCEL_PAD(replication_pad1d, true)
+RACCEL_PAD(replication_pad2d, true)
+#undef RACCEL_PAD
 
 // ---- Batch norm, convolution and pooling, composed of the ops above ----------------------
 // (Each at:: call on the device's tensors runs through this device's own ops.)
@@ -4534,6 +4542,12 @@ void registerConvolutionsAndPooling(torch::Library& m) {
   m.impl("reflection_pad2d.out", TORCH_FN(reflection_pad2d_out));
   m.impl("reflection_pad2d", TORCH_FN(python::reflection_pad2d));
   RACCEL_IMPL_BACKWARD(reflection_pad2d)
+  m.impl("replication_pad1d.out", TORCH_FN(replication_pad1d_out));
+  m.impl("replication_pad1d", TORCH_FN(python::replication_pad1d));
+  RACCEL_IMPL_BACKWARD(replication_pad1d)
+  m.impl("replication_pad2d.out", TORCH_FN(replication_pad2d_out));
+  m.impl("replication_pad2d", TORCH_FN(python::replication_pad2d));
+  RACCEL_IMPL_BACKWARD(replication_pad2d)
   m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
   m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
