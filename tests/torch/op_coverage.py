@@ -259,6 +259,10 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("replication padding 1-d and 2-d (conv's padding_mode='replicate'), with backwards", [(2, 3, 5), (1, 2, 4, 5)],
      lambda x, y: F.pad(x, (2, 3), mode="replicate").sum(1)[:, :5] + F.pad(y, (1, 2, 3, 0), mode="replicate")[0, :, :5, :5].sum(0)[:1]
      + F.conv2d(F.pad(y, (1, 1, 1, 1), mode="replicate"), torch.ones(1, 2, 3, 3, device=y.device))[0, :, :1, :5]),
+    ("F.unfold and F.fold (im2col, col2im: dilation, padding, strides; unbatched), with backwards", [(2, 3, 6, 7)],
+     lambda x: torch.cat([F.unfold(x, (3, 2), dilation=(1, 2), padding=1, stride=(2, 1)).flatten(),
+                          F.fold(F.unfold(x, 3, padding=1), (6, 7), 3, padding=1).flatten(),
+                          F.fold(F.unfold(x[0], 2, stride=2) * 2, (6, 7), 2, stride=2).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -3065,6 +3065,39 @@ at::Tensor uncolumns(const at::Tensor& cols, c10::IntArrayRef sizes, const Windo
   return out;
 }
 
+// F.unfold and F.fold (im2col and col2im of [N, C, H, W] and [N, C x KK, L]): the
+// convolution's own gathers, their columns laid out as PyTorch's ([N, C x KK, L]).
+// A 3-D input (no batch) is one of a batch.
+at::Tensor im2col(const at::Tensor& self, at::IntArrayRef kernel, at::IntArrayRef dilation, at::IntArrayRef padding,
+                  at::IntArrayRef stride) {
+  const auto w = Window2d::of(kernel, stride, padding, dilation);
+  const bool ok = supported({&self}) && (self.dim() == 3 || self.dim() == 4) && kernel.size() == 2 && stride.size() == 2 &&
+                  w.sane() && self.numel() > 0;
+  if (!ok) return onHost("aten::im2col", [&] { return at::im2col(host(self), kernel, dilation, padding, stride).to(self.device()); });
+  const auto x = self.dim() == 3 ? self.unsqueeze(0) : self;
+  const int64_t n = x.size(0), l = w.outH(x.size(2)) * w.outW(x.size(3));
+  TORCH_CHECK(w.outH(x.size(2)) > 0 && w.outW(x.size(3)) > 0, "im2col: the kernel is larger than the padded input ", x.sizes());
+  auto cols = columns(x, w).view({-1, n, l}).permute({1, 0, 2}).contiguous();  // [C x KK, N x L] -> [N, C x KK, L]
+  return self.dim() == 3 ? cols.squeeze(0) : cols;
+}
+at::Tensor col2im(const at::Tensor& self, at::IntArrayRef outputSize, at::IntArrayRef kernel, at::IntArrayRef dilation,
+                  at::IntArrayRef padding, at::IntArrayRef stride) {
+  const auto w = Window2d::of(kernel, stride, padding, dilation);
+  const int64_t kk = w.kh * w.kw;
+  const bool ok = supported({&self}) && (self.dim() == 2 || self.dim() == 3) && outputSize.size() == 2 && kernel.size() == 2 &&
+                  stride.size() == 2 && w.sane() && self.numel() > 0 && self.size(-2) % kk == 0 &&
+                  w.outH(outputSize[0]) > 0 && w.outW(outputSize[1]) > 0 &&
+                  self.size(-1) == w.outH(outputSize[0]) * w.outW(outputSize[1]);
+  if (!ok)
+    return onHost("aten::col2im", [&] {
+      return at::col2im(host(self), outputSize, kernel, dilation, padding, stride).to(self.device());
+    });
+  const auto cols = (self.dim() == 2 ? self.unsqueeze(0) : self).contiguous();
+  const int64_t n = cols.size(0), c = cols.size(1) / kk;
+  auto out = uncolumns(cols.view({n, c, kk * cols.size(2)}), {n, c, outputSize[0], outputSize[1]}, w);
+  return self.dim() == 2 ? out.squeeze(0) : out;
+}
+
 // The columns of a convolution's input, kept from its forward for its backward's weight
 // gradient, which needs the same ones (making them again was a third of the reference
 // CNN's step). Found by the input itself, held so that its memory cannot be reused
@@ -4507,6 +4540,8 @@ void registerComparisons(torch::Library& m) {
   m.impl("lerp.Tensor_out", TORCH_FN(lerp_Tensor_out));
   m.impl("count_nonzero.dim_IntList", TORCH_FN(count_nonzero_dims));
   m.impl("trace", TORCH_FN(python::trace));
+  m.impl("im2col", TORCH_FN(python::im2col));
+  m.impl("col2im", TORCH_FN(python::col2im));
   m.impl("index_fill_.int_Scalar", TORCH_FN(index_fill_scalar_));
   m.impl("index_fill_.int_Tensor", TORCH_FN(index_fill_tensor_));
   m.impl("diag.out", TORCH_FN(diag_out));
