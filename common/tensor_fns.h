@@ -20,8 +20,10 @@ enum class TensorFn : uint8_t {
   hardswish, hardswishBackward, hardsigmoid, hardsigmoidBackward, mish, mishBackward, sort,
   // elementwise math of one input (since 2026-11-30)
   floor, ceil, round, trunc, frac, sin, cos, tan, asin, acos, atan, sinh, cosh, erf, erfc, expm1, log2, log10, exp2,
+  // elementwise math of two inputs (since 2026-11-30)
+  atan2, hypot, copysign, fmod,
 };
-inline constexpr unsigned kTensorFns = 94;
+inline constexpr unsigned kTensorFns = 98;
 
 enum class TensorType : uint8_t { f32, i64, boolean };
 inline constexpr unsigned kTensorTypes = 3;
@@ -47,6 +49,7 @@ constexpr bool takesFusedScale(TensorFn fn) {
     case TensorFn::sin: case TensorFn::cos: case TensorFn::tan: case TensorFn::asin: case TensorFn::acos:
     case TensorFn::atan: case TensorFn::sinh: case TensorFn::cosh: case TensorFn::erf: case TensorFn::erfc:
     case TensorFn::expm1: case TensorFn::log2: case TensorFn::log10: case TensorFn::exp2:
+    case TensorFn::atan2: case TensorFn::hypot: case TensorFn::copysign: case TensorFn::fmod:
       return true;
     default:
       return false;

@@ -340,10 +340,10 @@ TEST_P(Conformance, MapsAtTheEdgesGivePyTorchsValues) {
   }
 }
 
-// C's math of one input, as the C library computes it in f32 (the backends' own
+// C's math of one input and of two, as the C library computes it in f32 (the backends' own
 // libraries: within 4e-6 relative where it is not exact; rounding, zeros, infinities
 // and NaN exactly, the sign of zero included).
-TEST_P(Conformance, MathOfOneInputGivesTheCLibrarysValues) {
+TEST_P(Conformance, MathOfOneAndTwoInputsGivesTheCLibrarysValues) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const std::vector<float> x = {nan, -0.0f, -inf, inf, 2.5f, -1.5f, 0.5f, 0.3f, -2.5f, 1e-10f};
   const uint64_t n = x.size();
@@ -363,22 +363,40 @@ TEST_P(Conformance, MathOfOneInputGivesTheCLibrarysValues) {
       {TensorFn::log2, [](float v) { return std::log2(v); }}, {TensorFn::log10, [](float v) { return std::log10(v); }},
       {TensorFn::exp2, [](float v) { return std::exp2(v); }},
   };
+  auto expectLibrarys = [](float got, float want, const std::string& what) {
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << what << ": " << got;
+      return;
+    }
+    if (want == 0 || std::isinf(want) || want == std::trunc(want)) EXPECT_EQ(got, want) << what;
+    else EXPECT_NEAR(got, want, 4e-6 * std::fabs(want)) << what;
+    EXPECT_EQ(std::signbit(got), std::signbit(want)) << what;
+  };
   for (auto& [fn, reference] : cases) {
     auto s = device->tensor(tensorOp(fn, {n}, {view(out->get(), 0, {1}), view(bx.get(), 0, {1})}));
     if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
     ASSERT_TRUE(s) << s.error().message;
     auto got = readFloats(**out, n);
-    for (size_t i = 0; i < n; ++i) {
-      const float want = reference(x[i]);
-      const std::string what = std::string(tensorFnName(fn)) + " at " + std::to_string(x[i]);
-      if (std::isnan(want)) {
-        EXPECT_TRUE(std::isnan(got[i])) << what << ": " << got[i];
-        continue;
-      }
-      if (want == 0 || std::isinf(want) || want == std::trunc(want)) EXPECT_EQ(got[i], want) << what;
-      else EXPECT_NEAR(got[i], want, 4e-6 * std::fabs(want)) << what;
-      EXPECT_EQ(std::signbit(got[i]), std::signbit(want)) << what;
-    }
+    for (size_t i = 0; i < n; ++i)
+      expectLibrarys(got[i], reference(x[i]), std::string(tensorFnName(fn)) + " at " + std::to_string(x[i]));
+  }
+  // Of two inputs: each x against a y of other signs, zeros, infinities and NaN.
+  const std::vector<float> y = {1.0f, 2.0f, -0.0f, -3.0f, -0.75f, inf, -inf, 0.0f, nan, 0.2f};
+  auto by = floats(y);
+  using G = float (*)(float, float);
+  const std::vector<std::pair<TensorFn, G>> binary = {
+      {TensorFn::atan2, [](float a, float b) { return std::atan2(a, b); }},
+      {TensorFn::hypot, [](float a, float b) { return std::hypot(a, b); }},
+      {TensorFn::copysign, [](float a, float b) { return std::copysign(a, b); }},
+      {TensorFn::fmod, [](float a, float b) { return std::fmod(a, b); }},
+  };
+  for (auto& [fn, reference] : binary) {
+    auto s = device->tensor(tensorOp(fn, {n}, {view(out->get(), 0, {1}), view(bx.get(), 0, {1}), view(by.get(), 0, {1})}));
+    ASSERT_TRUE(s) << s.error().message;
+    auto got = readFloats(**out, n);
+    for (size_t i = 0; i < n; ++i)
+      expectLibrarys(got[i], reference(x[i], y[i]),
+                     std::string(tensorFnName(fn)) + " of " + std::to_string(x[i]) + ", " + std::to_string(y[i]));
   }
 }
 

@@ -42,6 +42,7 @@ class Buffer;
 #define RC_LOG1P(x) std::log1p(x)
 #define RC_COS(x) std::cos(x)
 #define RC_F(name, x) std::name(x)
+#define RC_F2(name, x, y) std::name(x, y)
 #define RC_U64 uint64_t
 namespace raccel::hal::kernels {
 #include "hal/tensor_kernels.inc"

@@ -345,6 +345,8 @@ struct Op {
 #   floor, ceil, round, trunc, frac, sin, cos, tan, asin, acos, atan, sinh, cosh, erf,
 #     erfc, expm1, log2, log10, exp2: elementwise, out = C's function of that name of a
 #     (round: to the nearest, halves to even, as PyTorch's; frac: a - trunc(a)), f32
+#   atan2, hypot, copysign, fmod: elementwise, out = C's function of that name of (a, b)
+#     (fmod: the remainder with a's sign), f32
 #   sum over i64 or bool: an exact i64 sum (alpha 1, beta 0 or 1)
 #   add, mul over integers (i64 and bool, no f32): exact, alpha an integer (|alpha| at
 #     most 2^24), wrapping past the i64 range (two's complement, as PyTorch's CPU); into
@@ -515,6 +517,10 @@ enum TensorFn {
   log2 @91;
   log10 @92;
   exp2 @93;
+  atan2 @94;
+  hypot @95;
+  copysign @96;
+  fmod @97;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -263,6 +263,10 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x: torch.cat([F.unfold(x, (3, 2), dilation=(1, 2), padding=1, stride=(2, 1)).flatten(),
                           F.fold(F.unfold(x, 3, padding=1), (6, 7), 3, padding=1).flatten(),
                           F.fold(F.unfold(x[0], 2, stride=2) * 2, (6, 7), 2, stride=2).flatten()])),
+    ("atan2, hypot, copysign, fmod, remainder, floor and trunc division (tensors and numbers), with backwards", [(4, 6), (4, 6)],
+     lambda a, b: torch.cat([torch.atan2(a, b), torch.hypot(a, b), torch.copysign(a, b), torch.fmod(a * 3, b.abs() + 0.5),
+                             (a * 3) % (b.abs() + 0.5), (a * 3) % -0.7, ((a * 3) // (b.abs() + 0.5)).detach(), ((a * 3) // 0.3).detach(),
+                             torch.div(a * 3, b, rounding_mode="trunc")])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -1099,11 +1099,15 @@ at::Tensor pow(const at::Tensor& self, const at::Scalar& exponent) {
 }
 at::Tensor& pow_(at::Tensor& self, const at::Scalar& exponent) { return python::pow_out(self, exponent, self); }
 
-// out = fn(a, b) over their broadcast shape, or the host's `reference` counted.
+// A host float number as a one-element tensor on the card (written, no wait); any other
+// tensor as it is.
+at::Tensor onCardSide(const at::Tensor& t) { return isHostScalar(t) && t.is_floating_point() ? *deviceNumber(t, at::kFloat) : t; }
+// out = fn(a, b) over their broadcast shape (either a host number), or the host's
+// `reference` counted.
 template <class Host>
 at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out,
                       Host reference, float alpha = 1, float beta = 0) {
-  const at::Tensor a = promoted(a0, out), b = promoted(b0, out);
+  const at::Tensor a = promoted(onCardSide(a0), out), b = promoted(onCardSide(b0), out);
   if (!supported({&a, &b, &out})) return hostInto(name, out, reference(host(a), host(b)));
   at::native::resize_output(out, broadcastShape(a, b));
   elementwise(fn, out, &a, &b, alpha, beta);
@@ -1122,6 +1126,10 @@ RACCEL_BINARY(maximum, TensorFn::maximum, "aten::maximum")
 RACCEL_BINARY(minimum, TensorFn::minimum, "aten::minimum")
 RACCEL_BINARY(tanh_backward, TensorFn::tanhBackward, "aten::tanh_backward")
 RACCEL_BINARY(sigmoid_backward, TensorFn::sigmoidBackward, "aten::sigmoid_backward")
+RACCEL_BINARY(atan2, TensorFn::atan2, "aten::atan2.out")  // C's math of two f32 inputs
+RACCEL_BINARY(hypot, TensorFn::hypot, "aten::hypot.out")
+RACCEL_BINARY(copysign, TensorFn::copysign, "aten::copysign.out")
+RACCEL_BINARY(fmod, TensorFn::fmod, "aten::fmod.Tensor_out")
 #undef RACCEL_BINARY
 
 // out = a / b (b may be a host number: a times its inverse). True division: integers
@@ -1140,6 +1148,44 @@ at::Tensor div(const at::Tensor& a, const at::Tensor& b) {
   return python::div_out(a, b, out);
 }
 at::Tensor& div_(at::Tensor& self, const at::Tensor& other) { return python::div_out(self, other, self); }
+
+// remainder over f32: fmod moved to the divisor's sign, as PyTorch's (Python's %).
+at::Tensor& remainder_out(const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out) {
+  const at::Tensor a = onCardSide(a0), b = onCardSide(b0);
+  if (!supported({&a, &b, &out})) return hostInto("aten::remainder.Tensor_out", out, at::remainder(host(a), host(b)));
+  auto mod = at::fmod(a, b);
+  auto result = at::where((mod != 0).logical_and((b < 0).logical_xor(mod < 0)), mod + b, mod);
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+// Division rounded down (floor) or toward zero (trunc), over f32, by PyTorch's CPU rules:
+// floor from fmod, so that a / b's own rounding cannot cross an integer (div_floor).
+at::Tensor floorDivided(const at::Tensor& a, const at::Tensor& b) {
+  auto mod = at::fmod(a, b);
+  auto div = (a - mod) / b;
+  div = at::where((mod != 0).logical_and((b < 0).logical_xor(mod < 0)), div - 1, div);
+  auto floored = at::floor(div);
+  floored = at::where(div - floored > 0.5, floored + 1, floored);
+  auto quotient = a / b;
+  auto result = at::where(div != 0, floored, at::copysign(at::zeros({}, quotient.options()), quotient));
+  return at::where(b == 0, quotient, result);
+}
+at::Tensor& div_out_mode(const at::Tensor& a0, const at::Tensor& b0, c10::optional<c10::string_view> mode, at::Tensor& out) {
+  const at::Tensor a = onCardSide(a0), b = onCardSide(b0);
+  if (!mode) return python::div_out(a, b, out);
+  if (!supported({&a, &b, &out})) return hostInto("aten::div.out_mode", out, at::div(host(a), host(b), mode));
+  auto result = *mode == "trunc" ? at::trunc(a / b) : floorDivided(a, b);
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+at::Tensor& floor_divide_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  return python::div_out_mode(a, b, "floor", out);
+}
+at::Tensor floor_divide(const at::Tensor& a, const at::Tensor& b) {
+  auto out = emptyOn({0}, at::result_type(a, b));
+  return python::floor_divide_out(a, b, out);
+}
+at::Tensor& floor_divide_(at::Tensor& self, const at::Tensor& other) { return python::floor_divide_out(self, other, self); }
 
 // Activations with parameters, and their backwards (grad, the forward's input).
 float geluForm(c10::string_view approximate) {
@@ -4540,6 +4586,19 @@ void registerComparisons(torch::Library& m) {
   m.impl("lerp.Tensor_out", TORCH_FN(lerp_Tensor_out));
   m.impl("count_nonzero.dim_IntList", TORCH_FN(count_nonzero_dims));
   m.impl("trace", TORCH_FN(python::trace));
+  m.impl("atan2.out", TORCH_FN(atan2_out));
+  m.impl("atan2", TORCH_FN(python::atan2));
+  m.impl("hypot.out", TORCH_FN(hypot_out));
+  m.impl("hypot", TORCH_FN(python::hypot));
+  m.impl("copysign.out", TORCH_FN(copysign_out));
+  m.impl("copysign.Tensor", TORCH_FN(python::copysign));
+  m.impl("fmod.Tensor_out", TORCH_FN(fmod_out));
+  m.impl("fmod.Tensor", TORCH_FN(python::fmod));
+  m.impl("remainder.Tensor_out", TORCH_FN(remainder_out));
+  m.impl("div.out_mode", TORCH_FN(div_out_mode));
+  m.impl("floor_divide.out", TORCH_FN(floor_divide_out));
+  m.impl("floor_divide", TORCH_FN(python::floor_divide));
+  m.impl("floor_divide_.Tensor", TORCH_FN(floor_divide_));
   m.impl("im2col", TORCH_FN(python::im2col));
   m.impl("col2im", TORCH_FN(python::col2im));
   m.impl("index_fill_.int_Scalar", TORCH_FN(index_fill_scalar_));
