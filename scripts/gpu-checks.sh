@@ -85,7 +85,7 @@ torch_checks() {
     build-gpu/python/libraccel_schema.a "$sys"/libcapnp-0.9.2.so "$sys"/libkj-0.9.2.so "$sys"/libuv.so.1
     "$sys"/libssl.so.3 "$sys"/libcrypto.so.3 -Wl,-rpath,'$ORIGIN')
   "${cxx[@]}" vmfrontend/python/module.cc -o "$pkg/_raccel$ext" "${libs[@]}" || return 1
-  "${cxx[@]}" vmfrontend/python/torch_device.cc -o "$pkg/_torch$ext" -L"$tlib" -ltorch -ltorch_cpu -lc10 -ltorch_python \
+  "${cxx[@]}" vmfrontend/python/torch_*.cc -o "$pkg/_torch$ext" -L"$tlib" -ltorch -ltorch_cpu -lc10 -ltorch_python \
     -Wl,-rpath,"$tlib" "${libs[@]}" || return 1
   PYTHONPATH=/tmp/raccel-py $py -c 'import raccel.torch' || return 1
   local port=$((20000 + RANDOM % 10000))

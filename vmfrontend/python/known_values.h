@@ -2,7 +2,7 @@
 // by an index checks the index where PyTorch's CPU does (an index outside its dimension
 // raises) without reading it back before every op: the bounds a copy from the host
 // counted as it passed, or a check on the card read, kept per span of a buffer until
-// something writes there (torch_device.cc, "Index checks").
+// something writes there (torch_device.h, "Index checks").
 #pragma once
 
 #include <cstdint>

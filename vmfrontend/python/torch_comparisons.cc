@@ -1,0 +1,242 @@
+// The torch device's comparisons and selection: bool masks from f32 and exact i64
+// compares, logical and bitwise ops, where, masked_fill, and all/any.
+#include <ATen/ScalarOps.h>
+
+#include "vmfrontend/python/torch_device.h"
+
+namespace raccel::python {
+
+namespace {
+
+// ---- Comparisons and selection (bool masks; f32 and exact i64) --------------------------
+
+// `x` as an operand of `dtype`: itself when on the device with that dtype, a written
+// host number, or nothing (the op runs on the host).
+c10::optional<at::Tensor> sideOf(const at::Tensor& x, at::ScalarType dtype) {
+  if (isHostScalar(x)) return deviceNumber(x, dtype);
+  if (typed(x) && x.scalar_type() == dtype) return x;
+  return c10::nullopt;
+}
+
+template <class Host>
+at::Tensor& compareOut(TensorFn fn, const char* name, const at::Tensor& a, const at::Tensor& b, at::Tensor& out, Host reference) {
+  c10::optional<at::Tensor> side;
+  if (typed(a) && onDevice(out) && out.scalar_type() == at::kBool) side = sideOf(b, a.scalar_type());
+  if (!side) return hostInto(name, out, reference(host(a), host(b)));
+  at::native::resize_output(out, broadcastShape(a, *side));
+  elementwise(fn, out, &a, &*side);
+  return out;
+}
+
+#define RACCEL_COMPARE(op, fn)                                                                                       \
+  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                   \
+    return compareOut(fn, "aten::" #op, a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::op(x, y); }); \
+  }                                                                                                                   \
+  at::Tensor op(const at::Tensor& a, const at::Tensor& b) {                                                           \
+    auto out = emptyOn({0}, at::kBool);                                                                               \
+    return python::op##_out(a, b, out);                                                                               \
+  }                                                                                                                   \
+  at::Tensor& op##_scalar_out(const at::Tensor& a, const at::Scalar& b, at::Tensor& out) {                            \
+    return python::op##_out(a, at::scalar_to_tensor(b), out);                                                        \
+  }                                                                                                                   \
+  at::Tensor op##_scalar(const at::Tensor& a, const at::Scalar& b) { return python::op(a, at::scalar_to_tensor(b)); }
+RACCEL_COMPARE(eq, TensorFn::eq)
+RACCEL_COMPARE(ne, TensorFn::ne)
+RACCEL_COMPARE(lt, TensorFn::lt)
+RACCEL_COMPARE(le, TensorFn::le)
+RACCEL_COMPARE(gt, TensorFn::gt)
+RACCEL_COMPARE(ge, TensorFn::ge)
+#undef RACCEL_COMPARE
+
+// not x: x == 0
+at::Tensor& logical_not_out(const at::Tensor& self, at::Tensor& out) {
+  return compareOut(TensorFn::eq, "aten::logical_not", self, at::scalar_to_tensor(0), out,
+                    [](const at::Tensor& x, const at::Tensor&) { return at::logical_not(x); });
+}
+at::Tensor logical_not(const at::Tensor& self) {
+  auto out = emptyOn({0}, at::kBool);
+  return python::logical_not_out(self, out);
+}
+// torch.equal: the same sizes and every element equal (NaN never is), compared on the
+// card with one bool read back, not both tensors.
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  if (!typed(self) || !typed(other)) {
+    countFallback("aten::equal");
+    return at::equal(host(self), host(other));
+  }
+  return self.sizes() == other.sizes() && at::eq(self, other).all().item<bool>();
+}
+// How many elements are not 0 along dims: an exact i64 sum of their truths.
+at::Tensor count_nonzero_dims(const at::Tensor& self, at::IntArrayRef dims) {
+  if (!typed(self)) return onHost("aten::count_nonzero.dim_IntList", [&] { return at::count_nonzero(host(self), dims).to(self.device()); });
+  return (self != 0).sum(dims.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(dims), false, at::kLong);
+}
+// NaN is the one value not equal to itself.
+at::Tensor isnan(const at::Tensor& self) { return at::ne(self, self); }
+
+// Over bools (or i64s: nonzero is true), as an exact integer mul (and) or add (or).
+#define RACCEL_LOGICAL(op, fn)                                                                                        \
+  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                   \
+    auto y = integerSide(a, b, out, 1);                                                                               \
+    if (!y || out.scalar_type() != at::kBool) return hostInto("aten::" #op, out, at::op(host(a), host(b)));          \
+    at::native::resize_output(out, broadcastShape(a, *y));                                                            \
+    elementwise(fn, out, &a, &*y);                                                                                    \
+    return out;                                                                                                       \
+  }                                                                                                                   \
+  at::Tensor op(const at::Tensor& a, const at::Tensor& b) {                                                           \
+    auto out = emptyOn({0}, at::kBool);                                                                               \
+    return python::op##_out(a, b, out);                                                                               \
+  }                                                                                                                   \
+  at::Tensor& op##_(at::Tensor& self, const at::Tensor& other) { return python::op##_out(self, other, self); }
+RACCEL_LOGICAL(logical_and, TensorFn::mul)
+RACCEL_LOGICAL(logical_or, TensorFn::add)
+#undef RACCEL_LOGICAL
+
+// Exclusive or, over bools (or i64s: nonzero is true): the two sides' truths unequal.
+at::Tensor& logical_xor_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (!typed(a) || !typed(b) || isF32(a) || isF32(b) || out.scalar_type() != at::kBool)
+    return hostInto("aten::logical_xor", out, at::logical_xor(host(a), host(b)));
+  auto truth = [](const at::Tensor& t) { return t.scalar_type() == at::kBool ? t : t != 0; };
+  at::native::resize_output(out, broadcastShape(a, b));
+  return at::ne_out(out, truth(a), truth(b));
+}
+at::Tensor& bitwise_xor_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (a.scalar_type() == at::kBool && b.scalar_type() == at::kBool && out.scalar_type() == at::kBool)
+    return python::logical_xor_out(a, b, out);
+  return hostInto("aten::bitwise_xor", out, at::bitwise_xor(host(a), host(b)));
+}
+
+// x & y and x | y: over bools and and or; over integers the host's bitwise ops (an i64's
+// bits are not the kernels' arithmetic).
+#define RACCEL_BITWISE(op, logical)                                                                                   \
+  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                   \
+    if (a.scalar_type() == at::kBool && b.scalar_type() == at::kBool && out.scalar_type() == at::kBool)               \
+      return python::logical##_out(a, b, out);                                                                        \
+    return hostInto("aten::" #op, out, at::op(host(a), host(b)));                                                     \
+  }
+RACCEL_BITWISE(bitwise_and, logical_and)
+RACCEL_BITWISE(bitwise_or, logical_or)
+#undef RACCEL_BITWISE
+
+// ~x of a bool: not x (other dtypes' bitwise not runs on the host).
+at::Tensor& bitwise_not_out(const at::Tensor& self, at::Tensor& out) {
+  if (!(typed(self) && self.scalar_type() == at::kBool)) return hostInto("aten::bitwise_not", out, at::bitwise_not(host(self)));
+  return python::logical_not_out(self, out);
+}
+
+// out = condition ? self : other (either side may be a host number).
+at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  c10::optional<at::Tensor> x, y;
+  const bool ok = typed(condition) && condition.scalar_type() == at::kBool && onDevice(out) &&
+                  (out.scalar_type() == at::kFloat || out.scalar_type() == at::kLong);
+  if (ok) x = sideOf(self, out.scalar_type()), y = sideOf(other, out.scalar_type());
+  if (!x || !y) return hostInto("aten::where.self", out, at::where(host(condition), host(self), host(other)));
+  at::native::resize_output(out, at::infer_size(condition.sizes(), broadcastShape(*x, *y)));
+  elementwise(TensorFn::where, out, &condition, &*x, 0, 0, &*y);
+  return out;
+}
+at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  auto out = emptyOn({0}, at::result_type(self, other));
+  return python::where_out(condition, self, other, out);
+}
+
+}  // namespace
+
+at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0, "raccel: masked_fill_ takes a 0-dimensional value, not one of ", value.sizes());
+  c10::optional<at::Tensor> v;
+  if (typed(mask) && mask.scalar_type() == at::kBool && typed(self) && self.scalar_type() != at::kBool)
+    v = sideOf(value, self.scalar_type());
+  if (!v) return hostInto("aten::masked_fill_", self, host(self).masked_fill(host(mask), host(value)));
+  elementwise(TensorFn::where, self, &mask, &*v, 0, 0, &self);
+  return self;
+}
+
+namespace {
+
+at::Tensor& masked_fill_scalar_(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
+  return python::masked_fill_(self, mask, at::scalar_to_tensor(value));
+}
+
+// ---- all / any: counts of the true elements --------------------------------------------
+
+// all: the count of nonzero elements over `mask` is every one; any: it is not 0.
+at::Tensor& allOrAny(bool all, const at::Tensor& self, uint32_t mask, bool keepdim, at::Tensor& out) {
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < std::max<int64_t>(self.dim(), 1); ++d)
+    if (mask >> d & 1) dims.push_back(d);
+  int64_t each = 1;  // elements per count
+  for (int64_t d : dims) each *= self.dim() ? self.size(d) : 1;
+  if (!typed(self) || !typed(out) || out.scalar_type() != at::kBool) {
+    auto count = host(self).ne(0).sum(self.dim() ? at::IntArrayRef(dims) : at::IntArrayRef{}, keepdim);
+    return hostInto(all ? "aten::all" : "aten::any", out, all ? count.eq(each) : count.gt(0));
+  }
+  at::Tensor nonzero = self.scalar_type() == at::kBool ? self : python::ne(self, at::scalar_to_tensor(0));
+  auto count = emptyOn({0}, at::kLong);
+  python::sum_out(nonzero, dims, keepdim, c10::nullopt, count);
+  return all ? python::eq_out(count, at::scalar_to_tensor(each), out) : python::gt_out(count, at::scalar_to_tensor(0), out);
+}
+at::Tensor all(const at::Tensor& self) {
+  auto out = emptyOn({0}, at::kBool);
+  return allOrAny(true, self, everyDim(self.dim()), false, out);
+}
+at::Tensor any(const at::Tensor& self) {
+  auto out = emptyOn({0}, at::kBool);
+  return allOrAny(false, self, everyDim(self.dim()), false, out);
+}
+at::Tensor& all_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& out) {
+  return allOrAny(true, self, 1u << c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1)), keepdim, out);
+}
+at::Tensor all_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  auto out = emptyOn({0}, at::kBool);
+  return python::all_dim_out(self, dim, keepdim, out);
+}
+at::Tensor& any_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& out) {
+  return allOrAny(false, self, 1u << c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1)), keepdim, out);
+}
+at::Tensor any_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  auto out = emptyOn({0}, at::kBool);
+  return python::any_dim_out(self, dim, keepdim, out);
+}
+
+}  // namespace
+
+// Comparisons, selection and the boolean ops masks need.
+void registerComparisons(torch::Library& m) {
+  m.impl("all", TORCH_FN(python::all));
+  m.impl("any", TORCH_FN(python::any));
+  m.impl("all.out", TORCH_FN(all_dim_out));
+  m.impl("all.dim", TORCH_FN(all_dim));
+  m.impl("any.out", TORCH_FN(any_dim_out));
+  m.impl("any.dim", TORCH_FN(any_dim));
+#define RACCEL_IMPL_COMPARE(op)                                 \
+  m.impl(#op ".Tensor_out", TORCH_FN(op##_out));                \
+  m.impl(#op ".Tensor", TORCH_FN(python::op));                  \
+  m.impl(#op ".Scalar_out", TORCH_FN(op##_scalar_out));         \
+  m.impl(#op ".Scalar", TORCH_FN(op##_scalar));
+  RACCEL_IMPL_COMPARE(eq)
+  RACCEL_IMPL_COMPARE(ne)
+  RACCEL_IMPL_COMPARE(lt)
+  RACCEL_IMPL_COMPARE(le)
+  RACCEL_IMPL_COMPARE(gt)
+  RACCEL_IMPL_COMPARE(ge)
+#undef RACCEL_IMPL_COMPARE
+  m.impl("where.self_out", TORCH_FN(where_out));
+  m.impl("where.self", TORCH_FN(python::where));
+  m.impl("masked_fill_.Scalar", TORCH_FN(masked_fill_scalar_));
+  m.impl("masked_fill_.Tensor", TORCH_FN(masked_fill_));
+  m.impl("logical_not.out", TORCH_FN(logical_not_out));
+  m.impl("logical_not", TORCH_FN(python::logical_not));
+  m.impl("isnan", TORCH_FN(python::isnan));
+  m.impl("equal", TORCH_FN(python::equal));
+  RACCEL_IMPL_OUT_NEW_INPLACE(logical_and)
+  RACCEL_IMPL_OUT_NEW_INPLACE(logical_or)
+  m.impl("bitwise_not.out", TORCH_FN(bitwise_not_out));
+  m.impl("bitwise_and.Tensor_out", TORCH_FN(bitwise_and_out));
+  m.impl("bitwise_or.Tensor_out", TORCH_FN(bitwise_or_out));
+  m.impl("bitwise_xor.Tensor_out", TORCH_FN(bitwise_xor_out));
+  m.impl("logical_xor.out", TORCH_FN(logical_xor_out));
+  m.impl("count_nonzero.dim_IntList", TORCH_FN(count_nonzero_dims));
+}
+
+}  // namespace raccel::python

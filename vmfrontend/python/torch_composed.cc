@@ -1,0 +1,357 @@
+// Ops the torch device composes of its other ops: GLU, log-sigmoid, nan_to_num, xlogy,
+// PReLU, flips and rolls, triu/tril, cumulative sums and products, reflection and
+// replication padding.
+#include "vmfrontend/python/torch_device.h"
+
+namespace raccel::python {
+
+namespace {
+
+// ---- GLU, PReLU, flips and cumulative sums, composed of the ops above --------------------
+
+// glu: the first half of `dim` times the sigmoid of the second, as PyTorch's a * sigmoid(b).
+bool cardGlu(const at::Tensor& self, int64_t dim) {
+  return self.dim() > 0 && self.size(c10::maybe_wrap_dim(dim, self.dim())) % 2 == 0;  // else PyTorch's own error
+}
+std::pair<at::Tensor, at::Tensor> gluHalves(const at::Tensor& t, int64_t dim) {
+  dim = c10::maybe_wrap_dim(dim, t.dim());
+  const int64_t h = t.size(dim) / 2;
+  return {t.narrow(dim, 0, h), t.narrow(dim, h, h)};
+}
+at::Tensor& glu_out(const at::Tensor& self, int64_t dim, at::Tensor& out) {
+  if (!supported({&self, &out}) || !cardGlu(self, dim)) return hostInto("aten::glu", out, at::glu(host(self), dim));
+  auto [a, b] = gluHalves(self, dim);
+  at::native::resize_output(out, a.sizes());
+  elementwise(TensorFn::sigmoid, out, &b, nullptr);
+  elementwise(TensorFn::mul, out, &out, &a);
+  return out;
+}
+at::Tensor glu(const at::Tensor& self, int64_t dim) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::glu_out(self, dim, out);
+}
+// d/da = sigmoid(b), d/db = a sigmoid(b) (1 - sigmoid(b)), each times the gradient.
+at::Tensor& glu_backward_out(const at::Tensor& grad, const at::Tensor& self, int64_t dim, at::Tensor& gradInput) {
+  if (!supported({&grad, &self, &gradInput}) || !cardGlu(self, dim) || !grad.sizes().equals(gluHalves(self, dim).first.sizes()))
+    return hostInto("aten::glu_backward", gradInput, at::glu_backward(host(grad), host(self), dim));
+  auto [a, b] = gluHalves(self, dim);
+  at::native::resize_output(gradInput, self.sizes());
+  auto [ga, gb] = gluHalves(gradInput, dim);
+  elementwise(TensorFn::sigmoid, ga, &b, nullptr);
+  elementwise(TensorFn::mul, gb, &grad, &a);
+  elementwise(TensorFn::sigmoidBackward, gb, &gb, &ga);
+  elementwise(TensorFn::mul, ga, &ga, &grad);
+  return gradInput;
+}
+at::Tensor glu_backward(const at::Tensor& grad, const at::Tensor& self, int64_t dim) {
+  auto out = emptyOn({0}, grad.scalar_type());
+  return python::glu_backward_out(grad, self, dim, out);
+}
+
+// log_sigmoid as PyTorch's CPU computes it: min(x, 0) - log1p(exp(-|x|)); its backward
+// from x alone (the CPU's buffer, exp(-|x|), is made again: the forward keeps none).
+std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& self) {
+  if (!supported({&self})) {
+    countFallback("aten::log_sigmoid_forward");
+    auto [out, buffer] = at::log_sigmoid_forward(host(self));
+    return {out.to(self.device()), buffer.to(self.device())};
+  }
+  auto out = at::minimum(self, at::zeros({}, self.options())) - at::log1p(at::exp(-at::abs(self)));
+  return {out, emptyOn({0})};
+}
+at::Tensor log_sigmoid_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& buffer) {
+  if (!supported({&grad, &self}))
+    return onHost("aten::log_sigmoid_backward", [&] {
+      return at::log_sigmoid_backward(host(grad), host(self), at::exp(-at::abs(host(self)))).to(self.device());
+    });
+  auto z = at::exp(-at::abs(self));
+  auto share = z / (z + 1);
+  return at::where(self < 0, 1 - share, share) * grad;
+}
+
+// nan_to_num: NaN, +inf and -inf replaced (by 0, f32's largest and lowest unless given).
+at::Tensor& nan_to_num_out(const at::Tensor& self, c10::optional<double> nan, c10::optional<double> posinf,
+                           c10::optional<double> neginf, at::Tensor& out) {
+  if (!supported({&self, &out}))
+    return hostInto("aten::nan_to_num.out", out, at::nan_to_num(host(self), nan, posinf, neginf));
+  auto number = [&](double v) { return at::full({}, v, self.options()); };
+  const double inf = std::numeric_limits<double>::infinity();
+  auto result = at::where(at::isnan(self), number(nan.value_or(0.0)), self);
+  result = at::where(self == inf, number(posinf.value_or(std::numeric_limits<float>::max())), result);
+  result = at::where(self == -inf, number(neginf.value_or(std::numeric_limits<float>::lowest())), result);
+  at::native::resize_output(out, self.sizes());
+  return out.copy_(result);
+}
+
+// xlogy: self * log(other), 0 where self is 0 and other is not NaN (the Kullback-Leibler
+// divergence's x log x), NaN where other is.
+at::Tensor& xlogy_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  if (!supported({&self, &other, &out}))
+    return hostInto("aten::xlogy.OutTensor", out, at::xlogy(host(self), host(other)));
+  auto zero = at::zeros({}, out.options());
+  auto value = at::where(self == 0, zero, self * at::log(other));
+  auto result = at::where(at::isnan(other), at::full({}, NAN, out.options()), value);
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+at::Tensor xlogy(const at::Tensor& self, const at::Tensor& other) {
+  auto out = emptyOn({0});
+  return python::xlogy_out(self, other, out);
+}
+at::Tensor& xlogy_(at::Tensor& self, const at::Tensor& other) { return python::xlogy_out(self, other, self); }
+
+// prelu: x where x > 0, else weight * x, with one weight for all or one per channel (dim
+// 1). Any other weight goes to the host, whose check gives PyTorch's error.
+std::optional<at::Tensor> preluWeight(const at::Tensor& self, const at::Tensor& weight) {
+  if (!supported({&self, &weight}) || weight.dim() > 1) return std::nullopt;
+  if (weight.numel() == 1) return weight.reshape({});
+  if (self.dim() < 2 || weight.numel() != self.size(1)) return std::nullopt;
+  std::vector<int64_t> shape(self.dim(), 1);
+  shape[1] = self.size(1);
+  return weight.reshape(shape);
+}
+at::Tensor prelu(const at::Tensor& self, const at::Tensor& weight) {
+  auto w = preluWeight(self, weight);
+  if (!w) return onHost("aten::prelu", [&] { return at::prelu(host(self), host(weight)).to(self.device()); });
+  return at::where(self > 0, self, self * *w);
+}
+// The input's gradient: the gradient where x > 0, else weight times it; the weight's: x
+// times the gradient where x <= 0, summed over all but the channel.
+std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& weight) {
+  auto w = preluWeight(self, weight);
+  if (!w || !supported({&grad}) || !grad.sizes().equals(self.sizes()))
+    return onHost("aten::prelu_backward", [&] {
+      auto [gi, gw] = at::prelu_backward(host(grad), host(self), host(weight));
+      return std::make_tuple(gi.to(self.device()), gw.to(self.device()));
+    });
+  auto positive = self > 0;
+  auto gradInput = at::where(positive, grad, grad * *w);
+  auto terms = (self * grad).masked_fill_(positive, 0);
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < self.dim(); ++d)
+    if (d != 1 || weight.numel() == 1) dims.push_back(d);
+  return {gradInput, terms.sum(dims).reshape(weight.sizes())};
+}
+
+// flip: an index_select of the reversed positions along each flipped dimension.
+at::Tensor flip(const at::Tensor& self, at::IntArrayRef dims) {
+  if (!typed(self)) return onHost("aten::flip", [&] { return at::flip(host(self), dims).to(self.device()); });
+  auto out = self;
+  std::vector<bool> seen(std::max<int64_t>(self.dim(), 1), false);
+  for (auto d0 : dims) {
+    const int64_t d = c10::maybe_wrap_dim(d0, self.dim());
+    TORCH_CHECK(!seen[d], "dim ", d, " appears multiple times in the list of dims");
+    seen[d] = true;
+    if (self.dim() == 0 || self.size(d) < 2) continue;
+    auto reversed = at::arange(self.size(d) - 1, -1, -1, at::kLong).to(self.device());
+    TrustedIndices inRange;
+    out = at::index_select(out, d, reversed);
+  }
+  return out.is_same(self) ? self.clone() : out;
+}
+
+// roll: along each dimension, the last `shift` elements (mod its size) first: a cat of
+// two narrowed views. With no dimensions, over the flattened tensor. (Its backward is
+// PyTorch's formula: the gradient rolled back.)
+at::Tensor roll(const at::Tensor& self, at::IntArrayRef shifts, at::IntArrayRef dims) {
+  if (!typed(self) || (dims.empty() ? shifts.size() != 1 : shifts.size() != dims.size()))
+    return onHost("aten::roll", [&] { return at::roll(host(self), shifts, dims).to(self.device()); });
+  if (dims.empty()) return python::roll(self.reshape({-1}), shifts, {0}).view(self.sizes());
+  at::Tensor out = self;
+  for (size_t k = 0; k < dims.size(); ++k) {
+    const int64_t d = c10::maybe_wrap_dim(dims[k], self.dim()), n = self.size(d);
+    if (n == 0) continue;
+    const int64_t shift = ((shifts[k] % n) + n) % n;
+    if (shift != 0) out = at::cat({out.narrow(d, n - shift, shift), out.narrow(d, 0, n - shift)}, d);
+  }
+  return out.is_same(self) ? self.clone() : out;
+}
+
+// triu and tril: the elements of the last two dimensions on or above (upper) or on or
+// below the `diagonal`-th diagonal, 0 elsewhere: a where by a mask made on the host
+// (written, no wait), or an and of a bool tensor with it.
+at::Tensor& triangleInto(const char* name, bool upper, const at::Tensor& self, int64_t diagonal, at::Tensor& out) {
+  const bool ok = typed(self) && onDevice(out) && out.scalar_type() == self.scalar_type() && self.dim() >= 2 &&
+                  (out.is_same(self) || !sharesStorage(out, self));
+  if (!ok) return hostInto(name, out, upper ? at::triu(host(self), diagonal) : at::tril(host(self), diagonal));
+  at::native::resize_output(out, self.sizes());
+  if (out.numel() == 0) return out;
+  auto all = at::ones({self.size(-2), self.size(-1)}, at::kBool);
+  auto keep = (upper ? all.triu(diagonal) : all.tril(diagonal)).to(self.device());
+  if (self.scalar_type() == at::kBool) {
+    elementwise(TensorFn::mul, out, &self, &keep);  // (and, over bools)
+  } else {
+    auto zero = at::zeros({}, self.options());
+    elementwise(TensorFn::where, out, &keep, &self, 0, 0, &zero);
+  }
+  return out;
+}
+#define RACCEL_TRIANGLE(op, upper)                                                                          \
+  at::Tensor& op##_out(const at::Tensor& self, int64_t diagonal, at::Tensor& out) {                         \
+    return triangleInto("aten::" #op, upper, self, diagonal, out);                                          \
+  }                                                                                                         \
+  at::Tensor op(const at::Tensor& self, int64_t diagonal) {                                                 \
+    auto out = emptyOn({0}, self.scalar_type());                                                            \
+    return op##_out(self, diagonal, out);                                                                   \
+  }                                                                                                         \
+  at::Tensor& op##_(at::Tensor& self, int64_t diagonal) { return op##_out(self, diagonal, self); }
+RACCEL_TRIANGLE(triu, true)
+RACCEL_TRIANGLE(tril, false)
+#undef RACCEL_TRIANGLE
+
+// cumsum and cumprod: a Hillis-Steele scan, log2(n) rounds of out[k:] = out[k:] fn
+// out[:-k] (each from a copy of the round's start): exact for integers (wrapping as
+// PyTorch's CPU); f32 rounded in a tree of adds or products rather than PyTorch's running
+// one in double (a few ulps apart over long rows). Integers and bools scan as i64.
+template <class Host>
+at::Tensor& scanOut(TensorFn fn, const char* name, const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype,
+                    at::Tensor& out, Host reference) {
+  const auto type = dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type());
+  if (!typed(self) || !typed(out) || out.scalar_type() != type || !typeOf(type) || type == at::kBool)
+    return hostInto(name, out, reference(host(self)));
+  dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  at::native::resize_output(out, self.sizes());
+  elementwise(TensorFn::copy, out, &self, nullptr);
+  const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
+  for (int64_t k = 1; k < n; k *= 2) {
+    auto before = out.narrow(dim, 0, n - k).clone();
+    auto after = out.narrow(dim, k, n - k);
+    elementwise(fn, after, &after, &before);
+  }
+  return out;
+}
+#define RACCEL_SCAN(op, fn)                                                                                           \
+  at::Tensor& op##_out(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype, at::Tensor& out) {  \
+    return scanOut(fn, "aten::" #op, self, dim, dtype, out, [&](const at::Tensor& x) { return at::op(x, dim, dtype); }); \
+  }                                                                                                                   \
+  at::Tensor op(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {                           \
+    auto out = emptyOn({0}, dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type()));                   \
+    return python::op##_out(self, dim, dtype, out);                                                                   \
+  }                                                                                                                   \
+  at::Tensor& op##_(at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {                             \
+    return python::op##_out(self, dim, dtype, self);                                                                  \
+  }
+RACCEL_SCAN(cumsum, TensorFn::add)
+RACCEL_SCAN(cumprod, TensorFn::mul)
+#undef RACCEL_SCAN
+
+// Reflection and replication padding: an index_select of the reflected (or the edge's
+// repeated) positions along each padded dimension (the last, then the one before it);
+// its backward, index_adds of the gradient back along them. Paddings PyTorch refuses
+// (a reflection of a dimension's size or more) and negative ones go to the host.
+std::optional<at::Tensor> paddedPositions(int64_t n, int64_t before, int64_t after, bool replicate, const at::Tensor& like) {
+  if (before < 0 || after < 0 || n == 0 || (!replicate && (before >= n || after >= n))) return std::nullopt;
+  std::vector<int64_t> picks;
+  for (int64_t i = -before; i < n + after; ++i)
+    picks.push_back(replicate ? std::clamp<int64_t>(i, 0, n - 1) : i < 0 ? -i : (i >= n ? 2 * (n - 1) - i : i));
+  return at::tensor(picks, at::kLong).to(like.device());
+}
+// The positions for each padded dimension, last first; none when the host must pad.
+std::optional<std::vector<at::Tensor>> paddings(const at::Tensor& self, at::IntArrayRef padding, bool replicate) {
+  const int64_t dims = static_cast<int64_t>(padding.size()) / 2;
+  if (!supported({&self}) || padding.size() % 2 || self.dim() < dims + 1 || self.numel() == 0) return std::nullopt;
+  std::vector<at::Tensor> each;
+  for (int64_t k = 0; k < dims; ++k) {
+    auto picks = paddedPositions(self.size(-1 - k), padding[2 * k], padding[2 * k + 1], replicate, self);
+    if (!picks) return std::nullopt;
+    each.push_back(*picks);
+  }
+  return each;
+}
+at::Tensor hostPadded(bool replicate, const at::Tensor& self, at::IntArrayRef padding) {
+  const bool one = padding.size() == 2;
+  return replicate ? (one ? at::replication_pad1d(host(self), padding) : at::replication_pad2d(host(self), padding))
+                   : (one ? at::reflection_pad1d(host(self), padding) : at::reflection_pad2d(host(self), padding));
+}
+at::Tensor hostPaddedBackward(bool replicate, const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding) {
+  const bool one = padding.size() == 2;
+  auto g = host(grad), x = host(self);
+  return replicate ? (one ? at::replication_pad1d_backward(g, x, padding) : at::replication_pad2d_backward(g, x, padding))
+                   : (one ? at::reflection_pad1d_backward(g, x, padding) : at::reflection_pad2d_backward(g, x, padding));
+}
+at::Tensor& padInto(const char* name, bool replicate, const at::Tensor& self, at::IntArrayRef padding, at::Tensor& out) {
+  auto each = paddings(self, padding, replicate);
+  if (!each || !supported({&out})) return hostInto(name, out, hostPadded(replicate, self, padding));
+  at::Tensor t = self;
+  TrustedIndices inRange;  // (the padding's positions)
+  for (size_t k = 0; k < each->size(); ++k) t = at::index_select(t, -1 - static_cast<int64_t>(k), (*each)[k]);
+  at::native::resize_output(out, t.sizes());
+  return out.copy_(t);
+}
+at::Tensor& padBackwardInto(const char* name, bool replicate, const at::Tensor& grad, const at::Tensor& self,
+                            at::IntArrayRef padding, at::Tensor& gradInput) {
+  auto each = paddings(self, padding, replicate);
+  if (!each || !supported({&grad, &gradInput})) return hostInto(name, gradInput, hostPaddedBackward(replicate, grad, self, padding));
+  at::Tensor t = grad;
+  TrustedIndices inRange;  // (the padding's positions)
+  for (int64_t k = static_cast<int64_t>(each->size()) - 1; k >= 0; --k) {  // the last select undone first
+    auto sizes = t.sizes().vec();
+    sizes[sizes.size() - 1 - k] = self.size(-1 - k);
+    t = at::zeros(sizes, grad.options()).index_add_(-1 - k, (*each)[k], t);
+  }
+  at::native::resize_output(gradInput, self.sizes());
+  return gradInput.copy_(t);
+}
+#define RACCEL_PAD(op, replicate)                                                                                      \
+  at::Tensor& op##_out(const at::Tensor& self, at::IntArrayRef padding, at::Tensor& out) {                            \
+    return padInto("aten::" #op, replicate, self, padding, out);                                                       \
+  }                                                                                                                    \
+  at::Tensor op(const at::Tensor& self, at::IntArrayRef padding) {                                                     \
+    auto out = emptyOn({0}, self.scalar_type());                                                                       \
+    return padInto("aten::" #op, replicate, self, padding, out);                                                       \
+  }                                                                                                                    \
+  at::Tensor& op##_backward_out(const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding,              \
+                                at::Tensor& gradInput) {                                                               \
+    return padBackwardInto("aten::" #op "_backward", replicate, grad, self, padding, gradInput);                       \
+  }                                                                                                                    \
+  at::Tensor op##_backward(const at::Tensor& grad, const at::Tensor& self, at::IntArrayRef padding) {                 \
+    auto out = emptyOn({0}, grad.scalar_type());                                                                       \
+    return padBackwardInto("aten::" #op "_backward", replicate, grad, self, padding, out);                             \
+  }
+RACCEL_PAD(reflection_pad1d, false)
+RACCEL_PAD(reflection_pad2d, false)
+RACCEL_PAD(replication_pad1d, true)
+RACCEL_PAD(replication_pad2d, true)
+#undef RACCEL_PAD
+
+}  // namespace
+
+// GLU, PReLU, flips, cumulative ops and padding.
+void registerComposed(torch::Library& m) {
+  m.impl("glu.out", TORCH_FN(glu_out));
+  m.impl("glu", TORCH_FN(python::glu));
+  m.impl("glu_backward.grad_input", TORCH_FN(glu_backward_out));
+  m.impl("glu_backward", TORCH_FN(python::glu_backward));
+  m.impl("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward));
+  m.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
+  m.impl("xlogy.OutTensor", TORCH_FN(xlogy_out));
+  m.impl("nan_to_num.out", TORCH_FN(nan_to_num_out));
+  m.impl("xlogy.Tensor", TORCH_FN(python::xlogy));
+  m.impl("xlogy_.Tensor", TORCH_FN(xlogy_));
+  m.impl("roll", TORCH_FN(python::roll));
+  RACCEL_IMPL_OUT_NEW_INPLACE(triu)
+  RACCEL_IMPL_OUT_NEW_INPLACE(tril)
+  m.impl("prelu", TORCH_FN(python::prelu));
+  m.impl("prelu_backward", TORCH_FN(python::prelu_backward));
+  m.impl("cumsum.out", TORCH_FN(cumsum_out));
+  m.impl("cumsum", TORCH_FN(python::cumsum));
+  m.impl("cumprod.out", TORCH_FN(cumprod_out));
+  m.impl("cumprod", TORCH_FN(python::cumprod));
+  m.impl("cumsum_", TORCH_FN(python::cumsum_));
+  m.impl("cumprod_", TORCH_FN(python::cumprod_));
+  m.impl("flip", TORCH_FN(python::flip));
+  m.impl("reflection_pad1d.out", TORCH_FN(reflection_pad1d_out));
+  m.impl("reflection_pad1d", TORCH_FN(python::reflection_pad1d));
+  RACCEL_IMPL_BACKWARD(reflection_pad1d)
+  m.impl("reflection_pad2d.out", TORCH_FN(reflection_pad2d_out));
+  m.impl("reflection_pad2d", TORCH_FN(python::reflection_pad2d));
+  RACCEL_IMPL_BACKWARD(reflection_pad2d)
+  m.impl("replication_pad1d.out", TORCH_FN(replication_pad1d_out));
+  m.impl("replication_pad1d", TORCH_FN(python::replication_pad1d));
+  RACCEL_IMPL_BACKWARD(replication_pad1d)
+  m.impl("replication_pad2d.out", TORCH_FN(replication_pad2d_out));
+  m.impl("replication_pad2d", TORCH_FN(python::replication_pad2d));
+  RACCEL_IMPL_BACKWARD(replication_pad2d)
+}
+
+}  // namespace raccel::python

@@ -1,0 +1,285 @@
+// The vocabulary the torch device's files share (torch_device.cc says what the device
+// is). Each torch_<family>.cc defines the kernels of one family of ops and registers them
+// in its register<Family>(); what a family needs of another is declared here. Every
+// function that touches the session takes its lock (Locked), on whichever thread
+// PyTorch calls it from.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/native/Resize.h>
+#include <pybind11/pybind11.h>
+#include <torch/library.h>
+#include <torch/version.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "vmfrontend/python/known_values.h"
+#include "vmfrontend/python/shared_session.h"
+
+namespace raccel::python {
+
+using client::Handle;
+using client::TensorFn;
+constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+
+// Two PyTorch lines build the device: Debian's 1.13 (the package) and 2.x (a GPU
+// machine's, scripts/gpu-checks.sh). Where their interfaces differ:
+//  - from 2.3 an allocator's allocate() is not const, and copy_data() (a storage's
+//    clone) is asked of it (torch_memory.cc);
+//  - from 2.1 var and std take their correction as a Scalar, not an int.
+#define RACCEL_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#if RACCEL_TORCH_AT_LEAST(2, 1)
+using Correction = const c10::optional<at::Scalar>&;
+inline double correctionOf(Correction c) { return c ? c->toDouble() : 1.0; }
+#else
+using Correction = c10::optional<int64_t>;
+inline double correctionOf(Correction c) { return double(c.value_or(1)); }
+#endif
+
+// ---- The session (torch_memory.cc) ----------------------------------------------------
+
+// Never destroyed: tensors may be freed after Python's shutdown has begun.
+struct State {
+  std::shared_ptr<SharedSession> shared;
+  std::mutex countsMu;
+  std::map<std::string, uint64_t> fallbacks;
+  std::atomic<uint64_t> indexReads{0};  // index checks that read the index's bounds from the card
+};
+State& state();
+
+// Holds the session's lock for one op.
+class Locked {
+ public:
+  Locked() : shared_(state().shared) {
+    TORCH_CHECK(shared_ && shared_->session, "raccel: no session; call raccel.torch.device() before using the device");
+    lock_ = std::unique_lock(shared_->mu);
+  }
+  client::Session* operator->() { return shared_->session.get(); }
+  client::Session& operator*() { return *shared_->session; }
+
+ private:
+  std::shared_ptr<SharedSession> shared_;
+  std::unique_lock<std::recursive_mutex> lock_;
+};
+
+// ---- Memory (torch_memory.cc) ---------------------------------------------------------
+
+// The buffer and byte offset a device address names.
+std::pair<Handle, uint64_t> locate(const void* p);
+// What is known of the i64 values in the device's memory (known_values.h; the index
+// checks): every write into that memory forgets what it overwrote. Under the session's
+// lock.
+KnownValues& knownValues();
+at::Tensor emptyOn(c10::IntArrayRef sizes, at::ScalarType dtype = at::kFloat);
+// Host bytes laid out as dst is (dense) into dst; of i64, their bounds are noted as they
+// pass (the index checks' usual source: targets and token ids come from the host).
+void writeFrom(const at::Tensor& hostSrc, const at::Tensor& dst);
+// A device storage's bytes (raccel.torch's read_storage).
+pybind11::bytes readStorage(uintptr_t dataPtr, uint64_t nbytes);
+
+// ---- Operands and sending (torch_operands.cc) -----------------------------------------
+
+inline bool onDevice(const at::Tensor& t) { return t.defined() && t.device().type() == kDevice; }
+inline bool isF32(const at::Tensor& t) { return onDevice(t) && t.scalar_type() == at::kFloat; }
+// The element types tensor ops take: f32, and i64 and bool where an op says so.
+std::optional<client::TensorType> typeOf(at::ScalarType t);
+inline bool isIntegral(const at::Tensor& t) { return t.scalar_type() == at::kLong || t.scalar_type() == at::kBool; }
+// On the device, of a type tensor ops take, in at most 6 dimensions.
+inline bool typed(const at::Tensor& t) { return onDevice(t) && t.dim() <= 6 && typeOf(t.scalar_type()); }
+// A number PyTorch wrapped as a CPU tensor (x + 2, x * 0.5).
+inline bool isHostScalar(const at::Tensor& t) { return t.defined() && t.device().is_cpu() && t.dim() == 0; }
+// Both on the device as i64: an op the card runs exactly over integers (abs, sub, a scatter
+// of a number).
+inline bool bothI64(const at::Tensor& a, const at::Tensor& out) {
+  return typed(a) && a.scalar_type() == at::kLong && typed(out) && out.scalar_type() == at::kLong;
+}
+// An optional tensor that is there, or null.
+inline const at::Tensor* present(const c10::optional<at::Tensor>& t) { return t && t->defined() ? &*t : nullptr; }
+// Every defined one of `tensors` f32 on the device, in at most 6 dimensions.
+bool supported(std::initializer_list<const at::Tensor*> tensors);
+
+// An empty tensor has no storage on the device: its operand names no buffer, and the op
+// it is in has a zero in its shape, so send() drops it.
+client::TensorOperand operand(const at::Tensor& t, c10::IntArrayRef strides);
+std::vector<uint64_t> shapeOf(c10::IntArrayRef sizes);
+// Queues a tensor op on the session (under its lock), sending a run of them every
+// kOpsPerSend; what it writes is known no longer.
+void send(client::Session& s, client::TensorOp op);
+// out = fn(a, b, c) elementwise over out's shape, the inputs broadcast to it.
+void elementwise(TensorFn fn, const at::Tensor& out, const at::Tensor* a, const at::Tensor* b, float alpha = 1,
+                 float beta = 0, const at::Tensor* c = nullptr);
+
+// ---- PyTorch's CPU fallback, counted (torch_operands.cc) ------------------------------
+
+void countFallback(const std::string& op);
+// An op that runs on the host: its tensors copied there and its result copied back.
+template <class F>
+auto onHost(const char* name, F compute) {
+  countFallback(name);
+  return compute();
+}
+// The same for an out variant: the host's result copied into `out`, resized to it.
+at::Tensor& hostInto(const char* name, at::Tensor& out, const at::Tensor& result);
+inline at::Tensor host(const at::Tensor& t) { return t.defined() && onDevice(t) ? t.cpu() : t; }
+
+// ---- Index checks (torch_operands.cc) -------------------------------------------------
+//
+// PyTorch's CPU raises where an index lies outside its dimension; the card's kernels read
+// NaN there, or write nowhere. So an op that picks by its caller's index checks it first:
+// against the bounds known of that memory (knownValues(): counted on the host as a copy
+// wrote it, or read by an earlier check), else by reading the index's smallest and
+// largest values from the card (one wait; the bounds are then kept). An op made of other
+// ops, picking by indices it made in range, holds TrustedIndices around them so they are
+// not checked again.
+
+// The bytes [begin, end) of a buffer that a tensor's elements lie in (numel > 0).
+struct ByteSpan {
+  Handle buffer;
+  uint64_t begin, end;
+};
+ByteSpan spanOf(const at::Tensor& t);
+
+struct TrustedIndices {
+  TrustedIndices();
+  ~TrustedIndices();
+  TrustedIndices(const TrustedIndices&) = delete;
+  TrustedIndices& operator=(const TrustedIndices&) = delete;
+};
+// Calls fail(value) (which raises PyTorch's error) for a value of `index` (i64 on the
+// device) outside [first, last] that is not `ignored`, unless TrustedIndices holds.
+void checkIndex(const at::Tensor& index, int64_t first, int64_t last, std::optional<int64_t> ignored,
+                const std::function<void(int64_t)>& fail);
+// The checks of PyTorch's CPU kernels, with their errors: index_select's, embedding's and
+// index_add's (IndexError), gather's and scatter's (RuntimeError), indexing's
+// (IndexError), along a dimension of `size`.
+void checkPicks(const at::Tensor& index, int64_t size);
+void checkAlong(const at::Tensor& index, int64_t dim, int64_t size);
+void checkIndexing(const at::Tensor& index, int64_t dim, int64_t size);  // from the end where negative
+// Positions an op just made, each in [0, n) (argmax's, sort's): noted, so that picking
+// by them (their backwards scatter through them) reads nothing back.
+void notePositions(const at::Tensor& positions, int64_t n);
+
+// ---- Arithmetic, sums and matmuls (torch_arithmetic.cc) -------------------------------
+
+std::vector<int64_t> broadcastShape(const at::Tensor& a, const at::Tensor& b);
+// `x` as f32 where the result is (PyTorch promotes i64 and bool operands of a float op):
+// itself, or an f32 copy made on the card.
+at::Tensor promoted(const at::Tensor& x, const at::Tensor& out);
+// A host number as a one-element device tensor of `dtype` (written, not computed: exact
+// for every i64), or nothing where the conversion would change its meaning (a fraction
+// compared with integers).
+c10::optional<at::Tensor> deviceNumber(const at::Tensor& number, at::ScalarType dtype);
+// b as the second operand of an exact integer op (out, a and b i64 or bool; b may be a
+// host integer; alpha an integer), or nothing.
+c10::optional<at::Tensor> integerSide(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, double alpha);
+bool sharesStorage(const at::Tensor& x, const at::Tensor& y);
+
+// The reduceMask of every dimension of a tensor of `rank` (a 0-dim one is shape [1]).
+uint32_t everyDim(int64_t rank);
+// The reduceMask of `dims` (every dimension when none are named).
+uint32_t maskOf(at::OptionalIntArrayRef dims, int64_t rank);
+// A reduction's output shape: the reduced dimensions kept as 1 (keepdim) or gone.
+std::vector<int64_t> reducedShape(const at::Tensor& self, uint32_t mask, bool keepdim);
+// out = alpha * the sum of self over the dimensions in `mask`; out is already shaped
+// (its summed dimensions kept as 1 when `keepdim`, else gone).
+void sumInto(const at::Tensor& out, const at::Tensor& self, uint32_t mask, bool keepdim, float alpha);
+at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
+                    at::Tensor& out);
+// The mean: the sum scaled by the count of the elements summed (NaN for none, as PyTorch).
+at::Tensor& mean_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
+                     at::Tensor& out);
+// Batched, as one op: a: [B, m, k], b: [B, k, n], out: [B, m, n].
+void batchedMatmul(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, float alpha, float beta);
+
+// ---- Reductions, selection, indexing (their own files) --------------------------------
+
+// out = fn over the dimensions in `mask` of self: the op walks self's kept dimensions
+// first and its reduced ones after (tensor ops take them in that order).
+void reduceInto(TensorFn fn, const at::Tensor& out, const at::Tensor& self, uint32_t mask, bool keepdim);
+// self = mask ? value : self
+at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& value);
+// Advanced indexing's index tensors on the host, for PyTorch's own kernels there (its CPU
+// fallback moves tensors and tensor lists, not lists of optional tensors).
+c10::List<c10::optional<at::Tensor>> hostIndices(const c10::List<c10::optional<at::Tensor>>& indices);
+// Notes that `index` picks no position twice along `dim` (sort's positions), so a scatter
+// through it may run on the card.
+void noteDistinct(const at::Tensor& index, int64_t dim);
+
+// ---- Sliding windows over [N, C, H, W] (torch_windows.cc) -----------------------------
+
+struct Window2d {
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw, eh = 0, ew = 0;
+  static Window2d of(c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation) {
+    auto pick = [](c10::IntArrayRef v, size_t i, int64_t otherwise) { return v.empty() ? otherwise : v[v.size() > i ? i : 0]; };
+    Window2d w;
+    w.kh = pick(kernel, 0, 1), w.kw = pick(kernel, 1, 1);
+    w.sh = pick(stride, 0, w.kh), w.sw = pick(stride, 1, w.kw);
+    w.ph = pick(padding, 0, 0), w.pw = pick(padding, 1, 0);
+    w.dh = pick(dilation, 0, 1), w.dw = pick(dilation, 1, 1);
+    return w;
+  }
+  bool sane() const { return kh > 0 && kw > 0 && sh > 0 && sw > 0 && ph >= 0 && pw >= 0 && dh > 0 && dw > 0 && eh >= 0 && ew >= 0; }
+  bool operator==(const Window2d&) const = default;
+  int64_t outH(int64_t h) const { return (h + 2 * ph + eh - dh * (kh - 1) - 1) / sh + 1; }
+  int64_t outW(int64_t w) const { return (w + 2 * pw + ew - dw * (kw - 1) - 1) / sw + 1; }
+};
+// With ceil_mode, the rows and columns its last windows add past the padding (PyTorch's
+// pooling_output_shape: a last window that starts in the input or the left padding).
+Window2d ceiled(Window2d w, const at::Tensor& self, bool ceilMode);
+// x [N, C, H, W] padded on each side with `value`, and past the bottom and right by the
+// window's extra (x itself, contiguous, when no padding).
+at::Tensor padded(const at::Tensor& x, const Window2d& w, double value);
+// The windows of a padded [N, C, H, W]: a strided view [N, C, OH, OW, KH, KW].
+at::Tensor windows(const at::Tensor& p, const Window2d& w);
+
+// Index tables of a window geometry over an [H, W] plane (i64, on the device), built on
+// the host once per geometry and kept: a training step asks for the same few every time.
+//   sources: [KK, OH * OW], the input position (y * W + x) that window element kk of
+//     output position ohw reads, or -1 where it lies in the padding.
+//   readers: [H * W, picks], for each input position the column elements (kk * OH * OW +
+//     ohw) whose windows read it, -1 past its count (picks: the most any position has).
+//   outputs: the same with the output position ohw alone (the windows, not their elements).
+enum class Table { sources, readers, outputs };
+at::Tensor windowTable(int64_t h, int64_t wd, const Window2d& w, Table kind);
+// The table under `key`, built on the host by build() and written to the device the first
+// time it is asked for (kept for the geometries most recently asked for).
+at::Tensor cachedTable(const std::array<int64_t, 13>& key, const std::function<at::Tensor()>& build);
+// out = beta * out + alpha * (the sum over the picks of a at index's row), one tensor op
+// (schema/guest.capnp, gatherSum): `shape` ends in [picks, rows]; the strides are each
+// tensor's over that shape.
+void gatherSum(const at::Tensor& out, std::vector<int64_t> shape, c10::IntArrayRef outStrides, const at::Tensor& a,
+               c10::IntArrayRef aStrides, const at::Tensor& index, c10::IntArrayRef indexStrides, float alpha, float beta);
+
+// ---- Registration: each family's kernels, in its own file -----------------------------
+
+// Most elementwise ops come as three kernels: `op.out`, `op` and `op_`; a backward as two.
+#define RACCEL_IMPL_OUT_NEW_INPLACE(op)              \
+  m.impl(#op ".out", TORCH_FN(op##_out));            \
+  m.impl(#op, TORCH_FN(python::op));                 \
+  m.impl(#op "_", TORCH_FN(op##_));
+#define RACCEL_IMPL_BACKWARD(op)                                         \
+  m.impl(#op "_backward.grad_input", TORCH_FN(op##_backward_out));       \
+  m.impl(#op "_backward", TORCH_FN(python::op##_backward));
+
+void registerTensors(torch::Library& m);
+void registerArithmetic(torch::Library& m);
+void registerElementwise(torch::Library& m);
+void registerComparisons(torch::Library& m);
+void registerReductions(torch::Library& m);
+void registerComposed(torch::Library& m);
+void registerIndexing(torch::Library& m);
+void registerConvolutions(torch::Library& m);
+void registerPooling(torch::Library& m);
+void registerNormsAndLosses(torch::Library& m);
+
+}  // namespace raccel::python

@@ -1,0 +1,398 @@
+// The torch device's pooling (max, average, adaptive average) and upsampling (nearest,
+// bilinear), with their backwards.
+#include "vmfrontend/python/torch_device.h"
+
+namespace raccel::python {
+
+namespace {
+
+// Max pooling: each window's largest element and where it was (PyTorch's indices: the
+// flat position h * W + w in its input plane).
+// (ceil_mode where it adds windows: max pooling passes the ceiled window and false)
+bool poolOnCard(const at::Tensor& self, const Window2d& w, bool ceilMode) {
+  if (!supported({&self}) || self.dim() != 4 || !w.sane() || w.outH(self.size(2)) <= 0 || w.outW(self.size(3)) <= 0) return false;
+  const auto c = ceiled(w, self, ceilMode);
+  return !ceilMode || (c.eh == 0 && c.ew == 0);
+}
+// Each window's position of its largest element, kh * KW + kw.
+at::Tensor windowArgmax(const at::Tensor& win) {
+  auto out = emptyOn({win.size(0), win.size(1), win.size(2), win.size(3)}, at::kLong);
+  reduceInto(TensorFn::argmax, out, win, 0b110000, false);
+  return out;
+}
+std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& self, c10::IntArrayRef kernel,
+                                                           c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                           c10::IntArrayRef dilation, bool ceilMode) {
+  const auto w = ceiled(Window2d::of(kernel, stride, padding, dilation), self, ceilMode);
+  if (!poolOnCard(self, w, false)) {
+    countFallback("aten::max_pool2d_with_indices");
+    auto [v, i] = at::max_pool2d_with_indices(host(self), kernel, stride, padding, dilation, ceilMode);
+    return {v.to(self.device()), i.to(self.device())};
+  }
+  auto win = windows(padded(self, w, -INFINITY), w);
+  const int64_t nc = self.size(0) * self.size(1), oh = win.size(2), ow = win.size(3), kk = w.kh * w.kw;
+  auto values = emptyOn({self.size(0), self.size(1), oh, ow});
+  if (w.ph == 0 && w.pw == 0 && w.eh == 0 && w.ew == 0) {  // one op: a contiguous plane's windows give PyTorch's indices
+    auto indices = emptyOn(values.sizes(), at::kLong);
+    const std::vector<int64_t> perWindow = {oh * ow * self.size(1), oh * ow, ow, 1, 0, 0};  // values' and indices'
+    Locked s;
+    client::TensorOp op;
+    op.fn = TensorFn::maxPool2d;
+    op.shape = shapeOf(win.sizes());
+    op.operands = {operand(values, perWindow), operand(win, win.strides()), operand(indices, perWindow)};
+    send(*s, op);
+    return {values, indices};
+  }
+  // Padded: the padding's -inf must not win a window of -inf inputs (PyTorch's index is
+  // then the first input element), so amax, then the position, then the input's index.
+  reduceInto(TensorFn::amax, values, win, 0b110000, false);
+  // Each window's input position: the sources table's entry in the row of its largest
+  // element (a gather along the table's window elements).
+  auto position = windowArgmax(win);
+  auto sources = windowTable(self.size(2), self.size(3), w, Table::sources);
+  auto indices = emptyOn(values.sizes(), at::kLong);
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::indexSelect;
+  op.shape = {uint64_t(nc), uint64_t(oh * ow), uint64_t(kk)};
+  op.operands = {operand(indices, {oh * ow, 1, 0}), operand(sources, {0, 1, oh * ow}), operand(position, {oh * ow, 1, 0})};
+  send(*s, op);
+  return {values, indices};
+}
+// Each output's gradient goes to the input position its window's largest element came
+// from: the column elements that read the forward's indices, summed back (col2im).
+at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel,
+                                            c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                            bool ceilMode, const at::Tensor& indices) {
+  const auto w = ceiled(Window2d::of(kernel, stride, padding, dilation), self, ceilMode);
+  const bool onCard = poolOnCard(self, w, false) && supported({&grad}) && typed(indices) &&
+                      indices.scalar_type() == at::kLong && indices.sizes() == grad.sizes();
+  if (!onCard)
+    return onHost("aten::max_pool2d_with_indices_backward", [&] {
+      return at::max_pool2d_with_indices_backward(host(grad), host(self), kernel, stride, padding, dilation, ceilMode,
+                                                  host(indices)).to(self.device());
+    });
+  // One op: each plane of the input's gradient set to 0, then each output's gradient
+  // added at its index.
+  const int64_t h = self.size(2), wd = self.size(3);
+  auto out = emptyOn(self.sizes());
+  Locked s;
+  client::TensorOp op;
+  op.fn = TensorFn::maxPool2dBackward;
+  op.shape = shapeOf({self.size(0), self.size(1), grad.size(2), grad.size(3), h, wd});
+  auto over = [](const at::Tensor& t) { return std::vector<int64_t>{t.stride(0), t.stride(1), t.stride(2), t.stride(3), 0, 0}; };
+  op.operands = {operand(out, {self.size(1) * h * wd, h * wd, 0, 0, wd, 1}), operand(grad, over(grad)),
+                 operand(indices, over(indices))};
+  send(*s, op);
+  return out;
+}
+
+// Average pooling (padding counted in the divisor, as PyTorch does by default): each
+// window's sum of its sources, and back, each position's sum over the windows that read it.
+bool avgOnCard(const at::Tensor& self, const Window2d& w, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  return poolOnCard(self, w, ceilMode) && (!divisor || *divisor != 0);
+}
+// Padding left out of the divisor (count_include_pad=False, no divisor given): each
+// window's share of the kernel inside the input, the padded average of a plane of ones.
+// The average is the padded one over that share, and the backward the padded one of
+// the gradient over it.
+c10::optional<at::Tensor> insideShare(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                                      c10::IntArrayRef padding, const Window2d& w, bool countIncludePad,
+                                      c10::optional<int64_t> divisor) {
+  if (countIncludePad || divisor || (w.ph == 0 && w.pw == 0)) return c10::nullopt;
+  auto ones = at::ones({1, 1, self.size(2), self.size(3)}, self.options());
+  return at::avg_pool2d(ones, kernel, stride, padding, false, true, c10::nullopt);
+}
+// Each output window's sum of x's elements at `sources` ([K, OH * OW]: -1 adds nothing),
+// times alpha: x [N, C, H, W] to [N, C, OH, OW]. Average pooling's forwards.
+at::Tensor windowSums(const at::Tensor& self, const at::Tensor& sources, int64_t oh, int64_t ow, float alpha) {
+  const auto x = self.contiguous();
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3), kk = sources.size(0);
+  auto out = emptyOn({n, c, oh, ow});
+  gatherSum(out, {n, c, oh * ow, kk, hw}, {c * oh * ow, oh * ow, 1, 0, 0}, x, {c * hw, hw, 0, 0, 1}, sources,
+            {0, 0, 1, oh * ow, 0}, alpha, 0);
+  return out;
+}
+// The other way: each input position's sum of grad [N, C, OH, OW] over the windows that
+// read it (`readers` [H * W, R], in order), times alpha, into an input of `sizes`.
+// Average pooling's backwards.
+at::Tensor readerSums(const at::Tensor& grad, const at::Tensor& readers, c10::IntArrayRef sizes, float alpha) {
+  const int64_t n = sizes[0], c = sizes[1], hw = sizes[2] * sizes[3], ohw = grad.size(2) * grad.size(3);
+  const int64_t picks = readers.size(1);
+  const auto g = grad.reshape({n, c, ohw});
+  auto out = emptyOn(sizes);
+  gatherSum(out, {n, c, hw, picks, ohw}, {c * hw, hw, 1, 0, 0}, g, {g.stride(0), g.stride(1), 0, 0, g.stride(2)}, readers,
+            {0, 0, picks, 1, 0}, alpha, 0);
+  return out;
+}
+// ceil_mode's added windows (w ceiled): PyTorch's divisor per window, kept per geometry,
+// [OH * OW] f32: the divisor given, or the window's size clipped to the padding (with
+// count_include_pad) or to the input (without). Each window's sum in row order over it,
+// and its gradient over it added back, as its CPU kernel does.
+at::Tensor poolDivisors(int64_t h, int64_t wd, const Window2d& w, bool countIncludePad, c10::optional<int64_t> divisor) {
+  return cachedTable({h, wd, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, -3, countIncludePad, w.eh, w.ew, divisor.value_or(0)}, [&] {
+    std::vector<float> d;
+    for (int64_t o = 0; o < w.outH(h) * w.outW(wd); ++o) {
+      int64_t y0 = o / w.outW(wd) * w.sh - w.ph, x0 = o % w.outW(wd) * w.sw - w.pw;
+      int64_t y1 = std::min(y0 + w.kh, h + w.ph), x1 = std::min(x0 + w.kw, wd + w.pw);
+      const int64_t padded = (y1 - y0) * (x1 - x0);
+      y0 = std::max<int64_t>(y0, 0), x0 = std::max<int64_t>(x0, 0), y1 = std::min(y1, h), x1 = std::min(x1, wd);
+      d.push_back(float(divisor ? *divisor : countIncludePad ? padded : (y1 - y0) * (x1 - x0)));
+    }
+    return at::tensor(d, at::kFloat);
+  });
+}
+at::Tensor ceiledAverage(const at::Tensor& self, const Window2d& w, bool countIncludePad, c10::optional<int64_t> divisor) {
+  const int64_t h = self.size(2), wd = self.size(3), oh = w.outH(h), ow = w.outW(wd);
+  auto out = windowSums(self, windowTable(h, wd, w, Table::sources), oh, ow, 1);
+  return out.div_(poolDivisors(h, wd, w, countIncludePad, divisor).view({oh, ow}));
+}
+at::Tensor ceiledAverageBackward(const at::Tensor& grad, const at::Tensor& self, const Window2d& w, bool countIncludePad,
+                                 c10::optional<int64_t> divisor) {
+  const int64_t h = self.size(2), wd = self.size(3);
+  auto shares = grad / poolDivisors(h, wd, w, countIncludePad, divisor).view({w.outH(h), w.outW(wd)});
+  return readerSums(shares, windowTable(h, wd, w, Table::outputs), self.sizes(), 1);
+}
+// The ceiled window where ceil_mode adds windows and the card takes them, else none.
+c10::optional<Window2d> addedWindows(const at::Tensor& self, const Window2d& w, bool ceilMode, c10::optional<int64_t> divisor) {
+  const auto c = ceiled(w, self, ceilMode);
+  if ((c.eh == 0 && c.ew == 0) || !poolOnCard(self, c, false) || (divisor && *divisor == 0)) return c10::nullopt;
+  return c;
+}
+at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                      bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  const auto w = Window2d::of(kernel, stride, padding, {});
+  if (auto c = addedWindows(self, w, ceilMode, divisor)) return ceiledAverage(self, *c, countIncludePad, divisor);
+  if (avgOnCard(self, w, ceilMode, countIncludePad, divisor))
+    if (auto share = insideShare(self, kernel, stride, padding, w, countIncludePad, divisor))
+      return at::avg_pool2d(self, kernel, stride, padding, false, true, c10::nullopt) / *share;
+  if (!avgOnCard(self, w, ceilMode, countIncludePad, divisor))
+    return onHost("aten::avg_pool2d", [&] {
+      return at::avg_pool2d(host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor).to(self.device());
+    });
+  const int64_t h = self.size(2), wd = self.size(3);
+  return windowSums(self, windowTable(h, wd, w, Table::sources), w.outH(h), w.outW(wd),
+                    float(1.0 / double(divisor.value_or(w.kh * w.kw))));
+}
+at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                               c10::IntArrayRef padding, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  const auto w = Window2d::of(kernel, stride, padding, {});
+  if (auto c = addedWindows(self, w, ceilMode, divisor); c && supported({&grad}) && grad.dim() == 4 &&
+      grad.size(2) == c->outH(self.size(2)) && grad.size(3) == c->outW(self.size(3)))
+    return ceiledAverageBackward(grad, self, *c, countIncludePad, divisor);
+  if (avgOnCard(self, w, ceilMode, countIncludePad, divisor) && supported({&grad}))
+    if (auto share = insideShare(self, kernel, stride, padding, w, countIncludePad, divisor))
+      return at::avg_pool2d_backward(grad / *share, self, kernel, stride, padding, false, true, c10::nullopt);
+  if (!avgOnCard(self, w, ceilMode, countIncludePad, divisor) || !supported({&grad}))
+    return onHost("aten::avg_pool2d_backward", [&] {
+      return at::avg_pool2d_backward(host(grad), host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor)
+          .to(self.device());
+    });
+  return readerSums(grad, windowTable(self.size(2), self.size(3), w, Table::outputs), self.sizes(),
+                    float(1.0 / double(divisor.value_or(w.kh * w.kw))));
+}
+// Nearest upsampling by whole factors: each output element the input's at (row / fh,
+// column / fw), which is PyTorch's floor(dst * in / out) there; the input expanded over
+// the factors, one copy, and the backward each block's sum. Other sizes (and scales that
+// do not match them) run on the host.
+c10::optional<std::array<int64_t, 2>> nearestFactors(c10::IntArrayRef in, c10::IntArrayRef out, c10::optional<double> sh,
+                                                     c10::optional<double> sw) {
+  if (in.size() != 4 || out.size() != 2 || in[2] <= 0 || in[3] <= 0 || out[0] % in[2] || out[1] % in[3]) return c10::nullopt;
+  const std::array<int64_t, 2> f = {out[0] / in[2], out[1] / in[3]};
+  if (f[0] <= 0 || f[1] <= 0 || (sh && *sh > 0 && *sh != double(f[0])) || (sw && *sw > 0 && *sw != double(f[1]))) return c10::nullopt;
+  return f;
+}
+at::Tensor& upsample_nearest2d_out(const at::Tensor& self, c10::SymIntArrayRef outputSize, c10::optional<double> sh,
+                                   c10::optional<double> sw, at::Tensor& out) {
+  const auto size = c10::asIntArrayRefSlow(outputSize);
+  auto f = supported({&self, &out}) ? nearestFactors(self.sizes(), size, sh, sw) : c10::nullopt;
+  if (!f) return hostInto("aten::upsample_nearest2d", out, at::upsample_nearest2d(host(self), size, sh, sw));
+  const int64_t n = self.size(0), c = self.size(1), h = self.size(2), w = self.size(3);
+  at::native::resize_output(out, {n, c, size[0], size[1]});
+  auto blocks = self.reshape({n, c, h, 1, w, 1}).expand({n, c, h, (*f)[0], w, (*f)[1]});
+  elementwise(TensorFn::copy, out.view({n, c, h, (*f)[0], w, (*f)[1]}), &blocks, nullptr);
+  return out;
+}
+at::Tensor& upsample_nearest2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
+                                            c10::optional<double> sh, c10::optional<double> sw, at::Tensor& out) {
+  const auto size = c10::asIntArrayRefSlow(outputSize), in = c10::asIntArrayRefSlow(inputSize);
+  auto f = supported({&grad, &out}) && grad.is_contiguous() ? nearestFactors(in, size, sh, sw) : c10::nullopt;
+  if (!f) return hostInto("aten::upsample_nearest2d_backward", out, at::upsample_nearest2d_backward(host(grad), size, in, sh, sw));
+  at::native::resize_output(out, in);
+  return at::sum_out(out, grad.view({in[0], in[1], in[2], (*f)[0], in[3], (*f)[1]}), {3, 5});
+}
+
+// Bilinear upsampling (either align_corners, with or without scales), one axis at a
+// time: each output column the input's at i0 times l0 plus at i1 times l1, then the same
+// over rows; PyTorch's CPU kernel's float indices and weights (area_pixel_compute_scale,
+// area_pixel_compute_source_index, the index clamped and its neighbour kept inside) and
+// its order of products, l0h (l0w x00 + l1w x01) + l1h (...), to a few ulps (its compiled
+// kernel may fuse them). The backward adds each output's weighted gradient back at both
+// indices, rows first.
+struct LinearAxis {
+  at::Tensor at, weights;  // [2, out] each: i0 and i1 (i64), l0 and l1 (f32), on the device
+};
+at::Tensor buildLinearAxis(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale, bool weights) {
+  float step = 0;
+  if (alignCorners) step = out > 1 ? float(in - 1) / float(out - 1) : 0.0f;
+  else step = scale && *scale > 0 ? float(1.0 / *scale) : float(in) / float(out);
+  std::vector<int64_t> picks(2 * out);
+  std::vector<float> lambda(2 * out);
+  for (int64_t o = 0; o < out; ++o) {
+    float src = alignCorners ? step * float(o) : step * (float(o) + 0.5f) - 0.5f;
+    if (!alignCorners && src < 0) src = 0;
+    const int64_t i = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
+    const float l = std::min(std::max(src - float(i), 0.0f), 1.0f);
+    picks[o] = i, picks[out + o] = i + (i < in - 1 ? 1 : 0);
+    lambda[o] = 1.0f - l, lambda[out + o] = l;
+  }
+  return weights ? at::tensor(lambda, at::kFloat).reshape({2, out}) : at::tensor(picks, at::kLong).reshape({2, out});
+}
+LinearAxis linearAxis(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale) {
+  const int64_t scaleBits = scale ? std::bit_cast<int64_t>(*scale) : -1;
+  auto table = [&](bool weights) {
+    return cachedTable({in, out, -2, -2, alignCorners, scaleBits, weights, 0, 0, 0, 0, 0, 0},  // (-2: no window has that stride)
+                       [&] { return buildLinearAxis(in, out, alignCorners, scale, weights); });
+  };
+  return {table(false), table(true)};
+}
+bool bilinearOnCard(c10::IntArrayRef in, c10::IntArrayRef out) {
+  return in.size() == 4 && out.size() == 2 && in[2] > 0 && in[3] > 0 && out[0] > 0 && out[1] > 0;
+}
+// x's dimension `dim` resampled by `a`: x at a's i0 times l0, plus x at i1 times l1.
+at::Tensor resampled(const at::Tensor& x, int64_t dim, const LinearAxis& a) {
+  auto shape = [&](const at::Tensor& l) { return dim == 2 ? l.reshape({-1, 1}) : l; };
+  TrustedIndices inRange;  // (the axis's positions)
+  auto out = at::index_select(x, dim, a.at[0]) * shape(a.weights[0]);
+  return out.addcmul_(at::index_select(x, dim, a.at[1]), shape(a.weights[1]));
+}
+// The transpose: g's dimension `dim` added back into `size` positions at i0 and i1.
+at::Tensor unresampled(const at::Tensor& g, int64_t dim, int64_t size, const LinearAxis& a) {
+  auto shape = [&](const at::Tensor& l) { return dim == 2 ? l.reshape({-1, 1}) : l; };
+  auto sizes = g.sizes().vec();
+  sizes[dim] = size;
+  auto out = at::zeros(sizes, g.options());
+  TrustedIndices inRange;  // (the axis's positions)
+  out.index_add_(dim, a.at[0], g * shape(a.weights[0]));
+  return out.index_add_(dim, a.at[1], g * shape(a.weights[1]));
+}
+at::Tensor& upsample_bilinear2d_out(const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners,
+                                    c10::optional<double> sh, c10::optional<double> sw, at::Tensor& out) {
+  const auto size = c10::asIntArrayRefSlow(outputSize);
+  if (!supported({&self, &out}) || !bilinearOnCard(self.sizes(), size))
+    return hostInto("aten::upsample_bilinear2d", out, at::upsample_bilinear2d(host(self), size, alignCorners, sh, sw));
+  auto columns = resampled(self, 3, linearAxis(self.size(3), size[1], alignCorners, sw));
+  auto result = resampled(columns, 2, linearAxis(self.size(2), size[0], alignCorners, sh));
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+at::Tensor& upsample_bilinear2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
+                                             bool alignCorners, c10::optional<double> sh, c10::optional<double> sw,
+                                             at::Tensor& out) {
+  const auto size = c10::asIntArrayRefSlow(outputSize), in = c10::asIntArrayRefSlow(inputSize);
+  if (!supported({&grad, &out}) || !bilinearOnCard(in, size) || grad.dim() != 4 || grad.size(2) != size[0] ||
+      grad.size(3) != size[1] || grad.size(0) != in[0] || grad.size(1) != in[1])
+    return hostInto("aten::upsample_bilinear2d_backward", out,
+                    at::upsample_bilinear2d_backward(host(grad), size, in, alignCorners, sh, sw));
+  auto rows = unresampled(grad, 2, in[2], linearAxis(in[2], size[0], alignCorners, sh));
+  auto result = unresampled(rows, 3, in[3], linearAxis(in[3], size[1], alignCorners, sw));
+  at::native::resize_output(out, in);
+  return out.copy_(result);
+}
+
+// Adaptive average pooling where the output divides the input: an average pool.
+c10::optional<std::array<int64_t, 2>> adaptiveKernel(const at::Tensor& self, c10::IntArrayRef outSize) {
+  if (self.dim() != 4 || outSize.size() != 2 || outSize[0] <= 0 || outSize[1] <= 0 || self.size(2) % outSize[0] ||
+      self.size(3) % outSize[1])
+    return c10::nullopt;
+  return std::array<int64_t, 2>{self.size(2) / outSize[0], self.size(3) / outSize[1]};
+}
+// Other sizes: PyTorch's windows, output o of n over an input of `in` reading [o * in / n,
+// ceil((o + 1) * in / n)), as index tables (built on the host once per geometry, kept):
+//   sources: [K, OH * OW], the input positions of each output's window in row order, -1
+//     past its size (K: the largest window's);
+//   readers: [H * W, R], the outputs whose windows read each input position, in order;
+//   sizes: [OH, 1] and [1, OW] (f32), the windows' heights and widths.
+std::pair<int64_t, int64_t> adaptiveSpan(int64_t o, int64_t in, int64_t n) { return {o * in / n, ((o + 1) * in + n - 1) / n}; }
+enum class Adaptive { sources, readers, heights, widths };
+at::Tensor buildAdaptiveTable(int64_t h, int64_t wd, int64_t oh, int64_t ow, Adaptive kind) {
+  if (kind == Adaptive::heights || kind == Adaptive::widths) {
+    const int64_t n = kind == Adaptive::heights ? oh : ow, in = kind == Adaptive::heights ? h : wd;
+    std::vector<float> sizes;
+    for (int64_t o = 0; o < n; ++o) sizes.push_back(float(adaptiveSpan(o, in, n).second - adaptiveSpan(o, in, n).first));
+    return at::tensor(sizes, at::kFloat).reshape(kind == Adaptive::heights ? std::vector<int64_t>{n, 1} : std::vector<int64_t>{1, n});
+  }
+  std::vector<std::vector<int64_t>> windowsOf(oh * ow), readers(h * wd);
+  for (int64_t o = 0; o < oh * ow; ++o) {
+    auto [y0, y1] = adaptiveSpan(o / ow, h, oh);
+    auto [x0, x1] = adaptiveSpan(o % ow, wd, ow);
+    for (int64_t y = y0; y < y1; ++y)
+      for (int64_t x = x0; x < x1; ++x) windowsOf[o].push_back(y * wd + x), readers[y * wd + x].push_back(o);
+  }
+  auto& lists = kind == Adaptive::sources ? windowsOf : readers;
+  size_t picks = 1;
+  for (auto& l : lists) picks = std::max(picks, l.size());
+  auto table = at::full({int64_t(lists.size()), int64_t(picks)}, -1, at::kLong);
+  auto* t = table.data_ptr<int64_t>();
+  for (size_t i = 0; i < lists.size(); ++i) std::copy(lists[i].begin(), lists[i].end(), t + i * picks);
+  return kind == Adaptive::sources ? table.t().contiguous() : table;  // sources: [K, OH * OW]
+}
+at::Tensor adaptiveTable(int64_t h, int64_t wd, int64_t oh, int64_t ow, Adaptive kind) {
+  // (-1 where a window's stride would be: no window geometry has one)
+  return cachedTable({h, wd, oh, ow, -1, -1, 0, 0, 0, 0, 0, 0, int64_t(kind)}, [&] { return buildAdaptiveTable(h, wd, oh, ow, kind); });
+}
+bool adaptiveOnCard(const at::Tensor& self, c10::IntArrayRef outSize) {
+  return supported({&self}) && self.dim() == 4 && outSize.size() == 2 && outSize[0] > 0 && outSize[1] > 0 &&
+         self.size(2) > 0 && self.size(3) > 0;
+}
+// Each window's sum in row order, then divided by its height and by its width (PyTorch's
+// CPU kernel's sum / kh / kw, the same roundings).
+at::Tensor adaptiveAverage(const at::Tensor& self, int64_t oh, int64_t ow) {
+  const int64_t h = self.size(2), wd = self.size(3);
+  auto out = windowSums(self, adaptiveTable(h, wd, oh, ow, Adaptive::sources), oh, ow, 1);
+  return out.div_(adaptiveTable(h, wd, oh, ow, Adaptive::heights)).div_(adaptiveTable(h, wd, oh, ow, Adaptive::widths));
+}
+// Each input position's gradient: the sum, over the windows that read it in order, of
+// their gradient / kh / kw.
+at::Tensor adaptiveAverageBackward(const at::Tensor& grad, const at::Tensor& self) {
+  const int64_t h = self.size(2), wd = self.size(3), oh = grad.size(2), ow = grad.size(3);
+  auto shares = (grad / adaptiveTable(h, wd, oh, ow, Adaptive::heights)).div_(adaptiveTable(h, wd, oh, ow, Adaptive::widths));
+  return readerSums(shares, adaptiveTable(h, wd, oh, ow, Adaptive::readers), self.sizes(), 1);
+}
+at::Tensor _adaptive_avg_pool2d(const at::Tensor& self, c10::SymIntArrayRef outputSize) {
+#ifdef C10_AS_INTARRAYREF_SLOW
+  auto size = C10_AS_INTARRAYREF_SLOW(outputSize);
+#else
+  auto size = c10::asIntArrayRefSlow(outputSize);
+#endif
+  if (!adaptiveOnCard(self, size))
+    return onHost("aten::_adaptive_avg_pool2d", [&] { return at::_adaptive_avg_pool2d(host(self), size).to(self.device()); });
+  if (auto k = adaptiveKernel(self, size)) return python::avg_pool2d(self, *k, *k, {0, 0}, false, true, c10::nullopt);
+  return adaptiveAverage(self, size[0], size[1]);
+}
+at::Tensor _adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self) {
+  if (grad.dim() != 4 || !supported({&grad}) || !adaptiveOnCard(self, {grad.size(2), grad.size(3)}))
+    return onHost("aten::_adaptive_avg_pool2d_backward",
+                  [&] { return at::_adaptive_avg_pool2d_backward(host(grad), host(self)).to(self.device()); });
+  if (auto k = adaptiveKernel(self, {grad.size(-2), grad.size(-1)}))
+    return python::avg_pool2d_backward(grad, self, *k, *k, {0, 0}, false, true, c10::nullopt);
+  return adaptiveAverageBackward(grad, self);
+}
+
+}  // namespace
+
+// Pooling and upsampling.
+void registerPooling(torch::Library& m) {
+  m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
+  m.impl("upsample_nearest2d.out", TORCH_FN(upsample_nearest2d_out));
+  m.impl("upsample_nearest2d_backward.grad_input", TORCH_FN(upsample_nearest2d_backward_out));
+  m.impl("upsample_bilinear2d.out", TORCH_FN(upsample_bilinear2d_out));
+  m.impl("upsample_bilinear2d_backward.grad_input", TORCH_FN(upsample_bilinear2d_backward_out));
+  m.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
+  m.impl("avg_pool2d", TORCH_FN(python::avg_pool2d));
+  m.impl("avg_pool2d_backward", TORCH_FN(avg_pool2d_backward));
+  m.impl("_adaptive_avg_pool2d", TORCH_FN(_adaptive_avg_pool2d));
+  m.impl("_adaptive_avg_pool2d_backward", TORCH_FN(_adaptive_avg_pool2d_backward));
+}
+
+}  // namespace raccel::python
