@@ -150,6 +150,10 @@ if set(raccel.torch.fallbacks()) != {"aten::index.Tensor", "aten::index.Tensor_o
 longs = torch.tensor([4, 9]).to(dev)
 refused("an i64 tensor's sqrt_ in place", "can't be cast to the desired output type Long", lambda: longs.sqrt_())
 refused("an i64 tensor's div_ in place", "can't be cast to the desired output type Long", lambda: longs.div_(2))
+refused("an i64 tensor clamped in place by a fraction", "can't be cast to the desired output type Long",
+        lambda: longs.clamp_(-2.5, 3))
+refused("searchsorted with side='left' and right=True", "side and right can't be set to opposites",
+        lambda: torch.searchsorted(x.flatten().sort().values, x, right=True, side="left").cpu())
 refused("exp into an i64 out", "can't be cast", lambda: torch.exp(longs, out=torch.empty(2, dtype=torch.long).to(dev)))
 refused("an op on the host that would write a list of tensors", "writes a list of tensors",
         lambda: torch._amp_foreach_non_finite_check_and_unscale_([x.clone()], torch.zeros(1).to(dev), torch.ones(1).to(dev)))

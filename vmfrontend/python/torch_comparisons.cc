@@ -74,6 +74,15 @@ at::Tensor count_nonzero_dims(const at::Tensor& self, at::IntArrayRef dims) {
 // NaN is the one value not equal to itself.
 at::Tensor isnan(const at::Tensor& self) { return at::ne(self, self); }
 
+// heaviside over f32: 0 below zero (and for NaN), 1 above, `values` at zero.
+at::Tensor& heaviside_out(const at::Tensor& self, const at::Tensor& values, at::Tensor& out) {
+  if (!isF32(self) || !isF32(out) || !(isF32(values) || isHostScalar(values)))
+    return hostInto("aten::heaviside.out", out, at::heaviside(host(self), host(values)));
+  auto result = at::where(at::eq(self, 0), values.to(at::kFloat), at::gt(self, 0).to(at::kFloat));
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+
 // Over bools (or i64s: nonzero is true), as an exact integer mul (and) or add (or).
 #define RACCEL_LOGICAL(op, fn)                                                                                        \
   at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                   \
@@ -221,6 +230,7 @@ void registerComparisons(torch::Library& m) {
   RACCEL_IMPL_COMPARE(gt)
   RACCEL_IMPL_COMPARE(ge)
 #undef RACCEL_IMPL_COMPARE
+  m.impl("heaviside.out", TORCH_FN(heaviside_out));
   m.impl("where.self_out", TORCH_FN(where_out));
   m.impl("where.self", TORCH_FN(python::where));
   m.impl("masked_fill_.Scalar", TORCH_FN(masked_fill_scalar_));

@@ -235,6 +235,38 @@ RACCEL_SCAN(cumsum, TensorFn::add)
 RACCEL_SCAN(cumprod, TensorFn::mul)
 #undef RACCEL_SCAN
 
+// prod along a dimension: the running product's last element (cumprod's scan, log2(n)
+// ops over the tensor); of f32, or exactly (wrapping) of i64 and bool as i64. 1 over an
+// empty dimension.
+at::Tensor& prod_int_out(const at::Tensor& self, int64_t dim, bool keepdim, c10::optional<at::ScalarType> dtype,
+                         at::Tensor& out) {
+  const auto type = dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type());
+  const bool onCard = typed(self) && typed(out) && out.scalar_type() == type &&
+                      (type == at::kLong ? isIntegral(self) : type == at::kFloat && self.scalar_type() == at::kFloat);
+  if (!onCard) return hostInto("aten::prod.int_out", out, at::prod(host(self), dim, keepdim, dtype));
+  at::Tensor result;
+  if (self.dim() == 0) {
+    result = self.to(type);
+  } else {
+    dim = c10::maybe_wrap_dim(dim, self.dim());
+    const int64_t n = self.size(dim);
+    if (n == 0) {
+      auto sizes = self.sizes().vec();
+      sizes[dim] = 1;
+      result = at::ones(sizes, self.options().dtype(type));
+    } else {
+      result = at::cumprod(self, dim, type).narrow(dim, n - 1, 1);
+    }
+    if (!keepdim) result = result.squeeze(dim);
+  }
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+at::Tensor prod(const at::Tensor& self, c10::optional<at::ScalarType> dtype) {  // of every element
+  auto out = emptyOn({}, dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type()));
+  return python::prod_int_out(self.reshape({-1}), 0, false, dtype, out);
+}
+
 // Reflection and replication padding: an index_select of the reflected (or the edge's
 // repeated) positions along each padded dimension (the last, then the one before it);
 // its backward, index_adds of the gradient back along them. Paddings PyTorch refuses
@@ -318,6 +350,8 @@ RACCEL_PAD(replication_pad2d, true)
 
 // GLU, PReLU, flips, cumulative ops and padding.
 void registerComposed(torch::Library& m) {
+  m.impl("prod.int_out", TORCH_FN(prod_int_out));
+  m.impl("prod", TORCH_FN(python::prod));
   m.impl("glu.out", TORCH_FN(glu_out));
   m.impl("glu", TORCH_FN(python::glu));
   m.impl("glu_backward.grad_input", TORCH_FN(glu_backward_out));

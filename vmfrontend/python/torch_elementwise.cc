@@ -112,8 +112,19 @@ at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a0, const
   return out;
 }
 
+// maximum and minimum of i64, exactly: a comparison and a select (the card's maximum and
+// minimum are f32 functions). False: not both i64 on the device.
+bool integerExtremum(TensorFn fn, const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if ((fn != TensorFn::maximum && fn != TensorFn::minimum) || !bothI64(a, out) || !bothI64(b, out)) return false;
+  auto result = at::where(fn == TensorFn::maximum ? at::ge(a, b) : at::le(a, b), a, b);
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  return true;
+}
+
 #define RACCEL_BINARY(op, fn, name)                                                                            \
   at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                            \
+    if (integerExtremum(fn, a, b, out)) return out;                                                            \
     return binaryOut(fn, name, a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::op(x, y); }); \
   }                                                                                                            \
   at::Tensor op(const at::Tensor& a, const at::Tensor& b) {                                                    \
@@ -329,13 +340,37 @@ RACCEL_TERNARY(addcdiv, TensorFn::addcdiv)
 
 // ---- Clamps, interpolation, ELU ---------------------------------------------------------
 
+// i64 clamped by integers, exactly: a comparison and a select for each bound given (low
+// first, so that a low above high gives high, as PyTorch's). False: not i64 and integers.
+bool integerClamp(const at::Tensor& self, const c10::optional<at::Scalar>& low, const c10::optional<at::Scalar>& high,
+                  at::Tensor& out) {
+  const bool integers = (!low || low->isIntegral(false)) && (!high || high->isIntegral(false)) && (low || high);
+  if (!integers || !bothI64(self, out)) return false;
+  auto result = self;
+  if (low) result = at::where(at::lt(result, *low), at::scalar_tensor(*low, at::kLong), result);
+  if (high) result = at::where(at::gt(result, *high), at::scalar_tensor(*high, at::kLong), result);
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  return true;
+}
+// PyTorch's type of a clamp: i64 clamped by a fraction is f32.
+at::ScalarType clampType(const at::Tensor& self, const c10::optional<at::Scalar>& low, const c10::optional<at::Scalar>& high) {
+  auto type = self.scalar_type();
+  for (const auto* bound : {&low, &high})
+    if (*bound) type = at::promote_types(type, at::result_type(self, **bound));
+  return type;
+}
 at::Tensor& clamp_out(const at::Tensor& self, const c10::optional<at::Scalar>& low, const c10::optional<at::Scalar>& high,
                       at::Tensor& out) {
+  const auto type = clampType(self, low, high);
+  TORCH_CHECK(at::canCast(type, out.scalar_type()), "result type ", type, " can't be cast to the desired output type ",
+              out.scalar_type());
+  if (integerClamp(self, low, high, out)) return out;
   return unaryOut(TensorFn::clamp, "aten::clamp", self, out, low ? low->toFloat() : -INFINITY,
                   [&](const at::Tensor& x) { return at::clamp(x, low, high); }, high ? high->toFloat() : INFINITY);
 }
 at::Tensor clamp(const at::Tensor& self, const c10::optional<at::Scalar>& low, const c10::optional<at::Scalar>& high) {
-  auto out = emptyOn({0}, self.scalar_type());
+  auto out = emptyOn({0}, clampType(self, low, high));
   return python::clamp_out(self, low, high, out);
 }
 at::Tensor& clamp_(at::Tensor& self, const c10::optional<at::Scalar>& low, const c10::optional<at::Scalar>& high) {

@@ -539,6 +539,15 @@ at::Tensor repeat_interleave_Tensor(const at::Tensor& repeats, c10::optional<int
   return at::repeat_interleave(counts, outputSize).to(repeats.device());  // (PyTorch's checks: no negative repeat)
 }
 
+// The positions of self's nonzero elements, [count, dims] (i64, each in its dimension):
+// the card compares, the mask is read (the one wait of the masked ops) and the positions
+// made from it on the host are written back.
+at::Tensor nonzero(const at::Tensor& self) {
+  if (!typed(self)) return onHost("aten::nonzero", [&] { return at::nonzero(host(self)).to(self.device()); });
+  auto mask = self.scalar_type() == at::kBool ? self : at::ne(self, 0);
+  return host(mask).nonzero().to(self.device());
+}
+
 // self's elements where mask is true, in order, as one dimension.
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   if (!typed(self) || !typed(mask) || mask.scalar_type() != at::kBool)
@@ -730,6 +739,7 @@ void registerIndexing(torch::Library& m) {
   m.impl("scatter.value_out", TORCH_FN(scatter_value_out));
   RACCEL_IMPL_OUT_NEW_INPLACE(index_add)
   m.impl("masked_select", TORCH_FN(masked_select));
+  m.impl("nonzero", TORCH_FN(python::nonzero));
   m.impl("masked_scatter_", TORCH_FN(masked_scatter_));
   m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
   m.impl("uniform_", TORCH_FN(uniform_));

@@ -301,6 +301,39 @@ std::tuple<at::Tensor&, at::Tensor&> median_dim_values(const at::Tensor& self, i
   pickSorted(self, (n - 1) / 2, true, dim, keepdim, values, indices);
   return {values, indices};
 }
+// bucketize and searchsorted over 1-d f32 boundaries: for each element, the count of
+// boundaries below it (right: at or below it), which is where PyTorch's binary search puts
+// it among sorted boundaries; a NaN, which compares false, goes past them all, as there.
+// One comparison of each element with each boundary, so only while those are few
+// (kMaxBucketComparisons); i32 results (out_int32) and sorters stay on the host.
+constexpr int64_t kMaxBucketComparisons = int64_t{1} << 24;
+bool bucketsOnCard(const at::Tensor& self, const at::Tensor& boundaries, bool outInt32) {
+  return !outInt32 && isF32(self) && self.dim() < 6 && isF32(boundaries) && boundaries.dim() == 1 &&
+         self.numel() <= kMaxBucketComparisons / std::max<int64_t>(boundaries.numel(), 1);
+}
+at::Tensor bucketOf(const at::Tensor& self, const at::Tensor& boundaries, bool right) {
+  auto x = self.unsqueeze(-1);
+  return (right ? at::lt(x, boundaries) : at::le(x, boundaries)).logical_not().sum(-1);
+}
+at::Tensor bucketize(const at::Tensor& self, const at::Tensor& boundaries, bool outInt32, bool right) {
+  if (!bucketsOnCard(self, boundaries, outInt32))
+    return onHost("aten::bucketize.Tensor",
+                  [&] { return at::bucketize(host(self), host(boundaries), outInt32, right).to(self.device()); });
+  return bucketOf(self, boundaries, right);
+}
+at::Tensor searchsorted(const at::Tensor& sorted, const at::Tensor& self, bool outInt32, bool right,
+                        c10::optional<c10::string_view> side, const c10::optional<at::Tensor>& sorter) {
+  // (side and right that disagree are PyTorch's error, raised on the host)
+  const bool agreed = !side || !(right && *side == "left");
+  if (present(sorter) || !agreed || !bucketsOnCard(self, sorted, outInt32))
+    return onHost("aten::searchsorted.Tensor", [&] {
+      return at::searchsorted(host(sorted), host(self), outInt32, right, side,
+                              present(sorter) ? c10::optional<at::Tensor>(host(*sorter)) : c10::nullopt)
+          .to(self.device());
+    });
+  return bucketOf(self, sorted, right || (side && *side == "right"));
+}
+
 at::Tensor median(const at::Tensor& self) {  // of every element
   if (!typed(self) || self.scalar_type() == at::kBool || self.numel() == 0)
     return onHost("aten::median", [&] { return at::median(host(self)).to(self.device()); });
@@ -358,6 +391,8 @@ void _cummin_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& indi
 
 // Reductions and sorting.
 void registerReductions(torch::Library& m) {
+  m.impl("bucketize.Tensor", TORCH_FN(python::bucketize));
+  m.impl("searchsorted.Tensor", TORCH_FN(python::searchsorted));
   m.impl("_cummax_helper", TORCH_FN(python::_cummax_helper));
   m.impl("_cummin_helper", TORCH_FN(python::_cummin_helper));
   m.impl("sort.values_stable", TORCH_FN(sort_values_stable));
