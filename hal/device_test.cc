@@ -1377,6 +1377,32 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   EXPECT_EQ(readInts(*wrapped, 3), (std::vector<int64_t>{-top, bottom + 2, -3}));
   ASSERT_TRUE(run(tensorOp(TensorFn::abs, {3}, {view(wrapped.get(), 0, {1}, i64), view(edges.get(), 0, {1}, i64)})));
   EXPECT_EQ(readInts(*wrapped, 3), (std::vector<int64_t>{top, bottom, 5}));
+  // i64 division: the floor quotient and the truncated remainder over every sign, past
+  // 2^53, by 0 (0, defined) and the smallest over -1 (itself, remainder 0: no trap).
+  const std::vector<int64_t> dividends = {7, -7, 7, -7, 6, -6, (int64_t{1} << 60) + 3, 5, bottom, bottom, top};
+  const std::vector<int64_t> divisors = {2, 2, -2, -2, 3, -3, 7, 0, -1, 3, -1};
+  const size_t q = dividends.size();
+  auto num = alloc(q * 8), den = alloc(q * 8), quot = alloc(q * 8);
+  ASSERT_TRUE(device->write(*num, 0, bytesOf(dividends)));
+  ASSERT_TRUE(device->write(*den, 0, bytesOf(divisors)));
+  for (TensorFn fn : {TensorFn::div, TensorFn::fmod}) {
+    ASSERT_TRUE(run(tensorOp(fn, {q}, {view(quot.get(), 0, {1}, i64), view(num.get(), 0, {1}, i64), view(den.get(), 0, {1}, i64)})))
+        << tensorFnName(fn);
+    std::vector<int64_t> want;
+    for (size_t i = 0; i < q; ++i) {
+      const int64_t x = dividends[i], y = divisors[i];
+      const bool plain = y != 0 && y != -1;
+      const int64_t mod = plain ? x % y : 0;
+      const int64_t floorDiv = y == 0 ? 0 : y == -1 ? int64_t(0 - uint64_t(x)) : x / y - (mod != 0 && (x < 0) != (y < 0));
+      want.push_back(fn == TensorFn::div ? floorDiv : mod);
+    }
+    EXPECT_EQ(readInts(*quot, q), want) << tensorFnName(fn);
+  }
+  EXPECT_EQ(readInts(*quot, 4), (std::vector<int64_t>{1, -1, 1, -1}));  // fmod: the dividend's sign
+  auto mixed = device->tensor(tensorOp(TensorFn::div, {n}, {view(quot.get(), 0, {1}, i64), view(num.get(), 0, {1}, i64), view(bf.get(), 0, {1})}));
+  ASSERT_FALSE(mixed);
+  EXPECT_NE(mixed.error().message.find("an integer division is i64"), std::string::npos) << mixed.error().message;
+
   auto intoReals = tensorOp(TensorFn::amax, {n}, {view(bf.get(), 0, {0}), view(bi.get(), 0, {1}, i64)});
   intoReals.reduceMask = 1;
   auto refused = device->tensor(intoReals);

@@ -169,6 +169,11 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
       if (op.alpha != std::trunc(op.alpha) || std::fabs(op.alpha) > 16777216.0f)
         return refuse("an integer add or mul takes an integer alpha (at most 2^24)");
       return {};
+    case TensorFn::div:
+    case TensorFn::fmod:  // f32, or i64 exactly (all three)
+      for (unsigned i = 0; i < operands; ++i)
+        if (type(i) != (integral ? TensorType::i64 : TensorType::f32)) return bad(i, integral ? "an integer division is i64" : "f32");
+      return {};
     case TensorFn::where:
       if (type(1) != TensorType::boolean) return bad(1, "the condition is bool");
       if (type(0) == TensorType::boolean) return bad(0, "f32 or i64");

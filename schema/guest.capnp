@@ -347,6 +347,9 @@ struct Op {
 #     (round: to the nearest, halves to even, as PyTorch's; frac: a - trunc(a)), f32
 #   atan2, hypot, copysign, fmod: elementwise, out = C's function of that name of (a, b)
 #     (fmod: the remainder with a's sign), f32
+#   div, fmod over i64 (all three operands): exact, div the quotient rounded down (Python's
+#     //), fmod the remainder with a's sign (C's %); a divisor of 0 gives 0, and the
+#     smallest i64 over -1 gives itself and remainder 0 (two's complement)
 #   sum over i64 or bool: an exact i64 sum (alpha 1, beta 0 or 1)
 #   add, mul over integers (i64 and bool, no f32): exact, alpha an integer (|alpha| at
 #     most 2^24), wrapping past the i64 range (two's complement, as PyTorch's CPU); into

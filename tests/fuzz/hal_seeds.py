@@ -80,6 +80,10 @@ write("tensor", "add-i64", tensor(2, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 
 # where a plain conversion is undefined.
 write("tensor", "fill-i64-huge", tensor(1, [64], [(0, 0, [1], 1)], alpha=3e38))
 write("tensor", "copy-f32-i64", tensor(0, [64], [(0, 0, [1], 1), (1, 0, [1])]))
+# i64 floor division and remainder over whatever the buffers hold (zeros, the smallest i64
+# over -1: defined, where C's are not)
+write("tensor", "div-i64", tensor(4, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)]))
+write("tensor", "fmod-i64", tensor(97, [64], [(0, 0, [1], 1), (1, 64, [1], 1), (2, 0, [1], 1)]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),
                                         ("buffer", 0), ("buffer", 1), ("buffer", 2)]))
 write("launch", "axpy", launch("axpy", [("u64", 64), ("f32", 0), ("buffer", 0), ("buffer", 1)]))

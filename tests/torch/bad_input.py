@@ -150,6 +150,8 @@ if set(raccel.torch.fallbacks()) != {"aten::index.Tensor", "aten::index.Tensor_o
 longs = torch.tensor([4, 9]).to(dev)
 refused("an i64 tensor's sqrt_ in place", "can't be cast to the desired output type Long", lambda: longs.sqrt_())
 refused("an i64 tensor's div_ in place", "can't be cast to the desired output type Long", lambda: longs.div_(2))
+refused("an i64 floor division by 0", "ZeroDivisionError", lambda: (longs // 0).cpu())
+refused("an i64 remainder by a tensor holding a 0", "ZeroDivisionError", lambda: (longs % (longs * 0)).cpu())
 refused("an i64 tensor clamped in place by a fraction", "can't be cast to the desired output type Long",
         lambda: longs.clamp_(-2.5, 3))
 refused("searchsorted with side='left' and right=True", "side and right can't be set to opposites",

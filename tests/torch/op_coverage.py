@@ -283,6 +283,13 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                           torch.searchsorted(torch.tensor([-0.5, 0.5], device=x.device), x, side="right").float().flatten(),
                           torch.nonzero((x * 2).long()).float().flatten(), torch.argwhere(x > 0.5).float().flatten(),
                           torch.stack(torch.where(x < -0.5)).float().flatten(), x[x > 0]])),
+    ("i64 // and % (floor, the divisor's sign), fmod, trunc division by numbers and tensors, exact past 2^24 (i64 out)",
+     [(4, 6)],
+     lambda x: (lambda a, d: torch.cat([a // 3, a % -7, a // d, a % d, torch.fmod(a, d), torch.fmod(a, -5),
+                                        torch.div(a, d, rounding_mode="trunc"), torch.div(a, 9, rounding_mode="floor")]))(
+         (x * 1e6).long() * 1000, (x * 4).long() + ((x * 4).long() >= 0).long())),
+    ("i64 // and % by a fraction (f32 out)", [(4, 6)],
+     lambda x: torch.cat([(x * 4).long() // 2.5, (x * 4).long() % 2.5, (x * 4).long() % -1.5])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

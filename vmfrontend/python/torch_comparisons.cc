@@ -79,8 +79,7 @@ at::Tensor& heaviside_out(const at::Tensor& self, const at::Tensor& values, at::
   if (!isF32(self) || !isF32(out) || !(isF32(values) || isHostScalar(values)))
     return hostInto("aten::heaviside.out", out, at::heaviside(host(self), host(values)));
   auto result = at::where(at::eq(self, 0), values.to(at::kFloat), at::gt(self, 0).to(at::kFloat));
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
+  return resultInto(out, result);
 }
 
 // Over bools (or i64s: nonzero is true), as an exact integer mul (and) or add (or).

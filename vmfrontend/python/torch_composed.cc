@@ -91,8 +91,7 @@ at::Tensor& xlogy_out(const at::Tensor& self, const at::Tensor& other, at::Tenso
   auto zero = at::zeros({}, out.options());
   auto value = at::where(self == 0, zero, self * at::log(other));
   auto result = at::where(at::isnan(other), at::full({}, NAN, out.options()), value);
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
+  return resultInto(out, result);
 }
 at::Tensor xlogy(const at::Tensor& self, const at::Tensor& other) {
   auto out = emptyOn({0});
@@ -259,8 +258,7 @@ at::Tensor& prod_int_out(const at::Tensor& self, int64_t dim, bool keepdim, c10:
     }
     if (!keepdim) result = result.squeeze(dim);
   }
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
+  return resultInto(out, result);
 }
 at::Tensor prod(const at::Tensor& self, c10::optional<at::ScalarType> dtype) {  // of every element
   auto out = emptyOn({}, dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type()));

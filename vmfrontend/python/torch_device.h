@@ -130,6 +130,8 @@ auto onHost(const char* name, F compute) {
 }
 // The same for an out variant: the host's result copied into `out`, resized to it.
 at::Tensor& hostInto(const char* name, at::Tensor& out, const at::Tensor& result);
+// A result made of other ops copied into an out variant's `out`, resized to it.
+at::Tensor& resultInto(at::Tensor& out, const at::Tensor& result);
 inline at::Tensor host(const at::Tensor& t) { return t.defined() && onDevice(t) ? t.cpu() : t; }
 
 // ---- Index checks (torch_operands.cc) -------------------------------------------------
@@ -165,6 +167,9 @@ void checkIndex(const at::Tensor& index, int64_t first, int64_t last, std::optio
 void checkPicks(const at::Tensor& index, int64_t size);
 void checkAlong(const at::Tensor& index, int64_t dim, int64_t size);
 void checkIndexing(const at::Tensor& index, int64_t dim, int64_t size);  // from the end where negative
+// Whether an i64 tensor on the device is known to hold no 0 (its known bounds are of one
+// sign), without a wait.
+bool knownNonzero(const at::Tensor& t);
 // Positions an op just made, each in [0, n) (argmax's, sort's): noted, so that picking
 // by them (their backwards scatter through them) reads nothing back.
 void notePositions(const at::Tensor& positions, int64_t n);

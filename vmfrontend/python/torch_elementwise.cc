@@ -112,19 +112,47 @@ at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a0, const
   return out;
 }
 
-// maximum and minimum of i64, exactly: a comparison and a select (the card's maximum and
-// minimum are f32 functions). False: not both i64 on the device.
-bool integerExtremum(TensorFn fn, const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+// The divisor of an exact i64 division (//, %, fmod) as a device operand, or nothing
+// (the op then runs otherwise): a host integer, or an i64 tensor on the device. A zero
+// divisor raises PyTorch's ZeroDivisionError: a host number's at once, a tensor's by its
+// known bounds, else by reading whether it holds a 0 (one wait).
+c10::optional<at::Tensor> integerDivisor(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+  if (!bothI64(a, out)) return c10::nullopt;
+  if (isHostScalar(b) && !b.is_floating_point()) {
+    TORCH_CHECK(b.item<int64_t>() != 0, "ZeroDivisionError");
+    return deviceNumber(b, at::kLong);
+  }
+  if (!typed(b) || b.scalar_type() != at::kLong) return c10::nullopt;
+  TORCH_CHECK(knownNonzero(b) || !at::eq(b, 0).any().item<bool>(), "ZeroDivisionError");
+  return b;
+}
+// fn (div: the floor quotient; fmod: the truncated remainder) of i64 a over a divisor
+// integerDivisor() gave.
+at::Tensor integerDivision(TensorFn fn, const at::Tensor& a, const at::Tensor& divisor) {
+  auto out = emptyOn(broadcastShape(a, divisor), at::kLong);
+  elementwise(fn, out, &a, &divisor);
+  return out;
+}
+// Where fmod's remainder (mod, of a over b) has the other sign than the divisor: where
+// flooring differs from truncating.
+at::Tensor signsDiffer(const at::Tensor& mod, const at::Tensor& b) { return (mod != 0).logical_and((b < 0).logical_xor(mod < 0)); }
+
+// The exact i64 forms of two-input maps: maximum and minimum (a comparison and a select:
+// the card's own are f32 functions) and fmod. False: not i64 on the device.
+bool integerPair(TensorFn fn, const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (fn == TensorFn::fmod) {
+    auto divisor = integerDivisor(a, b, out);
+    if (divisor) resultInto(out, integerDivision(TensorFn::fmod, a, *divisor));
+    return divisor.has_value();
+  }
   if ((fn != TensorFn::maximum && fn != TensorFn::minimum) || !bothI64(a, out) || !bothI64(b, out)) return false;
-  auto result = at::where(fn == TensorFn::maximum ? at::ge(a, b) : at::le(a, b), a, b);
-  at::native::resize_output(out, result.sizes());
-  out.copy_(result);
+  resultInto(out, at::where(fn == TensorFn::maximum ? at::ge(a, b) : at::le(a, b), a, b));
   return true;
 }
 
 #define RACCEL_BINARY(op, fn, name)                                                                            \
   at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                            \
-    if (integerExtremum(fn, a, b, out)) return out;                                                            \
+    if (integerPair(fn, a, b, out)) return out;                                                            \
     return binaryOut(fn, name, a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::op(x, y); }); \
   }                                                                                                            \
   at::Tensor op(const at::Tensor& a, const at::Tensor& b) {                                                    \
@@ -158,17 +186,18 @@ at::Tensor div(const at::Tensor& a, const at::Tensor& b) {
 }
 at::Tensor& div_(at::Tensor& self, const at::Tensor& other) { return python::div_out(self, other, self); }
 
-// Where fmod's remainder (mod, of a over b) has the other sign than the divisor: where
-// flooring differs from truncating.
-at::Tensor signsDiffer(const at::Tensor& mod, const at::Tensor& b) { return (mod != 0).logical_and((b < 0).logical_xor(mod < 0)); }
-// remainder over f32: fmod moved to the divisor's sign, as PyTorch's (Python's %).
+// remainder: fmod moved to the divisor's sign, as PyTorch's (Python's %); over f32, or
+// exactly over i64.
 at::Tensor& remainder_out(const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out) {
-  const at::Tensor a = onCardSide(a0), b = onCardSide(b0);
+  if (auto d = integerDivisor(a0, b0, out)) {
+    auto mod = integerDivision(TensorFn::fmod, a0, *d);
+    return resultInto(out, at::where(signsDiffer(mod, *d), mod + *d, mod));
+  }
+  const at::Tensor a = promoted(onCardSide(a0), out), b = promoted(onCardSide(b0), out);
   if (!supported({&a, &b, &out})) return hostInto("aten::remainder.Tensor_out", out, at::remainder(host(a), host(b)));
   auto mod = at::fmod(a, b);
   auto result = at::where(signsDiffer(mod, b), mod + b, mod);
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
+  return resultInto(out, result);
 }
 // Division rounded down (floor) or toward zero (trunc), over f32, by PyTorch's CPU rules:
 // floor from fmod, so that a / b's own rounding cannot cross an integer (div_floor).
@@ -182,13 +211,19 @@ at::Tensor floorDivided(const at::Tensor& a, const at::Tensor& b) {
   auto result = at::where(div != 0, floored, at::copysign(at::zeros({}, quotient.options()), quotient));
   return at::where(b == 0, quotient, result);
 }
+// Division rounded down (floor) or toward zero (trunc): over f32 as above; exactly over
+// i64, trunc as the floor of a less its truncated remainder (which divides exactly).
 at::Tensor& div_out_mode(const at::Tensor& a0, const at::Tensor& b0, c10::optional<c10::string_view> mode, at::Tensor& out) {
-  const at::Tensor a = onCardSide(a0), b = onCardSide(b0);
+  if (mode && (*mode == "floor" || *mode == "trunc"))
+    if (auto d = integerDivisor(a0, b0, out)) {
+      const auto dividend = *mode == "floor" ? a0 : a0 - integerDivision(TensorFn::fmod, a0, *d);
+      return resultInto(out, integerDivision(TensorFn::div, dividend, *d));
+    }
+  const at::Tensor a = promoted(onCardSide(a0), out), b = promoted(onCardSide(b0), out);
   if (!mode) return python::div_out(a, b, out);
   if (!supported({&a, &b, &out})) return hostInto("aten::div.out_mode", out, at::div(host(a), host(b), mode));
   auto result = *mode == "trunc" ? at::trunc(a / b) : floorDivided(a, b);
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
+  return resultInto(out, result);
 }
 at::Tensor& floor_divide_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   return python::div_out_mode(a, b, "floor", out);
@@ -349,8 +384,7 @@ bool integerClamp(const at::Tensor& self, const c10::optional<at::Scalar>& low, 
   auto result = self;
   if (low) result = at::where(at::lt(result, *low), at::scalar_tensor(*low, at::kLong), result);
   if (high) result = at::where(at::gt(result, *high), at::scalar_tensor(*high, at::kLong), result);
-  at::native::resize_output(out, result.sizes());
-  out.copy_(result);
+  resultInto(out, result);
   return true;
 }
 // PyTorch's type of a clamp: i64 clamped by a fraction is f32.
@@ -410,8 +444,7 @@ at::Tensor& clamp_Tensor_out(const at::Tensor& self, const c10::optional<at::Ten
                               present(high) ? c10::optional<at::Tensor>(host(*high)) : c10::nullopt));
   auto result = present(low) ? at::maximum(self, *low) : self;
   if (present(high)) result = at::minimum(result, *high);
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
+  return resultInto(out, result);
 }
 // lerp by a tensor of weights, PyTorch's formula: from the nearer end (|w| < 0.5: start).
 at::Tensor& lerp_Tensor_out(const at::Tensor& self, const at::Tensor& end, const at::Tensor& weight, at::Tensor& out) {
@@ -419,8 +452,7 @@ at::Tensor& lerp_Tensor_out(const at::Tensor& self, const at::Tensor& end, const
     return hostInto("aten::lerp.Tensor_out", out, at::lerp(host(self), host(end), host(weight)));
   auto span = end - self;
   auto result = at::where(weight.abs() < 0.5, self + weight * span, end - span * (1 - weight));
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
+  return resultInto(out, result);
 }
 
 // ELU with PyTorch's default scales (scale and input_scale 1; others run on the host).

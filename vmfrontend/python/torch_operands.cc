@@ -86,6 +86,9 @@ bool supported(std::initializer_list<const at::Tensor*> tensors) {
 
 at::Tensor& hostInto(const char* name, at::Tensor& out, const at::Tensor& result) {
   countFallback(name);
+  return resultInto(out, result);
+}
+at::Tensor& resultInto(at::Tensor& out, const at::Tensor& result) {
   at::native::resize_output(out, result.sizes());
   return out.copy_(result);
 }
@@ -174,6 +177,13 @@ void checkIndexing(const at::Tensor& index, int64_t dim, int64_t size) {
   checkIndex(index, -size, size - 1, std::nullopt, [&](int64_t v) {
     TORCH_CHECK_INDEX(false, "index ", v, " is out of bounds for dimension ", dim, " with size ", size);
   });
+}
+bool knownNonzero(const at::Tensor& t) {
+  if (t.numel() == 0) return true;
+  Locked s;
+  auto span = spanOf(t);
+  auto known = knownValues().find(span.buffer, span.begin, span.end);
+  return known && (known->lo > 0 || known->hi < 0);
 }
 void notePositions(const at::Tensor& positions, int64_t n) {
   if (positions.numel() == 0 || n <= 0 || !positions.is_non_overlapping_and_dense()) return;

@@ -283,8 +283,7 @@ at::Tensor& upsample_bilinear2d_out(const at::Tensor& self, c10::SymIntArrayRef 
     return hostInto("aten::upsample_bilinear2d", out, at::upsample_bilinear2d(host(self), size, alignCorners, sh, sw));
   auto columns = resampled(self, 3, linearAxis(self.size(3), size[1], alignCorners, sw));
   auto result = resampled(columns, 2, linearAxis(self.size(2), size[0], alignCorners, sh));
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
+  return resultInto(out, result);
 }
 at::Tensor& upsample_bilinear2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
                                              bool alignCorners, c10::optional<double> sh, c10::optional<double> sw,
