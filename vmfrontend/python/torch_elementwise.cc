@@ -519,25 +519,12 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
 
 }  // namespace
 
-// Map functions, optimizers' steps, activations and their backwards.
-void registerElementwise(torch::Library& m) {
-  m.impl("div.out", TORCH_FN(div_out));
-  m.impl("div.Tensor", TORCH_FN(python::div));
-  m.impl("div_.Tensor", TORCH_FN(div_));
-  m.impl("pow.Tensor_Scalar_out", TORCH_FN(pow_out));
-  m.impl("pow.Tensor_Scalar", TORCH_FN(python::pow));
-  m.impl("pow_.Scalar", TORCH_FN(pow_));
-  m.impl("maximum.out", TORCH_FN(maximum_out));
-  m.impl("maximum", TORCH_FN(python::maximum));
-  m.impl("minimum.out", TORCH_FN(minimum_out));
-  m.impl("minimum", TORCH_FN(python::minimum));
-  m.impl("lerp.Scalar_out", TORCH_FN(lerp_out));
-  m.impl("lerp.Scalar", TORCH_FN(python::lerp));
-  m.impl("lerp_.Scalar", TORCH_FN(lerp_));
+namespace {
+
+// C's math functions of one and two inputs, and signs.
+void registerMathFunctions(torch::Library& m) {
   RACCEL_IMPL_OUT_NEW_INPLACE(sqrt)
   RACCEL_IMPL_OUT_NEW_INPLACE(rsqrt)
-  RACCEL_IMPL_OUT_NEW_INPLACE(addcmul)
-  RACCEL_IMPL_OUT_NEW_INPLACE(addcdiv)
   RACCEL_IMPL_OUT_NEW_INPLACE(exp)
   RACCEL_IMPL_OUT_NEW_INPLACE(log)
   RACCEL_IMPL_OUT_NEW_INPLACE(log1p)
@@ -565,9 +552,47 @@ void registerElementwise(torch::Library& m) {
   RACCEL_IMPL_OUT_NEW_INPLACE(neg)
   RACCEL_IMPL_OUT_NEW_INPLACE(sign)
   RACCEL_IMPL_OUT_NEW_INPLACE(sgn)
+  m.impl("atan2.out", TORCH_FN(atan2_out));
+  m.impl("atan2", TORCH_FN(python::atan2));
+  m.impl("hypot.out", TORCH_FN(hypot_out));
+  m.impl("hypot", TORCH_FN(python::hypot));
+  m.impl("copysign.out", TORCH_FN(copysign_out));
+  m.impl("copysign.Tensor", TORCH_FN(python::copysign));
+}
+
+// Division and its rounding modes, powers, extrema, clamps and the optimizers' steps.
+void registerDivisionAndSteps(torch::Library& m) {
+  m.impl("div.out", TORCH_FN(div_out));
+  m.impl("div.Tensor", TORCH_FN(python::div));
+  m.impl("div_.Tensor", TORCH_FN(div_));
+  m.impl("pow.Tensor_Scalar_out", TORCH_FN(pow_out));
+  m.impl("pow.Tensor_Scalar", TORCH_FN(python::pow));
+  m.impl("pow_.Scalar", TORCH_FN(pow_));
+  m.impl("maximum.out", TORCH_FN(maximum_out));
+  m.impl("maximum", TORCH_FN(python::maximum));
+  m.impl("minimum.out", TORCH_FN(minimum_out));
+  m.impl("minimum", TORCH_FN(python::minimum));
+  m.impl("lerp.Scalar_out", TORCH_FN(lerp_out));
+  m.impl("lerp.Scalar", TORCH_FN(python::lerp));
+  m.impl("lerp_.Scalar", TORCH_FN(lerp_));
+  RACCEL_IMPL_OUT_NEW_INPLACE(addcmul)
+  RACCEL_IMPL_OUT_NEW_INPLACE(addcdiv)
   RACCEL_IMPL_OUT_NEW_INPLACE(clamp)
   RACCEL_IMPL_OUT_NEW_INPLACE(clamp_min)
   RACCEL_IMPL_OUT_NEW_INPLACE(clamp_max)
+  m.impl("clamp.Tensor_out", TORCH_FN(clamp_Tensor_out));
+  m.impl("lerp.Tensor_out", TORCH_FN(lerp_Tensor_out));
+  m.impl("fmod.Tensor_out", TORCH_FN(fmod_out));
+  m.impl("fmod.Tensor", TORCH_FN(python::fmod));
+  m.impl("remainder.Tensor_out", TORCH_FN(remainder_out));
+  m.impl("div.out_mode", TORCH_FN(div_out_mode));
+  m.impl("floor_divide.out", TORCH_FN(floor_divide_out));
+  m.impl("floor_divide", TORCH_FN(python::floor_divide));
+  m.impl("floor_divide_.Tensor", TORCH_FN(floor_divide_));
+}
+
+// Activations, each with its backward.
+void registerActivations(torch::Library& m) {
   m.impl("softplus.out", TORCH_FN(softplus_out));
   m.impl("softplus", TORCH_FN(python::softplus));
   RACCEL_IMPL_BACKWARD(softplus)
@@ -592,21 +617,14 @@ void registerElementwise(torch::Library& m) {
   RACCEL_IMPL_BACKWARD(sigmoid)
   RACCEL_IMPL_OUT_NEW_INPLACE(elu)
   RACCEL_IMPL_BACKWARD(elu)
-  m.impl("clamp.Tensor_out", TORCH_FN(clamp_Tensor_out));
-  m.impl("lerp.Tensor_out", TORCH_FN(lerp_Tensor_out));
-  m.impl("atan2.out", TORCH_FN(atan2_out));
-  m.impl("atan2", TORCH_FN(python::atan2));
-  m.impl("hypot.out", TORCH_FN(hypot_out));
-  m.impl("hypot", TORCH_FN(python::hypot));
-  m.impl("copysign.out", TORCH_FN(copysign_out));
-  m.impl("copysign.Tensor", TORCH_FN(python::copysign));
-  m.impl("fmod.Tensor_out", TORCH_FN(fmod_out));
-  m.impl("fmod.Tensor", TORCH_FN(python::fmod));
-  m.impl("remainder.Tensor_out", TORCH_FN(remainder_out));
-  m.impl("div.out_mode", TORCH_FN(div_out_mode));
-  m.impl("floor_divide.out", TORCH_FN(floor_divide_out));
-  m.impl("floor_divide", TORCH_FN(python::floor_divide));
-  m.impl("floor_divide_.Tensor", TORCH_FN(floor_divide_));
+}
+
+}  // namespace
+
+void registerElementwise(torch::Library& m) {
+  registerMathFunctions(m);
+  registerDivisionAndSteps(m);
+  registerActivations(m);
 }
 
 }  // namespace raccel::python

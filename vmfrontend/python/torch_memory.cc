@@ -229,49 +229,52 @@ void readInto(const at::Tensor& src, const at::Tensor& hostDst) {
 }
 
 
+// Host -> device: dense as dst is, or through a staging copy on the card.
+void copyToDevice(const at::Tensor& self, const at::Tensor& dst) {
+  auto src = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+  if (dst.is_contiguous()) {
+    writeFrom(src, dst);
+  } else if (dst.is_non_overlapping_and_dense()) {  // a dense block in another order (a transpose): laid out as it is
+    auto laid = at::empty_strided(dst.sizes(), dst.strides(), src.options());
+    laid.copy_(src);
+    writeFrom(laid, dst);
+  } else {
+    TORCH_CHECK(typeOf(dst.scalar_type()), "raccel: copying into a non-contiguous ", dst.scalar_type(),
+                " tensor is not supported");
+    auto staged = emptyOn(dst.sizes(), dst.scalar_type());
+    writeFrom(src, staged);
+    elementwise(TensorFn::copy, dst, &staged, nullptr);
+  }
+}
+// Device -> host: read as laid out where dense, else through a dense copy on the card.
+void copyToHost(const at::Tensor& self, const at::Tensor& dst) {
+  auto src = self.expand(dst.sizes());
+  if (!src.is_contiguous() && src.is_non_overlapping_and_dense()) {  // read as laid out
+    auto laid = at::empty_strided(src.sizes(), src.strides(), src.options().device(at::kCPU));
+    readInto(src, laid);
+    dst.copy_(laid);
+    return;
+  }
+  if (!src.is_contiguous()) {
+    TORCH_CHECK(typeOf(src.scalar_type()), "raccel: reading a non-contiguous ", src.scalar_type(),
+                " tensor is not supported");
+    auto staged = emptyOn(src.sizes(), src.scalar_type());
+    elementwise(TensorFn::copy, staged, &src, nullptr);
+    src = staged;
+  }
+  auto hostCopy = at::empty(src.sizes(), src.options().device(at::kCPU));
+  readInto(src, hostCopy);
+  dst.copy_(hostCopy);
+}
 at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   TORCH_CHECK(self.sizes() == dst.sizes() || at::is_expandable_to(self.sizes(), dst.sizes()),
               "raccel: copy from ", self.sizes(), " to ", dst.sizes());
   if (dst.numel() == 0) return dst;
-  if (!onDevice(self)) {  // host -> device
-    auto src = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
-    if (dst.is_contiguous()) {
-      writeFrom(src, dst);
-    } else if (dst.is_non_overlapping_and_dense()) {  // a dense block in another order (a transpose): laid out as it is
-      auto laid = at::empty_strided(dst.sizes(), dst.strides(), src.options());
-      laid.copy_(src);
-      writeFrom(laid, dst);
-    } else {
-      TORCH_CHECK(typeOf(dst.scalar_type()), "raccel: copying into a non-contiguous ", dst.scalar_type(),
-                  " tensor is not supported");
-      auto staged = emptyOn(dst.sizes(), dst.scalar_type());
-      writeFrom(src, staged);
-      elementwise(TensorFn::copy, dst, &staged, nullptr);
-    }
-    return dst;
-  }
-  if (!onDevice(dst)) {  // device -> host
-    auto src = self.expand(dst.sizes());
-    if (!src.is_contiguous() && src.is_non_overlapping_and_dense()) {  // read as laid out
-      auto laid = at::empty_strided(src.sizes(), src.strides(), src.options().device(at::kCPU));
-      readInto(src, laid);
-      dst.copy_(laid);
-      return dst;
-    }
-    if (!src.is_contiguous()) {
-      TORCH_CHECK(typeOf(src.scalar_type()), "raccel: reading a non-contiguous ", src.scalar_type(),
-                  " tensor is not supported");
-      auto staged = emptyOn(src.sizes(), src.scalar_type());
-      elementwise(TensorFn::copy, staged, &src, nullptr);
-      src = staged;
-    }
-    auto hostCopy = at::empty(src.sizes(), src.options().device(at::kCPU));
-    readInto(src, hostCopy);
-    dst.copy_(hostCopy);
-    return dst;
-  }
-  // device -> device
-  if (typed(self) && typed(dst)) {  // a conversion where the dtypes differ (exact between integers)
+  if (!onDevice(self)) {
+    copyToDevice(self, dst);
+  } else if (!onDevice(dst)) {
+    copyToHost(self, dst);
+  } else if (typed(self) && typed(dst)) {  // device -> device: a conversion where the dtypes differ (exact between integers)
     elementwise(TensorFn::copy, dst, &self, nullptr);
   } else if (self.scalar_type() == dst.scalar_type() && self.is_contiguous() && dst.is_contiguous() &&
              self.sizes() == dst.sizes()) {
