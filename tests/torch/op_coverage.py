@@ -290,6 +290,12 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
          (x * 1e6).long() * 1000, (x * 4).long() + ((x * 4).long() >= 0).long())),
     ("i64 // and % by a fraction (f32 out)", [(4, 6)],
      lambda x: torch.cat([(x * 4).long() // 2.5, (x * 4).long() % 2.5, (x * 4).long() % -1.5])),
+    ("unique of f32 and i64 with inverse and counts (sorted)", [(5, 6)],
+     lambda x: (lambda r, i: torch.cat([r[0], r[1].flatten().float(), r[2].float(), i[0].float(), i[1].float()]))(
+         torch.unique((x.detach() * 2).round(), return_inverse=True, return_counts=True),
+         torch.unique((x.detach() * 3).long(), return_counts=True))),
+    ("adaptive_max_pool2d over even windows, batched and not, with backwards", [(2, 3, 8, 6)],
+     lambda x: torch.cat([F.adaptive_max_pool2d(x, (4, 3)).flatten(), F.adaptive_max_pool2d(x[0], 2).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

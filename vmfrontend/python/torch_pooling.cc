@@ -378,11 +378,42 @@ at::Tensor _adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tenso
   return adaptiveAverageBackward(grad, self);
 }
 
+// adaptive_max_pool2d where every window is one size (the input a multiple of the output):
+// max pooling with that window as kernel and stride, its positions noted in range. Its
+// backward adds the gradient at the positions picked, a scatter_add over each plane
+// (which checks positions it was not given by the forward).
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& self, at::IntArrayRef outSize) {
+  const auto batched = self.dim() == 3 ? self.unsqueeze(0) : self;
+  const auto k = supported({&self}) ? adaptiveKernel(batched, outSize) : c10::nullopt;
+  if (!k) {
+    countFallback("aten::adaptive_max_pool2d");
+    auto [values, indices] = at::adaptive_max_pool2d(host(self), outSize);
+    return {values.to(self.device()), indices.to(self.device())};
+  }
+  auto [values, indices] = python::max_pool2d_with_indices(batched, *k, *k, {0, 0}, {1, 1}, false);
+  notePositions(indices, batched.size(2) * batched.size(3));
+  if (self.dim() == 3) return {values.squeeze(0), indices.squeeze(0)};
+  return {values, indices};
+}
+at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& indices) {
+  if (!supported({&grad, &self}) || !typed(indices) || indices.scalar_type() != at::kLong || self.dim() < 3 ||
+      grad.sizes() != indices.sizes())
+    return onHost("aten::adaptive_max_pool2d_backward", [&] {
+      return at::adaptive_max_pool2d_backward(host(grad), host(self), host(indices)).to(self.device());
+    });
+  const int64_t plane = self.size(-2) * self.size(-1), planes = plane ? self.numel() / plane : 0;
+  auto gradInput = at::zeros({planes, plane}, self.options());
+  gradInput.scatter_add_(1, indices.reshape({planes, -1}), grad.reshape({planes, -1}));
+  return gradInput.view(self.sizes());
+}
+
 }  // namespace
 
 // Pooling and upsampling.
 void registerPooling(torch::Library& m) {
   m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
+  m.impl("adaptive_max_pool2d", TORCH_FN(python::adaptive_max_pool2d));
+  m.impl("adaptive_max_pool2d_backward", TORCH_FN(python::adaptive_max_pool2d_backward));
   m.impl("upsample_nearest2d.out", TORCH_FN(upsample_nearest2d_out));
   m.impl("upsample_nearest2d_backward.grad_input", TORCH_FN(upsample_nearest2d_backward_out));
   m.impl("upsample_bilinear2d.out", TORCH_FN(upsample_bilinear2d_out));

@@ -334,6 +334,41 @@ at::Tensor searchsorted(const at::Tensor& sorted, const at::Tensor& self, bool o
   return bucketOf(self, sorted, right || (side && *side == "right"));
 }
 
+// unique (torch.unique without a dim): the first of each run of equal values in the
+// sorted elements, found by comparing neighbours on the card; which positions those are
+// is read (one wait, as nonzero's) to size the result. The inverse is each run's number
+// scattered back through the sort's positions; the counts are the runs' lengths. Sorted
+// either way (PyTorch's CPU leaves the order open when sorted=False); each NaN is a value
+// of its own, last, with a count of 1 (PyTorch 1.13's CPU puts NaNs among the values
+// with counts of 0).
+constexpr int64_t kExactF32 = int64_t{1} << 24;  // every integer up to this is an f32
+std::tuple<at::Tensor, at::Tensor, at::Tensor> _unique2(const at::Tensor& self, bool sorted, bool returnInverse,
+                                                        bool returnCounts) {
+  if (!typed(self) || self.scalar_type() == at::kBool || self.numel() == 0)
+    return onHost("aten::_unique2", [&] {
+      auto [values, inverse, counts] = at::_unique2(host(self), sorted, returnInverse, returnCounts);
+      return std::make_tuple(values.to(self.device()), inverse.to(self.device()), counts.to(self.device()));
+    });
+  const int64_t n = self.numel();
+  auto [values, order] = at::sort(self.reshape({-1}), /*stable=*/true, 0, false);
+  auto firsts = at::ones({1}, self.options().dtype(at::kBool));
+  if (n > 1) firsts = at::cat({firsts, at::ne(values.narrow(0, 1, n - 1), values.narrow(0, 0, n - 1))});
+  auto starts = at::nonzero(firsts).reshape({-1});
+  const int64_t runs = starts.numel();
+  auto inverse = emptyOn({0}, at::kLong), counts = emptyOn({0}, at::kLong);
+  if (returnInverse) {  // (as f32, exact up to 2^24 elements, where the card scatters a src; past that, as i64)
+    auto run = at::cumsum(firsts, 0) - 1;
+    inverse = n <= kExactF32 ? at::zeros({n}, self.options().dtype(at::kFloat)).scatter_(0, order, run.to(at::kFloat)).to(at::kLong)
+                             : at::zeros({n}, run.options()).scatter_(0, order, run);
+    inverse = inverse.reshape(self.sizes());
+  }
+  if (returnCounts) {
+    auto ends = at::cat({starts.narrow(0, 1, runs - 1), at::full({1}, n, starts.options())});
+    counts = ends - starts;
+  }
+  return {values.index_select(0, starts), inverse, counts};
+}
+
 at::Tensor median(const at::Tensor& self) {  // of every element
   if (!typed(self) || self.scalar_type() == at::kBool || self.numel() == 0)
     return onHost("aten::median", [&] { return at::median(host(self)).to(self.device()); });
@@ -391,6 +426,7 @@ void _cummin_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& indi
 
 // Reductions and sorting.
 void registerReductions(torch::Library& m) {
+  m.impl("_unique2", TORCH_FN(python::_unique2));
   m.impl("bucketize.Tensor", TORCH_FN(python::bucketize));
   m.impl("searchsorted.Tensor", TORCH_FN(python::searchsorted));
   m.impl("_cummax_helper", TORCH_FN(python::_cummax_helper));
