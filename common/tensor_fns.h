@@ -22,8 +22,10 @@ enum class TensorFn : uint8_t {
   floor, ceil, round, trunc, frac, sin, cos, tan, asin, acos, atan, sinh, cosh, erf, erfc, expm1, log2, log10, exp2,
   // elementwise math of two inputs (since 2026-11-30)
   atan2, hypot, copysign, fmod,
+  // the gamma function's log and derivative, and erf's inverse (since 2026-11-30)
+  lgamma, digamma, erfinv,
 };
-inline constexpr unsigned kTensorFns = 98;
+inline constexpr unsigned kTensorFns = 101;
 
 enum class TensorType : uint8_t { f32, i64, boolean };
 inline constexpr unsigned kTensorTypes = 3;
@@ -50,6 +52,7 @@ constexpr bool takesFusedScale(TensorFn fn) {
     case TensorFn::atan: case TensorFn::sinh: case TensorFn::cosh: case TensorFn::erf: case TensorFn::erfc:
     case TensorFn::expm1: case TensorFn::log2: case TensorFn::log10: case TensorFn::exp2:
     case TensorFn::atan2: case TensorFn::hypot: case TensorFn::copysign: case TensorFn::fmod:
+    case TensorFn::lgamma: case TensorFn::digamma: case TensorFn::erfinv:
       return true;
     default:
       return false;

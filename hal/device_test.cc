@@ -400,6 +400,56 @@ TEST_P(Conformance, MathOfOneAndTwoInputsGivesTheCLibrarysValues) {
   }
 }
 
+// lgamma, digamma and erfinv at known values (to 10 digits, from closed forms and A&S
+// tables), their poles, edges and NaN; erfinv(x) also against erf's inverse, erf(y) = x.
+TEST_P(Conformance, GammaFunctionsAndErfsInverseGiveTheirKnownValues) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    TensorFn fn;
+    float x, want;
+  };
+  const std::vector<Case> cases = {
+      {TensorFn::lgamma, 1.0f, 0.0f}, {TensorFn::lgamma, 2.0f, 0.0f}, {TensorFn::lgamma, 0.5f, 0.5723649429f},
+      {TensorFn::lgamma, 10.0f, 12.8018274801f}, {TensorFn::lgamma, -0.5f, 1.2655121235f}, {TensorFn::lgamma, 0.0f, inf},
+      {TensorFn::lgamma, -2.0f, inf}, {TensorFn::lgamma, nan, nan}, {TensorFn::lgamma, 100.0f, 359.1342053696f},
+      {TensorFn::digamma, 1.0f, -0.5772156649f}, {TensorFn::digamma, 0.5f, -1.9635100260f},
+      {TensorFn::digamma, 2.5f, 0.7031566406f}, {TensorFn::digamma, 0.3f, -3.5025242222f},
+      {TensorFn::digamma, 100.0f, 4.6001618527f}, {TensorFn::digamma, -0.5f, 0.0364899740f},
+      {TensorFn::digamma, -2.25f, 4.1585835646f}, {TensorFn::digamma, 1e-10f, -1e10f}, {TensorFn::digamma, 0.0f, -inf},
+      {TensorFn::digamma, -0.0f, inf}, {TensorFn::digamma, -3.0f, nan}, {TensorFn::digamma, -inf, nan},
+      {TensorFn::digamma, inf, inf}, {TensorFn::digamma, nan, nan},
+      {TensorFn::erfinv, 0.5f, 0.4769362762f}, {TensorFn::erfinv, -0.9f, -1.1630871537f},
+      {TensorFn::erfinv, 0.999f, 2.3267537655f}, {TensorFn::erfinv, 0.1f, 0.0888559905f}, {TensorFn::erfinv, 1.0f, inf},
+      {TensorFn::erfinv, -1.0f, -inf}, {TensorFn::erfinv, 1.5f, nan}, {TensorFn::erfinv, -0.0f, -0.0f},
+      {TensorFn::erfinv, nan, nan}};
+  auto out = device->allocate(4);
+  ASSERT_TRUE(out);
+  for (const auto& c : cases) {
+    auto in = floats({c.x});
+    auto s = device->tensor(tensorOp(c.fn, {1}, {view(out->get(), 0, {1}), view(in.get(), 0, {1})}));
+    if (!s && s.error().code == Code::unimplemented) GTEST_SKIP() << s.error().message;
+    ASSERT_TRUE(s) << s.error().message;
+    const float got = readFloats(**out, 1)[0];
+    const std::string what = std::string(tensorFnName(c.fn)) + " of " + std::to_string(c.x);
+    if (std::isnan(c.want)) {
+      EXPECT_TRUE(std::isnan(got)) << what << ": " << got;
+    } else if (std::isinf(c.want) || c.want == 0) {
+      EXPECT_EQ(got, c.want) << what;
+      EXPECT_EQ(std::signbit(got), std::signbit(c.want)) << what;
+    } else {
+      EXPECT_NEAR(got, c.want, 2e-6 * std::max(1.0f, std::fabs(c.want))) << what;
+    }
+  }
+  std::vector<float> xs;
+  for (float v = -0.995f; v < 1.0f; v += 0.005f) xs.push_back(v);
+  auto bx = floats(xs);
+  auto ys = device->allocate(xs.size() * 4);
+  ASSERT_TRUE(ys);
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::erfinv, {xs.size()}, {view(ys->get(), 0, {1}), view(bx.get(), 0, {1})})));
+  const auto y = readFloats(**ys, xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) EXPECT_NEAR(std::erf(double(y[i])), xs[i], 2e-7) << "erf(erfinv(" << xs[i] << "))";
+}
+
 // sort: each row of a [rows, n] view (read transposed from an [n, rows] buffer) in
 // order, stable, a NaN above every number, as std::stable_sort with that rule gives; f32
 // both ways over ties, NaNs and infinities, i64, rows of one and of 1000 (ten rounds of

@@ -49,7 +49,9 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_COSHFN == int(TensorFn::cosh) && RC_ERFFN == int(TensorFn::erf) && RC_ERFCFN == int(TensorFn::erfc) &&
               RC_EXPM1FN == int(TensorFn::expm1) && RC_LOG2FN == int(TensorFn::log2) && RC_LOG10FN == int(TensorFn::log10) &&
               RC_EXP2FN == int(TensorFn::exp2) && RC_ATAN2FN == int(TensorFn::atan2) && RC_HYPOTFN == int(TensorFn::hypot) &&
-              RC_COPYSIGNFN == int(TensorFn::copysign) && RC_FMODFN == int(TensorFn::fmod) && kTensorFns == RC_FMODFN + 1);
+              RC_COPYSIGNFN == int(TensorFn::copysign) && RC_FMODFN == int(TensorFn::fmod) &&
+              RC_LGAMMAFN == int(TensorFn::lgamma) && RC_DIGAMMAFN == int(TensorFn::digamma) &&
+              RC_ERFINVFN == int(TensorFn::erfinv) && kTensorFns == RC_ERFINVFN + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               kTensorTypes == 3);
 
@@ -105,6 +107,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"cosh", 2, "rc_map"}, {"erf", 2, "rc_map"}, {"erfc", 2, "rc_map"}, {"expm1", 2, "rc_map"},
     {"log2", 2, "rc_map"}, {"log10", 2, "rc_map"}, {"exp2", 2, "rc_map"},
     {"atan2", 3, "rc_map"}, {"hypot", 3, "rc_map"}, {"copysign", 3, "rc_map"}, {"fmod", 3, "rc_map"},
+    {"lgamma", 2, "rc_map"}, {"digamma", 2, "rc_map"}, {"erfinv", 2, "rc_map"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {

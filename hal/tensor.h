@@ -18,6 +18,12 @@
 
 namespace raccel::hal {
 class Buffer;
+// log |gamma(x)| through glibc's reentrant form: lgammaf also writes the global signgam,
+// a race between the CPU card's worker threads.
+inline float lgammaOf(float x) {
+  int sign;
+  return ::lgammaf_r(x, &sign);
+}
 }  // namespace raccel::hal
 
 // The CPU's compilation of the kernels (the prelude tensor_kernels.inc asks for); the
@@ -42,6 +48,7 @@ class Buffer;
 #define RC_LOG1P(x) std::log1p(x)
 #define RC_COS(x) std::cos(x)
 #define RC_F(name, x) std::name(x)
+#define RC_LGAMMA(x) raccel::hal::lgammaOf(x)
 #define RC_F2(name, x, y) std::name(x, y)
 #define RC_U64 uint64_t
 namespace raccel::hal::kernels {

@@ -347,6 +347,9 @@ struct Op {
 #     (round: to the nearest, halves to even, as PyTorch's; frac: a - trunc(a)), f32
 #   atan2, hypot, copysign, fmod: elementwise, out = C's function of that name of (a, b)
 #     (fmod: the remainder with a's sign), f32
+#   lgamma, digamma, erfinv: elementwise, f32: log |gamma(a)| (C's lgamma), its
+#     derivative psi(a) (-inf at +0, NaN at the negative integers), erf's inverse
+#     (+-inf at +-1, NaN past them)
 #   div, fmod over i64 (all three operands): exact, div the quotient rounded down (Python's
 #     //), fmod the remainder with a's sign (C's %); a divisor of 0 gives 0, and the
 #     smallest i64 over -1 gives itself and remainder 0 (two's complement)
@@ -524,6 +527,9 @@ enum TensorFn {
   hypot @95;
   copysign @96;
   fmod @97;
+  lgamma @98;
+  digamma @99;
+  erfinv @100;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

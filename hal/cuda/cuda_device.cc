@@ -232,6 +232,7 @@ const char* kTensorPrelude = R"CU(
 #define RC_LOG1P(x) log1pf(x)
 #define RC_COS(x) cosf(x)
 #define RC_F(name, x) name##f(x)
+#define RC_LGAMMA(x) lgammaf(x)
 #define RC_F2(name, x, y) name##f(x, y)
 #define RC_U64 unsigned long long
 )CU";

@@ -41,6 +41,7 @@ const char* kTensorPrelude = R"CLC(
 #define RC_LOG1P(x) log1p(x)
 #define RC_COS(x) cos(x)
 #define RC_F(name, x) name(x)
+#define RC_LGAMMA(x) lgamma(x)
 #define RC_F2(name, x, y) name(x, y)
 #define RC_U64 ulong
 #define RC_TILED 1

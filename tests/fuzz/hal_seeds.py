@@ -84,6 +84,9 @@ write("tensor", "copy-f32-i64", tensor(0, [64], [(0, 0, [1], 1), (1, 0, [1])]))
 # over -1: defined, where C's are not)
 write("tensor", "div-i64", tensor(4, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)]))
 write("tensor", "fmod-i64", tensor(97, [64], [(0, 0, [1], 1), (1, 64, [1], 1), (2, 0, [1], 1)]))
+# lgamma, digamma and erfinv over whatever the buffer holds (poles, NaNs, denormals)
+for fn, name in ((98, "lgamma"), (99, "digamma"), (100, "erfinv")):
+    write("tensor", name, tensor(fn, [64], [(0, 0, [1]), (1, 64, [1])]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),
                                         ("buffer", 0), ("buffer", 1), ("buffer", 2)]))
 write("launch", "axpy", launch("axpy", [("u64", 64), ("f32", 0), ("buffer", 0), ("buffer", 1)]))

@@ -296,6 +296,9 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
          torch.unique((x.detach() * 3).long(), return_counts=True))),
     ("adaptive_max_pool2d over even windows, batched and not, with backwards", [(2, 3, 8, 6)],
      lambda x: torch.cat([F.adaptive_max_pool2d(x, (4, 3)).flatten(), F.adaptive_max_pool2d(x[0], 2).flatten()])),
+    ("lgamma and erfinv with backwards (lgamma's is digamma), digamma (its backward, polygamma, is the host's)", [(4, 6)],
+     lambda x: torch.cat([torch.lgamma(x * 3), torch.lgamma(x.abs() + 0.05), torch.erfinv(x.tanh() * 0.95),
+                          torch.digamma(x.detach() * 3), torch.special.digamma(x.detach().abs() * 10 + 0.01)])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

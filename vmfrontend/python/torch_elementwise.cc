@@ -82,6 +82,9 @@ RACCEL_UNARY(expm1, TensorFn::expm1, 1, true)
 RACCEL_UNARY(log2, TensorFn::log2, 1, true)
 RACCEL_UNARY(log10, TensorFn::log10, 1, true)
 RACCEL_UNARY(exp2, TensorFn::exp2, 1, true)
+RACCEL_UNARY(lgamma, TensorFn::lgamma, 1, true)
+RACCEL_UNARY(digamma, TensorFn::digamma, 1, true)
+RACCEL_UNARY(erfinv, TensorFn::erfinv, 1, true)
 #undef RACCEL_UNARY
 
 at::Tensor& pow_out(const at::Tensor& self, const at::Scalar& exponent, at::Tensor& out) {
@@ -547,6 +550,9 @@ void registerMathFunctions(torch::Library& m) {
   RACCEL_IMPL_OUT_NEW_INPLACE(log2)
   RACCEL_IMPL_OUT_NEW_INPLACE(log10)
   RACCEL_IMPL_OUT_NEW_INPLACE(exp2)
+  RACCEL_IMPL_OUT_NEW_INPLACE(lgamma)
+  RACCEL_IMPL_OUT_NEW_INPLACE(digamma)
+  RACCEL_IMPL_OUT_NEW_INPLACE(erfinv)
   RACCEL_IMPL_OUT_NEW_INPLACE(reciprocal)
   RACCEL_IMPL_OUT_NEW_INPLACE(abs)
   RACCEL_IMPL_OUT_NEW_INPLACE(neg)
