@@ -29,6 +29,8 @@ inline constexpr unsigned kTensorFns = 101;
 
 enum class TensorType : uint8_t { f32, i64, boolean };
 inline constexpr unsigned kTensorTypes = 3;
+// The bytes of one element.
+constexpr uint64_t tensorTypeBytes(TensorType t) { return t == TensorType::i64 ? 8 : t == TensorType::boolean ? 1 : 4; }
 
 // The elementwise functions of the map kernel (rc_map) whose arithmetic takes a fused
 // scale and shift of operand a before it and of the result after it (TensorOp's preScale,

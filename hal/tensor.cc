@@ -245,7 +245,6 @@ const char* tensorTypeName(TensorType t) {
   }
   return "unknown";
 }
-uint64_t tensorTypeBytes(TensorType t) { return t == TensorType::i64 ? 8 : t == TensorType::boolean ? 1 : 4; }
 
 const char* tensorFnName(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].name : "unknown"; }
 unsigned tensorFnOperands(TensorFn fn) { return unsigned(fn) < kTensorFns ? kFns[unsigned(fn)].operands : 0; }

@@ -68,7 +68,7 @@ using raccel::TensorFn;
 using raccel::TensorType;
 
 const char* tensorTypeName(TensorType t);
-uint64_t tensorTypeBytes(TensorType t);
+using raccel::tensorTypeBytes;
 
 const char* tensorFnName(TensorFn fn);
 // Operands the function takes, the output included.

@@ -106,7 +106,7 @@ struct Span {
 };
 Span spanOf(const TensorOperand& o, const std::vector<uint64_t>& shape) {
   if (o.strides.size() != shape.size()) return Span{o.buffer, 0, UINT64_MAX};
-  const uint64_t size = o.type == TensorType::i64 ? 8 : o.type == TensorType::f32 ? 4 : 1;
+  const uint64_t size = tensorTypeBytes(o.type);
   uint64_t at = o.offset;
   for (size_t d = 0; d < shape.size(); ++d) at = limits::satAdd(at, limits::satMul(shape[d] ? shape[d] - 1 : 0, o.strides[d]));
   return Span{o.buffer, limits::satMul(o.offset, size), limits::satAdd(limits::satMul(at, size), size - 1)};

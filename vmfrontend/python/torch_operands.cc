@@ -105,7 +105,7 @@ namespace {
 
 // The bytes of a buffer that an operand's elements lie in.
 ByteSpan operandSpan(const client::TensorOperand& o, const std::vector<uint64_t>& shape) {  // every size > 0
-  const uint64_t size = o.type == client::TensorType::i64 ? 8 : o.type == client::TensorType::boolean ? 1 : 4;
+  const uint64_t size = tensorTypeBytes(o.type);
   uint64_t last = o.offset;
   for (size_t d = 0; d < shape.size() && d < o.strides.size(); ++d) last += (shape[d] - 1) * o.strides[d];
   return {o.buffer, o.offset * size, (last + 1) * size};
