@@ -299,6 +299,10 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("lgamma and erfinv with backwards (lgamma's is digamma), digamma (its backward, polygamma, is the host's)", [(4, 6)],
      lambda x: torch.cat([torch.lgamma(x * 3), torch.lgamma(x.abs() + 0.05), torch.erfinv(x.tanh() * 0.95),
                           torch.digamma(x.detach() * 3), torch.special.digamma(x.detach().abs() * 10 + 0.01)])),
+    ("cdist p=2 and p=1 (a shared row: distance 0), batched, with backwards; p=inf, p=3 and p=0", [(5, 3), (4, 3), (2, 5, 3)],
+     lambda a, b, c: torch.cat([torch.cdist(a, torch.cat([b, a[:1]])).flatten(), torch.cdist(a, b, p=1).flatten(),
+                                torch.cdist(c, c[:, :3] * 2).flatten(), torch.cdist(a.detach(), b.detach(), p=float("inf")).flatten(),
+                                torch.cdist(a.detach(), b.detach(), p=3).flatten(), torch.cdist(a.detach().round(), b.detach().round(), p=0).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

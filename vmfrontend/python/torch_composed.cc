@@ -234,6 +234,40 @@ RACCEL_SCAN(cumsum, TensorFn::add)
 RACCEL_SCAN(cumprod, TensorFn::mul)
 #undef RACCEL_SCAN
 
+// cdist's direct path (PyTorch's below 25 rows, or for p other than 2): the p-norms of
+// every pair's difference, [..., P, R, M] made on the card (so only while that holds at
+// most 2^24 elements); the backward of p = 1 and 2 the same differences, signed or over
+// the distance (0 where it is 0), summed over the other side's rows.
+constexpr int64_t kMaxPairElements = int64_t{1} << 24;
+bool cdistOnCard(const at::Tensor& x1, const at::Tensor& x2, double p) {
+  if (!supported({&x1, &x2}) || x1.dim() < 2 || x1.dim() > 4 || x1.dim() != x2.dim() || !(p >= 0)) return false;
+  for (int64_t d = 0; d < x1.dim() - 2; ++d)
+    if (x1.size(d) != x2.size(d)) return false;
+  const int64_t rows = x1.numel() / std::max<int64_t>(x1.size(-1), 1);
+  return x1.size(-1) == x2.size(-1) && rows <= kMaxPairElements / std::max<int64_t>(x2.numel(), 1);
+}
+at::Tensor pairDifferences(const at::Tensor& x1, const at::Tensor& x2) { return x1.unsqueeze(-2) - x2.unsqueeze(-3); }
+at::Tensor _cdist_forward(const at::Tensor& x1, const at::Tensor& x2, double p, c10::optional<int64_t> mode) {
+  if (!cdistOnCard(x1, x2, p))
+    return onHost("aten::_cdist_forward", [&] { return at::_cdist_forward(host(x1), host(x2), p, mode).to(x1.device()); });
+  auto d = pairDifferences(x1, x2).abs();
+  if (p == 0) return (d != 0).sum(-1).to(at::kFloat);
+  if (p == 1) return d.sum(-1);
+  if (p == 2) return (d * d).sum(-1).sqrt();
+  if (std::isinf(p)) return d.amax(-1);
+  return d.pow(p).sum(-1).pow(1 / p);
+}
+at::Tensor _cdist_backward(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2, double p, const at::Tensor& cdist) {
+  if ((p != 1 && p != 2) || !cdistOnCard(x1, x2, p) || !supported({&grad, &cdist}))
+    return onHost("aten::_cdist_backward", [&] {
+      return at::_cdist_backward(host(grad), host(x1), host(x2), p, host(cdist)).to(x1.device());
+    });
+  auto diff = pairDifferences(x1, x2);
+  auto dist = cdist.unsqueeze(-1);
+  auto slope = p == 1 ? diff.sign() : at::where(dist == 0, at::zeros({}, diff.options()), diff / dist);
+  return (grad.unsqueeze(-1) * slope).sum(-2);
+}
+
 // prod along a dimension: the running product's last element (cumprod's scan, log2(n)
 // ops over the tensor); of f32, or exactly (wrapping) of i64 and bool as i64. 1 over an
 // empty dimension.
@@ -348,6 +382,8 @@ RACCEL_PAD(replication_pad2d, true)
 
 // GLU, PReLU, flips, cumulative ops and padding.
 void registerComposed(torch::Library& m) {
+  m.impl("_cdist_forward", TORCH_FN(python::_cdist_forward));
+  m.impl("_cdist_backward", TORCH_FN(python::_cdist_backward));
   m.impl("prod.int_out", TORCH_FN(prod_int_out));
   m.impl("prod", TORCH_FN(python::prod));
   m.impl("glu.out", TORCH_FN(glu_out));
