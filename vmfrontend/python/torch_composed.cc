@@ -198,6 +198,11 @@ RACCEL_TRIANGLE(triu, true)
 RACCEL_TRIANGLE(tril, false)
 #undef RACCEL_TRIANGLE
 
+// The type a running or whole sum or product is kept in: the one asked for, else i64 for
+// integers and bools (PyTorch's promotion), else the input's.
+at::ScalarType accumulatingType(const at::Tensor& self, c10::optional<at::ScalarType> dtype) {
+  return dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type());
+}
 // cumsum and cumprod: a Hillis-Steele scan, log2(n) rounds of out[k:] = out[k:] fn
 // out[:-k] (each from a copy of the round's start): exact for integers (wrapping as
 // PyTorch's CPU); f32 rounded in a tree of adds or products rather than PyTorch's running
@@ -205,7 +210,7 @@ RACCEL_TRIANGLE(tril, false)
 template <class Host>
 at::Tensor& scanOut(TensorFn fn, const char* name, const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype,
                     at::Tensor& out, Host reference) {
-  const auto type = dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type());
+  const auto type = accumulatingType(self, dtype);
   if (!typed(self) || !typed(out) || out.scalar_type() != type || !typeOf(type) || type == at::kBool)
     return hostInto(name, out, reference(host(self)));
   dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
@@ -224,7 +229,7 @@ at::Tensor& scanOut(TensorFn fn, const char* name, const at::Tensor& self, int64
     return scanOut(fn, "aten::" #op, self, dim, dtype, out, [&](const at::Tensor& x) { return at::op(x, dim, dtype); }); \
   }                                                                                                                   \
   at::Tensor op(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {                           \
-    auto out = emptyOn({0}, dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type()));                   \
+    auto out = emptyOn({0}, accumulatingType(self, dtype));                   \
     return python::op##_out(self, dim, dtype, out);                                                                   \
   }                                                                                                                   \
   at::Tensor& op##_(at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {                             \
@@ -238,13 +243,12 @@ RACCEL_SCAN(cumprod, TensorFn::mul)
 // every pair's difference, [..., P, R, M] made on the card (so only while that holds at
 // most 2^24 elements); the backward of p = 1 and 2 the same differences, signed or over
 // the distance (0 where it is 0), summed over the other side's rows.
-constexpr int64_t kMaxPairElements = int64_t{1} << 24;
 bool cdistOnCard(const at::Tensor& x1, const at::Tensor& x2, double p) {
   if (!supported({&x1, &x2}) || x1.dim() < 2 || x1.dim() > 4 || x1.dim() != x2.dim() || !(p >= 0)) return false;
   for (int64_t d = 0; d < x1.dim() - 2; ++d)
     if (x1.size(d) != x2.size(d)) return false;
   const int64_t rows = x1.numel() / std::max<int64_t>(x1.size(-1), 1);
-  return x1.size(-1) == x2.size(-1) && rows <= kMaxPairElements / std::max<int64_t>(x2.numel(), 1);
+  return x1.size(-1) == x2.size(-1) && withinComposedElements(rows, x2.numel());
 }
 at::Tensor pairDifferences(const at::Tensor& x1, const at::Tensor& x2) { return x1.unsqueeze(-2) - x2.unsqueeze(-3); }
 at::Tensor _cdist_forward(const at::Tensor& x1, const at::Tensor& x2, double p, c10::optional<int64_t> mode) {
@@ -273,7 +277,7 @@ at::Tensor _cdist_backward(const at::Tensor& grad, const at::Tensor& x1, const a
 // empty dimension.
 at::Tensor& prod_int_out(const at::Tensor& self, int64_t dim, bool keepdim, c10::optional<at::ScalarType> dtype,
                          at::Tensor& out) {
-  const auto type = dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type());
+  const auto type = accumulatingType(self, dtype);
   const bool onCard = typed(self) && typed(out) && out.scalar_type() == type &&
                       (type == at::kLong ? isIntegral(self) : type == at::kFloat && self.scalar_type() == at::kFloat);
   if (!onCard) return hostInto("aten::prod.int_out", out, at::prod(host(self), dim, keepdim, dtype));
@@ -295,7 +299,7 @@ at::Tensor& prod_int_out(const at::Tensor& self, int64_t dim, bool keepdim, c10:
   return resultInto(out, result);
 }
 at::Tensor prod(const at::Tensor& self, c10::optional<at::ScalarType> dtype) {  // of every element
-  auto out = emptyOn({}, dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type()));
+  auto out = emptyOn({}, accumulatingType(self, dtype));
   return python::prod_int_out(self.reshape({-1}), 0, false, dtype, out);
 }
 

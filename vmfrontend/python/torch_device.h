@@ -130,6 +130,12 @@ auto onHost(const char* name, F compute) {
 }
 // The same for an out variant: the host's result copied into `out`, resized to it.
 at::Tensor& hostInto(const char* name, at::Tensor& out, const at::Tensor& result);
+// Whether a composed op may make `rows` x `perRow` elements on the card (a comparison of
+// each element with each boundary, every pair's difference): at most 2^24.
+inline bool withinComposedElements(int64_t rows, int64_t perRow) {
+  constexpr int64_t kMaxComposedElements = int64_t{1} << 24;
+  return rows <= kMaxComposedElements / std::max<int64_t>(perRow, 1);
+}
 // A result made of other ops copied into an out variant's `out`, resized to it.
 at::Tensor& resultInto(at::Tensor& out, const at::Tensor& result);
 inline at::Tensor host(const at::Tensor& t) { return t.defined() && onDevice(t) ? t.cpu() : t; }

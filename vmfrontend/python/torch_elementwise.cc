@@ -103,12 +103,15 @@ at::Tensor& pow_(at::Tensor& self, const at::Scalar& exponent) { return python::
 // A host float number as a one-element tensor on the card (written, no wait); any other
 // tensor as it is.
 at::Tensor onCardSide(const at::Tensor& t) { return isHostScalar(t) && t.is_floating_point() ? *deviceNumber(t, at::kFloat) : t; }
+// An operand of a float op whose output is `out`: a host fraction written to the card, and
+// an i64 or bool operand promoted to out's f32.
+at::Tensor cardOperand(const at::Tensor& t, const at::Tensor& out) { return promoted(onCardSide(t), out); }
 // out = fn(a, b) over their broadcast shape (either a host number), or the host's
 // `reference` counted.
 template <class Host>
 at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out,
                       Host reference, float alpha = 1, float beta = 0) {
-  const at::Tensor a = promoted(onCardSide(a0), out), b = promoted(onCardSide(b0), out);
+  const at::Tensor a = cardOperand(a0, out), b = cardOperand(b0, out);
   if (!supported({&a, &b, &out})) return hostInto(name, out, reference(host(a), host(b)));
   at::native::resize_output(out, broadcastShape(a, b));
   elementwise(fn, out, &a, &b, alpha, beta);
@@ -196,7 +199,7 @@ at::Tensor& remainder_out(const at::Tensor& a0, const at::Tensor& b0, at::Tensor
     auto mod = integerDivision(TensorFn::fmod, a0, *d);
     return resultInto(out, at::where(signsDiffer(mod, *d), mod + *d, mod));
   }
-  const at::Tensor a = promoted(onCardSide(a0), out), b = promoted(onCardSide(b0), out);
+  const at::Tensor a = cardOperand(a0, out), b = cardOperand(b0, out);
   if (!supported({&a, &b, &out})) return hostInto("aten::remainder.Tensor_out", out, at::remainder(host(a), host(b)));
   auto mod = at::fmod(a, b);
   auto result = at::where(signsDiffer(mod, b), mod + b, mod);
@@ -222,7 +225,7 @@ at::Tensor& div_out_mode(const at::Tensor& a0, const at::Tensor& b0, c10::option
       const auto dividend = *mode == "floor" ? a0 : a0 - integerDivision(TensorFn::fmod, a0, *d);
       return resultInto(out, integerDivision(TensorFn::div, dividend, *d));
     }
-  const at::Tensor a = promoted(onCardSide(a0), out), b = promoted(onCardSide(b0), out);
+  const at::Tensor a = cardOperand(a0, out), b = cardOperand(b0, out);
   if (!mode) return python::div_out(a, b, out);
   if (!supported({&a, &b, &out})) return hostInto("aten::div.out_mode", out, at::div(host(a), host(b), mode));
   auto result = *mode == "trunc" ? at::trunc(a / b) : floorDivided(a, b);

@@ -305,11 +305,10 @@ std::tuple<at::Tensor&, at::Tensor&> median_dim_values(const at::Tensor& self, i
 // boundaries below it (right: at or below it), which is where PyTorch's binary search puts
 // it among sorted boundaries; a NaN, which compares false, goes past them all, as there.
 // One comparison of each element with each boundary, so only while those are few
-// (kMaxBucketComparisons); i32 results (out_int32) and sorters stay on the host.
-constexpr int64_t kMaxBucketComparisons = int64_t{1} << 24;
+// (withinComposedElements); i32 results (out_int32) and sorters stay on the host.
 bool bucketsOnCard(const at::Tensor& self, const at::Tensor& boundaries, bool outInt32) {
   return !outInt32 && isF32(self) && self.dim() < 6 && isF32(boundaries) && boundaries.dim() == 1 &&
-         self.numel() <= kMaxBucketComparisons / std::max<int64_t>(boundaries.numel(), 1);
+         withinComposedElements(self.numel(), boundaries.numel());
 }
 at::Tensor bucketOf(const at::Tensor& self, const at::Tensor& boundaries, bool right) {
   auto x = self.unsqueeze(-1);
