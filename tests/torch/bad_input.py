@@ -170,6 +170,20 @@ refused("kthvalue 0", "k out of range", lambda: x.kthvalue(0, 1).values.cpu())
 refused("the median of an empty dimension", "median", lambda: x[:, :0].median(1).values.cpu())
 refused("reflection padding as large as the input", "Padding size should be less than",
         lambda: F.pad(x.reshape(1, 3, 5), (5, 0), mode="reflect").cpu())
+refused("bincount of a negative value", "non-negative", lambda: torch.bincount(torch.tensor([1, -2]).to(dev)).cpu())
+refused("take past the tensor's elements", "out of range: tried to access index 15 on a tensor of 15 elements",
+        lambda: torch.take(x, torch.tensor([0, 15]).to(dev)).cpu())
+refused("histc with min above max", "max must be larger than min", lambda: torch.histc(x, 4, 2, 1).cpu())
+refused("multinomial of a negative weight", "probability tensor contains either `inf`, `nan` or element < 0",
+        lambda: torch.multinomial(torch.tensor([0.5, -0.1]).to(dev), 1).cpu())
+refused("multinomial of a NaN weight", "probability tensor contains",
+        lambda: torch.multinomial(torch.tensor([[0.5, 0.5], [float("nan"), 1]]).to(dev), 2, True).cpu())
+refused("multinomial of a row of zeros", "sum of probabilities <= 0",
+        lambda: torch.multinomial(torch.tensor([[0.5, 0.5], [0.0, 0.0]]).to(dev), 1).cpu())
+refused("multinomial of more samples than categories without replacement", "cannot sample n_sample > prob_dist.size(-1)",
+        lambda: torch.multinomial(torch.ones(3).to(dev), 4).cpu())
+refused("exponential_ with a negative rate", "lambda", lambda: torch.empty(3).to(dev).exponential_(-1.0).cpu())
+refused("randperm of a negative count", "negative dimension", lambda: torch.randperm(-1, device=dev).cpu())
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

@@ -2,7 +2,7 @@
 """What users do around training, on the raccel device: a state_dict saved from the card
 and loaded on the CPU (map_location) and back; .to() round trips of every dtype the
 kernels take and of others; torch.no_grad() and model.eval(); torch.manual_seed making
-the card's random draws repeat; printing a device tensor; a tensor whose session has
+the card's random draws repeat; permutations, samples and exponential draws on the card; printing a device tensor; a tensor whose session has
 closed refused with a clear error. Prints one line per check and PASS or FAIL; exits 1 on
 any failure.
 """
@@ -137,6 +137,40 @@ def main():
           first.data_ptr() != second.data_ptr())
     check("manual_seed repeats dropout's mask on the card",
           torch.equal(first_mask.cpu(), second_mask.cpu()) and 400 < int((first_mask != 0).sum()) < 600)
+
+    # Draws made of the card's uniform numbers: permutations, samples of a distribution,
+    # exponential numbers. Each is checked for what it must be and against the frequencies
+    # it should have (bounds of about five standard deviations, the seed fixed).
+    raccel.torch.reset_fallbacks()
+    torch.manual_seed(5)
+    perms = [torch.randperm(n, device=dev) for n in (1, 10, 100000)]
+    check("randperm on the card: a permutation of 0..n-1",
+          all(torch.equal(p.sort().values.cpu(), torch.arange(p.numel())) for p in perms) and perms[2].dtype == torch.long)
+    firsts = torch.stack([torch.randperm(4, device=dev) for _ in range(2000)]).cpu()
+    where_zero = (firsts == 0).long().argmax(1).bincount(minlength=4)
+    check("randperm puts each element in each place about as often", bool(((where_zero - 500).abs() < 110).all()),
+          str(where_zero.tolist()))
+    torch.manual_seed(11)
+    again = torch.randperm(50, device=dev).cpu()
+    torch.manual_seed(11)
+    check("manual_seed repeats randperm", torch.equal(again, torch.randperm(50, device=dev).cpu()))
+    weights = torch.tensor([0.1, 0.0, 0.6, 0.3]).to(dev)
+    drawn = torch.multinomial(weights, 20000, replacement=True).cpu()
+    share = drawn.bincount(minlength=4).double() / 20000
+    check("multinomial with replacement: each category as often as its weight, never one of weight 0",
+          bool(((share - torch.tensor([0.1, 0.0, 0.6, 0.3], dtype=torch.double)).abs() < 0.02).all()) and share[1] == 0,
+          str(share.tolist()))
+    rows = torch.tensor([[1.0, 2.0, 7.0]]).repeat(3000, 1).to(dev)
+    first = torch.multinomial(rows, 1).cpu().flatten().bincount(minlength=3).double() / 3000
+    check("multinomial of one sample per row: each category as often as its weight",
+          bool(((first - torch.tensor([0.1, 0.2, 0.7], dtype=torch.double)).abs() < 0.04).all()), str(first.tolist()))
+    without = torch.multinomial(torch.tensor([[5.0, 0.0, 1.0, 1.0, 3.0]] * 200).to(dev), 4).cpu()
+    check("multinomial without replacement: distinct picks, the weight-0 category last",
+          all(len(set(r.tolist())) == 4 for r in without) and bool((without[:, :3] != 1).all()))
+    q = torch.empty(100000, device=dev).exponential_(2.0).cpu()
+    check("exponential_ on the card: positive, of mean 1 / lambda",
+          float(q.min()) > 0 and abs(float(q.mean()) - 0.5) < 0.01, f"mean {float(q.mean()):.4f}")
+    check("no draw fell back to the CPU", not raccel.torch.fallbacks(), str(raccel.torch.fallbacks()))
 
     # Printing a device tensor.
     text = str(torch.tensor([[1.5, -2.0], [0.25, 3.0]]).to(dev))

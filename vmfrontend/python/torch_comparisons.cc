@@ -207,10 +207,21 @@ at::Tensor any_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
   return python::any_dim_out(self, dim, keepdim, out);
 }
 
+// isin: each element compared with every test element (at most 2^24 comparisons; NaN is
+// in nothing), as PyTorch's CPU compares them.
+at::Tensor& isin_out(const at::Tensor& elements, const at::Tensor& tests, bool assumeUnique, bool invert, at::Tensor& out) {
+  const bool ok = typed(elements) && typed(tests) && elements.scalar_type() == tests.scalar_type() && typed(out) &&
+                  out.scalar_type() == at::kBool && withinComposedElements(elements.numel(), tests.numel());
+  if (!ok) return hostInto("aten::isin.Tensor_Tensor_out", out, at::isin(host(elements), host(tests), assumeUnique, invert));
+  auto found = (elements.reshape({-1, 1}) == tests.reshape({1, -1})).any(1).view(elements.sizes());
+  return resultInto(out, invert ? found.logical_not() : found);
+}
+
 }  // namespace
 
 // Comparisons, selection and the boolean ops masks need.
 void registerComparisons(torch::Library& m) {
+  m.impl("isin.Tensor_Tensor_out", TORCH_FN(isin_out));
   m.impl("all", TORCH_FN(python::all));
   m.impl("any", TORCH_FN(python::any));
   m.impl("all.out", TORCH_FN(all_dim_out));

@@ -1,6 +1,6 @@
 // Ops the torch device composes of its other ops: GLU, log-sigmoid, nan_to_num, xlogy,
 // PReLU, flips and rolls, triu/tril, cumulative sums and products, reflection and
-// replication padding.
+// replication padding, logaddexp, sinc, the shrinks and threshold.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -382,10 +382,115 @@ RACCEL_PAD(replication_pad1d, true)
 RACCEL_PAD(replication_pad2d, true)
 #undef RACCEL_PAD
 
+// ---- Elementwise functions composed of the map's --------------------------------------
+
+// logaddexp: log(e^a + e^b) as PyTorch's CPU computes it, the larger plus log1p(e^-|a - b|)
+// (a itself where a and b are the same infinity); logaddexp2 the same in base 2.
+at::Tensor logAddExp(const at::Tensor& a, const at::Tensor& b, bool base2) {
+  auto apart = -(a - b).abs();
+  auto sum = base2 ? at::maximum(a, b) + at::log1p(at::exp2(apart)) * (1 / std::log(2.0))
+                   : at::maximum(a, b) + at::log1p(at::exp(apart));
+  return at::where((a == b) & (a.abs() == INFINITY), a, sum);
+}
+at::Tensor& logaddexp_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  if (!supported({&self, &other, &out})) return hostInto("aten::logaddexp.out", out, at::logaddexp(host(self), host(other)));
+  return resultInto(out, logAddExp(self, other, false));
+}
+at::Tensor& logaddexp2_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  if (!supported({&self, &other, &out})) return hostInto("aten::logaddexp2.out", out, at::logaddexp2(host(self), host(other)));
+  return resultInto(out, logAddExp(self, other, true));
+}
+at::Tensor logaddexp(const at::Tensor& self, const at::Tensor& other) {
+  auto out = emptyOn({0});
+  return python::logaddexp_out(self, other, out);
+}
+at::Tensor logaddexp2(const at::Tensor& self, const at::Tensor& other) {
+  auto out = emptyOn({0});
+  return python::logaddexp2_out(self, other, out);
+}
+
+// sinc: sin(pi x) / (pi x), 1 at 0.
+at::Tensor& sinc_out(const at::Tensor& self, at::Tensor& out) {
+  if (!supported({&self, &out})) return hostInto("aten::sinc.out", out, at::sinc(host(self)));
+  auto product = self * static_cast<float>(M_PI);
+  return resultInto(out, at::where(self == 0, at::ones({}, self.options()), at::sin(product) / product));
+}
+at::Tensor sinc(const at::Tensor& self) {
+  auto out = emptyOn({0});
+  return python::sinc_out(self, out);
+}
+at::Tensor& sinc_(at::Tensor& self) { return python::sinc_out(self, self); }
+
+// The shrinks (0 inside [-lambda, lambda]: soft takes lambda off the rest, hard keeps it)
+// and threshold (value at or below it), with NaN kept as PyTorch's CPU keeps it.
+at::Tensor inside(const at::Tensor& x, double lambda) { return (x >= -lambda) & (x <= lambda); }
+at::Tensor& softshrink_out(const at::Tensor& self, const at::Scalar& lambda, at::Tensor& out) {
+  if (!supported({&self, &out})) return hostInto("aten::softshrink.out", out, at::softshrink(host(self), lambda));
+  const double l = lambda.toDouble();
+  return resultInto(out, at::where(self > l, self - l, at::where(self < -l, self + l, self * 0)));
+}
+at::Tensor softshrink(const at::Tensor& self, const at::Scalar& lambda) {
+  auto out = emptyOn({0});
+  return python::softshrink_out(self, lambda, out);
+}
+at::Tensor& hardshrink_out(const at::Tensor& self, const at::Scalar& lambda, at::Tensor& out) {
+  if (!supported({&self, &out})) return hostInto("aten::hardshrink.out", out, at::hardshrink(host(self), lambda));
+  return resultInto(out, at::where(inside(self, lambda.toDouble()), at::zeros({}, self.options()), self));
+}
+at::Tensor hardshrink(const at::Tensor& self, const at::Scalar& lambda) {
+  auto out = emptyOn({0});
+  return python::hardshrink_out(self, lambda, out);
+}
+// Either shrink's gradient: 0 inside [-lambda, lambda], the upstream one elsewhere.
+at::Tensor& shrinkBackward(const char* name, const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambda,
+                           at::Tensor& gradInput, bool soft) {
+  if (!supported({&grad, &self, &gradInput}) || !grad.sizes().equals(self.sizes()))
+    return hostInto(name, gradInput, soft ? at::softshrink_backward(host(grad), host(self), lambda)
+                                          : at::hardshrink_backward(host(grad), host(self), lambda));
+  return resultInto(gradInput, at::where(inside(self, lambda.toDouble()), at::zeros({}, grad.options()), grad));
+}
+at::Tensor& softshrink_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambda, at::Tensor& gradInput) {
+  return shrinkBackward("aten::softshrink_backward", grad, self, lambda, gradInput, true);
+}
+at::Tensor softshrink_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambda) {
+  auto out = emptyOn({0});
+  return python::softshrink_backward_out(grad, self, lambda, out);
+}
+at::Tensor& hardshrink_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambda, at::Tensor& gradInput) {
+  return shrinkBackward("aten::hardshrink_backward", grad, self, lambda, gradInput, false);
+}
+at::Tensor hardshrink_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambda) {
+  auto out = emptyOn({0});
+  return python::hardshrink_backward_out(grad, self, lambda, out);
+}
+at::Tensor& threshold_out(const at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value, at::Tensor& out) {
+  if (!supported({&self, &out})) return hostInto("aten::threshold.out", out, at::threshold(host(self), threshold, value));
+  return resultInto(out, at::where(self <= threshold.toDouble(), at::full({}, value.toDouble(), self.options()), self));
+}
+at::Tensor threshold(const at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value) {
+  auto out = emptyOn({0});
+  return python::threshold_out(self, threshold, value, out);
+}
+at::Tensor& threshold_(at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value) {
+  return python::threshold_out(self, threshold, value, self);
+}
+
 }  // namespace
 
-// GLU, PReLU, flips, cumulative ops and padding.
+// GLU, PReLU, flips, cumulative ops, padding, and the elementwise functions composed.
 void registerComposed(torch::Library& m) {
+  m.impl("logaddexp.out", TORCH_FN(logaddexp_out));
+  m.impl("logaddexp", TORCH_FN(python::logaddexp));
+  m.impl("logaddexp2.out", TORCH_FN(logaddexp2_out));
+  m.impl("logaddexp2", TORCH_FN(python::logaddexp2));
+  RACCEL_IMPL_OUT_NEW_INPLACE(sinc)
+  RACCEL_IMPL_OUT_NEW_INPLACE(threshold)
+  m.impl("softshrink.out", TORCH_FN(softshrink_out));
+  m.impl("softshrink", TORCH_FN(python::softshrink));
+  RACCEL_IMPL_BACKWARD(softshrink)
+  m.impl("hardshrink.out", TORCH_FN(hardshrink_out));
+  m.impl("hardshrink", TORCH_FN(python::hardshrink));
+  RACCEL_IMPL_BACKWARD(hardshrink)
   m.impl("_cdist_forward", TORCH_FN(python::_cdist_forward));
   m.impl("_cdist_backward", TORCH_FN(python::_cdist_backward));
   m.impl("prod.int_out", TORCH_FN(prod_int_out));

@@ -64,6 +64,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   registerReductions(m);
   registerComposed(m);
   registerIndexing(m);
+  registerCreation(m);
   registerConvolutions(m);
   registerPooling(m);
   registerNormsAndLosses(m);

@@ -289,6 +289,7 @@ void registerComparisons(torch::Library& m);
 void registerReductions(torch::Library& m);
 void registerComposed(torch::Library& m);
 void registerIndexing(torch::Library& m);
+void registerCreation(torch::Library& m);
 void registerConvolutions(torch::Library& m);
 void registerPooling(torch::Library& m);
 void registerNormsAndLosses(torch::Library& m);

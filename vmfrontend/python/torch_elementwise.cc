@@ -99,6 +99,19 @@ at::Tensor pow(const at::Tensor& self, const at::Scalar& exponent) {
   return python::pow_out(self, exponent, out);
 }
 at::Tensor& pow_(at::Tensor& self, const at::Scalar& exponent) { return python::pow_out(self, exponent, self); }
+// A positive number to a tensor's powers (logaddexp2's gradient is 2 to a tensor): exp2
+// for 2, else exp of the powers times the number's log; other bases on the host.
+at::Tensor& pow_scalar_out(const at::Scalar& base, const at::Tensor& exponent, at::Tensor& out) {
+  const double b = base.toDouble();
+  if (!supported({&exponent, &out}) || base.isComplex() || !(b > 0) || std::isinf(b))
+    return hostInto("aten::pow.Scalar_out", out, at::pow(base, host(exponent)));
+  if (b == 1) return resultInto(out, at::ones(exponent.sizes(), exponent.options()));
+  return resultInto(out, b == 2 ? at::exp2(exponent) : at::exp(exponent * std::log(b)));
+}
+at::Tensor pow_scalar(const at::Scalar& base, const at::Tensor& exponent) {
+  auto out = emptyOn({0}, at::result_type(base, exponent));
+  return python::pow_scalar_out(base, exponent, out);
+}
 
 // A host float number as a one-element tensor on the card (written, no wait); any other
 // tensor as it is.
@@ -577,6 +590,8 @@ void registerDivisionAndSteps(torch::Library& m) {
   m.impl("pow.Tensor_Scalar_out", TORCH_FN(pow_out));
   m.impl("pow.Tensor_Scalar", TORCH_FN(python::pow));
   m.impl("pow_.Scalar", TORCH_FN(pow_));
+  m.impl("pow.Scalar_out", TORCH_FN(pow_scalar_out));
+  m.impl("pow.Scalar", TORCH_FN(pow_scalar));
   m.impl("maximum.out", TORCH_FN(maximum_out));
   m.impl("maximum", TORCH_FN(python::maximum));
   m.impl("minimum.out", TORCH_FN(minimum_out));

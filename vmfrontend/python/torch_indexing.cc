@@ -1,8 +1,6 @@
 // The torch device's joining and indexing: cat, index_select, embeddings and their bags,
 // gathers, scatters, index_add and index_fill, advanced indexing and its puts, masked
-// selects, and random numbers on the card (keyed from PyTorch's generator).
-#include <ATen/CPUGeneratorImpl.h>
-
+// selects.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -475,14 +473,6 @@ at::Tensor unfold_backward(const at::Tensor& grad, c10::IntArrayRef inputSizes, 
   return out;
 }
 
-// arange: made on the host (PyTorch's own checks of the range) and written to the card,
-// a write that does not wait.
-at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
-  auto made = at::arange(start, end, step, at::TensorOptions().dtype(out.scalar_type()));
-  at::native::resize_output(out, made.sizes());
-  return out.copy_(made);
-}
-
 // Advanced indexing whose index tensors are apart (x[a, :, c]): PyTorch puts the picked
 // dimensions first, then self's others in order, which is indexing a view of self with
 // the indexed dimensions moved to the front, where they are neighbours. Nothing where
@@ -582,45 +572,6 @@ at::Tensor& masked_scatter_(at::Tensor& self, const at::Tensor& mask, const at::
   return self.copy_(at::where(mask.expand(self.sizes()), picked, self));
 }
 
-// ---- Random numbers on the card (keyed from PyTorch's generator) -----------------------
-
-// A Philox key for one op, drawn from `generator` (a CPU one) or PyTorch's default, so
-// torch.manual_seed makes the device's draws reproducible.
-int64_t randomKey(const c10::optional<at::Generator>& generator) {
-  auto* g = at::get_generator_or_default<at::CPUGeneratorImpl>(generator, at::detail::getDefaultCPUGenerator());
-  std::lock_guard<std::mutex> lock(g->mutex_);
-  return static_cast<int64_t>(g->random64());
-}
-at::Tensor& randomInto(TensorFn fn, at::Tensor& self, float alpha, float beta, const c10::optional<at::Generator>& generator) {
-  Locked s;
-  client::TensorOp op;
-  op.fn = fn;
-  op.shape = shapeOf(self.sizes());
-  op.operands = {operand(self, self.strides())};
-  op.alpha = alpha, op.beta = beta;
-  op.ignoreIndex = randomKey(generator);
-  send(*s, op);
-  return self;
-}
-bool cpuGenerator(const c10::optional<at::Generator>& generator) {
-  return !generator || !generator->defined() || generator->device().is_cpu();
-}
-at::Tensor& bernoulli_(at::Tensor& self, double p, c10::optional<at::Generator> generator) {
-  if (!supported({&self}) || !cpuGenerator(generator))
-    return hostInto("aten::bernoulli_.float", self, host(self).bernoulli_(p, generator));
-  return randomInto(TensorFn::bernoulli, self, static_cast<float>(p), 0, generator);
-}
-at::Tensor& uniform_(at::Tensor& self, double from, double to, c10::optional<at::Generator> generator) {
-  if (!supported({&self}) || !cpuGenerator(generator))
-    return hostInto("aten::uniform_", self, host(self).uniform_(from, to, generator));
-  return randomInto(TensorFn::uniform, self, static_cast<float>(from), static_cast<float>(to), generator);
-}
-at::Tensor& normal_(at::Tensor& self, double mean, double std, c10::optional<at::Generator> generator) {
-  if (!supported({&self}) || !cpuGenerator(generator))
-    return hostInto("aten::normal_", self, host(self).normal_(mean, std, generator));
-  return randomInto(TensorFn::normal, self, static_cast<float>(mean), static_cast<float>(std), generator);
-}
-
 // out[..., i, ...] = self[..., index[..., i, ...], ...] along `dim` (index of out's shape).
 at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparseGrad, at::Tensor& out) {
   const bool ok = typed(self) && typed(out) && out.scalar_type() == self.scalar_type() && typed(index) &&
@@ -712,10 +663,55 @@ at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at:
   return self.copy_(result);
 }
 
+// take and put_: self's elements in row-major order picked by index (negative from the
+// end), with PyTorch's error for a pick outside them. The picks, checked and moved into
+// [0, n), flat.
+at::Tensor flatPicks(const at::Tensor& index, int64_t n) {
+  checkIndex(index, -n, n - 1, std::nullopt, [&](int64_t v) {
+    TORCH_CHECK_INDEX(false, "out of range: tried to access index ", v, " on a tensor of ", n, " elements.");
+  });
+  auto picks = index.reshape({-1});
+  return at::where(picks < 0, picks + n, picks);
+}
+bool flatlyPicked(const at::Tensor& self, const at::Tensor& index) {
+  return typed(self) && self.numel() > 0 && typed(index) && index.scalar_type() == at::kLong;
+}
+at::Tensor& take_out(const at::Tensor& self, const at::Tensor& index, at::Tensor& out) {
+  if (!flatlyPicked(self, index) || !typed(out) || out.scalar_type() != self.scalar_type())
+    return hostInto("aten::take", out, at::take(host(self), host(index)));
+  auto picks = flatPicks(index, self.numel());
+  TrustedIndices inRange;
+  return resultInto(out, python::index_select(self.reshape({-1}), 0, picks).view(index.sizes()));
+}
+// put_ (take's backward puts with accumulate): an index_put_ of the flat picks, on the
+// card where index_put_ runs there.
+at::Tensor& put_(at::Tensor& self, const at::Tensor& index, const at::Tensor& source, bool accumulate) {
+  if (!flatlyPicked(self, index) || !typed(source) || source.scalar_type() != self.scalar_type() ||
+      source.numel() != index.numel()) {
+    countFallback("aten::put_");
+    auto result = host(self);
+    result.put_(host(index), host(source), accumulate);
+    return self.copy_(result);
+  }
+  auto picks = flatPicks(index, self.numel());
+  TrustedIndices inRange;
+  auto flat = self.is_contiguous() ? self.view({-1}) : self.contiguous().view({-1});
+  flat.index_put_({picks}, source.reshape({-1}), accumulate);
+  if (!flat.is_alias_of(self)) self.copy_(flat.view(self.sizes()));
+  return self;
+}
+at::Tensor take(const at::Tensor& self, const at::Tensor& index) {
+  auto out = emptyOn({0}, self.scalar_type());
+  return python::take_out(self, index, out);
+}
+
 }  // namespace
 
-// Joining, indexing, gathers and scatters (embeddings), and random numbers.
+// Joining, indexing, gathers and scatters (embeddings), take and put_.
 void registerIndexing(torch::Library& m) {
+  m.impl("take.out", TORCH_FN(take_out));
+  m.impl("take", TORCH_FN(python::take));
+  m.impl("put_", TORCH_FN(python::put_));
   m.impl("cat.out", TORCH_FN(cat_out));
   m.impl("cat", TORCH_FN(python::cat));
   m.impl("repeat_interleave.Tensor", TORCH_FN(repeat_interleave_Tensor));
@@ -730,7 +726,6 @@ void registerIndexing(torch::Library& m) {
   m.impl("_index_put_impl_", TORCH_FN(python::_index_put_impl_));
   m.impl("index.Tensor", TORCH_FN(python::index));
   m.impl("unfold_backward", TORCH_FN(python::unfold_backward));
-  m.impl("arange.start_out", TORCH_FN(arange_out));
   m.impl("index_select.out", TORCH_FN(index_select_out));
   m.impl("index_select", TORCH_FN(python::index_select));
   m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
@@ -741,9 +736,6 @@ void registerIndexing(torch::Library& m) {
   m.impl("masked_select", TORCH_FN(masked_select));
   m.impl("nonzero", TORCH_FN(python::nonzero));
   m.impl("masked_scatter_", TORCH_FN(masked_scatter_));
-  m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
-  m.impl("uniform_", TORCH_FN(uniform_));
-  m.impl("normal_", TORCH_FN(normal_));
 }
 
 }  // namespace raccel::python

@@ -421,10 +421,75 @@ void _cummin_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& indi
   cumulativeExtremum("aten::_cummin_helper", false, self, values, indices, dim);
 }
 
+// ---- Counts: bincount and histc --------------------------------------------------------
+
+// Each position's count, added on the card: ones at `bin` (i64 in [0, bins)), weighted by
+// `weight` where given (a 0/1 mask), into f32 counts (exact: at most 2^24 are counted).
+at::Tensor binCounts(const at::Tensor& bin, int64_t bins, const at::Tensor* weight) {
+  auto counts = emptyOn({bins}).zero_();
+  TrustedIndices inRange;  // (the callers made or checked bin)
+  return counts.index_add_(0, bin, weight ? *weight : at::ones({bin.numel()}, counts.options()));
+}
+constexpr int64_t kMaxCounted = int64_t{1} << 24;
+
+// bincount of non-negative i64 without weights: i64 counts, as many as the largest value
+// + 1 or minlength (the largest value read back: it sets the result's size), below 2^24.
+at::Tensor bincount(const at::Tensor& self, const c10::optional<at::Tensor>& weights, int64_t minlength) {
+  const bool ok = typed(self) && self.scalar_type() == at::kLong && self.dim() == 1 && !present(weights) && minlength >= 0 &&
+                  self.numel() <= kMaxCounted;
+  if (!ok)
+    return onHost("aten::bincount", [&] {
+      return at::bincount(host(self), present(weights) ? c10::optional<at::Tensor>(host(*weights)) : c10::nullopt, minlength)
+          .to(self.device());
+    });
+  if (self.numel() == 0) return emptyOn({minlength}, at::kLong).zero_();
+  auto read = at::stack({self.amin(), self.amax()}).cpu();
+  const int64_t lo = read[0].item<int64_t>(), hi = read[1].item<int64_t>();
+  TORCH_CHECK(lo >= 0, "bincount only supports 1-d non-negative integral inputs.");
+  if (hi >= kMaxCounted)  // (more bins than values: the host's, as PyTorch's CPU allocates them)
+    return onHost("aten::bincount", [&] { return at::bincount(host(self), c10::nullopt, minlength).to(self.device()); });
+  notePositions(self, hi + 1);
+  return binCounts(self, std::max(hi + 1, minlength), nullptr).to(at::kLong);
+}
+
+// histc: f32 counts of `bins` equal bins over [min, max] (the input's own extremes, read
+// back, where min == max), each element's bin as PyTorch's CPU computes it,
+// (x - min) * bins / (max - min) in f32 and truncated, the last bin closed; elements
+// outside and NaN counted nowhere.
+at::Tensor& histc_out(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max, at::Tensor& out) {
+  const bool ok = supported({&self, &out}) && bins > 0 && bins <= kMaxCounted && self.numel() <= kMaxCounted;
+  if (!ok) return hostInto("aten::histc", out, at::histc(host(self), bins, min, max));
+  double lo = min.toDouble(), hi = max.toDouble();
+  if (lo == hi && self.numel() > 0) {
+    auto read = at::stack({self.amin(), self.amax()}).cpu();
+    lo = read[0].item<float>(), hi = read[1].item<float>();
+  }
+  if (lo == hi) lo -= 1, hi += 1;
+  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "torch.histc: range of [", lo, ", ", hi, "] is not finite");
+  TORCH_CHECK(lo < hi, "torch.histc: max must be larger than min");
+  at::native::resize_output(out, {bins});
+  if (self.numel() == 0) return out.zero_();
+  const float left = static_cast<float>(lo), right = static_cast<float>(hi);
+  auto x = self.reshape({-1});
+  auto width = at::full({}, right - left, x.options());  // (a tensor: a true division, not a product by its inverse)
+  auto position = at::trunc((x - left) * static_cast<float>(bins) / width).clamp_max(bins - 1);
+  auto counted = (x >= left) & (x <= right);
+  auto bin = at::where(counted, position, at::zeros({}, x.options())).to(at::kLong);
+  auto weight = counted.to(at::kFloat);
+  return out.copy_(binCounts(bin, bins, &weight));
+}
+at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
+  auto out = emptyOn({0});
+  return python::histc_out(self, bins, min, max, out);
+}
+
 }  // namespace
 
-// Reductions and sorting.
+// Reductions and sorting, and counts.
 void registerReductions(torch::Library& m) {
+  m.impl("bincount", TORCH_FN(python::bincount));
+  m.impl("histc.out", TORCH_FN(histc_out));
+  m.impl("histc", TORCH_FN(python::histc));
   m.impl("_unique2", TORCH_FN(python::_unique2));
   m.impl("bucketize.Tensor", TORCH_FN(python::bucketize));
   m.impl("searchsorted.Tensor", TORCH_FN(python::searchsorted));

@@ -1,0 +1,169 @@
+// Tensors the torch device makes from numbers rather than from other tensors: ranges and
+// identities (made on the host by PyTorch's own kernels and written to the card: a write
+// that does not wait), and random draws on the card, keyed from PyTorch's generator
+// (bernoulli_, uniform_, normal_, exponential_, and what is drawn from them:
+// permutations and samples of a distribution).
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "vmfrontend/python/torch_device.h"
+
+namespace raccel::python {
+
+namespace {
+
+// ---- Ranges and identities -------------------------------------------------------------
+
+// A tensor PyTorch's CPU makes of numbers alone (its checks and its values), written into
+// `out` on the card.
+at::Tensor& madeInto(at::Tensor& out, const at::Tensor& made) {
+  at::native::resize_output(out, made.sizes());
+  return out.copy_(made);
+}
+at::TensorOptions hostOptions(const at::Tensor& out) { return at::TensorOptions().dtype(out.scalar_type()); }
+at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, at::Tensor& out) {
+  return madeInto(out, at::linspace(start, end, steps, hostOptions(out)));
+}
+at::Tensor& logspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, double base, at::Tensor& out) {
+  return madeInto(out, at::logspace(start, end, steps, base, hostOptions(out)));
+}
+at::Tensor& eye_out(int64_t n, at::Tensor& out) { return madeInto(out, at::eye(n, hostOptions(out))); }
+at::Tensor& eye_m_out(int64_t n, int64_t m, at::Tensor& out) { return madeInto(out, at::eye(n, m, hostOptions(out))); }
+at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
+  return madeInto(out, at::arange(start, end, step, hostOptions(out)));
+}
+
+// ---- Random draws on the card ----------------------------------------------------------
+
+// A Philox key for one op, drawn from `generator` (a CPU one) or PyTorch's default, so
+// torch.manual_seed makes the device's draws reproducible.
+int64_t randomKey(const c10::optional<at::Generator>& generator) {
+  auto* g = at::get_generator_or_default<at::CPUGeneratorImpl>(generator, at::detail::getDefaultCPUGenerator());
+  std::lock_guard<std::mutex> lock(g->mutex_);
+  return static_cast<int64_t>(g->random64());
+}
+at::Tensor& randomInto(TensorFn fn, at::Tensor& self, float alpha, float beta, const c10::optional<at::Generator>& generator) {
+  Locked s;
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = shapeOf(self.sizes());
+  op.operands = {operand(self, self.strides())};
+  op.alpha = alpha, op.beta = beta;
+  op.ignoreIndex = randomKey(generator);
+  send(*s, op);
+  return self;
+}
+bool cpuGenerator(const c10::optional<at::Generator>& generator) {
+  return !generator || !generator->defined() || generator->device().is_cpu();
+}
+at::Tensor& bernoulli_(at::Tensor& self, double p, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator))
+    return hostInto("aten::bernoulli_.float", self, host(self).bernoulli_(p, generator));
+  return randomInto(TensorFn::bernoulli, self, static_cast<float>(p), 0, generator);
+}
+at::Tensor& uniform_(at::Tensor& self, double from, double to, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator))
+    return hostInto("aten::uniform_", self, host(self).uniform_(from, to, generator));
+  return randomInto(TensorFn::uniform, self, static_cast<float>(from), static_cast<float>(to), generator);
+}
+at::Tensor& normal_(at::Tensor& self, double mean, double std, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator))
+    return hostInto("aten::normal_", self, host(self).normal_(mean, std, generator));
+  return randomInto(TensorFn::normal, self, static_cast<float>(mean), static_cast<float>(std), generator);
+}
+
+// exponential_: -log(1 - u) / lambda of a uniform u in [0, 1) (f32's 2^24 steps), its
+// least value 2^-25 / lambda rather than 0, so that p / q (multinomial's draws below) is
+// never 0 / 0 or p / 0.
+at::Tensor& exponential_(at::Tensor& self, double lambda, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator) || !(lambda > 0) || std::isinf(lambda))
+    return hostInto("aten::exponential_", self, host(self).exponential_(lambda, generator));  // (its error for lambda <= 0)
+  randomInto(TensorFn::uniform, self, 0, 1, generator);
+  return self.neg_().log1p_().neg_().clamp_min_(std::ldexp(1.0, -25)).mul_(1.0 / lambda);
+}
+
+// randperm: positions sorted by random 48-bit keys (two draws of 24 bits each, exact in
+// f32), so that equal keys, which would keep their order, are rare (n^2 / 2^49).
+at::Tensor& randperm_out(int64_t n, c10::optional<at::Generator> generator, at::Tensor& out) {
+  constexpr int64_t kSteps = int64_t{1} << 24;
+  const bool ok = n >= 0 && onDevice(out) && cpuGenerator(generator) &&
+                  (out.scalar_type() == at::kLong || (out.scalar_type() == at::kFloat && n <= kSteps));
+  if (!ok) return hostInto("aten::randperm.generator_out", out, at::randperm(n, generator, hostOptions(out)));
+  at::native::resize_output(out, {n});
+  if (n == 0) return out;
+  auto draws = emptyOn({2, n});
+  randomInto(TensorFn::uniform, draws, 0, float(kSteps), generator);  // 2^24 u: the integers below 2^24
+  auto halves = draws.to(at::kLong);
+  auto keys = halves[0] * kSteps + halves[1];
+  return out.copy_(std::get<1>(at::sort(keys)));
+}
+
+// multinomial: `samples` categories drawn from each row of non-negative weights.
+//  - Without replacement, or one sample: PyTorch's own method, the largest of p / q for
+//    exponential q (the Gumbel trick), the rows scaled to a largest weight of 1 first so
+//    that no ratio overflows.
+//  - With replacement: the count of each draw u * total's cumulative weights at or below
+//    it (so no category of weight 0 is drawn), at most the last category of weight.
+// The weights are checked as PyTorch's CPU checks them, which reads two numbers back.
+void checkDistribution(const at::Tensor& rows) {
+  auto bad = ((rows < 0) | (rows != rows) | (rows.abs() == INFINITY)).any();
+  auto read = at::stack({bad.to(at::kFloat), rows.sum(1).amin()}).cpu();
+  TORCH_CHECK(read[0].item<float>() == 0, "probability tensor contains either `inf`, `nan` or element < 0");
+  TORCH_CHECK(read[1].item<float>() > 0, "invalid multinomial distribution (sum of probabilities <= 0)");
+}
+at::Tensor drawnWithReplacement(const at::Tensor& weights, int64_t samples, const c10::optional<at::Generator>& generator) {
+  auto cumulative = weights.cumsum(1);
+  auto total = cumulative.narrow(1, weights.size(1) - 1, 1);
+  auto u = emptyOn({weights.size(0), samples});
+  randomInto(TensorFn::uniform, u, 0, 1, generator);
+  auto drawn = (cumulative.unsqueeze(1) <= (u * total).unsqueeze(2)).sum(2);
+  auto lastWeighted = (cumulative < total).sum(1, true);
+  return at::minimum(drawn, lastWeighted);
+}
+at::Tensor& multinomial_out(const at::Tensor& self, int64_t samples, bool replacement, c10::optional<at::Generator> generator,
+                            at::Tensor& out) {
+  const int64_t categories = self.dim() > 0 ? self.size(-1) : 0, rows = self.dim() == 2 ? self.size(0) : 1;
+  const bool withReplacement = replacement && samples > 1;
+  const bool ok = supported({&self}) && (self.dim() == 1 || self.dim() == 2) && onDevice(out) && out.scalar_type() == at::kLong &&
+                  cpuGenerator(generator) && samples > 0 && rows > 0 && categories > 0 && categories <= (int64_t{1} << 24) &&
+                  (replacement || samples <= categories) &&
+                  (!withReplacement || withinComposedElements(rows * samples, categories));
+  if (!ok) return hostInto("aten::multinomial", out, at::multinomial(host(self), samples, replacement, generator));
+  auto weights = self.reshape({rows, categories});
+  checkDistribution(weights);
+  weights = weights / weights.amax(1, true);
+  at::Tensor drawn;
+  if (withReplacement) {
+    drawn = drawnWithReplacement(weights, samples, generator);
+  } else {
+    auto q = emptyOn(weights.sizes());
+    python::exponential_(q, 1, generator);
+    auto ratio = weights / q;
+    drawn = samples == 1 ? ratio.argmax(1, true) : std::get<1>(ratio.topk(samples, 1));
+  }
+  notePositions(drawn, categories);
+  at::native::resize_output(out, self.dim() == 1 ? at::IntArrayRef{samples} : at::IntArrayRef{rows, samples});
+  return out.copy_(drawn.view(out.sizes()));
+}
+at::Tensor multinomial(const at::Tensor& self, int64_t samples, bool replacement, c10::optional<at::Generator> generator) {
+  auto out = emptyOn({0}, at::kLong);
+  return python::multinomial_out(self, samples, replacement, generator, out);
+}
+
+}  // namespace
+
+void registerCreation(torch::Library& m) {
+  m.impl("arange.start_out", TORCH_FN(arange_out));
+  m.impl("linspace.out", TORCH_FN(linspace_out));
+  m.impl("logspace.out", TORCH_FN(logspace_out));
+  m.impl("eye.out", TORCH_FN(eye_out));
+  m.impl("eye.m_out", TORCH_FN(eye_m_out));
+  m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
+  m.impl("uniform_", TORCH_FN(uniform_));
+  m.impl("normal_", TORCH_FN(normal_));
+  m.impl("exponential_", TORCH_FN(python::exponential_));
+  m.impl("randperm.generator_out", TORCH_FN(randperm_out));
+  m.impl("multinomial.out", TORCH_FN(multinomial_out));
+  m.impl("multinomial", TORCH_FN(python::multinomial));
+}
+
+}  // namespace raccel::python
