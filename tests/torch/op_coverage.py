@@ -303,12 +303,13 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda a, b, c: torch.cat([torch.cdist(a, torch.cat([b, a[:1]])).flatten(), torch.cdist(a, b, p=1).flatten(),
                                 torch.cdist(c, c[:, :3] * 2).flatten(), torch.cdist(a.detach(), b.detach(), p=float("inf")).flatten(),
                                 torch.cdist(a.detach(), b.detach(), p=3).flatten(), torch.cdist(a.detach().round(), b.detach().round(), p=0).flatten()])),
-    ("logaddexp and logaddexp2 (the same infinity twice), sinc (at 0), softshrink, hardshrink, threshold, with backwards",
+    ("logaddexp and logaddexp2 (the same infinity twice), sinc (at 0), softshrink, hardshrink, threshold, logit, with backwards",
      [(4, 6), (4, 6)],
      lambda a, b: (lambda inf: torch.cat([t.flatten() for t in (
          torch.logaddexp(a, b * 3), torch.logaddexp2(a * 2, b),
          torch.logaddexp(torch.cat([inf, -inf, inf]), torch.cat([inf, -inf, -inf])) == torch.cat([inf, -inf, inf]),
-         torch.sinc(torch.cat([a, a * 0])), F.softshrink(a, 0.4), F.hardshrink(b, 0.3), F.threshold(a, 0.2, -5.0))]))(
+         torch.sinc(torch.cat([a, a * 0])), F.softshrink(a, 0.4), F.hardshrink(b, 0.3), F.threshold(a, 0.2, -5.0),
+         torch.logit(torch.sigmoid(a)), torch.logit(torch.sigmoid(b * 4), eps=0.05))]))(
          torch.tensor([float("inf")], device=a.device))),
     ("histc (a given range, the input's own), bincount (minlength), take (picks from the end; its backward puts), isin",
      [(5, 8)],
@@ -320,6 +321,11 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("linspace, logspace and eye (made on the host, written to the card)", [(3,)],
      lambda x: torch.cat([torch.linspace(-1, 2, 7, device=x.device), torch.logspace(0, 2, 5, base=2, device=x.device),
                           torch.eye(3, 4, device=x.device).flatten(), torch.linspace(0, 1, 5, device=x.device) * x.sum()])),
+    ("grid_sample: bilinear with zeros and with border (align_corners both ways), nearest; with backwards", [(2, 3, 5, 6), (2, 4, 5, 2)],
+     lambda x, g: torch.cat([F.grid_sample(x, g.tanh() * 1.2, align_corners=False).flatten(),
+                             F.grid_sample(x, g.tanh() * 1.1, padding_mode="border", align_corners=True).flatten(),
+                             F.grid_sample(x, g.tanh() * 0.9, padding_mode="border", align_corners=False).flatten(),
+                             F.grid_sample(x, g.detach() * 0.7, mode="nearest", align_corners=False).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -1,6 +1,6 @@
 // Ops the torch device composes of its other ops: GLU, log-sigmoid, nan_to_num, xlogy,
 // PReLU, flips and rolls, triu/tril, cumulative sums and products, reflection and
-// replication padding, logaddexp, sinc, the shrinks and threshold.
+// replication padding, logaddexp, sinc, logit, the shrinks and threshold.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -475,6 +475,36 @@ at::Tensor& threshold_(at::Tensor& self, const at::Scalar& threshold, const at::
   return python::threshold_out(self, threshold, value, self);
 }
 
+// logit: log(x / (1 - x)), x first held in [eps, 1 - eps] where eps is given (NaN kept),
+// and its gradient as PyTorch's CPU gives it: NaN outside [0, 1] without eps, 0 outside
+// [eps, 1 - eps] with it.
+at::Tensor& logit_out(const at::Tensor& self, c10::optional<double> eps, at::Tensor& out) {
+  if (!supported({&self, &out})) return hostInto("aten::logit.out", out, at::logit(host(self), eps));
+  auto x = self;
+  if (eps && *eps >= 0) {
+    auto lo = at::full({}, *eps, self.options()), hi = at::full({}, 1 - *eps, self.options());
+    x = at::where(self < lo, lo, at::where(self > hi, hi, self));
+  }
+  return resultInto(out, at::log(x / (1 - x)));
+}
+at::Tensor logit(const at::Tensor& self, c10::optional<double> eps) {
+  auto out = emptyOn({0});
+  return python::logit_out(self, eps, out);
+}
+at::Tensor& logit_(at::Tensor& self, c10::optional<double> eps) { return python::logit_out(self, eps, self); }
+at::Tensor& logit_backward_out(const at::Tensor& grad, const at::Tensor& self, c10::optional<double> eps, at::Tensor& gradInput) {
+  if (!supported({&grad, &self, &gradInput}))
+    return hostInto("aten::logit_backward", gradInput, at::logit_backward(host(grad), host(self), eps));
+  const bool held = eps && *eps >= 0;
+  const double lo = held ? *eps : 0, hi = held ? 1 - *eps : 1;
+  auto outside = at::full({}, held ? 0.0 : NAN, self.options());
+  return resultInto(gradInput, at::where((self < lo) | (self > hi), outside, grad / (self * (1 - self))));
+}
+at::Tensor logit_backward(const at::Tensor& grad, const at::Tensor& self, c10::optional<double> eps) {
+  auto out = emptyOn({0});
+  return python::logit_backward_out(grad, self, eps, out);
+}
+
 }  // namespace
 
 // GLU, PReLU, flips, cumulative ops, padding, and the elementwise functions composed.
@@ -484,6 +514,8 @@ void registerComposed(torch::Library& m) {
   m.impl("logaddexp2.out", TORCH_FN(logaddexp2_out));
   m.impl("logaddexp2", TORCH_FN(python::logaddexp2));
   RACCEL_IMPL_OUT_NEW_INPLACE(sinc)
+  RACCEL_IMPL_OUT_NEW_INPLACE(logit)
+  RACCEL_IMPL_BACKWARD(logit)
   RACCEL_IMPL_OUT_NEW_INPLACE(threshold)
   m.impl("softshrink.out", TORCH_FN(softshrink_out));
   m.impl("softshrink", TORCH_FN(python::softshrink));

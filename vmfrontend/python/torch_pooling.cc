@@ -1,5 +1,5 @@
-// The torch device's pooling (max, average, adaptive average) and upsampling (nearest,
-// bilinear), with their backwards.
+// The torch device's pooling (max, average, adaptive average), upsampling (nearest,
+// bilinear) and sampling at a grid's points (grid_sample), with their backwards.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -407,10 +407,133 @@ at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor
   return gradInput.view(self.sizes());
 }
 
+// ---- Sampling at a grid's points (grid_sample) -----------------------------------------
+//
+// grid_sampler_2d as PyTorch's CPU computes it (its vectorized kernel), bilinear or
+// nearest, with zeros or border padding: each grid point's coordinates unnormalized,
+// (g + 1) * ((size - 1) / 2) with align_corners, else (g + 1) * (size / 2) - 0.5, held
+// in [0, size - 1] for border; the corners' values gathered from each plane (0 outside
+// it) and weighted by the distances to the opposite sides, summed in PyTorch's order.
+// The backward scatters the upstream gradient times each weight into the input and sums
+// over the channels the gradient of those weights for the grid. Bicubic and reflection
+// run on the host.
+struct GridSample {
+  int64_t n, c, h, w, points;  // points: the grid's Ho * Wo
+  bool bilinear, border, alignCorners;
+};
+std::optional<GridSample> gridSample(const at::Tensor& input, const at::Tensor& grid, int64_t interpolation, int64_t padding,
+                                     bool alignCorners) {
+  if (!supported({&input, &grid}) || input.dim() != 4 || grid.dim() != 4 || grid.size(3) != 2 || grid.size(0) != input.size(0) ||
+      interpolation > 1 || interpolation < 0 || padding > 1 || padding < 0 || input.numel() == 0 || grid.numel() == 0 ||
+      input.size(2) * input.size(3) > (int64_t{1} << 24))
+    return std::nullopt;
+  return GridSample{input.size(0), input.size(1), input.size(2), input.size(3), grid.size(1) * grid.size(2), interpolation == 0,
+                    padding == 1, alignCorners};
+}
+// One axis of the grid unnormalized (and held, for border), with d(coordinate)/d(grid).
+std::pair<at::Tensor, at::Tensor> unnormalized(const at::Tensor& g, int64_t size, const GridSample& s) {
+  const float scale = s.alignCorners ? static_cast<float>(size - 1) / 2 : static_cast<float>(size) / 2;
+  auto x = (g + 1) * scale;
+  if (!s.alignCorners) x = x - 0.5;
+  auto slope = at::full({}, scale, g.options());
+  if (!s.border) return {x, slope.expand(x.sizes())};
+  const double last = static_cast<double>(size - 1);
+  auto held = at::where(x < 0, at::zeros({}, x.options()), at::where(x > last, at::full({}, last, x.options()), x));
+  return {held, at::where((x > 0) & (x < last), slope, at::zeros({}, x.options()))};
+}
+// The corners of each point: its plane positions (i64, 0 where outside), whether each
+// lies inside, and its weight; [N, 1, P] each, over the channels by broadcast.
+struct Corner {
+  at::Tensor flat, inside, weight;
+};
+struct Corners {
+  std::vector<Corner> corners;           // nw, ne, sw, se (bilinear) or the nearest one
+  at::Tensor e, w, s, n, slopeX, slopeY;  // the distances (bilinear) and d(x)/d(grid x), d(y)/d(grid y)
+};
+Corner cornerAt(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight, const GridSample& s) {
+  auto inside = (x >= 0) & (x <= static_cast<double>(s.w - 1)) & (y >= 0) & (y <= static_cast<double>(s.h - 1));
+  auto flat = at::where(inside, y * static_cast<float>(s.w) + x, at::zeros({}, x.options())).to(at::kLong);
+  notePositions(flat, s.h * s.w);
+  return {flat, inside, weight};
+}
+Corners cornersOf(const at::Tensor& grid, const GridSample& s) {
+  auto points = grid.reshape({s.n, 1, s.points, 2});
+  auto [x, slopeX] = unnormalized(points.select(3, 0), s.w, s);
+  auto [y, slopeY] = unnormalized(points.select(3, 1), s.h, s);
+  Corners k;
+  k.slopeX = slopeX, k.slopeY = slopeY;
+  if (!s.bilinear) {
+    k.corners = {cornerAt(at::round(x), at::round(y), at::ones({}, x.options()), s)};
+    return k;
+  }
+  auto west = at::floor(x), north = at::floor(y);
+  k.w = x - west, k.e = 1 - k.w, k.n = y - north, k.s = 1 - k.n;
+  auto east = west + 1, south = north + 1;
+  k.corners = {cornerAt(west, north, k.s * k.e, s), cornerAt(east, north, k.s * k.w, s), cornerAt(west, south, k.n * k.e, s),
+               cornerAt(east, south, k.n * k.w, s)};
+  return k;
+}
+// Each corner's values, [N, C, P] (0 outside the plane).
+at::Tensor cornerValues(const at::Tensor& planes, const Corner& k, const GridSample& s) {
+  TrustedIndices inRange;  // (made in [0, H * W) above)
+  auto values = planes.gather(2, k.flat.expand({s.n, s.c, s.points}));
+  return at::where(k.inside, values, at::zeros({}, values.options()));
+}
+at::Tensor grid_sampler_2d(const at::Tensor& input, const at::Tensor& grid, int64_t interpolation, int64_t padding,
+                           bool alignCorners) {
+  auto s = gridSample(input, grid, interpolation, padding, alignCorners);
+  if (!s)
+    return onHost("aten::grid_sampler_2d", [&] {
+      return at::grid_sampler_2d(host(input), host(grid), interpolation, padding, alignCorners).to(input.device());
+    });
+  auto k = cornersOf(grid, *s);
+  auto planes = input.reshape({s->n, s->c, s->h * s->w});
+  at::Tensor out;
+  for (auto& corner : k.corners) {
+    auto term = cornerValues(planes, corner, *s) * corner.weight;
+    out = out.defined() ? out + term : term;
+  }
+  return out.view({s->n, s->c, grid.size(1), grid.size(2)});
+}
+std::tuple<at::Tensor, at::Tensor> grid_sampler_2d_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& grid,
+                                                            int64_t interpolation, int64_t padding, bool alignCorners,
+                                                            std::array<bool, 2> outputMask) {
+  auto s = gridSample(input, grid, interpolation, padding, alignCorners);
+  if (!s || !isF32(grad) || grad.sizes() != at::IntArrayRef{input.size(0), input.size(1), grid.size(1), grid.size(2)})
+    return onHost("aten::grid_sampler_2d_backward", [&] {
+      auto [gi, gg] = at::grid_sampler_2d_backward(host(grad), host(input), host(grid), interpolation, padding, alignCorners,
+                                                   outputMask);
+      return std::make_tuple(gi.defined() ? gi.to(input.device()) : gi, gg.defined() ? gg.to(input.device()) : gg);
+    });
+  auto k = cornersOf(grid, *s);
+  auto g = grad.reshape({s->n, s->c, s->points});
+  at::Tensor gradInput;
+  if (outputMask[0]) {
+    auto planes = emptyOn({s->n, s->c, s->h * s->w}).zero_();
+    TrustedIndices inRange;
+    for (auto& corner : k.corners)
+      planes.scatter_add_(2, corner.flat.expand(g.sizes()),
+                          at::where(corner.inside, g * corner.weight, at::zeros({}, g.options())));
+    gradInput = planes.view(input.sizes());
+  }
+  auto gradGrid = emptyOn(grid.sizes()).zero_();
+  if (outputMask[1] && s->bilinear) {
+    auto planes = input.reshape({s->n, s->c, s->h * s->w});
+    std::vector<at::Tensor> v;
+    for (auto& corner : k.corners) v.push_back(cornerValues(planes, corner, *s));
+    auto gx = (((v[1] - v[0]) * k.s + (v[3] - v[2]) * k.n) * g).sum(1) * k.slopeX.squeeze(1);
+    auto gy = (((v[2] - v[0]) * k.e + (v[3] - v[1]) * k.w) * g).sum(1) * k.slopeY.squeeze(1);
+    gradGrid.copy_(at::stack({gx, gy}, 2).view(grid.sizes()));
+  }
+  return {gradInput, gradGrid};
+}
+
 }  // namespace
 
-// Pooling and upsampling.
+// Pooling, upsampling and grid sampling.
 void registerPooling(torch::Library& m) {
+  m.impl("grid_sampler_2d", TORCH_FN(python::grid_sampler_2d));
+  m.impl("grid_sampler_2d_backward", TORCH_FN(python::grid_sampler_2d_backward));
   m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
   m.impl("adaptive_max_pool2d", TORCH_FN(python::adaptive_max_pool2d));
   m.impl("adaptive_max_pool2d_backward", TORCH_FN(python::adaptive_max_pool2d_backward));
