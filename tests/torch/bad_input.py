@@ -184,6 +184,11 @@ refused("multinomial of more samples than categories without replacement", "cann
         lambda: torch.multinomial(torch.ones(3).to(dev), 4).cpu())
 refused("exponential_ with a negative rate", "lambda", lambda: torch.empty(3).to(dev).exponential_(-1.0).cpu())
 refused("randperm of a negative count", "negative dimension", lambda: torch.randperm(-1, device=dev).cpu())
+refused("normal with a negative deviation in a tensor", "normal expects all elements of std >= 0.0",
+        lambda: torch.normal(torch.zeros(3).to(dev), torch.tensor([1.0, -1.0, 1.0]).to(dev)).cpu())
+refused("randint of an empty range", "random_ expects 'from' to be less than 'to'",
+        lambda: torch.randint(5, 5, (3,), device=dev).cpu())
+refused("bernoulli of a probability past 1", "Expected p_in >= 0 && p_in <= 1", lambda: torch.bernoulli(torch.tensor([0.5, 1.5]).to(dev)).cpu())
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

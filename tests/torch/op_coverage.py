@@ -326,6 +326,10 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                              F.grid_sample(x, g.tanh() * 1.1, padding_mode="border", align_corners=True).flatten(),
                              F.grid_sample(x, g.tanh() * 0.9, padding_mode="border", align_corners=False).flatten(),
                              F.grid_sample(x, g.detach() * 0.7, mode="nearest", align_corners=False).flatten()])),
+    ("weight norm over the first dim and the last, with backwards; channel_shuffle", [(4, 3, 2), (4,), (2,)],
+     lambda v, g0, g1: torch.cat([torch._weight_norm(v, g0.view(4, 1, 1), 0).flatten(),
+                                  torch._weight_norm(v * 2, g1.view(1, 1, 2), 2).flatten(),
+                                  F.channel_shuffle(v.detach().reshape(2, 4, 3), 2).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -170,6 +170,28 @@ def main():
     q = torch.empty(100000, device=dev).exponential_(2.0).cpu()
     check("exponential_ on the card: positive, of mean 1 / lambda",
           float(q.min()) > 0 and abs(float(q.mean()) - 0.5) < 0.01, f"mean {float(q.mean()):.4f}")
+    ints = torch.randint(-3, 4, (70000,), device=dev).cpu()
+    big = torch.randint(0, 1 << 36, (20000,), device=dev).cpu()
+    counts = (ints + 3).bincount(minlength=7)
+    check("randint on the card: every value in range about as often, and a range past 2^24",
+          int(ints.min()) == -3 and int(ints.max()) == 3 and bool(((counts - 10000).abs() < 500).all()) and
+          int(big.min()) >= 0 and int(big.max()) < (1 << 36) and abs(float(big.double().mean()) / (1 << 35) - 1) < 0.02,
+          str(counts.tolist()))
+    p = torch.tensor([0.0, 0.25, 0.9, 1.0]).repeat(10000, 1).to(dev)
+    coins = torch.distributions.Bernoulli(probs=p).sample().cpu().mean(0)
+    check("Bernoulli(p).sample() on the card: ones as often as p",
+          bool(((coins - torch.tensor([0.0, 0.25, 0.9, 1.0])).abs() < 0.02).all()), str(coins.tolist()))
+    mean, std = torch.tensor([-2.0, 0.0, 5.0]).to(dev), torch.tensor([0.5, 1.0, 3.0]).to(dev)
+    z = torch.normal(mean.expand(40000, 3), std.expand(40000, 3)).cpu()
+    check("normal(mean, std) of tensors on the card: their mean and deviation",
+          torch.allclose(z.mean(0), mean.cpu(), atol=0.05) and torch.allclose(z.std(0), std.cpu(), rtol=0.03))
+    c = torch.empty(40000, device=dev).cauchy_(1.0, 2.0).cpu()
+    ln = torch.empty(40000, device=dev).log_normal_(0.5, 0.25).cpu()
+    geo = torch.empty(40000, device=dev).geometric_(0.25).cpu()
+    check("cauchy_, log_normal_ and geometric_ on the card: their median, mean and support",
+          abs(float(c.median()) - 1.0) < 0.05 and abs(float(ln.log().mean()) - 0.5) < 0.01 and float(geo.min()) >= 1 and
+          bool((geo == geo.round()).all()) and abs(float(geo.mean()) - 4.0) < 0.1,
+          f"{float(c.median()):.3f} {float(ln.log().mean()):.3f} {float(geo.mean()):.3f}")
     check("no draw fell back to the CPU", not raccel.torch.fallbacks(), str(raccel.torch.fallbacks()))
 
     # Printing a device tensor.

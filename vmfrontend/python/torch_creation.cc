@@ -1,8 +1,9 @@
 // Tensors the torch device makes from numbers rather than from other tensors: ranges and
 // identities (made on the host by PyTorch's own kernels and written to the card: a write
 // that does not wait), and random draws on the card, keyed from PyTorch's generator
-// (bernoulli_, uniform_, normal_, exponential_, and what is drawn from them:
-// permutations and samples of a distribution).
+// (bernoulli_, uniform_, normal_, and what is made of them: exponential, Cauchy,
+// log-normal, geometric and integer draws, normal draws about tensors, permutations and
+// samples of a distribution).
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "vmfrontend/python/torch_device.h"
@@ -69,6 +70,99 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, c10::optional<at:
   if (!supported({&self}) || !cpuGenerator(generator))
     return hostInto("aten::normal_", self, host(self).normal_(mean, std, generator));
   return randomInto(TensorFn::normal, self, static_cast<float>(mean), static_cast<float>(std), generator);
+}
+
+// bernoulli_ of a tensor of probabilities (torch.bernoulli(p), Bernoulli.sample()): 1
+// where the card's uniform draw is below p, p first checked to lie in [0, 1] as PyTorch's
+// CPU checks it (one bool read back).
+at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p, c10::optional<at::Generator> generator) {
+  if (!supported({&p}) || !onDevice(self) || !typeOf(self.scalar_type()) || !cpuGenerator(generator) ||
+      !at::is_expandable_to(p.sizes(), self.sizes()))
+    return hostInto("aten::bernoulli_.Tensor", self, host(self).bernoulli_(host(p), generator));
+  TORCH_CHECK(p.numel() == 0 || ((p >= 0) & (p <= 1)).all().item<bool>(), "Expected p_in >= 0 && p_in <= 1 to be true, but got false.");
+  auto u = emptyOn(self.sizes());
+  randomInto(TensorFn::uniform, u, 0, 1, generator);
+  return self.copy_(u < p);
+}
+
+// random_(from, to): integers in [from, to), from the card's 24-bit draws k: k * range /
+// 2^24 (rounded down, exact in i64) for a range of up to 2^24, else a 48-bit draw modulo
+// the range (up to 2^40: a bias below 2^-8 of one value's share, as PyTorch's CPU has for
+// its ranges). Into i64, or f32 where every value is exact (below 2^24 in magnitude).
+at::Tensor& random_from_(at::Tensor& self, int64_t from, c10::optional<int64_t> to, c10::optional<at::Generator> generator) {
+  constexpr int64_t kSteps = int64_t{1} << 24;
+  int64_t range = 0;  // (0: none the card draws; PyTorch's checks on the host)
+  if (to && __builtin_sub_overflow(*to, from, &range)) range = 0;
+  const bool exactInF32 = self.scalar_type() == at::kFloat && from >= -kSteps && range <= kSteps && from + range <= kSteps;
+  const bool ok = onDevice(self) && (self.scalar_type() == at::kLong || exactInF32) && range > 0 &&
+                  range <= (int64_t{1} << 40) && cpuGenerator(generator);
+  if (!ok) return hostInto("aten::random_.from", self, host(self).random_(from, to, generator));
+  auto draws = emptyOn({range <= kSteps ? 1 : 2, self.numel()});
+  randomInto(TensorFn::uniform, draws, 0, float(kSteps), generator);
+  auto k = draws.to(at::kLong);
+  auto value = range <= kSteps ? at::div(k[0] * range, kSteps, "floor") : at::remainder(k[0] * kSteps + k[1], range);
+  return self.copy_((value + from).view(self.sizes()));
+}
+
+// normal with tensors for the mean or the deviation (Normal.sample()): z * std + mean for
+// the card's standard normal z, in PyTorch's order, a negative deviation refused as
+// PyTorch's CPU refuses it (one number read back).
+at::Tensor normalOf(const at::Tensor& mean, const at::Tensor& std, const c10::optional<at::Generator>& generator) {
+  TORCH_CHECK(std.numel() == 0 || std.min().item<float>() >= 0, "normal expects all elements of std >= 0.0");
+  auto z = emptyOn(at::infer_size(mean.sizes(), std.sizes()));
+  randomInto(TensorFn::normal, z, 0, 1, generator);
+  return z.mul_(std).add_(mean);
+}
+bool normalOnCard(std::initializer_list<const at::Tensor*> tensors, const c10::optional<at::Generator>& generator) {
+  return supported(tensors) && cpuGenerator(generator);
+}
+at::Tensor& normal_tensors_out(const at::Tensor& mean, const at::Tensor& std, c10::optional<at::Generator> generator, at::Tensor& out) {
+  if (!normalOnCard({&mean, &std, &out}, generator) || !at::is_expandable_to(mean.sizes(), at::infer_size(mean.sizes(), std.sizes())))
+    return hostInto("aten::normal.Tensor_Tensor", out, at::normal(host(mean), host(std), generator));
+  return resultInto(out, normalOf(mean, std, generator));
+}
+at::Tensor normal_tensors(const at::Tensor& mean, const at::Tensor& std, c10::optional<at::Generator> generator) {
+  auto out = emptyOn({0});
+  return python::normal_tensors_out(mean, std, generator, out);
+}
+at::Tensor& normal_tensor_float_out(const at::Tensor& mean, double std, c10::optional<at::Generator> generator, at::Tensor& out) {
+  if (!normalOnCard({&mean, &out}, generator) || !(std >= 0))
+    return hostInto("aten::normal.Tensor_float", out, at::normal(host(mean), std, generator));
+  return resultInto(out, normalOf(mean, at::full({}, std, mean.options()), generator));
+}
+at::Tensor normal_tensor_float(const at::Tensor& mean, double std, c10::optional<at::Generator> generator) {
+  auto out = emptyOn({0});
+  return python::normal_tensor_float_out(mean, std, generator, out);
+}
+at::Tensor& normal_float_tensor_out(double mean, const at::Tensor& std, c10::optional<at::Generator> generator, at::Tensor& out) {
+  if (!normalOnCard({&std, &out}, generator))
+    return hostInto("aten::normal.float_Tensor", out, at::normal(mean, host(std), generator));
+  return resultInto(out, normalOf(at::full({}, mean, std.options()), std, generator));
+}
+at::Tensor normal_float_tensor(double mean, const at::Tensor& std, c10::optional<at::Generator> generator) {
+  auto out = emptyOn({0});
+  return python::normal_float_tensor_out(mean, std, generator, out);
+}
+
+// cauchy_: median + sigma tan(pi (u - 1/2)); log_normal_: exp of a normal draw;
+// geometric_: the trials to the first success, ceil(log(1 - u) / log(1 - p)), at least 1.
+at::Tensor& cauchy_(at::Tensor& self, double median, double sigma, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator) || !(sigma > 0))
+    return hostInto("aten::cauchy_", self, host(self).cauchy_(median, sigma, generator));
+  randomInto(TensorFn::uniform, self, 0, 1, generator);
+  return self.sub_(0.5).mul_(M_PI).tan_().mul_(sigma).add_(median);
+}
+at::Tensor& log_normal_(at::Tensor& self, double mean, double std, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator) || !(std > 0))
+    return hostInto("aten::log_normal_", self, host(self).log_normal_(mean, std, generator));
+  randomInto(TensorFn::normal, self, static_cast<float>(mean), static_cast<float>(std), generator);
+  return self.exp_();
+}
+at::Tensor& geometric_(at::Tensor& self, double p, c10::optional<at::Generator> generator) {
+  if (!supported({&self}) || !cpuGenerator(generator) || !(p > 0 && p < 1))
+    return hostInto("aten::geometric_", self, host(self).geometric_(p, generator));
+  randomInto(TensorFn::uniform, self, 0, 1, generator);
+  return self.neg_().log1p_().div_(std::log1p(-p)).ceil_().clamp_min_(1);
 }
 
 // exponential_: -log(1 - u) / lambda of a uniform u in [0, 1) (f32's 2^24 steps), its
@@ -161,6 +255,17 @@ void registerCreation(torch::Library& m) {
   m.impl("uniform_", TORCH_FN(uniform_));
   m.impl("normal_", TORCH_FN(normal_));
   m.impl("exponential_", TORCH_FN(python::exponential_));
+  m.impl("bernoulli_.Tensor", TORCH_FN(bernoulli_tensor_));
+  m.impl("random_.from", TORCH_FN(random_from_));
+  m.impl("normal.Tensor_Tensor_out", TORCH_FN(normal_tensors_out));
+  m.impl("normal.Tensor_Tensor", TORCH_FN(normal_tensors));
+  m.impl("normal.Tensor_float_out", TORCH_FN(normal_tensor_float_out));
+  m.impl("normal.Tensor_float", TORCH_FN(normal_tensor_float));
+  m.impl("normal.float_Tensor_out", TORCH_FN(normal_float_tensor_out));
+  m.impl("normal.float_Tensor", TORCH_FN(normal_float_tensor));
+  m.impl("cauchy_", TORCH_FN(python::cauchy_));
+  m.impl("log_normal_", TORCH_FN(python::log_normal_));
+  m.impl("geometric_", TORCH_FN(python::geometric_));
   m.impl("randperm.generator_out", TORCH_FN(randperm_out));
   m.impl("multinomial.out", TORCH_FN(multinomial_out));
   m.impl("multinomial", TORCH_FN(python::multinomial));

@@ -1,5 +1,5 @@
 // The torch device's losses (smooth L1, Huber, BCE, MSE, NLL), softmax and log-softmax,
-// and layer and group norms.
+// layer and group norms, weight normalization, and channel shuffles.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -463,10 +463,63 @@ at::Tensor nll_loss2d_backward(const at::Tensor& grad, const at::Tensor& self, c
   return rows.reshape({self.size(0), self.size(2), self.size(3), self.size(1)}).permute({0, 3, 1, 2}).contiguous();
 }
 
+// ---- Weight normalization (nn.utils.weight_norm: PyTorch's fused interface) ------------
+//
+// w = v * (g / ||v||), the norm over every dimension but `dim` (the first or the last, the
+// cases PyTorch fuses), as rows: [M, K] with M along `dim`. The backward as PyTorch's CPU:
+// grad_g = sum(grad_w * v) / norm, grad_v = (g / norm) grad_w - (g / norm) grad_g / norm v.
+std::optional<at::Tensor> weightRows(const at::Tensor& t, int64_t dim) {
+  if (!isF32(t) || t.dim() < 1 || (dim != 0 && dim != t.dim() - 1)) return std::nullopt;
+  return t.movedim(dim, 0).reshape({t.size(dim), -1});
+}
+at::Tensor fromWeightRows(const at::Tensor& rows, const at::Tensor& like, int64_t dim) {
+  auto moved = like.movedim(dim, 0);
+  return rows.reshape(moved.sizes()).movedim(0, dim).contiguous();
+}
+std::tuple<at::Tensor, at::Tensor> _weight_norm_interface(const at::Tensor& v, const at::Tensor& g, int64_t dim) {
+  auto rows = weightRows(v, dim);
+  if (!rows || !isF32(g) || g.numel() != v.size(dim))
+    return onHost("aten::_weight_norm_interface", [&] {
+      auto [w, norms] = at::_weight_norm_interface(host(v), host(g), dim);
+      return std::make_tuple(w.to(v.device()), norms.to(v.device()));
+    });
+  auto norms = at::linalg_vector_norm(*rows, 2, {1}, true);
+  auto w = *rows * (g.reshape({-1, 1}) / norms);
+  return {fromWeightRows(w, v, dim), norms.reshape(g.sizes())};
+}
+std::tuple<at::Tensor, at::Tensor> _weight_norm_interface_backward(const at::Tensor& gradW, const at::Tensor& v, const at::Tensor& g,
+                                                                   const at::Tensor& norms, int64_t dim) {
+  auto rows = weightRows(v, dim), gradRows = weightRows(gradW, dim);
+  if (!rows || !gradRows || !gradW.sizes().equals(v.sizes()) || !isF32(g) || !isF32(norms) || g.numel() != v.size(dim) ||
+      norms.numel() != g.numel())
+    return onHost("aten::_weight_norm_interface_backward", [&] {
+      auto [gv, gg] = at::_weight_norm_interface_backward(host(gradW), host(v), host(g), host(norms), dim);
+      return std::make_tuple(gv.to(v.device()), gg.to(v.device()));
+    });
+  auto norm = norms.reshape({-1, 1});
+  auto gradG = (*gradRows * *rows).sum(1, true) / norm;
+  auto a = g.reshape({-1, 1}) / norm;
+  auto gradV = a * *gradRows - (a * gradG / norm) * *rows;
+  return {fromWeightRows(gradV, v, dim), gradG.reshape(g.sizes())};
+}
+
+// channel_shuffle: the channels' groups interleaved, [N, g, C/g, ...] read as [N, C/g, g, ...].
+at::Tensor channel_shuffle(const at::Tensor& self, int64_t groups) {
+  if (!typed(self) || self.dim() < 3 || groups <= 0 || self.size(1) % groups != 0)
+    return onHost("aten::channel_shuffle", [&] { return at::channel_shuffle(host(self), groups).to(self.device()); });
+  auto shape = self.sizes().vec();
+  shape[1] = self.size(1) / groups;
+  shape.insert(shape.begin() + 1, groups);
+  return self.reshape(shape).transpose(1, 2).reshape(self.sizes()).contiguous();
+}
+
 }  // namespace
 
-// Normalization, softmax and losses.
+// Normalization, softmax and losses; weight normalization and channel shuffles.
 void registerNormsAndLosses(torch::Library& m) {
+  m.impl("_weight_norm_interface", TORCH_FN(python::_weight_norm_interface));
+  m.impl("_weight_norm_interface_backward", TORCH_FN(python::_weight_norm_interface_backward));
+  m.impl("channel_shuffle", TORCH_FN(python::channel_shuffle));
   m.impl("native_group_norm_backward", TORCH_FN(native_group_norm_backward));
   m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
   m.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
