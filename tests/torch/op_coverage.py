@@ -330,6 +330,9 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda v, g0, g1: torch.cat([torch._weight_norm(v, g0.view(4, 1, 1), 0).flatten(),
                                   torch._weight_norm(v * 2, g1.view(1, 1, 2), 2).flatten(),
                                   F.channel_shuffle(v.detach().reshape(2, 4, 3), 2).flatten()])),
+    ("conv3d (stride, padding, dilation; grouped, with bias; a 1x1x1), with backwards", [(2, 4, 5, 6, 5), (6, 2, 3, 2, 3), (6,)],
+     lambda x, w, b: torch.cat([F.conv3d(x, w, b, stride=(2, 1, 1), padding=(1, 0, 1), dilation=(1, 2, 1), groups=2).flatten(),
+                                F.conv3d(x, w[:, :, :1, :1, :1].repeat(1, 2, 1, 1, 1)).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

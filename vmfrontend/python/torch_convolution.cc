@@ -1,5 +1,5 @@
 // The torch device's batch norm and convolutions: im2col and a matmul, plain and
-// transposed, with their backwards.
+// transposed, 3-D as 2-D ones, with their backwards.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -280,7 +280,90 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transposedConvolutionBackward(
 
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                                    c10::IntArrayRef outputPadding, int64_t groups);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef outputPadding, int64_t groups,
+    std::array<bool, 3> mask);
+
+// 3-D convolution (not transposed; grouped or not) as 2-D ones, one per depth offset of
+// the kernel: out[:, :, d] = the sum over kd of the 2-D convolution of the input at depth
+// d * sd + kd * dd - pd (0 in the padding) by weight[:, :, kd], each kd's over every
+// output depth at once (the depth slices stacked into the batch). Its backward is the
+// 2-D backwards of the same slices, the input's gradient added back at their depths.
+struct Depth {
+  int64_t k, s, p, d, in, out;
+};
+std::optional<Depth> depthOf(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* bias, c10::IntArrayRef stride,
+                             c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, int64_t groups) {
+  if (!supported({&input, &weight, bias}) || input.dim() != 5 || weight.dim() != 5 || transposed || groups < 1 ||
+      stride.size() != 3 || padding.size() != 3 || dilation.size() != 3 || input.size(1) != weight.size(1) * groups ||
+      weight.size(0) % groups != 0 || weight.size(2) < 1 || stride[0] < 1 || padding[0] < 0 || dilation[0] < 1)
+    return std::nullopt;
+  Depth z{weight.size(2), stride[0], padding[0], dilation[0], input.size(2), 0};
+  z.out = (z.in + 2 * z.p - z.d * (z.k - 1) - 1) / z.s + 1;
+  if (z.out < 1 || !Window2d::of({weight.size(3), weight.size(4)}, stride.slice(1), padding.slice(1), dilation.slice(1)).sane())
+    return std::nullopt;
+  return z;
+}
+// The input's depths that kernel depth kd reads for each output depth (z.in, a slab of
+// zeros appended, where they lie in the padding).
+at::Tensor depthPicks(const Depth& z, int64_t kd, const at::Tensor& like) {
+  auto at = at::arange(z.out, at::kLong) * z.s + (kd * z.d - z.p);
+  return at::where((at >= 0) & (at < z.in), at, at::full({}, z.in, at::kLong)).to(like.device());
+}
+// [N, C, D + 1, H, W] picked at `picks` along depth into [N * Do, C, H, W].
+at::Tensor depthSlices(const at::Tensor& padded, const at::Tensor& picks) {
+  TrustedIndices inRange;  // (made in [0, D] above)
+  auto slices = padded.index_select(2, picks);  // [N, C, Do, H, W]
+  return slices.permute({0, 2, 1, 3, 4}).reshape({-1, padded.size(1), padded.size(3), padded.size(4)});
+}
+at::Tensor withZeroSlab(const at::Tensor& input) {
+  return at::cat({input, at::zeros({input.size(0), input.size(1), 1, input.size(3), input.size(4)}, input.options())}, 2);
+}
+at::Tensor convolution3d(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                         c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                         const Depth& z) {
+  at::NoGradGuard slicesAreNotKept;  // (the 2-D forwards keep no columns for slices the backward makes again)
+  auto padded = withZeroSlab(input);
+  at::Tensor sum;
+  for (int64_t kd = 0; kd < z.k; ++kd) {
+    auto out = python::convolution_overrideable(depthSlices(padded, depthPicks(z, kd, input)), weight.select(2, kd), c10::nullopt,
+                                                stride.slice(1), padding.slice(1), dilation.slice(1), false, {}, groups);
+    sum = sum.defined() ? sum.add_(out) : out;
+  }
+  auto out = sum.view({input.size(0), z.out, weight.size(0), sum.size(2), sum.size(3)}).permute({0, 2, 1, 3, 4}).contiguous();
+  if (present(bias)) out.add_(bias->reshape({1, -1, 1, 1, 1}));
+  return out;
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution3dBackward(const at::Tensor& grad, const at::Tensor& input,
+                                                                     const at::Tensor& weight, c10::IntArrayRef stride,
+                                                                     c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                                                     int64_t groups, std::array<bool, 3> mask, const Depth& z) {
+  const int64_t n = input.size(0), c = input.size(1);
+  auto g = grad.permute({0, 2, 1, 3, 4}).reshape({n * z.out, grad.size(1), grad.size(3), grad.size(4)});
+  auto padded = withZeroSlab(input);
+  at::Tensor gradPadded = mask[0] ? at::zeros_like(padded) : at::Tensor(), gradWeight = mask[1] ? at::empty_like(weight) : at::Tensor();
+  for (int64_t kd = 0; kd < z.k; ++kd) {
+    auto picks = depthPicks(z, kd, input);
+    auto [gi, gw, gb] = python::convolution_backward_overrideable(g, depthSlices(padded, picks), weight.select(2, kd),
+                                                                  stride.slice(1), padding.slice(1), dilation.slice(1), false,
+                                                                  {}, groups, {mask[0], mask[1], false});
+    if (mask[1]) gradWeight.select(2, kd).copy_(gw);
+    if (mask[0]) {
+      TrustedIndices inRange;
+      gradPadded.index_add_(2, picks, gi.view({n, z.out, c, gi.size(2), gi.size(3)}).permute({0, 2, 1, 3, 4}));
+    }
+  }
+  return {mask[0] ? gradPadded.narrow(2, 0, z.in).contiguous() : at::Tensor(), gradWeight,
+          mask[2] ? at::sum(grad, {0, 2, 3, 4}) : at::Tensor()};
+}
+
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                                    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
                                     c10::IntArrayRef outputPadding, int64_t groups) {
+  if (auto z = depthOf(input, weight, present(bias), stride, padding, dilation, transposed, groups))
+    return convolution3d(input, weight, bias, stride, padding, dilation, groups, *z);
   if (transposed && transposedOnCard(input, weight, present(bias), stride, padding, dilation, outputPadding, groups))
     return transposedConvolution(input, weight, bias, stride, padding, dilation, outputPadding);
   if (!convOnCard(input, weight, present(bias), stride, padding, dilation, transposed, groups))
@@ -316,6 +399,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef outputPadding, int64_t groups,
     std::array<bool, 3> mask) {
+  if (auto z = depthOf(input, weight, nullptr, stride, padding, dilation, transposed, groups);
+      z && supported({&grad}) && grad.dim() == 5)
+    return convolution3dBackward(grad, input, weight, stride, padding, dilation, groups, mask, *z);
   if (transposed && supported({&grad}) && grad.dim() == 4 &&
       transposedOnCard(input, weight, nullptr, stride, padding, dilation, outputPadding, groups))
     return transposedConvolutionBackward(grad, input, weight, stride, padding, dilation, mask);

@@ -274,7 +274,9 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
     copyToDevice(self, dst);
   } else if (!onDevice(dst)) {
     copyToHost(self, dst);
-  } else if (typed(self) && typed(dst)) {  // device -> device: a conversion where the dtypes differ (exact between integers)
+  } else if (typeOf(self.scalar_type()) && typeOf(dst.scalar_type())) {
+    // device -> device, of any rank (elementwise() merges or splits the dimensions): a
+    // conversion where the dtypes differ (exact between integers)
     elementwise(TensorFn::copy, dst, &self, nullptr);
   } else if (self.scalar_type() == dst.scalar_type() && self.is_contiguous() && dst.is_contiguous() &&
              self.sizes() == dst.sizes()) {

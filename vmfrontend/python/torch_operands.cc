@@ -64,6 +64,49 @@ void send(client::Session& s, client::TensorOp op) {
   }
 }
 
+namespace {
+
+// An elementwise op over as few dimensions as its operands allow, the same elements paired
+// in the same places: dimensions of size 1 dropped, and a dimension merged into the one
+// inside it where every operand steps over both as over one (a contiguous [N, C, H, W] is
+// one dimension; repeat's views of 2 x rank dimensions mostly fit). Past the tensor ops'
+// six, one op per index of the leading dimension.
+constexpr size_t kMaxOpDims = 6;
+void coalesce(client::TensorOp& op) {
+  std::vector<uint64_t> shape;  // innermost first while built
+  std::vector<std::vector<uint64_t>> strides(op.operands.size());
+  for (size_t d = op.shape.size(); d-- > 0;) {
+    if (op.shape[d] == 1) continue;
+    bool merges = !shape.empty();
+    for (size_t k = 0; merges && k < op.operands.size(); ++k)
+      merges = op.operands[k].strides[d] == strides[k].back() * shape.back();
+    if (merges) {
+      shape.back() *= op.shape[d];
+      continue;
+    }
+    shape.push_back(op.shape[d]);
+    for (size_t k = 0; k < op.operands.size(); ++k) strides[k].push_back(op.operands[k].strides[d]);
+  }
+  if (shape.empty()) {
+    shape.push_back(1);
+    for (auto& st : strides) st.push_back(0);
+  }
+  op.shape.assign(shape.rbegin(), shape.rend());
+  for (size_t k = 0; k < op.operands.size(); ++k) op.operands[k].strides.assign(strides[k].rbegin(), strides[k].rend());
+}
+void sendElementwise(client::Session& s, const client::TensorOp& op) {
+  if (op.shape.size() <= kMaxOpDims) return send(s, op);
+  client::TensorOp inner = op;
+  inner.shape.erase(inner.shape.begin());
+  for (auto& o : inner.operands) o.strides.erase(o.strides.begin());
+  for (uint64_t i = 0; i < op.shape[0]; ++i) {
+    for (size_t k = 0; k < op.operands.size(); ++k) inner.operands[k].offset = op.operands[k].offset + i * op.operands[k].strides[0];
+    sendElementwise(s, inner);
+  }
+}
+
+}  // namespace
+
 void elementwise(TensorFn fn, const at::Tensor& out, const at::Tensor* a, const at::Tensor* b, float alpha, float beta,
                  const at::Tensor* c) {
   Locked s;
@@ -74,7 +117,10 @@ void elementwise(TensorFn fn, const at::Tensor& out, const at::Tensor* a, const 
   for (const at::Tensor* x : {a, b, c})
     if (x) op.operands.push_back(operand(*x, at::inferExpandGeometry_dimvector(x->sizes(), x->strides(), out.sizes()).strides));
   op.alpha = alpha, op.beta = beta;
-  send(*s, op);
+  for (auto d : op.shape)
+    if (d == 0) return;  // nothing to compute (and no element to place)
+  coalesce(op);
+  sendElementwise(*s, op);
 }
 
 bool supported(std::initializer_list<const at::Tensor*> tensors) {
