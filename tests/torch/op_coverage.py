@@ -333,6 +333,14 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("conv3d (stride, padding, dilation; grouped, with bias; a 1x1x1), with backwards", [(2, 4, 5, 6, 5), (6, 2, 3, 2, 3), (6,)],
      lambda x, w, b: torch.cat([F.conv3d(x, w, b, stride=(2, 1, 1), padding=(1, 0, 1), dilation=(1, 2, 1), groups=2).flatten(),
                                 F.conv3d(x, w[:, :, :1, :1, :1].repeat(1, 2, 1, 1, 1)).flatten()])),
+    ("3-D pooling: max (padded, dilated, strided; with indices), average (padded, a divisor given), adaptive average; backwards",
+     [(2, 3, 6, 5, 7)],
+     lambda x: (lambda m, i: torch.cat([m.flatten(), i.float().flatten(),
+                                        F.max_pool3d(x, 2).flatten(),
+                                        F.avg_pool3d(x, (3, 2, 3), stride=(2, 1, 2), padding=(1, 1, 0)).flatten(),
+                                        F.avg_pool3d(x, 2, divisor_override=3).flatten(),
+                                        F.adaptive_avg_pool3d(x, (3, 5, 1)).flatten()]))(
+         *F.max_pool3d(x, (3, 2, 3), stride=(2, 2, 1), padding=(1, 1, 1), dilation=(1, 2, 1), return_indices=True))),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -291,9 +291,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
 // d * sd + kd * dd - pd (0 in the padding) by weight[:, :, kd], each kd's over every
 // output depth at once (the depth slices stacked into the batch). Its backward is the
 // 2-D backwards of the same slices, the input's gradient added back at their depths.
-struct Depth {
-  int64_t k, s, p, d, in, out;
-};
 std::optional<Depth> depthOf(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* bias, c10::IntArrayRef stride,
                              c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, int64_t groups) {
   if (!supported({&input, &weight, bias}) || input.dim() != 5 || weight.dim() != 5 || transposed || groups < 1 ||
@@ -306,33 +303,18 @@ std::optional<Depth> depthOf(const at::Tensor& input, const at::Tensor& weight, 
     return std::nullopt;
   return z;
 }
-// The input's depths that kernel depth kd reads for each output depth (z.in, a slab of
-// zeros appended, where they lie in the padding).
-at::Tensor depthPicks(const Depth& z, int64_t kd, const at::Tensor& like) {
-  auto at = at::arange(z.out, at::kLong) * z.s + (kd * z.d - z.p);
-  return at::where((at >= 0) & (at < z.in), at, at::full({}, z.in, at::kLong)).to(like.device());
-}
-// [N, C, D + 1, H, W] picked at `picks` along depth into [N * Do, C, H, W].
-at::Tensor depthSlices(const at::Tensor& padded, const at::Tensor& picks) {
-  TrustedIndices inRange;  // (made in [0, D] above)
-  auto slices = padded.index_select(2, picks);  // [N, C, Do, H, W]
-  return slices.permute({0, 2, 1, 3, 4}).reshape({-1, padded.size(1), padded.size(3), padded.size(4)});
-}
-at::Tensor withZeroSlab(const at::Tensor& input) {
-  return at::cat({input, at::zeros({input.size(0), input.size(1), 1, input.size(3), input.size(4)}, input.options())}, 2);
-}
 at::Tensor convolution3d(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                          c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
                          const Depth& z) {
   at::NoGradGuard slicesAreNotKept;  // (the 2-D forwards keep no columns for slices the backward makes again)
-  auto padded = withZeroSlab(input);
+  auto padded = withSlab(input, 0);
   at::Tensor sum;
   for (int64_t kd = 0; kd < z.k; ++kd) {
     auto out = python::convolution_overrideable(depthSlices(padded, depthPicks(z, kd, input)), weight.select(2, kd), c10::nullopt,
                                                 stride.slice(1), padding.slice(1), dilation.slice(1), false, {}, groups);
     sum = sum.defined() ? sum.add_(out) : out;
   }
-  auto out = sum.view({input.size(0), z.out, weight.size(0), sum.size(2), sum.size(3)}).permute({0, 2, 1, 3, 4}).contiguous();
+  auto out = fromDepthSlices(sum, input.size(0));
   if (present(bias)) out.add_(bias->reshape({1, -1, 1, 1, 1}));
   return out;
 }
@@ -340,9 +322,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution3dBackward(const at::T
                                                                      const at::Tensor& weight, c10::IntArrayRef stride,
                                                                      c10::IntArrayRef padding, c10::IntArrayRef dilation,
                                                                      int64_t groups, std::array<bool, 3> mask, const Depth& z) {
-  const int64_t n = input.size(0), c = input.size(1);
-  auto g = grad.permute({0, 2, 1, 3, 4}).reshape({n * z.out, grad.size(1), grad.size(3), grad.size(4)});
-  auto padded = withZeroSlab(input);
+  const int64_t n = input.size(0);
+  auto g = asDepthSlices(grad);
+  auto padded = withSlab(input, 0);
   at::Tensor gradPadded = mask[0] ? at::zeros_like(padded) : at::Tensor(), gradWeight = mask[1] ? at::empty_like(weight) : at::Tensor();
   for (int64_t kd = 0; kd < z.k; ++kd) {
     auto picks = depthPicks(z, kd, input);
@@ -352,7 +334,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution3dBackward(const at::T
     if (mask[1]) gradWeight.select(2, kd).copy_(gw);
     if (mask[0]) {
       TrustedIndices inRange;
-      gradPadded.index_add_(2, picks, gi.view({n, z.out, c, gi.size(2), gi.size(3)}).permute({0, 2, 1, 3, 4}));
+      gradPadded.index_add_(2, picks, depthSlicesAsPlanes(gi, n));
     }
   }
   return {mask[0] ? gradPadded.narrow(2, 0, z.in).contiguous() : at::Tensor(), gradWeight,

@@ -271,6 +271,27 @@ at::Tensor cachedTable(const std::array<int64_t, 13>& key, const std::function<a
 void gatherSum(const at::Tensor& out, std::vector<int64_t> shape, c10::IntArrayRef outStrides, const at::Tensor& a,
                c10::IntArrayRef aStrides, const at::Tensor& index, c10::IntArrayRef indexStrides, float alpha, float beta);
 
+// ---- Depth: 3-D convolution and pooling as 2-D ones, one per depth offset --------------
+//
+// A window along the depth of [N, C, D, H, W]: kernel, stride, padding, dilation, the input's
+// depth and the output's. Each kernel offset kd reads, for every output depth, one input
+// depth (or the padding): those slices, stacked into the batch, are a 2-D op's input.
+struct Depth {
+  int64_t k, s, p, d, in, out;
+};
+// The input depths offset kd reads for each output depth, i64 on `like`'s device: `in`
+// (the slab withSlab() appends) where they lie in the padding.
+at::Tensor depthPicks(const Depth& z, int64_t kd, const at::Tensor& like);
+// [N, C, D + 1, H, W] picked at `picks` along depth into [N * Do, C, H, W].
+at::Tensor depthSlices(const at::Tensor& padded, const at::Tensor& picks);
+// [N, C, D, H, W] with one slab of `value` appended along depth (what the padding reads).
+at::Tensor withSlab(const at::Tensor& input, double value);
+// [N, C, Do, H, W] as [N * Do, C, H, W] (a copy), and the way back: a 2-D op's
+// [N * Do, C', H', W'] seen as [N, C', Do, H', W'] (a view), and made so.
+at::Tensor asDepthSlices(const at::Tensor& t);
+at::Tensor depthSlicesAsPlanes(const at::Tensor& t, int64_t n);
+at::Tensor fromDepthSlices(const at::Tensor& t, int64_t n);
+
 // ---- Registration: each family's kernels, in its own file -----------------------------
 
 // Most elementwise ops come as three kernels: `op.out`, `op` and `op_`; a backward as two.

@@ -1,5 +1,6 @@
-// The torch device's pooling (max, average, adaptive average), upsampling (nearest,
-// bilinear) and sampling at a grid's points (grid_sample), with their backwards.
+// The torch device's pooling (max, average, adaptive average; 2-D, and 3-D as 2-D ones),
+// upsampling (nearest, bilinear) and sampling at a grid's points (grid_sample), with their
+// backwards.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -407,6 +408,148 @@ at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor
   return gradInput.view(self.sizes());
 }
 
+// ---- 3-D pooling as 2-D pooling, one per depth offset of the window ----------------------
+//
+// Max pooling: each depth offset's 2-D max pool over the depth slices it reads (a slab of
+// -inf for the padding), combined in offset order as PyTorch's CPU scans a window (a later
+// value replaces the kept one where larger or NaN), indices the flat d * H * W + h * W + w;
+// its backward a scatter_add of the gradient at them. Average pooling: each offset's
+// window sums over its slices, divided by the 3-D divisor (the window's size, padding
+// counted, or the divisor given); its backward the 2-D reader sums added back at their
+// depths. ceil_mode, and padding left out of the count, run on the host.
+struct Window3d {
+  Depth z;
+  Window2d w;
+};
+std::optional<Window3d> window3d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                                 c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceilMode) {
+  auto pick = [](c10::IntArrayRef v, size_t i, int64_t otherwise) { return v.empty() ? otherwise : v[v.size() > i ? i : 0]; };
+  if (!supported({&self}) || self.dim() != 5 || ceilMode || kernel.empty() || kernel.size() > 3 || stride.size() > 3 ||
+      padding.size() > 3 || dilation.size() > 3 || self.numel() == 0)
+    return std::nullopt;
+  const int64_t k = pick(kernel, 0, 1), s = pick(stride, 0, k), p = pick(padding, 0, 0), d = pick(dilation, 0, 1);
+  Window3d w{{k, s, p, d, self.size(2), 0}, {}};
+  const std::vector<int64_t> k2 = {pick(kernel, 1, 1), pick(kernel, 2, 1)};
+  const std::vector<int64_t> s2 = {pick(stride, 1, k2[0]), pick(stride, 2, k2[1])};
+  w.w = Window2d::of(k2, s2, {pick(padding, 1, 0), pick(padding, 2, 0)}, {pick(dilation, 1, 1), pick(dilation, 2, 1)});
+  if (k < 1 || s < 1 || p < 0 || d < 1 || 2 * p > k || 2 * w.w.ph > w.w.kh || 2 * w.w.pw > w.w.kw || !w.w.sane()) return std::nullopt;
+  w.z.out = (w.z.in + 2 * p - d * (k - 1) - 1) / s + 1;
+  if (w.z.out < 1 || w.w.outH(self.size(3)) < 1 || w.w.outW(self.size(4)) < 1) return std::nullopt;
+  return w;
+}
+std::vector<int64_t> kernelOf(const Window2d& w) { return {w.kh, w.kw}; }
+std::vector<int64_t> strideOf(const Window2d& w) { return {w.sh, w.sw}; }
+std::vector<int64_t> paddingOf(const Window2d& w) { return {w.ph, w.pw}; }
+std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                                                           c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceilMode) {
+  auto w = window3d(self, kernel, stride, padding, dilation, ceilMode);
+  if (!w) {
+    countFallback("aten::max_pool3d_with_indices");
+    auto [out, indices] = at::max_pool3d_with_indices(host(self), kernel, stride, padding, dilation, ceilMode);
+    return {out.to(self.device()), indices.to(self.device())};
+  }
+  const int64_t n = self.size(0), plane = self.size(3) * self.size(4);
+  auto padded = withSlab(self, -INFINITY);
+  at::Tensor best, bestIndex;
+  for (int64_t kd = 0; kd < w->z.k; ++kd) {
+    auto picks = depthPicks(w->z, kd, self);
+    auto [v, i] = python::max_pool2d_with_indices(depthSlices(padded, picks), kernelOf(w->w), strideOf(w->w), paddingOf(w->w),
+                                                  {w->w.dh, w->w.dw}, false);
+    auto index = depthSlicesAsPlanes(i, n) + picks.view({1, 1, -1, 1, 1}) * plane;
+    auto value = depthSlicesAsPlanes(v, n);
+    if (!best.defined()) {
+      best = value.contiguous(), bestIndex = index.contiguous();
+      continue;
+    }
+    auto later = (value > best) | (value != value);
+    best = at::where(later, value, best), bestIndex = at::where(later, index, bestIndex);
+  }
+  notePositions(bestIndex, self.size(2) * plane);
+  return {best, bestIndex};
+}
+at::Tensor max_pool3d_with_indices_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel,
+                                            c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                            bool ceilMode, const at::Tensor& indices) {
+  if (!window3d(self, kernel, stride, padding, dilation, ceilMode) || !supported({&grad}) || !typed(indices) ||
+      indices.scalar_type() != at::kLong || !grad.sizes().equals(indices.sizes()) || grad.dim() != 5)
+    return onHost("aten::max_pool3d_with_indices_backward", [&] {
+      return at::max_pool3d_with_indices_backward(host(grad), host(self), kernel, stride, padding, dilation, ceilMode,
+                                                  host(indices)).to(self.device());
+    });
+  const int64_t planes = self.size(0) * self.size(1), volume = self.numel() / planes;
+  auto gradInput = at::zeros({planes, volume}, self.options());
+  gradInput.scatter_add_(1, indices.reshape({planes, -1}), grad.reshape({planes, -1}));
+  return gradInput.view(self.sizes());
+}
+bool avg3dOnCard(const std::optional<Window3d>& w, bool countIncludePad, c10::optional<int64_t> divisor) {
+  return w && w->w.dh == 1 && w->w.dw == 1 && w->z.d == 1 && (!divisor || *divisor != 0) &&
+         (countIncludePad || divisor || (w->z.p == 0 && w->w.ph == 0 && w->w.pw == 0));
+}
+float avg3dScale(const Window3d& w, c10::optional<int64_t> divisor) {
+  return float(1.0 / double(divisor.value_or(w.z.k * w.w.kh * w.w.kw)));
+}
+at::Tensor avg_pool3d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                      bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  auto w = window3d(self, kernel, stride, padding, {}, ceilMode);
+  if (!avg3dOnCard(w, countIncludePad, divisor))
+    return onHost("aten::avg_pool3d", [&] {
+      return at::avg_pool3d(host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor).to(self.device());
+    });
+  const int64_t h = self.size(3), wd = self.size(4);
+  auto sources = windowTable(h, wd, w->w, Table::sources);
+  auto padded = withSlab(self, 0);
+  at::Tensor sum;
+  for (int64_t kd = 0; kd < w->z.k; ++kd) {
+    auto part = windowSums(depthSlices(padded, depthPicks(w->z, kd, self)), sources, w->w.outH(h), w->w.outW(wd),
+                           avg3dScale(*w, divisor));
+    sum = sum.defined() ? sum.add_(part) : part;
+  }
+  return fromDepthSlices(sum, self.size(0));
+}
+at::Tensor avg_pool3d_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                               c10::IntArrayRef padding, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  auto w = window3d(self, kernel, stride, padding, {}, ceilMode);
+  if (!avg3dOnCard(w, countIncludePad, divisor) || !supported({&grad}) || grad.dim() != 5 || grad.size(2) != w->z.out)
+    return onHost("aten::avg_pool3d_backward", [&] {
+      return at::avg_pool3d_backward(host(grad), host(self), kernel, stride, padding, ceilMode, countIncludePad, divisor)
+          .to(self.device());
+    });
+  const int64_t n = self.size(0), c = self.size(1), h = self.size(3), wd = self.size(4);
+  auto readers = windowTable(h, wd, w->w, Table::outputs);
+  auto g = asDepthSlices(grad);
+  auto gradPadded = at::zeros({n, c, self.size(2) + 1, h, wd}, self.options());
+  TrustedIndices inRange;  // (depthPicks: in [0, D])
+  for (int64_t kd = 0; kd < w->z.k; ++kd) {
+    auto part = readerSums(g, readers, {n * w->z.out, c, h, wd}, avg3dScale(*w, divisor));
+    gradPadded.index_add_(2, depthPicks(w->z, kd, self), depthSlicesAsPlanes(part, n));
+  }
+  return gradPadded.narrow(2, 0, self.size(2)).contiguous();
+}
+// Adaptive average pooling whose windows are all one size (the input a multiple of the
+// output): average pooling by that window.
+std::optional<std::vector<int64_t>> evenWindows3d(const at::Tensor& self, c10::IntArrayRef out) {
+  if (self.dim() != 5 || out.size() != 3) return std::nullopt;
+  std::vector<int64_t> k;
+  for (int i = 0; i < 3; ++i) {
+    if (out[i] <= 0 || self.size(2 + i) % out[i] != 0) return std::nullopt;
+    k.push_back(self.size(2 + i) / out[i]);
+  }
+  return k;
+}
+at::Tensor adaptive_avg_pool3d(const at::Tensor& self, c10::IntArrayRef outputSize) {
+  auto k = evenWindows3d(self, outputSize);
+  if (!k || !supported({&self}))
+    return onHost("aten::_adaptive_avg_pool3d", [&] { return at::_adaptive_avg_pool3d(host(self), outputSize).to(self.device()); });
+  return python::avg_pool3d(self, *k, *k, {0, 0, 0}, false, true, c10::nullopt);
+}
+at::Tensor adaptive_avg_pool3d_backward(const at::Tensor& grad, const at::Tensor& self) {
+  auto k = grad.dim() == 5 ? evenWindows3d(self, grad.sizes().slice(2)) : std::nullopt;
+  if (!k || !supported({&self, &grad}))
+    return onHost("aten::_adaptive_avg_pool3d_backward",
+                  [&] { return at::_adaptive_avg_pool3d_backward(host(grad), host(self)).to(self.device()); });
+  return python::avg_pool3d_backward(grad, self, *k, *k, {0, 0, 0}, false, true, c10::nullopt);
+}
+
 // ---- Sampling at a grid's points (grid_sample) -----------------------------------------
 //
 // grid_sampler_2d as PyTorch's CPU computes it (its vectorized kernel), bilinear or
@@ -533,6 +676,12 @@ std::tuple<at::Tensor, at::Tensor> grid_sampler_2d_backward(const at::Tensor& gr
 // Pooling, upsampling and grid sampling.
 void registerPooling(torch::Library& m) {
   m.impl("grid_sampler_2d", TORCH_FN(python::grid_sampler_2d));
+  m.impl("max_pool3d_with_indices", TORCH_FN(python::max_pool3d_with_indices));
+  m.impl("max_pool3d_with_indices_backward", TORCH_FN(python::max_pool3d_with_indices_backward));
+  m.impl("avg_pool3d", TORCH_FN(python::avg_pool3d));
+  m.impl("avg_pool3d_backward", TORCH_FN(python::avg_pool3d_backward));
+  m.impl("_adaptive_avg_pool3d", TORCH_FN(python::adaptive_avg_pool3d));
+  m.impl("_adaptive_avg_pool3d_backward", TORCH_FN(python::adaptive_avg_pool3d_backward));
   m.impl("grid_sampler_2d_backward", TORCH_FN(python::grid_sampler_2d_backward));
   m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
   m.impl("adaptive_max_pool2d", TORCH_FN(python::adaptive_max_pool2d));

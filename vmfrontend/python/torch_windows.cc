@@ -1,5 +1,5 @@
-// Sliding windows over [N, C, H, W] and their index tables: what convolutions and pools
-// share (torch_device.h).
+// Sliding windows over [N, C, H, W] and their index tables, and depth slices of
+// [N, C, D, H, W]: what convolutions and pools share (torch_device.h).
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -89,5 +89,26 @@ void gatherSum(const at::Tensor& out, std::vector<int64_t> shape, c10::IntArrayR
 }
 // The columns of x [N, C, H, W] (im2col): [C * KK, N * OH * OW], 0 where a window lies in
 // the padding.
+
+// ---- Depth (3-D convolution and pooling as 2-D ones per depth offset) ------------------
+
+at::Tensor depthPicks(const Depth& z, int64_t kd, const at::Tensor& like) {
+  auto at = at::arange(z.out, at::kLong) * z.s + (kd * z.d - z.p);
+  return at::where((at >= 0) & (at < z.in), at, at::full({}, z.in, at::kLong)).to(like.device());
+}
+at::Tensor depthSlices(const at::Tensor& padded, const at::Tensor& picks) {
+  TrustedIndices inRange;  // (depthPicks: in [0, D])
+  return asDepthSlices(padded.index_select(2, picks));
+}
+at::Tensor asDepthSlices(const at::Tensor& t) {
+  return t.permute({0, 2, 1, 3, 4}).reshape({-1, t.size(1), t.size(3), t.size(4)});
+}
+at::Tensor withSlab(const at::Tensor& input, double value) {
+  return at::cat({input, at::full({input.size(0), input.size(1), 1, input.size(3), input.size(4)}, value, input.options())}, 2);
+}
+at::Tensor depthSlicesAsPlanes(const at::Tensor& t, int64_t n) {
+  return t.view({n, t.size(0) / n, t.size(1), t.size(2), t.size(3)}).permute({0, 2, 1, 3, 4});
+}
+at::Tensor fromDepthSlices(const at::Tensor& t, int64_t n) { return depthSlicesAsPlanes(t, n).contiguous(); }
 
 }  // namespace raccel::python
