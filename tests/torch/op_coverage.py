@@ -341,6 +341,21 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                                         F.avg_pool3d(x, 2, divisor_override=3).flatten(),
                                         F.adaptive_avg_pool3d(x, (3, 5, 1)).flatten()]))(
          *F.max_pool3d(x, (3, 2, 3), stride=(2, 2, 1), padding=(1, 1, 1), dilation=(1, 2, 1), return_indices=True))),
+    ("i64 powers (exact past 2^24), i64 and bool against f32 (f32 compares), signbit (-0.0), isposinf, isneginf, fmin, fmax (NaN ignored)",
+     [(4, 6)],
+     lambda x: (lambda n, s: torch.cat([t.float().flatten() for t in (
+         n ** 3, n ** 0, n ** 1, (n < x), (x >= n), (n > 0.5), (x > 0) == x, torch.signbit(s), torch.isposinf(s), torch.isneginf(s),
+         torch.fmin(s, x[:, :3].detach()).nan_to_num(7.0), torch.fmax(s, x[:, :3].detach()).nan_to_num(7.0))]))(
+         (x.detach() * 1e3).long(),
+         torch.cat([x.detach()[:, :1], torch.tensor([[-0.0, float("nan"), float("inf")], [0.0, -float("inf"), 1.0],
+                                                     [float("nan"), 2.0, -0.0], [3.0, 3.0, 3.0]], device=x.device)[:, :2]], 1)
+         .repeat(1, 2)[:, :3])),
+    ("nansum, nanmean, aminmax, renorm (its backward, in f64, is the host's), tril_indices, triu_indices", [(4, 6)],
+     lambda x: (lambda y: torch.cat([t.float().flatten() for t in (
+         torch.nansum(y, 1), torch.nanmean(y, 0), torch.nansum(y), *torch.aminmax(x.detach(), dim=1), *torch.aminmax(x.detach()),
+         torch.renorm(x.detach(), 2, 0, 1.5), torch.renorm(x.detach(), 1, 1, 0.8), torch.tril_indices(4, 3, device=x.device),
+         torch.triu_indices(3, 5, 1, device=x.device))]))(
+         torch.where(x > 1, torch.tensor(float("nan"), device=x.device), x))),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -20,6 +20,14 @@ c10::optional<at::Tensor> sideOf(const at::Tensor& x, at::ScalarType dtype) {
 
 template <class Host>
 at::Tensor& compareOut(TensorFn fn, const char* name, const at::Tensor& a, const at::Tensor& b, at::Tensor& out, Host reference) {
+  // An i64 or bool side compared with a float one (a tensor, or a fraction): both as f32,
+  // PyTorch's common type, converted on the card.
+  const bool mixed = typed(a) && (typed(b) || isHostScalar(b)) && at::result_type(a, b) == at::kFloat &&
+                     (a.scalar_type() != at::kFloat || (typed(b) && b.scalar_type() != at::kFloat));
+  if (mixed) {
+    auto asF32 = [](const at::Tensor& t) { return isHostScalar(t) || t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); };
+    return compareOut(fn, name, asF32(a), asF32(b), out, reference);
+  }
   c10::optional<at::Tensor> side;
   if (typed(a) && onDevice(out) && out.scalar_type() == at::kBool) side = sideOf(b, a.scalar_type());
   if (!side) return hostInto(name, out, reference(host(a), host(b)));
@@ -37,9 +45,11 @@ at::Tensor& compareOut(TensorFn fn, const char* name, const at::Tensor& a, const
     return python::op##_out(a, b, out);                                                                               \
   }                                                                                                                   \
   at::Tensor& op##_scalar_out(const at::Tensor& a, const at::Scalar& b, at::Tensor& out) {                            \
-    return python::op##_out(a, at::scalar_to_tensor(b), out);                                                        \
+    return python::op##_out(a, at::native::wrapped_scalar_tensor(b), out);                                           \
   }                                                                                                                   \
-  at::Tensor op##_scalar(const at::Tensor& a, const at::Scalar& b) { return python::op(a, at::scalar_to_tensor(b)); }
+  at::Tensor op##_scalar(const at::Tensor& a, const at::Scalar& b) {                                                  \
+    return python::op(a, at::native::wrapped_scalar_tensor(b));                                                       \
+  }
 RACCEL_COMPARE(eq, TensorFn::eq)
 RACCEL_COMPARE(ne, TensorFn::ne)
 RACCEL_COMPARE(lt, TensorFn::lt)
@@ -73,6 +83,20 @@ at::Tensor count_nonzero_dims(const at::Tensor& self, at::IntArrayRef dims) {
 }
 // NaN is the one value not equal to itself.
 at::Tensor isnan(const at::Tensor& self) { return at::ne(self, self); }
+// signbit: the sign bit set (-0.0 and negative NaNs too), as copysign(1, x) < 0; isposinf
+// and isneginf: equal to that infinity.
+at::Tensor& signbit_out(const at::Tensor& self, at::Tensor& out) {
+  if (!isF32(self) || !typed(out) || out.scalar_type() != at::kBool) return hostInto("aten::signbit.out", out, at::signbit(host(self)));
+  return resultInto(out, at::copysign(at::ones({}, self.options()), self) < 0);
+}
+at::Tensor& isposinf_out(const at::Tensor& self, at::Tensor& out) {
+  if (!isF32(self) || !typed(out) || out.scalar_type() != at::kBool) return hostInto("aten::isposinf.out", out, at::isposinf(host(self)));
+  return resultInto(out, self == INFINITY);
+}
+at::Tensor& isneginf_out(const at::Tensor& self, at::Tensor& out) {
+  if (!isF32(self) || !typed(out) || out.scalar_type() != at::kBool) return hostInto("aten::isneginf.out", out, at::isneginf(host(self)));
+  return resultInto(out, self == -INFINITY);
+}
 
 // heaviside over f32: 0 below zero (and for NaN), 1 above, `values` at zero.
 at::Tensor& heaviside_out(const at::Tensor& self, const at::Tensor& values, at::Tensor& out) {
@@ -222,6 +246,9 @@ at::Tensor& isin_out(const at::Tensor& elements, const at::Tensor& tests, bool a
 // Comparisons, selection and the boolean ops masks need.
 void registerComparisons(torch::Library& m) {
   m.impl("isin.Tensor_Tensor_out", TORCH_FN(isin_out));
+  m.impl("signbit.out", TORCH_FN(signbit_out));
+  m.impl("isposinf.out", TORCH_FN(isposinf_out));
+  m.impl("isneginf.out", TORCH_FN(isneginf_out));
   m.impl("all", TORCH_FN(python::all));
   m.impl("any", TORCH_FN(python::any));
   m.impl("all.out", TORCH_FN(all_dim_out));

@@ -1,6 +1,6 @@
 // Ops the torch device composes of its other ops: GLU, log-sigmoid, nan_to_num, xlogy,
 // PReLU, flips and rolls, triu/tril, cumulative sums and products, reflection and
-// replication padding, logaddexp, sinc, logit, the shrinks and threshold.
+// replication padding, logaddexp, sinc, logit, fmin/fmax, renorm, the shrinks and threshold.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -475,6 +475,31 @@ at::Tensor& threshold_(at::Tensor& self, const at::Scalar& threshold, const at::
   return python::threshold_out(self, threshold, value, self);
 }
 
+// fmin and fmax: the smaller or larger, a NaN ignored where the other is a number.
+at::Tensor& nanIgnoring(const char* name, bool larger, const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (!supported({&a, &b, &out}))
+    return hostInto(name, out, larger ? at::fmax(host(a), host(b)) : at::fmin(host(a), host(b)));
+  auto picked = larger ? at::maximum(a, b) : at::minimum(a, b);
+  return resultInto(out, at::where(a != a, b, at::where(b != b, a, picked)));
+}
+at::Tensor& fmin_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) { return nanIgnoring("aten::fmin.out", false, a, b, out); }
+at::Tensor& fmax_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) { return nanIgnoring("aten::fmax.out", true, a, b, out); }
+
+// renorm: each slice along `dim` whose p-norm exceeds maxnorm scaled to maxnorm, by
+// PyTorch's factor maxnorm / (norm + 1e-7).
+at::Tensor& renorm_out(const at::Tensor& self, const at::Scalar& p, int64_t dim, const at::Scalar& maxnorm, at::Tensor& out) {
+  if (!supported({&self, &out}) || self.dim() == 0 || !(p.toDouble() > 0) || maxnorm.toDouble() < 0)
+    return hostInto("aten::renorm.out", out, at::renorm(host(self), p, dim, maxnorm));
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  std::vector<int64_t> others;
+  for (int64_t d = 0; d < self.dim(); ++d)
+    if (d != dim) others.push_back(d);
+  auto norms = at::linalg_vector_norm(self, p, others, true);
+  const double limit = maxnorm.toDouble();
+  auto factor = at::where(norms > limit, limit / (norms + 1e-7), at::ones({}, norms.options()));
+  return resultInto(out, self * factor);
+}
+
 // logit: log(x / (1 - x)), x first held in [eps, 1 - eps] where eps is given (NaN kept),
 // and its gradient as PyTorch's CPU gives it: NaN outside [0, 1] without eps, 0 outside
 // [eps, 1 - eps] with it.
@@ -515,6 +540,9 @@ void registerComposed(torch::Library& m) {
   m.impl("logaddexp2", TORCH_FN(python::logaddexp2));
   RACCEL_IMPL_OUT_NEW_INPLACE(sinc)
   RACCEL_IMPL_OUT_NEW_INPLACE(logit)
+  m.impl("fmin.out", TORCH_FN(fmin_out));
+  m.impl("fmax.out", TORCH_FN(fmax_out));
+  m.impl("renorm.out", TORCH_FN(renorm_out));
   RACCEL_IMPL_BACKWARD(logit)
   RACCEL_IMPL_OUT_NEW_INPLACE(threshold)
   m.impl("softshrink.out", TORCH_FN(softshrink_out));

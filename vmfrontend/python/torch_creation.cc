@@ -1,5 +1,5 @@
-// Tensors the torch device makes from numbers rather than from other tensors: ranges and
-// identities (made on the host by PyTorch's own kernels and written to the card: a write
+// Tensors the torch device makes from numbers rather than from other tensors: ranges,
+// identities and triangles' indices (made on the host by PyTorch's own kernels and written to the card: a write
 // that does not wait), and random draws on the card, keyed from PyTorch's generator
 // (bernoulli_, uniform_, normal_, and what is made of them: exponential, Cauchy,
 // log-normal, geometric and integer draws, normal draws about tensors, permutations and
@@ -29,6 +29,19 @@ at::Tensor& logspace_out(const at::Scalar& start, const at::Scalar& end, int64_t
 }
 at::Tensor& eye_out(int64_t n, at::Tensor& out) { return madeInto(out, at::eye(n, hostOptions(out))); }
 at::Tensor& eye_m_out(int64_t n, int64_t m, at::Tensor& out) { return madeInto(out, at::eye(n, m, hostOptions(out))); }
+// tril_indices and triu_indices: the positions of a triangle, as PyTorch's CPU lists them.
+at::Tensor madeOnCard(const at::Tensor& made) {
+  auto out = emptyOn(made.sizes(), made.scalar_type());
+  return madeInto(out, made);
+}
+at::Tensor tril_indices(int64_t row, int64_t col, int64_t offset, c10::optional<at::ScalarType> dtype, c10::optional<at::Layout>,
+                        c10::optional<at::Device>, c10::optional<bool>) {
+  return madeOnCard(at::tril_indices(row, col, offset, at::TensorOptions().dtype(dtype.value_or(at::kLong))));
+}
+at::Tensor triu_indices(int64_t row, int64_t col, int64_t offset, c10::optional<at::ScalarType> dtype, c10::optional<at::Layout>,
+                        c10::optional<at::Device>, c10::optional<bool>) {
+  return madeOnCard(at::triu_indices(row, col, offset, at::TensorOptions().dtype(dtype.value_or(at::kLong))));
+}
 at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
   return madeInto(out, at::arange(start, end, step, hostOptions(out)));
 }
@@ -251,6 +264,8 @@ void registerCreation(torch::Library& m) {
   m.impl("logspace.out", TORCH_FN(logspace_out));
   m.impl("eye.out", TORCH_FN(eye_out));
   m.impl("eye.m_out", TORCH_FN(eye_m_out));
+  m.impl("tril_indices", TORCH_FN(python::tril_indices));
+  m.impl("triu_indices", TORCH_FN(python::triu_indices));
   m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
   m.impl("uniform_", TORCH_FN(uniform_));
   m.impl("normal_", TORCH_FN(normal_));

@@ -87,8 +87,20 @@ RACCEL_UNARY(digamma, TensorFn::digamma, 1, true)
 RACCEL_UNARY(erfinv, TensorFn::erfinv, 1, true)
 #undef RACCEL_UNARY
 
+// An i64 to a non-negative integer power, exactly (wrapping past i64 as PyTorch's CPU
+// does): products of repeated squares.
+at::Tensor integerPower(const at::Tensor& self, int64_t exponent) {
+  at::Tensor result, square = self;
+  for (; exponent > 0; exponent >>= 1) {
+    if (exponent & 1) result = result.defined() ? result * square : square;
+    if (exponent > 1) square = square * square;
+  }
+  return result.defined() ? result : at::ones_like(self);
+}
 at::Tensor& pow_out(const at::Tensor& self, const at::Scalar& exponent, at::Tensor& out) {
   checkOutHolds(at::result_type(self, exponent), out);
+  if (bothI64(self, out) && exponent.isIntegral(false) && exponent.toLong() >= 0)
+    return resultInto(out, integerPower(self, exponent.toLong()));
   return unaryOut(TensorFn::pow, "aten::pow.Tensor_Scalar", self, out, exponent.toFloat(),
                   [&](const at::Tensor& x) { return at::pow(x, exponent); });
 }

@@ -421,6 +421,36 @@ void _cummin_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& indi
   cumulativeExtremum("aten::_cummin_helper", false, self, values, indices, dim);
 }
 
+// nansum: the sum with NaNs counted as 0 (nanmean divides it by the count of the others).
+at::Tensor& nansum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
+                       at::Tensor& out) {
+  if (!supported({&self}) || (dtype && *dtype != at::kFloat))
+    return hostInto("aten::nansum", out, at::nansum(host(self), dims, keepdim, dtype));
+  return python::sum_out(at::where(self != self, at::zeros({}, self.options()), self), dims, keepdim, dtype, out);
+}
+at::Tensor nansum(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype) {
+  auto out = emptyOn({0}, dtype.value_or(self.scalar_type()));
+  return python::nansum_out(self, dims, keepdim, dtype, out);
+}
+// aminmax: amin and amax, over a dimension or everything.
+std::tuple<at::Tensor&, at::Tensor&> aminmax_out(const at::Tensor& self, c10::optional<int64_t> dim, bool keepdim, at::Tensor& min,
+                                                 at::Tensor& max) {
+  if (!typed(self) || self.scalar_type() == at::kBool || self.numel() == 0) {
+    countFallback("aten::aminmax.out");
+    auto [lo, hi] = at::aminmax(host(self), dim, keepdim);
+    resultInto(min, lo), resultInto(max, hi);
+    return {min, max};
+  }
+  if (dim) {
+    resultInto(min, self.amin(*dim, keepdim)), resultInto(max, self.amax(*dim, keepdim));
+  } else {
+    auto flat = self.reshape({-1});
+    resultInto(min, keepdim ? flat.amin().reshape(std::vector<int64_t>(self.dim(), 1)) : flat.amin());
+    resultInto(max, keepdim ? flat.amax().reshape(std::vector<int64_t>(self.dim(), 1)) : flat.amax());
+  }
+  return {min, max};
+}
+
 // ---- Counts: bincount and histc --------------------------------------------------------
 
 // Each position's count, added on the card: ones at `bin` (i64 in [0, bins)), weighted by
@@ -488,6 +518,9 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, co
 // Reductions and sorting, and counts.
 void registerReductions(torch::Library& m) {
   m.impl("bincount", TORCH_FN(python::bincount));
+  m.impl("nansum", TORCH_FN(python::nansum));
+  m.impl("nansum.out", TORCH_FN(nansum_out));
+  m.impl("aminmax.out", TORCH_FN(aminmax_out));
   m.impl("histc.out", TORCH_FN(histc_out));
   m.impl("histc", TORCH_FN(python::histc));
   m.impl("_unique2", TORCH_FN(python::_unique2));
