@@ -356,6 +356,8 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
          torch.renorm(x.detach(), 2, 0, 1.5), torch.renorm(x.detach(), 1, 1, 0.8), torch.tril_indices(4, 3, device=x.device),
          torch.triu_indices(3, 5, 1, device=x.device))]))(
          torch.where(x > 1, torch.tensor(float("nan"), device=x.device), x))),
+    ("pdist p=2 and p=1 with backwards, p=3", [(5, 3)],
+     lambda x: torch.cat([F.pdist(x), F.pdist(x * 2, 1), F.pdist(x.detach(), 3)])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

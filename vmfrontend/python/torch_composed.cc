@@ -272,6 +272,38 @@ at::Tensor _cdist_backward(const at::Tensor& grad, const at::Tensor& x1, const a
   return (grad.unsqueeze(-1) * slope).sum(-2);
 }
 
+// pdist: cdist of the rows with themselves at the pairs i < j (row-major), and its
+// backward cdist's with the pairs' gradient made symmetric (each row's share of a pair is
+// its derivative there, whichever side it was on).
+at::Tensor pairPicks(int64_t n, const at::Tensor& like) {  // the flat positions i * n + j, i < j
+  auto pairs = at::triu_indices(n, n, 1);
+  return (pairs[0] * n + pairs[1]).to(like.device());
+}
+at::Tensor _pdist_forward(const at::Tensor& self, double p) {
+  if (self.dim() != 2 || !cdistOnCard(self, self, p) || self.size(0) < 2)
+    return onHost("aten::_pdist_forward", [&] { return at::_pdist_forward(host(self), p).to(self.device()); });
+  auto distances = python::_cdist_forward(self, self, p, c10::nullopt);
+  TrustedIndices inRange;  // (pairPicks: below n * n)
+  return distances.reshape({-1}).index_select(0, pairPicks(self.size(0), self));
+}
+at::Tensor _pdist_backward(const at::Tensor& grad, const at::Tensor& self, double p, const at::Tensor& pdist) {
+  const int64_t n = self.dim() == 2 ? self.size(0) : 0;
+  if (n < 2 || (p != 1 && p != 2) || !cdistOnCard(self, self, p) || !supported({&grad, &pdist}) || grad.dim() != 1 ||
+      grad.size(0) != n * (n - 1) / 2 || !pdist.sizes().equals(grad.sizes()))
+    return onHost("aten::_pdist_backward", [&] {
+      return at::_pdist_backward(host(grad), host(self), p, host(pdist)).to(self.device());
+    });
+  auto picks = pairPicks(n, self);
+  auto square = [&](const at::Tensor& pairs) {
+    auto full = at::zeros({n * n}, self.options());
+    TrustedIndices inRange;
+    full.index_put_({picks}, pairs);
+    auto upper = full.view({n, n});
+    return upper + upper.t();
+  };
+  return python::_cdist_backward(square(grad), self, self, p, square(pdist));
+}
+
 // prod along a dimension: the running product's last element (cumprod's scan, log2(n)
 // ops over the tensor); of f32, or exactly (wrapping) of i64 and bool as i64. 1 over an
 // empty dimension.
@@ -553,6 +585,8 @@ void registerComposed(torch::Library& m) {
   RACCEL_IMPL_BACKWARD(hardshrink)
   m.impl("_cdist_forward", TORCH_FN(python::_cdist_forward));
   m.impl("_cdist_backward", TORCH_FN(python::_cdist_backward));
+  m.impl("_pdist_forward", TORCH_FN(python::_pdist_forward));
+  m.impl("_pdist_backward", TORCH_FN(python::_pdist_backward));
   m.impl("prod.int_out", TORCH_FN(prod_int_out));
   m.impl("prod", TORCH_FN(python::prod));
   m.impl("glu.out", TORCH_FN(glu_out));
