@@ -192,6 +192,17 @@ def main():
           abs(float(c.median()) - 1.0) < 0.05 and abs(float(ln.log().mean()) - 0.5) < 0.01 and float(geo.min()) >= 1 and
           bool((geo == geo.round()).all()) and abs(float(geo.mean()) - 4.0) < 0.1,
           f"{float(c.median()):.3f} {float(ln.log().mean()):.3f} {float(geo.mean()):.3f}")
+    shapes = torch.tensor([0.5, 2.0, 9.0]).to(dev)
+    g = torch.distributions.Gamma(shapes.expand(40000, 3), torch.ones(3).to(dev)).sample().cpu()
+    check("Gamma(k).sample() on the card (below 1 and above): positive, of mean and variance k",
+          float(g.min()) > 0 and torch.allclose(g.mean(0), shapes.cpu(), rtol=0.03) and
+          torch.allclose(g.var(0), shapes.cpu(), rtol=0.08), f"{g.mean(0).tolist()} {g.var(0).tolist()}")
+    b = torch.distributions.Beta(torch.tensor([2.0]).to(dev), torch.tensor([5.0]).to(dev)).sample((40000,)).cpu()
+    dirichlet = torch.distributions.Dirichlet(torch.tensor([1.0, 2.0, 3.0]).to(dev)).sample((20000,)).cpu()
+    check("Beta and Dirichlet on the card: in (0, 1), rows summing to 1, their means",
+          0 < float(b.min()) and float(b.max()) < 1 and abs(float(b.mean()) - 2 / 7) < 0.01 and
+          torch.allclose(dirichlet.sum(1), torch.ones(20000), atol=1e-5) and
+          torch.allclose(dirichlet.mean(0), torch.tensor([1 / 6, 2 / 6, 3 / 6]), atol=0.01))
     check("no draw fell back to the CPU", not raccel.torch.fallbacks(), str(raccel.torch.fallbacks()))
 
     # Printing a device tensor.

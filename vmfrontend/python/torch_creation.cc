@@ -2,8 +2,8 @@
 // identities and triangles' indices (made on the host by PyTorch's own kernels and written to the card: a write
 // that does not wait), and random draws on the card, keyed from PyTorch's generator
 // (bernoulli_, uniform_, normal_, and what is made of them: exponential, Cauchy,
-// log-normal, geometric and integer draws, normal draws about tensors, permutations and
-// samples of a distribution).
+// log-normal, geometric, gamma, Dirichlet and integer draws, normal draws about tensors,
+// permutations and samples of a distribution).
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "vmfrontend/python/torch_device.h"
@@ -178,6 +178,53 @@ at::Tensor& geometric_(at::Tensor& self, double p, c10::optional<at::Generator> 
   return self.neg_().log1p_().div_(std::log1p(-p)).ceil_().clamp_min_(1);
 }
 
+// _standard_gamma: Marsaglia and Tsang's method, as PyTorch's CPU samples it (alpha below 1
+// boosted by u^(1 / alpha) from alpha + 1), its rejection loop unrolled into kGammaRounds
+// candidates drawn at once, the first accepted taken. The acceptance is at least 0.95 a
+// round, so that none of 8 is accepted is below 1e-10 of the draws: those get the mode's
+// neighbour d. At least f32's least normal, as PyTorch's CPU keeps it; 0 for alpha 0.
+constexpr int64_t kGammaRounds = 8;
+at::Tensor standardGamma(const at::Tensor& alpha, const c10::optional<at::Generator>& generator) {
+  auto boosted = alpha < 1;
+  auto a = at::where(boosted, alpha + 1, alpha);
+  auto d = a - 1.0 / 3.0;
+  auto c = (d * 9).rsqrt();
+  std::vector<int64_t> rounds = {kGammaRounds};
+  rounds.insert(rounds.end(), alpha.sizes().begin(), alpha.sizes().end());
+  auto x = emptyOn(rounds), u = emptyOn(rounds), boost = emptyOn(alpha.sizes());
+  randomInto(TensorFn::normal, x, 0, 1, generator);
+  randomInto(TensorFn::uniform, u, 0, 1, generator);
+  randomInto(TensorFn::uniform, boost, 0, 1, generator);
+  auto y = c * x + 1;
+  auto v = y * y * y;
+  auto xx = x * x;
+  auto uu = 1 - u;
+  auto accepted = (y > 0) & ((uu < 1 - xx * xx * 0.0331) | (at::log(uu) < xx * 0.5 + d * (1 - v + at::log(v))));
+  auto first = accepted.to(at::kFloat).argmax(0, true);  // (the first of the largest: the first accepted round)
+  auto value = (d * v).gather(0, first).squeeze(0);
+  value = at::where(accepted.any(0), value, d);
+  value = at::where(boosted, value * at::exp(at::log1p(-boost) / alpha), value);  // (1 - u)^(1 / alpha)
+  value = at::where(alpha == 0, at::zeros({}, value.options()), value);
+  return value.clamp_min(std::numeric_limits<float>::min());
+}
+bool gammaOnCard(const at::Tensor& alpha, const c10::optional<at::Generator>& generator) {
+  return supported({&alpha}) && alpha.dim() < 6 && cpuGenerator(generator) && alpha.numel() > 0;
+}
+at::Tensor _standard_gamma(const at::Tensor& self, c10::optional<at::Generator> generator) {
+  if (!gammaOnCard(self, generator))
+    return onHost("aten::_standard_gamma", [&] { return at::_standard_gamma(host(self), generator).to(self.device()); });
+  return standardGamma(self, generator);
+}
+// _sample_dirichlet: gamma draws over their sum along the last dimension, held in
+// [least normal, 1 - epsilon] as PyTorch's CPU holds them.
+at::Tensor _sample_dirichlet(const at::Tensor& self, c10::optional<at::Generator> generator) {
+  if (!gammaOnCard(self, generator) || self.dim() == 0)
+    return onHost("aten::_sample_dirichlet", [&] { return at::_sample_dirichlet(host(self), generator).to(self.device()); });
+  auto gamma = standardGamma(self, generator);
+  auto share = gamma / gamma.sum(-1, true);
+  return share.clamp(std::numeric_limits<float>::min(), 1 - std::numeric_limits<float>::epsilon());
+}
+
 // exponential_: -log(1 - u) / lambda of a uniform u in [0, 1) (f32's 2^24 steps), its
 // least value 2^-25 / lambda rather than 0, so that p / q (multinomial's draws below) is
 // never 0 / 0 or p / 0.
@@ -281,6 +328,8 @@ void registerCreation(torch::Library& m) {
   m.impl("cauchy_", TORCH_FN(python::cauchy_));
   m.impl("log_normal_", TORCH_FN(python::log_normal_));
   m.impl("geometric_", TORCH_FN(python::geometric_));
+  m.impl("_standard_gamma", TORCH_FN(python::_standard_gamma));
+  m.impl("_sample_dirichlet", TORCH_FN(python::_sample_dirichlet));
   m.impl("randperm.generator_out", TORCH_FN(randperm_out));
   m.impl("multinomial.out", TORCH_FN(multinomial_out));
   m.impl("multinomial", TORCH_FN(python::multinomial));
