@@ -24,8 +24,10 @@ enum class TensorFn : uint8_t {
   atan2, hypot, copysign, fmod,
   // the gamma function's log and derivative, and erf's inverse (since 2026-11-30)
   lgamma, digamma, erfinv,
+  // the bits of i64 (since 2026-12-01)
+  bitwiseAnd, bitwiseOr, bitwiseXor, shiftLeft, shiftRight,
 };
-inline constexpr unsigned kTensorFns = 101;
+inline constexpr unsigned kTensorFns = 106;
 
 enum class TensorType : uint8_t { f32, i64, boolean };
 inline constexpr unsigned kTensorTypes = 3;

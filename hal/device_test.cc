@@ -1279,6 +1279,50 @@ TEST_P(Conformance, AnOpCutIntoSlicesGivesTheWholeOpsResult) {
 
 // Operands of other element types: conversions, comparisons and selections are exact for
 // integers past f32's 2^24, reductions to values and positions follow PyTorch's rules.
+// The bits of i64: and, or, xor over every sign, and shifts by counts in range, by 63,
+// and out of range (taken modulo 64, as x86 shifts: so PyTorch 1.13's CPU), the right
+// shift keeping the sign; a bits op of f32 refused.
+TEST_P(Conformance, BitsOfI64AreExactAndShiftsTakeTheirCountModulo64) {
+  const int64_t top = std::numeric_limits<int64_t>::max(), bottom = std::numeric_limits<int64_t>::min();
+  const std::vector<int64_t> as = {5, -5, int64_t{1} << 62, -1, top, bottom, 0x0F0F, -123456789012345, 7, -7};
+  const std::vector<int64_t> bs = {3, 1, 63, 64, 70, -1, 0, 13, 0, 2};
+  const uint64_t n = as.size();
+  auto alloc = [&](uint64_t bytes) {
+    auto b = device->allocate(bytes);
+    EXPECT_TRUE(b);
+    return std::move(*b);
+  };
+  auto ba = alloc(n * 8), bb = alloc(n * 8), out = alloc(n * 8);
+  ASSERT_TRUE(device->write(*ba, 0, std::as_bytes(std::span(as))));
+  ASSERT_TRUE(device->write(*bb, 0, std::as_bytes(std::span(bs))));
+  const auto i64 = TensorType::i64;
+  for (TensorFn fn : {TensorFn::bitwiseAnd, TensorFn::bitwiseOr, TensorFn::bitwiseXor, TensorFn::shiftLeft, TensorFn::shiftRight}) {
+    ASSERT_TRUE(device->tensor(tensorOp(fn, {n}, {view(out.get(), 0, {1}, i64), view(ba.get(), 0, {1}, i64), view(bb.get(), 0, {1}, i64)})))
+        << tensorFnName(fn);
+    std::vector<int64_t> got(n), want;
+    ASSERT_TRUE(device->read(*out, 0, std::as_writable_bytes(std::span(got))));
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t x = uint64_t(as[i]), y = uint64_t(bs[i]);
+      const int s = int(y & 63);
+      const uint64_t sign = as[i] < 0 ? ~(~uint64_t{0} >> s) : 0;
+      want.push_back(int64_t(fn == TensorFn::bitwiseAnd ? x & y : fn == TensorFn::bitwiseOr ? x | y
+                             : fn == TensorFn::bitwiseXor ? x ^ y : fn == TensorFn::shiftLeft ? x << s : (x >> s) | sign));
+    }
+    EXPECT_EQ(got, want) << tensorFnName(fn);
+  }
+  // Known values: -5 >> 1 is -3, -1 << 64 is -1 (a count of 0), 1 << 62 >> 63 is 0, -7 >> 2 is -2.
+  std::vector<int64_t> got(n);
+  ASSERT_TRUE(device->read(*out, 0, std::as_writable_bytes(std::span(got))));
+  EXPECT_EQ(got[1], -3);
+  EXPECT_EQ(got[2], 0);
+  EXPECT_EQ(got[9], -2);
+  auto reals = floats(std::vector<float>(n, 1.0f));
+  auto refused = device->tensor(tensorOp(TensorFn::bitwiseAnd, {n}, {view(out.get(), 0, {1}, i64), view(reals.get(), 0, {1}),
+                                                                     view(bb.get(), 0, {1}, i64)}));
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("bits are i64"), std::string::npos) << refused.error().message;
+}
+
 TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExact) {
   const int64_t big = int64_t{1} << 40;
   std::vector<int64_t> ints = {big, big + 1, -big - 3, 7, 0, -1};

@@ -51,7 +51,10 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_EXP2FN == int(TensorFn::exp2) && RC_ATAN2FN == int(TensorFn::atan2) && RC_HYPOTFN == int(TensorFn::hypot) &&
               RC_COPYSIGNFN == int(TensorFn::copysign) && RC_FMODFN == int(TensorFn::fmod) &&
               RC_LGAMMAFN == int(TensorFn::lgamma) && RC_DIGAMMAFN == int(TensorFn::digamma) &&
-              RC_ERFINVFN == int(TensorFn::erfinv) && kTensorFns == RC_ERFINVFN + 1);
+              RC_ERFINVFN == int(TensorFn::erfinv) && RC_BITAND == int(TensorFn::bitwiseAnd) &&
+              RC_BITOR == int(TensorFn::bitwiseOr) && RC_BITXOR == int(TensorFn::bitwiseXor) &&
+              RC_SHIFT_LEFT == int(TensorFn::shiftLeft) && RC_SHIFT_RIGHT == int(TensorFn::shiftRight) &&
+              kTensorFns == RC_SHIFT_RIGHT + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               kTensorTypes == 3);
 
@@ -108,6 +111,8 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"log2", 2, "rc_map"}, {"log10", 2, "rc_map"}, {"exp2", 2, "rc_map"},
     {"atan2", 3, "rc_map"}, {"hypot", 3, "rc_map"}, {"copysign", 3, "rc_map"}, {"fmod", 3, "rc_map"},
     {"lgamma", 2, "rc_map"}, {"digamma", 2, "rc_map"}, {"erfinv", 2, "rc_map"},
+    {"bitwiseAnd", 3, "rc_map"}, {"bitwiseOr", 3, "rc_map"}, {"bitwiseXor", 3, "rc_map"},
+    {"shiftLeft", 3, "rc_map"}, {"shiftRight", 3, "rc_map"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -176,6 +181,11 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     case TensorFn::fmod:  // f32, or i64 exactly (all three)
       for (unsigned i = 0; i < operands; ++i)
         if (type(i) != (integral ? TensorType::i64 : TensorType::f32)) return bad(i, integral ? "an integer division is i64" : "f32");
+      return {};
+    case TensorFn::bitwiseAnd: case TensorFn::bitwiseOr: case TensorFn::bitwiseXor:
+    case TensorFn::shiftLeft: case TensorFn::shiftRight:  // i64 (all three)
+      for (unsigned i = 0; i < operands; ++i)
+        if (type(i) != TensorType::i64) return bad(i, "bits are i64");
       return {};
     case TensorFn::where:
       if (type(1) != TensorType::boolean) return bad(1, "the condition is bool");

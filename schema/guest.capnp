@@ -350,6 +350,9 @@ struct Op {
 #   lgamma, digamma, erfinv: elementwise, f32: log |gamma(a)| (C's lgamma), its
 #     derivative psi(a) (-inf at +0, NaN at the negative integers), erf's inverse
 #     (+-inf at +-1, NaN past them)
+#   bitwiseAnd, bitwiseOr, bitwiseXor, shiftLeft, shiftRight: over i64 (all three
+#     operands): a & b, a | b, a ^ b, a << b and a >> b (arithmetic: the sign kept), the
+#     shift's count taken modulo 64 (as x86 shifts, so PyTorch 1.13's CPU)
 #   div, fmod over i64 (all three operands): exact, div the quotient rounded down (Python's
 #     //), fmod the remainder with a's sign (C's %); a divisor of 0 gives 0, and the
 #     smallest i64 over -1 gives itself and remainder 0 (two's complement)
@@ -530,6 +533,11 @@ enum TensorFn {
   lgamma @98;
   digamma @99;
   erfinv @100;
+  bitwiseAnd @101;
+  bitwiseOr @102;
+  bitwiseXor @103;
+  shiftLeft @104;
+  shiftRight @105;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

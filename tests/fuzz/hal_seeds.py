@@ -84,6 +84,9 @@ write("tensor", "copy-f32-i64", tensor(0, [64], [(0, 0, [1], 1), (1, 0, [1])]))
 # over -1: defined, where C's are not)
 write("tensor", "div-i64", tensor(4, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)]))
 write("tensor", "fmod-i64", tensor(97, [64], [(0, 0, [1], 1), (1, 64, [1], 1), (2, 0, [1], 1)]))
+# the bits of i64 over whatever the buffers hold (every count, in range and out)
+for fn, name in ((101, "bitwise-and"), (102, "bitwise-or"), (103, "bitwise-xor"), (104, "shift-left"), (105, "shift-right")):
+    write("tensor", name, tensor(fn, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)]))
 # lgamma, digamma and erfinv over whatever the buffer holds (poles, NaNs, denormals)
 for fn, name in ((98, "lgamma"), (99, "digamma"), (100, "erfinv")):
     write("tensor", name, tensor(fn, [64], [(0, 0, [1]), (1, 64, [1])]))

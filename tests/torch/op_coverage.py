@@ -358,6 +358,10 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
          torch.where(x > 1, torch.tensor(float("nan"), device=x.device), x))),
     ("pdist p=2 and p=1 with backwards, p=3", [(5, 3)],
      lambda x: torch.cat([F.pdist(x), F.pdist(x * 2, 1), F.pdist(x.detach(), 3)])),
+    ("i64 bits: &, |, ^, ~ (tensors and numbers), << and >> (tensors, numbers, in place; the sign kept)", [(4, 6)],
+     lambda x: (lambda a, b: torch.cat([t.float().flatten() for t in (
+         a & b, a | b, a ^ b, ~a, a & 0xFF, a | 1, a ^ -3, a << b, a >> b, a << 3, a >> 2, (a.clone() << 1).__irshift__(2))]))(
+         (x.detach() * 1e6).long(), (x.detach().abs() * 10).long() % 20)),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

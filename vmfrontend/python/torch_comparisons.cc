@@ -132,29 +132,61 @@ at::Tensor& logical_xor_out(const at::Tensor& a, const at::Tensor& b, at::Tensor
   at::native::resize_output(out, broadcastShape(a, b));
   return at::ne_out(out, truth(a), truth(b));
 }
-at::Tensor& bitwise_xor_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  if (a.scalar_type() == at::kBool && b.scalar_type() == at::kBool && out.scalar_type() == at::kBool)
-    return python::logical_xor_out(a, b, out);
-  return hostInto("aten::bitwise_xor", out, at::bitwise_xor(host(a), host(b)));
+// The bits of i64 (the card's bitwiseAnd, bitwiseOr, bitwiseXor, shiftLeft, shiftRight):
+// b an i64 tensor or a host integer; of bools, the logical ops; anything else on the host.
+c10::optional<at::Tensor> bitsSide(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+  if (!typed(a) || a.scalar_type() != at::kLong || !typed(out) || out.scalar_type() != at::kLong) return c10::nullopt;
+  if (isHostScalar(b)) return b.is_floating_point() ? c10::nullopt : deviceNumber(b, at::kLong);
+  if (typed(b) && b.scalar_type() == at::kLong) return b;
+  return c10::nullopt;
 }
-
-// x & y and x | y: over bools and and or; over integers the host's bitwise ops (an i64's
-// bits are not the kernels' arithmetic).
-#define RACCEL_BITWISE(op, logical)                                                                                   \
-  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                   \
-    if (a.scalar_type() == at::kBool && b.scalar_type() == at::kBool && out.scalar_type() == at::kBool)               \
-      return python::logical##_out(a, b, out);                                                                        \
-    return hostInto("aten::" #op, out, at::op(host(a), host(b)));                                                     \
+template <class Host>
+at::Tensor& bitsOut(TensorFn fn, const char* name, const at::Tensor& a, const at::Tensor& b, at::Tensor& out, Host reference) {
+  auto side = bitsSide(a, b, out);
+  if (!side) return hostInto(name, out, reference(host(a), host(b)));
+  at::native::resize_output(out, broadcastShape(a, *side));
+  elementwise(fn, out, &a, &*side);
+  return out;
+}
+bool allBool(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+  return a.scalar_type() == at::kBool && b.scalar_type() == at::kBool && out.scalar_type() == at::kBool;
+}
+#define RACCEL_BITWISE(op, logical, fn)                                                                              \
+  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                  \
+    if (allBool(a, b, out)) return python::logical##_out(a, b, out);                                                 \
+    return bitsOut(fn, "aten::" #op, a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::op(x, y); }); \
   }
-RACCEL_BITWISE(bitwise_and, logical_and)
-RACCEL_BITWISE(bitwise_or, logical_or)
+RACCEL_BITWISE(bitwise_and, logical_and, TensorFn::bitwiseAnd)
+RACCEL_BITWISE(bitwise_or, logical_or, TensorFn::bitwiseOr)
+RACCEL_BITWISE(bitwise_xor, logical_xor, TensorFn::bitwiseXor)
 #undef RACCEL_BITWISE
 
-// ~x of a bool: not x (other dtypes' bitwise not runs on the host).
+// ~x: not x of a bool, x ^ -1 of an i64 (other dtypes' bitwise not runs on the host).
 at::Tensor& bitwise_not_out(const at::Tensor& self, at::Tensor& out) {
-  if (!(typed(self) && self.scalar_type() == at::kBool)) return hostInto("aten::bitwise_not", out, at::bitwise_not(host(self)));
-  return python::logical_not_out(self, out);
+  if (typed(self) && self.scalar_type() == at::kBool) return python::logical_not_out(self, out);
+  return bitsOut(TensorFn::bitwiseXor, "aten::bitwise_not", self, at::scalar_to_tensor(int64_t{-1}), out,
+                 [](const at::Tensor& x, const at::Tensor&) { return at::bitwise_not(x); });
 }
+
+// Shifts of i64 (x << n, x >> n: the count taken modulo 64, as PyTorch 1.13's CPU on x86).
+#define RACCEL_SHIFT(op, pyop, fn)                                                                                   \
+  at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                  \
+    return bitsOut(fn, "aten::" #op, a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::op(x, y); }); \
+  }                                                                                                                  \
+  at::Tensor pyop##_tensor(const at::Tensor& a, const at::Tensor& b) {                                               \
+    auto out = emptyOn({0}, at::result_type(a, b));                                                                 \
+    return python::op##_out(a, b, out);                                                                              \
+  }                                                                                                                  \
+  at::Tensor pyop##_scalar(const at::Tensor& a, const at::Scalar& b) {                                               \
+    return pyop##_tensor(a, at::native::wrapped_scalar_tensor(b));                                                   \
+  }                                                                                                                  \
+  at::Tensor& i##pyop##_tensor(at::Tensor& a, const at::Tensor& b) { return python::op##_out(a, b, a); }             \
+  at::Tensor& i##pyop##_scalar(at::Tensor& a, const at::Scalar& b) {                                                 \
+    return python::op##_out(a, at::native::wrapped_scalar_tensor(b), a);                                             \
+  }
+RACCEL_SHIFT(bitwise_left_shift, lshift, TensorFn::shiftLeft)
+RACCEL_SHIFT(bitwise_right_shift, rshift, TensorFn::shiftRight)
+#undef RACCEL_SHIFT
 
 // out = condition ? self : other (either side may be a host number).
 at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
@@ -283,6 +315,16 @@ void registerComparisons(torch::Library& m) {
   m.impl("bitwise_or.Tensor_out", TORCH_FN(bitwise_or_out));
   m.impl("bitwise_xor.Tensor_out", TORCH_FN(bitwise_xor_out));
   m.impl("logical_xor.out", TORCH_FN(logical_xor_out));
+  m.impl("bitwise_left_shift.Tensor_out", TORCH_FN(bitwise_left_shift_out));
+  m.impl("bitwise_right_shift.Tensor_out", TORCH_FN(bitwise_right_shift_out));
+  m.impl("__lshift__.Tensor", TORCH_FN(lshift_tensor));
+  m.impl("__lshift__.Scalar", TORCH_FN(lshift_scalar));
+  m.impl("__rshift__.Tensor", TORCH_FN(rshift_tensor));
+  m.impl("__rshift__.Scalar", TORCH_FN(rshift_scalar));
+  m.impl("__ilshift__.Tensor", TORCH_FN(ilshift_tensor));
+  m.impl("__ilshift__.Scalar", TORCH_FN(ilshift_scalar));
+  m.impl("__irshift__.Tensor", TORCH_FN(irshift_tensor));
+  m.impl("__irshift__.Scalar", TORCH_FN(irshift_scalar));
   m.impl("count_nonzero.dim_IntList", TORCH_FN(count_nonzero_dims));
 }
 
