@@ -26,8 +26,10 @@ enum class TensorFn : uint8_t {
   lgamma, digamma, erfinv,
   // the bits of i64 (since 2026-12-01)
   bitwiseAnd, bitwiseOr, bitwiseXor, shiftLeft, shiftRight,
+  // psi's n-th derivative, n in alpha (since 2026-12-01)
+  polygamma,
 };
-inline constexpr unsigned kTensorFns = 106;
+inline constexpr unsigned kTensorFns = 107;
 
 enum class TensorType : uint8_t { f32, i64, boolean };
 inline constexpr unsigned kTensorTypes = 3;
@@ -56,7 +58,7 @@ constexpr bool takesFusedScale(TensorFn fn) {
     case TensorFn::atan: case TensorFn::sinh: case TensorFn::cosh: case TensorFn::erf: case TensorFn::erfc:
     case TensorFn::expm1: case TensorFn::log2: case TensorFn::log10: case TensorFn::exp2:
     case TensorFn::atan2: case TensorFn::hypot: case TensorFn::copysign: case TensorFn::fmod:
-    case TensorFn::lgamma: case TensorFn::digamma: case TensorFn::erfinv:
+    case TensorFn::lgamma: case TensorFn::digamma: case TensorFn::erfinv: case TensorFn::polygamma:
       return true;
     default:
       return false;

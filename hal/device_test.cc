@@ -1279,6 +1279,42 @@ TEST_P(Conformance, AnOpCutIntoSlicesGivesTheWholeOpsResult) {
 
 // Operands of other element types: conversions, comparisons and selections are exact for
 // integers past f32's 2^24, reductions to values and positions follow PyTorch's rules.
+// polygamma of orders 0 to 5 at known values (PyTorch's f64 ones, to 6 digits), poles, a
+// NaN, and a q past -2^20 (NaN: the series' loop is bounded); an order that is not an
+// integer in [0, 64] refused.
+TEST_P(Conformance, PolygammaGivesItsKnownValuesAndBoundsItsWork) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    int n;
+    float x;
+    double want;
+  };
+  const std::vector<Case> cases = {
+      {1, 1.0f, 1.6449340676}, {1, 0.5f, 4.9348022021}, {2, 1.0f, -2.4041138063}, {3, 1.0f, 6.4939394023},
+      {2, 2.5f, -0.2362040516}, {1, -0.5f, 8.9348022001}, {2, -1.5f, -0.2362040516}, {4, 0.3f, -9883.468555},
+      {5, 10.0f, 3.0594516212e-4}, {1, 100.0f, 0.0100501667}, {0, 1.0f, -0.5772156649}, {2, -2.0f, -inf},
+      {3, nan, nan}, {2, -1999999.5f, nan}};
+  for (const auto& c : cases) {
+    auto x = floats({c.x}), y = floats({0.0f});
+    auto op = tensorOp(TensorFn::polygamma, {1}, {view(y.get(), 0, {1}), view(x.get(), 0, {1})});
+    op.alpha = float(c.n);
+    ASSERT_TRUE(device->tensor(op)) << c.n << " " << c.x;
+    std::vector<float> got(1);
+    ASSERT_TRUE(device->read(*y, 0, std::as_writable_bytes(std::span(got))));
+    if (std::isnan(c.want)) EXPECT_TRUE(std::isnan(got[0])) << c.n << " " << c.x << ": " << got[0];
+    else if (std::isinf(c.want)) EXPECT_EQ(got[0], float(c.want)) << c.n << " " << c.x;
+    else EXPECT_NEAR(got[0], c.want, 2e-6 * std::fabs(c.want)) << c.n << " " << c.x;
+  }
+  auto x = floats({1.0f}), y = floats({0.0f});
+  for (float order : {1.5f, -1.0f, 65.0f, nan}) {
+    auto op = tensorOp(TensorFn::polygamma, {1}, {view(y.get(), 0, {1}), view(x.get(), 0, {1})});
+    op.alpha = order;
+    auto refused = device->tensor(op);
+    ASSERT_FALSE(refused) << order;
+    EXPECT_NE(refused.error().message.find("an integer in [0, 64]"), std::string::npos) << refused.error().message;
+  }
+}
+
 // The bits of i64: and, or, xor over every sign, and shifts by counts in range, by 63,
 // and out of range (taken modulo 64, as x86 shifts: so PyTorch 1.13's CPU), the right
 // shift keeping the sign; a bits op of f32 refused.

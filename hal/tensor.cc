@@ -54,7 +54,7 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_ERFINVFN == int(TensorFn::erfinv) && RC_BITAND == int(TensorFn::bitwiseAnd) &&
               RC_BITOR == int(TensorFn::bitwiseOr) && RC_BITXOR == int(TensorFn::bitwiseXor) &&
               RC_SHIFT_LEFT == int(TensorFn::shiftLeft) && RC_SHIFT_RIGHT == int(TensorFn::shiftRight) &&
-              kTensorFns == RC_SHIFT_RIGHT + 1);
+              RC_POLYGAMMAFN == int(TensorFn::polygamma) && kTensorFns == RC_POLYGAMMAFN + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               kTensorTypes == 3);
 
@@ -112,7 +112,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"atan2", 3, "rc_map"}, {"hypot", 3, "rc_map"}, {"copysign", 3, "rc_map"}, {"fmod", 3, "rc_map"},
     {"lgamma", 2, "rc_map"}, {"digamma", 2, "rc_map"}, {"erfinv", 2, "rc_map"},
     {"bitwiseAnd", 3, "rc_map"}, {"bitwiseOr", 3, "rc_map"}, {"bitwiseXor", 3, "rc_map"},
-    {"shiftLeft", 3, "rc_map"}, {"shiftRight", 3, "rc_map"},
+    {"shiftLeft", 3, "rc_map"}, {"shiftRight", 3, "rc_map"}, {"polygamma", 2, "rc_map"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -186,6 +186,11 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     case TensorFn::shiftLeft: case TensorFn::shiftRight:  // i64 (all three)
       for (unsigned i = 0; i < operands; ++i)
         if (type(i) != TensorType::i64) return bad(i, "bits are i64");
+      return {};
+    case TensorFn::polygamma:  // f32, of an integer order in [0, 64]
+      if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 64)) return refuse("polygamma's order (alpha) is an integer in [0, 64]");
+      for (unsigned i = 0; i < operands; ++i)
+        if (type(i) != TensorType::f32) return bad(i, "f32");
       return {};
     case TensorFn::where:
       if (type(1) != TensorType::boolean) return bad(1, "the condition is bool");

@@ -350,6 +350,9 @@ struct Op {
 #   lgamma, digamma, erfinv: elementwise, f32: log |gamma(a)| (C's lgamma), its
 #     derivative psi(a) (-inf at +0, NaN at the negative integers), erf's inverse
 #     (+-inf at +-1, NaN past them)
+#   polygamma: elementwise, f32: psi's n-th derivative of a, n = alpha (an integer in
+#     [0, 64]; 0 is digamma): trigamma for 1, else (-1)^(n+1) n! zeta(n + 1, a) (Hurwitz's
+#     zeta; NaN where a is below -2^20, whose terms f32 cannot step through)
 #   bitwiseAnd, bitwiseOr, bitwiseXor, shiftLeft, shiftRight: over i64 (all three
 #     operands): a & b, a | b, a ^ b, a << b and a >> b (arithmetic: the sign kept), the
 #     shift's count taken modulo 64 (as x86 shifts, so PyTorch 1.13's CPU)
@@ -538,6 +541,7 @@ enum TensorFn {
   bitwiseXor @103;
   shiftLeft @104;
   shiftRight @105;
+  polygamma @106;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -87,6 +87,8 @@ write("tensor", "fmod-i64", tensor(97, [64], [(0, 0, [1], 1), (1, 64, [1], 1), (
 # the bits of i64 over whatever the buffers hold (every count, in range and out)
 for fn, name in ((101, "bitwise-and"), (102, "bitwise-or"), (103, "bitwise-xor"), (104, "shift-left"), (105, "shift-right")):
     write("tensor", name, tensor(fn, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)]))
+# polygamma of order 3 over whatever the buffer holds (zeta's loops: huge negatives bounded)
+write("tensor", "polygamma", tensor(106, [64], [(0, 0, [1]), (1, 64, [1])], alpha=3))
 # lgamma, digamma and erfinv over whatever the buffer holds (poles, NaNs, denormals)
 for fn, name in ((98, "lgamma"), (99, "digamma"), (100, "erfinv")):
     write("tensor", name, tensor(fn, [64], [(0, 0, [1]), (1, 64, [1])]))

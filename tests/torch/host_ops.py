@@ -10,7 +10,7 @@ import torch
 import raccel.torch
 
 CASES = [
-    ("polygamma_ of a column", lambda x: x[:, 2].abs_().add_(0.5).polygamma_(1)),
+    ("igammac_ of a column", lambda x: x[:, 2].abs_().add_(0.5).igammac_(torch.full((4,), 2.0, device=x.device))),
     ("igamma_ of a row", lambda x: x[1].abs_().add_(0.5).igamma_(torch.full((5,), 1.5, device=x.device))),
     ("nextafter_ of a narrowed view", lambda x: x.narrow(1, 1, 3).nextafter_(torch.zeros(4, 3, device=x.device))),
     ("igammac_ of a transpose", lambda x: x.t().abs_().add_(0.5).igammac_(torch.full((5, 4), 1.5, device=x.device))),

@@ -87,6 +87,20 @@ RACCEL_UNARY(digamma, TensorFn::digamma, 1, true)
 RACCEL_UNARY(erfinv, TensorFn::erfinv, 1, true)
 #undef RACCEL_UNARY
 
+// polygamma(n, x): psi's n-th derivative (the card's orders 0 to 64; PyTorch's error for a
+// negative one from the host). digamma's backward is polygamma(1, x).
+at::Tensor& polygamma_out(int64_t n, const at::Tensor& self, at::Tensor& out) {
+  checkOutHolds(floatResult(self.scalar_type()), out);
+  auto reference = [&](const at::Tensor& x) { return at::polygamma(n, x); };
+  if (n < 0 || n > 64) return hostInto("aten::polygamma.out", out, reference(host(self)));
+  return unaryOut(TensorFn::polygamma, "aten::polygamma.out", self, out, float(n), reference);
+}
+at::Tensor polygamma(int64_t n, const at::Tensor& self) {
+  auto out = emptyOn({0}, floatResult(self.scalar_type()));
+  return python::polygamma_out(n, self, out);
+}
+at::Tensor& polygamma_(at::Tensor& self, int64_t n) { return python::polygamma_out(n, self, self); }
+
 // An i64 to a non-negative integer power, exactly (wrapping past i64 as PyTorch's CPU
 // does): products of repeated squares.
 at::Tensor integerPower(const at::Tensor& self, int64_t exponent) {
@@ -603,6 +617,9 @@ void registerDivisionAndSteps(torch::Library& m) {
   m.impl("pow.Tensor_Scalar", TORCH_FN(python::pow));
   m.impl("pow_.Scalar", TORCH_FN(pow_));
   m.impl("pow.Scalar_out", TORCH_FN(pow_scalar_out));
+  m.impl("polygamma.out", TORCH_FN(polygamma_out));
+  m.impl("polygamma", TORCH_FN(python::polygamma));
+  m.impl("polygamma_", TORCH_FN(python::polygamma_));
   m.impl("pow.Scalar", TORCH_FN(pow_scalar));
   m.impl("maximum.out", TORCH_FN(maximum_out));
   m.impl("maximum", TORCH_FN(python::maximum));
