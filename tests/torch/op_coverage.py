@@ -363,6 +363,9 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x: (lambda a, b: torch.cat([t.float().flatten() for t in (
          a & b, a | b, a ^ b, ~a, a & 0xFF, a | 1, a ^ -3, a << b, a >> b, a << 3, a >> 2, (a.clone() << 1).__irshift__(2))]))(
          (x.detach() * 1e6).long(), (x.detach().abs() * 10).long() % 20)),
+    ("embedding with max_norm (rows picked twice; 2-norm and 1-norm), with backward", [(6, 4)],
+     lambda w: torch.cat([F.embedding(torch.tensor([[1, 3, 1], [5, 0, 3]], device=w.device), w * 2, max_norm=1.0).flatten(),
+                          F.embedding(torch.tensor([2, 2, 4], device=w.device), w * 1, max_norm=0.5, norm_type=1).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

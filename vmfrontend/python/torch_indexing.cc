@@ -128,6 +128,27 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& in
   return out;
 }
 
+// embedding_renorm_ (nn.Embedding's max_norm): each row that indices pick whose norm is
+// above max_norm scaled to it, by PyTorch's factor max_norm / (norm + 1e-7). A row picked
+// twice is written twice with the same values, so no unique rows are read back.
+at::Tensor& embedding_renorm_(at::Tensor& self, const at::Tensor& indices, double maxNorm, double normType) {
+  if (!supported({&self}) || self.dim() != 2 || !typed(indices) || indices.scalar_type() != at::kLong || !(normType > 0)) {
+    countFallback("aten::embedding_renorm_");
+    auto result = host(self);
+    at::embedding_renorm_(result, host(indices), maxNorm, normType);
+    return self.copy_(result);
+  }
+  if (indices.numel() == 0) return self;
+  auto picks = indices.reshape({-1});
+  checkPicks(picks, self.size(0));
+  TrustedIndices inRange;  // (checked)
+  auto rows = python::index_select(self, 0, picks);
+  auto norms = at::linalg_vector_norm(rows, normType, {1}, true);
+  auto scale = at::where(norms > maxNorm, maxNorm / (norms + 1e-7), at::ones({}, norms.options()));
+  self.index_put_({picks}, rows * scale);
+  return self;
+}
+
 // EmbeddingBag's sum and mean (recommenders, bag-of-words text models): each bag the sum
 // (or mean) of its positions' rows, positions [offsets[b], offsets[b + 1]) (the last to
 // the end, or to the offsets' last with include_last_offset), times per-sample weights
@@ -729,6 +750,7 @@ void registerIndexing(torch::Library& m) {
   m.impl("index_select.out", TORCH_FN(index_select_out));
   m.impl("index_select", TORCH_FN(python::index_select));
   m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
+  m.impl("embedding_renorm_", TORCH_FN(python::embedding_renorm_));
   RACCEL_IMPL_OUT_NEW_INPLACE(scatter_add)
   m.impl("scatter.src_out", TORCH_FN(scatter_src_out));
   m.impl("scatter.value_out", TORCH_FN(scatter_value_out));
