@@ -189,6 +189,8 @@ refused("normal with a negative deviation in a tensor", "normal expects all elem
 refused("randint of an empty range", "random_ expects 'from' to be less than 'to'",
         lambda: torch.randint(5, 5, (3,), device=dev).cpu())
 refused("bernoulli of a probability past 1", "Expected p_in >= 0 && p_in <= 1", lambda: torch.bernoulli(torch.tensor([0.5, 1.5]).to(dev)).cpu())
+refused("max_unpool2d with an index outside the plane", "Found an invalid max index: 99",
+        lambda: F.max_unpool2d(torch.ones(1, 1, 2, 2).to(dev), torch.tensor([[[[0, 1], [2, 99]]]]).to(dev), 2).cpu())
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

@@ -366,6 +366,11 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("embedding with max_norm (rows picked twice; 2-norm and 1-norm), with backward", [(6, 4)],
      lambda w: torch.cat([F.embedding(torch.tensor([[1, 3, 1], [5, 0, 3]], device=w.device), w * 2, max_norm=1.0).flatten(),
                           F.embedding(torch.tensor([2, 2, 4], device=w.device), w * 1, max_norm=0.5, norm_type=1).flatten()])),
+    ("max_unpool2d of max_pool2d's indices (windows apart, and overlapping: a position named twice), with backwards",
+     [(2, 3, 6, 6)],
+     lambda x: torch.cat([F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2).flatten(),
+                          F.max_unpool2d(*F.max_pool2d(x, 3, stride=1, return_indices=True), 3, stride=1).flatten(),
+                          F.max_unpool2d(*F.max_pool2d(x[0], 2, return_indices=True), 2).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -67,6 +67,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   registerCreation(m);
   registerConvolutions(m);
   registerPooling(m);
+  registerResampling(m);
   registerNormsAndLosses(m);
 }
 

@@ -313,6 +313,7 @@ void registerIndexing(torch::Library& m);
 void registerCreation(torch::Library& m);
 void registerConvolutions(torch::Library& m);
 void registerPooling(torch::Library& m);
+void registerResampling(torch::Library& m);
 void registerNormsAndLosses(torch::Library& m);
 
 }  // namespace raccel::python
