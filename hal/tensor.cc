@@ -161,6 +161,12 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     if (unsigned(type(i)) >= kTensorTypes)
       return refuse(operandNamed(i) + " has unknown element type " + std::to_string(unsigned(type(i))));
   const bool integral = type(1) != TensorType::f32;
+  // Every operand of one type, or the first that is not.
+  auto every = [&](TensorType want, const char* why) -> Status {
+    for (unsigned i = 0; i < operands; ++i)
+      if (type(i) != want) return bad(i, why);
+    return {};
+  };
   switch (op.fn) {
     case TensorFn::copy:
     case TensorFn::fill:
@@ -179,19 +185,14 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
       return {};
     case TensorFn::div:
     case TensorFn::fmod:  // f32, or i64 exactly (all three)
-      for (unsigned i = 0; i < operands; ++i)
-        if (type(i) != (integral ? TensorType::i64 : TensorType::f32)) return bad(i, integral ? "an integer division is i64" : "f32");
-      return {};
+      return integral ? every(TensorType::i64, "an integer division is i64") : every(TensorType::f32, "f32");
     case TensorFn::bitwiseAnd: case TensorFn::bitwiseOr: case TensorFn::bitwiseXor:
     case TensorFn::shiftLeft: case TensorFn::shiftRight:  // i64 (all three)
-      for (unsigned i = 0; i < operands; ++i)
-        if (type(i) != TensorType::i64) return bad(i, "bits are i64");
-      return {};
+      return every(TensorType::i64, "bits are i64");
     case TensorFn::polygamma:  // f32, of an integer order in [0, 64]
-      if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 64)) return refuse("polygamma's order (alpha) is an integer in [0, 64]");
-      for (unsigned i = 0; i < operands; ++i)
-        if (type(i) != TensorType::f32) return bad(i, "f32");
-      return {};
+      if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 64))
+        return refuse("polygamma's order (alpha) is an integer in [0, 64]");
+      return every(TensorType::f32, "f32");
     case TensorFn::where:
       if (type(1) != TensorType::boolean) return bad(1, "the condition is bool");
       if (type(0) == TensorType::boolean) return bad(0, "f32 or i64");
@@ -245,9 +246,7 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
       if (type(3) != TensorType::i64) return bad(3, "the scratch is i64");
       return {};
     default:
-      for (unsigned i = 0; i < operands; ++i)
-        if (type(i) != TensorType::f32) return bad(i, "f32");
-      return {};
+      return every(TensorType::f32, "f32");
   }
 }
 }  // namespace

@@ -297,8 +297,7 @@ std::optional<Depth> depthOf(const at::Tensor& input, const at::Tensor& weight, 
       stride.size() != 3 || padding.size() != 3 || dilation.size() != 3 || input.size(1) != weight.size(1) * groups ||
       weight.size(0) % groups != 0 || weight.size(2) < 1 || stride[0] < 1 || padding[0] < 0 || dilation[0] < 1)
     return std::nullopt;
-  Depth z{weight.size(2), stride[0], padding[0], dilation[0], input.size(2), 0};
-  z.out = (z.in + 2 * z.p - z.d * (z.k - 1) - 1) / z.s + 1;
+  const auto z = Depth::of(weight.size(2), stride[0], padding[0], dilation[0], input.size(2));
   if (z.out < 1 || !Window2d::of({weight.size(3), weight.size(4)}, stride.slice(1), padding.slice(1), dilation.slice(1)).sane())
     return std::nullopt;
   return z;

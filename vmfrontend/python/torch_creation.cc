@@ -1,6 +1,7 @@
 // Tensors the torch device makes from numbers rather than from other tensors: ranges,
-// identities and triangles' indices (made on the host by PyTorch's own kernels and written to the card: a write
-// that does not wait), and random draws on the card, keyed from PyTorch's generator
+// identities and triangles' indices (made on the host by PyTorch's own kernels and
+// written to the card: a write that does not wait), and random draws on the card, keyed
+// from PyTorch's generator
 // (bernoulli_, uniform_, normal_, and what is made of them: exponential, Cauchy,
 // log-normal, geometric, gamma, Dirichlet and integer draws, normal draws about tensors,
 // permutations and samples of a distribution).
@@ -14,25 +15,21 @@ namespace {
 
 // ---- Ranges and identities -------------------------------------------------------------
 
-// A tensor PyTorch's CPU makes of numbers alone (its checks and its values), written into
-// `out` on the card.
-at::Tensor& madeInto(at::Tensor& out, const at::Tensor& made) {
-  at::native::resize_output(out, made.sizes());
-  return out.copy_(made);
-}
+// Each is what PyTorch's CPU makes of numbers alone (its checks and its values), written
+// into `out` on the card (resultInto).
 at::TensorOptions hostOptions(const at::Tensor& out) { return at::TensorOptions().dtype(out.scalar_type()); }
 at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, at::Tensor& out) {
-  return madeInto(out, at::linspace(start, end, steps, hostOptions(out)));
+  return resultInto(out, at::linspace(start, end, steps, hostOptions(out)));
 }
 at::Tensor& logspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, double base, at::Tensor& out) {
-  return madeInto(out, at::logspace(start, end, steps, base, hostOptions(out)));
+  return resultInto(out, at::logspace(start, end, steps, base, hostOptions(out)));
 }
-at::Tensor& eye_out(int64_t n, at::Tensor& out) { return madeInto(out, at::eye(n, hostOptions(out))); }
-at::Tensor& eye_m_out(int64_t n, int64_t m, at::Tensor& out) { return madeInto(out, at::eye(n, m, hostOptions(out))); }
+at::Tensor& eye_out(int64_t n, at::Tensor& out) { return resultInto(out, at::eye(n, hostOptions(out))); }
+at::Tensor& eye_m_out(int64_t n, int64_t m, at::Tensor& out) { return resultInto(out, at::eye(n, m, hostOptions(out))); }
 // tril_indices and triu_indices: the positions of a triangle, as PyTorch's CPU lists them.
 at::Tensor madeOnCard(const at::Tensor& made) {
   auto out = emptyOn(made.sizes(), made.scalar_type());
-  return madeInto(out, made);
+  return resultInto(out, made);
 }
 at::Tensor tril_indices(int64_t row, int64_t col, int64_t offset, c10::optional<at::ScalarType> dtype, c10::optional<at::Layout>,
                         c10::optional<at::Device>, c10::optional<bool>) {
@@ -43,7 +40,7 @@ at::Tensor triu_indices(int64_t row, int64_t col, int64_t offset, c10::optional<
   return madeOnCard(at::triu_indices(row, col, offset, at::TensorOptions().dtype(dtype.value_or(at::kLong))));
 }
 at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
-  return madeInto(out, at::arange(start, end, step, hostOptions(out)));
+  return resultInto(out, at::arange(start, end, step, hostOptions(out)));
 }
 
 // ---- Random draws on the card ----------------------------------------------------------
@@ -85,6 +82,19 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, c10::optional<at:
   return randomInto(TensorFn::normal, self, static_cast<float>(mean), static_cast<float>(std), generator);
 }
 
+// Random integers: rows x n draws of 24 bits each (2^24 u, exact in f32), as i64; and
+// n draws of 48 bits (two of them).
+constexpr int64_t kDrawSteps = int64_t{1} << 24;
+at::Tensor integerDraws(int64_t rows, int64_t n, const c10::optional<at::Generator>& generator) {
+  auto draws = emptyOn({rows, n});
+  randomInto(TensorFn::uniform, draws, 0, float(kDrawSteps), generator);
+  return draws.to(at::kLong);
+}
+at::Tensor draws48(int64_t n, const c10::optional<at::Generator>& generator) {
+  auto halves = integerDraws(2, n, generator);
+  return halves[0] * kDrawSteps + halves[1];
+}
+
 // bernoulli_ of a tensor of probabilities (torch.bernoulli(p), Bernoulli.sample()): 1
 // where the card's uniform draw is below p, p first checked to lie in [0, 1] as PyTorch's
 // CPU checks it (one bool read back).
@@ -103,17 +113,15 @@ at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p, c10::option
 // the range (up to 2^40: a bias below 2^-8 of one value's share, as PyTorch's CPU has for
 // its ranges). Into i64, or f32 where every value is exact (below 2^24 in magnitude).
 at::Tensor& random_from_(at::Tensor& self, int64_t from, c10::optional<int64_t> to, c10::optional<at::Generator> generator) {
-  constexpr int64_t kSteps = int64_t{1} << 24;
   int64_t range = 0;  // (0: none the card draws; PyTorch's checks on the host)
   if (to && __builtin_sub_overflow(*to, from, &range)) range = 0;
-  const bool exactInF32 = self.scalar_type() == at::kFloat && from >= -kSteps && range <= kSteps && from + range <= kSteps;
+  const bool exactInF32 =
+      self.scalar_type() == at::kFloat && from >= -kDrawSteps && range <= kDrawSteps && from + range <= kDrawSteps;
   const bool ok = onDevice(self) && (self.scalar_type() == at::kLong || exactInF32) && range > 0 &&
                   range <= (int64_t{1} << 40) && cpuGenerator(generator);
   if (!ok) return hostInto("aten::random_.from", self, host(self).random_(from, to, generator));
-  auto draws = emptyOn({range <= kSteps ? 1 : 2, self.numel()});
-  randomInto(TensorFn::uniform, draws, 0, float(kSteps), generator);
-  auto k = draws.to(at::kLong);
-  auto value = range <= kSteps ? at::div(k[0] * range, kSteps, "floor") : at::remainder(k[0] * kSteps + k[1], range);
+  auto value = range <= kDrawSteps ? at::div(integerDraws(1, self.numel(), generator)[0] * range, kDrawSteps, "floor")
+                                    : at::remainder(draws48(self.numel(), generator), range);
   return self.copy_((value + from).view(self.sizes()));
 }
 
@@ -238,17 +246,12 @@ at::Tensor& exponential_(at::Tensor& self, double lambda, c10::optional<at::Gene
 // randperm: positions sorted by random 48-bit keys (two draws of 24 bits each, exact in
 // f32), so that equal keys, which would keep their order, are rare (n^2 / 2^49).
 at::Tensor& randperm_out(int64_t n, c10::optional<at::Generator> generator, at::Tensor& out) {
-  constexpr int64_t kSteps = int64_t{1} << 24;
   const bool ok = n >= 0 && onDevice(out) && cpuGenerator(generator) &&
-                  (out.scalar_type() == at::kLong || (out.scalar_type() == at::kFloat && n <= kSteps));
+                  (out.scalar_type() == at::kLong || (out.scalar_type() == at::kFloat && n <= kDrawSteps));
   if (!ok) return hostInto("aten::randperm.generator_out", out, at::randperm(n, generator, hostOptions(out)));
   at::native::resize_output(out, {n});
   if (n == 0) return out;
-  auto draws = emptyOn({2, n});
-  randomInto(TensorFn::uniform, draws, 0, float(kSteps), generator);  // 2^24 u: the integers below 2^24
-  auto halves = draws.to(at::kLong);
-  auto keys = halves[0] * kSteps + halves[1];
-  return out.copy_(std::get<1>(at::sort(keys)));
+  return out.copy_(std::get<1>(at::sort(draws48(n, generator))));
 }
 
 // multinomial: `samples` categories drawn from each row of non-negative weights.

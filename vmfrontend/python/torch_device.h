@@ -173,6 +173,11 @@ void checkIndex(const at::Tensor& index, int64_t first, int64_t last, std::optio
 void checkPicks(const at::Tensor& index, int64_t size);
 void checkAlong(const at::Tensor& index, int64_t dim, int64_t size);
 void checkIndexing(const at::Tensor& index, int64_t dim, int64_t size);  // from the end where negative
+// A checked index that counts from the end where negative, as positions in [0, size).
+inline at::Tensor fromEnd(const at::Tensor& index, int64_t size) { return at::where(index < 0, index + size, index); }
+// A tensor's smallest and largest values, read back from the card (one wait): a CPU
+// tensor of two.
+inline at::Tensor extremesOnHost(const at::Tensor& t) { return at::stack({t.amin(), t.amax()}).cpu(); }
 // Whether an i64 tensor on the device is known to hold no 0 (its known bounds are of one
 // sign), without a wait.
 bool knownNonzero(const at::Tensor& t);
@@ -228,10 +233,15 @@ void noteDistinct(const at::Tensor& index, int64_t dim);
 
 // ---- Sliding windows over [N, C, H, W] (torch_windows.cc) -----------------------------
 
+// A window's value along dimension i as PyTorch's pooling and convolution arguments give
+// it: `otherwise` when none is given, the one value for every dimension when one is.
+inline int64_t windowValue(c10::IntArrayRef v, size_t i, int64_t otherwise) {
+  return v.empty() ? otherwise : v[v.size() > i ? i : 0];
+}
 struct Window2d {
   int64_t kh, kw, sh, sw, ph, pw, dh, dw, eh = 0, ew = 0;
   static Window2d of(c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation) {
-    auto pick = [](c10::IntArrayRef v, size_t i, int64_t otherwise) { return v.empty() ? otherwise : v[v.size() > i ? i : 0]; };
+    const auto pick = windowValue;
     Window2d w;
     w.kh = pick(kernel, 0, 1), w.kw = pick(kernel, 1, 1);
     w.sh = pick(stride, 0, w.kh), w.sw = pick(stride, 1, w.kw);
@@ -278,6 +288,10 @@ void gatherSum(const at::Tensor& out, std::vector<int64_t> shape, c10::IntArrayR
 // depth (or the padding): those slices, stacked into the batch, are a 2-D op's input.
 struct Depth {
   int64_t k, s, p, d, in, out;
+  // The window over an input depth `in`, its output depth (below 1: no window fits).
+  static Depth of(int64_t k, int64_t s, int64_t p, int64_t d, int64_t in) {
+    return {k, s, p, d, in, (in + 2 * p - d * (k - 1) - 1) / s + 1};
+  }
 };
 // The input depths offset kd reads for each output depth, i64 on `like`'s device: `in`
 // (the slab withSlab() appends) where they lie in the padding.

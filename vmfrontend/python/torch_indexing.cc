@@ -354,7 +354,7 @@ at::Tensor& indexFill(at::Tensor& self, int64_t dim, const at::Tensor& index, co
   dim = c10::maybe_wrap_dim(dim, self.dim());
   checkIndexing(index, dim, self.size(dim));  // (a negative index counts from the end)
   TrustedIndices checked;
-  auto picks = at::where(index < 0, index + self.size(dim), index).reshape({-1});
+  auto picks = fromEnd(index, self.size(dim)).reshape({-1});
   auto hit = at::zeros({self.size(dim)}, self.options()).index_add_(0, picks, at::ones({index.numel()}, self.options()));
   std::vector<int64_t> along(self.dim(), 1);
   along[dim] = self.size(dim);
@@ -463,7 +463,7 @@ std::optional<MergedIndex> mergedIndex(const at::Tensor& self, const c10::List<c
       dim += k;
     } else if (t->scalar_type() == at::kLong && dim < self.dim()) {
       checkIndexing(*t, dim, self.size(dim));
-      picks.push_back(at::where(*t < 0, *t + self.size(dim), *t));
+      picks.push_back(fromEnd(*t, self.size(dim)));
       ++dim;
     } else {
       return std::nullopt;
@@ -691,8 +691,7 @@ at::Tensor flatPicks(const at::Tensor& index, int64_t n) {
   checkIndex(index, -n, n - 1, std::nullopt, [&](int64_t v) {
     TORCH_CHECK_INDEX(false, "out of range: tried to access index ", v, " on a tensor of ", n, " elements.");
   });
-  auto picks = index.reshape({-1});
-  return at::where(picks < 0, picks + n, picks);
+  return fromEnd(index.reshape({-1}), n);
 }
 bool flatlyPicked(const at::Tensor& self, const at::Tensor& index) {
   return typed(self) && self.numel() > 0 && typed(index) && index.scalar_type() == at::kLong;

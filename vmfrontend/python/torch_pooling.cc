@@ -294,16 +294,23 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& self, a
   if (self.dim() == 3) return {values.squeeze(0), indices.squeeze(0)};
   return {values, indices};
 }
+// A max pool's gradient: each output's added at its flat index in its plane (the last
+// `planeDims` dimensions of self), the rest 0.
+at::Tensor gradientAtIndices(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& indices, int64_t planeDims) {
+  int64_t plane = 1;
+  for (int64_t d = self.dim() - planeDims; d < self.dim(); ++d) plane *= self.size(d);
+  const int64_t planes = plane ? self.numel() / plane : 0;
+  auto gradInput = at::zeros({planes, plane}, self.options());
+  gradInput.scatter_add_(1, indices.reshape({planes, -1}), grad.reshape({planes, -1}));
+  return gradInput.view(self.sizes());
+}
 at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& indices) {
   if (!supported({&grad, &self}) || !typed(indices) || indices.scalar_type() != at::kLong || self.dim() < 3 ||
       grad.sizes() != indices.sizes())
     return onHost("aten::adaptive_max_pool2d_backward", [&] {
       return at::adaptive_max_pool2d_backward(host(grad), host(self), host(indices)).to(self.device());
     });
-  const int64_t plane = self.size(-2) * self.size(-1), planes = plane ? self.numel() / plane : 0;
-  auto gradInput = at::zeros({planes, plane}, self.options());
-  gradInput.scatter_add_(1, indices.reshape({planes, -1}), grad.reshape({planes, -1}));
-  return gradInput.view(self.sizes());
+  return gradientAtIndices(grad, self, indices, 2);
 }
 
 // max_unpool2d: each value put at its index in a plane of zeros of output_size, where an
@@ -350,17 +357,16 @@ struct Window3d {
 };
 std::optional<Window3d> window3d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
                                  c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceilMode) {
-  auto pick = [](c10::IntArrayRef v, size_t i, int64_t otherwise) { return v.empty() ? otherwise : v[v.size() > i ? i : 0]; };
+  const auto pick = windowValue;
   if (!supported({&self}) || self.dim() != 5 || ceilMode || kernel.empty() || kernel.size() > 3 || stride.size() > 3 ||
       padding.size() > 3 || dilation.size() > 3 || self.numel() == 0)
     return std::nullopt;
   const int64_t k = pick(kernel, 0, 1), s = pick(stride, 0, k), p = pick(padding, 0, 0), d = pick(dilation, 0, 1);
-  Window3d w{{k, s, p, d, self.size(2), 0}, {}};
+  Window3d w{Depth::of(k, s, p, d, self.size(2)), {}};
   const std::vector<int64_t> k2 = {pick(kernel, 1, 1), pick(kernel, 2, 1)};
   const std::vector<int64_t> s2 = {pick(stride, 1, k2[0]), pick(stride, 2, k2[1])};
   w.w = Window2d::of(k2, s2, {pick(padding, 1, 0), pick(padding, 2, 0)}, {pick(dilation, 1, 1), pick(dilation, 2, 1)});
   if (k < 1 || s < 1 || p < 0 || d < 1 || 2 * p > k || 2 * w.w.ph > w.w.kh || 2 * w.w.pw > w.w.kw || !w.w.sane()) return std::nullopt;
-  w.z.out = (w.z.in + 2 * p - d * (k - 1) - 1) / s + 1;
   if (w.z.out < 1 || w.w.outH(self.size(3)) < 1 || w.w.outW(self.size(4)) < 1) return std::nullopt;
   return w;
 }
@@ -403,10 +409,7 @@ at::Tensor max_pool3d_with_indices_backward(const at::Tensor& grad, const at::Te
       return at::max_pool3d_with_indices_backward(host(grad), host(self), kernel, stride, padding, dilation, ceilMode,
                                                   host(indices)).to(self.device());
     });
-  const int64_t planes = self.size(0) * self.size(1), volume = self.numel() / planes;
-  auto gradInput = at::zeros({planes, volume}, self.options());
-  gradInput.scatter_add_(1, indices.reshape({planes, -1}), grad.reshape({planes, -1}));
-  return gradInput.view(self.sizes());
+  return gradientAtIndices(grad, self, indices, 3);
 }
 bool avg3dOnCard(const std::optional<Window3d>& w, bool countIncludePad, c10::optional<int64_t> divisor) {
   return w && w->w.dh == 1 && w->w.dw == 1 && w->z.d == 1 && (!divisor || *divisor != 0) &&
@@ -445,11 +448,10 @@ at::Tensor avg_pool3d_backward(const at::Tensor& grad, const at::Tensor& self, c
   auto readers = windowTable(h, wd, w->w, Table::outputs);
   auto g = asDepthSlices(grad);
   auto gradPadded = at::zeros({n, c, self.size(2) + 1, h, wd}, self.options());
+  // Every depth offset's slices take the same share of the gradient, added at its depths.
+  auto share = depthSlicesAsPlanes(readerSums(g, readers, {n * w->z.out, c, h, wd}, avg3dScale(*w, divisor)), n);
   TrustedIndices inRange;  // (depthPicks: in [0, D])
-  for (int64_t kd = 0; kd < w->z.k; ++kd) {
-    auto part = readerSums(g, readers, {n * w->z.out, c, h, wd}, avg3dScale(*w, divisor));
-    gradPadded.index_add_(2, depthPicks(w->z, kd, self), depthSlicesAsPlanes(part, n));
-  }
+  for (int64_t kd = 0; kd < w->z.k; ++kd) gradPadded.index_add_(2, depthPicks(w->z, kd, self), share);
   return gradPadded.narrow(2, 0, self.size(2)).contiguous();
 }
 // Adaptive average pooling whose windows are all one size (the input a multiple of the

@@ -473,7 +473,7 @@ at::Tensor bincount(const at::Tensor& self, const c10::optional<at::Tensor>& wei
           .to(self.device());
     });
   if (self.numel() == 0) return emptyOn({minlength}, at::kLong).zero_();
-  auto read = at::stack({self.amin(), self.amax()}).cpu();
+  auto read = extremesOnHost(self);
   const int64_t lo = read[0].item<int64_t>(), hi = read[1].item<int64_t>();
   TORCH_CHECK(lo >= 0, "bincount only supports 1-d non-negative integral inputs.");
   if (hi >= kMaxCounted)  // (more bins than values: the host's, as PyTorch's CPU allocates them)
@@ -491,7 +491,7 @@ at::Tensor& histc_out(const at::Tensor& self, int64_t bins, const at::Scalar& mi
   if (!ok) return hostInto("aten::histc", out, at::histc(host(self), bins, min, max));
   double lo = min.toDouble(), hi = max.toDouble();
   if (lo == hi && self.numel() > 0) {
-    auto read = at::stack({self.amin(), self.amax()}).cpu();
+    auto read = extremesOnHost(self);
     lo = read[0].item<float>(), hi = read[1].item<float>();
   }
   if (lo == hi) lo -= 1, hi += 1;
