@@ -28,11 +28,15 @@ enum class TensorFn : uint8_t {
   bitwiseAnd, bitwiseOr, bitwiseXor, shiftLeft, shiftRight,
   // psi's n-th derivative, n in alpha (since 2026-12-01)
   polygamma,
+  // linear algebra: a work-item a matrix, or a right-hand column (since 2026-12-01)
+  cholesky, triangularSolve, luFactor, luSolve,
 };
-inline constexpr unsigned kTensorFns = 107;
+inline constexpr unsigned kTensorFns = 111;
 
-enum class TensorType : uint8_t { f32, i64, boolean };
-inline constexpr unsigned kTensorTypes = 3;
+// i32 is a storage type alone: copies and fills convert to and from it (PyTorch's int32
+// results, linear algebra's pivots and infos); no other function takes it.
+enum class TensorType : uint8_t { f32, i64, boolean, i32 };
+inline constexpr unsigned kTensorTypes = 4;
 // The bytes of one element.
 constexpr uint64_t tensorTypeBytes(TensorType t) { return t == TensorType::i64 ? 8 : t == TensorType::boolean ? 1 : 4; }
 
@@ -67,13 +71,16 @@ constexpr bool takesFusedScale(TensorFn fn) {
 
 // The operands a function writes, as a mask (bit i: operand i): the output, and the
 // forwards that write a second result: layerNorm's mean and rstd, maxPool2d's index,
-// nllLoss's total weight, sort's positions and its scratch.
+// nllLoss's total weight, sort's positions and its scratch, cholesky's info, luFactor's
+// pivots and info.
 constexpr unsigned writtenOperands(TensorFn fn) {
   switch (fn) {
     case TensorFn::layerNorm: return 0b1101;
     case TensorFn::maxPool2d: return 0b0011;
     case TensorFn::nllLoss: return 0b1001;
     case TensorFn::sort: return 0b1101;
+    case TensorFn::cholesky: return 0b0101;
+    case TensorFn::luFactor: return 0b1101;
     default: return 0b0001;
   }
 }

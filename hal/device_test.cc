@@ -1359,6 +1359,183 @@ TEST_P(Conformance, BitsOfI64AreExactAndShiftsTakeTheirCountModulo64) {
   EXPECT_NE(refused.error().message.find("bits are i64"), std::string::npos) << refused.error().message;
 }
 
+// Linear algebra on a batch of two 4 x 4 matrices: Cholesky of an SPD one (L L^T gives it
+// back; a matrix whose third leading minor is not positive definite gives info 3 and NaN
+// columns from there), triangular solves (lower, upper through swapped strides, unit),
+// LU with partial pivoting (P A = L U, LAPACK's pivots, info for a singular one) and the
+// solve from it; a pivot no factorization made gives NaN, not a read out of bounds; a
+// non-square shape, a matrix past the bound and an overlap refused.
+TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
+  const uint64_t n = 4;
+  // SPD: M M^T + 4 I; and one whose third minor is negative.
+  const std::vector<float> m = {2, 1, 0, 1, 1, 3, 1, 0, 0, 1, 2, 1, 1, 0, 1, 3};
+  std::vector<float> a(2 * n * n, 0.0f);
+  for (uint64_t i = 0; i < n; ++i)
+    for (uint64_t j = 0; j < n; ++j) {
+      float v = i == j ? 4.0f : 0.0f;
+      for (uint64_t k = 0; k < n; ++k) v += m[i * n + k] * m[j * n + k];
+      a[i * n + j] = v;
+    }
+  const std::vector<float> bad = {1, 2, 3, 0, 2, 5, 1, 0, 3, 1, 1, 0, 0, 0, 0, 1};
+  std::copy(bad.begin(), bad.end(), a.begin() + n * n);
+  auto alloc = [&](uint64_t bytes) {
+    auto b = device->allocate(bytes);
+    EXPECT_TRUE(b);
+    return std::move(*b);
+  };
+  const auto i64 = TensorType::i64;
+  auto ba = floats(a), bl = floats(std::vector<float>(2 * n * n, -7.0f));
+  auto info = alloc(2 * 8);
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::cholesky, {2, n, n},
+                                      {view(bl.get(), 0, {n * n, n, 1}), view(ba.get(), 0, {n * n, n, 1}), view(info.get(), 0, {1, 0, 0}, i64)})));
+  std::vector<float> l(2 * n * n);
+  std::vector<int64_t> infos(2);
+  ASSERT_TRUE(device->read(*bl, 0, std::as_writable_bytes(std::span(l))));
+  ASSERT_TRUE(device->read(*info, 0, std::as_writable_bytes(std::span(infos))));
+  EXPECT_EQ(infos, (std::vector<int64_t>{0, 3}));
+  for (uint64_t i = 0; i < n; ++i)
+    for (uint64_t j = 0; j < n; ++j) {
+      if (j > i) EXPECT_EQ(l[i * n + j], 0.0f) << i << " " << j;
+      float v = 0;
+      for (uint64_t k = 0; k < n; ++k) v += l[i * n + k] * l[j * n + k];
+      EXPECT_NEAR(v, a[i * n + j], 1e-4f * std::fabs(a[i * n + j]) + 1e-5f) << i << " " << j;
+    }
+  for (uint64_t i = 2; i < n; ++i) EXPECT_TRUE(std::isnan(l[n * n + i * n + 2])) << i;
+  EXPECT_FALSE(std::isnan(l[n * n + 1 * n + 0]));
+
+  // Solve L X = B and L^T X = B (L^T: L's strides swapped, upper) for B's two columns.
+  const std::vector<float> b = {1, 0, 2, -1, 3, 1, 0, 4};  // [n, 2]
+  auto bb = floats(b), bx = floats(std::vector<float>(n * 2, 0.0f));
+  auto mulCheck = [&](bool transposed, bool unit, const char* what) {
+    std::vector<float> x(n * 2);
+    ASSERT_TRUE(device->read(*bx, 0, std::as_writable_bytes(std::span(x))));
+    for (uint64_t i = 0; i < n; ++i)
+      for (uint64_t c = 0; c < 2; ++c) {
+        float v = 0;
+        for (uint64_t k = 0; k < n; ++k) {
+          const float t = transposed ? l[k * n + i] : l[i * n + k];
+          v += (unit && i == k ? 1.0f : t) * x[k * 2 + c];
+        }
+        EXPECT_NEAR(v, b[i * 2 + c], 1e-4f) << what << " " << i << " " << c;
+      }
+  };
+  auto solveOp = [&](std::vector<uint64_t> lStrides, float flags) {
+    auto op = tensorOp(TensorFn::triangularSolve, {2, n, n},
+                       {view(bx.get(), 0, {1, 2, 0}), view(bl.get(), 0, lStrides), view(bb.get(), 0, {1, 2, 0})});
+    op.alpha = flags;
+    return op;
+  };
+  ASSERT_TRUE(device->tensor(solveOp({0, n, 1}, 0)));
+  mulCheck(false, false, "lower");
+  ASSERT_TRUE(device->tensor(solveOp({0, 1, n}, 1)));
+  mulCheck(true, false, "upper (the transpose)");
+  ASSERT_TRUE(device->tensor(solveOp({0, n, 1}, 2)));
+  mulCheck(false, true, "unit lower");
+
+  // LU of [A; bad-but-singular]: A X = B from the factors, and P A = L U.
+  std::vector<float> g = a;
+  for (uint64_t j = 0; j < n; ++j) g[n * n + 3 * n + j] = g[n * n + 0 * n + j] + g[n * n + 1 * n + j];  // row 3 = row 0 + row 1
+  auto bg = floats(g), lu = floats(std::vector<float>(2 * n * n, 0.0f));
+  auto piv = alloc(2 * n * 8), linfo = alloc(2 * 8);
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::luFactor, {2, n, n},
+                                      {view(lu.get(), 0, {n * n, n, 1}), view(bg.get(), 0, {n * n, n, 1}),
+                                       view(piv.get(), 0, {n, 1, 0}, i64), view(linfo.get(), 0, {1, 0, 0}, i64)})));
+  std::vector<float> f(2 * n * n);
+  std::vector<int64_t> pivots(2 * n), linfos(2);
+  ASSERT_TRUE(device->read(*lu, 0, std::as_writable_bytes(std::span(f))));
+  ASSERT_TRUE(device->read(*piv, 0, std::as_writable_bytes(std::span(pivots))));
+  ASSERT_TRUE(device->read(*linfo, 0, std::as_writable_bytes(std::span(linfos))));
+  EXPECT_EQ(linfos[0], 0);
+  EXPECT_GT(linfos[1], 0);
+  std::vector<float> pa(a.begin(), a.begin() + n * n);
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_GE(pivots[i], int64_t(i + 1));
+    ASSERT_LE(pivots[i], int64_t(n));
+    for (uint64_t j = 0; j < n; ++j) std::swap(pa[i * n + j], pa[(pivots[i] - 1) * n + j]);
+  }
+  for (uint64_t i = 0; i < n; ++i)
+    for (uint64_t j = 0; j < n; ++j) {
+      float v = 0;
+      for (uint64_t k = 0; k <= std::min(i, j); ++k) v += (k == i ? 1.0f : f[i * n + k]) * f[k * n + j];
+      EXPECT_NEAR(v, pa[i * n + j], 1e-4f * std::fabs(pa[i * n + j]) + 1e-4f) << "P A = L U at " << i << " " << j;
+    }
+  auto luSolve = [&] {
+    return tensorOp(TensorFn::luSolve, {2, n, n}, {view(bx.get(), 0, {1, 2, 0}), view(lu.get(), 0, {0, n, 1}),
+                                                  view(piv.get(), 0, {0, 1, 0}, i64), view(bb.get(), 0, {1, 2, 0})});
+  };
+  ASSERT_TRUE(device->tensor(luSolve()));
+  std::vector<float> x(n * 2);
+  ASSERT_TRUE(device->read(*bx, 0, std::as_writable_bytes(std::span(x))));
+  for (uint64_t i = 0; i < n; ++i)
+    for (uint64_t c = 0; c < 2; ++c) {
+      float v = 0;
+      for (uint64_t k = 0; k < n; ++k) v += a[i * n + k] * x[k * 2 + c];
+      EXPECT_NEAR(v, b[i * 2 + c], 1e-4f) << "A X = B at " << i << " " << c;
+    }
+  // A pivot that points before its row, or past the matrix: the columns become NaN.
+  for (int64_t wrong : {int64_t{0}, int64_t{99}, std::numeric_limits<int64_t>::min()}) {
+    ASSERT_TRUE(device->write(*piv, 8, std::as_bytes(std::span(&wrong, 1))));
+    ASSERT_TRUE(device->tensor(luSolve()));
+    ASSERT_TRUE(device->read(*bx, 0, std::as_writable_bytes(std::span(x))));
+    for (float v : x) EXPECT_TRUE(std::isnan(v)) << wrong;
+  }
+
+  // Refusals: not square, past the bound, an info that overlaps the output.
+  auto refusal = [&](const TensorOp& op) {
+    auto r = device->tensor(op);
+    return r ? std::string() : r.error().message;
+  };
+  EXPECT_NE(refusal(tensorOp(TensorFn::cholesky, {n, n - 1}, {view(bl.get(), 0, {n, 1}), view(ba.get(), 0, {n, 1}),
+                                                               view(info.get(), 0, {0, 0}, i64)}))
+                .find("square"),
+            std::string::npos);
+  auto big = alloc(513 * 513 * 4);
+  EXPECT_NE(refusal(tensorOp(TensorFn::luFactor, {513, 513}, {view(big.get(), 0, {513, 1}), view(big.get(), 0, {513, 1}),
+                                                                view(piv.get(), 0, {0, 0}, i64), view(linfo.get(), 0, {0, 0}, i64)}))
+                .find("at most 512"),
+            std::string::npos);
+  EXPECT_NE(refusal(tensorOp(TensorFn::cholesky, {n, n}, {view(bl.get(), 0, {n, 1}), view(ba.get(), 0, {n, 1}),
+                                                           view(bl.get(), 0, {0, 0}, i64)}))
+                .find("overlaps"),
+            std::string::npos);
+}
+
+// i32 as storage: copies to and from it are exact (i64 past 2^31 wraps, as PyTorch's
+// conversion does), f32 converts truncating; any other function refuses it.
+TEST_P(Conformance, I32IsAStorageTypeForCopiesAlone) {
+  const std::vector<int64_t> wide = {5, -7, (int64_t{1} << 31) + 3, -(int64_t{1} << 40) - 1, 0};
+  const uint64_t n = wide.size();
+  auto alloc = [&](uint64_t bytes) {
+    auto b = device->allocate(bytes);
+    EXPECT_TRUE(b);
+    return std::move(*b);
+  };
+  auto w = alloc(n * 8), narrow = alloc(n * 4), back = alloc(n * 8);
+  auto reals = floats({2.9f, -3.9f, 1e3f, 0.0f, -0.5f});
+  ASSERT_TRUE(device->write(*w, 0, std::as_bytes(std::span(wide))));
+  const auto i32 = TensorType::i32, i64 = TensorType::i64;
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::copy, {n}, {view(narrow.get(), 0, {1}, i32), view(w.get(), 0, {1}, i64)})));
+  std::vector<int32_t> got(n);
+  ASSERT_TRUE(device->read(*narrow, 0, std::as_writable_bytes(std::span(got))));
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(got[i], int32_t(uint32_t(uint64_t(wide[i])))) << i;
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::copy, {n}, {view(back.get(), 0, {1}, i64), view(narrow.get(), 0, {1}, i32)})));
+  std::vector<int64_t> again(n);
+  ASSERT_TRUE(device->read(*back, 0, std::as_writable_bytes(std::span(again))));
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(again[i], int64_t(got[i])) << i;
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::copy, {n}, {view(narrow.get(), 0, {1}, i32), view(reals.get(), 0, {1})})));
+  ASSERT_TRUE(device->read(*narrow, 0, std::as_writable_bytes(std::span(got))));
+  EXPECT_EQ(got, (std::vector<int32_t>{2, -3, 1000, 0, 0}));
+  auto f = floats(std::vector<float>(n, 0.0f));
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::copy, {n}, {view(f.get(), 0, {1}), view(narrow.get(), 0, {1}, i32)})));
+  std::vector<float> fs(n);
+  ASSERT_TRUE(device->read(*f, 0, std::as_writable_bytes(std::span(fs))));
+  EXPECT_EQ(fs, (std::vector<float>{2, -3, 1000, 0, 0}));
+  auto r = device->tensor(tensorOp(TensorFn::add, {n}, {view(back.get(), 0, {1}, i64), view(narrow.get(), 0, {1}, i32),
+                                                        view(w.get(), 0, {1}, i64)}));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("i32 is for copies and fills alone"), std::string::npos) << r.error().message;
+}
+
 TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExact) {
   const int64_t big = int64_t{1} << 40;
   std::vector<int64_t> ints = {big, big + 1, -big - 3, 7, 0, -1};

@@ -26,6 +26,9 @@ double flopsPerElement(const TensorOp& op) {
       const double in = double(op.shape[op.dims - 2]) * double(op.shape[op.dims - 1]);
       return (oh + in) / std::max(oh * in, 1.0);
     }
+    case TensorFn::cholesky: return double(op.shape[op.dims - 1]) / 3;  // n^3 / 3 over n^2 elements
+    case TensorFn::luFactor: return 2 * double(op.shape[op.dims - 1]) / 3;
+    case TensorFn::luSolve: return 2;  // both substitutions
     default: return 1;
   }
 }
@@ -46,6 +49,10 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::nllLossBackward: return 0;  // rows only
     case TensorFn::indexSelect: return int(op.dims) - 2;  // not the rows picked from
     case TensorFn::sort: return int(op.dims) - 2;  // the kept dimensions: a row is sorted whole
+    case TensorFn::cholesky:
+    case TensorFn::luFactor: return int(op.dims) - 3;  // the batch: a matrix is factored whole
+    case TensorFn::triangularSolve:
+    case TensorFn::luSolve: return int(op.dims) - 3;  // the batch and the columns of b
     case TensorFn::indexAdd: return int(op.dims) - 3;  // the columns: every slice holds every row
     case TensorFn::gatherSum: return int(op.dims) - 3;  // not the picks, nor the rows picked from
     case TensorFn::amax:

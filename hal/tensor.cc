@@ -54,9 +54,11 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_ERFINVFN == int(TensorFn::erfinv) && RC_BITAND == int(TensorFn::bitwiseAnd) &&
               RC_BITOR == int(TensorFn::bitwiseOr) && RC_BITXOR == int(TensorFn::bitwiseXor) &&
               RC_SHIFT_LEFT == int(TensorFn::shiftLeft) && RC_SHIFT_RIGHT == int(TensorFn::shiftRight) &&
-              RC_POLYGAMMAFN == int(TensorFn::polygamma) && kTensorFns == RC_POLYGAMMAFN + 1);
+              RC_POLYGAMMAFN == int(TensorFn::polygamma) && RC_CHOLESKY == int(TensorFn::cholesky) &&
+              RC_TRIANGULAR_SOLVE == int(TensorFn::triangularSolve) && RC_LU_FACTOR == int(TensorFn::luFactor) &&
+              RC_LU_SOLVE == int(TensorFn::luSolve) && kTensorFns == RC_LU_SOLVE + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
-              kTensorTypes == 3);
+              RC_T_I32 == int(TensorType::i32) && kTensorTypes == 4);
 
 namespace {
 struct FnInfo {
@@ -113,6 +115,8 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"lgamma", 2, "rc_map"}, {"digamma", 2, "rc_map"}, {"erfinv", 2, "rc_map"},
     {"bitwiseAnd", 3, "rc_map"}, {"bitwiseOr", 3, "rc_map"}, {"bitwiseXor", 3, "rc_map"},
     {"shiftLeft", 3, "rc_map"}, {"shiftRight", 3, "rc_map"}, {"polygamma", 2, "rc_map"},
+    {"cholesky", 3, "rc_cholesky"}, {"triangularSolve", 3, "rc_triangular_solve"},
+    {"luFactor", 4, "rc_lu_factor"}, {"luSolve", 4, "rc_lu_solve"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -125,6 +129,11 @@ constexpr uint64_t kMaxElements = 1ull << 48;
 // One work-item of logSoftmax(Backward) walks a row, nllLoss's walks every row: the work
 // of one is never cut (hal/slicing.h), so it is bounded here.
 constexpr uint64_t kMaxRowElements = 1ull << 24;
+// A work-item of linear algebra walks a whole matrix: a factorization n^3 / 3 steps, a
+// solve n^2 (the matrix's order n).
+constexpr uint64_t kMaxFactorOrder = 512, kMaxSolveOrder = 4096;
+bool factorization(TensorFn fn) { return fn == TensorFn::cholesky || fn == TensorFn::luFactor; }
+bool solve(TensorFn fn) { return fn == TensorFn::triangularSolve || fn == TensorFn::luSolve; }
 
 // One work-item per output element, at the same position in every operand (rc_map, and
 // rc_random with its output alone).
@@ -161,6 +170,9 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     if (unsigned(type(i)) >= kTensorTypes)
       return refuse(operandNamed(i) + " has unknown element type " + std::to_string(unsigned(type(i))));
   const bool integral = type(1) != TensorType::f32;
+  if (op.fn != TensorFn::copy && op.fn != TensorFn::fill)
+    for (unsigned i = 0; i < operands; ++i)
+      if (type(i) == TensorType::i32) return bad(i, "i32 is for copies and fills alone");
   // Every operand of one type, or the first that is not.
   auto every = [&](TensorType want, const char* why) -> Status {
     for (unsigned i = 0; i < operands; ++i)
@@ -239,6 +251,18 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
       for (unsigned i = 0; i < operands; ++i)
         if (type(i) != (i == 2 ? TensorType::i64 : TensorType::f32)) return bad(i, i == 2 ? "the index is i64" : "f32");
       return {};
+    case TensorFn::cholesky:
+    case TensorFn::luFactor:
+    case TensorFn::luSolve:  // f32 but the info and the pivots, i64
+      for (unsigned i = 0; i < operands; ++i) {
+        const bool index = i == 2 || (op.fn == TensorFn::luFactor && i == 3);
+        if (type(i) != (index ? TensorType::i64 : TensorType::f32)) return bad(i, index ? "pivots and infos are i64" : "f32");
+      }
+      return {};
+    case TensorFn::triangularSolve:
+      if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 3))
+        return refuse("triangularSolve's alpha is its flags: 1 upper, 2 unit diagonal (an integer in [0, 3])");
+      return every(TensorType::f32, "f32");
     case TensorFn::sort:
       if (type(0) == TensorType::boolean) return bad(0, "f32 or i64");
       if (type(1) != type(0)) return bad(1, "the output's type");
@@ -256,6 +280,7 @@ const char* tensorTypeName(TensorType t) {
     case TensorType::f32: return "f32";
     case TensorType::i64: return "i64";
     case TensorType::boolean: return "bool";
+    case TensorType::i32: return "i32";
   }
   return "unknown";
 }
@@ -317,6 +342,19 @@ Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
                                                 : "takes a shape of 4 to 6 dimensions [planes..., oh, ow, h, w]");
       if (auto s = checkPoolWork(op, elements, bad); !s) return s;
       break;
+    case TensorFn::cholesky:
+    case TensorFn::luFactor:
+    case TensorFn::triangularSolve:
+    case TensorFn::luSolve: {
+      const bool factor = factorization(op.fn);
+      if (op.dims < (factor ? 2u : 3u))
+        return bad(factor ? "takes a shape of 2 to 6 dimensions [batch..., n, n]" : "takes a shape of 3 to 6 dimensions [batch..., k, n, n]");
+      const uint64_t n = op.shape[op.dims - 1];
+      if (op.shape[op.dims - 2] != n) return bad("takes square matrices: the last two dimensions alike");
+      if (n > (factor ? kMaxFactorOrder : kMaxSolveOrder))
+        return bad("a matrix of order " + std::to_string(n) + " (at most " + std::to_string(factor ? kMaxFactorOrder : kMaxSolveOrder) + ")");
+      break;
+    }
     default:
       break;
   }
@@ -397,6 +435,10 @@ class Layout {
       case TensorFn::nllLoss:
       case TensorFn::nllLossBackward: return nllLoss();
       case TensorFn::sort: return allApart();
+      case TensorFn::cholesky:
+      case TensorFn::luFactor: return factorization();
+      case TensorFn::triangularSolve:
+      case TensorFn::luSolve: return solve();
       default: return {};
     }
   }
@@ -490,9 +532,32 @@ class Layout {
       return bad_("operand " + std::to_string(x) + " overlaps operand " + std::to_string(y));
     return {};
   }
-  Status allApart() const {  // every operand from every other (sort writes three of its four)
-    for (unsigned x = 0; x < 4; ++x)
-      for (unsigned y = x + 1; y < 4; ++y)
+  // [batch..., n, n]: the info a scalar per matrix, the pivots a vector (over the rows).
+  Status factorization() const {
+    const unsigned r = op_.dims - 2, c = op_.dims - 1, info = op_.fn == TensorFn::cholesky ? 2 : 3;
+    if (auto s = zero(info, r, "the info is one element per matrix: its strides over the last two dimensions must be 0"); !s) return s;
+    if (auto s = zero(info, c, "the info is one element per matrix: its strides over the last two dimensions must be 0"); !s) return s;
+    if (op_.fn == TensorFn::luFactor)
+      if (auto s = zero(2, c, "the pivots are one element per row: their stride over the last dimension must be 0"); !s) return s;
+    return allApart(tensorFnOperands(op_.fn));
+  }
+  // [batch..., k, n, n]: out and b a column per k, the matrix (and pivots) the same for each.
+  Status solve() const {
+    const unsigned k = op_.dims - 3, c = op_.dims - 1, b = op_.fn == TensorFn::luSolve ? 3 : 2;
+    if (auto s = zero(0, c, "the output is a column per k: its stride over the last dimension must be 0"); !s) return s;
+    if (auto s = zero(b, c, "b is a column per k: its stride over the last dimension must be 0"); !s) return s;
+    if (auto s = zero(1, k, "the matrix is one for every k: its stride over k must be 0"); !s) return s;
+    if (op_.fn == TensorFn::luSolve) {
+      if (auto s = zero(2, k, "the pivots are one vector for every k: their strides over k and the last dimension must be 0"); !s) return s;
+      if (auto s = zero(2, c, "the pivots are one vector for every k: their strides over k and the last dimension must be 0"); !s) return s;
+    }
+    for (unsigned i = 1; i < tensorFnOperands(op_.fn); ++i)
+      if (auto s = apart(0, i); !s) return s;
+    return {};
+  }
+  Status allApart(unsigned operands = 4) const {  // every operand from every other (sort writes three of its four)
+    for (unsigned x = 0; x < operands; ++x)
+      for (unsigned y = x + 1; y < operands; ++y)
         if (auto s = apart(x, y); !s) return s;
     return {};
   }
@@ -631,6 +696,15 @@ void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, Lowered
     g.inner = g.shape[op.dims - 1];
     g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = double(elements) * std::max(1.0, std::log2(double(g.inner)));
+  } else if (factorization(op.fn)) {  // a work-item a matrix
+    const double n = double(g.shape[op.dims - 1]);
+    g.inner = g.shape[op.dims - 1];
+    g.n = static_cast<int64_t>(elements) / (g.inner * g.inner);
+    out.flops = double(g.n) * n * n * n * (op.fn == TensorFn::cholesky ? 1.0 / 3 : 2.0 / 3);
+  } else if (solve(op.fn)) {  // a work-item a right-hand column
+    g.inner = g.shape[op.dims - 1];
+    g.n = static_cast<int64_t>(elements) / (g.inner * g.inner);
+    out.flops = double(elements) * (op.fn == TensorFn::luSolve ? 2.0 : 1.0);
   } else if (op.fn == TensorFn::nllLoss) {
     g.n = 1;
     g.inner = 1;

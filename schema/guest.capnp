@@ -402,6 +402,31 @@ struct Op {
 #     keyed by ignoreIndex at the element's position in out's buffer: alpha + (beta -
 #     alpha) * u (u in [0, 1)) | 1 with probability alpha, else 0 | normal with mean
 #     alpha and standard deviation beta.
+#   copy, fill with an i32 operand: i32 is a storage type alone (PyTorch's int32 results:
+#     linear algebra's pivots and infos); a copy converts to or from it, exactly between
+#     integers (an i64 outside the i32 range wraps, two's complement). No other function
+#     takes it.
+#   cholesky: shape [batch..., n, n] (n at most 512); operands out (f32), a (f32) and info
+#     (i64, strides 0 over the last two dimensions), all apart: out = L, lower triangular
+#     with a positive diagonal, A = L L^T from a's lower triangle (the upper is not read),
+#     out's upper triangle 0; info 0, or k where the leading minor of order k is the first
+#     that is not positive definite (out's columns from k on are then NaN). (Upper: a's
+#     and out's strides swapped.)
+#   triangularSolve: shape [batch..., k, n, n] (n at most 4096); operands out, a and b
+#     (f32), out's and b's strides 0 over the last dimension, a's 0 over k, out apart
+#     from a and b: out[.., j, :] = X[:, j] solving A X = B, A triangular over the last
+#     two dimensions (row, column), B's columns j over k; alpha's bit 0: A upper (else
+#     lower), bit 1: A's diagonal taken as 1 (not read). A zero on the diagonal gives
+#     infinities or NaN, as LAPACK's trsm.
+#   luFactor: shape [batch..., n, n] (n at most 512); operands out (f32), a (f32), pivots
+#     (i64, stride 0 over the last dimension) and info (i64, strides 0 over the last two),
+#     all apart: LAPACK's getrf: out = L and U of P A = L U (L's unit diagonal not
+#     stored), partial pivoting (the first of the largest magnitudes); pivots[i] (from 1)
+#     the row swapped with row i at step i; info 0, or the first i (from 1) with U[i, i] 0.
+#   luSolve: shape [batch..., k, n, n] (n at most 4096); operands out (f32), lu (f32, a
+#     luFactor's), pivots (i64) and b (f32): lu's strides 0 over k, pivots' 0 over k and
+#     the last dimension, out's and b's 0 over the last, out apart from the others: X
+#     solving A X = B (getrs). A pivot outside [i + 1, n] at step i makes its column NaN.
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);
@@ -432,6 +457,7 @@ enum TensorType {
   f32 @0;
   i64 @1;
   bool @2;     # one byte, 0 or 1
+  i32 @3;      # copies and fills only (a storage type)
 }
 
 enum TensorFn {
@@ -542,6 +568,10 @@ enum TensorFn {
   shiftLeft @104;
   shiftRight @105;
   polygamma @106;
+  cholesky @107;
+  triangularSolve @108;
+  luFactor @109;
+  luSolve @110;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -373,6 +373,14 @@ class CpuDevice final : public Device {
         return each([&](int64_t i) {
           rc_sort(i, g, p[0], p[1], reinterpret_cast<int64_t*>(p[2]), reinterpret_cast<int64_t*>(p[3]));
         });
+      case TensorFn::cholesky:
+        return each([&](int64_t i) { rc_cholesky(i, g, p[0], p[1], reinterpret_cast<int64_t*>(p[2]), p[3]); });
+      case TensorFn::triangularSolve: return each([&](int64_t i) { rc_triangular_solve(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::luFactor:
+        return each([&](int64_t i) {
+          rc_lu_factor(i, g, p[0], p[1], reinterpret_cast<int64_t*>(p[2]), reinterpret_cast<int64_t*>(p[3]));
+        });
+      case TensorFn::luSolve: return each([&](int64_t i) { rc_lu_solve(i, g, p[0], p[1], target, p[3]); });
       case TensorFn::uniform:
       case TensorFn::bernoulli:
       case TensorFn::normal: return each([&](int64_t i) { rc_random(i, g, p[0], p[1], p[2], p[3]); });

@@ -47,7 +47,8 @@ raccel::client::TensorFn fnNamed(const std::string& name) {
                                 "sort", "floor", "ceil", "round", "trunc", "frac", "sin", "cos", "tan", "asin", "acos",
                                 "atan", "sinh", "cosh", "erf", "erfc", "expm1", "log2", "log10", "exp2", "atan2", "hypot",
                                 "copysign", "fmod", "lgamma", "digamma", "erfinv", "bitwise_and", "bitwise_or",
-                                "bitwise_xor", "shift_left", "shift_right", "polygamma"};
+                                "bitwise_xor", "shift_left", "shift_right", "polygamma", "cholesky",
+                                "triangular_solve", "lu_factor", "lu_solve"};
   static_assert(std::size(names) == raccel::kTensorFns);
   for (size_t i = 0; i < std::size(names); ++i)
     if (name == names[i]) return static_cast<raccel::client::TensorFn>(i);
@@ -58,7 +59,8 @@ raccel::client::TensorType typeNamed(const std::string& name) {
   if (name == "f32") return raccel::client::TensorType::f32;
   if (name == "i64") return raccel::client::TensorType::i64;
   if (name == "bool") return raccel::client::TensorType::boolean;
-  throw py::value_error("no tensor element type '" + name + "' (f32, i64 or bool)");
+  if (name == "i32") return raccel::client::TensorType::i32;
+  throw py::value_error("no tensor element type '" + name + "' (f32, i64, bool or i32)");
 }
 
 py::dict vaccelDict(const raccel::client::VaccelInfo& v) {
