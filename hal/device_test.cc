@@ -1472,6 +1472,17 @@ TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
       for (uint64_t k = 0; k < n; ++k) v += a[i * n + k] * x[k * 2 + c];
       EXPECT_NEAR(v, b[i * 2 + c], 1e-4f) << "A X = B at " << i << " " << c;
     }
+  // A^T X = B from the same factors (alpha 1).
+  auto transposedSolve = luSolve();
+  transposedSolve.alpha = 1;
+  ASSERT_TRUE(device->tensor(transposedSolve));
+  ASSERT_TRUE(device->read(*bx, 0, std::as_writable_bytes(std::span(x))));
+  for (uint64_t i = 0; i < n; ++i)
+    for (uint64_t c = 0; c < 2; ++c) {
+      float v = 0;
+      for (uint64_t k = 0; k < n; ++k) v += a[k * n + i] * x[k * 2 + c];
+      EXPECT_NEAR(v, b[i * 2 + c], 1e-4f) << "A^T X = B at " << i << " " << c;
+    }
   // A pivot that points before its row, or past the matrix: the columns become NaN.
   for (int64_t wrong : {int64_t{0}, int64_t{99}, std::numeric_limits<int64_t>::min()}) {
     ASSERT_TRUE(device->write(*piv, 8, std::as_bytes(std::span(&wrong, 1))));

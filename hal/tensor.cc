@@ -258,6 +258,7 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
         const bool index = i == 2 || (op.fn == TensorFn::luFactor && i == 3);
         if (type(i) != (index ? TensorType::i64 : TensorType::f32)) return bad(i, index ? "pivots and infos are i64" : "f32");
       }
+      if (op.fn == TensorFn::luSolve && op.alpha != 0 && op.alpha != 1) return refuse("luSolve's alpha is 0, or 1 for A's transpose");
       return {};
     case TensorFn::triangularSolve:
       if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 3))

@@ -426,7 +426,8 @@ struct Op {
 #   luSolve: shape [batch..., k, n, n] (n at most 4096); operands out (f32), lu (f32, a
 #     luFactor's), pivots (i64) and b (f32): lu's strides 0 over k, pivots' 0 over k and
 #     the last dimension, out's and b's 0 over the last, out apart from the others: X
-#     solving A X = B (getrs). A pivot outside [i + 1, n] at step i makes its column NaN.
+#     solving A X = B (getrs), or A^T X = B with alpha 1. A pivot outside [i + 1, n] at
+#     step i makes its column NaN.
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);

@@ -20,6 +20,12 @@ c10::optional<at::Tensor> sideOf(const at::Tensor& x, at::ScalarType dtype) {
 
 template <class Host>
 at::Tensor& compareOut(TensorFn fn, const char* name, const at::Tensor& a, const at::Tensor& b, at::Tensor& out, Host reference) {
+  // An int32 side (linear algebra's infos and pivots): widened to i64 on the card, exactly.
+  auto int32 = [](const at::Tensor& t) { return onDevice(t) && t.scalar_type() == at::kInt && t.dim() <= 6; };
+  if (int32(a) || int32(b)) {
+    auto wide = [&](const at::Tensor& t) { return int32(t) ? t.to(at::kLong) : t; };
+    return compareOut(fn, name, wide(a), wide(b), out, reference);
+  }
   // An i64 or bool side compared with a float one (a tensor, or a fraction): both as f32,
   // PyTorch's common type, converted on the card.
   const bool mixed = typed(a) && (typed(b) || isHostScalar(b)) && at::result_type(a, b) == at::kFloat &&

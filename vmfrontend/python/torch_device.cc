@@ -69,6 +69,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   registerPooling(m);
   registerResampling(m);
   registerNormsAndLosses(m);
+  registerLinalg(m);
 }
 
 void printFallbacks() {

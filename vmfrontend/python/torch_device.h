@@ -93,6 +93,9 @@ inline bool onDevice(const at::Tensor& t) { return t.defined() && t.device().typ
 inline bool isF32(const at::Tensor& t) { return onDevice(t) && t.scalar_type() == at::kFloat; }
 // The element types tensor ops take: f32, and i64 and bool where an op says so.
 std::optional<client::TensorType> typeOf(at::ScalarType t);
+// The same with int32, which copies alone take (a storage type: linear algebra's pivots
+// and infos, conversions).
+std::optional<client::TensorType> storageTypeOf(at::ScalarType t);
 inline bool isIntegral(const at::Tensor& t) { return t.scalar_type() == at::kLong || t.scalar_type() == at::kBool; }
 // On the device, of a type tensor ops take, in at most 6 dimensions.
 inline bool typed(const at::Tensor& t) { return onDevice(t) && t.dim() <= 6 && typeOf(t.scalar_type()); }
@@ -329,5 +332,6 @@ void registerConvolutions(torch::Library& m);
 void registerPooling(torch::Library& m);
 void registerResampling(torch::Library& m);
 void registerNormsAndLosses(torch::Library& m);
+void registerLinalg(torch::Library& m);
 
 }  // namespace raccel::python

@@ -239,7 +239,7 @@ void copyToDevice(const at::Tensor& self, const at::Tensor& dst) {
     laid.copy_(src);
     writeFrom(laid, dst);
   } else {
-    TORCH_CHECK(typeOf(dst.scalar_type()), "raccel: copying into a non-contiguous ", dst.scalar_type(),
+    TORCH_CHECK(storageTypeOf(dst.scalar_type()), "raccel: copying into a non-contiguous ", dst.scalar_type(),
                 " tensor is not supported");
     auto staged = emptyOn(dst.sizes(), dst.scalar_type());
     writeFrom(src, staged);
@@ -256,7 +256,7 @@ void copyToHost(const at::Tensor& self, const at::Tensor& dst) {
     return;
   }
   if (!src.is_contiguous()) {
-    TORCH_CHECK(typeOf(src.scalar_type()), "raccel: reading a non-contiguous ", src.scalar_type(),
+    TORCH_CHECK(storageTypeOf(src.scalar_type()), "raccel: reading a non-contiguous ", src.scalar_type(),
                 " tensor is not supported");
     auto staged = emptyOn(src.sizes(), src.scalar_type());
     elementwise(TensorFn::copy, staged, &src, nullptr);
@@ -274,7 +274,7 @@ at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_
     copyToDevice(self, dst);
   } else if (!onDevice(dst)) {
     copyToHost(self, dst);
-  } else if (typeOf(self.scalar_type()) && typeOf(dst.scalar_type())) {
+  } else if (storageTypeOf(self.scalar_type()) && storageTypeOf(dst.scalar_type())) {
     // device -> device, of any rank (elementwise() merges or splits the dimensions): a
     // conversion where the dtypes differ (exact between integers)
     elementwise(TensorFn::copy, dst, &self, nullptr);

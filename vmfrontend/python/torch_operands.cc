@@ -14,6 +14,9 @@ std::optional<client::TensorType> typeOf(at::ScalarType t) {
     default: return std::nullopt;
   }
 }
+std::optional<client::TensorType> storageTypeOf(at::ScalarType t) {
+  return t == at::kInt ? std::optional(client::TensorType::i32) : typeOf(t);
+}
 
 void countFallback(const std::string& op) {
   std::lock_guard lock(state().countsMu);
@@ -27,7 +30,7 @@ client::TensorOperand operand(const at::Tensor& t, c10::IntArrayRef strides) {
     o.buffer = handle;
     o.offset = byteOffset / t.element_size();
   }
-  o.type = typeOf(t.scalar_type()).value_or(client::TensorType::f32);  // other dtypes never reach an op
+  o.type = storageTypeOf(t.scalar_type()).value_or(client::TensorType::f32);  // other dtypes never reach an op
   for (auto s : strides) {
     TORCH_CHECK(s >= 0, "raccel: negative strides are not supported");
     o.strides.push_back(static_cast<uint64_t>(s));

@@ -1,0 +1,372 @@
+// Linear algebra on the card: Cholesky, LU with partial pivoting, and the triangular and
+// LU solves (the hal's tensor functions: a work-item a matrix, or a right-hand column),
+// and what PyTorch builds from them: solve, inv, det, slogdet, cholesky_solve and
+// solve_triangular. Their backwards are PyTorch's own formulas over these and matmuls.
+// PyTorch's pivots and infos are int32: made i64 on the card and copied into int32 there
+// (i32 is a storage type of copies). Each op follows PyTorch's CPU kernel step for step
+// where the backward depends on it (solve and det factor A^T when A is contiguous).
+// Matrices past the hal's bounds, other dtypes, and shapes of more dimensions than the
+// ops take run on the host, counted.
+#include "vmfrontend/python/torch_device.h"
+
+#include <ATen/ops/_linalg_check_errors.h>
+
+namespace raccel::python {
+namespace {
+
+// The hal's bounds on a matrix's order (hal/tensor.cc): a factorization's work-item walks
+// n^3 / 3 steps, a solve's n^2.
+constexpr int64_t kMaxFactorOrder = 512, kMaxSolveOrder = 4096;
+// A tensor op takes 6 dimensions: a factorization [batch..., n, n], a solve [batch..., k, n, n].
+constexpr int64_t kMaxFactorBatchDims = 4, kMaxSolveBatchDims = 3;
+
+// f32 square matrices on the device, of order at most `order`, at most `batchDims` in front.
+bool squareOnCard(const at::Tensor& a, int64_t order, int64_t batchDims) {
+  return isF32(a) && a.dim() >= 2 && a.dim() - 2 <= batchDims && a.size(-1) == a.size(-2) && a.size(-1) <= order;
+}
+std::vector<int64_t> batchOf(const at::Tensor& t) { return std::vector<int64_t>(t.sizes().begin(), t.sizes().end() - 2); }
+
+// t's strides with extra entries spliced in: its batch strides, then `tail`.
+std::vector<int64_t> stridesWith(const at::Tensor& t, int64_t keep, std::initializer_list<int64_t> tail) {
+  std::vector<int64_t> s(t.strides().begin(), t.strides().begin() + keep);
+  s.insert(s.end(), tail);
+  return s;
+}
+
+// ---- The four tensor functions ---------------------------------------------------------
+
+// cholesky / luFactor of a [batch..., n, n] into fresh tensors: the factor (f32), the
+// pivots (i64, [batch..., n], luFactor alone) and the info (i64, [batch...]).
+struct Factored {
+  at::Tensor factor, pivots, info;
+};
+Factored factorOnCard(TensorFn fn, const at::Tensor& a) {
+  const int64_t b = a.dim() - 2, n = a.size(-1);
+  Factored f{emptyOn(a.sizes()), {}, emptyOn(batchOf(a), at::kLong)};
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = shapeOf(a.sizes());
+  op.operands = {operand(f.factor, f.factor.strides()), operand(a, a.strides())};
+  if (fn == TensorFn::luFactor) {
+    auto sizes = batchOf(a);
+    sizes.push_back(n);
+    f.pivots = emptyOn(sizes, at::kLong);
+    op.operands.push_back(operand(f.pivots, stridesWith(f.pivots, b, {1, 0})));
+  }
+  op.operands.push_back(operand(f.info, stridesWith(f.info, b, {0, 0})));
+  Locked s;
+  send(*s, op);
+  return f;
+}
+
+// The right-hand sides' columns solved against one matrix per batch entry: out [batch...,
+// n, k] = M^-1 rhs, M a triangular `matrix` (triangularSolve, alpha its flags) or an LU
+// factorization with its i64 pivots (luSolve, alpha 1 for M^T). matrix, pivots and rhs
+// are already expanded to out's batch.
+void solveOnCard(TensorFn fn, const at::Tensor& out, const at::Tensor& matrix, const at::Tensor* pivots, const at::Tensor& rhs,
+                 float alpha) {
+  const int64_t b = out.dim() - 2, n = out.size(-2), k = out.size(-1);
+  auto shape = batchOf(out);
+  shape.insert(shape.end(), {k, n, n});
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = shapeOf(shape);
+  op.alpha = alpha;
+  op.operands = {operand(out, stridesWith(out, b, {out.stride(-1), out.stride(-2), 0})),
+                 operand(matrix, stridesWith(matrix, b, {0, matrix.stride(-2), matrix.stride(-1)}))};
+  if (pivots) op.operands.push_back(operand(*pivots, stridesWith(*pivots, b, {0, pivots->stride(-1), 0})));
+  op.operands.push_back(operand(rhs, stridesWith(rhs, b, {rhs.stride(-1), rhs.stride(-2), 0})));
+  Locked s;
+  send(*s, op);
+}
+
+// The batch both broadcast to, with [rows, cols] after it.
+std::vector<int64_t> broadcastBatch(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols) {
+  auto shape = at::infer_size(batchOf(a), batchOf(b));
+  shape.insert(shape.end(), {rows, cols});
+  return shape;
+}
+at::Tensor expandedTo(const at::Tensor& t, std::vector<int64_t> batch) {
+  batch.insert(batch.end(), {t.size(-2), t.size(-1)});
+  return t.expand(batch);
+}
+// X = T^-1 B (left) for a triangular T, or X = B T^-1 (right, as (T^-T B^T)^T), fresh.
+at::Tensor triangularSolve(const at::Tensor& t, const at::Tensor& rhs, bool upper, bool left, bool unit) {
+  if (!left) return triangularSolve(t.mT(), rhs.mT(), !upper, true, unit).mT();
+  auto out = emptyOn(broadcastBatch(t, rhs, rhs.size(-2), rhs.size(-1)));
+  auto batch = batchOf(out);
+  solveOnCard(TensorFn::triangularSolve, out, expandedTo(t, batch), nullptr, expandedTo(rhs, batch),
+              float((upper ? 1 : 0) | (unit ? 2 : 0)));
+  return out;
+}
+bool solvable(const at::Tensor& m, const at::Tensor& rhs) {
+  return squareOnCard(m, kMaxSolveOrder, kMaxSolveBatchDims) && isF32(rhs) && rhs.dim() >= 2 && rhs.size(-2) == m.size(-1) &&
+         int64_t(at::infer_size(batchOf(m), batchOf(rhs)).size()) <= kMaxSolveBatchDims;
+}
+
+// int32 from the card's i64 (pivots, infos): a copy on the card.
+void int32Into(at::Tensor& out, const at::Tensor& i64) {
+  at::native::resize_output(out, i64.sizes());
+  TORCH_CHECK(out.scalar_type() == at::kInt, "raccel: pivots and infos are int32, not ", out.scalar_type());
+  elementwise(TensorFn::copy, out, &i64, nullptr);
+}
+at::Tensor& floatInto(at::Tensor& out, const at::Tensor& result) {
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+
+// ---- torch.linalg --------------------------------------------------------------------
+
+void linalg_check_errors(const at::Tensor& info, c10::string_view api, bool isMatrix) {
+  at::_linalg_check_errors(info.cpu(), api, isMatrix);  // PyTorch's messages (a read, as on CUDA)
+}
+
+std::tuple<at::Tensor&, at::Tensor&> linalg_cholesky_ex_out(const at::Tensor& self, bool upper, bool checkErrors, at::Tensor& L,
+                                                            at::Tensor& info) {
+  if (!squareOnCard(self, kMaxFactorOrder, kMaxFactorBatchDims) || !isF32(L) || !onDevice(info)) {
+    auto [l, i] = onHost("aten::linalg_cholesky_ex", [&] { return at::linalg_cholesky_ex(host(self), upper, checkErrors); });
+    floatInto(L, l);
+    at::native::resize_output(info, i.sizes());
+    info.copy_(i);
+    return {L, info};
+  }
+  // upper: U = L^T, the factor of A^T's lower triangle (A's upper) made through transposes.
+  auto f = factorOnCard(TensorFn::cholesky, upper ? self.mT() : self);
+  floatInto(L, upper ? f.factor.mT() : f.factor);
+  int32Into(info, f.info);
+  if (checkErrors) linalg_check_errors(info, "linalg.cholesky_ex", self.dim() == 2);
+  return {L, info};
+}
+
+// LU of a square matrix (pivoting: PyTorch's CPU has no other), or on the host.
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_lu_factor_ex_out(const at::Tensor& A, bool pivot, bool checkErrors,
+                                                                          at::Tensor& LU, at::Tensor& pivots, at::Tensor& info) {
+  if (!pivot || !squareOnCard(A, kMaxFactorOrder, kMaxFactorBatchDims) || !isF32(LU) || !onDevice(pivots) || !onDevice(info)) {
+    auto [lu, p, i] = onHost("aten::linalg_lu_factor_ex", [&] { return at::linalg_lu_factor_ex(host(A), pivot, checkErrors); });
+    floatInto(LU, lu);
+    at::native::resize_output(pivots, p.sizes());
+    pivots.copy_(p);
+    at::native::resize_output(info, i.sizes());
+    info.copy_(i);
+    return {LU, pivots, info};
+  }
+  auto f = factorOnCard(TensorFn::luFactor, A);
+  floatInto(LU, f.factor);
+  int32Into(pivots, f.pivots);
+  int32Into(info, f.info);
+  if (checkErrors) linalg_check_errors(info, "torch.linalg.lu_factor_ex", A.dim() == 2);
+  return {LU, pivots, info};
+}
+
+// X = A^-1 B from A's LU (A^-T B with adjoint; right-hand: X A = B as A^T X^T = B^T).
+at::Tensor& linalg_lu_solve_out(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B, bool left, bool adjoint,
+                                at::Tensor& out) {
+  const auto rhs = left ? B : B.mT();
+  if (!solvable(LU, rhs) || !onDevice(pivots) || pivots.scalar_type() != at::kInt || pivots.dim() != LU.dim() - 1 || !isF32(out))
+    return hostInto("aten::linalg_lu_solve", out,
+                    at::linalg_lu_solve(host(LU), host(pivots), host(B), left, adjoint));
+  auto x = emptyOn(broadcastBatch(LU, rhs, rhs.size(-2), rhs.size(-1)));
+  auto batch = batchOf(x);
+  auto wide = emptyOn(pivots.sizes(), at::kLong);
+  elementwise(TensorFn::copy, wide, &pivots, nullptr);  // int32 -> i64 on the card
+  auto pivotBatch = batch;
+  pivotBatch.push_back(LU.size(-1));
+  const auto widePivots = wide.expand(pivotBatch);
+  solveOnCard(TensorFn::luSolve, x, expandedTo(LU, batch), &widePivots, expandedTo(rhs, batch),
+              (adjoint != !left) ? 1.0f : 0.0f);
+  return floatInto(out, left ? x : x.mT());
+}
+
+// PyTorch's linalg_solve_is_vector_rhs: B a vector (per batch entry) rather than a matrix.
+bool vectorRhs(const at::Tensor& A, const at::Tensor& B) {
+  return B.dim() == 1 || (A.dim() - 1 == B.dim() && B.sizes() == A.sizes().slice(0, A.dim() - 1));
+}
+
+// As PyTorch's CPU kernel: the LU of A^T when A is contiguous (solved with adjoint), which
+// linalg_solve's backward assumes of the LU it is given.
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> linalg_solve_ex_out(const at::Tensor& A, const at::Tensor& B, bool left,
+                                                                                 bool checkErrors, at::Tensor& result, at::Tensor& LU,
+                                                                                 at::Tensor& pivots, at::Tensor& info) {
+  const bool vector = vectorRhs(A, B);
+  const auto rhs = vector ? B.unsqueeze(-1) : B;
+  if (!squareOnCard(A, kMaxFactorOrder, kMaxSolveBatchDims) || !solvable(A, left ? rhs : rhs.mT()) || (vector && !left)) {
+    auto r = onHost("aten::_linalg_solve_ex", [&] { return at::_linalg_solve_ex(host(A), host(B), left, checkErrors); });
+    floatInto(result, std::get<0>(r));
+    floatInto(LU, std::get<1>(r));
+    at::native::resize_output(pivots, std::get<2>(r).sizes());
+    pivots.copy_(std::get<2>(r));
+    at::native::resize_output(info, std::get<3>(r).sizes());
+    info.copy_(std::get<3>(r));
+    return {result, LU, pivots, info};
+  }
+  const bool useAT = A.is_contiguous();
+  python::linalg_lu_factor_ex_out(useAT ? A.mT() : A, true, false, LU, pivots, info);
+  if (checkErrors) linalg_check_errors(info, "torch.linalg.solve_ex", A.dim() == 2);
+  auto x = emptyOn({0});
+  python::linalg_lu_solve_out(LU, pivots, rhs, left, useAT, x);
+  floatInto(result, vector ? x.squeeze(-1) : x);
+  return {result, LU, pivots, info};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> linalg_inv_ex_out(const at::Tensor& A, bool checkErrors, at::Tensor& inverse, at::Tensor& info) {
+  if (!squareOnCard(A, kMaxFactorOrder, kMaxSolveBatchDims) || !isF32(inverse) || !onDevice(info)) {
+    auto [inv, i] = onHost("aten::linalg_inv_ex", [&] { return at::linalg_inv_ex(host(A), checkErrors); });
+    floatInto(inverse, inv);
+    at::native::resize_output(info, i.sizes());
+    info.copy_(i);
+    return {inverse, info};
+  }
+  auto eye = at::zeros_like(A);
+  eye.diagonal(0, -2, -1).fill_(1);
+  auto LU = emptyOn({0}), pivots = emptyOn({0}, at::kInt);
+  python::linalg_solve_ex_out(A, eye, true, false, inverse, LU, pivots, info);
+  if (checkErrors) linalg_check_errors(info, "linalg.inv_ex", A.dim() == 2);
+  return {inverse, info};
+}
+
+// The determinant's sign from the pivots: -1 for each row an LU step swapped.
+at::Tensor pivotSign(const Factored& f) {
+  const int64_t n = f.pivots.size(-1);
+  auto steps = at::arange(1, n + 1, f.pivots.options());
+  auto swaps = f.pivots.ne(steps).sum(-1);
+  return (1 - 2 * swaps.remainder(2)).to(at::kFloat);
+}
+// det and slogdet as PyTorch's CPU kernels: the LU of A^T when A is contiguous (det(A^T)
+// = det(A); their backwards assume it of the LU and pivots they are given).
+Factored detFactors(const at::Tensor& A, at::Tensor& LU, at::Tensor& pivots) {
+  auto f = factorOnCard(TensorFn::luFactor, A.is_contiguous() ? A.mT() : A);
+  floatInto(LU, f.factor);
+  int32Into(pivots, f.pivots);
+  return f;
+}
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_det_out(const at::Tensor& A, at::Tensor& result, at::Tensor& LU,
+                                                                 at::Tensor& pivots) {
+  if (!squareOnCard(A, kMaxFactorOrder, kMaxFactorBatchDims) || !isF32(result)) {
+    auto r = onHost("aten::_linalg_det", [&] { return at::_linalg_det(host(A)); });
+    floatInto(result, std::get<0>(r));
+    floatInto(LU, std::get<1>(r));
+    at::native::resize_output(pivots, std::get<2>(r).sizes());
+    pivots.copy_(std::get<2>(r));
+    return {result, LU, pivots};
+  }
+  auto f = detFactors(A, LU, pivots);
+  floatInto(result, pivotSign(f) * f.factor.diagonal(0, -2, -1).prod(-1));
+  return {result, LU, pivots};
+}
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> linalg_slogdet_out(const at::Tensor& A, at::Tensor& sign,
+                                                                                at::Tensor& logabsdet, at::Tensor& LU,
+                                                                                at::Tensor& pivots) {
+  if (!squareOnCard(A, kMaxFactorOrder, kMaxFactorBatchDims) || !isF32(sign) || !isF32(logabsdet)) {
+    auto r = onHost("aten::_linalg_slogdet", [&] { return at::_linalg_slogdet(host(A)); });
+    floatInto(sign, std::get<0>(r));
+    floatInto(logabsdet, std::get<1>(r));
+    floatInto(LU, std::get<2>(r));
+    at::native::resize_output(pivots, std::get<3>(r).sizes());
+    pivots.copy_(std::get<3>(r));
+    return {sign, logabsdet, LU, pivots};
+  }
+  auto f = detFactors(A, LU, pivots);
+  auto diagonal = f.factor.diagonal(0, -2, -1);
+  floatInto(sign, pivotSign(f) * diagonal.sign().prod(-1));
+  floatInto(logabsdet, diagonal.abs().log().sum(-1));
+  return {sign, logabsdet, LU, pivots};
+}
+
+at::Tensor& linalg_solve_triangular_out(const at::Tensor& self, const at::Tensor& B, bool upper, bool left, bool unitriangular,
+                                        at::Tensor& out) {
+  if (!solvable(left ? self : self.mT(), left ? B : B.mT()) || !isF32(out))
+    return hostInto("aten::linalg_solve_triangular", out, at::linalg_solve_triangular(host(self), host(B), upper, left, unitriangular));
+  return floatInto(out, triangularSolve(self, B, upper, left, unitriangular));
+}
+at::Tensor linalg_solve_triangular(const at::Tensor& self, const at::Tensor& B, bool upper, bool left, bool unitriangular) {
+  if (!solvable(left ? self : self.mT(), left ? B : B.mT()))
+    return onHost("aten::linalg_solve_triangular",
+                  [&] { return at::linalg_solve_triangular(host(self), host(B), upper, left, unitriangular).to(self.device()); });
+  return triangularSolve(self, B, upper, left, unitriangular);
+}
+
+// cholesky_solve's kernel (its arguments already broadcast): X = (L L^T)^-1 B, or
+// (U^T U)^-1 B: two triangular solves.
+at::Tensor cholesky_solve_helper(const at::Tensor& self, const at::Tensor& A, bool upper) {
+  if (!solvable(A, self))
+    return onHost("aten::_cholesky_solve_helper",
+                  [&] { return at::_cholesky_solve_helper(host(self), host(A), upper).to(self.device()); });
+  auto y = triangularSolve(upper ? A.mT() : A, self, false, true, false);
+  return triangularSolve(upper ? A : A.mT(), y, true, true, false);
+}
+
+// A = P L U unpacked from a square LU and its pivots: L's unit diagonal and U's triangle
+// cut from LU, and P from the pivots' swaps as the luSolve kernel applies them (to the
+// identity, with an identity for L and U: it gives P^T).
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> lu_unpack_out(const at::Tensor& LU, const at::Tensor& pivots, bool unpackData,
+                                                                bool unpackPivots, at::Tensor& P, at::Tensor& L, at::Tensor& U) {
+  if (!squareOnCard(LU, kMaxSolveOrder, kMaxSolveBatchDims) || !onDevice(pivots) || pivots.scalar_type() != at::kInt ||
+      pivots.dim() != LU.dim() - 1 || !isF32(P) || !isF32(L) || !isF32(U)) {
+    auto [p, l, u] = onHost("aten::lu_unpack", [&] { return at::lu_unpack(host(LU), host(pivots), unpackData, unpackPivots); });
+    floatInto(P, p), floatInto(L, l), floatInto(U, u);
+    return {P, L, U};
+  }
+  auto eye = at::zeros_like(LU);
+  eye.diagonal(0, -2, -1).fill_(1);
+  if (unpackData) {
+    floatInto(L, LU.tril(-1) + eye);
+    floatInto(U, LU.triu());
+  } else {
+    at::native::resize_output(L, {0});
+    at::native::resize_output(U, {0});
+  }
+  if (!unpackPivots) {
+    at::native::resize_output(P, {0});
+    return {P, L, U};
+  }
+  auto wide = pivots.to(at::kLong);
+  auto transposed = emptyOn(LU.sizes());
+  solveOnCard(TensorFn::luSolve, transposed, eye, &wide, eye, 0);
+  floatInto(P, transposed.mT());
+  return {P, L, U};
+}
+
+// torch.linalg.lu: the factorization, unpacked.
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_lu_out(const at::Tensor& A, bool pivot, at::Tensor& P, at::Tensor& L,
+                                                                at::Tensor& U) {
+  if (!pivot || !squareOnCard(A, kMaxFactorOrder, kMaxSolveBatchDims) || !isF32(P) || !isF32(L) || !isF32(U)) {
+    auto [p, l, u] = onHost("aten::linalg_lu", [&] { return at::linalg_lu(host(A), pivot); });
+    floatInto(P, p), floatInto(L, l), floatInto(U, u);
+    return {P, L, U};
+  }
+  auto LU = emptyOn({0}), pivots = emptyOn({0}, at::kInt), info = emptyOn({0}, at::kInt);
+  python::linalg_lu_factor_ex_out(A, true, false, LU, pivots, info);
+  return lu_unpack_out(LU, pivots, true, true, P, L, U);
+}
+
+// a x b along `dim` (of size 3): each component from the other two, rolled into place.
+at::Tensor& linalg_cross_out(const at::Tensor& self, const at::Tensor& other, int64_t dim, at::Tensor& out) {
+  if (!supported({&self, &other, &out}) || self.dim() == 0 || other.dim() == 0 || self.dim() != other.dim())
+    return hostInto("aten::linalg_cross", out, at::linalg_cross(host(self), host(other), dim));
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  TORCH_CHECK(self.size(dim) == 3 && other.size(dim) == 3, "linalg.cross: inputs dimension ", dim, " must have length 3. Got ",
+              self.size(dim), " and ", other.size(dim));
+  auto x = self.roll(-1, dim) * other.roll(-2, dim) - self.roll(-2, dim) * other.roll(-1, dim);
+  return floatInto(out, x);
+}
+
+}  // namespace
+
+void registerLinalg(torch::Library& m) {
+  m.impl("_linalg_check_errors", TORCH_FN(linalg_check_errors));
+  m.impl("linalg_cholesky_ex.L", TORCH_FN(linalg_cholesky_ex_out));
+  m.impl("linalg_lu_factor_ex.out", TORCH_FN(linalg_lu_factor_ex_out));
+  m.impl("linalg_lu_solve.out", TORCH_FN(linalg_lu_solve_out));
+  m.impl("_linalg_solve_ex.result", TORCH_FN(linalg_solve_ex_out));
+  m.impl("linalg_inv_ex.inverse", TORCH_FN(linalg_inv_ex_out));
+  m.impl("_linalg_det.result", TORCH_FN(linalg_det_out));
+  m.impl("_linalg_slogdet.sign", TORCH_FN(linalg_slogdet_out));
+  m.impl("linalg_solve_triangular.out", TORCH_FN(linalg_solve_triangular_out));
+  m.impl("linalg_solve_triangular", TORCH_FN(linalg_solve_triangular));
+  m.impl("_cholesky_solve_helper", TORCH_FN(cholesky_solve_helper));
+  m.impl("linalg_cross.out", TORCH_FN(linalg_cross_out));
+  m.impl("lu_unpack.out", TORCH_FN(lu_unpack_out));
+  m.impl("linalg_lu.out", TORCH_FN(linalg_lu_out));
+}
+
+}  // namespace raccel::python
