@@ -37,6 +37,11 @@ class Conformance : public ::testing::TestWithParam<Backend> {
     auto& kinds = device->capabilities().programKinds;
     return std::find(kinds.begin(), kinds.end(), ProgramKind::builtin) != kinds.end();
   }
+  std::unique_ptr<Buffer> bytes(uint64_t n) {
+    auto b = device->allocate(n);
+    EXPECT_TRUE(b);
+    return b ? std::move(*b) : nullptr;
+  }
   std::unique_ptr<Buffer> floats(const std::vector<float>& v) {
     auto b = device->allocate(v.size() * 4);
     EXPECT_TRUE(b);
@@ -1323,12 +1328,7 @@ TEST_P(Conformance, BitsOfI64AreExactAndShiftsTakeTheirCountModulo64) {
   const std::vector<int64_t> as = {5, -5, int64_t{1} << 62, -1, top, bottom, 0x0F0F, -123456789012345, 7, -7};
   const std::vector<int64_t> bs = {3, 1, 63, 64, 70, -1, 0, 13, 0, 2};
   const uint64_t n = as.size();
-  auto alloc = [&](uint64_t bytes) {
-    auto b = device->allocate(bytes);
-    EXPECT_TRUE(b);
-    return std::move(*b);
-  };
-  auto ba = alloc(n * 8), bb = alloc(n * 8), out = alloc(n * 8);
+  auto ba = bytes(n * 8), bb = bytes(n * 8), out = bytes(n * 8);
   ASSERT_TRUE(device->write(*ba, 0, std::as_bytes(std::span(as))));
   ASSERT_TRUE(device->write(*bb, 0, std::as_bytes(std::span(bs))));
   const auto i64 = TensorType::i64;
@@ -1378,14 +1378,9 @@ TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
     }
   const std::vector<float> bad = {1, 2, 3, 0, 2, 5, 1, 0, 3, 1, 1, 0, 0, 0, 0, 1};
   std::copy(bad.begin(), bad.end(), a.begin() + n * n);
-  auto alloc = [&](uint64_t bytes) {
-    auto b = device->allocate(bytes);
-    EXPECT_TRUE(b);
-    return std::move(*b);
-  };
   const auto i64 = TensorType::i64;
   auto ba = floats(a), bl = floats(std::vector<float>(2 * n * n, -7.0f));
-  auto info = alloc(2 * 8);
+  auto info = bytes(2 * 8);
   ASSERT_TRUE(device->tensor(tensorOp(TensorFn::cholesky, {2, n, n},
                                       {view(bl.get(), 0, {n * n, n, 1}), view(ba.get(), 0, {n * n, n, 1}), view(info.get(), 0, {1, 0, 0}, i64)})));
   std::vector<float> l(2 * n * n);
@@ -1436,7 +1431,7 @@ TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
   std::vector<float> g = a;
   for (uint64_t j = 0; j < n; ++j) g[n * n + 3 * n + j] = g[n * n + 0 * n + j] + g[n * n + 1 * n + j];  // row 3 = row 0 + row 1
   auto bg = floats(g), lu = floats(std::vector<float>(2 * n * n, 0.0f));
-  auto piv = alloc(2 * n * 8), linfo = alloc(2 * 8);
+  auto piv = bytes(2 * n * 8), linfo = bytes(2 * 8);
   ASSERT_TRUE(device->tensor(tensorOp(TensorFn::luFactor, {2, n, n},
                                       {view(lu.get(), 0, {n * n, n, 1}), view(bg.get(), 0, {n * n, n, 1}),
                                        view(piv.get(), 0, {n, 1, 0}, i64), view(linfo.get(), 0, {1, 0, 0}, i64)})));
@@ -1500,7 +1495,7 @@ TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
                                                                view(info.get(), 0, {0, 0}, i64)}))
                 .find("square"),
             std::string::npos);
-  auto big = alloc(513 * 513 * 4);
+  auto big = bytes(513 * 513 * 4);
   EXPECT_NE(refusal(tensorOp(TensorFn::luFactor, {513, 513}, {view(big.get(), 0, {513, 1}), view(big.get(), 0, {513, 1}),
                                                                 view(piv.get(), 0, {0, 0}, i64), view(linfo.get(), 0, {0, 0}, i64)}))
                 .find("at most 512"),
@@ -1516,12 +1511,7 @@ TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
 TEST_P(Conformance, I32IsAStorageTypeForCopiesAlone) {
   const std::vector<int64_t> wide = {5, -7, (int64_t{1} << 31) + 3, -(int64_t{1} << 40) - 1, 0};
   const uint64_t n = wide.size();
-  auto alloc = [&](uint64_t bytes) {
-    auto b = device->allocate(bytes);
-    EXPECT_TRUE(b);
-    return std::move(*b);
-  };
-  auto w = alloc(n * 8), narrow = alloc(n * 4), back = alloc(n * 8);
+  auto w = bytes(n * 8), narrow = bytes(n * 4), back = bytes(n * 8);
   auto reals = floats({2.9f, -3.9f, 1e3f, 0.0f, -0.5f});
   ASSERT_TRUE(device->write(*w, 0, std::as_bytes(std::span(wide))));
   const auto i32 = TensorType::i32, i64 = TensorType::i64;
@@ -1553,12 +1543,7 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   std::vector<float> reals = {-2.7f, 0.0f, 3.5f, -0.0f, 1e9f, 2.0f};
   const uint64_t n = ints.size();
   auto bytesOf = [&](auto& v) { return std::as_bytes(std::span(v)); };
-  auto alloc = [&](uint64_t bytes) {
-    auto b = device->allocate(bytes);
-    EXPECT_TRUE(b);
-    return std::move(*b);
-  };
-  auto bi = alloc(n * 8), bi2 = alloc(n * 8), oi = alloc(n * 8), ob = alloc(n), ob2 = alloc(n), of = alloc(n * 4);
+  auto bi = bytes(n * 8), bi2 = bytes(n * 8), oi = bytes(n * 8), ob = bytes(n), ob2 = bytes(n), of = bytes(n * 4);
   auto bf = floats(reals);
   ASSERT_TRUE(device->write(*bi, 0, bytesOf(ints)));
   std::vector<int64_t> shifted = ints;
@@ -1656,7 +1641,7 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   EXPECT_EQ(readBools(*ob, n), (std::vector<uint8_t>{1, 0, 1, 0, 1, 0}));
 
   // An i64 sum (of i64s past 2^24, and of bools), exact.
-  auto total = alloc(8);
+  auto total = bytes(8);
   auto sum = tensorOp(TensorFn::sum, {n}, {view(total.get(), 0, {0}, i64), view(bi.get(), 0, {1}, i64)});
   sum.reduceMask = 1;
   ASSERT_TRUE(run(sum));
@@ -1686,7 +1671,7 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   }
   // Past the i64 range an add, a product and abs wrap, as in two's complement.
   const int64_t top = std::numeric_limits<int64_t>::max(), bottom = std::numeric_limits<int64_t>::min();
-  auto edges = alloc(3 * 8), wrapped = alloc(3 * 8);
+  auto edges = bytes(3 * 8), wrapped = bytes(3 * 8);
   const std::vector<int64_t> extremes = {top, bottom, -5};
   ASSERT_TRUE(device->write(*edges, 0, bytesOf(extremes)));
   auto twice = tensorOp(TensorFn::add, {3}, {view(wrapped.get(), 0, {1}, i64), view(edges.get(), 0, {1}, i64), view(edges.get(), 0, {0}, i64)});
@@ -1700,7 +1685,7 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   const std::vector<int64_t> dividends = {7, -7, 7, -7, 6, -6, (int64_t{1} << 60) + 3, 5, bottom, bottom, top};
   const std::vector<int64_t> divisors = {2, 2, -2, -2, 3, -3, 7, 0, -1, 3, -1};
   const size_t q = dividends.size();
-  auto num = alloc(q * 8), den = alloc(q * 8), quot = alloc(q * 8);
+  auto num = bytes(q * 8), den = bytes(q * 8), quot = bytes(q * 8);
   ASSERT_TRUE(device->write(*num, 0, bytesOf(dividends)));
   ASSERT_TRUE(device->write(*den, 0, bytesOf(divisors)));
   for (TensorFn fn : {TensorFn::div, TensorFn::fmod}) {
@@ -1732,7 +1717,7 @@ TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExa
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> m = {1, 5, 5, -2, /**/ 0, nan, 9, -9, /**/ -1, -1, -3, -3};
   auto bm = floats(m);
-  auto values = alloc(3 * 4), positions = alloc(4 * 8);
+  auto values = bytes(3 * 4), positions = bytes(4 * 8);
   auto reduce = [&](TensorFn fn, Buffer* out, TensorType type) {
     auto op = tensorOp(fn, {3, 4}, {view(out, 0, {1, 0}, type), view(bm.get(), 0, {4, 1})});
     op.reduceMask = 2;

@@ -92,6 +92,17 @@ write("tensor", "polygamma", tensor(106, [64], [(0, 0, [1]), (1, 64, [1])], alph
 # lgamma, digamma and erfinv over whatever the buffer holds (poles, NaNs, denormals)
 for fn, name in ((98, "lgamma"), (99, "digamma"), (100, "erfinv")):
     write("tensor", name, tensor(fn, [64], [(0, 0, [1]), (1, 64, [1])]))
+# linear algebra over whatever the buffers hold (pivots included: a hostile one makes NaN):
+# a batch of two 8 x 8 matrices, b's three columns
+write("tensor", "cholesky", tensor(107, [2, 8, 8], [(0, 0, [64, 8, 1]), (1, 0, [64, 8, 1]), (2, 0, [1, 0, 0], 1)]))
+write("tensor", "triangular-solve", tensor(108, [2, 3, 8, 8], [(0, 0, [24, 1, 3, 0]), (1, 0, [64, 0, 8, 1]), (2, 0, [24, 1, 3, 0])],
+                                           alpha=1.0))
+write("tensor", "lu-factor", tensor(109, [2, 8, 8], [(0, 0, [64, 8, 1]), (1, 0, [64, 8, 1]), (2, 0, [8, 1, 0], 1),
+                                                    (2, 16, [1, 0, 0], 1)]))
+write("tensor", "lu-solve", tensor(110, [2, 3, 8, 8], [(0, 0, [24, 1, 3, 0]), (1, 0, [64, 0, 8, 1]), (2, 0, [8, 0, 1, 0], 1),
+                                                      (0, 64, [24, 1, 3, 0])], alpha=1.0))
+# i64 into i32 (wrapping) and back
+write("tensor", "copy-i64-i32", tensor(0, [64], [(0, 0, [1], 3), (1, 0, [1], 1)]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),
                                         ("buffer", 0), ("buffer", 1), ("buffer", 2)]))
 write("launch", "axpy", launch("axpy", [("u64", 64), ("f32", 0), ("buffer", 0), ("buffer", 1)]))

@@ -191,6 +191,15 @@ refused("randint of an empty range", "random_ expects 'from' to be less than 'to
 refused("bernoulli of a probability past 1", "Expected p_in >= 0 && p_in <= 1", lambda: torch.bernoulli(torch.tensor([0.5, 1.5]).to(dev)).cpu())
 refused("max_unpool2d with an index outside the plane", "Found an invalid max index: 99",
         lambda: F.max_unpool2d(torch.ones(1, 1, 2, 2).to(dev), torch.tensor([[[[0, 1], [2, 99]]]]).to(dev), 2).cpu())
+refused("inv of a singular matrix", "The diagonal element 2 is zero",
+        lambda: torch.linalg.inv(torch.tensor([[1.0, 2.0], [2.0, 4.0]]).to(dev)).cpu())
+refused("cholesky of a matrix that is not positive-definite", "the leading minor of order 2 is not positive-definite",
+        lambda: torch.linalg.cholesky(torch.tensor([[1.0, 2.0], [2.0, 1.0]]).to(dev)).cpu())
+refused("cholesky of a batch, its second matrix not positive-definite", "(Batch element 1)",
+        lambda: torch.linalg.cholesky(torch.stack([torch.eye(2), -torch.eye(2)]).to(dev)).cpu())
+refused("solve with a singular matrix", "singular", lambda: torch.linalg.solve(torch.zeros(2, 2).to(dev), torch.ones(2).to(dev)).cpu())
+refused("cholesky of a matrix that is not square", "must be batches of square matrices",
+        lambda: torch.linalg.cholesky(torch.ones(2, 3).to(dev)).cpu())
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

@@ -371,6 +371,33 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x: torch.cat([F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2).flatten(),
                           F.max_unpool2d(*F.max_pool2d(x, 3, stride=1, return_indices=True), 3, stride=1).flatten(),
                           F.max_unpool2d(*F.max_pool2d(x[0], 2, return_indices=True), 2).flatten()])),
+    ("cholesky (lower, upper; a batch and one matrix), cholesky_solve both ways, with backwards", [(2, 4, 4), (2, 4, 3)],
+     lambda a, b: (lambda spd: torch.cat([torch.linalg.cholesky(spd).flatten(), torch.linalg.cholesky(spd[1], upper=True).flatten(),
+                                          torch.cholesky_solve(b, torch.linalg.cholesky(spd)).flatten(),
+                                          torch.cholesky_solve(b, torch.linalg.cholesky(spd, upper=True), upper=True).flatten()]))(
+         a @ a.mT + 4 * torch.eye(4, device=a.device))),
+    ("solve (matrices, a vector, right-hand), inv, det (of A and of its transpose), slogdet, logdet, with backwards",
+     [(2, 4, 4), (2, 4, 3)],
+     lambda a, b: (lambda m: torch.cat([torch.linalg.solve(m, b).flatten(), torch.linalg.solve(m, b[..., 0]).flatten(),
+                                        torch.linalg.solve(m, b.mT, left=False).flatten(), torch.linalg.inv(m).flatten(),
+                                        torch.linalg.det(m), torch.linalg.det(m.mT), torch.linalg.slogdet(m)[1],
+                                        torch.linalg.slogdet(m)[0], torch.logdet(m @ m.mT)]))(
+         a + 3 * torch.eye(4, device=a.device))),
+    ("solve_triangular (lower, upper, unit, right-hand), lu_factor + lu_solve (and adjoint), linalg.lu, with backwards",
+     [(2, 4, 4), (2, 4, 3)],
+     lambda a, b: (lambda m: torch.cat([torch.linalg.solve_triangular(m.tril(), b, upper=False).flatten(),
+                                        torch.linalg.solve_triangular(m.triu(), b, upper=True).flatten(),
+                                        torch.linalg.solve_triangular(m, b, upper=False, unitriangular=True).flatten(),
+                                        torch.linalg.solve_triangular(m.triu(), b.mT, upper=True, left=False).flatten(),
+                                        torch.linalg.lu_solve(*torch.linalg.lu_factor(m), b).flatten(),
+                                        torch.linalg.lu_solve(*torch.linalg.lu_factor(m), b, adjoint=True).flatten(),
+                                        torch.cat([t.flatten() for t in torch.linalg.lu(m)])]))(
+         a + 3 * torch.eye(4, device=a.device))),
+    ("MultivariateNormal's log_prob (covariance and scale_tril), linalg.cross, with backwards", [(4,), (4, 4), (3, 4), (5, 3)],
+     lambda mu, a, x, c: torch.cat([
+         torch.distributions.MultivariateNormal(mu, a @ a.mT + torch.eye(4, device=a.device)).log_prob(x),
+         torch.distributions.MultivariateNormal(mu, scale_tril=a.tril() * 0.1 + torch.eye(4, device=a.device)).log_prob(x),
+         torch.linalg.cross(c, c.flip(0)).flatten(), torch.linalg.cross(c.mT, c.mT * 2 + 1, dim=0).flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -110,10 +110,6 @@ void int32Into(at::Tensor& out, const at::Tensor& i64) {
   TORCH_CHECK(out.scalar_type() == at::kInt, "raccel: pivots and infos are int32, not ", out.scalar_type());
   elementwise(TensorFn::copy, out, &i64, nullptr);
 }
-at::Tensor& floatInto(at::Tensor& out, const at::Tensor& result) {
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
-}
 
 // ---- torch.linalg --------------------------------------------------------------------
 
@@ -125,14 +121,13 @@ std::tuple<at::Tensor&, at::Tensor&> linalg_cholesky_ex_out(const at::Tensor& se
                                                             at::Tensor& info) {
   if (!squareOnCard(self, kMaxFactorOrder, kMaxFactorBatchDims) || !isF32(L) || !onDevice(info)) {
     auto [l, i] = onHost("aten::linalg_cholesky_ex", [&] { return at::linalg_cholesky_ex(host(self), upper, checkErrors); });
-    floatInto(L, l);
-    at::native::resize_output(info, i.sizes());
-    info.copy_(i);
+    resultInto(L, l);
+    resultInto(info, i);
     return {L, info};
   }
   // upper: U = L^T, the factor of A^T's lower triangle (A's upper) made through transposes.
   auto f = factorOnCard(TensorFn::cholesky, upper ? self.mT() : self);
-  floatInto(L, upper ? f.factor.mT() : f.factor);
+  resultInto(L, upper ? f.factor.mT() : f.factor);
   int32Into(info, f.info);
   if (checkErrors) linalg_check_errors(info, "linalg.cholesky_ex", self.dim() == 2);
   return {L, info};
@@ -143,15 +138,13 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_lu_factor_ex_out(const 
                                                                           at::Tensor& LU, at::Tensor& pivots, at::Tensor& info) {
   if (!pivot || !squareOnCard(A, kMaxFactorOrder, kMaxFactorBatchDims) || !isF32(LU) || !onDevice(pivots) || !onDevice(info)) {
     auto [lu, p, i] = onHost("aten::linalg_lu_factor_ex", [&] { return at::linalg_lu_factor_ex(host(A), pivot, checkErrors); });
-    floatInto(LU, lu);
-    at::native::resize_output(pivots, p.sizes());
-    pivots.copy_(p);
-    at::native::resize_output(info, i.sizes());
-    info.copy_(i);
+    resultInto(LU, lu);
+    resultInto(pivots, p);
+    resultInto(info, i);
     return {LU, pivots, info};
   }
   auto f = factorOnCard(TensorFn::luFactor, A);
-  floatInto(LU, f.factor);
+  resultInto(LU, f.factor);
   int32Into(pivots, f.pivots);
   int32Into(info, f.info);
   if (checkErrors) linalg_check_errors(info, "torch.linalg.lu_factor_ex", A.dim() == 2);
@@ -174,7 +167,7 @@ at::Tensor& linalg_lu_solve_out(const at::Tensor& LU, const at::Tensor& pivots, 
   const auto widePivots = wide.expand(pivotBatch);
   solveOnCard(TensorFn::luSolve, x, expandedTo(LU, batch), &widePivots, expandedTo(rhs, batch),
               (adjoint != !left) ? 1.0f : 0.0f);
-  return floatInto(out, left ? x : x.mT());
+  return resultInto(out, left ? x : x.mT());
 }
 
 // PyTorch's linalg_solve_is_vector_rhs: B a vector (per batch entry) rather than a matrix.
@@ -191,12 +184,10 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> linalg_solve_ex_o
   const auto rhs = vector ? B.unsqueeze(-1) : B;
   if (!squareOnCard(A, kMaxFactorOrder, kMaxSolveBatchDims) || !solvable(A, left ? rhs : rhs.mT()) || (vector && !left)) {
     auto r = onHost("aten::_linalg_solve_ex", [&] { return at::_linalg_solve_ex(host(A), host(B), left, checkErrors); });
-    floatInto(result, std::get<0>(r));
-    floatInto(LU, std::get<1>(r));
-    at::native::resize_output(pivots, std::get<2>(r).sizes());
-    pivots.copy_(std::get<2>(r));
-    at::native::resize_output(info, std::get<3>(r).sizes());
-    info.copy_(std::get<3>(r));
+    resultInto(result, std::get<0>(r));
+    resultInto(LU, std::get<1>(r));
+    resultInto(pivots, std::get<2>(r));
+    resultInto(info, std::get<3>(r));
     return {result, LU, pivots, info};
   }
   const bool useAT = A.is_contiguous();
@@ -204,16 +195,15 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> linalg_solve_ex_o
   if (checkErrors) linalg_check_errors(info, "torch.linalg.solve_ex", A.dim() == 2);
   auto x = emptyOn({0});
   python::linalg_lu_solve_out(LU, pivots, rhs, left, useAT, x);
-  floatInto(result, vector ? x.squeeze(-1) : x);
+  resultInto(result, vector ? x.squeeze(-1) : x);
   return {result, LU, pivots, info};
 }
 
 std::tuple<at::Tensor&, at::Tensor&> linalg_inv_ex_out(const at::Tensor& A, bool checkErrors, at::Tensor& inverse, at::Tensor& info) {
   if (!squareOnCard(A, kMaxFactorOrder, kMaxSolveBatchDims) || !isF32(inverse) || !onDevice(info)) {
     auto [inv, i] = onHost("aten::linalg_inv_ex", [&] { return at::linalg_inv_ex(host(A), checkErrors); });
-    floatInto(inverse, inv);
-    at::native::resize_output(info, i.sizes());
-    info.copy_(i);
+    resultInto(inverse, inv);
+    resultInto(info, i);
     return {inverse, info};
   }
   auto eye = at::zeros_like(A);
@@ -235,7 +225,7 @@ at::Tensor pivotSign(const Factored& f) {
 // = det(A); their backwards assume it of the LU and pivots they are given).
 Factored detFactors(const at::Tensor& A, at::Tensor& LU, at::Tensor& pivots) {
   auto f = factorOnCard(TensorFn::luFactor, A.is_contiguous() ? A.mT() : A);
-  floatInto(LU, f.factor);
+  resultInto(LU, f.factor);
   int32Into(pivots, f.pivots);
   return f;
 }
@@ -243,14 +233,13 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_det_out(const at::Tenso
                                                                  at::Tensor& pivots) {
   if (!squareOnCard(A, kMaxFactorOrder, kMaxFactorBatchDims) || !isF32(result)) {
     auto r = onHost("aten::_linalg_det", [&] { return at::_linalg_det(host(A)); });
-    floatInto(result, std::get<0>(r));
-    floatInto(LU, std::get<1>(r));
-    at::native::resize_output(pivots, std::get<2>(r).sizes());
-    pivots.copy_(std::get<2>(r));
+    resultInto(result, std::get<0>(r));
+    resultInto(LU, std::get<1>(r));
+    resultInto(pivots, std::get<2>(r));
     return {result, LU, pivots};
   }
   auto f = detFactors(A, LU, pivots);
-  floatInto(result, pivotSign(f) * f.factor.diagonal(0, -2, -1).prod(-1));
+  resultInto(result, pivotSign(f) * f.factor.diagonal(0, -2, -1).prod(-1));
   return {result, LU, pivots};
 }
 std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> linalg_slogdet_out(const at::Tensor& A, at::Tensor& sign,
@@ -258,17 +247,16 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> linalg_slogdet_ou
                                                                                 at::Tensor& pivots) {
   if (!squareOnCard(A, kMaxFactorOrder, kMaxFactorBatchDims) || !isF32(sign) || !isF32(logabsdet)) {
     auto r = onHost("aten::_linalg_slogdet", [&] { return at::_linalg_slogdet(host(A)); });
-    floatInto(sign, std::get<0>(r));
-    floatInto(logabsdet, std::get<1>(r));
-    floatInto(LU, std::get<2>(r));
-    at::native::resize_output(pivots, std::get<3>(r).sizes());
-    pivots.copy_(std::get<3>(r));
+    resultInto(sign, std::get<0>(r));
+    resultInto(logabsdet, std::get<1>(r));
+    resultInto(LU, std::get<2>(r));
+    resultInto(pivots, std::get<3>(r));
     return {sign, logabsdet, LU, pivots};
   }
   auto f = detFactors(A, LU, pivots);
   auto diagonal = f.factor.diagonal(0, -2, -1);
-  floatInto(sign, pivotSign(f) * diagonal.sign().prod(-1));
-  floatInto(logabsdet, diagonal.abs().log().sum(-1));
+  resultInto(sign, pivotSign(f) * diagonal.sign().prod(-1));
+  resultInto(logabsdet, diagonal.abs().log().sum(-1));
   return {sign, logabsdet, LU, pivots};
 }
 
@@ -276,7 +264,7 @@ at::Tensor& linalg_solve_triangular_out(const at::Tensor& self, const at::Tensor
                                         at::Tensor& out) {
   if (!solvable(left ? self : self.mT(), left ? B : B.mT()) || !isF32(out))
     return hostInto("aten::linalg_solve_triangular", out, at::linalg_solve_triangular(host(self), host(B), upper, left, unitriangular));
-  return floatInto(out, triangularSolve(self, B, upper, left, unitriangular));
+  return resultInto(out, triangularSolve(self, B, upper, left, unitriangular));
 }
 at::Tensor linalg_solve_triangular(const at::Tensor& self, const at::Tensor& B, bool upper, bool left, bool unitriangular) {
   if (!solvable(left ? self : self.mT(), left ? B : B.mT()))
@@ -303,14 +291,14 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> lu_unpack_out(const at::Tensor
   if (!squareOnCard(LU, kMaxSolveOrder, kMaxSolveBatchDims) || !onDevice(pivots) || pivots.scalar_type() != at::kInt ||
       pivots.dim() != LU.dim() - 1 || !isF32(P) || !isF32(L) || !isF32(U)) {
     auto [p, l, u] = onHost("aten::lu_unpack", [&] { return at::lu_unpack(host(LU), host(pivots), unpackData, unpackPivots); });
-    floatInto(P, p), floatInto(L, l), floatInto(U, u);
+    resultInto(P, p), resultInto(L, l), resultInto(U, u);
     return {P, L, U};
   }
   auto eye = at::zeros_like(LU);
   eye.diagonal(0, -2, -1).fill_(1);
   if (unpackData) {
-    floatInto(L, LU.tril(-1) + eye);
-    floatInto(U, LU.triu());
+    resultInto(L, LU.tril(-1) + eye);
+    resultInto(U, LU.triu());
   } else {
     at::native::resize_output(L, {0});
     at::native::resize_output(U, {0});
@@ -322,7 +310,7 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> lu_unpack_out(const at::Tensor
   auto wide = pivots.to(at::kLong);
   auto transposed = emptyOn(LU.sizes());
   solveOnCard(TensorFn::luSolve, transposed, eye, &wide, eye, 0);
-  floatInto(P, transposed.mT());
+  resultInto(P, transposed.mT());
   return {P, L, U};
 }
 
@@ -331,7 +319,7 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_lu_out(const at::Tensor
                                                                 at::Tensor& U) {
   if (!pivot || !squareOnCard(A, kMaxFactorOrder, kMaxSolveBatchDims) || !isF32(P) || !isF32(L) || !isF32(U)) {
     auto [p, l, u] = onHost("aten::linalg_lu", [&] { return at::linalg_lu(host(A), pivot); });
-    floatInto(P, p), floatInto(L, l), floatInto(U, u);
+    resultInto(P, p), resultInto(L, l), resultInto(U, u);
     return {P, L, U};
   }
   auto LU = emptyOn({0}), pivots = emptyOn({0}, at::kInt), info = emptyOn({0}, at::kInt);
@@ -347,7 +335,7 @@ at::Tensor& linalg_cross_out(const at::Tensor& self, const at::Tensor& other, in
   TORCH_CHECK(self.size(dim) == 3 && other.size(dim) == 3, "linalg.cross: inputs dimension ", dim, " must have length 3. Got ",
               self.size(dim), " and ", other.size(dim));
   auto x = self.roll(-1, dim) * other.roll(-2, dim) - self.roll(-2, dim) * other.roll(-1, dim);
-  return floatInto(out, x);
+  return resultInto(out, x);
 }
 
 }  // namespace
