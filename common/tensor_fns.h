@@ -30,8 +30,10 @@ enum class TensorFn : uint8_t {
   polygamma,
   // linear algebra: a work-item a matrix, or a right-hand column (since 2026-12-01)
   cholesky, triangularSolve, luFactor, luSolve,
+  // the greatest common divisor of i64 (since 2026-12-01)
+  gcd,
 };
-inline constexpr unsigned kTensorFns = 111;
+inline constexpr unsigned kTensorFns = 112;
 
 // i32 is a storage type alone: copies and fills convert to and from it (PyTorch's int32
 // results, linear algebra's pivots and infos); no other function takes it.

@@ -1359,6 +1359,28 @@ TEST_P(Conformance, BitsOfI64AreExactAndShiftsTakeTheirCountModulo64) {
   EXPECT_NE(refused.error().message.find("bits are i64"), std::string::npos) << refused.error().message;
 }
 
+// gcd of i64 over every sign, zeros, and the smallest i64 (whose magnitude wraps to
+// itself, as PyTorch's CPU); an f32 operand refused.
+TEST_P(Conformance, GcdOfI64IsExactForEverySign) {
+  const int64_t bottom = std::numeric_limits<int64_t>::min();
+  const std::vector<int64_t> as = {12, -18, 0, 0, bottom, bottom, 7, int64_t{3} << 40, -(int64_t{1} << 62), 1134903170};
+  const std::vector<int64_t> bs = {-8, 27, 5, 0, 0, int64_t{1} << 62, 13, int64_t{5} << 41, int64_t{3} << 61, 1836311903};
+  const std::vector<int64_t> want = {4, 9, 5, 0, bottom, int64_t{1} << 62, 1, int64_t{1} << 40, int64_t{1} << 61, 1};
+  const uint64_t n = as.size();
+  auto ba = bytes(n * 8), bb = bytes(n * 8), out = bytes(n * 8);
+  ASSERT_TRUE(device->write(*ba, 0, std::as_bytes(std::span(as))));
+  ASSERT_TRUE(device->write(*bb, 0, std::as_bytes(std::span(bs))));
+  const auto i64 = TensorType::i64;
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::gcd, {n}, {view(out.get(), 0, {1}, i64), view(ba.get(), 0, {1}, i64), view(bb.get(), 0, {1}, i64)})));
+  std::vector<int64_t> got(n);
+  ASSERT_TRUE(device->read(*out, 0, std::as_writable_bytes(std::span(got))));
+  EXPECT_EQ(got, want);
+  auto reals = floats(std::vector<float>(n, 1.0f));
+  auto refused = device->tensor(tensorOp(TensorFn::gcd, {n}, {view(out.get(), 0, {1}, i64), view(reals.get(), 0, {1}), view(bb.get(), 0, {1}, i64)}));
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("gcd is of i64"), std::string::npos) << refused.error().message;
+}
+
 // Linear algebra on a batch of two 4 x 4 matrices: Cholesky of an SPD one (L L^T gives it
 // back; a matrix whose third leading minor is not positive definite gives info 3 and NaN
 // columns from there), triangular solves (lower, upper through swapped strides, unit),

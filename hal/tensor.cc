@@ -56,7 +56,7 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_SHIFT_LEFT == int(TensorFn::shiftLeft) && RC_SHIFT_RIGHT == int(TensorFn::shiftRight) &&
               RC_POLYGAMMAFN == int(TensorFn::polygamma) && RC_CHOLESKY == int(TensorFn::cholesky) &&
               RC_TRIANGULAR_SOLVE == int(TensorFn::triangularSolve) && RC_LU_FACTOR == int(TensorFn::luFactor) &&
-              RC_LU_SOLVE == int(TensorFn::luSolve) && kTensorFns == RC_LU_SOLVE + 1);
+              RC_LU_SOLVE == int(TensorFn::luSolve) && RC_GCD == int(TensorFn::gcd) && kTensorFns == RC_GCD + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               RC_T_I32 == int(TensorType::i32) && kTensorTypes == 4);
 
@@ -116,7 +116,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"bitwiseAnd", 3, "rc_map"}, {"bitwiseOr", 3, "rc_map"}, {"bitwiseXor", 3, "rc_map"},
     {"shiftLeft", 3, "rc_map"}, {"shiftRight", 3, "rc_map"}, {"polygamma", 2, "rc_map"},
     {"cholesky", 3, "rc_cholesky"}, {"triangularSolve", 3, "rc_triangular_solve"},
-    {"luFactor", 4, "rc_lu_factor"}, {"luSolve", 4, "rc_lu_solve"},
+    {"luFactor", 4, "rc_lu_factor"}, {"luSolve", 4, "rc_lu_solve"}, {"gcd", 3, "rc_map"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -201,6 +201,8 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     case TensorFn::bitwiseAnd: case TensorFn::bitwiseOr: case TensorFn::bitwiseXor:
     case TensorFn::shiftLeft: case TensorFn::shiftRight:  // i64 (all three)
       return every(TensorType::i64, "bits are i64");
+    case TensorFn::gcd:
+      return every(TensorType::i64, "gcd is of i64");
     case TensorFn::polygamma:  // f32, of an integer order in [0, 64]
       if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 64))
         return refuse("polygamma's order (alpha) is an integer in [0, 64]");

@@ -356,6 +356,8 @@ struct Op {
 #   bitwiseAnd, bitwiseOr, bitwiseXor, shiftLeft, shiftRight: over i64 (all three
 #     operands): a & b, a | b, a ^ b, a << b and a >> b (arithmetic: the sign kept), the
 #     shift's count taken modulo 64 (as x86 shifts, so PyTorch 1.13's CPU)
+#   gcd: over i64 (all three operands): the greatest common divisor of |a| and |b| (0 for
+#     two zeros; |-2^63| wraps to -2^63, as PyTorch's CPU)
 #   div, fmod over i64 (all three operands): exact, div the quotient rounded down (Python's
 #     //), fmod the remainder with a's sign (C's %); a divisor of 0 gives 0, and the
 #     smallest i64 over -1 gives itself and remainder 0 (two's complement)
@@ -573,6 +575,7 @@ enum TensorFn {
   triangularSolve @108;
   luFactor @109;
   luSolve @110;
+  gcd @111;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

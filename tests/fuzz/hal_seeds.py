@@ -101,6 +101,8 @@ write("tensor", "lu-factor", tensor(109, [2, 8, 8], [(0, 0, [64, 8, 1]), (1, 0, 
                                                     (2, 16, [1, 0, 0], 1)]))
 write("tensor", "lu-solve", tensor(110, [2, 3, 8, 8], [(0, 0, [24, 1, 3, 0]), (1, 0, [64, 0, 8, 1]), (2, 0, [8, 0, 1, 0], 1),
                                                       (0, 64, [24, 1, 3, 0])], alpha=1.0))
+# gcd of whatever the buffers hold (the smallest i64, zeros)
+write("tensor", "gcd", tensor(111, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)]))
 # i64 into i32 (wrapping) and back
 write("tensor", "copy-i64-i32", tensor(0, [64], [(0, 0, [1], 3), (1, 0, [1], 1)]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),

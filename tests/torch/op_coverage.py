@@ -398,6 +398,12 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
          torch.distributions.MultivariateNormal(mu, a @ a.mT + torch.eye(4, device=a.device)).log_prob(x),
          torch.distributions.MultivariateNormal(mu, scale_tril=a.tril() * 0.1 + torch.eye(4, device=a.device)).log_prob(x),
          torch.linalg.cross(c, c.flip(0)).flatten(), torch.linalg.cross(c.mT, c.mT * 2 + 1, dim=0).flatten()])),
+    ("gcd and lcm of i64 (signs, zeros, in place), ldexp (2 to i64 powers), a sort of bool both ways", [(4, 6)],
+     lambda x: (lambda a, b: torch.cat([torch.gcd(a, b).float(), torch.lcm(a, b).float(), a.clone().gcd_(b).float(),
+                                        torch.ldexp(x.detach().flatten(), b % 7 - 3),
+                                        torch.sort(x.detach() > 0, 1)[0].float().flatten(),
+                                        torch.sort(x.detach() > 0, 0, descending=True)[1].float().flatten()]))(
+         (x.detach().flatten() * 40).long(), (x.detach().flip(0).flatten() * 30).long())),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -194,6 +194,21 @@ RACCEL_SHIFT(bitwise_left_shift, lshift, TensorFn::shiftLeft)
 RACCEL_SHIFT(bitwise_right_shift, rshift, TensorFn::shiftRight)
 #undef RACCEL_SHIFT
 
+// gcd of i64 (one tensor function), and lcm from it as PyTorch's CPU: 0 where the gcd is
+// 0, else |a / gcd * b| (wrapping past the i64 range). The division is the card's own (the
+// gcd divides a exactly; by 0 it gives 0), with no divisor check to wait for.
+at::Tensor& gcd_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  return bitsOut(TensorFn::gcd, "aten::gcd", a, b, out, [](const at::Tensor& x, const at::Tensor& y) { return at::gcd(x, y); });
+}
+at::Tensor& lcm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  auto side = bitsSide(a, b, out);
+  if (!side) return hostInto("aten::lcm", out, at::lcm(host(a), host(b)));
+  auto g = at::gcd(a, *side);
+  auto quotient = emptyOn(g.sizes(), at::kLong);
+  elementwise(TensorFn::div, quotient, &a, &g);
+  return resultInto(out, quotient.mul(*side).abs());
+}
+
 // out = condition ? self : other (either side may be a host number).
 at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   c10::optional<at::Tensor> x, y;
@@ -323,6 +338,8 @@ void registerComparisons(torch::Library& m) {
   m.impl("logical_xor.out", TORCH_FN(logical_xor_out));
   m.impl("bitwise_left_shift.Tensor_out", TORCH_FN(bitwise_left_shift_out));
   m.impl("bitwise_right_shift.Tensor_out", TORCH_FN(bitwise_right_shift_out));
+  m.impl("gcd.out", TORCH_FN(gcd_out));
+  m.impl("lcm.out", TORCH_FN(lcm_out));
   m.impl("__lshift__.Tensor", TORCH_FN(lshift_tensor));
   m.impl("__lshift__.Scalar", TORCH_FN(lshift_scalar));
   m.impl("__rshift__.Tensor", TORCH_FN(rshift_tensor));

@@ -125,9 +125,12 @@ at::Tensor pow(const at::Tensor& self, const at::Scalar& exponent) {
   return python::pow_out(self, exponent, out);
 }
 at::Tensor& pow_(at::Tensor& self, const at::Scalar& exponent) { return python::pow_out(self, exponent, self); }
-// A positive number to a tensor's powers (logaddexp2's gradient is 2 to a tensor): exp2
-// for 2, else exp of the powers times the number's log; other bases on the host.
-at::Tensor& pow_scalar_out(const at::Scalar& base, const at::Tensor& exponent, at::Tensor& out) {
+// A positive number to a tensor's powers (logaddexp2's gradient is 2 to a tensor; ldexp
+// is 2 to integer powers): exp2 for 2, else exp of the powers times the number's log, an
+// i64 or bool exponent of a float result made f32 on the card first; other bases on the
+// host.
+at::Tensor& pow_scalar_out(const at::Scalar& base, const at::Tensor& exponent0, at::Tensor& out) {
+  const at::Tensor exponent = promoted(exponent0, out);
   const double b = base.toDouble();
   if (!supported({&exponent, &out}) || base.isComplex() || !(b > 0) || std::isinf(b))
     return hostInto("aten::pow.Scalar_out", out, at::pow(base, host(exponent)));

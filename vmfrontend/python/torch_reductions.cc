@@ -217,6 +217,14 @@ void sortRows(const at::Tensor& self, int64_t dim, bool descending, at::Tensor& 
 }
 std::tuple<at::Tensor&, at::Tensor&> sort_values_stable(const at::Tensor& self, c10::optional<bool> stable, int64_t dim,
                                                         bool descending, at::Tensor& values, at::Tensor& indices) {
+  // bool: sorted as i64 (false before true), the values made bool again on the card.
+  auto isBool = [](const at::Tensor& t) { return typed(t) && t.scalar_type() == at::kBool; };
+  if (isBool(self) && isBool(values) && typed(indices) && indices.scalar_type() == at::kLong) {
+    auto wide = emptyOn({0}, at::kLong);
+    python::sort_values_stable(self.to(at::kLong), stable, dim, descending, wide, indices);
+    resultInto(values, wide);
+    return {values, indices};
+  }
   if (!sortOnCard(self, values, indices))
     return hostPairInto("aten::sort", values, indices, at::sort(host(self), stable, dim, descending));
   dim = c10::maybe_wrap_dim(dim, self.dim());
