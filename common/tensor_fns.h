@@ -32,8 +32,10 @@ enum class TensorFn : uint8_t {
   cholesky, triangularSolve, luFactor, luSolve,
   // the greatest common divisor of i64 (since 2026-12-01)
   gcd,
+  // indexAdd's scatter with a product, a largest, a smallest or the last pick (since 2026-12-01)
+  indexReduce,
 };
-inline constexpr unsigned kTensorFns = 112;
+inline constexpr unsigned kTensorFns = 113;
 
 // i32 is a storage type alone: copies and fills convert to and from it (PyTorch's int32
 // results, linear algebra's pivots and infos); no other function takes it.

@@ -1381,6 +1381,47 @@ TEST_P(Conformance, GcdOfI64IsExactForEverySign) {
   EXPECT_NE(refused.error().message.find("gcd is of i64"), std::string::npos) << refused.error().message;
 }
 
+// indexReduce over two columns of six picks into three rows: the product, the largest
+// and the smallest with and without out's own value, a NaN picked (it wins) and one in
+// out (it stays), the last of several picks, and a row nothing picks (it keeps its value).
+TEST_P(Conformance, IndexReduceTakesProductsExtremesAndTheLastPick) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // a: [2 columns, 6 picks]; index: the same picks for both columns; out: [2, 3] (+ 1 row untouched)
+  const std::vector<float> a = {2, -1, 3, 5, 4, 0.5f, 1, nan, -2, 6, 3, 7};
+  const std::vector<int64_t> index = {0, 1, 1, 0, 1, 0};
+  const std::vector<float> start = {10, -10, 99, nan, 1, 99};
+  auto ba = floats(a), out = floats(start);
+  auto bi = bytes(index.size() * 8);
+  ASSERT_TRUE(device->write(*bi, 0, std::as_bytes(std::span(index))));
+  auto run = [&](float mode, float include) {
+    EXPECT_TRUE(device->write(*out, 0, std::as_bytes(std::span(start))));
+    auto op = tensorOp(TensorFn::indexReduce, {2, 3, 6},
+                       {view(out.get(), 0, {3, 1, 0}), view(ba.get(), 0, {6, 0, 1}), view(bi.get(), 0, {0, 0, 1}, TensorType::i64)});
+    op.alpha = mode, op.beta = include;
+    EXPECT_TRUE(device->tensor(op));
+    return readFloats(*out, 6);
+  };
+  auto expectRows = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (std::isnan(want[i])) EXPECT_TRUE(std::isnan(got[i])) << what << " " << i;
+      else EXPECT_FLOAT_EQ(got[i], want[i]) << what << " " << i;
+    }
+  };
+  // column 0 picks: row 0 <- 2, 5, 0.5; row 1 <- -1, 3, 4. column 1: row 0 <- 1, 6, 7; row 1 <- nan, -2, 3.
+  expectRows(run(0, 0), {5, -12, 99, 42, nan, 99}, "product");
+  expectRows(run(0, 1), {50, 120, 99, nan, nan, 99}, "product with out's own");
+  expectRows(run(1, 0), {5, 4, 99, 7, nan, 99}, "largest");
+  expectRows(run(1, 1), {10, 4, 99, nan, nan, 99}, "largest with out's own (its NaN stays)");
+  expectRows(run(2, 0), {0.5f, -1, 99, 1, nan, 99}, "smallest");
+  expectRows(run(3, 1), {0.5f, 4, 99, 7, 3, 99}, "the last pick");
+  auto op = tensorOp(TensorFn::indexReduce, {2, 3, 6},
+                     {view(out.get(), 0, {3, 1, 0}), view(ba.get(), 0, {6, 0, 1}), view(bi.get(), 0, {0, 0, 1}, TensorType::i64)});
+  op.alpha = 4;
+  auto refused = device->tensor(op);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("3 last"), std::string::npos) << refused.error().message;
+}
+
 // Linear algebra on a batch of two 4 x 4 matrices: Cholesky of an SPD one (L L^T gives it
 // back; a matrix whose third leading minor is not positive definite gives info 3 and NaN
 // columns from there), triangular solves (lower, upper through swapped strides, unit),

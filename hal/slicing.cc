@@ -53,7 +53,8 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::luFactor: return int(op.dims) - 3;  // the batch: a matrix is factored whole
     case TensorFn::triangularSolve:
     case TensorFn::luSolve: return int(op.dims) - 3;  // the batch and the columns of b
-    case TensorFn::indexAdd: return int(op.dims) - 3;  // the columns: every slice holds every row
+    case TensorFn::indexAdd:
+    case TensorFn::indexReduce: return int(op.dims) - 3;  // the columns: every slice holds every row
     case TensorFn::gatherSum: return int(op.dims) - 3;  // not the picks, nor the rows picked from
     case TensorFn::amax:
     case TensorFn::amin:

@@ -56,7 +56,8 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_SHIFT_LEFT == int(TensorFn::shiftLeft) && RC_SHIFT_RIGHT == int(TensorFn::shiftRight) &&
               RC_POLYGAMMAFN == int(TensorFn::polygamma) && RC_CHOLESKY == int(TensorFn::cholesky) &&
               RC_TRIANGULAR_SOLVE == int(TensorFn::triangularSolve) && RC_LU_FACTOR == int(TensorFn::luFactor) &&
-              RC_LU_SOLVE == int(TensorFn::luSolve) && RC_GCD == int(TensorFn::gcd) && kTensorFns == RC_GCD + 1);
+              RC_LU_SOLVE == int(TensorFn::luSolve) && RC_GCD == int(TensorFn::gcd) &&
+              RC_INDEX_REDUCE == int(TensorFn::indexReduce) && kTensorFns == RC_INDEX_REDUCE + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               RC_T_I32 == int(TensorType::i32) && kTensorTypes == 4);
 
@@ -117,6 +118,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"shiftLeft", 3, "rc_map"}, {"shiftRight", 3, "rc_map"}, {"polygamma", 2, "rc_map"},
     {"cholesky", 3, "rc_cholesky"}, {"triangularSolve", 3, "rc_triangular_solve"},
     {"luFactor", 4, "rc_lu_factor"}, {"luSolve", 4, "rc_lu_solve"}, {"gcd", 3, "rc_map"},
+    {"indexReduce", 3, "rc_index_reduce"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -238,6 +240,10 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
       if (type(2) != TensorType::i64) return bad(2, "the index is i64");
       if (type(1) != type(0)) return bad(1, "the output's type");
       return {};
+    case TensorFn::indexReduce:
+      if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 3) || (op.beta != 0 && op.beta != 1))
+        return refuse("indexReduce's alpha is its reduction (0 product, 1 largest, 2 smallest, 3 last) and beta 0 or 1");
+      [[fallthrough]];
     case TensorFn::indexAdd:
     case TensorFn::gatherSum:
       if (type(2) != TensorType::i64) return bad(2, "the index is i64");
@@ -320,6 +326,7 @@ Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
       if (op.dims < 2) return bad("takes a shape of 2 or more dimensions (the picked rows last)");
       break;
     case TensorFn::indexAdd:
+    case TensorFn::indexReduce:
       if (op.dims < 2) return bad("takes a shape of 2 or more dimensions (the rows, then the positions, last)");
       break;
     case TensorFn::gatherSum:
@@ -363,7 +370,7 @@ Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
   }
   if (const uint64_t row = limits::satMul(op.shape[1], op.dims == 3 ? op.shape[2] : 1); rowwise(op.fn) && row > kMaxRowElements)
     return bad("rows of " + std::to_string(row) + " elements (at most 2^24)");
-  if (op.fn == TensorFn::indexAdd && op.shape[op.dims - 1] > kMaxRowElements)
+  if ((op.fn == TensorFn::indexAdd || op.fn == TensorFn::indexReduce) && op.shape[op.dims - 1] > kMaxRowElements)
     return bad("an index of " + std::to_string(op.shape[op.dims - 1]) + " positions (at most 2^24)");
   if (op.fn == TensorFn::sort && op.shape[op.dims - 1] > kMaxRowElements)
     return bad("rows of " + std::to_string(op.shape[op.dims - 1]) + " elements (at most 2^24)");
@@ -431,7 +438,8 @@ class Layout {
       case TensorFn::layerNorm:
       case TensorFn::layerNormBackward: return layerNorm();
       case TensorFn::indexSelect: return indexSelect();
-      case TensorFn::indexAdd: return indexAdd();
+      case TensorFn::indexAdd:
+      case TensorFn::indexReduce: return indexAdd();
       case TensorFn::gatherSum: return gatherSum();
       case TensorFn::maxPool2d:
       case TensorFn::maxPool2dBackward: return maxPool();
@@ -677,7 +685,7 @@ void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, Lowered
     g.inner = g.shape[op.dims - 1];
     g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = double(g.n);
-  } else if (op.fn == TensorFn::indexAdd) {  // one per output element, walking the index
+  } else if (op.fn == TensorFn::indexAdd || op.fn == TensorFn::indexReduce) {  // one per output element, walking the index
     g.inner = g.shape[op.dims - 1];
     g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = double(elements);

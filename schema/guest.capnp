@@ -382,6 +382,11 @@ struct Op {
 #     for w = ignoreIndex (a padding row; -1 for none). At most 2^24 positions n. An
 #     index outside [0, rows) adds nowhere. (embedding's backward: index stride 0 over
 #     the columns; scatter_add and index_add along any dimension, moved last.)
+#   indexReduce: indexAdd's shape and operands (no padding row): out[d, w] = the
+#     reduction over out[d, w] itself (beta 1; beta 0 leaves it out) and the a[d, i] with
+#     index[d, i] = w, in i's order: alpha 0 their product, 1 the largest, 2 the smallest
+#     (a NaN in a wins; one in out stays), 3 the last picked. An element nothing picks
+#     keeps its value. (scatter_reduce's prod, amax and amin; a scatter whose picks meet.)
 #   gatherSum: shape [kept..., picks, rows] (2 to 6 dimensions); operands out (f32, strides
 #     0 over the picks and the rows), a (f32) and index (i64, stride 0 over the rows):
 #     out[o] = beta * out[o] + alpha * (the sum over the picks p of a[o, p, index[o, p]]),
@@ -576,6 +581,7 @@ enum TensorFn {
   luFactor @109;
   luSolve @110;
   gcd @111;
+  indexReduce @112;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -363,6 +363,8 @@ class CpuDevice final : public Device {
       case TensorFn::indexSelect: return each([&](int64_t i) { rc_index_select(i, g, p[0], p[1], target, p[3]); });
       case TensorFn::indexAdd:
         return each([&](int64_t i) { rc_index_add(i, g, p[0], p[1], target, p[3]); });
+      case TensorFn::indexReduce:
+        return each([&](int64_t i) { rc_index_reduce(i, g, p[0], p[1], target, p[3]); });
       case TensorFn::gatherSum:
         return each([&](int64_t i) { rc_gather_sum(i, g, p[0], p[1], target, p[3]); });
       case TensorFn::maxPool2d:

@@ -103,6 +103,8 @@ write("tensor", "lu-solve", tensor(110, [2, 3, 8, 8], [(0, 0, [24, 1, 3, 0]), (1
                                                       (0, 64, [24, 1, 3, 0])], alpha=1.0))
 # gcd of whatever the buffers hold (the smallest i64, zeros)
 write("tensor", "gcd", tensor(111, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)]))
+# indexReduce's largest, out's own included, over whatever the index holds
+write("tensor", "index-reduce", tensor(112, [8, 2, 4], [(0, 0, [2, 1, 0]), (1, 0, [0, 1, 2]), (2, 0, [0, 0, 1], 1)], alpha=1.0, beta=1.0))
 # i64 into i32 (wrapping) and back
 write("tensor", "copy-i64-i32", tensor(0, [64], [(0, 0, [1], 3), (1, 0, [1], 1)]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),

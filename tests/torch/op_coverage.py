@@ -404,6 +404,21 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                                         torch.sort(x.detach() > 0, 1)[0].float().flatten(),
                                         torch.sort(x.detach() > 0, 0, descending=True)[1].float().flatten()]))(
          (x.detach().flatten() * 40).long(), (x.detach().flip(0).flatten() * 30).long())),
+    ("scatter_reduce (sum, mean, amax, amin, prod; with and without self), index_reduce, scatter with repeated picks "
+     "(the last wins) and with reduce, with backwards", [(3, 4), (6, 4)],
+     lambda s, x: (lambda i2, i1: torch.cat([
+         s.scatter_reduce(0, i2, x, "sum").flatten(), s.scatter_reduce(0, i2, x, "mean", include_self=False).flatten(),
+         s.scatter_reduce(0, i2, x, "amax").flatten(), s.scatter_reduce(0, i2, x, "amin", include_self=False).flatten(),
+         s.scatter_reduce(0, i2, x, "prod").flatten(), s.index_reduce(0, i1, x, "amax", include_self=False).flatten(),
+         s.index_reduce(0, i1, x, "mean").flatten(), s.scatter(0, i2, x).flatten(),
+         s.detach().scatter(0, i2, x.detach(), reduce="multiply").flatten(), s.detach().scatter(0, i2, x.detach(), reduce="add").flatten()]))(
+         torch.tensor([0, 2, 2, 1, 0, 2], device=s.device).view(6, 1).expand(6, 4), torch.tensor([0, 2, 2, 1, 0, 2], device=s.device))),
+    ("nanmedian of all and over each dim (NaNs in some rows, one row all NaN: its NaN as -7), with backwards", [(4, 5)],
+     lambda x: (lambda y: torch.nan_to_num(torch.cat([torch.nanmedian(y).view(1), torch.nanmedian(y, 1)[0],
+                                                      torch.nanmedian(y[::2], 1)[1].float(),
+                                                      torch.nanmedian(y, 0, keepdim=True)[0].flatten()]), nan=-7.0))(
+         torch.where(torch.tensor([[0, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]], device=x.device).bool(),
+                     torch.full_like(x, float("nan")), x))),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -48,7 +48,8 @@ raccel::client::TensorFn fnNamed(const std::string& name) {
                                 "atan", "sinh", "cosh", "erf", "erfc", "expm1", "log2", "log10", "exp2", "atan2", "hypot",
                                 "copysign", "fmod", "lgamma", "digamma", "erfinv", "bitwise_and", "bitwise_or",
                                 "bitwise_xor", "shift_left", "shift_right", "polygamma", "cholesky",
-                                "triangular_solve", "lu_factor", "lu_solve", "gcd"};
+                                "triangular_solve", "lu_factor", "lu_solve", "gcd",
+                                "index_reduce"};
   static_assert(std::size(names) == raccel::kTensorFns);
   for (size_t i = 0; i < std::size(names); ++i)
     if (name == names[i]) return static_cast<raccel::client::TensorFn>(i);

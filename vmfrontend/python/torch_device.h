@@ -230,9 +230,6 @@ at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Ten
 // Advanced indexing's index tensors on the host, for PyTorch's own kernels there (its CPU
 // fallback moves tensors and tensor lists, not lists of optional tensors).
 c10::List<c10::optional<at::Tensor>> hostIndices(const c10::List<c10::optional<at::Tensor>>& indices);
-// Notes that `index` picks no position twice along `dim` (sort's positions), so a scatter
-// through it may run on the card.
-void noteDistinct(const at::Tensor& index, int64_t dim);
 
 // ---- Sliding windows over [N, C, H, W] (torch_windows.cc) -----------------------------
 

@@ -87,13 +87,14 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
   return python::index_select_out(self, dim, index, out);
 }
 
-// Along `dim`: out[.., index[.., i, ..], ..] = (accumulate ? out : 0) + alpha * src[.., i, ..]
-// summed over i, for the positions of src's shape (index of src's shape, or a view
-// expanded to it; out's other dimensions at least src's, its other elements untouched);
-// an index equal to `padding` or outside out's rows adds nothing. One indexAdd op: the
-// other dimensions, then the rows, then the positions. src must not share out's storage.
-void addAtIndex(const at::Tensor& out, int64_t dim, const at::Tensor& index, const at::Tensor& src, float alpha, bool accumulate,
-                int64_t padding = -1) {
+// Along `dim`, for the positions of src's shape (index of src's shape, or a view expanded
+// to it; out's other dimensions at least src's, its other elements untouched), one op over
+// the other dimensions, then the rows, then the positions: indexAdd (out[.., index[.., i,
+// ..], ..] = beta * out + alpha * src[.., i, ..] summed over i; an index equal to `padding`
+// adds nothing) or indexReduce (alpha the reduction, beta whether out's own value is in
+// it). An index outside out's rows adds nothing. src must not share out's storage.
+void atIndex(TensorFn fn, const at::Tensor& out, int64_t dim, const at::Tensor& index, const at::Tensor& src, float alpha,
+             float beta, int64_t padding = -1) {
   std::vector<int64_t> shape, outStrides, srcStrides, indexStrides;
   for (int64_t d = 0; d < src.dim(); ++d)
     if (d != dim) {
@@ -104,12 +105,21 @@ void addAtIndex(const at::Tensor& out, int64_t dim, const at::Tensor& index, con
   shape.push_back(src.size(dim)), outStrides.push_back(0), srcStrides.push_back(src.stride(dim)), indexStrides.push_back(index.stride(dim));
   Locked s;
   client::TensorOp op;
-  op.fn = TensorFn::indexAdd;
+  op.fn = fn;
   op.shape = shapeOf(shape);
   op.operands = {operand(out, outStrides), operand(src, srcStrides), operand(index, indexStrides)};
-  op.alpha = alpha, op.beta = accumulate ? 1 : 0;
+  op.alpha = alpha, op.beta = beta;
   op.ignoreIndex = padding;
   send(*s, op);
+}
+void addAtIndex(const at::Tensor& out, int64_t dim, const at::Tensor& index, const at::Tensor& src, float alpha, bool accumulate,
+                int64_t padding = -1) {
+  atIndex(TensorFn::indexAdd, out, dim, index, src, alpha, accumulate ? 1 : 0, padding);
+}
+// indexReduce's reductions (alpha).
+enum class Reduce { product = 0, largest = 1, smallest = 2, last = 3 };
+void reduceAtIndex(const at::Tensor& out, int64_t dim, const at::Tensor& index, const at::Tensor& src, Reduce how, bool includeSelf) {
+  atIndex(TensorFn::indexReduce, out, dim, index, src, float(how), includeSelf ? 1 : 0);
 }
 
 // The embedding table's gradient: each row the sum of the gradients of the positions
@@ -269,74 +279,97 @@ at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
   return python::scatter_add_out(self, dim, index, src, self);
 }
 
-// Index tensors whose picks are distinct in each row along a dimension: sort's and topk's
-// (their backwards scatter the gradient through them). Held weakly, so an entry ends
-// with its tensor; a write to the tensor (its version) voids it.
-struct DistinctIndex {
-  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> tensor;
-  int64_t version;
-  int64_t dim;
-};
-struct DistinctIndices {
-  std::mutex mu;
-  std::deque<DistinctIndex> kept;  // the newest last; at most kMax
-  static constexpr size_t kMax = 64;
-};
-DistinctIndices& distinctIndices() {
-  static auto* d = new DistinctIndices;  // never destroyed, like the session's State
-  return *d;
-}
-}  // namespace
-
-void noteDistinct(const at::Tensor& index, int64_t dim) {
-  auto& d = distinctIndices();
-  std::lock_guard lock(d.mu);
-  if (d.kept.size() >= DistinctIndices::kMax) d.kept.pop_front();
-  d.kept.push_back({c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(index.getIntrusivePtr()),
-                    index._version(), dim});
-}
-
-namespace {
-
-bool distinctAlong(const at::Tensor& index, int64_t dim) {
-  auto& d = distinctIndices();
-  std::lock_guard lock(d.mu);
-  for (auto& e : d.kept)
-    if (e.dim == dim && e.version == index._version() && e.tensor.lock().get() == index.unsafeGetTensorImpl()) return true;
-  return false;
-}
-
-// out = self, then out[.., index[.., i, ..], ..] = value, or src[.., i, ..], along `dim`:
-// the positions picked (an index_add of ones there) take the value or the sum of the src
-// picked into them. With src only where no two picks can meet a position (index one long
-// along dim: a max's or min's backward; or sort's or topk's indices), as PyTorch leaves
-// open which of several wins and a sum is none of them; the others run on the host. A
-// value goes into f32 or i64 (one_hot's ones).
+// out = self, then out[.., index[.., i, ..], ..] = value, or src[.., i, ..], along `dim`.
+// A value: the positions picked (an index_add of ones there) take it, in f32 or i64
+// (one_hot's ones). A src (f32): an indexReduce taking the last pick, which is the one
+// PyTorch's CPU loop leaves where several meet. An index outside self's dimension raises
+// PyTorch's error.
 at::Tensor& scatterInto(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src,
                         const at::Scalar& value, at::Tensor& out) {
   const bool integers = !src && bothI64(self, out);
   const bool ok = (integers || supported({&self, src, &out})) && onDevice(self) && onDevice(out) && (!src || onDevice(*src)) &&
                   typed(index) && index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 &&
-                  index.dim() == self.dim() &&
-                  (!src || (src->dim() == self.dim() && (index.size(c10::maybe_wrap_dim(dim, self.dim())) <= 1 ||
-                                                         distinctAlong(index, c10::maybe_wrap_dim(dim, self.dim())))));
+                  index.dim() == self.dim() && (!src || src->dim() == self.dim());
   if (!ok)
     return hostInto(name, out, src ? at::scatter(host(self), dim, host(index), host(*src)) : at::scatter(host(self), dim, host(index), value));
   dim = c10::maybe_wrap_dim(dim, self.dim());
   checkAlong(index, dim, self.size(dim));
   TrustedIndices checked;
+  if (src) {
+    auto from = *src;
+    for (int64_t d = 0; d < from.dim(); ++d) from = from.narrow(d, 0, index.size(d));
+    from = apart(from, out);
+    resultInto(out, self);
+    if (index.numel() > 0) reduceAtIndex(out, dim, index, from, Reduce::last, true);
+    return out;
+  }
   const auto counts = self.options().dtype(at::kFloat);
   auto hit = python::scatter_add(at::zeros(self.sizes(), counts), dim, index, at::ones(index.sizes(), counts));
-  auto result = src ? at::where(hit > 0, python::scatter_add(at::zeros_like(self), dim, index, *src), self)
-                    : self.masked_fill(hit > 0, value);
-  at::native::resize_output(out, self.sizes());
-  return out.copy_(result);
+  return resultInto(out, self.masked_fill(hit > 0, value));
 }
 at::Tensor& scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src, at::Tensor& out) {
   return scatterInto("aten::scatter.src_out", self, dim, index, &src, 0, out);
 }
 at::Tensor& scatter_value_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value, at::Tensor& out) {
   return scatterInto("aten::scatter.value_out", self, dim, index, nullptr, value, out);
+}
+
+// scatter_reduce along `dim` (f32): sum and mean as sums of the picks (after zeroing the
+// positions picked, without self) and their counts; prod, amax and amin one indexReduce.
+// As PyTorch's CPU: a mean divides by the picks (and self) where any, and a position
+// nothing picks keeps self's value.
+at::Tensor& scatterReduceInto(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
+                              c10::string_view reduce, bool includeSelf, at::Tensor& out,
+                              const std::function<at::Tensor()>& reference) {
+  const bool known = reduce == "sum" || reduce == "mean" || reduce == "prod" || reduce == "amax" || reduce == "amin";
+  const bool ok = known && supported({&self, &src, &out}) && onDevice(self) && onDevice(src) && onDevice(out) && typed(index) &&
+                  index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 && index.dim() == self.dim() &&
+                  src.dim() == self.dim();
+  if (!ok) return hostInto(name, out, reference());
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  checkAlong(index, dim, self.size(dim));
+  TrustedIndices checked;
+  auto from = src;
+  for (int64_t d = 0; d < from.dim(); ++d) from = from.narrow(d, 0, index.size(d));
+  from = apart(from, out);
+  if (reduce == "prod" || reduce == "amax" || reduce == "amin") {
+    resultInto(out, self);
+    if (index.numel() > 0)
+      reduceAtIndex(out, dim, index, from, reduce == "prod" ? Reduce::product : reduce == "amax" ? Reduce::largest : Reduce::smallest,
+                    includeSelf);
+    return out;
+  }
+  auto picks = python::scatter_add(at::zeros_like(self), dim, index, at::ones(index.sizes(), self.options()));
+  auto base = includeSelf ? self : self.masked_fill(picks > 0, 0);
+  auto sum = python::scatter_add(base, dim, index, from);
+  if (reduce == "sum") return resultInto(out, sum);
+  auto count = includeSelf ? picks + 1 : picks;
+  return resultInto(out, sum / count.masked_fill(count == 0, 1));
+}
+at::Tensor& scatter_reduce_two_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
+                                   c10::string_view reduce, bool includeSelf, at::Tensor& out) {
+  return scatterReduceInto("aten::scatter_reduce.two_out", self, dim, index, src, reduce, includeSelf, out,
+                           [&] { return at::scatter_reduce(host(self), dim, host(index), host(src), reduce, includeSelf); });
+}
+// index_reduce: scatter_reduce with one index along `dim` (prod, mean, amax, amin).
+at::Tensor& index_reduce_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
+                             c10::string_view reduce, bool includeSelf, at::Tensor& out) {
+  auto reference = [&] { return at::index_reduce(host(self), dim, host(index), host(source), reduce, includeSelf); };
+  if (!typed(index) || index.dim() > 1 || !onDevice(source) || source.dim() != self.dim() || self.dim() < 1)
+    return hostInto("aten::index_reduce", out, reference());
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  TORCH_CHECK(source.size(dim) == index.numel(), "index_reduce_(): Number of indices (", index.numel(),
+              ") should be equal to source.size(dim) (", source.size(dim), ")");
+  std::vector<int64_t> along(source.dim(), 1);
+  along[dim] = index.numel();
+  return scatterReduceInto("aten::index_reduce", self, dim, index.reshape(along).expand(source.sizes()), source, reduce,
+                           includeSelf, out, reference);
+}
+// scatter(..., reduce="add" | "multiply"): scatter_reduce's sum and prod with self.
+at::Tensor& scatter_reduce_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
+                               c10::string_view reduce, at::Tensor& out) {
+  return scatterReduceInto("aten::scatter.reduce_out", self, dim, index, src, reduce == "add" ? "sum" : reduce == "multiply" ? "prod" : "",
+                           true, out, [&] { return at::scatter(host(self), dim, host(index), host(src), reduce); });
 }
 
 // self's positions along `dim` that index names (negative: from the end) take the value
@@ -753,6 +786,9 @@ void registerIndexing(torch::Library& m) {
   RACCEL_IMPL_OUT_NEW_INPLACE(scatter_add)
   m.impl("scatter.src_out", TORCH_FN(scatter_src_out));
   m.impl("scatter.value_out", TORCH_FN(scatter_value_out));
+  m.impl("scatter.reduce_out", TORCH_FN(scatter_reduce_out));
+  m.impl("scatter_reduce.two_out", TORCH_FN(scatter_reduce_two_out));
+  m.impl("index_reduce.out", TORCH_FN(index_reduce_out));
   RACCEL_IMPL_OUT_NEW_INPLACE(index_add)
   m.impl("masked_select", TORCH_FN(masked_select));
   m.impl("nonzero", TORCH_FN(python::nonzero));

@@ -230,7 +230,6 @@ std::tuple<at::Tensor&, at::Tensor&> sort_values_stable(const at::Tensor& self, 
   dim = c10::maybe_wrap_dim(dim, self.dim());
   TORCH_CHECK(self.dim() == 0 || !values.is_same(self), "raccel: sort into its own input");
   sortRows(self, dim, descending, values, indices);
-  if (self.dim() > 0) noteDistinct(indices, dim);
   return {values, indices};
 }
 std::tuple<at::Tensor, at::Tensor> sort_stable(const at::Tensor& self, c10::optional<bool> stable, int64_t dim, bool descending) {
@@ -256,7 +255,6 @@ std::tuple<at::Tensor&, at::Tensor&> topk_values(const at::Tensor& self, int64_t
   values.copy_(firstValues);
   indices.copy_(firstIndices);
   notePositions(indices, n);
-  if (self.dim() > 0) noteDistinct(indices, dim);
   return {values, indices};
 }
 std::tuple<at::Tensor, at::Tensor> topk(const at::Tensor& self, int64_t k, int64_t dim, bool largest, bool sorted) {
@@ -269,17 +267,20 @@ std::tuple<at::Tensor, at::Tensor> topk(const at::Tensor& self, int64_t k, int64
 // has NaN as its median, at its first NaN, as on PyTorch's CPU (a NaN sorts above every
 // number, so kthvalue counts it the largest, as the CPU does). Among equal values the
 // position is the first in the row's order; PyTorch leaves which one open (its CPU's
-// selection may give another).
-void pickSorted(const at::Tensor& self, int64_t place, bool median, int64_t dim, bool keepdim, at::Tensor& values,
+// selection may give another). nanmedian's place counts the row's numbers alone (NaNs
+// sort last): (numbers - 1) / 2, the first place where all are NaN.
+enum class Place { fixed, median, nanmedian };
+void pickSorted(const at::Tensor& self, int64_t place, Place how, int64_t dim, bool keepdim, at::Tensor& values,
                 at::Tensor& indices) {
   auto all = emptyOn({0}, self.scalar_type()), positions = emptyOn({0}, at::kLong);
   sortRows(self, dim, false, all, positions);
   const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
   auto pick = at::full(self.dim() == 0 ? std::vector<int64_t>{1} : reducedShape(self, 1u << dim, true), place,
                        positions.options());
-  if (median && self.is_floating_point()) {  // the first NaN's place: n less the NaNs
+  if (how != Place::fixed && self.is_floating_point()) {
     auto nans = at::isnan(self).sum(dim, /*keepdim=*/true);
-    pick = pick + (nans > 0) * ((n - nans) - place);
+    if (how == Place::median) pick = pick + (nans > 0) * ((n - nans) - place);  // the first NaN's place: n less the NaNs
+    else pick = (n - 1 - nans).clamp_min(0).div(2, "floor");
   }
   TrustedIndices inRange;  // (pick: a place in each row)
   auto v = self.dim() == 0 ? all : all.gather(dim, pick), i = self.dim() == 0 ? positions : positions.gather(dim, pick);
@@ -297,17 +298,26 @@ std::tuple<at::Tensor&, at::Tensor&> kthvalue_values(const at::Tensor& self, int
   dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
   TORCH_CHECK(k >= 1 && k <= n, "kthvalue(): selected number k out of range for dimension ", dim);
-  pickSorted(self, k - 1, false, dim, keepdim, values, indices);
+  pickSorted(self, k - 1, Place::fixed, dim, keepdim, values, indices);
+  return {values, indices};
+}
+std::tuple<at::Tensor&, at::Tensor&> middleInto(const char* name, Place how, const at::Tensor& self, int64_t dim, bool keepdim,
+                                                at::Tensor& values, at::Tensor& indices) {
+  if (!sortOnCard(self, values, indices) || self.numel() == 0)
+    return hostPairInto(name, values, indices,
+                        how == Place::median ? at::median(host(self), dim, keepdim) : at::nanmedian(host(self), dim, keepdim));
+  dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
+  pickSorted(self, (n - 1) / 2, how, dim, keepdim, values, indices);
   return {values, indices};
 }
 std::tuple<at::Tensor&, at::Tensor&> median_dim_values(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& values,
                                                        at::Tensor& indices) {
-  if (!sortOnCard(self, values, indices) || self.numel() == 0)
-    return hostPairInto("aten::median.dim_values", values, indices, at::median(host(self), dim, keepdim));
-  dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
-  const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
-  pickSorted(self, (n - 1) / 2, true, dim, keepdim, values, indices);
-  return {values, indices};
+  return middleInto("aten::median.dim_values", Place::median, self, dim, keepdim, values, indices);
+}
+std::tuple<at::Tensor&, at::Tensor&> nanmedian_dim_values(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& values,
+                                                          at::Tensor& indices) {
+  return middleInto("aten::nanmedian.dim_values", Place::nanmedian, self, dim, keepdim, values, indices);
 }
 // bucketize and searchsorted over 1-d f32 boundaries: for each element, the count of
 // boundaries below it (right: at or below it), which is where PyTorch's binary search puts
@@ -376,13 +386,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> _unique2(const at::Tensor& self, 
   return {values.index_select(0, starts), inverse, counts};
 }
 
-at::Tensor median(const at::Tensor& self) {  // of every element
+at::Tensor middleOfAll(const char* name, Place how, const at::Tensor& self) {
   if (!typed(self) || self.scalar_type() == at::kBool || self.numel() == 0)
-    return onHost("aten::median", [&] { return at::median(host(self)).to(self.device()); });
+    return onHost(name, [&] { return (how == Place::median ? at::median(host(self)) : at::nanmedian(host(self))).to(self.device()); });
   auto values = emptyOn({0}, self.scalar_type()), indices = emptyOn({0}, at::kLong);
-  python::median_dim_values(self.reshape({-1}), 0, false, values, indices);
+  middleInto(name, how, self.reshape({-1}), 0, false, values, indices);
   return values;
 }
+at::Tensor median(const at::Tensor& self) { return middleOfAll("aten::median", Place::median, self); }  // of every element
+at::Tensor nanmedian(const at::Tensor& self) { return middleOfAll("aten::nanmedian", Place::nanmedian, self); }
 
 // cummax and cummin along a dimension: the running largest (smallest) value and its
 // position, as PyTorch's CPU loop keeps them: an equal value takes over (a tie goes to
@@ -542,6 +554,8 @@ void registerReductions(torch::Library& m) {
   m.impl("kthvalue.values", TORCH_FN(kthvalue_values));
   m.impl("median.dim_values", TORCH_FN(median_dim_values));
   m.impl("median", TORCH_FN(python::median));
+  m.impl("nanmedian.dim_values", TORCH_FN(nanmedian_dim_values));
+  m.impl("nanmedian", TORCH_FN(python::nanmedian));
   m.impl("topk", TORCH_FN(python::topk));
   m.impl("amax.out", TORCH_FN(amax_out));
   m.impl("amax", TORCH_FN(python::amax));
