@@ -203,6 +203,16 @@ def main():
           0 < float(b.min()) and float(b.max()) < 1 and abs(float(b.mean()) - 2 / 7) < 0.01 and
           torch.allclose(dirichlet.sum(1), torch.ones(20000), atol=1e-5) and
           torch.allclose(dirichlet.mean(0), torch.tensor([1 / 6, 2 / 6, 3 / 6]), atol=0.01))
+    xs = torch.randn(20000)
+    xd = xs.to(dev).requires_grad_()
+    y = torch.nn.functional.rrelu(xd, 0.1, 0.3, training=True)
+    y.sum().backward()
+    neg = xs <= 0
+    slopes = y.detach().cpu()[neg] / xs[neg]
+    check("rrelu in training on the card: slopes in [lower, upper) of their mean, positives kept, the gradient the slope",
+          bool(((slopes >= 0.1) & (slopes < 0.3)).all()) and abs(float(slopes.mean()) - 0.2) < 0.005 and
+          torch.equal(y.detach().cpu()[~neg], xs[~neg]) and torch.allclose(xd.grad.cpu()[neg], slopes),
+          f"{float(slopes.mean()):.4f}")
     check("no draw fell back to the CPU", not raccel.torch.fallbacks(), str(raccel.torch.fallbacks()))
 
     # Printing a device tensor.

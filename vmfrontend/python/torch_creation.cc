@@ -308,6 +308,35 @@ at::Tensor multinomial(const at::Tensor& self, int64_t samples, bool replacement
 
 }  // namespace
 
+// RReLU: in training, each element at or below 0 scaled by a slope drawn from [lower,
+// upper) (kept in `noise`, which the backward multiplies by; 1 elsewhere, a NaN's too),
+// as PyTorch's CPU; in evaluation, leaky_relu with the range's middle.
+at::Tensor& rrelu_with_noise_out(const at::Tensor& self, const at::Tensor& noise, const at::Scalar& lower, const at::Scalar& upper,
+                                 bool training, c10::optional<at::Generator> generator, at::Tensor& out) {
+  if (!training) return resultInto(out, at::leaky_relu(self, (lower.toDouble() + upper.toDouble()) / 2));
+  if (!supported({&self, &noise, &out}) || noise.sizes() != self.sizes()) {
+    auto hostNoise = host(noise);
+    auto result = onHost("aten::rrelu_with_noise", [&] {
+      return at::rrelu_with_noise(host(self), hostNoise, lower, upper, training, generator);
+    });
+    const_cast<at::Tensor&>(noise).copy_(hostNoise);
+    return resultInto(out, result);
+  }
+  auto slopes = at::empty_like(self);
+  python::uniform_(slopes, lower.toDouble(), upper.toDouble(), generator);
+  const_cast<at::Tensor&>(noise).copy_(at::where(self <= 0, slopes, at::ones_like(slopes)));
+  return resultInto(out, self * noise);
+}
+at::Tensor rrelu_with_noise(const at::Tensor& self, const at::Tensor& noise, const at::Scalar& lower, const at::Scalar& upper,
+                            bool training, c10::optional<at::Generator> generator) {
+  auto out = emptyOn({0});
+  return python::rrelu_with_noise_out(self, noise, lower, upper, training, generator, out);
+}
+at::Tensor& rrelu_with_noise_(at::Tensor& self, const at::Tensor& noise, const at::Scalar& lower, const at::Scalar& upper,
+                              bool training, c10::optional<at::Generator> generator) {
+  return python::rrelu_with_noise_out(self.clone(), noise, lower, upper, training, generator, self);
+}
+
 void registerCreation(torch::Library& m) {
   m.impl("arange.start_out", TORCH_FN(arange_out));
   m.impl("linspace.out", TORCH_FN(linspace_out));
@@ -318,6 +347,9 @@ void registerCreation(torch::Library& m) {
   m.impl("triu_indices", TORCH_FN(python::triu_indices));
   m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
   m.impl("uniform_", TORCH_FN(uniform_));
+  m.impl("rrelu_with_noise.out", TORCH_FN(rrelu_with_noise_out));
+  m.impl("rrelu_with_noise", TORCH_FN(rrelu_with_noise));
+  m.impl("rrelu_with_noise_", TORCH_FN(rrelu_with_noise_));
   m.impl("normal_", TORCH_FN(normal_));
   m.impl("exponential_", TORCH_FN(python::exponential_));
   m.impl("bernoulli_.Tensor", TORCH_FN(bernoulli_tensor_));
