@@ -419,6 +419,9 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                                                       torch.nanmedian(y, 0, keepdim=True)[0].flatten()]), nan=-7.0))(
          torch.where(torch.tensor([[0, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]], device=x.device).bool(),
                      torch.full_like(x, float("nan")), x))),
+    ("logcumsumexp along each dim (values far apart, -inf), with backwards", [(6, 5)],
+     lambda x: torch.cat([torch.logcumsumexp(x * 30, 0).flatten(), torch.logcumsumexp(x, 1).flatten(),
+                          torch.logcumsumexp(torch.cat([torch.full((1, 5), float("-inf"), device=x.device), x]), 0)[1:].flatten()])),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

@@ -203,8 +203,13 @@ RACCEL_TRIANGLE(tril, false)
 at::ScalarType accumulatingType(const at::Tensor& self, c10::optional<at::ScalarType> dtype) {
   return dtype ? *dtype : (isIntegral(self) ? at::kLong : self.scalar_type());
 }
-// cumsum and cumprod: a Hillis-Steele scan, log2(n) rounds of out[k:] = out[k:] fn
-// out[:-k] (each from a copy of the round's start): exact for integers (wrapping as
+// A Hillis-Steele scan of `out` along dim: log2(n) rounds of out[k:] = combine(out[k:],
+// out[:-k]) for k = 1, 2, 4... (each from a copy of the round's start).
+void scanRounds(const at::Tensor& out, int64_t dim, const std::function<void(const at::Tensor&, const at::Tensor&)>& combine) {
+  const int64_t n = out.dim() == 0 ? 1 : out.size(dim);
+  for (int64_t k = 1; k < n; k *= 2) combine(out.narrow(dim, k, n - k), out.narrow(dim, 0, n - k).clone());
+}
+// cumsum and cumprod: a scan of adds or products: exact for integers (wrapping as
 // PyTorch's CPU); f32 rounded in a tree of adds or products rather than PyTorch's running
 // one in double (a few ulps apart over long rows). Integers and bools scan as i64.
 template <class Host>
@@ -216,12 +221,7 @@ at::Tensor& scanOut(TensorFn fn, const char* name, const at::Tensor& self, int64
   dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   at::native::resize_output(out, self.sizes());
   elementwise(TensorFn::copy, out, &self, nullptr);
-  const int64_t n = self.dim() == 0 ? 1 : self.size(dim);
-  for (int64_t k = 1; k < n; k *= 2) {
-    auto before = out.narrow(dim, 0, n - k).clone();
-    auto after = out.narrow(dim, k, n - k);
-    elementwise(fn, after, &after, &before);
-  }
+  scanRounds(out, dim, [&](const at::Tensor& after, const at::Tensor& before) { elementwise(fn, after, &after, &before); });
   return out;
 }
 #define RACCEL_SCAN(op, fn)                                                                                           \
@@ -424,6 +424,18 @@ at::Tensor logAddExp(const at::Tensor& a, const at::Tensor& b, bool base2) {
                    : at::maximum(a, b) + at::log1p(at::exp(apart));
   return at::where((a == b) & (a.abs() == INFINITY), a, sum);
 }
+// logcumsumexp: the scan of logaddexp (stable however far apart the values are).
+at::Tensor& logcumsumexp_out(const at::Tensor& self, int64_t dim, at::Tensor& out) {
+  if (!supported({&self, &out})) return hostInto("aten::_logcumsumexp", out, at::_logcumsumexp(host(self), dim));
+  dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  auto running = self.clone();
+  scanRounds(running, dim, [](const at::Tensor& after, const at::Tensor& before) { after.copy_(logAddExp(after, before, false)); });
+  return resultInto(out, running);
+}
+at::Tensor logcumsumexp(const at::Tensor& self, int64_t dim) {
+  auto out = emptyOn({0});
+  return python::logcumsumexp_out(self, dim, out);
+}
 at::Tensor& logaddexp_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   if (!supported({&self, &other, &out})) return hostInto("aten::logaddexp.out", out, at::logaddexp(host(self), host(other)));
   return resultInto(out, logAddExp(self, other, false));
@@ -605,6 +617,8 @@ void registerComposed(torch::Library& m) {
   m.impl("prelu", TORCH_FN(python::prelu));
   m.impl("prelu_backward", TORCH_FN(python::prelu_backward));
   m.impl("cumsum.out", TORCH_FN(cumsum_out));
+  m.impl("_logcumsumexp.out", TORCH_FN(logcumsumexp_out));
+  m.impl("_logcumsumexp", TORCH_FN(python::logcumsumexp));
   m.impl("cumsum", TORCH_FN(python::cumsum));
   m.impl("cumprod.out", TORCH_FN(cumprod_out));
   m.impl("cumprod", TORCH_FN(python::cumprod));
