@@ -1383,7 +1383,8 @@ TEST_P(Conformance, GcdOfI64IsExactForEverySign) {
 
 // indexReduce over two columns of six picks into three rows: the product, the largest
 // and the smallest with and without out's own value, a NaN picked (it wins) and one in
-// out (it stays), the last of several picks, and a row nothing picks (it keeps its value).
+// out (it stays), the last of several picks (of i64 too, exactly), and a row nothing
+// picks (it keeps its value).
 TEST_P(Conformance, IndexReduceTakesProductsExtremesAndTheLastPick) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   // a: [2 columns, 6 picks]; index: the same picks for both columns; out: [2, 3] (+ 1 row untouched)
@@ -1414,6 +1415,21 @@ TEST_P(Conformance, IndexReduceTakesProductsExtremesAndTheLastPick) {
   expectRows(run(1, 1), {10, 4, 99, nan, nan, 99}, "largest with out's own (its NaN stays)");
   expectRows(run(2, 0), {0.5f, -1, 99, 1, nan, 99}, "smallest");
   expectRows(run(3, 1), {0.5f, 4, 99, 7, 3, 99}, "the last pick");
+  // The last pick of i64, past f32's 2^24, moved exactly; a product of i64 refused.
+  const std::vector<int64_t> wide = {(int64_t{1} << 40) + 1, -3, (int64_t{1} << 53) + 7, 11, -(int64_t{1} << 60), 5};
+  const std::vector<int64_t> wideStart = {1, 2, 3};
+  auto bw = bytes(wide.size() * 8), ow = bytes(wideStart.size() * 8);
+  ASSERT_TRUE(device->write(*bw, 0, std::as_bytes(std::span(wide))));
+  ASSERT_TRUE(device->write(*ow, 0, std::as_bytes(std::span(wideStart))));
+  const auto i64 = TensorType::i64;
+  auto last = tensorOp(TensorFn::indexReduce, {3, 6}, {view(ow.get(), 0, {1, 0}, i64), view(bw.get(), 0, {0, 1}, i64), view(bi.get(), 0, {0, 1}, i64)});
+  last.alpha = 3, last.beta = 1;
+  ASSERT_TRUE(device->tensor(last));
+  std::vector<int64_t> gotWide(3);
+  ASSERT_TRUE(device->read(*ow, 0, std::as_writable_bytes(std::span(gotWide))));
+  EXPECT_EQ(gotWide, (std::vector<int64_t>{5, -(int64_t{1} << 60), 3}));
+  last.alpha = 0;
+  EXPECT_FALSE(device->tensor(last));
   auto op = tensorOp(TensorFn::indexReduce, {2, 3, 6},
                      {view(out.get(), 0, {3, 1, 0}), view(ba.get(), 0, {6, 0, 1}), view(bi.get(), 0, {0, 0, 1}, TensorType::i64)});
   op.alpha = 4;

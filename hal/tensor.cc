@@ -243,6 +243,11 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     case TensorFn::indexReduce:
       if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 3) || (op.beta != 0 && op.beta != 1))
         return refuse("indexReduce's alpha is its reduction (0 product, 1 largest, 2 smallest, 3 last) and beta 0 or 1");
+      if (op.alpha == 3) {  // the last pick: of any one type
+        if (type(2) != TensorType::i64) return bad(2, "the index is i64");
+        if (type(1) != type(0)) return bad(1, "the output's type");
+        return {};
+      }
       [[fallthrough]];
     case TensorFn::indexAdd:
     case TensorFn::gatherSum:

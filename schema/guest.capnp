@@ -386,7 +386,8 @@ struct Op {
 #     reduction over out[d, w] itself (beta 1; beta 0 leaves it out) and the a[d, i] with
 #     index[d, i] = w, in i's order: alpha 0 their product, 1 the largest, 2 the smallest
 #     (a NaN in a wins; one in out stays), 3 the last picked. An element nothing picks
-#     keeps its value. (scatter_reduce's prod, amax and amin; a scatter whose picks meet.)
+#     keeps its value. f32, but for the last pick: out and a of any one type, moved exactly.
+#     (scatter_reduce's prod, amax and amin; a scatter or an index put whose picks meet.)
 #   gatherSum: shape [kept..., picks, rows] (2 to 6 dimensions); operands out (f32, strides
 #     0 over the picks and the rows), a (f32) and index (i64, stride 0 over the rows):
 #     out[o] = beta * out[o] + alpha * (the sum over the picks p of a[o, p, index[o, p]]),

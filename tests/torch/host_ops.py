@@ -21,8 +21,9 @@ CASES = [
     ("index_copy_", lambda x: x.index_copy_(0, torch.tensor([2, 0], device=x.device), torch.ones(2, 5, device=x.device))),
     ("x[a, :, c] of an f64 view", lambda x: x.double().reshape(4, 5, 1)[torch.tensor([0, 3], device=x.device), :,
                                                                        torch.tensor([0, 0], device=x.device)].float()),
-    ("x[idx] = values into a transposed i64 copy",
-     lambda x: x.t().long().index_put_((torch.tensor([1, 3], device=x.device),), torch.full((2, 4), 2, device=x.device)).float()),
+    ("x[idx] = values into a transposed f64 copy",
+     lambda x: x.t().double().index_put_((torch.tensor([1, 3], device=x.device),),
+                                         torch.full((2, 4), 2.0, dtype=torch.float64, device=x.device)).float()),
     ("mode of a transpose", lambda x: x.t().round().mode(1).values),
 ]
 

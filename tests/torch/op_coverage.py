@@ -422,6 +422,13 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("logcumsumexp along each dim (values far apart, -inf), with backwards", [(6, 5)],
      lambda x: torch.cat([torch.logcumsumexp(x * 30, 0).flatten(), torch.logcumsumexp(x, 1).flatten(),
                           torch.logcumsumexp(torch.cat([torch.full((1, 5), float("-inf"), device=x.device), x]), 0)[1:].flatten()])),
+    ("index puts of i64 and bool whose picks meet (the last wins), into a transpose too; a scatter of i64 src", [(4, 5)],
+     lambda x: (lambda t, i: torch.cat([
+         t.clone().index_put_((i,), torch.tensor([[2**50 + 1] * 5, [7] * 5, [-2**45] * 5], device=x.device)).flatten(),
+         t.t().clone().index_put_((i,), torch.full((3, 4), 2**41, dtype=torch.long, device=x.device)).flatten(),
+         (t > 0).index_put_((i,), torch.tensor([True], device=x.device)).long().flatten(),
+         t.clone().scatter_(1, torch.tensor([[0, 0], [1, 1], [4, 2], [3, 3]], device=x.device), t[:, :2] * 10).flatten()]).float())(
+         (x.detach() * 2**40).long(), torch.tensor([1, 3, 1], device=x.device))),
     ("vector norms: 2, 1, inf, 3", [(4, 6)],
      lambda x: torch.linalg.vector_norm(x) + x.norm(1) + torch.linalg.vector_norm(x, 3, dim=1).sum()
      + torch.linalg.vector_norm(x, float("inf")).detach()),

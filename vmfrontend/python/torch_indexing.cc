@@ -281,12 +281,12 @@ at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
 
 // out = self, then out[.., index[.., i, ..], ..] = value, or src[.., i, ..], along `dim`.
 // A value: the positions picked (an index_add of ones there) take it, in f32 or i64
-// (one_hot's ones). A src (f32): an indexReduce taking the last pick, which is the one
-// PyTorch's CPU loop leaves where several meet. An index outside self's dimension raises
+// (one_hot's ones). A src (f32, or i64 into i64): an indexReduce taking the last pick,
+// which is the one PyTorch's CPU loop leaves where several meet. An index outside self's dimension raises
 // PyTorch's error.
 at::Tensor& scatterInto(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src,
                         const at::Scalar& value, at::Tensor& out) {
-  const bool integers = !src && bothI64(self, out);
+  const bool integers = bothI64(self, out) && (!src || (typed(*src) && src->scalar_type() == at::kLong));
   const bool ok = (integers || supported({&self, src, &out})) && onDevice(self) && onDevice(out) && (!src || onDevice(*src)) &&
                   typed(index) && index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 &&
                   index.dim() == self.dim() && (!src || src->dim() == self.dim());
@@ -657,35 +657,21 @@ at::Tensor gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, 
   return python::gather_out(self, dim, index, sparseGrad, out);
 }
 
-// self[indices] = values without accumulate, f32, over the indexed dimensions merged
-// (`merged`: self's view; `m`: its index): where the index names a row twice the last
-// value named wins, as in PyTorch's CPU loop. The picks are sorted by row (stable), each
-// row's last pick (its row differs from the next one's) adds its values into rows of
-// -0.0 and the others add -0.0 (x + -0.0 is x to the bit, -0.0 and NaN included), and
-// the rows picked take those sums.
+// self[indices] = values without accumulate, over the indexed dimensions merged
+// (`merged`: self's view; `m`: its index): one indexReduce taking the last pick, so where
+// the index names a row twice the last value named wins, as in PyTorch's CPU loop (exact
+// for integers).
 void putLastWins(at::Tensor& merged, const MergedIndex& m, const at::Tensor& values) {
   const int64_t k = m.flat.numel();
   if (k == 0) return;
-  auto [rows, order] = at::sort(m.flat, /*stable=*/true, 0, false);
-  auto last = at::ones({k}, rows.options().dtype(at::kBool));
-  if (k > 1) last.narrow(0, 0, k - 1).copy_(rows.narrow(0, 0, k - 1) != rows.narrow(0, 1, k - 1));
   std::vector<int64_t> along(merged.dim(), 1);
   along[m.first] = k;
-  auto sorted = values.index_select(m.first, order);
-  auto kept = at::where(last.view(along), sorted, at::full({}, -0.0f, sorted.options()));
-  auto sums = at::full(merged.sizes(), -0.0f, merged.options());
-  python::index_add_out(sums, m.first, rows, kept, 1, sums);
-  auto hit = at::zeros({merged.size(m.first)}, merged.options());
-  python::index_add_out(hit, 0, rows, last.to(at::kFloat), 1, hit);
-  along[m.first] = merged.size(m.first);
-  merged.copy_(at::where(hit.view(along) > 0, sums, merged));
+  reduceAtIndex(merged, m.first, m.flat.reshape(along).expand(values.sizes()), values, Reduce::last, true);
 }
 
-// self[mask] = value, the one form of index_put_ training code uses (label smoothing's
-// ignored targets): a single bool mask and a single value; other forms run on the host.
 // self[indices] = values (index_put_): a bool mask and one value is masked_fill_; with
 // accumulate (indexing's backward), one index_add over the indexed dimensions merged;
-// without, over f32, putLastWins.
+// without, putLastWins (f32, i64 or bool values of self's type).
 at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at::Tensor>>& indices, const at::Tensor& values,
                              bool accumulate, bool unsafe) {
   const bool mask = indices.size() == 1 && indices.get(0).has_value() && typed(*indices.get(0)) &&
@@ -693,7 +679,7 @@ at::Tensor& _index_put_impl_(at::Tensor& self, const c10::List<c10::optional<at:
   if (mask) return python::masked_fill_(self, *indices.get(0), values.reshape({}));
   const bool added = accumulate && typed(self) && typed(values) && values.scalar_type() == self.scalar_type() &&
                      !sharesStorage(values, self);
-  const bool put = !accumulate && isF32(self) && isF32(values);
+  const bool put = !accumulate && typed(self) && self.dim() <= 5 && typed(values) && values.scalar_type() == self.scalar_type();
   auto fronted = added || put ? indexedFirst(self, indices) : std::nullopt;
   if ((added || put) && (fronted || !self.is_contiguous())) {  // into a contiguous copy, then back
     auto target = fronted ? self.permute(fronted->order) : self;
