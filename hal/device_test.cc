@@ -1444,6 +1444,96 @@ TEST_P(Conformance, IndexReduceTakesProductsExtremesAndTheLastPick) {
 // LU with partial pivoting (P A = L U, LAPACK's pivots, info for a singular one) and the
 // solve from it; a pivot no factorization made gives NaN, not a read out of bounds; a
 // non-square shape, a matrix past the bound and an overlap refused.
+// Householder QR (LAPACK's geqrf and orgqr) of a tall and a wide matrix, and the
+// symmetric eigenproblem of a batch: Q^T Q = I, Q R = A, A V = V diag(w) ascending.
+TEST_P(Conformance, OrthogonalFactorizationsOfABatch) {
+  auto qr = [&](uint64_t m, uint64_t n, const std::vector<float>& a) {
+    SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n));
+    const uint64_t k = std::min(m, n);
+    auto ba = floats(a), bf = floats(std::vector<float>(m * n, -7.0f)), bt = floats(std::vector<float>(n, -7.0f));
+    auto bq = floats(std::vector<float>(m * k, -7.0f));
+    EXPECT_TRUE(device->tensor(tensorOp(TensorFn::qrFactor, {m, n}, {view(bf.get(), 0, {n, 1}), view(ba.get(), 0, {n, 1}),
+                                                                       view(bt.get(), 0, {0, 1})})));
+    // Q: the reflectors of the first k columns (out's rows m, its columns k).
+    EXPECT_TRUE(device->tensor(tensorOp(TensorFn::householderProduct, {m, k},
+                                        {view(bq.get(), 0, {k, 1}), view(bf.get(), 0, {n, 1}), view(bt.get(), 0, {0, 1})})));
+    const auto f = readFloats(*bf, m * n), tau = readFloats(*bt, n), q = readFloats(*bq, m * k);
+    for (uint64_t j = k; j < n; ++j) EXPECT_EQ(tau[j], 0.0f) << "tau past min(m, n), " << j;
+    for (uint64_t i = 0; i < k; ++i)
+      for (uint64_t j = 0; j < k; ++j) {
+        float v = 0;
+        for (uint64_t r = 0; r < m; ++r) v += q[r * k + i] * q[r * k + j];
+        EXPECT_NEAR(v, i == j ? 1.0f : 0.0f, 1e-5f) << "Q^T Q at " << i << " " << j;
+      }
+    for (uint64_t i = 0; i < m; ++i)
+      for (uint64_t j = 0; j < n; ++j) {
+        float v = 0;
+        for (uint64_t r = 0; r <= std::min(j, k - 1); ++r) v += q[i * k + r] * f[r * n + j];  // R: out's upper triangle
+        EXPECT_NEAR(v, a[i * n + j], 1e-4f) << "Q R = A at " << i << " " << j;
+      }
+    return std::make_pair(f, tau);
+  };
+  qr(5, 3, {1, 2, 0, -3, 1, 4, 2, 2, 1, 0.5f, -1, 2, 4, 0, 1});
+  qr(3, 5, {2, 1, 0, 3, -1, 1, 3, 1, 0, 2, 0, 1, 4, 1, 1});
+  // LAPACK's own numbers: [3; 4] reflects onto -5 (beta against the diagonal's sign), v 0.5, tau 1.6.
+  auto [f, tau] = qr(2, 1, {3, 4});
+  EXPECT_NEAR(f[0], -5.0f, 1e-6f);
+  EXPECT_NEAR(f[1], 0.5f, 1e-6f);
+  EXPECT_NEAR(tau[0], 1.6f, 1e-6f);
+  // A column already zero below the diagonal: H = I, tau 0.
+  auto [g, zero] = qr(2, 2, {2, 1, 0, 3});
+  EXPECT_EQ(zero[0], 0.0f);
+  EXPECT_EQ(g[0], 2.0f);
+
+  // Eigen: a symmetric 4 x 4 (its upper triangle garbage: only the lower is read), a
+  // diagonal one and one holding a NaN.
+  const uint64_t n = 4;
+  const std::vector<float> sym = {4, 1, -2, 0.5f, 1, 3, 0, 1, -2, 0, 5, 2, 0.5f, 1, 2, -1};
+  std::vector<float> a(3 * n * n, 0.0f);
+  for (uint64_t i = 0; i < n; ++i)
+    for (uint64_t j = 0; j < n; ++j) a[i * n + j] = j > i ? 999.0f : sym[i * n + j];
+  const float diag[] = {3, 1, 2, -1};
+  for (uint64_t i = 0; i < n; ++i) a[n * n + i * n + i] = diag[i];
+  a[2 * n * n + 2 * n + 1] = std::nanf("");
+  auto ba = floats(a), bv = floats(std::vector<float>(3 * n * n, -7.0f)), bw = floats(std::vector<float>(3 * n, -7.0f));
+  auto scratch = bytes(3 * n * n * 4);
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::symmetricEigen, {3, n, n},
+                                      {view(bv.get(), 0, {n * n, n, 1}), view(ba.get(), 0, {n * n, n, 1}),
+                                       view(bw.get(), 0, {n, 0, 1}), view(scratch.get(), 0, {n * n, n, 1})})));
+  const auto v = readFloats(*bv, 3 * n * n), w = readFloats(*bw, 3 * n);
+  for (uint64_t j = 1; j < n; ++j) EXPECT_LE(w[j - 1], w[j]) << "ascending at " << j;
+  for (uint64_t i = 0; i < n; ++i)
+    for (uint64_t j = 0; j < n; ++j) {
+      float av = 0, vtv = 0;
+      for (uint64_t k = 0; k < n; ++k) av += sym[i * n + k] * v[k * n + j], vtv += v[k * n + i] * v[k * n + j];
+      EXPECT_NEAR(av, v[i * n + j] * w[j], 1e-4f) << "A V = V diag(w) at " << i << " " << j;
+      EXPECT_NEAR(vtv, i == j ? 1.0f : 0.0f, 1e-5f) << "V^T V at " << i << " " << j;
+    }
+  EXPECT_EQ(std::vector<float>(w.begin() + n, w.begin() + 2 * n), (std::vector<float>{-1, 1, 2, 3}));
+  for (uint64_t i = 0; i < n; ++i) EXPECT_EQ(std::fabs(v[n * n + i * n + (i == 0 ? 3 : i == 1 ? 1 : i == 2 ? 2 : 0)]), 1.0f) << i;
+  for (uint64_t i = 0; i < n; ++i) EXPECT_TRUE(std::isnan(w[2 * n + i]) && std::isnan(v[2 * n * n + i])) << i;
+
+  // Refusals: an eigenproblem past its bound, a Q of more columns than rows, tau strided over rows.
+  auto refusal = [&](const TensorOp& op) {
+    auto r = device->tensor(op);
+    return r ? std::string() : r.error().message;
+  };
+  auto big = bytes(257 * 257 * 4 * 2);
+  EXPECT_NE(refusal(tensorOp(TensorFn::symmetricEigen, {257, 257},
+                             {view(big.get(), 0, {257, 1}), view(big.get(), 257 * 257, {257, 1}), view(bw.get(), 0, {0, 0}),
+                              view(scratch.get(), 0, {0, 0})}))
+                .find("at most 256"),
+            std::string::npos);
+  EXPECT_NE(refusal(tensorOp(TensorFn::householderProduct, {2, 3}, {view(bv.get(), 0, {3, 1}), view(ba.get(), 0, {3, 1}),
+                                                                     view(bw.get(), 0, {0, 1})}))
+                .find("at most as many columns as rows"),
+            std::string::npos);
+  EXPECT_NE(refusal(tensorOp(TensorFn::qrFactor, {3, 2}, {view(bv.get(), 0, {2, 1}), view(ba.get(), 0, {2, 1}),
+                                                            view(bw.get(), 0, {1, 1})}))
+                .find("tau is one element per column"),
+            std::string::npos);
+}
+
 TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
   const uint64_t n = 4;
   // SPD: M M^T + 4 I; and one whose third minor is negative.
@@ -1480,18 +1570,19 @@ TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
   // Solve L X = B and L^T X = B (L^T: L's strides swapped, upper) for B's two columns.
   const std::vector<float> b = {1, 0, 2, -1, 3, 1, 0, 4};  // [n, 2]
   auto bb = floats(b), bx = floats(std::vector<float>(n * 2, 0.0f));
-  auto mulCheck = [&](bool transposed, bool unit, const char* what) {
+  // X (bx, [n, 2]) solves M X = B, M given by its element (i, k).
+  auto expectSolves = [&](const std::function<float(uint64_t, uint64_t)>& matrix, const char* what) {
     std::vector<float> x(n * 2);
     ASSERT_TRUE(device->read(*bx, 0, std::as_writable_bytes(std::span(x))));
     for (uint64_t i = 0; i < n; ++i)
       for (uint64_t c = 0; c < 2; ++c) {
         float v = 0;
-        for (uint64_t k = 0; k < n; ++k) {
-          const float t = transposed ? l[k * n + i] : l[i * n + k];
-          v += (unit && i == k ? 1.0f : t) * x[k * 2 + c];
-        }
-        EXPECT_NEAR(v, b[i * 2 + c], 1e-4f) << what << " " << i << " " << c;
+        for (uint64_t k = 0; k < n; ++k) v += matrix(i, k) * x[k * 2 + c];
+        EXPECT_NEAR(v, b[i * 2 + c], 1e-4f) << what << " at " << i << " " << c;
       }
+  };
+  auto mulCheck = [&](bool transposed, bool unit, const char* what) {
+    expectSolves([&](uint64_t i, uint64_t k) { return unit && i == k ? 1.0f : transposed ? l[k * n + i] : l[i * n + k]; }, what);
   };
   auto solveOp = [&](std::vector<uint64_t> lStrides, float flags) {
     auto op = tensorOp(TensorFn::triangularSolve, {2, n, n},
@@ -1538,25 +1629,13 @@ TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
                                                   view(piv.get(), 0, {0, 1, 0}, i64), view(bb.get(), 0, {1, 2, 0})});
   };
   ASSERT_TRUE(device->tensor(luSolve()));
-  std::vector<float> x(n * 2);
-  ASSERT_TRUE(device->read(*bx, 0, std::as_writable_bytes(std::span(x))));
-  for (uint64_t i = 0; i < n; ++i)
-    for (uint64_t c = 0; c < 2; ++c) {
-      float v = 0;
-      for (uint64_t k = 0; k < n; ++k) v += a[i * n + k] * x[k * 2 + c];
-      EXPECT_NEAR(v, b[i * 2 + c], 1e-4f) << "A X = B at " << i << " " << c;
-    }
+  expectSolves([&](uint64_t i, uint64_t k) { return a[i * n + k]; }, "A X = B");
   // A^T X = B from the same factors (alpha 1).
   auto transposedSolve = luSolve();
   transposedSolve.alpha = 1;
   ASSERT_TRUE(device->tensor(transposedSolve));
-  ASSERT_TRUE(device->read(*bx, 0, std::as_writable_bytes(std::span(x))));
-  for (uint64_t i = 0; i < n; ++i)
-    for (uint64_t c = 0; c < 2; ++c) {
-      float v = 0;
-      for (uint64_t k = 0; k < n; ++k) v += a[k * n + i] * x[k * 2 + c];
-      EXPECT_NEAR(v, b[i * 2 + c], 1e-4f) << "A^T X = B at " << i << " " << c;
-    }
+  expectSolves([&](uint64_t i, uint64_t k) { return a[k * n + i]; }, "A^T X = B");
+  std::vector<float> x(n * 2);
   // A pivot that points before its row, or past the matrix: the columns become NaN.
   for (int64_t wrong : {int64_t{0}, int64_t{99}, std::numeric_limits<int64_t>::min()}) {
     ASSERT_TRUE(device->write(*piv, 8, std::as_bytes(std::span(&wrong, 1))));

@@ -28,6 +28,9 @@ double flopsPerElement(const TensorOp& op) {
     }
     case TensorFn::cholesky: return double(op.shape[op.dims - 1]) / 3;  // n^3 / 3 over n^2 elements
     case TensorFn::luFactor: return 2 * double(op.shape[op.dims - 1]) / 3;
+    case TensorFn::qrFactor:  // 2 m n^2 over m n elements
+    case TensorFn::householderProduct: return 2 * double(op.shape[op.dims - 1]);
+    case TensorFn::symmetricEigen: return 24 * double(op.shape[op.dims - 1]);  // ~8 sweeps of 3 n^3
     case TensorFn::luSolve: return 2;  // both substitutions
     default: return 1;
   }
@@ -50,7 +53,10 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::indexSelect: return int(op.dims) - 2;  // not the rows picked from
     case TensorFn::sort: return int(op.dims) - 2;  // the kept dimensions: a row is sorted whole
     case TensorFn::cholesky:
-    case TensorFn::luFactor: return int(op.dims) - 3;  // the batch: a matrix is factored whole
+    case TensorFn::luFactor:
+    case TensorFn::qrFactor:
+    case TensorFn::householderProduct:
+    case TensorFn::symmetricEigen: return int(op.dims) - 3;  // the batch: a matrix is factored whole
     case TensorFn::triangularSolve:
     case TensorFn::luSolve: return int(op.dims) - 3;  // the batch and the columns of b
     case TensorFn::indexAdd:

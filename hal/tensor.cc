@@ -57,7 +57,9 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_POLYGAMMAFN == int(TensorFn::polygamma) && RC_CHOLESKY == int(TensorFn::cholesky) &&
               RC_TRIANGULAR_SOLVE == int(TensorFn::triangularSolve) && RC_LU_FACTOR == int(TensorFn::luFactor) &&
               RC_LU_SOLVE == int(TensorFn::luSolve) && RC_GCD == int(TensorFn::gcd) &&
-              RC_INDEX_REDUCE == int(TensorFn::indexReduce) && kTensorFns == RC_INDEX_REDUCE + 1);
+              RC_INDEX_REDUCE == int(TensorFn::indexReduce) && RC_QR_FACTOR == int(TensorFn::qrFactor) &&
+              RC_HOUSEHOLDER_PRODUCT == int(TensorFn::householderProduct) &&
+              RC_SYMMETRIC_EIGEN == int(TensorFn::symmetricEigen) && kTensorFns == RC_SYMMETRIC_EIGEN + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               RC_T_I32 == int(TensorType::i32) && kTensorTypes == 4);
 
@@ -118,7 +120,8 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"shiftLeft", 3, "rc_map"}, {"shiftRight", 3, "rc_map"}, {"polygamma", 2, "rc_map"},
     {"cholesky", 3, "rc_cholesky"}, {"triangularSolve", 3, "rc_triangular_solve"},
     {"luFactor", 4, "rc_lu_factor"}, {"luSolve", 4, "rc_lu_solve"}, {"gcd", 3, "rc_map"},
-    {"indexReduce", 3, "rc_index_reduce"},
+    {"indexReduce", 3, "rc_index_reduce"}, {"qrFactor", 3, "rc_qr_factor"},
+    {"householderProduct", 3, "rc_householder_product"}, {"symmetricEigen", 4, "rc_symmetric_eigen"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -133,8 +136,23 @@ constexpr uint64_t kMaxElements = 1ull << 48;
 constexpr uint64_t kMaxRowElements = 1ull << 24;
 // A work-item of linear algebra walks a whole matrix: a factorization n^3 / 3 steps, a
 // solve n^2 (the matrix's order n).
-constexpr uint64_t kMaxFactorOrder = 512, kMaxSolveOrder = 4096;
-bool factorization(TensorFn fn) { return fn == TensorFn::cholesky || fn == TensorFn::luFactor; }
+// An eigenproblem's sweeps walk n^3 each.
+constexpr uint64_t kMaxFactorOrder = 512, kMaxSolveOrder = 4096, kMaxEigenOrder = 256;
+bool factorization(TensorFn fn) {
+  return fn == TensorFn::cholesky || fn == TensorFn::luFactor || fn == TensorFn::qrFactor ||
+         fn == TensorFn::householderProduct || fn == TensorFn::symmetricEigen;
+}
+// The work of one matrix's factorization, m x n: Householder QR 2 m n^2 - 2 n^3 / 3, its Q
+// as much again, an eigenproblem's Jacobi ~8 sweeps of 3 n^3.
+double factorFlops(TensorFn fn, double m, double n) {
+  switch (fn) {
+    case TensorFn::cholesky: return n * n * n / 3;
+    case TensorFn::luFactor: return 2 * n * n * n / 3;
+    case TensorFn::qrFactor:
+    case TensorFn::householderProduct: return 2 * m * n * n - 2 * n * n * n / 3;
+    default: return 24 * n * n * n;
+  }
+}
 bool solve(TensorFn fn) { return fn == TensorFn::triangularSolve || fn == TensorFn::luSolve; }
 
 // One work-item per output element, at the same position in every operand (rc_map, and
@@ -357,6 +375,22 @@ Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
                                                 : "takes a shape of 4 to 6 dimensions [planes..., oh, ow, h, w]");
       if (auto s = checkPoolWork(op, elements, bad); !s) return s;
       break;
+    case TensorFn::qrFactor:
+    case TensorFn::householderProduct: {
+      if (op.dims < 2) return bad("takes a shape of 2 to 6 dimensions [batch..., m, n]");
+      const uint64_t m = op.shape[op.dims - 2], n = op.shape[op.dims - 1];
+      if (m > kMaxFactorOrder || n > kMaxFactorOrder)
+        return bad("a matrix of " + std::to_string(m) + " x " + std::to_string(n) + " (at most 512 x 512)");
+      if (op.fn == TensorFn::householderProduct && n > m) return bad("takes at most as many columns as rows");
+      break;
+    }
+    case TensorFn::symmetricEigen: {
+      if (op.dims < 2) return bad("takes a shape of 2 to 6 dimensions [batch..., n, n]");
+      const uint64_t n = op.shape[op.dims - 1];
+      if (op.shape[op.dims - 2] != n) return bad("takes square matrices: the last two dimensions alike");
+      if (n > kMaxEigenOrder) return bad("a matrix of order " + std::to_string(n) + " (at most 256)");
+      break;
+    }
     case TensorFn::cholesky:
     case TensorFn::luFactor:
     case TensorFn::triangularSolve:
@@ -453,6 +487,9 @@ class Layout {
       case TensorFn::sort: return allApart();
       case TensorFn::cholesky:
       case TensorFn::luFactor: return factorization();
+      case TensorFn::qrFactor:
+      case TensorFn::householderProduct:
+      case TensorFn::symmetricEigen: return orthogonal();
       case TensorFn::triangularSolve:
       case TensorFn::luSolve: return solve();
       default: return {};
@@ -555,6 +592,14 @@ class Layout {
     if (auto s = zero(info, c, "the info is one element per matrix: its strides over the last two dimensions must be 0"); !s) return s;
     if (op_.fn == TensorFn::luFactor)
       if (auto s = zero(2, c, "the pivots are one element per row: their stride over the last dimension must be 0"); !s) return s;
+    return allApart(tensorFnOperands(op_.fn));
+  }
+  // [batch..., m, n]: tau and the eigenvalues one element per column.
+  Status orthogonal() const {
+    const char* why = op_.fn == TensorFn::symmetricEigen
+                          ? "the eigenvalues are one element per column: their stride over the rows must be 0"
+                          : "tau is one element per column: its stride over the rows must be 0";
+    if (auto s = zero(2, op_.dims - 2, why); !s) return s;
     return allApart(tensorFnOperands(op_.fn));
   }
   // [batch..., k, n, n]: out and b a column per k, the matrix (and pivots) the same for each.
@@ -713,10 +758,10 @@ void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, Lowered
     g.n = static_cast<int64_t>(elements) / g.inner;
     out.flops = double(elements) * std::max(1.0, std::log2(double(g.inner)));
   } else if (factorization(op.fn)) {  // a work-item a matrix
-    const double n = double(g.shape[op.dims - 1]);
+    const double m = double(g.shape[op.dims - 2]), n = double(g.shape[op.dims - 1]);
     g.inner = g.shape[op.dims - 1];
-    g.n = static_cast<int64_t>(elements) / (g.inner * g.inner);
-    out.flops = double(g.n) * n * n * n * (op.fn == TensorFn::cholesky ? 1.0 / 3 : 2.0 / 3);
+    g.n = static_cast<int64_t>(elements) / (g.shape[op.dims - 2] * g.inner);
+    out.flops = double(g.n) * factorFlops(op.fn, m, n);
   } else if (solve(op.fn)) {  // a work-item a right-hand column
     g.inner = g.shape[op.dims - 1];
     g.n = static_cast<int64_t>(elements) / (g.inner * g.inner);

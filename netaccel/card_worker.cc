@@ -1064,7 +1064,7 @@ class CardWorker::Step {
                                                   std::to_string(h.dims) + " dimensions");
       h.operands[i].buffer = *b;
       h.operands[i].offset = operands[i].getOffset();
-      h.operands[i].type = static_cast<hal::TensorType>(operands[i].getType());  // an unknown one is refused by lowering
+      h.operands[i].type = transport::fromWire(operands[i].getType());  // an unknown one is refused by lowering
       for (unsigned d = 0; d < h.dims; ++d) h.operands[i].strides[d] = strides[d];
     }
     h.alpha = t.getAlpha(), h.beta = t.getBeta(), h.reduceMask = t.getReduceMask();

@@ -61,7 +61,7 @@ void tensorBuffers(wire::TensorOp::Reader t, Need& need, OpBuffers& b) {
       return;
     }
     const uint64_t last = lastElementOf(o, shape);
-    const uint64_t size = o.getType() == wire::TensorType::I64 ? 8 : o.getType() == wire::TensorType::BOOL ? 1 : 4;
+    const uint64_t size = tensorTypeBytes(transport::fromWire(o.getType()));
     const std::string role = "tensor operand " + std::to_string(i);
     if (elements > 0) need(o.getBuffer(), satMul(satAdd(last, 1), size), role.c_str());
     else need(o.getBuffer(), 0, role.c_str());

@@ -436,6 +436,18 @@ struct Op {
 #     the last dimension, out's and b's 0 over the last, out apart from the others: X
 #     solving A X = B (getrs), or A^T X = B with alpha 1. A pivot outside [i + 1, n] at
 #     step i makes its column NaN.
+#   qrFactor: shape [batch..., m, n] (m and n at most 512); operands out (f32), a (f32)
+#     and tau (f32, stride 0 over the rows), all apart: LAPACK's geqrf: out's upper
+#     triangle R, below it the Householder vectors v_j (v_j[j] = 1 not stored), H_j = I -
+#     tau[j] v_j v_j^T, A = H_0 ... H_{k-1} R (k = min(m, n)); tau 0 past k.
+#   householderProduct: shape [batch..., m, n] (n <= m <= 512); operands out (f32), a
+#     (f32, reflectors as qrFactor's out) and tau (f32, stride 0 over the rows), all
+#     apart: LAPACK's orgqr: out = the first n columns of H_0 ... H_{n-1}.
+#   symmetricEigen: shape [batch..., n, n] (n at most 256); operands out (f32), a (f32),
+#     w (f32, stride 0 over the rows) and scratch (f32), all apart: the eigenvalues of
+#     the symmetric matrix a's lower triangle gives (the upper not read) ascending in w,
+#     their unit eigenvectors out's columns (signs as the rotations leave them); scratch
+#     is overwritten. A NaN or infinity in a gives NaN in out and w.
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);
@@ -583,6 +595,9 @@ enum TensorFn {
   luSolve @110;
   gcd @111;
   indexReduce @112;
+  qrFactor @113;
+  householderProduct @114;
+  symmetricEigen @115;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/images.h"
 #include "common/kinds.h"
+#include "common/tensor_fns.h"
 #include "schema/frame.capnp.h"
 #include "schema/guest.capnp.h"
 
@@ -24,6 +25,17 @@ inline Code fromWire(wire::ErrorCode c) {
 inline bool validKind(wire::CardKind k) { return static_cast<uint16_t>(k) <= static_cast<uint16_t>(wire::CardKind::CPU); }
 inline bool validProgramKind(wire::ProgramKind k) {
   return static_cast<uint16_t>(k) <= static_cast<uint16_t>(wire::ProgramKind::OPENCL_UNITS);
+}
+
+static_assert(uint16_t(wire::TensorType::F32) == uint16_t(TensorType::f32) &&
+              uint16_t(wire::TensorType::I64) == uint16_t(TensorType::i64) &&
+              uint16_t(wire::TensorType::BOOL) == uint16_t(TensorType::boolean) &&
+              uint16_t(wire::TensorType::I32) == uint16_t(TensorType::i32) && kTensorTypes == 4);
+inline wire::TensorType toWire(TensorType t) { return static_cast<wire::TensorType>(static_cast<uint16_t>(t)); }
+// An unknown type keeps its number (truncated past 255 to one no type has), for the HAL to refuse.
+inline TensorType fromWire(wire::TensorType t) {
+  const auto v = static_cast<uint16_t>(t);
+  return static_cast<TensorType>(v < kTensorTypes ? v : 0xff);
 }
 
 inline void setError(wire::Error::Builder out, const Error& e) {

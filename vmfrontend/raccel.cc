@@ -517,7 +517,7 @@ void writeTensorOp(wire::TensorOp::Builder t, const TensorOp& op) {
     auto o = operands[i];
     o.setBuffer(op.operands[i].buffer);
     o.setOffset(op.operands[i].offset);
-    o.setType(static_cast<wire::TensorType>(op.operands[i].type));
+    o.setType(transport::toWire(op.operands[i].type));
     auto strides = o.initStrides(static_cast<unsigned>(op.operands[i].strides.size()));
     for (size_t d = 0; d < op.operands[i].strides.size(); ++d) strides.set(d, op.operands[i].strides[d]);
   }

@@ -383,6 +383,10 @@ class CpuDevice final : public Device {
           rc_lu_factor(i, g, p[0], p[1], reinterpret_cast<int64_t*>(p[2]), reinterpret_cast<int64_t*>(p[3]));
         });
       case TensorFn::luSolve: return each([&](int64_t i) { rc_lu_solve(i, g, p[0], p[1], target, p[3]); });
+      case TensorFn::qrFactor: return each([&](int64_t i) { rc_qr_factor(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::householderProduct:
+        return each([&](int64_t i) { rc_householder_product(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::symmetricEigen: return each([&](int64_t i) { rc_symmetric_eigen(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::uniform:
       case TensorFn::bernoulli:
       case TensorFn::normal: return each([&](int64_t i) { rc_random(i, g, p[0], p[1], p[2], p[3]); });

@@ -105,6 +105,12 @@ write("tensor", "lu-solve", tensor(110, [2, 3, 8, 8], [(0, 0, [24, 1, 3, 0]), (1
 write("tensor", "gcd", tensor(111, [64], [(0, 0, [1], 1), (1, 0, [1], 1), (2, 64, [1], 1)]))
 # indexReduce's largest, out's own included, over whatever the index holds
 write("tensor", "index-reduce", tensor(112, [8, 2, 4], [(0, 0, [2, 1, 0]), (1, 0, [0, 1, 2]), (2, 0, [0, 0, 1], 1)], alpha=1.0, beta=1.0))
+# orthogonal factorizations over whatever the buffers hold (NaNs, infinities, zero columns):
+# QR of two 8 x 6 matrices and its Q, the eigenproblem of two 8 x 8
+write("tensor", "qr-factor", tensor(113, [2, 8, 6], [(0, 0, [48, 6, 1]), (1, 0, [48, 6, 1]), (2, 0, [6, 0, 1])]))
+write("tensor", "householder-product", tensor(114, [2, 8, 6], [(0, 0, [48, 6, 1]), (1, 0, [48, 6, 1]), (2, 0, [6, 0, 1])]))
+write("tensor", "symmetric-eigen", tensor(115, [2, 8, 8], [(0, 0, [64, 8, 1]), (1, 0, [64, 8, 1]), (2, 0, [8, 0, 1]),
+                                                          (2, 16, [64, 8, 1])]))
 # i64 into i32 (wrapping) and back
 write("tensor", "copy-i64-i32", tensor(0, [64], [(0, 0, [1], 3), (1, 0, [1], 1)]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),

@@ -393,6 +393,18 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                                         torch.linalg.lu_solve(*torch.linalg.lu_factor(m), b, adjoint=True).flatten(),
                                         torch.cat([t.flatten() for t in torch.linalg.lu(m)])]))(
          a + 3 * torch.eye(4, device=a.device))),
+    ("qr (reduced: tall, wide, a batch; complete and r), geqrf + householder_product, with backwards", [(2, 5, 3)],
+     lambda a: torch.cat([torch.cat([t.flatten() for t in torch.linalg.qr(a)]),
+                          torch.cat([t.flatten() for t in torch.linalg.qr(a.mT * 2)]),
+                          torch.cat([t.flatten() for t in torch.linalg.qr(a[0].detach(), mode="complete")]),
+                          torch.linalg.qr(a[1].detach(), mode="r")[1].flatten(),
+                          torch.cat([t.flatten() for t in torch.geqrf(a.detach())]),
+                          torch.linalg.householder_product(*torch.geqrf(a.detach())).flatten(),
+                          torch.linalg.householder_product(a[0].detach(), a[1, 0, :2].detach()).flatten()])),
+    ("eigh (lower and upper: its values, its vectors' squares), eigvalsh, with backwards", [(2, 5, 5), (4, 4)],
+     lambda a, b: (lambda m, u: torch.cat([torch.linalg.eigh(m)[0].flatten(), (torch.linalg.eigh(m)[1] ** 2).flatten(),
+                                           torch.linalg.eigh(u, UPLO="U")[0], torch.linalg.eigvalsh(m).flatten(),
+                                           torch.linalg.eigvalsh(u, UPLO="U")]))(a + a.mT, b.triu() * 3)),
     ("MultivariateNormal's log_prob (covariance and scale_tril), linalg.cross, with backwards", [(4,), (4, 4), (3, 4), (5, 3)],
      lambda mu, a, x, c: torch.cat([
          torch.distributions.MultivariateNormal(mu, a @ a.mT + torch.eye(4, device=a.device)).log_prob(x),

@@ -339,6 +339,7 @@ at::Tensor& scatterReduceInto(const char* name, const at::Tensor& self, int64_t 
                     includeSelf);
     return out;
   }
+  if (reduce == "sum" && includeSelf) return resultInto(out, python::scatter_add(self, dim, index, from));
   auto picks = python::scatter_add(at::zeros_like(self), dim, index, at::ones(index.sizes(), self.options()));
   auto base = includeSelf ? self : self.masked_fill(picks > 0, 0);
   auto sum = python::scatter_add(base, dim, index, from);

@@ -1,7 +1,8 @@
-// Linear algebra on the card: Cholesky, LU with partial pivoting, and the triangular and
-// LU solves (the hal's tensor functions: a work-item a matrix, or a right-hand column),
-// and what PyTorch builds from them: solve, inv, det, slogdet, cholesky_solve and
-// solve_triangular. Their backwards are PyTorch's own formulas over these and matmuls.
+// Linear algebra on the card: Cholesky, LU with partial pivoting, the triangular and LU
+// solves, Householder QR and the symmetric eigenproblem (the hal's tensor functions: a
+// work-item a matrix, or a right-hand column), and what PyTorch builds from them: solve,
+// inv, det, slogdet, cholesky_solve, solve_triangular, qr, geqrf, householder_product and
+// eigh/eigvalsh. Their backwards are PyTorch's own formulas over these and matmuls.
 // PyTorch's pivots and infos are int32: made i64 on the card and copied into int32 there
 // (i32 is a storage type of copies). Each op follows PyTorch's CPU kernel step for step
 // where the backward depends on it (solve and det factor A^T when A is contiguous).
@@ -25,6 +26,13 @@ bool squareOnCard(const at::Tensor& a, int64_t order, int64_t batchDims) {
   return isF32(a) && a.dim() >= 2 && a.dim() - 2 <= batchDims && a.size(-1) == a.size(-2) && a.size(-1) <= order;
 }
 std::vector<int64_t> batchOf(const at::Tensor& t) { return std::vector<int64_t>(t.sizes().begin(), t.sizes().end() - 2); }
+
+// The identity matrix of each of `like`'s batch entries, on the card.
+at::Tensor identityLike(const at::Tensor& like) {
+  auto eye = at::zeros_like(like);
+  eye.diagonal(0, -2, -1).fill_(1);
+  return eye;
+}
 
 // t's strides with extra entries spliced in: its batch strides, then `tail`.
 std::vector<int64_t> stridesWith(const at::Tensor& t, int64_t keep, std::initializer_list<int64_t> tail) {
@@ -160,8 +168,7 @@ at::Tensor& linalg_lu_solve_out(const at::Tensor& LU, const at::Tensor& pivots, 
                     at::linalg_lu_solve(host(LU), host(pivots), host(B), left, adjoint));
   auto x = emptyOn(broadcastBatch(LU, rhs, rhs.size(-2), rhs.size(-1)));
   auto batch = batchOf(x);
-  auto wide = emptyOn(pivots.sizes(), at::kLong);
-  elementwise(TensorFn::copy, wide, &pivots, nullptr);  // int32 -> i64 on the card
+  const auto wide = pivots.to(at::kLong);  // int32 -> i64 on the card
   auto pivotBatch = batch;
   pivotBatch.push_back(LU.size(-1));
   const auto widePivots = wide.expand(pivotBatch);
@@ -206,8 +213,7 @@ std::tuple<at::Tensor&, at::Tensor&> linalg_inv_ex_out(const at::Tensor& A, bool
     resultInto(info, i);
     return {inverse, info};
   }
-  auto eye = at::zeros_like(A);
-  eye.diagonal(0, -2, -1).fill_(1);
+  const auto eye = identityLike(A);
   auto LU = emptyOn({0}), pivots = emptyOn({0}, at::kInt);
   python::linalg_solve_ex_out(A, eye, true, false, inverse, LU, pivots, info);
   if (checkErrors) linalg_check_errors(info, "linalg.inv_ex", A.dim() == 2);
@@ -294,8 +300,7 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> lu_unpack_out(const at::Tensor
     resultInto(P, p), resultInto(L, l), resultInto(U, u);
     return {P, L, U};
   }
-  auto eye = at::zeros_like(LU);
-  eye.diagonal(0, -2, -1).fill_(1);
+  const auto eye = identityLike(LU);
   if (unpackData) {
     resultInto(L, LU.tril(-1) + eye);
     resultInto(U, LU.triu());
@@ -307,7 +312,7 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> lu_unpack_out(const at::Tensor
     at::native::resize_output(P, {0});
     return {P, L, U};
   }
-  auto wide = pivots.to(at::kLong);
+  const auto wide = pivots.to(at::kLong);  // int32 -> i64 on the card
   auto transposed = emptyOn(LU.sizes());
   solveOnCard(TensorFn::luSolve, transposed, eye, &wide, eye, 0);
   resultInto(P, transposed.mT());
@@ -325,6 +330,140 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_lu_out(const at::Tensor
   auto LU = emptyOn({0}), pivots = emptyOn({0}, at::kInt), info = emptyOn({0}, at::kInt);
   python::linalg_lu_factor_ex_out(A, true, false, LU, pivots, info);
   return lu_unpack_out(LU, pivots, true, true, P, L, U);
+}
+
+// ---- Orthogonal factorizations: QR and the symmetric eigenproblem -----------------------
+
+// The hal's bounds (hal/tensor.cc): a QR's m and n at most 512, an eigenproblem's n 256.
+constexpr int64_t kMaxEigenOrder = 256;
+bool matrixOnCard(const at::Tensor& a, int64_t order) {
+  return isF32(a) && a.dim() >= 2 && a.dim() - 2 <= kMaxFactorBatchDims && a.size(-2) <= order && a.size(-1) <= order;
+}
+// A [batch..., rows] tensor's strides over [batch..., m, n] for one element per column.
+std::vector<int64_t> perColumn(const at::Tensor& t, int64_t batchDims) { return stridesWith(t, batchDims, {0, t.stride(-1)}); }
+
+// geqrf of [batch..., m, n] into fresh tensors: R over the Householder vectors, and tau
+// [batch..., min(m, n)].
+std::pair<at::Tensor, at::Tensor> qrOnCard(const at::Tensor& a) {
+  const int64_t b = a.dim() - 2;
+  auto factor = emptyOn(a.sizes());
+  auto sizes = batchOf(a);
+  sizes.push_back(a.size(-1));
+  auto tau = emptyOn(sizes);
+  client::TensorOp op;
+  op.fn = TensorFn::qrFactor;
+  op.shape = shapeOf(a.sizes());
+  op.operands = {operand(factor, factor.strides()), operand(a, a.strides()), operand(tau, perColumn(tau, b))};
+  Locked s;
+  send(*s, op);
+  return {factor, tau.narrow(-1, 0, std::min(a.size(-2), a.size(-1)))};
+}
+// The first n columns of H_0 ... H_{k-1} from reflectors [batch..., m, n] (n <= m) and tau
+// [batch..., k] (k <= n; the rest taken as 0, the identity), fresh.
+at::Tensor householderOnCard(const at::Tensor& reflectors, const at::Tensor& tau) {
+  const int64_t b = reflectors.dim() - 2, n = reflectors.size(-1);
+  auto full = tau;
+  if (tau.size(-1) < n) {
+    auto sizes = batchOf(reflectors);
+    sizes.push_back(n);
+    full = at::zeros(sizes, tau.options());
+    full.narrow(-1, 0, tau.size(-1)).copy_(tau);
+  }
+  auto q = emptyOn(reflectors.sizes());
+  client::TensorOp op;
+  op.fn = TensorFn::householderProduct;
+  op.shape = shapeOf(reflectors.sizes());
+  op.operands = {operand(q, q.strides()), operand(reflectors, reflectors.strides()), operand(full, perColumn(full, b))};
+  Locked s;
+  send(*s, op);
+  return q;
+}
+
+std::tuple<at::Tensor&, at::Tensor&> geqrf_out(const at::Tensor& self, at::Tensor& a, at::Tensor& tau) {
+  if (!matrixOnCard(self, kMaxFactorOrder) || !isF32(a) || !isF32(tau)) {
+    auto [f, t] = onHost("aten::geqrf", [&] { return at::geqrf(host(self)); });
+    resultInto(a, f), resultInto(tau, t);
+    return {a, tau};
+  }
+  auto [f, t] = qrOnCard(self);
+  resultInto(a, f), resultInto(tau, t);
+  return {a, tau};
+}
+std::tuple<at::Tensor, at::Tensor> geqrf(const at::Tensor& self) {
+  auto a = emptyOn({0}), tau = emptyOn({0});
+  geqrf_out(self, a, tau);
+  return {a, tau};
+}
+
+at::Tensor& linalg_householder_product_out(const at::Tensor& input, const at::Tensor& tau, at::Tensor& out) {
+  const bool ok = matrixOnCard(input, kMaxFactorOrder) && isF32(tau) && isF32(out) && input.size(-1) <= input.size(-2) &&
+                  tau.dim() == input.dim() - 1 && tau.size(-1) <= input.size(-1) &&
+                  tau.sizes().slice(0, tau.dim() - 1) == input.sizes().slice(0, input.dim() - 2);
+  if (!ok)
+    return hostInto("aten::linalg_householder_product", out, at::linalg_householder_product(host(input), host(tau)));
+  return resultInto(out, householderOnCard(input, tau));
+}
+at::Tensor linalg_householder_product(const at::Tensor& input, const at::Tensor& tau) {
+  auto out = emptyOn({0});
+  return linalg_householder_product_out(input, tau, out);
+}
+
+// A = Q R (mode reduced: Q [m, k], R [k, n], k = min(m, n); complete: Q [m, m], R [m, n];
+// r: R alone): LAPACK's geqrf and orgqr, as PyTorch's CPU (R's diagonal of either sign).
+std::tuple<at::Tensor&, at::Tensor&> linalg_qr_out(const at::Tensor& A, c10::string_view mode, at::Tensor& Q, at::Tensor& R) {
+  const bool known = mode == "reduced" || mode == "complete" || mode == "r";
+  if (!known || !matrixOnCard(A, kMaxFactorOrder) || !isF32(Q) || !isF32(R)) {
+    auto [q, r] = onHost("aten::linalg_qr", [&] { return at::linalg_qr(host(A), mode); });
+    resultInto(Q, q), resultInto(R, r);
+    return {Q, R};
+  }
+  const int64_t m = A.size(-2), n = A.size(-1), k = std::min(m, n);
+  auto [factor, tau] = qrOnCard(A);
+  const bool complete = mode == "complete" && m > n;
+  resultInto(R, (complete ? factor : factor.narrow(-2, 0, k)).triu());
+  if (mode == "r") {
+    at::native::resize_output(Q, {0});
+    return {Q, R};
+  }
+  if (!complete) return {resultInto(Q, householderOnCard(factor.narrow(-1, 0, k), tau)), R};
+  auto square = batchOf(A);  // the reflectors in the first n columns of an m x m
+  square.insert(square.end(), {m, m});
+  auto reflectors = at::zeros(square, A.options());
+  reflectors.narrow(-1, 0, n).copy_(factor);
+  return {resultInto(Q, householderOnCard(reflectors, tau)), R};
+}
+
+// The eigenvalues (ascending) and unit eigenvectors of symmetric matrices, from the lower
+// triangle (UPLO "L") or the upper: Jacobi's rotations on the card. The vectors' signs are
+// the rotations', not LAPACK's: either is an eigenvector.
+std::tuple<at::Tensor&, at::Tensor&> linalg_eigh_out(const at::Tensor& A, c10::string_view uplo, bool computeV,
+                                                     at::Tensor& eigenvalues, at::Tensor& eigenvectors) {
+  const bool ok = (uplo == "L" || uplo == "U" || uplo == "l" || uplo == "u") && matrixOnCard(A, kMaxEigenOrder) &&
+                  A.size(-1) == A.size(-2) && isF32(eigenvalues) && (!computeV || isF32(eigenvectors));
+  if (!ok) {
+    auto [w, v] = onHost("aten::_linalg_eigh", [&] { return at::_linalg_eigh(host(A), uplo, computeV); });
+    resultInto(eigenvalues, w), resultInto(eigenvectors, v);
+    return {eigenvalues, eigenvectors};
+  }
+  const int64_t b = A.dim() - 2;
+  const auto lower = uplo == "L" || uplo == "l" ? A : A.mT();
+  auto v = emptyOn(A.sizes()), scratch = emptyOn(A.sizes());
+  auto sizes = batchOf(A);
+  sizes.push_back(A.size(-1));
+  auto w = emptyOn(sizes);
+  client::TensorOp op;
+  op.fn = TensorFn::symmetricEigen;
+  op.shape = shapeOf(A.sizes());
+  op.operands = {operand(v, v.strides()), operand(lower, lower.strides()), operand(w, perColumn(w, b)),
+                 operand(scratch, scratch.strides())};
+  {
+    Locked s;
+    send(*s, op);
+  }
+  resultInto(eigenvalues, w);
+  if (computeV) resultInto(eigenvectors, v);
+  else at::native::resize_output(eigenvectors, {0});
+  return {eigenvalues, eigenvectors};
 }
 
 // a x b along `dim` (of size 3): each component from the other two, rolled into place.
@@ -355,6 +494,12 @@ void registerLinalg(torch::Library& m) {
   m.impl("linalg_cross.out", TORCH_FN(linalg_cross_out));
   m.impl("lu_unpack.out", TORCH_FN(lu_unpack_out));
   m.impl("linalg_lu.out", TORCH_FN(linalg_lu_out));
+  m.impl("geqrf.a", TORCH_FN(geqrf_out));
+  m.impl("geqrf", TORCH_FN(geqrf));
+  m.impl("linalg_householder_product.out", TORCH_FN(linalg_householder_product_out));
+  m.impl("linalg_householder_product", TORCH_FN(linalg_householder_product));
+  m.impl("linalg_qr.out", TORCH_FN(linalg_qr_out));
+  m.impl("_linalg_eigh.eigenvalues", TORCH_FN(linalg_eigh_out));
 }
 
 }  // namespace raccel::python
