@@ -35,10 +35,11 @@ enum class TensorFn : uint8_t {
   // indexAdd's scatter with a product, a largest, a smallest or the last pick (since 2026-12-01)
   indexReduce,
   // orthogonal factorizations: Householder QR and the product of its reflectors, and the
-  // symmetric eigenproblem by Jacobi's rotations; a work-item a matrix (since 2026-12-01)
-  qrFactor, householderProduct, symmetricEigen,
+  // symmetric eigenproblem and the singular values by Jacobi's rotations; a work-item a
+  // matrix (since 2026-12-01)
+  qrFactor, householderProduct, symmetricEigen, singularValues,
 };
-inline constexpr unsigned kTensorFns = 116;
+inline constexpr unsigned kTensorFns = 117;
 
 // i32 is a storage type alone: copies and fills convert to and from it (PyTorch's int32
 // results, linear algebra's pivots and infos); no other function takes it.
@@ -79,7 +80,7 @@ constexpr bool takesFusedScale(TensorFn fn) {
 // The operands a function writes, as a mask (bit i: operand i): the output, and the
 // forwards that write a second result: layerNorm's mean and rstd, maxPool2d's index,
 // nllLoss's total weight, sort's positions and its scratch, cholesky's info, luFactor's
-// pivots and info, qrFactor's tau, symmetricEigen's eigenvalues and its scratch.
+// pivots and info, qrFactor's tau, symmetricEigen's eigenvalues and its scratch, singularValues' values and V.
 constexpr unsigned writtenOperands(TensorFn fn) {
   switch (fn) {
     case TensorFn::layerNorm: return 0b1101;
@@ -89,7 +90,8 @@ constexpr unsigned writtenOperands(TensorFn fn) {
     case TensorFn::cholesky: return 0b0101;
     case TensorFn::luFactor: return 0b1101;
     case TensorFn::qrFactor: return 0b0101;
-    case TensorFn::symmetricEigen: return 0b1101;
+    case TensorFn::symmetricEigen:
+    case TensorFn::singularValues: return 0b1101;
     default: return 0b0001;
   }
 }

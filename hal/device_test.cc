@@ -1444,8 +1444,9 @@ TEST_P(Conformance, IndexReduceTakesProductsExtremesAndTheLastPick) {
 // LU with partial pivoting (P A = L U, LAPACK's pivots, info for a singular one) and the
 // solve from it; a pivot no factorization made gives NaN, not a read out of bounds; a
 // non-square shape, a matrix past the bound and an overlap refused.
-// Householder QR (LAPACK's geqrf and orgqr) of a tall and a wide matrix, and the
-// symmetric eigenproblem of a batch: Q^T Q = I, Q R = A, A V = V diag(w) ascending.
+// Householder QR (LAPACK's geqrf and orgqr) of a tall and a wide matrix, the symmetric
+// eigenproblem and the singular values of a batch: Q^T Q = I, Q R = A, A V = V diag(w)
+// ascending, U diag(s) V^T = A descending with U and V orthonormal.
 TEST_P(Conformance, OrthogonalFactorizationsOfABatch) {
   auto qr = [&](uint64_t m, uint64_t n, const std::vector<float>& a) {
     SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n));
@@ -1513,6 +1514,48 @@ TEST_P(Conformance, OrthogonalFactorizationsOfABatch) {
   for (uint64_t i = 0; i < n; ++i) EXPECT_EQ(std::fabs(v[n * n + i * n + (i == 0 ? 3 : i == 1 ? 1 : i == 2 ? 2 : 0)]), 1.0f) << i;
   for (uint64_t i = 0; i < n; ++i) EXPECT_TRUE(std::isnan(w[2 * n + i]) && std::isnan(v[2 * n * n + i])) << i;
 
+  // Singular values: a tall 5 x 3, one of rank 2 (its third column the sum of the first
+  // two), one of zeros (U still orthonormal) and one holding an infinity.
+  const uint64_t sm = 5, sn = 3;
+  const std::vector<float> tall = {1, 2, 0, -3, 1, 4, 2, 2, 1, 0.5f, -1, 2, 4, 0, 1};
+  std::vector<float> sa(4 * sm * sn, 0.0f);
+  std::copy(tall.begin(), tall.end(), sa.begin());
+  for (uint64_t i = 0; i < sm; ++i) {
+    sa[sm * sn + i * sn] = tall[i * sn], sa[sm * sn + i * sn + 1] = tall[i * sn + 1];
+    sa[sm * sn + i * sn + 2] = tall[i * sn] + tall[i * sn + 1];
+  }
+  sa[3 * sm * sn + 4] = INFINITY;
+  auto bsa = floats(sa), bu = floats(std::vector<float>(4 * sm * sn, -7.0f)), bs = floats(std::vector<float>(4 * sn, -7.0f));
+  auto bvv = floats(std::vector<float>(4 * sm * sn, -7.0f));
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::singularValues, {4, sm, sn},
+                                      {view(bu.get(), 0, {sm * sn, sn, 1}), view(bsa.get(), 0, {sm * sn, sn, 1}),
+                                       view(bs.get(), 0, {sn, 0, 1}), view(bvv.get(), 0, {sm * sn, sn, 1})})));
+  const auto u = readFloats(*bu, 4 * sm * sn), sv = readFloats(*bs, 4 * sn), vv = readFloats(*bvv, 4 * sm * sn);
+  for (uint64_t b = 0; b < 3; ++b) {
+    SCOPED_TRACE("matrix " + std::to_string(b));
+    const float* U = &u[b * sm * sn];
+    const float* V = &vv[b * sm * sn];
+    const float* S = &sv[b * sn];
+    for (uint64_t j = 1; j < sn; ++j) EXPECT_GE(S[j - 1], S[j]) << "descending at " << j;
+    for (uint64_t i = 0; i < sn; ++i)
+      for (uint64_t j = 0; j < sn; ++j) {
+        float utu = 0, vtv = 0;
+        for (uint64_t k = 0; k < sm; ++k) utu += U[k * sn + i] * U[k * sn + j];
+        for (uint64_t k = 0; k < sn; ++k) vtv += V[k * sn + i] * V[k * sn + j];
+        EXPECT_NEAR(utu, i == j ? 1.0f : 0.0f, 1e-5f) << "U^T U at " << i << " " << j;
+        EXPECT_NEAR(vtv, i == j ? 1.0f : 0.0f, 1e-5f) << "V^T V at " << i << " " << j;
+      }
+    for (uint64_t i = 0; i < sm; ++i)
+      for (uint64_t j = 0; j < sn; ++j) {
+        float usv = 0;
+        for (uint64_t k = 0; k < sn; ++k) usv += U[i * sn + k] * S[k] * V[j * sn + k];
+        EXPECT_NEAR(usv, sa[b * sm * sn + i * sn + j], 1e-4f) << "U S V^T = A at " << i << " " << j;
+      }
+  }
+  EXPECT_NEAR(sv[sn + 2], 0.0f, 1e-5f) << "rank 2";
+  EXPECT_EQ(std::vector<float>(sv.begin() + 2 * sn, sv.begin() + 3 * sn), (std::vector<float>{0, 0, 0}));
+  for (uint64_t i = 0; i < sn; ++i) EXPECT_TRUE(std::isnan(sv[3 * sn + i]) && std::isnan(u[3 * sm * sn + i])) << i;
+
   // Refusals: an eigenproblem past its bound, a Q of more columns than rows, tau strided over rows.
   auto refusal = [&](const TensorOp& op) {
     auto r = device->tensor(op);
@@ -1531,6 +1574,10 @@ TEST_P(Conformance, OrthogonalFactorizationsOfABatch) {
   EXPECT_NE(refusal(tensorOp(TensorFn::qrFactor, {3, 2}, {view(bv.get(), 0, {2, 1}), view(ba.get(), 0, {2, 1}),
                                                             view(bw.get(), 0, {1, 1})}))
                 .find("tau is one element per column"),
+            std::string::npos);
+  EXPECT_NE(refusal(tensorOp(TensorFn::singularValues, {2, 3}, {view(bv.get(), 0, {3, 1}), view(ba.get(), 0, {3, 1}),
+                                                                 view(bw.get(), 0, {0, 1}), view(scratch.get(), 0, {3, 1})}))
+                .find("at most as many columns as rows"),
             std::string::npos);
 }
 

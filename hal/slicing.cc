@@ -31,6 +31,7 @@ double flopsPerElement(const TensorOp& op) {
     case TensorFn::qrFactor:  // 2 m n^2 over m n elements
     case TensorFn::householderProduct: return 2 * double(op.shape[op.dims - 1]);
     case TensorFn::symmetricEigen: return 24 * double(op.shape[op.dims - 1]);  // ~8 sweeps of 3 n^3
+    case TensorFn::singularValues: return 32 * double(op.shape[op.dims - 1]);  // ~8 sweeps of 4 m n^2
     case TensorFn::luSolve: return 2;  // both substitutions
     default: return 1;
   }
@@ -56,7 +57,8 @@ int lastCuttable(const TensorOp& op) {
     case TensorFn::luFactor:
     case TensorFn::qrFactor:
     case TensorFn::householderProduct:
-    case TensorFn::symmetricEigen: return int(op.dims) - 3;  // the batch: a matrix is factored whole
+    case TensorFn::symmetricEigen:
+    case TensorFn::singularValues: return int(op.dims) - 3;  // the batch: a matrix is factored whole
     case TensorFn::triangularSolve:
     case TensorFn::luSolve: return int(op.dims) - 3;  // the batch and the columns of b
     case TensorFn::indexAdd:

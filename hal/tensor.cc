@@ -59,7 +59,8 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_LU_SOLVE == int(TensorFn::luSolve) && RC_GCD == int(TensorFn::gcd) &&
               RC_INDEX_REDUCE == int(TensorFn::indexReduce) && RC_QR_FACTOR == int(TensorFn::qrFactor) &&
               RC_HOUSEHOLDER_PRODUCT == int(TensorFn::householderProduct) &&
-              RC_SYMMETRIC_EIGEN == int(TensorFn::symmetricEigen) && kTensorFns == RC_SYMMETRIC_EIGEN + 1);
+              RC_SYMMETRIC_EIGEN == int(TensorFn::symmetricEigen) &&
+              RC_SINGULAR_VALUES == int(TensorFn::singularValues) && kTensorFns == RC_SINGULAR_VALUES + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               RC_T_I32 == int(TensorType::i32) && kTensorTypes == 4);
 
@@ -122,6 +123,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"luFactor", 4, "rc_lu_factor"}, {"luSolve", 4, "rc_lu_solve"}, {"gcd", 3, "rc_map"},
     {"indexReduce", 3, "rc_index_reduce"}, {"qrFactor", 3, "rc_qr_factor"},
     {"householderProduct", 3, "rc_householder_product"}, {"symmetricEigen", 4, "rc_symmetric_eigen"},
+    {"singularValues", 4, "rc_singular_values"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -140,16 +142,18 @@ constexpr uint64_t kMaxRowElements = 1ull << 24;
 constexpr uint64_t kMaxFactorOrder = 512, kMaxSolveOrder = 4096, kMaxEigenOrder = 256;
 bool factorization(TensorFn fn) {
   return fn == TensorFn::cholesky || fn == TensorFn::luFactor || fn == TensorFn::qrFactor ||
-         fn == TensorFn::householderProduct || fn == TensorFn::symmetricEigen;
+         fn == TensorFn::householderProduct || fn == TensorFn::symmetricEigen || fn == TensorFn::singularValues;
 }
 // The work of one matrix's factorization, m x n: Householder QR 2 m n^2 - 2 n^3 / 3, its Q
-// as much again, an eigenproblem's Jacobi ~8 sweeps of 3 n^3.
+// as much again, an eigenproblem's Jacobi ~8 sweeps of 3 n^3, the singular values' ~8 of
+// 4 m n^2.
 double factorFlops(TensorFn fn, double m, double n) {
   switch (fn) {
     case TensorFn::cholesky: return n * n * n / 3;
     case TensorFn::luFactor: return 2 * n * n * n / 3;
     case TensorFn::qrFactor:
     case TensorFn::householderProduct: return 2 * m * n * n - 2 * n * n * n / 3;
+    case TensorFn::singularValues: return 32 * m * n * n;
     default: return 24 * n * n * n;
   }
 }
@@ -384,6 +388,14 @@ Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
       if (op.fn == TensorFn::householderProduct && n > m) return bad("takes at most as many columns as rows");
       break;
     }
+    case TensorFn::singularValues: {
+      if (op.dims < 2) return bad("takes a shape of 2 to 6 dimensions [batch..., m, n]");
+      const uint64_t m = op.shape[op.dims - 2], n = op.shape[op.dims - 1];
+      if (n > m) return bad("takes at most as many columns as rows (a wide matrix's transpose is tall)");
+      if (m > kMaxFactorOrder || n > kMaxEigenOrder)
+        return bad("a matrix of " + std::to_string(m) + " x " + std::to_string(n) + " (at most 512 x 256)");
+      break;
+    }
     case TensorFn::symmetricEigen: {
       if (op.dims < 2) return bad("takes a shape of 2 to 6 dimensions [batch..., n, n]");
       const uint64_t n = op.shape[op.dims - 1];
@@ -489,7 +501,8 @@ class Layout {
       case TensorFn::luFactor: return factorization();
       case TensorFn::qrFactor:
       case TensorFn::householderProduct:
-      case TensorFn::symmetricEigen: return orthogonal();
+      case TensorFn::symmetricEigen:
+      case TensorFn::singularValues: return orthogonal();
       case TensorFn::triangularSolve:
       case TensorFn::luSolve: return solve();
       default: return {};
@@ -596,8 +609,9 @@ class Layout {
   }
   // [batch..., m, n]: tau and the eigenvalues one element per column.
   Status orthogonal() const {
-    const char* why = op_.fn == TensorFn::symmetricEigen
-                          ? "the eigenvalues are one element per column: their stride over the rows must be 0"
+    const char* why = op_.fn == TensorFn::symmetricEigen ? "the eigenvalues are one element per column: their stride over the rows must be 0"
+                      : op_.fn == TensorFn::singularValues
+                          ? "the singular values are one element per column: their stride over the rows must be 0"
                           : "tau is one element per column: its stride over the rows must be 0";
     if (auto s = zero(2, op_.dims - 2, why); !s) return s;
     return allApart(tensorFnOperands(op_.fn));

@@ -448,6 +448,11 @@ struct Op {
 #     the symmetric matrix a's lower triangle gives (the upper not read) ascending in w,
 #     their unit eigenvectors out's columns (signs as the rotations leave them); scratch
 #     is overwritten. A NaN or infinity in a gives NaN in out and w.
+#   singularValues: shape [batch..., m, n] (n <= m, m at most 512, n at most 256);
+#     operands out (f32), a (f32), s (f32, stride 0 over the rows) and v (f32), all apart:
+#     A = U diag(s) V^T with s descending, U out's columns (orthonormal, also where s is
+#     0), V v's first n rows (its other rows not written). A NaN or infinity in a gives
+#     NaN.
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);
@@ -598,6 +603,7 @@ enum TensorFn {
   qrFactor @113;
   householderProduct @114;
   symmetricEigen @115;
+  singularValues @116;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -111,6 +111,8 @@ write("tensor", "qr-factor", tensor(113, [2, 8, 6], [(0, 0, [48, 6, 1]), (1, 0, 
 write("tensor", "householder-product", tensor(114, [2, 8, 6], [(0, 0, [48, 6, 1]), (1, 0, [48, 6, 1]), (2, 0, [6, 0, 1])]))
 write("tensor", "symmetric-eigen", tensor(115, [2, 8, 8], [(0, 0, [64, 8, 1]), (1, 0, [64, 8, 1]), (2, 0, [8, 0, 1]),
                                                           (2, 16, [64, 8, 1])]))
+write("tensor", "singular-values", tensor(116, [2, 8, 6], [(0, 0, [48, 6, 1]), (1, 0, [48, 6, 1]), (2, 0, [6, 0, 1]),
+                                                          (2, 16, [48, 6, 1])]))
 # i64 into i32 (wrapping) and back
 write("tensor", "copy-i64-i32", tensor(0, [64], [(0, 0, [1], 3), (1, 0, [1], 1)]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),

@@ -405,6 +405,14 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda a, b: (lambda m, u: torch.cat([torch.linalg.eigh(m)[0].flatten(), (torch.linalg.eigh(m)[1] ** 2).flatten(),
                                            torch.linalg.eigh(u, UPLO="U")[0], torch.linalg.eigvalsh(m).flatten(),
                                            torch.linalg.eigvalsh(u, UPLO="U")]))(a + a.mT, b.triu() * 3)),
+    ("svd (tall, wide, a batch: S and the vectors' squares; full_matrices: U U^T = I), svdvals, 2-norm, "
+     "nuclear norm, with backwards", [(2, 5, 3), (3, 4)],
+     lambda a, b: torch.cat([torch.cat([t.flatten() ** 2 for t in torch.linalg.svd(a, full_matrices=False)]),
+                             torch.cat([t.flatten() ** 2 for t in torch.linalg.svd(b, full_matrices=False)]),
+                             (lambda u: (u @ u.mT).flatten())(torch.linalg.svd(a[0].detach())[0]),
+                             (lambda vh: (vh @ vh.mT).flatten())(torch.linalg.svd(b.detach())[2]),
+                             torch.linalg.svdvals(a * 2).flatten(), torch.linalg.matrix_norm(b, ord=2).reshape(1),
+                             torch.linalg.matrix_norm(a, ord="nuc").flatten()])),
     ("MultivariateNormal's log_prob (covariance and scale_tril), linalg.cross, with backwards", [(4,), (4, 4), (3, 4), (5, 3)],
      lambda mu, a, x, c: torch.cat([
          torch.distributions.MultivariateNormal(mu, a @ a.mT + torch.eye(4, device=a.device)).log_prob(x),

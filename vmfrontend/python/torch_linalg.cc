@@ -1,8 +1,9 @@
 // Linear algebra on the card: Cholesky, LU with partial pivoting, the triangular and LU
-// solves, Householder QR and the symmetric eigenproblem (the hal's tensor functions: a
-// work-item a matrix, or a right-hand column), and what PyTorch builds from them: solve,
-// inv, det, slogdet, cholesky_solve, solve_triangular, qr, geqrf, householder_product and
-// eigh/eigvalsh. Their backwards are PyTorch's own formulas over these and matmuls.
+// solves, Householder QR, the symmetric eigenproblem and the singular values (the hal's
+// tensor functions: a work-item a matrix, or a right-hand column), and what PyTorch builds
+// from them: solve, inv, det, slogdet, cholesky_solve, solve_triangular, qr, geqrf,
+// householder_product, eigh/eigvalsh, svd/svdvals (so pinv, matrix_rank, the 2-norm and
+// the nuclear norm). Their backwards are PyTorch's own formulas over these and matmuls.
 // PyTorch's pivots and infos are int32: made i64 on the card and copied into int32 there
 // (i32 is a storage type of copies). Each op follows PyTorch's CPU kernel step for step
 // where the backward depends on it (solve and det factor A^T when A is contiguous).
@@ -41,6 +42,24 @@ std::vector<int64_t> stridesWith(const at::Tensor& t, int64_t keep, std::initial
   return s;
 }
 
+// A [batch..., n] tensor's operand over [batch..., m, n]: one element per column.
+client::TensorOperand perColumn(const at::Tensor& t) { return operand(t, stridesWith(t, t.dim() - 1, {0, t.stride(-1)})); }
+// A fresh vector per matrix of a [batch..., m, n], n long (tau, eigenvalues, singular values).
+at::Tensor columnsOf(const at::Tensor& a, at::ScalarType dtype = at::kFloat) {
+  auto sizes = batchOf(a);
+  sizes.push_back(a.size(-1));
+  return emptyOn(sizes, dtype);
+}
+// fn over a's shape [batch..., m, n], a work-item a matrix.
+void sendOverMatrices(TensorFn fn, const at::Tensor& a, std::vector<client::TensorOperand> operands) {
+  client::TensorOp op;
+  op.fn = fn;
+  op.shape = shapeOf(a.sizes());
+  op.operands = std::move(operands);
+  Locked s;
+  send(*s, op);
+}
+
 // ---- The four tensor functions ---------------------------------------------------------
 
 // cholesky / luFactor of a [batch..., n, n] into fresh tensors: the factor (f32), the
@@ -49,21 +68,15 @@ struct Factored {
   at::Tensor factor, pivots, info;
 };
 Factored factorOnCard(TensorFn fn, const at::Tensor& a) {
-  const int64_t b = a.dim() - 2, n = a.size(-1);
+  const int64_t b = a.dim() - 2;
   Factored f{emptyOn(a.sizes()), {}, emptyOn(batchOf(a), at::kLong)};
-  client::TensorOp op;
-  op.fn = fn;
-  op.shape = shapeOf(a.sizes());
-  op.operands = {operand(f.factor, f.factor.strides()), operand(a, a.strides())};
+  std::vector<client::TensorOperand> operands = {operand(f.factor, f.factor.strides()), operand(a, a.strides())};
   if (fn == TensorFn::luFactor) {
-    auto sizes = batchOf(a);
-    sizes.push_back(n);
-    f.pivots = emptyOn(sizes, at::kLong);
-    op.operands.push_back(operand(f.pivots, stridesWith(f.pivots, b, {1, 0})));
+    f.pivots = columnsOf(a, at::kLong);
+    operands.push_back(operand(f.pivots, stridesWith(f.pivots, b, {1, 0})));
   }
-  op.operands.push_back(operand(f.info, stridesWith(f.info, b, {0, 0})));
-  Locked s;
-  send(*s, op);
+  operands.push_back(operand(f.info, stridesWith(f.info, b, {0, 0})));
+  sendOverMatrices(fn, a, std::move(operands));
   return f;
 }
 
@@ -332,51 +345,43 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_lu_out(const at::Tensor
   return lu_unpack_out(LU, pivots, true, true, P, L, U);
 }
 
-// ---- Orthogonal factorizations: QR and the symmetric eigenproblem -----------------------
+// ---- Orthogonal factorizations: QR, the symmetric eigenproblem, the singular values ------
 
-// The hal's bounds (hal/tensor.cc): a QR's m and n at most 512, an eigenproblem's n 256.
+// The hal's bounds (hal/tensor.cc): a QR's m and n at most 512, an eigenproblem's n 256,
+// the singular values' m 512 and n 256 (n <= m).
 constexpr int64_t kMaxEigenOrder = 256;
 bool matrixOnCard(const at::Tensor& a, int64_t order) {
   return isF32(a) && a.dim() >= 2 && a.dim() - 2 <= kMaxFactorBatchDims && a.size(-2) <= order && a.size(-1) <= order;
 }
-// A [batch..., rows] tensor's strides over [batch..., m, n] for one element per column.
-std::vector<int64_t> perColumn(const at::Tensor& t, int64_t batchDims) { return stridesWith(t, batchDims, {0, t.stride(-1)}); }
-
 // geqrf of [batch..., m, n] into fresh tensors: R over the Householder vectors, and tau
 // [batch..., min(m, n)].
 std::pair<at::Tensor, at::Tensor> qrOnCard(const at::Tensor& a) {
-  const int64_t b = a.dim() - 2;
-  auto factor = emptyOn(a.sizes());
-  auto sizes = batchOf(a);
-  sizes.push_back(a.size(-1));
-  auto tau = emptyOn(sizes);
-  client::TensorOp op;
-  op.fn = TensorFn::qrFactor;
-  op.shape = shapeOf(a.sizes());
-  op.operands = {operand(factor, factor.strides()), operand(a, a.strides()), operand(tau, perColumn(tau, b))};
-  Locked s;
-  send(*s, op);
+  auto factor = emptyOn(a.sizes()), tau = columnsOf(a);
+  sendOverMatrices(TensorFn::qrFactor, a, {operand(factor, factor.strides()), operand(a, a.strides()), perColumn(tau)});
   return {factor, tau.narrow(-1, 0, std::min(a.size(-2), a.size(-1)))};
 }
 // The first n columns of H_0 ... H_{k-1} from reflectors [batch..., m, n] (n <= m) and tau
 // [batch..., k] (k <= n; the rest taken as 0, the identity), fresh.
 at::Tensor householderOnCard(const at::Tensor& reflectors, const at::Tensor& tau) {
-  const int64_t b = reflectors.dim() - 2, n = reflectors.size(-1);
   auto full = tau;
-  if (tau.size(-1) < n) {
-    auto sizes = batchOf(reflectors);
-    sizes.push_back(n);
-    full = at::zeros(sizes, tau.options());
+  if (tau.size(-1) < reflectors.size(-1)) {
+    full = at::zeros_like(columnsOf(reflectors));
     full.narrow(-1, 0, tau.size(-1)).copy_(tau);
   }
   auto q = emptyOn(reflectors.sizes());
-  client::TensorOp op;
-  op.fn = TensorFn::householderProduct;
-  op.shape = shapeOf(reflectors.sizes());
-  op.operands = {operand(q, q.strides()), operand(reflectors, reflectors.strides()), operand(full, perColumn(full, b))};
-  Locked s;
-  send(*s, op);
+  sendOverMatrices(TensorFn::householderProduct, reflectors,
+                   {operand(q, q.strides()), operand(reflectors, reflectors.strides()), perColumn(full)});
   return q;
+}
+
+// The whole m x m Q of a geqrf of [batch..., m, n] (n < m): its reflectors in the first n
+// columns of an m x m, the rest identities.
+at::Tensor completeQ(const at::Tensor& factor, const at::Tensor& tau) {
+  auto square = batchOf(factor);
+  square.insert(square.end(), {factor.size(-2), factor.size(-2)});
+  auto reflectors = at::zeros(square, factor.options());
+  reflectors.narrow(-1, 0, factor.size(-1)).copy_(factor);
+  return householderOnCard(reflectors, tau);
 }
 
 std::tuple<at::Tensor&, at::Tensor&> geqrf_out(const at::Tensor& self, at::Tensor& a, at::Tensor& tau) {
@@ -425,12 +430,7 @@ std::tuple<at::Tensor&, at::Tensor&> linalg_qr_out(const at::Tensor& A, c10::str
     at::native::resize_output(Q, {0});
     return {Q, R};
   }
-  if (!complete) return {resultInto(Q, householderOnCard(factor.narrow(-1, 0, k), tau)), R};
-  auto square = batchOf(A);  // the reflectors in the first n columns of an m x m
-  square.insert(square.end(), {m, m});
-  auto reflectors = at::zeros(square, A.options());
-  reflectors.narrow(-1, 0, n).copy_(factor);
-  return {resultInto(Q, householderOnCard(reflectors, tau)), R};
+  return {resultInto(Q, complete ? completeQ(factor, tau) : householderOnCard(factor.narrow(-1, 0, k), tau)), R};
 }
 
 // The eigenvalues (ascending) and unit eigenvectors of symmetric matrices, from the lower
@@ -445,25 +445,52 @@ std::tuple<at::Tensor&, at::Tensor&> linalg_eigh_out(const at::Tensor& A, c10::s
     resultInto(eigenvalues, w), resultInto(eigenvectors, v);
     return {eigenvalues, eigenvectors};
   }
-  const int64_t b = A.dim() - 2;
   const auto lower = uplo == "L" || uplo == "l" ? A : A.mT();
-  auto v = emptyOn(A.sizes()), scratch = emptyOn(A.sizes());
-  auto sizes = batchOf(A);
-  sizes.push_back(A.size(-1));
-  auto w = emptyOn(sizes);
-  client::TensorOp op;
-  op.fn = TensorFn::symmetricEigen;
-  op.shape = shapeOf(A.sizes());
-  op.operands = {operand(v, v.strides()), operand(lower, lower.strides()), operand(w, perColumn(w, b)),
-                 operand(scratch, scratch.strides())};
-  {
-    Locked s;
-    send(*s, op);
-  }
+  auto v = emptyOn(A.sizes()), scratch = emptyOn(A.sizes()), w = columnsOf(A);
+  sendOverMatrices(TensorFn::symmetricEigen, A,
+                   {operand(v, v.strides()), operand(lower, lower.strides()), perColumn(w), operand(scratch, scratch.strides())});
   resultInto(eigenvalues, w);
   if (computeV) resultInto(eigenvectors, v);
   else at::native::resize_output(eigenvectors, {0});
   return {eigenvalues, eigenvectors};
+}
+
+// Q [batch..., m, k] with orthonormal columns, completed to [batch..., m, m]: the columns
+// of the complete Q of Q's own QR past its k (orthogonal to Q's span).
+at::Tensor completedBasis(const at::Tensor& q) {
+  auto [factor, tau] = qrOnCard(q);
+  return at::cat({q, completeQ(factor, tau).narrow(-1, q.size(-1), q.size(-2) - q.size(-1))}, -1);
+}
+
+// A = U diag(S) Vh, S descending: one-sided Jacobi on the card over A, or over A^T when A
+// is wide (A^T = V S U^T). full_matrices completes the longer side's vectors to a basis.
+// The vectors' signs are the rotations', not LAPACK's: either pair gives A.
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_svd_out(const at::Tensor& A, bool fullMatrices, bool computeUV,
+                                                                 c10::optional<c10::string_view> driver, at::Tensor& U,
+                                                                 at::Tensor& S, at::Tensor& Vh) {
+  const bool wide = A.dim() >= 2 && A.size(-2) < A.size(-1);
+  const auto tall = wide ? A.mT() : A;
+  const bool ok = !driver && isF32(A) && A.dim() >= 2 && A.dim() - 2 <= kMaxFactorBatchDims && tall.size(-2) <= kMaxFactorOrder &&
+                  tall.size(-1) <= kMaxEigenOrder && isF32(S) && (!computeUV || (isF32(U) && isF32(Vh)));
+  if (!ok) {
+    auto [u, s, vh] = onHost("aten::_linalg_svd", [&] { return at::_linalg_svd(host(A), fullMatrices, computeUV, driver); });
+    resultInto(U, u), resultInto(S, s), resultInto(Vh, vh);
+    return {U, S, Vh};
+  }
+  auto u = emptyOn(tall.sizes()), v = emptyOn(tall.sizes()), s = columnsOf(tall);
+  sendOverMatrices(TensorFn::singularValues, tall, {operand(u, u.strides()), operand(tall, tall.strides()), perColumn(s),
+                                                    operand(v, v.strides())});
+  resultInto(S, s);
+  if (!computeUV) {
+    at::native::resize_output(U, {0});
+    at::native::resize_output(Vh, {0});
+    return {U, S, Vh};
+  }
+  auto left = u, right = v.narrow(-2, 0, tall.size(-1));  // tall = left diag(s) right^T
+  if (fullMatrices && tall.size(-2) != tall.size(-1)) left = completedBasis(left);
+  resultInto(U, wide ? right : left);
+  resultInto(Vh, (wide ? left : right).mT());
+  return {U, S, Vh};
 }
 
 // a x b along `dim` (of size 3): each component from the other two, rolled into place.
@@ -500,6 +527,7 @@ void registerLinalg(torch::Library& m) {
   m.impl("linalg_householder_product", TORCH_FN(linalg_householder_product));
   m.impl("linalg_qr.out", TORCH_FN(linalg_qr_out));
   m.impl("_linalg_eigh.eigenvalues", TORCH_FN(linalg_eigh_out));
+  m.impl("_linalg_svd.U", TORCH_FN(linalg_svd_out));
 }
 
 }  // namespace raccel::python
