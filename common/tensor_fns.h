@@ -38,8 +38,11 @@ enum class TensorFn : uint8_t {
   // symmetric eigenproblem and the singular values by Jacobi's rotations; a work-item a
   // matrix (since 2026-12-01)
   qrFactor, householderProduct, symmetricEigen, singularValues,
+  // connectionist temporal classification's forward or backward variables, a work-item a
+  // sequence (since 2026-12-01)
+  ctcLattice,
 };
-inline constexpr unsigned kTensorFns = 117;
+inline constexpr unsigned kTensorFns = 118;
 
 // i32 is a storage type alone: copies and fills convert to and from it (PyTorch's int32
 // results, linear algebra's pivots and infos); no other function takes it.

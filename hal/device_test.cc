@@ -1581,6 +1581,84 @@ TEST_P(Conformance, OrthogonalFactorizationsOfABatch) {
             std::string::npos);
 }
 
+// CTC's forward and backward variables against every path (C^T of them) collapsed by
+// hand: log p(target) from alpha's end, from beta's start, and from alpha + beta at every
+// time; -inf past a sequence's length, NaN for a length of 0 or a class past C.
+TEST_P(Conformance, CtcLatticeSumsEveryPathThatCollapsesToTheTarget) {
+  const uint64_t N = 4, T = 4, S = 5, C = 3;  // blank 0
+  const std::vector<int64_t> labels = {0, 1, 0, 1, 0,  0, 2, 0, -1, -1,  0, 1, 0, -1, -1,  0, 7, 0, -1, -1};
+  const std::vector<int64_t> lengths = {4, 3, 0, 4};
+  const std::vector<std::vector<int64_t>> targets = {{1, 1}, {2}};
+  std::vector<float> lp(N * T * C);  // [n, t, c], log-softmaxed
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-2, 2);
+  for (uint64_t row = 0; row < N * T; ++row) {
+    double z = 0;
+    for (uint64_t c = 0; c < C; ++c) z += std::exp(lp[row * C + c] = u(rng));
+    for (uint64_t c = 0; c < C; ++c) lp[row * C + c] -= float(std::log(z));
+  }
+  auto blp = floats(lp), balpha = floats(std::vector<float>(N * T * S, 5.0f)), bbeta = floats(std::vector<float>(N * T * S, 5.0f));
+  auto blabels = bytes(labels.size() * 8), blengths = bytes(lengths.size() * 8);
+  ASSERT_TRUE(device->write(*blabels, 0, std::as_bytes(std::span(labels))));
+  ASSERT_TRUE(device->write(*blengths, 0, std::as_bytes(std::span(lengths))));
+  auto lattice = [&](Buffer* out, float direction) {
+    auto op = tensorOp(TensorFn::ctcLattice, {N, T, S, C},
+                       {view(out, 0, {T * S, S, 1, 0}), view(blp.get(), 0, {T * C, C, 0, 1}),
+                        view(blabels.get(), 0, {S, 0, 1, 0}, TensorType::i64), view(blengths.get(), 0, {1, 0, 0, 0}, TensorType::i64)});
+    op.alpha = direction;
+    return device->tensor(op);
+  };
+  ASSERT_TRUE(lattice(balpha.get(), 0));
+  ASSERT_TRUE(lattice(bbeta.get(), 1));
+  const auto alpha = readFloats(*balpha, N * T * S), beta = readFloats(*bbeta, N * T * S);
+  auto lse = [](double a, double b) { return a == -INFINITY && b == -INFINITY ? a : std::max(a, b) + std::log1p(std::exp(-std::fabs(a - b))); };
+  for (uint64_t n = 0; n < 2; ++n) {
+    SCOPED_TRACE("sequence " + std::to_string(n));
+    const uint64_t length = uint64_t(lengths[n]), extended = 2 * targets[n].size() + 1;
+    double p = 0;  // every path of `length` steps that collapses to the target
+    for (uint64_t path = 0, paths = uint64_t(std::pow(C, length)); path < paths; ++path) {
+      std::vector<int64_t> collapsed;
+      double logp = 0;
+      int64_t last = -1;
+      for (uint64_t t = 0, rest = path; t < length; ++t, rest /= C) {
+        const int64_t c = int64_t(rest % C);
+        logp += lp[(n * T + t) * C + uint64_t(c)];
+        if (c != last && c != 0) collapsed.push_back(c);
+        last = c;
+      }
+      if (collapsed == targets[n]) p += std::exp(logp);
+    }
+    const double want = std::log(p);
+    auto at = [&](const std::vector<float>& v, uint64_t t, uint64_t s) { return double(v[(n * T + t) * S + s]); };
+    EXPECT_NEAR(lse(at(alpha, length - 1, extended - 1), at(alpha, length - 1, extended - 2)), want, 1e-4) << "alpha's end";
+    EXPECT_NEAR(lse(at(beta, 0, 0), at(beta, 0, 1)), want, 1e-4) << "beta's start";
+    for (uint64_t t = 0; t < length; ++t) {
+      double sum = -INFINITY;
+      for (uint64_t s = 0; s < extended; ++s)
+        sum = lse(sum, at(alpha, t, s) + at(beta, t, s) - lp[(n * T + t) * C + uint64_t(labels[n * S + s])]);
+      EXPECT_NEAR(sum, want, 1e-4) << "alpha + beta at time " << t;
+    }
+    for (uint64_t t = 0; t < T; ++t)
+      for (uint64_t s = 0; s < S; ++s)
+        if (t >= length || s >= extended) EXPECT_EQ(at(alpha, t, s), -INFINITY) << t << " " << s;
+  }
+  for (uint64_t i = 0; i < T * S; ++i) EXPECT_TRUE(std::isnan(alpha[2 * T * S + i])) << "a length of 0, " << i;
+  EXPECT_TRUE(std::isnan(alpha[3 * T * S + 1])) << "a class past C";
+  EXPECT_FALSE(std::isnan(alpha[3 * T * S + 0]));
+  // Refused: a lattice strided over the classes, i32 labels, another alpha.
+  auto refused = [&](TensorOp op) { return !device->tensor(op); };
+  auto op = tensorOp(TensorFn::ctcLattice, {N, T, S, C},
+                     {view(balpha.get(), 0, {T * S, S, 1, 1}), view(blp.get(), 0, {T * C, C, 0, 1}),
+                      view(blabels.get(), 0, {S, 0, 1, 0}, TensorType::i64), view(blengths.get(), 0, {1, 0, 0, 0}, TensorType::i64)});
+  EXPECT_TRUE(refused(op));
+  op.operands[0].strides[3] = 0;
+  op.alpha = 2;
+  EXPECT_TRUE(refused(op));
+  op.alpha = 0;
+  op.operands[2].type = TensorType::f32;
+  EXPECT_TRUE(refused(op));
+}
+
 TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
   const uint64_t n = 4;
   // SPD: M M^T + 4 I; and one whose third minor is negative.

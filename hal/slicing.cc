@@ -32,6 +32,7 @@ double flopsPerElement(const TensorOp& op) {
     case TensorFn::householderProduct: return 2 * double(op.shape[op.dims - 1]);
     case TensorFn::symmetricEigen: return 24 * double(op.shape[op.dims - 1]);  // ~8 sweeps of 3 n^3
     case TensorFn::singularValues: return 32 * double(op.shape[op.dims - 1]);  // ~8 sweeps of 4 m n^2
+    case TensorFn::ctcLattice: return 3 / std::max(1.0, double(op.shape[3]));  // T x S' steps over T x S' x C elements
     case TensorFn::luSolve: return 2;  // both substitutions
     default: return 1;
   }
@@ -42,6 +43,7 @@ double flopsPerElement(const TensorOp& op) {
 int lastCuttable(const TensorOp& op) {
   switch (op.fn) {
     case TensorFn::nllLoss: return -1;  // one work-item: never cut
+    case TensorFn::ctcLattice: return 0;  // the sequences: each walks its lattice whole
     case TensorFn::maxPool2d:  // the planes only: an index counts from its plane's first element
     case TensorFn::maxPool2dBackward: return int(op.dims) - 5;
     case TensorFn::logSoftmax:

@@ -60,7 +60,8 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_INDEX_REDUCE == int(TensorFn::indexReduce) && RC_QR_FACTOR == int(TensorFn::qrFactor) &&
               RC_HOUSEHOLDER_PRODUCT == int(TensorFn::householderProduct) &&
               RC_SYMMETRIC_EIGEN == int(TensorFn::symmetricEigen) &&
-              RC_SINGULAR_VALUES == int(TensorFn::singularValues) && kTensorFns == RC_SINGULAR_VALUES + 1);
+              RC_SINGULAR_VALUES == int(TensorFn::singularValues) && RC_CTC_LATTICE == int(TensorFn::ctcLattice) &&
+              kTensorFns == RC_CTC_LATTICE + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
               RC_T_I32 == int(TensorType::i32) && kTensorTypes == 4);
 
@@ -123,7 +124,7 @@ constexpr FnInfo kFns[kTensorFns] = {
     {"luFactor", 4, "rc_lu_factor"}, {"luSolve", 4, "rc_lu_solve"}, {"gcd", 3, "rc_map"},
     {"indexReduce", 3, "rc_index_reduce"}, {"qrFactor", 3, "rc_qr_factor"},
     {"householderProduct", 3, "rc_householder_product"}, {"symmetricEigen", 4, "rc_symmetric_eigen"},
-    {"singularValues", 4, "rc_singular_values"},
+    {"singularValues", 4, "rc_singular_values"}, {"ctcLattice", 4, "rc_ctc_lattice"},
 };
 // The functions that take a fused scale are map functions (rc_map applies the scales).
 constexpr bool scalesOnlyOnTheMap() {
@@ -295,6 +296,11 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
       }
       if (op.fn == TensorFn::luSolve && op.alpha != 0 && op.alpha != 1) return refuse("luSolve's alpha is 0, or 1 for A's transpose");
       return {};
+    case TensorFn::ctcLattice:  // the labels and the lengths i64
+      for (unsigned i = 0; i < operands; ++i)
+        if (type(i) != (i >= 2 ? TensorType::i64 : TensorType::f32)) return bad(i, i >= 2 ? "labels and lengths are i64" : "f32");
+      if (op.alpha != 0 && op.alpha != 1) return refuse("ctcLattice's alpha is 0 (the forward variables) or 1 (the backward)");
+      return {};
     case TensorFn::triangularSolve:
       if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 3))
         return refuse("triangularSolve's alpha is its flags: 1 upper, 2 unit diagonal (an integer in [0, 3])");
@@ -396,6 +402,11 @@ Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
         return bad("a matrix of " + std::to_string(m) + " x " + std::to_string(n) + " (at most 512 x 256)");
       break;
     }
+    case TensorFn::ctcLattice:
+      if (op.dims != 4) return bad("takes a shape of 4 dimensions [sequences, times, extended labels, classes]");
+      if (limits::satMul(op.shape[1], op.shape[2]) > kMaxRowElements)
+        return bad("a lattice of " + std::to_string(op.shape[1]) + " x " + std::to_string(op.shape[2]) + " (at most 2^24)");
+      break;
     case TensorFn::symmetricEigen: {
       if (op.dims < 2) return bad("takes a shape of 2 to 6 dimensions [batch..., n, n]");
       const uint64_t n = op.shape[op.dims - 1];
@@ -503,6 +514,7 @@ class Layout {
       case TensorFn::householderProduct:
       case TensorFn::symmetricEigen:
       case TensorFn::singularValues: return orthogonal();
+      case TensorFn::ctcLattice: return lattice();
       case TensorFn::triangularSolve:
       case TensorFn::luSolve: return solve();
       default: return {};
@@ -606,6 +618,20 @@ class Layout {
     if (op_.fn == TensorFn::luFactor)
       if (auto s = zero(2, c, "the pivots are one element per row: their stride over the last dimension must be 0"); !s) return s;
     return allApart(tensorFnOperands(op_.fn));
+  }
+  // [N, T, S', C]: the lattice no class's, log_probs no label's, the labels one per (n, s),
+  // the lengths one per n; the lattice apart from what it reads.
+  Status lattice() const {
+    const char* why[] = {"the lattice's stride over the classes must be 0", "log_probs' stride over the labels must be 0",
+                         "the labels are one per sequence and position: their strides over times and classes must be 0",
+                         "the lengths are one per sequence: their strides after the first dimension must be 0"};
+    const unsigned zeros[][3] = {{3, 3, 3}, {2, 2, 2}, {1, 3, 3}, {1, 2, 3}};
+    for (unsigned i = 0; i < 4; ++i)
+      for (unsigned d : zeros[i])
+        if (auto s = zero(i, d, why[i]); !s) return s;
+    for (unsigned i = 1; i < 4; ++i)
+      if (auto s = apart(0, i); !s) return s;
+    return {};
   }
   // [batch..., m, n]: tau and the eigenvalues one element per column.
   Status orthogonal() const {
@@ -780,6 +806,10 @@ void shapeWork(const TensorOp& op, unsigned operands, uint64_t elements, Lowered
     g.inner = g.shape[op.dims - 1];
     g.n = static_cast<int64_t>(elements) / (g.inner * g.inner);
     out.flops = double(elements) * (op.fn == TensorFn::luSolve ? 2.0 : 1.0);
+  } else if (op.fn == TensorFn::ctcLattice) {  // a work-item a sequence, walking its times and labels
+    g.n = g.shape[0];
+    g.inner = g.shape[1] * g.shape[2];
+    out.flops = 3.0 * double(g.n) * double(g.inner);
   } else if (op.fn == TensorFn::nllLoss) {
     g.n = 1;
     g.inner = 1;

@@ -453,6 +453,12 @@ struct Op {
 #     A = U diag(s) V^T with s descending, U out's columns (orthonormal, also where s is
 #     0), V v's first n rows (its other rows not written). A NaN or infinity in a gives
 #     NaN.
+#   ctcLattice: shape [N, T, S', C] (T x S' at most 2^24); operands out (f32, strides 0
+#     over C), log_probs (f32, 0 over S'), labels (i64, 0 over T and C) and lengths (i64,
+#     0 over all but N), out apart from the others: per sequence n, CTC's log forward
+#     variables (alpha 0) or backward ones (alpha 1) over the extended labels l' (blank,
+#     label, blank...; the first negative one ends them) for the first lengths[n] times;
+#     -inf elsewhere; NaN for a length outside [1, T] (the row) or a label outside [0, C).
 struct TensorOp {
   fn @0 :TensorFn;
   shape @1 :List(UInt64);
@@ -604,6 +610,7 @@ enum TensorFn {
   householderProduct @114;
   symmetricEigen @115;
   singularValues @116;
+  ctcLattice @117;
 }
 
 struct Gemm {        # c[m x n] = alpha * a[m x k] * b[k x n] + beta * c

@@ -388,6 +388,10 @@ class CpuDevice final : public Device {
         return each([&](int64_t i) { rc_householder_product(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::symmetricEigen: return each([&](int64_t i) { rc_symmetric_eigen(i, g, p[0], p[1], p[2], p[3]); });
       case TensorFn::singularValues: return each([&](int64_t i) { rc_singular_values(i, g, p[0], p[1], p[2], p[3]); });
+      case TensorFn::ctcLattice:
+        return each([&](int64_t i) {
+          rc_ctc_lattice(i, g, p[0], p[1], target, reinterpret_cast<const int64_t*>(p[3]));
+        });
       case TensorFn::uniform:
       case TensorFn::bernoulli:
       case TensorFn::normal: return each([&](int64_t i) { rc_random(i, g, p[0], p[1], p[2], p[3]); });

@@ -113,6 +113,10 @@ write("tensor", "symmetric-eigen", tensor(115, [2, 8, 8], [(0, 0, [64, 8, 1]), (
                                                           (2, 16, [64, 8, 1])]))
 write("tensor", "singular-values", tensor(116, [2, 8, 6], [(0, 0, [48, 6, 1]), (1, 0, [48, 6, 1]), (2, 0, [6, 0, 1]),
                                                           (2, 16, [48, 6, 1])]))
+# CTC's lattice over whatever the labels and lengths hold (negative, past C, past T): 2
+# sequences, 4 times, 5 extended labels, 3 classes
+write("tensor", "ctc-lattice", tensor(117, [2, 4, 5, 3], [(0, 0, [20, 5, 1, 0]), (1, 0, [12, 3, 0, 1]), (2, 0, [5, 0, 1, 0], 1),
+                                                         (2, 64, [1, 0, 0, 0], 1)], alpha=1.0))
 # i64 into i32 (wrapping) and back
 write("tensor", "copy-i64-i32", tensor(0, [64], [(0, 0, [1], 3), (1, 0, [1], 1)]))
 write("launch", "gemm", launch("gemm", [("u32", 4), ("u32", 4), ("u32", 4), ("f32", 0), ("f32", 0),

@@ -200,6 +200,11 @@ refused("cholesky of a batch, its second matrix not positive-definite", "(Batch 
 refused("solve with a singular matrix", "singular", lambda: torch.linalg.solve(torch.zeros(2, 2).to(dev), torch.ones(2).to(dev)).cpu())
 refused("cholesky of a matrix that is not square", "must be batches of square matrices",
         lambda: torch.linalg.cholesky(torch.ones(2, 3).to(dev)).cpu())
+refused("qr of a vector", "must have at least 2 dimensions", lambda: torch.linalg.qr(torch.ones(3).to(dev))[0].cpu())
+refused("eigh of a matrix that is not square", "must be batches of square matrices",
+        lambda: torch.linalg.eigh(torch.ones(2, 3).to(dev))[0].cpu())
+refused("ctc_loss with an input length past the time steps", "Expected input_lengths to have value at most 4",
+        lambda: F.ctc_loss(torch.zeros(4, 1, 3).to(dev), torch.tensor([[1]]).to(dev), (5,), (1,)).cpu())
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

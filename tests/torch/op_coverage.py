@@ -413,6 +413,26 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                              (lambda vh: (vh @ vh.mT).flatten())(torch.linalg.svd(b.detach())[2]),
                              torch.linalg.svdvals(a * 2).flatten(), torch.linalg.matrix_norm(b, ord=2).reshape(1),
                              torch.linalg.matrix_norm(a, ord="nuc").flatten()])),
+    ("matrix_exp (a batch; a 1-norm past 1: squarings), orthogonal's householder map (f32 times int32), with backwards",
+     [(2, 4, 4), (5, 3)],
+     lambda a, x: (lambda A: torch.cat([torch.linalg.matrix_exp(a * 0.3).flatten(), torch.matrix_exp(a[0] * 3).flatten(),
+                                        (torch.linalg.householder_product(A, 2. / (1. + (A * A).sum(dim=-2))) *
+                                         x.diagonal().sign().int().unsqueeze(-2)).flatten()]))(x.tril(-1))),
+    ("lstsq (tall, with gels' residuals; wide: the least-norm solution; a vector; a batch)", [(2, 5, 3), (2, 5, 2), (3, 5)],
+     lambda a, b, w: (lambda a, b, w: torch.cat([torch.linalg.lstsq(a, b).solution.flatten(),
+                                                 torch.linalg.lstsq(a, b[..., 0]).solution.flatten(),
+                                                 torch.linalg.lstsq(a, b, driver="gels").residuals.flatten(),
+                                                 torch.linalg.lstsq(w, b[0, :3]).solution.flatten()]))(
+         a.detach(), b.detach(), w.detach())),
+    ("ctc_loss (padded and concatenated targets, an empty one, one too long with zero_infinity; none, sum, mean), "
+     "with backwards", [(6, 3, 5)],
+     lambda x: (lambda lp, padded, flat: torch.cat([
+         F.ctc_loss(lp, padded, (6, 5, 4), (3, 2, 0), reduction="none"),
+         F.ctc_loss(lp, flat, torch.tensor([6, 5, 4]), torch.tensor([3, 2, 2]), reduction="sum").reshape(1),
+         F.ctc_loss(lp * 0.5, padded, (6, 5, 4), (3, 2, 3), zero_infinity=True).reshape(1),
+         F.ctc_loss(lp.log_softmax(2), padded, (6, 6, 6), (3, 2, 3), blank=4, reduction="none")]))(
+         x.log_softmax(2), torch.tensor([[1, 2, 2], [3, 1, 0], [1, 1, 1]], device=x.device),
+         torch.tensor([1, 2, 2, 3, 1, 2, 3], device=x.device))),
     ("MultivariateNormal's log_prob (covariance and scale_tril), linalg.cross, with backwards", [(4,), (4, 4), (3, 4), (5, 3)],
      lambda mu, a, x, c: torch.cat([
          torch.distributions.MultivariateNormal(mu, a @ a.mT + torch.eye(4, device=a.device)).log_prob(x),

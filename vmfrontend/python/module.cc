@@ -49,7 +49,7 @@ raccel::client::TensorFn fnNamed(const std::string& name) {
                                 "copysign", "fmod", "lgamma", "digamma", "erfinv", "bitwise_and", "bitwise_or",
                                 "bitwise_xor", "shift_left", "shift_right", "polygamma", "cholesky",
                                 "triangular_solve", "lu_factor", "lu_solve", "gcd",
-                                "index_reduce", "qr_factor", "householder_product", "symmetric_eigen", "singular_values"};
+                                "index_reduce", "qr_factor", "householder_product", "symmetric_eigen", "singular_values", "ctc_lattice"};
   static_assert(std::size(names) == raccel::kTensorFns);
   for (size_t i = 0; i < std::size(names); ++i)
     if (name == names[i]) return static_cast<raccel::client::TensorFn>(i);

@@ -9,7 +9,7 @@ namespace raccel::python {
 std::vector<int64_t> broadcastShape(const at::Tensor& a, const at::Tensor& b) { return at::infer_size(a.sizes(), b.sizes()); }
 
 at::Tensor promoted(const at::Tensor& x, const at::Tensor& out) {
-  if (!isF32(out) || !typed(x) || x.scalar_type() == at::kFloat) return x;
+  if (!isF32(out) || !stored(x) || x.scalar_type() == at::kFloat) return x;  // an i64, bool or int32 side made f32
   auto f = emptyOn(x.sizes());
   elementwise(TensorFn::copy, f, &x, nullptr);
   return f;

@@ -70,6 +70,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   registerResampling(m);
   registerNormsAndLosses(m);
   registerLinalg(m);
+  registerCtc(m);
 }
 
 void printFallbacks() {

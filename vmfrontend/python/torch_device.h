@@ -99,6 +99,8 @@ std::optional<client::TensorType> storageTypeOf(at::ScalarType t);
 inline bool isIntegral(const at::Tensor& t) { return t.scalar_type() == at::kLong || t.scalar_type() == at::kBool; }
 // On the device, of a type tensor ops take, in at most 6 dimensions.
 inline bool typed(const at::Tensor& t) { return onDevice(t) && t.dim() <= 6 && typeOf(t.scalar_type()); }
+// The same, or int32 (which copies alone take).
+inline bool stored(const at::Tensor& t) { return onDevice(t) && t.dim() <= 6 && storageTypeOf(t.scalar_type()); }
 // A number PyTorch wrapped as a CPU tensor (x + 2, x * 0.5).
 inline bool isHostScalar(const at::Tensor& t) { return t.defined() && t.device().is_cpu() && t.dim() == 0; }
 // Both on the device as i64: an op the card runs exactly over integers (abs, sub, a scatter
@@ -330,5 +332,6 @@ void registerPooling(torch::Library& m);
 void registerResampling(torch::Library& m);
 void registerNormsAndLosses(torch::Library& m);
 void registerLinalg(torch::Library& m);
+void registerCtc(torch::Library& m);
 
 }  // namespace raccel::python

@@ -2,8 +2,8 @@
 // solves, Householder QR, the symmetric eigenproblem and the singular values (the hal's
 // tensor functions: a work-item a matrix, or a right-hand column), and what PyTorch builds
 // from them: solve, inv, det, slogdet, cholesky_solve, solve_triangular, qr, geqrf,
-// householder_product, eigh/eigvalsh, svd/svdvals (so pinv, matrix_rank, the 2-norm and
-// the nuclear norm). Their backwards are PyTorch's own formulas over these and matmuls.
+// householder_product, eigh/eigvalsh, svd/svdvals (so the 2-norm and the nuclear norm),
+// lstsq (gels, as on CUDA) and matrix_exp over matmuls. Their backwards are PyTorch's own formulas over these and matmuls.
 // PyTorch's pivots and infos are int32: made i64 on the card and copied into int32 there
 // (i32 is a storage type of copies). Each op follows PyTorch's CPU kernel step for step
 // where the backward depends on it (solve and det factor A^T when A is contiguous).
@@ -493,6 +493,63 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> linalg_svd_out(const at::Tenso
   return {U, S, Vh};
 }
 
+// min ||A X - B|| as LAPACK's gels (PyTorch's driver on CUDA; A taken to be of full rank):
+// a tall A through its QR, X = R^-1 Q^T B, with the residuals ||A X - B||^2 per column
+// when m > n; a wide A through A^T's, the least-norm X = Q R^-T B. rank and
+// singular_values are left empty, as gels leaves them. Other drivers run on the host.
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> linalg_lstsq_out(const at::Tensor& A, const at::Tensor& B,
+                                                                                c10::optional<double> rcond,
+                                                                                c10::optional<c10::string_view> driver,
+                                                                                at::Tensor& solution, at::Tensor& residuals,
+                                                                                at::Tensor& rank, at::Tensor& singularValues) {
+  const bool vector = A.dim() >= 2 && vectorRhs(A, B);
+  const auto rhs = vector ? B.unsqueeze(-1) : B;
+  const bool ok = (!driver || *driver == "gels") && matrixOnCard(A, kMaxFactorOrder) && A.dim() - 2 <= kMaxSolveBatchDims &&
+                  isF32(rhs) && rhs.dim() >= 2 && rhs.size(-2) == A.size(-2) &&
+                  int64_t(at::infer_size(batchOf(A), batchOf(rhs)).size()) <= kMaxSolveBatchDims && isF32(solution) &&
+                  isF32(residuals);
+  if (!ok) {
+    auto r = onHost("aten::linalg_lstsq", [&] { return at::linalg_lstsq(host(A), host(B), rcond, driver); });
+    resultInto(solution, std::get<0>(r)), resultInto(residuals, std::get<1>(r));
+    resultInto(rank, std::get<2>(r)), resultInto(singularValues, std::get<3>(r));
+    return {solution, residuals, rank, singularValues};
+  }
+  const int64_t m = A.size(-2), n = A.size(-1);
+  at::Tensor x;
+  if (m >= n) {
+    auto [factor, tau] = qrOnCard(A);
+    x = triangularSolve(factor.narrow(-2, 0, n), at::matmul(householderOnCard(factor, tau).mT(), rhs), true, true, false);
+  } else {
+    auto [factor, tau] = qrOnCard(A.mT());
+    x = at::matmul(householderOnCard(factor, tau), triangularSolve(factor.narrow(-2, 0, m).mT(), rhs, false, true, false));
+  }
+  if (m > n) resultInto(residuals, (at::matmul(A, x) - rhs).pow(2).sum(-2));
+  else at::native::resize_output(residuals, {0});
+  resultInto(solution, vector ? x.squeeze(-1) : x);
+  at::native::resize_output(rank, {0});
+  at::native::resize_output(singularValues, {0});
+  return {solution, residuals, rank, singularValues};
+}
+
+// exp(A) of square matrices: A / 2^s, s from the batch's largest 1-norm (one read, as
+// PyTorch's CUDA kernel reads its norms), through Taylor's series to degree 18 by Horner's
+// steps (matmuls), squared s times. With the norm at most 1, the series' remainder (under
+// e / 19!) is far below f32's rounding. Its backward is PyTorch's: this of a block matrix.
+at::Tensor linalg_matrix_exp(const at::Tensor& self) {
+  if (!isF32(self) || self.dim() < 2 || self.dim() > 6 || self.size(-1) != self.size(-2))
+    return onHost("aten::linalg_matrix_exp", [&] { return at::linalg_matrix_exp(host(self)).to(self.device()); });
+  if (self.numel() == 0) return emptyOn(self.sizes());
+  const double norm = self.abs().sum(-2).amax(-1).max().item<double>();
+  if (!std::isfinite(norm)) return at::full_like(self, std::numeric_limits<float>::quiet_NaN());
+  const int squarings = norm > 1 ? std::min(128, int(std::ceil(std::log2(norm)))) : 0;
+  const auto a = self * std::ldexp(1.0, -squarings);
+  const auto eye = identityLike(self);
+  auto e = eye + a / 18;
+  for (int k = 17; k >= 1; --k) e = at::matmul(a, e).div_(k).add_(eye);
+  for (int i = 0; i < squarings; ++i) e = at::matmul(e, e);
+  return e;
+}
+
 // a x b along `dim` (of size 3): each component from the other two, rolled into place.
 at::Tensor& linalg_cross_out(const at::Tensor& self, const at::Tensor& other, int64_t dim, at::Tensor& out) {
   if (!supported({&self, &other, &out}) || self.dim() == 0 || other.dim() == 0 || self.dim() != other.dim())
@@ -528,6 +585,8 @@ void registerLinalg(torch::Library& m) {
   m.impl("linalg_qr.out", TORCH_FN(linalg_qr_out));
   m.impl("_linalg_eigh.eigenvalues", TORCH_FN(linalg_eigh_out));
   m.impl("_linalg_svd.U", TORCH_FN(linalg_svd_out));
+  m.impl("linalg_matrix_exp", TORCH_FN(linalg_matrix_exp));
+  m.impl("linalg_lstsq.out", TORCH_FN(linalg_lstsq_out));
 }
 
 }  // namespace raccel::python
