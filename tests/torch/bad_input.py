@@ -205,6 +205,10 @@ refused("eigh of a matrix that is not square", "must be batches of square matric
         lambda: torch.linalg.eigh(torch.ones(2, 3).to(dev))[0].cpu())
 refused("ctc_loss with an input length past the time steps", "Expected input_lengths to have value at most 4",
         lambda: F.ctc_loss(torch.zeros(4, 1, 3).to(dev), torch.tensor([[1]]).to(dev), (5,), (1,)).cpu())
+refused("bicubic upsampling to a size of 0", "Input and output sizes should be greater than 0",
+        lambda: F.interpolate(torch.ones(1, 1, 4, 4).to(dev), size=(0, 3), mode="bicubic").cpu())
+refused("a transposed convolution whose groups do not divide its weight", "expected weight to be divisible by 3",
+        lambda: F.conv_transpose2d(torch.ones(1, 4, 3, 3).to(dev), torch.ones(4, 2, 2, 2).to(dev), groups=3).cpu())
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

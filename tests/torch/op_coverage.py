@@ -124,6 +124,10 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1)),
     ("conv_transpose2d kernel 2x3, stride (1, 2), dilation 2, no bias", [(1, 2, 3, 4), (2, 3, 2, 3)],
      lambda x, w: F.conv_transpose2d(x, w, stride=(1, 2), dilation=2)),
+    ("conv_transpose2d grouped (2 groups of 2 in, 3 out), stride 2, output padding 1, with bias; depthwise",
+     [(2, 4, 4, 5), (4, 3, 3, 3), (6,), (4, 1, 2, 2)],
+     lambda x, w, b, d: torch.cat([F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2).flatten(),
+                                   F.conv_transpose2d(x, d, stride=2, groups=4).flatten()])),
     ("batch_norm training with running stats", [(4, 3, 5, 5), (3,), (3,)],
      lambda x, w, b: F.batch_norm(x, torch.zeros(3, device=x.device), torch.ones(3, device=x.device), w, b, training=True)),
     ("batch_norm's running mean and unbiased variance after a training step", [(4, 3, 5, 5)],
@@ -140,6 +144,11 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda x: torch.cat([F.interpolate(x, size=(7, 9), mode="bilinear").flatten(),
                           F.interpolate(x, scale_factor=1.5, mode="bilinear", align_corners=True).flatten(),
                           F.interpolate(x, size=(3, 2), mode="bilinear").flatten()])),
+    ("bicubic upsampling: a size, a scale, align_corners, down, and a size of one", [(2, 3, 4, 5)],
+     lambda x: torch.cat([F.interpolate(x, size=(7, 9), mode="bicubic").flatten(),
+                          F.interpolate(x, scale_factor=1.5, mode="bicubic", align_corners=True).flatten(),
+                          F.interpolate(x, size=(3, 2), mode="bicubic").flatten(),
+                          F.interpolate(x, size=(1, 6), mode="bicubic", align_corners=True).flatten()])),
     ("ceil_mode pooling: max (plain and padded) and average (with padding, with and without it counted)", [(2, 3, 7, 8)],
      lambda x: torch.cat([F.max_pool2d(x, 2, ceil_mode=True).flatten(), F.max_pool2d(x, 3, 2, 1, ceil_mode=True).flatten(),
                           F.avg_pool2d(x, 3, 2, 1, ceil_mode=True).flatten(),
@@ -296,6 +305,12 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
          torch.unique((x.detach() * 3).long(), return_counts=True))),
     ("adaptive_max_pool2d over even windows, batched and not, with backwards", [(2, 3, 8, 6)],
      lambda x: torch.cat([F.adaptive_max_pool2d(x, (4, 3)).flatten(), F.adaptive_max_pool2d(x[0], 2).flatten()])),
+    ("adaptive_max_pool2d over uneven windows (overlapping, larger than the input, ties after a relu), with indices and "
+     "backwards", [(2, 3, 7, 10)],
+     lambda x: (lambda r: torch.cat([F.adaptive_max_pool2d(x, (3, 4)).flatten(), F.adaptive_max_pool2d(x[0], (9, 13)).flatten(),
+                                     F.adaptive_max_pool2d(r, (4, 3)).flatten(),
+                                     F.adaptive_max_pool2d(r.detach(), (3, 4), return_indices=True)[1].flatten().float()]))(
+         F.relu(x - 1))),
     ("lgamma, erfinv, digamma and polygamma with backwards (lgamma's is digamma, digamma's polygamma(1))", [(4, 6)],
      lambda x: torch.cat([torch.lgamma(x * 3), torch.lgamma(x.abs() + 0.05), torch.erfinv(x.tanh() * 0.95),
                           torch.digamma(x * 3), torch.special.digamma(x.abs() * 10 + 0.01),
@@ -418,12 +433,14 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
      lambda a, x: (lambda A: torch.cat([torch.linalg.matrix_exp(a * 0.3).flatten(), torch.matrix_exp(a[0] * 3).flatten(),
                                         (torch.linalg.householder_product(A, 2. / (1. + (A * A).sum(dim=-2))) *
                                          x.diagonal().sign().int().unsqueeze(-2)).flatten()]))(x.tril(-1))),
-    ("lstsq (tall, with gels' residuals; wide: the least-norm solution; a vector; a batch)", [(2, 5, 3), (2, 5, 2), (3, 5)],
-     lambda a, b, w: (lambda a, b, w: torch.cat([torch.linalg.lstsq(a, b).solution.flatten(),
-                                                 torch.linalg.lstsq(a, b[..., 0]).solution.flatten(),
-                                                 torch.linalg.lstsq(a, b, driver="gels").residuals.flatten(),
-                                                 torch.linalg.lstsq(w, b[0, :3]).solution.flatten()]))(
-         a.detach(), b.detach(), w.detach())),
+    ("lstsq (tall, with gels' residuals; wide: the least-norm solution; a vector, its residuals and their shape; a batch)",
+     [(2, 5, 3), (2, 5, 2), (3, 5)],
+     lambda a, b, w: (lambda a, b, w, r: torch.cat([torch.linalg.lstsq(a, b).solution.flatten(),
+                                                    torch.linalg.lstsq(a, b[..., 0]).solution.flatten(),
+                                                    torch.linalg.lstsq(a, b, driver="gels").residuals.flatten(),
+                                                    r.flatten(), torch.tensor(r.shape, dtype=torch.float32, device=r.device),
+                                                    torch.linalg.lstsq(w, b[0, :3]).solution.flatten()]))(
+         a.detach(), b.detach(), w.detach(), torch.linalg.lstsq(a.detach(), b.detach()[..., 0], driver="gels").residuals)),
     ("ctc_loss (padded and concatenated targets, an empty one, one too long with zero_infinity; none, sum, mean), "
      "with backwards", [(6, 3, 5)],
      lambda x: (lambda lp, padded, flat: torch.cat([

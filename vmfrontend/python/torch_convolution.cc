@@ -240,16 +240,17 @@ bool convOnCard(const at::Tensor& input, const at::Tensor& weight, const at::Ten
          Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation).sane() &&
          input.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0;
 }
-// Transposed (ungrouped; an output padding below the stride): the gradient of a
+// Transposed (an output padding below the stride): the gradient of a
 // convolution by the same window with respect to its input. Each input position's
 // [Cout * KK] contributions (one batched matmul by the weight [Cin, Cout * KK]
 // transposed), summed into the output positions whose windows read them (col2im). Its
 // backward: the input's gradient is the convolution of the output's gradient by the same
 // weight (as [Cin, Cout, KH, KW]), the weight's the input times the gradient's columns.
+// A grouped one is a loop over its groups, as a grouped convolution is (perGroup).
 bool transposedOnCard(const at::Tensor& input, const at::Tensor& weight, const at::Tensor* bias, c10::IntArrayRef stride,
                       c10::IntArrayRef padding, c10::IntArrayRef dilation, c10::IntArrayRef outputPadding, int64_t groups) {
-  if (!supported({&input, &weight, bias}) || input.dim() != 4 || weight.dim() != 4 || groups != 1 ||
-      input.size(1) != weight.size(0) || outputPadding.size() > 2)
+  if (!supported({&input, &weight, bias}) || input.dim() != 4 || weight.dim() != 4 || groups < 1 ||
+      input.size(1) != weight.size(0) || weight.size(0) % groups != 0 || outputPadding.size() > 2)
     return false;
   const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
   const int64_t oph = outputPadding.empty() ? 0 : outputPadding[0], opw = outputPadding.empty() ? 0 : outputPadding.back();
@@ -340,28 +341,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution3dBackward(const at::T
           mask[2] ? at::sum(grad, {0, 2, 3, 4}) : at::Tensor()};
 }
 
+// One group's channels: the input's, the weight's first dimension's and the output's (a
+// transposed weight is [Cin, Cout / groups, KH, KW], a plain one [Cout, Cin / groups, ...]).
+struct GroupChannels {
+  int64_t input, weight, output;
+  static GroupChannels of(const at::Tensor& weight, bool transposed, int64_t groups) {
+    if (transposed) return {weight.size(0) / groups, weight.size(0) / groups, weight.size(1)};
+    return {weight.size(1), weight.size(0) / groups, weight.size(0) / groups};
+  }
+};
+
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
                                     c10::IntArrayRef outputPadding, int64_t groups) {
   if (auto z = depthOf(input, weight, present(bias), stride, padding, dilation, transposed, groups))
     return convolution3d(input, weight, bias, stride, padding, dilation, groups, *z);
-  if (transposed && transposedOnCard(input, weight, present(bias), stride, padding, dilation, outputPadding, groups))
-    return transposedConvolution(input, weight, bias, stride, padding, dilation, outputPadding);
-  if (!convOnCard(input, weight, present(bias), stride, padding, dilation, transposed, groups))
+  const bool onCard = transposed ? transposedOnCard(input, weight, present(bias), stride, padding, dilation, outputPadding, groups)
+                                  : convOnCard(input, weight, present(bias), stride, padding, dilation, transposed, groups);
+  if (!onCard)
     return onHost("aten::convolution_overrideable", [&] {
       return at::convolution(host(input), host(weight), present(bias) ? host(*bias) : at::Tensor(), stride, padding, dilation,
                              transposed, outputPadding, groups).to(input.device());
     });
   if (groups > 1) {
-    const int64_t cg = weight.size(1), og = weight.size(0) / groups;
+    const auto c = GroupChannels::of(weight, transposed, groups);
     std::vector<at::Tensor> outs;
     for (int64_t g = 0; g < groups; ++g) {
-      auto b = present(bias) ? c10::optional<at::Tensor>(bias->narrow(0, g * og, og)) : c10::nullopt;
-      outs.push_back(python::convolution_overrideable(input.narrow(1, g * cg, cg), weight.narrow(0, g * og, og), b, stride,
-                                                      padding, dilation, false, outputPadding, 1));
+      auto b = present(bias) ? c10::optional<at::Tensor>(bias->narrow(0, g * c.output, c.output)) : c10::nullopt;
+      outs.push_back(python::convolution_overrideable(input.narrow(1, g * c.input, c.input), weight.narrow(0, g * c.weight, c.weight),
+                                                      b, stride, padding, dilation, transposed, outputPadding, 1));
     }
     return at::cat(outs, 1);
   }
+  if (transposed) return transposedConvolution(input, weight, bias, stride, padding, dilation, outputPadding);
   const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
   const int64_t n = input.size(0), oc = weight.size(0), oh = w.outH(input.size(2)), ow = w.outW(input.size(3));
   TORCH_CHECK(oh > 0 && ow > 0, "raccel: a convolution whose kernel is larger than its padded input");
@@ -383,10 +395,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   if (auto z = depthOf(input, weight, nullptr, stride, padding, dilation, transposed, groups);
       z && supported({&grad}) && grad.dim() == 5)
     return convolution3dBackward(grad, input, weight, stride, padding, dilation, groups, mask, *z);
-  if (transposed && supported({&grad}) && grad.dim() == 4 &&
-      transposedOnCard(input, weight, nullptr, stride, padding, dilation, outputPadding, groups))
-    return transposedConvolutionBackward(grad, input, weight, stride, padding, dilation, mask);
-  if (!supported({&grad}) || !convOnCard(input, weight, nullptr, stride, padding, dilation, transposed, groups)) {
+  const bool onCard = supported({&grad}) && grad.dim() == 4 &&
+                      (transposed ? transposedOnCard(input, weight, nullptr, stride, padding, dilation, outputPadding, groups)
+                                  : convOnCard(input, weight, nullptr, stride, padding, dilation, transposed, groups));
+  if (!onCard) {
     countFallback("aten::convolution_backward_overrideable");
     std::vector<int64_t> biasSizes = {weight.size(0)};
     auto [gi, gw, gb] = at::convolution_backward(host(grad), host(input), host(weight), at::OptionalIntArrayRef(biasSizes),
@@ -395,17 +407,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     return {back(gi), back(gw), back(gb)};
   }
   if (groups > 1) {
-    const int64_t cg = weight.size(1), og = weight.size(0) / groups;
+    const auto c = GroupChannels::of(weight, transposed, groups);
     std::vector<at::Tensor> gradInputs, gradWeights;
     for (int64_t g = 0; g < groups; ++g) {
       auto [gi, gw, gb] = python::convolution_backward_overrideable(
-          grad.narrow(1, g * og, og), input.narrow(1, g * cg, cg), weight.narrow(0, g * og, og), stride, padding, dilation,
-          false, outputPadding, 1, {mask[0], mask[1], false});
+          grad.narrow(1, g * c.output, c.output), input.narrow(1, g * c.input, c.input),
+          weight.narrow(0, g * c.weight, c.weight), stride, padding, dilation, transposed, outputPadding, 1,
+          {mask[0], mask[1], false});
       gradInputs.push_back(gi), gradWeights.push_back(gw);
     }
     return {mask[0] ? at::cat(gradInputs, 1) : at::Tensor(), mask[1] ? at::cat(gradWeights, 0) : at::Tensor(),
             mask[2] ? at::sum(grad, {0, 2, 3}) : at::Tensor()};
   }
+  if (transposed) return transposedConvolutionBackward(grad, input, weight, stride, padding, dilation, mask);
   const auto w = Window2d::of({weight.size(2), weight.size(3)}, stride, padding, dilation);
   const int64_t n = input.size(0), oc = weight.size(0), ohw = grad.size(2) * grad.size(3);
   const int64_t span = weight.numel() / std::max<int64_t>(oc, 1);  // C * KK

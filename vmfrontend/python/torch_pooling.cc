@@ -208,11 +208,11 @@ c10::optional<std::array<int64_t, 2>> adaptiveKernel(const at::Tensor& self, c10
 // Other sizes: PyTorch's windows, output o of n over an input of `in` reading [o * in / n,
 // ceil((o + 1) * in / n)), as index tables (built on the host once per geometry, kept):
 //   sources: [K, OH * OW], the input positions of each output's window in row order, -1
-//     past its size (K: the largest window's);
+//     past its size (K: the largest window's); paddedSources the same with H * W there;
 //   readers: [H * W, R], the outputs whose windows read each input position, in order;
 //   sizes: [OH, 1] and [1, OW] (f32), the windows' heights and widths.
 std::pair<int64_t, int64_t> adaptiveSpan(int64_t o, int64_t in, int64_t n) { return {o * in / n, ((o + 1) * in + n - 1) / n}; }
-enum class Adaptive { sources, readers, heights, widths };
+enum class Adaptive { sources, readers, heights, widths, paddedSources };
 at::Tensor buildAdaptiveTable(int64_t h, int64_t wd, int64_t oh, int64_t ow, Adaptive kind) {
   if (kind == Adaptive::heights || kind == Adaptive::widths) {
     const int64_t n = kind == Adaptive::heights ? oh : ow, in = kind == Adaptive::heights ? h : wd;
@@ -227,13 +227,14 @@ at::Tensor buildAdaptiveTable(int64_t h, int64_t wd, int64_t oh, int64_t ow, Ada
     for (int64_t y = y0; y < y1; ++y)
       for (int64_t x = x0; x < x1; ++x) windowsOf[o].push_back(y * wd + x), readers[y * wd + x].push_back(o);
   }
-  auto& lists = kind == Adaptive::sources ? windowsOf : readers;
+  const bool sources = kind == Adaptive::sources || kind == Adaptive::paddedSources;
+  auto& lists = sources ? windowsOf : readers;
   size_t picks = 1;
   for (auto& l : lists) picks = std::max(picks, l.size());
-  auto table = at::full({int64_t(lists.size()), int64_t(picks)}, -1, at::kLong);
+  auto table = at::full({int64_t(lists.size()), int64_t(picks)}, kind == Adaptive::paddedSources ? h * wd : -1, at::kLong);
   auto* t = table.data_ptr<int64_t>();
   for (size_t i = 0; i < lists.size(); ++i) std::copy(lists[i].begin(), lists[i].end(), t + i * picks);
-  return kind == Adaptive::sources ? table.t().contiguous() : table;  // sources: [K, OH * OW]
+  return sources ? table.t().contiguous() : table;  // sources: [K, OH * OW]
 }
 at::Tensor adaptiveTable(int64_t h, int64_t wd, int64_t oh, int64_t ow, Adaptive kind) {
   // (-1 where a window's stride would be: no window geometry has one)
@@ -278,18 +279,41 @@ at::Tensor _adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tenso
 }
 
 // adaptive_max_pool2d where every window is one size (the input a multiple of the output):
-// max pooling with that window as kernel and stride, its positions noted in range. Its
-// backward adds the gradient at the positions picked, a scatter_add over each plane
-// (which checks positions it was not given by the forward).
+// max pooling with that window as kernel and stride. Other sizes: each output's window
+// gathered from its plane by the padded sources table (-inf past a smaller window), its
+// amax and argmax over the window, the argmax mapped back to the plane's position: a
+// window's first largest value, as PyTorch's CPU kernel takes (a window holding several
+// NaNs gives its first NaN's position where PyTorch gives its last; the value is NaN
+// either way). The positions are noted in range. The backward adds the gradient at the
+// positions picked, a scatter_add over each plane (which checks positions it was not
+// given by the forward).
+std::tuple<at::Tensor, at::Tensor> unevenAdaptiveMax(const at::Tensor& batched, int64_t oh, int64_t ow) {
+  const int64_t planes = batched.size(0) * batched.size(1), h = batched.size(2), wd = batched.size(3);
+  auto sources = adaptiveTable(h, wd, oh, ow, Adaptive::paddedSources);  // [K, OH * OW]
+  const int64_t k = sources.size(0);
+  auto padded = at::cat({batched.reshape({planes, h * wd}),
+                         at::full({planes, 1}, -std::numeric_limits<float>::infinity(), batched.options())}, 1);
+  at::Tensor windows;
+  {
+    TrustedIndices inRange;  // (the table's positions, and the one past the plane)
+    windows = at::index_select(padded, 1, sources.reshape({-1})).view({planes, k, oh * ow});
+  }
+  auto values = at::amax(windows, {1});
+  auto positions = at::gather(sources.unsqueeze(0).expand({planes, k, oh * ow}), 1, at::argmax(windows, 1).unsqueeze(1));
+  const std::vector<int64_t> shape = {batched.size(0), batched.size(1), oh, ow};
+  return {values.view(shape), positions.view(shape)};
+}
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& self, at::IntArrayRef outSize) {
   const auto batched = self.dim() == 3 ? self.unsqueeze(0) : self;
-  const auto k = supported({&self}) ? adaptiveKernel(batched, outSize) : c10::nullopt;
-  if (!k) {
+  const bool onCard = (self.dim() == 3 || self.dim() == 4) && adaptiveOnCard(batched, outSize);
+  if (!onCard) {
     countFallback("aten::adaptive_max_pool2d");
     auto [values, indices] = at::adaptive_max_pool2d(host(self), outSize);
     return {values.to(self.device()), indices.to(self.device())};
   }
-  auto [values, indices] = python::max_pool2d_with_indices(batched, *k, *k, {0, 0}, {1, 1}, false);
+  const auto k = adaptiveKernel(batched, outSize);
+  auto [values, indices] = k ? python::max_pool2d_with_indices(batched, *k, *k, {0, 0}, {1, 1}, false)
+                             : unevenAdaptiveMax(batched, outSize[0], outSize[1]);
   notePositions(indices, batched.size(2) * batched.size(3));
   if (self.dim() == 3) return {values.squeeze(0), indices.squeeze(0)};
   return {values, indices};

@@ -1,5 +1,5 @@
-// The torch device's resampling: upsampling (nearest, bilinear) and sampling at a grid's
-// points (grid_sample), with their backwards.
+// The torch device's resampling: upsampling (nearest, bilinear, bicubic) and sampling at a
+// grid's points (grid_sample), with their backwards.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -39,79 +39,118 @@ at::Tensor& upsample_nearest2d_backward_out(const at::Tensor& grad, c10::SymIntA
   return at::sum_out(out, grad.view({in[0], in[1], in[2], (*f)[0], in[3], (*f)[1]}), {3, 5});
 }
 
-// Bilinear upsampling (either align_corners, with or without scales), one axis at a
-// time: each output column the input's at i0 times l0 plus at i1 times l1, then the same
-// over rows; PyTorch's CPU kernel's float indices and weights (area_pixel_compute_scale,
-// area_pixel_compute_source_index, the index clamped and its neighbour kept inside) and
-// its order of products, l0h (l0w x00 + l1w x01) + l1h (...), to a few ulps (its compiled
-// kernel may fuse them). The backward adds each output's weighted gradient back at both
-// indices, rows first.
-struct LinearAxis {
-  at::Tensor at, weights;  // [2, out] each: i0 and i1 (i64), l0 and l1 (f32), on the device
+// Bilinear and bicubic upsampling (either align_corners, with or without scales), one
+// axis at a time: each output column the sum over its taps of the input at a tap's index
+// times its weight (two taps bilinear, four bicubic), then the same over rows. The taps
+// are PyTorch's CPU kernel's in float: area_pixel_compute_scale and _source_index (the
+// source index held at 0 for bilinear only), bilinear's index clamped and its neighbour
+// kept inside, bicubic's four around floor(source) clamped to the edges and weighted by
+// the cubic convolution (A = -0.75), in its order of products and sums: ((x0 w0 + x1 w1)
+// + x2 w2) + x3 w3 over columns, then the same over rows, to a few ulps (its compiled
+// kernel may fuse them). The backward adds each output's weighted gradient back at every
+// tap, rows first.
+struct Taps {
+  at::Tensor at, weights;  // [taps, out] each: the input's indices (i64) and their weights (f32), on the device
 };
-at::Tensor buildLinearAxis(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale, bool weights) {
-  float step = 0;
-  if (alignCorners) step = out > 1 ? float(in - 1) / float(out - 1) : 0.0f;
-  else step = scale && *scale > 0 ? float(1.0 / *scale) : float(in) / float(out);
-  std::vector<int64_t> picks(2 * out);
-  std::vector<float> lambda(2 * out);
+enum class Interpolation : int64_t { linear = -2, cubic = -4 };  // (the table's key: no window has that stride)
+float axisStep(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale) {
+  if (alignCorners) return out > 1 ? float(in - 1) / float(out - 1) : 0.0f;
+  return scale && *scale > 0 ? float(1.0 / *scale) : float(in) / float(out);
+}
+float sourceIndex(float step, int64_t o, bool alignCorners) {
+  return alignCorners ? step * float(o) : step * (float(o) + 0.5f) - 0.5f;
+}
+// The cubic convolution's weights of the four inputs around a source index t past the
+// second (ATen/native/UpSample.h, get_cubic_upsample_coefficients).
+std::array<float, 4> cubicWeights(float t) {
+  const float a = -0.75f;
+  auto near = [&](float x) { return ((a + 2) * x - (a + 3)) * x * x + 1; };
+  auto far = [&](float x) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; };
+  const float rest = 1.0f - t;
+  return {far(t + 1.0f), near(t), near(rest), far(rest + 1.0f)};
+}
+at::Tensor buildTaps(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale, Interpolation kind,
+                     bool weights) {
+  const float step = axisStep(in, out, alignCorners, scale);
+  const int64_t taps = kind == Interpolation::cubic ? 4 : 2;
+  std::vector<int64_t> picks(taps * out);
+  std::vector<float> lambda(taps * out);
   for (int64_t o = 0; o < out; ++o) {
-    float src = alignCorners ? step * float(o) : step * (float(o) + 0.5f) - 0.5f;
-    if (!alignCorners && src < 0) src = 0;
+    float src = sourceIndex(step, o, alignCorners);
+    if (kind == Interpolation::linear && src < 0) src = 0;
     const int64_t i = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
     const float l = std::min(std::max(src - float(i), 0.0f), 1.0f);
-    picks[o] = i, picks[out + o] = i + (i < in - 1 ? 1 : 0);
-    lambda[o] = 1.0f - l, lambda[out + o] = l;
+    if (kind == Interpolation::linear) {
+      picks[o] = i, picks[out + o] = i + (i < in - 1 ? 1 : 0);
+      lambda[o] = 1.0f - l, lambda[out + o] = l;
+      continue;
+    }
+    const auto w = cubicWeights(l);
+    for (int64_t k = 0; k < 4; ++k) {
+      picks[k * out + o] = std::clamp<int64_t>(i - 1 + k, 0, in - 1);
+      lambda[k * out + o] = w[size_t(k)];
+    }
   }
-  return weights ? at::tensor(lambda, at::kFloat).reshape({2, out}) : at::tensor(picks, at::kLong).reshape({2, out});
+  return weights ? at::tensor(lambda, at::kFloat).reshape({taps, out}) : at::tensor(picks, at::kLong).reshape({taps, out});
 }
-LinearAxis linearAxis(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale) {
+Taps axisTaps(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale, Interpolation kind) {
   const int64_t scaleBits = scale ? std::bit_cast<int64_t>(*scale) : -1;
   auto table = [&](bool weights) {
-    return cachedTable({in, out, -2, -2, alignCorners, scaleBits, weights, 0, 0, 0, 0, 0, 0},  // (-2: no window has that stride)
-                       [&] { return buildLinearAxis(in, out, alignCorners, scale, weights); });
+    return cachedTable({in, out, int64_t(kind), int64_t(kind), alignCorners, scaleBits, weights, 0, 0, 0, 0, 0, 0},
+                       [&] { return buildTaps(in, out, alignCorners, scale, kind, weights); });
   };
   return {table(false), table(true)};
 }
-bool bilinearOnCard(c10::IntArrayRef in, c10::IntArrayRef out) {
+bool resampledOnCard(c10::IntArrayRef in, c10::IntArrayRef out) {
   return in.size() == 4 && out.size() == 2 && in[2] > 0 && in[3] > 0 && out[0] > 0 && out[1] > 0;
 }
-// x's dimension `dim` resampled by `a`: x at a's i0 times l0, plus x at i1 times l1.
-at::Tensor resampled(const at::Tensor& x, int64_t dim, const LinearAxis& a) {
+// x's dimension `dim` resampled by `a`: the sum over the taps of x at a tap's index times
+// its weight.
+at::Tensor resampled(const at::Tensor& x, int64_t dim, const Taps& a) {
   auto shape = [&](const at::Tensor& l) { return dim == 2 ? l.reshape({-1, 1}) : l; };
   TrustedIndices inRange;  // (the axis's positions)
   auto out = at::index_select(x, dim, a.at[0]) * shape(a.weights[0]);
-  return out.addcmul_(at::index_select(x, dim, a.at[1]), shape(a.weights[1]));
+  for (int64_t k = 1; k < a.at.size(0); ++k) out.addcmul_(at::index_select(x, dim, a.at[k]), shape(a.weights[k]));
+  return out;
 }
-// The transpose: g's dimension `dim` added back into `size` positions at i0 and i1.
-at::Tensor unresampled(const at::Tensor& g, int64_t dim, int64_t size, const LinearAxis& a) {
+// The transpose: g's dimension `dim` added back into `size` positions at every tap.
+at::Tensor unresampled(const at::Tensor& g, int64_t dim, int64_t size, const Taps& a) {
   auto shape = [&](const at::Tensor& l) { return dim == 2 ? l.reshape({-1, 1}) : l; };
   auto sizes = g.sizes().vec();
   sizes[dim] = size;
   auto out = at::zeros(sizes, g.options());
   TrustedIndices inRange;  // (the axis's positions)
-  out.index_add_(dim, a.at[0], g * shape(a.weights[0]));
-  return out.index_add_(dim, a.at[1], g * shape(a.weights[1]));
+  for (int64_t k = 0; k < a.at.size(0); ++k) out.index_add_(dim, a.at[k], g * shape(a.weights[k]));
+  return out;
 }
-at::Tensor& upsample_bilinear2d_out(const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners,
-                                    c10::optional<double> sh, c10::optional<double> sw, at::Tensor& out) {
+// upsample_bilinear2d and upsample_bicubic2d, and their backwards.
+template <Interpolation kind>
+at::Tensor& upsample2d_out(const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners, c10::optional<double> sh,
+                           c10::optional<double> sw, at::Tensor& out) {
   const auto size = c10::asIntArrayRefSlow(outputSize);
-  if (!supported({&self, &out}) || !bilinearOnCard(self.sizes(), size))
-    return hostInto("aten::upsample_bilinear2d", out, at::upsample_bilinear2d(host(self), size, alignCorners, sh, sw));
-  auto columns = resampled(self, 3, linearAxis(self.size(3), size[1], alignCorners, sw));
-  auto result = resampled(columns, 2, linearAxis(self.size(2), size[0], alignCorners, sh));
+  if (!supported({&self, &out}) || !resampledOnCard(self.sizes(), size)) {
+    auto onHost = kind == Interpolation::cubic ? at::upsample_bicubic2d(host(self), size, alignCorners, sh, sw)
+                                               : at::upsample_bilinear2d(host(self), size, alignCorners, sh, sw);
+    return hostInto(kind == Interpolation::cubic ? "aten::upsample_bicubic2d" : "aten::upsample_bilinear2d", out, onHost);
+  }
+  auto columns = resampled(self, 3, axisTaps(self.size(3), size[1], alignCorners, sw, kind));
+  auto result = resampled(columns, 2, axisTaps(self.size(2), size[0], alignCorners, sh, kind));
   return resultInto(out, result);
 }
-at::Tensor& upsample_bilinear2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
-                                             bool alignCorners, c10::optional<double> sh, c10::optional<double> sw,
-                                             at::Tensor& out) {
+template <Interpolation kind>
+at::Tensor& upsample2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
+                                    bool alignCorners, c10::optional<double> sh, c10::optional<double> sw, at::Tensor& out) {
   const auto size = c10::asIntArrayRefSlow(outputSize), in = c10::asIntArrayRefSlow(inputSize);
-  if (!supported({&grad, &out}) || !bilinearOnCard(in, size) || grad.dim() != 4 || grad.size(2) != size[0] ||
-      grad.size(3) != size[1] || grad.size(0) != in[0] || grad.size(1) != in[1])
-    return hostInto("aten::upsample_bilinear2d_backward", out,
-                    at::upsample_bilinear2d_backward(host(grad), size, in, alignCorners, sh, sw));
-  auto rows = unresampled(grad, 2, in[2], linearAxis(in[2], size[0], alignCorners, sh));
-  auto result = unresampled(rows, 3, in[3], linearAxis(in[3], size[1], alignCorners, sw));
+  if (!supported({&grad, &out}) || !resampledOnCard(in, size) || grad.dim() != 4 || grad.size(2) != size[0] ||
+      grad.size(3) != size[1] || grad.size(0) != in[0] || grad.size(1) != in[1]) {
+    auto onHost = kind == Interpolation::cubic
+                      ? at::upsample_bicubic2d_backward(host(grad), size, in, alignCorners, sh, sw)
+                      : at::upsample_bilinear2d_backward(host(grad), size, in, alignCorners, sh, sw);
+    return hostInto(kind == Interpolation::cubic ? "aten::upsample_bicubic2d_backward" : "aten::upsample_bilinear2d_backward",
+                    out, onHost);
+  }
+  auto rows = unresampled(grad, 2, in[2], axisTaps(in[2], size[0], alignCorners, sh, kind));
+  auto result = unresampled(rows, 3, in[3], axisTaps(in[3], size[1], alignCorners, sw, kind));
   at::native::resize_output(out, in);
   return out.copy_(result);
 }
@@ -245,8 +284,10 @@ void registerResampling(torch::Library& m) {
   m.impl("grid_sampler_2d_backward", TORCH_FN(python::grid_sampler_2d_backward));
   m.impl("upsample_nearest2d.out", TORCH_FN(upsample_nearest2d_out));
   m.impl("upsample_nearest2d_backward.grad_input", TORCH_FN(upsample_nearest2d_backward_out));
-  m.impl("upsample_bilinear2d.out", TORCH_FN(upsample_bilinear2d_out));
-  m.impl("upsample_bilinear2d_backward.grad_input", TORCH_FN(upsample_bilinear2d_backward_out));
+  m.impl("upsample_bilinear2d.out", TORCH_FN(upsample2d_out<Interpolation::linear>));
+  m.impl("upsample_bilinear2d_backward.grad_input", TORCH_FN(upsample2d_backward_out<Interpolation::linear>));
+  m.impl("upsample_bicubic2d.out", TORCH_FN(upsample2d_out<Interpolation::cubic>));
+  m.impl("upsample_bicubic2d_backward.grad_input", TORCH_FN(upsample2d_backward_out<Interpolation::cubic>));
 }
 
 }  // namespace raccel::python
