@@ -342,6 +342,13 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                              F.grid_sample(x, g.tanh() * 1.1, padding_mode="border", align_corners=True).flatten(),
                              F.grid_sample(x, g.tanh() * 0.9, padding_mode="border", align_corners=False).flatten(),
                              F.grid_sample(x, g.detach() * 0.7, mode="nearest", align_corners=False).flatten()])),
+    ("grid_sample with reflection padding: bilinear (align_corners both ways, points folded once and more), nearest; "
+     "with backwards", [(2, 3, 5, 6), (2, 4, 5, 2)],
+     lambda x, g: torch.cat([F.grid_sample(x, g * 1.5, padding_mode="reflection", align_corners=False).flatten(),
+                             F.grid_sample(x, g * 2.5, padding_mode="reflection", align_corners=True).flatten(),
+                             F.grid_sample(x[:, :, :1], g * 1.3, padding_mode="reflection", align_corners=True).flatten(),
+                             F.grid_sample(x, g.detach() * 1.7, mode="nearest", padding_mode="reflection",
+                                           align_corners=False).flatten()])),
     ("weight norm over the first dim and the last, with backwards; channel_shuffle", [(4, 3, 2), (4,), (2,)],
      lambda v, g0, g1: torch.cat([torch._weight_norm(v, g0.view(4, 1, 1), 0).flatten(),
                                   torch._weight_norm(v * 2, g1.view(1, 1, 2), 2).flatten(),

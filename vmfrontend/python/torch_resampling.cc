@@ -158,33 +158,55 @@ at::Tensor& upsample2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef 
 // ---- Sampling at a grid's points (grid_sample) -----------------------------------------
 //
 // grid_sampler_2d as PyTorch's CPU computes it (its vectorized kernel), bilinear or
-// nearest, with zeros or border padding: each grid point's coordinates unnormalized,
-// (g + 1) * ((size - 1) / 2) with align_corners, else (g + 1) * (size / 2) - 0.5, held
-// in [0, size - 1] for border; the corners' values gathered from each plane (0 outside
-// it) and weighted by the distances to the opposite sides, summed in PyTorch's order.
-// The backward scatters the upstream gradient times each weight into the input and sums
-// over the channels the gradient of those weights for the grid. Bicubic and reflection
-// run on the host.
+// nearest, with zeros, border or reflection padding: each grid point's coordinates
+// unnormalized, (g + 1) * ((size - 1) / 2) with align_corners, else (g + 1) * (size / 2)
+// - 0.5, for reflection folded by their mirror images into the plane (reflected), then
+// held in [0, size - 1] but for zeros; the corners' values gathered from each plane (0
+// outside it) and weighted by the distances to the opposite sides, summed in PyTorch's
+// order. The backward scatters the upstream gradient times each weight into the input
+// and sums over the channels the gradient of those weights for the grid. Bicubic runs on
+// the host.
+enum class GridPadding : int64_t { zeros, border, reflection };  // (PyTorch's numbers)
 struct GridSample {
   int64_t n, c, h, w, points;  // points: the grid's Ho * Wo
-  bool bilinear, border, alignCorners;
+  bool bilinear;
+  GridPadding padding;
+  bool alignCorners;
 };
 std::optional<GridSample> gridSample(const at::Tensor& input, const at::Tensor& grid, int64_t interpolation, int64_t padding,
                                      bool alignCorners) {
   if (!supported({&input, &grid}) || input.dim() != 4 || grid.dim() != 4 || grid.size(3) != 2 || grid.size(0) != input.size(0) ||
-      interpolation > 1 || interpolation < 0 || padding > 1 || padding < 0 || input.numel() == 0 || grid.numel() == 0 ||
+      interpolation > 1 || interpolation < 0 || padding > 2 || padding < 0 || input.numel() == 0 || grid.numel() == 0 ||
       input.size(2) * input.size(3) > (int64_t{1} << 24))
     return std::nullopt;
   return GridSample{input.size(0), input.size(1), input.size(2), input.size(3), grid.size(1) * grid.size(2), interpolation == 0,
-                    padding == 1, alignCorners};
+                    GridPadding(padding), alignCorners};
 }
-// One axis of the grid unnormalized (and held, for border), with d(coordinate)/d(grid).
+// PyTorch's reflect_coordinates(_get_grad): x folded into [low, low + span] by its mirror
+// images about both ends (low 0 and span size - 1 with align_corners, else -0.5 and
+// size; with align_corners and one position, 0), and the slope times d(folded)/d(x), +-1.
+std::pair<at::Tensor, at::Tensor> reflected(const at::Tensor& x, const at::Tensor& slope, int64_t size, bool alignCorners) {
+  if (alignCorners && size <= 1) return {at::zeros_like(x), at::zeros_like(x)};
+  const double low = alignCorners ? 0.0 : -0.5;
+  const float twiceSpan = alignCorners ? static_cast<float>(size - 1) * 2 : static_cast<float>(size) * 2;
+  auto shifted = x - low;
+  auto distance = shifted.abs();
+  auto extra = distance - (distance / twiceSpan).trunc_() * twiceSpan;
+  auto mirrored = twiceSpan - extra;
+  auto flip = extra > mirrored;
+  auto folded = at::where(flip, mirrored, extra) + low;
+  auto flipped = at::where(flip, -slope, slope);
+  return {folded, at::where(shifted < 0, -flipped, flipped)};
+}
+// One axis of the grid unnormalized (folded, for reflection; held, but for zeros), with
+// d(coordinate)/d(grid).
 std::pair<at::Tensor, at::Tensor> unnormalized(const at::Tensor& g, int64_t size, const GridSample& s) {
   const float scale = s.alignCorners ? static_cast<float>(size - 1) / 2 : static_cast<float>(size) / 2;
   auto x = (g + 1) * scale;
   if (!s.alignCorners) x = x - 0.5;
-  auto slope = at::full({}, scale, g.options());
-  if (!s.border) return {x, slope.expand(x.sizes())};
+  auto slope = at::full({}, scale, g.options()).expand(x.sizes());
+  if (s.padding == GridPadding::zeros) return {x, slope};
+  if (s.padding == GridPadding::reflection) std::tie(x, slope) = reflected(x, slope, size, s.alignCorners);
   const double last = static_cast<double>(size - 1);
   auto held = at::where(x < 0, at::zeros({}, x.options()), at::where(x > last, at::full({}, last, x.options()), x));
   return {held, at::where((x > 0) & (x < last), slope, at::zeros({}, x.options()))};
