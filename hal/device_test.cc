@@ -1640,7 +1640,9 @@ TEST_P(Conformance, CtcLatticeSumsEveryPathThatCollapsesToTheTarget) {
     }
     for (uint64_t t = 0; t < T; ++t)
       for (uint64_t s = 0; s < S; ++s)
-        if (t >= length || s >= extended) EXPECT_EQ(at(alpha, t, s), -INFINITY) << t << " " << s;
+        if (t >= length || s >= extended) {
+          EXPECT_EQ(at(alpha, t, s), -INFINITY) << t << " " << s;
+        }
   }
   for (uint64_t i = 0; i < T * S; ++i) EXPECT_TRUE(std::isnan(alpha[2 * T * S + i])) << "a length of 0, " << i;
   EXPECT_TRUE(std::isnan(alpha[3 * T * S + 1])) << "a class past C";
@@ -1684,7 +1686,9 @@ TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
   EXPECT_EQ(infos, (std::vector<int64_t>{0, 3}));
   for (uint64_t i = 0; i < n; ++i)
     for (uint64_t j = 0; j < n; ++j) {
-      if (j > i) EXPECT_EQ(l[i * n + j], 0.0f) << i << " " << j;
+      if (j > i) {
+        EXPECT_EQ(l[i * n + j], 0.0f) << i << " " << j;
+      }
       float v = 0;
       for (uint64_t k = 0; k < n; ++k) v += l[i * n + k] * l[j * n + k];
       EXPECT_NEAR(v, a[i * n + j], 1e-4f * std::fabs(a[i * n + j]) + 1e-5f) << i << " " << j;

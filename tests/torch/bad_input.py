@@ -209,6 +209,20 @@ refused("bicubic upsampling to a size of 0", "Input and output sizes should be g
         lambda: F.interpolate(torch.ones(1, 1, 4, 4).to(dev), size=(0, 3), mode="bicubic").cpu())
 refused("a transposed convolution whose groups do not divide its weight", "expected weight to be divisible by 3",
         lambda: F.conv_transpose2d(torch.ones(1, 4, 3, 3).to(dev), torch.ones(4, 2, 2, 2).to(dev), groups=3).cpu())
+refused("multi_margin_loss with a target past the classes", "target out of range",
+        lambda: F.multi_margin_loss(torch.ones(2, 3).to(dev), torch.tensor([0, 3]).to(dev)).cpu())
+refused("multi_margin_loss with p = 3", "only p == 1 and p == 2 supported",
+        lambda: F.multi_margin_loss(torch.ones(2, 3).to(dev), torch.tensor([0, 1]).to(dev), p=3).cpu())
+# An in-place op whose operands broadcast past self: PyTorch's error, and self unchanged.
+narrow = torch.ones(4, 1).to(dev)
+wide = torch.ones(4, 5).to(dev)
+for name, inplace in [("add_", lambda: narrow.add_(wide)), ("mul_", lambda: narrow.mul_(wide)),
+                      ("div_", lambda: narrow.div_(wide)), ("addcmul_", lambda: narrow.addcmul_(wide, wide)),
+                      ("lerp_", lambda: narrow.lerp_(wide, 0.5)), ("xlogy_", lambda: narrow.xlogy_(wide)),
+                      ("torch.maximum(out=self)", lambda: torch.maximum(narrow, wide, out=narrow))]:
+    refused(f"{name} broadcasting past self", "doesn't match the broadcast shape [4, 5]", inplace)
+if narrow.shape != (4, 1) or not torch.equal(narrow.cpu(), torch.ones(4, 1)):
+    failures.append(f"an in-place op refused still changed self: {tuple(narrow.shape)}")
 print("after the errors:", (x * 2).sum().item())
 if (x * 2).sum().item() != 30:
     failures.append("the device did not carry on")

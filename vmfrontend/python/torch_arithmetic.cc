@@ -7,6 +7,23 @@ namespace raccel::python {
 // ---- Compute ----------------------------------------------------------------------------
 
 std::vector<int64_t> broadcastShape(const at::Tensor& a, const at::Tensor& b) { return at::infer_size(a.sizes(), b.sizes()); }
+namespace {
+void refuseShape(const at::Tensor& out, c10::IntArrayRef shape) {
+  TORCH_CHECK(false, "output with shape ", out.sizes(), " doesn't match the broadcast shape ", shape);
+}
+}  // namespace
+void resizeBroadcast(const at::Tensor& out, c10::IntArrayRef shape, std::initializer_list<const at::Tensor*> inputs) {
+  if (!out.sizes().equals(shape))
+    for (const at::Tensor* t : inputs)
+      if (t && t->defined() && out.is_alias_of(*t)) refuseShape(out, shape);
+  at::native::resize_output(out, shape);
+}
+void checkInPlace(const at::Tensor& self, std::initializer_list<const at::Tensor*> operands) {
+  std::vector<int64_t> shape = self.sizes().vec();
+  for (const at::Tensor* t : operands)
+    if (t && t->defined()) shape = at::infer_size(shape, t->sizes());
+  if (!self.sizes().equals(shape)) refuseShape(self, shape);
+}
 
 at::Tensor promoted(const at::Tensor& x, const at::Tensor& out) {
   if (!isF32(out) || !stored(x) || x.scalar_type() == at::kFloat) return x;  // an i64, bool or int32 side made f32
@@ -41,10 +58,10 @@ at::Tensor& add_out(const at::Tensor& a0, const at::Tensor& b0, const at::Scalar
     at::native::resize_output(out, b.sizes());
     elementwise(TensorFn::affine, out, &b, nullptr, alpha.toFloat(), a.item<float>());
   } else if (supported({&a, &b, &out})) {
-    at::native::resize_output(out, broadcastShape(a, b));
+    resizeBroadcast(out, broadcastShape(a, b), {&a, &b});
     elementwise(TensorFn::add, out, &a, &b, alpha.toFloat());
   } else if (auto y = integerSide(a, b, out, alpha.toDouble())) {
-    at::native::resize_output(out, broadcastShape(a, *y));
+    resizeBroadcast(out, broadcastShape(a, *y), {&a, &*y});
     elementwise(TensorFn::add, out, &a, &*y, alpha.toFloat());
   } else if (auto x = isHostScalar(a) ? integerSide(b, a, out, alpha.toDouble()) : c10::nullopt) {  // a number first
     at::native::resize_output(out, b.sizes());
@@ -58,7 +75,10 @@ at::Tensor add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha
   auto out = emptyOn({0}, at::result_type(a, b));
   return python::add_out(a, b, alpha, out);
 }
-at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return python::add_out(self, other, alpha, self); }
+at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  checkInPlace(self, {&other});
+  return python::add_out(self, other, alpha, self);
+}
 
 // out = a - alpha * b: add with -alpha (over f32, either side a host number, as in
 // `1 - x`; or over i64 exactly; PyTorch refuses a bool side, on the host).
@@ -73,7 +93,10 @@ at::Tensor sub(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha
   auto out = emptyOn({0}, at::result_type(a, b));
   return python::sub_out(a, b, alpha, out);
 }
-at::Tensor& sub_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) { return python::sub_out(self, other, alpha, self); }
+at::Tensor& sub_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  checkInPlace(self, {&other});
+  return python::sub_out(self, other, alpha, self);
+}
 
 // out = a * b (either may be a host number).
 at::Tensor& mul_out(const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out) {
@@ -85,10 +108,10 @@ at::Tensor& mul_out(const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out)
     at::native::resize_output(out, b.sizes());
     elementwise(TensorFn::affine, out, &b, nullptr, a.item<float>(), 0);
   } else if (supported({&a, &b, &out})) {
-    at::native::resize_output(out, broadcastShape(a, b));
+    resizeBroadcast(out, broadcastShape(a, b), {&a, &b});
     elementwise(TensorFn::mul, out, &a, &b);
   } else if (auto y = integerSide(a, b, out, 1)) {
-    at::native::resize_output(out, broadcastShape(a, *y));
+    resizeBroadcast(out, broadcastShape(a, *y), {&a, &*y});
     elementwise(TensorFn::mul, out, &a, &*y);
   } else {
     return hostInto("aten::mul.out", out, at::mul(host(a), host(b)));
@@ -99,7 +122,10 @@ at::Tensor mul(const at::Tensor& a, const at::Tensor& b) {
   auto out = emptyOn({0}, at::result_type(a, b));
   return python::mul_out(a, b, out);
 }
-at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) { return python::mul_out(self, other, self); }
+at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) {
+  checkInPlace(self, {&other});
+  return python::mul_out(self, other, self);
+}
 
 }  // namespace
 

@@ -37,7 +37,7 @@ at::Tensor& compareOut(TensorFn fn, const char* name, const at::Tensor& a, const
   c10::optional<at::Tensor> side;
   if (typed(a) && onDevice(out) && out.scalar_type() == at::kBool) side = sideOf(b, a.scalar_type());
   if (!side) return hostInto(name, out, reference(host(a), host(b)));
-  at::native::resize_output(out, broadcastShape(a, *side));
+  resizeBroadcast(out, broadcastShape(a, *side), {&a, &*side});
   elementwise(fn, out, &a, &*side);
   return out;
 }
@@ -117,7 +117,7 @@ at::Tensor& heaviside_out(const at::Tensor& self, const at::Tensor& values, at::
   at::Tensor& op##_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {                                   \
     auto y = integerSide(a, b, out, 1);                                                                               \
     if (!y || out.scalar_type() != at::kBool) return hostInto("aten::" #op, out, at::op(host(a), host(b)));          \
-    at::native::resize_output(out, broadcastShape(a, *y));                                                            \
+    resizeBroadcast(out, broadcastShape(a, *y), {&a, &*y});                                                           \
     elementwise(fn, out, &a, &*y);                                                                                    \
     return out;                                                                                                       \
   }                                                                                                                   \
@@ -125,7 +125,10 @@ at::Tensor& heaviside_out(const at::Tensor& self, const at::Tensor& values, at::
     auto out = emptyOn({0}, at::kBool);                                                                               \
     return python::op##_out(a, b, out);                                                                               \
   }                                                                                                                   \
-  at::Tensor& op##_(at::Tensor& self, const at::Tensor& other) { return python::op##_out(self, other, self); }
+  at::Tensor& op##_(at::Tensor& self, const at::Tensor& other) {                                                     \
+    checkInPlace(self, {&other});                                                                                     \
+    return python::op##_out(self, other, self);                                                                       \
+  }
 RACCEL_LOGICAL(logical_and, TensorFn::mul)
 RACCEL_LOGICAL(logical_or, TensorFn::add)
 #undef RACCEL_LOGICAL
@@ -135,7 +138,7 @@ at::Tensor& logical_xor_out(const at::Tensor& a, const at::Tensor& b, at::Tensor
   if (!typed(a) || !typed(b) || isF32(a) || isF32(b) || out.scalar_type() != at::kBool)
     return hostInto("aten::logical_xor", out, at::logical_xor(host(a), host(b)));
   auto truth = [](const at::Tensor& t) { return t.scalar_type() == at::kBool ? t : t != 0; };
-  at::native::resize_output(out, broadcastShape(a, b));
+  resizeBroadcast(out, broadcastShape(a, b), {&a, &b});
   return at::ne_out(out, truth(a), truth(b));
 }
 // The bits of i64 (the card's bitwiseAnd, bitwiseOr, bitwiseXor, shiftLeft, shiftRight):
@@ -150,7 +153,7 @@ template <class Host>
 at::Tensor& bitsOut(TensorFn fn, const char* name, const at::Tensor& a, const at::Tensor& b, at::Tensor& out, Host reference) {
   auto side = bitsSide(a, b, out);
   if (!side) return hostInto(name, out, reference(host(a), host(b)));
-  at::native::resize_output(out, broadcastShape(a, *side));
+  resizeBroadcast(out, broadcastShape(a, *side), {&a, &*side});
   elementwise(fn, out, &a, &*side);
   return out;
 }
@@ -216,7 +219,7 @@ at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const
                   (out.scalar_type() == at::kFloat || out.scalar_type() == at::kLong);
   if (ok) x = sideOf(self, out.scalar_type()), y = sideOf(other, out.scalar_type());
   if (!x || !y) return hostInto("aten::where.self", out, at::where(host(condition), host(self), host(other)));
-  at::native::resize_output(out, at::infer_size(condition.sizes(), broadcastShape(*x, *y)));
+  resizeBroadcast(out, at::infer_size(condition.sizes(), broadcastShape(*x, *y)), {&condition, &*x, &*y});
   elementwise(TensorFn::where, out, &condition, &*x, 0, 0, &*y);
   return out;
 }

@@ -97,7 +97,10 @@ at::Tensor xlogy(const at::Tensor& self, const at::Tensor& other) {
   auto out = emptyOn({0});
   return python::xlogy_out(self, other, out);
 }
-at::Tensor& xlogy_(at::Tensor& self, const at::Tensor& other) { return python::xlogy_out(self, other, self); }
+at::Tensor& xlogy_(at::Tensor& self, const at::Tensor& other) {
+  checkInPlace(self, {&other});
+  return python::xlogy_out(self, other, self);
+}
 
 // prelu: x where x > 0, else weight * x, with one weight for all or one per channel (dim
 // 1). Any other weight goes to the host, whose check gives PyTorch's error.

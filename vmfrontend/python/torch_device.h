@@ -193,6 +193,14 @@ void notePositions(const at::Tensor& positions, int64_t n);
 // ---- Arithmetic, sums and matmuls (torch_arithmetic.cc) -------------------------------
 
 std::vector<int64_t> broadcastShape(const at::Tensor& a, const at::Tensor& b);
+// resize_output for an op over broadcast inputs: an output that shares memory with one of
+// them (an in-place op, or out= an input) must already have the broadcast shape, as
+// PyTorch's TensorIterator requires (its error); any other output is resized as
+// resize_output does.
+void resizeBroadcast(const at::Tensor& out, c10::IntArrayRef shape, std::initializer_list<const at::Tensor*> inputs);
+// An in-place op's check, PyTorch's (its error): self must already have the broadcast
+// shape of itself and its tensor operands. Before anything runs, on the card or the host.
+void checkInPlace(const at::Tensor& self, std::initializer_list<const at::Tensor*> operands);
 // `x` as f32 where the result is (PyTorch promotes i64 and bool operands of a float op):
 // itself, or an f32 copy made on the card.
 at::Tensor promoted(const at::Tensor& x, const at::Tensor& out);

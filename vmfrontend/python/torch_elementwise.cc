@@ -155,7 +155,7 @@ at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a0, const
                       Host reference, float alpha = 1, float beta = 0) {
   const at::Tensor a = cardOperand(a0, out), b = cardOperand(b0, out);
   if (!supported({&a, &b, &out})) return hostInto(name, out, reference(host(a), host(b)));
-  at::native::resize_output(out, broadcastShape(a, b));
+  resizeBroadcast(out, broadcastShape(a, b), {&a, &b});
   elementwise(fn, out, &a, &b, alpha, beta);
   return out;
 }
@@ -232,7 +232,10 @@ at::Tensor div(const at::Tensor& a, const at::Tensor& b) {
   auto out = emptyOn({0}, floatResult(at::result_type(a, b)));
   return python::div_out(a, b, out);
 }
-at::Tensor& div_(at::Tensor& self, const at::Tensor& other) { return python::div_out(self, other, self); }
+at::Tensor& div_(at::Tensor& self, const at::Tensor& other) {
+  checkInPlace(self, {&other});
+  return python::div_out(self, other, self);
+}
 
 // remainder: fmod moved to the divisor's sign, as PyTorch's (Python's %); over f32, or
 // exactly over i64.
@@ -280,7 +283,10 @@ at::Tensor floor_divide(const at::Tensor& a, const at::Tensor& b) {
   auto out = emptyOn({0}, at::result_type(a, b));
   return python::floor_divide_out(a, b, out);
 }
-at::Tensor& floor_divide_(at::Tensor& self, const at::Tensor& other) { return python::floor_divide_out(self, other, self); }
+at::Tensor& floor_divide_(at::Tensor& self, const at::Tensor& other) {
+  checkInPlace(self, {&other});
+  return python::floor_divide_out(self, other, self);
+}
 
 // Activations with parameters, and their backwards (grad, the forward's input).
 float geluForm(c10::string_view approximate) {
@@ -399,7 +405,7 @@ template <class Host>
 at::Tensor& ternaryOut(TensorFn fn, const char* name, const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                        const at::Scalar& value, at::Tensor& out, Host reference) {
   if (!supported({&self, &t1, &t2, &out})) return hostInto(name, out, reference(host(self), host(t1), host(t2)));
-  at::native::resize_output(out, at::infer_size(self.sizes(), broadcastShape(t1, t2)));
+  resizeBroadcast(out, at::infer_size(self.sizes(), broadcastShape(t1, t2)), {&self, &t1, &t2});
   elementwise(fn, out, &self, &t1, value.toFloat(), 0, &t2);
   return out;
 }
@@ -479,6 +485,7 @@ at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar&
   return python::lerp_out(self, end, weight, out);
 }
 at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& weight) {
+  checkInPlace(self, {&end});
   return python::lerp_out(self, end, weight, self);
 }
 

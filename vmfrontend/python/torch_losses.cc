@@ -1,5 +1,5 @@
-// The torch device's losses (smooth L1, Huber, BCE, MSE, NLL), softmax and log-softmax,
-// layer and group norms, weight normalization, and channel shuffles.
+// The torch device's losses (smooth L1, Huber, BCE, MSE, NLL, multi-margin), softmax and
+// log-softmax, layer and group norms, weight normalization, and channel shuffles.
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -503,6 +503,74 @@ std::tuple<at::Tensor, at::Tensor> _weight_norm_interface_backward(const at::Ten
   return {fromWeightRows(gradV, v, dim), gradG.reshape(g.sizes())};
 }
 
+// multi_margin_loss as PyTorch's CPU computes it: row i with target y adds, over the other
+// classes d, max(0, (margin - x[y]) + x[d])^p (times weight[y]), divided by the classes'
+// count. Its backward: each such class's slope (g, or 2 g z; times weight[y]; g is 1 over
+// the classes, and over the rows too for the mean), the target's the negated sum of the
+// row's slopes, all times the upstream gradient. A target outside the classes raises
+// PyTorch's error; p other than 1 or 2, and shapes it refuses, go to PyTorch's CPU.
+struct MarginRows {
+  at::Tensor z, active, weight;  // [rows, classes], the terms counted, [rows, 1] or undefined
+  at::Tensor target;             // [rows, 1]
+  int64_t rows, classes;
+};
+bool multiMarginOnCard(const at::Tensor& self, const at::Tensor& target, const at::Scalar& p,
+                       const c10::optional<at::Tensor>& weight) {
+  if (!isF32(self) || self.dim() > 2 || self.numel() == 0 || !onDevice(target) || target.scalar_type() != at::kLong ||
+      (p.toDouble() != 1 && p.toDouble() != 2))
+    return false;
+  const int64_t rows = self.dim() <= 1 ? 1 : self.size(0), classes = self.dim() <= 1 ? self.numel() : self.size(1);
+  return target.numel() == rows && target.dim() <= 1 && (!present(weight) || (isF32(*weight) && weight->numel() == classes));
+}
+MarginRows marginRows(const at::Tensor& self, const at::Tensor& target, const at::Scalar& margin,
+                      const c10::optional<at::Tensor>& weight) {
+  MarginRows m;
+  auto x = self.reshape({self.dim() <= 1 ? 1 : self.size(0), -1});
+  m.rows = x.size(0), m.classes = x.size(1);
+  m.target = target.reshape({m.rows, 1});
+  checkIndex(m.target, 0, m.classes - 1, std::nullopt, [](int64_t) { TORCH_CHECK(false, "target out of range"); });
+  TrustedIndices inRange;  // (checked above)
+  m.z = at::rsub(x.gather(1, m.target), margin) + x;
+  auto columns = at::arange(m.classes, at::kLong).to(self.device()).reshape({1, m.classes});
+  m.active = (m.z > 0).logical_and_(columns != m.target);
+  if (present(weight)) m.weight = weight->index_select(0, m.target.reshape({-1})).reshape({m.rows, 1});
+  return m;
+}
+at::Tensor multi_margin_loss(const at::Tensor& self, const at::Tensor& target, const at::Scalar& p, const at::Scalar& margin,
+                             const c10::optional<at::Tensor>& weight, int64_t reduction) {
+  if (!multiMarginOnCard(self, target, p, weight))
+    return onHost("aten::multi_margin_loss", [&] {
+      return at::multi_margin_loss(host(self), host(target), p, margin, present(weight) ? host(*weight) : at::Tensor(), reduction)
+          .to(self.device());
+    });
+  const auto m = marginRows(self, target, margin, weight);
+  auto terms = at::where(m.active, p.toDouble() == 1 ? m.z : m.z * m.z, at::zeros({}, m.z.options()));
+  if (m.weight.defined()) terms = m.weight * terms;
+  auto losses = terms.sum(1).div_(static_cast<double>(m.classes));
+  if (reduction == kNone) return target.dim() > 0 ? losses : losses.reshape({});
+  return reduction == kSum ? losses.sum() : losses.sum().div_(static_cast<double>(m.rows));
+}
+at::Tensor multi_margin_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                      const at::Scalar& p, const at::Scalar& margin, const c10::optional<at::Tensor>& weight,
+                                      int64_t reduction) {
+  const bool perRow = reduction == kNone && grad.dim() > 0;
+  if (!multiMarginOnCard(self, target, p, weight) || !isF32(grad) || grad.numel() != (perRow ? target.numel() : 1))
+    return onHost("aten::multi_margin_loss_backward", [&] {
+      return at::multi_margin_loss_backward(host(grad), host(self), host(target), p, margin,
+                                            present(weight) ? host(*weight) : at::Tensor(), reduction)
+          .to(self.device());
+    });
+  const auto m = marginRows(self, target, margin, weight);
+  const auto g = static_cast<float>(reduction == kMean ? 1. / double(m.rows * m.classes) : 1. / double(m.classes));
+  auto slopes = p.toDouble() == 1 ? at::full({}, g, m.z.options()).expand(m.z.sizes()) : m.z * (2 * g);
+  if (m.weight.defined()) slopes = m.weight * slopes;
+  slopes = at::where(m.active, slopes, at::zeros({}, m.z.options()));
+  auto columns = at::arange(m.classes, at::kLong).to(self.device()).reshape({1, m.classes});
+  auto gradInput = at::where(columns == m.target, -slopes.sum(1, true), slopes);
+  gradInput = perRow ? gradInput * grad.reshape({m.rows, 1}) : gradInput * grad.reshape({});
+  return gradInput.reshape(self.sizes());
+}
+
 // channel_shuffle: the channels' groups interleaved, [N, g, C/g, ...] read as [N, C/g, g, ...].
 at::Tensor channel_shuffle(const at::Tensor& self, int64_t groups) {
   if (!typed(self) || self.dim() < 3 || groups <= 0 || self.size(1) % groups != 0)
@@ -520,6 +588,8 @@ void registerNormsAndLosses(torch::Library& m) {
   m.impl("_weight_norm_interface", TORCH_FN(python::_weight_norm_interface));
   m.impl("_weight_norm_interface_backward", TORCH_FN(python::_weight_norm_interface_backward));
   m.impl("channel_shuffle", TORCH_FN(python::channel_shuffle));
+  m.impl("multi_margin_loss", TORCH_FN(python::multi_margin_loss));
+  m.impl("multi_margin_loss_backward", TORCH_FN(python::multi_margin_loss_backward));
   m.impl("native_group_norm_backward", TORCH_FN(native_group_norm_backward));
   m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
   m.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
