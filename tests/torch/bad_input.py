@@ -213,6 +213,8 @@ refused("multi_margin_loss with a target past the classes", "target out of range
         lambda: F.multi_margin_loss(torch.ones(2, 3).to(dev), torch.tensor([0, 3]).to(dev)).cpu())
 refused("multi_margin_loss with p = 3", "only p == 1 and p == 2 supported",
         lambda: F.multi_margin_loss(torch.ones(2, 3).to(dev), torch.tensor([0, 1]).to(dev), p=3).cpu())
+refused("multilabel_margin_loss with a target past the classes", "'target' is out of range",
+        lambda: F.multilabel_margin_loss(torch.ones(2, 3).to(dev), torch.tensor([[0, 3, -1], [1, -1, 0]]).to(dev)).cpu())
 # An in-place op whose operands broadcast past self: PyTorch's error, and self unchanged.
 narrow = torch.ones(4, 1).to(dev)
 wide = torch.ones(4, 5).to(dev)

@@ -348,6 +348,13 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                                         F.multi_margin_loss(x * 0.3, t, weight=w.detach().abs(), reduction="none"),
                                         F.multi_margin_loss(x[1] * 0.2, t[1:2], margin=0.5).reshape(1)]))(
          torch.tensor([1, 4, 0, 1], device=x.device))),
+    ("multilabel_margin_loss: targets ended by -1 (entries after it ignored, one listed twice, a row of none), "
+     "each reduction, one row alone", [(4, 5)],
+     lambda x: (lambda t: torch.cat([F.multilabel_margin_loss(x, t).reshape(1),
+                                     F.multilabel_margin_loss(x * 0.5, t, reduction="sum").reshape(1),
+                                     F.multilabel_margin_loss(x * 0.3, t, reduction="none"),
+                                     F.multilabel_margin_loss(x[0], t[0]).reshape(1)]))(
+         torch.tensor([[3, 0, -1, 1, 4], [2, 2, 4, -1, -1], [-1, 1, 2, 3, 4], [0, 1, 2, 3, 4]], device=x.device))),
     ("grid_sample with reflection padding: bilinear (align_corners both ways, points folded once and more), nearest; "
      "with backwards", [(2, 3, 5, 6), (2, 4, 5, 2)],
      lambda x, g: torch.cat([F.grid_sample(x, g * 1.5, padding_mode="reflection", align_corners=False).flatten(),

@@ -1,4 +1,4 @@
-// The torch device's losses (smooth L1, Huber, BCE, MSE, NLL, multi-margin), softmax and
+// The torch device's losses (smooth L1, Huber, BCE, MSE, NLL, the margin ones), softmax and
 // log-softmax, layer and group norms, weight normalization, and channel shuffles.
 #include "vmfrontend/python/torch_device.h"
 
@@ -571,6 +571,76 @@ at::Tensor multi_margin_loss_backward(const at::Tensor& grad, const at::Tensor& 
   return gradInput.reshape(self.sizes());
 }
 
+// multilabel_margin_loss as PyTorch's CPU computes it: a row's targets are its entries
+// before the first -1; each (target m, class d not among them) adds max(0, (1 - x[m]) +
+// x[d]), the row's sum divided by the classes' count (a target listed twice counts
+// twice). As [rows, targets, classes] terms (up to 2^24 of them; more run on the host).
+// is_target marks each row's targets. The backward: each counted term adds g at d and
+// takes g from m (g: 1 over the classes, and over the rows for the mean), times the
+// upstream gradient. A target outside [-1, classes) raises PyTorch's error.
+struct LabelTerms {
+  at::Tensor active, z, listed, isTarget;  // [rows, M, C] bool and f32, [rows, M] i64 (C where unlisted), [rows, C] f32
+  int64_t rows, classes;
+};
+bool multilabelOnCard(const at::Tensor& self, const at::Tensor& target) {
+  if (!isF32(self) || self.dim() > 2 || self.numel() == 0 || !onDevice(target) || target.scalar_type() != at::kLong ||
+      !target.sizes().equals(self.sizes()))
+    return false;
+  const int64_t classes = self.dim() <= 1 ? self.numel() : self.size(1);
+  return classes <= (int64_t{1} << 12) && self.numel() * classes <= (int64_t{1} << 24);
+}
+LabelTerms labelTerms(const at::Tensor& self, const at::Tensor& target) {
+  LabelTerms t;
+  auto x = self.reshape({self.dim() <= 1 ? 1 : self.size(0), -1});
+  t.rows = x.size(0), t.classes = x.size(1);
+  auto labels = target.reshape({t.rows, t.classes});
+  checkIndex(labels, -1, t.classes - 1, std::nullopt, [](int64_t) { TORCH_CHECK(false, "argument #2 'target' is out of range"); });
+  auto listedMask = (labels < 0).cumsum(1) == 0;  // before the row's first -1
+  t.listed = at::where(listedMask, labels, at::full({}, t.classes, labels.options()));
+  auto marks = at::zeros({t.rows, t.classes + 1}, x.options());
+  TrustedIndices inRange;  // (checked above; C is the column past the classes)
+  marks.scatter_(1, t.listed, 1.0);
+  t.isTarget = marks.narrow(1, 0, t.classes).contiguous();
+  auto picked = at::cat({x, at::zeros({t.rows, 1}, x.options())}, 1).gather(1, t.listed);  // [rows, M]
+  t.z = (1 - picked).unsqueeze(2) + x.unsqueeze(1);
+  t.active = listedMask.unsqueeze(2).logical_and((t.isTarget == 0).unsqueeze(1)).logical_and_(t.z > 0);
+  return t;
+}
+std::tuple<at::Tensor, at::Tensor> multilabel_margin_loss_forward(const at::Tensor& self, const at::Tensor& target,
+                                                                  int64_t reduction) {
+  if (!multilabelOnCard(self, target)) {
+    countFallback("aten::multilabel_margin_loss_forward");
+    auto [out, isTarget] = at::multilabel_margin_loss_forward(host(self), host(target), reduction);
+    return {out.to(self.device()), isTarget.to(self.device())};
+  }
+  const auto t = labelTerms(self, target);
+  auto losses = at::where(t.active, t.z, at::zeros({}, t.z.options())).sum({1, 2}).div_(static_cast<double>(t.classes));
+  at::Tensor out;
+  if (reduction == kNone) out = target.dim() > 1 ? losses : losses.reshape({});
+  else out = reduction == kSum ? losses.sum() : losses.sum().div_(static_cast<double>(t.rows));
+  return {out, t.isTarget.view(target.sizes())};
+}
+at::Tensor multilabel_margin_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                           int64_t reduction, const at::Tensor& isTarget) {
+  const bool perRow = reduction == kNone && grad.dim() > 0;
+  if (!multilabelOnCard(self, target) || !isF32(grad) || grad.numel() != (perRow ? target.numel() / self.size(-1) : 1))
+    return onHost("aten::multilabel_margin_loss_backward", [&] {
+      return at::multilabel_margin_loss_backward(host(grad), host(self), host(target), reduction, host(isTarget))
+          .to(self.device());
+    });
+  const auto t = labelTerms(self, target);
+  const double g = reduction == kMean ? 1. / double(t.rows * t.classes) : 1. / double(t.classes);
+  auto counts = t.active.to(at::kFloat);
+  auto taken = at::zeros({t.rows, t.classes + 1}, self.options());
+  {
+    TrustedIndices inRange;  // (the listed targets, or the column past the classes)
+    taken.scatter_add_(1, t.listed, counts.sum(2));
+  }
+  auto gradInput = (counts.sum(1) - taken.narrow(1, 0, t.classes)).mul_(g);
+  gradInput = perRow ? gradInput * grad.reshape({t.rows, 1}) : gradInput * grad.reshape({});
+  return gradInput.reshape(self.sizes());
+}
+
 // channel_shuffle: the channels' groups interleaved, [N, g, C/g, ...] read as [N, C/g, g, ...].
 at::Tensor channel_shuffle(const at::Tensor& self, int64_t groups) {
   if (!typed(self) || self.dim() < 3 || groups <= 0 || self.size(1) % groups != 0)
@@ -590,6 +660,8 @@ void registerNormsAndLosses(torch::Library& m) {
   m.impl("channel_shuffle", TORCH_FN(python::channel_shuffle));
   m.impl("multi_margin_loss", TORCH_FN(python::multi_margin_loss));
   m.impl("multi_margin_loss_backward", TORCH_FN(python::multi_margin_loss_backward));
+  m.impl("multilabel_margin_loss_forward", TORCH_FN(python::multilabel_margin_loss_forward));
+  m.impl("multilabel_margin_loss_backward", TORCH_FN(python::multilabel_margin_loss_backward));
   m.impl("native_group_norm_backward", TORCH_FN(native_group_norm_backward));
   m.impl("native_layer_norm", TORCH_FN(native_layer_norm));
   m.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
