@@ -329,8 +329,9 @@ struct Op {
 #     (integers compared exactly)
 #   where: out = a ? b : c, with a bool and out, b and c all f32 or all i64
 #   clamp: out = min(max(a, alpha), beta) (NaN stays); log1p, reciprocal, rsqrt:
-#     log(1+a) | 1/a | 1/sqrt(a); elu: a > 0 ? a : alpha*(exp(a)-1); eluBackward: a
-#     (the gradient) times the derivative at b (the forward's input); lerp: a + alpha*(b - a)
+#     log(1+a) | 1/a | 1/sqrt(a); elu: a > 0 ? a : alpha*(exp(beta*a)-1) (beta the input
+#     scale: 1, or celu's 1/alpha); eluBackward: a (the gradient) times that derivative at
+#     b (the forward's input); lerp: a + alpha*(b - a)
 #   sort: shape [kept..., n] (1 to 6 dimensions, at most 2^24 in n: one work-item walks
 #     a row); operands out (the sorted values), a (the values, of out's type: f32 or i64),
 #     index (i64: each sorted value's position in its row) and scratch (i64, the merge's

@@ -207,6 +207,10 @@ refused("ctc_loss with an input length past the time steps", "Expected input_len
         lambda: F.ctc_loss(torch.zeros(4, 1, 3).to(dev), torch.tensor([[1]]).to(dev), (5,), (1,)).cpu())
 refused("bicubic upsampling to a size of 0", "Input and output sizes should be greater than 0",
         lambda: F.interpolate(torch.ones(1, 1, 4, 4).to(dev), size=(0, 3), mode="bicubic").cpu())
+refused("nearest 3-D upsampling to a size of 0", "Input and output sizes should be greater than 0",
+        lambda: F.interpolate(torch.ones(1, 1, 2, 2, 2).to(dev), size=(2, 0, 3)).cpu())
+refused("linear (1-D) upsampling of a 4-D input", "It is expected input_size equals to 3",
+        lambda: torch._C._nn.upsample_linear1d(torch.ones(1, 1, 4, 4).to(dev), [3], False).cpu())
 refused("a transposed convolution whose groups do not divide its weight", "expected weight to be divisible by 3",
         lambda: F.conv_transpose2d(torch.ones(1, 4, 3, 3).to(dev), torch.ones(4, 2, 2, 2).to(dev), groups=3).cpu())
 refused("multi_margin_loss with a target past the classes", "target out of range",

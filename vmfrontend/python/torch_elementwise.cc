@@ -510,16 +510,17 @@ at::Tensor& lerp_Tensor_out(const at::Tensor& self, const at::Tensor& end, const
   return resultInto(out, result);
 }
 
-// ELU with PyTorch's default scales (scale and input_scale 1; others run on the host).
-// elu with PyTorch's scale (selu's) is the plain one scaled after it, and so is its
-// backward; an input scale other than 1 runs on the host.
-bool cardElu(const at::Scalar& inputScale) { return inputScale.toDouble() == 1; }
+// ELU with PyTorch's three coefficients: the card's elu takes alpha and the input scale
+// (celu's 1 / alpha), and the output scale (selu's) multiplies after it, forward and
+// backward. The backward from the result (an in-place elu_ kept its output, not its
+// input) is PyTorch's formula over the result: grad * input_scale * (out + alpha * scale)
+// where out <= 0, else grad * scale.
 at::Tensor& scaledBy(at::Tensor& out, const at::Scalar& scale) { return scale.toDouble() == 1 ? out : out.mul_(scale); }
 at::Tensor& elu_out(const at::Tensor& self, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale,
                     at::Tensor& out) {
   auto reference = [&](const at::Tensor& x) { return at::elu(x, alpha, scale, inputScale); };
-  if (!cardElu(inputScale) || !supported({&self, &out})) return hostInto("aten::elu", out, reference(host(self)));
-  return scaledBy(unaryOut(TensorFn::elu, "aten::elu", self, out, alpha.toFloat(), reference), scale);
+  if (!supported({&self, &out})) return hostInto("aten::elu", out, reference(host(self)));
+  return scaledBy(unaryOut(TensorFn::elu, "aten::elu", self, out, alpha.toFloat(), reference, inputScale.toFloat()), scale);
 }
 at::Tensor elu(const at::Tensor& self, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale) {
   auto out = emptyOn({0}, self.scalar_type());
@@ -533,9 +534,16 @@ at::Tensor& elu_backward_out(const at::Tensor& grad, const at::Scalar& alpha, co
   auto reference = [&](const at::Tensor& g, const at::Tensor& x) {
     return at::elu_backward(g, alpha, scale, inputScale, isResult, x);
   };
-  if (!cardElu(inputScale) || isResult || !supported({&grad, &selfOrResult, &out}))
+  if (!supported({&grad, &selfOrResult, &out}))
     return hostInto("aten::elu_backward", out, reference(host(grad), host(selfOrResult)));
-  return scaledBy(binaryOut(TensorFn::eluBackward, "aten::elu_backward", grad, selfOrResult, out, reference, alpha.toFloat()), scale);
+  if (isResult) {
+    const double s = scale.toDouble(), negative = alpha.toDouble() * s;
+    auto below = grad * (selfOrResult + negative) * inputScale;
+    return resultInto(out, at::where(selfOrResult > 0, s == 1 ? grad : grad * s, below));
+  }
+  return scaledBy(binaryOut(TensorFn::eluBackward, "aten::elu_backward", grad, selfOrResult, out, reference, alpha.toFloat(),
+                            inputScale.toFloat()),
+                  scale);
 }
 at::Tensor elu_backward(const at::Tensor& grad, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale,
                         bool isResult, const at::Tensor& selfOrResult) {

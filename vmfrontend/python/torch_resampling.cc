@@ -1,5 +1,7 @@
-// The torch device's resampling: upsampling (nearest, bilinear, bicubic) and sampling at a
-// grid's points (grid_sample), with their backwards.
+// The torch device's resampling: upsampling (every mode of interpolate but area, which is
+// adaptive average pooling) and sampling at a grid's points (grid_sample), with their backwards.
+#include <ATen/native/UpSample.h>
+
 #include "vmfrontend/python/torch_device.h"
 
 namespace raccel::python {
@@ -8,57 +10,41 @@ namespace {
 
 // ---- Upsampling ------------------------------------------------------------------------
 
-// Nearest upsampling by whole factors: each output element the input's at (row / fh,
-// column / fw), which is PyTorch's floor(dst * in / out) there; the input expanded over
-// the factors, one copy, and the backward each block's sum. Other sizes (and scales that
-// do not match them) run on the host.
-c10::optional<std::array<int64_t, 2>> nearestFactors(c10::IntArrayRef in, c10::IntArrayRef out, c10::optional<double> sh,
-                                                     c10::optional<double> sw) {
-  if (in.size() != 4 || out.size() != 2 || in[2] <= 0 || in[3] <= 0 || out[0] % in[2] || out[1] % in[3]) return c10::nullopt;
-  const std::array<int64_t, 2> f = {out[0] / in[2], out[1] / in[3]};
-  if (f[0] <= 0 || f[1] <= 0 || (sh && *sh > 0 && *sh != double(f[0])) || (sw && *sw > 0 && *sw != double(f[1]))) return c10::nullopt;
-  return f;
-}
-at::Tensor& upsample_nearest2d_out(const at::Tensor& self, c10::SymIntArrayRef outputSize, c10::optional<double> sh,
-                                   c10::optional<double> sw, at::Tensor& out) {
-  const auto size = c10::asIntArrayRefSlow(outputSize);
-  auto f = supported({&self, &out}) ? nearestFactors(self.sizes(), size, sh, sw) : c10::nullopt;
-  if (!f) return hostInto("aten::upsample_nearest2d", out, at::upsample_nearest2d(host(self), size, sh, sw));
-  const int64_t n = self.size(0), c = self.size(1), h = self.size(2), w = self.size(3);
-  at::native::resize_output(out, {n, c, size[0], size[1]});
-  auto blocks = self.reshape({n, c, h, 1, w, 1}).expand({n, c, h, (*f)[0], w, (*f)[1]});
-  elementwise(TensorFn::copy, out.view({n, c, h, (*f)[0], w, (*f)[1]}), &blocks, nullptr);
-  return out;
-}
-at::Tensor& upsample_nearest2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
-                                            c10::optional<double> sh, c10::optional<double> sw, at::Tensor& out) {
-  const auto size = c10::asIntArrayRefSlow(outputSize), in = c10::asIntArrayRefSlow(inputSize);
-  auto f = supported({&grad, &out}) && grad.is_contiguous() ? nearestFactors(in, size, sh, sw) : c10::nullopt;
-  if (!f) return hostInto("aten::upsample_nearest2d_backward", out, at::upsample_nearest2d_backward(host(grad), size, in, sh, sw));
-  at::native::resize_output(out, in);
-  return at::sum_out(out, grad.view({in[0], in[1], in[2], (*f)[0], in[3], (*f)[1]}), {3, 5});
-}
-
-// Bilinear and bicubic upsampling (either align_corners, with or without scales), one
-// axis at a time: each output column the sum over its taps of the input at a tap's index
-// times its weight (two taps bilinear, four bicubic), then the same over rows. The taps
-// are PyTorch's CPU kernel's in float: area_pixel_compute_scale and _source_index (the
-// source index held at 0 for bilinear only), bilinear's index clamped and its neighbour
-// kept inside, bicubic's four around floor(source) clamped to the edges and weighted by
-// the cubic convolution (A = -0.75), in its order of products and sums: ((x0 w0 + x1 w1)
-// + x2 w2) + x3 w3 over columns, then the same over rows, to a few ulps (its compiled
+// Every mode of interpolate over 1, 2 or 3 spatial dimensions (nearest, nearest-exact,
+// linear, bilinear, bicubic, trilinear; either align_corners, with or without scales),
+// one axis at a time, the last first: each output position the sum over its taps of the
+// input at a tap's index times its weight (one tap of weight 1 for nearest: a pick
+// alone; two linear; four bicubic). The taps are PyTorch's CPU kernel's in float:
+// nearest_idx and nearest_exact_idx (floor(o * in / out), floor((o + 0.5) * in / out),
+// held below the input's size), area_pixel_compute_scale and _source_index (the source
+// index held at 0 for linear only), linear's index clamped and its neighbour kept
+// inside, bicubic's four around floor(source) clamped to the edges and weighted by the
+// cubic convolution (A = -0.75), in its order of products and sums: ((x0 w0 + x1 w1) +
+// x2 w2) + x3 w3 over columns, then the same over rows, to a few ulps (its compiled
 // kernel may fuse them). The backward adds each output's weighted gradient back at every
-// tap, rows first.
+// tap, the first axis first. Nearest by whole factors over one or two axes is the input
+// expanded over the factors, one copy, and its backward each block's sum.
 struct Taps {
-  at::Tensor at, weights;  // [taps, out] each: the input's indices (i64) and their weights (f32), on the device
+  at::Tensor at, weights;  // [taps, out] each: the input's indices (i64) and their weights (f32, none for nearest), on the device
 };
-enum class Interpolation : int64_t { linear = -2, cubic = -4 };  // (the table's key: no window has that stride)
+enum class Interpolation : int64_t { nearest = -1, linear = -2, nearestExact = -3, cubic = -4 };  // (tables' keys: no window has these sizes)
+bool isNearest(Interpolation kind) { return kind == Interpolation::nearest || kind == Interpolation::nearestExact; }
+int64_t tapsOf(Interpolation kind) { return kind == Interpolation::cubic ? 4 : kind == Interpolation::linear ? 2 : 1; }
+using Scales = std::vector<c10::optional<double>>;  // one an axis
+
 float axisStep(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale) {
   if (alignCorners) return out > 1 ? float(in - 1) / float(out - 1) : 0.0f;
   return scale && *scale > 0 ? float(1.0 / *scale) : float(in) / float(out);
 }
 float sourceIndex(float step, int64_t o, bool alignCorners) {
   return alignCorners ? step * float(o) : step * (float(o) + 0.5f) - 0.5f;
+}
+int64_t nearestIndex(int64_t o, int64_t in, int64_t out, c10::optional<double> scale, Interpolation kind) {
+  if (kind == Interpolation::nearest && out == in) return o;
+  if (kind == Interpolation::nearest && out == 2 * in) return o >> 1;
+  const float step = axisStep(in, out, false, scale);
+  const float src = kind == Interpolation::nearest ? float(o) * step : float((double(o) + 0.5) * double(step));
+  return std::min(static_cast<int64_t>(std::floor(src)), in - 1);
 }
 // The cubic convolution's weights of the four inputs around a source index t past the
 // second (ATen/native/UpSample.h, get_cubic_upsample_coefficients).
@@ -72,10 +58,14 @@ std::array<float, 4> cubicWeights(float t) {
 at::Tensor buildTaps(int64_t in, int64_t out, bool alignCorners, c10::optional<double> scale, Interpolation kind,
                      bool weights) {
   const float step = axisStep(in, out, alignCorners, scale);
-  const int64_t taps = kind == Interpolation::cubic ? 4 : 2;
+  const int64_t taps = tapsOf(kind);
   std::vector<int64_t> picks(taps * out);
-  std::vector<float> lambda(taps * out);
+  std::vector<float> lambda(taps * out, 1.0f);
   for (int64_t o = 0; o < out; ++o) {
+    if (isNearest(kind)) {
+      picks[o] = nearestIndex(o, in, out, scale, kind);
+      continue;
+    }
     float src = sourceIndex(step, o, alignCorners);
     if (kind == Interpolation::linear && src < 0) src = 0;
     const int64_t i = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
@@ -99,60 +89,171 @@ Taps axisTaps(int64_t in, int64_t out, bool alignCorners, c10::optional<double> 
     return cachedTable({in, out, int64_t(kind), int64_t(kind), alignCorners, scaleBits, weights, 0, 0, 0, 0, 0, 0},
                        [&] { return buildTaps(in, out, alignCorners, scale, kind, weights); });
   };
-  return {table(false), table(true)};
+  return {table(false), isNearest(kind) ? at::Tensor() : table(true)};
 }
+// Whether `in` ([N, C, spatial...]) resamples to `out` (the spatial sizes) on the card.
 bool resampledOnCard(c10::IntArrayRef in, c10::IntArrayRef out) {
-  return in.size() == 4 && out.size() == 2 && in[2] > 0 && in[3] > 0 && out[0] > 0 && out[1] > 0;
+  if (out.empty() || out.size() > 3 || in.size() != out.size() + 2) return false;
+  for (size_t a = 0; a < out.size(); ++a)
+    if (in[a + 2] <= 0 || out[a] <= 0) return false;
+  return true;
+}
+// A tap's weights along `dim` of a tensor of `dims` dimensions.
+at::Tensor alongDim(const at::Tensor& weights, int64_t dim, int64_t dims) {
+  std::vector<int64_t> shape(size_t(dims - dim), 1);
+  shape[0] = -1;
+  return weights.reshape(shape);
 }
 // x's dimension `dim` resampled by `a`: the sum over the taps of x at a tap's index times
 // its weight.
 at::Tensor resampled(const at::Tensor& x, int64_t dim, const Taps& a) {
-  auto shape = [&](const at::Tensor& l) { return dim == 2 ? l.reshape({-1, 1}) : l; };
   TrustedIndices inRange;  // (the axis's positions)
-  auto out = at::index_select(x, dim, a.at[0]) * shape(a.weights[0]);
-  for (int64_t k = 1; k < a.at.size(0); ++k) out.addcmul_(at::index_select(x, dim, a.at[k]), shape(a.weights[k]));
+  if (!a.weights.defined()) return at::index_select(x, dim, a.at[0]);
+  auto out = at::index_select(x, dim, a.at[0]) * alongDim(a.weights[0], dim, x.dim());
+  for (int64_t k = 1; k < a.at.size(0); ++k) out.addcmul_(at::index_select(x, dim, a.at[k]), alongDim(a.weights[k], dim, x.dim()));
   return out;
 }
 // The transpose: g's dimension `dim` added back into `size` positions at every tap.
 at::Tensor unresampled(const at::Tensor& g, int64_t dim, int64_t size, const Taps& a) {
-  auto shape = [&](const at::Tensor& l) { return dim == 2 ? l.reshape({-1, 1}) : l; };
   auto sizes = g.sizes().vec();
-  sizes[dim] = size;
+  sizes[size_t(dim)] = size;
   auto out = at::zeros(sizes, g.options());
   TrustedIndices inRange;  // (the axis's positions)
-  for (int64_t k = 0; k < a.at.size(0); ++k) out.index_add_(dim, a.at[k], g * shape(a.weights[k]));
+  for (int64_t k = 0; k < a.at.size(0); ++k)
+    out.index_add_(dim, a.at[k], a.weights.defined() ? g * alongDim(a.weights[k], dim, g.dim()) : g);
   return out;
 }
-// upsample_bilinear2d and upsample_bicubic2d, and their backwards.
-template <Interpolation kind>
-at::Tensor& upsample2d_out(const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners, c10::optional<double> sh,
-                           c10::optional<double> sw, at::Tensor& out) {
+// Nearest by whole factors over one or two axes (and scales, if given, that match them):
+// the factors.
+c10::optional<std::vector<int64_t>> wholeFactors(c10::IntArrayRef in, c10::IntArrayRef out, const Scales& scales,
+                                                 Interpolation kind) {
+  if (!isNearest(kind) || out.size() > 2) return c10::nullopt;
+  std::vector<int64_t> f;
+  for (size_t a = 0; a < out.size(); ++a) {
+    if (out[a] % in[a + 2]) return c10::nullopt;
+    f.push_back(out[a] / in[a + 2]);
+    if (scales[a] && *scales[a] > 0 && *scales[a] != double(f.back())) return c10::nullopt;
+  }
+  return f;
+}
+// [N, C, s0, f0, s1, f1...]: each axis and its factor.
+std::vector<int64_t> blocksOf(c10::IntArrayRef in, const std::vector<int64_t>& f, bool expanded) {
+  std::vector<int64_t> shape = {in[0], in[1]};
+  for (size_t a = 0; a < f.size(); ++a) shape.insert(shape.end(), {in[a + 2], expanded ? f[a] : 1});
+  return shape;
+}
+
+// The upsampling of self to `size` (its checks passed) by its taps.
+at::Tensor upsampled(const at::Tensor& self, c10::IntArrayRef size, bool alignCorners, const Scales& scales, Interpolation kind) {
+  auto x = self;
+  for (int64_t a = int64_t(size.size()) - 1; a >= 0; --a)
+    x = resampled(x, a + 2, axisTaps(self.size(a + 2), size[size_t(a)], alignCorners, scales[size_t(a)], kind));
+  return x;
+}
+at::Tensor upsampledBackward(const at::Tensor& grad, c10::IntArrayRef size, c10::IntArrayRef in, bool alignCorners,
+                             const Scales& scales, Interpolation kind) {
+  if (auto f = wholeFactors(in, size, scales, kind)) {
+    std::vector<int64_t> summed;
+    for (size_t a = 0; a < f->size(); ++a) summed.push_back(int64_t(3 + 2 * a));
+    return grad.reshape(blocksOf(in, *f, true)).sum(summed);
+  }
+  auto g = grad;
+  for (size_t a = 0; a < size.size(); ++a) g = unresampled(g, int64_t(a) + 2, in[a + 2], axisTaps(in[a + 2], size[a], alignCorners, scales[a], kind));
+  return g;
+}
+
+// An upsampling op's forward and backward; `onHost` runs it on the host (PyTorch's own op
+// through its _ops handle `Op`) where the card does not.
+at::Tensor& upsampleInto(const char* name, const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners,
+                         const Scales& scales, Interpolation kind, at::Tensor& out, const std::function<void(at::Tensor&)>& onHost) {
   const auto size = c10::asIntArrayRefSlow(outputSize);
   if (!supported({&self, &out}) || !resampledOnCard(self.sizes(), size)) {
-    auto onHost = kind == Interpolation::cubic ? at::upsample_bicubic2d(host(self), size, alignCorners, sh, sw)
-                                               : at::upsample_bilinear2d(host(self), size, alignCorners, sh, sw);
-    return hostInto(kind == Interpolation::cubic ? "aten::upsample_bicubic2d" : "aten::upsample_bilinear2d", out, onHost);
+    auto result = at::empty({0}, self.options().device(at::kCPU));
+    onHost(result);
+    return hostInto(name, out, result);
   }
-  auto columns = resampled(self, 3, axisTaps(self.size(3), size[1], alignCorners, sw, kind));
-  auto result = resampled(columns, 2, axisTaps(self.size(2), size[0], alignCorners, sh, kind));
-  return resultInto(out, result);
+  if (auto f = wholeFactors(self.sizes(), size, scales, kind)) {
+    std::vector<int64_t> shape = {self.size(0), self.size(1)};
+    shape.insert(shape.end(), size.begin(), size.end());
+    at::native::resize_output(out, shape);
+    if (out.is_contiguous()) {  // (else by its taps)
+      const auto blocks = blocksOf(self.sizes(), *f, true);
+      auto expanded = self.reshape(blocksOf(self.sizes(), *f, false)).expand(blocks);
+      elementwise(TensorFn::copy, out.view(blocks), &expanded, nullptr);
+      return out;
+    }
+  }
+  return resultInto(out, upsampled(self, size, alignCorners, scales, kind));
 }
-template <Interpolation kind>
-at::Tensor& upsample2d_backward_out(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
-                                    bool alignCorners, c10::optional<double> sh, c10::optional<double> sw, at::Tensor& out) {
+at::Tensor& upsampleBackwardInto(const char* name, const at::Tensor& grad, c10::SymIntArrayRef outputSize,
+                                 c10::SymIntArrayRef inputSize, bool alignCorners, const Scales& scales, Interpolation kind,
+                                 at::Tensor& out, const std::function<void(at::Tensor&)>& onHost) {
   const auto size = c10::asIntArrayRefSlow(outputSize), in = c10::asIntArrayRefSlow(inputSize);
-  if (!supported({&grad, &out}) || !resampledOnCard(in, size) || grad.dim() != 4 || grad.size(2) != size[0] ||
-      grad.size(3) != size[1] || grad.size(0) != in[0] || grad.size(1) != in[1]) {
-    auto onHost = kind == Interpolation::cubic
-                      ? at::upsample_bicubic2d_backward(host(grad), size, in, alignCorners, sh, sw)
-                      : at::upsample_bilinear2d_backward(host(grad), size, in, alignCorners, sh, sw);
-    return hostInto(kind == Interpolation::cubic ? "aten::upsample_bicubic2d_backward" : "aten::upsample_bilinear2d_backward",
-                    out, onHost);
+  bool fits = supported({&grad, &out}) && resampledOnCard(in, size) && grad.dim() == int64_t(in.size()) &&
+              grad.size(0) == in[0] && grad.size(1) == in[1];
+  for (size_t a = 0; fits && a < size.size(); ++a) fits = grad.size(int64_t(a) + 2) == size[a];
+  if (!fits) {
+    auto result = at::empty({0}, grad.options().device(at::kCPU));
+    onHost(result);
+    return hostInto(name, out, result);
   }
-  auto rows = unresampled(grad, 2, in[2], axisTaps(in[2], size[0], alignCorners, sh, kind));
-  auto result = unresampled(rows, 3, in[3], axisTaps(in[3], size[1], alignCorners, sw, kind));
   at::native::resize_output(out, in);
-  return out.copy_(result);
+  return out.copy_(upsampledBackward(grad, size, in, alignCorners, scales, kind));
+}
+// The registered forms: with align_corners (linear, bilinear, bicubic, trilinear) or
+// without (nearest, nearest-exact), and a scale an axis.
+template <class Op, Interpolation kind, class... Scale>
+at::Tensor& interpolateOut(const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners, Scale... scales,
+                           at::Tensor& out) {
+  return upsampleInto(Op::name, self, outputSize, alignCorners, {scales...}, kind, out,
+                      [&](at::Tensor& r) { Op::call(host(self), outputSize, alignCorners, scales..., r); });
+}
+template <class Op, Interpolation kind, class... Scale>
+at::Tensor& interpolateBackwardOut(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
+                                   bool alignCorners, Scale... scales, at::Tensor& out) {
+  return upsampleBackwardInto(Op::name, grad, outputSize, inputSize, alignCorners, {scales...}, kind, out,
+                              [&](at::Tensor& r) { Op::call(host(grad), outputSize, inputSize, alignCorners, scales..., r); });
+}
+template <class Op, Interpolation kind, class... Scale>
+at::Tensor& nearestOut(const at::Tensor& self, c10::SymIntArrayRef outputSize, Scale... scales, at::Tensor& out) {
+  return upsampleInto(Op::name, self, outputSize, false, {scales...}, kind, out,
+                      [&](at::Tensor& r) { Op::call(host(self), outputSize, scales..., r); });
+}
+template <class Op, Interpolation kind, class... Scale>
+at::Tensor& nearestBackwardOut(const at::Tensor& grad, c10::SymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
+                               Scale... scales, at::Tensor& out) {
+  return upsampleBackwardInto(Op::name, grad, outputSize, inputSize, false, {scales...}, kind, out,
+                              [&](at::Tensor& r) { Op::call(host(grad), outputSize, inputSize, scales..., r); });
+}
+
+// upsample_nearest3d.vec, _upsample_nearest_exact3d.vec and their backwards are kernels
+// of their own in PyTorch 1.13 (the other .vec forms are made of the forms above): the
+// sizes and scales of the form above, by PyTorch's own rules and checks.
+struct VecForm {
+  c10::SmallVector<int64_t, 3> size;
+  c10::optional<double> d, h, w;
+};
+VecForm vecForm(c10::IntArrayRef in, at::OptionalSymIntArrayRef outputSize, c10::optional<at::ArrayRef<double>> scaleFactors) {
+  using at::native::upsample::get_scale_value;
+  const auto size = outputSize ? c10::make_optional(c10::asIntArrayRefSlow(*outputSize)) : c10::nullopt;
+  return {at::native::upsample::compute_output_size(in, size, scaleFactors), get_scale_value(scaleFactors, 0),
+          get_scale_value(scaleFactors, 1), get_scale_value(scaleFactors, 2)};
+}
+using Scale = c10::optional<double>;
+template <class Op, Interpolation kind>
+at::Tensor nearest3dVec(const at::Tensor& input, at::OptionalSymIntArrayRef outputSize,
+                        c10::optional<at::ArrayRef<double>> scaleFactors) {
+  const auto f = vecForm(input.sizes(), outputSize, scaleFactors);
+  auto out = emptyOn({0}, input.scalar_type());
+  return nearestOut<Op, kind, Scale, Scale, Scale>(input, c10::fromIntArrayRefKnownNonNegative(f.size), f.d, f.h, f.w, out);
+}
+template <class Op, Interpolation kind>
+at::Tensor nearest3dBackwardVec(const at::Tensor& grad, at::OptionalSymIntArrayRef outputSize, c10::SymIntArrayRef inputSize,
+                                c10::optional<at::ArrayRef<double>> scaleFactors) {
+  const auto f = vecForm(c10::asIntArrayRefSlow(inputSize), outputSize, scaleFactors);
+  auto out = emptyOn({0}, grad.scalar_type());
+  return nearestBackwardOut<Op, kind, Scale, Scale, Scale>(grad, c10::fromIntArrayRefKnownNonNegative(f.size), inputSize, f.d,
+                                                            f.h, f.w, out);
 }
 
 // ---- Sampling at a grid's points (grid_sample) -----------------------------------------
@@ -304,12 +405,46 @@ std::tuple<at::Tensor, at::Tensor> grid_sampler_2d_backward(const at::Tensor& gr
 void registerResampling(torch::Library& m) {
   m.impl("grid_sampler_2d", TORCH_FN(python::grid_sampler_2d));
   m.impl("grid_sampler_2d_backward", TORCH_FN(python::grid_sampler_2d_backward));
-  m.impl("upsample_nearest2d.out", TORCH_FN(upsample_nearest2d_out));
-  m.impl("upsample_nearest2d_backward.grad_input", TORCH_FN(upsample_nearest2d_backward_out));
-  m.impl("upsample_bilinear2d.out", TORCH_FN(upsample2d_out<Interpolation::linear>));
-  m.impl("upsample_bilinear2d_backward.grad_input", TORCH_FN(upsample2d_backward_out<Interpolation::linear>));
-  m.impl("upsample_bicubic2d.out", TORCH_FN(upsample2d_out<Interpolation::cubic>));
-  m.impl("upsample_bicubic2d_backward.grad_input", TORCH_FN(upsample2d_backward_out<Interpolation::cubic>));
+  using S = Scale;
+  using N = Interpolation;
+  namespace ops = at::_ops;
+  m.impl("upsample_nearest1d.out", TORCH_FN((nearestOut<ops::upsample_nearest1d_out, N::nearest, S>)));
+  m.impl("upsample_nearest2d.out", TORCH_FN((nearestOut<ops::upsample_nearest2d_out, N::nearest, S, S>)));
+  m.impl("upsample_nearest3d.out", TORCH_FN((nearestOut<ops::upsample_nearest3d_out, N::nearest, S, S, S>)));
+  m.impl("_upsample_nearest_exact1d.out", TORCH_FN((nearestOut<ops::_upsample_nearest_exact1d_out, N::nearestExact, S>)));
+  m.impl("_upsample_nearest_exact2d.out", TORCH_FN((nearestOut<ops::_upsample_nearest_exact2d_out, N::nearestExact, S, S>)));
+  m.impl("_upsample_nearest_exact3d.out",
+         TORCH_FN((nearestOut<ops::_upsample_nearest_exact3d_out, N::nearestExact, S, S, S>)));
+  m.impl("upsample_nearest1d_backward.grad_input",
+         TORCH_FN((nearestBackwardOut<ops::upsample_nearest1d_backward_grad_input, N::nearest, S>)));
+  m.impl("upsample_nearest2d_backward.grad_input",
+         TORCH_FN((nearestBackwardOut<ops::upsample_nearest2d_backward_grad_input, N::nearest, S, S>)));
+  m.impl("upsample_nearest3d_backward.grad_input",
+         TORCH_FN((nearestBackwardOut<ops::upsample_nearest3d_backward_grad_input, N::nearest, S, S, S>)));
+  m.impl("_upsample_nearest_exact1d_backward.grad_input",
+         TORCH_FN((nearestBackwardOut<ops::_upsample_nearest_exact1d_backward_grad_input, N::nearestExact, S>)));
+  m.impl("_upsample_nearest_exact2d_backward.grad_input",
+         TORCH_FN((nearestBackwardOut<ops::_upsample_nearest_exact2d_backward_grad_input, N::nearestExact, S, S>)));
+  m.impl("_upsample_nearest_exact3d_backward.grad_input",
+         TORCH_FN((nearestBackwardOut<ops::_upsample_nearest_exact3d_backward_grad_input, N::nearestExact, S, S, S>)));
+  m.impl("upsample_nearest3d.vec", TORCH_FN((nearest3dVec<ops::upsample_nearest3d_out, N::nearest>)));
+  m.impl("_upsample_nearest_exact3d.vec", TORCH_FN((nearest3dVec<ops::_upsample_nearest_exact3d_out, N::nearestExact>)));
+  m.impl("upsample_nearest3d_backward.vec",
+         TORCH_FN((nearest3dBackwardVec<ops::upsample_nearest3d_backward_grad_input, N::nearest>)));
+  m.impl("_upsample_nearest_exact3d_backward.vec",
+         TORCH_FN((nearest3dBackwardVec<ops::_upsample_nearest_exact3d_backward_grad_input, N::nearestExact>)));
+  m.impl("upsample_linear1d.out", TORCH_FN((interpolateOut<ops::upsample_linear1d_out, N::linear, S>)));
+  m.impl("upsample_bilinear2d.out", TORCH_FN((interpolateOut<ops::upsample_bilinear2d_out, N::linear, S, S>)));
+  m.impl("upsample_bicubic2d.out", TORCH_FN((interpolateOut<ops::upsample_bicubic2d_out, N::cubic, S, S>)));
+  m.impl("upsample_trilinear3d.out", TORCH_FN((interpolateOut<ops::upsample_trilinear3d_out, N::linear, S, S, S>)));
+  m.impl("upsample_linear1d_backward.grad_input",
+         TORCH_FN((interpolateBackwardOut<ops::upsample_linear1d_backward_grad_input, N::linear, S>)));
+  m.impl("upsample_bilinear2d_backward.grad_input",
+         TORCH_FN((interpolateBackwardOut<ops::upsample_bilinear2d_backward_grad_input, N::linear, S, S>)));
+  m.impl("upsample_bicubic2d_backward.grad_input",
+         TORCH_FN((interpolateBackwardOut<ops::upsample_bicubic2d_backward_grad_input, N::cubic, S, S>)));
+  m.impl("upsample_trilinear3d_backward.grad_input",
+         TORCH_FN((interpolateBackwardOut<ops::upsample_trilinear3d_backward_grad_input, N::linear, S, S, S>)));
 }
 
 }  // namespace raccel::python
