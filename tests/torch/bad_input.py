@@ -170,6 +170,8 @@ refused("kthvalue 0", "k out of range", lambda: x.kthvalue(0, 1).values.cpu())
 refused("the median of an empty dimension", "median", lambda: x[:, :0].median(1).values.cpu())
 refused("reflection padding as large as the input", "Padding size should be less than",
         lambda: F.pad(x.reshape(1, 3, 5), (5, 0), mode="reflect").cpu())
+refused("bincount with a weight short of the values", "same length as input",
+        lambda: torch.bincount(torch.tensor([1, 2]).to(dev), torch.ones(1).to(dev)).cpu())
 refused("bincount of a negative value", "non-negative", lambda: torch.bincount(torch.tensor([1, -2]).to(dev)).cpu())
 refused("take past the tensor's elements", "out of range: tried to access index 15 on a tensor of 15 elements",
         lambda: torch.take(x, torch.tensor([0, 15]).to(dev)).cpu())

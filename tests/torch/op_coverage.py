@@ -24,6 +24,8 @@ ACTIVATIONS = [
     ("hardswish", lambda x: F.hardswish(3 * x)), ("hardsigmoid", lambda x: F.hardsigmoid(3 * x)), ("mish", F.mish),
 ]
 
+NAN = float("nan")
+
 
 def put(x, index, values):
     """A copy of x with x[index] = values (index_put_ without accumulate)."""
@@ -233,6 +235,11 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
     ("roll along one dim, two dims, and flattened", [(3, 4)], lambda x: x.roll(1, 1) + x.roll((2, -1), (0, 1)) * 2 + x.roll(5)),
     ("std_mean and var_mean", [(3, 5)],
      lambda x: torch.cat([torch.std_mean(x, 1)[0], torch.std_mean(x, 1)[1], torch.var_mean(x, 0, unbiased=False)[0]])),
+    ("special.xlog1py with zeros and a NaN, special.entr (positive, zero, negative, NaN), with backwards", [(4, 5), (4, 5)],
+     lambda x, y: torch.special.xlog1py(torch.relu(y), x.abs() - 0.5) + torch.special.entr(x.abs() + 0.1)
+     + torch.nan_to_num(torch.special.xlog1py(torch.tensor([0.0, 2.0, 0.0, 1.0, 3.0], device=x.device),
+                                              torch.tensor([NAN, NAN, 1.0, 0.0, -0.5], device=x.device))
+                        + torch.special.entr(torch.tensor([0.5, 0.0, -1.0, NAN, 2.0], device=x.device)), nan=7.0, neginf=-9.0)),
     ("logsigmoid, xlogy with zeros, kl_div", [(4, 5), (4, 5)],
      lambda x, y: F.logsigmoid(x * 4) + torch.xlogy(torch.relu(y), x.abs() + 0.1)
      + F.kl_div(F.log_softmax(x, 1), F.softmax(y, 1), reduction="none")),
@@ -347,10 +354,12 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
          torch.sinc(torch.cat([a, a * 0])), F.softshrink(a, 0.4), F.hardshrink(b, 0.3), F.threshold(a, 0.2, -5.0),
          torch.logit(torch.sigmoid(a)), torch.logit(torch.sigmoid(b * 4), eps=0.05))]))(
          torch.tensor([float("inf")], device=a.device))),
-    ("histc (a given range, the input's own), bincount (minlength), take (picks from the end; its backward puts), isin",
+    ("histc (a given range, the input's own), bincount (minlength; weighted), take (picks from the end; its backward puts), isin",
      [(5, 8)],
      lambda x: torch.cat([torch.histc(x.detach(), 7, -1.5, 1.5), torch.histc(x.detach() * 10, 5),
                           torch.bincount((x.detach() * 3).abs().long().flatten(), minlength=20).float(),
+                          torch.bincount((x.detach() * 3).abs().long().flatten(), x.detach().flatten()),
+                          torch.bincount((x.detach() * 3).abs().long()[0], x.detach()[1], minlength=30),
                           torch.take(x, torch.tensor([[0, -1], [7, -40]], device=x.device)).flatten(),
                           torch.isin(x.detach().round(), torch.tensor([0.0, 2.0], device=x.device)).float().flatten(),
                           torch.isin((x.detach() * 4).long(), (x.detach()[0] * 4).long(), invert=True).float().flatten()])),

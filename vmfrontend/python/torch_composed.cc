@@ -1,5 +1,5 @@
 // Ops the torch device composes of its other ops: GLU, log-sigmoid, nan_to_num, xlogy,
-// PReLU, flips and rolls, triu/tril, cumulative sums and products, reflection and
+// xlog1py, entr, PReLU, flips and rolls, triu/tril, cumulative sums and products, reflection and
 // replication padding, logaddexp, sinc, logit, fmin/fmax, renorm, the shrinks and threshold.
 #include "vmfrontend/python/torch_device.h"
 
@@ -83,14 +83,27 @@ at::Tensor& nan_to_num_out(const at::Tensor& self, c10::optional<double> nan, c1
   return out.copy_(result);
 }
 
-// xlogy: self * log(other), 0 where self is 0 and other is not NaN (the Kullback-Leibler
-// divergence's x log x), NaN where other is.
-at::Tensor& xlogy_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+// xlogy and xlog1py: self * log(other) or self * log1p(other), 0 where self is 0 and
+// other is not NaN (the Kullback-Leibler divergence's x log x), NaN where other is.
+at::Tensor& xlogInto(const char* name, const at::Tensor& self, const at::Tensor& other, at::Tensor& out, bool onePlus) {
   if (!supported({&self, &other, &out}))
-    return hostInto("aten::xlogy.OutTensor", out, at::xlogy(host(self), host(other)));
+    return hostInto(name, out, onePlus ? at::special_xlog1py(host(self), host(other)) : at::xlogy(host(self), host(other)));
   auto zero = at::zeros({}, out.options());
-  auto value = at::where(self == 0, zero, self * at::log(other));
+  auto value = at::where(self == 0, zero, self * (onePlus ? at::log1p(other) : at::log(other)));
   auto result = at::where(at::isnan(other), at::full({}, NAN, out.options()), value);
+  return resultInto(out, result);
+}
+at::Tensor& xlogy_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  return xlogInto("aten::xlogy.OutTensor", self, other, out, false);
+}
+at::Tensor& special_xlog1py_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  return xlogInto("aten::special_xlog1py.out", self, other, out, true);
+}
+// entr: -x log x for x > 0, 0 at 0, -inf below, NaN for NaN.
+at::Tensor& special_entr_out(const at::Tensor& self, at::Tensor& out) {
+  if (!supported({&self, &out})) return hostInto("aten::special_entr.out", out, at::special_entr(host(self)));
+  auto below = at::where(self == 0, at::zeros({}, out.options()), at::full({}, -INFINITY, out.options()));
+  auto result = at::where(self > 0, -self * at::log(self), at::where(at::isnan(self), self, below));
   return resultInto(out, result);
 }
 at::Tensor xlogy(const at::Tensor& self, const at::Tensor& other) {
@@ -611,6 +624,8 @@ void registerComposed(torch::Library& m) {
   m.impl("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward));
   m.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
   m.impl("xlogy.OutTensor", TORCH_FN(xlogy_out));
+  m.impl("special_xlog1py.out", TORCH_FN(special_xlog1py_out));
+  m.impl("special_entr.out", TORCH_FN(special_entr_out));
   m.impl("nan_to_num.out", TORCH_FN(nan_to_num_out));
   m.impl("xlogy.Tensor", TORCH_FN(python::xlogy));
   m.impl("xlogy_.Tensor", TORCH_FN(xlogy_));

@@ -474,7 +474,7 @@ std::tuple<at::Tensor&, at::Tensor&> aminmax_out(const at::Tensor& self, c10::op
 // ---- Counts: bincount and histc --------------------------------------------------------
 
 // Each position's count, added on the card: ones at `bin` (i64 in [0, bins)), weighted by
-// `weight` where given (a 0/1 mask), into f32 counts (exact: at most 2^24 are counted).
+// `weight` where given (a 0/1 mask, or bincount's weights), into f32 counts (exact: at most 2^24 are counted).
 at::Tensor binCounts(const at::Tensor& bin, int64_t bins, const at::Tensor* weight) {
   auto counts = emptyOn({bins}).zero_();
   TrustedIndices inRange;  // (the callers made or checked bin)
@@ -482,24 +482,31 @@ at::Tensor binCounts(const at::Tensor& bin, int64_t bins, const at::Tensor* weig
 }
 constexpr int64_t kMaxCounted = int64_t{1} << 24;
 
-// bincount of non-negative i64 without weights: i64 counts, as many as the largest value
-// + 1 or minlength (the largest value read back: it sets the result's size), below 2^24.
+// bincount of non-negative i64: i64 counts, or with f32 weights their f32 sums (as
+// PyTorch's CPU), as many as the largest value + 1 or minlength (the largest value read
+// back: it sets the result's size), below 2^24. Weights must be one a value, as PyTorch
+// checks.
 at::Tensor bincount(const at::Tensor& self, const c10::optional<at::Tensor>& weights, int64_t minlength) {
-  const bool ok = typed(self) && self.scalar_type() == at::kLong && self.dim() == 1 && !present(weights) && minlength >= 0 &&
-                  self.numel() <= kMaxCounted;
-  if (!ok)
+  const bool weighted = present(weights);
+  const bool ok = typed(self) && self.scalar_type() == at::kLong && self.dim() == 1 && minlength >= 0 &&
+                  self.numel() <= kMaxCounted && (!weighted || (isF32(*weights) && weights->dim() == 1));
+  auto onTheHost = [&] {
     return onHost("aten::bincount", [&] {
-      return at::bincount(host(self), present(weights) ? c10::optional<at::Tensor>(host(*weights)) : c10::nullopt, minlength)
+      return at::bincount(host(self), weighted ? c10::optional<at::Tensor>(host(*weights)) : c10::nullopt, minlength)
           .to(self.device());
     });
-  if (self.numel() == 0) return emptyOn({minlength}, at::kLong).zero_();
+  };
+  if (!ok) return onTheHost();
+  TORCH_CHECK(!weighted || weights->size(0) == self.size(0), "weights should be 1-d and have the same length as input");
+  const auto type = weighted ? at::kFloat : at::kLong;
+  if (self.numel() == 0) return emptyOn({minlength}, type).zero_();
   auto read = extremesOnHost(self);
   const int64_t lo = read[0].item<int64_t>(), hi = read[1].item<int64_t>();
   TORCH_CHECK(lo >= 0, "bincount only supports 1-d non-negative integral inputs.");
-  if (hi >= kMaxCounted)  // (more bins than values: the host's, as PyTorch's CPU allocates them)
-    return onHost("aten::bincount", [&] { return at::bincount(host(self), c10::nullopt, minlength).to(self.device()); });
+  if (hi >= kMaxCounted) return onTheHost();  // (more bins than values: the host's, as PyTorch's CPU allocates them)
   notePositions(self, hi + 1);
-  return binCounts(self, std::max(hi + 1, minlength), nullptr).to(at::kLong);
+  auto counts = binCounts(self, std::max(hi + 1, minlength), weighted ? &*weights : nullptr);
+  return weighted ? counts : counts.to(at::kLong);
 }
 
 // histc: f32 counts of `bins` equal bins over [min, max] (the input's own extremes, read
