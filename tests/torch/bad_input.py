@@ -213,6 +213,12 @@ refused("nearest 3-D upsampling to a size of 0", "Input and output sizes should 
         lambda: F.interpolate(torch.ones(1, 1, 2, 2, 2).to(dev), size=(2, 0, 3)).cpu())
 refused("linear (1-D) upsampling of a 4-D input", "It is expected input_size equals to 3",
         lambda: torch._C._nn.upsample_linear1d(torch.ones(1, 1, 4, 4).to(dev), [3], False).cpu())
+refused("3-D max pooling with a depth stride of 0 (it divided by it: the program died)", "stride should not be zero",
+        lambda: torch.ops.aten.max_pool3d_with_indices(torch.ones(1, 1, 4, 4, 4).to(dev), [2, 2, 2], [0, 1, 1], [0, 0, 0],
+                                                       [1, 1, 1], False)[0].cpu())
+refused("3-D average pooling with a depth stride of 0", "stride should not be zero",
+        lambda: torch.ops.aten.avg_pool3d(torch.ones(1, 1, 4, 4, 4).to(dev), [2, 2, 2], [0, 1, 1], [0, 0, 0], False, True,
+                                          None).cpu())
 refused("a transposed convolution whose groups do not divide its weight", "expected weight to be divisible by 3",
         lambda: F.conv_transpose2d(torch.ones(1, 4, 3, 3).to(dev), torch.ones(4, 2, 2, 2).to(dev), groups=3).cpu())
 refused("multi_margin_loss with a target past the classes", "target out of range",

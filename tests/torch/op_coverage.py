@@ -405,6 +405,10 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
                                         F.avg_pool3d(x, 2, divisor_override=3).flatten(),
                                         F.adaptive_avg_pool3d(x, (3, 5, 1)).flatten()]))(
          *F.max_pool3d(x, (3, 2, 3), stride=(2, 2, 1), padding=(1, 1, 1), dilation=(1, 2, 1), return_indices=True))),
+    ("3-D max pooling with ceil_mode (plain, padded, uneven), with indices and backwards", [(2, 3, 5, 7, 6)],
+     lambda x: (lambda m, i: torch.cat([m.flatten(), i.float().flatten(), F.max_pool3d(x, 2, ceil_mode=True).flatten(),
+                                        F.max_pool3d(x, 3, 2, 1, ceil_mode=True).flatten()]))(
+         *F.max_pool3d(x, (3, 2, 2), stride=(2, 2, 3), padding=(1, 0, 1), ceil_mode=True, return_indices=True))),
     ("i64 powers (exact past 2^24), i64 and bool against f32 (f32 compares), signbit (-0.0), isposinf, isneginf, fmin, fmax (NaN ignored)",
      [(4, 6)],
      lambda x: (lambda n, s: torch.cat([t.float().flatten() for t in (

@@ -298,9 +298,14 @@ void gatherSum(const at::Tensor& out, std::vector<int64_t> shape, c10::IntArrayR
 // depth (or the padding): those slices, stacked into the batch, are a 2-D op's input.
 struct Depth {
   int64_t k, s, p, d, in, out;
-  // The window over an input depth `in`, its output depth (below 1: no window fits).
-  static Depth of(int64_t k, int64_t s, int64_t p, int64_t d, int64_t in) {
-    return {k, s, p, d, in, (in + 2 * p - d * (k - 1) - 1) / s + 1};
+  // The window over an input depth `in`, its output depth (below 1: no window fits); with
+  // ceil_mode PyTorch's pooling_output_shape: a last, partial window where one starts
+  // inside the input or its left padding.
+  static Depth of(int64_t k, int64_t s, int64_t p, int64_t d, int64_t in, bool ceil = false) {
+    const int64_t span = in + 2 * p - d * (k - 1) - 1 + (ceil ? s - 1 : 0);
+    int64_t out = span / s - (span < 0 && span % s != 0 ? 1 : 0) + 1;  // (rounded down, as PyTorch's div_rtn)
+    if (ceil && (out - 1) * s >= in + p) --out;
+    return {k, s, p, d, in, out};
   }
 };
 // The input depths offset kd reads for each output depth, i64 on `like`'s device: `in`

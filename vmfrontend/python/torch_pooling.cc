@@ -374,23 +374,29 @@ at::Tensor max_unpool2d(const at::Tensor& self, const at::Tensor& indices, c10::
 // its backward a scatter_add of the gradient at them. Average pooling: each offset's
 // window sums over its slices, divided by the 3-D divisor (the window's size, padding
 // counted, or the divisor given); its backward the 2-D reader sums added back at their
-// depths. ceil_mode, and padding left out of the count, run on the host.
+// depths. Max pooling's ceil_mode: the last depth windows that reach past the padding
+// read the slab there, and each 2-D pool takes ceil_mode itself. Average pooling's
+// ceil_mode, and padding left out of its count, run on the host.
 struct Window3d {
   Depth z;
   Window2d w;
+  bool ceil;
 };
 std::optional<Window3d> window3d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
                                  c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceilMode) {
   const auto pick = windowValue;
-  if (!supported({&self}) || self.dim() != 5 || ceilMode || kernel.empty() || kernel.size() > 3 || stride.size() > 3 ||
+  if (!supported({&self}) || self.dim() != 5 || kernel.empty() || kernel.size() > 3 || stride.size() > 3 ||
       padding.size() > 3 || dilation.size() > 3 || self.numel() == 0)
     return std::nullopt;
   const int64_t k = pick(kernel, 0, 1), s = pick(stride, 0, k), p = pick(padding, 0, 0), d = pick(dilation, 0, 1);
-  Window3d w{Depth::of(k, s, p, d, self.size(2)), {}};
+  constexpr int64_t kMaxWindow = int64_t{1} << 20;  // (beyond, the host's checks and arithmetic)
+  if (k < 1 || k > kMaxWindow || s < 1 || s > kMaxWindow || d < 1 || d > kMaxWindow || p < 0 || p > k || 2 * p > k)
+    return std::nullopt;
+  Window3d w{Depth::of(k, s, p, d, self.size(2), ceilMode), {}, ceilMode};
   const std::vector<int64_t> k2 = {pick(kernel, 1, 1), pick(kernel, 2, 1)};
   const std::vector<int64_t> s2 = {pick(stride, 1, k2[0]), pick(stride, 2, k2[1])};
   w.w = Window2d::of(k2, s2, {pick(padding, 1, 0), pick(padding, 2, 0)}, {pick(dilation, 1, 1), pick(dilation, 2, 1)});
-  if (k < 1 || s < 1 || p < 0 || d < 1 || 2 * p > k || 2 * w.w.ph > w.w.kh || 2 * w.w.pw > w.w.kw || !w.w.sane()) return std::nullopt;
+  if (!w.w.sane() || w.w.ph > w.w.kh || w.w.pw > w.w.kw || 2 * w.w.ph > w.w.kh || 2 * w.w.pw > w.w.kw) return std::nullopt;
   if (w.z.out < 1 || w.w.outH(self.size(3)) < 1 || w.w.outW(self.size(4)) < 1) return std::nullopt;
   return w;
 }
@@ -411,7 +417,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(const at::Tensor& sel
   for (int64_t kd = 0; kd < w->z.k; ++kd) {
     auto picks = depthPicks(w->z, kd, self);
     auto [v, i] = python::max_pool2d_with_indices(depthSlices(padded, picks), kernelOf(w->w), strideOf(w->w), paddingOf(w->w),
-                                                  {w->w.dh, w->w.dw}, false);
+                                                  {w->w.dh, w->w.dw}, ceilMode);
     auto index = depthSlicesAsPlanes(i, n) + picks.view({1, 1, -1, 1, 1}) * plane;
     auto value = depthSlicesAsPlanes(v, n);
     if (!best.defined()) {
@@ -436,7 +442,7 @@ at::Tensor max_pool3d_with_indices_backward(const at::Tensor& grad, const at::Te
   return gradientAtIndices(grad, self, indices, 3);
 }
 bool avg3dOnCard(const std::optional<Window3d>& w, bool countIncludePad, c10::optional<int64_t> divisor) {
-  return w && w->w.dh == 1 && w->w.dw == 1 && w->z.d == 1 && (!divisor || *divisor != 0) &&
+  return w && !w->ceil && w->w.dh == 1 && w->w.dw == 1 && w->z.d == 1 && (!divisor || *divisor != 0) &&
          (countIncludePad || divisor || (w->z.p == 0 && w->w.ph == 0 && w->w.pw == 0));
 }
 float avg3dScale(const Window3d& w, c10::optional<int64_t> divisor) {
