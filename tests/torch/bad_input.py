@@ -219,6 +219,8 @@ refused("3-D max pooling with a depth stride of 0 (it divided by it: the program
 refused("3-D average pooling with a depth stride of 0", "stride should not be zero",
         lambda: torch.ops.aten.avg_pool3d(torch.ones(1, 1, 4, 4, 4).to(dev), [2, 2, 2], [0, 1, 1], [0, 0, 0], False, True,
                                           None).cpu())
+refused("2-D average pooling with a kernel past 2^20 (the host's check, no arithmetic of ours on it)", "Output size is too small",
+        lambda: torch.ops.aten.avg_pool2d(torch.ones(1, 1, 4, 4).to(dev), [2**21, 2], [1, 1], [0, 0], False, True, None).cpu())
 refused("a transposed convolution whose groups do not divide its weight", "expected weight to be divisible by 3",
         lambda: F.conv_transpose2d(torch.ones(1, 4, 3, 3).to(dev), torch.ones(4, 2, 2, 2).to(dev), groups=3).cpu())
 refused("multi_margin_loss with a target past the classes", "target out of range",

@@ -259,7 +259,14 @@ struct Window2d {
     w.dh = pick(dilation, 0, 1), w.dw = pick(dilation, 1, 1);
     return w;
   }
-  bool sane() const { return kh > 0 && kw > 0 && sh > 0 && sw > 0 && ph >= 0 && pw >= 0 && dh > 0 && dw > 0 && eh >= 0 && ew >= 0; }
+  // Every number in its range (at most 2^20: beyond, the host's checks and arithmetic),
+  // checked before any other arithmetic on them.
+  static constexpr int64_t kMax = int64_t{1} << 20;
+  bool sane() const {
+    auto in = [](int64_t v, int64_t low) { return v >= low && v <= kMax; };
+    return in(kh, 1) && in(kw, 1) && in(sh, 1) && in(sw, 1) && in(ph, 0) && in(pw, 0) && in(dh, 1) && in(dw, 1) && in(eh, 0) &&
+           in(ew, 0);
+  }
   bool operator==(const Window2d&) const = default;
   int64_t outH(int64_t h) const { return (h + 2 * ph + eh - dh * (kh - 1) - 1) / sh + 1; }
   int64_t outW(int64_t w) const { return (w + 2 * pw + ew - dw * (kw - 1) - 1) / sw + 1; }

@@ -389,14 +389,13 @@ std::optional<Window3d> window3d(const at::Tensor& self, c10::IntArrayRef kernel
       padding.size() > 3 || dilation.size() > 3 || self.numel() == 0)
     return std::nullopt;
   const int64_t k = pick(kernel, 0, 1), s = pick(stride, 0, k), p = pick(padding, 0, 0), d = pick(dilation, 0, 1);
-  constexpr int64_t kMaxWindow = int64_t{1} << 20;  // (beyond, the host's checks and arithmetic)
-  if (k < 1 || k > kMaxWindow || s < 1 || s > kMaxWindow || d < 1 || d > kMaxWindow || p < 0 || p > k || 2 * p > k)
-    return std::nullopt;
+  constexpr int64_t kMax = Window2d::kMax;  // (beyond, the host's checks and arithmetic)
+  if (k < 1 || k > kMax || s < 1 || s > kMax || d < 1 || d > kMax || p < 0 || p > k || 2 * p > k) return std::nullopt;
   Window3d w{Depth::of(k, s, p, d, self.size(2), ceilMode), {}, ceilMode};
   const std::vector<int64_t> k2 = {pick(kernel, 1, 1), pick(kernel, 2, 1)};
   const std::vector<int64_t> s2 = {pick(stride, 1, k2[0]), pick(stride, 2, k2[1])};
   w.w = Window2d::of(k2, s2, {pick(padding, 1, 0), pick(padding, 2, 0)}, {pick(dilation, 1, 1), pick(dilation, 2, 1)});
-  if (!w.w.sane() || w.w.ph > w.w.kh || w.w.pw > w.w.kw || 2 * w.w.ph > w.w.kh || 2 * w.w.pw > w.w.kw) return std::nullopt;
+  if (!w.w.sane() || 2 * w.w.ph > w.w.kh || 2 * w.w.pw > w.w.kw) return std::nullopt;
   if (w.z.out < 1 || w.w.outH(self.size(3)) < 1 || w.w.outW(self.size(4)) < 1) return std::nullopt;
   return w;
 }
