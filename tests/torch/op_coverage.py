@@ -354,6 +354,13 @@ CASES = [(name, [(4, 6)], lambda x, f=f: f(x)) for name, f in ACTIVATIONS] + [
          torch.sinc(torch.cat([a, a * 0])), F.softshrink(a, 0.4), F.hardshrink(b, 0.3), F.threshold(a, 0.2, -5.0),
          torch.logit(torch.sigmoid(a)), torch.logit(torch.sigmoid(b * 4), eps=0.05))]))(
          torch.tensor([float("inf")], device=a.device))),
+    ("unique_consecutive of i64 and f32 (each NaN a run of its own), with inverse and counts, and of one element", [(4, 6)],
+     lambda x: torch.cat([t.float().flatten() for t in (
+         *torch.unique_consecutive((x.detach() * 0.8).round().clamp(-1, 1).long(), return_inverse=True, return_counts=True),
+         *torch.unique_consecutive(torch.nan_to_num((x.detach() * 0.5).round().t() / (x.detach().t() > -1.2), nan=5.0),
+                                   return_counts=True),
+         torch.nan_to_num(torch.unique_consecutive(torch.tensor([1.0, NAN, NAN, 2.0, 2.0], device=x.device)), nan=9.0),
+         torch.unique_consecutive(x.detach()[0, :1]))])),
     ("histc (a given range, the input's own), bincount (minlength; weighted), take (picks from the end; its backward puts), isin",
      [(5, 8)],
      lambda x: torch.cat([torch.histc(x.detach(), 7, -1.5, 1.5), torch.histc(x.detach() * 10, 5),

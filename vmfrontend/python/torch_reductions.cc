@@ -351,39 +351,65 @@ at::Tensor searchsorted(const at::Tensor& sorted, const at::Tensor& self, bool o
   return bucketOf(self, sorted, right || (side && *side == "right"));
 }
 
+// The runs of equal neighbours in `flat` (1-D, not empty): where each starts (i64, read
+// to size them: one wait, as nonzero's), each element's run, and each run's length.
+struct Runs {
+  at::Tensor firsts, starts;
+};
+Runs runsOf(const at::Tensor& flat) {
+  const int64_t n = flat.numel();
+  auto firsts = at::ones({1}, flat.options().dtype(at::kBool));
+  if (n > 1) firsts = at::cat({firsts, at::ne(flat.narrow(0, 1, n - 1), flat.narrow(0, 0, n - 1))});
+  return {firsts, at::nonzero(firsts).reshape({-1})};
+}
+at::Tensor runOfEach(const Runs& r) { return at::cumsum(r.firsts, 0) - 1; }
+at::Tensor runLengths(const Runs& r, int64_t n) {
+  const int64_t runs = r.starts.numel();
+  return at::cat({r.starts.narrow(0, 1, runs - 1), at::full({1}, n, r.starts.options())}) - r.starts;
+}
+bool runsOnCard(const at::Tensor& self) { return typed(self) && self.scalar_type() != at::kBool && self.numel() > 0; }
+
 // unique (torch.unique without a dim): the first of each run of equal values in the
-// sorted elements, found by comparing neighbours on the card; which positions those are
-// is read (one wait, as nonzero's) to size the result. The inverse is each run's number
-// scattered back through the sort's positions; the counts are the runs' lengths. Sorted
-// either way (PyTorch's CPU leaves the order open when sorted=False); each NaN is a value
-// of its own, last, with a count of 1 (PyTorch 1.13's CPU puts NaNs among the values
-// with counts of 0).
+// sorted elements. The inverse is each run's number scattered back through the sort's
+// positions; the counts are the runs' lengths. Sorted either way (PyTorch's CPU leaves
+// the order open when sorted=False); each NaN is a value of its own, last, with a count
+// of 1 (PyTorch 1.13's CPU puts NaNs among the values with counts of 0).
 constexpr int64_t kExactF32 = int64_t{1} << 24;  // every integer up to this is an f32
 std::tuple<at::Tensor, at::Tensor, at::Tensor> _unique2(const at::Tensor& self, bool sorted, bool returnInverse,
                                                         bool returnCounts) {
-  if (!typed(self) || self.scalar_type() == at::kBool || self.numel() == 0)
+  if (!runsOnCard(self))
     return onHost("aten::_unique2", [&] {
       auto [values, inverse, counts] = at::_unique2(host(self), sorted, returnInverse, returnCounts);
       return std::make_tuple(values.to(self.device()), inverse.to(self.device()), counts.to(self.device()));
     });
   const int64_t n = self.numel();
   auto [values, order] = at::sort(self.reshape({-1}), /*stable=*/true, 0, false);
-  auto firsts = at::ones({1}, self.options().dtype(at::kBool));
-  if (n > 1) firsts = at::cat({firsts, at::ne(values.narrow(0, 1, n - 1), values.narrow(0, 0, n - 1))});
-  auto starts = at::nonzero(firsts).reshape({-1});
-  const int64_t runs = starts.numel();
+  const auto r = runsOf(values);
   auto inverse = emptyOn({0}, at::kLong), counts = emptyOn({0}, at::kLong);
   if (returnInverse) {  // (as f32, exact up to 2^24 elements, where the card scatters a src; past that, as i64)
-    auto run = at::cumsum(firsts, 0) - 1;
+    auto run = runOfEach(r);
     inverse = n <= kExactF32 ? at::zeros({n}, self.options().dtype(at::kFloat)).scatter_(0, order, run.to(at::kFloat)).to(at::kLong)
                              : at::zeros({n}, run.options()).scatter_(0, order, run);
     inverse = inverse.reshape(self.sizes());
   }
-  if (returnCounts) {
-    auto ends = at::cat({starts.narrow(0, 1, runs - 1), at::full({1}, n, starts.options())});
-    counts = ends - starts;
-  }
-  return {values.index_select(0, starts), inverse, counts};
+  if (returnCounts) counts = runLengths(r, n);
+  return {values.index_select(0, r.starts), inverse, counts};
+}
+// unique_consecutive without a dim (CTC's greedy decoding collapses its repeats so): the
+// same runs over the elements in their order; each NaN a run of its own, as PyTorch's CPU
+// compares with !=. Over a dim, bool, or no elements: the host.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive(const at::Tensor& self, bool returnInverse, bool returnCounts,
+                                                                  c10::optional<int64_t> dim) {
+  if (!runsOnCard(self) || dim)
+    return onHost("aten::unique_consecutive", [&] {
+      auto [values, inverse, counts] = at::unique_consecutive(host(self), returnInverse, returnCounts, dim);
+      return std::make_tuple(values.to(self.device()), inverse.to(self.device()), counts.to(self.device()));
+    });
+  const auto flat = self.reshape({-1});
+  const auto r = runsOf(flat);
+  auto inverse = returnInverse ? runOfEach(r).reshape(self.sizes()) : emptyOn({0}, at::kLong);
+  auto counts = returnCounts ? runLengths(r, flat.numel()) : emptyOn({0}, at::kLong);
+  return {flat.index_select(0, r.starts), inverse, counts};
 }
 
 at::Tensor middleOfAll(const char* name, Place how, const at::Tensor& self) {
@@ -551,6 +577,7 @@ void registerReductions(torch::Library& m) {
   m.impl("histc.out", TORCH_FN(histc_out));
   m.impl("histc", TORCH_FN(python::histc));
   m.impl("_unique2", TORCH_FN(python::_unique2));
+  m.impl("unique_consecutive", TORCH_FN(python::unique_consecutive));
   m.impl("bucketize.Tensor", TORCH_FN(python::bucketize));
   m.impl("searchsorted.Tensor", TORCH_FN(python::searchsorted));
   m.impl("_cummax_helper", TORCH_FN(python::_cummax_helper));
