@@ -46,10 +46,21 @@ inline constexpr unsigned kTensorFns = 118;
 
 // i32 is a storage type alone: copies and fills convert to and from it (PyTorch's int32
 // results, linear algebra's pivots and infos); no other function takes it.
-enum class TensorType : uint8_t { f32, i64, boolean, i32 };
-inline constexpr unsigned kTensorTypes = 4;
+enum class TensorType : uint8_t { f32, i64, boolean, i32, f64, f16, bf16 };
+inline constexpr unsigned kTensorTypes = 7;
 // The bytes of one element.
-constexpr uint64_t tensorTypeBytes(TensorType t) { return t == TensorType::i64 ? 8 : t == TensorType::boolean ? 1 : 4; }
+constexpr uint64_t tensorTypeBytes(TensorType t) {
+  switch (t) {
+    case TensorType::i64: case TensorType::f64: return 8;
+    case TensorType::boolean: return 1;
+    case TensorType::f16: case TensorType::bf16: return 2;
+    default: return 4;
+  }
+}
+// The storage types: copies (conversions between any two types) and fills alone.
+constexpr bool storageOnly(TensorType t) {
+  return t == TensorType::i32 || t == TensorType::f64 || t == TensorType::f16 || t == TensorType::bf16;
+}
 
 // The elementwise functions of the map kernel (rc_map) whose arithmetic takes a fused
 // scale and shift of operand a before it and of the result after it (TensorOp's preScale,

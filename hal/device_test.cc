@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <functional>
@@ -1796,7 +1797,8 @@ TEST_P(Conformance, LinearAlgebraFactorsAndSolvesABatch) {
 }
 
 // i32 as storage: copies to and from it are exact (i64 past 2^31 wraps, as PyTorch's
-// conversion does), f32 converts truncating; any other function refuses it.
+// conversion does), f32 converts truncating (past i32's range: F64F16AndBf16...); any
+// other function refuses it.
 TEST_P(Conformance, I32IsAStorageTypeForCopiesAlone) {
   const std::vector<int64_t> wide = {5, -7, (int64_t{1} << 31) + 3, -(int64_t{1} << 40) - 1, 0};
   const uint64_t n = wide.size();
@@ -1823,7 +1825,158 @@ TEST_P(Conformance, I32IsAStorageTypeForCopiesAlone) {
   auto r = device->tensor(tensorOp(TensorFn::add, {n}, {view(back.get(), 0, {1}, i64), view(narrow.get(), 0, {1}, i32),
                                                         view(w.get(), 0, {1}, i64)}));
   ASSERT_FALSE(r);
-  EXPECT_NE(r.error().message.find("i32 is for copies and fills alone"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("a storage type: copies and fills alone"), std::string::npos) << r.error().message;
+}
+
+namespace {
+// The conversions PyTorch's CPU makes, as references: f16 by the compiler's _Float16 (to
+// nearest even), bf16 as c10::BFloat16 rounds, f64 and i64 by C++'s own (x86's).
+uint16_t halfBits(float f) {
+  if (std::isnan(f)) return uint16_t((std::bit_cast<uint32_t>(f) >> 16 & 0x8000u) | 0x7e00u);
+  return std::bit_cast<uint16_t>(static_cast<_Float16>(f));
+}
+float fromHalf(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
+uint16_t bfloatBits(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  return std::isnan(f) ? 0x7fc0 : uint16_t((u + ((u >> 16) & 1u) + 0x7fffu) >> 16);
+}
+int64_t truncated(double d) {
+  return d >= -9223372036854775808.0 && d < 9223372036854775808.0 ? static_cast<int64_t>(d) : INT64_MIN;
+}
+// f32 values over every range a conversion treats apart: zeros, f16's and f32's
+// subnormals, ties at each width, the largest finite values and past them, infinities;
+// then random bit patterns (NaNs left out: their bits are checked apart).
+std::vector<float> conversionProbes() {
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.5f, 65504.0f, 65520.0f, 65519.99f, 6.0e-8f, 2.98e-8f, 5.96e-8f,
+                          1e-10f, -3e-5f, 6.1035156e-05f, 1.0009765625f, 1.00048828125f, 1.00146484375f, 3.0e38f,
+                          1.17549435e-38f, 1e-45f, 16777217.0f, -2.5f, 255.5f, 1.00390625f, 1.005859375f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  uint32_t x = 12345;
+  while (v.size() < 512) {
+    x = x * 1664525u + 1013904223u;
+    const float f = std::bit_cast<float>(x);
+    if (!std::isnan(f)) v.push_back(f);
+  }
+  return v;
+}
+}  // namespace
+
+// f64, f16 and bf16 are storage types: a copy converts between them and every other type
+// as PyTorch's CPU does (to nearest even; integers truncated), the same type is copied bit
+// for bit, a fill rounds its value; any other function refuses them.
+TEST_P(Conformance, F64F16AndBf16ConvertAsPyTorchsCpu) {
+  const auto f64 = TensorType::f64, f16 = TensorType::f16, bf16 = TensorType::bf16, i64 = TensorType::i64;
+  const auto probes = conversionProbes();
+  const uint64_t n = probes.size();
+  auto src = floats(probes);
+  auto wide = bytes(n * 8), half = bytes(n * 2), bhalf = bytes(n * 2), narrow = bytes(n * 4);
+  auto copy = [&](Buffer* to, TensorType tt, Buffer* from, TensorType ft) {
+    auto r = device->tensor(tensorOp(TensorFn::copy, {n}, {view(to, 0, {1}, tt), view(from, 0, {1}, ft)}));
+    ASSERT_TRUE(r) << r.error().message;
+  };
+  auto read = [&]<typename T>(const Buffer& b, T) {
+    std::vector<T> out(n);
+    EXPECT_TRUE(device->read(b, 0, std::as_writable_bytes(std::span(out))));
+    return out;
+  };
+  copy(wide.get(), f64, src.get(), TensorType::f32);
+  copy(half.get(), f16, src.get(), TensorType::f32);
+  copy(bhalf.get(), bf16, src.get(), TensorType::f32);
+  const auto d = read(*wide, 0.0);
+  const auto h = read(*half, uint16_t()), b = read(*bhalf, uint16_t());
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(std::bit_cast<uint64_t>(d[i]), std::bit_cast<uint64_t>(double(probes[i]))) << i << " " << probes[i];
+    EXPECT_EQ(h[i], halfBits(probes[i])) << i << " " << probes[i];
+    EXPECT_EQ(b[i], bfloatBits(probes[i])) << i << " " << probes[i];
+  }
+  // Back to f32: f16 and bf16 exactly; f64 values between f32's, rounded.
+  copy(narrow.get(), TensorType::f32, half.get(), f16);
+  auto f = readFloats(*narrow, n);
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(std::bit_cast<uint32_t>(f[i]), std::bit_cast<uint32_t>(fromHalf(h[i]))) << i;
+  copy(narrow.get(), TensorType::f32, bhalf.get(), bf16);
+  f = readFloats(*narrow, n);
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(std::bit_cast<uint32_t>(f[i]), uint32_t(b[i]) << 16) << i;
+  std::vector<double> between(n);
+  for (size_t i = 0; i < n; ++i) between[i] = d[i] * (1.0 + 0x1p-25 * double(i % 5)) + (i % 7 == 0 ? 1e-310 : 0.0);
+  between.push_back(1e300);
+  between.push_back(-1e-300);
+  between.push_back(3.4028235677973366e38);  // past the largest f32 by less than half an ulp: stays finite
+  between.push_back(0x1p-150);               // half the least subnormal, a tie: to zero
+  between.push_back(0x1.8p-149);             // a tie between 1 and 2 subnormal ulps: to 2
+  const uint64_t m = between.size();
+  auto wb = bytes(m * 8), nb = bytes(m * 4), hb = bytes(m * 2), ib = bytes(m * 8), back = bytes(m * 8);
+  ASSERT_TRUE(device->write(*wb, 0, std::as_bytes(std::span(between))));
+  auto copyM = [&](Buffer* to, TensorType tt, Buffer* from, TensorType ft) {
+    auto r = device->tensor(tensorOp(TensorFn::copy, {m}, {view(to, 0, {1}, tt), view(from, 0, {1}, ft)}));
+    ASSERT_TRUE(r) << r.error().message;
+  };
+  copyM(nb.get(), TensorType::f32, wb.get(), f64);
+  copyM(hb.get(), f16, wb.get(), f64);
+  copyM(ib.get(), i64, wb.get(), f64);
+  std::vector<float> nf(m);
+  std::vector<uint16_t> nh(m);
+  std::vector<int64_t> ni(m);
+  ASSERT_TRUE(device->read(*nb, 0, std::as_writable_bytes(std::span(nf))));
+  ASSERT_TRUE(device->read(*hb, 0, std::as_writable_bytes(std::span(nh))));
+  ASSERT_TRUE(device->read(*ib, 0, std::as_writable_bytes(std::span(ni))));
+  for (size_t i = 0; i < m; ++i) {
+    const volatile double x = between[i];
+    const float want = static_cast<float>(x);
+    EXPECT_EQ(std::bit_cast<uint32_t>(nf[i]), std::bit_cast<uint32_t>(want)) << i << " " << between[i];
+    EXPECT_EQ(nh[i], halfBits(want)) << i;  // (through f32, as c10::Half(double) converts)
+    EXPECT_EQ(ni[i], truncated(between[i])) << i << " " << between[i];
+  }
+  // i64 -> f64 rounds to nearest even past 2^53; f64 -> f64 is the bits, NaNs' payloads too.
+  std::vector<int64_t> big = {0, -1, (int64_t{1} << 53) + 1, (int64_t{1} << 53) + 3, INT64_MAX, INT64_MIN, -(int64_t{1} << 60) - 5};
+  auto bigs = bytes(big.size() * 8), bigd = bytes(big.size() * 8);
+  ASSERT_TRUE(device->write(*bigs, 0, std::as_bytes(std::span(big))));
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::copy, {big.size()}, {view(bigd.get(), 0, {1}, f64), view(bigs.get(), 0, {1}, i64)})));
+  std::vector<double> bd(big.size());
+  ASSERT_TRUE(device->read(*bigd, 0, std::as_writable_bytes(std::span(bd))));
+  for (size_t i = 0; i < big.size(); ++i) EXPECT_EQ(bd[i], static_cast<double>(big[i])) << i;
+  const std::vector<uint64_t> nanBits = {0x7ff8000000000123ULL, 0xfff0000000000001ULL, 0x7ff0000000000000ULL};
+  ASSERT_TRUE(device->write(*wb, 0, std::as_bytes(std::span(nanBits))));
+  copyM(back.get(), f64, wb.get(), f64);
+  std::vector<uint64_t> again(m);
+  ASSERT_TRUE(device->read(*back, 0, std::as_writable_bytes(std::span(again))));
+  for (size_t i = 0; i < nanBits.size(); ++i) EXPECT_EQ(again[i], nanBits[i]) << i;
+  copyM(nb.get(), TensorType::f32, wb.get(), f64);
+  ASSERT_TRUE(device->read(*nb, 0, std::as_writable_bytes(std::span(nf))));
+  EXPECT_EQ(std::bit_cast<uint32_t>(nf[0]), 0x7fc00000u);  // x86's: quiet, the payload's top bits
+  EXPECT_EQ(std::bit_cast<uint32_t>(nf[1]), 0xffc00000u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(nf[2]), 0x7f800000u);
+  // A fill rounds its (f32) value to the type; bool from f64 is "not zero".
+  ASSERT_TRUE(device->tensor([&] {
+    auto op = tensorOp(TensorFn::fill, {n}, {view(half.get(), 0, {1}, f16)});
+    op.alpha = 1.00048828125f;  // a tie: to even, 1
+    return op;
+  }()));
+  EXPECT_EQ(read(*half, uint16_t())[n - 1], 0x3c00);
+  const std::vector<double> truths = {0.0, -0.0, 0.25, std::nan(""), -1e-320};
+  auto tb = bytes(truths.size() * 8), bb = bytes(truths.size());
+  ASSERT_TRUE(device->write(*tb, 0, std::as_bytes(std::span(truths))));
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::copy, {truths.size()}, {view(bb.get(), 0, {1}, TensorType::boolean), view(tb.get(), 0, {1}, f64)})));
+  std::vector<uint8_t> bools(truths.size());
+  ASSERT_TRUE(device->read(*bb, 0, std::as_writable_bytes(std::span(bools))));
+  EXPECT_EQ(bools, (std::vector<uint8_t>{0, 0, 1, 1, 1}));
+  // Into i32 a float truncates; outside i32's range (NaN, infinities) the smallest, as x86's.
+  const std::vector<double> edges = {3e9, -2147483648.9, 2147483647.9, std::nan(""), -1e20};
+  const std::vector<float> fedges = {3e9f, -3e9f, std::numeric_limits<float>::infinity(), -2147483648.0f, 7.9f};
+  auto eb = bytes(edges.size() * 8), fb = floats(fedges), i32b = bytes(edges.size() * 4);
+  ASSERT_TRUE(device->write(*eb, 0, std::as_bytes(std::span(edges))));
+  std::vector<int32_t> i32s(edges.size());
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::copy, {edges.size()}, {view(i32b.get(), 0, {1}, TensorType::i32), view(eb.get(), 0, {1}, f64)})));
+  ASSERT_TRUE(device->read(*i32b, 0, std::as_writable_bytes(std::span(i32s))));
+  EXPECT_EQ(i32s, (std::vector<int32_t>{INT32_MIN, INT32_MIN, INT32_MAX, INT32_MIN, INT32_MIN}));
+  ASSERT_TRUE(device->tensor(tensorOp(TensorFn::copy, {edges.size()}, {view(i32b.get(), 0, {1}, TensorType::i32), view(fb.get(), 0, {1})})));
+  ASSERT_TRUE(device->read(*i32b, 0, std::as_writable_bytes(std::span(i32s))));
+  EXPECT_EQ(i32s, (std::vector<int32_t>{INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, 7}));
+  for (auto t : {f64, f16, bf16}) {
+    auto r = device->tensor(tensorOp(TensorFn::add, {n}, {view(wide.get(), 0, {1}, t), view(wide.get(), 0, {1}, t),
+                                                          view(wide.get(), 0, {1}, t)}));
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find("a storage type"), std::string::npos) << r.error().message;
+  }
 }
 
 TEST_P(Conformance, TensorConversionsComparisonsSelectionsAndArgReductionsAreExact) {

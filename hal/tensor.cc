@@ -63,7 +63,8 @@ static_assert(RC_FLOORFN == int(TensorFn::floor) && RC_CEILFN == int(TensorFn::c
               RC_SINGULAR_VALUES == int(TensorFn::singularValues) && RC_CTC_LATTICE == int(TensorFn::ctcLattice) &&
               kTensorFns == RC_CTC_LATTICE + 1);
 static_assert(RC_T_F32 == int(TensorType::f32) && RC_T_I64 == int(TensorType::i64) && RC_T_BOOL == int(TensorType::boolean) &&
-              RC_T_I32 == int(TensorType::i32) && kTensorTypes == 4);
+              RC_T_I32 == int(TensorType::i32) && RC_T_F64 == int(TensorType::f64) &&
+              RC_T_F16 == int(TensorType::f16) && RC_T_BF16 == int(TensorType::bf16) && kTensorTypes == 7);
 
 namespace {
 struct FnInfo {
@@ -197,7 +198,7 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
   const bool integral = type(1) != TensorType::f32;
   if (op.fn != TensorFn::copy && op.fn != TensorFn::fill)
     for (unsigned i = 0; i < operands; ++i)
-      if (type(i) == TensorType::i32) return bad(i, "i32 is for copies and fills alone");
+      if (storageOnly(type(i))) return bad(i, "a storage type: copies and fills alone");
   // Every operand of one type, or the first that is not.
   auto every = [&](TensorType want, const char* why) -> Status {
     for (unsigned i = 0; i < operands; ++i)
@@ -323,6 +324,9 @@ const char* tensorTypeName(TensorType t) {
     case TensorType::i64: return "i64";
     case TensorType::boolean: return "bool";
     case TensorType::i32: return "i32";
+    case TensorType::f64: return "f64";
+    case TensorType::f16: return "f16";
+    case TensorType::bf16: return "bf16";
   }
   return "unknown";
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -50,6 +51,8 @@ inline float lgammaOf(float x) {
 #define RC_F(name, x) std::name(x)
 #define RC_LGAMMA(x) raccel::hal::lgammaOf(x)
 #define RC_F2(name, x, y) std::name(x, y)
+#define RC_AS_UINT(x) std::bit_cast<unsigned int>(static_cast<float>(x))
+#define RC_AS_FLOAT(u) std::bit_cast<float>(static_cast<unsigned int>(u))
 #define RC_U64 uint64_t
 namespace raccel::hal::kernels {
 #include "hal/tensor_kernels.inc"
@@ -68,6 +71,7 @@ using raccel::TensorFn;
 using raccel::TensorType;
 
 const char* tensorTypeName(TensorType t);
+using raccel::storageOnly;
 using raccel::tensorTypeBytes;
 
 const char* tensorFnName(TensorFn fn);

@@ -490,7 +490,10 @@ enum TensorType {
   f32 @0;
   i64 @1;
   bool @2;     # one byte, 0 or 1
-  i32 @3;      # copies and fills only (a storage type)
+  i32 @3;      # copies and fills only (a storage type), as the three below
+  f64 @4;
+  f16 @5;      # IEEE binary16
+  bf16 @6;     # bfloat16
 }
 
 enum TensorFn {

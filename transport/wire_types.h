@@ -30,7 +30,10 @@ inline bool validProgramKind(wire::ProgramKind k) {
 static_assert(uint16_t(wire::TensorType::F32) == uint16_t(TensorType::f32) &&
               uint16_t(wire::TensorType::I64) == uint16_t(TensorType::i64) &&
               uint16_t(wire::TensorType::BOOL) == uint16_t(TensorType::boolean) &&
-              uint16_t(wire::TensorType::I32) == uint16_t(TensorType::i32) && kTensorTypes == 4);
+              uint16_t(wire::TensorType::I32) == uint16_t(TensorType::i32) &&
+              uint16_t(wire::TensorType::F64) == uint16_t(TensorType::f64) &&
+              uint16_t(wire::TensorType::F16) == uint16_t(TensorType::f16) &&
+              uint16_t(wire::TensorType::BF16) == uint16_t(TensorType::bf16) && kTensorTypes == 7);
 inline wire::TensorType toWire(TensorType t) { return static_cast<wire::TensorType>(static_cast<uint16_t>(t)); }
 // An unknown type keeps its number (truncated past 255 to one no type has), for the HAL to refuse.
 inline TensorType fromWire(wire::TensorType t) {

@@ -234,6 +234,8 @@ const char* kTensorPrelude = R"CU(
 #define RC_F(name, x) name##f(x)
 #define RC_LGAMMA(x) lgammaf(x)
 #define RC_F2(name, x, y) name##f(x, y)
+#define RC_AS_UINT(x) __float_as_uint(x)
+#define RC_AS_FLOAT(u) __uint_as_float(u)
 #define RC_U64 unsigned long long
 )CU";
 

@@ -43,6 +43,8 @@ const char* kTensorPrelude = R"CLC(
 #define RC_F(name, x) name(x)
 #define RC_LGAMMA(x) lgamma(x)
 #define RC_F2(name, x, y) name(x, y)
+#define RC_AS_UINT(x) as_uint(x)
+#define RC_AS_FLOAT(u) as_float(u)
 #define RC_U64 ulong
 #define RC_TILED 1
 )CLC";

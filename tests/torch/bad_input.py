@@ -53,7 +53,9 @@ refused("a read past the end", "", lambda: s.read(small, 60, 8))
 refused("a comparison written as f32", "writes bool",
         lambda: op_then_fence("eq", [4], [(big, 0, [1]), (small, 0, [1]), (small, 4, [1])]))
 refused("an unknown element type", "no tensor element type",
-        lambda: s.tensor("copy", [4], [(big, 0, [1]), (small, 0, [1])], types=["f32", "f16"]))
+        lambda: s.tensor("copy", [4], [(big, 0, [1]), (small, 0, [1])], types=["f32", "f8"]))
+refused("an add of f16, a storage type", "copies and fills alone",
+        lambda: op_then_fence("add", [4], [(big, 0, [1]), (small, 0, [1]), (small, 0, [1])], types=["f16", "f16", "f16"]))
 refused("an index of f32", "the index is i64",
         lambda: op_then_fence("index_select", [1, 2, 1, 4], [(big, 0, [0, 1, 0, 0]), (small, 0, [0, 0, 0, 1]),
                                                              (small, 4, [0, 1, 0, 0])]))
@@ -70,7 +72,7 @@ a = torch.arange(4).to(dev) + (1 << 40)   # int64 past f32's 2^24: exact on the 
 total = (a + a).cpu().tolist()
 if total != [(1 << 41) + 2 * i for i in range(4)] or raccel.torch.fallbacks():
     failures.append(f"int64 add gave {total}, fallbacks {raccel.torch.fallbacks()}")
-d = torch.arange(4, dtype=torch.float64).to(dev)   # f64: the kernels do not take it, so this falls back
+d = torch.arange(4, dtype=torch.float64).to(dev)   # f64: kept on the card, but computed on the host
 if (d + d).cpu().tolist() != [0.0, 2.0, 4.0, 6.0]:
     failures.append("f64 add gave a wrong result")
 if "aten::add.out" not in raccel.torch.fallbacks():

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """What users do around training, on the raccel device: a state_dict saved from the card
 and loaded on the CPU (map_location) and back; .to() round trips of every dtype the
-kernels take and of others; torch.no_grad() and model.eval(); torch.manual_seed making
+kernels take and of others; float64, float16 and bfloat16 converted, copied, joined and
+filled on the card bit for bit as on the CPU; torch.no_grad() and model.eval(); torch.manual_seed making
 the card's random draws repeat; permutations, samples and exponential draws on the card; printing a device tensor; a tensor whose session has
 closed refused with a clear error. Prints one line per check and PASS or FAIL; exits 1 on
 any failure.
@@ -84,6 +85,49 @@ def main():
     check(".float() and .long() on the card convert as the CPU does",
           torch.equal((t * 10).to(dev).long().cpu(), (t * 10).long()) and
           torch.equal((t > 0).to(dev).float().cpu(), (t > 0).float()))
+
+    # float64, float16 and bfloat16 are kept on the card (storage types): their conversions,
+    # strided reads and writes, contiguous copies, joins and fills run there, bit for bit
+    # as the CPU makes them (NaN, infinities, subnormals and ties included), not on the host.
+    probe = torch.cat([torch.randn(64, dtype=torch.float64) * 1e3, torch.tensor(
+        [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-310, 1e300, 65520.0, 2 ** -25, 1 + 2 ** -11,
+         1 + 3 * 2 ** -11, 3.4028235677973366e38, 2.0 ** 62, -2.5], dtype=torch.float64)]).reshape(2, 39)
+
+    def bits(t):
+        t = t.contiguous()
+        return t.view(torch.uint8) if t.dtype != torch.bool else t
+
+    def same_bits(a, b):
+        nan = a.isnan() if a.is_floating_point() else torch.zeros_like(a, dtype=torch.bool)
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(nan, b.isnan() if b.is_floating_point() else nan) \
+            and torch.equal(bits(a.masked_fill(nan, 0)), bits(b.masked_fill(nan, 0)))
+    kinds = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)
+    raccel.torch.reset_fallbacks()
+    for src in kinds:
+        on = (probe.clamp(-2.0 ** 31, 2.0 ** 31 - 1) if src == torch.int32 else probe).to(src)
+        card = on.to(dev)
+        converted = all(same_bits(card.to(dst).cpu(), on.to(dst)) for dst in kinds)
+        strided = same_bits(card[:, 1::3].cpu(), on[:, 1::3]) and same_bits(card.t().contiguous().cpu(), on.t().contiguous())
+        written = card.clone()
+        written[:, 1::2] = on[:, 2::2].flip(1).to(dev)
+        expect = on.clone()
+        expect[:, 1::2] = on[:, 2::2].flip(1)
+        joined = torch.cat([card, card[:, :5].to(torch.float32)], 1).cpu()
+        check(f"{src} on the card: converted to every type, read and written strided, joined, as on the CPU",
+              converted and strided and same_bits(written.cpu(), expect) and
+              same_bits(joined, torch.cat([on, on[:, :5].to(torch.float32)], 1)))
+    for dtype, value in [(torch.float64, 0.1), (torch.float16, 1 / 3), (torch.bfloat16, -1e38), (torch.int64, 2 ** 40 + 1),
+                         (torch.int32, -7), (torch.float64, float("nan"))]:
+        check(f"torch.full of {value} as {dtype} on the card",
+              same_bits(torch.full((2, 3), value, dtype=dtype, device=dev).cpu(), torch.full((2, 3), value, dtype=dtype)))
+    held = dict(raccel.torch.fallbacks())
+    check("none of those conversions, copies, joins and fills ran on the host", not held, str(held))
+    for dtype, value in [(torch.float16, 1e6), (torch.int32, 2 ** 40)]:
+        try:
+            torch.full((2,), value, dtype=dtype, device=dev)
+            check(f"a fill of {value} as {dtype} is refused as on the CPU", False)
+        except RuntimeError as e:
+            check(f"a fill of {value} as {dtype} is refused as on the CPU", "without overflow" in str(e), str(e))
 
     # Integer inputs take PyTorch's result types: true division and the float functions
     # give the default float type, an integer matmul stays integer.

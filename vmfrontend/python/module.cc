@@ -61,7 +61,10 @@ raccel::client::TensorType typeNamed(const std::string& name) {
   if (name == "i64") return raccel::client::TensorType::i64;
   if (name == "bool") return raccel::client::TensorType::boolean;
   if (name == "i32") return raccel::client::TensorType::i32;
-  throw py::value_error("no tensor element type '" + name + "' (f32, i64, bool or i32)");
+  if (name == "f64") return raccel::client::TensorType::f64;
+  if (name == "f16") return raccel::client::TensorType::f16;
+  if (name == "bf16") return raccel::client::TensorType::bf16;
+  throw py::value_error("no tensor element type '" + name + "' (f32, i64, bool, i32, f64, f16 or bf16)");
 }
 
 py::dict vaccelDict(const raccel::client::VaccelInfo& v) {

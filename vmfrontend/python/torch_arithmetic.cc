@@ -26,7 +26,10 @@ void checkInPlace(const at::Tensor& self, std::initializer_list<const at::Tensor
 }
 
 at::Tensor promoted(const at::Tensor& x, const at::Tensor& out) {
-  if (!isF32(out) || !stored(x) || x.scalar_type() == at::kFloat) return x;  // an i64, bool or int32 side made f32
+  // An i64, bool or int32 side made f32 (PyTorch computes in f32 there: f64, f16 and bf16
+  // sides it computes in their own type, or in f64, and are left to the host).
+  const auto t = x.scalar_type();
+  if (!isF32(out) || !stored(x) || (t != at::kLong && t != at::kBool && t != at::kInt)) return x;
   auto f = emptyOn(x.sizes());
   elementwise(TensorFn::copy, f, &x, nullptr);
   return f;

@@ -10,15 +10,15 @@ namespace {
 // ---- Joining ---------------------------------------------------------------------------
 
 // Each tensor copied into its run of `out` along `dim` (1-d empty tensors skipped, as
-// PyTorch does); tensors of another dtype than out's run on the host.
+// PyTorch does), converted to out's dtype: any of the storage types.
 at::Tensor& cat_out(const at::ITensorListRef& tensors, int64_t dim, at::Tensor& out) {
   std::vector<at::Tensor> parts;
   for (const at::Tensor& t : tensors) parts.push_back(t);
-  bool ok = typed(out);
+  bool ok = stored(out);
   const at::Tensor* first = nullptr;
   for (auto& t : parts) {
     if (t.dim() == 1 && t.numel() == 0) continue;
-    ok = ok && typed(t);  // (another dtype than out's converted by the copy)
+    ok = ok && stored(t);  // (another dtype than out's converted by the copy)
     if (!first) first = &t;
   }
   if (!ok || !first) {

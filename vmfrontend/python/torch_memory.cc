@@ -317,11 +317,34 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, c10::op
 }
 
 
+namespace {
+// Whether the card's fill (of an f32 value) makes what PyTorch's does: into f32, f16 and
+// bf16 a value in the type's range, an infinity or a NaN (c10 rounds it to f32, then to
+// the type, and refuses a finite value past the type's largest); into the other types, a
+// value an f32 holds exactly (i64 past 2^24 is not; int32 within its range).
+bool fillsExactly(const at::Tensor& self, const at::Scalar& value) {
+  if (!onDevice(self) || !storageTypeOf(self.scalar_type()) || value.isComplex()) return false;
+  const auto t = self.scalar_type();
+  const double v = value.toDouble();
+  const auto within = [&](double largest) { return !std::isfinite(v) || std::fabs(v) <= largest; };
+  if (t == at::kFloat) return within(std::numeric_limits<float>::max());
+  if (t == at::kHalf) return within(65504.0);
+  if (t == at::kBFloat16) return within(3.3895313892515355e38);
+  if (t == at::kInt && !(v >= -2147483648.0 && v <= 2147483647.0)) return false;
+  return v == double(value.toFloat());
+}
+}  // namespace
+
 at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
-  const bool exact = isF32(self) || (typed(self) && value.toDouble() == double(value.toFloat()));  // i64 past 2^24 is not
-  if (exact) {
+  if (fillsExactly(self, value)) {
     elementwise(TensorFn::fill, self, nullptr, nullptr, value.toFloat());
+  } else if (onDevice(self) && storageTypeOf(self.scalar_type()) && !value.isComplex()) {
+    // PyTorch's own conversion of the value (with its range checks), written once and
+    // spread on the card: an f64 of 0.1, an i64 past 2^24
+    auto one = emptyOn({}, self.scalar_type());
+    writeFrom(at::full({}, value, self.options().device(at::kCPU)), one);
+    elementwise(TensorFn::copy, self, &one, nullptr);
   } else if (value.toDouble() == 0 && self.is_contiguous()) {
     auto [handle, offset] = arena().locate(self.data_ptr());
     Locked s;

@@ -15,7 +15,13 @@ std::optional<client::TensorType> typeOf(at::ScalarType t) {
   }
 }
 std::optional<client::TensorType> storageTypeOf(at::ScalarType t) {
-  return t == at::kInt ? std::optional(client::TensorType::i32) : typeOf(t);
+  switch (t) {
+    case at::kInt: return client::TensorType::i32;
+    case at::kDouble: return client::TensorType::f64;
+    case at::kHalf: return client::TensorType::f16;
+    case at::kBFloat16: return client::TensorType::bf16;
+    default: return typeOf(t);
+  }
 }
 
 void countFallback(const std::string& op) {
