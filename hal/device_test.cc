@@ -1825,7 +1825,7 @@ TEST_P(Conformance, I32IsAStorageTypeForCopiesAlone) {
   auto r = device->tensor(tensorOp(TensorFn::add, {n}, {view(back.get(), 0, {1}, i64), view(narrow.get(), 0, {1}, i32),
                                                         view(w.get(), 0, {1}, i64)}));
   ASSERT_FALSE(r);
-  EXPECT_NE(r.error().message.find("a storage type: copies and fills alone"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("a storage type: copies, fills and picks alone"), std::string::npos) << r.error().message;
 }
 
 namespace {
@@ -1971,6 +1971,27 @@ TEST_P(Conformance, F64F16AndBf16ConvertAsPyTorchsCpu) {
   ASSERT_TRUE(device->tensor(tensorOp(TensorFn::copy, {edges.size()}, {view(i32b.get(), 0, {1}, TensorType::i32), view(fb.get(), 0, {1})})));
   ASSERT_TRUE(device->read(*i32b, 0, std::as_writable_bytes(std::span(i32s))));
   EXPECT_EQ(i32s, (std::vector<int32_t>{INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, 7}));
+  // indexSelect picks their elements' bits (NaNs' payloads too).
+  const std::vector<int64_t> picks = {2, 0, 2, 1};
+  auto pb = bytes(picks.size() * 8), picked = bytes(picks.size() * 8), hpicked = bytes(picks.size() * 2);
+  ASSERT_TRUE(device->write(*pb, 0, std::as_bytes(std::span(picks))));
+  ASSERT_TRUE(device->write(*wb, 0, std::as_bytes(std::span(nanBits))));
+  auto pick = [&](Buffer* to, Buffer* from, TensorType t) {
+    auto r = device->tensor(tensorOp(TensorFn::indexSelect, {1, picks.size(), 1, 3},
+                                     {view(to, 0, {4, 1, 1, 0}, t), view(from, 0, {3, 0, 1, 1}, t), view(pb.get(), 0, {0, 1, 0, 0}, i64)}));
+    ASSERT_TRUE(r) << r.error().message;
+  };
+  pick(picked.get(), wb.get(), f64);
+  pick(hpicked.get(), half.get(), f16);
+  std::vector<uint64_t> pickedBits(picks.size());
+  std::vector<uint16_t> pickedHalves(picks.size());
+  ASSERT_TRUE(device->read(*picked, 0, std::as_writable_bytes(std::span(pickedBits))));
+  ASSERT_TRUE(device->read(*hpicked, 0, std::as_writable_bytes(std::span(pickedHalves))));
+  const auto halves = read(*half, uint16_t());
+  for (size_t i = 0; i < picks.size(); ++i) {
+    EXPECT_EQ(pickedBits[i], nanBits[size_t(picks[i])]) << i;
+    EXPECT_EQ(pickedHalves[i], halves[size_t(picks[i])]) << i;
+  }
   for (auto t : {f64, f16, bf16}) {
     auto r = device->tensor(tensorOp(TensorFn::add, {n}, {view(wide.get(), 0, {1}, t), view(wide.get(), 0, {1}, t),
                                                           view(wide.get(), 0, {1}, t)}));

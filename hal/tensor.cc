@@ -196,9 +196,10 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     if (unsigned(type(i)) >= kTensorTypes)
       return refuse(operandNamed(i) + " has unknown element type " + std::to_string(unsigned(type(i))));
   const bool integral = type(1) != TensorType::f32;
+  // (indexSelect's picks move elements: of any type but the index's)
   if (op.fn != TensorFn::copy && op.fn != TensorFn::fill)
-    for (unsigned i = 0; i < operands; ++i)
-      if (storageOnly(type(i))) return bad(i, "a storage type: copies and fills alone");
+    for (unsigned i = op.fn == TensorFn::indexSelect ? 2 : 0; i < operands; ++i)
+      if (storageOnly(type(i))) return bad(i, "a storage type: copies, fills and picks alone");
   // Every operand of one type, or the first that is not.
   auto every = [&](TensorType want, const char* why) -> Status {
     for (unsigned i = 0; i < operands; ++i)

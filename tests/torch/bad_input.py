@@ -54,7 +54,7 @@ refused("a comparison written as f32", "writes bool",
         lambda: op_then_fence("eq", [4], [(big, 0, [1]), (small, 0, [1]), (small, 4, [1])]))
 refused("an unknown element type", "no tensor element type",
         lambda: s.tensor("copy", [4], [(big, 0, [1]), (small, 0, [1])], types=["f32", "f8"]))
-refused("an add of f16, a storage type", "copies and fills alone",
+refused("an add of f16, a storage type", "copies, fills and picks alone",
         lambda: op_then_fence("add", [4], [(big, 0, [1]), (small, 0, [1]), (small, 0, [1])], types=["f16", "f16", "f16"]))
 refused("an index of f32", "the index is i64",
         lambda: op_then_fence("index_select", [1, 2, 1, 4], [(big, 0, [0, 1, 0, 0]), (small, 0, [0, 0, 0, 1]),
@@ -137,13 +137,13 @@ refused("masked_scatter_ with too few source elements", "the mask takes 15 eleme
         lambda: x.clone().masked_scatter_(x > 0, torch.ones(4).to(dev)).cpu())
 refused("indexing with f32 indices", "must be long, byte or bool", lambda: x[torch.tensor([1.5]).to(dev)].cpu())
 refused("a mask of the wrong shape", "does not match the shape", lambda: x[torch.ones(3, dtype=torch.bool).to(dev)].cpu())
-# Indexing an f64 tensor (its index tensors apart), and an op of PyTorch's that takes a
+# Indexing an int16 tensor (its index tensors apart), and an op of PyTorch's that takes a
 # list of optional tensors: both run on the host (counted), the indices moved there too.
-host_x = torch.arange(60.0, dtype=torch.float64).reshape(5, 4, 3)
+host_x = torch.arange(60, dtype=torch.int16).reshape(5, 4, 3)
 first, last = torch.tensor([0, 4]), torch.tensor([2, 1])
 raccel.torch.reset_fallbacks()
 apart = host_x.to(dev)[first.to(dev), :, last.to(dev)].cpu()
-out = torch.empty(0, dtype=torch.float64).to(dev)
+out = torch.empty(0, dtype=torch.int16).to(dev)
 torch.ops.aten.index.Tensor_out(host_x.to(dev), [first.to(dev)], out=out)
 if not torch.equal(apart, host_x[first, :, last]) or not torch.equal(out.cpu(), host_x[first]):
     failures.append("indexing that ran on the host gave a wrong result")

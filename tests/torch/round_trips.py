@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """What users do around training, on the raccel device: a state_dict saved from the card
 and loaded on the CPU (map_location) and back; .to() round trips of every dtype the
-kernels take and of others; float64, float16 and bfloat16 converted, copied, joined and
-filled on the card bit for bit as on the CPU; torch.no_grad() and model.eval(); torch.manual_seed making
+kernels take and of others; float64, float16 and bfloat16 converted, copied, joined,
+picked and filled on the card bit for bit as on the CPU; torch.no_grad() and model.eval(); torch.manual_seed making
 the card's random draws repeat; permutations, samples and exponential draws on the card; printing a device tensor; a tensor whose session has
 closed refused with a clear error. Prints one line per check and PASS or FAIL; exits 1 on
 any failure.
@@ -87,7 +87,8 @@ def main():
           torch.equal((t > 0).to(dev).float().cpu(), (t > 0).float()))
 
     # float64, float16 and bfloat16 are kept on the card (storage types): their conversions,
-    # strided reads and writes, contiguous copies, joins and fills run there, bit for bit
+    # strided reads and writes, contiguous copies, joins, picks (x[idx], index_select,
+    # gather) and fills run there, bit for bit
     # as the CPU makes them (NaN, infinities, subnormals and ties included), not on the host.
     probe = torch.cat([torch.randn(64, dtype=torch.float64) * 1e3, torch.tensor(
         [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-310, 1e300, 65520.0, 2 ** -25, 1 + 2 ** -11,
@@ -113,15 +114,19 @@ def main():
         expect = on.clone()
         expect[:, 1::2] = on[:, 2::2].flip(1)
         joined = torch.cat([card, card[:, :5].to(torch.float32)], 1).cpu()
-        check(f"{src} on the card: converted to every type, read and written strided, joined, as on the CPU",
-              converted and strided and same_bits(written.cpu(), expect) and
+        cols, rows = torch.tensor([38, 0, 7, 7, 21]), torch.tensor([[1, 0, 1], [0, 0, 1]])
+        picked = same_bits(card[:, cols.to(dev)].cpu(), on[:, cols]) and \
+            same_bits(card.index_select(1, cols.to(dev)).cpu(), on.index_select(1, cols)) and \
+            same_bits(card.gather(0, rows.to(dev)).cpu(), on.gather(0, rows))
+        check(f"{src} on the card: converted to every type, read and written strided, joined, picked, as on the CPU",
+              converted and strided and picked and same_bits(written.cpu(), expect) and
               same_bits(joined, torch.cat([on, on[:, :5].to(torch.float32)], 1)))
     for dtype, value in [(torch.float64, 0.1), (torch.float16, 1 / 3), (torch.bfloat16, -1e38), (torch.int64, 2 ** 40 + 1),
                          (torch.int32, -7), (torch.float64, float("nan"))]:
         check(f"torch.full of {value} as {dtype} on the card",
               same_bits(torch.full((2, 3), value, dtype=dtype, device=dev).cpu(), torch.full((2, 3), value, dtype=dtype)))
     held = dict(raccel.torch.fallbacks())
-    check("none of those conversions, copies, joins and fills ran on the host", not held, str(held))
+    check("none of those conversions, copies, joins, picks and fills ran on the host", not held, str(held))
     for dtype, value in [(torch.float16, 1e6), (torch.int32, 2 ** 40)]:
         try:
             torch.full((2,), value, dtype=dtype, device=dev)

@@ -56,9 +56,10 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
 
 // ---- Indexing and embeddings -----------------------------------------------------------
 
-// out = self's entries at `index` along `dim` (index i64 on the device, one dimension).
+// out = self's entries at `index` along `dim` (index i64 on the device, one dimension), of
+// any of the card's types (a pick moves an element's bits).
 at::Tensor& index_select_out(const at::Tensor& self0, int64_t dim, const at::Tensor& index, at::Tensor& out) {
-  const bool ok = typed(self0) && typed(out) && out.scalar_type() == self0.scalar_type() && typed(index) &&
+  const bool ok = stored(self0) && stored(out) && out.scalar_type() == self0.scalar_type() && typed(index) &&
                   index.scalar_type() == at::kLong && index.dim() <= 1;
   if (!ok) return hostInto("aten::index_select", out, at::index_select(host(self0), dim, host(index)));
   dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self0.dim(), 1));
@@ -556,10 +557,11 @@ std::optional<Fronted> indexedFirst(const at::Tensor& self, const c10::List<c10:
   return f;
 }
 
-// self[indices]: one index_select over the indexed dimensions merged.
+// self[indices]: one index_select over the indexed dimensions merged (any of the card's
+// types).
 at::Tensor index(const at::Tensor& self, const c10::List<c10::optional<at::Tensor>>& indices) {
-  if (auto f = typed(self) ? indexedFirst(self, indices) : std::nullopt) return python::index(self.permute(f->order), f->indices);
-  auto m = typed(self) ? mergedIndex(self, indices) : std::nullopt;
+  if (auto f = stored(self) ? indexedFirst(self, indices) : std::nullopt) return python::index(self.permute(f->order), f->indices);
+  auto m = stored(self) ? mergedIndex(self, indices) : std::nullopt;
   if (!m)
     return onHost("aten::index.Tensor", [&] { return at::index(host(self), hostIndices(indices)).to(self.device()); });
   const auto merged = self.reshape(m->mergedShape(self.sizes(), m->rows));
@@ -627,9 +629,10 @@ at::Tensor& masked_scatter_(at::Tensor& self, const at::Tensor& mask, const at::
   return self.copy_(at::where(mask.expand(self.sizes()), picked, self));
 }
 
-// out[..., i, ...] = self[..., index[..., i, ...], ...] along `dim` (index of out's shape).
+// out[..., i, ...] = self[..., index[..., i, ...], ...] along `dim` (index of out's shape;
+// any of the card's types).
 at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparseGrad, at::Tensor& out) {
-  const bool ok = typed(self) && typed(out) && out.scalar_type() == self.scalar_type() && typed(index) &&
+  const bool ok = stored(self) && stored(out) && out.scalar_type() == self.scalar_type() && typed(index) &&
                   index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 && index.dim() == self.dim() && !sparseGrad;
   if (!ok) return hostInto("aten::gather", out, at::gather(host(self), dim, host(index), sparseGrad));
   dim = c10::maybe_wrap_dim(dim, self.dim());

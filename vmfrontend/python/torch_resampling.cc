@@ -164,14 +164,16 @@ at::Tensor upsampledBackward(const at::Tensor& grad, c10::IntArrayRef size, c10:
 
 // An upsampling op's forward and backward; `onHost` runs it on the host (PyTorch's own op
 // through its _ops handle `Op`) where the card does not.
+at::Tensor& onHostInto(const char* name, const at::Tensor& like, at::Tensor& out,
+                       const std::function<void(at::Tensor&)>& onHost) {
+  auto result = at::empty({0}, like.options().device(at::kCPU));
+  onHost(result);
+  return hostInto(name, out, result);
+}
 at::Tensor& upsampleInto(const char* name, const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners,
                          const Scales& scales, Interpolation kind, at::Tensor& out, const std::function<void(at::Tensor&)>& onHost) {
   const auto size = c10::asIntArrayRefSlow(outputSize);
-  if (!supported({&self, &out}) || !resampledOnCard(self.sizes(), size)) {
-    auto result = at::empty({0}, self.options().device(at::kCPU));
-    onHost(result);
-    return hostInto(name, out, result);
-  }
+  if (!supported({&self, &out}) || !resampledOnCard(self.sizes(), size)) return onHostInto(name, self, out, onHost);
   if (auto f = wholeFactors(self.sizes(), size, scales, kind)) {
     std::vector<int64_t> shape = {self.size(0), self.size(1)};
     shape.insert(shape.end(), size.begin(), size.end());
@@ -192,11 +194,7 @@ at::Tensor& upsampleBackwardInto(const char* name, const at::Tensor& grad, c10::
   bool fits = supported({&grad, &out}) && resampledOnCard(in, size) && grad.dim() == int64_t(in.size()) &&
               grad.size(0) == in[0] && grad.size(1) == in[1];
   for (size_t a = 0; fits && a < size.size(); ++a) fits = grad.size(int64_t(a) + 2) == size[a];
-  if (!fits) {
-    auto result = at::empty({0}, grad.options().device(at::kCPU));
-    onHost(result);
-    return hostInto(name, out, result);
-  }
+  if (!fits) return onHostInto(name, grad, out, onHost);
   at::native::resize_output(out, in);
   return out.copy_(upsampledBackward(grad, size, in, alignCorners, scales, kind));
 }
