@@ -196,8 +196,9 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     if (unsigned(type(i)) >= kTensorTypes)
       return refuse(operandNamed(i) + " has unknown element type " + std::to_string(unsigned(type(i))));
   const bool integral = type(1) != TensorType::f32;
-  // (indexSelect's picks move elements: of any type but the index's)
-  if (op.fn != TensorFn::copy && op.fn != TensorFn::fill)
+  // (indexSelect's and where's picks move elements: of any type but the index's and the
+  // condition's, checked below)
+  if (op.fn != TensorFn::copy && op.fn != TensorFn::fill && op.fn != TensorFn::where)
     for (unsigned i = op.fn == TensorFn::indexSelect ? 2 : 0; i < operands; ++i)
       if (storageOnly(type(i))) return bad(i, "a storage type: copies, fills and picks alone");
   // Every operand of one type, or the first that is not.
@@ -236,7 +237,6 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
       return every(TensorType::f32, "f32");
     case TensorFn::where:
       if (type(1) != TensorType::boolean) return bad(1, "the condition is bool");
-      if (type(0) == TensorType::boolean) return bad(0, "f32 or i64");
       if (type(2) != type(0)) return bad(2, "the output's type");
       if (type(3) != type(0)) return bad(3, "the output's type");
       return {};

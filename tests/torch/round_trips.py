@@ -88,7 +88,7 @@ def main():
 
     # float64, float16 and bfloat16 are kept on the card (storage types): their conversions,
     # strided reads and writes, contiguous copies, joins, picks (x[idx], index_select,
-    # gather) and fills run there, bit for bit
+    # gather, where, masked_fill) and fills run there, bit for bit
     # as the CPU makes them (NaN, infinities, subnormals and ties included), not on the host.
     probe = torch.cat([torch.randn(64, dtype=torch.float64) * 1e3, torch.tensor(
         [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-310, 1e300, 65520.0, 2 ** -25, 1 + 2 ** -11,
@@ -115,7 +115,10 @@ def main():
         expect[:, 1::2] = on[:, 2::2].flip(1)
         joined = torch.cat([card, card[:, :5].to(torch.float32)], 1).cpu()
         cols, rows = torch.tensor([38, 0, 7, 7, 21]), torch.tensor([[1, 0, 1], [0, 0, 1]])
-        picked = same_bits(card[:, cols.to(dev)].cpu(), on[:, cols]) and \
+        mask = torch.arange(on.numel()).reshape(on.shape) % 3 == 0
+        picked = same_bits(torch.where(mask.to(dev), card, card.flip(1)).cpu(), torch.where(mask, on, on.flip(1))) and \
+            same_bits(card.masked_fill(mask.to(dev), 5).cpu(), on.masked_fill(mask, 5)) and \
+            same_bits(card[:, cols.to(dev)].cpu(), on[:, cols]) and \
             same_bits(card.index_select(1, cols.to(dev)).cpu(), on.index_select(1, cols)) and \
             same_bits(card.gather(0, rows.to(dev)).cpu(), on.gather(0, rows))
         check(f"{src} on the card: converted to every type, read and written strided, joined, picked, as on the CPU",
@@ -127,12 +130,17 @@ def main():
               same_bits(torch.full((2, 3), value, dtype=dtype, device=dev).cpu(), torch.full((2, 3), value, dtype=dtype)))
     held = dict(raccel.torch.fallbacks())
     check("none of those conversions, copies, joins, picks and fills ran on the host", not held, str(held))
-    for dtype, value in [(torch.float16, 1e6), (torch.int32, 2 ** 40)]:
+    for dtype, value in [(torch.float16, 1e6), (torch.int32, 2 ** 40), (torch.bfloat16, 1e300)]:
         try:
             torch.full((2,), value, dtype=dtype, device=dev)
             check(f"a fill of {value} as {dtype} is refused as on the CPU", False)
         except RuntimeError as e:
             check(f"a fill of {value} as {dtype} is refused as on the CPU", "without overflow" in str(e), str(e))
+    try:
+        torch.zeros(3, dtype=torch.float16, device=dev).masked_fill_(torch.ones(3, dtype=torch.bool, device=dev), 1e6)
+        check("masked_fill_ of 1e6 into float16 is refused as on the CPU", False)
+    except RuntimeError as e:
+        check("masked_fill_ of 1e6 into float16 is refused as on the CPU", "without overflow" in str(e), str(e))
 
     # Integer inputs take PyTorch's result types: true division and the float functions
     # give the default float type, an integer matmul stays integer.

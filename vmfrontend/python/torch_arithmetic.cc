@@ -36,7 +36,7 @@ at::Tensor promoted(const at::Tensor& x, const at::Tensor& out) {
 }
 
 c10::optional<at::Tensor> deviceNumber(const at::Tensor& number, at::ScalarType dtype) {
-  if (dtype != at::kFloat && number.is_floating_point()) return c10::nullopt;
+  if (!at::isFloatingType(dtype) && number.is_floating_point()) return c10::nullopt;
   auto t = emptyOn({}, dtype);
   writeFrom(number.to(dtype).contiguous(), t);
   return t;

@@ -14,7 +14,7 @@ namespace {
 // host number, or nothing (the op runs on the host).
 c10::optional<at::Tensor> sideOf(const at::Tensor& x, at::ScalarType dtype) {
   if (isHostScalar(x)) return deviceNumber(x, dtype);
-  if (typed(x) && x.scalar_type() == dtype) return x;
+  if (stored(x) && x.scalar_type() == dtype) return x;
   return c10::nullopt;
 }
 
@@ -215,8 +215,7 @@ at::Tensor& lcm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 // out = condition ? self : other (either side may be a host number).
 at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   c10::optional<at::Tensor> x, y;
-  const bool ok = typed(condition) && condition.scalar_type() == at::kBool && onDevice(out) &&
-                  (out.scalar_type() == at::kFloat || out.scalar_type() == at::kLong);
+  const bool ok = typed(condition) && condition.scalar_type() == at::kBool && stored(out);
   if (ok) x = sideOf(self, out.scalar_type()), y = sideOf(other, out.scalar_type());
   if (!x || !y) return hostInto("aten::where.self", out, at::where(host(condition), host(self), host(other)));
   resizeBroadcast(out, at::infer_size(condition.sizes(), broadcastShape(*x, *y)), {&condition, &*x, &*y});
@@ -233,8 +232,11 @@ at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::
 at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& value) {
   TORCH_CHECK(value.dim() == 0, "raccel: masked_fill_ takes a 0-dimensional value, not one of ", value.sizes());
   c10::optional<at::Tensor> v;
-  if (typed(mask) && mask.scalar_type() == at::kBool && typed(self) && self.scalar_type() != at::kBool)
+  if (typed(mask) && mask.scalar_type() == at::kBool && stored(self)) {
+    // PyTorch converts the value with its range checks (1e6 into f16 raises)
+    if (isHostScalar(value)) (void)at::scalar_tensor(value.item(), self.options().device(at::kCPU));
     v = sideOf(value, self.scalar_type());
+  }
   if (!v) return hostInto("aten::masked_fill_", self, host(self).masked_fill(host(mask), host(value)));
   elementwise(TensorFn::where, self, &mask, &*v, 0, 0, &self);
   return self;

@@ -150,7 +150,7 @@ std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor& grad, const 
 
 // flip: an index_select of the reversed positions along each flipped dimension.
 at::Tensor flip(const at::Tensor& self, at::IntArrayRef dims) {
-  if (!typed(self)) return onHost("aten::flip", [&] { return at::flip(host(self), dims).to(self.device()); });
+  if (!stored(self)) return onHost("aten::flip", [&] { return at::flip(host(self), dims).to(self.device()); });
   auto out = self;
   std::vector<bool> seen(std::max<int64_t>(self.dim(), 1), false);
   for (auto d0 : dims) {
