@@ -88,7 +88,8 @@ def main():
 
     # float64, float16 and bfloat16 are kept on the card (storage types): their conversions,
     # strided reads and writes, contiguous copies, joins, picks (x[idx], index_select,
-    # gather, where, masked_fill) and fills run there, bit for bit
+    # gather, where, masked_fill, flip, roll, triu, masked_select, take, diag) and fills
+    # run there, bit for bit
     # as the CPU makes them (NaN, infinities, subnormals and ties included), not on the host.
     probe = torch.cat([torch.randn(64, dtype=torch.float64) * 1e3, torch.tensor(
         [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-310, 1e300, 65520.0, 2 ** -25, 1 + 2 ** -11,
@@ -119,6 +120,10 @@ def main():
         picked = same_bits(torch.where(mask.to(dev), card, card.flip(1)).cpu(), torch.where(mask, on, on.flip(1))) and \
             same_bits(card.masked_fill(mask.to(dev), 5).cpu(), on.masked_fill(mask, 5)) and \
             same_bits(card[:, cols.to(dev)].cpu(), on[:, cols]) and \
+            same_bits(card.roll(3, 1).cpu(), on.roll(3, 1)) and same_bits(card.triu(2).cpu(), on.triu(2)) and \
+            same_bits(card.masked_select(mask.to(dev)).cpu(), on.masked_select(mask)) and \
+            same_bits(card.take(cols.to(dev)).cpu(), on.take(cols)) and \
+            (src == torch.float16 or same_bits(card[0].diag(1).cpu(), on[0].diag(1))) and \
             same_bits(card.index_select(1, cols.to(dev)).cpu(), on.index_select(1, cols)) and \
             same_bits(card.gather(0, rows.to(dev)).cpu(), on.gather(0, rows))
         check(f"{src} on the card: converted to every type, read and written strided, joined, picked, as on the CPU",

@@ -354,7 +354,7 @@ at::Tensor trace(const at::Tensor& self) {
 }
 at::Tensor& diag_out(const at::Tensor& self, int64_t k, at::Tensor& out) {
   TORCH_CHECK(self.dim() == 1 || self.dim() == 2, "diag(): Supports 1D or 2D tensors. Got ", self.dim(), "D");
-  if (!typed(self) || !onDevice(out) || out.scalar_type() != self.scalar_type())
+  if (!stored(self) || !onDevice(out) || out.scalar_type() != self.scalar_type())
     return hostInto("aten::diag.out", out, at::diag(host(self), k));
   if (self.dim() == 2) {
     auto d = self.diagonal(k);

@@ -169,7 +169,7 @@ at::Tensor flip(const at::Tensor& self, at::IntArrayRef dims) {
 // two narrowed views. With no dimensions, over the flattened tensor. (Its backward is
 // PyTorch's formula: the gradient rolled back.)
 at::Tensor roll(const at::Tensor& self, at::IntArrayRef shifts, at::IntArrayRef dims) {
-  if (!typed(self) || (dims.empty() ? shifts.size() != 1 : shifts.size() != dims.size()))
+  if (!stored(self) || (dims.empty() ? shifts.size() != 1 : shifts.size() != dims.size()))
     return onHost("aten::roll", [&] { return at::roll(host(self), shifts, dims).to(self.device()); });
   if (dims.empty()) return python::roll(self.reshape({-1}), shifts, {0}).view(self.sizes());
   at::Tensor out = self;
@@ -186,7 +186,7 @@ at::Tensor roll(const at::Tensor& self, at::IntArrayRef shifts, at::IntArrayRef 
 // below the `diagonal`-th diagonal, 0 elsewhere: a where by a mask made on the host
 // (written, no wait), or an and of a bool tensor with it.
 at::Tensor& triangleInto(const char* name, bool upper, const at::Tensor& self, int64_t diagonal, at::Tensor& out) {
-  const bool ok = typed(self) && onDevice(out) && out.scalar_type() == self.scalar_type() && self.dim() >= 2 &&
+  const bool ok = stored(self) && onDevice(out) && out.scalar_type() == self.scalar_type() && self.dim() >= 2 &&
                   (out.is_same(self) || !sharesStorage(out, self));
   if (!ok) return hostInto(name, out, upper ? at::triu(host(self), diagonal) : at::tril(host(self), diagonal));
   at::native::resize_output(out, self.sizes());

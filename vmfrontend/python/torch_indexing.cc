@@ -597,7 +597,7 @@ at::Tensor nonzero(const at::Tensor& self) {
 
 // self's elements where mask is true, in order, as one dimension.
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
-  if (!typed(self) || !typed(mask) || mask.scalar_type() != at::kBool)
+  if (!stored(self) || !typed(mask) || mask.scalar_type() != at::kBool)
     return onHost("aten::masked_select", [&] { return at::masked_select(host(self), host(mask)).to(self.device()); });
   const auto shape = broadcastShape(self, mask);
   auto positions = hostMask(mask, shape).nonzero().reshape({-1});
@@ -716,11 +716,12 @@ at::Tensor flatPicks(const at::Tensor& index, int64_t n) {
   });
   return fromEnd(index.reshape({-1}), n);
 }
+// self (of a type the card picks: any; puts: f32, i64, bool) picked by an i64 index.
 bool flatlyPicked(const at::Tensor& self, const at::Tensor& index) {
-  return typed(self) && self.numel() > 0 && typed(index) && index.scalar_type() == at::kLong;
+  return self.numel() > 0 && typed(index) && index.scalar_type() == at::kLong;
 }
 at::Tensor& take_out(const at::Tensor& self, const at::Tensor& index, at::Tensor& out) {
-  if (!flatlyPicked(self, index) || !typed(out) || out.scalar_type() != self.scalar_type())
+  if (!stored(self) || !flatlyPicked(self, index) || !stored(out) || out.scalar_type() != self.scalar_type())
     return hostInto("aten::take", out, at::take(host(self), host(index)));
   auto picks = flatPicks(index, self.numel());
   TrustedIndices inRange;
@@ -729,7 +730,7 @@ at::Tensor& take_out(const at::Tensor& self, const at::Tensor& index, at::Tensor
 // put_ (take's backward puts with accumulate): an index_put_ of the flat picks, on the
 // card where index_put_ runs there.
 at::Tensor& put_(at::Tensor& self, const at::Tensor& index, const at::Tensor& source, bool accumulate) {
-  if (!flatlyPicked(self, index) || !typed(source) || source.scalar_type() != self.scalar_type() ||
+  if (!typed(self) || !flatlyPicked(self, index) || !typed(source) || source.scalar_type() != self.scalar_type() ||
       source.numel() != index.numel()) {
     countFallback("aten::put_");
     auto result = host(self);
