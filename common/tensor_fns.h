@@ -44,8 +44,9 @@ enum class TensorFn : uint8_t {
 };
 inline constexpr unsigned kTensorFns = 118;
 
-// i32 is a storage type alone: copies and fills convert to and from it (PyTorch's int32
-// results, linear algebra's pivots and infos); no other function takes it.
+// i32, f64, f16 and bf16 are storage types alone: copies and fills convert to and from
+// them (PyTorch's int32 results, linear algebra's pivots and infos; numpy's float64,
+// half-precision models) and picks move them (storageOnly); no other function takes them.
 enum class TensorType : uint8_t { f32, i64, boolean, i32, f64, f16, bf16 };
 inline constexpr unsigned kTensorTypes = 7;
 // The bytes of one element.
@@ -57,7 +58,8 @@ constexpr uint64_t tensorTypeBytes(TensorType t) {
     default: return 4;
   }
 }
-// The storage types: copies (conversions between any two types) and fills alone.
+// The storage types: copies (conversions between any two types), fills and picks
+// (indexSelect, where) alone.
 constexpr bool storageOnly(TensorType t) {
   return t == TensorType::i32 || t == TensorType::f64 || t == TensorType::f16 || t == TensorType::bf16;
 }

@@ -233,9 +233,10 @@ at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Ten
   TORCH_CHECK(value.dim() == 0, "raccel: masked_fill_ takes a 0-dimensional value, not one of ", value.sizes());
   c10::optional<at::Tensor> v;
   if (typed(mask) && mask.scalar_type() == at::kBool && stored(self)) {
-    // PyTorch converts the value with its range checks (1e6 into f16 raises)
-    if (isHostScalar(value)) (void)at::scalar_tensor(value.item(), self.options().device(at::kCPU));
-    v = sideOf(value, self.scalar_type());
+    // a number converted once, as PyTorch's masked_fill converts it: into self's type, with
+    // its range checks (1e6 into f16 raises)
+    v = sideOf(isHostScalar(value) ? at::scalar_tensor(value.item(), self.options().device(at::kCPU)) : value,
+               self.scalar_type());
   }
   if (!v) return hostInto("aten::masked_fill_", self, host(self).masked_fill(host(mask), host(value)));
   elementwise(TensorFn::where, self, &mask, &*v, 0, 0, &self);

@@ -93,14 +93,14 @@ inline bool onDevice(const at::Tensor& t) { return t.defined() && t.device().typ
 inline bool isF32(const at::Tensor& t) { return onDevice(t) && t.scalar_type() == at::kFloat; }
 // The element types tensor ops take: f32, and i64 and bool where an op says so.
 std::optional<client::TensorType> typeOf(at::ScalarType t);
-// The same with the storage types, which copies and fills alone take: int32 (linear
-// algebra's pivots and infos), float64, float16 and bfloat16 (conversions, joins, strided
-// reads and writes).
+// The same with the storage types, which copies, fills and picks alone take: int32
+// (linear algebra's pivots and infos), float64, float16 and bfloat16 (conversions, joins,
+// strided reads and writes, indexing, where).
 std::optional<client::TensorType> storageTypeOf(at::ScalarType t);
 inline bool isIntegral(const at::Tensor& t) { return t.scalar_type() == at::kLong || t.scalar_type() == at::kBool; }
 // On the device, of a type tensor ops take, in at most 6 dimensions.
 inline bool typed(const at::Tensor& t) { return onDevice(t) && t.dim() <= 6 && typeOf(t.scalar_type()); }
-// The same, or a storage type (which copies and fills alone take).
+// The same, or a storage type (which copies, fills and picks alone take).
 inline bool stored(const at::Tensor& t) { return onDevice(t) && t.dim() <= 6 && storageTypeOf(t.scalar_type()); }
 // A number PyTorch wrapped as a CPU tensor (x + 2, x * 0.5).
 inline bool isHostScalar(const at::Tensor& t) { return t.defined() && t.device().is_cpu() && t.dim() == 0; }

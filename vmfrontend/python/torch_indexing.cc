@@ -716,7 +716,8 @@ at::Tensor flatPicks(const at::Tensor& index, int64_t n) {
   });
   return fromEnd(index.reshape({-1}), n);
 }
-// self (of a type the card picks: any; puts: f32, i64, bool) picked by an i64 index.
+// A flat pick of a non-empty self by an i64 index on the device (self's type each caller
+// checks: take any of the card's, put_ f32, i64 or bool).
 bool flatlyPicked(const at::Tensor& self, const at::Tensor& index) {
   return self.numel() > 0 && typed(index) && index.scalar_type() == at::kLong;
 }

@@ -318,12 +318,12 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, c10::op
 
 
 namespace {
-// Whether the card's fill (of an f32 value) makes what PyTorch's does: into f32, f16 and
-// bf16 a value in the type's range, an infinity or a NaN (c10 rounds it to f32, then to
-// the type, and refuses a finite value past the type's largest); into the other types, a
-// value an f32 holds exactly (i64 past 2^24 is not; int32 within its range).
+// Whether the card's fill (of an f32 value) into a tensor of one of its types makes what
+// PyTorch's does: into f32, f16 and bf16 a value in the type's range, an infinity or a NaN
+// (c10 rounds it to f32, then to the type, and refuses a finite value past the type's
+// largest); into the other types, a value an f32 holds exactly (i64 past 2^24 is not;
+// int32 within its range).
 bool fillsExactly(const at::Tensor& self, const at::Scalar& value) {
-  if (!onDevice(self) || !storageTypeOf(self.scalar_type()) || value.isComplex()) return false;
   const auto t = self.scalar_type();
   const double v = value.toDouble();
   const auto within = [&](double largest) { return !std::isfinite(v) || std::fabs(v) <= largest; };
@@ -337,9 +337,10 @@ bool fillsExactly(const at::Tensor& self, const at::Scalar& value) {
 
 at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
-  if (fillsExactly(self, value)) {
+  const bool onCard = onDevice(self) && storageTypeOf(self.scalar_type()) && !value.isComplex();
+  if (onCard && fillsExactly(self, value)) {
     elementwise(TensorFn::fill, self, nullptr, nullptr, value.toFloat());
-  } else if (onDevice(self) && storageTypeOf(self.scalar_type()) && !value.isComplex()) {
+  } else if (onCard) {
     // PyTorch's own conversion of the value (with its range checks), written once and
     // spread on the card: an f64 of 0.1, an i64 past 2^24
     auto one = emptyOn({}, self.scalar_type());

@@ -162,14 +162,15 @@ at::Tensor upsampledBackward(const at::Tensor& grad, c10::IntArrayRef size, c10:
   return g;
 }
 
-// An upsampling op's forward and backward; `onHost` runs it on the host (PyTorch's own op
-// through its _ops handle `Op`) where the card does not.
+// An upsampling op run on the host by `onHost` (PyTorch's own op through its _ops handle
+// `Op`), into a CPU tensor of `like`'s type, and counted.
 at::Tensor& onHostInto(const char* name, const at::Tensor& like, at::Tensor& out,
                        const std::function<void(at::Tensor&)>& onHost) {
   auto result = at::empty({0}, like.options().device(at::kCPU));
   onHost(result);
   return hostInto(name, out, result);
 }
+// An upsampling op's forward and backward, on the card where it can.
 at::Tensor& upsampleInto(const char* name, const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners,
                          const Scales& scales, Interpolation kind, at::Tensor& out, const std::function<void(at::Tensor&)>& onHost) {
   const auto size = c10::asIntArrayRefSlow(outputSize);
