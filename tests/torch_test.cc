@@ -166,6 +166,16 @@ TEST_F(TorchDevice, StateDictsRoundTripsSeedsAndPrintingWorkAsOnTheCpu) {
   std::cout << out;
 }
 
+// bfloat16 and float16 on the card (tests/torch/reduced_floats.py): each op computed in
+// f32 and rounded once, as PyTorch's CPU computes bf16, bit for bit where the CPU also
+// rounds once; bf16 models train with the CPU's bf16 losses; nothing falls back.
+TEST_F(TorchDevice, Bf16AndF16ComputeInF32OnTheCardAndRoundOnceAsTheCpu) {
+  std::string out = runOnOneCard("reduced_floats.py");
+  EXPECT_EQ(out.find("FAIL"), std::string::npos) << out;
+  EXPECT_NE(out.find("PASS"), std::string::npos) << out;
+  std::cout << out;
+}
+
 // Every op family raccel.torch runs on the card, forward and backward, beside the CPU's
 // (tests/torch/op_coverage.py: softmax over any dim, LayerNorm over one or two dims,
 // broadcasting, numbers as operands...).

@@ -70,7 +70,8 @@ at::Tensor& add_out(const at::Tensor& a0, const at::Tensor& b0, const at::Scalar
     at::native::resize_output(out, b.sizes());
     elementwise(TensorFn::add, out, &*x, &b, alpha.toFloat());
   } else {
-    return hostInto("aten::add.out", out, at::add(host(a), host(b), alpha));
+    return orHostInto("aten::add.out", out, {&a, &b, &out},
+                      [&](auto in) { return at::add(in(a), in(b), roundedTo(alpha, out.scalar_type())); });
   }
   return out;
 }
@@ -89,7 +90,8 @@ at::Tensor& sub_out(const at::Tensor& a, const at::Tensor& b, const at::Scalar& 
   const bool integers = (bothI64(a, out) || (isHostScalar(a) && bothI64(b, out))) && b.scalar_type() != at::kBool;
   const bool floats = supported({&a, &out}) || (isHostScalar(a) && typed(b) && supported({&b, &out}));
   if (!(floats || integers) || !(typed(b) || isHostScalar(b)))
-    return hostInto("aten::sub.out", out, at::sub(host(a), host(b), alpha));
+    return orHostInto("aten::sub.out", out, {&a, &b, &out},
+                      [&](auto in) { return at::sub(in(a), in(b), roundedTo(alpha, out.scalar_type())); });
   return python::add_out(a, b, -alpha.toDouble(), out);
 }
 at::Tensor sub(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
@@ -117,7 +119,7 @@ at::Tensor& mul_out(const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out)
     resizeBroadcast(out, broadcastShape(a, *y), {&a, &*y});
     elementwise(TensorFn::mul, out, &a, &*y);
   } else {
-    return hostInto("aten::mul.out", out, at::mul(host(a), host(b)));
+    return orHostInto("aten::mul.out", out, {&a, &b, &out}, [&](auto in) { return at::mul(in(a), in(b)); });
   }
   return out;
 }
@@ -184,8 +186,11 @@ bool sumOnDevice(const at::Tensor& self, c10::optional<at::ScalarType> dtype, co
 at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
                     at::Tensor& out) {
   if (!sumOnDevice(self, dtype, out)) {
-    return hostInto("aten::sum.IntList_out", out,
-                    dims ? at::sum(host(self), *dims, keepdim, dtype) : at::sum(host(self), dtype));
+    return orHostInto("aten::sum.IntList_out", out, {&self, &out}, [&](auto in) {
+      const auto x = in(self);  // (on the card, in f32: out's conversion gives the type asked)
+      const auto type = onDevice(x) ? c10::nullopt : dtype;
+      return dims ? at::sum(x, *dims, keepdim, type) : at::sum(x, type);
+    });
   }
   const uint32_t mask = maskOf(dims, self.dim());
   at::native::resize_output(out, reducedShape(self, mask, keepdim));
@@ -207,7 +212,11 @@ at::Tensor sum_all(const at::Tensor& self, c10::optional<at::ScalarType> dtype) 
 at::Tensor& mean_out(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, c10::optional<at::ScalarType> dtype,
                      at::Tensor& out) {
   if (!supported({&self}) || (dtype && *dtype != at::kFloat) || (out.defined() && !isF32(out))) {
-    return hostInto("aten::mean.out", out, dims ? at::mean(host(self), *dims, keepdim, dtype) : at::mean(host(self), dtype));
+    return orHostInto("aten::mean.out", out, {&self, &out}, [&](auto in) {
+      const auto x = in(self);
+      const auto type = onDevice(x) ? c10::nullopt : dtype;
+      return dims ? at::mean(x, *dims, keepdim, type) : at::mean(x, type);
+    });
   }
   python::sum_out(self, dims, keepdim, dtype, out);
   const int64_t count = out.numel() == 0 ? 0 : self.numel() / out.numel();
@@ -244,7 +253,7 @@ namespace {
 at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "raccel: mm of ", a.sizes(), " and ", b.sizes());
   if (!supported({&a, &b, &out})) {
-    return hostInto("aten::mm.out", out, at::mm(host(a), host(b)));
+    return orHostInto("aten::mm.out", out, {&a, &b, &out}, [&](auto in) { return at::mm(in(a), in(b)); });
   }
   at::native::resize_output(out, {a.size(0), b.size(1)});
   if (out.numel() == 0) return out;
@@ -285,7 +294,9 @@ at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& a, const at::T
               a.sizes(), " and ", b.sizes());
   const float betaF = beta.toFloat();
   if (!supported({betaF != 0 ? &self : nullptr, &a, &b, &out}))
-    return hostInto("aten::baddbmm.out", out, at::baddbmm(betaF != 0 ? host(self) : at::zeros({1}), host(a), host(b), beta, alpha));
+    return orHostInto("aten::baddbmm.out", out, {betaF != 0 ? &self : nullptr, &a, &b, &out}, [&](auto in) {
+      return at::baddbmm(betaF != 0 ? in(self) : at::zeros({1}), in(a), in(b), beta, alpha);
+    });
   at::native::resize_output(out, {a.size(0), a.size(1), b.size(2)});
   if (out.numel() == 0) return out;
   at::Tensor target = (sharesStorage(out, a) || sharesStorage(out, b)) ? emptyOn(out.sizes()) : out;
@@ -313,7 +324,8 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Ten
                       const at::Scalar& alpha, at::Tensor& out) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "raccel: addmm of ", a.sizes(), " and ", b.sizes());
   if (!supported({&self, &a, &b, &out})) {
-    return hostInto("aten::addmm.out", out, at::addmm(host(self), host(a), host(b), beta, alpha));
+    return orHostInto("aten::addmm.out", out, {&self, &a, &b, &out},
+                      [&](auto in) { return at::addmm(in(self), in(a), in(b), beta, alpha); });
   }
   at::native::resize_output(out, {a.size(0), b.size(1)});
   if (out.numel() == 0) return out;
@@ -340,7 +352,8 @@ at::Tensor& addmv_out(const at::Tensor& self, const at::Tensor& mat, const at::T
   TORCH_CHECK(mat.dim() == 2 && vec.dim() == 1 && mat.size(1) == vec.size(0), "raccel: addmv of ", mat.sizes(), " and ",
               vec.sizes());
   if (!supported({&self, &mat, &vec, &out}) || !at::is_expandable_to(self.sizes(), {mat.size(0)}))
-    return hostInto("aten::addmv.out", out, at::addmv(host(self), host(mat), host(vec), beta, alpha));
+    return orHostInto("aten::addmv.out", out, {&self, &mat, &vec, &out},
+                      [&](auto in) { return at::addmv(in(self), in(mat), in(vec), beta, alpha); });
   at::native::resize_output(out, {mat.size(0)});
   auto column = out.view({mat.size(0), 1});
   python::addmm_out(self.expand({mat.size(0)}).unsqueeze(1), mat, vec.unsqueeze(1), beta, alpha, column);
@@ -372,19 +385,21 @@ at::Tensor dot(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.dim() == 1 && b.dim() == 1, "1D tensors expected, but got ", a.dim(), "D and ", b.dim(), "D tensors");
   TORCH_CHECK(a.numel() == b.numel(), "inconsistent tensor size, expected tensor [", a.numel(), "] and src [", b.numel(),
               "] to have the same number of elements, but got ", a.numel(), " and ", b.numel(), " elements respectively");
-  if (!supported({&a, &b})) return onHost("aten::dot", [&] { return at::dot(host(a), host(b)).to(a.device()); });
+  if (!supported({&a, &b}))
+    return orOnHost("aten::dot", {&a, &b}, a.scalar_type(), a.device(), [&](auto in) { return at::dot(in(a), in(b)); });
   return python::mm(a.unsqueeze(0), b.unsqueeze(1)).reshape({});
 }
 
 at::Tensor relu(const at::Tensor& self) {
-  if (!supported({&self})) return onHost("aten::relu", [&] { return at::relu(host(self)).to(self.device()); });
+  if (!supported({&self}))
+    return orOnHost("aten::relu", {&self}, self.scalar_type(), self.device(), [&](auto in) { return at::relu(in(self)); });
   auto out = emptyOn(self.sizes());
   elementwise(TensorFn::relu, out, &self, nullptr);
   return out;
 }
 at::Tensor& relu_(at::Tensor& self) {
   if (!supported({&self})) {
-    return hostInto("aten::relu_", self, at::relu(host(self)));
+    return orHostInto("aten::relu_", self, {&self}, [&](auto in) { return at::relu(in(self)); });
   }
   elementwise(TensorFn::relu, self, &self, nullptr);
   return self;
@@ -393,7 +408,8 @@ at::Tensor& relu_(at::Tensor& self) {
 at::Tensor& threshold_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& threshold,
                                    at::Tensor& gradInput) {
   if (!supported({&grad, &self, &gradInput})) {
-    return hostInto("aten::threshold_backward", gradInput, at::threshold_backward(host(grad), host(self), threshold));
+    return orHostInto("aten::threshold_backward", gradInput, {&grad, &self, &gradInput},
+                      [&](auto in) { return at::threshold_backward(in(grad), in(self), threshold); });
   }
   at::native::resize_output(gradInput, broadcastShape(grad, self));
   elementwise(TensorFn::thresholdBackward, gradInput, &grad, &self, threshold.toFloat());

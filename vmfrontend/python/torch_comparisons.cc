@@ -34,6 +34,12 @@ at::Tensor& compareOut(TensorFn fn, const char* name, const at::Tensor& a, const
     auto asF32 = [](const at::Tensor& t) { return isHostScalar(t) || t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); };
     return compareOut(fn, name, asF32(a), asF32(b), out, reference);
   }
+  // f16 or bf16 sides: compared in f32, exactly, a number rounded to their type first (as
+  // PyTorch's CPU compares).
+  if (reducedFloats({&a, &b})) {
+    const auto type = at::result_type(a, b);
+    return compareOut(fn, name, widened(a, type), widened(b, type), out, reference);
+  }
   c10::optional<at::Tensor> side;
   if (typed(a) && onDevice(out) && out.scalar_type() == at::kBool) side = sideOf(b, a.scalar_type());
   if (!side) return hostInto(name, out, reference(host(a), host(b)));

@@ -44,6 +44,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
     const c10::optional<at::Tensor>& runningMean, const c10::optional<at::Tensor>& runningVar, bool training, double momentum,
     double eps) {
   const at::Tensor *w = present(weight), *b = present(bias), *rm = present(runningMean), *rv = present(runningVar);
+  if (reducedFloats({&input, w, b, rm, rv})) {  // in f32 on the card, each result (and running statistic) rounded once
+    auto m = widenedOrNone(runningMean), v = widenedOrNone(runningVar);
+    auto [out, mean, invstd] = python::native_batch_norm(widened(input, input.scalar_type()), widenedOrNone(weight),
+                                                         widenedOrNone(bias), m, v, training, momentum, eps);
+    if (rm && !m->is_same(*rm)) rm->copy_(*m);
+    if (rv && !v->is_same(*rv)) rv->copy_(*v);
+    return {out.to(input.scalar_type()), mean.to(input.scalar_type()), invstd.to(input.scalar_type())};
+  }
   if (!supported({&input, w, b, rm, rv}) || input.dim() < 2 || (!training && !(rm && rv))) {
     countFallback("aten::native_batch_norm");
     at::Tensor hm = rm ? host(*rm) : at::Tensor(), hv = rv ? host(*rv) : at::Tensor();
@@ -90,6 +98,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
   const at::Tensor *w = present(weight), *rm = present(runningMean), *rv = present(runningVar), *sm = present(saveMean),
                    *si = present(saveInvstd);
   const bool stats = train ? (sm && si) : (rm && rv);
+  if (reducedFloats({&grad, &input, w, rm, rv, sm, si})) {  // in f32 on the card, each gradient rounded once
+    auto [gi, gw, gb] = python::native_batch_norm_backward(
+        widened(grad, grad.scalar_type()), widened(input, input.scalar_type()), widenedOrNone(weight),
+        widenedOrNone(runningMean), widenedOrNone(runningVar), widenedOrNone(saveMean), widenedOrNone(saveInvstd), train, eps,
+        mask);
+    const auto wtype = w ? w->scalar_type() : input.scalar_type();
+    auto as = [](const at::Tensor& t, at::ScalarType type) { return t.defined() ? t.to(type) : t; };
+    return {as(gi, input.scalar_type()), as(gw, wtype), as(gb, wtype)};
+  }
   if (!supported({&grad, &input, w, rm, rv, sm, si}) || input.dim() < 2 || !stats) {
     countFallback("aten::native_batch_norm_backward");
     auto opt = [](const at::Tensor* t) { return t ? host(*t) : at::Tensor(); };
@@ -359,10 +376,11 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   const bool onCard = transposed ? transposedOnCard(input, weight, present(bias), stride, padding, dilation, outputPadding, groups)
                                   : convOnCard(input, weight, present(bias), stride, padding, dilation, transposed, groups);
   if (!onCard)
-    return onHost("aten::convolution_overrideable", [&] {
-      return at::convolution(host(input), host(weight), present(bias) ? host(*bias) : at::Tensor(), stride, padding, dilation,
-                             transposed, outputPadding, groups).to(input.device());
-    });
+    return orOnHost("aten::convolution_overrideable", {&input, &weight, present(bias)}, input.scalar_type(), input.device(),
+                    [&](auto in) {
+                      return at::convolution(in(input), in(weight), present(bias) ? in(*bias) : at::Tensor(), stride, padding,
+                                             dilation, transposed, outputPadding, groups);
+                    });
   if (groups > 1) {
     const auto c = GroupChannels::of(weight, transposed, groups);
     std::vector<at::Tensor> outs;
@@ -392,6 +410,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef outputPadding, int64_t groups,
     std::array<bool, 3> mask) {
+  if (reducedFloats({&grad, &input, &weight})) {  // in f32 on the card, each gradient rounded once
+    auto [gi, gw, gb] = python::convolution_backward_overrideable(
+        widened(grad, grad.scalar_type()), widened(input, input.scalar_type()), widened(weight, weight.scalar_type()), stride,
+        padding, dilation, transposed, outputPadding, groups, mask);
+    auto as = [](const at::Tensor& t, at::ScalarType type) { return t.defined() ? t.to(type) : t; };
+    return {as(gi, input.scalar_type()), as(gw, weight.scalar_type()), as(gb, weight.scalar_type())};
+  }
   if (auto z = depthOf(input, weight, nullptr, stride, padding, dilation, transposed, groups);
       z && supported({&grad}) && grad.dim() == 5)
     return convolution3dBackward(grad, input, weight, stride, padding, dilation, groups, mask, *z);

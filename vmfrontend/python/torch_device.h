@@ -146,6 +146,45 @@ inline bool withinComposedElements(int64_t rows, int64_t perRow) {
 at::Tensor& resultInto(at::Tensor& out, const at::Tensor& result);
 inline at::Tensor host(const at::Tensor& t) { return t.defined() && onDevice(t) ? t.cpu() : t; }
 
+// ---- Reduced floats: f16 and bf16 computed in f32 on the card (torch_operands.cc) -----
+//
+// PyTorch's CPU computes most bf16 ops (and CUDA its f16 ones) in f32 and rounds once to
+// the result's type, taking a number operand in that type (x * 0.1 multiplies by
+// bf16(0.1)). The card does the same with the f32 function it has: the reduced operands
+// converted to f32 on the card, the op run in f32, its result converted into out.
+
+// Every defined one of `tensors` f32, f16 or bf16 on the device in at most 6 dimensions,
+// or a host number, and at least one of them f16 or bf16.
+bool reducedFloats(std::initializer_list<const at::Tensor*> tensors);
+// An operand of such an op in f32: a device f16 or bf16 tensor converted on the card (any
+// other as it is: an index stays i64), a host number rounded to `type` first where that is
+// f16 or bf16.
+at::Tensor widened(const at::Tensor& t, at::ScalarType type);
+// An optional operand (a weight, a bias) so: in f32 where it is there.
+inline c10::optional<at::Tensor> widenedOrNone(const c10::optional<at::Tensor>& t) {
+  return present(t) ? c10::optional<at::Tensor>(widened(*t, t->scalar_type())) : c10::nullopt;
+}
+// A number rounded to `type` where that is f16 or bf16 (add's alpha, as PyTorch's CPU).
+at::Scalar roundedTo(const at::Scalar& number, at::ScalarType type);
+// An out variant's fallback: where `tensors` (out among them) are reduced floats,
+// op(widen) on the card in f32, rounded once into out; else op(host) on the host, counted
+// as `name`. `op` takes the function that gives each tensor operand as it must be passed.
+template <class Op>
+at::Tensor& orHostInto(const char* name, at::Tensor& out, std::initializer_list<const at::Tensor*> tensors, Op op) {
+  if (reducedFloats(tensors)) {
+    const auto type = out.scalar_type();
+    return resultInto(out, op([type](const at::Tensor& t) { return widened(t, type); }));
+  }
+  return hostInto(name, out, op([](const at::Tensor& t) { return host(t); }));
+}
+// The same for an op that returns a new tensor of `type` on `device`.
+template <class Op>
+at::Tensor orOnHost(const char* name, std::initializer_list<const at::Tensor*> tensors, at::ScalarType type,
+                    c10::Device device, Op op) {
+  if (reducedFloats(tensors)) return op([type](const at::Tensor& t) { return widened(t, type); }).to(type);
+  return onHost(name, [&] { return op([](const at::Tensor& t) { return host(t); }).to(device); });
+}
+
 // ---- Index checks (torch_operands.cc) -------------------------------------------------
 //
 // PyTorch's CPU raises where an index lies outside its dimension; the card's kernels read

@@ -24,7 +24,8 @@ at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self0, at:
     return out;
   }
   const bool exactInteger = fn == TensorFn::abs && bothI64(self, out);  // (the card's abs over i64)
-  if (!exactInteger && !supported({&self, &out})) return hostInto(name, out, reference(host(self)));
+  if (!exactInteger && !supported({&self, &out}))
+    return orHostInto(name, out, {&self, &out}, [&](auto in) { return reference(in(self)); });
   at::native::resize_output(out, self.sizes());
   elementwise(fn, out, &self, nullptr, alpha, beta);
   return out;
@@ -153,6 +154,8 @@ at::Tensor cardOperand(const at::Tensor& t, const at::Tensor& out) { return prom
 template <class Host>
 at::Tensor& binaryOut(TensorFn fn, const char* name, const at::Tensor& a0, const at::Tensor& b0, at::Tensor& out,
                       Host reference, float alpha = 1, float beta = 0) {
+  if (reducedFloats({&a0, &b0, &out}))
+    return orHostInto(name, out, {&a0, &b0, &out}, [&](auto in) { return reference(in(a0), in(b0)); });
   const at::Tensor a = cardOperand(a0, out), b = cardOperand(b0, out);
   if (!supported({&a, &b, &out})) return hostInto(name, out, reference(host(a), host(b)));
   resizeBroadcast(out, broadcastShape(a, b), {&a, &b});
@@ -404,7 +407,8 @@ at::Tensor hardtanh_backward(const at::Tensor& grad, const at::Tensor& self, con
 template <class Host>
 at::Tensor& ternaryOut(TensorFn fn, const char* name, const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                        const at::Scalar& value, at::Tensor& out, Host reference) {
-  if (!supported({&self, &t1, &t2, &out})) return hostInto(name, out, reference(host(self), host(t1), host(t2)));
+  if (!supported({&self, &t1, &t2, &out}))
+    return orHostInto(name, out, {&self, &t1, &t2, &out}, [&](auto in) { return reference(in(self), in(t1), in(t2)); });
   resizeBroadcast(out, at::infer_size(self.sizes(), broadcastShape(t1, t2)), {&self, &t1, &t2});
   elementwise(fn, out, &self, &t1, value.toFloat(), 0, &t2);
   return out;
@@ -494,9 +498,10 @@ at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& wei
 at::Tensor& clamp_Tensor_out(const at::Tensor& self, const c10::optional<at::Tensor>& low, const c10::optional<at::Tensor>& high,
                              at::Tensor& out) {
   if (!supported({&self, present(low), present(high), &out}) || (!present(low) && !present(high)))
-    return hostInto("aten::clamp.Tensor_out", out,
-                    at::clamp(host(self), present(low) ? c10::optional<at::Tensor>(host(*low)) : c10::nullopt,
-                              present(high) ? c10::optional<at::Tensor>(host(*high)) : c10::nullopt));
+    return orHostInto("aten::clamp.Tensor_out", out, {&self, present(low), present(high), &out}, [&](auto in) {
+      return at::clamp(in(self), present(low) ? c10::optional<at::Tensor>(in(*low)) : c10::nullopt,
+                       present(high) ? c10::optional<at::Tensor>(in(*high)) : c10::nullopt);
+    });
   auto result = present(low) ? at::maximum(self, *low) : self;
   if (present(high)) result = at::minimum(result, *high);
   return resultInto(out, result);
@@ -504,7 +509,8 @@ at::Tensor& clamp_Tensor_out(const at::Tensor& self, const c10::optional<at::Ten
 // lerp by a tensor of weights, PyTorch's formula: from the nearer end (|w| < 0.5: start).
 at::Tensor& lerp_Tensor_out(const at::Tensor& self, const at::Tensor& end, const at::Tensor& weight, at::Tensor& out) {
   if (!supported({&self, &end, &weight, &out}))
-    return hostInto("aten::lerp.Tensor_out", out, at::lerp(host(self), host(end), host(weight)));
+    return orHostInto("aten::lerp.Tensor_out", out, {&self, &end, &weight, &out},
+                      [&](auto in) { return at::lerp(in(self), in(end), in(weight)); });
   auto span = end - self;
   auto result = at::where(weight.abs() < 0.5, self + weight * span, end - span * (1 - weight));
   return resultInto(out, result);
@@ -519,7 +525,8 @@ at::Tensor& scaledBy(at::Tensor& out, const at::Scalar& scale) { return scale.to
 at::Tensor& elu_out(const at::Tensor& self, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale,
                     at::Tensor& out) {
   auto reference = [&](const at::Tensor& x) { return at::elu(x, alpha, scale, inputScale); };
-  if (!supported({&self, &out})) return hostInto("aten::elu", out, reference(host(self)));
+  if (!supported({&self, &out}))
+    return orHostInto("aten::elu", out, {&self, &out}, [&](auto in) { return reference(in(self)); });
   return scaledBy(unaryOut(TensorFn::elu, "aten::elu", self, out, alpha.toFloat(), reference, inputScale.toFloat()), scale);
 }
 at::Tensor elu(const at::Tensor& self, const at::Scalar& alpha, const at::Scalar& scale, const at::Scalar& inputScale) {
@@ -535,7 +542,8 @@ at::Tensor& elu_backward_out(const at::Tensor& grad, const at::Scalar& alpha, co
     return at::elu_backward(g, alpha, scale, inputScale, isResult, x);
   };
   if (!supported({&grad, &selfOrResult, &out}))
-    return hostInto("aten::elu_backward", out, reference(host(grad), host(selfOrResult)));
+    return orHostInto("aten::elu_backward", out, {&grad, &selfOrResult, &out},
+                      [&](auto in) { return reference(in(grad), in(selfOrResult)); });
   if (isResult) {
     const double s = scale.toDouble(), negative = alpha.toDouble() * s;
     auto below = grad * (selfOrResult + negative) * inputScale;

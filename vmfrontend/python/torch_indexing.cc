@@ -128,8 +128,8 @@ void reduceAtIndex(const at::Tensor& out, int64_t dim, const at::Tensor& index, 
 at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& indices, int64_t numWeights, int64_t paddingIdx,
                                     bool scaleGradByFreq) {
   if (!supported({&grad}) || !typed(indices) || indices.scalar_type() != at::kLong || scaleGradByFreq)
-    return onHost("aten::embedding_dense_backward", [&] {
-      return at::embedding_dense_backward(host(grad), host(indices), numWeights, paddingIdx, scaleGradByFreq).to(grad.device());
+    return orOnHost("aten::embedding_dense_backward", {&grad}, grad.scalar_type(), grad.device(), [&](auto in) {
+      return at::embedding_dense_backward(in(grad), in(indices), numWeights, paddingIdx, scaleGradByFreq);
     });
   const int64_t dim = grad.size(-1), n = indices.numel();
   auto g = grad.reshape({n, dim}), idx = indices.reshape({n, 1}).expand({n, dim});

@@ -172,26 +172,34 @@ at::Tensor rowsOp(TensorFn fn, const at::Tensor& x, const at::Tensor* y, int64_t
 
 at::Tensor _log_softmax(const at::Tensor& self, int64_t dim, bool halfToFloat) {
   if (!supported({&self}) || halfToFloat)
-    return onHost("aten::_log_softmax", [&] { return at::_log_softmax(host(self), dim, halfToFloat).to(self.device()); });
+    return orOnHost("aten::_log_softmax", {&self}, halfToFloat ? at::kFloat : self.scalar_type(), self.device(), [&](auto in) {
+      const auto x = in(self);
+      return at::_log_softmax(x, dim, onDevice(x) ? false : halfToFloat);
+    });
   return rowsOp(TensorFn::logSoftmax, self, nullptr, dim);
 }
 at::Tensor _log_softmax_backward_data(const at::Tensor& grad, const at::Tensor& output, int64_t dim, at::ScalarType inputDtype) {
   if (!supported({&grad, &output}) || inputDtype != at::kFloat)
-    return onHost("aten::_log_softmax_backward_data", [&] {
-      return at::_log_softmax_backward_data(host(grad), host(output), dim, inputDtype).to(grad.device());
+    return orOnHost("aten::_log_softmax_backward_data", {&grad, &output}, inputDtype, grad.device(), [&](auto in) {
+      const auto g = in(grad);
+      return at::_log_softmax_backward_data(g, in(output), dim, onDevice(g) ? at::kFloat : inputDtype);
     });
   return rowsOp(TensorFn::logSoftmaxBackward, grad, &output, dim);
 }
 
 at::Tensor _softmax(const at::Tensor& self, int64_t dim, bool halfToFloat) {
   if (!supported({&self}) || halfToFloat)
-    return onHost("aten::_softmax", [&] { return at::_softmax(host(self), dim, halfToFloat).to(self.device()); });
+    return orOnHost("aten::_softmax", {&self}, halfToFloat ? at::kFloat : self.scalar_type(), self.device(), [&](auto in) {
+      const auto x = in(self);
+      return at::_softmax(x, dim, onDevice(x) ? false : halfToFloat);
+    });
   return rowsOp(TensorFn::softmax, self, nullptr, dim);
 }
 at::Tensor _softmax_backward_data(const at::Tensor& grad, const at::Tensor& output, int64_t dim, at::ScalarType inputDtype) {
   if (!supported({&grad, &output}) || inputDtype != at::kFloat)
-    return onHost("aten::_softmax_backward_data", [&] {
-      return at::_softmax_backward_data(host(grad), host(output), dim, inputDtype).to(grad.device());
+    return orOnHost("aten::_softmax_backward_data", {&grad, &output}, inputDtype, grad.device(), [&](auto in) {
+      const auto g = in(grad);
+      return at::_softmax_backward_data(g, in(output), dim, onDevice(g) ? at::kFloat : inputDtype);
     });
   return rowsOp(TensorFn::softmaxBackward, grad, &output, dim);
 }
@@ -236,6 +244,12 @@ void rowsOf(TensorFn fn, const at::Tensor& out, const at::Tensor& a, const at::T
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tensor& input, c10::IntArrayRef normalized,
                                                                  const c10::optional<at::Tensor>& weight,
                                                                  const c10::optional<at::Tensor>& bias, double eps) {
+  if (reducedFloats({&input, present(weight), present(bias)})) {  // in f32 on the card, each result rounded once
+    const auto type = input.scalar_type();
+    auto [out, mean, rstd] = python::native_layer_norm(widened(input, type), normalized, widenedOrNone(weight),
+                                                       widenedOrNone(bias), eps);
+    return {out.to(type), mean.to(type), rstd.to(type)};
+  }
   if (!layerNormSupported(input, weight, bias)) {
     countFallback("aten::native_layer_norm");
     auto [out, mean, rstd] = at::native_layer_norm(host(input), normalized, weight ? host(*weight) : at::Tensor(),
@@ -260,6 +274,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
     const at::Tensor& grad, const at::Tensor& input, c10::IntArrayRef normalized, const at::Tensor& mean,
     const at::Tensor& rstd, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
     std::array<bool, 3> mask) {
+  if (reducedFloats({&grad, &input, &mean, &rstd, present(weight), present(bias)})) {
+    const auto type = input.scalar_type();
+    auto [gi, gw, gb] = python::native_layer_norm_backward(widened(grad, type), widened(input, type), normalized,
+                                                           widened(mean, type), widened(rstd, type), widenedOrNone(weight),
+                                                           widenedOrNone(bias), mask);
+    auto like = [](const at::Tensor& t, const c10::optional<at::Tensor>& of, at::ScalarType fallback) {
+      return t.defined() ? t.to(present(of) ? of->scalar_type() : fallback) : t;
+    };
+    return {like(gi, input, type), like(gw, weight, type), like(gb, bias, type)};
+  }
   if (!layerNormSupported(input, weight, bias) || !supported({&grad, &mean, &rstd})) {
     countFallback("aten::native_layer_norm_backward");
     auto [gi, gw, gb] = at::native_layer_norm_backward(host(grad), host(input), normalized, host(mean), host(rstd),
@@ -392,6 +416,11 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self, cons
   const bool onCard = nllSupported(self, target, weight, reduction) || nllComposable(self, target, weight);
   if (onCard && self.dim() > 0)
     checkIndex(target, 0, self.size(-1) - 1, ignoreIndex, [](int64_t v) { TORCH_CHECK_INDEX(false, "Target ", v, " is out of bounds."); });
+  if (reducedFloats({&self, present(weight)})) {  // in f32 on the card, rounded once
+    auto [out, total] = python::nll_loss_forward(widened(self, self.scalar_type()), target, widenedOrNone(weight), reduction,
+                                                 ignoreIndex);
+    return {out.to(self.scalar_type()), total.to(self.scalar_type())};
+  }
   if (!nllSupported(self, target, weight, reduction) && nllComposable(self, target, weight))
     return nllComposed(self, target, weight, reduction, ignoreIndex);
   if (!nllSupported(self, target, weight, reduction)) {
@@ -407,6 +436,12 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self, cons
 at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
                              const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignoreIndex,
                              const at::Tensor& totalWeight) {
+  if (reducedFloats({&grad, &self, present(weight), &totalWeight})) {
+    const auto type = self.scalar_type();
+    return python::nll_loss_backward(widened(grad, type), widened(self, type), target, widenedOrNone(weight), reduction,
+                                     ignoreIndex, widened(totalWeight, type))
+        .to(type);
+  }
   if (!nllSupported(self, target, weight, reduction) && nllComposable(self, target, weight) && isF32(grad) &&
       isF32(totalWeight)) {
     // grad_input[i, c] = -w_i * g_i (/ total for the mean) where c is row i's target.

@@ -148,6 +148,32 @@ at::Tensor& resultInto(at::Tensor& out, const at::Tensor& result) {
   return out.copy_(result);
 }
 
+// ---- Reduced floats (torch_device.h) --------------------------------------------------
+
+namespace {
+bool isReduced(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+}  // namespace
+bool reducedFloats(std::initializer_list<const at::Tensor*> tensors) {
+  bool reduced = false;
+  for (auto* t : tensors) {
+    if (!t || !t->defined() || isHostScalar(*t)) continue;
+    const auto type = t->scalar_type();
+    if (!onDevice(*t) || t->dim() > 6 || !(type == at::kFloat || isReduced(type))) return false;
+    reduced = reduced || isReduced(type);
+  }
+  return reduced;
+}
+at::Tensor widened(const at::Tensor& t, at::ScalarType type) {
+  if (!t.defined()) return t;
+  if (isHostScalar(t)) return isReduced(type) && t.is_floating_point() ? t.to(type).to(at::kFloat) : t;
+  return isReduced(t.scalar_type()) ? t.to(at::kFloat) : t;
+}
+at::Scalar roundedTo(const at::Scalar& number, at::ScalarType type) {
+  if (type == at::kHalf) return at::Scalar(static_cast<double>(static_cast<float>(c10::Half(number.toFloat()))));
+  if (type == at::kBFloat16) return at::Scalar(static_cast<double>(static_cast<float>(c10::BFloat16(number.toFloat()))));
+  return number;
+}
+
 // ---- Index checks (torch_device.h) ---------------------------------------------------
 
 ByteSpan spanOf(const at::Tensor& t) {  // numel > 0; the device's strides are never negative

@@ -28,6 +28,10 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& sel
     return {v.squeeze(0), i.squeeze(0)};
   }
   const auto w = ceiled(Window2d::of(kernel, stride, padding, dilation), self, ceilMode);
+  if (reducedFloats({&self})) {  // compared in f32: the same maxima, exactly
+    auto [v, i] = python::max_pool2d_with_indices(widened(self, self.scalar_type()), kernel, stride, padding, dilation, ceilMode);
+    return {v.to(self.scalar_type()), i};
+  }
   if (!poolOnCard(self, w, false)) {
     countFallback("aten::max_pool2d_with_indices");
     auto [v, i] = at::max_pool2d_with_indices(host(self), kernel, stride, padding, dilation, ceilMode);
@@ -75,9 +79,8 @@ at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Te
   const bool onCard = poolOnCard(self, w, false) && supported({&grad}) && typed(indices) &&
                       indices.scalar_type() == at::kLong && indices.sizes() == grad.sizes();
   if (!onCard)
-    return onHost("aten::max_pool2d_with_indices_backward", [&] {
-      return at::max_pool2d_with_indices_backward(host(grad), host(self), kernel, stride, padding, dilation, ceilMode,
-                                                  host(indices)).to(self.device());
+    return orOnHost("aten::max_pool2d_with_indices_backward", {&grad, &self}, grad.scalar_type(), self.device(), [&](auto in) {
+      return at::max_pool2d_with_indices_backward(in(grad), in(self), kernel, stride, padding, dilation, ceilMode, in(indices));
     });
   // One op: each plane of the input's gradient set to 0, then each output's gradient
   // added at its index.

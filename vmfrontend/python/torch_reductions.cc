@@ -47,7 +47,8 @@ bool reducible(const at::Tensor& self, const at::Tensor& out, at::ScalarType dty
 
 #define RACCEL_EXTREMUM(op, fn)                                                                                       \
   at::Tensor& op##_out(const at::Tensor& self, c10::IntArrayRef dims, bool keepdim, at::Tensor& out) {                \
-    if (!reducible(self, out, self.scalar_type())) return hostInto("aten::" #op, out, at::op(host(self), dims, keepdim)); \
+    if (!reducible(self, out, self.scalar_type()))                                                                    \
+      return orHostInto("aten::" #op, out, {&self, &out}, [&](auto in) { return at::op(in(self), dims, keepdim); });  \
     const uint32_t mask = maskOf(dims, self.dim());                                                                   \
     at::native::resize_output(out, reducedShape(self, mask, keepdim));                                               \
     reduceInto(fn, out, self, mask, keepdim);                                                                         \
@@ -63,7 +64,8 @@ RACCEL_EXTREMUM(amin, TensorFn::amin)
 
 #define RACCEL_POSITION(op, fn)                                                                                       \
   at::Tensor& op##_out(const at::Tensor& self, c10::optional<int64_t> dim, bool keepdim, at::Tensor& out) {           \
-    if (!reducible(self, out, at::kLong)) return hostInto("aten::" #op, out, at::op(host(self), dim, keepdim));        \
+    if (!reducible(self, out, at::kLong)) /* (reduced floats compared in f32: the same order) */                      \
+      return orHostInto("aten::" #op, out, {&self}, [&](auto in) { return at::op(in(self), dim, keepdim); });         \
     /* no dim: the position in the flattened tensor, over every dimension */                                         \
     const uint32_t mask = dim ? 1u << c10::maybe_wrap_dim(*dim, std::max<int64_t>(self.dim(), 1)) : everyDim(self.dim()); \
     at::native::resize_output(out, reducedShape(self, mask, keepdim && dim));                                         \
@@ -104,10 +106,18 @@ RACCEL_VALUES_AND_POSITIONS(max, amax, argmax)
 RACCEL_VALUES_AND_POSITIONS(min, amin, argmin)
 #undef RACCEL_VALUES_AND_POSITIONS
 
+// The type of a statistic of self (var, std, a norm): self's float type, else f32 (the
+// host then raises PyTorch's error for an integer one).
+at::ScalarType floatOf(const at::Tensor& self) {
+  return at::isFloatingType(self.scalar_type()) ? self.scalar_type() : at::kFloat;
+}
+
 // var = sum((x - mean)^2) / (n - correction); std = its square root.
 at::Tensor& var_out(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim,
                     at::Tensor& out) {
-  if (!supported({&self, &out})) return hostInto("aten::var.correction", out, at::var(host(self), dims, correction, keepdim));
+  if (!supported({&self, &out}))
+    return orHostInto("aten::var.correction", out, {&self, &out},
+                      [&](auto in) { return at::var(in(self), dims, correction, keepdim); });
   const uint32_t mask = maskOf(dims, self.dim());
   auto mean = emptyOn({0});
   python::mean_out(self, dims, true, c10::nullopt, mean);
@@ -123,18 +133,20 @@ at::Tensor& var_out(const at::Tensor& self, at::OptionalIntArrayRef dims, Correc
   return out;
 }
 at::Tensor var_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatOf(self));
   return python::var_out(self, dims, correction, keepdim, out);
 }
 at::Tensor& std_out(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim,
                     at::Tensor& out) {
-  if (!supported({&self, &out})) return hostInto("aten::std.correction", out, at::std(host(self), dims, correction, keepdim));
+  if (!supported({&self, &out}))
+    return orHostInto("aten::std.correction", out, {&self, &out},
+                      [&](auto in) { return at::std(in(self), dims, correction, keepdim); });
   python::var_out(self, dims, correction, keepdim, out);
   elementwise(TensorFn::sqrt, out, &out, nullptr);
   return out;
 }
 at::Tensor std_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatOf(self));
   return python::std_out(self, dims, correction, keepdim, out);
 }
 // (var or std, mean) over the same dimensions.
@@ -152,7 +164,10 @@ at::Tensor& linalg_vector_norm_out(const at::Tensor& self, const at::Scalar& ord
                                    c10::optional<at::ScalarType> dtype, at::Tensor& out) {
   const double p = ord.toDouble();
   if (!supported({&self, &out}) || (dtype && *dtype != at::kFloat) || !(p > 0) || self.numel() == 0)
-    return hostInto("aten::linalg_vector_norm", out, at::linalg_vector_norm(host(self), ord, dims, keepdim, dtype));
+    return orHostInto("aten::linalg_vector_norm", out, {&self, &out}, [&](auto in) {
+      const auto x = in(self);
+      return at::linalg_vector_norm(x, ord, dims, keepdim, onDevice(x) ? c10::nullopt : dtype);
+    });
   const uint32_t mask = maskOf(dims, self.dim());
   auto magnitude = emptyOn(self.sizes());
   elementwise(TensorFn::abs, magnitude, &self, nullptr);
@@ -171,12 +186,12 @@ at::Tensor& norm_out(const at::Tensor& self, const c10::optional<at::Scalar>& p,
   return python::linalg_vector_norm_out(self, p.value_or(2), dims, keepdim, c10::nullopt, out);
 }
 at::Tensor norm(const at::Tensor& self, const c10::optional<at::Scalar>& p, c10::IntArrayRef dims, bool keepdim) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatOf(self));
   return python::norm_out(self, p, dims, keepdim, out);
 }
 at::Tensor linalg_vector_norm(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dims, bool keepdim,
                               c10::optional<at::ScalarType> dtype) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, dtype.value_or(floatOf(self)));
   return python::linalg_vector_norm_out(self, ord, dims, keepdim, dtype, out);
 }
 
