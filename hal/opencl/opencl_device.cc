@@ -670,6 +670,8 @@ class OpenclDevice final : public Device {
       return {fn == TensorFn::indexSelect ? "rc_index_select_rows" : "rc_index_add_cols", 1, {size_t(g.n / g.shape[d]), 1, 1}};
     if (cpu_ && layerNormVec(g))  // a work-item a row, as vectors
       return {fn == TensorFn::layerNorm ? "rc_layer_norm_vec" : "rc_layer_norm_backward_vec", 2, {1, size_t(g.n), 1}};
+    if (const char* convert = flatConvertKernel(g))  // f32 to f16 or bf16 and back, contiguous
+      return {convert, 1, {roundUp(static_cast<uint64_t>(g.n), 64), 1, 1}};
     const char* fast = fastMapKernel(g);
     if (cpu_ && fast && g.dims == 1 && (fn == TensorFn::gelu || fn == TensorFn::geluBackward))
       return {fn == TensorFn::gelu ? "rc_flat_gelu_vec" : "rc_flat_gelu_backward_vec", 1,
@@ -834,6 +836,15 @@ class OpenclDevice final : public Device {
     for (unsigned i = 0; i < tensorFnOperands(TensorFn(g.fn)); ++i)
       if (g.type[i] != int(TensorType::f32) || (g.dims == 1 && g.stride[i][0] != 1)) return nullptr;
     return g.dims == 1 ? f->flat : f->grid;
+  }
+  // A copy over one dimension, both operands contiguous, from f32 to f16 or bf16 or back:
+  // rc_flat_to_<type> or rc_flat_from_<type>; null otherwise.
+  static const char* flatConvertKernel(const kernels::RcGeom& g) {
+    if (TensorFn(g.fn) != TensorFn::copy || g.dims != 1 || g.stride[0][0] != 1 || g.stride[1][0] != 1) return nullptr;
+    const auto to = TensorType(g.type[0]), from = TensorType(g.type[1]);
+    if (from == TensorType::f32) return to == TensorType::f16 ? "rc_flat_to_f16" : to == TensorType::bf16 ? "rc_flat_to_bf16" : nullptr;
+    if (to == TensorType::f32) return from == TensorType::f16 ? "rc_flat_from_f16" : from == TensorType::bf16 ? "rc_flat_from_bf16" : nullptr;
+    return nullptr;
   }
   // The rows kernel of a grid map (2 to 4 dimensions) whose rows are at least kVecColumns
   // long: rc_rows_typed for rc_grid_typed's maps (typedGridMap), rc_rows_<name> for a
