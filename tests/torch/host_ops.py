@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Ops that raccel.torch does not run on the card run on PyTorch's CPU, counted: each must
-give the CPU's own result, and an in-place one applied to a view (a column, a slice, a
+give the CPU's own result in the CPU's own type, and an in-place one applied to a view (a column, a slice, a
 transpose) must change the viewed elements of the tensor on the card, as on the CPU.
 Prints one line per case and PASS or FAIL; exits 1 on any failure."""
 import sys
@@ -25,6 +25,12 @@ CASES = [
      lambda x: x.t().double().index_put_((torch.tensor([1, 3], device=x.device),),
                                          torch.full((2, 4), 2.0, dtype=torch.float64, device=x.device)).float()),
     ("mode of a transpose", lambda x: x.t().round().mode(1).values),
+    # f64 arithmetic runs on the host; its results stay f64 (these once came back f32).
+    ("mse_loss of f64 copies", lambda x: torch.nn.functional.mse_loss(x.double(), x.flip(0).double())),
+    ("smooth_l1_loss of f64 copies", lambda x: torch.nn.functional.smooth_l1_loss(x.double(), x.flip(1).double())),
+    ("var of an f64 copy", lambda x: x.double().var(1)),
+    ("logaddexp of f64 copies", lambda x: torch.logaddexp(x.double(), x.flip(0).double())),
+    ("xlogy of f64 copies", lambda x: torch.xlogy(x.double().abs(), x.flip(0).double().abs())),
 ]
 
 
@@ -40,9 +46,10 @@ def main():
         got_x = base.to(dev)
         got = fn(got_x)
         counted = raccel.torch.fallbacks()
-        ok = torch.equal(got_x.cpu(), want_x) and torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-5) and bool(counted)
+        ok = (torch.equal(got_x.cpu(), want_x) and got.dtype == want.dtype and
+              torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-5) and bool(counted))
         failed += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: on the host {counted}", flush=True)
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {got.dtype} on the host {counted}", flush=True)
     print("PASS" if failed == 0 else "FAIL")
     return 1 if failed else 0
 

@@ -6,7 +6,9 @@ the tensor's type first), with nothing falling back to the host.
 - bf16 ops against PyTorch's CPU in bf16: bit for bit where the CPU also rounds once
   (arithmetic, numbers as operands, add's alpha, the optimizers' steps, matmuls, sums,
   maxima and their positions, comparisons, softmax), within 2 ulps where the card's f32
-  functions differ from the CPU's in their last bits; LayerNorm, which PyTorch's CPU
+  functions differ from the CPU's in their last bits (pooling, resampling and the
+  pointwise losses with their backwards among them; an op PyTorch's CPU lacks in bf16,
+  or computes in bf16 steps, against the f32 result rounded once); LayerNorm, which PyTorch's CPU
   computes partly in bf16, against the f32 result rounded once.
 - f16 ops (PyTorch 1.13's CPU has almost none) against the CPU's f32 result rounded once.
 - An op mixing bf16 and f32 gives the CPU's f32 result exactly.
@@ -77,7 +79,60 @@ def ops(a, b, c, w, labels):
         ("var", lambda x: x.var(1), (a,), 2), ("norm", lambda x: x.norm(), (a,), 2),
         ("max_pool2d", lambda x: F.max_pool2d(x.view(2, 2, 16, 33), 2), (a,), 0),
         ("conv2d", lambda x, y: F.conv2d(x.view(2, 2, 16, 33), y.reshape(-1)[:72].reshape(4, 2, 3, 3)), (a, w), 2),
+    ] + [(name, f, xs, ulps) for name, f, xs, ulps in windowed_and_losses(a, b)] + [
+        (f"{name} backward", grad_of(f), xs, ulps + 2) for name, f, xs, ulps in windowed_and_losses(a, b)
     ]
+
+
+def images(x):
+    return x.view(2, 2, 16, 33)
+
+
+def windowed_and_losses(a, b):
+    """Pooling, resampling and the pointwise losses, whose backwards are checked too."""
+    return [
+        ("avg_pool2d", lambda x: F.avg_pool2d(images(x), 2), (a,), 2),
+        ("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(images(x), (5, 7)), (a,), 2),
+        ("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(images(x), (5, 7)), (a,), 0),
+        ("interpolate nearest", lambda x: F.interpolate(images(x), scale_factor=2.0), (a,), 0),
+        ("interpolate bilinear", lambda x: F.interpolate(images(x), size=(20, 40), mode="bilinear"), (a,), 2),
+        ("mse_loss", F.mse_loss, (a, b), 2), ("l1_loss", F.l1_loss, (a, b), 2),
+        ("smooth_l1_loss", F.smooth_l1_loss, (a, b), 2), ("huber_loss", lambda x, y: F.huber_loss(x, y, delta=0.5), (a, b), 2),
+        ("binary_cross_entropy", lambda x, y: F.binary_cross_entropy(x.sigmoid(), y.sigmoid()), (a, b), 4),
+    ]
+
+
+def grad_of(f):
+    """The gradient of f's first input, for an output gradient of -0.5, 0.5 or 1.5 by the
+    sign of f's output (exact in every type, so the CPU's and the card's are the same)."""
+    def gradient(x, *rest):
+        x = x.detach().requires_grad_()
+        out = f(x, *rest)
+        return torch.autograd.grad(out, x, grad_outputs=out.detach().sign() + 0.5)[0]
+    return gradient
+
+
+# Ops whose bf16 PyTorch's CPU computes in steps, rounding to bf16 between them (the
+# backwards that add overlapping windows' gradients into a bf16 tensor one at a time,
+# bilinear's weights): the card rounds once, so these compare with f32 rounded once.
+ROUNDED_IN_STEPS_ON_THE_CPU = {"interpolate bilinear", "interpolate bilinear backward", "adaptive_avg_pool2d backward",
+                               "adaptive_max_pool2d backward"}
+
+
+def rounded_once(f, xs, type):
+    want = f(*[x.float() if torch.is_tensor(x) and x.is_floating_point() else x for x in xs])
+    return want.to(type) if want.is_floating_point() else want
+
+
+def reference(name, f, xs, type):
+    """PyTorch's CPU result in the type, or the f32 result rounded once where its CPU lacks
+    the op in that type or rounds in steps."""
+    if name in ROUNDED_IN_STEPS_ON_THE_CPU:
+        return rounded_once(f, xs, type)
+    try:
+        return f(*xs)
+    except RuntimeError:
+        return rounded_once(f, xs, type)
 
 
 def ops_check(dev):
@@ -88,7 +143,7 @@ def ops_check(dev):
     a, b, c, w = [t.bfloat16() for t in base]
     for name, f, xs, ulps in ops(a, b, c, w, labels):
         got, fallen = on_card(dev, f, xs)
-        compare(f"bf16 {name}", got, f(*xs), ulps, fallen)
+        compare(f"bf16 {name}", got, reference(name, f, xs, torch.bfloat16), ulps, fallen)
     # LayerNorm: PyTorch's CPU rounds some of its steps to bf16; the card rounds once.
     got, fallen = on_card(dev, lambda x: F.layer_norm(x, (33,)), (a,))
     compare("bf16 layer_norm (against f32 rounded once)", got, F.layer_norm(a.float(), (33,)).bfloat16(), 1, fallen)
@@ -96,8 +151,7 @@ def ops_check(dev):
     h = [t.half() for t in base]
     for name, f, xs, ulps in ops(*h, labels):
         got, fallen = on_card(dev, f, xs)
-        want = f(*[x.float() if torch.is_tensor(x) and x.is_floating_point() else x for x in xs])
-        want = want.half() if want.is_floating_point() else want
+        want = rounded_once(f, xs, torch.float16)
         if name in ("times 0.1", "plus 0.1", "in place mul_ 0.9", "equal to 0.1", "add alpha 0.3"):  # (numbers in f16)
             continue
         compare(f"f16 {name}", got, want, max(ulps, 1) if want.is_floating_point() else 0, fallen)

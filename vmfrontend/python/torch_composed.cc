@@ -107,7 +107,7 @@ at::Tensor& special_entr_out(const at::Tensor& self, at::Tensor& out) {
   return resultInto(out, result);
 }
 at::Tensor xlogy(const at::Tensor& self, const at::Tensor& other) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatResult(at::result_type(self, other)));
   return python::xlogy_out(self, other, out);
 }
 at::Tensor& xlogy_(at::Tensor& self, const at::Tensor& other) {
@@ -449,7 +449,7 @@ at::Tensor& logcumsumexp_out(const at::Tensor& self, int64_t dim, at::Tensor& ou
   return resultInto(out, running);
 }
 at::Tensor logcumsumexp(const at::Tensor& self, int64_t dim) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatResult(self.scalar_type()));
   return python::logcumsumexp_out(self, dim, out);
 }
 at::Tensor& logaddexp_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
@@ -461,11 +461,11 @@ at::Tensor& logaddexp2_out(const at::Tensor& self, const at::Tensor& other, at::
   return resultInto(out, logAddExp(self, other, true));
 }
 at::Tensor logaddexp(const at::Tensor& self, const at::Tensor& other) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatResult(at::result_type(self, other)));
   return python::logaddexp_out(self, other, out);
 }
 at::Tensor logaddexp2(const at::Tensor& self, const at::Tensor& other) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatResult(at::result_type(self, other)));
   return python::logaddexp2_out(self, other, out);
 }
 
@@ -476,7 +476,7 @@ at::Tensor& sinc_out(const at::Tensor& self, at::Tensor& out) {
   return resultInto(out, at::where(self == 0, at::ones({}, self.options()), at::sin(product) / product));
 }
 at::Tensor sinc(const at::Tensor& self) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatResult(self.scalar_type()));
   return python::sinc_out(self, out);
 }
 at::Tensor& sinc_(at::Tensor& self) { return python::sinc_out(self, self); }
@@ -490,7 +490,7 @@ at::Tensor& softshrink_out(const at::Tensor& self, const at::Scalar& lambda, at:
   return resultInto(out, at::where(self > l, self - l, at::where(self < -l, self + l, self * 0)));
 }
 at::Tensor softshrink(const at::Tensor& self, const at::Scalar& lambda) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, self.scalar_type());
   return python::softshrink_out(self, lambda, out);
 }
 at::Tensor& hardshrink_out(const at::Tensor& self, const at::Scalar& lambda, at::Tensor& out) {
@@ -498,7 +498,7 @@ at::Tensor& hardshrink_out(const at::Tensor& self, const at::Scalar& lambda, at:
   return resultInto(out, at::where(inside(self, lambda.toDouble()), at::zeros({}, self.options()), self));
 }
 at::Tensor hardshrink(const at::Tensor& self, const at::Scalar& lambda) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, self.scalar_type());
   return python::hardshrink_out(self, lambda, out);
 }
 // Either shrink's gradient: 0 inside [-lambda, lambda], the upstream one elsewhere.
@@ -513,14 +513,14 @@ at::Tensor& softshrink_backward_out(const at::Tensor& grad, const at::Tensor& se
   return shrinkBackward("aten::softshrink_backward", grad, self, lambda, gradInput, true);
 }
 at::Tensor softshrink_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambda) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, grad.scalar_type());
   return python::softshrink_backward_out(grad, self, lambda, out);
 }
 at::Tensor& hardshrink_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambda, at::Tensor& gradInput) {
   return shrinkBackward("aten::hardshrink_backward", grad, self, lambda, gradInput, false);
 }
 at::Tensor hardshrink_backward(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& lambda) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, grad.scalar_type());
   return python::hardshrink_backward_out(grad, self, lambda, out);
 }
 at::Tensor& threshold_out(const at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value, at::Tensor& out) {
@@ -528,7 +528,7 @@ at::Tensor& threshold_out(const at::Tensor& self, const at::Scalar& threshold, c
   return resultInto(out, at::where(self <= threshold.toDouble(), at::full({}, value.toDouble(), self.options()), self));
 }
 at::Tensor threshold(const at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, self.scalar_type());
   return python::threshold_out(self, threshold, value, out);
 }
 at::Tensor& threshold_(at::Tensor& self, const at::Scalar& threshold, const at::Scalar& value) {
@@ -573,7 +573,7 @@ at::Tensor& logit_out(const at::Tensor& self, c10::optional<double> eps, at::Ten
   return resultInto(out, at::log(x / (1 - x)));
 }
 at::Tensor logit(const at::Tensor& self, c10::optional<double> eps) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatResult(self.scalar_type()));
   return python::logit_out(self, eps, out);
 }
 at::Tensor& logit_(at::Tensor& self, c10::optional<double> eps) { return python::logit_out(self, eps, self); }
@@ -586,7 +586,7 @@ at::Tensor& logit_backward_out(const at::Tensor& grad, const at::Tensor& self, c
   return resultInto(gradInput, at::where((self < lo) | (self > hi), outside, grad / (self * (1 - self))));
 }
 at::Tensor logit_backward(const at::Tensor& grad, const at::Tensor& self, c10::optional<double> eps) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, grad.scalar_type());
   return python::logit_backward_out(grad, self, eps, out);
 }
 

@@ -143,7 +143,7 @@ at::Tensor& normal_tensors_out(const at::Tensor& mean, const at::Tensor& std, c1
   return resultInto(out, normalOf(mean, std, generator));
 }
 at::Tensor normal_tensors(const at::Tensor& mean, const at::Tensor& std, c10::optional<at::Generator> generator) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatResult(at::result_type(mean, std)));
   return python::normal_tensors_out(mean, std, generator, out);
 }
 at::Tensor& normal_tensor_float_out(const at::Tensor& mean, double std, c10::optional<at::Generator> generator, at::Tensor& out) {
@@ -152,7 +152,7 @@ at::Tensor& normal_tensor_float_out(const at::Tensor& mean, double std, c10::opt
   return resultInto(out, normalOf(mean, at::full({}, std, mean.options()), generator));
 }
 at::Tensor normal_tensor_float(const at::Tensor& mean, double std, c10::optional<at::Generator> generator) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatResult(mean.scalar_type()));
   return python::normal_tensor_float_out(mean, std, generator, out);
 }
 at::Tensor& normal_float_tensor_out(double mean, const at::Tensor& std, c10::optional<at::Generator> generator, at::Tensor& out) {
@@ -161,7 +161,7 @@ at::Tensor& normal_float_tensor_out(double mean, const at::Tensor& std, c10::opt
   return resultInto(out, normalOf(at::full({}, mean, std.options()), std, generator));
 }
 at::Tensor normal_float_tensor(double mean, const at::Tensor& std, c10::optional<at::Generator> generator) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, floatResult(std.scalar_type()));
   return python::normal_float_tensor_out(mean, std, generator, out);
 }
 
@@ -329,7 +329,7 @@ at::Tensor& rrelu_with_noise_out(const at::Tensor& self, const at::Tensor& noise
 }
 at::Tensor rrelu_with_noise(const at::Tensor& self, const at::Tensor& noise, const at::Scalar& lower, const at::Scalar& upper,
                             bool training, c10::optional<at::Generator> generator) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, self.scalar_type());
   return python::rrelu_with_noise_out(self, noise, lower, upper, training, generator, out);
 }
 at::Tensor& rrelu_with_noise_(at::Tensor& self, const at::Tensor& noise, const at::Scalar& lower, const at::Scalar& upper,

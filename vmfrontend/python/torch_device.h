@@ -109,6 +109,12 @@ inline bool isHostScalar(const at::Tensor& t) { return t.defined() && t.device()
 inline bool bothI64(const at::Tensor& a, const at::Tensor& out) {
   return typed(a) && a.scalar_type() == at::kLong && typed(out) && out.scalar_type() == at::kLong;
 }
+// The dtype of a float function's result (sqrt, exp, true division, a statistic, a
+// loss...), as PyTorch's: the type itself for a float one, the default float type for an
+// integer or bool one.
+inline at::ScalarType floatResult(at::ScalarType type) {
+  return at::isIntegralType(type, /*includeBool=*/true) ? c10::typeMetaToScalarType(at::get_default_dtype()) : type;
+}
 // An optional tensor that is there, or null.
 inline const at::Tensor* present(const c10::optional<at::Tensor>& t) { return t && t->defined() ? &*t : nullptr; }
 // Every defined one of `tensors` f32 on the device, in at most 6 dimensions.

@@ -30,12 +30,7 @@ at::Tensor& unaryOut(TensorFn fn, const char* name, const at::Tensor& self0, at:
   elementwise(fn, out, &self, nullptr, alpha, beta);
   return out;
 }
-// The dtype of a float function's result (sqrt, exp, true division...), as PyTorch's:
-// the default float type for an integer or bool one. An out that cannot hold an op's
-// result type is refused, with PyTorch's message.
-at::ScalarType floatResult(at::ScalarType type) {
-  return at::isIntegralType(type, /*includeBool=*/true) ? c10::typeMetaToScalarType(at::get_default_dtype()) : type;
-}
+// An out that cannot hold an op's result type is refused, with PyTorch's message.
 void checkOutHolds(at::ScalarType result, const at::Tensor& out) {
   TORCH_CHECK(at::canCast(result, out.scalar_type()), "result type ", result, " can't be cast to the desired output type ",
               out.scalar_type());

@@ -40,45 +40,47 @@ at::Tensor smoothGrad(const at::Tensor& grad, const at::Tensor& self, const at::
 }
 at::Tensor& smooth_l1_loss_out(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta, at::Tensor& out) {
   if (!lossOnCard({&self, &target, &out}) || beta < 0)
-    return hostInto("aten::smooth_l1_loss", out, at::smooth_l1_loss(host(self), host(target), reduction, beta));
+    return orHostInto("aten::smooth_l1_loss", out, {&self, &target, &out},
+                      [&](auto in) { return at::smooth_l1_loss(in(self), in(target), reduction, beta); });
   auto loss = reduced(smoothLoss(self, target, beta, false), reduction);
   at::native::resize_output(out, loss.sizes());
   return out.copy_(loss);
 }
 at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, at::result_type(self, target));
   return python::smooth_l1_loss_out(self, target, reduction, beta, out);
 }
 at::Tensor& smooth_l1_loss_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
                                         int64_t reduction, double beta, at::Tensor& out) {
   if (!lossOnCard({&grad, &self, &target, &out}) || beta < 0)
-    return hostInto("aten::smooth_l1_loss_backward", out,
-                    at::smooth_l1_loss_backward(host(grad), host(self), host(target), reduction, beta));
+    return orHostInto("aten::smooth_l1_loss_backward", out, {&grad, &self, &target, &out},
+                      [&](auto in) { return at::smooth_l1_loss_backward(in(grad), in(self), in(target), reduction, beta); });
   auto g = smoothGrad(grad, self, target, beta, false, reduction);
   at::native::resize_output(out, g.sizes());
   return out.copy_(g);
 }
 at::Tensor smooth_l1_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
                                    double beta) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, self.scalar_type());
   return python::smooth_l1_loss_backward_out(grad, self, target, reduction, beta, out);
 }
 at::Tensor& huber_loss_out(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta, at::Tensor& out) {
   if (!lossOnCard({&self, &target, &out}) || !(delta > 0))
-    return hostInto("aten::huber_loss", out, at::huber_loss(host(self), host(target), reduction, delta));
+    return orHostInto("aten::huber_loss", out, {&self, &target, &out},
+                      [&](auto in) { return at::huber_loss(in(self), in(target), reduction, delta); });
   auto loss = reduced(smoothLoss(self, target, delta, true), reduction);
   at::native::resize_output(out, loss.sizes());
   return out.copy_(loss);
 }
 at::Tensor huber_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, at::result_type(self, target));
   return python::huber_loss_out(self, target, reduction, delta, out);
 }
 at::Tensor& huber_loss_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
                                     double delta, at::Tensor& out) {
   if (!lossOnCard({&grad, &self, &target, &out}) || !(delta > 0))
-    return hostInto("aten::huber_loss_backward", out,
-                    at::huber_loss_backward(host(grad), host(self), host(target), reduction, delta));
+    return orHostInto("aten::huber_loss_backward", out, {&grad, &self, &target, &out},
+                      [&](auto in) { return at::huber_loss_backward(in(grad), in(self), in(target), reduction, delta); });
   auto g = smoothGrad(grad, self, target, delta, true, reduction);
   at::native::resize_output(out, g.sizes());
   return out.copy_(g);
@@ -88,10 +90,11 @@ at::Tensor& huber_loss_backward_out(const at::Tensor& grad, const at::Tensor& se
 at::Tensor binary_cross_entropy(const at::Tensor& self, const at::Tensor& target, const c10::optional<at::Tensor>& weight,
                                 int64_t reduction) {
   if (!lossOnCard({&self, &target, present(weight)}))
-    return onHost("aten::binary_cross_entropy", [&] {
-      return at::binary_cross_entropy(host(self), host(target), present(weight) ? host(*weight) : at::Tensor(), reduction)
-          .to(self.device());
-    });
+    return orOnHost("aten::binary_cross_entropy", {&self, &target, present(weight)}, self.scalar_type(), self.device(),
+                    [&](auto in) {
+                      return at::binary_cross_entropy(in(self), in(target), present(weight) ? in(*weight) : at::Tensor(),
+                                                      reduction);
+                    });
   auto loss = -(target * self.log().clamp_min(-100) + (1 - target) * (1 - self).log().clamp_min(-100));
   if (present(weight)) loss = loss * *weight;
   return reduced(loss, reduction);
@@ -99,18 +102,19 @@ at::Tensor binary_cross_entropy(const at::Tensor& self, const at::Tensor& target
 at::Tensor binary_cross_entropy_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
                                          const c10::optional<at::Tensor>& weight, int64_t reduction) {
   if (!lossOnCard({&grad, &self, &target, present(weight)}))
-    return onHost("aten::binary_cross_entropy_backward", [&] {
-      return at::binary_cross_entropy_backward(host(grad), host(self), host(target),
-                                               present(weight) ? host(*weight) : at::Tensor(), reduction)
-          .to(self.device());
-    });
+    return orOnHost("aten::binary_cross_entropy_backward", {&grad, &self, &target, present(weight)}, self.scalar_type(),
+                    self.device(), [&](auto in) {
+                      return at::binary_cross_entropy_backward(in(grad), in(self), in(target),
+                                                               present(weight) ? in(*weight) : at::Tensor(), reduction);
+                    });
   auto g = (self - target) / ((1 - self) * self).clamp_min(1e-12) * unreduced(grad, self, reduction);
   return present(weight) ? g * *weight : g;
 }
 
 at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64_t reduction, at::Tensor& out) {
   if (!supported({&self, &target, &out})) {
-    return hostInto("aten::mse_loss", out, at::mse_loss(host(self), host(target), reduction));
+    return orHostInto("aten::mse_loss", out, {&self, &target, &out},
+                      [&](auto in) { return at::mse_loss(in(self), in(target), reduction); });
   }
   auto shape = broadcastShape(self, target);
   auto diff = emptyOn(shape);
@@ -126,7 +130,7 @@ at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64
   return out;
 }
 at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, at::result_type(self, target));
   return python::mse_loss_out(self, target, reduction, out);
 }
 
@@ -134,8 +138,8 @@ at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t re
 at::Tensor& mse_loss_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
                                   int64_t reduction, at::Tensor& gradInput) {
   if (!supported({&grad, &self, &target, &gradInput})) {
-    return hostInto("aten::mse_loss_backward", gradInput,
-                    at::mse_loss_backward(host(grad), host(self), host(target), reduction));
+    return orHostInto("aten::mse_loss_backward", gradInput, {&grad, &self, &target, &gradInput},
+                      [&](auto in) { return at::mse_loss_backward(in(grad), in(self), in(target), reduction); });
   }
   at::native::resize_output(gradInput, self.sizes());
   auto diff = emptyOn(self.sizes());
@@ -145,7 +149,7 @@ at::Tensor& mse_loss_backward_out(const at::Tensor& grad, const at::Tensor& self
   return gradInput;
 }
 at::Tensor mse_loss_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  auto out = emptyOn({0});
+  auto out = emptyOn({0}, self.scalar_type());
   return python::mse_loss_backward_out(grad, self, target, reduction, out);
 }
 

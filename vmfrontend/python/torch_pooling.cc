@@ -171,6 +171,9 @@ c10::optional<Window2d> addedWindows(const at::Tensor& self, const Window2d& w, 
 }
 at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
                       bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  if (reducedFloats({&self}))  // in f32 on the card, rounded once
+    return python::avg_pool2d(widened(self, self.scalar_type()), kernel, stride, padding, ceilMode, countIncludePad, divisor)
+        .to(self.scalar_type());
   const auto w = Window2d::of(kernel, stride, padding, {});
   if (auto c = addedWindows(self, w, ceilMode, divisor)) return ceiledAverage(self, *c, countIncludePad, divisor);
   if (avgOnCard(self, w, ceilMode, countIncludePad, divisor))
@@ -186,6 +189,10 @@ at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntA
 }
 at::Tensor avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
                                c10::IntArrayRef padding, bool ceilMode, bool countIncludePad, c10::optional<int64_t> divisor) {
+  if (reducedFloats({&grad, &self}))  // in f32 on the card, rounded once
+    return python::avg_pool2d_backward(widened(grad, grad.scalar_type()), widened(self, self.scalar_type()), kernel, stride,
+                                       padding, ceilMode, countIncludePad, divisor)
+        .to(self.scalar_type());
   const auto w = Window2d::of(kernel, stride, padding, {});
   if (auto c = addedWindows(self, w, ceilMode, divisor); c && supported({&grad}) && grad.dim() == 4 &&
       grad.size(2) == c->outH(self.size(2)) && grad.size(3) == c->outW(self.size(3)))
@@ -267,12 +274,17 @@ at::Tensor _adaptive_avg_pool2d(const at::Tensor& self, c10::SymIntArrayRef outp
 #else
   auto size = c10::asIntArrayRefSlow(outputSize);
 #endif
+  if (reducedFloats({&self}))  // in f32 on the card, rounded once
+    return at::_adaptive_avg_pool2d(widened(self, self.scalar_type()), size).to(self.scalar_type());
   if (!adaptiveOnCard(self, size))
     return onHost("aten::_adaptive_avg_pool2d", [&] { return at::_adaptive_avg_pool2d(host(self), size).to(self.device()); });
   if (auto k = adaptiveKernel(self, size)) return python::avg_pool2d(self, *k, *k, {0, 0}, false, true, c10::nullopt);
   return adaptiveAverage(self, size[0], size[1]);
 }
 at::Tensor _adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& self) {
+  if (reducedFloats({&grad, &self}))  // in f32 on the card, rounded once
+    return python::_adaptive_avg_pool2d_backward(widened(grad, grad.scalar_type()), widened(self, self.scalar_type()))
+        .to(self.scalar_type());
   if (grad.dim() != 4 || !supported({&grad}) || !adaptiveOnCard(self, {grad.size(2), grad.size(3)}))
     return onHost("aten::_adaptive_avg_pool2d_backward",
                   [&] { return at::_adaptive_avg_pool2d_backward(host(grad), host(self)).to(self.device()); });
@@ -308,6 +320,10 @@ std::tuple<at::Tensor, at::Tensor> unevenAdaptiveMax(const at::Tensor& batched, 
 }
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& self, at::IntArrayRef outSize) {
   const auto batched = self.dim() == 3 ? self.unsqueeze(0) : self;
+  if (reducedFloats({&self})) {  // compared in f32: the same maxima, exactly
+    auto [values, indices] = python::adaptive_max_pool2d(widened(self, self.scalar_type()), outSize);
+    return {values.to(self.scalar_type()), indices};
+  }
   const bool onCard = (self.dim() == 3 || self.dim() == 4) && adaptiveOnCard(batched, outSize);
   if (!onCard) {
     countFallback("aten::adaptive_max_pool2d");
@@ -332,6 +348,9 @@ at::Tensor gradientAtIndices(const at::Tensor& grad, const at::Tensor& self, con
   return gradInput.view(self.sizes());
 }
 at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& indices) {
+  if (reducedFloats({&grad, &self}))  // in f32 on the card, rounded once
+    return python::adaptive_max_pool2d_backward(widened(grad, grad.scalar_type()), widened(self, self.scalar_type()), indices)
+        .to(self.scalar_type());
   if (!supported({&grad, &self}) || !typed(indices) || indices.scalar_type() != at::kLong || self.dim() < 3 ||
       grad.sizes() != indices.sizes())
     return onHost("aten::adaptive_max_pool2d_backward", [&] {

@@ -106,12 +106,6 @@ RACCEL_VALUES_AND_POSITIONS(max, amax, argmax)
 RACCEL_VALUES_AND_POSITIONS(min, amin, argmin)
 #undef RACCEL_VALUES_AND_POSITIONS
 
-// The type of a statistic of self (var, std, a norm): self's float type, else f32 (the
-// host then raises PyTorch's error for an integer one).
-at::ScalarType floatOf(const at::Tensor& self) {
-  return at::isFloatingType(self.scalar_type()) ? self.scalar_type() : at::kFloat;
-}
-
 // var = sum((x - mean)^2) / (n - correction); std = its square root.
 at::Tensor& var_out(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim,
                     at::Tensor& out) {
@@ -133,7 +127,7 @@ at::Tensor& var_out(const at::Tensor& self, at::OptionalIntArrayRef dims, Correc
   return out;
 }
 at::Tensor var_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim) {
-  auto out = emptyOn({0}, floatOf(self));
+  auto out = emptyOn({0}, floatResult(self.scalar_type()));
   return python::var_out(self, dims, correction, keepdim, out);
 }
 at::Tensor& std_out(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim,
@@ -146,7 +140,7 @@ at::Tensor& std_out(const at::Tensor& self, at::OptionalIntArrayRef dims, Correc
   return out;
 }
 at::Tensor std_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, Correction correction, bool keepdim) {
-  auto out = emptyOn({0}, floatOf(self));
+  auto out = emptyOn({0}, floatResult(self.scalar_type()));
   return python::std_out(self, dims, correction, keepdim, out);
 }
 // (var or std, mean) over the same dimensions.
@@ -186,12 +180,12 @@ at::Tensor& norm_out(const at::Tensor& self, const c10::optional<at::Scalar>& p,
   return python::linalg_vector_norm_out(self, p.value_or(2), dims, keepdim, c10::nullopt, out);
 }
 at::Tensor norm(const at::Tensor& self, const c10::optional<at::Scalar>& p, c10::IntArrayRef dims, bool keepdim) {
-  auto out = emptyOn({0}, floatOf(self));
+  auto out = emptyOn({0}, floatResult(self.scalar_type()));
   return python::norm_out(self, p, dims, keepdim, out);
 }
 at::Tensor linalg_vector_norm(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dims, bool keepdim,
                               c10::optional<at::ScalarType> dtype) {
-  auto out = emptyOn({0}, dtype.value_or(floatOf(self)));
+  auto out = emptyOn({0}, dtype.value_or(floatResult(self.scalar_type())));
   return python::linalg_vector_norm_out(self, ord, dims, keepdim, dtype, out);
 }
 

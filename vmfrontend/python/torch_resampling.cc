@@ -174,6 +174,10 @@ at::Tensor& onHostInto(const char* name, const at::Tensor& like, at::Tensor& out
 at::Tensor& upsampleInto(const char* name, const at::Tensor& self, c10::SymIntArrayRef outputSize, bool alignCorners,
                          const Scales& scales, Interpolation kind, at::Tensor& out, const std::function<void(at::Tensor&)>& onHost) {
   const auto size = c10::asIntArrayRefSlow(outputSize);
+  if (reducedFloats({&self, &out}) && resampledOnCard(self.sizes(), size)) {  // in f32 on the card, rounded once
+    auto wide = emptyOn({0});
+    return resultInto(out, upsampleInto(name, widened(self, self.scalar_type()), outputSize, alignCorners, scales, kind, wide, onHost));
+  }
   if (!supported({&self, &out}) || !resampledOnCard(self.sizes(), size)) return onHostInto(name, self, out, onHost);
   if (auto f = wholeFactors(self.sizes(), size, scales, kind)) {
     std::vector<int64_t> shape = {self.size(0), self.size(1)};
@@ -192,10 +196,14 @@ at::Tensor& upsampleBackwardInto(const char* name, const at::Tensor& grad, c10::
                                  c10::SymIntArrayRef inputSize, bool alignCorners, const Scales& scales, Interpolation kind,
                                  at::Tensor& out, const std::function<void(at::Tensor&)>& onHost) {
   const auto size = c10::asIntArrayRefSlow(outputSize), in = c10::asIntArrayRefSlow(inputSize);
-  bool fits = supported({&grad, &out}) && resampledOnCard(in, size) && grad.dim() == int64_t(in.size()) &&
-              grad.size(0) == in[0] && grad.size(1) == in[1];
+  bool fits = resampledOnCard(in, size) && grad.dim() == int64_t(in.size()) && grad.size(0) == in[0] && grad.size(1) == in[1];
   for (size_t a = 0; fits && a < size.size(); ++a) fits = grad.size(int64_t(a) + 2) == size[a];
-  if (!fits) return onHostInto(name, grad, out, onHost);
+  if (fits && reducedFloats({&grad, &out})) {  // in f32 on the card, rounded once
+    auto wide = emptyOn({0});
+    return resultInto(out, upsampleBackwardInto(name, widened(grad, grad.scalar_type()), outputSize, inputSize, alignCorners,
+                                                scales, kind, wide, onHost));
+  }
+  if (!fits || !supported({&grad, &out})) return onHostInto(name, grad, out, onHost);
   at::native::resize_output(out, in);
   return out.copy_(upsampledBackward(grad, size, in, alignCorners, scales, kind));
 }
