@@ -12,6 +12,8 @@ the tensor's type first), with nothing falling back to the host.
   computes partly in bf16, against the f32 result rounded once.
 - f16 ops (PyTorch 1.13's CPU has almost none) against the CPU's f32 result rounded once.
 - An op mixing bf16 and f32 gives the CPU's f32 result exactly.
+- Random draws (normal_, uniform_, dropout, bernoulli) into bf16 and f16 have their
+  moments, are reproducible from torch.manual_seed and stay on the card.
 - An MLP (AdamW, LayerNorm, GELU), a CNN (convolutions, batch norm, max pool) and a
   transformer block (embedding, attention, LayerNorm) made bf16 train on the card with the
   CPU's bf16 losses (within 2%: bf16 holds 3 digits) and no fallback.
@@ -40,11 +42,15 @@ def on_card(dev, f, xs):
     return r, dict(raccel.torch.fallbacks())
 
 
-def compare(what, got, want, ulps, fallen):
+def compare(what, got, want, ulps, fallen, whole=False):
     """got against want: the same dtype and shape, equal (ulps 0) or within ulps of want's
-    type relative to |want| (at least 1e-3), and nothing fell back."""
+    type relative to |want| (at least 1e-3) or, whole, the norm of their difference within
+    ulps relative to want's norm, and nothing fell back."""
     if got.dtype != want.dtype or got.shape != want.shape:
         return check(what, False, f"{got.dtype} {tuple(got.shape)} against {want.dtype} {tuple(want.shape)}")
+    if whole:
+        off = float((got.float() - want.float()).norm() / want.float().norm()) / torch.finfo(want.dtype).eps
+        return check(what, off <= ulps and not fallen, f"{off:.2f} ulps over the whole tensor" + (f", fell back: {fallen}" if fallen else ""))
     if ulps == 0 or not want.is_floating_point():
         bad = int((got != want).sum()) if not want.is_floating_point() else int((~((got == want) | (got.isnan() & want.isnan()))).sum())
     else:
@@ -79,8 +85,24 @@ def ops(a, b, c, w, labels):
         ("var", lambda x: x.var(1), (a,), 2), ("norm", lambda x: x.norm(), (a,), 2),
         ("max_pool2d", lambda x: F.max_pool2d(x.view(2, 2, 16, 33), 2), (a,), 0),
         ("conv2d", lambda x, y: F.conv2d(x.view(2, 2, 16, 33), y.reshape(-1)[:72].reshape(4, 2, 3, 3)), (a, w), 2),
-    ] + [(name, f, xs, ulps) for name, f, xs, ulps in windowed_and_losses(a, b)] + [
+    ] + selections(a, b, c) + [(name, f, xs, ulps) for name, f, xs, ulps in windowed_and_losses(a, b)] + [
         (f"{name} backward", grad_of(f), xs, ulps + 2) for name, f, xs, ulps in windowed_and_losses(a, b)
+    ]
+
+
+def selections(a, b, c):
+    """Sorts, picks and scans, and the adds at indices."""
+    g = torch.Generator().manual_seed(11)
+    rows, places = torch.randperm(64, generator=g)[:8], torch.randint(0, 33, (64, 33), generator=g)
+    return [
+        ("sort (stable) values", lambda x: x.sort(dim=1, stable=True).values, (a,), 0),
+        ("sort (stable) positions", lambda x: x.sort(dim=1, stable=True).indices, (a,), 0),
+        ("topk values", lambda x: x.topk(5, 1).values, (a,), 0), ("kthvalue", lambda x: x.kthvalue(3, 1).values, (a,), 0),
+        ("median", lambda x: x.median(), (a,), 0), ("max along a dim", lambda x: x.max(1).values, (a,), 0),
+        ("max's positions along a dim", lambda x: x.max(1).indices, (a,), 0), ("cumsum", lambda x: x.cumsum(1), (a,), 2),
+        ("remainder", lambda x, y: x % y, (a, c), 2),
+        ("index_add", lambda x, y, i: x.index_add(0, i, y[:8], alpha=0.5), (a, b, rows), 2),
+        ("scatter_add", lambda x, y, i: x.scatter_add(1, i, y), (a, b, places), 2),
     ]
 
 
@@ -99,6 +121,9 @@ def windowed_and_losses(a, b):
         ("mse_loss", F.mse_loss, (a, b), 2), ("l1_loss", F.l1_loss, (a, b), 2),
         ("smooth_l1_loss", F.smooth_l1_loss, (a, b), 2), ("huber_loss", lambda x, y: F.huber_loss(x, y, delta=0.5), (a, b), 2),
         ("binary_cross_entropy", lambda x, y: F.binary_cross_entropy(x.sigmoid(), y.sigmoid()), (a, b), 4),
+        ("kl_div", lambda x, y: F.kl_div(x.log_softmax(1), y.softmax(1), reduction="batchmean"), (a, b), 4),
+        ("glu", lambda x: F.glu(x[:, :32]), (a,), 2), ("prelu", lambda x, y: F.prelu(images(x), y[0, :2].abs()), (a, b), 0),
+        ("group_norm", lambda x: F.group_norm(images(x), 1), (a,), 2), ("logsigmoid", F.logsigmoid, (a,), 2),
     ]
 
 
@@ -116,7 +141,12 @@ def grad_of(f):
 # backwards that add overlapping windows' gradients into a bf16 tensor one at a time,
 # bilinear's weights): the card rounds once, so these compare with f32 rounded once.
 ROUNDED_IN_STEPS_ON_THE_CPU = {"interpolate bilinear", "interpolate bilinear backward", "adaptive_avg_pool2d backward",
-                               "adaptive_max_pool2d backward"}
+                               "adaptive_max_pool2d backward", "index_add", "scatter_add", "group_norm", "group_norm backward",
+                               "glu backward"}
+# GroupNorm keeps its statistics in the input's type (PyTorch's own composition rounds its
+# mean and 1/deviation to bf16), so its backward's cancelling terms carry their rounding:
+# compared over the whole gradient, |got - want| / |want| within ulps of the type.
+WHOLE_TENSOR = {"group_norm backward"}
 
 
 def rounded_once(f, xs, type):
@@ -143,7 +173,7 @@ def ops_check(dev):
     a, b, c, w = [t.bfloat16() for t in base]
     for name, f, xs, ulps in ops(a, b, c, w, labels):
         got, fallen = on_card(dev, f, xs)
-        compare(f"bf16 {name}", got, reference(name, f, xs, torch.bfloat16), ulps, fallen)
+        compare(f"bf16 {name}", got, reference(name, f, xs, torch.bfloat16), ulps, fallen, name in WHOLE_TENSOR)
     # LayerNorm: PyTorch's CPU rounds some of its steps to bf16; the card rounds once.
     got, fallen = on_card(dev, lambda x: F.layer_norm(x, (33,)), (a,))
     compare("bf16 layer_norm (against f32 rounded once)", got, F.layer_norm(a.float(), (33,)).bfloat16(), 1, fallen)
@@ -154,7 +184,7 @@ def ops_check(dev):
         want = rounded_once(f, xs, torch.float16)
         if name in ("times 0.1", "plus 0.1", "in place mul_ 0.9", "equal to 0.1", "add alpha 0.3"):  # (numbers in f16)
             continue
-        compare(f"f16 {name}", got, want, max(ulps, 1) if want.is_floating_point() else 0, fallen)
+        compare(f"f16 {name}", got, want, max(ulps, 1) if want.is_floating_point() else 0, fallen, name in WHOLE_TENSOR)
     # Mixed with f32: the f32 result, exactly (bf16 widens to f32 without loss).
     got, fallen = on_card(dev, lambda x, y: x * y + 1, (a, base[1]))
     compare("bf16 times f32", got, a * base[1] + 1, 0, fallen)
@@ -210,9 +240,41 @@ def training_check(dev):
               f"difference {worst:.2e}, parameters {sorted(str(t) for t in types)}" + (f", fell back: {fallen}" if fallen else ""))
 
 
+def random_check(dev):
+    """Draws into bf16 and f16 tensors: made in f32 on the card and rounded once, in their
+    type, with the expected moments, reproducible from torch.manual_seed, nothing on the
+    host."""
+    n = 200_000
+    for type in (torch.bfloat16, torch.float16):
+        t = str(type).split(".")[1]
+        raccel.torch.reset_fallbacks()
+        torch.manual_seed(7)
+        z = torch.empty(n, dtype=type, device=dev).normal_()
+        torch.manual_seed(7)
+        again = torch.empty(n, dtype=type, device=dev).normal_().cpu()
+        u = torch.empty(n, dtype=type, device=dev).uniform_(2, 3).cpu()
+        kept = F.dropout(torch.ones(n, dtype=type, device=dev), 0.3).cpu()
+        coins = torch.bernoulli(torch.full((n,), 0.25, dtype=type, device=dev)).cpu()
+        fallen = dict(raccel.torch.fallbacks())
+        z = z.cpu()
+        check(f"{t} normal_ has mean 0 and deviation 1", z.dtype == type and abs(z.float().mean()) < 0.01 and
+              abs(z.float().std() - 1) < 0.01, f"mean {z.float().mean():.4f}, deviation {z.float().std():.4f}")
+        check(f"{t} normal_ is reproducible from torch.manual_seed", torch.equal(z, again))
+        check(f"{t} uniform_(2, 3) lies in [2, 3] with mean 2.5", u.dtype == type and bool((u >= 2).all() and (u <= 3).all()) and
+              abs(u.float().mean() - 2.5) < 0.01, f"from {u.min()} to {u.max()}, mean {u.float().mean():.4f}")
+        scales = kept[kept != 0].float().unique()
+        check(f"{t} dropout keeps 70% scaled by 1/0.7", scales.numel() == 1 and abs(float(scales[0]) - 1 / 0.7) < 1e-2 and
+              abs(float((kept == 0).float().mean()) - 0.3) < 0.01,
+              f"{float((kept == 0).float().mean()):.4f} dropped, the others {scales.tolist()}")
+        check(f"{t} bernoulli of 0.25", coins.dtype == type and bool(((coins == 0) | (coins == 1)).all()) and
+              abs(float(coins.float().mean()) - 0.25) < 0.01, f"mean {float(coins.float().mean()):.4f}")
+        check(f"{t} draws fell back to nothing", not fallen, str(fallen))
+
+
 def main():
     dev = raccel.torch.device()
     ops_check(dev)
+    random_check(dev)
     training_check(dev)
     print("PASS" if not failures else f"FAIL: {len(failures)} checks: {', '.join(failures)}")
     return 1 if failures else 0

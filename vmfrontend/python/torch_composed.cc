@@ -19,7 +19,8 @@ std::pair<at::Tensor, at::Tensor> gluHalves(const at::Tensor& t, int64_t dim) {
   return {t.narrow(dim, 0, h), t.narrow(dim, h, h)};
 }
 at::Tensor& glu_out(const at::Tensor& self, int64_t dim, at::Tensor& out) {
-  if (!supported({&self, &out}) || !cardGlu(self, dim)) return hostInto("aten::glu", out, at::glu(host(self), dim));
+  if (!supported({&self, &out}) || !cardGlu(self, dim))
+    return orHostInto("aten::glu", out, {&self, &out}, [&](auto in) { return at::glu(in(self), dim); });
   auto [a, b] = gluHalves(self, dim);
   at::native::resize_output(out, a.sizes());
   elementwise(TensorFn::sigmoid, out, &b, nullptr);
@@ -33,7 +34,8 @@ at::Tensor glu(const at::Tensor& self, int64_t dim) {
 // d/da = sigmoid(b), d/db = a sigmoid(b) (1 - sigmoid(b)), each times the gradient.
 at::Tensor& glu_backward_out(const at::Tensor& grad, const at::Tensor& self, int64_t dim, at::Tensor& gradInput) {
   if (!supported({&grad, &self, &gradInput}) || !cardGlu(self, dim) || !grad.sizes().equals(gluHalves(self, dim).first.sizes()))
-    return hostInto("aten::glu_backward", gradInput, at::glu_backward(host(grad), host(self), dim));
+    return orHostInto("aten::glu_backward", gradInput, {&grad, &self, &gradInput},
+                      [&](auto in) { return at::glu_backward(in(grad), in(self), dim); });
   auto [a, b] = gluHalves(self, dim);
   at::native::resize_output(gradInput, self.sizes());
   auto [ga, gb] = gluHalves(gradInput, dim);
@@ -51,6 +53,10 @@ at::Tensor glu_backward(const at::Tensor& grad, const at::Tensor& self, int64_t 
 // log_sigmoid as PyTorch's CPU computes it: min(x, 0) - log1p(exp(-|x|)); its backward
 // from x alone (the CPU's buffer, exp(-|x|), is made again: the forward keeps none).
 std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& self) {
+  if (reducedFloats({&self})) {  // in f32 on the card, rounded once (the buffer unused, as below)
+    auto [out, buffer] = python::log_sigmoid_forward(widened(self, self.scalar_type()));
+    return {out.to(self.scalar_type()), buffer};
+  }
   if (!supported({&self})) {
     countFallback("aten::log_sigmoid_forward");
     auto [out, buffer] = at::log_sigmoid_forward(host(self));
@@ -60,6 +66,9 @@ std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& self) {
   return {out, emptyOn({0})};
 }
 at::Tensor log_sigmoid_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& buffer) {
+  if (reducedFloats({&grad, &self}))  // in f32 on the card, rounded once
+    return python::log_sigmoid_backward(widened(grad, grad.scalar_type()), widened(self, self.scalar_type()), buffer)
+        .to(self.scalar_type());
   if (!supported({&grad, &self}))
     return onHost("aten::log_sigmoid_backward", [&] {
       return at::log_sigmoid_backward(host(grad), host(self), at::exp(-at::abs(host(self)))).to(self.device());
@@ -87,7 +96,9 @@ at::Tensor& nan_to_num_out(const at::Tensor& self, c10::optional<double> nan, c1
 // other is not NaN (the Kullback-Leibler divergence's x log x), NaN where other is.
 at::Tensor& xlogInto(const char* name, const at::Tensor& self, const at::Tensor& other, at::Tensor& out, bool onePlus) {
   if (!supported({&self, &other, &out}))
-    return hostInto(name, out, onePlus ? at::special_xlog1py(host(self), host(other)) : at::xlogy(host(self), host(other)));
+    return orHostInto(name, out, {&self, &other, &out}, [&](auto in) {
+      return onePlus ? at::special_xlog1py(in(self), in(other)) : at::xlogy(in(self), in(other));
+    });
   auto zero = at::zeros({}, out.options());
   auto value = at::where(self == 0, zero, self * (onePlus ? at::log1p(other) : at::log(other)));
   auto result = at::where(at::isnan(other), at::full({}, NAN, out.options()), value);
@@ -101,7 +112,8 @@ at::Tensor& special_xlog1py_out(const at::Tensor& self, const at::Tensor& other,
 }
 // entr: -x log x for x > 0, 0 at 0, -inf below, NaN for NaN.
 at::Tensor& special_entr_out(const at::Tensor& self, at::Tensor& out) {
-  if (!supported({&self, &out})) return hostInto("aten::special_entr.out", out, at::special_entr(host(self)));
+  if (!supported({&self, &out}))
+    return orHostInto("aten::special_entr.out", out, {&self, &out}, [&](auto in) { return at::special_entr(in(self)); });
   auto below = at::where(self == 0, at::zeros({}, out.options()), at::full({}, -INFINITY, out.options()));
   auto result = at::where(self > 0, -self * at::log(self), at::where(at::isnan(self), self, below));
   return resultInto(out, result);
@@ -127,12 +139,19 @@ std::optional<at::Tensor> preluWeight(const at::Tensor& self, const at::Tensor& 
 }
 at::Tensor prelu(const at::Tensor& self, const at::Tensor& weight) {
   auto w = preluWeight(self, weight);
-  if (!w) return onHost("aten::prelu", [&] { return at::prelu(host(self), host(weight)).to(self.device()); });
+  if (!w)
+    return orOnHost("aten::prelu", {&self, &weight}, self.scalar_type(), self.device(),
+                    [&](auto in) { return at::prelu(in(self), in(weight)); });
   return at::where(self > 0, self, self * *w);
 }
 // The input's gradient: the gradient where x > 0, else weight times it; the weight's: x
 // times the gradient where x <= 0, summed over all but the channel.
 std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& weight) {
+  if (reducedFloats({&grad, &self, &weight})) {  // in f32 on the card, each gradient rounded once
+    auto [gi, gw] = python::prelu_backward(widened(grad, grad.scalar_type()), widened(self, self.scalar_type()),
+                                           widened(weight, weight.scalar_type()));
+    return {gi.to(self.scalar_type()), gw.to(weight.scalar_type())};
+  }
   auto w = preluWeight(self, weight);
   if (!w || !supported({&grad}) || !grad.sizes().equals(self.sizes()))
     return onHost("aten::prelu_backward", [&] {
@@ -232,6 +251,11 @@ template <class Host>
 at::Tensor& scanOut(TensorFn fn, const char* name, const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype,
                     at::Tensor& out, Host reference) {
   const auto type = accumulatingType(self, dtype);
+  if (reducedFloats({&self, &out}) && out.scalar_type() == type) {  // in f32 on the card, rounded once
+    auto wide = emptyOn({0});
+    scanOut(fn, name, widened(self, self.scalar_type()), dim, at::kFloat, wide, reference);
+    return resultInto(out, wide);
+  }
   if (!typed(self) || !typed(out) || out.scalar_type() != type || !typeOf(type) || type == at::kBool)
     return hostInto(name, out, reference(host(self)));
   dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));

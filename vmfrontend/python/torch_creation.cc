@@ -53,6 +53,11 @@ int64_t randomKey(const c10::optional<at::Generator>& generator) {
   return static_cast<int64_t>(g->random64());
 }
 at::Tensor& randomInto(TensorFn fn, at::Tensor& self, float alpha, float beta, const c10::optional<at::Generator>& generator) {
+  if (reducedFloats({&self})) {  // drawn in f32 on the card, rounded once
+    auto wide = emptyOn(self.sizes());
+    randomInto(fn, wide, alpha, beta, generator);
+    return self.copy_(wide);
+  }
   Locked s;
   client::TensorOp op;
   op.fn = fn;
@@ -66,18 +71,22 @@ at::Tensor& randomInto(TensorFn fn, at::Tensor& self, float alpha, float beta, c
 bool cpuGenerator(const c10::optional<at::Generator>& generator) {
   return !generator || !generator->defined() || generator->device().is_cpu();
 }
+// A draw the card makes into `self`: f32, or f16/bf16 drawn in f32 and rounded once.
+bool drawnOnCard(const at::Tensor& self, const c10::optional<at::Generator>& generator) {
+  return (supported({&self}) || reducedFloats({&self})) && cpuGenerator(generator);
+}
 at::Tensor& bernoulli_(at::Tensor& self, double p, c10::optional<at::Generator> generator) {
-  if (!supported({&self}) || !cpuGenerator(generator))
+  if (!drawnOnCard(self, generator))
     return hostInto("aten::bernoulli_.float", self, host(self).bernoulli_(p, generator));
   return randomInto(TensorFn::bernoulli, self, static_cast<float>(p), 0, generator);
 }
 at::Tensor& uniform_(at::Tensor& self, double from, double to, c10::optional<at::Generator> generator) {
-  if (!supported({&self}) || !cpuGenerator(generator))
+  if (!drawnOnCard(self, generator))
     return hostInto("aten::uniform_", self, host(self).uniform_(from, to, generator));
   return randomInto(TensorFn::uniform, self, static_cast<float>(from), static_cast<float>(to), generator);
 }
 at::Tensor& normal_(at::Tensor& self, double mean, double std, c10::optional<at::Generator> generator) {
-  if (!supported({&self}) || !cpuGenerator(generator))
+  if (!drawnOnCard(self, generator))
     return hostInto("aten::normal_", self, host(self).normal_(mean, std, generator));
   return randomInto(TensorFn::normal, self, static_cast<float>(mean), static_cast<float>(std), generator);
 }
@@ -99,7 +108,7 @@ at::Tensor draws48(int64_t n, const c10::optional<at::Generator>& generator) {
 // where the card's uniform draw is below p, p first checked to lie in [0, 1] as PyTorch's
 // CPU checks it (one bool read back).
 at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p, c10::optional<at::Generator> generator) {
-  if (!supported({&p}) || !onDevice(self) || !typeOf(self.scalar_type()) || !cpuGenerator(generator) ||
+  if (!(supported({&p}) || reducedFloats({&p})) || !stored(self) || !cpuGenerator(generator) ||
       !at::is_expandable_to(p.sizes(), self.sizes()))
     return hostInto("aten::bernoulli_.Tensor", self, host(self).bernoulli_(host(p), generator));
   TORCH_CHECK(p.numel() == 0 || ((p >= 0) & (p <= 1)).all().item<bool>(), "Expected p_in >= 0 && p_in <= 1 to be true, but got false.");

@@ -242,6 +242,8 @@ at::Tensor& remainder_out(const at::Tensor& a0, const at::Tensor& b0, at::Tensor
     auto mod = integerDivision(TensorFn::fmod, a0, *d);
     return resultInto(out, at::where(signsDiffer(mod, *d), mod + *d, mod));
   }
+  if (reducedFloats({&a0, &b0, &out}))  // in f32 on the card, rounded once
+    return orHostInto("aten::remainder.Tensor_out", out, {&a0, &b0, &out}, [&](auto in) { return at::remainder(in(a0), in(b0)); });
   const at::Tensor a = cardOperand(a0, out), b = cardOperand(b0, out);
   if (!supported({&a, &b, &out})) return hostInto("aten::remainder.Tensor_out", out, at::remainder(host(a), host(b)));
   auto mod = at::fmod(a, b);

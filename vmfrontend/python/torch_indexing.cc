@@ -255,7 +255,9 @@ at::Tensor& scatter_add_out(const at::Tensor& self, int64_t dim, const at::Tenso
   const bool ok = supported({&self, &src, &out}) && onDevice(self) && onDevice(src) && onDevice(out) && typed(index) &&
                   index.scalar_type() == at::kLong && self.dim() >= 1 && self.dim() <= 5 && index.dim() == self.dim() &&
                   src.dim() == self.dim();
-  if (!ok) return hostInto("aten::scatter_add", out, at::scatter_add(host(self), dim, host(index), host(src)));
+  if (!ok)
+    return orHostInto("aten::scatter_add", out, {&self, &src, &out},
+                      [&](auto in) { return at::scatter_add(in(self), dim, in(index), in(src)); });
   dim = c10::maybe_wrap_dim(dim, self.dim());
   for (int64_t d = 0; d < self.dim(); ++d) {
     TORCH_CHECK(index.size(d) <= src.size(d), "raccel: scatter_add: index ", index.sizes(), " is larger than src ", src.sizes(),
@@ -409,7 +411,10 @@ at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor&
   const bool ok = supported({&self, &source, &out}) && onDevice(self) && onDevice(source) && onDevice(out) && typed(index) &&
                   index.scalar_type() == at::kLong && index.dim() <= 1 && self.dim() >= 1 && self.dim() <= 5 &&
                   source.dim() == self.dim();
-  if (!ok) return hostInto("aten::index_add", out, at::index_add(host(self), dim, host(index), host(source), alpha));
+  if (!ok)
+    return orHostInto("aten::index_add", out, {&self, &source, &out}, [&](auto in) {
+      return at::index_add(in(self), dim, in(index), in(source), roundedTo(alpha, out.scalar_type()));
+    });
   dim = c10::maybe_wrap_dim(dim, self.dim());
   for (int64_t d = 0; d < self.dim(); ++d)
     TORCH_CHECK(d == dim ? source.size(d) == index.numel() : source.size(d) == self.size(d), "raccel: index_add: source ",

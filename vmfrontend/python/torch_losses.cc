@@ -338,6 +338,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mean, const at::Tensor& rstd,
     const c10::optional<at::Tensor>& weight, int64_t n, int64_t c, int64_t hw, int64_t group, std::array<bool, 3> mask) {
+  if (reducedFloats({&grad, &input, &mean, &rstd, present(weight)})) {  // in f32 on the card, each gradient rounded once
+    const auto type = input.scalar_type(), wtype = present(weight) ? weight->scalar_type() : type;
+    auto [gi, gw, gb] = python::native_group_norm_backward(widened(grad, type), widened(input, type), widened(mean, type),
+                                                           widened(rstd, type), widenedOrNone(weight), n, c, hw, group, mask);
+    auto as = [](const at::Tensor& t, at::ScalarType to) { return t.defined() ? t.to(to) : t; };
+    return {as(gi, type), as(gw, wtype), as(gb, wtype)};
+  }
   const bool ok = supported({&grad, &input, &mean, &rstd, present(weight)}) && group > 0 && c % group == 0 &&
                   input.numel() == n * c * hw && input.numel() > 0;
   if (!ok) {

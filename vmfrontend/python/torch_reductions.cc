@@ -84,7 +84,9 @@ RACCEL_POSITION(argmin, TensorFn::argmin)
 #define RACCEL_VALUES_AND_POSITIONS(op, values, positions)                                                            \
   std::tuple<at::Tensor&, at::Tensor&> op##_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& value, \
                                                     at::Tensor& position) {                                           \
-    if (!reducible(self, value, self.scalar_type()) || !onDevice(position) || position.scalar_type() != at::kLong) {   \
+    /* reduced floats: the values' and positions' own reduced paths */                                           \
+    const bool onCard = reducible(self, value, self.scalar_type()) || reducedFloats({&self, &value});                 \
+    if (!onCard || !onDevice(position) || position.scalar_type() != at::kLong) {                                     \
       countFallback("aten::" #op ".dim");                                                                             \
       auto [v, p] = at::op(host(self), dim, keepdim);                                                                 \
       at::native::resize_output(value, v.sizes());                                                                    \
@@ -198,6 +200,17 @@ bool sortOnCard(const at::Tensor& self, const at::Tensor& values, const at::Tens
   return typed(self) && self.scalar_type() != at::kBool && typed(values) && values.scalar_type() == self.scalar_type() &&
          typed(indices) && indices.scalar_type() == at::kLong;
 }
+// A selection (sort, topk, kthvalue, median) made over `wide`, a copy of the input in a
+// type the card sorts (bool as i64; f16 and bf16 as f32, exact and in the same order),
+// its values (each one of the input's) converted back into `values` exactly.
+template <class Select>
+std::tuple<at::Tensor&, at::Tensor&> selectedFrom(const at::Tensor& wide, at::Tensor& values, at::Tensor& indices,
+                                                  Select select) {
+  auto picked = emptyOn({0}, wide.scalar_type());
+  select(wide, picked);
+  resultInto(values, picked);
+  return {values, indices};
+}
 // The host's (values, indices) copied into the outs.
 std::tuple<at::Tensor&, at::Tensor&> hostPairInto(const char* name, at::Tensor& values, at::Tensor& indices,
                                                   const std::tuple<at::Tensor, at::Tensor>& result) {
@@ -228,12 +241,10 @@ std::tuple<at::Tensor&, at::Tensor&> sort_values_stable(const at::Tensor& self, 
                                                         bool descending, at::Tensor& values, at::Tensor& indices) {
   // bool: sorted as i64 (false before true), the values made bool again on the card.
   auto isBool = [](const at::Tensor& t) { return typed(t) && t.scalar_type() == at::kBool; };
-  if (isBool(self) && isBool(values) && typed(indices) && indices.scalar_type() == at::kLong) {
-    auto wide = emptyOn({0}, at::kLong);
-    python::sort_values_stable(self.to(at::kLong), stable, dim, descending, wide, indices);
-    resultInto(values, wide);
-    return {values, indices};
-  }
+  auto sorted = [&](const at::Tensor& x, at::Tensor& v) { python::sort_values_stable(x, stable, dim, descending, v, indices); };
+  if (isBool(self) && isBool(values) && typed(indices) && indices.scalar_type() == at::kLong)
+    return selectedFrom(self.to(at::kLong), values, indices, sorted);
+  if (reducedFloats({&self, &values})) return selectedFrom(widened(self, self.scalar_type()), values, indices, sorted);
   if (!sortOnCard(self, values, indices))
     return hostPairInto("aten::sort", values, indices, at::sort(host(self), stable, dim, descending));
   dim = c10::maybe_wrap_dim(dim, self.dim());
@@ -250,6 +261,9 @@ std::tuple<at::Tensor, at::Tensor> sort_stable(const at::Tensor& self, c10::opti
 // the stable sort's.
 std::tuple<at::Tensor&, at::Tensor&> topk_values(const at::Tensor& self, int64_t k, int64_t dim, bool largest, bool sorted,
                                                  at::Tensor& values, at::Tensor& indices) {
+  if (reducedFloats({&self, &values}))
+    return selectedFrom(widened(self, self.scalar_type()), values, indices,
+                        [&](const at::Tensor& x, at::Tensor& v) { python::topk_values(x, k, dim, largest, sorted, v, indices); });
   if (!sortOnCard(self, values, indices))
     return hostPairInto("aten::topk", values, indices, at::topk(host(self), k, dim, largest, sorted));
   dim = c10::maybe_wrap_dim(dim, self.dim());
@@ -302,6 +316,9 @@ void pickSorted(const at::Tensor& self, int64_t place, Place how, int64_t dim, b
 }
 std::tuple<at::Tensor&, at::Tensor&> kthvalue_values(const at::Tensor& self, int64_t k, int64_t dim, bool keepdim,
                                                      at::Tensor& values, at::Tensor& indices) {
+  if (reducedFloats({&self, &values}))
+    return selectedFrom(widened(self, self.scalar_type()), values, indices,
+                        [&](const at::Tensor& x, at::Tensor& v) { python::kthvalue_values(x, k, dim, keepdim, v, indices); });
   if (!sortOnCard(self, values, indices) || self.numel() == 0)
     return hostPairInto("aten::kthvalue.values", values, indices, at::kthvalue(host(self), k, dim, keepdim));
   dim = c10::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
@@ -312,6 +329,9 @@ std::tuple<at::Tensor&, at::Tensor&> kthvalue_values(const at::Tensor& self, int
 }
 std::tuple<at::Tensor&, at::Tensor&> middleInto(const char* name, Place how, const at::Tensor& self, int64_t dim, bool keepdim,
                                                 at::Tensor& values, at::Tensor& indices) {
+  if (reducedFloats({&self, &values}))
+    return selectedFrom(widened(self, self.scalar_type()), values, indices,
+                        [&](const at::Tensor& x, at::Tensor& v) { middleInto(name, how, x, dim, keepdim, v, indices); });
   if (!sortOnCard(self, values, indices) || self.numel() == 0)
     return hostPairInto(name, values, indices,
                         how == Place::median ? at::median(host(self), dim, keepdim) : at::nanmedian(host(self), dim, keepdim));
@@ -422,7 +442,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive(const at::Tens
 }
 
 at::Tensor middleOfAll(const char* name, Place how, const at::Tensor& self) {
-  if (!typed(self) || self.scalar_type() == at::kBool || self.numel() == 0)
+  if (!(typed(self) || reducedFloats({&self})) || self.scalar_type() == at::kBool || self.numel() == 0)
     return onHost(name, [&] { return (how == Place::median ? at::median(host(self)) : at::nanmedian(host(self))).to(self.device()); });
   auto values = emptyOn({0}, self.scalar_type()), indices = emptyOn({0}, at::kLong);
   middleInto(name, how, self.reshape({-1}), 0, false, values, indices);
