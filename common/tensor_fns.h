@@ -44,9 +44,11 @@ enum class TensorFn : uint8_t {
 };
 inline constexpr unsigned kTensorFns = 118;
 
-// i32, f64, f16 and bf16 are storage types alone: copies and fills convert to and from
-// them (PyTorch's int32 results, linear algebra's pivots and infos; numpy's float64,
-// half-precision models) and picks move them (storageOnly); no other function takes them.
+// i32, f64, f16 and bf16 are storage types: copies and fills convert to and from them
+// (PyTorch's int32 results, linear algebra's pivots and infos; numpy's float64,
+// half-precision models) and picks move them (storageOnly); no other function takes them
+// but the float map functions, which take f16 and bf16 operands, computed in f32 and
+// rounded once (hal/tensor.cc, floatMapOverHalves).
 enum class TensorType : uint8_t { f32, i64, boolean, i32, f64, f16, bf16 };
 inline constexpr unsigned kTensorTypes = 7;
 // The bytes of one element.

@@ -186,6 +186,28 @@ struct Refuse {
 };
 std::string operandNamed(unsigned i) { return "operand " + std::to_string(i); }
 
+// A float map function (rc_map's, not a copy, fill, comparison, where or an integer
+// one) whose operands are f32, f16 or bf16, some of them f16 or bf16: rc_map_half reads
+// each as f32 and rounds the result once into out's type.
+bool floatMapOverHalves(const TensorOp& op, unsigned operands) {
+  switch (op.fn) {
+    case TensorFn::copy: case TensorFn::fill: case TensorFn::where:
+    case TensorFn::eq: case TensorFn::ne: case TensorFn::lt: case TensorFn::le: case TensorFn::gt: case TensorFn::ge:
+    case TensorFn::bitwiseAnd: case TensorFn::bitwiseOr: case TensorFn::bitwiseXor:
+    case TensorFn::shiftLeft: case TensorFn::shiftRight: case TensorFn::gcd:
+      return false;
+    default:
+      if (std::string_view(kFns[unsigned(op.fn)].kernel) != "rc_map") return false;
+  }
+  bool halves = false;
+  for (unsigned i = 0; i < operands; ++i) {
+    const TensorType t = op.operands[i].type;
+    if (t != TensorType::f32 && t != TensorType::f16 && t != TensorType::bf16) return false;
+    halves = halves || t != TensorType::f32;
+  }
+  return halves;
+}
+
 // The element types each function takes: every operand f32 but for these.
 Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
   auto type = [&](unsigned i) { return op.operands[i].type; };
@@ -196,6 +218,9 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
     if (unsigned(type(i)) >= kTensorTypes)
       return refuse(operandNamed(i) + " has unknown element type " + std::to_string(unsigned(type(i))));
   const bool integral = type(1) != TensorType::f32;
+  const bool polygammaOrder = op.alpha == std::trunc(op.alpha) && op.alpha >= 0 && op.alpha <= 64;
+  if (op.fn == TensorFn::polygamma && !polygammaOrder) return refuse("polygamma's order (alpha) is an integer in [0, 64]");
+  if (floatMapOverHalves(op, operands)) return {};  // (f16 and bf16 read as f32, the result rounded once)
   // (indexSelect's and where's picks move elements: of any type but the index's and the
   // condition's, checked below)
   if (op.fn != TensorFn::copy && op.fn != TensorFn::fill && op.fn != TensorFn::where)
@@ -231,9 +256,7 @@ Status checkTypes(const TensorOp& op, unsigned operands, const Refuse& refuse) {
       return every(TensorType::i64, "bits are i64");
     case TensorFn::gcd:
       return every(TensorType::i64, "gcd is of i64");
-    case TensorFn::polygamma:  // f32, of an integer order in [0, 64]
-      if (op.alpha != std::trunc(op.alpha) || !(op.alpha >= 0 && op.alpha <= 64))
-        return refuse("polygamma's order (alpha) is an integer in [0, 64]");
+    case TensorFn::polygamma:  // f32, of an integer order in [0, 64] (checked above)
       return every(TensorType::f32, "f32");
     case TensorFn::where:
       if (type(1) != TensorType::boolean) return bad(1, "the condition is bool");
@@ -455,11 +478,13 @@ Status checkShape(const TensorOp& op, uint64_t elements, const Refuse& bad) {
   return {};
 }
 
-// A pre- or post-scale: finite, over f32 operands, of a function that takes one.
+// A pre- or post-scale: finite, over f32 operands (or f16 and bf16 ones, applied in f32),
+// of a function that takes one.
 Status checkFusedScale(const TensorOp& op, unsigned operands, const Refuse& bad) {
   if (op.preScale == 1 && op.preShift == 0 && op.postScale == 1 && op.postShift == 0) return {};
-  for (unsigned i = 0; i < operands; ++i)
-    if (op.operands[i].type != TensorType::f32) return bad("takes a pre- or post-scale over f32 operands only");
+  if (!floatMapOverHalves(op, operands))
+    for (unsigned i = 0; i < operands; ++i)
+      if (op.operands[i].type != TensorType::f32) return bad("takes a pre- or post-scale over f32 operands only");
   if (!takesFusedScale(op.fn)) return bad("takes no pre- or post-scale (only the elementwise map functions do)");
   for (float v : {op.preScale, op.preShift, op.postScale, op.postShift})
     if (!std::isfinite(v)) return bad("a pre- or post-scale that is not a finite number");

@@ -411,6 +411,11 @@ struct Op {
 #     keyed by ignoreIndex at the element's position in out's buffer: alpha + (beta -
 #     alpha) * u (u in [0, 1)) | 1 with probability alpha, else 0 | normal with mean
 #     alpha and standard deviation beta.
+#   f16 and bf16 operands of a float map function (rc_map's functions but copy, fill,
+#     where, the comparisons and the integer ones): any of its operands may be f32, f16
+#     or bf16; each element is read as f32, the function (and the fused scales) computed
+#     in f32 and the result rounded once, to nearest even, into out's type: what PyTorch's
+#     CPU computes for bf16. Every other function takes f16 and bf16 as storage alone.
 #   copy, fill with an i32 operand: i32 is a storage type alone (PyTorch's int32 results:
 #     linear algebra's pivots and infos); a copy converts to or from it, exactly between
 #     integers (an i64 outside the i32 range wraps, two's complement). No other function
@@ -492,8 +497,8 @@ enum TensorType {
   bool @2;     # one byte, 0 or 1
   i32 @3;      # copies and fills only (a storage type), as the three below
   f64 @4;
-  f16 @5;      # IEEE binary16
-  bf16 @6;     # bfloat16
+  f16 @5;      # IEEE binary16; also an operand of the float map functions (below)
+  bf16 @6;     # bfloat16; the same
 }
 
 enum TensorFn {

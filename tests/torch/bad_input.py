@@ -54,8 +54,10 @@ refused("a comparison written as f32", "writes bool",
         lambda: op_then_fence("eq", [4], [(big, 0, [1]), (small, 0, [1]), (small, 4, [1])]))
 refused("an unknown element type", "no tensor element type",
         lambda: s.tensor("copy", [4], [(big, 0, [1]), (small, 0, [1])], types=["f32", "f8"]))
-refused("an add of f16, a storage type", "copies, fills and picks alone",
-        lambda: op_then_fence("add", [4], [(big, 0, [1]), (small, 0, [1]), (small, 0, [1])], types=["f16", "f16", "f16"]))
+refused("an add of f64, a storage type", "copies, fills and picks alone",
+        lambda: op_then_fence("add", [4], [(big, 0, [1]), (small, 0, [1]), (small, 0, [1])], types=["f64", "f64", "f64"]))
+refused("a comparison of bf16 (f16 and bf16 go into float maps alone)", "copies, fills and picks alone",
+        lambda: op_then_fence("lt", [4], [(big, 0, [1]), (small, 0, [1]), (small, 0, [1])], types=["bool", "bf16", "bf16"]))
 refused("an index of f32", "the index is i64",
         lambda: op_then_fence("index_select", [1, 2, 1, 4], [(big, 0, [0, 1, 0, 0]), (small, 0, [0, 0, 0, 1]),
                                                              (small, 4, [0, 1, 0, 0])]))
