@@ -293,7 +293,8 @@ bool cdistOnCard(const at::Tensor& x1, const at::Tensor& x2, double p) {
 at::Tensor pairDifferences(const at::Tensor& x1, const at::Tensor& x2) { return x1.unsqueeze(-2) - x2.unsqueeze(-3); }
 at::Tensor _cdist_forward(const at::Tensor& x1, const at::Tensor& x2, double p, c10::optional<int64_t> mode) {
   if (!cdistOnCard(x1, x2, p))
-    return onHost("aten::_cdist_forward", [&] { return at::_cdist_forward(host(x1), host(x2), p, mode).to(x1.device()); });
+    return orOnHost("aten::_cdist_forward", {&x1, &x2}, x1.scalar_type(), x1.device(),
+                    [&](auto in) { return at::_cdist_forward(in(x1), in(x2), p, mode); });
   auto d = pairDifferences(x1, x2).abs();
   if (p == 0) return (d != 0).sum(-1).to(at::kFloat);
   if (p == 1) return d.sum(-1);
@@ -303,9 +304,8 @@ at::Tensor _cdist_forward(const at::Tensor& x1, const at::Tensor& x2, double p, 
 }
 at::Tensor _cdist_backward(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2, double p, const at::Tensor& cdist) {
   if ((p != 1 && p != 2) || !cdistOnCard(x1, x2, p) || !supported({&grad, &cdist}))
-    return onHost("aten::_cdist_backward", [&] {
-      return at::_cdist_backward(host(grad), host(x1), host(x2), p, host(cdist)).to(x1.device());
-    });
+    return orOnHost("aten::_cdist_backward", {&grad, &x1, &x2, &cdist}, x1.scalar_type(), x1.device(),
+                    [&](auto in) { return at::_cdist_backward(in(grad), in(x1), in(x2), p, in(cdist)); });
   auto diff = pairDifferences(x1, x2);
   auto dist = cdist.unsqueeze(-1);
   auto slope = p == 1 ? diff.sign() : at::where(dist == 0, at::zeros({}, diff.options()), diff / dist);
@@ -350,6 +350,11 @@ at::Tensor _pdist_backward(const at::Tensor& grad, const at::Tensor& self, doubl
 at::Tensor& prod_int_out(const at::Tensor& self, int64_t dim, bool keepdim, c10::optional<at::ScalarType> dtype,
                          at::Tensor& out) {
   const auto type = accumulatingType(self, dtype);
+  if (reducedFloats({&self, &out}) && out.scalar_type() == type) {  // in f32 on the card (PyTorch's CPU refuses bf16), rounded once
+    auto wide = emptyOn({0});
+    python::prod_int_out(widened(self, self.scalar_type()), dim, keepdim, at::kFloat, wide);
+    return resultInto(out, wide);
+  }
   const bool onCard = typed(self) && typed(out) && out.scalar_type() == type &&
                       (type == at::kLong ? isIntegral(self) : type == at::kFloat && self.scalar_type() == at::kFloat);
   if (!onCard) return hostInto("aten::prod.int_out", out, at::prod(host(self), dim, keepdim, dtype));

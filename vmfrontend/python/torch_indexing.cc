@@ -177,6 +177,11 @@ bool bagsOnCard(const at::Tensor& weight, const at::Tensor& indices, const at::T
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _embedding_bag(
     const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets, bool byFreq, int64_t mode, bool sparse,
     const c10::optional<at::Tensor>& perSample, bool includeLastOffset, int64_t paddingIdx) {
+  if (reducedFloats({&weight, present(perSample)})) {  // in f32 on the card (as CUDA; PyTorch's CPU refuses bf16), rounded once
+    auto [out, o2b, size, maxIndices] = python::_embedding_bag(widened(weight, weight.scalar_type()), indices, offsets, byFreq,
+                                                               mode, sparse, widenedOrNone(perSample), includeLastOffset, paddingIdx);
+    return {out.to(weight.scalar_type()), o2b, size, maxIndices};
+  }
   if (!bagsOnCard(weight, indices, offsets, byFreq, mode, sparse, perSample)) {
     countFallback("aten::_embedding_bag");
     auto [out, o2b, size, maxIndices] = at::_embedding_bag(host(weight), host(indices), host(offsets), byFreq, mode, sparse,
@@ -214,6 +219,10 @@ at::Tensor _embedding_bag_dense_backward(const at::Tensor& grad, const at::Tenso
                                          const at::Tensor& bagSize, const at::Tensor& maxIndices, int64_t numWeights,
                                          bool byFreq, int64_t mode, const c10::optional<at::Tensor>& perSample,
                                          int64_t paddingIdx) {
+  if (reducedFloats({&grad, present(perSample)}))  // in f32 on the card, rounded once
+    return python::_embedding_bag_dense_backward(widened(grad, grad.scalar_type()), indices, offset2bag, bagSize, maxIndices,
+                                                 numWeights, byFreq, mode, widenedOrNone(perSample), paddingIdx)
+        .to(grad.scalar_type());
   const bool ok = supported({&grad, present(perSample)}) && grad.dim() == 2 && typed(indices) &&
                   indices.scalar_type() == at::kLong && typed(offset2bag) && typed(bagSize) && !byFreq && (mode == 0 || mode == 1);
   if (!ok)
@@ -235,6 +244,10 @@ at::Tensor _embedding_bag_dense_backward(const at::Tensor& grad, const at::Tenso
 at::Tensor _embedding_bag_per_sample_weights_backward(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& indices,
                                                       const at::Tensor& offsets, const at::Tensor& offset2bag, int64_t mode,
                                                       int64_t paddingIdx) {
+  if (reducedFloats({&grad, &weight}))  // in f32 on the card, rounded once
+    return python::_embedding_bag_per_sample_weights_backward(widened(grad, grad.scalar_type()), widened(weight, weight.scalar_type()),
+                                                              indices, offsets, offset2bag, mode, paddingIdx)
+        .to(grad.scalar_type());
   const bool ok = supported({&grad, &weight}) && typed(indices) && indices.scalar_type() == at::kLong && typed(offset2bag) && mode == 0;
   if (!ok)
     return onHost("aten::_embedding_bag_per_sample_weights_backward", [&] {
