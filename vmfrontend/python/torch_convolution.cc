@@ -104,8 +104,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
         widenedOrNone(runningMean), widenedOrNone(runningVar), widenedOrNone(saveMean), widenedOrNone(saveInvstd), train, eps,
         mask);
     const auto wtype = w ? w->scalar_type() : input.scalar_type();
-    auto as = [](const at::Tensor& t, at::ScalarType type) { return t.defined() ? t.to(type) : t; };
-    return {as(gi, input.scalar_type()), as(gw, wtype), as(gb, wtype)};
+    return {narrowedTo(gi, input.scalar_type()), narrowedTo(gw, wtype), narrowedTo(gb, wtype)};
   }
   if (!supported({&grad, &input, w, rm, rv, sm, si}) || input.dim() < 2 || !stats) {
     countFallback("aten::native_batch_norm_backward");
@@ -414,8 +413,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     auto [gi, gw, gb] = python::convolution_backward_overrideable(
         widened(grad, grad.scalar_type()), widened(input, input.scalar_type()), widened(weight, weight.scalar_type()), stride,
         padding, dilation, transposed, outputPadding, groups, mask);
-    auto as = [](const at::Tensor& t, at::ScalarType type) { return t.defined() ? t.to(type) : t; };
-    return {as(gi, input.scalar_type()), as(gw, weight.scalar_type()), as(gb, weight.scalar_type())};
+    return {narrowedTo(gi, input.scalar_type()), narrowedTo(gw, weight.scalar_type()), narrowedTo(gb, weight.scalar_type())};
   }
   if (auto z = depthOf(input, weight, nullptr, stride, padding, dilation, transposed, groups);
       z && supported({&grad}) && grad.dim() == 5)

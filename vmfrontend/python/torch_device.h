@@ -170,6 +170,9 @@ at::Tensor widened(const at::Tensor& t, at::ScalarType type);
 inline c10::optional<at::Tensor> widenedOrNone(const c10::optional<at::Tensor>& t) {
   return present(t) ? c10::optional<at::Tensor>(widened(*t, t->scalar_type())) : c10::nullopt;
 }
+// A result computed in f32 rounded once into `type` (one of several an op returns: a
+// gradient that was not asked for, undefined, stays so).
+inline at::Tensor narrowedTo(const at::Tensor& t, at::ScalarType type) { return t.defined() ? t.to(type) : t; }
 // A number rounded to `type` where that is f16 or bf16 (add's alpha, as PyTorch's CPU).
 at::Scalar roundedTo(const at::Scalar& number, at::ScalarType type);
 // An out variant's fallback: where `tensors` (out among them) are reduced floats,

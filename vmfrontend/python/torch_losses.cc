@@ -283,10 +283,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
     auto [gi, gw, gb] = python::native_layer_norm_backward(widened(grad, type), widened(input, type), normalized,
                                                            widened(mean, type), widened(rstd, type), widenedOrNone(weight),
                                                            widenedOrNone(bias), mask);
-    auto like = [](const at::Tensor& t, const c10::optional<at::Tensor>& of, at::ScalarType fallback) {
-      return t.defined() ? t.to(present(of) ? of->scalar_type() : fallback) : t;
-    };
-    return {like(gi, input, type), like(gw, weight, type), like(gb, bias, type)};
+    auto typeOr = [&](const c10::optional<at::Tensor>& of) { return present(of) ? of->scalar_type() : type; };
+    return {narrowedTo(gi, type), narrowedTo(gw, typeOr(weight)), narrowedTo(gb, typeOr(bias))};
   }
   if (!layerNormSupported(input, weight, bias) || !supported({&grad, &mean, &rstd})) {
     countFallback("aten::native_layer_norm_backward");
@@ -342,8 +340,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
     const auto type = input.scalar_type(), wtype = present(weight) ? weight->scalar_type() : type;
     auto [gi, gw, gb] = python::native_group_norm_backward(widened(grad, type), widened(input, type), widened(mean, type),
                                                            widened(rstd, type), widenedOrNone(weight), n, c, hw, group, mask);
-    auto as = [](const at::Tensor& t, at::ScalarType to) { return t.defined() ? t.to(to) : t; };
-    return {as(gi, type), as(gw, wtype), as(gb, wtype)};
+    return {narrowedTo(gi, type), narrowedTo(gw, wtype), narrowedTo(gb, wtype)};
   }
   const bool ok = supported({&grad, &input, &mean, &rstd, present(weight)}) && group > 0 && c % group == 0 &&
                   input.numel() == n * c * hw && input.numel() > 0;

@@ -80,13 +80,26 @@ RACCEL_POSITION(argmax, TensorFn::argmax)
 RACCEL_POSITION(argmin, TensorFn::argmin)
 #undef RACCEL_POSITION
 
+// A selection (sort, topk, kthvalue, median, max/min along a dim) made over `wide`, a
+// copy of the input in a type the card sorts (bool as i64; f16 and bf16 as f32, exact and
+// in the same order), its values (each one of the input's) converted back into `values`
+// exactly.
+template <class Select>
+std::tuple<at::Tensor&, at::Tensor&> selectedFrom(const at::Tensor& wide, at::Tensor& values, at::Tensor& indices,
+                                                  Select select) {
+  auto picked = emptyOn({0}, wide.scalar_type());
+  select(wide, picked);
+  resultInto(values, picked);
+  return {values, indices};
+}
 // max/min over a dimension: the values and their positions (two reductions).
 #define RACCEL_VALUES_AND_POSITIONS(op, values, positions)                                                            \
   std::tuple<at::Tensor&, at::Tensor&> op##_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& value, \
                                                     at::Tensor& position) {                                           \
-    /* reduced floats: the values' and positions' own reduced paths */                                           \
-    const bool onCard = reducible(self, value, self.scalar_type()) || reducedFloats({&self, &value});                 \
-    if (!onCard || !onDevice(position) || position.scalar_type() != at::kLong) {                                     \
+    if (reducedFloats({&self, &value})) /* widened once for both reductions */                                   \
+      return selectedFrom(widened(self, self.scalar_type()), value, position,                                         \
+                          [&](const at::Tensor& x, at::Tensor& v) { python::op##_dim_out(x, dim, keepdim, v, position); }); \
+    if (!reducible(self, value, self.scalar_type()) || !onDevice(position) || position.scalar_type() != at::kLong) {   \
       countFallback("aten::" #op ".dim");                                                                             \
       auto [v, p] = at::op(host(self), dim, keepdim);                                                                 \
       at::native::resize_output(value, v.sizes());                                                                    \
@@ -199,17 +212,6 @@ at::Tensor linalg_vector_norm(const at::Tensor& self, const at::Scalar& ord, at:
 bool sortOnCard(const at::Tensor& self, const at::Tensor& values, const at::Tensor& indices) {
   return typed(self) && self.scalar_type() != at::kBool && typed(values) && values.scalar_type() == self.scalar_type() &&
          typed(indices) && indices.scalar_type() == at::kLong;
-}
-// A selection (sort, topk, kthvalue, median) made over `wide`, a copy of the input in a
-// type the card sorts (bool as i64; f16 and bf16 as f32, exact and in the same order),
-// its values (each one of the input's) converted back into `values` exactly.
-template <class Select>
-std::tuple<at::Tensor&, at::Tensor&> selectedFrom(const at::Tensor& wide, at::Tensor& values, at::Tensor& indices,
-                                                  Select select) {
-  auto picked = emptyOn({0}, wide.scalar_type());
-  select(wide, picked);
-  resultInto(values, picked);
-  return {values, indices};
 }
 // The host's (values, indices) copied into the outs.
 std::tuple<at::Tensor&, at::Tensor&> hostPairInto(const char* name, at::Tensor& values, at::Tensor& indices,
