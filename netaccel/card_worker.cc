@@ -49,6 +49,8 @@ using transport::InPlaceMessage;
 
 // Fills and copies go in pieces of this many bytes (memory moves: no rated speed applies).
 constexpr uint64_t kSliceBytes = 64ull << 20;
+// How long a read's chunk waits for room in a full same-host lane (CardWorker::read).
+constexpr unsigned kLaneWaitMs = 100;
 
 // A failed instruction: the error, and the instruction whose failure caused it.
 struct Failure {
@@ -460,6 +462,13 @@ size_t CardWorker::readyContexts() const {
   return n;
 }
 
+bool CardWorker::othersWaiting(const Context& self) {
+  for (auto& [id, c] : *contexts_)
+    if (&c != &self && c.hasWork()) return true;
+  std::lock_guard lock(mu_);
+  return std::any_of(queue_.begin(), queue_.end(), [&](const Work& w) { return w.context != self.id; });
+}
+
 double CardWorker::speedTflops() const { return std::max(caps_.tflops, caps_.ownTflops); }
 
 double CardWorker::sliceFlops() const {
@@ -856,7 +865,10 @@ class CardWorker::Step {
     return status(device_.write(**b, w.getOffset(), std::as_bytes(std::span(data.begin(), data.size()))));
   }
 
-  // Answered in chunks of wire::CHUNK_BYTES, each its own reply.
+  // Answered in chunks of wire::CHUNK_BYTES, each its own reply. Through a same-host lane
+  // they are built in it; a read bigger than the lane waits there for the link to carry
+  // the chunks before it (the rest by the socket would go at its speed, through TLS where
+  // the link has it), while no other context has work for the card.
   Outcome read(wire::Read::Reader r) {
     auto b = bufferOf(r.getBuffer());
     if (!b) return std::unexpected(b.error());
@@ -872,7 +884,8 @@ class CardWorker::Step {
       // Built where it is sent from (the link's same-host lane, while it has room), and
       // only the head zeroed: the card writes every byte of the data (or the reply goes).
       const size_t words = n / 8 + 16;
-      Body storage = c_.replyLane ? transport::LaneOut::buildIn(c_.replyLane, 8 + words * 8) : Body();
+      Body storage = c_.replyLane ? transport::LaneOut::buildIn(c_.replyLane, 8 + words * 8, w_.othersWaiting(c_) ? 0 : kLaneWaitMs)
+                                  : Body();
       InPlaceMessage out = storage.size() ? InPlaceMessage(std::move(storage), true) : InPlaceMessage(words, true);
       auto chunk = out.builder().initRoot<wire::Reply>().initData();
       chunk.setOffset(done);

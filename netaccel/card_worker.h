@@ -155,6 +155,7 @@ class CardWorker {
   void intake(std::vector<Work>& arrived);  // into the contexts' queues
   Context* pick();                          // the context to run next, or null
   size_t readyContexts() const;             // contexts with work to run (0, 1 or 2: "more")
+  bool othersWaiting(const Context& self);  // another context's work is ready or has arrived
   void runSlice(Context& c, hal::Device& device);  // the next slice of its running op
   void close(Work& work);                   // drops the context, its queue and its running op
   // The card's speed for cutting and bounding work: its own (properties or calibration)

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "common/log.h"
@@ -65,34 +66,50 @@ std::optional<uint64_t> LaneOut::reserve(size_t bytes) {
   return reserveLocked(bytes, State::sent);
 }
 
-std::optional<uint64_t> LaneOut::reserveLocked(size_t bytes, State state) {
+namespace {
+uint64_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+// Where `need` aligned bytes go next in ring order, if they fit.
+std::optional<uint64_t> LaneOut::placeLocked(uint64_t need) const {
   const uint64_t size = mapping_->size();
-  if (bytes == 0 || bytes > size) return std::nullopt;
-  const uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
-  uint64_t at = 0;
-  if (!spans_.empty()) {
-    const Span& oldest = spans_.front();
-    const Span& newest = spans_.back();
-    const uint64_t end = newest.offset + newest.reserved;
-    if (newest.offset >= oldest.offset) {  // not wrapped: free after the newest, then before the oldest
-      if (size - end >= need) at = end;
-      else if (oldest.offset >= need) at = 0;
-      else return std::nullopt;
-    } else {  // wrapped: free between the newest and the oldest
-      if (oldest.offset - end < need) return std::nullopt;
-      at = end;
-    }
+  if (spans_.empty()) return need <= size ? std::optional<uint64_t>(0) : std::nullopt;
+  const Span& oldest = spans_.front();
+  const Span& newest = spans_.back();
+  const uint64_t end = newest.offset + newest.reserved;
+  if (newest.offset >= oldest.offset) {  // not wrapped: free after the newest, then before the oldest
+    if (size - end >= need) return end;
+    if (oldest.offset >= need) return 0;
+    return std::nullopt;
   }
-  spans_.push_back(Span{at, bytes, need, state});
+  if (oldest.offset - end < need) return std::nullopt;  // wrapped: free between the newest and the oldest
+  return end;
+}
+
+std::optional<uint64_t> LaneOut::reserveLocked(size_t bytes, State state) {
+  if (bytes == 0 || bytes > mapping_->size()) return std::nullopt;
+  const uint64_t need = aligned(bytes);
+  auto at = placeLocked(need);
+  if (!at) return std::nullopt;
+  spans_.push_back(Span{*at, bytes, need, state});
   outstanding_ += bytes;
   return at;
 }
 
-Body LaneOut::buildIn(const std::shared_ptr<LaneOut>& lane, size_t bytes) {
+Body LaneOut::buildIn(const std::shared_ptr<LaneOut>& lane, size_t bytes, unsigned waitMs) {
   std::optional<uint64_t> at;
   {
-    std::lock_guard<std::mutex> lock(lane->mu_);
+    std::unique_lock<std::mutex> lock(lane->mu_);
     at = lane->reserveLocked(bytes, State::building);
+    if (!at && waitMs > 0 && !lane->stalled_ && bytes <= lane->mapping_->size()) {
+      const uint64_t need = aligned(bytes);
+      ++lane->waiting_;
+      const bool room =
+          lane->room_.wait_for(lock, std::chrono::milliseconds(waitMs), [&] { return lane->placeLocked(need).has_value(); });
+      --lane->waiting_;
+      if (room) at = lane->reserveLocked(bytes, State::building);
+      else lane->stalled_ = true;  // the peer is not reading: the next builds go by the socket at once
+    }
   }
   if (!at) return Body();
   return Body::external(lane->at(*at), bytes, [lane, offset = *at] { lane->dropped(offset); });
@@ -121,6 +138,7 @@ void LaneOut::dropped(uint64_t offset) {
     s.state = State::released;  // never sent: free now (sent ones wait for the peer)
     outstanding_ -= s.bytes;
     popReleased();
+    room_.notify_all();
     return;
   }
 }
@@ -133,6 +151,8 @@ bool LaneOut::release(uint64_t offset, uint64_t bytes) {
     s.state = State::released;
     outstanding_ -= bytes;
     popReleased();
+    stalled_ = false;  // the peer reads again
+    room_.notify_all();
     return true;
   }
   return false;
@@ -145,6 +165,11 @@ void LaneOut::popReleased() {
 size_t LaneOut::outstandingBytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return outstanding_;
+}
+
+size_t LaneOut::waitingBuilds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_;
 }
 
 void LaneReleases::give(uint64_t offset, uint64_t bytes) {

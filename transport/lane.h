@@ -17,6 +17,7 @@
 #include <uv.h>
 
 #include <cstddef>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -92,8 +93,13 @@ class LaneOut {
   std::optional<uint64_t> reserve(size_t bytes);
   std::byte* at(uint64_t offset) const { return mapping_->data() + offset; }
   // A body of `bytes` to build a frame in, inside the lane (an empty body while it is
-  // full). Dropped unsent, its space is free again.
-  static Body buildIn(const std::shared_ptr<LaneOut>& lane, size_t bytes);
+  // full). Dropped unsent, its space is free again. With `waitMs`, a full lane is waited
+  // for that long while the peer gives space back (a reply made faster than the link
+  // carries it: sent by the socket instead, it would go at the socket's speed, through
+  // TLS where the link has it). A wait that ran out marks the lane stalled (the peer is
+  // not reading it): later builds do not wait until the peer gives space back again, so
+  // a peer that stops reading costs a worker one wait, not one a frame.
+  static Body buildIn(const std::shared_ptr<LaneOut>& lane, size_t bytes, unsigned waitMs = 0);
   // The offset of `body` when it was built in this lane and is sent now (it may have
   // shrunk meanwhile): from then on the peer gives its space back.
   std::optional<uint64_t> claim(const Body& body);
@@ -101,6 +107,7 @@ class LaneOut {
   // outstanding (a peer that lies; its link should end).
   bool release(uint64_t offset, uint64_t bytes);
   size_t outstandingBytes() const;
+  size_t waitingBuilds() const;  // builds waiting for space now
 
  private:
   enum class State { building, sent, released };
@@ -109,12 +116,16 @@ class LaneOut {
     State state;
   };
   std::optional<uint64_t> reserveLocked(size_t bytes, State state);
+  std::optional<uint64_t> placeLocked(uint64_t need) const;
   void dropped(uint64_t offset);  // a body built in the lane is gone
   void popReleased();
   std::shared_ptr<LaneMapping> mapping_;
   mutable std::mutex mu_;
   std::deque<Span> spans_;  // oldest first
   size_t outstanding_ = 0;
+  std::condition_variable room_;
+  bool stalled_ = false;
+  size_t waiting_ = 0;
 };
 
 // Releases the receiving side makes on any thread (a card worker drops a body), handed

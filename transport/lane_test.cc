@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include "transport/connection.h"
@@ -47,6 +48,50 @@ TEST(LaneOut, ReservesInRingOrderAndTakesReleasesInAnyOrder) {
   EXPECT_EQ(out.outstandingBytes(), 0u);
   EXPECT_FALSE(out.reserve(kMinLaneBytes + 1)) << "more than the lane";
   EXPECT_TRUE(out.reserve(kMinLaneBytes));
+}
+
+// A reply made faster than the link carries it waits in a full lane for the peer to give
+// space back (rather than go by the socket); a peer that gives none back stalls the lane
+// once: the next builds do not wait, until it gives space back again.
+TEST(LaneOut, ABuildWaitsForSpaceThePeerGivesBackButWaitsForAStalledPeerOnlyOnce) {
+  auto fd = makeLaneMemfd(kMinLaneBytes);
+  ASSERT_TRUE(fd) << fd.error().message;
+  auto map = LaneMapping::map(*fd);
+  ASSERT_TRUE(map) << map.error().message;
+  auto lane = std::make_shared<LaneOut>(*map);
+  const size_t most = kMinLaneBytes * 3 / 4;
+  auto held = lane->reserve(most);  // sent, not yet given back
+  ASSERT_TRUE(held);
+  EXPECT_FALSE(LaneOut::buildIn(lane, most).size()) << "full, and told not to wait";
+
+  // Given back while a build waits (on a card worker's thread): the build gets it.
+  auto waiting = std::async(std::launch::async, [&] { return LaneOut::buildIn(lane, most, 600000).size(); });
+  while (lane->waitingBuilds() == 0) std::this_thread::yield();
+  EXPECT_TRUE(lane->release(*held, most));
+  ASSERT_EQ(waiting.get(), most);
+  EXPECT_EQ(lane->outstandingBytes(), 0u) << "dropped unsent: free again";
+
+  // A peer that gives nothing back: the wait runs out, and the lane is stalled.
+  held = lane->reserve(most);
+  ASSERT_TRUE(held);
+  EXPECT_FALSE(LaneOut::buildIn(lane, most, 20).size());
+  auto stalled = std::async(std::launch::async, [&] { return LaneOut::buildIn(lane, most, 600000).size(); });
+  ASSERT_EQ(stalled.wait_for(std::chrono::seconds(120)), std::future_status::ready)
+      << "a stalled lane made a build wait again (it would have waited 600 s)";
+  EXPECT_EQ(stalled.get(), 0u);
+
+  // Space given back ends the stall: builds wait for it again.
+  auto more = lane->reserve(kMinLaneBytes - most - 64);  // the rest of the ring
+  ASSERT_TRUE(more);
+  EXPECT_TRUE(lane->release(*held, most));
+  held = lane->reserve(most);
+  ASSERT_TRUE(held);
+  auto again = std::async(std::launch::async, [&] { return LaneOut::buildIn(lane, most, 600000).size(); });
+  while (lane->waitingBuilds() == 0) std::this_thread::yield();
+  EXPECT_TRUE(lane->release(*more, kMinLaneBytes - most - 64));
+  EXPECT_EQ(lane->waitingBuilds(), 1u) << "the space given back is not yet enough";
+  EXPECT_TRUE(lane->release(*held, most));
+  EXPECT_EQ(again.get(), most);
 }
 
 TEST(LaneMapping, RefusesWhatCouldFaultOrIsNoMemfd) {
