@@ -528,7 +528,10 @@ void Scheduler::awaitPlacement(VmLink& link, uint32_t channel, uint64_t sequence
 std::unique_ptr<Scheduler::Session> Scheduler::makeSession(VaccelId id) {
   // Its reads and fences that time out answer its guest (whichever link it has then).
   auto s = std::make_unique<Session>([this, id](const uint64_t& seq, const Status& st) {
-    if (Session* s = sessionById(id)) replyError(*s, seq, st.error());
+    if (Session* s = sessionById(id)) {
+      s->forgetRead(seq);
+      replyError(*s, seq, st.error());
+    }
   });
   s->id = id;
   return s;
@@ -653,9 +656,11 @@ bool Scheduler::screen(Session& s, const FrameHeader& h, Body& body, wire::Instr
       return false;
     }
     case wire::Instruction::READ:
+      s.asked(h.sequence, nowMs() + config_.requestTimeoutMs, instruction.getRead().getLength());
+      return false;
     case wire::Instruction::FENCE:
     case wire::Instruction::DESCRIBE_PROGRAM:
-      s.pending.add(h.sequence, h.sequence, nowMs() + config_.requestTimeoutMs);
+      s.asked(h.sequence, nowMs() + config_.requestTimeoutMs, 0);
       return false;
     default:
       return false;  // everything else (and unknown instructions) is the card's to judge
@@ -772,13 +777,13 @@ Status Scheduler::cardReply(Session& s, size_t member, NodeLink& node, const Fra
     auto reply = in.root<wire::Reply>();
     switch (reply.which()) {
       case wire::Reply::DATA:
-        if (reply.getData().getLast()) s.pending.complete(h.sequence);
+        s.answered(h.sequence, reply.getData().getData().size(), reply.getData().getLast());
         break;
       case wire::Reply::PROGRAM:
-        s.pending.complete(h.sequence);
+        s.answered(h.sequence, 0, true);
         break;
       case wire::Reply::FENCED:
-        s.pending.complete(h.sequence);
+        s.answered(h.sequence, 0, true);
         // (raccel-guestd's own fences number from 2^62: they say nothing about order here.)
         if (h.sequence < kGuestdSequences)
           s.unconfirmedAllocs.erase(s.unconfirmedAllocs.begin(), s.unconfirmedAllocs.lower_bound(h.sequence));
@@ -786,7 +791,7 @@ Status Scheduler::cardReply(Session& s, size_t member, NodeLink& node, const Fra
       case wire::Reply::KERNEL_TIMES:
         break;
       case wire::Reply::ERROR: {
-        s.pending.complete(h.sequence);
+        s.answered(h.sequence, 0, true);
         // A refused buffer or program: the VM stops paying for it, and the failure is
         // kept for restores elsewhere.
         const Error error = transport::errorFrom(reply.getError().getError());
@@ -809,6 +814,7 @@ Status Scheduler::cardReply(Session& s, size_t member, NodeLink& node, const Fra
   VmLink* link = s.link;
   toGuest(s, h.sequence, std::move(body));
   if (link) link->connection->throttle(*node.connection);
+  if (!s.held.empty() && !s.mustHold()) runHeld(s);  // (what waited for answers owed; may end s)
   return {};
 }
 
@@ -938,9 +944,12 @@ void Scheduler::tick() {
   // Closed contexts whose final report never came (the node went away): forgotten.
   std::erase_if(closedContexts_, [&](auto& c) { return now - c.second.closedMs > 4ull * config_.heartbeatTimeoutMs; });
   std::vector<Session*> late;
+  std::vector<VaccelId> owedLess;  // answers given up on: what waited for them goes on
   for (Session* s : allSessions()) {
-    if (s->phase == Phase::running)
-      s->pending.expire(now, "no reply from the card within " + std::to_string(config_.requestTimeoutMs) + " ms");
+    if (s->phase == Phase::running &&
+        s->pending.expire(now, "no reply from the card within " + std::to_string(config_.requestTimeoutMs) + " ms") &&
+        !s->held.empty())
+      owedLess.push_back(s->id);
     if (s->phase == Phase::waiting && s->waitDeadlineMs && now >= s->waitDeadlineMs) late.push_back(s);
   }
   for (Session* s : late) {
@@ -948,6 +957,8 @@ void Scheduler::tick() {
     auto ever = s->settlingWait ? couldEverHold(s->want, s->kinds, *s->vm) : Status{};
     relocator_->refuseWaiting(*s, ever ? Error{Code::resourceExhausted, "waited for blocks until its deadline: " + s->why} : ever.error());
   }
+  for (VaccelId id : owedLess)
+    if (Session* s = sessionById(id); s && !s->mustHold()) runHeld(*s);
   expireDetached();
 }
 

@@ -103,6 +103,33 @@ void Scheduler::closeMembers(Session& s) {
   s.lineage.abandonReads();  // its reads die with them too
 }
 
+void Scheduler::Session::asked(uint64_t sequence, uint64_t deadlineMs, uint64_t readBytes) {
+  if (pending.contains(sequence)) return;  // (a sequence the guest used twice: the first stands)
+  pending.add(sequence, sequence, deadlineMs);
+  if (readBytes == 0) return;
+  readLeft[sequence] = readBytes;
+  readBytesLeft = readBytes > UINT64_MAX - readBytesLeft ? UINT64_MAX : readBytesLeft + readBytes;
+}
+
+void Scheduler::Session::answered(uint64_t sequence, uint64_t bytes, bool whole) {
+  if (auto it = readLeft.find(sequence); it != readLeft.end() && !whole) {
+    const uint64_t n = std::min(bytes, it->second);
+    it->second -= n;
+    readBytesLeft -= std::min(readBytesLeft, n);
+    return;
+  }
+  pending.complete(sequence);
+  forgetRead(sequence);
+}
+
+void Scheduler::Session::forgetRead(uint64_t sequence) {
+  auto it = readLeft.find(sequence);
+  if (it == readLeft.end()) return;
+  readBytesLeft -= std::min(readBytesLeft, it->second);
+  readLeft.erase(it);
+  if (readLeft.empty()) readBytesLeft = 0;  // (exact again after a sum that saturated)
+}
+
 void Scheduler::runHeld(Session& s) {
   // An instruction that waited may end its own session (one that fails to decode closes
   // it): the session is looked up again after each, never used once it is gone.

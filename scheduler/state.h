@@ -71,6 +71,14 @@ constexpr size_t kHeldHighWater = 64 << 20;
 // The same once this many instructions wait (tiny instructions cost more than their bytes).
 constexpr size_t kHeldMaxInstructions = 16384;
 
+// What a session's cards may owe it at once: answers are made by the card whether or not
+// the guest reads them, and wait in its netaccel's memory while the guest's link is backed
+// up. Past either bound the session's next instructions wait in `held` until answers come
+// back, so a guest that asks for gibibytes of reads (a few bytes each to ask) and reads
+// none of them has its netaccel hold this much, plus one read (of a buffer of its own).
+constexpr uint64_t kReadAheadBytes = 64 << 20;
+constexpr size_t kMaxAwaitedAnswers = 16384;  // reads, fences, program descriptions
+
 // A netaccel's cards as it registered them (or as the state database kept them).
 Result<std::vector<CardSpec>> cardSpecsOf(capnp::List<wire::CardInfo>::Reader cards);
 
@@ -177,6 +185,16 @@ struct Scheduler::Session {
   uint64_t instructions = 0;
   std::string unavailable;  // why, once one of the session's cards is gone
   transport::RequestTable<uint64_t> pending;  // guest reads and fences awaiting their reply
+  // Of `pending`'s reads: the bytes each has still to bring back, and their sum.
+  std::unordered_map<uint64_t, uint64_t> readLeft;
+  uint64_t readBytesLeft = 0;
+  // A read, fence or program description of the guest's, sent to the card (`readBytes`:
+  // what a read asks for); answered by the card, in part (`bytes` of a read's data) or
+  // whole; given up (timed out, its card lost), with `pending`'s callback.
+  void asked(uint64_t sequence, uint64_t deadlineMs, uint64_t readBytes);
+  void answered(uint64_t sequence, uint64_t bytes, bool whole);
+  void forgetRead(uint64_t sequence);
+  bool owedTooMuch() const { return readBytesLeft >= kReadAheadBytes || pending.size() >= kMaxAwaitedAnswers; }
 
   // Programs loaded on a member other than the primary (their kind needs that card).
   std::unordered_map<uint64_t, size_t> programHome;
@@ -229,9 +247,9 @@ struct Scheduler::Session {
 
   Member& primary() { return members.front(); }
   bool heldOverLimit() const { return heldBytes >= kHeldHighWater || held.size() >= kHeldMaxInstructions; }
-  // The guest's next frame waits: behind a job, off its cards, or for a checkpoint under
-  // way with its log at twice the cap.
-  bool mustHold() const { return job || phase != Phase::running || lineage.overBound(); }
+  // The guest's next frame waits: behind a job, off its cards, for a checkpoint under
+  // way with its log at twice the cap, or for answers its cards owe it.
+  bool mustHold() const { return job || phase != Phase::running || lineage.overBound() || owedTooMuch(); }
 };
 
 struct Scheduler::VmLink {

@@ -103,7 +103,7 @@ class Trust : public ::testing::Test {
     VmSpec vm;
     vm.tflops = 8;
     cluster = std::make_unique<Cluster>(std::vector<VmSpec>{vm});
-    cluster->addNetaccel("node0", {"kind=gpu,model=sim,tflops=4,memory=512MiB"}, 4);
+    nodePid = cluster->addNetaccel("node0", {"kind=gpu,model=sim,tflops=4,memory=512MiB"}, 4).pid();
     guestd = cluster->startGuestd();
   }
   void TearDown() override {
@@ -119,6 +119,7 @@ class Trust : public ::testing::Test {
     EXPECT_TRUE(roundTrip(*after, seed));
   }
   std::unique_ptr<Cluster> cluster;
+  pid_t nodePid = 0;
   std::string guestd;
 };
 
@@ -547,6 +548,76 @@ TEST_F(Trust, AGuestThatAsksAndNeverReadsIsStoppedAtItsLinkAndLosesNoAnswer) {
   auto other = open(guestd, 2, "other");
   ASSERT_TRUE(other);
   EXPECT_TRUE(roundTrip(*other, 29));
+}
+
+// Reads answered by the card: each a few bytes to ask, each its buffer's size to answer.
+// A guest that asks for a 64 MiB buffer 48 times over (3 GiB of answers) and reads none
+// of them holds a bounded part of that anywhere: the scheduler stops reading the answers
+// at the guest's link, and the netaccel stops making them at its own. Read afterwards,
+// every answer arrives, in order and exact; the other tenant of the card carries on.
+TEST_F(Trust, AGuestThatAsksForGibibytesOfReadsAndNeverReadsThemHoldsBoundedMemory) {
+  const pid_t node = nodePid;
+  transport::BlockingLink guest;
+  ASSERT_TRUE(guest.connectUnix(cluster->vmSocket()));
+  sendHello(guest, 1, 1, 0, "reads-never-read");
+  ASSERT_EQ(expectErrorReply(guest, 1).message, "welcomed");
+  constexpr uint64_t kBytes = 64 << 20, kReads = 48, kHandle = 5;
+  auto send = [&](uint64_t seq, auto fill) {
+    capnp::MallocMessageBuilder m;
+    fill(m.initRoot<wire::Instruction>());
+    ASSERT_TRUE(guest.sendNow(1, seq, m));
+  };
+  send(2, [&](wire::Instruction::Builder i) {
+    auto a = i.initAlloc();
+    a.setHandle(kHandle);
+    a.setSize(kBytes);
+  });
+  send(3, [&](wire::Instruction::Builder i) {
+    auto f = i.initFill();
+    f.setBuffer(kHandle);
+    f.setLength(kBytes);
+    f.setValue(0x5a);
+  });
+  const pid_t scheduler = cluster->scheduler().pid();
+  const long before = rssKiB(node), schedulerBefore = rssKiB(scheduler);
+  for (uint64_t r = 0; r < kReads; ++r)
+    send(4 + r, [&](wire::Instruction::Builder i) {
+      auto rd = i.initRead();
+      rd.setBuffer(kHandle);
+      rd.setLength(kBytes);
+    });
+  // The card makes answers until something stops it: given time, none is left unmade.
+  long peak = before, schedulerPeak = schedulerBefore;
+  for (int i = 0; i < 40; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    peak = std::max(peak, rssKiB(node));
+    schedulerPeak = std::max(schedulerPeak, rssKiB(scheduler));
+  }
+  std::cout << "RSS while " << kReads * kBytes / (1 << 20) << " MiB of reads went unread: the netaccel's " << before / 1024
+            << " MiB before, at most " << peak / 1024 << " MiB; the scheduler's " << schedulerBefore / 1024 << " and "
+            << schedulerPeak / 1024 << " MiB\n";
+  EXPECT_LT(peak - before, 512 * 1024) << "the netaccel held half a GiB or more of answers nobody read";
+  EXPECT_LT(schedulerPeak - schedulerBefore, 256 * 1024) << "the scheduler held the answers";
+  // Reading now, the guest gets every answer, whole.
+  for (uint64_t r = 0; r < kReads; ++r) {
+    uint64_t got = 0;
+    while (got < kBytes) {
+      auto f = guest.receive(60000);
+      ASSERT_TRUE(f) << "read " << r << " at " << got << ": " << f.error().message;
+      ASSERT_EQ(f->header.sequence, 4 + r);
+      transport::MessageIn in(std::move(f->body));
+      auto reply = in.root<wire::Reply>();
+      ASSERT_EQ(reply.which(), wire::Reply::DATA);
+      auto data = reply.getData().getData();
+      ASSERT_EQ(reply.getData().getOffset(), got);
+      for (size_t k = 0; k < data.size(); k += 4093) ASSERT_EQ(data[k], 0x5a);
+      got += data.size();
+      ASSERT_EQ(reply.getData().getLast(), got == kBytes);
+    }
+  }
+  auto other = open(guestd, 2, "other");
+  ASSERT_TRUE(other);
+  EXPECT_TRUE(roundTrip(*other, 31));
 }
 
 }  // namespace
