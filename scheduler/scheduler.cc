@@ -408,7 +408,15 @@ void Scheduler::onGuestFrame(VmLink& link, const FrameHeader& h, Body body) {
     admit(link, h.channel, h.sequence, std::move(body));
     return;
   }
-  forward(link, *it->second, h, std::move(body));
+  Session& s = *it->second;
+  if (!s.held.empty()) {
+    // What waits goes first, in the guest's order (a wait can end before runHeld is
+    // called: a backed-up link drains below the high-water mark before it is told).
+    hold(s, h, std::move(body));
+    if (!s.mustHold()) runHeld(s);
+    return;
+  }
+  forward(link, s, h, std::move(body));
 }
 
 void Scheduler::admit(VmLink& link, uint32_t channel, uint64_t sequence, Body body) {
@@ -813,7 +821,9 @@ Status Scheduler::cardReply(Session& s, size_t member, NodeLink& node, const Fra
   if (!relay) return fail(Code::permissionDenied, "a reply that only the scheduler may make");
   VmLink* link = s.link;
   toGuest(s, h.sequence, std::move(body));
-  if (link) link->connection->throttle(*node.connection);
+  // A guest that does not read its answers holds back its own sessions, never the node
+  // link that other tenants' answers come by.
+  if (link) awaitDrain(*link);
   if (!s.held.empty() && !s.mustHold()) runHeld(s);  // (what waited for answers owed; may end s)
   return {};
 }

@@ -205,6 +205,7 @@ class Scheduler {
   void openMembers(Session& s);   // contexts on the cards of s.blocks
   void closeMembers(Session& s);  // closes them; their buffers there are freed
   void runHeld(Session& s);       // forwards what waited, while it runs and no job is under way
+  void awaitDrain(VmLink& link);  // backed up: its sessions' held frames go on once it drains
   // Whether a request of `blocks` of `kinds` for `vm` could ever fit a pool this size
   // (its host needs included): resourceExhausted "can never run here: ..." when not.
   Status couldEverHold(uint32_t blocks, KindMask kinds, const Vm& vm) const;

@@ -103,6 +103,10 @@ void Scheduler::closeMembers(Session& s) {
   s.lineage.abandonReads();  // its reads die with them too
 }
 
+bool Scheduler::Session::mustHold() const {
+  return job || phase != Phase::running || lineage.overBound() || owedTooMuch() || (link && link->backedUp());
+}
+
 void Scheduler::Session::asked(uint64_t sequence, uint64_t deadlineMs, uint64_t readBytes) {
   if (pending.contains(sequence)) return;  // (a sequence the guest used twice: the first stands)
   pending.add(sequence, sequence, deadlineMs);
@@ -128,6 +132,28 @@ void Scheduler::Session::forgetRead(uint64_t sequence) {
   readBytesLeft -= std::min(readBytesLeft, it->second);
   readLeft.erase(it);
   if (readLeft.empty()) readBytesLeft = 0;  // (exact again after a sum that saturated)
+}
+
+// A guest link backed up with answers its guest has not read: its sessions' next
+// instructions wait (mustHold), and go on once it drains. The node links go on being
+// read, so the other tenants of their netaccels get their answers meanwhile; what a
+// backed-up session's cards still owe it is bounded (kReadAheadBytes).
+void Scheduler::awaitDrain(VmLink& link) {
+  if (link.drainAwaited || !link.backedUp()) return;
+  link.drainAwaited = true;
+  transport::Connection* c = link.connection.get();
+  link.connection->whenDrained([this, c] {
+    auto it = vmLinks_.find(c);
+    if (it == vmLinks_.end()) return;
+    VmLink& drained = *it->second;
+    drained.drainAwaited = false;
+    if (c->closed()) return;
+    std::vector<VaccelId> ids;
+    for (auto& [channel, s] : drained.sessions)
+      if (!s->held.empty()) ids.push_back(s->id);
+    for (VaccelId id : ids)
+      if (Session* s = sessionById(id); s && !s->mustHold()) runHeld(*s);
+  });
 }
 
 void Scheduler::runHeld(Session& s) {

@@ -248,8 +248,9 @@ struct Scheduler::Session {
   Member& primary() { return members.front(); }
   bool heldOverLimit() const { return heldBytes >= kHeldHighWater || held.size() >= kHeldMaxInstructions; }
   // The guest's next frame waits: behind a job, off its cards, for a checkpoint under
-  // way with its log at twice the cap, or for answers its cards owe it.
-  bool mustHold() const { return job || phase != Phase::running || lineage.overBound() || owedTooMuch(); }
+  // way with its log at twice the cap, for answers its cards owe it, or for its guest to
+  // read the answers it has (its link backed up).
+  bool mustHold() const;
 };
 
 struct Scheduler::VmLink {
@@ -258,6 +259,8 @@ struct Scheduler::VmLink {
   uint64_t acceptedMs = 0;
   bool spoke = false;  // has sent a frame (a full VM closes its oldest silent link first)
   std::unordered_map<uint32_t, Session*> sessions;  // by channel (Scheduler::sessions_ owns them)
+  bool drainAwaited = false;  // backed up: its sessions' held frames go on once it drains
+  bool backedUp() const { return connection->backlogBytes() > transport::Connection::kHighWater; }
 };
 
 // Writes a vaccel's block ranges and its cards (with the blocks held on each) into a
