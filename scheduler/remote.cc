@@ -745,6 +745,9 @@ void Scheduler::hold(Session& s, const FrameHeader& h, Body body) {
   // A guest that keeps streaming behind a long job waits at its link (all of its VM's
   // programs share it) rather than in the scheduler's memory.
   if (s.heldOverLimit() && s.link) s.link->connection->pauseReading();
+  // Held for its link's backlog: it goes on once the guest has read enough, even if the
+  // guest sends nothing more (answers the scheduler makes itself back a link up too).
+  if (s.link) awaitDrain(*s.link);
 }
 
 }  // namespace raccel::scheduler
