@@ -160,6 +160,9 @@ void Scheduler::runHeld(Session& s) {
   // An instruction that waited may end its own session (one that fails to decode closes
   // it): the session is looked up again after each, never used once it is gone.
   const VaccelId id = s.id;
+  // What waited goes out as one write a connection, as a read's frames do (called from a
+  // fold's end or a link's drain there is no read's cork: a write a frame otherwise).
+  transport::Connection::Cork cork;
   while (s.link && !s.held.empty() && !s.mustHold()) {
     auto [h, body] = std::move(s.held.front());
     s.held.pop_front();

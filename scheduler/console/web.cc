@@ -354,6 +354,8 @@ void Console::nodeMetrics(MetricsPage& page) const {
   page.family("raccel_node_contexts", "gauge", "Vaccel contexts open on the netaccel.");
   page.family("raccel_node_lane_frames_total", "counter",
               "Frames that crossed the netaccel's same-host lane (shared memory) instead of its link, by direction.");
+  page.family("raccel_node_link_writes_total", "counter",
+              "Writes started on the link to the netaccel (each carries every frame queued for it: far fewer than frames).");
   page.family("raccel_node_link_retained_bytes", "gauge",
               "Buffers the TLS link to the netaccel keeps for its next burst (given back once it idles for a second).");
   for (auto& [index, link] : s_.links_->byPoolNode()) {
@@ -363,6 +365,7 @@ void Console::nodeMetrics(MetricsPage& page) const {
                 static_cast<double>(link->connection->laneFramesSent()));
     page.sample("raccel_node_lane_frames_total", {{"node", link->name}, {"direction", "from"}},
                 static_cast<double>(link->connection->laneFramesReceived()));
+    page.sample("raccel_node_link_writes_total", {{"node", link->name}}, static_cast<double>(link->connection->writes()));
     page.sample("raccel_node_link_retained_bytes", {{"node", link->name}}, static_cast<double>(link->connection->retainedBytes()));
   }
   page.family("raccel_card_memory_bytes", "gauge", "Device memory of each card.");
