@@ -404,8 +404,8 @@ TEST(FailoverLimits, NoCardOfItsKindLeftEndsItSayingSo) {
   EXPECT_EQ(*kept, values);
 }
 
-// A stream of tiny instructions faster than its checkpoints fold (a 1 MiB log: one
-// every ~10,000 fills) waits for them in the scheduler, and what waited goes on to the
+// A stream of tiny instructions faster than its checkpoints fold (a log of 16,384 frames
+// at most starts one) waits for them in the scheduler, and what waited goes on to the
 // netaccel in a few writes, as a read's frames do: not a write each (what made the lineage
 // cost 87% of the stream's rate). The fills all arrive: the buffer reads back as filled.
 TEST(FailoverLimits, FramesHeldForACheckpointGoOnInFewWritesAndAllArrive) {
@@ -431,7 +431,8 @@ TEST(FailoverLimits, FramesHeldForACheckpointGoOnInFewWritesAndAllArrive) {
       << metrics;
   ASSERT_TRUE(std::regex_search(metrics, checkpoints, std::regex(R"(raccel_vaccel_checkpoints_total\{[^}]*\} (\d+))")))
       << metrics;
-  EXPECT_GE(std::stoul(checkpoints[1]), 10u) << "the log's cap did not bring checkpoints";
+  // (16,384 frames start one; a slow fold lets the log reach twice that: 6 or more)
+  EXPECT_GE(std::stoul(checkpoints[1]), 6u) << "the log's cap did not bring checkpoints";
   EXPECT_LT(std::stoul(writes[1]), kFills / 20) << "a write a frame on the node link";
 }
 
