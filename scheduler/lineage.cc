@@ -165,6 +165,11 @@ void FoldWork::done() {
   ended_.notify_all();
 }
 
+bool FoldWork::finished() {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
 void FoldWork::wait() {
   std::unique_lock lock(mutex_);
   ended_.wait(lock, [this] { return done_; });
@@ -423,6 +428,13 @@ void Scheduler::finishFold(Session& s, bool resume) {
       break;
     }
   if (resume && !s.job && !s.idle) runHeld(s);  // (frames held at twice the cap)
+}
+
+bool Scheduler::mustHoldNow(Session& s) {
+  CheckpointUnderWay* cp = s.lineage.underWay.get();
+  if (cp && cp->folding && s.lineage.atTwiceCap() && cp->folding->finished())
+    finishFold(s, false);  // (its end on the loop then finds another generation, or none, and stops)
+  return s.mustHold();
 }
 
 void Scheduler::awaitFold(Session& s) {

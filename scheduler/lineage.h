@@ -132,6 +132,7 @@ struct FoldWork {
   void run();   // on the worker
   void wait();  // until run() has ended
   void done();
+  bool finished();  // run() has ended (any thread)
 
  private:
   std::mutex mutex_;

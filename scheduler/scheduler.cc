@@ -413,7 +413,7 @@ void Scheduler::onGuestFrame(VmLink& link, const FrameHeader& h, Body body) {
     // What waits goes first, in the guest's order (a wait can end before runHeld is
     // called: a backed-up link drains below the high-water mark before it is told).
     hold(s, h, std::move(body));
-    if (!s.mustHold()) runHeld(s);
+    if (!mustHoldNow(s)) runHeld(s);
     return;
   }
   forward(link, s, h, std::move(body));
@@ -590,7 +590,7 @@ void Scheduler::forwardNow(VmLink& link, Session& s, const FrameHeader& h, Body 
     refuseWhileSuspended(s, h, body);
     return;
   }
-  if (s.mustHold()) {
+  if (mustHoldNow(s)) {
     hold(s, h, std::move(body));
     return;
   }

@@ -249,6 +249,10 @@ class Scheduler {
   // The fold has ended: its bytes are the checkpoint, those frames leave the log, and
   // (with `resume`) the frames held for it go on.
   void finishFold(Session& s, bool resume);
+  // Whether `s`'s next frame waits (Session::mustHold), once a fold that ended on its
+  // thread, with the log at twice its cap, is finished here rather than when the loop
+  // gets to its end: the frames go on now, not after the loop's other work.
+  bool mustHoldNow(Session& s);
   void awaitFold(Session& s);  // a fold under way, waited for and finished (a loss mid-fold)
   // After a reply to the checkpoint under way: when it has all, it ends (kept or failed).
   void settleCheckpoint(Session& s);

@@ -163,7 +163,7 @@ void Scheduler::runHeld(Session& s) {
   // What waited goes out as one write a connection, as a read's frames do (called from a
   // fold's end or a link's drain there is no read's cork: a write a frame otherwise).
   transport::Connection::Cork cork;
-  while (s.link && !s.held.empty() && !s.mustHold()) {
+  while (s.link && !s.held.empty() && !mustHoldNow(s)) {
     auto [h, body] = std::move(s.held.front());
     s.held.pop_front();
     s.heldBytes -= std::min(s.heldBytes, body.size());
