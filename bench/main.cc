@@ -76,6 +76,7 @@
 //                           without a CUDA GPU it prints why (cuda_skipped)
 //   --only sync             the round trips alone: sync_rtt_us_p50 beside the raw two-hop
 //                           floor, plain, with crypto threads, through etcd, sandboxed
+//   --only multi            the multi-host admission figures alone (a 3-member etcd)
 //
 // The daemons run as real processes, as deployed. --raw-echo and --raw-relay are the
 // baseline's own processes (started by the bench itself).
@@ -641,11 +642,7 @@ void printJson(const Figures& f, bool quick) {
   std::printf("\"sync_rtt_us_p50_sandbox\":%s,\"sync_rtt_us_p50_in_process\":%s,%s,",
               num(f.sandboxRttP50, "%.1f").c_str(), num(f.inProcessRttP50, "%.1f").c_str(), cudaJson(f).c_str());
   std::printf("%s,", bench::failoverJson(f.failover).c_str());
-  std::printf("\"multi_admission_per_s\":%s,\"single_admission_per_s\":%s,\"multi_admission_p99_ms\":%s,"
-              "\"single_admission_p99_ms\":%s,\"multi_conflict_rate\":%s,\"multi_skipped\":\"%s\",",
-              num(f.multi.multiAdmissionsPerS, "%.0f").c_str(), num(f.multi.singleAdmissionsPerS, "%.0f").c_str(),
-              num(f.multi.multiP99Ms, "%.2f").c_str(), num(f.multi.singleP99Ms, "%.2f").c_str(),
-              num(f.multi.multiConflictRate, "%.4f").c_str(), bench::jsonSafe(f.multi.skipped).c_str());
+  std::printf("%s,", bench::multiHostJson(f.multi).c_str());
   std::printf("\"fair_share_error_async\":%.4f,\"fair_share_ratio_async\":%.3f,\"fair_share_async_met\":%s,",
               f.fairAsync.error, f.fairAsync.ratio, m.fairAsync ? "true" : "false");
   std::printf("\"wakeup_rtt_us_same_cpu\":%s,\"wakeup_rtt_us_cross_cpu\":%s,", num(f.wakeSameCpu, "%.1f").c_str(),
@@ -730,16 +727,7 @@ void printText(const Figures& f) {
   std::printf("%-26s %12.4f   kernel time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
               "fair_share_error", f.fair.error, f.fair.big, f.fair.small, f.fair.ratio, m.fair ? "met" : "MISSED");
   printCudaText(f);
-  if (f.multi.skipped.empty()) {
-    std::printf("%-26s %12.0f   one scheduler alone on the same pool and etcd: %.0f/s\n", "multi_admission_per_s",
-                f.multi.multiAdmissionsPerS, f.multi.singleAdmissionsPerS);
-    std::printf("%-26s %9.2f ms   one scheduler alone %.2f ms, target <= 20 ms  %s\n", "multi_admission_p99_ms",
-                f.multi.multiP99Ms, f.multi.singleP99Ms, f.multi.multiP99Ms <= 20 ? "met" : "MISSED");
-    std::printf("%-26s %12.4f   transactions that met a change by another scheduler and were placed again\n",
-                "multi_conflict_rate", f.multi.multiConflictRate);
-  } else {
-    std::printf("%-26s %12s   skipped: %s\n", "multi_admission_per_s", "-", f.multi.skipped.c_str());
-  }
+  bench::printMultiHostText(f.multi);
   bench::printFailoverText(f.failover);
   std::printf("%-26s %12.4f   device time %.0f ms vs %.0f ms = %.3f : 1 for 3:1 blocks, target <= 0.05  %s\n",
               "fair_share_error_async", f.fairAsync.error, f.fairAsync.big, f.fairAsync.small, f.fairAsync.ratio,
@@ -819,8 +807,15 @@ int measureOnly(const std::string& section, bool quick, bool json, double lineag
     else printPoolText(f);
     return 0;
   }
+  if (section == "multi") {
+    if (!json) std::fprintf(stderr, "raccel-bench: multi: a 3-member etcd, one scheduler admitting alone, then three racing...\n");
+    bench::MultiHostFigures multi = bench::measureMultiHost(quick);
+    if (json) std::printf("{%s,\"quick\":%s}\n", bench::multiHostJson(multi).c_str(), quick ? "true" : "false");
+    else bench::printMultiHostText(multi);
+    return 0;  // (no etcd is no failure: multi_skipped says why)
+  }
   if (section != "failover") {
-    std::fprintf(stderr, "raccel-bench: --only takes failover, bulk, cuda, sync or pool, not '%s'\n", section.c_str());
+    std::fprintf(stderr, "raccel-bench: --only takes failover, bulk, cuda, sync, pool or multi, not '%s'\n", section.c_str());
     return 2;
   }
   if (!json) std::fprintf(stderr, "raccel-bench: failover: lineage on against off, a 256 MiB vaccel's recovery, the lineage's memory...\n");
@@ -894,7 +889,7 @@ int main(int argc, char** argv) {
   flags.boolean("json", "print one JSON object with every figure");
   flags.boolean("quick", "small runs (for a smoke test; figures are noisy)");
   flags.value("lineage-seconds", "S", "how long the steady workload behind lineage_memory_bytes runs (default 60)");
-  flags.value("only", "SECTION", "measure one section alone and print its figures: failover, bulk, cuda, sync, pool");
+  flags.value("only", "SECTION", "measure one section alone and print its figures: failover, bulk, cuda, sync, pool, multi");
   flags.value("raw-echo", "PORT", "(internal) run the baseline's echo process");
   flags.value("raw-relay", "PATH:PORT", "(internal) run the baseline's relay process");
   int code = 0;

@@ -3,9 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <vector>
 
+#include "bench/report.h"
 #include "tests/etcd_cluster.h"
 
 namespace raccel::bench {
@@ -82,6 +84,29 @@ MultiHostFigures measureMultiHost(bool quick) {
   f.multiP99Ms = three.p99Ms;
   f.multiConflictRate = three.conflicts / std::max(1.0, three.conflicts + three.admitted);
   return f;
+}
+
+std::string multiHostJson(const MultiHostFigures& f) {
+  auto num = [](double v, const char* fmt) { return jsonNumber(v, fmt); };
+  return "\"multi_admission_per_s\":" + num(f.multiAdmissionsPerS, "%.0f") +
+         ",\"single_admission_per_s\":" + num(f.singleAdmissionsPerS, "%.0f") +
+         ",\"multi_admission_p99_ms\":" + num(f.multiP99Ms, "%.2f") +
+         ",\"single_admission_p99_ms\":" + num(f.singleP99Ms, "%.2f") +
+         ",\"multi_conflict_rate\":" + num(f.multiConflictRate, "%.4f") + ",\"multi_skipped\":\"" +
+         jsonSafe(f.skipped) + "\"";
+}
+
+void printMultiHostText(const MultiHostFigures& f) {
+  if (!f.skipped.empty()) {
+    std::printf("%-26s %12s   skipped: %s\n", "multi_admission_per_s", "-", f.skipped.c_str());
+    return;
+  }
+  std::printf("%-26s %12.0f   one scheduler alone on the same pool and etcd: %.0f/s\n", "multi_admission_per_s",
+              f.multiAdmissionsPerS, f.singleAdmissionsPerS);
+  std::printf("%-26s %9.2f ms   one scheduler alone %.2f ms, target <= 20 ms  %s\n", "multi_admission_p99_ms",
+              f.multiP99Ms, f.singleP99Ms, f.multiP99Ms <= 20 ? "met" : "MISSED");
+  std::printf("%-26s %12.4f   transactions that met a change by another scheduler and were placed again\n",
+              "multi_conflict_rate", f.multiConflictRate);
 }
 
 }  // namespace raccel::bench

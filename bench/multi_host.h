@@ -16,5 +16,7 @@ struct MultiHostFigures {
 };
 
 MultiHostFigures measureMultiHost(bool quick);
+std::string multiHostJson(const MultiHostFigures& f);  // its keys, without the braces
+void printMultiHostText(const MultiHostFigures& f);
 
 }  // namespace raccel::bench
