@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/cluster.h"
+#include "transport/spin_wait.h"
 
 namespace raccel::bench {
 namespace {
@@ -219,12 +220,16 @@ double rawTwoHopRttUs(const std::string& dir, int iterations) {
   testing::Process relay("raccel-bench", {"--raw-relay", relayPath + ":" + std::to_string(port)}, dir + "/raw-relay.log");
   int fd = unixConnect(relayPath);
   if (fd < 0) return -1;
-  // The same sizes as the measured path: two small frames out, one small frame back.
+  // The same sizes as the measured path: two small frames out, one small frame back,
+  // waited for as raccel's client waits (transport/spin_wait.h, RACCEL_SPIN_US).
   char out[96] = {}, back[96];
   std::vector<double> us;
+  auto spin = transport::spinFromEnvironment();
+  transport::SpinWindow window(spin ? *spin : 0);
   for (int i = 0; i < iterations + 100; ++i) {
     auto t = std::chrono::steady_clock::now();
-    if (!writeAll(fd, out, sizeof out) || !readAll(fd, back, sizeof back)) break;
+    if (!writeAll(fd, out, sizeof out) || transport::waitReadable(fd, -1, window) <= 0 || !readAll(fd, back, sizeof back))
+      break;
     if (i >= 100) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count());
   }
   ::close(fd);

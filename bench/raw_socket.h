@@ -24,7 +24,8 @@ int rawRelay(const std::string& path, int port);
 // The floor of a synchronous round trip through two hops: 96 bytes out and back through
 // a relay process to an echo process (raccel-bench --raw-relay and --raw-echo, started
 // here with their sockets and logs in `dir`), after 100 trips of warm-up: the median in
-// microseconds of `iterations` trips, or -1 when the processes did not start.
+// microseconds of `iterations` trips, or -1 when the processes did not start. Each reply
+// is waited for as raccel's client waits for its own (transport/spin_wait.h).
 double rawTwoHopRttUs(const std::string& dir, int iterations);
 
 // `bytes` through one loopback TCP socket, a sender and a receiver thread, 1 MiB at a

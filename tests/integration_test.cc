@@ -129,6 +129,41 @@ TEST_F(Integration, ConcurrentProgramsThroughGuestdGetCorrectResults) {
   EXPECT_NE(cluster->console("pool").find("\"free\":12"), std::string::npos) << cluster->console("pool");
 }
 
+// A program's waits for replies (transport/spin_wait.h): sleeping at once (0) or polling
+// first (the most allowed) give the same answers to reads and fences; a spin setting out
+// of range, given in the options or in RACCEL_SPIN_US, is refused naming it, before
+// anything is sent.
+TEST_F(Integration, WaitsThatSpinOrSleepGetTheSameAnswersAndABadSpinIsRefusedByName) {
+  std::string guestd = cluster->startGuestd();
+  for (int spin : {0, 1000}) {
+    client::Options o;
+    o.socket = guestd;
+    o.program = "spin" + std::to_string(spin);
+    o.spinMicros = spin;
+    auto s = Session::open(o);
+    ASSERT_TRUE(s) << s.error().message;
+    std::string why;
+    double err = checkedGemm(**s, 40, 24, 17, unsigned(spin) + 3, &why);
+    EXPECT_TRUE(err >= 0 && err <= 1e-3) << "spin " << spin << ": " << why << " error " << err;
+    for (int i = 0; i < 50; ++i) ASSERT_TRUE((*s)->fence()) << "spin " << spin;
+  }
+  client::Options o;
+  o.socket = guestd;
+  o.spinMicros = 1001;
+  auto over = Session::open(o);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code, Code::invalidArgument);
+  EXPECT_NE(over.error().message.find("spinMicros 1001"), std::string::npos) << over.error().message;
+  o.spinMicros = -1;  // from the environment
+  ::setenv("RACCEL_SPIN_US", "lots", 1);
+  auto bad = Session::open(o);
+  ::unsetenv("RACCEL_SPIN_US");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code, Code::invalidArgument);
+  EXPECT_NE(bad.error().message.find("RACCEL_SPIN_US = 'lots'"), std::string::npos) << bad.error().message;
+  EXPECT_TRUE(open(guestd)) << "the setting's refusal left guestd serving";
+}
+
 TEST_F(Integration, CApiRunsOpsAndReportsErrors) {
   raccel_session* s = nullptr;
   char why[256] = "";

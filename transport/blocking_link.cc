@@ -133,8 +133,7 @@ Status BlockingLink::writeAll(const iovec* iovIn, int count) {
 Status BlockingLink::readSome(bool block, int timeoutMs) {
   if (fd_ < 0) return fail(Code::unavailable, "not connected");
   if (block) {
-    pollfd p{fd_, POLLIN, 0};
-    int rc = ::poll(&p, 1, timeoutMs);
+    int rc = waitReadable(fd_, timeoutMs, spin_);
     if (rc == 0) return fail(Code::unavailable, "timed out after " + std::to_string(timeoutMs) + " ms waiting for a reply");
     if (rc < 0 && errno != EINTR) return fail(Code::internal, "poll failed");
   }

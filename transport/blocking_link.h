@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "transport/frame.h"
+#include "transport/spin_wait.h"
 
 namespace raccel::transport {
 
@@ -45,6 +46,9 @@ class BlockingLink {
   Status sendRaw(const void* data, size_t size);
   Status flush();
 
+  // How long receive()'s waits may poll before they sleep (transport/spin_wait.h); 0,
+  // the default: they sleep at once.
+  void setSpin(int64_t mostNs) { spin_ = SpinWindow(mostNs); }
   // Waits up to timeoutMs (-1: forever) for the next frame.
   Result<ReceivedFrame> receive(int timeoutMs);
   // Returns a frame already received, if any, without blocking.
@@ -56,6 +60,7 @@ class BlockingLink {
   Status writeAll(const ::iovec* iov, int count);
   Status readSome(bool block, int timeoutMs);
   int fd_ = -1;
+  SpinWindow spin_;
   std::vector<std::byte> out_;
   FrameReader reader_;
   std::deque<ReceivedFrame> inbox_;

@@ -132,6 +132,12 @@ Session::~Session() = default;
 Result<std::unique_ptr<Session>> Session::open(const Options& options) {
   std::unique_ptr<Session> s(new Session());
   s->impl_->timeoutMs = options.timeoutMs;
+  auto spin = options.spinMicros < 0 ? transport::spinFromEnvironment() : Result<int64_t>(int64_t(options.spinMicros) * 1000);
+  if (!spin) return fail(spin.error());
+  if (*spin > transport::kMaxSpinNs)
+    return fail(Code::invalidArgument, "spinMicros " + std::to_string(options.spinMicros) + " is over " +
+                                           std::to_string(transport::kMaxSpinNs / 1000));
+  s->impl_->link.setSpin(*spin);
   if (auto c = s->impl_->link.connectUnix(options.socket); !c)
     return fail(Code::unavailable, c.error().message + " (is raccel-guestd running?)");
   SmallMessage m;

@@ -46,6 +46,10 @@ struct Options {
   // While suspended by a higher priority or the operator, fail instructions with
   // `unavailable` instead of waiting (the default waits: latency, no error).
   bool noWait = false;
+  // How long a wait for a reply (a read, a fence) may poll before it sleeps, at most, in
+  // microseconds (transport/spin_wait.h: the window adapts, so long waits cost no CPU);
+  // -1: RACCEL_SPIN_US when set, else 300 on a host of two or more CPUs, else 0 (never).
+  int spinMicros = -1;
 };
 
 struct CardInfo {
