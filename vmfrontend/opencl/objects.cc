@@ -74,7 +74,7 @@ client::Options sessionOptions(std::string* problem) {
   }
   for (auto [env, key] : {std::pair{"RACCEL_TFLOPS", "tflops"}, {"RACCEL_PRIORITY", "priority"}, {"RACCEL_KINDS", "kinds"},
                           {"RACCEL_SOCKET", "socket"}, {"RACCEL_PROGRAM", "program"}, {"RACCEL_WAIT_MS", "wait_ms"},
-                          {"RACCEL_TIMEOUT_MS", "timeout_ms"}})
+                          {"RACCEL_TIMEOUT_MS", "timeout_ms"}, {"RACCEL_SPIN_US", "spin_us"}})
     if (const char* v = std::getenv(env)) settings[key] = v;
   auto number = [&](const std::string& key, double lo, double hi, double& out) {
     auto it = settings.find(key);
@@ -92,7 +92,10 @@ client::Options sessionOptions(std::string* problem) {
   number("priority", -1000, 1000, priority);
   number("wait_ms", 0, 86400000, waitMs);
   number("timeout_ms", 100, 86400000, timeoutMs);
+  double spinUs = -1;  // (unset: libraccel's default, transport/spin_wait.h)
+  number("spin_us", 0, 1000, spinUs);
   o.timeoutMs = static_cast<int>(timeoutMs);
+  o.spinMicros = static_cast<int>(spinUs);
   o.tflops = tflops;
   o.priority = static_cast<int>(priority);
   o.admitWaitMs = static_cast<unsigned>(waitMs);
