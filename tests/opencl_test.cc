@@ -90,6 +90,22 @@ TEST_F(OpenclIcd, ClinfoListsTheRaccelPlatformAndItsDevice) {
     EXPECT_NE(line.find(e), std::string::npos) << e << " missing: " << line;
 }
 
+// The ICD's spin setting (RACCEL_SPIN_US, spin_us: how long clFinish's wait polls before
+// it sleeps): 0 and the most give the device as ever; a value out of range gives no
+// device, and the program is told why in the settings' words.
+TEST_F(OpenclIcd, TheSpinSettingIsTakenAndABadOneIsNamedWhenTheDeviceIsMissing) {
+  int status = -1;
+  std::string out = run("clinfo", &status, "RACCEL_SPIN_US=0");
+  if (out.find("not found") != std::string::npos && status == 127) GTEST_SKIP() << "no clinfo (apt-get install clinfo)";
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("Device Name                                     raccel vaccel #"), std::string::npos) << out;
+  out = run("clinfo", &status, "RACCEL_SPIN_US=1000");
+  EXPECT_NE(out.find("Device Name                                     raccel vaccel #"), std::string::npos) << out;
+  out = run("clinfo", &status, "RACCEL_SPIN_US=5000");
+  EXPECT_EQ(out.find("Device Name                                     raccel vaccel #"), std::string::npos) << out;
+  EXPECT_NE(out.find("raccel OpenCL settings: spin_us = '5000' is not a number from 0"), std::string::npos) << out;
+}
+
 // A card whose operator turned its images off (the netaccel's images = false): the
 // device has none, its compiler's __IMAGE_SUPPORT__ goes, and image calls get the
 // standard CL_INVALID_OPERATION.
