@@ -87,12 +87,11 @@ MultiHostFigures measureMultiHost(bool quick) {
 }
 
 std::string multiHostJson(const MultiHostFigures& f) {
-  auto num = [](double v, const char* fmt) { return jsonNumber(v, fmt); };
-  return "\"multi_admission_per_s\":" + num(f.multiAdmissionsPerS, "%.0f") +
-         ",\"single_admission_per_s\":" + num(f.singleAdmissionsPerS, "%.0f") +
-         ",\"multi_admission_p99_ms\":" + num(f.multiP99Ms, "%.2f") +
-         ",\"single_admission_p99_ms\":" + num(f.singleP99Ms, "%.2f") +
-         ",\"multi_conflict_rate\":" + num(f.multiConflictRate, "%.4f") + ",\"multi_skipped\":\"" +
+  return "\"multi_admission_per_s\":" + jsonNumber(f.multiAdmissionsPerS, "%.0f") +
+         ",\"single_admission_per_s\":" + jsonNumber(f.singleAdmissionsPerS, "%.0f") +
+         ",\"multi_admission_p99_ms\":" + jsonNumber(f.multiP99Ms, "%.2f") +
+         ",\"single_admission_p99_ms\":" + jsonNumber(f.singleP99Ms, "%.2f") +
+         ",\"multi_conflict_rate\":" + jsonNumber(f.multiConflictRate, "%.4f") + ",\"multi_skipped\":\"" +
          jsonSafe(f.skipped) + "\"";
 }
 

@@ -48,7 +48,7 @@ struct Options {
   bool noWait = false;
   // How long a wait for a reply (a read, a fence) may poll before it sleeps, at most, in
   // microseconds (transport/spin_wait.h: the window adapts, so long waits cost no CPU);
-  // -1: RACCEL_SPIN_US when set, else 300 on a host of two or more CPUs, else 0 (never).
+  // -1: RACCEL_SPIN_US when set, else 1000 on a host of two or more CPUs, else 0 (never).
   int spinMicros = -1;
 };
 
